@@ -1,0 +1,935 @@
+/*
+ * wire.c - the MongoDB wire protocol codec.
+ *
+ * Parsing is a single forward pass over a caller-owned contiguous buffer
+ * through a bounds-checked cursor (reader_t): every length read from the
+ * message is attacker-controlled, so each one is checked against what is left
+ * before it is used, in size_t arithmetic that cannot overflow.  Nothing is
+ * allocated and nothing is copied; parsed structs point into the buffer.
+ * Each BSON document is checked twice over: its length field must equal the
+ * span it claims and end in a NUL (bson_init_static), then bson_validate walks
+ * it, nested documents included.
+ *
+ * Building writes little-endian integers byte by byte into space reserved
+ * once in the destination evbuffer, so a message costs one copy.
+ *
+ * Not here: the compression algorithms (compress.c) and anything about
+ * connections.
+ */
+#include "wire.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "compress.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define WIRE_HAVE_SSE42 1
+#endif
+
+/* OP_MSG: flags, then at least one section kind byte. */
+#define MSG_FLAGS_LEN 4
+#define MSG_CHECKSUM_LEN 4
+/* OP_COMPRESSED: originalOpcode, uncompressedSize, compressorId. */
+#define COMPRESSED_PREFIX_LEN 9
+/* OP_REPLY: flags, cursorID, startingFrom, numberReturned. */
+#define REPLY_PREFIX_LEN 20
+/* The smallest BSON document: int32 length and the terminating NUL. */
+#define BSON_MIN_LEN 5
+
+/* ------------------------------------------------------------ byte order */
+
+static inline uint32_t
+get_u32 (const uint8_t *p)
+{
+   return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) |
+          ((uint32_t) p[3] << 24);
+}
+
+static inline int32_t
+get_i32 (const uint8_t *p)
+{
+   /* Two's complement conversion; gcc and clang define it as modular. */
+   return (int32_t) get_u32 (p);
+}
+
+static inline int64_t
+get_i64 (const uint8_t *p)
+{
+   return (int64_t) ((uint64_t) get_u32 (p) | ((uint64_t) get_u32 (p + 4) << 32));
+}
+
+static inline uint8_t *
+put_u32 (uint8_t *p, uint32_t v)
+{
+   p[0] = (uint8_t) v;
+   p[1] = (uint8_t) (v >> 8);
+   p[2] = (uint8_t) (v >> 16);
+   p[3] = (uint8_t) (v >> 24);
+   return p + 4;
+}
+
+static inline uint8_t *
+put_i32 (uint8_t *p, int32_t v)
+{
+   return put_u32 (p, (uint32_t) v);
+}
+
+static inline uint8_t *
+put_i64 (uint8_t *p, int64_t v)
+{
+   p = put_u32 (p, (uint32_t) ((uint64_t) v & 0xffffffffu));
+   return put_u32 (p, (uint32_t) ((uint64_t) v >> 32));
+}
+
+static inline uint8_t *
+put_bytes (uint8_t *p, const void *src, size_t len)
+{
+   if (len) {
+      memcpy (p, src, len);
+   }
+   return p + len;
+}
+
+static uint8_t *
+put_header (uint8_t *p, uint32_t length, int32_t request_id, int32_t response_to, int32_t opcode)
+{
+   p = put_u32 (p, length);
+   p = put_i32 (p, request_id);
+   p = put_i32 (p, response_to);
+   return put_i32 (p, opcode);
+}
+
+/* ------------------------------------------------------------ the cursor */
+
+/* A read cursor over [p, p + len).  Invariant: off <= len. */
+typedef struct {
+   const uint8_t *p;
+   size_t len;
+   size_t off;
+} reader_t;
+
+static inline size_t
+rd_left (const reader_t *r)
+{
+   return r->len - r->off;
+}
+
+static inline bool
+rd_u8 (reader_t *r, uint8_t *v)
+{
+   if (rd_left (r) < 1) {
+      return false;
+   }
+   *v = r->p[r->off++];
+   return true;
+}
+
+static inline bool
+rd_i32 (reader_t *r, int32_t *v)
+{
+   if (rd_left (r) < 4) {
+      return false;
+   }
+   *v = get_i32 (r->p + r->off);
+   r->off += 4;
+   return true;
+}
+
+static inline bool
+rd_i64 (reader_t *r, int64_t *v)
+{
+   if (rd_left (r) < 8) {
+      return false;
+   }
+   *v = get_i64 (r->p + r->off);
+   r->off += 8;
+   return true;
+}
+
+/* A NUL-terminated string wholly inside the cursor's span. */
+static bool
+rd_cstring (reader_t *r, const char **s, size_t *slen)
+{
+   const uint8_t *start = r->p + r->off;
+   const uint8_t *nul = memchr (start, 0, rd_left (r));
+
+   if (!nul) {
+      return false;
+   }
+   *s = (const char *) start;
+   *slen = (size_t) (nul - start);
+   r->off += *slen + 1;
+   return true;
+}
+
+/* One BSON document at the cursor, validated, as a static bson_t. */
+static bool
+rd_doc (reader_t *r, bson_t *doc, const char *what, bson_error_t *error)
+{
+   bson_error_t berr;
+   int32_t dlen;
+   const uint8_t *start = r->p + r->off;
+
+   if (rd_left (r) < 4) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "%s: truncated document length", what);
+      return false;
+   }
+   dlen = get_i32 (start);
+   if (dlen < BSON_MIN_LEN || (size_t) dlen > rd_left (r)) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_BSON,
+                      "%s: document length %" PRId32 " outside [5, %zu]",
+                      what,
+                      dlen,
+                      rd_left (r));
+      return false;
+   }
+   /* bson_init_static checks the length field against dlen and the
+    * terminating NUL; bson_validate then walks every element. */
+   if (!bson_init_static (doc, start, (size_t) dlen)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "%s: document is not terminated", what);
+      return false;
+   }
+   if (!bson_validate_with_error (doc, BSON_VALIDATE_NONE, &berr)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "%s: invalid BSON: %s", what, berr.message);
+      return false;
+   }
+   r->off += (size_t) dlen;
+   return true;
+}
+
+static bool
+short_error (bson_error_t *error, const char *what)
+{
+   bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "%s runs past the end of the message", what);
+   return false;
+}
+
+/* ------------------------------------------------------------ header */
+
+bool
+wire_peek_header (const uint8_t *buf, size_t len, wire_header_t *out)
+{
+   if (len < WIRE_HEADER_LEN) {
+      return false;
+   }
+   out->length = get_i32 (buf);
+   out->request_id = get_i32 (buf + 4);
+   out->response_to = get_i32 (buf + 8);
+   out->opcode = get_i32 (buf + 12);
+   return true;
+}
+
+static bool
+opcode_known (int32_t opcode)
+{
+   return opcode == WIRE_OP_REPLY || opcode == WIRE_OP_QUERY || opcode == WIRE_OP_COMPRESSED ||
+          opcode == WIRE_OP_MSG;
+}
+
+bool
+wire_check_header (const wire_header_t *h, uint32_t max_len, bson_error_t *error)
+{
+   if (max_len == 0) {
+      max_len = WIRE_MAX_MESSAGE_LEN;
+   }
+   if (h->length < WIRE_HEADER_LEN) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_SHORT,
+                      "message length %" PRId32 " is below the header's 16 bytes",
+                      h->length);
+      return false;
+   }
+   if ((uint32_t) h->length > max_len) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_TOO_LARGE,
+                      "message length %" PRId32 " exceeds the limit of %" PRIu32,
+                      h->length,
+                      max_len);
+      return false;
+   }
+   if (!opcode_known (h->opcode)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unknown opcode %" PRId32, h->opcode);
+      return false;
+   }
+   return true;
+}
+
+/* Common start of every parser: the header, consistent with `len` and of the
+ * expected opcode.  Leaves the cursor after the header. */
+static bool
+start_parse (const uint8_t *buf,
+             size_t len,
+             int32_t opcode,
+             wire_header_t *h,
+             reader_t *r,
+             bson_error_t *error)
+{
+   if (!wire_peek_header (buf, len, h)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "message of %zu bytes is shorter than a header", len);
+      return false;
+   }
+   if (h->length < WIRE_HEADER_LEN || (size_t) h->length != len) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_SHORT,
+                      "message length %" PRId32 " does not match the %zu bytes given",
+                      h->length,
+                      len);
+      return false;
+   }
+   if (h->opcode != opcode) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_OPCODE,
+                      "expected %s, got opcode %" PRId32,
+                      wire_opcode_name (opcode),
+                      h->opcode);
+      return false;
+   }
+   r->p = buf;
+   r->len = len;
+   r->off = WIRE_HEADER_LEN;
+   return true;
+}
+
+/* ------------------------------------------------------------ OP_MSG */
+
+/* A kind-1 section at the cursor (after its kind byte). */
+static bool
+parse_sequence (reader_t *r, wire_sequence_t *seq, bson_error_t *error)
+{
+   int32_t size;
+   size_t idlen;
+   reader_t sec;
+   bson_t doc;
+
+   if (!rd_i32 (r, &size)) {
+      return short_error (error, "document sequence size");
+   }
+   /* The size counts itself; an identifier needs at least its NUL. */
+   if (size < 5 || (size_t) size - 4 > rd_left (r)) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_SECTION,
+                      "document sequence size %" PRId32 " outside [5, %zu]",
+                      size,
+                      rd_left (r) + 4);
+      return false;
+   }
+   sec.p = r->p + r->off;
+   sec.len = (size_t) size - 4;
+   sec.off = 0;
+   r->off += sec.len;
+
+   if (!rd_cstring (&sec, &seq->identifier, &idlen)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SECTION, "document sequence identifier is not terminated");
+      return false;
+   }
+   seq->docs = sec.p + sec.off;
+   seq->docs_len = (uint32_t) rd_left (&sec);
+   seq->ndocs = 0;
+   while (rd_left (&sec) > 0) {
+      if (!rd_doc (&sec, &doc, "document sequence", error)) {
+         return false;
+      }
+      seq->ndocs++;
+   }
+   return true;
+}
+
+/* Identifiers are unique and none names a body field (mongod refuses both:
+ * the sequence would be ambiguous with the field). */
+static bool
+check_sequences (const wire_msg_t *m, bson_error_t *error)
+{
+   bson_iter_t it;
+
+   for (uint32_t i = 0; i < m->nsequences; i++) {
+      for (uint32_t j = i + 1; j < m->nsequences; j++) {
+         if (strcmp (m->sequences[i].identifier, m->sequences[j].identifier) == 0) {
+            bson_set_error (error,
+                            WIRE_ERROR_DOMAIN,
+                            WIRE_ERR_SECTION,
+                            "duplicate document sequence \"%s\"",
+                            m->sequences[i].identifier);
+            return false;
+         }
+      }
+   }
+   if (m->nsequences == 0 || !bson_iter_init (&it, &m->body)) {
+      return true;
+   }
+   /* One pass over the body's keys, whatever the number of sequences. */
+   while (bson_iter_next (&it)) {
+      const char *key = bson_iter_key (&it);
+      for (uint32_t i = 0; i < m->nsequences; i++) {
+         if (strcmp (key, m->sequences[i].identifier) == 0) {
+            bson_set_error (error,
+                            WIRE_ERROR_DOMAIN,
+                            WIRE_ERR_SECTION,
+                            "document sequence \"%s\" is also a field of the body",
+                            key);
+            return false;
+         }
+      }
+   }
+   return true;
+}
+
+bool
+wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *error)
+{
+   reader_t r;
+   int32_t flags;
+   uint32_t nbodies = 0;
+
+   if (!start_parse (buf, len, WIRE_OP_MSG, &out->header, &r, error)) {
+      return false;
+   }
+   if (!rd_i32 (&r, &flags)) {
+      return short_error (error, "OP_MSG flags");
+   }
+   out->flags = (uint32_t) flags;
+   out->nsequences = 0;
+   out->body_data = NULL;
+   out->body_len = 0;
+   if ((out->flags & WIRE_MSG_REQUIRED_MASK) & ~WIRE_MSG_KNOWN_REQUIRED) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_FLAGS,
+                      "unknown required OP_MSG flag bits 0x%04" PRIx32,
+                      (out->flags & WIRE_MSG_REQUIRED_MASK) & ~WIRE_MSG_KNOWN_REQUIRED);
+      return false;
+   }
+   out->checksum_present = (out->flags & WIRE_MSG_CHECKSUM_PRESENT) != 0;
+   if (out->checksum_present) {
+      uint32_t want, got;
+
+      if (rd_left (&r) < MSG_CHECKSUM_LEN) {
+         return short_error (error, "OP_MSG checksum");
+      }
+      /* The checksum covers everything before it; sections end there. */
+      r.len -= MSG_CHECKSUM_LEN;
+      want = get_u32 (buf + r.len);
+      got = wire_crc32c (0, buf, r.len);
+      if (want != got) {
+         bson_set_error (error,
+                         WIRE_ERROR_DOMAIN,
+                         WIRE_ERR_CHECKSUM,
+                         "OP_MSG checksum 0x%08" PRIx32 " does not match the computed 0x%08" PRIx32,
+                         want,
+                         got);
+         return false;
+      }
+   }
+
+   while (rd_left (&r) > 0) {
+      uint8_t kind;
+
+      (void) rd_u8 (&r, &kind); /* cannot fail: rd_left > 0 */
+      if (kind == 0) {
+         if (++nbodies > 1) {
+            bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_NO_BODY, "OP_MSG has more than one body section");
+            return false;
+         }
+         out->body_data = r.p + r.off;
+         if (!rd_doc (&r, &out->body, "OP_MSG body", error)) {
+            return false;
+         }
+         out->body_len = (uint32_t) (r.p + r.off - out->body_data);
+      } else if (kind == 1) {
+         if (out->nsequences == WIRE_MAX_SECTIONS) {
+            bson_set_error (error,
+                            WIRE_ERROR_DOMAIN,
+                            WIRE_ERR_SECTION,
+                            "OP_MSG has more than %d document sequences",
+                            WIRE_MAX_SECTIONS);
+            return false;
+         }
+         if (!parse_sequence (&r, &out->sequences[out->nsequences], error)) {
+            return false;
+         }
+         out->nsequences++;
+      } else {
+         bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SECTION, "unknown OP_MSG section kind %u", kind);
+         return false;
+      }
+   }
+   if (nbodies != 1) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_NO_BODY, "OP_MSG has no body section");
+      return false;
+   }
+   return check_sequences (out, error);
+}
+
+/* ------------------------------------------------------------ OP_QUERY */
+
+bool
+wire_parse_query (const uint8_t *buf, size_t len, wire_query_t *out, bson_error_t *error)
+{
+   reader_t r;
+   size_t nlen;
+
+   if (!start_parse (buf, len, WIRE_OP_QUERY, &out->header, &r, error)) {
+      return false;
+   }
+   if (!rd_i32 (&r, &out->flags)) {
+      return short_error (error, "OP_QUERY flags");
+   }
+   if (!rd_cstring (&r, &out->full_collection_name, &nlen)) {
+      return short_error (error, "OP_QUERY fullCollectionName");
+   }
+   if (!rd_i32 (&r, &out->number_to_skip) || !rd_i32 (&r, &out->number_to_return)) {
+      return short_error (error, "OP_QUERY skip and return");
+   }
+   if (!rd_doc (&r, &out->query, "OP_QUERY query", error)) {
+      return false;
+   }
+   out->has_fields = rd_left (&r) > 0;
+   if (out->has_fields && !rd_doc (&r, &out->fields, "OP_QUERY returnFieldsSelector", error)) {
+      return false;
+   }
+   if (rd_left (&r) > 0) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "OP_QUERY has %zu trailing bytes", rd_left (&r));
+      return false;
+   }
+   return true;
+}
+
+/* ------------------------------------------------------------ OP_REPLY */
+
+bool
+wire_parse_reply (const uint8_t *buf, size_t len, wire_reply_t *out, bson_error_t *error)
+{
+   reader_t r;
+   int32_t ndocs = 0;
+   bson_t doc;
+
+   if (!start_parse (buf, len, WIRE_OP_REPLY, &out->header, &r, error)) {
+      return false;
+   }
+   if (!rd_i32 (&r, &out->flags) || !rd_i64 (&r, &out->cursor_id) || !rd_i32 (&r, &out->starting_from) ||
+       !rd_i32 (&r, &out->number_returned)) {
+      return short_error (error, "OP_REPLY fields");
+   }
+   out->has_doc = false;
+   out->docs = r.p + r.off;
+   out->docs_len = (uint32_t) rd_left (&r);
+   while (rd_left (&r) > 0) {
+      if (!rd_doc (&r, ndocs == 0 ? &out->doc : &doc, "OP_REPLY document", error)) {
+         return false;
+      }
+      out->has_doc = true;
+      ndocs++;
+   }
+   if (ndocs != out->number_returned) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_BSON,
+                      "OP_REPLY numberReturned %" PRId32 " but %" PRId32 " documents",
+                      out->number_returned,
+                      ndocs);
+      return false;
+   }
+   return true;
+}
+
+/* ------------------------------------------------------------ OP_COMPRESSED */
+
+bool
+wire_parse_compressed (const uint8_t *buf, size_t len, wire_compressed_t *out, bson_error_t *error)
+{
+   reader_t r;
+
+   if (!start_parse (buf, len, WIRE_OP_COMPRESSED, &out->header, &r, error)) {
+      return false;
+   }
+   if (!rd_i32 (&r, &out->original_opcode) || !rd_i32 (&r, &out->uncompressed_size) ||
+       !rd_u8 (&r, &out->compressor_id)) {
+      return short_error (error, "OP_COMPRESSED fields");
+   }
+   if (out->original_opcode == WIRE_OP_COMPRESSED || !opcode_known (out->original_opcode)) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_OPCODE,
+                      "OP_COMPRESSED wraps opcode %" PRId32,
+                      out->original_opcode);
+      return false;
+   }
+   if (out->uncompressed_size < 0) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_COMPRESSION,
+                      "OP_COMPRESSED uncompressedSize %" PRId32 " is negative",
+                      out->uncompressed_size);
+      return false;
+   }
+   out->data = r.p + r.off;
+   out->data_len = (uint32_t) rd_left (&r);
+   return true;
+}
+
+bool
+wire_decompress (const wire_compressed_t *c, uint32_t max_len, struct evbuffer *out, bson_error_t *error)
+{
+   struct evbuffer_iovec v;
+   uint64_t total;
+   uint8_t *p;
+
+   if (max_len == 0) {
+      max_len = WIRE_MAX_MESSAGE_LEN;
+   }
+   if (c->original_opcode == WIRE_OP_COMPRESSED || !opcode_known (c->original_opcode)) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_OPCODE,
+                      "OP_COMPRESSED wraps opcode %" PRId32,
+                      c->original_opcode);
+      return false;
+   }
+   if (!compress_name (c->compressor_id)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "unknown compressor id %u", c->compressor_id);
+      return false;
+   }
+   if (c->uncompressed_size < 0) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "negative uncompressedSize");
+      return false;
+   }
+   total = (uint64_t) WIRE_HEADER_LEN + (uint64_t) c->uncompressed_size;
+   if (total > max_len) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_TOO_LARGE,
+                      "uncompressed message of %" PRIu64 " bytes exceeds the limit of %" PRIu32,
+                      total,
+                      max_len);
+      return false;
+   }
+   /* One contiguous region: the algorithms need a flat output buffer.
+    * Uncommitted space is simply dropped on failure. */
+   if (evbuffer_reserve_space (out, (ev_ssize_t) total, &v, 1) != 1) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "out of memory for %" PRIu64 " bytes", total);
+      return false;
+   }
+   p = v.iov_base;
+   put_header (p, (uint32_t) total, c->header.request_id, c->header.response_to, c->original_opcode);
+   if (!compress_unbuffer (c->compressor_id,
+                           c->data,
+                           c->data_len,
+                           p + WIRE_HEADER_LEN,
+                           (size_t) c->uncompressed_size,
+                           error)) {
+      /* compress.c fills its own domain; keep the caller's view in ours. */
+      if (error) {
+         error->domain = WIRE_ERROR_DOMAIN;
+         error->code = WIRE_ERR_COMPRESSION;
+      }
+      return false;
+   }
+   v.iov_len = (size_t) total;
+   if (evbuffer_commit_space (out, &v, 1) != 0) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "evbuffer_commit_space failed");
+      return false;
+   }
+   return true;
+}
+
+bool
+wire_compress (const uint8_t *msg,
+               size_t len,
+               uint8_t compressor_id,
+               int level,
+               struct evbuffer *out,
+               bson_error_t *error)
+{
+   wire_header_t h;
+   struct evbuffer_iovec v;
+   size_t bound, clen, payload;
+   uint64_t cap;
+   uint8_t *p;
+
+   if (!wire_peek_header (msg, len, &h) || h.length < WIRE_HEADER_LEN || (size_t) h.length != len) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "message to compress is not one whole message");
+      return false;
+   }
+   if (h.opcode == WIRE_OP_COMPRESSED || !opcode_known (h.opcode)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "cannot compress opcode %" PRId32, h.opcode);
+      return false;
+   }
+   if (!compress_name (compressor_id)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "unknown compressor id %u", compressor_id);
+      return false;
+   }
+   payload = len - WIRE_HEADER_LEN;
+   bound = compress_bound (compressor_id, payload);
+   cap = (uint64_t) WIRE_HEADER_LEN + COMPRESSED_PREFIX_LEN + bound;
+   if (bound == 0 && payload > 0) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_TOO_LARGE, "message too large to compress");
+      return false;
+   }
+   if (evbuffer_reserve_space (out, (ev_ssize_t) cap, &v, 1) != 1) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "out of memory for %" PRIu64 " bytes", cap);
+      return false;
+   }
+   p = v.iov_base;
+   if (!compress_buffer (compressor_id,
+                         level,
+                         msg + WIRE_HEADER_LEN,
+                         payload,
+                         p + WIRE_HEADER_LEN + COMPRESSED_PREFIX_LEN,
+                         bound,
+                         &clen,
+                         error)) {
+      if (error) {
+         error->domain = WIRE_ERROR_DOMAIN;
+         error->code = WIRE_ERR_COMPRESSION;
+      }
+      return false;
+   }
+   /* Incompressible data can grow past the limit the peer will accept. */
+   if ((uint64_t) WIRE_HEADER_LEN + COMPRESSED_PREFIX_LEN + clen > WIRE_MAX_MESSAGE_LEN) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_TOO_LARGE, "compressed message exceeds the limit");
+      return false;
+   }
+   v.iov_len = WIRE_HEADER_LEN + COMPRESSED_PREFIX_LEN + clen;
+   p = put_header (p, (uint32_t) v.iov_len, h.request_id, h.response_to, WIRE_OP_COMPRESSED);
+   p = put_i32 (p, h.opcode);
+   p = put_u32 (p, (uint32_t) payload);
+   *p = compressor_id;
+   if (evbuffer_commit_space (out, &v, 1) != 0) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "evbuffer_commit_space failed");
+      return false;
+   }
+   return true;
+}
+
+/* ------------------------------------------------------------ builders */
+
+/* Reserves `total` contiguous bytes at the end of `out`. */
+static uint8_t *
+reserve (struct evbuffer *out, size_t total, struct evbuffer_iovec *v)
+{
+   if (evbuffer_reserve_space (out, (ev_ssize_t) total, v, 1) != 1) {
+      return NULL;
+   }
+   v->iov_len = total;
+   return v->iov_base;
+}
+
+bool
+wire_append_msg (struct evbuffer *out,
+                 int32_t request_id,
+                 int32_t response_to,
+                 uint32_t flags,
+                 const bson_t *body,
+                 const wire_sequence_t *sequences,
+                 uint32_t nsequences)
+{
+   struct evbuffer_iovec v;
+   uint64_t total = WIRE_HEADER_LEN + MSG_FLAGS_LEN + 1 + (uint64_t) body->len;
+   uint8_t *p;
+
+   for (uint32_t i = 0; i < nsequences; i++) {
+      total += 1 + 4 + strlen (sequences[i].identifier) + 1 + (uint64_t) sequences[i].docs_len;
+   }
+   if (total > WIRE_MAX_MESSAGE_LEN || !(p = reserve (out, (size_t) total, &v))) {
+      return false;
+   }
+   p = put_header (p, (uint32_t) total, request_id, response_to, WIRE_OP_MSG);
+   /* No checksum is written, so the flag must not claim one. */
+   p = put_u32 (p, flags & ~WIRE_MSG_CHECKSUM_PRESENT);
+   *p++ = 0;
+   p = put_bytes (p, bson_get_data (body), body->len);
+   for (uint32_t i = 0; i < nsequences; i++) {
+      size_t idlen = strlen (sequences[i].identifier) + 1;
+
+      *p++ = 1;
+      p = put_u32 (p, (uint32_t) (4 + idlen + sequences[i].docs_len));
+      p = put_bytes (p, sequences[i].identifier, idlen);
+      p = put_bytes (p, sequences[i].docs, sequences[i].docs_len);
+   }
+   return evbuffer_commit_space (out, &v, 1) == 0;
+}
+
+bool
+wire_append_reply (struct evbuffer *out, int32_t request_id, int32_t response_to, int32_t flags, const bson_t *doc)
+{
+   struct evbuffer_iovec v;
+   uint64_t total = WIRE_HEADER_LEN + REPLY_PREFIX_LEN + (doc ? (uint64_t) doc->len : 0);
+   uint8_t *p;
+
+   if (total > WIRE_MAX_MESSAGE_LEN || !(p = reserve (out, (size_t) total, &v))) {
+      return false;
+   }
+   p = put_header (p, (uint32_t) total, request_id, response_to, WIRE_OP_REPLY);
+   p = put_i32 (p, flags);
+   p = put_i64 (p, 0);     /* cursorID */
+   p = put_i32 (p, 0);     /* startingFrom */
+   p = put_i32 (p, doc ? 1 : 0);
+   if (doc) {
+      put_bytes (p, bson_get_data (doc), doc->len);
+   }
+   return evbuffer_commit_space (out, &v, 1) == 0;
+}
+
+bool
+wire_append_query (struct evbuffer *out,
+                   int32_t request_id,
+                   int32_t flags,
+                   const char *full_collection_name,
+                   int32_t skip,
+                   int32_t number_to_return,
+                   const bson_t *query)
+{
+   struct evbuffer_iovec v;
+   size_t nlen = strlen (full_collection_name) + 1;
+   uint64_t total = WIRE_HEADER_LEN + 4 + (uint64_t) nlen + 8 + (uint64_t) query->len;
+   uint8_t *p;
+
+   if (total > WIRE_MAX_MESSAGE_LEN || !(p = reserve (out, (size_t) total, &v))) {
+      return false;
+   }
+   p = put_header (p, (uint32_t) total, request_id, 0, WIRE_OP_QUERY);
+   p = put_i32 (p, flags);
+   p = put_bytes (p, full_collection_name, nlen);
+   p = put_i32 (p, skip);
+   p = put_i32 (p, number_to_return);
+   put_bytes (p, bson_get_data (query), query->len);
+   return evbuffer_commit_space (out, &v, 1) == 0;
+}
+
+/* ------------------------------------------------------------ CRC-32C */
+
+/* Reflected Castagnoli polynomial. */
+#define CRC32C_POLY 0x82f63b78u
+
+/* Slicing-by-8 tables: crc_table[0] is the classic byte table, crc_table[k]
+ * advances a byte through k more zero bytes.  Built once (crc_once). */
+static uint32_t crc_table[8][256];
+static uint32_t (*crc_impl) (uint32_t, const uint8_t *, size_t);
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static uint32_t
+crc_sw_raw (uint32_t c, const uint8_t *p, size_t len)
+{
+   while (len && ((uintptr_t) p & 7u)) {
+      c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+      len--;
+   }
+   while (len >= 8) {
+      uint32_t lo = c ^ get_u32 (p);
+      uint32_t hi = get_u32 (p + 4);
+      c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
+          crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
+          crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+      p += 8;
+      len -= 8;
+   }
+   while (len--) {
+      c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+   }
+   return c;
+}
+
+#ifdef WIRE_HAVE_SSE42
+__attribute__ ((target ("sse4.2"))) static uint32_t
+crc_hw_raw (uint32_t c, const uint8_t *p, size_t len)
+{
+   uint64_t c64;
+
+   while (len && ((uintptr_t) p & 7u)) {
+      c = _mm_crc32_u8 (c, *p++);
+      len--;
+   }
+   c64 = c;
+   while (len >= 8) {
+      uint64_t w;
+      memcpy (&w, p, 8); /* aligned here; memcpy keeps UBSan quiet anyway */
+      c64 = _mm_crc32_u64 (c64, w);
+      p += 8;
+      len -= 8;
+   }
+   c = (uint32_t) c64;
+   while (len--) {
+      c = _mm_crc32_u8 (c, *p++);
+   }
+   return c;
+}
+#endif
+
+static void
+crc_init (void)
+{
+   for (uint32_t i = 0; i < 256; i++) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++) {
+         c = (c & 1) ? (c >> 1) ^ CRC32C_POLY : c >> 1;
+      }
+      crc_table[0][i] = c;
+   }
+   for (uint32_t i = 0; i < 256; i++) {
+      for (int t = 1; t < 8; t++) {
+         crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+      }
+   }
+   crc_impl = crc_sw_raw;
+#ifdef WIRE_HAVE_SSE42
+   __builtin_cpu_init ();
+   if (__builtin_cpu_supports ("sse4.2")) {
+      crc_impl = crc_hw_raw;
+   }
+#endif
+}
+
+uint32_t
+wire_crc32c (uint32_t crc, const uint8_t *data, size_t len)
+{
+   pthread_once (&crc_once, crc_init);
+   return ~crc_impl (~crc, data, len);
+}
+
+uint32_t
+wire_crc32c_sw (uint32_t crc, const uint8_t *data, size_t len)
+{
+   pthread_once (&crc_once, crc_init);
+   return ~crc_sw_raw (~crc, data, len);
+}
+
+/* ------------------------------------------------------------ names */
+
+const char *
+wire_command_name (const bson_t *body)
+{
+   bson_iter_t it;
+
+   if (!bson_iter_init (&it, body) || !bson_iter_next (&it)) {
+      return NULL;
+   }
+   return bson_iter_key (&it);
+}
+
+const char *
+wire_opcode_name (int32_t opcode)
+{
+   switch (opcode) {
+   case WIRE_OP_REPLY:
+      return "OP_REPLY";
+   case WIRE_OP_QUERY:
+      return "OP_QUERY";
+   case WIRE_OP_COMPRESSED:
+      return "OP_COMPRESSED";
+   case WIRE_OP_MSG:
+      return "OP_MSG";
+   default:
+      return "unknown";
+   }
+}
