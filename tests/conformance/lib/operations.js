@@ -1,0 +1,351 @@
+'use strict';
+// Entity operations and special testRunner operations for the unified test format.
+
+const { MongoServerError, MongoWriteConcernError, MongoBulkWriteError, MongoClientBulkWriteError } = require('mongodb');
+const { match, MatchError, show } = require('./match');
+const { readPreferenceFrom, rwOptions } = require('./entities');
+
+// Operations whose result is an iterable of documents: each element is matched
+// as a root-level document.
+const CURSOR_OPS = new Set(['find', 'aggregate', 'listCollections', 'listDatabases', 'listIndexes',
+  'runCursorCommand', 'listSearchIndexes']);
+
+class UnsupportedError extends Error {}
+
+function splitArgs(args, positional) {
+  const opts = {};
+  const pos = {};
+  for (const [k, v] of Object.entries(args || {})) {
+    if (positional.includes(k)) pos[k] = v;
+    else opts[k] = v;
+  }
+  return { pos, opts };
+}
+
+function driverOptions(opts, entities) {
+  const out = {};
+  for (const [k, v] of Object.entries(opts)) {
+    if (k === 'session') out.session = entities.get(v, 'session');
+    else if (k === 'returnDocument') out.returnDocument = String(v).toLowerCase();
+    else if (k === 'readPreference') out.readPreference = readPreferenceFrom(v);
+    else if (k === 'rawData') throw new UnsupportedError('rawData option (internal-only) is not supported by the Node.js driver');
+    else out[k] = v;
+  }
+  return out;
+}
+
+function plainBulkResult(r) {
+  if (!r) return r;
+  const out = {
+    insertedCount: r.insertedCount,
+    matchedCount: r.matchedCount,
+    modifiedCount: r.modifiedCount,
+    deletedCount: r.deletedCount,
+    upsertedCount: r.upsertedCount,
+    upsertedIds: { ...(r.upsertedIds || {}) },
+    insertedIds: { ...(r.insertedIds || {}) },
+  };
+  return out;
+}
+
+function mapToObject(m) {
+  if (!m) return m;
+  if (m instanceof Map) {
+    const o = {};
+    for (const [k, v] of m) o[String(k)] = v;
+    return o;
+  }
+  return m;
+}
+
+function plainClientBulkResult(r) {
+  if (!r) return r;
+  const out = {
+    insertedCount: r.insertedCount,
+    upsertedCount: r.upsertedCount,
+    matchedCount: r.matchedCount,
+    modifiedCount: r.modifiedCount,
+    deletedCount: r.deletedCount,
+  };
+  if (r.insertResults) out.insertResults = mapToObject(r.insertResults);
+  if (r.updateResults) out.updateResults = mapToObject(r.updateResults);
+  if (r.deleteResults) out.deleteResults = mapToObject(r.deleteResults);
+  return out;
+}
+
+function clientBulkModels(models) {
+  return models.map((m) => {
+    const [name, spec] = Object.entries(m)[0];
+    return { name, ...spec };
+  });
+}
+
+// ---- collection operations -------------------------------------------------
+
+const collectionOps = {
+  async insertOne(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['document']);
+    return coll.insertOne(pos.document, driverOptions(opts, ents));
+  },
+  async insertMany(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['documents']);
+    return coll.insertMany(pos.documents, driverOptions(opts, ents));
+  },
+  async updateOne(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter', 'update']);
+    return coll.updateOne(pos.filter, pos.update, driverOptions(opts, ents));
+  },
+  async updateMany(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter', 'update']);
+    return coll.updateMany(pos.filter, pos.update, driverOptions(opts, ents));
+  },
+  async replaceOne(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter', 'replacement']);
+    return coll.replaceOne(pos.filter, pos.replacement, driverOptions(opts, ents));
+  },
+  async deleteOne(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return coll.deleteOne(pos.filter, driverOptions(opts, ents));
+  },
+  async deleteMany(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return coll.deleteMany(pos.filter, driverOptions(opts, ents));
+  },
+  async bulkWrite(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['requests']);
+    return plainBulkResult(await coll.bulkWrite(pos.requests, driverOptions(opts, ents)));
+  },
+  async find(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return coll.find(pos.filter || {}, driverOptions(opts, ents)).toArray();
+  },
+  async findOne(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return coll.findOne(pos.filter || {}, driverOptions(opts, ents));
+  },
+  async findOneAndDelete(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return coll.findOneAndDelete(pos.filter, driverOptions(opts, ents));
+  },
+  async findOneAndReplace(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter', 'replacement']);
+    return coll.findOneAndReplace(pos.filter, pos.replacement, driverOptions(opts, ents));
+  },
+  async findOneAndUpdate(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter', 'update']);
+    return coll.findOneAndUpdate(pos.filter, pos.update, driverOptions(opts, ents));
+  },
+  async aggregate(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['pipeline']);
+    return coll.aggregate(pos.pipeline, driverOptions(opts, ents)).toArray();
+  },
+  async countDocuments(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return coll.countDocuments(pos.filter, driverOptions(opts, ents));
+  },
+  async estimatedDocumentCount(coll, args, ents) {
+    return coll.estimatedDocumentCount(driverOptions(args || {}, ents));
+  },
+  async count(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return coll.count(pos.filter, driverOptions(opts, ents));
+  },
+  async distinct(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['fieldName', 'filter']);
+    return coll.distinct(pos.fieldName, pos.filter || {}, driverOptions(opts, ents));
+  },
+  async createIndex(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['keys']);
+    return coll.createIndex(pos.keys, driverOptions(opts, ents));
+  },
+  async dropIndex(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['name']);
+    return coll.dropIndex(pos.name, driverOptions(opts, ents));
+  },
+  async dropIndexes(coll, args, ents) {
+    return coll.dropIndexes(driverOptions(args || {}, ents));
+  },
+  async listIndexes(coll, args, ents) {
+    return coll.listIndexes(driverOptions(args || {}, ents)).toArray();
+  },
+  async drop(coll, args, ents) {
+    return coll.drop(driverOptions(args || {}, ents));
+  },
+};
+
+// ---- database operations ---------------------------------------------------
+
+const databaseOps = {
+  async runCommand(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['command', 'commandName']);
+    return db.command(pos.command, driverOptions(opts, ents));
+  },
+  async createCollection(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['collection']);
+    await db.createCollection(pos.collection, driverOptions(opts, ents));
+    return undefined;
+  },
+  async dropCollection(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['collection']);
+    return db.dropCollection(pos.collection, driverOptions(opts, ents));
+  },
+  async listCollections(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return db.listCollections(pos.filter || {}, driverOptions(opts, ents)).toArray();
+  },
+  async listCollectionNames(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    const list = await db.listCollections(pos.filter || {}, { ...driverOptions(opts, ents), nameOnly: true }).toArray();
+    return list.map((c) => c.name);
+  },
+  async aggregate(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['pipeline']);
+    return db.aggregate(pos.pipeline, driverOptions(opts, ents)).toArray();
+  },
+  async modifyCollection(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['collection', 'session']);
+    const cmdOpts = pos.session ? { session: ents.get(pos.session, 'session') } : {};
+    return db.command({ collMod: pos.collection, ...opts }, cmdOpts);
+  },
+};
+
+// ---- client operations -----------------------------------------------------
+
+const clientOps = {
+  async listDatabases(client, args, ents) {
+    const r = await client.db('admin').admin().listDatabases(driverOptions(args || {}, ents));
+    return r.databases;
+  },
+  async listDatabaseNames(client, args, ents) {
+    const r = await client.db('admin').admin().listDatabases({ ...driverOptions(args || {}, ents), nameOnly: true });
+    return r.databases.map((d) => d.name);
+  },
+  async clientBulkWrite(client, args, ents) {
+    const { pos, opts } = splitArgs(args, ['models']);
+    return plainClientBulkResult(await client.bulkWrite(clientBulkModels(pos.models), driverOptions(opts, ents)));
+  },
+};
+
+// ---- session operations ----------------------------------------------------
+
+function txnOptions(args) {
+  if (!args) return undefined;
+  const o = { ...args };
+  delete o.callback;
+  return rwOptions(o);
+}
+
+function makeSessionOps(runner) {
+  return {
+    async startTransaction(session, args) {
+      runner.current.startedTransaction = true;
+      session.startTransaction(txnOptions(args));
+    },
+    async commitTransaction(session) {
+      return session.commitTransaction();
+    },
+    async abortTransaction(session) {
+      return session.abortTransaction();
+    },
+    async endSession(session) {
+      return session.endSession();
+    },
+    async withTransaction(session, args, ents) {
+      runner.current.startedTransaction = true;
+      const ops = args.callback || [];
+      const result = await session.withTransaction(async () => {
+        for (const op of ops) await runner.executeOperation(op, ents, { inCallback: true });
+      }, txnOptions(args));
+      return result;
+    },
+  };
+}
+
+// ---- error checking --------------------------------------------------------
+
+function isServerError(err) {
+  return err instanceof MongoServerError || err instanceof MongoWriteConcernError;
+}
+
+function errorLabels(err) {
+  const labels = new Set();
+  if (err && typeof err.hasErrorLabel === 'function' && err.errorLabels) {
+    for (const l of err.errorLabels) labels.add(l);
+  } else if (err && Array.isArray(err.errorLabels)) {
+    for (const l of err.errorLabels) labels.add(l);
+  }
+  return labels;
+}
+
+function checkError(expected, err, ents) {
+  const ctx = { entities: ents };
+  const desc = `${err && err.name}: ${err && err.message}`;
+  if (expected.isClientError === true && isServerError(err)) {
+    throw new MatchError('expectError.isClientError', `expected a client-side error, got server error ${desc}`);
+  }
+  if (expected.isClientError === false && !isServerError(err)) {
+    throw new MatchError('expectError.isClientError', `expected a server error, got client error ${desc}`);
+  }
+  if (expected.isTimeoutError !== undefined) {
+    const isTimeout = err && err.name === 'MongoOperationTimeoutError';
+    if (expected.isTimeoutError !== isTimeout) {
+      throw new MatchError('expectError.isTimeoutError', `expected isTimeoutError=${expected.isTimeoutError}, got ${desc}`);
+    }
+  }
+  if (expected.errorContains !== undefined) {
+    const msg = String((err && err.message) || '').toLowerCase();
+    if (!msg.includes(String(expected.errorContains).toLowerCase())) {
+      throw new MatchError('expectError.errorContains', `expected message containing '${expected.errorContains}', got ${desc}`);
+    }
+  }
+  if (expected.errorCode !== undefined) {
+    if (!isServerError(err) || err.code !== expected.errorCode) {
+      throw new MatchError('expectError.errorCode', `expected server error code ${expected.errorCode}, got code ${err && err.code} (${desc})`);
+    }
+  }
+  if (expected.errorCodeName !== undefined) {
+    const name = err && (err.codeName || (err.errorResponse && err.errorResponse.codeName));
+    if (!isServerError(err) || name !== expected.errorCodeName) {
+      throw new MatchError('expectError.errorCodeName', `expected codeName ${expected.errorCodeName}, got ${name} (${desc})`);
+    }
+  }
+  const labels = errorLabels(err);
+  for (const l of expected.errorLabelsContain || []) {
+    if (!labels.has(l)) {
+      throw new MatchError('expectError.errorLabelsContain', `expected label ${l}, got [${[...labels].join(', ')}] (${desc})`);
+    }
+  }
+  for (const l of expected.errorLabelsOmit || []) {
+    if (labels.has(l)) {
+      throw new MatchError('expectError.errorLabelsOmit', `label ${l} must be absent, got [${[...labels].join(', ')}] (${desc})`);
+    }
+  }
+  if (expected.errorResponse !== undefined) {
+    const resp = (err && err.errorResponse) || err;
+    match(expected.errorResponse, resp, ctx, 'expectError.errorResponse', true);
+  }
+  if (expected.writeErrors !== undefined) {
+    const we = {};
+    if (err instanceof MongoClientBulkWriteError) {
+      for (const [k, v] of err.writeErrors) we[String(k)] = v;
+    }
+    match(expected.writeErrors, we, ctx, 'expectError.writeErrors', false);
+  }
+  if (expected.writeConcernErrors !== undefined) {
+    const wce = (err && err.writeConcernErrors) || [];
+    if (wce.length !== expected.writeConcernErrors.length) {
+      throw new MatchError('expectError.writeConcernErrors', `expected ${expected.writeConcernErrors.length}, got ${wce.length}`);
+    }
+    expected.writeConcernErrors.forEach((e, i) => match(e, wce[i], ctx, `expectError.writeConcernErrors[${i}]`, true));
+  }
+  if (expected.expectResult !== undefined) {
+    let partial;
+    if (err instanceof MongoBulkWriteError) partial = plainBulkResult(err.result);
+    else if (err instanceof MongoClientBulkWriteError) partial = plainClientBulkResult(err.partialResult);
+    match(expected.expectResult, partial, ctx, 'expectError.expectResult', true);
+  }
+}
+
+module.exports = {
+  collectionOps, databaseOps, clientOps, makeSessionOps, checkError, CURSOR_OPS, UnsupportedError, show,
+};

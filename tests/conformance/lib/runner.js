@@ -1,0 +1,450 @@
+'use strict';
+// Unified-format test runner: loads test files, evaluates runOnRequirements,
+// sets up initialData, creates entities, executes operations, and checks
+// expectResult / expectError / expectEvents / outcome.
+
+const fs = require('fs');
+const path = require('path');
+const { MongoClient, BSON } = require('mongodb');
+const { EJSON } = BSON;
+const { match, exactMatch, MatchError, show } = require('./match');
+const { EntityMap } = require('./entities');
+const ops = require('./operations');
+const reqs = require('./requirements');
+
+const SUPPORTED_SCHEMA = [1, 22];
+
+class TestFailure extends Error {}
+
+function schemaSupported(v) {
+  const [maj, min] = String(v).split('.').map((x) => parseInt(x, 10) || 0);
+  return maj === SUPPORTED_SCHEMA[0] && min <= SUPPORTED_SCHEMA[1];
+}
+
+function withTimeout(promise, ms, what) {
+  let t;
+  return Promise.race([
+    promise,
+    new Promise((_, rej) => { t = setTimeout(() => rej(new TestFailure(`${what} timed out after ${ms} ms`)), ms); }),
+  ]).finally(() => clearTimeout(t));
+}
+
+class Runner {
+  constructor(opts) {
+    this.uri = opts.uri;
+    this.verbose = !!opts.verbose;
+    this.filter = opts.filter || null;
+    this.baseline = opts.baseline !== false;
+    this.testTimeoutMS = opts.testTimeoutMS || 60000;
+    this.out = opts.out || ((s) => process.stdout.write(s + '\n'));
+    this.results = [];
+    this.clients = [];
+    this.current = null;
+  }
+
+  log(s) {
+    if (this.verbose) this.out(`    ${s}`);
+  }
+
+  registerClient(client, state) {
+    this.clients.push({ client, state });
+  }
+
+  async init() {
+    this.internal = new MongoClient(this.uri, { serverSelectionTimeoutMS: 15000 });
+    await this.internal.connect();
+    this.server = await reqs.describeServer(this.internal, this.uri);
+    await this.killAllSessions();
+  }
+
+  async close() {
+    if (this.internal) await this.internal.close(true).catch(() => {});
+  }
+
+  async killAllSessions() {
+    try {
+      await this.internal.db('admin').command({ killAllSessions: [] });
+    } catch (e) {
+      // Ignorable per the format: Interrupted(11601), Unauthorized(13), CommandNotFound(59).
+      if (![11601, 13, 59].includes(e.code)) throw new Error(`killAllSessions failed: ${e.message}`);
+    }
+  }
+
+  // ---- file / test iteration ---------------------------------------------
+
+  async runFile(file, displayName) {
+    let doc;
+    try {
+      doc = EJSON.parse(fs.readFileSync(file, 'utf8'), { relaxed: true });
+    } catch (e) {
+      this.record(displayName, '(file)', 'fail', `cannot parse: ${e.message}`);
+      this.out(`FAIL ${displayName}: (file): cannot parse: ${e.message}`);
+      return;
+    }
+    const tests = (doc.tests || []).filter((t) => !this.filter || t.description.includes(this.filter));
+    if (tests.length === 0) return;
+    const fileResults = [];
+    const push = (test, status, reason) => {
+      fileResults.push({ test: test.description, status, reason });
+      this.record(displayName, test.description, status, reason);
+    };
+
+    if (!schemaSupported(doc.schemaVersion)) {
+      for (const t of tests) push(t, 'fail', `unsupported schemaVersion ${doc.schemaVersion}`);
+    } else {
+      const fileReq = await reqs.evaluate(doc.runOnRequirements, this.server, { baseline: this.baseline });
+      if (!fileReq.run) {
+        for (const t of tests) push(t, fileReq.kind, fileReq.kind === 'skip' ? fileReq.reason : `(file) ${fileReq.reason}`);
+      } else {
+        for (const t of tests) {
+          if (t.skipReason) { push(t, 'skip', `spec skipReason: ${t.skipReason}`); continue; }
+          const tr = await reqs.evaluate(t.runOnRequirements, this.server, { baseline: this.baseline });
+          if (!tr.run) { push(t, tr.kind, tr.reason); continue; }
+          const started = Date.now();
+          const failure = await this.runTest(doc, t);
+          push(t, failure ? 'fail' : 'pass', failure || undefined);
+          this.log(`${failure ? 'fail' : 'ok  '} ${t.description} (${Date.now() - started} ms)`);
+        }
+      }
+    }
+    this.report(displayName, fileResults);
+  }
+
+  record(file, test, status, reason) {
+    this.results.push({ file, test, status, ...(reason ? { reason } : {}) });
+  }
+
+  report(name, results) {
+    const passed = results.filter((r) => r.status === 'pass').length;
+    const failed = results.filter((r) => r.status === 'fail');
+    const skipped = results.filter((r) => r.status === 'skip');
+    if (skipped.length === results.length) {
+      const reasons = [...new Set(skipped.map((s) => s.reason))];
+      if (reasons.length === 1) {
+        this.out(`SKIP ${name} (${results.length} tests): ${reasons[0]}`);
+        return;
+      }
+    }
+    if (failed.length === 0 && passed > 0) {
+      this.out(`PASS ${name} (${passed} tests${skipped.length ? `, ${skipped.length} skipped` : ''})`);
+    }
+    for (const f of failed) this.out(`FAIL ${name}: ${f.test}: ${f.reason}`);
+    if (failed.length && passed) this.out(`     ${name}: ${passed} of ${passed + failed.length} passed`);
+    for (const s of skipped) this.out(`SKIP ${name}: ${s.test}: ${s.reason}`);
+  }
+
+  summary() {
+    const n = (s) => this.results.filter((r) => r.status === s).length;
+    return { passed: n('pass'), failed: n('fail'), skipped: n('skip') };
+  }
+
+  // ---- single test ---------------------------------------------------------
+
+  async runTest(doc, test) {
+    const ents = new EntityMap(this);
+    this.clients = [];
+    this.current = { failPoints: [], startedTransaction: false, ents };
+    let failure = null;
+    const fail = (e) => {
+      if (!failure) failure = describeFailure(e);
+    };
+    try {
+      await withTimeout((async () => {
+        await this.killAllSessions();
+        await this.setupInitialData(doc.initialData || []);
+        await ents.create(doc.createEntities || []);
+        for (const op of test.operations || []) await this.executeOperation(op, ents, {});
+      })(), this.testTimeoutMS, 'test');
+    } catch (e) {
+      fail(e);
+    }
+    // Stop collecting events before any cleanup traffic.
+    for (const c of this.clients) c.state.listening = false;
+    // Fail points are disabled on the same server (there is only one).
+    for (const fp of this.current.failPoints) {
+      try {
+        await withTimeout(this.internal.db('admin').command({ configureFailPoint: fp, mode: 'off' }), 10000, 'disabling fail point');
+      } catch (e) {
+        fail(new TestFailure(`could not disable fail point ${fp}: ${e.message}`));
+      }
+    }
+    if (!failure && test.expectEvents) {
+      try { this.checkEvents(test.expectEvents, ents); } catch (e) { fail(e); }
+    }
+    if (!failure && test.outcome) {
+      try { await withTimeout(this.checkOutcome(test.outcome), 15000, 'reading outcome'); } catch (e) { fail(e); }
+    }
+    for (const s of ents.sessions()) {
+      try { await withTimeout(s.endSession(), 5000, 'endSession'); } catch (_) { /* ignore */ }
+    }
+    for (const c of this.clients) {
+      try { await withTimeout(c.client.close(true), 5000, 'client close'); } catch (_) { /* ignore */ }
+    }
+    this.clients = [];
+    if (this.current.startedTransaction || failure) {
+      try { await withTimeout(this.killAllSessions(), 10000, 'killAllSessions'); } catch (e) { fail(e); }
+    }
+    this.current = null;
+    return failure;
+  }
+
+  async setupInitialData(initialData) {
+    const wc = { writeConcern: { w: 'majority' } };
+    for (const cd of initialData) {
+      const db = this.internal.db(cd.databaseName);
+      try {
+        await db.collection(cd.collectionName).drop(wc);
+      } catch (e) {
+        if (e.code !== 26 && !/ns not found/i.test(e.message)) throw new TestFailure(`initialData drop ${cd.collectionName}: ${e.message}`);
+      }
+      try {
+        if (cd.createOptions) await db.createCollection(cd.collectionName, { ...cd.createOptions, ...wc });
+        if (cd.documents && cd.documents.length) {
+          await db.collection(cd.collectionName).insertMany(cd.documents, wc);
+        } else if (!cd.createOptions) {
+          await db.createCollection(cd.collectionName, wc);
+        }
+      } catch (e) {
+        throw new TestFailure(`initialData for ${cd.databaseName}.${cd.collectionName}: ${e.message}`);
+      }
+    }
+  }
+
+  async checkOutcome(outcome) {
+    for (const cd of outcome) {
+      const docs = await this.internal.db(cd.databaseName).collection(cd.collectionName)
+        .find({}, { sort: { _id: 1 }, readPreference: 'primary', readConcern: { level: 'local' } }).toArray();
+      try {
+        exactMatch(cd.documents, docs, `outcome ${cd.databaseName}.${cd.collectionName}`);
+      } catch (e) {
+        throw new TestFailure(`outcome ${cd.databaseName}.${cd.collectionName}: expected ${show(cd.documents)}, got ${show(docs)}`);
+      }
+    }
+  }
+
+  checkEvents(expectEvents, ents) {
+    const ctx = { entities: ents };
+    for (const exp of expectEvents) {
+      const eventType = exp.eventType || 'command';
+      const all = ents.eventLists.get(exp.client);
+      if (!all) throw new TestFailure(`expectEvents: no client entity '${exp.client}'`);
+      const actual = all.filter((e) => (eventType === 'command' ? /^command/.test(e.type) : !/^command/.test(e.type)));
+      const expected = exp.events;
+      const where = `expectEvents(${exp.client}, ${eventType})`;
+      if (exp.ignoreExtraEvents ? actual.length < expected.length : actual.length !== expected.length) {
+        throw new TestFailure(`${where}: expected ${expected.length} events, got ${actual.length}: ` +
+          `[${actual.map(describeEvent).join(', ')}]`);
+      }
+      expected.forEach((e, i) => {
+        const [type, spec] = Object.entries(e)[0];
+        const a = actual[i];
+        const at = `${where}[${i}]`;
+        if (a.type !== type) throw new TestFailure(`${at}: expected ${type}, got ${describeEvent(a)}`);
+        const ev = a.event;
+        try {
+          if (spec.commandName !== undefined && spec.commandName !== ev.commandName) {
+            throw new MatchError('commandName', `expected ${spec.commandName}, got ${ev.commandName}`);
+          }
+          if (spec.databaseName !== undefined && spec.databaseName !== ev.databaseName) {
+            throw new MatchError('databaseName', `expected ${spec.databaseName}, got ${ev.databaseName}`);
+          }
+          if (spec.command !== undefined) match(spec.command, ev.command, ctx, 'command', true);
+          if (spec.reply !== undefined) match(spec.reply, ev.reply, ctx, 'reply', true);
+          if (spec.hasServiceId !== undefined && spec.hasServiceId !== (ev.serviceId != null)) {
+            throw new MatchError('hasServiceId', `expected ${spec.hasServiceId}`);
+          }
+          if (spec.hasServerConnectionId !== undefined && spec.hasServerConnectionId !== (ev.serverConnectionId != null)) {
+            throw new MatchError('hasServerConnectionId', `expected ${spec.hasServerConnectionId}`);
+          }
+        } catch (err) {
+          throw new TestFailure(`${at} (${describeEvent(a)}): ${err.message}`);
+        }
+      });
+    }
+  }
+
+  // ---- operations ------------------------------------------------------------
+
+  async executeOperation(op, ents, { inCallback = false } = {}) {
+    let result;
+    let error = null;
+    try {
+      if (op.object === 'testRunner') result = await this.runSpecial(op, ents);
+      else result = await this.runEntityOp(op, ents);
+    } catch (e) {
+      if (e instanceof ops.UnsupportedError || e instanceof TestFailure || e instanceof MatchError) throw e;
+      error = e;
+    }
+    const label = `${op.object}.${op.name}`;
+    if (op.ignoreResultAndError) return;
+    if (op.expectError) {
+      if (!error) throw new TestFailure(`${label}: expected an error, got result ${show(result)}`);
+      try {
+        ops.checkError(op.expectError, error, ents);
+      } catch (e) {
+        throw new TestFailure(`${label}: ${e.message}`);
+      }
+      return;
+    }
+    if (error) {
+      if (inCallback) throw error; // let withTransaction see the driver error (labels, retry)
+      throw new TestFailure(`${label}: unexpected error ${error.name}: ${error.message}` +
+        (error.code !== undefined ? ` (code ${error.code}${error.codeName ? ' ' + error.codeName : ''})` : '') +
+        (error.errorLabels && error.errorLabels.length ? ` labels [${[...error.errorLabels].join(', ')}]` : ''));
+    }
+    if (op.expectResult !== undefined) {
+      try {
+        this.matchResult(op, result, ents);
+      } catch (e) {
+        throw new TestFailure(`${label}: expectResult ${e.message}`);
+      }
+    }
+    if (op.saveResultAsEntity) ents.set(op.saveResultAsEntity, result, 'result');
+  }
+
+  matchResult(op, result, ents) {
+    const ctx = { entities: ents };
+    if (ops.CURSOR_OPS.has(op.name) && Array.isArray(op.expectResult)) {
+      if (!Array.isArray(result) || result.length !== op.expectResult.length) {
+        throw new MatchError('', `expected ${show(op.expectResult)}, got ${show(result)}`);
+      }
+      op.expectResult.forEach((e, i) => match(e, result[i], ctx, `[${i}]`, true));
+      return;
+    }
+    match(op.expectResult, result, ctx, '', true);
+  }
+
+  async runEntityOp(op, ents) {
+    const entry = ents.entry(op.object);
+    const args = op.arguments || {};
+    let table;
+    switch (entry.kind) {
+      case 'collection': table = ops.collectionOps; break;
+      case 'database': table = ops.databaseOps; break;
+      case 'client': table = ops.clientOps; break;
+      case 'session': table = ops.makeSessionOps(this); break;
+      default: throw new ops.UnsupportedError(`operations on ${entry.kind} entities are not supported`);
+    }
+    const fn = table[op.name];
+    if (!fn) throw new ops.UnsupportedError(`unsupported operation ${op.name} on ${entry.kind}`);
+    return fn(entry.value, args, ents);
+  }
+
+  async runSpecial(op, ents) {
+    const a = op.arguments || {};
+    const session = () => ents.get(a.session, 'session');
+    switch (op.name) {
+      case 'failPoint': {
+        const client = ents.get(a.client, 'client');
+        await client.db('admin').command(a.failPoint);
+        this.current.failPoints.push(a.failPoint.configureFailPoint);
+        return undefined;
+      }
+      case 'targetedFailPoint': {
+        // Only one server: the session is "pinned" to it by construction.
+        const clientId = ents.clientOf.get(a.session);
+        const client = ents.get(clientId, 'client');
+        await client.db('admin').command(a.failPoint);
+        this.current.failPoints.push(a.failPoint.configureFailPoint);
+        return undefined;
+      }
+      case 'createEntities':
+        await ents.create(a.entities || []);
+        return undefined;
+      case 'assertSessionTransactionState': {
+        const state = session().transaction.state;
+        const map = {
+          none: ['NO_TRANSACTION'], starting: ['STARTING_TRANSACTION'], in_progress: ['TRANSACTION_IN_PROGRESS'],
+          committed: ['TRANSACTION_COMMITTED', 'TRANSACTION_COMMITTED_EMPTY'], aborted: ['TRANSACTION_ABORTED'],
+        };
+        if (!(map[a.state] || []).includes(state)) throw new TestFailure(`assertSessionTransactionState: expected ${a.state}, got ${state}`);
+        return undefined;
+      }
+      case 'assertSessionPinned':
+        if (!session().isPinned) throw new TestFailure('assertSessionPinned: session is not pinned');
+        return undefined;
+      case 'assertSessionUnpinned':
+        if (session().isPinned) throw new TestFailure('assertSessionUnpinned: session is pinned');
+        return undefined;
+      case 'assertSessionDirty':
+        if (!(session().serverSession && session().serverSession.isDirty)) throw new TestFailure('assertSessionDirty: session is not dirty');
+        return undefined;
+      case 'assertSessionNotDirty':
+        if (session().serverSession && session().serverSession.isDirty) throw new TestFailure('assertSessionNotDirty: session is dirty');
+        return undefined;
+      case 'assertSameLsidOnLastTwoCommands':
+      case 'assertDifferentLsidOnLastTwoCommands': {
+        const started = (ents.eventLists.get(a.client) || []).filter((e) => e.type === 'commandStartedEvent');
+        if (started.length < 2) throw new TestFailure(`${op.name}: fewer than two commandStartedEvents observed`);
+        const [x, y] = started.slice(-2).map((e) => EJSON.stringify(e.event.command.lsid, { relaxed: false }));
+        const same = x === y;
+        if (op.name === 'assertSameLsidOnLastTwoCommands' ? !same : same) {
+          throw new TestFailure(`${op.name}: lsids ${x} and ${y}`);
+        }
+        return undefined;
+      }
+      case 'assertCollectionExists':
+      case 'assertCollectionNotExists': {
+        const list = await this.internal.db(a.databaseName).listCollections({ name: a.collectionName }, { nameOnly: true }).toArray();
+        const exists = list.length > 0;
+        if (op.name === 'assertCollectionExists' ? !exists : exists) {
+          throw new TestFailure(`${op.name}: ${a.databaseName}.${a.collectionName} ${exists ? 'exists' : 'does not exist'}`);
+        }
+        return undefined;
+      }
+      case 'assertIndexExists':
+      case 'assertIndexNotExists': {
+        let names = [];
+        try {
+          names = (await this.internal.db(a.databaseName).collection(a.collectionName).listIndexes().toArray()).map((i) => i.name);
+        } catch (e) {
+          if (e.code !== 26) throw e;
+        }
+        const exists = names.includes(a.indexName);
+        if (op.name === 'assertIndexExists' ? !exists : exists) {
+          throw new TestFailure(`${op.name}: index ${a.indexName} on ${a.databaseName}.${a.collectionName} ` +
+            `${exists ? 'exists' : 'does not exist'} (indexes: ${names.join(', ')})`);
+        }
+        return undefined;
+      }
+      case 'assertNumberConnectionsCheckedOut':
+        return undefined; // not used by the suites here; pooling is the driver's business
+      case 'wait':
+        await new Promise((r) => setTimeout(r, a.ms));
+        return undefined;
+      default:
+        throw new ops.UnsupportedError(`unsupported testRunner operation ${op.name}`);
+    }
+  }
+}
+
+function describeEvent(e) {
+  const ev = e.event;
+  if (e.type.startsWith('command')) return `${e.type}(${ev.commandName})`;
+  return e.type;
+}
+
+function describeFailure(e) {
+  if (e instanceof TestFailure || e instanceof MatchError) return e.message;
+  if (e instanceof ops.UnsupportedError) return `runner: ${e.message}`;
+  return `${e && e.name}: ${e && e.message}` + (e && e.code !== undefined ? ` (code ${e.code})` : '');
+}
+
+function collectFiles(args) {
+  const out = [];
+  for (const a of args) {
+    const abs = path.resolve(a);
+    if (!fs.existsSync(abs)) throw new Error(`no such file or directory: ${a}`);
+    if (fs.statSync(abs).isDirectory()) {
+      const base = path.basename(abs);
+      for (const f of fs.readdirSync(abs).filter((x) => x.endsWith('.json')).sort()) {
+        out.push({ file: path.join(abs, f), name: `${base}/${f}` });
+      }
+    } else {
+      out.push({ file: abs, name: `${path.basename(path.dirname(abs))}/${path.basename(abs)}` });
+    }
+  }
+  return out;
+}
+
+module.exports = { Runner, collectFiles };
