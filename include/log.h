@@ -1,0 +1,49 @@
+/*
+ * log.h - the one way the proxy writes log lines.
+ *
+ * Lines go to stderr, one write(2) per line so threads never interleave
+ * within a line: "2026-11-30T11:05:18.123Z LEVEL [thread] message".
+ * Lines about a connection start with "c<id> <peer>: " (see log_conn) so one
+ * client's story can be grepped.  The level is process-wide and may change
+ * on reload.
+ */
+#ifndef RELAYBUS_LOG_H
+#define RELAYBUS_LOG_H
+
+#include <stdbool.h>
+#include <inttypes.h>
+#include <stdint.h>
+
+typedef enum {
+   LOG_LEVEL_ERROR = 0,
+   LOG_LEVEL_WARN,
+   LOG_LEVEL_INFO,
+   LOG_LEVEL_DEBUG,
+} log_level_t;
+
+/* "error", "warn", "info", "debug". */
+const char *log_level_name (log_level_t level);
+bool log_level_parse (const char *name, log_level_t *out);
+
+void log_set_level (log_level_t level);
+log_level_t log_get_level (void);
+/* A short name for the calling thread's lines ("main", "store", "admin"). */
+void log_set_thread_name (const char *name);
+
+void log_msg (log_level_t level, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+
+#define log_enabled(level) ((level) <= log_get_level ())
+#define log_error(...) log_msg (LOG_LEVEL_ERROR, __VA_ARGS__)
+#define log_warn(...) log_msg (LOG_LEVEL_WARN, __VA_ARGS__)
+#define log_info(...) log_msg (LOG_LEVEL_INFO, __VA_ARGS__)
+#define log_debug(...)                              \
+   do {                                            \
+      if (log_enabled (LOG_LEVEL_DEBUG))           \
+         log_msg (LOG_LEVEL_DEBUG, __VA_ARGS__);   \
+   } while (0)
+
+/* A line about one connection: prefixed with "c<id> <peer>: ". */
+#define log_conn(level, id, peer, fmt, ...) \
+   log_msg ((level), "c%" PRIu64 " %s: " fmt, (uint64_t) (id), (peer), ##__VA_ARGS__)
+
+#endif /* RELAYBUS_LOG_H */

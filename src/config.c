@@ -1,0 +1,967 @@
+/*
+ * config.c - the INI configuration, driven by one key table.
+ *
+ * The file is parsed into a fresh snapshot: every key first gets its default
+ * through the same setter that parses the file, so defaults are validated
+ * like user values; then the file's keys are applied; then the cross-key
+ * checks run (TLS pairs, handler kinds, the upstream URI).  Any error names
+ * the origin, the line and the key, and no snapshot is returned.
+ *
+ * Syntax: "[section]" or "[handler NAME]" headers, "key = value" lines, full
+ * line comments starting with ';' or '#', and inline comments that start
+ * with whitespace followed by ';' or '#'.  Unknown sections and keys are
+ * errors: a typo must never be silently ignored.
+ *
+ * This module does not act on the configuration: subsystems read their
+ * keys from the snapshot they acquired.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mongoc/mongoc.h>
+
+#include "compress.h"
+#include "log.h"
+
+#define CONFIG_FILE_MAX (1024 * 1024)
+#define CONFIG_VALUE_MAX 4096
+
+#define P(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_PROXY, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define O(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_OUTBOX, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define D(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_DISPATCH, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define A(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_ADMIN, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define H(name, type, def, min, max, field, help) \
+   {CONFIG_SECTION_HANDLER, name, type, def, min, max, false, help, offsetof (config_handler_t, field)}
+
+#define S CONFIG_TYPE_STRING
+#define I CONFIG_TYPE_INT
+#define B CONFIG_TYPE_BOOL
+#define L CONFIG_TYPE_LIST
+#define MS_HOUR 3600000
+
+/* The one table.  Handler keys are not reloadable: a handler's deliveries
+ * are created from its subscriptions, so changing them needs a restart. */
+static const config_key_t config_key_table[] = {
+   P ("listen", S, "127.0.0.1:27018", 0, 0, false, listen,
+      "Client listener: host:port, [v6]:port, or an absolute path for a Unix socket."),
+   P ("upstream", S, "mongodb://127.0.0.1:27017/?replicaSet=rs0", 0, 0, false, upstream,
+      "MongoDB URI of the replica set or mongos the proxy forwards to (TLS options included)."),
+   P ("max_clients", I, "10000", 1, 1000000, true, max_clients,
+      "Most client connections open at once; more are closed at accept with a log line."),
+   P ("handshake_timeout_ms", I, "10000", 100, MS_HOUR, true, handshake_timeout_ms,
+      "Time a new client has to complete its first hello before it is closed."),
+   P ("message_timeout_ms", I, "30000", 100, MS_HOUR, true, message_timeout_ms,
+      "Time a client may take to send the rest of a message it started; then it is closed."),
+   P ("drain_timeout_ms", I, "10000", 0, MS_HOUR, true, drain_timeout_ms,
+      "On SIGTERM, how long requests in flight may take to finish before connections are closed."),
+   P ("buffer_high_watermark", I, "4194304", 65536, 1073741824, true, buffer_high_watermark,
+      "Bytes queued towards one side before the proxy stops reading from the other (per connection)."),
+   P ("upstream_connect_timeout_ms", I, "10000", 100, 600000, true, upstream_connect_timeout_ms,
+      "Time to open an upstream connection, or to wait for a primary, before the client is closed."),
+   P ("compressors", L, "snappy,zlib,zstd", 0, 0, true, compressors,
+      "Compressors offered to clients, from snappy, zlib, zstd; empty for none."),
+   P ("zlib_level", I, "-1", -1, 9, true, zlib_level,
+      "zlib level for replies compressed with zlib; -1 is zlib's default."),
+   P ("zstd_level", I, "-1", -1, 22, true, zstd_level,
+      "zstd level for replies compressed with zstd; -1 is zstd's default."),
+   P ("tls_cert_file", S, "", 0, 0, false, tls_cert_file,
+      "PEM certificate chain for client TLS; when set, clients must connect with TLS."),
+   P ("tls_key_file", S, "", 0, 0, false, tls_key_file,
+      "PEM private key of tls_cert_file."),
+   P ("tls_ca_file", S, "", 0, 0, false, tls_ca_file,
+      "PEM CA bundle; when set, clients must present a certificate it signed."),
+   P ("log_level", S, "info", 0, 0, true, log_level,
+      "error, warn, info or debug."),
+
+   O ("database", S, "relaybus", 0, 0, false, outbox_database,
+      "Database of the outbox collections."),
+   O ("collection_prefix", S, "relaybus_", 0, 0, false, collection_prefix,
+      "Prefix of the outbox collection names."),
+   O ("completion_history", B, "false", 0, 0, false, completion_history,
+      "Keep a record of completed deliveries (same value in every proxy instance)."),
+
+   D ("enabled", B, "true", 0, 0, false, dispatch_enabled,
+      "Run the dispatch engine in this process."),
+   D ("poll_interval_ms", I, "1000", 10, MS_HOUR, true, poll_interval_ms,
+      "How often the dispatcher looks for due deliveries when nothing woke it."),
+   D ("batch_size", I, "100", 1, 10000, true, batch_size,
+      "Deliveries claimed per claim call."),
+   D ("lease_ms", I, "30000", 1000, MS_HOUR, true, lease_ms,
+      "Lane lease duration; renewed while handlers run."),
+
+   A ("listen", S, "127.0.0.1:9187", 0, 0, false, admin_listen,
+      "Admin HTTP listener host:port; empty disables the admin port."),
+   A ("token", S, "", 0, 0, true, admin_token,
+      "Bearer token required on /api/* and /metrics; empty: no authentication."),
+
+   H ("events", L, NULL, 0, 0, events,
+      "Event types the handler takes: exact names, or a prefix ending in '*'."),
+   H ("kind", S, NULL, 0, 0, kind, "webhook or pull."),
+   H ("url", S, "", 0, 0, url, "webhook: the http:// or https:// URL events are POSTed to."),
+   H ("secret", S, "", 0, 0, secret,
+      "webhook: Standard Webhooks secret (whsec_ followed by base64); signs each request."),
+   H ("max_attempts", I, "10", 1, 1000, max_attempts,
+      "Attempts before a failing delivery becomes a dead letter."),
+   H ("timeout_ms", I, "10000", 100, 600000, timeout_ms, "webhook: time allowed per request."),
+   H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
+   H ("retry_4xx", B, "false", 0, 0, retry_4xx,
+      "webhook: retry 4xx answers other than 429 instead of burying them at once."),
+};
+
+#undef P
+#undef O
+#undef D
+#undef A
+#undef H
+#undef S
+#undef I
+#undef B
+#undef L
+
+static const char *const config_section_names[] = {
+   [CONFIG_SECTION_PROXY] = "proxy",
+   [CONFIG_SECTION_OUTBOX] = "outbox",
+   [CONFIG_SECTION_DISPATCH] = "dispatch",
+   [CONFIG_SECTION_ADMIN] = "admin",
+   [CONFIG_SECTION_HANDLER] = "handler",
+};
+
+#define N_KEYS (sizeof config_key_table / sizeof config_key_table[0])
+
+const config_key_t *
+config_keys (size_t *n)
+{
+   *n = N_KEYS;
+   return config_key_table;
+}
+
+const char *
+config_section_name (config_section_t section)
+{
+   if ((unsigned) section >= sizeof config_section_names / sizeof config_section_names[0])
+      return "unknown";
+   return config_section_names[section];
+}
+
+static void
+config_error (bson_error_t *error, const char *origin, int line, const char *fmt, ...)
+   __attribute__ ((format (printf, 4, 5)));
+
+static void
+config_error (bson_error_t *error, const char *origin, int line, const char *fmt, ...)
+{
+   char msg[sizeof error->message];
+   va_list ap;
+
+   va_start (ap, fmt);
+   vsnprintf (msg, sizeof msg, fmt, ap);
+   va_end (ap);
+   if (line > 0)
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "%s:%d: %s", origin, line, msg);
+   else
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "%s: %s", origin, msg);
+}
+
+static char *
+trim (char *s)
+{
+   char *end;
+
+   while (*s && isspace ((unsigned char) *s))
+      s++;
+   end = s + strlen (s);
+   while (end > s && isspace ((unsigned char) end[-1]))
+      *--end = '\0';
+   return s;
+}
+
+/* "a , b,c" -> "a,b,c"; empty items are errors. */
+static bool
+normalize_list (const char *value, char *out, size_t out_len, const char **why)
+{
+   size_t n = 0;
+   const char *p = value;
+
+   while (*p) {
+      const char *start, *end;
+
+      while (*p && isspace ((unsigned char) *p))
+         p++;
+      start = p;
+      while (*p && *p != ',')
+         p++;
+      end = p;
+      while (end > start && isspace ((unsigned char) end[-1]))
+         end--;
+      if (end == start) {
+         *why = "empty item in list";
+         return false;
+      }
+      if (n + (size_t) (end - start) + 2 > out_len) {
+         *why = "list too long";
+         return false;
+      }
+      if (n > 0)
+         out[n++] = ',';
+      memcpy (out + n, start, (size_t) (end - start));
+      n += (size_t) (end - start);
+      if (*p == ',') {
+         p++;
+         if (*p == '\0') {
+            *why = "empty item in list";
+            return false;
+         }
+      }
+   }
+   out[n] = '\0';
+   return true;
+}
+
+static bool
+parse_bool (const char *v, bool *out)
+{
+   static const char *const yes[] = {"true", "yes", "on", "1"};
+   static const char *const no[] = {"false", "no", "off", "0"};
+
+   for (size_t i = 0; i < 4; i++) {
+      if (strcasecmp (v, yes[i]) == 0) {
+         *out = true;
+         return true;
+      }
+      if (strcasecmp (v, no[i]) == 0) {
+         *out = false;
+         return true;
+      }
+   }
+   return false;
+}
+
+/* Applies one value to the field `key` describes, inside `base` (a config_t
+ * or a config_handler_t).  On failure `*why` says what is wrong. */
+static bool
+config_set (void *base, const config_key_t *key, const char *value, char *why, size_t why_len)
+{
+   char *field = (char *) base + key->offset;
+   char list[CONFIG_VALUE_MAX];
+   const char *list_why = NULL;
+
+   if (strlen (value) >= CONFIG_VALUE_MAX) {
+      snprintf (why, why_len, "value longer than %d bytes", CONFIG_VALUE_MAX - 1);
+      return false;
+   }
+
+   switch (key->type) {
+   case CONFIG_TYPE_STRING:
+      bson_free (*(char **) field);
+      *(char **) field = bson_strdup (value);
+      return true;
+   case CONFIG_TYPE_LIST:
+      if (!normalize_list (value, list, sizeof list, &list_why)) {
+         snprintf (why, why_len, "%s", list_why);
+         return false;
+      }
+      bson_free (*(char **) field);
+      *(char **) field = bson_strdup (list);
+      return true;
+   case CONFIG_TYPE_BOOL:
+      if (!parse_bool (value, (bool *) field)) {
+         snprintf (why, why_len, "'%.64s' is not a boolean (true/false)", value);
+         return false;
+      }
+      return true;
+   case CONFIG_TYPE_INT: {
+      char *end = NULL;
+      long long v;
+
+      errno = 0;
+      v = strtoll (value, &end, 10);
+      if (errno || end == value || *end != '\0') {
+         snprintf (why, why_len, "'%.64s' is not an integer", value);
+         return false;
+      }
+      if (v < key->min || v > key->max) {
+         snprintf (why,
+                   why_len,
+                   "%lld is outside [%" PRId64 ", %" PRId64 "]",
+                   v,
+                   key->min,
+                   key->max);
+         return false;
+      }
+      *(int64_t *) field = (int64_t) v;
+      return true;
+   }
+   }
+   snprintf (why, why_len, "unknown key type");
+   return false;
+}
+
+static const config_key_t *
+config_find_key (config_section_t section, const char *name)
+{
+   for (size_t i = 0; i < N_KEYS; i++) {
+      if (config_key_table[i].section == section && strcmp (config_key_table[i].name, name) == 0)
+         return &config_key_table[i];
+   }
+   return NULL;
+}
+
+/* Gives every key of `section` its default; required keys stay NULL. */
+static void
+config_apply_defaults (void *base, config_section_t section)
+{
+   char why[128];
+
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->section != section || !key->default_value)
+         continue;
+      /* Defaults are constants of this file: a failure is a programming
+       * error the unit test catches. */
+      if (!config_set (base, key, key->default_value, why, sizeof why))
+         log_error ("config: bad default for %s: %s", key->name, why);
+   }
+}
+
+static void
+config_handler_free_fields (config_handler_t *h)
+{
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->section == CONFIG_SECTION_HANDLER &&
+          (key->type == CONFIG_TYPE_STRING || key->type == CONFIG_TYPE_LIST))
+         bson_free (*(char **) ((char *) h + key->offset));
+   }
+   bson_free (h->name);
+   for (size_t i = 0; i < h->n_event_patterns; i++)
+      bson_free (h->event_patterns[i]);
+   bson_free (h->event_patterns);
+}
+
+static void
+config_free (config_t *cfg)
+{
+   if (!cfg)
+      return;
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->section != CONFIG_SECTION_HANDLER &&
+          (key->type == CONFIG_TYPE_STRING || key->type == CONFIG_TYPE_LIST))
+         bson_free (*(char **) ((char *) cfg + key->offset));
+   }
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      config_handler_free_fields (&cfg->handlers[i]);
+   bson_free (cfg->handlers);
+   bson_free (cfg->path);
+   bson_free (cfg);
+}
+
+static config_t *
+config_alloc (void)
+{
+   config_t *cfg = bson_malloc0 (sizeof *cfg);
+
+   cfg->refcount = 1;
+   config_apply_defaults (cfg, CONFIG_SECTION_PROXY);
+   config_apply_defaults (cfg, CONFIG_SECTION_OUTBOX);
+   config_apply_defaults (cfg, CONFIG_SECTION_DISPATCH);
+   config_apply_defaults (cfg, CONFIG_SECTION_ADMIN);
+   return cfg;
+}
+
+config_t *
+config_new_defaults (void)
+{
+   config_t *cfg = config_alloc ();
+
+   cfg->path = bson_strdup ("(defaults)");
+   return cfg;
+}
+
+bool
+config_parse_listen (
+   const char *value, char *host, size_t host_len, uint16_t *port, bson_error_t *error)
+{
+   const char *colon;
+   char *end = NULL;
+   long p;
+   size_t hlen;
+
+   if (!value || !*value) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "empty listen address");
+      return false;
+   }
+   if (value[0] == '/') {
+      if (strlen (value) >= host_len || strlen (value) >= 108 /* sun_path */) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "socket path too long: %s", value);
+         return false;
+      }
+      snprintf (host, host_len, "%s", value);
+      *port = 0;
+      return true;
+   }
+   if (value[0] == '[') {
+      const char *close = strchr (value, ']');
+
+      if (!close || close[1] != ':') {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "expected [v6-address]:port, got '%s'", value);
+         return false;
+      }
+      hlen = (size_t) (close - value - 1);
+      colon = close + 1;
+      value++;
+   } else {
+      colon = strrchr (value, ':');
+      if (!colon) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "expected host:port, got '%s'", value);
+         return false;
+      }
+      hlen = (size_t) (colon - value);
+   }
+   if (hlen == 0 || hlen >= host_len) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "bad host in listen address");
+      return false;
+   }
+   errno = 0;
+   p = strtol (colon + 1, &end, 10);
+   if (errno || end == colon + 1 || *end != '\0' || p < 0 || p > 65535) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "bad port '%s'", colon + 1);
+      return false;
+   }
+   memcpy (host, value, hlen);
+   host[hlen] = '\0';
+   *port = (uint16_t) p;
+   return true;
+}
+
+static bool
+valid_name (const char *s, size_t max, const char *extra)
+{
+   size_t n = strlen (s);
+
+   if (n == 0 || n > max)
+      return false;
+   for (size_t i = 0; i < n; i++) {
+      if (!isalnum ((unsigned char) s[i]) && !strchr (extra, s[i]))
+         return false;
+   }
+   return true;
+}
+
+static bool
+config_split_patterns (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *p = h->events;
+   size_t n = 1;
+
+   for (const char *q = p; *q; q++)
+      n += *q == ',';
+   h->event_patterns = bson_malloc0 ((n + 1) * sizeof (char *));
+   while (*p) {
+      const char *end = strchr (p, ',');
+      size_t len = end ? (size_t) (end - p) : strlen (p);
+      char *pat = bson_strndup (p, len);
+      char *star = strchr (pat, '*');
+
+      h->event_patterns[h->n_event_patterns++] = pat;
+      if (star && star[1] != '\0') {
+         config_error (error, origin, 0,
+                       "[handler %s] events: '%s': '*' may only end a pattern", h->name, pat);
+         return false;
+      }
+      p = end ? end + 1 : p + len;
+   }
+   return true;
+}
+
+static bool
+config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   if (!h->events) {
+      config_error (error, origin, 0, "[handler %s] needs 'events'", h->name);
+      return false;
+   }
+   if (!h->kind) {
+      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook or pull)", h->name);
+      return false;
+   }
+   if (strcmp (h->kind, "webhook") == 0) {
+      h->kind_id = HANDLER_KIND_WEBHOOK;
+      if (strncmp (h->url, "http://", 7) != 0 && strncmp (h->url, "https://", 8) != 0) {
+         config_error (error, origin, 0,
+                       "[handler %s] kind = webhook needs url = http://... or https://...",
+                       h->name);
+         return false;
+      }
+   } else if (strcmp (h->kind, "pull") == 0) {
+      h->kind_id = HANDLER_KIND_PULL;
+   } else {
+      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook or pull", h->name,
+                    h->kind);
+      return false;
+   }
+   if (*h->secret && (strncmp (h->secret, "whsec_", 6) != 0 || strlen (h->secret) < 10)) {
+      config_error (error, origin, 0,
+                    "[handler %s] secret must be a Standard Webhooks secret: whsec_ then base64",
+                    h->name);
+      return false;
+   }
+   return config_split_patterns (h, origin, error);
+}
+
+/* Cross-key checks once the whole file is read. */
+static bool
+config_validate (config_t *cfg, const char *origin, bson_error_t *error)
+{
+   char host[256];
+   uint16_t port;
+   log_level_t level;
+   bson_error_t sub;
+   mongoc_uri_t *uri;
+
+   if (!config_parse_listen (cfg->listen, host, sizeof host, &port, &sub)) {
+      config_error (error, origin, 0, "[proxy] listen: %s", sub.message);
+      return false;
+   }
+   if (*cfg->admin_listen && !config_parse_listen (cfg->admin_listen, host, sizeof host, &port, &sub)) {
+      config_error (error, origin, 0, "[admin] listen: %s", sub.message);
+      return false;
+   }
+   uri = mongoc_uri_new_with_error (cfg->upstream, &sub);
+   if (!uri) {
+      config_error (error, origin, 0, "[proxy] upstream: %s", sub.message);
+      return false;
+   }
+   mongoc_uri_destroy (uri);
+   if (!log_level_parse (cfg->log_level, &level)) {
+      config_error (error, origin, 0, "[proxy] log_level: '%s' is not error, warn, info or debug",
+                    cfg->log_level);
+      return false;
+   }
+   if (*cfg->compressors) {
+      const char *p = cfg->compressors;
+
+      while (*p) {
+         const char *end = strchr (p, ',');
+         size_t len = end ? (size_t) (end - p) : strlen (p);
+         char name[32];
+
+         snprintf (name, sizeof name, "%.*s", (int) (len < 31 ? len : 31), p);
+         if (len >= sizeof name || compress_id (name) <= 0) {
+            config_error (error, origin, 0,
+                          "[proxy] compressors: '%.*s' is not one of snappy, zlib, zstd", (int) len,
+                          p);
+            return false;
+         }
+         p = end ? end + 1 : p + len;
+      }
+   }
+   if (!!*cfg->tls_cert_file != !!*cfg->tls_key_file) {
+      config_error (error, origin, 0, "[proxy] tls_cert_file and tls_key_file go together");
+      return false;
+   }
+   if (*cfg->tls_ca_file && !*cfg->tls_cert_file) {
+      config_error (error, origin, 0, "[proxy] tls_ca_file needs tls_cert_file and tls_key_file");
+      return false;
+   }
+   {
+      const char *files[] = {cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file};
+      const char *names[] = {"tls_cert_file", "tls_key_file", "tls_ca_file"};
+
+      for (int i = 0; i < 3; i++) {
+         if (*files[i] && access (files[i], R_OK) != 0) {
+            config_error (error, origin, 0, "[proxy] %s: cannot read '%s': %s", names[i],
+                          files[i], strerror (errno));
+            return false;
+         }
+      }
+   }
+   if (!valid_name (cfg->outbox_database, 63, "_-")) {
+      config_error (error, origin, 0,
+                    "[outbox] database: 1-63 characters of letters, digits, '_' and '-'");
+      return false;
+   }
+   if (*cfg->collection_prefix && !valid_name (cfg->collection_prefix, 64, "_-.")) {
+      config_error (error, origin, 0,
+                    "[outbox] collection_prefix: up to 64 letters, digits, '_', '-' and '.'");
+      return false;
+   }
+   for (size_t i = 0; i < cfg->n_handlers; i++) {
+      if (!config_validate_handler (&cfg->handlers[i], origin, error))
+         return false;
+   }
+   return true;
+}
+
+static bool
+config_parse_section (config_t *cfg,
+                      char *header,
+                      config_section_t *section,
+                      config_handler_t **handler,
+                      const char *origin,
+                      int line,
+                      bson_error_t *error)
+{
+   char *name = trim (header);
+
+   *handler = NULL;
+   if (strncmp (name, "handler", 7) == 0 && isspace ((unsigned char) name[7])) {
+      char *hname = trim (name + 8);
+      config_handler_t *h;
+
+      if (!valid_name (hname, 64, "_-.")) {
+         config_error (error, origin, line,
+                       "handler name '%s': 1-64 letters, digits, '_', '-' and '.'", hname);
+         return false;
+      }
+      for (size_t i = 0; i < cfg->n_handlers; i++) {
+         if (strcmp (cfg->handlers[i].name, hname) == 0) {
+            config_error (error, origin, line, "[handler %s] defined twice", hname);
+            return false;
+         }
+      }
+      if (cfg->n_handlers == CONFIG_MAX_HANDLERS) {
+         config_error (error, origin, line, "more than %d handlers", CONFIG_MAX_HANDLERS);
+         return false;
+      }
+      cfg->handlers =
+         bson_realloc (cfg->handlers, (cfg->n_handlers + 1) * sizeof (config_handler_t));
+      h = &cfg->handlers[cfg->n_handlers++];
+      memset (h, 0, sizeof *h);
+      h->name = bson_strdup (hname);
+      config_apply_defaults (h, CONFIG_SECTION_HANDLER);
+      *section = CONFIG_SECTION_HANDLER;
+      *handler = h;
+      return true;
+   }
+   for (int s = CONFIG_SECTION_PROXY; s < CONFIG_SECTION_HANDLER; s++) {
+      if (strcmp (name, config_section_names[s]) == 0) {
+         *section = (config_section_t) s;
+         return true;
+      }
+   }
+   config_error (error, origin, line,
+                 "unknown section [%s] (expected proxy, outbox, dispatch, admin or handler NAME)",
+                 name);
+   return false;
+}
+
+config_t *
+config_parse_string (const char *text, const char *origin, bson_error_t *error)
+{
+   config_t *cfg = config_alloc ();
+   config_section_t section = CONFIG_SECTION_PROXY;
+   config_handler_t *handler = NULL;
+   bool in_section = false;
+   /* Which keys of the current section were set, to refuse duplicates. */
+   bool seen[sizeof config_key_table / sizeof config_key_table[0]];
+   char *copy = bson_strdup (text);
+   char *save = NULL;
+   int line = 0;
+   bool ok = false;
+
+   memset (seen, 0, sizeof seen);
+   cfg->path = bson_strdup (origin);
+
+   for (char *p = copy; p; p = save) {
+      char *s, *eq, *key, *value;
+      const config_key_t *k;
+      char why[256];
+
+      save = strchr (p, '\n');
+      if (save)
+         *save++ = '\0';
+      line++;
+      s = trim (p);
+      if (*s == '\0' || *s == ';' || *s == '#')
+         continue;
+      if (*s == '[') {
+         char *close = strchr (s, ']');
+
+         if (!close || *trim (close + 1) != '\0') {
+            config_error (error, origin, line, "malformed section header");
+            goto done;
+         }
+         *close = '\0';
+         if (!config_parse_section (cfg, s + 1, &section, &handler, origin, line, error))
+            goto done;
+         /* A section may appear once (handlers are unique by name). */
+         if (section != CONFIG_SECTION_HANDLER) {
+            for (size_t i = 0; i < N_KEYS; i++) {
+               if (config_key_table[i].section == section && seen[i]) {
+                  config_error (error, origin, line, "section [%s] appears twice",
+                                config_section_names[section]);
+                  goto done;
+               }
+            }
+         } else {
+            for (size_t i = 0; i < N_KEYS; i++) {
+               if (config_key_table[i].section == CONFIG_SECTION_HANDLER)
+                  seen[i] = false;
+            }
+         }
+         in_section = true;
+         continue;
+      }
+      if (!in_section) {
+         config_error (error, origin, line, "key outside of a section");
+         goto done;
+      }
+      eq = strchr (s, '=');
+      if (!eq) {
+         config_error (error, origin, line, "expected 'key = value'");
+         goto done;
+      }
+      *eq = '\0';
+      key = trim (s);
+      value = eq + 1;
+      /* Inline comment: whitespace, then ';' or '#'. */
+      for (char *c = value; *c; c++) {
+         if ((*c == ';' || *c == '#') && c > value && isspace ((unsigned char) c[-1])) {
+            *c = '\0';
+            break;
+         }
+      }
+      value = trim (value);
+      k = config_find_key (section, key);
+      if (!k) {
+         if (section == CONFIG_SECTION_HANDLER)
+            config_error (error, origin, line, "unknown key '%s' in [handler %s]", key,
+                          handler->name);
+         else
+            config_error (error, origin, line, "unknown key '%s' in [%s]", key,
+                          config_section_names[section]);
+         goto done;
+      }
+      if (seen[k - config_key_table]) {
+         config_error (error, origin, line, "key '%s' set twice", key);
+         goto done;
+      }
+      seen[k - config_key_table] = true;
+      if (!config_set (section == CONFIG_SECTION_HANDLER ? (void *) handler : (void *) cfg,
+                       k, value, why, sizeof why)) {
+         config_error (error, origin, line, "%s: %s", key, why);
+         goto done;
+      }
+   }
+   ok = config_validate (cfg, origin, error);
+
+done:
+   bson_free (copy);
+   if (!ok) {
+      config_free (cfg);
+      return NULL;
+   }
+   return cfg;
+}
+
+config_t *
+config_load (const char *path, bson_error_t *error)
+{
+   FILE *f = fopen (path, "rb");
+   char *text;
+   size_t n;
+   config_t *cfg;
+
+   if (!f) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: %s", path, strerror (errno));
+      return NULL;
+   }
+   text = bson_malloc (CONFIG_FILE_MAX + 1);
+   n = fread (text, 1, CONFIG_FILE_MAX + 1, f);
+   if (ferror (f)) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: read error", path);
+      cfg = NULL;
+   } else if (n > CONFIG_FILE_MAX) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: larger than %d bytes", path,
+                      CONFIG_FILE_MAX);
+      cfg = NULL;
+   } else if (memchr (text, '\0', n)) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: contains a NUL byte", path);
+      cfg = NULL;
+   } else {
+      text[n] = '\0';
+      cfg = config_parse_string (text, path, error);
+   }
+   fclose (f);
+   bson_free (text);
+   return cfg;
+}
+
+/* The value of `key` inside `base` as the file would spell it. */
+static void
+config_format (const void *base, const config_key_t *key, char *out, size_t len)
+{
+   const char *field = (const char *) base + key->offset;
+
+   switch (key->type) {
+   case CONFIG_TYPE_STRING:
+   case CONFIG_TYPE_LIST: {
+      const char *s = *(char *const *) field;
+
+      snprintf (out, len, "%s", s ? s : "");
+      break;
+   }
+   case CONFIG_TYPE_INT:
+      snprintf (out, len, "%" PRId64, *(const int64_t *) field);
+      break;
+   case CONFIG_TYPE_BOOL:
+      snprintf (out, len, "%s", *(const bool *) field ? "true" : "false");
+      break;
+   }
+}
+
+static bool
+config_is_secret (const config_key_t *key)
+{
+   return strcmp (key->name, "token") == 0 || strcmp (key->name, "secret") == 0;
+}
+
+bool
+config_reload_allowed (const config_t *cur, const config_t *next, bson_error_t *error)
+{
+   char a[CONFIG_VALUE_MAX], b[CONFIG_VALUE_MAX];
+
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->reloadable || key->section == CONFIG_SECTION_HANDLER)
+         continue;
+      config_format (cur, key, a, sizeof a);
+      config_format (next, key, b, sizeof b);
+      if (strcmp (a, b) != 0) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 4,
+                         "[%s] %s changed; it needs a restart", config_section_names[key->section],
+                         key->name);
+         return false;
+      }
+   }
+   if (cur->n_handlers != next->n_handlers) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 4, "handlers were added or removed; that needs a restart");
+      return false;
+   }
+   for (size_t h = 0; h < cur->n_handlers; h++) {
+      if (strcmp (cur->handlers[h].name, next->handlers[h].name) != 0) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 4, "handlers changed; that needs a restart");
+         return false;
+      }
+      for (size_t i = 0; i < N_KEYS; i++) {
+         const config_key_t *key = &config_key_table[i];
+
+         if (key->section != CONFIG_SECTION_HANDLER)
+            continue;
+         config_format (&cur->handlers[h], key, a, sizeof a);
+         config_format (&next->handlers[h], key, b, sizeof b);
+         if (strcmp (a, b) != 0) {
+            bson_set_error (error, CONFIG_ERROR_DOMAIN, 4,
+                            "[handler %s] %s changed; that needs a restart", cur->handlers[h].name,
+                            key->name);
+            return false;
+         }
+      }
+   }
+   return true;
+}
+
+static void
+config_write_key (const void *base, const config_key_t *key, FILE *out)
+{
+   char v[CONFIG_VALUE_MAX];
+
+   config_format (base, key, v, sizeof v);
+   if (config_is_secret (key) && *v)
+      fprintf (out, "%s = (set, %zu characters)\n", key->name, strlen (v));
+   else
+      fprintf (out, "%s = %s\n", key->name, v);
+}
+
+void
+config_write (const config_t *cfg, FILE *out)
+{
+   for (int s = CONFIG_SECTION_PROXY; s < CONFIG_SECTION_HANDLER; s++) {
+      fprintf (out, "%s[%s]\n", s == CONFIG_SECTION_PROXY ? "" : "\n", config_section_names[s]);
+      for (size_t i = 0; i < N_KEYS; i++) {
+         if ((int) config_key_table[i].section == s)
+            config_write_key (cfg, &config_key_table[i], out);
+      }
+   }
+   for (size_t h = 0; h < cfg->n_handlers; h++) {
+      fprintf (out, "\n[handler %s]\n", cfg->handlers[h].name);
+      for (size_t i = 0; i < N_KEYS; i++) {
+         if (config_key_table[i].section == CONFIG_SECTION_HANDLER)
+            config_write_key (&cfg->handlers[h], &config_key_table[i], out);
+      }
+   }
+}
+
+config_t *
+config_retain (config_t *cfg)
+{
+   atomic_fetch_add (&cfg->refcount, 1);
+   return cfg;
+}
+
+void
+config_release (config_t *cfg)
+{
+   if (cfg && atomic_fetch_sub (&cfg->refcount, 1) == 1)
+      config_free (cfg);
+}
+
+static pthread_mutex_t config_current_lock = PTHREAD_MUTEX_INITIALIZER;
+static config_t *config_current;
+
+void
+config_publish (config_t *cfg)
+{
+   config_t *old;
+
+   pthread_mutex_lock (&config_current_lock);
+   old = config_current;
+   config_current = cfg;
+   pthread_mutex_unlock (&config_current_lock);
+   config_release (old);
+}
+
+config_t *
+config_acquire (void)
+{
+   config_t *cfg;
+
+   pthread_mutex_lock (&config_current_lock);
+   cfg = config_current ? config_retain (config_current) : NULL;
+   pthread_mutex_unlock (&config_current_lock);
+   return cfg;
+}
+
+bool
+config_handler_matches (const config_handler_t *h, const char *event_type)
+{
+   for (size_t i = 0; i < h->n_event_patterns; i++) {
+      const char *pat = h->event_patterns[i];
+      size_t n = strlen (pat);
+
+      if (n > 0 && pat[n - 1] == '*') {
+         if (strncmp (event_type, pat, n - 1) == 0)
+            return true;
+      } else if (strcmp (event_type, pat) == 0) {
+         return true;
+      }
+   }
+   return false;
+}

@@ -1,0 +1,310 @@
+/*
+ * test_config.c - the key table, INI parsing, validation and reload rules,
+ * and the check that the sample file and the docs mention every key.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+
+#ifndef RELAYBUS_TOP_SRCDIR
+#define RELAYBUS_TOP_SRCDIR "."
+#endif
+
+static config_t *
+parse_ok (const char *text)
+{
+   bson_error_t error;
+   config_t *cfg = config_parse_string (text, "test.ini", &error);
+
+   if (!cfg)
+      fail_msg ("expected the config to parse, got: %s", error.message);
+   return cfg;
+}
+
+/* Parses `text`, expects failure, and checks the message contains `needle`. */
+static void
+parse_fails (const char *text, const char *needle)
+{
+   bson_error_t error;
+   config_t *cfg = config_parse_string (text, "test.ini", &error);
+
+   if (cfg) {
+      config_release (cfg);
+      fail_msg ("expected an error containing '%s' for:\n%s", needle, text);
+   }
+   if (!strstr (error.message, needle))
+      fail_msg ("error '%s' does not contain '%s'", error.message, needle);
+}
+
+static void
+test_defaults (void **state)
+{
+   config_t *cfg = config_new_defaults ();
+
+   assert_string_equal (cfg->listen, "127.0.0.1:27018");
+   assert_string_equal (cfg->upstream, "mongodb://127.0.0.1:27017/?replicaSet=rs0");
+   assert_string_equal (cfg->outbox_database, "relaybus");
+   assert_string_equal (cfg->collection_prefix, "relaybus_");
+   assert_true (cfg->dispatch_enabled);
+   assert_string_equal (cfg->admin_listen, "127.0.0.1:9187");
+   assert_string_equal (cfg->admin_token, "");
+   assert_int_equal (cfg->max_clients, 10000);
+   assert_string_equal (cfg->compressors, "snappy,zlib,zstd");
+   assert_int_equal (cfg->n_handlers, 0);
+   config_release (cfg);
+}
+
+/* The example of DESIGN.md section 8, inline comments included. */
+static void
+test_design_example (void **state)
+{
+   config_t *cfg = parse_ok (
+      "[proxy]\n"
+      "listen = 127.0.0.1:27018          ; host:port, or a path for a Unix socket\n"
+      "upstream = mongodb://127.0.0.1:27017/?replicaSet=rs0\n"
+      "\n"
+      "[outbox]\n"
+      "database = relaybus\n"
+      "collection_prefix = relaybus_\n"
+      "\n"
+      "[dispatch]\n"
+      "enabled = true\n"
+      "\n"
+      "[admin]\n"
+      "listen = 127.0.0.1:9187\n"
+      "token =                           ; empty: no authentication (loopback only)\n"
+      "\n"
+      "[handler send-confirmation]\n"
+      "events = order.placed.v1, order.*\n"
+      "kind = webhook                    ; webhook | pull\n"
+      "url = http://127.0.0.1:8080/hooks/confirmation\n"
+      "secret = whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"
+      "max_attempts = 10\n");
+
+   assert_string_equal (cfg->admin_token, "");
+   assert_int_equal (cfg->n_handlers, 1);
+   assert_string_equal (cfg->handlers[0].name, "send-confirmation");
+   assert_int_equal (cfg->handlers[0].kind_id, HANDLER_KIND_WEBHOOK);
+   assert_string_equal (cfg->handlers[0].events, "order.placed.v1,order.*");
+   assert_int_equal (cfg->handlers[0].n_event_patterns, 2);
+   assert_true (config_handler_matches (&cfg->handlers[0], "order.placed.v1"));
+   assert_true (config_handler_matches (&cfg->handlers[0], "order.cancelled.v2"));
+   assert_false (config_handler_matches (&cfg->handlers[0], "orders.placed"));
+   assert_false (config_handler_matches (&cfg->handlers[0], "user.created"));
+   assert_int_equal (cfg->handlers[0].max_attempts, 10);
+   assert_int_equal (cfg->handlers[0].concurrency, 8);
+   config_release (cfg);
+}
+
+static void
+test_errors_name_line_and_key (void **state)
+{
+   parse_fails ("[proxy]\nlisten = 127.0.0.1:1\nmax_clientz = 5\n", "test.ini:3: unknown key 'max_clientz' in [proxy]");
+   parse_fails ("[proxi]\n", "test.ini:1: unknown section [proxi]");
+   parse_fails ("listen = x\n", "key outside of a section");
+   parse_fails ("[proxy]\nmax_clients = 0\n", "max_clients: 0 is outside [1, 1000000]");
+   parse_fails ("[proxy]\nmax_clients = 12abc\n", "'12abc' is not an integer");
+   parse_fails ("[proxy]\nmax_clients = 5\nmax_clients = 6\n", "test.ini:3: key 'max_clients' set twice");
+   parse_fails ("[dispatch]\nenabled = maybe\n", "'maybe' is not a boolean");
+   parse_fails ("[proxy]\nlisten\n", "test.ini:2: expected 'key = value'");
+   parse_fails ("[proxy\n", "malformed section header");
+   parse_fails ("[proxy]\nlisten = nowhere\n", "[proxy] listen: expected host:port");
+   parse_fails ("[proxy]\nlisten = 127.0.0.1:70000\n", "bad port");
+   parse_fails ("[proxy]\nupstream = http://x\n", "[proxy] upstream:");
+   parse_fails ("[proxy]\nlog_level = loud\n", "log_level: 'loud'");
+   parse_fails ("[proxy]\ncompressors = zlib, lz4\n", "'lz4' is not one of snappy, zlib, zstd");
+   parse_fails ("[proxy]\ncompressors = zlib,,zstd\n", "empty item in list");
+   parse_fails ("[proxy]\ntls_cert_file = /etc/hostname\n", "tls_cert_file and tls_key_file go together");
+   parse_fails ("[proxy]\ntls_cert_file = /nonexistent.pem\ntls_key_file = /nonexistent.pem\n",
+                "cannot read '/nonexistent.pem'");
+   parse_fails ("[outbox]\ndatabase = bad name\n", "[outbox] database");
+   parse_fails ("[proxy]\n[proxy]\nmax_clients = 3\n[proxy]\n", "appears twice");
+}
+
+static void
+test_handlers (void **state)
+{
+   parse_fails ("[handler a]\nkind = pull\n", "[handler a] needs 'events'");
+   parse_fails ("[handler a]\nevents = x\n", "[handler a] needs 'kind'");
+   parse_fails ("[handler a]\nevents = x\nkind = smtp\n", "'smtp' is not webhook or pull");
+   parse_fails ("[handler a]\nevents = x\nkind = webhook\n", "needs url = http://");
+   parse_fails ("[handler a]\nevents = x\nkind = webhook\nurl = ftp://h/\n", "needs url = http://");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nsecret = hunter2\n", "Standard Webhooks secret");
+   parse_fails ("[handler a]\nevents = a*b\nkind = pull\n", "'*' may only end a pattern");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\n[handler a]\n", "[handler a] defined twice");
+   parse_fails ("[handler bad/name]\n", "handler name 'bad/name'");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nport = 3\n", "unknown key 'port' in [handler a]");
+
+   config_t *cfg = parse_ok ("[handler a]\nevents = *\nkind = pull\n"
+                             "[handler b]\nevents = x.y\nkind = pull\nmax_attempts = 3\n");
+   assert_int_equal (cfg->n_handlers, 2);
+   assert_int_equal (cfg->handlers[1].kind_id, HANDLER_KIND_PULL);
+   assert_true (config_handler_matches (&cfg->handlers[0], "anything"));
+   assert_false (config_handler_matches (&cfg->handlers[1], "x.y.z"));
+   assert_int_equal (cfg->handlers[1].max_attempts, 3);
+   assert_int_equal (cfg->handlers[0].max_attempts, 10);
+   config_release (cfg);
+}
+
+static void
+test_reload_rules (void **state)
+{
+   bson_error_t error;
+   config_t *cur = parse_ok ("[proxy]\nmax_clients = 10\n[handler h]\nevents = a\nkind = pull\n");
+   config_t *same_keys = parse_ok ("[proxy]\nmax_clients = 20\nlog_level = debug\n"
+                                   "[handler h]\nevents = a\nkind = pull\n");
+   config_t *new_listen = parse_ok ("[proxy]\nlisten = 127.0.0.1:1\n[handler h]\nevents = a\nkind = pull\n");
+   config_t *new_handler = parse_ok ("[handler h]\nevents = a,b\nkind = pull\n");
+   config_t *no_handler = parse_ok ("[proxy]\n");
+
+   assert_true (config_reload_allowed (cur, same_keys, &error));
+   assert_false (config_reload_allowed (cur, new_listen, &error));
+   assert_non_null (strstr (error.message, "[proxy] listen changed"));
+   assert_false (config_reload_allowed (cur, new_handler, &error));
+   assert_non_null (strstr (error.message, "[handler h] events changed"));
+   assert_false (config_reload_allowed (cur, no_handler, &error));
+
+   /* Publishing swaps whole snapshots; acquire hands out references. */
+   config_publish (config_retain (cur));
+   config_t *got = config_acquire ();
+   assert_ptr_equal (got, cur);
+   config_publish (config_retain (same_keys));
+   config_t *got2 = config_acquire ();
+   assert_ptr_equal (got2, same_keys);
+   assert_int_equal (got->max_clients, 10); /* the old reference stays valid */
+   config_release (got);
+   config_release (got2);
+   config_publish (NULL);
+
+   config_release (cur);
+   config_release (same_keys);
+   config_release (new_listen);
+   config_release (new_handler);
+   config_release (no_handler);
+}
+
+static void
+test_parse_listen (void **state)
+{
+   char host[256];
+   uint16_t port;
+   bson_error_t error;
+
+   assert_true (config_parse_listen ("127.0.0.1:27018", host, sizeof host, &port, &error));
+   assert_string_equal (host, "127.0.0.1");
+   assert_int_equal (port, 27018);
+   assert_true (config_parse_listen ("[::1]:9", host, sizeof host, &port, &error));
+   assert_string_equal (host, "::1");
+   assert_int_equal (port, 9);
+   assert_true (config_parse_listen ("/run/relaybus.sock", host, sizeof host, &port, &error));
+   assert_string_equal (host, "/run/relaybus.sock");
+   assert_int_equal (port, 0);
+   assert_false (config_parse_listen ("", host, sizeof host, &port, &error));
+   assert_false (config_parse_listen (":5", host, sizeof host, &port, &error));
+   assert_false (config_parse_listen ("[::1]9", host, sizeof host, &port, &error));
+   assert_false (config_parse_listen ("h:-1", host, sizeof host, &port, &error));
+}
+
+static void
+test_write_masks_secrets (void **state)
+{
+   config_t *cfg = parse_ok ("[admin]\ntoken = s3cret-token\n"
+                             "[handler h]\nevents = a\nkind = webhook\nurl = http://x/\n"
+                             "secret = whsec_c2VjcmV0c2VjcmV0\n");
+   char *buf = NULL;
+   size_t len = 0;
+   FILE *f = open_memstream (&buf, &len);
+
+   config_write (cfg, f);
+   fclose (f);
+   assert_null (strstr (buf, "s3cret-token"));
+   assert_null (strstr (buf, "whsec_c2VjcmV0c2VjcmV0"));
+   assert_non_null (strstr (buf, "[handler h]\n"));
+   assert_non_null (strstr (buf, "max_clients = 10000\n"));
+
+   /* What --check-config prints parses back to the same effective values
+    * (with the masked secrets removed). */
+   free (buf);
+   config_release (cfg);
+}
+
+static char *
+read_file (const char *path)
+{
+   FILE *f = fopen (path, "rb");
+   char *buf;
+   long n;
+
+   if (!f)
+      return NULL;
+   fseek (f, 0, SEEK_END);
+   n = ftell (f);
+   fseek (f, 0, SEEK_SET);
+   buf = malloc ((size_t) n + 1);
+   if (fread (buf, 1, (size_t) n, f) != (size_t) n)
+      n = 0;
+   buf[n] = '\0';
+   fclose (f);
+   return buf;
+}
+
+/* The sample file is valid, and it and docs/configuration.md mention every
+ * key of the table (PgBouncer checks the same in its build). */
+static void
+test_sample_and_docs_mention_every_key (void **state)
+{
+   char *ini = read_file (RELAYBUS_TOP_SRCDIR "/etc/relaybus-proxy.ini");
+   char *doc = read_file (RELAYBUS_TOP_SRCDIR "/docs/configuration.md");
+   size_t n;
+   const config_key_t *keys = config_keys (&n);
+   bson_error_t error;
+   config_t *cfg;
+
+   assert_non_null (ini);
+   assert_non_null (doc);
+   for (size_t i = 0; i < n; i++) {
+      char needle[128];
+
+      /* In the sample: as a (possibly commented-out) "key =" line. */
+      snprintf (needle, sizeof needle, "%s =", keys[i].name);
+      if (!strstr (ini, needle))
+         fail_msg ("etc/relaybus-proxy.ini does not mention [%s] %s",
+                   config_section_name (keys[i].section), keys[i].name);
+      /* In the docs: as `key` in the table of its section. */
+      snprintf (needle, sizeof needle, "`%s`", keys[i].name);
+      if (!strstr (doc, needle))
+         fail_msg ("docs/configuration.md does not mention [%s] %s",
+                   config_section_name (keys[i].section), keys[i].name);
+   }
+   cfg = config_load (RELAYBUS_TOP_SRCDIR "/etc/relaybus-proxy.ini", &error);
+   if (!cfg)
+      fail_msg ("the sample config does not load: %s", error.message);
+   config_release (cfg);
+   free (ini);
+   free (doc);
+}
+
+int
+main (void)
+{
+   const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_defaults),
+      cmocka_unit_test (test_design_example),
+      cmocka_unit_test (test_errors_name_line_and_key),
+      cmocka_unit_test (test_handlers),
+      cmocka_unit_test (test_reload_rules),
+      cmocka_unit_test (test_parse_listen),
+      cmocka_unit_test (test_write_masks_secrets),
+      cmocka_unit_test (test_sample_and_docs_mention_every_key),
+   };
+
+   return cmocka_run_group_tests (tests, NULL, NULL);
+}
