@@ -1,0 +1,59 @@
+# scripts/lib.sh - shared by scripts/run and scripts/test: installs what is
+# missing and builds the proxy.  Sourced, not executed.
+
+RELAYBUS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Debian packages the build and the tests need.
+RELAYBUS_BUILD_PACKAGES="build-essential autoconf automake libtool pkg-config
+	libevent-dev libbson-dev libmongoc-dev libssl-dev zlib1g-dev libzstd-dev
+	libsnappy-dev libcmocka-dev nodejs npm openssl"
+RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat"
+
+say() { printf '==> %s\n' "$*" >&2; }
+
+# apt_ensure PKG...: installs the packages that are not installed yet.
+apt_ensure() {
+	local missing=() p
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	local sudo=
+	if [ "$(id -u)" -ne 0 ]; then
+		command -v sudo >/dev/null || { say "need root (or sudo) to install: ${missing[*]}"; return 1; }
+		sudo=sudo
+	fi
+	say "installing Debian packages: ${missing[*]}"
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || return 1
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+# npm_ensure: the Node.js packages of tests/ (server double, drivers), from
+# the lock file.
+npm_ensure() {
+	local stamp="$RELAYBUS_TOP/tests/node_modules/.relaybus-stamp"
+	if [ -f "$stamp" ] && [ "$stamp" -nt "$RELAYBUS_TOP/tests/package-lock.json" ]; then
+		return 0
+	fi
+	say "installing npm packages of tests/ (npm ci)"
+	(cd "$RELAYBUS_TOP/tests" && npm ci --no-audit --no-fund --loglevel=error >&2) || return 1
+	touch "$stamp"
+}
+
+# build DIR [CONFIGURE-ARGS...]: configures (once) and builds out of tree.
+build() {
+	local dir=$1; shift
+	if [ ! -x "$RELAYBUS_TOP/configure" ] || [ "$RELAYBUS_TOP/configure.ac" -nt "$RELAYBUS_TOP/configure" ] \
+		|| [ "$RELAYBUS_TOP/Makefile.am" -nt "$RELAYBUS_TOP/Makefile.in" ]; then
+		say "autoreconf"
+		(cd "$RELAYBUS_TOP" && autoreconf -fi >&2) || return 1
+	fi
+	mkdir -p "$dir"
+	if [ ! -f "$dir/Makefile" ] || [ "$RELAYBUS_TOP/configure" -nt "$dir/Makefile" ]; then
+		say "configure $* (in ${dir#$RELAYBUS_TOP/})"
+		(cd "$dir" && "$RELAYBUS_TOP/configure" "$@" >"$dir/configure.out" 2>&1) \
+			|| { cat "$dir/configure.out" >&2; return 1; }
+	fi
+	say "make (in ${dir#$RELAYBUS_TOP/})"
+	make -C "$dir" -j"$(nproc)" >&2
+}
