@@ -410,11 +410,13 @@ async function stopAllAndCheck() {
 /**
  * Registers the closing test of a file: every proxy it started exits 0 on SIGTERM within the
  * deadline and none logged "AddressSanitizer", "runtime error:" or "LeakSanitizer".
- * Also registers an after() hook that kills anything still running.
+ * Also registers an after() hook that kills anything still running. `beforeStop` runs first
+ * (close driver clients there, so the stop measures the proxy, not a reconnecting client).
  */
-function registerFinalChecks(testApi, cleanups = []) {
+function registerFinalChecks(testApi, cleanups = [], { beforeStop } = {}) {
   testApi.test('every proxy exits 0 on SIGTERM and logged no sanitizer report', async (t) => {
     if (!startedProxies.length) return t.skip('this file started no proxy');
+    if (beforeStop) await beforeStop();
     await stopAllAndCheck();
   });
   testApi.after(async () => {
@@ -584,6 +586,13 @@ function parseMessage(buf) {
         throw new Error(`reply has unknown section kind ${kind}`);
       }
     }
+  } else if (opCode === OP_QUERY) {
+    msg.queryFlags = body.readInt32LE(0);
+    const nsEnd = body.indexOf(0, 4);
+    msg.ns = body.toString('utf8', 4, nsEnd);
+    let off = nsEnd + 1 + 8;
+    const size = body.readInt32LE(off);
+    msg.docs.push(BSON.deserialize(body.subarray(off, off + size)));
   } else if (opCode === OP_REPLY) {
     msg.responseFlags = body.readInt32LE(0);
     msg.cursorId = body.readBigInt64LE(4);
@@ -765,12 +774,11 @@ async function startTap(targetPort, targetHost = '127.0.0.1') {
       if (opCode === OP_COMPRESSED) {
         entry.originalOpcode = raw.readInt32LE(16);
         entry.compressorId = raw.readUInt8(24);
-      } else {
-        try {
-          entry.doc = parseMessage(raw).doc;
-        } catch {
-          /* not ours to judge */
-        }
+      }
+      try {
+        entry.doc = parseMessage(raw).doc; // zlib and noop only; snappy/zstd stay unread
+      } catch {
+        /* not ours to judge */
       }
       list.push(entry);
     };
