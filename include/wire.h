@@ -26,6 +26,9 @@ struct evbuffer;
 /* The server's advertised maxMessageSizeBytes; also the proxy's hard limit. */
 #define WIRE_MAX_MESSAGE_LEN 48000000
 #define WIRE_MAX_SECTIONS 64
+/* Embedded documents deeper than this are refused (mongod's default
+ * maximum BSON depth). */
+#define WIRE_MAX_BSON_DEPTH 200
 
 typedef enum {
    WIRE_OP_REPLY = 1,
@@ -141,8 +144,9 @@ bool wire_check_header (const wire_header_t *h, uint32_t max_len, bson_error_t *
    __attribute__ ((warn_unused_result));
 
 /* Parse whole messages: `buf` holds exactly header.length bytes.  Each checks
- * every bound, validates each BSON document (bson_validate with no extra
- * flags: UTF-8 is not enforced, as mongod does not), and fills `error`.
+ * every bound, validates each BSON document (every element, nested ones
+ * included, at least as strictly as bson_iter_next; UTF-8 is not enforced,
+ * as mongod does not), and fills `error`.
  * Trailing bytes after the last field are an error.  The size limit is the
  * caller's (wire_check_header); these do not apply WIRE_MAX_MESSAGE_LEN. */
 bool wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *error)

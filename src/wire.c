@@ -6,9 +6,9 @@
  * message is attacker-controlled, so each one is checked against what is left
  * before it is used, in size_t arithmetic that cannot overflow.  Nothing is
  * allocated and nothing is copied; parsed structs point into the buffer.
- * Each BSON document is checked twice over: its length field must equal the
- * span it claims and end in a NUL (bson_init_static), then bson_validate walks
- * it, nested documents included.
+ * Each BSON document's length must fit the span left and end in a NUL, and
+ * check_bson walks every element, nested documents included, before
+ * bson_init_static wraps it.
  *
  * Building writes little-endian integers byte by byte into space reserved
  * once in the destination evbuffer, so a message costs one copy.
@@ -167,11 +167,206 @@ rd_cstring (reader_t *r, const char **s, size_t *slen)
    return true;
 }
 
+/* ------------------------------------------------------------ BSON */
+
+/* A string value at d[o]: int32 length counting the NUL, bytes, NUL.
+ * `avail` bytes are available.  Sets *need to the value's size. */
+static bool
+check_string (const uint8_t *d, size_t o, size_t avail, size_t *need)
+{
+   int32_t l;
+
+   if (avail < 4) {
+      return false;
+   }
+   l = get_i32 (d + o);
+   if (l < 1 || (size_t) l > avail - 4 || d[o + 4 + (size_t) l - 1] != 0) {
+      return false;
+   }
+   *need = 4 + (size_t) l;
+   return true;
+}
+
+/*
+ * Validates the BSON document d[0, len), whose length field the caller has
+ * checked equals len and whose last byte is NUL.
+ *
+ * Why not bson_validate: libbson 1.23's validator skips an embedded document
+ * whose bson_init_static fails (a nested document without its terminator
+ * passes), and it recurses once per nesting level with no limit, so a
+ * 16 MB document of nested empty documents exhausts the stack.  This walk is
+ * iterative, bounded by WIRE_MAX_BSON_DEPTH (mongod's default limit), and at
+ * least as strict as bson_iter_next, so anything it accepts libbson can
+ * iterate to the end (the fuzz target checks that).  UTF-8 is not checked,
+ * as mongod does not.
+ */
+static bool
+check_bson (const uint8_t *d, size_t len, const char **why)
+{
+   size_t ends[WIRE_MAX_BSON_DEPTH]; /* the enclosing documents' ends */
+   size_t depth = 0;
+   size_t pos = 4;  /* next element's type byte */
+   size_t end = len; /* current document's end; its NUL is at end - 1 */
+
+   for (;;) {
+      uint8_t type = d[pos];
+      const uint8_t *nul;
+      size_t o, avail, need = 0;
+      int32_t l;
+
+      /* Invariant: 4 <= pos <= end - 1, and d[end - 1] is what must be NUL. */
+      if (type == 0) {
+         if (pos != end - 1) {
+            *why = "terminator before the end of the document";
+            return false;
+         }
+         if (depth == 0) {
+            return true;
+         }
+         pos = end;
+         end = ends[--depth];
+         if (pos >= end) {
+            *why = "embedded document overruns its parent";
+            return false;
+         }
+         continue;
+      }
+      if (pos == end - 1) {
+         *why = "document is not terminated";
+         return false;
+      }
+      /* The key, then the value: both must end before the terminator. */
+      nul = memchr (d + pos + 1, 0, end - 1 - (pos + 1));
+      if (!nul) {
+         *why = "key is not terminated";
+         return false;
+      }
+      o = (size_t) (nul - d) + 1;
+      avail = end - 1 - o;
+
+      switch (type) {
+      case BSON_TYPE_DOUBLE:
+      case BSON_TYPE_DATE_TIME:
+      case BSON_TYPE_TIMESTAMP:
+      case BSON_TYPE_INT64:
+         need = 8;
+         break;
+      case BSON_TYPE_INT32:
+         need = 4;
+         break;
+      case BSON_TYPE_OID:
+         need = 12;
+         break;
+      case BSON_TYPE_DECIMAL128:
+         need = 16;
+         break;
+      case BSON_TYPE_UNDEFINED:
+      case BSON_TYPE_NULL:
+      case BSON_TYPE_MINKEY:
+      case BSON_TYPE_MAXKEY:
+         need = 0;
+         break;
+      case BSON_TYPE_BOOL:
+         if (avail < 1 || d[o] > 1) {
+            *why = "invalid boolean";
+            return false;
+         }
+         need = 1;
+         break;
+      case BSON_TYPE_UTF8:
+      case BSON_TYPE_CODE:
+      case BSON_TYPE_SYMBOL:
+         if (!check_string (d, o, avail, &need)) {
+            *why = "invalid string";
+            return false;
+         }
+         break;
+      case BSON_TYPE_DBPOINTER:
+         if (!check_string (d, o, avail, &need)) {
+            *why = "invalid DBPointer";
+            return false;
+         }
+         need += 12;
+         break;
+      case BSON_TYPE_BINARY:
+         if (avail < 5 || (l = get_i32 (d + o)) < 0 || (size_t) l > avail - 5) {
+            *why = "invalid binary length";
+            return false;
+         }
+         /* Subtype 2 repeats the length inside the data. */
+         if (d[o + 4] == BSON_SUBTYPE_BINARY_DEPRECATED && (l < 4 || get_i32 (d + o + 5) != l - 4)) {
+            *why = "invalid old binary length";
+            return false;
+         }
+         need = 5 + (size_t) l;
+         break;
+      case BSON_TYPE_REGEX: {
+         const uint8_t *opts;
+         nul = memchr (d + o, 0, avail);
+         opts = nul ? memchr (nul + 1, 0, (size_t) (d + end - 1 - (nul + 1))) : NULL;
+         if (!opts) {
+            *why = "invalid regular expression";
+            return false;
+         }
+         need = (size_t) (opts - (d + o)) + 1;
+         break;
+      }
+      case BSON_TYPE_DOCUMENT:
+      case BSON_TYPE_ARRAY:
+         if (avail < 4 || (l = get_i32 (d + o)) < BSON_MIN_LEN || (size_t) l > avail) {
+            *why = "embedded document length out of bounds";
+            return false;
+         }
+         if (depth == WIRE_MAX_BSON_DEPTH) {
+            *why = "documents nested too deeply";
+            return false;
+         }
+         ends[depth++] = end;
+         end = o + (size_t) l;
+         pos = o + 4;
+         continue;
+      case BSON_TYPE_CODEWSCOPE: {
+         size_t slen, scope;
+         /* int32 total, string, scope document, which ends the value. */
+         if (avail < 4 || (l = get_i32 (d + o)) < 14 || (size_t) l > avail) {
+            *why = "invalid code with scope length";
+            return false;
+         }
+         if (!check_string (d, o + 4, (size_t) l - 4, &slen) || (size_t) l - 4 - slen < BSON_MIN_LEN) {
+            *why = "invalid code with scope string";
+            return false;
+         }
+         scope = o + 4 + slen;
+         if (get_i32 (d + scope) != l - 4 - (int32_t) slen) {
+            *why = "invalid code with scope document length";
+            return false;
+         }
+         if (depth == WIRE_MAX_BSON_DEPTH) {
+            *why = "documents nested too deeply";
+            return false;
+         }
+         ends[depth++] = end;
+         end = o + (size_t) l;
+         pos = scope + 4;
+         continue;
+      }
+      default:
+         *why = "unknown element type";
+         return false;
+      }
+      if (need > avail) {
+         *why = "value runs past the end of the document";
+         return false;
+      }
+      pos = o + need;
+   }
+}
+
 /* One BSON document at the cursor, validated, as a static bson_t. */
 static bool
 rd_doc (reader_t *r, bson_t *doc, const char *what, bson_error_t *error)
 {
-   bson_error_t berr;
+   const char *why = NULL;
    int32_t dlen;
    const uint8_t *start = r->p + r->off;
 
@@ -190,14 +385,20 @@ rd_doc (reader_t *r, bson_t *doc, const char *what, bson_error_t *error)
                       rd_left (r));
       return false;
    }
-   /* bson_init_static checks the length field against dlen and the
-    * terminating NUL; bson_validate then walks every element. */
-   if (!bson_init_static (doc, start, (size_t) dlen)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "%s: document is not terminated", what);
-      return false;
+   if (start[dlen - 1] != 0) {
+      why = "document is not terminated";
+   } else {
+      (void) check_bson (start, (size_t) dlen, &why);
    }
-   if (!bson_validate_with_error (doc, BSON_VALIDATE_NONE, &berr)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "%s: invalid BSON: %s", what, berr.message);
+   /* bson_init_static cannot fail on a checked document; test it anyway. */
+   if (why || !bson_init_static (doc, start, (size_t) dlen)) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_BSON,
+                      "%s: invalid BSON at offset %zu: %s",
+                      what,
+                      r->off,
+                      why ? why : "rejected by libbson");
       return false;
    }
    r->off += (size_t) dlen;
