@@ -812,6 +812,30 @@ async function startTap(targetPort, targetHost = '127.0.0.1') {
   };
 }
 
+// ---------------------------------------------------------------------------- the C client
+
+/** Compiles tests/integration/cdriver/cdriver-client.c against libmongoc into a temp dir. */
+function buildCdriverClient() {
+  const { execFileSync } = require('node:child_process');
+  const src = path.join(REPO, 'tests', 'integration', 'cdriver', 'cdriver-client.c');
+  const out = path.join(tmpDir('relaybus-cdriver-'), 'cdriver-client');
+  const flags = execFileSync('pkg-config', ['--cflags', '--libs', 'libmongoc-1.0'], { encoding: 'utf8' }).trim().split(/\s+/);
+  execFileSync(process.env.CC || 'cc', ['-std=c11', '-D_GNU_SOURCE', '-Wall', '-Wextra', '-Werror', '-O1', '-g', '-o', out, src, ...flags], {
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
+  return out;
+}
+
+/** Runs the C client with URI and database; resolves {code, stdout, stderr}. */
+function runCdriverClient(bin, uri, db, timeoutMs = 90000) {
+  const { execFile } = require('node:child_process');
+  return new Promise((resolve) => {
+    execFile(bin, [uri, db], { timeout: timeoutMs, encoding: 'utf8' }, (err, stdout, stderr) => {
+      resolve({ code: err ? (err.code ?? err.signal ?? 'error') : 0, stdout, stderr });
+    });
+  });
+}
+
 /** hello command names, all spellings. */
 function isHelloDoc(doc) {
   return !!doc && ('hello' in doc || 'isMaster' in doc || 'ismaster' in doc);
@@ -850,5 +874,7 @@ module.exports = {
   startTap,
   isHelloDoc,
   newRequestId,
+  buildCdriverClient,
+  runCdriverClient,
   tail,
 };
