@@ -1,0 +1,466 @@
+'use strict';
+// CRUD commands: insert, update, delete, findAndModify, find, getMore, killCursors, aggregate
+// ($out/$merge included), count, distinct. They read and write only through ctx.access, so
+// the same code serves transactions and autocommit; waiting for a transaction that holds a
+// document is done by ctx.retryOnWait.
+
+const { BSON } = require('bson');
+const V = require('../values');
+const { err, MongoError } = require('../errors');
+const { select, project, aggregate, compileFilter } = require('../query');
+const { applyUpdate, upsertSeed, withIdFirst, kindOfUpdate, isPlainObject } = require('../update');
+
+function collName(cmd, name) {
+  const c = cmd[name];
+  if (typeof c !== 'string' || !c.length) {
+    throw err(73, `collection name has invalid type ${V.bsonTag(c)}`);
+  }
+  return c;
+}
+
+function writeErrorOf(e, index) {
+  const we = { index, code: e.code };
+  if (e.extra) Object.assign(we, e.extra);
+  we.errmsg = e.errmsg;
+  return we;
+}
+
+function sameDoc(a, b) {
+  return BSON.serialize(a).equals(BSON.serialize(b));
+}
+
+function validateNewDoc(doc) {
+  if (!isPlainObject(doc)) throw err(2, 'document to insert must be an object');
+  if (Array.isArray(doc._id)) throw err(53, "can't use an array for _id");
+  if (doc._id && V.bsonTag(doc._id) === 'regex') throw err(2, "can't use a regex for _id");
+}
+
+function insertOne(ctx, coll, doc) {
+  const idKey = V.canonicalKey(doc._id);
+  if (ctx.access.get(coll, idKey)) throw coll.dupKeyError(coll.idIndex, doc);
+  ctx.access.put(coll, idKey, doc);
+}
+
+// Statement-level errors end a transaction: the next statement gets NoSuchTransaction.
+function statementFailed(ctx, e) {
+  if (!(e instanceof MongoError)) throw e;
+  if (e.code === 112 || e.code === 50 || e.code === 290) throw e; // whole-command errors
+  if (ctx.access.txn) ctx.abortTxnAfterReply = true;
+  return e;
+}
+
+async function insert(ctx) {
+  const { cmd, db } = ctx;
+  const name = collName(cmd, 'insert');
+  const docs = cmd.documents;
+  if (!Array.isArray(docs)) throw err(40414, "BSON field 'insert.documents' is missing but a required field");
+  const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
+  const coll = await ctx.retryOnWait(() => ctx.access.coll(db, name, true));
+  let n = 0;
+  const writeErrors = [];
+  for (let i = 0; i < docs.length; i++) {
+    try {
+      ctx.txnWriteFailpoint();
+      validateNewDoc(docs[i]);
+      const doc = withIdFirst(V.cloneValue(docs[i]));
+      await ctx.retryOnWait(() => insertOne(ctx, coll, doc));
+      n++;
+    } catch (e) {
+      writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
+      if (ordered || ctx.access.txn) break;
+    }
+  }
+  const r = { n };
+  if (writeErrors.length) r.writeErrors = writeErrors;
+  r.ok = 1;
+  return r;
+}
+
+// Applies one update statement; returns {n, nModified, upsertedId}.
+async function updateStatement(ctx, coll, st, db, name) {
+  const q = st.q || {};
+  const u = st.u;
+  const multi = V.truthy(st.multi);
+  const upsert = V.truthy(st.upsert);
+  if (u === undefined) throw err(40414, "BSON field 'update.updates.u' is missing but a required field");
+  const kind = kindOfUpdate(u);
+  if (multi && kind === 'replacement') throw err(9, 'multi update is not supported for replacement-style update');
+  const queryView = V.toView(q);
+  const opts = { queryView, arrayFilters: st.arrayFilters, variables: ctx.cmd.let };
+  if (kind === 'operator') for (const f of st.arrayFilters || []) if (!isPlainObject(f)) throw err(9, 'arrayFilters must be objects');
+  let n = 0;
+  let nModified = 0;
+  if (coll) {
+    const q1 = compileFilter(q);
+    const matches = select(ctx.access, coll, { filter: q, sort: st.sort, limit: multi ? 0 : 1 });
+    for (const m of matches) {
+      const done = await ctx.retryOnWait(() => {
+        const cur = ctx.access.get(coll, m.idKey);
+        if (!cur) return false;
+        if (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc)))) return false;
+        const next = applyUpdate(cur.doc, u, opts);
+        if (sameDoc(cur.doc, next)) return 'same';
+        ctx.txnWriteFailpoint();
+        ctx.access.put(coll, m.idKey, next);
+        return 'modified';
+      });
+      if (done) n++;
+      if (done === 'modified') nModified++;
+    }
+  }
+  if (n === 0 && upsert) {
+    const target = coll || (await ctx.retryOnWait(() => ctx.access.coll(db, name, true)));
+    const doc = await ctx.retryOnWait(() => {
+      const seed = upsertSeed(q);
+      let d;
+      if (kind === 'replacement') {
+        d = V.cloneValue(u);
+        if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
+      } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
+      d = withIdFirst(d);
+      validateNewDoc(d);
+      ctx.txnWriteFailpoint();
+      insertOne(ctx, target, d);
+      return d;
+    });
+    return { n: 1, nModified: 0, upsertedId: doc._id };
+  }
+  return { n, nModified };
+}
+
+async function update(ctx) {
+  const { cmd, db } = ctx;
+  const name = collName(cmd, 'update');
+  const updates = cmd.updates;
+  if (!Array.isArray(updates)) throw err(40414, "BSON field 'update.updates' is missing but a required field");
+  const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
+  let coll = ctx.access.coll(db, name, false);
+  let n = 0;
+  let nModified = 0;
+  const upserted = [];
+  const writeErrors = [];
+  for (let i = 0; i < updates.length; i++) {
+    try {
+      const r = await updateStatement(ctx, coll, updates[i], db, name);
+      if (!coll) coll = ctx.access.coll(db, name, false);
+      n += r.n;
+      nModified += r.nModified;
+      if (r.upsertedId !== undefined) upserted.push({ index: i, _id: r.upsertedId });
+    } catch (e) {
+      writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
+      if (ordered || ctx.access.txn) break;
+    }
+  }
+  const r = { n, nModified };
+  if (upserted.length) r.upserted = upserted;
+  if (writeErrors.length) r.writeErrors = writeErrors;
+  r.ok = 1;
+  return r;
+}
+
+async function del(ctx) {
+  const { cmd, db } = ctx;
+  const name = collName(cmd, 'delete');
+  const deletes = cmd.deletes;
+  if (!Array.isArray(deletes)) throw err(40414, "BSON field 'delete.deletes' is missing but a required field");
+  const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
+  const coll = ctx.access.coll(db, name, false);
+  let n = 0;
+  const writeErrors = [];
+  for (let i = 0; i < deletes.length; i++) {
+    const st = deletes[i];
+    try {
+      if (st.limit === undefined) throw err(40414, "BSON field 'delete.deletes.limit' is missing but a required field");
+      const limit = V.toNumber(st.limit);
+      if (limit !== 0 && limit !== 1) throw err(9, `The limit field in delete objects must be 0 or 1. Got ${limit}`);
+      if (!coll) continue;
+      const q1 = compileFilter(st.q);
+      const matches = select(ctx.access, coll, { filter: st.q, limit });
+      for (const m of matches) {
+        const ok = await ctx.retryOnWait(() => {
+          const cur = ctx.access.get(coll, m.idKey);
+          if (!cur || (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc))))) return false;
+          ctx.txnWriteFailpoint();
+          ctx.access.put(coll, m.idKey, null);
+          return true;
+        });
+        if (ok) n++;
+      }
+    } catch (e) {
+      writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
+      if (ordered || ctx.access.txn) break;
+    }
+  }
+  const r = { n };
+  if (writeErrors.length) r.writeErrors = writeErrors;
+  r.ok = 1;
+  return r;
+}
+
+function projectOne(doc, fields) {
+  if (!doc) return null;
+  if (!fields || !Object.keys(fields).length) return doc;
+  return project([{ doc, view: V.toView(doc) }], fields)[0];
+}
+
+async function findAndModify(ctx) {
+  const { cmd, db } = ctx;
+  const name = collName(cmd, ctx.name);
+  const remove = V.truthy(cmd.remove);
+  const upsert = V.truthy(cmd.upsert);
+  const returnNew = V.truthy(cmd.new);
+  const u = cmd.update;
+  if (remove && u !== undefined) throw err(9, 'Cannot specify both an update and remove=true');
+  if (!remove && u === undefined) throw err(9, 'Either an update or remove=true must be specified');
+  if (remove && upsert) throw err(9, 'Cannot specify both upsert=true and remove=true');
+  if (remove && returnNew) throw err(9, 'Cannot specify both new=true and remove=true; \'remove\' always returns the deleted document');
+  const q = cmd.query || {};
+  const q1 = compileFilter(q);
+  const coll = ctx.access.coll(db, name, false);
+  const kind = remove ? null : kindOfUpdate(u);
+  const opts = { queryView: V.toView(q), arrayFilters: cmd.arrayFilters, variables: cmd.let };
+  const match = coll ? select(ctx.access, coll, { filter: q, sort: cmd.sort, limit: 1 })[0] : null;
+  if (match) {
+    const res = await ctx.retryOnWait(() => {
+      const cur = ctx.access.get(coll, match.idKey);
+      if (!cur || (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc))))) return null;
+      ctx.txnWriteFailpoint();
+      if (remove) {
+        ctx.access.put(coll, match.idKey, null);
+        return { old: cur.doc, next: null };
+      }
+      const next = applyUpdate(cur.doc, u, opts);
+      if (!sameDoc(cur.doc, next)) ctx.access.put(coll, match.idKey, next);
+      return { old: cur.doc, next };
+    });
+    if (res) {
+      const leo = remove ? { n: 1 } : { n: 1, updatedExisting: true };
+      return { lastErrorObject: leo, value: projectOne(remove || !returnNew ? res.old : res.next, cmd.fields), ok: 1 };
+    }
+  }
+  if (upsert) {
+    const target = coll || (await ctx.retryOnWait(() => ctx.access.coll(db, name, true)));
+    const doc = await ctx.retryOnWait(() => {
+      const seed = upsertSeed(q);
+      let d;
+      if (kind === 'replacement') {
+        d = V.cloneValue(u);
+        if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
+      } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
+      d = withIdFirst(d);
+      validateNewDoc(d);
+      ctx.txnWriteFailpoint();
+      insertOne(ctx, target, d);
+      return d;
+    });
+    return {
+      lastErrorObject: { n: 1, updatedExisting: false, upserted: doc._id },
+      value: returnNew ? projectOne(doc, cmd.fields) : null,
+      ok: 1,
+    };
+  }
+  const leo = remove ? { n: 0 } : { n: 0, updatedExisting: false };
+  return { lastErrorObject: leo, value: null, ok: 1 };
+}
+
+function num(v, def) { return v === undefined || v === null ? def : V.toNumber(v); }
+
+async function find(ctx) {
+  const { cmd, db } = ctx;
+  const name = collName(cmd, 'find');
+  const coll = ctx.access.coll(db, name, false);
+  let limit = num(cmd.limit, 0);
+  let singleBatch = V.truthy(cmd.singleBatch);
+  if (limit < 0) {
+    limit = -limit;
+    singleBatch = true;
+  }
+  const skip = num(cmd.skip, 0);
+  if (skip < 0) throw err(51024, `BSON field 'skip' value must be >= 0, actual value '${skip}'`);
+  const batchSize = cmd.batchSize === undefined ? undefined : num(cmd.batchSize, 101);
+  if (batchSize !== undefined && batchSize < 0) throw err(51024, `BSON field 'batchSize' value must be >= 0, actual value '${batchSize}'`);
+  if (cmd.filter !== undefined && !isPlainObject(cmd.filter)) throw err(14, "BSON field 'FindCommandRequest.filter' is the wrong type, expected type 'object'");
+  const records = select(ctx.access, coll, { filter: cmd.filter, sort: cmd.sort, skip, limit });
+  const docs = project(records, cmd.projection);
+  return ctx.cursors.open(`${db}.${name}`, docs, { batchSize, singleBatch, session: ctx.sessionKey });
+}
+
+async function getMore(ctx) {
+  const { cmd, db } = ctx;
+  const id = V.toBigIntExact(cmd.getMore);
+  if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
+  return ctx.cursors.getMore(id, cmd.collection, db, num(cmd.batchSize, 0));
+}
+
+async function killCursors(ctx) {
+  const ids = (ctx.cmd.cursors || []).map((c) => c);
+  const r = ctx.cursors.kill(ids.map((c) => V.toBigIntExact(c)));
+  const toLong = (x) => V.Long.fromBigInt(x);
+  return {
+    cursorsKilled: r.cursorsKilled.map(toLong), cursorsNotFound: r.cursorsNotFound.map(toLong),
+    cursorsAlive: [], cursorsUnknown: [], ok: 1,
+  };
+}
+
+async function count(ctx) {
+  const { cmd, db } = ctx;
+  const name = collName(cmd, 'count');
+  const coll = ctx.access.coll(db, name, false);
+  if (!coll) return { n: 0, ok: 1 };
+  const skip = num(cmd.skip, 0);
+  let limit = Math.abs(num(cmd.limit, 0));
+  if (!cmd.query || !Object.keys(cmd.query).length) {
+    let n = ctx.access.count(coll) - skip;
+    if (n < 0) n = 0;
+    if (limit && n > limit) n = limit;
+    return { n, ok: 1 };
+  }
+  const n = select(ctx.access, coll, { filter: cmd.query, skip, limit }).length;
+  return { n, ok: 1 };
+}
+
+async function distinct(ctx) {
+  const { cmd, db } = ctx;
+  const name = collName(cmd, 'distinct');
+  if (typeof cmd.key !== 'string') throw err(14, "BSON field 'distinct.key' is the wrong type, expected type 'string'");
+  const coll = ctx.access.coll(db, name, false);
+  const values = [];
+  const seen = new Set();
+  for (const r of select(ctx.access, coll, { filter: cmd.query })) {
+    for (const v of V.pathValues(r.doc, cmd.key)) {
+      const list = Array.isArray(v) ? v : [v];
+      for (const x of list) {
+        if (x === undefined) continue;
+        const k = V.canonicalKey(x);
+        if (seen.has(k)) continue;
+        seen.add(k);
+        values.push(x);
+      }
+    }
+  }
+  values.sort(V.compareValues);
+  return { values, ok: 1 };
+}
+
+// ---- aggregate ----
+
+async function writeStage(ctx, stage, docs, db) {
+  const spec = stage.$out !== undefined ? stage.$out : stage.$merge;
+  let targetDb = db;
+  let targetName;
+  if (typeof spec === 'string') targetName = spec;
+  else if (stage.$out !== undefined) {
+    targetDb = spec.db || db;
+    targetName = spec.coll;
+  } else if (typeof spec.into === 'string') targetName = spec.into;
+  else {
+    targetDb = spec.into.db || db;
+    targetName = spec.into.coll;
+  }
+  const access = ctx.access;
+  if (stage.$out !== undefined) {
+    // $out replaces the target atomically.
+    const seen = new Set();
+    for (const d of docs) {
+      const doc = withIdFirst(d);
+      const k = V.canonicalKey(doc._id);
+      if (seen.has(k)) throw err(11000, `E11000 duplicate key error collection: ${targetDb}.${targetName} index: _id_ dup key: { _id: ${V.canonicalKey(doc._id)} }`);
+      seen.add(k);
+    }
+    const old = ctx.store.getColl(targetDb, targetName);
+    const fresh = ctx.store.createColl(targetDb, targetName, old ? old.options : {});
+    if (old) for (const [n, ix] of old.indexes) if (n !== '_id_') fresh.indexes.set(n, new (ix.constructor)(ix.spec));
+    for (const d of docs) {
+      const doc = withIdFirst(d);
+      fresh.checkUnique(V.canonicalKey(doc._id), doc, V.toView(doc), null);
+      fresh.publish(V.canonicalKey(doc._id), doc, V.toView(doc), ctx.store.nextTs());
+    }
+    if (old) old.dropped = true;
+    return;
+  }
+  const coll = await ctx.retryOnWait(() => access.coll(targetDb, targetName, true));
+  const on = spec.on ? (Array.isArray(spec.on) ? spec.on : [spec.on]) : ['_id'];
+  const whenMatched = spec.whenMatched || 'merge';
+  const whenNotMatched = spec.whenNotMatched || 'insert';
+  for (const d of docs) {
+    let doc = d;
+    const filter = {};
+    for (const f of on) filter[f] = V.getPath(doc, f) === undefined ? null : V.getPath(doc, f);
+    const existing = select(access, coll, { filter, limit: 1 })[0];
+    await ctx.retryOnWait(() => {
+      if (existing) {
+        if (whenMatched === 'keepExisting') return;
+        if (whenMatched === 'fail') throw coll.dupKeyError(coll.idIndex, existing.doc);
+        let next;
+        if (whenMatched === 'replace') next = Object.assign({ _id: existing.doc._id }, doc);
+        else if (whenMatched === 'merge') next = Object.assign({}, existing.doc, doc);
+        else if (Array.isArray(whenMatched)) {
+          next = applyUpdate(existing.doc, whenMatched, { variables: { new: doc } });
+        } else throw err(51191, `Unsupported whenMatched mode`);
+        next._id = existing.doc._id;
+        access.put(coll, existing.idKey, withIdFirst(next));
+        return;
+      }
+      if (whenNotMatched === 'discard') return;
+      if (whenNotMatched === 'fail') throw err(13113, "Found no matching document in the target collection for $merge with whenNotMatched: 'fail'");
+      doc = withIdFirst(V.cloneValue(doc));
+      insertOne(ctx, coll, doc);
+    });
+  }
+}
+
+async function aggregateCmd(ctx) {
+  const { cmd, db } = ctx;
+  const pipeline = cmd.pipeline;
+  if (!Array.isArray(pipeline)) throw err(14, "'pipeline' option must be specified as an array");
+  const explain = V.truthy(cmd.explain);
+  if (!explain && !isPlainObject(cmd.cursor)) {
+    throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");
+  }
+  const last = pipeline[pipeline.length - 1];
+  const writes = last && (last.$out !== undefined || last.$merge !== undefined);
+  if (writes && ctx.access.txn) {
+    throw err(263, `${last.$out !== undefined ? '$out' : '$merge'} cannot be used in a transaction`);
+  }
+  let stages = writes ? pipeline.slice(0, -1) : pipeline.slice();
+  let inputs;
+  let nsName;
+  if (typeof cmd.aggregate === 'string') {
+    nsName = cmd.aggregate;
+    const coll = ctx.access.coll(db, nsName, false);
+    // Let the leading $match use the _id/unique lookups instead of handing mingo everything.
+    let filter;
+    if (stages.length && stages[0].$match && isPlainObject(stages[0].$match) && !JSON.stringify(V.toView(stages[0].$match)).includes('"$expr"')) {
+      filter = stages[0].$match;
+      stages = stages.slice(1);
+    }
+    inputs = select(ctx.access, coll, { filter }).map((r) => r.doc);
+  } else {
+    nsName = '$cmd.aggregate';
+    inputs = [];
+    const first = stages[0];
+    if (!first || !(first.$documents || first.$currentOp || first.$listLocalSessions)) {
+      throw err(73, "{aggregate: 1} is not valid for '$match'; a collection is required.");
+    }
+    if (first.$currentOp || first.$listLocalSessions) {
+      stages = stages.slice(1);
+    }
+  }
+  const resolver = (name) => {
+    const c = ctx.access.coll(db, name, false);
+    return c ? select(ctx.access, c, {}).map((r) => r.view) : [];
+  };
+  const out = stages.length ? aggregate(inputs, stages, { resolver, variables: cmd.let }) : inputs;
+  if (explain) return { explainVersion: '1', stages: [], serverInfo: { version: '7.0.0' }, ok: 1 };
+  if (writes) {
+    await writeStage(ctx, last, out, db);
+    return ctx.cursors.open(`${db}.${nsName}`, [], {});
+  }
+  const batchSize = cmd.cursor.batchSize === undefined ? undefined : V.toNumber(cmd.cursor.batchSize);
+  return ctx.cursors.open(`${db}.${nsName}`, out, { batchSize, session: ctx.sessionKey });
+}
+
+module.exports = {
+  insert, update, delete: del, findAndModify, findandmodify: findAndModify, find, getMore, killCursors,
+  aggregate: aggregateCmd, count, distinct,
+};

@@ -1,0 +1,144 @@
+'use strict';
+// Query execution over one collection as an Access sees it: filter (mingo on views, with
+// direct lookups for _id and unique-index equality), sort (BSON order on the stored values),
+// skip/limit, projection (mingo on views, mapped back to typed values) and aggregation.
+// Cursor bookkeeping is in cursors.js.
+
+const { Query, Aggregator } = require('mingo');
+const V = require('./values');
+const { err } = require('./errors');
+const { isPlainObject } = require('./update');
+
+function compileFilter(filter) {
+  if (filter === undefined || filter === null) return null;
+  if (!isPlainObject(filter)) throw err(14, "BSON field 'filter' is the wrong type, expected type 'object'");
+  if (!Object.keys(filter).length) return null;
+  try {
+    return new Query(V.toView(filter));
+  } catch (e) {
+    throw err(2, e.message);
+  }
+}
+
+// A scalar equality value the _id lookup may use, or undefined.
+function equalityValue(cond) {
+  if (cond === undefined) return undefined;
+  if (isPlainObject(cond)) {
+    const keys = Object.keys(cond);
+    if (keys.length === 1 && keys[0] === '$eq' && !isPlainObject(cond.$eq) && !Array.isArray(cond.$eq)) return cond.$eq;
+    return undefined;
+  }
+  if (Array.isArray(cond)) return undefined;
+  const t = V.bsonTag(cond);
+  if (t === 'regex' || t === 'null' || t === 'undefined') return undefined;
+  return cond;
+}
+
+// Candidate records: a direct lookup when the filter pins _id, else a scan.
+function* candidates(access, coll, filter) {
+  if (filter && Object.prototype.hasOwnProperty.call(filter, '_id')) {
+    const c = filter._id;
+    const eq = equalityValue(c);
+    if (eq !== undefined) {
+      const idKey = V.canonicalKey(eq);
+      const v = access.get(coll, idKey);
+      if (v) yield { idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) };
+      return;
+    }
+    if (isPlainObject(c) && Object.keys(c).length === 1 && Array.isArray(c.$in) &&
+        c.$in.every((x) => equalityValue(x) !== undefined)) {
+      const seen = new Set();
+      const found = [];
+      for (const x of c.$in) {
+        const idKey = V.canonicalKey(x);
+        if (seen.has(idKey)) continue;
+        seen.add(idKey);
+        const v = access.get(coll, idKey);
+        if (v) found.push({ idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) });
+      }
+      // Natural order, not $in order.
+      const order = new Map();
+      let i = 0;
+      for (const k of coll.records.keys()) if (seen.has(k)) order.set(k, i++);
+      found.sort((a, b) => (order.get(a.idKey) ?? 1e15) - (order.get(b.idKey) ?? 1e15));
+      yield* found;
+      return;
+    }
+  }
+  if (filter && !access.txn) {
+    // Equality on every field of a unique index (latest committed state only).
+    for (const ix of coll.uniqueIndexes()) {
+      if (ix.partialQuery || ix.sparse) continue;
+      const vals = ix.fields.map((f) => equalityValue(filter[f]));
+      if (vals.some((v) => v === undefined)) continue;
+      const key = vals.map(V.canonicalKey).join('|');
+      const idKey = ix.entries.get(key);
+      if (idKey === undefined) return;
+      const v = access.get(coll, idKey);
+      if (v) yield { idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) };
+      return;
+    }
+  }
+  yield* access.scan(coll);
+}
+
+// Matching records as [{idKey, doc, view}], honouring sort/skip/limit.
+function select(access, coll, opts) {
+  if (!coll) return [];
+  const q = compileFilter(opts.filter);
+  const sortCmp = V.makeSortComparator(opts.sort);
+  const skip = opts.skip || 0;
+  const limit = opts.limit || 0;
+  const out = [];
+  const stopAt = !sortCmp && limit ? skip + limit : Infinity;
+  for (const r of candidates(access, coll, opts.filter)) {
+    if (q && !q.test(r.view)) continue;
+    out.push(r);
+    if (out.length >= stopAt) break;
+  }
+  if (sortCmp) out.sort((a, b) => sortCmp(a.doc, b.doc));
+  if (skip || limit) return out.slice(skip, limit ? skip + limit : undefined);
+  return out;
+}
+
+function hasKeys(o) { return o && isPlainObject(o) && Object.keys(o).length > 0; }
+
+// Applies a find-style projection to typed documents.
+function project(records, projection) {
+  if (!hasKeys(projection)) return records.map((r) => r.doc);
+  let results;
+  try {
+    const views = records.map((r) => r.view);
+    results = new Query({}).find(views, V.toView(projection)).all();
+  } catch (e) {
+    throw err(2, e.message);
+  }
+  return results.map((r, i) => V.fromView(r, records[i].doc));
+}
+
+// Runs an aggregation pipeline over typed input documents; output typed via the views.
+function aggregate(inputDocs, pipeline, opts) {
+  const byId = new Map();
+  const views = inputDocs.map((d) => {
+    const v = V.toView(d);
+    if (d && d._id !== undefined) byId.set(V.canonicalKey(d._id), d);
+    return v;
+  });
+  let out;
+  try {
+    out = new Aggregator(pipeline.map((s) => V.toView(s)), {
+      processingMode: 1,
+      collectionResolver: opts.resolver,
+      variables: opts.variables ? V.toView(opts.variables) : undefined,
+    }).run(views);
+  } catch (e) {
+    if (e && e.code) throw e;
+    throw err(opts.errCode || 2, e.message);
+  }
+  return out.map((d) => {
+    const hint = d && d._id !== undefined ? byId.get(V.canonicalKey(V.fromView(d._id))) : undefined;
+    return V.fromView(d, hint);
+  });
+}
+
+module.exports = { compileFilter, select, project, aggregate, equalityValue };

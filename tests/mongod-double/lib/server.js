@@ -1,0 +1,349 @@
+'use strict';
+// TCP server and per-connection protocol handling: frames requests (size cap, malformed input
+// closes the connection), processes each connection's requests strictly one at a time in
+// arrival order, runs commands through auth, session validation and fail points, adds error
+// labels, $clusterTime and operationTime, and writes (optionally compressed) replies. It does
+// not implement any command itself: see commands/*.js.
+
+const net = require('net');
+const { Double, Long, Binary, Timestamp, ObjectId } = require('bson');
+const W = require('./wire');
+const V = require('./values');
+const { MongoError, RETRYABLE_CODES, err } = require('./errors');
+const { Store, WaitFor } = require('./storage');
+const { Access } = require('./transactions');
+const { Sessions, sessionKey, RETRYABLE_WRITE_COMMANDS } = require('./sessions');
+const { Cursors } = require('./cursors');
+const { FailPoints } = require('./failpoints');
+const { Auth } = require('./auth');
+
+const NO_COMPRESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'createUser', 'updateUser']);
+const NO_AUTH_NEEDED = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'ping', 'buildInfo', 'buildinfo', 'logout', 'endSessions']);
+const HELLO_NAMES = new Set(['hello', 'isMaster', 'ismaster']);
+// Commands that never take part in session/transaction validation.
+const SESSIONLESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'ping', 'buildInfo', 'buildinfo',
+  'endSessions', 'killSessions', 'killAllSessions', 'killAllSessionsByPattern', 'refreshSessions', 'doubleStats']);
+const NO_REPLY = Symbol('no reply');
+const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
+
+class Connection {
+  constructor(server, socket, id) {
+    this.server = server;
+    this.socket = socket;
+    this.id = id;
+    this.remote = `${socket.remoteAddress}:${socket.remotePort}`;
+    this.chunks = [];
+    this.buffered = 0;
+    this.queue = [];
+    this.busy = false;
+    this.closed = false;
+    this.appName = null;
+    this.compression = null;
+    this.handshakeDone = false;
+    this.user = null;
+    this.sasl = null;
+    socket.setNoDelay(true);
+    socket.on('data', (d) => this.onData(d));
+    socket.on('error', (e) => this.server.log(`conn${id}: socket error: ${e.message}`));
+    socket.on('close', () => {
+      this.closed = true;
+      this.server.conns.delete(this);
+    });
+  }
+
+  close(reason) {
+    if (this.closed) return;
+    if (reason) this.server.log(`conn${this.id}: closing: ${reason}`);
+    this.closed = true;
+    this.queue = [];
+    this.socket.destroy();
+  }
+
+  onData(d) {
+    if (this.closed) return;
+    this.chunks.push(d);
+    this.buffered += d.length;
+    while (this.buffered >= 4) {
+      const head = this.chunks[0].length >= 4 ? this.chunks[0] : Buffer.concat(this.chunks);
+      const len = head.readInt32LE(0);
+      if (len < 16 || len > W.MAX_MESSAGE_SIZE) {
+        this.close(`invalid message length ${len}`);
+        return;
+      }
+      if (this.buffered < len) break;
+      const all = this.chunks.length === 1 ? this.chunks[0] : Buffer.concat(this.chunks);
+      const msg = all.subarray(0, len);
+      const rest = all.subarray(len);
+      this.chunks = rest.length ? [rest] : [];
+      this.buffered = rest.length;
+      this.queue.push(Buffer.from(msg));
+    }
+    this.pump();
+  }
+
+  async pump() {
+    if (this.busy) return;
+    this.busy = true;
+    try {
+      while (this.queue.length && !this.closed) {
+        const raw = this.queue.shift();
+        await this.handle(raw);
+      }
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  async handle(raw) {
+    let msg;
+    try {
+      msg = W.parseMessage(raw);
+    } catch (e) {
+      this.close(`malformed message: ${e.message}`);
+      return;
+    }
+    const server = this.server;
+    let reply;
+    let name;
+    try {
+      if (msg.opCode === W.OP_QUERY) {
+        name = Object.keys(msg.body)[0];
+        server.count(name);
+        if (!msg.ns.endsWith('.$cmd') || !HELLO_NAMES.has(name)) {
+          reply = {
+            ok: 0,
+            errmsg: `Unsupported OP_QUERY command: ${name}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal`,
+            code: 352, codeName: 'UnsupportedOpQueryCommand',
+          };
+        } else {
+          reply = await server.runCommand(this, msg.body, msg.ns.slice(0, -5), name);
+        }
+        if (reply === NO_REPLY || this.closed) return;
+        server.finishReply(reply);
+        this.write(W.buildOpReply(reply, server.nextRequestId(), msg.requestID));
+        return;
+      }
+      name = Object.keys(msg.body)[0];
+      server.count(name);
+      const db = msg.body.$db;
+      if (typeof db !== 'string') {
+        reply = err(40571, 'OP_MSG requests require a $db argument').toReply();
+      } else {
+        reply = await server.runCommand(this, msg.body, db, name);
+      }
+    } catch (e) {
+      server.log(`conn${this.id}: internal error in ${name}: ${e && e.stack}`);
+      reply = err(1, `internal error: ${e && e.message}`).toReply();
+    }
+    if (reply === NO_REPLY || this.closed || msg.moreToCome) return;
+    server.finishReply(reply);
+    let out;
+    try {
+      out = W.buildOpMsg(reply, server.nextRequestId(), msg.requestID);
+    } catch (e) {
+      server.log(`conn${this.id}: cannot encode reply to ${name}: ${e.message}`);
+      out = W.buildOpMsg(server.finishReply(err(10334, `BSONObjectTooLarge: ${e.message}`).toReply()), server.nextRequestId(), msg.requestID);
+    }
+    if (msg.compressorId !== undefined && !NO_COMPRESS.has(name)) out = W.compress(out, msg.compressorId);
+    this.write(out);
+  }
+
+  write(buf) {
+    if (!this.closed) this.socket.write(buf);
+  }
+}
+
+function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
+
+function labelsFor(code, body, name, wce) {
+  const has = (f) => Object.prototype.hasOwnProperty.call(body, f);
+  const labels = [];
+  const isEnd = name === 'commitTransaction' || name === 'abortTransaction';
+  const inTxn = has('txnNumber') && has('autocommit');
+  const retryableWrite = has('txnNumber') && !has('autocommit') && RETRYABLE_WRITE_COMMANDS.has(name);
+  if (code !== undefined && code !== null) {
+    if (inTxn) {
+      if (code === 112 || code === 24 || code === 246) labels.push('TransientTransactionError');
+      else if (code === 251 && !(isEnd && wce)) labels.push('TransientTransactionError');
+      else if (RETRYABLE_CODES.has(code) && !isEnd) labels.push('TransientTransactionError');
+    }
+    if ((retryableWrite || isEnd) && RETRYABLE_CODES.has(code)) labels.push('RetryableWriteError');
+  }
+  if (wce && (retryableWrite || isEnd) && RETRYABLE_CODES.has(V.toNumber(wce.code)) && !labels.includes('RetryableWriteError')) {
+    labels.push('RetryableWriteError');
+  }
+  return labels;
+}
+
+class Server {
+  constructor(opts) {
+    this.opts = Object.assign({ host: '127.0.0.1', port: 0, standalone: false, maxWireVersion: 21, txnLifetime: 60 }, opts);
+    this.log = (m) => process.stderr.write(`[mongod-double] ${new Date().toISOString()} ${m}\n`);
+    this.store = new Store();
+    this.sessions = new Sessions(this.store, this.opts);
+    this.cursors = new Cursors();
+    this.failpoints = new FailPoints(this.log);
+    this.auth = this.opts.auth ? new Auth(this.opts.auth.user, this.opts.auth.password) : null;
+    this.stats = {};
+    this.conns = new Set();
+    this.totalConns = 0;
+    this.requestId = 1;
+    this.startedAt = Date.now();
+    this.bootSecs = Math.floor(Date.now() / 1000);
+    this.electionId = new ObjectId('7fffffff0000000000000001');
+    this.commands = new Map();
+    for (const mod of ['admin', 'crud', 'ddl', 'auth']) {
+      const m = require(`./commands/${mod}`);
+      for (const [k, fn] of Object.entries(m)) if (typeof fn === 'function' && !k.startsWith('_')) this.commands.set(k, fn);
+    }
+  }
+
+  commandNames() { return [...this.commands.keys()]; }
+
+  nextRequestId() {
+    this.requestId = (this.requestId + 1) & 0x7fffffff;
+    return this.requestId;
+  }
+
+  count(name) {
+    if (typeof name !== 'string') return;
+    this.stats[name] = (this.stats[name] || 0) + 1;
+  }
+
+  clusterTime() { return new Timestamp({ t: this.bootSecs, i: this.store.clock + 1 }); }
+
+  finishReply(reply) {
+    if (reply.ok !== undefined && typeof reply.ok === 'number') reply.ok = new Double(reply.ok);
+    if (!this.opts.standalone) {
+      const ct = this.clusterTime();
+      reply.$clusterTime = { clusterTime: ct, signature: { hash: ZERO_HASH, keyId: Long.fromNumber(0) } };
+      reply.operationTime = ct;
+    }
+    return reply;
+  }
+
+  listen() {
+    return new Promise((resolve, reject) => {
+      this.tcp = net.createServer((socket) => {
+        const c = new Connection(this, socket, ++this.totalConns);
+        this.conns.add(c);
+      });
+      this.tcp.on('error', reject);
+      this.tcp.listen(this.opts.port, this.opts.host, () => {
+        this.port = this.tcp.address().port;
+        this.address = `${this.opts.host}:${this.port}`;
+        resolve(this.port);
+      });
+    });
+  }
+
+  stop() {
+    this.sessions.stop();
+    for (const c of this.conns) c.socket.destroy();
+    this.conns.clear();
+    return new Promise((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
+  }
+
+  async runCommand(conn, body, db, name) {
+    const has = (f) => Object.prototype.hasOwnProperty.call(body, f);
+    const handler = this.commands.get(name);
+    const ctx = {
+      server: this, conn, cmd: body, name, db, store: this.store, sessions: this.sessions, cursors: this.cursors,
+      access: null, sctx: null, sessionKey: has('lsid') ? sessionKey(body.lsid) : null,
+      abortTxnAfterReply: false, closeAfter: false,
+    };
+    const deadline = has('maxTimeMS') && V.toNumber(body.maxTimeMS) > 0 ? Date.now() + V.toNumber(body.maxTimeMS) : null;
+    ctx.retryOnWait = async (fn) => {
+      for (;;) {
+        try {
+          return fn();
+        } catch (e) {
+          if (!(e instanceof WaitFor)) throw e;
+          const left = deadline === null ? null : deadline - Date.now();
+          if (left !== null && left <= 0) throw err(50, 'operation exceeded time limit');
+          let timer;
+          const timeout = left === null ? null : new Promise((r) => { timer = setTimeout(() => r('timeout'), left); });
+          const res = await (timeout ? Promise.race([e.txn.done, timeout]) : e.txn.done);
+          clearTimeout(timer);
+          if (res === 'timeout') throw err(50, 'operation exceeded time limit');
+        }
+      }
+    };
+    ctx.txnWriteFailpoint = () => {
+      if (!ctx.sctx || !ctx.sctx.retryable) return;
+      const d = this.failpoints.transactionalWrite();
+      if (!d) return;
+      if (d.closeConnection === undefined || V.truthy(d.closeConnection)) ctx.closeAfter = true;
+      if (d.failBeforeCommitExceptionCode !== undefined) {
+        throw err(V.toNumber(d.failBeforeCommitExceptionCode), 'Failing write via onPrimaryTransactionalWrite fail point');
+      }
+    };
+    let wce = null;
+    let explicitLabels = null;
+    let reply;
+    try {
+      if (!handler) throw err(59, `no such command: '${name}'`);
+      if (this.auth && !conn.user && !NO_AUTH_NEEDED.has(name)) throw err(13, `command ${name} requires authentication`);
+      if (!SESSIONLESS.has(name)) {
+        ctx.sctx = this.sessions.begin(body, name, db);
+        if (ctx.sctx.inTxn && has('writeConcern') && name !== 'commitTransaction' && name !== 'abortTransaction') {
+          throw err(72, 'writeConcern is not allowed within a multi-statement transaction');
+        }
+      }
+      const fp = name === 'configureFailPoint' ? null : this.failpoints.failCommand(name, conn.appName);
+      if (fp) {
+        if (V.truthy(fp.blockConnection)) await sleep(V.toNumber(fp.blockTimeMS) || 0);
+        if (V.truthy(fp.closeConnection)) {
+          conn.close();
+          return NO_REPLY;
+        }
+        if (fp.errorCode !== undefined) {
+          const e = err(V.toNumber(fp.errorCode), "Failing command via 'failCommand' failpoint");
+          if (Array.isArray(fp.errorLabels)) explicitLabels = fp.errorLabels;
+          throw e;
+        }
+        if (fp.writeConcernError) {
+          wce = fp.writeConcernError;
+          if (Array.isArray(fp.errorLabels)) explicitLabels = fp.errorLabels;
+        }
+      }
+      if (ctx.sctx && ctx.sctx.replay) {
+        reply = Object.assign({}, ctx.sctx.replay);
+      } else {
+        const txn = ctx.sctx && ctx.sctx.txn && ctx.sctx.txn.state === 'inProgress' ? ctx.sctx.txn : null;
+        ctx.access = new Access(this.store, txn);
+        reply = await handler(ctx);
+        if (ctx.abortTxnAfterReply && txn) txn.abort('statement failed');
+        if (ctx.sctx && ctx.sctx.retryable && ctx.sctx.session.txnNumber === ctx.sctx.txnNumber) {
+          ctx.sctx.session.retryReply = Object.assign({}, reply);
+        }
+      }
+      if (wce) {
+        reply.writeConcernError = wce;
+        const labels = explicitLabels || labelsFor(null, body, name, wce);
+        if (labels.length) reply.errorLabels = labels;
+      }
+    } catch (e0) {
+      let e = e0;
+      if (e instanceof WaitFor) e = err(50, 'operation exceeded time limit');
+      if (!(e instanceof MongoError)) {
+        this.log(`internal error in ${name}: ${e && e.stack}`);
+        e = err(1, `internal error: ${e && e.message}`);
+      }
+      const s = ctx.sctx;
+      if (s && s.txn && s.txn.state === 'inProgress' && name !== 'commitTransaction' && name !== 'abortTransaction') {
+        s.txn.abort('statement failed');
+      }
+      if (explicitLabels) e.errorLabels = explicitLabels;
+      else e.errorLabels = labelsFor(e.code, body, name, null);
+      reply = e.toReply();
+    }
+    if (ctx.closeAfter) {
+      conn.close();
+      return NO_REPLY;
+    }
+    return reply;
+  }
+}
+
+module.exports = { Server, NO_REPLY, labelsFor };

@@ -1,0 +1,261 @@
+'use strict';
+// Storage: databases, collections, versioned records and unique indexes.
+// Every record keeps a short chain of committed versions stamped with a commit timestamp, so a
+// transaction reads the state at its snapshot without anything being copied. Uncommitted
+// transactional writes live in the transaction's write set (sessions.js) and are published
+// here by commitTxn. Unique indexes map a canonical key to the owning _id key for the latest
+// committed state, plus "reservations" held by open transactions, which is how first-writer-wins
+// and blocking of non-transactional writers are decided. Non-unique indexes are catalogue
+// entries only (no lookup structure): scans are used instead.
+
+const { UUID } = require('bson');
+const { Query } = require('mingo');
+const V = require('./values');
+const { err } = require('./errors');
+
+// Thrown by a write that must wait for an open transaction to finish; the command layer waits
+// on `txn.done` and retries the statement.
+class WaitFor {
+  constructor(txn) { this.txn = txn; }
+}
+
+function indexKeyValues(doc, field) {
+  const out = [];
+  for (const v of V.pathValues(doc, field)) {
+    if (Array.isArray(v)) {
+      if (v.length === 0) out.push(undefined);
+      else for (const e of v) out.push(e);
+    } else out.push(v);
+  }
+  return out.length ? out : [undefined];
+}
+
+class Index {
+  constructor(spec) {
+    this.spec = spec; // as listIndexes shows it
+    this.name = spec.name;
+    this.key = spec.key;
+    this.fields = Object.keys(spec.key);
+    this.unique = !!spec.unique;
+    this.sparse = !!spec.sparse;
+    this.partialQuery = spec.partialFilterExpression ? new Query(V.toView(spec.partialFilterExpression)) : null;
+    this.entries = this.unique ? new Map() : null; // canonical key -> idKey (latest committed)
+    this.reserved = this.unique ? new Map() : null; // canonical key -> {txn, idKey}
+  }
+
+  // Canonical keys of a document, [] when the index does not cover it.
+  keysOf(doc, view) {
+    if (!doc) return [];
+    if (this.partialQuery && !this.partialQuery.test(view || V.toView(doc))) return [];
+    const perField = this.fields.map((f) => indexKeyValues(doc, f));
+    if (this.sparse && perField.every((vals) => vals.every((v) => v === undefined))) return [];
+    let combos = [[]];
+    for (const vals of perField) {
+      const next = [];
+      for (const c of combos) for (const v of vals) next.push(c.concat([v === undefined ? null : v]));
+      combos = next;
+    }
+    const set = new Set();
+    for (const c of combos) set.add(c.map(V.canonicalKey).join('|'));
+    return [...set];
+  }
+
+  // Value of the first key for error messages: {a: 1}.
+  keyValueOf(doc) {
+    const kv = {};
+    for (const f of this.fields) {
+      const v = indexKeyValues(doc, f)[0];
+      kv[f] = v === undefined ? null : v;
+    }
+    return kv;
+  }
+}
+
+class Collection {
+  constructor(store, db, name, options) {
+    this.store = store;
+    this.db = db;
+    this.name = name;
+    this.ns = `${db}.${name}`;
+    this.options = options || {};
+    this.uuid = new UUID();
+    this.records = new Map(); // idKey -> newest version {ts, doc, view, deleted, prev}
+    this.locks = new Map(); // idKey -> txn holding an uncommitted write
+    this.liveCount = 0;
+    this.indexes = new Map();
+    this.indexes.set('_id_', new Index({ v: 2, key: { _id: 1 }, name: '_id_' }));
+  }
+
+  get idIndex() { return this.indexes.get('_id_'); }
+
+  uniqueIndexes() {
+    const out = [];
+    for (const ix of this.indexes.values()) if (ix.unique && ix.name !== '_id_') out.push(ix);
+    return out;
+  }
+
+  // Version visible at timestamp ts (Infinity = latest committed).
+  static visible(head, ts) {
+    let v = head;
+    while (v && v.ts > ts) v = v.prev;
+    return v && !v.deleted ? v : null;
+  }
+
+  getLatest(idKey) {
+    return Collection.visible(this.records.get(idKey), Infinity);
+  }
+
+  dupKeyError(ix, doc) {
+    const kv = ix.keyValueOf(doc);
+    const shown = Object.keys(kv).map((k) => `${k}: ${showValue(kv[k])}`).join(', ');
+    return err(11000, `E11000 duplicate key error collection: ${this.ns} index: ${ix.name} dup key: { ${shown} }`, {
+      keyPattern: ix.key, keyValue: kv,
+    });
+  }
+
+  // Checks a committed write of newDoc under idKey against the unique indexes; throws
+  // DuplicateKey or WaitFor. `txn` is the writing transaction or null.
+  checkUnique(idKey, newDoc, newView, txn) {
+    for (const ix of this.uniqueIndexes()) {
+      for (const k of ix.keysOf(newDoc, newView)) {
+        const r = ix.reserved.get(k);
+        if (r && r.txn !== txn && r.idKey !== idKey) {
+          if (txn) throw writeConflict();
+          throw new WaitFor(r.txn);
+        }
+        if (r && r.txn === txn && r.idKey !== idKey) throw this.dupKeyError(ix, newDoc);
+        const owner = ix.entries.get(k);
+        if (owner !== undefined && owner !== idKey) {
+          // Committed owner; a transaction may have moved it off this key already.
+          if (txn) {
+            const own = txn.ownWrite(this, owner);
+            if (own && !ix.keysOf(own.doc, own.view).includes(k)) continue;
+          }
+          throw this.dupKeyError(ix, newDoc);
+        }
+      }
+    }
+  }
+
+  // Publishes a committed version (used by non-transactional writes and by commit).
+  publish(idKey, doc, view, ts) {
+    const head = this.records.get(idKey);
+    const old = Collection.visible(head, Infinity);
+    for (const ix of this.uniqueIndexes()) {
+      if (old) for (const k of ix.keysOf(old.doc, old.view)) if (ix.entries.get(k) === idKey) ix.entries.delete(k);
+      if (doc) for (const k of ix.keysOf(doc, view)) ix.entries.set(k, idKey);
+    }
+    if (old && !doc) this.liveCount--;
+    if (!old && doc) this.liveCount++;
+    const version = { ts, doc, view, deleted: !doc, prev: head || null };
+    this.records.set(idKey, version);
+    this.store.pruneChain(this, idKey, version);
+  }
+}
+
+function showValue(v) {
+  const t = V.bsonTag(v);
+  if (t === 'string') return JSON.stringify(v);
+  if (t === 'objectId') return `ObjectId('${v.toHexString()}')`;
+  if (t === 'null') return 'null';
+  if (t === 'date') return `new Date(${v.getTime()})`;
+  if (t === 'object') return `{ ${Object.keys(v).map((k) => `${k}: ${showValue(v[k])}`).join(', ')} }`;
+  if (t === 'array') return `[ ${v.map(showValue).join(', ')} ]`;
+  if (t === 'long' || t === 'int') return v.toString();
+  if (t === 'double') {
+    const n = V.toNumber(v);
+    return Number.isInteger(n) ? `${n}.0` : String(n);
+  }
+  return String(v);
+}
+
+function writeConflict() {
+  const e = err(112, 'Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.');
+  e.errorLabels = ['TransientTransactionError'];
+  return e;
+}
+
+class Store {
+  constructor() {
+    this.clock = 0; // last commit timestamp
+    this.dbs = new Map(); // db -> Map(name -> Collection)
+    this.activeTxns = new Set(); // transactions with a snapshot
+    this.pendingColls = new Map(); // ns -> txn that created it implicitly, not yet committed
+    this.tombstones = [];
+  }
+
+  nextTs() { return ++this.clock; }
+
+  getColl(db, name) {
+    const d = this.dbs.get(db);
+    return d ? d.get(name) || null : null;
+  }
+
+  createColl(db, name, options) {
+    let d = this.dbs.get(db);
+    if (!d) {
+      d = new Map();
+      this.dbs.set(db, d);
+    }
+    const c = new Collection(this, db, name, options);
+    d.set(name, c);
+    return c;
+  }
+
+  // A detached collection a transaction creates implicitly; attached at commit.
+  newDetached(db, name) { return new Collection(this, db, name, {}); }
+
+  attach(coll) {
+    let d = this.dbs.get(coll.db);
+    if (!d) {
+      d = new Map();
+      this.dbs.set(coll.db, d);
+    }
+    d.set(coll.name, coll);
+  }
+
+  dropColl(db, name) {
+    const d = this.dbs.get(db);
+    if (!d || !d.has(name)) return null;
+    const c = d.get(name);
+    d.delete(name);
+    c.dropped = true;
+    return c;
+  }
+
+  dropDb(db) { this.dbs.delete(db); }
+
+  minActiveSnapshot() {
+    let m = Infinity;
+    for (const t of this.activeTxns) if (t.snapshotTs < m) m = t.snapshotTs;
+    return m;
+  }
+
+  // Keeps only the versions some open snapshot may still need.
+  pruneChain(coll, idKey, head) {
+    const min = this.activeTxns.size ? this.minActiveSnapshot() : Infinity;
+    let v = head;
+    while (v && v.ts > min) v = v.prev;
+    if (v) v.prev = null; // v is what the oldest snapshot sees; anything older is unreachable
+    if (head.deleted) {
+      if (head.prev === null) coll.records.delete(idKey);
+      else this.tombstones.push({ coll, idKey, ts: head.ts });
+    }
+  }
+
+  // Called when a transaction ends: drop tombstones no snapshot can see past any more.
+  sweep() {
+    if (!this.tombstones.length) return;
+    const min = this.activeTxns.size ? this.minActiveSnapshot() : Infinity;
+    const keep = [];
+    for (const t of this.tombstones) {
+      const head = t.coll.records.get(t.idKey);
+      if (!head || !head.deleted || head.ts !== t.ts) continue;
+      if (head.ts <= min) t.coll.records.delete(t.idKey);
+      else keep.push(t);
+    }
+    this.tombstones = keep;
+  }
+}
+
+module.exports = { Store, Collection, Index, WaitFor, writeConflict, showValue };

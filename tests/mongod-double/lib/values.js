@@ -1,0 +1,394 @@
+'use strict';
+// Values bridge between stored BSON and mingo. Documents are stored exactly as deserialized
+// (Int32/Long/Double/Decimal128 wrappers kept) so they round-trip unchanged; mingo cannot compare
+// those wrappers, so it is handed a "view" where every number is a JS number. This file builds
+// views, maps mingo output back to typed values, compares values in BSON order, and derives the
+// canonical keys used by the _id map and unique indexes (1, 1.0 and Long 1 share a key).
+// It does not evaluate queries itself; that is mingo's job.
+
+const bson = require('bson');
+const { Int32, Long, Double, Decimal128, ObjectId, Binary, Timestamp, BSONRegExp, MinKey, MaxKey, Code, BSONSymbol, DBRef } = bson;
+
+const INT32_MIN = -2147483648;
+const INT32_MAX = 2147483647;
+
+function bsonTag(v) {
+  if (v === undefined) return 'undefined';
+  if (v === null) return 'null';
+  switch (typeof v) {
+    case 'number': return 'double';
+    case 'string': return 'string';
+    case 'boolean': return 'bool';
+    case 'bigint': return 'long';
+    default: break;
+  }
+  if (Array.isArray(v)) return 'array';
+  if (v instanceof Date) return 'date';
+  if (v instanceof RegExp) return 'regex';
+  const t = v._bsontype;
+  switch (t) {
+    case 'Int32': return 'int';
+    case 'Long': return 'long';
+    case 'Double': return 'double';
+    case 'Decimal128': return 'decimal';
+    case 'ObjectId': return 'objectId';
+    case 'Binary': return 'binData';
+    case 'Timestamp': return 'timestamp';
+    case 'BSONRegExp': return 'regex';
+    case 'MinKey': return 'minKey';
+    case 'MaxKey': return 'maxKey';
+    case 'Code': return 'javascript';
+    case 'BSONSymbol': return 'symbol';
+    case 'DBRef': return 'object';
+    case 'UUID': return 'binData';
+    default: break;
+  }
+  if (Buffer.isBuffer(v) || v instanceof Uint8Array) return 'binData';
+  return 'object';
+}
+
+// MongoDB's cross-type sort order.
+const TYPE_ORDER = {
+  minKey: 1, undefined: 2, null: 2, int: 3, long: 3, double: 3, decimal: 3, symbol: 4, string: 4,
+  object: 5, array: 6, binData: 7, objectId: 8, bool: 9, date: 10, timestamp: 11, regex: 12,
+  javascript: 13, maxKey: 100,
+};
+
+const isNumericTag = (t) => t === 'int' || t === 'long' || t === 'double' || t === 'decimal';
+function isNumeric(v) { return isNumericTag(bsonTag(v)); }
+
+function toNumber(v) {
+  if (typeof v === 'number') return v;
+  if (typeof v === 'bigint') return Number(v);
+  switch (v && v._bsontype) {
+    case 'Int32': case 'Double': return v.value;
+    case 'Long': return v.toNumber();
+    case 'Decimal128': return parseFloat(v.toString());
+    default: return NaN;
+  }
+}
+
+// Exact integer view of a numeric value when it is integral, else null.
+function toBigIntExact(v) {
+  if (v && v._bsontype === 'Long') return v.toBigInt();
+  if (typeof v === 'bigint') return v;
+  if (v && v._bsontype === 'Decimal128') {
+    const s = v.toString();
+    if (/^-?\d+$/.test(s)) return BigInt(s);
+    const n = parseFloat(s);
+    return Number.isInteger(n) ? BigInt(n) : null;
+  }
+  const n = toNumber(v);
+  return Number.isInteger(n) ? BigInt(n) : null;
+}
+
+function compareNumbers(a, b) {
+  const ta = bsonTag(a);
+  const tb = bsonTag(b);
+  if ((ta === 'long' || ta === 'int') && (tb === 'long' || tb === 'int')) {
+    const x = toBigIntExact(a);
+    const y = toBigIntExact(b);
+    return x < y ? -1 : x > y ? 1 : 0;
+  }
+  const x = toNumber(a);
+  const y = toNumber(b);
+  // NaN sorts below every other number in MongoDB.
+  if (Number.isNaN(x)) return Number.isNaN(y) ? 0 : -1;
+  if (Number.isNaN(y)) return 1;
+  if (x < y) return -1;
+  if (x > y) return 1;
+  if (ta === 'long' || tb === 'long') {
+    const xi = toBigIntExact(a);
+    const yi = toBigIntExact(b);
+    if (xi !== null && yi !== null) return xi < yi ? -1 : xi > yi ? 1 : 0;
+  }
+  return 0;
+}
+
+function bytesOf(v) {
+  if (v._bsontype === 'Binary' || v._bsontype === 'UUID') return Buffer.from(v.buffer.buffer ? v.buffer : v.buffer, 0);
+  return Buffer.from(v);
+}
+
+function binSubtype(v) { return v.sub_type !== undefined ? v.sub_type : 0; }
+
+function compareValues(a, b) {
+  const ta = bsonTag(a);
+  const tb = bsonTag(b);
+  const oa = TYPE_ORDER[ta] || 50;
+  const ob = TYPE_ORDER[tb] || 50;
+  if (oa !== ob) return oa < ob ? -1 : 1;
+  switch (ta) {
+    case 'minKey': case 'maxKey': case 'null': case 'undefined': return 0;
+    case 'int': case 'long': case 'double': case 'decimal': return compareNumbers(a, b);
+    case 'string': case 'symbol': {
+      const x = ta === 'symbol' ? a.value : a;
+      const y = tb === 'symbol' ? b.value : b;
+      return Buffer.compare(Buffer.from(x, 'utf8'), Buffer.from(y, 'utf8'));
+    }
+    case 'object': return compareDocs(a, b);
+    case 'array': {
+      const n = Math.min(a.length, b.length);
+      for (let i = 0; i < n; i++) {
+        const c = compareValues(a[i], b[i]);
+        if (c) return c;
+      }
+      return a.length < b.length ? -1 : a.length > b.length ? 1 : 0;
+    }
+    case 'binData': {
+      const x = bytesOf(a);
+      const y = bytesOf(b);
+      if (x.length !== y.length) return x.length < y.length ? -1 : 1;
+      const sa = binSubtype(a);
+      const sb = binSubtype(b);
+      if (sa !== sb) return sa < sb ? -1 : 1;
+      return Buffer.compare(x, y);
+    }
+    case 'objectId': return Buffer.compare(Buffer.from(a.id), Buffer.from(b.id));
+    case 'bool': return a === b ? 0 : a ? 1 : -1;
+    case 'date': return Math.sign(a.getTime() - b.getTime()) || 0;
+    case 'timestamp': {
+      const x = a.toBigInt ? BigInt.asUintN(64, a.toBigInt()) : 0n;
+      const y = b.toBigInt ? BigInt.asUintN(64, b.toBigInt()) : 0n;
+      return x < y ? -1 : x > y ? 1 : 0;
+    }
+    case 'regex': {
+      const sa = a.source !== undefined ? a.source : a.pattern;
+      const sb = b.source !== undefined ? b.source : b.pattern;
+      if (sa !== sb) return sa < sb ? -1 : 1;
+      const fa = a.flags !== undefined ? a.flags : a.options;
+      const fb = b.flags !== undefined ? b.flags : b.options;
+      return fa < fb ? -1 : fa > fb ? 1 : 0;
+    }
+    case 'javascript': return String(a.code) < String(b.code) ? -1 : String(a.code) > String(b.code) ? 1 : 0;
+    default: return 0;
+  }
+}
+
+function compareDocs(a, b) {
+  const ka = Object.keys(a);
+  const kb = Object.keys(b);
+  const n = Math.min(ka.length, kb.length);
+  for (let i = 0; i < n; i++) {
+    const va = a[ka[i]];
+    const vb = b[kb[i]];
+    const oa = TYPE_ORDER[bsonTag(va)] || 50;
+    const ob = TYPE_ORDER[bsonTag(vb)] || 50;
+    if (oa !== ob) return oa < ob ? -1 : 1;
+    if (ka[i] !== kb[i]) return ka[i] < kb[i] ? -1 : 1;
+    const c = compareValues(va, vb);
+    if (c) return c;
+  }
+  return ka.length < kb.length ? -1 : ka.length > kb.length ? 1 : 0;
+}
+
+function valuesEqual(a, b) { return compareValues(a, b) === 0; }
+
+// Canonical string for equality classes: used as map keys for _id and unique index entries.
+function canonicalKey(v) {
+  const t = bsonTag(v);
+  switch (t) {
+    case 'undefined': case 'null': return 'z';
+    case 'minKey': return '-';
+    case 'maxKey': return '+';
+    case 'int': case 'long': case 'double': case 'decimal': {
+      const n = toNumber(v);
+      if (Number.isNaN(n)) return 'nNaN';
+      const bi = toBigIntExact(v);
+      if (bi !== null) return 'n' + bi.toString();
+      return 'n' + n.toString();
+    }
+    case 'string': return 's' + JSON.stringify(v);
+    case 'symbol': return 's' + JSON.stringify(v.value);
+    case 'bool': return v ? 'T' : 'F';
+    case 'date': return 'd' + v.getTime();
+    case 'objectId': return 'o' + v.toHexString();
+    case 'binData': return 'x' + binSubtype(v) + ':' + bytesOf(v).toString('base64');
+    case 'timestamp': return 't' + v.toString();
+    case 'regex': return 'r' + JSON.stringify([a_src(v), a_flags(v)]);
+    case 'javascript': return 'j' + JSON.stringify(String(v.code));
+    case 'array': return '[' + v.map(canonicalKey).join(',') + ']';
+    default: {
+      let s = '{';
+      for (const k of Object.keys(v)) s += JSON.stringify(k) + ':' + canonicalKey(v[k]) + ',';
+      return s + '}';
+    }
+  }
+}
+function a_src(v) { return v.source !== undefined ? v.source : v.pattern; }
+function a_flags(v) { return v.flags !== undefined ? v.flags : v.options; }
+
+// The view handed to mingo: numbers become JS numbers, BSONRegExp a RegExp, everything else is
+// kept (same object identity for ObjectId, Binary, Date, so fromView can find them again).
+function toView(v) {
+  if (v === null || typeof v !== 'object') return v;
+  if (Array.isArray(v)) {
+    const out = new Array(v.length);
+    for (let i = 0; i < v.length; i++) out[i] = toView(v[i]);
+    return out;
+  }
+  if (v instanceof Date || v instanceof RegExp) return v;
+  const t = v._bsontype;
+  if (t) {
+    switch (t) {
+      case 'Int32': case 'Double': return v.value;
+      case 'Long': return v.toNumber();
+      case 'Decimal128': return parseFloat(v.toString());
+      case 'BSONRegExp': {
+        try {
+          return new RegExp(v.pattern, v.options.replace(/[^gimsuy]/g, ''));
+        } catch (e) {
+          return v;
+        }
+      }
+      default: return v;
+    }
+  }
+  const out = {};
+  for (const k of Object.keys(v)) out[k] = toView(v[k]);
+  return out;
+}
+
+// Typed value for a number mingo computed, guided by the original value at the same place.
+function numberFromView(n, hint) {
+  if (hint !== undefined && isNumeric(hint)) {
+    if (toNumber(hint) === n || (Number.isNaN(n) && Number.isNaN(toNumber(hint)))) return hint;
+    const t = bsonTag(hint);
+    if (t === 'double') return new Double(n);
+    if (t === 'decimal') return Decimal128.fromString(String(n));
+    if (Number.isInteger(n)) {
+      if (t === 'int' && n >= INT32_MIN && n <= INT32_MAX) return new Int32(n);
+      if (Number.isSafeInteger(n)) return Long.fromNumber(n);
+    }
+    return new Double(n);
+  }
+  if (Number.isInteger(n) && !Object.is(n, -0)) {
+    if (n >= INT32_MIN && n <= INT32_MAX) return new Int32(n);
+    if (Number.isSafeInteger(n)) return Long.fromNumber(n);
+  }
+  return new Double(n);
+}
+
+function fromView(v, hint) {
+  if (typeof v === 'number') return numberFromView(v, hint);
+  if (v === null || typeof v !== 'object') return v;
+  if (v instanceof RegExp) {
+    if (hint && hint._bsontype === 'BSONRegExp' && a_src(hint) === v.source) return hint;
+    return new BSONRegExp(v.source, v.flags.split('').sort().join(''));
+  }
+  if (v instanceof Date || v._bsontype) return v;
+  if (Array.isArray(v)) {
+    const h = Array.isArray(hint) ? hint : undefined;
+    return v.map((x, i) => fromView(x, h ? h[i] : undefined));
+  }
+  const h = hint && typeof hint === 'object' && !Array.isArray(hint) && !hint._bsontype ? hint : undefined;
+  const out = {};
+  for (const k of Object.keys(v)) {
+    if (v[k] === undefined) continue;
+    out[k] = fromView(v[k], h ? h[k] : undefined);
+  }
+  return out;
+}
+
+// Typed deep copy, so stored records never share mutable containers with a request or reply.
+function cloneValue(v) {
+  if (v === null || typeof v !== 'object') return v;
+  if (Array.isArray(v)) return v.map(cloneValue);
+  if (v._bsontype || v instanceof Date || v instanceof RegExp) return v; // immutable in practice
+  const out = {};
+  for (const k of Object.keys(v)) out[k] = cloneValue(v[k]);
+  return out;
+}
+
+// Values at a dotted path, descending into arrays the way index keys and sorts do.
+function pathValues(doc, path) {
+  const parts = path.split('.');
+  const out = [];
+  (function walk(v, i) {
+    if (i === parts.length) {
+      out.push(v);
+      return;
+    }
+    if (v === null || typeof v !== 'object' || v._bsontype || v instanceof Date) {
+      out.push(undefined);
+      return;
+    }
+    if (Array.isArray(v)) {
+      const p = parts[i];
+      if (/^\d+$/.test(p) && +p < v.length) {
+        walk(v[+p], i + 1);
+        return;
+      }
+      if (v.length === 0) {
+        out.push(undefined);
+        return;
+      }
+      for (const e of v) {
+        if (e !== null && typeof e === 'object' && !Array.isArray(e) && !e._bsontype) walk(e, i);
+        else out.push(undefined);
+      }
+      return;
+    }
+    walk(Object.prototype.hasOwnProperty.call(v, parts[i]) ? v[parts[i]] : undefined, i + 1);
+  })(doc, 0);
+  return out;
+}
+
+function getPath(doc, path) {
+  let v = doc;
+  for (const p of path.split('.')) {
+    if (v === null || typeof v !== 'object') return undefined;
+    if (Array.isArray(v)) {
+      if (!/^\d+$/.test(p)) return undefined;
+      v = v[+p];
+    } else v = Object.prototype.hasOwnProperty.call(v, p) ? v[p] : undefined;
+  }
+  return v;
+}
+
+// Sort key of a field for a sort direction: arrays sort by their smallest (ascending) or largest
+// (descending) element, missing sorts as null.
+function sortKey(doc, path, dir) {
+  const vals = [];
+  for (const v of pathValues(doc, path)) {
+    if (Array.isArray(v)) {
+      if (v.length === 0) vals.push(undefined);
+      else for (const e of v) vals.push(e);
+    } else vals.push(v);
+  }
+  let best = vals[0] === undefined ? null : vals[0];
+  for (let i = 1; i < vals.length; i++) {
+    const v = vals[i] === undefined ? null : vals[i];
+    const c = compareValues(v, best);
+    if ((dir > 0 && c < 0) || (dir < 0 && c > 0)) best = v;
+  }
+  return best;
+}
+
+function makeSortComparator(sortSpec) {
+  const keys = Object.keys(sortSpec || {}).filter((k) => {
+    const d = sortSpec[k];
+    return !(d && typeof d === 'object' && !d._bsontype); // {$meta: ...} ignored
+  });
+  if (!keys.length) return null;
+  const dirs = keys.map((k) => (toNumber(sortSpec[k]) < 0 ? -1 : 1));
+  return (a, b) => {
+    for (let i = 0; i < keys.length; i++) {
+      const c = compareValues(sortKey(a, keys[i], dirs[i]), sortKey(b, keys[i], dirs[i]));
+      if (c) return c * dirs[i];
+    }
+    return 0;
+  };
+}
+
+function truthy(v) {
+  if (v === undefined || v === null || v === false) return false;
+  if (isNumeric(v)) return toNumber(v) !== 0;
+  return true;
+}
+
+module.exports = {
+  bsonTag, isNumeric, toNumber, toBigIntExact, compareValues, valuesEqual, canonicalKey, toView,
+  fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, TYPE_ORDER,
+  INT32_MIN, INT32_MAX, Int32, Long, Double, Decimal128, ObjectId, Binary, Timestamp, MinKey, MaxKey, Code, BSONSymbol, DBRef,
+};
