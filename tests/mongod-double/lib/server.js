@@ -290,6 +290,7 @@ class Server {
           throw err(72, 'writeConcern is not allowed within a multi-statement transaction');
         }
       }
+      ctx.started = true; // errors from here on end an open transaction
       const fp = name === 'configureFailPoint' ? null : this.failpoints.failCommand(name, conn.appName);
       if (fp) {
         if (V.truthy(fp.blockConnection)) await sleep(V.toNumber(fp.blockTimeMS) || 0);
@@ -331,7 +332,7 @@ class Server {
         e = err(1, `internal error: ${e && e.message}`);
       }
       const s = ctx.sctx;
-      if (s && s.txn && s.txn.state === 'inProgress' && name !== 'commitTransaction' && name !== 'abortTransaction') {
+      if (ctx.started && s && s.txn && s.txn.state === 'inProgress' && name !== 'commitTransaction' && name !== 'abortTransaction') {
         s.txn.abort('statement failed');
       }
       if (explicitLabels) e.errorLabels = explicitLabels;

@@ -1,0 +1,135 @@
+'use strict';
+// Test helpers: start/stop a double as a child process (exactly as other suites use it) and a
+// minimal raw OP_MSG client built directly on `bson`, independent of lib/wire.js, so the wire
+// tests check the double against our reading of the protocol rather than against itself.
+
+const { spawn } = require('child_process');
+const net = require('net');
+const path = require('path');
+const { BSON, UUID, Long } = require('bson');
+
+const BIN = path.join(__dirname, '..', 'mongod-double');
+
+function startDouble(args = []) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [BIN, '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let errText = '';
+    child.stderr.on('data', (d) => { errText += d; });
+    child.stdout.on('data', (d) => {
+      out += d;
+      const nl = out.indexOf('\n');
+      if (nl >= 0 && !child.port) {
+        child.port = Number(out.slice(0, nl));
+        resolve({
+          port: child.port,
+          child,
+          stderr: () => errText,
+          uri: (extra = 'replicaSet=rs0') => `mongodb://127.0.0.1:${child.port}/?${extra}`,
+          stop: () => new Promise((r) => {
+            if (child.exitCode !== null) return r(child.exitCode);
+            child.once('exit', (code) => r(code));
+            child.kill('SIGTERM');
+          }),
+        });
+      }
+    });
+    child.once('exit', (code) => { if (!child.port) reject(new Error(`double exited ${code}: ${errText}`)); });
+  });
+}
+
+let reqId = 100;
+
+function opMsg(doc, { flags = 0, checksum = false, sequences = [] } = {}) {
+  const parts = [];
+  const fl = Buffer.alloc(4);
+  fl.writeUInt32LE(flags | (checksum ? 1 : 0));
+  parts.push(fl, Buffer.from([0]), BSON.serialize(doc));
+  for (const s of sequences) {
+    const docs = Buffer.concat(s.docs.map((d) => BSON.serialize(d)));
+    const id = Buffer.from(s.id + '\0');
+    const size = Buffer.alloc(4);
+    size.writeInt32LE(4 + id.length + docs.length);
+    parts.push(Buffer.from([1]), size, id, docs);
+  }
+  let body = Buffer.concat(parts);
+  const total = 16 + body.length + (checksum ? 4 : 0);
+  const h = Buffer.alloc(16);
+  const id = ++reqId;
+  h.writeInt32LE(total, 0);
+  h.writeInt32LE(id, 4);
+  h.writeInt32LE(0, 8);
+  h.writeInt32LE(2013, 12);
+  let msg = Buffer.concat([h, body]);
+  if (checksum) {
+    const c = Buffer.alloc(4);
+    c.writeUInt32LE(crc32c(msg));
+    msg = Buffer.concat([msg, c]);
+  }
+  return { id, msg };
+}
+
+function crc32c(buf) {
+  let crc = 0xffffffff;
+  for (const b of buf) {
+    crc ^= b;
+    for (let k = 0; k < 8; k++) crc = crc & 1 ? (crc >>> 1) ^ 0x82f63b78 : crc >>> 1;
+  }
+  return (crc ^ 0xffffffff) >>> 0;
+}
+
+// A raw connection collecting whole replies; `closed` resolves when the server hangs up.
+function rawConnect(port) {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(port, '127.0.0.1');
+    let buf = Buffer.alloc(0);
+    const replies = [];
+    const waiters = [];
+    let closedResolve;
+    const closed = new Promise((r) => { closedResolve = r; });
+    sock.on('data', (d) => {
+      buf = Buffer.concat([buf, d]);
+      while (buf.length >= 4 && buf.length >= buf.readInt32LE(0)) {
+        const len = buf.readInt32LE(0);
+        const m = buf.subarray(0, len);
+        buf = buf.subarray(len);
+        const opCode = m.readInt32LE(12);
+        const r = { responseTo: m.readInt32LE(8), opCode, raw: m };
+        if (opCode === 2013) r.doc = BSON.deserialize(m.subarray(21), { promoteValues: false });
+        else if (opCode === 1) r.doc = BSON.deserialize(m.subarray(36), { promoteValues: false });
+        if (waiters.length) waiters.shift()(r);
+        else replies.push(r);
+      }
+    });
+    sock.on('close', () => {
+      closedResolve(true);
+      while (waiters.length) waiters.shift()(null);
+    });
+    sock.on('error', () => {});
+    sock.on('connect', () => resolve({
+      sock,
+      closed,
+      send(buf) { sock.write(buf); },
+      next(timeoutMs = 3000) {
+        if (replies.length) return Promise.resolve(replies.shift());
+        return new Promise((r) => {
+          const t = setTimeout(() => r('timeout'), timeoutMs);
+          waiters.push((x) => { clearTimeout(t); r(x); });
+        });
+      },
+      async command(doc, opts) {
+        const { msg } = opMsg(doc, opts);
+        sock.write(msg);
+        const r = await this.next();
+        return r && r.doc;
+      },
+      close() { sock.destroy(); },
+    }));
+    sock.on('error', reject);
+  });
+}
+
+const lsid = () => ({ id: new UUID() });
+const L = (n) => Long.fromNumber(n);
+
+module.exports = { startDouble, rawConnect, opMsg, crc32c, lsid, L };

@@ -1,0 +1,113 @@
+'use strict';
+// BSON values survive storage unchanged; comparisons, sorts and $inc follow MongoDB's rules.
+
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const { MongoClient, Int32, Long, Double, Decimal128, ObjectId, Binary, Timestamp, BSONRegExp, MinKey, MaxKey, UUID, Code, BSON } = require('mongodb');
+const { startDouble } = require('./helpers');
+
+let d;
+let client;
+let db;
+const raw = { promoteValues: false, promoteLongs: false, bsonRegExp: true };
+
+before(async () => {
+  d = await startDouble();
+  client = new MongoClient(d.uri(), { serverSelectionTimeoutMS: 5000 });
+  await client.connect();
+  db = client.db('types');
+});
+after(async () => {
+  await client.close();
+  assert.equal(await d.stop(), 0);
+});
+
+test('every BSON type round-trips byte for byte, field order kept', async () => {
+  const doc = {
+    _id: new ObjectId(),
+    z: new Int32(5), y: Long.fromNumber(5), x: new Double(5), w: Decimal128.fromString('5.0'),
+    s: 'str', b: true, n: null, date: new Date(1700000000123), bin: new Binary(Buffer.from([1, 2, 3]), 0),
+    uuid: new UUID(), ts: new Timestamp({ t: 12, i: 34 }), re: new BSONRegExp('a.c', 'imx'),
+    min: new MinKey(), max: new MaxKey(), code: new Code('function(){}'),
+    nested: { b: 1, a: [new Int32(1), Long.fromNumber(2), new Double(3.5), { q: 'r' }] },
+    big: Long.fromString('9007199254740993'),
+  };
+  const coll = db.collection('roundtrip');
+  await coll.insertOne(doc);
+  const back = await coll.findOne({ _id: doc._id }, raw);
+  assert.ok(BSON.serialize(back).equals(BSON.serialize(doc)), 'serialized bytes differ');
+  assert.deepEqual(Object.keys(back), Object.keys(doc));
+  const viaAgg = (await coll.aggregate([{ $match: { _id: doc._id } }], raw).toArray())[0];
+  assert.ok(BSON.serialize(viaAgg).equals(BSON.serialize(doc)), 'aggregate changed types');
+});
+
+test('numbers compare by value across types, and 1, 1.0, Long 1 are one _id', async () => {
+  const coll = db.collection('nums');
+  await coll.insertMany([{ _id: 1, v: new Int32(5) }, { _id: 2, v: Long.fromNumber(6) }, { _id: 3, v: new Double(4.5) }, { _id: 4, v: Decimal128.fromString('7') }]);
+  const ids = (await coll.find({ v: { $gte: new Double(5) } }).sort({ v: 1 }).toArray()).map((x) => x._id);
+  assert.deepEqual(ids, [1, 2, 4]);
+  assert.equal((await coll.findOne({ v: Long.fromNumber(5) }))._id, 1);
+  await assert.rejects(coll.insertOne({ _id: new Double(1) }), (e) => e.code === 11000);
+  await assert.rejects(coll.insertOne({ _id: Long.fromNumber(1) }), (e) => e.code === 11000);
+});
+
+test('mixed types sort in BSON order', async () => {
+  const coll = db.collection('mixed');
+  await coll.insertMany([
+    { _id: 1, v: 'a' }, { _id: 2, v: 3 }, { _id: 3, v: null }, { _id: 4, v: { a: 1 } }, { _id: 5, v: true },
+    { _id: 6, v: new Date(0) }, { _id: 7, v: new ObjectId() }, { _id: 8, v: [0, 1] }, { _id: 9, v: new MinKey() }, { _id: 10, v: new MaxKey() },
+  ]);
+  const ids = (await coll.find({ _id: { $ne: 8 } }).sort({ v: 1 }).toArray()).map((x) => x._id);
+  assert.deepEqual(ids, [9, 3, 2, 1, 4, 7, 5, 6, 10]);
+  const desc = (await coll.find({ _id: { $in: [1, 2, 8] } }).sort({ v: -1 }).toArray()).map((x) => x._id);
+  assert.deepEqual(desc, [1, 2, 8]); // an array sorts descending by its largest element (1)
+});
+
+test('$inc keeps types: Int32 overflow to Int64, Int64+Int32 stays Int64, Double stays Double', async () => {
+  const coll = db.collection('inc');
+  await coll.insertOne({ _id: 1, i: new Int32(2147483647), l: Long.fromNumber(1), d: new Double(1), k: new Int32(1) });
+  await coll.updateOne({ _id: 1 }, { $inc: { i: new Int32(1), l: new Int32(1), d: new Int32(1), k: new Int32(1), m: Long.fromNumber(3) } });
+  const r = await coll.findOne({ _id: 1 }, raw);
+  assert.equal(r.i._bsontype, 'Long');
+  assert.equal(r.i.toString(), '2147483648');
+  assert.equal(r.l._bsontype, 'Long');
+  assert.equal(r.d._bsontype, 'Double');
+  assert.equal(r.k._bsontype, 'Int32');
+  assert.equal(r.k.value, 2);
+  assert.equal(r.m._bsontype, 'Long');
+});
+
+test('update operators, upsert with $setOnInsert, arrayFilters, pipeline update', async () => {
+  const coll = db.collection('upd');
+  const r1 = await coll.updateOne({ _id: 7, k: 'x' }, { $set: { a: 1 }, $setOnInsert: { created: true } }, { upsert: true });
+  assert.equal(r1.upsertedId, 7);
+  assert.deepEqual(await coll.findOne({ _id: 7 }), { _id: 7, k: 'x', a: 1, created: true });
+  await coll.updateOne({ _id: 7 }, { $set: { a: 2 }, $setOnInsert: { created: false } }, { upsert: true });
+  assert.equal((await coll.findOne({ _id: 7 })).created, true);
+  await coll.insertOne({ _id: 8, arr: [{ q: 1 }, { q: 5 }, { q: 9 }] });
+  await coll.updateOne({ _id: 8 }, { $set: { 'arr.$[e].big': true } }, { arrayFilters: [{ 'e.q': { $gt: 4 } }] });
+  assert.deepEqual((await coll.findOne({ _id: 8 })).arr, [{ q: 1 }, { q: 5, big: true }, { q: 9, big: true }]);
+  await coll.updateOne({ _id: 8, 'arr.q': 5 }, { $inc: { 'arr.$.q': 1 } });
+  assert.equal((await coll.findOne({ _id: 8 })).arr[1].q, 6);
+  await coll.updateOne({ _id: 7 }, [{ $set: { b: { $add: ['$a', 10] } } }]);
+  assert.equal((await coll.findOne({ _id: 7 })).b, 12);
+  const r2 = await coll.updateMany({}, { $set: { a: 2 } });
+  assert.equal(r2.matchedCount, 2);
+  assert.equal(r2.modifiedCount, 1);
+  const fam = await coll.findOneAndUpdate({ _id: 9 }, { $set: { z: 1 } }, { upsert: true, returnDocument: 'after' });
+  assert.deepEqual(fam, { _id: 9, z: 1 });
+  await assert.rejects(coll.updateOne({ _id: 9 }, { $set: { _id: 10 } }), (e) => e.code === 66);
+});
+
+test('find options: projection, skip, limit, batchSize, getMore', async () => {
+  const coll = db.collection('many');
+  await coll.insertMany(Array.from({ length: 250 }, (_, i) => ({ _id: i, v: i % 7, s: `x${i}` })));
+  const all = await coll.find({}, { batchSize: 10 }).toArray();
+  assert.equal(all.length, 250);
+  const page = await coll.find({ v: 3 }, { projection: { s: 1, _id: 0 } }).sort({ _id: -1 }).skip(2).limit(3).toArray();
+  assert.deepEqual(page, [{ s: 'x234' }, { s: 'x227' }, { s: 'x220' }]);
+  assert.equal(await coll.countDocuments({ v: 0 }), 36);
+  assert.deepEqual((await coll.distinct('v')).length, 7);
+  const agg = await coll.aggregate([{ $group: { _id: '$v', n: { $sum: 1 } } }, { $sort: { _id: 1 } }]).toArray();
+  assert.equal(agg[0].n, 36);
+});
