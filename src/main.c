@@ -1,0 +1,340 @@
+/*
+ * main.c - relaybus-proxy's entry point: command line, start-up, signals,
+ * reload and drain.
+ *
+ * Start-up order matters: the config is loaded and validated first (exit 1
+ * with the reason), then the upstream URI and TLS files (exit 1), then the
+ * topology worker is given a bounded time to find out what the upstream is
+ * (a standalone is refused with exit 1; an unreachable upstream is only
+ * logged: the worker keeps trying while clients wait), and only then does
+ * the proxy listen.  Everything after that runs on one libevent loop; the
+ * loop never blocks (see DESIGN section 2).
+ *
+ * Signals are libevent signal events, so their handlers run on the loop
+ * like everything else: SIGHUP reloads, SIGTERM/SIGINT drain and stop.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <mongoc/mongoc.h>
+#include <openssl/ssl.h>
+
+#include "autoconf.h"
+#include "client.h"
+#include "config.h"
+#include "listener.h"
+#include "log.h"
+#include "stats.h"
+#include "tls.h"
+#include "topology.h"
+
+/* Exit codes, as --help documents them. */
+enum {
+   EXIT_OK = 0,
+   EXIT_FAILURE_RUNTIME = 1, /* config, upstream, TLS or listen error */
+   EXIT_USAGE = 2,           /* bad command line */
+};
+
+/* Everything the process owns; freed in reverse order by proxy_teardown. */
+typedef struct {
+   const char *config_path;
+   config_t *cfg; /* our reference to the current snapshot */
+   struct event_base *base;
+   topology_t *topo;
+   tls_upstream_t *tls;
+   SSL_CTX *server_tls;
+   client_loop_t *clients;
+   listener_t *listener;
+   struct event *sig_hup, *sig_term, *sig_int;
+   bool stopping;
+   int exit_code;
+} proxy_t;
+
+static void
+usage (FILE *out)
+{
+   fprintf (out,
+            "Usage: relaybus-proxy -c FILE [--check-config]\n"
+            "       relaybus-proxy --version | --help\n"
+            "\n"
+            "A MongoDB wire-protocol proxy with a transactional outbox.\n"
+            "Runs in the foreground and logs to standard error.\n"
+            "\n"
+            "  -c, --config FILE   the INI configuration (required)\n"
+            "      --check-config  load and validate FILE, print the effective\n"
+            "                      configuration, and exit\n"
+            "  -V, --version       print the version and exit\n"
+            "  -h, --help          print this help and exit\n"
+            "\n"
+            "Signals: SIGHUP reloads the configuration (all or nothing);\n"
+            "SIGTERM and SIGINT stop accepting, let requests in flight finish\n"
+            "for up to drain_timeout_ms, then exit.\n"
+            "\n"
+            "Exit codes:\n"
+            "  0  clean exit (after a drain), or a valid --check-config\n"
+            "  1  configuration, upstream (e.g. a standalone mongod), TLS or\n"
+            "     listen error; the reason is logged\n"
+            "  2  command-line usage error\n");
+}
+
+static bool
+apply_log_level (const config_t *cfg, bson_error_t *error)
+{
+   log_level_t level;
+
+   if (!log_level_parse (cfg->log_level, &level)) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "unknown log_level '%s'", cfg->log_level);
+      return false;
+   }
+   log_set_level (level);
+   return true;
+}
+
+/* ------------------------------------------------------------ signals */
+
+static void
+proxy_reload (proxy_t *p)
+{
+   bson_error_t error;
+   config_t *next = config_load (p->config_path, &error);
+
+   if (!next) {
+      log_error ("reload: keeping the current configuration: %s", error.message);
+      return;
+   }
+   if (!config_reload_allowed (p->cfg, next, &error) || !apply_log_level (next, &error)) {
+      log_error ("reload: keeping the current configuration: %s", error.message);
+      config_release (next);
+      return;
+   }
+   /* Whole snapshot or nothing: from here on nothing can fail. */
+   config_release (p->cfg);
+   p->cfg = next;
+   config_publish (config_retain (next));
+   client_loop_set_config (p->clients, next);
+   listener_set_max_clients (p->listener, next->max_clients);
+   log_info ("reloaded %s (existing connections keep their settings)", p->config_path);
+}
+
+static void
+proxy_drained (void *arg)
+{
+   proxy_t *p = arg;
+   log_info ("all connections closed; exiting");
+   event_base_loopexit (p->base, NULL);
+}
+
+static void
+proxy_stop (proxy_t *p, const char *why)
+{
+   if (p->stopping) {
+      log_warn ("%s again: closing everything now", why);
+      client_loop_destroy (p->clients);
+      p->clients = NULL;
+      event_base_loopexit (p->base, NULL);
+      return;
+   }
+   p->stopping = true;
+   log_info ("%s: draining", why);
+   listener_destroy (p->listener);
+   p->listener = NULL;
+   client_loop_drain (p->clients, p->cfg->drain_timeout_ms, proxy_drained, p);
+}
+
+static void
+proxy_signal_cb (evutil_socket_t sig, short what, void *arg)
+{
+   proxy_t *p = arg;
+
+   if (sig == SIGHUP)
+      proxy_reload (p);
+   else
+      proxy_stop (p, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* ------------------------------------------------------------ topology */
+
+static void
+proxy_topology_changed (void *arg)
+{
+   proxy_t *p = arg;
+   topology_primary_t snap;
+
+   topology_get_primary (p->topo, &snap);
+   if (snap.state == TOPOLOGY_STATE_STANDALONE) {
+      /* Found late (the upstream was down at start-up): same refusal. */
+      log_error ("upstream refused: %s", snap.last_error);
+      p->exit_code = EXIT_FAILURE_RUNTIME;
+      event_base_loopbreak (p->base);
+      return;
+   }
+   if (p->clients)
+      client_loop_topology_changed (p->clients);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static bool
+proxy_start (proxy_t *p, bson_error_t *error)
+{
+   topology_state_t state;
+   topology_primary_t snap;
+
+   p->base = event_base_new ();
+   if (!p->base) {
+      bson_set_error (error, 0, 1, "cannot create the event loop");
+      return false;
+   }
+   if (!tls_upstream_new (p->cfg->upstream, &p->tls, error))
+      return false;
+   if (!tls_server_new (p->cfg->tls_cert_file, p->cfg->tls_key_file, p->cfg->tls_ca_file, &p->server_tls, error))
+      return false;
+   p->topo = topology_new (p->base, p->cfg->upstream, p->cfg->upstream_connect_timeout_ms, proxy_topology_changed, p, error);
+   if (!p->topo || !topology_start (p->topo, error))
+      return false;
+
+   state = topology_wait_first (p->topo, p->cfg->upstream_connect_timeout_ms);
+   topology_get_primary (p->topo, &snap);
+   if (state == TOPOLOGY_STATE_STANDALONE) {
+      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 10, "%s", snap.last_error);
+      return false;
+   }
+   if (state != TOPOLOGY_STATE_PRIMARY)
+      log_warn ("upstream not reachable yet (%s); listening anyway, clients wait up to %" PRId64 " ms for a primary",
+                snap.last_error[0] ? snap.last_error : "no answer",
+                p->cfg->upstream_connect_timeout_ms);
+
+   p->clients = client_loop_new (p->base, p->topo, p->tls, p->cfg, error);
+   if (!p->clients)
+      return false;
+   p->listener = listener_new (p->base, p->cfg->listen, p->clients, p->server_tls, error);
+   if (!p->listener)
+      return false;
+   listener_set_max_clients (p->listener, p->cfg->max_clients);
+
+   p->sig_hup = evsignal_new (p->base, SIGHUP, proxy_signal_cb, p);
+   p->sig_term = evsignal_new (p->base, SIGTERM, proxy_signal_cb, p);
+   p->sig_int = evsignal_new (p->base, SIGINT, proxy_signal_cb, p);
+   if (!p->sig_hup || !p->sig_term || !p->sig_int || evsignal_add (p->sig_hup, NULL) != 0 ||
+       evsignal_add (p->sig_term, NULL) != 0 || evsignal_add (p->sig_int, NULL) != 0) {
+      bson_set_error (error, 0, 2, "cannot install signal handlers");
+      return false;
+   }
+   log_info ("relaybus-proxy %s listening on %s%s, upstream %s",
+             PACKAGE_VERSION,
+             listener_address (p->listener),
+             p->server_tls ? " (TLS)" : "",
+             p->tls ? "with TLS" : "without TLS");
+   return true;
+}
+
+static void
+proxy_teardown (proxy_t *p)
+{
+   listener_destroy (p->listener);
+   client_loop_destroy (p->clients);
+   /* The worker may still poke the loop: join it before freeing the base. */
+   topology_destroy (p->topo);
+   if (p->sig_hup)
+      event_free (p->sig_hup);
+   if (p->sig_term)
+      event_free (p->sig_term);
+   if (p->sig_int)
+      event_free (p->sig_int);
+   tls_upstream_destroy (p->tls);
+   SSL_CTX_free (p->server_tls);
+   if (p->base)
+      event_base_free (p->base);
+   config_release (p->cfg);
+}
+
+int
+main (int argc, char **argv)
+{
+   static const struct option longopts[] = {
+      {"config", required_argument, NULL, 'c'},
+      {"check-config", no_argument, NULL, 'C'},
+      {"version", no_argument, NULL, 'V'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+   };
+   proxy_t p = {0};
+   bool check_only = false;
+   bson_error_t error;
+   int opt;
+
+   log_set_thread_name ("main");
+   while ((opt = getopt_long (argc, argv, "c:Vh", longopts, NULL)) != -1) {
+      switch (opt) {
+      case 'c':
+         p.config_path = optarg;
+         break;
+      case 'C':
+         check_only = true;
+         break;
+      case 'V':
+         printf ("relaybus-proxy %s\n", PACKAGE_VERSION);
+         return EXIT_OK;
+      case 'h':
+         usage (stdout);
+         return EXIT_OK;
+      default:
+         usage (stderr);
+         return EXIT_USAGE;
+      }
+   }
+   if (optind < argc) {
+      fprintf (stderr, "relaybus-proxy: unexpected argument '%s'\n", argv[optind]);
+      usage (stderr);
+      return EXIT_USAGE;
+   }
+   if (!p.config_path) {
+      fprintf (stderr,
+               "relaybus-proxy: -c FILE is required (a commented sample is %s/relaybus-proxy.ini)\n",
+               RELAYBUS_SYSCONFDIR);
+      return EXIT_USAGE;
+   }
+
+   p.cfg = config_load (p.config_path, &error);
+   if (!p.cfg) {
+      log_error ("configuration: %s", error.message);
+      return EXIT_FAILURE_RUNTIME;
+   }
+   if (!apply_log_level (p.cfg, &error)) {
+      log_error ("configuration: %s", error.message);
+      config_release (p.cfg);
+      return EXIT_FAILURE_RUNTIME;
+   }
+   if (check_only) {
+      config_write (p.cfg, stdout);
+      config_release (p.cfg);
+      return EXIT_OK;
+   }
+   config_publish (config_retain (p.cfg));
+
+   /* A peer that closes while we write must not kill the process. */
+   signal (SIGPIPE, SIG_IGN);
+   /* Before the base exists: the topology worker activates loop events. */
+   evthread_use_pthreads ();
+   mongoc_init ();
+
+   p.exit_code = EXIT_OK;
+   if (!proxy_start (&p, &error)) {
+      log_error ("start-up: %s", error.message);
+      p.exit_code = EXIT_FAILURE_RUNTIME;
+   } else {
+      event_base_dispatch (p.base);
+   }
+   proxy_teardown (&p);
+   /* Drop the published snapshot too, so nothing is left at exit. */
+   config_publish (NULL);
+   mongoc_cleanup ();
+   libevent_global_shutdown ();
+   log_info ("exit %d", p.exit_code);
+   return p.exit_code;
+}
