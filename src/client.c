@@ -176,8 +176,12 @@ ms_to_tv (int64_t ms)
    return tv;
 }
 
+/* Header ids are any int32 (pymongo's are random, often negative), so
+ * "leave it as it is" needs a value outside that range. */
+#define KEEP_ID INT64_MIN
+
 /* Moves one complete message of `len` bytes from `src` to `dst`, replacing
- * its requestID and/or responseTo (negative: keep).  The body moves as
+ * its requestID and/or responseTo (KEEP_ID: keep).  The body moves as
  * evbuffer chains; only the header is copied. */
 static bool
 move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t request_id, int64_t response_to)
@@ -186,9 +190,9 @@ move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t re
 
    if (evbuffer_remove (src, hdr, sizeof hdr) != (int) sizeof hdr)
       return false;
-   if (request_id >= 0)
+   if (request_id != KEEP_ID)
       put_le32 (hdr + 4, (int32_t) request_id);
-   if (response_to >= 0)
+   if (response_to != KEEP_ID)
       put_le32 (hdr + 8, (int32_t) response_to);
    if (evbuffer_add (dst, hdr, sizeof hdr) != 0)
       return false;
@@ -482,7 +486,7 @@ message_timer_update (client_conn_t *c, struct event *timer, struct bufferevent 
 /* Puts one complete message (`len` bytes at the front of `src`) where the
  * answer to `r` belongs: the client's output if `r` is the oldest waiting
  * request, else `r`'s held buffer.  Compresses when the request was
- * compressed.  `response_to` >= 0 replaces the header's responseTo.
+ * compressed.  `response_to` other than KEEP_ID replaces the header's responseTo.
  * With `final`, `r` is complete and the FIFO advances. */
 static bool
 client_deliver (client_conn_t *c,
@@ -514,7 +518,7 @@ client_deliver (client_conn_t *c,
       src = z;
       len = evbuffer_get_length (z);
    }
-   if (!move_message (src, dst, len, -1, response_to)) {
+   if (!move_message (src, dst, len, KEEP_ID, response_to)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory moving a reply");
       goto done;
    }
@@ -580,7 +584,7 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
       bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "answer too large");
       goto done;
    }
-   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), -1, true, error);
+   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
    if (ok)
       client_check_drained (c);
 done:
@@ -692,7 +696,7 @@ forward_request (client_conn_t *c,
       evbuffer_drain (src, len);
       return true;
    }
-   if (!move_message (src, out, len, id, -1)) {
+   if (!move_message (src, out, len, id, KEEP_ID)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory forwarding a request");
       return false;
    }
@@ -998,7 +1002,7 @@ reply_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuff
    }
    evbuffer_drain (in, len);
    stats_add (hellos_rewritten, 1);
-   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), -1, true, error);
+   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
 done:
    bson_destroy (&body);
    return ok;
@@ -1107,9 +1111,9 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
          goto protocol;
       }
       evbuffer_drain (in, len);
-      if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), -1, !more, &error))
+      if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, &error))
          goto internal;
-   } else if (!client_deliver (c, r, in, len, first ? r->client_id : -1, !more, &error)) {
+   } else if (!client_deliver (c, r, in, len, first ? (int64_t) r->client_id : KEEP_ID, !more, &error)) {
       goto internal;
    }
    /* Exhaust: the next reply responds to this one, and the client request
