@@ -146,7 +146,10 @@ bool wire_check_header (const wire_header_t *h, uint32_t max_len, bson_error_t *
 /* Parse whole messages: `buf` holds exactly header.length bytes.  Each checks
  * every bound, validates each BSON document (every element, nested ones
  * included, at least as strictly as bson_iter_next; UTF-8 is not enforced,
- * as mongod does not), and fills `error`.
+ * as mongod does not), and fills `error`.  So bson_iter_* can read every
+ * accepted document to its end, but libbson's visitors (bson_validate,
+ * bson_iter_visit_all, bson_as_*json) may still refuse one whose keys are not
+ * UTF-8.
  * Trailing bytes after the last field are an error.  The size limit is the
  * caller's (wire_check_header); these do not apply WIRE_MAX_MESSAGE_LEN. */
 bool wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *error)

@@ -5,9 +5,8 @@
  * length field forced to the input size (so the fuzzer need not discover the
  * framing rule to reach the section parsers), by every parser.  What parses
  * is checked against independent oracles and round-tripped:
- *   - every document the codec accepted must also be accepted by libbson
- *     (bson_validate, and a full recursive bson_iter walk to the end), since
- *     the proxy reads accepted documents with libbson;
+ *   - libbson must iterate every document the codec accepted to its end,
+ *     nested documents included, since the proxy reads them with libbson;
  *   - OP_MSG, OP_QUERY and OP_REPLY are re-encoded with the builders and
  *     re-parsed, and the bytes compared where the builder must reproduce them;
  *   - OP_COMPRESSED is decompressed (capped) and the result parsed the same
@@ -78,10 +77,11 @@ walk (const uint8_t *p, uint32_t len, int depth)
    CHECK (it.off == len - 1);
 }
 
+/* Not bson_validate: its visitor also refuses keys that are not UTF-8,
+ * which the codec accepts on purpose (mongod does too). */
 static void
 check_doc (const bson_t *doc)
 {
-   CHECK (bson_validate (doc, BSON_VALIDATE_NONE, NULL));
    walk (bson_get_data (doc), doc->len, 0);
 }
 
