@@ -12,7 +12,7 @@ const H = require('../lib/proxy');
 
 const USER = 'rbuser';
 const PASS = 'p@ss:w0rd/%';
-const skip = H.doubleOnlySkipReason('--auth on demand');
+const skip = H.doubleOnlySkipReason('--auth on demand') || false;
 let upstream;
 let proxy;
 const DB = H.uniqueDbName('auth');
