@@ -95,6 +95,33 @@ apply_log_level (const config_t *cfg, bson_error_t *error)
    return true;
 }
 
+/* mongo-c-driver logs through its own handler to stderr by default; route
+ * it through ours so every line has one format and obeys log_level.  Its
+ * DEBUG lines (monitoring retries every half second while the upstream is
+ * down) would drown everything else, so they only show at debug. */
+static void
+proxy_mongoc_log (mongoc_log_level_t level, const char *domain, const char *message, void *user_data)
+{
+   switch (level) {
+   case MONGOC_LOG_LEVEL_ERROR:
+   case MONGOC_LOG_LEVEL_CRITICAL:
+      log_error ("mongoc %s: %s", domain, message);
+      break;
+   case MONGOC_LOG_LEVEL_WARNING:
+      log_warn ("mongoc %s: %s", domain, message);
+      break;
+   case MONGOC_LOG_LEVEL_MESSAGE:
+   case MONGOC_LOG_LEVEL_INFO:
+      log_info ("mongoc %s: %s", domain, message);
+      break;
+   case MONGOC_LOG_LEVEL_DEBUG:
+      log_debug ("mongoc %s: %s", domain, message);
+      break;
+   default: /* TRACE: never */
+      break;
+   }
+}
+
 /* ------------------------------------------------------------ signals */
 
 static void
@@ -198,7 +225,8 @@ proxy_start (proxy_t *p, bson_error_t *error)
    if (!p->topo || !topology_start (p->topo, error))
       return false;
 
-   state = topology_wait_first (p->topo, p->cfg->upstream_connect_timeout_ms);
+   /* A little longer than one selection attempt, so the first answer is seen. */
+   state = topology_wait_first (p->topo, p->cfg->upstream_connect_timeout_ms + 1000);
    topology_get_primary (p->topo, &snap);
    if (state == TOPOLOGY_STATE_STANDALONE) {
       bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 10, "%s", snap.last_error);
@@ -294,9 +322,8 @@ main (int argc, char **argv)
       return EXIT_USAGE;
    }
    if (!p.config_path) {
-      fprintf (stderr,
-               "relaybus-proxy: -c FILE is required (a commented sample is %s/relaybus-proxy.ini)\n",
-               RELAYBUS_SYSCONFDIR);
+      fprintf (stderr, "relaybus-proxy: -c FILE is required (etc/relaybus-proxy.ini is a commented sample)\n");
+      usage (stderr);
       return EXIT_USAGE;
    }
 
@@ -321,6 +348,7 @@ main (int argc, char **argv)
    signal (SIGPIPE, SIG_IGN);
    /* Before the base exists: the topology worker activates loop events. */
    evthread_use_pthreads ();
+   mongoc_log_set_handler (proxy_mongoc_log, NULL);
    mongoc_init ();
 
    p.exit_code = EXIT_OK;
