@@ -67,6 +67,19 @@ function addUriOptions(uri, uriOptions) {
   return `${base}${q}${parts.join('&')}`;
 }
 
+// Deep copy of plain documents/arrays; BSON values are kept as they are.
+function snapshot(v) {
+  if (Array.isArray(v)) return v.map(snapshot);
+  if (v && typeof v === 'object' && !v._bsontype && !(v instanceof Date) && !(v instanceof RegExp) &&
+      !Buffer.isBuffer(v) && !ArrayBuffer.isView(v)) {
+    if (v instanceof Map) return new Map([...v].map(([k, x]) => [k, snapshot(x)]));
+    const o = {};
+    for (const k of Object.keys(v)) o[k] = snapshot(v[k]);
+    return o;
+  }
+  return v;
+}
+
 class EntityMap {
   constructor(runner) {
     this.runner = runner;
@@ -160,10 +173,20 @@ class EntityMap {
           if (cmd === 'configurefailpoint') return;
           if (!spec.observeSensitiveCommands && (SENSITIVE.has(cmd) || HELLO.has(cmd))) return;
         }
-        events.push({ type: name, event: ev });
+        if (COMMAND_EVENTS.has(name)) {
+          // Snapshot what was sent/received now: the driver may later mutate
+          // objects the event still references (e.g. a shared readConcern).
+          events.push({ type: name, event: { commandName: ev.commandName, databaseName: ev.databaseName,
+            command: snapshot(ev.command), reply: snapshot(ev.reply), failure: ev.failure,
+            serviceId: ev.serviceId, serverConnectionId: ev.serverConnectionId } });
+        } else {
+          events.push({ type: name, event: ev });
+        }
       });
     }
-    await client.connect();
+    // No explicit connect(): the driver connects on first use, as
+    // applications do (connect() would also wait for a server matching the
+    // client's read preference, which a single-member replica set may lack).
     this.set(spec.id, client, 'client');
     this.clientOf.set(spec.id, spec.id);
     this.runner.registerClient(client, state);
