@@ -34,6 +34,18 @@ tls_last_error (void)
    return buf;
 }
 
+/* Peers (drivers, a killed server) often close without close_notify.
+ * Every message is length-framed, so a truncated one is detected by the
+ * framing anyway; OpenSSL 3 would otherwise report such a close as an
+ * SSL error instead of an end of stream. */
+static void
+tls_ctx_common (SSL_CTX *ctx)
+{
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+   SSL_CTX_set_options (ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
+}
+
 static int
 tls_password_cb (char *buf, int size, int rwflag, void *userdata)
 {
@@ -90,6 +102,7 @@ tls_upstream_new (const char *uri_string, tls_upstream_t **out, bson_error_t *er
       goto done;
    }
    SSL_CTX_set_min_proto_version (tls->ctx, TLS1_2_VERSION);
+   tls_ctx_common (tls->ctx);
    SSL_CTX_set_mode (tls->ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
    if (ca) {
       if (SSL_CTX_load_verify_locations (tls->ctx, ca, NULL) != 1) {
@@ -173,6 +186,7 @@ tls_server_new (const char *cert_file, const char *key_file, const char *ca_file
       goto done;
    }
    SSL_CTX_set_min_proto_version (ctx, TLS1_2_VERSION);
+   tls_ctx_common (ctx);
    SSL_CTX_set_mode (ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
    if (SSL_CTX_use_certificate_chain_file (ctx, cert_file) != 1) {
       bson_set_error (error, TLS_ERROR_DOMAIN, 3, "tls_cert_file %s: %s", cert_file, tls_last_error ());
