@@ -644,7 +644,9 @@ class WireConn {
         resolve(new WireConn(sock));
       };
       if (tls) {
-        sock = require('node:tls').connect({ host, port, ca: fs.readFileSync(tls.ca), servername: 'localhost' }, ready);
+        const o = { host, port, ca: fs.readFileSync(tls.ca), servername: 'localhost' };
+        if (tls.cert) o.cert = o.key = fs.readFileSync(tls.cert); // combined PEM: certificate and key
+        sock = require('node:tls').connect(o, ready);
       } else {
         sock = net.connect({ host, port }, ready);
       }
