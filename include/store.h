@@ -1,0 +1,221 @@
+/*
+ * store.h - the outbox store: lanes, claims, fencing, completions, retries,
+ * dead letters, parking, requeue, purge and statistics, on mongo-c-driver.
+ *
+ * The semantics are those of ../shared/reference/relaybus-mongodb-store.md
+ * ("How it works"); the documents and indexes are docs/outbox-schema.md.
+ * Every call is a blocking mongoc call: run it on the dispatcher's or the
+ * admin's thread, never on the forwarding loop.  Time is always passed in
+ * (`now`, milliseconds since the Unix epoch); the server clock is never read.
+ *
+ * The modules: store_setup.c (instance, collections, indexes, lanes),
+ * store_claim.c (claim, takeover charging, parking, reconciliation),
+ * store_complete.c (complete, completeMany, reschedule, release, bury,
+ * extendLease, relinquish), store_admin.c (requeue, purge, statistics,
+ * listDeliveries).
+ *
+ * A store_t is one "store instance": it remembers the lanes it holds and
+ * the claims it handed out, so a process restarted with the same owner name
+ * never adopts its predecessor's lanes.  It is thread-safe; claims of one
+ * instance run one after the other.
+ */
+#ifndef RELAYBUS_STORE_H
+#define RELAYBUS_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+
+#include "outbox.h"
+
+#define STORE_ERROR_DOMAIN 0x5354 /* "ST" */
+
+typedef enum {
+   STORE_ERROR_INVALID = 1, /* bad argument */
+   STORE_ERROR_SERVER,      /* a command failed */
+   STORE_ERROR_LOST,        /* a claim's record did not reach every lane */
+} store_error_code_t;
+
+/* Deliveries waiting behind one unfinished predecessor that get parked. */
+#define STORE_PARK_THRESHOLD 32
+/* A claim query over many lanes asks for at most this many at once. */
+#define STORE_MAX_LANES_PER_QUERY 128
+
+typedef struct store store_t;
+
+typedef struct {
+   const char *database;    /* [outbox] database */
+   const char *prefix;      /* [outbox] collection_prefix */
+   bool completion_history; /* [outbox] completion_history */
+   const char *owner;       /* lease owner, unique per process instance */
+   int32_t purge_batch_size; /* 0: 500 */
+} store_opts_t;
+
+/* A new store instance on `pool` (borrowed: the caller keeps it alive
+ * until store_destroy).  Copies the strings of `opts`. */
+store_t *store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+/* Frees the instance; does not hand lanes back (see store_relinquish).
+ * NULL is accepted. */
+void store_destroy (store_t *store);
+const char *store_owner (const store_t *store);
+/* "<host>/<pid>/<12 random hex>" into out (at least 128 bytes). */
+void store_make_owner (char *out, size_t out_len);
+
+/* Creates the collections, the indexes (idempotently) and the 256 lanes. */
+bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* ------------------------------------------------------------------ claim */
+
+typedef struct {
+   const char *handler;
+   size_t limit; /* at most this many of this handler in one claim */
+} store_claim_handler_t;
+
+typedef struct {
+   const store_claim_handler_t *handlers;
+   size_t n_handlers;
+   size_t limit;     /* at most this many in all */
+   int64_t now;      /* ms */
+   int64_t lease_ms; /* lease of the lanes taken or used */
+} store_claim_opts_t;
+
+/* One claimed delivery.  Everything is owned by the batch. */
+typedef struct {
+   bson_oid_t id;
+   char *event_id;
+   char *handler;
+   char *event_type;
+   char *key; /* NULL without a key */
+   int64_t sequence;
+   int32_t attempt; /* attempts that ended + 1: this is attempt N */
+   int64_t due_at, created_at;
+   char lease[OUTBOX_LEASE_TOKEN_MAX];
+   bson_t *event; /* the event document, NULL if it was missing */
+} store_delivery_t;
+
+typedef struct {
+   store_delivery_t *items;
+   size_t n, cap;
+} store_batch_t;
+
+/* Claims up to opts->limit due deliveries of the given handlers (see the
+ * reference: held lanes first, then free lanes 4, 8, 16... per round, the
+ * oldest due first; per-key rules; one bulkWrite).  `out` must be empty
+ * ({0}); the caller clears it with store_batch_clear.  A claim that fails
+ * reconciles this instance's lanes before it returns false. */
+bool store_claim (store_t *store, const store_claim_opts_t *opts, store_batch_t *out, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+void store_batch_clear (store_batch_t *batch);
+
+/* Lanes this instance holds under a live lease at `now` (for renewal and
+ * metrics). */
+size_t store_lanes_held (store_t *store, int64_t now);
+
+/* ----------------------------------------------------- settling a claim */
+
+/* A claimed delivery as the settling calls see it: its id and lease. */
+typedef struct {
+   bson_oid_t id;
+   const char *lease;
+} store_ref_t;
+
+/* Completes the deliveries; done[i] tells whether ref i is proven
+ * completed.  Four commands without completion history, one transaction
+ * with it.  When fewer deliveries were deleted than leases were fenced, no
+ * lease is reported completed. */
+bool store_complete_many (store_t *store,
+                          const store_ref_t *refs,
+                          size_t n,
+                          int64_t now,
+                          bool *done,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+bool store_complete (store_t *store, const store_ref_t *ref, int64_t now, bool *done, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* The claim ended in failure: one attempt more, due again at `due_at`.
+ * *applied is false when the lease was stale (nothing changed). */
+bool store_reschedule (store_t *store,
+                       const store_ref_t *ref,
+                       int64_t now,
+                       int64_t due_at,
+                       const char *last_error,
+                       bool *applied,
+                       bson_error_t *error) __attribute__ ((warn_unused_result));
+/* The claim ends without an attempt charged (graceful shutdown). */
+bool store_release (store_t *store, const store_ref_t *ref, int64_t now, bool *applied, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+/* The delivery is dead with `last_error` (one attempt more). */
+bool store_bury (store_t *store,
+                 const store_ref_t *ref,
+                 int64_t now,
+                 const char *last_error,
+                 bool *applied,
+                 bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Extends the lease of the delivery's lane to now + lease_ms (never
+ * shrinks it), in one transaction that checks the claim generation. */
+bool store_extend_lease (store_t *store,
+                         const store_ref_t *ref,
+                         int64_t now,
+                         int64_t lease_ms,
+                         bool *applied,
+                         bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Hands back every lane this instance holds; what is still listed in flight
+ * is released (claim generation moves on, no attempt charged). */
+bool store_relinquish (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* ------------------------------------------------------------ operators */
+
+/* Makes dead deliveries pending and due at `now` again (attempts start
+ * over).  Ids are strings (24 hex characters); anything else matches
+ * nothing. */
+bool store_requeue (store_t *store,
+                    const char *const *ids,
+                    size_t n,
+                    int64_t now,
+                    size_t *n_requeued,
+                    bson_error_t *error) __attribute__ ((warn_unused_result));
+
+typedef struct {
+   int64_t dead_before;      /* 0: keep dead deliveries */
+   int64_t completed_before; /* 0: keep completion history and completed events */
+} store_purge_opts_t;
+
+typedef struct {
+   int64_t dead, completed, events;
+} store_purge_result_t;
+
+bool store_purge (store_t *store,
+                  const store_purge_opts_t *opts,
+                  store_purge_result_t *result,
+                  bson_error_t *error) __attribute__ ((warn_unused_result));
+
+typedef struct {
+   int64_t pending, dead, parked, completed, running;
+   int64_t lanes_owned;    /* lanes under a live lease at `now` */
+   int64_t oldest_due_at;  /* 0: nothing pending */
+} store_stats_t;
+
+bool store_statistics (store_t *store, int64_t now, store_stats_t *stats, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Filters of listDeliveries: every field is a string (or NULL) and reaches
+ * the query as a string, never as an operator. */
+typedef struct {
+   const char *status; /* pending | dead | completed; NULL: pending and dead */
+   const char *handler;
+   const char *event_type;
+   const char *event_id;
+   const char *key;
+   int64_t limit; /* 1..1000; 0: 100 */
+} store_list_filter_t;
+
+/* Appends the matching documents to `out` (an array being built, or an
+ * empty bson_t treated as an array) in (createdAt, _id) order. */
+bool store_list_deliveries (store_t *store, const store_list_filter_t *filter, bson_t *out, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+#endif /* RELAYBUS_STORE_H */

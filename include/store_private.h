@@ -1,0 +1,112 @@
+/*
+ * store_private.h - what the store_*.c modules share and nobody else uses:
+ * the instance structure, the per-instance memory of lanes held and claims
+ * handed out, and small helpers around mongo-c-driver.
+ */
+#ifndef RELAYBUS_STORE_PRIVATE_H
+#define RELAYBUS_STORE_PRIVATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+
+#include "outbox.h"
+#include "store.h"
+
+/* A lane this instance took, with the epoch of that take. */
+typedef struct {
+   bool held;
+   int64_t epoch;
+   int64_t expires; /* ms; the latest expiry this instance wrote */
+} store_lane_state_t;
+
+/* A claim this instance handed out and has not seen settled. */
+typedef struct {
+   bson_oid_t id;
+   uint32_t lane;
+   int64_t epoch;
+   int32_t claims;
+} store_issued_t;
+
+/* The store instance.  `pool` is borrowed; strings are owned.  `mu`
+ * guards lanes[] and issued; `claim_mu` makes this instance's claims run
+ * one after the other (it is taken before `mu`, never after). */
+struct store {
+   mongoc_client_pool_t *pool;
+   char *database;
+   char *owner;
+   char names[OUTBOX_N_COLLECTIONS][OUTBOX_NAME_MAX];
+   bool completion_history;
+   int32_t purge_batch;
+
+   pthread_mutex_t mu;
+   pthread_mutex_t claim_mu;
+   store_lane_state_t lanes[OUTBOX_LANES];
+   store_issued_t *issued;
+   size_t n_issued, cap_issued;
+};
+
+/* A collection of the outbox on `client`, with write concern majority and
+ * primary reads.  The caller destroys it. */
+mongoc_collection_t *store_coll (store_t *store, mongoc_client_t *client, outbox_collection_t which);
+
+/* Transaction options: snapshot read concern, majority, primary. */
+mongoc_transaction_opt_t *store_txn_opts (void);
+
+/* Sets a STORE_ERROR with a message. */
+void store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
+   __attribute__ ((format (printf, 3, 4)));
+
+/* Appends {"claims": C} to a query, where a missing field counts as 0. */
+void store_append_claims_match (bson_t *query, int32_t claims);
+
+/* Int32/Int64/double field as int64 (0 when absent). */
+int64_t store_iter_int64 (const bson_t *doc, const char *field);
+/* Date (or number) field in ms (0 when absent). */
+int64_t store_iter_date (const bson_t *doc, const char *field);
+/* UTF-8 field or NULL. */
+const char *store_iter_utf8 (const bson_t *doc, const char *field);
+/* True if the array field of doc contains the ObjectId. */
+bool store_array_has_oid (const bson_t *doc, const char *field, const bson_oid_t *oid);
+
+/* Memory of claims handed out (callers hold store->mu). */
+void store_issued_add (store_t *store, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims);
+const store_issued_t *store_issued_find (store_t *store, const bson_oid_t *id);
+void store_issued_remove (store_t *store, const bson_oid_t *id);
+void store_issued_remove_lane (store_t *store, uint32_t lane);
+
+/* Parses and checks a reference's lease; false: refused without a call. */
+bool store_ref_lease (const store_ref_t *ref, outbox_lease_t *lease, bson_error_t *error);
+
+/* After a failed claim: the owner's lanes on this instance keep only the
+ * claims this instance handed out and has not seen settled (one
+ * transaction). */
+bool store_reconcile (store_t *store, mongoc_client_t *client, bson_error_t *error);
+
+/* A growable list of ObjectIds. */
+typedef struct {
+   bson_oid_t *v;
+   size_t n, cap;
+} store_oids_t;
+void store_oids_push (store_oids_t *o, const bson_oid_t *id);
+bool store_oids_has (const store_oids_t *o, const bson_oid_t *id);
+void store_oids_free (store_oids_t *o);
+/* Reads an array of ObjectIds (other values are skipped). */
+void store_oids_from_array (store_oids_t *o, const bson_t *doc, const char *field);
+/* Appends `field: {op: [ids]}` (op "$in", "$nin"...). */
+void store_append_oids_op (bson_t *query, const char *field, const char *op, const bson_oid_t *ids, size_t n);
+/* Appends `field: [ids]`. */
+void store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *ids, size_t n);
+
+/* Runs cb in a transaction (mongoc_client_session_with_transaction, which
+ * retries transient errors).  Every command in cb must carry the session. */
+typedef bool (*store_txn_cb_t) (mongoc_client_session_t *session, void *ctx, bson_error_t *error);
+bool store_with_txn (store_t *store, mongoc_client_t *client, store_txn_cb_t cb, void *ctx, bson_error_t *error);
+/* Options {"session": ...} for a command in a transaction (or empty). */
+void store_session_opts (mongoc_client_session_t *session, bson_t *opts);
+
+#endif /* RELAYBUS_STORE_PRIVATE_H */

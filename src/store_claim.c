@@ -1,0 +1,1226 @@
+/*
+ * store_claim.c - claims: lanes held first, then free lanes with due work
+ * taken 4, 8, 16... per round, the oldest due first; takeover charging;
+ * per-key rules; parking and level-triggered unparking; one bulkWrite that
+ * records the batch; reconciliation after a failed claim.
+ *
+ * A claim writes no delivery document on the normal path: what runs is
+ * what the lanes' inFlight lists name.  Parking and unparking (the slow
+ * path of blocked keys) and takeover charging are the exceptions.
+ */
+#include "store.h"
+#include "store_private.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* A scan over lanes reads at most this many due deliveries, so a claim
+ * stays bounded even before parking has shrunk a backlog. */
+#define SCAN_CAP 4096
+#define KEY_BUCKETS 256
+/* Parked keys looked at per handler and claim. */
+#define UNPARK_KEYS_MAX 1000
+
+/* What one claim knows about one (handler, key). */
+typedef struct key_state {
+   struct key_state *next;
+   char *handler, *key;
+   bool running;   /* a delivery of it is in one of our lanes' inFlight */
+   bool taken;     /* this claim took one */
+   bool min_known; /* min_seq is the lowest pending sequence */
+   int64_t min_seq;
+   store_oids_t blocked; /* due deliveries found waiting */
+} key_state_t;
+
+/* A lane this claim works with, under `epoch`. */
+typedef struct {
+   uint32_t lane;
+   int64_t epoch;
+   store_oids_t inflight; /* as read, still running */
+   store_oids_t gone;     /* listed, but the document is gone */
+   store_oids_t picks;
+   store_oids_t blocked;
+   bool taken_now;
+} claim_lane_t;
+
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   mongoc_collection_t *deliveries, *events, *lanes_coll;
+   const store_claim_opts_t *o;
+   size_t *handler_taken; /* per handler */
+   store_batch_t *out;
+   size_t *out_lane; /* index into lanes[] of each picked item */
+   claim_lane_t lanes[OUTBOX_LANES];
+   size_t n_lanes;
+   key_state_t *keys[KEY_BUCKETS];
+} claim_t;
+
+void
+store_batch_clear (store_batch_t *b)
+{
+   if (!b)
+      return;
+   for (size_t i = 0; i < b->n; i++) {
+      store_delivery_t *d = &b->items[i];
+      bson_free (d->event_id);
+      bson_free (d->handler);
+      bson_free (d->event_type);
+      bson_free (d->key);
+      if (d->event)
+         bson_destroy (d->event);
+   }
+   bson_free (b->items);
+   memset (b, 0, sizeof *b);
+}
+
+static key_state_t *
+key_get (claim_t *c, const char *handler, const char *key)
+{
+   uint32_t h = outbox_fnv1a (handler, strlen (handler)) ^ outbox_fnv1a (key, strlen (key));
+   key_state_t **b = &c->keys[h % KEY_BUCKETS], *k;
+
+   for (k = *b; k; k = k->next)
+      if (!strcmp (k->handler, handler) && !strcmp (k->key, key))
+         return k;
+   k = bson_malloc0 (sizeof *k);
+   k->handler = bson_strdup (handler);
+   k->key = bson_strdup (key);
+   k->next = *b;
+   *b = k;
+   return k;
+}
+
+static void
+claim_free (claim_t *c)
+{
+   for (int i = 0; i < KEY_BUCKETS; i++) {
+      key_state_t *k = c->keys[i], *next;
+      for (; k; k = next) {
+         next = k->next;
+         bson_free (k->handler);
+         bson_free (k->key);
+         store_oids_free (&k->blocked);
+         bson_free (k);
+      }
+   }
+   for (size_t i = 0; i < c->n_lanes; i++) {
+      store_oids_free (&c->lanes[i].inflight);
+      store_oids_free (&c->lanes[i].gone);
+      store_oids_free (&c->lanes[i].picks);
+      store_oids_free (&c->lanes[i].blocked);
+   }
+   bson_free (c->handler_taken);
+   bson_free (c->out_lane);
+   mongoc_collection_destroy (c->deliveries);
+   mongoc_collection_destroy (c->events);
+   mongoc_collection_destroy (c->lanes_coll);
+}
+
+static void
+append_handlers_in (claim_t *c, bson_t *q, bool only_with_room)
+{
+   bson_t sub, arr;
+   char buf[16];
+   const char *key;
+   uint32_t k = 0;
+
+   BSON_APPEND_DOCUMENT_BEGIN (q, "handler", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (size_t i = 0; i < c->o->n_handlers; i++) {
+      if (only_with_room && c->handler_taken[i] >= c->o->handlers[i].limit)
+         continue;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, c->o->handlers[i].handler);
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (q, &sub);
+}
+
+static bool
+handlers_have_room (claim_t *c)
+{
+   for (size_t i = 0; i < c->o->n_handlers; i++)
+      if (c->handler_taken[i] < c->o->handlers[i].limit)
+         return true;
+   return false;
+}
+
+static int
+handler_index (claim_t *c, const char *name)
+{
+   for (size_t i = 0; i < c->o->n_handlers; i++)
+      if (!strcmp (c->o->handlers[i].handler, name))
+         return (int) i;
+   return -1;
+}
+
+/* --------------------------------------------------------------- unpark */
+
+/* Level-triggered: the lowest parked delivery of each key whose handler has
+ * no pending delivery with a lower sequence goes back to `ready`.  Best
+ * effort: a failure is logged and the claim goes on. */
+static void
+unpark (claim_t *c, const char *handler)
+{
+   bson_t *pipeline = BCON_NEW ("pipeline",
+                                "[",
+                                "{",
+                                "$match",
+                                "{",
+                                "handler",
+                                BCON_UTF8 (handler),
+                                "lane",
+                                BCON_UTF8 ("parked"),
+                                "}",
+                                "}",
+                                "{",
+                                "$group",
+                                "{",
+                                "_id",
+                                BCON_UTF8 ("$key"),
+                                "seq",
+                                "{",
+                                "$min",
+                                BCON_UTF8 ("$sequence"),
+                                "}",
+                                "}",
+                                "}",
+                                "{",
+                                "$limit",
+                                BCON_INT32 (UNPARK_KEYS_MAX),
+                                "}",
+                                "]");
+   mongoc_cursor_t *cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+   const bson_t *doc;
+   bson_t upd_q = BSON_INITIALIZER, or_arr;
+   uint32_t n_or = 0;
+   bson_error_t err;
+
+   BSON_APPEND_ARRAY_BEGIN (&upd_q, "$or", &or_arr);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *key = store_iter_utf8 (doc, "_id");
+      int64_t seq = store_iter_int64 (doc, "seq");
+      bson_t *q, *opts;
+      mongoc_cursor_t *pc;
+      const bson_t *pd;
+      bool blocked;
+
+      if (!key)
+         continue;
+      q = BCON_NEW ("handler",
+                    BCON_UTF8 (handler),
+                    "key",
+                    BCON_UTF8 (key),
+                    "status",
+                    BCON_UTF8 ("pending"),
+                    "sequence",
+                    "{",
+                    "$lt",
+                    BCON_INT64 (seq),
+                    "}");
+      opts = BCON_NEW ("limit", BCON_INT64 (1), "projection", "{", "_id", BCON_INT32 (1), "}");
+      pc = mongoc_collection_find_with_opts (c->deliveries, q, opts, NULL);
+      blocked = mongoc_cursor_next (pc, &pd);
+      if (mongoc_cursor_error (pc, &err)) {
+         log_warn ("store: unparking %s/%s: %s", handler, key, err.message);
+         blocked = true;
+      }
+      mongoc_cursor_destroy (pc);
+      bson_destroy (q);
+      bson_destroy (opts);
+      if (!blocked) {
+         char buf[16];
+         const char *k;
+         bson_t one;
+         bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
+         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, k, &one);
+         BSON_APPEND_UTF8 (&one, "handler", handler);
+         BSON_APPEND_UTF8 (&one, "key", key);
+         BSON_APPEND_INT64 (&one, "sequence", seq);
+         BSON_APPEND_UTF8 (&one, "lane", "parked");
+         bson_append_document_end (&or_arr, &one);
+      }
+   }
+   if (mongoc_cursor_error (cur, &err))
+      log_warn ("store: unparking %s: %s", handler, err.message);
+   bson_append_array_end (&upd_q, &or_arr);
+   if (n_or > 0) {
+      bson_t *upd = BCON_NEW ("$set", "{", "lane", BCON_UTF8 ("ready"), "}");
+      if (!mongoc_collection_update_many (c->deliveries, &upd_q, upd, NULL, NULL, &err))
+         log_warn ("store: unparking %s: %s", handler, err.message);
+      bson_destroy (upd);
+   }
+   bson_destroy (&upd_q);
+   mongoc_cursor_destroy (cur);
+   bson_destroy (pipeline);
+}
+
+/* ------------------------------------------------------------- charging */
+
+/* Charges one attempt to every delivery of `lost` that the claim of epoch
+ * `lost_epoch` (or an older one) left behind, moving its claim generation
+ * on; `lostAt` makes a second charge of the same list a no-op.  Then clears
+ * the list on the lane (still under `epoch`). */
+static bool
+charge_lost (claim_t *c, uint32_t lane, int64_t epoch, int64_t lost_epoch, const store_oids_t *lost, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER, or_arr, a, b, sub;
+   bson_t *upd, *lq, *lu;
+   bson_error_t err;
+   bool ok;
+
+   if (lost->n == 0)
+      return true;
+   store_append_oids_op (&q, "_id", "$in", lost->v, lost->n);
+   BSON_APPEND_UTF8 (&q, "status", "pending");
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&a, "lostAt", &sub);
+   BSON_APPEND_BOOL (&sub, "$exists", false);
+   bson_append_document_end (&a, &sub);
+   bson_append_document_end (&or_arr, &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, "lostAt", &sub);
+   BSON_APPEND_INT64 (&sub, "$lt", lost_epoch);
+   bson_append_document_end (&b, &sub);
+   bson_append_document_end (&or_arr, &b);
+   bson_append_array_end (&q, &or_arr);
+   upd = BCON_NEW ("$inc",
+                   "{",
+                   "attempts",
+                   BCON_INT32 (1),
+                   "claims",
+                   BCON_INT32 (1),
+                   "}",
+                   "$set",
+                   "{",
+                   "lostAt",
+                   BCON_INT64 (lost_epoch),
+                   "updatedAt",
+                   BCON_DATE_TIME (c->o->now),
+                   "}");
+   ok = mongoc_collection_update_many (c->deliveries, &q, upd, NULL, NULL, &err);
+   bson_destroy (upd);
+   bson_destroy (&q);
+   if (!ok) {
+      store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+      return false;
+   }
+   lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane), "epoch", BCON_INT64 (epoch));
+   lu = bson_new ();
+   BSON_APPEND_DOCUMENT_BEGIN (lu, "$pullAll", &sub);
+   store_append_oids_array (&sub, "lost", lost->v, lost->n);
+   bson_append_document_end (lu, &sub);
+   ok = mongoc_collection_update_one (c->lanes_coll, lq, lu, NULL, NULL, &err);
+   bson_destroy (lq);
+   bson_destroy (lu);
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "clearing lost claims of lane %u: %s", lane, err.message);
+   else
+      log_debug ("store: lane %u epoch %" PRId64 ": charged %zu lost claim(s)", lane, epoch, lost->n);
+   return ok;
+}
+
+/* --------------------------------------------------------------- lanes */
+
+static claim_lane_t *
+add_lane (claim_t *c, uint32_t lane, int64_t epoch)
+{
+   claim_lane_t *l = &c->lanes[c->n_lanes++];
+
+   memset (l, 0, sizeof *l);
+   l->lane = lane;
+   l->epoch = epoch;
+   return l;
+}
+
+/* The lanes this instance holds under a live lease: checked against the
+ * database (owner and epoch), their lost lists charged, their inFlight
+ * documents loaded to learn which keys run and which ids are gone. */
+static bool
+load_held (claim_t *c, bson_error_t *error)
+{
+   store_t *s = c->s;
+   bson_t q = BSON_INITIALIZER, sub, arr;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   uint32_t k = 0;
+   store_lane_state_t held[OUTBOX_LANES];
+   store_oids_t all = {0};
+   bool ok = true;
+
+   pthread_mutex_lock (&s->mu);
+   memcpy (held, s->lanes, sizeof held);
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (s->lanes[i].held && s->lanes[i].expires <= c->o->now) {
+         /* An expired lease: the lane is free for anyone, us included
+          * (a take moves the epoch on and charges what ran). */
+         s->lanes[i].held = false;
+         held[i].held = false;
+      }
+   pthread_mutex_unlock (&s->mu);
+
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (held[i].held) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         BSON_APPEND_INT32 (&arr, key, i);
+      }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (&q, &sub);
+   if (k == 0) {
+      bson_destroy (&q);
+      return true;
+   }
+   cur = mongoc_collection_find_with_opts (c->lanes_coll, &q, NULL, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      uint32_t lane = (uint32_t) store_iter_int64 (doc, "_id");
+      int64_t epoch = store_iter_int64 (doc, "epoch");
+      const char *owner = store_iter_utf8 (doc, "owner");
+      claim_lane_t *l;
+      store_oids_t lost = {0};
+
+      if (lane >= OUTBOX_LANES)
+         continue;
+      if (!owner || strcmp (owner, s->owner) != 0 || epoch != held[lane].epoch) {
+         pthread_mutex_lock (&s->mu);
+         s->lanes[lane].held = false;
+         store_issued_remove_lane (s, lane);
+         pthread_mutex_unlock (&s->mu);
+         log_info ("store: lane %u was taken over (epoch %" PRId64 ")", lane, epoch);
+         continue;
+      }
+      l = add_lane (c, lane, epoch);
+      store_oids_from_array (&l->inflight, doc, "inFlight");
+      store_oids_from_array (&lost, doc, "lost");
+      if (lost.n > 0 && !charge_lost (c, lane, epoch, epoch - 1, &lost, error))
+         ok = false;
+      store_oids_free (&lost);
+      for (size_t i = 0; i < l->inflight.n; i++)
+         store_oids_push (&all, &l->inflight.v[i]);
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reading held lanes: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (&q);
+   if (!ok || all.n == 0) {
+      store_oids_free (&all);
+      return ok;
+   }
+
+   /* Which of the listed deliveries still exist, and which keys run. */
+   {
+      bson_t fq = BSON_INITIALIZER;
+      bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "laneId", BCON_INT32 (1), "}");
+      store_oids_t found = {0};
+
+      store_append_oids_op (&fq, "_id", "$in", all.v, all.n);
+      cur = mongoc_collection_find_with_opts (c->deliveries, &fq, opts, NULL);
+      while (mongoc_cursor_next (cur, &doc)) {
+         bson_iter_t it;
+         const char *h = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
+         if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_OID (&it))
+            store_oids_push (&found, bson_iter_oid (&it));
+         if (h && key)
+            key_get (c, h, key)->running = true;
+      }
+      if (mongoc_cursor_error (cur, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "reading in-flight deliveries: %s", err.message);
+         ok = false;
+      }
+      mongoc_cursor_destroy (cur);
+      bson_destroy (&fq);
+      bson_destroy (opts);
+      for (size_t i = 0; ok && i < c->n_lanes; i++) {
+         claim_lane_t *l = &c->lanes[i];
+         store_oids_t still = {0};
+         for (size_t j = 0; j < l->inflight.n; j++) {
+            if (store_oids_has (&found, &l->inflight.v[j]))
+               store_oids_push (&still, &l->inflight.v[j]);
+            else
+               store_oids_push (&l->gone, &l->inflight.v[j]);
+         }
+         store_oids_free (&l->inflight);
+         l->inflight = still;
+      }
+      store_oids_free (&found);
+   }
+   store_oids_free (&all);
+   return ok;
+}
+
+/* ---------------------------------------------------------------- scan */
+
+/* The lowest pending sequence of (handler, key), from the ordering index. */
+static bool
+key_min_seq (claim_t *c, key_state_t *k, bson_error_t *error)
+{
+   bson_t *q = BCON_NEW ("handler", BCON_UTF8 (k->handler), "key", BCON_UTF8 (k->key), "status", BCON_UTF8 ("pending"));
+   bson_t *opts = BCON_NEW ("sort",
+                            "{",
+                            "sequence",
+                            BCON_INT32 (1),
+                            "}",
+                            "limit",
+                            BCON_INT64 (1),
+                            "projection",
+                            "{",
+                            "sequence",
+                            BCON_INT32 (1),
+                            "}");
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->deliveries, q, opts, NULL);
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   k->min_known = true;
+   k->min_seq = INT64_MAX;
+   if (mongoc_cursor_next (cur, &doc))
+      k->min_seq = store_iter_int64 (doc, "sequence");
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "predecessor check of %s/%s: %s", k->handler, k->key, err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (q);
+   bson_destroy (opts);
+   return ok;
+}
+
+static void
+pick (claim_t *c, claim_lane_t *l, size_t lane_index, int h, const bson_t *doc, const bson_oid_t *id)
+{
+   store_batch_t *b = c->out;
+   store_delivery_t *d;
+   outbox_lease_t lease;
+
+   if (b->n == b->cap) {
+      b->cap = b->cap ? b->cap * 2 : 16;
+      b->items = bson_realloc (b->items, b->cap * sizeof *b->items);
+      c->out_lane = bson_realloc (c->out_lane, b->cap * sizeof *c->out_lane);
+   }
+   c->out_lane[b->n] = lane_index;
+   d = &b->items[b->n++];
+   memset (d, 0, sizeof *d);
+   bson_oid_copy (id, &d->id);
+   d->event_id = bson_strdup (store_iter_utf8 (doc, "eventId"));
+   d->handler = bson_strdup (c->o->handlers[h].handler);
+   d->event_type = bson_strdup (store_iter_utf8 (doc, "eventType"));
+   d->key = store_iter_utf8 (doc, "key") ? bson_strdup (store_iter_utf8 (doc, "key")) : NULL;
+   d->sequence = store_iter_int64 (doc, "sequence");
+   d->attempt = (int32_t) store_iter_int64 (doc, "attempts") + 1;
+   d->due_at = store_iter_date (doc, "dueAt");
+   d->created_at = store_iter_date (doc, "createdAt");
+   lease.lane_id = l->lane;
+   lease.epoch = l->epoch;
+   lease.claims = (int32_t) store_iter_int64 (doc, "claims");
+   outbox_lease_format (&lease, d->lease);
+   store_oids_push (&l->picks, id);
+   c->handler_taken[h]++;
+}
+
+/* Reads the due, ready deliveries of lanes[from..n_lanes) in (dueAt, _id)
+ * order and takes what the per-key rules allow, up to the limits. */
+static bool
+scan (claim_t *c, size_t from, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER, sub, arr;
+   bson_t *opts;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   store_oids_t running = {0};
+   uint32_t k = 0;
+   size_t scanned = 0;
+   bool ok = true;
+
+   if (from >= c->n_lanes || c->out->n >= c->o->limit || !handlers_have_room (c))
+      return true;
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "laneId", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (size_t i = from; i < c->n_lanes; i++) {
+      char buf[16];
+      const char *key;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_INT32 (&arr, key, (int32_t) c->lanes[i].lane);
+      for (size_t j = 0; j < c->lanes[i].inflight.n; j++)
+         store_oids_push (&running, &c->lanes[i].inflight.v[j]);
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (&q, &sub);
+   BSON_APPEND_UTF8 (&q, "lane", "ready");
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "dueAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
+   bson_append_document_end (&q, &sub);
+   append_handlers_in (c, &q, true);
+   if (running.n > 0)
+      store_append_oids_op (&q, "_id", "$nin", running.v, running.n);
+   opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (SCAN_CAP));
+   cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
+   while (c->out->n < c->o->limit && mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      const bson_oid_t *id;
+      const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
+      uint32_t lane = (uint32_t) store_iter_int64 (doc, "laneId");
+      size_t li;
+      int h;
+
+      scanned++;
+      if (!handler || !bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      id = bson_iter_oid (&it);
+      h = handler_index (c, handler);
+      if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
+         continue;
+      for (li = from; li < c->n_lanes; li++)
+         if (c->lanes[li].lane == lane)
+            break;
+      if (li == c->n_lanes)
+         continue;
+      if (key) {
+         key_state_t *ks = key_get (c, handler, key);
+         bool allowed;
+         if (!ks->running && !ks->taken && !ks->min_known && !key_min_seq (c, ks, error)) {
+            ok = false;
+            break;
+         }
+         /* One delivery of a key per claim, none while one runs, and only
+          * the lowest pending sequence. */
+         allowed = !ks->running && !ks->taken && store_iter_int64 (doc, "sequence") == ks->min_seq;
+         if (!allowed) {
+            store_oids_push (&ks->blocked, id);
+            store_oids_push (&c->lanes[li].blocked, id);
+            continue;
+         }
+         ks->taken = true;
+      }
+      pick (c, &c->lanes[li], li, h, doc, id);
+   }
+   if (ok && mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reading due deliveries: %s", err.message);
+      ok = false;
+   }
+   if (scanned >= SCAN_CAP)
+      log_debug ("store: claim scan stopped at %d deliveries", SCAN_CAP);
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   bson_destroy (&q);
+   store_oids_free (&running);
+   return ok;
+}
+
+/* ---------------------------------------------------------- free lanes */
+
+typedef struct {
+   uint32_t lane;
+   int64_t epoch;
+   bson_t *doc; /* the lane as read: inFlight and lost are compared on take */
+} free_lane_t;
+
+/* Free lanes (no owner, or an expired lease) with due deliveries of the
+ * handlers, the lane with the oldest due delivery first. */
+static bool
+find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bson_error_t *error)
+{
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   bson_t *lane_docs[OUTBOX_LANES] = {0};
+   bson_t match = BSON_INITIALIZER, sub, arr, *pipeline = NULL;
+   uint32_t k = 0;
+   bool ok = true;
+
+   *n_out = 0;
+   cur = mongoc_collection_find_with_opts (c->lanes_coll, &(bson_t) BSON_INITIALIZER, NULL, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t lane = store_iter_int64 (doc, "_id");
+      const char *owner = store_iter_utf8 (doc, "owner");
+      bool mine = false;
+
+      if (lane < 0 || lane >= OUTBOX_LANES)
+         continue;
+      for (size_t i = 0; i < c->n_lanes; i++)
+         if (c->lanes[i].lane == (uint32_t) lane)
+            mine = true;
+      if (mine)
+         continue;
+      if (owner && store_iter_date (doc, "leaseExpiresAt") > c->o->now)
+         continue;
+      lane_docs[lane] = bson_copy (doc);
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reading lanes: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   if (!ok)
+      goto done;
+
+   BSON_APPEND_UTF8 (&match, "lane", "ready");
+   BSON_APPEND_DOCUMENT_BEGIN (&match, "dueAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
+   bson_append_document_end (&match, &sub);
+   append_handlers_in (c, &match, true);
+   BSON_APPEND_DOCUMENT_BEGIN (&match, "laneId", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (lane_docs[i]) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         BSON_APPEND_INT32 (&arr, key, i);
+      }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (&match, &sub);
+   if (k == 0)
+      goto done;
+   pipeline = BCON_NEW ("pipeline",
+                        "[",
+                        "{",
+                        "$match",
+                        BCON_DOCUMENT (&match),
+                        "}",
+                        "{",
+                        "$group",
+                        "{",
+                        "_id",
+                        BCON_UTF8 ("$laneId"),
+                        "oldest",
+                        "{",
+                        "$min",
+                        BCON_UTF8 ("$dueAt"),
+                        "}",
+                        "}",
+                        "}",
+                        "{",
+                        "$sort",
+                        "{",
+                        "oldest",
+                        BCON_INT32 (1),
+                        "_id",
+                        BCON_INT32 (1),
+                        "}",
+                        "}",
+                        "]");
+   cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t lane = store_iter_int64 (doc, "_id");
+      if (lane < 0 || lane >= OUTBOX_LANES || !lane_docs[lane])
+         continue;
+      out[*n_out].lane = (uint32_t) lane;
+      out[*n_out].epoch = store_iter_int64 (lane_docs[lane], "epoch");
+      out[*n_out].doc = lane_docs[lane];
+      lane_docs[lane] = NULL;
+      (*n_out)++;
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "finding lanes with due deliveries: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+
+done:
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (lane_docs[i])
+         bson_destroy (lane_docs[i]);
+   if (pipeline)
+      bson_destroy (pipeline);
+   bson_destroy (&match);
+   return ok;
+}
+
+/* Takes a free lane with one conditional findOneAndUpdate: the epoch moves
+ * on and the previous owner's inFlight moves to `lost`.  The condition
+ * repeats the lane as read (epoch, inFlight, lost), so a lane another
+ * claimer took or changed first is skipped, never waited for.  Then the
+ * lost claims are charged before anything is read from the lane. */
+static bool
+take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
+{
+   store_oids_t inflight = {0}, lost = {0}, all_lost = {0};
+   bson_t q = BSON_INITIALIZER, or_arr, a, b, sub, upd = BSON_INITIALIZER, reply;
+   mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
+   bson_error_t err;
+   bson_iter_t it, val;
+   bool ok;
+
+   *taken = false;
+   store_oids_from_array (&inflight, f->doc, "inFlight");
+   store_oids_from_array (&lost, f->doc, "lost");
+   for (size_t i = 0; i < lost.n; i++)
+      store_oids_push (&all_lost, &lost.v[i]);
+   for (size_t i = 0; i < inflight.n; i++)
+      store_oids_push (&all_lost, &inflight.v[i]);
+
+   BSON_APPEND_INT32 (&q, "_id", (int32_t) f->lane);
+   BSON_APPEND_INT64 (&q, "epoch", f->epoch);
+   store_append_oids_array (&q, "inFlight", inflight.v, inflight.n);
+   store_append_oids_array (&q, "lost", lost.v, lost.n);
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+   BSON_APPEND_NULL (&a, "owner");
+   bson_append_document_end (&or_arr, &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, "leaseExpiresAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
+   bson_append_document_end (&b, &sub);
+   bson_append_document_end (&or_arr, &b);
+   bson_append_array_end (&q, &or_arr);
+
+   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$inc", &sub);
+   BSON_APPEND_INT64 (&sub, "epoch", 1);
+   bson_append_document_end (&upd, &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$set", &sub);
+   BSON_APPEND_UTF8 (&sub, "owner", c->s->owner);
+   BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
+   store_append_oids_array (&sub, "inFlight", NULL, 0);
+   store_append_oids_array (&sub, "lost", all_lost.v, all_lost.n);
+   bson_append_document_end (&upd, &sub);
+
+   mongoc_find_and_modify_opts_set_update (fam, &upd);
+   mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+   ok = mongoc_collection_find_and_modify_with_opts (c->lanes_coll, &q, fam, &reply, &err);
+   if (!ok) {
+      store_set_error (error, STORE_ERROR_SERVER, "taking lane %u: %s", f->lane, err.message);
+   } else if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
+              bson_iter_recurse (&it, &val) && bson_iter_find (&val, "epoch")) {
+      int64_t epoch = bson_iter_as_int64 (&val);
+      claim_lane_t *l = add_lane (c, f->lane, epoch);
+      l->taken_now = true;
+      *taken = true;
+      pthread_mutex_lock (&c->s->mu);
+      store_issued_remove_lane (c->s, f->lane);
+      c->s->lanes[f->lane].held = true;
+      c->s->lanes[f->lane].epoch = epoch;
+      c->s->lanes[f->lane].expires = c->o->now + c->o->lease_ms;
+      pthread_mutex_unlock (&c->s->mu);
+      if (inflight.n > 0)
+         log_info ("store: took lane %u over (epoch %" PRId64 "), %zu claim(s) of the previous owner lost",
+                   f->lane,
+                   epoch,
+                   inflight.n);
+      ok = charge_lost (c, f->lane, epoch, epoch - 1, &all_lost, error);
+   }
+   bson_destroy (&reply);
+   mongoc_find_and_modify_opts_destroy (fam);
+   bson_destroy (&q);
+   bson_destroy (&upd);
+   store_oids_free (&inflight);
+   store_oids_free (&lost);
+   store_oids_free (&all_lost);
+   return ok;
+}
+
+/* ---------------------------------------------------------- the events */
+
+static bool
+attach_events (claim_t *c, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER, sub, arr;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   if (c->out->n == 0)
+      return true;
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (size_t i = 0; i < c->out->n; i++) {
+      char buf[16];
+      const char *key;
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, c->out->items[i].event_id ? c->out->items[i].event_id : "");
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (&q, &sub);
+   cur = mongoc_collection_find_with_opts (c->events, &q, NULL, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, "_id");
+      for (size_t i = 0; id && i < c->out->n; i++)
+         if (!c->out->items[i].event && c->out->items[i].event_id && !strcmp (c->out->items[i].event_id, id))
+            c->out->items[i].event = bson_copy (doc);
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reading events: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (&q);
+   return ok;
+}
+
+/* --------------------------------------------------------------- record */
+
+static bool
+lane_sel (claim_t *c, claim_lane_t *l, bson_t *sel)
+{
+   bson_init (sel);
+   BSON_APPEND_INT32 (sel, "_id", (int32_t) l->lane);
+   BSON_APPEND_INT64 (sel, "epoch", l->epoch);
+   BSON_APPEND_UTF8 (sel, "owner", c->s->owner);
+   return true;
+}
+
+/* One bulkWrite: per lane, inFlight gains the picks (the lease never
+ * shrinks), loses the gone ids, or the lane is handed back when it yielded
+ * nothing and runs nothing.  Every write is conditional on the epoch. */
+static bool
+record (claim_t *c, bool *hand_back, bson_error_t *error)
+{
+   mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts (c->lanes_coll, NULL);
+   bson_t reply;
+   bson_error_t err;
+   int64_t expected = 0;
+   bool ok = true;
+
+   for (size_t i = 0; ok && i < c->n_lanes; i++) {
+      claim_lane_t *l = &c->lanes[i];
+      bson_t sel, upd = BSON_INITIALIZER, sub, each;
+
+      hand_back[i] = false;
+      lane_sel (c, l, &sel);
+      if (l->picks.n > 0) {
+         BSON_APPEND_DOCUMENT_BEGIN (&upd, "$addToSet", &sub);
+         BSON_APPEND_DOCUMENT_BEGIN (&sub, "inFlight", &each);
+         store_append_oids_array (&each, "$each", l->picks.v, l->picks.n);
+         bson_append_document_end (&sub, &each);
+         bson_append_document_end (&upd, &sub);
+         BSON_APPEND_DOCUMENT_BEGIN (&upd, "$max", &sub);
+         BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
+         bson_append_document_end (&upd, &sub);
+         ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &upd, NULL, &err);
+         expected++;
+      } else if (l->inflight.n == 0) {
+         hand_back[i] = true;
+         BSON_APPEND_DOCUMENT_BEGIN (&upd, "$set", &sub);
+         BSON_APPEND_NULL (&sub, "owner");
+         BSON_APPEND_NULL (&sub, "leaseExpiresAt");
+         store_append_oids_array (&sub, "inFlight", NULL, 0);
+         bson_append_document_end (&upd, &sub);
+         ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &upd, NULL, &err);
+         expected++;
+      }
+      if (ok && l->gone.n > 0 && !hand_back[i]) {
+         bson_t pull = BSON_INITIALIZER;
+         BSON_APPEND_DOCUMENT_BEGIN (&pull, "$pullAll", &sub);
+         store_append_oids_array (&sub, "inFlight", l->gone.v, l->gone.n);
+         bson_append_document_end (&pull, &sub);
+         ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &pull, NULL, &err);
+         bson_destroy (&pull);
+         expected++;
+      }
+      bson_destroy (&sel);
+      bson_destroy (&upd);
+   }
+   if (!ok) {
+      store_set_error (error, STORE_ERROR_SERVER, "building the claim record: %s", err.message);
+      mongoc_bulk_operation_destroy (bulk);
+      return false;
+   }
+   if (expected == 0) {
+      mongoc_bulk_operation_destroy (bulk);
+      return true;
+   }
+   if (!mongoc_bulk_operation_execute (bulk, &reply, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "recording the claim: %s", err.message);
+      ok = false;
+   } else if (store_iter_int64 (&reply, "nMatched") != expected) {
+      store_set_error (error,
+                       STORE_ERROR_LOST,
+                       "recording the claim matched %" PRId64 " of %" PRId64 " lanes: a lane changed hands",
+                       store_iter_int64 (&reply, "nMatched"),
+                       expected);
+      ok = false;
+   }
+   bson_destroy (&reply);
+   mongoc_bulk_operation_destroy (bulk);
+   return ok;
+}
+
+/* Parks the waiting deliveries: keys with STORE_PARK_THRESHOLD or more, and
+ * every waiting delivery of a lane handed back.  Best effort. */
+static void
+park (claim_t *c, const bool *hand_back)
+{
+   store_oids_t ids = {0};
+   bson_t q = BSON_INITIALIZER;
+   bson_t *upd;
+   bson_error_t err;
+
+   for (int i = 0; i < KEY_BUCKETS; i++)
+      for (key_state_t *k = c->keys[i]; k; k = k->next)
+         if (k->blocked.n >= STORE_PARK_THRESHOLD)
+            for (size_t j = 0; j < k->blocked.n; j++)
+               store_oids_push (&ids, &k->blocked.v[j]);
+   for (size_t i = 0; i < c->n_lanes; i++)
+      if (hand_back[i])
+         for (size_t j = 0; j < c->lanes[i].blocked.n; j++)
+            if (!store_oids_has (&ids, &c->lanes[i].blocked.v[j]))
+               store_oids_push (&ids, &c->lanes[i].blocked.v[j]);
+   if (ids.n == 0) {
+      bson_destroy (&q);
+      return;
+   }
+   store_append_oids_op (&q, "_id", "$in", ids.v, ids.n);
+   BSON_APPEND_UTF8 (&q, "lane", "ready");
+   BSON_APPEND_UTF8 (&q, "status", "pending");
+   upd = BCON_NEW ("$set", "{", "lane", BCON_UTF8 ("parked"), "}");
+   if (!mongoc_collection_update_many (c->deliveries, &q, upd, NULL, NULL, &err))
+      log_warn ("store: parking %zu waiting deliveries: %s", ids.n, err.message);
+   else
+      log_debug ("store: parked %zu waiting deliveries", ids.n);
+   bson_destroy (upd);
+   bson_destroy (&q);
+   store_oids_free (&ids);
+}
+
+/* ---------------------------------------------------------------- claim */
+
+bool
+store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_error_t *error)
+{
+   claim_t *c;
+   free_lane_t *free_lanes = NULL;
+   size_t n_free = 0, next_free = 0, round = 4;
+   bool hand_back[OUTBOX_LANES];
+   bool ok = false;
+
+   if (!s || !o || !out || o->n_handlers == 0 || o->lease_ms <= 0) {
+      store_set_error (error, STORE_ERROR_INVALID, "store_claim: handlers and a lease are required");
+      return false;
+   }
+   memset (out, 0, sizeof *out);
+   if (o->limit == 0)
+      return true;
+   c = bson_malloc0 (sizeof *c);
+   c->s = s;
+   c->o = o;
+   c->out = out;
+   c->handler_taken = bson_malloc0 (o->n_handlers * sizeof *c->handler_taken);
+   pthread_mutex_lock (&s->claim_mu);
+   c->client = mongoc_client_pool_pop (s->pool);
+   c->deliveries = store_coll (s, c->client, OUTBOX_DELIVERIES);
+   c->events = store_coll (s, c->client, OUTBOX_EVENTS);
+   c->lanes_coll = store_coll (s, c->client, OUTBOX_LANES_COLL);
+
+   for (size_t i = 0; i < o->n_handlers; i++)
+      unpark (c, o->handlers[i].handler);
+
+   /* 1. the lanes held under a live lease */
+   if (!load_held (c, error) || !scan (c, 0, error))
+      goto done;
+
+   /* 2. free lanes with due work, 4, 8, 16... per round */
+   if (out->n < o->limit && handlers_have_room (c)) {
+      free_lanes = bson_malloc0 (OUTBOX_LANES * sizeof *free_lanes);
+      if (!find_free_lanes (c, free_lanes, &n_free, error))
+         goto done;
+      while (out->n < o->limit && handlers_have_room (c) && next_free < n_free) {
+         size_t first = c->n_lanes;
+         for (size_t taken_round = 0; taken_round < round && next_free < n_free &&
+                                      c->n_lanes - first < STORE_MAX_LANES_PER_QUERY;
+              next_free++) {
+            bool taken;
+            if (!take_lane (c, &free_lanes[next_free], &taken, error))
+               goto done;
+            taken_round += taken;
+         }
+         if (!scan (c, first, error))
+            goto done;
+         round *= 2;
+      }
+   }
+
+   /* 3. the events of the batch, read before it is recorded */
+   if (!attach_events (c, error))
+      goto done;
+
+   /* 4. one bulkWrite */
+   if (!record (c, hand_back, error))
+      goto done;
+   ok = true;
+
+   pthread_mutex_lock (&s->mu);
+   for (size_t i = 0; i < c->n_lanes; i++) {
+      claim_lane_t *l = &c->lanes[i];
+      store_lane_state_t *st = &s->lanes[l->lane];
+      if (hand_back[i]) {
+         st->held = false;
+         store_issued_remove_lane (s, l->lane);
+         continue;
+      }
+      st->held = true;
+      st->epoch = l->epoch;
+      if (l->picks.n > 0 && st->expires < o->now + o->lease_ms)
+         st->expires = o->now + o->lease_ms;
+   }
+   for (size_t i = 0; i < out->n; i++) {
+      outbox_lease_t lease;
+      if (outbox_lease_parse (out->items[i].lease, &lease))
+         store_issued_add (s, &out->items[i].id, lease.lane_id, lease.epoch, lease.claims);
+   }
+   pthread_mutex_unlock (&s->mu);
+   park (c, hand_back);
+
+done:
+   if (!ok) {
+      bson_error_t rerr;
+      store_batch_clear (out);
+      if (!store_reconcile (s, c->client, &rerr))
+         log_warn ("store: reconciliation after a failed claim: %s", rerr.message);
+   }
+   for (size_t i = 0; free_lanes && i < n_free; i++)
+      bson_destroy (free_lanes[i].doc);
+   bson_free (free_lanes);
+   mongoc_client_pool_push (s->pool, c->client);
+   c->client = NULL;
+   claim_free (c);
+   bson_free (c);
+   pthread_mutex_unlock (&s->claim_mu);
+   return ok;
+}
+
+/* --------------------------------------------------------- reconciliation */
+
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   uint32_t lanes[OUTBOX_LANES];
+   int64_t epochs[OUTBOX_LANES];
+   size_t n;
+   bool drop[OUTBOX_LANES];
+   store_oids_t removed;
+} reconcile_t;
+
+static bool
+reconcile_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   reconcile_t *r = ctx;
+   store_t *s = r->s;
+   mongoc_collection_t *lanes = store_coll (s, r->client, OUTBOX_LANES_COLL);
+   mongoc_collection_t *dels = store_coll (s, r->client, OUTBOX_DELIVERIES);
+   bson_t opts = BSON_INITIALIZER;
+   bool ok = true;
+
+   store_oids_free (&r->removed);
+   memset (r->drop, 0, sizeof r->drop);
+   store_session_opts (session, &opts);
+   for (size_t i = 0; ok && i < r->n; i++) {
+      bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lanes[i]));
+      mongoc_cursor_t *cur = mongoc_collection_find_with_opts (lanes, q, &opts, NULL);
+      const bson_t *doc;
+      store_oids_t inflight = {0}, bad = {0};
+      bson_error_t err;
+
+      if (!mongoc_cursor_next (cur, &doc)) {
+         if (mongoc_cursor_error (cur, &err)) {
+            *error = err;
+            ok = false;
+         }
+         r->drop[i] = true;
+      } else if (store_iter_int64 (doc, "epoch") != r->epochs[i] || !store_iter_utf8 (doc, "owner") ||
+                 strcmp (store_iter_utf8 (doc, "owner"), s->owner) != 0) {
+         r->drop[i] = true; /* taken over meanwhile: its claims are not ours */
+      } else {
+         store_oids_from_array (&inflight, doc, "inFlight");
+      }
+      mongoc_cursor_destroy (cur);
+      bson_destroy (q);
+      for (size_t j = 0; ok && j < inflight.n; j++) {
+         const store_issued_t *is;
+         bool keep = false;
+         int32_t claims = 0;
+         bson_t *dq = BCON_NEW ("_id", BCON_OID (&inflight.v[j]));
+         mongoc_cursor_t *dc = mongoc_collection_find_with_opts (dels, dq, &opts, NULL);
+         const bson_t *ddoc;
+         bool exists = mongoc_cursor_next (dc, &ddoc);
+         if (exists)
+            claims = (int32_t) store_iter_int64 (ddoc, "claims");
+         if (mongoc_cursor_error (dc, &err)) {
+            *error = err;
+            ok = false;
+         }
+         mongoc_cursor_destroy (dc);
+         pthread_mutex_lock (&s->mu);
+         is = store_issued_find (s, &inflight.v[j]);
+         keep = exists && is && is->lane == r->lanes[i] && is->epoch == r->epochs[i] && is->claims == claims;
+         pthread_mutex_unlock (&s->mu);
+         if (ok && !keep) {
+            store_oids_push (&bad, &inflight.v[j]);
+            if (exists) {
+               bson_t *u = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
+               if (!mongoc_collection_update_one (dels, dq, u, &opts, NULL, error))
+                  ok = false;
+               bson_destroy (u);
+            }
+         }
+         bson_destroy (dq);
+      }
+      if (ok && bad.n > 0) {
+         bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lanes[i]), "epoch", BCON_INT64 (r->epochs[i]));
+         bson_t lu = BSON_INITIALIZER, sub;
+         BSON_APPEND_DOCUMENT_BEGIN (&lu, "$pullAll", &sub);
+         store_append_oids_array (&sub, "inFlight", bad.v, bad.n);
+         bson_append_document_end (&lu, &sub);
+         if (!mongoc_collection_update_one (lanes, lq, &lu, &opts, NULL, error))
+            ok = false;
+         bson_destroy (lq);
+         bson_destroy (&lu);
+         for (size_t j = 0; j < bad.n; j++)
+            store_oids_push (&r->removed, &bad.v[j]);
+      }
+      store_oids_free (&inflight);
+      store_oids_free (&bad);
+   }
+   bson_destroy (&opts);
+   mongoc_collection_destroy (lanes);
+   mongoc_collection_destroy (dels);
+   return ok;
+}
+
+bool
+store_reconcile (store_t *s, mongoc_client_t *client, bson_error_t *error)
+{
+   reconcile_t *r = bson_malloc0 (sizeof *r);
+   bool ok;
+
+   r->s = s;
+   r->client = client;
+   pthread_mutex_lock (&s->mu);
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (s->lanes[i].held) {
+         r->lanes[r->n] = (uint32_t) i;
+         r->epochs[r->n++] = s->lanes[i].epoch;
+      }
+   pthread_mutex_unlock (&s->mu);
+   if (r->n == 0) {
+      bson_free (r);
+      return true;
+   }
+   ok = store_with_txn (s, client, reconcile_cb, r, error);
+   if (ok) {
+      pthread_mutex_lock (&s->mu);
+      for (size_t i = 0; i < r->n; i++)
+         if (r->drop[i] && s->lanes[r->lanes[i]].epoch == r->epochs[i]) {
+            s->lanes[r->lanes[i]].held = false;
+            store_issued_remove_lane (s, r->lanes[i]);
+         }
+      for (size_t j = 0; j < r->removed.n; j++)
+         store_issued_remove (s, &r->removed.v[j]);
+      pthread_mutex_unlock (&s->mu);
+   }
+   store_oids_free (&r->removed);
+   bson_free (r);
+   return ok;
+}
