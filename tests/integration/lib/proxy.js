@@ -315,7 +315,7 @@ async function startProxy(opts) {
     async stop() {
       if (proxy.stopped) return exitInfo;
       proxy.stopped = true;
-      if (!exitInfo) child.kill('SIGTERM');
+      if (!exitInfo) proxy.terminate();
       const deadlineMs = Number(settings.drain_timeout_ms) + 5000;
       const r = await Promise.race([exited, sleep(deadlineMs).then(() => null)]);
       if (!r) {
@@ -330,6 +330,13 @@ async function startProxy(opts) {
       );
       assert.equal(r.code, 0, `proxy exit code after SIGTERM; log tail:\n${tail(proxy.log())}`);
       return r;
+    },
+    /** Sends SIGTERM once (a test may start the drain itself, then call stop() to check it). */
+    terminate() {
+      if (!proxy.sigtermSent && !exitInfo) {
+        proxy.sigtermSent = true;
+        child.kill('SIGTERM');
+      }
     },
     /** Kills without checks (cleanup after a failed test). */
     async kill() {
