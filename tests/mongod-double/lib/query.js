@@ -9,12 +9,47 @@ const V = require('./values');
 const { err } = require('./errors');
 const { isPlainObject } = require('./update');
 
-function compileFilter(filter) {
+// Simple collations (strength 1 or 2) compare strings case-insensitively; strength 1 also
+// ignores diacritics. mingo has no collation support, so both sides are folded beforehand.
+function collationFolder(collation) {
+  if (!collation || typeof collation !== 'object') return null;
+  const strength = collation.strength === undefined ? 3 : V.toNumber(collation.strength);
+  if (strength >= 3) return null;
+  const fold = (s) => (strength === 1 ? s.normalize('NFD').replace(/[\u0300-\u036f]/g, '') : s).toLowerCase();
+  const walk = (v) => {
+    if (typeof v === 'string') return fold(v);
+    if (Array.isArray(v)) return v.map(walk);
+    if (v && typeof v === 'object' && v.constructor === Object) {
+      const o = {};
+      for (const k of Object.keys(v)) o[k] = walk(v[k]);
+      return o;
+    }
+    return v;
+  };
+  return walk;
+}
+
+function compileFilter(filter, opts = {}) {
   if (filter === undefined || filter === null) return null;
   if (!isPlainObject(filter)) throw err(14, "BSON field 'filter' is the wrong type, expected type 'object'");
   if (!Object.keys(filter).length) return null;
+  const fold = collationFolder(opts.collation);
+  let q;
   try {
-    return new Query(V.toView(filter));
+    const view = V.toView(filter);
+    q = new Query(fold ? fold(view) : view, opts.variables ? { variables: opts.variables } : undefined);
+  } catch (e) {
+    throw err(2, e.message);
+  }
+  if (!fold) return q;
+  return { test: (view) => q.test(fold(view)) };
+}
+
+// Values of a `let` document: each is an expression evaluated once per command.
+function evalLet(letDoc) {
+  if (!letDoc || !isPlainObject(letDoc) || !Object.keys(letDoc).length) return undefined;
+  try {
+    return new Aggregator([{ $set: V.toView(letDoc) }]).run([{}])[0];
   } catch (e) {
     throw err(2, e.message);
   }
@@ -82,16 +117,23 @@ function* candidates(access, coll, filter) {
   yield* access.scan(coll);
 }
 
-// Matching records as [{idKey, doc, view}], honouring sort/skip/limit.
+// Matching records as [{idKey, doc, view}], honouring sort/skip/limit. A view (viewOn) is
+// materialised through its pipeline first.
 function select(access, coll, opts) {
   if (!coll) return [];
-  const q = compileFilter(opts.filter);
+  let source;
+  if (coll.options && typeof coll.options.viewOn === 'string') {
+    const base = access.coll(coll.db, coll.options.viewOn, false);
+    const docs = aggregate(select(access, base, {}).map((r) => r.doc), coll.options.pipeline || [], {});
+    source = docs.map((doc) => ({ idKey: null, doc, view: V.toView(doc) }));
+  } else source = candidates(access, coll, opts.collation ? null : opts.filter);
+  const q = compileFilter(opts.filter, opts);
   const sortCmp = V.makeSortComparator(opts.sort);
   const skip = opts.skip || 0;
   const limit = opts.limit || 0;
   const out = [];
   const stopAt = !sortCmp && limit ? skip + limit : Infinity;
-  for (const r of candidates(access, coll, opts.filter)) {
+  for (const r of source) {
     if (q && !q.test(r.view)) continue;
     out.push(r);
     if (out.length >= stopAt) break;
@@ -129,7 +171,7 @@ function aggregate(inputDocs, pipeline, opts) {
     out = new Aggregator(pipeline.map((s) => V.toView(s)), {
       processingMode: 1,
       collectionResolver: opts.resolver,
-      variables: opts.variables ? V.toView(opts.variables) : undefined,
+      variables: opts.variables,
     }).run(views);
   } catch (e) {
     if (e && e.code) throw e;
@@ -141,4 +183,4 @@ function aggregate(inputDocs, pipeline, opts) {
   });
 }
 
-module.exports = { compileFilter, select, project, aggregate, equalityValue };
+module.exports = { compileFilter, select, project, aggregate, equalityValue, evalLet, collationFolder };

@@ -24,6 +24,8 @@ const HELLO_NAMES = new Set(['hello', 'isMaster', 'ismaster']);
 const SESSIONLESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'ping', 'buildInfo', 'buildinfo',
   'endSessions', 'killSessions', 'killAllSessions', 'killAllSessionsByPattern', 'refreshSessions', 'doubleStats']);
 const NO_REPLY = Symbol('no reply');
+// WriteConflict, LockTimeout, PreparedTransactionInProgress, snapshot and stale-routing errors.
+const TRANSIENT_CODES = new Set([112, 24, 267, 239, 246, 311, 317, 63, 13388, 249, 150]);
 const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
 
 class Connection {
@@ -163,7 +165,7 @@ function labelsFor(code, body, name, wce) {
   const retryableWrite = has('txnNumber') && !has('autocommit') && RETRYABLE_WRITE_COMMANDS.has(name);
   if (code !== undefined && code !== null) {
     if (inTxn) {
-      if (code === 112 || code === 24 || code === 246) labels.push('TransientTransactionError');
+      if (TRANSIENT_CODES.has(code)) labels.push('TransientTransactionError');
       else if (code === 251 && !(isEnd && wce)) labels.push('TransientTransactionError');
       else if (RETRYABLE_CODES.has(code) && !isEnd) labels.push('TransientTransactionError');
     }
@@ -173,6 +175,20 @@ function labelsFor(code, body, name, wce) {
     labels.push('RetryableWriteError');
   }
   return labels;
+}
+
+// A one-member replica set cannot satisfy w > 1 and knows no custom modes; like mongod it
+// performs the write and reports the problem as a writeConcernError.
+function writeConcernProblem(wc) {
+  const w = wc.w;
+  if (w === undefined) return null;
+  if (V.isNumeric(w) && V.toNumber(w) > 1) {
+    return { code: 100, codeName: 'UnsatisfiableWriteConcern', errmsg: 'Not enough data-bearing nodes' };
+  }
+  if (typeof w === 'string' && w !== 'majority') {
+    return { code: 79, codeName: 'UnknownReplWriteConcern', errmsg: `No write concern mode named '${w}' found in replica set configuration` };
+  }
+  return null;
 }
 
 class Server {
@@ -290,7 +306,8 @@ class Server {
           throw err(72, 'writeConcern is not allowed within a multi-statement transaction');
         }
       }
-      ctx.started = true; // errors from here on end an open transaction
+      // Errors injected by failCommand leave an open transaction alone (a real 7.0 primary
+      // evaluates the fail point before the command runs in the transaction).
       const fp = name === 'configureFailPoint' ? null : this.failpoints.failCommand(name, conn.appName);
       if (fp) {
         if (V.truthy(fp.blockConnection)) await sleep(V.toNumber(fp.blockTimeMS) || 0);
@@ -308,6 +325,11 @@ class Server {
           if (Array.isArray(fp.errorLabels)) explicitLabels = fp.errorLabels;
         }
       }
+      const wc = has('writeConcern') && body.writeConcern && typeof body.writeConcern === 'object' ? body.writeConcern : null;
+      if (wc && this.opts.standalone && wc.w !== undefined && V.isNumeric(wc.w) && V.toNumber(wc.w) > 1) {
+        throw err(2, "cannot use 'w' > 1 with a standalone");
+      }
+      ctx.started = true; // errors from here on end an open transaction
       if (ctx.sctx && ctx.sctx.replay) {
         reply = Object.assign({}, ctx.sctx.replay);
       } else {
@@ -315,10 +337,12 @@ class Server {
         ctx.access = new Access(this.store, txn);
         reply = await handler(ctx);
         if (ctx.abortTxnAfterReply && txn) txn.abort('statement failed');
-        if (ctx.sctx && ctx.sctx.retryable && ctx.sctx.session.txnNumber === ctx.sctx.txnNumber) {
+        // Only a fully successful result is remembered: failed statements run again on retry.
+        if (ctx.sctx && ctx.sctx.retryable && ctx.sctx.session.txnNumber === ctx.sctx.txnNumber && !reply.writeErrors) {
           ctx.sctx.session.retryReply = Object.assign({}, reply);
         }
       }
+      if (!wce && wc && !this.opts.standalone && reply.ok) wce = writeConcernProblem(wc);
       if (wce) {
         reply.writeConcernError = wce;
         const labels = explicitLabels || labelsFor(null, body, name, wce);

@@ -5,7 +5,9 @@
 // at commit, first writer wins). The session state machine that decides *which* Txn a command
 // runs in is in sessions.js.
 
+const { Query } = require('mingo');
 const V = require('./values');
+const { err } = require('./errors');
 const { WaitFor, writeConflict, Collection } = require('./storage');
 
 class Txn {
@@ -69,6 +71,21 @@ class Txn {
     this.store.sweep();
     this._resolveDone();
   }
+}
+
+// Query-style validators only ($jsonSchema is whatever mingo makes of it); the error carries
+// errInfo like mongod 5.0+, with a coarse `details`.
+function checkValidator(coll, doc, view) {
+  const o = coll.options;
+  if (o.validationLevel === 'off' || o.validationAction === 'warn') return;
+  if (!coll._validator || coll._validatorSrc !== o.validator) {
+    coll._validator = new Query(V.toView(o.validator));
+    coll._validatorSrc = o.validator;
+  }
+  if (coll._validator.test(view)) return;
+  throw err(121, 'Document failed validation', {
+    errInfo: { failingDocumentId: doc._id, details: { operatorName: '$and', clausesNotSatisfied: [] } },
+  });
 }
 
 class Access {
@@ -138,6 +155,7 @@ class Access {
   // Writes doc (null deletes) under idKey. Throws WaitFor, WriteConflict or DuplicateKey.
   put(coll, idKey, doc) {
     const view = doc ? V.toView(doc) : null;
+    if (doc && coll.options && coll.options.validator) checkValidator(coll, doc, view);
     const txn = this.txn;
     const holder = coll.locks.get(idKey);
     if (!txn) {

@@ -7,7 +7,7 @@
 const { BSON } = require('bson');
 const V = require('../values');
 const { err, MongoError } = require('../errors');
-const { select, project, aggregate, compileFilter } = require('../query');
+const { select, project, aggregate, compileFilter, evalLet } = require('../query');
 const { applyUpdate, upsertSeed, withIdFirst, kindOfUpdate, isPlainObject } = require('../update');
 
 function collName(cmd, name) {
@@ -32,7 +32,19 @@ function sameDoc(a, b) {
 function validateNewDoc(doc) {
   if (!isPlainObject(doc)) throw err(2, 'document to insert must be an object');
   if (Array.isArray(doc._id)) throw err(53, "can't use an array for _id");
+  if (isPlainObject(doc._id)) {
+    for (const k of Object.keys(doc._id)) {
+      if (k.startsWith('$')) throw err(52, `_id fields may not contain '$'-prefixed fields: ${k} is not valid for storage.`);
+    }
+  }
   if (doc._id && V.bsonTag(doc._id) === 'regex') throw err(2, "can't use a regex for _id");
+}
+
+function notAView(coll) {
+  if (coll && coll.options && coll.options.viewOn !== undefined) {
+    throw err(166, `Namespace ${coll.ns} is a view, not a collection`);
+  }
+  return coll;
 }
 
 function insertOne(ctx, coll, doc) {
@@ -55,7 +67,7 @@ async function insert(ctx) {
   const docs = cmd.documents;
   if (!Array.isArray(docs)) throw err(40414, "BSON field 'insert.documents' is missing but a required field");
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
-  const coll = await ctx.retryOnWait(() => ctx.access.coll(db, name, true));
+  const coll = notAView(await ctx.retryOnWait(() => ctx.access.coll(db, name, true)));
   let n = 0;
   const writeErrors = [];
   for (let i = 0; i < docs.length; i++) {
@@ -86,13 +98,14 @@ async function updateStatement(ctx, coll, st, db, name) {
   const kind = kindOfUpdate(u);
   if (multi && kind === 'replacement') throw err(9, 'multi update is not supported for replacement-style update');
   const queryView = V.toView(q);
-  const opts = { queryView, arrayFilters: st.arrayFilters, variables: ctx.cmd.let };
+  const opts = { queryView, arrayFilters: st.arrayFilters, variables: ctx.vars };
+  const sel = { filter: q, limit: multi ? 0 : 1, variables: ctx.vars, collation: st.collation };
   if (kind === 'operator') for (const f of st.arrayFilters || []) if (!isPlainObject(f)) throw err(9, 'arrayFilters must be objects');
   let n = 0;
   let nModified = 0;
   if (coll) {
-    const q1 = compileFilter(q);
-    const matches = select(ctx.access, coll, { filter: q, sort: st.sort, limit: multi ? 0 : 1 });
+    const q1 = compileFilter(q, sel);
+    const matches = select(ctx.access, coll, sel);
     for (const m of matches) {
       const done = await ctx.retryOnWait(() => {
         const cur = ctx.access.get(coll, m.idKey);
@@ -134,7 +147,12 @@ async function update(ctx) {
   const updates = cmd.updates;
   if (!Array.isArray(updates)) throw err(40414, "BSON field 'update.updates' is missing but a required field");
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
-  let coll = ctx.access.coll(db, name, false);
+  // 7.0 parses the whole command first: an 8.0-only field fails it before any statement runs.
+  for (const st of updates) {
+    if (isPlainObject(st) && st.sort !== undefined) throw err(40415, "BSON field 'update.updates.sort' is an unknown field.");
+  }
+  ctx.vars = evalLet(cmd.let);
+  let coll = notAView(ctx.access.coll(db, name, false));
   let n = 0;
   let nModified = 0;
   const upserted = [];
@@ -164,7 +182,8 @@ async function del(ctx) {
   const deletes = cmd.deletes;
   if (!Array.isArray(deletes)) throw err(40414, "BSON field 'delete.deletes' is missing but a required field");
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
-  const coll = ctx.access.coll(db, name, false);
+  const coll = notAView(ctx.access.coll(db, name, false));
+  const vars = evalLet(cmd.let);
   let n = 0;
   const writeErrors = [];
   for (let i = 0; i < deletes.length; i++) {
@@ -174,8 +193,9 @@ async function del(ctx) {
       const limit = V.toNumber(st.limit);
       if (limit !== 0 && limit !== 1) throw err(9, `The limit field in delete objects must be 0 or 1. Got ${limit}`);
       if (!coll) continue;
-      const q1 = compileFilter(st.q);
-      const matches = select(ctx.access, coll, { filter: st.q, limit });
+      const sel = { filter: st.q, limit, variables: vars, collation: st.collation };
+      const q1 = compileFilter(st.q, sel);
+      const matches = select(ctx.access, coll, sel);
       for (const m of matches) {
         const ok = await ctx.retryOnWait(() => {
           const cur = ctx.access.get(coll, m.idKey);
@@ -215,11 +235,13 @@ async function findAndModify(ctx) {
   if (remove && upsert) throw err(9, 'Cannot specify both upsert=true and remove=true');
   if (remove && returnNew) throw err(9, 'Cannot specify both new=true and remove=true; \'remove\' always returns the deleted document');
   const q = cmd.query || {};
-  const q1 = compileFilter(q);
-  const coll = ctx.access.coll(db, name, false);
+  const vars = evalLet(cmd.let);
+  const sel = { filter: q, sort: cmd.sort, limit: 1, variables: vars, collation: cmd.collation };
+  const q1 = compileFilter(q, sel);
+  const coll = notAView(ctx.access.coll(db, name, false));
   const kind = remove ? null : kindOfUpdate(u);
-  const opts = { queryView: V.toView(q), arrayFilters: cmd.arrayFilters, variables: cmd.let };
-  const match = coll ? select(ctx.access, coll, { filter: q, sort: cmd.sort, limit: 1 })[0] : null;
+  const opts = { queryView: V.toView(q), arrayFilters: cmd.arrayFilters, variables: vars };
+  const match = coll ? select(ctx.access, coll, sel)[0] : null;
   if (match) {
     const res = await ctx.retryOnWait(() => {
       const cur = ctx.access.get(coll, match.idKey);
@@ -280,7 +302,7 @@ async function find(ctx) {
   const batchSize = cmd.batchSize === undefined ? undefined : num(cmd.batchSize, 101);
   if (batchSize !== undefined && batchSize < 0) throw err(51024, `BSON field 'batchSize' value must be >= 0, actual value '${batchSize}'`);
   if (cmd.filter !== undefined && !isPlainObject(cmd.filter)) throw err(14, "BSON field 'FindCommandRequest.filter' is the wrong type, expected type 'object'");
-  const records = select(ctx.access, coll, { filter: cmd.filter, sort: cmd.sort, skip, limit });
+  const records = select(ctx.access, coll, { filter: cmd.filter, sort: cmd.sort, skip, limit, variables: evalLet(cmd.let), collation: cmd.collation });
   const docs = project(records, cmd.projection);
   return ctx.cursors.open(`${db}.${name}`, docs, { batchSize, singleBatch, session: ctx.sessionKey });
 }
@@ -309,13 +331,13 @@ async function count(ctx) {
   if (!coll) return { n: 0, ok: 1 };
   const skip = num(cmd.skip, 0);
   let limit = Math.abs(num(cmd.limit, 0));
-  if (!cmd.query || !Object.keys(cmd.query).length) {
+  if ((!cmd.query || !Object.keys(cmd.query).length) && !(coll.options && coll.options.viewOn !== undefined)) {
     let n = ctx.access.count(coll) - skip;
     if (n < 0) n = 0;
     if (limit && n > limit) n = limit;
     return { n, ok: 1 };
   }
-  const n = select(ctx.access, coll, { filter: cmd.query, skip, limit }).length;
+  const n = select(ctx.access, coll, { filter: cmd.query, skip, limit, collation: cmd.collation }).length;
   return { n, ok: 1 };
 }
 
@@ -326,7 +348,7 @@ async function distinct(ctx) {
   const coll = ctx.access.coll(db, name, false);
   const values = [];
   const seen = new Set();
-  for (const r of select(ctx.access, coll, { filter: cmd.query })) {
+  for (const r of select(ctx.access, coll, { filter: cmd.query, collation: cmd.collation })) {
     for (const v of V.pathValues(r.doc, cmd.key)) {
       const list = Array.isArray(v) ? v : [v];
       for (const x of list) {
@@ -395,7 +417,7 @@ async function writeStage(ctx, stage, docs, db) {
         if (whenMatched === 'replace') next = Object.assign({ _id: existing.doc._id }, doc);
         else if (whenMatched === 'merge') next = Object.assign({}, existing.doc, doc);
         else if (Array.isArray(whenMatched)) {
-          next = applyUpdate(existing.doc, whenMatched, { variables: { new: doc } });
+          next = applyUpdate(existing.doc, whenMatched, { variables: Object.assign({}, ctx.vars, { new: V.toView(doc) }) });
         } else throw err(51191, `Unsupported whenMatched mode`);
         next._id = existing.doc._id;
         access.put(coll, existing.idKey, withIdFirst(next));
@@ -423,6 +445,10 @@ async function aggregateCmd(ctx) {
     throw err(263, `${last.$out !== undefined ? '$out' : '$merge'} cannot be used in a transaction`);
   }
   let stages = writes ? pipeline.slice(0, -1) : pipeline.slice();
+  ctx.vars = evalLet(cmd.let);
+  if (writes && cmd.readConcern && cmd.readConcern.level === 'linearizable') {
+    throw err(2, `cannot use readConcern level 'linearizable' with ${last.$out !== undefined ? '$out' : '$merge'}`);
+  }
   let inputs;
   let nsName;
   if (typeof cmd.aggregate === 'string') {
@@ -434,7 +460,7 @@ async function aggregateCmd(ctx) {
       filter = stages[0].$match;
       stages = stages.slice(1);
     }
-    inputs = select(ctx.access, coll, { filter }).map((r) => r.doc);
+    inputs = select(ctx.access, coll, { filter, variables: ctx.vars, collation: cmd.collation }).map((r) => r.doc);
   } else {
     nsName = '$cmd.aggregate';
     inputs = [];
@@ -450,7 +476,7 @@ async function aggregateCmd(ctx) {
     const c = ctx.access.coll(db, name, false);
     return c ? select(ctx.access, c, {}).map((r) => r.view) : [];
   };
-  const out = stages.length ? aggregate(inputs, stages, { resolver, variables: cmd.let }) : inputs;
+  const out = stages.length ? aggregate(inputs, stages, { resolver, variables: ctx.vars }) : inputs;
   if (explain) return { explainVersion: '1', stages: [], serverInfo: { version: '7.0.0' }, ok: 1 };
   if (writes) {
     await writeStage(ctx, last, out, db);

@@ -248,6 +248,23 @@ async function renameCollection(ctx) {
   return { ok: 1 };
 }
 
+async function collMod(ctx) {
+  const { cmd, db } = ctx;
+  const name = nameOf(cmd, 'collMod');
+  const c = ctx.store.getColl(db, name);
+  if (!c) throw err(26, `ns does not exist: ${db}.${name}`);
+  const r = {};
+  for (const k of ['validator', 'validationLevel', 'validationAction', 'viewOn', 'pipeline']) {
+    if (cmd[k] !== undefined) c.options = Object.assign({}, c.options, { [k]: cmd[k] });
+  }
+  if (cmd.index && isPlainObject(cmd.index)) {
+    const ix = [...c.indexes.values()].find((i) => i.name === cmd.index.name || (cmd.index.keyPattern && sameKey(i.key, cmd.index.keyPattern)));
+    if (!ix) throw err(27, 'cannot find index');
+  }
+  r.ok = 1;
+  return r;
+}
+
 async function collStats(ctx) {
   const name = nameOf(ctx.cmd, 'collStats');
   const c = ctx.store.getColl(ctx.db, name);
@@ -265,5 +282,5 @@ async function dbStats(ctx) {
 
 module.exports = {
   create, drop, dropDatabase, createIndexes, listIndexes, dropIndexes, deleteIndexes: dropIndexes, listCollections,
-  listDatabases, renameCollection, collStats, dbStats,
+  listDatabases, renameCollection, collStats, dbStats, collMod,
 };
