@@ -28,7 +28,6 @@ function driverOptions(opts, entities) {
     if (k === 'session') out.session = entities.get(v, 'session');
     else if (k === 'returnDocument') out.returnDocument = String(v).toLowerCase();
     else if (k === 'readPreference') out.readPreference = readPreferenceFrom(v);
-    else if (k === 'rawData') throw new UnsupportedError('rawData option (internal-only) is not supported by the Node.js driver');
     else out[k] = v;
   }
   return out;

@@ -126,7 +126,7 @@ class Runner {
       }
     }
     if (failed.length === 0 && passed > 0) {
-      this.out(`PASS ${name} (${passed} tests${skipped.length ? `, ${skipped.length} skipped` : ''})`);
+      this.out(`PASS ${name} (${passed} tests${skipped.length ? `; ${skipped.length} more skipped` : ''})`);
     }
     for (const f of failed) this.out(`FAIL ${name}: ${f.test}: ${f.reason}`);
     if (failed.length && passed) this.out(`     ${name}: ${passed} of ${passed + failed.length} passed`);
@@ -151,6 +151,7 @@ class Runner {
     try {
       await withTimeout((async () => {
         await this.killAllSessions();
+        await this.dropUndeclared(doc.createEntities || [], doc.initialData || []);
         await this.setupInitialData(doc.initialData || []);
         await ents.create(doc.createEntities || []);
         for (const op of test.operations || []) await this.executeOperation(op, ents, {});
@@ -186,6 +187,25 @@ class Runner {
     }
     this.current = null;
     return failure;
+  }
+
+  // Collections a file uses without listing them in initialData would keep
+  // whatever an earlier test or file left there; drop them so every test
+  // starts from a clean state.
+  async dropUndeclared(createEntities, initialData) {
+    const dbs = new Map();
+    for (const def of createEntities) if (def.database) dbs.set(def.database.id, def.database.databaseName);
+    const covered = new Set(initialData.map((cd) => `${cd.databaseName}.${cd.collectionName}`));
+    for (const def of createEntities) {
+      if (!def.collection) continue;
+      const dbName = dbs.get(def.collection.database);
+      if (!dbName || covered.has(`${dbName}.${def.collection.collectionName}`)) continue;
+      try {
+        await this.internal.db(dbName).collection(def.collection.collectionName).drop({ writeConcern: { w: 'majority' } });
+      } catch (e) {
+        if (e.code !== 26 && !/ns not found/i.test(e.message)) throw new TestFailure(`dropping ${dbName}.${def.collection.collectionName}: ${e.message}`);
+      }
+    }
   }
 
   async setupInitialData(initialData) {
@@ -276,7 +296,11 @@ class Runner {
       error = e;
     }
     const label = `${op.object}.${op.name}`;
-    if (op.ignoreResultAndError) return;
+    if (op.ignoreResultAndError) {
+      // Errors inside a withTransaction callback always propagate to withTransaction.
+      if (inCallback && error) throw error;
+      return;
+    }
     if (op.expectError) {
       if (!error) throw new TestFailure(`${label}: expected an error, got result ${show(result)}`);
       try {
@@ -284,6 +308,9 @@ class Runner {
       } catch (e) {
         throw new TestFailure(`${label}: ${e.message}`);
       }
+      // The format: errors from callback operations propagate to withTransaction
+      // even when expected, so they can be asserted at both levels.
+      if (inCallback) throw error;
       return;
     }
     if (error) {
@@ -376,7 +403,9 @@ class Runner {
       case 'assertDifferentLsidOnLastTwoCommands': {
         const started = (ents.eventLists.get(a.client) || []).filter((e) => e.type === 'commandStartedEvent');
         if (started.length < 2) throw new TestFailure(`${op.name}: fewer than two commandStartedEvents observed`);
-        const [x, y] = started.slice(-2).map((e) => EJSON.stringify(e.event.command.lsid, { relaxed: false }));
+        const lsids = started.slice(-2).map((e) => e.event.command.lsid);
+        if (lsids.some((l) => !l)) throw new TestFailure(`${op.name}: one of the last two commands has no lsid`);
+        const [x, y] = lsids.map((l) => EJSON.stringify(l, { relaxed: false }));
         const same = x === y;
         if (op.name === 'assertSameLsidOnLastTwoCommands' ? !same : same) {
           throw new TestFailure(`${op.name}: lsids ${x} and ${y}`);
