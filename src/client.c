@@ -1220,7 +1220,15 @@ client_event_cb (struct bufferevent *bev, short what, void *arg)
    if (what & BEV_EVENT_CONNECTED)
       return;
    if (what & BEV_EVENT_EOF) {
-      client_disconnect (c, STATS_CLOSE_CLIENT_EOF, "client closed the connection");
+      size_t partial = evbuffer_get_length (bufferevent_get_input (bev));
+      if (partial > 0)
+         /* Bytes left over are a message the client never finished. */
+         client_disconnect (c,
+                            STATS_CLOSE_CLIENT_EOF,
+                            "client closed the connection in the middle of a message (%zu bytes of a partial message buffered)",
+                            partial);
+      else
+         client_disconnect (c, STATS_CLOSE_CLIENT_EOF, "client closed the connection");
       return;
    }
    while ((e = bufferevent_get_openssl_error (bev)) != 0)
