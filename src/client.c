@@ -767,6 +767,98 @@ answer_locally (client_conn_t *c,
    return client_answer_error (c, seq, code, code_name, errmsg, error);
 }
 
+#ifdef RELAYBUS_DEBUG
+/* Debug builds only: {relaybusDebugInternal: {<command with $db>}, times: N}
+ * holds the client's request, sends the inner command N times on the
+ * upstream connection as the proxy's own requests (pipelined), and answers
+ * {ok: 1, replies: [...]} once all replies are in.  It exercises exactly
+ * the mechanism injection uses (hold, send internal, answer) and serves as
+ * its worked example. */
+typedef struct {
+   uint64_t seq;      /* the held client request */
+   int pending;       /* internal replies still to come */
+   bson_t replies;    /* array being built */
+   uint32_t nreplies;
+   bool failed;
+} debug_internal_t;
+
+static void
+debug_internal_cb (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+{
+   debug_internal_t *d = ctx;
+   bson_error_t answer_error;
+   char idx[16];
+   const char *key;
+
+   d->pending--;
+   if (!reply) {
+      /* Connection closed: nothing to answer, just release. */
+      d->failed = true;
+   } else {
+      bson_uint32_to_string (d->nreplies++, &key, idx, sizeof idx);
+      BSON_APPEND_DOCUMENT (&d->replies, key, &reply->body);
+   }
+   if (d->pending > 0)
+      return;
+   if (!d->failed) {
+      bson_t doc = BSON_INITIALIZER;
+      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      BSON_APPEND_ARRAY (&doc, "replies", &d->replies);
+      if (!client_answer (c, d->seq, &doc, &answer_error))
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "debug internal answer: %s", answer_error.message);
+      bson_destroy (&doc);
+   }
+   bson_destroy (&d->replies);
+   bson_free (d);
+}
+
+static bool
+debug_internal (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
+{
+   bson_iter_t it;
+   bson_t inner;
+   const uint8_t *data;
+   uint32_t dlen;
+   int times = 1;
+   debug_internal_t *d;
+   bool ok = false;
+
+   if (bson_iter_init_find (&it, &msg->body, "times") && BSON_ITER_HOLDS_NUMBER (&it))
+      times = (int) bson_iter_as_int64 (&it);
+   if (!bson_iter_init_find (&it, &msg->body, "relaybusDebugInternal") || !BSON_ITER_HOLDS_DOCUMENT (&it) || times < 1 ||
+       times > 8)
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 2, "BadValue",
+                             "relaybusDebugInternal wants a command document and times in [1, 8]", src, len, error);
+   bson_iter_document (&it, &dlen, &data);
+   if (!bson_init_static (&inner, data, dlen))
+      return false;
+   d = bson_malloc0 (sizeof *d);
+   bson_init (&d->replies);
+   if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &d->seq, error))
+      goto done;
+   for (int i = 0; i < times; i++) {
+      if (!client_send_internal (c, &inner, NULL, 0, debug_internal_cb, d, error)) {
+         /* Requests already sent will still call back; let them free d. */
+         if (d->pending > 0) {
+            d->failed = true;
+            d = NULL;
+         }
+         goto done;
+      }
+      d->pending++;
+   }
+   d = NULL; /* owned by the callbacks now */
+   ok = true;
+done:
+   evbuffer_drain (src, len);
+   if (d) {
+      bson_destroy (&d->replies);
+      bson_free (d);
+   }
+   return ok;
+}
+#endif
+
 /* The routing decision for one parsed OP_MSG.  This is where injection
  * (annotated statements) and virtual commands hook in: either may hold the
  * request (client_hold_request), send its own traffic
@@ -779,6 +871,10 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
 
    if (!more && handshake_is_hello (cmd))
       return forward_hello (c, src, len, msg->header.request_id, WIRE_OP_MSG, &msg->body, error);
+#ifdef RELAYBUS_DEBUG
+   if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
+      return debug_internal (c, src, len, msg, compressor, error);
+#endif
    if (cmd && strncmp (cmd, "relaybus", 8) == 0) {
       char errmsg[160];
       /* Virtual commands are never forwarded; none is implemented yet. */
