@@ -31,6 +31,7 @@
 #define TOPOLOGY_PERIOD_MS 5000
 #define TOPOLOGY_RETRY_MIN_MS 250
 #define TOPOLOGY_RETRY_MAX_MS 5000
+#define TOPOLOGY_HEARTBEAT_MS 1000
 
 /* Owned by the loop thread that created it; the worker only touches the
  * fields under `mutex` and the pool (worker-only after start). */
@@ -91,6 +92,13 @@ topology_new (struct event_base *base,
     * shutdown joins the worker. */
    sst = (int32_t) (select_timeout_ms < 500 ? 500 : select_timeout_ms > 5000 ? 5000 : select_timeout_ms);
    mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, sst);
+   /* The worker sends no operations through the driver, so the driver only
+    * learns of a step-down from its heartbeat (10 s by default when
+    * pooled).  A re-selection asked for after a "not primary" error must
+    * see the new primary soon: check each member every second, unless the
+    * URI says otherwise. */
+   if (!mongoc_uri_has_option (uri, MONGOC_URI_HEARTBEATFREQUENCYMS))
+      mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_HEARTBEATFREQUENCYMS, TOPOLOGY_HEARTBEAT_MS);
 
    topo = bson_malloc0 (sizeof *topo);
    topo->base = base;
@@ -138,6 +146,28 @@ topology_resolve (const char *host, uint16_t port, topology_primary_t *out, bson
    return true;
 }
 
+/* With several mongos, selection picks one at random each time; keep the
+ * current one while the topology still lists it as a mongos, so pairing
+ * does not hop between routers every period. */
+static bool
+topology_keep_mongos (mongoc_client_t *client, const topology_primary_t *cur)
+{
+   mongoc_server_description_t **sds;
+   size_t n = 0;
+   bool keep = false;
+
+   if (cur->state != TOPOLOGY_STATE_PRIMARY || strcmp (cur->server_type, "Mongos") != 0)
+      return false;
+   sds = mongoc_client_get_server_descriptions (client, &n);
+   for (size_t i = 0; i < n && !keep; i++) {
+      const mongoc_host_list_t *h = mongoc_server_description_host (sds[i]);
+      keep = h->port == cur->port && strcmp (h->host, cur->host) == 0 &&
+             strcmp (mongoc_server_description_type (sds[i]), "Mongos") == 0;
+   }
+   mongoc_server_descriptions_destroy_all (sds, n);
+   return keep;
+}
+
 /* One attempt; fills `next` without touching the shared snapshot. */
 static void
 topology_learn (topology_t *topo, topology_primary_t *next)
@@ -157,6 +187,9 @@ topology_learn (topology_t *topo, topology_primary_t *next)
    }
    type = mongoc_server_description_type (sd);
    h = mongoc_server_description_host (sd);
+   if (strcmp (type, "Mongos") == 0 && (h->port != next->port || strcmp (h->host, next->host) != 0) &&
+       topology_keep_mongos (client, next))
+      goto done; /* `next` still holds the current snapshot */
    bson_strncpy (next->server_type, type, sizeof next->server_type);
    bson_strncpy (next->host, h->host, sizeof next->host);
    next->port = h->port;
