@@ -165,8 +165,11 @@ bool wire_parse_compressed (const uint8_t *buf,
 
 /* Decompresses an OP_COMPRESSED frame into `out` as a complete uncompressed
  * message (header rebuilt with original opcode, same requestID/responseTo).
- * Refuses an uncompressed_size above `max_len` or one that does not match
- * what the algorithm produced.  `out` is appended to. */
+ * Refuses a rebuilt message (16 + uncompressed_size bytes) above `max_len`
+ * (0 means WIRE_MAX_MESSAGE_LEN) before allocating anything, an
+ * uncompressed_size that does not match what the algorithm produced, corrupt
+ * data, an unknown compressor and an original opcode of OP_COMPRESSED or any
+ * unknown one.  `out` is appended to, and left as it was on failure. */
 bool wire_decompress (const wire_compressed_t *c,
                       uint32_t max_len,
                       struct evbuffer *out,
@@ -174,7 +177,9 @@ bool wire_decompress (const wire_compressed_t *c,
 
 /* Compresses a complete message (header included, any opcode but
  * OP_COMPRESSED) with `compressor_id` and appends the OP_COMPRESSED frame to
- * `out`.  Uses the message's own requestID/responseTo. */
+ * `out`.  Uses the message's own requestID/responseTo.  `level` as in
+ * compress_buffer (-1: the algorithm's default).  Refuses a frame that would
+ * exceed WIRE_MAX_MESSAGE_LEN; `out` is left as it was on failure. */
 bool wire_compress (const uint8_t *msg,
                     size_t len,
                     uint8_t compressor_id,
@@ -182,10 +187,13 @@ bool wire_compress (const uint8_t *msg,
                     struct evbuffer *out,
                     bson_error_t *error) __attribute__ ((warn_unused_result));
 
-/* Builders append one complete message to `out`.  OP_MSG is written without
- * a checksum (the proxy drops checksums of messages it rewrites);
- * `sequences` may be NULL when nsequences is 0.  Returns false only when the
- * message would exceed WIRE_MAX_MESSAGE_LEN. */
+/* Builders append one complete message to `out`, copying the documents
+ * once into space reserved in one piece.  OP_MSG is written without a
+ * checksum, and checksumPresent is cleared from `flags` (the proxy drops
+ * checksums of messages it rewrites); the body goes first, then the
+ * sequences in the order given; `sequences` may be NULL when nsequences is
+ * 0.  Returns false only when the message would exceed WIRE_MAX_MESSAGE_LEN
+ * (then `out` is unchanged) or memory runs out. */
 bool wire_append_msg (struct evbuffer *out,
                       int32_t request_id,
                       int32_t response_to,
