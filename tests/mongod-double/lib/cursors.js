@@ -38,7 +38,7 @@ class Cursors {
     let id = 0n;
     if (end < docs.length && !opts.singleBatch) {
       id = this.newId();
-      this.cursors.set(id.toString(), { id, ns, docs, pos: end, session: opts.session || null, conn: opts.conn || null });
+      this.cursors.set(id.toString(), { id, ns, docs, pos: end, session: opts.session || null, lastUse: Date.now() });
     }
     return { cursor: { firstBatch, id: Long.fromBigInt(id), ns }, ok: 1 };
   }
@@ -50,6 +50,7 @@ class Cursors {
     if (c.ns !== ns && !c.ns.startsWith(`${db}.$cmd`)) {
       throw err(13, `Requested getMore on namespace '${ns}', but cursor belongs to a different namespace ${c.ns}`);
     }
+    c.lastUse = Date.now();
     const end = this.take(c.docs, c.pos, batchSize || 0);
     const nextBatch = c.docs.slice(c.pos, end);
     c.pos = end;
@@ -70,6 +71,11 @@ class Cursors {
       else notFound.push(id);
     }
     return { cursorsKilled: killed, cursorsNotFound: notFound, cursorsAlive: [], cursorsUnknown: [], ok: 1 };
+  }
+
+  // Idle cursors time out after 10 minutes, as with mongod's cursorTimeoutMillis default.
+  reap(now) {
+    for (const [k, c] of this.cursors) if (now - c.lastUse > 10 * 60 * 1000) this.cursors.delete(k);
   }
 
   killForSession(sessionKey) {

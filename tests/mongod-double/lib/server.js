@@ -198,6 +198,7 @@ class Server {
     this.store = new Store();
     this.sessions = new Sessions(this.store, this.opts);
     this.cursors = new Cursors();
+    this.sessions.onReap = (now) => this.cursors.reap(now);
     this.failpoints = new FailPoints(this.log);
     this.auth = this.opts.auth ? new Auth(this.opts.auth.user, this.opts.auth.password) : null;
     this.stats = {};

@@ -16,6 +16,8 @@ const TXN_COMMANDS = new Set([
   'geoSearch', 'doubleStats', 'configureFailPoint',
 ]);
 
+const SESSION_TIMEOUT_MS = 30 * 60 * 1000;
+
 function sessionKey(lsid) {
   const id = lsid && lsid.id;
   if (!id || id._bsontype !== 'Binary') return null;
@@ -67,9 +69,12 @@ class Sessions {
 
   reap() {
     const now = Date.now();
-    for (const s of this.sessions.values()) {
+    for (const [k, s] of this.sessions) {
       if (s.txn && s.txn.state === 'inProgress' && now - s.txn.startedAt > this.lifetimeMs) s.txn.abort('expired');
+      // logicalSessionTimeoutMinutes: idle sessions are forgotten like mongod's session reaper does.
+      if (now - s.lastUse > SESSION_TIMEOUT_MS && (!s.txn || s.txn.state !== 'inProgress')) this.sessions.delete(k);
     }
+    if (this.onReap) this.onReap(now);
   }
 
   end(lsid) {

@@ -9,6 +9,7 @@
 const { Long, Int32, ObjectId, UUID } = require('bson');
 const V = require('../values');
 const { err } = require('../errors');
+const { sessionKey } = require('../sessions');
 
 const VERSION = '7.0.0';
 
@@ -143,6 +144,8 @@ async function endSessions(ctx) {
     for (const lsid of list) {
       if (ctx.name === 'endSessions') ctx.sessions.end(lsid);
       else ctx.sessions.kill(lsid);
+      const key = sessionKey(lsid);
+      if (key) ctx.cursors.killForSession(key);
     }
   }
   return { ok: 1 };
