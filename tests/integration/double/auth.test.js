@@ -49,8 +49,10 @@ test.after(async () => {
   if (server) await server.stop();
 });
 
+// By name rather than instanceof: Mongoose may bring its own copy of the driver.
 function isAuthError(e) {
-  return e instanceof MongoServerError && (e.code === 18 || e.codeName === 'AuthenticationFailed');
+  return !!e && (e instanceof MongoServerError || e.name === 'MongoServerError') &&
+    (e.code === 18 || e.codeName === 'AuthenticationFailed');
 }
 
 async function tryConnect(uri, extra = {}) {
