@@ -43,7 +43,17 @@ listener_accept_cb (struct evconnlistener *ev, evutil_socket_t fd, struct sockad
 
    stats_add (connections_accepted, 1);
    if (l->max_clients > 0 && (int64_t) client_loop_count (l->loop) >= l->max_clients) {
-      log_warn ("refusing a connection: max_clients=%" PRId64 " reached", l->max_clients);
+      char peer[INET6_ADDRSTRLEN + 8] = "unix";
+      if (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) {
+         char ip[INET6_ADDRSTRLEN] = "?";
+         const void *a = addr->sa_family == AF_INET ? (const void *) &((struct sockaddr_in *) addr)->sin_addr
+                                                    : (const void *) &((struct sockaddr_in6 *) addr)->sin6_addr;
+         unsigned port = ntohs (addr->sa_family == AF_INET ? ((struct sockaddr_in *) addr)->sin_port
+                                                           : ((struct sockaddr_in6 *) addr)->sin6_port);
+         evutil_inet_ntop (addr->sa_family, a, ip, sizeof ip);
+         bson_snprintf (peer, sizeof peer, "%s:%u", ip, port);
+      }
+      log_warn ("refusing a connection from %s: max_clients=%" PRId64 " reached", peer, l->max_clients);
       stats_count_close (STATS_CLOSE_MAX_CLIENTS);
       evutil_closesocket (fd);
       return;
