@@ -27,6 +27,7 @@
 #include "autoconf.h"
 #include "client.h"
 #include "config.h"
+#include "dispatch.h"
 #include "listener.h"
 #include "log.h"
 #include "stats.h"
@@ -236,6 +237,9 @@ proxy_start (proxy_t *p, bson_error_t *error)
       log_warn ("upstream not reachable yet (%s); listening anyway, clients wait up to %" PRId64 " ms for a primary",
                 snap.last_error[0] ? snap.last_error : "no answer",
                 p->cfg->upstream_connect_timeout_ms);
+   /* The outbox setup, and the dispatcher on its own thread when enabled. */
+   if (!dispatch_start (p->cfg, error))
+      return false;
 
    p->clients = client_loop_new (p->base, p->topo, p->tls, p->cfg, error);
    if (!p->clients)
@@ -264,6 +268,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
 static void
 proxy_teardown (proxy_t *p)
 {
+   dispatch_stop (); /* hands its lanes back */
    listener_destroy (p->listener);
    client_loop_destroy (p->clients);
    /* The worker may still poke the loop: join it before freeing the base. */

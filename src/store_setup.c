@@ -436,9 +436,12 @@ store_setup (store_t *s, bson_error_t *error)
       store_set_error (error, STORE_ERROR_SERVER, "seeding lanes: %s", err.message);
       goto done;
    }
-   log_info ("store: set up %s.%s* (completion history %s)",
+   log_info ("store: set up %s.%s, %s, %s, %s (completion history %s)",
              s->database,
              s->names[OUTBOX_EVENTS],
+             s->names[OUTBOX_DELIVERIES],
+             s->names[OUTBOX_KEY_SEQUENCES],
+             s->names[OUTBOX_LANES_COLL],
              s->completion_history ? "on" : "off");
 
 done:

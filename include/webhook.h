@@ -1,0 +1,123 @@
+/*
+ * webhook.h - webhook deliveries: the JSON body, Standard Webhooks
+ * signatures, the retry policy (status classes, Retry-After, exponential
+ * backoff with full jitter) and the HTTP client.
+ *
+ * The client uses libevent's evhttp on the event base it is given (the
+ * dispatcher's own thread, never the forwarding loop), with OpenSSL for
+ * https (certificate verification against the system store, host name
+ * check, SNI).  One connection per request: no keep-alive state to get
+ * wrong across retries and TLS.  The pure functions (signature, secret,
+ * Retry-After, backoff, classification, body) are what the unit tests
+ * check.
+ */
+#ifndef RELAYBUS_WEBHOOK_H
+#define RELAYBUS_WEBHOOK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <openssl/ssl.h>
+
+#include "config.h"
+#include "store.h"
+
+#define WEBHOOK_ERROR_DOMAIN 0x5748 /* "WH" */
+#define WEBHOOK_KEY_MAX 128
+/* "v1," + base64 of 32 bytes (44) + NUL, with room. */
+#define WEBHOOK_SIGNATURE_MAX 64
+/* Backoff: attempt n waits a random time in [0, min(cap, base * 2^(n-1))]. */
+#define WEBHOOK_BACKOFF_BASE_MS 500
+#define WEBHOOK_BACKOFF_CAP_MS (5 * 60 * 1000)
+/* A Retry-After further away than this is cut to it. */
+#define WEBHOOK_RETRY_AFTER_MAX_MS (24 * 3600 * 1000LL)
+/* Bytes of a failing answer's body kept as the delivery's lastError. */
+#define WEBHOOK_ERROR_BODY_MAX 200
+
+/* --------------------------------------------------------- pure helpers */
+
+/* The HMAC key of a secret: the base64 part after "whsec_" decoded; a
+ * secret without the prefix is used as raw bytes.  False if the base64 is
+ * invalid or the key is empty or too long. */
+bool webhook_secret_decode (const char *secret, uint8_t key[WEBHOOK_KEY_MAX], size_t *key_len)
+   __attribute__ ((warn_unused_result));
+
+/* "v1,<base64 HMAC-SHA256(key, id + "." + timestamp + "." + body)>". */
+void webhook_sign (const uint8_t *key,
+                   size_t key_len,
+                   const char *msg_id,
+                   int64_t timestamp_s,
+                   const char *body,
+                   size_t body_len,
+                   char out[WEBHOOK_SIGNATURE_MAX]);
+
+/* Retry-After as delay seconds or an HTTP date (IMF-fixdate, RFC 850 or
+ * asctime), relative to now_ms; clamped to [0, WEBHOOK_RETRY_AFTER_MAX_MS]. */
+bool webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *delay_ms)
+   __attribute__ ((warn_unused_result));
+
+/* Full jitter: a value in [0, min(cap, base * 2^(attempt-1))] from rnd. */
+int64_t webhook_backoff_ms (int32_t attempt, uint64_t rnd);
+
+typedef enum {
+   WEBHOOK_OUTCOME_COMPLETE,    /* 2xx */
+   WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors (and 4xx with retry_4xx) */
+   WEBHOOK_OUTCOME_RETRY_AFTER, /* 429, 503: Retry-After if given, else backoff */
+   WEBHOOK_OUTCOME_DEAD,        /* other 4xx (and 1xx/3xx) */
+} webhook_outcome_t;
+
+const char *webhook_outcome_name (webhook_outcome_t o);
+/* status 0 means no HTTP answer (connection error or timeout). */
+webhook_outcome_t webhook_classify (int status, bool retry_4xx);
+
+/* The request body: the event as JSON (relaxed Extended JSON), see
+ * docs/handlers.md.  Caller frees with bson_free. */
+char *webhook_body (const store_delivery_t *d, size_t *len);
+
+/* ------------------------------------------------------------ the client */
+
+typedef struct webhook webhook_t;
+typedef struct webhook_req webhook_req_t;
+
+typedef struct {
+   webhook_outcome_t outcome;
+   int status;                /* 0: no answer */
+   int64_t retry_after_ms;    /* -1: none given */
+   char error[256];           /* for lastError when not complete */
+} webhook_result_t;
+
+typedef void (*webhook_done_cb_t) (const webhook_result_t *result, void *arg);
+
+/* A client for one handler.  `ssl` (may be NULL for http-only) and `dns`
+ * are borrowed; the handler's strings are copied. */
+webhook_t *webhook_new (struct event_base *base,
+                        struct evdns_base *dns,
+                        SSL_CTX *ssl,
+                        const config_handler_t *handler,
+                        bson_error_t *error) __attribute__ ((warn_unused_result));
+void webhook_destroy (webhook_t *w);
+
+/* POSTs body with the Standard Webhooks headers.  cb runs exactly once on
+ * the base's thread, unless the request is cancelled first.  Returns NULL
+ * (and calls nothing) if the request cannot be started; `error` says why. */
+webhook_req_t *webhook_send (webhook_t *w,
+                             const char *msg_id,
+                             int64_t timestamp_s,
+                             const char *body,
+                             size_t body_len,
+                             webhook_done_cb_t cb,
+                             void *arg,
+                             bson_error_t *error);
+/* Abandons a request in flight: cb will not run; its connection is
+ * closed. */
+void webhook_cancel (webhook_req_t *req);
+
+/* An SSL_CTX for https webhooks: TLS 1.2+, peer verification against the
+ * default paths. */
+SSL_CTX *webhook_ssl_ctx_new (bson_error_t *error);
+
+#endif /* RELAYBUS_WEBHOOK_H */

@@ -1,0 +1,132 @@
+'use strict';
+// Helpers of the dispatch end-to-end tests: start a dispatching proxy with
+// handlers (the shared harness starts proxies with dispatch off), and publish
+// events the way the publishing path does: the event, one delivery per
+// handler and the key's sequence, in one transaction (docs/outbox-schema.md).
+
+const fs = require('node:fs');
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+const { ObjectId } = require('mongodb');
+const { tmpDir, freePort, sleep, proxyBin } = require('../lib/proxy');
+
+function fnv1a(str) {
+  let h = 0x811c9dc5;
+  for (const b of Buffer.from(str, 'utf8')) {
+    h ^= b;
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h >>> 0;
+}
+
+const laneId = (key, eventId) => fnv1a(key !== undefined && key !== null ? key : eventId) % 256;
+
+/**
+ * Starts relaybus-proxy with [dispatch] enabled and the given handlers.
+ * @param {object} o
+ * @param {string} o.upstream
+ * @param {object} [o.dispatch]  extra [dispatch] keys (poll_interval_ms, batch_size, lease_ms)
+ * @param {object} [o.outbox]    extra [outbox] keys
+ * @param {Array<object>} o.handlers  {name, events, kind, url, secret, max_attempts, timeout_ms, concurrency, retry_4xx}
+ */
+async function startDispatchProxy(o) {
+  const dir = tmpDir('relaybus-dispatch-');
+  const port = await freePort();
+  const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${o.upstream}`, 'drain_timeout_ms = 2000',
+    `log_level = ${o.logLevel || 'info'}`, '', '[outbox]'];
+  for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
+  lines.push('', '[dispatch]', 'enabled = true');
+  for (const [k, v] of Object.entries(o.dispatch || {})) lines.push(`${k} = ${v}`);
+  for (const h of o.handlers) {
+    lines.push('', `[handler ${h.name}]`);
+    for (const [k, v] of Object.entries(h)) if (k !== 'name' && v !== undefined) lines.push(`${k} = ${v}`);
+  }
+  const ini = path.join(dir, 'proxy.ini');
+  fs.writeFileSync(ini, lines.join('\n') + '\n');
+  const logPath = path.join(dir, 'proxy.stderr');
+  const errFd = fs.openSync(logPath, 'a');
+  const env = { ...process.env };
+  if (!env.ASAN_OPTIONS) env.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
+  const child = spawn(proxyBin(), ['-c', ini], { stdio: ['ignore', 'ignore', errFd], env });
+  fs.closeSync(errFd);
+  let exitInfo = null;
+  const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve((exitInfo = { code, signal }))));
+  process.on('exit', () => { if (!exitInfo) try { child.kill('SIGKILL'); } catch { /* gone */ } });
+  const log = () => { try { return fs.readFileSync(logPath, 'utf8'); } catch { return ''; } };
+  const deadline = Date.now() + 20000;
+  while (!/listening on/.test(log())) {
+    if (exitInfo) throw new Error(`proxy exited at start-up: ${JSON.stringify(exitInfo)}\n${log()}`);
+    if (Date.now() > deadline) throw new Error(`proxy not listening in time:\n${log()}`);
+    await sleep(50);
+  }
+  return {
+    port, child, ini, log, exited,
+    exitInfo: () => exitInfo,
+    async stop() {
+      if (!exitInfo) child.kill('SIGTERM');
+      const r = await Promise.race([exited, sleep(15000).then(() => null)]);
+      if (!r) { child.kill('SIGKILL'); await exited; throw new Error(`proxy did not stop after SIGTERM:\n${log().slice(-3000)}`); }
+      return r;
+    },
+    async kill() { if (!exitInfo) { child.kill('SIGKILL'); await exited; } },
+  };
+}
+
+/**
+ * Publishes events in transactions, as the proxy's publishing path would.
+ * @param {import('mongodb').MongoClient} client
+ * @param {string} dbName
+ * @param {Array<{id, type, key?, payload}>} events
+ * @param {string[]} handlers  handler names subscribed to every event
+ * @param {number} [perTxn]
+ */
+async function publish(client, dbName, events, handlers, perTxn = 20) {
+  const db = client.db(dbName);
+  const ev = db.collection('relaybus_events');
+  const del = db.collection('relaybus_deliveries');
+  const seqs = db.collection('relaybus_key_sequences');
+  for (let i = 0; i < events.length; i += perTxn) {
+    const chunk = events.slice(i, i + perTxn);
+    const session = client.startSession();
+    try {
+      await session.withTransaction(async () => {
+        const now = new Date();
+        const evDocs = [];
+        const delDocs = [];
+        for (const e of chunk) {
+          let sequence;
+          if (e.key !== undefined) {
+            const r = await seqs.findOneAndUpdate({ _id: e.key }, { $inc: { value: 1 } },
+              { upsert: true, returnDocument: 'after', session });
+            sequence = Number((r && r.value !== undefined && r.value !== null && typeof r.value === 'object' && 'value' in r.value) ? r.value.value : r.value);
+          }
+          e.sequence = sequence;
+          const doc = { _id: e.id, type: e.type, payload: e.payload ?? null, handlers, createdAt: now };
+          if (e.key !== undefined) { doc.key = e.key; doc.sequence = sequence; }
+          evDocs.push(doc);
+          for (const h of handlers) {
+            const d = { _id: new ObjectId(), eventId: e.id, handler: h, eventType: e.type, laneId: laneId(e.key, e.id),
+              lane: 'ready', status: 'pending', attempts: 0, claims: 0, dueAt: now, createdAt: now };
+            if (e.key !== undefined) { d.key = e.key; d.sequence = sequence; }
+            delDocs.push(d);
+          }
+        }
+        await ev.insertMany(evDocs, { session });
+        await del.insertMany(delDocs, { session });
+      });
+    } finally {
+      await session.endSession();
+    }
+  }
+}
+
+async function waitFor(pred, timeoutMs, what) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await pred()) return;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(200);
+  }
+}
+
+module.exports = { fnv1a, laneId, startDispatchProxy, publish, waitFor };

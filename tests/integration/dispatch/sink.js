@@ -1,0 +1,111 @@
+'use strict';
+// A webhook sink for the dispatch tests: an HTTP server that records every
+// request, verifies its Standard Webhooks signature, checks that each key's
+// deliveries arrive one at a time and in sequence, and answers per a policy.
+//
+//   const sink = await startSink({ secret, fail: 0.2, delayMs: 0, answer400: (body) => bool });
+//   sink.url('/hook-a') ... sink.stats() ... await sink.close();
+
+const crypto = require('node:crypto');
+const http = require('node:http');
+
+function verifySignature(secret, id, ts, body, header) {
+  if (!secret) return header === undefined;
+  if (!header) return false;
+  const key = Buffer.from(secret.replace(/^whsec_/, ''), 'base64');
+  const expected = crypto.createHmac('sha256', key).update(`${id}.${ts}.${body}`).digest('base64');
+  return header.split(' ').some((part) => {
+    const [v, sig] = part.split(',');
+    return v === 'v1' && sig && sig.length === expected.length &&
+      crypto.timingSafeEqual(Buffer.from(sig), Buffer.from(expected));
+  });
+}
+
+/**
+ * @param {object} o
+ * @param {string} [o.secret]   whsec_ secret to verify with
+ * @param {number} [o.fail]     fraction of requests answered 500 (before any processing)
+ * @param {number} [o.delayMs]  delay before answering
+ * @param {(ev: object) => boolean} [o.answer400] events answered 400
+ * @param {() => number} [o.rand] random source (default Math.random)
+ */
+async function startSink(o = {}) {
+  const rand = o.rand || Math.random;
+  const st = {
+    requests: 0,
+    failed: 0,
+    rejected400: 0,
+    badSignatures: 0,
+    ok: new Map(), // event id -> count of 2xx answers
+    okOrder: [], // event ids in the order they were acknowledged
+    seqViolations: [], // strings describing out-of-order or concurrent keyed deliveries
+    concurrentKeys: 0,
+    lastSeq: new Map(), // key -> last acknowledged sequence
+    inFlightKeys: new Map(), // key -> count in flight
+    deliveryIds: new Set(),
+  };
+  const server = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      const body = Buffer.concat(chunks).toString('utf8');
+      st.requests++;
+      const id = req.headers['webhook-id'];
+      const ts = req.headers['webhook-timestamp'];
+      if (!verifySignature(o.secret, id, ts, body, req.headers['webhook-signature'])) st.badSignatures++;
+      let ev;
+      try {
+        ev = JSON.parse(body);
+      } catch {
+        res.writeHead(400).end('not json');
+        return;
+      }
+      const key = ev.key;
+      if (key !== undefined) {
+        const n = (st.inFlightKeys.get(key) || 0) + 1;
+        st.inFlightKeys.set(key, n);
+        if (n > 1) {
+          st.concurrentKeys++;
+          st.seqViolations.push(`key ${key}: ${n} deliveries at once (seq ${ev.sequence})`);
+        }
+      }
+      const finish = () => {
+        if (key !== undefined) st.inFlightKeys.set(key, st.inFlightKeys.get(key) - 1);
+        if (o.answer400 && o.answer400(ev)) {
+          st.rejected400++;
+          res.writeHead(400, { 'content-type': 'text/plain' }).end(`rejected ${ev.id}`);
+          return;
+        }
+        if (o.fail && rand() < o.fail) {
+          st.failed++;
+          res.writeHead(500, { 'content-type': 'text/plain' }).end('sink failure');
+          return;
+        }
+        if (key !== undefined) {
+          const last = st.lastSeq.get(key) || 0;
+          const seq = Number(ev.sequence);
+          // A redelivery of the last one (a duplicate) is fine; a gap or a step back is not.
+          if (seq !== last + 1 && seq !== last) st.seqViolations.push(`key ${key}: seq ${seq} after ${last}`);
+          if (seq > last) st.lastSeq.set(key, seq);
+        }
+        st.ok.set(ev.id, (st.ok.get(ev.id) || 0) + 1);
+        st.okOrder.push(ev.id);
+        st.deliveryIds.add(id);
+        res.writeHead(204).end();
+      };
+      if (o.delayMs) setTimeout(finish, o.delayMs);
+      else finish();
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  return {
+    port,
+    url: (p = '/') => `http://127.0.0.1:${port}${p}`,
+    stats: () => st,
+    duplicates: () => [...st.ok.values()].reduce((a, n) => a + (n > 1 ? n - 1 : 0), 0),
+    close: () => new Promise((resolve) => { server.closeAllConnections?.(); server.close(() => resolve()); }),
+  };
+}
+
+module.exports = { startSink, verifySignature };
