@@ -115,4 +115,42 @@ test('a failed authentication does not disturb an authenticated client', { skip 
   }
 });
 
+test('hello through the proxy answers saslSupportedMechs from the upstream', { skip }, async () => {
+  const c = await H.WireConn.connect({ port: proxy.port });
+  try {
+    const r = await c.command({ hello: 1, saslSupportedMechs: `admin.${USER}`, $db: 'admin' });
+    assert.equal(r.msg, 'isdbgrid');
+    assert.ok(Array.isArray(r.saslSupportedMechs), `saslSupportedMechs in the reply: ${JSON.stringify(r.saslSupportedMechs)}`);
+    assert.ok(r.saslSupportedMechs.includes('SCRAM-SHA-256'), 'SCRAM-SHA-256 offered');
+  } finally {
+    c.destroy();
+  }
+});
+
+test('speculative authentication completes inside the hello through the proxy (no saslStart)', { skip }, async () => {
+  const tap = await H.startTap(proxy.port);
+  const client = new MongoClient(`mongodb://${encodeURIComponent(USER)}:${encodeURIComponent(PASS)}@127.0.0.1:${tap.port}/?authSource=admin&authMechanism=SCRAM-SHA-256`, {
+    serverSelectionTimeoutMS: 10000,
+    maxPoolSize: 1,
+  });
+  try {
+    await client.db(DB).collection('spec').insertOne({ _id: 1 });
+  } finally {
+    await client.close();
+    await tap.stop();
+  }
+  // The pool connection (the one that sent insert) authenticated.
+  const rec = tap.conns.find((r) => r.toServer.some((m) => m.doc && 'insert' in m.doc));
+  assert.ok(rec, 'found the application connection');
+  const hello = rec.toServer[0];
+  assert.ok(hello.doc.speculativeAuthenticate, 'the driver sent speculativeAuthenticate in its hello');
+  const reply = rec.toClient.find((m) => m.responseTo === hello.requestID);
+  assert.ok(reply && reply.doc, 'hello answered');
+  assert.equal(reply.doc.msg, 'isdbgrid');
+  assert.ok(reply.doc.speculativeAuthenticate, 'the hello reply through the proxy carries speculativeAuthenticate');
+  const cmds = rec.toServer.map((m) => (m.doc ? Object.keys(m.doc)[0] : `op${m.opCode}`));
+  assert.ok(!cmds.includes('saslStart'), `no separate saslStart was needed: ${cmds.join(',')}`);
+  assert.ok(cmds.includes('saslContinue'), 'the conversation continued with saslContinue');
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()]);

@@ -46,6 +46,8 @@ function assertMongosPersona(doc, what) {
   for (const f of RS_FIELDS) {
     assert.ok(!(f in doc), `${what}: replica-set field ${f} must be removed, got ${JSON.stringify(doc[f])}`);
   }
+  assert.ok(doc.$clusterTime && doc.$clusterTime.clusterTime, `${what}: $clusterTime passes through (drivers gossip it)`);
+  assert.ok(doc.operationTime, `${what}: operationTime passes through`);
   for (const f of FROM_UPSTREAM) {
     assert.ok(f in doc, `${what}: ${f} must be present`);
     assert.equal(Number(doc[f]), Number(upstreamHello[f]), `${what}: ${f} must come from the upstream`);
