@@ -88,6 +88,31 @@ void client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty
 /* Closes every connection at once and frees the loop.  NULL ok. */
 void client_loop_destroy (client_loop_t *loop);
 
+/* What a request hook decided about one client request. */
+typedef enum {
+   CLIENT_ROUTE_FORWARD = 0, /* not ours: forward it unchanged */
+   CLIENT_ROUTE_HELD,        /* taken: the hook called client_hold_request and
+                              * will call client_answer (maybe after
+                              * client_send_internal round trips) */
+   CLIENT_ROUTE_ERROR,       /* close the connection; `error` says why */
+} client_route_t;
+
+/* Called on the loop for every parsed OP_MSG request that expects a reply
+ * or not (check WIRE_MSG_MORE_TO_COME), after decompression and before
+ * forwarding; hellos never reach it.  `msg` and `cmd` point into the
+ * request's buffer, valid only during the call: copy what you keep.
+ * `compressor` is what client_hold_request wants.  The request's bytes are
+ * dropped after CLIENT_ROUTE_HELD. */
+typedef client_route_t (*client_request_hook_t) (client_conn_t *c,
+                                                 const wire_msg_t *msg,
+                                                 const char *cmd,
+                                                 int compressor,
+                                                 void *ctx,
+                                                 bson_error_t *error);
+
+/* Installs the hook (one per loop; NULL removes it). */
+void client_loop_set_request_hook (client_loop_t *loop, client_request_hook_t hook, void *ctx);
+
 /* Takes over an accepted socket (closes it on failure).  `server_tls` may
  * be NULL.  The connection starts waiting for a primary. */
 bool client_accept (client_loop_t *loop,
@@ -102,6 +127,13 @@ bool client_accept (client_loop_t *loop,
 uint64_t client_id (const client_conn_t *c);
 const char *client_peer (const client_conn_t *c);
 client_state_t client_state (const client_conn_t *c);
+
+/* A slot for a module's per-connection state (e.g. a transaction being
+ * injected into).  `destroy` (may be NULL) runs when the connection is
+ * freed, after every callback has fired.  Setting replaces (and destroys)
+ * the previous value. */
+void client_set_data (client_conn_t *c, void *data, void (*destroy) (void *));
+void *client_get_data (const client_conn_t *c);
 
 /* The one way a connection ends: logs "c<id> <peer>: closing (<reason>):
  * <detail>", counts the reason, fails pending internal requests, frees the

@@ -105,6 +105,9 @@ struct client_conn {
    uint32_t up_head, up_count;
 
    client_conn_t *prev, *next; /* loop->clients, or loop->free_list (next only) */
+
+   void *data; /* client_set_data: another module's state, owned via data_destroy */
+   void (*data_destroy) (void *);
 };
 
 struct client_loop {
@@ -121,6 +124,8 @@ struct client_loop {
    struct event *drain_timer;
    void (*on_empty) (void *);
    void *on_empty_ctx;
+   client_request_hook_t hook; /* injection and virtual commands */
+   void *hook_ctx;
 };
 
 static const char *const client_state_names[CLIENT_STATE_COUNT_] = {
@@ -405,6 +410,8 @@ client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fm
 static void
 client_free (client_conn_t *c)
 {
+   if (c->data_destroy)
+      c->data_destroy (c->data);
    if (c->scratch)
       evbuffer_free (c->scratch);
    if (c->tmp)
@@ -875,6 +882,19 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
    if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
       return debug_internal (c, src, len, msg, compressor, error);
 #endif
+   if (c->loop->hook) {
+      switch (c->loop->hook (c, msg, cmd, compressor, c->loop->hook_ctx, error)) {
+      case CLIENT_ROUTE_FORWARD:
+         break;
+      case CLIENT_ROUTE_HELD:
+         if (c->state != CLIENT_STATE_CLOSING)
+            evbuffer_drain (src, len);
+         return c->state != CLIENT_STATE_CLOSING;
+      case CLIENT_ROUTE_ERROR:
+      default:
+         return false;
+      }
+   }
    if (cmd && strncmp (cmd, "relaybus", 8) == 0) {
       char errmsg[160];
       /* Virtual commands are never forwarded; none is implemented yet. */
@@ -1681,6 +1701,28 @@ client_loop_destroy (client_loop_t *loop)
 }
 
 /* ------------------------------------------------------------ accessors */
+
+void
+client_loop_set_request_hook (client_loop_t *loop, client_request_hook_t hook, void *ctx)
+{
+   loop->hook = hook;
+   loop->hook_ctx = ctx;
+}
+
+void
+client_set_data (client_conn_t *c, void *data, void (*destroy) (void *))
+{
+   if (c->data_destroy && c->data != data)
+      c->data_destroy (c->data);
+   c->data = data;
+   c->data_destroy = destroy;
+}
+
+void *
+client_get_data (const client_conn_t *c)
+{
+   return c->data;
+}
 
 uint64_t
 client_id (const client_conn_t *c)
