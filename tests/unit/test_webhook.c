@@ -1,0 +1,226 @@
+/*
+ * test_webhook.c - the pure parts of webhook.c: Standard Webhooks secrets
+ * and signatures (against the specification's published example),
+ * Retry-After parsing, full-jitter backoff bounds, status classes and the
+ * body shape.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "webhook.h"
+
+static void
+test_secret_decode (void **state)
+{
+   uint8_t key[WEBHOOK_KEY_MAX];
+   size_t len;
+   static const struct {
+      const char *secret;
+      bool ok;
+      size_t len;
+   } cases[] = {
+      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", true, 24},
+      {"whsec_AAEC", true, 3},
+      {"whsec_AAE=", true, 2},
+      {"whsec_AA==", true, 1},
+      {"whsec_", false, 0},
+      {"whsec_abc", false, 0},     /* not a multiple of 4 */
+      {"whsec_ab!d", false, 0},    /* not base64 */
+      {"plain-secret", true, 12},  /* raw bytes */
+      {"", false, 0},
+   };
+
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      bool ok = webhook_secret_decode (cases[i].secret, key, &len);
+      assert_int_equal (ok, cases[i].ok);
+      if (ok)
+         assert_int_equal (len, cases[i].len);
+   }
+   assert_true (webhook_secret_decode ("whsec_AAEC", key, &len));
+   assert_int_equal (key[0], 0);
+   assert_int_equal (key[1], 1);
+   assert_int_equal (key[2], 2);
+}
+
+/* The example of the Standard Webhooks specification. */
+static void
+test_signature_vector (void **state)
+{
+   uint8_t key[WEBHOOK_KEY_MAX];
+   size_t len;
+   char sig[WEBHOOK_SIGNATURE_MAX];
+   const char *body = "{\"test\": 2432232314}";
+
+   assert_true (webhook_secret_decode ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", key, &len));
+   webhook_sign (key, len, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body, strlen (body), sig);
+   assert_string_equal (sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+   /* any change of id, timestamp or body changes it */
+   webhook_sign (key, len, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265331, body, strlen (body), sig);
+   assert_string_not_equal (sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+}
+
+static void
+test_retry_after (void **state)
+{
+   /* Tue, 15 Nov 1994 08:12:31 GMT = 784887151 */
+   const int64_t at = 784887151LL * 1000;
+   static const struct {
+      const char *value;
+      int64_t now;
+      bool ok;
+      int64_t delay;
+   } cases[] = {
+      {"120", 0, true, 120000},
+      {"  5 ", 0, true, 5000},
+      {"0", 0, true, 0},
+      {"Tue, 15 Nov 1994 08:12:31 GMT", 784887151LL * 1000 - 30000, true, 30000},
+      {"Tuesday, 15-Nov-94 08:12:31 GMT", 784887151LL * 1000 - 1000, true, 1000},
+      {"Tue Nov 15 08:12:31 1994", 784887151LL * 1000 - 2000, true, 2000},
+      {"Tue, 15 Nov 1994 08:12:31 GMT", 784887151LL * 1000 + 5000, true, 0}, /* past: now */
+      {"99999999999999999999", 0, true, WEBHOOK_RETRY_AFTER_MAX_MS},
+      {"-5", 0, false, 0},
+      {"soon", 0, false, 0},
+      {"12abc", 0, false, 0},
+      {"", 0, false, 0},
+   };
+
+   (void) at;
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      int64_t d = -1;
+      bool ok = webhook_parse_retry_after (cases[i].value, cases[i].now, &d);
+      assert_int_equal (ok, cases[i].ok);
+      if (ok)
+         assert_int_equal (d, cases[i].delay);
+   }
+   {
+      int64_t d;
+      assert_false (webhook_parse_retry_after (NULL, 0, &d));
+   }
+}
+
+static void
+test_backoff_full_jitter (void **state)
+{
+   /* The cap doubles per attempt from the base and stops at the maximum;
+    * the value is anywhere in [0, cap]. */
+   assert_int_equal (webhook_backoff_ms (1, 0), 0);
+   assert_int_equal (webhook_backoff_ms (1, WEBHOOK_BACKOFF_BASE_MS), WEBHOOK_BACKOFF_BASE_MS);
+   assert_int_equal (webhook_backoff_ms (1, WEBHOOK_BACKOFF_BASE_MS + 1), 0);
+   assert_int_equal (webhook_backoff_ms (3, 4 * WEBHOOK_BACKOFF_BASE_MS), 4 * WEBHOOK_BACKOFF_BASE_MS);
+   assert_int_equal (webhook_backoff_ms (50, WEBHOOK_BACKOFF_CAP_MS), WEBHOOK_BACKOFF_CAP_MS);
+   for (uint64_t r = 1; r < 1000000; r = r * 7 + 3)
+      for (int32_t a = 1; a < 30; a++) {
+         int64_t d = webhook_backoff_ms (a, r);
+         assert_true (d >= 0 && d <= WEBHOOK_BACKOFF_CAP_MS);
+      }
+}
+
+static void
+test_classify (void **state)
+{
+   static const struct {
+      int status;
+      bool retry_4xx;
+      webhook_outcome_t outcome;
+   } cases[] = {
+      {200, false, WEBHOOK_OUTCOME_COMPLETE},
+      {204, false, WEBHOOK_OUTCOME_COMPLETE},
+      {299, false, WEBHOOK_OUTCOME_COMPLETE},
+      {0, false, WEBHOOK_OUTCOME_RETRY},
+      {500, false, WEBHOOK_OUTCOME_RETRY},
+      {502, false, WEBHOOK_OUTCOME_RETRY},
+      {503, false, WEBHOOK_OUTCOME_RETRY_AFTER},
+      {429, false, WEBHOOK_OUTCOME_RETRY_AFTER},
+      {429, true, WEBHOOK_OUTCOME_RETRY_AFTER},
+      {400, false, WEBHOOK_OUTCOME_DEAD},
+      {404, false, WEBHOOK_OUTCOME_DEAD},
+      {400, true, WEBHOOK_OUTCOME_RETRY},
+      {301, false, WEBHOOK_OUTCOME_DEAD},
+   };
+
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+      assert_int_equal (webhook_classify (cases[i].status, cases[i].retry_4xx), cases[i].outcome);
+   assert_string_equal (webhook_outcome_name (WEBHOOK_OUTCOME_RETRY_AFTER), "retry-after");
+}
+
+static void
+test_body_shape (void **state)
+{
+   store_delivery_t d;
+   bson_error_t err;
+   char *json;
+   size_t len;
+   bson_t *parsed;
+   bson_iter_t it;
+
+   memset (&d, 0, sizeof d);
+   bson_oid_init_from_string (&d.id, "65a1b2c3d4e5f60718293a4b");
+   d.event_id = "ev-1";
+   d.handler = "h";
+   d.event_type = "order.placed.v1";
+   d.key = "order-1";
+   d.sequence = 7;
+   d.attempt = 2;
+   d.event = BCON_NEW ("_id",
+                       BCON_UTF8 ("ev-1"),
+                       "payload",
+                       "{",
+                       "n",
+                       BCON_INT64 (5),
+                       "at",
+                       BCON_DATE_TIME (1700000000000LL),
+                       "}",
+                       "headers",
+                       "{",
+                       "tenant",
+                       BCON_UTF8 ("t1"),
+                       "}",
+                       "createdAt",
+                       BCON_DATE_TIME (1700000000123LL));
+   json = webhook_body (&d, &len);
+   assert_non_null (json);
+   assert_int_equal (strlen (json), len);
+   /* relaxed Extended JSON: numbers plain, dates as $date */
+   assert_non_null (strstr (json, "\"n\" : 5"));
+   assert_non_null (strstr (json, "\"$date\""));
+   parsed = bson_new_from_json ((const uint8_t *) json, (ssize_t) len, &err);
+   assert_non_null (parsed);
+   assert_true (bson_iter_init_find (&it, parsed, "id") && !strcmp (bson_iter_utf8 (&it, NULL), "ev-1"));
+   assert_true (bson_iter_init_find (&it, parsed, "type"));
+   assert_true (bson_iter_init_find (&it, parsed, "key"));
+   assert_true (bson_iter_init_find (&it, parsed, "sequence") && bson_iter_as_int64 (&it) == 7);
+   assert_true (bson_iter_init_find (&it, parsed, "createdAt") &&
+                !strcmp (bson_iter_utf8 (&it, NULL), "2023-11-14T22:13:20.123Z"));
+   assert_true (bson_iter_init_find (&it, parsed, "headers"));
+   assert_true (bson_iter_init_find (&it, parsed, "delivery"));
+   bson_destroy (parsed);
+   bson_free (json);
+
+   /* no key, no event document: payload null */
+   bson_destroy (d.event);
+   d.event = NULL;
+   d.key = NULL;
+   json = webhook_body (&d, &len);
+   assert_non_null (strstr (json, "\"payload\" : null"));
+   assert_null (strstr (json, "\"sequence\""));
+   bson_free (json);
+}
+
+int
+main (void)
+{
+   const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_secret_decode),
+      cmocka_unit_test (test_signature_vector),
+      cmocka_unit_test (test_retry_after),
+      cmocka_unit_test (test_backoff_full_jitter),
+      cmocka_unit_test (test_classify),
+      cmocka_unit_test (test_body_shape),
+   };
+   return cmocka_run_group_tests_name ("webhook", tests, NULL, NULL);
+}
