@@ -226,6 +226,7 @@ const startedProxies = [];
  *   ulimit,                   // raise RLIMIT_NOFILE for the proxy to this value
  *   readyTimeoutMs,           // default 20000
  *   tlsClient: {ca},          // when the proxy serves TLS: how the readiness probe connects
+ *   extraIni,                 // text appended to the INI file ([outbox], [handler NAME] sections)
  * }
  */
 async function startProxy(opts) {
@@ -241,6 +242,7 @@ async function startProxy(opts) {
     lines.push(`${k} = ${v}`);
   }
   lines.push('', '[dispatch]', 'enabled = false', '');
+  if (opts.extraIni) lines.push(opts.extraIni, '');
   const iniPath = path.join(dir, 'proxy.ini');
   fs.writeFileSync(iniPath, lines.join('\n'));
   const logPath = path.join(dir, 'proxy.stderr');
