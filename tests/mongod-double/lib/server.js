@@ -270,19 +270,23 @@ class Server {
       abortTxnAfterReply: false, closeAfter: false,
     };
     const deadline = has('maxTimeMS') && V.toNumber(body.maxTimeMS) > 0 ? Date.now() + V.toNumber(body.maxTimeMS) : null;
+    // Waits for a transaction holding what we want to write, within the command's maxTimeMS.
+    ctx.waitTxn = async (txn) => {
+      const left = deadline === null ? null : deadline - Date.now();
+      if (left !== null && left <= 0) throw err(50, 'operation exceeded time limit');
+      let timer;
+      const timeout = left === null ? null : new Promise((r) => { timer = setTimeout(() => r('timeout'), left); });
+      const res = await (timeout ? Promise.race([txn.done, timeout]) : txn.done);
+      clearTimeout(timer);
+      if (res === 'timeout') throw err(50, 'operation exceeded time limit');
+    };
     ctx.retryOnWait = async (fn) => {
       for (;;) {
         try {
           return fn();
         } catch (e) {
           if (!(e instanceof WaitFor)) throw e;
-          const left = deadline === null ? null : deadline - Date.now();
-          if (left !== null && left <= 0) throw err(50, 'operation exceeded time limit');
-          let timer;
-          const timeout = left === null ? null : new Promise((r) => { timer = setTimeout(() => r('timeout'), left); });
-          const res = await (timeout ? Promise.race([e.txn.done, timeout]) : e.txn.done);
-          clearTimeout(timer);
-          if (res === 'timeout') throw err(50, 'operation exceeded time limit');
+          await ctx.waitTxn(e.txn);
         }
       }
     };

@@ -23,6 +23,9 @@ const KNOWN_REQUIRED_FLAGS = FLAG_CHECKSUM | FLAG_MORE_TO_COME;
 // Stored documents must keep their exact numeric types, so never promote.
 const DESERIALIZE_OPTIONS = { promoteValues: false, promoteBuffers: false, bsonRegExp: true, validation: { utf8: false } };
 
+// Replies may approach maxMessageSizeBytes; bson's default scratch buffer is only 17 MiB.
+BSON.setInternalBufferSize(MAX_MESSAGE_SIZE + 1024 * 1024);
+
 class WireError extends Error {}
 
 let CRC_TABLE = null;

@@ -98,6 +98,23 @@ test('a non-transactional write to a document held by a transaction waits for it
   await s.endSession();
 });
 
+test('an upsert waiting on a transaction that inserted the key becomes an update', async () => {
+  const coll = db.collection('upsrace');
+  const s = client.startSession();
+  s.startTransaction();
+  await coll.updateOne({ _id: 'seq' }, { $inc: { n: 1 } }, { session: s, upsert: true });
+  const outside = coll.updateOne({ _id: 'seq' }, { $inc: { n: 1 } }, { upsert: true });
+  await new Promise((r) => setTimeout(r, 100));
+  await s.commitTransaction();
+  const r = await outside;
+  assert.equal(r.matchedCount, 1);
+  assert.equal(r.upsertedCount, 0);
+  assert.equal((await coll.findOne({ _id: 'seq' })).n, 2);
+  const fam = await coll.findOneAndUpdate({ _id: 'seq' }, { $inc: { n: 1 } }, { upsert: true, returnDocument: 'after' });
+  assert.equal(fam.n, 3);
+  await s.endSession();
+});
+
 test('implicit collection creation in a transaction is invisible until commit', async () => {
   const s = client.startSession();
   s.startTransaction();

@@ -4,10 +4,11 @@
 // the same code serves transactions and autocommit; waiting for a transaction that holds a
 // document is done by ctx.retryOnWait.
 
-const { BSON } = require('bson');
+const { BSON, calculateObjectSize } = require('bson');
 const V = require('../values');
 const { err, MongoError } = require('../errors');
 const { select, project, aggregate, compileFilter, evalLet } = require('../query');
+const { WaitFor } = require('../storage');
 const { applyUpdate, upsertSeed, withIdFirst, kindOfUpdate, isPlainObject } = require('../update');
 
 function collName(cmd, name) {
@@ -25,12 +26,19 @@ function writeErrorOf(e, index) {
   return we;
 }
 
+// Also the size check of an updated document, since it serialises it anyway.
 function sameDoc(a, b) {
-  return BSON.serialize(a).equals(BSON.serialize(b));
+  const nb = BSON.serialize(b);
+  if (nb.length > MAX_DOC) throw err(17419, `Resulting document after update is larger than ${MAX_DOC}`);
+  return BSON.serialize(a).equals(nb);
 }
+
+const MAX_DOC = 16 * 1024 * 1024;
 
 function validateNewDoc(doc) {
   if (!isPlainObject(doc)) throw err(2, 'document to insert must be an object');
+  const size = calculateObjectSize(doc);
+  if (size > MAX_DOC) throw err(10334, `object to insert too large. size in bytes: ${size}, max size: ${MAX_DOC}`);
   if (Array.isArray(doc._id)) throw err(53, "can't use an array for _id");
   if (isPlainObject(doc._id)) {
     for (const k of Object.keys(doc._id)) {
@@ -89,7 +97,8 @@ async function insert(ctx) {
 }
 
 // Applies one update statement; returns {n, nModified, upsertedId}.
-async function updateStatement(ctx, coll, st, db, name) {
+async function updateStatement(ctx, collIn, st, db, name) {
+  let coll = collIn;
   const q = st.q || {};
   const u = st.u;
   const multi = V.truthy(st.multi);
@@ -101,44 +110,53 @@ async function updateStatement(ctx, coll, st, db, name) {
   const opts = { queryView, arrayFilters: st.arrayFilters, variables: ctx.vars };
   const sel = { filter: q, limit: multi ? 0 : 1, variables: ctx.vars, collation: st.collation };
   if (kind === 'operator') for (const f of st.arrayFilters || []) if (!isPlainObject(f)) throw err(9, 'arrayFilters must be objects');
-  let n = 0;
-  let nModified = 0;
-  if (coll) {
-    const q1 = compileFilter(q, sel);
-    const matches = select(ctx.access, coll, sel);
-    for (const m of matches) {
-      const done = await ctx.retryOnWait(() => {
-        const cur = ctx.access.get(coll, m.idKey);
-        if (!cur) return false;
-        if (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc)))) return false;
-        const next = applyUpdate(cur.doc, u, opts);
-        if (sameDoc(cur.doc, next)) return 'same';
-        ctx.txnWriteFailpoint();
-        ctx.access.put(coll, m.idKey, next);
-        return 'modified';
-      });
-      if (done) n++;
-      if (done === 'modified') nModified++;
+  // An upsert that finds nothing and then collides (a transaction holds the key, or another
+  // writer inserted it meanwhile) starts over, as mongod retries upserts on DuplicateKey.
+  for (let attempt = 0; ; attempt++) {
+    if (!coll) coll = ctx.access.coll(db, name, false);
+    let n = 0;
+    let nModified = 0;
+    if (coll) {
+      const q1 = compileFilter(q, sel);
+      const matches = select(ctx.access, coll, sel);
+      for (const m of matches) {
+        const done = await ctx.retryOnWait(() => {
+          const cur = ctx.access.get(coll, m.idKey);
+          if (!cur) return false;
+          if (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc)))) return false;
+          const next = applyUpdate(cur.doc, u, opts);
+          if (sameDoc(cur.doc, next)) return 'same';
+          ctx.txnWriteFailpoint();
+          ctx.access.put(coll, m.idKey, next);
+          return 'modified';
+        });
+        if (done) n++;
+        if (done === 'modified') nModified++;
+      }
     }
-  }
-  if (n === 0 && upsert) {
+    if (n > 0 || !upsert) return { n, nModified };
     const target = coll || (await ctx.retryOnWait(() => ctx.access.coll(db, name, true)));
-    const doc = await ctx.retryOnWait(() => {
-      const seed = upsertSeed(q);
-      let d;
-      if (kind === 'replacement') {
-        d = V.cloneValue(u);
-        if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
-      } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
-      d = withIdFirst(d);
-      validateNewDoc(d);
+    const seed = upsertSeed(q);
+    let d;
+    if (kind === 'replacement') {
+      d = V.cloneValue(u);
+      if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
+    } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
+    d = withIdFirst(d);
+    validateNewDoc(d);
+    try {
       ctx.txnWriteFailpoint();
       insertOne(ctx, target, d);
-      return d;
-    });
-    return { n: 1, nModified: 0, upsertedId: doc._id };
+      return { n: 1, nModified: 0, upsertedId: d._id };
+    } catch (e) {
+      if (e instanceof WaitFor) {
+        await ctx.waitTxn(e.txn);
+        continue;
+      }
+      if (e.code === 11000 && !ctx.access.txn && attempt < 3) continue;
+      throw e;
+    }
   }
-  return { n, nModified };
 }
 
 async function update(ctx) {
@@ -223,7 +241,7 @@ function projectOne(doc, fields) {
   return project([{ doc, view: V.toView(doc) }], fields)[0];
 }
 
-async function findAndModify(ctx) {
+async function findAndModify(ctx, attempt) {
   const { cmd, db } = ctx;
   const name = collName(cmd, ctx.name);
   const remove = V.truthy(cmd.remove);
@@ -262,22 +280,29 @@ async function findAndModify(ctx) {
   }
   if (upsert) {
     const target = coll || (await ctx.retryOnWait(() => ctx.access.coll(db, name, true)));
-    const doc = await ctx.retryOnWait(() => {
-      const seed = upsertSeed(q);
-      let d;
-      if (kind === 'replacement') {
-        d = V.cloneValue(u);
-        if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
-      } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
-      d = withIdFirst(d);
-      validateNewDoc(d);
+    const seed = upsertSeed(q);
+    let d;
+    if (kind === 'replacement') {
+      d = V.cloneValue(u);
+      if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
+    } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
+    d = withIdFirst(d);
+    validateNewDoc(d);
+    try {
       ctx.txnWriteFailpoint();
       insertOne(ctx, target, d);
-      return d;
-    });
+    } catch (e) {
+      // Someone else got there first: start over so the upsert becomes an update.
+      if (e instanceof WaitFor) {
+        await ctx.waitTxn(e.txn);
+        return findAndModify(ctx, (attempt || 0) + 1);
+      }
+      if (e.code === 11000 && !ctx.access.txn && (attempt || 0) < 3) return findAndModify(ctx, (attempt || 0) + 1);
+      throw e;
+    }
     return {
-      lastErrorObject: { n: 1, updatedExisting: false, upserted: doc._id },
-      value: returnNew ? projectOne(doc, cmd.fields) : null,
+      lastErrorObject: { n: 1, updatedExisting: false, upserted: d._id },
+      value: returnNew ? projectOne(d, cmd.fields) : null,
       ok: 1,
     };
   }
