@@ -43,6 +43,8 @@ async function startSink(o = {}) {
     lastSeq: new Map(), // key -> last acknowledged sequence
     inFlightKeys: new Map(), // key -> count in flight
     deliveryIds: new Set(),
+    rejectedIds: new Set(),
+    attempts: [], // delivery.attempt of each 2xx answer
   };
   const server = http.createServer((req, res) => {
     const chunks = [];
@@ -69,10 +71,22 @@ async function startSink(o = {}) {
           st.seqViolations.push(`key ${key}: ${n} deliveries at once (seq ${ev.sequence})`);
         }
       }
+      // A final answer (2xx, or a 400 that makes it dead) must follow the
+      // key's previous final answer: a redelivery of the last one (a
+      // duplicate) is fine; a gap or a step back is not.
+      const checkSeq = () => {
+        if (key === undefined) return;
+        const last = st.lastSeq.get(key) || 0;
+        const seq = Number(ev.sequence);
+        if (seq !== last + 1 && seq !== last) st.seqViolations.push(`key ${key}: seq ${seq} after ${last}`);
+        if (seq > last) st.lastSeq.set(key, seq);
+      };
       const finish = () => {
         if (key !== undefined) st.inFlightKeys.set(key, st.inFlightKeys.get(key) - 1);
         if (o.answer400 && o.answer400(ev)) {
+          checkSeq();
           st.rejected400++;
+          st.rejectedIds.add(ev.id);
           res.writeHead(400, { 'content-type': 'text/plain' }).end(`rejected ${ev.id}`);
           return;
         }
@@ -81,13 +95,8 @@ async function startSink(o = {}) {
           res.writeHead(500, { 'content-type': 'text/plain' }).end('sink failure');
           return;
         }
-        if (key !== undefined) {
-          const last = st.lastSeq.get(key) || 0;
-          const seq = Number(ev.sequence);
-          // A redelivery of the last one (a duplicate) is fine; a gap or a step back is not.
-          if (seq !== last + 1 && seq !== last) st.seqViolations.push(`key ${key}: seq ${seq} after ${last}`);
-          if (seq > last) st.lastSeq.set(key, seq);
-        }
+        checkSeq();
+        st.attempts.push(Number(ev.delivery && ev.delivery.attempt));
         st.ok.set(ev.id, (st.ok.get(ev.id) || 0) + 1);
         st.okOrder.push(ev.id);
         st.deliveryIds.add(id);

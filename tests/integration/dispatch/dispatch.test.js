@@ -1,0 +1,177 @@
+'use strict';
+// End to end: events published into the outbox in transactions are
+// dispatched by two proxy instances to three webhook handlers served by Node
+// sinks (one fails 20% of its requests, one is slow, one answers 400 to some
+// events), and one proxy is killed with SIGKILL mid-run.
+//
+// Events are written the way the publishing path writes them (helpers.js,
+// docs/outbox-schema.md), directly with the Node driver inside transactions.
+//
+// Scale: RELAYBUS_DISPATCH_EVENTS (default 600) events on
+// RELAYBUS_DISPATCH_KEYS (default 30) keys; the issue's full run is
+// RELAYBUS_DISPATCH_EVENTS=10000 RELAYBUS_DISPATCH_KEYS=50.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { MongoClient } = require('mongodb');
+const { startUpstream, uniqueDbName, sleep } = require('../lib/proxy');
+const { startSink } = require('./sink');
+const { startDispatchProxy, publish, waitFor } = require('./helpers');
+
+const N_EVENTS = Number(process.env.RELAYBUS_DISPATCH_EVENTS || 600);
+const N_KEYS = Number(process.env.RELAYBUS_DISPATCH_KEYS || 30);
+const TIMEOUT_MS = Number(process.env.RELAYBUS_DISPATCH_TIMEOUT_MS || 240000);
+const SECRET = `whsec_${Buffer.from('relaybus-dispatch-test-secret-32b').toString('base64')}`;
+
+// A deterministic random source for the failing sink, so a run can be repeated.
+function lcg(seed) {
+  let x = seed >>> 0;
+  return () => {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    return x / 2 ** 32;
+  };
+}
+
+function makeEvents(n, keys, tag) {
+  const events = [];
+  for (let i = 0; i < n; i++) {
+    const e = { id: `${tag}-${i}`, type: 'order.placed.v1', payload: { i, at: new Date(), note: 'é✓' } };
+    // Every 10th event has no key: unkeyed events spread over all lanes.
+    if (i % 10 !== 9) e.key = `key-${i % keys}`;
+    events.push(e);
+  }
+  return events;
+}
+
+function report(t, name, sink) {
+  const st = sink.stats();
+  t.diagnostic(`${name}: ${st.requests} requests, ${st.ok.size} events acknowledged, ${sink.duplicates()} duplicate(s), ` +
+    `${st.failed} failed on purpose, ${st.rejected400} answered 400, ${st.badSignatures} bad signature(s)`);
+}
+
+async function upstreamFor(t) {
+  const up = await startUpstream();
+  t.after(() => up.stop());
+  return up;
+}
+
+test('two proxies deliver every event to three webhook handlers in key order', { timeout: TIMEOUT_MS + 60000 }, async (t) => {
+  const up = await upstreamFor(t);
+  const db = uniqueDbName('dispatch');
+  const failing = await startSink({ secret: SECRET, fail: 0.2, rand: lcg(42) });
+  const slow = await startSink({ secret: SECRET, delayMs: 15 });
+  const picky = await startSink({ secret: SECRET, answer400: (ev) => ev.payload.i % 37 === 5 });
+  t.after(() => Promise.all([failing.close(), slow.close(), picky.close()]));
+  const handlers = [
+    { name: 'failing', events: '*', kind: 'webhook', url: failing.url('/f'), secret: SECRET, max_attempts: 25, concurrency: 16 },
+    { name: 'slow', events: '*', kind: 'webhook', url: slow.url('/s'), secret: SECRET, concurrency: 16 },
+    { name: 'picky', events: '*', kind: 'webhook', url: picky.url('/p'), secret: SECRET, concurrency: 16 },
+  ];
+  const opts = {
+    upstream: up.uri,
+    outbox: { database: db },
+    dispatch: { poll_interval_ms: 100, batch_size: 100, lease_ms: 10000 },
+    handlers,
+  };
+  const p1 = await startDispatchProxy(opts);
+  const p2 = await startDispatchProxy(opts);
+  t.after(() => Promise.all([p1.kill(), p2.kill()]));
+  const client = await new MongoClient(up.uri).connect();
+  t.after(() => client.close());
+
+  const events = makeEvents(N_EVENTS, N_KEYS, 'ev');
+  const t0 = Date.now();
+  await publish(client, db, events, handlers.map((h) => h.name), 25);
+  t.diagnostic(`published ${events.length} events in ${Date.now() - t0} ms`);
+  const expect400 = events.filter((e) => e.payload.i % 37 === 5);
+  const deliveries = client.db(db).collection('relaybus_deliveries');
+  await waitFor(async () => (await deliveries.countDocuments({ status: 'pending' })) === 0, TIMEOUT_MS, 'every delivery to finish');
+  t.diagnostic(`all delivered in ${Date.now() - t0} ms`);
+
+  for (const [name, sink] of [['failing', failing], ['slow', slow], ['picky', picky]]) report(t, name, sink);
+  // Every event reached every healthy handler.
+  for (const e of events) {
+    assert.ok(failing.stats().ok.has(e.id), `failing sink never acknowledged ${e.id}`);
+    assert.ok(slow.stats().ok.has(e.id), `slow sink never acknowledged ${e.id}`);
+  }
+  for (const e of events) {
+    if (e.payload.i % 37 === 5) assert.ok(!picky.stats().ok.has(e.id));
+    else assert.ok(picky.stats().ok.has(e.id), `picky sink never acknowledged ${e.id}`);
+  }
+  // One at a time and in sequence, per key, at every handler.
+  for (const [name, sink] of [['failing', failing], ['slow', slow], ['picky', picky]]) {
+    assert.deepEqual(sink.stats().seqViolations.slice(0, 10), [], `${name}: per-key order`);
+    assert.equal(sink.stats().badSignatures, 0, `${name}: signatures`);
+  }
+  // The 400s are dead with their error; nothing else is left.
+  const dead = await deliveries.find({ status: 'dead' }).toArray();
+  assert.equal(dead.length, expect400.length);
+  for (const d of dead) {
+    assert.equal(d.handler, 'picky');
+    assert.match(d.lastError, /^HTTP 400: rejected /);
+    assert.equal(d.attempts, 1);
+  }
+  assert.equal(await deliveries.countDocuments({}), expect400.length);
+  // Both proxies did work.
+  for (const p of [p1, p2]) assert.match(p.log(), /dispatch: \d+ webhook handler/);
+  const r1 = await p1.stop();
+  const r2 = await p2.stop();
+  assert.deepEqual([r1.code, r2.code], [0, 0]);
+  assert.equal(await client.db(db).collection('relaybus_lanes').countDocuments({ owner: { $ne: null } }), 0,
+    'lanes handed back at SIGTERM');
+});
+
+test('a proxy killed with SIGKILL: its lanes are taken over after the lease, lost attempts charged, nothing lost',
+  { timeout: TIMEOUT_MS + 60000 }, async (t) => {
+    const up = await upstreamFor(t);
+    const db = uniqueDbName('dispatch_kill');
+    const sink = await startSink({ secret: SECRET, delayMs: 40 });
+    t.after(() => sink.close());
+    const handlers = [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), secret: SECRET, concurrency: 16 }];
+    const opts = {
+      upstream: up.uri,
+      outbox: { database: db, completion_history: 'true' },
+      dispatch: { poll_interval_ms: 100, batch_size: 50, lease_ms: 2000 },
+      handlers,
+    };
+    const victim = await startDispatchProxy(opts);
+    const client = await new MongoClient(up.uri).connect();
+    t.after(() => client.close());
+    const n = Math.min(N_EVENTS, 400);
+    const events = makeEvents(n, Math.min(N_KEYS, 20), 'kill');
+    await publish(client, db, events, ['h'], 25);
+    // Let the victim take lanes and start requests, then kill it mid-run.
+    await waitFor(() => sink.stats().ok.size >= 20, 60000, 'the victim to deliver something');
+    const lanes = client.db(db).collection('relaybus_lanes');
+    const owner = (victim.log().match(/owner (\S+),/) || [])[1];
+    assert.ok(owner, 'the victim logs its owner');
+    const held = await lanes.find({ owner }).toArray();
+    const inFlight = held.reduce((a, l) => a + (l.inFlight || []).length, 0);
+    await victim.kill();
+    t.diagnostic(`killed the victim holding ${held.length} lane(s) with ${inFlight} delivery(ies) in flight`);
+    const killedAt = Date.now();
+    const survivor = await startDispatchProxy(opts);
+    t.after(() => survivor.kill());
+
+    const deliveries = client.db(db).collection('relaybus_deliveries');
+    await waitFor(async () => (await deliveries.countDocuments({})) === 0, TIMEOUT_MS, 'every delivery to complete');
+    report(t, 'sink', sink);
+    for (const e of events) assert.ok(sink.stats().ok.has(e.id), `never acknowledged ${e.id}`);
+    assert.deepEqual(sink.stats().seqViolations.slice(0, 10), []);
+    assert.equal(sink.stats().badSignatures, 0);
+    // The victim's lanes went to the survivor, and not before the lease ran out.
+    assert.equal(await lanes.countDocuments({ owner }), 0);
+    if (inFlight > 0) {
+      const takeover = survivor.log().split('\n').find((l) => /took lane \d+ over/.test(l));
+      assert.ok(takeover, 'the survivor logs a takeover');
+      // Lost attempts are charged: completion records with attempts >= 2
+      // although the sink never failed.
+      const charged = await client.db(db).collection('relaybus_completed_deliveries').countDocuments({ attempts: { $gte: 2 } });
+      t.diagnostic(`${charged} completion(s) carry a charged lost attempt; first takeover ${Date.now() - killedAt} ms after the kill`);
+      assert.ok(charged >= 1, 'a lost attempt was charged');
+      assert.ok(sink.stats().attempts.some((a) => a >= 2), 'a redelivery reported attempt >= 2');
+    }
+    assert.equal(await client.db(db).collection('relaybus_completed_deliveries').countDocuments({}), n);
+    assert.equal((await survivor.stop()).code, 0);
+    await sleep(0);
+  });
