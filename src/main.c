@@ -33,6 +33,7 @@
 #include "stats.h"
 #include "tls.h"
 #include "topology.h"
+#include "virtual.h"
 
 /* Exit codes, as --help documents them. */
 enum {
@@ -244,6 +245,8 @@ proxy_start (proxy_t *p, bson_error_t *error)
    p->clients = client_loop_new (p->base, p->topo, p->tls, p->cfg, error);
    if (!p->clients)
       return false;
+   /* Publishing: annotated statements, relaybus* commands, commit wake-ups. */
+   client_loop_set_request_hook (p->clients, virtual_request_hook, NULL);
    p->listener = listener_new (p->base, p->cfg->listen, p->clients, p->server_tls, error);
    if (!p->listener)
       return false;
