@@ -35,6 +35,9 @@
 #define WEBHOOK_BACKOFF_CAP_MS (5 * 60 * 1000)
 /* A Retry-After further away than this is cut to it. */
 #define WEBHOOK_RETRY_AFTER_MAX_MS (24 * 3600 * 1000LL)
+/* Limits on what an endpoint's answer may make the proxy buffer. */
+#define WEBHOOK_MAX_HEADERS_SIZE (16 * 1024)
+#define WEBHOOK_MAX_BODY_SIZE (64 * 1024)
 /* Bytes of a failing answer's body kept as the delivery's lastError. */
 #define WEBHOOK_ERROR_BODY_MAX 200
 

@@ -335,35 +335,79 @@ store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, b
    }
    if (ok) {
       /* Events nothing references, created before the earliest cutoff, in
-       * (createdAt, _id) order, one batch per transaction. */
-      bson_t *q = BCON_NEW ("createdAt", "{", "$lt", BCON_DATE_TIME (p.min_cutoff), "}");
-      bson_t *opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "projection", "{", "_id", BCON_INT32 (1), "}");
-      mongoc_cursor_t *cur;
-      const bson_t *doc;
-      bson_error_t err;
-      strs_t all = {0};
+       * (createdAt, _id) order, one batch per transaction; the next batch
+       * starts after the last one read, so memory stays one batch. */
+      bson_t *opts = BCON_NEW ("sort",
+                               "{",
+                               "createdAt",
+                               BCON_INT32 (1),
+                               "_id",
+                               BCON_INT32 (1),
+                               "}",
+                               "projection",
+                               "{",
+                               "_id",
+                               BCON_INT32 (1),
+                               "createdAt",
+                               BCON_INT32 (1),
+                               "}",
+                               "limit",
+                               BCON_INT64 (s->purge_batch));
+      int64_t last_created = 0;
+      char *last_id = NULL;
 
       coll = store_coll (s, p.client, OUTBOX_EVENTS);
-      cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
-      while (mongoc_cursor_next (cur, &doc))
-         if (store_iter_utf8 (doc, "_id"))
-            strs_push (&all, store_iter_utf8 (doc, "_id"));
-      if (mongoc_cursor_error (cur, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
-         ok = false;
-      }
-      mongoc_cursor_destroy (cur);
       p.from = OUTBOX_EVENTS;
       store_oids_free (&p.ids);
-      for (size_t i = 0; ok && i < all.n; i += (size_t) s->purge_batch) {
+      for (;;) {
+         bson_t q = BSON_INITIALIZER, sub, or_arr, a, b;
+         mongoc_cursor_t *cur;
+         const bson_t *doc;
+         bson_error_t err;
+
+         BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
+         BSON_APPEND_DATE_TIME (&sub, "$lt", p.min_cutoff);
+         bson_append_document_end (&q, &sub);
+         if (last_id) {
+            BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+            BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+            BSON_APPEND_DOCUMENT_BEGIN (&a, "createdAt", &sub);
+            BSON_APPEND_DATE_TIME (&sub, "$gt", last_created);
+            bson_append_document_end (&a, &sub);
+            bson_append_document_end (&or_arr, &a);
+            BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+            BSON_APPEND_DATE_TIME (&b, "createdAt", last_created);
+            BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
+            BSON_APPEND_UTF8 (&sub, "$gt", last_id);
+            bson_append_document_end (&b, &sub);
+            bson_append_document_end (&or_arr, &b);
+            bson_append_array_end (&q, &or_arr);
+         }
          strs_free (&p.event_ids);
-         for (size_t j = i; j < all.n && j < i + (size_t) s->purge_batch; j++)
-            strs_push (&p.event_ids, all.v[j]);
+         cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+         while (mongoc_cursor_next (cur, &doc)) {
+            const char *id = store_iter_utf8 (doc, "_id");
+            if (!id)
+               continue;
+            strs_push (&p.event_ids, id);
+            bson_free (last_id);
+            last_id = bson_strdup (id);
+            last_created = store_iter_date (doc, "createdAt");
+         }
+         if (mongoc_cursor_error (cur, &err)) {
+            store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
+            ok = false;
+         }
+         mongoc_cursor_destroy (cur);
+         bson_destroy (&q);
+         if (!ok || p.event_ids.n == 0)
+            break;
          ok = store_with_txn (s, p.client, purge_cb, &p, error);
          r->events += p.events_deleted;
+         if (!ok || p.event_ids.n < (size_t) s->purge_batch)
+            break;
       }
-      strs_free (&all);
-      bson_destroy (q);
+      bson_free (last_id);
       bson_destroy (opts);
       mongoc_collection_destroy (coll);
    }

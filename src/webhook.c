@@ -533,6 +533,10 @@ webhook_send (webhook_t *w,
    }
    evhttp_connection_set_timeout_tv (r->conn, &tv);
    evhttp_connection_set_retries (r->conn, 0);
+   /* Only the status and the start of the body matter: bound what an
+    * endpoint can make us buffer. */
+   evhttp_connection_set_max_headers_size (r->conn, WEBHOOK_MAX_HEADERS_SIZE);
+   evhttp_connection_set_max_body_size (r->conn, WEBHOOK_MAX_BODY_SIZE);
    req = evhttp_request_new (req_done_cb, r);
    evhttp_request_set_error_cb (req, req_error_cb);
    h = evhttp_request_get_output_headers (req);
