@@ -785,6 +785,79 @@ test_relinquish_and_extend_lease (void **state)
    store_batch_clear (&bb);
 }
 
+
+/* A claim that fails reconciles the owner's lanes: a listed delivery stays
+ * listed only if this instance handed out its current claim; anything else
+ * (as if a claim's record had reached the database without its reply) is
+ * taken out and its claim generation moves on. */
+static void
+test_a_failed_claim_reconciles_the_lanes (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, again = {0};
+   char ev1[32], ev2[32];
+   uint32_t lane = 0;
+   bson_oid_t id2;
+   bson_t *doc, reply;
+   bson_error_t err;
+   store_claim_handler_t h = {"h", 10};
+   store_claim_opts_t o = {&h, 1, 10, T0 + 1, LEASE};
+
+   /* two unkeyed events in one lane */
+   snprintf (ev1, sizeof ev1, "rc-0");
+   lane = outbox_lane_id (NULL, ev1);
+   for (int i = 1; i < 100000; i++) {
+      snprintf (ev2, sizeof ev2, "rc-%d", i);
+      if (outbox_lane_id (NULL, ev2) == lane)
+         break;
+   }
+   add (fx, ev1, "h", NULL, 0, T0 - 20);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   id2 = add (fx, ev2, "h", NULL, 0, T0 + 100000); /* not due: the scan leaves it */
+   {
+      /* An unrecorded pick: listed on the lane, never handed out. */
+      mongoc_collection_t *lanes = coll (fx, OUTBOX_LANES_COLL);
+      bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane));
+      bson_t *u = BCON_NEW ("$addToSet", "{", "inFlight", BCON_OID (&id2), "}");
+      assert_true (mongoc_collection_update_one (lanes, q, u, NULL, NULL, &err));
+      bson_destroy (q);
+      bson_destroy (u);
+      mongoc_collection_destroy (lanes);
+   }
+   {
+      bson_t *fp = BCON_NEW ("configureFailPoint",
+                             BCON_UTF8 ("failCommand"),
+                             "mode",
+                             "{",
+                             "times",
+                             BCON_INT32 (1),
+                             "}",
+                             "data",
+                             "{",
+                             "failCommands",
+                             "[",
+                             BCON_UTF8 ("find"),
+                             "]",
+                             "errorCode",
+                             BCON_INT32 (2),
+                             "}");
+      assert_true (mongoc_client_command_simple (fx->client, "admin", fp, NULL, &reply, &err));
+      bson_destroy (&reply);
+      bson_destroy (fp);
+   }
+   assert_false (store_claim (fx->a, &o, &again, &err));
+   assert_int_equal (again.n, 0);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"inFlight.1\": {\"$exists\": true}}"), 0);
+   doc = get (fx, &id2);
+   assert_int_equal (field (doc, "claims"), 1);
+   assert_int_equal (field (doc, "attempts"), 0);
+   bson_destroy (doc);
+   /* The claim this instance did hand out is still good. */
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 2));
+   store_batch_clear (&b);
+}
+
 int
 main (void)
 {
@@ -802,6 +875,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_completion_history_on, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_list_deliveries_coerces_filters_to_strings, setup, teardown),
       cmocka_unit_test_setup_teardown (test_relinquish_and_extend_lease, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
    };
    int rc;
 
