@@ -6,7 +6,7 @@ RELAYBUS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian packages the build and the tests need.
 RELAYBUS_BUILD_PACKAGES="build-essential autoconf automake libtool pkg-config
 	libevent-dev libbson-dev libmongoc-dev libssl-dev zlib1g-dev libzstd-dev
-	libsnappy-dev libcmocka-dev nodejs npm openssl"
+	libsnappy-dev libcmocka-dev openssl"
 RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat"
 
 say() { printf '==> %s\n' "$*" >&2; }
@@ -28,9 +28,25 @@ apt_ensure() {
 	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
+# node_ensure: Node.js 20 or newer with npm.  A machine may have Node.js
+# from another source (its nodejs package then bundles npm, and Debian's npm
+# package would conflict with it), so only install when the commands are
+# missing.
+node_ensure() {
+	if command -v node >/dev/null && command -v npm >/dev/null; then
+		local major
+		major=$(node -p 'process.versions.node.split(".")[0]')
+		[ "$major" -ge 18 ] && return 0
+		say "Node.js $major is too old: the test suite needs 18 or newer"
+		return 1
+	fi
+	apt_ensure nodejs npm
+}
+
 # npm_ensure: the Node.js packages of tests/ (server double, drivers), from
 # the lock file.
 npm_ensure() {
+	node_ensure || return 1
 	local stamp="$RELAYBUS_TOP/tests/node_modules/.relaybus-stamp"
 	if [ -f "$stamp" ] && [ "$stamp" -nt "$RELAYBUS_TOP/tests/package-lock.json" ]; then
 		return 0
