@@ -36,8 +36,8 @@ node_ensure() {
 	if command -v node >/dev/null && command -v npm >/dev/null; then
 		local major
 		major=$(node -p 'process.versions.node.split(".")[0]')
-		[ "$major" -ge 18 ] && return 0
-		say "Node.js $major is too old: the test suite needs 18 or newer"
+		[ "$major" -ge 20 ] && return 0
+		say "Node.js $major is too old: the test suite needs 20 or newer (mongodb driver 7)"
 		return 1
 	fi
 	apt_ensure nodejs npm
