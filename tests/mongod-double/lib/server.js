@@ -339,6 +339,7 @@ class Server {
         reply = Object.assign({}, ctx.sctx.replay);
       } else {
         const txn = ctx.sctx && ctx.sctx.txn && ctx.sctx.txn.state === 'inProgress' ? ctx.sctx.txn : null;
+        ctx.retryStmts = ctx.sctx && ctx.sctx.retryable ? ctx.sctx.session.retryStmts : null;
         ctx.access = new Access(this.store, txn);
         reply = await handler(ctx);
         if (ctx.abortTxnAfterReply && txn) txn.abort('statement failed');

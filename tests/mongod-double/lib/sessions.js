@@ -40,6 +40,7 @@ class Session {
     this.kind = null; // 'txn' | 'retryable' for txnNumber
     this.txn = null; // Txn for txnNumber when kind === 'txn'
     this.retryReply = null; // stored reply of the retryable write at txnNumber
+    this.retryStmts = new Map(); // statement index -> its result, for partially failed batches
   }
 }
 
@@ -135,6 +136,7 @@ class Sessions {
         session.kind = 'retryable';
         session.txn = null;
         session.retryReply = null;
+        session.retryStmts = new Map();
       }
       ctx.retryable = true;
       return ctx;

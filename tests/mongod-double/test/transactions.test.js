@@ -183,6 +183,22 @@ test('retryable writes are answered from their first result without re-executing
   assert.equal(old.code.valueOf(), 225);
 });
 
+test('a retried batch skips the statements that succeeded and re-runs the failed one', async () => {
+  await raw.command({ insert: 'partial', documents: [{ _id: 2 }], $db: 'txn' });
+  const s = lsid();
+  const cmd = { insert: 'partial', documents: [{ _id: 1 }, { _id: 2 }, { _id: 3 }], lsid: s, txnNumber: L(1), $db: 'txn' };
+  const first = await raw.command(cmd);
+  assert.equal(first.n.valueOf(), 1);
+  assert.equal(first.writeErrors[0].index.valueOf(), 1);
+  await raw.command({ delete: 'partial', deletes: [{ q: { _id: 2 }, limit: 1 }], $db: 'txn' });
+  const retry = await raw.command(cmd);
+  assert.equal(retry.n.valueOf(), 3);
+  assert.equal(retry.writeErrors, undefined);
+  const again = await raw.command(cmd);
+  assert.equal(again.n.valueOf(), 3);
+  assert.equal((await raw.command({ count: 'partial', $db: 'txn' })).n.valueOf(), 3);
+});
+
 test('the reaper aborts transactions older than --txn-lifetime', async () => {
   const s = lsid();
   await raw.command(Object.assign({ insert: 'reap', documents: [{ _id: 1 }], $db: 'txn', startTransaction: true }, T(s, 1)));

@@ -79,12 +79,18 @@ async function insert(ctx) {
   let n = 0;
   const writeErrors = [];
   for (let i = 0; i < docs.length; i++) {
+    // A retried statement that already succeeded is not executed again.
+    if (ctx.retryStmts && ctx.retryStmts.has(i)) {
+      n += ctx.retryStmts.get(i).n;
+      continue;
+    }
     try {
       ctx.txnWriteFailpoint();
       validateNewDoc(docs[i]);
       const doc = withIdFirst(V.cloneValue(docs[i]));
       await ctx.retryOnWait(() => insertOne(ctx, coll, doc));
       n++;
+      if (ctx.retryStmts) ctx.retryStmts.set(i, { n: 1 });
     } catch (e) {
       writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
       if (ordered || ctx.access.txn) break;
@@ -177,7 +183,10 @@ async function update(ctx) {
   const writeErrors = [];
   for (let i = 0; i < updates.length; i++) {
     try {
-      const r = await updateStatement(ctx, coll, updates[i], db, name);
+      const r = ctx.retryStmts && ctx.retryStmts.has(i)
+        ? ctx.retryStmts.get(i)
+        : await updateStatement(ctx, coll, updates[i], db, name);
+      if (ctx.retryStmts) ctx.retryStmts.set(i, r);
       if (!coll) coll = ctx.access.coll(db, name, false);
       n += r.n;
       nModified += r.nModified;
@@ -206,6 +215,11 @@ async function del(ctx) {
   const writeErrors = [];
   for (let i = 0; i < deletes.length; i++) {
     const st = deletes[i];
+    if (ctx.retryStmts && ctx.retryStmts.has(i)) {
+      n += ctx.retryStmts.get(i).n;
+      continue;
+    }
+    const nBefore = n;
     try {
       if (st.limit === undefined) throw err(40414, "BSON field 'delete.deletes.limit' is missing but a required field");
       const limit = V.toNumber(st.limit);
@@ -224,6 +238,7 @@ async function del(ctx) {
         });
         if (ok) n++;
       }
+      if (ctx.retryStmts) ctx.retryStmts.set(i, { n: n - nBefore });
     } catch (e) {
       writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
       if (ordered || ctx.access.txn) break;
