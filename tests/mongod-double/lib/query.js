@@ -146,16 +146,28 @@ function select(access, coll, opts) {
 function hasKeys(o) { return o && isPlainObject(o) && Object.keys(o).length > 0; }
 
 // Applies a find-style projection to typed documents.
-function project(records, projection) {
+// The filter is needed again for positional (`a.$`) projections.
+function project(records, projection, filter) {
   if (!hasKeys(projection)) return records.map((r) => r.doc);
   let results;
   try {
     const views = records.map((r) => r.view);
-    results = new Query({}).find(views, V.toView(projection)).all();
+    const positional = Object.keys(projection).some((k) => k.endsWith('.$'));
+    const q = new Query(positional && filter ? V.toView(filter) : {});
+    results = q.find(views, V.toView(projection)).all();
   } catch (e) {
     throw err(2, e.message);
   }
-  return results.map((r, i) => V.fromView(r, records[i].doc));
+  return results.map((r, i) => inDocOrder(V.fromView(r, records[i].doc), records[i].doc));
+}
+
+// mongod keeps the stored field order in projected documents; mingo lists _id last.
+function inDocOrder(out, orig) {
+  if (!isPlainObject(out) || !isPlainObject(orig)) return out;
+  const res = {};
+  for (const k of Object.keys(orig)) if (Object.prototype.hasOwnProperty.call(out, k)) res[k] = inDocOrder(out[k], orig[k]);
+  for (const k of Object.keys(out)) if (!Object.prototype.hasOwnProperty.call(res, k)) res[k] = out[k];
+  return res;
 }
 
 // Runs an aggregation pipeline over typed input documents; output typed via the views.

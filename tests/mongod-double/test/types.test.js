@@ -111,3 +111,18 @@ test('find options: projection, skip, limit, batchSize, getMore', async () => {
   const agg = await coll.aggregate([{ $group: { _id: '$v', n: { $sum: 1 } } }, { $sort: { _id: 1 } }]).toArray();
   assert.equal(agg[0].n, 36);
 });
+
+test('projections: positional, $slice, $elemMatch, exclusion, stored field order', async () => {
+  const coll = db.collection('proj');
+  await coll.insertOne({ _id: 1, s: [{ x: 1 }, { x: 2, y: new Int32(0) }], t: [1, 2, 3], z: 'last' });
+  const [p1] = await coll.find({ 's.x': 2 }, { projection: { 's.$': 1 }, ...raw }).toArray();
+  assert.deepEqual(Object.keys(p1), ['_id', 's']);
+  assert.equal(p1.s.length, 1);
+  assert.equal(p1.s[0].y._bsontype, 'Int32');
+  const [p2] = await coll.find({}, { projection: { t: { $slice: -2 }, s: { $elemMatch: { x: 1 } } } }).toArray();
+  assert.deepEqual(p2, { _id: 1, s: [{ x: 1 }], t: [2, 3] });
+  const [p3] = await coll.find({}, { projection: { s: 0, t: 0 } }).toArray();
+  assert.deepEqual(p3, { _id: 1, z: 'last' });
+  const [p4] = await coll.find({}, { projection: { z: 1, _id: 0 } }).toArray();
+  assert.deepEqual(p4, { z: 'last' });
+});

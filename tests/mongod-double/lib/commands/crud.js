@@ -343,7 +343,7 @@ async function find(ctx) {
   if (batchSize !== undefined && batchSize < 0) throw err(51024, `BSON field 'batchSize' value must be >= 0, actual value '${batchSize}'`);
   if (cmd.filter !== undefined && !isPlainObject(cmd.filter)) throw err(14, "BSON field 'FindCommandRequest.filter' is the wrong type, expected type 'object'");
   const records = select(ctx.access, coll, { filter: cmd.filter, sort: cmd.sort, skip, limit, variables: evalLet(cmd.let), collation: cmd.collation });
-  const docs = project(records, cmd.projection);
+  const docs = project(records, cmd.projection, cmd.filter);
   return ctx.cursors.open(`${db}.${name}`, docs, { batchSize, singleBatch, session: ctx.sessionKey });
 }
 
