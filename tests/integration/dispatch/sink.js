@@ -44,6 +44,7 @@ async function startSink(o = {}) {
     inFlightKeys: new Map(), // key -> count in flight
     deliveryIds: new Set(),
     rejectedIds: new Set(),
+    firstAt: new Map(), // event id -> time of its first 2xx answer
     attempts: [], // delivery.attempt of each 2xx answer
   };
   const server = http.createServer((req, res) => {
@@ -97,6 +98,7 @@ async function startSink(o = {}) {
         }
         checkSeq();
         st.attempts.push(Number(ev.delivery && ev.delivery.attempt));
+        if (!st.ok.has(ev.id)) st.firstAt.set(ev.id, Date.now());
         st.ok.set(ev.id, (st.ok.get(ev.id) || 0) + 1);
         st.okOrder.push(ev.id);
         st.deliveryIds.add(id);
