@@ -29,20 +29,61 @@ function collationFolder(collation) {
   return walk;
 }
 
+const TYPE_ALIASES = {
+  1: 'double', 2: 'string', 3: 'object', 4: 'array', 5: 'binData', 6: 'undefined', 7: 'objectId', 8: 'bool',
+  9: 'date', 10: 'null', 11: 'regex', 13: 'javascript', 14: 'symbol', 16: 'int', 17: 'timestamp', 18: 'long',
+  19: 'decimal', '-1': 'minKey', 127: 'maxKey',
+};
+
+// mingo sees every number as a JS number, so `$type` on a top-level field is taken out of the
+// filter and checked here against the stored, typed values.
+function typeChecks(filter) {
+  const checks = [];
+  let rest = filter;
+  for (const k of Object.keys(filter)) {
+    const c = filter[k];
+    if (k.startsWith('$') || !isPlainObject(c) || !Object.prototype.hasOwnProperty.call(c, '$type')) continue;
+    const wanted = (Array.isArray(c.$type) ? c.$type : [c.$type]).map((t) => {
+      const name = typeof t === 'string' ? t : TYPE_ALIASES[String(V.toNumber(t))];
+      if (!name || !(name in V.TYPE_ORDER || name === 'number')) throw err(2, `Unknown type name alias: ${t}`);
+      return name;
+    });
+    if (rest === filter) rest = Object.assign({}, filter);
+    const others = Object.assign({}, c);
+    delete others.$type;
+    if (Object.keys(others).length) rest[k] = others;
+    else delete rest[k];
+    checks.push((doc) => V.pathValues(doc, k).some((v) => {
+      if (v === undefined) return false;
+      const cands = Array.isArray(v) ? [v, ...v] : [v];
+      return cands.some((x) => {
+        const t = V.bsonTag(x);
+        return wanted.includes(t) || (wanted.includes('number') && V.isNumeric(x));
+      });
+    }));
+  }
+  return { checks, rest };
+}
+
 function compileFilter(filter, opts = {}) {
   if (filter === undefined || filter === null) return null;
   if (!isPlainObject(filter)) throw err(14, "BSON field 'filter' is the wrong type, expected type 'object'");
   if (!Object.keys(filter).length) return null;
   const fold = collationFolder(opts.collation);
-  let q;
-  try {
-    const view = V.toView(filter);
-    q = new Query(fold ? fold(view) : view, opts.variables ? { variables: opts.variables } : undefined);
-  } catch (e) {
-    throw err(2, e.message);
+  const { checks, rest } = typeChecks(filter);
+  let q = null;
+  if (Object.keys(rest).length) {
+    try {
+      const view = V.toView(rest);
+      q = new Query(fold ? fold(view) : view, opts.variables ? { variables: opts.variables } : undefined);
+    } catch (e) {
+      throw err(2, e.message);
+    }
   }
-  if (!fold) return q;
-  return { test: (view) => q.test(fold(view)) };
+  if (!fold && !checks.length) return q;
+  return {
+    test: (view, doc) => (!q || q.test(fold ? fold(view) : view)) && checks.every((c) => c(doc)),
+  };
 }
 
 // Values of a `let` document: each is an expression evaluated once per command.
@@ -134,7 +175,7 @@ function select(access, coll, opts) {
   const out = [];
   const stopAt = !sortCmp && limit ? skip + limit : Infinity;
   for (const r of source) {
-    if (q && !q.test(r.view)) continue;
+    if (q && !q.test(r.view, r.doc)) continue;
     out.push(r);
     if (out.length >= stopAt) break;
   }

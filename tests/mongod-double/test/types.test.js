@@ -126,3 +126,20 @@ test('projections: positional, $slice, $elemMatch, exclusion, stored field order
   const [p4] = await coll.find({}, { projection: { z: 1, _id: 0 } }).toArray();
   assert.deepEqual(p4, { z: 'last' });
 });
+
+test('$type distinguishes int, long, double and decimal', async () => {
+  const coll = db.collection('typeq');
+  await coll.insertMany([
+    { _id: 1, v: new Int32(1) }, { _id: 2, v: Long.fromNumber(1) }, { _id: 3, v: new Double(1) },
+    { _id: 4, v: Decimal128.fromString('1') }, { _id: 5, v: 'one' }, { _id: 6, v: [new Int32(1), 'x'] },
+  ]);
+  const ids = async (t) => (await coll.find({ v: { $type: t } }).toArray()).map((x) => x._id);
+  assert.deepEqual(await ids('int'), [1, 6]);
+  assert.deepEqual(await ids('long'), [2]);
+  assert.deepEqual(await ids(1), [3]);
+  assert.deepEqual(await ids('decimal'), [4]);
+  assert.deepEqual(await ids('number'), [1, 2, 3, 4, 6]);
+  assert.deepEqual(await ids('array'), [6]);
+  assert.deepEqual(await ids(['string', 'long']), [2, 5, 6]);
+  assert.equal(await coll.countDocuments({ v: { $type: 'long', $gte: 1 } }), 1);
+});

@@ -153,6 +153,7 @@ async function endSessions(ctx) {
 
 async function killAllSessions(ctx) {
   ctx.sessions.killAll();
+  for (const [k, c] of ctx.cursors.cursors) if (c.session) ctx.cursors.cursors.delete(k);
   return { ok: 1 };
 }
 

@@ -129,7 +129,7 @@ async function updateStatement(ctx, collIn, st, db, name) {
         const done = await ctx.retryOnWait(() => {
           const cur = ctx.access.get(coll, m.idKey);
           if (!cur) return false;
-          if (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc)))) return false;
+          if (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc)), cur.doc)) return false;
           const next = applyUpdate(cur.doc, u, opts);
           if (sameDoc(cur.doc, next)) return 'same';
           ctx.txnWriteFailpoint();
@@ -231,7 +231,7 @@ async function del(ctx) {
       for (const m of matches) {
         const ok = await ctx.retryOnWait(() => {
           const cur = ctx.access.get(coll, m.idKey);
-          if (!cur || (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc))))) return false;
+          if (!cur || (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc)), cur.doc))) return false;
           ctx.txnWriteFailpoint();
           ctx.access.put(coll, m.idKey, null);
           return true;
@@ -278,7 +278,7 @@ async function findAndModify(ctx, attempt) {
   if (match) {
     const res = await ctx.retryOnWait(() => {
       const cur = ctx.access.get(coll, match.idKey);
-      if (!cur || (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc))))) return null;
+      if (!cur || (q1 && !q1.test(cur.view || (cur.view = V.toView(cur.doc)), cur.doc))) return null;
       ctx.txnWriteFailpoint();
       if (remove) {
         ctx.access.put(coll, match.idKey, null);
