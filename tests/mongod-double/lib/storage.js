@@ -130,6 +130,9 @@ class Collection {
           if (txn) {
             const own = txn.ownWrite(this, owner);
             if (own && !ix.keysOf(own.doc, own.view).includes(k)) continue;
+            // Committed after our snapshot: the storage engine reports a conflict, not a duplicate.
+            const head = this.records.get(owner);
+            if (!own && head && head.ts > txn.snapshotTs) throw writeConflict();
           }
           throw this.dupKeyError(ix, newDoc);
         }

@@ -526,7 +526,33 @@ async function aggregateCmd(ctx) {
   return ctx.cursors.open(`${db}.${nsName}`, out, { batchSize, session: ctx.sessionKey });
 }
 
+// Plans are not modelled: explain reports a collection scan (or IDHACK for _id equality) and,
+// with executionStats, the real number of returned documents.
+async function explain(ctx) {
+  const inner = ctx.cmd.explain;
+  if (!isPlainObject(inner)) throw err(9, 'explain command requires a nested object');
+  const name = Object.keys(inner)[0];
+  const collName = typeof inner[name] === 'string' ? inner[name] : '';
+  const filter = inner.filter || inner.query || (inner.q) || {};
+  const ns = `${ctx.db}.${collName}`;
+  const idHack = isPlainObject(filter) && Object.keys(filter).length === 1 && filter._id !== undefined && !isPlainObject(filter._id);
+  const r = {
+    explainVersion: '1',
+    queryPlanner: { namespace: ns, indexFilterSet: false, parsedQuery: filter, winningPlan: { stage: idHack ? 'IDHACK' : 'COLLSCAN' }, rejectedPlans: [] },
+  };
+  if (ctx.cmd.verbosity !== 'queryPlanner' && name === 'find') {
+    const coll = ctx.access.coll(ctx.db, collName, false);
+    const n = select(ctx.access, coll, { filter, sort: inner.sort, skip: inner.skip ? V.toNumber(inner.skip) : 0, limit: inner.limit ? Math.abs(V.toNumber(inner.limit)) : 0 }).length;
+    r.executionStats = { executionSuccess: true, nReturned: n, executionTimeMillis: 0, totalKeysExamined: 0, totalDocsExamined: coll ? coll.liveCount : 0 };
+  }
+  r.command = inner;
+  r.serverInfo = { host: 'localhost', port: ctx.server.port, version: '7.0.0', gitVersion: '0000000000000000000000000000000000000000' };
+  r.ok = 1;
+  return r;
+}
+
 module.exports = {
+  explain,
   insert, update, delete: del, findAndModify, findandmodify: findAndModify, find, getMore, killCursors,
   aggregate: aggregateCmd, count, distinct,
 };
