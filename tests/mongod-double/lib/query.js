@@ -194,7 +194,9 @@ function project(records, projection, filter) {
   try {
     const views = records.map((r) => r.view);
     const positional = Object.keys(projection).some((k) => k.endsWith('.$'));
-    const q = new Query(positional && filter ? V.toView(filter) : {});
+    // CLONE_INPUT: mingo's exclusion projection edits nested input objects, and these views
+    // are the cached ones every later query matches against.
+    const q = new Query(positional && filter ? V.toView(filter) : {}, { processingMode: 1 });
     results = q.find(views, V.toView(projection)).all();
   } catch (e) {
     throw err(2, e.message);

@@ -143,3 +143,11 @@ test('$type distinguishes int, long, double and decimal', async () => {
   assert.deepEqual(await ids(['string', 'long']), [2, 5, 6]);
   assert.equal(await coll.countDocuments({ v: { $type: 'long', $gte: 1 } }), 1);
 });
+
+test('an exclusion projection of a nested field does not change what later queries see', async () => {
+  const coll = db.collection('projmut');
+  await coll.insertOne({ _id: 1, n: { a: 1, b: 2 } });
+  assert.deepEqual(await coll.findOne({}, { projection: { 'n.b': 0 } }), { _id: 1, n: { a: 1 } });
+  assert.equal(await coll.countDocuments({ 'n.b': 2 }), 1);
+  assert.deepEqual(await coll.findOne({ 'n.b': 2 }), { _id: 1, n: { a: 1, b: 2 } });
+});
