@@ -514,7 +514,8 @@ async function aggregateCmd(ctx) {
   }
   const resolver = (name) => {
     const c = ctx.access.coll(db, name, false);
-    return c ? select(ctx.access, c, {}).map((r) => r.view) : [];
+    // Fresh views: joined documents flow into later stages, which may edit them.
+    return c ? select(ctx.access, c, {}).map((r) => V.toView(r.doc)) : [];
   };
   const out = stages.length ? aggregate(inputs, stages, { resolver, variables: ctx.vars }) : inputs;
   if (explain) return { explainVersion: '1', stages: [], serverInfo: { version: '7.0.0' }, ok: 1 };
