@@ -458,23 +458,36 @@ finish (dispatcher_t *d)
    bson_error_t err;
    int64_t now = now_ms ();
 
+   bool reachable = d->setup_done;
+
    if (d->finished)
       return;
    d->finished = true;
    evtimer_del (d->deadline_ev);
+   /* After the first failed store call (the upstream is gone), skip the
+    * rest: every call would wait for server selection, and the leases run
+    * out on their own. */
    while (d->running) {
       job_t *j = d->running;
       store_ref_t r = job_ref (j);
       bool applied;
       webhook_cancel (j->req);
       running_remove (d, j);
-      if (!store_release (d->store, &r, now, &applied, &err))
+      if (reachable && !store_release (d->store, &r, now, &applied, &err)) {
          log_warn ("dispatch: releasing a delivery at stop: %s", err.message);
+         reachable = false;
+      }
       job_free (j);
    }
-   flush (d);
-   if (d->setup_done && !store_relinquish (d->store, now, &err))
+   if (reachable)
+      flush (d);
+   if (reachable && !store_relinquish (d->store, now, &err))
       log_warn ("dispatch: handing lanes back: %s", err.message);
+   if (!reachable)
+      log_warn ("dispatch: stopped without handing lanes back (the upstream is unreachable): they free up after lease_ms");
+   for (size_t i = 0; i < d->n_done; i++)
+      job_free (d->done[i]);
+   d->n_done = 0;
    event_base_loopexit (d->base, NULL);
 }
 

@@ -20,6 +20,8 @@
 /* A scan over lanes reads at most this many due deliveries, so a claim
  * stays bounded even before parking has shrunk a backlog. */
 #define SCAN_CAP 4096
+/* Due deliveries read before their keys are looked up together. */
+#define SCAN_PAGE 256
 #define KEY_BUCKETS 256
 /* Parked keys looked at per handler and claim. */
 #define UNPARK_KEYS_MAX 1000
@@ -160,28 +162,43 @@ handler_index (claim_t *c, const char *name)
 
 /* --------------------------------------------------------------- unpark */
 
-/* Level-triggered: the lowest parked delivery of each key whose handler has
- * no pending delivery with a lower sequence goes back to `ready`.  Best
- * effort: a failure is logged and the claim goes on. */
+/* One (handler, key) pair and a sequence. */
+typedef struct {
+   char *handler, *key;
+   int64_t seq;
+} hk_seq_t;
+
 static void
-unpark (claim_t *c, const char *handler)
+hk_free (hk_seq_t *v, size_t n)
+{
+   for (size_t i = 0; i < n; i++) {
+      bson_free (v[i].handler);
+      bson_free (v[i].key);
+   }
+   bson_free (v);
+}
+
+/* Runs [{$match}, {$group: {_id: {h, k}, seq: {$min: "$sequence"}}}] and
+ * returns the groups.  One aggregation answers many keys at once. */
+static bool
+min_seq_by_key (claim_t *c, const bson_t *match, hk_seq_t **out, size_t *n_out, bson_error_t *error)
 {
    bson_t *pipeline = BCON_NEW ("pipeline",
                                 "[",
                                 "{",
                                 "$match",
-                                "{",
-                                "handler",
-                                BCON_UTF8 (handler),
-                                "lane",
-                                BCON_UTF8 ("parked"),
-                                "}",
+                                BCON_DOCUMENT (match),
                                 "}",
                                 "{",
                                 "$group",
                                 "{",
                                 "_id",
+                                "{",
+                                "h",
+                                BCON_UTF8 ("$handler"),
+                                "k",
                                 BCON_UTF8 ("$key"),
+                                "}",
                                 "seq",
                                 "{",
                                 "$min",
@@ -196,67 +213,124 @@ unpark (claim_t *c, const char *handler)
                                 "]");
    mongoc_cursor_t *cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
    const bson_t *doc;
-   bson_t upd_q = BSON_INITIALIZER, or_arr;
+   bson_error_t err;
+   size_t cap = 0;
+   bool ok = true;
+
+   *out = NULL;
+   *n_out = 0;
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it, id;
+      const char *h = NULL, *k = NULL;
+      if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &id))
+         while (bson_iter_next (&id)) {
+            if (!strcmp (bson_iter_key (&id), "h") && BSON_ITER_HOLDS_UTF8 (&id))
+               h = bson_iter_utf8 (&id, NULL);
+            else if (!strcmp (bson_iter_key (&id), "k") && BSON_ITER_HOLDS_UTF8 (&id))
+               k = bson_iter_utf8 (&id, NULL);
+         }
+      if (!h || !k)
+         continue;
+      if (*n_out == cap) {
+         cap = cap ? cap * 2 : 32;
+         *out = bson_realloc (*out, cap * sizeof **out);
+      }
+      (*out)[*n_out].handler = bson_strdup (h);
+      (*out)[*n_out].key = bson_strdup (k);
+      (*out)[*n_out].seq = store_iter_int64 (doc, "seq");
+      (*n_out)++;
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "lowest sequence per key: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (pipeline);
+   return ok;
+}
+
+/* Appends {$or: [{handler, key}, ...]} for the pairs. */
+static void
+append_hk_or (bson_t *q, const hk_seq_t *v, size_t n)
+{
+   bson_t arr, one;
+   char buf[16];
+   const char *key;
+
+   BSON_APPEND_ARRAY_BEGIN (q, "$or", &arr);
+   for (size_t i = 0; i < n; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &one);
+      BSON_APPEND_UTF8 (&one, "handler", v[i].handler);
+      BSON_APPEND_UTF8 (&one, "key", v[i].key);
+      bson_append_document_end (&arr, &one);
+   }
+   bson_append_array_end (q, &arr);
+}
+
+/* Level-triggered: the lowest parked delivery of each key whose handler has
+ * no pending delivery with a lower sequence goes back to `ready`.  Two
+ * aggregations for all the claim's handlers (the parked keys, then their
+ * lowest pending sequences) and one update, whatever the number of parked
+ * keys.  Best effort: a failure is logged and the claim goes on. */
+static void
+unpark (claim_t *c)
+{
+   bson_t m1 = BSON_INITIALIZER, m2 = BSON_INITIALIZER, upd_q = BSON_INITIALIZER, or_arr;
+   hk_seq_t *parked = NULL, *pending = NULL;
+   size_t n_parked = 0, n_pending = 0;
    uint32_t n_or = 0;
    bson_error_t err;
 
+   append_handlers_in (c, &m1, false);
+   BSON_APPEND_UTF8 (&m1, "lane", "parked");
+   if (!min_seq_by_key (c, &m1, &parked, &n_parked, &err)) {
+      log_warn ("store: unparking: %s", err.message);
+      goto done;
+   }
+   if (n_parked == 0)
+      goto done;
+   BSON_APPEND_UTF8 (&m2, "status", "pending");
+   append_hk_or (&m2, parked, n_parked);
+   if (!min_seq_by_key (c, &m2, &pending, &n_pending, &err)) {
+      log_warn ("store: unparking: %s", err.message);
+      goto done;
+   }
    BSON_APPEND_ARRAY_BEGIN (&upd_q, "$or", &or_arr);
-   while (mongoc_cursor_next (cur, &doc)) {
-      const char *key = store_iter_utf8 (doc, "_id");
-      int64_t seq = store_iter_int64 (doc, "seq");
-      bson_t *q, *opts;
-      mongoc_cursor_t *pc;
-      const bson_t *pd;
-      bool blocked;
-
-      if (!key)
-         continue;
-      q = BCON_NEW ("handler",
-                    BCON_UTF8 (handler),
-                    "key",
-                    BCON_UTF8 (key),
-                    "status",
-                    BCON_UTF8 ("pending"),
-                    "sequence",
-                    "{",
-                    "$lt",
-                    BCON_INT64 (seq),
-                    "}");
-      opts = BCON_NEW ("limit", BCON_INT64 (1), "projection", "{", "_id", BCON_INT32 (1), "}");
-      pc = mongoc_collection_find_with_opts (c->deliveries, q, opts, NULL);
-      blocked = mongoc_cursor_next (pc, &pd);
-      if (mongoc_cursor_error (pc, &err)) {
-         log_warn ("store: unparking %s/%s: %s", handler, key, err.message);
-         blocked = true;
-      }
-      mongoc_cursor_destroy (pc);
-      bson_destroy (q);
-      bson_destroy (opts);
+   for (size_t i = 0; i < n_parked; i++) {
+      bool blocked = false;
+      for (size_t j = 0; j < n_pending; j++)
+         if (!strcmp (pending[j].handler, parked[i].handler) && !strcmp (pending[j].key, parked[i].key))
+            blocked = pending[j].seq < parked[i].seq; /* an unfinished predecessor */
       if (!blocked) {
          char buf[16];
          const char *k;
          bson_t one;
          bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
          BSON_APPEND_DOCUMENT_BEGIN (&or_arr, k, &one);
-         BSON_APPEND_UTF8 (&one, "handler", handler);
-         BSON_APPEND_UTF8 (&one, "key", key);
-         BSON_APPEND_INT64 (&one, "sequence", seq);
+         BSON_APPEND_UTF8 (&one, "handler", parked[i].handler);
+         BSON_APPEND_UTF8 (&one, "key", parked[i].key);
+         BSON_APPEND_INT64 (&one, "sequence", parked[i].seq);
          BSON_APPEND_UTF8 (&one, "lane", "parked");
          bson_append_document_end (&or_arr, &one);
       }
    }
-   if (mongoc_cursor_error (cur, &err))
-      log_warn ("store: unparking %s: %s", handler, err.message);
    bson_append_array_end (&upd_q, &or_arr);
    if (n_or > 0) {
       bson_t *upd = BCON_NEW ("$set", "{", "lane", BCON_UTF8 ("ready"), "}");
       if (!mongoc_collection_update_many (c->deliveries, &upd_q, upd, NULL, NULL, &err))
-         log_warn ("store: unparking %s: %s", handler, err.message);
+         log_warn ("store: unparking: %s", err.message);
+      else
+         log_debug ("store: unparked the heads of %u key(s)", n_or);
       bson_destroy (upd);
    }
+
+done:
+   hk_free (parked, n_parked);
+   hk_free (pending, n_pending);
+   bson_destroy (&m1);
+   bson_destroy (&m2);
    bson_destroy (&upd_q);
-   mongoc_cursor_destroy (cur);
-   bson_destroy (pipeline);
 }
 
 /* ------------------------------------------------------------- charging */
@@ -461,39 +535,36 @@ load_held (claim_t *c, bson_error_t *error)
 
 /* ---------------------------------------------------------------- scan */
 
-/* The lowest pending sequence of (handler, key), from the ordering index. */
+/* The lowest pending sequence of each (handler, key) of `ks`, from the
+ * ordering index, with one aggregation for all of them. */
 static bool
-key_min_seq (claim_t *c, key_state_t *k, bson_error_t *error)
+keys_min_seq (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
 {
-   bson_t *q = BCON_NEW ("handler", BCON_UTF8 (k->handler), "key", BCON_UTF8 (k->key), "status", BCON_UTF8 ("pending"));
-   bson_t *opts = BCON_NEW ("sort",
-                            "{",
-                            "sequence",
-                            BCON_INT32 (1),
-                            "}",
-                            "limit",
-                            BCON_INT64 (1),
-                            "projection",
-                            "{",
-                            "sequence",
-                            BCON_INT32 (1),
-                            "}");
-   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->deliveries, q, opts, NULL);
-   const bson_t *doc;
-   bson_error_t err;
-   bool ok = true;
+   hk_seq_t *pairs, *found = NULL;
+   size_t n_found = 0;
+   bson_t match = BSON_INITIALIZER;
+   bool ok;
 
-   k->min_known = true;
-   k->min_seq = INT64_MAX;
-   if (mongoc_cursor_next (cur, &doc))
-      k->min_seq = store_iter_int64 (doc, "sequence");
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "predecessor check of %s/%s: %s", k->handler, k->key, err.message);
-      ok = false;
+   if (n == 0)
+      return true;
+   pairs = bson_malloc0 (n * sizeof *pairs);
+   for (size_t i = 0; i < n; i++) {
+      pairs[i].handler = ks[i]->handler;
+      pairs[i].key = ks[i]->key;
    }
-   mongoc_cursor_destroy (cur);
-   bson_destroy (q);
-   bson_destroy (opts);
+   BSON_APPEND_UTF8 (&match, "status", "pending");
+   append_hk_or (&match, pairs, n);
+   bson_free (pairs);
+   ok = min_seq_by_key (c, &match, &found, &n_found, error);
+   for (size_t i = 0; ok && i < n; i++) {
+      ks[i]->min_known = true;
+      ks[i]->min_seq = INT64_MAX;
+      for (size_t j = 0; j < n_found; j++)
+         if (!strcmp (found[j].handler, ks[i]->handler) && !strcmp (found[j].key, ks[i]->key))
+            ks[i]->min_seq = found[j].seq;
+   }
+   hk_free (found, n_found);
+   bson_destroy (&match);
    return ok;
 }
 
@@ -567,44 +638,73 @@ scan (claim_t *c, size_t from, bson_error_t *error)
       store_append_oids_op (&q, "_id", "$nin", running.v, running.n);
    opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (SCAN_CAP));
    cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
-   while (c->out->n < c->o->limit && mongoc_cursor_next (cur, &doc)) {
-      bson_iter_t it;
-      const bson_oid_t *id;
-      const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
-      uint32_t lane = (uint32_t) store_iter_int64 (doc, "laneId");
-      size_t li;
-      int h;
+   /* Page by page: the keys of a page whose lowest pending sequence is not
+    * known yet are looked up with one aggregation, then the page is taken
+    * in (dueAt, _id) order. */
+   while (ok && c->out->n < c->o->limit) {
+      bson_t *page[SCAN_PAGE];
+      key_state_t *unknown[SCAN_PAGE];
+      size_t n_page = 0, n_unknown = 0;
 
-      scanned++;
-      if (!handler || !bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
-         continue;
-      id = bson_iter_oid (&it);
-      h = handler_index (c, handler);
-      if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
-         continue;
-      for (li = from; li < c->n_lanes; li++)
-         if (c->lanes[li].lane == lane)
-            break;
-      if (li == c->n_lanes)
-         continue;
-      if (key) {
-         key_state_t *ks = key_get (c, handler, key);
-         bool allowed;
-         if (!ks->running && !ks->taken && !ks->min_known && !key_min_seq (c, ks, error)) {
-            ok = false;
-            break;
+      while (n_page < SCAN_PAGE && mongoc_cursor_next (cur, &doc)) {
+         const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
+         page[n_page++] = bson_copy (doc);
+         if (handler && key) {
+            key_state_t *ks = key_get (c, handler, key);
+            bool listed = false;
+            if (ks->running || ks->taken || ks->min_known)
+               continue;
+            for (size_t u = 0; u < n_unknown; u++)
+               listed = listed || unknown[u] == ks;
+            if (!listed)
+               unknown[n_unknown++] = ks;
          }
-         /* One delivery of a key per claim, none while one runs, and only
-          * the lowest pending sequence. */
-         allowed = !ks->running && !ks->taken && store_iter_int64 (doc, "sequence") == ks->min_seq;
-         if (!allowed) {
-            store_oids_push (&ks->blocked, id);
-            store_oids_push (&c->lanes[li].blocked, id);
-            continue;
-         }
-         ks->taken = true;
       }
-      pick (c, &c->lanes[li], li, h, doc, id);
+      if (n_page == 0)
+         break;
+      if (!keys_min_seq (c, unknown, n_unknown, error))
+         ok = false;
+      for (size_t pi = 0; pi < n_page; pi++) {
+         bson_iter_t it;
+         const bson_oid_t *id;
+         const bson_t *pd = page[pi];
+         const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
+         uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
+         size_t li;
+         int h;
+
+         scanned++;
+         if (!ok || c->out->n >= c->o->limit)
+            continue;
+         if (!handler || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
+            continue;
+         id = bson_iter_oid (&it);
+         h = handler_index (c, handler);
+         if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
+            continue;
+         for (li = from; li < c->n_lanes; li++)
+            if (c->lanes[li].lane == lane)
+               break;
+         if (li == c->n_lanes)
+            continue;
+         if (key) {
+            key_state_t *ks = key_get (c, handler, key);
+            /* One delivery of a key per claim, none while one runs, and
+             * only the lowest pending sequence. */
+            bool allowed = !ks->running && !ks->taken && ks->min_known && store_iter_int64 (pd, "sequence") == ks->min_seq;
+            if (!allowed) {
+               store_oids_push (&ks->blocked, id);
+               store_oids_push (&c->lanes[li].blocked, id);
+               continue;
+            }
+            ks->taken = true;
+         }
+         pick (c, &c->lanes[li], li, h, pd, id);
+      }
+      for (size_t pi = 0; pi < n_page; pi++)
+         bson_destroy (page[pi]);
+      if (n_page < SCAN_PAGE)
+         break;
    }
    if (ok && mongoc_cursor_error (cur, &err)) {
       store_set_error (error, STORE_ERROR_SERVER, "reading due deliveries: %s", err.message);
@@ -1014,8 +1114,7 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    c->events = store_coll (s, c->client, OUTBOX_EVENTS);
    c->lanes_coll = store_coll (s, c->client, OUTBOX_LANES_COLL);
 
-   for (size_t i = 0; i < o->n_handlers; i++)
-      unpark (c, o->handlers[i].handler);
+   unpark (c);
 
    /* 1. the lanes held under a live lease */
    if (!load_held (c, error) || !scan (c, 0, error))
