@@ -37,6 +37,7 @@
 #include <event2/event.h>
 #include <openssl/err.h>
 
+#include "clients_registry.h"
 #include "compress.h"
 #include "handshake.h"
 #include "log.h"
@@ -302,6 +303,9 @@ client_set_state (client_conn_t *c, client_state_t next)
               client_state_name (c->state),
               client_state_name (next));
    c->state = next;
+   /* /api/clients: before CLOSING frees the socket the registry reads. */
+   clients_registry_note (
+      c->id, c->peer, c->bev ? bufferevent_getfd (c->bev) : -1, client_state_name (next), next != CLIENT_STATE_CLOSING);
    if (next == CLIENT_STATE_CLOSING)
       return;
    /* The per-state timer: each state has at most one deadline. */

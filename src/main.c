@@ -24,12 +24,14 @@
 #include <mongoc/mongoc.h>
 #include <openssl/ssl.h>
 
+#include "admin.h"
 #include "autoconf.h"
 #include "client.h"
 #include "config.h"
 #include "dispatch.h"
 #include "listener.h"
 #include "log.h"
+#include "metrics.h"
 #include "stats.h"
 #include "tls.h"
 #include "topology.h"
@@ -247,6 +249,11 @@ proxy_start (proxy_t *p, bson_error_t *error)
       return false;
    /* Publishing: annotated statements, relaybus* commands, commit wake-ups. */
    client_loop_set_request_hook (p->clients, virtual_request_hook, NULL);
+   /* The admin port, on its own thread; commands are counted by name in
+    * front of the publishing hook. */
+   metrics_chain_request_hook (p->clients, virtual_request_hook, NULL);
+   if (!admin_start (p->cfg, p->topo, error))
+      return false;
    p->listener = listener_new (p->base, p->cfg->listen, p->clients, p->server_tls, error);
    if (!p->listener)
       return false;
@@ -271,6 +278,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
 static void
 proxy_teardown (proxy_t *p)
 {
+   admin_stop (); /* before the topology it reads */
    dispatch_stop (); /* hands its lanes back */
    listener_destroy (p->listener);
    client_loop_destroy (p->clients);
