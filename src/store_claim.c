@@ -22,6 +22,9 @@
 #define SCAN_CAP 4096
 /* Due deliveries read before their keys are looked up together. */
 #define SCAN_PAGE 256
+/* How long a takeover waits for a document another (dead) worker's open
+ * transaction holds before it leaves the lane for a later claim. */
+#define STORE_TAKE_MAX_TIME_MS 1000
 #define KEY_BUCKETS 256
 /* Parked keys looked at per handler and claim. */
 #define UNPARK_KEYS_MAX 1000
@@ -46,6 +49,7 @@ typedef struct {
    store_oids_t picks;
    store_oids_t blocked;
    bool taken_now;
+   bool skip; /* its lost claims could not be charged yet: not read from */
 } claim_lane_t;
 
 typedef struct {
@@ -377,7 +381,11 @@ charge_lost (claim_t *c, uint32_t lane, int64_t epoch, int64_t lost_epoch, const
                    "updatedAt",
                    BCON_DATE_TIME (c->o->now),
                    "}");
-   ok = mongoc_collection_update_many (c->deliveries, &q, upd, NULL, NULL, &err);
+   {
+      bson_t *opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
+      ok = mongoc_collection_update_many (c->deliveries, &q, upd, opts, NULL, &err);
+      bson_destroy (opts);
+   }
    bson_destroy (upd);
    bson_destroy (&q);
    if (!ok) {
@@ -475,8 +483,12 @@ load_held (claim_t *c, bson_error_t *error)
       l = add_lane (c, lane, epoch);
       store_oids_from_array (&l->inflight, doc, "inFlight");
       store_oids_from_array (&lost, doc, "lost");
-      if (lost.n > 0 && !charge_lost (c, lane, epoch, epoch - 1, &lost, error))
-         ok = false;
+      if (lost.n > 0 && !charge_lost (c, lane, epoch, epoch - 1, &lost, &err)) {
+         /* Typically a dead worker's open transaction still locks one of
+          * the deliveries: leave the lane alone until a later claim. */
+         log_warn ("store: %s; the lane waits for a later claim", err.message);
+         l->skip = true;
+      }
       store_oids_free (&lost);
       for (size_t i = 0; i < l->inflight.n; i++)
          store_oids_push (&all, &l->inflight.v[i]);
@@ -622,6 +634,8 @@ scan (claim_t *c, size_t from, bson_error_t *error)
    for (size_t i = from; i < c->n_lanes; i++) {
       char buf[16];
       const char *key;
+      if (c->lanes[i].skip)
+         continue;
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_INT32 (&arr, key, (int32_t) c->lanes[i].lane);
       for (size_t j = 0; j < c->lanes[i].inflight.n; j++)
@@ -683,7 +697,7 @@ scan (claim_t *c, size_t from, bson_error_t *error)
          if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
             continue;
          for (li = from; li < c->n_lanes; li++)
-            if (c->lanes[li].lane == lane)
+            if (c->lanes[li].lane == lane && !c->lanes[li].skip)
                break;
          if (li == c->n_lanes)
             continue;
@@ -889,9 +903,17 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
 
    mongoc_find_and_modify_opts_set_update (fam, &upd);
    mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+   {
+      /* A dead worker's open transaction may hold the lane document: skip
+       * the lane rather than wait for that transaction to expire. */
+      bson_t *extra = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
+      mongoc_find_and_modify_opts_append (fam, extra);
+      bson_destroy (extra);
+   }
    ok = mongoc_collection_find_and_modify_with_opts (c->lanes_coll, &q, fam, &reply, &err);
    if (!ok) {
-      store_set_error (error, STORE_ERROR_SERVER, "taking lane %u: %s", f->lane, err.message);
+      log_warn ("store: taking lane %u: %s; skipped", f->lane, err.message);
+      ok = true;
    } else if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
               bson_iter_recurse (&it, &val) && bson_iter_find (&val, "epoch")) {
       int64_t epoch = bson_iter_as_int64 (&val);
@@ -909,7 +931,10 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
                    f->lane,
                    epoch,
                    inflight.n);
-      ok = charge_lost (c, f->lane, epoch, epoch - 1, &all_lost, error);
+      if (!charge_lost (c, f->lane, epoch, epoch - 1, &all_lost, &err)) {
+         log_warn ("store: %s; the lane waits for a later claim", err.message);
+         l->skip = true;
+      }
    }
    bson_destroy (&reply);
    mongoc_find_and_modify_opts_destroy (fam);
@@ -989,6 +1014,8 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
       bson_t sel, upd = BSON_INITIALIZER, sub, each;
 
       hand_back[i] = false;
+      if (l->skip)
+         continue;
       lane_sel (c, l, &sel);
       if (l->picks.n > 0) {
          BSON_APPEND_DOCUMENT_BEGIN (&upd, "$addToSet", &sub);

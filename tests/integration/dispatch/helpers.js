@@ -66,6 +66,9 @@ async function startDispatchProxy(o) {
       if (!exitInfo) child.kill('SIGTERM');
       const r = await Promise.race([exited, sleep(15000).then(() => null)]);
       if (!r) { child.kill('SIGKILL'); await exited; throw new Error(`proxy did not stop after SIGTERM:\n${log().slice(-3000)}`); }
+      // A sanitizer build reports leaks and errors on stderr at exit.
+      const bad = log().split('\n').find((l) => /AddressSanitizer|LeakSanitizer|runtime error:/.test(l));
+      if (bad) throw new Error(`sanitizer report in the proxy log: ${bad}\n${log().slice(-6000)}`);
       return r;
     },
     async kill() { if (!exitInfo) { child.kill('SIGKILL'); await exited; } },
