@@ -1,0 +1,116 @@
+'use strict';
+// The dashboard in headless Chromium (Debian's /usr/bin/chromium driven by playwright-core): it
+// loads from the proxy itself, takes the token once, shows a handler's backlog and a dead letter
+// with its last error; its Requeue button makes the dead delivery pending and the dispatcher then
+// delivers it to the webhook sink. Screenshots go to tests/out/. No request leaves the admin port.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+const { MongoClient } = require('mongodb');
+const { REPO, startUpstream, uniqueDbName, tmpDir } = require('../lib/proxy');
+const { startSink } = require('../dispatch/sink');
+const { startAdminProxy, request, publish, waitFor } = require('./helpers');
+
+const CHROMIUM = process.env.RELAYBUS_CHROMIUM || '/usr/bin/chromium';
+const TOKEN = 'dashboard-token-42';
+const OUT = path.join(REPO, 'tests', 'out');
+
+test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 }, async (t) => {
+  if (!fs.existsSync(CHROMIUM)) {
+    t.skip(`no Chromium at ${CHROMIUM} (Debian package chromium; scripts/test installs it)`);
+    return;
+  }
+  const { chromium } = require('playwright-core');
+  const up = await startUpstream();
+  t.after(() => up.stop());
+  let failing = true;
+  const sink = await startSink({ answer400: (ev) => failing && ev.payload.fail === true });
+  t.after(() => sink.close());
+  const db = uniqueDbName('admindash');
+  const proxy = await startAdminProxy({
+    upstream: up.uri, token: TOKEN, outbox: { database: db },
+    handlers: [
+      { name: 'orders-webhook', events: 'order.*', kind: 'webhook', url: sink.url('/orders'), max_attempts: 5 },
+      { name: 'audit', events: '*', kind: 'pull' },
+    ],
+  });
+  t.after(() => proxy.kill());
+  const client = await new MongoClient(up.uri).connect();
+  t.after(() => client.close());
+  const events = [
+    { id: 'order-1001', type: 'order.placed.v1', key: 'customer-7', payload: { total: 42 } },
+    { id: 'order-1002', type: 'order.placed.v1', key: 'customer-8', payload: { total: 17 } },
+    { id: 'order-1003', type: 'order.shipped.v1', key: 'customer-7', payload: { carrier: 'post' } },
+    { id: 'order-1004', type: 'order.placed.v1', key: 'customer-9', payload: { total: -1, fail: true } },
+  ];
+  await publish(client, db, events, ['orders-webhook', 'audit'], 4);
+  await waitFor(async () => {
+    const s = (await request(proxy.base, '/api/stats', { token: TOKEN })).json;
+    const h = s && s.handlers.find((x) => x.name === 'orders-webhook');
+    return h && h.dead === 1 && h.pending === 0;
+  }, 20000, 'one dead letter of orders-webhook');
+  // A client connected through the proxy, for the clients table.
+  const appClient = await new MongoClient(proxy.uri(), { appName: 'shop' }).connect();
+  t.after(() => appClient.close());
+  await appClient.db(db).collection('orders').insertOne({ _id: 'o-1' });
+
+  const profile = tmpDir('relaybus-chromium-');
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1440, height: 1000 },
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync', `--user-data-dir=${profile}`].filter((a) => !a.startsWith('--user-data-dir')),
+  });
+  t.after(() => context.close());
+  const page = context.pages()[0] || (await context.newPage());
+  const requests = [];
+  page.on('request', (r) => requests.push(r.url()));
+  const consoleErrors = [];
+  page.on('console', (m) => { if (m.type() === 'error' && !/401/.test(m.text())) consoleErrors.push(m.text()); });
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+
+  await page.goto(proxy.base + '/');
+  // Without the token the page says what it needs.
+  await page.waitForSelector('#banner.show', { timeout: 10000 });
+  assert.match(await page.textContent('#banner'), /token/);
+  await page.fill('#token-input', TOKEN);
+  await page.click('#token-save');
+
+  // The backlog of the pull handler, and the dead letter with its last error.
+  await page.waitForFunction(() => {
+    const c = document.querySelector('#handlers tr[data-handler="audit"] td.backlog');
+    return c && c.textContent.trim() === '4';
+  }, null, { timeout: 15000 });
+  const deadRow = await page.waitForSelector('#dead tr[data-handler="orders-webhook"]', { timeout: 15000 });
+  const deadId = await deadRow.getAttribute('data-id');
+  assert.match(deadId, /^[0-9a-f]{24}$/);
+  assert.match(await deadRow.textContent(), /order-1004/);
+  assert.match(await page.textContent(`#dead tr[data-id="${deadId}"] td.err`), /400/);
+  assert.equal((await page.textContent('#handlers tr[data-handler="orders-webhook"] td.dead')).trim(), '1');
+  await page.waitForFunction(() => document.querySelectorAll('#clients tbody tr .tag.ready').length >= 1, null, { timeout: 10000 });
+  // Let the charts gather a few samples, then the screenshot.
+  await page.waitForTimeout(4500);
+  fs.mkdirSync(OUT, { recursive: true });
+  await page.screenshot({ path: path.join(OUT, 'admin-dashboard.png'), fullPage: true });
+
+  // Requeue from the page: pending again, then delivered (the sink accepts it now).
+  failing = false;
+  await page.click(`#dead tr[data-id="${deadId}"] button.requeue`);
+  await waitFor(() => sink.stats().ok.has('order-1004'), 20000, 'the requeued delivery reached the sink');
+  await page.waitForFunction(() => !document.querySelector('#dead tr[data-handler="orders-webhook"]'), null, { timeout: 15000 });
+  const after = (await request(proxy.base, '/api/stats', { token: TOKEN })).json;
+  assert.equal(after.handlers.find((h) => h.name === 'orders-webhook').dead, 0);
+  assert.match(proxy.log(), new RegExp(`admin: 127\\.0\\.0\\.1:\\d+ requeued 1 of 1 requested deliveries.*${deadId}`));
+  await page.waitForTimeout(2500);
+  await page.screenshot({ path: path.join(OUT, 'admin-dashboard-after-requeue.png'), fullPage: true });
+
+  const foreign = requests.filter((u) => !u.startsWith(proxy.base + '/'));
+  assert.deepEqual(foreign, [], 'the page fetches nothing from elsewhere');
+  assert.deepEqual(consoleErrors, [], 'no script error in the page');
+  await context.close();
+  const r = await proxy.stop();
+  assert.equal(r.code, 0);
+});
