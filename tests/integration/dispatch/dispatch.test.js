@@ -4,8 +4,10 @@
 // sinks (one fails 20% of its requests, one is slow, one answers 400 to some
 // events), and one proxy is killed with SIGKILL mid-run.
 //
-// Events are written the way the publishing path writes them (helpers.js,
-// docs/outbox-schema.md), directly with the Node driver inside transactions.
+// The large runs write events the way the publishing path writes them
+// (helpers.js, docs/outbox-schema.md), directly with the Node driver inside
+// transactions, which is much faster on the double; the last tests publish
+// through the proxy's annotations and check the wake-up after a local commit.
 //
 // Scale: RELAYBUS_DISPATCH_EVENTS (default 600) events on
 // RELAYBUS_DISPATCH_KEYS (default 30) keys; the issue's full run is
@@ -16,7 +18,7 @@ const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
 const { startUpstream, uniqueDbName, sleep } = require('../lib/proxy');
 const { startSink } = require('./sink');
-const { startDispatchProxy, publish, waitFor } = require('./helpers');
+const { startDispatchProxy, publish, publishThroughProxy, waitFor } = require('./helpers');
 
 const N_EVENTS = Number(process.env.RELAYBUS_DISPATCH_EVENTS || 600);
 const N_KEYS = Number(process.env.RELAYBUS_DISPATCH_KEYS || 30);
@@ -174,4 +176,47 @@ test('a proxy killed with SIGKILL: its lanes are taken over after the lease, los
     assert.equal(await client.db(db).collection('relaybus_completed_deliveries').countDocuments({}), n);
     assert.equal((await survivor.stop()).code, 0);
     await sleep(0);
+  });
+
+test('events published through the proxy: every handler gets them in key order, and a local commit wakes the dispatcher',
+  { timeout: TIMEOUT_MS + 60000 }, async (t) => {
+    const up = await upstreamFor(t);
+    const sink = await startSink({ secret: SECRET });
+    t.after(() => sink.close());
+    const handlers = [
+      { name: 'a', events: 'order.*', kind: 'webhook', url: sink.url('/a'), secret: SECRET, concurrency: 8 },
+      { name: 'p', events: 'order.*', kind: 'pull' },
+    ];
+    // A long poll interval: only the wake-up after a commit explains a fast delivery.
+    const p = await startDispatchProxy({ upstream: up.uri, dispatch: { poll_interval_ms: 20000 }, handlers });
+    t.after(() => p.kill());
+    const client = await new MongoClient(`mongodb://127.0.0.1:${p.port}/`).connect();
+    t.after(() => client.close());
+    await sleep(1000); // the start-up claim is over; the next poll is 20 s away
+
+    const lat = [];
+    for (let i = 0; i < 5; i++) {
+      const id = `wake-${i}`;
+      const t0 = Date.now();
+      await publishThroughProxy(client, 'shop', [{ id, type: 'order.placed.v1', key: 'w', payload: { i } }]);
+      await waitFor(() => sink.stats().ok.has(id), 10000, `${id} through the wake-up`);
+      lat.push(sink.stats().firstAt.get(id) - t0);
+    }
+    t.diagnostic(`publish-to-webhook with the local wake-up: ${lat.join(', ')} ms`);
+    assert.ok(Math.max(...lat) < 5000, 'delivered well before the next poll');
+
+    const n = Math.min(N_EVENTS, 200);
+    const events = makeEvents(n, 10, 'px').map((e) => ({ ...e, payload: { i: e.payload.i } }));
+    await publishThroughProxy(client, 'shop', events, 10);
+    await waitFor(() => events.every((e) => sink.stats().ok.has(e.id)), TIMEOUT_MS, 'every event through the proxy');
+    report(t, 'a', sink);
+    assert.deepEqual(sink.stats().seqViolations.slice(0, 10), []);
+    assert.equal(sink.stats().badSignatures, 0);
+    // The pull handler's deliveries were created and are not dispatched.
+    const direct = await new MongoClient(up.uri).connect();
+    t.after(() => direct.close());
+    const dels = direct.db('relaybus').collection('relaybus_deliveries');
+    assert.equal(await dels.countDocuments({ handler: 'p', status: 'pending' }), n + 5);
+    assert.equal(await dels.countDocuments({ handler: 'a' }), 0);
+    assert.equal((await p.stop()).code, 0);
   });

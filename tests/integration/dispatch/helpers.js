@@ -27,6 +27,7 @@ const laneId = (key, eventId) => fnv1a(key !== undefined && key !== null ? key :
  * @param {string} o.upstream
  * @param {object} [o.dispatch]  extra [dispatch] keys (poll_interval_ms, batch_size, lease_ms)
  * @param {object} [o.outbox]    extra [outbox] keys
+ * @param {boolean} [o.enabled]  false: a publishing-only proxy (handlers listed, no dispatch)
  * @param {Array<object>} o.handlers  {name, events, kind, url, secret, max_attempts, timeout_ms, concurrency, retry_4xx}
  */
 async function startDispatchProxy(o) {
@@ -35,7 +36,7 @@ async function startDispatchProxy(o) {
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${o.upstream}`, 'drain_timeout_ms = 2000',
     `log_level = ${o.logLevel || 'info'}`, '', '[outbox]'];
   for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
-  lines.push('', '[dispatch]', 'enabled = true');
+  lines.push('', '[dispatch]', `enabled = ${o.enabled === false ? 'false' : 'true'}`);
   for (const [k, v] of Object.entries(o.dispatch || {})) lines.push(`${k} = ${v}`);
   for (const h of o.handlers) {
     lines.push('', `[handler ${h.name}]`);
@@ -123,6 +124,30 @@ async function publish(client, dbName, events, handlers, perTxn = 20) {
   }
 }
 
+/**
+ * Publishes through a proxy: each event annotates an insert into `items`
+ * inside a transaction (the publishing path writes the outbox).
+ * @param {import('mongodb').MongoClient} client  connected to the proxy
+ */
+async function publishThroughProxy(client, dbName, events, perTxn = 10) {
+  const items = client.db(dbName).collection('items');
+  for (let i = 0; i < events.length; i += perTxn) {
+    const chunk = events.slice(i, i + perTxn);
+    const session = client.startSession();
+    try {
+      await session.withTransaction(async () => {
+        for (const e of chunk) {
+          const relaybus = { type: e.type, id: e.id, payload: e.payload };
+          if (e.key !== undefined) relaybus.key = e.key;
+          await items.insertOne({ _id: e.id }, { session, comment: { relaybus } });
+        }
+      });
+    } finally {
+      await session.endSession();
+    }
+  }
+}
+
 async function waitFor(pred, timeoutMs, what) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
@@ -132,4 +157,4 @@ async function waitFor(pred, timeoutMs, what) {
   }
 }
 
-module.exports = { fnv1a, laneId, startDispatchProxy, publish, waitFor };
+module.exports = { fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor };
