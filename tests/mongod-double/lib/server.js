@@ -6,6 +6,7 @@
 // not implement any command itself: see commands/*.js.
 
 const net = require('net');
+const tls = require('tls');
 const { Double, Long, Binary, Timestamp, ObjectId } = require('bson');
 const W = require('./wire');
 const V = require('./values');
@@ -138,21 +139,51 @@ class Connection {
       reply = err(1, `internal error: ${e && e.message}`).toReply();
     }
     if (reply === NO_REPLY || this.closed || msg.moreToCome) return;
+    // Exhaust (OP_MSG spec, mongod's service entry point): a getMore sent with exhaustAllowed
+    // is answered with moreToCome while the cursor stays open; the server then runs the same
+    // getMore again by itself and sends the next batch as a reply to its own previous reply,
+    // until the cursor is exhausted or an error ends the stream (no moreToCome on that one).
+    let responseTo = msg.requestID;
+    for (;;) {
+      const more = msg.exhaustAllowed && name === 'getMore' && exhaustContinues(reply);
+      const requestId = server.nextRequestId();
+      this.sendOpMsg(reply, requestId, responseTo, more ? W.FLAG_MORE_TO_COME : 0, name, msg.compressorId);
+      if (!more || this.closed) return;
+      responseTo = requestId;
+      try {
+        reply = await server.runCommand(this, msg.body, msg.body.$db, name);
+      } catch (e) {
+        server.log(`conn${this.id}: internal error in exhaust ${name}: ${e && e.stack}`);
+        reply = err(1, `internal error: ${e && e.message}`).toReply();
+      }
+      if (reply === NO_REPLY || this.closed) return;
+    }
+  }
+
+  sendOpMsg(reply, requestId, responseTo, flags, name, compressorId) {
+    const server = this.server;
     server.finishReply(reply);
     let out;
     try {
-      out = W.buildOpMsg(reply, server.nextRequestId(), msg.requestID);
+      out = W.buildOpMsg(reply, requestId, responseTo, flags);
     } catch (e) {
       server.log(`conn${this.id}: cannot encode reply to ${name}: ${e.message}`);
-      out = W.buildOpMsg(server.finishReply(err(10334, `BSONObjectTooLarge: ${e.message}`).toReply()), server.nextRequestId(), msg.requestID);
+      out = W.buildOpMsg(server.finishReply(err(10334, `BSONObjectTooLarge: ${e.message}`).toReply()), requestId, responseTo);
     }
-    if (msg.compressorId !== undefined && !NO_COMPRESS.has(name)) out = W.compress(out, msg.compressorId);
+    if (compressorId !== undefined && !NO_COMPRESS.has(name)) out = W.compress(out, compressorId);
     this.write(out);
   }
 
   write(buf) {
     if (!this.closed) this.socket.write(buf);
   }
+}
+
+// An exhaust stream goes on after a successful reply whose cursor is still open.
+function exhaustContinues(reply) {
+  if (!reply || !V.truthy(reply.ok) || !reply.cursor || typeof reply.cursor.ns !== 'string' || !reply.cursor.ns) return false;
+  const id = reply.cursor.id;
+  return id !== undefined && id !== null && V.isNumeric(id) && V.toBigIntExact(id) !== 0n;
 }
 
 function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
@@ -241,10 +272,23 @@ class Server {
 
   listen() {
     return new Promise((resolve, reject) => {
-      this.tcp = net.createServer((socket) => {
+      const accept = (socket) => {
         const c = new Connection(this, socket, ++this.totalConns);
         this.conns.add(c);
-      });
+      };
+      if (this.opts.tls) {
+        // TLS-only listener; with a CA file, client certificates are required and verified.
+        const t = this.opts.tls;
+        this.tcp = tls.createServer({
+          cert: t.cert, key: t.key, ca: t.ca || undefined,
+          requestCert: !!t.ca, rejectUnauthorized: !!t.ca,
+        }, accept);
+        this.tcp.on('tlsClientError', (e, socket) => {
+          this.log(`TLS handshake with ${socket && socket.remoteAddress}:${socket && socket.remotePort} failed: ${e.message}`);
+        });
+      } else {
+        this.tcp = net.createServer(accept);
+      }
       this.tcp.on('error', reject);
       this.tcp.listen(this.opts.port, this.opts.host, () => {
         this.port = this.tcp.address().port;

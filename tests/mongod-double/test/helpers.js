@@ -113,8 +113,10 @@ function rawConnect(port) {
       next(timeoutMs = 3000) {
         if (replies.length) return Promise.resolve(replies.shift());
         return new Promise((r) => {
-          const t = setTimeout(() => r('timeout'), timeoutMs);
-          waiters.push((x) => { clearTimeout(t); r(x); });
+          const w = (x) => { clearTimeout(t); r(x); };
+          // A timed-out waiter must not swallow a later reply.
+          const t = setTimeout(() => { waiters.splice(waiters.indexOf(w), 1); r('timeout'); }, timeoutMs);
+          waiters.push(w);
         });
       },
       async command(doc, opts) {

@@ -116,3 +116,55 @@ test('malformed input and oversized messages close the connection; the server li
   assert.match(d.stderr(), /closing/);
   c3.close();
 });
+
+test('exhaustAllowed getMore streams the rest of the cursor with moreToCome, each reply answering the previous one', async () => {
+  const c = await rawConnect(d.port);
+  const docs = Array.from({ length: 11 }, (_, i) => ({ _id: i }));
+  await c.command({ insert: 'exh', documents: docs, $db: 'w' });
+  const f = await c.command({ find: 'exh', filter: {}, sort: { _id: 1 }, batchSize: 2, $db: 'w' });
+  const seen = f.cursor.firstBatch.map((x) => x._id.valueOf());
+  const { id, msg } = opMsg({ getMore: f.cursor.id, collection: 'exh', batchSize: 3, $db: 'w' }, { flags: 1 << 16 });
+  c.send(msg);
+  let responseTo = id;
+  const flags = [];
+  for (;;) {
+    const r = await c.next();
+    assert.ok(r && r !== 'timeout', 'a reply arrives');
+    assert.equal(r.responseTo, responseTo, 'each streamed reply answers the previous reply');
+    responseTo = r.raw.readInt32LE(4);
+    const fl = r.raw.readUInt32LE(16);
+    flags.push(fl & 2 ? 'more' : 'last');
+    seen.push(...r.doc.cursor.nextBatch.map((x) => x._id.valueOf()));
+    if (!(fl & 2)) {
+      assert.equal(BigInt(r.doc.cursor.id.toString()), 0n, 'the last reply closes the cursor');
+      break;
+    }
+    assert.notEqual(BigInt(r.doc.cursor.id.toString()), 0n);
+  }
+  assert.deepEqual(flags, ['more', 'more', 'last']);
+  assert.deepEqual(seen, docs.map((x) => x._id));
+  // Without exhaustAllowed a getMore gets exactly one reply; the connection is in step.
+  const f2 = await c.command({ find: 'exh', filter: {}, batchSize: 2, $db: 'w' });
+  const g = opMsg({ getMore: f2.cursor.id, collection: 'exh', batchSize: 3, $db: 'w' });
+  c.send(g.msg);
+  const one = await c.next();
+  assert.equal(one.responseTo, g.id);
+  assert.equal(one.raw.readUInt32LE(16) & 2, 0);
+  assert.equal(await c.next(300), 'timeout', 'no second reply');
+  const p = await c.command({ ping: 1, $db: 'admin' });
+  assert.equal(p.ok.valueOf(), 1);
+  // An error ends an exhaust request at once, without moreToCome.
+  c.send(opMsg({ getMore: f2.cursor.id, collection: 'other', $db: 'w' }, { flags: 1 << 16 }).msg);
+  const e = await c.next();
+  assert.equal(e.doc.ok.valueOf(), 0);
+  assert.equal(e.raw.readUInt32LE(16) & 2, 0);
+  // A cursor finished by the first exhaust reply: a single reply.
+  const f3 = await c.command({ find: 'exh', filter: {}, batchSize: 9, $db: 'w' });
+  const g3 = opMsg({ getMore: f3.cursor.id, collection: 'exh', $db: 'w' }, { flags: 1 << 16 });
+  c.send(g3.msg);
+  const last = await c.next();
+  assert.equal(last.responseTo, g3.id);
+  assert.equal(last.raw.readUInt32LE(16) & 2, 0);
+  assert.equal(last.doc.cursor.nextBatch.length, 2);
+  c.close();
+});
