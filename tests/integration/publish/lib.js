@@ -75,11 +75,12 @@ async function ensureOutbox(direct) {
 
 /**
  * Starts (or reuses) an upstream and a proxy with `handlers`.
- * opts: { handlers, upstream (reuse), settings, appName, clientOptions }
+ * opts: { handlers, upstream (reuse), requireDouble, upstreamArgs (double's command line),
+ *         settings ([proxy] keys), appName, clientOptions }
  */
 async function startStack(opts = {}) {
   const handlers = opts.handlers || HANDLERS;
-  const upstream = opts.upstream || (await H.startUpstream({ requireDouble: opts.requireDouble }));
+  const upstream = opts.upstream || (await H.startUpstream({ requireDouble: opts.requireDouble, args: opts.upstreamArgs }));
   const proxy = await H.startProxy({
     upstream: upstream.uri,
     settings: opts.settings,
