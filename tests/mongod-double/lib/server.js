@@ -315,13 +315,18 @@ class Server {
     };
     const deadline = has('maxTimeMS') && V.toNumber(body.maxTimeMS) > 0 ? Date.now() + V.toNumber(body.maxTimeMS) : null;
     // Waits for a transaction holding what we want to write, within the command's maxTimeMS.
+    // The wait also ends when our own transaction is aborted meanwhile (the reaper: 290).
     ctx.waitTxn = async (txn) => {
       const left = deadline === null ? null : deadline - Date.now();
       if (left !== null && left <= 0) throw err(50, 'operation exceeded time limit');
+      const own = ctx.access && ctx.access.txn;
       let timer;
-      const timeout = left === null ? null : new Promise((r) => { timer = setTimeout(() => r('timeout'), left); });
-      const res = await (timeout ? Promise.race([txn.done, timeout]) : txn.done);
+      const waits = [txn.done];
+      if (left !== null) waits.push(new Promise((r) => { timer = setTimeout(() => r('timeout'), left); }));
+      if (own) waits.push(own.done);
+      const res = await Promise.race(waits);
       clearTimeout(timer);
+      if (own) own.checkAlive();
       if (res === 'timeout') throw err(50, 'operation exceeded time limit');
     };
     ctx.retryOnWait = async (fn) => {
@@ -343,6 +348,7 @@ class Server {
         throw err(V.toNumber(d.failBeforeCommitExceptionCode), 'Failing write via onPrimaryTransactionalWrite fail point');
       }
     };
+    const isEnd = name === 'commitTransaction' || name === 'abortTransaction';
     let wce = null;
     let explicitLabels = null;
     let reply;
@@ -359,7 +365,13 @@ class Server {
       // evaluates the fail point before the command runs in the transaction).
       const fp = name === 'configureFailPoint' ? null : this.failpoints.failCommand(name, conn.appName);
       if (fp) {
-        if (V.truthy(fp.blockConnection)) await sleep(V.toNumber(fp.blockTimeMS) || 0);
+        if (V.truthy(fp.blockConnection)) {
+          // A statement of a transaction the reaper aborts while it is blocked gets 290.
+          const own = ctx.sctx && ctx.sctx.txn && ctx.sctx.txn.state === 'inProgress' && !isEnd ? ctx.sctx.txn : null;
+          const ms = V.toNumber(fp.blockTimeMS) || 0;
+          await (own ? Promise.race([sleep(ms), own.done]) : sleep(ms));
+          if (own) own.checkAlive();
+        }
         if (V.truthy(fp.closeConnection)) {
           conn.close();
           return NO_REPLY;

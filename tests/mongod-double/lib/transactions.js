@@ -27,6 +27,16 @@ class Txn {
     store.activeTxns.add(this);
   }
 
+  // Throws the error a statement still running gets when its transaction ended under it:
+  // TransactionExceededLifetimeLimitSeconds 290 when the reaper aborted it, else Interrupted.
+  checkAlive() {
+    if (this.state !== 'aborted') return;
+    if (this.abortReason === 'expired') {
+      throw err(290, `Aborting transaction with txnNumber ${this.txnNumber} on session ${this.session.key} because it has been running for longer than 'transactionLifetimeLimitSeconds'`);
+    }
+    throw err(11601, `operation was interrupted: transaction ${this.txnNumber} was aborted`);
+  }
+
   ownWrite(coll, idKey) {
     const m = this.writes.get(coll);
     return m ? m.get(idKey) : undefined;
@@ -154,6 +164,7 @@ class Access {
 
   // Writes doc (null deletes) under idKey. Throws WaitFor, WriteConflict or DuplicateKey.
   put(coll, idKey, doc) {
+    if (this.txn) this.txn.checkAlive();
     const view = doc ? V.toView(doc) : null;
     if (doc && coll.options && coll.options.validator) checkValidator(coll, doc, view);
     const txn = this.txn;

@@ -228,3 +228,47 @@ test('withTransaction from 16 sessions moving money keeps the total', async () =
   const docs = await coll.find().toArray();
   assert.equal(docs.reduce((a, x) => a + x.bal, 0), 800);
 });
+
+test('a statement still running when the reaper aborts its transaction gets 290; commit afterwards 251', async () => {
+  const d1 = await startDouble(['--txn-lifetime', '1']);
+  const c = await rawConnect(d1.port);
+  const c2 = await rawConnect(d1.port);
+  try {
+    const s = lsid();
+    const start = await c.command(Object.assign({ insert: 'life', documents: [{ _id: 1 }], $db: 'txn', startTransaction: true }, T(s, 1)));
+    assert.equal(start.ok.valueOf(), 1);
+    const fp = await c2.command({
+      configureFailPoint: 'failCommand', mode: { times: 1 },
+      data: { failCommands: ['find'], blockConnection: true, blockTimeMS: 6000 }, $db: 'admin',
+    });
+    assert.equal(fp.ok.valueOf(), 1);
+    const t0 = Date.now();
+    const r = await c.command(Object.assign({ find: 'life', filter: {}, $db: 'txn' }, T(s, 1)), {});
+    const took = Date.now() - t0;
+    assert.equal(r.ok.valueOf(), 0, JSON.stringify(r));
+    assert.equal(r.code.valueOf(), 290);
+    assert.equal(r.codeName, 'TransactionExceededLifetimeLimitSeconds');
+    assert.equal(r.errorLabels, undefined, '290 is not a transient error');
+    assert.ok(took < 4000, `answered when the reaper struck, not when the block ended (${took} ms)`);
+    const next = await c.command(Object.assign({ insert: 'life', documents: [{ _id: 2 }], $db: 'txn' }, T(s, 1)));
+    assert.equal(next.code.valueOf(), 251);
+    const commit = await c.command(Object.assign({ commitTransaction: 1, $db: 'admin' }, T(s, 1)));
+    assert.equal(commit.code.valueOf(), 251);
+    const cnt = await c.command({ count: 'life', $db: 'txn' });
+    assert.equal(cnt.n.valueOf(), 0, 'nothing of the expired transaction is visible');
+    // A commit held by a fail point while the transaction expires is not acknowledged.
+    const s2 = lsid();
+    await c.command(Object.assign({ insert: 'life', documents: [{ _id: 3 }], $db: 'txn', startTransaction: true }, T(s2, 1)));
+    await c2.command({
+      configureFailPoint: 'failCommand', mode: { times: 1 },
+      data: { failCommands: ['commitTransaction'], blockConnection: true, blockTimeMS: 2500 }, $db: 'admin',
+    });
+    const late = await c.command(Object.assign({ commitTransaction: 1, $db: 'admin' }, T(s2, 1)));
+    assert.equal(late.code.valueOf(), 251, JSON.stringify(late));
+    assert.equal((await c.command({ count: 'life', $db: 'txn' })).n.valueOf(), 0);
+  } finally {
+    c.close();
+    c2.close();
+    assert.equal(await d1.stop(), 0);
+  }
+});

@@ -169,6 +169,8 @@ async function commitTransaction(ctx) {
   const s = ctx.sctx;
   if (!s || !s.inTxn) throw err(251, 'no transaction in progress... commitTransaction requires a session and txnNumber with autocommit:false');
   if (s.commitAgain) return { ok: 1 };
+  // Aborted meanwhile (e.g. by the reaper while a fail point held this commit).
+  if (s.txn.state === 'aborted') throw err(251, `Transaction ${s.txn.txnNumber} has been aborted.`);
   s.txn.commit();
   return { ok: 1 };
 }
