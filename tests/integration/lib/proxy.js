@@ -206,6 +206,19 @@ function doubleOnlySkipReason(feature) {
   return null;
 }
 
+/**
+ * Raw-socket tests speak the wire protocol without authenticating; against a real server whose
+ * MONGODB_URI carries credentials their data commands would be refused. Returns a skip message
+ * then, or false.
+ */
+function rawDataSkipReason() {
+  const real = realUpstreamUri();
+  if (real && /^mongodb(\+srv)?:\/\/[^/@]+@/.test(real)) {
+    return 'raw-socket data commands do not authenticate; MONGODB_URI has credentials';
+  }
+  return false;
+}
+
 // ---------------------------------------------------------------------------- the proxy
 
 function safeRead(p) {
@@ -863,6 +876,7 @@ module.exports = {
   proxyBin,
   realUpstreamUri,
   doubleOnlySkipReason,
+  rawDataSkipReason,
   sleep,
   tmpDir,
   uniqueDbName,

@@ -110,7 +110,7 @@ test('SIGTERM: a request in flight completes, then the proxy exits 0 within drai
 test('when the upstream goes away, clients are closed and the proxy stays up', async () => {
   const own = await H.startDouble();
   const proxy = await H.startProxy({ upstream: own.uri, settings: { upstream_connect_timeout_ms: 1000 } });
-  const client = new MongoClient(proxy.uri(), { serverSelectionTimeoutMS: 1500, retryWrites: false, retryReads: false });
+  const client = new MongoClient(proxy.uri({}, { credentials: false }), { serverSelectionTimeoutMS: 1500, retryWrites: false, retryReads: false });
   try {
     await client.db(DB).collection('x').insertOne({ _id: 1 });
     const raw = await H.WireConn.connect({ port: proxy.port });

@@ -34,6 +34,7 @@ async function inBatches(items, size, fn) {
 }
 
 test.before(async () => {
+  if (H.rawDataSkipReason()) return;
   upstream = await H.startUpstream({ ulimit: 65536 });
   proxy = await H.startProxy({
     upstream: upstream.uri,
@@ -48,7 +49,7 @@ test.before(async () => {
   await seed.close();
 });
 
-test(`${TOTAL} concurrent connections: all complete a hello, ${ACTIVE} run traffic, all close cleanly`, { timeout: 240000 }, async (t) => {
+test(`${TOTAL} concurrent connections: all complete a hello, ${ACTIVE} run traffic, all close cleanly`, { timeout: 240000, skip: H.rawDataSkipReason() }, async (t) => {
   const baselineFds = fdCount(proxy.pid);
 
   // Connect and hello, in batches of CONNECT_BATCH; all stay open.
