@@ -56,6 +56,11 @@ const char *upstream_name (const upstream_conn_t *up);
 /* The topology generation it was opened for. */
 uint64_t upstream_generation (const upstream_conn_t *up);
 
+/* Whether on_drained is wanted.  Off by default: the write callback runs
+ * after every write that empties the output below its low watermark, and
+ * the owner only cares while it holds its client back (backpressure). */
+void upstream_want_drained (upstream_conn_t *up, bool want);
+
 /* Closes the socket at once; no callback fires afterwards.  NULL ok. */
 void upstream_destroy (upstream_conn_t *up);
 

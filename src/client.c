@@ -93,6 +93,14 @@ struct client_conn {
    struct event *timer;          /* per state: no primary / handshake */
    struct event *req_timer;      /* a partial request stalls */
    struct event *reply_timer;    /* a partial reply stalls */
+   bool req_timer_armed;         /* req_timer is pending (saves event_del calls) */
+   bool reply_timer_armed;
+
+   /* The write callbacks are installed only while they have work to do
+    * (client_update_flow): libevent schedules one after nearly every
+    * write otherwise. */
+   bool client_drained_cb;   /* client_write_cb installed */
+   bool up_drained_cb;       /* upstream_want_drained on */
 
    struct evbuffer *scratch; /* decompressed requests */
    struct evbuffer *tmp;     /* re-encoded replies */
@@ -145,6 +153,9 @@ client_state_name (client_state_t state)
 
 static void client_pump (client_conn_t *c);
 static void upstream_pump (client_conn_t *c);
+static void client_read_cb (struct bufferevent *bev, void *arg);
+static void client_write_cb (struct bufferevent *bev, void *arg);
+static void client_event_cb (struct bufferevent *bev, short what, void *arg);
 static void client_update_flow (client_conn_t *c);
 static void client_check_drained (client_conn_t *c);
 
@@ -438,57 +449,81 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ flow */
 
+/* Turns reading on or off only when that changes: bufferevent_enable
+ * re-adds the read event (event_add) even when it is already on. */
+static void
+set_reading (struct bufferevent *bev, bool on)
+{
+   bool is_on = (bufferevent_get_enabled (bev) & EV_READ) != 0;
+
+   if (on == is_on)
+      return;
+   if (on)
+      bufferevent_enable (bev, EV_READ);
+   else
+      bufferevent_disable (bev, EV_READ);
+}
+
 /* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
  *  - the client is read only in HANDSHAKE/READY, with the upstream
  *    connected, room in the FIFOs, and the upstream's output below the
  *    high watermark;
  *  - the upstream is read while the client's output is below it.
  * Write low watermarks are high/2, so the drain callbacks resume reading
- * with hysteresis. */
+ * with hysteresis.  A drain callback is installed only while its side's
+ * output holds the other side back (and the client's while DRAINING,
+ * which waits for its output to empty): every other resumption comes from
+ * a read or a reply, which end here too.  Cheap when nothing changes: no
+ * libevent call but the two length reads and bufferevent_get_enabled. */
 static void
 client_update_flow (client_conn_t *c)
 {
-   bool read_client, read_up;
+   bool up = upstream_is_connected (c->up);
+   bool up_full = false, client_full, want;
    size_t high;
 
    if (c->state == CLIENT_STATE_CLOSING)
       return;
    high = high_watermark (c);
-   read_client = (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) &&
-                 upstream_is_connected (c->up) && fifo_has_room (c) &&
-                 evbuffer_get_length (upstream_output (c)) < high;
-   if (read_client)
-      bufferevent_enable (c->bev, EV_READ);
-   else
-      bufferevent_disable (c->bev, EV_READ);
-   if (upstream_is_connected (c->up)) {
-      read_up = evbuffer_get_length (client_output (c)) < high;
-      if (read_up)
-         bufferevent_enable (upstream_bev (c->up), EV_READ);
-      else
-         bufferevent_disable (upstream_bev (c->up), EV_READ);
+   client_full = evbuffer_get_length (client_output (c)) >= high;
+   if (up) {
+      up_full = evbuffer_get_length (upstream_output (c)) >= high;
+      set_reading (upstream_bev (c->up), !client_full);
+      if (up_full != c->up_drained_cb) {
+         upstream_want_drained (c->up, up_full);
+         c->up_drained_cb = up_full;
+      }
+   }
+   set_reading (c->bev,
+                (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
+                   !up_full);
+   want = client_full || c->state == CLIENT_STATE_DRAINING;
+   if (want != c->client_drained_cb) {
+      bufferevent_setcb (c->bev, client_read_cb, want ? client_write_cb : NULL, client_event_cb, c);
+      c->client_drained_cb = want;
    }
 }
 
 /* A partial message in `in` may wait at most message_timeout_ms, counted
- * from when it began to be waited for, and only while we are reading that
- * side (a stall caused by our own backpressure is not the peer's fault). */
+ * from when it began to be waited for (`consumed`: a message was taken, so
+ * what is left began now), and only while we are reading that side (a
+ * stall caused by our own backpressure is not the peer's fault).  The timer
+ * is touched only when a message is really partial or the timer was armed:
+ * whole messages, the usual case, cost no event_add/event_del. */
 static void
-message_timer_update (client_conn_t *c, struct event *timer, struct bufferevent *bev, bool consumed)
+message_timer_update (client_conn_t *c, struct event *timer, bool *armed, struct bufferevent *bev, bool consumed)
 {
-   struct timeval tv;
+   bool partial = c->cfg->message_timeout_ms > 0 && evbuffer_get_length (bufferevent_get_input (bev)) > 0 &&
+                  (bufferevent_get_enabled (bev) & EV_READ);
 
-   if (consumed)
+   if (*armed && (consumed || !partial)) {
       evtimer_del (timer);
-   if (c->cfg->message_timeout_ms <= 0)
-      return;
-   if (evbuffer_get_length (bufferevent_get_input (bev)) > 0 && (bufferevent_get_enabled (bev) & EV_READ)) {
-      if (!evtimer_pending (timer, NULL)) {
-         tv = ms_to_tv (c->cfg->message_timeout_ms);
-         evtimer_add (timer, &tv);
-      }
-   } else {
-      evtimer_del (timer);
+      *armed = false;
+   }
+   if (partial && !*armed) {
+      struct timeval tv = ms_to_tv (c->cfg->message_timeout_ms);
+      evtimer_add (timer, &tv);
+      *armed = true;
    }
 }
 
@@ -1004,15 +1039,15 @@ protocol:
 }
 
 /* Reads header by header; handles every complete request while the FIFOs
- * and the upstream's output have room. */
-static void
+ * and the upstream's output have room.  Returns whether it took any. */
+static bool
 client_process (client_conn_t *c)
 {
    struct evbuffer *in;
    bool consumed = false;
 
    if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
-      return;
+      return false;
    in = bufferevent_get_input (c->bev);
    while (fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c)) {
       uint8_t hb[WIRE_HEADER_LEN];
@@ -1026,7 +1061,7 @@ client_process (client_conn_t *c)
       (void) wire_peek_header (hb, sizeof hb, &h);
       if (!wire_check_header (&h, 0, &error)) {
          client_disconnect (c, STATS_CLOSE_CLIENT_PROTOCOL, "bad message header: %s", error.message);
-         return;
+         return false;
       }
       if (avail < (size_t) h.length)
          break;
@@ -1034,18 +1069,22 @@ client_process (client_conn_t *c)
       stats_add (messages_from_clients, 1);
       stats_add (bytes_from_clients, h.length);
       if (!handle_request (c, in, h))
-         return;
+         return false;
    }
-   client_update_flow (c);
-   message_timer_update (c, c->req_timer, c->bev, consumed);
+   return consumed;
 }
 
+/* Everything that may let requests through ends here: process what is
+ * complete, then decide what to read next. */
 static void
 client_pump (client_conn_t *c)
 {
-   client_process (c);
-   if (c->state != CLIENT_STATE_CLOSING)
-      client_update_flow (c);
+   bool consumed = client_process (c);
+
+   if (c->state == CLIENT_STATE_CLOSING)
+      return;
+   client_update_flow (c);
+   message_timer_update (c, c->req_timer, &c->req_timer_armed, c->bev, consumed);
 }
 
 /* ------------------------------------------------------------ replies */
@@ -1257,7 +1296,9 @@ internal:
    return false;
 }
 
-static void
+/* Handles every complete reply while the client's output has room.
+ * Returns whether it took any. */
+static bool
 upstream_process (client_conn_t *c)
 {
    struct bufferevent *ubev;
@@ -1265,7 +1306,7 @@ upstream_process (client_conn_t *c)
    bool consumed = false;
 
    if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
-      return;
+      return false;
    ubev = upstream_bev (c->up);
    in = bufferevent_get_input (ubev);
    while (evbuffer_get_length (client_output (c)) < high_watermark (c)) {
@@ -1280,38 +1321,44 @@ upstream_process (client_conn_t *c)
       (void) wire_peek_header (hb, sizeof hb, &h);
       if (!wire_check_header (&h, 0, &error)) {
          client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", upstream_name (c->up), error.message);
-         return;
+         return false;
       }
       if (avail < (size_t) h.length)
          break;
       if (c->up_count == 0) {
          client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "unsolicited %s %d from %s", wire_opcode_name (h.opcode), h.request_id, upstream_name (c->up));
-         return;
+         return false;
       }
       consumed = true;
       stats_add (messages_from_upstream, 1);
       stats_add (bytes_from_upstream, h.length);
       if (!handle_reply (c, in, &h))
-         return;
+         return false;
    }
-   client_update_flow (c);
-   message_timer_update (c, c->reply_timer, ubev, consumed);
+   return consumed;
 }
 
+/* Everything that may let replies through ends here, like client_pump. */
 static void
 upstream_pump (client_conn_t *c)
 {
    uint32_t before = creq_count (c);
+   bool consumed = upstream_process (c);
 
-   upstream_process (c);
    if (c->state == CLIENT_STATE_CLOSING)
       return;
    client_check_drained (c);
    if (c->state == CLIENT_STATE_CLOSING)
       return;
-   /* Answers freed FIFO room: requests may be waiting in the input. */
+   /* Answers freed FIFO room: requests may be waiting in the input
+    * (client_pump updates the flow); else only the flow may change. */
    if (creq_count (c) < before)
       client_pump (c);
+   else
+      client_update_flow (c);
+   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
+      return;
+   message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), consumed);
 }
 
 /* ------------------------------------------------------------ callbacks */
@@ -1453,6 +1500,8 @@ static void
 client_req_timer_cb (evutil_socket_t fd, short what, void *arg)
 {
    client_conn_t *c = arg;
+
+   c->req_timer_armed = false;
    client_disconnect (c,
                       STATS_CLOSE_MESSAGE_TIMEOUT,
                       "partial request (%zu bytes buffered) stalled for message_timeout_ms=%" PRId64,
@@ -1464,6 +1513,8 @@ static void
 client_reply_timer_cb (evutil_socket_t fd, short what, void *arg)
 {
    client_conn_t *c = arg;
+
+   c->reply_timer_armed = false;
    client_disconnect (c,
                       STATS_CLOSE_MESSAGE_TIMEOUT,
                       "partial reply from %s stalled for message_timeout_ms=%" PRId64,
@@ -1565,7 +1616,8 @@ client_accept (client_loop_t *loop,
       client_free (c);
       return false;
    }
-   bufferevent_setcb (c->bev, client_read_cb, client_write_cb, client_event_cb, c);
+   /* client_update_flow installs client_write_cb when it is needed. */
+   bufferevent_setcb (c->bev, client_read_cb, NULL, client_event_cb, c);
    bufferevent_setwatermark (c->bev, EV_WRITE, high_watermark (c) / 2, 0);
    /* Writing is always on; reading is decided by client_update_flow. */
    bufferevent_enable (c->bev, EV_WRITE);

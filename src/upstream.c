@@ -132,7 +132,7 @@ upstream_new (struct event_base *base,
       bson_set_error (error, UPSTREAM_ERROR_DOMAIN, 1, "cannot create a bufferevent");
       goto fail;
    }
-   bufferevent_setcb (up->bev, upstream_read_cb, upstream_write_cb, upstream_event_cb, up);
+   bufferevent_setcb (up->bev, upstream_read_cb, NULL, upstream_event_cb, up);
    if (bufferevent_socket_connect (up->bev, (const struct sockaddr *) &primary->addr, (int) primary->addr_len) < 0) {
       bson_set_error (error,
                       UPSTREAM_ERROR_DOMAIN,
@@ -179,6 +179,13 @@ uint64_t
 upstream_generation (const upstream_conn_t *up)
 {
    return up->generation;
+}
+
+void
+upstream_want_drained (upstream_conn_t *up, bool want)
+{
+   /* libevent schedules no write callback at all while it is NULL. */
+   bufferevent_setcb (up->bev, upstream_read_cb, want ? upstream_write_cb : NULL, upstream_event_cb, up);
 }
 
 void
