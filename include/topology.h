@@ -7,9 +7,9 @@
  * loop never blocks on DNS, and publishes a snapshot under a mutex.  The
  * loop reads the snapshot (topology_get_primary), asks for a fresh look
  * after a "not primary"-class error or a failed connect
- * (topology_request_refresh), and is told of changes through an event made
- * active from the worker (thread-safe: evthread_use_pthreads must have been
- * called before the event base was created).
+ * (topology_request_refresh), and is told of changes through the loop's
+ * loopwake (the loop's event base has no locks: the worker never touches
+ * it).
  *
  * A standalone mongod is refused: it has no transactions.
  */
@@ -22,7 +22,7 @@
 
 #include <bson/bson.h>
 
-struct event_base;
+#include "loopwake.h"
 
 #define TOPOLOGY_ERROR_DOMAIN 0x5450 /* "TP" */
 #define TOPOLOGY_HOST_MAX 256
@@ -51,10 +51,11 @@ typedef struct topology topology_t;
 /* Called on the loop thread after the snapshot changed. */
 typedef void (*topology_changed_cb_t) (void *ctx);
 
-/* Parses the URI and prepares the worker (not started).  `base` receives
- * change notifications.  `select_timeout_ms` bounds one server selection
- * attempt (and so how long topology_destroy may wait). */
-topology_t *topology_new (struct event_base *base,
+/* Parses the URI and prepares the worker (not started).  Change
+ * notifications reach the loop through `wake` (borrowed: it must outlive the
+ * topology, whose destroy joins the worker).  `select_timeout_ms` bounds one
+ * server selection attempt (and so how long topology_destroy may wait). */
+topology_t *topology_new (loopwake_t *wake,
                           const char *uri,
                           int64_t select_timeout_ms,
                           topology_changed_cb_t on_changed,

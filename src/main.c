@@ -12,6 +12,9 @@
  *
  * Signals are libevent signal events, so their handlers run on the loop
  * like everything else: SIGHUP reloads, SIGTERM/SIGINT drain and stop.
+ *
+ * The loop's event base runs without libevent's locks: other threads reach
+ * the loop only through its loopwake (loopwake.h).
  */
 #include <getopt.h>
 #include <signal.h>
@@ -31,6 +34,7 @@
 #include "dispatch.h"
 #include "listener.h"
 #include "log.h"
+#include "loopwake.h"
 #include "metrics.h"
 #include "stats.h"
 #include "tls.h"
@@ -49,6 +53,7 @@ typedef struct {
    const char *config_path;
    config_t *cfg; /* our reference to the current snapshot */
    struct event_base *base;
+   loopwake_t *wake; /* other threads' way into the loop */
    topology_t *topo;
    tls_upstream_t *tls;
    SSL_CTX *server_tls;
@@ -216,16 +221,27 @@ proxy_start (proxy_t *p, bson_error_t *error)
    topology_state_t state;
    topology_primary_t snap;
 
-   p->base = event_base_new ();
+   /* No locks on the forwarding loop's base: nothing but this thread
+    * touches it (other threads post through p->wake). */
+   {
+      struct event_config *ec = event_config_new ();
+      if (ec && event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK) == 0)
+         p->base = event_base_new_with_config (ec);
+      if (ec)
+         event_config_free (ec);
+   }
    if (!p->base) {
       bson_set_error (error, 0, 1, "cannot create the event loop");
       return false;
    }
+   p->wake = loopwake_new (p->base, error);
+   if (!p->wake)
+      return false;
    if (!tls_upstream_new (p->cfg->upstream, &p->tls, error))
       return false;
    if (!tls_server_new (p->cfg->tls_cert_file, p->cfg->tls_key_file, p->cfg->tls_ca_file, &p->server_tls, error))
       return false;
-   p->topo = topology_new (p->base, p->cfg->upstream, p->cfg->upstream_connect_timeout_ms, proxy_topology_changed, p, error);
+   p->topo = topology_new (p->wake, p->cfg->upstream, p->cfg->upstream_connect_timeout_ms, proxy_topology_changed, p, error);
    if (!p->topo || !topology_start (p->topo, error))
       return false;
 
@@ -282,8 +298,10 @@ proxy_teardown (proxy_t *p)
    dispatch_stop (); /* hands its lanes back */
    listener_destroy (p->listener);
    client_loop_destroy (p->clients);
-   /* The worker may still poke the loop: join it before freeing the base. */
+   /* The worker may still post to the loop: join it before freeing the
+    * loopwake and the base. */
    topology_destroy (p->topo);
+   loopwake_destroy (p->wake);
    if (p->sig_hup)
       event_free (p->sig_hup);
    if (p->sig_term)
@@ -362,7 +380,10 @@ main (int argc, char **argv)
 
    /* A peer that closes while we write must not kill the process. */
    signal (SIGPIPE, SIG_IGN);
-   /* Before the base exists: the topology worker activates loop events. */
+   /* Locks for the dispatcher's and the admin thread's own bases, which
+    * other threads still poke with event_active (dispatch_wake from the
+    * forwarding loop, dispatch_stop and admin_stop from this thread).  The
+    * forwarding loop's base opts out with EVENT_BASE_FLAG_NOLOCK. */
    evthread_use_pthreads ();
    mongoc_log_set_handler (proxy_mongoc_log, NULL);
    mongoc_init ();

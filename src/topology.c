@@ -10,18 +10,19 @@
  * for the driver's 30-second default.
  *
  * This module never touches client connections: it publishes a snapshot
- * and pokes the loop.  All blocking (selection, getaddrinfo) happens here.
+ * and pokes the loop through its loopwake (never its event base, which has
+ * no locks).  All blocking (selection, getaddrinfo) happens here.
  */
 #include "topology.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include <event2/event.h>
 #include <mongoc/mongoc.h>
 
 #include "log.h"
@@ -36,8 +37,8 @@
 /* Owned by the loop thread that created it; the worker only touches the
  * fields under `mutex` and the pool (worker-only after start). */
 struct topology {
-   struct event_base *base;
-   struct event *notify_ev; /* activated from the worker, runs on the loop */
+   loopwake_t *wake;           /* borrowed: the loop's */
+   atomic_bool notify_pending; /* a notice is posted and has not run yet */
    topology_changed_cb_t on_changed;
    void *ctx;
 
@@ -66,15 +67,32 @@ topology_state_name (topology_state_t state)
    return (unsigned) state < TOPOLOGY_STATE_COUNT_ ? state_names[state] : "invalid";
 }
 
+/* On the loop.  The flag is cleared before the snapshot is read, so a
+ * change published after this read posts a new notice. */
 static void
-topology_notify_cb (evutil_socket_t fd, short what, void *arg)
+topology_notify_cb (void *arg)
 {
    topology_t *topo = arg;
+
+   atomic_store (&topo->notify_pending, false);
    topo->on_changed (topo->ctx);
 }
 
+/* On the worker: one notice in the loop's queue at a time. */
+static void
+topology_notify (topology_t *topo)
+{
+   if (atomic_exchange (&topo->notify_pending, true))
+      return;
+   if (!loopwake_post (topo->wake, topology_notify_cb, topo)) {
+      /* Only when others flood the queue; the next change tries again. */
+      atomic_store (&topo->notify_pending, false);
+      log_warn ("topology: the loop's wake-up queue is full; a change notice was dropped");
+   }
+}
+
 topology_t *
-topology_new (struct event_base *base,
+topology_new (loopwake_t *wake,
               const char *uri_string,
               int64_t select_timeout_ms,
               topology_changed_cb_t on_changed,
@@ -101,16 +119,16 @@ topology_new (struct event_base *base,
       mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_HEARTBEATFREQUENCYMS, TOPOLOGY_HEARTBEAT_MS);
 
    topo = bson_malloc0 (sizeof *topo);
-   topo->base = base;
+   topo->wake = wake;
+   atomic_init (&topo->notify_pending, false);
    topo->on_changed = on_changed;
    topo->ctx = ctx;
    topo->uri = uri;
    uri = NULL;
    pthread_mutex_init (&topo->mutex, NULL);
    pthread_cond_init (&topo->cond, NULL);
-   topo->notify_ev = event_new (base, -1, 0, topology_notify_cb, topo);
    topo->pool = mongoc_client_pool_new (topo->uri);
-   if (!topo->notify_ev || !topo->pool) {
+   if (!topo->pool) {
       bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 1, "cannot create the upstream client pool");
       goto fail;
    }
@@ -267,7 +285,7 @@ topology_thread (void *arg)
       if (!topo->first_done || changed) {
          topo->first_done = true;
          pthread_cond_broadcast (&topo->cond);
-         event_active (topo->notify_ev, EV_READ, 0);
+         topology_notify (topo);
       }
 
       /* Wait for a request, the period, or the retry backoff. */
@@ -353,8 +371,6 @@ topology_destroy (topology_t *topo)
    }
    if (topo->pool)
       mongoc_client_pool_destroy (topo->pool);
-   if (topo->notify_ev)
-      event_free (topo->notify_ev);
    mongoc_uri_destroy (topo->uri);
    pthread_cond_destroy (&topo->cond);
    pthread_mutex_destroy (&topo->mutex);
