@@ -44,7 +44,7 @@ async function throughput(keyed) {
     // Set up the outbox with a proxy that does not dispatch, publish, then count.
     const setupProxy = await startDispatchProxy({ upstream: d.uri, handlers: [
       { name: 'h', events: '*', kind: 'pull' },
-    ], logLevel: 'warn' });
+    ] });
     await setupProxy.stop();
     await publish(client, 'relaybus', events, ['h'], 100);
     await stats(client, true);
@@ -53,7 +53,6 @@ async function throughput(keyed) {
       upstream: d.uri,
       dispatch: { batch_size: 100, poll_interval_ms: 1000 },
       handlers: [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), concurrency: 100 }],
-      logLevel: 'warn',
     });
     await waitFor(() => sink.stats().ok.size === N, 600000, 'all deliveries');
     const ms = Date.now() - t0;
@@ -85,7 +84,6 @@ async function latency(pollMs, samples) {
       upstream: d.uri,
       dispatch: { batch_size: 100, poll_interval_ms: pollMs },
       handlers: [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), concurrency: 16 }],
-      logLevel: 'warn',
     });
     const lat = [];
     for (let i = 0; i < samples; i++) {
@@ -94,7 +92,8 @@ async function latency(pollMs, samples) {
       await publish(client, 'relaybus', [{ id, type: 'bench.v1', payload: { i } }], ['h'], 1);
       await waitFor(() => origStats.ok.has(id), 30000, 'the event');
       lat.push(origStats.firstAt.get(id) - t0);
-      await sleep(Math.floor(Math.random() * 50));
+      // Publish at a random phase of the poll cycle.
+      await sleep(Math.floor(Math.random() * pollMs));
     }
     await p.stop();
     lat.sort((a, b) => a - b);
