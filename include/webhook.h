@@ -83,6 +83,10 @@ char *webhook_body (const store_delivery_t *d, size_t *len);
 
 /* ------------------------------------------------------------ the client */
 
+/* True for an IPv4 or IPv6 literal (verified as an IP SAN, sent without
+ * SNI). */
+bool webhook_host_is_ip (const char *host);
+
 typedef struct webhook webhook_t;
 typedef struct webhook_req webhook_req_t;
 

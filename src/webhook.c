@@ -18,6 +18,8 @@
 #include <strings.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -255,6 +257,13 @@ webhook_body (const store_delivery_t *d, size_t *len)
 }
 
 /* ---------------------------------------------------------------- client */
+
+bool
+webhook_host_is_ip (const char *host)
+{
+   unsigned char buf[16];
+   return inet_pton (AF_INET, host, buf) == 1 || inet_pton (AF_INET6, host, buf) == 1;
+}
 
 struct webhook_req {
    webhook_req_t *next;
@@ -512,8 +521,14 @@ webhook_send (webhook_t *w,
          bson_free (r);
          return NULL;
       }
-      SSL_set_tlsext_host_name (ssl, w->host); /* SNI */
-      SSL_set1_host (ssl, w->host);           /* certificate must name it */
+      if (webhook_host_is_ip (w->host)) {
+         /* No SNI for an address (RFC 6066); the certificate must list it
+          * as an IP address. */
+         X509_VERIFY_PARAM_set1_ip_asc (SSL_get0_param (ssl), w->host);
+      } else {
+         SSL_set_tlsext_host_name (ssl, w->host); /* SNI */
+         SSL_set1_host (ssl, w->host);           /* the certificate must name it */
+      }
       bev = bufferevent_openssl_socket_new (w->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING, BEV_OPT_CLOSE_ON_FREE);
       if (!bev) {
          SSL_free (ssl);

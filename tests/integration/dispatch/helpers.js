@@ -28,6 +28,7 @@ const laneId = (key, eventId) => fnv1a(key !== undefined && key !== null ? key :
  * @param {object} [o.dispatch]  extra [dispatch] keys (poll_interval_ms, batch_size, lease_ms)
  * @param {object} [o.outbox]    extra [outbox] keys
  * @param {boolean} [o.enabled]  false: a publishing-only proxy (handlers listed, no dispatch)
+ * @param {object} [o.env]       extra environment (SSL_CERT_FILE...)
  * @param {Array<object>} o.handlers  {name, events, kind, url, secret, max_attempts, timeout_ms, concurrency, retry_4xx}
  */
 async function startDispatchProxy(o) {
@@ -46,7 +47,7 @@ async function startDispatchProxy(o) {
   fs.writeFileSync(ini, lines.join('\n') + '\n');
   const logPath = path.join(dir, 'proxy.stderr');
   const errFd = fs.openSync(logPath, 'a');
-  const env = { ...process.env };
+  const env = { ...process.env, ...(o.env || {}) };
   if (!env.ASAN_OPTIONS) env.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
   const child = spawn(proxyBin(), ['-c', ini], { stdio: ['ignore', 'ignore', errFd], env });
   fs.closeSync(errFd);

@@ -8,6 +8,7 @@
 
 const crypto = require('node:crypto');
 const http = require('node:http');
+const https = require('node:https');
 
 function verifySignature(secret, id, ts, body, header) {
   if (!secret) return header === undefined;
@@ -28,6 +29,7 @@ function verifySignature(secret, id, ts, body, header) {
  * @param {number} [o.delayMs]  delay before answering
  * @param {(ev: object) => boolean} [o.answer400] events answered 400
  * @param {() => number} [o.rand] random source (default Math.random)
+ * @param {{key: string, cert: string}} [o.tls] serve https with this key and certificate
  */
 async function startSink(o = {}) {
   const rand = o.rand || Math.random;
@@ -47,7 +49,7 @@ async function startSink(o = {}) {
     firstAt: new Map(), // event id -> time of its first 2xx answer
     attempts: [], // delivery.attempt of each 2xx answer
   };
-  const server = http.createServer((req, res) => {
+  const handler = (req, res) => {
     const chunks = [];
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {
@@ -107,12 +109,14 @@ async function startSink(o = {}) {
       if (o.delayMs) setTimeout(finish, o.delayMs);
       else finish();
     });
-  });
+  };
+  const server = o.tls ? https.createServer({ key: o.tls.key, cert: o.tls.cert }, handler) : http.createServer(handler);
+  server.on('tlsClientError', (e) => { st.tlsErrors = (st.tlsErrors || 0) + 1; st.lastTlsError = e.message; });
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address();
   return {
     port,
-    url: (p = '/') => `http://127.0.0.1:${port}${p}`,
+    url: (p = '/', host = '127.0.0.1') => `${o.tls ? 'https' : 'http'}://${host}:${port}${p}`,
     stats: () => st,
     duplicates: () => [...st.ok.values()].reduce((a, n) => a + (n > 1 ? n - 1 : 0), 0),
     close: () => new Promise((resolve) => { server.closeAllConnections?.(); server.close(() => resolve()); }),
