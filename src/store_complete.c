@@ -169,22 +169,30 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
 
    if (docs && c->s->completion_history) {
       /* Completion history: one record per completed delivery. */
+      const bson_t **recs = bson_malloc0 (c->n * sizeof *recs);
+      size_t n_recs = 0;
       hist = store_coll (c->s, c->client, OUTBOX_COMPLETED);
-      for (size_t i = 0; ok && i < c->n; i++) {
-         bson_t rec = BSON_INITIALIZER;
+      for (size_t i = 0; i < c->n; i++) {
+         bson_t *rec;
          bson_iter_t it;
          static const char *const copy[] = {"eventId", "handler", "eventType", "key", "sequence", "createdAt"};
          if (!c->valid[i] || !docs[i])
             continue;
-         BSON_APPEND_OID (&rec, "_id", &c->refs[i].id);
+         rec = bson_new ();
+         BSON_APPEND_OID (rec, "_id", &c->refs[i].id);
          for (size_t f = 0; f < sizeof copy / sizeof copy[0]; f++)
             if (bson_iter_init_find (&it, docs[i], copy[f]))
-               bson_append_iter (&rec, copy[f], -1, &it);
-         BSON_APPEND_INT32 (&rec, "attempts", (int32_t) store_iter_int64 (docs[i], "attempts") + 1);
-         BSON_APPEND_DATE_TIME (&rec, "completedAt", c->now);
-         ok = mongoc_collection_insert_one (hist, &rec, &opts, NULL, error);
-         bson_destroy (&rec);
+               bson_append_iter (rec, copy[f], -1, &it);
+         BSON_APPEND_INT32 (rec, "attempts", (int32_t) store_iter_int64 (docs[i], "attempts") + 1);
+         BSON_APPEND_DATE_TIME (rec, "completedAt", c->now);
+         recs[n_recs++] = rec;
       }
+      /* One insert command for the batch's records. */
+      if (n_recs > 0)
+         ok = mongoc_collection_insert_many (hist, recs, n_recs, &opts, NULL, error);
+      for (size_t i = 0; i < n_recs; i++)
+         bson_destroy ((bson_t *) recs[i]);
+      bson_free (recs);
    }
 
    BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);

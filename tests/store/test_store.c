@@ -858,6 +858,105 @@ test_a_failed_claim_reconciles_the_lanes (void **state)
    store_batch_clear (&b);
 }
 
+/* Commands the double counted since the last call (monitoring left out). */
+static int64_t
+commands_since (fx_t *fx, bson_t *by_name)
+{
+   bson_t *cmd = BCON_NEW ("doubleStats", BCON_INT32 (1), "reset", BCON_INT32 (1));
+   bson_t reply;
+   bson_error_t err;
+   bson_iter_t it, child;
+   int64_t total = 0;
+
+   if (!mongoc_client_command_simple (fx->client, "admin", cmd, NULL, &reply, &err))
+      fail_msg ("doubleStats: %s", err.message);
+   if (bson_iter_init_find (&it, &reply, "commands") && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &child))
+      while (bson_iter_next (&child)) {
+         const char *name = bson_iter_key (&child);
+         if (!strcmp (name, "hello") || !strcmp (name, "isMaster") || !strcmp (name, "ismaster") ||
+             !strcmp (name, "ping") || !strcmp (name, "endSessions") || !strcmp (name, "doubleStats"))
+            continue;
+         total += bson_iter_as_int64 (&child);
+         if (by_name)
+            BSON_APPEND_INT64 (by_name, name, bson_iter_as_int64 (&child));
+      }
+   bson_destroy (&reply);
+   bson_destroy (cmd);
+   return total;
+}
+
+/* completeMany costs four commands per batch, whatever its size and
+ * however many lanes it spans, and writes no lane document. */
+static void
+test_complete_many_costs_four_commands (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_ref_t refs[12];
+   bool done[12];
+   bson_t by_name = BSON_INITIALIZER;
+   bson_error_t err;
+   char ev[32];
+   bson_iter_t it;
+
+   if (fx->dbl.pid == 0)
+      skip (); /* MONGODB_URI: no doubleStats */
+   for (int i = 0; i < 12; i++) {
+      snprintf (ev, sizeof ev, "cm-%d", i);
+      add (fx, ev, "h", i % 2 ? NULL : ev, 1, T0 - 100 + i);
+   }
+   claim (fx->a, "h", 12, T0, &b);
+   assert_int_equal (b.n, 12);
+   for (size_t i = 0; i < b.n; i++)
+      refs[i] = ref (&b.items[i]);
+   commands_since (fx, NULL);
+   assert_true (store_complete_many (fx->a, refs, b.n, T0 + 1, done, &err));
+   for (size_t i = 0; i < b.n; i++)
+      assert_true (done[i]);
+   assert_int_equal (commands_since (fx, &by_name), 4);
+   assert_true (bson_iter_init_find (&it, &by_name, "find") && bson_iter_as_int64 (&it) == 2);
+   assert_true (bson_iter_init_find (&it, &by_name, "delete") && bson_iter_as_int64 (&it) == 1);
+   assert_true (bson_iter_init_find (&it, &by_name, "update") && bson_iter_as_int64 (&it) == 1);
+   assert_false (bson_iter_init_find (&it, &by_name, "findAndModify"));
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 0);
+   bson_destroy (&by_name);
+   store_batch_clear (&b);
+}
+
+/* With completion history, a batch is one transaction: the same reads and
+ * writes plus one insert of the records and the commit. */
+static void
+test_complete_many_with_history_is_one_transaction (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_ref_t refs[8];
+   bool done[8];
+   bson_t by_name = BSON_INITIALIZER;
+   bson_error_t err;
+   char ev[32];
+   bson_iter_t it;
+
+   if (fx->dbl.pid == 0)
+      skip ();
+   for (int i = 0; i < 8; i++) {
+      snprintf (ev, sizeof ev, "ch-%d", i);
+      add (fx, ev, "h", NULL, 0, T0 - 100 + i);
+   }
+   claim (fx->a, "h", 8, T0, &b);
+   assert_int_equal (b.n, 8);
+   for (size_t i = 0; i < b.n; i++)
+      refs[i] = ref (&b.items[i]);
+   commands_since (fx, NULL);
+   assert_true (store_complete_many (fx->a, refs, b.n, T0 + 1, done, &err));
+   assert_int_equal (commands_since (fx, &by_name), 6);
+   assert_true (bson_iter_init_find (&it, &by_name, "insert") && bson_iter_as_int64 (&it) == 1);
+   assert_true (bson_iter_init_find (&it, &by_name, "commitTransaction") && bson_iter_as_int64 (&it) == 1);
+   assert_int_equal (count (fx, OUTBOX_COMPLETED, "{}"), 8);
+   bson_destroy (&by_name);
+   store_batch_clear (&b);
+}
+
 int
 main (void)
 {
@@ -876,6 +975,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_list_deliveries_coerces_filters_to_strings, setup, teardown),
       cmocka_unit_test_setup_teardown (test_relinquish_and_extend_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_complete_many_costs_four_commands, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_complete_many_with_history_is_one_transaction, setup_history, teardown),
    };
    int rc;
 
