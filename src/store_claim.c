@@ -1112,6 +1112,58 @@ park (claim_t *c, const bool *hand_back)
    store_oids_free (&ids);
 }
 
+/* A dead letter requeued while this claim ran may now precede a pick of
+ * its key: such picks are given back right after recording (a release: no
+ * attempt charged), one aggregation for all the keys of the batch. */
+static void
+give_back_overtaken (claim_t *c)
+{
+   key_state_t **ks = bson_malloc0 ((c->out->n + 1) * sizeof *ks);
+   size_t n_ks = 0;
+   bson_error_t err;
+
+   for (size_t i = 0; i < c->out->n; i++) {
+      store_delivery_t *d = &c->out->items[i];
+      key_state_t *k;
+      if (!d->key)
+         continue;
+      k = key_get (c, d->handler, d->key);
+      k->min_known = false;
+      ks[n_ks++] = k;
+   }
+   if (n_ks == 0 || !keys_min_seq (c, ks, n_ks, &err)) {
+      if (n_ks > 0)
+         log_warn ("store: re-checking the order of a claimed batch: %s", err.message);
+      bson_free (ks);
+      return;
+   }
+   for (size_t i = 0; i < c->out->n;) {
+      store_delivery_t *d = &c->out->items[i];
+      key_state_t *k = d->key ? key_get (c, d->handler, d->key) : NULL;
+      store_ref_t r = {d->id, d->lease};
+      bool applied = false;
+      if (!k || !k->min_known || k->min_seq >= d->sequence) {
+         i++;
+         continue;
+      }
+      log_info ("store: %s/%s sequence %" PRId64 " is preceded by a requeued delivery; given back",
+                d->handler,
+                d->key,
+                d->sequence);
+      if (!store_release (c->s, &r, c->o->now, &applied, &err))
+         log_warn ("store: giving back an overtaken pick: %s", err.message);
+      bson_free (d->event_id);
+      bson_free (d->handler);
+      bson_free (d->event_type);
+      bson_free (d->key);
+      if (d->event)
+         bson_destroy (d->event);
+      memmove (d, d + 1, (c->out->n - i - 1) * sizeof *d);
+      c->out->n--;
+   }
+   bson_free (ks);
+}
+
 /* ---------------------------------------------------------------- claim */
 
 bool
@@ -1198,6 +1250,7 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    }
    pthread_mutex_unlock (&s->mu);
    park (c, hand_back);
+   give_back_overtaken (c);
 
 done:
    if (!ok) {
