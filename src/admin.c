@@ -223,6 +223,8 @@ reason_phrase (int code)
       return "Bad Request";
    case 401:
       return "Unauthorized";
+   case 403:
+      return "Forbidden";
    case 404:
       return "Not Found";
    case 405:
@@ -265,6 +267,45 @@ send_error (admin_t *a, struct evhttp_request *req, int code, const char *fmt, .
 }
 
 /* ------------------------------------------------------------------ auth */
+
+/* Without a token, an action must name the port by address (an IP
+ * literal, "localhost", or the configured listen host): a web page that
+ * rebinds its own DNS name to 127.0.0.1 is same-origin for the browser, but
+ * its requests carry that name in Host and are refused. */
+static bool
+host_allowed (admin_t *a, struct evhttp_request *req)
+{
+   config_t *cfg = config_acquire ();
+   bool token = cfg && cfg->admin_token && *cfg->admin_token;
+   const char *host = evhttp_find_header (evhttp_request_get_input_headers (req), "Host");
+   char name[300], listen_host[256];
+   uint16_t port;
+   bson_error_t err;
+   struct in_addr v4;
+   struct in6_addr v6;
+   size_t len;
+   bool ok = false;
+
+   config_release (cfg);
+   if (token)
+      return true;
+   if (!host || strlen (host) >= sizeof name)
+      return false;
+   bson_strncpy (name, host, sizeof name);
+   if (name[0] == '[') {
+      char *end = strchr (name, ']');
+      if (!end)
+         return false;
+      *end = '\0';
+      return inet_pton (AF_INET6, name + 1, &v6) == 1;
+   }
+   len = strcspn (name, ":");
+   name[len] = '\0';
+   ok = inet_pton (AF_INET, name, &v4) == 1 || !strcasecmp (name, "localhost");
+   if (!ok && config_parse_listen (a->cfg->admin_listen, listen_host, sizeof listen_host, &port, &err))
+      ok = !strcasecmp (name, listen_host);
+   return ok;
+}
 
 /* True when no token is configured, or the request carries it.  Both sides
  * are hashed first so the comparison takes the same time whatever the
@@ -1304,6 +1345,14 @@ admin_request_cb (struct evhttp_request *req, void *arg)
       char peer[80];
       log_info ("admin: %s: 401 for %s %s", peer_of (req, peer, sizeof peer), method == EVHTTP_REQ_POST ? "POST" : "GET", r->path);
       send_error (a, req, 401, "a valid bearer token is required");
+      return;
+   }
+   if (method == EVHTTP_REQ_POST && !host_allowed (a, req)) {
+      char peer[80];
+      log_warn ("admin: %s: 403 for POST %s: no token is set and Host is not an address of this port",
+                peer_of (req, peer, sizeof peer),
+                r->path);
+      send_error (a, req, 403, "without an admin token, actions must address this port by IP or localhost");
       return;
    }
    r->fn (a, req);

@@ -179,3 +179,26 @@ test('hostile admin requests get 400s or timeouts and change nothing', { timeout
     assert.equal(r.code, 0, proxy.log().slice(-3000));
   });
 });
+
+test('without a token, actions must name the port by address (DNS rebinding)', { timeout: 60000 }, async (t) => {
+  const up = await startUpstream();
+  t.after(() => up.stop());
+  const proxy = await startAdminProxy({ upstream: up.uri, outbox: { database: uniqueDbName('adminhost') }, dispatch: false });
+  t.after(() => proxy.kill());
+  const body = JSON.stringify({ ids: ['0123456789abcdef01234567'] });
+  const ct = { 'content-type': 'application/json' };
+  // Reads need no token here.
+  assert.equal((await request(proxy.base, '/api/stats')).status, 200);
+  for (const host of ['evil.example', 'evil.example:80', `rebind.attacker.test:${proxy.adminPort}`]) {
+    const r = await request(proxy.base, '/api/deliveries/requeue', { method: 'POST', body, headers: { ...ct, host } });
+    assert.equal(r.status, 403, `Host ${JSON.stringify(host)}: ${r.status} ${r.text}`);
+  }
+  for (const host of [`127.0.0.1:${proxy.adminPort}`, `localhost:${proxy.adminPort}`, 'LOCALHOST', '[::1]:9187']) {
+    const r = await request(proxy.base, '/api/deliveries/requeue', { method: 'POST', body, headers: { ...ct, host } });
+    assert.equal(r.status, 200, `Host ${host}: ${r.status} ${r.text}`);
+    assert.deepEqual(r.json, { requested: 1, requeued: 0 });
+  }
+  assert.match(proxy.log(), /403 for POST \/api\/deliveries\/requeue/);
+  const r = await proxy.stop();
+  assert.equal(r.code, 0);
+});
