@@ -4,11 +4,11 @@
  *
  * Data path.  A request is handled only once it is complete in the client's
  * input buffer.  It is made contiguous once (evbuffer_pullup) to be parsed
- * and inspected; if the proxy forwards it unchanged, the 16-byte header is
- * copied out, its requestID replaced, and the rest moved to the upstream's
- * output with evbuffer_remove_buffer (chain moves, no copy).  Replies go
- * the other way the same way with responseTo mapped back.  Only hellos,
- * checksummed messages and proxy answers are re-encoded.
+ * and inspected; if the proxy forwards it unchanged, its requestID is
+ * replaced in place in the input buffer and the whole message moved to the
+ * upstream's output with evbuffer_remove_buffer (chain moves, no copy).
+ * Replies go the other way the same way with responseTo mapped back.  Only
+ * hellos, checksummed messages and proxy answers are re-encoded.
  *
  * Compression.  The upstream is never asked to compress (handshake.c strips
  * `compression` from the hello it forwards), so everything upstream is
@@ -198,22 +198,27 @@ ms_to_tv (int64_t ms)
 #define KEEP_ID INT64_MIN
 
 /* Moves one complete message of `len` bytes from `src` to `dst`, replacing
- * its requestID and/or responseTo (KEEP_ID: keep).  The body moves as
- * evbuffer chains; only the header is copied. */
+ * its requestID and/or responseTo (KEEP_ID: keep).  The ids are patched in
+ * place in `src`'s first chain (evbuffer_pullup of the header costs nothing
+ * when the header is contiguous, as it nearly always is), then the whole
+ * message moves as evbuffer chains: a message read in one piece is never
+ * copied.  Every chain the proxy moves is its own (socket reads, and
+ * buffers it built with evbuffer_reserve_space), never a read-only
+ * reference, so writing into it is allowed. */
 static bool
 move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t request_id, int64_t response_to)
 {
-   uint8_t hdr[WIRE_HEADER_LEN];
+   if (request_id != KEEP_ID || response_to != KEEP_ID) {
+      uint8_t *hdr = evbuffer_pullup (src, WIRE_HEADER_LEN);
 
-   if (evbuffer_remove (src, hdr, sizeof hdr) != (int) sizeof hdr)
-      return false;
-   if (request_id != KEEP_ID)
-      put_le32 (hdr + 4, (int32_t) request_id);
-   if (response_to != KEEP_ID)
-      put_le32 (hdr + 8, (int32_t) response_to);
-   if (evbuffer_add (dst, hdr, sizeof hdr) != 0)
-      return false;
-   return evbuffer_remove_buffer (src, dst, len - WIRE_HEADER_LEN) == (int) (len - WIRE_HEADER_LEN);
+      if (!hdr)
+         return false;
+      if (request_id != KEEP_ID)
+         put_le32 (hdr + 4, (int32_t) request_id);
+      if (response_to != KEEP_ID)
+         put_le32 (hdr + 8, (int32_t) response_to);
+   }
+   return evbuffer_remove_buffer (src, dst, len) == (int) len;
 }
 
 static struct evbuffer *
@@ -1050,15 +1055,20 @@ client_process (client_conn_t *c)
       return false;
    in = bufferevent_get_input (c->bev);
    while (fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c)) {
-      uint8_t hb[WIRE_HEADER_LEN];
+      const uint8_t *hb;
       wire_header_t h;
       bson_error_t error;
       size_t avail = evbuffer_get_length (in);
 
       if (avail < WIRE_HEADER_LEN)
          break;
-      evbuffer_copyout (in, hb, sizeof hb);
-      (void) wire_peek_header (hb, sizeof hb, &h);
+      /* No copy when the header is contiguous (the usual case). */
+      hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
+      if (!hb) {
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+         return false;
+      }
+      (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
       if (!wire_check_header (&h, 0, &error)) {
          client_disconnect (c, STATS_CLOSE_CLIENT_PROTOCOL, "bad message header: %s", error.message);
          return false;
@@ -1174,7 +1184,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 {
    upstream_req_t *u = &c->upreqs[c->up_head];
    size_t len = (size_t) h->length;
-   uint8_t pre[WIRE_HEADER_LEN + 4];
+   const uint8_t *pre;
    uint32_t flags;
    bool more, first;
    bson_error_t error;
@@ -1193,11 +1203,16 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
                       u->expect_response_to);
       goto protocol;
    }
-   if (len < sizeof pre) {
+   if (len < WIRE_HEADER_LEN + 4) {
       bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
       goto protocol;
    }
-   evbuffer_copyout (in, pre, sizeof pre);
+   /* The header and the flags, without a copy when contiguous. */
+   pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
+   if (!pre) {
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, 2, "out of memory reading a reply");
+      goto internal;
+   }
    flags = get_le32 (pre + WIRE_HEADER_LEN);
    more = (flags & WIRE_MSG_MORE_TO_COME) != 0;
    first = u->expect_response_to == u->upstream_id;
@@ -1310,15 +1325,19 @@ upstream_process (client_conn_t *c)
    ubev = upstream_bev (c->up);
    in = bufferevent_get_input (ubev);
    while (evbuffer_get_length (client_output (c)) < high_watermark (c)) {
-      uint8_t hb[WIRE_HEADER_LEN];
+      const uint8_t *hb;
       wire_header_t h;
       bson_error_t error;
       size_t avail = evbuffer_get_length (in);
 
       if (avail < WIRE_HEADER_LEN)
          break;
-      evbuffer_copyout (in, hb, sizeof hb);
-      (void) wire_peek_header (hb, sizeof hb, &h);
+      hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
+      if (!hb) {
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+         return false;
+      }
+      (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
       if (!wire_check_header (&h, 0, &error)) {
          client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", upstream_name (c->up), error.message);
          return false;
