@@ -65,24 +65,133 @@ function typeChecks(filter) {
   return { checks, rest };
 }
 
+// ---- exact numeric comparisons ----
+// mingo compares JS numbers, which cannot hold every Int64 (beyond 2^53) or any Decimal128
+// exactly. When the filter or the document holds such a value, the filter is evaluated as a
+// tree: $and/$or/$nor are combined here, field conditions comparing with a number
+// ($eq, $ne, $gt, $gte, $lt, $lte, $in, $nin, implicit equality) are checked here on the stored
+// values with exact arithmetic, and everything else is still asked of mingo.
+const NUM_OPS = new Set(['$eq', '$ne', '$gt', '$gte', '$lt', '$lte']);
+
+// Stored values a path reaches, array elements included (as query matching sees them).
+function candidatesAt(doc, path) {
+  const out = [];
+  for (const v of V.pathValues(doc, path)) {
+    if (v === undefined) continue;
+    if (Array.isArray(v)) out.push(...v);
+    out.push(v);
+  }
+  return out;
+}
+
+function numTest(op, n) {
+  const isNaNArg = Number.isNaN(V.toNumber(n));
+  return (x) => {
+    if (!V.isNumeric(x)) return false;
+    if (isNaNArg || Number.isNaN(V.toNumber(x))) {
+      const both = isNaNArg && Number.isNaN(V.toNumber(x));
+      return (op === '$eq' || op === '$gte' || op === '$lte') && both;
+    }
+    const c = V.compareNumbers(x, n);
+    switch (op) {
+      case '$eq': return c === 0;
+      case '$gt': return c > 0;
+      case '$gte': return c >= 0;
+      case '$lt': return c < 0;
+      default: return c <= 0; // $lte
+    }
+  };
+}
+
+function exactTree(filter, leaf) {
+  const parts = [];
+  for (const k of Object.keys(filter)) {
+    const c = filter[k];
+    if ((k === '$and' || k === '$or' || k === '$nor') && Array.isArray(c) && c.every(isPlainObject)) {
+      const subs = c.map((f) => exactTree(f, leaf));
+      if (k === '$and') parts.push((v, d) => subs.every((t) => t(v, d)));
+      else if (k === '$or') parts.push((v, d) => subs.some((t) => t(v, d)));
+      else parts.push((v, d) => !subs.some((t) => t(v, d)));
+    } else if (k.startsWith('$')) {
+      const q = leaf({ [k]: c });
+      parts.push((v) => q(v));
+    } else parts.push(exactField(k, c, leaf));
+  }
+  return (v, d) => parts.every((t) => t(v, d));
+}
+
+function exactField(path, c, leaf) {
+  if (V.isNumeric(c)) {
+    const eq = numTest('$eq', c);
+    return (v, d) => candidatesAt(d, path).some(eq);
+  }
+  if (!isPlainObject(c) || !Object.keys(c).length || !Object.keys(c).every((k) => k.startsWith('$'))) {
+    const q = leaf({ [path]: c });
+    return (v) => q(v);
+  }
+  const tests = [];
+  const rest = {};
+  for (const op of Object.keys(c)) {
+    const a = c[op];
+    if (NUM_OPS.has(op) && V.isNumeric(a)) {
+      const t = numTest(op === '$ne' ? '$eq' : op, a);
+      if (op === '$ne') tests.push((v, d) => !candidatesAt(d, path).some(t));
+      else tests.push((v, d) => candidatesAt(d, path).some(t));
+    } else if ((op === '$in' || op === '$nin') && Array.isArray(a) && a.some(V.isNumeric)) {
+      const nums = a.filter(V.isNumeric).map((n) => numTest('$eq', n));
+      const others = a.filter((x) => !V.isNumeric(x));
+      const q = others.length ? leaf({ [path]: { $in: others } }) : null;
+      const inTest = (v, d) => candidatesAt(d, path).some((x) => nums.some((t) => t(x))) || (q ? q(v) : false);
+      tests.push(op === '$in' ? inTest : (v, d) => !inTest(v, d));
+    } else rest[op] = a;
+  }
+  if (Object.keys(rest).length) {
+    const q = leaf({ [path]: rest });
+    tests.push((v) => q(v));
+  }
+  return (v, d) => tests.every((t) => t(v, d));
+}
+
 function compileFilter(filter, opts = {}) {
   if (filter === undefined || filter === null) return null;
   if (!isPlainObject(filter)) throw err(14, "BSON field 'filter' is the wrong type, expected type 'object'");
   if (!Object.keys(filter).length) return null;
   const fold = collationFolder(opts.collation);
   const { checks, rest } = typeChecks(filter);
+  const mingoOpts = opts.variables ? { variables: opts.variables } : undefined;
+  const leaf = (f) => {
+    let q;
+    try {
+      const view = V.toView(f);
+      q = new Query(fold ? fold(view) : view, mingoOpts);
+    } catch (e) {
+      throw err(2, e.message);
+    }
+    return (view) => q.test(fold ? fold(view) : view);
+  };
   let q = null;
+  let filterInexact = false;
   if (Object.keys(rest).length) {
     try {
       const view = V.toView(rest);
-      q = new Query(fold ? fold(view) : view, opts.variables ? { variables: opts.variables } : undefined);
+      filterInexact = !!(view && view[V.INEXACT]);
+      q = new Query(fold ? fold(view) : view, mingoOpts);
     } catch (e) {
       throw err(2, e.message);
     }
   }
-  if (!fold && !checks.length) return q;
+  if (!fold && !checks.length && !filterInexact && !q) return null;
+  let exact = null; // built when a filter or document first needs it
+  const viaMingo = (view) => !q || q.test(fold ? fold(view) : view);
   return {
-    test: (view, doc) => (!q || q.test(fold ? fold(view) : view)) && checks.every((c) => c(doc)),
+    test: (view, doc) => {
+      let ok;
+      if (q && doc && (filterInexact || (view && view[V.INEXACT]))) {
+        if (!exact) exact = exactTree(rest, leaf);
+        ok = exact(view, doc);
+      } else ok = viaMingo(view);
+      return ok && checks.every((c) => c(doc));
+    },
   };
 }
 
@@ -207,10 +316,16 @@ function project(records, projection, filter) {
 // mongod keeps the stored field order in projected documents; mingo lists _id last.
 function inDocOrder(out, orig) {
   if (!isPlainObject(out) || !isPlainObject(orig)) return out;
-  const res = {};
-  for (const k of Object.keys(orig)) if (Object.prototype.hasOwnProperty.call(out, k)) res[k] = inDocOrder(out[k], orig[k]);
-  for (const k of Object.keys(out)) if (!Object.prototype.hasOwnProperty.call(res, k)) res[k] = out[k];
-  return res;
+  const entries = [];
+  const seen = new Set();
+  for (const k of V.keys(orig)) {
+    if (Object.prototype.hasOwnProperty.call(out, k)) {
+      entries.push([k, inDocOrder(out[k], orig[k])]);
+      seen.add(k);
+    }
+  }
+  for (const k of V.keys(out)) if (!seen.has(k)) entries.push([k, out[k]]);
+  return V.fromEntries(entries);
 }
 
 // Runs an aggregation pipeline over typed input documents; output typed via the views.

@@ -110,7 +110,7 @@ class Connection {
     let name;
     try {
       if (msg.opCode === W.OP_QUERY) {
-        name = Object.keys(msg.body)[0];
+        name = V.keys(msg.body)[0];
         server.count(name);
         if (!msg.ns.endsWith('.$cmd') || !HELLO_NAMES.has(name)) {
           reply = {
@@ -126,7 +126,7 @@ class Connection {
         this.write(W.buildOpReply(reply, server.nextRequestId(), msg.requestID));
         return;
       }
-      name = Object.keys(msg.body)[0];
+      name = V.keys(msg.body)[0];
       server.count(name);
       const db = msg.body.$db;
       if (typeof db !== 'string') {

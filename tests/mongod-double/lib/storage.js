@@ -35,7 +35,7 @@ class Index {
     this.spec = spec; // as listIndexes shows it
     this.name = spec.name;
     this.key = spec.key;
-    this.fields = Object.keys(spec.key);
+    this.fields = V.keys(spec.key);
     this.unique = !!spec.unique;
     this.sparse = !!spec.sparse;
     this.partialQuery = spec.partialFilterExpression ? new Query(V.toView(spec.partialFilterExpression)) : null;
@@ -62,12 +62,10 @@ class Index {
 
   // Value of the first key for error messages: {a: 1}.
   keyValueOf(doc) {
-    const kv = {};
-    for (const f of this.fields) {
+    return V.fromEntries(this.fields.map((f) => {
       const v = indexKeyValues(doc, f)[0];
-      kv[f] = v === undefined ? null : v;
-    }
-    return kv;
+      return [f, v === undefined ? null : v];
+    }));
   }
 }
 
@@ -107,7 +105,7 @@ class Collection {
 
   dupKeyError(ix, doc) {
     const kv = ix.keyValueOf(doc);
-    const shown = Object.keys(kv).map((k) => `${k}: ${showValue(kv[k])}`).join(', ');
+    const shown = V.keys(kv).map((k) => `${k}: ${showValue(kv[k])}`).join(', ');
     return err(11000, `E11000 duplicate key error collection: ${this.ns} index: ${ix.name} dup key: { ${shown} }`, {
       keyPattern: ix.key, keyValue: kv,
     });
@@ -162,7 +160,7 @@ function showValue(v) {
   if (t === 'objectId') return `ObjectId('${v.toHexString()}')`;
   if (t === 'null') return 'null';
   if (t === 'date') return `new Date(${v.getTime()})`;
-  if (t === 'object') return `{ ${Object.keys(v).map((k) => `${k}: ${showValue(v[k])}`).join(', ')} }`;
+  if (t === 'object') return `{ ${V.keys(v).map((k) => `${k}: ${showValue(v[k])}`).join(', ')} }`;
   if (t === 'array') return `[ ${v.map(showValue).join(', ')} ]`;
   if (t === 'long' || t === 'int') return v.toString();
   if (t === 'double') {

@@ -21,7 +21,7 @@ function isPlainObject(v) {
 function kindOfUpdate(u) {
   if (Array.isArray(u)) return 'pipeline';
   if (!isPlainObject(u)) throw err(9, 'Update argument must be either an object or an array');
-  const keys = Object.keys(u);
+  const keys = V.keys(u);
   if (keys.length && keys[0].startsWith('$')) return 'operator';
   return 'replacement';
 }
@@ -171,13 +171,13 @@ function setChild(container, seg, value) {
     const i = +seg;
     while (container.length < i) container.push(null);
     container[i] = value;
-  } else container[seg] = value;
+  } else V.setKey(container, seg, value); // a new field goes to the end, integer-like or not
 }
 
 function deleteChild(container, seg) {
   if (Array.isArray(container)) {
     if (/^\d+$/.test(seg) && +seg < container.length) container[+seg] = null;
-  } else if (isPlainObject(container)) delete container[seg];
+  } else if (isPlainObject(container)) V.deleteKey(container, seg);
 }
 
 function checkConflicts(paths) {
@@ -211,24 +211,44 @@ function applyOperators(doc, update, ctx) {
     }
   }
   checkConflicts(touched);
+  // mongod 5.0+ processes the fields of all operators together, string names in lexicographic
+  // order and numeric names in numeric order; new fields are appended in that order.
+  const steps = [];
   for (const op of Object.keys(update)) {
     if (op === '$setOnInsert' && !ctx.isInsert) continue;
-    const spec = update[op];
-    for (const field of Object.keys(spec)) {
-      const arg = spec[field];
-      if (op === '$rename') {
-        applyRename(doc, field, arg);
-        continue;
-      }
-      for (const path of expandPath(doc, splitPath(field), ctx)) {
-        if (path[0] === '_id' && !ctx.isInsert && op !== '$setOnInsert') ctx.idTouched = true;
-        applyOne(doc, op, path, arg, field, ctx);
-      }
+    for (const field of Object.keys(update[op])) steps.push({ op, field, arg: update[op][field] });
+  }
+  steps.sort((a, b) => comparePaths(a.field, b.field));
+  for (const { op, field, arg } of steps) {
+    if (op === '$rename') {
+      applyRename(doc, field, arg);
+      continue;
+    }
+    for (const path of expandPath(doc, splitPath(field), ctx)) {
+      if (path[0] === '_id' && !ctx.isInsert && op !== '$setOnInsert') ctx.idTouched = true;
+      applyOne(doc, op, path, arg, field, ctx);
     }
   }
   for (const [id, f] of ctx.filters) {
     if (!f.used) throw err(9, `The array filter for identifier '${id}' was not used in the update ${JSON.stringify(V.toView(update))}`);
   }
+}
+
+// Field path order of mongod's update tree: per segment, two numeric names compare as numbers,
+// anything else as strings.
+function comparePaths(a, b) {
+  const x = a.split('.');
+  const y = b.split('.');
+  for (let i = 0; i < Math.min(x.length, y.length); i++) {
+    if (x[i] === y[i]) continue;
+    if (/^\d+$/.test(x[i]) && /^\d+$/.test(y[i])) {
+      const p = BigInt(x[i]);
+      const q = BigInt(y[i]);
+      if (p !== q) return p < q ? -1 : 1;
+    }
+    return x[i] < y[i] ? -1 : 1;
+  }
+  return x.length - y.length;
 }
 
 function applyRename(doc, from, to) {
@@ -238,7 +258,7 @@ function applyRename(doc, from, to) {
   const parent = parentOf(doc, fp, false);
   if (!parent || Array.isArray(parent) || !hasChild(parent, fp[fp.length - 1])) return;
   const value = parent[fp[fp.length - 1]];
-  delete parent[fp[fp.length - 1]];
+  V.deleteKey(parent, fp[fp.length - 1]);
   const tp = splitPath(to);
   const tparent = parentOf(doc, tp, true);
   setChild(tparent, tp[tp.length - 1], value);
@@ -415,15 +435,16 @@ function applyUpdate(oldDoc, update, opts) {
   const kind = kindOfUpdate(update);
   let doc;
   if (kind === 'replacement') {
-    doc = {};
-    if (oldDoc && oldDoc._id !== undefined) doc._id = oldDoc._id;
-    for (const k of Object.keys(update)) {
+    const entries = [];
+    if (oldDoc && oldDoc._id !== undefined) entries.push(['_id', oldDoc._id]);
+    for (const k of V.keys(update)) {
       if (k === '_id' && oldDoc && oldDoc._id !== undefined) {
         if (!V.valuesEqual(update._id, oldDoc._id)) throw immutableId(oldDoc);
         continue;
       }
-      doc[k] = V.cloneValue(update[k]);
+      entries.push([k, V.cloneValue(update[k])]);
     }
+    doc = V.fromEntries(entries);
   } else if (kind === 'operator') {
     doc = V.cloneValue(oldDoc || {});
     applyOperators(doc, update, ctx);
@@ -439,7 +460,7 @@ function applyUpdate(oldDoc, update, opts) {
     }
     doc = V.fromView(out[0] || {}, base);
     if (oldDoc && oldDoc._id !== undefined) {
-      if (doc._id === undefined) doc = Object.assign({ _id: oldDoc._id }, doc);
+      if (doc._id === undefined) doc = V.fromEntries([['_id', oldDoc._id], ...V.keys(doc).map((k) => [k, doc[k]])]);
       else if (!V.valuesEqual(doc._id, oldDoc._id)) throw immutableId(oldDoc);
     }
   }
@@ -456,7 +477,7 @@ function upsertSeed(query) {
   const doc = {};
   (function take(q) {
     if (!isPlainObject(q)) return;
-    for (const k of Object.keys(q)) {
+    for (const k of V.keys(q)) {
       if (k === '$and') {
         for (const s of q[k]) take(s);
         continue;
@@ -480,11 +501,11 @@ function upsertSeed(query) {
 
 // _id first, as mongod stores it; generates an ObjectId when absent.
 function withIdFirst(doc) {
-  if (doc._id === undefined) return Object.assign({ _id: new ObjectId() }, doc);
-  if (Object.keys(doc)[0] === '_id') return doc;
-  const out = { _id: doc._id };
-  for (const k of Object.keys(doc)) if (k !== '_id') out[k] = doc[k];
-  return out;
+  const list = V.keys(doc);
+  if (doc._id !== undefined && list[0] === '_id') return doc;
+  const entries = [['_id', doc._id === undefined ? new ObjectId() : doc._id]];
+  for (const k of list) if (k !== '_id') entries.push([k, doc[k]]);
+  return V.fromEntries(entries);
 }
 
 module.exports = { applyUpdate, upsertSeed, withIdFirst, kindOfUpdate, isPlainObject, showShort };

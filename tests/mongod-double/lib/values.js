@@ -47,6 +47,133 @@ function bsonTag(v) {
   return 'object';
 }
 
+// ---- field order ----
+// JavaScript objects list integer-like property names ("0", "1", ... up to 2^32-2) first, in
+// numeric order, whatever order they were added in. BSON documents keep any order, and mongod
+// keeps the client's. An object whose real order differs from Object.keys carries it under
+// ORDER; keys() reads it (tolerating keys added or deleted behind its back: new ones are
+// appended, deleted ones dropped), setKey() appends, forWire() hands bson a Map where needed.
+const ORDER = Symbol('fieldOrder');
+const INDEX_LIKE = /^(?:0|[1-9]\d{0,9})$/;
+const isIndexLike = (k) => INDEX_LIKE.test(k) && Number(k) < 4294967295;
+
+function keys(o) {
+  const ord = o[ORDER];
+  const own = Object.keys(o);
+  if (!ord) return own;
+  if (ord.length === own.length && ord.every((k) => Object.prototype.hasOwnProperty.call(o, k))) return ord;
+  const present = new Set(own);
+  const out = ord.filter((k) => present.has(k));
+  const seen = new Set(out);
+  for (const k of own) if (!seen.has(k)) out.push(k);
+  o[ORDER] = out;
+  return out;
+}
+
+// Gives o the order `list` (its own keys in the wanted order) when JS would show another.
+function setOrder(o, list) {
+  const own = Object.keys(o);
+  let same = own.length === list.length;
+  for (let i = 0; same && i < own.length; i++) same = own[i] === list[i];
+  if (same) delete o[ORDER];
+  else o[ORDER] = list.slice();
+  return o;
+}
+
+// Sets o[k]; a new key goes to the end, as in a BSON document.
+function setKey(o, k, v) {
+  if (Object.prototype.hasOwnProperty.call(o, k)) {
+    o[k] = v;
+    return;
+  }
+  if (!o[ORDER] && !isIndexLike(k)) {
+    o[k] = v;
+    return;
+  }
+  const ord = keys(o).slice();
+  o[k] = v;
+  ord.push(k);
+  setOrder(o, ord);
+}
+
+function deleteKey(o, k) {
+  delete o[k];
+  if (o[ORDER]) keys(o);
+}
+
+// A plain object from [key, value] pairs in that order.
+function fromEntries(entries) {
+  const o = {};
+  const list = [];
+  for (const [k, v] of entries) {
+    if (!Object.prototype.hasOwnProperty.call(o, k)) list.push(k);
+    o[k] = v;
+  }
+  return setOrder(o, list);
+}
+
+function isPlainDoc(v) {
+  return v !== null && typeof v === 'object' && !Array.isArray(v) && !v._bsontype && !(v instanceof Date) &&
+    !(v instanceof RegExp) && !(v instanceof Map) && !ArrayBuffer.isView(v);
+}
+
+// What to give BSON.serialize so every document is written in its real order: objects with an
+// ORDER become Maps (bson writes Map entries in insertion order); untouched subtrees are shared.
+function forWire(v) {
+  if (v === null || typeof v !== 'object') return v;
+  if (Array.isArray(v)) {
+    let out = null;
+    for (let i = 0; i < v.length; i++) {
+      const x = forWire(v[i]);
+      if (x !== v[i]) {
+        if (!out) out = v.slice();
+        out[i] = x;
+      }
+    }
+    return out || v;
+  }
+  if (!isPlainDoc(v)) return v;
+  if (v[ORDER]) return new Map(keys(v).map((k) => [k, forWire(v[k])]));
+  let out = null;
+  for (const k of Object.keys(v)) {
+    const x = forWire(v[k]);
+    if (x !== v[k]) {
+      if (!out) out = Object.assign({}, v);
+      out[k] = x;
+    }
+  }
+  return out || v;
+}
+
+// Records the BSON field order of a freshly deserialized document (bytes[start..] is its BSON)
+// on every object whose JS key order differs from it.
+function annotateOrder(obj, bytes, start) {
+  const els = bson.BSON.onDemand.parseToElements(bytes, start);
+  const isArr = Array.isArray(obj);
+  let names = null;
+  let needsOrder = false;
+  for (let i = 0; i < els.length; i++) {
+    const e = els[i];
+    let name = null;
+    if (!isArr) {
+      // Only a name starting with a digit can be reordered by JavaScript.
+      const c = bytes[e[1]];
+      name = c >= 0x30 && c <= 0x39 || e[0] === 3 || e[0] === 4 ? Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8') : null;
+      if (name !== null && isIndexLike(name)) needsOrder = true;
+    }
+    if (e[0] === 3 || e[0] === 4) {
+      const child = isArr ? obj[i] : obj[name];
+      if (child !== null && typeof child === 'object' && (e[0] === 4 ? Array.isArray(child) : isPlainDoc(child))) {
+        annotateOrder(child, bytes, e[3]);
+      }
+    }
+  }
+  if (!isArr && needsOrder) {
+    names = els.map((e) => Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8'));
+    setOrder(obj, names);
+  }
+}
+
 // MongoDB's cross-type sort order.
 const TYPE_ORDER = {
   minKey: 1, undefined: 2, null: 2, int: 3, long: 3, double: 3, decimal: 3, symbol: 4, string: 4,
@@ -82,27 +209,92 @@ function toBigIntExact(v) {
   return Number.isInteger(n) ? BigInt(n) : null;
 }
 
+// A JS number holding exactly the value of a numeric BSON value, or null when there is none
+// (Int64 beyond 2^53, every Decimal128).
+function exactJsNumber(v) {
+  if (typeof v === 'number') return v;
+  switch (v && v._bsontype) {
+    case 'Int32': case 'Double': return v.value;
+    case 'Long': {
+      const n = v.toNumber();
+      return Number.isSafeInteger(n) ? n : null;
+    }
+    default: return null;
+  }
+}
+
+// Exact value of a number as {nan} | {inf: ±1} | {coeff: BigInt, exp: int} (coeff * 10^exp).
+const F64 = new DataView(new ArrayBuffer(8));
+function exactOf(v) {
+  if (typeof v === 'bigint') return { coeff: v, exp: 0 };
+  const t = v && v._bsontype;
+  if (t === 'Long') return { coeff: v.toBigInt(), exp: 0 };
+  if (t === 'Int32') return { coeff: BigInt(v.value), exp: 0 };
+  if (t === 'Decimal128') {
+    const s = v.toString();
+    if (s === 'NaN' || s === '-NaN') return { nan: true };
+    if (s === 'Infinity' || s === '-Infinity') return { inf: s[0] === '-' ? -1 : 1 };
+    const m = /^(-?)(\d+)(?:\.(\d+))?(?:E([+-]?\d+))?$/i.exec(s);
+    if (!m) return { nan: true };
+    const frac = m[3] || '';
+    const coeff = BigInt(m[2] + frac);
+    return { coeff: m[1] ? -coeff : coeff, exp: (m[4] ? parseInt(m[4], 10) : 0) - frac.length };
+  }
+  const n = typeof v === 'number' ? v : toNumber(v);
+  if (Number.isNaN(n)) return { nan: true };
+  if (!Number.isFinite(n)) return { inf: n < 0 ? -1 : 1 };
+  if (Number.isSafeInteger(n)) return { coeff: BigInt(n), exp: 0 };
+  // m * 2^e exactly, written as (m * 5^-e) * 10^e when e < 0.
+  F64.setFloat64(0, n);
+  const hi = F64.getUint32(0);
+  const lo = F64.getUint32(4);
+  const bexp = (hi >>> 20) & 0x7ff;
+  let mant = (BigInt(hi & 0xfffff) << 32n) | BigInt(lo);
+  let e;
+  if (bexp === 0) e = -1074;
+  else {
+    mant |= 1n << 52n;
+    e = bexp - 1075;
+  }
+  if (n < 0) mant = -mant;
+  if (e >= 0) return { coeff: mant << BigInt(e), exp: 0 };
+  return { coeff: mant * 5n ** BigInt(-e), exp: e };
+}
+
+function compareExact(x, y) {
+  // NaN sorts below every other number in MongoDB.
+  if (x.nan || y.nan) return x.nan && y.nan ? 0 : x.nan ? -1 : 1;
+  if (x.inf || y.inf) {
+    const a = x.inf || 0;
+    const b = y.inf || 0;
+    if (a !== b) return a < b ? -1 : 1;
+    if (a) return 0;
+  }
+  let a = x.coeff;
+  let b = y.coeff;
+  if (x.exp > y.exp) a *= 10n ** BigInt(x.exp - y.exp);
+  else if (y.exp > x.exp) b *= 10n ** BigInt(y.exp - x.exp);
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+// Numbers compare by exact value across Int32, Int64, Double and Decimal128, as in MongoDB.
 function compareNumbers(a, b) {
-  const ta = bsonTag(a);
-  const tb = bsonTag(b);
-  if ((ta === 'long' || ta === 'int') && (tb === 'long' || tb === 'int')) {
-    const x = toBigIntExact(a);
-    const y = toBigIntExact(b);
+  const x = exactJsNumber(a);
+  const y = exactJsNumber(b);
+  if (x !== null && y !== null) {
+    if (Number.isNaN(x)) return Number.isNaN(y) ? 0 : -1;
+    if (Number.isNaN(y)) return 1;
     return x < y ? -1 : x > y ? 1 : 0;
   }
-  const x = toNumber(a);
-  const y = toNumber(b);
-  // NaN sorts below every other number in MongoDB.
-  if (Number.isNaN(x)) return Number.isNaN(y) ? 0 : -1;
-  if (Number.isNaN(y)) return 1;
-  if (x < y) return -1;
-  if (x > y) return 1;
-  if (ta === 'long' || tb === 'long') {
-    const xi = toBigIntExact(a);
-    const yi = toBigIntExact(b);
-    if (xi !== null && yi !== null) return xi < yi ? -1 : xi > yi ? 1 : 0;
-  }
-  return 0;
+  return compareExact(exactOf(a), exactOf(b));
+}
+
+// True when mingo's JS-number view of v is not exact (Int64 beyond 2^53, Decimal128).
+function viewIsInexact(v) {
+  const t = v && v._bsontype;
+  if (t === 'Decimal128') return true;
+  if (t === 'Long') return !Number.isSafeInteger(v.toNumber());
+  return false;
 }
 
 function bytesOf(v) {
@@ -166,8 +358,8 @@ function compareValues(a, b) {
 }
 
 function compareDocs(a, b) {
-  const ka = Object.keys(a);
-  const kb = Object.keys(b);
+  const ka = keys(a);
+  const kb = keys(b);
   const n = Math.min(ka.length, kb.length);
   for (let i = 0; i < n; i++) {
     const va = a[ka[i]];
@@ -210,7 +402,7 @@ function canonicalKey(v) {
     case 'array': return '[' + v.map(canonicalKey).join(',') + ']';
     default: {
       let s = '{';
-      for (const k of Object.keys(v)) s += JSON.stringify(k) + ':' + canonicalKey(v[k]) + ',';
+      for (const k of keys(v)) s += JSON.stringify(k) + ':' + canonicalKey(v[k]) + ',';
       return s + '}';
     }
   }
@@ -220,11 +412,22 @@ function a_flags(v) { return v.flags !== undefined ? v.flags : v.options; }
 
 // The view handed to mingo: numbers become JS numbers, BSONRegExp a RegExp, everything else is
 // kept (same object identity for ObjectId, Binary, Date, so fromView can find them again).
+// A view holding a number it cannot represent exactly (Int64 beyond 2^53, Decimal128) is
+// marked INEXACT on its top level, so filters know to compare such values themselves.
+const INEXACT = Symbol('inexactView');
+let sawInexact = false;
 function toView(v) {
+  sawInexact = false;
+  const out = viewOf(v);
+  if (sawInexact && out !== null && typeof out === 'object') out[INEXACT] = true;
+  return out;
+}
+
+function viewOf(v) {
   if (v === null || typeof v !== 'object') return v;
   if (Array.isArray(v)) {
     const out = new Array(v.length);
-    for (let i = 0; i < v.length; i++) out[i] = toView(v[i]);
+    for (let i = 0; i < v.length; i++) out[i] = viewOf(v[i]);
     return out;
   }
   if (v instanceof Date || v instanceof RegExp) return v;
@@ -232,8 +435,14 @@ function toView(v) {
   if (t) {
     switch (t) {
       case 'Int32': case 'Double': return v.value;
-      case 'Long': return v.toNumber();
-      case 'Decimal128': return parseFloat(v.toString());
+      case 'Long': {
+        const n = v.toNumber();
+        if (!Number.isSafeInteger(n)) sawInexact = true;
+        return n;
+      }
+      case 'Decimal128':
+        sawInexact = true;
+        return parseFloat(v.toString());
       case 'BSONRegExp': {
         try {
           return new RegExp(v.pattern, v.options.replace(/[^gimsuy]/g, ''));
@@ -245,7 +454,7 @@ function toView(v) {
     }
   }
   const out = {};
-  for (const k of Object.keys(v)) out[k] = toView(v[k]);
+  for (const k of Object.keys(v)) out[k] = viewOf(v[k]);
   return out;
 }
 
@@ -283,11 +492,13 @@ function fromView(v, hint) {
   }
   const h = hint && typeof hint === 'object' && !Array.isArray(hint) && !hint._bsontype ? hint : undefined;
   const out = {};
-  for (const k of Object.keys(v)) {
-    if (v[k] === undefined) continue;
-    out[k] = fromView(v[k], h ? h[k] : undefined);
-  }
-  return out;
+  // Fields the hint (the stored original) has keep its order; new ones follow.
+  const list = [];
+  if (h) for (const k of keys(h)) if (Object.prototype.hasOwnProperty.call(v, k) && v[k] !== undefined) list.push(k);
+  const seen = new Set(list);
+  for (const k of Object.keys(v)) if (!seen.has(k) && v[k] !== undefined) list.push(k);
+  for (const k of list) out[k] = fromView(v[k], h ? h[k] : undefined);
+  return setOrder(out, list);
 }
 
 // Typed deep copy, so stored records never share mutable containers with a request or reply.
@@ -296,7 +507,9 @@ function cloneValue(v) {
   if (Array.isArray(v)) return v.map(cloneValue);
   if (v._bsontype || v instanceof Date || v instanceof RegExp) return v; // immutable in practice
   const out = {};
-  for (const k of Object.keys(v)) out[k] = cloneValue(v[k]);
+  const list = keys(v);
+  for (const k of list) out[k] = cloneValue(v[k]);
+  if (v[ORDER]) out[ORDER] = list.slice();
   return out;
 }
 
@@ -366,15 +579,15 @@ function sortKey(doc, path, dir) {
 }
 
 function makeSortComparator(sortSpec) {
-  const keys = Object.keys(sortSpec || {}).filter((k) => {
+  const fields = keys(sortSpec || {}).filter((k) => {
     const d = sortSpec[k];
     return !(d && typeof d === 'object' && !d._bsontype); // {$meta: ...} ignored
   });
-  if (!keys.length) return null;
-  const dirs = keys.map((k) => (toNumber(sortSpec[k]) < 0 ? -1 : 1));
+  if (!fields.length) return null;
+  const dirs = fields.map((k) => (toNumber(sortSpec[k]) < 0 ? -1 : 1));
   return (a, b) => {
-    for (let i = 0; i < keys.length; i++) {
-      const c = compareValues(sortKey(a, keys[i], dirs[i]), sortKey(b, keys[i], dirs[i]));
+    for (let i = 0; i < fields.length; i++) {
+      const c = compareValues(sortKey(a, fields[i], dirs[i]), sortKey(b, fields[i], dirs[i]));
       if (c) return c * dirs[i];
     }
     return 0;
@@ -388,6 +601,8 @@ function truthy(v) {
 }
 
 module.exports = {
+  ORDER, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
+  compareNumbers, viewIsInexact,
   bsonTag, isNumeric, toNumber, toBigIntExact, compareValues, valuesEqual, canonicalKey, toView,
   fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, TYPE_ORDER,
   INT32_MIN, INT32_MAX, Int32, Long, Double, Decimal128, ObjectId, Binary, Timestamp, MinKey, MaxKey, Code, BSONSymbol, DBRef,

@@ -6,6 +6,7 @@
 
 const zlib = require('zlib');
 const { BSON } = require('bson');
+const { annotateOrder, forWire } = require('./values');
 
 const OP_REPLY = 1;
 const OP_QUERY = 2004;
@@ -51,7 +52,9 @@ function readDoc(buf, off, limit) {
   if (buf[off + size - 1] !== 0) throw new WireError('BSON document not terminated');
   let doc;
   try {
-    doc = BSON.deserialize(buf.subarray(off, off + size), DESERIALIZE_OPTIONS);
+    const bytes = buf.subarray(off, off + size);
+    doc = BSON.deserialize(bytes, DESERIALIZE_OPTIONS);
+    annotateOrder(doc, bytes, 0); // keep "1", "2", ... where the client put them
   } catch (e) {
     throw new WireError(`invalid BSON: ${e.message}`);
   }
@@ -169,7 +172,7 @@ function header(len, requestID, responseTo, opCode) {
 }
 
 function buildOpMsg(doc, requestID, responseTo, flags = 0) {
-  const bson = BSON.serialize(doc);
+  const bson = BSON.serialize(forWire(doc));
   const prefix = Buffer.alloc(5);
   prefix.writeUInt32LE(flags, 0);
   prefix[4] = 0;
@@ -178,7 +181,7 @@ function buildOpMsg(doc, requestID, responseTo, flags = 0) {
 }
 
 function buildOpReply(doc, requestID, responseTo) {
-  const bson = BSON.serialize(doc);
+  const bson = BSON.serialize(forWire(doc));
   const fixed = Buffer.alloc(20);
   fixed.writeInt32LE(8, 0); // AwaitCapable, as mongod sets it
   fixed.writeBigInt64LE(0n, 4);

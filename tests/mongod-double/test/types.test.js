@@ -151,3 +151,45 @@ test('an exclusion projection of a nested field does not change what later queri
   assert.equal(await coll.countDocuments({ 'n.b': 2 }), 1);
   assert.deepEqual(await coll.findOne({ 'n.b': 2 }), { _id: 1, n: { a: 1, b: 2 } });
 });
+
+test('filters compare Int64 beyond 2^53 and Decimal128 exactly (equality, ranges, $in/$nin/$ne, $or, arrays)', async () => {
+  const coll = db.collection('exact');
+  const big = (s) => Long.fromString(s);
+  await coll.insertMany([
+    { _id: 1, a: big('9007199254740993') },
+    { _id: 2, a: big('9007199254740992') },
+    { _id: 3, a: new Double(9007199254740992) },
+    { _id: 4, a: Decimal128.fromString('9007199254740993') },
+    { _id: 5, a: Decimal128.fromString('0.1') },
+    { _id: 6, a: new Double(0.1) },
+    { _id: 7, a: [big('9007199254740993'), new Int32(1)] },
+    { _id: 8, a: big('-9223372036854775808') },
+    { _id: 9, a: big('9223372036854775807') },
+  ]);
+  const ids = async (f) => (await coll.find(f).sort({ _id: 1 }).toArray()).map((x) => x._id);
+  assert.deepEqual(await ids({ a: big('9007199254740993') }), [1, 4, 7]);
+  assert.deepEqual(await ids({ a: big('9007199254740992') }), [2, 3]);
+  assert.deepEqual(await ids({ a: 9007199254740992 }), [2, 3], 'a double operand is exact too');
+  assert.deepEqual(await ids({ a: { $gt: 9007199254740992 } }), [1, 4, 7, 9]);
+  assert.deepEqual(await ids({ a: { $gte: big('9007199254740993'), $lt: big('9223372036854775807') } }), [1, 4, 7]);
+  assert.deepEqual(await ids({ a: { $lte: big('9007199254740992'), $gt: 1 } }), [2, 3, 7], 'array elements satisfy each condition separately');
+  assert.deepEqual(await ids({ a: { $in: [big('9007199254740993'), 'x'] } }), [1, 4, 7]);
+  assert.deepEqual(await ids({ a: { $nin: [big('9007199254740993'), big('9007199254740992')] } }), [5, 6, 8, 9]);
+  assert.deepEqual(await ids({ a: { $ne: big('9007199254740992') } }), [1, 4, 5, 6, 7, 8, 9]);
+  assert.deepEqual(await ids({ $or: [{ a: big('9223372036854775807') }, { _id: 5 }] }), [5, 9]);
+  assert.deepEqual(await ids({ a: big('9223372036854775806') }), [], 'Long max - 1 is not Long max');
+  assert.deepEqual(await ids({ a: { $lt: big('-9223372036854775807') } }), [8]);
+  // Decimal128 0.1 is not the double nearest 0.1.
+  assert.deepEqual(await ids({ a: Decimal128.fromString('0.1') }), [5]);
+  assert.deepEqual(await ids({ a: 0.1 }), [6]);
+  assert.deepEqual(await ids({ a: { $lt: new Double(0.1), $gt: 0 } }), [5], 'Decimal 0.1 is below the double 0.1 (0.1000000000000000055...)');
+  // The same exactness in count, delete, update and a leading aggregation $match.
+  assert.equal(await coll.countDocuments({ a: big('9007199254740993') }), 3);
+  assert.deepEqual((await coll.aggregate([{ $match: { a: big('9007199254740992') } }]).toArray()).map((x) => x._id), [2, 3]);
+  const u = await coll.updateMany({ a: big('9007199254740993') }, { $set: { hit: true } });
+  assert.equal(u.matchedCount, 3);
+  assert.equal((await coll.deleteMany({ a: { $gte: big('9223372036854775807') } })).deletedCount, 1);
+  // Sorting is exact across the types.
+  const sorted = (await coll.find({ _id: { $in: [1, 2, 3, 4, 5] } }).sort({ a: -1, _id: 1 }).toArray()).map((x) => x._id);
+  assert.deepEqual(sorted, [1, 4, 2, 3, 5]);
+});

@@ -28,9 +28,14 @@ function writeErrorOf(e, index) {
 
 // Also the size check of an updated document, since it serialises it anyway.
 function sameDoc(a, b) {
-  const nb = BSON.serialize(b);
+  const nb = BSON.serialize(V.forWire(b));
   if (nb.length > MAX_DOC) throw err(17419, `Resulting document after update is larger than ${MAX_DOC}`);
-  return BSON.serialize(a).equals(nb);
+  return BSON.serialize(V.forWire(a)).equals(nb);
+}
+
+// {_id, ...doc} keeping doc's field order.
+function withId(id, doc) {
+  return V.fromEntries([['_id', id], ...V.keys(doc).filter((k) => k !== '_id').map((k) => [k, doc[k]])]);
 }
 
 const MAX_DOC = 16 * 1024 * 1024;
@@ -146,7 +151,7 @@ async function updateStatement(ctx, collIn, st, db, name) {
     let d;
     if (kind === 'replacement') {
       d = V.cloneValue(u);
-      if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
+      if (d._id === undefined && seed._id !== undefined) d = withId(seed._id, d);
     } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
     d = withIdFirst(d);
     validateNewDoc(d);
@@ -299,7 +304,7 @@ async function findAndModify(ctx, attempt) {
     let d;
     if (kind === 'replacement') {
       d = V.cloneValue(u);
-      if (d._id === undefined && seed._id !== undefined) d = Object.assign({ _id: seed._id }, d);
+      if (d._id === undefined && seed._id !== undefined) d = withId(seed._id, d);
     } else d = applyUpdate(seed, u, Object.assign({}, opts, { isInsert: true }));
     d = withIdFirst(d);
     validateNewDoc(d);
@@ -454,13 +459,16 @@ async function writeStage(ctx, stage, docs, db) {
         if (whenMatched === 'keepExisting') return;
         if (whenMatched === 'fail') throw coll.dupKeyError(coll.idIndex, existing.doc);
         let next;
-        if (whenMatched === 'replace') next = Object.assign({ _id: existing.doc._id }, doc);
-        else if (whenMatched === 'merge') next = Object.assign({}, existing.doc, doc);
+        if (whenMatched === 'replace') next = withId(existing.doc._id, doc);
+        else if (whenMatched === 'merge') {
+          next = V.cloneValue(existing.doc);
+          for (const k of V.keys(doc)) V.setKey(next, k, doc[k]);
+        }
         else if (Array.isArray(whenMatched)) {
           next = applyUpdate(existing.doc, whenMatched, { variables: Object.assign({}, ctx.vars, { new: V.toView(doc) }) });
         } else throw err(51191, `Unsupported whenMatched mode`);
-        next._id = existing.doc._id;
-        access.put(coll, existing.idKey, withIdFirst(next));
+        next = withId(existing.doc._id, next);
+        access.put(coll, existing.idKey, next);
         return;
       }
       if (whenNotMatched === 'discard') return;

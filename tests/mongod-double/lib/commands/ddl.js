@@ -60,7 +60,7 @@ async function dropDatabase(ctx) {
 function sameKey(a, b) { return V.canonicalKey(a) === V.canonicalKey(b); }
 
 function defaultIndexName(key) {
-  return Object.keys(key).map((k) => `${k}_${V.isNumeric(key[k]) ? V.toNumber(key[k]) : key[k]}`).join('_');
+  return V.keys(key).map((k) => `${k}_${V.isNumeric(key[k]) ? V.toNumber(key[k]) : key[k]}`).join('_');
 }
 
 async function createIndexes(ctx) {
