@@ -384,11 +384,21 @@ function canonicalKey(v) {
     case 'minKey': return '-';
     case 'maxKey': return '+';
     case 'int': case 'long': case 'double': case 'decimal': {
-      const n = toNumber(v);
-      if (Number.isNaN(n)) return 'nNaN';
-      const bi = toBigIntExact(v);
-      if (bi !== null) return 'n' + bi.toString();
-      return 'n' + n.toString();
+      // The exact value: Decimal128 0.1 and the double 0.1 are different keys, 1, 1.0,
+      // Long 1 and Decimal128 1.00 the same.
+      const n = exactJsNumber(v);
+      if (n !== null && Number.isSafeInteger(n)) return 'n' + (n === 0 ? 0 : n);
+      const x = exactOf(v);
+      if (x.nan) return 'nNaN';
+      if (x.inf) return x.inf > 0 ? 'n+inf' : 'n-inf';
+      let { coeff, exp } = x;
+      if (coeff === 0n) return 'n0';
+      while (exp < 0 && coeff % 10n === 0n) {
+        coeff /= 10n;
+        exp++;
+      }
+      if (exp >= 0) return 'n' + (coeff * 10n ** BigInt(exp)).toString();
+      return 'n' + coeff.toString() + 'e' + exp;
     }
     case 'string': return 's' + JSON.stringify(v);
     case 'symbol': return 's' + JSON.stringify(v.value);

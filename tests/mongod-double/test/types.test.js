@@ -192,4 +192,12 @@ test('filters compare Int64 beyond 2^53 and Decimal128 exactly (equality, ranges
   // Sorting is exact across the types.
   const sorted = (await coll.find({ _id: { $in: [1, 2, 3, 4, 5] } }).sort({ a: -1, _id: 1 }).toArray()).map((x) => x._id);
   assert.deepEqual(sorted, [1, 4, 2, 3, 5]);
+  // _id and unique keys use the exact value as well.
+  const ids2 = db.collection('exact_ids');
+  await ids2.insertMany([{ _id: Decimal128.fromString('0.1'), t: 'dec' }, { _id: 0.1, t: 'dbl' }, { _id: big('9007199254740993'), t: 'big' }]);
+  await ids2.insertOne({ _id: big('9007199254740992'), t: 'big-1' });
+  await assert.rejects(ids2.insertOne({ _id: Decimal128.fromString('9007199254740993.0') }), (e) => e.code === 11000);
+  assert.equal((await ids2.findOne({ _id: 0.1 })).t, 'dbl');
+  assert.equal((await ids2.findOne({ _id: Decimal128.fromString('0.10') })).t, 'dec');
+  assert.equal((await ids2.findOne({ _id: big('9007199254740992') })).t, 'big-1');
 });
