@@ -61,6 +61,22 @@
 
 typedef struct admin admin_t;
 
+/* The store's view for /metrics, /api/stats and /api/handlers: totals,
+ * per-handler figures merged with the configured handlers (zeros for those
+ * without deliveries), lanes.  Cached for ADMIN_VIEW_CACHE_MS so that
+ * several dashboards and scrapers cost one set of queries per second. */
+typedef struct {
+   bool ok;
+   store_stats_t totals;
+   store_handler_stats_t *hs;
+   size_t n_hs;
+   int64_t leased, held;
+   bson_t lanes; /* array */
+   char error[256];
+} store_view_t;
+
+#define ADMIN_VIEW_CACHE_MS 1000
+
 /* The admin port.  Created by admin_start on the main thread; then used by
  * its own thread only, until admin_stop joined it and frees it. */
 struct admin {
@@ -80,6 +96,8 @@ struct admin {
    char owner[160];
    char local_prefix[160]; /* "<host>/<pid>/": lanes of this process */
    bool outbox_ready;      /* sticky once seen */
+   store_view_t view;      /* cached; valid when view_at > 0 */
+   int64_t view_at;
    int64_t start_ms;
 
    /* Connections: accepted bufferevents waiting to be adopted, and the
@@ -613,18 +631,6 @@ handle_readyz (admin_t *a, struct evhttp_request *req)
    bson_destroy (&doc);
 }
 
-/* The store's view for /metrics and /api/stats.  `*hs` is merged with the
- * configured handlers (zeros for those without deliveries). */
-typedef struct {
-   bool ok;
-   store_stats_t totals;
-   store_handler_stats_t *hs;
-   size_t n_hs;
-   int64_t leased, held;
-   bson_t lanes; /* array */
-   char error[256];
-} store_view_t;
-
 static void
 store_view_load (admin_t *a, store_view_t *v, int64_t now)
 {
@@ -661,33 +667,54 @@ store_view_clear (store_view_t *v)
    bson_destroy (&v->lanes);
 }
 
+/* The view, from the cache when it is fresh. */
+static const store_view_t *
+store_view (admin_t *a, int64_t now)
+{
+   if (a->view_at > 0 && now >= a->view_at && now - a->view_at < ADMIN_VIEW_CACHE_MS)
+      return &a->view;
+   if (a->view_at > 0)
+      store_view_clear (&a->view);
+   store_view_load (a, &a->view, now);
+   a->view_at = now > 0 ? now : 1;
+   return &a->view;
+}
+
+/* After an action: the next view is read afresh. */
+static void
+store_view_invalidate (admin_t *a)
+{
+   if (a->view_at > 0)
+      store_view_clear (&a->view);
+   a->view_at = 0;
+}
+
 static void
 handle_metrics (admin_t *a, struct evhttp_request *req)
 {
    int64_t now = now_ms ();
    topology_primary_t snap;
-   store_view_t sv;
+   const store_view_t *sv;
    metrics_view_t mv = {0};
    bson_string_t *out = bson_string_new (NULL);
 
    topology_get_primary (a->topo, &snap);
-   store_view_load (a, &sv, now);
+   sv = store_view (a, now);
    mv.now_ms = now;
    mv.start_ms = a->start_ms;
    mv.upstream = snap.state;
-   mv.outbox_ready = sv.ok && outbox_ready (a);
-   mv.store_ok = sv.ok;
-   mv.totals = sv.totals;
-   mv.handlers = sv.hs;
-   mv.n_handlers = sv.n_hs;
-   mv.lanes_leased = sv.leased;
-   mv.lanes_held = sv.held;
+   mv.outbox_ready = sv->ok && outbox_ready (a);
+   mv.store_ok = sv->ok;
+   mv.totals = sv->totals;
+   mv.handlers = sv->hs;
+   mv.n_handlers = sv->n_hs;
+   mv.lanes_leased = sv->leased;
+   mv.lanes_held = sv->held;
    mv.admin_requests = atomic_load (&a->requests);
    mv.admin_rejected = atomic_load (&a->rejected);
    metrics_render (out, &mv);
    send_text (req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", out->str, out->len);
    bson_string_free (out, true);
-   store_view_clear (&sv);
 }
 
 static const config_handler_t *
@@ -742,13 +769,13 @@ handle_stats (admin_t *a, struct evhttp_request *req)
 {
    int64_t now = now_ms ();
    topology_primary_t snap;
-   store_view_t sv;
+   const store_view_t *sv;
    virtual_stats_t vs;
    dispatch_stats_t ds;
    bson_t doc = BSON_INITIALIZER, sub, arr;
 
    topology_get_primary (a->topo, &snap);
-   store_view_load (a, &sv, now);
+   sv = store_view (a, now);
    virtual_get_stats (&vs);
    dispatch_get_stats (&ds);
    append_date (&doc, "time", now);
@@ -791,54 +818,51 @@ handle_stats (admin_t *a, struct evhttp_request *req)
    BSON_APPEND_INT64 (&sub, "httpRequests", (int64_t) ds.http_requests);
    bson_append_document_end (&doc, &sub);
 
-   BSON_APPEND_BOOL (&doc, "outboxReady", sv.ok && outbox_ready (a));
-   if (sv.ok) {
+   BSON_APPEND_BOOL (&doc, "outboxReady", sv->ok && outbox_ready (a));
+   if (sv->ok) {
       BSON_APPEND_DOCUMENT_BEGIN (&doc, "outbox", &sub);
-      BSON_APPEND_INT64 (&sub, "pending", sv.totals.pending);
-      BSON_APPEND_INT64 (&sub, "parked", sv.totals.parked);
-      BSON_APPEND_INT64 (&sub, "dead", sv.totals.dead);
-      BSON_APPEND_INT64 (&sub, "running", sv.totals.running);
-      BSON_APPEND_INT64 (&sub, "completedRecords", sv.totals.completed);
-      BSON_APPEND_INT64 (&sub, "lanesLeased", sv.leased);
-      BSON_APPEND_INT64 (&sub, "lanesHeldHere", sv.held);
-      append_date (&sub, "oldestDueAt", sv.totals.oldest_due_at);
+      BSON_APPEND_INT64 (&sub, "pending", sv->totals.pending);
+      BSON_APPEND_INT64 (&sub, "parked", sv->totals.parked);
+      BSON_APPEND_INT64 (&sub, "dead", sv->totals.dead);
+      BSON_APPEND_INT64 (&sub, "running", sv->totals.running);
+      BSON_APPEND_INT64 (&sub, "completedRecords", sv->totals.completed);
+      BSON_APPEND_INT64 (&sub, "lanesLeased", sv->leased);
+      BSON_APPEND_INT64 (&sub, "lanesHeldHere", sv->held);
+      append_date (&sub, "oldestDueAt", sv->totals.oldest_due_at);
       BSON_APPEND_INT64 (&sub,
                          "oldestDueAgeMs",
-                         sv.totals.oldest_due_at > 0 && now > sv.totals.oldest_due_at ? now - sv.totals.oldest_due_at : 0);
+                         sv->totals.oldest_due_at > 0 && now > sv->totals.oldest_due_at ? now - sv->totals.oldest_due_at : 0);
       bson_append_document_end (&doc, &sub);
       BSON_APPEND_ARRAY_BEGIN (&doc, "handlers", &arr);
-      for (size_t i = 0; i < sv.n_hs; i++)
-         append_handler (a, &arr, (uint32_t) i, &sv.hs[i], now, false);
+      for (size_t i = 0; i < sv->n_hs; i++)
+         append_handler (a, &arr, (uint32_t) i, &sv->hs[i], now, false);
       bson_append_array_end (&doc, &arr);
    } else {
-      BSON_APPEND_UTF8 (&doc, "outboxError", sv.error);
+      BSON_APPEND_UTF8 (&doc, "outboxError", sv->error);
    }
    send_json (req, 200, "OK", &doc);
    bson_destroy (&doc);
-   store_view_clear (&sv);
 }
 
 static void
 handle_handlers (admin_t *a, struct evhttp_request *req)
 {
    int64_t now = now_ms ();
-   store_view_t sv;
+   const store_view_t *sv;
    bson_t doc = BSON_INITIALIZER, arr;
 
-   store_view_load (a, &sv, now);
-   if (!sv.ok) {
-      send_error (a, req, 502, "reading the outbox failed: %s", sv.error);
-      store_view_clear (&sv);
+   sv = store_view (a, now);
+   if (!sv->ok) {
+      send_error (a, req, 502, "reading the outbox failed: %s", sv->error);
       bson_destroy (&doc);
       return;
    }
    BSON_APPEND_ARRAY_BEGIN (&doc, "handlers", &arr);
-   for (size_t i = 0; i < sv.n_hs; i++)
-      append_handler (a, &arr, (uint32_t) i, &sv.hs[i], now, true);
+   for (size_t i = 0; i < sv->n_hs; i++)
+      append_handler (a, &arr, (uint32_t) i, &sv->hs[i], now, true);
    bson_append_array_end (&doc, &arr);
    send_json (req, 200, "OK", &doc);
    bson_destroy (&doc);
-   store_view_clear (&sv);
 }
 
 /* GET /api/deliveries?status=&handler=&eventType=&eventId=&key=&limit=&after= */
@@ -995,6 +1019,8 @@ handle_requeue_bury (admin_t *a, struct evhttp_request *req, bool bury)
                 list);
    else
       log_info ("admin: %s requeued %zu of %zu requested deliveries (dead ones are pending and due now): %s", peer, changed, n, list);
+   if (changed > 0)
+      store_view_invalidate (a);
    if (!bury && changed > 0)
       dispatch_wake ();
    BSON_APPEND_INT64 (&doc, "requested", (int64_t) n);
@@ -1070,6 +1096,7 @@ handle_purge (admin_t *a, struct evhttp_request *req)
              r.dead,
              r.completed,
              r.events);
+   store_view_invalidate (a);
    BSON_APPEND_INT64 (&doc, "dead", r.dead);
    BSON_APPEND_INT64 (&doc, "completed", r.completed);
    BSON_APPEND_INT64 (&doc, "events", r.events);
@@ -1451,6 +1478,8 @@ admin_free (admin_t *a)
       return;
    if (a->http)
       evhttp_free (a->http); /* closes the connections: closecb runs */
+   if (a->view_at > 0)
+      store_view_clear (&a->view);
    if (a->stop_ev)
       event_free (a->stop_ev);
    if (a->adopt_ev)
