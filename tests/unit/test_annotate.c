@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <event2/buffer.h>
 
 #include "annotate.h"
 
@@ -26,6 +27,25 @@ json (const char *text)
    if (!b)
       fail_msg ("bad test JSON (%s): %s", error.message, text);
    return b;
+}
+
+/* annotate_present, asked both ways: of the body, and of the body sent as
+ * an OP_MSG (annotate_msg_present, from the parser's facts).  They agree. */
+static bool
+present (const bson_t *body)
+{
+   struct evbuffer *out = evbuffer_new ();
+   static wire_msg_t msg;
+   bson_error_t error;
+   bool from_body = annotate_present (body), from_msg;
+
+   assert_true (wire_append_msg (out, 1, 0, 0, body, NULL, 0));
+   if (!wire_parse_msg (evbuffer_pullup (out, -1), evbuffer_get_length (out), &msg, &error))
+      fail_msg ("test body does not parse as OP_MSG: %s", error.message);
+   from_msg = annotate_msg_present (&msg);
+   evbuffer_free (out);
+   assert_int_equal (from_body, from_msg);
+   return from_body;
 }
 
 static char *
@@ -59,7 +79,7 @@ parse_ok (const char *body_text, const char *want_forward)
 
    if (st != ANNOTATE_FOUND)
       fail_msg ("expected FOUND for %s, got %d: %s", body_text, (int) st, st == ANNOTATE_INVALID ? error.message : "");
-   assert_true (annotate_present (body));
+   assert_true (present (body));
    if (want_forward)
       assert_json_equal (&fwd, want_forward);
    bson_destroy (&fwd);
@@ -240,7 +260,7 @@ check_bad (const char *body_text, const char *message, bool prefix_only)
    assert_int_equal (error.code, ANNOTATE_ERR_INVALID);
    if (prefix_only ? strncmp (error.message, message, strlen (message)) != 0 : strcmp (error.message, message) != 0)
       fail_msg ("for %s\n got: %s\nwant: %s", body_text, error.message, message);
-   assert_true (annotate_present (body));
+   assert_true (present (body));
    assert_true (bson_empty (&fwd));
    assert_int_equal (a->n_events, 0);
    assert_null (a->storage);
@@ -267,7 +287,7 @@ test_absent (void **state)
       bson_t fwd;
       bson_error_t error;
 
-      assert_false (annotate_present (body));
+      assert_false (present (body));
       if (annotate_parse (body, a, &fwd, &error) != ANNOTATE_ABSENT)
          fail_msg ("expected ABSENT for %s", absent_cases[i]);
       assert_true (bson_empty (&fwd));
@@ -426,6 +446,25 @@ test_utf8 (void **state)
    }
    bson_destroy (body);
 
+   /* A field name of the event that is not UTF-8. */
+   bson_reinit (&ev);
+   BSON_APPEND_UTF8 (&ev, "type", "t");
+   bson_append_int32 (&ev, bad, 2, 1);
+   expect_invalid (wrap (&ev), "relaybus: events[0] has a field name that is not valid UTF-8");
+
+   /* Inside code with scope. */
+   bson_reinit (&ev);
+   BSON_APPEND_UTF8 (&ev, "type", "t");
+   {
+      bson_t scope;
+
+      bson_init (&scope);
+      bson_append_utf8 (&scope, "s", 1, bad, 2);
+      BSON_APPEND_CODE_WITH_SCOPE (&ev, "payload", "x", &scope);
+      bson_destroy (&scope);
+   }
+   expect_invalid (wrap (&ev), "relaybus: events[0].payload contains");
+
    /* Header values. */
    bson_reinit (&ev);
    BSON_APPEND_UTF8 (&ev, "type", "t");
@@ -517,6 +556,34 @@ test_limits (void **state)
       bson_destroy (&fwd);
       free_annotation (a);
       bson_destroy (body);
+   }
+
+   /* Header names. */
+   big = malloc (ANNOTATE_MAX_HEADER_NAME_LEN + 2);
+   memset (big, 'h', ANNOTATE_MAX_HEADER_NAME_LEN + 1);
+   big[ANNOTATE_MAX_HEADER_NAME_LEN + 1] = '\0';
+   bson_reinit (&ev);
+   BSON_APPEND_UTF8 (&ev, "type", "t");
+   BSON_APPEND_DOCUMENT_BEGIN (&ev, "headers", &sub);
+   BSON_APPEND_UTF8 (&sub, big, "v");
+   bson_append_document_end (&ev, &sub);
+   expect_invalid (wrap (&ev), "relaybus: events[0].headers: header names must be 1 to 256 bytes of UTF-8");
+   free (big);
+
+   /* The string form's text. */
+   {
+      size_t n = ANNOTATE_MAX_BYTES + 32;
+      char *text = malloc (n + 1);
+      bson_t *body = bson_new ();
+
+      memcpy (text, "relaybus:{\"type\": \"t\", \"payload\": \"", 34);
+      memset (text + 34, 'x', n - 34 - 2);
+      memcpy (text + n - 2, "\"}", 2);
+      text[n] = '\0';
+      BSON_APPEND_UTF8 (body, "insert", "o");
+      bson_append_utf8 (body, "comment", 7, text, (int) n);
+      expect_invalid (body, "relaybus: the string annotation is 1048599 bytes; at most 1048576");
+      free (text);
    }
 
    /* Total size. */
