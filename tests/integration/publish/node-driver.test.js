@@ -300,4 +300,24 @@ test('statements without an annotation pass through untouched', async () => {
   assert.equal(await s.direct.db(DB).collection('orders').countDocuments({ _id: /^plain-/ }), 2);
 });
 
+test('a zlib-compressing client reads the answers the proxy makes (statement, relaybusPublish, errors)', async () => {
+  const { MongoClient } = require('mongodb');
+  const zc = new MongoClient(s.proxy.uri(), { compressors: ['zlib'], zlibCompressionLevel: 6 });
+  await zc.connect();
+  const session = zc.startSession();
+  try {
+    await session.withTransaction(async () => {
+      await zc.db(DB).collection('orders').insertOne({ _id: 'z-1', big: 'x'.repeat(20000) }, { session, comment: { relaybus: { type: 'order.placed.v1', id: 'z-ev-1', payload: 'y'.repeat(20000) } } });
+      const r = await zc.db(DB).command({ relaybusPublish: 1, events: [{ type: 'user.z.v1', id: 'z-ev-2' }] }, { session });
+      assert.deepEqual(r.eventIds, ['z-ev-2']);
+    });
+    await P.expectCode(zc.db(DB).collection('orders').insertOne({ _id: 'z-2' }, { session, comment: { relaybus: { type: 'order.after' } } }).catch((e) => { throw e.originalError || e; }), 20);
+  } finally {
+    await session.endSession();
+    await zc.close();
+  }
+  await P.checkEvent(s.outbox, 'z-ev-1', { type: 'order.placed.v1', payload: 'y'.repeat(20000), handlers: ['orders', 'confirmations'] });
+  await P.checkEvent(s.outbox, 'z-ev-2', { type: 'user.z.v1', handlers: ['users'] });
+});
+
 H.registerFinalChecks(test, [() => s && s.upstream.stop()], { beforeStop: () => s && s.closeClients() });
