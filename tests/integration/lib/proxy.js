@@ -415,6 +415,7 @@ function assertNoSanitizerReports(text, what) {
 async function stopAllAndCheck() {
   const errors = [];
   for (const p of startedProxies) {
+    const before = errors.length;
     try {
       await p.stop();
     } catch (e) {
@@ -424,6 +425,12 @@ async function stopAllAndCheck() {
       p.assertNoSanitizerReports();
     } catch (e) {
       errors.push(e);
+    }
+    // A clean proxy's temp dir (INI and log) goes; a failing one's stays for the post-mortem.
+    if (errors.length === before && !process.env.RELAYBUS_KEEP_TEST_DIRS) {
+      fs.rmSync(p.dir, { recursive: true, force: true });
+    } else if (errors.length > before) {
+      errors[errors.length - 1].message += `\n(proxy config and log kept in ${p.dir})`;
     }
   }
   if (errors.length) throw errors[0];
