@@ -398,6 +398,30 @@ async function startProxy(opts) {
   return proxy;
 }
 
+/**
+ * Starts the proxy on a config expected to make it exit by itself (e.g. a standalone upstream);
+ * resolves {code, signal, log, timedOut} once it exits or after timeoutMs (then killed).
+ */
+async function runProxyExpectingExit({ upstream, settings = {}, timeoutMs = 20000 }) {
+  const dir = tmpDir('relaybus-proxy-exit-');
+  const port = await freePort();
+  const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${upstream}`];
+  for (const [k, v] of Object.entries(settings)) lines.push(`${k} = ${v}`);
+  lines.push('', '[dispatch]', 'enabled = false', '');
+  const iniPath = path.join(dir, 'proxy.ini');
+  fs.writeFileSync(iniPath, lines.join('\n'));
+  const logPath = path.join(dir, 'proxy.stderr');
+  const errFd = fs.openSync(logPath, 'a');
+  const child = spawn(proxyBin(), ['-c', iniPath], { stdio: ['ignore', errFd, errFd] });
+  fs.closeSync(errFd);
+  const r = await waitExit(child, timeoutMs);
+  if (r.timedOut) {
+    child.kill('SIGKILL');
+    await waitExit(child, 5000);
+  }
+  return { ...r, port, log: safeRead(logPath), dir };
+}
+
 function tail(text, n = 4000) {
   return text.length > n ? '...' + text.slice(-n) : text;
 }
@@ -891,6 +915,7 @@ module.exports = {
   startDouble,
   startUpstream,
   startProxy,
+  runProxyExpectingExit,
   stopAllAndCheck,
   registerFinalChecks,
   assertNoSanitizerReports,

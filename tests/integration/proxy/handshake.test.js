@@ -142,6 +142,38 @@ test('compressors = zlib in the config: the proxy offers nothing else', async ()
   await p2.stop();
 });
 
+test('compressors empty in the config: no compression is negotiated', async () => {
+  const p3 = await H.startProxy({ upstream: upstream.uri, settings: { compressors: '' } });
+  const c = await H.WireConn.connect({ port: p3.port });
+  try {
+    const doc = await c.command({ hello: 1, compression: ['zstd', 'snappy', 'zlib'], $db: 'admin' });
+    assert.ok(!('compression' in doc) || doc.compression.length === 0, `no compressor offered: ${JSON.stringify(doc.compression)}`);
+  } finally {
+    c.destroy();
+  }
+  await p3.stop();
+});
+
+test('maxWireVersion comes from the upstream (a double advertising 17)', async (t) => {
+  const skip = H.doubleOnlySkipReason('--max-wire-version');
+  if (skip) return t.skip(skip);
+  const d17 = await H.startDouble({ args: ['--max-wire-version', '17'] });
+  try {
+    const p4 = await H.startProxy({ upstream: d17.uri });
+    const c = await H.WireConn.connect({ port: p4.port });
+    try {
+      const doc = await c.command({ hello: 1, $db: 'admin' });
+      assert.equal(doc.maxWireVersion, 17);
+      assert.equal(doc.msg, 'isdbgrid');
+    } finally {
+      c.destroy();
+    }
+    await p4.stop();
+  } finally {
+    await d17.stop();
+  }
+});
+
 test('the Node.js driver sees a Sharded topology and a mongos server', async () => {
   const events = [];
   const client = new MongoClient(proxy.uri(), { serverSelectionTimeoutMS: 10000, heartbeatFrequencyMS: 500 });

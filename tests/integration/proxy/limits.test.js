@@ -132,4 +132,58 @@ test('when the upstream goes away, clients are closed and the proxy stays up', a
   await proxy.stop();
 });
 
+test('a standalone upstream is refused at start-up with an error that says why', async (t) => {
+  const skip = H.doubleOnlySkipReason('--standalone');
+  if (skip) return t.skip(skip);
+  const standalone = await H.startDouble({ standalone: true });
+  try {
+    const r = await H.runProxyExpectingExit({ upstream: `mongodb://127.0.0.1:${standalone.port}/`, timeoutMs: 30000 });
+    assert.equal(r.timedOut, false, `the proxy kept running against a standalone; log:\n${H.tail(r.log)}`);
+    assert.equal(r.signal, null, `the proxy died by a signal; log:\n${H.tail(r.log)}`);
+    assert.notEqual(r.code, 0, 'non-zero exit status');
+    assert.match(r.log, /standalone/i, 'the error names the standalone');
+    assert.match(r.log, /transaction|replica set|mongos/i, 'and says why it is refused');
+    H.assertNoSanitizerReports(r.log, 'proxy against a standalone');
+  } finally {
+    await standalone.stop();
+  }
+});
+
+test('a "not primary" error is relayed, the driver retries, and the write lands once', async () => {
+  const proxy = await H.startProxy({ upstream: upstream.uri });
+  const app = `rbit-notprimary-${process.pid}`;
+  const events = [];
+  const client = new MongoClient(proxy.uri(), { appName: app, monitorCommands: true, serverSelectionTimeoutMS: 10000 });
+  client.on('commandFailed', (e) => events.push({ name: e.commandName, code: e.failure && e.failure.code }));
+  client.on('commandSucceeded', (e) => events.push({ name: e.commandName, ok: true }));
+  try {
+    const coll = client.db(DB).collection('np');
+    await coll.insertOne({ _id: 'warm' });
+    await client.db('admin').command({
+      configureFailPoint: 'failCommand',
+      mode: { times: 1 },
+      data: { failCommands: ['insert'], errorCode: 10107, errorLabels: ['RetryableWriteError'], appName: app },
+    });
+    try {
+      await coll.insertOne({ _id: 'np1' });
+    } finally {
+      await client.db('admin').command({ configureFailPoint: 'failCommand', mode: 'off' });
+    }
+    const inserts = events.filter((e) => e.name === 'insert');
+    assert.deepEqual(inserts.slice(-2), [{ name: 'insert', code: 10107 }, { name: 'insert', ok: true }], 'NotWritablePrimary relayed, then the retry succeeded');
+    assert.equal(await coll.countDocuments({ _id: 'np1' }), 1);
+    // New pairings still reach the primary.
+    const fresh = new MongoClient(proxy.uri(), { serverSelectionTimeoutMS: 10000 });
+    try {
+      await fresh.db(DB).collection('np').insertOne({ _id: 'np2' });
+    } finally {
+      await fresh.close();
+    }
+    assert.equal(await coll.countDocuments({}), 3);
+  } finally {
+    await client.close();
+  }
+  await proxy.stop();
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()]);

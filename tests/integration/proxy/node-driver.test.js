@@ -234,4 +234,19 @@ test('a large document (about 15 MiB) round-trips', async () => {
   await coll.deleteOne({ _id: 'big' });
 });
 
+test('an insertMany larger than maxMessageSizeBytes is split by the driver and all of it lands', { timeout: 120000 }, async () => {
+  const coll = client.db(DB).collection('split');
+  const since = events.length;
+  const s = 'z'.repeat(14 * 1024 * 1024);
+  const docs = Array.from({ length: 4 }, (_, i) => ({ _id: i, s }));
+  const r = await coll.insertMany(docs);
+  assert.equal(r.insertedCount, 4);
+  assert.ok(started('insert', since).length >= 2, 'the driver needed several insert messages');
+  const back = await coll.find({}, { projection: { _id: 1 } }).sort({ _id: 1 }).toArray();
+  assert.deepEqual(back, [{ _id: 0 }, { _id: 1 }, { _id: 2 }, { _id: 3 }]);
+  const one = await coll.findOne({ _id: 3 });
+  assert.ok(one.s === s, 'content intact');
+  await coll.drop();
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()], { beforeStop: closeClient });
