@@ -23,7 +23,8 @@
  *
  * Runs on the forwarding loop only; never blocks.  State: the operations in
  * progress (bounded by the connections' in-flight limits) and a bounded
- * table of transactions injected into, both owned by this module.
+ * table of transactions injected into, both owned by this module and kept
+ * per loop thread (thread-local).
  */
 #ifndef RELAYBUS_VIRTUAL_H
 #define RELAYBUS_VIRTUAL_H

@@ -97,8 +97,11 @@ publish_wake (void)
 /* --- transactions injected into ---------------------------------------- */
 
 /* Direct-mapped by a hash of (lsid, txnNumber): a collision forgets the
- * older transaction, which only costs its wake-up.  Forwarding loop only. */
-#define TXN_LSID_MAX 96
+ * older transaction, which only costs its wake-up.  Thread-local, like the
+ * operations below: each forwarding loop thread has its own (DESIGN: state
+ * per loop), and no lock is needed.  A commit carried by another loop's
+ * connection is not recognised; its events go out at the next poll. */
+#define TXN_LSID_MAX 64 /* {id: UUID} is 30 bytes */
 
 typedef struct {
    bool used;
@@ -107,7 +110,7 @@ typedef struct {
    int64_t txn_number;
 } txn_slot_t;
 
-static txn_slot_t txn_slots[VIRTUAL_TXN_SLOTS];
+static _Thread_local txn_slot_t txn_slots[VIRTUAL_TXN_SLOTS];
 
 /* The lsid document's bytes and the txnNumber of a command. */
 static bool
@@ -217,7 +220,7 @@ typedef struct virtual_op {
 } virtual_op_t;
 
 #define OP_BUCKETS 1024
-static virtual_op_t *ops_by_conn[OP_BUCKETS];
+static _Thread_local virtual_op_t *ops_by_conn[OP_BUCKETS];
 
 static void
 op_list (virtual_op_t *op)
@@ -712,7 +715,7 @@ virtual_route (client_conn_t *c,
 {
    bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
    bool virtual_cmd = cmd && strncmp (cmd, "relaybus", 8) == 0;
-   bool annotated = !virtual_cmd && annotate_present (&msg->body);
+   bool annotated = !virtual_cmd && annotate_msg_present (msg);
 
    if (conn_busy (client_id (c))) {
       /* Forwarding this now could let it overtake the outbox writes. */
