@@ -29,6 +29,8 @@
 
 #include <bson/bson.h>
 
+#include "wire.h"
+
 #define ANNOTATE_ERROR_DOMAIN 0x414e /* "AN" */
 
 /* The string form: this prefix, optional white space, then Extended JSON
@@ -96,6 +98,12 @@ typedef enum {
  * `relaybus` field, or a string comment starting with the prefix), valid or
  * not.  Cheap: no allocation, no validation. */
 bool annotate_present (const bson_t *body);
+
+/* annotate_present for a parsed OP_MSG, from the facts wire_parse_msg
+ * gathered while validating it: a body without a top-level `comment`
+ * (nearly every command) costs nothing, one with a comment a look at that
+ * field only.  Same answer as annotate_present (&msg->body). */
+bool annotate_msg_present (const wire_msg_t *msg);
 
 /* Finds, validates and parses the annotation of a command body.
  *

@@ -85,7 +85,10 @@ typedef struct {
  * body_data/body_len with bson_init_static.
  *
  * Sequence identifiers are unique, none is also a field of the body, and
- * there are at most WIRE_MAX_SECTIONS of them. */
+ * there are at most WIRE_MAX_SECTIONS of them.
+ *
+ * `command` and `comment_offset` are facts the validation pass gathers at
+ * the body's top level, so that routing does not walk the body again. */
 typedef struct {
    wire_header_t header;
    uint32_t flags;
@@ -95,6 +98,13 @@ typedef struct {
    wire_sequence_t sequences[WIRE_MAX_SECTIONS];
    uint32_t nsequences;
    bool checksum_present; /* when set, it was verified */
+   const char *command;   /* the body's first key (as wire_command_name), NULL if empty */
+   uint32_t command_len;  /* its length in bytes */
+   /* The first top-level "comment" element: its offset in body_data (that
+    * of its type byte, as bson_iter_offset gives), 0 when there is none.
+    * `comment_repeated`: the body has more than one. */
+   uint32_t comment_offset;
+   bool comment_repeated;
 } wire_msg_t;
 
 /* A parsed OP_QUERY.  `query` points into the buffer like wire_msg_t.body. */

@@ -110,6 +110,21 @@ annotate_present (const bson_t *body)
    return false;
 }
 
+bool
+annotate_msg_present (const wire_msg_t *msg)
+{
+   bson_iter_t it;
+
+   if (msg->comment_offset == 0)
+      return false;
+   if (msg->comment_repeated) /* rare: let the general scan see them all */
+      return annotate_present (&msg->body);
+   if (!bson_iter_init_from_data_at_offset (&it, msg->body_data, msg->body_len, msg->comment_offset,
+                                            (uint32_t) (sizeof "comment" - 1)))
+      return false;
+   return comment_is_annotated (&it);
+}
+
 const char *
 annotate_event_id (const annotate_event_t *ev)
 {

@@ -721,7 +721,9 @@ forward_request (client_conn_t *c,
       client_req_t *r;
       upstream_req_t *u;
 
-      if (compress_command_is_exempt (cmd ? cmd : ""))
+      /* Only a compressed request's answer is compressed, so only then can
+       * the exempt list (12 names) matter. */
+      if (compressor > 0 && compress_command_is_exempt (cmd))
          compressor = -1;
       r = creq_push (c, msg->header.request_id, WIRE_OP_MSG, compressor);
       u = upreq_push (c, UPREQ_RELAY, id);
@@ -917,7 +919,7 @@ done:
 static bool
 route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
 {
-   const char *cmd = wire_command_name (&msg->body);
+   const char *cmd = msg->command; /* from the validation pass */
    bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
 
    if (!more && handshake_is_hello (cmd))
@@ -939,7 +941,7 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          return false;
       }
    }
-   if (cmd && strncmp (cmd, "relaybus", 8) == 0) {
+   if (cmd && cmd[0] == 'r' && strncmp (cmd, "relaybus", 8) == 0) {
       char errmsg[160];
       /* Virtual commands are never forwarded; none is implemented yet. */
       if (more) {
@@ -1133,13 +1135,18 @@ reply_is_not_primary (const uint8_t *buf, size_t len)
    if (doc_len < 5 || doc_len > len - (WIRE_HEADER_LEN + 5) ||
        !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body))
       return false;
+   /* Keys are compared by length first (bson_iter_key_len is cheap): this
+    * runs on every reply, and most keys are none of the three. */
    while (bson_iter_next (&it)) {
       const char *key = bson_iter_key (&it);
-      if (strcmp (key, "ok") == 0) {
+      uint32_t klen = bson_iter_key_len (&it);
+      if (klen == 2 && memcmp (key, "ok", 2) == 0) {
          failed = bson_iter_as_double (&it) == 0.0;
-      } else if (strcmp (key, "code") == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
+         if (!failed)
+            return false; /* {ok: 1}: whatever else it says */
+      } else if (klen == 4 && memcmp (key, "code", 4) == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
          not_primary |= code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
-      } else if (strcmp (key, "errmsg") == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
+      } else if (klen == 6 && memcmp (key, "errmsg", 6) == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
          const char *m = bson_iter_utf8 (&it, NULL);
          not_primary |= strstr (m, "not master") != NULL || strstr (m, "not primary") != NULL;
       }

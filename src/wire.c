@@ -187,9 +187,22 @@ check_string (const uint8_t *d, size_t o, size_t avail, size_t *need)
    return true;
 }
 
+/* What check_bson notes about a document's top level on its way through. */
+typedef struct {
+   const char *first_key; /* NULL: no element */
+   size_t first_key_len;
+   size_t comment_pos;    /* offset of the first "comment" element; 0: none */
+   bool comment_repeated;
+} doc_facts_t;
+
+#define COMMENT_KEY "comment"
+#define COMMENT_KEY_LEN (sizeof COMMENT_KEY - 1)
+
 /*
  * Validates the BSON document d[0, len), whose length field the caller has
- * checked equals len and whose last byte is NUL.
+ * checked equals len and whose last byte is NUL.  With `facts`, also notes
+ * the first key and where a "comment" key is at the top level (one pass
+ * serves both validation and routing).
  *
  * Why not bson_validate: libbson 1.23's validator skips an embedded document
  * whose bson_init_static fails (a nested document without its terminator
@@ -201,7 +214,7 @@ check_string (const uint8_t *d, size_t o, size_t avail, size_t *need)
  * as mongod does not.
  */
 static bool
-check_bson (const uint8_t *d, size_t len, const char **why)
+check_bson (const uint8_t *d, size_t len, doc_facts_t *facts, const char **why)
 {
    size_t ends[WIRE_MAX_BSON_DEPTH]; /* the enclosing documents' ends */
    size_t depth = 0;
@@ -243,6 +256,21 @@ check_bson (const uint8_t *d, size_t len, const char **why)
       }
       o = (size_t) (nul - d) + 1;
       avail = end - 1 - o;
+      if (depth == 0 && facts) {
+         const char *key = (const char *) d + pos + 1;
+         size_t klen = o - 1 - (pos + 1);
+
+         if (!facts->first_key) {
+            facts->first_key = key;
+            facts->first_key_len = klen;
+         }
+         if (klen == COMMENT_KEY_LEN && memcmp (key, COMMENT_KEY, COMMENT_KEY_LEN) == 0) {
+            if (facts->comment_pos)
+               facts->comment_repeated = true;
+            else
+               facts->comment_pos = pos;
+         }
+      }
 
       switch (type) {
       case BSON_TYPE_DOUBLE:
@@ -362,9 +390,10 @@ check_bson (const uint8_t *d, size_t len, const char **why)
    }
 }
 
-/* One BSON document at the cursor, validated, as a static bson_t. */
+/* One BSON document at the cursor, validated, as a static bson_t.
+ * `facts` may be NULL. */
 static bool
-rd_doc (reader_t *r, bson_t *doc, const char *what, bson_error_t *error)
+rd_doc (reader_t *r, bson_t *doc, doc_facts_t *facts, const char *what, bson_error_t *error)
 {
    const char *why = NULL;
    int32_t dlen;
@@ -388,7 +417,7 @@ rd_doc (reader_t *r, bson_t *doc, const char *what, bson_error_t *error)
    if (start[dlen - 1] != 0) {
       why = "document is not terminated";
    } else {
-      (void) check_bson (start, (size_t) dlen, &why);
+      (void) check_bson (start, (size_t) dlen, facts, &why);
    }
    /* bson_init_static cannot fail on a checked document; test it anyway. */
    if (why || !bson_init_static (doc, start, (size_t) dlen)) {
@@ -539,7 +568,7 @@ parse_sequence (reader_t *r, wire_sequence_t *seq, bson_error_t *error)
    seq->docs_len = (uint32_t) rd_left (&sec);
    seq->ndocs = 0;
    while (rd_left (&sec) > 0) {
-      if (!rd_doc (&sec, &doc, "document sequence", error)) {
+      if (!rd_doc (&sec, &doc, NULL, "document sequence", error)) {
          return false;
       }
       seq->ndocs++;
@@ -592,6 +621,7 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
    reader_t r;
    int32_t flags;
    uint32_t nbodies = 0;
+   doc_facts_t facts = {0};
 
    if (!start_parse (buf, len, WIRE_OP_MSG, &out->header, &r, error)) {
       return false;
@@ -603,6 +633,10 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
    out->nsequences = 0;
    out->body_data = NULL;
    out->body_len = 0;
+   out->command = NULL;
+   out->command_len = 0;
+   out->comment_offset = 0;
+   out->comment_repeated = false;
    if ((out->flags & WIRE_MSG_REQUIRED_MASK) & ~WIRE_MSG_KNOWN_REQUIRED) {
       bson_set_error (error,
                       WIRE_ERROR_DOMAIN,
@@ -643,10 +677,14 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
             return false;
          }
          out->body_data = r.p + r.off;
-         if (!rd_doc (&r, &out->body, "OP_MSG body", error)) {
+         if (!rd_doc (&r, &out->body, &facts, "OP_MSG body", error)) {
             return false;
          }
          out->body_len = (uint32_t) (r.p + r.off - out->body_data);
+         out->command = facts.first_key;
+         out->command_len = (uint32_t) facts.first_key_len;
+         out->comment_offset = (uint32_t) facts.comment_pos;
+         out->comment_repeated = facts.comment_repeated;
       } else if (kind == 1) {
          if (out->nsequences == WIRE_MAX_SECTIONS) {
             bson_set_error (error,
@@ -692,11 +730,11 @@ wire_parse_query (const uint8_t *buf, size_t len, wire_query_t *out, bson_error_
    if (!rd_i32 (&r, &out->number_to_skip) || !rd_i32 (&r, &out->number_to_return)) {
       return short_error (error, "OP_QUERY skip and return");
    }
-   if (!rd_doc (&r, &out->query, "OP_QUERY query", error)) {
+   if (!rd_doc (&r, &out->query, NULL, "OP_QUERY query", error)) {
       return false;
    }
    out->has_fields = rd_left (&r) > 0;
-   if (out->has_fields && !rd_doc (&r, &out->fields, "OP_QUERY returnFieldsSelector", error)) {
+   if (out->has_fields && !rd_doc (&r, &out->fields, NULL, "OP_QUERY returnFieldsSelector", error)) {
       return false;
    }
    if (rd_left (&r) > 0) {
@@ -726,7 +764,7 @@ wire_parse_reply (const uint8_t *buf, size_t len, wire_reply_t *out, bson_error_
    out->docs = r.p + r.off;
    out->docs_len = (uint32_t) rd_left (&r);
    while (rd_left (&r) > 0) {
-      if (!rd_doc (&r, ndocs == 0 ? &out->doc : &doc, "OP_REPLY document", error)) {
+      if (!rd_doc (&r, ndocs == 0 ? &out->doc : &doc, NULL, "OP_REPLY document", error)) {
          return false;
       }
       out->has_doc = true;

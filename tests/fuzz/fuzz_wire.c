@@ -127,6 +127,29 @@ compress_round_trip (const uint8_t *msg, size_t len)
 
 static void parse_all (const uint8_t *buf, size_t len, int nesting);
 
+/* The facts the validation pass gathered match what iterating the body
+ * finds: the first key, and where the first "comment" is. */
+static void
+check_msg_facts (const wire_msg_t *m)
+{
+   bson_iter_t it;
+   const char *first = wire_command_name (&m->body);
+   uint32_t ncomments = 0, first_comment = 0;
+
+   CHECK ((first == NULL) == (m->command == NULL));
+   if (first) {
+      CHECK (strcmp (first, m->command) == 0 && strlen (first) == m->command_len);
+   }
+   CHECK (bson_iter_init (&it, &m->body));
+   while (bson_iter_next (&it)) {
+      if (strcmp (bson_iter_key (&it), "comment") == 0 && ncomments++ == 0) {
+         first_comment = bson_iter_offset (&it);
+      }
+   }
+   CHECK (m->comment_offset == first_comment);
+   CHECK (m->comment_repeated == (ncomments > 1));
+}
+
 static void
 on_msg (const uint8_t *buf, size_t len, const wire_msg_t *m)
 {
@@ -145,8 +168,8 @@ on_msg (const uint8_t *buf, size_t len, const wire_msg_t *m)
       CHECK (s->docs >= buf && s->docs + s->docs_len <= buf + len);
       check_docs (s->docs, s->docs_len, s->ndocs);
    }
-   (void) wire_command_name (&m->body);
    (void) compress_command_is_exempt (wire_command_name (&m->body));
+   check_msg_facts (m);
 
    /* Rebuilt without the checksum, it parses to the same parts; without a
     * checksum to begin with, it is the same bytes (sections reordered to

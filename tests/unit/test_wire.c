@@ -482,6 +482,59 @@ test_msg_fields (void **state)
    assert_null (wire_command_name (&msg.body));
 }
 
+/* The validation pass notes the command name and where the top-level
+ * "comment" is (routing and annotate_msg_present rely on it); a nested
+ * "comment" does not count, a second one is flagged. */
+static void
+test_msg_facts (void **state)
+{
+   static wire_msg_t msg;
+   static const struct {
+      const char *json;
+      const char *command;
+      bool has_comment;
+      bool repeated;
+   } fact_cases[] = {
+      {"{}", NULL, false, false},
+      {"{\"ping\": 1, \"$db\": \"admin\"}", "ping", false, false},
+      {"{\"find\": \"c\", \"filter\": {\"comment\": 1}, \"$db\": \"t\"}", "find", false, false},
+      {"{\"insert\": \"c\", \"comment\": {\"relaybus\": {}}, \"$db\": \"t\"}", "insert", true, false},
+      {"{\"comment\": \"x\", \"commentary\": 1, \"comment\": 2}", "comment", true, true},
+      {"{\"commen\": 1, \"comments\": 2}", "commen", false, false},
+   };
+
+   for (size_t i = 0; i < sizeof fact_cases / sizeof fact_cases[0]; i++) {
+      bson_error_t err;
+      bson_t *body = bson_new_from_json ((const uint8_t *) fact_cases[i].json, -1, &err);
+      struct evbuffer *out = evbuffer_new ();
+      const uint8_t *buf;
+      size_t len;
+
+      assert_non_null (body);
+      assert_true (wire_append_msg (out, 1, 0, 0, body, NULL, 0));
+      len = evbuffer_get_length (out);
+      buf = evbuffer_pullup (out, -1);
+      assert_true (wire_parse_msg (buf, len, &msg, &err));
+      if (fact_cases[i].command) {
+         assert_non_null (msg.command);
+         assert_string_equal (msg.command, fact_cases[i].command);
+         assert_int_equal (msg.command_len, strlen (fact_cases[i].command));
+      } else {
+         assert_null (msg.command);
+      }
+      if (fact_cases[i].has_comment) {
+         bson_iter_t it;
+         assert_true (bson_iter_init_from_data_at_offset (&it, msg.body_data, msg.body_len, msg.comment_offset, 7));
+         assert_string_equal (bson_iter_key (&it), "comment");
+      } else {
+         assert_int_equal (msg.comment_offset, 0);
+      }
+      assert_int_equal (msg.comment_repeated, fact_cases[i].repeated);
+      evbuffer_free (out);
+      bson_destroy (body);
+   }
+}
+
 /* 64 sequences are accepted, 65 refused. */
 static void
 test_msg_max_sequences (void **state)
@@ -899,6 +952,7 @@ main (void)
       cmocka_unit_test (test_table),
       cmocka_unit_test (test_truncations),
       cmocka_unit_test (test_msg_fields),
+      cmocka_unit_test (test_msg_facts),
       cmocka_unit_test (test_msg_max_sequences),
       cmocka_unit_test (test_bson_depth),
       cmocka_unit_test (test_bson_all_types),
