@@ -320,4 +320,22 @@ test('a zlib-compressing client reads the answers the proxy makes (statement, re
   await P.checkEvent(s.outbox, 'z-ev-2', { type: 'user.z.v1', handlers: ['users'] });
 });
 
+test('with the Stable API (apiVersion 1, strict) the outbox writes carry the same API parameters', async () => {
+  const { MongoClient } = require('mongodb');
+  const api = new MongoClient(s.proxy.uri(), { serverApi: { version: '1', strict: true } });
+  await api.connect();
+  const session = api.startSession();
+  try {
+    await session.withTransaction(async () => {
+      await api.db(DB).collection('orders').insertOne({ _id: 'api-1' }, { session, comment: { relaybus: { type: 'order.placed.v1', id: 'api-ev-1', key: 'api-k' } } });
+      await api.db(DB).command({ relaybusPublish: 1, events: [{ type: 'user.api.v1', id: 'api-ev-2' }] }, { session });
+    });
+  } finally {
+    await session.endSession();
+    await api.close();
+  }
+  await P.checkEvent(s.outbox, 'api-ev-1', { type: 'order.placed.v1', key: 'api-k', sequence: 1, handlers: ['orders', 'confirmations'] });
+  await P.checkEvent(s.outbox, 'api-ev-2', { type: 'user.api.v1', handlers: ['users'] });
+});
+
 H.registerFinalChecks(test, [() => s && s.upstream.stop()], { beforeStop: () => s && s.closeClients() });
