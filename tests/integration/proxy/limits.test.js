@@ -132,6 +132,47 @@ test('when the upstream goes away, clients are closed and the proxy stays up', a
   await proxy.stop();
 });
 
+test('a client that hangs up while its request is in flight upstream: no crash, no leak', async (t) => {
+  const skip = H.doubleOnlySkipReason('blockConnection fail point timing');
+  if (skip) return t.skip(skip);
+  const fs = require('node:fs');
+  const proxy = await H.startProxy({ upstream: upstream.uri });
+  const app = `rbit-hangup-${process.pid}`;
+  const fds = () => fs.readdirSync(`/proc/${proxy.pid}/fd`).length;
+  const admin = await H.WireConn.connect({ port: proxy.port });
+  await admin.command({ hello: 1, $db: 'admin' });
+  const baseline = fds();
+  await admin.command({
+    configureFailPoint: 'failCommand',
+    mode: { times: 5 },
+    data: { failCommands: ['ping', 'find'], blockConnection: true, blockTimeMS: 700, appName: app },
+    $db: 'admin',
+  });
+  const peers = [];
+  for (let i = 0; i < 5; i++) {
+    const c = await H.WireConn.connect({ port: proxy.port });
+    await c.command({ hello: 1, $db: 'admin', client: { application: { name: app } } });
+    await c.write(Buffer.concat([H.opMsg({ ping: 1, $db: 'admin' }).buf, H.opMsg({ find: 'nothing', filter: {}, $db: DB }).buf]));
+    peers.push(`127.0.0.1:${c.localPort}`);
+    if (i % 2) c.destroy(); // abrupt
+    else c.end(); // orderly half-close with requests outstanding
+  }
+  await H.sleep(2500); // the blocked replies arrive for clients that are gone
+  assert.equal(proxy.exitInfo(), null, 'the proxy is still running');
+  for (const peer of peers) assert.ok(proxy.logLines(peer).some((l) => /clos/i.test(l)), `close of ${peer} logged`);
+  const deadline = Date.now() + 5000;
+  let n = fds();
+  while (n > baseline && Date.now() < deadline) {
+    await H.sleep(100);
+    n = fds();
+  }
+  assert.ok(n <= baseline, `descriptors back to ${baseline} (now ${n}): client and upstream sockets released`);
+  assert.equal((await admin.command({ ping: 1, $db: 'admin' })).ok, 1, 'other clients unaffected');
+  await admin.command({ configureFailPoint: 'failCommand', mode: 'off', $db: 'admin' });
+  admin.destroy();
+  await proxy.stop();
+});
+
 test('a standalone upstream is refused at start-up with an error that says why', async (t) => {
   const skip = H.doubleOnlySkipReason('--standalone');
   if (skip) return t.skip(skip);

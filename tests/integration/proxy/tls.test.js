@@ -121,6 +121,32 @@ for (const compressor of [null, 'zlib', 'zstd']) {
   });
 }
 
+test('client TLS: 300 concurrent TLS connections each complete a hello and a ping, then close cleanly', { timeout: 120000 }, async () => {
+  const conns = [];
+  try {
+    for (let i = 0; i < 300; i += 50) {
+      await Promise.all(
+        Array.from({ length: 50 }, async () => {
+          const c = await H.WireConn.connect({ port: proxy.port, tls: { ca: files.ca }, timeoutMs: 20000 });
+          conns.push(c);
+          const h = await c.command({ hello: 1, $db: 'admin' }, { timeoutMs: 20000 });
+          assert.equal(h.msg, 'isdbgrid');
+        }),
+      );
+    }
+    await Promise.all(conns.map(async (c) => assert.equal((await c.command({ ping: 1, $db: 'admin' }, { timeoutMs: 20000 })).ok, 1)));
+    await Promise.all(
+      conns.map(async (c) => {
+        c.end();
+        const r = await c.waitClosed(20000);
+        assert.equal(r.hadError, false, `TLS connection ${c.peer} closed with an error: ${c.error && c.error.message}`);
+      }),
+    );
+  } finally {
+    for (const c of conns) c.destroy();
+  }
+});
+
 test('client TLS: a plaintext client is refused and the proxy logs why', async () => {
   const client = new MongoClient(proxy.uri({ tls: 'false' }), { serverSelectionTimeoutMS: 2000 });
   try {
