@@ -247,9 +247,11 @@ async function startProxy(opts) {
   const bin = proxyBin();
   assert.ok(fs.existsSync(bin), `proxy binary not found at ${bin} (set RELAYBUS_PROXY_BIN or build the tree)`);
   const dir = tmpDir('relaybus-proxy-');
-  const port = await freePort();
+  const socketPath = opts.unixSocket ? path.join(dir, 'proxy.sock') : null;
+  const port = socketPath ? null : await freePort();
   const settings = { drain_timeout_ms: 2000, ...(opts.settings || {}) };
-  const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${opts.upstream}`];
+  const listen = socketPath || `127.0.0.1:${port}`;
+  const lines = ['[proxy]', `listen = ${listen}`, `upstream = ${opts.upstream}`];
   for (const [k, v] of Object.entries(settings)) {
     if (v === undefined || v === null) continue;
     lines.push(`${k} = ${v}`);
@@ -294,6 +296,7 @@ async function startProxy(opts) {
   const proxy = {
     host: '127.0.0.1',
     port,
+    socketPath,
     pid: child.pid,
     child,
     dir,
@@ -378,7 +381,7 @@ async function startProxy(opts) {
       );
     }
     try {
-      const conn = await WireConn.connect({ port, tls: proxy.tls, timeoutMs: 2000 });
+      const conn = await WireConn.connect({ port, path: socketPath, tls: proxy.tls, timeoutMs: 2000 });
       try {
         const reply = await conn.command({ hello: 1, $db: 'admin' }, { timeoutMs: 3000 });
         if (reply.ok === 1) break;
@@ -502,7 +505,8 @@ function clientUri(proxy, params = {}, { db = '', credentials = true } = {}) {
     q.set(k, String(v));
   }
   const qs = q.toString();
-  return `mongodb://${userinfo}${proxy.host}:${proxy.port}/${db}${qs ? '?' + qs : ''}`;
+  const hostPart = proxy.socketPath ? encodeURIComponent(proxy.socketPath) : `${proxy.host}:${proxy.port}`;
+  return `mongodb://${userinfo}${hostPart}/${db}${qs ? '?' + qs : ''}`;
 }
 
 // ---------------------------------------------------------------------------- raw wire protocol
@@ -682,7 +686,7 @@ class Framer {
 
 /** A raw client connection speaking the wire protocol. */
 class WireConn {
-  static connect({ host = '127.0.0.1', port, tls = null, timeoutMs = 5000 }) {
+  static connect({ host = '127.0.0.1', port, path: sockPath = null, tls = null, timeoutMs = 5000 }) {
     return new Promise((resolve, reject) => {
       let sock;
       const onErr = (e) => {
@@ -700,6 +704,8 @@ class WireConn {
         const o = { host, port, ca: fs.readFileSync(tls.ca), servername: 'localhost' };
         if (tls.cert) o.cert = o.key = fs.readFileSync(tls.cert); // combined PEM: certificate and key
         sock = require('node:tls').connect(o, ready);
+      } else if (sockPath) {
+        sock = net.connect({ path: sockPath }, ready);
       } else {
         sock = net.connect({ host, port }, ready);
       }
@@ -716,7 +722,7 @@ class WireConn {
     this.closed = false;
     this.closedAt = null;
     this.localPort = sock.localPort;
-    this.peer = `${sock.localAddress}:${sock.localPort}`;
+    this.peer = sock.localPort ? `${sock.localAddress}:${sock.localPort}` : 'unix';
     this.closePromise = new Promise((resolve) => {
       sock.once('close', (hadError) => {
         this.closed = true;
