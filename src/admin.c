@@ -102,8 +102,8 @@ struct admin {
 
    /* Connections: accepted bufferevents waiting to be adopted, and the
     * evhttp connections open (at most ADMIN_MAX_CONNECTIONS). */
-   struct bufferevent *fresh[ADMIN_MAX_CONNECTIONS * 2];
-   size_t n_fresh;
+   struct bufferevent **fresh; /* grows: one loop turn may accept many */
+   size_t n_fresh, cap_fresh;
    struct evhttp_connection *conns[ADMIN_MAX_CONNECTIONS];
    size_t n_conns;
    uint64_t refused;
@@ -1408,7 +1408,11 @@ admin_bev_cb (struct event_base *base, void *arg)
    admin_t *a = arg;
    struct bufferevent *bev = bufferevent_socket_new (base, -1, BEV_OPT_CLOSE_ON_FREE);
 
-   if (bev && a->n_fresh < sizeof a->fresh / sizeof a->fresh[0]) {
+   if (bev) {
+      if (a->n_fresh == a->cap_fresh) {
+         a->cap_fresh = a->cap_fresh ? a->cap_fresh * 2 : 64;
+         a->fresh = bson_realloc (a->fresh, a->cap_fresh * sizeof *a->fresh);
+      }
       a->fresh[a->n_fresh++] = bev;
       event_active (a->adopt_ev, EV_TIMEOUT, 0);
    }
@@ -1480,6 +1484,7 @@ admin_free (admin_t *a)
       evhttp_free (a->http); /* closes the connections: closecb runs */
    if (a->view_at > 0)
       store_view_clear (&a->view);
+   bson_free (a->fresh);
    if (a->stop_ev)
       event_free (a->stop_ev);
    if (a->adopt_ev)
