@@ -43,35 +43,65 @@ function typeChecks(filter) {
   for (const k of Object.keys(filter)) {
     const c = filter[k];
     if (k.startsWith('$') || !isPlainObject(c) || !Object.prototype.hasOwnProperty.call(c, '$type')) continue;
-    const wanted = (Array.isArray(c.$type) ? c.$type : [c.$type]).map((t) => {
-      const name = typeof t === 'string' ? t : TYPE_ALIASES[String(V.toNumber(t))];
-      if (!name || !(name in V.TYPE_ORDER || name === 'number')) throw err(2, `Unknown type name alias: ${t}`);
-      return name;
-    });
+    const typeTest = typeCheck(k, c.$type);
     if (rest === filter) rest = Object.assign({}, filter);
     const others = Object.assign({}, c);
     delete others.$type;
     if (Object.keys(others).length) rest[k] = others;
     else delete rest[k];
-    checks.push((doc) => V.pathValues(doc, k).some((v) => {
-      if (v === undefined) return false;
-      const cands = Array.isArray(v) ? [v, ...v] : [v];
-      return cands.some((x) => {
-        const t = V.bsonTag(x);
-        return wanted.includes(t) || (wanted.includes('number') && V.isNumeric(x));
-      });
-    }));
+    checks.push(typeTest);
   }
   return { checks, rest };
 }
 
-// ---- exact numeric comparisons ----
+// `{path: {$type: spec}}` checked on the stored values: doc => boolean.
+function typeCheck(path, spec) {
+  const wanted = (Array.isArray(spec) ? spec : [spec]).map((t) => {
+    const name = typeof t === 'string' ? t : TYPE_ALIASES[String(V.toNumber(t))];
+    if (!name || !(name in V.TYPE_ORDER || name === 'number')) throw err(2, `Unknown type name alias: ${t}`);
+    return name;
+  });
+  return (doc) => V.pathValues(doc, path).some((v) => {
+    if (v === undefined) return false;
+    const cands = Array.isArray(v) ? [v, ...v] : [v];
+    return cands.some((x) => {
+      const t = V.bsonTag(x);
+      return wanted.includes(t) || (wanted.includes('number') && V.isNumeric(x));
+    });
+  });
+}
+
+// ---- exact comparisons ----
 // mingo compares JS numbers, which cannot hold every Int64 (beyond 2^53) or any Decimal128
-// exactly. When the filter or the document holds such a value, the filter is evaluated as a
-// tree: $and/$or/$nor are combined here, field conditions comparing with a number
-// ($eq, $ne, $gt, $gte, $lt, $lte, $in, $nin, implicit equality) are checked here on the stored
-// values with exact arithmetic, and everything else is still asked of mingo.
+// exactly, compares embedded documents without regard to field order, and sees no BSON number
+// types. When the filter or the document holds an inexact number, or the filter compares with
+// an embedded document or asks for a $type below $and/$or/$nor, the filter is evaluated as a
+// tree: $and/$or/$nor are combined here, field conditions comparing with a number or a document
+// ($eq, $ne, $gt, $gte, $lt, $lte, $in, $nin, implicit equality) and $type are checked here on
+// the stored values, exactly and in field order, and everything else is still asked of mingo.
 const NUM_OPS = new Set(['$eq', '$ne', '$gt', '$gte', '$lt', '$lte']);
+const EQ_OPS = new Set(['$eq', '$ne']);
+const isDocLiteral = (c) => isPlainObject(c) && (!Object.keys(c).length || !V.keys(c)[0].startsWith('$'));
+
+// Whether mingo alone would get this filter wrong for documents with exact-only numbers too.
+function needsTree(filter, nested) {
+  for (const k of Object.keys(filter)) {
+    const c = filter[k];
+    if (k === '$and' || k === '$or' || k === '$nor') {
+      if (Array.isArray(c) && c.some((f) => isPlainObject(f) && needsTree(f, true))) return true;
+      continue;
+    }
+    if (k.startsWith('$')) continue;
+    if (isDocLiteral(c)) return true;
+    if (!isPlainObject(c)) continue;
+    for (const op of Object.keys(c)) {
+      if (op === '$type' && nested) return true;
+      if (EQ_OPS.has(op) && isDocLiteral(c[op])) return true;
+      if ((op === '$in' || op === '$nin') && Array.isArray(c[op]) && c[op].some(isDocLiteral)) return true;
+    }
+  }
+  return false;
+}
 
 // Stored values a path reaches, array elements included (as query matching sees them).
 function candidatesAt(doc, path) {
@@ -120,9 +150,18 @@ function exactTree(filter, leaf) {
   return (v, d) => parts.every((t) => t(v, d));
 }
 
+// Equality with a document literal: same fields in the same order, values equal.
+function docTest(lit) {
+  return (x) => isPlainObject(x) && V.valuesEqual(x, lit);
+}
+
 function exactField(path, c, leaf) {
   if (V.isNumeric(c)) {
     const eq = numTest('$eq', c);
+    return (v, d) => candidatesAt(d, path).some(eq);
+  }
+  if (isDocLiteral(c)) {
+    const eq = docTest(c);
     return (v, d) => candidatesAt(d, path).some(eq);
   }
   if (!isPlainObject(c) || !Object.keys(c).length || !Object.keys(c).every((k) => k.startsWith('$'))) {
@@ -133,13 +172,17 @@ function exactField(path, c, leaf) {
   const rest = {};
   for (const op of Object.keys(c)) {
     const a = c[op];
-    if (NUM_OPS.has(op) && V.isNumeric(a)) {
-      const t = numTest(op === '$ne' ? '$eq' : op, a);
+    if ((NUM_OPS.has(op) && V.isNumeric(a)) || (EQ_OPS.has(op) && isDocLiteral(a))) {
+      const t = isDocLiteral(a) ? docTest(a) : numTest(op === '$ne' ? '$eq' : op, a);
       if (op === '$ne') tests.push((v, d) => !candidatesAt(d, path).some(t));
       else tests.push((v, d) => candidatesAt(d, path).some(t));
-    } else if ((op === '$in' || op === '$nin') && Array.isArray(a) && a.some(V.isNumeric)) {
-      const nums = a.filter(V.isNumeric).map((n) => numTest('$eq', n));
-      const others = a.filter((x) => !V.isNumeric(x));
+    } else if (op === '$type') {
+      const t = typeCheck(path, a);
+      tests.push((v, d) => t(d));
+    } else if ((op === '$in' || op === '$nin') && Array.isArray(a) && a.some((x) => V.isNumeric(x) || isDocLiteral(x))) {
+      const mine = (x) => V.isNumeric(x) || isDocLiteral(x);
+      const nums = a.filter(mine).map((n) => (isDocLiteral(n) ? docTest(n) : numTest('$eq', n)));
+      const others = a.filter((x) => !mine(x));
       const q = others.length ? leaf({ [path]: { $in: others } }) : null;
       const inTest = (v, d) => candidatesAt(d, path).some((x) => nums.some((t) => t(x))) || (q ? q(v) : false);
       tests.push(op === '$in' ? inTest : (v, d) => !inTest(v, d));
@@ -170,23 +213,23 @@ function compileFilter(filter, opts = {}) {
     return (view) => q.test(fold ? fold(view) : view);
   };
   let q = null;
-  let filterInexact = false;
+  let treeAlways = false;
   if (Object.keys(rest).length) {
     try {
       const view = V.toView(rest);
-      filterInexact = !!(view && view[V.INEXACT]);
+      treeAlways = !!(view && view[V.INEXACT]) || needsTree(rest, false);
       q = new Query(fold ? fold(view) : view, mingoOpts);
     } catch (e) {
       throw err(2, e.message);
     }
   }
-  if (!fold && !checks.length && !filterInexact && !q) return null;
+  if (!fold && !checks.length && !treeAlways && !q) return null;
   let exact = null; // built when a filter or document first needs it
   const viaMingo = (view) => !q || q.test(fold ? fold(view) : view);
   return {
     test: (view, doc) => {
       let ok;
-      if (q && doc && (filterInexact || (view && view[V.INEXACT]))) {
+      if (q && doc && (treeAlways || (view && view[V.INEXACT]))) {
         if (!exact) exact = exactTree(rest, leaf);
         ok = exact(view, doc);
       } else ok = viaMingo(view);

@@ -5,7 +5,7 @@
 
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
-const { BSON } = require('bson');
+const { BSON, Double } = require('bson');
 const { startDouble, rawConnect } = require('./helpers');
 
 let d;
@@ -104,6 +104,21 @@ test('an embedded document with integer-like names matches in its field order; s
   await send({ insert: 'e', documents: [M(['_id', 1], ['s', M(['b', 1], ['1', 1])])], $db: 'ord' });
   const hit = await send({ find: 'e', filter: M(['s', M(['b', 1], ['1', 1])]), $db: 'ord' });
   assert.deepEqual(keysAt(hit, first), ['_id', 's']);
+  // mongod compares embedded documents field by field in order: another order is no match.
+  const n = async (filter) => {
+    const { opMsg } = require('./helpers');
+    c.send(opMsg({ find: 'e', filter, $db: 'ord' }).msg);
+    return (await c.next()).doc.cursor.firstBatch.length;
+  };
+  assert.equal(await n(M(['s', M(['1', 1], ['b', 1])])), 0);
+  assert.equal(await n({ s: { $eq: M(['1', 1], ['b', 1]) } }), 0);
+  assert.equal(await n({ s: { $in: [M(['1', 1], ['b', 1]), 5] } }), 0);
+  assert.equal(await n({ s: { $ne: M(['1', 1], ['b', 1]) } }), 1);
+  assert.equal(await n({ $or: [{ s: M(['b', 1], ['1', new Double(1)]) }, { x: 1 }] }), 1, 'numbers inside compare by value');
+  await send({ insert: 'e', documents: [{ _id: 2, t: { a: 1, b: 2 } }], $db: 'ord' });
+  assert.equal(await n({ t: { a: 1, b: 2 } }), 1);
+  assert.equal(await n({ t: M(['b', 2], ['a', 1]) }), 0, 'also for ordinary names');
+  assert.equal(await n({ t: { a: 1 } }), 0, 'no partial match');
   // The sort on such a field and a compound index key pattern keep their order as well.
   await send({ createIndexes: 'e', indexes: [{ key: M(['z', 1], ['3', 1]), name: 'z3' }], $db: 'ord' });
   const li = await send({ listIndexes: 'e', $db: 'ord' });

@@ -192,6 +192,10 @@ test('filters compare Int64 beyond 2^53 and Decimal128 exactly (equality, ranges
   // Sorting is exact across the types.
   const sorted = (await coll.find({ _id: { $in: [1, 2, 3, 4, 5] } }).sort({ a: -1, _id: 1 }).toArray()).map((x) => x._id);
   assert.deepEqual(sorted, [1, 4, 2, 3, 5]);
+  // $type below $or/$and/$nor sees the stored types too.
+  assert.deepEqual(await ids({ $or: [{ a: { $type: 'decimal' } }, { _id: 2 }] }), [2, 4, 5]);
+  assert.deepEqual(await ids({ $and: [{ a: { $type: 'long' } }, { a: { $gt: 0 } }] }), [1, 2, 7]);
+  assert.deepEqual(await ids({ $nor: [{ a: { $type: ['long', 'decimal', 'array'] } }] }), [3, 6]);
   // _id and unique keys use the exact value as well.
   const ids2 = db.collection('exact_ids');
   await ids2.insertMany([{ _id: Decimal128.fromString('0.1'), t: 'dec' }, { _id: 0.1, t: 'dbl' }, { _id: big('9007199254740993'), t: 'big' }]);
