@@ -1,0 +1,182 @@
+/*
+ * client_private.h - what the two halves of a client connection share.
+ *
+ * client.c is a connection's lifecycle: its states, the flow decisions
+ * (who may read), the libevent callbacks, pairing with an upstream,
+ * draining and the one way to close.  client_route.c is what flows through
+ * it: framing, the two in-flight FIFOs, forwarding, reply matching, the
+ * proxy's own answers and internal requests.  Both include this header;
+ * every other module uses client.h only.
+ */
+#ifndef RELAYBUS_CLIENT_PRIVATE_H
+#define RELAYBUS_CLIENT_PRIVATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+
+#include "client.h"
+#include "handshake.h"
+#include "upstream.h"
+
+struct event;
+
+/* What the upstream's reply to one request is for. */
+typedef enum {
+   UPREQ_RELAY,    /* relay to the client (responseTo mapped back) */
+   UPREQ_HELLO,    /* rewrite as the mongos persona, then relay */
+   UPREQ_INTERNAL, /* the proxy's own request: reply to a callback */
+} upreq_kind_t;
+
+/* A client request that expects an answer, in the client's order. */
+typedef struct {
+   uint64_t seq;
+   int32_t client_id;     /* the client's requestID: the answer's responseTo */
+   int32_t family;        /* WIRE_OP_MSG or WIRE_OP_QUERY: the answer's opcode family */
+   int compressor;        /* compress the answer with this id; -1: plain */
+   bool done;             /* the final answer has been produced */
+   struct evbuffer *held; /* answers produced while earlier requests wait; owned */
+} client_req_t;
+
+/* A message sent upstream that expects a reply, in the upstream's order. */
+typedef struct {
+   upreq_kind_t kind;
+   int32_t upstream_id;        /* the requestID the proxy sent */
+   int32_t expect_response_to; /* upstream_id; then the last reply's id (exhaust) */
+   uint64_t creq_seq;          /* RELAY, HELLO: the client request it answers */
+   handshake_compression_t offer; /* HELLO: what to advertise */
+   client_internal_cb_t cb;       /* INTERNAL */
+   void *cb_ctx;
+} upstream_req_t;
+
+/* Owned by its loop (listed in loop->clients until disconnected, then in
+ * loop->free_list until freed).  Owns its bufferevent, its upstream, its
+ * timers, its held answers and a reference on its config snapshot. */
+struct client_conn {
+   uint64_t id;
+   char peer[128];
+   client_state_t state;
+   client_loop_t *loop;
+   config_t *cfg;
+
+   struct bufferevent *bev;
+   upstream_conn_t *up;
+   bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
+
+   struct event *timer;          /* per state: no primary / handshake */
+   struct event *req_timer;      /* a partial request stalls */
+   struct event *reply_timer;    /* a partial reply stalls */
+   bool req_timer_armed;         /* req_timer is pending (saves event_del calls) */
+   bool reply_timer_armed;
+
+   /* The write callbacks are installed only while they have work to do
+    * (client_update_flow): libevent schedules one after nearly every
+    * write otherwise. */
+   bool client_drained_cb;   /* client_write_cb installed */
+   bool up_drained_cb;       /* upstream_want_drained on */
+
+   struct evbuffer *scratch; /* decompressed requests */
+   struct evbuffer *tmp;     /* re-encoded replies */
+
+   int compressor; /* negotiated on the first hello, for logs; -1 none */
+   int32_t next_id; /* requestIDs the proxy sends upstream or to the client */
+
+   client_req_t creqs[CLIENT_MAX_INFLIGHT];
+   uint64_t creq_head, creq_tail; /* seqs: [head, tail) are waiting */
+   upstream_req_t upreqs[CLIENT_MAX_UPSTREAM_INFLIGHT];
+   uint32_t up_head, up_count;
+
+   client_conn_t *prev, *next; /* loop->clients, or loop->free_list (next only) */
+
+   void *data; /* client_set_data: another module's state, owned via data_destroy */
+   void (*data_destroy) (void *);
+};
+
+struct client_loop {
+   struct event_base *base;
+   topology_t *topo;      /* borrowed */
+   tls_upstream_t *tls;   /* borrowed, may be NULL */
+   config_t *cfg;         /* retained */
+   uint64_t next_conn_id;
+   client_conn_t *clients;
+   size_t nclients;
+   client_conn_t *free_list;
+   struct event *free_ev;
+   bool draining;
+   struct event *drain_timer;
+   void (*on_empty) (void *);
+   void *on_empty_ctx;
+   client_request_hook_t hook; /* injection and virtual commands */
+   void *hook_ctx;
+};
+
+/* ------------------------------------------------------------ buffers */
+
+static inline struct evbuffer *
+client_output (client_conn_t *c)
+{
+   return bufferevent_get_output (c->bev);
+}
+
+static inline struct evbuffer *
+upstream_output (client_conn_t *c)
+{
+   return bufferevent_get_output (upstream_bev (c->up));
+}
+
+static inline size_t
+high_watermark (const client_conn_t *c)
+{
+   return (size_t) c->cfg->buffer_high_watermark;
+}
+
+/* ------------------------------------------------------------ FIFOs */
+
+static inline uint32_t
+creq_count (const client_conn_t *c)
+{
+   return (uint32_t) (c->creq_tail - c->creq_head);
+}
+
+static inline client_req_t *
+creq_find (client_conn_t *c, uint64_t seq)
+{
+   if (seq < c->creq_head || seq >= c->creq_tail)
+      return NULL;
+   return &c->creqs[seq % CLIENT_MAX_INFLIGHT];
+}
+
+static inline void
+upreq_pop (client_conn_t *c)
+{
+   c->up_head = (c->up_head + 1) % CLIENT_MAX_UPSTREAM_INFLIGHT;
+   c->up_count--;
+}
+
+/* Room for one more request in both FIFOs (a relayed request takes one of
+ * each; HELLO too). */
+static inline bool
+fifo_has_room (const client_conn_t *c)
+{
+   return creq_count (c) < CLIENT_MAX_INFLIGHT && c->up_count < CLIENT_MAX_UPSTREAM_INFLIGHT;
+}
+
+/* ------------------------------------------------------------ across */
+
+/* client.c: the one function that changes state (timers, flow, registry). */
+void client_set_state (client_conn_t *c, client_state_t next);
+/* client.c: in DRAINING, closes the connection once nothing is in flight
+ * and its output is written. */
+void client_check_drained (client_conn_t *c);
+
+/* client_route.c: handles every complete request in the client's input
+ * while the FIFOs and the upstream's output have room; returns whether it
+ * took any.  Returns false after disconnecting too (check the state). */
+bool client_route_requests (client_conn_t *c);
+/* client_route.c: the same for replies in the upstream's input, while the
+ * client's output has room. */
+bool client_route_replies (client_conn_t *c);
+
+#endif /* RELAYBUS_CLIENT_PRIVATE_H */

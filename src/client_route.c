@@ -1,0 +1,945 @@
+/*
+ * client_route.c - what flows through a client connection: framing both
+ * ways, the two in-flight FIFOs, forwarding, reply matching, hellos, the
+ * proxy's own answers and internal requests.  The connection's lifecycle
+ * (states, flow, callbacks, closing) is client.c; the FIFOs' shape is in
+ * client_private.h.
+ *
+ * Data path.  A request is handled only once it is complete in the client's
+ * input buffer.  It is made contiguous once (evbuffer_pullup) to be parsed
+ * and inspected; if the proxy forwards it unchanged, its requestID is
+ * replaced in place in the input buffer and the whole message moved to the
+ * upstream's output with evbuffer_remove_buffer (chain moves, no copy).
+ * Replies go the other way the same way with responseTo mapped back.  Only
+ * hellos, checksummed messages and proxy answers are re-encoded.  The
+ * parser's validation pass also yields the command name and where a
+ * top-level `comment` is, so routing reads no body twice.
+ *
+ * Compression.  The upstream is never asked to compress (handshake.c strips
+ * `compression` from the hello it forwards), so everything upstream is
+ * plain; the client's compressed requests are decompressed here and its
+ * replies compressed with the request's compressor, as mongod does.
+ */
+#include "client.h"
+
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+
+#include "client_private.h"
+#include "compress.h"
+#include "handshake.h"
+#include "log.h"
+#include "upstream.h"
+
+/* Replies larger than this are not scanned for "not primary" errors: such
+ * errors are small documents, and scanning a big cursor batch would cost a
+ * pullup copy for nothing. */
+#define CLIENT_SCAN_LIMIT (64 * 1024)
+
+/* ------------------------------------------------------------ helpers */
+
+static void
+put_le32 (uint8_t *p, int32_t v)
+{
+   uint32_t u = (uint32_t) v;
+   p[0] = (uint8_t) u;
+   p[1] = (uint8_t) (u >> 8);
+   p[2] = (uint8_t) (u >> 16);
+   p[3] = (uint8_t) (u >> 24);
+}
+
+static uint32_t
+get_le32 (const uint8_t *p)
+{
+   return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
+}
+
+static int32_t
+client_next_id (client_conn_t *c)
+{
+   /* Positive and never 0: some drivers treat responseTo 0 as "none". */
+   if (c->next_id <= 0 || c->next_id == INT32_MAX)
+      c->next_id = 1;
+   return c->next_id++;
+}
+
+/* Header ids are any int32 (pymongo's are random, often negative), so
+ * "leave it as it is" needs a value outside that range. */
+#define KEEP_ID INT64_MIN
+
+/* Moves one complete message of `len` bytes from `src` to `dst`, replacing
+ * its requestID and/or responseTo (KEEP_ID: keep).  The ids are patched in
+ * place in `src`'s first chain (evbuffer_pullup of the header costs nothing
+ * when the header is contiguous, as it nearly always is), then the whole
+ * message moves as evbuffer chains: a message read in one piece is never
+ * copied.  Every chain the proxy moves is its own (socket reads, and
+ * buffers it built with evbuffer_reserve_space), never a read-only
+ * reference, so writing into it is allowed. */
+static bool
+move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t request_id, int64_t response_to)
+{
+   if (request_id != KEEP_ID || response_to != KEEP_ID) {
+      uint8_t *hdr = evbuffer_pullup (src, WIRE_HEADER_LEN);
+
+      if (!hdr)
+         return false;
+      if (request_id != KEEP_ID)
+         put_le32 (hdr + 4, (int32_t) request_id);
+      if (response_to != KEEP_ID)
+         put_le32 (hdr + 8, (int32_t) response_to);
+   }
+   return evbuffer_remove_buffer (src, dst, len) == (int) len;
+}
+
+/* ------------------------------------------------------------ FIFOs */
+
+static client_req_t *
+creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
+{
+   client_req_t *r;
+
+   if (creq_count (c) >= CLIENT_MAX_INFLIGHT)
+      return NULL;
+   r = &c->creqs[c->creq_tail % CLIENT_MAX_INFLIGHT];
+   memset (r, 0, sizeof *r);
+   r->seq = c->creq_tail++;
+   r->client_id = client_id;
+   r->family = family;
+   r->compressor = compressor;
+   return r;
+}
+
+static upstream_req_t *
+upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
+{
+   upstream_req_t *u;
+
+   if (c->up_count >= CLIENT_MAX_UPSTREAM_INFLIGHT)
+      return NULL;
+   u = &c->upreqs[(c->up_head + c->up_count) % CLIENT_MAX_UPSTREAM_INFLIGHT];
+   memset (u, 0, sizeof *u);
+   u->kind = kind;
+   u->upstream_id = upstream_id;
+   u->expect_response_to = upstream_id;
+   c->up_count++;
+   return u;
+}
+
+/* ------------------------------------------------------------ answers */
+
+/* Puts one complete message (`len` bytes at the front of `src`) where the
+ * answer to `r` belongs: the client's output if `r` is the oldest waiting
+ * request, else `r`'s held buffer.  Compresses when the request was
+ * compressed.  `response_to` other than KEEP_ID replaces the header's responseTo.
+ * With `final`, `r` is complete and the FIFO advances. */
+static bool
+client_deliver (client_conn_t *c,
+                client_req_t *r,
+                struct evbuffer *src,
+                size_t len,
+                int64_t response_to,
+                bool final,
+                bson_error_t *error)
+{
+   struct evbuffer *dst;
+   struct evbuffer *z = NULL;
+   bool ok = false;
+
+   if (r->seq == c->creq_head && !r->held) {
+      dst = client_output (c);
+   } else {
+      if (!r->held)
+         r->held = evbuffer_new ();
+      dst = r->held;
+   }
+   if (r->compressor > 0) {
+      const uint8_t *msg = evbuffer_pullup (src, (ssize_t) len);
+      z = evbuffer_new ();
+      if (!msg || !z || !wire_compress (msg, len, (uint8_t) r->compressor, (int) (r->compressor == COMPRESS_ZSTD ? c->cfg->zstd_level : c->cfg->zlib_level), z, error))
+         goto done;
+      evbuffer_drain (src, len);
+      stats_add (messages_compressed, 1);
+      src = z;
+      len = evbuffer_get_length (z);
+   }
+   if (!move_message (src, dst, len, KEEP_ID, response_to)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory moving a reply");
+      goto done;
+   }
+   stats_add (bytes_to_clients, len);
+   if (final) {
+      r->done = true;
+      /* Advance past every completed request, releasing held answers in
+       * order; a request that became oldest while still streaming gets its
+       * held part flushed so its next replies can go straight out. */
+      while (c->creq_head < c->creq_tail) {
+         client_req_t *h = creq_find (c, c->creq_head);
+         if (h->held) {
+            evbuffer_add_buffer (client_output (c), h->held);
+            evbuffer_free (h->held);
+            h->held = NULL;
+         }
+         if (!h->done)
+            break;
+         c->creq_head++;
+      }
+   }
+   ok = true;
+done:
+   if (z)
+      evbuffer_free (z);
+   return ok;
+}
+
+bool
+client_hold_request (client_conn_t *c,
+                     int32_t client_request_id,
+                     int32_t family,
+                     int compressor,
+                     uint64_t *request_seq,
+                     bson_error_t *error)
+{
+   client_req_t *r = creq_push (c, client_request_id, family, compressor);
+
+   if (!r) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      return false;
+   }
+   *request_seq = r->seq;
+   return true;
+}
+
+bool
+client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson_error_t *error)
+{
+   client_req_t *r = creq_find (c, request_seq);
+   bool ok = false;
+
+   if (c->state == CLIENT_STATE_CLOSING || !r || r->done) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 4, "no such request waiting for an answer");
+      goto done;
+   }
+   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (r->family == WIRE_OP_QUERY)
+      ok = wire_append_reply (c->tmp, client_next_id (c), r->client_id, 8 /* AwaitCapable */, reply);
+   else
+      ok = wire_append_msg (c->tmp, client_next_id (c), r->client_id, 0, reply, NULL, 0);
+   if (!ok) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "answer too large");
+      goto done;
+   }
+   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
+   if (ok)
+      client_check_drained (c);
+done:
+   return ok;
+}
+
+bool
+client_answer_error (client_conn_t *c,
+                     uint64_t request_seq,
+                     int32_t code,
+                     const char *code_name,
+                     const char *errmsg,
+                     bson_error_t *error)
+{
+   bson_t doc = BSON_INITIALIZER;
+   bool ok;
+
+   BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
+   BSON_APPEND_UTF8 (&doc, "errmsg", errmsg);
+   BSON_APPEND_INT32 (&doc, "code", code);
+   BSON_APPEND_UTF8 (&doc, "codeName", code_name);
+   ok = client_answer (c, request_seq, &doc, error);
+   bson_destroy (&doc);
+   return ok;
+}
+
+/* ------------------------------------------------------------ internal */
+
+bool
+client_send_internal (client_conn_t *c,
+                      const bson_t *body,
+                      const wire_sequence_t *sequences,
+                      uint32_t nsequences,
+                      client_internal_cb_t cb,
+                      void *ctx,
+                      bson_error_t *error)
+{
+   upstream_req_t *u;
+   int32_t id;
+   size_t before;
+
+   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 6, "upstream not connected");
+      return false;
+   }
+   if (c->up_count >= CLIENT_MAX_UPSTREAM_INFLIGHT) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      return false;
+   }
+   id = client_next_id (c);
+   before = evbuffer_get_length (upstream_output (c));
+   if (!wire_append_msg (upstream_output (c), id, 0, 0, body, sequences, nsequences)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "request too large");
+      return false;
+   }
+   u = upreq_push (c, UPREQ_INTERNAL, id);
+   u->cb = cb;
+   u->cb_ctx = ctx;
+   stats_add (internal_requests, 1);
+   stats_add (bytes_to_upstream, evbuffer_get_length (upstream_output (c)) - before);
+   return true;
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* Forwards a request unchanged but for its requestID.  A request with a
+ * checksum is re-encoded instead: changing the header would break its
+ * CRC, and the proxy drops checksums of what it rewrites. */
+static bool
+forward_request (client_conn_t *c,
+                 struct evbuffer *src,
+                 size_t len,
+                 const wire_msg_t *msg,
+                 const char *cmd,
+                 int compressor,
+                 bson_error_t *error)
+{
+   struct evbuffer *out = upstream_output (c);
+   int32_t id = client_next_id (c);
+   bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
+
+   if (!more) {
+      client_req_t *r;
+      upstream_req_t *u;
+
+      /* Only a compressed request's answer is compressed, so only then can
+       * the exempt list (12 names) matter. */
+      if (compressor > 0 && compress_command_is_exempt (cmd))
+         compressor = -1;
+      r = creq_push (c, msg->header.request_id, WIRE_OP_MSG, compressor);
+      u = upreq_push (c, UPREQ_RELAY, id);
+      if (!r || !u) {
+         /* fifo_has_room was checked before reading this request. */
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+         return false;
+      }
+      u->creq_seq = r->seq;
+   }
+   if (msg->checksum_present) {
+      if (!wire_append_msg (out,
+                            id,
+                            msg->header.response_to,
+                            msg->flags & ~WIRE_MSG_CHECKSUM_PRESENT,
+                            &msg->body,
+                            msg->sequences,
+                            msg->nsequences)) {
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "request too large");
+         return false;
+      }
+      stats_add (bytes_to_upstream, len);
+      evbuffer_drain (src, len);
+      return true;
+   }
+   if (!move_message (src, out, len, id, KEEP_ID)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory forwarding a request");
+      return false;
+   }
+   stats_add (bytes_to_upstream, len);
+   return true;
+}
+
+/* A hello (OP_MSG or legacy OP_QUERY) goes upstream as OP_MSG without
+ * `compression`; the reply comes back through reply_hello. */
+static bool
+forward_hello (client_conn_t *c,
+               struct evbuffer *src,
+               size_t len,
+               int32_t client_id,
+               int32_t family,
+               const bson_t *hello,
+               bson_error_t *error)
+{
+   bson_t body;
+   client_req_t *r;
+   upstream_req_t *u;
+   int32_t id;
+   bool ok = false;
+
+   if (!handshake_rewrite_request (hello, family == WIRE_OP_QUERY, &body, error))
+      goto done;
+   r = creq_push (c, client_id, family, -1 /* hello is never compressed */);
+   id = client_next_id (c);
+   u = upreq_push (c, UPREQ_HELLO, id);
+   if (!r || !u) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      goto done;
+   }
+   u->creq_seq = r->seq;
+   handshake_negotiate (hello, c->cfg->compressors, &u->offer);
+   if (c->state == CLIENT_STATE_HANDSHAKE)
+      c->compressor = u->offer.n > 0 ? u->offer.ids[0] : -1;
+   if (!wire_append_msg (upstream_output (c), id, 0, 0, &body, NULL, 0)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "hello too large");
+      goto done;
+   }
+   stats_add (bytes_to_upstream, len);
+   evbuffer_drain (src, len);
+   ok = true;
+done:
+   bson_destroy (&body);
+   return ok;
+}
+
+/* Answers a request the proxy handles itself with an error document. */
+static bool
+answer_locally (client_conn_t *c,
+                int32_t client_id,
+                int32_t family,
+                int compressor,
+                int32_t code,
+                const char *code_name,
+                const char *errmsg,
+                struct evbuffer *src,
+                size_t len,
+                bson_error_t *error)
+{
+   uint64_t seq;
+
+   evbuffer_drain (src, len);
+   if (!client_hold_request (c, client_id, family, compressor, &seq, error))
+      return false;
+   return client_answer_error (c, seq, code, code_name, errmsg, error);
+}
+
+#ifdef RELAYBUS_DEBUG
+/* Debug builds only: {relaybusDebugInternal: {<command with $db>}, times: N}
+ * holds the client's request, sends the inner command N times on the
+ * upstream connection as the proxy's own requests (pipelined), and answers
+ * {ok: 1, replies: [...]} once all replies are in.  It exercises exactly
+ * the mechanism injection uses (hold, send internal, answer) and serves as
+ * its worked example. */
+typedef struct {
+   uint64_t seq;      /* the held client request */
+   int pending;       /* internal replies still to come */
+   bson_t replies;    /* array being built */
+   uint32_t nreplies;
+   bool failed;
+} debug_internal_t;
+
+static void
+debug_internal_cb (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+{
+   debug_internal_t *d = ctx;
+   bson_error_t answer_error;
+   char idx[16];
+   const char *key;
+
+   d->pending--;
+   if (!reply) {
+      /* Connection closed: nothing to answer, just release. */
+      d->failed = true;
+   } else {
+      bson_uint32_to_string (d->nreplies++, &key, idx, sizeof idx);
+      BSON_APPEND_DOCUMENT (&d->replies, key, &reply->body);
+   }
+   if (d->pending > 0)
+      return;
+   if (!d->failed) {
+      bson_t doc = BSON_INITIALIZER;
+      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      BSON_APPEND_ARRAY (&doc, "replies", &d->replies);
+      if (!client_answer (c, d->seq, &doc, &answer_error))
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "debug internal answer: %s", answer_error.message);
+      bson_destroy (&doc);
+   }
+   bson_destroy (&d->replies);
+   bson_free (d);
+}
+
+static bool
+debug_internal (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
+{
+   bson_iter_t it;
+   bson_t inner;
+   const uint8_t *data;
+   uint32_t dlen;
+   int times = 1;
+   debug_internal_t *d;
+   bool ok = false;
+
+   if (bson_iter_init_find (&it, &msg->body, "times") && BSON_ITER_HOLDS_NUMBER (&it))
+      times = (int) bson_iter_as_int64 (&it);
+   if (!bson_iter_init_find (&it, &msg->body, "relaybusDebugInternal") || !BSON_ITER_HOLDS_DOCUMENT (&it) || times < 1 ||
+       times > 8)
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 2, "BadValue",
+                             "relaybusDebugInternal wants a command document and times in [1, 8]", src, len, error);
+   bson_iter_document (&it, &dlen, &data);
+   if (!bson_init_static (&inner, data, dlen))
+      return false;
+   d = bson_malloc0 (sizeof *d);
+   bson_init (&d->replies);
+   if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &d->seq, error))
+      goto done;
+   for (int i = 0; i < times; i++) {
+      if (!client_send_internal (c, &inner, NULL, 0, debug_internal_cb, d, error)) {
+         /* Requests already sent will still call back; let them free d. */
+         if (d->pending > 0) {
+            d->failed = true;
+            d = NULL;
+         }
+         goto done;
+      }
+      d->pending++;
+   }
+   d = NULL; /* owned by the callbacks now */
+   ok = true;
+done:
+   evbuffer_drain (src, len);
+   if (d) {
+      bson_destroy (&d->replies);
+      bson_free (d);
+   }
+   return ok;
+}
+#endif
+
+/* The routing decision for one parsed OP_MSG.  This is where injection
+ * (annotated statements) and virtual commands hook in: either may hold the
+ * request (client_hold_request), send its own traffic
+ * (client_send_internal) and answer later (client_answer). */
+static bool
+route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
+{
+   const char *cmd = msg->command; /* from the validation pass */
+   bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
+
+   if (!more && handshake_is_hello (cmd))
+      return forward_hello (c, src, len, msg->header.request_id, WIRE_OP_MSG, &msg->body, error);
+#ifdef RELAYBUS_DEBUG
+   if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
+      return debug_internal (c, src, len, msg, compressor, error);
+#endif
+   if (c->loop->hook) {
+      switch (c->loop->hook (c, msg, cmd, compressor, c->loop->hook_ctx, error)) {
+      case CLIENT_ROUTE_FORWARD:
+         break;
+      case CLIENT_ROUTE_HELD:
+         if (c->state != CLIENT_STATE_CLOSING)
+            evbuffer_drain (src, len);
+         return c->state != CLIENT_STATE_CLOSING;
+      case CLIENT_ROUTE_ERROR:
+      default:
+         return false;
+      }
+   }
+   if (cmd && cmd[0] == 'r' && strncmp (cmd, "relaybus", 8) == 0) {
+      char errmsg[160];
+      /* Virtual commands are never forwarded; none is implemented yet. */
+      if (more) {
+         evbuffer_drain (src, len);
+         return true;
+      }
+      bson_snprintf (errmsg, sizeof errmsg, "no such command: '%s'", cmd);
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 59, "CommandNotFound", errmsg, src, len, error);
+   }
+   return forward_request (c, src, len, msg, cmd, compressor, error);
+}
+
+/* OP_QUERY: only the legacy hello is accepted; anything else gets the
+ * error mongod 5.1+ gives, as an OP_REPLY. */
+static bool
+route_query (client_conn_t *c, struct evbuffer *src, size_t len, const wire_query_t *q, int compressor, bson_error_t *error)
+{
+   bson_t cmd_doc;
+   const char *cmd = NULL;
+   const char *dot = strchr (q->full_collection_name, '.');
+   char errmsg[200];
+
+   if (handshake_unwrap_query (&q->query, &cmd_doc))
+      cmd = wire_command_name (&cmd_doc);
+   if (dot && strcmp (dot, ".$cmd") == 0 && handshake_is_hello (cmd))
+      return forward_hello (c, src, len, q->header.request_id, WIRE_OP_QUERY, &cmd_doc, error);
+   bson_snprintf (errmsg,
+                  sizeof errmsg,
+                  "Unsupported OP_QUERY command: %s. The client driver may require an upgrade.",
+                  cmd ? cmd : "(none)");
+   return answer_locally (c, q->header.request_id, WIRE_OP_QUERY, compressor, 352, "UnsupportedOpQueryCommand", errmsg, src, len, error);
+}
+
+/* Handles one complete request of `h->length` bytes at the front of the
+ * client's input.  Returns false after disconnecting. */
+static bool
+handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
+{
+   struct evbuffer *src = in;
+   size_t len = (size_t) h.length;
+   int compressor = -1;
+   const uint8_t *buf;
+   bson_error_t error;
+   bool ok;
+
+   if (h.opcode == WIRE_OP_COMPRESSED) {
+      wire_compressed_t cm;
+      uint8_t hb[WIRE_HEADER_LEN];
+
+      buf = evbuffer_pullup (in, (ssize_t) len);
+      if (!buf || !wire_parse_compressed (buf, len, &cm, &error))
+         goto protocol;
+      if (cm.original_opcode != WIRE_OP_MSG && cm.original_opcode != WIRE_OP_QUERY) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "OP_COMPRESSED wraps opcode %d", cm.original_opcode);
+         goto protocol;
+      }
+      evbuffer_drain (c->scratch, evbuffer_get_length (c->scratch));
+      if (!wire_decompress (&cm, WIRE_MAX_MESSAGE_LEN, c->scratch, &error))
+         goto protocol;
+      compressor = cm.compressor_id > 0 ? cm.compressor_id : -1;
+      evbuffer_drain (in, len);
+      stats_add (messages_decompressed, 1);
+      src = c->scratch;
+      len = evbuffer_get_length (src);
+      if (evbuffer_copyout (src, hb, sizeof hb) != (ssize_t) sizeof hb || !wire_peek_header (hb, sizeof hb, &h) ||
+          (size_t) h.length != len) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "decompressed message has a bad header");
+         goto protocol;
+      }
+   }
+   buf = evbuffer_pullup (src, (ssize_t) len);
+   if (!buf) {
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+      return false;
+   }
+   if (h.opcode == WIRE_OP_MSG) {
+      wire_msg_t msg;
+      if (!wire_parse_msg (buf, len, &msg, &error))
+         goto protocol;
+      ok = route_msg (c, src, len, &msg, compressor, &error);
+   } else if (h.opcode == WIRE_OP_QUERY) {
+      wire_query_t q;
+      if (!wire_parse_query (buf, len, &q, &error))
+         goto protocol;
+      ok = route_query (c, src, len, &q, compressor, &error);
+   } else {
+      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "clients may not send %s", wire_opcode_name (h.opcode));
+      goto protocol;
+   }
+   if (!ok && c->state != CLIENT_STATE_CLOSING)
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "request %d: %s", h.request_id, error.message);
+   return ok && c->state != CLIENT_STATE_CLOSING;
+protocol:
+   client_disconnect (c,
+                      STATS_CLOSE_CLIENT_PROTOCOL,
+                      "bad %s request %d (%d bytes): %s",
+                      wire_opcode_name (h.opcode),
+                      h.request_id,
+                      h.length,
+                      error.message);
+   return false;
+}
+
+/* Reads header by header (client_private.h). */
+bool
+client_route_requests (client_conn_t *c)
+{
+   struct evbuffer *in;
+   bool consumed = false;
+
+   if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
+      return false;
+   in = bufferevent_get_input (c->bev);
+   while (fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c)) {
+      const uint8_t *hb;
+      wire_header_t h;
+      bson_error_t error;
+      size_t avail = evbuffer_get_length (in);
+
+      if (avail < WIRE_HEADER_LEN)
+         break;
+      /* No copy when the header is contiguous (the usual case). */
+      hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
+      if (!hb) {
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+         return false;
+      }
+      (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
+      if (!wire_check_header (&h, 0, &error)) {
+         client_disconnect (c, STATS_CLOSE_CLIENT_PROTOCOL, "bad message header: %s", error.message);
+         return false;
+      }
+      if (avail < (size_t) h.length)
+         break;
+      consumed = true;
+      stats_add (messages_from_clients, 1);
+      stats_add (bytes_from_clients, h.length);
+      if (!handle_request (c, in, h))
+         return false;
+   }
+   return consumed;
+}
+
+/* ------------------------------------------------------------ replies */
+
+static bool
+code_is_not_primary (int32_t code)
+{
+   switch (code) {
+   case 10107: /* NotWritablePrimary */
+   case 13435: /* NotPrimaryNoSecondaryOk */
+   case 13436: /* NotPrimaryOrSecondary */
+   case 11600: /* InterruptedAtShutdown */
+   case 11602: /* InterruptedDueToReplStateChange */
+   case 189:   /* PrimarySteppedDown */
+   case 91:    /* ShutdownInProgress */
+      return true;
+   default:
+      return false;
+   }
+}
+
+/* Scans the top level of a small OP_MSG reply for a "not primary"-class
+ * error.  Bounds come from bson_iter; nothing is trusted. */
+static bool
+reply_is_not_primary (const uint8_t *buf, size_t len)
+{
+   bson_t body;
+   bson_iter_t it;
+   uint32_t doc_len;
+   bool failed = false, not_primary = false;
+
+   /* header, flags, kind byte 0, document */
+   if (len < WIRE_HEADER_LEN + 4 + 1 + 5 || buf[WIRE_HEADER_LEN + 4] != 0)
+      return false;
+   doc_len = get_le32 (buf + WIRE_HEADER_LEN + 5);
+   if (doc_len < 5 || doc_len > len - (WIRE_HEADER_LEN + 5) ||
+       !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body))
+      return false;
+   /* Keys are compared by length first (bson_iter_key_len is cheap): this
+    * runs on every reply, and most keys are none of the three. */
+   while (bson_iter_next (&it)) {
+      const char *key = bson_iter_key (&it);
+      uint32_t klen = bson_iter_key_len (&it);
+      if (klen == 2 && memcmp (key, "ok", 2) == 0) {
+         failed = bson_iter_as_double (&it) == 0.0;
+         if (!failed)
+            return false; /* {ok: 1}: whatever else it says */
+      } else if (klen == 4 && memcmp (key, "code", 4) == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
+         not_primary |= code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
+      } else if (klen == 6 && memcmp (key, "errmsg", 6) == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
+         const char *m = bson_iter_utf8 (&it, NULL);
+         not_primary |= strstr (m, "not master") != NULL || strstr (m, "not primary") != NULL;
+      }
+   }
+   return failed && not_primary;
+}
+
+static bool
+reply_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuffer *in, size_t len, bson_error_t *error)
+{
+   const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+   wire_msg_t reply;
+   bson_t body = BSON_INITIALIZER;
+   bool ok = false;
+
+   if (!buf || !wire_parse_msg (buf, len, &reply, error))
+      goto done;
+   bson_destroy (&body);
+   if (!handshake_rewrite_reply (&reply.body, &u->offer, &body, error))
+      goto done;
+   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (r->family == WIRE_OP_QUERY)
+      ok = wire_append_reply (c->tmp, reply.header.request_id, r->client_id, 8 /* AwaitCapable */, &body);
+   else
+      ok = wire_append_msg (c->tmp, reply.header.request_id, r->client_id, 0, &body, NULL, 0);
+   if (!ok) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "hello reply too large");
+      goto done;
+   }
+   evbuffer_drain (in, len);
+   stats_add (hellos_rewritten, 1);
+   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
+done:
+   bson_destroy (&body);
+   return ok;
+}
+
+/* Handles one complete reply at the front of the upstream's input.
+ * Returns false after disconnecting. */
+static bool
+handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
+{
+   upstream_req_t *u = &c->upreqs[c->up_head];
+   size_t len = (size_t) h->length;
+   const uint8_t *pre;
+   uint32_t flags;
+   bool more, first;
+   bson_error_t error;
+   client_req_t *r = NULL;
+
+   if (h->opcode != WIRE_OP_MSG) {
+      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
+      goto protocol;
+   }
+   if (h->response_to != u->expect_response_to) {
+      bson_set_error (&error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_SHORT,
+                      "reply responds to %d, expected %d",
+                      h->response_to,
+                      u->expect_response_to);
+      goto protocol;
+   }
+   if (len < WIRE_HEADER_LEN + 4) {
+      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
+      goto protocol;
+   }
+   /* The header and the flags, without a copy when contiguous. */
+   pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
+   if (!pre) {
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, 2, "out of memory reading a reply");
+      goto internal;
+   }
+   flags = get_le32 (pre + WIRE_HEADER_LEN);
+   more = (flags & WIRE_MSG_MORE_TO_COME) != 0;
+   first = u->expect_response_to == u->upstream_id;
+
+   if (u->kind == UPREQ_INTERNAL) {
+      wire_msg_t reply;
+      upstream_req_t done = *u;
+      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+
+      if (!buf || !wire_parse_msg (buf, len, &reply, &error))
+         goto protocol;
+      /* Internal requests never allow exhaust: one reply ends them. */
+      upreq_pop (c);
+      done.cb (c, &reply, NULL, done.cb_ctx);
+      if (c->state == CLIENT_STATE_CLOSING)
+         return false;
+      evbuffer_drain (in, len);
+      return true;
+   }
+
+   r = creq_find (c, u->creq_seq);
+   if (!r) {
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
+      return false;
+   }
+   if (u->kind == UPREQ_HELLO) {
+      if (more) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_FLAGS, "hello reply with moreToCome");
+         goto protocol;
+      }
+      upstream_req_t cur = *u;
+      upreq_pop (c);
+      if (!reply_hello (c, &cur, r, in, len, &error)) {
+         if (c->state != CLIENT_STATE_CLOSING)
+            client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
+         return false;
+      }
+      if (c->state == CLIENT_STATE_HANDSHAKE) {
+         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", upstream_name (c->up),
+                   c->compressor > 0 ? compress_name (c->compressor) : "none");
+         client_set_state (c, CLIENT_STATE_READY);
+      }
+      return true;
+   }
+
+   /* RELAY */
+   if (len <= CLIENT_SCAN_LIMIT) {
+      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+      if (buf && reply_is_not_primary (buf, len)) {
+         stats_add (not_primary_errors, 1);
+         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", upstream_name (c->up));
+         topology_request_refresh (c->loop->topo, "not-primary error relayed");
+      }
+   }
+   if (flags & WIRE_MSG_CHECKSUM_PRESENT) {
+      /* Our header change would break the CRC: re-encode without it. */
+      wire_msg_t reply;
+      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+      if (!buf || !wire_parse_msg (buf, len, &reply, &error))
+         goto protocol;
+      evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+      if (!wire_append_msg (c->tmp,
+                            reply.header.request_id,
+                            first ? r->client_id : reply.header.response_to,
+                            flags & ~WIRE_MSG_CHECKSUM_PRESENT,
+                            &reply.body,
+                            reply.sequences,
+                            reply.nsequences)) {
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, 5, "reply too large");
+         goto protocol;
+      }
+      evbuffer_drain (in, len);
+      if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, &error))
+         goto internal;
+   } else if (!client_deliver (c, r, in, len, first ? (int64_t) r->client_id : KEEP_ID, !more, &error)) {
+      goto internal;
+   }
+   /* Exhaust: the next reply responds to this one, and the client request
+    * stays open until a reply without moreToCome. */
+   if (more)
+      u->expect_response_to = h->request_id;
+   else
+      upreq_pop (c);
+   return true;
+
+protocol:
+   client_disconnect (c,
+                      STATS_CLOSE_UPSTREAM_PROTOCOL,
+                      "bad reply %d from %s: %s",
+                      h->request_id,
+                      upstream_name (c->up),
+                      error.message);
+   return false;
+internal:
+   client_disconnect (c, STATS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
+   return false;
+}
+
+/* Reads header by header (client_private.h). */
+bool
+client_route_replies (client_conn_t *c)
+{
+   struct bufferevent *ubev;
+   struct evbuffer *in;
+   bool consumed = false;
+
+   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
+      return false;
+   ubev = upstream_bev (c->up);
+   in = bufferevent_get_input (ubev);
+   while (evbuffer_get_length (client_output (c)) < high_watermark (c)) {
+      const uint8_t *hb;
+      wire_header_t h;
+      bson_error_t error;
+      size_t avail = evbuffer_get_length (in);
+
+      if (avail < WIRE_HEADER_LEN)
+         break;
+      hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
+      if (!hb) {
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+         return false;
+      }
+      (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
+      if (!wire_check_header (&h, 0, &error)) {
+         client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", upstream_name (c->up), error.message);
+         return false;
+      }
+      if (avail < (size_t) h.length)
+         break;
+      if (c->up_count == 0) {
+         client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "unsolicited %s %d from %s", wire_opcode_name (h.opcode), h.request_id, upstream_name (c->up));
+         return false;
+      }
+      consumed = true;
+      stats_add (messages_from_upstream, 1);
+      stats_add (bytes_from_upstream, h.length);
+      if (!handle_reply (c, in, &h))
+         return false;
+   }
+   return consumed;
+}
