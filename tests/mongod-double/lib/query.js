@@ -390,10 +390,27 @@ function aggregate(inputDocs, pipeline, opts) {
     if (e && e.code) throw e;
     throw err(opts.errCode || 2, e.message);
   }
+  const order = specOrder(pipeline);
   return out.map((d) => {
     const hint = d && d._id !== undefined ? byId.get(V.canonicalKey(V.fromView(d._id))) : undefined;
-    return V.fromView(d, hint);
+    return V.fromView(d, hint, order);
   });
+}
+
+// Field names in the order the stages that make fields list them ($addFields/$set, $project,
+// $group, literal $replaceRoot/$replaceWith): mingo's output objects put integer-like new
+// fields first, mongod puts them where the specification has them.
+function specOrder(pipeline) {
+  const names = [];
+  for (const stage of pipeline) {
+    if (!isPlainObject(stage)) continue;
+    const op = V.keys(stage)[0];
+    let spec = stage[op];
+    if (op === '$replaceRoot' && isPlainObject(spec)) spec = spec.newRoot;
+    if (!['$addFields', '$set', '$project', '$group', '$replaceRoot', '$replaceWith'].includes(op) || !isPlainObject(spec)) continue;
+    for (const k of V.keys(spec)) if (!names.includes(k)) names.push(k);
+  }
+  return names.length ? names : undefined;
 }
 
 module.exports = { compileFilter, select, project, aggregate, equalityValue, evalLet, collationFolder };

@@ -488,7 +488,9 @@ function numberFromView(n, hint) {
   return new Double(n);
 }
 
-function fromView(v, hint) {
+// `order` (top level only): names in the order the pipeline's stage specifications give them,
+// for fields the hint does not have.
+function fromView(v, hint, order) {
   if (typeof v === 'number') return numberFromView(v, hint);
   if (v === null || typeof v !== 'object') return v;
   if (v instanceof RegExp) {
@@ -506,6 +508,14 @@ function fromView(v, hint) {
   const list = [];
   if (h) for (const k of keys(h)) if (Object.prototype.hasOwnProperty.call(v, k) && v[k] !== undefined) list.push(k);
   const seen = new Set(list);
+  if (order) {
+    for (const k of order) {
+      if (!seen.has(k) && Object.prototype.hasOwnProperty.call(v, k) && v[k] !== undefined) {
+        list.push(k);
+        seen.add(k);
+      }
+    }
+  }
   for (const k of Object.keys(v)) if (!seen.has(k) && v[k] !== undefined) list.push(k);
   for (const k of list) out[k] = fromView(v[k], h ? h[k] : undefined);
   return setOrder(out, list);

@@ -94,6 +94,11 @@ test('aggregation keeps the stored order and appends computed fields', async () 
   assert.deepEqual(keysAt(r, first), ['_id', 'b', '2', 'a', '1', '4']);
   r = await send({ aggregate: 'g', pipeline: [{ $project: M(['1', 1], ['a', 1]) }], cursor: {}, $db: 'ord' });
   assert.deepEqual(keysAt(r, first), ['_id', 'a', '1']);
+  // New fields come in the order the stage specification gives them.
+  r = await send({ aggregate: 'g', pipeline: [{ $addFields: M(['z', 1], ['7', 1], ['y', 1], ['6', 1]) }], cursor: {}, $db: 'ord' });
+  assert.deepEqual(keysAt(r, first), ['_id', 'b', '2', 'a', '1', 'z', '7', 'y', '6']);
+  r = await send({ aggregate: 'g', pipeline: [{ $group: M(['_id', null], ['n', { $sum: 1 }], ['3', { $sum: 1 }]) }], cursor: {}, $db: 'ord' });
+  assert.deepEqual(keysAt(r, first), ['_id', 'n', '3']);
   // $out / $merge copies keep the order too.
   await send({ aggregate: 'g', pipeline: [{ $match: {} }, { $out: 'g2' }], cursor: {}, $db: 'ord' });
   r = await send({ find: 'g2', filter: {}, $db: 'ord' });
