@@ -383,7 +383,14 @@ charge_lost (claim_t *c, uint32_t lane, int64_t epoch, int64_t lost_epoch, const
                    "}");
    {
       bson_t *opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
-      ok = mongoc_collection_update_many (c->deliveries, &q, upd, opts, NULL, &err);
+      bson_t reply;
+      ok = mongoc_collection_update_many (c->deliveries, &q, upd, opts, &reply, &err);
+      if (ok && store_iter_int64 (&reply, "modifiedCount") > 0)
+         log_info ("store: lane %u: charged %" PRId64 " lost attempt(s) of epoch %" PRId64,
+                   lane,
+                   store_iter_int64 (&reply, "modifiedCount"),
+                   lost_epoch);
+      bson_destroy (&reply);
       bson_destroy (opts);
    }
    bson_destroy (upd);
@@ -402,8 +409,6 @@ charge_lost (claim_t *c, uint32_t lane, int64_t epoch, int64_t lost_epoch, const
    bson_destroy (lu);
    if (!ok)
       store_set_error (error, STORE_ERROR_SERVER, "clearing lost claims of lane %u: %s", lane, err.message);
-   else
-      log_debug ("store: lane %u epoch %" PRId64 ": charged %zu lost claim(s)", lane, epoch, lost->n);
    return ok;
 }
 
@@ -927,7 +932,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
       c->s->lanes[f->lane].expires = c->o->now + c->o->lease_ms;
       pthread_mutex_unlock (&c->s->mu);
       if (inflight.n > 0)
-         log_info ("store: took lane %u over (epoch %" PRId64 "), %zu claim(s) of the previous owner lost",
+         log_info ("store: took lane %u over (epoch %" PRId64 "); the previous owner listed %zu delivery(ies) in flight",
                    f->lane,
                    epoch,
                    inflight.n);

@@ -154,7 +154,7 @@ async function waitFor(pred, timeoutMs, what) {
   for (;;) {
     if (await pred()) return;
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(200);
+    await sleep(50);
   }
 }
 

@@ -47,6 +47,7 @@ async function startSink(o = {}) {
     deliveryIds: new Set(),
     rejectedIds: new Set(),
     firstAt: new Map(), // event id -> time of its first 2xx answer
+    pendingNow: 0, // requests received and not answered yet
     attempts: [], // delivery.attempt of each 2xx answer
   };
   const handler = (req, res) => {
@@ -55,6 +56,8 @@ async function startSink(o = {}) {
     req.on('end', () => {
       const body = Buffer.concat(chunks).toString('utf8');
       st.requests++;
+      st.pendingNow++;
+      res.on('finish', () => st.pendingNow--);
       const id = req.headers['webhook-id'];
       const ts = req.headers['webhook-timestamp'];
       if (!verifySignature(o.secret, id, ts, body, req.headers['webhook-signature'])) st.badSignatures++;
