@@ -23,6 +23,8 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
     return;
   }
   const { chromium } = require('playwright-core');
+  const t0 = Date.now();
+  const mark = (what) => t.diagnostic(`${((Date.now() - t0) / 1000).toFixed(1)} s: ${what}`);
   const up = await startUpstream();
   t.after(() => up.stop());
   let failing = true;
@@ -51,6 +53,7 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
     const h = s && s.handlers.find((x) => x.name === 'orders-webhook');
     return h && h.dead === 1 && h.pending === 0;
   }, 20000, 'one dead letter of orders-webhook');
+  mark('one dead letter');
   // A client connected through the proxy, for the clients table.
   const appClient = await new MongoClient(proxy.uri(), { appName: 'shop' }).connect();
   t.after(() => appClient.close());
@@ -66,6 +69,7 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   });
   t.after(() => context.close());
   const page = context.pages()[0] || (await context.newPage());
+  mark('chromium started');
   const requests = [];
   page.on('request', (r) => requests.push(r.url()));
   const consoleErrors = [];
@@ -92,6 +96,7 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   assert.equal((await page.textContent('#handlers tr[data-handler="orders-webhook"] td.dead')).trim(), '1');
   await page.waitForFunction(() => document.querySelectorAll('#clients tbody tr .tag.ready').length >= 1, null, { timeout: 10000 });
   // Let the charts gather a few samples, then the screenshot.
+  mark('dashboard shows backlog, dead letter and clients');
   await page.waitForTimeout(4500);
   fs.mkdirSync(OUT, { recursive: true });
   await page.screenshot({ path: path.join(OUT, 'admin-dashboard.png'), fullPage: true });
@@ -100,6 +105,7 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   failing = false;
   await page.click(`#dead tr[data-id="${deadId}"] button.requeue`);
   await waitFor(() => sink.stats().ok.has('order-1004'), 20000, 'the requeued delivery reached the sink');
+  mark('requeued delivery delivered');
   await page.waitForFunction(() => !document.querySelector('#dead tr[data-handler="orders-webhook"]'), null, { timeout: 15000 });
   const after = (await request(proxy.base, '/api/stats', { token: TOKEN })).json;
   assert.equal(after.handlers.find((h) => h.name === 'orders-webhook').dead, 0);
@@ -111,6 +117,8 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   assert.deepEqual(foreign, [], 'the page fetches nothing from elsewhere');
   assert.deepEqual(consoleErrors, [], 'no script error in the page');
   await context.close();
+  await appClient.close(); // before the proxy goes: a driver closing later waits for it
   const r = await proxy.stop();
   assert.equal(r.code, 0);
+  mark('proxy stopped');
 });
