@@ -422,8 +422,9 @@ function a_flags(v) { return v.flags !== undefined ? v.flags : v.options; }
 
 // The view handed to mingo: numbers become JS numbers, BSONRegExp a RegExp, everything else is
 // kept (same object identity for ObjectId, Binary, Date, so fromView can find them again).
-// A view holding a number it cannot represent exactly (Int64 beyond 2^53, Decimal128) is
-// marked INEXACT on its top level, so filters know to compare such values themselves.
+// A view holding a number mingo cannot compare right (Int64 beyond 2^53 and Decimal128 are
+// not exact as JS numbers; NaN compares like a number to mingo) is marked INEXACT on its top
+// level, so filters know to compare such values themselves.
 const INEXACT = Symbol('inexactView');
 let sawInexact = false;
 function toView(v) {
@@ -444,7 +445,10 @@ function viewOf(v) {
   const t = v._bsontype;
   if (t) {
     switch (t) {
-      case 'Int32': case 'Double': return v.value;
+      case 'Int32': return v.value;
+      case 'Double':
+        if (Number.isNaN(v.value)) sawInexact = true; // mingo: NaN >= 1; mongod: NaN only equals NaN
+        return v.value;
       case 'Long': {
         const n = v.toNumber();
         if (!Number.isSafeInteger(n)) sawInexact = true;

@@ -192,6 +192,12 @@ test('filters compare Int64 beyond 2^53 and Decimal128 exactly (equality, ranges
   // Sorting is exact across the types.
   const sorted = (await coll.find({ _id: { $in: [1, 2, 3, 4, 5] } }).sort({ a: -1, _id: 1 }).toArray()).map((x) => x._id);
   assert.deepEqual(sorted, [1, 4, 2, 3, 5]);
+  // NaN equals only NaN and is neither above nor below anything.
+  await coll.insertOne({ _id: 10, a: new Double(NaN) });
+  assert.deepEqual(await ids({ a: NaN }), [10]);
+  assert.deepEqual(await ids({ a: { $gte: 1, $lte: big('9007199254740992') } }), [2, 3, 7]);
+  assert.deepEqual(await ids({ a: { $lt: 1 } }), [5, 6, 8]);
+  await coll.deleteOne({ _id: 10 });
   // $type below $or/$and/$nor sees the stored types too.
   assert.deepEqual(await ids({ $or: [{ a: { $type: 'decimal' } }, { _id: 2 }] }), [2, 4, 5]);
   assert.deepEqual(await ids({ $and: [{ a: { $type: 'long' } }, { a: { $gt: 0 } }] }), [1, 2, 7]);
