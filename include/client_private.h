@@ -76,6 +76,10 @@ struct client_conn {
     * write otherwise. */
    bool client_drained_cb;   /* client_write_cb installed */
    bool up_drained_cb;       /* upstream_want_drained on */
+   /* Plain sockets are written by client_update_flow itself (write_now);
+    * TLS ones by libevent on the write event, as bufferevents do. */
+   bool client_direct;
+   bool up_direct;
 
    struct evbuffer *scratch; /* decompressed requests */
    struct evbuffer *tmp;     /* re-encoded replies */

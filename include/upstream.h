@@ -53,6 +53,8 @@ struct bufferevent *upstream_bev (upstream_conn_t *up);
 bool upstream_is_connected (const upstream_conn_t *up);
 /* host:port for logs. */
 const char *upstream_name (const upstream_conn_t *up);
+/* Whether the connection runs TLS (an OpenSSL bufferevent). */
+bool upstream_is_tls (const upstream_conn_t *up);
 /* The topology generation it was opened for. */
 uint64_t upstream_generation (const upstream_conn_t *up);
 

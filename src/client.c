@@ -233,6 +233,39 @@ set_reading (struct bufferevent *bev, bool on)
       bufferevent_disable (bev, EV_READ);
 }
 
+/* Writes a plain socket's output now, from the pump that filled it.  A
+ * bufferevent would arm its write event (epoll_ctl), write on the next
+ * loop turn and disarm it when empty (epoll_ctl again): two syscalls and a
+ * loop turn per message per side.  Here EV_WRITE stays off while the
+ * socket takes everything at once, the usual case for small messages.
+ * What it does not take (EAGAIN, a partial write, or an error) is left to
+ * libevent with EV_WRITE on: it finishes the write in order, reports an
+ * error through the event callback as usual, and the first flush that
+ * finds the output empty turns EV_WRITE off again.
+ *
+ * The output of a socket bufferevent is frozen at its front (only libevent
+ * drains it); its own write callback unfreezes it around the write, and so
+ * does this. */
+static void
+write_now (struct bufferevent *bev)
+{
+   struct evbuffer *out = bufferevent_get_output (bev);
+   bool libevent_writes = (bufferevent_get_enabled (bev) & EV_WRITE) != 0;
+
+   if (evbuffer_get_length (out) == 0) {
+      if (libevent_writes)
+         bufferevent_disable (bev, EV_WRITE);
+      return;
+   }
+   if (libevent_writes)
+      return; /* it is writing already: let it, so bytes keep their order */
+   evbuffer_unfreeze (out, 1);
+   (void) evbuffer_write_atmost (out, bufferevent_getfd (bev), bufferevent_get_max_single_write (bev));
+   evbuffer_freeze (out, 1);
+   if (evbuffer_get_length (out) > 0)
+      bufferevent_enable (bev, EV_WRITE);
+}
+
 /* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
  *  - the client is read only in HANDSHAKE/READY, with the upstream
  *    connected, room in the FIFOs, and the upstream's output below the
@@ -253,6 +286,12 @@ client_update_flow (client_conn_t *c)
 
    if (c->state == CLIENT_STATE_CLOSING)
       return;
+   /* What the pump queued goes out first: the decisions below read the
+    * outputs' lengths after it. */
+   if (c->client_direct)
+      write_now (c->bev);
+   if (up && c->up_direct)
+      write_now (upstream_bev (c->up));
    high = high_watermark (c);
    client_full = evbuffer_get_length (client_output (c)) >= high;
    if (up) {
@@ -320,15 +359,16 @@ upstream_pump (client_conn_t *c)
 
    if (c->state == CLIENT_STATE_CLOSING)
       return;
-   client_check_drained (c);
-   if (c->state == CLIENT_STATE_CLOSING)
-      return;
    /* Answers freed FIFO room: requests may be waiting in the input
-    * (client_pump updates the flow); else only the flow may change. */
+    * (client_pump updates the flow); else only the flow may change.
+    * Either writes the answers out, so a drain check comes after. */
    if (creq_count (c) < before)
       client_pump (c);
    else
       client_update_flow (c);
+   if (c->state == CLIENT_STATE_CLOSING)
+      return;
+   client_check_drained (c);
    if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
       return;
    message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), consumed);
@@ -394,6 +434,9 @@ up_event (void *owner, upstream_event_t ev, const char *detail)
    case UPSTREAM_EVENT_CONNECTED:
       log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "paired with upstream %s", detail);
       bufferevent_setwatermark (upstream_bev (c->up), EV_WRITE, high_watermark (c) / 2, 0);
+      /* Connected: a plain upstream is written by write_now from here on
+       * (the connect itself needed libevent's write event). */
+      c->up_direct = !upstream_is_tls (c->up);
       client_set_state (c, CLIENT_STATE_HANDSHAKE);
       client_pump (c);
       break;
@@ -592,9 +635,16 @@ client_accept (client_loop_t *loop,
    /* client_update_flow installs client_write_cb when it is needed. */
    bufferevent_setcb (c->bev, client_read_cb, NULL, client_event_cb, c);
    bufferevent_setwatermark (c->bev, EV_WRITE, high_watermark (c) / 2, 0);
-   /* Writing is always on; reading is decided by client_update_flow. */
-   bufferevent_enable (c->bev, EV_WRITE);
-   bufferevent_disable (c->bev, EV_READ);
+   /* Reading is decided by client_update_flow.  Writing: by write_now on
+    * a plain socket (EV_WRITE off until a write cannot finish), by
+    * libevent on a TLS one (always on: the handshake writes too). */
+   c->client_direct = server_tls == NULL;
+   if (c->client_direct) {
+      bufferevent_disable (c->bev, EV_WRITE | EV_READ);
+   } else {
+      bufferevent_enable (c->bev, EV_WRITE);
+      bufferevent_disable (c->bev, EV_READ);
+   }
 
    c->next = loop->clients;
    if (loop->clients)

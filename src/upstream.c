@@ -175,6 +175,12 @@ upstream_name (const upstream_conn_t *up)
    return up->name;
 }
 
+bool
+upstream_is_tls (const upstream_conn_t *up)
+{
+   return up->tls;
+}
+
 uint64_t
 upstream_generation (const upstream_conn_t *up)
 {
