@@ -30,7 +30,8 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     ],
   });
   t.after(() => proxy.kill());
-  const client = await new MongoClient(up.uri).connect();
+  // Bounded: after hooks may stop the double before this client closes.
+  const client = await new MongoClient(up.uri, { serverSelectionTimeoutMS: 3000 }).connect();
   t.after(() => client.close());
   const get = (p, token = TOKEN) => request(proxy.base, p, { token });
   const post = (p, json, token = TOKEN) => request(proxy.base, p, { method: 'POST', json, token });

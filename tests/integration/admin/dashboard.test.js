@@ -39,7 +39,8 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
     ],
   });
   t.after(() => proxy.kill());
-  const client = await new MongoClient(up.uri).connect();
+  // Bounded: after hooks may stop the double before this client closes.
+  const client = await new MongoClient(up.uri, { serverSelectionTimeoutMS: 3000 }).connect();
   t.after(() => client.close());
   const events = [
     { id: 'order-1001', type: 'order.placed.v1', key: 'customer-7', payload: { total: 42 } },

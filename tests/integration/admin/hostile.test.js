@@ -23,7 +23,8 @@ test('hostile admin requests get 400s or timeouts and change nothing', { timeout
     handlers: [{ name: 'audit', events: '*', kind: 'pull' }],
   });
   t.after(() => proxy.kill());
-  const client = await new MongoClient(up.uri).connect();
+  // Bounded: after hooks may stop the double before this client closes.
+  const client = await new MongoClient(up.uri, { serverSelectionTimeoutMS: 3000 }).connect();
   t.after(() => client.close());
   const events = [];
   for (let i = 0; i < 6; i++) events.push({ id: `h-${i}`, type: 'thing.v1', key: `k${i}`, payload: { i } });

@@ -58,7 +58,8 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
     ],
   });
   t.after(() => proxy.kill());
-  const client = await new MongoClient(up.uri).connect();
+  // Bounded: after hooks may stop the double before this client closes.
+  const client = await new MongoClient(up.uri, { serverSelectionTimeoutMS: 3000 }).connect();
   t.after(() => client.close());
   await publish(client, db, [0, 1, 2, 3].map((i) => ({ id: `m-${i}`, type: 't.v1', payload: { i } })), ['hook', 'audit.v2'], 4);
   // A delivery of a handler another process declared, with a name that needs escaping.
