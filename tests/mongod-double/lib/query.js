@@ -179,6 +179,11 @@ function exactField(path, c, leaf) {
     } else if (op === '$type') {
       const t = typeCheck(path, a);
       tests.push((v, d) => t(d));
+    } else if (op === '$not' && isPlainObject(a) && Object.keys(a).length && Object.keys(a).every((k) => k.startsWith('$'))) {
+      const t = exactField(path, a, leaf);
+      tests.push((v, d) => !t(v, d));
+    } else if (op === '$elemMatch' && isPlainObject(a) && Object.keys(a).length) {
+      tests.push(elemMatchTest(path, a, leaf));
     } else if ((op === '$in' || op === '$nin') && Array.isArray(a) && a.some((x) => V.isNumeric(x) || isDocLiteral(x))) {
       const mine = (x) => V.isNumeric(x) || isDocLiteral(x);
       const nums = a.filter(mine).map((n) => (isDocLiteral(n) ? docTest(n) : numTest('$eq', n)));
@@ -193,6 +198,22 @@ function exactField(path, c, leaf) {
     tests.push((v) => q(v));
   }
   return (v, d) => tests.every((t) => t(v, d));
+}
+
+// $elemMatch on the stored array elements: a query on each document element, or (operator
+// form) conditions on each element itself.
+function elemMatchTest(path, spec, leaf) {
+  const opForm = Object.keys(spec).every((k) => k.startsWith('$') && k !== '$and' && k !== '$or' && k !== '$nor' && k !== '$expr' && k !== '$where');
+  let test;
+  if (opForm) {
+    // The element stands at a one-field wrapper; leaves see the wrapper's view.
+    const t = exactField('e', spec, (f) => leaf(f));
+    test = (e) => t({ e: V.toView(e) }, { e });
+  } else {
+    const t = exactTree(spec, leaf);
+    test = (e) => isPlainObject(e) && t(V.toView(e), e);
+  }
+  return (v, d) => V.pathValues(d, path).some((arr) => Array.isArray(arr) && arr.some((e) => e !== undefined && test(e)));
 }
 
 function compileFilter(filter, opts = {}) {

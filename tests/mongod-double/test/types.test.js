@@ -198,6 +198,17 @@ test('filters compare Int64 beyond 2^53 and Decimal128 exactly (equality, ranges
   assert.deepEqual(await ids({ a: { $gte: 1, $lte: big('9007199254740992') } }), [2, 3, 7]);
   assert.deepEqual(await ids({ a: { $lt: 1 } }), [5, 6, 8]);
   await coll.deleteOne({ _id: 10 });
+  // $elemMatch and $not compare exactly as well.
+  const arr = db.collection('exact_arr');
+  await arr.insertMany([
+    { _id: 1, items: [{ q: big('9007199254740993'), k: 'a' }, { q: new Int32(1), k: 'b' }], v: [big('9007199254740993')] },
+    { _id: 2, items: [{ q: big('9007199254740992'), k: 'a' }], v: [big('9007199254740992'), new Int32(3)] },
+  ]);
+  const aids = async (f) => (await arr.find(f).sort({ _id: 1 }).toArray()).map((x) => x._id);
+  assert.deepEqual(await aids({ items: { $elemMatch: { q: big('9007199254740993'), k: 'a' } } }), [1]);
+  assert.deepEqual(await aids({ items: { $elemMatch: { q: { $gt: 9007199254740992 } } } }), [1]);
+  assert.deepEqual(await aids({ v: { $elemMatch: { $gt: 9007199254740992, $lt: big('9007199254740994') } } }), [1]);
+  assert.deepEqual(await aids({ v: { $not: { $gt: 9007199254740992 } } }), [2]);
   // $type below $or/$and/$nor sees the stored types too.
   assert.deepEqual(await ids({ $or: [{ a: { $type: 'decimal' } }, { _id: 2 }] }), [2, 4, 5]);
   assert.deepEqual(await ids({ $and: [{ a: { $type: 'long' } }, { a: { $gt: 0 } }] }), [1, 2, 7]);
