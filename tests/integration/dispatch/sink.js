@@ -30,6 +30,8 @@ function verifySignature(secret, id, ts, body, header) {
  * @param {(ev: object) => boolean} [o.answer400] events answered 400
  * @param {() => number} [o.rand] random source (default Math.random)
  * @param {{key: string, cert: string}} [o.tls] serve https with this key and certificate
+ * @param {(ev: object, req) => ({status, headers?, body?}|'hang'|undefined)} [o.respond]
+ *        chooses the answer (undefined: the default policy; 'hang': never answer)
  */
 async function startSink(o = {}) {
   const rand = o.rand || Math.random;
@@ -48,6 +50,7 @@ async function startSink(o = {}) {
     rejectedIds: new Set(),
     firstAt: new Map(), // event id -> time of its first 2xx answer
     pendingNow: 0, // requests received and not answered yet
+    custom: [], // answers chosen by o.respond: {id, path, at, status, attempt}
     attempts: [], // delivery.attempt of each 2xx answer
   };
   const handler = (req, res) => {
@@ -89,6 +92,18 @@ async function startSink(o = {}) {
       };
       const finish = () => {
         if (key !== undefined) st.inFlightKeys.set(key, st.inFlightKeys.get(key) - 1);
+        const custom = o.respond && o.respond(ev, req);
+        if (custom === 'hang') return; // never answers (a timeout for the proxy)
+        if (custom) {
+          st.custom.push({ id: ev.id, path: req.url, at: Date.now(), status: custom.status, attempt: ev.delivery && ev.delivery.attempt });
+          if (custom.status >= 200 && custom.status < 300) {
+            checkSeq();
+            if (!st.ok.has(ev.id)) st.firstAt.set(ev.id, Date.now());
+            st.ok.set(ev.id, (st.ok.get(ev.id) || 0) + 1);
+          }
+          res.writeHead(custom.status, custom.headers || { 'content-type': 'text/plain' }).end(custom.body || '');
+          return;
+        }
         if (o.answer400 && o.answer400(ev)) {
           checkSeq();
           st.rejected400++;
