@@ -974,12 +974,13 @@ handle_requeue_bury (admin_t *a, struct evhttp_request *req, bool bury)
    static const char *const requeue_fields[] = {"ids", NULL};
    static const char *const bury_fields[] = {"ids", "reason", NULL};
    bson_t body;
-   const char **ids = NULL;
-   size_t n = 0, changed = 0;
+   const char **ids = NULL, **done_ids = NULL, **kept_ids = NULL;
+   size_t n = 0, changed = 0, n_kept = 0;
    bson_error_t err;
    char reason[300] = "buried by an operator";
-   char peer[80], list[600];
+   char peer[80], list[600], kept_list[600];
    bson_t doc = BSON_INITIALIZER;
+   int64_t now;
    bool ok;
 
    if (!read_body (a, req, &body)) {
@@ -999,35 +1000,74 @@ handle_requeue_bury (admin_t *a, struct evhttp_request *req, bool bury)
          }
          snprintf (reason, sizeof reason, "buried by an operator: %s", r);
       }
-      ok = store_bury_ids (a->store, ids, n, now_ms (), reason, &changed, &err);
-   } else {
-      ok = store_requeue (a->store, ids, n, now_ms (), &changed, &err);
+   }
+   /* One id at a time, so the log and the answer say exactly which
+    * deliveries changed. */
+   done_ids = bson_malloc0 ((n ? n : 1) * sizeof *done_ids);
+   kept_ids = bson_malloc0 ((n ? n : 1) * sizeof *kept_ids);
+   now = now_ms ();
+   ok = true;
+   for (size_t i = 0; ok && i < n; i++) {
+      size_t c = 0;
+      ok = bury ? store_bury_ids (a->store, &ids[i], 1, now, reason, &c, &err) : store_requeue (a->store, &ids[i], 1, now, &c, &err);
+      if (ok && c > 0)
+         done_ids[changed++] = ids[i];
+      else if (ok)
+         kept_ids[n_kept++] = ids[i];
    }
    peer_of (req, peer, sizeof peer);
-   ids_for_log (ids, n, list, sizeof list);
+   ids_for_log (done_ids, changed, list, sizeof list);
+   ids_for_log (kept_ids, n_kept, kept_list, sizeof kept_list);
+   if (changed > 0)
+      store_view_invalidate (a);
    if (!ok) {
-      log_warn ("admin: %s %s of %zu deliveries failed: %s [%s]", peer, bury ? "bury" : "requeue", n, err.message, list);
-      send_error (a, req, 502, "%s failed: %s", bury ? "bury" : "requeue", err.message);
+      log_warn ("admin: %s %s of %zu deliveries failed after %zu changed (%s): %s",
+                peer,
+                bury ? "bury" : "requeue",
+                n,
+                changed,
+                list[0] ? list : "none",
+                err.message);
+      send_error (a, req, 502, "%s failed after %zu of %zu: %s", bury ? "bury" : "requeue", changed, n, err.message);
       goto done;
    }
    if (bury)
-      log_info ("admin: %s buried %zu of %zu requested deliveries (pending and not running ones; lastError \"%s\"): %s",
+      log_info ("admin: %s buried %zu of %zu requested deliveries (lastError \"%s\"): %s%s%s",
                 peer,
                 changed,
                 n,
                 reason,
-                list);
+                list[0] ? list : "none",
+                n_kept ? "; not pending or running, unchanged: " : "",
+                kept_list);
    else
-      log_info ("admin: %s requeued %zu of %zu requested deliveries (dead ones are pending and due now): %s", peer, changed, n, list);
-   if (changed > 0)
-      store_view_invalidate (a);
+      log_info ("admin: %s requeued %zu of %zu requested deliveries (pending and due now): %s%s%s",
+                peer,
+                changed,
+                n,
+                list[0] ? list : "none",
+                n_kept ? "; not dead, unchanged: " : "",
+                kept_list);
    if (!bury && changed > 0)
       dispatch_wake ();
    BSON_APPEND_INT64 (&doc, "requested", (int64_t) n);
    BSON_APPEND_INT64 (&doc, bury ? "buried" : "requeued", (int64_t) changed);
+   {
+      bson_t arr;
+      char buf[16];
+      const char *key;
+      BSON_APPEND_ARRAY_BEGIN (&doc, "ids", &arr);
+      for (size_t i = 0; i < changed; i++) {
+         bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+         BSON_APPEND_UTF8 (&arr, key, done_ids[i]);
+      }
+      bson_append_array_end (&doc, &arr);
+   }
    send_json (req, 200, "OK", &doc);
 done:
    bson_free ((void *) ids);
+   bson_free ((void *) done_ids);
+   bson_free ((void *) kept_ids);
    bson_destroy (&body);
    bson_destroy (&doc);
 }

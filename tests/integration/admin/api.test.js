@@ -138,13 +138,14 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     reject = () => false; // the sink now accepts everything
     const r = await post('/api/deliveries/requeue', { ids: [deadIds[0]] });
     assert.equal(r.status, 200, r.text);
-    assert.deepEqual(r.json, { requested: 1, requeued: 1 });
+    assert.deepEqual(r.json, { requested: 1, requeued: 1, ids: [deadIds[0]] });
     await waitFor(() => sink.stats().ok.size === 4, 20000, 'the requeued event delivered');
     await waitFor(async () => (await get('/api/deliveries?status=dead&handler=mailer')).json.count === 1, 10000, 'one dead left');
     // Requeueing it again changes nothing: it is no longer dead.
     const again = await post('/api/deliveries/requeue', { ids: [deadIds[0]] });
-    assert.deepEqual(again.json, { requested: 1, requeued: 0 });
-    assert.match(proxy.log(), /admin: 127\.0\.0\.1:\d+ requeued 1 of 1 requested deliveries/);
+    assert.deepEqual(again.json, { requested: 1, requeued: 0, ids: [] });
+    assert.ok(proxy.log().includes(`requeued 1 of 1 requested deliveries (pending and due now): ${deadIds[0]}\n`), proxy.log());
+    assert.ok(proxy.log().includes(`requeued 0 of 1 requested deliveries (pending and due now): none; not dead, unchanged: ${deadIds[0]}`));
   });
 
   await t.test('POST /api/deliveries/bury buries a pending delivery with the reason', async () => {
@@ -152,12 +153,12 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     const id = list.json.deliveries[0].id;
     const r = await post('/api/deliveries/bury', { ids: [id], reason: 'poison payload' });
     assert.equal(r.status, 200, r.text);
-    assert.deepEqual(r.json, { requested: 1, buried: 1 });
+    assert.deepEqual(r.json, { requested: 1, buried: 1, ids: [id] });
     const dead = await get('/api/deliveries?status=dead&handler=audit');
     assert.equal(dead.json.count, 1);
     assert.equal(dead.json.deliveries[0].id, id);
     assert.match(dead.json.deliveries[0].lastError, /poison payload/);
-    assert.match(proxy.log(), /admin: 127\.0\.0\.1:\d+ buried 1 of 1 requested deliveries.*poison payload/);
+    assert.match(proxy.log(), new RegExp(`admin: 127\\.0\\.0\\.1:\\d+ buried 1 of 1 requested deliveries .*poison payload.*: ${id}`));
   });
 
   await t.test('POST /api/purge deletes dead deliveries older than the cutoff', async () => {

@@ -172,9 +172,10 @@ test('hostile admin requests get 400s or timeouts and change nothing', { timeout
     assert.equal((await request(proxy.base, '/healthz')).status, 200);
     assert.equal((await request(proxy.base, '/readyz')).status, 200);
     assert.deepEqual(await counts(), { pending: 4, dead: 2 });
-    const ok = await post('/api/deliveries/requeue', JSON.stringify({ ids: (await get('/api/deliveries?status=dead')).json.deliveries.map((d) => d.id) }));
+    const deadIds = (await get('/api/deliveries?status=dead')).json.deliveries.map((d) => d.id);
+    const ok = await post('/api/deliveries/requeue', JSON.stringify({ ids: deadIds }));
     assert.equal(ok.status, 200, ok.text);
-    assert.deepEqual(ok.json, { requested: 2, requeued: 2 });
+    assert.deepEqual(ok.json, { requested: 2, requeued: 2, ids: deadIds });
     assert.deepEqual(await counts(), { pending: 6, dead: 0 });
     const r = await proxy.stop();
     assert.equal(r.code, 0, proxy.log().slice(-3000));
@@ -197,7 +198,7 @@ test('without a token, actions must name the port by address (DNS rebinding)', {
   for (const host of [`127.0.0.1:${proxy.adminPort}`, `localhost:${proxy.adminPort}`, 'LOCALHOST', '[::1]:9187']) {
     const r = await request(proxy.base, '/api/deliveries/requeue', { method: 'POST', body, headers: { ...ct, host } });
     assert.equal(r.status, 200, `Host ${host}: ${r.status} ${r.text}`);
-    assert.deepEqual(r.json, { requested: 1, requeued: 0 });
+    assert.deepEqual(r.json, { requested: 1, requeued: 0, ids: [] });
   }
   assert.match(proxy.log(), /403 for POST \/api\/deliveries\/requeue/);
   const r = await proxy.stop();
