@@ -14,8 +14,8 @@
  * the relaybus part removed (other comment fields kept; a comment left empty,
  * or a string comment that was only the annotation, is dropped).
  *
- * Pure functions: no I/O, no logging, no allocation except libbson's (the
- * parsed events point into one bson_t the annotate_t owns).  What to do with
+ * Pure functions: no I/O, no logging; memory comes from libbson's allocator
+ * (the parsed events point into one bson_t the annotate_t owns).  What to do with
  * the events (transactions, injected writes) is inject.h's business.
  *
  * The limits below are part of the documented interface (docs/publishing.md).
@@ -77,13 +77,12 @@ typedef struct {
    int64_t not_before_ms; /* milliseconds since the epoch */
 } annotate_event_t;
 
-/* A parsed annotation.  Owns `storage`, into which every event points; use
- * it in place (do not copy the struct) and release it with annotate_cleanup.
- * Large (ANNOTATE_MAX_EVENTS events): allocate it, do not put it on a small
- * stack. */
+/* A parsed annotation.  Owns `storage`, into which every event points, and
+ * the `events` array (exactly n_events long).  Moving the struct (memcpy)
+ * is safe: nothing points into it.  Release it with annotate_cleanup. */
 typedef struct {
    bson_t *storage;
-   annotate_event_t events[ANNOTATE_MAX_EVENTS];
+   annotate_event_t *events;
    uint32_t n_events;
    bool from_string; /* came from the string form */
 } annotate_t;

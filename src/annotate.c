@@ -145,6 +145,8 @@ annotate_cleanup (annotate_t *a)
    if (a->storage)
       bson_destroy (a->storage);
    a->storage = NULL;
+   bson_free (a->events);
+   a->events = NULL;
    a->n_events = 0;
 }
 
@@ -366,30 +368,40 @@ parse_events_value (const bson_iter_t *it, annotate_t *a, bson_error_t *error)
    uint32_t len;
    const uint8_t *data;
 
+   /* Events hold bson_iter_t, which libbson declares 128-byte aligned:
+    * plain malloc alignment would be undefined behaviour. */
    if (BSON_ITER_HOLDS_DOCUMENT (it)) {
       bson_iter_document (it, &len, &data);
       if (len > ANNOTATE_MAX_BYTES)
          return invalid (error, "the annotation is %u bytes; at most %d", len, ANNOTATE_MAX_BYTES);
+      a->events = bson_aligned_alloc0 (BSON_ALIGNOF (annotate_event_t), sizeof *a->events);
       if (!parse_event (it, 0, &a->events[0], error))
          return false;
       a->n_events = 1;
    } else if (BSON_ITER_HOLDS_ARRAY (it)) {
       bson_iter_t elem;
+      uint32_t n = 0;
 
       bson_iter_array (it, &len, &data);
       if (len > ANNOTATE_MAX_BYTES)
          return invalid (error, "the annotation is %u bytes; at most %d", len, ANNOTATE_MAX_BYTES);
+      /* Counted first, so the events take only the room they need. */
       if (!bson_iter_recurse (it, &elem))
          return invalid (error, "the annotation is not a valid array");
       while (bson_iter_next (&elem)) {
-         if (a->n_events == ANNOTATE_MAX_EVENTS)
+         if (++n > ANNOTATE_MAX_EVENTS)
             return invalid (error, "at most %d events per annotation", ANNOTATE_MAX_EVENTS);
+      }
+      if (n == 0)
+         return invalid (error, "the annotation has no events (an empty array)");
+      a->events = bson_aligned_alloc0 (BSON_ALIGNOF (annotate_event_t), n * sizeof *a->events);
+      if (!bson_iter_recurse (it, &elem))
+         return invalid (error, "the annotation is not a valid array");
+      while (a->n_events < n && bson_iter_next (&elem)) {
          if (!parse_event (&elem, a->n_events, &a->events[a->n_events], error))
             return false;
          a->n_events++;
       }
-      if (a->n_events == 0)
-         return invalid (error, "the annotation has no events (an empty array)");
    } else {
       return invalid (error, "the annotation must be a document (one event) or an array of documents");
    }

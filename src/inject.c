@@ -74,12 +74,14 @@ struct inject_job {
 
    inject_phase_t phase; /* the current round's */
    inject_phase_t next;  /* the next to plan */
-   bson_t cmds[INJECT_MAX_ROUND_COMMANDS];
-   uint32_t n_cmds;
-   uint32_t expect_n[INJECT_MAX_ROUND_COMMANDS]; /* WRITE: the `n` each reply must report */
+   /* Sized for the job: a round has at most one command per event (SEQ)
+    * and at least room for WRITE's two. */
+   bson_t *cmds;
+   uint32_t *expect_n; /* WRITE: the `n` each reply must report */
+   uint32_t cmds_cap, n_cmds;
 
-   event_state_t ev[ANNOTATE_MAX_EVENTS];
-   key_slot_t keys[ANNOTATE_MAX_EVENTS];
+   event_state_t *ev; /* one per event */
+   key_slot_t *keys;  /* at most one per event */
    uint32_t n_keys;
    bson_t *read_reply;
 
@@ -172,7 +174,8 @@ inject_job_new (annotate_t *ann, const bson_t *cmd, bool opens_txn, config_t *cf
       bson_set_error (error, INJECT_ERROR_DOMAIN, 1, "not a transaction statement");
       return NULL;
    }
-   job = bson_malloc0 (sizeof *job);
+   /* bson_t and bson_iter_t members want libbson's 128-byte alignment. */
+   job = BSON_ALIGNED_ALLOC0 (inject_job_t);
    memcpy (&job->ann, ann, sizeof *ann);
    memset (ann, 0, sizeof *ann);
    job->cfg = config_retain (cfg);
@@ -207,6 +210,11 @@ inject_job_new (annotate_t *ann, const bson_t *cmd, bool opens_txn, config_t *cf
       job->first_pending = !bson_empty (&job->first);
    }
 
+   job->cmds_cap = job->ann.n_events > 2 ? job->ann.n_events : 2;
+   job->cmds = bson_aligned_alloc0 (BSON_ALIGNOF (bson_t), job->cmds_cap * sizeof *job->cmds);
+   job->expect_n = bson_malloc0 (job->cmds_cap * sizeof *job->expect_n);
+   job->ev = bson_aligned_alloc0 (BSON_ALIGNOF (event_state_t), (job->ann.n_events ? job->ann.n_events : 1) * sizeof *job->ev);
+   job->keys = bson_malloc0 ((job->ann.n_events ? job->ann.n_events : 1) * sizeof *job->keys);
    for (uint32_t i = 0; i < job->ann.n_events; i++) {
       job->ev[i].key_slot = -1;
       if (job->ann.events[i].given_id)
@@ -222,6 +230,10 @@ inject_job_destroy (inject_job_t *job)
       return;
    for (uint32_t i = 0; i < job->n_cmds; i++)
       bson_destroy (&job->cmds[i]);
+   bson_free (job->cmds);
+   bson_free (job->expect_n);
+   bson_free (job->ev);
+   bson_free (job->keys);
    annotate_cleanup (&job->ann);
    if (job->read_reply)
       bson_destroy (job->read_reply);
@@ -238,7 +250,11 @@ inject_job_destroy (inject_job_t *job)
 static bson_t *
 cmd_begin (inject_job_t *job, const char *name, const char *coll)
 {
-   bson_t *c = &job->cmds[job->n_cmds];
+   bson_t *c;
+
+   /* READ plans 1, SEQ at most one per event, WRITE 2: within cmds_cap. */
+   BSON_ASSERT (job->n_cmds < job->cmds_cap);
+   c = &job->cmds[job->n_cmds];
 
    bson_init (c);
    BSON_APPEND_UTF8 (c, name, coll);

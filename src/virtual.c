@@ -256,7 +256,8 @@ conn_busy (uint64_t conn_id)
 static virtual_op_t *
 op_new (client_conn_t *c, uint64_t seq, op_state_t state)
 {
-   virtual_op_t *op = bson_malloc0 (sizeof *op);
+   /* Its bson_t members want libbson's 128-byte alignment. */
+   virtual_op_t *op = BSON_ALIGNED_ALLOC0 (virtual_op_t);
 
    op->conn_id = client_id (c);
    op->request_seq = seq;
