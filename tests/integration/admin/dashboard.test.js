@@ -30,12 +30,16 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   let failing = true;
   const sink = await startSink({ answer400: (ev) => failing && ev.payload.fail === true });
   t.after(() => sink.close());
+  // A slow handler keeps deliveries in flight, so lanes are held while the page is looked at.
+  const slowSink = await startSink({ delayMs: 9000 });
+  t.after(() => slowSink.close());
   const db = uniqueDbName('admindash');
   const proxy = await startAdminProxy({
     upstream: up.uri, token: TOKEN, outbox: { database: db },
     handlers: [
       { name: 'orders-webhook', events: 'order.*', kind: 'webhook', url: sink.url('/orders'), max_attempts: 5 },
       { name: 'audit', events: '*', kind: 'pull' },
+      { name: 'slow-hook', events: 'order.placed.*', kind: 'webhook', url: slowSink.url('/slow'), timeout_ms: 30000 },
     ],
   });
   t.after(() => proxy.kill());
@@ -49,6 +53,7 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
     { id: 'order-1004', type: 'order.placed.v1', key: 'customer-9', payload: { total: -1, fail: true } },
   ];
   await publish(client, db, events, ['orders-webhook', 'audit'], 4);
+  await publish(client, db, events.filter((e) => e.type === 'order.placed.v1').map((e) => ({ ...e, id: e.id + '-slow' })), ['slow-hook'], 3);
   await waitFor(async () => {
     const s = (await request(proxy.base, '/api/stats', { token: TOKEN })).json;
     const h = s && s.handlers.find((x) => x.name === 'orders-webhook');
@@ -96,9 +101,13 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   assert.match(await page.textContent(`#dead tr[data-id="${deadId}"] td.err`), /400/);
   assert.equal((await page.textContent('#handlers tr[data-handler="orders-webhook"] td.dead')).trim(), '1');
   await page.waitForFunction(() => document.querySelectorAll('#clients tbody tr .tag.ready').length >= 1, null, { timeout: 10000 });
+  // Lanes held by this proxy while the slow handler runs: coloured in the grid, listed as owner.
+  await page.waitForFunction(() => document.querySelector('#owners .tag.here'), null, { timeout: 10000 });
+  const held = await page.$$eval('#lane-grid div', (cells) => cells.filter((c) => c.style.background).length);
+  assert.ok(held >= 1, 'lanes coloured in the grid');
   // Let the charts gather a few samples, then the screenshot.
   mark('dashboard shows backlog, dead letter and clients');
-  await page.waitForTimeout(4500);
+  await page.waitForTimeout(3000);
   fs.mkdirSync(OUT, { recursive: true });
   await page.screenshot({ path: path.join(OUT, 'admin-dashboard.png'), fullPage: true });
 
