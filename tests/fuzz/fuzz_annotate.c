@@ -11,6 +11,10 @@
  * iterates every nested document to its end), since annotate_parse only
  * ever sees bodies the codec accepted.
  *
+ * Every annotation that parses is then planned by inject.h against
+ * a fixed config, with well-formed replies (checks that no input crashes
+ * the command builders, and that the job finishes without failure).
+ *
  * Oracles (abort() on failure):
  *   - ANNOTATE_ABSENT exactly when annotate_present is false;
  *   - FOUND: 1..ANNOTATE_MAX_EVENTS events, each with a valid UTF-8 type,
@@ -26,6 +30,8 @@
 #include <bson/bson.h>
 
 #include "annotate.h"
+#include "config.h"
+#include "inject.h"
 
 int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
 
@@ -123,6 +129,69 @@ check_forward (const bson_t *body, const bson_t *fwd)
    }
 }
 
+/* The `n` a write command's reply reports: its statements or documents. */
+static int32_t
+statements (const bson_t *cmd)
+{
+   bson_iter_t it, sub;
+   int32_t n = 0;
+
+   if ((bson_iter_init_find (&it, cmd, "updates") || bson_iter_init_find (&it, cmd, "documents")) &&
+       bson_iter_recurse (&it, &sub)) {
+      while (bson_iter_next (&sub))
+         n++;
+   }
+   return n;
+}
+
+/* Plans and "runs" the outbox writes of `a` (moved in) with good replies. */
+static void
+run_inject (annotate_t *a)
+{
+   static config_t *cfg;
+   bson_error_t error;
+   bson_t *cmd;
+   inject_job_t *job;
+   uint32_t n, rounds = 0;
+
+   if (!cfg) {
+      cfg = config_parse_string ("[handler a]\nevents = *\nkind = pull\n[handler b]\nevents = t, order.*\nkind = pull\n",
+                                 "fuzz.ini", &error);
+      CHECK (cfg);
+   }
+   cmd = BCON_NEW ("insert", "o", "lsid", "{", "id", BCON_INT32 (1), "}", "txnNumber", BCON_INT64 (1), "autocommit",
+                   BCON_BOOL (false));
+   job = inject_job_new (a, cmd, false, cfg, 0, &error);
+   CHECK (job);
+   CHECK (a->n_events == 0 && a->storage == NULL);
+   while ((n = inject_job_next_round (job)) > 0) {
+      CHECK (++rounds <= 3);
+      for (uint32_t i = 0; i < n; i++) {
+         const bson_t *c = inject_job_command (job, i);
+         bson_t *reply;
+
+         CHECK (c);
+         switch (inject_job_phase (job)) {
+         case INJECT_PHASE_READ:
+            reply = BCON_NEW ("cursor", "{", "id", BCON_INT64 (0), "firstBatch", "[", "]", "}", "ok", BCON_INT32 (1));
+            break;
+         case INJECT_PHASE_SEQ:
+            reply = BCON_NEW ("value", "{", "value", BCON_INT64 (1000), "}", "ok", BCON_INT32 (1));
+            break;
+         default:
+            reply = BCON_NEW ("n", BCON_INT32 (statements (c)), "ok", BCON_INT32 (1));
+            break;
+         }
+         inject_job_reply (job, i, reply);
+         bson_destroy (reply);
+      }
+   }
+   CHECK (!inject_job_failed (job, NULL));
+   CHECK (inject_job_phase (job) == INJECT_PHASE_DONE);
+   inject_job_destroy (job);
+   bson_destroy (cmd);
+}
+
 static void
 run_body (const bson_t *body)
 {
@@ -138,6 +207,7 @@ run_body (const bson_t *body)
    case ANNOTATE_FOUND:
       check_events (a);
       check_forward (body, &fwd);
+      run_inject (a);
       break;
    case ANNOTATE_INVALID:
       CHECK (strncmp (error.message, "relaybus: ", 10) == 0);
@@ -211,9 +281,10 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       body = bson_new ();
       BSON_APPEND_ARRAY (body, "events", &in);
       CHECK (bson_iter_init_find (&it, body, "events"));
-      if (annotate_parse_events (&it, a, &error))
+      if (annotate_parse_events (&it, a, &error)) {
          check_events (a);
-      else
+         run_inject (a);
+      } else
          CHECK (strncmp (error.message, "relaybus: ", 10) == 0 && a->storage == NULL);
       annotate_cleanup (a);
       free (a);
