@@ -36,6 +36,11 @@ bool dispatch_start (config_t *cfg, bson_error_t *error) __attribute__ ((warn_un
  * back and joins the thread.  Safe to call when nothing was started. */
 void dispatch_stop (void);
 
+/* Applies a reloaded snapshot (poll_interval_ms, batch_size, lease_ms; the
+ * handlers cannot change on reload).  Takes its own reference; any
+ * thread. */
+void dispatch_reload (config_t *cfg);
+
 /* Claims now instead of at the next poll.  Thread-safe; cheap; a no-op
  * when the dispatcher is not running. */
 void dispatch_wake (void);

@@ -92,7 +92,8 @@ typedef struct {
    size_t n_handlers;
    bool dispatching; /* enabled with at least one webhook handler */
 
-   struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *renew_ev, *stop_ev, *deadline_ev;
+   struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *renew_ev, *stop_ev, *deadline_ev, *reload_ev;
+   config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
    job_t *running;
    size_t n_running;
    job_t **done;
@@ -537,6 +538,64 @@ dispatch_thread (void *arg)
    return NULL;
 }
 
+/* --------------------------------------------------------------- reload */
+
+static void
+renew_schedule (dispatcher_t *d)
+{
+   struct timeval tv = {(time_t) (d->cfg->lease_ms / 3000), (suseconds_t) ((d->cfg->lease_ms / 3 % 1000) * 1000)};
+   event_add (d->renew_ev, &tv);
+}
+
+/* Takes a reloaded snapshot: poll_interval_ms, batch_size and lease_ms
+ * apply from the next claim; handlers cannot change on reload (config.c
+ * refuses it), so each handler is re-pointed at its entry in the new
+ * snapshot. */
+static void
+reload_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   config_t *next, *old;
+
+   (void) fd;
+   (void) what;
+   pthread_mutex_lock (&g_mu);
+   next = d->pending_cfg;
+   d->pending_cfg = NULL;
+   pthread_mutex_unlock (&g_mu);
+   if (!next)
+      return;
+   for (size_t i = 0; i < d->n_handlers; i++) {
+      const config_handler_t *found = NULL;
+      for (size_t k = 0; k < next->n_handlers; k++)
+         if (!strcmp (next->handlers[k].name, d->handlers[i].cfg->name))
+            found = &next->handlers[k];
+      if (!found) {
+         log_error ("dispatch: reload without handler %s: keeping the previous settings", d->handlers[i].cfg->name);
+         config_release (next);
+         return;
+      }
+   }
+   for (size_t i = 0; i < d->n_handlers; i++)
+      for (size_t k = 0; k < next->n_handlers; k++)
+         if (!strcmp (next->handlers[k].name, d->handlers[i].cfg->name)) {
+            d->handlers[i].cfg = &next->handlers[k];
+            d->claim_handlers[i].handler = next->handlers[k].name;
+         }
+   old = d->cfg;
+   d->cfg = next;
+   config_release (old);
+   if (d->dispatching) {
+      renew_schedule (d);
+      if (d->setup_done && !d->stopping)
+         schedule (d->tick_ev, 0); /* the next poll follows the new interval */
+   }
+   log_info ("dispatch: reloaded (batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms)",
+             d->cfg->batch_size,
+             d->cfg->lease_ms,
+             d->cfg->poll_interval_ms);
+}
+
 /* --------------------------------------------------------------- public */
 
 static void
@@ -556,7 +615,8 @@ dispatcher_free (dispatcher_t *d)
       webhook_destroy (d->handlers[i].wh);
    bson_free (d->handlers);
    bson_free (d->claim_handlers);
-   struct event *evs[] = {d->setup_ev, d->tick_ev, d->wake_ev, d->flush_ev, d->renew_ev, d->stop_ev, d->deadline_ev};
+   config_release (d->pending_cfg);
+   struct event *evs[] = {d->setup_ev, d->tick_ev, d->wake_ev, d->flush_ev, d->renew_ev, d->stop_ev, d->deadline_ev, d->reload_ev};
    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
       if (evs[i])
          event_free (evs[i]);
@@ -649,10 +709,9 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->renew_ev = event_new (d->base, -1, EV_PERSIST, renew_cb, d);
    d->stop_ev = event_new (d->base, -1, 0, stop_cb, d);
    d->deadline_ev = evtimer_new (d->base, deadline_cb, d);
-   if (d->dispatching) {
-      struct timeval tv = {(time_t) (cfg->lease_ms / 3000), (suseconds_t) ((cfg->lease_ms / 3 % 1000) * 1000)};
-      event_add (d->renew_ev, &tv);
-   }
+   d->reload_ev = event_new (d->base, -1, 0, reload_cb, d);
+   if (d->dispatching)
+      renew_schedule (d);
 
    /* Setup now, so the publishing path finds the collections; if the
     * upstream is not there yet, the thread retries. */
@@ -720,6 +779,21 @@ dispatch_stop (void)
    g_d = NULL;
    pthread_mutex_unlock (&g_mu);
    dispatcher_free (d);
+}
+
+void
+dispatch_reload (config_t *cfg)
+{
+   dispatcher_t *d;
+
+   pthread_mutex_lock (&g_mu);
+   d = g_d;
+   if (d && d->thread_started) {
+      config_release (d->pending_cfg);
+      d->pending_cfg = config_retain (cfg);
+      event_active (d->reload_ev, EV_TIMEOUT, 0);
+   }
+   pthread_mutex_unlock (&g_mu);
 }
 
 void

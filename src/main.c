@@ -152,6 +152,7 @@ proxy_reload (proxy_t *p)
    config_release (p->cfg);
    p->cfg = next;
    config_publish (config_retain (next));
+   dispatch_reload (next);
    client_loop_set_config (p->clients, next);
    listener_set_max_clients (p->listener, next->max_clients);
    log_info ("reloaded %s (existing connections keep their settings)", p->config_path);

@@ -230,3 +230,26 @@ test('events published through the proxy: every handler gets them in key order, 
     assert.equal(await dels.countDocuments({ handler: 'a' }), 0);
     assert.equal((await p.stop()).code, 0);
   });
+
+test('SIGHUP: a reloaded poll_interval_ms applies to the running dispatcher', { timeout: 120000 }, async (t) => {
+  const up = await upstreamFor(t);
+  const db = uniqueDbName('dispatch_reload');
+  const sink = await startSink({});
+  t.after(() => sink.close());
+  const handlers = [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h') }];
+  const p = await startDispatchProxy({ upstream: up.uri, outbox: { database: db }, dispatch: { poll_interval_ms: 60000 }, handlers });
+  t.after(() => p.kill());
+  const client = await new MongoClient(up.uri).connect();
+  t.after(() => client.close());
+  await sleep(1000); // the start-up claim found nothing; the next poll is a minute away
+  const fs = require('node:fs');
+  fs.writeFileSync(p.ini, fs.readFileSync(p.ini, 'utf8').replace('poll_interval_ms = 60000', 'poll_interval_ms = 100'));
+  p.child.kill('SIGHUP');
+  await waitFor(() => /dispatch: reloaded \(batch 100, lease 30000 ms, poll 100 ms\)/.test(p.log()), 10000, 'the reload');
+  // Written directly (no wake-up): only a poll at the new interval finds it.
+  await publish(client, db, [{ id: 'reload-1', type: 'r.v1', payload: {} }], ['h']);
+  const t0 = Date.now();
+  await waitFor(() => sink.stats().ok.has('reload-1'), 10000, 'the event at the new poll interval');
+  t.diagnostic(`delivered ${Date.now() - t0} ms after the write`);
+  assert.equal((await p.stop()).code, 0);
+});
