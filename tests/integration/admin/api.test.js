@@ -27,6 +27,8 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     handlers: [
       { name: 'mailer', events: 'order.*', kind: 'webhook', url: sink.url('/mail'), max_attempts: 3 },
       { name: 'audit', events: '*', kind: 'pull' },
+      // Never dispatched (no event type matches); its URL carries credentials the API must mask.
+      { name: 'creds', events: 'never.v1', kind: 'webhook', url: 'http://hookuser:hook-pass-123@127.0.0.1:9/x' },
     ],
   });
   t.after(() => proxy.kill());
@@ -89,7 +91,9 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     const r = await get('/api/handlers');
     assert.equal(r.status, 200);
     const names = r.json.handlers.map((h) => h.name).sort();
-    assert.deepEqual(names, ['audit', 'mailer']);
+    assert.deepEqual(names, ['audit', 'creds', 'mailer']);
+    assert.equal(r.json.handlers.find((h) => h.name === 'creds').url, 'http://hookuser:********@127.0.0.1:9/x');
+    assert.ok(!r.text.includes('hook-pass-123'));
     const m = r.json.handlers.find((h) => h.name === 'mailer');
     assert.equal(m.kind, 'webhook');
     assert.equal(m.url, sink.url('/mail'));
@@ -208,6 +212,7 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     const tok = r.json.keys.find((k) => k.section === 'admin' && k.name === 'token');
     assert.equal(tok.value, '********');
     assert.ok(!r.text.includes(TOKEN));
+    assert.ok(!r.text.includes('hook-pass-123'), 'credentials in URLs are masked');
     const listen = r.json.keys.find((k) => k.section === 'proxy' && k.name === 'listen');
     assert.equal(listen.value, `127.0.0.1:${proxy.port}`);
   });
