@@ -253,3 +253,27 @@ test('SIGHUP: a reloaded poll_interval_ms applies to the running dispatcher', { 
   t.diagnostic(`delivered ${Date.now() - t0} ms after the write`);
   assert.equal((await p.stop()).code, 0);
 });
+
+test('leases are renewed while handlers run: a handler slower than the lease runs once', { timeout: 120000 }, async (t) => {
+  const up = await upstreamFor(t);
+  const db = uniqueDbName('dispatch_renew');
+  const sink = await startSink({ delayMs: 2500 });
+  t.after(() => sink.close());
+  const handlers = [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), timeout_ms: 10000, concurrency: 32 }];
+  const opts = { upstream: up.uri, outbox: { database: db }, dispatch: { poll_interval_ms: 100, lease_ms: 1000 }, handlers };
+  const p1 = await startDispatchProxy(opts);
+  const p2 = await startDispatchProxy(opts);
+  t.after(() => Promise.all([p1.kill(), p2.kill()]));
+  const client = await new MongoClient(up.uri).connect();
+  t.after(() => client.close());
+  const events = makeEvents(20, 5, 'renew');
+  await publish(client, db, events, ['h']);
+  await waitFor(() => events.every((e) => sink.stats().ok.has(e.id)), 90000, 'every event');
+  report(t, 'h', sink);
+  // Without renewal the 1 s leases would expire mid-request and the other
+  // proxy would take the lanes over and run the deliveries again.
+  assert.equal(sink.duplicates(), 0);
+  assert.equal(sink.stats().requests, events.length);
+  for (const p of [p1, p2]) assert.doesNotMatch(p.log(), /charged \d+ lost attempt/);
+  await Promise.all([p1.stop(), p2.stop()]);
+});
