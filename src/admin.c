@@ -206,6 +206,16 @@ send_text (struct evhttp_request *req, int code, const char *reason, const char 
    struct evbuffer *buf = evbuffer_new ();
 
    common_headers (req, content_type);
+   if (evhttp_request_get_command (req) == EVHTTP_REQ_HEAD) {
+      /* HEAD: the headers GET would send, no body. */
+      char n[32];
+      snprintf (n, sizeof n, "%zu", len);
+      evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Length", n);
+      evhttp_send_reply (req, code, reason, NULL);
+      if (buf)
+         evbuffer_free (buf);
+      return;
+   }
    if (buf)
       evbuffer_add (buf, body, len);
    evhttp_send_reply (req, code, reason, buf);
@@ -1444,7 +1454,11 @@ admin_request_cb (struct evhttp_request *req, void *arg)
       }
    if (!r) {
       if (path_known) {
-         evhttp_add_header (evhttp_request_get_output_headers (req), "Allow", method == EVHTTP_REQ_POST ? "GET, HEAD" : "POST");
+         bool is_post = false;
+         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+            if (!strcmp (routes[i].path, path))
+               is_post = routes[i].method == EVHTTP_REQ_POST;
+         evhttp_add_header (evhttp_request_get_output_headers (req), "Allow", is_post ? "POST" : "GET, HEAD");
          send_error (a, req, 405, "method not allowed");
       } else {
          send_error (a, req, 404, "no such endpoint");
@@ -1691,7 +1705,10 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
    evhttp_set_max_headers_size (a->http, ADMIN_MAX_HEADERS_SIZE);
    evhttp_set_max_body_size (a->http, ADMIN_MAX_BODY_SIZE);
    evhttp_set_timeout (a->http, ADMIN_TIMEOUT_S);
-   evhttp_set_allowed_methods (a->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD);
+   /* Every method reaches the router, which answers 405 with Allow. */
+   evhttp_set_allowed_methods (a->http,
+                               EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                  EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
    evhttp_set_gencb (a->http, admin_request_cb, a);
    evhttp_set_bevcb (a->http, admin_bev_cb, a);
    if (!admin_bind (a)) {

@@ -221,6 +221,16 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     assert.equal((await get('/api/nope')).status, 404);
     assert.equal((await request(proxy.base, '/api/stats', { method: 'POST', json: {}, token: TOKEN })).status, 405);
     assert.equal((await get('/api/purge')).status, 405);
+    for (const method of ['DELETE', 'PUT', 'PATCH', 'OPTIONS']) {
+      const r = await request(proxy.base, '/api/stats', { method, token: TOKEN });
+      assert.equal(r.status, 405, method);
+      assert.equal(r.headers.allow, 'GET, HEAD');
+    }
+    assert.equal((await request(proxy.base, '/api/purge', { method: 'OPTIONS' })).headers.allow, 'POST');
+    const head = await request(proxy.base, '/healthz', { method: 'HEAD' });
+    assert.equal(head.status, 200);
+    assert.equal(head.text, '');
+    assert.equal(head.headers['content-length'], '3');
     const page = await request(proxy.base, '/');
     assert.equal(page.status, 200);
     assert.match(page.headers['content-type'], /text\/html/);
