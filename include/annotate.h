@@ -121,6 +121,13 @@ annotate_status_t annotate_parse (const bson_t *body, annotate_t *out, bson_t *f
 bool annotate_parse_events (const bson_iter_t *value, annotate_t *out, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
+/* Builds `forward` (always initialised) as `body` without its relaybus part,
+ * valid or not, and without validating anything: for commands whose comment
+ * is only a driver's copy of another command's (getMore, killCursors), which
+ * publish nothing but should not carry payloads to the server's logs.
+ * False if the body could not be rebuilt. */
+bool annotate_strip (const bson_t *body, bson_t *forward) __attribute__ ((warn_unused_result));
+
 /* The event's id: the given one, or the generated one. */
 const char *annotate_event_id (const annotate_event_t *ev);
 

@@ -20,6 +20,9 @@
  *    relaybus* command: CommandNotFound (59).  Never forwarded.
  *  - commitTransaction of a transaction the proxy injected into: relayed,
  *    and on success the dispatcher is woken (dispatch_wake).
+ *  - getMore and killCursors carrying a copy of their cursor's annotation
+ *    (drivers repeat the comment): relayed with the copy stripped, publishing
+ *    nothing.
  *
  * Runs on the forwarding loop only; never blocks.  State: the operations in
  * progress (bounded by the connections' in-flight limits) and a bounded

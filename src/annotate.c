@@ -551,6 +551,27 @@ append_stripped_comment (bson_t *forward, const bson_iter_t *comment)
    return ok;
 }
 
+bool
+annotate_strip (const bson_t *body, bson_t *forward)
+{
+   bson_iter_t it;
+
+   bson_init (forward);
+   if (!bson_iter_init (&it, body))
+      return false;
+   while (bson_iter_next (&it)) {
+      bool ok;
+
+      if (key_is (&it, "comment") && comment_is_annotated (&it))
+         ok = append_stripped_comment (forward, &it);
+      else
+         ok = bson_append_iter (forward, NULL, 0, &it);
+      if (!ok)
+         return false;
+   }
+   return true;
+}
+
 annotate_status_t
 annotate_parse (const bson_t *body, annotate_t *out, bson_t *forward, bson_error_t *error)
 {

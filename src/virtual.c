@@ -189,7 +189,7 @@ txn_lookup (const bson_t *cmd, bool forget)
 typedef enum {
    OP_STATEMENT = 0, /* an annotated statement: waiting for its reply */
    OP_INJECT,        /* outbox rounds running */
-   OP_COMMIT,        /* a commit of a transaction injected into */
+   OP_RELAY,         /* relayed with a callback: a commit to wake on, a stripped getMore */
    OP_DONE,          /* answered, or the connection closed */
    OP_KIND_COUNT_
 } op_state_t;
@@ -197,7 +197,7 @@ typedef enum {
 static const char *const op_state_names[OP_KIND_COUNT_] = {
    [OP_STATEMENT] = "statement",
    [OP_INJECT] = "inject",
-   [OP_COMMIT] = "commit",
+   [OP_RELAY] = "relay",
    [OP_DONE] = "done",
 };
 
@@ -208,6 +208,7 @@ typedef struct virtual_op {
    uint64_t request_seq; /* client_hold_request's */
    op_state_t state;
    bool is_publish;      /* relaybusPublish: answer {ok: 1, eventIds} */
+   bool is_commit;       /* OP_RELAY of a commitTransaction: wake on success */
    bson_t txn_cmd;       /* the statement's transaction fields, for the commit table */
    inject_job_t *job;
    bson_t stmt_reply;    /* the statement's reply, relayed after the outbox writes */
@@ -265,9 +266,9 @@ op_new (client_conn_t *c, uint64_t seq, op_state_t state)
    bson_init (&op->txn_cmd);
    bson_init (&op->stmt_reply);
    bson_init (&op->times);
-   /* A commit is forwarded in order like any request: what follows it
-    * cannot overtake it, so it does not make the connection busy. */
-   op->listed = state != OP_COMMIT;
+   /* A relayed request is forwarded in order like any other: what follows
+    * it cannot overtake it, so it does not make the connection busy. */
+   op->listed = state != OP_RELAY;
    if (op->listed)
       op_list (op);
    return op;
@@ -520,17 +521,20 @@ on_statement_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_
    op_release_maybe (op);
 }
 
-/* The commit of a transaction injected into. */
+/* A request relayed through the proxy: a commit of a transaction injected
+ * into (wake the dispatcher when it succeeded), or a getMore/killCursors
+ * whose annotation copy was stripped. */
 static void
-on_commit_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+on_relay_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
 {
    virtual_op_t *op = ctx;
 
+   (void) error;
    op->outstanding--;
    if (reply) {
       op->running = true;
       op_answer (c, op, &reply->body);
-      if (!inject_reply_failed (&reply->body)) {
+      if (op->is_commit && !inject_reply_failed (&reply->body)) {
          (void) txn_lookup (&op->txn_cmd, true);
          COUNT (wakes, 1);
          publish_wake ();
@@ -686,17 +690,27 @@ done:
    return VIRTUAL_TAKEN;
 }
 
+/* Holds the request and sends `body` (with the request's kind-1 sections)
+ * in its place; the reply is relayed by on_relay_reply. */
 static virtual_result_t
-route_commit (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_close_reason_t *reason, bson_error_t *error)
+route_relay (client_conn_t *c,
+             const wire_msg_t *msg,
+             const bson_t *body,
+             bool is_commit,
+             int compressor,
+             stats_close_reason_t *reason,
+             bson_error_t *error)
 {
    uint64_t seq;
    virtual_op_t *op;
 
    if (!hold (c, msg, compressor, &seq, reason, error))
       return VIRTUAL_FAILED;
-   op = op_new (c, seq, OP_COMMIT);
-   txn_key_copy (&msg->body, &op->txn_cmd);
-   if (!client_send_internal (c, &msg->body, msg->sequences, msg->nsequences, on_commit_reply, op, error)) {
+   op = op_new (c, seq, OP_RELAY);
+   op->is_commit = is_commit;
+   if (is_commit)
+      txn_key_copy (&msg->body, &op->txn_cmd);
+   if (!client_send_internal (c, body, msg->sequences, msg->nsequences, on_relay_reply, op, error)) {
       op_finish (op);
       op_release_maybe (op);
       *reason = STATS_CLOSE_INTERNAL;
@@ -746,10 +760,27 @@ virtual_route (client_conn_t *c,
       op_answer_error (c, seq, 59, "CommandNotFound", errmsg);
       return VIRTUAL_TAKEN;
    }
+   if (annotated && cmd && (strcmp (cmd, "getMore") == 0 || strcmp (cmd, "killCursors") == 0)) {
+      /* Drivers repeat a cursor's comment on its getMore and killCursors:
+       * the annotation published once, at the command that opened the
+       * cursor.  Strip the copy so payloads stay out of the server's logs. */
+      bson_t fwd;
+      virtual_result_t res;
+
+      if (!annotate_strip (&msg->body, &fwd)) {
+         bson_destroy (&fwd);
+         *reason = STATS_CLOSE_INTERNAL;
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, 22, "cannot rebuild a %s without its annotation", cmd);
+         return VIRTUAL_FAILED;
+      }
+      res = route_relay (c, msg, &fwd, false, compressor, reason, error);
+      bson_destroy (&fwd);
+      return res;
+   }
    if (annotated)
       return route_annotated (c, msg, compressor, reason, error);
    if (cmd && strcmp (cmd, "commitTransaction") == 0 && txn_lookup (&msg->body, false))
-      return route_commit (c, msg, compressor, reason, error);
+      return route_relay (c, msg, &msg->body, true, compressor, reason, error);
    if (cmd && strcmp (cmd, "abortTransaction") == 0)
       (void) txn_lookup (&msg->body, true);
    return VIRTUAL_PASS;

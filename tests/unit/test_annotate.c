@@ -598,6 +598,33 @@ test_limits (void **state)
    bson_destroy (&ev);
 }
 
+/* annotate_strip: the relaybus part goes, valid or not; nothing else changes. */
+static void
+test_strip (void **state)
+{
+   static const struct {
+      const char *body, *want;
+   } cases[] = {
+      {"{\"getMore\": 1, \"collection\": \"c\", \"comment\": {\"relaybus\": {\"type\": \"t\"}}, \"$db\": \"d\"}",
+       "{\"getMore\": 1, \"collection\": \"c\", \"$db\": \"d\"}"},
+      {"{\"getMore\": 1, \"comment\": {\"relaybus\": 5, \"keep\": 1}}", "{\"getMore\": 1, \"comment\": {\"keep\": 1}}"},
+      {"{\"getMore\": 1, \"comment\": \"relaybus:not json\"}", "{\"getMore\": 1}"},
+      {"{\"getMore\": 1, \"comment\": \"plain\"}", "{\"getMore\": 1, \"comment\": \"plain\"}"},
+      {"{\"killCursors\": \"c\", \"cursors\": [1]}", "{\"killCursors\": \"c\", \"cursors\": [1]}"},
+   };
+
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      bson_t *body = json (cases[i].body);
+      bson_t fwd;
+
+      assert_true (annotate_strip (body, &fwd));
+      assert_json_equal (&fwd, cases[i].want);
+      assert_false (annotate_present (&fwd));
+      bson_destroy (&fwd);
+      bson_destroy (body);
+   }
+}
+
 /* relaybusPublish's events field. */
 static void
 test_parse_events (void **state)
@@ -634,6 +661,7 @@ main (void)
       cmocka_unit_test (test_utf8),
       cmocka_unit_test (test_limits),
       cmocka_unit_test (test_parse_events),
+      cmocka_unit_test (test_strip),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);

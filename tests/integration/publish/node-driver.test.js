@@ -338,4 +338,23 @@ test('with the Stable API (apiVersion 1, strict) the outbox writes carry the sam
   await P.checkEvent(s.outbox, 'api-ev-2', { type: 'user.api.v1', handlers: ['users'] });
 });
 
+test('an annotated find publishes once, although the driver repeats the comment on getMore', async () => {
+  await s.direct.db(DB).collection('reads').insertMany([1, 2, 3, 4, 5].map((i) => ({ _id: i })));
+  const session = s.client.startSession();
+  try {
+    await session.withTransaction(async () => {
+      const docs = await s.client
+        .db(DB)
+        .collection('reads')
+        .find({}, { session, batchSize: 2, comment: { relaybus: { type: 'order.read.v1', id: 'read-1' }, trace: 't' } })
+        .toArray();
+      assert.equal(docs.length, 5, 'every batch arrived through the stripped getMores');
+    });
+  } finally {
+    await session.endSession();
+  }
+  assert.equal(await s.outbox.events.countDocuments({ type: 'order.read.v1' }), 1);
+  await P.checkEvent(s.outbox, 'read-1', { type: 'order.read.v1', handlers: ['orders'] });
+});
+
 H.registerFinalChecks(test, [() => s && s.upstream.stop()], { beforeStop: () => s && s.closeClients() });
