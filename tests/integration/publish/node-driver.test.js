@@ -357,4 +357,24 @@ test('an annotated find publishes once, although the driver repeats the comment 
   await P.checkEvent(s.outbox, 'read-1', { type: 'order.read.v1', handlers: ['orders'] });
 });
 
+test('bulkWrite sends one command per kind of write, each with the comment: an explicit id publishes once', async () => {
+  const session = s.client.startSession();
+  try {
+    await session.withTransaction(async () => {
+      await s.client
+        .db(DB)
+        .collection('bulk')
+        .bulkWrite(
+          [{ insertOne: { document: { _id: 'b-1' } } }, { updateOne: { filter: { _id: 'b-1' }, update: { $set: { x: 1 } } } }, { deleteOne: { filter: { _id: 'nope' } } }],
+          { session, comment: { relaybus: { type: 'order.bulk.v1', id: 'bulk-1', key: 'bulk-k' } } },
+        );
+    });
+  } finally {
+    await session.endSession();
+  }
+  // Three commands carried the annotation; the id made the second and third find the event.
+  await P.checkEvent(s.outbox, 'bulk-1', { type: 'order.bulk.v1', key: 'bulk-k', sequence: 1, handlers: ['orders'] });
+  assert.equal(Number((await s.outbox.keys.findOne({ _id: 'bulk-k' })).value), 1);
+});
+
 H.registerFinalChecks(test, [() => s && s.upstream.stop()], { beforeStop: () => s && s.closeClients() });
