@@ -169,7 +169,8 @@ function annotateOrder(obj, bytes, start) {
     }
   }
   if (!isArr && needsOrder) {
-    names = els.map((e) => Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8'));
+    // A repeated name keeps its first place (the value is the last one, as bson decodes it).
+    names = [...new Set(els.map((e) => Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8')))];
     setOrder(obj, names);
   }
 }
