@@ -9,7 +9,6 @@
 // entries only (no lookup structure): scans are used instead.
 
 const { UUID } = require('bson');
-const { Query } = require('mingo');
 const V = require('./values');
 const { err } = require('./errors');
 
@@ -38,7 +37,7 @@ class Index {
     this.fields = V.keys(spec.key);
     this.unique = !!spec.unique;
     this.sparse = !!spec.sparse;
-    this.partialQuery = spec.partialFilterExpression ? new Query(V.toView(spec.partialFilterExpression)) : null;
+    this.partialQuery = spec.partialFilterExpression ? require('./query').compileFilter(spec.partialFilterExpression) : null;
     this.entries = this.unique ? new Map() : null; // canonical key -> idKey (latest committed)
     this.reserved = this.unique ? new Map() : null; // canonical key -> {txn, idKey}
   }
@@ -46,7 +45,7 @@ class Index {
   // Canonical keys of a document, [] when the index does not cover it.
   keysOf(doc, view) {
     if (!doc) return [];
-    if (this.partialQuery && !this.partialQuery.test(view || V.toView(doc))) return [];
+    if (this.partialQuery && !this.partialQuery.test(view || V.toView(doc), doc)) return [];
     const perField = this.fields.map((f) => indexKeyValues(doc, f));
     if (this.sparse && perField.every((vals) => vals.every((v) => v === undefined))) return [];
     let combos = [[]];

@@ -5,7 +5,6 @@
 // at commit, first writer wins). The session state machine that decides *which* Txn a command
 // runs in is in sessions.js.
 
-const { Query } = require('mingo');
 const V = require('./values');
 const { err } = require('./errors');
 const { WaitFor, writeConflict, Collection } = require('./storage');
@@ -88,11 +87,11 @@ class Txn {
 function checkValidator(coll, doc, view) {
   const o = coll.options;
   if (o.validationLevel === 'off' || o.validationAction === 'warn') return;
-  if (!coll._validator || coll._validatorSrc !== o.validator) {
-    coll._validator = new Query(V.toView(o.validator));
+  if (coll._validator === undefined || coll._validatorSrc !== o.validator) {
+    coll._validator = require('./query').compileFilter(o.validator); // null: matches everything
     coll._validatorSrc = o.validator;
   }
-  if (coll._validator.test(view)) return;
+  if (!coll._validator || coll._validator.test(view, doc)) return;
   throw err(121, 'Document failed validation', {
     errInfo: { failingDocumentId: doc._id, details: { operatorName: '$and', clausesNotSatisfied: [] } },
   });

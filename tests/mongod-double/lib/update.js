@@ -87,7 +87,7 @@ function expandPath(doc, segs, ctx) {
         if (id !== null && !filter) throw err(2, `No array filter found for identifier '${id}' in path '${segs.join('.')}'`);
         if (filter) filter.used = true;
         container.forEach((e, k) => {
-          if (!filter || filter.query.test({ [id]: V.toView(e) })) next.push(p.concat(String(k)));
+          if (!filter || filterMatches(filter.query, { [id]: e })) next.push(p.concat(String(k)));
         });
       } else next.push(p.concat(seg));
     }
@@ -396,13 +396,24 @@ function applyOne(doc, op, path, arg, field, ctx) {
   }
 }
 
+// Conditions inside updates (arrayFilters, $pull) go through the same filter as queries, so
+// they compare Int64, Decimal128 and embedded documents exactly too. Required lazily: query.js
+// requires this file.
+function compiled(filter) {
+  return require('./query').compileFilter(filter);
+}
+
+function filterMatches(q, doc) {
+  return !q || q.test(V.toView(doc), doc);
+}
+
 function pullMatches(elem, cond) {
   if (isPlainObject(cond)) {
     const keys = Object.keys(cond);
     const isOps = keys.length && keys.every((k) => k.startsWith('$'));
-    if (isOps) return new Query({ v: V.toView(cond) }).test({ v: V.toView(elem) });
+    if (isOps) return filterMatches(compiled({ v: cond }), { v: elem });
     if (!isPlainObject(elem)) return false;
-    return new Query(V.toView(cond)).test(V.toView(elem));
+    return filterMatches(compiled(cond), elem);
   }
   return V.valuesEqual(elem, cond);
 }
@@ -429,8 +440,8 @@ function applyUpdate(oldDoc, update, opts) {
     if (ctx.filters.has(id)) {
       const prev = ctx.filters.get(id);
       prev.raw = Object.assign({}, prev.raw, f);
-      prev.query = new Query(V.toView(prev.raw));
-    } else ctx.filters.set(id, { raw: f, query: new Query(V.toView(f)), used: false });
+      prev.query = compiled(prev.raw);
+    } else ctx.filters.set(id, { raw: f, query: compiled(f), used: false });
   }
   const kind = kindOfUpdate(update);
   let doc;

@@ -209,6 +209,21 @@ test('filters compare Int64 beyond 2^53 and Decimal128 exactly (equality, ranges
   assert.deepEqual(await aids({ items: { $elemMatch: { q: { $gt: 9007199254740992 } } } }), [1]);
   assert.deepEqual(await aids({ v: { $elemMatch: { $gt: 9007199254740992, $lt: big('9007199254740994') } } }), [1]);
   assert.deepEqual(await aids({ v: { $not: { $gt: 9007199254740992 } } }), [2]);
+  // Conditions inside updates, validators and partial indexes are exact as well.
+  await arr.updateOne({ _id: 1 }, { $set: { 'items.$[e].hit': true } }, { arrayFilters: [{ 'e.q': big('9007199254740993') }] });
+  assert.deepEqual((await arr.findOne({ _id: 1 })).items.map((x) => x.hit === true), [true, false]);
+  await arr.updateOne({ _id: 2 }, { $pull: { v: big('9007199254740993'), items: { q: big('9007199254740993') } } });
+  assert.equal((await arr.findOne({ _id: 2 })).v.length, 2, '$pull of ...993 leaves ...992');
+  await arr.updateOne({ _id: 2 }, { $pull: { v: { $gt: 9007199254740991, $lt: big('9007199254740993') } } });
+  assert.equal((await arr.findOne({ _id: 2 })).v.length, 1);
+  await db.createCollection('exact_val', { validator: { n: { $gt: big('9007199254740992') } } });
+  const val = db.collection('exact_val');
+  await val.insertOne({ n: big('9007199254740993') });
+  await assert.rejects(val.insertOne({ n: big('9007199254740992') }), (e) => e.code === 121);
+  const pix = db.collection('exact_pix');
+  await pix.createIndex({ k: 1 }, { unique: true, partialFilterExpression: { n: { $gt: big('9007199254740992') } } });
+  await pix.insertMany([{ k: 1, n: big('9007199254740992') }, { k: 1, n: big('9007199254740992') }, { k: 2, n: big('9007199254740993') }]);
+  await assert.rejects(pix.insertOne({ k: 2, n: big('9007199254740994') }), (e) => e.code === 11000);
   // $type below $or/$and/$nor sees the stored types too.
   assert.deepEqual(await ids({ $or: [{ a: { $type: 'decimal' } }, { _id: 2 }] }), [2, 4, 5]);
   assert.deepEqual(await ids({ $and: [{ a: { $type: 'long' } }, { a: { $gt: 0 } }] }), [1, 2, 7]);
