@@ -3,8 +3,9 @@
 // `$[]` and `$[id]` positional paths), replacements, pipeline updates, and the upsert seed
 // document. Operators are implemented here rather than with mingo's updater because they must
 // keep BSON number types ($inc: Int32+Int32 overflowing becomes Int64, Double stays Double) and
-// mingo only sees plain JS numbers; mingo is still used for every embedded condition
-// (arrayFilters, $pull conditions, positional `$` matching) and for pipeline updates.
+// mingo only sees plain JS numbers. Embedded conditions (arrayFilters, $pull) go through
+// query.js's filter (mingo plus exact comparisons), positional `$` matching and pipeline
+// updates through mingo. New fields are appended in mongod's order (see comparePaths).
 
 const { Query, Aggregator } = require('mingo');
 const V = require('./values');
