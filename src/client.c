@@ -430,6 +430,10 @@ up_event (void *owner, upstream_event_t ev, const char *detail)
 {
    client_conn_t *c = owner;
 
+   /* Still inside upstream_new (a libevent that reports an immediate
+    * connect failure without deferring it): its return value says it. */
+   if (!c->up)
+      return;
    switch (ev) {
    case UPSTREAM_EVENT_CONNECTED:
       log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "paired with upstream %s", detail);
@@ -589,7 +593,11 @@ client_accept (client_loop_t *loop,
                bson_error_t *error)
 {
    client_conn_t *c = bson_malloc0 (sizeof *c);
-   const int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+   /* Deferred callbacks only for TLS, whose bufferevent may call back from
+    * inside our own buffer operations.  A socket bufferevent calls back only
+    * from its own event callbacks, holding a reference, so ours may run
+    * there directly (and may free it): no second loop turn per read. */
+   const int opts = BEV_OPT_CLOSE_ON_FREE | (server_tls ? BEV_OPT_DEFER_CALLBACKS : 0);
 
    c->id = ++loop->next_conn_id;
    c->loop = loop;

@@ -107,7 +107,8 @@ upstream_new (struct event_base *base,
 {
    upstream_conn_t *up = bson_malloc0 (sizeof *up);
    SSL *ssl = NULL;
-   const int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+   /* Deferred callbacks for TLS only (see client_accept). */
+   const int opts = BEV_OPT_CLOSE_ON_FREE | (tls ? BEV_OPT_DEFER_CALLBACKS : 0);
 
    up->cb = cb;
    up->owner = owner;
