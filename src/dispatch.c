@@ -43,16 +43,7 @@
 #include "log.h"
 #include "store.h"
 #include "webhook.h"
-/* The publishing path's wake hook (publish_hooks.h, virtual.c) is being
- * written alongside this module: referenced weakly so either can land
- * first.  Once both are in, dispatch_start registers dispatch_wake. */
-#if defined(__has_include)
-#if __has_include("publish_hooks.h")
 #include "publish_hooks.h"
-#define DISPATCH_HAVE_PUBLISH_HOOKS 1
-extern void publish_set_wake_hook (publish_wake_fn fn) __attribute__ ((weak));
-#endif
-#endif
 
 /* How long a stop waits for requests in flight at most. */
 #define DISPATCH_STOP_WAIT_MAX_MS 10000
@@ -739,10 +730,8 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       goto fail;
    }
    d->thread_started = true;
-#ifdef DISPATCH_HAVE_PUBLISH_HOOKS
-   if (publish_set_wake_hook)
-      publish_set_wake_hook (dispatch_wake);
-#endif
+   /* The publishing path wakes us after a commit it injected into. */
+   publish_set_wake_hook (dispatch_wake);
    if (d->dispatching)
       log_info ("dispatch: %zu webhook handler(s), owner %s, batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms",
                 d->n_handlers,
@@ -767,10 +756,7 @@ dispatch_stop (void)
    pthread_mutex_unlock (&g_mu);
    if (!d)
       return;
-#ifdef DISPATCH_HAVE_PUBLISH_HOOKS
-   if (publish_set_wake_hook)
-      publish_set_wake_hook (NULL);
-#endif
+   publish_set_wake_hook (NULL);
    if (d->thread_started) {
       event_active (d->stop_ev, EV_TIMEOUT, 0);
       pthread_join (d->thread, NULL);
