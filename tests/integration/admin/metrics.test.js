@@ -73,8 +73,12 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
   await c.db('admin').command({ ping: 1 });
   await c.close();
 
-  await waitFor(async () => /relaybus_outbox_dead_letters\{handler="hook"\} 1/.test((await request(proxy.base, '/metrics', { token: TOKEN })).text),
-    10000, 'one dead letter of hook in /metrics');
+  // Completions are counted when their batch is flushed, a burial just after its write: wait.
+  await waitFor(async () => {
+    const text = (await request(proxy.base, '/metrics', { token: TOKEN })).text;
+    return /relaybus_outbox_dead_letters\{handler="hook"\} 1\n/.test(text) && /\nrelaybus_dispatch_completed_total 3\n/.test(text) &&
+      /\nrelaybus_dispatch_dead_total 1\n/.test(text);
+  }, 10000, 'one dead letter and three completions of hook in /metrics');
   const r = await request(proxy.base, '/metrics', { token: TOKEN });
   assert.equal(r.status, 200);
   assert.match(r.headers['content-type'], /^text\/plain; version=0\.0\.4/);
