@@ -59,7 +59,7 @@ async function upstreamFor(t) {
   return up;
 }
 
-test('two proxies deliver every event to three webhook handlers in key order', { timeout: TIMEOUT_MS + 60000 }, async (t) => {
+test('two proxies deliver every event to three webhook handlers in key order, one of them SIGKILLed mid-run', { timeout: TIMEOUT_MS + 60000 }, async (t) => {
   const up = await upstreamFor(t);
   const db = uniqueDbName('dispatch');
   const failing = await startSink({ secret: SECRET, fail: 0.2, rand: lcg(42) });
@@ -74,22 +74,34 @@ test('two proxies deliver every event to three webhook handlers in key order', {
   const opts = {
     upstream: up.uri,
     outbox: { database: db },
-    dispatch: { poll_interval_ms: 100, batch_size: 100, lease_ms: 10000 },
+    dispatch: { poll_interval_ms: 100, batch_size: 100, lease_ms: 3000 },
     handlers,
   };
   const p1 = await startDispatchProxy(opts);
   const p2 = await startDispatchProxy(opts);
-  t.after(() => Promise.all([p1.kill(), p2.kill()]));
+  let p3 = null;
+  t.after(() => Promise.all([p1.kill(), p2.kill(), p3 && p3.kill()]));
   const client = await new MongoClient(up.uri).connect();
   t.after(() => client.close());
 
   const events = makeEvents(N_EVENTS, N_KEYS, 'ev');
   const t0 = Date.now();
+  // Mid-run, the second proxy is killed with SIGKILL and a third one takes
+  // its place: its lanes come back after the lease, nothing is lost, and
+  // what it had in flight shows up as duplicates (counted below).
+  const killer = (async () => {
+    await waitFor(() => slow.stats().ok.size >= events.length / 3, TIMEOUT_MS, 'a third of the run');
+    await p2.kill();
+    t.diagnostic(`SIGKILLed the second proxy after ${slow.stats().ok.size} events reached the slow handler`);
+    p3 = await startDispatchProxy(opts);
+  })();
   await publish(client, db, events, handlers.map((h) => h.name), 25);
   t.diagnostic(`published ${events.length} events in ${Date.now() - t0} ms`);
   const expect400 = events.filter((e) => e.payload.i % 37 === 5);
   const deliveries = client.db(db).collection('relaybus_deliveries');
-  await waitFor(async () => (await deliveries.countDocuments({ status: 'pending' })) === 0, TIMEOUT_MS, 'every delivery to finish');
+  await waitFor(async () => (await deliveries.countDocuments({ status: 'pending' })) === 0 && p3, TIMEOUT_MS,
+    'every delivery to finish');
+  await killer;
   t.diagnostic(`all delivered in ${Date.now() - t0} ms`);
 
   for (const [name, sink] of [['failing', failing], ['slow', slow], ['picky', picky]]) report(t, name, sink);
@@ -113,14 +125,13 @@ test('two proxies deliver every event to three webhook handlers in key order', {
   for (const d of dead) {
     assert.equal(d.handler, 'picky');
     assert.match(d.lastError, /^HTTP 400: rejected /);
-    assert.equal(d.attempts, 1);
+    // 1, or 2 when the killed proxy had it in flight (the lost attempt counts)
+    assert.ok(d.attempts === 1 || d.attempts === 2, `attempts ${d.attempts}`);
   }
   assert.equal(await deliveries.countDocuments({}), expect400.length);
-  // Both proxies did work.
-  for (const p of [p1, p2]) assert.match(p.log(), /dispatch: \d+ webhook handler/);
   const r1 = await p1.stop();
-  const r2 = await p2.stop();
-  assert.deepEqual([r1.code, r2.code], [0, 0]);
+  const r3 = await p3.stop();
+  assert.deepEqual([r1.code, r3.code], [0, 0]);
   assert.equal(await client.db(db).collection('relaybus_lanes').countDocuments({ owner: { $ne: null } }), 0,
     'lanes handed back at SIGTERM');
 });
