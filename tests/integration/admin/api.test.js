@@ -240,6 +240,15 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     assert.ok(!/https?:\/\//.test(page.text.replace(/http:\/\/www\.w3\.org\/2000\/svg/g, '')), 'the page references nothing outside');
   });
 
+  await t.test('a new token takes effect on reload (SIGHUP)', async () => {
+    const fs = require('node:fs');
+    const NEW = 'rotated-token-9876543210';
+    fs.writeFileSync(proxy.ini, fs.readFileSync(proxy.ini, 'utf8').replace(`token = ${TOKEN}`, `token = ${NEW}`));
+    proxy.child.kill('SIGHUP');
+    await waitFor(async () => (await get('/api/stats', NEW)).status === 200, 5000, 'the new token accepted');
+    assert.equal((await get('/api/stats', TOKEN)).status, 401);
+  });
+
   await t.test('the proxy stops cleanly', async () => {
     const r = await proxy.stop();
     assert.equal(r.code, 0, proxy.log().slice(-3000));
