@@ -183,6 +183,16 @@ read_body (admin_t *a, struct evhttp_request *req, bson_t *doc)
       return false;
    }
    data = evbuffer_pullup (in, (ev_ssize_t) len);
+   if (data) {
+      /* libbson would take a top-level array as a document of "0", "1"... */
+      size_t i = 0;
+      while (i < len && (data[i] == ' ' || data[i] == '\t' || data[i] == '\r' || data[i] == '\n'))
+         i++;
+      if (i == len || data[i] != '{') {
+         admin_send_error (a, req, 400, "the body must be a JSON object");
+         return false;
+      }
+   }
    if (!data || !bson_init_from_json (doc, (const char *) data, (ssize_t) len, &err)) {
       admin_send_error (a, req, 400, "malformed JSON: %s", data ? err.message : "cannot read the body");
       return false;
