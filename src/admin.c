@@ -26,8 +26,11 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -40,6 +43,9 @@
 #include "clients_registry.h"
 #include "log.h"
 #include "metrics.h"
+
+/* The admin thread's nice value (the forwarding loop keeps the process's). */
+#define ADMIN_THREAD_NICE 10
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static admin_t *g_admin;
@@ -403,6 +409,12 @@ admin_thread (void *arg)
    admin_t *a = arg;
 
    log_set_thread_name ("admin");
+#ifdef __linux__
+   /* Background work: on a busy machine the scheduler should prefer the
+    * forwarding loop.  On Linux a nice value is per thread. */
+   if (setpriority (PRIO_PROCESS, (id_t) syscall (SYS_gettid), ADMIN_THREAD_NICE) != 0)
+      log_debug ("admin: cannot lower the admin thread's priority: %s", strerror (errno));
+#endif
    event_base_dispatch (a->base);
    return NULL;
 }
