@@ -241,7 +241,7 @@ static void
 render_histogram (bson_string_t *out, const char *name, const char *label, const char *value, histogram_t *h)
 {
    uint64_t cum = 0;
-   char lv[160] = "";
+   char lv[600] = ""; /* label="value", (a name of at most 127 bytes, escaped) */
 
    if (label) {
       bson_string_t *tmp = bson_string_new (NULL);
