@@ -25,6 +25,16 @@ const HELLO_NAMES = new Set(['hello', 'isMaster', 'ismaster']);
 const SESSIONLESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'ping', 'buildInfo', 'buildinfo',
   'endSessions', 'killSessions', 'killAllSessions', 'killAllSessionsByPattern', 'refreshSessions', 'doubleStats']);
 const NO_REPLY = Symbol('no reply');
+// What a secondary runs (mongod's Command::secondaryAllowed): ALWAYS regardless of read
+// preference, OPT_IN when the read preference allows a secondary (not inside a transaction),
+// everything else (writes, DDL, commit/abort) never: 10107 "not primary".
+const SECONDARY_ALWAYS = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'buildInfo', 'buildinfo', 'getParameter',
+  'serverStatus', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'logout', 'endSessions', 'killSessions',
+  'killAllSessions', 'killAllSessionsByPattern', 'refreshSessions', 'startSession', 'configureFailPoint', 'doubleStats',
+  'whatsmyuri', 'getCmdLineOpts', 'hostInfo', 'connectionStatus', 'replSetGetStatus', 'currentOp', 'killOp', 'getLog',
+  'getFreeMonitoringStatus', 'listCommands', 'getDefaultRWConcern', 'getMore', 'killCursors', 'fsync', 'getClusterTime']);
+const SECONDARY_OPT_IN = new Set(['find', 'aggregate', 'count', 'distinct', 'listCollections', 'listIndexes',
+  'listDatabases', 'dbStats', 'collStats', 'dataSize', 'explain']);
 // WriteConflict, LockTimeout, PreparedTransactionInProgress, snapshot and stale-routing errors.
 const TRANSIENT_CODES = new Set([112, 24, 267, 239, 246, 311, 317, 63, 13388, 249, 150]);
 const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
@@ -208,12 +218,13 @@ function labelsFor(code, body, name, wce) {
   return labels;
 }
 
-// A one-member replica set cannot satisfy w > 1 and knows no custom modes; like mongod it
-// performs the write and reports the problem as a writeConcernError.
-function writeConcernProblem(wc) {
+// The set cannot satisfy a numeric w above its number of data-bearing members and knows no
+// custom modes; like mongod it performs the write and reports the problem as a
+// writeConcernError.
+function writeConcernProblem(wc, members) {
   const w = wc.w;
   if (w === undefined) return null;
-  if (V.isNumeric(w) && V.toNumber(w) > 1) {
+  if (V.isNumeric(w) && V.toNumber(w) > members) {
     return { code: 100, codeName: 'UnsatisfiableWriteConcern', errmsg: 'Not enough data-bearing nodes' };
   }
   if (typeof w === 'string' && w !== 'majority') {
@@ -222,22 +233,38 @@ function writeConcernProblem(wc) {
   return null;
 }
 
+// One member of the set (or the standalone). A secondary is made with `new Server(opts,
+// primary)`: it shares the primary's data, sessions, user and clock (a secondary with zero
+// replication lag) and has its own listener, connections, cursors, fail points and command
+// counts, as each mongod has.
 class Server {
-  constructor(opts) {
+  constructor(opts, primary = null) {
     this.opts = Object.assign({ host: '127.0.0.1', port: 0, standalone: false, maxWireVersion: 21, txnLifetime: 60 }, opts);
-    this.log = (m) => process.stderr.write(`[mongod-double] ${new Date().toISOString()} ${m}\n`);
-    this.store = new Store();
-    this.sessions = new Sessions(this.store, this.opts);
+    this.role = this.opts.standalone ? 'standalone' : primary ? 'secondary' : 'primary';
+    this.log = (m) => process.stderr.write(`[mongod-double] ${new Date().toISOString()} ${primary ? '(secondary) ' : ''}${m}\n`);
     this.cursors = new Cursors();
-    this.sessions.onReap = (now) => this.cursors.reap(now);
+    if (primary) {
+      this.primary = primary;
+      this.store = primary.store;
+      this.sessions = primary.sessions;
+      this.auth = primary.auth;
+      this.members = primary.members;
+      this.members.push(this);
+    } else {
+      this.primary = this;
+      this.members = [this];
+      this.store = new Store();
+      this.sessions = new Sessions(this.store, this.opts);
+      this.sessions.onReap = (now) => { for (const m of this.members) m.cursors.reap(now); };
+      this.auth = this.opts.auth ? new Auth(this.opts.auth.user, this.opts.auth.password) : null;
+    }
     this.failpoints = new FailPoints(this.log);
-    this.auth = this.opts.auth ? new Auth(this.opts.auth.user, this.opts.auth.password) : null;
     this.stats = {};
     this.conns = new Set();
     this.totalConns = 0;
     this.requestId = 1;
     this.startedAt = Date.now();
-    this.bootSecs = Math.floor(Date.now() / 1000);
+    this.bootSecs = primary ? primary.bootSecs : Math.floor(Date.now() / 1000);
     this.electionId = new ObjectId('7fffffff0000000000000001');
     this.commands = new Map();
     for (const mod of ['admin', 'crud', 'ddl', 'auth']) {
@@ -247,6 +274,9 @@ class Server {
   }
 
   commandNames() { return [...this.commands.keys()]; }
+
+  // The set's members' addresses in configuration order (the primary first).
+  hosts() { return this.members.map((m) => m.address); }
 
   nextRequestId() {
     this.requestId = (this.requestId + 1) & 0x7fffffff;
@@ -299,7 +329,7 @@ class Server {
   }
 
   stop() {
-    this.sessions.stop();
+    if (this.role !== 'secondary') this.sessions.stop();
     for (const c of this.conns) c.socket.destroy();
     this.conns.clear();
     return new Promise((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
@@ -355,6 +385,7 @@ class Server {
     try {
       if (!handler) throw err(59, `no such command: '${name}'`);
       if (this.auth && !conn.user && !NO_AUTH_NEEDED.has(name)) throw err(13, `command ${name} requires authentication`);
+      if (this.role === 'secondary') this.checkSecondary(body, name);
       if (!SESSIONLESS.has(name)) {
         ctx.sctx = this.sessions.begin(body, name, db);
         if (ctx.sctx.inTxn && has('writeConcern') && name !== 'commitTransaction' && name !== 'abortTransaction') {
@@ -404,7 +435,7 @@ class Server {
           ctx.sctx.session.retryReply = Object.assign({}, reply);
         }
       }
-      if (!wce && wc && !this.opts.standalone && reply.ok) wce = writeConcernProblem(wc);
+      if (!wce && wc && !this.opts.standalone && reply.ok) wce = writeConcernProblem(wc, this.members.length);
       if (wce) {
         reply.writeConcernError = wce;
         const labels = explicitLabels || labelsFor(null, body, name, wce);
@@ -431,6 +462,26 @@ class Server {
     }
     return reply;
   }
+
+  // mongod's dispatch check on a secondary (commandCanRunHere): transactions run on the
+  // primary only; reads need a read preference other than primary ($readPreference; OP_MSG
+  // without it means primary), else 13435; writes, DDL and everything else get 10107.
+  checkSecondary(body, name) {
+    const inTxn = Object.prototype.hasOwnProperty.call(body, 'autocommit');
+    if (inTxn) throw err(10107, 'not primary');
+    if (SECONDARY_ALWAYS.has(name)) return;
+    if (SECONDARY_OPT_IN.has(name)) {
+      if (readPrefAllowsSecondary(body.$readPreference)) return;
+      throw err(13435, 'not primary and secondaryOk=false');
+    }
+    throw err(10107, 'not primary');
+  }
+}
+
+function readPrefAllowsSecondary(rp) {
+  if (!rp || typeof rp !== 'object') return false;
+  const mode = rp.mode;
+  return typeof mode === 'string' && mode !== 'primary';
 }
 
 module.exports = { Server, NO_REPLY, labelsFor };

@@ -18,11 +18,15 @@ function startDouble(args = []) {
     child.stderr.on('data', (d) => { errText += d; });
     child.stdout.on('data', (d) => {
       out += d;
+      // Line 1: the primary's (or standalone's) port; line 2: the secondary's, unless the
+      // double runs as a standalone or a single member (both lines come in one write).
       const nl = out.indexOf('\n');
       if (nl >= 0 && !child.port) {
         child.port = Number(out.slice(0, nl));
+        const second = /^\d+\n(\d+)\n/.exec(out);
         resolve({
           port: child.port,
+          secondaryPort: second ? Number(second[1]) : null,
           child,
           stderr: () => errText,
           uri: (extra = 'replicaSet=rs0') => `mongodb://127.0.0.1:${child.port}/?${extra}`,

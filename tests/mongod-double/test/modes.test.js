@@ -38,7 +38,8 @@ test('replica-set hello identity and --max-wire-version', async () => {
     const keys = Object.keys(h);
     assert.deepEqual(keys.slice(0, 4), ['helloOk', 'hosts', 'setName', 'setVersion']);
     assert.equal(h.setName, 'rs0');
-    assert.deepEqual(h.hosts, [`127.0.0.1:${d.port}`]);
+    assert.deepEqual(h.hosts, [`127.0.0.1:${d.port}`, `127.0.0.1:${d.secondaryPort}`]);
+    assert.equal(h.primary, `127.0.0.1:${d.port}`);
     assert.equal(h.me, `127.0.0.1:${d.port}`);
     assert.equal(h.maxWireVersion.valueOf(), 17);
     assert.equal(h.$clusterTime.signature.hash.buffer.length, 20);

@@ -66,6 +66,14 @@ test('TLS listener: a driver verifying the certificate against 127.0.0.1 works (
     await new Promise((r, j) => { sock.once('secureConnect', r); sock.once('error', j); });
     assert.equal(sock.authorized, true);
     sock.destroy();
+    // The secondary's port speaks TLS with the same certificate and serves secondary reads.
+    const ssock = tls.connect({ host: '127.0.0.1', port: d.secondaryPort, ca: fs.readFileSync(f('ca.pem')) });
+    await new Promise((r, j) => { ssock.once('secureConnect', r); ssock.once('error', j); });
+    assert.equal(ssock.authorized, true);
+    ssock.destroy();
+    const sec = new MongoClient(`mongodb://127.0.0.1:${d.port}/?replicaSet=rs0&readPreference=secondary&tls=true&tlsCAFile=${encodeURIComponent(f('ca.pem'))}`, { serverSelectionTimeoutMS: 5000 });
+    assert.deepEqual(await sec.db('admin').command({ ping: 1 }).then(() => sec.db('tls').listCollections().toArray()), []);
+    await sec.close();
     // A plaintext client gets no wire-protocol reply.
     const raw = await rawConnect(d.port);
     raw.send(opMsg({ hello: 1, $db: 'admin' }).msg);

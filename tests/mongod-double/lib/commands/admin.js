@@ -1,6 +1,6 @@
 'use strict';
-// Handshake and administrative commands: hello/isMaster (replica-set primary or standalone
-// identity, compression negotiation, saslSupportedMechs, speculativeAuthenticate), ping,
+// Handshake and administrative commands: hello/isMaster (replica-set primary, secondary or
+// standalone identity, compression negotiation, saslSupportedMechs, speculativeAuthenticate), ping,
 // buildInfo, getParameter, serverStatus, session housekeeping (endSessions, killSessions,
 // killAllSessions, refreshSessions, startSession), transaction end (commitTransaction,
 // abortTransaction), configureFailPoint and the double's own doubleStats. Anything a driver
@@ -30,17 +30,18 @@ async function hello(ctx) {
   }
   const legacy = name !== 'hello';
   const me = server.address;
+  const isPrimary = server.role !== 'secondary';
   if (!opts.standalone) {
-    r.hosts = [me];
+    r.hosts = server.hosts();
     r.setName = 'rs0';
     r.setVersion = 1;
   }
-  r[legacy ? 'ismaster' : 'isWritablePrimary'] = true;
+  r[legacy ? 'ismaster' : 'isWritablePrimary'] = isPrimary;
   if (!opts.standalone) {
-    r.secondary = false;
-    r.primary = me;
+    r.secondary = !isPrimary;
+    r.primary = server.primary.address;
     r.me = me;
-    r.electionId = server.electionId;
+    if (isPrimary) r.electionId = server.electionId;
     const ot = server.clusterTime();
     const now = new Date();
     r.lastWrite = { opTime: { ts: ot, t: Long.fromNumber(1) }, lastWriteDate: now, majorityOpTime: { ts: ot, t: Long.fromNumber(1) }, majorityWriteDate: now };
@@ -203,8 +204,11 @@ async function connectionStatus(ctx) {
 async function replSetGetStatus(ctx) {
   if (ctx.server.opts.standalone) throw err(76, 'not running with --replSet');
   return {
-    set: 'rs0', date: new Date(), myState: 1, term: Long.fromNumber(1),
-    members: [{ _id: 0, name: ctx.server.address, health: 1, state: 1, stateStr: 'PRIMARY', self: true }],
+    set: 'rs0', date: new Date(), myState: ctx.server.role === 'secondary' ? 2 : 1, term: Long.fromNumber(1),
+    members: ctx.server.members.map((m, i) => ({
+      _id: i, name: m.address, health: 1, state: m.role === 'secondary' ? 2 : 1,
+      stateStr: m.role === 'secondary' ? 'SECONDARY' : 'PRIMARY', ...(m === ctx.server ? { self: true } : {}),
+    })),
     ok: 1,
   };
 }
