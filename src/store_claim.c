@@ -441,15 +441,12 @@ load_held (claim_t *c, bson_error_t *error)
    store_oids_t all = {0};
    bool ok = true;
 
+   /* Lanes whose lease expired stay ours as long as nobody took them over
+    * (the epoch check below): an expired lease nobody took over is still
+    * honoured, and re-taking our own lane would charge the attempts we are
+    * still running. */
    pthread_mutex_lock (&s->mu);
    memcpy (held, s->lanes, sizeof held);
-   for (int i = 0; i < OUTBOX_LANES; i++)
-      if (s->lanes[i].held && s->lanes[i].expires <= c->o->now) {
-         /* An expired lease: the lane is free for anyone, us included
-          * (a take moves the epoch on and charges what ran). */
-         s->lanes[i].held = false;
-         held[i].held = false;
-      }
    pthread_mutex_unlock (&s->mu);
 
    BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &sub);
@@ -1200,7 +1197,7 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
 
    unpark (c);
 
-   /* 1. the lanes held under a live lease */
+   /* 1. the lanes this instance holds (checked against the database) */
    if (!load_held (c, error) || !scan (c, 0, error))
       goto done;
 
