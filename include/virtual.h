@@ -20,6 +20,11 @@
  *    relaybus* command: CommandNotFound (59).  Never forwarded.
  *  - commitTransaction of a transaction the proxy injected into: relayed,
  *    and on success the dispatcher is woken (dispatch_wake).
+ *  - commitTransaction of a poisoned transaction (an annotated statement or
+ *    relaybusPublish of it lost its connection, or an outbox write failed,
+ *    on any connection of this process): not forwarded; the proxy sends
+ *    abortTransaction instead and answers NoSuchTransaction (251) with
+ *    TransientTransactionError.
  *  - getMore and killCursors carrying a copy of their cursor's annotation
  *    (drivers repeat the comment): relayed with the copy stripped, publishing
  *    nothing.
@@ -27,7 +32,9 @@
  * Runs on the forwarding loop only; never blocks.  State: the operations in
  * progress (bounded by the connections' in-flight limits) and a bounded
  * table of transactions injected into, both owned by this module and kept
- * per loop thread (thread-local).
+ * per loop thread (thread-local); and the table of poisoned transactions,
+ * process-wide (a commit may come on any loop's connection), behind
+ * poison.h's short mutex.
  */
 #ifndef RELAYBUS_VIRTUAL_H
 #define RELAYBUS_VIRTUAL_H
@@ -48,6 +55,12 @@
  * injected ones are forgotten first; a forgotten one is still delivered, at
  * the dispatcher's next poll). */
 #define VIRTUAL_TXN_SLOTS 1024
+/* Poisoned transactions remembered (the oldest is forgotten first, with a
+ * warning), and for how long: well past MongoDB's default
+ * transactionLifetimeLimitSeconds (60 s), after which the server has
+ * aborted the transaction itself. */
+#define VIRTUAL_POISON_SLOTS 4096
+#define VIRTUAL_POISON_TTL_MS (10 * 60 * 1000)
 
 /* The request hook (client_request_hook_t) that main.c installs with
  * client_loop_set_request_hook (loop, virtual_request_hook, NULL).  Looks at
@@ -76,6 +89,11 @@ typedef struct {
    uint64_t inject_failed;   /* an outbox write failed: its error went to the client */
    uint64_t aborted_lost;    /* the connection closed in the middle of an operation */
    uint64_t wakes;           /* dispatcher wake-ups after commits */
+   /* Added later; readers that predate them simply ignore them. */
+   uint64_t poisoned;        /* transactions recorded as poisoned */
+   uint64_t poison_refused;  /* commitTransaction refused (aborted instead) */
+   uint64_t poison_evicted;  /* poisoned entries forgotten because the table was full */
+   uint64_t poison_entries;  /* poisoned entries held now (expired ones until dropped) */
 } virtual_stats_t;
 
 void virtual_get_stats (virtual_stats_t *out);

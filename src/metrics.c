@@ -334,6 +334,22 @@ render_publishing (bson_string_t *out)
    sample_u64 (out, "relaybus_publish_errors_total", "kind", "outside_transaction", v.outside_txn);
    sample_u64 (out, "relaybus_publish_errors_total", "kind", "outbox_write", v.inject_failed);
    sample_u64 (out, "relaybus_publish_errors_total", "kind", "connection_lost", v.aborted_lost);
+   scalar (out,
+           "relaybus_poisoned_transactions_total",
+           "counter",
+           "Transactions poisoned: a publish lost its connection or an outbox write failed, so their commit is refused.",
+           v.poisoned);
+   scalar (out,
+           "relaybus_poisoned_commits_refused_total",
+           "counter",
+           "commitTransaction requests of poisoned transactions, aborted instead of forwarded.",
+           v.poison_refused);
+   scalar (out,
+           "relaybus_poisoned_evictions_total",
+           "counter",
+           "Poisoned transactions forgotten early because the table was full.",
+           v.poison_evicted);
+   scalar (out, "relaybus_poisoned_transactions", "gauge", "Poisoned transactions remembered now.", v.poison_entries);
 }
 
 static void

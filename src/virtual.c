@@ -27,10 +27,29 @@
  * connection is lost mid-operation the client connection closes with it;
  * the server aborts the transaction when the driver retries it with a new
  * txnNumber, or when transactionLifetimeLimitSeconds runs out.
+ *
+ * Until then a client that ignores the network error could still commit
+ * the business write without its events, from another connection.  So every
+ * operation that does not end with the statement and all its outbox writes
+ * acknowledged (connection lost after the statement was sent, an outbox
+ * write failed or was not understood) poisons its transaction in a
+ * process-wide table (poison.h), and a commitTransaction for a poisoned
+ * transaction, on any connection of this process, is not forwarded: the
+ * proxy aborts the transaction and answers NoSuchTransaction (251) with
+ * TransientTransactionError.  Later statements of a poisoned transaction
+ * are forwarded as usual: the commit is the only request that could make
+ * the business write visible, so refusing it is enough, and checking every
+ * transaction statement would put a lookup on the hot path (and change
+ * replies the server would give) for no added safety.  After a failed
+ * outbox write the entry is dropped again once the proxy's own
+ * abortTransaction is confirmed, since the server then refuses any commit
+ * itself; what stays are the transactions whose fate the proxy cannot know.
  */
 #include "virtual.h"
 
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,6 +59,7 @@
 #include "inject.h"
 #include "log.h"
 #include "outbox.h"
+#include "poison.h"
 #include "publish_hooks.h"
 
 /* What the routing of one request decided (the hook maps it to
@@ -54,11 +74,15 @@ typedef enum {
 
 static struct {
    _Atomic uint64_t annotated, published, events, deliveries, rounds, commands, bad_annotations, outside_txn,
-      statement_failed, inject_failed, aborted_lost, wakes;
+      statement_failed, inject_failed, aborted_lost, wakes, poisoned, poison_refused, poison_evicted;
 } counters;
 
 #define COUNT(field, n) atomic_fetch_add_explicit (&counters.field, (uint64_t) (n), memory_order_relaxed)
 #define READ(field) atomic_load_explicit (&counters.field, memory_order_relaxed)
+
+/* The process-wide table of poisoned transactions: created at the first
+ * poisoning, never freed (it is reachable until exit).  NULL means empty. */
+static _Atomic (poison_table_t *) poison_tab;
 
 void
 virtual_get_stats (virtual_stats_t *out)
@@ -75,6 +99,16 @@ virtual_get_stats (virtual_stats_t *out)
    out->inject_failed = READ (inject_failed);
    out->aborted_lost = READ (aborted_lost);
    out->wakes = READ (wakes);
+   out->poisoned = READ (poisoned);
+   out->poison_refused = READ (poison_refused);
+   out->poison_evicted = READ (poison_evicted);
+   out->poison_entries = 0;
+   {
+      poison_table_t *t = atomic_load_explicit (&poison_tab, memory_order_acquire);
+
+      if (t)
+         out->poison_entries = poison_table_count (t);
+   }
 }
 
 static _Atomic (publish_wake_fn) wake_hook;
@@ -341,17 +375,167 @@ keep_times (virtual_op_t *op, const bson_t *reply)
       bson_append_iter (&op->times, NULL, 0, &it);
 }
 
+/* --- poisoned transactions ------------------------------------------------ */
+
+/* The table, created by the first poisoning (by whichever loop thread gets
+ * there first). */
+static poison_table_t *
+poison_table_get (void)
+{
+   poison_table_t *t = atomic_load_explicit (&poison_tab, memory_order_acquire);
+   poison_table_t *expected = NULL;
+
+   if (t)
+      return t;
+   t = poison_table_new (VIRTUAL_POISON_SLOTS, VIRTUAL_POISON_TTL_MS);
+   if (!atomic_compare_exchange_strong (&poison_tab, &expected, t)) {
+      poison_table_destroy (t);
+      t = expected;
+   }
+   return t;
+}
+
+/* Entries age by the monotonic clock: a wall-clock step neither keeps a
+ * transaction poisoned for ever nor forgets it early. */
+static int64_t
+mono_ms (void)
+{
+   struct timespec ts;
+
+   clock_gettime (CLOCK_MONOTONIC, &ts);
+   return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The session id in hex (at most 16 bytes of it), to tie log lines together. */
+static void
+lsid_hex (const poison_key_t *key, char out[33])
+{
+   static const char digits[] = "0123456789abcdef";
+   uint32_t n = key->id_len < 16 ? key->id_len : 16;
+
+   for (uint32_t i = 0; i < n; i++) {
+      out[2 * i] = digits[key->id[i] >> 4];
+      out[2 * i + 1] = digits[key->id[i] & 15];
+   }
+   out[2 * n] = '\0';
+}
+
+/* A truncated string may end inside a UTF-8 sequence; errmsg must be valid
+ * UTF-8 (drivers validate it), so cut back to the last whole character. */
+static void
+utf8_trim (char *s)
+{
+   size_t len = strlen (s);
+
+   while (len > 0 && !bson_utf8_validate (s, len, false))
+      s[--len] = '\0';
+}
+
+/* Records the operation's transaction as poisoned, counts it and logs it
+ * with the connection id at `level`.  `fmt` says what went wrong; it is
+ * quoted in the error a refused commit gets. */
+static void txn_poison (client_conn_t *c, const virtual_op_t *op, log_level_t level, const char *fmt, ...)
+   __attribute__ ((format (printf, 4, 5)));
+
+static void
+txn_poison (client_conn_t *c, const virtual_op_t *op, log_level_t level, const char *fmt, ...)
+{
+   poison_key_t key;
+   poison_entry_t evicted;
+   char reason[POISON_REASON_MAX], hex[33], evicted_hex[33];
+   va_list ap;
+
+   va_start (ap, fmt);
+   vsnprintf (reason, sizeof reason, fmt, ap);
+   va_end (ap);
+   utf8_trim (reason);
+   if (!poison_key_of (&op->txn_cmd, &key)) {
+      /* No binary lsid.id: not a session the server would run a
+       * transaction for, so there is nothing to commit. */
+      log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c), "cannot poison a transaction without a session id: %s", reason);
+      return;
+   }
+   lsid_hex (&key, hex);
+   switch (poison_table_add (poison_table_get (), &key, client_id (c), reason, mono_ms (), &evicted)) {
+   case POISON_KNOWN:
+      log_conn (level, client_id (c), client_peer (c), "transaction %" PRId64 " of session %s was already poisoned; now also: %s",
+                key.txn_number, hex, reason);
+      return;
+   case POISON_ADDED_EVICTED:
+      COUNT (poison_evicted, 1);
+      lsid_hex (&evicted.key, evicted_hex);
+      log_warn ("poisoned transactions: the table is full (%d); forgot the oldest, transaction %" PRId64 " of session %s "
+                "(poisoned on c%" PRIu64 "): a commit of it would no longer be refused",
+                VIRTUAL_POISON_SLOTS, evicted.key.txn_number, evicted_hex, evicted.conn_id);
+      break;
+   default:
+      break;
+   }
+   COUNT (poisoned, 1);
+   log_conn (level, client_id (c), client_peer (c),
+             "transaction %" PRId64 " poisoned: %s; a commit of it through this proxy will be refused (session %s)",
+             key.txn_number, reason, hex);
+}
+
+/* The code and errmsg of a reply (0 and "" when absent). */
+static int32_t
+reply_error (const bson_t *reply, const char **errmsg)
+{
+   bson_iter_t it;
+   int32_t code = 0;
+
+   *errmsg = "";
+   if (bson_iter_init (&it, reply)) {
+      while (bson_iter_next (&it)) {
+         if (strcmp (bson_iter_key (&it), "code") == 0 && BSON_ITER_HOLDS_NUMBER (&it))
+            code = (int32_t) bson_iter_as_int64 (&it);
+         else if (strcmp (bson_iter_key (&it), "errmsg") == 0 && BSON_ITER_HOLDS_UTF8 (&it))
+            *errmsg = bson_iter_utf8 (&it, NULL);
+      }
+   }
+   return code;
+}
+
+/* Did this abortTransaction reply prove the transaction can no longer
+ * commit?  ok: aborted now; NoSuchTransaction (251): it was already. */
+static bool
+abort_confirmed (const bson_t *reply)
+{
+   const char *errmsg;
+
+   return !inject_reply_failed (reply) || reply_error (reply, &errmsg) == 251;
+}
+
 static void on_inject_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx);
 static void round_start (client_conn_t *c, virtual_op_t *op);
 
-/* The reply to the abortTransaction sent after a failure: nothing to do. */
+/* The reply to the abortTransaction sent after a failed outbox write (`ctx`:
+ * the transaction's poison_key_t, or NULL).  Once the server confirmed the
+ * abort it refuses any commit itself, and the poisoned entry goes. */
 static void
 on_abort_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
 {
-   (void) c;
-   (void) reply;
-   (void) error;
-   (void) ctx;
+   poison_key_t *key = ctx;
+
+   if (reply && key) {
+      const char *errmsg;
+      int32_t code = reply_error (&reply->body, &errmsg);
+
+      if (abort_confirmed (&reply->body)) {
+         if (poison_table_remove (poison_table_get (), key))
+            log_conn (LOG_LEVEL_DEBUG, client_id (c), client_peer (c),
+                      "transaction %" PRId64 " aborted after its failed outbox write: no longer poisoned", key->txn_number);
+      } else {
+         log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c),
+                   "abortTransaction after a failed outbox write failed (%d): %s; transaction %" PRId64 " stays poisoned",
+                   code, errmsg, key->txn_number);
+      }
+   } else if (!reply && key) {
+      log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c),
+                "no reply to abortTransaction after a failed outbox write (%s); transaction %" PRId64 " stays poisoned",
+                error ? error->message : "?", key->txn_number);
+   }
+   bson_free (key);
 }
 
 /* Sends what the window allows of the current round.  On a send failure
@@ -366,6 +550,8 @@ round_send (client_conn_t *c, virtual_op_t *op)
 
       if (!client_send_internal (c, cmd, NULL, 0, on_inject_reply, op, &error)) {
          COUNT (aborted_lost, 1);
+         txn_poison (c, op, LOG_LEVEL_WARN, "an outbox write could not be sent on c%" PRIu64 ": %s", client_id (c),
+                     error.message);
          op_finish (op);
          client_disconnect (c, STATS_CLOSE_INTERNAL, "sending an outbox write: %s", error.message);
          return;
@@ -415,23 +601,26 @@ op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply)
 {
    bson_t abort;
    bson_error_t error;
-   char *desc = NULL;
+   const char *desc;
+   poison_key_t *key = bson_malloc (sizeof *key);
 
    COUNT (inject_failed, 1);
-   if (log_enabled (LOG_LEVEL_INFO)) {
-      bson_iter_t it;
-
-      desc = bson_strdup (bson_iter_init_find (&it, client_reply, "errmsg") && BSON_ITER_HOLDS_UTF8 (&it)
-                             ? bson_iter_utf8 (&it, NULL)
-                             : "?");
-      log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c),
-                "outbox write failed in the %s round; aborting the transaction: %s",
-                inject_phase_name (inject_job_phase (op->job)), desc);
-      bson_free (desc);
+   (void) reply_error (client_reply, &desc);
+   log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c),
+             "outbox write failed in the %s round; aborting the transaction: %s",
+             inject_phase_name (inject_job_phase (op->job)), desc);
+   /* Poisoned before the client hears of the failure: until the abort is
+    * confirmed, a commit from another connection could still win. */
+   txn_poison (c, op, LOG_LEVEL_INFO, "an outbox write failed in the %s round on c%" PRIu64 ": %.120s",
+               inject_phase_name (inject_job_phase (op->job)), client_id (c), desc[0] ? desc : "?");
+   if (!poison_key_of (&op->txn_cmd, key)) {
+      bson_free (key);
+      key = NULL;
    }
    inject_job_abort_command (op->job, &abort);
-   if (!client_send_internal (c, &abort, NULL, 0, on_abort_reply, NULL, &error)) {
+   if (!client_send_internal (c, &abort, NULL, 0, on_abort_reply, key, &error)) {
       /* Without the abort the transaction could still commit: close. */
+      bson_free (key);
       bson_destroy (&abort);
       op_finish (op);
       client_disconnect (c, STATS_CLOSE_INTERNAL, "cannot abort after a failed outbox write: %s", error.message);
@@ -470,6 +659,8 @@ on_inject_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *
          COUNT (aborted_lost, 1);
          log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c), "connection lost in the middle of an outbox write: %s",
                    error ? error->message : "?");
+         txn_poison (c, op, LOG_LEVEL_WARN, "the connection was lost during the outbox writes (%s round) on c%" PRIu64,
+                     inject_phase_name (inject_job_phase (op->job)), client_id (c));
          op_finish (op);
       }
       op_release_maybe (op);
@@ -499,7 +690,12 @@ on_statement_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_
 
    op->outstanding--;
    if (!reply) {
+      /* The statement may have run: its reply, and the outbox writes, are
+       * what never came. */
       COUNT (aborted_lost, 1);
+      if (op->state != OP_DONE)
+         txn_poison (c, op, LOG_LEVEL_WARN,
+                     "the connection was lost before the annotated statement's reply on c%" PRIu64, client_id (c));
       op_finish (op);
       op_release_maybe (op);
       return;
@@ -555,6 +751,145 @@ hold (client_conn_t *c, const wire_msg_t *msg, int compressor, uint64_t *seq, st
       return true;
    *reason = STATS_CLOSE_INTERNAL;
    return false;
+}
+
+/* Is the commitTransaction `cmd` for a poisoned transaction?  While
+ * nothing was ever poisoned, or the table is empty, this costs two atomic
+ * loads and takes no lock. */
+static bool
+commit_poisoned (const bson_t *cmd, poison_entry_t *pe)
+{
+   poison_table_t *t = atomic_load_explicit (&poison_tab, memory_order_acquire);
+   poison_key_t key;
+
+   if (!t || poison_table_count (t) == 0 || !poison_key_of (cmd, &key))
+      return false;
+   return poison_table_lookup (t, &key, mono_ms (), pe);
+}
+
+/* An abortTransaction for the transaction of the commitTransaction
+ * `commit`: its lsid and txnNumber, and its API parameters, which must match
+ * the transaction's.  `out` is initialised. */
+static void
+abort_command_of (const bson_t *commit, bson_t *out)
+{
+   static const char *const fields[] = {"lsid", "txnNumber", "apiVersion", "apiStrict", "apiDeprecationErrors"};
+   bson_iter_t it;
+
+   bson_init (out);
+   BSON_APPEND_INT32 (out, "abortTransaction", 1);
+   BSON_APPEND_UTF8 (out, "$db", "admin");
+   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+      if (bson_iter_init_find (&it, commit, fields[i]))
+         bson_append_iter (out, fields[i], -1, &it);
+      if (i == 1)
+         BSON_APPEND_BOOL (out, "autocommit", false);
+   }
+}
+
+/* A refused commit, waiting for the reply to the abortTransaction sent in
+ * its place.  Owned by that request's callback. */
+typedef struct {
+   uint64_t seq;
+   bool answer; /* false: the commit came with moreToCome, nobody waits */
+   int64_t txn_number;
+   char errmsg[POISON_REASON_MAX + 128];
+} refusal_t;
+
+/* Answers the refused commit: NoSuchTransaction with
+ * TransientTransactionError, so withTransaction runs the transaction again
+ * and manual code sees a clear, retryable error.  The abort's reply (may be
+ * NULL) lends its cluster time. */
+static void
+refusal_answer (client_conn_t *c, refusal_t *r, const bson_t *abort_reply)
+{
+   bson_t doc = BSON_INITIALIZER, labels;
+   bson_error_t error;
+   bson_iter_t it;
+
+   if (!r->answer || client_state (c) == CLIENT_STATE_CLOSING)
+      goto done;
+   BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
+   BSON_APPEND_UTF8 (&doc, "errmsg", r->errmsg);
+   BSON_APPEND_INT32 (&doc, "code", 251);
+   BSON_APPEND_UTF8 (&doc, "codeName", "NoSuchTransaction");
+   BSON_APPEND_ARRAY_BEGIN (&doc, "errorLabels", &labels);
+   BSON_APPEND_UTF8 (&labels, "0", "TransientTransactionError");
+   bson_append_array_end (&doc, &labels);
+   if (abort_reply && bson_iter_init_find (&it, abort_reply, "$clusterTime"))
+      bson_append_iter (&doc, NULL, 0, &it);
+   if (abort_reply && bson_iter_init_find (&it, abort_reply, "operationTime"))
+      bson_append_iter (&doc, NULL, 0, &it);
+   if (!client_answer (c, r->seq, &doc, &error))
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering a refused commit: %s", error.message);
+done:
+   bson_destroy (&doc);
+}
+
+static void
+on_refusal_abort_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+{
+   refusal_t *r = ctx;
+
+   (void) error;
+   if (reply) {
+      const char *errmsg;
+      int32_t code = reply_error (&reply->body, &errmsg);
+
+      if (abort_confirmed (&reply->body))
+         log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c), "poisoned transaction %" PRId64 " is aborted%s",
+                   r->txn_number, code == 251 ? " (it already was)" : "");
+      else
+         log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
+                   "abortTransaction of poisoned transaction %" PRId64 " failed (%d): %s; its commit stays refused here",
+                   r->txn_number, code, errmsg);
+      refusal_answer (c, r, &reply->body);
+   }
+   bson_free (r);
+}
+
+/* A commitTransaction for a poisoned transaction: not forwarded.  The
+ * transaction is aborted on this connection's upstream (same user, so this
+ * works with authentication too; its outcome is only logged) and the client
+ * answered when the abort's reply is in. */
+static virtual_result_t
+route_refuse_commit (client_conn_t *c,
+                     const wire_msg_t *msg,
+                     const poison_entry_t *pe,
+                     int compressor,
+                     stats_close_reason_t *reason,
+                     bson_error_t *error)
+{
+   refusal_t *r = bson_malloc0 (sizeof *r);
+   bson_t abort;
+   bson_error_t serr;
+   char hex[33];
+
+   r->answer = (msg->flags & WIRE_MSG_MORE_TO_COME) == 0;
+   if (r->answer && !hold (c, msg, compressor, &r->seq, reason, error)) {
+      bson_free (r);
+      return VIRTUAL_FAILED;
+   }
+   COUNT (poison_refused, 1);
+   r->txn_number = pe->key.txn_number;
+   lsid_hex (&pe->key, hex);
+   log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
+             "refused commitTransaction of poisoned transaction %" PRId64 " (session %s, poisoned on c%" PRIu64
+             " %.1f s ago: %s); aborting it",
+             pe->key.txn_number, hex, pe->conn_id, (double) (mono_ms () - pe->recorded_ms) / 1000.0, pe->reason);
+   bson_snprintf (r->errmsg, sizeof r->errmsg,
+                  "relaybus: transaction %" PRId64 " was aborted because the proxy could not write its events (%s)",
+                  pe->key.txn_number, pe->reason);
+   abort_command_of (&msg->body, &abort);
+   if (!client_send_internal (c, &abort, NULL, 0, on_refusal_abort_reply, r, &serr)) {
+      /* The server aborts it when its lifetime runs out; refuse anyway. */
+      log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
+                "cannot send abortTransaction for poisoned transaction %" PRId64 ": %s", pe->key.txn_number, serr.message);
+      refusal_answer (c, r, NULL);
+      bson_free (r);
+   }
+   bson_destroy (&abort);
+   return VIRTUAL_TAKEN;
 }
 
 static const char *const outside_txn_msg =
@@ -779,8 +1114,14 @@ virtual_route (client_conn_t *c,
    }
    if (annotated)
       return route_annotated (c, msg, compressor, reason, error);
-   if (cmd && strcmp (cmd, "commitTransaction") == 0 && txn_lookup (&msg->body, false))
-      return route_relay (c, msg, &msg->body, true, compressor, reason, error);
+   if (cmd && strcmp (cmd, "commitTransaction") == 0) {
+      poison_entry_t pe;
+
+      if (commit_poisoned (&msg->body, &pe))
+         return route_refuse_commit (c, msg, &pe, compressor, reason, error);
+      if (txn_lookup (&msg->body, false))
+         return route_relay (c, msg, &msg->body, true, compressor, reason, error);
+   }
    if (cmd && strcmp (cmd, "abortTransaction") == 0)
       (void) txn_lookup (&msg->body, true);
    return VIRTUAL_PASS;

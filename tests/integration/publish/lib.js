@@ -76,7 +76,7 @@ async function ensureOutbox(direct) {
 /**
  * Starts (or reuses) an upstream and a proxy with `handlers`.
  * opts: { handlers, upstream (reuse), requireDouble, upstreamArgs (double's command line),
- *         settings ([proxy] keys), appName, clientOptions }
+ *         settings ([proxy] keys), extraIni (more INI sections), appName, clientOptions }
  */
 async function startStack(opts = {}) {
   const handlers = opts.handlers || HANDLERS;
@@ -84,7 +84,7 @@ async function startStack(opts = {}) {
   const proxy = await H.startProxy({
     upstream: upstream.uri,
     settings: opts.settings,
-    extraIni: handlersIni(handlers),
+    extraIni: handlersIni(handlers) + (opts.extraIni ? `\n${opts.extraIni}\n` : ''),
   });
   const direct = new MongoClient(upstream.directUri, { serverSelectionTimeoutMS: 10000 });
   await direct.connect();
