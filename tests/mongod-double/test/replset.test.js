@@ -270,3 +270,21 @@ test('transactions spec test "readPreference inherited from client" passes throu
     await d.stop();
   }
 });
+
+test('killSessions and killAllSessions on the secondary leave the primary\'s transaction alone', async () => {
+  const d = await startDouble();
+  try {
+    const p = await rawConnect(d.port);
+    const s = await rawConnect(d.secondaryPort);
+    const id = lsid();
+    assert.equal(num((await p.command({ insert: 'c', documents: [{ _id: 1 }], $db: 'x', lsid: id, txnNumber: L(1), startTransaction: true, autocommit: false })).ok), 1);
+    assert.equal(num((await s.command({ killSessions: [id], $db: 'admin' })).ok), 1);
+    assert.equal(num((await s.command({ killAllSessions: [], $db: 'admin' })).ok), 1);
+    assert.equal(num((await p.command({ commitTransaction: 1, $db: 'admin', lsid: id, txnNumber: L(1), autocommit: false })).ok), 1);
+    assert.equal((await p.command({ find: 'c', $db: 'x' })).cursor.firstBatch.length, 1);
+    s.close();
+    p.close();
+  } finally {
+    await d.stop();
+  }
+});

@@ -139,12 +139,15 @@ async function doubleStats(ctx) {
   return { commands, ok: 1 };
 }
 
+// The session catalogue is the primary's (transactions live there); a secondary's own state
+// for a session is only its cursors, so there these commands end or kill just those.
 async function endSessions(ctx) {
   const list = ctx.cmd[ctx.name];
+  const primary = ctx.server.role !== 'secondary';
   if (Array.isArray(list)) {
     for (const lsid of list) {
-      if (ctx.name === 'endSessions') ctx.sessions.end(lsid);
-      else ctx.sessions.kill(lsid);
+      if (primary && ctx.name === 'endSessions') ctx.sessions.end(lsid);
+      else if (primary) ctx.sessions.kill(lsid);
       const key = sessionKey(lsid);
       if (key) ctx.cursors.killForSession(key);
     }
@@ -153,7 +156,7 @@ async function endSessions(ctx) {
 }
 
 async function killAllSessions(ctx) {
-  ctx.sessions.killAll();
+  if (ctx.server.role !== 'secondary') ctx.sessions.killAll();
   for (const [k, c] of ctx.cursors.cursors) if (c.session) ctx.cursors.cursors.delete(k);
   return { ok: 1 };
 }
