@@ -858,6 +858,101 @@ test_a_failed_claim_reconciles_the_lanes (void **state)
    store_batch_clear (&b);
 }
 
+/* Lane exclusivity: while A holds a lane under a live lease, B sees none of
+ * its pending deliveries, even idle ones; after the lease B takes it. */
+static void
+test_lane_exclusivity (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t ba = {0}, bb = {0};
+
+   add (fx, "x-1", "h", "k", 1, T0 - 10);
+   add (fx, "x-2", "h2", "k", 1, T0 - 10); /* same key, other handler: same lane */
+   claim (fx->a, "h", 10, T0, &ba);
+   assert_int_equal (ba.n, 1);
+   claim (fx->b, "h2", 10, T0 + 1, &bb);
+   assert_int_equal (bb.n, 0); /* idle in A's lane, invisible to B */
+   store_batch_clear (&bb);
+   claim (fx->b, "h2", 10, T0 + LEASE + 1, &bb);
+   assert_int_equal (bb.n, 1);
+   assert_string_equal (bb.items[0].handler, "h2");
+   store_batch_clear (&ba);
+   store_batch_clear (&bb);
+}
+
+/* A claim that hands a lane back parks the waiting deliveries it found
+ * there, however few; they come back once their predecessor finishes. */
+static void
+test_a_lane_handed_back_parks_its_waiting_deliveries (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   bson_error_t err;
+   bool applied;
+   store_ref_t r;
+
+   add (fx, "hb-1", "h", "few", 1, T0 - 40);
+   add (fx, "hb-2", "h", "few", 2, T0 - 30);
+   add (fx, "hb-3", "h", "few", 3, T0 - 20);
+   claim (fx->a, "h", 10, T0, &b);
+   assert_int_equal (b.n, 1);
+   r = ref (&b.items[0]);
+   /* the head fails and is due again later */
+   assert_true (store_reschedule (fx->a, &r, T0 + 1, T0 + 5000, "HTTP 500", &applied, &err));
+   assert_true (applied);
+   store_batch_clear (&b);
+   /* nothing to run: the lane goes back, its two waiting deliveries park */
+   claim (fx->a, "h", 10, T0 + 2, &b);
+   assert_int_equal (b.n, 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), 2);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": {\"$ne\": null}}"), 0);
+   store_batch_clear (&b);
+   /* the head is due again and completes; then seq 2 and seq 3 follow */
+   claim (fx->b, "h", 10, T0 + 5001, &b);
+   assert_int_equal (b.n, 1);
+   assert_int_equal (b.items[0].sequence, 1);
+   assert_int_equal (b.items[0].attempt, 2);
+   assert_true (complete1 (fx->b, &b.items[0], T0 + 5002));
+   store_batch_clear (&b);
+   for (int seq = 2; seq <= 3; seq++) {
+      claim (fx->b, "h", 10, T0 + 5002 + seq, &b);
+      assert_int_equal (b.n, 1);
+      assert_int_equal (b.items[0].sequence, seq);
+      assert_true (complete1 (fx->b, &b.items[0], T0 + 5003 + seq));
+      store_batch_clear (&b);
+   }
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 0);
+}
+
+/* A claim writes no delivery document, and a completion no lane document. */
+static void
+test_claims_write_no_delivery_and_completions_no_lane (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   bson_t *doc;
+   int64_t epoch_before;
+
+   add (fx, "w-1", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "updatedAt"), -1); /* never written */
+   assert_int_equal (field (doc, "claims"), 0);
+   bson_destroy (doc);
+   epoch_before = count (fx, OUTBOX_LANES_COLL, "{\"inFlight.0\": {\"$exists\": true}}");
+   assert_int_equal (epoch_before, 1);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 1));
+   /* the lane still lists it: the next claim of its owner cleans up */
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"inFlight.0\": {\"$exists\": true}}"), 1);
+   store_batch_clear (&b);
+   claim (fx->a, "h", 1, T0 + 2, &b);
+   assert_int_equal (b.n, 0);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"inFlight.0\": {\"$exists\": true}}"), 0);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": {\"$ne\": null}}"), 0);
+   store_batch_clear (&b);
+}
+
 /* Commands the double counted since the last call (monitoring left out). */
 static int64_t
 commands_since (fx_t *fx, bson_t *by_name)
@@ -976,6 +1071,9 @@ main (void)
       cmocka_unit_test_setup_teardown (test_relinquish_and_extend_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_costs_four_commands, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_lane_exclusivity, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_with_history_is_one_transaction, setup_history, teardown),
    };
    int rc;
