@@ -41,6 +41,7 @@
 #include <openssl/rand.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "store.h"
 #include "webhook.h"
 #include "publish_hooks.h"
@@ -62,6 +63,7 @@ typedef struct job {
    handler_rt_t *h;
    store_delivery_t d; /* owned: moved out of the claim's batch */
    webhook_req_t *req;
+   int64_t started_ms; /* when its request started, for the latency metric */
 } job_t;
 
 /* The dispatcher.  Created by dispatch_start on the main thread, then used
@@ -260,6 +262,14 @@ job_done_cb (const webhook_result_t *res, void *arg)
 
    j->req = NULL;
    running_remove (d, j);
+   {
+      metrics_outcome_t mo = METRICS_DELIVERY_RETRIED;
+      if (res->outcome == WEBHOOK_OUTCOME_COMPLETE)
+         mo = METRICS_DELIVERY_COMPLETED;
+      else if (res->outcome == WEBHOOK_OUTCOME_DEAD || j->d.attempt >= h->cfg->max_attempts)
+         mo = METRICS_DELIVERY_DEAD;
+      metrics_delivery_observe (h->cfg->name, mo, now_ms () - j->started_ms);
+   }
    if (res->outcome == WEBHOOK_OUTCOME_COMPLETE) {
       if (d->n_done == d->cap_done) {
          d->cap_done = d->cap_done ? d->cap_done * 2 : 64;
@@ -311,6 +321,7 @@ start_job (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
       /* Its workers kept losing their leases (crashing): the charged
        * attempts ran out before this one started. */
       bury (d, j, "attempts exhausted: lost its lease on every attempt");
+      metrics_delivery_observe (h->cfg->name, METRICS_DELIVERY_DEAD, 0);
       job_free (j);
       return;
    }
@@ -322,6 +333,7 @@ start_job (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    d->n_running++;
    h->running++;
    atomic_fetch_add (&g_stats.http_requests, 1);
+   j->started_ms = now_ms ();
    j->req = webhook_send (h->wh, hex, now_ms () / 1000, body, len, job_done_cb, j, &err);
    bson_free (body);
    if (!j->req) {
@@ -339,6 +351,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    store_batch_t b = {0};
    bson_error_t err;
    size_t total = 0, limit;
+   bool ok;
 
    (void) fd;
    (void) what;
@@ -360,7 +373,9 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    o.now = now_ms ();
    o.lease_ms = d->cfg->lease_ms;
    atomic_fetch_add (&g_stats.claims, 1);
-   if (!store_claim (d->store, &o, &b, &err)) {
+   ok = store_claim (d->store, &o, &b, &err);
+   metrics_claim_observe (now_ms () - o.now);
+   if (!ok) {
       log_warn ("dispatch: claim failed (retry in %" PRId64 " ms): %s", d->cfg->poll_interval_ms, err.message);
       schedule (d->tick_ev, d->cfg->poll_interval_ms);
       return;

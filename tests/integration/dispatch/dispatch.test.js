@@ -18,7 +18,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
-const { startUpstream, uniqueDbName, sleep } = require('../lib/proxy');
+const { startUpstream, uniqueDbName, sleep, freePort } = require('../lib/proxy');
 const { startSink } = require('./sink');
 const { startDispatchProxy, publish, publishThroughProxy, waitFor } = require('./helpers');
 
@@ -211,7 +211,9 @@ test('events published through the proxy: every handler gets them in key order, 
       { name: 'p', events: 'order.*', kind: 'pull' },
     ];
     // A long poll interval: only the wake-up after a commit explains a fast delivery.
-    const p = await startDispatchProxy({ upstream: up.uri, dispatch: { poll_interval_ms: 20000 }, handlers });
+    const adminPort = await freePort();
+    const p = await startDispatchProxy({ upstream: up.uri, dispatch: { poll_interval_ms: 20000 }, handlers,
+      adminListen: `127.0.0.1:${adminPort}` });
     t.after(() => p.kill());
     const client = await new MongoClient(`mongodb://127.0.0.1:${p.port}/`).connect();
     t.after(() => client.close());
@@ -241,6 +243,12 @@ test('events published through the proxy: every handler gets them in key order, 
     const dels = direct.db('relaybus').collection('relaybus_deliveries');
     assert.equal(await dels.countDocuments({ handler: 'p', status: 'pending' }), n + 5);
     assert.equal(await dels.countDocuments({ handler: 'a' }), 0);
+    // The dispatcher reports what it settled to the admin port's metrics.
+    const metrics = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text();
+    const value = (re) => Number((metrics.match(re) || [])[1]);
+    assert.equal(value(/^relaybus_deliveries_completed_total\{handler="a"\} (\d+)/m), n + 5);
+    assert.equal(value(/^relaybus_handler_latency_seconds_count\{handler="a"\} (\d+)/m), n + 5);
+    assert.ok(value(/^relaybus_dispatch_claims_total (\d+)/m) >= 1);
     assert.equal((await p.stop()).code, 0);
   });
 

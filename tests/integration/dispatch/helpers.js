@@ -29,6 +29,7 @@ const laneId = (key, eventId) => fnv1a(key !== undefined && key !== null ? key :
  * @param {object} [o.outbox]    extra [outbox] keys
  * @param {boolean} [o.enabled]  false: a publishing-only proxy (handlers listed, no dispatch)
  * @param {object} [o.env]       extra environment (SSL_CERT_FILE...)
+ * @param {string} [o.adminListen] [admin] listen (default: empty, no admin port)
  * @param {Array<object>} o.handlers  {name, events, kind, url, secret, max_attempts, timeout_ms, concurrency, retry_4xx}
  */
 async function startDispatchProxy(o) {
@@ -39,6 +40,8 @@ async function startDispatchProxy(o) {
   for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', `enabled = ${o.enabled === false ? 'false' : 'true'}`);
   for (const [k, v] of Object.entries(o.dispatch || {})) lines.push(`${k} = ${v}`);
+  // The admin port: off unless asked for (several proxies run at once).
+  lines.push('', '[admin]', `listen = ${o.adminListen || ''}`);
   for (const h of o.handlers) {
     lines.push('', `[handler ${h.name}]`);
     for (const [k, v] of Object.entries(h)) if (k !== 'name' && v !== undefined) lines.push(`${k} = ${v}`);
