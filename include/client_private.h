@@ -80,6 +80,7 @@ struct client_conn {
     * TLS ones by libevent on the write event, as bufferevents do. */
    bool client_direct;
    bool up_direct;
+   unsigned pumping; /* pumps on the stack: the outer one's end writes */
 
    struct evbuffer *scratch; /* decompressed requests */
    struct evbuffer *tmp;     /* re-encoded replies */
@@ -174,6 +175,11 @@ void client_set_state (client_conn_t *c, client_state_t next);
 /* client.c: in DRAINING, closes the connection once nothing is in flight
  * and its output is written. */
 void client_check_drained (client_conn_t *c);
+/* client.c: something was queued on an output.  Inside a pump (the request
+ * hook, an internal reply's callback) the pump's end writes it with the
+ * rest; outside one (a call from any other loop callback) it is written
+ * now, as plain sockets have no write event armed to do it later. */
+void client_output_queued (client_conn_t *c);
 
 /* client_route.c: handles every complete request in the client's input
  * while the FIFOs and the upstream's output have room; returns whether it

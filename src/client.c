@@ -275,8 +275,9 @@ write_now (struct bufferevent *bev)
  * with hysteresis.  A drain callback is installed only while its side's
  * output holds the other side back (and the client's while DRAINING,
  * which waits for its output to empty): every other resumption comes from
- * a read or a reply, which end here too.  Cheap when nothing changes: no
- * libevent call but the two length reads and bufferevent_get_enabled. */
+ * a read or a reply, which end here too.  Cheap when nothing changes:
+ * beyond the writes themselves, only length reads and
+ * bufferevent_get_enabled. */
 static void
 client_update_flow (client_conn_t *c)
 {
@@ -342,12 +343,15 @@ message_timer_update (client_conn_t *c, struct event *timer, bool *armed, struct
 static void
 client_pump (client_conn_t *c)
 {
-   bool consumed = client_route_requests (c);
+   bool consumed;
 
-   if (c->state == CLIENT_STATE_CLOSING)
-      return;
-   client_update_flow (c);
-   message_timer_update (c, c->req_timer, &c->req_timer_armed, c->bev, consumed);
+   c->pumping++;
+   consumed = client_route_requests (c);
+   if (c->state != CLIENT_STATE_CLOSING) {
+      client_update_flow (c);
+      message_timer_update (c, c->req_timer, &c->req_timer_armed, c->bev, consumed);
+   }
+   c->pumping--; /* the struct outlives a disconnect until the next loop turn */
 }
 
 /* Everything that may let replies through ends here, like client_pump. */
@@ -355,10 +359,12 @@ static void
 upstream_pump (client_conn_t *c)
 {
    uint32_t before = creq_count (c);
-   bool consumed = client_route_replies (c);
+   bool consumed;
 
+   c->pumping++;
+   consumed = client_route_replies (c);
    if (c->state == CLIENT_STATE_CLOSING)
-      return;
+      goto done;
    /* Answers freed FIFO room: requests may be waiting in the input
     * (client_pump updates the flow); else only the flow may change.
     * Either writes the answers out, so a drain check comes after. */
@@ -367,11 +373,20 @@ upstream_pump (client_conn_t *c)
    else
       client_update_flow (c);
    if (c->state == CLIENT_STATE_CLOSING)
-      return;
+      goto done;
    client_check_drained (c);
    if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
-      return;
+      goto done;
    message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), consumed);
+done:
+   c->pumping--;
+}
+
+void
+client_output_queued (client_conn_t *c)
+{
+   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING)
+      client_update_flow (c);
 }
 
 /* ------------------------------------------------------------ callbacks */

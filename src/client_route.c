@@ -231,8 +231,11 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
       goto done;
    }
    ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
-   if (ok)
-      client_check_drained (c);
+   if (ok) {
+      client_output_queued (c);
+      if (c->state != CLIENT_STATE_CLOSING)
+         client_check_drained (c);
+   }
 done:
    return ok;
 }
@@ -291,6 +294,7 @@ client_send_internal (client_conn_t *c,
    u->cb_ctx = ctx;
    stats_add (internal_requests, 1);
    stats_add (bytes_to_upstream, evbuffer_get_length (upstream_output (c)) - before);
+   client_output_queued (c);
    return true;
 }
 
