@@ -13,20 +13,20 @@ const BIN = path.join(__dirname, '..', 'mongod-double');
 function startDouble(args = []) {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [BIN, '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const oneLine = args.includes('--standalone') || args.includes('--single-member');
     let out = '';
     let errText = '';
     child.stderr.on('data', (d) => { errText += d; });
     child.stdout.on('data', (d) => {
       out += d;
       // Line 1: the primary's (or standalone's) port; line 2: the secondary's, unless the
-      // double runs as a standalone or a single member (both lines come in one write).
-      const nl = out.indexOf('\n');
-      if (nl >= 0 && !child.port) {
-        child.port = Number(out.slice(0, nl));
-        const second = /^\d+\n(\d+)\n/.exec(out);
+      // double runs as a standalone or a single member.
+      const lines = out.split('\n').slice(0, -1);
+      if (lines.length >= (oneLine ? 1 : 2) && !child.port) {
+        child.port = Number(lines[0]);
         resolve({
           port: child.port,
-          secondaryPort: second ? Number(second[1]) : null,
+          secondaryPort: oneLine ? null : Number(lines[1]),
           child,
           stderr: () => errText,
           uri: (extra = 'replicaSet=rs0') => `mongodb://127.0.0.1:${child.port}/?${extra}`,
