@@ -37,7 +37,7 @@ test('Mongoose: unique index, create, transaction, findOneAndUpdate', async () =
 const PY = '/usr/bin/python3';
 const hasPymongo = fs.existsSync(PY) && spawnSync(PY, ['-c', 'import pymongo'], { stdio: 'ignore' }).status === 0;
 
-test('pymongo: CRUD with Int64, transaction, duplicate key', { skip: !hasPymongo && 'pymongo not installed' }, () => {
+test('pymongo: CRUD with Int64, transaction, duplicate key, reads from the secondary', { skip: !hasPymongo && 'pymongo not installed' }, () => {
   const script = `
 import sys, pymongo
 from bson.int64 import Int64
@@ -56,6 +56,17 @@ try:
     sys.exit("duplicate accepted")
 except pymongo.errors.DuplicateKeyError as e:
     assert e.details["keyValue"] == {"_id": 3}
+# The set has a secondary: pymongo discovers it and reads from it.
+sec = pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=5000, readPreference="secondary")
+assert sec.py.c.count_documents({}) == 3
+assert sec.py.c.find_one({"_id": 3}) == {"_id": 3}
+assert len(sec.nodes) == 2 and sec.primary is not None and len(sec.secondaries) == 1, (sec.nodes, sec.primary, sec.secondaries)
+direct = pymongo.MongoClient("mongodb://%s:%d/?directConnection=true" % list(sec.secondaries)[0], serverSelectionTimeoutMS=5000)
+try:
+    direct.py.c.insert_one({"_id": 4})
+    sys.exit("write accepted by the secondary")
+except getattr(pymongo.errors, "NotPrimaryError", None) or pymongo.errors.NotMasterError as e:  # pymongo 3: NotMasterError
+    assert e.details["code"] == 10107, e.details
 print("ok")
 `;
   const out = execFileSync(PY, ['-c', script, d.uri()], { encoding: 'utf8', timeout: 30000 });
@@ -65,7 +76,7 @@ print("ok")
 const hasMongoc = spawnSync('pkg-config', ['--exists', 'libmongoc-1.0']).status === 0 &&
   spawnSync('cc', ['--version'], { stdio: 'ignore' }).status === 0;
 
-test('mongo-c-driver: insert, find, transaction, duplicate key', { skip: !hasMongoc && 'libmongoc-1.0 or cc missing' }, () => {
+test('mongo-c-driver: insert, find, transaction, secondary read, duplicate key', { skip: !hasMongoc && 'libmongoc-1.0 or cc missing' }, () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'mongoc-smoke-'));
   try {
     const bin = path.join(dir, 'smoke');
@@ -76,6 +87,8 @@ test('mongo-c-driver: insert, find, transaction, duplicate key', { skip: !hasMon
       const out = execFileSync(bin, [uri.replace('/?', `/${db}?`)], { encoding: 'utf8', timeout: 30000 });
       assert.match(out, /"x" : \{ "\$numberLong" : "42" \}/);
       assert.match(out, /count 2/);
+      // With replicaSet=rs0 the secondary serves it; a direct connection reads from the primary.
+      assert.match(out, new RegExp(`secondary read 2 from port ${db === 'one' ? d.secondaryPort : d.port}\\n`));
       assert.match(out, /dup code 11000: E11000 duplicate key error collection: cdb\.c index: _id_ dup key: \{ _id: 2 \}/);
       execFileSync(process.execPath, ['-e', `
         const { MongoClient } = require('mongodb');

@@ -1,6 +1,6 @@
 /* mongo-c-driver smoke client for the double's self-tests (test/drivers.test.js): insert with
- * an Int64, find, a committed transaction, count, and a duplicate key error. Prints results
- * on stdout; exits non-zero on any unexpected failure. */
+ * an Int64, find, a committed transaction, count, a read with read preference secondary, and a
+ * duplicate key error. Prints results on stdout; exits non-zero on any unexpected failure. */
 #include <mongoc/mongoc.h>
 #include <stdio.h>
 int main(int argc, char **argv) {
@@ -30,6 +30,17 @@ int main(int argc, char **argv) {
   bson_destroy(&reply);
   int64_t n = mongoc_collection_count_documents(coll, q, NULL, NULL, NULL, &err);
   printf("count %lld\n", (long long) n);
+  /* A read with read preference secondary: prints which member served it. */
+  mongoc_read_prefs_t *rp = mongoc_read_prefs_new(MONGOC_READ_SECONDARY);
+  cur = mongoc_collection_find_with_opts(coll, q, NULL, rp);
+  int m = 0;
+  while (mongoc_cursor_next(cur, &d)) m++;
+  if (mongoc_cursor_error(cur, &err)) { fprintf(stderr, "secondary find: %s\n", err.message); return 1; }
+  mongoc_host_list_t host;
+  mongoc_cursor_get_host(cur, &host);
+  printf("secondary read %d from port %u\n", m, (unsigned) host.port);
+  mongoc_cursor_destroy(cur);
+  mongoc_read_prefs_destroy(rp);
   bson_t *dup = BCON_NEW("_id", BCON_INT32(2));
   if (mongoc_collection_insert_one(coll, dup, NULL, NULL, &err)) { fprintf(stderr, "duplicate accepted\n"); return 1; }
   printf("dup code %u: %s\n", err.code, err.message);
