@@ -593,11 +593,12 @@ op_succeeded (client_conn_t *c, virtual_op_t *op)
    op_finish (op);
 }
 
-/* An outbox write failed: abort the transaction on the same connection,
- * then tell the client (the abort runs before anything the client sends
- * next, as the connection serialises requests). */
+/* An outbox write failed in the `phase` round: poison the transaction,
+ * abort it on the same connection, then tell the client (the abort runs
+ * before anything the client sends next on this connection, as the
+ * connection serialises requests; the poisoning covers the others). */
 static void
-op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply)
+op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply, inject_phase_t phase)
 {
    bson_t abort;
    bson_error_t error;
@@ -607,12 +608,11 @@ op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply)
    COUNT (inject_failed, 1);
    (void) reply_error (client_reply, &desc);
    log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c),
-             "outbox write failed in the %s round; aborting the transaction: %s",
-             inject_phase_name (inject_job_phase (op->job)), desc);
+             "outbox write failed in the %s round; aborting the transaction: %s", inject_phase_name (phase), desc);
    /* Poisoned before the client hears of the failure: until the abort is
     * confirmed, a commit from another connection could still win. */
    txn_poison (c, op, LOG_LEVEL_INFO, "an outbox write failed in the %s round on c%" PRIu64 ": %.120s",
-               inject_phase_name (inject_job_phase (op->job)), client_id (c), desc[0] ? desc : "?");
+               inject_phase_name (phase), client_id (c), desc[0] ? desc : "?");
    if (!poison_key_of (&op->txn_cmd, key)) {
       bson_free (key);
       key = NULL;
@@ -634,13 +634,17 @@ op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply)
 static void
 round_start (client_conn_t *c, virtual_op_t *op)
 {
+   /* Planning the next round moves the phase on (to "done" after a
+    * failure): name the round that failed. */
+   inject_phase_t last = inject_job_phase (op->job);
+
    op->round_n = inject_job_next_round (op->job);
    op->sent = op->answered = 0;
    if (op->round_n == 0) {
       const bson_t *fail;
 
       if (inject_job_failed (op->job, &fail))
-         op_failed (c, op, fail);
+         op_failed (c, op, fail, last);
       else
          op_succeeded (c, op);
       return;

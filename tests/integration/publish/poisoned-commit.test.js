@@ -10,6 +10,8 @@
 //     server's transaction is aborted (a direct commit of the same lsid/txnNumber is refused),
 //     nothing of it exists, no event;
 //   - the same with relaybusPublish;
+//   - an outbox write that fails while the proxy's own abortTransaction fails too (failCommand
+//     errors leave the server's transaction open, as a real primary's do): the commit is refused;
 //   - withTransaction whose callback swallows the network error: the refused commit makes it run
 //     the callback again, and the retry commits once with exactly one event;
 //   - /metrics counts the poisonings and refusals.
@@ -143,6 +145,34 @@ test('manual transaction: the same for relaybusPublish', async () => {
   await nothingOf(['pub-pre'], ['ev-pub-1']);
 });
 
+test('an outbox write fails and so does the abort the proxy sends after it: the commit is still refused', async () => {
+  const session = s.client.startSession();
+  try {
+    session.startTransaction();
+    await orders().insertOne({ _id: 'ab-pre' }, { session });
+    // The events upsert fails, then the proxy's abortTransaction: the server's transaction stays
+    // open with both inserts, and only the proxy knows it must not commit.
+    // (times: 2 switches itself off after those two.)
+    await failPoint({ times: 2 }, { failCommands: ['update', 'abortTransaction'], errorCode: 8 });
+    try {
+      await P.expectCode(
+        orders().insertOne({ _id: 'ab-1' }, { session, comment: { relaybus: { type: 'order.placed.v1', id: 'ev-ab-1' } } }),
+        8,
+      );
+      const err = await expectRefusedCommit(session);
+      assert.match(err.message, /an outbox write failed in the write round/);
+    } finally {
+      await failPointOff();
+    }
+    assert.ok(await s.proxy.waitForLog(/abortTransaction after a failed outbox write failed \(8\).*stays poisoned/));
+    const direct = await directCommit(session);
+    assert.equal(direct.code, 251, `a direct commit after the refusal: ${JSON.stringify(direct)}`);
+  } finally {
+    await session.endSession();
+  }
+  await nothingOf(['ab-pre', 'ab-1'], ['ev-ab-1']);
+});
+
 test('withTransaction whose callback swallows the network error: the refused commit retries it, one event', async () => {
   const session = s.client.startSession();
   const seen = [];
@@ -199,8 +229,8 @@ test('/metrics counts the poisoned transactions and the refused commits', async 
     assert.ok(line, `${name} is rendered`);
     return Number(line.split(' ')[1]);
   };
-  assert.equal(value('relaybus_poisoned_transactions_total'), 3);
-  assert.equal(value('relaybus_poisoned_commits_refused_total'), 3);
+  assert.equal(value('relaybus_poisoned_transactions_total'), 4);
+  assert.equal(value('relaybus_poisoned_commits_refused_total'), 4);
   assert.equal(value('relaybus_poisoned_evictions_total'), 0);
   assert.ok(value('relaybus_poisoned_transactions') >= 0);
 });
