@@ -72,8 +72,11 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     await waitFor(async () => {
       const s = await get('/api/stats');
       const m = s.json.handlers.find((h) => h.name === 'mailer');
-      // The dispatcher counts a burial just after writing it: wait for both.
-      return m && m.dead === 2 && m.pending === 0 && s.json.dispatch.dead === 2 && sink.stats().ok.size === 3;
+      // The dispatcher counts a burial just after writing it, and the outbox
+      // totals and the per-handler figures are two queries that a burial can
+      // fall between: wait until all of them show it.
+      return m && m.dead === 2 && m.pending === 0 && s.json.dispatch.dead === 2 &&
+        s.json.outbox.dead === 2 && s.json.outbox.pending === 5 && sink.stats().ok.size === 3;
     }, 20000, 'mailer: 2 dead, 0 pending');
     const s = (await get('/api/stats')).json;
     assert.equal(s.upstream.state, 'primary');
