@@ -80,6 +80,15 @@ struct client_conn {
     * TLS ones by libevent on the write event, as bufferevents do. */
    bool client_direct;
    bool up_direct;
+   /* Plain sockets are read by these events of ours (read_now), not by
+    * the bufferevent, whose reads first ask the kernel how much is there
+    * (ioctl FIONREAD): a syscall per read.  NULL for TLS sides. */
+   struct event *client_rd;
+   struct event *up_rd;
+   bool client_reading; /* client_rd added */
+   bool up_reading;     /* up_rd added */
+   evutil_socket_t client_fd; /* the sockets, for read_now and write_now */
+   evutil_socket_t up_fd;     /* (bufferevent_getfd is a ctrl call) */
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
 
    struct evbuffer *scratch; /* decompressed requests */

@@ -55,6 +55,7 @@ static void upstream_pump (client_conn_t *c);
 static void client_read_cb (struct bufferevent *bev, void *arg);
 static void client_write_cb (struct bufferevent *bev, void *arg);
 static void client_event_cb (struct bufferevent *bev, short what, void *arg);
+static void up_sock_read_cb (evutil_socket_t fd, short what, void *arg);
 static void client_update_flow (client_conn_t *c);
 
 /* ------------------------------------------------------------ helpers */
@@ -143,7 +144,13 @@ client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fm
    stats_sub (connections_open, 1);
    client_set_state (c, CLIENT_STATE_CLOSING);
 
-   /* Sockets and timers go now: nothing of ours can fire after this. */
+   /* Sockets and timers go now: nothing of ours can fire after this.  Our
+    * read events first, while their descriptors are still open. */
+   if (c->client_rd)
+      event_free (c->client_rd);
+   if (c->up_rd)
+      event_free (c->up_rd);
+   c->client_rd = c->up_rd = NULL;
    upstream_destroy (c->up);
    c->up = NULL;
    if (c->bev)
@@ -218,19 +225,75 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ flow */
 
-/* Turns reading on or off only when that changes: bufferevent_enable
- * re-adds the read event (event_add) even when it is already on. */
+/* Turns reading of one side on or off, only when that changes
+ * (bufferevent_enable re-adds the read event even when it is on).  A plain
+ * side is read by our own event `rd` (read_now), a TLS side by its
+ * bufferevent. */
 static void
-set_reading (struct bufferevent *bev, bool on)
+set_reading (struct bufferevent *bev, struct event *rd, bool *reading, bool on)
 {
-   bool is_on = (bufferevent_get_enabled (bev) & EV_READ) != 0;
+   bool is_on = rd ? *reading : (bufferevent_get_enabled (bev) & EV_READ) != 0;
 
    if (on == is_on)
       return;
-   if (on)
+   if (rd) {
+      if (on)
+         event_add (rd, NULL);
+      else
+         event_del (rd);
+      *reading = on;
+   } else if (on) {
       bufferevent_enable (bev, EV_READ);
-   else
+   } else {
       bufferevent_disable (bev, EV_READ);
+   }
+}
+
+static bool
+client_is_reading (const client_conn_t *c)
+{
+   return c->client_rd ? c->client_reading : (bufferevent_get_enabled (c->bev) & EV_READ) != 0;
+}
+
+static bool
+up_is_reading (const client_conn_t *c)
+{
+   return c->up_rd ? c->up_reading : (bufferevent_get_enabled (upstream_bev (c->up)) & EV_READ) != 0;
+}
+
+/* At most this much per read, as evbuffer_read too: a bigger message
+ * takes several loop turns, which keeps one connection from starving the
+ * others. */
+#define CLIENT_READ_CHUNK 4096
+
+/* Reads what a plain socket has (up to CLIENT_READ_CHUNK) into its
+ * bufferevent's input, as the bufferevent would but without asking the
+ * kernel first how much there is.  Returns the bytes read, 0 at EOF, -1 on
+ * an error (errno; EAGAIN: nothing there).  The input of a socket
+ * bufferevent is frozen at its end (only libevent fills it); this unfreezes
+ * it around the read, as libevent's read callback does. */
+static ssize_t
+read_now (struct bufferevent *bev, evutil_socket_t fd)
+{
+   struct evbuffer *in = bufferevent_get_input (bev);
+   struct evbuffer_iovec v;
+   ssize_t n;
+
+   evbuffer_unfreeze (in, 0);
+   if (evbuffer_reserve_space (in, CLIENT_READ_CHUNK, &v, 1) != 1) {
+      evbuffer_freeze (in, 0);
+      errno = ENOMEM;
+      return -1;
+   }
+   do
+      n = recv (fd, v.iov_base, v.iov_len, 0);
+   while (n < 0 && errno == EINTR);
+   if (n > 0) {
+      v.iov_len = (size_t) n;
+      evbuffer_commit_space (in, &v, 1);
+   }
+   evbuffer_freeze (in, 0);
+   return n;
 }
 
 /* Writes a plain socket's output now, from the pump that filled it.  A
@@ -247,7 +310,7 @@ set_reading (struct bufferevent *bev, bool on)
  * drains it); its own write callback unfreezes it around the write, and so
  * does this. */
 static void
-write_now (struct bufferevent *bev)
+write_now (struct bufferevent *bev, evutil_socket_t fd)
 {
    struct evbuffer *out = bufferevent_get_output (bev);
    bool libevent_writes = (bufferevent_get_enabled (bev) & EV_WRITE) != 0;
@@ -260,7 +323,7 @@ write_now (struct bufferevent *bev)
    if (libevent_writes)
       return; /* it is writing already: let it, so bytes keep their order */
    evbuffer_unfreeze (out, 1);
-   (void) evbuffer_write_atmost (out, bufferevent_getfd (bev), bufferevent_get_max_single_write (bev));
+   (void) evbuffer_write_atmost (out, fd, bufferevent_get_max_single_write (bev));
    evbuffer_freeze (out, 1);
    if (evbuffer_get_length (out) > 0)
       bufferevent_enable (bev, EV_WRITE);
@@ -290,20 +353,22 @@ client_update_flow (client_conn_t *c)
    /* What the pump queued goes out first: the decisions below read the
     * outputs' lengths after it. */
    if (c->client_direct)
-      write_now (c->bev);
+      write_now (c->bev, c->client_fd);
    if (up && c->up_direct)
-      write_now (upstream_bev (c->up));
+      write_now (upstream_bev (c->up), c->up_fd);
    high = high_watermark (c);
    client_full = evbuffer_get_length (client_output (c)) >= high;
    if (up) {
       up_full = evbuffer_get_length (upstream_output (c)) >= high;
-      set_reading (upstream_bev (c->up), !client_full);
+      set_reading (upstream_bev (c->up), c->up_rd, &c->up_reading, !client_full);
       if (up_full != c->up_drained_cb) {
          upstream_want_drained (c->up, up_full);
          c->up_drained_cb = up_full;
       }
    }
    set_reading (c->bev,
+                c->client_rd,
+                &c->client_reading,
                 (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
                    !up_full);
    want = client_full || c->state == CLIENT_STATE_DRAINING;
@@ -320,10 +385,9 @@ client_update_flow (client_conn_t *c)
  * is touched only when a message is really partial or the timer was armed:
  * whole messages, the usual case, cost no event_add/event_del. */
 static void
-message_timer_update (client_conn_t *c, struct event *timer, bool *armed, struct bufferevent *bev, bool consumed)
+message_timer_update (client_conn_t *c, struct event *timer, bool *armed, struct bufferevent *bev, bool reading, bool consumed)
 {
-   bool partial = c->cfg->message_timeout_ms > 0 && evbuffer_get_length (bufferevent_get_input (bev)) > 0 &&
-                  (bufferevent_get_enabled (bev) & EV_READ);
+   bool partial = c->cfg->message_timeout_ms > 0 && reading && evbuffer_get_length (bufferevent_get_input (bev)) > 0;
 
    if (*armed && (consumed || !partial)) {
       evtimer_del (timer);
@@ -349,7 +413,7 @@ client_pump (client_conn_t *c)
    consumed = client_route_requests (c);
    if (c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
-      message_timer_update (c, c->req_timer, &c->req_timer_armed, c->bev, consumed);
+      message_timer_update (c, c->req_timer, &c->req_timer_armed, c->bev, client_is_reading (c), consumed);
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
 }
@@ -377,7 +441,7 @@ upstream_pump (client_conn_t *c)
    client_check_drained (c);
    if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
       goto done;
-   message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), consumed);
+   message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), up_is_reading (c), consumed);
 done:
    c->pumping--;
 }
@@ -453,9 +517,20 @@ up_event (void *owner, upstream_event_t ev, const char *detail)
    case UPSTREAM_EVENT_CONNECTED:
       log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "paired with upstream %s", detail);
       bufferevent_setwatermark (upstream_bev (c->up), EV_WRITE, high_watermark (c) / 2, 0);
-      /* Connected: a plain upstream is written by write_now from here on
-       * (the connect itself needed libevent's write event). */
+      /* Connected: a plain upstream is written by write_now and read by
+       * up_rd from here on (the connect itself needed libevent's write
+       * event). */
       c->up_direct = !upstream_is_tls (c->up);
+      if (c->up_direct) {
+         struct bufferevent *ubev = upstream_bev (c->up);
+         bufferevent_disable (ubev, EV_READ);
+         c->up_fd = bufferevent_getfd (ubev);
+         c->up_rd = event_new (c->loop->base, c->up_fd, EV_READ | EV_PERSIST, up_sock_read_cb, c);
+         if (!c->up_rd) {
+            client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory pairing with %s", detail);
+            break;
+         }
+      }
       client_set_state (c, CLIENT_STATE_HANDSHAKE);
       client_pump (c);
       break;
@@ -488,6 +563,43 @@ up_drained (void *owner)
 {
    /* The upstream's output fell to high/2: requests may flow again. */
    client_pump (owner);
+}
+
+static bool
+read_would_block (void)
+{
+   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* client_rd: the plain client socket is readable. */
+static void
+client_sock_read_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+   ssize_t n = read_now (c->bev, c->client_fd);
+
+   if (n > 0) {
+      client_pump (c);
+   } else if (n == 0) {
+      client_event_cb (c->bev, BEV_EVENT_READING | BEV_EVENT_EOF, c);
+   } else if (!read_would_block ()) {
+      client_event_cb (c->bev, BEV_EVENT_READING | BEV_EVENT_ERROR, c); /* reads errno */
+   }
+}
+
+/* up_rd: the plain upstream socket is readable. */
+static void
+up_sock_read_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+   ssize_t n = read_now (upstream_bev (c->up), c->up_fd);
+
+   if (n > 0)
+      upstream_pump (c);
+   else if (n == 0)
+      up_event (c, UPSTREAM_EVENT_EOF, "upstream closed the connection");
+   else if (!read_would_block ())
+      up_event (c, UPSTREAM_EVENT_ERROR, evutil_socket_error_to_string (EVUTIL_SOCKET_ERROR ()));
 }
 
 static const upstream_callbacks_t client_upstream_callbacks = {
@@ -640,7 +752,10 @@ client_accept (client_loop_t *loop,
    c->timer = evtimer_new (loop->base, client_timer_cb, c);
    c->req_timer = evtimer_new (loop->base, client_req_timer_cb, c);
    c->reply_timer = evtimer_new (loop->base, client_reply_timer_cb, c);
-   if (!c->bev || !c->scratch || !c->tmp || !c->timer || !c->req_timer || !c->reply_timer) {
+   if (c->bev && !server_tls)
+      c->client_rd = event_new (loop->base, fd, EV_READ | EV_PERSIST, client_sock_read_cb, c);
+   if (!c->bev || !c->scratch || !c->tmp || !c->timer || !c->req_timer || !c->reply_timer ||
+       (!server_tls && !c->client_rd)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, 7, "out of memory accepting a connection");
       if (c->bev)
          bufferevent_free (c->bev);
@@ -652,6 +767,8 @@ client_accept (client_loop_t *loop,
          event_free (c->req_timer);
       if (c->reply_timer)
          event_free (c->reply_timer);
+      if (c->client_rd)
+         event_free (c->client_rd);
       client_free (c);
       return false;
    }
@@ -662,7 +779,9 @@ client_accept (client_loop_t *loop,
     * a plain socket (EV_WRITE off until a write cannot finish), by
     * libevent on a TLS one (always on: the handshake writes too). */
    c->client_direct = server_tls == NULL;
+   c->client_fd = fd;
    if (c->client_direct) {
+      /* ...and read by client_rd (read_now), never by the bufferevent. */
       bufferevent_disable (c->bev, EV_WRITE | EV_READ);
    } else {
       bufferevent_enable (c->bev, EV_WRITE);
