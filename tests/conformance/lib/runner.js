@@ -36,6 +36,7 @@ class Runner {
     this.filter = opts.filter || null;
     this.baseline = opts.baseline !== false;
     this.testTimeoutMS = opts.testTimeoutMS || 60000;
+    this.topology = opts.topology || null;
     this.out = opts.out || ((s) => process.stdout.write(s + '\n'));
     this.results = [];
     this.clients = [];
@@ -54,6 +55,10 @@ class Runner {
     this.internal = new MongoClient(this.uri, { serverSelectionTimeoutMS: 15000 });
     await this.internal.connect();
     this.server = await reqs.describeServer(this.internal, this.uri);
+    this.server.reportedTopology = this.server.topology;
+    // --topology: evaluate runOnRequirements for that topology (the
+    // connection, and so what the driver sees, is unchanged).
+    if (this.topology) this.server.topology = this.topology;
     await this.killAllSessions();
   }
 
