@@ -2,32 +2,48 @@
 // Compares one folder's results (run --json) direct vs through relaybus-proxy,
 // for tests/conformance/check-proxy.
 //
-//   node compare-proxy.js FOLDER DIRECT.json AS_RS.json AS_MONGOS.json DIFFERENCES.json
+//   node compare-proxy.js FOLDER DIRECT.json AS_RS.json AS_MONGOS.json DIFFERENCES.json [DIRECT_AS_MONGOS.json]
+//   node compare-proxy.js --newly-failed DIRECT.json AS_MONGOS.json   (prints their files, one a line)
 //
 // DIRECT: the double directly. AS_RS: through the proxy with --topology
 // replicaset (the same tests as DIRECT). AS_MONGOS: through the proxy as the
 // driver sees it (a mongos; --no-baseline), so replica-set-only tests skip and
-// sharded-only tests run. Prints the folder's table and every difference, and
+// sharded-only tests run. DIRECT_AS_MONGOS (optional): the files of the
+// newly run tests that failed, run directly against the upstream with
+// --topology sharded: the same test without the proxy. Prints the folder's table and every difference, and
 // last a line "counts P F" for the shell: P = tests that passed directly and
 // through the proxy plus newly run ones that pass; F = the proxy's failures:
 // tests that passed directly but not through the proxy (either run), plus
 // tests newly run through the proxy that fail without an explanation in
-// DIFFERENCES.
+// DIFFERENCES, or (given DIRECT_AS_MONGOS) that pass directly against the
+// upstream.
 
 const fs = require('fs');
 
-const [folder, directPath, rsPath, mongosPath, diffPath] = process.argv.slice(2);
 const load = (p) => JSON.parse(fs.readFileSync(p, 'utf8'));
+const key = (r) => `${r.file}: ${r.test}`;
+
+if (process.argv[2] === '--newly-failed') {
+  const skippedDirect = new Set(load(process.argv[3]).results.filter((r) => r.status === 'skip').map(key));
+  const files = new Set(load(process.argv[4]).results
+    .filter((r) => r.status === 'fail' && skippedDirect.has(key(r))).map((r) => r.file));
+  for (const f of files) console.log(f);
+  process.exit(0);
+}
+
+const [folder, directPath, rsPath, mongosPath, diffPath, directMongosPath] = process.argv.slice(2);
 const direct = load(directPath);
 const asRs = load(rsPath);
 const asMongos = load(mongosPath);
 const differences = load(diffPath).differences;
-
-const key = (r) => `${r.file}: ${r.test}`;
+const directAsMongos = directMongosPath ? load(directMongosPath) : null;
 const byKey = (run) => new Map(run.results.map((r) => [key(r), r]));
 const d = byKey(direct);
 const rs = byKey(asRs);
 const mg = byKey(asMongos);
+const dm = directAsMongos ? byKey(directAsMongos) : null;
+// Reasons compared without ports and connection numbers.
+const norm = (s) => String(s || '').replace(/connection \d+ to [^ )]+/g, 'connection N to HOST');
 const count = (run, s) => run.results.filter((r) => r.status === s).length;
 const figures = (run) => `${count(run, 'pass')}/${count(run, 'fail')}/${count(run, 'skip')}`;
 
@@ -69,8 +85,19 @@ for (const [k, b] of mg) {
   if (b.status === 'pass') { newly.pass.push([k, b]); passed++; }
   else if (b.status === 'fail') {
     const e = explain(b);
-    if (e) newly.explained.push([k, b, e]);
-    else { newly.fault.push([k, b]); failed++; }
+    const x2 = dm && dm.get(k);
+    // The test must fail directly too (the upstream itself cannot pass it);
+    // directly the driver sees a replica set, so it may fail earlier, e.g. on
+    // assertSessionPinned (a driver pins sessions only to a mongos).
+    const failsDirectly = !dm || (x2 && x2.status === 'fail');
+    const note = !dm ? null : !failsDirectly ? null : norm(x2.reason) === norm(b.reason)
+      ? 'fails the same way directly against the upstream'
+      : `fails directly against the upstream too: ${x2.reason}`;
+    if (e && failsDirectly) newly.explained.push([k, b, e, note]);
+    else {
+      newly.fault.push([k, b, null, dm ? `directly against the upstream: ${x2 ? `${x2.status} ${x2.reason || ''}` : 'not run'}` : null]);
+      failed++;
+    }
   }
 }
 
@@ -86,9 +113,9 @@ row('newly run as mongos (sharded only): passed', newly.pass.length);
 row('newly run as mongos: failed, explained (proxy-differences.json)', newly.explained.length);
 row('newly run as mongos: failed, the proxy\'s fault', newly.fault.length);
 const show = (tag, list) => {
-  for (const [k, r, e] of list) {
+  for (const [k, r, e, note] of list) {
     lines.push(`  ${tag} ${k}: ${r ? `${r.status}${r.reason ? ` (${r.reason})` : ''}` : 'missing'}` +
-      (e ? `\n      explained [${e.id}]: ${e.explanation}` : ''));
+      (e ? `\n      explained [${e.id}]: ${e.explanation}` : '') + (note ? `\n      ${note}` : ''));
   }
 };
 show('FAIL (as replica set)', lostRs);
