@@ -1,0 +1,76 @@
+'use strict';
+// Unit tests for lib/compare-proxy.js, the verdict of check-proxy (no server needed):
+//   node --test tests/conformance/test/
+const test = require('node:test');
+const assert = require('node:assert');
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+const { execFileSync } = require('child_process');
+
+const SCRIPT = path.join(__dirname, '..', 'lib', 'compare-proxy.js');
+const DIFFS = {
+  differences: [{ id: 'token', files: ['t/a.json'], reason: 'recoveryToken', explanation: 'mongos only' }],
+};
+
+function compare(direct, asRs, asMongos, directAsMongos) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'compare-proxy-'));
+  const w = (name, results) => {
+    const p = path.join(dir, name);
+    fs.writeFileSync(p, JSON.stringify(name === 'd.json' ? DIFFS : { results }));
+    return p;
+  };
+  const args = [SCRIPT, 't', w('1.json', direct), w('2.json', asRs), w('3.json', asMongos), w('d.json')];
+  if (directAsMongos) args.push(w('4.json', directAsMongos));
+  const out = execFileSync(process.execPath, args, { encoding: 'utf8' });
+  const [, p, f] = out.trim().split('\n').pop().split(' ').map(Number);
+  return { out, passed: p, failed: f };
+}
+const r = (test, status, reason, file = 't/a.json') => ({ file, test, status, ...(reason ? { reason } : {}) });
+
+test('a test passing both ways passes; one that fails through the proxy fails', () => {
+  const c = compare([r('x', 'pass'), r('y', 'pass')], [r('x', 'pass'), r('y', 'fail', 'boom')],
+    [r('x', 'pass'), r('y', 'fail', 'boom')]);
+  assert.deepStrictEqual([c.passed, c.failed], [1, 1]);
+  assert.match(c.out, /FAIL \(as replica set\) t\/a\.json: y: fail \(boom\)/);
+});
+
+test('a replica-set-only test skipped as mongos still counts from the replica-set run', () => {
+  const c = compare([r('x', 'pass')], [r('x', 'pass')], [r('x', 'skip', 'needs topology replicaset')]);
+  assert.deepStrictEqual([c.passed, c.failed], [1, 0]);
+  assert.match(c.out, /SKIP as mongos t\/a\.json: x/);
+  const lost = compare([r('x', 'pass')], [r('x', 'fail', 'boom')], [r('x', 'skip', 'needs topology replicaset')]);
+  assert.deepStrictEqual([lost.passed, lost.failed], [0, 1]);
+});
+
+test('a test passing directly must pass as mongos too when it runs there', () => {
+  const c = compare([r('x', 'pass')], [r('x', 'pass')], [r('x', 'fail', 'pinned?')]);
+  assert.deepStrictEqual([c.passed, c.failed], [0, 1]);
+});
+
+test('sharded-only tests: passes count, failures need an explanation and a direct failure', () => {
+  const direct = [r('s1', 'skip', 'sharded'), r('s2', 'skip', 'sharded'), r('s3', 'skip', 'sharded')];
+  const asMongos = [r('s1', 'pass'), r('s2', 'fail', 'command.recoveryToken missing'), r('s3', 'fail', 'other')];
+  const c = compare(direct, direct, asMongos);
+  assert.deepStrictEqual([c.passed, c.failed], [1, 1]);
+  assert.match(c.out, /DIFF t\/a\.json: s2/);
+  assert.match(c.out, /FAIL \(sharded only\) t\/a\.json: s3/);
+  // Explained, but the upstream passes it directly: the proxy's fault.
+  const c2 = compare(direct, direct, asMongos, [r('s2', 'pass'), r('s3', 'fail', 'other')]);
+  assert.deepStrictEqual([c2.passed, c2.failed], [1, 2]);
+  // Explained and failing directly (ports and connection numbers aside): explained.
+  const c3 = compare(direct, direct, [r('s2', 'fail', 'recoveryToken; connection 2 to 127.0.0.1:1 closed')],
+    [r('s2', 'fail', 'recoveryToken; connection 7 to 127.0.0.1:2 closed')]);
+  assert.deepStrictEqual([c3.passed, c3.failed], [0, 0]);
+  assert.match(c3.out, /fails the same way directly/);
+});
+
+test('--newly-failed lists the files of sharded-only tests that failed through the proxy', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'compare-proxy-'));
+  const d = path.join(dir, 'd.json');
+  const m = path.join(dir, 'm.json');
+  fs.writeFileSync(d, JSON.stringify({ results: [r('s', 'skip', 'x', 't/b.json'), r('x', 'fail', 'y', 't/c.json')] }));
+  fs.writeFileSync(m, JSON.stringify({ results: [r('s', 'fail', 'z', 't/b.json'), r('x', 'fail', 'y', 't/c.json')] }));
+  const out = execFileSync(process.execPath, [SCRIPT, '--newly-failed', d, m], { encoding: 'utf8' });
+  assert.strictEqual(out, 't/b.json\n');
+});
