@@ -97,6 +97,9 @@ bool store_oids_has (const store_oids_t *o, const bson_oid_t *id);
 void store_oids_free (store_oids_t *o);
 /* Reads an array of ObjectIds (other values are skipped). */
 void store_oids_from_array (store_oids_t *o, const bson_t *doc, const char *field);
+/* Parses untrusted id strings (an admin request's); only 24 hex characters
+ * name a document, anything else (NULL included) is skipped. */
+void store_oids_from_strings (store_oids_t *o, const char *const *ids, size_t n);
 /* Appends `field: {op: [ids]}` (op "$in", "$nin"...). */
 void store_append_oids_op (bson_t *query, const char *field, const char *op, const bson_oid_t *ids, size_t n);
 /* Appends `field: [ids]`. */

@@ -30,14 +30,7 @@ store_requeue (store_t *s, const char *const *ids, size_t n, int64_t now, size_t
    bool ok = true;
 
    *n_requeued = 0;
-   for (size_t i = 0; i < n; i++) {
-      bson_oid_t oid;
-      /* Coerced to a string: only 24 hex characters can name a delivery. */
-      if (ids[i] && strlen (ids[i]) == 24 && bson_oid_is_valid (ids[i], 24)) {
-         bson_oid_init_from_string (&oid, ids[i]);
-         store_oids_push (&oids, &oid);
-      }
-   }
+   store_oids_from_strings (&oids, ids, n);
    if (oids.n == 0)
       return true;
    client = mongoc_client_pool_pop (s->pool);

@@ -500,6 +500,20 @@ store_oids_from_array (store_oids_t *o, const bson_t *doc, const char *field)
 }
 
 void
+store_oids_from_strings (store_oids_t *o, const char *const *ids, size_t n)
+{
+   bson_oid_t oid;
+
+   for (size_t i = 0; i < n; i++) {
+      /* Coerced to a string: only 24 hex characters can name a document. */
+      if (ids[i] && strlen (ids[i]) == 24 && bson_oid_is_valid (ids[i], 24)) {
+         bson_oid_init_from_string (&oid, ids[i]);
+         store_oids_push (o, &oid);
+      }
+   }
+}
+
+void
 store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *ids, size_t n)
 {
    bson_t arr;

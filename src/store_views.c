@@ -328,13 +328,7 @@ store_bury_ids (store_t *s,
    bool ok = true;
 
    *n_buried = 0;
-   for (size_t i = 0; i < n; i++) {
-      bson_oid_t oid;
-      if (ids[i] && strlen (ids[i]) == 24 && bson_oid_is_valid (ids[i], 24)) {
-         bson_oid_init_from_string (&oid, ids[i]);
-         store_oids_push (&oids, &oid);
-      }
-   }
+   store_oids_from_strings (&oids, ids, n);
    if (oids.n == 0)
       return true;
    client = mongoc_client_pool_pop (s->pool);
