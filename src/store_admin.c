@@ -525,7 +525,7 @@ store_statistics (store_t *s, int64_t now, store_stats_t *st, bson_error_t *erro
 bool
 store_list_deliveries (store_t *s, const store_list_filter_t *f, bson_t *out, bson_error_t *error)
 {
-   bool completed = f->status && !strcmp (f->status, "completed");
+   bool completed;
    mongoc_client_t *client;
    mongoc_collection_t *coll;
    bson_t q = BSON_INITIALIZER;
@@ -537,25 +537,10 @@ store_list_deliveries (store_t *s, const store_list_filter_t *f, bson_t *out, bs
    uint32_t i = bson_count_keys (out);
    bool ok = true;
 
-   if (f->status && !completed && strcmp (f->status, "pending") != 0 && strcmp (f->status, "dead") != 0) {
+   if (!store_list_filter_query (s, f, &completed, &q)) {
       bson_destroy (&q);
-      return true; /* no such status: nothing */
+      return true; /* nothing can match */
    }
-   if (completed && !s->completion_history) {
-      bson_destroy (&q);
-      return true;
-   }
-   /* Each filter is appended as a UTF-8 string: never an operator. */
-   if (f->status && !completed)
-      BSON_APPEND_UTF8 (&q, "status", f->status);
-   if (f->handler)
-      BSON_APPEND_UTF8 (&q, "handler", f->handler);
-   if (f->event_type)
-      BSON_APPEND_UTF8 (&q, "eventType", f->event_type);
-   if (f->event_id)
-      BSON_APPEND_UTF8 (&q, "eventId", f->event_id);
-   if (f->key)
-      BSON_APPEND_UTF8 (&q, "key", f->key);
    opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (limit));
    client = mongoc_client_pool_pop (s->pool);
    coll = store_coll (s, client, completed ? OUTBOX_COMPLETED : OUTBOX_DELIVERIES);

@@ -215,6 +215,28 @@ store_is_set_up (store_t *s, bool *ready, bson_error_t *error)
 /* --------------------------------------------------------------- listing */
 
 bool
+store_list_filter_query (const store_t *s, const store_list_filter_t *f, bool *completed, bson_t *q)
+{
+   *completed = f->status && !strcmp (f->status, "completed");
+   if (f->status && !*completed && strcmp (f->status, "pending") != 0 && strcmp (f->status, "dead") != 0)
+      return false; /* no such status */
+   if (*completed && !s->completion_history)
+      return false;
+   /* Each filter is appended as a UTF-8 string: never an operator. */
+   if (f->status && !*completed)
+      BSON_APPEND_UTF8 (q, "status", f->status);
+   if (f->handler)
+      BSON_APPEND_UTF8 (q, "handler", f->handler);
+   if (f->event_type)
+      BSON_APPEND_UTF8 (q, "eventType", f->event_type);
+   if (f->event_id)
+      BSON_APPEND_UTF8 (q, "eventId", f->event_id);
+   if (f->key)
+      BSON_APPEND_UTF8 (q, "key", f->key);
+   return true;
+}
+
+bool
 store_list_page (store_t *s,
                  const store_list_filter_t *f,
                  int64_t after_created,
@@ -223,7 +245,7 @@ store_list_page (store_t *s,
                  bool *more,
                  bson_error_t *error)
 {
-   bool completed = f->status && !strcmp (f->status, "completed");
+   bool completed;
    int64_t limit = f->limit > 0 && f->limit <= 1000 ? f->limit : 100;
    uint32_t i = bson_count_keys (out);
    bson_t q = BSON_INITIALIZER;
@@ -237,25 +259,10 @@ store_list_page (store_t *s,
    bool ok = true;
 
    *more = false;
-   if (f->status && !completed && strcmp (f->status, "pending") != 0 && strcmp (f->status, "dead") != 0) {
+   if (!store_list_filter_query (s, f, &completed, &q)) {
       bson_destroy (&q);
       return true;
    }
-   if (completed && !s->completion_history) {
-      bson_destroy (&q);
-      return true;
-   }
-   /* Strings only: a filter can never become an operator. */
-   if (f->status && !completed)
-      BSON_APPEND_UTF8 (&q, "status", f->status);
-   if (f->handler)
-      BSON_APPEND_UTF8 (&q, "handler", f->handler);
-   if (f->event_type)
-      BSON_APPEND_UTF8 (&q, "eventType", f->event_type);
-   if (f->event_id)
-      BSON_APPEND_UTF8 (&q, "eventId", f->event_id);
-   if (f->key)
-      BSON_APPEND_UTF8 (&q, "key", f->key);
    if (after_id) {
       /* Keyset pagination: (createdAt, _id) > (after_created, after_id). */
       bson_t or, a, b, sub;
