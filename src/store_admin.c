@@ -279,6 +279,27 @@ next_batch (purge_t *p, mongoc_collection_t *coll, const bson_t *q, const char *
    return ok;
 }
 
+/* Deletes the records of `from` (deliveries or completion history)
+ * matching q, a batch per transaction, with the events only they
+ * referenced; adds what went to *deleted and *events. */
+static bool
+purge_records (purge_t *p, outbox_collection_t from, const bson_t *q, int64_t *deleted, int64_t *events, bson_error_t *error)
+{
+   mongoc_collection_t *coll = store_coll (p->s, p->client, from);
+   bool ok = true;
+
+   p->from = from;
+   while (ok && (ok = next_batch (p, coll, q, "eventId", error)) && p->ids.n > 0) {
+      ok = store_with_txn (p->s, p->client, purge_cb, p, error);
+      *deleted += p->deleted;
+      *events += p->events_deleted;
+      if (p->deleted == 0)
+         break;
+   }
+   mongoc_collection_destroy (coll);
+   return ok;
+}
+
 bool
 store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, bson_error_t *error)
 {
@@ -298,33 +319,13 @@ store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, b
 
    if (o->dead_before > 0) {
       bson_t *q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o->dead_before), "}");
-      coll = store_coll (s, p.client, OUTBOX_DELIVERIES);
-      p.from = OUTBOX_DELIVERIES;
-      while (ok && (ok = next_batch (&p, coll, q, "eventId", error)) && p.ids.n > 0) {
-         ok = store_with_txn (s, p.client, purge_cb, &p, error);
-         r->dead += p.deleted;
-         r->events += p.events_deleted;
-         if (p.deleted == 0)
-            break;
-      }
+      ok = purge_records (&p, OUTBOX_DELIVERIES, q, &r->dead, &r->events, error);
       bson_destroy (q);
-      mongoc_collection_destroy (coll);
-      coll = NULL;
    }
    if (ok && o->completed_before > 0 && s->completion_history) {
       bson_t *q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o->completed_before), "}");
-      coll = store_coll (s, p.client, OUTBOX_COMPLETED);
-      p.from = OUTBOX_COMPLETED;
-      while (ok && (ok = next_batch (&p, coll, q, "eventId", error)) && p.ids.n > 0) {
-         ok = store_with_txn (s, p.client, purge_cb, &p, error);
-         r->completed += p.deleted;
-         r->events += p.events_deleted;
-         if (p.deleted == 0)
-            break;
-      }
+      ok = purge_records (&p, OUTBOX_COMPLETED, q, &r->completed, &r->events, error);
       bson_destroy (q);
-      mongoc_collection_destroy (coll);
-      coll = NULL;
    }
    if (ok) {
       /* Events nothing references, created before the earliest cutoff, in
