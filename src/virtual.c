@@ -900,6 +900,34 @@ static const char *const outside_txn_msg =
    "relaybus: annotated writes must run inside a transaction (lsid, txnNumber and autocommit: false): start one "
    "with session.withTransaction() or session.startTransaction() and pass the session to the write";
 
+/* Makes the operation for request seq with the job that writes ann's
+ * events (the job takes ann's contents and holds the current configuration).
+ * NULL: the client has had an InternalError (no configuration loaded, or the
+ * job could not be built). */
+static virtual_op_t *
+op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, const bson_t *body, bool opens_txn)
+{
+   config_t *cfg = config_acquire ();
+   virtual_op_t *op;
+   bson_error_t error;
+
+   if (!cfg) {
+      op_answer_error (c, seq, 1, "InternalError", "relaybus: no configuration loaded");
+      return NULL;
+   }
+   op = op_new (c, seq, state);
+   op->job = inject_job_new (ann, body, opens_txn, cfg, now_ms (), &error);
+   config_release (cfg);
+   if (!op->job) {
+      op_finish (op);
+      op_release_maybe (op);
+      op_answer_error (c, seq, 1, "InternalError", error.message);
+      return NULL;
+   }
+   txn_key_copy (body, &op->txn_cmd);
+   return op;
+}
+
 static virtual_result_t
 route_annotated (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_close_reason_t *reason, bson_error_t *error)
 {
@@ -909,7 +937,6 @@ route_annotated (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_
    bson_error_t aerr;
    inject_txn_t txn = inject_txn_of (&msg->body);
    const char *cmd = wire_command_name (&msg->body);
-   config_t *cfg = NULL;
    virtual_op_t *op;
    virtual_result_t res = VIRTUAL_TAKEN;
 
@@ -939,20 +966,9 @@ route_annotated (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_
       op_answer_error (c, seq, 2, "BadValue", aerr.message);
       goto done;
    }
-   cfg = config_acquire ();
-   if (!cfg) {
-      op_answer_error (c, seq, 1, "InternalError", "relaybus: no configuration loaded");
+   op = op_new_job (c, seq, OP_STATEMENT, ann, &msg->body, false);
+   if (!op)
       goto done;
-   }
-   op = op_new (c, seq, OP_STATEMENT);
-   op->job = inject_job_new (ann, &msg->body, false, cfg, now_ms (), &aerr);
-   if (!op->job) {
-      op_finish (op);
-      op_release_maybe (op);
-      op_answer_error (c, seq, 1, "InternalError", aerr.message);
-      goto done;
-   }
-   txn_key_copy (&msg->body, &op->txn_cmd);
    /* The statement itself, annotation removed, kind-1 sections as they came. */
    if (!client_send_internal (c, &fwd, msg->sequences, msg->nsequences, on_statement_reply, op, error)) {
       op_finish (op);
@@ -967,7 +983,6 @@ done:
       annotate_cleanup (ann); /* empty when moved into the job */
       bson_free (ann);
    }
-   config_release (cfg);
    bson_destroy (&fwd);
    return res;
 }
@@ -980,7 +995,6 @@ route_publish (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_cl
    bson_error_t aerr;
    bson_iter_t it;
    inject_txn_t txn = inject_txn_of (&msg->body);
-   config_t *cfg = NULL;
    virtual_op_t *op;
 
    if (!hold (c, msg, compressor, &seq, reason, error))
@@ -1003,21 +1017,10 @@ route_publish (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_cl
       op_answer_error (c, seq, 2, "BadValue", aerr.message);
       goto done;
    }
-   cfg = config_acquire ();
-   if (!cfg) {
-      op_answer_error (c, seq, 1, "InternalError", "relaybus: no configuration loaded");
+   op = op_new_job (c, seq, OP_INJECT, ann, &msg->body, txn == INJECT_TXN_STARTS);
+   if (!op)
       goto done;
-   }
-   op = op_new (c, seq, OP_INJECT);
    op->is_publish = true;
-   op->job = inject_job_new (ann, &msg->body, txn == INJECT_TXN_STARTS, cfg, now_ms (), &aerr);
-   if (!op->job) {
-      op_finish (op);
-      op_release_maybe (op);
-      op_answer_error (c, seq, 1, "InternalError", aerr.message);
-      goto done;
-   }
-   txn_key_copy (&msg->body, &op->txn_cmd);
    op->running = true;
    round_start (c, op);
    op->running = false;
@@ -1025,7 +1028,6 @@ route_publish (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_cl
 done:
    annotate_cleanup (ann);
    bson_free (ann);
-   config_release (cfg);
    return VIRTUAL_TAKEN;
 }
 
