@@ -204,8 +204,10 @@ family (bson_string_t *out, const char *name, const char *type, const char *help
    bson_string_append_printf (out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A sample's name and its one optional label, `name{label="value"}`; the
+ * caller appends the value. */
 static void
-sample_u64 (bson_string_t *out, const char *name, const char *label, const char *value, uint64_t v)
+sample_start (bson_string_t *out, const char *name, const char *label, const char *value)
 {
    bson_string_append (out, name);
    if (label) {
@@ -213,18 +215,19 @@ sample_u64 (bson_string_t *out, const char *name, const char *label, const char 
       append_label_value (out, value);
       bson_string_append (out, "\"}");
    }
+}
+
+static void
+sample_u64 (bson_string_t *out, const char *name, const char *label, const char *value, uint64_t v)
+{
+   sample_start (out, name, label, value);
    bson_string_append_printf (out, " %" PRIu64 "\n", v);
 }
 
 static void
 sample_f (bson_string_t *out, const char *name, const char *label, const char *value, double v)
 {
-   bson_string_append (out, name);
-   if (label) {
-      bson_string_append_printf (out, "{%s=\"", label);
-      append_label_value (out, value);
-      bson_string_append (out, "\"}");
-   }
+   sample_start (out, name, label, value);
    bson_string_append_printf (out, " %.3f\n", v);
 }
 
