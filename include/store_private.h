@@ -110,6 +110,9 @@ void store_oids_from_strings (store_oids_t *o, const char *const *ids, size_t n)
 void store_append_oids_op (bson_t *query, const char *field, const char *op, const bson_oid_t *ids, size_t n);
 /* Appends `field: [ids]`. */
 void store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *ids, size_t n);
+/* Appends `field: {$in: [lane numbers]}` for the lanes set in `lanes`;
+ * returns how many it listed (0: the query matches nothing). */
+uint32_t store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX_LANES]);
 
 /* Runs cb in a transaction (mongoc_client_session_with_transaction, which
  * retries transient errors).  Every command in cb must carry the session. */

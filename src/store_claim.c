@@ -432,12 +432,13 @@ static bool
 load_held (claim_t *c, bson_error_t *error)
 {
    store_t *s = c->s;
-   bson_t q = BSON_INITIALIZER, sub, arr;
+   bson_t q = BSON_INITIALIZER;
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
-   uint32_t k = 0;
+   uint32_t k;
    store_lane_state_t held[OUTBOX_LANES];
+   bool want[OUTBOX_LANES];
    store_oids_t all = {0};
    bool ok = true;
 
@@ -449,17 +450,9 @@ load_held (claim_t *c, bson_error_t *error)
    memcpy (held, s->lanes, sizeof held);
    pthread_mutex_unlock (&s->mu);
 
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &sub);
-   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
    for (int i = 0; i < OUTBOX_LANES; i++)
-      if (held[i].held) {
-         char buf[16];
-         const char *key;
-         bson_uint32_to_string (k++, &key, buf, sizeof buf);
-         BSON_APPEND_INT32 (&arr, key, i);
-      }
-   bson_append_array_end (&sub, &arr);
-   bson_append_document_end (&q, &sub);
+      want[i] = held[i].held;
+   k = store_append_lanes_in (&q, "_id", want);
    if (k == 0) {
       bson_destroy (&q);
       return true;
@@ -752,8 +745,9 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bson_error_t *erro
    const bson_t *doc;
    bson_error_t err;
    bson_t *lane_docs[OUTBOX_LANES] = {0};
-   bson_t match = BSON_INITIALIZER, sub, arr, *pipeline = NULL;
-   uint32_t k = 0;
+   bool want[OUTBOX_LANES];
+   bson_t match = BSON_INITIALIZER, sub, *pipeline = NULL;
+   uint32_t k;
    bool ok = true;
 
    *n_out = 0;
@@ -787,17 +781,9 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bson_error_t *erro
    BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
    bson_append_document_end (&match, &sub);
    append_handlers_in (c, &match, true);
-   BSON_APPEND_DOCUMENT_BEGIN (&match, "laneId", &sub);
-   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
    for (int i = 0; i < OUTBOX_LANES; i++)
-      if (lane_docs[i]) {
-         char buf[16];
-         const char *key;
-         bson_uint32_to_string (k++, &key, buf, sizeof buf);
-         BSON_APPEND_INT32 (&arr, key, i);
-      }
-   bson_append_array_end (&sub, &arr);
-   bson_append_document_end (&match, &sub);
+      want[i] = lane_docs[i] != NULL;
+   k = store_append_lanes_in (&match, "laneId", want);
    if (k == 0)
       goto done;
    pipeline = BCON_NEW ("pipeline",

@@ -40,14 +40,13 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
 {
    mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
    mongoc_collection_t *lanes = store_coll (c->s, c->client, OUTBOX_LANES_COLL);
-   bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, lq = BSON_INITIALIZER, sub, arr;
+   bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, lq = BSON_INITIALIZER;
    store_oids_t ids = {0};
    bson_t *lane_docs[OUTBOX_LANES] = {0};
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
    bool want_lane[OUTBOX_LANES] = {0};
-   uint32_t k = 0;
    bool ok = true;
 
    c->n_valid = 0;
@@ -85,17 +84,7 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
    if (!ok)
       goto done;
 
-   BSON_APPEND_DOCUMENT_BEGIN (&lq, "_id", &sub);
-   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
-   for (int i = 0; i < OUTBOX_LANES; i++)
-      if (want_lane[i]) {
-         char buf[16];
-         const char *key;
-         bson_uint32_to_string (k++, &key, buf, sizeof buf);
-         BSON_APPEND_INT32 (&arr, key, i);
-      }
-   bson_append_array_end (&sub, &arr);
-   bson_append_document_end (&lq, &sub);
+   store_append_lanes_in (&lq, "_id", want_lane);
    cur = mongoc_collection_find_with_opts (lanes, &lq, &opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       int64_t lane = store_iter_int64 (doc, "_id");

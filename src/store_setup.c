@@ -538,6 +538,26 @@ store_append_oids_op (bson_t *query, const char *field, const char *op, const bs
    bson_append_document_end (query, &sub);
 }
 
+uint32_t
+store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX_LANES])
+{
+   bson_t sub, arr;
+   uint32_t k = 0;
+
+   BSON_APPEND_DOCUMENT_BEGIN (query, field, &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (lanes[i]) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         BSON_APPEND_INT32 (&arr, key, i);
+      }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (query, &sub);
+   return k;
+}
+
 void
 store_session_opts (mongoc_client_session_t *session, bson_t *opts)
 {
