@@ -9,13 +9,18 @@
 # connection (each idle client also holds its paired upstream connection). A benchmark, not a
 # test: it prints numbers and fails only if something does not work.
 #
-# RELAYBUS_PROXY_BIN names the proxy binary (default: <repo>/relaybus-proxy).
+# RELAYBUS_PROXY_BIN names the proxy binary (default: <repo>/build/relaybus-proxy, as
+# scripts/run and scripts/test build it, else <repo>/relaybus-proxy from an in-tree build).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 n="${1:-2000}"
 case "$n" in ''|*[!0-9]*) echo "usage: $0 [N]" >&2; exit 2 ;; esac
-export RELAYBUS_PROXY_BIN="${RELAYBUS_PROXY_BIN:-$repo/relaybus-proxy}"
+if [ -z "${RELAYBUS_PROXY_BIN:-}" ]; then
+	RELAYBUS_PROXY_BIN=$repo/build/relaybus-proxy
+	[ -x "$RELAYBUS_PROXY_BIN" ] || RELAYBUS_PROXY_BIN=$repo/relaybus-proxy
+fi
+export RELAYBUS_PROXY_BIN
 [ -x "$RELAYBUS_PROXY_BIN" ] || { echo "idle-rss: no proxy binary at $RELAYBUS_PROXY_BIN" >&2; exit 2; }
 # The client side of the benchmark needs N descriptors too.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
