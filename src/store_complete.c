@@ -321,6 +321,21 @@ typedef struct {
    bool applied;
 } settle_t;
 
+/* Whether any document of coll matches q; false: the query failed. */
+static bool
+find_any (mongoc_collection_t *coll, const bson_t *q, const bson_t *opts, bool *found, bson_error_t *error)
+{
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
+   const bson_t *doc;
+   bool ok = true;
+
+   *found = mongoc_cursor_next (cur, &doc);
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   return ok;
+}
+
 static bool
 settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
 {
@@ -330,17 +345,11 @@ settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, du = BSON_INITIALIZER, sub, reply;
    bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) t->lease.lane_id), "epoch", BCON_INT64 (t->lease.epoch), "inFlight", BCON_OID (&t->ref->id));
    bson_t *lu = NULL;
-   mongoc_cursor_t *cur;
-   const bson_t *doc;
    bool ok = true, found;
 
    t->applied = false;
    store_session_opts (session, &opts);
-   cur = mongoc_collection_find_with_opts (lanes, lq, &opts, NULL);
-   found = mongoc_cursor_next (cur, &doc);
-   if (mongoc_cursor_error (cur, error))
-      ok = false;
-   mongoc_cursor_destroy (cur);
+   ok = find_any (lanes, lq, &opts, &found, error);
    if (!ok || !found)
       goto done;
 
@@ -351,11 +360,7 @@ settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    if (t->kind == SETTLE_EXTEND) {
       /* The generation check: a stale lease never extends the lane of a
        * newer claim of the same delivery. */
-      cur = mongoc_collection_find_with_opts (dels, &dq, &opts, NULL);
-      found = mongoc_cursor_next (cur, &doc);
-      if (mongoc_cursor_error (cur, error))
-         ok = false;
-      mongoc_cursor_destroy (cur);
+      ok = find_any (dels, &dq, &opts, &found, error);
       if (!ok || !found)
          goto done;
       lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (t->now + t->lease_ms), "}");
