@@ -113,6 +113,9 @@ void store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *
 /* Appends `field: {$in: [lane numbers]}` for the lanes set in `lanes`;
  * returns how many it listed (0: the query matches nothing). */
 uint32_t store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX_LANES]);
+/* Keyset pagination in (createdAt, _id) order: appends the $or that keeps
+ * the documents after (created, id); id is an ObjectId or a string. */
+void store_append_after_key (bson_t *query, int64_t created, const bson_value_t *id);
 
 /* Runs cb in a transaction (mongoc_client_session_with_transaction, which
  * retries transient errors).  Every command in cb must carry the session. */

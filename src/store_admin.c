@@ -354,7 +354,7 @@ store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, b
       p.from = OUTBOX_EVENTS;
       store_oids_free (&p.ids);
       for (;;) {
-         bson_t q = BSON_INITIALIZER, sub, or_arr, a, b;
+         bson_t q = BSON_INITIALIZER, sub;
          mongoc_cursor_t *cur;
          const bson_t *doc;
          bson_error_t err;
@@ -363,19 +363,10 @@ store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, b
          BSON_APPEND_DATE_TIME (&sub, "$lt", p.min_cutoff);
          bson_append_document_end (&q, &sub);
          if (last_id) {
-            BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
-            BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
-            BSON_APPEND_DOCUMENT_BEGIN (&a, "createdAt", &sub);
-            BSON_APPEND_DATE_TIME (&sub, "$gt", last_created);
-            bson_append_document_end (&a, &sub);
-            bson_append_document_end (&or_arr, &a);
-            BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
-            BSON_APPEND_DATE_TIME (&b, "createdAt", last_created);
-            BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
-            BSON_APPEND_UTF8 (&sub, "$gt", last_id);
-            bson_append_document_end (&b, &sub);
-            bson_append_document_end (&or_arr, &b);
-            bson_append_array_end (&q, &or_arr);
+            bson_value_t id = {.value_type = BSON_TYPE_UTF8};
+            id.value.v_utf8.str = last_id;
+            id.value.v_utf8.len = (uint32_t) strlen (last_id);
+            store_append_after_key (&q, last_created, &id);
          }
          strs_free (&p.event_ids);
          cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);

@@ -559,6 +559,26 @@ store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX
 }
 
 void
+store_append_after_key (bson_t *query, int64_t created, const bson_value_t *id)
+{
+   bson_t or, a, b, sub;
+
+   BSON_APPEND_ARRAY_BEGIN (query, "$or", &or);
+   BSON_APPEND_DOCUMENT_BEGIN (&or, "0", &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&a, "createdAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$gt", created);
+   bson_append_document_end (&a, &sub);
+   bson_append_document_end (&or, &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&or, "1", &b);
+   BSON_APPEND_DATE_TIME (&b, "createdAt", created);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
+   BSON_APPEND_VALUE (&sub, "$gt", id);
+   bson_append_document_end (&b, &sub);
+   bson_append_document_end (&or, &b);
+   bson_append_array_end (query, &or);
+}
+
+void
 store_session_opts (mongoc_client_session_t *session, bson_t *opts)
 {
    bson_error_t err;

@@ -264,21 +264,9 @@ store_list_page (store_t *s,
       return true;
    }
    if (after_id) {
-      /* Keyset pagination: (createdAt, _id) > (after_created, after_id). */
-      bson_t or, a, b, sub;
-      BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or);
-      BSON_APPEND_DOCUMENT_BEGIN (&or, "0", &a);
-      BSON_APPEND_DOCUMENT_BEGIN (&a, "createdAt", &sub);
-      BSON_APPEND_DATE_TIME (&sub, "$gt", after_created);
-      bson_append_document_end (&a, &sub);
-      bson_append_document_end (&or, &a);
-      BSON_APPEND_DOCUMENT_BEGIN (&or, "1", &b);
-      BSON_APPEND_DATE_TIME (&b, "createdAt", after_created);
-      BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
-      BSON_APPEND_OID (&sub, "$gt", after_id);
-      bson_append_document_end (&b, &sub);
-      bson_append_document_end (&or, &b);
-      bson_append_array_end (&q, &or);
+      bson_value_t id = {.value_type = BSON_TYPE_OID};
+      bson_oid_copy (after_id, &id.value.v_oid);
+      store_append_after_key (&q, after_created, &id);
    }
    /* One more than asked: tells whether another page follows. */
    opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (limit + 1));
