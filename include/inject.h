@@ -65,6 +65,11 @@ inject_txn_t inject_txn_of (const bson_t *cmd);
 /* True for a reply that reports failure: `ok` not 1, or `writeErrors`. */
 bool inject_reply_failed (const bson_t *reply);
 
+/* Appends the cluster time fields of a reply ($clusterTime, operationTime)
+ * to out, so an answer the proxy makes up still lets the driver advance its
+ * cluster time. */
+void inject_copy_times (const bson_t *reply, bson_t *out);
+
 typedef struct inject_job inject_job_t;
 
 /* Creates a job for the events in `ann` (moved into the job: `ann` is left

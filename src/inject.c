@@ -614,10 +614,8 @@ inject_job_command (const inject_job_t *job, uint32_t i)
 
 /* --- replies ------------------------------------------------------------ */
 
-/* Copies the cluster time fields of a reply, so a made-up error still lets
- * the driver advance its cluster time. */
-static void
-copy_times (const bson_t *reply, bson_t *out)
+void
+inject_copy_times (const bson_t *reply, bson_t *out)
 {
    bson_iter_t it;
 
@@ -657,7 +655,7 @@ fail_made (inject_job_t *job, const bson_t *reply, bool transient, int32_t code,
       bson_append_array_end (&job->fail_reply, &labels);
    }
    if (reply)
-      copy_times (reply, &job->fail_reply);
+      inject_copy_times (reply, &job->fail_reply);
 }
 
 /* Names of the write error codes an outbox write can meet; others get

@@ -366,13 +366,8 @@ op_answer_error (client_conn_t *c, uint64_t seq, int32_t code, const char *code_
 static void
 keep_times (virtual_op_t *op, const bson_t *reply)
 {
-   bson_iter_t it;
-
    bson_reinit (&op->times);
-   if (bson_iter_init_find (&it, reply, "$clusterTime"))
-      bson_append_iter (&op->times, NULL, 0, &it);
-   if (bson_iter_init_find (&it, reply, "operationTime"))
-      bson_append_iter (&op->times, NULL, 0, &it);
+   inject_copy_times (reply, &op->times);
 }
 
 /* --- poisoned transactions ------------------------------------------------ */
@@ -809,7 +804,6 @@ refusal_answer (client_conn_t *c, refusal_t *r, const bson_t *abort_reply)
 {
    bson_t doc = BSON_INITIALIZER, labels;
    bson_error_t error;
-   bson_iter_t it;
 
    if (!r->answer || client_state (c) == CLIENT_STATE_CLOSING)
       goto done;
@@ -820,10 +814,8 @@ refusal_answer (client_conn_t *c, refusal_t *r, const bson_t *abort_reply)
    BSON_APPEND_ARRAY_BEGIN (&doc, "errorLabels", &labels);
    BSON_APPEND_UTF8 (&labels, "0", "TransientTransactionError");
    bson_append_array_end (&doc, &labels);
-   if (abort_reply && bson_iter_init_find (&it, abort_reply, "$clusterTime"))
-      bson_append_iter (&doc, NULL, 0, &it);
-   if (abort_reply && bson_iter_init_find (&it, abort_reply, "operationTime"))
-      bson_append_iter (&doc, NULL, 0, &it);
+   if (abort_reply)
+      inject_copy_times (abort_reply, &doc);
    if (!client_answer (c, r->seq, &doc, &error))
       client_disconnect (c, STATS_CLOSE_INTERNAL, "answering a refused commit: %s", error.message);
 done:
