@@ -11,6 +11,7 @@
 #define RELAYBUS_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <stdint.h>
 
@@ -30,7 +31,17 @@ log_level_t log_get_level (void);
 /* A short name for the calling thread's lines ("main", "store", "admin"). */
 void log_set_thread_name (const char *name);
 
+/* Writes one line.  The formatted message is escaped with log_escape, so
+ * strings from clients and endpoints may be passed as they are. */
 void log_msg (log_level_t level, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+
+/* Copies in[0..in_len) to out, NUL-terminated, with control characters
+ * escaped: LF, CR and tab as \n, \r and \t, other bytes below 0x20, DEL,
+ * C1 controls, U+2028/U+2029 and bytes that are not valid UTF-8 as \xNN
+ * (one per byte).  Printable UTF-8 is kept.  Stops before an escape or a
+ * character that would not fit (never splits one), and sets *cut (may be
+ * NULL) when it stopped early.  Returns the length written. */
+size_t log_escape (const char *in, size_t in_len, char *out, size_t out_len, bool *cut);
 
 #define log_enabled(level) ((level) <= log_get_level ())
 #define log_error(...) log_msg (LOG_LEVEL_ERROR, __VA_ARGS__)

@@ -6,6 +6,12 @@
  * (with "...") rather than allocated: logging must never fail or block on
  * memory.  The level is an atomic so a reload can change it from the loop
  * while other threads log.
+ *
+ * Messages often carry strings a client or an endpoint chose (command
+ * names, event ids, annotation fields, answers of webhooks): every message
+ * goes through log_escape here, so that no caller can forget it and no
+ * client can start a forged line.  Control characters become \n, \r, \t
+ * or \xNN; printable UTF-8 stays as it is.
  */
 #include "log.h"
 
@@ -67,10 +73,105 @@ log_set_thread_name (const char *name)
    snprintf (log_thread_name, sizeof log_thread_name, "%s", name);
 }
 
+/* The length of the valid UTF-8 sequence at s[0..len), or 0 when it is
+ * not one (overlong, surrogate, beyond U+10FFFF, cut short). */
+static size_t
+utf8_seq_len (const unsigned char *s, size_t len)
+{
+   size_t n, i;
+   uint32_t cp;
+
+   if (s[0] < 0x80)
+      return 1;
+   if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+      n = 2;
+      cp = s[0] & 0x1f;
+   } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+      n = 3;
+      cp = s[0] & 0x0f;
+   } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+      n = 4;
+      cp = s[0] & 0x07;
+   } else {
+      return 0;
+   }
+   if (len < n)
+      return 0;
+   for (i = 1; i < n; i++) {
+      if ((s[i] & 0xc0) != 0x80)
+         return 0;
+      cp = (cp << 6) | (s[i] & 0x3f);
+   }
+   if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+      return 0;
+   return n;
+}
+
+/* C1 controls (U+0080..U+009F) and the Unicode line and paragraph
+ * separators end or rewrite lines in some terminals and viewers. */
+static bool
+utf8_is_control (const unsigned char *s, size_t n)
+{
+   if (n == 2 && s[0] == 0xc2 && s[1] < 0xa0)
+      return true;
+   return n == 3 && s[0] == 0xe2 && s[1] == 0x80 && (s[2] == 0xa8 || s[2] == 0xa9);
+}
+
+size_t
+log_escape (const char *in, size_t in_len, char *out, size_t out_len, bool *cut)
+{
+   static const char hex[] = "0123456789abcdef";
+   const unsigned char *s = (const unsigned char *) in;
+   size_t i = 0, o = 0;
+
+   if (cut)
+      *cut = false;
+   if (out_len == 0)
+      return 0;
+   while (i < in_len) {
+      char esc[16];
+      size_t e = 0, n = utf8_seq_len (s + i, in_len - i);
+
+      if (n == 1 && s[i] >= 0x20 && s[i] != 0x7f) {
+         esc[e++] = (char) s[i];
+      } else if (n == 1 && (s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) {
+         esc[e++] = '\\';
+         esc[e++] = s[i] == '\n' ? 'n' : s[i] == '\r' ? 'r' : 't';
+      } else if (n > 1 && !utf8_is_control (s + i, n)) {
+         memcpy (esc, s + i, n);
+         e = n;
+      } else {
+         /* A control byte, a C1 control or line separator (each of its
+          * bytes), or a byte that starts no valid UTF-8 sequence. */
+         if (n == 0)
+            n = 1;
+         for (size_t k = 0; k < n; k++) {
+            esc[e++] = '\\';
+            esc[e++] = 'x';
+            esc[e++] = hex[s[i + k] >> 4];
+            esc[e++] = hex[s[i + k] & 0xf];
+         }
+      }
+      /* Whole escapes and whole characters only; room for the NUL. */
+      if (o + e >= out_len) {
+         if (cut)
+            *cut = true;
+         break;
+      }
+      memcpy (out + o, esc, e);
+      o += e;
+      i += n;
+   }
+   out[o] = '\0';
+   return o;
+}
+
 void
 log_msg (log_level_t level, const char *fmt, ...)
 {
    char line[LOG_LINE_MAX];
+   char raw[LOG_LINE_MAX];
+   bool cut;
    struct timeval tv;
    struct tm tm;
    size_t n;
@@ -93,18 +194,16 @@ log_msg (log_level_t level, const char *fmt, ...)
       n += (size_t) r < sizeof line - n ? (size_t) r : sizeof line - n - 1;
 
    va_start (ap, fmt);
-   r = vsnprintf (line + n, sizeof line - n, fmt, ap);
+   r = vsnprintf (raw, sizeof raw, fmt, ap);
    va_end (ap);
-   if (r < 0) {
+   if (r < 0)
       r = 0;
-   }
-   if ((size_t) r >= sizeof line - n - 1) {
-      /* Truncated: mark it, keep room for the newline. */
-      n = sizeof line - 5;
+   /* Room is kept for "..." and the newline. */
+   n += log_escape (raw, (size_t) r < sizeof raw ? (size_t) r : sizeof raw - 1, line + n, sizeof line - n - 4, &cut);
+   if (cut || (size_t) r >= sizeof raw) {
+      /* Truncated: mark it. */
       memcpy (line + n, "...", 3);
       n += 3;
-   } else {
-      n += (size_t) r;
    }
    line[n++] = '\n';
 

@@ -1,0 +1,169 @@
+/*
+ * test_log.c - src/log.c: every message is escaped so that a string from a
+ * client or an endpoint can neither start a new line nor hide one (LF, CR,
+ * other controls, C1 controls, U+2028, bytes that are not UTF-8), while
+ * printable UTF-8 is kept as it is; a long message is cut on a whole
+ * escape or character, and log_msg writes exactly one line.
+ */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "log.h"
+
+typedef struct {
+   const char *in;
+   size_t in_len; /* 0: strlen (in) */
+   const char *out;
+} escape_case_t;
+
+static const escape_case_t escape_cases[] = {
+   {"plain text", 0, "plain text"},
+   {"", 0, ""},
+   {"relaybusX\nfake 2026-01-01T00:00:00.000Z error [main] line", 0, "relaybusX\\nfake 2026-01-01T00:00:00.000Z error [main] line"},
+   {"a\r\nb\tc", 0, "a\\r\\nb\\tc"},
+   {"bell\x07 esc\x1b[31m del\x7f", 0, "bell\\x07 esc\\x1b[31m del\\x7f"},
+   {"nul\0after", 9, "nul\\x00after"},
+   /* Printable UTF-8 stays: é, €, 😀. */
+   {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 0, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+   /* C1 control NEL (U+0085) and the line separator U+2028. */
+   {"x\xc2\x85y\xe2\x80\xa8z", 0, "x\\xc2\\x85y\\xe2\\x80\\xa8z"},
+   /* Not UTF-8: a stray continuation byte, 0xff, an overlong '/', a
+    * surrogate, a sequence cut short at the end. */
+   {"\x80\xff", 0, "\\x80\\xff"},
+   {"\xc0\xaf", 0, "\\xc0\\xaf"},
+   {"\xed\xa0\x80", 0, "\\xed\\xa0\\x80"},
+   {"end\xe2\x82", 0, "end\\xe2\\x82"},
+   /* A backslash is not a control character. */
+   {"a\\nb", 0, "a\\nb"},
+};
+
+static void
+test_escape_table (void **state)
+{
+   (void) state;
+   for (size_t i = 0; i < sizeof escape_cases / sizeof escape_cases[0]; i++) {
+      const escape_case_t *c = &escape_cases[i];
+      size_t len = c->in_len ? c->in_len : strlen (c->in);
+      char out[256];
+      bool cut = true;
+      size_t n = log_escape (c->in, len, out, sizeof out, &cut);
+
+      if (strcmp (out, c->out) != 0)
+         fail_msg ("case %zu: got \"%s\", want \"%s\"", i, out, c->out);
+      assert_int_equal (n, strlen (c->out));
+      assert_false (cut);
+   }
+}
+
+/* Output that is too small stops before an escape or a character that
+ * would not fit. */
+static void
+test_escape_cut_whole (void **state)
+{
+   char out[8];
+   bool cut = false;
+
+   (void) state;
+   /* "ab" + "\n" fits (5 bytes with NUL); the next escape would not. */
+   assert_int_equal (log_escape ("ab\n\n", 4, out, 6, &cut), 4);
+   assert_string_equal (out, "ab\\n");
+   assert_true (cut);
+   /* A 4-byte character is never split. */
+   assert_int_equal (log_escape ("abcd\xf0\x9f\x98\x80", 8, out, sizeof out, &cut), 4);
+   assert_string_equal (out, "abcd");
+   assert_true (cut);
+   /* \x escapes are whole too. */
+   assert_int_equal (log_escape ("abcd\x01", 5, out, sizeof out, &cut), 4);
+   assert_string_equal (out, "abcd");
+   assert_true (cut);
+   assert_int_equal (log_escape ("abc", 3, out, 1, &cut), 0);
+   assert_string_equal (out, "");
+}
+
+/* Reads what log_msg wrote to stderr (redirected to a file). */
+static char *
+capture (void (*fn) (void))
+{
+   char path[] = "/tmp/test_log.XXXXXX";
+   int fd = mkstemp (path);
+   int saved = dup (STDERR_FILENO);
+   static char buf[16384];
+   ssize_t n;
+
+   assert_true (fd >= 0 && saved >= 0);
+   assert_int_equal (dup2 (fd, STDERR_FILENO), STDERR_FILENO);
+   fn ();
+   assert_int_equal (dup2 (saved, STDERR_FILENO), STDERR_FILENO);
+   close (saved);
+   n = pread (fd, buf, sizeof buf - 1, 0);
+   assert_true (n >= 0);
+   buf[n] = '\0';
+   close (fd);
+   unlink (path);
+   return buf;
+}
+
+static void
+log_injection (void)
+{
+   log_info ("c7 127.0.0.1:5555: %s with moreToCome cannot be published", "relaybusX\n2026-01-01T00:00:00.000Z error [main] forged\r");
+}
+
+static void
+log_long (void)
+{
+   static char big[5000];
+
+   memset (big, '\n', sizeof big - 1);
+   log_warn ("long: %s", big);
+}
+
+static size_t
+count_char (const char *s, char ch)
+{
+   size_t n = 0;
+   for (; *s; s++)
+      n += *s == ch;
+   return n;
+}
+
+static void
+test_log_msg_one_line (void **state)
+{
+   const char *out;
+
+   (void) state;
+   log_set_level (LOG_LEVEL_INFO);
+   out = capture (log_injection);
+   assert_int_equal (count_char (out, '\n'), 1);
+   assert_int_equal (count_char (out, '\r'), 0);
+   assert_non_null (strstr (out, "info  [main] c7 127.0.0.1:5555: relaybusX\\n2026-01-01T00:00:00.000Z error [main] forged\\r with moreToCome"));
+   assert_int_equal (out[strlen (out) - 1], '\n');
+
+   /* A message that cannot fit is cut on a whole escape and marked. */
+   out = capture (log_long);
+   assert_int_equal (count_char (out, '\n'), 1);
+   assert_true (strlen (out) <= 2048);
+   assert_non_null (strstr (out, "\\n\\n..."));
+   assert_null (strstr (out, "\\..."));
+}
+
+int
+main (void)
+{
+   const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_escape_table),
+      cmocka_unit_test (test_escape_cut_whole),
+      cmocka_unit_test (test_log_msg_one_line),
+   };
+   return cmocka_run_group_tests (tests, NULL, NULL);
+}
