@@ -12,6 +12,11 @@
  *
  * Signals are libevent signal events, so their handlers run on the loop
  * like everything else: SIGHUP reloads, SIGTERM/SIGINT drain and stop.
+ * Every state has a defined answer (docs/operations.md, Signals): before
+ * the loop runs and after it has stopped, a plain handler only records a
+ * stop request (SIGHUP is dropped); once stopping, a SIGHUP is logged and
+ * ignored, because the listener and, after a second stop signal, the
+ * client loop it would reconfigure are gone.
  *
  * The loop's event base runs without libevent's locks: other threads reach
  * the loop only through its loopwake (loopwake.h).
@@ -48,6 +53,10 @@ enum {
    EXIT_USAGE = 2,           /* bad command line */
 };
 
+/* The stop signal that arrived while no libevent signal event was installed
+ * (start-up, teardown); 0 when none.  Written by early_signal_handler only. */
+static volatile sig_atomic_t early_stop_signal;
+
 /* Everything the process owns; freed in reverse order by proxy_teardown. */
 typedef struct {
    const char *config_path;
@@ -82,7 +91,8 @@ usage (FILE *out)
             "\n"
             "Signals: SIGHUP reloads the configuration (all or nothing);\n"
             "SIGTERM and SIGINT stop accepting, let requests in flight finish\n"
-            "for up to drain_timeout_ms, then exit.\n"
+            "for up to drain_timeout_ms, then exit; a second one closes\n"
+            "everything at once.  A SIGHUP while stopping is logged and ignored.\n"
             "\n"
             "Exit codes:\n"
             "  0  clean exit (after a drain), or a valid --check-config\n"
@@ -133,12 +143,42 @@ proxy_mongoc_log (mongoc_log_level_t level, const char *domain, const char *mess
 
 /* ------------------------------------------------------------ signals */
 
+/* Installed before the loop's signal events exist; libevent saves it when
+ * it installs its own and puts it back when they are freed, so a signal
+ * during start-up or teardown never takes its default, fatal action. */
+static void
+early_signal_handler (int sig)
+{
+   if (sig != SIGHUP)
+      early_stop_signal = sig;
+}
+
+static bool
+install_early_handlers (void)
+{
+   struct sigaction sa;
+
+   memset (&sa, 0, sizeof sa);
+   sa.sa_handler = early_signal_handler;
+   sa.sa_flags = SA_RESTART;
+   sigemptyset (&sa.sa_mask);
+   return sigaction (SIGHUP, &sa, NULL) == 0 && sigaction (SIGTERM, &sa, NULL) == 0 &&
+          sigaction (SIGINT, &sa, NULL) == 0;
+}
+
 static void
 proxy_reload (proxy_t *p)
 {
    bson_error_t error;
-   config_t *next = config_load (p->config_path, &error);
+   config_t *next;
 
+   /* Draining: there is no listener to resize, and after a second stop
+    * signal no client loop either; a new snapshot would serve nobody. */
+   if (p->stopping) {
+      log_warn ("SIGHUP while stopping: reload ignored");
+      return;
+   }
+   next = config_load (p->config_path, &error);
    if (!next) {
       log_error ("reload: keeping the current configuration: %s", error.message);
       return;
@@ -170,6 +210,10 @@ static void
 proxy_stop (proxy_t *p, const char *why)
 {
    if (p->stopping) {
+      if (!p->clients) {
+         log_warn ("%s again: already closing everything", why);
+         return;
+      }
       log_warn ("%s again: closing everything now", why);
       client_loop_destroy (p->clients);
       p->clients = NULL;
@@ -289,6 +333,9 @@ proxy_start (proxy_t *p, bson_error_t *error)
              listener_address (p->listener),
              p->server_tls ? " (TLS)" : "",
              p->tls ? "with TLS" : "without TLS");
+   /* A stop asked for while starting: drain (nothing to drain yet) and exit. */
+   if (early_stop_signal)
+      proxy_stop (p, early_stop_signal == SIGINT ? "SIGINT during start-up" : "SIGTERM during start-up");
    return true;
 }
 
@@ -362,6 +409,10 @@ main (int argc, char **argv)
       return EXIT_USAGE;
    }
 
+   if (!install_early_handlers ()) {
+      log_error ("start-up: cannot install signal handlers");
+      return EXIT_FAILURE_RUNTIME;
+   }
    p.cfg = config_load (p.config_path, &error);
    if (!p.cfg) {
       log_error ("configuration: %s", error.message);
