@@ -303,51 +303,80 @@ store_list_page (store_t *s,
 
 /* ------------------------------------------------------------------ bury */
 
-bool
-store_bury_ids (store_t *s,
-                const char *const *ids,
-                size_t n,
-                int64_t now,
-                const char *reason,
-                size_t *n_buried,
-                bson_error_t *error)
-{
-   store_oids_t oids = {0}, running = {0}, keep = {0};
+/* An operator bury in one transaction: read the deliveries and the lanes,
+ * bury only what no lane lists, and write each lane it read.  The lane
+ * write (a counter, `operatorWrites`) is what makes the bury conditional on
+ * the state it read: a claim that records one of the deliveries on its lane
+ * after the transaction's snapshot conflicts with it, the transaction
+ * restarts and then sees the delivery running. */
+typedef struct {
+   store_t *s;
    mongoc_client_t *client;
-   mongoc_collection_t *dels, *lanes;
+   const store_oids_t *oids;
+   int64_t now;
+   const char *reason;
+   size_t n_buried;
+} bury_ids_t;
+
+static bool
+bury_ids_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   bury_ids_t *t = ctx;
+   mongoc_collection_t *dels = store_coll (t->s, t->client, OUTBOX_DELIVERIES);
+   mongoc_collection_t *lanes = store_coll (t->s, t->client, OUTBOX_LANES_COLL);
+   store_oids_t pending = {0}, keep = {0};
+   bool want[OUTBOX_LANES] = {0};
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_t q = BSON_INITIALIZER, lq = BSON_INITIALIZER, reply;
-   bson_t *u = NULL;
-   bson_error_t err;
+   bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, lq = BSON_INITIALIZER, q = BSON_INITIALIZER, reply;
+   bson_t *fopts = NULL, *u = NULL, *lu = NULL;
    bool ok = true;
 
-   *n_buried = 0;
-   store_oids_from_strings (&oids, ids, n);
-   if (oids.n == 0)
-      return true;
-   client = mongoc_client_pool_pop (s->pool);
-   dels = store_coll (s, client, OUTBOX_DELIVERIES);
-   lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   t->n_buried = 0;
+   store_session_opts (session, &opts);
+   store_append_oids_op (&dq, "_id", "$in", t->oids->v, t->oids->n);
+   BSON_APPEND_UTF8 (&dq, "status", "pending");
+   fopts = BCON_NEW ("projection", "{", "laneId", BCON_INT32 (1), "}");
+   bson_concat (fopts, &opts);
+   cur = mongoc_collection_find_with_opts (dels, &dq, fopts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      int64_t lane = store_iter_int64 (doc, "laneId");
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      store_oids_push (&pending, bson_iter_oid (&it));
+      if (lane >= 0 && lane < OUTBOX_LANES)
+         want[lane] = true;
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (!ok || pending.n == 0)
+      goto done;
 
    /* A delivery a lane lists in flight is running: its worker settles it. */
-   store_append_oids_op (&lq, "inFlight", "$in", oids.v, oids.n);
-   cur = mongoc_collection_find_with_opts (lanes, &lq, NULL, NULL);
-   while (mongoc_cursor_next (cur, &doc))
-      store_oids_from_array (&running, doc, "inFlight");
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "bury: %s", err.message);
-      ok = false;
+   store_append_lanes_in (&lq, "_id", want);
+   cur = mongoc_collection_find_with_opts (lanes, &lq, &opts, NULL);
+   {
+      store_oids_t running = {0};
+      while (mongoc_cursor_next (cur, &doc))
+         store_oids_from_array (&running, doc, "inFlight");
+      if (mongoc_cursor_error (cur, error))
+         ok = false;
+      for (size_t i = 0; ok && i < pending.n; i++)
+         if (!store_oids_has (&running, &pending.v[i]))
+            store_oids_push (&keep, &pending.v[i]);
+      store_oids_free (&running);
    }
    mongoc_cursor_destroy (cur);
-   if (!ok)
-      goto done;
-   for (size_t i = 0; i < oids.n; i++)
-      if (!store_oids_has (&running, &oids.v[i]))
-         store_oids_push (&keep, &oids.v[i]);
-   if (keep.n == 0)
+   if (!ok || keep.n == 0)
       goto done;
 
+   lu = BCON_NEW ("$inc", "{", "operatorWrites", BCON_INT64 (1), "}");
+   if (!mongoc_collection_update_many (lanes, &lq, lu, &opts, NULL, error)) {
+      ok = false;
+      goto done;
+   }
    store_append_oids_op (&q, "_id", "$in", keep.v, keep.n);
    BSON_APPEND_UTF8 (&q, "status", "pending");
    u = BCON_NEW ("$set",
@@ -355,9 +384,9 @@ store_bury_ids (store_t *s,
                  "status",
                  BCON_UTF8 ("dead"),
                  "updatedAt",
-                 BCON_DATE_TIME (now),
+                 BCON_DATE_TIME (t->now),
                  "lastError",
-                 BCON_UTF8 (reason),
+                 BCON_UTF8 (t->reason),
                  "}",
                  "$unset",
                  "{",
@@ -369,24 +398,59 @@ store_bury_ids (store_t *s,
                  "claims",
                  BCON_INT32 (1),
                  "}");
-   if (!mongoc_collection_update_many (dels, &q, u, NULL, &reply, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "bury: %s", err.message);
+   if (!mongoc_collection_update_many (dels, &q, u, &opts, &reply, error))
       ok = false;
-   } else {
-      *n_buried = (size_t) store_iter_int64 (&reply, "modifiedCount");
-   }
+   else
+      t->n_buried = (size_t) store_iter_int64 (&reply, "modifiedCount");
    bson_destroy (&reply);
 
 done:
    if (u)
       bson_destroy (u);
-   bson_destroy (&q);
+   if (lu)
+      bson_destroy (lu);
+   if (fopts)
+      bson_destroy (fopts);
+   bson_destroy (&opts);
+   bson_destroy (&dq);
    bson_destroy (&lq);
+   bson_destroy (&q);
+   store_oids_free (&pending);
+   store_oids_free (&keep);
    mongoc_collection_destroy (dels);
    mongoc_collection_destroy (lanes);
-   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_bury_ids (store_t *s,
+                const char *const *ids,
+                size_t n,
+                int64_t now,
+                const char *reason,
+                size_t *n_buried,
+                bson_error_t *error)
+{
+   store_oids_t oids = {0};
+   bury_ids_t t = {0};
+   bson_error_t err;
+   bool ok;
+
+   *n_buried = 0;
+   store_oids_from_strings (&oids, ids, n);
+   if (oids.n == 0)
+      return true;
+   t.s = s;
+   t.client = mongoc_client_pool_pop (s->pool);
+   t.oids = &oids;
+   t.now = now;
+   t.reason = reason ? reason : "";
+   ok = store_with_txn (s, t.client, bury_ids_cb, &t, &err);
+   if (ok)
+      *n_buried = t.n_buried;
+   else
+      store_set_error (error, STORE_ERROR_SERVER, "bury: %s", err.message);
+   mongoc_client_pool_push (s->pool, t.client);
    store_oids_free (&oids);
-   store_oids_free (&running);
-   store_oids_free (&keep);
    return ok;
 }
