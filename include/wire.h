@@ -26,6 +26,11 @@ struct evbuffer;
 /* The server's advertised maxMessageSizeBytes; also the proxy's hard limit. */
 #define WIRE_MAX_MESSAGE_LEN 48000000
 #define WIRE_MAX_SECTIONS 64
+/* The largest BSON document a message may carry, body or sequence document:
+ * mongod's BSONObjMaxInternalSize (16 MiB plus 16 KiB of headroom for the
+ * command around a maximum-size user document).  Larger ones are refused
+ * before they are walked. */
+#define WIRE_MAX_BSON_LEN (16 * 1024 * 1024 + 16 * 1024)
 /* Embedded documents deeper than this are refused (mongod's default
  * maximum BSON depth). */
 #define WIRE_MAX_BSON_DEPTH 200
@@ -161,7 +166,10 @@ bool wire_check_header (const wire_header_t *h, uint32_t max_len, bson_error_t *
  * bson_iter_visit_all, bson_as_*json) may still refuse one whose keys are not
  * UTF-8.
  * Trailing bytes after the last field are an error.  The size limit is the
- * caller's (wire_check_header); these do not apply WIRE_MAX_MESSAGE_LEN. */
+ * caller's (wire_check_header); these do not apply WIRE_MAX_MESSAGE_LEN,
+ * but refuse any document above WIRE_MAX_BSON_LEN.  Cost: linear in `len`
+ * whatever the content (no check compares keys with identifiers pairwise),
+ * so the work per message is bounded by the message size limit. */
 bool wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 bool wire_parse_query (const uint8_t *buf, size_t len, wire_query_t *out, bson_error_t *error)

@@ -187,12 +187,84 @@ check_string (const uint8_t *d, size_t o, size_t avail, size_t *need)
    return true;
 }
 
+/* The document sequences' identifiers of one OP_MSG, for the checks that
+ * identifiers are unique and that none is a top-level key of the body.  An
+ * open-addressing hash table (linear probing, at most WIRE_MAX_SECTIONS
+ * entries in twice as many slots) so each check costs one hash of the key
+ * and a probe or two: the body's keys are checked in the same pass that
+ * validates the body, linear in its size whatever the number of sequences.
+ * `len_mask` has bit min(length, 63) set for each identifier: most keys are
+ * ruled out by their length before anything is hashed. */
+#define SEQ_SLOTS (2 * WIRE_MAX_SECTIONS)
+typedef struct {
+   const char *id[SEQ_SLOTS]; /* NUL-terminated, inside the message; NULL: free */
+   uint32_t id_len[SEQ_SLOTS];
+   uint64_t len_mask;
+} seq_ids_t;
+
+static inline uint64_t
+seq_len_bit (size_t len)
+{
+   return (uint64_t) 1 << (len < 63 ? len : 63);
+}
+
+static uint32_t
+seq_hash (const char *key, size_t len)
+{
+   uint32_t h = 2166136261u; /* FNV-1a */
+
+   for (size_t i = 0; i < len; i++) {
+      h ^= (uint8_t) key[i];
+      h *= 16777619u;
+   }
+   return h;
+}
+
+/* Whether `key` (len bytes) is one of the identifiers.  The table always
+ * has a free slot (SEQ_SLOTS > WIRE_MAX_SECTIONS), so probing ends. */
+static bool
+seq_ids_find (const seq_ids_t *t, const char *key, size_t len)
+{
+   uint32_t i;
+
+   if (!(t->len_mask & seq_len_bit (len))) {
+      return false;
+   }
+   for (i = seq_hash (key, len) & (SEQ_SLOTS - 1); t->id[i]; i = (i + 1) & (SEQ_SLOTS - 1)) {
+      if (t->id_len[i] == len && memcmp (t->id[i], key, len) == 0) {
+         return true;
+      }
+   }
+   return false;
+}
+
+/* Adds an identifier; false if it is already there. */
+static bool
+seq_ids_add (seq_ids_t *t, const char *id, size_t len)
+{
+   uint32_t i;
+
+   for (i = seq_hash (id, len) & (SEQ_SLOTS - 1); t->id[i]; i = (i + 1) & (SEQ_SLOTS - 1)) {
+      if (t->id_len[i] == len && memcmp (t->id[i], id, len) == 0) {
+         return false;
+      }
+   }
+   t->id[i] = id;
+   t->id_len[i] = (uint32_t) len;
+   t->len_mask |= seq_len_bit (len);
+   return true;
+}
+
 /* What check_bson notes about a document's top level on its way through. */
 typedef struct {
    const char *first_key; /* NULL: no element */
    size_t first_key_len;
    size_t comment_pos;    /* offset of the first "comment" element; 0: none */
    bool comment_repeated;
+   /* In: the message's sequence identifiers (NULL or none: no check).
+    * Out: the first top-level key that is one of them, NULL if none. */
+   const seq_ids_t *seq_ids;
+   const char *seq_clash;
 } doc_facts_t;
 
 #define COMMENT_KEY "comment"
@@ -269,6 +341,9 @@ check_bson (const uint8_t *d, size_t len, doc_facts_t *facts, const char **why)
                facts->comment_repeated = true;
             else
                facts->comment_pos = pos;
+         }
+         if (facts->seq_ids && !facts->seq_clash && seq_ids_find (facts->seq_ids, key, klen)) {
+            facts->seq_clash = key;
          }
       }
 
@@ -404,6 +479,16 @@ rd_doc (reader_t *r, bson_t *doc, doc_facts_t *facts, const char *what, bson_err
       return false;
    }
    dlen = get_i32 (start);
+   if (dlen > WIRE_MAX_BSON_LEN) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_TOO_LARGE,
+                      "%s: document length %" PRId32 " exceeds the limit of %d",
+                      what,
+                      dlen,
+                      WIRE_MAX_BSON_LEN);
+      return false;
+   }
    if (dlen < BSON_MIN_LEN || (size_t) dlen > rd_left (r)) {
       bson_set_error (error,
                       WIRE_ERROR_DOMAIN,
@@ -576,43 +661,49 @@ parse_sequence (reader_t *r, wire_sequence_t *seq, bson_error_t *error)
    return true;
 }
 
-/* Identifiers are unique and none names a body field (mongod refuses both:
- * the sequence would be ambiguous with the field). */
+/* The framing pre-pass: enters every document sequence's identifier in
+ * `ids` (cleared here) without validating anything else; stops quietly at
+ * the first section it cannot frame, or after WIRE_MAX_SECTIONS
+ * sequences, leaving the errors to the parsing pass.  Returns whether there
+ * was any sequence.  Cost: one step per section. */
 static bool
-check_sequences (const wire_msg_t *m, bson_error_t *error)
+prescan_ids (const reader_t *from, seq_ids_t *ids)
 {
-   bson_iter_t it;
+   reader_t r = *from;
+   uint32_t n = 0;
+   bool cleared = false;
 
-   for (uint32_t i = 0; i < m->nsequences; i++) {
-      for (uint32_t j = i + 1; j < m->nsequences; j++) {
-         if (strcmp (m->sequences[i].identifier, m->sequences[j].identifier) == 0) {
-            bson_set_error (error,
-                            WIRE_ERROR_DOMAIN,
-                            WIRE_ERR_SECTION,
-                            "duplicate document sequence \"%s\"",
-                            m->sequences[i].identifier);
-            return false;
-         }
+   while (rd_left (&r) > 0 && n < WIRE_MAX_SECTIONS) {
+      uint8_t kind = r.p[r.off++];
+      int32_t size;
+
+      if (rd_left (&r) < 4) {
+         break;
       }
-   }
-   if (m->nsequences == 0 || !bson_iter_init (&it, &m->body)) {
-      return true;
-   }
-   /* One pass over the body's keys, whatever the number of sequences. */
-   while (bson_iter_next (&it)) {
-      const char *key = bson_iter_key (&it);
-      for (uint32_t i = 0; i < m->nsequences; i++) {
-         if (strcmp (key, m->sequences[i].identifier) == 0) {
-            bson_set_error (error,
-                            WIRE_ERROR_DOMAIN,
-                            WIRE_ERR_SECTION,
-                            "document sequence \"%s\" is also a field of the body",
-                            key);
-            return false;
+      size = get_i32 (r.p + r.off);
+      if (kind == 0) {
+         if (size < BSON_MIN_LEN || (size_t) size > rd_left (&r)) {
+            break;
          }
+      } else if (kind == 1) {
+         const uint8_t *id = r.p + r.off + 4;
+         const uint8_t *nul;
+
+         if (size < 5 || (size_t) size > rd_left (&r) || !(nul = memchr (id, 0, (size_t) size - 4))) {
+            break;
+         }
+         if (!cleared) {
+            memset (ids, 0, sizeof *ids);
+            cleared = true;
+         }
+         (void) seq_ids_add (ids, (const char *) id, (size_t) (nul - id)); /* a duplicate: the parse refuses it */
+         n++;
+      } else {
+         break;
       }
+      r.off += (size_t) size;
    }
-   return true;
+   return cleared;
 }
 
 bool
@@ -622,6 +713,7 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
    int32_t flags;
    uint32_t nbodies = 0;
    doc_facts_t facts = {0};
+   seq_ids_t ids, seen;
 
    if (!start_parse (buf, len, WIRE_OP_MSG, &out->header, &r, error)) {
       return false;
@@ -667,6 +759,16 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
       }
    }
 
+   /* Each identifier is checked against the others with `seen` as its
+    * sequence is parsed, and against the body's top-level keys with `ids`
+    * (filled by a framing pre-pass, as sequences may follow the body) in
+    * the one pass that validates the body: linear in the message's size,
+    * nothing compares keys with identifiers pairwise.  A clash is reported
+    * after every structural check, as mongod refuses it: the command would
+    * be ambiguous. */
+   if (prescan_ids (&r, &ids)) {
+      facts.seq_ids = &ids;
+   }
    while (rd_left (&r) > 0) {
       uint8_t kind;
 
@@ -686,6 +788,8 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
          out->comment_offset = (uint32_t) facts.comment_pos;
          out->comment_repeated = facts.comment_repeated;
       } else if (kind == 1) {
+         wire_sequence_t *seq = &out->sequences[out->nsequences];
+
          if (out->nsequences == WIRE_MAX_SECTIONS) {
             bson_set_error (error,
                             WIRE_ERROR_DOMAIN,
@@ -694,7 +798,15 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
                             WIRE_MAX_SECTIONS);
             return false;
          }
-         if (!parse_sequence (&r, &out->sequences[out->nsequences], error)) {
+         if (!parse_sequence (&r, seq, error)) {
+            return false;
+         }
+         if (out->nsequences == 0) {
+            memset (&seen, 0, sizeof seen);
+         }
+         if (!seq_ids_add (&seen, seq->identifier, strlen (seq->identifier))) {
+            bson_set_error (
+               error, WIRE_ERROR_DOMAIN, WIRE_ERR_SECTION, "duplicate document sequence \"%s\"", seq->identifier);
             return false;
          }
          out->nsequences++;
@@ -707,7 +819,15 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
       bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_NO_BODY, "OP_MSG has no body section");
       return false;
    }
-   return check_sequences (out, error);
+   if (facts.seq_clash) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_SECTION,
+                      "document sequence \"%s\" is also a field of the body",
+                      facts.seq_clash);
+      return false;
+   }
+   return true;
 }
 
 /* ------------------------------------------------------------ OP_QUERY */

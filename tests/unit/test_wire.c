@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <event2/buffer.h>
@@ -567,6 +568,180 @@ test_msg_max_sequences (void **state)
    bson_destroy (body);
 }
 
+/* ------------------------------------------------------------ sequences at scale */
+
+/* An OP_MSG built by hand: a body of `nkeys` null elements (keys
+ * key_prefix followed by the element's index in `width` digits, or "" when
+ * key_prefix is NULL), then
+ * `last_key` when not NULL, then one sequence of one empty document per
+ * identifier.  Returns the message (free it) and its length. */
+static uint8_t *
+big_msg (size_t nkeys, const char *key_prefix, int width, const char *last_key, const char *const *ids, size_t nids, size_t *len_out)
+{
+   size_t cap = 64 + nkeys * 24 + (last_key ? strlen (last_key) + 2 : 0);
+   uint8_t *m, *p, *body;
+   char key[32];
+
+   for (size_t i = 0; i < nids; i++)
+      cap += 1 + 4 + strlen (ids[i]) + 1 + 5;
+   m = malloc (cap);
+   assert_non_null (m);
+   p = m + WIRE_HEADER_LEN;
+   put32 (m + 4, 7);
+   put32 (m + 8, 0);
+   put32 (m + 12, WIRE_OP_MSG);
+   put32 (p, 0);
+   p += 4;
+   *p++ = 0;
+   body = p;
+   p += 4;
+   for (size_t i = 0; i < nkeys; i++) {
+      size_t kl = 0;
+      if (key_prefix)
+         kl = (size_t) snprintf (key, sizeof key, "%s%0*zu", key_prefix, width, i);
+      *p++ = 0x0a; /* null */
+      memcpy (p, key, kl);
+      p += kl;
+      *p++ = 0;
+   }
+   if (last_key) {
+      *p++ = 0x0a;
+      memcpy (p, last_key, strlen (last_key) + 1);
+      p += strlen (last_key) + 1;
+   }
+   *p++ = 0;
+   put32 (body, (uint32_t) (p - body));
+   for (size_t i = 0; i < nids; i++) {
+      size_t il = strlen (ids[i]) + 1;
+      *p++ = 1;
+      put32 (p, (uint32_t) (4 + il + 5));
+      p += 4;
+      memcpy (p, ids[i], il);
+      p += il;
+      memcpy (p, "\x05\x00\x00\x00\x00", 5);
+      p += 5;
+   }
+   assert_true ((size_t) (p - m) <= cap);
+   *len_out = (size_t) (p - m);
+   put32 (m, (uint32_t) *len_out);
+   return m;
+}
+
+static double
+parse_ms (const uint8_t *m, size_t len, bool expect_ok)
+{
+   static wire_msg_t msg;
+   bson_error_t err;
+   struct timespec a, b;
+   bool ok;
+
+   clock_gettime (CLOCK_MONOTONIC, &a);
+   ok = wire_parse_msg (m, len, &msg, &err);
+   clock_gettime (CLOCK_MONOTONIC, &b);
+   if (ok != expect_ok)
+      fail_msg ("parse %s: %s", ok ? "succeeded" : "failed", ok ? "" : err.message);
+   return (double) (b.tv_sec - a.tv_sec) * 1e3 + (double) (b.tv_nsec - a.tv_nsec) / 1e6;
+}
+
+/* The identifiers are checked against each other and against the body's
+ * keys in time linear in the message: a duplicate among 64, an identifier
+ * equal to the last of many body keys, lengths that share the hash's
+ * length bucket; and a body of a million keys costs about as much with 64
+ * sequences as with one (pairwise comparison made it 64 times more). */
+static void
+test_msg_sequences_linear (void **state)
+{
+   static const char *ids[WIRE_MAX_SECTIONS];
+   static char idbuf[WIRE_MAX_SECTIONS][16];
+   static wire_msg_t msg;
+   const char *long_id = "a-sequence-identifier-longer-than-sixty-three-bytes-0123456789abcdef";
+   const char *long_other = "a-sequence-identifier-longer-than-sixty-three-bytes-0123456789abcdeX";
+   bson_error_t err;
+   uint8_t *m;
+   size_t len;
+   double one = 1e9, many = 1e9;
+
+   for (int i = 0; i < WIRE_MAX_SECTIONS; i++) {
+      snprintf (idbuf[i], sizeof idbuf[i], "seq%02d", i);
+      ids[i] = idbuf[i];
+   }
+
+   /* 64 distinct identifiers beside 10,000 keys of the same length. */
+   m = big_msg (10000, "k", 4, NULL, ids, WIRE_MAX_SECTIONS, &len);
+   assert_true (wire_parse_msg (m, len, &msg, &err));
+   assert_int_equal (msg.nsequences, WIRE_MAX_SECTIONS);
+   free (m);
+
+   /* The last identifier repeats the first: a duplicate. */
+   ids[WIRE_MAX_SECTIONS - 1] = ids[0];
+   m = big_msg (10, "k", 1, NULL, ids, WIRE_MAX_SECTIONS, &len);
+   assert_false (wire_parse_msg (m, len, &msg, &err));
+   assert_int_equal (err.code, WIRE_ERR_SECTION);
+   assert_non_null (strstr (err.message, "duplicate document sequence \"seq00\""));
+   free (m);
+   ids[WIRE_MAX_SECTIONS - 1] = idbuf[WIRE_MAX_SECTIONS - 1];
+
+   /* The body's last key, after 100,000 others, is the 40th identifier. */
+   m = big_msg (100000, "k", 5, "seq39", ids, WIRE_MAX_SECTIONS, &len);
+   assert_false (wire_parse_msg (m, len, &msg, &err));
+   assert_int_equal (err.code, WIRE_ERR_SECTION);
+   assert_non_null (strstr (err.message, "\"seq39\" is also a field of the body"));
+   free (m);
+
+   /* Identifiers and keys of 64 bytes and more share a length bucket:
+    * only an equal one is refused. */
+   {
+      const char *long_ids[2] = {long_id, "documents"};
+      m = big_msg (100, "k", 1, long_other, long_ids, 2, &len);
+      assert_true (wire_parse_msg (m, len, &msg, &err));
+      free (m);
+      m = big_msg (100, "k", 1, long_id, long_ids, 2, &len);
+      assert_false (wire_parse_msg (m, len, &msg, &err));
+      assert_int_equal (err.code, WIRE_ERR_SECTION);
+      free (m);
+   }
+
+   /* A million empty keys: 64 sequences cost about what one does.  The
+    * best of three runs each, so a busy machine does not decide it. */
+   for (int run = 0; run < 3; run++) {
+      double t;
+      m = big_msg (1000000, NULL, 0, NULL, ids, 1, &len);
+      t = parse_ms (m, len, true);
+      one = t < one ? t : one;
+      free (m);
+      m = big_msg (1000000, NULL, 0, NULL, ids, WIRE_MAX_SECTIONS, &len);
+      t = parse_ms (m, len, true);
+      many = t < many ? t : many;
+      free (m);
+   }
+   if (many > 4 * one + 5)
+      fail_msg ("a million keys: %.1f ms with 64 sequences, %.1f ms with one: not linear", many, one);
+}
+
+/* A document may be at most WIRE_MAX_BSON_LEN bytes (mongod's limit):
+ * one byte more is refused from its length field, before it is walked. */
+static void
+test_msg_document_limit (void **state)
+{
+   static wire_msg_t msg;
+   bson_error_t err;
+   size_t len;
+   /* 2-byte null elements with empty keys: body = 4 + 2n + 1 bytes. */
+   size_t n = (WIRE_MAX_BSON_LEN - 5) / 2;
+   uint8_t *m;
+
+   /* (WIRE_MAX_BSON_LEN - 5) is odd: one 3-byte element keyed "x" evens it. */
+   m = big_msg (n - 1, NULL, 0, "x", NULL, 0, &len);
+   assert_int_equal (len, WIRE_HEADER_LEN + 4 + 1 + WIRE_MAX_BSON_LEN);
+   assert_true (wire_parse_msg (m, len, &msg, &err));
+   free (m);
+   m = big_msg (n, NULL, 0, "x", NULL, 0, &len);
+   assert_int_equal (len, WIRE_HEADER_LEN + 4 + 1 + WIRE_MAX_BSON_LEN + 2);
+   assert_false (wire_parse_msg (m, len, &msg, &err));
+   assert_int_equal (err.code, WIRE_ERR_TOO_LARGE);
+   free (m);
+}
+
 /* Nesting up to WIRE_MAX_BSON_DEPTH is accepted, one more level refused,
  * and a document nested far deeper (a stack-exhaustion attempt) is refused
  * without recursion. */
@@ -954,6 +1129,8 @@ main (void)
       cmocka_unit_test (test_msg_fields),
       cmocka_unit_test (test_msg_facts),
       cmocka_unit_test (test_msg_max_sequences),
+      cmocka_unit_test (test_msg_sequences_linear),
+      cmocka_unit_test (test_msg_document_limit),
       cmocka_unit_test (test_bson_depth),
       cmocka_unit_test (test_bson_all_types),
       cmocka_unit_test (test_header),
