@@ -4,8 +4,10 @@
  * The client's hello goes to its paired upstream (so speculativeAuthenticate
  * and saslSupportedMechs work); these functions rewrite the request on the
  * way up and the reply on the way down.  Up: `compression` is removed so the
- * upstream never compresses towards the proxy; a legacy OP_QUERY hello gets
- * `$db: "admin"` so it can travel as OP_MSG.  Down: the replica-set identity
+ * upstream never compresses towards the proxy, and so is a MONGODB-X509
+ * `speculativeAuthenticate` (a client may not log in as the proxy's
+ * certificate); a legacy OP_QUERY hello gets `$db: "admin"` so it can
+ * travel as OP_MSG.  Down: the replica-set identity
  * is removed, `msg: "isdbgrid"` added, and `compression` becomes the proxy's
  * own choice.  Everything else (limits, wire versions, session timeout,
  * connectionId, auth fields, $clusterTime) is kept in its order.
@@ -44,7 +46,16 @@ bool handshake_unwrap_query (const bson_t *query, bson_t *out);
  * client's order and dropping names the proxy does not implement. */
 void handshake_negotiate (const bson_t *hello, const char *offered, handshake_compression_t *out);
 
-/* Builds the hello the proxy sends upstream: `compression` removed; with
+/* True when `cmd` (an authenticate command or a speculativeAuthenticate
+ * document) asks for mechanism MONGODB-X509. */
+bool handshake_is_x509_auth (const bson_t *cmd);
+
+/* True when the hello's `speculativeAuthenticate` asks for MONGODB-X509
+ * (handshake_rewrite_request removes it). */
+bool handshake_speculative_x509 (const bson_t *hello);
+
+/* Builds the hello the proxy sends upstream: `compression` and a
+ * MONGODB-X509 `speculativeAuthenticate` removed; with
  * `add_db`, `$db: "admin"` appended when absent (legacy OP_QUERY hello),
  * and legacy-only fields that OP_MSG refuses ($readPreference wrapper
  * remnants) dropped.  `out` is initialised here; destroy it. */

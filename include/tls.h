@@ -2,10 +2,12 @@
  * tls.h - OpenSSL contexts for both sides of the proxy.
  *
  * Upstream: built from the TLS options of the `upstream` URI, as
- * mongo-c-driver reads them (tls/ssl, tlsCAFile, tlsCertificateKeyFile,
- * tlsCertificateKeyFilePassword, tlsAllowInvalidCertificates,
+ * mongo-c-driver reads them (tls/ssl, tlsCAFile, tlsAllowInvalidCertificates,
  * tlsAllowInvalidHostnames, tlsInsecure).  Each connection gets SNI (for a
  * host name) and host name or IP verification unless the URI turns it off.
+ * These are the client-paired connections, so they present no client
+ * certificate: tlsCertificateKeyFile (and its password) is only checked at
+ * start-up and left to the proxy's own mongoc connections.
  * Listener: a server context from [proxy] tls_cert_file / tls_key_file,
  * verifying client certificates when tls_ca_file is set.
  *
@@ -33,6 +35,9 @@ bool tls_upstream_new (const char *uri, tls_upstream_t **out, bson_error_t *erro
 SSL *tls_upstream_ssl_new (tls_upstream_t *tls, const char *host, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 void tls_upstream_destroy (tls_upstream_t *tls);
+/* True when the URI names a tlsCertificateKeyFile that client-paired
+ * connections do not present (for the start-up log). */
+bool tls_upstream_withholds_cert (const tls_upstream_t *tls);
 
 /* The listener side; NULL cert_file means no TLS (*out = NULL). */
 bool tls_server_new (const char *cert_file,

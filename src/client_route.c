@@ -373,6 +373,11 @@ forward_hello (client_conn_t *c,
    int32_t id;
    bool ok = false;
 
+   if (handshake_speculative_x509 (hello))
+      log_warn ("c%" PRIu64 " %s: hello's MONGODB-X509 speculativeAuthenticate removed (client connections present no "
+                "certificate upstream)",
+                c->id,
+                c->peer);
    if (!handshake_rewrite_request (hello, family == WIRE_OP_QUERY, &body, error))
       goto done;
    r = creq_push (c, client_id, family, -1 /* hello is never compressed */);
@@ -523,6 +528,24 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
 
    if (!more && handshake_is_hello (cmd))
       return forward_hello (c, src, len, msg->header.request_id, WIRE_OP_MSG, &msg->body, error);
+   /* Client connections present no certificate upstream (tls.c), so an
+    * X.509 login could only fail there, or succeed as someone else's
+    * certificate: refuse it here, before any hook can forward it.  18
+    * (AuthenticationFailed) is mongod's own answer to an X.509 login it
+    * cannot accept; drivers report it as an authentication error and do
+    * not retry.  authenticate is never compressed (-1). */
+   if (cmd && cmd[0] == 'a' && strcmp (cmd, "authenticate") == 0 && handshake_is_x509_auth (&msg->body)) {
+      log_warn ("c%" PRIu64 " %s: MONGODB-X509 authenticate refused", c->id, c->peer);
+      if (more) {
+         evbuffer_drain (src, len);
+         return true;
+      }
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, -1, 18, "AuthenticationFailed",
+                             "relaybus: MONGODB-X509 authentication is not available through the proxy (client "
+                             "connections present no certificate to the server); use SCRAM, or connect to the "
+                             "server directly for X.509",
+                             src, len, error);
+   }
 #ifdef RELAYBUS_DEBUG
    if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
       return debug_internal (c, src, len, msg, compressor, error);

@@ -114,6 +114,39 @@ handshake_negotiate (const bson_t *hello, const char *offered, handshake_compres
 }
 
 bool
+handshake_is_x509_auth (const bson_t *cmd)
+{
+   bson_iter_t it;
+
+   /* mongod's mechanism names are upper case; refusing other spellings
+    * too costs nothing (mongod would reject them as unknown). */
+   return bson_iter_init_find (&it, cmd, "mechanism") && BSON_ITER_HOLDS_UTF8 (&it) &&
+          strcasecmp (bson_iter_utf8 (&it, NULL), "MONGODB-X509") == 0;
+}
+
+/* A `speculativeAuthenticate` element (at `it`) that asks for MONGODB-X509. */
+static bool
+speculative_is_x509 (const bson_iter_t *it)
+{
+   bson_t doc;
+   const uint8_t *data;
+   uint32_t len;
+
+   if (!BSON_ITER_HOLDS_DOCUMENT (it))
+      return false;
+   bson_iter_document (it, &len, &data);
+   return bson_init_static (&doc, data, len) && handshake_is_x509_auth (&doc);
+}
+
+bool
+handshake_speculative_x509 (const bson_t *hello)
+{
+   bson_iter_t it;
+
+   return bson_iter_init_find (&it, hello, "speculativeAuthenticate") && speculative_is_x509 (&it);
+}
+
+bool
 handshake_rewrite_request (const bson_t *hello, bool add_db, bson_t *out, bson_error_t *error)
 {
    bson_iter_t it;
@@ -131,6 +164,12 @@ handshake_rewrite_request (const bson_t *hello, bool add_db, bson_t *out, bson_e
       /* The upstream must never compress towards the proxy: it would pick a
        * compressor per its own list, not the one the client negotiated. */
       if (strcmp (key, "compression") == 0)
+         continue;
+      /* The proxy lends no certificate to clients (tls.c), so an X.509
+       * login can only be refused; without the speculative attempt the
+       * driver sends an explicit authenticate, which is refused with a
+       * clear error (client_route.c). */
+      if (strcmp (key, "speculativeAuthenticate") == 0 && speculative_is_x509 (&it))
          continue;
       /* Legacy OP_QUERY read preference wrapper: meaningless in OP_MSG. */
       if (add_db && strcmp (key, "$readPreference") == 0)

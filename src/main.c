@@ -333,6 +333,10 @@ proxy_start (proxy_t *p, bson_error_t *error)
              listener_address (p->listener),
              p->server_tls ? " (TLS)" : "",
              p->tls ? "with TLS" : "without TLS");
+   if (tls_upstream_withholds_cert (p->tls))
+      log_info ("upstream tlsCertificateKeyFile: presented only on the proxy's own connections (topology, outbox "
+                "store, dispatch, admin); client connections present no certificate and MONGODB-X509 from "
+                "clients is refused");
    /* A stop asked for while starting: drain (nothing to drain yet) and exit. */
    if (early_stop_signal)
       proxy_stop (p, early_stop_signal == SIGINT ? "SIGINT during start-up" : "SIGTERM during start-up");

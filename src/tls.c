@@ -5,6 +5,14 @@
  * (an IP address literal is matched against IP SANs), so the handshake
  * fails inside OpenSSL and bufferevent_openssl reports it as an event
  * error: there is no separate post-handshake check to forget.
+ *
+ * The upstream context never holds the URI's tlsCertificateKeyFile: every
+ * client-paired connection uses it, and a certificate presented there
+ * would let any client authenticate with MONGODB-X509 as the proxy (as
+ * __system if it is a cluster member's).  The file is still loaded once at
+ * start-up, with its password, so a bad file fails there as before; the
+ * proxy's own mongoc connections (topology, store, dispatch, admin) read it
+ * from the URI through mongoc's TLS and present it.
  */
 #include "tls.h"
 
@@ -16,9 +24,9 @@
 #include <openssl/x509v3.h>
 
 struct tls_upstream {
-   SSL_CTX *ctx;
+   SSL_CTX *ctx; /* no client certificate, see the file comment */
    bool verify_hostname;
-   char *key_password; /* for the callback; owned */
+   bool cert_withheld; /* the URI names a tlsCertificateKeyFile */
 };
 
 const char *
@@ -67,8 +75,43 @@ tls_upstream_destroy (tls_upstream_t *tls)
    if (!tls)
       return;
    SSL_CTX_free (tls->ctx);
-   bson_free (tls->key_password);
    bson_free (tls);
+}
+
+/* Loads the URI's certificate and key (one PEM, mongo-c-driver's
+ * convention) into a context used for nothing else, so a missing file, a
+ * wrong password or a key that does not match fails start-up with the same
+ * error as before, without the certificate reaching client connections. */
+static bool
+tls_check_keyfile (const char *keyfile, const char *pw, bson_error_t *error)
+{
+   SSL_CTX *ctx = SSL_CTX_new (TLS_client_method ());
+   char *password = pw ? bson_strdup (pw) : NULL;
+   bool ok = false;
+
+   if (!ctx) {
+      bson_set_error (error, TLS_ERROR_DOMAIN, 1, "SSL_CTX_new: %s", tls_last_error ());
+      goto done;
+   }
+   SSL_CTX_set_default_passwd_cb (ctx, tls_password_cb);
+   SSL_CTX_set_default_passwd_cb_userdata (ctx, password);
+   if (SSL_CTX_use_certificate_chain_file (ctx, keyfile) != 1 ||
+       SSL_CTX_use_PrivateKey_file (ctx, keyfile, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key (ctx) != 1) {
+      bson_set_error (error, TLS_ERROR_DOMAIN, 3, "tlsCertificateKeyFile %s: %s", keyfile, tls_last_error ());
+      goto done;
+   }
+   ok = true;
+done:
+   SSL_CTX_free (ctx);
+   if (password)
+      bson_zero_free (password, strlen (password));
+   return ok;
+}
+
+bool
+tls_upstream_withholds_cert (const tls_upstream_t *tls)
+{
+   return tls && tls->cert_withheld;
 }
 
 bool
@@ -114,16 +157,9 @@ tls_upstream_new (const char *uri_string, tls_upstream_t **out, bson_error_t *er
       goto done;
    }
    if (keyfile) {
-      tls->key_password = pw ? bson_strdup (pw) : NULL;
-      SSL_CTX_set_default_passwd_cb (tls->ctx, tls_password_cb);
-      SSL_CTX_set_default_passwd_cb_userdata (tls->ctx, tls->key_password);
-      /* mongo-c-driver's convention: one PEM file with certificate and key. */
-      if (SSL_CTX_use_certificate_chain_file (tls->ctx, keyfile) != 1 ||
-          SSL_CTX_use_PrivateKey_file (tls->ctx, keyfile, SSL_FILETYPE_PEM) != 1 ||
-          SSL_CTX_check_private_key (tls->ctx) != 1) {
-         bson_set_error (error, TLS_ERROR_DOMAIN, 3, "tlsCertificateKeyFile %s: %s", keyfile, tls_last_error ());
+      if (!tls_check_keyfile (keyfile, pw, error))
          goto done;
-      }
+      tls->cert_withheld = true;
    }
    SSL_CTX_set_verify (tls->ctx, allow_certs ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
    tls->verify_hostname = !allow_hosts && !allow_certs;

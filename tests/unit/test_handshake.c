@@ -266,6 +266,51 @@ test_is_hello (void **state)
    assert_false (handshake_is_hello (NULL));
 }
 
+/* Which authentication documents ask for MONGODB-X509, and what the
+ * forwarded hello keeps of its speculativeAuthenticate. */
+static void
+test_x509_table (void **state)
+{
+   static const struct {
+      const char *doc;
+      bool x509;
+   } table[] = {
+      {"{\"authenticate\": 1, \"mechanism\": \"MONGODB-X509\", \"$db\": \"$external\"}", true},
+      {"{\"authenticate\": 1, \"mechanism\": \"mongodb-x509\", \"user\": \"CN=x\"}", true},
+      {"{\"authenticate\": 1, \"mechanism\": \"MONGODB-X509 \"}", false},
+      {"{\"authenticate\": 1, \"mechanism\": 509}", false},
+      {"{\"authenticate\": 1}", false},
+      {"{\"saslStart\": 1, \"mechanism\": \"SCRAM-SHA-256\", \"db\": \"admin\"}", false},
+      {"{\"saslStart\": 1, \"mechanism\": \"MONGODB-AWS\"}", false},
+   };
+
+   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+      bson_t *doc = json (table[i].doc);
+      bson_t *hello = bson_new ();
+      bson_t out;
+      bson_error_t error;
+      char keys[256];
+
+      assert_int_equal (handshake_is_x509_auth (doc), table[i].x509);
+      BSON_APPEND_INT32 (hello, "hello", 1);
+      BSON_APPEND_DOCUMENT (hello, "speculativeAuthenticate", doc);
+      BSON_APPEND_UTF8 (hello, "$db", "admin");
+      assert_int_equal (handshake_speculative_x509 (hello), table[i].x509);
+      assert_true (handshake_rewrite_request (hello, false, &out, &error));
+      keys_of (&out, keys, sizeof keys);
+      assert_string_equal (keys, table[i].x509 ? "hello,$db" : "hello,speculativeAuthenticate,$db");
+      bson_destroy (&out);
+      bson_destroy (hello);
+      bson_destroy (doc);
+   }
+   /* Not a document: nothing to inspect, forwarded as it is. */
+   {
+      bson_t *hello = json ("{\"hello\": 1, \"speculativeAuthenticate\": \"MONGODB-X509\"}");
+      assert_false (handshake_speculative_x509 (hello));
+      bson_destroy (hello);
+   }
+}
+
 int
 main (void)
 {
@@ -280,6 +325,7 @@ main (void)
       cmocka_unit_test (test_request_rewrite_legacy),
       cmocka_unit_test (test_unwrap_query),
       cmocka_unit_test (test_is_hello),
+      cmocka_unit_test (test_x509_table),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }

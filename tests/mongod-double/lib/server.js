@@ -19,7 +19,9 @@ const { FailPoints } = require('./failpoints');
 const { Auth } = require('./auth');
 
 const NO_COMPRESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'createUser', 'updateUser']);
-const NO_AUTH_NEEDED = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'ping', 'buildInfo', 'buildinfo', 'logout', 'endSessions']);
+// As mongod (Command::requiresAuth() false): connectionStatus and whatsmyuri too.
+const NO_AUTH_NEEDED = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'ping', 'buildInfo', 'buildinfo', 'logout', 'endSessions',
+  'connectionStatus', 'whatsmyuri']);
 const HELLO_NAMES = new Set(['hello', 'isMaster', 'ismaster']);
 // Commands that never take part in session/transaction validation.
 const SESSIONLESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'ping', 'buildInfo', 'buildinfo',
@@ -39,6 +41,16 @@ const SECONDARY_OPT_IN = new Set(['find', 'aggregate', 'count', 'distinct', 'lis
 const TRANSIENT_CODES = new Set([112, 24, 267, 239, 246, 311, 317, 63, 13388, 249, 150]);
 const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
 
+// A certificate subject as mongod names the X.509 user: RFC 2253, most specific RDN first.
+function rfc2253(subject) {
+  const esc = (v) => String(v).replace(/([,+"\\<>;=])/g, '\\$1');
+  return Object.entries(subject)
+    .flatMap(([k, v]) => (Array.isArray(v) ? v.map((x) => [k, x]) : [[k, v]]))
+    .reverse()
+    .map(([k, v]) => `${k}=${esc(v)}`)
+    .join(',');
+}
+
 class Connection {
   constructor(server, socket, id) {
     this.server = server;
@@ -55,6 +67,8 @@ class Connection {
     this.handshakeDone = false;
     this.user = null;
     this.sasl = null;
+    // The verified TLS client certificate's subject (RFC 2253 order), the MONGODB-X509 user.
+    this.peerSubject = null;
     socket.setNoDelay(true);
     socket.on('data', (d) => this.onData(d));
     socket.on('error', (e) => this.server.log(`conn${id}: socket error: ${e.message}`));
@@ -303,15 +317,33 @@ class Server {
   listen() {
     return new Promise((resolve, reject) => {
       const accept = (socket) => {
+        const t = this.opts.tls;
+        let subject = null;
+        if (t && t.ca) {
+          // As mongod: a certificate is requested; one that does not verify is refused even
+          // when connections without one are allowed. Each connection logs what it presented.
+          const cert = socket.getPeerCertificate();
+          const presented = !!(cert && cert.subject);
+          const where = `${socket.remoteAddress}:${socket.remotePort}`;
+          if (presented && !socket.authorized) {
+            this.log(`TLS connection from ${where} refused: client certificate does not verify: ${socket.authorizationError}`);
+            socket.destroy();
+            return;
+          }
+          if (presented) subject = rfc2253(cert.subject);
+          this.log(`TLS connection from ${where}: ${presented ? `client certificate "${subject}"` : 'no client certificate'}`);
+        }
         const c = new Connection(this, socket, ++this.totalConns);
+        c.peerSubject = subject;
         this.conns.add(c);
       };
       if (this.opts.tls) {
-        // TLS-only listener; with a CA file, client certificates are required and verified.
+        // TLS-only listener; with a CA file, client certificates are requested and verified, and
+        // required unless --tls-allow-connections-without-certificates.
         const t = this.opts.tls;
         this.tcp = tls.createServer({
           cert: t.cert, key: t.key, ca: t.ca || undefined,
-          requestCert: !!t.ca, rejectUnauthorized: !!t.ca,
+          requestCert: !!t.ca, rejectUnauthorized: !!t.ca && !t.allowNoCert,
         }, accept);
         this.tcp.on('tlsClientError', (e, socket) => {
           this.log(`TLS handshake with ${socket && socket.remoteAddress}:${socket && socket.remotePort} failed: ${e.message}`);

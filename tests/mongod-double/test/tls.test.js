@@ -1,6 +1,8 @@
 'use strict';
 // --tls-cert-file / --tls-key-file / --tls-ca-file: the listener speaks TLS only; with a CA file
-// client certificates are required and verified. Certificates are made with openssl in a temp
+// client certificates are required and verified (or, with
+// --tls-allow-connections-without-certificates, verified when presented), and MONGODB-X509 logs
+// a connection in as its certificate's subject. Certificates are made with openssl in a temp
 // dir (a CA, a server certificate with SAN IP:127.0.0.1, a client certificate, another CA).
 
 const { test, before, after } = require('node:test');
@@ -108,6 +110,32 @@ test('--tls-ca-file: client certificates are required and verified', { skip }, a
     await assert.rejects(nocert.db('admin').command({ ping: 1 }));
     await nocert.close();
     assert.match(d.stderr(), /TLS handshake with 127\.0\.0\.1:\d+ failed/);
+  } finally {
+    assert.equal(await d.stop(), 0);
+  }
+});
+
+test('--tls-allow-connections-without-certificates: certificates optional, logged per connection; MONGODB-X509 logs in as the subject', { skip }, async () => {
+  const d = await startDouble(['--tls-cert-file', f('server-combined.pem'), '--tls-ca-file', f('ca.pem'), '--tls-allow-connections-without-certificates']);
+  const ca = encodeURIComponent(f('ca.pem'));
+  const subject = 'CN=double test client';
+  try {
+    const x509 = new MongoClient(`mongodb://127.0.0.1:${d.port}/?directConnection=true&tls=true&tlsCAFile=${ca}&tlsCertificateKeyFile=${encodeURIComponent(f('client-combined.pem'))}&authMechanism=MONGODB-X509`, { serverSelectionTimeoutMS: 5000 });
+    try {
+      const st = await x509.db('admin').command({ connectionStatus: 1 });
+      assert.deepEqual(st.authInfo.authenticatedUsers, [{ user: subject, db: '$external' }]);
+    } finally {
+      await x509.close();
+    }
+    assert.match(d.stderr(), new RegExp(`TLS connection from 127\\.0\\.0\\.1:\\d+: client certificate "${subject}"`));
+    const nocert = new MongoClient(`mongodb://127.0.0.1:${d.port}/?directConnection=true&tls=true&tlsCAFile=${ca}`, { serverSelectionTimeoutMS: 5000 });
+    try {
+      const me = await nocert.db('admin').command({ whatsmyuri: 1 });
+      assert.match(d.stderr(), new RegExp(`TLS connection from ${me.you.replace(/\./g, '\\.')}: no client certificate`));
+      await assert.rejects(nocert.db('$external').command({ authenticate: 1, mechanism: 'MONGODB-X509' }), (e) => e.code === 18 && /No verified subject/.test(e.message));
+    } finally {
+      await nocert.close();
+    }
   } finally {
     assert.equal(await d.stop(), 0);
   }

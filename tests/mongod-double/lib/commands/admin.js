@@ -10,6 +10,7 @@ const { Long, Int32, ObjectId, UUID } = require('bson');
 const V = require('../values');
 const { err } = require('../errors');
 const { sessionKey } = require('../sessions');
+const { x509Login } = require('./auth');
 
 const VERSION = '7.0.0';
 
@@ -60,7 +61,12 @@ async function hello(ctx) {
     const mechs = server.auth.supportedMechs(cmd.saslSupportedMechs);
     if (mechs) r.saslSupportedMechs = mechs;
   }
-  if (cmd.speculativeAuthenticate && server.auth) {
+  if (cmd.speculativeAuthenticate && cmd.speculativeAuthenticate.mechanism === 'MONGODB-X509') {
+    // As mongod: a failed speculative X.509 login is just left out of the reply.
+    try {
+      r.speculativeAuthenticate = x509Login(conn, cmd.speculativeAuthenticate, cmd.speculativeAuthenticate.db || '$external');
+    } catch (e) { /* the driver authenticates explicitly */ }
+  } else if (cmd.speculativeAuthenticate && server.auth) {
     const spec = server.auth.speculative(conn, cmd.speculativeAuthenticate);
     if (spec) r.speculativeAuthenticate = spec;
   }
