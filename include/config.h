@@ -132,9 +132,21 @@ config_t *config_parse_string (const char *text, const char *origin, bson_error_
 bool config_reload_allowed (const config_t *cur, const config_t *next, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
-/* Writes every key with its effective value as INI text (--check-config).
- * The admin token and handler secrets are masked. */
+/* Writes every key with its effective value as INI text (--check-config),
+ * each string through config_mask. */
 void config_write (const config_t *cfg, FILE *out);
+
+/* The one masking of credentials for output (--check-config, the admin
+ * API, log lines): a copy of `value` the caller frees with bson_free, or
+ * NULL for NULL.  The whole value becomes "********" for a secret key
+ * (`key_name` "token" or "secret"; NULL for a value of no key).  In a URL
+ * the password of the user information is masked (all of it when there is
+ * no ':'); in a mongodb:// or mongodb+srv:// URI also the values of the
+ * certificate-key password options (tlsCertificateKeyFilePassword and its
+ * older spellings) and each value of authMechanismProperties (the
+ * property names stay); in any other URL every query-string value (the
+ * keys stay) and the fragment. */
+char *config_mask (const char *key_name, const char *value);
 
 /* Reference counting of snapshots.  NULL is accepted by release. */
 config_t *config_retain (config_t *cfg);

@@ -14,8 +14,8 @@
  * ADMIN_MAX_CONNECTIONS are open at once (evhttp 2.1 has no such limit:
  * each accepted connection is adopted right after evhttp set it up, see
  * admin_adopt_cb).  Routes match the path exactly; the token guards
- * /metrics and every /api/ path; without a token, actions must name the
- * port by address in Host (DNS rebinding).
+ * /metrics and every /api/ path; without a token, every request must name
+ * the port by address in Host (DNS rebinding).
  */
 #include "admin_private.h"
 
@@ -176,10 +176,11 @@ admin_send_error (admin_t *a, struct evhttp_request *req, int code, const char *
 
 /* ------------------------------------------------------------------ auth */
 
-/* Without a token, an action must name the port by address (an IP
+/* Without a token, every request must name the port by address (an IP
  * literal, "localhost", or the configured listen host): a web page that
- * rebinds its own DNS name to 127.0.0.1 is same-origin for the browser, but
- * its requests carry that name in Host and are refused. */
+ * rebinds its own DNS name to 127.0.0.1 is same-origin for the browser, so
+ * it could read the answers of GETs as well as send actions, but its
+ * requests carry that name in Host and are refused. */
 static bool
 host_allowed (admin_t *a, struct evhttp_request *req)
 {
@@ -283,6 +284,18 @@ admin_request_cb (struct evhttp_request *req, void *arg)
    atomic_fetch_add (&a->requests, 1);
    if (!path || !*path)
       path = "/";
+   if (!host_allowed (a, req)) {
+      char peer[80];
+      log_warn ("admin: %s: 403 for %s %s: no token is set and Host is not an address of this port",
+                admin_peer_of (req, peer, sizeof peer),
+                method == EVHTTP_REQ_GET    ? "GET"
+                : method == EVHTTP_REQ_POST ? "POST"
+                : method == EVHTTP_REQ_HEAD ? "HEAD"
+                                            : "request",
+                path);
+      admin_send_error (a, req, 403, "without an admin token, requests must address this port by IP or localhost");
+      return;
+   }
    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
       if (!strcmp (routes[i].path, path)) {
          path_known = true;
@@ -310,14 +323,6 @@ admin_request_cb (struct evhttp_request *req, void *arg)
       char peer[80];
       log_info ("admin: %s: 401 for %s %s", admin_peer_of (req, peer, sizeof peer), method == EVHTTP_REQ_POST ? "POST" : "GET", r->path);
       admin_send_error (a, req, 401, "a valid bearer token is required");
-      return;
-   }
-   if (method == EVHTTP_REQ_POST && !host_allowed (a, req)) {
-      char peer[80];
-      log_warn ("admin: %s: 403 for POST %s: no token is set and Host is not an address of this port",
-                admin_peer_of (req, peer, sizeof peer),
-                r->path);
-      admin_send_error (a, req, 403, "without an admin token, actions must address this port by IP or localhost");
       return;
    }
    r->fn (a, req);

@@ -333,47 +333,19 @@ delivery_json (bson_t *out, const bson_t *doc)
    }
 }
 
-/* Appends `value` with the password of a URL's userinfo masked
- * ("mongodb://app:secret@h/" -> "mongodb://app:********@h/"): the API
- * shows the upstream URI and webhook URLs, never the credentials in them. */
+/* Appends `value` through config_mask (the one masking of credentials):
+ * the API shows the upstream URI and webhook URLs, never the credentials
+ * in them.  A value that is not UTF-8 is shown as null. */
 static void
-append_masked_url (bson_t *doc, const char *name, const char *value)
+append_masked (bson_t *doc, const char *name, const char *key_name, const char *value)
 {
-   const char *scheme = strstr (value, "://");
-   const char *auth_end, *colon;
-   bson_string_t *out;
+   char *masked = config_mask (key_name, value);
 
-   if (!bson_utf8_validate (value, strlen (value), false)) {
+   if (masked && bson_utf8_validate (masked, strlen (masked), false))
+      BSON_APPEND_UTF8 (doc, name, masked);
+   else
       BSON_APPEND_NULL (doc, name);
-      return;
-   }
-   if (!scheme) {
-      BSON_APPEND_UTF8 (doc, name, value);
-      return;
-   }
-   scheme += 3;
-   auth_end = strchr (scheme, '@');
-   if (!auth_end || (strchr (scheme, '/') && strchr (scheme, '/') < auth_end)) {
-      BSON_APPEND_UTF8 (doc, name, value);
-      return;
-   }
-   colon = memchr (scheme, ':', (size_t) (auth_end - scheme));
-   out = bson_string_new (NULL);
-   if (colon) {
-      char *head = bson_strndup (value, (size_t) (colon - value) + 1);
-      bson_string_append (out, head);
-      bson_string_append (out, "********");
-      bson_free (head);
-   } else {
-      /* A bare userinfo is a token: all of it goes. */
-      char *head = bson_strndup (value, (size_t) (scheme - value));
-      bson_string_append (out, head);
-      bson_string_append (out, "********");
-      bson_free (head);
-   }
-   bson_string_append (out, auth_end);
-   BSON_APPEND_UTF8 (doc, name, out->str);
-   bson_string_free (out, true);
+   bson_free (masked);
 }
 
 /* ------------------------------------------------------------- handlers */
@@ -542,7 +514,7 @@ append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t
    if (with_config && hc) {
       BSON_APPEND_UTF8 (&doc, "events", hc->events ? hc->events : "");
       if (hc->url)
-         append_masked_url (&doc, "url", hc->url);
+         append_masked (&doc, "url", "url", hc->url);
       BSON_APPEND_BOOL (&doc, "signed", hc->secret && *hc->secret);
       BSON_APPEND_INT64 (&doc, "maxAttempts", hc->max_attempts);
       BSON_APPEND_INT64 (&doc, "timeoutMs", hc->timeout_ms);
@@ -1071,6 +1043,8 @@ admin_api_config (admin_t *a, struct evhttp_request *req)
       const char *idx;
       bson_t item;
       bool secret = !strcmp (key->name, "token") || !strcmp (key->name, "secret");
+      /* The default of a secret is not shown; its value goes through
+       * config_mask like every string. */
       size_t n_obj = key->section == CONFIG_SECTION_HANDLER ? cfg->n_handlers : 1;
 
       for (size_t h = 0; h < n_obj; h++) {
@@ -1090,14 +1064,7 @@ admin_api_config (admin_t *a, struct evhttp_request *req)
             break;
          default: {
             const char *v = *(char *const *) (base + key->offset);
-            if (secret)
-               BSON_APPEND_UTF8 (&item, "value", v && *v ? "********" : "");
-            else if (v && strstr (v, "://"))
-               append_masked_url (&item, "value", v);
-            else if (v && bson_utf8_validate (v, strlen (v), false))
-               BSON_APPEND_UTF8 (&item, "value", v);
-            else
-               BSON_APPEND_NULL (&item, "value");
+            append_masked (&item, "value", key->name, v);
          }
          }
          if (key->default_value && !secret)

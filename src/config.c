@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <mongoc/mongoc.h>
@@ -826,10 +827,219 @@ config_format (const void *base, const config_key_t *key, char *out, size_t len)
    }
 }
 
+/* Keys whose whole value is a secret: [admin] token, [handler] secret. */
 static bool
-config_is_secret (const config_key_t *key)
+config_is_secret (const char *key_name)
 {
-   return strcmp (key->name, "token") == 0 || strcmp (key->name, "secret") == 0;
+   return strcmp (key_name, "token") == 0 || strcmp (key_name, "secret") == 0;
+}
+
+/* ----------------------------------------------------------- masking */
+
+#define CONFIG_MASK "********"
+
+/* The options of a MongoDB URI whose whole value is a secret, compared
+ * case-insensitively after percent-decoding, as the driver reads keys. */
+static const char *const mask_mongodb_options[] = {
+   "tlsCertificateKeyFilePassword",
+   "tlsCertificateKeyPassword",
+   "sslClientCertificateKeyPassword",
+   "sslPEMKeyPassword",
+};
+
+static int
+hex_value (char c)
+{
+   if (c >= '0' && c <= '9')
+      return c - '0';
+   if (c >= 'a' && c <= 'f')
+      return c - 'a' + 10;
+   if (c >= 'A' && c <= 'F')
+      return c - 'A' + 10;
+   return -1;
+}
+
+/* True if the percent-decoded key s[0..len) equals `want` ignoring case. */
+static bool
+key_is (const char *s, size_t len, const char *want)
+{
+   size_t i = 0, w = 0;
+
+   while (i < len) {
+      int c = (unsigned char) s[i];
+
+      if (c == '%' && i + 2 < len && hex_value (s[i + 1]) >= 0 && hex_value (s[i + 2]) >= 0) {
+         c = hex_value (s[i + 1]) * 16 + hex_value (s[i + 2]);
+         i += 3;
+      } else {
+         i++;
+      }
+      if (!want[w] || tolower (c) != tolower ((unsigned char) want[w]))
+         return false;
+      w++;
+   }
+   return want[w] == '\0';
+}
+
+/* Appends one query option "key=value" (or a bare "key") with its value
+ * masked as the scheme requires. */
+static void
+mask_option (bson_string_t *out, const char *opt, size_t len, bool mongodb)
+{
+   const char *eq = memchr (opt, '=', len);
+   size_t klen = eq ? (size_t) (eq - opt) : len;
+   const char *v;
+   size_t vlen;
+   bool whole = !mongodb;
+
+   if (!eq) {
+      /* A bare word: for a webhook URL it may be the token itself. */
+      char *copy = bson_strndup (opt, len);
+      bson_string_append (out, mongodb ? copy : CONFIG_MASK);
+      bson_free (copy);
+      return;
+   }
+   {
+      char *key = bson_strndup (opt, klen + 1);
+      bson_string_append (out, key);
+      bson_free (key);
+   }
+   v = eq + 1;
+   vlen = len - klen - 1;
+   for (size_t i = 0; mongodb && i < sizeof mask_mongodb_options / sizeof mask_mongodb_options[0]; i++)
+      if (key_is (opt, klen, mask_mongodb_options[i]))
+         whole = true;
+   if (vlen == 0)
+      return;
+   if (mongodb && key_is (opt, klen, "authMechanismProperties")) {
+      /* "NAME:value,NAME:value": the names stay, every value goes. */
+      size_t i = 0;
+
+      while (i <= vlen) {
+         size_t end = i;
+         const char *colon;
+
+         while (end < vlen && v[end] != ',')
+            end++;
+         colon = memchr (v + i, ':', end - i);
+         if (colon) {
+            char *name = bson_strndup (v + i, (size_t) (colon - (v + i)) + 1);
+            bson_string_append (out, name);
+            bson_free (name);
+         }
+         bson_string_append (out, CONFIG_MASK);
+         if (end < vlen)
+            bson_string_append_c (out, ',');
+         i = end + 1;
+      }
+      return;
+   }
+   if (whole) {
+      bson_string_append (out, CONFIG_MASK);
+   } else {
+      char *copy = bson_strndup (v, vlen);
+      bson_string_append (out, copy);
+      bson_free (copy);
+   }
+}
+
+/* Appends n bytes of s. */
+static void
+append_n (bson_string_t *out, const char *s, size_t n)
+{
+   char *copy = bson_strndup (s, n);
+   bson_string_append (out, copy);
+   bson_free (copy);
+}
+
+/* Appends the URL url[0..len) with its credentials masked; `scheme` points
+ * at its "://". */
+static void
+mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
+{
+   const char *end = url + len;
+   const char *auth = scheme + 3, *auth_end, *at = NULL, *q;
+   size_t slen = (size_t) (scheme - url);
+   bool mongodb = (slen == 7 && strncasecmp (url, "mongodb", 7) == 0) || (slen == 11 && strncasecmp (url, "mongodb+srv", 11) == 0);
+
+   append_n (out, url, (size_t) (auth - url));
+   /* Where the user information may end: a MongoDB URI's password may hold
+    * an unescaped '/', so its authority runs to the query; for other URLs
+    * it ends at the path (RFC 3986).  Masking too much is the safe side. */
+   for (auth_end = auth; auth_end < end && !strchr (mongodb ? "?#" : "/?#", *auth_end); auth_end++)
+      if (*auth_end == '@')
+         at = auth_end;
+   if (at) {
+      const char *colon = memchr (auth, ':', (size_t) (at - auth));
+
+      /* user:password@: the user stays.  A bare user information is a
+       * token: all of it goes. */
+      if (colon)
+         append_n (out, auth, (size_t) (colon - auth) + 1);
+      bson_string_append (out, CONFIG_MASK);
+      auth = at;
+   }
+   for (q = auth; q < end && *q != '?' && *q != '#'; q++)
+      ;
+   append_n (out, auth, (size_t) (q - auth));
+   if (q < end && *q == '?') {
+      const char *p = q + 1;
+      const char *qend = memchr (p, '#', (size_t) (end - p));
+
+      if (!qend)
+         qend = end;
+      bson_string_append_c (out, '?');
+      while (p < qend) {
+         size_t n = 0;
+
+         while (p + n < qend && p[n] != '&' && p[n] != ';')
+            n++;
+         if (n)
+            mask_option (out, p, n, mongodb);
+         p += n;
+         if (p < qend) {
+            bson_string_append_c (out, *p);
+            p++;
+         }
+      }
+      q = qend;
+   }
+   if (q < end && *q == '#')
+      bson_string_append (out, q + 1 < end ? "#" CONFIG_MASK : "#");
+}
+
+char *
+config_mask (const char *key_name, const char *value)
+{
+   static const char url_end[] = " \t\r\n\"'<>`";
+   bson_string_t *out;
+   const char *p, *scheme;
+
+   if (!value)
+      return NULL;
+   if (key_name && *value && config_is_secret (key_name))
+      return bson_strdup (CONFIG_MASK);
+   /* Every URL in the value: it starts at its scheme and ends at the end
+    * of a key's value, or in a message (no key; it may hold several) at
+    * white space or a quote. */
+   out = bson_string_new (NULL);
+   p = value;
+   while ((scheme = strstr (p, "://"))) {
+      const char *start = scheme, *stop = scheme + 3;
+
+      while (start > p && (isalnum ((unsigned char) start[-1]) || strchr ("+.-", start[-1])))
+         start--;
+      while (*stop && (key_name || !strchr (url_end, *stop)))
+         stop++;
+      append_n (out, p, (size_t) (start - p));
+      if (start == scheme)
+         append_n (out, scheme, (size_t) (stop - scheme)); /* no scheme: not a URL */
+      else
+         mask_url (out, start, (size_t) (stop - start), scheme);
+      p = stop;
+   }
+   bson_string_append (out, p);
+   return bson_string_free (out, false);
 }
 
 bool
@@ -883,11 +1093,12 @@ config_write_key (const void *base, const config_key_t *key, FILE *out)
 {
    char v[CONFIG_VALUE_MAX];
 
+   char *masked;
+
    config_format (base, key, v, sizeof v);
-   if (config_is_secret (key) && *v)
-      fprintf (out, "%s = (set, %zu characters)\n", key->name, strlen (v));
-   else
-      fprintf (out, "%s = %s\n", key->name, v);
+   masked = key->type == CONFIG_TYPE_STRING ? config_mask (key->name, v) : bson_strdup (v);
+   fprintf (out, "%s = %s\n", key->name, masked);
+   bson_free (masked);
 }
 
 void

@@ -335,7 +335,9 @@ webhook_new (struct event_base *base, struct evdns_base *dns, SSL_CTX *ssl, cons
 
    if (!uri || !(scheme = evhttp_uri_get_scheme (uri)) || !(host = evhttp_uri_get_host (uri)) || !*host ||
        (strcasecmp (scheme, "http") != 0 && strcasecmp (scheme, "https") != 0)) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 1, "handler %s: url \"%s\" is not an http:// or https:// URL", h->name, h->url ? h->url : "");
+      char *masked = config_mask ("url", h->url ? h->url : "");
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 1, "handler %s: url \"%s\" is not an http:// or https:// URL", h->name, masked);
+      bson_free (masked);
       goto done;
    }
    w = bson_malloc0 (sizeof *w);

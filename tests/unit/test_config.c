@@ -236,6 +236,82 @@ test_write_masks_secrets (void **state)
    config_release (cfg);
 }
 
+/* config_mask: every credential a URI can carry, in every place it can
+ * sit, is replaced; what identifies the target stays readable. */
+static void
+test_mask (void **state)
+{
+   static const struct {
+      const char *key, *in, *out;
+   } cases[] = {
+      {"upstream", "mongodb://127.0.0.1:27017/?replicaSet=rs0", "mongodb://127.0.0.1:27017/?replicaSet=rs0"},
+      {"upstream", "mongodb://app:s3cret@db1,db2/admin?replicaSet=rs0", "mongodb://app:********@db1,db2/admin?replicaSet=rs0"},
+      {"upstream", "mongodb+srv://app:p%40ss@cluster.example/", "mongodb+srv://app:********@cluster.example/"},
+      /* An unescaped '/' or '@' in the password still masks all of it. */
+      {"upstream", "mongodb://app:pa/ss@w@db1/?tls=true", "mongodb://app:********@db1/?tls=true"},
+      {"upstream", "mongodb://tok3n@db1/", "mongodb://********@db1/"},
+      {"upstream",
+       "mongodb://db1/?tls=true&tlsCertificateKeyFile=/etc/k.pem&tlsCertificateKeyFilePassword=kp4ss&replicaSet=rs0",
+       "mongodb://db1/?tls=true&tlsCertificateKeyFile=/etc/k.pem&tlsCertificateKeyFilePassword=********&replicaSet=rs0"},
+      {"upstream", "mongodb://db1/?TLSCERTIFICATEKEYFILEPASSWORD=kp4ss", "mongodb://db1/?TLSCERTIFICATEKEYFILEPASSWORD=********"},
+      {"upstream", "mongodb://db1/?tlsCertificateKeyFile%50assword=kp4ss", "mongodb://db1/?tlsCertificateKeyFile%50assword=********"},
+      {"upstream", "mongodb://db1/?sslClientCertificateKeyPassword=kp4ss;w=1", "mongodb://db1/?sslClientCertificateKeyPassword=********;w=1"},
+      {"upstream",
+       "mongodb://u@db1/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:t0k,SERVICE_NAME:svc",
+       "mongodb://********@db1/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:********,SERVICE_NAME:********"},
+      {"upstream", "mongodb://db1/?authmechanismproperties=opaque", "mongodb://db1/?authmechanismproperties=********"},
+      /* Webhook URLs: user information, every query value, the fragment. */
+      {"url", "https://hooks.example/in?token=abc&sig=def&x=", "https://hooks.example/in?token=********&sig=********&x="},
+      {"url", "http://hookuser:pw@127.0.0.1:9/x?k=v#frag", "http://hookuser:********@127.0.0.1:9/x?k=********#********"},
+      {"url", "http://127.0.0.1:9/@team/x", "http://127.0.0.1:9/@team/x"},
+      {"url", "https://hooks.example/in?s3cr3tword", "https://hooks.example/in?********"},
+      {"url", "http://127.0.0.1:9/x", "http://127.0.0.1:9/x"},
+      /* Whole secrets. */
+      {"token", "s3cret-token", "********"},
+      {"secret", "whsec_c2VjcmV0c2VjcmV0", "********"},
+      {"token", "", ""},
+      {"listen", "127.0.0.1:9187", "127.0.0.1:9187"},
+      /* A key's value is one URL, spaces included; a message may hold
+       * several, each ending at white space or a quote. */
+      {"upstream", "mongodb://app:pa ss@db1/", "mongodb://app:********@db1/"},
+      {NULL, "a http://u:p@h/?a=1 and 'mongodb://h/?authMechanismProperties=X:y' end",
+       "a http://u:********@h/?a=******** and 'mongodb://h/?authMechanismProperties=X:********' end"},
+      {NULL, "handler h: url \"http://x/?k=v\" is bad", "handler h: url \"http://x/?k=********\" is bad"},
+   };
+
+   (void) state;
+   assert_null (config_mask ("upstream", NULL));
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      char *got = config_mask (cases[i].key, cases[i].in);
+
+      if (strcmp (got, cases[i].out) != 0)
+         fail_msg ("case %zu: %s\n got  %s\n want %s", i, cases[i].in, got, cases[i].out);
+      bson_free (got);
+   }
+}
+
+/* --check-config shows none of the secrets a URI can carry. */
+static void
+test_write_masks_uri_secrets (void **state)
+{
+   config_t *cfg = parse_ok ("[proxy]\nupstream = mongodb://app:pw-upstream@127.0.0.1:27017/"
+                             "?replicaSet=rs0&tls=true&tlsCertificateKeyFilePassword=pw-keyfile"
+                             "&authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:pw-session\n"
+                             "[handler h]\nevents = a\nkind = webhook\nurl = http://u:pw-url@x/?api_key=pw-query\n");
+   char *buf = NULL;
+   size_t len = 0;
+   FILE *f = open_memstream (&buf, &len);
+
+   (void) state;
+   config_write (cfg, f);
+   fclose (f);
+   assert_null (strstr (buf, "pw-"));
+   assert_non_null (strstr (buf, "upstream = mongodb://app:********@127.0.0.1:27017/?replicaSet=rs0"));
+   assert_non_null (strstr (buf, "url = http://u:********@x/?api_key=********\n"));
+   free (buf);
+   config_release (cfg);
+}
+
 static char *
 read_file (const char *path)
 {
@@ -303,6 +379,8 @@ main (void)
       cmocka_unit_test (test_reload_rules),
       cmocka_unit_test (test_parse_listen),
       cmocka_unit_test (test_write_masks_secrets),
+      cmocka_unit_test (test_mask),
+      cmocka_unit_test (test_write_masks_uri_secrets),
       cmocka_unit_test (test_sample_and_docs_mention_every_key),
    };
 
