@@ -27,6 +27,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 
+#include "autoconf.h"
 #include "client_private.h"
 #include "compress.h"
 #include "handshake.h"
@@ -424,8 +425,11 @@ answer_locally (client_conn_t *c,
    return client_answer_error (c, seq, code, code_name, errmsg, error);
 }
 
-#ifdef RELAYBUS_DEBUG
-/* Debug builds only: {relaybusDebugInternal: {<command with $db>}, times: N}
+#ifdef RELAYBUS_TEST_COMMANDS
+/* Test builds only (configure --enable-test-commands, which `make install`
+ * refuses; never implied by --enable-debug): it sends a client's command
+ * upstream past the publishing hook, so an installed proxy must not have it.
+ * {relaybusDebugInternal: {<command with $db>}, times: N}
  * holds the client's request, sends the inner command N times on the
  * upstream connection as the proxy's own requests (pipelined), and answers
  * {ok: 1, replies: [...]} once all replies are in.  It exercises exactly
@@ -546,7 +550,7 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
                              "server directly for X.509",
                              src, len, error);
    }
-#ifdef RELAYBUS_DEBUG
+#ifdef RELAYBUS_TEST_COMMANDS
    if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
       return debug_internal (c, src, len, msg, compressor, error);
 #endif

@@ -337,6 +337,9 @@ proxy_start (proxy_t *p, bson_error_t *error)
       log_info ("upstream tlsCertificateKeyFile: presented only on the proxy's own connections (topology, outbox "
                 "store, dispatch, admin); client connections present no certificate and MONGODB-X509 from "
                 "clients is refused");
+#ifdef RELAYBUS_TEST_COMMANDS
+   log_warn ("test build (--enable-test-commands): relaybusDebugInternal sends commands past the publishing hook; never run this build in production");
+#endif
    /* A stop asked for while starting: drain (nothing to drain yet) and exit. */
    if (early_stop_signal)
       proxy_stop (p, early_stop_signal == SIGINT ? "SIGINT during start-up" : "SIGTERM during start-up");
@@ -392,7 +395,11 @@ main (int argc, char **argv)
          check_only = true;
          break;
       case 'V':
+#ifdef RELAYBUS_TEST_COMMANDS
+         printf ("relaybus-proxy %s (test build: --enable-test-commands)\n", PACKAGE_VERSION);
+#else
          printf ("relaybus-proxy %s\n", PACKAGE_VERSION);
+#endif
          return EXIT_OK;
       case 'h':
          usage (stdout);
