@@ -167,6 +167,15 @@ test('SCRAM through the same TLS upstream still works, speculative and explicit'
   }
 });
 
+test('tlsCertificateKeyFile is still checked at start-up: a wrong password is a start-up error that names the file', { skip: onlyDouble }, async () => {
+  const q = new URLSearchParams({ replicaSet: 'rs0', tls: 'true', tlsCAFile: files.ca, tlsCertificateKeyFile: files.proxy, tlsCertificateKeyFilePassword: 'not-the-key-pw' });
+  const r = await H.runProxyExpectingExit({ upstream: `mongodb://127.0.0.1:${tlsDouble.port}/?${q}`, timeoutMs: 15000 });
+  assert.equal(r.timedOut, false, `the proxy started with a key it cannot open; log:\n${H.tail(r.log)}`);
+  assert.equal(r.code, 1, `exit code; log:\n${H.tail(r.log)}`);
+  assert.match(r.log, /tlsCertificateKeyFile .*proxy\.pem/);
+  assert.doesNotMatch(r.log, /not-the-key-pw/, 'the password is not logged');
+});
+
 H.registerFinalChecks(test, [
   () => tlsDouble && tlsDouble.stop(),
   () => dir && fs.rmSync(dir, { recursive: true, force: true }),
