@@ -163,6 +163,20 @@ bool store_extend_lease (store_t *store,
                          int64_t lease_ms,
                          bool *applied,
                          bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Renews every ref: the refs are grouped by lane and epoch, one
+ * transaction per lane checks the claim generation of each of its refs and
+ * extends the lane to now + lease_ms (never shrinks it) when at least one
+ * still holds.  applied[i] tells whether ref i holds; each applied ref's
+ * own claim is renewed too (see store_claim: a claim this instance stops
+ * renewing for a lease is taken back as abandoned).  False when a lane
+ * could not be renewed (the others are renewed anyway). */
+bool store_extend_leases (store_t *store,
+                          const store_ref_t *refs,
+                          size_t n,
+                          int64_t now,
+                          int64_t lease_ms,
+                          bool *applied,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
 /* Hands back every lane this instance holds; what is still listed in flight
  * is released (claim generation moves on, no attempt charged). */
 bool store_relinquish (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));

@@ -24,12 +24,17 @@ typedef struct {
    int64_t expires; /* ms; the latest expiry this instance wrote */
 } store_lane_state_t;
 
-/* A claim this instance handed out and has not seen settled. */
+/* A claim this instance handed out and has not seen settled.  `expires`
+ * is the claim's own lease (ms): set when it is handed out, moved on by
+ * every renewal of it.  A claim of this instance that finds the delivery
+ * still listed after `expires` takes it as abandoned (its worker could not
+ * settle it and stopped renewing it) and reconciles it. */
 typedef struct {
    bson_oid_t id;
    uint32_t lane;
    int64_t epoch;
    int32_t claims;
+   int64_t expires;
 } store_issued_t;
 
 /* The store instance.  `pool` is borrowed; strings are owned.  `mu`
@@ -48,6 +53,14 @@ struct store {
    store_lane_state_t lanes[OUTBOX_LANES];
    store_issued_t *issued;
    size_t n_issued, cap_issued;
+
+   /* Unparking walks the parked keys in (head dueAt, handler, key) order,
+    * a window per claim, and resumes after the last key it looked at, so
+    * every parked key is looked at within a bounded number of claims.
+    * Guarded by claim_mu.  unpark_h/unpark_k are owned (NULL: from the
+    * start). */
+   int64_t unpark_due;
+   char *unpark_h, *unpark_k;
 };
 
 /* A collection of the outbox on `client`, with write concern majority and
@@ -74,7 +87,10 @@ const char *store_iter_utf8 (const bson_t *doc, const char *field);
 bool store_array_has_oid (const bson_t *doc, const char *field, const bson_oid_t *oid);
 
 /* Memory of claims handed out (callers hold store->mu). */
-void store_issued_add (store_t *store, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims);
+void store_issued_add (store_t *store, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires);
+/* Moves the claim's own lease on to `expires` if it is the claim of
+ * (lane, epoch, claims) and the new expiry is later. */
+void store_issued_renew (store_t *store, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires);
 const store_issued_t *store_issued_find (store_t *store, const bson_oid_t *id);
 void store_issued_remove (store_t *store, const bson_oid_t *id);
 void store_issued_remove_lane (store_t *store, uint32_t lane);

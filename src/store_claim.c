@@ -26,8 +26,12 @@
  * transaction holds before it leaves the lane for a later claim. */
 #define STORE_TAKE_MAX_TIME_MS 1000
 #define KEY_BUCKETS 256
-/* Parked keys looked at per handler and claim. */
+/* Parked keys looked at per claim. */
 #define UNPARK_KEYS_MAX 1000
+/* Due deliveries one free-lane probe reads (laneId only), and probes per
+ * claim at most. */
+#define FREE_PROBE 512
+#define FREE_PROBES_MAX 3
 
 /* What one claim knows about one (handler, key). */
 typedef struct key_state {
@@ -50,6 +54,7 @@ typedef struct {
    store_oids_t blocked;
    bool taken_now;
    bool skip; /* its lost claims could not be charged yet: not read from */
+   bool capped; /* a scan of it stopped at SCAN_CAP: park all it found blocked */
 } claim_lane_t;
 
 typedef struct {
@@ -166,10 +171,10 @@ handler_index (claim_t *c, const char *name)
 
 /* --------------------------------------------------------------- unpark */
 
-/* One (handler, key) pair and a sequence. */
+/* One (handler, key) pair, a sequence and the dueAt of that delivery. */
 typedef struct {
    char *handler, *key;
-   int64_t seq;
+   int64_t seq, due;
 } hk_seq_t;
 
 static void
@@ -182,16 +187,32 @@ hk_free (hk_seq_t *v, size_t n)
    bson_free (v);
 }
 
-/* Runs [{$match}, {$group: {_id: {h, k}, seq: {$min: "$sequence"}}}] and
- * returns the groups.  One aggregation answers many keys at once. */
+/* Runs [{$match}, {$sort: {handler, key, sequence}}, {$group: {_id: {h,
+ * k}, seq: {$first: "$sequence"}, due: {$first: "$dueAt"}}}] followed by
+ * `tail` (more stages, or NULL) and returns the groups: the lowest
+ * sequence of each key.  Sorted on the fields of the ordering and parked
+ * indexes, $first lets the server answer from the index with one probe
+ * per key (a distinct scan) instead of reading every delivery of every
+ * key: the cost follows the number of keys, never their backlog. */
 static bool
-min_seq_by_key (claim_t *c, const bson_t *match, hk_seq_t **out, size_t *n_out, bson_error_t *error)
+min_seq_by_key (claim_t *c, const bson_t *match, const bson_t *tail, hk_seq_t **out, size_t *n_out, bson_error_t *error)
 {
    bson_t *pipeline = BCON_NEW ("pipeline",
                                 "[",
                                 "{",
                                 "$match",
                                 BCON_DOCUMENT (match),
+                                "}",
+                                "{",
+                                "$sort",
+                                "{",
+                                "handler",
+                                BCON_INT32 (1),
+                                "key",
+                                BCON_INT32 (1),
+                                "sequence",
+                                BCON_INT32 (1),
+                                "}",
                                 "}",
                                 "{",
                                 "$group",
@@ -205,22 +226,46 @@ min_seq_by_key (claim_t *c, const bson_t *match, hk_seq_t **out, size_t *n_out, 
                                 "}",
                                 "seq",
                                 "{",
-                                "$min",
+                                "$first",
                                 BCON_UTF8 ("$sequence"),
                                 "}",
-                                "}",
-                                "}",
+                                "due",
                                 "{",
-                                "$limit",
-                                BCON_INT32 (UNPARK_KEYS_MAX),
+                                "$first",
+                                BCON_UTF8 ("$dueAt"),
+                                "}",
+                                "}",
                                 "}",
                                 "]");
-   mongoc_cursor_t *cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+   mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
    size_t cap = 0;
    bool ok = true;
 
+   if (tail) {
+      /* Append the stages of `tail` (an array document) to the pipeline. */
+      bson_t *with_tail = bson_new (), arr;
+      bson_iter_t it, st;
+      uint32_t k = 0;
+      char buf[16];
+      const char *key;
+      BSON_APPEND_ARRAY_BEGIN (with_tail, "pipeline", &arr);
+      if (bson_iter_init_find (&it, pipeline, "pipeline") && bson_iter_recurse (&it, &st))
+         while (bson_iter_next (&st)) {
+            bson_uint32_to_string (k++, &key, buf, sizeof buf);
+            bson_append_iter (&arr, key, -1, &st);
+         }
+      if (bson_iter_init (&st, tail))
+         while (bson_iter_next (&st)) {
+            bson_uint32_to_string (k++, &key, buf, sizeof buf);
+            bson_append_iter (&arr, key, -1, &st);
+         }
+      bson_append_array_end (with_tail, &arr);
+      bson_destroy (pipeline);
+      pipeline = with_tail;
+   }
+   cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
    *out = NULL;
    *n_out = 0;
    while (mongoc_cursor_next (cur, &doc)) {
@@ -242,6 +287,7 @@ min_seq_by_key (claim_t *c, const bson_t *match, hk_seq_t **out, size_t *n_out, 
       (*out)[*n_out].handler = bson_strdup (h);
       (*out)[*n_out].key = bson_strdup (k);
       (*out)[*n_out].seq = store_iter_int64 (doc, "seq");
+      (*out)[*n_out].due = store_iter_date (doc, "due");
       (*n_out)++;
    }
    if (mongoc_cursor_error (cur, &err)) {
@@ -273,14 +319,20 @@ append_hk_or (bson_t *q, const hk_seq_t *v, size_t n)
 }
 
 /* Level-triggered: the lowest parked delivery of each key whose handler has
- * no pending delivery with a lower sequence goes back to `ready`.  Two
- * aggregations for all the claim's handlers (the parked keys, then their
- * lowest pending sequences) and one update, whatever the number of parked
- * keys.  Best effort: a failure is logged and the claim goes on. */
+ * no pending delivery with a lower sequence goes back to `ready`.  The
+ * parked keys are looked at in (dueAt of their lowest parked delivery,
+ * handler, key) order, oldest first, UNPARK_KEYS_MAX per claim, resuming
+ * after the last key the previous claim looked at and starting over at the
+ * end: every parked key is looked at within ceil(parked keys /
+ * UNPARK_KEYS_MAX) claims.  Two aggregations answered from the parked and
+ * ordering indexes (one probe per key) and one update.  Best effort: a
+ * failure is logged and the claim goes on. */
 static void
 unpark (claim_t *c)
 {
-   bson_t m1 = BSON_INITIALIZER, m2 = BSON_INITIALIZER, upd_q = BSON_INITIALIZER, or_arr;
+   store_t *s = c->s;
+   bson_t m1 = BSON_INITIALIZER, m2 = BSON_INITIALIZER, upd_q = BSON_INITIALIZER, or_arr, ex;
+   bson_t *tail;
    hk_seq_t *parked = NULL, *pending = NULL;
    size_t n_parked = 0, n_pending = 0;
    uint32_t n_or = 0;
@@ -288,15 +340,100 @@ unpark (claim_t *c)
 
    append_handlers_in (c, &m1, false);
    BSON_APPEND_UTF8 (&m1, "lane", "parked");
-   if (!min_seq_by_key (c, &m1, &parked, &n_parked, &err)) {
+   if (s->unpark_h && s->unpark_k)
+      tail = BCON_NEW ("0",
+                       "{",
+                       "$sort",
+                       "{",
+                       "due",
+                       BCON_INT32 (1),
+                       "_id.h",
+                       BCON_INT32 (1),
+                       "_id.k",
+                       BCON_INT32 (1),
+                       "}",
+                       "}",
+                       "1",
+                       "{",
+                       "$match",
+                       "{",
+                       "$or",
+                       "[",
+                       "{",
+                       "due",
+                       "{",
+                       "$gt",
+                       BCON_DATE_TIME (s->unpark_due),
+                       "}",
+                       "}",
+                       "{",
+                       "due",
+                       BCON_DATE_TIME (s->unpark_due),
+                       "_id.h",
+                       "{",
+                       "$gt",
+                       BCON_UTF8 (s->unpark_h),
+                       "}",
+                       "}",
+                       "{",
+                       "due",
+                       BCON_DATE_TIME (s->unpark_due),
+                       "_id.h",
+                       BCON_UTF8 (s->unpark_h),
+                       "_id.k",
+                       "{",
+                       "$gt",
+                       BCON_UTF8 (s->unpark_k),
+                       "}",
+                       "}",
+                       "]",
+                       "}",
+                       "}",
+                       "2",
+                       "{",
+                       "$limit",
+                       BCON_INT32 (UNPARK_KEYS_MAX),
+                       "}");
+   else
+      tail = BCON_NEW ("0",
+                       "{",
+                       "$sort",
+                       "{",
+                       "due",
+                       BCON_INT32 (1),
+                       "_id.h",
+                       BCON_INT32 (1),
+                       "_id.k",
+                       BCON_INT32 (1),
+                       "}",
+                       "}",
+                       "1",
+                       "{",
+                       "$limit",
+                       BCON_INT32 (UNPARK_KEYS_MAX),
+                       "}");
+   if (!min_seq_by_key (c, &m1, tail, &parked, &n_parked, &err)) {
       log_warn ("store: unparking: %s", err.message);
       goto done;
+   }
+   /* Where the next claim goes on: after the last key looked at, or from
+    * the start once the window reached the end. */
+   bson_free (s->unpark_h);
+   bson_free (s->unpark_k);
+   s->unpark_h = s->unpark_k = NULL;
+   if (n_parked == UNPARK_KEYS_MAX) {
+      s->unpark_due = parked[n_parked - 1].due;
+      s->unpark_h = bson_strdup (parked[n_parked - 1].handler);
+      s->unpark_k = bson_strdup (parked[n_parked - 1].key);
    }
    if (n_parked == 0)
       goto done;
    BSON_APPEND_UTF8 (&m2, "status", "pending");
+   BSON_APPEND_DOCUMENT_BEGIN (&m2, "sequence", &ex);
+   BSON_APPEND_BOOL (&ex, "$exists", true);
+   bson_append_document_end (&m2, &ex);
    append_hk_or (&m2, parked, n_parked);
-   if (!min_seq_by_key (c, &m2, &pending, &n_pending, &err)) {
+   if (!min_seq_by_key (c, &m2, NULL, &pending, &n_pending, &err)) {
       log_warn ("store: unparking: %s", err.message);
       goto done;
    }
@@ -332,6 +469,7 @@ unpark (claim_t *c)
 done:
    hk_free (parked, n_parked);
    hk_free (pending, n_pending);
+   bson_destroy (tail);
    bson_destroy (&m1);
    bson_destroy (&m2);
    bson_destroy (&upd_q);
@@ -339,71 +477,156 @@ done:
 
 /* ------------------------------------------------------------- charging */
 
-/* Charges one attempt to every delivery of `lost` that the claim of epoch
- * `lost_epoch` (or an older one) left behind, moving its claim generation
- * on; `lostAt` makes a second charge of the same list a no-op.  Then clears
- * the list on the lane (still under `epoch`). */
-static bool
-charge_lost (claim_t *c, uint32_t lane, int64_t epoch, int64_t lost_epoch, const store_oids_t *lost, bson_error_t *error)
-{
-   bson_t q = BSON_INITIALIZER, or_arr, a, b, sub;
-   bson_t *upd, *lq, *lu;
-   bson_error_t err;
-   bool ok;
+/* A lane's `lost` list with, for each id, the lane epoch of the claim that
+ * was lost (`lostEpochs`, parallel to `lost`).  A lane written before
+ * lostEpochs existed has none: its lost claims count as lost under the
+ * epoch before the current one, as they were charged then. */
+typedef struct {
+   store_oids_t ids;
+   int64_t *epochs;
+   size_t cap;
+} lost_list_t;
 
-   if (lost->n == 0)
+static void
+lost_push (lost_list_t *l, const bson_oid_t *id, int64_t epoch)
+{
+   store_oids_push (&l->ids, id);
+   if (l->ids.n > l->cap) {
+      l->cap = l->ids.cap > l->ids.n ? l->ids.cap : l->ids.n;
+      l->epochs = bson_realloc (l->epochs, l->cap * sizeof *l->epochs);
+   }
+   l->epochs[l->ids.n - 1] = epoch;
+}
+
+static void
+lost_free (lost_list_t *l)
+{
+   store_oids_free (&l->ids);
+   bson_free (l->epochs);
+   memset (l, 0, sizeof *l);
+}
+
+/* Reads `lost` and `lostEpochs` of a lane document. */
+static void
+lost_from_lane (lost_list_t *l, const bson_t *doc, int64_t legacy_epoch)
+{
+   store_oids_t ids = {0};
+   int64_t *epochs = NULL;
+   size_t n_epochs = 0;
+   bson_iter_t it, child;
+
+   store_oids_from_array (&ids, doc, "lost");
+   if (ids.n > 0 && bson_iter_init_find (&it, doc, "lostEpochs") && BSON_ITER_HOLDS_ARRAY (&it) &&
+       bson_iter_recurse (&it, &child)) {
+      epochs = bson_malloc0 (ids.n * sizeof *epochs);
+      while (bson_iter_next (&child) && n_epochs < ids.n)
+         if (BSON_ITER_HOLDS_NUMBER (&child))
+            epochs[n_epochs++] = bson_iter_as_int64 (&child);
+   }
+   for (size_t i = 0; i < ids.n; i++)
+      lost_push (l, &ids.v[i], n_epochs == ids.n ? epochs[i] : legacy_epoch);
+   bson_free (epochs);
+   store_oids_free (&ids);
+}
+
+/* Appends `lost: [...]` and `lostEpochs: [...]` to doc. */
+static void
+lost_append (bson_t *doc, const lost_list_t *l)
+{
+   bson_t arr;
+   char buf[16];
+   const char *key;
+
+   store_append_oids_array (doc, "lost", l->ids.v, l->ids.n);
+   BSON_APPEND_ARRAY_BEGIN (doc, "lostEpochs", &arr);
+   for (size_t i = 0; i < l->ids.n; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_INT64 (&arr, key, l->epochs[i]);
+   }
+   bson_append_array_end (doc, &arr);
+}
+
+/* Charges one attempt to every delivery of `lost` for the claim of the
+ * epoch recorded with it, moving its claim generation on.  A delivery is
+ * charged for epoch E only while its `lostAt` is below E, and `lostAt`
+ * becomes E: charging the same list again (the previous taker died before
+ * clearing it), or a delayed charge of an older lost claim, charges
+ * nothing twice.  The epochs are charged in ascending order, one update
+ * each (a list holds one or two).  Then the list is cleared on the lane
+ * (still under `epoch`, and only if it is still the list charged). */
+static bool
+charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const lost_list_t *lost, bson_error_t *error)
+{
+   bson_t *lq, *lu;
+   bson_error_t err;
+   int64_t done_upto = INT64_MIN;
+   bool ok = true;
+
+   if (lost->ids.n == 0)
       return true;
-   store_append_oids_op (&q, "_id", "$in", lost->v, lost->n);
-   BSON_APPEND_UTF8 (&q, "status", "pending");
-   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
-   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
-   BSON_APPEND_DOCUMENT_BEGIN (&a, "lostAt", &sub);
-   BSON_APPEND_BOOL (&sub, "$exists", false);
-   bson_append_document_end (&a, &sub);
-   bson_append_document_end (&or_arr, &a);
-   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
-   BSON_APPEND_DOCUMENT_BEGIN (&b, "lostAt", &sub);
-   BSON_APPEND_INT64 (&sub, "$lt", lost_epoch);
-   bson_append_document_end (&b, &sub);
-   bson_append_document_end (&or_arr, &b);
-   bson_append_array_end (&q, &or_arr);
-   upd = BCON_NEW ("$inc",
-                   "{",
-                   "attempts",
-                   BCON_INT32 (1),
-                   "claims",
-                   BCON_INT32 (1),
-                   "}",
-                   "$set",
-                   "{",
-                   "lostAt",
-                   BCON_INT64 (lost_epoch),
-                   "updatedAt",
-                   BCON_DATE_TIME (c->o->now),
-                   "}");
-   {
-      bson_t *opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
-      bson_t reply;
+   for (;;) {
+      int64_t e = INT64_MAX;
+      bson_t q = BSON_INITIALIZER, or_arr, a, b, sub, reply;
+      store_oids_t group = {0};
+      bson_t *upd, *opts;
+
+      for (size_t i = 0; i < lost->ids.n; i++)
+         if (lost->epochs[i] > done_upto && lost->epochs[i] < e)
+            e = lost->epochs[i];
+      if (e == INT64_MAX)
+         break;
+      done_upto = e;
+      for (size_t i = 0; i < lost->ids.n; i++)
+         if (lost->epochs[i] == e && !store_oids_has (&group, &lost->ids.v[i]))
+            store_oids_push (&group, &lost->ids.v[i]);
+      store_append_oids_op (&q, "_id", "$in", group.v, group.n);
+      BSON_APPEND_UTF8 (&q, "status", "pending");
+      BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+      BSON_APPEND_DOCUMENT_BEGIN (&a, "lostAt", &sub);
+      BSON_APPEND_BOOL (&sub, "$exists", false);
+      bson_append_document_end (&a, &sub);
+      bson_append_document_end (&or_arr, &a);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+      BSON_APPEND_DOCUMENT_BEGIN (&b, "lostAt", &sub);
+      BSON_APPEND_INT64 (&sub, "$lt", e);
+      bson_append_document_end (&b, &sub);
+      bson_append_document_end (&or_arr, &b);
+      bson_append_array_end (&q, &or_arr);
+      upd = BCON_NEW ("$inc",
+                      "{",
+                      "attempts",
+                      BCON_INT32 (1),
+                      "claims",
+                      BCON_INT32 (1),
+                      "}",
+                      "$set",
+                      "{",
+                      "lostAt",
+                      BCON_INT64 (e),
+                      "updatedAt",
+                      BCON_DATE_TIME (c->o->now),
+                      "}");
+      opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
       ok = mongoc_collection_update_many (c->deliveries, &q, upd, opts, &reply, &err);
       if (ok && store_iter_int64 (&reply, "modifiedCount") > 0)
          log_info ("store: lane %u: charged %" PRId64 " lost attempt(s) of epoch %" PRId64,
                    lane,
                    store_iter_int64 (&reply, "modifiedCount"),
-                   lost_epoch);
+                   e);
       bson_destroy (&reply);
       bson_destroy (opts);
-   }
-   bson_destroy (upd);
-   bson_destroy (&q);
-   if (!ok) {
-      store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
-      return false;
+      bson_destroy (upd);
+      bson_destroy (&q);
+      store_oids_free (&group);
+      if (!ok) {
+         store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+         return false;
+      }
    }
    lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane), "epoch", BCON_INT64 (epoch));
-   lu = bson_new ();
-   BSON_APPEND_DOCUMENT_BEGIN (lu, "$pullAll", &sub);
-   store_append_oids_array (&sub, "lost", lost->v, lost->n);
-   bson_append_document_end (lu, &sub);
+   store_append_oids_array (lq, "lost", lost->ids.v, lost->ids.n);
+   lu = BCON_NEW ("$set", "{", "lost", "[", "]", "lostEpochs", "[", "]", "}");
    ok = mongoc_collection_update_one (c->lanes_coll, lq, lu, NULL, NULL, &err);
    bson_destroy (lq);
    bson_destroy (lu);
@@ -463,7 +686,7 @@ load_held (claim_t *c, bson_error_t *error)
       int64_t epoch = store_iter_int64 (doc, "epoch");
       const char *owner = store_iter_utf8 (doc, "owner");
       claim_lane_t *l;
-      store_oids_t lost = {0};
+      lost_list_t lost = {0};
 
       if (lane >= OUTBOX_LANES)
          continue;
@@ -477,14 +700,14 @@ load_held (claim_t *c, bson_error_t *error)
       }
       l = add_lane (c, lane, epoch);
       store_oids_from_array (&l->inflight, doc, "inFlight");
-      store_oids_from_array (&lost, doc, "lost");
-      if (lost.n > 0 && !charge_lost (c, lane, epoch, epoch - 1, &lost, &err)) {
+      lost_from_lane (&lost, doc, epoch - 1);
+      if (lost.ids.n > 0 && !charge_lost (c, lane, epoch, &lost, &err)) {
          /* Typically a dead worker's open transaction still locks one of
           * the deliveries: leave the lane alone until a later claim. */
          log_warn ("store: %s; the lane waits for a later claim", err.message);
          l->skip = true;
       }
-      store_oids_free (&lost);
+      lost_free (&lost);
       for (size_t i = 0; i < l->inflight.n; i++)
          store_oids_push (&all, &l->inflight.v[i]);
    }
@@ -499,21 +722,51 @@ load_held (claim_t *c, bson_error_t *error)
       return ok;
    }
 
-   /* Which of the listed deliveries still exist, and which keys run. */
+   /* Which of the listed deliveries still exist, which of them this
+    * instance still runs (it handed out their current claim, and that
+    * claim's own lease was handed out or renewed less than a lease ago),
+    * and which keys run.  A listed delivery this instance no longer runs
+    * (its worker could not settle it and stopped renewing it) is
+    * abandoned: its claim generation moves on here, before the lane stops
+    * listing it in the record, so the old lease never matches again and
+    * the delivery is runnable at once, also with a single proxy. */
    {
       bson_t fq = BSON_INITIALIZER;
-      bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "laneId", BCON_INT32 (1), "}");
-      store_oids_t found = {0};
+      bson_t *opts = BCON_NEW ("projection",
+                               "{",
+                               "handler",
+                               BCON_INT32 (1),
+                               "key",
+                               BCON_INT32 (1),
+                               "laneId",
+                               BCON_INT32 (1),
+                               "claims",
+                               BCON_INT32 (1),
+                               "}");
+      store_oids_t found = {0}, abandoned = {0};
+      int32_t *found_claims = NULL;
+      char **found_h = NULL, **found_k = NULL;
+      size_t cap_found = 0;
+      bson_t aq = BSON_INITIALIZER, or_arr;
+      uint32_t n_or = 0;
 
       store_append_oids_op (&fq, "_id", "$in", all.v, all.n);
       cur = mongoc_collection_find_with_opts (c->deliveries, &fq, opts, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          bson_iter_t it;
          const char *h = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
-         if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_OID (&it))
-            store_oids_push (&found, bson_iter_oid (&it));
-         if (h && key)
-            key_get (c, h, key)->running = true;
+         if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+            continue;
+         store_oids_push (&found, bson_iter_oid (&it));
+         if (found.n > cap_found) {
+            cap_found = found.cap;
+            found_claims = bson_realloc (found_claims, cap_found * sizeof *found_claims);
+            found_h = bson_realloc (found_h, cap_found * sizeof *found_h);
+            found_k = bson_realloc (found_k, cap_found * sizeof *found_k);
+         }
+         found_claims[found.n - 1] = (int32_t) store_iter_int64 (doc, "claims");
+         found_h[found.n - 1] = h && key ? bson_strdup (h) : NULL;
+         found_k[found.n - 1] = h && key ? bson_strdup (key) : NULL;
       }
       if (mongoc_cursor_error (cur, &err)) {
          store_set_error (error, STORE_ERROR_SERVER, "reading in-flight deliveries: %s", err.message);
@@ -522,19 +775,71 @@ load_held (claim_t *c, bson_error_t *error)
       mongoc_cursor_destroy (cur);
       bson_destroy (&fq);
       bson_destroy (opts);
+      BSON_APPEND_ARRAY_BEGIN (&aq, "$or", &or_arr);
+      pthread_mutex_lock (&s->mu);
       for (size_t i = 0; ok && i < c->n_lanes; i++) {
          claim_lane_t *l = &c->lanes[i];
          store_oids_t still = {0};
          for (size_t j = 0; j < l->inflight.n; j++) {
-            if (store_oids_has (&found, &l->inflight.v[j]))
-               store_oids_push (&still, &l->inflight.v[j]);
-            else
+            size_t f;
+            const store_issued_t *is;
+            for (f = 0; f < found.n; f++)
+               if (bson_oid_equal (&found.v[f], &l->inflight.v[j]))
+                  break;
+            if (f == found.n) {
                store_oids_push (&l->gone, &l->inflight.v[j]);
+               continue;
+            }
+            is = store_issued_find (s, &l->inflight.v[j]);
+            if (is && is->lane == l->lane && is->epoch == l->epoch && is->claims == found_claims[f] &&
+                is->expires > c->o->now) {
+               store_oids_push (&still, &l->inflight.v[j]);
+               if (found_h[f])
+                  key_get (c, found_h[f], found_k[f])->running = true;
+            } else {
+               char buf[16];
+               const char *ok_key;
+               bson_t one;
+               bson_uint32_to_string (n_or++, &ok_key, buf, sizeof buf);
+               BSON_APPEND_DOCUMENT_BEGIN (&or_arr, ok_key, &one);
+               BSON_APPEND_OID (&one, "_id", &l->inflight.v[j]);
+               store_append_claims_match (&one, found_claims[f]);
+               bson_append_document_end (&or_arr, &one);
+               store_oids_push (&abandoned, &l->inflight.v[j]);
+               store_oids_push (&l->gone, &l->inflight.v[j]);
+            }
          }
          store_oids_free (&l->inflight);
          l->inflight = still;
       }
+      pthread_mutex_unlock (&s->mu);
+      bson_append_array_end (&aq, &or_arr);
+      if (ok && abandoned.n > 0) {
+         bson_t *au = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}", "$set", "{", "updatedAt", BCON_DATE_TIME (c->o->now), "}");
+         if (!mongoc_collection_update_many (c->deliveries, &aq, au, NULL, NULL, &err)) {
+            store_set_error (error, STORE_ERROR_SERVER, "reconciling abandoned claims: %s", err.message);
+            ok = false;
+         } else {
+            log_warn ("store: %zu listed delivery(ies) no longer run here (not settled, not renewed for a lease): "
+                      "made runnable again",
+                      abandoned.n);
+            pthread_mutex_lock (&s->mu);
+            for (size_t j = 0; j < abandoned.n; j++)
+               store_issued_remove (s, &abandoned.v[j]);
+            pthread_mutex_unlock (&s->mu);
+         }
+         bson_destroy (au);
+      }
+      for (size_t f = 0; f < found.n; f++) {
+         bson_free (found_h[f]);
+         bson_free (found_k[f]);
+      }
+      bson_free (found_h);
+      bson_free (found_k);
+      bson_free (found_claims);
+      bson_destroy (&aq);
       store_oids_free (&found);
+      store_oids_free (&abandoned);
    }
    store_oids_free (&all);
    return ok;
@@ -560,9 +865,16 @@ keys_min_seq (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
       pairs[i].key = ks[i]->key;
    }
    BSON_APPEND_UTF8 (&match, "status", "pending");
+   {
+      bson_t ex;
+      /* The ordering index's partial filter: keyed pending deliveries. */
+      BSON_APPEND_DOCUMENT_BEGIN (&match, "sequence", &ex);
+      BSON_APPEND_BOOL (&ex, "$exists", true);
+      bson_append_document_end (&match, &ex);
+   }
    append_hk_or (&match, pairs, n);
    bson_free (pairs);
-   ok = min_seq_by_key (c, &match, &found, &n_found, error);
+   ok = min_seq_by_key (c, &match, NULL, &found, &n_found, error);
    for (size_t i = 0; ok && i < n; i++) {
       ks[i]->min_known = true;
       ks[i]->min_seq = INT64_MAX;
@@ -719,8 +1031,15 @@ scan (claim_t *c, size_t from, bson_error_t *error)
       store_set_error (error, STORE_ERROR_SERVER, "reading due deliveries: %s", err.message);
       ok = false;
    }
-   if (scanned >= SCAN_CAP)
-      log_debug ("store: claim scan stopped at %d deliveries", SCAN_CAP);
+   if (scanned >= SCAN_CAP) {
+      /* Due work may wait behind what the cap read: the deliveries found
+       * blocked (however few per key) are parked after recording, so the
+       * next scan reads past them.  Unparking brings each key's head back
+       * once its predecessor finished. */
+      log_debug ("store: claim scan stopped at %d deliveries; parking what it found blocked", SCAN_CAP);
+      for (size_t i = from; i < c->n_lanes; i++)
+         c->lanes[i].capped = true;
+   }
    mongoc_cursor_destroy (cur);
    bson_destroy (opts);
    bson_destroy (&q);
@@ -737,107 +1056,132 @@ typedef struct {
 } free_lane_t;
 
 /* Free lanes (no owner, or an expired lease) with due deliveries of the
- * handlers, the lane with the oldest due delivery first. */
+ * handlers, the lane with the oldest due delivery first, appended to
+ * out[*n_out...] (lanes already there are left out).  The lanes are found
+ * with bounded probes of the claim index: per group of at most
+ * STORE_MAX_LANES_PER_QUERY candidate lanes, the FREE_PROBE oldest due
+ * deliveries in (dueAt, _id) order (a merge of one index scan per lane),
+ * of which only laneId is read.  The lanes appear in the order of their
+ * oldest due delivery, and the cost is the same with a thousand or a
+ * million due deliveries.  *more: a probe came back full, so lanes with
+ * younger due work may be left (the caller probes again if it needs
+ * them). */
 static bool
-find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bson_error_t *error)
+find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_error_t *error)
 {
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
    bson_t *lane_docs[OUTBOX_LANES] = {0};
-   bool want[OUTBOX_LANES];
-   bson_t match = BSON_INITIALIZER, sub, *pipeline = NULL;
-   uint32_t k;
+   int64_t oldest[OUTBOX_LANES];
+   bool candidate[OUTBOX_LANES] = {0};
    bool ok = true;
+   size_t first = *n_out;
+   int next = 0;
 
-   *n_out = 0;
+   *more = false;
    cur = mongoc_collection_find_with_opts (c->lanes_coll, &(bson_t) BSON_INITIALIZER, NULL, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       int64_t lane = store_iter_int64 (doc, "_id");
       const char *owner = store_iter_utf8 (doc, "owner");
       bool mine = false;
 
-      if (lane < 0 || lane >= OUTBOX_LANES)
+      if (lane < 0 || lane >= OUTBOX_LANES || lane_docs[lane])
          continue;
-      for (size_t i = 0; i < c->n_lanes; i++)
-         if (c->lanes[i].lane == (uint32_t) lane)
-            mine = true;
+      for (size_t i = 0; i < c->n_lanes && !mine; i++)
+         mine = c->lanes[i].lane == (uint32_t) lane;
+      for (size_t i = 0; i < *n_out && !mine; i++)
+         mine = out[i].lane == (uint32_t) lane;
       if (mine)
          continue;
       if (owner && store_iter_date (doc, "leaseExpiresAt") > c->o->now)
          continue;
       lane_docs[lane] = bson_copy (doc);
+      oldest[lane] = INT64_MAX;
    }
    if (mongoc_cursor_error (cur, &err)) {
       store_set_error (error, STORE_ERROR_SERVER, "reading lanes: %s", err.message);
       ok = false;
    }
    mongoc_cursor_destroy (cur);
-   if (!ok)
-      goto done;
 
-   BSON_APPEND_UTF8 (&match, "lane", "ready");
-   BSON_APPEND_DOCUMENT_BEGIN (&match, "dueAt", &sub);
-   BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
-   bson_append_document_end (&match, &sub);
-   append_handlers_in (c, &match, true);
-   for (int i = 0; i < OUTBOX_LANES; i++)
-      want[i] = lane_docs[i] != NULL;
-   k = store_append_lanes_in (&match, "laneId", want);
-   if (k == 0)
-      goto done;
-   pipeline = BCON_NEW ("pipeline",
-                        "[",
-                        "{",
-                        "$match",
-                        BCON_DOCUMENT (&match),
-                        "}",
-                        "{",
-                        "$group",
-                        "{",
-                        "_id",
-                        BCON_UTF8 ("$laneId"),
-                        "oldest",
-                        "{",
-                        "$min",
-                        BCON_UTF8 ("$dueAt"),
-                        "}",
-                        "}",
-                        "}",
-                        "{",
-                        "$sort",
-                        "{",
-                        "oldest",
-                        BCON_INT32 (1),
-                        "_id",
-                        BCON_INT32 (1),
-                        "}",
-                        "}",
-                        "]");
-   cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
-   while (mongoc_cursor_next (cur, &doc)) {
-      int64_t lane = store_iter_int64 (doc, "_id");
-      if (lane < 0 || lane >= OUTBOX_LANES || !lane_docs[lane])
-         continue;
-      out[*n_out].lane = (uint32_t) lane;
-      out[*n_out].epoch = store_iter_int64 (lane_docs[lane], "epoch");
-      out[*n_out].doc = lane_docs[lane];
-      lane_docs[lane] = NULL;
+   while (ok && next < OUTBOX_LANES) {
+      bson_t q = BSON_INITIALIZER, sub;
+      bson_t *opts;
+      bool want[OUTBOX_LANES] = {0};
+      uint32_t k = 0;
+      int64_t n_read = 0;
+
+      for (; next < OUTBOX_LANES && k < STORE_MAX_LANES_PER_QUERY; next++)
+         if (lane_docs[next]) {
+            want[next] = true;
+            k++;
+         }
+      if (k == 0) {
+         bson_destroy (&q);
+         break;
+      }
+      store_append_lanes_in (&q, "laneId", want);
+      BSON_APPEND_UTF8 (&q, "lane", "ready");
+      BSON_APPEND_DOCUMENT_BEGIN (&q, "dueAt", &sub);
+      BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
+      bson_append_document_end (&q, &sub);
+      append_handlers_in (c, &q, true);
+      opts = BCON_NEW ("sort",
+                       "{",
+                       "dueAt",
+                       BCON_INT32 (1),
+                       "_id",
+                       BCON_INT32 (1),
+                       "}",
+                       "limit",
+                       BCON_INT64 (FREE_PROBE),
+                       "projection",
+                       "{",
+                       "laneId",
+                       BCON_INT32 (1),
+                       "dueAt",
+                       BCON_INT32 (1),
+                       "}");
+      cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
+      while (mongoc_cursor_next (cur, &doc)) {
+         int64_t lane = store_iter_int64 (doc, "laneId");
+         n_read++;
+         if (lane >= 0 && lane < OUTBOX_LANES && lane_docs[lane] && !candidate[lane]) {
+            candidate[lane] = true;
+            oldest[lane] = store_iter_date (doc, "dueAt");
+         }
+      }
+      if (mongoc_cursor_error (cur, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "finding lanes with due deliveries: %s", err.message);
+         ok = false;
+      }
+      mongoc_cursor_destroy (cur);
+      bson_destroy (opts);
+      bson_destroy (&q);
+      if (n_read >= FREE_PROBE)
+         *more = true;
+   }
+   /* The lanes found, oldest due delivery first (ties by lane id). */
+   for (;;) {
+      int best = -1;
+      for (int i = 0; i < OUTBOX_LANES; i++)
+         if (candidate[i] && (best < 0 || oldest[i] < oldest[best]))
+            best = i;
+      if (best < 0 || !ok)
+         break;
+      candidate[best] = false;
+      out[*n_out].lane = (uint32_t) best;
+      out[*n_out].epoch = store_iter_int64 (lane_docs[best], "epoch");
+      out[*n_out].doc = lane_docs[best];
+      lane_docs[best] = NULL;
       (*n_out)++;
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "finding lanes with due deliveries: %s", err.message);
-      ok = false;
-   }
-   mongoc_cursor_destroy (cur);
-
-done:
+   if (*n_out == first)
+      *more = false;
    for (int i = 0; i < OUTBOX_LANES; i++)
       if (lane_docs[i])
          bson_destroy (lane_docs[i]);
-   if (pipeline)
-      bson_destroy (pipeline);
-   bson_destroy (&match);
    return ok;
 }
 
@@ -849,7 +1193,8 @@ done:
 static bool
 take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
 {
-   store_oids_t inflight = {0}, lost = {0}, all_lost = {0};
+   store_oids_t inflight = {0}, lost = {0};
+   lost_list_t all_lost = {0};
    bson_t q = BSON_INITIALIZER, or_arr, a, b, sub, upd = BSON_INITIALIZER, reply;
    mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
    bson_error_t err;
@@ -859,10 +1204,13 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    *taken = false;
    store_oids_from_array (&inflight, f->doc, "inFlight");
    store_oids_from_array (&lost, f->doc, "lost");
-   for (size_t i = 0; i < lost.n; i++)
-      store_oids_push (&all_lost, &lost.v[i]);
+   /* The lost list keeps the epoch of each lost claim: what a previous
+    * taker left uncleared keeps its own epoch (it may have been charged
+    * already), the previous owner's in-flight claims were made under the
+    * lane's current epoch. */
+   lost_from_lane (&all_lost, f->doc, f->epoch - 1);
    for (size_t i = 0; i < inflight.n; i++)
-      store_oids_push (&all_lost, &inflight.v[i]);
+      lost_push (&all_lost, &inflight.v[i], f->epoch);
 
    BSON_APPEND_INT32 (&q, "_id", (int32_t) f->lane);
    BSON_APPEND_INT64 (&q, "epoch", f->epoch);
@@ -886,7 +1234,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    BSON_APPEND_UTF8 (&sub, "owner", c->s->owner);
    BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
    store_append_oids_array (&sub, "inFlight", NULL, 0);
-   store_append_oids_array (&sub, "lost", all_lost.v, all_lost.n);
+   lost_append (&sub, &all_lost);
    bson_append_document_end (&upd, &sub);
 
    mongoc_find_and_modify_opts_set_update (fam, &upd);
@@ -919,7 +1267,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
                    f->lane,
                    epoch,
                    inflight.n);
-      if (!charge_lost (c, f->lane, epoch, epoch - 1, &all_lost, &err)) {
+      if (!charge_lost (c, f->lane, epoch, &all_lost, &err)) {
          log_warn ("store: %s; the lane waits for a later claim", err.message);
          l->skip = true;
       }
@@ -930,7 +1278,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    bson_destroy (&upd);
    store_oids_free (&inflight);
    store_oids_free (&lost);
-   store_oids_free (&all_lost);
+   lost_free (&all_lost);
    return ok;
 }
 
@@ -1027,13 +1375,21 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
          expected++;
       }
       if (ok && l->gone.n > 0 && !hand_back[i]) {
-         bson_t pull = BSON_INITIALIZER;
-         BSON_APPEND_DOCUMENT_BEGIN (&pull, "$pullAll", &sub);
-         store_append_oids_array (&sub, "inFlight", l->gone.v, l->gone.n);
-         bson_append_document_end (&pull, &sub);
-         ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &pull, NULL, &err);
-         bson_destroy (&pull);
-         expected++;
+         /* An abandoned claim picked again in this claim stays listed. */
+         store_oids_t pull_ids = {0};
+         for (size_t j = 0; j < l->gone.n; j++)
+            if (!store_oids_has (&l->picks, &l->gone.v[j]))
+               store_oids_push (&pull_ids, &l->gone.v[j]);
+         if (pull_ids.n > 0) {
+            bson_t pull = BSON_INITIALIZER;
+            BSON_APPEND_DOCUMENT_BEGIN (&pull, "$pullAll", &sub);
+            store_append_oids_array (&sub, "inFlight", pull_ids.v, pull_ids.n);
+            bson_append_document_end (&pull, &sub);
+            ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &pull, NULL, &err);
+            bson_destroy (&pull);
+            expected++;
+         }
+         store_oids_free (&pull_ids);
       }
       bson_destroy (&sel);
       bson_destroy (&upd);
@@ -1063,8 +1419,9 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
    return ok;
 }
 
-/* Parks the waiting deliveries: keys with STORE_PARK_THRESHOLD or more, and
- * every waiting delivery of a lane handed back.  Best effort. */
+/* Parks the waiting deliveries: keys with STORE_PARK_THRESHOLD or more,
+ * every waiting delivery of a lane handed back, and every waiting delivery
+ * a scan stopped by SCAN_CAP found.  Best effort. */
 static void
 park (claim_t *c, const bool *hand_back)
 {
@@ -1079,7 +1436,7 @@ park (claim_t *c, const bool *hand_back)
             for (size_t j = 0; j < k->blocked.n; j++)
                store_oids_push (&ids, &k->blocked.v[j]);
    for (size_t i = 0; i < c->n_lanes; i++)
-      if (hand_back[i])
+      if (hand_back[i] || c->lanes[i].capped)
          for (size_t j = 0; j < c->lanes[i].blocked.n; j++)
             if (!store_oids_has (&ids, &c->lanes[i].blocked.v[j]))
                store_oids_push (&ids, &c->lanes[i].blocked.v[j]);
@@ -1189,10 +1546,21 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
 
    /* 2. free lanes with due work, 4, 8, 16... per round */
    if (out->n < o->limit && handlers_have_room (c)) {
+      bool more = false;
+      int probes = 1;
       free_lanes = bson_malloc0 (OUTBOX_LANES * sizeof *free_lanes);
-      if (!find_free_lanes (c, free_lanes, &n_free, error))
+      if (!find_free_lanes (c, free_lanes, &n_free, &more, error))
          goto done;
-      while (out->n < o->limit && handlers_have_room (c) && next_free < n_free) {
+      for (;;) {
+         if (next_free == n_free && more && probes < FREE_PROBES_MAX && out->n < o->limit && handlers_have_room (c)) {
+            /* The lanes found are used up and a probe came back full:
+             * look again, past the lanes already found. */
+            probes++;
+            if (!find_free_lanes (c, free_lanes, &n_free, &more, error))
+               goto done;
+         }
+         if (!(out->n < o->limit && handlers_have_room (c) && next_free < n_free))
+            break;
          size_t first = c->n_lanes;
          for (size_t taken_round = 0; taken_round < round && next_free < n_free &&
                                       c->n_lanes - first < STORE_MAX_LANES_PER_QUERY;
@@ -1234,7 +1602,7 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    for (size_t i = 0; i < out->n; i++) {
       outbox_lease_t lease;
       if (outbox_lease_parse (out->items[i].lease, &lease))
-         store_issued_add (s, &out->items[i].id, lease.lane_id, lease.epoch, lease.claims);
+         store_issued_add (s, &out->items[i].id, lease.lane_id, lease.epoch, lease.claims, o->now + o->lease_ms);
    }
    pthread_mutex_unlock (&s->mu);
    park (c, hand_back);

@@ -434,6 +434,7 @@ settle (store_t *s, settle_t *t, bool *applied, bson_error_t *error)
       store_lane_state_t *st = &s->lanes[t->lease.lane_id];
       if (st->held && st->epoch == t->lease.epoch && st->expires < t->now + t->lease_ms)
          st->expires = t->now + t->lease_ms;
+      store_issued_renew (s, &t->ref->id, t->lease.lane_id, t->lease.epoch, t->lease.claims, t->now + t->lease_ms);
    } else if (ok && t->kind != SETTLE_EXTEND) {
       store_issued_remove (s, &t->ref->id);
    }
@@ -480,6 +481,164 @@ store_extend_lease (store_t *s,
    return settle (s, &t, applied, error);
 }
 
+/* -------------------------------------------------------- extendLeases */
+
+/* The refs of one lane and epoch, renewed in one transaction. */
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   uint32_t lane;
+   int64_t epoch;
+   const store_ref_t *refs;
+   const outbox_lease_t *leases;
+   const size_t *idx; /* indexes into refs of this group */
+   size_t n;
+   bool *applied; /* per ref (all refs) */
+   int64_t now, lease_ms;
+} renew_t;
+
+static bool
+renew_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   renew_t *r = ctx;
+   mongoc_collection_t *lanes = store_coll (r->s, r->client, OUTBOX_LANES_COLL);
+   mongoc_collection_t *dels = store_coll (r->s, r->client, OUTBOX_DELIVERIES);
+   bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, or_arr;
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lane), "epoch", BCON_INT64 (r->epoch));
+   bson_t *lane_doc = NULL, *lu = NULL;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   size_t n_applied = 0;
+   bool ok = true;
+
+   for (size_t i = 0; i < r->n; i++)
+      r->applied[r->idx[i]] = false;
+   store_session_opts (session, &opts);
+   cur = mongoc_collection_find_with_opts (lanes, lq, &opts, NULL);
+   if (mongoc_cursor_next (cur, &doc))
+      lane_doc = bson_copy (doc);
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (!ok || !lane_doc)
+      goto done;
+   /* The generation check of every ref: a stale lease never extends the
+    * lane of a newer claim, and one stale ref does not keep the others of
+    * the lane from being renewed. */
+   BSON_APPEND_ARRAY_BEGIN (&dq, "$or", &or_arr);
+   for (size_t i = 0; i < r->n; i++) {
+      char buf[16];
+      const char *key;
+      bson_t one;
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
+      BSON_APPEND_OID (&one, "_id", &r->refs[r->idx[i]].id);
+      BSON_APPEND_INT32 (&one, "laneId", (int32_t) r->lane);
+      BSON_APPEND_UTF8 (&one, "status", "pending");
+      store_append_claims_match (&one, r->leases[r->idx[i]].claims);
+      bson_append_document_end (&or_arr, &one);
+   }
+   bson_append_array_end (&dq, &or_arr);
+   cur = mongoc_collection_find_with_opts (dels, &dq, &opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      for (size_t i = 0; i < r->n; i++)
+         if (bson_oid_equal (bson_iter_oid (&it), &r->refs[r->idx[i]].id) &&
+             store_iter_int64 (doc, "claims") == r->leases[r->idx[i]].claims &&
+             store_array_has_oid (lane_doc, "inFlight", &r->refs[r->idx[i]].id) && !r->applied[r->idx[i]]) {
+            r->applied[r->idx[i]] = true;
+            n_applied++;
+         }
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (ok && n_applied > 0) {
+      lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (r->now + r->lease_ms), "}");
+      ok = mongoc_collection_update_one (lanes, lq, lu, &opts, NULL, error);
+   }
+   if (!ok)
+      for (size_t i = 0; i < r->n; i++)
+         r->applied[r->idx[i]] = false;
+
+done:
+   if (lu)
+      bson_destroy (lu);
+   if (lane_doc)
+      bson_destroy (lane_doc);
+   bson_destroy (lq);
+   bson_destroy (&dq);
+   bson_destroy (&opts);
+   mongoc_collection_destroy (lanes);
+   mongoc_collection_destroy (dels);
+   return ok;
+}
+
+bool
+store_extend_leases (store_t *s,
+                     const store_ref_t *refs,
+                     size_t n,
+                     int64_t now,
+                     int64_t lease_ms,
+                     bool *applied,
+                     bson_error_t *error)
+{
+   outbox_lease_t *leases;
+   bool *grouped;
+   size_t *idx;
+   mongoc_client_t *client;
+   bool ok = true;
+
+   for (size_t i = 0; i < n; i++)
+      applied[i] = false;
+   if (n == 0)
+      return true;
+   leases = bson_malloc0 (n * sizeof *leases);
+   grouped = bson_malloc0 (n * sizeof *grouped);
+   idx = bson_malloc0 (n * sizeof *idx);
+   for (size_t i = 0; i < n; i++)
+      grouped[i] = !(refs[i].lease && outbox_lease_parse (refs[i].lease, &leases[i])); /* refused without a call */
+   client = mongoc_client_pool_pop (s->pool);
+   for (size_t i = 0; i < n; i++) {
+      renew_t r = {.s = s, .client = client, .refs = refs, .leases = leases, .idx = idx, .applied = applied, .now = now, .lease_ms = lease_ms};
+      bson_error_t err;
+      if (grouped[i])
+         continue;
+      r.lane = leases[i].lane_id;
+      r.epoch = leases[i].epoch;
+      for (size_t j = i; j < n; j++)
+         if (!grouped[j] && leases[j].lane_id == r.lane && leases[j].epoch == r.epoch) {
+            grouped[j] = true;
+            idx[r.n++] = j;
+         }
+      if (!store_with_txn (s, client, renew_cb, &r, &err)) {
+         /* One lane failing does not keep the others from being renewed. */
+         if (ok && error)
+            *error = err;
+         ok = false;
+         for (size_t j = 0; j < r.n; j++)
+            applied[idx[j]] = false;
+         continue;
+      }
+      pthread_mutex_lock (&s->mu);
+      for (size_t j = 0; j < r.n; j++)
+         if (applied[idx[j]]) {
+            store_lane_state_t *st = &s->lanes[r.lane];
+            if (st->held && st->epoch == r.epoch && st->expires < now + lease_ms)
+               st->expires = now + lease_ms;
+            store_issued_renew (s, &refs[idx[j]].id, r.lane, r.epoch, leases[idx[j]].claims, now + lease_ms);
+         }
+      pthread_mutex_unlock (&s->mu);
+   }
+   mongoc_client_pool_push (s->pool, client);
+   bson_free (leases);
+   bson_free (grouped);
+   bson_free (idx);
+   return ok;
+}
+
 /* ------------------------------------------------------------ relinquish */
 
 bool
@@ -501,49 +660,60 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
    dels = store_coll (s, client, OUTBOX_DELIVERIES);
    for (uint32_t i = 0; i < OUTBOX_LANES; i++) {
       bson_t *q, *u;
-      mongoc_find_and_modify_opts_t *fam;
+      mongoc_cursor_t *cur;
+      const bson_t *doc;
+      store_oids_t ids = {0};
       bson_t reply;
-      bson_iter_t it, val;
       bson_error_t err;
+      bool found = false, step_ok = true;
 
       if (!held[i].held)
          continue;
-      /* Hand the lane back; what it still lists is released below (the
-       * generation moves on, no attempt is charged). */
+      /* Two writes, ordered so that no claim sees a gap: first the claim
+       * generation of every delivery the lane lists moves on (no attempt
+       * charged), while the lane is still ours and nobody else claims
+       * from it; only then is the lane emptied and handed back.  A claim
+       * of another worker after the hand-back therefore always reads the
+       * new generation, and a failure between the two leaves the lane
+       * held, to be taken over (and charged) after its lease.  Claims of
+       * this instance wait on claim_mu meanwhile. */
       q = BCON_NEW ("_id", BCON_INT32 ((int32_t) i), "epoch", BCON_INT64 (held[i].epoch), "owner", BCON_UTF8 (s->owner));
-      u = BCON_NEW ("$set", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]", "}");
-      fam = mongoc_find_and_modify_opts_new ();
-      mongoc_find_and_modify_opts_set_update (fam, u);
-      if (!mongoc_collection_find_and_modify_with_opts (lanes, q, fam, &reply, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "handing back lane %u: %s", i, err.message);
-         ok = false;
-      } else if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
-                 bson_iter_recurse (&it, &val) && bson_iter_find (&val, "inFlight") && BSON_ITER_HOLDS_ARRAY (&val)) {
-         bson_t prev;
-         const uint8_t *data;
-         uint32_t len;
-         store_oids_t ids = {0};
-         bson_iter_document (&it, &len, &data);
-         if (bson_init_static (&prev, data, len))
-            store_oids_from_array (&ids, &prev, "inFlight");
-         if (ids.n > 0) {
-            bson_t dq = BSON_INITIALIZER;
-            bson_t *du = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
-            store_append_oids_op (&dq, "_id", "$in", ids.v, ids.n);
-            if (!mongoc_collection_update_many (dels, &dq, du, NULL, NULL, &err)) {
-               store_set_error (error, STORE_ERROR_SERVER, "releasing lane %u: %s", i, err.message);
-               ok = false;
-            }
-            bson_destroy (&dq);
-            bson_destroy (du);
-         }
-         store_oids_free (&ids);
-         n++;
+      cur = mongoc_collection_find_with_opts (lanes, q, NULL, NULL);
+      if (mongoc_cursor_next (cur, &doc)) {
+         found = true;
+         store_oids_from_array (&ids, doc, "inFlight");
       }
-      bson_destroy (&reply);
-      mongoc_find_and_modify_opts_destroy (fam);
+      if (mongoc_cursor_error (cur, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "handing back lane %u: %s", i, err.message);
+         ok = step_ok = false;
+      }
+      mongoc_cursor_destroy (cur);
+      if (step_ok && found && ids.n > 0) {
+         bson_t dq = BSON_INITIALIZER;
+         bson_t *du = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
+         store_append_oids_op (&dq, "_id", "$in", ids.v, ids.n);
+         if (!mongoc_collection_update_many (dels, &dq, du, NULL, NULL, &err)) {
+            store_set_error (error, STORE_ERROR_SERVER, "releasing lane %u: %s", i, err.message);
+            ok = step_ok = false;
+         }
+         bson_destroy (&dq);
+         bson_destroy (du);
+      }
+      if (step_ok && found) {
+         u = BCON_NEW ("$set", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]", "}");
+         if (!mongoc_collection_update_one (lanes, q, u, NULL, &reply, &err)) {
+            store_set_error (error, STORE_ERROR_SERVER, "handing back lane %u: %s", i, err.message);
+            ok = step_ok = false;
+         } else if (store_iter_int64 (&reply, "matchedCount") == 1) {
+            n++;
+         }
+         bson_destroy (&reply);
+         bson_destroy (u);
+      }
+      store_oids_free (&ids);
       bson_destroy (q);
-      bson_destroy (u);
+      if (!step_ok)
+         continue; /* still held: its lease runs out, or a later call hands it back */
       pthread_mutex_lock (&s->mu);
       s->lanes[i].held = false;
       store_issued_remove_lane (s, i);

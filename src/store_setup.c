@@ -92,6 +92,8 @@ store_destroy (store_t *s)
    pthread_mutex_destroy (&s->mu);
    pthread_mutex_destroy (&s->claim_mu);
    bson_free (s->issued);
+   bson_free (s->unpark_h);
+   bson_free (s->unpark_k);
    bson_free (s->database);
    bson_free (s->owner);
    bson_free (s);
@@ -202,7 +204,7 @@ store_array_has_oid (const bson_t *doc, const char *field, const bson_oid_t *oid
 }
 
 void
-store_issued_add (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims)
+store_issued_add (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires)
 {
    store_issued_t *it = NULL;
 
@@ -222,6 +224,19 @@ store_issued_add (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epoch
    it->lane = lane;
    it->epoch = epoch;
    it->claims = claims;
+   it->expires = expires;
+}
+
+void
+store_issued_renew (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires)
+{
+   for (size_t i = 0; i < s->n_issued; i++)
+      if (bson_oid_equal (&s->issued[i].id, id)) {
+         store_issued_t *it = &s->issued[i];
+         if (it->lane == lane && it->epoch == epoch && it->claims == claims && it->expires < expires)
+            it->expires = expires;
+         return;
+      }
 }
 
 const store_issued_t *
@@ -587,6 +602,11 @@ store_session_opts (mongoc_client_session_t *session, bson_t *opts)
       log_warn ("store: cannot attach a session: %s", err.message);
 }
 
+/* MongoDB's WriteConflict, and how often a transaction runs again after
+ * one. */
+#define STORE_WRITE_CONFLICT 112
+#define STORE_TXN_CONFLICT_RETRIES 8
+
 typedef struct {
    store_txn_cb_t cb;
    void *ctx;
@@ -619,8 +639,18 @@ store_with_txn (store_t *s, mongoc_client_t *client, store_txn_cb_t cb, void *ct
       store_set_error (error, STORE_ERROR_SERVER, "start session: %s", err.message);
       goto done;
    }
-   ok = mongoc_client_session_with_transaction (session, txn_trampoline, topts, &call, &reply, &err);
-   bson_destroy (&reply);
+   /* The callbacks hand no reply back to mongoc, so it cannot see the
+    * TransientTransactionError label of a write conflict: a conflict
+    * (another writer committed one of our documents after our snapshot)
+    * runs the whole callback again here, against the new state. */
+   for (int attempt = 0;; attempt++) {
+      memset (&err, 0, sizeof err);
+      ok = mongoc_client_session_with_transaction (session, txn_trampoline, topts, &call, &reply, &err);
+      bson_destroy (&reply);
+      if (ok || err.code != STORE_WRITE_CONFLICT || attempt >= STORE_TXN_CONFLICT_RETRIES)
+         break;
+      log_debug ("store: write conflict in a transaction; running it again");
+   }
    if (!ok) {
       if (err.domain == STORE_ERROR_DOMAIN && error)
          *error = err;
