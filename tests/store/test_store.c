@@ -6,6 +6,7 @@
  * deliveries itself with mongoc (documents as docs/outbox-schema.md), and
  * drives one or two store instances with an explicit clock.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +24,7 @@
 #include "log.h"
 #include "outbox.h"
 #include "store.h"
+#include "store_views.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."
@@ -1052,6 +1054,454 @@ test_complete_many_with_history_is_one_transaction (void **state)
    store_batch_clear (&b);
 }
 
+/* ------------------------------------------------- faults of the reference */
+
+/* Configures the double's failCommand from JSON (mode and data). */
+static void
+failpoint (fx_t *fx, const char *json)
+{
+   bson_error_t err;
+   bson_t *cmd = bson_new_from_json ((const uint8_t *) json, -1, &err);
+   bson_t reply;
+
+   if (!cmd)
+      fail_msg ("fail point JSON: %s", err.message);
+   if (!mongoc_client_command_simple (fx->client, "admin", cmd, NULL, &reply, &err))
+      fail_msg ("configureFailPoint: %s", err.message);
+   bson_destroy (&reply);
+   bson_destroy (cmd);
+}
+
+static void
+failpoint_off (fx_t *fx)
+{
+   failpoint (fx, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+}
+
+/* An event id of `prefix` whose unkeyed delivery falls in `lane`. */
+static void
+event_in_lane (const char *prefix, uint32_t lane, char *out, size_t len)
+{
+   for (int i = 0; i < 1000000; i++) {
+      snprintf (out, len, "%s-%d", prefix, i);
+      if (outbox_lane_id (NULL, out) == lane)
+         return;
+   }
+   fail_msg ("no event id in lane %u", lane);
+}
+
+/* A delivery document as the publisher writes it (no event: the claim
+ * attaches none), for bulk inserts. */
+static bson_t *
+delivery_doc (const char *event_id, const char *key, int64_t seq, const char *lane, int64_t due)
+{
+   bson_t *d = bson_new ();
+   bson_oid_t id;
+
+   bson_oid_init (&id, NULL);
+   BSON_APPEND_OID (d, "_id", &id);
+   BSON_APPEND_UTF8 (d, "eventId", event_id);
+   BSON_APPEND_UTF8 (d, "handler", "h");
+   BSON_APPEND_UTF8 (d, "eventType", "order.placed.v1");
+   if (key) {
+      BSON_APPEND_UTF8 (d, "key", key);
+      BSON_APPEND_INT64 (d, "sequence", seq);
+   }
+   BSON_APPEND_INT32 (d, "laneId", (int32_t) outbox_lane_id (key, event_id));
+   BSON_APPEND_UTF8 (d, "lane", lane);
+   BSON_APPEND_UTF8 (d, "status", "pending");
+   BSON_APPEND_INT32 (d, "attempts", 0);
+   BSON_APPEND_INT32 (d, "claims", 0);
+   BSON_APPEND_DATE_TIME (d, "dueAt", due);
+   BSON_APPEND_DATE_TIME (d, "createdAt", due);
+   return d;
+}
+
+static void
+insert_docs (fx_t *fx, bson_t **docs, size_t n)
+{
+   mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
+   bson_error_t err;
+
+   for (size_t i = 0; i < n; i += 1000) {
+      size_t m = n - i < 1000 ? n - i : 1000;
+      if (!mongoc_collection_insert_many (del, (const bson_t **) docs + i, m, NULL, NULL, &err))
+         fail_msg ("insert: %s", err.message);
+   }
+   for (size_t i = 0; i < n; i++)
+      bson_destroy (docs[i]);
+   mongoc_collection_destroy (del);
+}
+
+static int32_t
+lease_claims (const char *lease)
+{
+   outbox_lease_t l;
+   assert_true (outbox_lease_parse (lease, &l));
+   return l.claims;
+}
+
+/* H1: a completion flush that fails (a failover: the connection drops)
+ * leaves the delivery listed in its lane's inFlight.  It stays fenced while
+ * its claim's lease runs, and once this instance has neither settled nor
+ * renewed it for a lease, its own next claim takes it back and hands it
+ * out again: with a single proxy, nothing waits for a restart. */
+static void
+test_h1_failed_flush_runnable_within_lease (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, mid = {0}, again = {0};
+   store_ref_t r;
+   bool done = true;
+   bson_error_t err;
+
+   add (fx, "h1-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   r = ref (&b.items[0]);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, "
+              "\"data\": {\"failCommands\": [\"delete\"], \"closeConnection\": true}}");
+   assert_false (store_complete_many (fx->a, &r, 1, T0 + 1, &done, &err));
+   assert_false (done);
+   failpoint_off (fx);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 1);
+
+   /* Within the claim's lease it still counts as running. */
+   claim (fx->a, "h", 1, T0 + LEASE / 2, &mid);
+   assert_int_equal (mid.n, 0);
+   /* One lease later it runs again, under a new claim generation. */
+   claim (fx->a, "h", 1, T0 + LEASE, &again);
+   assert_int_equal (again.n, 1);
+   assert_true (bson_oid_equal (&again.items[0].id, &b.items[0].id));
+   assert_true (lease_claims (again.items[0].lease) > lease_claims (b.items[0].lease));
+   assert_false (complete1 (fx->a, &b.items[0], T0 + LEASE + 1)); /* the old lease is fenced off */
+   assert_true (complete1 (fx->a, &again.items[0], T0 + LEASE + 2));
+   store_batch_clear (&b);
+   store_batch_clear (&mid);
+   store_batch_clear (&again);
+}
+
+/* H1: the same for a reschedule whose transaction fails. */
+static void
+test_h1_failed_reschedule_runnable_within_lease (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, again = {0};
+   store_ref_t r;
+   bool applied = true;
+   bson_error_t err;
+
+   add (fx, "h1r-0", "h", "k", 1, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   r = ref (&b.items[0]);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, "
+              "\"data\": {\"failCommands\": [\"update\"], \"errorCode\": 91, \"errorLabels\": []}}");
+   assert_false (store_reschedule (fx->a, &r, T0 + 1, T0 + 2, "boom", &applied, &err));
+   failpoint_off (fx);
+   claim (fx->a, "h", 1, T0 + LEASE, &again);
+   assert_int_equal (again.n, 1);
+   assert_true (bson_oid_equal (&again.items[0].id, &b.items[0].id));
+   assert_true (complete1 (fx->a, &again.items[0], T0 + LEASE + 1));
+   store_batch_clear (&b);
+   store_batch_clear (&again);
+}
+
+/* M1: relinquish moves the claim generations on before it empties the
+ * lane.  A failure between the two writes leaves the lane held; no other
+ * worker can claim a listed delivery under the generation of the claim
+ * being released. */
+static void
+test_m1_relinquish_no_gap (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, bb = {0}, bb2 = {0};
+   bson_error_t err;
+   bool ok;
+
+   add (fx, "m1-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, "
+              "\"data\": {\"failCommands\": [\"update\"], \"errorCode\": 91, \"errorLabels\": []}}");
+   ok = store_relinquish (fx->a, T0 + 1, &err);
+   failpoint_off (fx);
+   (void) ok;
+   claim (fx->b, "h", 1, T0 + 2, &bb);
+   /* Whatever B sees, it never sees the released claim's generation. */
+   assert_true (bb.n == 0 || lease_claims (bb.items[0].lease) > lease_claims (b.items[0].lease));
+   if (bb.n == 0) {
+      assert_true (store_relinquish (fx->a, T0 + 3, &err));
+      claim (fx->b, "h", 1, T0 + 4, &bb2);
+      assert_int_equal (bb2.n, 1);
+      assert_true (lease_claims (bb2.items[0].lease) > lease_claims (b.items[0].lease));
+      assert_true (complete1 (fx->b, &bb2.items[0], T0 + 5));
+   }
+   assert_false (complete1 (fx->a, &b.items[0], T0 + 6));
+   store_batch_clear (&b);
+   store_batch_clear (&bb);
+   store_batch_clear (&bb2);
+}
+
+/* M2: a taker that charged the lost list and died before clearing it
+ * leaves the list on the lane; the next taker finds it with the epoch of
+ * each lost claim and charges nothing twice. */
+static void
+test_m2_lost_charged_once (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, bb = {0}, c = {0};
+   store_claim_handler_t h = {"h", 1};
+   store_claim_opts_t o = {&h, 1, 1, T0 + LEASE + 1, LEASE};
+   bson_oid_t id;
+   bson_t *doc;
+   bson_error_t err;
+   store_t *third;
+
+   id = add (fx, "m2-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   /* B takes the lane over after A's lease: the charge passes, clearing
+    * the lost list fails (B dies there). */
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"skip\": 1}, "
+              "\"data\": {\"failCommands\": [\"update\"], \"errorCode\": 91, \"errorLabels\": []}}");
+   if (store_claim (fx->b, &o, &bb, &err))
+      store_batch_clear (&bb);
+   failpoint_off (fx);
+   doc = get (fx, &id);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"lost.0\": {\"$exists\": true}}"), 1);
+   /* A third worker takes it after B's lease: one lost claim, one charge. */
+   third = new_store (fx, "host/3/cccc");
+   claim (third, "h", 1, T0 + 2 * LEASE + 10, &c);
+   assert_int_equal (c.n, 1);
+   assert_int_equal (c.items[0].attempt, 2);
+   doc = get (fx, &id);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"lost.0\": {\"$exists\": true}}"), 0);
+   assert_true (complete1 (third, &c.items[0], T0 + 2 * LEASE + 11));
+   store_batch_clear (&b);
+   store_batch_clear (&c);
+   store_destroy (third);
+}
+
+/* M3: with more than 1,000 parked keys, unparking looks at them oldest
+ * first, a window per claim, and resumes after the window: every parked
+ * key whose head may run comes back within ceil(keys / 1000) claims. */
+static void
+test_m3_parked_keys_oldest_first_beyond_1000 (void **state)
+{
+   fx_t *fx = *state;
+   enum { N_BLOCKED = 1000, N_FREE = 3 };
+   bson_t *docs[2 * N_BLOCKED + 2 * N_FREE];
+   size_t n = 0;
+   char key[32], ev[48];
+   store_batch_t b1 = {0}, b2 = {0};
+
+   /* 1,000 keys whose head waits behind a predecessor not due yet... */
+   for (int i = 0; i < N_BLOCKED; i++) {
+      snprintf (key, sizeof key, "blocked-%04d", i);
+      snprintf (ev, sizeof ev, "%s-1", key);
+      docs[n++] = delivery_doc (ev, key, 1, "ready", T0 + 100000000);
+      snprintf (ev, sizeof ev, "%s-2", key);
+      docs[n++] = delivery_doc (ev, key, 2, "parked", T0 - 50000 + i);
+   }
+   /* ...then, written last, three keys older than all of them and three
+    * younger, whose parked heads have no predecessor left. */
+   for (int i = 0; i < N_FREE; i++) {
+      snprintf (key, sizeof key, "old-%d", i);
+      snprintf (ev, sizeof ev, "%s-2", key);
+      docs[n++] = delivery_doc (ev, key, 2, "parked", T0 - 90000 + i);
+      snprintf (key, sizeof key, "young-%d", i);
+      snprintf (ev, sizeof ev, "%s-2", key);
+      docs[n++] = delivery_doc (ev, key, 2, "parked", T0 - 100 + i);
+   }
+   insert_docs (fx, docs, n);
+
+   claim (fx->a, "h", 10, T0, &b1);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"key\": {\"$regex\": \"^old-\"}, \"lane\": \"parked\"}"), 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"key\": {\"$regex\": \"^young-\"}, \"lane\": \"parked\"}"), N_FREE);
+   claim (fx->a, "h", 10, T0 + 1, &b2);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"key\": {\"$regex\": \"^young-\"}, \"lane\": \"parked\"}"), 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), N_BLOCKED);
+   store_batch_clear (&b1);
+   store_batch_clear (&b2);
+}
+
+/* L1: a lane whose due work lies behind more than the 4,096 deliveries a
+ * scan reads, all blocked and fewer than 32 per key (never parked by the
+ * threshold), while the lane runs something (never handed back): the scan
+ * parks what it found blocked, and the next claim reaches the work. */
+static void
+test_l1_scan_cap_blocked_keys (void **state)
+{
+   fx_t *fx = *state;
+   enum { N_KEYS = 140, PER_KEY = 30 };
+   bson_t **docs = calloc (N_KEYS * (PER_KEY + 1), sizeof *docs);
+   size_t n = 0;
+   char key[32], ev[48], u2[48];
+   uint32_t lane = outbox_lane_id (NULL, "l1-u1");
+   store_batch_t b = {0}, c1 = {0}, c2 = {0};
+   bson_oid_t id2;
+   int found = 0;
+
+   add (fx, "l1-u1", "h", NULL, 0, T0 - 100000);
+   claim (fx->a, "h", 1, T0, &b); /* runs: the lane stays held */
+   assert_int_equal (b.n, 1);
+   for (int i = 0; found < N_KEYS; i++) {
+      snprintf (key, sizeof key, "l1-k%d", i);
+      if (outbox_lane_id (key, NULL) != lane)
+         continue;
+      found++;
+      snprintf (ev, sizeof ev, "%s-1", key);
+      docs[n++] = delivery_doc (ev, key, 1, "ready", T0 + 100000000); /* not due: blocks the rest */
+      for (int s = 2; s <= PER_KEY + 1; s++) {
+         snprintf (ev, sizeof ev, "%s-%d", key, s);
+         docs[n++] = delivery_doc (ev, key, s, "ready", T0 - 60000 + s);
+      }
+   }
+   insert_docs (fx, docs, n);
+   free (docs);
+   event_in_lane ("l1-u2", lane, u2, sizeof u2);
+   id2 = add (fx, u2, "h", NULL, 0, T0 - 1);
+
+   claim (fx->a, "h", 10, T0 + 1, &c1);
+   if (c1.n == 0)
+      claim (fx->a, "h", 10, T0 + 2, &c2);
+   assert_true ((c1.n == 1 && bson_oid_equal (&c1.items[0].id, &id2)) ||
+                (c2.n == 1 && bson_oid_equal (&c2.items[0].id, &id2)));
+   store_batch_clear (&b);
+   store_batch_clear (&c1);
+   store_batch_clear (&c2);
+}
+
+/* L2: an operator bury reads the lanes, then buries.  A claim recording
+ * the delivery in between makes it running: the bury must leave it alone. */
+typedef struct {
+   store_t *s;
+   char id[25];
+   size_t n;
+   bool ok;
+} bury_thread_t;
+
+static void *
+bury_thread (void *arg)
+{
+   bury_thread_t *t = arg;
+   const char *ids[1] = {t->id};
+   bson_error_t err;
+   t->ok = store_bury_ids (t->s, ids, 1, T0 + 1, "operator", &t->n, &err);
+   if (!t->ok)
+      fprintf (stderr, "bury: %s\n", err.message);
+   return NULL;
+}
+
+static void
+test_l2_bury_running_refused (void **state)
+{
+   fx_t *fx = *state;
+   mongoc_uri_t *uri = mongoc_uri_copy (fx->uri);
+   mongoc_client_pool_t *pool;
+   store_opts_t so = {.database = fx->db, .prefix = "relaybus_", .owner = "host/9/oper"};
+   bson_error_t err;
+   store_t *op;
+   store_batch_t b = {0};
+   bury_thread_t t = {0};
+   pthread_t th;
+   bson_oid_t id;
+   bson_t *doc;
+
+   if (fx->dbl.pid == 0)
+      skip (); /* MONGODB_URI: blocking fail points need the double */
+   mongoc_uri_set_appname (uri, "relaybus-test-operator");
+   pool = mongoc_client_pool_new (uri);
+   mongoc_client_pool_set_error_api (pool, MONGOC_ERROR_API_VERSION_2);
+   op = store_new (pool, &so, &err);
+   assert_non_null (op);
+   id = add (fx, "l2-0", "h", NULL, 0, T0 - 10);
+   bson_oid_to_string (&id, t.id);
+   t.s = op;
+   /* The operator's first update waits 1.5 s: the claim lands meanwhile. */
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, "
+              "\"data\": {\"failCommands\": [\"update\"], \"blockConnection\": true, \"blockTimeMS\": 1500, "
+              "\"appName\": \"relaybus-test-operator\"}}");
+   assert_int_equal (pthread_create (&th, NULL, bury_thread, &t), 0);
+   usleep (500 * 1000);
+   claim (fx->a, "h", 1, T0 + 2, &b);
+   pthread_join (th, NULL);
+   failpoint_off (fx);
+   assert_int_equal (b.n, 1);
+   assert_true (t.ok);
+   assert_int_equal (t.n, 0);
+   doc = get (fx, &id);
+   assert_string_equal (sfield (doc, "status"), "pending");
+   bson_destroy (doc);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 3));
+   store_batch_clear (&b);
+   store_destroy (op);
+   mongoc_client_pool_destroy (pool);
+   mongoc_uri_destroy (uri);
+}
+
+/* L3: renewal renews every running claim of a lane.  A stale first claim
+ * does not keep the lane from being extended, and each renewed claim
+ * counts as running for a lease from its renewal. */
+static void
+test_l3_renew_all_running_jobs (void **state)
+{
+   fx_t *fx = *state;
+   char ev1[32] = "l3-0", ev2[48];
+   uint32_t lane = outbox_lane_id (NULL, ev1);
+   store_batch_t b = {0}, later = {0};
+   store_ref_t refs[2];
+   bool applied[2] = {true, false}, rel = false;
+   bson_error_t err;
+   const store_delivery_t *d1, *d2;
+   bson_t *ldoc;
+   mongoc_collection_t *lanes = coll (fx, OUTBOX_LANES_COLL);
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane));
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+
+   event_in_lane ("l3b", lane, ev2, sizeof ev2);
+   add (fx, ev1, "h", NULL, 0, T0 - 20);
+   add (fx, ev2, "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 2, T0, &b);
+   assert_int_equal (b.n, 2);
+   d1 = &b.items[0];
+   d2 = &b.items[1];
+   /* d1's claim ends (released): its lease is stale, d2's holds. */
+   refs[0] = ref (d1);
+   refs[1] = ref (d2);
+   assert_true (store_release (fx->a, &refs[0], T0 + 1, &rel, &err));
+   assert_true (rel);
+   assert_true (store_extend_leases (fx->a, refs, 2, T0 + LEASE / 2, LEASE, applied, &err));
+   assert_false (applied[0]);
+   assert_true (applied[1]);
+   cur = mongoc_collection_find_with_opts (lanes, q, NULL, NULL);
+   assert_true (mongoc_cursor_next (cur, &doc));
+   ldoc = bson_copy (doc);
+   mongoc_cursor_destroy (cur);
+   assert_int_equal (field (ldoc, "leaseExpiresAt"), T0 + LEASE / 2 + LEASE);
+   bson_destroy (ldoc);
+   /* Past the first lease, d2 still runs (renewed): not handed out again. */
+   claim (fx->a, "h", 2, T0 + LEASE + 1, &later);
+   for (size_t i = 0; i < later.n; i++)
+      assert_false (bson_oid_equal (&later.items[i].id, &d2->id));
+   assert_true (complete1 (fx->a, d2, T0 + LEASE + 2));
+   store_batch_clear (&later);
+   store_batch_clear (&b);
+   bson_destroy (q);
+   mongoc_collection_destroy (lanes);
+}
+
 int
 main (void)
 {
@@ -1075,6 +1525,14 @@ main (void)
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_with_history_is_one_transaction, setup_history, teardown),
+      cmocka_unit_test_setup_teardown (test_h1_failed_flush_runnable_within_lease, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_h1_failed_reschedule_runnable_within_lease, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_m1_relinquish_no_gap, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_m2_lost_charged_once, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_m3_parked_keys_oldest_first_beyond_1000, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l1_scan_cap_blocked_keys, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l2_bury_running_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l3_renew_all_running_jobs, setup, teardown),
    };
    int rc;
 
@@ -1084,6 +1542,9 @@ main (void)
       return 77;
    }
    log_set_level (getenv ("RELAYBUS_TEST_DEBUG") ? LOG_LEVEL_DEBUG : LOG_LEVEL_WARN);
+   /* RELAYBUS_STORE_TEST_FILTER=test_h1* runs the matching tests only. */
+   if (getenv ("RELAYBUS_STORE_TEST_FILTER"))
+      cmocka_set_test_filter (getenv ("RELAYBUS_STORE_TEST_FILTER"));
    mongoc_init ();
    rc = cmocka_run_group_tests_name ("store", tests, NULL, NULL);
    mongoc_cleanup ();
