@@ -40,6 +40,8 @@
 #define WEBHOOK_MAX_BODY_SIZE (64 * 1024)
 /* Bytes of a failing answer's body kept as the delivery's lastError. */
 #define WEBHOOK_ERROR_BODY_MAX 200
+/* lastError texts (webhook_result_t.error) are at most this long. */
+#define WEBHOOK_ERROR_MAX 256
 
 /* --------------------------------------------------------- pure helpers */
 
@@ -77,6 +79,16 @@ const char *webhook_outcome_name (webhook_outcome_t o);
 /* status 0 means no HTTP answer (connection error or timeout). */
 webhook_outcome_t webhook_classify (int status, bool retry_4xx);
 
+/* The lastError of a failing answer: "HTTP <status>" then ": " and the
+ * start of the body, at most WEBHOOK_ERROR_BODY_MAX bytes of it once made
+ * safe to store and show: cut before a character that would not fit (a
+ * multibyte character straddling the limit is left out whole), control
+ * characters as spaces, bytes that are not UTF-8 as U+FFFD.  `body` is
+ * what the endpoint sent, any bytes (give at least
+ * WEBHOOK_ERROR_BODY_MAX + 3 when there are, so a character crossing the
+ * limit is seen whole).  `out` always ends up valid UTF-8. */
+void webhook_error_text (int status, const char *body, size_t body_len, char *out, size_t out_len);
+
 /* The request body: the event as JSON (relaxed Extended JSON), see
  * docs/handlers.md.  Caller frees with bson_free. */
 char *webhook_body (const store_delivery_t *d, size_t *len);
@@ -94,7 +106,7 @@ typedef struct {
    webhook_outcome_t outcome;
    int status;                /* 0: no answer */
    int64_t retry_after_ms;    /* -1: none given */
-   char error[256];           /* for lastError when not complete */
+   char error[WEBHOOK_ERROR_MAX]; /* for lastError when not complete */
 } webhook_result_t;
 
 typedef void (*webhook_done_cb_t) (const webhook_result_t *result, void *arg);

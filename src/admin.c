@@ -43,6 +43,7 @@
 #include "clients_registry.h"
 #include "log.h"
 #include "metrics.h"
+#include "utf8.h"
 
 /* The admin thread's nice value (the forwarding loop keeps the process's). */
 #define ADMIN_THREAD_NICE 10
@@ -106,12 +107,71 @@ admin_send_text (struct evhttp_request *req, int code, const char *reason, const
       evbuffer_free (buf);
 }
 
+/* Copies `in` to `out` with every key and string that is not valid UTF-8
+ * repaired (U+FFFD for each bad byte).  Answers are built from what the
+ * store holds, and anyone with access to it (or an older version) may have
+ * written such a string: one of them must not fail the whole answer. */
+static void
+json_repair (const bson_t *in, bson_t *out, int depth)
+{
+   bson_iter_t it;
+
+   if (!bson_iter_init (&it, in))
+      return;
+   while (bson_iter_next (&it)) {
+      const char *k = bson_iter_key (&it);
+      uint32_t klen = bson_iter_key_len (&it);
+      char *key = utf8_valid (k, klen) ? NULL : utf8_repair (k, klen);
+      const char *name = key ? key : k;
+
+      if (BSON_ITER_HOLDS_UTF8 (&it)) {
+         uint32_t len;
+         const char *v = bson_iter_utf8 (&it, &len);
+         char *fixed = utf8_valid (v, len) ? NULL : utf8_repair (v, len);
+         bson_append_utf8 (out, name, -1, fixed ? fixed : v, fixed ? -1 : (int) len);
+         bson_free (fixed);
+      } else if ((BSON_ITER_HOLDS_DOCUMENT (&it) || BSON_ITER_HOLDS_ARRAY (&it)) && depth < 32) {
+         const uint8_t *data;
+         uint32_t len;
+         bson_t sub, child;
+         bool array = BSON_ITER_HOLDS_ARRAY (&it);
+
+         if (array)
+            bson_iter_array (&it, &len, &data);
+         else
+            bson_iter_document (&it, &len, &data);
+         if (bson_init_static (&sub, data, len)) {
+            if (array)
+               bson_append_array_begin (out, name, -1, &child);
+            else
+               bson_append_document_begin (out, name, -1, &child);
+            json_repair (&sub, &child, depth + 1);
+            if (array)
+               bson_append_array_end (out, &child);
+            else
+               bson_append_document_end (out, &child);
+         }
+      } else if (!BSON_ITER_HOLDS_DOCUMENT (&it) && !BSON_ITER_HOLDS_ARRAY (&it)) {
+         bson_append_iter (out, name, -1, &it);
+      }
+      bson_free (key);
+   }
+}
+
 void
 admin_send_json (struct evhttp_request *req, int code, const char *reason, const bson_t *doc)
 {
    size_t len = 0;
    char *json = bson_as_relaxed_extended_json (doc, &len);
 
+   if (!json) {
+      /* Most likely a string that is not UTF-8: repair and try again. */
+      bson_t fixed = BSON_INITIALIZER;
+
+      json_repair (doc, &fixed, 0);
+      json = bson_as_relaxed_extended_json (&fixed, &len);
+      bson_destroy (&fixed);
+   }
    if (!json) {
       static const char oops[] = "{\"error\":\"cannot encode the answer\"}\n";
       admin_send_text (req, 500, "Internal Server Error", "application/json", oops, sizeof oops - 1);

@@ -14,6 +14,7 @@
  * or \xNN; printable UTF-8 stays as it is.
  */
 #include "log.h"
+#include "utf8.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -73,40 +74,6 @@ log_set_thread_name (const char *name)
    snprintf (log_thread_name, sizeof log_thread_name, "%s", name);
 }
 
-/* The length of the valid UTF-8 sequence at s[0..len), or 0 when it is
- * not one (overlong, surrogate, beyond U+10FFFF, cut short). */
-static size_t
-utf8_seq_len (const unsigned char *s, size_t len)
-{
-   size_t n, i;
-   uint32_t cp;
-
-   if (s[0] < 0x80)
-      return 1;
-   if (s[0] >= 0xc2 && s[0] <= 0xdf) {
-      n = 2;
-      cp = s[0] & 0x1f;
-   } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
-      n = 3;
-      cp = s[0] & 0x0f;
-   } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
-      n = 4;
-      cp = s[0] & 0x07;
-   } else {
-      return 0;
-   }
-   if (len < n)
-      return 0;
-   for (i = 1; i < n; i++) {
-      if ((s[i] & 0xc0) != 0x80)
-         return 0;
-      cp = (cp << 6) | (s[i] & 0x3f);
-   }
-   if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
-      return 0;
-   return n;
-}
-
 /* C1 controls (U+0080..U+009F) and the Unicode line and paragraph
  * separators end or rewrite lines in some terminals and viewers. */
 static bool
@@ -130,7 +97,7 @@ log_escape (const char *in, size_t in_len, char *out, size_t out_len, bool *cut)
       return 0;
    while (i < in_len) {
       char esc[16];
-      size_t e = 0, n = utf8_seq_len (s + i, in_len - i);
+      size_t e = 0, n = utf8_char_len (in + i, in_len - i);
 
       if (n == 1 && s[i] >= 0x20 && s[i] != 0x7f) {
          esc[e++] = (char) s[i];

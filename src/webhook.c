@@ -31,6 +31,7 @@
 #include <openssl/x509v3.h>
 
 #include "log.h"
+#include "utf8.h"
 
 /* ----------------------------------------------------------- signatures */
 
@@ -200,6 +201,25 @@ webhook_classify (int status, bool retry_4xx)
    if (status >= 400 && status < 500)
       return retry_4xx ? WEBHOOK_OUTCOME_RETRY : WEBHOOK_OUTCOME_DEAD;
    return WEBHOOK_OUTCOME_DEAD; /* 1xx, 3xx: a misconfigured URL */
+}
+
+void
+webhook_error_text (int status, const char *body, size_t body_len, char *out, size_t out_len)
+{
+   int r;
+   size_t n, room;
+
+   if (out_len == 0)
+      return;
+   r = snprintf (out, out_len, "HTTP %d: ", status);
+   if (r < 0 || (size_t) r >= out_len) {
+      snprintf (out, out_len, "HTTP %d", status); /* ASCII: cut anywhere */
+      return;
+   }
+   n = (size_t) r;
+   room = out_len - n < WEBHOOK_ERROR_BODY_MAX + 1 ? out_len - n : WEBHOOK_ERROR_BODY_MAX + 1;
+   if (!body || body_len == 0 || utf8_sanitize (body, body_len, out + n, room, UTF8_CONTROLS_AS_SPACE) == 0)
+      snprintf (out, out_len, "HTTP %d", status); /* nothing of the body fits, or none */
 }
 
 /* ------------------------------------------------------------------ body */
@@ -458,18 +478,14 @@ req_done_cb (struct evhttp_request *req, void *arg)
       }
    } else if (res.outcome != WEBHOOK_OUTCOME_COMPLETE) {
       struct evbuffer *in = evhttp_request_get_input_buffer (req);
-      char body[WEBHOOK_ERROR_BODY_MAX + 1];
-      ev_ssize_t copied = in ? evbuffer_copyout (in, body, WEBHOOK_ERROR_BODY_MAX) : 0;
+      /* 3 bytes more than kept: a character crossing the limit is seen
+       * whole, and left out whole. */
+      char body[WEBHOOK_ERROR_BODY_MAX + 3];
+      ev_ssize_t copied = in ? evbuffer_copyout (in, body, sizeof body) : 0;
       size_t n = copied > 0 ? (size_t) copied : 0;
       const char *ra = evhttp_find_header (evhttp_request_get_input_headers (req), "Retry-After");
       struct timespec ts;
-      if (n > WEBHOOK_ERROR_BODY_MAX)
-         n = WEBHOOK_ERROR_BODY_MAX;
-      body[n] = '\0';
-      for (size_t i = 0; i < n; i++)
-         if ((unsigned char) body[i] < 0x20)
-            body[i] = ' ';
-      snprintf (res.error, sizeof res.error, "HTTP %d%s%s", status, n ? ": " : "", body);
+      webhook_error_text (status, body, n, res.error, sizeof res.error);
       clock_gettime (CLOCK_REALTIME, &ts);
       if (ra && res.outcome == WEBHOOK_OUTCOME_RETRY_AFTER &&
           !webhook_parse_retry_after (ra, (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &res.retry_after_ms))

@@ -1,8 +1,9 @@
 /*
  * test_webhook.c - the pure parts of webhook.c: Standard Webhooks secrets
  * and signatures (against the specification's published example),
- * Retry-After parsing, full-jitter backoff bounds, status classes and the
- * body shape.
+ * Retry-After parsing, full-jitter backoff bounds, status classes, the
+ * body shape, and the lastError kept from a failing answer (always valid
+ * UTF-8, cut on a character boundary).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "utf8.h"
 #include "webhook.h"
 
 static void
@@ -211,6 +213,68 @@ test_body_shape (void **state)
    bson_free (json);
 }
 
+/* Builds a body of `pad` ASCII bytes followed by `tail`. */
+static size_t
+padded (char *buf, size_t pad, const char *tail, size_t tail_len)
+{
+   memset (buf, 'a', pad);
+   memcpy (buf + pad, tail, tail_len);
+   return pad + tail_len;
+}
+
+static void
+test_error_text (void **state)
+{
+   char out[WEBHOOK_ERROR_MAX], body[512], want[512];
+   size_t n;
+
+   (void) state;
+   webhook_error_text (500, "boom 3", 6, out, sizeof out);
+   assert_string_equal (out, "HTTP 500: boom 3");
+   webhook_error_text (404, "", 0, out, sizeof out);
+   assert_string_equal (out, "HTTP 404");
+   webhook_error_text (400, "line1\r\nline2\t\x01\x7f!", 16, out, sizeof out);
+   assert_string_equal (out, "HTTP 400: line1  line2   !");
+
+   /* Not UTF-8: each bad byte is U+FFFD (as is a NUL), the rest is kept. */
+   webhook_error_text (400, "\xff\xfe ok \xc3\xa9 \xc3 \xed\xa0\x80 z\0y", 18, out, sizeof out);
+   assert_string_equal (out, "HTTP 400: \xef\xbf\xbd\xef\xbf\xbd ok \xc3\xa9 \xef\xbf\xbd "
+                             "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd z\xef\xbf\xbdy");
+   assert_true (utf8_valid (out, strlen (out)));
+
+   /* A 2-byte character at bytes 199-200 straddles the limit: it is left
+    * out whole, never cut in two or replaced. */
+   n = padded (body, WEBHOOK_ERROR_BODY_MAX - 1, "\xc3\xa9tail", 6);
+   webhook_error_text (400, body, n, out, sizeof out);
+   memcpy (want, "HTTP 400: ", 10);
+   memset (want + 10, 'a', WEBHOOK_ERROR_BODY_MAX - 1);
+   want[10 + WEBHOOK_ERROR_BODY_MAX - 1] = '\0';
+   assert_string_equal (out, want);
+   /* The same with a 4-byte character at 198-201, given only up to 203
+    * bytes as the client copies them. */
+   n = padded (body, WEBHOOK_ERROR_BODY_MAX - 2, "\xf0\x9f\x98\x80zzzzzz", 10);
+   webhook_error_text (400, body, WEBHOOK_ERROR_BODY_MAX + 3, out, sizeof out);
+   want[10 + WEBHOOK_ERROR_BODY_MAX - 2] = '\0';
+   assert_string_equal (out, want);
+   /* One that ends exactly at the limit is kept. */
+   n = padded (body, WEBHOOK_ERROR_BODY_MAX - 4, "\xf0\x9f\x98\x80zzz", 7);
+   webhook_error_text (400, body, n, out, sizeof out);
+   assert_int_equal (strlen (out), 10 + WEBHOOK_ERROR_BODY_MAX);
+   assert_memory_equal (out + 10 + WEBHOOK_ERROR_BODY_MAX - 4, "\xf0\x9f\x98\x80", 4);
+
+   /* 203 bytes that are all invalid: replacements fill the room, and the
+    * text stays valid UTF-8 within WEBHOOK_ERROR_BODY_MAX bytes. */
+   memset (body, 0xff, sizeof body);
+   webhook_error_text (502, body, WEBHOOK_ERROR_BODY_MAX + 3, out, sizeof out);
+   assert_true (utf8_valid (out, strlen (out)));
+   assert_int_equal (strlen (out), 10 + WEBHOOK_ERROR_BODY_MAX / 3 * 3);
+   /* A small buffer still ends up valid. */
+   webhook_error_text (400, "\xc3\xa9\xc3\xa9\xc3\xa9", 6, out, 14);
+   assert_string_equal (out, "HTTP 400: \xc3\xa9");
+   webhook_error_text (400, "x", 1, out, 5);
+   assert_string_equal (out, "HTTP");
+}
+
 int
 main (void)
 {
@@ -221,6 +285,7 @@ main (void)
       cmocka_unit_test (test_backoff_full_jitter),
       cmocka_unit_test (test_classify),
       cmocka_unit_test (test_body_shape),
+      cmocka_unit_test (test_error_text),
    };
    return cmocka_run_group_tests_name ("webhook", tests, NULL, NULL);
 }
