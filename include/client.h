@@ -42,6 +42,7 @@
 #include "wire.h"
 
 struct event_base;
+struct loopwake;
 
 #define CLIENT_ERROR_DOMAIN 0x434c /* "CL" */
 /* Client requests awaiting an answer.  Drivers do not pipeline (one request
@@ -76,6 +77,11 @@ client_loop_t *client_loop_new (struct event_base *base,
                                 tls_upstream_t *tls,
                                 config_t *cfg,
                                 bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Starts the thread that decompresses and validates big requests off the
+ * loop, posting results through `wake` (borrowed; it must outlive the
+ * loop).  Without it every request is decoded on the loop. */
+bool client_loop_set_wake (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
 /* Swaps the snapshot used for new connections (reload). Retains `cfg`. */
 void client_loop_set_config (client_loop_t *loop, config_t *cfg);
 /* The topology snapshot changed: waiting clients try to connect. */

@@ -22,6 +22,12 @@
 #include "upstream.h"
 
 struct event;
+struct loopwake;
+
+/* A request decoded off the loop, and the thread that does it
+ * (client_route.c). */
+typedef struct client_job client_job_t;
+typedef struct client_worker client_worker_t;
 
 /* What the upstream's reply to one request is for. */
 typedef enum {
@@ -92,9 +98,15 @@ struct client_conn {
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
 
    struct evbuffer *scratch; /* decompressed requests */
+   client_job_t *job; /* a request being decoded by the worker: the
+                       * connection neither reads nor routes until it is
+                       * back (client_route.c owns it) */
    struct evbuffer *tmp;     /* re-encoded replies */
 
    int compressor; /* negotiated on the first hello, for logs; -1 none */
+   /* Bit (1 << id) for each compressor the first hello negotiated: the
+    * only ones (besides noop) its OP_COMPRESSED requests may use. */
+   unsigned compressors_negotiated;
    int32_t next_id; /* requestIDs the proxy sends upstream or to the client */
 
    client_req_t creqs[CLIENT_MAX_INFLIGHT];
@@ -124,6 +136,7 @@ struct client_loop {
    void *on_empty_ctx;
    client_request_hook_t hook; /* injection and virtual commands */
    void *hook_ctx;
+   client_worker_t *worker; /* decodes big requests; NULL: all on the loop */
 };
 
 /* ------------------------------------------------------------ buffers */
@@ -189,6 +202,19 @@ void client_check_drained (client_conn_t *c);
  * rest; outside one (a call from any other loop callback) it is written
  * now, as plain sockets have no write event armed to do it later. */
 void client_output_queued (client_conn_t *c);
+
+/* client.c: runs the client's pump from outside a libevent callback of
+ * the connection (a finished decoding job). */
+void client_resume (client_conn_t *c);
+
+/* client_route.c: the decoding worker of a loop.  Start posts its results
+ * through `wake`; stop joins it and frees what it still holds (call it
+ * after every connection is closed). */
+bool client_worker_start (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+void client_worker_stop (client_loop_t *loop);
+/* client_route.c: the connection closes: its job, if any, is dropped. */
+void client_job_cancel (client_conn_t *c);
 
 /* client_route.c: handles every complete request in the client's input
  * while the FIFOs and the upstream's output have room; returns whether it

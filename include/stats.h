@@ -53,6 +53,7 @@ typedef struct {
    _Atomic uint64_t primary_changes;
    _Atomic uint64_t accept_paused;          /* EMFILE/ENFILE pauses of the listener */
    _Atomic uint64_t internal_requests;      /* the proxy's own requests upstream */
+   _Atomic uint64_t requests_offloaded;     /* big requests decoded off the loop */
 } stats_t;
 
 /* The one instance, zero-initialised at start. */

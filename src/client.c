@@ -34,6 +34,7 @@
 #include "client_private.h"
 #include "clients_registry.h"
 #include "log.h"
+#include "loopwake.h"
 #include "upstream.h"
 
 static const char *const client_state_names[CLIENT_STATE_COUNT_] = {
@@ -177,6 +178,7 @@ client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fm
       r->held = NULL;
    }
    c->creq_head = c->creq_tail;
+   client_job_cancel (c);
 
    /* Off the live list, onto the free list. */
    if (c->prev)
@@ -370,7 +372,7 @@ client_update_flow (client_conn_t *c)
                 c->client_rd,
                 &c->client_reading,
                 (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
-                   !up_full);
+                   !up_full && !c->job);
    want = client_full || c->state == CLIENT_STATE_DRAINING;
    if (want != c->client_drained_cb) {
       bufferevent_setcb (c->bev, client_read_cb, want ? client_write_cb : NULL, client_event_cb, c);
@@ -444,6 +446,13 @@ upstream_pump (client_conn_t *c)
    message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), up_is_reading (c), consumed);
 done:
    c->pumping--;
+}
+
+void
+client_resume (client_conn_t *c)
+{
+   if (c->state != CLIENT_STATE_CLOSING)
+      client_pump (c);
 }
 
 void
@@ -878,6 +887,14 @@ client_loop_new (struct event_base *base, topology_t *topo, tls_upstream_t *tls,
    return loop;
 }
 
+bool
+client_loop_set_wake (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
+{
+   if (loop->worker)
+      return true;
+   return client_worker_start (loop, wake, error);
+}
+
 void
 client_loop_set_config (client_loop_t *loop, config_t *cfg)
 {
@@ -912,6 +929,7 @@ client_loop_destroy (client_loop_t *loop)
    loop->on_empty = NULL;
    while (loop->clients)
       client_disconnect (loop->clients, STATS_CLOSE_SHUTDOWN, "proxy stopping");
+   client_worker_stop (loop);
    client_loop_free_cb (-1, 0, loop);
    if (loop->free_ev)
       event_free (loop->free_ev);

@@ -22,7 +22,9 @@
  */
 #include "client.h"
 
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -32,6 +34,7 @@
 #include "compress.h"
 #include "handshake.h"
 #include "log.h"
+#include "loopwake.h"
 #include "upstream.h"
 
 /* Replies larger than this are not scanned for "not primary" errors: such
@@ -390,8 +393,12 @@ forward_hello (client_conn_t *c,
    }
    u->creq_seq = r->seq;
    handshake_negotiate (hello, c->cfg->compressors, &u->offer);
-   if (c->state == CLIENT_STATE_HANDSHAKE)
+   if (c->state == CLIENT_STATE_HANDSHAKE) {
       c->compressor = u->offer.n > 0 ? u->offer.ids[0] : -1;
+      c->compressors_negotiated = 0;
+      for (int i = 0; i < u->offer.n; i++)
+         c->compressors_negotiated |= 1u << u->offer.ids[i];
+   }
    if (!wire_append_msg (upstream_output (c), id, 0, 0, &body, NULL, 0)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "hello too large");
       goto done;
@@ -601,73 +608,442 @@ route_query (client_conn_t *c, struct evbuffer *src, size_t len, const wire_quer
    return answer_locally (c, q->header.request_id, WIRE_OP_QUERY, compressor, 352, "UnsupportedOpQueryCommand", errmsg, src, len, error);
 }
 
+/* Whether `list` (the compressors key: names separated by commas or
+ * spaces) names `id`. */
+static bool
+compressor_listed (const char *list, int id)
+{
+   const char *name = compress_name (id);
+   size_t n = name ? strlen (name) : 0;
+
+   for (const char *p = list; name && p && *p;) {
+      size_t len = strcspn (p, ", ");
+      if (len == n && memcmp (p, name, n) == 0)
+         return true;
+      p += len;
+      p += strspn (p, ", ");
+   }
+   return false;
+}
+
+/* An OP_COMPRESSED request may use noop (no decompression work: it only
+ * frames the bytes), or a compressor that this connection's first hello
+ * negotiated and that the compressors key still lists (a reload may have
+ * dropped it).  Anything else is refused before any byte is inflated: an
+ * algorithm the operator turned off must not be reachable by naming its
+ * id. */
+static bool
+compressor_allowed (const client_conn_t *c, uint8_t id, bson_error_t *error)
+{
+   if (id == COMPRESS_NOOP)
+      return true;
+   if (!compress_name (id)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "unknown compressor id %u", id);
+      return false;
+   }
+   if (id >= 8 * sizeof c->compressors_negotiated || !(c->compressors_negotiated & (1u << id))) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_COMPRESSION,
+                      "compressor %s (id %u) was not negotiated in this connection's hello",
+                      compress_name (id),
+                      id);
+      return false;
+   }
+   if (!compressor_listed (c->loop->cfg->compressors, id)) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_COMPRESSION,
+                      "compressor %s (id %u) is not in the compressors setting",
+                      compress_name (id),
+                      id);
+      return false;
+   }
+   return true;
+}
+
+/* ------------------------------------------------------------ decoding */
+
+/* One request, decompressed when it was compressed, and parsed.  `src`
+ * holds exactly the parsed message at its front (the message as received,
+ * or its decompressed form); the parsed structs point into it. */
+typedef struct {
+   struct evbuffer *src;
+   size_t len;
+   wire_header_t h; /* of the parsed (decompressed) message */
+   int compressor;  /* what the request was compressed with; -1: plain */
+   wire_msg_t msg;  /* h.opcode == WIRE_OP_MSG */
+   wire_query_t q;  /* h.opcode == WIRE_OP_QUERY */
+} decoded_t;
+
+/* Decompresses (into `plain`, when the request is OP_COMPRESSED) and parses
+ * one complete request of h.length bytes at the front of `in`.  Pure: it
+ * reads no connection state and logs nothing, so the offload worker runs
+ * it as well as the loop.  Each step is linear in the message's size (the
+ * compressor's output is capped by the announced size, checked first).
+ * On failure `error` says why; every failure is the client's. */
+static bool
+decode_request (struct evbuffer *in, wire_header_t h, struct evbuffer *plain, decoded_t *d, bson_error_t *error)
+{
+   const uint8_t *buf;
+
+   d->src = in;
+   d->len = (size_t) h.length;
+   d->h = h;
+   d->compressor = -1;
+   if (h.opcode == WIRE_OP_COMPRESSED) {
+      wire_compressed_t cm;
+      uint8_t hb[WIRE_HEADER_LEN];
+
+      buf = evbuffer_pullup (in, (ssize_t) d->len);
+      if (!buf || !wire_parse_compressed (buf, d->len, &cm, error))
+         return false;
+      evbuffer_drain (plain, evbuffer_get_length (plain));
+      if (!wire_decompress (&cm, WIRE_MAX_MESSAGE_LEN, plain, error))
+         return false;
+      d->compressor = cm.compressor_id > 0 ? cm.compressor_id : -1;
+      evbuffer_drain (in, d->len);
+      stats_add (messages_decompressed, 1);
+      d->src = plain;
+      d->len = evbuffer_get_length (plain);
+      if (evbuffer_copyout (plain, hb, sizeof hb) != (ssize_t) sizeof hb || !wire_peek_header (hb, sizeof hb, &d->h) ||
+          (size_t) d->h.length != d->len) {
+         bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "decompressed message has a bad header");
+         return false;
+      }
+   }
+   buf = evbuffer_pullup (d->src, (ssize_t) d->len);
+   if (!buf) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory for a %zu-byte request", d->len);
+      return false;
+   }
+   if (d->h.opcode == WIRE_OP_MSG)
+      return wire_parse_msg (buf, d->len, &d->msg, error);
+   if (d->h.opcode == WIRE_OP_QUERY)
+      return wire_parse_query (buf, d->len, &d->q, error);
+   bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "clients may not send %s", wire_opcode_name (d->h.opcode));
+   return false;
+}
+
+/* Routes a decoded request.  `h` is the header as received, for logs.
+ * Returns false after disconnecting. */
+static bool
+route_decoded (client_conn_t *c, const wire_header_t *h, decoded_t *d)
+{
+   bson_error_t error;
+   bool ok;
+
+   if (d->h.opcode == WIRE_OP_MSG)
+      ok = route_msg (c, d->src, d->len, &d->msg, d->compressor, &error);
+   else
+      ok = route_query (c, d->src, d->len, &d->q, d->compressor, &error);
+   if (!ok && c->state != CLIENT_STATE_CLOSING)
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "request %d: %s", h->request_id, error.message);
+   return ok && c->state != CLIENT_STATE_CLOSING;
+}
+
+static void
+refuse_request (client_conn_t *c, const wire_header_t *h, const bson_error_t *error)
+{
+   client_disconnect (c,
+                      STATS_CLOSE_CLIENT_PROTOCOL,
+                      "bad %s request %d (%d bytes): %s",
+                      wire_opcode_name (h->opcode),
+                      h->request_id,
+                      h->length,
+                      error->message);
+}
+
+/* ------------------------------------------------------------ offload */
+
+/*
+ * Requests whose decoding touches at least CLIENT_OFFLOAD_MIN bytes (their
+ * length, or for OP_COMPRESSED the announced uncompressed size) are
+ * decompressed and validated by the loop's worker thread, so that one big
+ * or hostile message (16 MiB of tiny elements decompressed from a few KB)
+ * never holds up the other connections: the loop only moves the message's
+ * chains into the job and back.  Meanwhile the connection neither reads nor
+ * routes (its requests keep their order); everything else flows.
+ *
+ * Ownership: a job is owned by the worker from client_job_submit until it
+ * is on the done list, then by the loop.  `c` is read and written on the
+ * loop only: client_job_cancel clears it when the connection closes first,
+ * and the finished job is then just freed.  The evbuffers are touched by
+ * one thread at a time, the mutex ordering the hand-overs.
+ */
+#define CLIENT_OFFLOAD_MIN (1024 * 1024)
+
+struct client_job {
+   client_job_t *next;
+   client_conn_t *c;      /* loop only; NULL once the connection closed */
+   bool finished;         /* loop only: back from the worker */
+   wire_header_t h;       /* as received */
+   struct evbuffer *raw;  /* the message as received */
+   struct evbuffer *plain; /* its decompressed form */
+   bool ok;               /* worker's result */
+   bson_error_t error;
+   decoded_t d;
+};
+
+struct client_worker {
+   pthread_t thread;
+   pthread_mutex_t mu;
+   pthread_cond_t cv;
+   client_job_t *todo, **todo_tail; /* under mu */
+   client_job_t *done, **done_tail; /* under mu */
+   bool running;                    /* under mu: started and not stopped */
+   bool stop;                       /* under mu */
+   bool wake_pending;               /* under mu: a post to the loop is waiting */
+   loopwake_t *wake;                /* borrowed */
+};
+
+/* Static, never freed: a post to the loop may still be queued when the
+ * loop is destroyed (a second SIGTERM destroys it from inside the loop),
+ * and its callback must find a valid, stopped worker.  One forwarding loop
+ * today; N loops would each get one of an array. */
+static client_worker_t the_worker = {
+   .mu = PTHREAD_MUTEX_INITIALIZER,
+   .cv = PTHREAD_COND_INITIALIZER,
+};
+
+static void
+client_job_free (client_job_t *j)
+{
+   if (!j)
+      return;
+   if (j->raw)
+      evbuffer_free (j->raw);
+   if (j->plain)
+      evbuffer_free (j->plain);
+   bson_free (j);
+}
+
+/* On the loop: takes every finished job and lets its connection go on. */
+static void
+client_worker_done_cb (void *arg)
+{
+   client_worker_t *w = arg;
+   client_job_t *list;
+
+   pthread_mutex_lock (&w->mu);
+   if (!w->running) {
+      pthread_mutex_unlock (&w->mu);
+      return; /* stopped since the post: nothing is left */
+   }
+   list = w->done;
+   w->done = NULL;
+   w->done_tail = &w->done;
+   w->wake_pending = false;
+   pthread_mutex_unlock (&w->mu);
+   while (list) {
+      client_job_t *j = list;
+      list = j->next;
+      j->next = NULL;
+      if (!j->c) {
+         client_job_free (j);
+         continue;
+      }
+      j->finished = true;
+      client_resume (j->c); /* routes it from client_route_requests */
+   }
+}
+
+static void *
+client_worker_main (void *arg)
+{
+   client_worker_t *w = arg;
+
+   pthread_mutex_lock (&w->mu);
+   for (;;) {
+      client_job_t *j;
+
+      while (!w->todo && !w->stop)
+         pthread_cond_wait (&w->cv, &w->mu);
+      if (w->stop)
+         break;
+      j = w->todo;
+      w->todo = j->next;
+      if (!w->todo)
+         w->todo_tail = &w->todo;
+      j->next = NULL;
+      pthread_mutex_unlock (&w->mu);
+
+      j->ok = decode_request (j->raw, j->h, j->plain, &j->d, &j->error);
+
+      pthread_mutex_lock (&w->mu);
+      *w->done_tail = j;
+      w->done_tail = &j->next;
+      /* One post covers every job done until the loop runs it.  A full
+       * queue (LOOPWAKE_CAPACITY posts waiting) is retried shortly. */
+      while (!w->wake_pending && !w->stop) {
+         if (loopwake_post (w->wake, client_worker_done_cb, w)) {
+            w->wake_pending = true;
+            break;
+         }
+         pthread_mutex_unlock (&w->mu);
+         usleep (1000);
+         pthread_mutex_lock (&w->mu);
+      }
+   }
+   pthread_mutex_unlock (&w->mu);
+   return NULL;
+}
+
+bool
+client_worker_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
+{
+   client_worker_t *w = &the_worker;
+
+   pthread_mutex_lock (&w->mu);
+   if (w->running) {
+      pthread_mutex_unlock (&w->mu);
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 8, "the request decoding thread is already running");
+      return false;
+   }
+   w->wake = wake;
+   w->todo = w->done = NULL;
+   w->todo_tail = &w->todo;
+   w->done_tail = &w->done;
+   w->stop = w->wake_pending = false;
+   if (pthread_create (&w->thread, NULL, client_worker_main, w) != 0) {
+      pthread_mutex_unlock (&w->mu);
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 8, "cannot start the request decoding thread");
+      return false;
+   }
+   w->running = true;
+   pthread_mutex_unlock (&w->mu);
+   loop->worker = w;
+   return true;
+}
+
+void
+client_worker_stop (client_loop_t *loop)
+{
+   client_worker_t *w = loop->worker;
+
+   if (!w)
+      return;
+   pthread_mutex_lock (&w->mu);
+   w->stop = true;
+   pthread_cond_signal (&w->cv);
+   pthread_mutex_unlock (&w->mu);
+   pthread_join (w->thread, NULL);
+   pthread_mutex_lock (&w->mu);
+   w->running = false;
+   /* Every connection is closed by now, so no job has an owner. */
+   while (w->todo) {
+      client_job_t *j = w->todo;
+      w->todo = j->next;
+      client_job_free (j);
+   }
+   while (w->done) {
+      client_job_t *j = w->done;
+      w->done = j->next;
+      client_job_free (j);
+   }
+   w->todo_tail = &w->todo;
+   w->done_tail = &w->done;
+   pthread_mutex_unlock (&w->mu);
+   loop->worker = NULL;
+}
+
+void
+client_job_cancel (client_conn_t *c)
+{
+   client_job_t *j = c->job;
+
+   if (!j)
+      return;
+   c->job = NULL;
+   if (j->finished)
+      client_job_free (j); /* back on the loop, not routed yet */
+   else
+      j->c = NULL; /* the worker has it; client_worker_done_cb frees it */
+}
+
+/* Hands the request at the front of `in` to the worker.  Returns false
+ * after disconnecting. */
+static bool
+client_job_submit (client_conn_t *c, struct evbuffer *in, wire_header_t h)
+{
+   client_worker_t *w = c->loop->worker;
+   client_job_t *j = bson_malloc0 (sizeof *j);
+
+   j->c = c;
+   j->h = h;
+   j->raw = evbuffer_new ();
+   j->plain = evbuffer_new ();
+   if (!j->raw || !j->plain || evbuffer_remove_buffer (in, j->raw, (size_t) h.length) != (int) h.length) {
+      client_job_free (j);
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory handing request %d to the decoder", h.request_id);
+      return false;
+   }
+   c->job = j;
+   stats_add (requests_offloaded, 1);
+   pthread_mutex_lock (&w->mu);
+   *w->todo_tail = j;
+   w->todo_tail = &j->next;
+   pthread_cond_signal (&w->cv);
+   pthread_mutex_unlock (&w->mu);
+   return true;
+}
+
+/* The connection's finished job: refused, or routed like any request.
+ * Returns false after disconnecting. */
+static bool
+client_job_finish (client_conn_t *c)
+{
+   client_job_t *j = c->job;
+   bool ok;
+
+   c->job = NULL;
+   if (!j->ok) {
+      refuse_request (c, &j->h, &j->error);
+      client_job_free (j);
+      return false;
+   }
+   ok = route_decoded (c, &j->h, &j->d);
+   client_job_free (j);
+   return ok;
+}
+
 /* Handles one complete request of `h->length` bytes at the front of the
  * client's input.  Returns false after disconnecting. */
 static bool
 handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
 {
-   struct evbuffer *src = in;
-   size_t len = (size_t) h.length;
-   int compressor = -1;
-   const uint8_t *buf;
+   size_t work = (size_t) h.length;
+   decoded_t d;
    bson_error_t error;
-   bool ok;
 
    if (h.opcode == WIRE_OP_COMPRESSED) {
-      wire_compressed_t cm;
-      uint8_t hb[WIRE_HEADER_LEN];
+      /* originalOpcode, uncompressedSize, compressorId: decided before
+       * anything is inflated, from 25 bytes copied out. */
+      uint8_t pre[WIRE_HEADER_LEN + 9];
+      int32_t original, usize;
 
-      buf = evbuffer_pullup (in, (ssize_t) len);
-      if (!buf || !wire_parse_compressed (buf, len, &cm, &error))
-         goto protocol;
-      if (cm.original_opcode != WIRE_OP_MSG && cm.original_opcode != WIRE_OP_QUERY) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "OP_COMPRESSED wraps opcode %d", cm.original_opcode);
+      if (h.length < (int32_t) sizeof pre || evbuffer_copyout (in, pre, sizeof pre) != (ssize_t) sizeof pre) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_COMPRESSED fields run past the end of the message");
          goto protocol;
       }
-      evbuffer_drain (c->scratch, evbuffer_get_length (c->scratch));
-      if (!wire_decompress (&cm, WIRE_MAX_MESSAGE_LEN, c->scratch, &error))
-         goto protocol;
-      compressor = cm.compressor_id > 0 ? cm.compressor_id : -1;
-      evbuffer_drain (in, len);
-      stats_add (messages_decompressed, 1);
-      src = c->scratch;
-      len = evbuffer_get_length (src);
-      if (evbuffer_copyout (src, hb, sizeof hb) != (ssize_t) sizeof hb || !wire_peek_header (hb, sizeof hb, &h) ||
-          (size_t) h.length != len) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "decompressed message has a bad header");
+      original = (int32_t) get_le32 (pre + WIRE_HEADER_LEN);
+      usize = (int32_t) get_le32 (pre + WIRE_HEADER_LEN + 4);
+      if (original != WIRE_OP_MSG && original != WIRE_OP_QUERY) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "OP_COMPRESSED wraps opcode %d", original);
          goto protocol;
       }
-   }
-   buf = evbuffer_pullup (src, (ssize_t) len);
-   if (!buf) {
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
-      return false;
-   }
-   if (h.opcode == WIRE_OP_MSG) {
-      wire_msg_t msg;
-      if (!wire_parse_msg (buf, len, &msg, &error))
+      if (!compressor_allowed (c, pre[WIRE_HEADER_LEN + 8], &error))
          goto protocol;
-      ok = route_msg (c, src, len, &msg, compressor, &error);
-   } else if (h.opcode == WIRE_OP_QUERY) {
-      wire_query_t q;
-      if (!wire_parse_query (buf, len, &q, &error))
-         goto protocol;
-      ok = route_query (c, src, len, &q, compressor, &error);
-   } else {
-      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "clients may not send %s", wire_opcode_name (h.opcode));
+      if (usize > 0)
+         work += (size_t) usize;
+   }
+   if (work >= CLIENT_OFFLOAD_MIN && c->loop->worker)
+      return client_job_submit (c, in, h);
+   if (!decode_request (in, h, c->scratch, &d, &error))
       goto protocol;
-   }
-   if (!ok && c->state != CLIENT_STATE_CLOSING)
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "request %d: %s", h.request_id, error.message);
-   return ok && c->state != CLIENT_STATE_CLOSING;
+   return route_decoded (c, &h, &d);
 protocol:
-   client_disconnect (c,
-                      STATS_CLOSE_CLIENT_PROTOCOL,
-                      "bad %s request %d (%d bytes): %s",
-                      wire_opcode_name (h.opcode),
-                      h.request_id,
-                      h.length,
-                      error.message);
+   refuse_request (c, &h, &error);
    return false;
 }
 
@@ -680,8 +1056,16 @@ client_route_requests (client_conn_t *c)
 
    if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
       return false;
+   if (c->job) {
+      /* One request at a time: the next waits for the decoded one. */
+      if (!c->job->finished)
+         return false;
+      if (!client_job_finish (c))
+         return false;
+      consumed = true;
+   }
    in = bufferevent_get_input (c->bev);
-   while (fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c)) {
+   while (!c->job && fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c)) {
       const uint8_t *hb;
       wire_header_t h;
       bson_error_t error;

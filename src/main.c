@@ -308,6 +308,9 @@ proxy_start (proxy_t *p, bson_error_t *error)
    p->clients = client_loop_new (p->base, p->topo, p->tls, p->cfg, error);
    if (!p->clients)
       return false;
+   /* Big requests are decompressed and validated on a thread of their own. */
+   if (!client_loop_set_wake (p->clients, p->wake, error))
+      return false;
    /* Publishing: annotated statements, relaybus* commands, commit wake-ups. */
    client_loop_set_request_hook (p->clients, virtual_request_hook, NULL);
    /* The admin port, on its own thread; commands are counted by name in
