@@ -285,10 +285,17 @@ webhook_host_is_ip (const char *host)
    return inet_pton (AF_INET, host, buf) == 1 || inet_pton (AF_INET6, host, buf) == 1;
 }
 
+/* One request.  libevent owns `req` (it frees it after req_done_cb, or in
+ * evhttp_cancel_request); `req` is NULL once it is gone.  `deadline` bounds
+ * the whole exchange: evhttp's own timeout is per read or write, so an
+ * endpoint that trickles bytes would otherwise hold the delivery, and its
+ * lane, for ever. */
 struct webhook_req {
    webhook_req_t *next;
    webhook_t *w;
    struct evhttp_connection *conn;
+   struct evhttp_request *req;
+   struct event *deadline;
    webhook_done_cb_t cb;
    void *arg;
    enum evhttp_request_error err;
@@ -319,6 +326,8 @@ struct webhook {
 static void
 req_free (webhook_req_t *r)
 {
+   if (r->deadline)
+      event_free (r->deadline);
    if (r->conn)
       evhttp_connection_free (r->conn);
    bson_free (r);
@@ -455,6 +464,9 @@ req_done_cb (struct evhttp_request *req, void *arg)
 
    if (r->done)
       return;
+   r->req = NULL; /* libevent frees it when this returns */
+   if (r->deadline)
+      event_del (r->deadline);
    memset (&res, 0, sizeof res);
    res.status = status;
    res.retry_after_ms = -1;
@@ -492,6 +504,35 @@ req_done_cb (struct evhttp_request *req, void *arg)
          res.retry_after_ms = -1;
    }
    r->done = true;
+   r->cb (&res, r->arg);
+   event_active (w->reap_ev, EV_TIMEOUT, 0);
+}
+
+/* The whole request took longer than timeout_ms: cancel it (libevent
+ * frees the request and calls only the error callback) and report a
+ * timeout through the ordinary retry path. */
+static void
+req_deadline_cb (evutil_socket_t fd, short what, void *arg)
+{
+   webhook_req_t *r = arg;
+   webhook_t *w = r->w;
+   webhook_result_t res;
+
+   (void) fd;
+   (void) what;
+   if (r->done)
+      return;
+   r->done = true;
+   if (r->req) {
+      struct evhttp_request *req = r->req;
+      r->req = NULL;
+      evhttp_cancel_request (req);
+   }
+   memset (&res, 0, sizeof res);
+   res.status = 0;
+   res.retry_after_ms = -1;
+   res.outcome = webhook_classify (0, w->retry_4xx);
+   snprintf (res.error, sizeof res.error, "timeout: no complete answer within %" PRId64 " ms (%s:%d)", w->timeout_ms, w->host, w->port);
    r->cb (&res, r->arg);
    event_active (w->reap_ev, EV_TIMEOUT, 0);
 }
@@ -539,13 +580,23 @@ webhook_send (webhook_t *w,
          bson_free (r);
          return NULL;
       }
+      /* Without the name or address to verify, any certificate the CAs
+       * signed would do: refuse to send rather than go on unchecked. */
       if (webhook_host_is_ip (w->host)) {
          /* No SNI for an address (RFC 6066); the certificate must list it
           * as an IP address. */
-         X509_VERIFY_PARAM_set1_ip_asc (SSL_get0_param (ssl), w->host);
-      } else {
-         SSL_set_tlsext_host_name (ssl, w->host); /* SNI */
-         SSL_set1_host (ssl, w->host);           /* the certificate must name it */
+         if (X509_VERIFY_PARAM_set1_ip_asc (SSL_get0_param (ssl), w->host) != 1) {
+            bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 9, "TLS: cannot set the address %s to verify the certificate against", w->host);
+            SSL_free (ssl);
+            bson_free (r);
+            return NULL;
+         }
+      } else if (SSL_set_tlsext_host_name (ssl, w->host) != 1 /* SNI */ ||
+                 SSL_set1_host (ssl, w->host) != 1 /* the certificate must name it */) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 9, "TLS: cannot set the host name %s to verify the certificate against", w->host);
+         SSL_free (ssl);
+         bson_free (r);
+         return NULL;
       }
       bev = bufferevent_openssl_socket_new (w->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING, BEV_OPT_CLOSE_ON_FREE);
       if (!bev) {
@@ -570,7 +621,15 @@ webhook_send (webhook_t *w,
     * endpoint can make us buffer. */
    evhttp_connection_set_max_headers_size (r->conn, WEBHOOK_MAX_HEADERS_SIZE);
    evhttp_connection_set_max_body_size (r->conn, WEBHOOK_MAX_BODY_SIZE);
+   r->deadline = evtimer_new (w->base, req_deadline_cb, r);
    req = evhttp_request_new (req_done_cb, r);
+   if (!r->deadline || !req) {
+      if (req)
+         evhttp_request_free (req);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 10, "cannot create a request to %s:%d", w->host, w->port);
+      req_free (r);
+      return NULL;
+   }
    evhttp_request_set_error_cb (req, req_error_cb);
    h = evhttp_request_get_output_headers (req);
    if ((w->https && w->port == 443) || (!w->https && w->port == 80))
@@ -599,6 +658,8 @@ webhook_send (webhook_t *w,
       event_active (w->reap_ev, EV_TIMEOUT, 0);
       return NULL;
    }
+   r->req = req;
+   evtimer_add (r->deadline, &tv);
    return r;
 }
 
@@ -608,6 +669,9 @@ webhook_cancel (webhook_req_t *r)
    if (!r || r->done)
       return;
    r->done = true;
+   r->req = NULL;
+   if (r->deadline)
+      event_del (r->deadline);
    /* Freeing the connection frees its request without calling back. */
    event_active (r->w->reap_ev, EV_TIMEOUT, 0);
 }
