@@ -115,7 +115,8 @@ static const config_key_t config_key_table[] = {
       "webhook: Standard Webhooks secret (whsec_ followed by base64); signs each request."),
    H ("max_attempts", I, "10", 1, 1000, max_attempts,
       "Attempts before a failing delivery becomes a dead letter."),
-   H ("timeout_ms", I, "10000", 100, 600000, timeout_ms, "webhook: time allowed per request."),
+   H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
+      "webhook: time allowed for the whole request, connect to last byte; then it is cancelled and retried."),
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
    H ("retry_4xx", B, "false", 0, 0, retry_4xx,
       "webhook: retry 4xx answers other than 429 instead of burying them at once."),
@@ -545,7 +546,10 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
    }
    uri = mongoc_uri_new_with_error (cfg->upstream, &sub);
    if (!uri) {
-      config_error (error, origin, 0, "[proxy] upstream: %s", sub.message);
+      /* The driver's message may quote the URI, password included. */
+      char *masked = config_mask (NULL, sub.message);
+      config_error (error, origin, 0, "[proxy] upstream: %s", masked);
+      bson_free (masked);
       return false;
    }
    mongoc_uri_destroy (uri);
