@@ -93,6 +93,8 @@ typedef struct config {
    char *outbox_database;
    char *collection_prefix;
    bool completion_history;
+   bool allow_client_writes;           /* client commands may write the outbox */
+   int64_t max_poisoned_transactions;  /* poison table capacity (restart to change) */
 
    /* [dispatch] */
    bool dispatch_enabled;

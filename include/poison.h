@@ -13,8 +13,15 @@
  * A poison_table_t is a bounded map from (lsid id bytes, txnNumber) to why
  * and when the transaction was poisoned.  Entries expire after the table's
  * TTL (a transaction cannot outlive the server's
- * transactionLifetimeLimitSeconds); when the table is full the oldest entry
- * is evicted and the caller told so.  Thread-safe: one mutex around every
+ * transactionLifetimeLimitSeconds).  A live entry is never evicted: a
+ * forgotten entry would let its commit through, and a client could flush
+ * the table on purpose with throwaway connections.  Instead, work that may
+ * have to poison its transaction reserves a slot before it starts
+ * (poison_table_reserve); when every slot is live or reserved the
+ * reservation fails and the caller refuses that work until entries expire.
+ * A reserved slot is turned into an entry by poison_table_add (reserved =
+ * true) or handed back with poison_table_unreserve, so an add that holds a
+ * reservation always finds room.  Thread-safe: one mutex around every
  * change and lookup, plus an atomic count that lets callers skip the lookup
  * (and the lock) while the table is empty, which is nearly always.
  *
@@ -57,25 +64,35 @@ typedef struct {
 typedef struct poison_table poison_table_t;
 
 /* A table of at most `capacity` (>= 1) entries that live `ttl_ms` (> 0).
- * The entries themselves are allocated at the first add.  Owned by the
+ * The entries themselves are allocated at the first add or reservation.  Owned by the
  * caller; destroy accepts NULL.  Not for use after destroy by any thread. */
 poison_table_t *poison_table_new (uint32_t capacity, int64_t ttl_ms);
 void poison_table_destroy (poison_table_t *t);
 
 typedef enum {
-   POISON_ADDED = 0,   /* a new entry */
-   POISON_KNOWN,       /* already there (and live): the first reason is kept */
-   POISON_ADDED_EVICTED, /* a new entry; the oldest live one was evicted for it */
+   POISON_ADDED = 0, /* a new entry */
+   POISON_KNOWN,     /* already there (and live): the first reason is kept */
+   POISON_FULL,      /* not recorded: every slot is live or reserved (only
+                      * without a reservation; nothing was evicted) */
 } poison_add_t;
 
-/* Records `key` as poisoned at `now_ms`.  With POISON_ADDED_EVICTED and a
- * non-NULL `evicted`, that entry is copied there (for the caller's warning). */
+/* Reserves one slot for work that may poison its transaction later, after
+ * dropping what expired at `now_ms`.  False when every slot is live or
+ * reserved: the caller must not start that work.  Each true answer is
+ * matched by exactly one poison_table_add (.., true) or
+ * poison_table_unreserve. */
+bool poison_table_reserve (poison_table_t *t, int64_t now_ms) __attribute__ ((warn_unused_result));
+void poison_table_unreserve (poison_table_t *t);
+
+/* Records `key` as poisoned at `now_ms`.  With `reserved`, the caller's
+ * reservation is consumed (whatever the answer) and the answer is never
+ * POISON_FULL. */
 poison_add_t poison_table_add (poison_table_t *t,
                                const poison_key_t *key,
                                uint64_t conn_id,
                                const char *reason,
                                int64_t now_ms,
-                               poison_entry_t *evicted);
+                               bool reserved);
 
 /* Is `key` poisoned at `now_ms`?  A true answer copies the entry into
  * `out` when non-NULL.  Expired entries are dropped on the way. */
@@ -88,5 +105,10 @@ bool poison_table_remove (poison_table_t *t, const poison_key_t *key);
 /* Entries held, expired ones included until a call drops them.  Lock-free
  * (an acquire load): 0 means no lookup is needed. */
 uint32_t poison_table_count (poison_table_t *t);
+
+/* Slots reserved now (for tests and metrics; takes the lock). */
+uint32_t poison_table_reserved (poison_table_t *t);
+/* The table's capacity. */
+uint32_t poison_table_capacity (const poison_table_t *t);
 
 #endif /* RELAYBUS_POISON_H */

@@ -18,8 +18,13 @@
  *  - relaybusPublish {events: [...]} inside a transaction: the same writes
  *    without a statement; replies {ok: 1, eventIds: [...]}.  Any other
  *    relaybus* command: CommandNotFound (59).  Never forwarded.
+ *  - a client command that writes the outbox namespace (outbox_guard.h):
+ *    Unauthorized (13), not forwarded, unless [outbox] allow_client_writes;
+ *    with moreToCome (no reply possible) the connection is closed instead.
  *  - commitTransaction of a transaction the proxy injected into: relayed,
- *    and on success the dispatcher is woken (dispatch_wake).
+ *    and on success the dispatcher is woken (dispatch_wake).  Sent with
+ *    moreToCome, it is relayed acknowledged (the proxy needs the outcome)
+ *    and the reply is swallowed: the client asked for none.
  *  - commitTransaction of a poisoned transaction (an annotated statement or
  *    relaybusPublish of it lost its connection, or an outbox write failed,
  *    on any connection of this process): not forwarded; the proxy sends
@@ -55,12 +60,15 @@
  * injected ones are forgotten first; a forgotten one is still delivered, at
  * the dispatcher's next poll). */
 #define VIRTUAL_TXN_SLOTS 1024
-/* Poisoned transactions remembered (the oldest is forgotten first, with a
- * warning), and for how long: well past MongoDB's default
- * transactionLifetimeLimitSeconds (60 s), after which the server has
- * aborted the transaction itself. */
-#define VIRTUAL_POISON_SLOTS 4096
+/* How long a poisoned transaction is remembered: well past MongoDB's
+ * default transactionLifetimeLimitSeconds (60 s), after which the server
+ * has aborted the transaction itself.  How many are remembered is
+ * `[outbox] max_poisoned_transactions`: a live entry is never forgotten,
+ * and while every slot is live or reserved by a publish in progress, new
+ * annotated statements and relaybusPublish calls are refused with
+ * VIRTUAL_POISON_FULL_CODE and TransientTransactionError. */
 #define VIRTUAL_POISON_TTL_MS (10 * 60 * 1000)
+#define VIRTUAL_POISON_FULL_CODE 365 /* TemporarilyUnavailable */
 
 /* The request hook (client_request_hook_t) that main.c installs with
  * client_loop_set_request_hook (loop, virtual_request_hook, NULL).  Looks at
@@ -92,8 +100,9 @@ typedef struct {
    /* Added later; readers that predate them simply ignore them. */
    uint64_t poisoned;        /* transactions recorded as poisoned */
    uint64_t poison_refused;  /* commitTransaction refused (aborted instead) */
-   uint64_t poison_evicted;  /* poisoned entries forgotten because the table was full */
    uint64_t poison_entries;  /* poisoned entries held now (expired ones until dropped) */
+   uint64_t poison_full_refused;   /* annotated work refused: the poisoned table was full */
+   uint64_t outbox_writes_refused; /* client commands refused for writing the outbox (Unauthorized) */
 } virtual_stats_t;
 
 void virtual_get_stats (virtual_stats_t *out);

@@ -92,6 +92,10 @@ static const config_key_t config_key_table[] = {
       "Prefix of the outbox collection names."),
    O ("completion_history", B, "false", 0, 0, false, completion_history,
       "Keep a record of completed deliveries (same value in every proxy instance)."),
+   O ("allow_client_writes", B, "false", 0, 0, true, allow_client_writes,
+      "Let client commands through the proxy write the outbox collections (insert, drop, $out, ...)."),
+   O ("max_poisoned_transactions", I, "4096", 1, 1000000, false, max_poisoned_transactions,
+      "Poisoned transactions remembered at once; when full, annotated writes are refused until entries expire."),
 
    D ("enabled", B, "true", 0, 0, false, dispatch_enabled,
       "Run the dispatch engine in this process."),

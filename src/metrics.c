@@ -348,11 +348,16 @@ render_publishing (bson_string_t *out)
            "commitTransaction requests of poisoned transactions, aborted instead of forwarded.",
            v.poison_refused);
    scalar (out,
-           "relaybus_poisoned_evictions_total",
+           "relaybus_poisoned_table_full_refusals_total",
            "counter",
-           "Poisoned transactions forgotten early because the table was full.",
-           v.poison_evicted);
+           "Annotated statements and relaybusPublish calls refused (transient error) because max_poisoned_transactions were held.",
+           v.poison_full_refused);
    scalar (out, "relaybus_poisoned_transactions", "gauge", "Poisoned transactions remembered now.", v.poison_entries);
+   scalar (out,
+           "relaybus_outbox_client_writes_refused_total",
+           "counter",
+           "Client commands refused (Unauthorized) because they write the outbox collections.",
+           v.outbox_writes_refused);
 }
 
 static void

@@ -4,8 +4,10 @@
  *
  * Layout: a fixed array of `capacity` slots, allocated at the first add.
  * Live slots are on a doubly linked list in the order they were added
- * (oldest first: expiry and eviction both take from the front, as entries
- * share one TTL) and on a hash chain; free slots are on a free list.  Links
+ * (oldest first: expiry takes from the front, as entries share one TTL)
+ * and on a hash chain; free slots are on a free list.  `reserved` counts
+ * free slots promised to callers (live + reserved <= capacity always), so
+ * an add that holds a reservation finds a free slot without evicting.  Links
  * are slot indices, -1 for none.  Every operation is O(1) but for the chain
  * walk, and chains stay short: there are twice as many buckets as slots.
  *
@@ -38,6 +40,7 @@ struct poison_table {
    int32_t oldest, newest;
    int32_t free_head;
    uint32_t live;
+   uint32_t reserved; /* free slots promised by poison_table_reserve */
    _Atomic uint32_t count;
 };
 
@@ -171,13 +174,39 @@ expire (poison_table_t *t, int64_t now_ms)
       unlink_slot (t, t->oldest);
 }
 
+bool
+poison_table_reserve (poison_table_t *t, int64_t now_ms)
+{
+   bool ok = false;
+
+   pthread_mutex_lock (&t->mu);
+   ensure_slots (t);
+   expire (t, now_ms);
+   if (t->live + t->reserved < t->capacity) {
+      t->reserved++;
+      ok = true;
+   }
+   publish_count (t);
+   pthread_mutex_unlock (&t->mu);
+   return ok;
+}
+
+void
+poison_table_unreserve (poison_table_t *t)
+{
+   pthread_mutex_lock (&t->mu);
+   if (t->reserved > 0)
+      t->reserved--;
+   pthread_mutex_unlock (&t->mu);
+}
+
 poison_add_t
 poison_table_add (poison_table_t *t,
                   const poison_key_t *key,
                   uint64_t conn_id,
                   const char *reason,
                   int64_t now_ms,
-                  poison_entry_t *evicted)
+                  bool reserved)
 {
    uint32_t hash = key_hash (key);
    poison_add_t res = POISON_ADDED;
@@ -186,17 +215,18 @@ poison_table_add (poison_table_t *t,
 
    pthread_mutex_lock (&t->mu);
    ensure_slots (t);
+   if (reserved && t->reserved > 0)
+      t->reserved--; /* the caller's slot is now free for this entry */
    expire (t, now_ms);
    if (find (t, key, hash) >= 0) {
       res = POISON_KNOWN;
       goto done;
    }
-   if (t->free_head < 0) {
-      /* Full of live entries: the oldest goes. */
-      if (evicted)
-         *evicted = t->slots[t->oldest].e;
-      unlink_slot (t, t->oldest);
-      res = POISON_ADDED_EVICTED;
+   if (t->live + t->reserved >= t->capacity) {
+      /* Every free slot is promised to someone else, or none is free: a
+       * live entry is never evicted for a new one. */
+      res = POISON_FULL;
+      goto done;
    }
    i = t->free_head;
    s = &t->slots[i];
@@ -271,4 +301,21 @@ uint32_t
 poison_table_count (poison_table_t *t)
 {
    return atomic_load_explicit (&t->count, memory_order_acquire);
+}
+
+uint32_t
+poison_table_reserved (poison_table_t *t)
+{
+   uint32_t n;
+
+   pthread_mutex_lock (&t->mu);
+   n = t->reserved;
+   pthread_mutex_unlock (&t->mu);
+   return n;
+}
+
+uint32_t
+poison_table_capacity (const poison_table_t *t)
+{
+   return t->capacity;
 }

@@ -44,6 +44,15 @@
  * outbox write the entry is dropped again once the proxy's own
  * abortTransaction is confirmed, since the server then refuses any commit
  * itself; what stays are the transactions whose fate the proxy cannot know.
+ * The table never evicts a live entry (a client could flush it with
+ * throwaway poisonings): each operation that may poison reserves its slot
+ * before anything is forwarded, and while none is free new annotated work
+ * is refused with a transient error (answer_poison_full).
+ *
+ * Client commands that write the outbox namespace (outbox_guard.h) are
+ * refused here with Unauthorized before anything else is decided, unless
+ * [outbox] allow_client_writes.  The proxy's own writes are sent with
+ * client_send_internal and never pass through this hook.
  */
 #include "virtual.h"
 
@@ -59,6 +68,7 @@
 #include "inject.h"
 #include "log.h"
 #include "outbox.h"
+#include "outbox_guard.h"
 #include "poison.h"
 #include "publish_hooks.h"
 
@@ -74,7 +84,8 @@ typedef enum {
 
 static struct {
    _Atomic uint64_t annotated, published, events, deliveries, rounds, commands, bad_annotations, outside_txn,
-      statement_failed, inject_failed, aborted_lost, wakes, poisoned, poison_refused, poison_evicted;
+      statement_failed, inject_failed, aborted_lost, wakes, poisoned, poison_refused, poison_full_refused,
+      outbox_writes_refused;
 } counters;
 
 #define COUNT(field, n) atomic_fetch_add_explicit (&counters.field, (uint64_t) (n), memory_order_relaxed)
@@ -101,7 +112,8 @@ virtual_get_stats (virtual_stats_t *out)
    out->wakes = READ (wakes);
    out->poisoned = READ (poisoned);
    out->poison_refused = READ (poison_refused);
-   out->poison_evicted = READ (poison_evicted);
+   out->poison_full_refused = READ (poison_full_refused);
+   out->outbox_writes_refused = READ (outbox_writes_refused);
    out->poison_entries = 0;
    {
       poison_table_t *t = atomic_load_explicit (&poison_tab, memory_order_acquire);
@@ -251,6 +263,8 @@ typedef struct virtual_op {
    uint32_t outstanding; /* internal requests sent and not called back */
    bool running;         /* a function of ours is on the stack: do not free */
    bool listed;          /* in ops_by_conn */
+   bool reserved;        /* holds a poisoned-table slot (poison_table_reserve) */
+   bool answer;          /* the client waits for an answer (false: moreToCome) */
    struct virtual_op *next_in_bucket;
 } virtual_op_t;
 
@@ -297,6 +311,7 @@ op_new (client_conn_t *c, uint64_t seq, op_state_t state)
    op->conn_id = client_id (c);
    op->request_seq = seq;
    op->state = state;
+   op->answer = true;
    bson_init (&op->txn_cmd);
    bson_init (&op->stmt_reply);
    bson_init (&op->times);
@@ -320,11 +335,15 @@ op_finish (virtual_op_t *op)
    }
 }
 
+static poison_table_t *poison_table_get (void);
+
 static void
 op_release_maybe (virtual_op_t *op)
 {
    if (op->state != OP_DONE || op->outstanding > 0 || op->running)
       return;
+   if (op->reserved)
+      poison_table_unreserve (poison_table_get ());
    inject_job_destroy (op->job);
    bson_destroy (&op->txn_cmd);
    bson_destroy (&op->stmt_reply);
@@ -348,7 +367,7 @@ op_answer (client_conn_t *c, virtual_op_t *op, const bson_t *reply)
 {
    bson_error_t error;
 
-   if (client_state (c) == CLIENT_STATE_CLOSING)
+   if (!op->answer || client_state (c) == CLIENT_STATE_CLOSING)
       return;
    if (!client_answer (c, op->request_seq, reply, &error))
       client_disconnect (c, STATS_CLOSE_INTERNAL, "answering a %s: %s", op_state_names[op->state], error.message);
@@ -372,8 +391,12 @@ keep_times (virtual_op_t *op, const bson_t *reply)
 
 /* --- poisoned transactions ------------------------------------------------ */
 
-/* The table, created by the first poisoning (by whichever loop thread gets
- * there first). */
+/* The capacity the table is created with: [outbox] max_poisoned_transactions
+ * of the first configuration seen (the key needs a restart to change). */
+static _Atomic uint32_t poison_capacity = 4096;
+
+/* The table, created by the first reservation (by whichever loop thread
+ * gets there first). */
 static poison_table_t *
 poison_table_get (void)
 {
@@ -382,7 +405,7 @@ poison_table_get (void)
 
    if (t)
       return t;
-   t = poison_table_new (VIRTUAL_POISON_SLOTS, VIRTUAL_POISON_TTL_MS);
+   t = poison_table_new (atomic_load (&poison_capacity), VIRTUAL_POISON_TTL_MS);
    if (!atomic_compare_exchange_strong (&poison_tab, &expected, t)) {
       poison_table_destroy (t);
       t = expected;
@@ -429,15 +452,15 @@ utf8_trim (char *s)
 /* Records the operation's transaction as poisoned, counts it and logs it
  * with the connection id at `level`.  `fmt` says what went wrong; it is
  * quoted in the error a refused commit gets. */
-static void txn_poison (client_conn_t *c, const virtual_op_t *op, log_level_t level, const char *fmt, ...)
+static void txn_poison (client_conn_t *c, virtual_op_t *op, log_level_t level, const char *fmt, ...)
    __attribute__ ((format (printf, 4, 5)));
 
 static void
-txn_poison (client_conn_t *c, const virtual_op_t *op, log_level_t level, const char *fmt, ...)
+txn_poison (client_conn_t *c, virtual_op_t *op, log_level_t level, const char *fmt, ...)
 {
    poison_key_t key;
-   poison_entry_t evicted;
-   char reason[POISON_REASON_MAX], hex[33], evicted_hex[33];
+   char reason[POISON_REASON_MAX], hex[33];
+   bool reserved = op->reserved;
    va_list ap;
 
    va_start (ap, fmt);
@@ -451,18 +474,20 @@ txn_poison (client_conn_t *c, const virtual_op_t *op, log_level_t level, const c
       return;
    }
    lsid_hex (&key, hex);
-   switch (poison_table_add (poison_table_get (), &key, client_id (c), reason, mono_ms (), &evicted)) {
+   /* The operation reserved its slot before it started: the entry always
+    * fits, and no live entry is pushed out for it. */
+   op->reserved = false;
+   switch (poison_table_add (poison_table_get (), &key, client_id (c), reason, mono_ms (), reserved)) {
    case POISON_KNOWN:
       log_conn (level, client_id (c), client_peer (c), "transaction %" PRId64 " of session %s was already poisoned; now also: %s",
                 key.txn_number, hex, reason);
       return;
-   case POISON_ADDED_EVICTED:
-      COUNT (poison_evicted, 1);
-      lsid_hex (&evicted.key, evicted_hex);
-      log_warn ("poisoned transactions: the table is full (%d); forgot the oldest, transaction %" PRId64 " of session %s "
-                "(poisoned on c%" PRIu64 "): a commit of it would no longer be refused",
-                VIRTUAL_POISON_SLOTS, evicted.key.txn_number, evicted_hex, evicted.conn_id);
-      break;
+   case POISON_FULL:
+      /* Only without a reservation, which no operation lacks: a bug. */
+      log_conn (LOG_LEVEL_ERROR, client_id (c), client_peer (c),
+                "transaction %" PRId64 " (session %s) could not be recorded as poisoned, the table is full: %s",
+                key.txn_number, hex, reason);
+      return;
    default:
       break;
    }
@@ -892,22 +917,71 @@ static const char *const outside_txn_msg =
    "relaybus: annotated writes must run inside a transaction (lsid, txnNumber and autocommit: false): start one "
    "with session.withTransaction() or session.startTransaction() and pass the session to the write";
 
+/* Answers request seq with the transient refusal of a full poisoned table:
+ * the transaction may be retried as a whole once entries expire. */
+static void
+answer_poison_full (client_conn_t *c, uint64_t seq, uint32_t capacity)
+{
+   static _Thread_local int64_t last_warn_ms = -1;
+   bson_t doc = BSON_INITIALIZER, labels;
+   bson_error_t error;
+   char errmsg[320];
+   int64_t now = mono_ms ();
+
+   COUNT (poison_full_refused, 1);
+   /* One warning every 10 s per loop thread: a client filling the table on
+    * purpose must not flood the log as well. */
+   if (last_warn_ms < 0 || now - last_warn_ms >= 10000) {
+      last_warn_ms = now;
+      log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
+                "refused an annotated write: %" PRIu32 " poisoned transactions are remembered "
+                "(max_poisoned_transactions); refusing publishes until some expire",
+                capacity);
+   }
+   bson_snprintf (errmsg, sizeof errmsg,
+                  "relaybus: too many poisoned transactions are remembered (max_poisoned_transactions = %" PRIu32
+                  "); annotated writes are refused until some expire: retry the transaction later",
+                  capacity);
+   BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
+   BSON_APPEND_UTF8 (&doc, "errmsg", errmsg);
+   BSON_APPEND_INT32 (&doc, "code", VIRTUAL_POISON_FULL_CODE);
+   BSON_APPEND_UTF8 (&doc, "codeName", "TemporarilyUnavailable");
+   BSON_APPEND_ARRAY_BEGIN (&doc, "errorLabels", &labels);
+   BSON_APPEND_UTF8 (&labels, "0", "TransientTransactionError");
+   bson_append_array_end (&doc, &labels);
+   if (!client_answer (c, seq, &doc, &error))
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering a refused publish: %s", error.message);
+   bson_destroy (&doc);
+}
+
 /* Makes the operation for request seq with the job that writes ann's
  * events (the job takes ann's contents and holds the current configuration).
- * NULL: the client has had an InternalError (no configuration loaded, or the
- * job could not be built). */
+ * The operation holds a slot of the poisoned table, reserved here, so that
+ * it can poison its transaction without evicting anyone.  NULL: the client
+ * has had an error (no configuration loaded, the job could not be built, or
+ * the poisoned table has no free slot). */
 static virtual_op_t *
 op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, const bson_t *body, bool opens_txn)
 {
    config_t *cfg = config_acquire ();
    virtual_op_t *op;
+   poison_table_t *pt;
    bson_error_t error;
 
    if (!cfg) {
       op_answer_error (c, seq, 1, "InternalError", "relaybus: no configuration loaded");
       return NULL;
    }
+   if (!atomic_load_explicit (&poison_tab, memory_order_acquire))
+      atomic_store (&poison_capacity, (uint32_t) cfg->max_poisoned_transactions);
+   pt = poison_table_get ();
+   if (!poison_table_reserve (pt, mono_ms ())) {
+      config_release (cfg);
+      answer_poison_full (c, seq, poison_table_capacity (pt));
+      return NULL;
+   }
    op = op_new (c, seq, state);
+   op->reserved = true;
    op->job = inject_job_new (ann, body, opens_txn, cfg, now_ms (), &error);
    config_release (cfg);
    if (!op->job) {
@@ -1053,6 +1127,77 @@ route_relay (client_conn_t *c,
    return VIRTUAL_TAKEN;
 }
 
+/* The outbox namespace of this process: [outbox] database and
+ * collection_prefix cannot change by reload, so any snapshot's values hold
+ * for good.  Copied once per loop thread. */
+static _Thread_local struct {
+   bool loaded;
+   char database[OUTBOX_NAME_MAX];
+   char prefix[OUTBOX_NAME_MAX];
+} guard_ns;
+
+/* Does client command `msg` write the outbox (and are such writes
+ * refused)?  True with the description in `why`.  Reads no configuration
+ * but on the first call of a thread and for a command that does write the
+ * outbox, which no well-behaved client sends. */
+static bool
+outbox_write_refused (const wire_msg_t *msg, char *why, size_t why_len)
+{
+   outbox_guard_ns_t ns;
+   config_t *cfg;
+   bool allowed;
+
+   if (!guard_ns.loaded) {
+      cfg = config_acquire ();
+      if (!cfg)
+         return false;
+      bson_strncpy (guard_ns.database, cfg->outbox_database, sizeof guard_ns.database);
+      bson_strncpy (guard_ns.prefix, cfg->collection_prefix, sizeof guard_ns.prefix);
+      guard_ns.loaded = true;
+      config_release (cfg);
+   }
+   ns.database = guard_ns.database;
+   ns.prefix = guard_ns.prefix;
+   if (!outbox_guard_writes (&msg->body, msg->sequences, msg->nsequences, &ns, why, why_len))
+      return false;
+   cfg = config_acquire ();
+   allowed = cfg && cfg->allow_client_writes;
+   config_release (cfg);
+   return !allowed;
+}
+
+/* Refuses a client command that writes the outbox: Unauthorized, nothing
+ * forwarded.  With moreToCome no reply can carry the error, and dropping
+ * the write silently would hide it: the connection is closed. */
+static virtual_result_t
+route_refuse_outbox_write (client_conn_t *c,
+                           const wire_msg_t *msg,
+                           const char *why,
+                           int compressor,
+                           stats_close_reason_t *reason,
+                           bson_error_t *error)
+{
+   char errmsg[OUTBOX_GUARD_WHY_MAX + 160];
+   uint64_t seq;
+
+   COUNT (outbox_writes_refused, 1);
+   if (msg->flags & WIRE_MSG_MORE_TO_COME) {
+      *reason = STATS_CLOSE_CLIENT_PROTOCOL;
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 23,
+                      "refused an unacknowledged %s: only the proxy writes the outbox collections", why);
+      return VIRTUAL_FAILED;
+   }
+   if (!hold (c, msg, compressor, &seq, reason, error))
+      return VIRTUAL_FAILED;
+   log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c), "refused a client write to the outbox: %s", why);
+   bson_snprintf (errmsg, sizeof errmsg,
+                  "relaybus: %s is refused: only the proxy writes the outbox collections "
+                  "([outbox] allow_client_writes = false)",
+                  why);
+   op_answer_error (c, seq, 13, "Unauthorized", errmsg);
+   return VIRTUAL_TAKEN;
+}
+
 static virtual_result_t
 virtual_route (client_conn_t *c,
                const wire_msg_t *msg,
@@ -1064,6 +1209,7 @@ virtual_route (client_conn_t *c,
    bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
    bool virtual_cmd = cmd && strncmp (cmd, "relaybus", 8) == 0;
    bool annotated = !virtual_cmd && annotate_msg_present (msg);
+   char why[OUTBOX_GUARD_WHY_MAX];
 
    if (conn_busy (client_id (c))) {
       /* Forwarding this now could let it overtake the outbox writes. */
@@ -1072,6 +1218,10 @@ virtual_route (client_conn_t *c,
                       "request pipelined behind an annotated statement or a relaybus command still running");
       return VIRTUAL_FAILED;
    }
+   /* Before anything else: an annotated write into the outbox is refused
+    * as well.  The proxy's own writes never pass through here. */
+   if (!virtual_cmd && outbox_write_refused (msg, why, sizeof why))
+      return route_refuse_outbox_write (c, msg, why, compressor, reason, error);
    if (more && (virtual_cmd || annotated)) {
       /* No reply can carry an error, and forwarding would write without
        * the events: refuse loudly. */

@@ -1,7 +1,7 @@
 /*
  * test_poison.c - the table of poisoned transactions: keys read from
- * commands, lookup, expiry, the bound (oldest evicted), removal, and a few
- * threads hammering one table.
+ * commands, lookup, expiry, the bound (live entries never evicted),
+ * reservations, removal, and a few threads hammering one table.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -86,7 +86,7 @@ test_lookup (void **state)
    shorter.id_len = 15;
    assert_int_equal (poison_table_count (t), 0);
    assert_false (poison_table_lookup (t, &a, 0, &e)); /* nothing allocated yet */
-   assert_int_equal (poison_table_add (t, &a, 42, "connection lost", 100, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &a, 42, "connection lost", 100, false), POISON_ADDED);
    assert_int_equal (poison_table_count (t), 1);
    assert_true (poison_table_lookup (t, &a, 200, &e));
    assert_int_equal (e.conn_id, 42);
@@ -99,7 +99,7 @@ test_lookup (void **state)
    assert_false (poison_table_lookup (t, &other_session, 200, NULL));
    assert_false (poison_table_lookup (t, &shorter, 200, NULL));
    /* Twice: the first reason and time stay. */
-   assert_int_equal (poison_table_add (t, &a, 43, "outbox write failed", 300, NULL), POISON_KNOWN);
+   assert_int_equal (poison_table_add (t, &a, 43, "outbox write failed", 300, false), POISON_KNOWN);
    assert_true (poison_table_lookup (t, &a, 300, &e));
    assert_string_equal (e.reason, "connection lost");
    assert_int_equal (e.conn_id, 42);
@@ -123,10 +123,10 @@ test_reason_truncated (void **state)
 
    memset (longer, 'x', sizeof longer - 1);
    longer[sizeof longer - 1] = '\0';
-   assert_int_equal (poison_table_add (t, &a, 1, longer, 0, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &a, 1, longer, 0, false), POISON_ADDED);
    assert_true (poison_table_lookup (t, &a, 0, &e));
    assert_int_equal (strlen (e.reason), POISON_REASON_MAX - 1);
-   assert_int_equal (poison_table_add (t, &(poison_key_t){.id_len = 0, .txn_number = 1}, 1, NULL, 0, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &(poison_key_t){.id_len = 0, .txn_number = 1}, 1, NULL, 0, false), POISON_ADDED);
    poison_table_destroy (t);
 }
 
@@ -136,77 +136,140 @@ test_expiry (void **state)
    poison_table_t *t = poison_table_new (8, 1000);
    poison_key_t a = key (1, 1), b = key (2, 1), c = key (3, 1);
 
-   assert_int_equal (poison_table_add (t, &a, 1, "a", 0, NULL), POISON_ADDED);
-   assert_int_equal (poison_table_add (t, &b, 1, "b", 500, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &a, 1, "a", 0, false), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &b, 1, "b", 500, false), POISON_ADDED);
    /* Live up to just before the TTL, gone at it. */
    assert_true (poison_table_lookup (t, &a, 999, NULL));
    assert_false (poison_table_lookup (t, &a, 1000, NULL));
    assert_int_equal (poison_table_count (t), 1); /* a was dropped by the lookup */
    assert_true (poison_table_lookup (t, &b, 1499, NULL));
    /* An add drops what expired too, and an expired key may be poisoned again. */
-   assert_int_equal (poison_table_add (t, &c, 1, "c", 1500, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &c, 1, "c", 1500, false), POISON_ADDED);
    assert_int_equal (poison_table_count (t), 1);
    assert_false (poison_table_lookup (t, &b, 1500, NULL));
-   assert_int_equal (poison_table_add (t, &a, 1, "a again", 1600, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &a, 1, "a again", 1600, false), POISON_ADDED);
    assert_true (poison_table_lookup (t, &a, 2599, NULL));
    assert_false (poison_table_lookup (t, &c, 2599, NULL));
    poison_table_destroy (t);
 }
 
+/* A full table keeps every live entry: a new one is not recorded
+ * (POISON_FULL) and nothing is evicted for it, however many come. */
 static void
 test_bound (void **state)
 {
    enum { CAP = 4 };
    poison_table_t *t = poison_table_new (CAP, 60000);
-   poison_entry_t ev;
    poison_key_t k;
 
+   assert_int_equal (poison_table_capacity (t), CAP);
    for (int64_t n = 0; n < CAP; n++) {
       k = key (9, n);
-      assert_int_equal (poison_table_add (t, &k, (uint64_t) n, "r", n, &ev), POISON_ADDED);
+      assert_int_equal (poison_table_add (t, &k, (uint64_t) n, "r", n, false), POISON_ADDED);
    }
    assert_int_equal (poison_table_count (t), CAP);
-   /* Full: each new entry evicts the oldest, which is reported. */
    for (int64_t n = CAP; n < 3 * CAP; n++) {
       k = key (9, n);
-      memset (&ev, 0, sizeof ev);
-      assert_int_equal (poison_table_add (t, &k, (uint64_t) n, "r", n, &ev), POISON_ADDED_EVICTED);
-      assert_int_equal (ev.key.txn_number, n - CAP);
-      assert_int_equal (ev.conn_id, (uint64_t) (n - CAP));
+      assert_int_equal (poison_table_add (t, &k, (uint64_t) n, "r", n, false), POISON_FULL);
       assert_int_equal (poison_table_count (t), CAP);
    }
+   /* The first CAP are all still there, the later ones are not. */
    for (int64_t n = 0; n < 3 * CAP; n++) {
       k = key (9, n);
-      assert_true (poison_table_lookup (t, &k, 3 * CAP, NULL) == (n >= 2 * CAP));
+      assert_true (poison_table_lookup (t, &k, 3 * CAP, NULL) == (n < CAP));
    }
-   /* A freed slot (removal) is reused before anything is evicted. */
-   k = key (9, 2 * CAP + 1);
+   /* An entry already there is still known when the table is full. */
+   k = key (9, 1);
+   assert_int_equal (poison_table_add (t, &k, 1, "again", 20, false), POISON_KNOWN);
+   /* A freed slot (removal) is used again. */
    assert_true (poison_table_remove (t, &k));
    k = key (9, 100);
-   assert_int_equal (poison_table_add (t, &k, 1, "r", 50, NULL), POISON_ADDED);
-   k = key (9, 2 * CAP);
-   assert_true (poison_table_lookup (t, &k, 50, NULL));
-   /* Removing the newest and the oldest keeps the age order right. */
-   k = key (9, 100);
-   assert_true (poison_table_remove (t, &k));
-   k = key (9, 2 * CAP);
-   assert_true (poison_table_remove (t, &k));
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 50, false), POISON_ADDED);
    k = key (9, 101);
-   assert_int_equal (poison_table_add (t, &k, 1, "r", 60, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 51, false), POISON_FULL);
+   /* Removing the newest and the oldest keeps the age order right: expiry
+    * then frees the oldest first. */
+   k = key (9, 100);
+   assert_true (poison_table_remove (t, &k));
+   k = key (9, 0);
+   assert_true (poison_table_remove (t, &k));
    k = key (9, 102);
-   assert_int_equal (poison_table_add (t, &k, 1, "r", 61, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 60, false), POISON_ADDED);
    k = key (9, 103);
-   assert_int_equal (poison_table_add (t, &k, 1, "r", 62, &ev), POISON_ADDED_EVICTED);
-   assert_int_equal (ev.key.txn_number, 2 * CAP + 2);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 61, false), POISON_ADDED);
+   assert_int_equal (poison_table_count (t), CAP);
+   /* At 60003 the entries of 2 and 3 have expired (60000 ms): two new fit. */
+   k = key (9, 104);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 60003, false), POISON_ADDED);
+   k = key (9, 105);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 60003, false), POISON_ADDED);
+   k = key (9, 106);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 60003, false), POISON_FULL);
+   k = key (9, 102);
+   assert_true (poison_table_lookup (t, &k, 60003, NULL));
    poison_table_destroy (t);
 
    /* A capacity of 0 still holds one. */
    t = poison_table_new (0, 10);
    k = key (1, 1);
-   assert_int_equal (poison_table_add (t, &k, 1, "r", 0, NULL), POISON_ADDED);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 0, false), POISON_ADDED);
    k = key (1, 2);
-   assert_int_equal (poison_table_add (t, &k, 1, "r", 0, NULL), POISON_ADDED_EVICTED);
+   assert_int_equal (poison_table_add (t, &k, 1, "r", 0, false), POISON_FULL);
    assert_int_equal (poison_table_count (t), 1);
+   k = key (1, 1);
+   assert_true (poison_table_lookup (t, &k, 5, NULL));
+   poison_table_destroy (t);
+}
+
+/* The attack the reservation stops: throwaway publishes poisoning their
+ * own transactions fill the table; one poisoned earlier must stay, and new
+ * publishes are refused (no reservation) until entries expire. */
+static void
+test_reserve (void **state)
+{
+   enum { CAP = 3 };
+   poison_table_t *t = poison_table_new (CAP, 1000);
+   poison_key_t real = key (1, 1), k;
+
+   /* A reservation turned into an entry. */
+   assert_true (poison_table_reserve (t, 0));
+   assert_int_equal (poison_table_reserved (t), 1);
+   assert_int_equal (poison_table_add (t, &real, 1, "real", 0, true), POISON_ADDED);
+   assert_int_equal (poison_table_reserved (t), 0);
+   /* Reservations count against the capacity. */
+   assert_true (poison_table_reserve (t, 10));
+   assert_true (poison_table_reserve (t, 10));
+   assert_false (poison_table_reserve (t, 10));
+   assert_int_equal (poison_table_reserved (t), 2);
+   /* An add without a reservation cannot take a promised slot. */
+   k = key (2, 1);
+   assert_int_equal (poison_table_add (t, &k, 2, "r", 10, false), POISON_FULL);
+   /* Holders of reservations always find room. */
+   k = key (3, 1);
+   assert_int_equal (poison_table_add (t, &k, 3, "r", 20, true), POISON_ADDED);
+   /* A known key consumes the reservation too. */
+   assert_int_equal (poison_table_add (t, &real, 3, "r", 20, true), POISON_KNOWN);
+   assert_int_equal (poison_table_reserved (t), 0);
+   assert_int_equal (poison_table_count (t), 2);
+   /* A reservation handed back frees its slot. */
+   assert_true (poison_table_reserve (t, 30));
+   assert_false (poison_table_reserve (t, 30));
+   poison_table_unreserve (t);
+   assert_true (poison_table_reserve (t, 30));
+   k = key (4, 1);
+   assert_int_equal (poison_table_add (t, &k, 4, "r", 30, true), POISON_ADDED);
+   /* Full: throwaway publishes are refused, however many, and the real
+    * entry stays until it expires. */
+   for (int i = 0; i < 100; i++)
+      assert_false (poison_table_reserve (t, 40 + i));
+   assert_true (poison_table_lookup (t, &real, 999, NULL));
+   /* At 1000 the real entry (0) has expired: one reservation fits again. */
+   assert_true (poison_table_reserve (t, 1000));
+   assert_false (poison_table_lookup (t, &real, 1000, NULL));
+   assert_false (poison_table_reserve (t, 1000));
+   poison_table_unreserve (t);
+   poison_table_unreserve (t); /* more than reserved: ignored */
+   assert_int_equal (poison_table_reserved (t), 0);
    poison_table_destroy (t);
 }
 
@@ -220,7 +283,7 @@ test_many (void **state)
    for (uint32_t s = 0; s < 50; s++) {
       for (int64_t n = 1; n <= 20; n++) {
          k = key (s, n);
-         assert_int_equal (poison_table_add (t, &k, s, "r", 0, NULL), POISON_ADDED);
+         assert_int_equal (poison_table_add (t, &k, s, "r", 0, false), POISON_ADDED);
       }
    }
    assert_int_equal (poison_table_count (t), 1000);
@@ -257,7 +320,7 @@ worker (void *arg)
    for (int64_t n = 0; n < 2000; n++) {
       poison_key_t k = key (w->id, n);
 
-      (void) poison_table_add (w->t, &k, w->id, "r", n, NULL);
+      (void) poison_table_add (w->t, &k, w->id, "r", n, false);
       (void) poison_table_lookup (w->t, &k, n, NULL);
       if (n % 3 == 0)
          (void) poison_table_remove (w->t, &k);
@@ -296,6 +359,7 @@ main (void)
       cmocka_unit_test (test_reason_truncated),
       cmocka_unit_test (test_expiry),
       cmocka_unit_test (test_bound),
+      cmocka_unit_test (test_reserve),
       cmocka_unit_test (test_many),
       cmocka_unit_test (test_threads),
    };

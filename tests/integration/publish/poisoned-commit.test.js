@@ -231,7 +231,7 @@ test('/metrics counts the poisoned transactions and the refused commits', async 
   };
   assert.equal(value('relaybus_poisoned_transactions_total'), 4);
   assert.equal(value('relaybus_poisoned_commits_refused_total'), 4);
-  assert.equal(value('relaybus_poisoned_evictions_total'), 0);
+  assert.equal(value('relaybus_poisoned_table_full_refusals_total'), 0);
   assert.ok(value('relaybus_poisoned_transactions') >= 0);
 });
 
