@@ -1098,7 +1098,10 @@ done:
 }
 
 /* Holds the request and sends `body` (with the request's kind-1 sections)
- * in its place; the reply is relayed by on_relay_reply. */
+ * in its place; the reply is relayed by on_relay_reply.  A request sent
+ * with moreToCome is not held and its reply is swallowed: the proxy still
+ * sends it acknowledged, to learn the outcome (a commit to wake on), but
+ * the client asked for no answer and must get none. */
 static virtual_result_t
 route_relay (client_conn_t *c,
              const wire_msg_t *msg,
@@ -1108,12 +1111,14 @@ route_relay (client_conn_t *c,
              stats_close_reason_t *reason,
              bson_error_t *error)
 {
-   uint64_t seq;
+   uint64_t seq = 0;
+   bool answer = (msg->flags & WIRE_MSG_MORE_TO_COME) == 0;
    virtual_op_t *op;
 
-   if (!hold (c, msg, compressor, &seq, reason, error))
+   if (answer && !hold (c, msg, compressor, &seq, reason, error))
       return VIRTUAL_FAILED;
    op = op_new (c, seq, OP_RELAY);
+   op->answer = answer;
    op->is_commit = is_commit;
    if (is_commit)
       txn_key_copy (&msg->body, &op->txn_cmd);
