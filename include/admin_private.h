@@ -94,8 +94,15 @@ void admin_send_text (struct evhttp_request *req,
                       const char *body,
                       size_t len);
 /* Replies with `doc` as relaxed Extended JSON (plain JSON for the types
- * the API uses). */
+ * the API uses).  A key or string that is not valid UTF-8 (from the store)
+ * is repaired with admin_json_repair: it never turns the whole answer into
+ * a 500. */
 void admin_send_json (struct evhttp_request *req, int code, const char *reason, const bson_t *doc);
+/* Appends `in` to `out` with every key and string that is not valid UTF-8
+ * replaced by its utf8_repair (U+FFFD per bad byte); nested documents and
+ * arrays are copied the same way, up to 32 levels (deeper ones are left
+ * out). */
+void admin_json_repair (const bson_t *in, bson_t *out);
 /* Replies {"error": message}; counts 4xx as rejected; 401 adds
  * WWW-Authenticate. */
 void admin_send_error (admin_t *a, struct evhttp_request *req, int code, const char *fmt, ...)

@@ -107,10 +107,9 @@ admin_send_text (struct evhttp_request *req, int code, const char *reason, const
       evbuffer_free (buf);
 }
 
-/* Copies `in` to `out` with every key and string that is not valid UTF-8
- * repaired (U+FFFD for each bad byte).  Answers are built from what the
- * store holds, and anyone with access to it (or an older version) may have
- * written such a string: one of them must not fail the whole answer. */
+/* Answers are built from what the store holds, and anyone with access to
+ * it (or an older version) may have written a string that is not UTF-8:
+ * one of them must not fail the whole answer. */
 static void
 json_repair (const bson_t *in, bson_t *out, int depth)
 {
@@ -159,6 +158,12 @@ json_repair (const bson_t *in, bson_t *out, int depth)
 }
 
 void
+admin_json_repair (const bson_t *in, bson_t *out)
+{
+   json_repair (in, out, 0);
+}
+
+void
 admin_send_json (struct evhttp_request *req, int code, const char *reason, const bson_t *doc)
 {
    size_t len = 0;
@@ -168,7 +173,7 @@ admin_send_json (struct evhttp_request *req, int code, const char *reason, const
       /* Most likely a string that is not UTF-8: repair and try again. */
       bson_t fixed = BSON_INITIALIZER;
 
-      json_repair (doc, &fixed, 0);
+      admin_json_repair (doc, &fixed);
       json = bson_as_relaxed_extended_json (&fixed, &len);
       bson_destroy (&fixed);
    }
