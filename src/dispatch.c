@@ -17,14 +17,21 @@
  *           every poll_interval_ms.
  *   flush   completes the deliveries that finished since the last flush
  *           with one completeMany (the "completion batching").
- *   renew   every lease_ms / 3, extends the lease of each lane with work in
- *           flight (one extendLease per lane).
+ *   renew   every lease_ms / 3, on a thread of its own (a slow claim never
+ *           delays it), renews every running delivery: one transaction per
+ *           lane checks each of its claims and extends the lane.
+ *   settle  retries, with backoff, the completions, burials and
+ *           reschedules that failed (a failover, a lost connection): the
+ *           job is kept until it is settled, its lease turns out stale, or
+ *           one lease has passed (then the store takes the claim back as
+ *           abandoned, and the delivery runs again).
  *   stop    stops claiming, waits for requests in flight (bounded), releases
  *           what still runs, flushes, relinquishes the lanes, exits.
  *
- * Every job is in exactly one place: the running list (request in flight)
- * or the done list (waiting for the flush); it is freed when it leaves
- * both.
+ * Every job is in exactly one place: the running list (request in flight),
+ * the done list (waiting for the flush) or the unsettled list (a settling
+ * call failed; retried); it is freed when it leaves all three.  Unsettled
+ * jobs count against their handler's concurrency, so the list is bounded.
  */
 #include "dispatch.h"
 
@@ -50,12 +57,24 @@
 #define DISPATCH_STOP_WAIT_MAX_MS 10000
 /* Setup retry interval while the upstream is unreachable. */
 #define DISPATCH_SETUP_RETRY_MS 2000
+/* Backoff of a settling call that failed: doubles from the first to the
+ * last. */
+#define DISPATCH_SETTLE_RETRY_MIN_MS 100
+#define DISPATCH_SETTLE_RETRY_MAX_MS 5000
 
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in dispatcher_t.cfg, which we hold */
    webhook_t *wh;
-   int64_t running;
+   int64_t running;   /* requests in flight */
+   int64_t unsettled; /* jobs of the unsettled list */
 } handler_rt_t;
+
+/* How a finished job is to be settled. */
+typedef enum {
+   JOB_SETTLE_COMPLETE,
+   JOB_SETTLE_BURY,
+   JOB_SETTLE_RESCHEDULE,
+} job_settle_t;
 
 typedef struct job {
    struct job *prev, *next;
@@ -64,7 +83,23 @@ typedef struct job {
    store_delivery_t d; /* owned: moved out of the claim's batch */
    webhook_req_t *req;
    int64_t started_ms; /* when its request started, for the latency metric */
+   /* Settling, once its request ended. */
+   job_settle_t settle;
+   char *why;        /* owned: last error of a bury or reschedule */
+   int64_t due_at;   /* reschedule: due again at */
+   int64_t retry_at; /* unsettled: next try */
+   int64_t retry_ms; /* unsettled: current backoff */
+   int64_t give_up;  /* unsettled: after this the store takes the claim back */
 } job_t;
+
+/* The leases the renewal thread renews: a copy of each running job's id
+ * and lease, guarded by mu. */
+typedef struct {
+   pthread_mutex_t mu;
+   store_ref_t *refs; /* lease points into leases[] */
+   char (*leases)[OUTBOX_LEASE_TOKEN_MAX];
+   size_t n, cap;
+} renew_set_t;
 
 /* The dispatcher.  Created by dispatch_start on the main thread, then used
  * only by its own thread until dispatch_stop joins it and frees it. */
@@ -85,12 +120,23 @@ typedef struct {
    size_t n_handlers;
    bool dispatching; /* enabled with at least one webhook handler */
 
-   struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *renew_ev, *stop_ev, *deadline_ev, *reload_ev;
+   struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *stop_ev, *deadline_ev, *reload_ev;
    config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
    job_t *running;
    size_t n_running;
    job_t **done;
    size_t n_done, cap_done;
+   job_t **unsettled;
+   size_t n_unsettled, cap_unsettled;
+   struct event *settle_ev;
+
+   /* The renewal thread: its own event base and timer. */
+   pthread_t renew_thread;
+   bool renew_started;
+   struct event_base *renew_base;
+   struct event *renew_tick_ev, *renew_stop_ev;
+   renew_set_t renew_set;
+   atomic_int_fast64_t renew_lease_ms;
    bool setup_done, stopping, finished;
    atomic_bool wake_pending;
    uint64_t rnd;
@@ -131,6 +177,7 @@ next_rnd (dispatcher_t *d)
 static void
 job_free (job_t *j)
 {
+   bson_free (j->why);
    bson_free (j->d.event_id);
    bson_free (j->d.handler);
    bson_free (j->d.event_type);
@@ -140,9 +187,41 @@ job_free (job_t *j)
    bson_free (j);
 }
 
+/* ------------------------------------------------------- renewal set */
+
+static void
+renew_set_add (renew_set_t *rs, const job_t *j)
+{
+   pthread_mutex_lock (&rs->mu);
+   if (rs->n == rs->cap) {
+      rs->cap = rs->cap ? rs->cap * 2 : 64;
+      rs->refs = bson_realloc (rs->refs, rs->cap * sizeof *rs->refs);
+      rs->leases = bson_realloc (rs->leases, rs->cap * sizeof *rs->leases);
+   }
+   rs->refs[rs->n].id = j->d.id;
+   bson_strncpy (rs->leases[rs->n], j->d.lease, sizeof rs->leases[rs->n]);
+   rs->n++;
+   pthread_mutex_unlock (&rs->mu);
+}
+
+static void
+renew_set_remove (renew_set_t *rs, const job_t *j)
+{
+   pthread_mutex_lock (&rs->mu);
+   for (size_t i = 0; i < rs->n; i++)
+      if (bson_oid_equal (&rs->refs[i].id, &j->d.id) && !strcmp (rs->leases[i], j->d.lease)) {
+         rs->n--;
+         rs->refs[i] = rs->refs[rs->n];
+         memcpy (rs->leases[i], rs->leases[rs->n], sizeof rs->leases[i]);
+         break;
+      }
+   pthread_mutex_unlock (&rs->mu);
+}
+
 static void
 running_remove (dispatcher_t *d, job_t *j)
 {
+   renew_set_remove (&d->renew_set, j);
    if (j->prev)
       j->prev->next = j->next;
    else
@@ -165,80 +244,228 @@ static void finish (dispatcher_t *d);
 
 /* --------------------------------------------------------------- settle */
 
-static void
-bury (dispatcher_t *d, job_t *j, const char *why)
+/* Buries or reschedules j; false when the call failed (j is then to be
+ * kept and tried again). */
+static bool
+settle_one (dispatcher_t *d, job_t *j)
 {
    store_ref_t r = job_ref (j);
    bson_error_t err;
-   bool applied = false;
+   bool applied = false, ok;
    char hex[25];
 
    bson_oid_to_string (&j->d.id, hex);
-   if (!store_bury (d->store, &r, now_ms (), why, &applied, &err))
-      log_warn ("dispatch: %s delivery %s: bury failed: %s", j->h->cfg->name, hex, err.message);
-   else if (applied) {
+   if (j->settle == JOB_SETTLE_BURY)
+      ok = store_bury (d->store, &r, now_ms (), j->why, &applied, &err);
+   else
+      ok = store_reschedule (d->store, &r, now_ms (), j->due_at, j->why, &applied, &err);
+   if (!ok) {
+      log_warn ("dispatch: %s delivery %s: %s failed (tried again): %s",
+                j->h->cfg->name,
+                hex,
+                j->settle == JOB_SETTLE_BURY ? "bury" : "reschedule",
+                err.message);
+      return false;
+   }
+   if (!applied)
+      log_info ("dispatch: %s delivery %s: its lease is stale; left to its current claim", j->h->cfg->name, hex);
+   else if (j->settle == JOB_SETTLE_BURY) {
       atomic_fetch_add (&g_stats.dead, 1);
       log_warn ("dispatch: %s delivery %s (event %s) is dead after attempt %d: %s",
                 j->h->cfg->name,
                 hex,
                 j->d.event_id,
                 j->d.attempt,
-                why);
+                j->why ? j->why : "");
+   } else {
+      atomic_fetch_add (&g_stats.rescheduled, 1);
+      log_info ("dispatch: %s delivery %s attempt %d failed (%s); due again in %" PRId64 " ms",
+                j->h->cfg->name,
+                hex,
+                j->d.attempt,
+                j->why ? j->why : "",
+                j->due_at - now_ms ());
    }
+   return true;
+}
+
+/* Keeps a job whose settling call failed, to try again with backoff. */
+static void
+keep_unsettled (dispatcher_t *d, job_t *j)
+{
+   int64_t now = now_ms ();
+
+   if (j->retry_ms == 0) {
+      j->retry_ms = DISPATCH_SETTLE_RETRY_MIN_MS;
+      j->give_up = now + d->cfg->lease_ms;
+   } else if (j->retry_ms < DISPATCH_SETTLE_RETRY_MAX_MS) {
+      j->retry_ms *= 2;
+      if (j->retry_ms > DISPATCH_SETTLE_RETRY_MAX_MS)
+         j->retry_ms = DISPATCH_SETTLE_RETRY_MAX_MS;
+   }
+   j->retry_at = now + j->retry_ms;
+   if (d->n_unsettled == d->cap_unsettled) {
+      d->cap_unsettled = d->cap_unsettled ? d->cap_unsettled * 2 : 16;
+      d->unsettled = bson_realloc (d->unsettled, d->cap_unsettled * sizeof *d->unsettled);
+   }
+   d->unsettled[d->n_unsettled++] = j;
+   j->h->unsettled++;
+   /* A pending retry may be later than this one: fire at the earliest
+    * (settle_retry only tries what is due and re-arms for the rest). */
+   schedule (d->settle_ev, evtimer_pending (d->settle_ev, NULL) ? DISPATCH_SETTLE_RETRY_MIN_MS : j->retry_ms);
+}
+
+/* Settles j now, or keeps it to try again. */
+static void
+settle_or_keep (dispatcher_t *d, job_t *j)
+{
+   if (settle_one (d, j))
+      job_free (j);
+   else
+      keep_unsettled (d, j);
+}
+
+static void
+bury (dispatcher_t *d, job_t *j, const char *why)
+{
+   j->settle = JOB_SETTLE_BURY;
+   bson_free (j->why);
+   j->why = bson_strdup (why ? why : "");
+   settle_or_keep (d, j);
 }
 
 static void
 reschedule (dispatcher_t *d, job_t *j, int64_t delay_ms, const char *why)
 {
-   store_ref_t r = job_ref (j);
-   bson_error_t err;
-   bool applied = false;
-   int64_t now = now_ms ();
-   char hex[25];
-
-   bson_oid_to_string (&j->d.id, hex);
-   if (!store_reschedule (d->store, &r, now, now + delay_ms, why, &applied, &err))
-      log_warn ("dispatch: %s delivery %s: reschedule failed: %s", j->h->cfg->name, hex, err.message);
-   else if (applied) {
-      atomic_fetch_add (&g_stats.rescheduled, 1);
-      log_info ("dispatch: %s delivery %s attempt %d failed (%s); retry in %" PRId64 " ms",
-                j->h->cfg->name,
-                hex,
-                j->d.attempt,
-                why,
-                delay_ms);
-   }
+   j->settle = JOB_SETTLE_RESCHEDULE;
+   bson_free (j->why);
+   j->why = bson_strdup (why ? why : "");
+   j->due_at = now_ms () + delay_ms;
+   settle_or_keep (d, j);
 }
 
-/* Completes everything in the done list with one completeMany. */
-static void
-flush (dispatcher_t *d)
+/* Completes the jobs with one completeMany; true when the call succeeded
+ * (each job is then freed), false when it failed (the jobs are untouched,
+ * to be tried again). */
+static bool
+complete_jobs (dispatcher_t *d, job_t **jobs, size_t n)
 {
    store_ref_t *refs;
    bool *ok;
    bson_error_t err;
-   size_t n = d->n_done, proven = 0;
+   size_t proven = 0;
 
    if (n == 0)
-      return;
+      return true;
    refs = bson_malloc (n * sizeof *refs);
    ok = bson_malloc0 (n * sizeof *ok);
    for (size_t i = 0; i < n; i++)
-      refs[i] = job_ref (d->done[i]);
-   if (!store_complete_many (d->store, refs, n, now_ms (), ok, &err))
-      log_warn ("dispatch: completing %zu deliveries failed (they run again after their lease): %s", n, err.message);
+      refs[i] = job_ref (jobs[i]);
+   if (!store_complete_many (d->store, refs, n, now_ms (), ok, &err)) {
+      log_warn ("dispatch: completing %zu deliveries failed (tried again): %s", n, err.message);
+      bson_free (refs);
+      bson_free (ok);
+      return false;
+   }
    for (size_t i = 0; i < n; i++) {
       proven += ok[i];
-      job_free (d->done[i]);
+      job_free (jobs[i]);
    }
    atomic_fetch_add (&g_stats.completed, proven);
    if (proven < n) {
       atomic_fetch_add (&g_stats.lost_completions, n - proven);
       log_warn ("dispatch: %zu of %zu completions not proven (a lane changed hands): they may run again", n - proven, n);
    }
-   d->n_done = 0;
    bson_free (refs);
    bson_free (ok);
+   return true;
+}
+
+/* Completes everything in the done list with one completeMany; what could
+ * not be completed is kept and tried again. */
+static void
+flush (dispatcher_t *d)
+{
+   size_t n = d->n_done;
+
+   if (n == 0)
+      return;
+   d->n_done = 0;
+   if (!complete_jobs (d, d->done, n))
+      for (size_t i = 0; i < n; i++) {
+         d->done[i]->settle = JOB_SETTLE_COMPLETE;
+         keep_unsettled (d, d->done[i]);
+      }
+}
+
+/* Tries the unsettled jobs that are due: the completions together, the
+ * others one by one.  A job that failed for a lease is dropped: its claim
+ * is stale or about to be, and the store takes it back as abandoned. */
+static void
+settle_retry (dispatcher_t *d, bool all)
+{
+   int64_t now = now_ms ();
+   job_t **due = NULL, **complete = NULL;
+   size_t n_due = 0, n_complete = 0;
+   int64_t next = 0;
+
+   if (d->n_unsettled == 0)
+      return;
+   due = bson_malloc (d->n_unsettled * sizeof *due);
+   complete = bson_malloc (d->n_unsettled * sizeof *complete);
+   for (size_t i = 0; i < d->n_unsettled;) {
+      job_t *j = d->unsettled[i];
+      if (all || j->retry_at <= now) {
+         d->unsettled[i] = d->unsettled[--d->n_unsettled];
+         j->h->unsettled--;
+         due[n_due++] = j;
+      } else
+         i++;
+   }
+   for (size_t i = 0; i < n_due; i++) {
+      job_t *j = due[i];
+      if (now >= j->give_up && !all) {
+         char hex[25];
+         bson_oid_to_string (&j->d.id, hex);
+         log_warn ("dispatch: %s delivery %s could not be settled for a lease; it runs again", j->h->cfg->name, hex);
+         job_free (j);
+      } else if (j->settle == JOB_SETTLE_COMPLETE)
+         complete[n_complete++] = j;
+      else if (settle_one (d, j))
+         job_free (j);
+      else if (all)
+         job_free (j); /* stopping: the store takes it back after its lease */
+      else
+         keep_unsettled (d, j);
+   }
+   if (!complete_jobs (d, complete, n_complete))
+      for (size_t i = 0; i < n_complete; i++) {
+         if (all)
+            job_free (complete[i]);
+         else
+            keep_unsettled (d, complete[i]);
+      }
+   for (size_t i = 0; i < d->n_unsettled; i++)
+      if (next == 0 || d->unsettled[i]->retry_at < next)
+         next = d->unsettled[i]->retry_at;
+   if (d->n_unsettled > 0 && !all)
+      schedule (d->settle_ev, next > now ? next - now : 0);
+   bson_free (due);
+   bson_free (complete);
+}
+
+static void
+settle_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+
+   (void) fd;
+   (void) what;
+   if (d->finished)
+      return;
+   settle_retry (d, false);
+   if (!d->stopping)
+      schedule (d->tick_ev, 0); /* freed slots, and a key may be claimable */
 }
 
 static void
@@ -292,7 +519,6 @@ job_done_cb (const webhook_result_t *res, void *arg)
                         ? res->retry_after_ms
                         : webhook_backoff_ms (j->d.attempt, next_rnd (d)),
                      res->error);
-      job_free (j);
       if (!d->stopping)
          schedule (d->tick_ev, 0);
    }
@@ -320,9 +546,8 @@ start_job (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    if (j->d.attempt > h->cfg->max_attempts) {
       /* Its workers kept losing their leases (crashing): the charged
        * attempts ran out before this one started. */
-      bury (d, j, "attempts exhausted: lost its lease on every attempt");
       metrics_delivery_observe (h->cfg->name, METRICS_DELIVERY_DEAD, 0);
-      job_free (j);
+      bury (d, j, "attempts exhausted: lost its lease on every attempt");
       return;
    }
    body = webhook_body (&j->d, &len);
@@ -332,6 +557,7 @@ start_job (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    d->running = j;
    d->n_running++;
    h->running++;
+   renew_set_add (&d->renew_set, j);
    atomic_fetch_add (&g_stats.http_requests, 1);
    j->started_ms = now_ms ();
    j->req = webhook_send (h->wh, hex, now_ms () / 1000, body, len, job_done_cb, j, &err);
@@ -360,7 +586,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    flush (d);
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = &d->handlers[i];
-      int64_t free_slots = h->wh ? h->cfg->concurrency - h->running : 0;
+      int64_t free_slots = h->wh ? h->cfg->concurrency - h->running - h->unsettled : 0;
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;
    }
@@ -410,27 +636,85 @@ wake_cb (evutil_socket_t fd, short what, void *arg)
 /* ---------------------------------------------------------------- renew */
 
 static void
+renew_arm (dispatcher_t *d)
+{
+   int64_t ms = atomic_load (&d->renew_lease_ms) / 3;
+   schedule (d->renew_tick_ev, ms > 0 ? ms : 1);
+}
+
+/* On the renewal thread: renews every running delivery's lease (a copy of
+ * the running set, taken under its lock; the store calls run without it). */
+static void
 renew_cb (evutil_socket_t fd, short what, void *arg)
 {
    dispatcher_t *d = arg;
-   bool seen[OUTBOX_LANES] = {0};
-   int64_t now = now_ms ();
+   renew_set_t *rs = &d->renew_set;
+   store_ref_t *refs = NULL;
+   char (*leases)[OUTBOX_LEASE_TOKEN_MAX] = NULL;
+   bool *applied = NULL;
+   bool lost[OUTBOX_LANES] = {0};
+   bson_error_t err;
+   size_t n;
 
    (void) fd;
    (void) what;
-   for (job_t *j = d->running; j; j = j->next) {
-      outbox_lease_t lease;
-      store_ref_t r = job_ref (j);
-      bson_error_t err;
-      bool applied = false;
-      if (!outbox_lease_parse (j->d.lease, &lease) || seen[lease.lane_id])
-         continue;
-      seen[lease.lane_id] = true;
-      if (!store_extend_lease (d->store, &r, now, d->cfg->lease_ms, &applied, &err))
-         log_warn ("dispatch: renewing lane %u: %s", lease.lane_id, err.message);
-      else if (!applied)
-         log_warn ("dispatch: lane %u was lost before its renewal; its deliveries may run twice", lease.lane_id);
+   pthread_mutex_lock (&rs->mu);
+   n = rs->n;
+   if (n > 0) {
+      refs = bson_malloc (n * sizeof *refs);
+      leases = bson_malloc (n * sizeof *leases);
+      memcpy (leases, rs->leases, n * sizeof *leases);
+      for (size_t i = 0; i < n; i++) {
+         refs[i].id = rs->refs[i].id;
+         refs[i].lease = leases[i];
+      }
    }
+   pthread_mutex_unlock (&rs->mu);
+   if (n > 0) {
+      applied = bson_malloc0 (n * sizeof *applied);
+      if (!store_extend_leases (d->store, refs, n, now_ms (), atomic_load (&d->renew_lease_ms), applied, &err))
+         log_warn ("dispatch: renewing leases: %s", err.message);
+      else
+         for (size_t i = 0; i < n; i++) {
+            outbox_lease_t lease;
+            bool still = false;
+            if (applied[i] || !outbox_lease_parse (refs[i].lease, &lease) || lost[lease.lane_id])
+               continue;
+            /* A request that finished meanwhile was settled, not lost. */
+            pthread_mutex_lock (&rs->mu);
+            for (size_t k = 0; k < rs->n && !still; k++)
+               still = bson_oid_equal (&rs->refs[k].id, &refs[i].id) && !strcmp (rs->leases[k], refs[i].lease);
+            pthread_mutex_unlock (&rs->mu);
+            if (still) {
+               lost[lease.lane_id] = true;
+               log_warn ("dispatch: a claim of lane %u was lost before its renewal; its delivery may run twice", lease.lane_id);
+            }
+         }
+   }
+   bson_free (refs);
+   bson_free (leases);
+   bson_free (applied);
+   renew_arm (d);
+}
+
+static void
+renew_stop_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   (void) fd;
+   (void) what;
+   event_base_loopbreak (d->renew_base);
+}
+
+static void *
+renew_thread (void *arg)
+{
+   dispatcher_t *d = arg;
+
+   log_set_thread_name ("renew");
+   renew_arm (d);
+   event_base_dispatch (d->renew_base);
+   return NULL;
 }
 
 /* ---------------------------------------------------------------- setup */
@@ -486,8 +770,15 @@ finish (dispatcher_t *d)
       }
       job_free (j);
    }
-   if (reachable)
+   if (reachable) {
       flush (d);
+      settle_retry (d, true); /* one more try for what is unsettled */
+   }
+   for (size_t i = 0; i < d->n_unsettled; i++) {
+      d->unsettled[i]->h->unsettled--;
+      job_free (d->unsettled[i]);
+   }
+   d->n_unsettled = 0;
    if (reachable && !store_relinquish (d->store, now, &err))
       log_warn ("dispatch: handing lanes back: %s", err.message);
    if (!reachable)
@@ -546,11 +837,11 @@ dispatch_thread (void *arg)
 
 /* --------------------------------------------------------------- reload */
 
+/* The renewal thread picks the new lease up at its next tick. */
 static void
 renew_schedule (dispatcher_t *d)
 {
-   struct timeval tv = {(time_t) (d->cfg->lease_ms / 3000), (suseconds_t) ((d->cfg->lease_ms / 3 % 1000) * 1000)};
-   event_add (d->renew_ev, &tv);
+   atomic_store (&d->renew_lease_ms, d->cfg->lease_ms);
 }
 
 /* Takes a reloaded snapshot: poll_interval_ms, batch_size and lease_ms
@@ -611,18 +902,30 @@ dispatcher_free (dispatcher_t *d)
       return;
    for (size_t i = 0; i < d->n_done; i++)
       job_free (d->done[i]);
+   for (size_t i = 0; i < d->n_unsettled; i++)
+      job_free (d->unsettled[i]);
    while (d->running) {
       job_t *j = d->running;
       running_remove (d, j);
       job_free (j);
    }
    bson_free (d->done);
+   bson_free (d->unsettled);
+   if (d->renew_tick_ev)
+      event_free (d->renew_tick_ev);
+   if (d->renew_stop_ev)
+      event_free (d->renew_stop_ev);
+   if (d->renew_base)
+      event_base_free (d->renew_base);
+   bson_free (d->renew_set.refs);
+   bson_free (d->renew_set.leases);
+   pthread_mutex_destroy (&d->renew_set.mu);
    for (size_t i = 0; i < d->n_handlers; i++)
       webhook_destroy (d->handlers[i].wh);
    bson_free (d->handlers);
    bson_free (d->claim_handlers);
    config_release (d->pending_cfg);
-   struct event *evs[] = {d->setup_ev, d->tick_ev, d->wake_ev, d->flush_ev, d->renew_ev, d->stop_ev, d->deadline_ev, d->reload_ev};
+   struct event *evs[] = {d->setup_ev, d->tick_ev, d->wake_ev, d->flush_ev, d->settle_ev, d->stop_ev, d->deadline_ev, d->reload_ev};
    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
       if (evs[i])
          event_free (evs[i]);
@@ -644,6 +947,8 @@ bool
 dispatch_start (config_t *cfg, bson_error_t *error)
 {
    dispatcher_t *d = bson_malloc0 (sizeof *d);
+
+   pthread_mutex_init (&d->renew_set.mu, NULL);
    store_opts_t so = {0};
    bson_error_t err;
    size_t n_webhooks = 0;
@@ -712,12 +1017,20 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->tick_ev = evtimer_new (d->base, tick_cb, d);
    d->wake_ev = event_new (d->base, -1, 0, wake_cb, d);
    d->flush_ev = event_new (d->base, -1, 0, flush_cb, d);
-   d->renew_ev = event_new (d->base, -1, EV_PERSIST, renew_cb, d);
+   d->settle_ev = evtimer_new (d->base, settle_cb, d);
    d->stop_ev = event_new (d->base, -1, 0, stop_cb, d);
    d->deadline_ev = evtimer_new (d->base, deadline_cb, d);
    d->reload_ev = event_new (d->base, -1, 0, reload_cb, d);
-   if (d->dispatching)
-      renew_schedule (d);
+   atomic_store (&d->renew_lease_ms, cfg->lease_ms);
+   if (d->dispatching) {
+      d->renew_base = event_base_new ();
+      if (!d->renew_base) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 22, "dispatch: cannot create an event base");
+         goto fail;
+      }
+      d->renew_tick_ev = evtimer_new (d->renew_base, renew_cb, d);
+      d->renew_stop_ev = event_new (d->renew_base, -1, 0, renew_stop_cb, d);
+   }
 
    /* Setup now, so the publishing path finds the collections; if the
     * upstream is not there yet, the thread retries. */
@@ -745,6 +1058,12 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       goto fail;
    }
    d->thread_started = true;
+   if (d->renew_base) {
+      if (pthread_create (&d->renew_thread, NULL, renew_thread, d) != 0)
+         log_warn ("dispatch: cannot start the renewal thread; leases are not renewed while requests run");
+      else
+         d->renew_started = true;
+   }
    /* The publishing path wakes us after a commit it injected into. */
    publish_set_wake_hook (dispatch_wake);
    if (d->dispatching)
@@ -775,6 +1094,12 @@ dispatch_stop (void)
    if (d->thread_started) {
       event_active (d->stop_ev, EV_TIMEOUT, 0);
       pthread_join (d->thread, NULL);
+   }
+   if (d->renew_started) {
+      /* After the dispatcher: its stop waits for requests whose leases
+       * are still renewed meanwhile. */
+      event_active (d->renew_stop_ev, EV_TIMEOUT, 0);
+      pthread_join (d->renew_thread, NULL);
    }
    pthread_mutex_lock (&g_mu);
    g_d = NULL;
