@@ -259,8 +259,11 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
       ok = store_with_txn (s, c.client, complete_txn_cb, &t, error);
    } else {
       ok = complete_fence (&c, NULL, docs, error) && complete_delete (&c, NULL, docs, error);
-      if (!ok && error && error->domain != STORE_ERROR_DOMAIN)
-         store_set_error (error, STORE_ERROR_SERVER, "completing: %s", error->message);
+      if (!ok && error && error->domain != STORE_ERROR_DOMAIN) {
+         char msg[sizeof error->message];
+         bson_strncpy (msg, error->message, sizeof msg);
+         store_set_error (error, STORE_ERROR_SERVER, "completing: %s", msg);
+      }
    }
    mongoc_client_pool_push (s->pool, c.client);
    if (ok && c.n_deleted == c.n_valid) {
