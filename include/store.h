@@ -106,7 +106,10 @@ typedef struct {
  * reference: held lanes first, then free lanes 4, 8, 16... per round, the
  * oldest due first; per-key rules; one bulkWrite).  `out` must be empty
  * ({0}); the caller clears it with store_batch_clear.  A claim that fails
- * reconciles this instance's lanes before it returns false. */
+ * reconciles this instance's lanes before it returns false.  A listed
+ * delivery whose claim this instance did not hand out, or handed out and
+ * neither settled nor renewed for opts->lease_ms, is taken back (its claim
+ * generation moves on) and may be handed out again at once. */
 bool store_claim (store_t *store, const store_claim_opts_t *opts, store_batch_t *out, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 void store_batch_clear (store_batch_t *batch);
