@@ -791,8 +791,10 @@ load_held (claim_t *c, bson_error_t *error)
                continue;
             }
             is = store_issued_find (s, &l->inflight.v[j]);
-            if (is && is->lane == l->lane && is->epoch == l->epoch && is->claims == found_claims[f] &&
-                is->expires > c->o->now) {
+            /* A lane left alone this claim (its lost claims could not be
+             * charged) is not written: what it lists waits too. */
+            if (l->skip || (is && is->lane == l->lane && is->epoch == l->epoch && is->claims == found_claims[f] &&
+                            is->expires > c->o->now)) {
                store_oids_push (&still, &l->inflight.v[j]);
                if (found_h[f])
                   key_get (c, found_h[f], found_k[f])->running = true;
