@@ -1,0 +1,71 @@
+'use strict';
+// Renewal never waits behind a slow claim: while a webhook request runs
+// longer than lease_ms, the dispatcher's claims are made slow (every
+// aggregate it sends waits 2.5 s, longer than the lease, through
+// failCommand's blockConnection with appName "relaybus-proxy dispatch").
+// The lease of the lane that runs the request must stay live the whole
+// time: renewal runs beside the claims, not after them.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { MongoClient } = require('mongodb');
+const { startUpstream, uniqueDbName, sleep } = require('../lib/proxy');
+const { startSink } = require('./sink');
+const { startDispatchProxy, publish, laneId, waitFor } = require('./helpers');
+
+const LEASE_MS = 1500;
+
+test('renewal: a slow claim does not let a running delivery\'s lease lapse', { timeout: 120000 }, async (t) => {
+  const up = await startUpstream();
+  t.after(() => up.stop());
+  const admin = await new MongoClient(up.uri).connect();
+  t.after(() => admin.close());
+  const fp = (mode, data) => admin.db('admin').command({ configureFailPoint: 'failCommand', mode, data });
+  try {
+    await fp('off', {});
+  } catch (e) {
+    t.skip(`the upstream has no failCommand fail point (${e.message}); a real server needs enableTestCommands`);
+    return;
+  }
+  const sink = await startSink({ delayMs: 6000 });
+  t.after(() => sink.close());
+  const db = uniqueDbName('dispatch_renewal');
+  const handlers = [{ name: 'slow', events: '*', kind: 'webhook', url: sink.url('/slow'), timeout_ms: 20000 }];
+  const p = await startDispatchProxy({
+    upstream: up.uri,
+    outbox: { database: db },
+    dispatch: { poll_interval_ms: 100, lease_ms: LEASE_MS },
+    handlers,
+  });
+  t.after(() => p.kill());
+  await publish(admin, db, [{ id: 'slow-1', type: 'slow.v1', key: 'k', payload: {} }], ['slow']);
+  await waitFor(async () => sink.stats().pendingNow === 1, 20000, 'the slow request to start');
+  await fp('alwaysOn', {
+    failCommands: ['aggregate'],
+    appName: 'relaybus-proxy dispatch',
+    blockConnection: true,
+    blockTimeMS: 2500,
+  });
+  t.after(() => fp('off', {}).catch(() => {}));
+
+  // While the request runs, the lane's lease never lapses.
+  const lanes = admin.db(db).collection('relaybus_lanes');
+  const lane = laneId('k', 'slow-1');
+  let lapsed = 0;
+  let checks = 0;
+  while (sink.stats().pendingNow === 1) {
+    const doc = await lanes.findOne({ _id: lane });
+    if (sink.stats().pendingNow !== 1) break;
+    checks++;
+    const expires = doc.leaseExpiresAt ? doc.leaseExpiresAt.getTime() : 0;
+    if (expires < Date.now()) lapsed++;
+    await sleep(100);
+  }
+  await fp('off', {});
+  t.diagnostic(`${checks} checks of lane ${lane} while the request ran, ${lapsed} with the lease lapsed`);
+  assert.ok(checks > 20, 'the request ran for a while under slow claims');
+  assert.equal(lapsed, 0, 'the lease lapsed while its delivery was running');
+  await waitFor(async () => (await admin.db(db).collection('relaybus_deliveries').countDocuments({})) === 0, 20000, 'the completion');
+  assert.equal(sink.duplicates(), 0);
+  assert.equal((await p.stop()).code, 0);
+});
