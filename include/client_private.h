@@ -29,6 +29,11 @@ struct loopwake;
 typedef struct client_job client_job_t;
 typedef struct client_worker client_worker_t;
 
+/* Requests whose decoding touches at least this many bytes (their length,
+ * or for OP_COMPRESSED the announced uncompressed size) are decoded by the
+ * loop's worker thread (client_route.c). */
+#define CLIENT_OFFLOAD_MIN (1024 * 1024)
+
 /* What the upstream's reply to one request is for. */
 typedef enum {
    UPREQ_RELAY,    /* relay to the client (responseTo mapped back) */
@@ -114,6 +119,23 @@ struct client_conn {
    upstream_req_t upreqs[CLIENT_MAX_UPSTREAM_INFLIGHT];
    uint32_t up_head, up_count;
 
+   /* The process-wide memory bound (client.c, "memory").  mem_held: bytes
+    * in this connection's buffers, kept exact by evbuffer callbacks;
+    * mem_partial: reserved for the rest of the partial request at the
+    * front of the input; mem_decode: reserved for the request being
+    * decompressed (and, off the loop, for its bytes).  All three are in
+    * stats.buffered_bytes.  A connection whose reservation does not fit
+    * waits in loop->mem_wait_head (FIFO) with mem_need, that side not
+    * read. */
+   struct evbuffer_cb_entry *mem_cb_in, *mem_cb_out, *mem_cb_up_in, *mem_cb_up_out;
+   int64_t mem_held;
+   int64_t mem_partial;    /* the client's partial request */
+   int64_t mem_partial_up; /* the upstream's partial reply */
+   int64_t mem_decode;
+   int64_t mem_need;
+   unsigned mem_wait_sides; /* MEM_SIDE_* bits (client.c); 0: not waiting */
+   client_conn_t *mem_wait_prev, *mem_wait_next;
+
    client_conn_t *prev, *next; /* loop->clients, or loop->free_list (next only) */
 
    void *data; /* client_set_data: another module's state, owned via data_destroy */
@@ -137,6 +159,13 @@ struct client_loop {
    client_request_hook_t hook; /* injection and virtual commands */
    void *hook_ctx;
    client_worker_t *worker; /* decodes big requests; NULL: all on the loop */
+   /* Connections waiting for memory, oldest first; mem_ev resumes them. */
+   client_conn_t *mem_wait_head, *mem_wait_tail;
+   struct event *mem_ev;
+   bool mem_ev_active;
+   int64_t mem_pause_started_ms; /* first pause of the episode; 0: none */
+   int64_t mem_last_log_ms;
+   uint64_t mem_episode_pauses;
 };
 
 /* ------------------------------------------------------------ buffers */
@@ -202,6 +231,15 @@ void client_check_drained (client_conn_t *c);
  * rest; outside one (a call from any other loop callback) it is written
  * now, as plain sockets have no write event armed to do it later. */
 void client_output_queued (client_conn_t *c);
+
+/* client.c, the memory bound.  client_mem_reserve_decode reserves `n`
+ * bytes for decompressing the request at the front of the input (false:
+ * the connection now waits for memory; stop routing); release gives back
+ * what the decode reserved.  client_mem_watch counts a buffer of the
+ * connection's (a held answer) in mem_held. */
+bool client_mem_reserve_decode (client_conn_t *c, int64_t n);
+void client_mem_release_decode (client_conn_t *c);
+void client_mem_watch (client_conn_t *c, struct evbuffer *buf);
 
 /* client.c: runs the client's pump from outside a libevent callback of
  * the connection (a finished decoding job). */

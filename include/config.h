@@ -80,6 +80,7 @@ typedef struct config {
    int64_t message_timeout_ms;
    int64_t drain_timeout_ms;
    int64_t buffer_high_watermark;
+   int64_t max_buffered_bytes; /* process-wide, all connections */
    int64_t upstream_connect_timeout_ms;
    char *compressors;
    int64_t zlib_level;

@@ -54,6 +54,13 @@ typedef struct {
    _Atomic uint64_t accept_paused;          /* EMFILE/ENFILE pauses of the listener */
    _Atomic uint64_t internal_requests;      /* the proxy's own requests upstream */
    _Atomic uint64_t requests_offloaded;     /* big requests decoded off the loop */
+   /* The process-wide memory bound ([proxy] max_buffered_bytes): bytes
+    * held in every connection's buffers plus those reserved for messages
+    * being received or decompressed (gauge), connections not read because
+    * of it now (gauge), and how often one was paused. */
+   _Atomic uint64_t buffered_bytes;
+   _Atomic uint64_t connections_paused_memory;
+   _Atomic uint64_t memory_pauses;
 } stats_t;
 
 /* The one instance, zero-initialised at start. */

@@ -58,6 +58,7 @@ static void client_write_cb (struct bufferevent *bev, void *arg);
 static void client_event_cb (struct bufferevent *bev, short what, void *arg);
 static void up_sock_read_cb (evutil_socket_t fd, short what, void *arg);
 static void client_update_flow (client_conn_t *c);
+static void mem_release_all (client_conn_t *c);
 
 /* ------------------------------------------------------------ helpers */
 
@@ -144,6 +145,7 @@ client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fm
    stats_count_close (reason);
    stats_sub (connections_open, 1);
    client_set_state (c, CLIENT_STATE_CLOSING);
+   mem_release_all (c);
 
    /* Sockets and timers go now: nothing of ours can fire after this.  Our
     * read events first, while their descriptors are still open. */
@@ -222,6 +224,350 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
       client_conn_t *c = loop->free_list;
       loop->free_list = c->next;
       client_free (c);
+   }
+}
+
+/* ------------------------------------------------------------ memory */
+
+/*
+ * The process-wide bound on buffered bytes ([proxy] max_buffered_bytes).
+ * stats.buffered_bytes (atomic: the admin thread reads it; it is the one
+ * process counter, should there be several loops) is the sum over the
+ * connections of
+ *   - mem_held: the bytes in their buffers (client and upstream, input and
+ *     output, decompressed requests, re-encoded and held answers), kept
+ *     exact by an evbuffer callback on each;
+ *   - reservations: the rest of a partial message whose header announced
+ *     its length (mem_partial, mem_partial_up), and a request's
+ *     decompressed size before it is inflated, plus its bytes while the
+ *     decoding thread has them (mem_decode).
+ * A side of a connection is read only while the rest of the message it is
+ * receiving is reserved; a reservation that does not fit under the bound
+ * puts the connection on the loop's wait list, unread on both sides: the
+ * clients stopped are those with the largest messages coming, while small
+ * requests (whole in one read) never wait.  Messages already reserved
+ * finish, leave towards their destination and free their room; when the
+ * total is below the low mark (three quarters of the bound) the waiters
+ * are resumed oldest first, each as its reservation fits.  A newcomer may
+ * not take the room the oldest waiter needs, so none starves.  Beyond the
+ * bound only one read per connection (4 KiB, a TLS record) is unreserved.
+ * Per-connection watermarks keep working underneath.
+ */
+
+#define MEM_LOG_INTERVAL_MS 10000
+
+static int64_t
+mem_now_ms (void)
+{
+   return bson_get_monotonic_time () / 1000;
+}
+
+static int64_t
+mem_total (void)
+{
+   return (int64_t) stats_get (buffered_bytes);
+}
+
+static int64_t
+mem_low_mark (const client_loop_t *loop)
+{
+   return loop->cfg->max_buffered_bytes / 4 * 3;
+}
+
+/* Room went up: resume waiters from mem_ev (never from inside a buffer
+ * callback, where a pump must not run). */
+static void
+mem_maybe_resume (client_loop_t *loop)
+{
+   if (loop->mem_wait_head && !loop->mem_ev_active && mem_total () <= mem_low_mark (loop)) {
+      loop->mem_ev_active = true;
+      event_active (loop->mem_ev, EV_READ, 0);
+   }
+}
+
+static void
+mem_give_back (client_loop_t *loop, int64_t n)
+{
+   if (n > 0) {
+      stats_sub (buffered_bytes, n);
+      mem_maybe_resume (loop);
+   }
+}
+
+static void
+mem_account (client_conn_t *c, int64_t delta)
+{
+   c->mem_held += delta;
+   if (delta > 0)
+      stats_add (buffered_bytes, delta);
+   else
+      mem_give_back (c->loop, -delta);
+}
+
+/* Any of the connection's buffers changed. */
+static void
+mem_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+   client_conn_t *c = arg;
+
+   if (c->state != CLIENT_STATE_CLOSING)
+      mem_account (c, (int64_t) info->n_added - (int64_t) info->n_deleted);
+}
+
+/* An input: bytes that arrive for a partial message were reserved, so
+ * they turn from reservation into held bytes. */
+static void
+mem_input_cb (client_conn_t *c, int64_t *partial, const struct evbuffer_cb_info *info)
+{
+   int64_t added = (int64_t) info->n_added;
+   int64_t take = added < *partial ? added : *partial;
+
+   if (c->state == CLIENT_STATE_CLOSING)
+      return;
+   if (take > 0) {
+      *partial -= take;
+      stats_sub (buffered_bytes, take);
+   }
+   mem_account (c, added - (int64_t) info->n_deleted);
+}
+
+static void
+mem_client_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+   client_conn_t *c = arg;
+   mem_input_cb (c, &c->mem_partial, info);
+}
+
+static void
+mem_up_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+   client_conn_t *c = arg;
+   mem_input_cb (c, &c->mem_partial_up, info);
+}
+
+void
+client_mem_watch (client_conn_t *c, struct evbuffer *buf)
+{
+   (void) evbuffer_add_cb (buf, mem_cb, c);
+}
+
+static bool
+mem_try_reserve (client_conn_t *c, int64_t n)
+{
+   client_loop_t *loop = c->loop;
+   int64_t room = loop->cfg->max_buffered_bytes - mem_total ();
+
+   if (loop->mem_wait_head && loop->mem_wait_head != c)
+      room -= loop->mem_wait_head->mem_need; /* the oldest waiter's turn */
+   if (n > room)
+      return false;
+   stats_add (buffered_bytes, n);
+   return true;
+}
+
+/* What a connection waits for: reading its client (a partial request),
+ * reading its upstream (a partial reply), or decompressing the request at
+ * the front of its input (the client is not read meanwhile either). */
+#define MEM_SIDE_CLIENT 1u
+#define MEM_SIDE_UP 2u
+#define MEM_SIDE_DECODE 4u
+
+static void
+mem_wait (client_conn_t *c, unsigned side, int64_t need)
+{
+   client_loop_t *loop = c->loop;
+   int64_t now;
+
+   if (c->mem_wait_sides) {
+      c->mem_wait_sides |= side;
+      c->mem_need = need > c->mem_need ? need : c->mem_need;
+      return;
+   }
+   c->mem_wait_sides = side;
+   c->mem_need = need;
+   c->mem_wait_next = NULL;
+   c->mem_wait_prev = loop->mem_wait_tail;
+   if (loop->mem_wait_tail)
+      loop->mem_wait_tail->mem_wait_next = c;
+   else
+      loop->mem_wait_head = c;
+   loop->mem_wait_tail = c;
+   stats_add (connections_paused_memory, 1);
+   stats_add (memory_pauses, 1);
+   log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "waiting for memory: %" PRId64 " bytes", need);
+   loop->mem_episode_pauses++;
+   if (loop->mem_pause_started_ms)
+      return;
+   now = mem_now_ms ();
+   loop->mem_pause_started_ms = now;
+   if (!loop->mem_last_log_ms || now - loop->mem_last_log_ms >= MEM_LOG_INTERVAL_MS) {
+      loop->mem_last_log_ms = now;
+      log_warn ("memory: %" PRId64 " bytes buffered, max_buffered_bytes=%" PRId64
+                ": not reading from clients with large messages until it drains below %" PRId64,
+                mem_total (),
+                loop->cfg->max_buffered_bytes,
+                mem_low_mark (loop));
+   }
+}
+
+static void
+mem_unwait (client_conn_t *c)
+{
+   client_loop_t *loop = c->loop;
+
+   if (!c->mem_wait_sides)
+      return;
+   if (c->mem_wait_prev)
+      c->mem_wait_prev->mem_wait_next = c->mem_wait_next;
+   else
+      loop->mem_wait_head = c->mem_wait_next;
+   if (c->mem_wait_next)
+      c->mem_wait_next->mem_wait_prev = c->mem_wait_prev;
+   else
+      loop->mem_wait_tail = c->mem_wait_prev;
+   c->mem_wait_prev = c->mem_wait_next = NULL;
+   c->mem_wait_sides = 0;
+   c->mem_need = 0;
+   stats_sub (connections_paused_memory, 1);
+   if (!loop->mem_wait_head && loop->mem_pause_started_ms) {
+      int64_t now = mem_now_ms ();
+      /* The end of an episode is logged when its start was (or when the
+       * log is quiet enough again). */
+      if (loop->mem_last_log_ms == loop->mem_pause_started_ms || now - loop->mem_last_log_ms >= MEM_LOG_INTERVAL_MS) {
+         loop->mem_last_log_ms = now;
+         log_info ("memory: reading from every client again after %" PRId64 " ms (%" PRIu64 " pauses), %" PRId64
+                   " bytes buffered",
+                   now - loop->mem_pause_started_ms,
+                   loop->mem_episode_pauses,
+                   mem_total ());
+      }
+      loop->mem_pause_started_ms = 0;
+      loop->mem_episode_pauses = 0;
+   }
+}
+
+static int64_t
+mem_le32 (const uint8_t *p)
+{
+   return (int32_t) ((uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24);
+}
+
+/* Whether a side may read: yes unless a partial message in its input
+ * needs more room than is reserved and that cannot be reserved; then the
+ * connection waits.  Everything a request will need is reserved at once,
+ * when its header is first seen: the rest of its bytes, and for the client
+ * side its decompressed size (OP_COMPRESSED) or the copy it is parsed from
+ * (a request decoded off the loop).  So a connection never waits for
+ * memory while it holds a message it has received: only while holding at
+ * most one read, which is what keeps the waiting deadlock-free. */
+static bool
+mem_may_read (client_conn_t *c, unsigned side)
+{
+   bool client = side == MEM_SIDE_CLIENT;
+   struct evbuffer *in = bufferevent_get_input (client ? c->bev : upstream_bev (c->up));
+   int64_t *partial = client ? &c->mem_partial : &c->mem_partial_up;
+   size_t avail = evbuffer_get_length (in);
+   uint8_t hb[WIRE_HEADER_LEN + 9];
+   int64_t len, rest, extra = 0;
+   size_t got;
+
+   if (c->mem_wait_sides & (client ? MEM_SIDE_CLIENT | MEM_SIDE_DECODE : MEM_SIDE_UP))
+      return false;
+   if (avail < WIRE_HEADER_LEN)
+      return true;
+   got = avail < sizeof hb ? WIRE_HEADER_LEN : sizeof hb;
+   if (evbuffer_copyout (in, hb, got) != (ssize_t) got)
+      return true;
+   len = mem_le32 (hb);
+   /* Complete, or refused once its header is read. */
+   if (len <= (int64_t) avail || len > WIRE_MAX_MESSAGE_LEN)
+      return true;
+   if (client && c->mem_decode == 0) {
+      if (mem_le32 (hb + 12) == WIRE_OP_COMPRESSED) {
+         if (got < sizeof hb)
+            return true; /* uncompressedSize not read yet: one more read */
+         extra = mem_le32 (hb + WIRE_HEADER_LEN + 4);
+         extra = extra >= 0 && extra <= WIRE_MAX_MESSAGE_LEN ? extra + WIRE_HEADER_LEN : 0;
+      } else if (len >= CLIENT_OFFLOAD_MIN && c->loop->worker) {
+         extra = len;
+      }
+   }
+   rest = len - (int64_t) avail - *partial;
+   if (rest < 0)
+      rest = 0;
+   if (rest + extra == 0)
+      return true;
+   if (!mem_try_reserve (c, rest + extra)) {
+      mem_wait (c, side, rest + extra);
+      return false;
+   }
+   *partial += rest;
+   c->mem_decode += extra;
+   return true;
+}
+
+bool
+client_mem_reserve_decode (client_conn_t *c, int64_t n)
+{
+   int64_t more = n - c->mem_decode;
+
+   if (more <= 0)
+      return true;
+   if (!mem_try_reserve (c, more)) {
+      mem_wait (c, MEM_SIDE_DECODE, more);
+      return false;
+   }
+   c->mem_decode += more;
+   return true;
+}
+
+void
+client_mem_release_decode (client_conn_t *c)
+{
+   int64_t n = c->mem_decode;
+
+   c->mem_decode = 0;
+   mem_give_back (c->loop, n);
+}
+
+/* The connection closes: everything it held or reserved goes back. */
+static void
+mem_release_all (client_conn_t *c)
+{
+   struct bufferevent *ubev = c->up ? upstream_bev (c->up) : NULL;
+
+   mem_unwait (c);
+   if (c->mem_cb_in)
+      evbuffer_remove_cb_entry (bufferevent_get_input (c->bev), c->mem_cb_in);
+   if (c->mem_cb_out)
+      evbuffer_remove_cb_entry (bufferevent_get_output (c->bev), c->mem_cb_out);
+   if (ubev && c->mem_cb_up_in)
+      evbuffer_remove_cb_entry (bufferevent_get_input (ubev), c->mem_cb_up_in);
+   if (ubev && c->mem_cb_up_out)
+      evbuffer_remove_cb_entry (bufferevent_get_output (ubev), c->mem_cb_up_out);
+   c->mem_cb_in = c->mem_cb_out = c->mem_cb_up_in = c->mem_cb_up_out = NULL;
+   mem_give_back (c->loop, c->mem_held + c->mem_partial + c->mem_partial_up + c->mem_decode);
+   c->mem_held = c->mem_partial = c->mem_partial_up = c->mem_decode = 0;
+}
+
+/* mem_ev: room below the low mark; waiters resume oldest first while
+ * their reservations fit.  A resumed connection reserves in its pump (or
+ * waits again, at the tail); each waiter is looked at once per run. */
+static void
+mem_resume_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_loop_t *loop = arg;
+   client_conn_t *c;
+   size_t budget = loop->nclients;
+
+   loop->mem_ev_active = false;
+   while ((c = loop->mem_wait_head) && budget-- > 0) {
+      if (c->mem_need > loop->cfg->max_buffered_bytes - mem_total ())
+         break;
+      mem_unwait (c);
+      client_pump (c);
+      if (c->state != CLIENT_STATE_CLOSING)
+         upstream_pump (c);
    }
 }
 
@@ -362,7 +708,10 @@ client_update_flow (client_conn_t *c)
    client_full = evbuffer_get_length (client_output (c)) >= high;
    if (up) {
       up_full = evbuffer_get_length (upstream_output (c)) >= high;
-      set_reading (upstream_bev (c->up), c->up_rd, &c->up_reading, !client_full);
+      set_reading (upstream_bev (c->up),
+                   c->up_rd,
+                   &c->up_reading,
+                   !client_full && mem_may_read (c, MEM_SIDE_UP));
       if (up_full != c->up_drained_cb) {
          upstream_want_drained (c->up, up_full);
          c->up_drained_cb = up_full;
@@ -372,7 +721,7 @@ client_update_flow (client_conn_t *c)
                 c->client_rd,
                 &c->client_reading,
                 (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
-                   !up_full && !c->job);
+                   !up_full && !c->job && mem_may_read (c, MEM_SIDE_CLIENT));
    want = client_full || c->state == CLIENT_STATE_DRAINING;
    if (want != c->client_drained_cb) {
       bufferevent_setcb (c->bev, client_read_cb, want ? client_write_cb : NULL, client_event_cb, c);
@@ -699,7 +1048,12 @@ client_try_connect (client_conn_t *c)
    if (!c->up) {
       topology_request_refresh (c->loop->topo, "upstream connect failed");
       client_disconnect (c, STATS_CLOSE_UPSTREAM_CONNECT, "%s", error.message);
+      return;
    }
+   c->mem_cb_up_in = evbuffer_add_cb (bufferevent_get_input (upstream_bev (c->up)), mem_up_in_cb, c);
+   c->mem_cb_up_out = evbuffer_add_cb (bufferevent_get_output (upstream_bev (c->up)), mem_cb, c);
+   if (!c->mem_cb_up_in || !c->mem_cb_up_out)
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory pairing with an upstream");
 }
 
 static void
@@ -781,6 +1135,11 @@ client_accept (client_loop_t *loop,
       client_free (c);
       return false;
    }
+   /* Every byte this connection buffers counts towards max_buffered_bytes. */
+   c->mem_cb_in = evbuffer_add_cb (bufferevent_get_input (c->bev), mem_client_in_cb, c);
+   c->mem_cb_out = evbuffer_add_cb (bufferevent_get_output (c->bev), mem_cb, c);
+   client_mem_watch (c, c->scratch);
+   client_mem_watch (c, c->tmp);
    /* client_update_flow installs client_write_cb when it is needed. */
    bufferevent_setcb (c->bev, client_read_cb, NULL, client_event_cb, c);
    bufferevent_setwatermark (c->bev, EV_WRITE, high_watermark (c) / 2, 0);
@@ -879,7 +1238,8 @@ client_loop_new (struct event_base *base, topology_t *topo, tls_upstream_t *tls,
    loop->cfg = config_retain (cfg);
    loop->free_ev = event_new (base, -1, 0, client_loop_free_cb, loop);
    loop->drain_timer = evtimer_new (base, client_loop_drain_timeout_cb, loop);
-   if (!loop->free_ev || !loop->drain_timer) {
+   loop->mem_ev = event_new (base, -1, 0, mem_resume_cb, loop);
+   if (!loop->free_ev || !loop->drain_timer || !loop->mem_ev) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, 7, "out of memory");
       client_loop_destroy (loop);
       return NULL;
@@ -935,6 +1295,8 @@ client_loop_destroy (client_loop_t *loop)
       event_free (loop->free_ev);
    if (loop->drain_timer)
       event_free (loop->drain_timer);
+   if (loop->mem_ev)
+      event_free (loop->mem_ev);
    config_release (loop->cfg);
    bson_free (loop);
 }

@@ -24,6 +24,7 @@
 
 #include <pthread.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -154,8 +155,14 @@ client_deliver (client_conn_t *c,
    if (r->seq == c->creq_head && !r->held) {
       dst = client_output (c);
    } else {
-      if (!r->held)
+      if (!r->held) {
          r->held = evbuffer_new ();
+         if (!r->held) {
+            bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory holding an answer");
+            return false;
+         }
+         client_mem_watch (c, r->held);
+      }
       dst = r->held;
    }
    if (r->compressor > 0) {
@@ -681,9 +688,16 @@ typedef struct {
  * reads no connection state and logs nothing, so the offload worker runs
  * it as well as the loop.  Each step is linear in the message's size (the
  * compressor's output is capped by the announced size, checked first).
- * On failure `error` says why; every failure is the client's. */
+ * On failure `error` says why; every failure is the client's.
+ *
+ * With `copy`, a plain request is parsed from a copy (*copy, to free with
+ * bson_free once the parsed structs are no longer used) rather than made
+ * contiguous in place: its bytes then travel on in the chains they were
+ * read into, each freed as soon as it is written, instead of as one block
+ * that stays resident until its last byte is out. */
 static bool
-decode_request (struct evbuffer *in, wire_header_t h, struct evbuffer *plain, decoded_t *d, bson_error_t *error)
+decode_request (
+   struct evbuffer *in, wire_header_t h, struct evbuffer *plain, uint8_t **copy, decoded_t *d, bson_error_t *error)
 {
    const uint8_t *buf;
 
@@ -712,7 +726,16 @@ decode_request (struct evbuffer *in, wire_header_t h, struct evbuffer *plain, de
          return false;
       }
    }
-   buf = evbuffer_pullup (d->src, (ssize_t) d->len);
+   if (copy && d->src == in) {
+      *copy = bson_malloc (d->len);
+      if (evbuffer_copyout (in, *copy, d->len) != (ssize_t) d->len) {
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "cannot copy a %zu-byte request", d->len);
+         return false;
+      }
+      buf = *copy;
+   } else {
+      buf = evbuffer_pullup (d->src, (ssize_t) d->len);
+   }
    if (!buf) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory for a %zu-byte request", d->len);
       return false;
@@ -771,8 +794,6 @@ refuse_request (client_conn_t *c, const wire_header_t *h, const bson_error_t *er
  * and the finished job is then just freed.  The evbuffers are touched by
  * one thread at a time, the mutex ordering the hand-overs.
  */
-#define CLIENT_OFFLOAD_MIN (1024 * 1024)
-
 struct client_job {
    client_job_t *next;
    client_conn_t *c;      /* loop only; NULL once the connection closed */
@@ -780,6 +801,7 @@ struct client_job {
    wire_header_t h;       /* as received */
    struct evbuffer *raw;  /* the message as received */
    struct evbuffer *plain; /* its decompressed form */
+   uint8_t *copy;         /* what a plain request was parsed from */
    bool ok;               /* worker's result */
    bson_error_t error;
    decoded_t d;
@@ -815,6 +837,7 @@ client_job_free (client_job_t *j)
       evbuffer_free (j->raw);
    if (j->plain)
       evbuffer_free (j->plain);
+   bson_free (j->copy);
    bson_free (j);
 }
 
@@ -848,11 +871,18 @@ client_worker_done_cb (void *arg)
    }
 }
 
+/* How much lower the decoding thread's priority is than the loop's: on a
+ * busy machine the forwarding loop gets the CPU first, and a hostile
+ * message waits instead of the other connections. */
+#define CLIENT_WORKER_NICE 10
+
 static void *
 client_worker_main (void *arg)
 {
    client_worker_t *w = arg;
 
+   /* Linux: nice is per thread (a failure only costs the preference). */
+   (void) setpriority (PRIO_PROCESS, (id_t) gettid (), CLIENT_WORKER_NICE);
    pthread_mutex_lock (&w->mu);
    for (;;) {
       client_job_t *j;
@@ -868,7 +898,7 @@ client_worker_main (void *arg)
       j->next = NULL;
       pthread_mutex_unlock (&w->mu);
 
-      j->ok = decode_request (j->raw, j->h, j->plain, &j->d, &j->error);
+      j->ok = decode_request (j->raw, j->h, j->plain, &j->copy, &j->d, &j->error);
 
       pthread_mutex_lock (&w->mu);
       *w->done_tail = j;
@@ -979,6 +1009,9 @@ client_job_submit (client_conn_t *c, struct evbuffer *in, wire_header_t h)
       return false;
    }
    c->job = j;
+   /* Out of the counted input and into the job: still the connection's. */
+   stats_add (buffered_bytes, h.length);
+   c->mem_decode += h.length;
    stats_add (requests_offloaded, 1);
    pthread_mutex_lock (&w->mu);
    *w->todo_tail = j;
@@ -1004,17 +1037,23 @@ client_job_finish (client_conn_t *c)
    }
    ok = route_decoded (c, &j->h, &j->d);
    client_job_free (j);
+   /* Routed into the counted buffers (or answered, or dropped). */
+   if (ok)
+      client_mem_release_decode (c);
    return ok;
 }
 
 /* Handles one complete request of `h->length` bytes at the front of the
- * client's input.  Returns false after disconnecting. */
-static bool
+ * client's input.  Returns 1 when it was taken, 0 when it must wait (its
+ * decompression does not fit under max_buffered_bytes yet: the connection
+ * is on the memory wait list), -1 after disconnecting. */
+static int
 handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
 {
    size_t work = (size_t) h.length;
    decoded_t d;
    bson_error_t error;
+   bool ok;
 
    if (h.opcode == WIRE_OP_COMPRESSED) {
       /* originalOpcode, uncompressedSize, compressorId: decided before
@@ -1034,17 +1073,38 @@ handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
       }
       if (!compressor_allowed (c, pre[WIRE_HEADER_LEN + 8], &error))
          goto protocol;
-      if (usize > 0)
-         work += (size_t) usize;
+      if (usize < 0 || (uint64_t) usize + WIRE_HEADER_LEN > WIRE_MAX_MESSAGE_LEN) {
+         bson_set_error (&error,
+                         WIRE_ERROR_DOMAIN,
+                         WIRE_ERR_TOO_LARGE,
+                         "OP_COMPRESSED uncompressedSize %d is outside [0, %d]",
+                         usize,
+                         WIRE_MAX_MESSAGE_LEN - WIRE_HEADER_LEN);
+         goto protocol;
+      }
+      work += (size_t) usize;
+      /* The decompressed form is reserved against max_buffered_bytes
+       * before anything is inflated (while it was received, unless it came
+       * whole in one read). */
+      if (!client_mem_reserve_decode (c, (int64_t) usize + WIRE_HEADER_LEN))
+         return 0;
    }
-   if (work >= CLIENT_OFFLOAD_MIN && c->loop->worker)
-      return client_job_submit (c, in, h);
-   if (!decode_request (in, h, c->scratch, &d, &error))
+   if (work >= CLIENT_OFFLOAD_MIN && c->loop->worker) {
+      /* A plain request is parsed from a copy: reserved like a
+       * decompression. */
+      if (h.opcode != WIRE_OP_COMPRESSED && !client_mem_reserve_decode (c, h.length))
+         return 0;
+      return client_job_submit (c, in, h) ? 1 : -1;
+   }
+   ok = decode_request (in, h, c->scratch, NULL, &d, &error);
+   /* Decompressed or not, what it holds is counted in c->scratch now. */
+   client_mem_release_decode (c);
+   if (!ok)
       goto protocol;
-   return route_decoded (c, &h, &d);
+   return route_decoded (c, &h, &d) ? 1 : -1;
 protocol:
    refuse_request (c, &h, &error);
-   return false;
+   return -1;
 }
 
 /* Reads header by header (client_private.h). */
@@ -1086,11 +1146,17 @@ client_route_requests (client_conn_t *c)
       }
       if (avail < (size_t) h.length)
          break;
+      switch (handle_request (c, in, h)) {
+      case 0:
+         return consumed; /* waits for memory */
+      case 1:
+         break;
+      default:
+         return false;
+      }
       consumed = true;
       stats_add (messages_from_clients, 1);
       stats_add (bytes_from_clients, h.length);
-      if (!handle_request (c, in, h))
-         return false;
    }
    return consumed;
 }

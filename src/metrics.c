@@ -321,6 +321,26 @@ render_forwarding (bson_string_t *out)
            "counter",
            "Times the listener paused accepting on EMFILE or ENFILE.",
            STAT (accept_paused));
+   scalar (out,
+           "relaybus_buffered_bytes",
+           "gauge",
+           "Bytes all connections hold or have reserved (partial messages, decompression, queues); bounded by max_buffered_bytes.",
+           STAT (buffered_bytes));
+   scalar (out,
+           "relaybus_memory_paused_connections",
+           "gauge",
+           "Connections not read now because max_buffered_bytes is reached.",
+           STAT (connections_paused_memory));
+   scalar (out,
+           "relaybus_memory_pauses_total",
+           "counter",
+           "Times a connection stopped being read because max_buffered_bytes was reached.",
+           STAT (memory_pauses));
+   scalar (out,
+           "relaybus_requests_offloaded_total",
+           "counter",
+           "Requests of 1 MiB or more decompressed and validated on the decoding thread.",
+           STAT (requests_offloaded));
 }
 
 static void
