@@ -43,6 +43,42 @@ static const char *const field_names[FIELD_COUNT_] = {
 
 #define FIELD_LIST "type, payload, key, id, headers, correlationId, causationId, notBefore"
 
+/* A set of strings for the duplicate checks (header names of one event,
+ * event ids of one annotation): open addressing over twice as many slots
+ * as entries, so each check costs one hash and a probe or two instead of
+ * a comparison with every earlier entry.  The strings are borrowed. */
+#define NAME_SET_SLOTS 256 /* > 2 * max (ANNOTATE_MAX_HEADERS, ANNOTATE_MAX_EVENTS) */
+typedef struct {
+   const char *s[NAME_SET_SLOTS];
+   size_t len[NAME_SET_SLOTS];
+   uint32_t tag[NAME_SET_SLOTS];
+} name_set_t;
+
+/* Adds `s` (len bytes) with `tag`; false if it is there already, with the
+ * earlier one's tag in *earlier.  The set never fills: callers add at most
+ * NAME_SET_SLOTS / 2 strings. */
+static bool
+name_set_add (name_set_t *set, const char *s, size_t len, uint32_t tag, uint32_t *earlier)
+{
+   uint32_t h = 2166136261u; /* FNV-1a */
+   size_t i;
+
+   for (size_t k = 0; k < len; k++) {
+      h ^= (uint8_t) s[k];
+      h *= 16777619u;
+   }
+   for (i = h & (NAME_SET_SLOTS - 1); set->s[i]; i = (i + 1) & (NAME_SET_SLOTS - 1)) {
+      if (set->len[i] == len && memcmp (set->s[i], s, len) == 0) {
+         *earlier = set->tag[i];
+         return false;
+      }
+   }
+   set->s[i] = s;
+   set->len[i] = len;
+   set->tag[i] = tag;
+   return true;
+}
+
 static bool
 invalid (bson_error_t *error, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
 
@@ -241,11 +277,13 @@ walk_utf8 (const bson_iter_t *it, int depth)
 static bool
 check_headers (const bson_iter_t *it, uint32_t idx, annotate_event_t *ev, bson_error_t *error)
 {
-   bson_iter_t h, prev;
-   uint32_t n = 0;
+   bson_iter_t h;
+   uint32_t n = 0, earlier;
+   name_set_t names;
 
    if (!BSON_ITER_HOLDS_DOCUMENT (it) || !bson_iter_recurse (it, &h))
       return invalid (error, "events[%u].headers must be a document of strings", idx);
+   memset (&names, 0, sizeof names);
    while (bson_iter_next (&h)) {
       const char *name = bson_iter_key (&h);
       size_t name_len = bson_iter_key_len (&h);
@@ -263,12 +301,8 @@ check_headers (const bson_iter_t *it, uint32_t idx, annotate_event_t *ev, bson_e
       if (!check_string (&h, ANNOTATE_MAX_HEADER_VALUE_LEN, &value, NULL, what, error))
          return false;
       /* Duplicate names would make the stored headers ambiguous. */
-      if (!bson_iter_recurse (it, &prev))
-         return invalid (error, "events[%u].headers is not a valid document", idx);
-      while (bson_iter_next (&prev) && bson_iter_offset (&prev) < bson_iter_offset (&h)) {
-         if (strcmp (bson_iter_key (&prev), name) == 0)
-            return invalid (error, "events[%u].headers.%.48s is given twice", idx, name);
-      }
+      if (!name_set_add (&names, name, name_len, n, &earlier))
+         return invalid (error, "events[%u].headers.%.48s is given twice", idx, name);
    }
    if (n > 0) {
       ev->has_headers = true;
@@ -408,11 +442,14 @@ parse_events_value (const bson_iter_t *it, annotate_t *a, bson_error_t *error)
 
    /* Two events with one id in one statement would be one event with two
     * sets of deliveries: refuse rather than guess. */
-   for (uint32_t i = 0; i < a->n_events; i++) {
-      if (!a->events[i].given_id)
-         continue;
-      for (uint32_t j = 0; j < i; j++) {
-         if (a->events[j].given_id && strcmp (a->events[i].given_id, a->events[j].given_id) == 0)
+   if (a->n_events > 1) {
+      name_set_t ids;
+      uint32_t j;
+
+      memset (&ids, 0, sizeof ids);
+      for (uint32_t i = 0; i < a->n_events; i++) {
+         const char *id = a->events[i].given_id;
+         if (id && !name_set_add (&ids, id, strlen (id), i, &j))
             return invalid (error, "events[%u].id repeats events[%u].id", i, j);
       }
    }
