@@ -20,7 +20,7 @@ const MAX_BUFFERED = 256 * 1024 * 1024;
 const RSS_SLACK = 100 * 1024 * 1024;
 const MESSAGE_BYTES = 40 * 1000 * 1000;
 const DOCS_PER_MESSAGE = 3; // each under mongod's 16 MiB document limit
-const SANITIZED = /AddressSanitizer|ThreadSanitizer/.test(fs.readFileSync(H.proxyBin(), 'latin1'));
+const SANITIZED = /__asan_init|__tsan_init|__msan_init/.test(fs.readFileSync(H.proxyBin(), 'latin1'));
 const CLIENTS = SANITIZED ? 20 : 200;
 const DB = H.uniqueDbName('membound');
 
