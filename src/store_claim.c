@@ -187,105 +187,97 @@ hk_free (hk_seq_t *v, size_t n)
    bson_free (v);
 }
 
-/* Runs [{$match}, {$sort: {handler, key, sequence}}, {$group: {_id: {h,
- * k}, seq: {$first: "$sequence"}, due: {$first: "$dueAt"}}}] followed by
- * `tail` (more stages, or NULL) and returns the groups: the lowest
- * sequence of each key.  Sorted on the fields of the ordering and parked
- * indexes, $first lets the server answer from the index with one probe
- * per key (a distinct scan) instead of reading every delivery of every
- * key: the cost follows the number of keys, never their backlog. */
+/* The lowest sequence of each key of one handler: runs [{$match: {handler,
+ * ...match}}, {$sort: {handler, key, sequence}}, {$group: {_id: "$key",
+ * seq: {$first: "$sequence"}, due: {$first: "$dueAt"}}}] followed by `tail`
+ * (more stages, or NULL) and appends the groups to *out.  With the handler
+ * fixed, the sort on the fields of the ordering and parked indexes and a
+ * group on the single field `key` with $first only, this is the shape the
+ * server can answer with a distinct scan: one index probe per key, however
+ * many deliveries each key has. */
 static bool
-min_seq_by_key (claim_t *c, const bson_t *match, const bson_t *tail, hk_seq_t **out, size_t *n_out, bson_error_t *error)
+heads_by_key (claim_t *c,
+              const char *handler,
+              const bson_t *match,
+              const bson_t *tail,
+              hk_seq_t **out,
+              size_t *n_out,
+              size_t *cap,
+              bson_error_t *error)
 {
-   bson_t *pipeline = BCON_NEW ("pipeline",
-                                "[",
-                                "{",
-                                "$match",
-                                BCON_DOCUMENT (match),
-                                "}",
-                                "{",
-                                "$sort",
-                                "{",
-                                "handler",
-                                BCON_INT32 (1),
-                                "key",
-                                BCON_INT32 (1),
-                                "sequence",
-                                BCON_INT32 (1),
-                                "}",
-                                "}",
-                                "{",
-                                "$group",
-                                "{",
-                                "_id",
-                                "{",
-                                "h",
-                                BCON_UTF8 ("$handler"),
-                                "k",
-                                BCON_UTF8 ("$key"),
-                                "}",
-                                "seq",
-                                "{",
-                                "$first",
-                                BCON_UTF8 ("$sequence"),
-                                "}",
-                                "due",
-                                "{",
-                                "$first",
-                                BCON_UTF8 ("$dueAt"),
-                                "}",
-                                "}",
-                                "}",
-                                "]");
+   bson_t m = BSON_INITIALIZER;
+   bson_t *pipeline, *with_tail, arr;
+   bson_iter_t it, st;
+   uint32_t k = 0;
+   char buf[16];
+   const char *key;
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
-   size_t cap = 0;
    bool ok = true;
 
-   if (tail) {
-      /* Append the stages of `tail` (an array document) to the pipeline. */
-      bson_t *with_tail = bson_new (), arr;
-      bson_iter_t it, st;
-      uint32_t k = 0;
-      char buf[16];
-      const char *key;
-      BSON_APPEND_ARRAY_BEGIN (with_tail, "pipeline", &arr);
-      if (bson_iter_init_find (&it, pipeline, "pipeline") && bson_iter_recurse (&it, &st))
-         while (bson_iter_next (&st)) {
-            bson_uint32_to_string (k++, &key, buf, sizeof buf);
-            bson_append_iter (&arr, key, -1, &st);
-         }
-      if (bson_iter_init (&st, tail))
-         while (bson_iter_next (&st)) {
-            bson_uint32_to_string (k++, &key, buf, sizeof buf);
-            bson_append_iter (&arr, key, -1, &st);
-         }
-      bson_append_array_end (with_tail, &arr);
-      bson_destroy (pipeline);
-      pipeline = with_tail;
-   }
-   cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
-   *out = NULL;
-   *n_out = 0;
-   while (mongoc_cursor_next (cur, &doc)) {
-      bson_iter_t it, id;
-      const char *h = NULL, *k = NULL;
-      if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &id))
-         while (bson_iter_next (&id)) {
-            if (!strcmp (bson_iter_key (&id), "h") && BSON_ITER_HOLDS_UTF8 (&id))
-               h = bson_iter_utf8 (&id, NULL);
-            else if (!strcmp (bson_iter_key (&id), "k") && BSON_ITER_HOLDS_UTF8 (&id))
-               k = bson_iter_utf8 (&id, NULL);
-         }
-      if (!h || !k)
-         continue;
-      if (*n_out == cap) {
-         cap = cap ? cap * 2 : 32;
-         *out = bson_realloc (*out, cap * sizeof **out);
+   BSON_APPEND_UTF8 (&m, "handler", handler);
+   bson_concat (&m, match);
+   pipeline = BCON_NEW ("pipeline",
+                        "[",
+                        "{",
+                        "$match",
+                        BCON_DOCUMENT (&m),
+                        "}",
+                        "{",
+                        "$sort",
+                        "{",
+                        "handler",
+                        BCON_INT32 (1),
+                        "key",
+                        BCON_INT32 (1),
+                        "sequence",
+                        BCON_INT32 (1),
+                        "}",
+                        "}",
+                        "{",
+                        "$group",
+                        "{",
+                        "_id",
+                        BCON_UTF8 ("$key"),
+                        "seq",
+                        "{",
+                        "$first",
+                        BCON_UTF8 ("$sequence"),
+                        "}",
+                        "due",
+                        "{",
+                        "$first",
+                        BCON_UTF8 ("$dueAt"),
+                        "}",
+                        "}",
+                        "}",
+                        "]");
+   /* The stages of `tail` (an array-like document) after those. */
+   with_tail = bson_new ();
+   BSON_APPEND_ARRAY_BEGIN (with_tail, "pipeline", &arr);
+   if (bson_iter_init_find (&it, pipeline, "pipeline") && bson_iter_recurse (&it, &st))
+      while (bson_iter_next (&st)) {
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         bson_append_iter (&arr, key, -1, &st);
       }
-      (*out)[*n_out].handler = bson_strdup (h);
-      (*out)[*n_out].key = bson_strdup (k);
+   if (tail && bson_iter_init (&st, tail))
+      while (bson_iter_next (&st)) {
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         bson_append_iter (&arr, key, -1, &st);
+      }
+   bson_append_array_end (with_tail, &arr);
+   cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, with_tail, NULL, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *kv = store_iter_utf8 (doc, "_id");
+      if (!kv)
+         continue;
+      if (*n_out == *cap) {
+         *cap = *cap ? *cap * 2 : 32;
+         *out = bson_realloc (*out, *cap * sizeof **out);
+      }
+      (*out)[*n_out].handler = bson_strdup (handler);
+      (*out)[*n_out].key = bson_strdup (kv);
       (*out)[*n_out].seq = store_iter_int64 (doc, "seq");
       (*out)[*n_out].due = store_iter_date (doc, "due");
       (*n_out)++;
@@ -295,27 +287,115 @@ min_seq_by_key (claim_t *c, const bson_t *match, const bson_t *tail, hk_seq_t **
       ok = false;
    }
    mongoc_cursor_destroy (cur);
+   bson_destroy (with_tail);
    bson_destroy (pipeline);
+   bson_destroy (&m);
    return ok;
 }
 
-/* Appends {$or: [{handler, key}, ...]} for the pairs. */
-static void
-append_hk_or (bson_t *q, const hk_seq_t *v, size_t n)
+/* The lowest pending sequence of each pair (handlers[i], keys[i]), one
+ * aggregation per handler (heads_by_key over the ordering index). */
+static bool
+pending_heads (claim_t *c, char *const *handlers, char *const *keys, size_t n, hk_seq_t **out, size_t *n_out, bson_error_t *error)
 {
-   bson_t arr, one;
+   bool *done = bson_malloc0 ((n + 1) * sizeof *done);
+   size_t cap = 0;
+   bool ok = true;
+
+   *out = NULL;
+   *n_out = 0;
+   for (size_t i = 0; ok && i < n; i++) {
+      bson_t m = BSON_INITIALIZER, sub, arr;
+      uint32_t k = 0;
+      if (done[i])
+         continue;
+      BSON_APPEND_UTF8 (&m, "status", "pending");
+      BSON_APPEND_DOCUMENT_BEGIN (&m, "sequence", &sub); /* the ordering index's partial filter */
+      BSON_APPEND_BOOL (&sub, "$exists", true);
+      bson_append_document_end (&m, &sub);
+      BSON_APPEND_DOCUMENT_BEGIN (&m, "key", &sub);
+      BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+      for (size_t j = i; j < n; j++)
+         if (!done[j] && !strcmp (handlers[j], handlers[i])) {
+            char buf[16];
+            const char *key;
+            bson_uint32_to_string (k++, &key, buf, sizeof buf);
+            BSON_APPEND_UTF8 (&arr, key, keys[j]);
+            done[j] = true;
+         }
+      bson_append_array_end (&sub, &arr);
+      bson_append_document_end (&m, &sub);
+      ok = heads_by_key (c, handlers[i], &m, NULL, out, n_out, &cap, error);
+      bson_destroy (&m);
+   }
+   bson_free (done);
+   return ok;
+}
+
+static int
+hk_cmp (const void *a, const void *b)
+{
+   const hk_seq_t *x = a, *y = b;
+   int r;
+   if (x->due != y->due)
+      return x->due < y->due ? -1 : 1;
+   if ((r = strcmp (x->handler, y->handler)) != 0)
+      return r;
+   return strcmp (x->key, y->key);
+}
+
+/* The tail of the parked-keys aggregation of `handler`: oldest head first,
+ * after the cursor (due, h, k) of the previous claim, UNPARK_KEYS_MAX at
+ * most. */
+static bson_t *
+unpark_tail (const store_t *s, const char *handler)
+{
+   bson_t *tail = bson_new (), st, sub, cond, or_arr, a, b;
+   int cmp = s->unpark_h ? strcmp (handler, s->unpark_h) : 0;
+   uint32_t k = 0;
    char buf[16];
    const char *key;
 
-   BSON_APPEND_ARRAY_BEGIN (q, "$or", &arr);
-   for (size_t i = 0; i < n; i++) {
-      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
-      BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &one);
-      BSON_APPEND_UTF8 (&one, "handler", v[i].handler);
-      BSON_APPEND_UTF8 (&one, "key", v[i].key);
-      bson_append_document_end (&arr, &one);
+   bson_uint32_to_string (k++, &key, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (tail, key, &st);
+   BSON_APPEND_DOCUMENT_BEGIN (&st, "$sort", &sub);
+   BSON_APPEND_INT32 (&sub, "due", 1);
+   BSON_APPEND_INT32 (&sub, "_id", 1);
+   bson_append_document_end (&st, &sub);
+   bson_append_document_end (tail, &st);
+   if (s->unpark_h && s->unpark_k) {
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (tail, key, &st);
+      BSON_APPEND_DOCUMENT_BEGIN (&st, "$match", &cond);
+      if (cmp != 0) {
+         /* After (due, h, k): a later handler from `due` on, an earlier
+          * one only after it. */
+         BSON_APPEND_DOCUMENT_BEGIN (&cond, "due", &sub);
+         BSON_APPEND_DATE_TIME (&sub, cmp > 0 ? "$gte" : "$gt", s->unpark_due);
+         bson_append_document_end (&cond, &sub);
+      } else {
+         BSON_APPEND_ARRAY_BEGIN (&cond, "$or", &or_arr);
+         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+         BSON_APPEND_DOCUMENT_BEGIN (&a, "due", &sub);
+         BSON_APPEND_DATE_TIME (&sub, "$gt", s->unpark_due);
+         bson_append_document_end (&a, &sub);
+         bson_append_document_end (&or_arr, &a);
+         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+         BSON_APPEND_DATE_TIME (&b, "due", s->unpark_due);
+         BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
+         BSON_APPEND_UTF8 (&sub, "$gt", s->unpark_k);
+         bson_append_document_end (&b, &sub);
+         bson_append_document_end (&or_arr, &b);
+         bson_append_array_end (&cond, &or_arr);
+      }
+      bson_append_document_end (&st, &cond);
+      bson_append_document_end (tail, &st);
    }
-   bson_append_array_end (q, &arr);
+   bson_uint32_to_string (k++, &key, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (tail, key, &st);
+   BSON_APPEND_INT32 (&st, "$limit", UNPARK_KEYS_MAX);
+   bson_append_document_end (tail, &st);
+   return tail;
 }
 
 /* Level-triggered: the lowest parked delivery of each key whose handler has
@@ -324,119 +404,75 @@ append_hk_or (bson_t *q, const hk_seq_t *v, size_t n)
  * handler, key) order, oldest first, UNPARK_KEYS_MAX per claim, resuming
  * after the last key the previous claim looked at and starting over at the
  * end: every parked key is looked at within ceil(parked keys /
- * UNPARK_KEYS_MAX) claims.  Two aggregations answered from the parked and
- * ordering indexes (one probe per key) and one update.  Best effort: a
- * failure is logged and the claim goes on. */
+ * UNPARK_KEYS_MAX) claims.  Per handler, one aggregation over the parked
+ * index and one over the ordering index (a distinct scan each: one probe
+ * per key), then one update.  Best effort: a failure is logged and the
+ * claim goes on. */
 static void
 unpark (claim_t *c)
 {
    store_t *s = c->s;
-   bson_t m1 = BSON_INITIALIZER, m2 = BSON_INITIALIZER, upd_q = BSON_INITIALIZER, or_arr, ex;
-   bson_t *tail;
+   bson_t upd_q = BSON_INITIALIZER, or_arr;
    hk_seq_t *parked = NULL, *pending = NULL;
-   size_t n_parked = 0, n_pending = 0;
+   size_t n_parked = 0, cap_parked = 0, n_pending = 0;
+   char **hs = NULL, **ks = NULL;
    uint32_t n_or = 0;
+   bool more = false;
    bson_error_t err;
 
-   append_handlers_in (c, &m1, false);
-   BSON_APPEND_UTF8 (&m1, "lane", "parked");
-   if (s->unpark_h && s->unpark_k)
-      tail = BCON_NEW ("0",
-                       "{",
-                       "$sort",
-                       "{",
-                       "due",
-                       BCON_INT32 (1),
-                       "_id.h",
-                       BCON_INT32 (1),
-                       "_id.k",
-                       BCON_INT32 (1),
-                       "}",
-                       "}",
-                       "1",
-                       "{",
-                       "$match",
-                       "{",
-                       "$or",
-                       "[",
-                       "{",
-                       "due",
-                       "{",
-                       "$gt",
-                       BCON_DATE_TIME (s->unpark_due),
-                       "}",
-                       "}",
-                       "{",
-                       "due",
-                       BCON_DATE_TIME (s->unpark_due),
-                       "_id.h",
-                       "{",
-                       "$gt",
-                       BCON_UTF8 (s->unpark_h),
-                       "}",
-                       "}",
-                       "{",
-                       "due",
-                       BCON_DATE_TIME (s->unpark_due),
-                       "_id.h",
-                       BCON_UTF8 (s->unpark_h),
-                       "_id.k",
-                       "{",
-                       "$gt",
-                       BCON_UTF8 (s->unpark_k),
-                       "}",
-                       "}",
-                       "]",
-                       "}",
-                       "}",
-                       "2",
-                       "{",
-                       "$limit",
-                       BCON_INT32 (UNPARK_KEYS_MAX),
-                       "}");
-   else
-      tail = BCON_NEW ("0",
-                       "{",
-                       "$sort",
-                       "{",
-                       "due",
-                       BCON_INT32 (1),
-                       "_id.h",
-                       BCON_INT32 (1),
-                       "_id.k",
-                       BCON_INT32 (1),
-                       "}",
-                       "}",
-                       "1",
-                       "{",
-                       "$limit",
-                       BCON_INT32 (UNPARK_KEYS_MAX),
-                       "}");
-   if (!min_seq_by_key (c, &m1, tail, &parked, &n_parked, &err)) {
-      log_warn ("store: unparking: %s", err.message);
-      goto done;
+   /* 1. the parked keys: a window per handler, then the oldest overall */
+   for (size_t i = 0; i < c->o->n_handlers; i++) {
+      bson_t m = BSON_INITIALIZER;
+      bson_t *tail = unpark_tail (s, c->o->handlers[i].handler);
+      size_t before = n_parked;
+      bool ok;
+      BSON_APPEND_UTF8 (&m, "lane", "parked");
+      ok = heads_by_key (c, c->o->handlers[i].handler, &m, tail, &parked, &n_parked, &cap_parked, &err);
+      bson_destroy (tail);
+      bson_destroy (&m);
+      if (!ok) {
+         log_warn ("store: unparking: %s", err.message);
+         goto done;
+      }
+      if (n_parked - before >= UNPARK_KEYS_MAX)
+         more = true;
+   }
+   if (n_parked > 1)
+      qsort (parked, n_parked, sizeof *parked, hk_cmp);
+   if (n_parked > UNPARK_KEYS_MAX) {
+      more = true;
+      for (size_t i = UNPARK_KEYS_MAX; i < n_parked; i++) {
+         bson_free (parked[i].handler);
+         bson_free (parked[i].key);
+      }
+      n_parked = UNPARK_KEYS_MAX;
    }
    /* Where the next claim goes on: after the last key looked at, or from
-    * the start once the window reached the end. */
+    * the start once every window reached its end. */
    bson_free (s->unpark_h);
    bson_free (s->unpark_k);
    s->unpark_h = s->unpark_k = NULL;
-   if (n_parked == UNPARK_KEYS_MAX) {
+   if (more && n_parked > 0) {
       s->unpark_due = parked[n_parked - 1].due;
       s->unpark_h = bson_strdup (parked[n_parked - 1].handler);
       s->unpark_k = bson_strdup (parked[n_parked - 1].key);
    }
    if (n_parked == 0)
       goto done;
-   BSON_APPEND_UTF8 (&m2, "status", "pending");
-   BSON_APPEND_DOCUMENT_BEGIN (&m2, "sequence", &ex);
-   BSON_APPEND_BOOL (&ex, "$exists", true);
-   bson_append_document_end (&m2, &ex);
-   append_hk_or (&m2, parked, n_parked);
-   if (!min_seq_by_key (c, &m2, NULL, &pending, &n_pending, &err)) {
+
+   /* 2. their lowest pending sequences */
+   hs = bson_malloc (n_parked * sizeof *hs);
+   ks = bson_malloc (n_parked * sizeof *ks);
+   for (size_t i = 0; i < n_parked; i++) {
+      hs[i] = parked[i].handler;
+      ks[i] = parked[i].key;
+   }
+   if (!pending_heads (c, hs, ks, n_parked, &pending, &n_pending, &err)) {
       log_warn ("store: unparking: %s", err.message);
       goto done;
    }
+
+   /* 3. one update: the heads with no unfinished predecessor */
    BSON_APPEND_ARRAY_BEGIN (&upd_q, "$or", &or_arr);
    for (size_t i = 0; i < n_parked; i++) {
       bool blocked = false;
@@ -467,11 +503,10 @@ unpark (claim_t *c)
    }
 
 done:
+   bson_free (hs);
+   bson_free (ks);
    hk_free (parked, n_parked);
    hk_free (pending, n_pending);
-   bson_destroy (tail);
-   bson_destroy (&m1);
-   bson_destroy (&m2);
    bson_destroy (&upd_q);
 }
 
@@ -850,33 +885,24 @@ load_held (claim_t *c, bson_error_t *error)
 /* ---------------------------------------------------------------- scan */
 
 /* The lowest pending sequence of each (handler, key) of `ks`, from the
- * ordering index, with one aggregation for all of them. */
+ * ordering index, with one aggregation per handler (one probe per key). */
 static bool
 keys_min_seq (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
 {
-   hk_seq_t *pairs, *found = NULL;
+   hk_seq_t *found = NULL;
    size_t n_found = 0;
-   bson_t match = BSON_INITIALIZER;
+   char **hs, **keys;
    bool ok;
 
    if (n == 0)
       return true;
-   pairs = bson_malloc0 (n * sizeof *pairs);
+   hs = bson_malloc (n * sizeof *hs);
+   keys = bson_malloc (n * sizeof *keys);
    for (size_t i = 0; i < n; i++) {
-      pairs[i].handler = ks[i]->handler;
-      pairs[i].key = ks[i]->key;
+      hs[i] = ks[i]->handler;
+      keys[i] = ks[i]->key;
    }
-   BSON_APPEND_UTF8 (&match, "status", "pending");
-   {
-      bson_t ex;
-      /* The ordering index's partial filter: keyed pending deliveries. */
-      BSON_APPEND_DOCUMENT_BEGIN (&match, "sequence", &ex);
-      BSON_APPEND_BOOL (&ex, "$exists", true);
-      bson_append_document_end (&match, &ex);
-   }
-   append_hk_or (&match, pairs, n);
-   bson_free (pairs);
-   ok = min_seq_by_key (c, &match, NULL, &found, &n_found, error);
+   ok = pending_heads (c, hs, keys, n, &found, &n_found, error);
    for (size_t i = 0; ok && i < n; i++) {
       ks[i]->min_known = true;
       ks[i]->min_seq = INT64_MAX;
@@ -885,7 +911,8 @@ keys_min_seq (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
             ks[i]->min_seq = found[j].seq;
    }
    hk_free (found, n_found);
-   bson_destroy (&match);
+   bson_free (hs);
+   bson_free (keys);
    return ok;
 }
 
