@@ -1261,6 +1261,8 @@ client_loop_set_config (client_loop_t *loop, config_t *cfg)
    config_t *old = loop->cfg;
    loop->cfg = config_retain (cfg);
    config_release (old);
+   /* A larger max_buffered_bytes may let waiters go on at once. */
+   mem_maybe_resume (loop);
 }
 
 void
