@@ -6,8 +6,8 @@
 //     under 50 ms while the proxy decompresses and checks it, and the hostile connection is
 //     closed with a logged reason. Checking keys against identifiers pairwise took seconds.
 //   - OP_COMPRESSED with a compressor this connection did not negotiate in its hello (or that
-//     the compressors setting does not offer) is refused before anything is inflated; noop and
-//     the negotiated compressor keep working.
+//     the compressors setting does not offer, or no longer lists after a reload) is refused
+//     before anything is inflated; noop and the negotiated compressor keep working.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -148,6 +148,30 @@ test('OP_COMPRESSED with a compressor the hello did not negotiate is refused; no
     assert.equal((await bystander.command({ ping: 1, $db: 'admin' })).ok, 1, 'bystander ping');
   } finally {
     for (const c of opened) c.destroy();
+  }
+});
+
+test('a compressor the compressors setting no longer lists after a reload is refused on connections that negotiated it', async () => {
+  const fs = require('node:fs');
+  const own = await H.startProxy({ upstream: upstream.uri, settings: { compressors: 'snappy,zlib' } });
+  const conn = await H.WireConn.connect({ port: own.port });
+  try {
+    const hello = await conn.command({ hello: 1, compression: ['zlib'], $db: 'admin' });
+    assert.deepEqual(hello.compression, ['zlib']);
+    assert.equal((await conn.request({ ping: 1, $db: 'admin' }, { compress: 'zlib' })).doc.ok, 1, 'zlib before the reload');
+    const ini = fs.readFileSync(own.iniPath, 'utf8');
+    assert.match(ini, /^compressors = snappy,zlib$/m);
+    fs.writeFileSync(own.iniPath, ini.replace(/^compressors = .*$/m, 'compressors = snappy'));
+    own.child.kill('SIGHUP');
+    assert.ok(await own.waitForLog(/reloaded /, { timeoutMs: 5000 }), 'the reload is logged');
+    const m = H.opMsg({ ping: 1, $db: 'admin' });
+    await conn.write(H.opCompressed(m.buf, { compressorId: H.COMPRESSOR_IDS.zlib }).buf);
+    await conn.waitClosed(5000);
+    const peer = `127.0.0.1:${conn.localPort}`;
+    const line = await own.waitForLog(/zlib.*not in the compressors setting/, { needle: peer, timeoutMs: 3000 });
+    assert.ok(line, `close of ${peer} logged; lines:\n${own.logLines(peer).join('\n')}`);
+  } finally {
+    conn.destroy();
   }
 });
 
