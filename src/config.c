@@ -69,9 +69,11 @@ static const config_key_t config_key_table[] = {
       "On SIGTERM, how long requests in flight may take to finish before connections are closed."),
    P ("buffer_high_watermark", I, "4194304", 65536, 1073741824, true, buffer_high_watermark,
       "Bytes queued towards one side before the proxy stops reading from the other (per connection)."),
-   /* At least two maximum-size (48,000,000-byte) messages, so one whole
-    * message and its decompressed form always fit once the rest drains. */
-   P ("max_buffered_bytes", I, "1073741824", 96000000, INT64_C (1099511627776), true, max_buffered_bytes,
+   /* At least four maximum-size (48,000,000-byte) messages: a message
+    * being received reserves itself and its decompressed form or
+    * validation copy at once, and must fit beside what the other
+    * connections hold even when the total is not down to zero. */
+   P ("max_buffered_bytes", I, "1073741824", 192000000, INT64_C (1099511627776), true, max_buffered_bytes,
       "Bytes all connections together may hold in partial messages, decompressed requests and queues; past it the proxy stops reading from the clients with large messages until the total drains."),
    P ("upstream_connect_timeout_ms", I, "10000", 100, 600000, true, upstream_connect_timeout_ms,
       "Time to open an upstream connection, or to wait for a primary, before the client is closed."),
