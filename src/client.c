@@ -9,6 +9,10 @@
  * what to read next and which drain callbacks are wanted, touching libevent
  * only when a decision changes.
  *
+ * Memory.  Every connection's buffers and reservations count towards the
+ * process-wide max_buffered_bytes; past it, sides with a large message to
+ * receive are not read (see "memory" below).
+ *
  * Lifetime.  client_disconnect frees the sockets and timers at once (so no
  * callback of ours can fire again) and puts the struct on the loop's free
  * list; it is freed from an event on the next loop turn.  Any code that
@@ -238,12 +242,12 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
  *     output, decompressed requests, re-encoded and held answers), kept
  *     exact by an evbuffer callback on each;
  *   - reservations: the rest of a partial message whose header announced
- *     its length (mem_partial, mem_partial_up), and a request's
- *     decompressed size before it is inflated, plus its bytes while the
- *     decoding thread has them (mem_decode).
+ *     its length (mem_partial, mem_partial_up), and for a request its
+ *     decompressed size or the copy it is validated from, plus its bytes
+ *     while the decoding thread has them (mem_decode).
  * A side of a connection is read only while the rest of the message it is
  * receiving is reserved; a reservation that does not fit under the bound
- * puts the connection on the loop's wait list, unread on both sides: the
+ * puts the connection on the loop's wait list with that side unread: the
  * clients stopped are those with the largest messages coming, while small
  * requests (whole in one read) never wait.  Messages already reserved
  * finish, leave towards their destination and free their room; when the

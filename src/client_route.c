@@ -15,6 +15,12 @@
  * parser's validation pass also yields the command name and where a
  * top-level `comment` is, so routing reads no body twice.
  *
+ * Decoding.  A request of CLIENT_OFFLOAD_MIN bytes or more (decompressed)
+ * is decompressed and validated by the loop's decoding thread ("offload"),
+ * so the loop never spends long on one message; the connection waits for
+ * it, the others go on.  Smaller ones are decoded on the loop.  Compressed
+ * requests must use a compressor the connection negotiated.
+ *
  * Compression.  The upstream is never asked to compress (handshake.c strips
  * `compression` from the hello it forwards), so everything upstream is
  * plain; the client's compressed requests are decompressed here and its
