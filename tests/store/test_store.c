@@ -1056,20 +1056,28 @@ test_complete_many_with_history_is_one_transaction (void **state)
 
 /* ------------------------------------------------- faults of the reference */
 
-/* Configures the double's failCommand from JSON (mode and data). */
+/* Configures failCommand from JSON (mode and data).  A real server
+ * (MONGODB_URI) without test commands has no fail points: the test is
+ * skipped there. */
 static void
 failpoint (fx_t *fx, const char *json)
 {
    bson_error_t err;
    bson_t *cmd = bson_new_from_json ((const uint8_t *) json, -1, &err);
    bson_t reply;
+   bool ok;
 
    if (!cmd)
       fail_msg ("fail point JSON: %s", err.message);
-   if (!mongoc_client_command_simple (fx->client, "admin", cmd, NULL, &reply, &err))
-      fail_msg ("configureFailPoint: %s", err.message);
+   ok = mongoc_client_command_simple (fx->client, "admin", cmd, NULL, &reply, &err);
    bson_destroy (&reply);
    bson_destroy (cmd);
+   if (!ok && fx->dbl.pid == 0) {
+      fprintf (stderr, "skipped: the server has no failCommand fail point (%s)\n", err.message);
+      skip ();
+   }
+   if (!ok)
+      fail_msg ("configureFailPoint: %s", err.message);
 }
 
 static void
