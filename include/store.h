@@ -210,6 +210,41 @@ bool store_purge (store_t *store,
                   store_purge_result_t *result,
                   bson_error_t *error) __attribute__ ((warn_unused_result));
 
+/* Scheduled retention: a purge run in bounded steps.  The caller starts a
+ * run by setting the cutoffs on a cleared run (active false), then calls
+ * store_purge_step until it reports `done`, with as much time between
+ * steps as it likes; each step is one batch (purge_batch_size documents,
+ * one transaction) of, in turn, dead deliveries, completion history
+ * records, then events, with the same rules as store_purge.  Each step
+ * first takes or renews the purge lease (one document, for `lease_ms`):
+ * while another instance holds it, the step does nothing and reports
+ * leased false.  The run is cleared when it is done, on an error and
+ * when the lease is elsewhere. */
+typedef struct {
+   bool active;
+   int64_t dead_before;      /* 0: keep dead deliveries */
+   int64_t completed_before; /* 0: keep completion history and completed events */
+   /* progress, owned by the store */
+   int phase;
+   int64_t after_created;
+   char *after_id;
+} store_purge_run_t;
+
+typedef struct {
+   bool leased; /* false: the purge lease is held by another instance */
+   bool done;   /* the run is over */
+   int64_t dead, completed, events; /* removed by this step */
+} store_purge_step_result_t;
+
+bool store_purge_step (store_t *store,
+                       store_purge_run_t *run,
+                       int64_t now,
+                       int64_t lease_ms,
+                       store_purge_step_result_t *result,
+                       bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Frees the run's progress and clears it; NULL accepted. */
+void store_purge_run_clear (store_purge_run_t *run);
+
 typedef struct {
    int64_t pending, dead, parked, completed, running;
    int64_t lanes_owned;    /* lanes under a live lease at `now` */

@@ -407,6 +407,239 @@ store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, b
    return ok;
 }
 
+/* ----------------------------------------------------- scheduled purge */
+
+/* The purge lease: one document in the lanes collection with _id -1 (the
+ * lanes are 0..255, and every lane query either names lane ids or skips
+ * ids outside that range), holding purgeOwner and purgeLeaseExpiresAt.
+ * Its own field names keep it out of the queries on owner and
+ * leaseExpiresAt.  Taken, or renewed by its holder, with one
+ * findOneAndUpdate; the upsert creates it the first time, and an upsert
+ * that loses against a live lease of another instance fails with a
+ * duplicate key (11000): the lease is held elsewhere. */
+#define STORE_PURGE_LEASE_ID (-1)
+
+enum {
+   PURGE_PHASE_DEAD,
+   PURGE_PHASE_HISTORY,
+   PURGE_PHASE_EVENTS,
+};
+
+static bool
+purge_lease (store_t *s, mongoc_client_t *client, int64_t now, int64_t lease_ms, bool *leased, bson_error_t *error)
+{
+   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   bson_t *q = BCON_NEW ("_id",
+                         BCON_INT32 (STORE_PURGE_LEASE_ID),
+                         "$or",
+                         "[",
+                         "{",
+                         "purgeOwner",
+                         BCON_UTF8 (s->owner),
+                         "}",
+                         "{",
+                         "purgeLeaseExpiresAt",
+                         "{",
+                         "$lte",
+                         BCON_DATE_TIME (now),
+                         "}",
+                         "}",
+                         "]");
+   bson_t *u = BCON_NEW ("$set",
+                         "{",
+                         "purgeOwner",
+                         BCON_UTF8 (s->owner),
+                         "purgeLeaseExpiresAt",
+                         BCON_DATE_TIME (now + lease_ms),
+                         "}");
+   mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
+   bson_t reply;
+   bson_error_t err;
+   bool ok = true;
+
+   *leased = false;
+   mongoc_find_and_modify_opts_set_update (fam, u);
+   mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_UPSERT | MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+   if (mongoc_collection_find_and_modify_with_opts (lanes, q, fam, &reply, &err)) {
+      *leased = true;
+   } else if (err.code == 11000) {
+      ok = true; /* a live lease of another instance */
+   } else {
+      store_set_error (error, STORE_ERROR_SERVER, "purge lease: %s", err.message);
+      ok = false;
+   }
+   bson_destroy (&reply);
+   mongoc_find_and_modify_opts_destroy (fam);
+   bson_destroy (u);
+   bson_destroy (q);
+   mongoc_collection_destroy (lanes);
+   return ok;
+}
+
+/* One batch of the events phase: events created before the later cutoff
+ * (an event's completedAt is never before its createdAt), after the
+ * run's keyset position in (createdAt, _id) order; purge_cb deletes those
+ * nothing references whose retention has passed.  *full: the batch was
+ * full, so more may follow. */
+static bool
+purge_events_batch (purge_t *p, store_purge_run_t *run, bool *full, bson_error_t *error)
+{
+   int64_t cutoff = run->dead_before > run->completed_before ? run->dead_before : run->completed_before;
+   mongoc_collection_t *coll = store_coll (p->s, p->client, OUTBOX_EVENTS);
+   bson_t *opts = BCON_NEW ("sort",
+                            "{",
+                            "createdAt",
+                            BCON_INT32 (1),
+                            "_id",
+                            BCON_INT32 (1),
+                            "}",
+                            "projection",
+                            "{",
+                            "_id",
+                            BCON_INT32 (1),
+                            "createdAt",
+                            BCON_INT32 (1),
+                            "}",
+                            "limit",
+                            BCON_INT64 (p->s->purge_batch));
+   bson_t q = BSON_INITIALIZER, sub;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   *full = false;
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lt", cutoff);
+   bson_append_document_end (&q, &sub);
+   if (run->after_id) {
+      bson_value_t id = {.value_type = BSON_TYPE_UTF8};
+      id.value.v_utf8.str = run->after_id;
+      id.value.v_utf8.len = (uint32_t) strlen (run->after_id);
+      store_append_after_key (&q, run->after_created, &id);
+   }
+   strs_free (&p->event_ids);
+   store_oids_free (&p->ids);
+   cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, "_id");
+      if (!id)
+         continue;
+      strs_push (&p->event_ids, id);
+      bson_free (run->after_id);
+      run->after_id = bson_strdup (id);
+      run->after_created = store_iter_date (doc, "createdAt");
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   if (ok && p->event_ids.n > 0) {
+      p->from = OUTBOX_EVENTS;
+      ok = store_with_txn (p->s, p->client, purge_cb, p, error);
+      *full = ok && p->event_ids.n >= (size_t) p->s->purge_batch;
+   }
+   bson_destroy (&q);
+   bson_destroy (opts);
+   mongoc_collection_destroy (coll);
+   return ok;
+}
+
+/* One batch of dead deliveries or completion history records matching q,
+ * with the events only they referenced.  *full: the batch was full and
+ * removed something, so more may follow. */
+static bool
+purge_records_batch (purge_t *p, outbox_collection_t from, const bson_t *q, bool *full, bson_error_t *error)
+{
+   mongoc_collection_t *coll = store_coll (p->s, p->client, from);
+   bool ok;
+
+   *full = false;
+   p->from = from;
+   p->deleted = p->events_deleted = 0;
+   ok = next_batch (p, coll, q, "eventId", error);
+   if (ok && p->ids.n > 0) {
+      ok = store_with_txn (p->s, p->client, purge_cb, p, error);
+      *full = ok && p->deleted > 0 && p->ids.n >= (size_t) p->s->purge_batch;
+   }
+   mongoc_collection_destroy (coll);
+   return ok;
+}
+
+bool
+store_purge_step (store_t *s,
+                  store_purge_run_t *run,
+                  int64_t now,
+                  int64_t lease_ms,
+                  store_purge_step_result_t *r,
+                  bson_error_t *error)
+{
+   store_purge_opts_t o = {.dead_before = run->dead_before, .completed_before = run->completed_before};
+   purge_t p = {0};
+   bool ok, full = false;
+
+   memset (r, 0, sizeof *r);
+   p.s = s;
+   p.o = &o;
+   p.min_cutoff = o.dead_before;
+   if (o.completed_before > 0 && (p.min_cutoff == 0 || o.completed_before < p.min_cutoff))
+      p.min_cutoff = o.completed_before;
+   if (p.min_cutoff == 0) {
+      r->leased = r->done = true;
+      return true;
+   }
+   p.client = mongoc_client_pool_pop (s->pool);
+   ok = purge_lease (s, p.client, now, lease_ms, &r->leased, error);
+   if (!ok || !r->leased)
+      goto done;
+
+   if (run->phase == PURGE_PHASE_DEAD) {
+      if (o.dead_before > 0) {
+         bson_t *q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o.dead_before), "}");
+         ok = purge_records_batch (&p, OUTBOX_DELIVERIES, q, &full, error);
+         r->dead = p.deleted;
+         r->events = p.events_deleted;
+         bson_destroy (q);
+      }
+      if (ok && !full)
+         run->phase = PURGE_PHASE_HISTORY;
+   } else if (run->phase == PURGE_PHASE_HISTORY) {
+      if (o.completed_before > 0 && s->completion_history) {
+         bson_t *q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o.completed_before), "}");
+         ok = purge_records_batch (&p, OUTBOX_COMPLETED, q, &full, error);
+         r->completed = p.deleted;
+         r->events = p.events_deleted;
+         bson_destroy (q);
+      }
+      if (ok && !full)
+         run->phase = PURGE_PHASE_EVENTS;
+   } else {
+      p.events_deleted = 0;
+      ok = purge_events_batch (&p, run, &full, error);
+      r->events = p.events_deleted;
+      if (ok && !full)
+         r->done = true;
+   }
+
+done:
+   store_oids_free (&p.ids);
+   strs_free (&p.event_ids);
+   mongoc_client_pool_push (s->pool, p.client);
+   if (r->done || !r->leased || !ok)
+      store_purge_run_clear (run);
+   return ok;
+}
+
+void
+store_purge_run_clear (store_purge_run_t *run)
+{
+   if (!run)
+      return;
+   bson_free (run->after_id);
+   memset (run, 0, sizeof *run);
+}
+
 /* ------------------------------------------------------------ statistics */
 
 bool

@@ -1510,6 +1510,149 @@ test_l3_renew_all_running_jobs (void **state)
    mongoc_collection_destroy (lanes);
 }
 
+/* Runs scheduled purge steps of `s` until the run is done (bounded),
+ * summing what they removed; false if a step found the lease elsewhere. */
+static bool
+purge_run (store_t *s, int64_t now, int64_t retain, store_purge_step_result_t *sum, int *steps)
+{
+   store_purge_run_t run = {.active = true, .completed_before = now - retain, .dead_before = now - retain};
+   store_purge_step_result_t r;
+   bson_error_t err;
+
+   memset (sum, 0, sizeof *sum);
+   *steps = 0;
+   for (int i = 0; i < 50; i++) {
+      if (!store_purge_step (s, &run, now, LEASE, &r, &err))
+         fail_msg ("purge step: %s", err.message);
+      (*steps)++;
+      if (!r.leased) {
+         store_purge_run_clear (&run);
+         return false;
+      }
+      sum->dead += r.dead;
+      sum->completed += r.completed;
+      sum->events += r.events;
+      if (r.done) {
+         sum->done = true;
+         store_purge_run_clear (&run);
+         return true;
+      }
+   }
+   store_purge_run_clear (&run);
+   fail_msg ("the purge run did not end in 50 steps");
+   return false;
+}
+
+/* Scheduled retention, with completion history and one document per
+ * batch: an event whose deliveries all completed before the cutoff goes
+ * with its history record; one still referenced by a pending delivery
+ * stays (its history record goes); a dead letter past retain_dead goes
+ * with its event; what completed after the cutoff stays. */
+static void
+test_retention_scheduled_purge_removes_exactly_the_right_ones (void **state)
+{
+   fx_t *fx = *state;
+   store_opts_t o = {.database = fx->db, .prefix = "relaybus_", .completion_history = true, .owner = "host/3/cccc",
+                     .purge_batch_size = 1};
+   store_purge_step_result_t sum;
+   store_batch_t b = {0};
+   bson_error_t err;
+   store_t *c;
+   bool applied;
+   int steps;
+
+   c = store_new (fx->pool, &o, &err);
+   if (!c)
+      fail_msg ("store_new: %s", err.message);
+   add (fx, "e-done", "h1", NULL, 0, T0 - 100);
+   add (fx, "e-shared", "h1", NULL, 0, T0 - 90);
+   add (fx, "e-shared", "h2", NULL, 0, T0 + 3600000);
+   add (fx, "e-dead", "h1", NULL, 0, T0 - 80);
+   add (fx, "e-recent", "h1", NULL, 0, T0 - 70);
+   claim (fx->a, "h1", 10, T0, &b);
+   assert_int_equal (b.n, 4);
+   for (size_t i = 0; i < b.n; i++) {
+      store_ref_t r = ref (&b.items[i]);
+      const char *ev = b.items[i].event_id;
+      if (!strcmp (ev, "e-dead")) {
+         assert_true (store_bury (fx->a, &r, T0 + 10, "HTTP 400", &applied, &err));
+         assert_true (applied);
+      } else {
+         assert_true (complete1 (fx->a, &b.items[i], !strcmp (ev, "e-recent") ? T0 + 2500 : T0 + 10));
+      }
+   }
+   store_batch_clear (&b);
+   assert_int_equal (count (fx, OUTBOX_COMPLETED, "{}"), 3);
+
+   /* retain 2 s at T0 + 3 s: the cutoffs are T0 + 1 s. */
+   assert_true (purge_run (c, T0 + 3000, 2000, &sum, &steps));
+   assert_true (steps > 3); /* one batch of one document per step */
+   assert_int_equal (sum.dead, 1);
+   assert_int_equal (sum.completed, 2);
+   assert_int_equal (sum.events, 2);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"e-done\"}"), 0);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"e-dead\"}"), 0);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"e-shared\"}"), 1);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"e-recent\"}"), 1);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"status\": \"dead\"}"), 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"eventId\": \"e-shared\", \"handler\": \"h2\"}"), 1);
+   assert_int_equal (count (fx, OUTBOX_COMPLETED, "{}"), 1);
+   assert_int_equal (count (fx, OUTBOX_COMPLETED, "{\"eventId\": \"e-recent\"}"), 1);
+   /* The purge lease is one document beside the 256 lanes, and no lane
+    * carries it. */
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"purgeOwner\": {\"$exists\": true}}"), 1);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"_id\": {\"$gte\": 0}, \"purgeOwner\": {\"$exists\": true}}"), 0);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"purgeOwner\": \"host/3/cccc\"}"), 1);
+
+   /* A second run at the same time finds nothing more. */
+   assert_true (purge_run (c, T0 + 3000, 2000, &sum, &steps));
+   assert_int_equal (sum.dead + sum.completed + sum.events, 0);
+   store_destroy (c);
+}
+
+/* Scheduled retention: while another instance holds the purge lease, a
+ * step does nothing; once the lease has expired, it takes the lease and
+ * purges. */
+static void
+test_retention_scheduled_purge_lease_makes_others_skip (void **state)
+{
+   fx_t *fx = *state;
+   store_purge_step_result_t sum;
+   store_batch_t b = {0};
+   bson_error_t err;
+   bool applied;
+   int steps;
+
+   add (fx, "e-dead", "h1", NULL, 0, T0 - 80);
+   claim (fx->a, "h1", 10, T0, &b);
+   assert_int_equal (b.n, 1);
+   {
+      store_ref_t r = ref (&b.items[0]);
+      assert_true (store_bury (fx->a, &r, T0 + 10, "HTTP 400", &applied, &err));
+      assert_true (applied);
+   }
+   store_batch_clear (&b);
+
+   /* b runs first, before the dead letter is old enough: it keeps the
+    * lease for LEASE ms. */
+   assert_true (purge_run (fx->b, T0 + 100, 2000, &sum, &steps));
+   assert_int_equal (sum.dead, 0);
+   assert_false (purge_run (fx->a, T0 + 3000, 2000, &sum, &steps));
+   assert_int_equal (steps, 1);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"status\": \"dead\"}"), 1);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"e-dead\"}"), 1);
+   /* The holder renews its own lease. */
+   assert_true (purge_run (fx->b, T0 + 200, 2000, &sum, &steps));
+   assert_false (purge_run (fx->a, T0 + 100 + LEASE, 2000, &sum, &steps));
+   /* Past the holder's last renewal plus the lease: a takes it. */
+   assert_true (purge_run (fx->a, T0 + 200 + LEASE, 2000, &sum, &steps));
+   assert_int_equal (sum.dead, 1);
+   assert_int_equal (sum.events, 1);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 0);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{}"), 0);
+   assert_false (purge_run (fx->b, T0 + 300 + LEASE, 2000, &sum, &steps));
+}
+
 int
 main (void)
 {
@@ -1541,6 +1684,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_l1_scan_cap_blocked_keys, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l2_bury_running_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l3_renew_all_running_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_removes_exactly_the_right_ones, setup_history, teardown),
+      cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_lease_makes_others_skip, setup, teardown),
    };
    int rc;
 
