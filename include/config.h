@@ -30,6 +30,7 @@ typedef enum {
    CONFIG_TYPE_INT,  /* int64, with min/max */
    CONFIG_TYPE_BOOL, /* true/false, yes/no, on/off, 1/0 */
    CONFIG_TYPE_LIST, /* comma-separated words, kept as the string */
+   CONFIG_TYPE_DURATION, /* a number and a unit (ms, s, m, h, d), kept as int64 ms, with min/max in ms */
 } config_type_t;
 
 typedef enum {
@@ -45,7 +46,7 @@ typedef struct {
    const char *name;
    config_type_t type;
    const char *default_value; /* as written in the file; NULL: required */
-   int64_t min, max;          /* CONFIG_TYPE_INT only */
+   int64_t min, max;          /* CONFIG_TYPE_INT and CONFIG_TYPE_DURATION (ms) */
    bool reloadable;
    const char *help;
    size_t offset; /* into config_t, or config_handler_t for handler keys */
@@ -96,6 +97,9 @@ typedef struct config {
    bool completion_history;
    bool allow_client_writes;           /* client commands may write the outbox */
    int64_t max_poisoned_transactions;  /* poison table capacity (restart to change) */
+   int64_t retain_completed_ms;        /* scheduled purge: completed events and history */
+   int64_t retain_dead_ms;             /* scheduled purge: dead deliveries */
+   int64_t purge_interval_ms;          /* scheduled purge: time between runs */
 
    /* [dispatch] */
    bool dispatch_enabled;

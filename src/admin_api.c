@@ -1057,6 +1057,7 @@ admin_api_config (admin_t *a, struct evhttp_request *req)
          BSON_APPEND_UTF8 (&item, "name", key->name);
          switch (key->type) {
          case CONFIG_TYPE_INT:
+         case CONFIG_TYPE_DURATION: /* in ms */
             BSON_APPEND_INT64 (&item, "value", *(const int64_t *) (base + key->offset));
             break;
          case CONFIG_TYPE_BOOL:

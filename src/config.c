@@ -50,7 +50,9 @@
 #define I CONFIG_TYPE_INT
 #define B CONFIG_TYPE_BOOL
 #define L CONFIG_TYPE_LIST
+#define DU CONFIG_TYPE_DURATION
 #define MS_HOUR 3600000
+#define MS_DAY INT64_C (86400000)
 
 /* The one table.  Handler keys are not reloadable: a handler's deliveries
  * are created from its subscriptions, so changing them needs a restart. */
@@ -102,6 +104,12 @@ static const config_key_t config_key_table[] = {
       "Let client commands through the proxy write the outbox collections (insert, drop, $out, ...)."),
    O ("max_poisoned_transactions", I, "4096", 1, 1000000, false, max_poisoned_transactions,
       "Poisoned transactions remembered at once; when full, annotated writes are refused until entries expire."),
+   O ("retain_completed", DU, "7d", 1000, 3650 * MS_DAY, true, retain_completed_ms,
+      "Scheduled purge: events whose deliveries all completed, and completion history, are removed this long after their last completion."),
+   O ("retain_dead", DU, "30d", 1000, 3650 * MS_DAY, true, retain_dead_ms,
+      "Scheduled purge: dead deliveries are removed this long after they died (last changed)."),
+   O ("purge_interval", DU, "10m", 1000, 7 * MS_DAY, true, purge_interval_ms,
+      "Time between two scheduled purge runs of this proxy's dispatcher."),
 
    D ("enabled", B, "true", 0, 0, false, dispatch_enabled,
       "Run the dispatch engine in this process."),
@@ -141,6 +149,7 @@ static const config_key_t config_key_table[] = {
 #undef I
 #undef B
 #undef L
+#undef DU
 
 static const char *const config_section_names[] = {
    [CONFIG_SECTION_PROXY] = "proxy",
@@ -260,6 +269,46 @@ parse_bool (const char *v, bool *out)
    return false;
 }
 
+/* Units of a duration, largest first (config_format picks the largest
+ * that divides the value exactly). */
+static const struct {
+   const char *unit;
+   int64_t ms;
+} duration_units[] = {
+   {"d", 86400000}, {"h", 3600000}, {"m", 60000}, {"s", 1000}, {"ms", 1},
+};
+
+/* A duration: digits and one unit, "7d", "10m", "2s", "500ms".  A plain
+ * number is refused: its unit would be a guess. */
+static bool
+parse_duration (const char *v, int64_t *out, char *why, size_t why_len)
+{
+   const char *p = v;
+   int64_t n = 0;
+
+   while (*p >= '0' && *p <= '9') {
+      if (n > (INT64_MAX - 9) / 10)
+         goto bad;
+      n = n * 10 + (*p++ - '0');
+   }
+   if (p == v)
+      goto bad;
+   for (size_t i = 0; i < sizeof duration_units / sizeof duration_units[0]; i++) {
+      if (strcmp (p, duration_units[i].unit) != 0)
+         continue;
+      if (n > INT64_MAX / duration_units[i].ms)
+         goto bad;
+      *out = n * duration_units[i].ms;
+      return true;
+   }
+bad:
+   snprintf (why,
+             why_len,
+             "'%.64s' is not a duration: a whole number and a unit (ms, s, m, h or d), such as 7d, 10m, 2s or 500ms",
+             v);
+   return false;
+}
+
 /* Applies one value to the field `key` describes, inside `base` (a config_t
  * or a config_handler_t).  On failure `*why` says what is wrong. */
 static bool
@@ -313,6 +362,18 @@ config_set (void *base, const config_key_t *key, const char *value, char *why, s
          return false;
       }
       *(int64_t *) field = (int64_t) v;
+      return true;
+   }
+   case CONFIG_TYPE_DURATION: {
+      int64_t ms;
+
+      if (!parse_duration (value, &ms, why, why_len))
+         return false;
+      if (ms < key->min || ms > key->max) {
+         snprintf (why, why_len, "'%.64s' is outside [%" PRId64 " ms, %" PRId64 " ms]", value, key->min, key->max);
+         return false;
+      }
+      *(int64_t *) field = ms;
       return true;
    }
    }
@@ -838,6 +899,16 @@ config_format (const void *base, const config_key_t *key, char *out, size_t len)
    case CONFIG_TYPE_BOOL:
       snprintf (out, len, "%s", *(const bool *) field ? "true" : "false");
       break;
+   case CONFIG_TYPE_DURATION: {
+      int64_t ms = *(const int64_t *) field;
+      size_t u = 0;
+
+      while (u + 1 < sizeof duration_units / sizeof duration_units[0] &&
+             (ms == 0 || ms % duration_units[u].ms != 0))
+         u++;
+      snprintf (out, len, "%" PRId64 "%s", ms / duration_units[u].ms, duration_units[u].unit);
+      break;
+   }
    }
 }
 

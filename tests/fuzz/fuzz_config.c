@@ -105,6 +105,15 @@ format_value (const void *base, const config_key_t *k, text_t *t)
       text_str (t, num);
       return;
    }
+   case CONFIG_TYPE_DURATION: {
+      int64_t v = *(const int64_t *) field;
+
+      /* In ms, which the parser takes back as "<n>ms". */
+      CHECK (v >= k->min && v <= k->max);
+      snprintf (num, sizeof num, "%" PRId64 "ms", v);
+      text_str (t, num);
+      return;
+   }
    case CONFIG_TYPE_BOOL: {
       unsigned char b;
 

@@ -213,6 +213,55 @@ test_parse_listen (void **state)
    assert_false (config_parse_listen ("h:-1", host, sizeof host, &port, &error));
 }
 
+/* Durations: a number and a unit; defaults; a plain number, an unknown
+ * unit or a value outside the limits is refused naming the key; written
+ * back in the largest exact unit; reloadable. */
+static void
+test_durations (void **state)
+{
+   bson_error_t error;
+   config_t *def = parse_ok ("[outbox]\n");
+   config_t *cfg = parse_ok ("[outbox]\nretain_completed = 2s\nretain_dead = 1500ms\npurge_interval = 2h\n");
+   char *buf = NULL;
+   size_t len = 0;
+   FILE *f;
+
+   (void) state;
+   assert_int_equal (def->retain_completed_ms, INT64_C (7) * 86400000);
+   assert_int_equal (def->retain_dead_ms, INT64_C (30) * 86400000);
+   assert_int_equal (def->purge_interval_ms, 600000);
+   assert_int_equal (cfg->retain_completed_ms, 2000);
+   assert_int_equal (cfg->retain_dead_ms, 1500);
+   assert_int_equal (cfg->purge_interval_ms, 7200000);
+   assert_true (config_reload_allowed (def, cfg, &error));
+
+   f = open_memstream (&buf, &len);
+   config_write (cfg, f);
+   fclose (f);
+   assert_non_null (strstr (buf, "retain_completed = 2s\n"));
+   assert_non_null (strstr (buf, "retain_dead = 1500ms\n"));
+   assert_non_null (strstr (buf, "purge_interval = 2h\n"));
+   free (buf);
+   buf = NULL;
+   f = open_memstream (&buf, &len);
+   config_write (def, f);
+   fclose (f);
+   assert_non_null (strstr (buf, "retain_completed = 7d\n"));
+   assert_non_null (strstr (buf, "purge_interval = 10m\n"));
+   free (buf);
+
+   parse_fails ("[outbox]\nretain_dead = 30\n", "test.ini:2: retain_dead: '30' is not a duration");
+   parse_fails ("[outbox]\nretain_dead = 30 d\n", "retain_dead: '30 d' is not a duration");
+   parse_fails ("[outbox]\nretain_completed = 7w\n", "retain_completed: '7w' is not a duration");
+   parse_fails ("[outbox]\nretain_completed = -1s\n", "retain_completed: '-1s' is not a duration");
+   parse_fails ("[outbox]\npurge_interval = s\n", "purge_interval: 's' is not a duration");
+   parse_fails ("[outbox]\npurge_interval = 99999999999999999999d\n", "purge_interval: '99999999999999999999d' is not a duration");
+   parse_fails ("[outbox]\npurge_interval = 500ms\n", "purge_interval: '500ms' is outside");
+   parse_fails ("[outbox]\npurge_interval = 8d\n", "purge_interval: '8d' is outside");
+   config_release (def);
+   config_release (cfg);
+}
+
 static void
 test_write_masks_secrets (void **state)
 {
@@ -377,6 +426,7 @@ main (void)
       cmocka_unit_test (test_errors_name_line_and_key),
       cmocka_unit_test (test_handlers),
       cmocka_unit_test (test_reload_rules),
+      cmocka_unit_test (test_durations),
       cmocka_unit_test (test_parse_listen),
       cmocka_unit_test (test_write_masks_secrets),
       cmocka_unit_test (test_mask),
