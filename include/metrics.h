@@ -57,6 +57,11 @@ void metrics_delivery_observe (const char *handler, metrics_outcome_t outcome, i
 /* One claim took `latency_ms`.  Any thread. */
 void metrics_claim_observe (int64_t latency_ms);
 
+/* One step of a scheduled purge run: what it removed, or that it failed.
+ * metrics_purge_run counts a run that ended (ok or not).  Any thread. */
+void metrics_purge_observe (int64_t events, int64_t dead, int64_t history);
+void metrics_purge_run (bool ok);
+
 /* Sums of what was observed, for the JSON API (per handler, by name). */
 typedef struct {
    uint64_t settled[METRICS_DELIVERY_OUTCOME_COUNT];

@@ -25,6 +25,12 @@
  *           job is kept until it is settled, its lease turns out stale, or
  *           one lease has passed (then the store takes the claim back as
  *           abandoned, and the delivery runs again).
+ *   purge   every purge_interval, a scheduled purge run (retain_completed,
+ *           retain_dead): one bounded batch per step under the store's
+ *           purge lease, a short pause between steps so claims and
+ *           flushes interleave, one log line per run that removed
+ *           something.  It runs whenever [dispatch] enabled is true, also
+ *           without webhook handlers (the thread then only purges).
  *   stop    stops claiming, waits for requests in flight (bounded), releases
  *           what still runs, flushes, relinquishes the lanes, exits.
  *
@@ -61,6 +67,9 @@
  * last. */
 #define DISPATCH_SETTLE_RETRY_MIN_MS 100
 #define DISPATCH_SETTLE_RETRY_MAX_MS 5000
+/* Pause between two steps of a purge run: claims, flushes and settling
+ * that became due meanwhile run first. */
+#define DISPATCH_PURGE_STEP_PAUSE_MS 20
 
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in dispatcher_t.cfg, which we hold */
@@ -119,6 +128,7 @@ typedef struct {
    store_claim_handler_t *claim_handlers;
    size_t n_handlers;
    bool dispatching; /* enabled with at least one webhook handler */
+   bool purging;     /* enabled: runs the scheduled purge */
 
    struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *stop_ev, *deadline_ev, *reload_ev;
    config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
@@ -129,6 +139,12 @@ typedef struct {
    job_t **unsettled;
    size_t n_unsettled, cap_unsettled;
    struct event *settle_ev;
+
+   /* The scheduled purge: the run in progress and what it removed. */
+   struct event *purge_ev;
+   store_purge_run_t purge_run;
+   int64_t purge_started_ms;
+   int64_t purged_events, purged_dead, purged_history;
 
    /* The renewal thread: its own event base and timer. */
    pthread_t renew_thread;
@@ -717,6 +733,59 @@ renew_thread (void *arg)
    return NULL;
 }
 
+/* ---------------------------------------------------------------- purge */
+
+static void
+purge_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   store_purge_step_result_t r;
+   bson_error_t err;
+   int64_t now = now_ms ();
+
+   (void) fd;
+   (void) what;
+   if (d->stopping || !d->setup_done)
+      return;
+   if (!d->purge_run.active) {
+      d->purge_run.active = true;
+      d->purge_run.completed_before = now - d->cfg->retain_completed_ms;
+      d->purge_run.dead_before = now - d->cfg->retain_dead_ms;
+      d->purge_started_ms = now;
+      d->purged_events = d->purged_dead = d->purged_history = 0;
+   }
+   if (!store_purge_step (d->store, &d->purge_run, now, d->cfg->lease_ms, &r, &err)) {
+      metrics_purge_run (false);
+      log_warn ("dispatch: scheduled purge failed (next run in %" PRId64 " ms): %s", d->cfg->purge_interval_ms, err.message);
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
+      return;
+   }
+   if (!r.leased) {
+      log_debug ("dispatch: scheduled purge skipped: another instance holds the purge lease");
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
+      return;
+   }
+   metrics_purge_observe (r.events, r.dead, r.completed);
+   d->purged_events += r.events;
+   d->purged_dead += r.dead;
+   d->purged_history += r.completed;
+   if (!r.done) {
+      schedule (d->purge_ev, DISPATCH_PURGE_STEP_PAUSE_MS);
+      return;
+   }
+   metrics_purge_run (true);
+   if (d->purged_events + d->purged_dead + d->purged_history > 0)
+      log_info ("dispatch: scheduled purge removed %" PRId64 " events, %" PRId64 " dead deliveries, %" PRId64
+                " completion records in %" PRId64 " ms (retain completed %" PRId64 " ms, dead %" PRId64 " ms)",
+                d->purged_events,
+                d->purged_dead,
+                d->purged_history,
+                now_ms () - d->purge_started_ms,
+                d->cfg->retain_completed_ms,
+                d->cfg->retain_dead_ms);
+   schedule (d->purge_ev, d->cfg->purge_interval_ms);
+}
+
 /* ---------------------------------------------------------------- setup */
 
 static void
@@ -735,9 +804,11 @@ setup_cb (evutil_socket_t fd, short what, void *arg)
       return;
    }
    d->setup_done = true;
+   if (d->purging)
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
    if (d->dispatching)
       schedule (d->tick_ev, 0);
-   else
+   else if (!d->purging)
       event_base_loopexit (d->base, NULL); /* setup was all there was to do */
 }
 
@@ -810,6 +881,7 @@ stop_cb (evutil_socket_t fd, short what, void *arg)
    d->stopping = true;
    evtimer_del (d->tick_ev);
    evtimer_del (d->setup_ev);
+   evtimer_del (d->purge_ev);
    if (d->n_running == 0) {
       finish (d);
       return;
@@ -887,10 +959,16 @@ reload_cb (evutil_socket_t fd, short what, void *arg)
       if (d->setup_done && !d->stopping)
          schedule (d->tick_ev, 0); /* the next poll follows the new interval */
    }
-   log_info ("dispatch: reloaded (batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms)",
+   /* Between runs the next one follows the new interval; a run in
+    * progress keeps its cutoffs, the next run takes the new retention. */
+   if (d->purging && d->setup_done && !d->stopping && !d->purge_run.active)
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
+   log_info ("dispatch: reloaded (batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms, purge every %" PRId64
+             " ms)",
              d->cfg->batch_size,
              d->cfg->lease_ms,
-             d->cfg->poll_interval_ms);
+             d->cfg->poll_interval_ms,
+             d->cfg->purge_interval_ms);
 }
 
 /* --------------------------------------------------------------- public */
@@ -925,7 +1003,9 @@ dispatcher_free (dispatcher_t *d)
    bson_free (d->handlers);
    bson_free (d->claim_handlers);
    config_release (d->pending_cfg);
-   struct event *evs[] = {d->setup_ev, d->tick_ev, d->wake_ev, d->flush_ev, d->settle_ev, d->stop_ev, d->deadline_ev, d->reload_ev};
+   store_purge_run_clear (&d->purge_run);
+   struct event *evs[] = {
+      d->setup_ev, d->tick_ev, d->wake_ev, d->flush_ev, d->settle_ev, d->stop_ev, d->deadline_ev, d->reload_ev, d->purge_ev};
    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
       if (evs[i])
          event_free (evs[i]);
@@ -992,6 +1072,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
             need_tls = true;
       }
    d->dispatching = cfg->dispatch_enabled && n_webhooks > 0;
+   d->purging = cfg->dispatch_enabled;
    if (d->dispatching) {
       d->dns = evdns_base_new (d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
       if (need_tls && !(d->ssl = webhook_ssl_ctx_new (error)))
@@ -1021,6 +1102,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->stop_ev = event_new (d->base, -1, 0, stop_cb, d);
    d->deadline_ev = evtimer_new (d->base, deadline_cb, d);
    d->reload_ev = event_new (d->base, -1, 0, reload_cb, d);
+   d->purge_ev = evtimer_new (d->base, purge_cb, d);
    atomic_store (&d->renew_lease_ms, cfg->lease_ms);
    if (d->dispatching) {
       d->renew_base = event_base_new ();
@@ -1040,13 +1122,18 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       log_warn ("dispatch: outbox setup failed (the dispatcher retries): %s", err.message);
       schedule (d->setup_ev, DISPATCH_SETUP_RETRY_MS);
    }
-   if (d->setup_done && !d->dispatching) {
-      log_info ("dispatch: not dispatching (%s)", cfg->dispatch_enabled ? "no webhook handler" : "[dispatch] enabled = false");
+   if (!d->dispatching)
+      log_info ("dispatch: not dispatching (%s)%s",
+                cfg->dispatch_enabled ? "no webhook handler" : "[dispatch] enabled = false",
+                d->purging ? "; the scheduled purge runs" : "");
+   if (d->setup_done && !d->dispatching && !d->purging) {
       dispatcher_free (d);
       return true;
    }
-   if (d->setup_done)
+   if (d->setup_done && d->dispatching)
       schedule (d->tick_ev, 0);
+   if (d->setup_done && d->purging)
+      schedule (d->purge_ev, cfg->purge_interval_ms);
    pthread_mutex_lock (&g_mu);
    g_d = d;
    pthread_mutex_unlock (&g_mu);

@@ -165,6 +165,25 @@ metrics_claim_observe (int64_t latency_ms)
    histogram_observe (&claim_latency, latency_ms);
 }
 
+/* Scheduled retention (the dispatcher's purge runs). */
+static struct {
+   _Atomic uint64_t events, dead, history, runs, errors;
+} purge_counts;
+
+void
+metrics_purge_observe (int64_t events, int64_t dead, int64_t history)
+{
+   atomic_fetch_add_explicit (&purge_counts.events, (uint64_t) (events > 0 ? events : 0), memory_order_relaxed);
+   atomic_fetch_add_explicit (&purge_counts.dead, (uint64_t) (dead > 0 ? dead : 0), memory_order_relaxed);
+   atomic_fetch_add_explicit (&purge_counts.history, (uint64_t) (history > 0 ? history : 0), memory_order_relaxed);
+}
+
+void
+metrics_purge_run (bool ok)
+{
+   atomic_fetch_add_explicit (ok ? &purge_counts.runs : &purge_counts.errors, 1, memory_order_relaxed);
+}
+
 bool
 metrics_handler_totals (const char *handler, metrics_handler_totals_t *out)
 {
@@ -415,6 +434,11 @@ render_dispatch (bson_string_t *out)
       render_histogram (out, "relaybus_handler_latency_seconds", "handler", handlers[i].name, &handlers[i].latency);
    family (out, "relaybus_claim_latency_seconds", "histogram", "Duration of one claim call.");
    render_histogram (out, "relaybus_claim_latency_seconds", NULL, NULL, &claim_latency);
+   scalar (out, "relaybus_purge_runs_total", "counter", "Scheduled purge runs this process completed.", atomic_load (&purge_counts.runs));
+   scalar (out, "relaybus_purge_errors_total", "counter", "Scheduled purge runs this process ended on an error.", atomic_load (&purge_counts.errors));
+   scalar (out, "relaybus_purged_events_total", "counter", "Events (deduplication records) removed by scheduled purges of this process.", atomic_load (&purge_counts.events));
+   scalar (out, "relaybus_purged_dead_letters_total", "counter", "Dead deliveries removed by scheduled purges of this process.", atomic_load (&purge_counts.dead));
+   scalar (out, "relaybus_purged_history_total", "counter", "Completion history records removed by scheduled purges of this process.", atomic_load (&purge_counts.history));
 }
 
 static void
