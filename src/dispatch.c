@@ -144,6 +144,7 @@ typedef struct {
    struct event *purge_ev;
    store_purge_run_t purge_run;
    int64_t purge_started_ms;
+   int64_t purge_cutoff_completed, purge_cutoff_dead; /* of the run, ms since the epoch */
    int64_t purged_events, purged_dead, purged_history;
 
    /* The renewal thread: its own event base and timer. */
@@ -735,6 +736,24 @@ renew_thread (void *arg)
 
 /* ---------------------------------------------------------------- purge */
 
+/* The one log line of a run that removed something, however it ended. */
+static void
+purge_report (dispatcher_t *d, const char *how)
+{
+   if (d->purged_events + d->purged_dead + d->purged_history == 0)
+      return;
+   log_info ("dispatch: scheduled purge removed %" PRId64 " events, %" PRId64 " dead deliveries, %" PRId64
+             " completion records in %" PRId64 " ms (%s; cutoffs: completed before %" PRId64 ", dead before %" PRId64 ")",
+             d->purged_events,
+             d->purged_dead,
+             d->purged_history,
+             now_ms () - d->purge_started_ms,
+             how,
+             d->purge_cutoff_completed,
+             d->purge_cutoff_dead);
+   d->purged_events = d->purged_dead = d->purged_history = 0;
+}
+
 static void
 purge_cb (evutil_socket_t fd, short what, void *arg)
 {
@@ -752,15 +771,19 @@ purge_cb (evutil_socket_t fd, short what, void *arg)
       d->purge_run.completed_before = now - d->cfg->retain_completed_ms;
       d->purge_run.dead_before = now - d->cfg->retain_dead_ms;
       d->purge_started_ms = now;
+      d->purge_cutoff_completed = d->purge_run.completed_before;
+      d->purge_cutoff_dead = d->purge_run.dead_before;
       d->purged_events = d->purged_dead = d->purged_history = 0;
    }
    if (!store_purge_step (d->store, &d->purge_run, now, d->cfg->lease_ms, &r, &err)) {
       metrics_purge_run (false);
+      purge_report (d, "then failed");
       log_warn ("dispatch: scheduled purge failed (next run in %" PRId64 " ms): %s", d->cfg->purge_interval_ms, err.message);
       schedule (d->purge_ev, d->cfg->purge_interval_ms);
       return;
    }
    if (!r.leased) {
+      purge_report (d, "then the purge lease went to another instance");
       log_debug ("dispatch: scheduled purge skipped: another instance holds the purge lease");
       schedule (d->purge_ev, d->cfg->purge_interval_ms);
       return;
@@ -774,15 +797,7 @@ purge_cb (evutil_socket_t fd, short what, void *arg)
       return;
    }
    metrics_purge_run (true);
-   if (d->purged_events + d->purged_dead + d->purged_history > 0)
-      log_info ("dispatch: scheduled purge removed %" PRId64 " events, %" PRId64 " dead deliveries, %" PRId64
-                " completion records in %" PRId64 " ms (retain completed %" PRId64 " ms, dead %" PRId64 " ms)",
-                d->purged_events,
-                d->purged_dead,
-                d->purged_history,
-                now_ms () - d->purge_started_ms,
-                d->cfg->retain_completed_ms,
-                d->cfg->retain_dead_ms);
+   purge_report (d, "done");
    schedule (d->purge_ev, d->cfg->purge_interval_ms);
 }
 
