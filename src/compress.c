@@ -174,10 +174,16 @@ compress_unbuffer (int id,
       return true;
    }
    case COMPRESS_ZLIB: {
-      uLongf n = (uLongf) expected_len;
+      /* Given no room at all, uncompress2 inflates into a 1-byte buffer of
+       * its own and reports Z_OK for a stream of one byte: so an empty
+       * expectation gets one byte of room here, and must leave it unused. */
+      uint8_t one;
+      uint8_t *dst = expected_len ? out : &one;
+      uLongf room = expected_len ? (uLongf) expected_len : 1;
+      uLongf n = room;
       uLong consumed = (uLong) in_len;
-      int rc = uncompress2 (out, &n, in, &consumed);
-      if (rc == Z_BUF_ERROR && n == expected_len) {
+      int rc = uncompress2 (dst, &n, in, &consumed);
+      if (rc == Z_BUF_ERROR && n == room) {
          /* Output full before the stream ended: the data is larger than
           * announced (or truncated, which is corrupt either way). */
          goto size_mismatch;

@@ -216,6 +216,33 @@ test_size_mismatch (void **state)
    }
 }
 
+/* A stream of a few bytes announced as empty is refused by every
+ * algorithm, with and without an output buffer: zlib's uncompress2, given
+ * no room, inflates into a byte of its own and reports success. */
+static void
+test_size_zero (void **state)
+{
+   static const uint8_t data[] = {'x', 'y', 'z'};
+
+   (void) state;
+   for (size_t k = 0; k < NELEM (all_ids); k++) {
+      int id = all_ids[k];
+      for (size_t len = 1; len <= sizeof data; len++) {
+         size_t clen;
+         uint8_t *c = compress_exact (id, -1, data, len, &clen);
+         uint8_t *out = malloc (1);
+         bson_error_t err = {0};
+
+         if (compress_unbuffer (id, c, clen, out, 0, &err))
+            fail_msg ("%s accepted %zu bytes announced as 0", compress_name (id), len);
+         if (compress_unbuffer (id, c, clen, NULL, 0, &err))
+            fail_msg ("%s accepted %zu bytes announced as 0 (no buffer)", compress_name (id), len);
+         free (out);
+         free (c);
+      }
+   }
+}
+
 /* Corrupt input is refused.  Truncations and garbage for every algorithm;
  * a flipped bit only where the format carries a checksum (zlib's Adler-32):
  * snappy and zstd without a frame checksum may decode a flipped literal to
@@ -504,6 +531,7 @@ main (void)
       cmocka_unit_test (test_exempt),
       cmocka_unit_test (test_round_trip),
       cmocka_unit_test (test_size_mismatch),
+      cmocka_unit_test (test_size_zero),
       cmocka_unit_test (test_corrupt),
       cmocka_unit_test (test_wire_round_trip),
       cmocka_unit_test (test_wire_decompress_refusals),
