@@ -559,6 +559,10 @@ config_split_patterns (config_handler_t *h, const char *origin, bson_error_t *er
       }
       p = end ? end + 1 : p + len;
    }
+   if (h->n_event_patterns == 0) {
+      config_error (error, origin, 0, "[handler %s] events: at least one event type or prefix is needed", h->name);
+      return false;
+   }
    return true;
 }
 

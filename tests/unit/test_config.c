@@ -139,6 +139,9 @@ test_handlers (void **state)
    parse_fails ("[handler a]\nevents = x\nkind = webhook\nurl = ftp://h/\n", "needs url = http://");
    parse_fails ("[handler a]\nevents = x\nkind = pull\nsecret = hunter2\n", "Standard Webhooks secret");
    parse_fails ("[handler a]\nevents = a*b\nkind = pull\n", "'*' may only end a pattern");
+   parse_fails ("[handler a]\nevents =\nkind = pull\n", "at least one event type");
+   parse_fails ("[handler a]\nevents = a,,b\nkind = pull\n", "empty item in list");
+   parse_fails ("[handler a]\nevents = a,\nkind = pull\n", "empty item in list");
    parse_fails ("[handler a]\nevents = x\nkind = pull\n[handler a]\n", "[handler a] defined twice");
    parse_fails ("[handler bad/name]\n", "handler name 'bad/name'");
    parse_fails ("[handler a]\nevents = x\nkind = pull\nport = 3\n", "unknown key 'port' in [handler a]");
