@@ -45,10 +45,26 @@
 
 /* --------------------------------------------------------- pure helpers */
 
-/* The HMAC key of a secret: the base64 part after "whsec_" decoded; a
- * secret without the prefix is used as raw bytes.  False if the base64 is
- * invalid or the key is empty or too long. */
+/* The HMAC key of a secret: the base64 part after "whsec_" decoded.
+ * False if the prefix is missing, the base64 is invalid or the key is
+ * empty or longer than WEBHOOK_KEY_MAX. */
 bool webhook_secret_decode (const char *secret, uint8_t key[WEBHOOK_KEY_MAX], size_t *key_len)
+   __attribute__ ((warn_unused_result));
+
+/* A handler's `secret` value: up to WEBHOOK_SECRETS_MAX secrets separated
+ * by white space, so that receivers can rotate (each request carries one
+ * signature per secret, in this order). */
+#define WEBHOOK_SECRETS_MAX 8
+typedef struct {
+   size_t n;
+   size_t len[WEBHOOK_SECRETS_MAX];
+   uint8_t key[WEBHOOK_SECRETS_MAX][WEBHOOK_KEY_MAX];
+} webhook_keys_t;
+
+/* Decodes every secret of `secrets` into `keys` (n = 0 for an empty or
+ * blank value).  False with `error` saying which secret (by position) is
+ * wrong and why; the message never contains a secret. */
+bool webhook_secrets_parse (const char *secrets, webhook_keys_t *keys, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
 /* "v1,<base64 HMAC-SHA256(key, id + "." + timestamp + "." + body)>". */
@@ -59,6 +75,16 @@ void webhook_sign (const uint8_t *key,
                    const char *body,
                    size_t body_len,
                    char out[WEBHOOK_SIGNATURE_MAX]);
+
+/* The webhook-signature header value: one signature per key, separated
+ * by a space, in the order of `keys`.  Empty when keys->n is 0. */
+#define WEBHOOK_SIGNATURES_MAX (WEBHOOK_SECRETS_MAX * WEBHOOK_SIGNATURE_MAX)
+void webhook_sign_all (const webhook_keys_t *keys,
+                       const char *msg_id,
+                       int64_t timestamp_s,
+                       const char *body,
+                       size_t body_len,
+                       char out[WEBHOOK_SIGNATURES_MAX]);
 
 /* Retry-After as delay seconds or an HTTP date (IMF-fixdate, RFC 850 or
  * asctime), relative to now_ms; clamped to [0, WEBHOOK_RETRY_AFTER_MAX_MS]. */

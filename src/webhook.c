@@ -35,43 +35,115 @@
 
 /* ----------------------------------------------------------- signatures */
 
+/* Why a secret is refused; SECRET_OK when it is not. */
+typedef enum {
+   SECRET_OK,
+   SECRET_NO_PREFIX,
+   SECRET_BAD_BASE64,
+   SECRET_EMPTY,
+   SECRET_TOO_LONG,
+} secret_status_t;
+
+/* Decodes the `len` bytes at `secret` (not NUL-terminated). */
+static secret_status_t
+secret_decode_n (const char *secret, size_t len, uint8_t key[WEBHOOK_KEY_MAX], size_t *key_len)
+{
+   static const char prefix[] = "whsec_";
+   uint8_t buf[WEBHOOK_KEY_MAX + 3];
+   const char *b64;
+   size_t b64_len;
+   int n, pad = 0;
+
+   *key_len = 0;
+   if (len < sizeof prefix - 1 || memcmp (secret, prefix, sizeof prefix - 1) != 0)
+      return SECRET_NO_PREFIX;
+   b64 = secret + sizeof prefix - 1;
+   b64_len = len - (sizeof prefix - 1);
+   if (b64_len == 0)
+      return SECRET_EMPTY;
+   if (b64_len % 4 != 0)
+      return SECRET_BAD_BASE64;
+   for (size_t i = 0; i < b64_len; i++) {
+      unsigned char c = (unsigned char) b64[i];
+      /* '=' only as the last one or two characters. */
+      if (c == '=' ? i + 2 < b64_len || (i + 2 == b64_len && b64[i + 1] != '=')
+                   : !(isalnum (c) || c == '+' || c == '/'))
+         return SECRET_BAD_BASE64;
+   }
+   if (b64_len / 4 * 3 > sizeof buf)
+      return SECRET_TOO_LONG;
+   n = EVP_DecodeBlock (buf, (const unsigned char *) b64, (int) b64_len);
+   if (n < 0)
+      return SECRET_BAD_BASE64;
+   /* EVP_DecodeBlock counts the padding as zero bytes. */
+   if (b64[b64_len - 1] == '=')
+      pad++;
+   if (b64[b64_len - 2] == '=')
+      pad++;
+   n -= pad;
+   if (n <= 0)
+      return SECRET_EMPTY;
+   if ((size_t) n > WEBHOOK_KEY_MAX)
+      return SECRET_TOO_LONG;
+   memcpy (key, buf, (size_t) n);
+   *key_len = (size_t) n;
+   OPENSSL_cleanse (buf, sizeof buf);
+   return SECRET_OK;
+}
+
 bool
 webhook_secret_decode (const char *secret, uint8_t key[WEBHOOK_KEY_MAX], size_t *key_len)
 {
-   static const char prefix[] = "whsec_";
-   size_t len;
-
    *key_len = 0;
-   if (!secret || !*secret)
+   if (!secret)
       return false;
-   if (strncmp (secret, prefix, sizeof prefix - 1) == 0) {
-      const char *b64 = secret + sizeof prefix - 1;
-      uint8_t buf[WEBHOOK_KEY_MAX * 2];
-      int n, pad = 0;
-      len = strlen (b64);
-      if (len == 0 || len % 4 != 0 || len / 4 * 3 > sizeof buf)
-         return false;
-      n = EVP_DecodeBlock (buf, (const unsigned char *) b64, (int) len);
-      if (n < 0)
-         return false;
-      /* EVP_DecodeBlock counts the padding as zero bytes. */
-      if (b64[len - 1] == '=')
-         pad++;
-      if (b64[len - 2] == '=')
-         pad++;
-      n -= pad;
-      if (n <= 0 || (size_t) n > WEBHOOK_KEY_MAX)
-         return false;
-      memcpy (key, buf, (size_t) n);
-      *key_len = (size_t) n;
-      return true;
+   return secret_decode_n (secret, strlen (secret), key, key_len) == SECRET_OK;
+}
+
+#define WEBHOOK_STR_(x) #x
+#define WEBHOOK_STR(x) WEBHOOK_STR_ (x)
+
+bool
+webhook_secrets_parse (const char *secrets, webhook_keys_t *keys, bson_error_t *error)
+{
+   static const char *const why[] = {
+      [SECRET_NO_PREFIX] = "does not start with whsec_",
+      [SECRET_BAD_BASE64] = "is not whsec_ followed by valid base64",
+      [SECRET_EMPTY] = "decodes to an empty key",
+      [SECRET_TOO_LONG] = "decodes to a key longer than " WEBHOOK_STR (WEBHOOK_KEY_MAX) " bytes",
+   };
+   const char *p = secrets ? secrets : "";
+   size_t count = 0;
+
+   keys->n = 0;
+   for (;;) {
+      size_t len;
+      secret_status_t st;
+
+      while (isspace ((unsigned char) *p))
+         p++;
+      if (!*p)
+         break;
+      for (len = 0; p[len] && !isspace ((unsigned char) p[len]); len++)
+         ;
+      count++;
+      if (count > WEBHOOK_SECRETS_MAX) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 9, "more than %d secrets", WEBHOOK_SECRETS_MAX);
+         goto fail;
+      }
+      st = secret_decode_n (p, len, keys->key[count - 1], &keys->len[count - 1]);
+      if (st != SECRET_OK) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 9, "secret %zu of the list %s", count, why[st]);
+         goto fail;
+      }
+      keys->n = count;
+      p += len;
    }
-   len = strlen (secret);
-   if (len > WEBHOOK_KEY_MAX)
-      return false;
-   memcpy (key, secret, len);
-   *key_len = len;
    return true;
+fail:
+   OPENSSL_cleanse (keys, sizeof *keys);
+   keys->n = 0;
+   return false;
 }
 
 void
@@ -106,6 +178,30 @@ webhook_sign (const uint8_t *key,
    EVP_MAC_free (hmac);
    memcpy (out, "v1,", 3);
    EVP_EncodeBlock ((unsigned char *) out + 3, mac, (int) mac_len);
+}
+
+void
+webhook_sign_all (const webhook_keys_t *keys,
+                  const char *msg_id,
+                  int64_t timestamp_s,
+                  const char *body,
+                  size_t body_len,
+                  char out[WEBHOOK_SIGNATURES_MAX])
+{
+   size_t used = 0;
+
+   out[0] = '\0';
+   for (size_t i = 0; i < keys->n && i < WEBHOOK_SECRETS_MAX; i++) {
+      char sig[WEBHOOK_SIGNATURE_MAX];
+      size_t len;
+
+      webhook_sign (keys->key[i], keys->len[i], msg_id, timestamp_s, body, body_len, sig);
+      len = strlen (sig);
+      if (i > 0)
+         out[used++] = ' ';
+      memcpy (out + used, sig, len + 1);
+      used += len;
+   }
 }
 
 /* ---------------------------------------------------------- Retry-After */
@@ -314,9 +410,7 @@ struct webhook {
    char *path; /* path and query */
    int port;
    bool https;
-   bool sign;
-   uint8_t key[WEBHOOK_KEY_MAX];
-   size_t key_len;
+   webhook_keys_t keys; /* keys.n == 0: requests are not signed */
    int64_t timeout_ms;
    bool retry_4xx;
    webhook_req_t *reqs;
@@ -361,6 +455,7 @@ webhook_new (struct event_base *base, struct evdns_base *dns, SSL_CTX *ssl, cons
    webhook_t *w = NULL;
    const char *scheme, *host, *path, *query;
    char pq[2048];
+   bson_error_t sub;
 
    if (!uri || !(scheme = evhttp_uri_get_scheme (uri)) || !(host = evhttp_uri_get_host (uri)) || !*host ||
        (strcasecmp (scheme, "http") != 0 && strcasecmp (scheme, "https") != 0)) {
@@ -383,14 +478,11 @@ webhook_new (struct event_base *base, struct evdns_base *dns, SSL_CTX *ssl, cons
    w->path = bson_strdup (pq);
    w->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
    w->retry_4xx = h->retry_4xx;
-   if (h->secret && *h->secret) {
-      if (!webhook_secret_decode (h->secret, w->key, &w->key_len)) {
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 2, "handler %s: the secret is not whsec_ followed by valid base64", h->name);
-         webhook_destroy (w);
-         w = NULL;
-         goto done;
-      }
-      w->sign = true;
+   if (!webhook_secrets_parse (h->secret, &w->keys, &sub)) {
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 2, "handler %s: secret: %s", h->name, sub.message);
+      webhook_destroy (w);
+      w = NULL;
+      goto done;
    }
    if (w->https && !ssl) {
       bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 3, "handler %s: https needs TLS, which failed to initialise", h->name);
@@ -421,7 +513,7 @@ webhook_destroy (webhook_t *w)
    bson_free (w->name);
    bson_free (w->host);
    bson_free (w->path);
-   OPENSSL_cleanse (w->key, sizeof w->key);
+   OPENSSL_cleanse (&w->keys, sizeof w->keys);
    bson_free (w);
 }
 
@@ -643,9 +735,9 @@ webhook_send (webhook_t *w,
    snprintf (ts, sizeof ts, "%" PRId64, timestamp_s);
    evhttp_add_header (h, "webhook-id", msg_id);
    evhttp_add_header (h, "webhook-timestamp", ts);
-   if (w->sign) {
-      char sig[WEBHOOK_SIGNATURE_MAX];
-      webhook_sign (w->key, w->key_len, msg_id, timestamp_s, body, body_len, sig);
+   if (w->keys.n > 0) {
+      char sig[WEBHOOK_SIGNATURES_MAX];
+      webhook_sign_all (&w->keys, msg_id, timestamp_s, body, body_len, sig);
       evhttp_add_header (h, "webhook-signature", sig);
    }
    evbuffer_add (evhttp_request_get_output_buffer (req), body, body_len);

@@ -33,7 +33,7 @@ test_secret_decode (void **state)
       {"whsec_", false, 0},
       {"whsec_abc", false, 0},     /* not a multiple of 4 */
       {"whsec_ab!d", false, 0},    /* not base64 */
-      {"plain-secret", true, 12},  /* raw bytes */
+      {"plain-secret", false, 0},  /* not whsec_: refused */
       {"", false, 0},
    };
 
@@ -275,12 +275,157 @@ test_error_text (void **state)
    assert_string_equal (out, "HTTP");
 }
 
+/* A `secret` list: one key per secret, in order; each refusal says which
+ * secret and why, and never quotes one. */
+static void
+test_secrets_parse (void **state)
+{
+   webhook_keys_t keys;
+   bson_error_t error;
+   char long_secret[6 + 180 + 1];
+
+   assert_true (webhook_secrets_parse ("", &keys, &error));
+   assert_int_equal (keys.n, 0);
+   assert_true (webhook_secrets_parse ("  \t ", &keys, &error));
+   assert_int_equal (keys.n, 0);
+   assert_true (webhook_secrets_parse (" whsec_AAEC  whsec_AA==\t", &keys, &error));
+   assert_int_equal (keys.n, 2);
+   assert_int_equal (keys.len[0], 3);
+   assert_int_equal (keys.key[0][2], 2);
+   assert_int_equal (keys.len[1], 1);
+   assert_true (webhook_secrets_parse (
+      "whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA==", &keys, &error));
+   assert_int_equal (keys.n, WEBHOOK_SECRETS_MAX);
+
+   static const struct {
+      const char *secrets;
+      const char *needle;
+   } bad[] = {
+      {"plainsecretvalue", "secret 1 of the list does not start with whsec_"},
+      {"whsec_AAEC WHSEC_AAEC", "secret 2 of the list does not start with whsec_"},
+      {"whsec_AAEC whsec_ab!d", "secret 2 of the list is not whsec_ followed by valid base64"},
+      {"whsec_abc", "is not whsec_ followed by valid base64"},
+      {"whsec_A=AA", "is not whsec_ followed by valid base64"},
+      {"whsec_AAEC whsec_", "secret 2 of the list decodes to an empty key"},
+      {"whsec_====", "is not whsec_ followed by valid base64"},
+      {"whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA==",
+       "more than 8 secrets"},
+   };
+   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      keys.n = 99;
+      assert_false (webhook_secrets_parse (bad[i].secrets, &keys, &error));
+      assert_int_equal (keys.n, 0);
+      if (!strstr (error.message, bad[i].needle))
+         fail_msg ("'%s': '%s' does not contain '%s'", bad[i].secrets, error.message, bad[i].needle);
+      assert_null (strstr (error.message, "AAEC"));
+      assert_null (strstr (error.message, "plainsecret"));
+   }
+   /* 180 base64 characters: 135 bytes, longer than WEBHOOK_KEY_MAX. */
+   memcpy (long_secret, "whsec_", 6);
+   memset (long_secret + 6, 'A', 180);
+   long_secret[6 + 180] = '\0';
+   assert_false (webhook_secrets_parse (long_secret, &keys, &error));
+   assert_non_null (strstr (error.message, "decodes to a key longer than 128 bytes"));
+   /* 128 bytes exactly is the limit (171 characters and one '='). */
+   memset (long_secret + 6, 'A', 171);
+   long_secret[6 + 171] = '=';
+   long_secret[6 + 172] = '\0';
+   assert_true (webhook_secrets_parse (long_secret, &keys, &error));
+   assert_int_equal (keys.len[0], WEBHOOK_KEY_MAX);
+}
+
+/* Two secrets: the header holds the signature of each, in the order of
+ * the list, space-separated; the first is the specification's vector. */
+static void
+test_sign_two_secrets (void **state)
+{
+   webhook_keys_t keys;
+   bson_error_t error;
+   char header[WEBHOOK_SIGNATURES_MAX];
+   char second[WEBHOOK_SIGNATURE_MAX];
+   char expected[2 * WEBHOOK_SIGNATURE_MAX];
+   const char *body = "{\"test\": 2432232314}";
+   const char *id = "msg_p5jXN8AQM9LWM0D4loKWxJek";
+
+   assert_true (webhook_secrets_parse ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_AAEC", &keys, &error));
+   webhook_sign_all (&keys, id, 1614265330, body, strlen (body), header);
+   webhook_sign ((const uint8_t *) "\x00\x01\x02", 3, id, 1614265330, body, strlen (body), second);
+   assert_string_not_equal (second, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+   snprintf (expected, sizeof expected, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE= %s", second);
+   assert_string_equal (header, expected);
+   /* The other order gives the other order. */
+   assert_true (webhook_secrets_parse ("whsec_AAEC whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", &keys, &error));
+   webhook_sign_all (&keys, id, 1614265330, body, strlen (body), header);
+   snprintf (expected, sizeof expected, "%s v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", second);
+   assert_string_equal (header, expected);
+   /* Eight secrets of the longest key fit. */
+   assert_true (webhook_secrets_parse (
+      "whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AA== whsec_AAEC", &keys, &error));
+   webhook_sign_all (&keys, id, 1614265330, body, strlen (body), header);
+   assert_int_equal (strlen (header), 8 * 47 + 7);
+   /* No key: an empty value. */
+   keys.n = 0;
+   webhook_sign_all (&keys, id, 1614265330, body, strlen (body), header);
+   assert_string_equal (header, "");
+}
+
+/* --check-config goes through config parsing: every refused secret is
+ * refused there, naming the handler and the key, without the secret. */
+static void
+test_config_secrets (void **state)
+{
+   static const char head[] = "[handler hooks]\nkind = webhook\nurl = http://127.0.0.1:1/\nevents = a\n";
+   static const struct {
+      const char *secret;
+      bool ok;
+      const char *needle;
+   } cases[] = {
+      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", true, NULL},
+      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_AAEC", true, NULL},
+      {"plain-secret-bytes", false, "[handler hooks] secret: secret 1 of the list does not start with whsec_"},
+      {"whsec_AAEC whsec_Zm9v!", false, "[handler hooks] secret: secret 2 of the list is not whsec_ followed by valid base64"},
+      {"whsec_AAEC whsec_", false, "[handler hooks] secret: secret 2 of the list decodes to an empty key"},
+      {"whsec_AAEC whsec_AAEC whsec_AAEC whsec_AAEC whsec_AAEC whsec_AAEC whsec_AAEC whsec_AAEC whsec_AAEC",
+       false, "[handler hooks] secret: more than 8 secrets"},
+   };
+
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      bson_error_t error;
+      char *text = bson_strdup_printf ("%ssecret = %s\n", head, cases[i].secret);
+      config_t *cfg = config_parse_string (text, "test.ini", &error);
+
+      if (cases[i].ok) {
+         if (!cfg)
+            fail_msg ("'%s' refused: %s", cases[i].secret, error.message);
+         config_release (cfg);
+      } else {
+         if (cfg)
+            fail_msg ("'%s' accepted", cases[i].secret);
+         if (!strstr (error.message, cases[i].needle))
+            fail_msg ("'%s' does not contain '%s'", error.message, cases[i].needle);
+         assert_null (strstr (error.message, "AAEC"));
+         assert_null (strstr (error.message, "plain-secret"));
+         assert_null (strstr (error.message, "Zm9v"));
+      }
+      bson_free (text);
+   }
+   {
+      /* Every secret of the list is masked where the config is shown. */
+      char *masked = config_mask ("secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_AAEC");
+      assert_string_equal (masked, "********");
+      bson_free (masked);
+   }
+}
+
 int
 main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_secret_decode),
       cmocka_unit_test (test_signature_vector),
+      cmocka_unit_test (test_secrets_parse),
+      cmocka_unit_test (test_sign_two_secrets),
+      cmocka_unit_test (test_config_secrets),
       cmocka_unit_test (test_retry_after),
       cmocka_unit_test (test_backoff_full_jitter),
       cmocka_unit_test (test_classify),
