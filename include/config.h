@@ -24,6 +24,10 @@
 
 #define CONFIG_ERROR_DOMAIN 0x4346 /* "CF" */
 #define CONFIG_MAX_HANDLERS 256
+/* A handler's default retry_schedule (Svix's): retries over 27 h 35 min. */
+#define CONFIG_RETRY_SCHEDULE_DEFAULT "5s, 5m, 30m, 2h, 5h, 10h, 10h"
+#define CONFIG_RETRY_DELAYS_MAX 100
+#define CONFIG_RETRY_DELAY_MAX_MS (7 * 86400000LL)
 
 typedef enum {
    CONFIG_TYPE_STRING,
@@ -66,7 +70,10 @@ typedef struct {
    handler_kind_t kind_id;
    char *url;
    char *secret;
-   int64_t max_attempts;
+   char *retry_schedule;     /* raw list of durations */
+   int64_t *retry_delays_ms; /* retry_schedule parsed: the delay before retry i + 1 */
+   size_t n_retry_delays;
+   int64_t max_attempts;     /* 1 + n_retry_delays unless set */
    int64_t timeout_ms;
    int64_t concurrency;
    bool retry_4xx;

@@ -1,7 +1,7 @@
 /*
  * webhook.h - webhook deliveries: the JSON body, Standard Webhooks
- * signatures, the retry policy (status classes, Retry-After, exponential
- * backoff with full jitter) and the HTTP client.
+ * signatures, the retry policy (status classes, Retry-After, a handler's
+ * retry schedule with full jitter) and the HTTP client.
  *
  * The client uses libevent's evhttp on the event base it is given (the
  * dispatcher's own thread, never the forwarding loop), with OpenSSL for
@@ -30,9 +30,6 @@
 #define WEBHOOK_KEY_MAX 128
 /* "v1," + base64 of 32 bytes (44) + NUL, with room. */
 #define WEBHOOK_SIGNATURE_MAX 64
-/* Backoff: attempt n waits a random time in [0, min(cap, base * 2^(n-1))]. */
-#define WEBHOOK_BACKOFF_BASE_MS 500
-#define WEBHOOK_BACKOFF_CAP_MS (5 * 60 * 1000)
 /* A Retry-After further away than this is cut to it. */
 #define WEBHOOK_RETRY_AFTER_MAX_MS (24 * 3600 * 1000LL)
 /* Limits on what an endpoint's answer may make the proxy buffer. */
@@ -91,8 +88,10 @@ void webhook_sign_all (const webhook_keys_t *keys,
 bool webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *delay_ms)
    __attribute__ ((warn_unused_result));
 
-/* Full jitter: a value in [0, min(cap, base * 2^(attempt-1))] from rnd. */
-int64_t webhook_backoff_ms (int32_t attempt, uint64_t rnd);
+/* The wait after failed attempt `attempt` (1 for the first): full jitter,
+ * a value in [0, d] from rnd, where d is delays_ms[attempt - 1], or the
+ * last of the n_delays (> 0) delays past them (a handler's retry_schedule). */
+int64_t webhook_backoff_ms (const int64_t *delays_ms, size_t n_delays, int32_t attempt, uint64_t rnd);
 
 typedef enum {
    WEBHOOK_OUTCOME_COMPLETE,    /* 2xx */

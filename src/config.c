@@ -132,8 +132,11 @@ static const config_key_t config_key_table[] = {
    H ("url", S, "", 0, 0, url, "webhook: the http:// or https:// URL events are POSTed to."),
    H ("secret", S, "", 0, 0, secret,
       "webhook: Standard Webhooks secret (whsec_ followed by base64); signs each request."),
-   H ("max_attempts", I, "10", 1, 1000, max_attempts,
-      "Attempts before a failing delivery becomes a dead letter."),
+   H ("retry_schedule", L, CONFIG_RETRY_SCHEDULE_DEFAULT, 0, 0, retry_schedule,
+      "Delays before each retry of a failing delivery (durations); each wait is drawn uniformly in [0, delay]."),
+   /* No default: it follows from retry_schedule (config_validate_handler). */
+   H ("max_attempts", I, NULL, 1, 1000, max_attempts,
+      "Attempts before a failing delivery becomes a dead letter; default 1 + the delays of retry_schedule, the last delay repeating past them."),
    H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
       "webhook: time allowed for the whole request, connect to last byte; then it is cancelled and retried."),
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
@@ -424,6 +427,7 @@ config_handler_free_fields (config_handler_t *h)
    for (size_t i = 0; i < h->n_event_patterns; i++)
       bson_free (h->event_patterns[i]);
    bson_free (h->event_patterns);
+   bson_free (h->retry_delays_ms);
 }
 
 static void
@@ -567,6 +571,54 @@ config_split_patterns (config_handler_t *h, const char *origin, bson_error_t *er
    return true;
 }
 
+/* retry_schedule into retry_delays_ms; max_attempts, when not set,
+ * follows from it: the first attempt and one retry per delay. */
+static bool
+config_split_retry_schedule (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *p = h->retry_schedule;
+   size_t n = 1;
+
+   for (const char *q = p; *q; q++)
+      n += *q == ',';
+   if (!*p) {
+      config_error (error, origin, 0,
+                    "[handler %s] retry_schedule: at least one delay is needed (max_attempts = 1 retries nothing)",
+                    h->name);
+      return false;
+   }
+   if (n > CONFIG_RETRY_DELAYS_MAX) {
+      config_error (error, origin, 0, "[handler %s] retry_schedule: more than %d delays", h->name,
+                    CONFIG_RETRY_DELAYS_MAX);
+      return false;
+   }
+   h->retry_delays_ms = bson_malloc0 (n * sizeof (int64_t));
+   while (*p) {
+      const char *end = strchr (p, ',');
+      size_t len = end ? (size_t) (end - p) : strlen (p);
+      char item[64];
+      char why[192];
+      int64_t ms;
+
+      snprintf (item, sizeof item, "%.*s", (int) (len < sizeof item - 1 ? len : sizeof item - 1), p);
+      if (len >= sizeof item || !parse_duration (item, &ms, why, sizeof why)) {
+         if (len >= sizeof item)
+            snprintf (why, sizeof why, "'%.32s...' is not a duration", item);
+         config_error (error, origin, 0, "[handler %s] retry_schedule: %s", h->name, why);
+         return false;
+      }
+      if (ms > CONFIG_RETRY_DELAY_MAX_MS) {
+         config_error (error, origin, 0, "[handler %s] retry_schedule: '%s' is longer than 7d", h->name, item);
+         return false;
+      }
+      h->retry_delays_ms[h->n_retry_delays++] = ms;
+      p = end ? end + 1 : p + len;
+   }
+   if (h->max_attempts == 0)
+      h->max_attempts = 1 + (int64_t) h->n_retry_delays;
+   return true;
+}
+
 static bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -609,6 +661,8 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
          return false;
       }
    }
+   if (!config_split_retry_schedule (h, origin, error))
+      return false;
    return config_split_patterns (h, origin, error);
 }
 

@@ -534,7 +534,8 @@ job_done_cb (const webhook_result_t *res, void *arg)
                      j,
                      res->outcome == WEBHOOK_OUTCOME_RETRY_AFTER && res->retry_after_ms >= 0
                         ? res->retry_after_ms
-                        : webhook_backoff_ms (j->d.attempt, next_rnd (d)),
+                        : webhook_backoff_ms (h->cfg->retry_delays_ms, h->cfg->n_retry_delays,
+                                              j->d.attempt, next_rnd (d)),
                      res->error);
       if (!d->stopping)
          schedule (d->tick_ev, 0);

@@ -259,15 +259,15 @@ webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *delay_ms)
 }
 
 int64_t
-webhook_backoff_ms (int32_t attempt, uint64_t rnd)
+webhook_backoff_ms (const int64_t *delays_ms, size_t n_delays, int32_t attempt, uint64_t rnd)
 {
-   int64_t cap = WEBHOOK_BACKOFF_BASE_MS;
+   size_t i = attempt < 1 ? 0 : (size_t) attempt - 1;
+   int64_t cap;
 
-   for (int32_t i = 1; i < attempt && cap < WEBHOOK_BACKOFF_CAP_MS; i++)
-      cap *= 2;
-   if (cap > WEBHOOK_BACKOFF_CAP_MS)
-      cap = WEBHOOK_BACKOFF_CAP_MS;
-   return (int64_t) (rnd % (uint64_t) (cap + 1));
+   if (n_delays == 0)
+      return 0;
+   cap = delays_ms[i < n_delays ? i : n_delays - 1];
+   return cap <= 0 ? 0 : (int64_t) (rnd % ((uint64_t) cap + 1));
 }
 
 static const char *const outcome_names[] = {

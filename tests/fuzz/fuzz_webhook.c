@@ -227,13 +227,15 @@ check_secret (const char *secret, const uint8_t *body, size_t body_len)
 static void
 check_backoff (int32_t attempt, uint64_t rnd)
 {
-   int64_t cap = WEBHOOK_BACKOFF_BASE_MS, b = webhook_backoff_ms (attempt, rnd);
+   /* The default retry_schedule, and one with a zero delay. */
+   static const int64_t delays[] = {5000, 300000, 1800000, 7200000, 18000000, 36000000, 36000000};
+   static const int64_t zero[] = {0};
+   size_t n = sizeof delays / sizeof delays[0];
+   int64_t cap = delays[attempt >= 1 && (size_t) attempt <= n ? attempt - 1 : attempt < 1 ? 0 : (int32_t) n - 1];
+   int64_t b = webhook_backoff_ms (delays, n, attempt, rnd);
 
-   for (int32_t i = 1; i < attempt && cap < WEBHOOK_BACKOFF_CAP_MS; i++)
-      cap *= 2;
-   if (cap > WEBHOOK_BACKOFF_CAP_MS)
-      cap = WEBHOOK_BACKOFF_CAP_MS;
    CHECK (b >= 0 && b <= cap);
+   CHECK (webhook_backoff_ms (zero, 1, attempt, rnd) == 0);
 }
 
 int

@@ -2,6 +2,7 @@
  * test_config.c - the key table, INI parsing, validation and reload rules,
  * and the check that the sample file and the docs mention every key.
  */
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,10 +14,13 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "webhook.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."
 #endif
+
+static char *read_file (const char *path);
 
 static config_t *
 parse_ok (const char *text)
@@ -153,8 +157,154 @@ test_handlers (void **state)
    assert_true (config_handler_matches (&cfg->handlers[0], "anything"));
    assert_false (config_handler_matches (&cfg->handlers[1], "x.y.z"));
    assert_int_equal (cfg->handlers[1].max_attempts, 3);
-   assert_int_equal (cfg->handlers[0].max_attempts, 10);
+   assert_int_equal (cfg->handlers[0].max_attempts, 8); /* 1 + the default schedule */
    config_release (cfg);
+}
+
+/* retry_schedule: each item a duration; max_attempts follows from it
+ * unless set. */
+static void
+test_retry_schedule (void **state)
+{
+   config_t *cfg;
+   const config_handler_t *h;
+
+   (void) state;
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nretry_schedule = 5s, 5\n",
+                "[handler a] retry_schedule: '5' is not a duration");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nretry_schedule = 5s, soon\n",
+                "[handler a] retry_schedule: 'soon' is not a duration");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nretry_schedule =\n",
+                "[handler a] retry_schedule: at least one delay");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nretry_schedule = 8d\n",
+                "[handler a] retry_schedule: '8d' is longer than 7d");
+
+   cfg = parse_ok ("[handler a]\nevents = x\nkind = pull\nretry_schedule = 200ms, 1s, 2m\n"
+                   "[handler b]\nevents = x\nkind = pull\nretry_schedule = 1s\nmax_attempts = 5\n"
+                   "[handler c]\nevents = x\nkind = pull\nmax_attempts = 10\n");
+   h = &cfg->handlers[0];
+   assert_int_equal (h->n_retry_delays, 3);
+   assert_int_equal (h->retry_delays_ms[0], 200);
+   assert_int_equal (h->retry_delays_ms[1], 1000);
+   assert_int_equal (h->retry_delays_ms[2], 120000);
+   assert_int_equal (h->max_attempts, 4);
+   /* Set and longer than the schedule: the last delay repeats. */
+   h = &cfg->handlers[1];
+   assert_int_equal (h->max_attempts, 5);
+   for (int32_t a = 1; a < 5; a++)
+      assert_int_equal (webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, 1000), 1000);
+   assert_int_equal (cfg->handlers[2].max_attempts, 10);
+   config_release (cfg);
+}
+
+/* The most a wait after failed attempt `a` can be, checked against the
+ * code: the full jitter reaches it and nothing above it. */
+static int64_t
+max_wait (const config_handler_t *h, int32_t a)
+{
+   size_t i = (size_t) a - 1 < h->n_retry_delays ? (size_t) a - 1 : h->n_retry_delays - 1;
+   int64_t d = h->retry_delays_ms[i];
+
+   assert_int_equal (webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, (uint64_t) d), d);
+   assert_int_equal (webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, (uint64_t) d + 1), 0);
+   return d;
+}
+
+/* The default schedule outlasts a day, and a 30-minute outage. */
+static void
+test_default_retry_schedule (void **state)
+{
+   config_t *cfg = parse_ok ("[handler a]\nevents = x\nkind = webhook\nurl = http://h/\n");
+   const config_handler_t *h = &cfg->handlers[0];
+   static const int64_t svix[] = {5000, 300000, 1800000, 7200000, 18000000, 36000000, 36000000};
+   int64_t at = 0, outage = 30 * 60000;
+   int32_t first_after_outage = 0;
+   double p_short = 1.0;
+
+   (void) state;
+   assert_int_equal (h->n_retry_delays, 7);
+   assert_memory_equal (h->retry_delays_ms, svix, sizeof svix);
+   assert_int_equal (h->max_attempts, 8);
+   for (int32_t a = 1; a < h->max_attempts; a++) {
+      int64_t d = max_wait (h, a);
+
+      at += d;
+      if (!first_after_outage && at >= outage)
+         first_after_outage = a + 1;
+      p_short *= d > outage ? (double) outage / (double) d : 1.0;
+   }
+   /* With the longest waits, the last attempt is 27 h 35 min 5 s after
+    * the first. */
+   assert_int_equal (at, ((27 * 60 + 35) * 60 + 5) * 1000);
+   assert_true (at >= 24 * 3600000);
+   /* A receiver down for 30 minutes from the first attempt on: attempt 4
+    * (35 min 5 s) comes after it with four attempts still to go. */
+   assert_int_equal (first_after_outage, 4);
+   /* Each wait is drawn in [0, delay]: all seven waits adding up to less
+    * than 30 minutes needs each to fall under 30 minutes, which has a
+    * probability under 1 in 10,000. */
+   assert_true (p_short < 1e-4);
+   config_release (cfg);
+}
+
+/* docs/handlers.md's table of the default schedule is the code's. */
+static void
+test_docs_retry_table (void **state)
+{
+   char *doc = read_file (RELAYBUS_TOP_SRCDIR "/docs/handlers.md");
+   static const char header[] = "| Attempt | Longest wait before it | Elapsed at the latest |\n|---|---|---|\n";
+   config_t *cfg = parse_ok ("[handler a]\nevents = x\nkind = webhook\nurl = http://h/\n");
+   const config_handler_t *h = &cfg->handlers[0];
+   const char *p;
+   int64_t at = 0;
+
+   (void) state;
+   assert_non_null (doc);
+   p = strstr (doc, header);
+   if (!p)
+      fail_msg ("docs/handlers.md has no table starting with:\n%s", header);
+   p += strlen (header);
+   for (int32_t a = 1; a <= h->max_attempts; a++) {
+      char row[128], wait[32], elapsed[64];
+      const char *eol = strchr (p, '\n');
+      size_t len = eol ? (size_t) (eol - p) : strlen (p);
+
+      if (a == 1) {
+         snprintf (wait, sizeof wait, "none");
+      } else {
+         int64_t d = max_wait (h, a - 1);
+
+         at += d;
+         if (d % 3600000 == 0)
+            snprintf (wait, sizeof wait, "%" PRId64 " h", d / 3600000);
+         else if (d % 60000 == 0)
+            snprintf (wait, sizeof wait, "%" PRId64 " min", d / 60000);
+         else
+            snprintf (wait, sizeof wait, "%" PRId64 " s", d / 1000);
+      }
+      {
+         int64_t s = at / 1000;
+         size_t n = 0;
+
+         elapsed[0] = '\0';
+         if (s >= 3600)
+            n += (size_t) snprintf (elapsed + n, sizeof elapsed - n, "%" PRId64 " h ", s / 3600);
+         if (s % 3600 >= 60)
+            n += (size_t) snprintf (elapsed + n, sizeof elapsed - n, "%" PRId64 " min ", s % 3600 / 60);
+         if (s % 60 || s == 0)
+            n += (size_t) snprintf (elapsed + n, sizeof elapsed - n, "%" PRId64 " s ", s % 60);
+         elapsed[n - 1] = '\0';
+      }
+      snprintf (row, sizeof row, "| %d | %s | %s |", (int) a, wait, elapsed);
+      if (len != strlen (row) || strncmp (p, row, len) != 0)
+         fail_msg ("docs/handlers.md retry table, attempt %d: expected '%s', found '%.*s'", (int) a,
+                   row, (int) len, p);
+      p += len + (eol ? 1 : 0);
+   }
+   if (*p == '|')
+      fail_msg ("docs/handlers.md retry table has more rows than max_attempts (%d)", (int) h->max_attempts);
+   config_release (cfg);
+   free (doc);
 }
 
 static void
@@ -428,6 +578,9 @@ main (void)
       cmocka_unit_test (test_design_example),
       cmocka_unit_test (test_errors_name_line_and_key),
       cmocka_unit_test (test_handlers),
+      cmocka_unit_test (test_retry_schedule),
+      cmocka_unit_test (test_default_retry_schedule),
+      cmocka_unit_test (test_docs_retry_table),
       cmocka_unit_test (test_reload_rules),
       cmocka_unit_test (test_durations),
       cmocka_unit_test (test_parse_listen),

@@ -1,7 +1,7 @@
 /*
  * test_webhook.c - the pure parts of webhook.c: Standard Webhooks secrets
  * and signatures (against the specification's published example),
- * Retry-After parsing, full-jitter backoff bounds, status classes, the
+ * Retry-After parsing, the retry schedule's full-jitter bounds, status classes, the
  * body shape, and the lastError kept from a failing answer (always valid
  * UTF-8, cut on a character boundary).
  */
@@ -108,17 +108,22 @@ test_retry_after (void **state)
 static void
 test_backoff_full_jitter (void **state)
 {
-   /* The cap doubles per attempt from the base and stops at the maximum;
-    * the value is anywhere in [0, cap]. */
-   assert_int_equal (webhook_backoff_ms (1, 0), 0);
-   assert_int_equal (webhook_backoff_ms (1, WEBHOOK_BACKOFF_BASE_MS), WEBHOOK_BACKOFF_BASE_MS);
-   assert_int_equal (webhook_backoff_ms (1, WEBHOOK_BACKOFF_BASE_MS + 1), 0);
-   assert_int_equal (webhook_backoff_ms (3, 4 * WEBHOOK_BACKOFF_BASE_MS), 4 * WEBHOOK_BACKOFF_BASE_MS);
-   assert_int_equal (webhook_backoff_ms (50, WEBHOOK_BACKOFF_CAP_MS), WEBHOOK_BACKOFF_CAP_MS);
+   /* Failed attempt n waits delays[n - 1], the last delay past the list;
+    * the value is anywhere in [0, delay]. */
+   static const int64_t delays[] = {500, 4000, 60000};
+
+   (void) state;
+   assert_int_equal (webhook_backoff_ms (delays, 3, 1, 0), 0);
+   assert_int_equal (webhook_backoff_ms (delays, 3, 1, 500), 500);
+   assert_int_equal (webhook_backoff_ms (delays, 3, 1, 501), 0);
+   assert_int_equal (webhook_backoff_ms (delays, 3, 2, 4000), 4000);
+   assert_int_equal (webhook_backoff_ms (delays, 3, 3, 60000), 60000);
+   assert_int_equal (webhook_backoff_ms (delays, 3, 50, 60000), 60000);
+   assert_int_equal (webhook_backoff_ms (delays, 3, 0, 500), 500);
    for (uint64_t r = 1; r < 1000000; r = r * 7 + 3)
       for (int32_t a = 1; a < 30; a++) {
-         int64_t d = webhook_backoff_ms (a, r);
-         assert_true (d >= 0 && d <= WEBHOOK_BACKOFF_CAP_MS);
+         int64_t d = webhook_backoff_ms (delays, 3, a, r);
+         assert_true (d >= 0 && d <= delays[a < 3 ? a - 1 : 2]);
       }
 }
 
