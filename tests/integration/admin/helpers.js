@@ -10,7 +10,7 @@ const net = require('node:net');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { tmpDir, freePort, sleep, proxyBin, assertNoSanitizerReports } = require('../lib/proxy');
-const { publish, waitFor, laneId } = require('../dispatch/helpers');
+const { publish, waitFor, laneId, TEST_RETRY_SCHEDULE } = require('../dispatch/helpers');
 
 /**
  * Starts relaybus-proxy with [admin] listen = 127.0.0.1:0.
@@ -34,7 +34,8 @@ async function startAdminProxy(o) {
   lines.push('', '[admin]', `listen = ${o.adminListen || '127.0.0.1:0'}`, `token = ${o.token || ''}`);
   for (const h of handlers) {
     lines.push('', `[handler ${h.name}]`);
-    for (const [k, v] of Object.entries(h)) if (k !== 'name' && v !== undefined) lines.push(`${k} = ${v}`);
+    for (const [k, v] of Object.entries({ retry_schedule: TEST_RETRY_SCHEDULE, ...h }))
+      if (k !== 'name' && v !== undefined) lines.push(`${k} = ${v}`);
   }
   const ini = path.join(dir, 'proxy.ini');
   fs.writeFileSync(ini, lines.join('\n') + '\n');

@@ -21,6 +21,11 @@ function fnv1a(str) {
 
 const laneId = (key, eventId) => fnv1a(key !== undefined && key !== null ? key : eventId) % 256;
 
+// Handlers of the suites retry fast: the delays double from 0.5 s (nine of
+// them, so ten attempts) unless a test gives its own retry_schedule; the
+// proxy's default schedule spans more than a day.
+const TEST_RETRY_SCHEDULE = '500ms, 1s, 2s, 4s, 8s, 16s, 32s, 64s, 128s';
+
 /**
  * Starts relaybus-proxy with [dispatch] enabled and the given handlers.
  * @param {object} o
@@ -30,7 +35,8 @@ const laneId = (key, eventId) => fnv1a(key !== undefined && key !== null ? key :
  * @param {boolean} [o.enabled]  false: a publishing-only proxy (handlers listed, no dispatch)
  * @param {object} [o.env]       extra environment (SSL_CERT_FILE...)
  * @param {string} [o.adminListen] [admin] listen (default: empty, no admin port)
- * @param {Array<object>} o.handlers  {name, events, kind, url, secret, max_attempts, timeout_ms, concurrency, retry_4xx}
+ * @param {Array<object>} o.handlers  {name, events, kind, url, secret, retry_schedule, max_attempts, timeout_ms, concurrency, retry_4xx}
+ *        (retry_schedule: TEST_RETRY_SCHEDULE unless given; undefined leaves the proxy's default)
  */
 async function startDispatchProxy(o) {
   const dir = tmpDir('relaybus-dispatch-');
@@ -44,7 +50,8 @@ async function startDispatchProxy(o) {
   lines.push('', '[admin]', `listen = ${o.adminListen || ''}`);
   for (const h of o.handlers) {
     lines.push('', `[handler ${h.name}]`);
-    for (const [k, v] of Object.entries(h)) if (k !== 'name' && v !== undefined) lines.push(`${k} = ${v}`);
+    for (const [k, v] of Object.entries({ retry_schedule: TEST_RETRY_SCHEDULE, ...h }))
+      if (k !== 'name' && v !== undefined) lines.push(`${k} = ${v}`);
   }
   const ini = path.join(dir, 'proxy.ini');
   fs.writeFileSync(ini, lines.join('\n') + '\n');
@@ -161,4 +168,4 @@ async function waitFor(pred, timeoutMs, what) {
   }
 }
 
-module.exports = { fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor };
+module.exports = { fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor, TEST_RETRY_SCHEDULE };
