@@ -272,7 +272,7 @@ test('SIGHUP: a reloaded poll_interval_ms applies to the running dispatcher', { 
   const fs = require('node:fs');
   fs.writeFileSync(p.ini, fs.readFileSync(p.ini, 'utf8').replace('poll_interval_ms = 60000', 'poll_interval_ms = 100'));
   p.child.kill('SIGHUP');
-  await waitFor(() => /dispatch: reloaded \(batch 100, lease 30000 ms, poll 100 ms\)/.test(p.log()), 10000, 'the reload');
+  await waitFor(() => /dispatch: reloaded \(batch 100, lease 30000 ms, poll 100 ms, purge every \d+ ms\)/.test(p.log()), 10000, 'the reload');
   // Written directly (no wake-up): only a poll at the new interval finds it.
   await publish(client, db, [{ id: 'reload-1', type: 'r.v1', payload: {} }], ['h']);
   const t0 = Date.now();
