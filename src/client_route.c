@@ -817,7 +817,7 @@ struct client_worker {
    pthread_t thread;
    pthread_mutex_t mu;
    pthread_cond_t cv;
-   client_job_t *todo, **todo_tail; /* under mu */
+   client_job_t *pending, **pending_tail; /* under mu */
    client_job_t *done, **done_tail; /* under mu */
    bool running;                    /* under mu: started and not stopped */
    bool stop;                       /* under mu */
@@ -893,14 +893,14 @@ client_worker_main (void *arg)
    for (;;) {
       client_job_t *j;
 
-      while (!w->todo && !w->stop)
+      while (!w->pending && !w->stop)
          pthread_cond_wait (&w->cv, &w->mu);
       if (w->stop)
          break;
-      j = w->todo;
-      w->todo = j->next;
-      if (!w->todo)
-         w->todo_tail = &w->todo;
+      j = w->pending;
+      w->pending = j->next;
+      if (!w->pending)
+         w->pending_tail = &w->pending;
       j->next = NULL;
       pthread_mutex_unlock (&w->mu);
 
@@ -937,8 +937,8 @@ client_worker_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
       return false;
    }
    w->wake = wake;
-   w->todo = w->done = NULL;
-   w->todo_tail = &w->todo;
+   w->pending = w->done = NULL;
+   w->pending_tail = &w->pending;
    w->done_tail = &w->done;
    w->stop = w->wake_pending = false;
    if (pthread_create (&w->thread, NULL, client_worker_main, w) != 0) {
@@ -967,9 +967,9 @@ client_worker_stop (client_loop_t *loop)
    pthread_mutex_lock (&w->mu);
    w->running = false;
    /* Every connection is closed by now, so no job has an owner. */
-   while (w->todo) {
-      client_job_t *j = w->todo;
-      w->todo = j->next;
+   while (w->pending) {
+      client_job_t *j = w->pending;
+      w->pending = j->next;
       client_job_free (j);
    }
    while (w->done) {
@@ -977,7 +977,7 @@ client_worker_stop (client_loop_t *loop)
       w->done = j->next;
       client_job_free (j);
    }
-   w->todo_tail = &w->todo;
+   w->pending_tail = &w->pending;
    w->done_tail = &w->done;
    pthread_mutex_unlock (&w->mu);
    loop->worker = NULL;
@@ -1020,8 +1020,8 @@ client_job_submit (client_conn_t *c, struct evbuffer *in, wire_header_t h)
    c->mem_decode += h.length;
    stats_add (requests_offloaded, 1);
    pthread_mutex_lock (&w->mu);
-   *w->todo_tail = j;
-   w->todo_tail = &j->next;
+   *w->pending_tail = j;
+   w->pending_tail = &j->next;
    pthread_cond_signal (&w->cv);
    pthread_mutex_unlock (&w->mu);
    return true;
