@@ -58,6 +58,10 @@ struct admin {
    struct event *stop_ev;
    struct event *adopt_ev;
    char address[300]; /* host:port actually bound */
+   /* [admin] tls_cert_file/tls_key_file, loaded once by admin_start (the
+    * keys need a restart); NULL: plain HTTP.  Ours, freed by admin_free
+    * after evhttp, whose connections hold SSLs made from it. */
+   struct ssl_ctx_st *tls;
 
    mongoc_uri_t *uri;
    mongoc_client_pool_t *pool;

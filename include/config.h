@@ -117,6 +117,8 @@ typedef struct config {
    /* [admin] */
    char *admin_listen;
    char *admin_token;
+   char *admin_tls_cert_file; /* with admin_tls_key_file: the admin port is HTTPS only */
+   char *admin_tls_key_file;
 
    config_handler_t *handlers;
    size_t n_handlers;

@@ -16,6 +16,10 @@
  * admin_adopt_cb).  Routes match the path exactly; the token guards
  * /metrics and every /api/ path; without a token, every request must name
  * the port by address in Host (DNS rebinding).
+ *
+ * With [admin] tls_cert_file and tls_key_file set, every connection is
+ * TLS (1.2 at least, the listener's server context from tls.c): the port
+ * serves HTTPS only, and a plain-HTTP request fails its handshake.
  */
 #include "admin_private.h"
 
@@ -34,6 +38,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <mongoc/mongoc.h>
@@ -43,6 +48,7 @@
 #include "clients_registry.h"
 #include "log.h"
 #include "metrics.h"
+#include "tls.h"
 #include "utf8.h"
 
 /* The admin thread's nice value (the forwarding loop keeps the process's). */
@@ -414,8 +420,29 @@ static struct bufferevent *
 admin_bev_cb (struct event_base *base, void *arg)
 {
    admin_t *a = arg;
-   struct bufferevent *bev = bufferevent_socket_new (base, -1, BEV_OPT_CLOSE_ON_FREE);
+   struct bufferevent *bev = NULL;
 
+   if (a->tls) {
+      /* evhttp sets the socket afterwards (bufferevent_setfd); the
+       * handshake runs as the server side.  The bufferevent owns the SSL. */
+      SSL *ssl = SSL_new (a->tls);
+
+      if (!ssl) {
+         log_warn ("admin: SSL_new: %s", tls_last_error ());
+         return NULL;
+      }
+      bev = bufferevent_openssl_socket_new (base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                            BEV_OPT_CLOSE_ON_FREE);
+      if (!bev) {
+         SSL_free (ssl);
+         return NULL;
+      }
+      /* Clients (curl, browsers) often close without close_notify; each
+       * HTTP message is framed, so that is an end of stream, not an error. */
+      bufferevent_openssl_set_allow_dirty_shutdown (bev, 1);
+   } else {
+      bev = bufferevent_socket_new (base, -1, BEV_OPT_CLOSE_ON_FREE);
+   }
    if (bev) {
       if (a->n_fresh == a->cap_fresh) {
          a->cap_fresh = a->cap_fresh ? a->cap_fresh * 2 : 64;
@@ -504,6 +531,7 @@ admin_free (admin_t *a)
       event_free (a->adopt_ev);
    if (a->base)
       event_base_free (a->base);
+   SSL_CTX_free (a->tls);
    store_destroy (a->store);
    if (a->pool)
       mongoc_client_pool_destroy (a->pool);
@@ -574,6 +602,13 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
    a->topo = topo;
    a->start_ms = admin_now_ms ();
 
+   /* The certificate and key are read here, once: a file that does not
+    * load fails start-up rather than leaving the port in clear. */
+   if (*cfg->admin_tls_cert_file &&
+       !tls_server_new (cfg->admin_tls_cert_file, cfg->admin_tls_key_file, NULL, &a->tls, &err)) {
+      bson_set_error (error, ADMIN_ERROR_DOMAIN, 5, "admin: [admin] %s", err.message);
+      goto fail;
+   }
    a->uri = mongoc_uri_new_with_error (cfg->upstream, &err);
    if (!a->uri) {
       bson_set_error (error, ADMIN_ERROR_DOMAIN, 1, "admin: upstream URI: %s", err.message);
@@ -640,8 +675,9 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
       goto fail;
    }
    a->thread_started = true;
-   log_info ("admin: listening on %s (%s)",
+   log_info ("admin: listening on %s (%s, %s)",
              a->address,
+             a->tls ? "HTTPS only" : "plain HTTP",
              cfg->admin_token && *cfg->admin_token ? "bearer token required for /metrics and /api/*" : "no token");
    return true;
 

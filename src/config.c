@@ -125,6 +125,10 @@ static const config_key_t config_key_table[] = {
       "Admin HTTP listener host:port; empty disables the admin port."),
    A ("token", S, "", 0, 0, true, admin_token,
       "Bearer token required on /api/* and /metrics; empty: no authentication."),
+   A ("tls_cert_file", S, "", 0, 0, false, admin_tls_cert_file,
+      "PEM certificate chain of the admin port; when set (with tls_key_file), it serves HTTPS only."),
+   A ("tls_key_file", S, "", 0, 0, false, admin_tls_key_file,
+      "PEM private key of [admin] tls_cert_file."),
 
    H ("events", L, NULL, 0, 0, events,
       "Event types the handler takes: exact names, or a prefix ending in '*'."),
@@ -732,6 +736,25 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
          if (*files[i] && access (files[i], R_OK) != 0) {
             config_error (error, origin, 0, "[proxy] %s: cannot read '%s': %s", names[i],
                           files[i], strerror (errno));
+            return false;
+         }
+      }
+   }
+   /* The admin files are loaded by admin_start; here they must exist and
+    * be readable, so --check-config refuses a wrong path by its key. */
+   if (!!*cfg->admin_tls_cert_file != !!*cfg->admin_tls_key_file) {
+      config_error (error, origin, 0, "[admin] tls_cert_file and tls_key_file go together (%s is not set)",
+                    *cfg->admin_tls_cert_file ? "tls_key_file" : "tls_cert_file");
+      return false;
+   }
+   {
+      const char *files[] = {cfg->admin_tls_cert_file, cfg->admin_tls_key_file};
+      const char *names[] = {"tls_cert_file", "tls_key_file"};
+
+      for (int i = 0; i < 2; i++) {
+         if (*files[i] && access (files[i], R_OK) != 0) {
+            config_error (error, origin, 0, "[admin] %s: cannot read '%s': %s", names[i], files[i],
+                          strerror (errno));
             return false;
          }
       }

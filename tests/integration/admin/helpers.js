@@ -20,6 +20,7 @@ const { publish, waitFor, laneId, TEST_RETRY_SCHEDULE } = require('../dispatch/h
  * @param {boolean} [o.dispatch]    [dispatch] enabled (default true when handlers are given)
  * @param {object} [o.dispatchKeys] extra [dispatch] keys
  * @param {object} [o.outbox]       [outbox] keys
+ * @param {object} [o.admin]        extra [admin] keys (tls_cert_file, ...)
  * @param {Array<object>} [o.handlers] {name, events, kind, url, ...}
  */
 async function startAdminProxy(o) {
@@ -32,6 +33,7 @@ async function startAdminProxy(o) {
   lines.push('', '[dispatch]', `enabled = ${o.dispatch ?? handlers.length > 0}`);
   for (const [k, v] of Object.entries(o.dispatchKeys || { poll_interval_ms: 100 })) lines.push(`${k} = ${v}`);
   lines.push('', '[admin]', `listen = ${o.adminListen || '127.0.0.1:0'}`, `token = ${o.token || ''}`);
+  for (const [k, v] of Object.entries(o.admin || {})) lines.push(`${k} = ${v}`);
   for (const h of handlers) {
     lines.push('', `[handler ${h.name}]`);
     for (const [k, v] of Object.entries({ retry_schedule: TEST_RETRY_SCHEDULE, ...h }))
