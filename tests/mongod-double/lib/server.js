@@ -135,7 +135,7 @@ class Connection {
     try {
       if (msg.opCode === W.OP_QUERY) {
         name = V.keys(msg.body)[0];
-        server.count(name);
+        server.count(name, this.appName, msg.body);
         if (!msg.ns.endsWith('.$cmd') || !HELLO_NAMES.has(name)) {
           reply = {
             ok: 0,
@@ -151,7 +151,7 @@ class Connection {
         return;
       }
       name = V.keys(msg.body)[0];
-      server.count(name);
+      server.count(name, this.appName, msg.body);
       const db = msg.body.$db;
       if (typeof db !== 'string') {
         reply = err(40571, 'OP_MSG requests require a $db argument').toReply();
@@ -297,9 +297,21 @@ class Server {
     return this.requestId;
   }
 
-  count(name) {
+  // Commands by name, and by the connection's appName (doubleStats), so a
+  // benchmark can count one client's commands apart from the others'.
+  count(name, appName, body) {
     if (typeof name !== 'string') return;
     this.stats[name] = (this.stats[name] || 0) + 1;
+    if (typeof appName === 'string') {
+      if (!this.statsByApp) this.statsByApp = {};
+      const a = this.statsByApp[appName] || (this.statsByApp[appName] = {});
+      a[name] = (a[name] || 0) + 1;
+    }
+    if (process.env.DOUBLE_TRACE && body) {
+      // DOUBLE_TRACE=FILE: one line per command (diagnostics only).
+      require('fs').appendFileSync(process.env.DOUBLE_TRACE,
+        `${Date.now()} ${appName || '-'} ${name} ${typeof body[name] === 'string' ? body[name] : ''}\n`);
+    }
   }
 
   clusterTime() { return new Timestamp({ t: this.bootSecs, i: this.store.clock + 1 }); }

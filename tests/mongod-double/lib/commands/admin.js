@@ -139,10 +139,12 @@ async function serverStatus(ctx) {
 
 async function doubleStats(ctx) {
   const commands = Object.assign({}, ctx.server.stats);
+  const byApp = JSON.parse(JSON.stringify(ctx.server.statsByApp || {}));
   if (ctx.cmd.reset !== undefined && V.truthy(ctx.cmd.reset)) {
     for (const k of Object.keys(ctx.server.stats)) delete ctx.server.stats[k];
+    ctx.server.statsByApp = {};
   }
-  return { commands, ok: 1 };
+  return { commands, byApp, ok: 1 };
 }
 
 // The session catalogue is the primary's (transactions live there); a secondary's own state
