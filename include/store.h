@@ -120,16 +120,21 @@ size_t store_lanes_held (store_t *store, int64_t now);
 
 /* ----------------------------------------------------- settling a claim */
 
-/* A claimed delivery as the settling calls see it: its id and lease. */
+/* A claimed delivery as the settling calls see it: its id and lease, and
+ * optionally the id of its event (as claimed), which lets a completion
+ * skip reading the delivery. */
 typedef struct {
    bson_oid_t id;
    const char *lease;
+   const char *event_id;
 } store_ref_t;
 
 /* Completes the deliveries; done[i] tells whether ref i is proven
- * completed.  Four commands without completion history, one transaction
- * with it.  When fewer deliveries were deleted than leases were fenced, no
- * lease is reported completed. */
+ * completed.  Without completion history: two commands when every ref
+ * names its event (the delete, fenced by the claim generation, and the
+ * events' completion time), four otherwise; one transaction with history.
+ * When fewer deliveries were deleted than leases were fenced, no lease is
+ * reported completed. */
 bool store_complete_many (store_t *store,
                           const store_ref_t *refs,
                           size_t n,

@@ -70,6 +70,10 @@
 /* Pause between two steps of a purge run: claims, flushes and settling
  * that became due meanwhile run first. */
 #define DISPATCH_PURGE_STEP_PAUSE_MS 20
+/* Completion batching: finished deliveries wait at most this long for
+ * the others of their batch before they are completed (one completeMany),
+ * unless the batch is full or nothing else runs. */
+#define DISPATCH_FLUSH_DELAY_MS 20
 
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in dispatcher_t.cfg, which we hold */
@@ -253,7 +257,7 @@ running_remove (dispatcher_t *d, job_t *j)
 static store_ref_t
 job_ref (const job_t *j)
 {
-   store_ref_t r = {j->d.id, j->d.lease};
+   store_ref_t r = {j->d.id, j->d.lease, j->d.event_id};
    return r;
 }
 
@@ -405,6 +409,7 @@ flush (dispatcher_t *d)
 {
    size_t n = d->n_done;
 
+   evtimer_del (d->flush_ev);
    if (n == 0)
       return;
    d->n_done = 0;
@@ -520,10 +525,16 @@ job_done_cb (const webhook_result_t *res, void *arg)
          d->done = bson_realloc (d->done, d->cap_done * sizeof *d->done);
       }
       d->done[d->n_done++] = j;
-      if ((int64_t) d->n_done >= d->cfg->batch_size)
+      /* The batch is full, or nothing else will finish to join it: now.
+       * Otherwise the others of the batch, finishing within a few
+       * milliseconds, join it (a claim follows each flush, so this also
+       * keeps claims from taking one delivery at a time). */
+      if ((int64_t) d->n_done >= d->cfg->batch_size || d->n_running == 0) {
          flush (d);
-      else
-         event_active (d->flush_ev, EV_TIMEOUT, 0);
+         if (!d->stopping)
+            schedule (d->tick_ev, 0);
+      } else if (!evtimer_pending (d->flush_ev, NULL))
+         schedule (d->flush_ev, DISPATCH_FLUSH_DELAY_MS);
    } else {
       if (res->outcome == WEBHOOK_OUTCOME_DEAD)
          bury (d, j, res->error);
@@ -587,6 +598,29 @@ start_job (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    }
 }
 
+/* Whether a claim is worth its round trips: some handler has at least half
+ * of what one claim could give it free (its concurrency, at most a batch),
+ * or nothing runs at all.  A claim for the one slot that just freed up
+ * costs as much as one for a full batch, so slots are refilled in halves
+ * while requests are in flight. */
+static bool
+wants_claim (dispatcher_t *d)
+{
+   if (d->n_running == 0)
+      return true;
+   for (size_t i = 0; i < d->n_handlers; i++) {
+      const handler_rt_t *h = &d->handlers[i];
+      int64_t room, free_slots;
+      if (!h->wh)
+         continue;
+      room = h->cfg->concurrency < d->cfg->batch_size ? h->cfg->concurrency : d->cfg->batch_size;
+      free_slots = h->cfg->concurrency - h->running - h->unsettled;
+      if (free_slots > 0 && free_slots * 2 >= room)
+         return true;
+   }
+   return false;
+}
+
 static void
 tick_cb (evutil_socket_t fd, short what, void *arg)
 {
@@ -611,6 +645,8 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    limit = total < (size_t) d->cfg->batch_size ? total : (size_t) d->cfg->batch_size;
    if (limit == 0)
       return; /* every slot busy: a finishing request ticks again */
+   if (!wants_claim (d))
+      return; /* a handler's next finishing requests tick again */
    o.handlers = d->claim_handlers;
    o.n_handlers = d->n_handlers;
    o.limit = limit;
