@@ -214,6 +214,80 @@ done:
    return ok;
 }
 
+/* The completion without completion history when every ref names its
+ * event: no read.  The delete matches a delivery only while it still has
+ * the lease's claim generation, lane and pending status.  That is the
+ * whole fence: every path that ends a claim or takes its lane moves the
+ * generation on (retry, release, burial, reconciliation, relinquish, and a
+ * takeover's charge of the lost claims) before the delivery can run again,
+ * so a stale lease deletes nothing, and a delete that wins the race against
+ * a takeover's charge leaves the new owner nothing to run (completed once).
+ * Then the events' completion times. */
+static bool
+complete_unread (complete_t *c, bson_error_t *error)
+{
+   mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
+   mongoc_collection_t *events = store_coll (c->s, c->client, OUTBOX_EVENTS);
+   bson_t q = BSON_INITIALIZER, or_arr, eq = BSON_INITIALIZER, sub, arr, reply;
+   bson_t *eu = NULL;
+   uint32_t k = 0;
+   bool ok = true;
+
+   c->n_valid = c->n_deleted = 0;
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   for (size_t i = 0; i < c->n; i++) {
+      char buf[16];
+      const char *key;
+      bson_t one;
+      c->valid[i] = c->parsed[i];
+      if (!c->valid[i])
+         continue;
+      c->n_valid++;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
+      BSON_APPEND_OID (&one, "_id", &c->refs[i].id);
+      store_append_claims_match (&one, c->leases[i].claims);
+      BSON_APPEND_INT32 (&one, "laneId", (int32_t) c->leases[i].lane_id);
+      BSON_APPEND_UTF8 (&one, "status", "pending");
+      bson_append_document_end (&or_arr, &one);
+   }
+   bson_append_array_end (&q, &or_arr);
+   if (c->n_valid == 0)
+      goto done;
+   if (!mongoc_collection_delete_many (dels, &q, NULL, &reply, error)) {
+      bson_destroy (&reply);
+      ok = false;
+      goto done;
+   }
+   c->n_deleted = store_iter_int64 (&reply, "deletedCount");
+   bson_destroy (&reply);
+
+   BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   k = 0;
+   for (size_t i = 0; i < c->n; i++) {
+      char buf[16];
+      const char *key;
+      if (!c->valid[i])
+         continue;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, c->refs[i].event_id);
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (&eq, &sub);
+   eu = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (c->now), "}");
+   ok = mongoc_collection_update_many (events, &eq, eu, NULL, NULL, error);
+
+done:
+   if (eu)
+      bson_destroy (eu);
+   bson_destroy (&eq);
+   bson_destroy (&q);
+   mongoc_collection_destroy (dels);
+   mongoc_collection_destroy (events);
+   return ok;
+}
+
 typedef struct {
    complete_t *c;
    bson_t **docs;
@@ -258,7 +332,13 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
       complete_txn_t t = {&c, docs};
       ok = store_with_txn (s, c.client, complete_txn_cb, &t, error);
    } else {
-      ok = complete_fence (&c, NULL, docs, error) && complete_delete (&c, NULL, docs, error);
+      bool named = true;
+      for (size_t i = 0; i < n && named; i++)
+         named = refs[i].event_id != NULL;
+      if (named)
+         ok = complete_unread (&c, error);
+      else
+         ok = complete_fence (&c, NULL, docs, error) && complete_delete (&c, NULL, docs, error);
       if (!ok && error && error->domain != STORE_ERROR_DOMAIN) {
          char msg[sizeof error->message];
          bson_strncpy (msg, error->message, sizeof msg);
