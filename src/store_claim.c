@@ -22,6 +22,9 @@
 #define SCAN_CAP 4096
 /* Due deliveries read before their keys are looked up together. */
 #define SCAN_PAGE 256
+/* Due deliveries per reply of a scan: a batch and what blocks it usually
+ * come in the first reply. */
+#define SCAN_BATCH 512
 /* How long a takeover waits for a document another (dead) worker's open
  * transaction holds before it leaves the lane for a later claim. */
 #define STORE_TAKE_MAX_TIME_MS 1000
@@ -39,6 +42,7 @@ typedef struct key_state {
    char *handler, *key;
    bool running;   /* a delivery of it is in one of our lanes' inFlight */
    bool taken;     /* this claim took one */
+   bool probed;    /* a free-lane probe counted it */
    bool min_known; /* min_seq is the lowest pending sequence */
    int64_t min_seq;
    store_oids_t blocked; /* due deliveries found waiting */
@@ -68,6 +72,9 @@ typedef struct {
    claim_lane_t lanes[OUTBOX_LANES];
    size_t n_lanes;
    key_state_t *keys[KEY_BUCKETS];
+   /* Every lane document, read once at the start of the claim: the held
+    * lanes are checked against it and the free ones found in it. */
+   bson_t *lane_docs[OUTBOX_LANES];
 } claim_t;
 
 void
@@ -124,6 +131,9 @@ claim_free (claim_t *c)
       store_oids_free (&c->lanes[i].picks);
       store_oids_free (&c->lanes[i].blocked);
    }
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (c->lane_docs[i])
+         bson_destroy (c->lane_docs[i]);
    bson_free (c->handler_taken);
    bson_free (c->out_lane);
    mongoc_collection_destroy (c->deliveries);
@@ -683,20 +693,42 @@ add_lane (claim_t *c, uint32_t lane, int64_t epoch)
    return l;
 }
 
+/* Reads the 256 lane documents with one command (one batch). */
+static bool
+read_lanes (claim_t *c, bson_error_t *error)
+{
+   bson_t *opts = BCON_NEW ("batchSize", BCON_INT32 (OUTBOX_LANES + 1));
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, &(bson_t) BSON_INITIALIZER, opts, NULL);
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t lane = store_iter_int64 (doc, "_id");
+      if (lane >= 0 && lane < OUTBOX_LANES && !c->lane_docs[lane])
+         c->lane_docs[lane] = bson_copy (doc);
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reading lanes: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   return ok;
+}
+
 /* The lanes this instance holds under a live lease: checked against the
- * database (owner and epoch), their lost lists charged, their inFlight
- * documents loaded to learn which keys run and which ids are gone. */
+ * lane documents as read (owner and epoch), their lost lists charged,
+ * their inFlight documents loaded to learn which keys run and which ids
+ * are gone. */
 static bool
 load_held (claim_t *c, bson_error_t *error)
 {
    store_t *s = c->s;
-   bson_t q = BSON_INITIALIZER;
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
-   uint32_t k;
    store_lane_state_t held[OUTBOX_LANES];
-   bool want[OUTBOX_LANES];
    store_oids_t all = {0};
    bool ok = true;
 
@@ -708,23 +740,24 @@ load_held (claim_t *c, bson_error_t *error)
    memcpy (held, s->lanes, sizeof held);
    pthread_mutex_unlock (&s->mu);
 
-   for (int i = 0; i < OUTBOX_LANES; i++)
-      want[i] = held[i].held;
-   k = store_append_lanes_in (&q, "_id", want);
-   if (k == 0) {
-      bson_destroy (&q);
-      return true;
-   }
-   cur = mongoc_collection_find_with_opts (c->lanes_coll, &q, NULL, NULL);
-   while (mongoc_cursor_next (cur, &doc)) {
-      uint32_t lane = (uint32_t) store_iter_int64 (doc, "_id");
-      int64_t epoch = store_iter_int64 (doc, "epoch");
-      const char *owner = store_iter_utf8 (doc, "owner");
+   for (uint32_t lane = 0; lane < OUTBOX_LANES; lane++) {
+      const bson_t *ld = c->lane_docs[lane];
+      int64_t epoch;
+      const char *owner;
       claim_lane_t *l;
       lost_list_t lost = {0};
 
-      if (lane >= OUTBOX_LANES)
+      if (!held[lane].held)
          continue;
+      if (!ld) {
+         pthread_mutex_lock (&s->mu);
+         s->lanes[lane].held = false;
+         store_issued_remove_lane (s, lane);
+         pthread_mutex_unlock (&s->mu);
+         continue;
+      }
+      epoch = store_iter_int64 (ld, "epoch");
+      owner = store_iter_utf8 (ld, "owner");
       if (!owner || strcmp (owner, s->owner) != 0 || epoch != held[lane].epoch) {
          pthread_mutex_lock (&s->mu);
          s->lanes[lane].held = false;
@@ -734,8 +767,8 @@ load_held (claim_t *c, bson_error_t *error)
          continue;
       }
       l = add_lane (c, lane, epoch);
-      store_oids_from_array (&l->inflight, doc, "inFlight");
-      lost_from_lane (&lost, doc, epoch - 1);
+      store_oids_from_array (&l->inflight, ld, "inFlight");
+      lost_from_lane (&lost, ld, epoch - 1);
       if (lost.ids.n > 0 && !charge_lost (c, lane, epoch, &lost, &err)) {
          /* Typically a dead worker's open transaction still locks one of
           * the deliveries: leave the lane alone until a later claim. */
@@ -746,12 +779,6 @@ load_held (claim_t *c, bson_error_t *error)
       for (size_t i = 0; i < l->inflight.n; i++)
          store_oids_push (&all, &l->inflight.v[i]);
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "reading held lanes: %s", err.message);
-      ok = false;
-   }
-   mongoc_cursor_destroy (cur);
-   bson_destroy (&q);
    if (!ok || all.n == 0) {
       store_oids_free (&all);
       return ok;
@@ -986,7 +1013,17 @@ scan (claim_t *c, size_t from, bson_error_t *error)
    append_handlers_in (c, &q, true);
    if (running.n > 0)
       store_append_oids_op (&q, "_id", "$nin", running.v, running.n);
-   opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (SCAN_CAP));
+   opts = BCON_NEW ("sort",
+                    "{",
+                    "dueAt",
+                    BCON_INT32 (1),
+                    "_id",
+                    BCON_INT32 (1),
+                    "}",
+                    "limit",
+                    BCON_INT64 (SCAN_CAP),
+                    "batchSize",
+                    BCON_INT32 (SCAN_BATCH));
    cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
    /* Page by page: the keys of a page whose lowest pending sequence is not
     * known yet are looked up with one aggregation, then the page is taken
@@ -1082,6 +1119,7 @@ typedef struct {
    uint32_t lane;
    int64_t epoch;
    bson_t *doc; /* the lane as read: inFlight and lost are compared on take */
+   size_t worth; /* what the probe saw it could give: unkeyed deliveries and keys */
 } free_lane_t;
 
 /* Free lanes (no owner, or an expired lease) with due deliveries of the
@@ -1104,18 +1142,17 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
    bson_t *lane_docs[OUTBOX_LANES] = {0};
    int64_t oldest[OUTBOX_LANES];
    bool candidate[OUTBOX_LANES] = {0};
+   size_t worth[OUTBOX_LANES] = {0};
    bool ok = true;
    size_t first = *n_out;
    int next = 0;
 
    *more = false;
-   cur = mongoc_collection_find_with_opts (c->lanes_coll, &(bson_t) BSON_INITIALIZER, NULL, NULL);
-   while (mongoc_cursor_next (cur, &doc)) {
-      int64_t lane = store_iter_int64 (doc, "_id");
-      const char *owner = store_iter_utf8 (doc, "owner");
+   for (int lane = 0; lane < OUTBOX_LANES; lane++) {
+      const bson_t *ld = c->lane_docs[lane];
       bool mine = false;
 
-      if (lane < 0 || lane >= OUTBOX_LANES || lane_docs[lane])
+      if (!ld)
          continue;
       for (size_t i = 0; i < c->n_lanes && !mine; i++)
          mine = c->lanes[i].lane == (uint32_t) lane;
@@ -1123,16 +1160,11 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
          mine = out[i].lane == (uint32_t) lane;
       if (mine)
          continue;
-      if (owner && store_iter_date (doc, "leaseExpiresAt") > c->o->now)
+      if (store_iter_utf8 (ld, "owner") && store_iter_date (ld, "leaseExpiresAt") > c->o->now)
          continue;
-      lane_docs[lane] = bson_copy (doc);
+      lane_docs[lane] = bson_copy (ld);
       oldest[lane] = INT64_MAX;
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "reading lanes: %s", err.message);
-      ok = false;
-   }
-   mongoc_cursor_destroy (cur);
 
    while (ok && next < OUTBOX_LANES) {
       bson_t q = BSON_INITIALIZER, sub;
@@ -1165,21 +1197,38 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
                        "}",
                        "limit",
                        BCON_INT64 (FREE_PROBE),
+                       "batchSize",
+                       BCON_INT32 (FREE_PROBE),
                        "projection",
                        "{",
                        "laneId",
                        BCON_INT32 (1),
                        "dueAt",
                        BCON_INT32 (1),
+                       "handler",
+                       BCON_INT32 (1),
+                       "key",
+                       BCON_INT32 (1),
                        "}");
       cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          int64_t lane = store_iter_int64 (doc, "laneId");
+         const char *h = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
          n_read++;
-         if (lane >= 0 && lane < OUTBOX_LANES && lane_docs[lane] && !candidate[lane]) {
+         if (lane < 0 || lane >= OUTBOX_LANES || !lane_docs[lane])
+            continue;
+         if (!candidate[lane]) {
             candidate[lane] = true;
             oldest[lane] = store_iter_date (doc, "dueAt");
          }
+         /* A key gives one delivery per claim, however many it has due. */
+         if (h && key) {
+            key_state_t *ks = key_get (c, h, key);
+            if (ks->probed)
+               continue;
+            ks->probed = true;
+         }
+         worth[lane]++;
       }
       if (mongoc_cursor_error (cur, &err)) {
          store_set_error (error, STORE_ERROR_SERVER, "finding lanes with due deliveries: %s", err.message);
@@ -1203,6 +1252,7 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
       out[*n_out].lane = (uint32_t) best;
       out[*n_out].epoch = store_iter_int64 (lane_docs[best], "epoch");
       out[*n_out].doc = lane_docs[best];
+      out[*n_out].worth = worth[best];
       lane_docs[best] = NULL;
       (*n_out)++;
    }
@@ -1308,6 +1358,142 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    store_oids_free (&inflight);
    store_oids_free (&lost);
    lost_free (&all_lost);
+   return ok;
+}
+
+/* Takes the free lanes f[0..n) that nobody runs anything in (empty
+ * inFlight and lost, as read) with one updateMany: each lane's condition
+ * repeats it as read (epoch, owner free or expired, empty lists), so a
+ * lane another claimer took or changed first is not matched.  When every
+ * lane matched, each has the epoch read plus one; otherwise the lanes are
+ * read back to learn which this claim got.  Lanes with a previous owner's
+ * claims listed go through take_lane, which charges them. */
+static bool
+take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER, or_arr, upd = BSON_INITIALIZER, sub, reply;
+   bool clean[OUTBOX_LANES] = {0}, got[OUTBOX_LANES] = {0};
+   int64_t epoch_of[OUTBOX_LANES] = {0};
+   uint32_t n_clean = 0;
+   bson_error_t err;
+   bool ok = true;
+
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   for (size_t i = 0; i < n; i++) {
+      bson_iter_t it, arr;
+      bool empty = true;
+      static const char *const lists[] = {"inFlight", "lost"};
+      for (size_t j = 0; j < 2; j++)
+         if (bson_iter_init_find (&it, f[i].doc, lists[j]) && BSON_ITER_HOLDS_ARRAY (&it) &&
+             bson_iter_recurse (&it, &arr) && bson_iter_next (&arr))
+            empty = false;
+      if (!empty) {
+         bool taken;
+         if (!take_lane (c, &f[i], &taken, error)) {
+            bson_destroy (&q);
+            bson_destroy (&upd);
+            return false;
+         }
+         continue;
+      }
+      {
+         char buf[16];
+         const char *key;
+         bson_t one, alt, a, b, cmp;
+         bson_uint32_to_string (n_clean++, &key, buf, sizeof buf);
+         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
+         BSON_APPEND_INT32 (&one, "_id", (int32_t) f[i].lane);
+         BSON_APPEND_INT64 (&one, "epoch", f[i].epoch);
+         store_append_oids_array (&one, "inFlight", NULL, 0);
+         BSON_APPEND_ARRAY_BEGIN (&one, "$or", &alt);
+         BSON_APPEND_DOCUMENT_BEGIN (&alt, "0", &a);
+         BSON_APPEND_NULL (&a, "owner");
+         bson_append_document_end (&alt, &a);
+         BSON_APPEND_DOCUMENT_BEGIN (&alt, "1", &b);
+         BSON_APPEND_DOCUMENT_BEGIN (&b, "leaseExpiresAt", &cmp);
+         BSON_APPEND_DATE_TIME (&cmp, "$lte", c->o->now);
+         bson_append_document_end (&b, &cmp);
+         bson_append_document_end (&alt, &b);
+         bson_append_array_end (&one, &alt);
+         bson_append_document_end (&or_arr, &one);
+         clean[f[i].lane] = true;
+         epoch_of[f[i].lane] = f[i].epoch;
+      }
+   }
+   bson_append_array_end (&q, &or_arr);
+   if (n_clean == 0)
+      goto done;
+   /* A lane whose lost list is not empty was left out above; one that
+    * gained a lost list since is not matched (lost: [] below). */
+   BSON_APPEND_ARRAY_BEGIN (&q, "lost", &sub);
+   bson_append_array_end (&q, &sub);
+
+   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$inc", &sub);
+   BSON_APPEND_INT64 (&sub, "epoch", 1);
+   bson_append_document_end (&upd, &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$set", &sub);
+   BSON_APPEND_UTF8 (&sub, "owner", c->s->owner);
+   BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
+   bson_append_document_end (&upd, &sub);
+   {
+      bson_t *opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
+      ok = mongoc_collection_update_many (c->lanes_coll, &q, &upd, opts, &reply, &err);
+      bson_destroy (opts);
+   }
+   if (!ok) {
+      /* Unknown which lanes were taken: a lane taken but not used is not
+       * ours in memory, and is taken over by anyone after its lease. */
+      log_warn ("store: taking %u lane(s): %s; skipped", n_clean, err.message);
+      bson_destroy (&reply);
+      ok = true;
+      goto done;
+   }
+   if (store_iter_int64 (&reply, "modifiedCount") == n_clean) {
+      for (int l = 0; l < OUTBOX_LANES; l++)
+         got[l] = clean[l];
+      for (int l = 0; l < OUTBOX_LANES; l++)
+         if (got[l])
+            epoch_of[l]++;
+   } else {
+      /* Some lane changed first: read back which are ours now. */
+      bson_t rq = BSON_INITIALIZER;
+      mongoc_cursor_t *cur;
+      const bson_t *doc;
+      bson_t *ropts = BCON_NEW ("batchSize", BCON_INT32 (OUTBOX_LANES + 1));
+      store_append_lanes_in (&rq, "_id", clean);
+      BSON_APPEND_UTF8 (&rq, "owner", c->s->owner);
+      cur = mongoc_collection_find_with_opts (c->lanes_coll, &rq, ropts, NULL);
+      while (mongoc_cursor_next (cur, &doc)) {
+         int64_t l = store_iter_int64 (doc, "_id");
+         if (l >= 0 && l < OUTBOX_LANES && clean[l] && store_iter_int64 (doc, "epoch") == epoch_of[l] + 1) {
+            got[l] = true;
+            epoch_of[l]++;
+         }
+      }
+      if (mongoc_cursor_error (cur, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "reading back the lanes taken: %s", err.message);
+         ok = false;
+      }
+      mongoc_cursor_destroy (cur);
+      bson_destroy (ropts);
+      bson_destroy (&rq);
+   }
+   bson_destroy (&reply);
+   pthread_mutex_lock (&c->s->mu);
+   for (int l = 0; l < OUTBOX_LANES; l++)
+      if (got[l]) {
+         claim_lane_t *cl = add_lane (c, (uint32_t) l, epoch_of[l]);
+         cl->taken_now = true;
+         store_issued_remove_lane (c->s, (uint32_t) l);
+         c->s->lanes[l].held = true;
+         c->s->lanes[l].epoch = epoch_of[l];
+         c->s->lanes[l].expires = c->o->now + c->o->lease_ms;
+      }
+   pthread_mutex_unlock (&c->s->mu);
+
+done:
+   bson_destroy (&q);
+   bson_destroy (&upd);
    return ok;
 }
 
@@ -1545,7 +1731,7 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
 {
    claim_t *c;
    free_lane_t *free_lanes = NULL;
-   size_t n_free = 0, next_free = 0, round = 4;
+   size_t n_free = 0, next_free = 0;
    bool hand_back[OUTBOX_LANES];
    bool ok = false;
 
@@ -1570,10 +1756,11 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    unpark (c);
 
    /* 1. the lanes this instance holds (checked against the database) */
-   if (!load_held (c, error) || !scan (c, 0, error))
+   if (!read_lanes (c, error) || !load_held (c, error) || !scan (c, 0, error))
       goto done;
 
-   /* 2. free lanes with due work, 4, 8, 16... per round */
+   log_debug ("store: claim: %zu from %zu held lane(s)", out->n, c->n_lanes);
+   /* 2. free lanes with due work */
    if (out->n < o->limit && handlers_have_room (c)) {
       bool more = false;
       int probes = 1;
@@ -1590,18 +1777,19 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
          }
          if (!(out->n < o->limit && handlers_have_room (c) && next_free < n_free))
             break;
-         size_t first = c->n_lanes;
-         for (size_t taken_round = 0; taken_round < round && next_free < n_free &&
-                                      c->n_lanes - first < STORE_MAX_LANES_PER_QUERY;
-              next_free++) {
-            bool taken;
-            if (!take_lane (c, &free_lanes[next_free], &taken, error))
-               goto done;
-            taken_round += taken;
+         size_t first = c->n_lanes, end = next_free, worth = 0, need = o->limit - out->n;
+         /* As many lanes, oldest due work first, as the probe says the
+          * batch needs, taken together (one updateMany), then read
+          * together (one scan). */
+         while (end < n_free && end - next_free < STORE_MAX_LANES_PER_QUERY && worth < need) {
+            worth += free_lanes[end].worth ? free_lanes[end].worth : 1;
+            end++;
          }
+         if (!take_lanes (c, free_lanes + next_free, end - next_free, error))
+            goto done;
+         next_free = end;
          if (!scan (c, first, error))
             goto done;
-         round *= 2;
       }
    }
 
