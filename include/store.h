@@ -81,6 +81,11 @@ typedef struct {
    size_t limit;     /* at most this many in all */
    int64_t now;      /* ms */
    int64_t lease_ms; /* lease of the lanes taken or used */
+   /* The free lanes an earlier claim's probe found and did not take may
+    * be taken without probing again while the probe is younger than this
+    * (ms; 0: always probe).  The dispatcher passes its poll interval, and
+    * 0 when a commit woke it (the new work may be in any lane). */
+   int64_t probe_reuse_ms;
 } store_claim_opts_t;
 
 /* One claimed delivery.  Everything is owned by the batch. */

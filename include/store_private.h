@@ -17,6 +17,14 @@
 #include "outbox.h"
 #include "store.h"
 
+/* A growable list of ObjectIds. */
+typedef struct {
+   bson_oid_t *v;
+   size_t n, cap;
+} store_oids_t;
+
+#define STORE_SETTLED_MAX 4096
+
 /* A lane this instance took, with the epoch of that take. */
 typedef struct {
    bool held;
@@ -35,6 +43,7 @@ typedef struct {
    int64_t epoch;
    int32_t claims;
    int64_t expires;
+   char *handler, *key; /* owned; key NULL when unkeyed */
 } store_issued_t;
 
 /* The store instance.  `pool` is borrowed; strings are owned.  `mu`
@@ -53,6 +62,11 @@ struct store {
    store_lane_state_t lanes[OUTBOX_LANES];
    store_issued_t *issued;
    size_t n_issued, cap_issued;
+   /* Deliveries this instance completed (proven) that its lanes may still
+    * list: the next claim takes them out of inFlight without reading
+    * them.  Bounded by STORE_SETTLED_MAX (then forgotten: the claim reads
+    * the listed documents instead).  Guarded by mu. */
+   store_oids_t settled;
 
    /* Unparking walks the parked keys in (head dueAt, handler, key) order,
     * a window per claim, and resumes after the last key it looked at, so
@@ -61,6 +75,18 @@ struct store {
     * start). */
    int64_t unpark_due;
    char *unpark_h, *unpark_k;
+   /* When the next unparking runs (claim time, ms): at once while parked
+    * keys were found or this instance parked some, otherwise after
+    * STORE_UNPARK_IDLE_MS.  Guarded by claim_mu. */
+   int64_t unpark_next;
+   /* The free lanes the last probe found that no claim has taken yet,
+    * oldest due work first, with what each could give, and when that
+    * probe ran (claim time, ms).  Guarded by claim_mu. */
+   uint32_t probe_lane[OUTBOX_LANES];
+   size_t probe_worth[OUTBOX_LANES];
+   size_t n_probe;
+   int64_t probe_at;
+   bool probe_more;
 };
 
 /* A collection of the outbox on `client`, with write concern majority and
@@ -87,7 +113,14 @@ const char *store_iter_utf8 (const bson_t *doc, const char *field);
 bool store_array_has_oid (const bson_t *doc, const char *field, const bson_oid_t *oid);
 
 /* Memory of claims handed out (callers hold store->mu). */
-void store_issued_add (store_t *store, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires);
+void store_issued_add (store_t *store,
+                       const bson_oid_t *id,
+                       uint32_t lane,
+                       int64_t epoch,
+                       int32_t claims,
+                       int64_t expires,
+                       const char *handler,
+                       const char *key);
 /* Moves the claim's own lease on to `expires` if it is the claim of
  * (lane, epoch, claims) and the new expiry is later. */
 void store_issued_renew (store_t *store, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires);
@@ -109,11 +142,6 @@ bool store_reconcile (store_t *store, mongoc_client_t *client, bson_error_t *err
  * completion history); q is then left as it was. */
 bool store_list_filter_query (const store_t *store, const store_list_filter_t *filter, bool *completed, bson_t *q);
 
-/* A growable list of ObjectIds. */
-typedef struct {
-   bson_oid_t *v;
-   size_t n, cap;
-} store_oids_t;
 void store_oids_push (store_oids_t *o, const bson_oid_t *id);
 bool store_oids_has (const store_oids_t *o, const bson_oid_t *id);
 void store_oids_free (store_oids_t *o);

@@ -160,6 +160,7 @@ typedef struct {
    atomic_int_fast64_t renew_lease_ms;
    bool setup_done, stopping, finished;
    atomic_bool wake_pending;
+   bool woken; /* a commit woke the dispatcher since the last claim */
    uint64_t rnd;
 } dispatcher_t;
 
@@ -625,7 +626,7 @@ static void
 tick_cb (evutil_socket_t fd, short what, void *arg)
 {
    dispatcher_t *d = arg;
-   store_claim_opts_t o;
+   store_claim_opts_t o = {0};
    store_batch_t b = {0};
    bson_error_t err;
    size_t total = 0, limit;
@@ -652,6 +653,10 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    o.limit = limit;
    o.now = now_ms ();
    o.lease_ms = d->cfg->lease_ms;
+   /* Claims that follow completions may take the free lanes an earlier
+    * probe found; after a commit's wake-up, or a poll, they look anew. */
+   o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
+   d->woken = false;
    atomic_fetch_add (&g_stats.claims, 1);
    ok = store_claim (d->store, &o, &b, &err);
    metrics_claim_observe (now_ms () - o.now);
@@ -683,6 +688,7 @@ wake_cb (evutil_socket_t fd, short what, void *arg)
    (void) fd;
    (void) what;
    atomic_store (&d->wake_pending, false);
+   d->woken = true;
    if (!d->stopping && d->setup_done)
       schedule (d->tick_ev, 0);
 }

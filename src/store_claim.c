@@ -31,6 +31,10 @@
 #define KEY_BUCKETS 256
 /* Parked keys looked at per claim. */
 #define UNPARK_KEYS_MAX 1000
+/* With no parked key seen, unparking looks again after this long (parked
+ * deliveries come only from parking, which the claims of another instance
+ * may do): one aggregation per handler per second instead of per claim. */
+#define STORE_UNPARK_IDLE_MS 1000
 /* Due deliveries one free-lane probe reads (laneId only), and probes per
  * claim at most. */
 #define FREE_PROBE 512
@@ -53,6 +57,7 @@ typedef struct {
    uint32_t lane;
    int64_t epoch;
    store_oids_t inflight; /* as read, still running */
+   store_oids_t known;    /* listed and running here: not read (load_held) */
    store_oids_t gone;     /* listed, but the document is gone */
    store_oids_t picks;
    store_oids_t blocked;
@@ -127,6 +132,7 @@ claim_free (claim_t *c)
    }
    for (size_t i = 0; i < c->n_lanes; i++) {
       store_oids_free (&c->lanes[i].inflight);
+      store_oids_free (&c->lanes[i].known);
       store_oids_free (&c->lanes[i].gone);
       store_oids_free (&c->lanes[i].picks);
       store_oids_free (&c->lanes[i].blocked);
@@ -430,6 +436,10 @@ unpark (claim_t *c)
    bool more = false;
    bson_error_t err;
 
+   if (c->o->now < s->unpark_next && c->o->now >= s->unpark_next - STORE_UNPARK_IDLE_MS)
+      return;
+   s->unpark_next = c->o->now + STORE_UNPARK_IDLE_MS;
+
    /* 1. the parked keys: a window per handler, then the oldest overall */
    for (size_t i = 0; i < c->o->n_handlers; i++) {
       bson_t m = BSON_INITIALIZER;
@@ -469,6 +479,7 @@ unpark (claim_t *c)
    }
    if (n_parked == 0)
       goto done;
+   s->unpark_next = 0; /* parked keys exist: look again next claim */
 
    /* 2. their lowest pending sequences */
    hs = bson_malloc (n_parked * sizeof *hs);
@@ -776,13 +787,33 @@ load_held (claim_t *c, bson_error_t *error)
          l->skip = true;
       }
       lost_free (&lost);
-      for (size_t i = 0; i < l->inflight.n; i++)
-         store_oids_push (&all, &l->inflight.v[i]);
+      /* What this instance knows needs no read: what it completed is
+       * gone, what it runs under a live claim of this lane epoch still
+       * runs.  The rest (an abandoned or unknown claim) is read below. */
+      {
+         store_oids_t unknown = {0};
+         pthread_mutex_lock (&s->mu);
+         for (size_t i = 0; i < l->inflight.n; i++) {
+            const bson_oid_t *id = &l->inflight.v[i];
+            const store_issued_t *is = store_issued_find (s, id);
+            if (store_oids_has (&s->settled, id)) {
+               store_oids_push (&l->gone, id);
+            } else if (!l->skip && is && is->lane == l->lane && is->epoch == l->epoch && is->expires > c->o->now) {
+               store_oids_push (&l->known, id);
+               if (is->handler && is->key)
+                  key_get (c, is->handler, is->key)->running = true;
+            } else {
+               store_oids_push (&unknown, id);
+               store_oids_push (&all, id);
+            }
+         }
+         pthread_mutex_unlock (&s->mu);
+         store_oids_free (&l->inflight);
+         l->inflight = unknown;
+      }
    }
-   if (!ok || all.n == 0) {
-      store_oids_free (&all);
-      return ok;
-   }
+   if (!ok || all.n == 0)
+      goto merge;
 
    /* Which of the listed deliveries still exist, which of them this
     * instance still runs (it handed out their current claim, and that
@@ -904,6 +935,12 @@ load_held (claim_t *c, bson_error_t *error)
       bson_destroy (&aq);
       store_oids_free (&found);
       store_oids_free (&abandoned);
+   }
+merge:
+   for (size_t i = 0; i < c->n_lanes; i++) {
+      claim_lane_t *l = &c->lanes[i];
+      for (size_t j = 0; j < l->known.n; j++)
+         store_oids_push (&l->inflight, &l->known.v[j]);
    }
    store_oids_free (&all);
    return ok;
@@ -1262,6 +1299,31 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
       if (lane_docs[i])
          bson_destroy (lane_docs[i]);
    return ok;
+}
+
+/* The free lanes of the last probe that are still free in the lane
+ * documents as read, appended to out (see store_claim_opts_t). */
+static void
+free_lanes_cached (claim_t *c, free_lane_t *out, size_t *n_out)
+{
+   store_t *s = c->s;
+
+   for (size_t i = 0; i < s->n_probe; i++) {
+      uint32_t lane = s->probe_lane[i];
+      const bson_t *ld = lane < OUTBOX_LANES ? c->lane_docs[lane] : NULL;
+      bool mine = false;
+      if (!ld || (store_iter_utf8 (ld, "owner") && store_iter_date (ld, "leaseExpiresAt") > c->o->now))
+         continue;
+      for (size_t j = 0; j < c->n_lanes && !mine; j++)
+         mine = c->lanes[j].lane == lane;
+      if (mine)
+         continue;
+      out[*n_out].lane = lane;
+      out[*n_out].epoch = store_iter_int64 (ld, "epoch");
+      out[*n_out].doc = bson_copy (ld);
+      out[*n_out].worth = s->probe_worth[i];
+      (*n_out)++;
+   }
 }
 
 /* Takes a free lane with one conditional findOneAndUpdate: the epoch moves
@@ -1663,6 +1725,7 @@ park (claim_t *c, const bool *hand_back)
    BSON_APPEND_UTF8 (&q, "lane", "ready");
    BSON_APPEND_UTF8 (&q, "status", "pending");
    upd = BCON_NEW ("$set", "{", "lane", BCON_UTF8 ("parked"), "}");
+   c->s->unpark_next = 0; /* unparking looks at them from the next claim on */
    if (!mongoc_collection_update_many (c->deliveries, &q, upd, NULL, NULL, &err))
       log_warn ("store: parking %zu waiting deliveries: %s", ids.n, err.message);
    else
@@ -1762,18 +1825,32 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    log_debug ("store: claim: %zu from %zu held lane(s)", out->n, c->n_lanes);
    /* 2. free lanes with due work */
    if (out->n < o->limit && handlers_have_room (c)) {
-      bool more = false;
-      int probes = 1;
+      bool more = false, cached = false;
+      int probes = 0;
       free_lanes = bson_malloc0 (OUTBOX_LANES * sizeof *free_lanes);
-      if (!find_free_lanes (c, free_lanes, &n_free, &more, error))
-         goto done;
+      if (o->probe_reuse_ms > 0 && o->now >= s->probe_at && o->now - s->probe_at < o->probe_reuse_ms) {
+         /* Also when it found nothing free: probing again finds more only
+          * if that probe came back full (more) or a commit woke us. */
+         free_lanes_cached (c, free_lanes, &n_free);
+         cached = true;
+         more = s->probe_more;
+      }
+      if (!cached) {
+         probes++;
+         if (!find_free_lanes (c, free_lanes, &n_free, &more, error))
+            goto done;
+         s->probe_at = o->now;
+      }
       for (;;) {
          if (next_free == n_free && more && probes < FREE_PROBES_MAX && out->n < o->limit && handlers_have_room (c)) {
-            /* The lanes found are used up and a probe came back full:
-             * look again, past the lanes already found. */
+            /* The lanes found are used up and a probe came back full (or
+             * they came from an earlier probe): look again, past the
+             * lanes already found. */
             probes++;
+            cached = false;
             if (!find_free_lanes (c, free_lanes, &n_free, &more, error))
                goto done;
+            s->probe_at = o->now;
          }
          if (!(out->n < o->limit && handlers_have_room (c) && next_free < n_free))
             break;
@@ -1791,6 +1868,13 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
          if (!scan (c, first, error))
             goto done;
       }
+      /* What this claim did not take, for the next one. */
+      s->n_probe = 0;
+      for (size_t i = next_free; i < n_free; i++) {
+         s->probe_lane[s->n_probe] = free_lanes[i].lane;
+         s->probe_worth[s->n_probe++] = free_lanes[i].worth;
+      }
+      s->probe_more = more;
    }
 
    /* 3. the events of the batch, read before it is recorded */
@@ -1806,6 +1890,13 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    for (size_t i = 0; i < c->n_lanes; i++) {
       claim_lane_t *l = &c->lanes[i];
       store_lane_state_t *st = &s->lanes[l->lane];
+      /* What the record took out of inFlight needs no memory any more. */
+      for (size_t j = 0; j < l->gone.n && s->settled.n > 0; j++)
+         for (size_t k = 0; k < s->settled.n; k++)
+            if (bson_oid_equal (&s->settled.v[k], &l->gone.v[j])) {
+               s->settled.v[k] = s->settled.v[--s->settled.n];
+               break;
+            }
       if (hand_back[i]) {
          st->held = false;
          store_issued_remove_lane (s, l->lane);
@@ -1819,7 +1910,14 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    for (size_t i = 0; i < out->n; i++) {
       outbox_lease_t lease;
       if (outbox_lease_parse (out->items[i].lease, &lease))
-         store_issued_add (s, &out->items[i].id, lease.lane_id, lease.epoch, lease.claims, o->now + o->lease_ms);
+         store_issued_add (s,
+                           &out->items[i].id,
+                           lease.lane_id,
+                           lease.epoch,
+                           lease.claims,
+                           o->now + o->lease_ms,
+                           out->items[i].handler,
+                           out->items[i].key);
    }
    pthread_mutex_unlock (&s->mu);
    park (c, hand_back);

@@ -358,8 +358,14 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
                 c.n_valid);
    }
    pthread_mutex_lock (&s->mu);
-   for (size_t i = 0; ok && i < n; i++)
+   for (size_t i = 0; ok && i < n; i++) {
       store_issued_remove (s, &refs[i].id);
+      if (done[i]) {
+         if (s->settled.n >= STORE_SETTLED_MAX)
+            s->settled.n = 0; /* forgotten: the next claim reads what its lanes list */
+         store_oids_push (&s->settled, &refs[i].id);
+      }
+   }
    pthread_mutex_unlock (&s->mu);
    for (size_t i = 0; i < n; i++)
       if (docs[i])

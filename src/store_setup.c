@@ -91,7 +91,12 @@ store_destroy (store_t *s)
       return;
    pthread_mutex_destroy (&s->mu);
    pthread_mutex_destroy (&s->claim_mu);
+   for (size_t i = 0; i < s->n_issued; i++) {
+      bson_free (s->issued[i].handler);
+      bson_free (s->issued[i].key);
+   }
    bson_free (s->issued);
+   store_oids_free (&s->settled);
    bson_free (s->unpark_h);
    bson_free (s->unpark_k);
    bson_free (s->database);
@@ -204,13 +209,22 @@ store_array_has_oid (const bson_t *doc, const char *field, const bson_oid_t *oid
 }
 
 void
-store_issued_add (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires)
+store_issued_add (store_t *s,
+                  const bson_oid_t *id,
+                  uint32_t lane,
+                  int64_t epoch,
+                  int32_t claims,
+                  int64_t expires,
+                  const char *handler,
+                  const char *key)
 {
    store_issued_t *it = NULL;
 
    for (size_t i = 0; i < s->n_issued; i++)
       if (bson_oid_equal (&s->issued[i].id, id)) {
          it = &s->issued[i];
+         bson_free (it->handler);
+         bson_free (it->key);
          break;
       }
    if (!it) {
@@ -220,6 +234,8 @@ store_issued_add (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epoch
       }
       it = &s->issued[s->n_issued++];
    }
+   it->handler = handler ? bson_strdup (handler) : NULL;
+   it->key = key ? bson_strdup (key) : NULL;
    bson_oid_copy (id, &it->id);
    it->lane = lane;
    it->epoch = epoch;
@@ -253,6 +269,8 @@ store_issued_remove (store_t *s, const bson_oid_t *id)
 {
    for (size_t i = 0; i < s->n_issued; i++)
       if (bson_oid_equal (&s->issued[i].id, id)) {
+         bson_free (s->issued[i].handler);
+         bson_free (s->issued[i].key);
          s->issued[i] = s->issued[--s->n_issued];
          return;
       }
@@ -262,9 +280,11 @@ void
 store_issued_remove_lane (store_t *s, uint32_t lane)
 {
    for (size_t i = 0; i < s->n_issued;) {
-      if (s->issued[i].lane == lane)
+      if (s->issued[i].lane == lane) {
+         bson_free (s->issued[i].handler);
+         bson_free (s->issued[i].key);
          s->issued[i] = s->issued[--s->n_issued];
-      else
+      } else
          i++;
    }
 }
