@@ -43,6 +43,8 @@ typedef enum {
 #define STORE_PARK_THRESHOLD 32
 /* A claim query over many lanes asks for at most this many at once. */
 #define STORE_MAX_LANES_PER_QUERY 128
+/* Deliveries of one key one claim may take at most (store_claim_opts_t). */
+#define STORE_KEY_RUN_MAX 8
 
 typedef struct store store_t;
 
@@ -86,6 +88,12 @@ typedef struct {
     * (ms; 0: always probe).  The dispatcher passes its poll interval, and
     * 0 when a commit woke it (the new work may be in any lane). */
    int64_t probe_reuse_ms;
+   /* At most this many deliveries of one key per claim (0 or 1: one, as
+    * the reference claims; at most STORE_KEY_RUN_MAX): the lowest pending
+    * ones, proven consecutive, returned in sequence order after the heads
+    * of the batch.  The caller runs them one after the other, each only
+    * after the one before it completed. */
+   size_t key_run;
 } store_claim_opts_t;
 
 /* One claimed delivery.  Everything is owned by the batch. */

@@ -49,6 +49,12 @@ typedef struct key_state {
    bool probed;    /* a free-lane probe counted it */
    bool min_known; /* min_seq is the lowest pending sequence */
    int64_t min_seq;
+   /* A run: the n_run lowest pending sequences, proven consecutive (no
+    * other pending delivery of the key between them), run[0] == min_seq;
+    * this claim may take them all, in this order (n_taken so far). */
+   int64_t run[STORE_KEY_RUN_MAX];
+   size_t n_run, n_taken;
+   int64_t seq0; /* the sequence of the first one taken */
    store_oids_t blocked; /* due deliveries found waiting */
 } key_state_t;
 
@@ -980,6 +986,145 @@ keys_min_seq (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
    return ok;
 }
 
+static int
+seq_cmp (const void *a, const void *b)
+{
+   int64_t x = *(const int64_t *) a, y = *(const int64_t *) b;
+   return x < y ? -1 : x > y;
+}
+
+/* The lowest pending sequence of each key of ks and, with runs allowed
+ * (key_run > 1), how many of the key's due deliveries seen in this page
+ * (ks[i]->run, sorted, as candidates) are its lowest pending ones: per
+ * handler one aggregation that counts the pending deliveries of each key
+ * up to its highest candidate and takes their lowest sequence.  When both
+ * say the candidates are exactly the lowest pending deliveries, all of them
+ * form the run; when the lowest is the first candidate, the run is that
+ * one; otherwise the key is blocked.  The count reads at most a few index
+ * entries per key; when many pending deliveries lie between candidates (a
+ * parked backlog), the $limit stops it and the keys fall back to the
+ * lowest sequences alone (keys_min_seq). */
+static bool
+keys_runs (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
+{
+   bool *done = NULL;
+   bool ok = true, fallback = false;
+
+   if (n == 0)
+      return true;
+   if (c->o->key_run <= 1) {
+      ok = keys_min_seq (c, ks, n, error);
+      for (size_t i = 0; ok && i < n; i++) {
+         ks[i]->n_run = 1;
+         ks[i]->run[0] = ks[i]->min_seq;
+      }
+      return ok;
+   }
+   done = bson_malloc0 (n * sizeof *done);
+   for (size_t i = 0; ok && !fallback && i < n; i++) {
+      bson_t m = BSON_INITIALIZER, sub, or_arr;
+      bson_t *pipeline;
+      mongoc_cursor_t *cur;
+      const bson_t *doc;
+      bson_error_t err;
+      uint32_t k = 0;
+      int64_t cap = 0, total = 0;
+
+      if (done[i])
+         continue;
+      BSON_APPEND_UTF8 (&m, "handler", ks[i]->handler);
+      BSON_APPEND_UTF8 (&m, "status", "pending");
+      BSON_APPEND_DOCUMENT_BEGIN (&m, "sequence", &sub); /* the ordering index's partial filter */
+      BSON_APPEND_BOOL (&sub, "$exists", true);
+      bson_append_document_end (&m, &sub);
+      BSON_APPEND_ARRAY_BEGIN (&m, "$or", &or_arr);
+      for (size_t j = i; j < n; j++)
+         if (!done[j] && !strcmp (ks[j]->handler, ks[i]->handler)) {
+            char buf[16];
+            const char *key;
+            bson_t one, rng;
+            bson_uint32_to_string (k++, &key, buf, sizeof buf);
+            BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
+            BSON_APPEND_UTF8 (&one, "key", ks[j]->key);
+            BSON_APPEND_DOCUMENT_BEGIN (&one, "sequence", &rng);
+            BSON_APPEND_INT64 (&rng, "$lte", ks[j]->run[ks[j]->n_run - 1]);
+            bson_append_document_end (&one, &rng);
+            bson_append_document_end (&or_arr, &one);
+            cap += (int64_t) ks[j]->n_run + 4;
+            done[j] = true;
+            ks[j]->min_known = true;
+            ks[j]->min_seq = INT64_MAX;
+         }
+      bson_append_array_end (&m, &or_arr);
+      pipeline = BCON_NEW ("pipeline",
+                           "[",
+                           "{",
+                           "$match",
+                           BCON_DOCUMENT (&m),
+                           "}",
+                           "{",
+                           "$limit",
+                           BCON_INT64 (cap + 1),
+                           "}",
+                           "{",
+                           "$group",
+                           "{",
+                           "_id",
+                           BCON_UTF8 ("$key"),
+                           "seq",
+                           "{",
+                           "$min",
+                           BCON_UTF8 ("$sequence"),
+                           "}",
+                           "n",
+                           "{",
+                           "$sum",
+                           BCON_INT32 (1),
+                           "}",
+                           "}",
+                           "}",
+                           "]");
+      cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+      while (mongoc_cursor_next (cur, &doc)) {
+         const char *kv = store_iter_utf8 (doc, "_id");
+         int64_t seq = store_iter_int64 (doc, "seq"), cnt = store_iter_int64 (doc, "n");
+         total += cnt;
+         for (size_t j = 0; kv && j < n; j++)
+            if (!strcmp (ks[j]->handler, ks[i]->handler) && !strcmp (ks[j]->key, kv)) {
+               key_state_t *x = ks[j];
+               x->min_seq = seq;
+               if (seq == x->run[0] && cnt == (int64_t) x->n_run)
+                  ; /* the candidates are exactly the lowest pending: all run */
+               else if (seq == x->run[0])
+                  x->n_run = 1;
+               else
+                  x->n_run = 0;
+            }
+      }
+      if (mongoc_cursor_error (cur, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "lowest sequences per key: %s", err.message);
+         ok = false;
+      }
+      mongoc_cursor_destroy (cur);
+      bson_destroy (pipeline);
+      bson_destroy (&m);
+      if (ok && total > cap)
+         fallback = true;
+   }
+   for (size_t i = 0; i < n; i++)
+      if (ks[i]->min_seq == INT64_MAX || !ks[i]->min_known)
+         ks[i]->n_run = 0;
+   bson_free (done);
+   if (ok && fallback) {
+      ok = keys_min_seq (c, ks, n, error);
+      for (size_t i = 0; ok && i < n; i++) {
+         ks[i]->n_run = 1;
+         ks[i]->run[0] = ks[i]->min_seq;
+      }
+   }
+   return ok;
+}
+
 static void
 pick (claim_t *c, claim_lane_t *l, size_t lane_index, int h, const bson_t *doc, const bson_oid_t *id)
 {
@@ -1067,63 +1212,116 @@ scan (claim_t *c, size_t from, bson_error_t *error)
     * in (dueAt, _id) order. */
    while (ok && c->out->n < c->o->limit) {
       bson_t *page[SCAN_PAGE];
+      bool picked[SCAN_PAGE];
       key_state_t *unknown[SCAN_PAGE];
-      size_t n_page = 0, n_unknown = 0;
+      size_t n_page = 0, n_unknown = 0, key_run = c->o->key_run < 1 ? 1 : c->o->key_run, examined;
 
+      if (key_run > STORE_KEY_RUN_MAX)
+         key_run = STORE_KEY_RUN_MAX;
       while (n_page < SCAN_PAGE && mongoc_cursor_next (cur, &doc)) {
          const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
+         picked[n_page] = false;
          page[n_page++] = bson_copy (doc);
          if (handler && key) {
             key_state_t *ks = key_get (c, handler, key);
             bool listed = false;
-            if (ks->running || ks->taken || ks->min_known)
+            if (ks->running || ks->n_taken > 0 || ks->min_known)
                continue;
             for (size_t u = 0; u < n_unknown; u++)
                listed = listed || unknown[u] == ks;
-            if (!listed)
+            if (!listed) {
                unknown[n_unknown++] = ks;
+               ks->n_run = 0;
+            }
+            /* The key's lowest due sequences of this page: the candidates
+             * of its run. */
+            {
+               int64_t seq = store_iter_int64 (doc, "sequence");
+               if (ks->n_run < key_run)
+                  ks->run[ks->n_run++] = seq;
+               else if (seq < ks->run[key_run - 1])
+                  ks->run[key_run - 1] = seq;
+               qsort (ks->run, ks->n_run, sizeof ks->run[0], seq_cmp);
+            }
          }
       }
       if (n_page == 0)
          break;
-      if (!keys_min_seq (c, unknown, n_unknown, error))
+      if (!keys_runs (c, unknown, n_unknown, error))
          ok = false;
-      for (size_t pi = 0; pi < n_page; pi++) {
+      examined = n_page; /* the deliveries looked at before the batch was full */
+      /* Pass 0 takes the unkeyed deliveries and the head of each key, in
+       * (dueAt, _id) order; pass k takes the k-th follower of each key
+       * whose run has one (heads of other keys first, then followers). */
+      for (size_t pass = 0; pass < key_run; pass++) {
+         for (size_t pi = 0; pi < n_page; pi++) {
+            bson_iter_t it;
+            const bson_oid_t *id;
+            const bson_t *pd = page[pi];
+            const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
+            uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
+            size_t li;
+            int h;
+
+            if (pass == 0)
+               scanned++;
+            if (pass == 0 && examined == n_page && c->out->n >= c->o->limit)
+               examined = pi;
+            if (picked[pi] || !ok || c->out->n >= c->o->limit)
+               continue;
+            if (!handler || (pass > 0 && !key) || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
+               continue;
+            id = bson_iter_oid (&it);
+            h = handler_index (c, handler);
+            if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
+               continue;
+            for (li = from; li < c->n_lanes; li++)
+               if (c->lanes[li].lane == lane && !c->lanes[li].skip)
+                  break;
+            if (li == c->n_lanes)
+               continue;
+            if (key) {
+               key_state_t *ks = key_get (c, handler, key);
+               /* None while one of the key runs, and the lowest pending
+                * sequences only, in order: the head in pass 0, the
+                * proven followers after it. */
+               int64_t seq = store_iter_int64 (pd, "sequence");
+               if (ks->running || !ks->min_known || ks->n_taken != pass || pass >= ks->n_run || seq != ks->run[pass] ||
+                   (pass == 0 && seq != ks->min_seq))
+                  continue;
+               if (pass == 0)
+                  ks->seq0 = seq;
+               ks->n_taken++;
+               ks->taken = true;
+            }
+            picked[pi] = true;
+            pick (c, &c->lanes[li], li, h, pd, id);
+         }
+      }
+      /* What waits behind an unfinished predecessor (parking counts it). */
+      for (size_t pi = 0; pi < examined; pi++) {
          bson_iter_t it;
-         const bson_oid_t *id;
          const bson_t *pd = page[pi];
          const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
          uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
          size_t li;
-         int h;
-
-         scanned++;
-         if (!ok || c->out->n >= c->o->limit)
+         if (picked[pi] || !ok || !handler || !key || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
             continue;
-         if (!handler || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
-            continue;
-         id = bson_iter_oid (&it);
-         h = handler_index (c, handler);
-         if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
+         if (handler_index (c, handler) < 0)
             continue;
          for (li = from; li < c->n_lanes; li++)
             if (c->lanes[li].lane == lane && !c->lanes[li].skip)
                break;
          if (li == c->n_lanes)
             continue;
-         if (key) {
+         {
             key_state_t *ks = key_get (c, handler, key);
-            /* One delivery of a key per claim, none while one runs, and
-             * only the lowest pending sequence. */
-            bool allowed = !ks->running && !ks->taken && ks->min_known && store_iter_int64 (pd, "sequence") == ks->min_seq;
-            if (!allowed) {
-               store_oids_push (&ks->blocked, id);
-               store_oids_push (&c->lanes[li].blocked, id);
-               continue;
-            }
-            ks->taken = true;
+            bool waits = ks->running || !ks->min_known || store_iter_int64 (pd, "sequence") != ks->min_seq || ks->n_taken > 0;
+            if (!waits)
+               continue; /* the head itself, left for a handler limit or the batch size */
+            store_oids_push (&ks->blocked, bson_iter_oid (&it));
+            store_oids_push (&c->lanes[li].blocked, bson_iter_oid (&it));
          }
-         pick (c, &c->lanes[li], li, h, pd, id);
       }
       for (size_t pi = 0; pi < n_page; pi++)
          bson_destroy (page[pi]);
@@ -1748,9 +1946,14 @@ give_back_overtaken (claim_t *c)
    for (size_t i = 0; i < c->out->n; i++) {
       store_delivery_t *d = &c->out->items[i];
       key_state_t *k;
+      bool listed = false;
       if (!d->key)
          continue;
       k = key_get (c, d->handler, d->key);
+      for (size_t j = 0; j < n_ks && !listed; j++)
+         listed = ks[j] == k;
+      if (listed)
+         continue;
       k->min_known = false;
       ks[n_ks++] = k;
    }
@@ -1765,7 +1968,8 @@ give_back_overtaken (claim_t *c)
       key_state_t *k = d->key ? key_get (c, d->handler, d->key) : NULL;
       store_ref_t r = {d->id, d->lease};
       bool applied = false;
-      if (!k || !k->min_known || k->min_seq >= d->sequence) {
+      /* The key's first pick (and with it its run) still comes first. */
+      if (!k || !k->min_known || k->min_seq >= k->seq0) {
          i++;
          continue;
       }

@@ -346,6 +346,99 @@ test_per_key_order (void **state)
    store_batch_clear (&b);
 }
 
+static void
+claim_runs (store_t *s, const char *handler, size_t limit, size_t key_run, int64_t now, store_batch_t *b)
+{
+   store_claim_handler_t h = {handler, limit};
+   store_claim_opts_t o = {&h, 1, limit, now, LEASE};
+   bson_error_t err;
+
+   o.key_run = key_run;
+   if (!store_claim (s, &o, b, &err))
+      fail_msg ("claim: %s", err.message);
+}
+
+/* With runs allowed, a claim takes the lowest pending deliveries of a key
+ * together, in sequence order after the heads, only while they are proven
+ * consecutive: a pending delivery that is not due (a retry) between them
+ * ends the run, a lower pending one blocks the key, and the key gives
+ * nothing more while its run is in flight. */
+static void
+test_key_runs_take_consecutive_sequences_only (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   char ev[32];
+   bool applied;
+   bson_error_t err;
+
+   for (int i = 1; i <= 6; i++) {
+      snprintf (ev, sizeof ev, "r-%d", i);
+      /* due in reverse order: the scan meets the followers first */
+      add (fx, ev, "h", "order-1", i, T0 - 100 * i);
+   }
+   add (fx, "r-other", "h", "order-2", 1, T0 - 50);
+   claim_runs (fx->a, "h", 10, 4, T0, &b);
+   assert_int_equal (b.n, 5);
+   /* the heads first, then the followers of order-1 in sequence order */
+   {
+      int64_t expect = 2;
+      size_t heads = 0;
+      for (size_t i = 0; i < b.n; i++)
+         if (b.items[i].sequence == 1)
+            heads++;
+         else
+            assert_int_equal (b.items[i].sequence, expect++);
+      assert_int_equal (heads, 2);
+      assert_int_equal (expect, 5);
+      assert_int_equal (b.items[0].sequence, 1);
+      assert_int_equal (b.items[1].sequence, 1);
+   }
+   /* nothing more of order-1 while its run is in flight */
+   {
+      store_batch_t again = {0};
+      claim_runs (fx->a, "h", 10, 4, T0 + 1, &again);
+      assert_int_equal (again.n, 0);
+      store_batch_clear (&again);
+   }
+   /* 1 completes, 2 retries later, 3 and 4 are given back */
+   for (size_t i = 0; i < b.n; i++) {
+      store_ref_t r = ref (&b.items[i]);
+      if (b.items[i].sequence == 1)
+         assert_true (complete1 (fx->a, &b.items[i], T0 + 2));
+      else if (b.items[i].sequence == 2)
+         assert_true (store_reschedule (fx->a, &r, T0 + 2, T0 + 60000, "retry", &applied, &err) && applied);
+      else
+         assert_true (store_release (fx->a, &r, T0 + 2, &applied, &err) && applied);
+   }
+   store_batch_clear (&b);
+   /* once 2 is due again: 2 with its proven followers 3, 4, 5 */
+   claim_runs (fx->a, "h", 10, 4, T0 + 60001, &b);
+   assert_int_equal (b.n, 4);
+   for (size_t i = 0; i < b.n; i++)
+      assert_int_equal (b.items[i].sequence, (int64_t) i + 2);
+   store_batch_clear (&b);
+}
+
+/* A pending delivery that is not due between the candidates of a run ends
+ * it at the head. */
+static void
+test_key_runs_stop_at_a_gap (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   char ev[32];
+
+   for (int i = 1; i <= 4; i++) {
+      snprintf (ev, sizeof ev, "g-%d", i);
+      add (fx, ev, "h", "order-1", i, i == 3 ? T0 + 60000 : T0 - 100 + i);
+   }
+   claim_runs (fx->a, "h", 10, 4, T0, &b);
+   assert_int_equal (b.n, 1);
+   assert_int_equal (b.items[0].sequence, 1);
+   store_batch_clear (&b);
+}
+
 /* Fencing by claim generation: the lease of an earlier claim never matches
  * a later claim of the same delivery, even by the same owner and epoch. */
 static void
@@ -1689,6 +1782,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_relinquish_and_extend_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_costs_two_commands, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_key_runs_take_consecutive_sequences_only, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_key_runs_stop_at_a_gap, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lane_exclusivity, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
