@@ -79,6 +79,13 @@ typedef struct {
    bool retry_4xx;
 } config_handler_t;
 
+/* [outbox] unrouted: what an event no handler subscribes to gets. */
+typedef enum {
+   CONFIG_UNROUTED_ACCEPT = 0, /* counted only */
+   CONFIG_UNROUTED_WARN,       /* counted and logged (rate-limited) */
+   CONFIG_UNROUTED_REFUSE,     /* the statement is refused with an error */
+} config_unrouted_t;
+
 typedef struct config {
    /* [proxy] */
    char *listen;
@@ -107,6 +114,10 @@ typedef struct config {
    int64_t retain_completed_ms;        /* scheduled purge: completed events and history */
    int64_t retain_dead_ms;             /* scheduled purge: dead deliveries */
    int64_t purge_interval_ms;          /* scheduled purge: time between runs */
+   int64_t handler_heartbeat_ms;       /* fleet handler set: announce and refresh interval */
+   int64_t handler_retire_after_ms;    /* fleet handler set: grace before an undeclared handler retires */
+   char *unrouted;                     /* accept | warn | refuse */
+   config_unrouted_t unrouted_mode;    /* unrouted, parsed */
 
    /* [dispatch] */
    bool dispatch_enabled;

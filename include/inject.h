@@ -36,8 +36,13 @@
 
 #include "annotate.h"
 #include "config.h"
+#include "fleet.h"
 
 #define INJECT_ERROR_DOMAIN 0x494e /* "IN" */
+
+/* Most handlers one event gets deliveries for: the local ones and as many
+ * more of the fleet's live set. */
+#define INJECT_MAX_HANDLERS (CONFIG_MAX_HANDLERS + FLEET_MAX_HANDLERS)
 
 /* Most commands in one round: one findAndModify per distinct key. */
 #define INJECT_MAX_ROUND_COMMANDS ANNOTATE_MAX_EVENTS
@@ -87,6 +92,12 @@ inject_job_t *inject_job_new (annotate_t *ann,
                               config_t *cfg,
                               int64_t now_ms,
                               bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Deliveries are also written for the handlers of `fleet` (the fleet's
+ * live set, retained by the job; NULL: local handlers only) that subscribe
+ * to an event's type and that the local config does not have.  Call before
+ * the first round. */
+void inject_job_set_fleet (inject_job_t *job, fleet_set_t *fleet);
 
 /* Plans the next round; returns how many commands it has (0: the job is
  * finished or failed).  Call only after every reply of the previous round

@@ -62,6 +62,16 @@ void metrics_claim_observe (int64_t latency_ms);
 void metrics_purge_observe (int64_t events, int64_t dead, int64_t history);
 void metrics_purge_run (bool ok);
 
+/* An annotated event of `type` that no handler subscribes to.  Any
+ * thread; lock-free once the type has its series. */
+#define METRICS_MAX_UNROUTED_TYPES 100
+#define METRICS_UNROUTED_OTHER "_other"
+void metrics_unrouted_observe (const char *type);
+
+/* `n` pending deliveries of retired handlers were moved to the dead
+ * letters.  Any thread. */
+void metrics_retired_observe (int64_t n);
+
 /* Sums of what was observed, for the JSON API (per handler, by name). */
 typedef struct {
    uint64_t settled[METRICS_DELIVERY_OUTCOME_COUNT];

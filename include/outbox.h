@@ -23,6 +23,7 @@ typedef enum {
    OUTBOX_KEY_SEQUENCES,
    OUTBOX_LANES_COLL,
    OUTBOX_COMPLETED,
+   OUTBOX_HANDLERS, /* the fleet's handler sets: one document per proxy instance */
    OUTBOX_N_COLLECTIONS,
 } outbox_collection_t;
 

@@ -69,6 +69,9 @@
  * VIRTUAL_POISON_FULL_CODE and TransientTransactionError. */
 #define VIRTUAL_POISON_TTL_MS (10 * 60 * 1000)
 #define VIRTUAL_POISON_FULL_CODE 365 /* TemporarilyUnavailable */
+/* An event type no handler subscribes to, with [outbox] unrouted = refuse:
+ * the request is answered {ok: 0, code: 2, codeName: "BadValue"}. */
+#define VIRTUAL_UNROUTED_CODE 2
 
 /* The request hook (client_request_hook_t) that main.c installs with
  * client_loop_set_request_hook (loop, virtual_request_hook, NULL).  Looks at

@@ -355,6 +355,22 @@ admin_request_cb (struct evhttp_request *req, void *arg)
    atomic_fetch_add (&a->requests, 1);
    if (!path || !*path)
       path = "/";
+   /* With TLS configured, only TLS connections reach a handler: evhttp
+    * falls back to a plain bufferevent when admin_bev_cb could not make
+    * one (SSL_new failed), and such a connection must not be served. */
+   if (a->tls) {
+      struct evhttp_connection *conn = evhttp_request_get_connection (req);
+      struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent (conn) : NULL;
+
+      if (!bev || !bufferevent_openssl_get_ssl (bev)) {
+         char peer[80];
+         log_warn ("admin: %s: a connection without TLS reached the HTTPS-only port; closing it",
+                   admin_peer_of (req, peer, sizeof peer));
+         atomic_fetch_add (&a->rejected, 1);
+         evhttp_send_error (req, 400, "TLS required");
+         return;
+      }
+   }
    if (!host_allowed (a, req)) {
       char peer[80];
       log_warn ("admin: %s: 403 for %s %s: no token is set and Host is not an address of this port",

@@ -28,6 +28,7 @@
 #include "autoconf.h"
 #include "clients_registry.h"
 #include "dispatch.h"
+#include "fleet.h"
 #include "log.h"
 #include "metrics.h"
 #include "stats.h"
@@ -604,6 +605,72 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
    bson_destroy (&doc);
 }
 
+static void
+append_fleet_handler (bson_t *arr, uint32_t i, const fleet_handler_t *h)
+{
+   char buf[16];
+   const char *key;
+   bson_t doc, ev;
+
+   bson_uint32_to_string (i, &key, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (arr, key, &doc);
+   BSON_APPEND_UTF8 (&doc, "name", h->name);
+   BSON_APPEND_UTF8 (&doc, "kind", h->kind);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "events", &ev);
+   for (size_t p = 0; p < h->n_patterns; p++) {
+      char pbuf[16];
+      const char *pk;
+
+      bson_uint32_to_string ((uint32_t) p, &pk, pbuf, sizeof pbuf);
+      BSON_APPEND_UTF8 (&ev, pk, h->patterns[p]);
+   }
+   bson_append_array_end (&doc, &ev);
+   BSON_APPEND_UTF8 (&doc, "hash", h->hash);
+   bson_append_document_end (arr, &doc);
+}
+
+/* The fleet's handler sets as the dispatcher last read them: every
+ * instance with its heartbeat and handlers, and the names live instances
+ * declare differently. */
+static void
+append_fleet (bson_t *parent)
+{
+   fleet_set_t *fs = fleet_acquire ();
+   bson_t doc, arr, inst, hs;
+   char buf[16];
+   const char *key;
+
+   BSON_APPEND_DOCUMENT_BEGIN (parent, "fleet", &doc);
+   if (fs)
+      append_date (&doc, "readAt", fs->read_at);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "instances", &arr);
+   for (size_t i = 0; fs && i < fs->n_instances; i++) {
+      const fleet_instance_t *in = &fs->instances[i];
+
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &inst);
+      BSON_APPEND_UTF8 (&inst, "instance", in->instance);
+      BSON_APPEND_BOOL (&inst, "live", in->live);
+      BSON_APPEND_BOOL (&inst, "stopped", in->stopped);
+      append_date (&inst, "startedAt", in->started_at);
+      append_date (&inst, "heartbeatAt", in->heartbeat_at);
+      BSON_APPEND_ARRAY_BEGIN (&inst, "handlers", &hs);
+      for (size_t h = 0; h < in->n_handlers; h++)
+         append_fleet_handler (&hs, (uint32_t) h, &in->handlers[h]);
+      bson_append_array_end (&inst, &hs);
+      bson_append_document_end (&arr, &inst);
+   }
+   bson_append_array_end (&doc, &arr);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "disagreeing", &arr);
+   for (size_t i = 0; fs && i < fs->n_disagreeing; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, fs->disagreeing[i]);
+   }
+   bson_append_array_end (&doc, &arr);
+   bson_append_document_end (parent, &doc);
+   fleet_release (fs);
+}
+
 void
 admin_api_handlers (admin_t *a, struct evhttp_request *req)
 {
@@ -621,6 +688,7 @@ admin_api_handlers (admin_t *a, struct evhttp_request *req)
    for (size_t i = 0; i < sv->n_hs; i++)
       append_handler (a, &arr, (uint32_t) i, &sv->hs[i], now, true);
    bson_append_array_end (&doc, &arr);
+   append_fleet (&doc);
    admin_send_json (req, 200, "OK", &doc);
    bson_destroy (&doc);
 }

@@ -111,6 +111,12 @@ static const config_key_t config_key_table[] = {
       "Scheduled purge: dead deliveries are removed this long after they died (last changed)."),
    O ("purge_interval", DU, "10m", 1000, 7 * MS_DAY, true, purge_interval_ms,
       "Time between two scheduled purge runs of this proxy's dispatcher."),
+   O ("handler_heartbeat", DU, "5s", 100, 10 * 60000, true, handler_heartbeat_ms,
+      "How often this proxy records its handlers in the outbox and reads the fleet's; an instance silent for three of them is not live."),
+   O ("handler_retire_after", DU, "1h", 1000, 3650 * MS_DAY, true, handler_retire_after_ms,
+      "A handler no live proxy declares for this long is retired: its pending deliveries become dead letters."),
+   O ("unrouted", S, "accept", 0, 0, true, unrouted,
+      "An event no handler of the fleet subscribes to: accept (counted), warn (counted and logged) or refuse (the statement fails)."),
 
    D ("enabled", B, "true", 0, 0, false, dispatch_enabled,
       "Run the dispatch engine in this process."),
@@ -700,6 +706,16 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
    if (!log_level_parse (cfg->log_level, &level)) {
       config_error (error, origin, 0, "[proxy] log_level: '%s' is not error, warn, info or debug",
                     cfg->log_level);
+      return false;
+   }
+   if (strcmp (cfg->unrouted, "accept") == 0) {
+      cfg->unrouted_mode = CONFIG_UNROUTED_ACCEPT;
+   } else if (strcmp (cfg->unrouted, "warn") == 0) {
+      cfg->unrouted_mode = CONFIG_UNROUTED_WARN;
+   } else if (strcmp (cfg->unrouted, "refuse") == 0) {
+      cfg->unrouted_mode = CONFIG_UNROUTED_REFUSE;
+   } else {
+      config_error (error, origin, 0, "[outbox] unrouted: '%s' is not accept, warn or refuse", cfg->unrouted);
       return false;
    }
    if (*cfg->compressors) {

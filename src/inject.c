@@ -63,6 +63,7 @@ typedef struct {
 struct inject_job {
    annotate_t ann;
    config_t *cfg;
+   fleet_set_t *fleet; /* our reference, or NULL: the local handlers only */
    char coll_events[OUTBOX_NAME_MAX];
    char coll_deliveries[OUTBOX_NAME_MAX];
    char coll_keys[OUTBOX_NAME_MAX];
@@ -224,6 +225,13 @@ inject_job_new (annotate_t *ann, const bson_t *cmd, bool opens_txn, config_t *cf
 }
 
 void
+inject_job_set_fleet (inject_job_t *job, fleet_set_t *fleet)
+{
+   fleet_release (job->fleet);
+   job->fleet = fleet_retain (fleet);
+}
+
+void
 inject_job_destroy (inject_job_t *job)
 {
    if (!job)
@@ -235,6 +243,7 @@ inject_job_destroy (inject_job_t *job)
    bson_free (job->ev);
    bson_free (job->keys);
    annotate_cleanup (&job->ann);
+   fleet_release (job->fleet);
    if (job->read_reply)
       bson_destroy (job->read_reply);
    bson_destroy (&job->txn);
@@ -296,23 +305,44 @@ stored_lists (const event_state_t *st, const char *handler)
    return false;
 }
 
-/* The handlers event `i` gets a delivery for, as indexes into the config's
- * handlers: subscribed to its type and not listed yet. */
+static bool
+local_handler (const config_t *cfg, const char *name)
+{
+   for (size_t h = 0; h < cfg->n_handlers; h++)
+      if (strcmp (cfg->handlers[h].name, name) == 0)
+         return true;
+   return false;
+}
+
+/* The names of the handlers event `i` gets a delivery for: subscribed to
+ * its type and not listed yet, first of the local config, then of the
+ * fleet's live set (a name the local config has is matched by the local
+ * declaration only).  Pointers into the config or the fleet snapshot, both
+ * held by the job. */
 static uint32_t
-new_handlers (const inject_job_t *job, uint32_t i, uint32_t out[CONFIG_MAX_HANDLERS])
+new_handlers (const inject_job_t *job, uint32_t i, const char *out[INJECT_MAX_HANDLERS])
 {
    const event_state_t *st = &job->ev[i];
    const char *type = st->existing && st->stored_type ? st->stored_type : job->ann.events[i].type;
    uint32_t n = 0;
 
-   for (size_t h = 0; h < job->cfg->n_handlers && n < CONFIG_MAX_HANDLERS; h++) {
+   for (size_t h = 0; h < job->cfg->n_handlers && n < INJECT_MAX_HANDLERS; h++) {
       const config_handler_t *hd = &job->cfg->handlers[h];
 
       if (!config_handler_matches (hd, type))
          continue;
       if (st->existing && stored_lists (st, hd->name))
          continue;
-      out[n++] = (uint32_t) h;
+      out[n++] = hd->name;
+   }
+   for (size_t h = 0; job->fleet && h < job->fleet->n_live && n < INJECT_MAX_HANDLERS; h++) {
+      const fleet_handler_t *fh = job->fleet->live[h];
+
+      if (!fleet_handler_matches (fh, type) || local_handler (job->cfg, fh->name))
+         continue;
+      if (st->existing && stored_lists (st, fh->name))
+         continue;
+      out[n++] = fh->name;
    }
    return n;
 }
@@ -422,7 +452,7 @@ append_event_fields (const inject_job_t *job, uint32_t i, bson_t *doc)
 }
 
 static void
-append_delivery (inject_job_t *job, uint32_t i, const config_handler_t *h, bson_t *docs, uint32_t n)
+append_delivery (inject_job_t *job, uint32_t i, const char *handler, bson_t *docs, uint32_t n)
 {
    const annotate_event_t *ev = &job->ann.events[i];
    const event_state_t *st = &job->ev[i];
@@ -449,7 +479,7 @@ append_delivery (inject_job_t *job, uint32_t i, const config_handler_t *h, bson_
    bson_oid_init (&oid, NULL);
    BSON_APPEND_OID (&d, "_id", &oid);
    BSON_APPEND_UTF8 (&d, "eventId", id);
-   BSON_APPEND_UTF8 (&d, "handler", h->name);
+   BSON_APPEND_UTF8 (&d, "handler", handler);
    BSON_APPEND_UTF8 (&d, "eventType", type);
    if (key) {
       BSON_APPEND_UTF8 (&d, "key", key);
@@ -474,7 +504,8 @@ plan_write (inject_job_t *job)
 {
    bson_t *c = NULL, updates, docs;
    uint32_t n_updates = 0, n_docs = 0;
-   uint32_t handlers[CONFIG_MAX_HANDLERS], n_handlers;
+   const char *handlers[INJECT_MAX_HANDLERS];
+   uint32_t n_handlers;
 
    for (uint32_t i = 0; i < job->ann.n_events; i++) {
       const char *id = annotate_event_id (&job->ann.events[i]);
@@ -518,7 +549,7 @@ plan_write (inject_job_t *job)
                const char *hk;
 
                bson_uint32_to_string (h, &hk, hidx, sizeof hidx);
-               BSON_APPEND_UTF8 (&arr, hk, job->cfg->handlers[handlers[h]].name);
+               BSON_APPEND_UTF8 (&arr, hk, handlers[h]);
             }
             bson_append_array_end (&each, &arr);
          }
@@ -548,7 +579,7 @@ plan_write (inject_job_t *job)
             c = cmd_begin (job, "insert", job->coll_deliveries);
             BSON_APPEND_ARRAY_BEGIN (c, "documents", &docs);
          }
-         append_delivery (job, i, &job->cfg->handlers[handlers[h]], &docs, n_docs++);
+         append_delivery (job, i, handlers[h], &docs, n_docs++);
       }
    }
    if (c) {

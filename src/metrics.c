@@ -16,6 +16,7 @@
 
 #include "autoconf.h"
 #include "dispatch.h"
+#include "fleet.h"
 #include "stats.h"
 #include "virtual.h"
 
@@ -30,7 +31,7 @@ static const char *const command_names[] = {
    "find",             "findAndModify",  "getMore",          "getParameter",     "hostInfo",
    "insert",           "killCursors",    "killSessions",     "listCollections",  "listDatabases",
    "listIndexes",      "logout",         "ping",             "refreshSessions",  "relaybusClaim",
-   "relaybusComplete", "relaybusPublish", "renameCollection", "saslContinue",     "saslStart",
+   "relaybusComplete", "relaybusPublish", "relaybusStatus", "renameCollection", "saslContinue",     "saslStart",
    "serverStatus",     "startSession",   "update",
 };
 #define N_COMMANDS (sizeof command_names / sizeof command_names[0])
@@ -197,6 +198,65 @@ metrics_handler_totals (const char *handler, metrics_handler_totals_t *out)
    out->latency_count = atomic_load_explicit (&h->latency.count, memory_order_relaxed);
    out->latency_sum_seconds = (double) atomic_load_explicit (&h->latency.sum_ms, memory_order_relaxed) / 1000.0;
    return true;
+}
+
+/* ------------------------------------------------------------ unrouted */
+
+/* Event types seen without any handler: the first METRICS_MAX_UNROUTED_TYPES
+ * distinct types get their own series, the rest are counted under
+ * METRICS_UNROUTED_OTHER.  Looked up without a lock (entries below the
+ * published count are complete); only adding takes the mutex, at most
+ * METRICS_MAX_UNROUTED_TYPES times per process. */
+typedef struct {
+   char type[128];
+   _Atomic uint64_t n;
+} unrouted_t;
+
+static pthread_mutex_t unrouted_mu = PTHREAD_MUTEX_INITIALIZER;
+static unrouted_t unrouted[METRICS_MAX_UNROUTED_TYPES];
+static _Atomic size_t n_unrouted;
+static _Atomic uint64_t unrouted_other;
+static _Atomic uint64_t retired_deliveries;
+
+void
+metrics_unrouted_observe (const char *type)
+{
+   size_t n = atomic_load_explicit (&n_unrouted, memory_order_acquire);
+
+   for (size_t i = 0; i < n; i++)
+      if (!strcmp (unrouted[i].type, type)) {
+         atomic_fetch_add_explicit (&unrouted[i].n, 1, memory_order_relaxed);
+         return;
+      }
+   if (n == METRICS_MAX_UNROUTED_TYPES || strlen (type) >= sizeof unrouted[0].type ||
+       !strcmp (type, METRICS_UNROUTED_OTHER)) {
+      atomic_fetch_add_explicit (&unrouted_other, 1, memory_order_relaxed);
+      return;
+   }
+   pthread_mutex_lock (&unrouted_mu);
+   n = atomic_load_explicit (&n_unrouted, memory_order_acquire);
+   for (size_t i = 0; i < n; i++)
+      if (!strcmp (unrouted[i].type, type)) {
+         pthread_mutex_unlock (&unrouted_mu);
+         atomic_fetch_add_explicit (&unrouted[i].n, 1, memory_order_relaxed);
+         return;
+      }
+   if (n == METRICS_MAX_UNROUTED_TYPES) {
+      pthread_mutex_unlock (&unrouted_mu);
+      atomic_fetch_add_explicit (&unrouted_other, 1, memory_order_relaxed);
+      return;
+   }
+   bson_strncpy (unrouted[n].type, type, sizeof unrouted[n].type);
+   atomic_store_explicit (&unrouted[n].n, 1, memory_order_relaxed);
+   atomic_store_explicit (&n_unrouted, n + 1, memory_order_release);
+   pthread_mutex_unlock (&unrouted_mu);
+}
+
+void
+metrics_retired_observe (int64_t n)
+{
+   if (n > 0)
+      atomic_fetch_add_explicit (&retired_deliveries, (uint64_t) n, memory_order_relaxed);
 }
 
 /* ----------------------------------------------------------- rendering */
@@ -397,6 +457,18 @@ render_publishing (bson_string_t *out)
            "counter",
            "Client commands refused (Unauthorized) because they write the outbox collections.",
            v.outbox_writes_refused);
+   family (out,
+           "relaybus_events_unrouted_total",
+           "counter",
+           "Annotated events no handler (local or of a live proxy) subscribes to, by type (the first 100 types; later ones as _other).");
+   {
+      size_t n = atomic_load_explicit (&n_unrouted, memory_order_acquire);
+
+      for (size_t i = 0; i < n; i++)
+         sample_u64 (out, "relaybus_events_unrouted_total", "type", unrouted[i].type, atomic_load (&unrouted[i].n));
+      if (atomic_load (&unrouted_other) > 0)
+         sample_u64 (out, "relaybus_events_unrouted_total", "type", METRICS_UNROUTED_OTHER, atomic_load (&unrouted_other));
+   }
 }
 
 static void
@@ -434,6 +506,25 @@ render_dispatch (bson_string_t *out)
       render_histogram (out, "relaybus_handler_latency_seconds", "handler", handlers[i].name, &handlers[i].latency);
    family (out, "relaybus_claim_latency_seconds", "histogram", "Duration of one claim call.");
    render_histogram (out, "relaybus_claim_latency_seconds", NULL, NULL, &claim_latency);
+   {
+      fleet_set_t *fs = fleet_acquire ();
+      size_t live = 0;
+
+      for (size_t i = 0; fs && i < fs->n_instances; i++)
+         live += fs->instances[i].live;
+      scalar (out, "relaybus_fleet_instances", "gauge", "Live proxy instances in the fleet's handler set as this process last read it.", live);
+      scalar (out,
+              "relaybus_handler_sets_disagreeing",
+              "gauge",
+              "Handler names live proxies declare differently (kind, events or settings hash).",
+              fs ? fs->n_disagreeing : 0);
+      fleet_release (fs);
+   }
+   scalar (out,
+           "relaybus_handler_retired_deliveries_total",
+           "counter",
+           "Pending deliveries this process moved to the dead letters because no live proxy declared their handler.",
+           atomic_load (&retired_deliveries));
    scalar (out, "relaybus_purge_runs_total", "counter", "Scheduled purge runs this process completed.", atomic_load (&purge_counts.runs));
    scalar (out, "relaybus_purge_errors_total", "counter", "Scheduled purge runs this process ended on an error.", atomic_load (&purge_counts.errors));
    scalar (out, "relaybus_purged_events_total", "counter", "Events (deduplication records) removed by scheduled purges of this process.", atomic_load (&purge_counts.events));

@@ -17,6 +17,7 @@ static const char *const outbox_suffixes[OUTBOX_N_COLLECTIONS] = {
    [OUTBOX_KEY_SEQUENCES] = "key_sequences",
    [OUTBOX_LANES_COLL] = "lanes",
    [OUTBOX_COMPLETED] = "completed_deliveries",
+   [OUTBOX_HANDLERS] = "handlers",
 };
 
 const char *

@@ -64,9 +64,12 @@
 #include <time.h>
 
 #include "annotate.h"
+#include "autoconf.h"
 #include "config.h"
+#include "fleet.h"
 #include "inject.h"
 #include "log.h"
+#include "metrics.h"
 #include "outbox.h"
 #include "outbox_guard.h"
 #include "poison.h"
@@ -954,6 +957,89 @@ answer_poison_full (client_conn_t *c, uint64_t seq, uint32_t capacity)
    bson_destroy (&doc);
 }
 
+/* Events no handler of the local config or of the fleet's live set
+ * subscribes to: each is counted by type; with [outbox] unrouted = warn one
+ * line names a type (at most one line every 10 s per loop thread), with
+ * refuse the request is answered with an error before anything of it
+ * runs, so its transaction writes neither the statement nor its events.
+ * Returns false when the request was refused. */
+static bool
+check_routed (client_conn_t *c, uint64_t seq, const annotate_t *ann, const config_t *cfg, const fleet_set_t *fs)
+{
+   static _Thread_local int64_t last_warn_ms = -1;
+   const char *first = NULL;
+   uint32_t n = 0;
+
+   for (uint32_t i = 0; i < ann->n_events; i++) {
+      if (fleet_type_routed (cfg, fs, ann->events[i].type))
+         continue;
+      metrics_unrouted_observe (ann->events[i].type);
+      if (!first)
+         first = ann->events[i].type;
+      n++;
+   }
+   if (!first)
+      return true;
+   if (cfg->unrouted_mode == CONFIG_UNROUTED_REFUSE) {
+      char errmsg[512];
+
+      bson_snprintf (errmsg,
+                     sizeof errmsg,
+                     "relaybus: no handler subscribes to event type \"%.200s\"%s ([outbox] unrouted = refuse): "
+                     "check the type's spelling, or add a handler whose events match it",
+                     first,
+                     n > 1 ? " (and others)" : "");
+      log_conn (LOG_LEVEL_DEBUG, client_id (c), client_peer (c), "refused unrouted event type \"%.200s\"", first);
+      op_answer_error (c, seq, VIRTUAL_UNROUTED_CODE, "BadValue", errmsg);
+      return false;
+   }
+   if (cfg->unrouted_mode == CONFIG_UNROUTED_WARN) {
+      int64_t now = mono_ms ();
+
+      if (last_warn_ms < 0 || now - last_warn_ms >= 10000) {
+         last_warn_ms = now;
+         log_conn (LOG_LEVEL_WARN,
+                   client_id (c),
+                   client_peer (c),
+                   "no handler subscribes to event type \"%.200s\": the event is stored without deliveries "
+                   "(relaybus_events_unrouted_total; at most one such line every 10 s)",
+                   first);
+      }
+   }
+   return true;
+}
+
+/* relaybusStatus: how an application checks that it talks to the proxy
+ * (MongoDB answers CommandNotFound).  The proxy does not know whether the
+ * connection has authenticated, so the answer names nothing an
+ * unauthenticated client should learn: handler names, instances and
+ * settings are on the admin port.  Allowed inside and outside
+ * transactions; reads only snapshots. */
+static void
+answer_status (client_conn_t *c, uint64_t seq)
+{
+   config_t *cfg = config_acquire ();
+   fleet_set_t *fs = fleet_acquire ();
+   bson_t doc = BSON_INITIALIZER;
+   bson_error_t error;
+   size_t live = 0;
+
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   BSON_APPEND_UTF8 (&doc, "proxy", "relaybus-proxy");
+   BSON_APPEND_UTF8 (&doc, "version", PACKAGE_VERSION);
+   BSON_APPEND_INT32 (&doc, "handlers", cfg ? (int32_t) cfg->n_handlers : 0);
+   BSON_APPEND_INT32 (&doc, "fleetHandlers", fs ? (int32_t) fs->n_live : 0);
+   for (size_t i = 0; fs && i < fs->n_instances; i++)
+      live += fs->instances[i].live;
+   BSON_APPEND_INT32 (&doc, "fleetInstances", (int32_t) live);
+   BSON_APPEND_UTF8 (&doc, "unrouted", cfg ? cfg->unrouted : "accept");
+   if (!client_answer (c, seq, &doc, &error))
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering relaybusStatus: %s", error.message);
+   bson_destroy (&doc);
+   fleet_release (fs);
+   config_release (cfg);
+}
+
 /* Makes the operation for request seq with the job that writes ann's
  * events (the job takes ann's contents and holds the current configuration).
  * The operation holds a slot of the poisoned table, reserved here, so that
@@ -964,6 +1050,7 @@ static virtual_op_t *
 op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, const bson_t *body, bool opens_txn)
 {
    config_t *cfg = config_acquire ();
+   fleet_set_t *fs;
    virtual_op_t *op;
    poison_table_t *pt;
    bson_error_t error;
@@ -972,10 +1059,17 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
       op_answer_error (c, seq, 1, "InternalError", "relaybus: no configuration loaded");
       return NULL;
    }
+   fs = fleet_acquire ();
+   if (!check_routed (c, seq, ann, cfg, fs)) {
+      fleet_release (fs);
+      config_release (cfg);
+      return NULL;
+   }
    if (!atomic_load_explicit (&poison_tab, memory_order_acquire))
       atomic_store (&poison_capacity, (uint32_t) cfg->max_poisoned_transactions);
    pt = poison_table_get ();
    if (!poison_table_reserve (pt, mono_ms ())) {
+      fleet_release (fs);
       config_release (cfg);
       answer_poison_full (c, seq, poison_table_capacity (pt));
       return NULL;
@@ -984,6 +1078,9 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
    op->reserved = true;
    op->job = inject_job_new (ann, body, opens_txn, cfg, now_ms (), &error);
    config_release (cfg);
+   if (op->job)
+      inject_job_set_fleet (op->job, fs);
+   fleet_release (fs);
    if (!op->job) {
       op_finish (op);
       op_release_maybe (op);
@@ -1244,6 +1341,10 @@ virtual_route (client_conn_t *c,
          return route_publish (c, msg, compressor, reason, error);
       if (!hold (c, msg, compressor, &seq, reason, error))
          return VIRTUAL_FAILED;
+      if (strcmp (cmd, "relaybusStatus") == 0) {
+         answer_status (c, seq);
+         return VIRTUAL_TAKEN;
+      }
       bson_snprintf (errmsg, sizeof errmsg, "relaybus: no such command: '%.100s'", cmd);
       op_answer_error (c, seq, 59, "CommandNotFound", errmsg);
       return VIRTUAL_TAKEN;

@@ -1,0 +1,502 @@
+/*
+ * test_docs.c - the documentation against the code.
+ *
+ * Both ways: every configuration key a table of docs/configuration.md or a
+ * "key =" line of etc/relaybus-proxy.ini names exists in the key table, in
+ * that section, and every key of the table is in both; every metric named
+ * anywhere in docs/ (or the README) is one that metrics_render emits, and
+ * every metric it emits has its row in docs/admin.md.  And the sample
+ * request of docs/handlers.md ("## The request") carries a signature that
+ * verifies with the secret the page states, recomputed here with OpenSSL
+ * rather than with webhook.c.  Each check reports everything missing before
+ * it fails.  (The retry table of handlers.md is checked by test_config.)
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/types.h>
+
+#include <cmocka.h>
+#include <openssl/evp.h>
+
+#include "config.h"
+#include "metrics.h"
+#include "outbox.h"
+
+#ifndef RELAYBUS_TOP_SRCDIR
+#define RELAYBUS_TOP_SRCDIR "."
+#endif
+
+#define MAX_NAMES 512
+
+static char *
+read_file (const char *path)
+{
+   FILE *f = fopen (path, "rb");
+   char *buf;
+   long n;
+
+   if (!f)
+      return NULL;
+   fseek (f, 0, SEEK_END);
+   n = ftell (f);
+   fseek (f, 0, SEEK_SET);
+   buf = malloc ((size_t) n + 1);
+   if (fread (buf, 1, (size_t) n, f) != (size_t) n)
+      n = 0;
+   buf[n] = '\0';
+   fclose (f);
+   return buf;
+}
+
+/* Problems found so far; the test fails once, listing them all. */
+typedef struct {
+   char text[16384];
+   size_t len;
+   int n;
+} problems_t;
+
+static void problem (problems_t *p, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+
+static void
+problem (problems_t *p, const char *fmt, ...)
+{
+   va_list ap;
+   int w;
+
+   p->n++;
+   if (p->len + 2 >= sizeof p->text)
+      return;
+   va_start (ap, fmt);
+   w = vsnprintf (p->text + p->len, sizeof p->text - p->len - 1, fmt, ap);
+   va_end (ap);
+   if (w > 0)
+      p->len += (size_t) w < sizeof p->text - p->len - 1 ? (size_t) w : sizeof p->text - p->len - 2;
+   p->text[p->len++] = '\n';
+   p->text[p->len] = '\0';
+}
+
+static void
+problems_check (const problems_t *p)
+{
+   if (p->n)
+      fail_msg ("%d documentation mismatch(es):\n%s", p->n, p->text);
+}
+
+/* ------------------------------------------------------- configuration */
+
+/* "[proxy]", "[handler x]" -> its section; false for anything else. */
+static bool
+section_of (const char *name, size_t len, config_section_t *out)
+{
+   if (len > 8 && !strncmp (name, "handler ", 8)) {
+      *out = CONFIG_SECTION_HANDLER;
+      return true;
+   }
+   for (int s = CONFIG_SECTION_PROXY; s < CONFIG_SECTION_HANDLER; s++) {
+      const char *n = config_section_name ((config_section_t) s);
+      if (strlen (n) == len && !strncmp (name, n, len)) {
+         *out = (config_section_t) s;
+         return true;
+      }
+   }
+   return false;
+}
+
+/* The key of the table in `section` named name[0..len), or -1. */
+static ssize_t
+key_index (config_section_t section, const char *name, size_t len)
+{
+   size_t n;
+   const config_key_t *keys = config_keys (&n);
+
+   for (size_t i = 0; i < n; i++)
+      if (keys[i].section == section && strlen (keys[i].name) == len && !strncmp (keys[i].name, name, len))
+         return (ssize_t) i;
+   return -1;
+}
+
+/* One mention of a key: it must be in the table; marks it seen. */
+static void
+mention (problems_t *p, const char *file, int line, bool have_section, config_section_t section, const char *name, size_t len, bool *seen)
+{
+   ssize_t k;
+
+   if (!have_section) {
+      problem (p, "%s:%d: key '%.*s' outside any section", file, line, (int) len, name);
+      return;
+   }
+   k = key_index (section, name, len);
+   if (k < 0)
+      problem (p, "%s:%d: [%s] %.*s is not a key of the code's table", file, line, config_section_name (section), (int) len, name);
+   else
+      seen[k] = true;
+}
+
+static void
+every_key_seen (problems_t *p, const char *file, const bool *seen)
+{
+   size_t n;
+   const config_key_t *keys = config_keys (&n);
+
+   for (size_t i = 0; i < n; i++)
+      if (!seen[i])
+         problem (p, "%s does not document [%s] %s", file, config_section_name (keys[i].section), keys[i].name);
+}
+
+/* docs/configuration.md: under "## [section]", each table row "| `key` |". */
+static void
+check_configuration_md (problems_t *p)
+{
+   char *doc = read_file (RELAYBUS_TOP_SRCDIR "/docs/configuration.md");
+   bool seen[MAX_NAMES] = {false};
+   bool have_section = false;
+   config_section_t section = CONFIG_SECTION_PROXY;
+   int line = 0;
+   size_t n;
+
+   (void) config_keys (&n);
+   assert_true (n <= MAX_NAMES);
+   assert_non_null (doc);
+   for (char *l = doc; l && *l; line++) {
+      char *eol = strchr (l, '\n');
+      size_t len = eol ? (size_t) (eol - l) : strlen (l);
+
+      if (len > 4 && !strncmp (l, "## ", 3)) {
+         char *open = memchr (l, '[', len), *close = open ? memchr (open, ']', len - (size_t) (open - l)) : NULL;
+         have_section = open && close && l[3] == '[' &&
+                        section_of (open + 1, (size_t) (close - open - 1), &section);
+      } else if (len > 4 && !strncmp (l, "| `", 3)) {
+         char *name = l + 3, *end = memchr (name, '`', len - 3);
+
+         if (end && have_section)
+            mention (p, "docs/configuration.md", line + 1, true, section, name, (size_t) (end - name), seen);
+      }
+      l = eol ? eol + 1 : NULL;
+   }
+   every_key_seen (p, "docs/configuration.md", seen);
+   free (doc);
+}
+
+/* etc/relaybus-proxy.ini: "[section]" or a commented "; [handler NAME]",
+ * then "key =" lines, set or commented out ("; key ="). */
+static void
+check_sample_ini (problems_t *p)
+{
+   char *ini = read_file (RELAYBUS_TOP_SRCDIR "/etc/relaybus-proxy.ini");
+   bool seen[MAX_NAMES] = {false};
+   bool have_section = false;
+   config_section_t section = CONFIG_SECTION_PROXY;
+   int line = 0;
+
+   assert_non_null (ini);
+   for (char *l = ini; l && *l; line++) {
+      char *eol = strchr (l, '\n');
+      size_t len = eol ? (size_t) (eol - l) : strlen (l);
+      const char *s = l;
+      size_t k = 0;
+
+      if (len >= 2 && (s[0] == ';' || s[0] == '#') && s[1] == ' ')
+         s += 2;
+      if (*s == '[') {
+         const char *close = memchr (s, ']', len - (size_t) (s - l));
+         config_section_t sec;
+
+         if (close && section_of (s + 1, (size_t) (close - s - 1), &sec)) {
+            have_section = true;
+            section = sec;
+         }
+      } else {
+         while (s + k < l + len && (islower ((unsigned char) s[k]) || isdigit ((unsigned char) s[k]) || s[k] == '_'))
+            k++;
+         if (k > 0 && s + k + 2 <= l + len && !strncmp (s + k, " =", 2) && (s + k + 2 == l + len || s[k + 2] == ' '))
+            mention (p, "etc/relaybus-proxy.ini", line + 1, have_section, section, s, k, seen);
+      }
+      l = eol ? eol + 1 : NULL;
+   }
+   every_key_seen (p, "etc/relaybus-proxy.ini", seen);
+   free (ini);
+}
+
+static void
+test_config_keys_documented (void **state)
+{
+   problems_t p = {.len = 0};
+
+   (void) state;
+   check_configuration_md (&p);
+   check_sample_ini (&p);
+   problems_check (&p);
+}
+
+/* -------------------------------------------------------------- metrics */
+
+typedef struct {
+   char *name[MAX_NAMES];
+   bool histogram[MAX_NAMES];
+   size_t n;
+} names_t;
+
+static ssize_t
+names_find (const names_t *ns, const char *name, size_t len)
+{
+   for (size_t i = 0; i < ns->n; i++)
+      if (strlen (ns->name[i]) == len && !strncmp (ns->name[i], name, len))
+         return (ssize_t) i;
+   return -1;
+}
+
+/* What metrics_render emits: the name of each "# TYPE name type" line. */
+static void
+emitted_metrics (names_t *ns)
+{
+   bson_string_t *out = bson_string_new (NULL);
+   metrics_view_t v = {0};
+   store_handler_stats_t hs = {0};
+
+   /* Everything on: a store that answered, one handler with series. */
+   bson_strncpy (hs.name, "docs-test", sizeof hs.name);
+   v.store_ok = true;
+   v.outbox_ready = true;
+   v.handlers = &hs;
+   v.n_handlers = 1;
+   metrics_render (out, &v);
+   for (char *l = out->str; l && *l;) {
+      char *eol = strchr (l, '\n');
+
+      if (!strncmp (l, "# TYPE ", 7)) {
+         char *name = l + 7, *sp = strchr (name, ' ');
+
+         assert_non_null (sp);
+         assert_true (ns->n < MAX_NAMES);
+         if (names_find (ns, name, (size_t) (sp - name)) < 0) {
+            ns->histogram[ns->n] = !strncmp (sp + 1, "histogram", 9);
+            ns->name[ns->n++] = bson_strndup (name, (size_t) (sp - name));
+         }
+      }
+      l = eol ? eol + 1 : NULL;
+   }
+   bson_string_free (out, true);
+}
+
+/* A relaybus_ name that is a collection of the outbox (default prefix). */
+static bool
+is_collection (const char *name, size_t len)
+{
+   for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
+      char full[OUTBOX_NAME_MAX];
+
+      if (outbox_collection_name ("relaybus_", (outbox_collection_t) c, full, sizeof full) && strlen (full) == len &&
+          !strncmp (full, name, len))
+         return true;
+   }
+   return false;
+}
+
+/* Every relaybus_xxx named in `text` must be emitted (a histogram's
+ * _bucket, _sum and _count count as its own).  Not metrics: the outbox
+ * collection names, and families written with a wildcard
+ * (`relaybus_outbox_*`, `relaybus_purge*`). */
+static void
+check_named_metrics (problems_t *p, const names_t *ns, const char *file, const char *text)
+{
+   static const char *const hist_suffixes[] = {"_bucket", "_sum", "_count"};
+   int line = 1;
+
+   for (const char *s = text; *s; s++) {
+      size_t len = 0;
+
+      if (*s == '\n')
+         line++;
+      if (strncmp (s, "relaybus_", 9) != 0 || (s > text && (isalnum ((unsigned char) s[-1]) || s[-1] == '_')))
+         continue;
+      while (islower ((unsigned char) s[len]) || isdigit ((unsigned char) s[len]) || s[len] == '_')
+         len++;
+      if (s[len] == '*' || s[len - 1] == '_' || is_collection (s, len) || names_find (ns, s, len) >= 0) {
+         s += len - 1;
+         continue;
+      }
+      {
+         bool found = false;
+
+         for (size_t i = 0; i < 3 && !found; i++) {
+            size_t sl = strlen (hist_suffixes[i]);
+            ssize_t k;
+
+            if (len > sl && !strncmp (s + len - sl, hist_suffixes[i], sl)) {
+               k = names_find (ns, s, len - sl);
+               found = k >= 0 && ns->histogram[k];
+            }
+         }
+         if (!found)
+            problem (p, "%s:%d: names the metric %.*s, which the code does not emit", file, line, (int) len, s);
+      }
+      s += len - 1;
+   }
+}
+
+static void
+test_metrics_documented (void **state)
+{
+   names_t ns = {.n = 0};
+   problems_t p = {.len = 0};
+   char *admin = read_file (RELAYBUS_TOP_SRCDIR "/docs/admin.md");
+   char *readme = read_file (RELAYBUS_TOP_SRCDIR "/README.md");
+   DIR *dir = opendir (RELAYBUS_TOP_SRCDIR "/docs");
+   struct dirent *de;
+
+   (void) state;
+   assert_non_null (admin);
+   assert_non_null (readme);
+   assert_non_null (dir);
+   emitted_metrics (&ns);
+   assert_true (ns.n > 20);
+   /* Emitted -> documented: each has its `name` in docs/admin.md. */
+   for (size_t i = 0; i < ns.n; i++) {
+      char needle[160];
+
+      snprintf (needle, sizeof needle, "`%s`", ns.name[i]);
+      if (!strstr (admin, needle))
+         problem (&p, "docs/admin.md does not document the metric %s", ns.name[i]);
+   }
+   /* Named anywhere in the docs -> emitted. */
+   while ((de = readdir (dir))) {
+      size_t l = strlen (de->d_name);
+      char path[512], shown[300];
+      char *text;
+
+      if (l < 4 || strcmp (de->d_name + l - 3, ".md") != 0)
+         continue;
+      snprintf (path, sizeof path, "%s/docs/%s", RELAYBUS_TOP_SRCDIR, de->d_name);
+      snprintf (shown, sizeof shown, "docs/%s", de->d_name);
+      text = read_file (path);
+      assert_non_null (text);
+      check_named_metrics (&p, &ns, shown, text);
+      free (text);
+   }
+   check_named_metrics (&p, &ns, "README.md", readme);
+   closedir (dir);
+   for (size_t i = 0; i < ns.n; i++)
+      bson_free (ns.name[i]);
+   free (admin);
+   free (readme);
+   problems_check (&p);
+}
+
+/* --------------------------------------------------- sample signature */
+
+/* The value of header `name` in the request's header block, or NULL. */
+static char *
+header_value (const char *headers, const char *name)
+{
+   size_t nl = strlen (name);
+
+   for (const char *l = headers; l && *l;) {
+      const char *eol = strchr (l, '\n');
+      size_t len = eol ? (size_t) (eol - l) : strlen (l);
+
+      if (len > nl + 1 && !strncasecmp (l, name, nl) && l[nl] == ':') {
+         const char *v = l + nl + 1;
+         while (*v == ' ')
+            v++;
+         return bson_strndup (v, len - (size_t) (v - l));
+      }
+      l = eol ? eol + 1 : NULL;
+   }
+   return NULL;
+}
+
+static void
+test_sample_request_verifies (void **state)
+{
+   char *doc = read_file (RELAYBUS_TOP_SRCDIR "/docs/handlers.md");
+   const char *sec, *block, *hdr_end, *body, *body_end, *next, *secret;
+   char *headers = NULL, *id = NULL, *ts = NULL, *sigs = NULL, *clen = NULL;
+   char secret_b64[256], *signed_msg = NULL;
+   unsigned char key[256], mac[EVP_MAX_MD_SIZE];
+   char expected[2 * EVP_MAX_MD_SIZE + 8];
+   size_t mac_len = 0, secret_len, body_len;
+   int key_len;
+   bool match = false;
+
+   (void) state;
+   assert_non_null (doc);
+   sec = strstr (doc, "\n## The request\n");
+   if (!sec)
+      fail_msg ("docs/handlers.md has no '## The request' section");
+   next = strstr (sec + 1, "\n## ");
+   block = strstr (sec, "```\nPOST ");
+   if (!block || (next && block > next))
+      fail_msg ("docs/handlers.md: '## The request' shows no POST request in a code block");
+   block += 4;
+   hdr_end = strstr (block, "\n\n");
+   body_end = hdr_end ? strstr (hdr_end + 2, "\n```") : NULL;
+   if (!hdr_end || !body_end)
+      fail_msg ("docs/handlers.md: the sample request has no blank line and body");
+   headers = bson_strndup (block, (size_t) (hdr_end - block));
+   body = hdr_end + 2;
+   body_len = (size_t) (body_end - body);
+   id = header_value (headers, "webhook-id");
+   ts = header_value (headers, "webhook-timestamp");
+   sigs = header_value (headers, "webhook-signature");
+   if (!id || !ts || !sigs)
+      fail_msg ("docs/handlers.md: the sample request lacks webhook-id, webhook-timestamp or webhook-signature");
+   clen = header_value (headers, "Content-Length");
+   if (clen && strtoull (clen, NULL, 10) != body_len)
+      fail_msg ("docs/handlers.md: the sample's Content-Length is %s, its body has %zu bytes", clen, body_len);
+   /* The secret it verifies with: the first `whsec_...` the section states
+    * after the request. */
+   secret = strstr (body_end, "`whsec_");
+   if (!secret || (next && secret > next))
+      fail_msg ("docs/handlers.md: '## The request' does not state the secret the sample verifies with");
+   secret += 7;
+   secret_len = strcspn (secret, "`");
+   assert_true (secret_len > 0 && secret_len < sizeof secret_b64);
+   memcpy (secret_b64, secret, secret_len);
+   secret_b64[secret_len] = '\0';
+   key_len = EVP_DecodeBlock (key, (const unsigned char *) secret_b64, (int) secret_len);
+   assert_true (key_len > 0);
+   while (secret_len > 0 && secret_b64[secret_len - 1] == '=') {
+      key_len--; /* EVP_DecodeBlock counts padding as zero bytes */
+      secret_len--;
+   }
+   /* Standard Webhooks: base64(HMAC-SHA256(key, id "." timestamp "." body)). */
+   signed_msg = bson_strdup_printf ("%s.%s.%.*s", id, ts, (int) body_len, body);
+   assert_non_null (EVP_Q_mac (NULL, "HMAC", NULL, "SHA256", NULL, key, (size_t) key_len, (const unsigned char *) signed_msg,
+                               strlen (signed_msg), mac, sizeof mac, &mac_len));
+   memcpy (expected, "v1,", 3);
+   EVP_EncodeBlock ((unsigned char *) expected + 3, mac, (int) mac_len);
+   for (char *tok = strtok (sigs, " "); tok; tok = strtok (NULL, " "))
+      match = match || !strcmp (tok, expected);
+   if (!match)
+      fail_msg ("docs/handlers.md: the sample's webhook-signature does not verify with whsec_%s over its id, timestamp and body: "
+                "expected %s",
+                secret_b64,
+                expected);
+   bson_free (signed_msg);
+   bson_free (headers);
+   bson_free (id);
+   bson_free (ts);
+   bson_free (sigs);
+   bson_free (clen);
+   free (doc);
+}
+
+int
+main (void)
+{
+   const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_config_keys_documented),
+      cmocka_unit_test (test_metrics_documented),
+      cmocka_unit_test (test_sample_request_verifies),
+   };
+
+   return cmocka_run_group_tests (tests, NULL, NULL);
+}

@@ -1,0 +1,257 @@
+/*
+ * test_fleet.c - the fleet's handler set (fleet.c): snapshots built from
+ * instance documents (liveness, clean stops, the union of live handlers,
+ * disagreements), matching, the settings hash, routing, and the
+ * deliveries an inject job writes for the fleet's handlers.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "annotate.h"
+#include "config.h"
+#include "fleet.h"
+#include "inject.h"
+
+#define NOW 1767225600000LL
+#define LIVE_MS 15000
+
+static bson_t *
+json (const char *text)
+{
+   bson_error_t error;
+   bson_t *b = bson_new_from_json ((const uint8_t *) text, -1, &error);
+
+   if (!b)
+      fail_msg ("bad test JSON (%s): %s", error.message, text);
+   return b;
+}
+
+/* An instance document with heartbeat `age` ms before NOW. */
+static bson_t *
+instance (const char *id, int64_t age, bool stopped, const char *handlers_json)
+{
+   char text[2048];
+
+   snprintf (text,
+             sizeof text,
+             "{\"_id\": \"%s\", \"startedAt\": {\"$date\": {\"$numberLong\": \"%lld\"}}, "
+             "\"heartbeatAt\": {\"$date\": {\"$numberLong\": \"%lld\"}}%s, \"handlers\": %s}",
+             id,
+             (long long) (NOW - 60000),
+             (long long) (NOW - age),
+             stopped ? ", \"stoppedAt\": {\"$date\": {\"$numberLong\": \"1\"}}" : "",
+             handlers_json);
+   return json (text);
+}
+
+static fleet_set_t *
+set_of (bson_t **docs, size_t n)
+{
+   fleet_set_t *fs = fleet_set_from_docs ((const bson_t *const *) docs, n, NOW, LIVE_MS);
+
+   for (size_t i = 0; i < n; i++)
+      bson_destroy (docs[i]);
+   return fs;
+}
+
+static bool
+live_has (const fleet_set_t *fs, const char *name)
+{
+   for (size_t i = 0; i < fs->n_live; i++)
+      if (!strcmp (fs->live[i]->name, name))
+         return true;
+   return false;
+}
+
+static void
+test_snapshot (void **state)
+{
+   bson_t *docs[] = {
+      instance ("a", 1000, false,
+                "[{\"name\": \"mail\", \"kind\": \"webhook\", \"events\": [\"order.*\"], \"hash\": \"sha256:1\"},"
+                " {\"name\": \"new\", \"kind\": \"webhook\", \"events\": [\"order.placed\"], \"hash\": \"sha256:2\"}]"),
+      instance ("b", 2000, false,
+                "[{\"name\": \"mail\", \"kind\": \"webhook\", \"events\": [\"order.*\"], \"hash\": \"sha256:9\"},"
+                " {\"kind\": \"webhook\", \"events\": [\"x\"]}, 5]"),
+      /* Silent for longer than the bound, and stopped cleanly: not live. */
+      instance ("c", LIVE_MS + 1, false, "[{\"name\": \"old\", \"kind\": \"pull\", \"events\": [\"old.*\"], \"hash\": \"h\"}]"),
+      instance ("d", 10, true, "[{\"name\": \"gone\", \"kind\": \"pull\", \"events\": [\"gone\"], \"hash\": \"h\"}]"),
+      json ("{\"_id\": 7}"), /* another shape: skipped */
+   };
+   fleet_set_t *fs = set_of (docs, 5);
+
+   assert_int_equal (fs->n_instances, 4);
+   assert_true (fs->instances[0].live);
+   assert_true (fs->instances[1].live);
+   assert_false (fs->instances[2].live);
+   assert_false (fs->instances[3].live);
+   assert_true (fs->instances[3].stopped);
+   assert_int_equal (fs->instances[1].n_handlers, 1); /* the nameless entry and the number are skipped */
+   assert_int_equal (fs->n_live, 2);
+   assert_true (live_has (fs, "mail"));
+   assert_true (live_has (fs, "new"));
+   assert_false (live_has (fs, "old"));
+   assert_false (live_has (fs, "gone"));
+   /* Same name, other hash on two live instances. */
+   assert_int_equal (fs->n_disagreeing, 1);
+   assert_string_equal (fs->disagreeing[0], "mail");
+   assert_true (fleet_declared_elsewhere (fs, "b", "new"));
+   assert_false (fleet_declared_elsewhere (fs, "a", "new"));
+   assert_false (fleet_declared_elsewhere (fs, NULL, "gone"));
+   /* The last heartbeat of any declaring instance, live or not. */
+   assert_int_equal (fleet_last_declared (fs, "gone"), NOW - 10);
+   assert_int_equal (fleet_last_declared (fs, "old"), NOW - LIVE_MS - 1);
+   assert_int_equal (fleet_last_declared (fs, "mail"), NOW - 1000);
+   assert_int_equal (fleet_last_declared (fs, "never"), 0);
+   fleet_release (fs);
+}
+
+static void
+test_same_declarations_agree (void **state)
+{
+   const char *h = "[{\"name\": \"m\", \"kind\": \"webhook\", \"events\": [\"a\", \"b.*\"], \"hash\": \"sha256:1\"}]";
+   bson_t *docs[] = {instance ("a", 0, false, h), instance ("b", 0, false, h),
+                     instance ("c", 0, false, "[{\"name\": \"m\", \"kind\": \"pull\", \"events\": [\"a\", \"b.*\"], \"hash\": \"sha256:1\"}]")};
+   fleet_set_t *fs = set_of (docs, 2);
+
+   assert_int_equal (fs->n_disagreeing, 0);
+   assert_int_equal (fs->n_live, 1);
+   fleet_release (fs);
+   bson_destroy (docs[2]);
+   {
+      bson_t *more[] = {instance ("a", 0, false, h),
+                        instance ("c", 0, false, "[{\"name\": \"m\", \"kind\": \"pull\", \"events\": [\"a\", \"b.*\"], \"hash\": \"sha256:1\"}]"),
+                        instance ("d", 0, false, "[{\"name\": \"m\", \"kind\": \"webhook\", \"events\": [\"a\"], \"hash\": \"sha256:1\"}]")};
+
+      fs = set_of (more, 3);
+      assert_int_equal (fs->n_disagreeing, 1); /* listed once, for kind and for patterns */
+      fleet_release (fs);
+   }
+}
+
+static void
+test_matching_and_routing (void **state)
+{
+   bson_error_t error;
+   config_t *cfg = config_parse_string ("[handler local]\nevents = user.*\nkind = pull\n", "t.ini", &error);
+   bson_t *docs[] = {instance ("a", 0, false, "[{\"name\": \"r\", \"kind\": \"pull\", \"events\": [\"order.placed\", \"pay.*\"], \"hash\": \"h\"}]")};
+   fleet_set_t *fs = set_of (docs, 1);
+
+   assert_non_null (cfg);
+   assert_true (fleet_pattern_matches ("order.*", "order.placed"));
+   assert_true (fleet_pattern_matches ("*", "x"));
+   assert_true (fleet_pattern_matches ("order.placed", "order.placed"));
+   assert_false (fleet_pattern_matches ("order.placed", "order.placed.v1"));
+   assert_false (fleet_pattern_matches ("order.*", "orders"));
+   assert_true (fleet_type_routed (cfg, fs, "user.created"));
+   assert_true (fleet_type_routed (cfg, fs, "order.placed"));
+   assert_true (fleet_type_routed (cfg, fs, "pay.done"));
+   assert_false (fleet_type_routed (cfg, fs, "odrer.placed"));
+   assert_false (fleet_type_routed (cfg, NULL, "order.placed"));
+   fleet_release (fs);
+   config_release (cfg);
+}
+
+static void
+test_hash (void **state)
+{
+   bson_error_t error;
+   const char *base = "[handler w]\nevents = a, b.*\nkind = webhook\nurl = http://127.0.0.1:1/x\n";
+   char text[512];
+   char h1[FLEET_HASH_LEN + 1], h2[FLEET_HASH_LEN + 1], h3[FLEET_HASH_LEN + 1];
+   config_t *a = config_parse_string (base, "a.ini", &error);
+   config_t *b, *c;
+   bson_t doc = BSON_INITIALIZER;
+   bson_iter_t it;
+
+   snprintf (text, sizeof text, "%stimeout_ms = 7000\n", base);
+   b = config_parse_string (text, "b.ini", &error);
+   c = config_parse_string (base, "c.ini", &error);
+   assert_non_null (a);
+   assert_non_null (b);
+   assert_non_null (c);
+   fleet_handler_hash (&a->handlers[0], h1);
+   fleet_handler_hash (&b->handlers[0], h2);
+   fleet_handler_hash (&c->handlers[0], h3);
+   assert_int_equal (strlen (h1), FLEET_HASH_LEN);
+   assert_memory_equal (h1, "sha256:", 7);
+   assert_string_not_equal (h1, h2);
+   assert_string_equal (h1, h3);
+   /* The instance document's handlers array. */
+   assert_true (fleet_append_handlers (a, &doc, "handlers"));
+   assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.name", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "w");
+   assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.events.1", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "b.*");
+   assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.hash", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), h1);
+   bson_destroy (&doc);
+   config_release (a);
+   config_release (b);
+   config_release (c);
+}
+
+/* An inject job with a fleet snapshot writes deliveries for the live
+ * handlers that take the type, once per name, local declarations first. */
+static void
+test_inject_with_fleet (void **state)
+{
+   bson_error_t error;
+   config_t *cfg = config_parse_string ("[outbox]\ndatabase = rb\n[handler h1]\nevents = order.*\nkind = pull\n", "t.ini", &error);
+   bson_t *docs[] = {instance ("a", 0, false,
+                               "[{\"name\": \"h1\", \"kind\": \"pull\", \"events\": [\"nothing\"], \"hash\": \"h\"},"
+                               " {\"name\": \"remote\", \"kind\": \"webhook\", \"events\": [\"order.placed\"], \"hash\": \"h\"},"
+                               " {\"name\": \"other\", \"kind\": \"webhook\", \"events\": [\"user.*\"], \"hash\": \"h\"}]")};
+   fleet_set_t *fs = set_of (docs, 1);
+   bson_t *body = json ("{\"insert\": \"o\", \"comment\": {\"relaybus\": {\"type\": \"order.placed\"}}, \"$db\": \"s\", "
+                        "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAA==\", \"subType\": \"04\"}}}, "
+                        "\"txnNumber\": {\"$numberLong\": \"7\"}, \"autocommit\": false}");
+   annotate_t *ann = malloc (sizeof *ann);
+   bson_t fwd;
+   inject_job_t *job;
+   const bson_t *ins;
+   bson_iter_t it;
+
+   assert_non_null (cfg);
+   assert_int_equal (annotate_parse (body, ann, &fwd, &error), ANNOTATE_FOUND);
+   job = inject_job_new (ann, body, false, cfg, NOW, &error);
+   assert_non_null (job);
+   inject_job_set_fleet (job, fs);
+   fleet_release (fs); /* the job holds its own reference */
+   assert_int_equal (inject_job_next_round (job), 2);
+   ins = inject_job_command (job, 1);
+   assert_true (bson_iter_init (&it, ins) && bson_iter_find_descendant (&it, "documents.0.handler", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "h1");
+   assert_true (bson_iter_init (&it, ins) && bson_iter_find_descendant (&it, "documents.1.handler", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "remote");
+   assert_false (bson_iter_init (&it, ins) && bson_iter_find_descendant (&it, "documents.2", &it));
+   assert_true (bson_iter_init (&it, inject_job_command (job, 0)) &&
+                bson_iter_find_descendant (&it, "updates.0.u.$addToSet.handlers.$each.1", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "remote");
+   inject_job_destroy (job);
+   free (ann);
+   config_release (cfg);
+   bson_destroy (&fwd);
+   bson_destroy (body);
+}
+
+int
+main (void)
+{
+   const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_snapshot),
+      cmocka_unit_test (test_same_declarations_agree),
+      cmocka_unit_test (test_matching_and_routing),
+      cmocka_unit_test (test_hash),
+      cmocka_unit_test (test_inject_with_fleet),
+   };
+
+   return cmocka_run_group_tests (tests, NULL, NULL);
+}
