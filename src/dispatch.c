@@ -71,6 +71,10 @@
 #include "webhook.h"
 #include "publish_hooks.h"
 
+/* Deliveries of one key one claim may take (store_claim_opts_t.key_run):
+ * they run one after the other, each once the one before it is completed,
+ * so a claim gives a batch even with fewer keys than its size. */
+#define DISPATCH_KEY_RUN 4
 /* How long a stop waits for requests in flight at most. */
 #define DISPATCH_STOP_WAIT_MAX_MS 10000
 /* Setup retry interval while the upstream is unreachable. */
@@ -93,6 +97,8 @@ typedef struct handler_rt {
    bool held; /* newly declared to the fleet: not claimed until its backfill ended */
    int64_t running;   /* requests in flight */
    int64_t unsettled; /* jobs of the unsettled list */
+   int64_t waiting;   /* claimed, waiting for the one before them of their key */
+   int64_t freed;     /* jobs that left for good since the last claim */
 } handler_rt_t;
 
 /* How a finished job is to be settled. */
@@ -104,6 +110,9 @@ typedef enum {
 
 typedef struct job {
    struct job *prev, *next;
+   /* The next delivery of its key claimed with it (a run), waiting until
+    * this one is completed, then started; given back if it is not. */
+   struct job *follower;
    void *disp; /* the dispatcher_t */
    handler_rt_t *h;
    store_delivery_t d; /* owned: moved out of the claim's batch */
@@ -185,6 +194,7 @@ typedef struct {
    bool setup_done, stopping, finished;
    atomic_bool wake_pending;
    bool woken; /* a commit woke the dispatcher since the last claim */
+   int64_t last_claim_ms;
    uint64_t rnd;
 } dispatcher_t;
 
@@ -295,6 +305,39 @@ job_ref (const job_t *j)
 }
 
 static void finish (dispatcher_t *d);
+static void job_start (dispatcher_t *d, job_t *j);
+
+/* Gives back the waiting followers of a run (release: no attempt
+ * charged), or with `call` false only forgets them (a stop hands the
+ * lanes back, which releases what they list). */
+static void
+followers_release (dispatcher_t *d, job_t *f, bool call)
+{
+   while (f) {
+      job_t *next = f->follower;
+      store_ref_t r = job_ref (f);
+      bson_error_t err;
+      bool applied;
+      renew_set_remove (&d->renew_set, f);
+      f->h->waiting--;
+      f->h->freed++;
+      if (call && !store_release (d->store, &r, now_ms (), &applied, &err))
+         log_warn ("dispatch: giving back a delivery whose key's previous one did not complete: %s (it runs again "
+                   "after its lease)",
+                   err.message);
+      job_free (f);
+      f = next;
+   }
+}
+
+/* A job leaves for good: its waiting followers are given back. */
+static void
+job_drop (dispatcher_t *d, job_t *j, bool call)
+{
+   followers_release (d, j->follower, call);
+   j->follower = NULL;
+   job_free (j);
+}
 
 /* --------------------------------------------------------------- settle */
 
@@ -374,7 +417,7 @@ static void
 settle_or_keep (dispatcher_t *d, job_t *j)
 {
    if (settle_one (d, j))
-      job_free (j);
+      job_drop (d, j, true);
    else
       keep_unsettled (d, j);
 }
@@ -402,7 +445,7 @@ reschedule (dispatcher_t *d, job_t *j, int64_t delay_ms, const char *why)
  * (each job is then freed), false when it failed (the jobs are untouched,
  * to be tried again). */
 static bool
-complete_jobs (dispatcher_t *d, job_t **jobs, size_t n)
+complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
 {
    store_ref_t *refs;
    bool *ok;
@@ -421,9 +464,30 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n)
       bson_free (ok);
       return false;
    }
-   for (size_t i = 0; i < n; i++) {
-      proven += ok[i];
-      job_free (jobs[i]);
+   {
+      /* Each completed job's follower starts now; the followers of the
+       * others are given back.  Started after every job is freed: a
+       * follower's request may end (and flush) before this returns. */
+      job_t **starts = bson_malloc0 (n * sizeof *starts);
+      size_t n_starts = 0;
+      for (size_t i = 0; i < n; i++) {
+         proven += ok[i];
+         if (jobs[i]->follower && ok[i] && !d->stopping) {
+            starts[n_starts++] = jobs[i]->follower;
+            jobs[i]->follower = NULL;
+         } else {
+            jobs[i]->h->freed++; /* a slot, and maybe a key, free for the next claim */
+            if (freed)
+               (*freed)++;
+         }
+         job_drop (d, jobs[i], !d->stopping);
+      }
+      for (size_t i = 0; i < n_starts; i++) {
+         starts[i]->h->waiting--;
+         renew_set_remove (&d->renew_set, starts[i]);
+         job_start (d, starts[i]);
+      }
+      bson_free (starts);
    }
    atomic_fetch_add (&g_stats.completed, proven);
    if (proven < n) {
@@ -437,20 +501,21 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n)
 
 /* Completes everything in the done list with one completeMany; what could
  * not be completed is kept and tried again. */
-static void
+static size_t
 flush (dispatcher_t *d)
 {
-   size_t n = d->n_done;
+   size_t n = d->n_done, freed = 0;
 
    evtimer_del (d->flush_ev);
    if (n == 0)
-      return;
+      return 0;
    d->n_done = 0;
-   if (!complete_jobs (d, d->done, n))
+   if (!complete_jobs (d, d->done, n, &freed))
       for (size_t i = 0; i < n; i++) {
          d->done[i]->settle = JOB_SETTLE_COMPLETE;
          keep_unsettled (d, d->done[i]);
       }
+   return freed;
 }
 
 /* Tries the unsettled jobs that are due: the completions together, the
@@ -483,20 +548,20 @@ settle_retry (dispatcher_t *d, bool all)
          char hex[25];
          bson_oid_to_string (&j->d.id, hex);
          log_warn ("dispatch: %s delivery %s could not be settled for a lease; it runs again", j->h->cfg->name, hex);
-         job_free (j);
+         job_drop (d, j, true);
       } else if (j->settle == JOB_SETTLE_COMPLETE)
          complete[n_complete++] = j;
       else if (settle_one (d, j))
-         job_free (j);
+         job_drop (d, j, true);
       else if (all)
-         job_free (j); /* stopping: the store takes it back after its lease */
+         job_drop (d, j, false); /* stopping: the store takes it back after its lease */
       else
          keep_unsettled (d, j);
    }
-   if (!complete_jobs (d, complete, n_complete))
+   if (!complete_jobs (d, complete, n_complete, NULL))
       for (size_t i = 0; i < n_complete; i++) {
          if (all)
-            job_free (complete[i]);
+            job_drop (d, complete[i], false);
          else
             keep_unsettled (d, complete[i]);
       }
@@ -530,8 +595,9 @@ flush_cb (evutil_socket_t fd, short what, void *arg)
 
    (void) fd;
    (void) what;
-   flush (d);
-   if (!d->stopping)
+   /* A claim only when a job ended for good: one whose follower started
+    * frees neither a slot nor its key. */
+   if (flush (d) > 0 && !d->stopping)
       schedule (d->tick_ev, 0); /* a key's next delivery may be claimable */
 }
 
@@ -563,12 +629,16 @@ job_done_cb (const webhook_result_t *res, void *arg)
        * milliseconds, join it (a claim follows each flush, so this also
        * keeps claims from taking one delivery at a time). */
       if ((int64_t) d->n_done >= d->cfg->batch_size || d->n_running == 0) {
-         flush (d);
-         if (!d->stopping)
+         if (flush (d) > 0 && !d->stopping)
             schedule (d->tick_ev, 0);
       } else if (!evtimer_pending (d->flush_ev, NULL))
          schedule (d->flush_ev, DISPATCH_FLUSH_DELAY_MS);
    } else {
+      /* The key's next deliveries must not run before this one: given
+       * back, they are claimed again after it. */
+      h->freed++;
+      followers_release (d, j->follower, true);
+      j->follower = NULL;
       if (res->outcome == WEBHOOK_OUTCOME_DEAD)
          bury (d, j, res->error);
       else if (j->d.attempt >= h->cfg->max_attempts)
@@ -590,25 +660,35 @@ job_done_cb (const webhook_result_t *res, void *arg)
 
 /* ---------------------------------------------------------------- claim */
 
-static void
-start_job (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
+static job_t *
+job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
 {
    job_t *j = bson_malloc0 (sizeof *j);
-   bson_error_t err;
-   char hex[25];
-   char *body;
-   size_t len = 0;
 
    /* Move the delivery out of the batch. */
    j->d = *item;
    memset (item, 0, sizeof *item);
    j->h = h;
    j->disp = d;
+   return j;
+}
+
+static void
+job_start (dispatcher_t *d, job_t *j)
+{
+   handler_rt_t *h = j->h;
+   bson_error_t err;
+   char hex[25];
+   char *body;
+   size_t len = 0;
+
    bson_oid_to_string (&j->d.id, hex);
    if (j->d.attempt > h->cfg->max_attempts) {
       /* Its workers kept losing their leases (crashing): the charged
        * attempts ran out before this one started. */
       metrics_delivery_observe (h->cfg->name, METRICS_DELIVERY_DEAD, 0);
+      followers_release (d, j->follower, true);
+      j->follower = NULL;
       bury (d, j, "attempts exhausted: lost its lease on every attempt");
       return;
    }
@@ -631,24 +711,29 @@ start_job (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    }
 }
 
-/* Whether a claim is worth its round trips: some handler has at least half
- * of what one claim could give it free (its concurrency, at most a batch),
- * or nothing runs at all.  A claim for the one slot that just freed up
- * costs as much as one for a full batch, so slots are refilled in halves
- * while requests are in flight. */
+/* Whether a claim is worth its round trips: a commit woke us, a poll
+ * interval passed, nothing runs or waits, or some handler had at least half
+ * of what one claim could give it (its concurrency, at most a batch) end
+ * for good since the last claim (a job whose follower started frees
+ * neither its slot nor its key).  A claim for the one slot that just freed
+ * up costs as much as one for a full batch, so slots are refilled in
+ * halves while requests are in flight. */
 static bool
 wants_claim (dispatcher_t *d)
 {
-   if (d->n_running == 0)
+   size_t waiting = 0;
+
+   for (size_t i = 0; i < d->n_handlers; i++)
+      waiting += (size_t) d->handlers[i].waiting;
+   if (d->woken || (d->n_running == 0 && waiting == 0) || now_ms () - d->last_claim_ms >= d->cfg->poll_interval_ms)
       return true;
    for (size_t i = 0; i < d->n_handlers; i++) {
       const handler_rt_t *h = &d->handlers[i];
-      int64_t room, free_slots;
+      int64_t room;
       if (!h->wh)
          continue;
       room = h->cfg->concurrency < d->cfg->batch_size ? h->cfg->concurrency : d->cfg->batch_size;
-      free_slots = h->cfg->concurrency - h->running - h->unsettled;
-      if (free_slots > 0 && free_slots * 2 >= room)
+      if (h->freed > 0 && h->freed * 2 >= room)
          return true;
    }
    return false;
@@ -671,7 +756,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    flush (d);
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = &d->handlers[i];
-      int64_t free_slots = h->wh && !h->held ? h->cfg->concurrency - h->running - h->unsettled : 0;
+      int64_t free_slots = h->wh && !h->held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;
    }
@@ -688,6 +773,10 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    /* Claims that follow completions may take the free lanes an earlier
     * probe found; after a commit's wake-up, or a poll, they look anew. */
    o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
+   o.key_run = DISPATCH_KEY_RUN;
+   d->last_claim_ms = o.now;
+   for (size_t i = 0; i < d->n_handlers; i++)
+      d->handlers[i].freed = 0;
    d->woken = false;
    atomic_fetch_add (&g_stats.claims, 1);
    ok = store_claim (d->store, &o, &b, &err);
@@ -700,12 +789,45 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    atomic_fetch_add (&g_stats.claimed, b.n);
    if (b.n > 0)
       log_debug ("dispatch: claimed %zu of %zu", b.n, limit);
-   for (size_t i = 0; i < b.n; i++) {
-      for (size_t k = 0; k < d->n_handlers; k++)
-         if (!strcmp (d->handlers[k].cfg->name, b.items[i].handler)) {
-            start_job (d, &d->handlers[k], &b.items[i]);
-            break;
+   {
+      /* The deliveries of one key form a chain in sequence order: the
+       * first starts, each next one waits for the one before it to be
+       * completed (its lease renewed meanwhile). */
+      job_t **js = bson_malloc0 ((b.n + 1) * sizeof *js);
+      size_t n_js = 0;
+      for (size_t i = 0; i < b.n; i++) {
+         job_t *j = NULL;
+         for (size_t k = 0; k < d->n_handlers; k++)
+            if (!strcmp (d->handlers[k].cfg->name, b.items[i].handler)) {
+               j = job_new (d, &d->handlers[k], &b.items[i]);
+               break;
+            }
+         if (!j)
+            continue;
+         if (j->d.key) {
+            size_t c;
+            for (c = 0; c < n_js; c++)
+               if (js[c]->d.key && js[c]->h == j->h && !strcmp (js[c]->d.key, j->d.key))
+                  break;
+            if (c < n_js) {
+               job_t **at = &js[c];
+               while (*at && (*at)->d.sequence < j->d.sequence)
+                  at = &(*at)->follower;
+               j->follower = *at;
+               *at = j;
+               continue;
+            }
          }
+         js[n_js++] = j;
+      }
+      for (size_t c = 0; c < n_js; c++) {
+         for (job_t *f = js[c]->follower; f; f = f->follower) {
+            f->h->waiting++;
+            renew_set_add (&d->renew_set, f);
+         }
+         job_start (d, js[c]);
+      }
+      bson_free (js);
    }
    store_batch_clear (&b);
    /* A full batch below the free slots: more may be waiting. */
@@ -1152,7 +1274,7 @@ finish (dispatcher_t *d)
          log_warn ("dispatch: releasing a delivery at stop: %s", err.message);
          reachable = false;
       }
-      job_free (j);
+      job_drop (d, j, false); /* its followers: the lanes are handed back */
    }
    if (reachable) {
       flush (d);
@@ -1160,7 +1282,7 @@ finish (dispatcher_t *d)
    }
    for (size_t i = 0; i < d->n_unsettled; i++) {
       d->unsettled[i]->h->unsettled--;
-      job_free (d->unsettled[i]);
+      job_drop (d, d->unsettled[i], false);
    }
    d->n_unsettled = 0;
    if (reachable && !store_relinquish (d->store, now, &err))
@@ -1177,7 +1299,7 @@ finish (dispatcher_t *d)
    if (!reachable)
       log_warn ("dispatch: stopped without handing lanes back (the upstream is unreachable): they free up after lease_ms");
    for (size_t i = 0; i < d->n_done; i++)
-      job_free (d->done[i]);
+      job_drop (d, d->done[i], false);
    d->n_done = 0;
    event_base_loopexit (d->base, NULL);
 }
@@ -1302,13 +1424,13 @@ dispatcher_free (dispatcher_t *d)
    if (!d)
       return;
    for (size_t i = 0; i < d->n_done; i++)
-      job_free (d->done[i]);
+      job_drop (d, d->done[i], false);
    for (size_t i = 0; i < d->n_unsettled; i++)
-      job_free (d->unsettled[i]);
+      job_drop (d, d->unsettled[i], false);
    while (d->running) {
       job_t *j = d->running;
       running_remove (d, j);
-      job_free (j);
+      job_drop (d, j, false);
    }
    bson_free (d->done);
    bson_free (d->unsettled);

@@ -1,29 +1,38 @@
 'use strict';
-// Dispatch benchmark (not a timed test): upstream commands per 1,000
-// deliveries at batch 100, keyed and unkeyed, counted by the double
-// (doubleStats); deliveries per second to a loopback sink; and
-// publish-to-webhook latency through the proxy, with the local wake-up and
-// through another instance's polling.
+// Dispatch benchmark (not a timed test):
+//  - upstream commands per 1,000 deliveries at batch 100, keyed and unkeyed, counted by the
+//    double per appName (doubleStats), so only the dispatching proxy's own commands count:
+//    the proxy starts on an empty outbox, its start-up is left out, and the count runs from
+//    the first claim that finds the events to the last completion (idle polls and the fleet
+//    heartbeat in between included); deliveries per second to a loopback sink (first to
+//    last delivery) and the proxy's CPU milliseconds (utime + stime) per 1,000 deliveries;
+//  - what a claim costs with 1,000 and with 100,000 due deliveries (commands and
+//    milliseconds per claim, over the claims of the first 1,000 deliveries);
+//  - publish-to-webhook latency through the proxy, with the local wake-up and through
+//    another instance's polling.
 //
 //   RELAYBUS_PROXY_BIN=build/relaybus-proxy node tests/integration/dispatch/bench.js [N]
 //
-// Prints one JSON object per measurement.  Monitoring commands (hello,
-// isMaster, ping, endSessions) are left out of the counts.
+// Prints one JSON object per measurement.
 
-const { MongoClient } = require('mongodb');
+const fs = require('fs');
+const net = require('net');
+const { MongoClient, ObjectId } = require('mongodb');
 const { startDouble } = require('../lib/double');
 const { sleep } = require('../lib/proxy');
 const { startSink } = require('./sink');
-const { startDispatchProxy, publish, publishThroughProxy, waitFor } = require('./helpers');
+const { startDispatchProxy, publishThroughProxy, waitFor, laneId } = require('./helpers');
 
 const N = Number(process.argv[2] || 1000);
+const APP = 'relaybus-proxy dispatch';
 const MONITORING = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'endSessions', 'doubleStats', 'buildInfo', 'buildinfo']);
 
-async function stats(client, reset) {
+/** The dispatcher's commands since the last reset (monitoring left out). */
+async function dispatcherCommands(client, reset) {
   const r = await client.db('admin').command({ doubleStats: 1, reset: reset ? 1 : 0 });
   const out = {};
   let total = 0;
-  for (const [k, v] of Object.entries(r.commands || {})) {
+  for (const [k, v] of Object.entries((r.byApp || {})[APP] || {})) {
     if (MONITORING.has(k)) continue;
     out[k] = Number(v);
     total += Number(v);
@@ -31,44 +40,132 @@ async function stats(client, reset) {
   return { total, byCommand: out };
 }
 
+/** utime + stime of a process, in ms. */
+function cpuMs(pid) {
+  const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = f.slice(f.lastIndexOf(')') + 2).split(' ');
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100; // USER_HZ
+}
+
+async function freePort() {
+  return new Promise((resolve) => {
+    const srv = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+async function metric(adminPort, name) {
+  const text = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text();
+  const m = text.match(new RegExp(`^${name} ([0-9.e+-]+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+}
+
+/** Writes `n` due deliveries (and their events) straight into the outbox, as committed. */
+async function insertDue(client, n, keyed, prefix) {
+  const db = client.db('relaybus');
+  const now = new Date();
+  for (let i = 0; i < n; i += 5000) {
+    const evs = [];
+    const dels = [];
+    for (let j = i; j < Math.min(n, i + 5000); j++) {
+      const id = `${prefix}-${j}`;
+      const key = keyed ? `k-${j % 50}` : undefined;
+      const seq = keyed ? Math.floor(j / 50) + 1 : undefined;
+      const ev = { _id: id, type: 'bench.v1', payload: { j }, handlers: ['h'], createdAt: now };
+      const d = { _id: new ObjectId(), eventId: id, handler: 'h', eventType: 'bench.v1', laneId: laneId(key, id),
+        lane: 'ready', status: 'pending', attempts: 0, claims: 0, dueAt: now, createdAt: now };
+      if (keyed) { ev.key = key; ev.sequence = seq; d.key = key; d.sequence = seq; }
+      evs.push(ev);
+      dels.push(d);
+    }
+    await db.collection('relaybus_events').insertMany(evs);
+    await db.collection('relaybus_deliveries').insertMany(dels);
+  }
+  if (keyed) {
+    await db.collection('relaybus_key_sequences').insertMany(
+      Array.from({ length: 50 }, (_, k) => ({ _id: `k-${k}`, value: Math.ceil(n / 50) })));
+  }
+}
+
+/** A dispatching proxy, started on an empty outbox and left to settle. */
+async function idleDispatcher(d, sink, adminPort) {
+  const p = await startDispatchProxy({
+    upstream: d.uri,
+    dispatch: { batch_size: 100, poll_interval_ms: 1000 },
+    adminListen: `127.0.0.1:${adminPort}`,
+    handlers: [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), concurrency: 100 }],
+  });
+  await sleep(1500); // set-up, the fleet registration and a first empty poll
+  return p;
+}
+
 async function throughput(keyed) {
   const d = await startDouble();
   const sink = await startSink({});
+  const st = sink.stats();
   const client = await new MongoClient(d.uri).connect();
+  const adminPort = await freePort();
+  const p = await idleDispatcher(d, sink, adminPort);
   try {
-    const events = [];
-    for (let i = 0; i < N; i++) {
-      const e = { id: `b-${i}`, type: 'bench.v1', payload: { i } };
-      if (keyed) e.key = `k-${i % 50}`;
-      events.push(e);
-    }
-    // Set up the outbox with a proxy that does not dispatch, publish, then count.
-    const setupProxy = await startDispatchProxy({ upstream: d.uri, handlers: [
-      { name: 'h', events: '*', kind: 'pull' },
-    ] });
-    await setupProxy.stop();
-    await publish(client, 'relaybus', events, ['h'], 100);
-    await stats(client, true);
-    const t0 = Date.now();
-    const p = await startDispatchProxy({
-      upstream: d.uri,
-      dispatch: { batch_size: 100, poll_interval_ms: 1000 },
-      handlers: [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), concurrency: 100 }],
-    });
-    await waitFor(() => sink.stats().ok.size === N, 600000, 'all deliveries');
-    const ms = Date.now() - t0;
-    await sleep(300);
-    const s = await stats(client, false);
-    await p.stop();
+    await dispatcherCommands(client, true);
+    const cpu0 = cpuMs(p.child.pid);
+    await insertDue(client, N, keyed, 'b');
+    await waitFor(() => st.ok.size === N, 600000, 'all deliveries');
+    const cpu1 = cpuMs(p.child.pid);
+    const s = await dispatcherCommands(client, false);
+    const times = [...st.firstAt.values()].sort((a, b) => a - b);
+    const ms = Math.max(1, times[times.length - 1] - times[0]);
     console.log(JSON.stringify({
       measure: `${keyed ? 'keyed (50 keys)' : 'unkeyed'} deliveries, batch 100, one proxy`,
       deliveries: N,
       commandsPer1000: Math.round((s.total * 1000) / N),
       byCommandPer1000: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Math.round((v * 1000) / N)])),
+      claims: (await metric(adminPort, 'relaybus_dispatch_claims_total')),
       deliveriesPerSecond: Math.round((N * 1000) / ms),
-      includesProxyStartMs: true,
+      proxyCpuMsPer1000: Math.round(((cpu1 - cpu0) * 1000) / N),
     }));
   } finally {
+    await p.stop();
+    await client.close();
+    await sink.close();
+    await d.stop();
+  }
+}
+
+/** Commands and milliseconds per claim over the first 1,000 deliveries, with `due` due. */
+async function claimCost(due, keyed) {
+  const d = await startDouble();
+  const sink = await startSink({});
+  const st = sink.stats();
+  const client = await new MongoClient(d.uri).connect();
+  const adminPort = await freePort();
+  const p = await idleDispatcher(d, sink, adminPort);
+  try {
+    // Written while the dispatcher sleeps between polls: it finds them all due at once.
+    await insertDue(client, due, keyed, 'c');
+    await dispatcherCommands(client, true);
+    const claims0 = await metric(adminPort, 'relaybus_dispatch_claims_total');
+    const sum0 = await metric(adminPort, 'relaybus_claim_latency_seconds_sum');
+    await waitFor(() => st.ok.size >= 1000, 600000, '1,000 deliveries');
+    const s = await dispatcherCommands(client, false);
+    const claims = (await metric(adminPort, 'relaybus_dispatch_claims_total')) - claims0;
+    const secs = (await metric(adminPort, 'relaybus_claim_latency_seconds_sum')) - sum0;
+    const claimCmds = ['find', 'aggregate', 'getMore', 'update', 'findAndModify']
+      .reduce((a, k) => a + (s.byCommand[k] || 0), 0);
+    console.log(JSON.stringify({
+      measure: `claim cost, ${keyed ? 'keyed (50 keys)' : 'unkeyed'}, ${due} due deliveries`,
+      due,
+      claims,
+      delivered: st.ok.size,
+      commandsPerClaim: Number((s.total / claims).toFixed(1)),
+      note: 'commands per claim include the completions of the claimed batch; claim commands alone (find, aggregate, getMore, update, findAndModify; update includes the events\' completion time):',
+      claimCommandsPerClaim: Number((claimCmds / claims).toFixed(1)),
+      msPerClaim: Number(((secs * 1000) / claims).toFixed(1)),
+    }));
+  } finally {
+    await p.stop();
     await client.close();
     await sink.close();
     await d.stop();
@@ -122,10 +219,21 @@ async function latency(mode, pollMs, samples) {
 }
 
 (async () => {
-  await throughput(false);
-  await throughput(true);
-  await latency('local', 1000, 50);
-  await latency('remote', 1000, 50);
+  const only = process.env.BENCH_ONLY; // throughput, claim or latency: one part only
+  if (!only || only === 'throughput') {
+    await throughput(false);
+    await throughput(true);
+  }
+  if (!only || only === 'claim') {
+    for (const keyed of [false, true]) {
+      await claimCost(1000, keyed);
+      await claimCost(100000, keyed);
+    }
+  }
+  if (!only || only === 'latency') {
+    await latency('local', 1000, 50);
+    await latency('remote', 1000, 50);
+  }
 })().catch((e) => {
   console.error(e);
   process.exit(1);
