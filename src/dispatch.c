@@ -787,8 +787,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       return;
    }
    atomic_fetch_add (&g_stats.claimed, b.n);
-   if (b.n > 0)
-      log_debug ("dispatch: claimed %zu of %zu", b.n, limit);
+   log_debug ("dispatch: claimed %zu of %zu in %" PRId64 " ms", b.n, limit, now_ms () - o.now);
    {
       /* The deliveries of one key form a chain in sequence order: the
        * first starts, each next one waits for the one before it to be
