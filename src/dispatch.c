@@ -184,11 +184,13 @@ typedef struct {
 } dispatcher_t;
 
 /* A handler this instance declares first: backfilled from `since` until a
- * pass that starts at or after `until`. */
+ * pass that starts at or after `until`.  With `hold_only`, another live
+ * instance is backfilling it: only its claims wait until `until`. */
 typedef struct fleet_backfill {
    const char *name; /* in dispatcher_t.cfg */
    int64_t since, until;
    size_t added;
+   bool hold_only;
 } fleet_backfill_t;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -867,7 +869,9 @@ local_handler (const dispatcher_t *d, const char *name)
  * backfilled, and its deliveries wait until that ends, so that no later
  * delivery of a key runs before a backfilled earlier one.  Alone in the
  * fleet there is nobody to backfill for: an instance that starts later
- * reads our document after writing its own, so it writes with ours. */
+ * reads our document after writing its own, so it writes with ours.  A
+ * handler another live instance is still backfilling (its document dates
+ * the end) is not claimed here either before then. */
 static void
 fleet_start_backfills (dispatcher_t *d, const fleet_set_t *fs, int64_t now)
 {
@@ -883,8 +887,22 @@ fleet_start_backfills (dispatcher_t *d, const fleet_set_t *fs, int64_t now)
       const config_handler_t *h = &d->cfg->handlers[i];
       handler_rt_t *rt;
 
-      if (fleet_declared_elsewhere (fs, d->owner, h->name))
+      if (fleet_declared_elsewhere (fs, d->owner, h->name)) {
+         int64_t until = fleet_backfill_until (fs, d->owner, h->name);
+
+         if (until <= now)
+            continue;
+         d->backfills[d->n_backfills].name = h->name;
+         d->backfills[d->n_backfills].until = until;
+         d->backfills[d->n_backfills].hold_only = true;
+         d->n_backfills++;
+         if ((rt = handler_rt_find (d, h->name)))
+            rt->held = true;
+         log_info ("dispatch: handler %s is being backfilled by another proxy: its deliveries wait %" PRId64 " ms",
+                   h->name,
+                   until - now);
          continue;
+      }
       d->backfills[d->n_backfills].name = h->name;
       d->backfills[d->n_backfills].since = now - bound;
       d->backfills[d->n_backfills].until = now + bound;
@@ -914,7 +932,11 @@ fleet_run_backfills (dispatcher_t *d, int64_t now)
          d->backfills[i] = d->backfills[--d->n_backfills];
          continue;
       }
-      if (!store_fleet_backfill (d->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, b->since, now, &added, &err)) {
+      if (b->hold_only && !last) {
+         i++;
+         continue;
+      }
+      if (!b->hold_only && !store_fleet_backfill (d->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, b->since, now, &added, &err)) {
          log_warn ("dispatch: backfilling handler %s (retried at the next heartbeat): %s", h->name, err.message);
          i++;
          continue;
@@ -930,7 +952,8 @@ fleet_run_backfills (dispatcher_t *d, int64_t now)
          if (rt)
             rt->held = false;
       }
-      log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it", h->name, b->added);
+      if (!b->hold_only)
+         log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it", h->name, b->added);
       released = true;
       d->backfills[i] = d->backfills[--d->n_backfills];
    }
@@ -1010,6 +1033,8 @@ fleet_cb (evutil_socket_t fd, short what, void *arg)
    int64_t now = now_ms ();
    fleet_set_t *fs;
    int64_t retire_every;
+   int64_t *until = NULL;
+   bool ok, again = false;
 
    (void) fd;
    (void) what;
@@ -1018,7 +1043,19 @@ fleet_cb (evutil_socket_t fd, short what, void *arg)
    if (!d->fleet_announced)
       d->fleet_started_ms = now;
    BSON_APPEND_DATE_TIME (&fields, "startedAt", d->fleet_started_ms);
-   if (!fleet_append_handlers (d->cfg, &fields, "handlers") || !store_fleet_announce (d->store, &fields, now, &err) ||
+   if (d->n_backfills > 0) {
+      /* Other instances starting meanwhile hold their claims of these. */
+      until = bson_malloc0 (d->cfg->n_handlers * sizeof *until);
+      for (size_t i = 0; i < d->cfg->n_handlers; i++)
+         for (size_t b = 0; b < d->n_backfills; b++)
+            if (!d->backfills[b].hold_only && !strcmp (d->backfills[b].name, d->cfg->handlers[i].name))
+               until[i] = d->backfills[b].until;
+   }
+   ok = fleet_append_handlers (d->cfg, until, &fields, "handlers");
+   bson_free (until);
+   if (!ok)
+      bson_set_error (&err, WEBHOOK_ERROR_DOMAIN, 24, "the handlers do not fit in one document");
+   if (!ok || !store_fleet_announce (d->store, &fields, now, &err) ||
        !store_fleet_read (d->store, docs, FLEET_MAX_INSTANCES, &n, &err)) {
       if (!d->fleet_failing)
          log_warn ("dispatch: recording or reading the fleet's handlers failed (retried every heartbeat): %s", err.message);
@@ -1037,6 +1074,8 @@ fleet_cb (evutil_socket_t fd, short what, void *arg)
    if (!d->fleet_announced) {
       d->fleet_announced = true;
       fleet_start_backfills (d, fs, now);
+      /* Record the backfills' ends at once, not a heartbeat later. */
+      again = d->n_backfills > 0;
    }
    if (fs->n_disagreeing != d->fleet_disagreeing && fs->n_disagreeing > 0)
       log_warn ("dispatch: live proxies declare %zu handler(s) differently, %s first (see GET /api/handlers)",
@@ -1055,7 +1094,7 @@ fleet_cb (evutil_socket_t fd, short what, void *arg)
       d->retire_checked_ms = now;
       fleet_retire (d, fs, now);
    }
-   schedule (d->fleet_ev, d->cfg->handler_heartbeat_ms);
+   schedule (d->fleet_ev, again ? 0 : d->cfg->handler_heartbeat_ms);
 }
 
 /* ---------------------------------------------------------------- setup */
