@@ -41,6 +41,7 @@ typedef struct {
    char **patterns;
    size_t n_patterns;
    char *hash;
+   int64_t backfill_until; /* 0, or: its declarer backfills it and holds its deliveries until then */
 } fleet_handler_t;
 
 typedef struct {
@@ -77,8 +78,11 @@ bool fleet_handler_matches (const fleet_handler_t *h, const char *type);
 void fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1]);
 
 /* Appends, as array `key`, the handlers of `cfg` as the instance document
- * records them: {name, kind, events: [...], hash}. */
-bool fleet_append_handlers (const config_t *cfg, bson_t *doc, const char *key) __attribute__ ((warn_unused_result));
+ * records them: {name, kind, events: [...], hash, backfillUntil?}.
+ * `backfill_until` (NULL, or one per handler of cfg; 0 for none) dates the
+ * end of a backfill in progress. */
+bool fleet_append_handlers (const config_t *cfg, const int64_t *backfill_until, bson_t *doc, const char *key)
+   __attribute__ ((warn_unused_result));
 
 /* A snapshot from instance documents ({_id, heartbeatAt, startedAt,
  * handlers}); `live_ms`: an instance whose heartbeat is older than
@@ -106,5 +110,9 @@ bool fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const ch
 /* The latest heartbeat of any instance, live or not, that declares `name`;
  * 0 when none does. */
 int64_t fleet_last_declared (const fleet_set_t *fs, const char *name);
+
+/* The latest backfillUntil a live instance other than `self` records for
+ * `name` (0: none). */
+int64_t fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name);
 
 #endif /* RELAYBUS_FLEET_H */

@@ -39,8 +39,9 @@
  *           before its registration whose handler list lacks it) until a
  *           liveness bound after, and not claimed before that ends, so each
  *           key is still delivered in order; handlers no live instance
- *           declares for handler_retire_after are retired under a lease.
- *           It runs in every process, dispatching or not.
+ *           declares for handler_retire_after are retired under a lease
+ *           (dispatch_fleet.c).  It runs in every process, dispatching or
+ *           not.
  *   stop    stops claiming, waits for requests in flight (bounded), releases
  *           what still runs, flushes, relinquishes the lanes, exits.
  *
@@ -65,9 +66,8 @@
 
 #include "log.h"
 #include "metrics.h"
-#include "fleet.h"
+#include "dispatch_fleet.h"
 #include "store.h"
-#include "store_fleet.h"
 #include "webhook.h"
 #include "publish_hooks.h"
 
@@ -94,7 +94,6 @@
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in dispatcher_t.cfg, which we hold */
    webhook_t *wh;
-   bool held; /* newly declared to the fleet: not claimed until its backfill ended */
    int64_t running;   /* requests in flight */
    int64_t unsettled; /* jobs of the unsettled list */
    int64_t waiting;   /* claimed, waiting for the one before them of their key */
@@ -175,14 +174,7 @@ typedef struct {
 
    /* The fleet's handler set (see "fleet" above). */
    struct event *fleet_ev;
-   int64_t fleet_started_ms;   /* when this instance first announced */
-   bool fleet_announced;
-   bool fleet_failing;         /* the last announce failed (logged once) */
-   fleet_set_t *fleet;         /* our reference on the last snapshot read */
-   size_t fleet_disagreeing;   /* of the last snapshot, to log changes once */
-   int64_t retire_checked_ms;
-   struct fleet_backfill *backfills; /* handlers still being backfilled */
-   size_t n_backfills;
+   dispatch_fleet_t *fleet;
 
    /* The renewal thread: its own event base and timer. */
    pthread_t renew_thread;
@@ -197,14 +189,6 @@ typedef struct {
    int64_t last_claim_ms;
    uint64_t rnd;
 } dispatcher_t;
-
-/* A handler this instance declares first: backfilled from `since` until a
- * pass that starts at or after `until`. */
-typedef struct fleet_backfill {
-   const char *name; /* in dispatcher_t.cfg */
-   int64_t since, until;
-   size_t added;
-} fleet_backfill_t;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static dispatcher_t *g_d;
@@ -756,7 +740,8 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    flush (d);
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = &d->handlers[i];
-      int64_t free_slots = h->wh && !h->held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
+      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling: not yet */
+      int64_t free_slots = h->wh && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;
    }
@@ -999,226 +984,20 @@ purge_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ---------------------------------------------------------------- fleet */
 
-static int64_t
-fleet_live_ms (const dispatcher_t *d)
-{
-   return FLEET_LIVE_HEARTBEATS * d->cfg->handler_heartbeat_ms;
-}
-
-static handler_rt_t *
-handler_rt_find (dispatcher_t *d, const char *name)
-{
-   for (size_t i = 0; i < d->n_handlers; i++)
-      if (!strcmp (d->handlers[i].cfg->name, name))
-         return &d->handlers[i];
-   return NULL;
-}
-
-static bool
-local_handler (const dispatcher_t *d, const char *name)
-{
-   for (size_t i = 0; i < d->cfg->n_handlers; i++)
-      if (!strcmp (d->cfg->handlers[i].name, name))
-         return true;
-   return false;
-}
-
-/* At the first announce: every local handler no other live instance
- * declares is new to the fleet.  Proxies that have not read our document
- * yet still write events without it, for at most a liveness bound after
- * now; so from now - bound (clock skew) to now + bound its events are
- * backfilled, and its deliveries wait until that ends, so that no later
- * delivery of a key runs before a backfilled earlier one.  Alone in the
- * fleet there is nobody to backfill for: an instance that starts later
- * reads our document after writing its own, so it writes with ours. */
-static void
-fleet_start_backfills (dispatcher_t *d, const fleet_set_t *fs, int64_t now)
-{
-   int64_t bound = fleet_live_ms (d);
-   size_t others = 0;
-
-   for (size_t i = 0; i < fs->n_instances; i++)
-      others += fs->instances[i].live && strcmp (fs->instances[i].instance, d->owner) != 0;
-   if (others == 0)
-      return;
-   d->backfills = bson_malloc0 ((d->cfg->n_handlers ? d->cfg->n_handlers : 1) * sizeof *d->backfills);
-   for (size_t i = 0; i < d->cfg->n_handlers; i++) {
-      const config_handler_t *h = &d->cfg->handlers[i];
-      handler_rt_t *rt;
-
-      if (fleet_declared_elsewhere (fs, d->owner, h->name))
-         continue;
-      d->backfills[d->n_backfills].name = h->name;
-      d->backfills[d->n_backfills].since = now - bound;
-      d->backfills[d->n_backfills].until = now + bound;
-      d->n_backfills++;
-      if ((rt = handler_rt_find (d, h->name)))
-         rt->held = true;
-      log_info ("dispatch: handler %s is new to the fleet: backfilling its events for %" PRId64 " ms", h->name, 2 * bound);
-   }
-}
-
-static void
-fleet_run_backfills (dispatcher_t *d, int64_t now)
-{
-   bool released = false;
-
-   for (size_t i = 0; i < d->n_backfills;) {
-      fleet_backfill_t *b = &d->backfills[i];
-      const config_handler_t *h = NULL;
-      bool last = now >= b->until;
-      bson_error_t err;
-      size_t added = 0;
-
-      for (size_t k = 0; k < d->cfg->n_handlers; k++)
-         if (!strcmp (d->cfg->handlers[k].name, b->name))
-            h = &d->cfg->handlers[k];
-      if (!h) {
-         d->backfills[i] = d->backfills[--d->n_backfills];
-         continue;
-      }
-      if (!store_fleet_backfill (d->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, b->since, now, &added, &err)) {
-         log_warn ("dispatch: backfilling handler %s (retried at the next heartbeat): %s", h->name, err.message);
-         i++;
-         continue;
-      }
-      b->added += added;
-      if (!last) {
-         i++;
-         continue;
-      }
-      {
-         handler_rt_t *rt = handler_rt_find (d, h->name);
-
-         if (rt)
-            rt->held = false;
-      }
-      log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it", h->name, b->added);
-      released = true;
-      d->backfills[i] = d->backfills[--d->n_backfills];
-   }
-   if (released && d->dispatching && d->setup_done && !d->stopping)
-      schedule (d->tick_ev, 0);
-}
-
-/* Retirement, under the retirement lease: the pending deliveries of every
- * handler that no live instance declares, and that none declared for
- * handler_retire_after (counted from this instance's start when no
- * document names it any more), become dead letters, in batches. */
-static void
-fleet_retire (dispatcher_t *d, const fleet_set_t *fs, int64_t now)
-{
-   char **names = NULL;
-   size_t n = 0;
-   bool leased = false;
-   bson_error_t err;
-   int64_t after = d->cfg->handler_retire_after_ms;
-
-   if (!store_fleet_lease (d->store, now, d->cfg->lease_ms, &leased, &err)) {
-      log_warn ("dispatch: handler retirement: %s", err.message);
-      return;
-   }
-   if (!leased)
-      return;
-   if (!store_fleet_pending_handlers (d->store, &names, &n, CONFIG_MAX_HANDLERS * 4, &err)) {
-      log_warn ("dispatch: handler retirement: %s", err.message);
-      return;
-   }
-   for (size_t i = 0; i < n; i++) {
-      int64_t last = fleet_last_declared (fs, names[i]);
-      int64_t since = last > 0 ? last : d->fleet_started_ms;
-      char reason[300];
-      size_t total = 0;
-      bool more = true;
-
-      log_debug ("dispatch: retirement: %s has pending deliveries, last declared %" PRId64 " ms ago", names[i], now - since);
-      if (local_handler (d, names[i]) || fleet_declared_elsewhere (fs, d->owner, names[i]) || now - since < after)
-         continue;
-      bson_snprintf (reason, sizeof reason, "handler %.200s retired: no live proxy declares it", names[i]);
-      /* At most 20 batches per handler and pass: the next pass goes on. */
-      for (int b = 0; more && b < 20; b++) {
-         size_t buried = 0;
-
-         if (!store_fleet_retire (d->store, names[i], reason, now, 500, &buried, &more, &err)) {
-            log_warn ("dispatch: retiring handler %s: %s", names[i], err.message);
-            break;
-         }
-         total += buried;
-      }
-      if (total > 0) {
-         metrics_retired_observe ((int64_t) total);
-         log_warn ("dispatch: handler %s retired (no live proxy declared it for %" PRId64 " ms): %zu pending deliveries moved to the dead letters",
-                   names[i],
-                   now - since,
-                   total);
-      }
-   }
-   for (size_t i = 0; i < n; i++)
-      bson_free (names[i]);
-   bson_free (names);
-   /* Documents of instances silent for longer than the grace period have
-    * said all they can. */
-   if (!store_fleet_forget (d->store, now - after - fleet_live_ms (d), &err))
-      log_warn ("dispatch: handler retirement: %s", err.message);
-}
-
 static void
 fleet_cb (evutil_socket_t fd, short what, void *arg)
 {
    dispatcher_t *d = arg;
-   bson_t fields = BSON_INITIALIZER;
-   bson_t *docs[FLEET_MAX_INSTANCES];
-   size_t n = 0;
-   bson_error_t err;
-   int64_t now = now_ms ();
-   fleet_set_t *fs;
-   int64_t retire_every;
+   bool released = false, again;
 
    (void) fd;
    (void) what;
    if (d->stopping || !d->setup_done)
       return;
-   if (!d->fleet_announced)
-      d->fleet_started_ms = now;
-   BSON_APPEND_DATE_TIME (&fields, "startedAt", d->fleet_started_ms);
-   if (!fleet_append_handlers (d->cfg, &fields, "handlers") || !store_fleet_announce (d->store, &fields, now, &err) ||
-       !store_fleet_read (d->store, docs, FLEET_MAX_INSTANCES, &n, &err)) {
-      if (!d->fleet_failing)
-         log_warn ("dispatch: recording or reading the fleet's handlers failed (retried every heartbeat): %s", err.message);
-      d->fleet_failing = true;
-      bson_destroy (&fields);
-      schedule (d->fleet_ev, d->cfg->handler_heartbeat_ms);
-      return;
-   }
-   bson_destroy (&fields);
-   if (d->fleet_failing)
-      log_info ("dispatch: the fleet's handlers are recorded and read again");
-   d->fleet_failing = false;
-   fs = fleet_set_from_docs ((const bson_t *const *) docs, n, now, fleet_live_ms (d));
-   for (size_t i = 0; i < n; i++)
-      bson_destroy (docs[i]);
-   if (!d->fleet_announced) {
-      d->fleet_announced = true;
-      fleet_start_backfills (d, fs, now);
-   }
-   if (fs->n_disagreeing != d->fleet_disagreeing && fs->n_disagreeing > 0)
-      log_warn ("dispatch: live proxies declare %zu handler(s) differently, %s first (see GET /api/handlers)",
-                fs->n_disagreeing,
-                fs->disagreeing[0]);
-   d->fleet_disagreeing = fs->n_disagreeing;
-   fleet_publish (fleet_retain (fs));
-   fleet_release (d->fleet);
-   d->fleet = fs;
-   if (d->n_backfills > 0)
-      fleet_run_backfills (d, now);
-   retire_every = d->cfg->handler_retire_after_ms / 10;
-   if (retire_every > 60000)
-      retire_every = 60000;
-   if (now - d->retire_checked_ms >= retire_every) {
-      d->retire_checked_ms = now;
-      fleet_retire (d, fs, now);
-   }
-   schedule (d->fleet_ev, d->cfg->handler_heartbeat_ms);
+   again = dispatch_fleet_beat (d->fleet, d->cfg, now_ms (), &released);
+   if (released && d->dispatching)
+      schedule (d->tick_ev, 0); /* a held handler may be claimed now */
+   schedule (d->fleet_ev, again ? 0 : d->cfg->handler_heartbeat_ms);
 }
 
 /* ---------------------------------------------------------------- setup */
@@ -1286,15 +1065,8 @@ finish (dispatcher_t *d)
    d->n_unsettled = 0;
    if (reachable && !store_relinquish (d->store, now, &err))
       log_warn ("dispatch: handing lanes back: %s", err.message);
-   if (reachable && d->fleet_announced) {
-      /* From now on the others count this instance as gone, not silent. */
-      bson_t fields = BSON_INITIALIZER;
-
-      BSON_APPEND_DATE_TIME (&fields, "stoppedAt", now);
-      if (!store_fleet_announce (d->store, &fields, now, &err) || !store_fleet_lease_release (d->store, now, &err))
-         log_warn ("dispatch: recording the stop in the fleet's handlers: %s", err.message);
-      bson_destroy (&fields);
-   }
+   if (reachable)
+      dispatch_fleet_stop (d->fleet, now);
    if (!reachable)
       log_warn ("dispatch: stopped without handing lanes back (the upstream is unreachable): they free up after lease_ms");
    for (size_t i = 0; i < d->n_done; i++)
@@ -1448,8 +1220,7 @@ dispatcher_free (dispatcher_t *d)
    bson_free (d->claim_handlers);
    config_release (d->pending_cfg);
    store_purge_run_clear (&d->purge_run);
-   fleet_release (d->fleet);
-   bson_free (d->backfills);
+   dispatch_fleet_destroy (d->fleet);
    struct event *evs[] = {d->setup_ev,
                           d->tick_ev,
                           d->wake_ev,
@@ -1513,6 +1284,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->store = store_new (d->pool, &so, error);
    if (!d->store)
       goto fail;
+   d->fleet = dispatch_fleet_new (d->store, d->owner);
 
    d->base = event_base_new ();
    if (!d->base) {

@@ -85,7 +85,7 @@ fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1])
 }
 
 bool
-fleet_append_handlers (const config_t *cfg, bson_t *doc, const char *key)
+fleet_append_handlers (const config_t *cfg, const int64_t *backfill_until, bson_t *doc, const char *key)
 {
    bson_t arr;
 
@@ -112,6 +112,8 @@ fleet_append_handlers (const config_t *cfg, bson_t *doc, const char *key)
       }
       bson_append_array_end (&hd, &ev);
       BSON_APPEND_UTF8 (&hd, "hash", hash);
+      if (backfill_until && backfill_until[i] > 0)
+         BSON_APPEND_DATE_TIME (&hd, "backfillUntil", backfill_until[i]);
       bson_append_document_end (&arr, &hd);
    }
    return bson_append_array_end (doc, &arr);
@@ -166,6 +168,8 @@ handler_read (bson_iter_t *doc, fleet_handler_t *h)
          h->name = bson_strdup (bson_iter_utf8 (&f, NULL));
       } else if (!strcmp (k, "kind") && BSON_ITER_HOLDS_UTF8 (&f) && !h->kind) {
          h->kind = bson_strdup (bson_iter_utf8 (&f, NULL));
+      } else if (!strcmp (k, "backfillUntil") && BSON_ITER_HOLDS_DATE_TIME (&f)) {
+         h->backfill_until = bson_iter_date_time (&f);
       } else if (!strcmp (k, "hash") && BSON_ITER_HOLDS_UTF8 (&f) && !h->hash) {
          h->hash = bson_strdup (bson_iter_utf8 (&f, NULL));
       } else if (!strcmp (k, "events") && BSON_ITER_HOLDS_ARRAY (&f) && !h->patterns && bson_iter_recurse (&f, &ev)) {
@@ -349,6 +353,23 @@ fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const char *n
             return true;
    }
    return false;
+}
+
+int64_t
+fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name)
+{
+   int64_t until = 0;
+
+   for (size_t i = 0; fs && i < fs->n_instances; i++) {
+      const fleet_instance_t *in = &fs->instances[i];
+
+      if (!in->live || (self && !strcmp (in->instance, self)))
+         continue;
+      for (size_t h = 0; h < in->n_handlers; h++)
+         if (!strcmp (in->handlers[h].name, name) && in->handlers[h].backfill_until > until)
+            until = in->handlers[h].backfill_until;
+   }
+   return until;
 }
 
 int64_t

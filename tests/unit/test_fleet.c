@@ -113,6 +113,37 @@ test_snapshot (void **state)
    fleet_release (fs);
 }
 
+/* A declarer records the end of its backfill; others read it. */
+static void
+test_backfill_until (void **state)
+{
+   bson_t *docs[] = {
+      instance ("a", 0, false,
+                "[{\"name\": \"n\", \"kind\": \"webhook\", \"events\": [\"x\"], \"hash\": \"h\","
+                " \"backfillUntil\": {\"$date\": {\"$numberLong\": \"1767225603000\"}}}]"),
+      instance ("b", LIVE_MS + 5, false,
+                "[{\"name\": \"n\", \"kind\": \"webhook\", \"events\": [\"x\"], \"hash\": \"h\","
+                " \"backfillUntil\": {\"$date\": {\"$numberLong\": \"1767225609000\"}}}]"),
+   };
+   fleet_set_t *fs = set_of (docs, 2);
+   bson_error_t error;
+   config_t *cfg = config_parse_string ("[handler n]\nevents = x\nkind = pull\n", "t.ini", &error);
+   int64_t until[1] = {NOW + 42};
+   bson_t doc = BSON_INITIALIZER;
+   bson_iter_t it;
+
+   assert_int_equal (fleet_backfill_until (fs, "c", "n"), NOW + 3000); /* b is not live */
+   assert_int_equal (fleet_backfill_until (fs, "a", "n"), 0);         /* its own does not count */
+   assert_int_equal (fleet_backfill_until (fs, "c", "other"), 0);
+   assert_non_null (cfg);
+   assert_true (fleet_append_handlers (cfg, until, &doc, "handlers"));
+   assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.backfillUntil", &it));
+   assert_int_equal (bson_iter_date_time (&it), NOW + 42);
+   bson_destroy (&doc);
+   config_release (cfg);
+   fleet_release (fs);
+}
+
 static void
 test_same_declarations_agree (void **state)
 {
@@ -185,7 +216,7 @@ test_hash (void **state)
    assert_string_not_equal (h1, h2);
    assert_string_equal (h1, h3);
    /* The instance document's handlers array. */
-   assert_true (fleet_append_handlers (a, &doc, "handlers"));
+   assert_true (fleet_append_handlers (a, NULL, &doc, "handlers"));
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.name", &it));
    assert_string_equal (bson_iter_utf8 (&it, NULL), "w");
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.events.1", &it));
@@ -247,6 +278,7 @@ main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_snapshot),
+      cmocka_unit_test (test_backfill_until),
       cmocka_unit_test (test_same_declarations_agree),
       cmocka_unit_test (test_matching_and_routing),
       cmocka_unit_test (test_hash),

@@ -8,7 +8,8 @@
 //    every one of them, each key in order, and /api/handlers and /metrics show the two
 //    instances and the handler they declare differently. Events written, after A started,
 //    by a writer that has not read the new set yet (written straight into the outbox with
-//    the old set's deliveries, as B does until its next refresh) are backfilled by A.
+//    the old set's deliveries, as B does until its next refresh) are backfilled by A. A third
+//    proxy C that starts with the new handler while A backfills holds its claims meanwhile.
 // 2. A handler removed from every proxy is retired after handler_retire_after: its pending
 //    deliveries become dead letters that say why, and never before the grace period.
 
@@ -19,7 +20,7 @@ const { startUpstream, uniqueDbName, freePort, sleep } = require('../lib/proxy')
 const { startSink } = require('./sink');
 const { startDispatchProxy, publish, publishThroughProxy, waitFor } = require('./helpers');
 
-const HEARTBEAT = '300ms';
+const HEARTBEAT = '1s';
 
 async function getJson(port, path) {
   const res = await fetch(`http://127.0.0.1:${port}${path}`);
@@ -74,7 +75,7 @@ test('rolling change: events published through a proxy without the new handler g
     await waitFor(async () => (await getJson(adminB, '/api/handlers')).fleet.instances.some((i) => i.live), 20000,
       'B to record itself');
     // Older than the backfill's reach (a liveness bound, 3 heartbeats, before A registers).
-    await sleep(1500);
+    await sleep(3500);
 
     // The change: A starts with `extra`.
     const a = await startDispatchProxy({
@@ -82,6 +83,11 @@ test('rolling change: events published through a proxy without the new handler g
       handlers: [base, { name: 'extra', kind: 'webhook', events: 'order.placed', url: sink.url('/extra') }],
     });
     t.after(() => a.kill());
+    const c = await startDispatchProxy({
+      upstream: up.uri, outbox, dispatch,
+      handlers: [base, { name: 'extra', kind: 'webhook', events: 'order.placed', url: sink.url('/extra') }],
+    });
+    t.after(() => c.kill());
     // Written with the old set after A registered: A backfills them.
     const stale = mk('stale', 4);
     await publish(direct, db, stale, ['base']);
@@ -90,8 +96,8 @@ test('rolling change: events published through a proxy without the new handler g
     await publishThroughProxy(viaB, 'app', early, 2);
     await waitFor(async () => {
       const h = await getJson(adminB, '/api/handlers');
-      return h.fleet.instances.filter((i) => i.live).length === 2;
-    }, 20000, 'B to see both instances live');
+      return h.fleet.instances.filter((i) => i.live).length === 3;
+    }, 20000, 'B to see the three instances live');
     const late = mk('late', 6);
     await publishThroughProxy(viaB, 'app', late, 2);
     // Through B, an event A's `extra` does not take gets no `extra` delivery.
@@ -120,21 +126,23 @@ test('rolling change: events published through a proxy without the new handler g
     // /api/handlers shows the instances, their sets and the disagreement; the gauge counts it.
     const h = await getJson(adminB, '/api/handlers');
     const live = h.fleet.instances.filter((i) => i.live);
-    assert.equal(live.length, 2);
+    assert.equal(live.length, 3);
     const names = live.map((i) => i.handlers.map((x) => x.name).sort().join(','));
-    assert.deepEqual(names.sort(), ['base', 'base,extra']);
+    assert.deepEqual(names.sort(), ['base', 'base,extra', 'base,extra']);
     const extra = live.flatMap((i) => i.handlers).find((x) => x.name === 'extra');
     assert.deepEqual(extra.events, ['order.placed']);
     assert.equal(extra.kind, 'webhook');
     assert.match(extra.hash, /^sha256:[0-9a-f]{16}$/);
     assert.deepEqual(h.fleet.disagreeing, ['base']);
     assert.equal(await metric(adminB, 'relaybus_handler_sets_disagreeing'), 1);
-    assert.equal(await metric(adminA, 'relaybus_fleet_instances'), 2);
+    assert.equal(await metric(adminA, 'relaybus_fleet_instances'), 3);
     assert.match(a.log(), /handler extra is new to the fleet/);
+    assert.match(c.log(), /handler extra is being backfilled by another proxy: its deliveries wait \d+ ms/);
     assert.match(b.log(), /declare 1 handler\(s\) differently, base first/);
 
     await viaB.close();
     assert.equal((await b.stop()).code, 0);
+    assert.equal((await c.stop()).code, 0);
     assert.equal((await a.stop()).code, 0);
   });
 
