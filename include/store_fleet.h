@@ -39,8 +39,8 @@ bool store_fleet_lease (store_t *store, int64_t now, int64_t lease_ms, bool *lea
  * stop, so the next instance need not wait for it to expire). */
 bool store_fleet_lease_release (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
 
-/* The distinct handler names of pending deliveries (at most `max`; the
- * caller frees each name and the array). */
+/* The distinct handler names of the deliveries, pending or dead (at most
+ * `max`; the caller frees each name and the array). */
 bool store_fleet_pending_handlers (store_t *store, char ***names, size_t *n, size_t max, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
