@@ -115,9 +115,11 @@ typedef struct {
    size_t n, cap;
 } store_batch_t;
 
-/* Claims up to opts->limit due deliveries of the given handlers (see the
- * reference: held lanes first, then free lanes 4, 8, 16... per round, the
- * oldest due first; per-key rules; one bulkWrite).  `out` must be empty
+/* Claims up to opts->limit due deliveries of the given handlers: the lane
+ * documents read once, held lanes first, then the free lanes the batch
+ * needs, oldest due work first, taken with one updateMany; per-key rules
+ * (runs with opts->key_run); one bulkWrite (docs/outbox-schema.md, "Where
+ * this store departs from the reference").  `out` must be empty
  * ({0}); the caller clears it with store_batch_clear.  A claim that fails
  * reconciles this instance's lanes before it returns false.  A listed
  * delivery whose claim this instance did not hand out, or handed out and

@@ -1,8 +1,10 @@
 /*
- * store_claim.c - claims: lanes held first, then free lanes with due work
- * taken 4, 8, 16... per round, the oldest due first; takeover charging;
- * per-key rules; parking and level-triggered unparking; one bulkWrite that
- * records the batch; reconciliation after a failed claim.
+ * store_claim.c - claims: the lane documents read once, lanes held first,
+ * then the free lanes with due work that the batch needs, oldest due first,
+ * taken together (a probe finds them, a later claim may reuse it); takeover
+ * charging; per-key rules and runs; parking and level-triggered unparking;
+ * one bulkWrite that records the batch; reconciliation after a failed
+ * claim.
  *
  * A claim writes no delivery document on the normal path: what runs is
  * what the lanes' inFlight lists name.  Parking and unparking (the slow
@@ -1499,6 +1501,25 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
    return ok;
 }
 
+/* Appends the condition of a lane nobody holds: no owner, or an expired
+ * lease: `$or: [{owner: null}, {leaseExpiresAt: {$lte: now}}]`. */
+static void
+append_lane_free (bson_t *q, int64_t now)
+{
+   bson_t or_arr, a, b, sub;
+
+   BSON_APPEND_ARRAY_BEGIN (q, "$or", &or_arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+   BSON_APPEND_NULL (&a, "owner");
+   bson_append_document_end (&or_arr, &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, "leaseExpiresAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lte", now);
+   bson_append_document_end (&b, &sub);
+   bson_append_document_end (&or_arr, &b);
+   bson_append_array_end (q, &or_arr);
+}
+
 /* The free lanes of the last probe that are still free in the lane
  * documents as read, appended to out (see store_claim_opts_t). */
 static void
@@ -1534,7 +1555,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
 {
    store_oids_t inflight = {0}, lost = {0};
    lost_list_t all_lost = {0};
-   bson_t q = BSON_INITIALIZER, or_arr, a, b, sub, upd = BSON_INITIALIZER, reply;
+   bson_t q = BSON_INITIALIZER, sub, upd = BSON_INITIALIZER, reply;
    mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
    bson_error_t err;
    bson_iter_t it, val;
@@ -1555,16 +1576,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    BSON_APPEND_INT64 (&q, "epoch", f->epoch);
    store_append_oids_array (&q, "inFlight", inflight.v, inflight.n);
    store_append_oids_array (&q, "lost", lost.v, lost.n);
-   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
-   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
-   BSON_APPEND_NULL (&a, "owner");
-   bson_append_document_end (&or_arr, &a);
-   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
-   BSON_APPEND_DOCUMENT_BEGIN (&b, "leaseExpiresAt", &sub);
-   BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
-   bson_append_document_end (&b, &sub);
-   bson_append_document_end (&or_arr, &b);
-   bson_append_array_end (&q, &or_arr);
+   append_lane_free (&q, c->o->now);
 
    BSON_APPEND_DOCUMENT_BEGIN (&upd, "$inc", &sub);
    BSON_APPEND_INT64 (&sub, "epoch", 1);
@@ -1659,22 +1671,13 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
       {
          char buf[16];
          const char *key;
-         bson_t one, alt, a, b, cmp;
+         bson_t one;
          bson_uint32_to_string (n_clean++, &key, buf, sizeof buf);
          BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
          BSON_APPEND_INT32 (&one, "_id", (int32_t) f[i].lane);
          BSON_APPEND_INT64 (&one, "epoch", f[i].epoch);
          store_append_oids_array (&one, "inFlight", NULL, 0);
-         BSON_APPEND_ARRAY_BEGIN (&one, "$or", &alt);
-         BSON_APPEND_DOCUMENT_BEGIN (&alt, "0", &a);
-         BSON_APPEND_NULL (&a, "owner");
-         bson_append_document_end (&alt, &a);
-         BSON_APPEND_DOCUMENT_BEGIN (&alt, "1", &b);
-         BSON_APPEND_DOCUMENT_BEGIN (&b, "leaseExpiresAt", &cmp);
-         BSON_APPEND_DATE_TIME (&cmp, "$lte", c->o->now);
-         bson_append_document_end (&b, &cmp);
-         bson_append_document_end (&alt, &b);
-         bson_append_array_end (&one, &alt);
+         append_lane_free (&one, c->o->now);
          bson_append_document_end (&or_arr, &one);
          clean[f[i].lane] = true;
          epoch_of[f[i].lane] = f[i].epoch;
