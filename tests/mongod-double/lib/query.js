@@ -220,6 +220,42 @@ function compileFilter(filter, opts = {}) {
   if (filter === undefined || filter === null) return null;
   if (!isPlainObject(filter)) throw err(14, "BSON field 'filter' is the wrong type, expected type 'object'");
   if (!Object.keys(filter).length) return null;
+  const byIds = idSetFilter(filter, opts);
+  if (byIds) return byIds;
+  return compileFilterTree(filter, opts);
+}
+
+// `_id: {$in: [...]}` or `{$nin: [...]}` of plain values (what candidates() looks up by _id):
+// tested with a set of the ids' canonical keys, as the _id index answers it, instead of a
+// linear $in per document (an update of 4,000 ids would compare 16 million pairs). The rest
+// of the filter is compiled as usual; without the stored document the whole filter is used.
+function idSetFilter(filter, opts) {
+  if (opts.collation || !Object.prototype.hasOwnProperty.call(filter, '_id')) return null;
+  const c = filter._id;
+  if (!isPlainObject(c)) return null;
+  const keys = Object.keys(c);
+  if (keys.length !== 1 || (keys[0] !== '$in' && keys[0] !== '$nin')) return null;
+  const list = c[keys[0]];
+  if (!Array.isArray(list) || list.length < 16 || !list.every((x) => equalityValue(x) !== undefined)) return null;
+  const ids = new Set(list.map((x) => V.canonicalKey(x)));
+  const negate = keys[0] === '$nin';
+  const rest = Object.assign({}, filter);
+  delete rest._id;
+  const restQ = Object.keys(rest).length ? compileFilterTree(rest, opts) : null;
+  let whole = null;
+  return {
+    test: (view, doc) => {
+      if (!doc || doc._id === undefined) {
+        if (!whole) whole = compileFilterTree(filter, opts);
+        return whole.test(view, doc);
+      }
+      if (ids.has(V.canonicalKey(doc._id)) === negate) return false;
+      return !restQ || restQ.test(view, doc);
+    },
+  };
+}
+
+function compileFilterTree(filter, opts) {
   const fold = collationFolder(opts.collation);
   const { checks, rest } = typeChecks(filter);
   const mingoOpts = opts.variables ? { variables: opts.variables } : undefined;

@@ -103,3 +103,25 @@ test('a unique key held by an open transaction conflicts for another transaction
   await s1.endSession();
   await s2.endSession();
 });
+
+test('_id $in and $nin over many ids match as the _id index does (numeric types, strings, ObjectIds), with the rest of the filter', async () => {
+  const { ObjectId } = require('mongodb');
+  const coll = db.collection('idset');
+  const oids = Array.from({ length: 20 }, () => new ObjectId());
+  const docs = [
+    ...oids.map((o, i) => ({ _id: o, k: i % 2 })),
+    ...Array.from({ length: 20 }, (_, i) => ({ _id: `s${i}`, k: i % 2 })),
+    ...Array.from({ length: 20 }, (_, i) => ({ _id: i, k: i % 2 })),
+  ];
+  await coll.insertMany(docs);
+  const some = [...oids.slice(0, 10), 's1', 's2', 's3', new Double(4), Long.fromNumber(5), 6, 'nope', new ObjectId()];
+  const got = await coll.find({ _id: { $in: some }, k: 0 }).toArray();
+  const want = docs.filter((x) => x.k === 0 && (oids.slice(0, 10).some((o) => o.equals(x._id)) || ['s1', 's2', 's3'].includes(x._id) || [4, 5, 6].includes(x._id)));
+  assert.deepEqual(got.map((x) => String(x._id)).sort(), want.map((x) => String(x._id)).sort());
+  const notIn = await coll.countDocuments({ _id: { $nin: some } });
+  assert.equal(notIn, docs.length - (10 + 3 + 3));
+  const upd = await coll.updateMany({ _id: { $in: some }, k: 1 }, { $set: { hit: true } });
+  assert.equal(upd.modifiedCount, docs.filter((x) => x.k === 1 && (oids.slice(0, 10).some((o) => o.equals(x._id)) || ['s1', 's2', 's3'].includes(x._id) || [4, 5, 6].includes(x._id))).length);
+  const del = await coll.deleteMany({ _id: { $nin: some } });
+  assert.equal(del.deletedCount, docs.length - 16);
+});
