@@ -238,10 +238,8 @@ async function latency(mode, pollMs, samples) {
     await throughput(true);
   }
   if (!only || only === 'claim') {
-    // Keyed at 100,000: the double's parking update of one claim outlasts the lease
-    // (docs/benchmarks.md); BENCH_KEYED_DUE=1000,100000 runs it anyway.
     for (const due of (process.env.BENCH_DUE || '1000,100000').split(',').map(Number)) await claimCost(due, false);
-    for (const due of (process.env.BENCH_KEYED_DUE || '1000').split(',').map(Number)) await claimCost(due, true);
+    for (const due of (process.env.BENCH_KEYED_DUE || '1000,100000').split(',').map(Number)) await claimCost(due, true);
   }
   if (!only || only === 'latency') {
     await latency('local', 1000, 50);
