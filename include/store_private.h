@@ -128,6 +128,25 @@ const store_issued_t *store_issued_find (store_t *store, const bson_oid_t *id);
 void store_issued_remove (store_t *store, const bson_oid_t *id);
 void store_issued_remove_lane (store_t *store, uint32_t lane);
 
+/* A lease kept in one document of the lanes collection with a negative
+ * _id (the lanes are 0..255, and every lane query names lane ids or skips
+ * others), in its own owner and expiry fields so that no query on owner
+ * and leaseExpiresAt sees it.  Taken, or renewed by its holder, with one
+ * findOneAndUpdate; the upsert creates the document the first time, and an
+ * upsert that loses against another instance's live lease fails with a
+ * duplicate key: *leased is then false and the call succeeds.  `what`
+ * names the lease in an error. */
+bool store_doc_lease (store_t *store,
+                      mongoc_client_t *client,
+                      int32_t id,
+                      const char *owner_field,
+                      const char *expires_field,
+                      const char *what,
+                      int64_t now,
+                      int64_t lease_ms,
+                      bool *leased,
+                      bson_error_t *error);
+
 /* Parses and checks a reference's lease; false: refused without a call. */
 bool store_ref_lease (const store_ref_t *ref, outbox_lease_t *lease, bson_error_t *error);
 

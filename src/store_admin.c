@@ -409,14 +409,8 @@ store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, b
 
 /* ----------------------------------------------------- scheduled purge */
 
-/* The purge lease: one document in the lanes collection with _id -1 (the
- * lanes are 0..255, and every lane query either names lane ids or skips
- * ids outside that range), holding purgeOwner and purgeLeaseExpiresAt.
- * Its own field names keep it out of the queries on owner and
- * leaseExpiresAt.  Taken, or renewed by its holder, with one
- * findOneAndUpdate; the upsert creates it the first time, and an upsert
- * that loses against a live lease of another instance fails with a
- * duplicate key (11000): the lease is held elsewhere. */
+/* The purge lease: the lanes collection's document _id -1, holding
+ * purgeOwner and purgeLeaseExpiresAt (store_doc_lease). */
 #define STORE_PURGE_LEASE_ID (-1)
 
 enum {
@@ -424,57 +418,6 @@ enum {
    PURGE_PHASE_HISTORY,
    PURGE_PHASE_EVENTS,
 };
-
-static bool
-purge_lease (store_t *s, mongoc_client_t *client, int64_t now, int64_t lease_ms, bool *leased, bson_error_t *error)
-{
-   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
-   bson_t *q = BCON_NEW ("_id",
-                         BCON_INT32 (STORE_PURGE_LEASE_ID),
-                         "$or",
-                         "[",
-                         "{",
-                         "purgeOwner",
-                         BCON_UTF8 (s->owner),
-                         "}",
-                         "{",
-                         "purgeLeaseExpiresAt",
-                         "{",
-                         "$lte",
-                         BCON_DATE_TIME (now),
-                         "}",
-                         "}",
-                         "]");
-   bson_t *u = BCON_NEW ("$set",
-                         "{",
-                         "purgeOwner",
-                         BCON_UTF8 (s->owner),
-                         "purgeLeaseExpiresAt",
-                         BCON_DATE_TIME (now + lease_ms),
-                         "}");
-   mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
-   bson_t reply;
-   bson_error_t err;
-   bool ok = true;
-
-   *leased = false;
-   mongoc_find_and_modify_opts_set_update (fam, u);
-   mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_UPSERT | MONGOC_FIND_AND_MODIFY_RETURN_NEW);
-   if (mongoc_collection_find_and_modify_with_opts (lanes, q, fam, &reply, &err)) {
-      *leased = true;
-   } else if (err.code == 11000) {
-      ok = true; /* a live lease of another instance */
-   } else {
-      store_set_error (error, STORE_ERROR_SERVER, "purge lease: %s", err.message);
-      ok = false;
-   }
-   bson_destroy (&reply);
-   mongoc_find_and_modify_opts_destroy (fam);
-   bson_destroy (u);
-   bson_destroy (q);
-   mongoc_collection_destroy (lanes);
-   return ok;
-}
 
 /* One batch of the events phase: events created before the later cutoff
  * (an event's completedAt is never before its createdAt), after the
@@ -590,7 +533,8 @@ store_purge_step (store_t *s,
       return true;
    }
    p.client = mongoc_client_pool_pop (s->pool);
-   ok = purge_lease (s, p.client, now, lease_ms, &r->leased, error);
+   ok = store_doc_lease (s, p.client, STORE_PURGE_LEASE_ID, "purgeOwner", "purgeLeaseExpiresAt", "purge", now, lease_ms,
+                         &r->leased, error);
    if (!ok || !r->leased)
       goto done;
 

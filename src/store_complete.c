@@ -117,6 +117,41 @@ done:
    return ok;
 }
 
+/* Records the completion time on the events of the valid deliveries, with
+ * one updateMany: each event id from its ref, or else from the delivery
+ * document read (docs may be NULL). */
+static bool
+events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, const bson_t *opts, bson_error_t *error)
+{
+   bson_t eq = BSON_INITIALIZER, sub, arr;
+   uint32_t k = 0;
+   bool ok = true;
+
+   BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (size_t i = 0; i < c->n; i++) {
+      char buf[16];
+      const char *key, *id = c->refs[i].event_id;
+      if (!c->valid[i])
+         continue;
+      if (!id && docs && docs[i])
+         id = store_iter_utf8 (docs[i], "eventId") ? store_iter_utf8 (docs[i], "eventId") : "";
+      if (!id)
+         continue;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, id);
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (&eq, &sub);
+   if (k > 0) {
+      bson_t *eu = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (c->now), "}");
+      ok = mongoc_collection_update_many (events, &eq, eu, opts, NULL, error);
+      bson_destroy (eu);
+   }
+   bson_destroy (&eq);
+   return ok;
+}
+
 /* Deletes the fenced deliveries that still have the lease's generation and
  * records the completion time on their events. */
 static bool
@@ -125,8 +160,7 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
    mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
    mongoc_collection_t *events = store_coll (c->s, c->client, OUTBOX_EVENTS);
    mongoc_collection_t *hist = NULL;
-   bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply, or_arr, eq = BSON_INITIALIZER, sub, arr;
-   bson_t *eu = NULL;
+   bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply, or_arr;
    uint32_t k = 0;
    bool ok = true;
 
@@ -184,28 +218,10 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
       bson_free (recs);
    }
 
-   BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);
-   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
-   k = 0;
-   for (size_t i = 0; i < c->n; i++) {
-      char buf[16];
-      const char *key;
-      if (!c->valid[i] || !docs || !docs[i])
-         continue;
-      bson_uint32_to_string (k++, &key, buf, sizeof buf);
-      BSON_APPEND_UTF8 (&arr, key, store_iter_utf8 (docs[i], "eventId") ? store_iter_utf8 (docs[i], "eventId") : "");
-   }
-   bson_append_array_end (&sub, &arr);
-   bson_append_document_end (&eq, &sub);
-   if (ok && k > 0) {
-      eu = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (c->now), "}");
-      ok = mongoc_collection_update_many (events, &eq, eu, &opts, NULL, error);
-   }
+   if (ok)
+      ok = events_completed (c, events, docs, &opts, error);
 
 done:
-   if (eu)
-      bson_destroy (eu);
-   bson_destroy (&eq);
    bson_destroy (&q);
    bson_destroy (&opts);
    mongoc_collection_destroy (dels);
@@ -228,8 +244,7 @@ complete_unread (complete_t *c, bson_error_t *error)
 {
    mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
    mongoc_collection_t *events = store_coll (c->s, c->client, OUTBOX_EVENTS);
-   bson_t q = BSON_INITIALIZER, or_arr, eq = BSON_INITIALIZER, sub, arr, reply;
-   bson_t *eu = NULL;
+   bson_t q = BSON_INITIALIZER, or_arr, reply;
    uint32_t k = 0;
    bool ok = true;
 
@@ -262,26 +277,9 @@ complete_unread (complete_t *c, bson_error_t *error)
    c->n_deleted = store_iter_int64 (&reply, "deletedCount");
    bson_destroy (&reply);
 
-   BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);
-   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
-   k = 0;
-   for (size_t i = 0; i < c->n; i++) {
-      char buf[16];
-      const char *key;
-      if (!c->valid[i])
-         continue;
-      bson_uint32_to_string (k++, &key, buf, sizeof buf);
-      BSON_APPEND_UTF8 (&arr, key, c->refs[i].event_id);
-   }
-   bson_append_array_end (&sub, &arr);
-   bson_append_document_end (&eq, &sub);
-   eu = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (c->now), "}");
-   ok = mongoc_collection_update_many (events, &eq, eu, NULL, NULL, error);
+   ok = events_completed (c, events, NULL, NULL, error);
 
 done:
-   if (eu)
-      bson_destroy (eu);
-   bson_destroy (&eq);
    bson_destroy (&q);
    mongoc_collection_destroy (dels);
    mongoc_collection_destroy (events);

@@ -103,43 +103,9 @@ bool
 store_fleet_lease (store_t *s, int64_t now, int64_t lease_ms, bool *leased, bson_error_t *error)
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
-   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
-   bson_t *q = BCON_NEW ("_id",
-                         BCON_INT32 (STORE_RETIRE_LEASE_ID),
-                         "$or",
-                         "[",
-                         "{",
-                         "retireOwner",
-                         BCON_UTF8 (s->owner),
-                         "}",
-                         "{",
-                         "retireLeaseExpiresAt",
-                         "{",
-                         "$lte",
-                         BCON_DATE_TIME (now),
-                         "}",
-                         "}",
-                         "]");
-   bson_t *u = BCON_NEW ("$set", "{", "retireOwner", BCON_UTF8 (s->owner), "retireLeaseExpiresAt", BCON_DATE_TIME (now + lease_ms), "}");
-   mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
-   bson_t reply;
-   bson_error_t err;
-   bool ok = true;
+   bool ok = store_doc_lease (
+      s, client, STORE_RETIRE_LEASE_ID, "retireOwner", "retireLeaseExpiresAt", "retirement", now, lease_ms, leased, error);
 
-   *leased = false;
-   mongoc_find_and_modify_opts_set_update (fam, u);
-   mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_UPSERT | MONGOC_FIND_AND_MODIFY_RETURN_NEW);
-   if (mongoc_collection_find_and_modify_with_opts (lanes, q, fam, &reply, &err)) {
-      *leased = true;
-   } else if (err.code != 11000) { /* 11000: a live lease of another instance */
-      store_set_error (error, STORE_ERROR_SERVER, "retirement lease: %s", err.message);
-      ok = false;
-   }
-   bson_destroy (&reply);
-   mongoc_find_and_modify_opts_destroy (fam);
-   bson_destroy (u);
-   bson_destroy (q);
-   mongoc_collection_destroy (lanes);
    mongoc_client_pool_push (s->pool, client);
    return ok;
 }

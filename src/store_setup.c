@@ -290,6 +290,56 @@ store_issued_remove_lane (store_t *s, uint32_t lane)
 }
 
 bool
+store_doc_lease (store_t *s,
+                 mongoc_client_t *client,
+                 int32_t id,
+                 const char *owner_field,
+                 const char *expires_field,
+                 const char *what,
+                 int64_t now,
+                 int64_t lease_ms,
+                 bool *leased,
+                 bson_error_t *error)
+{
+   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, or_arr, a, b, sub, reply;
+   mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
+   bson_error_t err;
+   bool ok = true;
+
+   *leased = false;
+   BSON_APPEND_INT32 (&q, "_id", id);
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+   BSON_APPEND_UTF8 (&a, owner_field, s->owner);
+   bson_append_document_end (&or_arr, &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, expires_field, &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lte", now);
+   bson_append_document_end (&b, &sub);
+   bson_append_document_end (&or_arr, &b);
+   bson_append_array_end (&q, &or_arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&u, "$set", &sub);
+   BSON_APPEND_UTF8 (&sub, owner_field, s->owner);
+   BSON_APPEND_DATE_TIME (&sub, expires_field, now + lease_ms);
+   bson_append_document_end (&u, &sub);
+   mongoc_find_and_modify_opts_set_update (fam, &u);
+   mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_UPSERT | MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+   if (mongoc_collection_find_and_modify_with_opts (lanes, &q, fam, &reply, &err)) {
+      *leased = true;
+   } else if (err.code != 11000) { /* 11000: a live lease of another instance */
+      store_set_error (error, STORE_ERROR_SERVER, "%s lease: %s", what, err.message);
+      ok = false;
+   }
+   bson_destroy (&reply);
+   mongoc_find_and_modify_opts_destroy (fam);
+   bson_destroy (&u);
+   bson_destroy (&q);
+   mongoc_collection_destroy (lanes);
+   return ok;
+}
+
+bool
 store_ref_lease (const store_ref_t *ref, outbox_lease_t *lease, bson_error_t *error)
 {
    if (!ref || !ref->lease || !outbox_lease_parse (ref->lease, lease)) {
