@@ -19,7 +19,7 @@
  * client loop it would reconfigure are gone.
  *
  * The loop's event base runs without libevent's locks: other threads reach
- * the loop only through its loopwake (loopwake.h).
+ * the loop only through its loopwake (base/loopwake.h).
  */
 #include <getopt.h>
 #include <signal.h>
@@ -32,19 +32,19 @@
 #include <mongoc/mongoc.h>
 #include <openssl/ssl.h>
 
-#include "admin.h"
+#include "admin/admin.h"
 #include "autoconf.h"
-#include "client.h"
-#include "config.h"
-#include "dispatch.h"
-#include "listener.h"
-#include "log.h"
-#include "loopwake.h"
-#include "metrics.h"
-#include "stats.h"
-#include "tls.h"
-#include "topology.h"
-#include "virtual.h"
+#include "proxy/conn.h"
+#include "base/config.h"
+#include "dispatch/dispatch.h"
+#include "proxy/listener.h"
+#include "base/log.h"
+#include "base/loopwake.h"
+#include "admin/metrics.h"
+#include "base/counters.h"
+#include "proxy/tls.h"
+#include "proxy/topology.h"
+#include "publish/publish.h"
 
 /* Exit codes, as --help documents them. */
 enum {

@@ -11,7 +11,7 @@
  * iterates every nested document to its end), since annotate_parse only
  * ever sees bodies the codec accepted.
  *
- * Every annotation that parses is then planned by inject.h against
+ * Every annotation that parses is then planned by publish/inject.h against
  * a fixed config, with well-formed replies (checks that no input crashes
  * the command builders, and that the job finishes without failure).
  *
@@ -29,9 +29,9 @@
 
 #include <bson/bson.h>
 
-#include "annotate.h"
-#include "config.h"
-#include "inject.h"
+#include "codec/annotate.h"
+#include "base/config.h"
+#include "publish/inject.h"
 
 int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
 

@@ -34,9 +34,9 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#include "compress.h"
+#include "codec/compress.h"
 #include "fuzz_util.h"
-#include "wire.h"
+#include "codec/wire.h"
 
 /* Keeps one input's memory small: the announced size may be 2 GB. */
 #define FUZZ_CAP (1u << 20)

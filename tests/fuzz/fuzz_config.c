@@ -30,12 +30,12 @@
 
 #include <mongoc/mongoc.h>
 
-#include "config.h"
+#include "base/config.h"
 #include "fuzz_util.h"
 
 #define ORIGIN "fuzz.ini"
 #define FILE_MAX (1024 * 1024)  /* config_load's limit */
-#define VALUE_MAX 4096          /* config.c's limit on one value */
+#define VALUE_MAX 4096          /* base/config.c's limit on one value */
 
 static const char *const section_names[] = {"proxy", "outbox", "dispatch", "admin"};
 

@@ -1,5 +1,5 @@
 /*
- * fuzz_handshake.c - libFuzzer target for the hello rewrite (handshake.h).
+ * fuzz_handshake.c - libFuzzer target for the hello rewrite (codec/handshake.h).
  *
  * Input: one flags byte, then the client's hello as a BSON document (its
  * own length prefix says where it ends), then the upstream's hello reply
@@ -34,9 +34,9 @@
 
 #include <bson/bson.h>
 
-#include "compress.h"
+#include "codec/compress.h"
 #include "fuzz_util.h"
-#include "handshake.h"
+#include "codec/handshake.h"
 
 /* The spellings of [proxy] compressors the negotiation is tried against. */
 static const char *const offered_table[8] = {

@@ -1,5 +1,5 @@
 /*
- * fuzz_lease.c - libFuzzer target for lease tokens (outbox.h), the
+ * fuzz_lease.c - libFuzzer target for lease tokens (base/outbox.h), the
  * "<laneId>:<epoch>:<claims>" strings a pull consumer hands back to the
  * admin API with every settle call.
  *
@@ -23,9 +23,9 @@
 #include <string.h>
 
 #include "fuzz_util.h"
-#include "outbox.h"
-#include "store.h"
-#include "store_private.h"
+#include "base/outbox.h"
+#include "store/store.h"
+#include "store/store_private.h"
 
 /* One decimal field at *p, up to `stop`; false on anything else. */
 static bool

@@ -18,7 +18,7 @@
  *     whole body as from the WEBHOOK_ERROR_BODY_MAX + 3 bytes req_done_cb
  *     copies out; a body that is clean UTF-8 is kept to its last whole
  *     character that fits; tried with small buffers too;
- *   - utf8.h, which that text goes through: utf8_valid agrees with
+ *   - base/utf8.h, which that text goes through: utf8_valid agrees with
  *     bson_utf8_validate, utf8_char_len with it character by character,
  *     and utf8_sanitize/utf8_repair output is valid, bounded and keeps a
  *     valid input unchanged;
@@ -37,8 +37,8 @@
 #include <string.h>
 
 #include "fuzz_util.h"
-#include "utf8.h"
-#include "webhook.h"
+#include "base/utf8.h"
+#include "dispatch/webhook.h"
 
 #define NOW_MS 1767225600000LL /* 2026-01-01T00:00:00Z */
 

@@ -22,8 +22,8 @@
 
 #include <event2/buffer.h>
 
-#include "compress.h"
-#include "wire.h"
+#include "codec/compress.h"
+#include "codec/wire.h"
 
 /* Keeps one input's memory small: OP_COMPRESSED may announce 48 MB. */
 #define FUZZ_MAX_UNCOMPRESSED (1u << 20)

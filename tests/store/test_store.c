@@ -21,10 +21,10 @@
 #include <mongoc/mongoc.h>
 
 #include "double.h"
-#include "log.h"
-#include "outbox.h"
-#include "store.h"
-#include "store_views.h"
+#include "base/log.h"
+#include "base/outbox.h"
+#include "store/store.h"
+#include "store/views.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."

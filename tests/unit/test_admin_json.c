@@ -1,5 +1,5 @@
 /*
- * test_admin_json.c - admin_json_repair (src/admin.c): a key or string
+ * test_admin_json.c - admin_json_repair (src/admin/http.c): a key or string
  * that is not UTF-8, as the store may hold one, comes out as valid UTF-8
  * (U+FFFD per bad byte) and the JSON encoder accepts the document, while
  * everything valid, numbers and nesting included, is copied unchanged.
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "admin_private.h"
+#include "admin/admin_private.h"
 
 static void
 test_repair_strings_and_keys (void **state)

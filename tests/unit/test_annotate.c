@@ -16,7 +16,7 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "annotate.h"
+#include "codec/annotate.h"
 
 static bson_t *
 json (const char *text)

@@ -1,6 +1,6 @@
 /*
- * test_compress.c - unit tests of src/compress.c and of OP_COMPRESSED framing
- * in src/wire.c (wire_compress / wire_decompress).
+ * test_compress.c - unit tests of src/codec/compress.c and of OP_COMPRESSED framing
+ * in src/codec/wire.c (wire_compress / wire_decompress).
  *
  * Inputs and outputs live in heap buffers of exactly their size, so an
  * over-read or over-write by a decompressor shows up under ASan/valgrind.
@@ -16,8 +16,8 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "compress.h"
-#include "wire.h"
+#include "codec/compress.h"
+#include "codec/wire.h"
 
 static const int real_ids[] = {COMPRESS_SNAPPY, COMPRESS_ZLIB, COMPRESS_ZSTD};
 static const int all_ids[] = {COMPRESS_NOOP, COMPRESS_SNAPPY, COMPRESS_ZLIB, COMPRESS_ZSTD};

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "config.h"
-#include "webhook.h"
+#include "base/config.h"
+#include "dispatch/webhook.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."

@@ -8,7 +8,7 @@
  * every metric it emits has its row in docs/admin.md.  And the sample
  * request of docs/handlers.md ("## The request") carries a signature that
  * verifies with the secret the page states, recomputed here with OpenSSL
- * rather than with webhook.c.  Each check reports everything missing before
+ * rather than with dispatch/webhook.c.  Each check reports everything missing before
  * it fails.  (The retry table of handlers.md is checked by test_config.)
  */
 #include <ctype.h>
@@ -26,9 +26,9 @@
 #include <cmocka.h>
 #include <openssl/evp.h>
 
-#include "config.h"
-#include "metrics.h"
-#include "outbox.h"
+#include "base/config.h"
+#include "admin/metrics.h"
+#include "base/outbox.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."

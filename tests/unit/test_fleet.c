@@ -1,5 +1,5 @@
 /*
- * test_fleet.c - the fleet's handler set (fleet.c): snapshots built from
+ * test_fleet.c - the fleet's handler set (base/fleet.c): snapshots built from
  * instance documents (liveness, clean stops, the union of live handlers,
  * disagreements), matching, the settings hash, routing, and the
  * deliveries an inject job writes for the fleet's handlers.
@@ -14,10 +14,10 @@
 
 #include <cmocka.h>
 
-#include "annotate.h"
-#include "config.h"
-#include "fleet.h"
-#include "inject.h"
+#include "codec/annotate.h"
+#include "base/config.h"
+#include "base/fleet.h"
+#include "publish/inject.h"
 
 #define NOW 1767225600000LL
 #define LIVE_MS 15000

@@ -12,8 +12,8 @@
 
 #include <cmocka.h>
 
-#include "compress.h"
-#include "handshake.h"
+#include "codec/compress.h"
+#include "codec/handshake.h"
 
 static bson_t *
 json (const char *text)

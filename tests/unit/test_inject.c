@@ -15,10 +15,10 @@
 
 #include <cmocka.h>
 
-#include "annotate.h"
-#include "config.h"
-#include "inject.h"
-#include "outbox.h"
+#include "codec/annotate.h"
+#include "base/config.h"
+#include "publish/inject.h"
+#include "base/outbox.h"
 
 #define NOW_MS 1767225600000LL
 

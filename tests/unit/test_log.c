@@ -1,5 +1,5 @@
 /*
- * test_log.c - src/log.c: every message is escaped so that a string from a
+ * test_log.c - src/base/log.c: every message is escaped so that a string from a
  * client or an endpoint can neither start a new line nor hide one (LF, CR,
  * other controls, C1 controls, U+2028, bytes that are not UTF-8), while
  * printable UTF-8 is kept as it is; a long message is cut on a whole
@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "log.h"
+#include "base/log.h"
 
 typedef struct {
    const char *in;

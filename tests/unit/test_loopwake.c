@@ -1,5 +1,5 @@
 /*
- * test_loopwake.c - src/loopwake.c: posts from other threads run on the
+ * test_loopwake.c - src/base/loopwake.c: posts from other threads run on the
  * loop, in order, none lost; a full queue refuses instead of blocking; what
  * was never run is dropped at destroy.
  *
@@ -18,7 +18,7 @@
 #include <cmocka.h>
 #include <event2/event.h>
 
-#include "loopwake.h"
+#include "base/loopwake.h"
 
 #define PRODUCERS 4
 #define POSTS_EACH 2000

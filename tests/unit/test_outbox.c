@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "outbox.h"
+#include "base/outbox.h"
 
 static void
 test_names (void **state)

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "outbox_guard.h"
+#include "publish/guard.h"
 
 static const outbox_guard_ns_t NS = {"relaybus", "relaybus_"};
 

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 #include <pthread.h>
 
-#include "poison.h"
+#include "publish/poison.h"
 
 /* A key for session `s`, transaction `n`: a 16-byte id like a UUID's. */
 static poison_key_t

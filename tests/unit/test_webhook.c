@@ -1,5 +1,5 @@
 /*
- * test_webhook.c - the pure parts of webhook.c: Standard Webhooks secrets
+ * test_webhook.c - the pure parts of dispatch/webhook.c: Standard Webhooks secrets
  * and signatures (against the specification's published example),
  * Retry-After parsing, the retry schedule's full-jitter bounds, status classes, the
  * body shape, and the lastError kept from a failing answer (always valid
@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "utf8.h"
-#include "webhook.h"
+#include "base/utf8.h"
+#include "dispatch/webhook.h"
 
 static void
 test_secret_decode (void **state)

@@ -1,5 +1,5 @@
 /*
- * test_wire.c - unit tests of src/wire.c, driven by tables of messages.
+ * test_wire.c - unit tests of src/codec/wire.c, driven by tables of messages.
  *
  * Each case is a message written in hex, as mongo-c-driver's wire tests are,
  * with three conveniences so the tables stay readable and correct:
@@ -21,7 +21,7 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "wire.h"
+#include "codec/wire.h"
 
 /* ------------------------------------------------------------ hex messages */
 

@@ -1,0 +1,134 @@
+/*
+ * admin/admin_private.h - what admin/http.c (the HTTP server: limits, auth, routing,
+ * connections, lifecycle) and admin/api.c (the endpoints) share, and
+ * nobody else uses: the admin port's structure and the response helpers.
+ */
+#ifndef RELAYBUS_ADMIN_PRIVATE_H
+#define RELAYBUS_ADMIN_PRIVATE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+
+#include "admin/admin.h"
+#include "base/config.h"
+#include "store/store.h"
+#include "store/views.h"
+#include "proxy/topology.h"
+
+struct bufferevent;
+struct event;
+struct event_base;
+struct evhttp;
+struct evhttp_connection;
+struct evhttp_request;
+
+typedef struct admin admin_t;
+
+/* The store's view for /metrics, /api/stats and /api/handlers: totals,
+ * per-handler figures merged with the configured handlers (zeros for those
+ * without deliveries), lanes.  Cached for ADMIN_VIEW_CACHE_MS so that
+ * several dashboards and scrapers cost one set of queries per second. */
+typedef struct {
+   bool ok;
+   store_stats_t totals;
+   store_handler_stats_t *hs;
+   size_t n_hs;
+   int64_t leased, held;
+   bson_t lanes; /* array */
+   char error[256];
+} store_view_t;
+
+#define ADMIN_VIEW_CACHE_MS 1000
+
+/* The admin port.  Created by admin_start on the main thread; then used by
+ * its own thread only, until admin_stop joined it and frees it. */
+struct admin {
+   config_t *cfg; /* our reference: handlers, upstream; the token is read per request */
+   topology_t *topo; /* borrowed */
+   pthread_t thread;
+   bool thread_started;
+   struct event_base *base;
+   struct evhttp *http;
+   struct event *stop_ev;
+   struct event *adopt_ev;
+   char address[300]; /* host:port actually bound */
+   /* [admin] tls_cert_file/tls_key_file, loaded once by admin_start (the
+    * keys need a restart); NULL: plain HTTP.  Ours, freed by admin_free
+    * after evhttp, whose connections hold SSLs made from it. */
+   struct ssl_ctx_st *tls;
+
+   mongoc_uri_t *uri;
+   mongoc_client_pool_t *pool;
+   store_t *store;
+   char owner[160];
+   char local_prefix[160]; /* "<host>/<pid>/": lanes of this process */
+   bool outbox_ready;      /* sticky once seen */
+   store_view_t view;      /* cached; valid when view_at > 0 */
+   int64_t view_at;
+   int64_t start_ms;
+
+   /* Connections: accepted bufferevents waiting to be adopted, and the
+    * evhttp connections open (at most ADMIN_MAX_CONNECTIONS). */
+   struct bufferevent **fresh; /* grows: one loop turn may accept many */
+   size_t n_fresh, cap_fresh;
+   struct evhttp_connection *conns[ADMIN_MAX_CONNECTIONS];
+   size_t n_conns;
+   uint64_t refused;
+
+   _Atomic uint64_t requests, rejected;
+};
+
+/* Milliseconds since the Unix epoch. */
+int64_t admin_now_ms (void);
+
+/* "<ip>:<port>" of the request's peer, into buf. */
+const char *admin_peer_of (struct evhttp_request *req, char *buf, size_t len);
+
+/* Replies with `body` (HEAD: the headers only) and the no-cache headers. */
+void admin_send_text (struct evhttp_request *req,
+                      int code,
+                      const char *reason,
+                      const char *content_type,
+                      const char *body,
+                      size_t len);
+/* Replies with `doc` as relaxed Extended JSON (plain JSON for the types
+ * the API uses).  A key or string that is not valid UTF-8 (from the store)
+ * is repaired with admin_json_repair: it never turns the whole answer into
+ * a 500. */
+void admin_send_json (struct evhttp_request *req, int code, const char *reason, const bson_t *doc);
+/* Appends `in` to `out` with every key and string that is not valid UTF-8
+ * replaced by its utf8_repair (U+FFFD per bad byte); nested documents and
+ * arrays are copied the same way, up to 32 levels (deeper ones are left
+ * out). */
+void admin_json_repair (const bson_t *in, bson_t *out);
+/* Replies {"error": message}; counts 4xx as rejected; 401 adds
+ * WWW-Authenticate. */
+void admin_send_error (admin_t *a, struct evhttp_request *req, int code, const char *fmt, ...)
+   __attribute__ ((format (printf, 4, 5)));
+
+/* The endpoints (admin/api.c).  Each answers the request. */
+typedef void (*admin_handler_t) (admin_t *a, struct evhttp_request *req);
+void admin_api_healthz (admin_t *a, struct evhttp_request *req);
+void admin_api_readyz (admin_t *a, struct evhttp_request *req);
+void admin_api_metrics (admin_t *a, struct evhttp_request *req);
+void admin_api_stats (admin_t *a, struct evhttp_request *req);
+void admin_api_handlers (admin_t *a, struct evhttp_request *req);
+void admin_api_deliveries (admin_t *a, struct evhttp_request *req);
+void admin_api_requeue (admin_t *a, struct evhttp_request *req);
+void admin_api_bury (admin_t *a, struct evhttp_request *req);
+void admin_api_purge (admin_t *a, struct evhttp_request *req);
+void admin_api_lanes (admin_t *a, struct evhttp_request *req);
+void admin_api_clients (admin_t *a, struct evhttp_request *req);
+void admin_api_config (admin_t *a, struct evhttp_request *req);
+void admin_api_dashboard (admin_t *a, struct evhttp_request *req);
+
+/* Frees the cached outbox view (admin_free). */
+void admin_api_clear_cache (admin_t *a);
+
+#endif /* RELAYBUS_ADMIN_PRIVATE_H */

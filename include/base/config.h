@@ -1,0 +1,199 @@
+/*
+ * base/config.h - the configuration: one table of keys, immutable snapshots.
+ *
+ * A single table (config_keys) names every key with its section, type,
+ * default, limits, whether a reload may change it, and a line of help.  The
+ * table drives parsing, validation, --check-config, the admin API and the
+ * test that etc/relaybus-proxy.ini and docs/ mention every key.
+ *
+ * A config_t is an immutable snapshot with a reference count.  SIGHUP parses
+ * the file into a new snapshot, validates it, checks that no key marked
+ * non-reloadable changed, and publishes it whole (config_publish); readers
+ * take a reference with config_acquire and drop it with config_release.  A
+ * failed reload keeps the old snapshot and says why.
+ */
+#ifndef RELAYBUS_CONFIG_H
+#define RELAYBUS_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <bson/bson.h>
+
+#define CONFIG_ERROR_DOMAIN 0x4346 /* "CF" */
+#define CONFIG_MAX_HANDLERS 256
+/* A handler's default retry_schedule (Svix's): retries over 27 h 35 min. */
+#define CONFIG_RETRY_SCHEDULE_DEFAULT "5s, 5m, 30m, 2h, 5h, 10h, 10h"
+#define CONFIG_RETRY_DELAYS_MAX 100
+#define CONFIG_RETRY_DELAY_MAX_MS (7 * 86400000LL)
+
+typedef enum {
+   CONFIG_TYPE_STRING,
+   CONFIG_TYPE_INT,  /* int64, with min/max */
+   CONFIG_TYPE_BOOL, /* true/false, yes/no, on/off, 1/0 */
+   CONFIG_TYPE_LIST, /* comma-separated words, kept as the string */
+   CONFIG_TYPE_DURATION, /* a number and a unit (ms, s, m, h, d), kept as int64 ms, with min/max in ms */
+} config_type_t;
+
+typedef enum {
+   CONFIG_SECTION_PROXY,
+   CONFIG_SECTION_OUTBOX,
+   CONFIG_SECTION_DISPATCH,
+   CONFIG_SECTION_ADMIN,
+   CONFIG_SECTION_HANDLER, /* [handler NAME], one per handler */
+} config_section_t;
+
+typedef struct {
+   config_section_t section;
+   const char *name;
+   config_type_t type;
+   const char *default_value; /* as written in the file; NULL: required */
+   int64_t min, max;          /* CONFIG_TYPE_INT and CONFIG_TYPE_DURATION (ms) */
+   bool reloadable;
+   const char *help;
+   size_t offset; /* into config_t, or config_handler_t for handler keys */
+} config_key_t;
+
+typedef enum {
+   HANDLER_KIND_WEBHOOK,
+   HANDLER_KIND_PULL,
+} handler_kind_t;
+
+typedef struct {
+   char *name;
+   char *events; /* raw list */
+   char **event_patterns; /* split, NULL-terminated; "order.*" is a prefix */
+   size_t n_event_patterns;
+   char *kind;
+   handler_kind_t kind_id;
+   char *url;
+   char *secret;
+   char *retry_schedule;     /* raw list of durations */
+   int64_t *retry_delays_ms; /* retry_schedule parsed: the delay before retry i + 1 */
+   size_t n_retry_delays;
+   int64_t max_attempts;     /* 1 + n_retry_delays unless set */
+   int64_t timeout_ms;
+   int64_t concurrency;
+   bool retry_4xx;
+} config_handler_t;
+
+/* [outbox] unrouted: what an event no handler subscribes to gets. */
+typedef enum {
+   CONFIG_UNROUTED_ACCEPT = 0, /* counted only */
+   CONFIG_UNROUTED_WARN,       /* counted and logged (rate-limited) */
+   CONFIG_UNROUTED_REFUSE,     /* the statement is refused with an error */
+} config_unrouted_t;
+
+typedef struct config {
+   /* [proxy] */
+   char *listen;
+   char *upstream;
+   int64_t max_clients;
+   int64_t handshake_timeout_ms;
+   int64_t message_timeout_ms;
+   int64_t drain_timeout_ms;
+   int64_t buffer_high_watermark;
+   int64_t max_buffered_bytes; /* process-wide, all connections */
+   int64_t upstream_connect_timeout_ms;
+   char *compressors;
+   int64_t zlib_level;
+   int64_t zstd_level;
+   char *tls_cert_file;
+   char *tls_key_file;
+   char *tls_ca_file;
+   char *log_level;
+
+   /* [outbox] */
+   char *outbox_database;
+   char *collection_prefix;
+   bool completion_history;
+   bool allow_client_writes;           /* client commands may write the outbox */
+   int64_t max_poisoned_transactions;  /* poison table capacity (restart to change) */
+   int64_t retain_completed_ms;        /* scheduled purge: completed events and history */
+   int64_t retain_dead_ms;             /* scheduled purge: dead deliveries */
+   int64_t purge_interval_ms;          /* scheduled purge: time between runs */
+   int64_t handler_heartbeat_ms;       /* fleet handler set: announce and refresh interval */
+   int64_t handler_retire_after_ms;    /* fleet handler set: grace before an undeclared handler retires */
+   char *unrouted;                     /* accept | warn | refuse */
+   config_unrouted_t unrouted_mode;    /* unrouted, parsed */
+
+   /* [dispatch] */
+   bool dispatch_enabled;
+   int64_t poll_interval_ms;
+   int64_t batch_size;
+   int64_t lease_ms;
+
+   /* [admin] */
+   char *admin_listen;
+   char *admin_token;
+   char *admin_tls_cert_file; /* with admin_tls_key_file: the admin port is HTTPS only */
+   char *admin_tls_key_file;
+
+   config_handler_t *handlers;
+   size_t n_handlers;
+
+   /* Where it came from, for logs and reload. */
+   char *path;
+   _Atomic int refcount; /* see config_retain */
+} config_t;
+
+/* The key tables.  Handler keys are listed with CONFIG_SECTION_HANDLER. */
+const config_key_t *config_keys (size_t *n);
+const char *config_section_name (config_section_t section);
+
+/* A snapshot holding only defaults (refcount 1).  Caller releases it. */
+config_t *config_new_defaults (void);
+
+/* Parses and validates the file into a new snapshot (refcount 1), or NULL
+ * with `error` naming the file, line and key. */
+config_t *config_load (const char *path, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Parses and validates INI text (for tests); `origin` names it in errors. */
+config_t *config_parse_string (const char *text, const char *origin, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* True if `next` may replace `cur` by reload; otherwise names the first
+ * non-reloadable key that changed. */
+bool config_reload_allowed (const config_t *cur, const config_t *next, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Writes every key with its effective value as INI text (--check-config),
+ * each string through config_mask. */
+void config_write (const config_t *cfg, FILE *out);
+
+/* The one masking of credentials for output (--check-config, the admin
+ * API, log lines): a copy of `value` the caller frees with bson_free, or
+ * NULL for NULL.  The whole value becomes "********" for a secret key
+ * (`key_name` "token" or "secret"; NULL for a value of no key).  In a URL
+ * the password of the user information is masked (all of it when there is
+ * no ':'); in a mongodb:// or mongodb+srv:// URI also the values of the
+ * certificate-key password options (tlsCertificateKeyFilePassword and its
+ * older spellings) and each value of authMechanismProperties (the
+ * property names stay); in any other URL every query-string value (the
+ * keys stay) and the fragment. */
+char *config_mask (const char *key_name, const char *value);
+
+/* Reference counting of snapshots.  NULL is accepted by release. */
+config_t *config_retain (config_t *cfg);
+void config_release (config_t *cfg);
+
+/* The process-wide current snapshot.  config_publish takes over the
+ * caller's reference; config_acquire returns a new reference the caller
+ * releases. */
+void config_publish (config_t *cfg);
+config_t *config_acquire (void);
+
+/* True if handler patterns match the event type (exact, or "prefix.*"). */
+bool config_handler_matches (const config_handler_t *h, const char *event_type);
+
+/* Splits "host:port" (or "[v6]:port") into host and port; a value starting
+ * with '/' is a Unix socket path (*port set to 0, host = the path). */
+bool config_parse_listen (const char *value,
+                          char *host,
+                          size_t host_len,
+                          uint16_t *port,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+
+#endif /* RELAYBUS_CONFIG_H */

@@ -1,0 +1,60 @@
+/*
+ * base/log.h - the one way the proxy writes log lines.
+ *
+ * Lines go to stderr, one write(2) per line so threads never interleave
+ * within a line: "2026-11-30T11:05:18.123Z LEVEL [thread] message".
+ * Lines about a connection start with "c<id> <peer>: " (see log_conn) so one
+ * client's story can be grepped.  The level is process-wide and may change
+ * on reload.
+ */
+#ifndef RELAYBUS_LOG_H
+#define RELAYBUS_LOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <inttypes.h>
+#include <stdint.h>
+
+typedef enum {
+   LOG_LEVEL_ERROR = 0,
+   LOG_LEVEL_WARN,
+   LOG_LEVEL_INFO,
+   LOG_LEVEL_DEBUG,
+} log_level_t;
+
+/* "error", "warn", "info", "debug". */
+const char *log_level_name (log_level_t level);
+bool log_level_parse (const char *name, log_level_t *out);
+
+void log_set_level (log_level_t level);
+log_level_t log_get_level (void);
+/* A short name for the calling thread's lines ("main", "store", "admin"). */
+void log_set_thread_name (const char *name);
+
+/* Writes one line.  The formatted message is escaped with log_escape, so
+ * strings from clients and endpoints may be passed as they are. */
+void log_msg (log_level_t level, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+
+/* Copies in[0..in_len) to out, NUL-terminated, with control characters
+ * escaped: LF, CR and tab as \n, \r and \t, other bytes below 0x20, DEL,
+ * C1 controls, U+2028/U+2029 and bytes that are not valid UTF-8 as \xNN
+ * (one per byte).  Printable UTF-8 is kept.  Stops before an escape or a
+ * character that would not fit (never splits one), and sets *cut (may be
+ * NULL) when it stopped early.  Returns the length written. */
+size_t log_escape (const char *in, size_t in_len, char *out, size_t out_len, bool *cut);
+
+#define log_enabled(level) ((level) <= log_get_level ())
+#define log_error(...) log_msg (LOG_LEVEL_ERROR, __VA_ARGS__)
+#define log_warn(...) log_msg (LOG_LEVEL_WARN, __VA_ARGS__)
+#define log_info(...) log_msg (LOG_LEVEL_INFO, __VA_ARGS__)
+#define log_debug(...)                              \
+   do {                                            \
+      if (log_enabled (LOG_LEVEL_DEBUG))           \
+         log_msg (LOG_LEVEL_DEBUG, __VA_ARGS__);   \
+   } while (0)
+
+/* A line about one connection: prefixed with "c<id> <peer>: ". */
+#define log_conn(level, id, peer, fmt, ...) \
+   log_msg ((level), "c%" PRIu64 " %s: " fmt, (uint64_t) (id), (peer), ##__VA_ARGS__)
+
+#endif /* RELAYBUS_LOG_H */

@@ -1,0 +1,57 @@
+/*
+ * base/outbox.h - names and small pure functions shared by every part that
+ * touches the outbox collections: publishing (the forwarding loop), the
+ * store and dispatcher, the admin port and the tests.
+ *
+ * The documents themselves are described in docs/outbox-schema.md; this
+ * module holds what must agree byte for byte between writers and readers:
+ * collection names, the lane hash, and the lease token format.
+ */
+#ifndef RELAYBUS_OUTBOX_H
+#define RELAYBUS_OUTBOX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define OUTBOX_LANES 256
+#define OUTBOX_NAME_MAX 160 /* prefix (64) + longest suffix, with room */
+
+typedef enum {
+   OUTBOX_EVENTS,
+   OUTBOX_DELIVERIES,
+   OUTBOX_KEY_SEQUENCES,
+   OUTBOX_LANES_COLL,
+   OUTBOX_COMPLETED,
+   OUTBOX_HANDLERS, /* the fleet's handler sets: one document per proxy instance */
+   OUTBOX_N_COLLECTIONS,
+} outbox_collection_t;
+
+/* The suffix of a collection ("events", "deliveries", ...). */
+const char *outbox_collection_suffix (outbox_collection_t c);
+
+/* Writes "<prefix><suffix>" into out; false if it does not fit. */
+bool outbox_collection_name (const char *prefix, outbox_collection_t c, char *out, size_t out_len)
+   __attribute__ ((warn_unused_result));
+
+/* 32-bit FNV-1a of the bytes. */
+uint32_t outbox_fnv1a (const void *data, size_t len);
+
+/* The lane of a delivery: FNV-1a of the UTF-8 key, or of the event id when
+ * the event has no key (key NULL), modulo 256. */
+uint32_t outbox_lane_id (const char *key, const char *event_id);
+
+/* Lease tokens: "<laneId>:<epoch>:<claims>". */
+typedef struct {
+   uint32_t lane_id;
+   int64_t epoch;
+   int32_t claims;
+} outbox_lease_t;
+
+#define OUTBOX_LEASE_TOKEN_MAX 48
+void outbox_lease_format (const outbox_lease_t *lease, char out[OUTBOX_LEASE_TOKEN_MAX]);
+/* Strict: decimal fields, lane < 256, epoch >= 1, claims >= 0, nothing else.
+ * A token that could not have been issued is refused without a database call. */
+bool outbox_lease_parse (const char *token, outbox_lease_t *out) __attribute__ ((warn_unused_result));
+
+#endif /* RELAYBUS_OUTBOX_H */

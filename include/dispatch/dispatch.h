@@ -1,0 +1,54 @@
+/*
+ * dispatch/dispatch.h - the dispatch engine: one thread with its own event base and
+ * mongo-c-driver pool that claims deliveries of the configured webhook
+ * handlers, POSTs them, completes what succeeded in batches, reschedules
+ * failures with backoff, buries dead letters, renews the leases of lanes
+ * with work in flight, and hands its lanes back when it stops.
+ *
+ * Nothing here runs on the forwarding loop: main.c calls dispatch_start
+ * once and dispatch_stop at exit, and the publishing path calls
+ * dispatch_wake (thread-safe, never blocks on I/O) after a commit of a
+ * transaction it injected into, so local events go out without waiting for
+ * the poll interval.
+ *
+ * Pull handlers (kind = pull) get deliveries but are not dispatched here:
+ * consumers claim them through virtual commands (later work).
+ */
+#ifndef RELAYBUS_DISPATCH_H
+#define RELAYBUS_DISPATCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+
+#include "base/config.h"
+
+/* Runs the store's setup (collections, indexes, lanes) and, when
+ * [dispatch] enabled = true and a webhook handler exists, starts the
+ * dispatcher thread.  A setup that fails because the upstream is not
+ * reachable yet is retried by the thread; false only for errors that a
+ * retry cannot fix (bad URI, bad handler URL or secret, no thread). */
+bool dispatch_start (config_t *cfg, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Stops claiming, lets requests in flight finish (bounded by the handlers'
+ * timeouts, at most 10 s), releases what is still running, hands every lane
+ * back and joins the thread.  Safe to call when nothing was started. */
+void dispatch_stop (void);
+
+/* Applies a reloaded snapshot (poll_interval_ms, batch_size, lease_ms; the
+ * handlers cannot change on reload).  Takes its own reference; any
+ * thread. */
+void dispatch_reload (config_t *cfg);
+
+/* Claims now instead of at the next poll.  Thread-safe; cheap; a no-op
+ * when the dispatcher is not running. */
+void dispatch_wake (void);
+
+/* Counters for metrics (atomic reads). */
+typedef struct {
+   uint64_t claims, claimed, completed, rescheduled, dead, lost_completions, http_requests;
+} dispatch_stats_t;
+void dispatch_get_stats (dispatch_stats_t *out);
+
+#endif /* RELAYBUS_DISPATCH_H */

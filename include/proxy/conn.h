@@ -1,0 +1,201 @@
+/*
+ * proxy/conn.h - client connections, each paired with its own upstream.
+ *
+ * A client connection is a state machine (client_state_t) that owns one
+ * upstream connection to the primary.  Messages are framed on both sides;
+ * requests are inspected (decompressed, parsed, the command name read) and
+ * forwarded by moving evbuffer chains, with only the header's requestID
+ * rewritten: every message the proxy sends upstream carries an id from the
+ * connection's own counter, so the proxy's own requests can never collide
+ * with the client's.  Two bounded FIFOs match replies:
+ *
+ *  - client requests awaiting an answer (client_req_t), in the client's
+ *    order: answers are delivered in that order whatever produced them;
+ *  - upstream requests awaiting a reply (upstream_req_t), in the upstream's
+ *    order: each says what to do with its reply (relay it, rewrite a hello,
+ *    or hand it to an internal callback).
+ *
+ * This split is what lets later modules (injection, virtual commands) hold
+ * a client request, send the proxy's own requests on the same upstream
+ * connection (client_send_internal), and answer the client themselves
+ * (client_answer) without the client ever seeing the internal traffic.
+ *
+ * client_loop_t is the forwarding loop's own state (one per loop thread):
+ * its connections, counters of ids, the current config snapshot.
+ */
+#ifndef RELAYBUS_CLIENT_H
+#define RELAYBUS_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <bson/bson.h>
+#include <event2/util.h>
+#include <openssl/ssl.h>
+
+#include "base/config.h"
+#include "base/counters.h"
+#include "proxy/tls.h"
+#include "proxy/topology.h"
+#include "codec/wire.h"
+
+struct event_base;
+struct loopwake;
+
+#define CLIENT_ERROR_DOMAIN 0x434c /* "CL" */
+/* Client requests awaiting an answer.  Drivers do not pipeline (one request
+ * per connection at a time, plus moreToCome writes which need no answer),
+ * so this only bounds a misbehaving client: when full, reading pauses. */
+#define CLIENT_MAX_INFLIGHT 16
+/* Upstream requests awaiting a reply: the client's plus the proxy's own. */
+#define CLIENT_MAX_UPSTREAM_INFLIGHT 64
+
+typedef enum {
+   CLIENT_STATE_AWAIT_UPSTREAM = 0, /* waiting for a primary and the upstream connect */
+   CLIENT_STATE_HANDSHAKE,          /* upstream up; first hello not answered yet */
+   CLIENT_STATE_READY,              /* forwarding */
+   CLIENT_STATE_DRAINING,           /* shutdown: no new requests; close when answered */
+   CLIENT_STATE_CLOSING,            /* disconnected; freed on the next loop turn */
+   CLIENT_STATE_COUNT_
+} client_state_t;
+
+typedef struct client_loop client_loop_t;
+typedef struct client_conn client_conn_t;
+
+/* "await_upstream", "handshake", ... */
+const char *client_state_name (client_state_t state);
+
+/* --- the loop ---------------------------------------------------------- */
+
+/* `cfg` is retained (new connections take their own reference to whatever
+ * snapshot is current when they are accepted); `topo` and `tls` (may be
+ * NULL) are borrowed and must outlive the loop. */
+client_loop_t *client_loop_new (struct event_base *base,
+                                topology_t *topo,
+                                tls_upstream_t *tls,
+                                config_t *cfg,
+                                bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Starts the thread that decompresses and validates big requests off the
+ * loop, posting results through `wake` (borrowed; it must outlive the
+ * loop).  Without it every request is decoded on the loop. */
+bool client_loop_set_wake (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+/* Swaps the snapshot used for new connections (reload). Retains `cfg`. */
+void client_loop_set_config (client_loop_t *loop, config_t *cfg);
+/* The topology snapshot changed: waiting clients try to connect. */
+void client_loop_topology_changed (client_loop_t *loop);
+size_t client_loop_count (const client_loop_t *loop);
+/* Stops reading new requests everywhere, closes each connection once its
+ * in-flight requests are answered, and all of them after `timeout_ms`.
+ * `on_empty` runs (on the loop) when the last connection is gone. */
+void client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (void *), void *ctx);
+/* Closes every connection at once and frees the loop.  NULL ok. */
+void client_loop_destroy (client_loop_t *loop);
+
+/* What a request hook decided about one client request. */
+typedef enum {
+   CLIENT_ROUTE_FORWARD = 0, /* not ours: forward it unchanged */
+   CLIENT_ROUTE_HELD,        /* taken: the hook called client_hold_request and
+                              * will call client_answer (maybe after
+                              * client_send_internal round trips) */
+   CLIENT_ROUTE_ERROR,       /* close the connection; `error` says why */
+} client_route_t;
+
+/* Called on the loop for every parsed OP_MSG request that expects a reply
+ * or not (check WIRE_MSG_MORE_TO_COME), after decompression and before
+ * forwarding; hellos never reach it.  `msg` and `cmd` point into the
+ * request's buffer, valid only during the call: copy what you keep.
+ * `compressor` is what client_hold_request wants.  The request's bytes are
+ * dropped after CLIENT_ROUTE_HELD. */
+typedef client_route_t (*client_request_hook_t) (client_conn_t *c,
+                                                 const wire_msg_t *msg,
+                                                 const char *cmd,
+                                                 int compressor,
+                                                 void *ctx,
+                                                 bson_error_t *error);
+
+/* Installs the hook (one per loop; NULL removes it). */
+void client_loop_set_request_hook (client_loop_t *loop, client_request_hook_t hook, void *ctx);
+
+/* Takes over an accepted socket (closes it on failure).  `server_tls` may
+ * be NULL.  The connection starts waiting for a primary. */
+bool client_accept (client_loop_t *loop,
+                    evutil_socket_t fd,
+                    const struct sockaddr *addr,
+                    int addr_len,
+                    SSL_CTX *server_tls,
+                    bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* --- one connection ---------------------------------------------------- */
+
+uint64_t client_id (const client_conn_t *c);
+const char *client_peer (const client_conn_t *c);
+client_state_t client_state (const client_conn_t *c);
+
+/* A slot for a module's per-connection state (e.g. a transaction being
+ * injected into).  `destroy` (may be NULL) runs when the connection is
+ * freed, after every callback has fired.  Setting replaces (and destroys)
+ * the previous value. */
+void client_set_data (client_conn_t *c, void *data, void (*destroy) (void *));
+void *client_get_data (const client_conn_t *c);
+
+/* The one way a connection ends: logs "c<id> <peer>: closing (<reason>):
+ * <detail>", counts the reason, fails pending internal requests, frees the
+ * sockets now and the struct on the next loop turn.  Idempotent. */
+void client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fmt, ...)
+   __attribute__ ((format (printf, 3, 4)));
+
+/* --- the proxy's own traffic (injection, virtual commands) ------------- */
+
+/* Receives the reply to a request sent with client_send_internal: the
+ * parsed OP_MSG (valid only during the call) and NULL error, or NULL reply
+ * and an error when the connection closed first (then `c` is CLOSING:
+ * release `ctx` and send nothing).  It may call client_send_internal,
+ * client_answer and client_disconnect. */
+typedef void (*client_internal_cb_t) (client_conn_t *c,
+                                      const wire_msg_t *reply,
+                                      const bson_error_t *error,
+                                      void *ctx);
+
+/* Sends the proxy's own OP_MSG on this client's upstream connection, after
+ * everything already queued there (so it runs inside whatever transaction
+ * the client's previous statements opened, given the same lsid/txnNumber).
+ * The reply goes to `cb`, never to the client.  Fails if the upstream is not
+ * connected or the in-flight FIFO is full. */
+bool client_send_internal (client_conn_t *c,
+                           const bson_t *body,
+                           const wire_sequence_t *sequences,
+                           uint32_t nsequences,
+                           client_internal_cb_t cb,
+                           void *ctx,
+                           bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Registers a client request the proxy will answer itself (a virtual
+ * command, or a statement injection holds): returns its sequence number for
+ * client_answer.  `family` is the request's opcode (WIRE_OP_MSG or
+ * WIRE_OP_QUERY), `compressor` the id it arrived compressed with or -1.
+ * Fails when CLIENT_MAX_INFLIGHT requests are already waiting. */
+bool client_hold_request (client_conn_t *c,
+                          int32_t client_request_id,
+                          int32_t family,
+                          int compressor,
+                          uint64_t *request_seq,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Answers client request `request_seq` (a value returned by
+ * client_hold_request) with `reply`, encoded in the request's opcode family,
+ * compressed as the request was, delivered in request order. */
+bool client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Convenience: answers with {ok: 0, errmsg, code, codeName}. */
+bool client_answer_error (client_conn_t *c,
+                          uint64_t request_seq,
+                          int32_t code,
+                          const char *code_name,
+                          const char *errmsg,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+
+#endif /* RELAYBUS_CLIENT_H */

@@ -1,0 +1,265 @@
+/*
+ * proxy/conn_private.h - what the two halves of a client connection share.
+ *
+ * proxy/conn.c is a connection's lifecycle: its states, the flow decisions
+ * (who may read), the libevent callbacks, pairing with an upstream,
+ * draining and the one way to close.  proxy/pump.c is what flows through
+ * it: framing, the two in-flight FIFOs, forwarding, reply matching, the
+ * proxy's own answers and internal requests.  Both include this header;
+ * every other module uses proxy/conn.h only.
+ */
+#ifndef RELAYBUS_CLIENT_PRIVATE_H
+#define RELAYBUS_CLIENT_PRIVATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+
+#include "proxy/conn.h"
+#include "codec/handshake.h"
+#include "proxy/upstream.h"
+
+struct event;
+struct loopwake;
+
+/* A request decoded off the loop, and the thread that does it
+ * (proxy/pump.c). */
+typedef struct client_job client_job_t;
+typedef struct client_worker client_worker_t;
+
+/* Requests whose decoding touches at least this many bytes (their length,
+ * or for OP_COMPRESSED the announced uncompressed size) are decoded by the
+ * loop's worker thread (proxy/pump.c). */
+#define CLIENT_OFFLOAD_MIN (1024 * 1024)
+
+/* What the upstream's reply to one request is for. */
+typedef enum {
+   UPREQ_RELAY,    /* relay to the client (responseTo mapped back) */
+   UPREQ_HELLO,    /* rewrite as the mongos persona, then relay */
+   UPREQ_INTERNAL, /* the proxy's own request: reply to a callback */
+} upreq_kind_t;
+
+/* A client request that expects an answer, in the client's order. */
+typedef struct {
+   uint64_t seq;
+   int32_t client_id;     /* the client's requestID: the answer's responseTo */
+   int32_t family;        /* WIRE_OP_MSG or WIRE_OP_QUERY: the answer's opcode family */
+   int compressor;        /* compress the answer with this id; -1: plain */
+   bool done;             /* the final answer has been produced */
+   struct evbuffer *held; /* answers produced while earlier requests wait; owned */
+} client_req_t;
+
+/* A message sent upstream that expects a reply, in the upstream's order. */
+typedef struct {
+   upreq_kind_t kind;
+   int32_t upstream_id;        /* the requestID the proxy sent */
+   int32_t expect_response_to; /* upstream_id; then the last reply's id (exhaust) */
+   uint64_t creq_seq;          /* RELAY, HELLO: the client request it answers */
+   handshake_compression_t offer; /* HELLO: what to advertise */
+   client_internal_cb_t cb;       /* INTERNAL */
+   void *cb_ctx;
+} upstream_req_t;
+
+/* Owned by its loop (listed in loop->clients until disconnected, then in
+ * loop->free_list until freed).  Owns its bufferevent, its upstream, its
+ * timers, its held answers and a reference on its config snapshot. */
+struct client_conn {
+   uint64_t id;
+   char peer[128];
+   client_state_t state;
+   client_loop_t *loop;
+   config_t *cfg;
+
+   struct bufferevent *bev;
+   upstream_conn_t *up;
+   bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
+
+   struct event *timer;          /* per state: no primary / handshake */
+   struct event *req_timer;      /* a partial request stalls */
+   struct event *reply_timer;    /* a partial reply stalls */
+   bool req_timer_armed;         /* req_timer is pending (saves event_del calls) */
+   bool reply_timer_armed;
+
+   /* The write callbacks are installed only while they have work to do
+    * (client_update_flow): libevent schedules one after nearly every
+    * write otherwise. */
+   bool client_drained_cb;   /* client_write_cb installed */
+   bool up_drained_cb;       /* upstream_want_drained on */
+   /* Plain sockets are written by client_update_flow itself (write_now);
+    * TLS ones by libevent on the write event, as bufferevents do. */
+   bool client_direct;
+   bool up_direct;
+   /* Plain sockets are read by these events of ours (read_now), not by
+    * the bufferevent, whose reads first ask the kernel how much is there
+    * (ioctl FIONREAD): a syscall per read.  NULL for TLS sides. */
+   struct event *client_rd;
+   struct event *up_rd;
+   bool client_reading; /* client_rd added */
+   bool up_reading;     /* up_rd added */
+   evutil_socket_t client_fd; /* the sockets, for read_now and write_now */
+   evutil_socket_t up_fd;     /* (bufferevent_getfd is a ctrl call) */
+   unsigned pumping; /* pumps on the stack: the outer one's end writes */
+
+   struct evbuffer *scratch; /* decompressed requests */
+   client_job_t *job; /* a request being decoded by the worker: the
+                       * connection neither reads nor routes until it is
+                       * back (proxy/pump.c owns it) */
+   struct evbuffer *tmp;     /* re-encoded replies */
+
+   int compressor; /* negotiated on the first hello, for logs; -1 none */
+   /* Bit (1 << id) for each compressor the first hello negotiated: the
+    * only ones (besides noop) its OP_COMPRESSED requests may use. */
+   unsigned compressors_negotiated;
+   int32_t next_id; /* requestIDs the proxy sends upstream or to the client */
+
+   client_req_t creqs[CLIENT_MAX_INFLIGHT];
+   uint64_t creq_head, creq_tail; /* seqs: [head, tail) are waiting */
+   upstream_req_t upreqs[CLIENT_MAX_UPSTREAM_INFLIGHT];
+   uint32_t up_head, up_count;
+
+   /* The process-wide memory bound (proxy/conn.c, "memory").  mem_held: bytes
+    * in this connection's buffers, kept exact by evbuffer callbacks;
+    * mem_partial: reserved for the rest of the partial request at the
+    * front of the input; mem_decode: reserved for the request being
+    * decompressed (and, off the loop, for its bytes).  All three are in
+    * stats.buffered_bytes.  A connection whose reservation does not fit
+    * waits in loop->mem_wait_head (FIFO) with mem_need, that side not
+    * read. */
+   struct evbuffer_cb_entry *mem_cb_in, *mem_cb_out, *mem_cb_up_in, *mem_cb_up_out;
+   int64_t mem_held;
+   int64_t mem_partial;    /* the client's partial request */
+   int64_t mem_partial_up; /* the upstream's partial reply */
+   int64_t mem_decode;
+   int64_t mem_need;
+   unsigned mem_wait_sides; /* MEM_SIDE_* bits (proxy/conn.c); 0: not waiting */
+   client_conn_t *mem_wait_prev, *mem_wait_next;
+
+   client_conn_t *prev, *next; /* loop->clients, or loop->free_list (next only) */
+
+   void *data; /* client_set_data: another module's state, owned via data_destroy */
+   void (*data_destroy) (void *);
+};
+
+struct client_loop {
+   struct event_base *base;
+   topology_t *topo;      /* borrowed */
+   tls_upstream_t *tls;   /* borrowed, may be NULL */
+   config_t *cfg;         /* retained */
+   uint64_t next_conn_id;
+   client_conn_t *clients;
+   size_t nclients;
+   client_conn_t *free_list;
+   struct event *free_ev;
+   bool draining;
+   struct event *drain_timer;
+   void (*on_empty) (void *);
+   void *on_empty_ctx;
+   client_request_hook_t hook; /* injection and virtual commands */
+   void *hook_ctx;
+   client_worker_t *worker; /* decodes big requests; NULL: all on the loop */
+   /* Connections waiting for memory, oldest first; mem_ev resumes them. */
+   client_conn_t *mem_wait_head, *mem_wait_tail;
+   struct event *mem_ev;
+   bool mem_ev_active;
+   int64_t mem_pause_started_ms; /* first pause of the episode; 0: none */
+   int64_t mem_last_log_ms;
+   uint64_t mem_episode_pauses;
+};
+
+/* ------------------------------------------------------------ buffers */
+
+static inline struct evbuffer *
+client_output (client_conn_t *c)
+{
+   return bufferevent_get_output (c->bev);
+}
+
+static inline struct evbuffer *
+upstream_output (client_conn_t *c)
+{
+   return bufferevent_get_output (upstream_bev (c->up));
+}
+
+static inline size_t
+high_watermark (const client_conn_t *c)
+{
+   return (size_t) c->cfg->buffer_high_watermark;
+}
+
+/* ------------------------------------------------------------ FIFOs */
+
+static inline uint32_t
+creq_count (const client_conn_t *c)
+{
+   return (uint32_t) (c->creq_tail - c->creq_head);
+}
+
+static inline client_req_t *
+creq_find (client_conn_t *c, uint64_t seq)
+{
+   if (seq < c->creq_head || seq >= c->creq_tail)
+      return NULL;
+   return &c->creqs[seq % CLIENT_MAX_INFLIGHT];
+}
+
+static inline void
+upreq_pop (client_conn_t *c)
+{
+   c->up_head = (c->up_head + 1) % CLIENT_MAX_UPSTREAM_INFLIGHT;
+   c->up_count--;
+}
+
+/* Room for one more request in both FIFOs (a relayed request takes one of
+ * each; HELLO too). */
+static inline bool
+fifo_has_room (const client_conn_t *c)
+{
+   return creq_count (c) < CLIENT_MAX_INFLIGHT && c->up_count < CLIENT_MAX_UPSTREAM_INFLIGHT;
+}
+
+/* ------------------------------------------------------------ across */
+
+/* proxy/conn.c: the one function that changes state (timers, flow, registry). */
+void client_set_state (client_conn_t *c, client_state_t next);
+/* proxy/conn.c: in DRAINING, closes the connection once nothing is in flight
+ * and its output is written. */
+void client_check_drained (client_conn_t *c);
+/* proxy/conn.c: something was queued on an output.  Inside a pump (the request
+ * hook, an internal reply's callback) the pump's end writes it with the
+ * rest; outside one (a call from any other loop callback) it is written
+ * now, as plain sockets have no write event armed to do it later. */
+void client_output_queued (client_conn_t *c);
+
+/* proxy/conn.c, the memory bound.  client_mem_reserve_decode reserves `n`
+ * bytes for decompressing the request at the front of the input (false:
+ * the connection now waits for memory; stop routing); release gives back
+ * what the decode reserved.  client_mem_watch counts a buffer of the
+ * connection's (a held answer) in mem_held. */
+bool client_mem_reserve_decode (client_conn_t *c, int64_t n);
+void client_mem_release_decode (client_conn_t *c);
+void client_mem_watch (client_conn_t *c, struct evbuffer *buf);
+
+/* proxy/conn.c: runs the client's pump from outside a libevent callback of
+ * the connection (a finished decoding job). */
+void client_resume (client_conn_t *c);
+
+/* proxy/pump.c: the decoding worker of a loop.  Start posts its results
+ * through `wake`; stop joins it and frees what it still holds (call it
+ * after every connection is closed). */
+bool client_worker_start (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+void client_worker_stop (client_loop_t *loop);
+/* proxy/pump.c: the connection closes: its job, if any, is dropped. */
+void client_job_cancel (client_conn_t *c);
+
+/* proxy/pump.c: handles every complete request in the client's input
+ * while the FIFOs and the upstream's output have room; returns whether it
+ * took any.  Returns false after disconnecting too (check the state). */
+bool client_route_requests (client_conn_t *c);
+/* proxy/pump.c: the same for replies in the upstream's input, while the
+ * client's output has room. */
+bool client_route_replies (client_conn_t *c);
+
+#endif /* RELAYBUS_CLIENT_PRIVATE_H */

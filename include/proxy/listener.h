@@ -1,0 +1,43 @@
+/*
+ * proxy/listener.h - accepting client connections.
+ *
+ * One listening socket, TCP ("host:port") or Unix ("/path"), handed to
+ * libevent's evconnlistener.  Accepted sockets go to client_accept, unless
+ * max_clients are already open: then the socket is closed at once, with a
+ * log line and a count.  When accept fails for lack of file descriptors
+ * (EMFILE/ENFILE) the listener pauses and retries on a timer instead of
+ * spinning on a readable socket it cannot accept.
+ */
+#ifndef RELAYBUS_LISTENER_H
+#define RELAYBUS_LISTENER_H
+
+#include <stdbool.h>
+
+#include <bson/bson.h>
+#include <openssl/ssl.h>
+
+#include "proxy/conn.h"
+
+struct event_base;
+
+#define LISTENER_ERROR_DOMAIN 0x4c53 /* "LS" */
+
+typedef struct listener listener_t;
+
+/* Binds `listen` (config syntax).  `server_tls` (may be NULL) is borrowed.
+ * max_clients is read from the loop's current config at each accept. */
+listener_t *listener_new (struct event_base *base,
+                          const char *listen,
+                          client_loop_t *loop,
+                          SSL_CTX *server_tls,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* The bound address as text (the real port when 0 was asked). */
+const char *listener_address (const listener_t *l);
+
+void listener_set_max_clients (listener_t *l, int64_t max_clients);
+
+/* Stops accepting, closes the socket, removes a Unix socket file. NULL ok. */
+void listener_destroy (listener_t *l);
+
+#endif /* RELAYBUS_LISTENER_H */

@@ -1,0 +1,74 @@
+/*
+ * store/fleet.h - the fleet's handler sets in the outbox (`handlers`
+ * collection): each proxy instance's declaration and heartbeat, the
+ * backfill of a newly declared handler, and the retirement of handlers no
+ * live proxy declares.  Blocking mongoc calls: the dispatcher thread only.
+ * The documents are docs/outbox-schema.md's.
+ */
+#ifndef RELAYBUS_STORE_FLEET_H
+#define RELAYBUS_STORE_FLEET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+
+#include "store/store.h"
+
+/* Upserts this instance's document {_id: owner}: `fields` ($set as they
+ * are: the handlers, startedAt), and heartbeatAt = now. */
+bool store_fleet_announce (store_t *store, const bson_t *fields, int64_t now, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Reads at most `max` instance documents into docs[] (copies the caller
+ * destroys); *n how many. */
+bool store_fleet_read (store_t *store, bson_t **docs, size_t max, size_t *n, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Removes the documents of other instances whose heartbeat is before
+ * `before`. */
+bool store_fleet_forget (store_t *store, int64_t before, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Takes or renews the retirement lease (the lanes collection's document
+ * _id -2, retireOwner / retireLeaseExpiresAt, as the purge lease). */
+bool store_fleet_lease (store_t *store, int64_t now, int64_t lease_ms, bool *leased, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Hands the retirement lease back if this instance holds it (at a clean
+ * stop, so the next instance need not wait for it to expire). */
+bool store_fleet_lease_release (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* The distinct handler names of the deliveries, pending or dead (at most
+ * `max`; the caller frees each name and the array). */
+bool store_fleet_pending_handlers (store_t *store, char ***names, size_t *n, size_t max, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* One batch of a retirement: up to `batch` pending deliveries of `handler`
+ * become dead with `reason` (as an operator bury: not those a lane lists
+ * in flight).  *n_buried how many; *more whether the batch came back
+ * full. */
+bool store_fleet_retire (store_t *store,
+                         const char *handler,
+                         const char *reason,
+                         int64_t now,
+                         size_t batch,
+                         size_t *n_buried,
+                         bool *more,
+                         bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Backfill of a newly declared handler: every event created at or after
+ * `since` whose type matches one of `patterns` (exact, or a prefix ending
+ * in '*') and whose `handlers` list lacks `handler` gets the handler added
+ * and a pending delivery (copying key, sequence, notBefore), in
+ * transactions of at most 500 events.  *n_added how many. */
+bool store_fleet_backfill (store_t *store,
+                           const char *handler,
+                           const char *const *patterns,
+                           size_t n_patterns,
+                           int64_t since,
+                           int64_t now,
+                           size_t *n_added,
+                           bson_error_t *error) __attribute__ ((warn_unused_result));
+
+#endif /* RELAYBUS_STORE_FLEET_H */

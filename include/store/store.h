@@ -1,0 +1,293 @@
+/*
+ * store/store.h - the outbox store: lanes, claims, fencing, completions, retries,
+ * dead letters, parking, requeue, purge and statistics, on mongo-c-driver.
+ *
+ * The semantics are those of ../shared/reference/relaybus-mongodb-store.md
+ * ("How it works"); the documents and indexes are docs/outbox-schema.md.
+ * Every call is a blocking mongoc call: run it on the dispatcher's or the
+ * admin's thread, never on the forwarding loop.  Time is always passed in
+ * (`now`, milliseconds since the Unix epoch); the server clock is never read.
+ *
+ * The modules: store/store.c (instance, collections, indexes, lanes),
+ * store/claim.c (claim, takeover charging, parking, reconciliation),
+ * store/complete.c (complete, completeMany, reschedule, release, bury,
+ * extendLease, relinquish), store/ops.c (requeue, purge, statistics,
+ * listDeliveries).
+ *
+ * A store_t is one "store instance": it remembers the lanes it holds and
+ * the claims it handed out, so a process restarted with the same owner name
+ * never adopts its predecessor's lanes.  It is thread-safe; claims of one
+ * instance run one after the other.
+ */
+#ifndef RELAYBUS_STORE_H
+#define RELAYBUS_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+
+#include "base/outbox.h"
+
+#define STORE_ERROR_DOMAIN 0x5354 /* "ST" */
+
+typedef enum {
+   STORE_ERROR_INVALID = 1, /* bad argument */
+   STORE_ERROR_SERVER,      /* a command failed */
+   STORE_ERROR_LOST,        /* a claim's record did not reach every lane */
+} store_error_code_t;
+
+/* Deliveries waiting behind one unfinished predecessor that get parked. */
+#define STORE_PARK_THRESHOLD 32
+/* A claim query over many lanes asks for at most this many at once. */
+#define STORE_MAX_LANES_PER_QUERY 128
+/* Deliveries of one key one claim may take at most (store_claim_opts_t). */
+#define STORE_KEY_RUN_MAX 8
+
+typedef struct store store_t;
+
+typedef struct {
+   const char *database;    /* [outbox] database */
+   const char *prefix;      /* [outbox] collection_prefix */
+   bool completion_history; /* [outbox] completion_history */
+   const char *owner;       /* lease owner, unique per process instance */
+   int32_t purge_batch_size; /* 0: 500 */
+} store_opts_t;
+
+/* A new store instance on `pool` (borrowed: the caller keeps it alive
+ * until store_destroy).  Copies the strings of `opts`. */
+store_t *store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+/* Frees the instance; does not hand lanes back (see store_relinquish).
+ * NULL is accepted. */
+void store_destroy (store_t *store);
+const char *store_owner (const store_t *store);
+/* "<host>/<pid>/<12 random hex>" into out (at least 128 bytes). */
+void store_make_owner (char *out, size_t out_len);
+
+/* Creates the collections, the indexes (idempotently) and the 256 lanes. */
+bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* ------------------------------------------------------------------ claim */
+
+typedef struct {
+   const char *handler;
+   size_t limit; /* at most this many of this handler in one claim */
+} store_claim_handler_t;
+
+typedef struct {
+   const store_claim_handler_t *handlers;
+   size_t n_handlers;
+   size_t limit;     /* at most this many in all */
+   int64_t now;      /* ms */
+   int64_t lease_ms; /* lease of the lanes taken or used */
+   /* The free lanes an earlier claim's probe found and did not take may
+    * be taken without probing again while the probe is younger than this
+    * (ms; 0: always probe).  The dispatcher passes its poll interval, and
+    * 0 when a commit woke it (the new work may be in any lane). */
+   int64_t probe_reuse_ms;
+   /* At most this many deliveries of one key per claim (0 or 1: one, as
+    * the reference claims; at most STORE_KEY_RUN_MAX): the lowest pending
+    * ones, proven consecutive, returned in sequence order after the heads
+    * of the batch.  The caller runs them one after the other, each only
+    * after the one before it completed. */
+   size_t key_run;
+} store_claim_opts_t;
+
+/* One claimed delivery.  Everything is owned by the batch. */
+typedef struct {
+   bson_oid_t id;
+   char *event_id;
+   char *handler;
+   char *event_type;
+   char *key; /* NULL without a key */
+   int64_t sequence;
+   int32_t attempt; /* attempts that ended + 1: this is attempt N */
+   int64_t due_at, created_at;
+   char lease[OUTBOX_LEASE_TOKEN_MAX];
+   bson_t *event; /* the event document, NULL if it was missing */
+} store_delivery_t;
+
+typedef struct {
+   store_delivery_t *items;
+   size_t n, cap;
+} store_batch_t;
+
+/* Claims up to opts->limit due deliveries of the given handlers: the lane
+ * documents read once, held lanes first, then the free lanes the batch
+ * needs, oldest due work first, taken with one updateMany; per-key rules
+ * (runs with opts->key_run); one bulkWrite (docs/outbox-schema.md, "Where
+ * this store departs from the reference").  `out` must be empty
+ * ({0}); the caller clears it with store_batch_clear.  A claim that fails
+ * reconciles this instance's lanes before it returns false.  A listed
+ * delivery whose claim this instance did not hand out, or handed out and
+ * neither settled nor renewed for opts->lease_ms, is taken back (its claim
+ * generation moves on) and may be handed out again at once. */
+bool store_claim (store_t *store, const store_claim_opts_t *opts, store_batch_t *out, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+void store_batch_clear (store_batch_t *batch);
+
+/* Lanes this instance holds under a live lease at `now` (for renewal and
+ * metrics). */
+size_t store_lanes_held (store_t *store, int64_t now);
+
+/* ----------------------------------------------------- settling a claim */
+
+/* A claimed delivery as the settling calls see it: its id and lease, and
+ * optionally the id of its event (as claimed), which lets a completion
+ * skip reading the delivery. */
+typedef struct {
+   bson_oid_t id;
+   const char *lease;
+   const char *event_id;
+} store_ref_t;
+
+/* Completes the deliveries; done[i] tells whether ref i is proven
+ * completed.  Without completion history: two commands when every ref
+ * names its event (the delete, fenced by the claim generation, and the
+ * events' completion time), four otherwise; one transaction with history.
+ * When fewer deliveries were deleted than leases were fenced, no lease is
+ * reported completed. */
+bool store_complete_many (store_t *store,
+                          const store_ref_t *refs,
+                          size_t n,
+                          int64_t now,
+                          bool *done,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+bool store_complete (store_t *store, const store_ref_t *ref, int64_t now, bool *done, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* The claim ended in failure: one attempt more, due again at `due_at`.
+ * *applied is false when the lease was stale (nothing changed). */
+bool store_reschedule (store_t *store,
+                       const store_ref_t *ref,
+                       int64_t now,
+                       int64_t due_at,
+                       const char *last_error,
+                       bool *applied,
+                       bson_error_t *error) __attribute__ ((warn_unused_result));
+/* The claim ends without an attempt charged (graceful shutdown). */
+bool store_release (store_t *store, const store_ref_t *ref, int64_t now, bool *applied, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+/* The delivery is dead with `last_error` (one attempt more). */
+bool store_bury (store_t *store,
+                 const store_ref_t *ref,
+                 int64_t now,
+                 const char *last_error,
+                 bool *applied,
+                 bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Extends the lease of the delivery's lane to now + lease_ms (never
+ * shrinks it), in one transaction that checks the claim generation. */
+bool store_extend_lease (store_t *store,
+                         const store_ref_t *ref,
+                         int64_t now,
+                         int64_t lease_ms,
+                         bool *applied,
+                         bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Renews every ref: the refs are grouped by lane and epoch, one
+ * transaction per lane checks the claim generation of each of its refs and
+ * extends the lane to now + lease_ms (never shrinks it) when at least one
+ * still holds.  applied[i] tells whether ref i holds; each applied ref's
+ * own claim is renewed too (see store_claim: a claim this instance stops
+ * renewing for a lease is taken back as abandoned).  False when a lane
+ * could not be renewed (the others are renewed anyway). */
+bool store_extend_leases (store_t *store,
+                          const store_ref_t *refs,
+                          size_t n,
+                          int64_t now,
+                          int64_t lease_ms,
+                          bool *applied,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Hands back every lane this instance holds; what is still listed in flight
+ * is released (claim generation moves on, no attempt charged). */
+bool store_relinquish (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* ------------------------------------------------------------ operators */
+
+/* Makes dead deliveries pending and due at `now` again (attempts start
+ * over).  Ids are strings (24 hex characters); anything else matches
+ * nothing. */
+bool store_requeue (store_t *store,
+                    const char *const *ids,
+                    size_t n,
+                    int64_t now,
+                    size_t *n_requeued,
+                    bson_error_t *error) __attribute__ ((warn_unused_result));
+
+typedef struct {
+   int64_t dead_before;      /* 0: keep dead deliveries */
+   int64_t completed_before; /* 0: keep completion history and completed events */
+} store_purge_opts_t;
+
+typedef struct {
+   int64_t dead, completed, events;
+} store_purge_result_t;
+
+bool store_purge (store_t *store,
+                  const store_purge_opts_t *opts,
+                  store_purge_result_t *result,
+                  bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Scheduled retention: a purge run in bounded steps.  The caller starts a
+ * run by setting the cutoffs on a cleared run (active false), then calls
+ * store_purge_step until it reports `done`, with as much time between
+ * steps as it likes; each step is one batch (purge_batch_size documents,
+ * one transaction) of, in turn, dead deliveries, completion history
+ * records, then events, with the same rules as store_purge.  Each step
+ * first takes or renews the purge lease (one document, for `lease_ms`):
+ * while another instance holds it, the step does nothing and reports
+ * leased false.  The run is cleared when it is done, on an error and
+ * when the lease is elsewhere. */
+typedef struct {
+   bool active;
+   int64_t dead_before;      /* 0: keep dead deliveries */
+   int64_t completed_before; /* 0: keep completion history and completed events */
+   /* progress, owned by the store */
+   int phase;
+   int64_t after_created;
+   char *after_id;
+} store_purge_run_t;
+
+typedef struct {
+   bool leased; /* false: the purge lease is held by another instance */
+   bool done;   /* the run is over */
+   int64_t dead, completed, events; /* removed by this step */
+} store_purge_step_result_t;
+
+bool store_purge_step (store_t *store,
+                       store_purge_run_t *run,
+                       int64_t now,
+                       int64_t lease_ms,
+                       store_purge_step_result_t *result,
+                       bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Frees the run's progress and clears it; NULL accepted. */
+void store_purge_run_clear (store_purge_run_t *run);
+
+typedef struct {
+   int64_t pending, dead, parked, completed, running;
+   int64_t lanes_owned;    /* lanes under a live lease at `now` */
+   int64_t oldest_due_at;  /* 0: nothing pending */
+} store_stats_t;
+
+bool store_statistics (store_t *store, int64_t now, store_stats_t *stats, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Filters of listDeliveries: every field is a string (or NULL) and reaches
+ * the query as a string, never as an operator. */
+typedef struct {
+   const char *status; /* pending | dead | completed; NULL: pending and dead */
+   const char *handler;
+   const char *event_type;
+   const char *event_id;
+   const char *key;
+   int64_t limit; /* 1..1000; 0: 100 */
+} store_list_filter_t;
+
+/* Appends the matching documents to `out` (an array being built, or an
+ * empty bson_t treated as an array) in (createdAt, _id) order. */
+bool store_list_deliveries (store_t *store, const store_list_filter_t *filter, bson_t *out, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+#endif /* RELAYBUS_STORE_H */

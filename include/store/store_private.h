@@ -1,0 +1,190 @@
+/*
+ * store/store_private.h - what the store_*.c modules share and nobody else uses:
+ * the instance structure, the per-instance memory of lanes held and claims
+ * handed out, and small helpers around mongo-c-driver.
+ */
+#ifndef RELAYBUS_STORE_PRIVATE_H
+#define RELAYBUS_STORE_PRIVATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+
+#include "base/outbox.h"
+#include "store/store.h"
+
+/* A growable list of ObjectIds. */
+typedef struct {
+   bson_oid_t *v;
+   size_t n, cap;
+} store_oids_t;
+
+#define STORE_SETTLED_MAX 4096
+
+/* A lane this instance took, with the epoch of that take. */
+typedef struct {
+   bool held;
+   int64_t epoch;
+   int64_t expires; /* ms; the latest expiry this instance wrote */
+} store_lane_state_t;
+
+/* A claim this instance handed out and has not seen settled.  `expires`
+ * is the claim's own lease (ms): set when it is handed out, moved on by
+ * every renewal of it.  A claim of this instance that finds the delivery
+ * still listed after `expires` takes it as abandoned (its worker could not
+ * settle it and stopped renewing it) and reconciles it. */
+typedef struct {
+   bson_oid_t id;
+   uint32_t lane;
+   int64_t epoch;
+   int32_t claims;
+   int64_t expires;
+   char *handler, *key; /* owned; key NULL when unkeyed */
+} store_issued_t;
+
+/* The store instance.  `pool` is borrowed; strings are owned.  `mu`
+ * guards lanes[] and issued; `claim_mu` makes this instance's claims run
+ * one after the other (it is taken before `mu`, never after). */
+struct store {
+   mongoc_client_pool_t *pool;
+   char *database;
+   char *owner;
+   char names[OUTBOX_N_COLLECTIONS][OUTBOX_NAME_MAX];
+   bool completion_history;
+   int32_t purge_batch;
+
+   pthread_mutex_t mu;
+   pthread_mutex_t claim_mu;
+   store_lane_state_t lanes[OUTBOX_LANES];
+   store_issued_t *issued;
+   size_t n_issued, cap_issued;
+   /* Deliveries this instance completed (proven) that its lanes may still
+    * list: the next claim takes them out of inFlight without reading
+    * them.  Bounded by STORE_SETTLED_MAX (then forgotten: the claim reads
+    * the listed documents instead).  Guarded by mu. */
+   store_oids_t settled;
+
+   /* Unparking walks the parked keys in (head dueAt, handler, key) order,
+    * a window per claim, and resumes after the last key it looked at, so
+    * every parked key is looked at within a bounded number of claims.
+    * Guarded by claim_mu.  unpark_h/unpark_k are owned (NULL: from the
+    * start). */
+   int64_t unpark_due;
+   char *unpark_h, *unpark_k;
+   /* When the next unparking runs (claim time, ms): at once while parked
+    * keys were found or this instance parked some, otherwise after
+    * STORE_UNPARK_IDLE_MS.  Guarded by claim_mu. */
+   int64_t unpark_next;
+   /* The free lanes the last probe found that no claim has taken yet,
+    * oldest due work first, with what each could give, and when that
+    * probe ran (claim time, ms).  Guarded by claim_mu. */
+   uint32_t probe_lane[OUTBOX_LANES];
+   size_t probe_worth[OUTBOX_LANES];
+   size_t n_probe;
+   int64_t probe_at;
+   bool probe_more;
+};
+
+/* A collection of the outbox on `client`, with write concern majority and
+ * primary reads.  The caller destroys it. */
+mongoc_collection_t *store_coll (store_t *store, mongoc_client_t *client, outbox_collection_t which);
+
+/* Transaction options: snapshot read concern, majority, primary. */
+mongoc_transaction_opt_t *store_txn_opts (void);
+
+/* Sets a STORE_ERROR with a message. */
+void store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
+   __attribute__ ((format (printf, 3, 4)));
+
+/* Appends {"claims": C} to a query, where a missing field counts as 0. */
+void store_append_claims_match (bson_t *query, int32_t claims);
+
+/* Int32/Int64/double field as int64 (0 when absent). */
+int64_t store_iter_int64 (const bson_t *doc, const char *field);
+/* Date (or number) field in ms (0 when absent). */
+int64_t store_iter_date (const bson_t *doc, const char *field);
+/* UTF-8 field or NULL. */
+const char *store_iter_utf8 (const bson_t *doc, const char *field);
+/* True if the array field of doc contains the ObjectId. */
+bool store_array_has_oid (const bson_t *doc, const char *field, const bson_oid_t *oid);
+
+/* Memory of claims handed out (callers hold store->mu). */
+void store_issued_add (store_t *store,
+                       const bson_oid_t *id,
+                       uint32_t lane,
+                       int64_t epoch,
+                       int32_t claims,
+                       int64_t expires,
+                       const char *handler,
+                       const char *key);
+/* Moves the claim's own lease on to `expires` if it is the claim of
+ * (lane, epoch, claims) and the new expiry is later. */
+void store_issued_renew (store_t *store, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires);
+const store_issued_t *store_issued_find (store_t *store, const bson_oid_t *id);
+void store_issued_remove (store_t *store, const bson_oid_t *id);
+void store_issued_remove_lane (store_t *store, uint32_t lane);
+
+/* A lease kept in one document of the lanes collection with a negative
+ * _id (the lanes are 0..255, and every lane query names lane ids or skips
+ * others), in its own owner and expiry fields so that no query on owner
+ * and leaseExpiresAt sees it.  Taken, or renewed by its holder, with one
+ * findOneAndUpdate; the upsert creates the document the first time, and an
+ * upsert that loses against another instance's live lease fails with a
+ * duplicate key: *leased is then false and the call succeeds.  `what`
+ * names the lease in an error. */
+bool store_doc_lease (store_t *store,
+                      mongoc_client_t *client,
+                      int32_t id,
+                      const char *owner_field,
+                      const char *expires_field,
+                      const char *what,
+                      int64_t now,
+                      int64_t lease_ms,
+                      bool *leased,
+                      bson_error_t *error);
+
+/* Parses and checks a reference's lease; false: refused without a call. */
+bool store_ref_lease (const store_ref_t *ref, outbox_lease_t *lease, bson_error_t *error);
+
+/* After a failed claim: the owner's lanes on this instance keep only the
+ * claims this instance handed out and has not seen settled (one
+ * transaction). */
+bool store_reconcile (store_t *store, mongoc_client_t *client, bson_error_t *error);
+
+/* Builds the query of a delivery listing from an admin filter (strings
+ * only) and says whether it reads the completion history.  False: the
+ * filter can match nothing (unknown status, or "completed" without
+ * completion history); q is then left as it was. */
+bool store_list_filter_query (const store_t *store, const store_list_filter_t *filter, bool *completed, bson_t *q);
+
+void store_oids_push (store_oids_t *o, const bson_oid_t *id);
+bool store_oids_has (const store_oids_t *o, const bson_oid_t *id);
+void store_oids_free (store_oids_t *o);
+/* Reads an array of ObjectIds (other values are skipped). */
+void store_oids_from_array (store_oids_t *o, const bson_t *doc, const char *field);
+/* Parses untrusted id strings (an admin request's); only 24 hex characters
+ * name a document, anything else (NULL included) is skipped. */
+void store_oids_from_strings (store_oids_t *o, const char *const *ids, size_t n);
+/* Appends `field: {op: [ids]}` (op "$in", "$nin"...). */
+void store_append_oids_op (bson_t *query, const char *field, const char *op, const bson_oid_t *ids, size_t n);
+/* Appends `field: [ids]`. */
+void store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *ids, size_t n);
+/* Appends `field: {$in: [lane numbers]}` for the lanes set in `lanes`;
+ * returns how many it listed (0: the query matches nothing). */
+uint32_t store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX_LANES]);
+/* Keyset pagination in (createdAt, _id) order: appends the $or that keeps
+ * the documents after (created, id); id is an ObjectId or a string. */
+void store_append_after_key (bson_t *query, int64_t created, const bson_value_t *id);
+
+/* Runs cb in a transaction (mongoc_client_session_with_transaction, which
+ * retries transient errors).  Every command in cb must carry the session. */
+typedef bool (*store_txn_cb_t) (mongoc_client_session_t *session, void *ctx, bson_error_t *error);
+bool store_with_txn (store_t *store, mongoc_client_t *client, store_txn_cb_t cb, void *ctx, bson_error_t *error);
+/* Options {"session": ...} for a command in a transaction (or empty). */
+void store_session_opts (mongoc_client_session_t *session, bson_t *opts);
+
+#endif /* RELAYBUS_STORE_PRIVATE_H */

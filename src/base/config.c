@@ -1,0 +1,1371 @@
+/*
+ * base/config.c - the INI configuration, driven by one key table.
+ *
+ * The file is parsed into a fresh snapshot: every key first gets its default
+ * through the same setter that parses the file, so defaults are validated
+ * like user values; then the file's keys are applied; then the cross-key
+ * checks run (TLS pairs, handler kinds, the upstream URI).  Any error names
+ * the origin, the line and the key, and no snapshot is returned.
+ *
+ * Syntax: "[section]" or "[handler NAME]" headers, "key = value" lines, full
+ * line comments starting with ';' or '#', and inline comments that start
+ * with whitespace followed by ';' or '#'.  Unknown sections and keys are
+ * errors: a typo must never be silently ignored.
+ *
+ * This module does not act on the configuration: subsystems read their
+ * keys from the snapshot they acquired.
+ */
+#include "base/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <mongoc/mongoc.h>
+
+#include "codec/compress.h"
+#include "base/log.h"
+#include "dispatch/webhook.h"
+
+#define CONFIG_FILE_MAX (1024 * 1024)
+#define CONFIG_VALUE_MAX 4096
+
+#define P(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_PROXY, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define O(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_OUTBOX, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define D(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_DISPATCH, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define A(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_ADMIN, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+#define H(name, type, def, min, max, field, help) \
+   {CONFIG_SECTION_HANDLER, name, type, def, min, max, false, help, offsetof (config_handler_t, field)}
+
+#define S CONFIG_TYPE_STRING
+#define I CONFIG_TYPE_INT
+#define B CONFIG_TYPE_BOOL
+#define L CONFIG_TYPE_LIST
+#define DU CONFIG_TYPE_DURATION
+#define MS_HOUR 3600000
+#define MS_DAY INT64_C (86400000)
+
+/* The one table.  Handler keys are not reloadable: a handler's deliveries
+ * are created from its subscriptions, so changing them needs a restart. */
+static const config_key_t config_key_table[] = {
+   P ("listen", S, "127.0.0.1:27018", 0, 0, false, listen,
+      "Client listener: host:port, [v6]:port, or an absolute path for a Unix socket."),
+   P ("upstream", S, "mongodb://127.0.0.1:27017/?replicaSet=rs0", 0, 0, false, upstream,
+      "MongoDB URI of the replica set or mongos the proxy forwards to (TLS options included)."),
+   P ("max_clients", I, "10000", 1, 1000000, true, max_clients,
+      "Most client connections open at once; more are closed at accept with a log line."),
+   P ("handshake_timeout_ms", I, "10000", 100, MS_HOUR, true, handshake_timeout_ms,
+      "Time a new client has to complete its first hello before it is closed."),
+   P ("message_timeout_ms", I, "30000", 100, MS_HOUR, true, message_timeout_ms,
+      "Time a client may take to send the rest of a message it started; then it is closed."),
+   P ("drain_timeout_ms", I, "10000", 0, MS_HOUR, true, drain_timeout_ms,
+      "On SIGTERM, how long requests in flight may take to finish before connections are closed."),
+   P ("buffer_high_watermark", I, "4194304", 65536, 1073741824, true, buffer_high_watermark,
+      "Bytes queued towards one side before the proxy stops reading from the other (per connection)."),
+   /* At least four maximum-size (48,000,000-byte) messages: a message
+    * being received reserves itself and its decompressed form or
+    * validation copy at once, and must fit beside what the other
+    * connections hold even when the total is not down to zero. */
+   P ("max_buffered_bytes", I, "1073741824", 192000000, INT64_C (1099511627776), true, max_buffered_bytes,
+      "Bytes all connections together may hold in partial messages, decompressed requests and queues; past it the proxy stops reading from the clients with large messages until the total drains."),
+   P ("upstream_connect_timeout_ms", I, "10000", 100, 600000, true, upstream_connect_timeout_ms,
+      "Time to open an upstream connection, or to wait for a primary, before the client is closed."),
+   P ("compressors", L, "snappy,zlib,zstd", 0, 0, true, compressors,
+      "Compressors offered to clients, from snappy, zlib, zstd; empty for none."),
+   P ("zlib_level", I, "-1", -1, 9, true, zlib_level,
+      "zlib level for replies compressed with zlib; -1 is zlib's default."),
+   P ("zstd_level", I, "-1", -1, 22, true, zstd_level,
+      "zstd level for replies compressed with zstd; -1 is zstd's default."),
+   P ("tls_cert_file", S, "", 0, 0, false, tls_cert_file,
+      "PEM certificate chain for client TLS; when set, clients must connect with TLS."),
+   P ("tls_key_file", S, "", 0, 0, false, tls_key_file,
+      "PEM private key of tls_cert_file."),
+   P ("tls_ca_file", S, "", 0, 0, false, tls_ca_file,
+      "PEM CA bundle; when set, clients must present a certificate it signed."),
+   P ("log_level", S, "info", 0, 0, true, log_level,
+      "error, warn, info or debug."),
+
+   O ("database", S, "relaybus", 0, 0, false, outbox_database,
+      "Database of the outbox collections."),
+   O ("collection_prefix", S, "relaybus_", 0, 0, false, collection_prefix,
+      "Prefix of the outbox collection names."),
+   O ("completion_history", B, "false", 0, 0, false, completion_history,
+      "Keep a record of completed deliveries (same value in every proxy instance)."),
+   O ("allow_client_writes", B, "false", 0, 0, true, allow_client_writes,
+      "Let client commands through the proxy write the outbox collections (insert, drop, $out, ...)."),
+   O ("max_poisoned_transactions", I, "4096", 1, 1000000, false, max_poisoned_transactions,
+      "Poisoned transactions remembered at once; when full, annotated writes are refused until entries expire."),
+   O ("retain_completed", DU, "7d", 1000, 3650 * MS_DAY, true, retain_completed_ms,
+      "Scheduled purge: events whose deliveries all completed, and completion history, are removed this long after their last completion."),
+   O ("retain_dead", DU, "30d", 1000, 3650 * MS_DAY, true, retain_dead_ms,
+      "Scheduled purge: dead deliveries are removed this long after they died (last changed)."),
+   O ("purge_interval", DU, "10m", 1000, 7 * MS_DAY, true, purge_interval_ms,
+      "Time between two scheduled purge runs of this proxy's dispatcher."),
+   O ("handler_heartbeat", DU, "5s", 100, 10 * 60000, true, handler_heartbeat_ms,
+      "How often this proxy records its handlers in the outbox and reads the fleet's; an instance silent for three of them is not live."),
+   O ("handler_retire_after", DU, "1h", 1000, 3650 * MS_DAY, true, handler_retire_after_ms,
+      "A handler no live proxy declares for this long is retired: its pending deliveries become dead letters."),
+   O ("unrouted", S, "accept", 0, 0, true, unrouted,
+      "An event no handler of the fleet subscribes to: accept (counted), warn (counted and logged) or refuse (the statement fails)."),
+
+   D ("enabled", B, "true", 0, 0, false, dispatch_enabled,
+      "Run the dispatch engine in this process."),
+   D ("poll_interval_ms", I, "1000", 10, MS_HOUR, true, poll_interval_ms,
+      "How often the dispatcher looks for due deliveries when nothing woke it."),
+   D ("batch_size", I, "100", 1, 10000, true, batch_size,
+      "Deliveries claimed per claim call."),
+   D ("lease_ms", I, "30000", 1000, MS_HOUR, true, lease_ms,
+      "Lane lease duration; renewed while handlers run."),
+
+   A ("listen", S, "127.0.0.1:9187", 0, 0, false, admin_listen,
+      "Admin HTTP listener host:port; empty disables the admin port."),
+   A ("token", S, "", 0, 0, true, admin_token,
+      "Bearer token required on /api/* and /metrics; empty: no authentication."),
+   A ("tls_cert_file", S, "", 0, 0, false, admin_tls_cert_file,
+      "PEM certificate chain of the admin port; when set (with tls_key_file), it serves HTTPS only."),
+   A ("tls_key_file", S, "", 0, 0, false, admin_tls_key_file,
+      "PEM private key of [admin] tls_cert_file."),
+
+   H ("events", L, NULL, 0, 0, events,
+      "Event types the handler takes: exact names, or a prefix ending in '*'."),
+   H ("kind", S, NULL, 0, 0, kind, "webhook or pull."),
+   H ("url", S, "", 0, 0, url, "webhook: the http:// or https:// URL events are POSTed to."),
+   H ("secret", S, "", 0, 0, secret,
+      "webhook: Standard Webhooks secret (whsec_ followed by base64); signs each request."),
+   H ("retry_schedule", L, CONFIG_RETRY_SCHEDULE_DEFAULT, 0, 0, retry_schedule,
+      "Delays before each retry of a failing delivery (durations); each wait is drawn uniformly in [0, delay]."),
+   /* No default: it follows from retry_schedule (config_validate_handler). */
+   H ("max_attempts", I, NULL, 1, 1000, max_attempts,
+      "Attempts before a failing delivery becomes a dead letter; default 1 + the delays of retry_schedule, the last delay repeating past them."),
+   H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
+      "webhook: time allowed for the whole request, connect to last byte; then it is cancelled and retried."),
+   H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
+   H ("retry_4xx", B, "false", 0, 0, retry_4xx,
+      "webhook: retry 4xx answers other than 429 instead of burying them at once."),
+};
+
+#undef P
+#undef O
+#undef D
+#undef A
+#undef H
+#undef S
+#undef I
+#undef B
+#undef L
+#undef DU
+
+static const char *const config_section_names[] = {
+   [CONFIG_SECTION_PROXY] = "proxy",
+   [CONFIG_SECTION_OUTBOX] = "outbox",
+   [CONFIG_SECTION_DISPATCH] = "dispatch",
+   [CONFIG_SECTION_ADMIN] = "admin",
+   [CONFIG_SECTION_HANDLER] = "handler",
+};
+
+#define N_KEYS (sizeof config_key_table / sizeof config_key_table[0])
+
+const config_key_t *
+config_keys (size_t *n)
+{
+   *n = N_KEYS;
+   return config_key_table;
+}
+
+const char *
+config_section_name (config_section_t section)
+{
+   if ((unsigned) section >= sizeof config_section_names / sizeof config_section_names[0])
+      return "unknown";
+   return config_section_names[section];
+}
+
+static void
+config_error (bson_error_t *error, const char *origin, int line, const char *fmt, ...)
+   __attribute__ ((format (printf, 4, 5)));
+
+static void
+config_error (bson_error_t *error, const char *origin, int line, const char *fmt, ...)
+{
+   char msg[sizeof error->message];
+   va_list ap;
+
+   va_start (ap, fmt);
+   vsnprintf (msg, sizeof msg, fmt, ap);
+   va_end (ap);
+   if (line > 0)
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "%s:%d: %s", origin, line, msg);
+   else
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "%s: %s", origin, msg);
+}
+
+static char *
+trim (char *s)
+{
+   char *end;
+
+   while (*s && isspace ((unsigned char) *s))
+      s++;
+   end = s + strlen (s);
+   while (end > s && isspace ((unsigned char) end[-1]))
+      *--end = '\0';
+   return s;
+}
+
+/* "a , b,c" -> "a,b,c"; empty items are errors. */
+static bool
+normalize_list (const char *value, char *out, size_t out_len, const char **why)
+{
+   size_t n = 0;
+   const char *p = value;
+
+   while (*p) {
+      const char *start, *end;
+
+      while (*p && isspace ((unsigned char) *p))
+         p++;
+      start = p;
+      while (*p && *p != ',')
+         p++;
+      end = p;
+      while (end > start && isspace ((unsigned char) end[-1]))
+         end--;
+      if (end == start) {
+         *why = "empty item in list";
+         return false;
+      }
+      if (n + (size_t) (end - start) + 2 > out_len) {
+         *why = "list too long";
+         return false;
+      }
+      if (n > 0)
+         out[n++] = ',';
+      memcpy (out + n, start, (size_t) (end - start));
+      n += (size_t) (end - start);
+      if (*p == ',') {
+         p++;
+         if (*p == '\0') {
+            *why = "empty item in list";
+            return false;
+         }
+      }
+   }
+   out[n] = '\0';
+   return true;
+}
+
+static bool
+parse_bool (const char *v, bool *out)
+{
+   static const char *const yes[] = {"true", "yes", "on", "1"};
+   static const char *const no[] = {"false", "no", "off", "0"};
+
+   for (size_t i = 0; i < 4; i++) {
+      if (strcasecmp (v, yes[i]) == 0) {
+         *out = true;
+         return true;
+      }
+      if (strcasecmp (v, no[i]) == 0) {
+         *out = false;
+         return true;
+      }
+   }
+   return false;
+}
+
+/* Units of a duration, largest first (config_format picks the largest
+ * that divides the value exactly). */
+static const struct {
+   const char *unit;
+   int64_t ms;
+} duration_units[] = {
+   {"d", 86400000}, {"h", 3600000}, {"m", 60000}, {"s", 1000}, {"ms", 1},
+};
+
+/* A duration: digits and one unit, "7d", "10m", "2s", "500ms".  A plain
+ * number is refused: its unit would be a guess. */
+static bool
+parse_duration (const char *v, int64_t *out, char *why, size_t why_len)
+{
+   const char *p = v;
+   int64_t n = 0;
+
+   while (*p >= '0' && *p <= '9') {
+      if (n > (INT64_MAX - 9) / 10)
+         goto bad;
+      n = n * 10 + (*p++ - '0');
+   }
+   if (p == v)
+      goto bad;
+   for (size_t i = 0; i < sizeof duration_units / sizeof duration_units[0]; i++) {
+      if (strcmp (p, duration_units[i].unit) != 0)
+         continue;
+      if (n > INT64_MAX / duration_units[i].ms)
+         goto bad;
+      *out = n * duration_units[i].ms;
+      return true;
+   }
+bad:
+   snprintf (why,
+             why_len,
+             "'%.64s' is not a duration: a whole number and a unit (ms, s, m, h or d), such as 7d, 10m, 2s or 500ms",
+             v);
+   return false;
+}
+
+/* Applies one value to the field `key` describes, inside `base` (a config_t
+ * or a config_handler_t).  On failure `*why` says what is wrong. */
+static bool
+config_set (void *base, const config_key_t *key, const char *value, char *why, size_t why_len)
+{
+   char *field = (char *) base + key->offset;
+   char list[CONFIG_VALUE_MAX];
+   const char *list_why = NULL;
+
+   if (strlen (value) >= CONFIG_VALUE_MAX) {
+      snprintf (why, why_len, "value longer than %d bytes", CONFIG_VALUE_MAX - 1);
+      return false;
+   }
+
+   switch (key->type) {
+   case CONFIG_TYPE_STRING:
+      bson_free (*(char **) field);
+      *(char **) field = bson_strdup (value);
+      return true;
+   case CONFIG_TYPE_LIST:
+      if (!normalize_list (value, list, sizeof list, &list_why)) {
+         snprintf (why, why_len, "%s", list_why);
+         return false;
+      }
+      bson_free (*(char **) field);
+      *(char **) field = bson_strdup (list);
+      return true;
+   case CONFIG_TYPE_BOOL:
+      if (!parse_bool (value, (bool *) field)) {
+         snprintf (why, why_len, "'%.64s' is not a boolean (true/false)", value);
+         return false;
+      }
+      return true;
+   case CONFIG_TYPE_INT: {
+      char *end = NULL;
+      long long v;
+
+      errno = 0;
+      v = strtoll (value, &end, 10);
+      if (errno || end == value || *end != '\0') {
+         snprintf (why, why_len, "'%.64s' is not an integer", value);
+         return false;
+      }
+      if (v < key->min || v > key->max) {
+         snprintf (why,
+                   why_len,
+                   "%lld is outside [%" PRId64 ", %" PRId64 "]",
+                   v,
+                   key->min,
+                   key->max);
+         return false;
+      }
+      *(int64_t *) field = (int64_t) v;
+      return true;
+   }
+   case CONFIG_TYPE_DURATION: {
+      int64_t ms;
+
+      if (!parse_duration (value, &ms, why, why_len))
+         return false;
+      if (ms < key->min || ms > key->max) {
+         snprintf (why, why_len, "'%.64s' is outside [%" PRId64 " ms, %" PRId64 " ms]", value, key->min, key->max);
+         return false;
+      }
+      *(int64_t *) field = ms;
+      return true;
+   }
+   }
+   snprintf (why, why_len, "unknown key type");
+   return false;
+}
+
+static const config_key_t *
+config_find_key (config_section_t section, const char *name)
+{
+   for (size_t i = 0; i < N_KEYS; i++) {
+      if (config_key_table[i].section == section && strcmp (config_key_table[i].name, name) == 0)
+         return &config_key_table[i];
+   }
+   return NULL;
+}
+
+/* Gives every key of `section` its default; required keys stay NULL. */
+static void
+config_apply_defaults (void *base, config_section_t section)
+{
+   char why[128];
+
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->section != section || !key->default_value)
+         continue;
+      /* Defaults are constants of this file: a failure is a programming
+       * error the unit test catches. */
+      if (!config_set (base, key, key->default_value, why, sizeof why))
+         log_error ("config: bad default for %s: %s", key->name, why);
+   }
+}
+
+static void
+config_handler_free_fields (config_handler_t *h)
+{
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->section == CONFIG_SECTION_HANDLER &&
+          (key->type == CONFIG_TYPE_STRING || key->type == CONFIG_TYPE_LIST))
+         bson_free (*(char **) ((char *) h + key->offset));
+   }
+   bson_free (h->name);
+   for (size_t i = 0; i < h->n_event_patterns; i++)
+      bson_free (h->event_patterns[i]);
+   bson_free (h->event_patterns);
+   bson_free (h->retry_delays_ms);
+}
+
+static void
+config_free (config_t *cfg)
+{
+   if (!cfg)
+      return;
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->section != CONFIG_SECTION_HANDLER &&
+          (key->type == CONFIG_TYPE_STRING || key->type == CONFIG_TYPE_LIST))
+         bson_free (*(char **) ((char *) cfg + key->offset));
+   }
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      config_handler_free_fields (&cfg->handlers[i]);
+   bson_free (cfg->handlers);
+   bson_free (cfg->path);
+   bson_free (cfg);
+}
+
+static config_t *
+config_alloc (void)
+{
+   config_t *cfg = bson_malloc0 (sizeof *cfg);
+
+   cfg->refcount = 1;
+   config_apply_defaults (cfg, CONFIG_SECTION_PROXY);
+   config_apply_defaults (cfg, CONFIG_SECTION_OUTBOX);
+   config_apply_defaults (cfg, CONFIG_SECTION_DISPATCH);
+   config_apply_defaults (cfg, CONFIG_SECTION_ADMIN);
+   return cfg;
+}
+
+config_t *
+config_new_defaults (void)
+{
+   config_t *cfg = config_alloc ();
+
+   cfg->path = bson_strdup ("(defaults)");
+   return cfg;
+}
+
+bool
+config_parse_listen (
+   const char *value, char *host, size_t host_len, uint16_t *port, bson_error_t *error)
+{
+   const char *colon;
+   char *end = NULL;
+   long p;
+   size_t hlen;
+
+   if (!value || !*value) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "empty listen address");
+      return false;
+   }
+   if (value[0] == '/') {
+      if (strlen (value) >= host_len || strlen (value) >= 108 /* sun_path */) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "socket path too long: %s", value);
+         return false;
+      }
+      snprintf (host, host_len, "%s", value);
+      *port = 0;
+      return true;
+   }
+   if (value[0] == '[') {
+      const char *close = strchr (value, ']');
+
+      if (!close || close[1] != ':') {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "expected [v6-address]:port, got '%s'", value);
+         return false;
+      }
+      hlen = (size_t) (close - value - 1);
+      colon = close + 1;
+      value++;
+   } else {
+      colon = strrchr (value, ':');
+      if (!colon) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "expected host:port, got '%s'", value);
+         return false;
+      }
+      hlen = (size_t) (colon - value);
+   }
+   if (hlen == 0 || hlen >= host_len) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "bad host in listen address");
+      return false;
+   }
+   errno = 0;
+   p = strtol (colon + 1, &end, 10);
+   if (errno || end == colon + 1 || *end != '\0' || p < 0 || p > 65535) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "bad port '%s'", colon + 1);
+      return false;
+   }
+   memcpy (host, value, hlen);
+   host[hlen] = '\0';
+   *port = (uint16_t) p;
+   return true;
+}
+
+static bool
+valid_name (const char *s, size_t max, const char *extra)
+{
+   size_t n = strlen (s);
+
+   if (n == 0 || n > max)
+      return false;
+   for (size_t i = 0; i < n; i++) {
+      if (!isalnum ((unsigned char) s[i]) && !strchr (extra, s[i]))
+         return false;
+   }
+   return true;
+}
+
+static bool
+config_split_patterns (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *p = h->events;
+   size_t n = 1;
+
+   for (const char *q = p; *q; q++)
+      n += *q == ',';
+   h->event_patterns = bson_malloc0 ((n + 1) * sizeof (char *));
+   while (*p) {
+      const char *end = strchr (p, ',');
+      size_t len = end ? (size_t) (end - p) : strlen (p);
+      char *pat = bson_strndup (p, len);
+      char *star = strchr (pat, '*');
+
+      h->event_patterns[h->n_event_patterns++] = pat;
+      if (star && star[1] != '\0') {
+         config_error (error, origin, 0,
+                       "[handler %s] events: '%s': '*' may only end a pattern", h->name, pat);
+         return false;
+      }
+      p = end ? end + 1 : p + len;
+   }
+   if (h->n_event_patterns == 0) {
+      config_error (error, origin, 0, "[handler %s] events: at least one event type or prefix is needed", h->name);
+      return false;
+   }
+   return true;
+}
+
+/* retry_schedule into retry_delays_ms; max_attempts, when not set,
+ * follows from it: the first attempt and one retry per delay. */
+static bool
+config_split_retry_schedule (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *p = h->retry_schedule;
+   size_t n = 1;
+
+   for (const char *q = p; *q; q++)
+      n += *q == ',';
+   if (!*p) {
+      config_error (error, origin, 0,
+                    "[handler %s] retry_schedule: at least one delay is needed (max_attempts = 1 retries nothing)",
+                    h->name);
+      return false;
+   }
+   if (n > CONFIG_RETRY_DELAYS_MAX) {
+      config_error (error, origin, 0, "[handler %s] retry_schedule: more than %d delays", h->name,
+                    CONFIG_RETRY_DELAYS_MAX);
+      return false;
+   }
+   h->retry_delays_ms = bson_malloc0 (n * sizeof (int64_t));
+   while (*p) {
+      const char *end = strchr (p, ',');
+      size_t len = end ? (size_t) (end - p) : strlen (p);
+      char item[64];
+      char why[192];
+      int64_t ms;
+
+      snprintf (item, sizeof item, "%.*s", (int) (len < sizeof item - 1 ? len : sizeof item - 1), p);
+      if (len >= sizeof item || !parse_duration (item, &ms, why, sizeof why)) {
+         if (len >= sizeof item)
+            snprintf (why, sizeof why, "'%.32s...' is not a duration", item);
+         config_error (error, origin, 0, "[handler %s] retry_schedule: %s", h->name, why);
+         return false;
+      }
+      if (ms > CONFIG_RETRY_DELAY_MAX_MS) {
+         config_error (error, origin, 0, "[handler %s] retry_schedule: '%s' is longer than 7d", h->name, item);
+         return false;
+      }
+      h->retry_delays_ms[h->n_retry_delays++] = ms;
+      p = end ? end + 1 : p + len;
+   }
+   if (h->max_attempts == 0)
+      h->max_attempts = 1 + (int64_t) h->n_retry_delays;
+   return true;
+}
+
+static bool
+config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   if (!h->events) {
+      config_error (error, origin, 0, "[handler %s] needs 'events'", h->name);
+      return false;
+   }
+   if (!h->kind) {
+      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook or pull)", h->name);
+      return false;
+   }
+   if (strcmp (h->kind, "webhook") == 0) {
+      h->kind_id = HANDLER_KIND_WEBHOOK;
+      if (strncmp (h->url, "http://", 7) != 0 && strncmp (h->url, "https://", 8) != 0) {
+         config_error (error, origin, 0,
+                       "[handler %s] kind = webhook needs url = http://... or https://...",
+                       h->name);
+         return false;
+      }
+   } else if (strcmp (h->kind, "pull") == 0) {
+      h->kind_id = HANDLER_KIND_PULL;
+   } else {
+      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook or pull", h->name,
+                    h->kind);
+      return false;
+   }
+   if (*h->secret) {
+      /* Decoded here so that --check-config refuses what the dispatcher
+       * would; the message names the secret by position, never quotes it. */
+      webhook_keys_t keys;
+      bson_error_t sub;
+      bool ok = webhook_secrets_parse (h->secret, &keys, &sub);
+
+      OPENSSL_cleanse (&keys, sizeof keys);
+      if (!ok) {
+         config_error (error, origin, 0,
+                       "[handler %s] secret: %s (Standard Webhooks secrets are whsec_ then "
+                       "base64, separated by spaces)",
+                       h->name, sub.message);
+         return false;
+      }
+   }
+   if (!config_split_retry_schedule (h, origin, error))
+      return false;
+   return config_split_patterns (h, origin, error);
+}
+
+/* Cross-key checks once the whole file is read. */
+static bool
+config_validate (config_t *cfg, const char *origin, bson_error_t *error)
+{
+   char host[256];
+   uint16_t port;
+   log_level_t level;
+   bson_error_t sub;
+   mongoc_uri_t *uri;
+
+   if (!config_parse_listen (cfg->listen, host, sizeof host, &port, &sub)) {
+      config_error (error, origin, 0, "[proxy] listen: %s", sub.message);
+      return false;
+   }
+   if (*cfg->admin_listen && !config_parse_listen (cfg->admin_listen, host, sizeof host, &port, &sub)) {
+      config_error (error, origin, 0, "[admin] listen: %s", sub.message);
+      return false;
+   }
+   uri = mongoc_uri_new_with_error (cfg->upstream, &sub);
+   if (!uri) {
+      /* The driver's message may quote the URI, password included. */
+      char *masked = config_mask (NULL, sub.message);
+      config_error (error, origin, 0, "[proxy] upstream: %s", masked);
+      bson_free (masked);
+      return false;
+   }
+   mongoc_uri_destroy (uri);
+   if (!log_level_parse (cfg->log_level, &level)) {
+      config_error (error, origin, 0, "[proxy] log_level: '%s' is not error, warn, info or debug",
+                    cfg->log_level);
+      return false;
+   }
+   if (strcmp (cfg->unrouted, "accept") == 0) {
+      cfg->unrouted_mode = CONFIG_UNROUTED_ACCEPT;
+   } else if (strcmp (cfg->unrouted, "warn") == 0) {
+      cfg->unrouted_mode = CONFIG_UNROUTED_WARN;
+   } else if (strcmp (cfg->unrouted, "refuse") == 0) {
+      cfg->unrouted_mode = CONFIG_UNROUTED_REFUSE;
+   } else {
+      config_error (error, origin, 0, "[outbox] unrouted: '%s' is not accept, warn or refuse", cfg->unrouted);
+      return false;
+   }
+   if (*cfg->compressors) {
+      const char *p = cfg->compressors;
+
+      while (*p) {
+         const char *end = strchr (p, ',');
+         size_t len = end ? (size_t) (end - p) : strlen (p);
+         char name[32];
+
+         snprintf (name, sizeof name, "%.*s", (int) (len < 31 ? len : 31), p);
+         if (len >= sizeof name || compress_id (name) <= 0) {
+            config_error (error, origin, 0,
+                          "[proxy] compressors: '%.*s' is not one of snappy, zlib, zstd", (int) len,
+                          p);
+            return false;
+         }
+         p = end ? end + 1 : p + len;
+      }
+   }
+   if (!!*cfg->tls_cert_file != !!*cfg->tls_key_file) {
+      config_error (error, origin, 0, "[proxy] tls_cert_file and tls_key_file go together");
+      return false;
+   }
+   if (*cfg->tls_ca_file && !*cfg->tls_cert_file) {
+      config_error (error, origin, 0, "[proxy] tls_ca_file needs tls_cert_file and tls_key_file");
+      return false;
+   }
+   {
+      const char *files[] = {cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file};
+      const char *names[] = {"tls_cert_file", "tls_key_file", "tls_ca_file"};
+
+      for (int i = 0; i < 3; i++) {
+         if (*files[i] && access (files[i], R_OK) != 0) {
+            config_error (error, origin, 0, "[proxy] %s: cannot read '%s': %s", names[i],
+                          files[i], strerror (errno));
+            return false;
+         }
+      }
+   }
+   /* The admin files are loaded by admin_start; here they must exist and
+    * be readable, so --check-config refuses a wrong path by its key. */
+   if (!!*cfg->admin_tls_cert_file != !!*cfg->admin_tls_key_file) {
+      config_error (error, origin, 0, "[admin] tls_cert_file and tls_key_file go together (%s is not set)",
+                    *cfg->admin_tls_cert_file ? "tls_key_file" : "tls_cert_file");
+      return false;
+   }
+   {
+      const char *files[] = {cfg->admin_tls_cert_file, cfg->admin_tls_key_file};
+      const char *names[] = {"tls_cert_file", "tls_key_file"};
+
+      for (int i = 0; i < 2; i++) {
+         if (*files[i] && access (files[i], R_OK) != 0) {
+            config_error (error, origin, 0, "[admin] %s: cannot read '%s': %s", names[i], files[i],
+                          strerror (errno));
+            return false;
+         }
+      }
+   }
+   if (!valid_name (cfg->outbox_database, 63, "_-")) {
+      config_error (error, origin, 0,
+                    "[outbox] database: 1-63 characters of letters, digits, '_' and '-'");
+      return false;
+   }
+   if (*cfg->collection_prefix && !valid_name (cfg->collection_prefix, 64, "_-.")) {
+      config_error (error, origin, 0,
+                    "[outbox] collection_prefix: up to 64 letters, digits, '_', '-' and '.'");
+      return false;
+   }
+   for (size_t i = 0; i < cfg->n_handlers; i++) {
+      if (!config_validate_handler (&cfg->handlers[i], origin, error))
+         return false;
+   }
+   return true;
+}
+
+static bool
+config_parse_section (config_t *cfg,
+                      char *header,
+                      config_section_t *section,
+                      config_handler_t **handler,
+                      const char *origin,
+                      int line,
+                      bson_error_t *error)
+{
+   char *name = trim (header);
+
+   *handler = NULL;
+   if (strncmp (name, "handler", 7) == 0 && isspace ((unsigned char) name[7])) {
+      char *hname = trim (name + 8);
+      config_handler_t *h;
+
+      if (!valid_name (hname, 64, "_-.")) {
+         config_error (error, origin, line,
+                       "handler name '%s': 1-64 letters, digits, '_', '-' and '.'", hname);
+         return false;
+      }
+      for (size_t i = 0; i < cfg->n_handlers; i++) {
+         if (strcmp (cfg->handlers[i].name, hname) == 0) {
+            config_error (error, origin, line, "[handler %s] defined twice", hname);
+            return false;
+         }
+      }
+      if (cfg->n_handlers == CONFIG_MAX_HANDLERS) {
+         config_error (error, origin, line, "more than %d handlers", CONFIG_MAX_HANDLERS);
+         return false;
+      }
+      cfg->handlers =
+         bson_realloc (cfg->handlers, (cfg->n_handlers + 1) * sizeof (config_handler_t));
+      h = &cfg->handlers[cfg->n_handlers++];
+      memset (h, 0, sizeof *h);
+      h->name = bson_strdup (hname);
+      config_apply_defaults (h, CONFIG_SECTION_HANDLER);
+      *section = CONFIG_SECTION_HANDLER;
+      *handler = h;
+      return true;
+   }
+   for (int s = CONFIG_SECTION_PROXY; s < CONFIG_SECTION_HANDLER; s++) {
+      if (strcmp (name, config_section_names[s]) == 0) {
+         *section = (config_section_t) s;
+         return true;
+      }
+   }
+   config_error (error, origin, line,
+                 "unknown section [%s] (expected proxy, outbox, dispatch, admin or handler NAME)",
+                 name);
+   return false;
+}
+
+config_t *
+config_parse_string (const char *text, const char *origin, bson_error_t *error)
+{
+   config_t *cfg = config_alloc ();
+   config_section_t section = CONFIG_SECTION_PROXY;
+   config_handler_t *handler = NULL;
+   bool in_section = false;
+   /* Which keys of the current section were set, to refuse duplicates. */
+   bool seen[sizeof config_key_table / sizeof config_key_table[0]];
+   char *copy = bson_strdup (text);
+   char *save = NULL;
+   int line = 0;
+   bool ok = false;
+
+   memset (seen, 0, sizeof seen);
+   cfg->path = bson_strdup (origin);
+
+   for (char *p = copy; p; p = save) {
+      char *s, *eq, *key, *value;
+      const config_key_t *k;
+      char why[256];
+
+      save = strchr (p, '\n');
+      if (save)
+         *save++ = '\0';
+      line++;
+      s = trim (p);
+      if (*s == '\0' || *s == ';' || *s == '#')
+         continue;
+      if (*s == '[') {
+         char *close = strchr (s, ']');
+
+         if (!close || *trim (close + 1) != '\0') {
+            config_error (error, origin, line, "malformed section header");
+            goto done;
+         }
+         *close = '\0';
+         if (!config_parse_section (cfg, s + 1, &section, &handler, origin, line, error))
+            goto done;
+         /* A section may appear once (handlers are unique by name). */
+         if (section != CONFIG_SECTION_HANDLER) {
+            for (size_t i = 0; i < N_KEYS; i++) {
+               if (config_key_table[i].section == section && seen[i]) {
+                  config_error (error, origin, line, "section [%s] appears twice",
+                                config_section_names[section]);
+                  goto done;
+               }
+            }
+         } else {
+            for (size_t i = 0; i < N_KEYS; i++) {
+               if (config_key_table[i].section == CONFIG_SECTION_HANDLER)
+                  seen[i] = false;
+            }
+         }
+         in_section = true;
+         continue;
+      }
+      if (!in_section) {
+         config_error (error, origin, line, "key outside of a section");
+         goto done;
+      }
+      eq = strchr (s, '=');
+      if (!eq) {
+         config_error (error, origin, line, "expected 'key = value'");
+         goto done;
+      }
+      *eq = '\0';
+      key = trim (s);
+      value = eq + 1;
+      /* Inline comment: whitespace, then ';' or '#'. */
+      for (char *c = value; *c; c++) {
+         if ((*c == ';' || *c == '#') && c > value && isspace ((unsigned char) c[-1])) {
+            *c = '\0';
+            break;
+         }
+      }
+      value = trim (value);
+      k = config_find_key (section, key);
+      if (!k) {
+         if (section == CONFIG_SECTION_HANDLER)
+            config_error (error, origin, line, "unknown key '%s' in [handler %s]", key,
+                          handler->name);
+         else
+            config_error (error, origin, line, "unknown key '%s' in [%s]", key,
+                          config_section_names[section]);
+         goto done;
+      }
+      if (seen[k - config_key_table]) {
+         config_error (error, origin, line, "key '%s' set twice", key);
+         goto done;
+      }
+      seen[k - config_key_table] = true;
+      if (!config_set (section == CONFIG_SECTION_HANDLER ? (void *) handler : (void *) cfg,
+                       k, value, why, sizeof why)) {
+         config_error (error, origin, line, "%s: %s", key, why);
+         goto done;
+      }
+   }
+   ok = config_validate (cfg, origin, error);
+
+done:
+   bson_free (copy);
+   if (!ok) {
+      config_free (cfg);
+      return NULL;
+   }
+   return cfg;
+}
+
+config_t *
+config_load (const char *path, bson_error_t *error)
+{
+   FILE *f = fopen (path, "rb");
+   char *text;
+   size_t n;
+   config_t *cfg;
+
+   if (!f) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: %s", path, strerror (errno));
+      return NULL;
+   }
+   text = bson_malloc (CONFIG_FILE_MAX + 1);
+   n = fread (text, 1, CONFIG_FILE_MAX + 1, f);
+   if (ferror (f)) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: read error", path);
+      cfg = NULL;
+   } else if (n > CONFIG_FILE_MAX) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: larger than %d bytes", path,
+                      CONFIG_FILE_MAX);
+      cfg = NULL;
+   } else if (memchr (text, '\0', n)) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: contains a NUL byte", path);
+      cfg = NULL;
+   } else {
+      text[n] = '\0';
+      cfg = config_parse_string (text, path, error);
+   }
+   fclose (f);
+   bson_free (text);
+   return cfg;
+}
+
+/* The value of `key` inside `base` as the file would spell it. */
+static void
+config_format (const void *base, const config_key_t *key, char *out, size_t len)
+{
+   const char *field = (const char *) base + key->offset;
+
+   switch (key->type) {
+   case CONFIG_TYPE_STRING:
+   case CONFIG_TYPE_LIST: {
+      const char *s = *(char *const *) field;
+
+      snprintf (out, len, "%s", s ? s : "");
+      break;
+   }
+   case CONFIG_TYPE_INT:
+      snprintf (out, len, "%" PRId64, *(const int64_t *) field);
+      break;
+   case CONFIG_TYPE_BOOL:
+      snprintf (out, len, "%s", *(const bool *) field ? "true" : "false");
+      break;
+   case CONFIG_TYPE_DURATION: {
+      int64_t ms = *(const int64_t *) field;
+      size_t u = 0;
+
+      while (u + 1 < sizeof duration_units / sizeof duration_units[0] &&
+             (ms == 0 || ms % duration_units[u].ms != 0))
+         u++;
+      snprintf (out, len, "%" PRId64 "%s", ms / duration_units[u].ms, duration_units[u].unit);
+      break;
+   }
+   }
+}
+
+/* Keys whose whole value is a secret: [admin] token, [handler] secret. */
+static bool
+config_is_secret (const char *key_name)
+{
+   return strcmp (key_name, "token") == 0 || strcmp (key_name, "secret") == 0;
+}
+
+/* ----------------------------------------------------------- masking */
+
+#define CONFIG_MASK "********"
+
+/* The options of a MongoDB URI whose whole value is a secret, compared
+ * case-insensitively after percent-decoding, as the driver reads keys. */
+static const char *const mask_mongodb_options[] = {
+   "tlsCertificateKeyFilePassword",
+   "tlsCertificateKeyPassword",
+   "sslClientCertificateKeyPassword",
+   "sslPEMKeyPassword",
+};
+
+static int
+hex_value (char c)
+{
+   if (c >= '0' && c <= '9')
+      return c - '0';
+   if (c >= 'a' && c <= 'f')
+      return c - 'a' + 10;
+   if (c >= 'A' && c <= 'F')
+      return c - 'A' + 10;
+   return -1;
+}
+
+/* True if the percent-decoded key s[0..len) equals `want` ignoring case. */
+static bool
+key_is (const char *s, size_t len, const char *want)
+{
+   size_t i = 0, w = 0;
+
+   while (i < len) {
+      int c = (unsigned char) s[i];
+
+      if (c == '%' && i + 2 < len && hex_value (s[i + 1]) >= 0 && hex_value (s[i + 2]) >= 0) {
+         c = hex_value (s[i + 1]) * 16 + hex_value (s[i + 2]);
+         i += 3;
+      } else {
+         i++;
+      }
+      if (!want[w] || tolower (c) != tolower ((unsigned char) want[w]))
+         return false;
+      w++;
+   }
+   return want[w] == '\0';
+}
+
+/* Appends one query option "key=value" (or a bare "key") with its value
+ * masked as the scheme requires. */
+static void
+mask_option (bson_string_t *out, const char *opt, size_t len, bool mongodb)
+{
+   const char *eq = memchr (opt, '=', len);
+   size_t klen = eq ? (size_t) (eq - opt) : len;
+   const char *v;
+   size_t vlen;
+   bool whole = !mongodb;
+
+   if (!eq) {
+      /* A bare word: for a webhook URL it may be the token itself. */
+      char *copy = bson_strndup (opt, len);
+      bson_string_append (out, mongodb ? copy : CONFIG_MASK);
+      bson_free (copy);
+      return;
+   }
+   {
+      char *key = bson_strndup (opt, klen + 1);
+      bson_string_append (out, key);
+      bson_free (key);
+   }
+   v = eq + 1;
+   vlen = len - klen - 1;
+   for (size_t i = 0; mongodb && i < sizeof mask_mongodb_options / sizeof mask_mongodb_options[0]; i++)
+      if (key_is (opt, klen, mask_mongodb_options[i]))
+         whole = true;
+   if (vlen == 0)
+      return;
+   if (mongodb && key_is (opt, klen, "authMechanismProperties")) {
+      /* "NAME:value,NAME:value": the names stay, every value goes. */
+      size_t i = 0;
+
+      while (i <= vlen) {
+         size_t end = i;
+         const char *colon;
+
+         while (end < vlen && v[end] != ',')
+            end++;
+         colon = memchr (v + i, ':', end - i);
+         if (colon) {
+            char *name = bson_strndup (v + i, (size_t) (colon - (v + i)) + 1);
+            bson_string_append (out, name);
+            bson_free (name);
+         }
+         bson_string_append (out, CONFIG_MASK);
+         if (end < vlen)
+            bson_string_append_c (out, ',');
+         i = end + 1;
+      }
+      return;
+   }
+   if (whole) {
+      bson_string_append (out, CONFIG_MASK);
+   } else {
+      char *copy = bson_strndup (v, vlen);
+      bson_string_append (out, copy);
+      bson_free (copy);
+   }
+}
+
+/* Appends n bytes of s. */
+static void
+append_n (bson_string_t *out, const char *s, size_t n)
+{
+   char *copy = bson_strndup (s, n);
+   bson_string_append (out, copy);
+   bson_free (copy);
+}
+
+/* Appends the URL url[0..len) with its credentials masked; `scheme` points
+ * at its "://". */
+static void
+mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
+{
+   const char *end = url + len;
+   const char *auth = scheme + 3, *auth_end, *at = NULL, *q;
+   size_t slen = (size_t) (scheme - url);
+   bool mongodb = (slen == 7 && strncasecmp (url, "mongodb", 7) == 0) || (slen == 11 && strncasecmp (url, "mongodb+srv", 11) == 0);
+
+   append_n (out, url, (size_t) (auth - url));
+   /* Where the user information may end: a MongoDB URI's password may hold
+    * an unescaped '/', so its authority runs to the query; for other URLs
+    * it ends at the path (RFC 3986).  Masking too much is the safe side. */
+   for (auth_end = auth; auth_end < end && !strchr (mongodb ? "?#" : "/?#", *auth_end); auth_end++)
+      if (*auth_end == '@')
+         at = auth_end;
+   if (at) {
+      const char *colon = memchr (auth, ':', (size_t) (at - auth));
+
+      /* user:password@: the user stays.  A bare user information is a
+       * token: all of it goes. */
+      if (colon)
+         append_n (out, auth, (size_t) (colon - auth) + 1);
+      bson_string_append (out, CONFIG_MASK);
+      auth = at;
+   }
+   for (q = auth; q < end && *q != '?' && *q != '#'; q++)
+      ;
+   append_n (out, auth, (size_t) (q - auth));
+   if (q < end && *q == '?') {
+      const char *p = q + 1;
+      const char *qend = memchr (p, '#', (size_t) (end - p));
+
+      if (!qend)
+         qend = end;
+      bson_string_append_c (out, '?');
+      while (p < qend) {
+         size_t n = 0;
+
+         while (p + n < qend && p[n] != '&' && p[n] != ';')
+            n++;
+         if (n)
+            mask_option (out, p, n, mongodb);
+         p += n;
+         if (p < qend) {
+            bson_string_append_c (out, *p);
+            p++;
+         }
+      }
+      q = qend;
+   }
+   if (q < end && *q == '#')
+      bson_string_append (out, q + 1 < end ? "#" CONFIG_MASK : "#");
+}
+
+char *
+config_mask (const char *key_name, const char *value)
+{
+   static const char url_end[] = " \t\r\n\"'<>`";
+   bson_string_t *out;
+   const char *p, *scheme;
+
+   if (!value)
+      return NULL;
+   if (key_name && *value && config_is_secret (key_name))
+      return bson_strdup (CONFIG_MASK);
+   /* Every URL in the value: it starts at its scheme and ends at the end
+    * of a key's value, or in a message (no key; it may hold several) at
+    * white space or a quote. */
+   out = bson_string_new (NULL);
+   p = value;
+   while ((scheme = strstr (p, "://"))) {
+      const char *start = scheme, *stop = scheme + 3;
+
+      while (start > p && (isalnum ((unsigned char) start[-1]) || strchr ("+.-", start[-1])))
+         start--;
+      while (*stop && (key_name || !strchr (url_end, *stop)))
+         stop++;
+      append_n (out, p, (size_t) (start - p));
+      if (start == scheme)
+         append_n (out, scheme, (size_t) (stop - scheme)); /* no scheme: not a URL */
+      else
+         mask_url (out, start, (size_t) (stop - start), scheme);
+      p = stop;
+   }
+   bson_string_append (out, p);
+   return bson_string_free (out, false);
+}
+
+bool
+config_reload_allowed (const config_t *cur, const config_t *next, bson_error_t *error)
+{
+   char a[CONFIG_VALUE_MAX], b[CONFIG_VALUE_MAX];
+
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (key->reloadable || key->section == CONFIG_SECTION_HANDLER)
+         continue;
+      config_format (cur, key, a, sizeof a);
+      config_format (next, key, b, sizeof b);
+      if (strcmp (a, b) != 0) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 4,
+                         "[%s] %s changed; it needs a restart", config_section_names[key->section],
+                         key->name);
+         return false;
+      }
+   }
+   if (cur->n_handlers != next->n_handlers) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 4, "handlers were added or removed; that needs a restart");
+      return false;
+   }
+   for (size_t h = 0; h < cur->n_handlers; h++) {
+      if (strcmp (cur->handlers[h].name, next->handlers[h].name) != 0) {
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, 4, "handlers changed; that needs a restart");
+         return false;
+      }
+      for (size_t i = 0; i < N_KEYS; i++) {
+         const config_key_t *key = &config_key_table[i];
+
+         if (key->section != CONFIG_SECTION_HANDLER)
+            continue;
+         config_format (&cur->handlers[h], key, a, sizeof a);
+         config_format (&next->handlers[h], key, b, sizeof b);
+         if (strcmp (a, b) != 0) {
+            bson_set_error (error, CONFIG_ERROR_DOMAIN, 4,
+                            "[handler %s] %s changed; that needs a restart", cur->handlers[h].name,
+                            key->name);
+            return false;
+         }
+      }
+   }
+   return true;
+}
+
+static void
+config_write_key (const void *base, const config_key_t *key, FILE *out)
+{
+   char v[CONFIG_VALUE_MAX];
+
+   char *masked;
+
+   config_format (base, key, v, sizeof v);
+   masked = key->type == CONFIG_TYPE_STRING ? config_mask (key->name, v) : bson_strdup (v);
+   fprintf (out, "%s = %s\n", key->name, masked);
+   bson_free (masked);
+}
+
+void
+config_write (const config_t *cfg, FILE *out)
+{
+   for (int s = CONFIG_SECTION_PROXY; s < CONFIG_SECTION_HANDLER; s++) {
+      fprintf (out, "%s[%s]\n", s == CONFIG_SECTION_PROXY ? "" : "\n", config_section_names[s]);
+      for (size_t i = 0; i < N_KEYS; i++) {
+         if ((int) config_key_table[i].section == s)
+            config_write_key (cfg, &config_key_table[i], out);
+      }
+   }
+   for (size_t h = 0; h < cfg->n_handlers; h++) {
+      fprintf (out, "\n[handler %s]\n", cfg->handlers[h].name);
+      for (size_t i = 0; i < N_KEYS; i++) {
+         if (config_key_table[i].section == CONFIG_SECTION_HANDLER)
+            config_write_key (&cfg->handlers[h], &config_key_table[i], out);
+      }
+   }
+}
+
+config_t *
+config_retain (config_t *cfg)
+{
+   atomic_fetch_add (&cfg->refcount, 1);
+   return cfg;
+}
+
+void
+config_release (config_t *cfg)
+{
+   if (cfg && atomic_fetch_sub (&cfg->refcount, 1) == 1)
+      config_free (cfg);
+}
+
+static pthread_mutex_t config_current_lock = PTHREAD_MUTEX_INITIALIZER;
+static config_t *config_current;
+
+void
+config_publish (config_t *cfg)
+{
+   config_t *old;
+
+   pthread_mutex_lock (&config_current_lock);
+   old = config_current;
+   config_current = cfg;
+   pthread_mutex_unlock (&config_current_lock);
+   config_release (old);
+}
+
+config_t *
+config_acquire (void)
+{
+   config_t *cfg;
+
+   pthread_mutex_lock (&config_current_lock);
+   cfg = config_current ? config_retain (config_current) : NULL;
+   pthread_mutex_unlock (&config_current_lock);
+   return cfg;
+}
+
+bool
+config_handler_matches (const config_handler_t *h, const char *event_type)
+{
+   for (size_t i = 0; i < h->n_event_patterns; i++) {
+      const char *pat = h->event_patterns[i];
+      size_t n = strlen (pat);
+
+      if (n > 0 && pat[n - 1] == '*') {
+         if (strncmp (event_type, pat, n - 1) == 0)
+            return true;
+      } else if (strcmp (event_type, pat) == 0) {
+         return true;
+      }
+   }
+   return false;
+}

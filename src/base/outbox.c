@@ -1,0 +1,113 @@
+/*
+ * base/outbox.c - collection names, the lane hash and lease tokens.
+ *
+ * Pure functions with no I/O, so the forwarding loop may call them.
+ */
+#include "base/outbox.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const outbox_suffixes[OUTBOX_N_COLLECTIONS] = {
+   [OUTBOX_EVENTS] = "events",
+   [OUTBOX_DELIVERIES] = "deliveries",
+   [OUTBOX_KEY_SEQUENCES] = "key_sequences",
+   [OUTBOX_LANES_COLL] = "lanes",
+   [OUTBOX_COMPLETED] = "completed_deliveries",
+   [OUTBOX_HANDLERS] = "handlers",
+};
+
+const char *
+outbox_collection_suffix (outbox_collection_t c)
+{
+   if ((unsigned) c >= OUTBOX_N_COLLECTIONS)
+      return NULL;
+   return outbox_suffixes[c];
+}
+
+bool
+outbox_collection_name (const char *prefix, outbox_collection_t c, char *out, size_t out_len)
+{
+   const char *suffix = outbox_collection_suffix (c);
+   int n;
+
+   if (!suffix)
+      return false;
+   n = snprintf (out, out_len, "%s%s", prefix, suffix);
+   return n > 0 && (size_t) n < out_len;
+}
+
+uint32_t
+outbox_fnv1a (const void *data, size_t len)
+{
+   const unsigned char *p = data;
+   uint32_t h = 2166136261u;
+
+   for (size_t i = 0; i < len; i++) {
+      h ^= p[i];
+      h *= 16777619u;
+   }
+   return h;
+}
+
+uint32_t
+outbox_lane_id (const char *key, const char *event_id)
+{
+   const char *s = key ? key : event_id;
+
+   return outbox_fnv1a (s, strlen (s)) % OUTBOX_LANES;
+}
+
+void
+outbox_lease_format (const outbox_lease_t *lease, char out[OUTBOX_LEASE_TOKEN_MAX])
+{
+   snprintf (out,
+             OUTBOX_LEASE_TOKEN_MAX,
+             "%" PRIu32 ":%" PRId64 ":%" PRId32,
+             lease->lane_id,
+             lease->epoch,
+             lease->claims);
+}
+
+/* A decimal field without sign, leading zeros (except "0") or spaces. */
+static bool
+parse_field (const char **p, char stop, int64_t max, int64_t *out)
+{
+   const char *s = *p;
+   int64_t v = 0;
+   size_t n = 0;
+
+   while (s[n] >= '0' && s[n] <= '9') {
+      if (v > (max - (s[n] - '0')) / 10)
+         return false;
+      v = v * 10 + (s[n] - '0');
+      n++;
+   }
+   if (n == 0 || (n > 1 && s[0] == '0') || s[n] != stop)
+      return false;
+   *out = v;
+   *p = s + n + (stop ? 1 : 0);
+   return true;
+}
+
+bool
+outbox_lease_parse (const char *token, outbox_lease_t *out)
+{
+   const char *p = token;
+   int64_t lane, epoch, claims;
+
+   if (!token || strlen (token) >= OUTBOX_LEASE_TOKEN_MAX)
+      return false;
+   if (!parse_field (&p, ':', OUTBOX_LANES - 1, &lane) || !parse_field (&p, ':', INT64_MAX, &epoch) ||
+       !parse_field (&p, '\0', INT32_MAX, &claims))
+      return false;
+   if (epoch < 1)
+      return false;
+   out->lane_id = (uint32_t) lane;
+   out->epoch = epoch;
+   out->claims = (int32_t) claims;
+   return true;
+}

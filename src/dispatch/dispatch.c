@@ -1,0 +1,1464 @@
+/*
+ * dispatch/dispatch.c - the dispatcher thread: claims, webhook requests, batched
+ * completions, retries, dead letters, lease renewal and graceful hand-back.
+ *
+ * One thread owns an event base, a DNS base, the TLS context, a
+ * mongoc_client_pool and one store instance (so its lease owner name,
+ * "<host>/<pid>/<random>", is unique per process instance).  Store calls
+ * block this thread for a round trip or a few; HTTP I/O of the handlers
+ * waits meanwhile, the forwarding loop never does.
+ *
+ * The loop, driven by timers on the dispatcher's base:
+ *   tick    claims up to batch_size deliveries for the webhook handlers
+ *           with free slots (each handler's limit is its free concurrency)
+ *           and starts their requests; it runs again at once when a batch
+ *           came back full, after completions are flushed (a key's next
+ *           delivery may now be claimable), on dispatch_wake, and otherwise
+ *           every poll_interval_ms.
+ *   flush   completes the deliveries that finished since the last flush
+ *           with one completeMany (the "completion batching").
+ *   renew   every lease_ms / 3, on a thread of its own (a slow claim never
+ *           delays it), renews every running delivery: one transaction per
+ *           lane checks each of its claims and extends the lane.
+ *   settle  retries, with backoff, the completions, burials and
+ *           reschedules that failed (a failover, a lost connection): the
+ *           job is kept until it is settled, its lease turns out stale, or
+ *           one lease has passed (then the store takes the claim back as
+ *           abandoned, and the delivery runs again).
+ *   purge   every purge_interval, a scheduled purge run (retain_completed,
+ *           retain_dead): one bounded batch per step under the store's
+ *           purge lease, a short pause between steps so claims and
+ *           flushes interleave, one log line per run that removed
+ *           something.  It runs whenever [dispatch] enabled is true, also
+ *           without webhook handlers (the thread then only purges).
+ *   fleet   every [outbox] handler_heartbeat, records this instance's
+ *           handlers and heartbeat in the outbox and reads the fleet's
+ *           (base/fleet.h publishes the snapshot injection uses); a handler this
+ *           instance declares that no other live instance did when it
+ *           started is backfilled (events created since a liveness bound
+ *           before its registration whose handler list lacks it) until a
+ *           liveness bound after, and not claimed before that ends, so each
+ *           key is still delivered in order; handlers no live instance
+ *           declares for handler_retire_after are retired under a lease
+ *           (dispatch/fleet.c).  It runs in every process, dispatching or
+ *           not.
+ *   stop    stops claiming, waits for requests in flight (bounded), releases
+ *           what still runs, flushes, relinquishes the lanes, exits.
+ *
+ * Every job is in exactly one place: the running list (request in flight),
+ * the done list (waiting for the flush) or the unsettled list (a settling
+ * call failed; retried); it is freed when it leaves all three.  Unsettled
+ * jobs count against their handler's concurrency, so the list is bounded.
+ */
+#include "dispatch/dispatch.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <mongoc/mongoc.h>
+#include <openssl/rand.h>
+
+#include "base/log.h"
+#include "admin/metrics.h"
+#include "dispatch/fleet.h"
+#include "store/store.h"
+#include "dispatch/webhook.h"
+#include "publish/hooks.h"
+
+/* Deliveries of one key one claim may take (store_claim_opts_t.key_run):
+ * they run one after the other, each once the one before it is completed,
+ * so a claim gives a batch even with fewer keys than its size. */
+#define DISPATCH_KEY_RUN 4
+/* How long a stop waits for requests in flight at most. */
+#define DISPATCH_STOP_WAIT_MAX_MS 10000
+/* Setup retry interval while the upstream is unreachable. */
+#define DISPATCH_SETUP_RETRY_MS 2000
+/* Backoff of a settling call that failed: doubles from the first to the
+ * last. */
+#define DISPATCH_SETTLE_RETRY_MIN_MS 100
+#define DISPATCH_SETTLE_RETRY_MAX_MS 5000
+/* Pause between two steps of a purge run: claims, flushes and settling
+ * that became due meanwhile run first. */
+#define DISPATCH_PURGE_STEP_PAUSE_MS 20
+/* Completion batching: finished deliveries wait at most this long for
+ * the others of their batch before they are completed (one completeMany),
+ * unless the batch is full or nothing else runs. */
+#define DISPATCH_FLUSH_DELAY_MS 20
+
+typedef struct handler_rt {
+   const config_handler_t *cfg; /* in dispatcher_t.cfg, which we hold */
+   webhook_t *wh;
+   int64_t running;   /* requests in flight */
+   int64_t unsettled; /* jobs of the unsettled list */
+   int64_t waiting;   /* claimed, waiting for the one before them of their key */
+   int64_t freed;     /* jobs that left for good since the last claim */
+} handler_rt_t;
+
+/* How a finished job is to be settled. */
+typedef enum {
+   JOB_SETTLE_COMPLETE,
+   JOB_SETTLE_BURY,
+   JOB_SETTLE_RESCHEDULE,
+} job_settle_t;
+
+typedef struct job {
+   struct job *prev, *next;
+   /* The next delivery of its key claimed with it (a run), waiting until
+    * this one is completed, then started; given back if it is not. */
+   struct job *follower;
+   void *disp; /* the dispatcher_t */
+   handler_rt_t *h;
+   store_delivery_t d; /* owned: moved out of the claim's batch */
+   webhook_req_t *req;
+   int64_t started_ms; /* when its request started, for the latency metric */
+   /* Settling, once its request ended. */
+   job_settle_t settle;
+   char *why;        /* owned: last error of a bury or reschedule */
+   int64_t due_at;   /* reschedule: due again at */
+   int64_t retry_at; /* unsettled: next try */
+   int64_t retry_ms; /* unsettled: current backoff */
+   int64_t give_up;  /* unsettled: after this the store takes the claim back */
+} job_t;
+
+/* The leases the renewal thread renews: a copy of each running job's id
+ * and lease, guarded by mu. */
+typedef struct {
+   pthread_mutex_t mu;
+   store_ref_t *refs; /* lease points into leases[] */
+   char (*leases)[OUTBOX_LEASE_TOKEN_MAX];
+   size_t n, cap;
+} renew_set_t;
+
+/* The dispatcher.  Created by dispatch_start on the main thread, then used
+ * only by its own thread until dispatch_stop joins it and frees it. */
+typedef struct {
+   config_t *cfg; /* our reference */
+   pthread_t thread;
+   bool thread_started;
+   struct event_base *base;
+   struct evdns_base *dns;
+   SSL_CTX *ssl;
+   mongoc_uri_t *uri;
+   mongoc_client_pool_t *pool;
+   store_t *store;
+   char owner[160];
+
+   handler_rt_t *handlers;
+   store_claim_handler_t *claim_handlers;
+   size_t n_handlers;
+   bool dispatching; /* enabled with at least one webhook handler */
+   bool purging;     /* enabled: runs the scheduled purge */
+
+   struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *stop_ev, *deadline_ev, *reload_ev;
+   config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
+   job_t *running;
+   size_t n_running;
+   job_t **done;
+   size_t n_done, cap_done;
+   job_t **unsettled;
+   size_t n_unsettled, cap_unsettled;
+   struct event *settle_ev;
+
+   /* The scheduled purge: the run in progress and what it removed. */
+   struct event *purge_ev;
+   store_purge_run_t purge_run;
+   int64_t purge_started_ms;
+   int64_t purge_cutoff_completed, purge_cutoff_dead; /* of the run, ms since the epoch */
+   int64_t purged_events, purged_dead, purged_history;
+
+   /* The fleet's handler set (see "fleet" above). */
+   struct event *fleet_ev;
+   dispatch_fleet_t *fleet;
+
+   /* The renewal thread: its own event base and timer. */
+   pthread_t renew_thread;
+   bool renew_started;
+   struct event_base *renew_base;
+   struct event *renew_tick_ev, *renew_stop_ev;
+   renew_set_t renew_set;
+   atomic_int_fast64_t renew_lease_ms;
+   bool setup_done, stopping, finished;
+   atomic_bool wake_pending;
+   bool woken; /* a commit woke the dispatcher since the last claim */
+   int64_t last_claim_ms;
+   uint64_t rnd;
+} dispatcher_t;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static dispatcher_t *g_d;
+
+static struct {
+   atomic_uint_fast64_t claims, claimed, completed, rescheduled, dead, lost_completions, http_requests;
+} g_stats;
+
+static int64_t
+now_ms (void)
+{
+   struct timeval tv;
+   gettimeofday (&tv, NULL);
+   return (int64_t) tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static void
+schedule (struct event *ev, int64_t ms)
+{
+   struct timeval tv = {(time_t) (ms / 1000), (suseconds_t) ((ms % 1000) * 1000)};
+   evtimer_add (ev, &tv);
+}
+
+static uint64_t
+next_rnd (dispatcher_t *d)
+{
+   /* xorshift64*: jitter only, seeded from OpenSSL. */
+   d->rnd ^= d->rnd >> 12;
+   d->rnd ^= d->rnd << 25;
+   d->rnd ^= d->rnd >> 27;
+   return d->rnd * 2685821657736338717ULL;
+}
+
+static void
+job_free (job_t *j)
+{
+   bson_free (j->why);
+   bson_free (j->d.event_id);
+   bson_free (j->d.handler);
+   bson_free (j->d.event_type);
+   bson_free (j->d.key);
+   if (j->d.event)
+      bson_destroy (j->d.event);
+   bson_free (j);
+}
+
+/* ------------------------------------------------------- renewal set */
+
+static void
+renew_set_add (renew_set_t *rs, const job_t *j)
+{
+   pthread_mutex_lock (&rs->mu);
+   if (rs->n == rs->cap) {
+      rs->cap = rs->cap ? rs->cap * 2 : 64;
+      rs->refs = bson_realloc (rs->refs, rs->cap * sizeof *rs->refs);
+      rs->leases = bson_realloc (rs->leases, rs->cap * sizeof *rs->leases);
+   }
+   rs->refs[rs->n].id = j->d.id;
+   bson_strncpy (rs->leases[rs->n], j->d.lease, sizeof rs->leases[rs->n]);
+   rs->n++;
+   pthread_mutex_unlock (&rs->mu);
+}
+
+static void
+renew_set_remove (renew_set_t *rs, const job_t *j)
+{
+   pthread_mutex_lock (&rs->mu);
+   for (size_t i = 0; i < rs->n; i++)
+      if (bson_oid_equal (&rs->refs[i].id, &j->d.id) && !strcmp (rs->leases[i], j->d.lease)) {
+         rs->n--;
+         rs->refs[i] = rs->refs[rs->n];
+         memcpy (rs->leases[i], rs->leases[rs->n], sizeof rs->leases[i]);
+         break;
+      }
+   pthread_mutex_unlock (&rs->mu);
+}
+
+static void
+running_remove (dispatcher_t *d, job_t *j)
+{
+   renew_set_remove (&d->renew_set, j);
+   if (j->prev)
+      j->prev->next = j->next;
+   else
+      d->running = j->next;
+   if (j->next)
+      j->next->prev = j->prev;
+   j->prev = j->next = NULL;
+   d->n_running--;
+   j->h->running--;
+}
+
+static store_ref_t
+job_ref (const job_t *j)
+{
+   store_ref_t r = {j->d.id, j->d.lease, j->d.event_id};
+   return r;
+}
+
+static void finish (dispatcher_t *d);
+static void job_start (dispatcher_t *d, job_t *j);
+
+/* Gives back the waiting followers of a run (release: no attempt
+ * charged), or with `call` false only forgets them (a stop hands the
+ * lanes back, which releases what they list). */
+static void
+followers_release (dispatcher_t *d, job_t *f, bool call)
+{
+   while (f) {
+      job_t *next = f->follower;
+      store_ref_t r = job_ref (f);
+      bson_error_t err;
+      bool applied;
+      renew_set_remove (&d->renew_set, f);
+      f->h->waiting--;
+      f->h->freed++;
+      if (call && !store_release (d->store, &r, now_ms (), &applied, &err))
+         log_warn ("dispatch: giving back a delivery whose key's previous one did not complete: %s (it runs again "
+                   "after its lease)",
+                   err.message);
+      job_free (f);
+      f = next;
+   }
+}
+
+/* A job leaves for good: its waiting followers are given back. */
+static void
+job_drop (dispatcher_t *d, job_t *j, bool call)
+{
+   followers_release (d, j->follower, call);
+   j->follower = NULL;
+   job_free (j);
+}
+
+/* --------------------------------------------------------------- settle */
+
+/* Buries or reschedules j; false when the call failed (j is then to be
+ * kept and tried again). */
+static bool
+settle_one (dispatcher_t *d, job_t *j)
+{
+   store_ref_t r = job_ref (j);
+   bson_error_t err;
+   bool applied = false, ok;
+   char hex[25];
+
+   bson_oid_to_string (&j->d.id, hex);
+   if (j->settle == JOB_SETTLE_BURY)
+      ok = store_bury (d->store, &r, now_ms (), j->why, &applied, &err);
+   else
+      ok = store_reschedule (d->store, &r, now_ms (), j->due_at, j->why, &applied, &err);
+   if (!ok) {
+      log_warn ("dispatch: %s delivery %s: %s failed (tried again): %s",
+                j->h->cfg->name,
+                hex,
+                j->settle == JOB_SETTLE_BURY ? "bury" : "reschedule",
+                err.message);
+      return false;
+   }
+   if (!applied)
+      log_info ("dispatch: %s delivery %s: its lease is stale; left to its current claim", j->h->cfg->name, hex);
+   else if (j->settle == JOB_SETTLE_BURY) {
+      atomic_fetch_add (&g_stats.dead, 1);
+      log_warn ("dispatch: %s delivery %s (event %s) is dead after attempt %d: %s",
+                j->h->cfg->name,
+                hex,
+                j->d.event_id,
+                j->d.attempt,
+                j->why ? j->why : "");
+   } else {
+      atomic_fetch_add (&g_stats.rescheduled, 1);
+      log_info ("dispatch: %s delivery %s attempt %d failed (%s); due again in %" PRId64 " ms",
+                j->h->cfg->name,
+                hex,
+                j->d.attempt,
+                j->why ? j->why : "",
+                j->due_at - now_ms ());
+   }
+   return true;
+}
+
+/* Keeps a job whose settling call failed, to try again with backoff. */
+static void
+keep_unsettled (dispatcher_t *d, job_t *j)
+{
+   int64_t now = now_ms ();
+
+   if (j->retry_ms == 0) {
+      j->retry_ms = DISPATCH_SETTLE_RETRY_MIN_MS;
+      j->give_up = now + d->cfg->lease_ms;
+   } else if (j->retry_ms < DISPATCH_SETTLE_RETRY_MAX_MS) {
+      j->retry_ms *= 2;
+      if (j->retry_ms > DISPATCH_SETTLE_RETRY_MAX_MS)
+         j->retry_ms = DISPATCH_SETTLE_RETRY_MAX_MS;
+   }
+   j->retry_at = now + j->retry_ms;
+   if (d->n_unsettled == d->cap_unsettled) {
+      d->cap_unsettled = d->cap_unsettled ? d->cap_unsettled * 2 : 16;
+      d->unsettled = bson_realloc (d->unsettled, d->cap_unsettled * sizeof *d->unsettled);
+   }
+   d->unsettled[d->n_unsettled++] = j;
+   j->h->unsettled++;
+   /* A pending retry may be later than this one: fire at the earliest
+    * (settle_retry only tries what is due and re-arms for the rest). */
+   schedule (d->settle_ev, evtimer_pending (d->settle_ev, NULL) ? DISPATCH_SETTLE_RETRY_MIN_MS : j->retry_ms);
+}
+
+/* Settles j now, or keeps it to try again. */
+static void
+settle_or_keep (dispatcher_t *d, job_t *j)
+{
+   if (settle_one (d, j))
+      job_drop (d, j, true);
+   else
+      keep_unsettled (d, j);
+}
+
+static void
+bury (dispatcher_t *d, job_t *j, const char *why)
+{
+   j->settle = JOB_SETTLE_BURY;
+   bson_free (j->why);
+   j->why = bson_strdup (why ? why : "");
+   settle_or_keep (d, j);
+}
+
+static void
+reschedule (dispatcher_t *d, job_t *j, int64_t delay_ms, const char *why)
+{
+   j->settle = JOB_SETTLE_RESCHEDULE;
+   bson_free (j->why);
+   j->why = bson_strdup (why ? why : "");
+   j->due_at = now_ms () + delay_ms;
+   settle_or_keep (d, j);
+}
+
+/* Completes the jobs with one completeMany; true when the call succeeded
+ * (each job is then freed), false when it failed (the jobs are untouched,
+ * to be tried again). */
+static bool
+complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
+{
+   store_ref_t *refs;
+   bool *ok;
+   bson_error_t err;
+   size_t proven = 0;
+
+   if (n == 0)
+      return true;
+   refs = bson_malloc (n * sizeof *refs);
+   ok = bson_malloc0 (n * sizeof *ok);
+   for (size_t i = 0; i < n; i++)
+      refs[i] = job_ref (jobs[i]);
+   if (!store_complete_many (d->store, refs, n, now_ms (), ok, &err)) {
+      log_warn ("dispatch: completing %zu deliveries failed (tried again): %s", n, err.message);
+      bson_free (refs);
+      bson_free (ok);
+      return false;
+   }
+   {
+      /* Each completed job's follower starts now; the followers of the
+       * others are given back.  Started after every job is freed: a
+       * follower's request may end (and flush) before this returns. */
+      job_t **starts = bson_malloc0 (n * sizeof *starts);
+      size_t n_starts = 0;
+      for (size_t i = 0; i < n; i++) {
+         proven += ok[i];
+         if (jobs[i]->follower && ok[i] && !d->stopping) {
+            starts[n_starts++] = jobs[i]->follower;
+            jobs[i]->follower = NULL;
+         } else {
+            jobs[i]->h->freed++; /* a slot, and maybe a key, free for the next claim */
+            if (freed)
+               (*freed)++;
+         }
+         job_drop (d, jobs[i], !d->stopping);
+      }
+      for (size_t i = 0; i < n_starts; i++) {
+         starts[i]->h->waiting--;
+         renew_set_remove (&d->renew_set, starts[i]);
+         job_start (d, starts[i]);
+      }
+      bson_free (starts);
+   }
+   atomic_fetch_add (&g_stats.completed, proven);
+   if (proven < n) {
+      atomic_fetch_add (&g_stats.lost_completions, n - proven);
+      log_warn ("dispatch: %zu of %zu completions not proven (a lane changed hands): they may run again", n - proven, n);
+   }
+   bson_free (refs);
+   bson_free (ok);
+   return true;
+}
+
+/* Completes everything in the done list with one completeMany; what could
+ * not be completed is kept and tried again. */
+static size_t
+flush (dispatcher_t *d)
+{
+   size_t n = d->n_done, freed = 0;
+
+   evtimer_del (d->flush_ev);
+   if (n == 0)
+      return 0;
+   d->n_done = 0;
+   if (!complete_jobs (d, d->done, n, &freed))
+      for (size_t i = 0; i < n; i++) {
+         d->done[i]->settle = JOB_SETTLE_COMPLETE;
+         keep_unsettled (d, d->done[i]);
+      }
+   return freed;
+}
+
+/* Tries the unsettled jobs that are due: the completions together, the
+ * others one by one.  A job that failed for a lease is dropped: its claim
+ * is stale or about to be, and the store takes it back as abandoned. */
+static void
+settle_retry (dispatcher_t *d, bool all)
+{
+   int64_t now = now_ms ();
+   job_t **due = NULL, **complete = NULL;
+   size_t n_due = 0, n_complete = 0;
+   int64_t next = 0;
+
+   if (d->n_unsettled == 0)
+      return;
+   due = bson_malloc (d->n_unsettled * sizeof *due);
+   complete = bson_malloc (d->n_unsettled * sizeof *complete);
+   for (size_t i = 0; i < d->n_unsettled;) {
+      job_t *j = d->unsettled[i];
+      if (all || j->retry_at <= now) {
+         d->unsettled[i] = d->unsettled[--d->n_unsettled];
+         j->h->unsettled--;
+         due[n_due++] = j;
+      } else
+         i++;
+   }
+   for (size_t i = 0; i < n_due; i++) {
+      job_t *j = due[i];
+      if (now >= j->give_up && !all) {
+         char hex[25];
+         bson_oid_to_string (&j->d.id, hex);
+         log_warn ("dispatch: %s delivery %s could not be settled for a lease; it runs again", j->h->cfg->name, hex);
+         job_drop (d, j, true);
+      } else if (j->settle == JOB_SETTLE_COMPLETE)
+         complete[n_complete++] = j;
+      else if (settle_one (d, j))
+         job_drop (d, j, true);
+      else if (all)
+         job_drop (d, j, false); /* stopping: the store takes it back after its lease */
+      else
+         keep_unsettled (d, j);
+   }
+   if (!complete_jobs (d, complete, n_complete, NULL))
+      for (size_t i = 0; i < n_complete; i++) {
+         if (all)
+            job_drop (d, complete[i], false);
+         else
+            keep_unsettled (d, complete[i]);
+      }
+   for (size_t i = 0; i < d->n_unsettled; i++)
+      if (next == 0 || d->unsettled[i]->retry_at < next)
+         next = d->unsettled[i]->retry_at;
+   if (d->n_unsettled > 0 && !all)
+      schedule (d->settle_ev, next > now ? next - now : 0);
+   bson_free (due);
+   bson_free (complete);
+}
+
+static void
+settle_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+
+   (void) fd;
+   (void) what;
+   if (d->finished)
+      return;
+   settle_retry (d, false);
+   if (!d->stopping)
+      schedule (d->tick_ev, 0); /* freed slots, and a key may be claimable */
+}
+
+static void
+flush_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+
+   (void) fd;
+   (void) what;
+   /* A claim only when a job ended for good: one whose follower started
+    * frees neither a slot nor its key. */
+   if (flush (d) > 0 && !d->stopping)
+      schedule (d->tick_ev, 0); /* a key's next delivery may be claimable */
+}
+
+static void
+job_done_cb (const webhook_result_t *res, void *arg)
+{
+   job_t *j = arg;
+   handler_rt_t *h = j->h;
+   dispatcher_t *d = j->disp;
+
+   j->req = NULL;
+   running_remove (d, j);
+   {
+      metrics_outcome_t mo = METRICS_DELIVERY_RETRIED;
+      if (res->outcome == WEBHOOK_OUTCOME_COMPLETE)
+         mo = METRICS_DELIVERY_COMPLETED;
+      else if (res->outcome == WEBHOOK_OUTCOME_DEAD || j->d.attempt >= h->cfg->max_attempts)
+         mo = METRICS_DELIVERY_DEAD;
+      metrics_delivery_observe (h->cfg->name, mo, now_ms () - j->started_ms);
+   }
+   if (res->outcome == WEBHOOK_OUTCOME_COMPLETE) {
+      if (d->n_done == d->cap_done) {
+         d->cap_done = d->cap_done ? d->cap_done * 2 : 64;
+         d->done = bson_realloc (d->done, d->cap_done * sizeof *d->done);
+      }
+      d->done[d->n_done++] = j;
+      /* The batch is full, or nothing else will finish to join it: now.
+       * Otherwise the others of the batch, finishing within a few
+       * milliseconds, join it (a claim follows each flush, so this also
+       * keeps claims from taking one delivery at a time). */
+      if ((int64_t) d->n_done >= d->cfg->batch_size || d->n_running == 0) {
+         if (flush (d) > 0 && !d->stopping)
+            schedule (d->tick_ev, 0);
+      } else if (!evtimer_pending (d->flush_ev, NULL))
+         schedule (d->flush_ev, DISPATCH_FLUSH_DELAY_MS);
+   } else {
+      /* The key's next deliveries must not run before this one: given
+       * back, they are claimed again after it. */
+      h->freed++;
+      followers_release (d, j->follower, true);
+      j->follower = NULL;
+      if (res->outcome == WEBHOOK_OUTCOME_DEAD)
+         bury (d, j, res->error);
+      else if (j->d.attempt >= h->cfg->max_attempts)
+         bury (d, j, res->error);
+      else
+         reschedule (d,
+                     j,
+                     res->outcome == WEBHOOK_OUTCOME_RETRY_AFTER && res->retry_after_ms >= 0
+                        ? res->retry_after_ms
+                        : webhook_backoff_ms (h->cfg->retry_delays_ms, h->cfg->n_retry_delays,
+                                              j->d.attempt, next_rnd (d)),
+                     res->error);
+      if (!d->stopping)
+         schedule (d->tick_ev, 0);
+   }
+   if (d->stopping && d->n_running == 0)
+      finish (d);
+}
+
+/* ---------------------------------------------------------------- claim */
+
+static job_t *
+job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
+{
+   job_t *j = bson_malloc0 (sizeof *j);
+
+   /* Move the delivery out of the batch. */
+   j->d = *item;
+   memset (item, 0, sizeof *item);
+   j->h = h;
+   j->disp = d;
+   return j;
+}
+
+static void
+job_start (dispatcher_t *d, job_t *j)
+{
+   handler_rt_t *h = j->h;
+   bson_error_t err;
+   char hex[25];
+   char *body;
+   size_t len = 0;
+
+   bson_oid_to_string (&j->d.id, hex);
+   if (j->d.attempt > h->cfg->max_attempts) {
+      /* Its workers kept losing their leases (crashing): the charged
+       * attempts ran out before this one started. */
+      metrics_delivery_observe (h->cfg->name, METRICS_DELIVERY_DEAD, 0);
+      followers_release (d, j->follower, true);
+      j->follower = NULL;
+      bury (d, j, "attempts exhausted: lost its lease on every attempt");
+      return;
+   }
+   body = webhook_body (&j->d, &len);
+   j->next = d->running;
+   if (d->running)
+      d->running->prev = j;
+   d->running = j;
+   d->n_running++;
+   h->running++;
+   renew_set_add (&d->renew_set, j);
+   atomic_fetch_add (&g_stats.http_requests, 1);
+   j->started_ms = now_ms ();
+   j->req = webhook_send (h->wh, hex, now_ms () / 1000, body, len, job_done_cb, j, &err);
+   bson_free (body);
+   if (!j->req) {
+      webhook_result_t res = {.outcome = WEBHOOK_OUTCOME_RETRY, .retry_after_ms = -1};
+      bson_strncpy (res.error, err.message, sizeof res.error);
+      job_done_cb (&res, j);
+   }
+}
+
+/* Whether a claim is worth its round trips: a commit woke us, a poll
+ * interval passed, nothing runs or waits, or some handler had at least half
+ * of what one claim could give it (its concurrency, at most a batch) end
+ * for good since the last claim (a job whose follower started frees
+ * neither its slot nor its key).  A claim for the one slot that just freed
+ * up costs as much as one for a full batch, so slots are refilled in
+ * halves while requests are in flight. */
+static bool
+wants_claim (dispatcher_t *d)
+{
+   size_t waiting = 0;
+
+   for (size_t i = 0; i < d->n_handlers; i++)
+      waiting += (size_t) d->handlers[i].waiting;
+   if (d->woken || (d->n_running == 0 && waiting == 0) || now_ms () - d->last_claim_ms >= d->cfg->poll_interval_ms)
+      return true;
+   for (size_t i = 0; i < d->n_handlers; i++) {
+      const handler_rt_t *h = &d->handlers[i];
+      int64_t room;
+      if (!h->wh)
+         continue;
+      room = h->cfg->concurrency < d->cfg->batch_size ? h->cfg->concurrency : d->cfg->batch_size;
+      if (h->freed > 0 && h->freed * 2 >= room)
+         return true;
+   }
+   return false;
+}
+
+static void
+tick_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   store_claim_opts_t o = {0};
+   store_batch_t b = {0};
+   bson_error_t err;
+   size_t total = 0, limit;
+   bool ok;
+
+   (void) fd;
+   (void) what;
+   if (d->stopping || !d->setup_done || !d->dispatching)
+      return;
+   flush (d);
+   for (size_t i = 0; i < d->n_handlers; i++) {
+      handler_rt_t *h = &d->handlers[i];
+      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling: not yet */
+      int64_t free_slots = h->wh && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
+      d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
+      total += d->claim_handlers[i].limit;
+   }
+   limit = total < (size_t) d->cfg->batch_size ? total : (size_t) d->cfg->batch_size;
+   if (limit == 0)
+      return; /* every slot busy: a finishing request ticks again */
+   if (!wants_claim (d))
+      return; /* a handler's next finishing requests tick again */
+   o.handlers = d->claim_handlers;
+   o.n_handlers = d->n_handlers;
+   o.limit = limit;
+   o.now = now_ms ();
+   o.lease_ms = d->cfg->lease_ms;
+   /* Claims that follow completions may take the free lanes an earlier
+    * probe found; after a commit's wake-up, or a poll, they look anew. */
+   o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
+   o.key_run = DISPATCH_KEY_RUN;
+   d->last_claim_ms = o.now;
+   for (size_t i = 0; i < d->n_handlers; i++)
+      d->handlers[i].freed = 0;
+   d->woken = false;
+   atomic_fetch_add (&g_stats.claims, 1);
+   ok = store_claim (d->store, &o, &b, &err);
+   metrics_claim_observe (now_ms () - o.now);
+   if (!ok) {
+      log_warn ("dispatch: claim failed (retry in %" PRId64 " ms): %s", d->cfg->poll_interval_ms, err.message);
+      schedule (d->tick_ev, d->cfg->poll_interval_ms);
+      return;
+   }
+   atomic_fetch_add (&g_stats.claimed, b.n);
+   log_debug ("dispatch: claimed %zu of %zu in %" PRId64 " ms", b.n, limit, now_ms () - o.now);
+   {
+      /* The deliveries of one key form a chain in sequence order: the
+       * first starts, each next one waits for the one before it to be
+       * completed (its lease renewed meanwhile). */
+      job_t **js = bson_malloc0 ((b.n + 1) * sizeof *js);
+      size_t n_js = 0;
+      for (size_t i = 0; i < b.n; i++) {
+         job_t *j = NULL;
+         for (size_t k = 0; k < d->n_handlers; k++)
+            if (!strcmp (d->handlers[k].cfg->name, b.items[i].handler)) {
+               j = job_new (d, &d->handlers[k], &b.items[i]);
+               break;
+            }
+         if (!j)
+            continue;
+         if (j->d.key) {
+            size_t c;
+            for (c = 0; c < n_js; c++)
+               if (js[c]->d.key && js[c]->h == j->h && !strcmp (js[c]->d.key, j->d.key))
+                  break;
+            if (c < n_js) {
+               job_t **at = &js[c];
+               while (*at && (*at)->d.sequence < j->d.sequence)
+                  at = &(*at)->follower;
+               j->follower = *at;
+               *at = j;
+               continue;
+            }
+         }
+         js[n_js++] = j;
+      }
+      for (size_t c = 0; c < n_js; c++) {
+         for (job_t *f = js[c]->follower; f; f = f->follower) {
+            f->h->waiting++;
+            renew_set_add (&d->renew_set, f);
+         }
+         job_start (d, js[c]);
+      }
+      bson_free (js);
+   }
+   store_batch_clear (&b);
+   /* A full batch below the free slots: more may be waiting. */
+   schedule (d->tick_ev, (b.n == limit && limit < total) ? 0 : d->cfg->poll_interval_ms);
+}
+
+static void
+wake_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+
+   (void) fd;
+   (void) what;
+   atomic_store (&d->wake_pending, false);
+   d->woken = true;
+   if (!d->stopping && d->setup_done)
+      schedule (d->tick_ev, 0);
+}
+
+/* ---------------------------------------------------------------- renew */
+
+static void
+renew_arm (dispatcher_t *d)
+{
+   int64_t ms = atomic_load (&d->renew_lease_ms) / 3;
+   schedule (d->renew_tick_ev, ms > 0 ? ms : 1);
+}
+
+/* On the renewal thread: renews every running delivery's lease (a copy of
+ * the running set, taken under its lock; the store calls run without it). */
+static void
+renew_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   renew_set_t *rs = &d->renew_set;
+   store_ref_t *refs = NULL;
+   char (*leases)[OUTBOX_LEASE_TOKEN_MAX] = NULL;
+   bool *applied = NULL;
+   bool lost[OUTBOX_LANES] = {0};
+   bson_error_t err;
+   size_t n;
+
+   (void) fd;
+   (void) what;
+   pthread_mutex_lock (&rs->mu);
+   n = rs->n;
+   if (n > 0) {
+      refs = bson_malloc (n * sizeof *refs);
+      leases = bson_malloc (n * sizeof *leases);
+      memcpy (leases, rs->leases, n * sizeof *leases);
+      for (size_t i = 0; i < n; i++) {
+         refs[i].id = rs->refs[i].id;
+         refs[i].lease = leases[i];
+      }
+   }
+   pthread_mutex_unlock (&rs->mu);
+   if (n > 0) {
+      applied = bson_malloc0 (n * sizeof *applied);
+      if (!store_extend_leases (d->store, refs, n, now_ms (), atomic_load (&d->renew_lease_ms), applied, &err))
+         log_warn ("dispatch: renewing leases: %s", err.message);
+      else
+         for (size_t i = 0; i < n; i++) {
+            outbox_lease_t lease;
+            bool still = false;
+            if (applied[i] || !outbox_lease_parse (refs[i].lease, &lease) || lost[lease.lane_id])
+               continue;
+            /* A request that finished meanwhile was settled, not lost. */
+            pthread_mutex_lock (&rs->mu);
+            for (size_t k = 0; k < rs->n && !still; k++)
+               still = bson_oid_equal (&rs->refs[k].id, &refs[i].id) && !strcmp (rs->leases[k], refs[i].lease);
+            pthread_mutex_unlock (&rs->mu);
+            if (still) {
+               lost[lease.lane_id] = true;
+               log_warn ("dispatch: a claim of lane %u was lost before its renewal; its delivery may run twice", lease.lane_id);
+            }
+         }
+   }
+   bson_free (refs);
+   bson_free (leases);
+   bson_free (applied);
+   renew_arm (d);
+}
+
+static void
+renew_stop_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   (void) fd;
+   (void) what;
+   event_base_loopbreak (d->renew_base);
+}
+
+static void *
+renew_thread (void *arg)
+{
+   dispatcher_t *d = arg;
+
+   log_set_thread_name ("renew");
+   renew_arm (d);
+   event_base_dispatch (d->renew_base);
+   return NULL;
+}
+
+/* ---------------------------------------------------------------- purge */
+
+/* The one log line of a run that removed something, however it ended. */
+static void
+purge_report (dispatcher_t *d, const char *how)
+{
+   if (d->purged_events + d->purged_dead + d->purged_history == 0)
+      return;
+   log_info ("dispatch: scheduled purge removed %" PRId64 " events, %" PRId64 " dead deliveries, %" PRId64
+             " completion records in %" PRId64 " ms (%s; cutoffs: completed before %" PRId64 ", dead before %" PRId64 ")",
+             d->purged_events,
+             d->purged_dead,
+             d->purged_history,
+             now_ms () - d->purge_started_ms,
+             how,
+             d->purge_cutoff_completed,
+             d->purge_cutoff_dead);
+   d->purged_events = d->purged_dead = d->purged_history = 0;
+}
+
+static void
+purge_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   store_purge_step_result_t r;
+   bson_error_t err;
+   int64_t now = now_ms ();
+
+   (void) fd;
+   (void) what;
+   if (d->stopping || !d->setup_done)
+      return;
+   if (!d->purge_run.active) {
+      d->purge_run.active = true;
+      d->purge_run.completed_before = now - d->cfg->retain_completed_ms;
+      d->purge_run.dead_before = now - d->cfg->retain_dead_ms;
+      d->purge_started_ms = now;
+      d->purge_cutoff_completed = d->purge_run.completed_before;
+      d->purge_cutoff_dead = d->purge_run.dead_before;
+      d->purged_events = d->purged_dead = d->purged_history = 0;
+   }
+   if (!store_purge_step (d->store, &d->purge_run, now, d->cfg->lease_ms, &r, &err)) {
+      metrics_purge_run (false);
+      purge_report (d, "then failed");
+      log_warn ("dispatch: scheduled purge failed (next run in %" PRId64 " ms): %s", d->cfg->purge_interval_ms, err.message);
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
+      return;
+   }
+   if (!r.leased) {
+      purge_report (d, "then the purge lease went to another instance");
+      log_debug ("dispatch: scheduled purge skipped: another instance holds the purge lease");
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
+      return;
+   }
+   metrics_purge_observe (r.events, r.dead, r.completed);
+   d->purged_events += r.events;
+   d->purged_dead += r.dead;
+   d->purged_history += r.completed;
+   if (!r.done) {
+      schedule (d->purge_ev, DISPATCH_PURGE_STEP_PAUSE_MS);
+      return;
+   }
+   metrics_purge_run (true);
+   purge_report (d, "done");
+   schedule (d->purge_ev, d->cfg->purge_interval_ms);
+}
+
+/* ---------------------------------------------------------------- fleet */
+
+static void
+fleet_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   bool released = false, again;
+
+   (void) fd;
+   (void) what;
+   if (d->stopping || !d->setup_done)
+      return;
+   again = dispatch_fleet_beat (d->fleet, d->cfg, now_ms (), &released);
+   if (released && d->dispatching)
+      schedule (d->tick_ev, 0); /* a held handler may be claimed now */
+   schedule (d->fleet_ev, again ? 0 : d->cfg->handler_heartbeat_ms);
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static void
+setup_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   bson_error_t err;
+
+   (void) fd;
+   (void) what;
+   if (d->stopping)
+      return;
+   if (!store_setup (d->store, &err)) {
+      log_warn ("dispatch: outbox setup failed (retry in %d ms): %s", DISPATCH_SETUP_RETRY_MS, err.message);
+      schedule (d->setup_ev, DISPATCH_SETUP_RETRY_MS);
+      return;
+   }
+   d->setup_done = true;
+   schedule (d->fleet_ev, 0);
+   if (d->purging)
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
+   if (d->dispatching)
+      schedule (d->tick_ev, 0);
+}
+
+/* ----------------------------------------------------------------- stop */
+
+static void
+finish (dispatcher_t *d)
+{
+   bson_error_t err;
+   int64_t now = now_ms ();
+
+   bool reachable = d->setup_done;
+
+   if (d->finished)
+      return;
+   d->finished = true;
+   evtimer_del (d->deadline_ev);
+   /* After the first failed store call (the upstream is gone), skip the
+    * rest: every call would wait for server selection, and the leases run
+    * out on their own. */
+   while (d->running) {
+      job_t *j = d->running;
+      store_ref_t r = job_ref (j);
+      bool applied;
+      webhook_cancel (j->req);
+      running_remove (d, j);
+      if (reachable && !store_release (d->store, &r, now, &applied, &err)) {
+         log_warn ("dispatch: releasing a delivery at stop: %s", err.message);
+         reachable = false;
+      }
+      job_drop (d, j, false); /* its followers: the lanes are handed back */
+   }
+   if (reachable) {
+      flush (d);
+      settle_retry (d, true); /* one more try for what is unsettled */
+   }
+   for (size_t i = 0; i < d->n_unsettled; i++) {
+      d->unsettled[i]->h->unsettled--;
+      job_drop (d, d->unsettled[i], false);
+   }
+   d->n_unsettled = 0;
+   if (reachable && !store_relinquish (d->store, now, &err))
+      log_warn ("dispatch: handing lanes back: %s", err.message);
+   if (reachable)
+      dispatch_fleet_stop (d->fleet, now);
+   if (!reachable)
+      log_warn ("dispatch: stopped without handing lanes back (the upstream is unreachable): they free up after lease_ms");
+   for (size_t i = 0; i < d->n_done; i++)
+      job_drop (d, d->done[i], false);
+   d->n_done = 0;
+   event_base_loopexit (d->base, NULL);
+}
+
+static void
+deadline_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   (void) fd;
+   (void) what;
+   log_warn ("dispatch: %zu request(s) still running at the stop deadline: released", d->n_running);
+   finish (d);
+}
+
+static void
+stop_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   int64_t wait = 0;
+
+   (void) fd;
+   (void) what;
+   d->stopping = true;
+   evtimer_del (d->tick_ev);
+   evtimer_del (d->setup_ev);
+   evtimer_del (d->purge_ev);
+   evtimer_del (d->fleet_ev);
+   if (d->n_running == 0) {
+      finish (d);
+      return;
+   }
+   for (size_t i = 0; i < d->n_handlers; i++)
+      if (d->handlers[i].cfg->timeout_ms > wait)
+         wait = d->handlers[i].cfg->timeout_ms;
+   wait += 500;
+   if (wait > DISPATCH_STOP_WAIT_MAX_MS)
+      wait = DISPATCH_STOP_WAIT_MAX_MS;
+   log_info ("dispatch: stopping; waiting up to %" PRId64 " ms for %zu request(s)", wait, d->n_running);
+   schedule (d->deadline_ev, wait);
+}
+
+static void *
+dispatch_thread (void *arg)
+{
+   dispatcher_t *d = arg;
+
+   log_set_thread_name ("dispatch");
+   event_base_dispatch (d->base);
+   log_info ("dispatch: stopped");
+   return NULL;
+}
+
+/* --------------------------------------------------------------- reload */
+
+/* The renewal thread picks the new lease up at its next tick. */
+static void
+renew_schedule (dispatcher_t *d)
+{
+   atomic_store (&d->renew_lease_ms, d->cfg->lease_ms);
+}
+
+/* Takes a reloaded snapshot: poll_interval_ms, batch_size and lease_ms
+ * apply from the next claim; handlers cannot change on reload (base/config.c
+ * refuses it), so each handler is re-pointed at its entry in the new
+ * snapshot. */
+static void
+reload_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   config_t *next, *old;
+
+   (void) fd;
+   (void) what;
+   pthread_mutex_lock (&g_mu);
+   next = d->pending_cfg;
+   d->pending_cfg = NULL;
+   pthread_mutex_unlock (&g_mu);
+   if (!next)
+      return;
+   for (size_t i = 0; i < d->n_handlers; i++) {
+      const config_handler_t *found = NULL;
+      for (size_t k = 0; k < next->n_handlers; k++)
+         if (!strcmp (next->handlers[k].name, d->handlers[i].cfg->name))
+            found = &next->handlers[k];
+      if (!found) {
+         log_error ("dispatch: reload without handler %s: keeping the previous settings", d->handlers[i].cfg->name);
+         config_release (next);
+         return;
+      }
+   }
+   for (size_t i = 0; i < d->n_handlers; i++)
+      for (size_t k = 0; k < next->n_handlers; k++)
+         if (!strcmp (next->handlers[k].name, d->handlers[i].cfg->name)) {
+            d->handlers[i].cfg = &next->handlers[k];
+            d->claim_handlers[i].handler = next->handlers[k].name;
+         }
+   old = d->cfg;
+   d->cfg = next;
+   config_release (old);
+   if (d->dispatching) {
+      renew_schedule (d);
+      if (d->setup_done && !d->stopping)
+         schedule (d->tick_ev, 0); /* the next poll follows the new interval */
+   }
+   /* Between runs the next one follows the new interval; a run in
+    * progress keeps its cutoffs, the next run takes the new retention. */
+   if (d->purging && d->setup_done && !d->stopping && !d->purge_run.active)
+      schedule (d->purge_ev, d->cfg->purge_interval_ms);
+   log_info ("dispatch: reloaded (batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms, purge every %" PRId64
+             " ms)",
+             d->cfg->batch_size,
+             d->cfg->lease_ms,
+             d->cfg->poll_interval_ms,
+             d->cfg->purge_interval_ms);
+}
+
+/* --------------------------------------------------------------- public */
+
+static void
+dispatcher_free (dispatcher_t *d)
+{
+   if (!d)
+      return;
+   for (size_t i = 0; i < d->n_done; i++)
+      job_drop (d, d->done[i], false);
+   for (size_t i = 0; i < d->n_unsettled; i++)
+      job_drop (d, d->unsettled[i], false);
+   while (d->running) {
+      job_t *j = d->running;
+      running_remove (d, j);
+      job_drop (d, j, false);
+   }
+   bson_free (d->done);
+   bson_free (d->unsettled);
+   if (d->renew_tick_ev)
+      event_free (d->renew_tick_ev);
+   if (d->renew_stop_ev)
+      event_free (d->renew_stop_ev);
+   if (d->renew_base)
+      event_base_free (d->renew_base);
+   bson_free (d->renew_set.refs);
+   bson_free (d->renew_set.leases);
+   pthread_mutex_destroy (&d->renew_set.mu);
+   for (size_t i = 0; i < d->n_handlers; i++)
+      webhook_destroy (d->handlers[i].wh);
+   bson_free (d->handlers);
+   bson_free (d->claim_handlers);
+   config_release (d->pending_cfg);
+   store_purge_run_clear (&d->purge_run);
+   dispatch_fleet_destroy (d->fleet);
+   struct event *evs[] = {d->setup_ev,
+                          d->tick_ev,
+                          d->wake_ev,
+                          d->flush_ev,
+                          d->settle_ev,
+                          d->stop_ev,
+                          d->deadline_ev,
+                          d->reload_ev,
+                          d->purge_ev,
+                          d->fleet_ev};
+   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+      if (evs[i])
+         event_free (evs[i]);
+   if (d->dns)
+      evdns_base_free (d->dns, 0);
+   if (d->base)
+      event_base_free (d->base);
+   SSL_CTX_free (d->ssl);
+   store_destroy (d->store);
+   if (d->pool)
+      mongoc_client_pool_destroy (d->pool);
+   if (d->uri)
+      mongoc_uri_destroy (d->uri);
+   config_release (d->cfg);
+   bson_free (d);
+}
+
+bool
+dispatch_start (config_t *cfg, bson_error_t *error)
+{
+   dispatcher_t *d = bson_malloc0 (sizeof *d);
+
+   pthread_mutex_init (&d->renew_set.mu, NULL);
+   store_opts_t so = {0};
+   bson_error_t err;
+   size_t n_webhooks = 0;
+   bool need_tls = false;
+
+   d->cfg = config_retain (cfg);
+   d->uri = mongoc_uri_new_with_error (cfg->upstream, &err);
+   if (!d->uri) {
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 20, "dispatch: upstream URI: %s", err.message);
+      goto fail;
+   }
+   mongoc_uri_set_appname (d->uri, "relaybus-proxy dispatch");
+   if (!mongoc_uri_has_option (d->uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
+      mongoc_uri_set_option_as_int32 (d->uri,
+                                      MONGOC_URI_SERVERSELECTIONTIMEOUTMS,
+                                      cfg->upstream_connect_timeout_ms < 2000 ? (int32_t) cfg->upstream_connect_timeout_ms : 2000);
+   d->pool = mongoc_client_pool_new_with_error (d->uri, &err);
+   if (!d->pool) {
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 21, "dispatch: client pool: %s", err.message);
+      goto fail;
+   }
+   mongoc_client_pool_set_error_api (d->pool, MONGOC_ERROR_API_VERSION_2);
+   store_make_owner (d->owner, sizeof d->owner);
+   so.database = cfg->outbox_database;
+   so.prefix = cfg->collection_prefix;
+   so.completion_history = cfg->completion_history;
+   so.owner = d->owner;
+   d->store = store_new (d->pool, &so, error);
+   if (!d->store)
+      goto fail;
+   d->fleet = dispatch_fleet_new (d->store, d->owner);
+
+   d->base = event_base_new ();
+   if (!d->base) {
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 22, "dispatch: cannot create an event base");
+      goto fail;
+   }
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      if (cfg->handlers[i].kind_id == HANDLER_KIND_WEBHOOK) {
+         n_webhooks++;
+         if (cfg->handlers[i].url && !strncasecmp (cfg->handlers[i].url, "https:", 6))
+            need_tls = true;
+      }
+   d->dispatching = cfg->dispatch_enabled && n_webhooks > 0;
+   d->purging = cfg->dispatch_enabled;
+   if (d->dispatching) {
+      d->dns = evdns_base_new (d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+      if (need_tls && !(d->ssl = webhook_ssl_ctx_new (error)))
+         goto fail;
+      d->handlers = bson_malloc0 (n_webhooks * sizeof *d->handlers);
+      d->claim_handlers = bson_malloc0 (n_webhooks * sizeof *d->claim_handlers);
+      for (size_t i = 0; i < cfg->n_handlers; i++) {
+         handler_rt_t *h;
+         if (cfg->handlers[i].kind_id != HANDLER_KIND_WEBHOOK)
+            continue;
+         h = &d->handlers[d->n_handlers];
+         h->cfg = &cfg->handlers[i];
+         h->wh = webhook_new (d->base, d->dns, d->ssl, h->cfg, error);
+         if (!h->wh)
+            goto fail;
+         d->claim_handlers[d->n_handlers].handler = h->cfg->name;
+         d->n_handlers++;
+      }
+   }
+   if (RAND_bytes ((unsigned char *) &d->rnd, sizeof d->rnd) != 1 || d->rnd == 0)
+      d->rnd = (uint64_t) now_ms () | 1;
+   d->setup_ev = evtimer_new (d->base, setup_cb, d);
+   d->tick_ev = evtimer_new (d->base, tick_cb, d);
+   d->wake_ev = event_new (d->base, -1, 0, wake_cb, d);
+   d->flush_ev = event_new (d->base, -1, 0, flush_cb, d);
+   d->settle_ev = evtimer_new (d->base, settle_cb, d);
+   d->stop_ev = event_new (d->base, -1, 0, stop_cb, d);
+   d->deadline_ev = evtimer_new (d->base, deadline_cb, d);
+   d->reload_ev = event_new (d->base, -1, 0, reload_cb, d);
+   d->purge_ev = evtimer_new (d->base, purge_cb, d);
+   d->fleet_ev = evtimer_new (d->base, fleet_cb, d);
+   atomic_store (&d->renew_lease_ms, cfg->lease_ms);
+   if (d->dispatching) {
+      d->renew_base = event_base_new ();
+      if (!d->renew_base) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 22, "dispatch: cannot create an event base");
+         goto fail;
+      }
+      d->renew_tick_ev = evtimer_new (d->renew_base, renew_cb, d);
+      d->renew_stop_ev = event_new (d->renew_base, -1, 0, renew_stop_cb, d);
+   }
+
+   /* Setup now, so the publishing path finds the collections; if the
+    * upstream is not there yet, the thread retries. */
+   if (store_setup (d->store, &err)) {
+      d->setup_done = true;
+   } else {
+      log_warn ("dispatch: outbox setup failed (the dispatcher retries): %s", err.message);
+      schedule (d->setup_ev, DISPATCH_SETUP_RETRY_MS);
+   }
+   if (!d->dispatching)
+      log_info ("dispatch: not dispatching (%s)%s",
+                cfg->dispatch_enabled ? "no webhook handler" : "[dispatch] enabled = false",
+                d->purging ? "; the scheduled purge runs" : "");
+   /* The thread runs in every process: it records and reads the fleet's
+    * handler set that injection uses. */
+   if (d->setup_done)
+      schedule (d->fleet_ev, 0);
+   if (d->setup_done && d->dispatching)
+      schedule (d->tick_ev, 0);
+   if (d->setup_done && d->purging)
+      schedule (d->purge_ev, cfg->purge_interval_ms);
+   pthread_mutex_lock (&g_mu);
+   g_d = d;
+   pthread_mutex_unlock (&g_mu);
+   if (pthread_create (&d->thread, NULL, dispatch_thread, d) != 0) {
+      pthread_mutex_lock (&g_mu);
+      g_d = NULL;
+      pthread_mutex_unlock (&g_mu);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 23, "dispatch: cannot start the thread");
+      goto fail;
+   }
+   d->thread_started = true;
+   if (d->renew_base) {
+      if (pthread_create (&d->renew_thread, NULL, renew_thread, d) != 0)
+         log_warn ("dispatch: cannot start the renewal thread; leases are not renewed while requests run");
+      else
+         d->renew_started = true;
+   }
+   /* The publishing path wakes us after a commit it injected into. */
+   publish_set_wake_hook (dispatch_wake);
+   if (d->dispatching)
+      log_info ("dispatch: %zu webhook handler(s), owner %s, batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms",
+                d->n_handlers,
+                d->owner,
+                cfg->batch_size,
+                cfg->lease_ms,
+                cfg->poll_interval_ms);
+   return true;
+
+fail:
+   dispatcher_free (d);
+   return false;
+}
+
+void
+dispatch_stop (void)
+{
+   dispatcher_t *d;
+
+   pthread_mutex_lock (&g_mu);
+   d = g_d;
+   pthread_mutex_unlock (&g_mu);
+   if (!d)
+      return;
+   publish_set_wake_hook (NULL);
+   if (d->thread_started) {
+      event_active (d->stop_ev, EV_TIMEOUT, 0);
+      pthread_join (d->thread, NULL);
+   }
+   if (d->renew_started) {
+      /* After the dispatcher: its stop waits for requests whose leases
+       * are still renewed meanwhile. */
+      event_active (d->renew_stop_ev, EV_TIMEOUT, 0);
+      pthread_join (d->renew_thread, NULL);
+   }
+   pthread_mutex_lock (&g_mu);
+   g_d = NULL;
+   pthread_mutex_unlock (&g_mu);
+   dispatcher_free (d);
+}
+
+void
+dispatch_reload (config_t *cfg)
+{
+   dispatcher_t *d;
+
+   pthread_mutex_lock (&g_mu);
+   d = g_d;
+   if (d && d->thread_started) {
+      config_release (d->pending_cfg);
+      d->pending_cfg = config_retain (cfg);
+      event_active (d->reload_ev, EV_TIMEOUT, 0);
+   }
+   pthread_mutex_unlock (&g_mu);
+}
+
+void
+dispatch_wake (void)
+{
+   dispatcher_t *d;
+
+   /* Never waits: if the lock is busy (start or stop), skip; the poll
+    * interval covers it. */
+   if (pthread_mutex_trylock (&g_mu) != 0)
+      return;
+   d = g_d;
+   if (d && !atomic_exchange (&d->wake_pending, true))
+      event_active (d->wake_ev, EV_TIMEOUT, 0);
+   pthread_mutex_unlock (&g_mu);
+}
+
+void
+dispatch_get_stats (dispatch_stats_t *out)
+{
+   out->claims = atomic_load (&g_stats.claims);
+   out->claimed = atomic_load (&g_stats.claimed);
+   out->completed = atomic_load (&g_stats.completed);
+   out->rescheduled = atomic_load (&g_stats.rescheduled);
+   out->dead = atomic_load (&g_stats.dead);
+   out->lost_completions = atomic_load (&g_stats.lost_completions);
+   out->http_requests = atomic_load (&g_stats.http_requests);
+}

@@ -1,0 +1,335 @@
+/*
+ * dispatch/fleet.c - the dispatcher's part in the fleet's handler set (see
+ * dispatch/fleet.h): every heartbeat it records this instance's handlers,
+ * reads the fleet's and publishes the snapshot injection uses (base/fleet.h);
+ * it backfills the handlers this instance is the first live one to
+ * declare, and retires under a lease the handlers no live instance
+ * declares any more.
+ *
+ * What this file does not do: claim or deliver.  The dispatcher asks
+ * dispatch_fleet_holds before it claims a handler, and calls
+ * dispatch_fleet_beat from its timer.  Blocking store calls: the
+ * dispatcher thread only.
+ */
+#include "dispatch/fleet.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+#include "base/fleet.h"
+#include "base/log.h"
+#include "admin/metrics.h"
+#include "store/fleet.h"
+
+/* A handler this instance declares first: backfilled from `since` until a
+ * pass that starts at or after `until`.  With `hold_only`, another live
+ * instance is backfilling it: only its claims wait until `until`. */
+typedef struct {
+   char *name; /* owned: a reload may free the configuration it came from */
+   int64_t since, until;
+   size_t added;
+   bool hold_only;
+} fleet_backfill_t;
+
+/* Owned by the dispatcher; the store is borrowed. */
+struct dispatch_fleet {
+   store_t *store;
+   char *owner;
+   int64_t started_ms; /* when this instance first announced */
+   bool announced;
+   bool failing;        /* the last announce or read failed (logged once) */
+   fleet_set_t *fleet;  /* our reference on the last snapshot read */
+   size_t disagreeing;  /* of the last snapshot, to log changes once */
+   int64_t retire_checked_ms;
+   fleet_backfill_t *backfills; /* handlers still being backfilled or held */
+   size_t n_backfills;
+};
+
+dispatch_fleet_t *
+dispatch_fleet_new (store_t *store, const char *owner)
+{
+   dispatch_fleet_t *f = bson_malloc0 (sizeof *f);
+
+   f->store = store;
+   f->owner = bson_strdup (owner);
+   return f;
+}
+
+void
+dispatch_fleet_destroy (dispatch_fleet_t *f)
+{
+   if (!f)
+      return;
+   for (size_t i = 0; i < f->n_backfills; i++)
+      bson_free (f->backfills[i].name);
+   bson_free (f->backfills);
+   fleet_release (f->fleet);
+   bson_free (f->owner);
+   bson_free (f);
+}
+
+bool
+dispatch_fleet_holds (const dispatch_fleet_t *f, const char *handler)
+{
+   for (size_t i = 0; f && i < f->n_backfills; i++)
+      if (!strcmp (f->backfills[i].name, handler))
+         return true;
+   return false;
+}
+
+void
+dispatch_fleet_stop (dispatch_fleet_t *f, int64_t now)
+{
+   bson_t fields = BSON_INITIALIZER;
+   bson_error_t err;
+
+   if (!f || !f->announced)
+      return;
+   /* From now on the others count this instance as gone, not silent. */
+   BSON_APPEND_DATE_TIME (&fields, "stoppedAt", now);
+   if (!store_fleet_announce (f->store, &fields, now, &err) || !store_fleet_lease_release (f->store, now, &err))
+      log_warn ("dispatch: recording the stop in the fleet's handlers: %s", err.message);
+   bson_destroy (&fields);
+}
+
+static int64_t
+fleet_live_ms (const config_t *cfg)
+{
+   return FLEET_LIVE_HEARTBEATS * cfg->handler_heartbeat_ms;
+}
+
+static bool
+local_handler (const config_t *cfg, const char *name)
+{
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      if (!strcmp (cfg->handlers[i].name, name))
+         return true;
+   return false;
+}
+
+static void
+backfill_remove (dispatch_fleet_t *f, size_t i)
+{
+   bson_free (f->backfills[i].name);
+   f->backfills[i] = f->backfills[--f->n_backfills];
+}
+
+/* At the first announce: every local handler no other live instance
+ * declares is new to the fleet.  Proxies that have not read our document
+ * yet still write events without it, for at most a liveness bound after
+ * now; so from now - bound (clock skew) to now + bound its events are
+ * backfilled, and its deliveries wait until that ends, so that no later
+ * delivery of a key runs before a backfilled earlier one.  Alone in the
+ * fleet there is nobody to backfill for: an instance that starts later
+ * reads our document after writing its own, so it writes with ours.  A
+ * handler another live instance is still backfilling (its document dates
+ * the end) is not claimed here either before then. */
+static void
+fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now)
+{
+   int64_t bound = fleet_live_ms (cfg);
+   size_t others = 0;
+
+   for (size_t i = 0; i < fs->n_instances; i++)
+      others += fs->instances[i].live && strcmp (fs->instances[i].instance, f->owner) != 0;
+   if (others == 0)
+      return;
+   f->backfills = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *f->backfills);
+   for (size_t i = 0; i < cfg->n_handlers; i++) {
+      const config_handler_t *h = &cfg->handlers[i];
+
+      if (fleet_declared_elsewhere (fs, f->owner, h->name)) {
+         int64_t until = fleet_backfill_until (fs, f->owner, h->name);
+
+         if (until <= now)
+            continue;
+         f->backfills[f->n_backfills].name = bson_strdup (h->name);
+         f->backfills[f->n_backfills].until = until;
+         f->backfills[f->n_backfills].hold_only = true;
+         f->n_backfills++;
+         log_info ("dispatch: handler %s is being backfilled by another proxy: its deliveries wait %" PRId64 " ms",
+                   h->name,
+                   until - now);
+         continue;
+      }
+      f->backfills[f->n_backfills].name = bson_strdup (h->name);
+      f->backfills[f->n_backfills].since = now - bound;
+      f->backfills[f->n_backfills].until = now + bound;
+      f->n_backfills++;
+      log_info ("dispatch: handler %s is new to the fleet: backfilling its events for %" PRId64 " ms", h->name, 2 * bound);
+   }
+}
+
+/* One pass of every backfill in progress; true when one ended (its
+ * handler may be claimed now). */
+static bool
+fleet_run_backfills (dispatch_fleet_t *f, const config_t *cfg, int64_t now)
+{
+   bool released = false;
+
+   for (size_t i = 0; i < f->n_backfills;) {
+      fleet_backfill_t *b = &f->backfills[i];
+      const config_handler_t *h = NULL;
+      bool last = now >= b->until;
+      bson_error_t err;
+      size_t added = 0;
+
+      for (size_t k = 0; k < cfg->n_handlers; k++)
+         if (!strcmp (cfg->handlers[k].name, b->name))
+            h = &cfg->handlers[k];
+      if (!h) {
+         backfill_remove (f, i);
+         continue;
+      }
+      if (b->hold_only && !last) {
+         i++;
+         continue;
+      }
+      if (!b->hold_only && !store_fleet_backfill (f->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, b->since, now, &added, &err)) {
+         log_warn ("dispatch: backfilling handler %s (retried at the next heartbeat): %s", h->name, err.message);
+         i++;
+         continue;
+      }
+      b->added += added;
+      if (!last) {
+         i++;
+         continue;
+      }
+      if (!b->hold_only)
+         log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it", h->name, b->added);
+      released = true;
+      backfill_remove (f, i);
+   }
+   return released;
+}
+
+/* Retirement, under the retirement lease: the pending deliveries of every
+ * handler that no live instance declares, and that none declared for
+ * handler_retire_after (counted from this instance's start when no
+ * document names it any more), become dead letters, in batches. */
+static void
+fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now)
+{
+   char **names = NULL;
+   size_t n = 0;
+   bool leased = false;
+   bson_error_t err;
+   int64_t after = cfg->handler_retire_after_ms;
+
+   if (!store_fleet_lease (f->store, now, cfg->lease_ms, &leased, &err)) {
+      log_warn ("dispatch: handler retirement: %s", err.message);
+      return;
+   }
+   if (!leased)
+      return;
+   if (!store_fleet_pending_handlers (f->store, &names, &n, CONFIG_MAX_HANDLERS * 4, &err)) {
+      log_warn ("dispatch: handler retirement: %s", err.message);
+      return;
+   }
+   for (size_t i = 0; i < n; i++) {
+      int64_t last = fleet_last_declared (fs, names[i]);
+      int64_t since = last > 0 ? last : f->started_ms;
+      char reason[300];
+      size_t total = 0;
+      bool more = true;
+
+      log_debug ("dispatch: retirement: %s has pending deliveries, last declared %" PRId64 " ms ago", names[i], now - since);
+      if (local_handler (cfg, names[i]) || fleet_declared_elsewhere (fs, f->owner, names[i]) || now - since < after)
+         continue;
+      bson_snprintf (reason, sizeof reason, "handler %.200s retired: no live proxy declares it", names[i]);
+      /* At most 20 batches per handler and pass: the next pass goes on. */
+      for (int b = 0; more && b < 20; b++) {
+         size_t buried = 0;
+
+         if (!store_fleet_retire (f->store, names[i], reason, now, 500, &buried, &more, &err)) {
+            log_warn ("dispatch: retiring handler %s: %s", names[i], err.message);
+            break;
+         }
+         total += buried;
+      }
+      if (total > 0) {
+         metrics_retired_observe ((int64_t) total);
+         log_warn ("dispatch: handler %s retired (no live proxy declared it for %" PRId64 " ms): %zu pending deliveries moved to the dead letters",
+                   names[i],
+                   now - since,
+                   total);
+      }
+   }
+   for (size_t i = 0; i < n; i++)
+      bson_free (names[i]);
+   bson_free (names);
+   /* Documents of instances silent for longer than the grace period have
+    * said all they can. */
+   if (!store_fleet_forget (f->store, now - after - fleet_live_ms (cfg), &err))
+      log_warn ("dispatch: handler retirement: %s", err.message);
+}
+
+bool
+dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool *released)
+{
+   bson_t fields = BSON_INITIALIZER;
+   bson_t *docs[FLEET_MAX_INSTANCES];
+   size_t n = 0;
+   bson_error_t err;
+   fleet_set_t *fs;
+   int64_t retire_every;
+   int64_t *until = NULL;
+   bool ok, again = false;
+
+   *released = false;
+   if (!f->announced)
+      f->started_ms = now;
+   BSON_APPEND_DATE_TIME (&fields, "startedAt", f->started_ms);
+   if (f->n_backfills > 0) {
+      /* Other instances starting meanwhile hold their claims of these. */
+      until = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *until);
+      for (size_t i = 0; i < cfg->n_handlers; i++)
+         for (size_t b = 0; b < f->n_backfills; b++)
+            if (!f->backfills[b].hold_only && !strcmp (f->backfills[b].name, cfg->handlers[i].name))
+               until[i] = f->backfills[b].until;
+   }
+   ok = fleet_append_handlers (cfg, until, &fields, "handlers");
+   bson_free (until);
+   if (!ok)
+      bson_set_error (&err, STORE_ERROR_DOMAIN, STORE_ERROR_INVALID, "the handlers do not fit in one document");
+   if (!ok || !store_fleet_announce (f->store, &fields, now, &err) ||
+       !store_fleet_read (f->store, docs, FLEET_MAX_INSTANCES, &n, &err)) {
+      if (!f->failing)
+         log_warn ("dispatch: recording or reading the fleet's handlers failed (retried every heartbeat): %s", err.message);
+      f->failing = true;
+      bson_destroy (&fields);
+      return false;
+   }
+   bson_destroy (&fields);
+   if (f->failing)
+      log_info ("dispatch: the fleet's handlers are recorded and read again");
+   f->failing = false;
+   fs = fleet_set_from_docs ((const bson_t *const *) docs, n, now, fleet_live_ms (cfg));
+   for (size_t i = 0; i < n; i++)
+      bson_destroy (docs[i]);
+   if (!f->announced) {
+      f->announced = true;
+      fleet_start_backfills (f, cfg, fs, now);
+      /* Record the backfills' ends at once, not a heartbeat later. */
+      again = f->n_backfills > 0;
+   }
+   if (fs->n_disagreeing != f->disagreeing && fs->n_disagreeing > 0)
+      log_warn ("dispatch: live proxies declare %zu handler(s) differently, %s first (see GET /api/handlers)",
+                fs->n_disagreeing,
+                fs->disagreeing[0]);
+   f->disagreeing = fs->n_disagreeing;
+   fleet_publish (fleet_retain (fs));
+   fleet_release (f->fleet);
+   f->fleet = fs;
+   if (f->n_backfills > 0)
+      *released = fleet_run_backfills (f, cfg, now);
+   retire_every = cfg->handler_retire_after_ms / 10;
+   if (retire_every > 60000)
+      retire_every = 60000;
+   if (now - f->retire_checked_ms >= retire_every) {
+      f->retire_checked_ms = now;
+      fleet_retire (f, cfg, fs, now);
+   }
+   return again;
+}
+

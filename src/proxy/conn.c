@@ -1,0 +1,1350 @@
+/*
+ * proxy/conn.c - a client connection's lifecycle: its states, who may read
+ * (backpressure), the libevent callbacks, pairing with an upstream,
+ * draining, and every way to close.  What flows through the connection
+ * (framing, the in-flight FIFOs, forwarding and answers) is proxy/pump.c.
+ *
+ * Flow.  Each callback ends in one of two pumps (client_pump,
+ * upstream_pump): route what is complete, then client_update_flow decides
+ * what to read next and which drain callbacks are wanted, touching libevent
+ * only when a decision changes.
+ *
+ * Memory.  Every connection's buffers and reservations count towards the
+ * process-wide max_buffered_bytes; past it, sides with a large message to
+ * receive are not read (see "memory" below).
+ *
+ * Lifetime.  client_disconnect frees the sockets and timers at once (so no
+ * callback of ours can fire again) and puts the struct on the loop's free
+ * list; it is freed from an event on the next loop turn.  Any code that
+ * calls something able to disconnect checks for CLIENT_STATE_CLOSING before
+ * touching buffers again.
+ */
+#include "proxy/conn.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/un.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <openssl/err.h>
+
+#include "proxy/conn_private.h"
+#include "proxy/clients.h"
+#include "base/log.h"
+#include "base/loopwake.h"
+#include "proxy/upstream.h"
+
+static const char *const client_state_names[CLIENT_STATE_COUNT_] = {
+   [CLIENT_STATE_AWAIT_UPSTREAM] = "await_upstream",
+   [CLIENT_STATE_HANDSHAKE] = "handshake",
+   [CLIENT_STATE_READY] = "ready",
+   [CLIENT_STATE_DRAINING] = "draining",
+   [CLIENT_STATE_CLOSING] = "closing",
+};
+
+const char *
+client_state_name (client_state_t state)
+{
+   return (unsigned) state < CLIENT_STATE_COUNT_ ? client_state_names[state] : "invalid";
+}
+
+static void client_pump (client_conn_t *c);
+static void upstream_pump (client_conn_t *c);
+static void client_read_cb (struct bufferevent *bev, void *arg);
+static void client_write_cb (struct bufferevent *bev, void *arg);
+static void client_event_cb (struct bufferevent *bev, short what, void *arg);
+static void up_sock_read_cb (evutil_socket_t fd, short what, void *arg);
+static void client_update_flow (client_conn_t *c);
+static void mem_release_all (client_conn_t *c);
+
+/* ------------------------------------------------------------ helpers */
+
+static struct timeval
+ms_to_tv (int64_t ms)
+{
+   struct timeval tv = {(time_t) (ms / 1000), (suseconds_t) ((ms % 1000) * 1000)};
+   return tv;
+}
+
+/* ------------------------------------------------------------ state */
+
+void
+client_set_state (client_conn_t *c, client_state_t next)
+{
+   struct timeval tv;
+   int64_t ms = 0;
+
+   if (c->state == next)
+      return;
+   if (c->state != CLIENT_STATE_COUNT_) /* COUNT_: not yet in any state */
+      log_debug ("c%" PRIu64 " %s: %s -> %s",
+              c->id,
+              c->peer,
+              client_state_name (c->state),
+              client_state_name (next));
+   c->state = next;
+   /* /api/clients: before CLOSING frees the socket the registry reads. */
+   clients_registry_note (
+      c->id, c->peer, c->bev ? bufferevent_getfd (c->bev) : -1, client_state_name (next), next != CLIENT_STATE_CLOSING);
+   if (next == CLIENT_STATE_CLOSING)
+      return;
+   /* The per-state timer: each state has at most one deadline. */
+   evtimer_del (c->timer);
+   switch (next) {
+   case CLIENT_STATE_AWAIT_UPSTREAM:
+      ms = c->cfg->upstream_connect_timeout_ms;
+      break;
+   case CLIENT_STATE_HANDSHAKE:
+      ms = c->cfg->handshake_timeout_ms;
+      break;
+   default:
+      break;
+   }
+   if (ms > 0) {
+      tv = ms_to_tv (ms);
+      evtimer_add (c->timer, &tv);
+   }
+   client_update_flow (c);
+}
+
+static const char *
+client_close_level_is_warn (stats_close_reason_t reason)
+{
+   switch (reason) {
+   case STATS_CLOSE_CLIENT_EOF:
+   case STATS_CLOSE_SHUTDOWN:
+      return NULL;
+   default:
+      return "warn";
+   }
+}
+
+void
+client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fmt, ...)
+{
+   client_loop_t *loop = c->loop;
+   char detail[512];
+   va_list ap;
+   bson_error_t error;
+
+   if (c->state == CLIENT_STATE_CLOSING)
+      return;
+   va_start (ap, fmt);
+   vsnprintf (detail, sizeof detail, fmt, ap);
+   va_end (ap);
+   log_conn (client_close_level_is_warn (reason) ? LOG_LEVEL_WARN : LOG_LEVEL_INFO,
+             c->id,
+             c->peer,
+             "closing (%s) in %s: %s",
+             stats_close_reason_name (reason),
+             client_state_name (c->state),
+             detail);
+   stats_count_close (reason);
+   stats_sub (connections_open, 1);
+   client_set_state (c, CLIENT_STATE_CLOSING);
+   mem_release_all (c);
+
+   /* Sockets and timers go now: nothing of ours can fire after this.  Our
+    * read events first, while their descriptors are still open. */
+   if (c->client_rd)
+      event_free (c->client_rd);
+   if (c->up_rd)
+      event_free (c->up_rd);
+   c->client_rd = c->up_rd = NULL;
+   upstream_destroy (c->up);
+   c->up = NULL;
+   if (c->bev)
+      bufferevent_free (c->bev);
+   c->bev = NULL;
+   event_free (c->timer);
+   event_free (c->req_timer);
+   event_free (c->reply_timer);
+   c->timer = c->req_timer = c->reply_timer = NULL;
+
+   /* Internal requests learn that no reply will come (their owners free
+    * their context).  They may not send anything: the state is CLOSING. */
+   bson_set_error (&error, CLIENT_ERROR_DOMAIN, 1, "connection closed: %s", detail);
+   while (c->up_count > 0) {
+      upstream_req_t u = c->upreqs[c->up_head];
+      upreq_pop (c);
+      if (u.kind == UPREQ_INTERNAL && u.cb)
+         u.cb (c, NULL, &error, u.cb_ctx);
+   }
+   for (uint64_t s = c->creq_head; s < c->creq_tail; s++) {
+      client_req_t *r = creq_find (c, s);
+      if (r->held)
+         evbuffer_free (r->held);
+      r->held = NULL;
+   }
+   c->creq_head = c->creq_tail;
+   client_job_cancel (c);
+
+   /* Off the live list, onto the free list. */
+   if (c->prev)
+      c->prev->next = c->next;
+   else
+      loop->clients = c->next;
+   if (c->next)
+      c->next->prev = c->prev;
+   loop->nclients--;
+   c->prev = NULL;
+   c->next = loop->free_list;
+   loop->free_list = c;
+   event_active (loop->free_ev, EV_READ, 0);
+
+   if (loop->draining && loop->nclients == 0 && loop->on_empty) {
+      void (*cb) (void *) = loop->on_empty;
+      loop->on_empty = NULL;
+      cb (loop->on_empty_ctx);
+   }
+}
+
+static void
+client_free (client_conn_t *c)
+{
+   if (c->data_destroy)
+      c->data_destroy (c->data);
+   if (c->scratch)
+      evbuffer_free (c->scratch);
+   if (c->tmp)
+      evbuffer_free (c->tmp);
+   config_release (c->cfg);
+   bson_free (c);
+}
+
+static void
+client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_loop_t *loop = arg;
+
+   while (loop->free_list) {
+      client_conn_t *c = loop->free_list;
+      loop->free_list = c->next;
+      client_free (c);
+   }
+}
+
+/* ------------------------------------------------------------ memory */
+
+/*
+ * The process-wide bound on buffered bytes ([proxy] max_buffered_bytes).
+ * stats.buffered_bytes (atomic: the admin thread reads it; it is the one
+ * process counter, should there be several loops) is the sum over the
+ * connections of
+ *   - mem_held: the bytes in their buffers (client and upstream, input and
+ *     output, decompressed requests, re-encoded and held answers), kept
+ *     exact by an evbuffer callback on each;
+ *   - reservations: the rest of a partial message whose header announced
+ *     its length (mem_partial, mem_partial_up), and for a request its
+ *     decompressed size or the copy it is validated from, plus its bytes
+ *     while the decoding thread has them (mem_decode).
+ * A side of a connection is read only while the rest of the message it is
+ * receiving is reserved; a reservation that does not fit under the bound
+ * puts the connection on the loop's wait list with that side unread: the
+ * clients stopped are those with the largest messages coming, while small
+ * requests (whole in one read) never wait.  Messages already reserved
+ * finish, leave towards their destination and free their room; when the
+ * total is below the low mark (three quarters of the bound) the waiters
+ * are resumed oldest first, each as its reservation fits.  A newcomer may
+ * not take the room the oldest waiter needs, so none starves.  Beyond the
+ * bound only one read per connection (4 KiB, a TLS record) is unreserved.
+ * Per-connection watermarks keep working underneath.
+ */
+
+#define MEM_LOG_INTERVAL_MS 10000
+
+static int64_t
+mem_now_ms (void)
+{
+   return bson_get_monotonic_time () / 1000;
+}
+
+static int64_t
+mem_total (void)
+{
+   return (int64_t) stats_get (buffered_bytes);
+}
+
+static int64_t
+mem_low_mark (const client_loop_t *loop)
+{
+   return loop->cfg->max_buffered_bytes / 4 * 3;
+}
+
+/* Room went up: resume waiters from mem_ev (never from inside a buffer
+ * callback, where a pump must not run). */
+static void
+mem_maybe_resume (client_loop_t *loop)
+{
+   if (loop->mem_wait_head && !loop->mem_ev_active && mem_total () <= mem_low_mark (loop)) {
+      loop->mem_ev_active = true;
+      event_active (loop->mem_ev, EV_READ, 0);
+   }
+}
+
+static void
+mem_give_back (client_loop_t *loop, int64_t n)
+{
+   if (n > 0) {
+      stats_sub (buffered_bytes, n);
+      mem_maybe_resume (loop);
+   }
+}
+
+static void
+mem_account (client_conn_t *c, int64_t delta)
+{
+   c->mem_held += delta;
+   if (delta > 0)
+      stats_add (buffered_bytes, delta);
+   else
+      mem_give_back (c->loop, -delta);
+}
+
+/* Any of the connection's buffers changed. */
+static void
+mem_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+   client_conn_t *c = arg;
+
+   if (c->state != CLIENT_STATE_CLOSING)
+      mem_account (c, (int64_t) info->n_added - (int64_t) info->n_deleted);
+}
+
+/* An input: bytes that arrive for a partial message were reserved, so
+ * they turn from reservation into held bytes. */
+static void
+mem_input_cb (client_conn_t *c, int64_t *partial, const struct evbuffer_cb_info *info)
+{
+   int64_t added = (int64_t) info->n_added;
+   int64_t take = added < *partial ? added : *partial;
+
+   if (c->state == CLIENT_STATE_CLOSING)
+      return;
+   if (take > 0) {
+      *partial -= take;
+      stats_sub (buffered_bytes, take);
+   }
+   mem_account (c, added - (int64_t) info->n_deleted);
+}
+
+static void
+mem_client_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+   client_conn_t *c = arg;
+   mem_input_cb (c, &c->mem_partial, info);
+}
+
+static void
+mem_up_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+   client_conn_t *c = arg;
+   mem_input_cb (c, &c->mem_partial_up, info);
+}
+
+void
+client_mem_watch (client_conn_t *c, struct evbuffer *buf)
+{
+   (void) evbuffer_add_cb (buf, mem_cb, c);
+}
+
+static bool
+mem_try_reserve (client_conn_t *c, int64_t n)
+{
+   client_loop_t *loop = c->loop;
+   int64_t room = loop->cfg->max_buffered_bytes - mem_total ();
+
+   if (loop->mem_wait_head && loop->mem_wait_head != c)
+      room -= loop->mem_wait_head->mem_need; /* the oldest waiter's turn */
+   if (n > room)
+      return false;
+   stats_add (buffered_bytes, n);
+   return true;
+}
+
+/* What a connection waits for: reading its client (a partial request),
+ * reading its upstream (a partial reply), or decompressing the request at
+ * the front of its input (the client is not read meanwhile either). */
+#define MEM_SIDE_CLIENT 1u
+#define MEM_SIDE_UP 2u
+#define MEM_SIDE_DECODE 4u
+
+static void
+mem_wait (client_conn_t *c, unsigned side, int64_t need)
+{
+   client_loop_t *loop = c->loop;
+   int64_t now;
+
+   if (c->mem_wait_sides) {
+      c->mem_wait_sides |= side;
+      c->mem_need = need > c->mem_need ? need : c->mem_need;
+      return;
+   }
+   c->mem_wait_sides = side;
+   c->mem_need = need;
+   c->mem_wait_next = NULL;
+   c->mem_wait_prev = loop->mem_wait_tail;
+   if (loop->mem_wait_tail)
+      loop->mem_wait_tail->mem_wait_next = c;
+   else
+      loop->mem_wait_head = c;
+   loop->mem_wait_tail = c;
+   stats_add (connections_paused_memory, 1);
+   stats_add (memory_pauses, 1);
+   log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "waiting for memory: %" PRId64 " bytes", need);
+   loop->mem_episode_pauses++;
+   if (loop->mem_pause_started_ms)
+      return;
+   now = mem_now_ms ();
+   loop->mem_pause_started_ms = now;
+   if (!loop->mem_last_log_ms || now - loop->mem_last_log_ms >= MEM_LOG_INTERVAL_MS) {
+      loop->mem_last_log_ms = now;
+      log_warn ("memory: %" PRId64 " bytes buffered, max_buffered_bytes=%" PRId64
+                ": not reading from clients with large messages until it drains below %" PRId64,
+                mem_total (),
+                loop->cfg->max_buffered_bytes,
+                mem_low_mark (loop));
+   }
+}
+
+static void
+mem_unwait (client_conn_t *c)
+{
+   client_loop_t *loop = c->loop;
+
+   if (!c->mem_wait_sides)
+      return;
+   if (c->mem_wait_prev)
+      c->mem_wait_prev->mem_wait_next = c->mem_wait_next;
+   else
+      loop->mem_wait_head = c->mem_wait_next;
+   if (c->mem_wait_next)
+      c->mem_wait_next->mem_wait_prev = c->mem_wait_prev;
+   else
+      loop->mem_wait_tail = c->mem_wait_prev;
+   c->mem_wait_prev = c->mem_wait_next = NULL;
+   c->mem_wait_sides = 0;
+   c->mem_need = 0;
+   stats_sub (connections_paused_memory, 1);
+   if (!loop->mem_wait_head && loop->mem_pause_started_ms) {
+      int64_t now = mem_now_ms ();
+      /* The end of an episode is logged when its start was (or when the
+       * log is quiet enough again). */
+      if (loop->mem_last_log_ms == loop->mem_pause_started_ms || now - loop->mem_last_log_ms >= MEM_LOG_INTERVAL_MS) {
+         loop->mem_last_log_ms = now;
+         log_info ("memory: reading from every client again after %" PRId64 " ms (%" PRIu64 " pauses), %" PRId64
+                   " bytes buffered",
+                   now - loop->mem_pause_started_ms,
+                   loop->mem_episode_pauses,
+                   mem_total ());
+      }
+      loop->mem_pause_started_ms = 0;
+      loop->mem_episode_pauses = 0;
+   }
+}
+
+static int64_t
+mem_le32 (const uint8_t *p)
+{
+   return (int32_t) ((uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24);
+}
+
+/* Whether a side may read: yes unless a partial message in its input
+ * needs more room than is reserved and that cannot be reserved; then the
+ * connection waits.  Everything a request will need is reserved at once,
+ * when its header is first seen: the rest of its bytes, and for the client
+ * side its decompressed size (OP_COMPRESSED) or the copy it is parsed from
+ * (a request decoded off the loop).  So a connection never waits for
+ * memory while it holds a message it has received: only while holding at
+ * most one read, which is what keeps the waiting deadlock-free. */
+static bool
+mem_may_read (client_conn_t *c, unsigned side)
+{
+   bool client = side == MEM_SIDE_CLIENT;
+   struct evbuffer *in = bufferevent_get_input (client ? c->bev : upstream_bev (c->up));
+   int64_t *partial = client ? &c->mem_partial : &c->mem_partial_up;
+   size_t avail = evbuffer_get_length (in);
+   uint8_t hb[WIRE_HEADER_LEN + 9];
+   int64_t len, rest, extra = 0;
+   size_t got;
+
+   if (c->mem_wait_sides & (client ? MEM_SIDE_CLIENT | MEM_SIDE_DECODE : MEM_SIDE_UP))
+      return false;
+   if (avail < WIRE_HEADER_LEN)
+      return true;
+   got = avail < sizeof hb ? WIRE_HEADER_LEN : sizeof hb;
+   if (evbuffer_copyout (in, hb, got) != (ssize_t) got)
+      return true;
+   len = mem_le32 (hb);
+   /* Complete, or refused once its header is read. */
+   if (len <= (int64_t) avail || len > WIRE_MAX_MESSAGE_LEN)
+      return true;
+   if (client && c->mem_decode == 0) {
+      if (mem_le32 (hb + 12) == WIRE_OP_COMPRESSED) {
+         if (got < sizeof hb)
+            return true; /* uncompressedSize not read yet: one more read */
+         extra = mem_le32 (hb + WIRE_HEADER_LEN + 4);
+         extra = extra >= 0 && extra <= WIRE_MAX_MESSAGE_LEN ? extra + WIRE_HEADER_LEN : 0;
+      } else if (len >= CLIENT_OFFLOAD_MIN && c->loop->worker) {
+         extra = len;
+      }
+   }
+   rest = len - (int64_t) avail - *partial;
+   if (rest < 0)
+      rest = 0;
+   if (rest + extra == 0)
+      return true;
+   if (!mem_try_reserve (c, rest + extra)) {
+      mem_wait (c, side, rest + extra);
+      return false;
+   }
+   *partial += rest;
+   c->mem_decode += extra;
+   return true;
+}
+
+bool
+client_mem_reserve_decode (client_conn_t *c, int64_t n)
+{
+   int64_t more = n - c->mem_decode;
+
+   if (more <= 0)
+      return true;
+   if (!mem_try_reserve (c, more)) {
+      mem_wait (c, MEM_SIDE_DECODE, more);
+      return false;
+   }
+   c->mem_decode += more;
+   return true;
+}
+
+void
+client_mem_release_decode (client_conn_t *c)
+{
+   int64_t n = c->mem_decode;
+
+   c->mem_decode = 0;
+   mem_give_back (c->loop, n);
+}
+
+/* The connection closes: everything it held or reserved goes back. */
+static void
+mem_release_all (client_conn_t *c)
+{
+   struct bufferevent *ubev = c->up ? upstream_bev (c->up) : NULL;
+
+   mem_unwait (c);
+   if (c->mem_cb_in)
+      evbuffer_remove_cb_entry (bufferevent_get_input (c->bev), c->mem_cb_in);
+   if (c->mem_cb_out)
+      evbuffer_remove_cb_entry (bufferevent_get_output (c->bev), c->mem_cb_out);
+   if (ubev && c->mem_cb_up_in)
+      evbuffer_remove_cb_entry (bufferevent_get_input (ubev), c->mem_cb_up_in);
+   if (ubev && c->mem_cb_up_out)
+      evbuffer_remove_cb_entry (bufferevent_get_output (ubev), c->mem_cb_up_out);
+   c->mem_cb_in = c->mem_cb_out = c->mem_cb_up_in = c->mem_cb_up_out = NULL;
+   mem_give_back (c->loop, c->mem_held + c->mem_partial + c->mem_partial_up + c->mem_decode);
+   c->mem_held = c->mem_partial = c->mem_partial_up = c->mem_decode = 0;
+}
+
+/* mem_ev: room below the low mark; waiters resume oldest first while
+ * their reservations fit.  A resumed connection reserves in its pump (or
+ * waits again, at the tail); each waiter is looked at once per run. */
+static void
+mem_resume_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_loop_t *loop = arg;
+   client_conn_t *c;
+   size_t budget = loop->nclients;
+
+   loop->mem_ev_active = false;
+   while ((c = loop->mem_wait_head) && budget-- > 0) {
+      if (c->mem_need > loop->cfg->max_buffered_bytes - mem_total ())
+         break;
+      mem_unwait (c);
+      client_pump (c);
+      if (c->state != CLIENT_STATE_CLOSING)
+         upstream_pump (c);
+   }
+}
+
+/* ------------------------------------------------------------ flow */
+
+/* Turns reading of one side on or off, only when that changes
+ * (bufferevent_enable re-adds the read event even when it is on).  A plain
+ * side is read by our own event `rd` (read_now), a TLS side by its
+ * bufferevent. */
+static void
+set_reading (struct bufferevent *bev, struct event *rd, bool *reading, bool on)
+{
+   bool is_on = rd ? *reading : (bufferevent_get_enabled (bev) & EV_READ) != 0;
+
+   if (on == is_on)
+      return;
+   if (rd) {
+      if (on)
+         event_add (rd, NULL);
+      else
+         event_del (rd);
+      *reading = on;
+   } else if (on) {
+      bufferevent_enable (bev, EV_READ);
+   } else {
+      bufferevent_disable (bev, EV_READ);
+   }
+}
+
+static bool
+client_is_reading (const client_conn_t *c)
+{
+   return c->client_rd ? c->client_reading : (bufferevent_get_enabled (c->bev) & EV_READ) != 0;
+}
+
+static bool
+up_is_reading (const client_conn_t *c)
+{
+   return c->up_rd ? c->up_reading : (bufferevent_get_enabled (upstream_bev (c->up)) & EV_READ) != 0;
+}
+
+/* At most this much per read, as evbuffer_read too: a bigger message
+ * takes several loop turns, which keeps one connection from starving the
+ * others. */
+#define CLIENT_READ_CHUNK 4096
+
+/* Reads what a plain socket has (up to CLIENT_READ_CHUNK) into its
+ * bufferevent's input, as the bufferevent would but without asking the
+ * kernel first how much there is.  Returns the bytes read, 0 at EOF, -1 on
+ * an error (errno; EAGAIN: nothing there).  The input of a socket
+ * bufferevent is frozen at its end (only libevent fills it); this unfreezes
+ * it around the read, as libevent's read callback does. */
+static ssize_t
+read_now (struct bufferevent *bev, evutil_socket_t fd)
+{
+   struct evbuffer *in = bufferevent_get_input (bev);
+   struct evbuffer_iovec v;
+   ssize_t n;
+
+   evbuffer_unfreeze (in, 0);
+   if (evbuffer_reserve_space (in, CLIENT_READ_CHUNK, &v, 1) != 1) {
+      evbuffer_freeze (in, 0);
+      errno = ENOMEM;
+      return -1;
+   }
+   do
+      n = recv (fd, v.iov_base, v.iov_len, 0);
+   while (n < 0 && errno == EINTR);
+   if (n > 0) {
+      v.iov_len = (size_t) n;
+      evbuffer_commit_space (in, &v, 1);
+   }
+   evbuffer_freeze (in, 0);
+   return n;
+}
+
+/* Writes a plain socket's output now, from the pump that filled it.  A
+ * bufferevent would arm its write event (epoll_ctl), write on the next
+ * loop turn and disarm it when empty (epoll_ctl again): two syscalls and a
+ * loop turn per message per side.  Here EV_WRITE stays off while the
+ * socket takes everything at once, the usual case for small messages.
+ * What it does not take (EAGAIN, a partial write, or an error) is left to
+ * libevent with EV_WRITE on: it finishes the write in order, reports an
+ * error through the event callback as usual, and the first flush that
+ * finds the output empty turns EV_WRITE off again.
+ *
+ * The output of a socket bufferevent is frozen at its front (only libevent
+ * drains it); its own write callback unfreezes it around the write, and so
+ * does this. */
+static void
+write_now (struct bufferevent *bev, evutil_socket_t fd)
+{
+   struct evbuffer *out = bufferevent_get_output (bev);
+   bool libevent_writes = (bufferevent_get_enabled (bev) & EV_WRITE) != 0;
+
+   if (evbuffer_get_length (out) == 0) {
+      if (libevent_writes)
+         bufferevent_disable (bev, EV_WRITE);
+      return;
+   }
+   if (libevent_writes)
+      return; /* it is writing already: let it, so bytes keep their order */
+   evbuffer_unfreeze (out, 1);
+   (void) evbuffer_write_atmost (out, fd, bufferevent_get_max_single_write (bev));
+   evbuffer_freeze (out, 1);
+   if (evbuffer_get_length (out) > 0)
+      bufferevent_enable (bev, EV_WRITE);
+}
+
+/* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
+ *  - the client is read only in HANDSHAKE/READY, with the upstream
+ *    connected, room in the FIFOs, and the upstream's output below the
+ *    high watermark;
+ *  - the upstream is read while the client's output is below it.
+ * Write low watermarks are high/2, so the drain callbacks resume reading
+ * with hysteresis.  A drain callback is installed only while its side's
+ * output holds the other side back (and the client's while DRAINING,
+ * which waits for its output to empty): every other resumption comes from
+ * a read or a reply, which end here too.  Cheap when nothing changes:
+ * beyond the writes themselves, only length reads and
+ * bufferevent_get_enabled. */
+static void
+client_update_flow (client_conn_t *c)
+{
+   bool up = upstream_is_connected (c->up);
+   bool up_full = false, client_full, want;
+   size_t high;
+
+   if (c->state == CLIENT_STATE_CLOSING)
+      return;
+   /* What the pump queued goes out first: the decisions below read the
+    * outputs' lengths after it. */
+   if (c->client_direct)
+      write_now (c->bev, c->client_fd);
+   if (up && c->up_direct)
+      write_now (upstream_bev (c->up), c->up_fd);
+   high = high_watermark (c);
+   client_full = evbuffer_get_length (client_output (c)) >= high;
+   if (up) {
+      up_full = evbuffer_get_length (upstream_output (c)) >= high;
+      set_reading (upstream_bev (c->up),
+                   c->up_rd,
+                   &c->up_reading,
+                   !client_full && mem_may_read (c, MEM_SIDE_UP));
+      if (up_full != c->up_drained_cb) {
+         upstream_want_drained (c->up, up_full);
+         c->up_drained_cb = up_full;
+      }
+   }
+   set_reading (c->bev,
+                c->client_rd,
+                &c->client_reading,
+                (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
+                   !up_full && !c->job && mem_may_read (c, MEM_SIDE_CLIENT));
+   want = client_full || c->state == CLIENT_STATE_DRAINING;
+   if (want != c->client_drained_cb) {
+      bufferevent_setcb (c->bev, client_read_cb, want ? client_write_cb : NULL, client_event_cb, c);
+      c->client_drained_cb = want;
+   }
+}
+
+/* A partial message in `in` may wait at most message_timeout_ms, counted
+ * from when it began to be waited for (`consumed`: a message was taken, so
+ * what is left began now), and only while we are reading that side (a
+ * stall caused by our own backpressure is not the peer's fault).  The timer
+ * is touched only when a message is really partial or the timer was armed:
+ * whole messages, the usual case, cost no event_add/event_del. */
+static void
+message_timer_update (client_conn_t *c, struct event *timer, bool *armed, struct bufferevent *bev, bool reading, bool consumed)
+{
+   bool partial = c->cfg->message_timeout_ms > 0 && reading && evbuffer_get_length (bufferevent_get_input (bev)) > 0;
+
+   if (*armed && (consumed || !partial)) {
+      evtimer_del (timer);
+      *armed = false;
+   }
+   if (partial && !*armed) {
+      struct timeval tv = ms_to_tv (c->cfg->message_timeout_ms);
+      evtimer_add (timer, &tv);
+      *armed = true;
+   }
+}
+
+/* ------------------------------------------------------------ pumps */
+
+/* Everything that may let requests through ends here: process what is
+ * complete, then decide what to read next. */
+static void
+client_pump (client_conn_t *c)
+{
+   bool consumed;
+
+   c->pumping++;
+   consumed = client_route_requests (c);
+   if (c->state != CLIENT_STATE_CLOSING) {
+      client_update_flow (c);
+      message_timer_update (c, c->req_timer, &c->req_timer_armed, c->bev, client_is_reading (c), consumed);
+   }
+   c->pumping--; /* the struct outlives a disconnect until the next loop turn */
+}
+
+/* Everything that may let replies through ends here, like client_pump. */
+static void
+upstream_pump (client_conn_t *c)
+{
+   uint32_t before = creq_count (c);
+   bool consumed;
+
+   c->pumping++;
+   consumed = client_route_replies (c);
+   if (c->state == CLIENT_STATE_CLOSING)
+      goto done;
+   /* Answers freed FIFO room: requests may be waiting in the input
+    * (client_pump updates the flow); else only the flow may change.
+    * Either writes the answers out, so a drain check comes after. */
+   if (creq_count (c) < before)
+      client_pump (c);
+   else
+      client_update_flow (c);
+   if (c->state == CLIENT_STATE_CLOSING)
+      goto done;
+   client_check_drained (c);
+   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
+      goto done;
+   message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), up_is_reading (c), consumed);
+done:
+   c->pumping--;
+}
+
+void
+client_resume (client_conn_t *c)
+{
+   if (c->state != CLIENT_STATE_CLOSING)
+      client_pump (c);
+}
+
+void
+client_output_queued (client_conn_t *c)
+{
+   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING)
+      client_update_flow (c);
+}
+
+/* ------------------------------------------------------------ callbacks */
+
+static void
+client_read_cb (struct bufferevent *bev, void *arg)
+{
+   client_pump (arg);
+}
+
+static void
+client_write_cb (struct bufferevent *bev, void *arg)
+{
+   client_conn_t *c = arg;
+
+   /* The client's output fell to high/2: replies may flow again. */
+   upstream_pump (c);
+}
+
+static void
+client_event_cb (struct bufferevent *bev, short what, void *arg)
+{
+   client_conn_t *c = arg;
+   unsigned long ssl_err = 0, e;
+
+   if (what & BEV_EVENT_CONNECTED)
+      return;
+   if (what & BEV_EVENT_EOF) {
+      size_t partial = evbuffer_get_length (bufferevent_get_input (bev));
+      if (partial > 0)
+         /* Bytes left over are a message the client never finished. */
+         client_disconnect (c,
+                            STATS_CLOSE_CLIENT_EOF,
+                            "client closed the connection in the middle of a message (%zu bytes of a partial message buffered)",
+                            partial);
+      else
+         client_disconnect (c, STATS_CLOSE_CLIENT_EOF, "client closed the connection");
+      return;
+   }
+   while ((e = bufferevent_get_openssl_error (bev)) != 0)
+      ssl_err = e;
+   if (ssl_err) {
+      char buf[200];
+      ERR_error_string_n (ssl_err, buf, sizeof buf);
+      client_disconnect (c, STATS_CLOSE_CLIENT_ERROR, "TLS: %s", buf);
+   } else {
+      client_disconnect (c,
+                         STATS_CLOSE_CLIENT_ERROR,
+                         "%s",
+                         EVUTIL_SOCKET_ERROR () ? evutil_socket_error_to_string (EVUTIL_SOCKET_ERROR ()) : "connection error");
+   }
+}
+
+static void
+up_event (void *owner, upstream_event_t ev, const char *detail)
+{
+   client_conn_t *c = owner;
+
+   /* Still inside upstream_new (a libevent that reports an immediate
+    * connect failure without deferring it): its return value says it. */
+   if (!c->up)
+      return;
+   switch (ev) {
+   case UPSTREAM_EVENT_CONNECTED:
+      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "paired with upstream %s", detail);
+      bufferevent_setwatermark (upstream_bev (c->up), EV_WRITE, high_watermark (c) / 2, 0);
+      /* Connected: a plain upstream is written by write_now and read by
+       * up_rd from here on (the connect itself needed libevent's write
+       * event). */
+      c->up_direct = !upstream_is_tls (c->up);
+      if (c->up_direct) {
+         struct bufferevent *ubev = upstream_bev (c->up);
+         bufferevent_disable (ubev, EV_READ);
+         c->up_fd = bufferevent_getfd (ubev);
+         c->up_rd = event_new (c->loop->base, c->up_fd, EV_READ | EV_PERSIST, up_sock_read_cb, c);
+         if (!c->up_rd) {
+            client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory pairing with %s", detail);
+            break;
+         }
+      }
+      client_set_state (c, CLIENT_STATE_HANDSHAKE);
+      client_pump (c);
+      break;
+   case UPSTREAM_EVENT_CONNECT_FAILED:
+      topology_request_refresh (c->loop->topo, "upstream connect failed");
+      client_disconnect (c, STATS_CLOSE_UPSTREAM_CONNECT, "cannot connect to %s: %s", upstream_name (c->up), detail);
+      break;
+   case UPSTREAM_EVENT_EOF:
+   case UPSTREAM_EVENT_ERROR:
+      /* A primary that goes away is often a failover in progress. */
+      topology_request_refresh (c->loop->topo, "upstream connection lost");
+      client_disconnect (c,
+                         ev == UPSTREAM_EVENT_EOF ? STATS_CLOSE_UPSTREAM_EOF : STATS_CLOSE_UPSTREAM_ERROR,
+                         "upstream %s: %s (%u requests in flight)",
+                         upstream_name (c->up),
+                         detail,
+                         (unsigned) c->up_count);
+      break;
+   }
+}
+
+static void
+up_read (void *owner)
+{
+   upstream_pump (owner);
+}
+
+static void
+up_drained (void *owner)
+{
+   /* The upstream's output fell to high/2: requests may flow again. */
+   client_pump (owner);
+}
+
+static bool
+read_would_block (void)
+{
+   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* client_rd: the plain client socket is readable. */
+static void
+client_sock_read_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+   ssize_t n = read_now (c->bev, c->client_fd);
+
+   if (n > 0) {
+      client_pump (c);
+   } else if (n == 0) {
+      client_event_cb (c->bev, BEV_EVENT_READING | BEV_EVENT_EOF, c);
+   } else if (!read_would_block ()) {
+      client_event_cb (c->bev, BEV_EVENT_READING | BEV_EVENT_ERROR, c); /* reads errno */
+   }
+}
+
+/* up_rd: the plain upstream socket is readable. */
+static void
+up_sock_read_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+   ssize_t n = read_now (upstream_bev (c->up), c->up_fd);
+
+   if (n > 0)
+      upstream_pump (c);
+   else if (n == 0)
+      up_event (c, UPSTREAM_EVENT_EOF, "upstream closed the connection");
+   else if (!read_would_block ())
+      up_event (c, UPSTREAM_EVENT_ERROR, evutil_socket_error_to_string (EVUTIL_SOCKET_ERROR ()));
+}
+
+static const upstream_callbacks_t client_upstream_callbacks = {
+   .on_event = up_event,
+   .on_read = up_read,
+   .on_drained = up_drained,
+};
+
+static void
+client_timer_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+
+   switch (c->state) {
+   case CLIENT_STATE_AWAIT_UPSTREAM:
+      if (!c->up) {
+         topology_primary_t p;
+         topology_get_primary (c->loop->topo, &p);
+         client_disconnect (c,
+                            STATS_CLOSE_NO_PRIMARY,
+                            "no primary within upstream_connect_timeout_ms=%" PRId64 " (%s)",
+                            c->cfg->upstream_connect_timeout_ms,
+                            p.last_error[0] ? p.last_error : topology_state_name (p.state));
+      } else {
+         topology_request_refresh (c->loop->topo, "upstream connect timed out");
+         client_disconnect (c,
+                            STATS_CLOSE_UPSTREAM_CONNECT,
+                            "connect to %s timed out after %" PRId64 " ms",
+                            upstream_name (c->up),
+                            c->cfg->upstream_connect_timeout_ms);
+      }
+      break;
+   case CLIENT_STATE_HANDSHAKE:
+      client_disconnect (c,
+                         STATS_CLOSE_HANDSHAKE_TIMEOUT,
+                         "no hello answered within handshake_timeout_ms=%" PRId64,
+                         c->cfg->handshake_timeout_ms);
+      break;
+   default:
+      break;
+   }
+}
+
+static void
+client_req_timer_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+
+   c->req_timer_armed = false;
+   client_disconnect (c,
+                      STATS_CLOSE_MESSAGE_TIMEOUT,
+                      "partial request (%zu bytes buffered) stalled for message_timeout_ms=%" PRId64,
+                      evbuffer_get_length (bufferevent_get_input (c->bev)),
+                      c->cfg->message_timeout_ms);
+}
+
+static void
+client_reply_timer_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+
+   c->reply_timer_armed = false;
+   client_disconnect (c,
+                      STATS_CLOSE_MESSAGE_TIMEOUT,
+                      "partial reply from %s stalled for message_timeout_ms=%" PRId64,
+                      upstream_name (c->up),
+                      c->cfg->message_timeout_ms);
+}
+
+/* ------------------------------------------------------------ pairing */
+
+/* In AWAIT_UPSTREAM: connect to the current primary, or wait for one. */
+static void
+client_try_connect (client_conn_t *c)
+{
+   topology_primary_t p;
+   bson_error_t error;
+
+   topology_get_primary (c->loop->topo, &p);
+   if (p.state != TOPOLOGY_STATE_PRIMARY) {
+      if (!c->waiting_primary)
+         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "waiting for a primary");
+      c->waiting_primary = true;
+      return;
+   }
+   c->waiting_primary = false;
+   c->up = upstream_new (c->loop->base, &p, c->loop->tls, &client_upstream_callbacks, c, &error);
+   if (!c->up) {
+      topology_request_refresh (c->loop->topo, "upstream connect failed");
+      client_disconnect (c, STATS_CLOSE_UPSTREAM_CONNECT, "%s", error.message);
+      return;
+   }
+   c->mem_cb_up_in = evbuffer_add_cb (bufferevent_get_input (upstream_bev (c->up)), mem_up_in_cb, c);
+   c->mem_cb_up_out = evbuffer_add_cb (bufferevent_get_output (upstream_bev (c->up)), mem_cb, c);
+   if (!c->mem_cb_up_in || !c->mem_cb_up_out)
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory pairing with an upstream");
+}
+
+static void
+format_peer (const struct sockaddr *sa, int len, char *out, size_t outlen)
+{
+   char host[INET6_ADDRSTRLEN] = "?";
+
+   if (sa->sa_family == AF_INET) {
+      const struct sockaddr_in *in = (const struct sockaddr_in *) sa;
+      evutil_inet_ntop (AF_INET, &in->sin_addr, host, sizeof host);
+      bson_snprintf (out, outlen, "%s:%u", host, (unsigned) ntohs (in->sin_port));
+   } else if (sa->sa_family == AF_INET6) {
+      const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *) sa;
+      evutil_inet_ntop (AF_INET6, &in6->sin6_addr, host, sizeof host);
+      bson_snprintf (out, outlen, "[%s]:%u", host, (unsigned) ntohs (in6->sin6_port));
+   } else {
+      bson_snprintf (out, outlen, "unix");
+   }
+}
+
+bool
+client_accept (client_loop_t *loop,
+               evutil_socket_t fd,
+               const struct sockaddr *addr,
+               int addr_len,
+               SSL_CTX *server_tls,
+               bson_error_t *error)
+{
+   client_conn_t *c = bson_malloc0 (sizeof *c);
+   /* Deferred callbacks only for TLS, whose bufferevent may call back from
+    * inside our own buffer operations.  A socket bufferevent calls back only
+    * from its own event callbacks, holding a reference, so ours may run
+    * there directly (and may free it): no second loop turn per read. */
+   const int opts = BEV_OPT_CLOSE_ON_FREE | (server_tls ? BEV_OPT_DEFER_CALLBACKS : 0);
+
+   c->id = ++loop->next_conn_id;
+   c->loop = loop;
+   c->cfg = config_retain (loop->cfg);
+   c->compressor = -1;
+   format_peer (addr, addr_len, c->peer, sizeof c->peer);
+   if (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) {
+      int one = 1;
+      (void) setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+   }
+   if (server_tls) {
+      SSL *ssl = SSL_new (server_tls);
+      if (ssl) {
+         c->bev = bufferevent_openssl_socket_new (loop->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, opts);
+         if (c->bev)
+            bufferevent_openssl_set_allow_dirty_shutdown (c->bev, 1);
+         else
+            SSL_free (ssl);
+      }
+   } else {
+      c->bev = bufferevent_socket_new (loop->base, fd, opts);
+   }
+   c->scratch = evbuffer_new ();
+   c->tmp = evbuffer_new ();
+   c->timer = evtimer_new (loop->base, client_timer_cb, c);
+   c->req_timer = evtimer_new (loop->base, client_req_timer_cb, c);
+   c->reply_timer = evtimer_new (loop->base, client_reply_timer_cb, c);
+   if (c->bev && !server_tls)
+      c->client_rd = event_new (loop->base, fd, EV_READ | EV_PERSIST, client_sock_read_cb, c);
+   if (!c->bev || !c->scratch || !c->tmp || !c->timer || !c->req_timer || !c->reply_timer ||
+       (!server_tls && !c->client_rd)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 7, "out of memory accepting a connection");
+      if (c->bev)
+         bufferevent_free (c->bev);
+      else
+         evutil_closesocket (fd);
+      if (c->timer)
+         event_free (c->timer);
+      if (c->req_timer)
+         event_free (c->req_timer);
+      if (c->reply_timer)
+         event_free (c->reply_timer);
+      if (c->client_rd)
+         event_free (c->client_rd);
+      client_free (c);
+      return false;
+   }
+   /* Every byte this connection buffers counts towards max_buffered_bytes. */
+   c->mem_cb_in = evbuffer_add_cb (bufferevent_get_input (c->bev), mem_client_in_cb, c);
+   c->mem_cb_out = evbuffer_add_cb (bufferevent_get_output (c->bev), mem_cb, c);
+   client_mem_watch (c, c->scratch);
+   client_mem_watch (c, c->tmp);
+   /* client_update_flow installs client_write_cb when it is needed. */
+   bufferevent_setcb (c->bev, client_read_cb, NULL, client_event_cb, c);
+   bufferevent_setwatermark (c->bev, EV_WRITE, high_watermark (c) / 2, 0);
+   /* Reading is decided by client_update_flow.  Writing: by write_now on
+    * a plain socket (EV_WRITE off until a write cannot finish), by
+    * libevent on a TLS one (always on: the handshake writes too). */
+   c->client_direct = server_tls == NULL;
+   c->client_fd = fd;
+   if (c->client_direct) {
+      /* ...and read by client_rd (read_now), never by the bufferevent. */
+      bufferevent_disable (c->bev, EV_WRITE | EV_READ);
+   } else {
+      bufferevent_enable (c->bev, EV_WRITE);
+      bufferevent_disable (c->bev, EV_READ);
+   }
+
+   c->next = loop->clients;
+   if (loop->clients)
+      loop->clients->prev = c;
+   loop->clients = c;
+   loop->nclients++;
+   stats_add (connections_open, 1);
+   log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "accepted (%zu open)", loop->nclients);
+
+   /* AWAIT_UPSTREAM is 0, the zeroed state: arm its timer explicitly. */
+   c->state = CLIENT_STATE_COUNT_;
+   client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
+   client_try_connect (c);
+   return true;
+}
+
+/* ------------------------------------------------------------ drain */
+
+void
+client_check_drained (client_conn_t *c)
+{
+   if (c->state != CLIENT_STATE_DRAINING)
+      return;
+   if (creq_count (c) == 0 && c->up_count == 0 && evbuffer_get_length (client_output (c)) == 0)
+      client_disconnect (c, STATS_CLOSE_SHUTDOWN, "drained");
+   else if (creq_count (c) == 0 && c->up_count == 0)
+      /* Output still flushing: ask for the write callback at empty. */
+      bufferevent_setwatermark (c->bev, EV_WRITE, 0, 0);
+}
+
+static void
+client_loop_drain_timeout_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_loop_t *loop = arg;
+
+   log_warn ("drain timeout: closing %zu connections still busy", loop->nclients);
+   while (loop->clients)
+      client_disconnect (loop->clients, STATS_CLOSE_SHUTDOWN_TIMEOUT, "still busy when drain_timeout_ms ran out");
+}
+
+void
+client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (void *), void *ctx)
+{
+   client_conn_t *c, *next;
+   struct timeval tv = ms_to_tv (timeout_ms);
+
+   loop->draining = true;
+   loop->on_empty = on_empty;
+   loop->on_empty_ctx = ctx;
+   log_info ("draining %zu connections (up to %" PRId64 " ms)", loop->nclients, timeout_ms);
+   for (c = loop->clients; c; c = next) {
+      next = c->next;
+      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM || (creq_count (c) == 0 && c->up_count == 0 &&
+                                                      evbuffer_get_length (client_output (c)) == 0)) {
+         client_disconnect (c, STATS_CLOSE_SHUTDOWN, "shutting down");
+         continue;
+      }
+      client_set_state (c, CLIENT_STATE_DRAINING);
+      client_check_drained (c);
+   }
+   if (loop->nclients == 0) {
+      if (loop->on_empty) {
+         loop->on_empty = NULL;
+         on_empty (ctx);
+      }
+      return;
+   }
+   evtimer_add (loop->drain_timer, &tv);
+}
+
+/* ------------------------------------------------------------ loop */
+
+client_loop_t *
+client_loop_new (struct event_base *base, topology_t *topo, tls_upstream_t *tls, config_t *cfg, bson_error_t *error)
+{
+   client_loop_t *loop = bson_malloc0 (sizeof *loop);
+
+   loop->base = base;
+   loop->topo = topo;
+   loop->tls = tls;
+   loop->cfg = config_retain (cfg);
+   loop->free_ev = event_new (base, -1, 0, client_loop_free_cb, loop);
+   loop->drain_timer = evtimer_new (base, client_loop_drain_timeout_cb, loop);
+   loop->mem_ev = event_new (base, -1, 0, mem_resume_cb, loop);
+   if (!loop->free_ev || !loop->drain_timer || !loop->mem_ev) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 7, "out of memory");
+      client_loop_destroy (loop);
+      return NULL;
+   }
+   return loop;
+}
+
+bool
+client_loop_set_wake (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
+{
+   if (loop->worker)
+      return true;
+   return client_worker_start (loop, wake, error);
+}
+
+void
+client_loop_set_config (client_loop_t *loop, config_t *cfg)
+{
+   config_t *old = loop->cfg;
+   loop->cfg = config_retain (cfg);
+   config_release (old);
+   /* A larger max_buffered_bytes may let waiters go on at once. */
+   mem_maybe_resume (loop);
+}
+
+void
+client_loop_topology_changed (client_loop_t *loop)
+{
+   client_conn_t *c, *next;
+
+   for (c = loop->clients; c; c = next) {
+      next = c->next;
+      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->waiting_primary)
+         client_try_connect (c);
+   }
+}
+
+size_t
+client_loop_count (const client_loop_t *loop)
+{
+   return loop->nclients;
+}
+
+void
+client_loop_destroy (client_loop_t *loop)
+{
+   if (!loop)
+      return;
+   loop->on_empty = NULL;
+   while (loop->clients)
+      client_disconnect (loop->clients, STATS_CLOSE_SHUTDOWN, "proxy stopping");
+   client_worker_stop (loop);
+   client_loop_free_cb (-1, 0, loop);
+   if (loop->free_ev)
+      event_free (loop->free_ev);
+   if (loop->drain_timer)
+      event_free (loop->drain_timer);
+   if (loop->mem_ev)
+      event_free (loop->mem_ev);
+   config_release (loop->cfg);
+   bson_free (loop);
+}
+
+/* ------------------------------------------------------------ accessors */
+
+void
+client_loop_set_request_hook (client_loop_t *loop, client_request_hook_t hook, void *ctx)
+{
+   loop->hook = hook;
+   loop->hook_ctx = ctx;
+}
+
+void
+client_set_data (client_conn_t *c, void *data, void (*destroy) (void *))
+{
+   if (c->data_destroy && c->data != data)
+      c->data_destroy (c->data);
+   c->data = data;
+   c->data_destroy = destroy;
+}
+
+void *
+client_get_data (const client_conn_t *c)
+{
+   return c->data;
+}
+
+uint64_t
+client_id (const client_conn_t *c)
+{
+   return c->id;
+}
+
+const char *
+client_peer (const client_conn_t *c)
+{
+   return c->peer;
+}
+
+client_state_t
+client_state (const client_conn_t *c)
+{
+   return c->state;
+}

@@ -1,0 +1,1432 @@
+/*
+ * proxy/pump.c - what flows through a client connection: framing both
+ * ways, the two in-flight FIFOs, forwarding, reply matching, hellos, the
+ * proxy's own answers and internal requests.  The connection's lifecycle
+ * (states, flow, callbacks, closing) is proxy/conn.c; the FIFOs' shape is in
+ * proxy/conn_private.h.
+ *
+ * Data path.  A request is handled only once it is complete in the client's
+ * input buffer.  It is made contiguous once (evbuffer_pullup) to be parsed
+ * and inspected; if the proxy forwards it unchanged, its requestID is
+ * replaced in place in the input buffer and the whole message moved to the
+ * upstream's output with evbuffer_remove_buffer (chain moves, no copy).
+ * Replies go the other way the same way with responseTo mapped back.  Only
+ * hellos, checksummed messages and proxy answers are re-encoded.  The
+ * parser's validation pass also yields the command name and where a
+ * top-level `comment` is, so routing reads no body twice.
+ *
+ * Decoding.  A request of CLIENT_OFFLOAD_MIN bytes or more (decompressed)
+ * is decompressed and validated by the loop's decoding thread ("offload"),
+ * so the loop never spends long on one message; the connection waits for
+ * it, the others go on.  Smaller ones are decoded on the loop.  Compressed
+ * requests must use a compressor the connection negotiated.
+ *
+ * Compression.  The upstream is never asked to compress (codec/handshake.c strips
+ * `compression` from the hello it forwards), so everything upstream is
+ * plain; the client's compressed requests are decompressed here and its
+ * replies compressed with the request's compressor, as mongod does.
+ */
+#include "proxy/conn.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+
+#include "autoconf.h"
+#include "proxy/conn_private.h"
+#include "codec/compress.h"
+#include "codec/handshake.h"
+#include "base/log.h"
+#include "base/loopwake.h"
+#include "proxy/upstream.h"
+
+/* Replies larger than this are not scanned for "not primary" errors: such
+ * errors are small documents, and scanning a big cursor batch would cost a
+ * pullup copy for nothing. */
+#define CLIENT_SCAN_LIMIT (64 * 1024)
+
+/* ------------------------------------------------------------ helpers */
+
+static void
+put_le32 (uint8_t *p, int32_t v)
+{
+   uint32_t u = (uint32_t) v;
+   p[0] = (uint8_t) u;
+   p[1] = (uint8_t) (u >> 8);
+   p[2] = (uint8_t) (u >> 16);
+   p[3] = (uint8_t) (u >> 24);
+}
+
+static uint32_t
+get_le32 (const uint8_t *p)
+{
+   return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
+}
+
+static int32_t
+client_next_id (client_conn_t *c)
+{
+   /* Positive and never 0: some drivers treat responseTo 0 as "none". */
+   if (c->next_id <= 0 || c->next_id == INT32_MAX)
+      c->next_id = 1;
+   return c->next_id++;
+}
+
+/* Header ids are any int32 (pymongo's are random, often negative), so
+ * "leave it as it is" needs a value outside that range. */
+#define KEEP_ID INT64_MIN
+
+/* Moves one complete message of `len` bytes from `src` to `dst`, replacing
+ * its requestID and/or responseTo (KEEP_ID: keep).  The ids are patched in
+ * place in `src`'s first chain (evbuffer_pullup of the header costs nothing
+ * when the header is contiguous, as it nearly always is), then the whole
+ * message moves as evbuffer chains: a message read in one piece is never
+ * copied.  Every chain the proxy moves is its own (socket reads, and
+ * buffers it built with evbuffer_reserve_space), never a read-only
+ * reference, so writing into it is allowed. */
+static bool
+move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t request_id, int64_t response_to)
+{
+   if (request_id != KEEP_ID || response_to != KEEP_ID) {
+      uint8_t *hdr = evbuffer_pullup (src, WIRE_HEADER_LEN);
+
+      if (!hdr)
+         return false;
+      if (request_id != KEEP_ID)
+         put_le32 (hdr + 4, (int32_t) request_id);
+      if (response_to != KEEP_ID)
+         put_le32 (hdr + 8, (int32_t) response_to);
+   }
+   return evbuffer_remove_buffer (src, dst, len) == (int) len;
+}
+
+/* ------------------------------------------------------------ FIFOs */
+
+static client_req_t *
+creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
+{
+   client_req_t *r;
+
+   if (creq_count (c) >= CLIENT_MAX_INFLIGHT)
+      return NULL;
+   r = &c->creqs[c->creq_tail % CLIENT_MAX_INFLIGHT];
+   memset (r, 0, sizeof *r);
+   r->seq = c->creq_tail++;
+   r->client_id = client_id;
+   r->family = family;
+   r->compressor = compressor;
+   return r;
+}
+
+static upstream_req_t *
+upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
+{
+   upstream_req_t *u;
+
+   if (c->up_count >= CLIENT_MAX_UPSTREAM_INFLIGHT)
+      return NULL;
+   u = &c->upreqs[(c->up_head + c->up_count) % CLIENT_MAX_UPSTREAM_INFLIGHT];
+   memset (u, 0, sizeof *u);
+   u->kind = kind;
+   u->upstream_id = upstream_id;
+   u->expect_response_to = upstream_id;
+   c->up_count++;
+   return u;
+}
+
+/* ------------------------------------------------------------ answers */
+
+/* Puts one complete message (`len` bytes at the front of `src`) where the
+ * answer to `r` belongs: the client's output if `r` is the oldest waiting
+ * request, else `r`'s held buffer.  Compresses when the request was
+ * compressed.  `response_to` other than KEEP_ID replaces the header's responseTo.
+ * With `final`, `r` is complete and the FIFO advances. */
+static bool
+client_deliver (client_conn_t *c,
+                client_req_t *r,
+                struct evbuffer *src,
+                size_t len,
+                int64_t response_to,
+                bool final,
+                bson_error_t *error)
+{
+   struct evbuffer *dst;
+   struct evbuffer *z = NULL;
+   bool ok = false;
+
+   if (r->seq == c->creq_head && !r->held) {
+      dst = client_output (c);
+   } else {
+      if (!r->held) {
+         r->held = evbuffer_new ();
+         if (!r->held) {
+            bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory holding an answer");
+            return false;
+         }
+         client_mem_watch (c, r->held);
+      }
+      dst = r->held;
+   }
+   if (r->compressor > 0) {
+      const uint8_t *msg = evbuffer_pullup (src, (ssize_t) len);
+      z = evbuffer_new ();
+      if (!msg || !z || !wire_compress (msg, len, (uint8_t) r->compressor, (int) (r->compressor == COMPRESS_ZSTD ? c->cfg->zstd_level : c->cfg->zlib_level), z, error))
+         goto done;
+      evbuffer_drain (src, len);
+      stats_add (messages_compressed, 1);
+      src = z;
+      len = evbuffer_get_length (z);
+   }
+   if (!move_message (src, dst, len, KEEP_ID, response_to)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory moving a reply");
+      goto done;
+   }
+   stats_add (bytes_to_clients, len);
+   if (final) {
+      r->done = true;
+      /* Advance past every completed request, releasing held answers in
+       * order; a request that became oldest while still streaming gets its
+       * held part flushed so its next replies can go straight out. */
+      while (c->creq_head < c->creq_tail) {
+         client_req_t *h = creq_find (c, c->creq_head);
+         if (h->held) {
+            evbuffer_add_buffer (client_output (c), h->held);
+            evbuffer_free (h->held);
+            h->held = NULL;
+         }
+         if (!h->done)
+            break;
+         c->creq_head++;
+      }
+   }
+   ok = true;
+done:
+   if (z)
+      evbuffer_free (z);
+   return ok;
+}
+
+bool
+client_hold_request (client_conn_t *c,
+                     int32_t client_request_id,
+                     int32_t family,
+                     int compressor,
+                     uint64_t *request_seq,
+                     bson_error_t *error)
+{
+   client_req_t *r = creq_push (c, client_request_id, family, compressor);
+
+   if (!r) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      return false;
+   }
+   *request_seq = r->seq;
+   return true;
+}
+
+bool
+client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson_error_t *error)
+{
+   client_req_t *r = creq_find (c, request_seq);
+   bool ok = false;
+
+   if (c->state == CLIENT_STATE_CLOSING || !r || r->done) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 4, "no such request waiting for an answer");
+      goto done;
+   }
+   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (r->family == WIRE_OP_QUERY)
+      ok = wire_append_reply (c->tmp, client_next_id (c), r->client_id, 8 /* AwaitCapable */, reply);
+   else
+      ok = wire_append_msg (c->tmp, client_next_id (c), r->client_id, 0, reply, NULL, 0);
+   if (!ok) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "answer too large");
+      goto done;
+   }
+   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
+   if (ok) {
+      client_output_queued (c);
+      if (c->state != CLIENT_STATE_CLOSING)
+         client_check_drained (c);
+   }
+done:
+   return ok;
+}
+
+bool
+client_answer_error (client_conn_t *c,
+                     uint64_t request_seq,
+                     int32_t code,
+                     const char *code_name,
+                     const char *errmsg,
+                     bson_error_t *error)
+{
+   bson_t doc = BSON_INITIALIZER;
+   bool ok;
+
+   BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
+   BSON_APPEND_UTF8 (&doc, "errmsg", errmsg);
+   BSON_APPEND_INT32 (&doc, "code", code);
+   BSON_APPEND_UTF8 (&doc, "codeName", code_name);
+   ok = client_answer (c, request_seq, &doc, error);
+   bson_destroy (&doc);
+   return ok;
+}
+
+/* ------------------------------------------------------------ internal */
+
+bool
+client_send_internal (client_conn_t *c,
+                      const bson_t *body,
+                      const wire_sequence_t *sequences,
+                      uint32_t nsequences,
+                      client_internal_cb_t cb,
+                      void *ctx,
+                      bson_error_t *error)
+{
+   upstream_req_t *u;
+   int32_t id;
+   size_t before;
+
+   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 6, "upstream not connected");
+      return false;
+   }
+   if (c->up_count >= CLIENT_MAX_UPSTREAM_INFLIGHT) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      return false;
+   }
+   id = client_next_id (c);
+   before = evbuffer_get_length (upstream_output (c));
+   if (!wire_append_msg (upstream_output (c), id, 0, 0, body, sequences, nsequences)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "request too large");
+      return false;
+   }
+   u = upreq_push (c, UPREQ_INTERNAL, id);
+   u->cb = cb;
+   u->cb_ctx = ctx;
+   stats_add (internal_requests, 1);
+   stats_add (bytes_to_upstream, evbuffer_get_length (upstream_output (c)) - before);
+   client_output_queued (c);
+   return true;
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* Forwards a request unchanged but for its requestID.  A request with a
+ * checksum is re-encoded instead: changing the header would break its
+ * CRC, and the proxy drops checksums of what it rewrites. */
+static bool
+forward_request (client_conn_t *c,
+                 struct evbuffer *src,
+                 size_t len,
+                 const wire_msg_t *msg,
+                 const char *cmd,
+                 int compressor,
+                 bson_error_t *error)
+{
+   struct evbuffer *out = upstream_output (c);
+   int32_t id = client_next_id (c);
+   bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
+
+   if (!more) {
+      client_req_t *r;
+      upstream_req_t *u;
+
+      /* Only a compressed request's answer is compressed, so only then can
+       * the exempt list (12 names) matter. */
+      if (compressor > 0 && compress_command_is_exempt (cmd))
+         compressor = -1;
+      r = creq_push (c, msg->header.request_id, WIRE_OP_MSG, compressor);
+      u = upreq_push (c, UPREQ_RELAY, id);
+      if (!r || !u) {
+         /* fifo_has_room was checked before reading this request. */
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+         return false;
+      }
+      u->creq_seq = r->seq;
+   }
+   if (msg->checksum_present) {
+      if (!wire_append_msg (out,
+                            id,
+                            msg->header.response_to,
+                            msg->flags & ~WIRE_MSG_CHECKSUM_PRESENT,
+                            &msg->body,
+                            msg->sequences,
+                            msg->nsequences)) {
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "request too large");
+         return false;
+      }
+      stats_add (bytes_to_upstream, len);
+      evbuffer_drain (src, len);
+      return true;
+   }
+   if (!move_message (src, out, len, id, KEEP_ID)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory forwarding a request");
+      return false;
+   }
+   stats_add (bytes_to_upstream, len);
+   return true;
+}
+
+/* A hello (OP_MSG or legacy OP_QUERY) goes upstream as OP_MSG without
+ * `compression`; the reply comes back through reply_hello. */
+static bool
+forward_hello (client_conn_t *c,
+               struct evbuffer *src,
+               size_t len,
+               int32_t client_id,
+               int32_t family,
+               const bson_t *hello,
+               bson_error_t *error)
+{
+   bson_t body;
+   client_req_t *r;
+   upstream_req_t *u;
+   int32_t id;
+   bool ok = false;
+
+   if (handshake_speculative_x509 (hello))
+      log_warn ("c%" PRIu64 " %s: hello's MONGODB-X509 speculativeAuthenticate removed (client connections present no "
+                "certificate upstream)",
+                c->id,
+                c->peer);
+   if (!handshake_rewrite_request (hello, family == WIRE_OP_QUERY, &body, error))
+      goto done;
+   r = creq_push (c, client_id, family, -1 /* hello is never compressed */);
+   id = client_next_id (c);
+   u = upreq_push (c, UPREQ_HELLO, id);
+   if (!r || !u) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      goto done;
+   }
+   u->creq_seq = r->seq;
+   handshake_negotiate (hello, c->cfg->compressors, &u->offer);
+   if (c->state == CLIENT_STATE_HANDSHAKE) {
+      c->compressor = u->offer.n > 0 ? u->offer.ids[0] : -1;
+      c->compressors_negotiated = 0;
+      for (int i = 0; i < u->offer.n; i++)
+         c->compressors_negotiated |= 1u << u->offer.ids[i];
+   }
+   if (!wire_append_msg (upstream_output (c), id, 0, 0, &body, NULL, 0)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "hello too large");
+      goto done;
+   }
+   stats_add (bytes_to_upstream, len);
+   evbuffer_drain (src, len);
+   ok = true;
+done:
+   bson_destroy (&body);
+   return ok;
+}
+
+/* Answers a request the proxy handles itself with an error document. */
+static bool
+answer_locally (client_conn_t *c,
+                int32_t client_id,
+                int32_t family,
+                int compressor,
+                int32_t code,
+                const char *code_name,
+                const char *errmsg,
+                struct evbuffer *src,
+                size_t len,
+                bson_error_t *error)
+{
+   uint64_t seq;
+
+   evbuffer_drain (src, len);
+   if (!client_hold_request (c, client_id, family, compressor, &seq, error))
+      return false;
+   return client_answer_error (c, seq, code, code_name, errmsg, error);
+}
+
+#ifdef RELAYBUS_TEST_COMMANDS
+/* Test builds only (configure --enable-test-commands, which `make install`
+ * refuses; never implied by --enable-debug): it sends a client's command
+ * upstream past the publishing hook, so an installed proxy must not have it.
+ * {relaybusDebugInternal: {<command with $db>}, times: N}
+ * holds the client's request, sends the inner command N times on the
+ * upstream connection as the proxy's own requests (pipelined), and answers
+ * {ok: 1, replies: [...]} once all replies are in.  It exercises exactly
+ * the mechanism injection uses (hold, send internal, answer) and serves as
+ * its worked example. */
+typedef struct {
+   uint64_t seq;      /* the held client request */
+   int pending;       /* internal replies still to come */
+   bson_t replies;    /* array being built */
+   uint32_t nreplies;
+   bool failed;
+} debug_internal_t;
+
+static void
+debug_internal_cb (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+{
+   debug_internal_t *d = ctx;
+   bson_error_t answer_error;
+   char idx[16];
+   const char *key;
+
+   d->pending--;
+   if (!reply) {
+      /* Connection closed: nothing to answer, just release. */
+      d->failed = true;
+   } else {
+      bson_uint32_to_string (d->nreplies++, &key, idx, sizeof idx);
+      BSON_APPEND_DOCUMENT (&d->replies, key, &reply->body);
+   }
+   if (d->pending > 0)
+      return;
+   if (!d->failed) {
+      bson_t doc = BSON_INITIALIZER;
+      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      BSON_APPEND_ARRAY (&doc, "replies", &d->replies);
+      if (!client_answer (c, d->seq, &doc, &answer_error))
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "debug internal answer: %s", answer_error.message);
+      bson_destroy (&doc);
+   }
+   bson_destroy (&d->replies);
+   bson_free (d);
+}
+
+static bool
+debug_internal (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
+{
+   bson_iter_t it;
+   bson_t inner;
+   const uint8_t *data;
+   uint32_t dlen;
+   int times = 1;
+   debug_internal_t *d;
+   bool ok = false;
+
+   if (bson_iter_init_find (&it, &msg->body, "times") && BSON_ITER_HOLDS_NUMBER (&it))
+      times = (int) bson_iter_as_int64 (&it);
+   if (!bson_iter_init_find (&it, &msg->body, "relaybusDebugInternal") || !BSON_ITER_HOLDS_DOCUMENT (&it) || times < 1 ||
+       times > 8)
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 2, "BadValue",
+                             "relaybusDebugInternal wants a command document and times in [1, 8]", src, len, error);
+   bson_iter_document (&it, &dlen, &data);
+   if (!bson_init_static (&inner, data, dlen))
+      return false;
+   d = bson_malloc0 (sizeof *d);
+   bson_init (&d->replies);
+   if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &d->seq, error))
+      goto done;
+   for (int i = 0; i < times; i++) {
+      if (!client_send_internal (c, &inner, NULL, 0, debug_internal_cb, d, error)) {
+         /* Requests already sent will still call back; let them free d. */
+         if (d->pending > 0) {
+            d->failed = true;
+            d = NULL;
+         }
+         goto done;
+      }
+      d->pending++;
+   }
+   d = NULL; /* owned by the callbacks now */
+   ok = true;
+done:
+   evbuffer_drain (src, len);
+   if (d) {
+      bson_destroy (&d->replies);
+      bson_free (d);
+   }
+   return ok;
+}
+#endif
+
+/* The routing decision for one parsed OP_MSG.  This is where injection
+ * (annotated statements) and virtual commands hook in: either may hold the
+ * request (client_hold_request), send its own traffic
+ * (client_send_internal) and answer later (client_answer). */
+static bool
+route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
+{
+   const char *cmd = msg->command; /* from the validation pass */
+   bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
+
+   if (!more && handshake_is_hello (cmd))
+      return forward_hello (c, src, len, msg->header.request_id, WIRE_OP_MSG, &msg->body, error);
+   /* Client connections present no certificate upstream (proxy/tls.c), so an
+    * X.509 login could only fail there, or succeed as someone else's
+    * certificate: refuse it here, before any hook can forward it.  18
+    * (AuthenticationFailed) is mongod's own answer to an X.509 login it
+    * cannot accept; drivers report it as an authentication error and do
+    * not retry.  authenticate is never compressed (-1). */
+   if (cmd && cmd[0] == 'a' && strcmp (cmd, "authenticate") == 0 && handshake_is_x509_auth (&msg->body)) {
+      log_warn ("c%" PRIu64 " %s: MONGODB-X509 authenticate refused", c->id, c->peer);
+      if (more) {
+         evbuffer_drain (src, len);
+         return true;
+      }
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, -1, 18, "AuthenticationFailed",
+                             "relaybus: MONGODB-X509 authentication is not available through the proxy (client "
+                             "connections present no certificate to the server); use SCRAM, or connect to the "
+                             "server directly for X.509",
+                             src, len, error);
+   }
+#ifdef RELAYBUS_TEST_COMMANDS
+   if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
+      return debug_internal (c, src, len, msg, compressor, error);
+#endif
+   if (c->loop->hook) {
+      switch (c->loop->hook (c, msg, cmd, compressor, c->loop->hook_ctx, error)) {
+      case CLIENT_ROUTE_FORWARD:
+         break;
+      case CLIENT_ROUTE_HELD:
+         if (c->state != CLIENT_STATE_CLOSING)
+            evbuffer_drain (src, len);
+         return c->state != CLIENT_STATE_CLOSING;
+      case CLIENT_ROUTE_ERROR:
+      default:
+         return false;
+      }
+   }
+   if (cmd && cmd[0] == 'r' && strncmp (cmd, "relaybus", 8) == 0) {
+      char errmsg[160];
+      /* Virtual commands are never forwarded; none is implemented yet. */
+      if (more) {
+         evbuffer_drain (src, len);
+         return true;
+      }
+      bson_snprintf (errmsg, sizeof errmsg, "no such command: '%s'", cmd);
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 59, "CommandNotFound", errmsg, src, len, error);
+   }
+   return forward_request (c, src, len, msg, cmd, compressor, error);
+}
+
+/* OP_QUERY: only the legacy hello is accepted; anything else gets the
+ * error mongod 5.1+ gives, as an OP_REPLY. */
+static bool
+route_query (client_conn_t *c, struct evbuffer *src, size_t len, const wire_query_t *q, int compressor, bson_error_t *error)
+{
+   bson_t cmd_doc;
+   const char *cmd = NULL;
+   const char *dot = strchr (q->full_collection_name, '.');
+   char errmsg[200];
+
+   if (handshake_unwrap_query (&q->query, &cmd_doc))
+      cmd = wire_command_name (&cmd_doc);
+   if (dot && strcmp (dot, ".$cmd") == 0 && handshake_is_hello (cmd))
+      return forward_hello (c, src, len, q->header.request_id, WIRE_OP_QUERY, &cmd_doc, error);
+   bson_snprintf (errmsg,
+                  sizeof errmsg,
+                  "Unsupported OP_QUERY command: %s. The client driver may require an upgrade.",
+                  cmd ? cmd : "(none)");
+   return answer_locally (c, q->header.request_id, WIRE_OP_QUERY, compressor, 352, "UnsupportedOpQueryCommand", errmsg, src, len, error);
+}
+
+/* Whether `list` (the compressors key: names separated by commas or
+ * spaces) names `id`. */
+static bool
+compressor_listed (const char *list, int id)
+{
+   const char *name = compress_name (id);
+   size_t n = name ? strlen (name) : 0;
+
+   for (const char *p = list; name && p && *p;) {
+      size_t len = strcspn (p, ", ");
+      if (len == n && memcmp (p, name, n) == 0)
+         return true;
+      p += len;
+      p += strspn (p, ", ");
+   }
+   return false;
+}
+
+/* An OP_COMPRESSED request may use noop (no decompression work: it only
+ * frames the bytes), or a compressor that this connection's first hello
+ * negotiated and that the compressors key still lists (a reload may have
+ * dropped it).  Anything else is refused before any byte is inflated: an
+ * algorithm the operator turned off must not be reachable by naming its
+ * id. */
+static bool
+compressor_allowed (const client_conn_t *c, uint8_t id, bson_error_t *error)
+{
+   if (id == COMPRESS_NOOP)
+      return true;
+   if (!compress_name (id)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "unknown compressor id %u", id);
+      return false;
+   }
+   if (id >= 8 * sizeof c->compressors_negotiated || !(c->compressors_negotiated & (1u << id))) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_COMPRESSION,
+                      "compressor %s (id %u) was not negotiated in this connection's hello",
+                      compress_name (id),
+                      id);
+      return false;
+   }
+   if (!compressor_listed (c->loop->cfg->compressors, id)) {
+      bson_set_error (error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_COMPRESSION,
+                      "compressor %s (id %u) is not in the compressors setting",
+                      compress_name (id),
+                      id);
+      return false;
+   }
+   return true;
+}
+
+/* ------------------------------------------------------------ decoding */
+
+/* One request, decompressed when it was compressed, and parsed.  `src`
+ * holds exactly the parsed message at its front (the message as received,
+ * or its decompressed form); the parsed structs point into it. */
+typedef struct {
+   struct evbuffer *src;
+   size_t len;
+   wire_header_t h; /* of the parsed (decompressed) message */
+   int compressor;  /* what the request was compressed with; -1: plain */
+   wire_msg_t msg;  /* h.opcode == WIRE_OP_MSG */
+   wire_query_t q;  /* h.opcode == WIRE_OP_QUERY */
+} decoded_t;
+
+/* Decompresses (into `plain`, when the request is OP_COMPRESSED) and parses
+ * one complete request of h.length bytes at the front of `in`.  Pure: it
+ * reads no connection state and logs nothing, so the offload worker runs
+ * it as well as the loop.  Each step is linear in the message's size (the
+ * compressor's output is capped by the announced size, checked first).
+ * On failure `error` says why; every failure is the client's.
+ *
+ * With `copy`, a plain request is parsed from a copy (*copy, to free with
+ * bson_free once the parsed structs are no longer used) rather than made
+ * contiguous in place: its bytes then travel on in the chains they were
+ * read into, each freed as soon as it is written, instead of as one block
+ * that stays resident until its last byte is out. */
+static bool
+decode_request (
+   struct evbuffer *in, wire_header_t h, struct evbuffer *plain, uint8_t **copy, decoded_t *d, bson_error_t *error)
+{
+   const uint8_t *buf;
+
+   d->src = in;
+   d->len = (size_t) h.length;
+   d->h = h;
+   d->compressor = -1;
+   if (h.opcode == WIRE_OP_COMPRESSED) {
+      wire_compressed_t cm;
+      uint8_t hb[WIRE_HEADER_LEN];
+
+      buf = evbuffer_pullup (in, (ssize_t) d->len);
+      if (!buf || !wire_parse_compressed (buf, d->len, &cm, error))
+         return false;
+      evbuffer_drain (plain, evbuffer_get_length (plain));
+      if (!wire_decompress (&cm, WIRE_MAX_MESSAGE_LEN, plain, error))
+         return false;
+      d->compressor = cm.compressor_id > 0 ? cm.compressor_id : -1;
+      evbuffer_drain (in, d->len);
+      stats_add (messages_decompressed, 1);
+      d->src = plain;
+      d->len = evbuffer_get_length (plain);
+      if (evbuffer_copyout (plain, hb, sizeof hb) != (ssize_t) sizeof hb || !wire_peek_header (hb, sizeof hb, &d->h) ||
+          (size_t) d->h.length != d->len) {
+         bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "decompressed message has a bad header");
+         return false;
+      }
+   }
+   if (copy && d->src == in) {
+      *copy = bson_malloc (d->len);
+      if (evbuffer_copyout (in, *copy, d->len) != (ssize_t) d->len) {
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "cannot copy a %zu-byte request", d->len);
+         return false;
+      }
+      buf = *copy;
+   } else {
+      buf = evbuffer_pullup (d->src, (ssize_t) d->len);
+   }
+   if (!buf) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory for a %zu-byte request", d->len);
+      return false;
+   }
+   if (d->h.opcode == WIRE_OP_MSG)
+      return wire_parse_msg (buf, d->len, &d->msg, error);
+   if (d->h.opcode == WIRE_OP_QUERY)
+      return wire_parse_query (buf, d->len, &d->q, error);
+   bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "clients may not send %s", wire_opcode_name (d->h.opcode));
+   return false;
+}
+
+/* Routes a decoded request.  `h` is the header as received, for logs.
+ * Returns false after disconnecting. */
+static bool
+route_decoded (client_conn_t *c, const wire_header_t *h, decoded_t *d)
+{
+   bson_error_t error;
+   bool ok;
+
+   if (d->h.opcode == WIRE_OP_MSG)
+      ok = route_msg (c, d->src, d->len, &d->msg, d->compressor, &error);
+   else
+      ok = route_query (c, d->src, d->len, &d->q, d->compressor, &error);
+   if (!ok && c->state != CLIENT_STATE_CLOSING)
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "request %d: %s", h->request_id, error.message);
+   return ok && c->state != CLIENT_STATE_CLOSING;
+}
+
+static void
+refuse_request (client_conn_t *c, const wire_header_t *h, const bson_error_t *error)
+{
+   client_disconnect (c,
+                      STATS_CLOSE_CLIENT_PROTOCOL,
+                      "bad %s request %d (%d bytes): %s",
+                      wire_opcode_name (h->opcode),
+                      h->request_id,
+                      h->length,
+                      error->message);
+}
+
+/* ------------------------------------------------------------ offload */
+
+/*
+ * Requests whose decoding touches at least CLIENT_OFFLOAD_MIN bytes (their
+ * length, or for OP_COMPRESSED the announced uncompressed size) are
+ * decompressed and validated by the loop's worker thread, so that one big
+ * or hostile message (16 MiB of tiny elements decompressed from a few KB)
+ * never holds up the other connections: the loop only moves the message's
+ * chains into the job and back.  Meanwhile the connection neither reads nor
+ * routes (its requests keep their order); everything else flows.
+ *
+ * Ownership: a job is owned by the worker from client_job_submit until it
+ * is on the done list, then by the loop.  `c` is read and written on the
+ * loop only: client_job_cancel clears it when the connection closes first,
+ * and the finished job is then just freed.  The evbuffers are touched by
+ * one thread at a time, the mutex ordering the hand-overs.
+ */
+struct client_job {
+   client_job_t *next;
+   client_conn_t *c;      /* loop only; NULL once the connection closed */
+   bool finished;         /* loop only: back from the worker */
+   wire_header_t h;       /* as received */
+   struct evbuffer *raw;  /* the message as received */
+   struct evbuffer *plain; /* its decompressed form */
+   uint8_t *copy;         /* what a plain request was parsed from */
+   bool ok;               /* worker's result */
+   bson_error_t error;
+   decoded_t d;
+};
+
+struct client_worker {
+   pthread_t thread;
+   pthread_mutex_t mu;
+   pthread_cond_t cv;
+   client_job_t *pending, **pending_tail; /* under mu */
+   client_job_t *done, **done_tail; /* under mu */
+   bool running;                    /* under mu: started and not stopped */
+   bool stop;                       /* under mu */
+   bool wake_pending;               /* under mu: a post to the loop is waiting */
+   loopwake_t *wake;                /* borrowed */
+};
+
+/* Static, never freed: a post to the loop may still be queued when the
+ * loop is destroyed (a second SIGTERM destroys it from inside the loop),
+ * and its callback must find a valid, stopped worker.  One forwarding loop
+ * today; N loops would each get one of an array. */
+static client_worker_t the_worker = {
+   .mu = PTHREAD_MUTEX_INITIALIZER,
+   .cv = PTHREAD_COND_INITIALIZER,
+};
+
+static void
+client_job_free (client_job_t *j)
+{
+   if (!j)
+      return;
+   if (j->raw)
+      evbuffer_free (j->raw);
+   if (j->plain)
+      evbuffer_free (j->plain);
+   bson_free (j->copy);
+   bson_free (j);
+}
+
+/* On the loop: takes every finished job and lets its connection go on. */
+static void
+client_worker_done_cb (void *arg)
+{
+   client_worker_t *w = arg;
+   client_job_t *list;
+
+   pthread_mutex_lock (&w->mu);
+   if (!w->running) {
+      pthread_mutex_unlock (&w->mu);
+      return; /* stopped since the post: nothing is left */
+   }
+   list = w->done;
+   w->done = NULL;
+   w->done_tail = &w->done;
+   w->wake_pending = false;
+   pthread_mutex_unlock (&w->mu);
+   while (list) {
+      client_job_t *j = list;
+      list = j->next;
+      j->next = NULL;
+      if (!j->c) {
+         client_job_free (j);
+         continue;
+      }
+      j->finished = true;
+      client_resume (j->c); /* routes it from client_route_requests */
+   }
+}
+
+/* How much lower the decoding thread's priority is than the loop's: on a
+ * busy machine the forwarding loop gets the CPU first, and a hostile
+ * message waits instead of the other connections. */
+#define CLIENT_WORKER_NICE 10
+
+static void *
+client_worker_main (void *arg)
+{
+   client_worker_t *w = arg;
+
+   /* Linux: nice is per thread (a failure only costs the preference). */
+   (void) setpriority (PRIO_PROCESS, (id_t) gettid (), CLIENT_WORKER_NICE);
+   pthread_mutex_lock (&w->mu);
+   for (;;) {
+      client_job_t *j;
+
+      while (!w->pending && !w->stop)
+         pthread_cond_wait (&w->cv, &w->mu);
+      if (w->stop)
+         break;
+      j = w->pending;
+      w->pending = j->next;
+      if (!w->pending)
+         w->pending_tail = &w->pending;
+      j->next = NULL;
+      pthread_mutex_unlock (&w->mu);
+
+      j->ok = decode_request (j->raw, j->h, j->plain, &j->copy, &j->d, &j->error);
+
+      pthread_mutex_lock (&w->mu);
+      *w->done_tail = j;
+      w->done_tail = &j->next;
+      /* One post covers every job done until the loop runs it.  A full
+       * queue (LOOPWAKE_CAPACITY posts waiting) is retried shortly. */
+      while (!w->wake_pending && !w->stop) {
+         if (loopwake_post (w->wake, client_worker_done_cb, w)) {
+            w->wake_pending = true;
+            break;
+         }
+         pthread_mutex_unlock (&w->mu);
+         usleep (1000);
+         pthread_mutex_lock (&w->mu);
+      }
+   }
+   pthread_mutex_unlock (&w->mu);
+   return NULL;
+}
+
+bool
+client_worker_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
+{
+   client_worker_t *w = &the_worker;
+
+   pthread_mutex_lock (&w->mu);
+   if (w->running) {
+      pthread_mutex_unlock (&w->mu);
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 8, "the request decoding thread is already running");
+      return false;
+   }
+   w->wake = wake;
+   w->pending = w->done = NULL;
+   w->pending_tail = &w->pending;
+   w->done_tail = &w->done;
+   w->stop = w->wake_pending = false;
+   if (pthread_create (&w->thread, NULL, client_worker_main, w) != 0) {
+      pthread_mutex_unlock (&w->mu);
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 8, "cannot start the request decoding thread");
+      return false;
+   }
+   w->running = true;
+   pthread_mutex_unlock (&w->mu);
+   loop->worker = w;
+   return true;
+}
+
+void
+client_worker_stop (client_loop_t *loop)
+{
+   client_worker_t *w = loop->worker;
+
+   if (!w)
+      return;
+   pthread_mutex_lock (&w->mu);
+   w->stop = true;
+   pthread_cond_signal (&w->cv);
+   pthread_mutex_unlock (&w->mu);
+   pthread_join (w->thread, NULL);
+   pthread_mutex_lock (&w->mu);
+   w->running = false;
+   /* Every connection is closed by now, so no job has an owner. */
+   while (w->pending) {
+      client_job_t *j = w->pending;
+      w->pending = j->next;
+      client_job_free (j);
+   }
+   while (w->done) {
+      client_job_t *j = w->done;
+      w->done = j->next;
+      client_job_free (j);
+   }
+   w->pending_tail = &w->pending;
+   w->done_tail = &w->done;
+   pthread_mutex_unlock (&w->mu);
+   loop->worker = NULL;
+}
+
+void
+client_job_cancel (client_conn_t *c)
+{
+   client_job_t *j = c->job;
+
+   if (!j)
+      return;
+   c->job = NULL;
+   if (j->finished)
+      client_job_free (j); /* back on the loop, not routed yet */
+   else
+      j->c = NULL; /* the worker has it; client_worker_done_cb frees it */
+}
+
+/* Hands the request at the front of `in` to the worker.  Returns false
+ * after disconnecting. */
+static bool
+client_job_submit (client_conn_t *c, struct evbuffer *in, wire_header_t h)
+{
+   client_worker_t *w = c->loop->worker;
+   client_job_t *j = bson_malloc0 (sizeof *j);
+
+   j->c = c;
+   j->h = h;
+   j->raw = evbuffer_new ();
+   j->plain = evbuffer_new ();
+   if (!j->raw || !j->plain || evbuffer_remove_buffer (in, j->raw, (size_t) h.length) != (int) h.length) {
+      client_job_free (j);
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory handing request %d to the decoder", h.request_id);
+      return false;
+   }
+   c->job = j;
+   /* Out of the counted input and into the job: still the connection's. */
+   stats_add (buffered_bytes, h.length);
+   c->mem_decode += h.length;
+   stats_add (requests_offloaded, 1);
+   pthread_mutex_lock (&w->mu);
+   *w->pending_tail = j;
+   w->pending_tail = &j->next;
+   pthread_cond_signal (&w->cv);
+   pthread_mutex_unlock (&w->mu);
+   return true;
+}
+
+/* The connection's finished job: refused, or routed like any request.
+ * Returns false after disconnecting. */
+static bool
+client_job_finish (client_conn_t *c)
+{
+   client_job_t *j = c->job;
+   bool ok;
+
+   c->job = NULL;
+   if (!j->ok) {
+      refuse_request (c, &j->h, &j->error);
+      client_job_free (j);
+      return false;
+   }
+   ok = route_decoded (c, &j->h, &j->d);
+   client_job_free (j);
+   /* Routed into the counted buffers (or answered, or dropped). */
+   if (ok)
+      client_mem_release_decode (c);
+   return ok;
+}
+
+/* Handles one complete request of `h->length` bytes at the front of the
+ * client's input.  Returns 1 when it was taken, 0 when it must wait (its
+ * decompression does not fit under max_buffered_bytes yet: the connection
+ * is on the memory wait list), -1 after disconnecting. */
+static int
+handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
+{
+   size_t work = (size_t) h.length;
+   decoded_t d;
+   bson_error_t error;
+   bool ok;
+
+   if (h.opcode == WIRE_OP_COMPRESSED) {
+      /* originalOpcode, uncompressedSize, compressorId: decided before
+       * anything is inflated, from 25 bytes copied out. */
+      uint8_t pre[WIRE_HEADER_LEN + 9];
+      int32_t original, usize;
+
+      if (h.length < (int32_t) sizeof pre || evbuffer_copyout (in, pre, sizeof pre) != (ssize_t) sizeof pre) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_COMPRESSED fields run past the end of the message");
+         goto protocol;
+      }
+      original = (int32_t) get_le32 (pre + WIRE_HEADER_LEN);
+      usize = (int32_t) get_le32 (pre + WIRE_HEADER_LEN + 4);
+      if (original != WIRE_OP_MSG && original != WIRE_OP_QUERY) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "OP_COMPRESSED wraps opcode %d", original);
+         goto protocol;
+      }
+      if (!compressor_allowed (c, pre[WIRE_HEADER_LEN + 8], &error))
+         goto protocol;
+      if (usize < 0 || (uint64_t) usize + WIRE_HEADER_LEN > WIRE_MAX_MESSAGE_LEN) {
+         bson_set_error (&error,
+                         WIRE_ERROR_DOMAIN,
+                         WIRE_ERR_TOO_LARGE,
+                         "OP_COMPRESSED uncompressedSize %d is outside [0, %d]",
+                         usize,
+                         WIRE_MAX_MESSAGE_LEN - WIRE_HEADER_LEN);
+         goto protocol;
+      }
+      work += (size_t) usize;
+      /* The decompressed form is reserved against max_buffered_bytes
+       * before anything is inflated (while it was received, unless it came
+       * whole in one read). */
+      if (!client_mem_reserve_decode (c, (int64_t) usize + WIRE_HEADER_LEN))
+         return 0;
+   }
+   if (work >= CLIENT_OFFLOAD_MIN && c->loop->worker) {
+      /* A plain request is parsed from a copy: reserved like a
+       * decompression. */
+      if (h.opcode != WIRE_OP_COMPRESSED && !client_mem_reserve_decode (c, h.length))
+         return 0;
+      return client_job_submit (c, in, h) ? 1 : -1;
+   }
+   ok = decode_request (in, h, c->scratch, NULL, &d, &error);
+   /* Decompressed or not, what it holds is counted in c->scratch now. */
+   client_mem_release_decode (c);
+   if (!ok)
+      goto protocol;
+   return route_decoded (c, &h, &d) ? 1 : -1;
+protocol:
+   refuse_request (c, &h, &error);
+   return -1;
+}
+
+/* Reads header by header (proxy/conn_private.h). */
+bool
+client_route_requests (client_conn_t *c)
+{
+   struct evbuffer *in;
+   bool consumed = false;
+
+   if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
+      return false;
+   if (c->job) {
+      /* One request at a time: the next waits for the decoded one. */
+      if (!c->job->finished)
+         return false;
+      if (!client_job_finish (c))
+         return false;
+      consumed = true;
+   }
+   in = bufferevent_get_input (c->bev);
+   while (!c->job && fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c)) {
+      const uint8_t *hb;
+      wire_header_t h;
+      bson_error_t error;
+      size_t avail = evbuffer_get_length (in);
+
+      if (avail < WIRE_HEADER_LEN)
+         break;
+      /* No copy when the header is contiguous (the usual case). */
+      hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
+      if (!hb) {
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+         return false;
+      }
+      (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
+      if (!wire_check_header (&h, 0, &error)) {
+         client_disconnect (c, STATS_CLOSE_CLIENT_PROTOCOL, "bad message header: %s", error.message);
+         return false;
+      }
+      if (avail < (size_t) h.length)
+         break;
+      switch (handle_request (c, in, h)) {
+      case 0:
+         return consumed; /* waits for memory */
+      case 1:
+         break;
+      default:
+         return false;
+      }
+      consumed = true;
+      stats_add (messages_from_clients, 1);
+      stats_add (bytes_from_clients, h.length);
+   }
+   return consumed;
+}
+
+/* ------------------------------------------------------------ replies */
+
+static bool
+code_is_not_primary (int32_t code)
+{
+   switch (code) {
+   case 10107: /* NotWritablePrimary */
+   case 13435: /* NotPrimaryNoSecondaryOk */
+   case 13436: /* NotPrimaryOrSecondary */
+   case 11600: /* InterruptedAtShutdown */
+   case 11602: /* InterruptedDueToReplStateChange */
+   case 189:   /* PrimarySteppedDown */
+   case 91:    /* ShutdownInProgress */
+      return true;
+   default:
+      return false;
+   }
+}
+
+/* Scans the top level of a small OP_MSG reply for a "not primary"-class
+ * error.  Bounds come from bson_iter; nothing is trusted. */
+static bool
+reply_is_not_primary (const uint8_t *buf, size_t len)
+{
+   bson_t body;
+   bson_iter_t it;
+   uint32_t doc_len;
+   bool failed = false, not_primary = false;
+
+   /* header, flags, kind byte 0, document */
+   if (len < WIRE_HEADER_LEN + 4 + 1 + 5 || buf[WIRE_HEADER_LEN + 4] != 0)
+      return false;
+   doc_len = get_le32 (buf + WIRE_HEADER_LEN + 5);
+   if (doc_len < 5 || doc_len > len - (WIRE_HEADER_LEN + 5) ||
+       !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body))
+      return false;
+   /* Keys are compared by length first (bson_iter_key_len is cheap): this
+    * runs on every reply, and most keys are none of the three. */
+   while (bson_iter_next (&it)) {
+      const char *key = bson_iter_key (&it);
+      uint32_t klen = bson_iter_key_len (&it);
+      if (klen == 2 && memcmp (key, "ok", 2) == 0) {
+         failed = bson_iter_as_double (&it) == 0.0;
+         if (!failed)
+            return false; /* {ok: 1}: whatever else it says */
+      } else if (klen == 4 && memcmp (key, "code", 4) == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
+         not_primary |= code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
+      } else if (klen == 6 && memcmp (key, "errmsg", 6) == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
+         const char *m = bson_iter_utf8 (&it, NULL);
+         not_primary |= strstr (m, "not master") != NULL || strstr (m, "not primary") != NULL;
+      }
+   }
+   return failed && not_primary;
+}
+
+static bool
+reply_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuffer *in, size_t len, bson_error_t *error)
+{
+   const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+   wire_msg_t reply;
+   bson_t body = BSON_INITIALIZER;
+   bool ok = false;
+
+   if (!buf || !wire_parse_msg (buf, len, &reply, error))
+      goto done;
+   bson_destroy (&body);
+   if (!handshake_rewrite_reply (&reply.body, &u->offer, &body, error))
+      goto done;
+   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (r->family == WIRE_OP_QUERY)
+      ok = wire_append_reply (c->tmp, reply.header.request_id, r->client_id, 8 /* AwaitCapable */, &body);
+   else
+      ok = wire_append_msg (c->tmp, reply.header.request_id, r->client_id, 0, &body, NULL, 0);
+   if (!ok) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "hello reply too large");
+      goto done;
+   }
+   evbuffer_drain (in, len);
+   stats_add (hellos_rewritten, 1);
+   ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
+done:
+   bson_destroy (&body);
+   return ok;
+}
+
+/* Handles one complete reply at the front of the upstream's input.
+ * Returns false after disconnecting. */
+static bool
+handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
+{
+   upstream_req_t *u = &c->upreqs[c->up_head];
+   size_t len = (size_t) h->length;
+   const uint8_t *pre;
+   uint32_t flags;
+   bool more, first;
+   bson_error_t error;
+   client_req_t *r = NULL;
+
+   if (h->opcode != WIRE_OP_MSG) {
+      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
+      goto protocol;
+   }
+   if (h->response_to != u->expect_response_to) {
+      bson_set_error (&error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_SHORT,
+                      "reply responds to %d, expected %d",
+                      h->response_to,
+                      u->expect_response_to);
+      goto protocol;
+   }
+   if (len < WIRE_HEADER_LEN + 4) {
+      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
+      goto protocol;
+   }
+   /* The header and the flags, without a copy when contiguous. */
+   pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
+   if (!pre) {
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, 2, "out of memory reading a reply");
+      goto internal;
+   }
+   flags = get_le32 (pre + WIRE_HEADER_LEN);
+   more = (flags & WIRE_MSG_MORE_TO_COME) != 0;
+   first = u->expect_response_to == u->upstream_id;
+
+   if (u->kind == UPREQ_INTERNAL) {
+      wire_msg_t reply;
+      upstream_req_t done = *u;
+      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+
+      if (!buf || !wire_parse_msg (buf, len, &reply, &error))
+         goto protocol;
+      /* Internal requests never allow exhaust: one reply ends them. */
+      upreq_pop (c);
+      done.cb (c, &reply, NULL, done.cb_ctx);
+      if (c->state == CLIENT_STATE_CLOSING)
+         return false;
+      evbuffer_drain (in, len);
+      return true;
+   }
+
+   r = creq_find (c, u->creq_seq);
+   if (!r) {
+      client_disconnect (c, STATS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
+      return false;
+   }
+   if (u->kind == UPREQ_HELLO) {
+      if (more) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_FLAGS, "hello reply with moreToCome");
+         goto protocol;
+      }
+      upstream_req_t cur = *u;
+      upreq_pop (c);
+      if (!reply_hello (c, &cur, r, in, len, &error)) {
+         if (c->state != CLIENT_STATE_CLOSING)
+            client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
+         return false;
+      }
+      if (c->state == CLIENT_STATE_HANDSHAKE) {
+         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", upstream_name (c->up),
+                   c->compressor > 0 ? compress_name (c->compressor) : "none");
+         client_set_state (c, CLIENT_STATE_READY);
+      }
+      return true;
+   }
+
+   /* RELAY */
+   if (len <= CLIENT_SCAN_LIMIT) {
+      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+      if (buf && reply_is_not_primary (buf, len)) {
+         stats_add (not_primary_errors, 1);
+         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", upstream_name (c->up));
+         topology_request_refresh (c->loop->topo, "not-primary error relayed");
+      }
+   }
+   if (flags & WIRE_MSG_CHECKSUM_PRESENT) {
+      /* Our header change would break the CRC: re-encode without it. */
+      wire_msg_t reply;
+      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+      if (!buf || !wire_parse_msg (buf, len, &reply, &error))
+         goto protocol;
+      evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+      if (!wire_append_msg (c->tmp,
+                            reply.header.request_id,
+                            first ? r->client_id : reply.header.response_to,
+                            flags & ~WIRE_MSG_CHECKSUM_PRESENT,
+                            &reply.body,
+                            reply.sequences,
+                            reply.nsequences)) {
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, 5, "reply too large");
+         goto protocol;
+      }
+      evbuffer_drain (in, len);
+      if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, &error))
+         goto internal;
+   } else if (!client_deliver (c, r, in, len, first ? (int64_t) r->client_id : KEEP_ID, !more, &error)) {
+      goto internal;
+   }
+   /* Exhaust: the next reply responds to this one, and the client request
+    * stays open until a reply without moreToCome. */
+   if (more)
+      u->expect_response_to = h->request_id;
+   else
+      upreq_pop (c);
+   return true;
+
+protocol:
+   client_disconnect (c,
+                      STATS_CLOSE_UPSTREAM_PROTOCOL,
+                      "bad reply %d from %s: %s",
+                      h->request_id,
+                      upstream_name (c->up),
+                      error.message);
+   return false;
+internal:
+   client_disconnect (c, STATS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
+   return false;
+}
+
+/* Reads header by header (proxy/conn_private.h). */
+bool
+client_route_replies (client_conn_t *c)
+{
+   struct bufferevent *ubev;
+   struct evbuffer *in;
+   bool consumed = false;
+
+   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
+      return false;
+   ubev = upstream_bev (c->up);
+   in = bufferevent_get_input (ubev);
+   while (evbuffer_get_length (client_output (c)) < high_watermark (c)) {
+      const uint8_t *hb;
+      wire_header_t h;
+      bson_error_t error;
+      size_t avail = evbuffer_get_length (in);
+
+      if (avail < WIRE_HEADER_LEN)
+         break;
+      hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
+      if (!hb) {
+         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+         return false;
+      }
+      (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
+      if (!wire_check_header (&h, 0, &error)) {
+         client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", upstream_name (c->up), error.message);
+         return false;
+      }
+      if (avail < (size_t) h.length)
+         break;
+      if (c->up_count == 0) {
+         client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "unsolicited %s %d from %s", wire_opcode_name (h.opcode), h.request_id, upstream_name (c->up));
+         return false;
+      }
+      consumed = true;
+      stats_add (messages_from_upstream, 1);
+      stats_add (bytes_from_upstream, h.length);
+      if (!handle_reply (c, in, &h))
+         return false;
+   }
+   return consumed;
+}

@@ -1,0 +1,378 @@
+/*
+ * proxy/topology.c - the primary-finding worker thread.
+ *
+ * mongoc_client_pool runs its own monitoring threads, so a selection on a
+ * known topology returns at once; the worker simply selects a writable
+ * server every few seconds (to notice a failover before any client hits
+ * it), at once when the loop asks, and with a backoff while the upstream is
+ * unreachable.  Each attempt is bounded by serverSelectionTimeoutMS, which
+ * the worker sets on its own copy of the URI so that shutdown never waits
+ * for the driver's 30-second default.
+ *
+ * This module never touches client connections: it publishes a snapshot
+ * and pokes the loop through its loopwake (never its event base, which has
+ * no locks).  All blocking (selection, getaddrinfo) happens here.
+ */
+#include "proxy/topology.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <mongoc/mongoc.h>
+
+#include "base/log.h"
+#include "base/counters.h"
+
+/* Re-select this often even without a request: catches failovers early. */
+#define TOPOLOGY_PERIOD_MS 5000
+#define TOPOLOGY_RETRY_MIN_MS 250
+#define TOPOLOGY_RETRY_MAX_MS 5000
+#define TOPOLOGY_HEARTBEAT_MS 1000
+
+/* Owned by the loop thread that created it; the worker only touches the
+ * fields under `mutex` and the pool (worker-only after start). */
+struct topology {
+   loopwake_t *wake;           /* borrowed: the loop's */
+   atomic_bool notify_pending; /* a notice is posted and has not run yet */
+   topology_changed_cb_t on_changed;
+   void *ctx;
+
+   mongoc_uri_t *uri;
+   mongoc_client_pool_t *pool;
+   pthread_t thread;
+   bool started;
+
+   pthread_mutex_t mutex;
+   pthread_cond_t cond;     /* worker waits on it; start-up waits on it too */
+   bool stop;               /* under mutex */
+   bool refresh;            /* under mutex: the loop asked for a fresh look */
+   bool first_done;         /* under mutex: first attempt finished */
+   topology_primary_t snap; /* under mutex */
+};
+
+static const char *const state_names[TOPOLOGY_STATE_COUNT_] = {
+   [TOPOLOGY_STATE_UNKNOWN] = "unknown",
+   [TOPOLOGY_STATE_PRIMARY] = "primary",
+   [TOPOLOGY_STATE_STANDALONE] = "standalone",
+};
+
+const char *
+topology_state_name (topology_state_t state)
+{
+   return (unsigned) state < TOPOLOGY_STATE_COUNT_ ? state_names[state] : "invalid";
+}
+
+/* On the loop.  The flag is cleared before the snapshot is read, so a
+ * change published after this read posts a new notice. */
+static void
+topology_notify_cb (void *arg)
+{
+   topology_t *topo = arg;
+
+   atomic_store (&topo->notify_pending, false);
+   topo->on_changed (topo->ctx);
+}
+
+/* On the worker: one notice in the loop's queue at a time. */
+static void
+topology_notify (topology_t *topo)
+{
+   if (atomic_exchange (&topo->notify_pending, true))
+      return;
+   if (!loopwake_post (topo->wake, topology_notify_cb, topo)) {
+      /* Only when others flood the queue; the next change tries again. */
+      atomic_store (&topo->notify_pending, false);
+      log_warn ("topology: the loop's wake-up queue is full; a change notice was dropped");
+   }
+}
+
+topology_t *
+topology_new (loopwake_t *wake,
+              const char *uri_string,
+              int64_t select_timeout_ms,
+              topology_changed_cb_t on_changed,
+              void *ctx,
+              bson_error_t *error)
+{
+   topology_t *topo = NULL;
+   mongoc_uri_t *uri = NULL;
+   int32_t sst;
+
+   uri = mongoc_uri_new_with_error (uri_string, error);
+   if (!uri)
+      goto fail;
+   /* One attempt must end soon: the worker retries on its own, and
+    * shutdown joins the worker. */
+   sst = (int32_t) (select_timeout_ms < 500 ? 500 : select_timeout_ms > 5000 ? 5000 : select_timeout_ms);
+   mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, sst);
+   /* The worker sends no operations through the driver, so the driver only
+    * learns of a step-down from its heartbeat (10 s by default when
+    * pooled).  A re-selection asked for after a "not primary" error must
+    * see the new primary soon: check each member every second, unless the
+    * URI says otherwise. */
+   if (!mongoc_uri_has_option (uri, MONGOC_URI_HEARTBEATFREQUENCYMS))
+      mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_HEARTBEATFREQUENCYMS, TOPOLOGY_HEARTBEAT_MS);
+
+   topo = bson_malloc0 (sizeof *topo);
+   topo->wake = wake;
+   atomic_init (&topo->notify_pending, false);
+   topo->on_changed = on_changed;
+   topo->ctx = ctx;
+   topo->uri = uri;
+   uri = NULL;
+   pthread_mutex_init (&topo->mutex, NULL);
+   pthread_cond_init (&topo->cond, NULL);
+   topo->pool = mongoc_client_pool_new (topo->uri);
+   if (!topo->pool) {
+      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 1, "cannot create the upstream client pool");
+      goto fail;
+   }
+   mongoc_client_pool_set_error_api (topo->pool, MONGOC_ERROR_API_VERSION_2);
+   mongoc_client_pool_set_appname (topo->pool, "relaybus-proxy");
+   return topo;
+
+fail:
+   mongoc_uri_destroy (uri);
+   topology_destroy (topo);
+   return NULL;
+}
+
+/* Resolves on the worker: the loop must never call getaddrinfo. */
+static bool
+topology_resolve (const char *host, uint16_t port, topology_primary_t *out, bson_error_t *error)
+{
+   struct addrinfo hints = {0}, *res = NULL;
+   char portstr[8];
+   int rc;
+
+   hints.ai_family = AF_UNSPEC;
+   hints.ai_socktype = SOCK_STREAM;
+   snprintf (portstr, sizeof portstr, "%u", (unsigned) port);
+   rc = getaddrinfo (host, portstr, &hints, &res);
+   if (rc != 0 || !res) {
+      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 2, "cannot resolve %s: %s", host, gai_strerror (rc));
+      return false;
+   }
+   memcpy (&out->addr, res->ai_addr, res->ai_addrlen);
+   out->addr_len = res->ai_addrlen;
+   freeaddrinfo (res);
+   return true;
+}
+
+/* With several mongos, selection picks one at random each time; keep the
+ * current one while the topology still lists it as a mongos, so pairing
+ * does not hop between routers every period. */
+static bool
+topology_keep_mongos (mongoc_client_t *client, const topology_primary_t *cur)
+{
+   mongoc_server_description_t **sds;
+   size_t n = 0;
+   bool keep = false;
+
+   if (cur->state != TOPOLOGY_STATE_PRIMARY || strcmp (cur->server_type, "Mongos") != 0)
+      return false;
+   sds = mongoc_client_get_server_descriptions (client, &n);
+   for (size_t i = 0; i < n && !keep; i++) {
+      const mongoc_host_list_t *h = mongoc_server_description_host (sds[i]);
+      keep = h->port == cur->port && strcmp (h->host, cur->host) == 0 &&
+             strcmp (mongoc_server_description_type (sds[i]), "Mongos") == 0;
+   }
+   mongoc_server_descriptions_destroy_all (sds, n);
+   return keep;
+}
+
+/* One attempt; fills `next` without touching the shared snapshot. */
+static void
+topology_learn (topology_t *topo, topology_primary_t *next)
+{
+   mongoc_client_t *client = NULL;
+   mongoc_server_description_t *sd = NULL;
+   const mongoc_host_list_t *h;
+   bson_error_t error;
+   const char *type;
+
+   client = mongoc_client_pool_pop (topo->pool);
+   sd = mongoc_client_select_server (client, true, NULL, &error);
+   if (!sd) {
+      next->state = TOPOLOGY_STATE_UNKNOWN;
+      bson_strncpy (next->last_error, error.message, sizeof next->last_error);
+      goto done;
+   }
+   type = mongoc_server_description_type (sd);
+   h = mongoc_server_description_host (sd);
+   if (strcmp (type, "Mongos") == 0 && (h->port != next->port || strcmp (h->host, next->host) != 0) &&
+       topology_keep_mongos (client, next))
+      goto done; /* `next` still holds the current snapshot */
+   bson_strncpy (next->server_type, type, sizeof next->server_type);
+   bson_strncpy (next->host, h->host, sizeof next->host);
+   next->port = h->port;
+   if (strcmp (type, "Standalone") == 0) {
+      next->state = TOPOLOGY_STATE_STANDALONE;
+      bson_snprintf (next->last_error,
+                     sizeof next->last_error,
+                     "%s:%u is a standalone mongod: transactions need a replica set or a sharded cluster",
+                     h->host,
+                     (unsigned) h->port);
+      goto done;
+   }
+   if (!topology_resolve (h->host, h->port, next, &error)) {
+      next->state = TOPOLOGY_STATE_UNKNOWN;
+      bson_strncpy (next->last_error, error.message, sizeof next->last_error);
+      goto done;
+   }
+   next->state = TOPOLOGY_STATE_PRIMARY;
+   next->last_error[0] = '\0';
+done:
+   mongoc_server_description_destroy (sd);
+   if (client)
+      mongoc_client_pool_push (topo->pool, client);
+}
+
+static void
+deadline_after (struct timespec *ts, int64_t ms)
+{
+   clock_gettime (CLOCK_REALTIME, ts);
+   ts->tv_sec += ms / 1000;
+   ts->tv_nsec += (ms % 1000) * 1000000L;
+   if (ts->tv_nsec >= 1000000000L) {
+      ts->tv_sec++;
+      ts->tv_nsec -= 1000000000L;
+   }
+}
+
+static void *
+topology_thread (void *arg)
+{
+   topology_t *topo = arg;
+   int64_t retry_ms = TOPOLOGY_RETRY_MIN_MS;
+
+   log_set_thread_name ("topology");
+   pthread_mutex_lock (&topo->mutex);
+   while (!topo->stop) {
+      topology_primary_t next;
+      bool changed;
+
+      topo->refresh = false;
+      next = topo->snap;
+      pthread_mutex_unlock (&topo->mutex);
+
+      topology_learn (topo, &next);
+
+      pthread_mutex_lock (&topo->mutex);
+      changed = next.state != topo->snap.state || next.port != topo->snap.port ||
+                strcmp (next.host, topo->snap.host) != 0;
+      if (changed) {
+         next.generation = topo->snap.generation + 1;
+         if (next.state == TOPOLOGY_STATE_PRIMARY) {
+            log_info ("upstream %s is %s:%u (%s)",
+                      topology_state_name (next.state),
+                      next.host,
+                      (unsigned) next.port,
+                      next.server_type);
+            stats_add (primary_changes, 1);
+         } else if (next.state == TOPOLOGY_STATE_STANDALONE) {
+            log_error ("upstream refused: %s", next.last_error);
+         } else {
+            log_warn ("no primary known: %s (retrying)", next.last_error);
+         }
+      }
+      topo->snap = next;
+      if (!topo->first_done || changed) {
+         topo->first_done = true;
+         pthread_cond_broadcast (&topo->cond);
+         topology_notify (topo);
+      }
+
+      /* Wait for a request, the period, or the retry backoff. */
+      if (!topo->stop && !topo->refresh) {
+         struct timespec ts;
+         int64_t wait_ms = TOPOLOGY_PERIOD_MS;
+         if (next.state != TOPOLOGY_STATE_PRIMARY) {
+            wait_ms = retry_ms;
+            retry_ms = retry_ms * 2 > TOPOLOGY_RETRY_MAX_MS ? TOPOLOGY_RETRY_MAX_MS : retry_ms * 2;
+         } else {
+            retry_ms = TOPOLOGY_RETRY_MIN_MS;
+         }
+         deadline_after (&ts, wait_ms);
+         while (!topo->stop && !topo->refresh) {
+            if (pthread_cond_timedwait (&topo->cond, &topo->mutex, &ts) == ETIMEDOUT)
+               break;
+         }
+      }
+   }
+   pthread_mutex_unlock (&topo->mutex);
+   return NULL;
+}
+
+bool
+topology_start (topology_t *topo, bson_error_t *error)
+{
+   int rc = pthread_create (&topo->thread, NULL, topology_thread, topo);
+   if (rc != 0) {
+      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 3, "cannot start the topology thread: %s", strerror (rc));
+      return false;
+   }
+   topo->started = true;
+   return true;
+}
+
+topology_state_t
+topology_wait_first (topology_t *topo, int64_t timeout_ms)
+{
+   struct timespec ts;
+   topology_state_t state;
+
+   deadline_after (&ts, timeout_ms);
+   pthread_mutex_lock (&topo->mutex);
+   while (!topo->first_done) {
+      if (pthread_cond_timedwait (&topo->cond, &topo->mutex, &ts) == ETIMEDOUT)
+         break;
+   }
+   state = topo->snap.state;
+   pthread_mutex_unlock (&topo->mutex);
+   return state;
+}
+
+void
+topology_get_primary (topology_t *topo, topology_primary_t *out)
+{
+   pthread_mutex_lock (&topo->mutex);
+   *out = topo->snap;
+   pthread_mutex_unlock (&topo->mutex);
+}
+
+void
+topology_request_refresh (topology_t *topo, const char *why)
+{
+   pthread_mutex_lock (&topo->mutex);
+   if (!topo->refresh)
+      log_debug ("re-learning the primary: %s", why);
+   topo->refresh = true;
+   pthread_cond_broadcast (&topo->cond);
+   pthread_mutex_unlock (&topo->mutex);
+}
+
+void
+topology_destroy (topology_t *topo)
+{
+   if (!topo)
+      return;
+   if (topo->started) {
+      pthread_mutex_lock (&topo->mutex);
+      topo->stop = true;
+      pthread_cond_broadcast (&topo->cond);
+      pthread_mutex_unlock (&topo->mutex);
+      pthread_join (topo->thread, NULL);
+   }
+   if (topo->pool)
+      mongoc_client_pool_destroy (topo->pool);
+   mongoc_uri_destroy (topo->uri);
+   pthread_cond_destroy (&topo->cond);
+   pthread_mutex_destroy (&topo->mutex);
+   bson_free (topo);
+}

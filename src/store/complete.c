@@ -1,0 +1,815 @@
+/*
+ * store/complete.c - settling claims: complete and completeMany,
+ * reschedule, release, bury, extendLease and relinquish.
+ *
+ * Every call is fenced by the lease token <laneId>:<epoch>:<claims>: it
+ * applies only while the lane still has that epoch and lists the delivery,
+ * and the delivery still has that claim generation.  A completion without
+ * completion history writes no lane document (four commands per batch);
+ * with history it is one transaction.  reschedule, release, bury and
+ * extendLease are transactions that read the lane and write it, so a
+ * takeover committing first makes them conflict, retry and find the new
+ * epoch.
+ */
+#include "store/store.h"
+#include "store/store_private.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+
+/* ---------------------------------------------------------- completeMany */
+
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   const store_ref_t *refs;
+   size_t n;
+   int64_t now;
+   outbox_lease_t *leases;
+   bool *parsed;
+   bool *valid;  /* out: fenced and deleted (if all went well) */
+   int64_t n_valid, n_deleted;
+} complete_t;
+
+/* Reads the deliveries and their lanes and marks which leases still hold;
+ * with `full`, the delivery documents are kept for history records. */
+static bool
+complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, bson_error_t *error)
+{
+   mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
+   mongoc_collection_t *lanes = store_coll (c->s, c->client, OUTBOX_LANES_COLL);
+   bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, lq = BSON_INITIALIZER;
+   store_oids_t ids = {0};
+   bson_t *lane_docs[OUTBOX_LANES] = {0};
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   bool want_lane[OUTBOX_LANES] = {0};
+   bool ok = true;
+
+   c->n_valid = 0;
+   for (size_t i = 0; i < c->n; i++) {
+      c->valid[i] = false;
+      if (c->parsed[i]) {
+         store_oids_push (&ids, &c->refs[i].id);
+         want_lane[c->leases[i].lane_id] = true;
+      }
+   }
+   if (ids.n == 0)
+      goto done;
+   store_session_opts (session, &opts);
+   store_append_oids_op (&q, "_id", "$in", ids.v, ids.n);
+   cur = mongoc_collection_find_with_opts (dels, &q, &opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      for (size_t i = 0; i < c->n; i++)
+         if (c->parsed[i] && bson_oid_equal (&c->refs[i].id, bson_iter_oid (&it)) &&
+             store_iter_int64 (doc, "claims") == c->leases[i].claims &&
+             store_iter_int64 (doc, "laneId") == c->leases[i].lane_id &&
+             !strcmp (store_iter_utf8 (doc, "status") ? store_iter_utf8 (doc, "status") : "", "pending")) {
+            c->valid[i] = true;
+            if (docs && !docs[i])
+               docs[i] = bson_copy (doc);
+         }
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      *error = err;
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   if (!ok)
+      goto done;
+
+   store_append_lanes_in (&lq, "_id", want_lane);
+   cur = mongoc_collection_find_with_opts (lanes, &lq, &opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t lane = store_iter_int64 (doc, "_id");
+      if (lane >= 0 && lane < OUTBOX_LANES && !lane_docs[lane])
+         lane_docs[lane] = bson_copy (doc);
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      *error = err;
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   for (size_t i = 0; ok && i < c->n; i++) {
+      bson_t *ld = c->valid[i] ? lane_docs[c->leases[i].lane_id] : NULL;
+      if (c->valid[i] && !(ld && store_iter_int64 (ld, "epoch") == c->leases[i].epoch &&
+                           store_array_has_oid (ld, "inFlight", &c->refs[i].id)))
+         c->valid[i] = false;
+      c->n_valid += c->valid[i];
+   }
+
+done:
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (lane_docs[i])
+         bson_destroy (lane_docs[i]);
+   store_oids_free (&ids);
+   bson_destroy (&q);
+   bson_destroy (&lq);
+   bson_destroy (&opts);
+   mongoc_collection_destroy (dels);
+   mongoc_collection_destroy (lanes);
+   return ok;
+}
+
+/* Records the completion time on the events of the valid deliveries, with
+ * one updateMany: each event id from its ref, or else from the delivery
+ * document read (docs may be NULL). */
+static bool
+events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, const bson_t *opts, bson_error_t *error)
+{
+   bson_t eq = BSON_INITIALIZER, sub, arr;
+   uint32_t k = 0;
+   bool ok = true;
+
+   BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (size_t i = 0; i < c->n; i++) {
+      char buf[16];
+      const char *key, *id = c->refs[i].event_id;
+      if (!c->valid[i])
+         continue;
+      if (!id && docs && docs[i])
+         id = store_iter_utf8 (docs[i], "eventId") ? store_iter_utf8 (docs[i], "eventId") : "";
+      if (!id)
+         continue;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, id);
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (&eq, &sub);
+   if (k > 0) {
+      bson_t *eu = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (c->now), "}");
+      ok = mongoc_collection_update_many (events, &eq, eu, opts, NULL, error);
+      bson_destroy (eu);
+   }
+   bson_destroy (&eq);
+   return ok;
+}
+
+/* Deletes the fenced deliveries that still have the lease's generation and
+ * records the completion time on their events. */
+static bool
+complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs, bson_error_t *error)
+{
+   mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
+   mongoc_collection_t *events = store_coll (c->s, c->client, OUTBOX_EVENTS);
+   mongoc_collection_t *hist = NULL;
+   bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply, or_arr;
+   uint32_t k = 0;
+   bool ok = true;
+
+   c->n_deleted = 0;
+   if (c->n_valid == 0)
+      goto done;
+   store_session_opts (session, &opts);
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   for (size_t i = 0; i < c->n; i++) {
+      char buf[16];
+      const char *key;
+      bson_t one;
+      if (!c->valid[i])
+         continue;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
+      BSON_APPEND_OID (&one, "_id", &c->refs[i].id);
+      store_append_claims_match (&one, c->leases[i].claims);
+      bson_append_document_end (&or_arr, &one);
+   }
+   bson_append_array_end (&q, &or_arr);
+   if (!mongoc_collection_delete_many (dels, &q, &opts, &reply, error)) {
+      bson_destroy (&reply);
+      ok = false;
+      goto done;
+   }
+   c->n_deleted = store_iter_int64 (&reply, "deletedCount");
+   bson_destroy (&reply);
+
+   if (docs && c->s->completion_history) {
+      /* Completion history: one record per completed delivery. */
+      const bson_t **recs = bson_malloc0 (c->n * sizeof *recs);
+      size_t n_recs = 0;
+      hist = store_coll (c->s, c->client, OUTBOX_COMPLETED);
+      for (size_t i = 0; i < c->n; i++) {
+         bson_t *rec;
+         bson_iter_t it;
+         static const char *const copy[] = {"eventId", "handler", "eventType", "key", "sequence", "createdAt"};
+         if (!c->valid[i] || !docs[i])
+            continue;
+         rec = bson_new ();
+         BSON_APPEND_OID (rec, "_id", &c->refs[i].id);
+         for (size_t f = 0; f < sizeof copy / sizeof copy[0]; f++)
+            if (bson_iter_init_find (&it, docs[i], copy[f]))
+               bson_append_iter (rec, copy[f], -1, &it);
+         BSON_APPEND_INT32 (rec, "attempts", (int32_t) store_iter_int64 (docs[i], "attempts") + 1);
+         BSON_APPEND_DATE_TIME (rec, "completedAt", c->now);
+         recs[n_recs++] = rec;
+      }
+      /* One insert command for the batch's records. */
+      if (n_recs > 0)
+         ok = mongoc_collection_insert_many (hist, recs, n_recs, &opts, NULL, error);
+      for (size_t i = 0; i < n_recs; i++)
+         bson_destroy ((bson_t *) recs[i]);
+      bson_free (recs);
+   }
+
+   if (ok)
+      ok = events_completed (c, events, docs, &opts, error);
+
+done:
+   bson_destroy (&q);
+   bson_destroy (&opts);
+   mongoc_collection_destroy (dels);
+   mongoc_collection_destroy (events);
+   mongoc_collection_destroy (hist);
+   return ok;
+}
+
+/* The completion without completion history when every ref names its
+ * event: no read.  The delete matches a delivery only while it still has
+ * the lease's claim generation, lane and pending status.  That is the
+ * whole fence: every path that ends a claim or takes its lane moves the
+ * generation on (retry, release, burial, reconciliation, relinquish, and a
+ * takeover's charge of the lost claims) before the delivery can run again,
+ * so a stale lease deletes nothing, and a delete that wins the race against
+ * a takeover's charge leaves the new owner nothing to run (completed once).
+ * Then the events' completion times. */
+static bool
+complete_unread (complete_t *c, bson_error_t *error)
+{
+   mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
+   mongoc_collection_t *events = store_coll (c->s, c->client, OUTBOX_EVENTS);
+   bson_t q = BSON_INITIALIZER, or_arr, reply;
+   uint32_t k = 0;
+   bool ok = true;
+
+   c->n_valid = c->n_deleted = 0;
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   for (size_t i = 0; i < c->n; i++) {
+      char buf[16];
+      const char *key;
+      bson_t one;
+      c->valid[i] = c->parsed[i];
+      if (!c->valid[i])
+         continue;
+      c->n_valid++;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
+      BSON_APPEND_OID (&one, "_id", &c->refs[i].id);
+      store_append_claims_match (&one, c->leases[i].claims);
+      BSON_APPEND_INT32 (&one, "laneId", (int32_t) c->leases[i].lane_id);
+      BSON_APPEND_UTF8 (&one, "status", "pending");
+      bson_append_document_end (&or_arr, &one);
+   }
+   bson_append_array_end (&q, &or_arr);
+   if (c->n_valid == 0)
+      goto done;
+   if (!mongoc_collection_delete_many (dels, &q, NULL, &reply, error)) {
+      bson_destroy (&reply);
+      ok = false;
+      goto done;
+   }
+   c->n_deleted = store_iter_int64 (&reply, "deletedCount");
+   bson_destroy (&reply);
+
+   ok = events_completed (c, events, NULL, NULL, error);
+
+done:
+   bson_destroy (&q);
+   mongoc_collection_destroy (dels);
+   mongoc_collection_destroy (events);
+   return ok;
+}
+
+typedef struct {
+   complete_t *c;
+   bson_t **docs;
+} complete_txn_t;
+
+static bool
+complete_txn_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   complete_txn_t *t = ctx;
+
+   for (size_t i = 0; i < t->c->n; i++)
+      if (t->docs[i]) {
+         bson_destroy (t->docs[i]);
+         t->docs[i] = NULL;
+      }
+   return complete_fence (t->c, session, t->docs, error) && complete_delete (t->c, session, t->docs, error);
+}
+
+bool
+store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now, bool *done, bson_error_t *error)
+{
+   complete_t c = {0};
+   bson_t **docs;
+   bool ok;
+
+   for (size_t i = 0; i < n; i++)
+      done[i] = false;
+   if (n == 0)
+      return true;
+   c.s = s;
+   c.refs = refs;
+   c.n = n;
+   c.now = now;
+   c.leases = bson_malloc0 (n * sizeof *c.leases);
+   c.parsed = bson_malloc0 (n * sizeof *c.parsed);
+   c.valid = bson_malloc0 (n * sizeof *c.valid);
+   docs = bson_malloc0 (n * sizeof *docs);
+   for (size_t i = 0; i < n; i++)
+      c.parsed[i] = refs[i].lease && outbox_lease_parse (refs[i].lease, &c.leases[i]);
+   c.client = mongoc_client_pool_pop (s->pool);
+   if (s->completion_history) {
+      complete_txn_t t = {&c, docs};
+      ok = store_with_txn (s, c.client, complete_txn_cb, &t, error);
+   } else {
+      bool named = true;
+      for (size_t i = 0; i < n && named; i++)
+         named = refs[i].event_id != NULL;
+      if (named)
+         ok = complete_unread (&c, error);
+      else
+         ok = complete_fence (&c, NULL, docs, error) && complete_delete (&c, NULL, docs, error);
+      if (!ok && error && error->domain != STORE_ERROR_DOMAIN) {
+         char msg[sizeof error->message];
+         bson_strncpy (msg, error->message, sizeof msg);
+         store_set_error (error, STORE_ERROR_SERVER, "completing: %s", msg);
+      }
+   }
+   mongoc_client_pool_push (s->pool, c.client);
+   if (ok && c.n_deleted == c.n_valid) {
+      for (size_t i = 0; i < n; i++)
+         done[i] = c.valid[i];
+   } else if (ok) {
+      /* A claim ended or changed hands meanwhile: a missing document
+       * cannot be told from one the new claim completed, so success is
+       * reported only when proven. */
+      log_info ("store: completion deleted %" PRId64 " of %" PRId64 " fenced deliveries; none reported completed",
+                c.n_deleted,
+                c.n_valid);
+   }
+   pthread_mutex_lock (&s->mu);
+   for (size_t i = 0; ok && i < n; i++) {
+      store_issued_remove (s, &refs[i].id);
+      if (done[i]) {
+         if (s->settled.n >= STORE_SETTLED_MAX)
+            s->settled.n = 0; /* forgotten: the next claim reads what its lanes list */
+         store_oids_push (&s->settled, &refs[i].id);
+      }
+   }
+   pthread_mutex_unlock (&s->mu);
+   for (size_t i = 0; i < n; i++)
+      if (docs[i])
+         bson_destroy (docs[i]);
+   bson_free (docs);
+   bson_free (c.leases);
+   bson_free (c.parsed);
+   bson_free (c.valid);
+   return ok;
+}
+
+bool
+store_complete (store_t *s, const store_ref_t *ref, int64_t now, bool *done, bson_error_t *error)
+{
+   return store_complete_many (s, ref, 1, now, done, error);
+}
+
+/* ------------------------------------------- reschedule, release, bury */
+
+typedef enum {
+   SETTLE_RESCHEDULE,
+   SETTLE_RELEASE,
+   SETTLE_BURY,
+   SETTLE_EXTEND,
+} settle_kind_t;
+
+static const char *const settle_names[] = {
+   [SETTLE_RESCHEDULE] = "reschedule",
+   [SETTLE_RELEASE] = "release",
+   [SETTLE_BURY] = "bury",
+   [SETTLE_EXTEND] = "extendLease",
+};
+
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   settle_kind_t kind;
+   const store_ref_t *ref;
+   outbox_lease_t lease;
+   int64_t now, due_at, lease_ms;
+   const char *last_error;
+   bool applied;
+} settle_t;
+
+/* Whether any document of coll matches q; false: the query failed. */
+static bool
+find_any (mongoc_collection_t *coll, const bson_t *q, const bson_t *opts, bool *found, bson_error_t *error)
+{
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
+   const bson_t *doc;
+   bool ok = true;
+
+   *found = mongoc_cursor_next (cur, &doc);
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   return ok;
+}
+
+static bool
+settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   settle_t *t = ctx;
+   mongoc_collection_t *lanes = store_coll (t->s, t->client, OUTBOX_LANES_COLL);
+   mongoc_collection_t *dels = store_coll (t->s, t->client, OUTBOX_DELIVERIES);
+   bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, du = BSON_INITIALIZER, sub, reply;
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) t->lease.lane_id), "epoch", BCON_INT64 (t->lease.epoch), "inFlight", BCON_OID (&t->ref->id));
+   bson_t *lu = NULL;
+   bool ok = true, found;
+
+   t->applied = false;
+   store_session_opts (session, &opts);
+   ok = find_any (lanes, lq, &opts, &found, error);
+   if (!ok || !found)
+      goto done;
+
+   BSON_APPEND_OID (&dq, "_id", &t->ref->id);
+   BSON_APPEND_INT32 (&dq, "laneId", (int32_t) t->lease.lane_id);
+   BSON_APPEND_UTF8 (&dq, "status", "pending");
+   store_append_claims_match (&dq, t->lease.claims);
+   if (t->kind == SETTLE_EXTEND) {
+      /* The generation check: a stale lease never extends the lane of a
+       * newer claim of the same delivery. */
+      ok = find_any (dels, &dq, &opts, &found, error);
+      if (!ok || !found)
+         goto done;
+      lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (t->now + t->lease_ms), "}");
+      ok = mongoc_collection_update_one (lanes, lq, lu, &opts, NULL, error);
+      t->applied = ok;
+      goto done;
+   }
+
+   BSON_APPEND_DOCUMENT_BEGIN (&du, "$inc", &sub);
+   if (t->kind != SETTLE_RELEASE)
+      BSON_APPEND_INT32 (&sub, "attempts", 1);
+   BSON_APPEND_INT32 (&sub, "claims", 1);
+   bson_append_document_end (&du, &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&du, "$set", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "updatedAt", t->now);
+   if (t->kind == SETTLE_RESCHEDULE)
+      BSON_APPEND_DATE_TIME (&sub, "dueAt", t->due_at);
+   if (t->kind == SETTLE_BURY)
+      BSON_APPEND_UTF8 (&sub, "status", "dead");
+   if (t->last_error && t->kind != SETTLE_RELEASE)
+      BSON_APPEND_UTF8 (&sub, "lastError", t->last_error);
+   bson_append_document_end (&du, &sub);
+   if (t->kind == SETTLE_BURY) {
+      BSON_APPEND_DOCUMENT_BEGIN (&du, "$unset", &sub);
+      BSON_APPEND_UTF8 (&sub, "lane", "");
+      bson_append_document_end (&du, &sub);
+   }
+   if (!mongoc_collection_update_one (dels, &dq, &du, &opts, &reply, error)) {
+      bson_destroy (&reply);
+      ok = false;
+      goto done;
+   }
+   found = store_iter_int64 (&reply, "matchedCount") == 1;
+   bson_destroy (&reply);
+   if (!found)
+      goto done;
+   lu = BCON_NEW ("$pull", "{", "inFlight", BCON_OID (&t->ref->id), "}");
+   ok = mongoc_collection_update_one (lanes, lq, lu, &opts, NULL, error);
+   t->applied = ok;
+
+done:
+   if (lu)
+      bson_destroy (lu);
+   bson_destroy (lq);
+   bson_destroy (&opts);
+   bson_destroy (&dq);
+   bson_destroy (&du);
+   mongoc_collection_destroy (lanes);
+   mongoc_collection_destroy (dels);
+   return ok;
+}
+
+static bool
+settle (store_t *s, settle_t *t, bool *applied, bson_error_t *error)
+{
+   bool ok;
+
+   *applied = false;
+   if (!store_ref_lease (t->ref, &t->lease, error))
+      return false;
+   t->s = s;
+   t->client = mongoc_client_pool_pop (s->pool);
+   ok = store_with_txn (s, t->client, settle_cb, t, error);
+   mongoc_client_pool_push (s->pool, t->client);
+   if (ok)
+      *applied = t->applied;
+   if (ok && !t->applied)
+      log_debug ("store: %s with a stale lease %s changed nothing", settle_names[t->kind], t->ref->lease);
+   pthread_mutex_lock (&s->mu);
+   if (ok && t->kind == SETTLE_EXTEND && t->applied) {
+      store_lane_state_t *st = &s->lanes[t->lease.lane_id];
+      if (st->held && st->epoch == t->lease.epoch && st->expires < t->now + t->lease_ms)
+         st->expires = t->now + t->lease_ms;
+      store_issued_renew (s, &t->ref->id, t->lease.lane_id, t->lease.epoch, t->lease.claims, t->now + t->lease_ms);
+   } else if (ok && t->kind != SETTLE_EXTEND) {
+      store_issued_remove (s, &t->ref->id);
+   }
+   pthread_mutex_unlock (&s->mu);
+   return ok;
+}
+
+bool
+store_reschedule (store_t *s,
+                  const store_ref_t *ref,
+                  int64_t now,
+                  int64_t due_at,
+                  const char *last_error,
+                  bool *applied,
+                  bson_error_t *error)
+{
+   settle_t t = {.kind = SETTLE_RESCHEDULE, .ref = ref, .now = now, .due_at = due_at, .last_error = last_error};
+   return settle (s, &t, applied, error);
+}
+
+bool
+store_release (store_t *s, const store_ref_t *ref, int64_t now, bool *applied, bson_error_t *error)
+{
+   settle_t t = {.kind = SETTLE_RELEASE, .ref = ref, .now = now};
+   return settle (s, &t, applied, error);
+}
+
+bool
+store_bury (store_t *s, const store_ref_t *ref, int64_t now, const char *last_error, bool *applied, bson_error_t *error)
+{
+   settle_t t = {.kind = SETTLE_BURY, .ref = ref, .now = now, .last_error = last_error};
+   return settle (s, &t, applied, error);
+}
+
+bool
+store_extend_lease (store_t *s,
+                    const store_ref_t *ref,
+                    int64_t now,
+                    int64_t lease_ms,
+                    bool *applied,
+                    bson_error_t *error)
+{
+   settle_t t = {.kind = SETTLE_EXTEND, .ref = ref, .now = now, .lease_ms = lease_ms};
+   return settle (s, &t, applied, error);
+}
+
+/* -------------------------------------------------------- extendLeases */
+
+/* The refs of one lane and epoch, renewed in one transaction. */
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   uint32_t lane;
+   int64_t epoch;
+   const store_ref_t *refs;
+   const outbox_lease_t *leases;
+   const size_t *idx; /* indexes into refs of this group */
+   size_t n;
+   bool *applied; /* per ref (all refs) */
+   int64_t now, lease_ms;
+} renew_t;
+
+static bool
+renew_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   renew_t *r = ctx;
+   mongoc_collection_t *lanes = store_coll (r->s, r->client, OUTBOX_LANES_COLL);
+   mongoc_collection_t *dels = store_coll (r->s, r->client, OUTBOX_DELIVERIES);
+   bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, or_arr;
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lane), "epoch", BCON_INT64 (r->epoch));
+   bson_t *lane_doc = NULL, *lu = NULL;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   size_t n_applied = 0;
+   bool ok = true;
+
+   for (size_t i = 0; i < r->n; i++)
+      r->applied[r->idx[i]] = false;
+   store_session_opts (session, &opts);
+   cur = mongoc_collection_find_with_opts (lanes, lq, &opts, NULL);
+   if (mongoc_cursor_next (cur, &doc))
+      lane_doc = bson_copy (doc);
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (!ok || !lane_doc)
+      goto done;
+   /* The generation check of every ref: a stale lease never extends the
+    * lane of a newer claim, and one stale ref does not keep the others of
+    * the lane from being renewed. */
+   BSON_APPEND_ARRAY_BEGIN (&dq, "$or", &or_arr);
+   for (size_t i = 0; i < r->n; i++) {
+      char buf[16];
+      const char *key;
+      bson_t one;
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
+      BSON_APPEND_OID (&one, "_id", &r->refs[r->idx[i]].id);
+      BSON_APPEND_INT32 (&one, "laneId", (int32_t) r->lane);
+      BSON_APPEND_UTF8 (&one, "status", "pending");
+      store_append_claims_match (&one, r->leases[r->idx[i]].claims);
+      bson_append_document_end (&or_arr, &one);
+   }
+   bson_append_array_end (&dq, &or_arr);
+   cur = mongoc_collection_find_with_opts (dels, &dq, &opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      for (size_t i = 0; i < r->n; i++)
+         if (bson_oid_equal (bson_iter_oid (&it), &r->refs[r->idx[i]].id) &&
+             store_iter_int64 (doc, "claims") == r->leases[r->idx[i]].claims &&
+             store_array_has_oid (lane_doc, "inFlight", &r->refs[r->idx[i]].id) && !r->applied[r->idx[i]]) {
+            r->applied[r->idx[i]] = true;
+            n_applied++;
+         }
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (ok && n_applied > 0) {
+      lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (r->now + r->lease_ms), "}");
+      ok = mongoc_collection_update_one (lanes, lq, lu, &opts, NULL, error);
+   }
+   if (!ok)
+      for (size_t i = 0; i < r->n; i++)
+         r->applied[r->idx[i]] = false;
+
+done:
+   if (lu)
+      bson_destroy (lu);
+   if (lane_doc)
+      bson_destroy (lane_doc);
+   bson_destroy (lq);
+   bson_destroy (&dq);
+   bson_destroy (&opts);
+   mongoc_collection_destroy (lanes);
+   mongoc_collection_destroy (dels);
+   return ok;
+}
+
+bool
+store_extend_leases (store_t *s,
+                     const store_ref_t *refs,
+                     size_t n,
+                     int64_t now,
+                     int64_t lease_ms,
+                     bool *applied,
+                     bson_error_t *error)
+{
+   outbox_lease_t *leases;
+   bool *grouped;
+   size_t *idx;
+   mongoc_client_t *client;
+   bool ok = true;
+
+   for (size_t i = 0; i < n; i++)
+      applied[i] = false;
+   if (n == 0)
+      return true;
+   leases = bson_malloc0 (n * sizeof *leases);
+   grouped = bson_malloc0 (n * sizeof *grouped);
+   idx = bson_malloc0 (n * sizeof *idx);
+   for (size_t i = 0; i < n; i++)
+      grouped[i] = !(refs[i].lease && outbox_lease_parse (refs[i].lease, &leases[i])); /* refused without a call */
+   client = mongoc_client_pool_pop (s->pool);
+   for (size_t i = 0; i < n; i++) {
+      renew_t r = {.s = s, .client = client, .refs = refs, .leases = leases, .idx = idx, .applied = applied, .now = now, .lease_ms = lease_ms};
+      bson_error_t err;
+      if (grouped[i])
+         continue;
+      r.lane = leases[i].lane_id;
+      r.epoch = leases[i].epoch;
+      for (size_t j = i; j < n; j++)
+         if (!grouped[j] && leases[j].lane_id == r.lane && leases[j].epoch == r.epoch) {
+            grouped[j] = true;
+            idx[r.n++] = j;
+         }
+      if (!store_with_txn (s, client, renew_cb, &r, &err)) {
+         /* One lane failing does not keep the others from being renewed. */
+         if (ok && error)
+            *error = err;
+         ok = false;
+         for (size_t j = 0; j < r.n; j++)
+            applied[idx[j]] = false;
+         continue;
+      }
+      pthread_mutex_lock (&s->mu);
+      for (size_t j = 0; j < r.n; j++)
+         if (applied[idx[j]]) {
+            store_lane_state_t *st = &s->lanes[r.lane];
+            if (st->held && st->epoch == r.epoch && st->expires < now + lease_ms)
+               st->expires = now + lease_ms;
+            store_issued_renew (s, &refs[idx[j]].id, r.lane, r.epoch, leases[idx[j]].claims, now + lease_ms);
+         }
+      pthread_mutex_unlock (&s->mu);
+   }
+   mongoc_client_pool_push (s->pool, client);
+   bson_free (leases);
+   bson_free (grouped);
+   bson_free (idx);
+   return ok;
+}
+
+/* ------------------------------------------------------------ relinquish */
+
+bool
+store_relinquish (store_t *s, int64_t now, bson_error_t *error)
+{
+   mongoc_client_t *client;
+   mongoc_collection_t *lanes, *dels;
+   store_lane_state_t held[OUTBOX_LANES];
+   bool ok = true;
+   size_t n = 0;
+
+   (void) now;
+   pthread_mutex_lock (&s->claim_mu);
+   pthread_mutex_lock (&s->mu);
+   memcpy (held, s->lanes, sizeof held);
+   pthread_mutex_unlock (&s->mu);
+   client = mongoc_client_pool_pop (s->pool);
+   lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   dels = store_coll (s, client, OUTBOX_DELIVERIES);
+   for (uint32_t i = 0; i < OUTBOX_LANES; i++) {
+      bson_t *q, *u;
+      mongoc_cursor_t *cur;
+      const bson_t *doc;
+      store_oids_t ids = {0};
+      bson_t reply;
+      bson_error_t err;
+      bool found = false, step_ok = true;
+
+      if (!held[i].held)
+         continue;
+      /* Two writes, ordered so that no claim sees a gap: first the claim
+       * generation of every delivery the lane lists moves on (no attempt
+       * charged), while the lane is still ours and nobody else claims
+       * from it; only then is the lane emptied and handed back.  A claim
+       * of another worker after the hand-back therefore always reads the
+       * new generation, and a failure between the two leaves the lane
+       * held, to be taken over (and charged) after its lease.  Claims of
+       * this instance wait on claim_mu meanwhile. */
+      q = BCON_NEW ("_id", BCON_INT32 ((int32_t) i), "epoch", BCON_INT64 (held[i].epoch), "owner", BCON_UTF8 (s->owner));
+      cur = mongoc_collection_find_with_opts (lanes, q, NULL, NULL);
+      if (mongoc_cursor_next (cur, &doc)) {
+         found = true;
+         store_oids_from_array (&ids, doc, "inFlight");
+      }
+      if (mongoc_cursor_error (cur, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "handing back lane %u: %s", i, err.message);
+         ok = step_ok = false;
+      }
+      mongoc_cursor_destroy (cur);
+      if (step_ok && found && ids.n > 0) {
+         bson_t dq = BSON_INITIALIZER;
+         bson_t *du = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
+         store_append_oids_op (&dq, "_id", "$in", ids.v, ids.n);
+         if (!mongoc_collection_update_many (dels, &dq, du, NULL, NULL, &err)) {
+            store_set_error (error, STORE_ERROR_SERVER, "releasing lane %u: %s", i, err.message);
+            ok = step_ok = false;
+         }
+         bson_destroy (&dq);
+         bson_destroy (du);
+      }
+      if (step_ok && found) {
+         u = BCON_NEW ("$set", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]", "}");
+         if (!mongoc_collection_update_one (lanes, q, u, NULL, &reply, &err)) {
+            store_set_error (error, STORE_ERROR_SERVER, "handing back lane %u: %s", i, err.message);
+            ok = step_ok = false;
+         } else if (store_iter_int64 (&reply, "matchedCount") == 1) {
+            n++;
+         }
+         bson_destroy (&reply);
+         bson_destroy (u);
+      }
+      store_oids_free (&ids);
+      bson_destroy (q);
+      if (!step_ok)
+         continue; /* still held: its lease runs out, or a later call hands it back */
+      pthread_mutex_lock (&s->mu);
+      s->lanes[i].held = false;
+      store_issued_remove_lane (s, i);
+      pthread_mutex_unlock (&s->mu);
+   }
+   mongoc_collection_destroy (lanes);
+   mongoc_collection_destroy (dels);
+   mongoc_client_pool_push (s->pool, client);
+   pthread_mutex_unlock (&s->claim_mu);
+   log_info ("store: handed back %zu lane(s)", n);
+   return ok;
+}

@@ -1,0 +1,445 @@
+/*
+ * store/fleet.c - the `handlers` collection (one document per proxy
+ * instance), the backfill of a handler a proxy newly declares, and the
+ * retirement of handlers no live proxy declares (see store/fleet.h).
+ *
+ * What this file does not do: decide what is live, due for retirement or
+ * new; the dispatcher (dispatch/dispatch.c, with base/fleet.c's snapshot) decides and
+ * calls these.  Retirement buries through store_bury_ids, so it follows the
+ * operator bury's rules (a delivery a lane lists in flight is left to its
+ * worker).
+ */
+#include "store/fleet.h"
+#include "store/store_private.h"
+#include "store/views.h"
+
+#include <string.h>
+
+#include "base/log.h"
+
+/* Events read per backfill page and written per transaction. */
+#define FLEET_BACKFILL_PAGE 500
+/* Pages one backfill call reads at most (the window is a few heartbeats
+ * of events; this only bounds a pathological one). */
+#define FLEET_BACKFILL_MAX_PAGES 200
+/* The retirement lease: one document in the lanes collection, _id -2 (the
+ * purge lease is -1; lane queries name ids 0..255). */
+#define STORE_RETIRE_LEASE_ID (-2)
+
+bool
+store_fleet_announce (store_t *s, const bson_t *fields, int64_t now, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLERS);
+   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, set, opts = BSON_INITIALIZER;
+   bson_error_t err;
+   bool ok;
+
+   BSON_APPEND_UTF8 (&q, "_id", s->owner);
+   BSON_APPEND_DOCUMENT_BEGIN (&u, "$set", &set);
+   bson_concat (&set, fields);
+   BSON_APPEND_DATE_TIME (&set, "heartbeatAt", now);
+   bson_append_document_end (&u, &set);
+   BSON_APPEND_BOOL (&opts, "upsert", true);
+   ok = mongoc_collection_update_one (coll, &q, &u, &opts, NULL, &err);
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "announcing the handlers: %s", err.message);
+   bson_destroy (&q);
+   bson_destroy (&u);
+   bson_destroy (&opts);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_read (store_t *s, bson_t **docs, size_t max, size_t *n, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLERS);
+   bson_t q = BSON_INITIALIZER;
+   bson_t *opts = BCON_NEW ("limit", BCON_INT64 ((int64_t) max), "sort", "{", "_id", BCON_INT32 (1), "}");
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   *n = 0;
+   while (*n < max && mongoc_cursor_next (cur, &doc))
+      docs[(*n)++] = bson_copy (doc);
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reading the fleet's handlers: %s", err.message);
+      for (size_t i = 0; i < *n; i++)
+         bson_destroy (docs[i]);
+      *n = 0;
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   bson_destroy (&q);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_forget (store_t *s, int64_t before, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLERS);
+   bson_t *q = BCON_NEW ("heartbeatAt", "{", "$lt", BCON_DATE_TIME (before), "}", "_id", "{", "$ne", BCON_UTF8 (s->owner), "}");
+   bson_error_t err;
+   bool ok = mongoc_collection_delete_many (coll, q, NULL, NULL, &err);
+
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "forgetting silent instances: %s", err.message);
+   bson_destroy (q);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_lease (store_t *s, int64_t now, int64_t lease_ms, bool *leased, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   bool ok = store_doc_lease (
+      s, client, STORE_RETIRE_LEASE_ID, "retireOwner", "retireLeaseExpiresAt", "retirement", now, lease_ms, leased, error);
+
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_lease_release (store_t *s, int64_t now, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 (STORE_RETIRE_LEASE_ID), "retireOwner", BCON_UTF8 (s->owner));
+   bson_t *u = BCON_NEW ("$set", "{", "retireLeaseExpiresAt", BCON_DATE_TIME (now), "}");
+   bson_error_t err;
+   bool ok = mongoc_collection_update_one (lanes, q, u, NULL, NULL, &err);
+
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "handing the retirement lease back: %s", err.message);
+   bson_destroy (u);
+   bson_destroy (q);
+   mongoc_collection_destroy (lanes);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_pending_handlers (store_t *s, char ***names, size_t *n, size_t max, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_DELIVERIES);
+   /* Without a query the server answers from the handler_created index
+    * (one probe per name) instead of reading every pending delivery; a
+    * name with only dead deliveries costs one empty retirement batch. */
+   bson_t *cmd = BCON_NEW ("distinct", BCON_UTF8 (mongoc_collection_get_name (coll)), "key", BCON_UTF8 ("handler"));
+   bson_t reply;
+   bson_iter_t it, arr;
+   bson_error_t err;
+   bool ok;
+
+   *names = NULL;
+   *n = 0;
+   ok = mongoc_collection_read_command_with_opts (coll, cmd, NULL, NULL, &reply, &err);
+   if (!ok) {
+      store_set_error (error, STORE_ERROR_SERVER, "handlers with pending deliveries: %s", err.message);
+   } else if (bson_iter_init_find (&it, &reply, "values") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr)) {
+      size_t cap = 0;
+
+      while (bson_iter_next (&arr) && *n < max) {
+         if (!BSON_ITER_HOLDS_UTF8 (&arr))
+            continue;
+         if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            *names = bson_realloc (*names, cap * sizeof **names);
+         }
+         (*names)[(*n)++] = bson_strdup (bson_iter_utf8 (&arr, NULL));
+      }
+   }
+   bson_destroy (&reply);
+   bson_destroy (cmd);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_retire (store_t *s,
+                    const char *handler,
+                    const char *reason,
+                    int64_t now,
+                    size_t batch,
+                    size_t *n_buried,
+                    bool *more,
+                    bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_DELIVERIES);
+   bson_t *q = BCON_NEW ("handler", BCON_UTF8 (handler), "status", BCON_UTF8 ("pending"));
+   bson_t *opts = BCON_NEW ("projection", "{", "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 ((int64_t) batch));
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
+   char (*hex)[25] = bson_malloc0 ((batch ? batch : 1) * sizeof *hex);
+   const char **ids = bson_malloc0 ((batch ? batch : 1) * sizeof *ids);
+   const bson_t *doc;
+   bson_error_t err;
+   size_t n = 0;
+   bool ok = true;
+
+   *n_buried = 0;
+   *more = false;
+   while (n < batch && mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+
+      if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_OID (&it)) {
+         bson_oid_to_string (bson_iter_oid (&it), hex[n]);
+         ids[n] = hex[n];
+         n++;
+      }
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "retiring %s: %s", handler, err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   if (ok && n > 0) {
+      ok = store_bury_ids (s, ids, n, now, reason, n_buried, error);
+      *more = ok && n == batch && *n_buried > 0;
+   }
+   bson_free (ids);
+   bson_free (hex);
+   bson_destroy (opts);
+   bson_destroy (q);
+   return ok;
+}
+
+/* ------------------------------------------------------------- backfill */
+
+static bool
+pattern_matches (const char *const *patterns, size_t n, const char *type)
+{
+   for (size_t i = 0; i < n; i++) {
+      size_t len = strlen (patterns[i]);
+
+      if (len > 0 && patterns[i][len - 1] == '*' ? strncmp (type, patterns[i], len - 1) == 0 : strcmp (type, patterns[i]) == 0)
+         return true;
+   }
+   return false;
+}
+
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   const char *handler;
+   const char *const *ids;
+   size_t n_ids;
+   int64_t now;
+   size_t added;
+} backfill_t;
+
+/* In one transaction: the candidates that still lack the handler get it
+ * and a delivery.  A publish adding the handler meanwhile conflicts, and
+ * the transaction runs again against what it wrote. */
+static bool
+backfill_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   backfill_t *b = ctx;
+   mongoc_collection_t *events = store_coll (b->s, b->client, OUTBOX_EVENTS);
+   mongoc_collection_t *dels = store_coll (b->s, b->client, OUTBOX_DELIVERIES);
+   bson_t opts = BSON_INITIALIZER, q = BSON_INITIALIZER, in, ne, uq = BSON_INITIALIZER, uin;
+   bson_t *fopts = NULL, *u = NULL;
+   bson_t **docs = bson_malloc0 ((b->n_ids ? b->n_ids : 1) * sizeof *docs);
+   size_t n_docs = 0;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bool ok = true;
+
+   b->added = 0;
+   store_session_opts (session, &opts);
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &in);
+   BSON_APPEND_ARRAY_BEGIN (&in, "$in", &ne);
+   for (size_t i = 0; i < b->n_ids; i++) {
+      char idx[16];
+      const char *k;
+
+      bson_uint32_to_string ((uint32_t) i, &k, idx, sizeof idx);
+      BSON_APPEND_UTF8 (&ne, k, b->ids[i]);
+   }
+   bson_append_array_end (&in, &ne);
+   bson_append_document_end (&q, &in);
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "handlers", &ne);
+   BSON_APPEND_UTF8 (&ne, "$ne", b->handler);
+   bson_append_document_end (&q, &ne);
+   fopts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "notBefore", BCON_INT32 (1), "}");
+   bson_concat (fopts, &opts);
+   cur = mongoc_collection_find_with_opts (events, &q, fopts, NULL);
+   BSON_APPEND_DOCUMENT_BEGIN (&uq, "_id", &in);
+   BSON_APPEND_ARRAY_BEGIN (&in, "$in", &uin);
+   while (n_docs < b->n_ids && mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, "_id");
+      const char *type = store_iter_utf8 (doc, "type");
+      const char *key = store_iter_utf8 (doc, "key");
+      bson_iter_t it;
+      bson_oid_t oid;
+      bson_t *d;
+      char idx[16];
+      const char *k;
+
+      if (!id || !type)
+         continue;
+      bson_uint32_to_string ((uint32_t) n_docs, &k, idx, sizeof idx);
+      BSON_APPEND_UTF8 (&uin, k, id);
+      d = bson_new ();
+      bson_oid_init (&oid, NULL);
+      BSON_APPEND_OID (d, "_id", &oid);
+      BSON_APPEND_UTF8 (d, "eventId", id);
+      BSON_APPEND_UTF8 (d, "handler", b->handler);
+      BSON_APPEND_UTF8 (d, "eventType", type);
+      if (key) {
+         BSON_APPEND_UTF8 (d, "key", key);
+         if (bson_iter_init_find (&it, doc, "sequence") && BSON_ITER_HOLDS_NUMBER (&it))
+            BSON_APPEND_INT64 (d, "sequence", bson_iter_as_int64 (&it));
+      }
+      BSON_APPEND_INT32 (d, "laneId", (int32_t) outbox_lane_id (key, id));
+      BSON_APPEND_UTF8 (d, "lane", "ready");
+      BSON_APPEND_UTF8 (d, "status", "pending");
+      BSON_APPEND_INT32 (d, "attempts", 0);
+      BSON_APPEND_INT32 (d, "claims", 0);
+      if (bson_iter_init_find (&it, doc, "notBefore") && BSON_ITER_HOLDS_DATE_TIME (&it))
+         BSON_APPEND_DATE_TIME (d, "dueAt", bson_iter_date_time (&it));
+      else
+         BSON_APPEND_DATE_TIME (d, "dueAt", b->now);
+      BSON_APPEND_DATE_TIME (d, "createdAt", b->now);
+      docs[n_docs++] = d;
+   }
+   bson_append_array_end (&in, &uin);
+   bson_append_document_end (&uq, &in);
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (!ok || n_docs == 0)
+      goto done;
+   u = BCON_NEW ("$addToSet", "{", "handlers", BCON_UTF8 (b->handler), "}");
+   if (!mongoc_collection_update_many (events, &uq, u, &opts, NULL, error) ||
+       !mongoc_collection_insert_many (dels, (const bson_t **) docs, n_docs, &opts, NULL, error)) {
+      ok = false;
+      goto done;
+   }
+   b->added = n_docs;
+
+done:
+   for (size_t i = 0; i < n_docs; i++)
+      bson_destroy (docs[i]);
+   bson_free (docs);
+   if (u)
+      bson_destroy (u);
+   if (fopts)
+      bson_destroy (fopts);
+   bson_destroy (&opts);
+   bson_destroy (&q);
+   bson_destroy (&uq);
+   mongoc_collection_destroy (events);
+   mongoc_collection_destroy (dels);
+   return ok;
+}
+
+bool
+store_fleet_backfill (store_t *s,
+                      const char *handler,
+                      const char *const *patterns,
+                      size_t n_patterns,
+                      int64_t since,
+                      int64_t now,
+                      size_t *n_added,
+                      bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *events = store_coll (s, client, OUTBOX_EVENTS);
+   char *ids[FLEET_BACKFILL_PAGE];
+   bson_value_t after_id = {0};
+   int64_t after_created = 0;
+   bool have_after = false, ok = true;
+
+   *n_added = 0;
+   for (int page = 0; ok && page < FLEET_BACKFILL_MAX_PAGES; page++) {
+      bson_t q = BSON_INITIALIZER, sub;
+      bson_t *opts = BCON_NEW ("projection",
+                               "{",
+                               "type",
+                               BCON_INT32 (1),
+                               "createdAt",
+                               BCON_INT32 (1),
+                               "}",
+                               "sort",
+                               "{",
+                               "createdAt",
+                               BCON_INT32 (1),
+                               "_id",
+                               BCON_INT32 (1),
+                               "}",
+                               "limit",
+                               BCON_INT64 (FLEET_BACKFILL_PAGE));
+      mongoc_cursor_t *cur;
+      const bson_t *doc;
+      size_t seen = 0, n_ids = 0;
+      bson_error_t err;
+
+      BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
+      BSON_APPEND_DATE_TIME (&sub, "$gte", since);
+      bson_append_document_end (&q, &sub);
+      BSON_APPEND_DOCUMENT_BEGIN (&q, "handlers", &sub);
+      BSON_APPEND_UTF8 (&sub, "$ne", handler);
+      bson_append_document_end (&q, &sub);
+      if (have_after)
+         store_append_after_key (&q, after_created, &after_id);
+      cur = mongoc_collection_find_with_opts (events, &q, opts, NULL);
+      while (mongoc_cursor_next (cur, &doc)) {
+         const char *id = store_iter_utf8 (doc, "_id");
+         const char *type = store_iter_utf8 (doc, "type");
+         bson_iter_t it;
+
+         seen++;
+         if (bson_iter_init_find (&it, doc, "_id")) {
+            if (have_after)
+               bson_value_destroy (&after_id);
+            bson_value_copy (bson_iter_value (&it), &after_id);
+            after_created = store_iter_date (doc, "createdAt");
+            have_after = true;
+         }
+         if (id && type && pattern_matches (patterns, n_patterns, type))
+            ids[n_ids++] = bson_strdup (id);
+      }
+      if (mongoc_cursor_error (cur, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "backfilling %s: %s", handler, err.message);
+         ok = false;
+      }
+      mongoc_cursor_destroy (cur);
+      bson_destroy (opts);
+      bson_destroy (&q);
+      if (ok && n_ids > 0) {
+         backfill_t b = {s, client, handler, (const char *const *) ids, n_ids, now, 0};
+
+         if (store_with_txn (s, client, backfill_cb, &b, &err))
+            *n_added += b.added;
+         else {
+            store_set_error (error, STORE_ERROR_SERVER, "backfilling %s: %s", handler, err.message);
+            ok = false;
+         }
+      }
+      for (size_t i = 0; i < n_ids; i++)
+         bson_free (ids[i]);
+      if (seen < FLEET_BACKFILL_PAGE)
+         break;
+   }
+   if (have_after)
+      bson_value_destroy (&after_id);
+   mongoc_collection_destroy (events);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}

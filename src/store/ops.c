@@ -1,0 +1,741 @@
+/*
+ * store/ops.c - operator actions and views: requeue, purge with
+ * retention, statistics and listDeliveries.
+ *
+ * Inputs from an admin request reach queries only as strings (or as
+ * ObjectIds parsed from strings), never as documents, so they cannot become
+ * query operators.  Purge deletes each batch of deliveries or history
+ * records together with the events nothing references any more, in one
+ * transaction, so a delivery never loses its event.
+ */
+#include "store/store.h"
+#include "store/store_private.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+
+/* --------------------------------------------------------------- requeue */
+
+bool
+store_requeue (store_t *s, const char *const *ids, size_t n, int64_t now, size_t *n_requeued, bson_error_t *error)
+{
+   store_oids_t oids = {0};
+   mongoc_client_t *client;
+   mongoc_collection_t *dels;
+   bson_t q = BSON_INITIALIZER, reply;
+   bson_t *u;
+   bson_error_t err;
+   bool ok = true;
+
+   *n_requeued = 0;
+   store_oids_from_strings (&oids, ids, n);
+   if (oids.n == 0)
+      return true;
+   client = mongoc_client_pool_pop (s->pool);
+   dels = store_coll (s, client, OUTBOX_DELIVERIES);
+   store_append_oids_op (&q, "_id", "$in", oids.v, oids.n);
+   BSON_APPEND_UTF8 (&q, "status", "dead");
+   /* Attempts start over; the generation moves on so no earlier lease of it
+    * can match.  Pending again with a lower sequence, it blocks the later
+    * deliveries of its key that have not been claimed yet. */
+   u = BCON_NEW ("$set",
+                 "{",
+                 "status",
+                 BCON_UTF8 ("pending"),
+                 "lane",
+                 BCON_UTF8 ("ready"),
+                 "dueAt",
+                 BCON_DATE_TIME (now),
+                 "updatedAt",
+                 BCON_DATE_TIME (now),
+                 "attempts",
+                 BCON_INT32 (0),
+                 "}",
+                 "$inc",
+                 "{",
+                 "claims",
+                 BCON_INT32 (1),
+                 "}");
+   if (!mongoc_collection_update_many (dels, &q, u, NULL, &reply, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "requeue: %s", err.message);
+      ok = false;
+   } else {
+      *n_requeued = (size_t) store_iter_int64 (&reply, "modifiedCount");
+   }
+   bson_destroy (&reply);
+   bson_destroy (u);
+   bson_destroy (&q);
+   mongoc_collection_destroy (dels);
+   mongoc_client_pool_push (s->pool, client);
+   store_oids_free (&oids);
+   return ok;
+}
+
+/* ----------------------------------------------------------------- purge */
+
+/* A growable list of strings. */
+typedef struct {
+   char **v;
+   size_t n, cap;
+} strs_t;
+
+static void
+strs_push (strs_t *l, const char *str)
+{
+   for (size_t i = 0; i < l->n; i++)
+      if (!strcmp (l->v[i], str))
+         return;
+   if (l->n == l->cap) {
+      l->cap = l->cap ? l->cap * 2 : 64;
+      l->v = bson_realloc (l->v, l->cap * sizeof *l->v);
+   }
+   l->v[l->n++] = bson_strdup (str);
+}
+
+static bool
+strs_has (const strs_t *l, const char *str)
+{
+   for (size_t i = 0; i < l->n; i++)
+      if (!strcmp (l->v[i], str))
+         return true;
+   return false;
+}
+
+static void
+strs_free (strs_t *l)
+{
+   for (size_t i = 0; i < l->n; i++)
+      bson_free (l->v[i]);
+   bson_free (l->v);
+   memset (l, 0, sizeof *l);
+}
+
+static void
+append_strs_in (bson_t *q, const char *field, const strs_t *l)
+{
+   bson_t sub, arr;
+   char buf[16];
+   const char *key;
+
+   BSON_APPEND_DOCUMENT_BEGIN (q, field, &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (size_t i = 0; i < l->n; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, l->v[i]);
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (q, &sub);
+}
+
+typedef struct {
+   store_t *s;
+   mongoc_client_t *client;
+   const store_purge_opts_t *o;
+   int64_t min_cutoff;
+   /* this batch */
+   outbox_collection_t from; /* OUTBOX_DELIVERIES, OUTBOX_COMPLETED or OUTBOX_EVENTS */
+   store_oids_t ids;
+   strs_t event_ids;
+   int64_t deleted, events_deleted;
+} purge_t;
+
+/* Collects into `into` the values of `field` of the documents matching
+ * {field: {$in: events}} in `which`. */
+static bool
+referenced (purge_t *p,
+            mongoc_collection_t *coll,
+            const bson_t *opts_in,
+            const char *field,
+            strs_t *into,
+            bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER;
+   bson_t *opts = bson_copy (opts_in);
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bool ok = true;
+
+   append_strs_in (&q, field, &p->event_ids);
+   cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *v = store_iter_utf8 (doc, field);
+      if (v)
+         strs_push (into, v);
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   bson_destroy (&q);
+   bson_destroy (opts);
+   return ok;
+}
+
+/* Deletes the batch (deliveries or history records), then the events of
+ * p->event_ids that nothing references any more: an event that had a
+ * completion is kept until completed_before passes its completedAt; one
+ * that never had one goes once created before the earliest cutoff. */
+static bool
+purge_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+{
+   purge_t *p = ctx;
+   mongoc_collection_t *dels = store_coll (p->s, p->client, OUTBOX_DELIVERIES);
+   mongoc_collection_t *events = store_coll (p->s, p->client, OUTBOX_EVENTS);
+   mongoc_collection_t *hist = p->s->completion_history ? store_coll (p->s, p->client, OUTBOX_COMPLETED) : NULL;
+   bson_t opts = BSON_INITIALIZER, q = BSON_INITIALIZER, eq = BSON_INITIALIZER, reply;
+   strs_t refs = {0}, gone = {0};
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bool ok = true;
+
+   p->deleted = p->events_deleted = 0;
+   store_session_opts (session, &opts);
+   if (p->from != OUTBOX_EVENTS && p->ids.n > 0) {
+      store_append_oids_op (&q, "_id", "$in", p->ids.v, p->ids.n);
+      if (p->from == OUTBOX_DELIVERIES)
+         BSON_APPEND_UTF8 (&q, "status", "dead");
+      ok = mongoc_collection_delete_many (p->from == OUTBOX_DELIVERIES ? dels : hist, &q, &opts, &reply, error);
+      if (ok)
+         p->deleted = store_iter_int64 (&reply, "deletedCount");
+      bson_destroy (&reply);
+   }
+   if (!ok || p->event_ids.n == 0)
+      goto done;
+   {
+      bson_t *proj = BCON_NEW ("projection", "{", "eventId", BCON_INT32 (1), "}");
+      bson_concat (proj, &opts);
+      ok = referenced (p, dels, proj, "eventId", &refs, error) && (!hist || referenced (p, hist, proj, "eventId", &refs, error));
+      bson_destroy (proj);
+   }
+   if (!ok)
+      goto done;
+   append_strs_in (&eq, "_id", &p->event_ids);
+   cur = mongoc_collection_find_with_opts (events, &eq, &opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, "_id");
+      int64_t completed = store_iter_date (doc, "completedAt");
+      bool del;
+      if (!id || strs_has (&refs, id))
+         continue;
+      if (completed)
+         del = p->o->completed_before > 0 && completed < p->o->completed_before;
+      else
+         del = store_iter_date (doc, "createdAt") < p->min_cutoff;
+      if (del)
+         strs_push (&gone, id);
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (ok && gone.n > 0) {
+      bson_t dq = BSON_INITIALIZER;
+      append_strs_in (&dq, "_id", &gone);
+      ok = mongoc_collection_delete_many (events, &dq, &opts, &reply, error);
+      if (ok)
+         p->events_deleted = store_iter_int64 (&reply, "deletedCount");
+      bson_destroy (&reply);
+      bson_destroy (&dq);
+   }
+
+done:
+   strs_free (&refs);
+   strs_free (&gone);
+   bson_destroy (&opts);
+   bson_destroy (&q);
+   bson_destroy (&eq);
+   mongoc_collection_destroy (dels);
+   mongoc_collection_destroy (events);
+   mongoc_collection_destroy (hist);
+   return ok;
+}
+
+/* Reads the next batch of `coll` matching q into p (ids and event ids). */
+static bool
+next_batch (purge_t *p, mongoc_collection_t *coll, const bson_t *q, const char *event_field, bson_error_t *error)
+{
+   bson_t *opts = BCON_NEW ("limit", BCON_INT64 (p->s->purge_batch), "projection", "{", event_field, BCON_INT32 (1), "}");
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   store_oids_free (&p->ids);
+   strs_free (&p->event_ids);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      const char *ev = store_iter_utf8 (doc, event_field);
+      if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_OID (&it))
+         store_oids_push (&p->ids, bson_iter_oid (&it));
+      if (ev)
+         strs_push (&p->event_ids, ev);
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   return ok;
+}
+
+/* Deletes the records of `from` (deliveries or completion history)
+ * matching q, a batch per transaction, with the events only they
+ * referenced; adds what went to *deleted and *events. */
+static bool
+purge_records (purge_t *p, outbox_collection_t from, const bson_t *q, int64_t *deleted, int64_t *events, bson_error_t *error)
+{
+   mongoc_collection_t *coll = store_coll (p->s, p->client, from);
+   bool ok = true;
+
+   p->from = from;
+   while (ok && (ok = next_batch (p, coll, q, "eventId", error)) && p->ids.n > 0) {
+      ok = store_with_txn (p->s, p->client, purge_cb, p, error);
+      *deleted += p->deleted;
+      *events += p->events_deleted;
+      if (p->deleted == 0)
+         break;
+   }
+   mongoc_collection_destroy (coll);
+   return ok;
+}
+
+bool
+store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, bson_error_t *error)
+{
+   purge_t p = {0};
+   mongoc_collection_t *coll = NULL;
+   bool ok = true;
+
+   memset (r, 0, sizeof *r);
+   p.s = s;
+   p.o = o;
+   p.min_cutoff = o->dead_before;
+   if (o->completed_before > 0 && (p.min_cutoff == 0 || o->completed_before < p.min_cutoff))
+      p.min_cutoff = o->completed_before;
+   if (p.min_cutoff == 0)
+      return true;
+   p.client = mongoc_client_pool_pop (s->pool);
+
+   if (o->dead_before > 0) {
+      bson_t *q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o->dead_before), "}");
+      ok = purge_records (&p, OUTBOX_DELIVERIES, q, &r->dead, &r->events, error);
+      bson_destroy (q);
+   }
+   if (ok && o->completed_before > 0 && s->completion_history) {
+      bson_t *q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o->completed_before), "}");
+      ok = purge_records (&p, OUTBOX_COMPLETED, q, &r->completed, &r->events, error);
+      bson_destroy (q);
+   }
+   if (ok) {
+      /* Events nothing references, created before the earliest cutoff, in
+       * (createdAt, _id) order, one batch per transaction; the next batch
+       * starts after the last one read, so memory stays one batch. */
+      bson_t *opts = BCON_NEW ("sort",
+                               "{",
+                               "createdAt",
+                               BCON_INT32 (1),
+                               "_id",
+                               BCON_INT32 (1),
+                               "}",
+                               "projection",
+                               "{",
+                               "_id",
+                               BCON_INT32 (1),
+                               "createdAt",
+                               BCON_INT32 (1),
+                               "}",
+                               "limit",
+                               BCON_INT64 (s->purge_batch));
+      int64_t last_created = 0;
+      char *last_id = NULL;
+
+      coll = store_coll (s, p.client, OUTBOX_EVENTS);
+      p.from = OUTBOX_EVENTS;
+      store_oids_free (&p.ids);
+      for (;;) {
+         bson_t q = BSON_INITIALIZER, sub;
+         mongoc_cursor_t *cur;
+         const bson_t *doc;
+         bson_error_t err;
+
+         BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
+         BSON_APPEND_DATE_TIME (&sub, "$lt", p.min_cutoff);
+         bson_append_document_end (&q, &sub);
+         if (last_id) {
+            bson_value_t id = {.value_type = BSON_TYPE_UTF8};
+            id.value.v_utf8.str = last_id;
+            id.value.v_utf8.len = (uint32_t) strlen (last_id);
+            store_append_after_key (&q, last_created, &id);
+         }
+         strs_free (&p.event_ids);
+         cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+         while (mongoc_cursor_next (cur, &doc)) {
+            const char *id = store_iter_utf8 (doc, "_id");
+            if (!id)
+               continue;
+            strs_push (&p.event_ids, id);
+            bson_free (last_id);
+            last_id = bson_strdup (id);
+            last_created = store_iter_date (doc, "createdAt");
+         }
+         if (mongoc_cursor_error (cur, &err)) {
+            store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
+            ok = false;
+         }
+         mongoc_cursor_destroy (cur);
+         bson_destroy (&q);
+         if (!ok || p.event_ids.n == 0)
+            break;
+         ok = store_with_txn (s, p.client, purge_cb, &p, error);
+         r->events += p.events_deleted;
+         if (!ok || p.event_ids.n < (size_t) s->purge_batch)
+            break;
+      }
+      bson_free (last_id);
+      bson_destroy (opts);
+      mongoc_collection_destroy (coll);
+   }
+   store_oids_free (&p.ids);
+   strs_free (&p.event_ids);
+   mongoc_client_pool_push (s->pool, p.client);
+   if (ok)
+      log_info ("store: purged %" PRId64 " dead deliveries, %" PRId64 " completion records, %" PRId64 " events",
+                r->dead,
+                r->completed,
+                r->events);
+   return ok;
+}
+
+/* ----------------------------------------------------- scheduled purge */
+
+/* The purge lease: the lanes collection's document _id -1, holding
+ * purgeOwner and purgeLeaseExpiresAt (store_doc_lease). */
+#define STORE_PURGE_LEASE_ID (-1)
+
+enum {
+   PURGE_PHASE_DEAD,
+   PURGE_PHASE_HISTORY,
+   PURGE_PHASE_EVENTS,
+};
+
+/* One batch of the events phase: events created before the later cutoff
+ * (an event's completedAt is never before its createdAt), after the
+ * run's keyset position in (createdAt, _id) order; purge_cb deletes those
+ * nothing references whose retention has passed.  *full: the batch was
+ * full, so more may follow. */
+static bool
+purge_events_batch (purge_t *p, store_purge_run_t *run, bool *full, bson_error_t *error)
+{
+   int64_t cutoff = run->dead_before > run->completed_before ? run->dead_before : run->completed_before;
+   mongoc_collection_t *coll = store_coll (p->s, p->client, OUTBOX_EVENTS);
+   bson_t *opts = BCON_NEW ("sort",
+                            "{",
+                            "createdAt",
+                            BCON_INT32 (1),
+                            "_id",
+                            BCON_INT32 (1),
+                            "}",
+                            "projection",
+                            "{",
+                            "_id",
+                            BCON_INT32 (1),
+                            "createdAt",
+                            BCON_INT32 (1),
+                            "}",
+                            "limit",
+                            BCON_INT64 (p->s->purge_batch));
+   bson_t q = BSON_INITIALIZER, sub;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   *full = false;
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lt", cutoff);
+   bson_append_document_end (&q, &sub);
+   if (run->after_id) {
+      bson_value_t id = {.value_type = BSON_TYPE_UTF8};
+      id.value.v_utf8.str = run->after_id;
+      id.value.v_utf8.len = (uint32_t) strlen (run->after_id);
+      store_append_after_key (&q, run->after_created, &id);
+   }
+   strs_free (&p->event_ids);
+   store_oids_free (&p->ids);
+   cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, "_id");
+      if (!id)
+         continue;
+      strs_push (&p->event_ids, id);
+      bson_free (run->after_id);
+      run->after_id = bson_strdup (id);
+      run->after_created = store_iter_date (doc, "createdAt");
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   if (ok && p->event_ids.n > 0) {
+      p->from = OUTBOX_EVENTS;
+      ok = store_with_txn (p->s, p->client, purge_cb, p, error);
+      *full = ok && p->event_ids.n >= (size_t) p->s->purge_batch;
+   }
+   bson_destroy (&q);
+   bson_destroy (opts);
+   mongoc_collection_destroy (coll);
+   return ok;
+}
+
+/* One batch of dead deliveries or completion history records matching q,
+ * with the events only they referenced.  *full: the batch was full and
+ * removed something, so more may follow. */
+static bool
+purge_records_batch (purge_t *p, outbox_collection_t from, const bson_t *q, bool *full, bson_error_t *error)
+{
+   mongoc_collection_t *coll = store_coll (p->s, p->client, from);
+   bool ok;
+
+   *full = false;
+   p->from = from;
+   p->deleted = p->events_deleted = 0;
+   ok = next_batch (p, coll, q, "eventId", error);
+   if (ok && p->ids.n > 0) {
+      ok = store_with_txn (p->s, p->client, purge_cb, p, error);
+      *full = ok && p->deleted > 0 && p->ids.n >= (size_t) p->s->purge_batch;
+   }
+   mongoc_collection_destroy (coll);
+   return ok;
+}
+
+bool
+store_purge_step (store_t *s,
+                  store_purge_run_t *run,
+                  int64_t now,
+                  int64_t lease_ms,
+                  store_purge_step_result_t *r,
+                  bson_error_t *error)
+{
+   store_purge_opts_t o = {.dead_before = run->dead_before, .completed_before = run->completed_before};
+   purge_t p = {0};
+   bool ok, full = false;
+
+   memset (r, 0, sizeof *r);
+   p.s = s;
+   p.o = &o;
+   p.min_cutoff = o.dead_before;
+   if (o.completed_before > 0 && (p.min_cutoff == 0 || o.completed_before < p.min_cutoff))
+      p.min_cutoff = o.completed_before;
+   if (p.min_cutoff == 0) {
+      r->leased = r->done = true;
+      return true;
+   }
+   p.client = mongoc_client_pool_pop (s->pool);
+   ok = store_doc_lease (s, p.client, STORE_PURGE_LEASE_ID, "purgeOwner", "purgeLeaseExpiresAt", "purge", now, lease_ms,
+                         &r->leased, error);
+   if (!ok || !r->leased)
+      goto done;
+
+   if (run->phase == PURGE_PHASE_DEAD) {
+      if (o.dead_before > 0) {
+         bson_t *q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o.dead_before), "}");
+         ok = purge_records_batch (&p, OUTBOX_DELIVERIES, q, &full, error);
+         r->dead = p.deleted;
+         r->events = p.events_deleted;
+         bson_destroy (q);
+      }
+      if (ok && !full)
+         run->phase = PURGE_PHASE_HISTORY;
+   } else if (run->phase == PURGE_PHASE_HISTORY) {
+      if (o.completed_before > 0 && s->completion_history) {
+         bson_t *q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o.completed_before), "}");
+         ok = purge_records_batch (&p, OUTBOX_COMPLETED, q, &full, error);
+         r->completed = p.deleted;
+         r->events = p.events_deleted;
+         bson_destroy (q);
+      }
+      if (ok && !full)
+         run->phase = PURGE_PHASE_EVENTS;
+   } else {
+      p.events_deleted = 0;
+      ok = purge_events_batch (&p, run, &full, error);
+      r->events = p.events_deleted;
+      if (ok && !full)
+         r->done = true;
+   }
+
+done:
+   store_oids_free (&p.ids);
+   strs_free (&p.event_ids);
+   mongoc_client_pool_push (s->pool, p.client);
+   if (r->done || !r->leased || !ok)
+      store_purge_run_clear (run);
+   return ok;
+}
+
+void
+store_purge_run_clear (store_purge_run_t *run)
+{
+   if (!run)
+      return;
+   bson_free (run->after_id);
+   memset (run, 0, sizeof *run);
+}
+
+/* ------------------------------------------------------------ statistics */
+
+bool
+store_statistics (store_t *s, int64_t now, store_stats_t *st, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *dels = store_coll (s, client, OUTBOX_DELIVERIES);
+   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   bson_t *pipeline = BCON_NEW ("pipeline",
+                                "[",
+                                "{",
+                                "$group",
+                                "{",
+                                "_id",
+                                "{",
+                                "s",
+                                BCON_UTF8 ("$status"),
+                                "l",
+                                BCON_UTF8 ("$lane"),
+                                "}",
+                                "n",
+                                "{",
+                                "$sum",
+                                BCON_INT32 (1),
+                                "}",
+                                "}",
+                                "}",
+                                "]");
+   bson_t *oq = BCON_NEW ("status", BCON_UTF8 ("pending"));
+   bson_t *oopts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "}", "limit", BCON_INT64 (1));
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   memset (st, 0, sizeof *st);
+   cur = mongoc_collection_aggregate (dels, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it, id;
+      const char *status = NULL, *lane = NULL;
+      int64_t n = store_iter_int64 (doc, "n");
+      if (bson_iter_init_find (&it, doc, "_id") && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &id))
+         while (bson_iter_next (&id)) {
+            if (!strcmp (bson_iter_key (&id), "s") && BSON_ITER_HOLDS_UTF8 (&id))
+               status = bson_iter_utf8 (&id, NULL);
+            if (!strcmp (bson_iter_key (&id), "l") && BSON_ITER_HOLDS_UTF8 (&id))
+               lane = bson_iter_utf8 (&id, NULL);
+         }
+      if (status && !strcmp (status, "pending")) {
+         st->pending += n;
+         if (lane && !strcmp (lane, "parked"))
+            st->parked += n;
+      } else if (status && !strcmp (status, "dead")) {
+         st->dead += n;
+      } else if (status && !strcmp (status, "completed")) {
+         st->completed += n;
+      }
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "statistics: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+
+   cur = mongoc_collection_find_with_opts (dels, oq, oopts, NULL);
+   if (ok && mongoc_cursor_next (cur, &doc))
+      st->oldest_due_at = store_iter_date (doc, "dueAt");
+   mongoc_cursor_destroy (cur);
+
+   cur = mongoc_collection_find_with_opts (lanes, &(bson_t) BSON_INITIALIZER, NULL, NULL);
+   while (ok && mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it, child;
+      if (!store_iter_utf8 (doc, "owner") || store_iter_date (doc, "leaseExpiresAt") <= now)
+         continue;
+      st->lanes_owned++;
+      if (bson_iter_init_find (&it, doc, "inFlight") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &child))
+         while (bson_iter_next (&child))
+            st->running++;
+   }
+   if (ok && mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "statistics: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+
+   if (ok && s->completion_history) {
+      mongoc_collection_t *hist = store_coll (s, client, OUTBOX_COMPLETED);
+      int64_t n = mongoc_collection_count_documents (hist, &(bson_t) BSON_INITIALIZER, NULL, NULL, NULL, &err);
+      if (n < 0) {
+         store_set_error (error, STORE_ERROR_SERVER, "statistics: %s", err.message);
+         ok = false;
+      } else {
+         st->completed += n;
+      }
+      mongoc_collection_destroy (hist);
+   }
+   bson_destroy (pipeline);
+   bson_destroy (oq);
+   bson_destroy (oopts);
+   mongoc_collection_destroy (dels);
+   mongoc_collection_destroy (lanes);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+/* -------------------------------------------------------- listDeliveries */
+
+bool
+store_list_deliveries (store_t *s, const store_list_filter_t *f, bson_t *out, bson_error_t *error)
+{
+   bool completed;
+   mongoc_client_t *client;
+   mongoc_collection_t *coll;
+   bson_t q = BSON_INITIALIZER;
+   bson_t *opts;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   int64_t limit = f->limit > 0 && f->limit <= 1000 ? f->limit : 100;
+   uint32_t i = bson_count_keys (out);
+   bool ok = true;
+
+   if (!store_list_filter_query (s, f, &completed, &q)) {
+      bson_destroy (&q);
+      return true; /* nothing can match */
+   }
+   opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (limit));
+   client = mongoc_client_pool_pop (s->pool);
+   coll = store_coll (s, client, completed ? OUTBOX_COMPLETED : OUTBOX_DELIVERIES);
+   cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      char buf[16];
+      const char *key;
+      bson_uint32_to_string (i++, &key, buf, sizeof buf);
+      if (completed) {
+         bson_t rec;
+         BSON_APPEND_DOCUMENT_BEGIN (out, key, &rec);
+         bson_concat (&rec, doc);
+         BSON_APPEND_UTF8 (&rec, "status", "completed");
+         bson_append_document_end (out, &rec);
+      } else {
+         BSON_APPEND_DOCUMENT (out, key, doc);
+      }
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "listDeliveries: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   bson_destroy (opts);
+   bson_destroy (&q);
+   return ok;
+}

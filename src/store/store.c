@@ -1,0 +1,736 @@
+/*
+ * store/store.c - the store instance, shared helpers, and setup: the
+ * collections created explicitly, the indexes created idempotently and the
+ * 256 lane documents seeded.
+ *
+ * Collections are created explicitly because collections created
+ * implicitly inside concurrent transactions conflict with each other.  It
+ * does not upgrade databases of the Node.js package's 0.1.0 layout: this
+ * project never wrote one.
+ */
+#include "store/store.h"
+#include "store/store_private.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/rand.h>
+
+#include "base/log.h"
+
+void
+store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
+{
+   va_list ap;
+
+   if (!error)
+      return;
+   error->domain = STORE_ERROR_DOMAIN;
+   error->code = (uint32_t) code;
+   va_start (ap, fmt);
+   vsnprintf (error->message, sizeof error->message, fmt, ap);
+   va_end (ap);
+}
+
+void
+store_make_owner (char *out, size_t out_len)
+{
+   char host[64] = "localhost";
+   unsigned char rnd[6];
+   char hex[13];
+
+   if (gethostname (host, sizeof host - 1) != 0)
+      strcpy (host, "localhost");
+   host[sizeof host - 1] = '\0';
+   if (RAND_bytes (rnd, sizeof rnd) != 1) {
+      /* Unique enough as a fallback: pid and address entropy. */
+      uint64_t x = (uint64_t) getpid () ^ (uint64_t) (uintptr_t) out ^ (uint64_t) bson_get_monotonic_time ();
+      memcpy (rnd, &x, sizeof rnd);
+   }
+   for (size_t i = 0; i < sizeof rnd; i++)
+      snprintf (hex + 2 * i, 3, "%02x", rnd[i]);
+   snprintf (out, out_len, "%s/%d/%s", host, (int) getpid (), hex);
+}
+
+store_t *
+store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *error)
+{
+   store_t *s;
+
+   if (!pool || !opts || !opts->database || !opts->prefix || !opts->owner || !*opts->owner) {
+      store_set_error (error, STORE_ERROR_INVALID, "store_new: pool, database, prefix and owner are required");
+      return NULL;
+   }
+   s = bson_malloc0 (sizeof *s);
+   s->pool = pool;
+   s->database = bson_strdup (opts->database);
+   s->owner = bson_strdup (opts->owner);
+   s->completion_history = opts->completion_history;
+   s->purge_batch = opts->purge_batch_size > 0 ? opts->purge_batch_size : 500;
+   for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
+      if (!outbox_collection_name (opts->prefix, (outbox_collection_t) c, s->names[c], sizeof s->names[c])) {
+         store_set_error (error, STORE_ERROR_INVALID, "collection prefix \"%s\" is too long", opts->prefix);
+         bson_free (s->database);
+         bson_free (s->owner);
+         bson_free (s);
+         return NULL;
+      }
+   }
+   pthread_mutex_init (&s->mu, NULL);
+   pthread_mutex_init (&s->claim_mu, NULL);
+   return s;
+}
+
+void
+store_destroy (store_t *s)
+{
+   if (!s)
+      return;
+   pthread_mutex_destroy (&s->mu);
+   pthread_mutex_destroy (&s->claim_mu);
+   for (size_t i = 0; i < s->n_issued; i++) {
+      bson_free (s->issued[i].handler);
+      bson_free (s->issued[i].key);
+   }
+   bson_free (s->issued);
+   store_oids_free (&s->settled);
+   bson_free (s->unpark_h);
+   bson_free (s->unpark_k);
+   bson_free (s->database);
+   bson_free (s->owner);
+   bson_free (s);
+}
+
+const char *
+store_owner (const store_t *s)
+{
+   return s->owner;
+}
+
+mongoc_collection_t *
+store_coll (store_t *s, mongoc_client_t *client, outbox_collection_t which)
+{
+   mongoc_collection_t *coll = mongoc_client_get_collection (client, s->database, s->names[which]);
+   mongoc_write_concern_t *wc = mongoc_write_concern_new ();
+   mongoc_read_prefs_t *rp = mongoc_read_prefs_new (MONGOC_READ_PRIMARY);
+
+   mongoc_write_concern_set_w (wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+   mongoc_collection_set_write_concern (coll, wc);
+   mongoc_collection_set_read_prefs (coll, rp);
+   mongoc_write_concern_destroy (wc);
+   mongoc_read_prefs_destroy (rp);
+   return coll;
+}
+
+mongoc_transaction_opt_t *
+store_txn_opts (void)
+{
+   mongoc_transaction_opt_t *t = mongoc_transaction_opts_new ();
+   mongoc_write_concern_t *wc = mongoc_write_concern_new ();
+   mongoc_read_concern_t *rc = mongoc_read_concern_new ();
+   mongoc_read_prefs_t *rp = mongoc_read_prefs_new (MONGOC_READ_PRIMARY);
+
+   mongoc_write_concern_set_w (wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+   mongoc_read_concern_set_level (rc, MONGOC_READ_CONCERN_LEVEL_SNAPSHOT);
+   mongoc_transaction_opts_set_write_concern (t, wc);
+   mongoc_transaction_opts_set_read_concern (t, rc);
+   mongoc_transaction_opts_set_read_prefs (t, rp);
+   mongoc_write_concern_destroy (wc);
+   mongoc_read_concern_destroy (rc);
+   mongoc_read_prefs_destroy (rp);
+   return t;
+}
+
+void
+store_append_claims_match (bson_t *query, int32_t claims)
+{
+   if (claims == 0) {
+      /* Documents written before claim generations existed have none. */
+      bson_t c, in;
+      BSON_APPEND_DOCUMENT_BEGIN (query, "claims", &c);
+      BSON_APPEND_ARRAY_BEGIN (&c, "$in", &in);
+      BSON_APPEND_INT32 (&in, "0", 0);
+      BSON_APPEND_NULL (&in, "1");
+      bson_append_array_end (&c, &in);
+      bson_append_document_end (query, &c);
+   } else {
+      BSON_APPEND_INT32 (query, "claims", claims);
+   }
+}
+
+int64_t
+store_iter_int64 (const bson_t *doc, const char *field)
+{
+   bson_iter_t it;
+
+   if (doc && bson_iter_init_find (&it, doc, field) && BSON_ITER_HOLDS_NUMBER (&it))
+      return bson_iter_as_int64 (&it);
+   return 0;
+}
+
+int64_t
+store_iter_date (const bson_t *doc, const char *field)
+{
+   bson_iter_t it;
+
+   if (!doc || !bson_iter_init_find (&it, doc, field))
+      return 0;
+   if (BSON_ITER_HOLDS_DATE_TIME (&it))
+      return bson_iter_date_time (&it);
+   if (BSON_ITER_HOLDS_NUMBER (&it))
+      return bson_iter_as_int64 (&it);
+   return 0;
+}
+
+const char *
+store_iter_utf8 (const bson_t *doc, const char *field)
+{
+   bson_iter_t it;
+
+   if (doc && bson_iter_init_find (&it, doc, field) && BSON_ITER_HOLDS_UTF8 (&it))
+      return bson_iter_utf8 (&it, NULL);
+   return NULL;
+}
+
+bool
+store_array_has_oid (const bson_t *doc, const char *field, const bson_oid_t *oid)
+{
+   bson_iter_t it, child;
+
+   if (!bson_iter_init_find (&it, doc, field) || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &child))
+      return false;
+   while (bson_iter_next (&child))
+      if (BSON_ITER_HOLDS_OID (&child) && bson_oid_equal (bson_iter_oid (&child), oid))
+         return true;
+   return false;
+}
+
+void
+store_issued_add (store_t *s,
+                  const bson_oid_t *id,
+                  uint32_t lane,
+                  int64_t epoch,
+                  int32_t claims,
+                  int64_t expires,
+                  const char *handler,
+                  const char *key)
+{
+   store_issued_t *it = NULL;
+
+   for (size_t i = 0; i < s->n_issued; i++)
+      if (bson_oid_equal (&s->issued[i].id, id)) {
+         it = &s->issued[i];
+         bson_free (it->handler);
+         bson_free (it->key);
+         break;
+      }
+   if (!it) {
+      if (s->n_issued == s->cap_issued) {
+         s->cap_issued = s->cap_issued ? s->cap_issued * 2 : 64;
+         s->issued = bson_realloc (s->issued, s->cap_issued * sizeof *s->issued);
+      }
+      it = &s->issued[s->n_issued++];
+   }
+   it->handler = handler ? bson_strdup (handler) : NULL;
+   it->key = key ? bson_strdup (key) : NULL;
+   bson_oid_copy (id, &it->id);
+   it->lane = lane;
+   it->epoch = epoch;
+   it->claims = claims;
+   it->expires = expires;
+}
+
+void
+store_issued_renew (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epoch, int32_t claims, int64_t expires)
+{
+   for (size_t i = 0; i < s->n_issued; i++)
+      if (bson_oid_equal (&s->issued[i].id, id)) {
+         store_issued_t *it = &s->issued[i];
+         if (it->lane == lane && it->epoch == epoch && it->claims == claims && it->expires < expires)
+            it->expires = expires;
+         return;
+      }
+}
+
+const store_issued_t *
+store_issued_find (store_t *s, const bson_oid_t *id)
+{
+   for (size_t i = 0; i < s->n_issued; i++)
+      if (bson_oid_equal (&s->issued[i].id, id))
+         return &s->issued[i];
+   return NULL;
+}
+
+void
+store_issued_remove (store_t *s, const bson_oid_t *id)
+{
+   for (size_t i = 0; i < s->n_issued; i++)
+      if (bson_oid_equal (&s->issued[i].id, id)) {
+         bson_free (s->issued[i].handler);
+         bson_free (s->issued[i].key);
+         s->issued[i] = s->issued[--s->n_issued];
+         return;
+      }
+}
+
+void
+store_issued_remove_lane (store_t *s, uint32_t lane)
+{
+   for (size_t i = 0; i < s->n_issued;) {
+      if (s->issued[i].lane == lane) {
+         bson_free (s->issued[i].handler);
+         bson_free (s->issued[i].key);
+         s->issued[i] = s->issued[--s->n_issued];
+      } else
+         i++;
+   }
+}
+
+bool
+store_doc_lease (store_t *s,
+                 mongoc_client_t *client,
+                 int32_t id,
+                 const char *owner_field,
+                 const char *expires_field,
+                 const char *what,
+                 int64_t now,
+                 int64_t lease_ms,
+                 bool *leased,
+                 bson_error_t *error)
+{
+   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, or_arr, a, b, sub, reply;
+   mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
+   bson_error_t err;
+   bool ok = true;
+
+   *leased = false;
+   BSON_APPEND_INT32 (&q, "_id", id);
+   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
+   BSON_APPEND_UTF8 (&a, owner_field, s->owner);
+   bson_append_document_end (&or_arr, &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, expires_field, &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lte", now);
+   bson_append_document_end (&b, &sub);
+   bson_append_document_end (&or_arr, &b);
+   bson_append_array_end (&q, &or_arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&u, "$set", &sub);
+   BSON_APPEND_UTF8 (&sub, owner_field, s->owner);
+   BSON_APPEND_DATE_TIME (&sub, expires_field, now + lease_ms);
+   bson_append_document_end (&u, &sub);
+   mongoc_find_and_modify_opts_set_update (fam, &u);
+   mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_UPSERT | MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+   if (mongoc_collection_find_and_modify_with_opts (lanes, &q, fam, &reply, &err)) {
+      *leased = true;
+   } else if (err.code != 11000) { /* 11000: a live lease of another instance */
+      store_set_error (error, STORE_ERROR_SERVER, "%s lease: %s", what, err.message);
+      ok = false;
+   }
+   bson_destroy (&reply);
+   mongoc_find_and_modify_opts_destroy (fam);
+   bson_destroy (&u);
+   bson_destroy (&q);
+   mongoc_collection_destroy (lanes);
+   return ok;
+}
+
+bool
+store_ref_lease (const store_ref_t *ref, outbox_lease_t *lease, bson_error_t *error)
+{
+   if (!ref || !ref->lease || !outbox_lease_parse (ref->lease, lease)) {
+      store_set_error (error, STORE_ERROR_INVALID, "lease token \"%s\" cannot have been issued by this store",
+                       ref && ref->lease ? ref->lease : "(null)");
+      return false;
+   }
+   return true;
+}
+
+size_t
+store_lanes_held (store_t *s, int64_t now)
+{
+   size_t n = 0;
+
+   pthread_mutex_lock (&s->mu);
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (s->lanes[i].held && s->lanes[i].expires > now)
+         n++;
+   pthread_mutex_unlock (&s->mu);
+   return n;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+static bool
+create_collection (store_t *s, mongoc_database_t *db, const char *name, bson_error_t *error)
+{
+   mongoc_collection_t *coll;
+   bson_error_t err;
+
+   coll = mongoc_database_create_collection (db, name, NULL, &err);
+   if (coll) {
+      mongoc_collection_destroy (coll);
+      return true;
+   }
+   if (err.code == 48 /* NamespaceExists */ || strstr (err.message, "already exists"))
+      return true;
+   store_set_error (error, STORE_ERROR_SERVER, "create %s.%s: %s", s->database, name, err.message);
+   return false;
+}
+
+/* One index: name, keys, optional partial filter. */
+typedef struct {
+   outbox_collection_t coll;
+   const char *name;
+   bson_t *keys;
+   bson_t *partial;
+   bool unique;
+} index_spec_t;
+
+static bool
+create_indexes (store_t *s, mongoc_database_t *db, outbox_collection_t which, index_spec_t *specs, size_t n, bson_error_t *error)
+{
+   bson_t cmd = BSON_INITIALIZER, arr, doc, reply;
+   bson_error_t err;
+   bool ok;
+   int k = 0;
+
+   BSON_APPEND_UTF8 (&cmd, "createIndexes", s->names[which]);
+   BSON_APPEND_ARRAY_BEGIN (&cmd, "indexes", &arr);
+   for (size_t i = 0; i < n; i++) {
+      char idx[16];
+      const char *key;
+      if (specs[i].coll != which)
+         continue;
+      bson_uint32_to_string ((uint32_t) k++, &key, idx, sizeof idx);
+      BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &doc);
+      BSON_APPEND_DOCUMENT (&doc, "key", specs[i].keys);
+      BSON_APPEND_UTF8 (&doc, "name", specs[i].name);
+      if (specs[i].unique)
+         BSON_APPEND_BOOL (&doc, "unique", true);
+      if (specs[i].partial)
+         BSON_APPEND_DOCUMENT (&doc, "partialFilterExpression", specs[i].partial);
+      bson_append_document_end (&arr, &doc);
+   }
+   bson_append_array_end (&cmd, &arr);
+   {
+      mongoc_write_concern_t *wc = mongoc_write_concern_new ();
+      bson_t opts = BSON_INITIALIZER;
+      mongoc_write_concern_set_w (wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+      mongoc_write_concern_append (wc, &opts);
+      ok = mongoc_database_write_command_with_opts (db, &cmd, &opts, &reply, &err);
+      mongoc_write_concern_destroy (wc);
+      bson_destroy (&opts);
+   }
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "createIndexes on %s: %s", s->names[which], err.message);
+   bson_destroy (&reply);
+   bson_destroy (&cmd);
+   return ok;
+}
+
+bool
+store_setup (store_t *s, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_database_t *db = mongoc_client_get_database (client, s->database);
+   mongoc_collection_t *lanes = NULL;
+   mongoc_bulk_operation_t *bulk = NULL;
+   bson_t reply;
+   bson_error_t err;
+   bool ok = false;
+   index_spec_t specs[] = {
+      {OUTBOX_DELIVERIES, "event_handler", BCON_NEW ("eventId", BCON_INT32 (1), "handler", BCON_INT32 (1)), NULL, true},
+      {OUTBOX_DELIVERIES,
+       "claim",
+       BCON_NEW ("laneId", BCON_INT32 (1), "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "handler", BCON_INT32 (1)),
+       BCON_NEW ("lane", BCON_UTF8 ("ready")),
+       false},
+      {OUTBOX_DELIVERIES,
+       "ordering",
+       BCON_NEW ("handler", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1)),
+       BCON_NEW ("status", BCON_UTF8 ("pending"), "sequence", "{", "$exists", BCON_BOOL (true), "}"),
+       false},
+      {OUTBOX_DELIVERIES,
+       "parked",
+       BCON_NEW ("handler", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "lane", BCON_INT32 (1)),
+       BCON_NEW ("lane", BCON_UTF8 ("parked")),
+       false},
+      {OUTBOX_DELIVERIES, "due", BCON_NEW ("dueAt", BCON_INT32 (1)), BCON_NEW ("status", BCON_UTF8 ("pending")), false},
+      {OUTBOX_DELIVERIES, "status_created", BCON_NEW ("status", BCON_INT32 (1), "createdAt", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_DELIVERIES, "status_updated", BCON_NEW ("status", BCON_INT32 (1), "updatedAt", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_DELIVERIES, "handler_created", BCON_NEW ("handler", BCON_INT32 (1), "createdAt", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_DELIVERIES, "type_created", BCON_NEW ("eventType", BCON_INT32 (1), "createdAt", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_EVENTS, "created", BCON_NEW ("createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_COMPLETED, "completed", BCON_NEW ("completedAt", BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_COMPLETED, "event", BCON_NEW ("eventId", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_COMPLETED, "created", BCON_NEW ("createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
+   };
+   const size_t n_specs = sizeof specs / sizeof specs[0];
+
+   for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
+      if (c == OUTBOX_COMPLETED && !s->completion_history)
+         continue;
+      if (!create_collection (s, db, s->names[c], error))
+         goto done;
+   }
+   if (!create_indexes (s, db, OUTBOX_DELIVERIES, specs, n_specs, error) ||
+       !create_indexes (s, db, OUTBOX_EVENTS, specs, n_specs, error))
+      goto done;
+   if (s->completion_history && !create_indexes (s, db, OUTBOX_COMPLETED, specs, n_specs, error))
+      goto done;
+
+   /* The lanes: upserts that only insert, so a second setup (or a running
+    * fleet) changes nothing. */
+   lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   bulk = mongoc_collection_create_bulk_operation_with_opts (lanes, NULL);
+   for (int32_t i = 0; i < OUTBOX_LANES; i++) {
+      bson_t *sel = BCON_NEW ("_id", BCON_INT32 (i));
+      bson_t *upd = BCON_NEW ("$setOnInsert",
+                              "{",
+                              "owner",
+                              BCON_NULL,
+                              "leaseExpiresAt",
+                              BCON_NULL,
+                              "epoch",
+                              BCON_INT64 (0),
+                              "inFlight",
+                              "[",
+                              "]",
+                              "lost",
+                              "[",
+                              "]",
+                              "}");
+      bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
+      ok = mongoc_bulk_operation_update_one_with_opts (bulk, sel, upd, opts, &err);
+      bson_destroy (sel);
+      bson_destroy (upd);
+      bson_destroy (opts);
+      if (!ok) {
+         store_set_error (error, STORE_ERROR_SERVER, "seeding lanes: %s", err.message);
+         goto done;
+      }
+   }
+   ok = mongoc_bulk_operation_execute (bulk, &reply, &err) != 0;
+   bson_destroy (&reply);
+   if (!ok) {
+      store_set_error (error, STORE_ERROR_SERVER, "seeding lanes: %s", err.message);
+      goto done;
+   }
+   log_info ("store: set up %s.%s, %s, %s, %s (completion history %s)",
+             s->database,
+             s->names[OUTBOX_EVENTS],
+             s->names[OUTBOX_DELIVERIES],
+             s->names[OUTBOX_KEY_SEQUENCES],
+             s->names[OUTBOX_LANES_COLL],
+             s->completion_history ? "on" : "off");
+
+done:
+   for (size_t i = 0; i < n_specs; i++) {
+      bson_destroy (specs[i].keys);
+      if (specs[i].partial)
+         bson_destroy (specs[i].partial);
+   }
+   mongoc_bulk_operation_destroy (bulk);
+   mongoc_collection_destroy (lanes);
+   mongoc_database_destroy (db);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+/* --------------------------------------------------------------- helpers */
+
+void
+store_oids_push (store_oids_t *o, const bson_oid_t *id)
+{
+   if (o->n == o->cap) {
+      o->cap = o->cap ? o->cap * 2 : 16;
+      o->v = bson_realloc (o->v, o->cap * sizeof *o->v);
+   }
+   bson_oid_copy (id, &o->v[o->n++]);
+}
+
+bool
+store_oids_has (const store_oids_t *o, const bson_oid_t *id)
+{
+   for (size_t i = 0; i < o->n; i++)
+      if (bson_oid_equal (&o->v[i], id))
+         return true;
+   return false;
+}
+
+void
+store_oids_free (store_oids_t *o)
+{
+   bson_free (o->v);
+   o->v = NULL;
+   o->n = o->cap = 0;
+}
+
+void
+store_oids_from_array (store_oids_t *o, const bson_t *doc, const char *field)
+{
+   bson_iter_t it, child;
+
+   if (!doc || !bson_iter_init_find (&it, doc, field) || !BSON_ITER_HOLDS_ARRAY (&it) ||
+       !bson_iter_recurse (&it, &child))
+      return;
+   while (bson_iter_next (&child))
+      if (BSON_ITER_HOLDS_OID (&child))
+         store_oids_push (o, bson_iter_oid (&child));
+}
+
+void
+store_oids_from_strings (store_oids_t *o, const char *const *ids, size_t n)
+{
+   bson_oid_t oid;
+
+   for (size_t i = 0; i < n; i++) {
+      /* Coerced to a string: only 24 hex characters can name a document. */
+      if (ids[i] && strlen (ids[i]) == 24 && bson_oid_is_valid (ids[i], 24)) {
+         bson_oid_init_from_string (&oid, ids[i]);
+         store_oids_push (o, &oid);
+      }
+   }
+}
+
+void
+store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *ids, size_t n)
+{
+   bson_t arr;
+   char buf[16];
+   const char *key;
+
+   BSON_APPEND_ARRAY_BEGIN (doc, field, &arr);
+   for (size_t i = 0; i < n; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_OID (&arr, key, &ids[i]);
+   }
+   bson_append_array_end (doc, &arr);
+}
+
+void
+store_append_oids_op (bson_t *query, const char *field, const char *op, const bson_oid_t *ids, size_t n)
+{
+   bson_t sub;
+
+   BSON_APPEND_DOCUMENT_BEGIN (query, field, &sub);
+   store_append_oids_array (&sub, op, ids, n);
+   bson_append_document_end (query, &sub);
+}
+
+uint32_t
+store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX_LANES])
+{
+   bson_t sub, arr;
+   uint32_t k = 0;
+
+   BSON_APPEND_DOCUMENT_BEGIN (query, field, &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (int i = 0; i < OUTBOX_LANES; i++)
+      if (lanes[i]) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         BSON_APPEND_INT32 (&arr, key, i);
+      }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (query, &sub);
+   return k;
+}
+
+void
+store_append_after_key (bson_t *query, int64_t created, const bson_value_t *id)
+{
+   bson_t or, a, b, sub;
+
+   BSON_APPEND_ARRAY_BEGIN (query, "$or", &or);
+   BSON_APPEND_DOCUMENT_BEGIN (&or, "0", &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&a, "createdAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$gt", created);
+   bson_append_document_end (&a, &sub);
+   bson_append_document_end (&or, &a);
+   BSON_APPEND_DOCUMENT_BEGIN (&or, "1", &b);
+   BSON_APPEND_DATE_TIME (&b, "createdAt", created);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
+   BSON_APPEND_VALUE (&sub, "$gt", id);
+   bson_append_document_end (&b, &sub);
+   bson_append_document_end (&or, &b);
+   bson_append_array_end (query, &or);
+}
+
+void
+store_session_opts (mongoc_client_session_t *session, bson_t *opts)
+{
+   bson_error_t err;
+
+   if (session && !mongoc_client_session_append (session, opts, &err))
+      log_warn ("store: cannot attach a session: %s", err.message);
+}
+
+/* MongoDB's WriteConflict, and how often a transaction runs again after
+ * one. */
+#define STORE_WRITE_CONFLICT 112
+#define STORE_TXN_CONFLICT_RETRIES 8
+
+typedef struct {
+   store_txn_cb_t cb;
+   void *ctx;
+} txn_call_t;
+
+static bool
+txn_trampoline (mongoc_client_session_t *session, void *ctx, bson_t **reply, bson_error_t *error)
+{
+   txn_call_t *call = ctx;
+
+   (void) reply;
+   return call->cb (session, call->ctx, error);
+}
+
+bool
+store_with_txn (store_t *s, mongoc_client_t *client, store_txn_cb_t cb, void *ctx, bson_error_t *error)
+{
+   mongoc_session_opt_t *sopts = mongoc_session_opts_new ();
+   mongoc_transaction_opt_t *topts = store_txn_opts ();
+   mongoc_client_session_t *session;
+   txn_call_t call = {cb, ctx};
+   bson_t reply;
+   bson_error_t err = {0};
+   bool ok = false;
+
+   (void) s;
+   mongoc_session_opts_set_causal_consistency (sopts, false);
+   session = mongoc_client_start_session (client, sopts, &err);
+   if (!session) {
+      store_set_error (error, STORE_ERROR_SERVER, "start session: %s", err.message);
+      goto done;
+   }
+   /* The callbacks hand no reply back to mongoc, so it cannot see the
+    * TransientTransactionError label of a write conflict: a conflict
+    * (another writer committed one of our documents after our snapshot)
+    * runs the whole callback again here, against the new state. */
+   for (int attempt = 0;; attempt++) {
+      memset (&err, 0, sizeof err);
+      ok = mongoc_client_session_with_transaction (session, txn_trampoline, topts, &call, &reply, &err);
+      bson_destroy (&reply);
+      if (ok || err.code != STORE_WRITE_CONFLICT || attempt >= STORE_TXN_CONFLICT_RETRIES)
+         break;
+      log_debug ("store: write conflict in a transaction; running it again");
+   }
+   if (!ok) {
+      if (err.domain == STORE_ERROR_DOMAIN && error)
+         *error = err;
+      else
+         store_set_error (error, STORE_ERROR_SERVER, "transaction: %s", err.message);
+   }
+
+done:
+   mongoc_client_session_destroy (session);
+   mongoc_transaction_opts_destroy (topts);
+   mongoc_session_opts_destroy (sopts);
+   return ok;
+}
