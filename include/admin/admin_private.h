@@ -85,7 +85,6 @@ struct admin {
 };
 
 /* Milliseconds since the Unix epoch. */
-int64_t admin_now_ms (void);
 
 /* "<ip>:<port>" of the request's peer, into buf. */
 const char *admin_peer_of (struct evhttp_request *req, char *buf, size_t len);

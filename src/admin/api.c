@@ -28,6 +28,7 @@
 #include "autoconf.h"
 #include "proxy/clients.h"
 #include "dispatch/dispatch.h"
+#include "base/clock.h"
 #include "base/fleet.h"
 #include "base/log.h"
 #include "admin/metrics.h"
@@ -453,7 +454,7 @@ store_view_invalidate (admin_t *a)
 void
 admin_api_metrics (admin_t *a, struct evhttp_request *req)
 {
-   int64_t now = admin_now_ms ();
+   int64_t now = clock_now_ms ();
    topology_primary_t snap;
    const store_view_t *sv;
    metrics_view_t mv = {0};
@@ -528,7 +529,7 @@ append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t
 void
 admin_api_stats (admin_t *a, struct evhttp_request *req)
 {
-   int64_t now = admin_now_ms ();
+   int64_t now = clock_now_ms ();
    topology_primary_t snap;
    const store_view_t *sv;
    virtual_stats_t vs;
@@ -674,7 +675,7 @@ append_fleet (bson_t *parent)
 void
 admin_api_handlers (admin_t *a, struct evhttp_request *req)
 {
-   int64_t now = admin_now_ms ();
+   int64_t now = clock_now_ms ();
    const store_view_t *sv;
    bson_t doc = BSON_INITIALIZER, arr;
 
@@ -833,7 +834,7 @@ requeue_or_bury (admin_t *a, struct evhttp_request *req, bool bury)
     * deliveries changed. */
    done_ids = bson_malloc0 ((n ? n : 1) * sizeof *done_ids);
    kept_ids = bson_malloc0 ((n ? n : 1) * sizeof *kept_ids);
-   now = admin_now_ms ();
+   now = clock_now_ms ();
    ok = true;
    for (size_t i = 0; ok && i < n; i++) {
       size_t c = 0;
@@ -979,7 +980,7 @@ admin_api_lanes (admin_t *a, struct evhttp_request *req)
 {
    bson_t lanes = BSON_INITIALIZER, doc = BSON_INITIALIZER, arr, owners;
    bson_error_t err;
-   int64_t leased = 0, held = 0, now = admin_now_ms ();
+   int64_t leased = 0, held = 0, now = clock_now_ms ();
    bson_iter_t it;
    /* Owners with their lane and in-flight counts (few: one per worker). */
    struct {

@@ -46,6 +46,7 @@
 #include <openssl/evp.h>
 
 #include "proxy/clients.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "admin/metrics.h"
 #include "proxy/tls.h"
@@ -56,14 +57,6 @@
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static admin_t *g_admin;
-
-int64_t
-admin_now_ms (void)
-{
-   struct timeval tv;
-   gettimeofday (&tv, NULL);
-   return (int64_t) tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 /* ------------------------------------------------------------ responses */
 
@@ -616,7 +609,7 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
    a = bson_malloc0 (sizeof *a);
    a->cfg = config_retain (cfg);
    a->topo = topo;
-   a->start_ms = admin_now_ms ();
+   a->start_ms = clock_now_ms ();
 
    /* The certificate and key are read here, once: a file that does not
     * load fails start-up rather than leaving the port in clear. */

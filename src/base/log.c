@@ -14,11 +14,13 @@
  * or \xNN; printable UTF-8 stays as it is.
  */
 #include "base/log.h"
+#include "base/assert.h"
 #include "base/utf8.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 #include <time.h>
@@ -180,3 +182,17 @@ log_msg (log_level_t level, const char *fmt, ...)
       /* Nowhere left to report it. */
    }
 }
+
+#ifdef RELAYBUS_DEBUG
+void
+relaybus_assert_fail (const char *cond, const char *file, int line, const char *func)
+{
+   char buf[512];
+   int n = snprintf (buf, sizeof buf, "assertion failed: %s (%s:%d, %s) [%s]\n", cond, file, line, func, log_thread_name);
+
+   if (n > 0 && write (STDERR_FILENO, buf, (size_t) n < sizeof buf ? (size_t) n : sizeof buf - 1) < 0) {
+      /* Aborting anyway. */
+   }
+   abort ();
+}
+#endif

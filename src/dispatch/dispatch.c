@@ -64,6 +64,7 @@
 #include <mongoc/mongoc.h>
 #include <openssl/rand.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "admin/metrics.h"
 #include "dispatch/fleet.h"
@@ -197,18 +198,10 @@ static struct {
    atomic_uint_fast64_t claims, claimed, completed, rescheduled, dead, lost_completions, http_requests;
 } g_stats;
 
-static int64_t
-now_ms (void)
-{
-   struct timeval tv;
-   gettimeofday (&tv, NULL);
-   return (int64_t) tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 static void
 schedule (struct event *ev, int64_t ms)
 {
-   struct timeval tv = {(time_t) (ms / 1000), (suseconds_t) ((ms % 1000) * 1000)};
+   struct timeval tv = clock_timeval_ms (ms);
    evtimer_add (ev, &tv);
 }
 
@@ -305,7 +298,7 @@ followers_release (dispatcher_t *d, job_t *f, bool call)
       renew_set_remove (&d->renew_set, f);
       f->h->waiting--;
       f->h->freed++;
-      if (call && !store_release (d->store, &r, now_ms (), &applied, &err))
+      if (call && !store_release (d->store, &r, clock_now_ms (), &applied, &err))
          log_warn ("dispatch: giving back a delivery whose key's previous one did not complete: %s (it runs again "
                    "after its lease)",
                    err.message);
@@ -337,9 +330,9 @@ settle_one (dispatcher_t *d, job_t *j)
 
    bson_oid_to_string (&j->d.id, hex);
    if (j->settle == JOB_SETTLE_BURY)
-      ok = store_bury (d->store, &r, now_ms (), j->why, &applied, &err);
+      ok = store_bury (d->store, &r, clock_now_ms (), j->why, &applied, &err);
    else
-      ok = store_reschedule (d->store, &r, now_ms (), j->due_at, j->why, &applied, &err);
+      ok = store_reschedule (d->store, &r, clock_now_ms (), j->due_at, j->why, &applied, &err);
    if (!ok) {
       log_warn ("dispatch: %s delivery %s: %s failed (tried again): %s",
                 j->h->cfg->name,
@@ -365,7 +358,7 @@ settle_one (dispatcher_t *d, job_t *j)
                 hex,
                 j->d.attempt,
                 j->why ? j->why : "",
-                j->due_at - now_ms ());
+                j->due_at - clock_now_ms ());
    }
    return true;
 }
@@ -374,7 +367,7 @@ settle_one (dispatcher_t *d, job_t *j)
 static void
 keep_unsettled (dispatcher_t *d, job_t *j)
 {
-   int64_t now = now_ms ();
+   int64_t now = clock_now_ms ();
 
    if (j->retry_ms == 0) {
       j->retry_ms = DISPATCH_SETTLE_RETRY_MIN_MS;
@@ -421,7 +414,7 @@ reschedule (dispatcher_t *d, job_t *j, int64_t delay_ms, const char *why)
    j->settle = JOB_SETTLE_RESCHEDULE;
    bson_free (j->why);
    j->why = bson_strdup (why ? why : "");
-   j->due_at = now_ms () + delay_ms;
+   j->due_at = clock_now_ms () + delay_ms;
    settle_or_keep (d, j);
 }
 
@@ -442,7 +435,7 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
    ok = bson_malloc0 (n * sizeof *ok);
    for (size_t i = 0; i < n; i++)
       refs[i] = job_ref (jobs[i]);
-   if (!store_complete_many (d->store, refs, n, now_ms (), ok, &err)) {
+   if (!store_complete_many (d->store, refs, n, clock_now_ms (), ok, &err)) {
       log_warn ("dispatch: completing %zu deliveries failed (tried again): %s", n, err.message);
       bson_free (refs);
       bson_free (ok);
@@ -508,7 +501,7 @@ flush (dispatcher_t *d)
 static void
 settle_retry (dispatcher_t *d, bool all)
 {
-   int64_t now = now_ms ();
+   int64_t now = clock_now_ms ();
    job_t **due = NULL, **complete = NULL;
    size_t n_due = 0, n_complete = 0;
    int64_t next = 0;
@@ -600,7 +593,7 @@ job_done_cb (const webhook_result_t *res, void *arg)
          mo = METRICS_DELIVERY_COMPLETED;
       else if (res->outcome == WEBHOOK_OUTCOME_DEAD || j->d.attempt >= h->cfg->max_attempts)
          mo = METRICS_DELIVERY_DEAD;
-      metrics_delivery_observe (h->cfg->name, mo, now_ms () - j->started_ms);
+      metrics_delivery_observe (h->cfg->name, mo, clock_now_ms () - j->started_ms);
    }
    if (res->outcome == WEBHOOK_OUTCOME_COMPLETE) {
       if (d->n_done == d->cap_done) {
@@ -685,8 +678,8 @@ job_start (dispatcher_t *d, job_t *j)
    h->running++;
    renew_set_add (&d->renew_set, j);
    atomic_fetch_add (&g_stats.http_requests, 1);
-   j->started_ms = now_ms ();
-   j->req = webhook_send (h->wh, hex, now_ms () / 1000, body, len, job_done_cb, j, &err);
+   j->started_ms = clock_now_ms ();
+   j->req = webhook_send (h->wh, hex, clock_now_ms () / 1000, body, len, job_done_cb, j, &err);
    bson_free (body);
    if (!j->req) {
       webhook_result_t res = {.outcome = WEBHOOK_OUTCOME_RETRY, .retry_after_ms = -1};
@@ -709,7 +702,7 @@ wants_claim (dispatcher_t *d)
 
    for (size_t i = 0; i < d->n_handlers; i++)
       waiting += (size_t) d->handlers[i].waiting;
-   if (d->woken || (d->n_running == 0 && waiting == 0) || now_ms () - d->last_claim_ms >= d->cfg->poll_interval_ms)
+   if (d->woken || (d->n_running == 0 && waiting == 0) || clock_now_ms () - d->last_claim_ms >= d->cfg->poll_interval_ms)
       return true;
    for (size_t i = 0; i < d->n_handlers; i++) {
       const handler_rt_t *h = &d->handlers[i];
@@ -753,7 +746,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    o.handlers = d->claim_handlers;
    o.n_handlers = d->n_handlers;
    o.limit = limit;
-   o.now = now_ms ();
+   o.now = clock_now_ms ();
    o.lease_ms = d->cfg->lease_ms;
    /* Claims that follow completions may take the free lanes an earlier
     * probe found; after a commit's wake-up, or a poll, they look anew. */
@@ -765,14 +758,14 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    d->woken = false;
    atomic_fetch_add (&g_stats.claims, 1);
    ok = store_claim (d->store, &o, &b, &err);
-   metrics_claim_observe (now_ms () - o.now);
+   metrics_claim_observe (clock_now_ms () - o.now);
    if (!ok) {
       log_warn ("dispatch: claim failed (retry in %" PRId64 " ms): %s", d->cfg->poll_interval_ms, err.message);
       schedule (d->tick_ev, d->cfg->poll_interval_ms);
       return;
    }
    atomic_fetch_add (&g_stats.claimed, b.n);
-   log_debug ("dispatch: claimed %zu of %zu in %" PRId64 " ms", b.n, limit, now_ms () - o.now);
+   log_debug ("dispatch: claimed %zu of %zu in %" PRId64 " ms", b.n, limit, clock_now_ms () - o.now);
    {
       /* The deliveries of one key form a chain in sequence order: the
        * first starts, each next one waits for the one before it to be
@@ -870,7 +863,7 @@ renew_cb (evutil_socket_t fd, short what, void *arg)
    pthread_mutex_unlock (&rs->mu);
    if (n > 0) {
       applied = bson_malloc0 (n * sizeof *applied);
-      if (!store_extend_leases (d->store, refs, n, now_ms (), atomic_load (&d->renew_lease_ms), applied, &err))
+      if (!store_extend_leases (d->store, refs, n, clock_now_ms (), atomic_load (&d->renew_lease_ms), applied, &err))
          log_warn ("dispatch: renewing leases: %s", err.message);
       else
          for (size_t i = 0; i < n; i++) {
@@ -928,7 +921,7 @@ purge_report (dispatcher_t *d, const char *how)
              d->purged_events,
              d->purged_dead,
              d->purged_history,
-             now_ms () - d->purge_started_ms,
+             clock_now_ms () - d->purge_started_ms,
              how,
              d->purge_cutoff_completed,
              d->purge_cutoff_dead);
@@ -941,7 +934,7 @@ purge_cb (evutil_socket_t fd, short what, void *arg)
    dispatcher_t *d = arg;
    store_purge_step_result_t r;
    bson_error_t err;
-   int64_t now = now_ms ();
+   int64_t now = clock_now_ms ();
 
    (void) fd;
    (void) what;
@@ -994,7 +987,7 @@ fleet_cb (evutil_socket_t fd, short what, void *arg)
    (void) what;
    if (d->stopping || !d->setup_done)
       return;
-   again = dispatch_fleet_beat (d->fleet, d->cfg, now_ms (), &released);
+   again = dispatch_fleet_beat (d->fleet, d->cfg, clock_now_ms (), &released);
    if (released && d->dispatching)
       schedule (d->tick_ev, 0); /* a held handler may be claimed now */
    schedule (d->fleet_ev, again ? 0 : d->cfg->handler_heartbeat_ms);
@@ -1031,7 +1024,7 @@ static void
 finish (dispatcher_t *d)
 {
    bson_error_t err;
-   int64_t now = now_ms ();
+   int64_t now = clock_now_ms ();
 
    bool reachable = d->setup_done;
 
@@ -1319,7 +1312,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       }
    }
    if (RAND_bytes ((unsigned char *) &d->rnd, sizeof d->rnd) != 1 || d->rnd == 0)
-      d->rnd = (uint64_t) now_ms () | 1;
+      d->rnd = (uint64_t) clock_now_ms () | 1;
    d->setup_ev = evtimer_new (d->base, setup_cb, d);
    d->tick_ev = evtimer_new (d->base, tick_cb, d);
    d->wake_ev = event_new (d->base, -1, 0, wake_cb, d);

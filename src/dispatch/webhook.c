@@ -8,6 +8,7 @@
  * event base.
  */
 #include "dispatch/webhook.h"
+#include "base/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -588,11 +589,9 @@ req_done_cb (struct evhttp_request *req, void *arg)
       ev_ssize_t copied = in ? evbuffer_copyout (in, body, sizeof body) : 0;
       size_t n = copied > 0 ? (size_t) copied : 0;
       const char *ra = evhttp_find_header (evhttp_request_get_input_headers (req), "Retry-After");
-      struct timespec ts;
       webhook_error_text (status, body, n, res.error, sizeof res.error);
-      clock_gettime (CLOCK_REALTIME, &ts);
       if (ra && res.outcome == WEBHOOK_OUTCOME_RETRY_AFTER &&
-          !webhook_parse_retry_after (ra, (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &res.retry_after_ms))
+          !webhook_parse_retry_after (ra, clock_now_ms (), &res.retry_after_ms))
          res.retry_after_ms = -1;
    }
    r->done = true;
@@ -659,7 +658,7 @@ webhook_send (webhook_t *w,
    struct bufferevent *bev = NULL;
    struct evhttp_request *req;
    struct evkeyvalq *h;
-   struct timeval tv = {(time_t) (w->timeout_ms / 1000), (suseconds_t) ((w->timeout_ms % 1000) * 1000)};
+   struct timeval tv = clock_timeval_ms (w->timeout_ms);
    char ts[32], hostport[300];
 
    r->w = w;

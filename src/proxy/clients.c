@@ -9,6 +9,7 @@
  * the mutex, while the loop cannot yet have closed them.
  */
 #include "proxy/clients.h"
+#include "base/clock.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -36,19 +37,11 @@ static pthread_mutex_t cr_mu = PTHREAD_MUTEX_INITIALIZER;
 static cr_entry_t *cr_buckets[CR_BUCKETS];
 static uint64_t cr_count;
 
-static int64_t
-cr_now_ms (void)
-{
-   struct timeval tv;
-   gettimeofday (&tv, NULL);
-   return (int64_t) tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 void
 clients_registry_note (uint64_t id, const char *peer, int fd, const char *state, bool open)
 {
    cr_entry_t **pp, *e, *gone = NULL;
-   int64_t now = cr_now_ms ();
+   int64_t now = clock_now_ms ();
 
    pthread_mutex_lock (&cr_mu);
    for (pp = &cr_buckets[id % CR_BUCKETS]; *pp && (*pp)->id != id; pp = &(*pp)->next)

@@ -20,6 +20,7 @@
  * touching buffers again.
  */
 #include "proxy/conn.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -66,13 +67,6 @@ static void mem_release_all (client_conn_t *c);
 
 /* ------------------------------------------------------------ helpers */
 
-static struct timeval
-ms_to_tv (int64_t ms)
-{
-   struct timeval tv = {(time_t) (ms / 1000), (suseconds_t) ((ms % 1000) * 1000)};
-   return tv;
-}
-
 /* ------------------------------------------------------------ state */
 
 void
@@ -108,7 +102,7 @@ client_set_state (client_conn_t *c, client_state_t next)
       break;
    }
    if (ms > 0) {
-      tv = ms_to_tv (ms);
+      tv = clock_timeval_ms (ms);
       evtimer_add (c->timer, &tv);
    }
    client_update_flow (c);
@@ -261,12 +255,6 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
 #define MEM_LOG_INTERVAL_MS 10000
 
 static int64_t
-mem_now_ms (void)
-{
-   return bson_get_monotonic_time () / 1000;
-}
-
-static int64_t
 mem_total (void)
 {
    return (int64_t) stats_get (buffered_bytes);
@@ -402,7 +390,7 @@ mem_wait (client_conn_t *c, unsigned side, int64_t need)
    loop->mem_episode_pauses++;
    if (loop->mem_pause_started_ms)
       return;
-   now = mem_now_ms ();
+   now = clock_mono_ms ();
    loop->mem_pause_started_ms = now;
    if (!loop->mem_last_log_ms || now - loop->mem_last_log_ms >= MEM_LOG_INTERVAL_MS) {
       loop->mem_last_log_ms = now;
@@ -434,7 +422,7 @@ mem_unwait (client_conn_t *c)
    c->mem_need = 0;
    stats_sub (connections_paused_memory, 1);
    if (!loop->mem_wait_head && loop->mem_pause_started_ms) {
-      int64_t now = mem_now_ms ();
+      int64_t now = clock_mono_ms ();
       /* The end of an episode is logged when its start was (or when the
        * log is quiet enough again). */
       if (loop->mem_last_log_ms == loop->mem_pause_started_ms || now - loop->mem_last_log_ms >= MEM_LOG_INTERVAL_MS) {
@@ -749,7 +737,7 @@ message_timer_update (client_conn_t *c, struct event *timer, bool *armed, struct
       *armed = false;
    }
    if (partial && !*armed) {
-      struct timeval tv = ms_to_tv (c->cfg->message_timeout_ms);
+      struct timeval tv = clock_timeval_ms (c->cfg->message_timeout_ms);
       evtimer_add (timer, &tv);
       *armed = true;
    }
@@ -1203,7 +1191,7 @@ void
 client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (void *), void *ctx)
 {
    client_conn_t *c, *next;
-   struct timeval tv = ms_to_tv (timeout_ms);
+   struct timeval tv = clock_timeval_ms (timeout_ms);
 
    loop->draining = true;
    loop->on_empty = on_empty;

@@ -6,6 +6,7 @@
  * connect timeout instead of seeing a prompt close it can retry.
  */
 #include "proxy/listener.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -77,7 +78,7 @@ listener_error_cb (struct evconnlistener *ev, void *arg)
    int err = EVUTIL_SOCKET_ERROR ();
 
    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-      struct timeval tv = {LISTENER_PAUSE_MS / 1000, (LISTENER_PAUSE_MS % 1000) * 1000};
+      struct timeval tv = clock_timeval_ms (LISTENER_PAUSE_MS);
       log_warn ("accept: %s; pausing for %d ms", evutil_socket_error_to_string (err), LISTENER_PAUSE_MS);
       stats_add (accept_paused, 1);
       evconnlistener_disable (l->ev);

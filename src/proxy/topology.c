@@ -14,6 +14,7 @@
  * no locks).  All blocking (selection, getaddrinfo) happens here.
  */
 #include "proxy/topology.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -233,18 +234,6 @@ done:
       mongoc_client_pool_push (topo->pool, client);
 }
 
-static void
-deadline_after (struct timespec *ts, int64_t ms)
-{
-   clock_gettime (CLOCK_REALTIME, ts);
-   ts->tv_sec += ms / 1000;
-   ts->tv_nsec += (ms % 1000) * 1000000L;
-   if (ts->tv_nsec >= 1000000000L) {
-      ts->tv_sec++;
-      ts->tv_nsec -= 1000000000L;
-   }
-}
-
 static void *
 topology_thread (void *arg)
 {
@@ -298,7 +287,7 @@ topology_thread (void *arg)
          } else {
             retry_ms = TOPOLOGY_RETRY_MIN_MS;
          }
-         deadline_after (&ts, wait_ms);
+         ts = clock_deadline_ms (wait_ms);
          while (!topo->stop && !topo->refresh) {
             if (pthread_cond_timedwait (&topo->cond, &topo->mutex, &ts) == ETIMEDOUT)
                break;
@@ -327,7 +316,7 @@ topology_wait_first (topology_t *topo, int64_t timeout_ms)
    struct timespec ts;
    topology_state_t state;
 
-   deadline_after (&ts, timeout_ms);
+   ts = clock_deadline_ms (timeout_ms);
    pthread_mutex_lock (&topo->mutex);
    while (!topo->first_done) {
       if (pthread_cond_timedwait (&topo->cond, &topo->mutex, &ts) == ETIMEDOUT)

@@ -65,6 +65,7 @@
 
 #include "codec/annotate.h"
 #include "autoconf.h"
+#include "base/clock.h"
 #include "base/config.h"
 #include "base/fleet.h"
 #include "publish/inject.h"
@@ -354,15 +355,6 @@ op_release_maybe (virtual_op_t *op)
    bson_free (op);
 }
 
-static int64_t
-now_ms (void)
-{
-   struct timespec ts;
-
-   clock_gettime (CLOCK_REALTIME, &ts);
-   return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Answers the operation's request; a failure to answer closes the
  * connection (the client would otherwise wait forever). */
 static void
@@ -418,15 +410,6 @@ poison_table_get (void)
 
 /* Entries age by the monotonic clock: a wall-clock step neither keeps a
  * transaction poisoned for ever nor forgets it early. */
-static int64_t
-mono_ms (void)
-{
-   struct timespec ts;
-
-   clock_gettime (CLOCK_MONOTONIC, &ts);
-   return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The session id in hex (at most 16 bytes of it), to tie log lines together. */
 static void
 lsid_hex (const poison_key_t *key, char out[33])
@@ -480,7 +463,7 @@ txn_poison (client_conn_t *c, virtual_op_t *op, log_level_t level, const char *f
    /* The operation reserved its slot before it started: the entry always
     * fits, and no live entry is pushed out for it. */
    op->reserved = false;
-   switch (poison_table_add (poison_table_get (), &key, client_id (c), reason, mono_ms (), reserved)) {
+   switch (poison_table_add (poison_table_get (), &key, client_id (c), reason, clock_mono_ms (), reserved)) {
    case POISON_KNOWN:
       log_conn (level, client_id (c), client_peer (c), "transaction %" PRId64 " of session %s was already poisoned; now also: %s",
                 key.txn_number, hex, reason);
@@ -791,7 +774,7 @@ commit_poisoned (const bson_t *cmd, poison_entry_t *pe)
 
    if (!t || poison_table_count (t) == 0 || !poison_key_of (cmd, &key))
       return false;
-   return poison_table_lookup (t, &key, mono_ms (), pe);
+   return poison_table_lookup (t, &key, clock_mono_ms (), pe);
 }
 
 /* An abortTransaction for the transaction of the commitTransaction
@@ -900,7 +883,7 @@ route_refuse_commit (client_conn_t *c,
    log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
              "refused commitTransaction of poisoned transaction %" PRId64 " (session %s, poisoned on c%" PRIu64
              " %.1f s ago: %s); aborting it",
-             pe->key.txn_number, hex, pe->conn_id, (double) (mono_ms () - pe->recorded_ms) / 1000.0, pe->reason);
+             pe->key.txn_number, hex, pe->conn_id, (double) (clock_mono_ms () - pe->recorded_ms) / 1000.0, pe->reason);
    bson_snprintf (r->errmsg, sizeof r->errmsg,
                   "relaybus: transaction %" PRId64 " was aborted because the proxy could not write its events (%s)",
                   pe->key.txn_number, pe->reason);
@@ -929,7 +912,7 @@ answer_poison_full (client_conn_t *c, uint64_t seq, uint32_t capacity)
    bson_t doc = BSON_INITIALIZER, labels;
    bson_error_t error;
    char errmsg[320];
-   int64_t now = mono_ms ();
+   int64_t now = clock_mono_ms ();
 
    COUNT (poison_full_refused, 1);
    /* One warning every 10 s per loop thread: a client filling the table on
@@ -994,7 +977,7 @@ check_routed (client_conn_t *c, uint64_t seq, const annotate_t *ann, const confi
       return false;
    }
    if (cfg->unrouted_mode == CONFIG_UNROUTED_WARN) {
-      int64_t now = mono_ms ();
+      int64_t now = clock_mono_ms ();
 
       if (last_warn_ms < 0 || now - last_warn_ms >= 10000) {
          last_warn_ms = now;
@@ -1068,7 +1051,7 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
    if (!atomic_load_explicit (&poison_tab, memory_order_acquire))
       atomic_store (&poison_capacity, (uint32_t) cfg->max_poisoned_transactions);
    pt = poison_table_get ();
-   if (!poison_table_reserve (pt, mono_ms ())) {
+   if (!poison_table_reserve (pt, clock_mono_ms ())) {
       fleet_release (fs);
       config_release (cfg);
       answer_poison_full (c, seq, poison_table_capacity (pt));
@@ -1076,7 +1059,7 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
    }
    op = op_new (c, seq, state);
    op->reserved = true;
-   op->job = inject_job_new (ann, body, opens_txn, cfg, now_ms (), &error);
+   op->job = inject_job_new (ann, body, opens_txn, cfg, clock_now_ms (), &error);
    config_release (cfg);
    if (op->job)
       inject_job_set_fleet (op->job, fs);

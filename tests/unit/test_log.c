@@ -18,6 +18,10 @@
 #include <cmocka.h>
 
 #include "base/log.h"
+#include "base/assert.h"
+
+#include <signal.h>
+#include <sys/wait.h>
 
 typedef struct {
    const char *in;
@@ -157,6 +161,52 @@ test_log_msg_one_line (void **state)
    assert_null (strstr (out, "\\..."));
 }
 
+/* A debug build stops at a broken invariant and says where; a release
+ * build does not evaluate the condition. */
+static int assert_evaluated;
+
+static int
+assert_probe (int v)
+{
+   assert_evaluated++;
+   return v;
+}
+
+static void
+test_assert (void **state)
+{
+   (void) state;
+   RELAYBUS_ASSERT (assert_probe (1) == 1);
+#ifdef RELAYBUS_DEBUG
+   assert_int_equal (assert_evaluated, 1);
+   int fds[2];
+   assert_int_equal (pipe (fds), 0);
+   pid_t pid = fork ();
+   assert_true (pid >= 0);
+   if (pid == 0) {
+      dup2 (fds[1], STDERR_FILENO);
+      RELAYBUS_ASSERT (assert_probe (2) == 3);
+      _exit (0);
+   }
+   close (fds[1]);
+   char out[512] = {0};
+   ssize_t n, got = 0;
+   while ((n = read (fds[0], out + got, sizeof out - 1 - (size_t) got)) > 0)
+      got += n;
+   close (fds[0]);
+   int status = 0;
+   assert_int_equal (waitpid (pid, &status, 0), pid);
+   assert_true (WIFSIGNALED (status));
+   assert_int_equal (WTERMSIG (status), SIGABRT);
+   assert_non_null (strstr (out, "assertion failed: assert_probe (2) == 3 ("));
+   assert_non_null (strstr (out, "test_log.c:"));
+#else
+   assert_int_equal (assert_evaluated, 0);
+   RELAYBUS_ASSERT (assert_probe (2) == 3); /* not evaluated: no abort */
+   assert_int_equal (assert_evaluated, 0);
+#endif
+}
+
 int
 main (void)
 {
@@ -164,6 +214,7 @@ main (void)
       cmocka_unit_test (test_escape_table),
       cmocka_unit_test (test_escape_cut_whole),
       cmocka_unit_test (test_log_msg_one_line),
+      cmocka_unit_test (test_assert),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }
