@@ -1,7 +1,8 @@
 'use strict';
 // Fail points: `failCommand` (errorCode, errorLabels, closeConnection, writeConcernError,
 // blockConnection/blockTimeMS, appName, failCommands; modes alwaysOn, off, {times}, {skip})
-// and `onPrimaryTransactionalWrite` (per write statement of a retryable write: closes the
+// `failGetMoreAfterCursorCheckout` (errorCode, for a getMore whose cursor exists), and
+// `onPrimaryTransactionalWrite` (per write statement of a retryable write: closes the
 // connection after the write, or fails it with failBeforeCommitExceptionCode before it is
 // applied). This file only keeps state and decides whether a point fires; the server applies
 // the effect. Other fail point names are accepted and ignored, with a log line.
@@ -61,7 +62,7 @@ class FailPoints {
   configure(cmd) {
     const name = cmd.configureFailPoint;
     if (typeof name !== 'string') throw err(9, 'configureFailPoint requires a fail point name');
-    if (name !== 'failCommand' && name !== 'onPrimaryTransactionalWrite') {
+    if (name !== 'failCommand' && name !== 'onPrimaryTransactionalWrite' && name !== 'failGetMoreAfterCursorCheckout') {
       this.log(`configureFailPoint: fail point '${name}' is not implemented; ignored`);
     }
     const fp = new FailPoint(cmd.mode, cmd.data);
@@ -93,6 +94,16 @@ class FailPoints {
     if (!fp.fire()) return null;
     this.hits.set('onPrimaryTransactionalWrite', (this.hits.get('onPrimaryTransactionalWrite') || 0) + 1);
     if (fp.mode === 'off') this.points.delete('onPrimaryTransactionalWrite');
+    return fp.data;
+  }
+
+  // Data of failGetMoreAfterCursorCheckout when it fires for a getMore whose cursor was found.
+  afterCursorCheckout() {
+    const name = 'failGetMoreAfterCursorCheckout';
+    const fp = this.points.get(name);
+    if (!fp || !fp.fire()) return null;
+    this.hits.set(name, (this.hits.get(name) || 0) + 1);
+    if (fp.mode === 'off') this.points.delete(name);
     return fp.data;
   }
 

@@ -17,6 +17,7 @@ const { Sessions, sessionKey, RETRYABLE_WRITE_COMMANDS } = require('./sessions')
 const { Cursors } = require('./cursors');
 const { FailPoints } = require('./failpoints');
 const { Auth } = require('./auth');
+const { isChangeStreamPipeline } = require('./changestreams');
 
 const NO_COMPRESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'createUser', 'updateUser']);
 // As mongod (Command::requiresAuth() false): connectionStatus and whatsmyuri too.
@@ -232,6 +233,16 @@ function labelsFor(code, body, name, wce) {
   return labels;
 }
 
+// mongod's change stream labels: a retryable error of an aggregate opening a change stream, or
+// of the getMore of a change stream cursor once the cursor was checked out (a failCommand on
+// getMore fires before that, so it gets none), is resumable; ChangeStreamFatalError and
+// ChangeStreamHistoryLost are not.
+function changeStreamLabels(code, body, name, ctx) {
+  if (code === 280 || code === 286) return ['NonResumableChangeStreamError'];
+  const stream = name === 'getMore' ? !!ctx.changeStream : name === 'aggregate' && isChangeStreamPipeline(body.pipeline);
+  return stream && RETRYABLE_CODES.has(code) ? ['ResumableChangeStreamError'] : [];
+}
+
 // The set cannot satisfy a numeric w above its number of data-bearing members and knows no
 // custom modes; like mongod it performs the write and reports the problem as a
 // writeConcernError.
@@ -268,6 +279,7 @@ class Server {
       this.primary = this;
       this.members = [this];
       this.store = new Store();
+      if (this.opts.oplogEntries) this.store.changes.capacity = this.opts.oplogEntries;
       this.sessions = new Sessions(this.store, this.opts);
       this.sessions.onReap = (now) => { for (const m of this.members) m.cursors.reap(now); };
       this.auth = this.opts.auth ? new Auth(this.opts.auth.user, this.opts.auth.password) : null;
@@ -497,7 +509,7 @@ class Server {
         s.txn.abort('statement failed');
       }
       if (explicitLabels) e.errorLabels = explicitLabels;
-      else e.errorLabels = labelsFor(e.code, body, name, null);
+      else e.errorLabels = labelsFor(e.code, body, name, null).concat(changeStreamLabels(e.code, body, name, ctx));
       reply = e.toReply();
     }
     if (ctx.closeAfter) {

@@ -11,6 +11,7 @@
 const { UUID } = require('bson');
 const V = require('./values');
 const { err } = require('./errors');
+const { ChangeLog } = require('./changes');
 
 // Thrown by a write that must wait for an open transaction to finish; the command layer waits
 // on `txn.done` and retries the statement.
@@ -182,6 +183,7 @@ class Store {
     this.activeTxns = new Set(); // transactions with a snapshot
     this.pendingColls = new Map(); // ns -> txn that created it implicitly, not yet committed
     this.tombstones = [];
+    this.changes = new ChangeLog(); // committed changes, for change streams
   }
 
   nextTs() { return ++this.clock; }

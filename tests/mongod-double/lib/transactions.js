@@ -8,6 +8,7 @@
 const V = require('./values');
 const { err } = require('./errors');
 const { WaitFor, writeConflict, Collection } = require('./storage');
+const { writeEntry, writeKind, recordDdl } = require('./changes');
 
 class Txn {
   constructor(store, session, txnNumber) {
@@ -22,6 +23,7 @@ class Txn {
     this.reservations = []; // [index, key]
     this.lockedIn = new Set(); // collections whose locks map holds our ids
     this.abortReason = null;
+    this.events = []; // change-log entries of the statements, in order; logged at commit
     this.done = new Promise((resolve) => { this._resolveDone = resolve; });
     store.activeTxns.add(this);
   }
@@ -44,12 +46,25 @@ class Txn {
   commit() {
     if (this.state !== 'inProgress') return;
     const ts = this.store.nextTs();
+    const created = [];
     for (const coll of this.newColls.values()) {
-      if (!this.store.getColl(coll.db, coll.name)) this.store.attach(coll);
+      if (!this.store.getColl(coll.db, coll.name)) {
+        this.store.attach(coll);
+        created.push({ op: 'create', db: coll.db, coll: coll.name, uuid: coll.uuid, options: coll.options });
+      }
     }
     for (const [coll, m] of this.writes) {
       if (coll.dropped) continue;
       for (const [idKey, w] of m) coll.publish(idKey, w.doc, w.view, ts);
+    }
+    // The transaction's changes appear together at its commit time, in statement order, with
+    // the session and transaction number (mongod's applyOps entry).
+    const lsid = this.session && this.session.lsid ? this.session.lsid : null;
+    const txnNumber = V.Long.fromBigInt(BigInt(this.txnNumber));
+    let opIndex = 0;
+    for (const e of created.concat(this.events.filter((x) => !x.collRef.dropped))) {
+      delete e.collRef;
+      this.store.changes.append(Object.assign(e, { ts, lsid, txnNumber, opIndex: opIndex++ }));
     }
     this.state = 'committed';
     this.commitTs = ts;
@@ -75,6 +90,7 @@ class Txn {
       if (this.store.pendingColls.get(ns) === this) this.store.pendingColls.delete(ns);
     }
     this.writes = new Map();
+    this.events = [];
     this.reservations = [];
     this.store.activeTxns.delete(this);
     this.store.sweep();
@@ -104,7 +120,8 @@ class Access {
   }
 
   // The collection as this access sees it; with create, makes it (implicitly) if missing.
-  coll(db, name, create) {
+  // options: those of a collection the create command makes (its change event carries them).
+  coll(db, name, create, options) {
     const ns = `${db}.${name}`;
     const txn = this.txn;
     if (txn && txn.newColls.has(ns)) return txn.newColls.get(ns);
@@ -118,11 +135,14 @@ class Access {
     }
     if (txn) {
       const d = this.store.newDetached(db, name);
+      if (options) d.options = options;
       txn.newColls.set(ns, d);
       this.store.pendingColls.set(ns, txn);
       return d;
     }
-    return this.store.createColl(db, name, {});
+    const made = this.store.createColl(db, name, options || {});
+    recordDdl(this.store, 'create', { db, coll: name, uuid: made.uuid, options: made.options });
+    return made;
   }
 
   get(coll, idKey) {
@@ -162,7 +182,9 @@ class Access {
   }
 
   // Writes doc (null deletes) under idKey. Throws WaitFor, WriteConflict or DuplicateKey.
-  put(coll, idKey, doc) {
+  // kind 'update' marks an update (operators or pipeline) for the change event; otherwise a
+  // write over an existing document is a replacement.
+  put(coll, idKey, doc, kind) {
     if (this.txn) this.txn.checkAlive();
     const view = doc ? V.toView(doc) : null;
     if (doc && coll.options && coll.options.validator) checkValidator(coll, doc, view);
@@ -171,7 +193,11 @@ class Access {
     if (!txn) {
       if (holder) throw new WaitFor(holder);
       if (doc) coll.checkUnique(idKey, doc, view, null);
-      coll.publish(idKey, doc, view, this.store.nextTs());
+      const before = coll.getLatest(idKey);
+      const ts = this.store.nextTs();
+      coll.publish(idKey, doc, view, ts);
+      const op = writeKind(before, doc, kind);
+      if (op) this.store.changes.append(Object.assign(writeEntry(coll, idKey, op, before && before.doc, doc), { ts }));
       return;
     }
     if (holder && holder !== txn) throw writeConflict();
@@ -180,6 +206,9 @@ class Access {
       if (head && head.ts > txn.snapshotTs) throw writeConflict();
     }
     if (doc) coll.checkUnique(idKey, doc, view, txn);
+    const before = this.get(coll, idKey);
+    const op = writeKind(before, doc, kind);
+    if (op) txn.events.push(Object.assign(writeEntry(coll, idKey, op, before && before.doc, doc), { collRef: coll }));
     coll.locks.set(idKey, txn);
     txn.lockedIn.add(coll);
     let m = txn.writes.get(coll);

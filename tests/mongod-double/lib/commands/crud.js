@@ -10,6 +10,7 @@ const { err, MongoError } = require('../errors');
 const { select, project, aggregate, compileFilter, evalLet } = require('../query');
 const { WaitFor } = require('../storage');
 const { applyUpdate, upsertSeed, withIdFirst, kindOfUpdate, isPlainObject } = require('../update');
+const changeStreams = require('../changestreams');
 
 function collName(cmd, name) {
   const c = cmd[name];
@@ -138,7 +139,7 @@ async function updateStatement(ctx, collIn, st, db, name) {
           const next = applyUpdate(cur.doc, u, opts);
           if (sameDoc(cur.doc, next)) return 'same';
           ctx.txnWriteFailpoint();
-          ctx.access.put(coll, m.idKey, next);
+          ctx.access.put(coll, m.idKey, next, kind === 'replacement' ? 'replace' : 'update');
           return 'modified';
         });
         if (done) n++;
@@ -290,7 +291,7 @@ async function findAndModify(ctx, attempt) {
         return { old: cur.doc, next: null };
       }
       const next = applyUpdate(cur.doc, u, opts);
-      if (!sameDoc(cur.doc, next)) ctx.access.put(coll, match.idKey, next);
+      if (!sameDoc(cur.doc, next)) ctx.access.put(coll, match.idKey, next, kind === 'replacement' ? 'replace' : 'update');
       return { old: cur.doc, next };
     });
     if (res) {
@@ -356,6 +357,21 @@ async function getMore(ctx) {
   const { cmd, db } = ctx;
   const id = V.toBigIntExact(cmd.getMore);
   if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
+  const c = ctx.cursors.cursors.get(id.toString());
+  if (c) {
+    if (c.ns !== `${db}.${cmd.collection}` && !c.ns.startsWith(`${db}.$cmd`)) {
+      throw err(13, `Requested getMore on namespace '${db}.${cmd.collection}', but cursor belongs to a different namespace ${c.ns}`);
+    }
+    // The cursor is checked out: what fails from here on knows it is a change stream's
+    // (ResumableChangeStreamError), and the failed cursor is gone, as on mongod.
+    ctx.changeStream = !!c.stream;
+    const fp = ctx.server.failpoints.afterCursorCheckout();
+    if (fp && fp.errorCode !== undefined) {
+      ctx.cursors.cursors.delete(id.toString());
+      throw err(V.toNumber(fp.errorCode), "Hit the 'failGetMoreAfterCursorCheckout' failpoint");
+    }
+    if (c.stream) return changeStreams.getMore(ctx, c, num(cmd.batchSize, 0));
+  }
   return ctx.cursors.getMore(id, cmd.collection, db, num(cmd.batchSize, 0));
 }
 
@@ -468,7 +484,7 @@ async function writeStage(ctx, stage, docs, db) {
           next = applyUpdate(existing.doc, whenMatched, { variables: Object.assign({}, ctx.vars, { new: V.toView(doc) }) });
         } else throw err(51191, `Unsupported whenMatched mode`);
         next = withId(existing.doc._id, next);
-        access.put(coll, existing.idKey, next);
+        access.put(coll, existing.idKey, next, whenMatched === 'replace' ? 'replace' : 'update');
         return;
       }
       if (whenNotMatched === 'discard') return;
@@ -483,6 +499,10 @@ async function aggregateCmd(ctx) {
   const { cmd, db } = ctx;
   const pipeline = cmd.pipeline;
   if (!Array.isArray(pipeline)) throw err(14, "'pipeline' option must be specified as an array");
+  if (changeStreams.isChangeStreamPipeline(pipeline)) {
+    ctx.vars = evalLet(cmd.let);
+    return changeStreams.open(ctx);
+  }
   const explain = V.truthy(cmd.explain);
   if (!explain && !isPlainObject(cmd.cursor)) {
     throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");

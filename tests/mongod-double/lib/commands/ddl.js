@@ -9,6 +9,7 @@ const V = require('../values');
 const { err } = require('../errors');
 const { Index } = require('../storage');
 const { isPlainObject } = require('../update');
+const { recordDdl } = require('../changes');
 
 function nameOf(cmd, field) {
   const n = cmd[field];
@@ -26,7 +27,7 @@ async function create(ctx) {
       'comment', 'maxTimeMS', '$readPreference', 'apiVersion', 'apiStrict', 'apiDeprecationErrors'].includes(k)) continue;
     options[k] = cmd[k];
   }
-  const c = await ctx.retryOnWait(() => ctx.access.coll(db, name, true));
+  const c = await ctx.retryOnWait(() => ctx.access.coll(db, name, true, options));
   c.options = options;
   return { ok: 1 };
 }
@@ -44,15 +45,19 @@ async function drop(ctx) {
   if (!c) return { ok: 1 };
   abortTxnsTouching(ctx.store, c);
   ctx.store.dropColl(db, name);
+  recordDdl(ctx.store, 'drop', { db, coll: name, uuid: c.uuid });
   return { nIndexesWas: c.indexes.size, ns: c.ns, ok: 1 };
 }
 
 async function dropDatabase(ctx) {
   const d = ctx.store.dbs.get(ctx.db);
+  // As mongod: each collection's drop is logged, then the database's.
   if (d) for (const c of d.values()) {
     abortTxnsTouching(ctx.store, c);
     c.dropped = true;
+    recordDdl(ctx.store, 'drop', { db: ctx.db, coll: c.name, uuid: c.uuid });
   }
+  if (d) recordDdl(ctx.store, 'dropDatabase', { db: ctx.db });
   ctx.store.dropDb(ctx.db);
   return { ok: 1 };
 }
@@ -123,6 +128,7 @@ async function createIndexes(ctx) {
     }
     coll.indexes.set(spec.name, ix);
   }
+  if (toAdd.length) recordDdl(ctx.store, 'createIndexes', { db, coll: name, uuid: coll.uuid, desc: { indexes: toAdd } });
   const r = { createdCollectionAutomatically: created, numIndexesBefore: before, numIndexesAfter: coll.indexes.size };
   if (!toAdd.length) r.note = 'all indexes already exist';
   r.ok = 1;
@@ -160,7 +166,9 @@ async function dropIndexes(ctx) {
     if (n === '_id_') throw err(72, 'cannot drop _id index');
     if (!coll.indexes.has(n)) throw err(27, `index not found with name [${n}]`);
   }
+  const dropped = names.map((n) => coll.indexes.get(n).spec);
   for (const n of names) coll.indexes.delete(n);
+  if (dropped.length) recordDdl(ctx.store, 'dropIndexes', { db, coll: name, uuid: coll.uuid, desc: { indexes: dropped } });
   return { nIndexesWas: was, ok: 1 };
 }
 
@@ -235,10 +243,16 @@ async function renameCollection(ctx) {
   const [tdb, ...trest] = to.split('.');
   const src = ctx.store.getColl(fdb, frest.join('.'));
   if (!src) throw err(26, 'source namespace does not exist');
-  if (ctx.store.getColl(tdb, trest.join('.'))) {
+  let dropTarget = null;
+  const target = ctx.store.getColl(tdb, trest.join('.'));
+  if (target) {
     if (!V.truthy(cmd.dropTarget)) throw err(48, 'target namespace exists');
     ctx.store.dropColl(tdb, trest.join('.'));
+    dropTarget = target.uuid;
   }
+  recordDdl(ctx.store, 'rename', {
+    db: fdb, coll: frest.join('.'), uuid: src.uuid, to: { db: tdb, coll: trest.join('.') }, dropTarget,
+  });
   ctx.store.dropColl(fdb, frest.join('.'));
   src.dropped = false;
   src.db = tdb;
@@ -254,13 +268,19 @@ async function collMod(ctx) {
   const c = ctx.store.getColl(db, name);
   if (!c) throw err(26, `ns does not exist: ${db}.${name}`);
   const r = {};
-  for (const k of ['validator', 'validationLevel', 'validationAction', 'viewOn', 'pipeline']) {
+  const before = c.options || {};
+  const desc = {};
+  for (const k of ['validator', 'validationLevel', 'validationAction', 'viewOn', 'pipeline', 'changeStreamPreAndPostImages', 'index']) {
+    if (cmd[k] !== undefined) desc[k] = cmd[k];
+  }
+  for (const k of ['validator', 'validationLevel', 'validationAction', 'viewOn', 'pipeline', 'changeStreamPreAndPostImages']) {
     if (cmd[k] !== undefined) c.options = Object.assign({}, c.options, { [k]: cmd[k] });
   }
   if (cmd.index && isPlainObject(cmd.index)) {
     const ix = [...c.indexes.values()].find((i) => i.name === cmd.index.name || (cmd.index.keyPattern && sameKey(i.key, cmd.index.keyPattern)));
     if (!ix) throw err(27, 'cannot find index');
   }
+  recordDdl(ctx.store, 'modify', { db, coll: name, uuid: c.uuid, desc, before: { collectionOptions: Object.assign({ uuid: c.uuid }, before) } });
   r.ok = 1;
   return r;
 }
