@@ -183,6 +183,44 @@ const collectionOps = {
   async drop(coll, args, ents) {
     return coll.drop(driverOptions(args || {}, ents));
   },
+  async rename(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['to']);
+    return coll.rename(pos.to, driverOptions(opts, ents));
+  },
+  createChangeStream: createChangeStream,
+};
+
+// ---- change streams --------------------------------------------------------
+
+// watch() on a client, database or collection; like the drivers' own runners, the aggregate
+// is sent now (the Node.js driver would send it on the first iteration), so its errors
+// belong to this operation and its events come first.
+async function createChangeStream(watchable, args, ents) {
+  const { pos, opts } = splitArgs(args, ['pipeline']);
+  const cs = watchable.watch(pos.pipeline || [], driverOptions(opts, ents));
+  try {
+    await cs.cursor.cursorInit();
+  } catch (e) {
+    await cs.close().catch(() => {});
+    throw e;
+  }
+  return cs;
+}
+
+const changeStreamOps = {
+  // Waits (with getMores) for the next event or error.
+  async iterateUntilDocumentOrError(cs) {
+    return cs.next();
+  },
+  // One getMore at most: the next event, or nothing.
+  async iterateOnce(cs) {
+    const doc = await cs.tryNext();
+    return doc === null ? undefined : doc;
+  },
+  async close(cs) {
+    await cs.close();
+    return undefined;
+  },
 };
 
 // ---- database operations ---------------------------------------------------
@@ -214,6 +252,7 @@ const databaseOps = {
     const { pos, opts } = splitArgs(args, ['pipeline']);
     return db.aggregate(pos.pipeline, driverOptions(opts, ents)).toArray();
   },
+  createChangeStream: createChangeStream,
   async modifyCollection(db, args, ents) {
     const { pos, opts } = splitArgs(args, ['collection', 'session']);
     const cmdOpts = pos.session ? { session: ents.get(pos.session, 'session') } : {};
@@ -224,6 +263,7 @@ const databaseOps = {
 // ---- client operations -----------------------------------------------------
 
 const clientOps = {
+  createChangeStream: createChangeStream,
   async listDatabases(client, args, ents) {
     const r = await client.db('admin').admin().listDatabases(driverOptions(args || {}, ents));
     return r.databases;
@@ -367,5 +407,5 @@ function checkError(expected, err, ents) {
 }
 
 module.exports = {
-  collectionOps, databaseOps, clientOps, makeSessionOps, checkError, CURSOR_OPS, UnsupportedError, show,
+  collectionOps, databaseOps, clientOps, changeStreamOps, makeSessionOps, checkError, CURSOR_OPS, UnsupportedError, show,
 };

@@ -5,7 +5,7 @@
 
 const fs = require('fs');
 const path = require('path');
-const { MongoClient, BSON } = require('mongodb');
+const { MongoClient, BSON, ChangeStream } = require('mongodb');
 const { EJSON } = BSON;
 const { match, exactMatch, MatchError, show } = require('./match');
 const { EntityMap } = require('./entities');
@@ -180,6 +180,10 @@ class Runner {
     if (!failure && test.outcome) {
       try { await withTimeout(this.checkOutcome(test.outcome), 15000, 'reading outcome'); } catch (e) { fail(e); }
     }
+    for (const e of ents.map.values()) {
+      if (e.kind !== 'changeStream') continue;
+      try { await withTimeout(e.value.close(), 5000, 'change stream close'); } catch (_) { /* ignore */ }
+    }
     for (const s of ents.sessions()) {
       try { await withTimeout(s.endSession(), 5000, 'endSession'); } catch (_) { /* ignore */ }
     }
@@ -331,7 +335,7 @@ class Runner {
         throw new TestFailure(`${label}: expectResult ${e.message}`);
       }
     }
-    if (op.saveResultAsEntity) ents.set(op.saveResultAsEntity, result, 'result');
+    if (op.saveResultAsEntity) ents.set(op.saveResultAsEntity, result, result instanceof ChangeStream ? 'changeStream' : 'result');
   }
 
   matchResult(op, result, ents) {
@@ -355,6 +359,7 @@ class Runner {
       case 'database': table = ops.databaseOps; break;
       case 'client': table = ops.clientOps; break;
       case 'session': table = ops.makeSessionOps(this); break;
+      case 'changeStream': table = ops.changeStreamOps; break;
       default: throw new ops.UnsupportedError(`operations on ${entry.kind} entities are not supported`);
     }
     const fn = table[op.name];
