@@ -2,6 +2,8 @@
  * admin/admin.h - the admin port: health, Prometheus metrics, a JSON API and the
  * dashboard, over HTTP on its own thread.
  *
+ * Thread: admin_start and admin_stop: the main thread; everything else: the admin thread.
+ *
  * The admin thread owns an event base with libevent's evhttp, a
  * mongoc_client_pool and a store instance (it never claims).  Every store
  * call it makes blocks that thread only: the forwarding loop never waits

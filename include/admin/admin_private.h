@@ -2,6 +2,8 @@
  * admin/admin_private.h - what admin/http.c (the HTTP server: limits, auth, routing,
  * connections, lifecycle) and admin/api.c (the endpoints) share, and
  * nobody else uses: the admin port's structure and the response helpers.
+ *
+ * Thread: the admin thread.
  */
 #ifndef RELAYBUS_ADMIN_PRIVATE_H
 #define RELAYBUS_ADMIN_PRIVATE_H

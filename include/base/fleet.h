@@ -1,6 +1,8 @@
 /*
  * base/fleet.h - the fleet's handler set: what every live proxy declares.
  *
+ * Thread: the dispatcher thread publishes snapshots; the forwarding loop and the admin thread read them (any thread may read).
+ *
  * Every proxy records its handlers (name, kind, event patterns, a hash of
  * the handler's settings) in the outbox's `handlers` collection, one
  * document per process instance with a heartbeat (store/fleet.h, run by

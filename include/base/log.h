@@ -1,6 +1,8 @@
 /*
  * base/log.h - the one way the proxy writes log lines.
  *
+ * Thread: any; each line is one write(2).
+ *
  * Lines go to stderr, one write(2) per line so threads never interleave
  * within a line: "2026-11-30T11:05:18.123Z LEVEL [thread] message".
  * Lines about a connection start with "c<id> <peer>: " (see log_conn) so one

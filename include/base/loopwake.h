@@ -1,6 +1,9 @@
 /*
  * base/loopwake.h - waking the forwarding loop from another thread.
  *
+ * Thread: loopwake_new, loopwake_destroy and the posted functions: the loop the
+ * wake-up belongs to; loopwake_post: any thread.
+ *
  * The forwarding loop's event base runs without libevent's locks
  * (EVENT_BASE_FLAG_NOLOCK): every event_add, event_del and event_active on
  * the request path would otherwise take the base's mutex, about 40 lock and
@@ -30,6 +33,12 @@
 struct event_base;
 
 #define LOOPWAKE_ERROR_DOMAIN 0x4c57 /* "LW" */
+
+/* Error codes in LOOPWAKE_ERROR_DOMAIN. */
+typedef enum {
+   LOOPWAKE_ERR_PIPE = 1, /* the wake-up descriptor could not be created */
+   LOOPWAKE_ERR_EVENT,    /* the loop could not watch it */
+} loopwake_error_code_t;
 /* Posts waiting to run, across all producers of one loop. */
 #define LOOPWAKE_CAPACITY 64
 

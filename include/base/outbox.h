@@ -3,6 +3,8 @@
  * touches the outbox collections: publishing (the forwarding loop), the
  * store and dispatcher, the admin port and the tests.
  *
+ * Thread: any (pure).
+ *
  * The documents themselves are described in docs/outbox-schema.md; this
  * module holds what must agree byte for byte between writers and readers:
  * collection names, the lane hash, and the lease token format.

@@ -2,6 +2,8 @@
  * base/utf8.h - the one UTF-8 decoder: which bytes form a valid character, and
  * a copy of untrusted text that is always valid UTF-8.
  *
+ * Thread: any (pure).
+ *
  * Text from endpoints and from the store (written by anyone with access,
  * or by an older version) may be cut mid-character or not be UTF-8 at
  * all; BSON strings must be UTF-8 for the JSON encoder, and a log line

@@ -1,6 +1,8 @@
 /*
  * codec/annotate.h - the publishing annotation carried in a command's `comment`.
  *
+ * Thread: any (pure: no I/O, no shared state).
+ *
  * An application publishes events by adding them to the `comment` of a
  * statement it already runs inside a transaction:
  *

@@ -1,6 +1,8 @@
 /*
  * codec/compress.h - the wire protocol's compressors: snappy, zlib and zstd.
  *
+ * Thread: any (pure: no I/O, no shared state).
+ *
  * One-shot buffer-to-buffer compression and decompression with the ids the
  * protocol assigns, plus the negotiation rule of hello: the client's list
  * intersected with what the proxy offers, in the client's order.

@@ -1,6 +1,8 @@
 /*
  * codec/handshake.h - the mongos persona: what the proxy changes in hello.
  *
+ * Thread: any (pure: no I/O, no shared state); called on the forwarding loop.
+ *
  * The client's hello goes to its paired upstream (so speculativeAuthenticate
  * and saslSupportedMechs work); these functions rewrite the request on the
  * way up and the reply on the way down.  Up: `compression` is removed so the
@@ -23,6 +25,12 @@
 #include <bson/bson.h>
 
 #define HANDSHAKE_ERROR_DOMAIN 0x4853 /* "HS" */
+
+/* Error codes in HANDSHAKE_ERROR_DOMAIN. */
+typedef enum {
+   HANDSHAKE_ERR_INVALID = 1, /* the hello or its reply is not a valid document */
+   HANDSHAKE_ERR_TOO_LARGE,   /* the rewritten document would exceed the size bound */
+} handshake_error_code_t;
 /* The proxy implements at most snappy, zlib and zstd (and noop). */
 #define HANDSHAKE_MAX_COMPRESSORS 4
 

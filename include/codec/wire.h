@@ -1,6 +1,8 @@
 /*
  * codec/wire.h - the MongoDB wire protocol codec.
  *
+ * Thread: any (pure: no I/O, no shared state); called on the forwarding loop.
+ *
  * Parses and builds the messages the proxy handles: the 16-byte header,
  * OP_MSG (kind 0 and kind 1 sections, optional CRC-32C), OP_QUERY (legacy
  * hello only), OP_REPLY and OP_COMPRESSED.  Every read is bounds-checked;

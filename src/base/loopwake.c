@@ -107,7 +107,7 @@ loopwake_new (struct event_base *base, bson_error_t *error)
    if (w->rfd < 0) {
       int fds[2];
       if (pipe (fds) != 0 || !set_nonblocking (fds[0]) || !set_nonblocking (fds[1])) {
-         bson_set_error (error, LOOPWAKE_ERROR_DOMAIN, 1, "cannot create the loop's wake-up pipe: %s", strerror (errno));
+         bson_set_error (error, LOOPWAKE_ERROR_DOMAIN, LOOPWAKE_ERR_PIPE, "cannot create the loop's wake-up pipe: %s", strerror (errno));
          goto fail;
       }
       w->rfd = fds[0];
@@ -115,7 +115,7 @@ loopwake_new (struct event_base *base, bson_error_t *error)
    }
    w->ev = event_new (base, w->rfd, EV_READ | EV_PERSIST, loopwake_cb, w);
    if (!w->ev || event_add (w->ev, NULL) != 0) {
-      bson_set_error (error, LOOPWAKE_ERROR_DOMAIN, 2, "cannot watch the loop's wake-up descriptor");
+      bson_set_error (error, LOOPWAKE_ERROR_DOMAIN, LOOPWAKE_ERR_EVENT, "cannot watch the loop's wake-up descriptor");
       goto fail;
    }
    return w;

@@ -155,7 +155,7 @@ handshake_rewrite_request (const bson_t *hello, bool add_db, bson_t *out, bson_e
 
    bson_init (out);
    if (!bson_iter_init (&it, hello)) {
-      bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, 1, "hello is not a valid document");
+      bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, HANDSHAKE_ERR_INVALID, "hello is not a valid document");
       goto done;
    }
    while (bson_iter_next (&it)) {
@@ -177,12 +177,12 @@ handshake_rewrite_request (const bson_t *hello, bool add_db, bson_t *out, bson_e
       if (strcmp (key, "$db") == 0)
          has_db = true;
       if (!bson_append_iter (out, key, -1, &it)) {
-         bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, 2, "hello too large to rewrite");
+         bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, HANDSHAKE_ERR_TOO_LARGE, "hello too large to rewrite");
          goto done;
       }
    }
    if (add_db && !has_db && !BSON_APPEND_UTF8 (out, "$db", "admin")) {
-      bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, 2, "hello too large to rewrite");
+      bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, HANDSHAKE_ERR_TOO_LARGE, "hello too large to rewrite");
       goto done;
    }
    ok = true;
@@ -231,7 +231,7 @@ handshake_rewrite_reply (const bson_t *reply,
 
    bson_init (out);
    if (!bson_iter_init (&it, reply)) {
-      bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, 1, "hello reply is not a valid document");
+      bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, HANDSHAKE_ERR_INVALID, "hello reply is not a valid document");
       goto done;
    }
    while (bson_iter_next (&it)) {
@@ -257,7 +257,7 @@ handshake_rewrite_reply (const bson_t *reply,
    ok = true;
    goto done;
 too_large:
-   bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, 2, "hello reply too large to rewrite");
+   bson_set_error (error, HANDSHAKE_ERROR_DOMAIN, HANDSHAKE_ERR_TOO_LARGE, "hello reply too large to rewrite");
 done:
    return ok;
 }
