@@ -22,6 +22,51 @@
 
 #include <bson/bson.h>
 
+/* Little-endian integers, as every field of the protocol is stored: the
+ * one set of readers and writers (a put returns the position after). */
+static inline uint32_t
+wire_get_u32 (const uint8_t *p)
+{
+   return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) |
+          ((uint32_t) p[3] << 24);
+}
+
+static inline int32_t
+wire_get_i32 (const uint8_t *p)
+{
+   /* Two's complement conversion; gcc and clang define it as modular. */
+   return (int32_t) wire_get_u32 (p);
+}
+
+static inline int64_t
+wire_get_i64 (const uint8_t *p)
+{
+   return (int64_t) ((uint64_t) wire_get_u32 (p) | ((uint64_t) wire_get_u32 (p + 4) << 32));
+}
+
+static inline uint8_t *
+wire_put_u32 (uint8_t *p, uint32_t v)
+{
+   p[0] = (uint8_t) v;
+   p[1] = (uint8_t) (v >> 8);
+   p[2] = (uint8_t) (v >> 16);
+   p[3] = (uint8_t) (v >> 24);
+   return p + 4;
+}
+
+static inline uint8_t *
+wire_put_i32 (uint8_t *p, int32_t v)
+{
+   return wire_put_u32 (p, (uint32_t) v);
+}
+
+static inline uint8_t *
+wire_put_i64 (uint8_t *p, int64_t v)
+{
+   p = wire_put_u32 (p, (uint32_t) ((uint64_t) v & 0xffffffffu));
+   return wire_put_u32 (p, (uint32_t) ((uint64_t) v >> 32));
+}
+
 struct evbuffer;
 
 #define WIRE_HEADER_LEN 16

@@ -43,49 +43,6 @@
 
 /* ------------------------------------------------------------ byte order */
 
-static inline uint32_t
-get_u32 (const uint8_t *p)
-{
-   return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) |
-          ((uint32_t) p[3] << 24);
-}
-
-static inline int32_t
-get_i32 (const uint8_t *p)
-{
-   /* Two's complement conversion; gcc and clang define it as modular. */
-   return (int32_t) get_u32 (p);
-}
-
-static inline int64_t
-get_i64 (const uint8_t *p)
-{
-   return (int64_t) ((uint64_t) get_u32 (p) | ((uint64_t) get_u32 (p + 4) << 32));
-}
-
-static inline uint8_t *
-put_u32 (uint8_t *p, uint32_t v)
-{
-   p[0] = (uint8_t) v;
-   p[1] = (uint8_t) (v >> 8);
-   p[2] = (uint8_t) (v >> 16);
-   p[3] = (uint8_t) (v >> 24);
-   return p + 4;
-}
-
-static inline uint8_t *
-put_i32 (uint8_t *p, int32_t v)
-{
-   return put_u32 (p, (uint32_t) v);
-}
-
-static inline uint8_t *
-put_i64 (uint8_t *p, int64_t v)
-{
-   p = put_u32 (p, (uint32_t) ((uint64_t) v & 0xffffffffu));
-   return put_u32 (p, (uint32_t) ((uint64_t) v >> 32));
-}
-
 static inline uint8_t *
 put_bytes (uint8_t *p, const void *src, size_t len)
 {
@@ -98,10 +55,10 @@ put_bytes (uint8_t *p, const void *src, size_t len)
 static uint8_t *
 put_header (uint8_t *p, uint32_t length, int32_t request_id, int32_t response_to, int32_t opcode)
 {
-   p = put_u32 (p, length);
-   p = put_i32 (p, request_id);
-   p = put_i32 (p, response_to);
-   return put_i32 (p, opcode);
+   p = wire_put_u32 (p, length);
+   p = wire_put_i32 (p, request_id);
+   p = wire_put_i32 (p, response_to);
+   return wire_put_i32 (p, opcode);
 }
 
 /* ------------------------------------------------------------ the cursor */
@@ -135,7 +92,7 @@ rd_i32 (reader_t *r, int32_t *v)
    if (rd_left (r) < 4) {
       return false;
    }
-   *v = get_i32 (r->p + r->off);
+   *v = wire_get_i32 (r->p + r->off);
    r->off += 4;
    return true;
 }
@@ -146,7 +103,7 @@ rd_i64 (reader_t *r, int64_t *v)
    if (rd_left (r) < 8) {
       return false;
    }
-   *v = get_i64 (r->p + r->off);
+   *v = wire_get_i64 (r->p + r->off);
    r->off += 8;
    return true;
 }
@@ -179,7 +136,7 @@ check_string (const uint8_t *d, size_t o, size_t avail, size_t *need)
    if (avail < 4) {
       return false;
    }
-   l = get_i32 (d + o);
+   l = wire_get_i32 (d + o);
    if (l < 1 || (size_t) l > avail - 4 || d[o + 4 + (size_t) l - 1] != 0) {
       return false;
    }
@@ -392,12 +349,12 @@ check_bson (const uint8_t *d, size_t len, doc_facts_t *facts, const char **why)
          need += 12;
          break;
       case BSON_TYPE_BINARY:
-         if (avail < 5 || (l = get_i32 (d + o)) < 0 || (size_t) l > avail - 5) {
+         if (avail < 5 || (l = wire_get_i32 (d + o)) < 0 || (size_t) l > avail - 5) {
             *why = "invalid binary length";
             return false;
          }
          /* Subtype 2 repeats the length inside the data. */
-         if (d[o + 4] == BSON_SUBTYPE_BINARY_DEPRECATED && (l < 4 || get_i32 (d + o + 5) != l - 4)) {
+         if (d[o + 4] == BSON_SUBTYPE_BINARY_DEPRECATED && (l < 4 || wire_get_i32 (d + o + 5) != l - 4)) {
             *why = "invalid old binary length";
             return false;
          }
@@ -416,7 +373,7 @@ check_bson (const uint8_t *d, size_t len, doc_facts_t *facts, const char **why)
       }
       case BSON_TYPE_DOCUMENT:
       case BSON_TYPE_ARRAY:
-         if (avail < 4 || (l = get_i32 (d + o)) < BSON_MIN_LEN || (size_t) l > avail) {
+         if (avail < 4 || (l = wire_get_i32 (d + o)) < BSON_MIN_LEN || (size_t) l > avail) {
             *why = "embedded document length out of bounds";
             return false;
          }
@@ -431,7 +388,7 @@ check_bson (const uint8_t *d, size_t len, doc_facts_t *facts, const char **why)
       case BSON_TYPE_CODEWSCOPE: {
          size_t slen, scope;
          /* int32 total, string, scope document, which ends the value. */
-         if (avail < 4 || (l = get_i32 (d + o)) < 14 || (size_t) l > avail) {
+         if (avail < 4 || (l = wire_get_i32 (d + o)) < 14 || (size_t) l > avail) {
             *why = "invalid code with scope length";
             return false;
          }
@@ -440,7 +397,7 @@ check_bson (const uint8_t *d, size_t len, doc_facts_t *facts, const char **why)
             return false;
          }
          scope = o + 4 + slen;
-         if (get_i32 (d + scope) != l - 4 - (int32_t) slen) {
+         if (wire_get_i32 (d + scope) != l - 4 - (int32_t) slen) {
             *why = "invalid code with scope document length";
             return false;
          }
@@ -478,7 +435,7 @@ rd_doc (reader_t *r, bson_t *doc, doc_facts_t *facts, const char *what, bson_err
       bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "%s: truncated document length", what);
       return false;
    }
-   dlen = get_i32 (start);
+   dlen = wire_get_i32 (start);
    if (dlen > WIRE_MAX_BSON_LEN) {
       bson_set_error (error,
                       WIRE_ERROR_DOMAIN,
@@ -534,10 +491,10 @@ wire_peek_header (const uint8_t *buf, size_t len, wire_header_t *out)
    if (len < WIRE_HEADER_LEN) {
       return false;
    }
-   out->length = get_i32 (buf);
-   out->request_id = get_i32 (buf + 4);
-   out->response_to = get_i32 (buf + 8);
-   out->opcode = get_i32 (buf + 12);
+   out->length = wire_get_i32 (buf);
+   out->request_id = wire_get_i32 (buf + 4);
+   out->response_to = wire_get_i32 (buf + 8);
+   out->opcode = wire_get_i32 (buf + 12);
    return true;
 }
 
@@ -680,7 +637,7 @@ prescan_ids (const reader_t *from, seq_ids_t *ids)
       if (rd_left (&r) < 4) {
          break;
       }
-      size = get_i32 (r.p + r.off);
+      size = wire_get_i32 (r.p + r.off);
       if (kind == 0) {
          if (size < BSON_MIN_LEN || (size_t) size > rd_left (&r)) {
             break;
@@ -746,7 +703,7 @@ wire_parse_msg (const uint8_t *buf, size_t len, wire_msg_t *out, bson_error_t *e
       }
       /* The checksum covers everything before it; sections end there. */
       r.len -= MSG_CHECKSUM_LEN;
-      want = get_u32 (buf + r.len);
+      want = wire_get_u32 (buf + r.len);
       got = wire_crc32c (0, buf, r.len);
       if (want != got) {
          bson_set_error (error,
@@ -1061,8 +1018,8 @@ wire_compress (const uint8_t *msg,
    }
    v.iov_len = WIRE_HEADER_LEN + COMPRESSED_PREFIX_LEN + clen;
    p = put_header (p, (uint32_t) v.iov_len, h.request_id, h.response_to, WIRE_OP_COMPRESSED);
-   p = put_i32 (p, h.opcode);
-   p = put_u32 (p, (uint32_t) payload);
+   p = wire_put_i32 (p, h.opcode);
+   p = wire_put_u32 (p, (uint32_t) payload);
    *p = compressor_id;
    if (evbuffer_commit_space (out, &v, 1) != 0) {
       bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "evbuffer_commit_space failed");
@@ -1105,14 +1062,14 @@ wire_append_msg (struct evbuffer *out,
    }
    p = put_header (p, (uint32_t) total, request_id, response_to, WIRE_OP_MSG);
    /* No checksum is written, so the flag must not claim one. */
-   p = put_u32 (p, flags & ~WIRE_MSG_CHECKSUM_PRESENT);
+   p = wire_put_u32 (p, flags & ~WIRE_MSG_CHECKSUM_PRESENT);
    *p++ = 0;
    p = put_bytes (p, bson_get_data (body), body->len);
    for (uint32_t i = 0; i < nsequences; i++) {
       size_t idlen = strlen (sequences[i].identifier) + 1;
 
       *p++ = 1;
-      p = put_u32 (p, (uint32_t) (4 + idlen + sequences[i].docs_len));
+      p = wire_put_u32 (p, (uint32_t) (4 + idlen + sequences[i].docs_len));
       p = put_bytes (p, sequences[i].identifier, idlen);
       p = put_bytes (p, sequences[i].docs, sequences[i].docs_len);
    }
@@ -1130,10 +1087,10 @@ wire_append_reply (struct evbuffer *out, int32_t request_id, int32_t response_to
       return false;
    }
    p = put_header (p, (uint32_t) total, request_id, response_to, WIRE_OP_REPLY);
-   p = put_i32 (p, flags);
-   p = put_i64 (p, 0);     /* cursorID */
-   p = put_i32 (p, 0);     /* startingFrom */
-   p = put_i32 (p, doc ? 1 : 0);
+   p = wire_put_i32 (p, flags);
+   p = wire_put_i64 (p, 0);     /* cursorID */
+   p = wire_put_i32 (p, 0);     /* startingFrom */
+   p = wire_put_i32 (p, doc ? 1 : 0);
    if (doc) {
       put_bytes (p, bson_get_data (doc), doc->len);
    }
@@ -1158,10 +1115,10 @@ wire_append_query (struct evbuffer *out,
       return false;
    }
    p = put_header (p, (uint32_t) total, request_id, 0, WIRE_OP_QUERY);
-   p = put_i32 (p, flags);
+   p = wire_put_i32 (p, flags);
    p = put_bytes (p, full_collection_name, nlen);
-   p = put_i32 (p, skip);
-   p = put_i32 (p, number_to_return);
+   p = wire_put_i32 (p, skip);
+   p = wire_put_i32 (p, number_to_return);
    put_bytes (p, bson_get_data (query), query->len);
    return evbuffer_commit_space (out, &v, 1) == 0;
 }
@@ -1185,8 +1142,8 @@ crc_sw_raw (uint32_t c, const uint8_t *p, size_t len)
       len--;
    }
    while (len >= 8) {
-      uint32_t lo = c ^ get_u32 (p);
-      uint32_t hi = get_u32 (p + 4);
+      uint32_t lo = c ^ wire_get_u32 (p);
+      uint32_t hi = wire_get_u32 (p + 4);
       c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
           crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
           crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
