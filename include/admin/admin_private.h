@@ -20,7 +20,7 @@
 #include "admin/admin.h"
 #include "base/config.h"
 #include "store/store.h"
-#include "store/views.h"
+#include "store/ops.h"
 #include "proxy/topology.h"
 
 struct bufferevent;

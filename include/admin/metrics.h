@@ -23,7 +23,7 @@
 #include "proxy/conn.h"
 #include "base/config.h"
 #include "store/store.h"
-#include "store/views.h"
+#include "store/ops.h"
 #include "proxy/topology.h"
 
 /* Handlers with their own series; more are folded into none. */

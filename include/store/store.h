@@ -8,11 +8,12 @@
  * admin's thread, never on the forwarding loop.  Time is always passed in
  * (`now`, milliseconds since the Unix epoch); the server clock is never read.
  *
- * The modules: store/store.c (instance, collections, indexes, lanes),
- * store/claim.c (claim, takeover charging, parking, reconciliation),
- * store/complete.c (complete, completeMany, reschedule, release, bury,
- * extendLease, relinquish), store/ops.c (requeue, purge, statistics,
- * listDeliveries).
+ * The modules: store/store.c (the instance, shared helpers, errors),
+ * store/setup.c (collections, indexes, lanes), store/claim.c (claim,
+ * takeover charging, parking, reconciliation), store/complete.c (complete,
+ * completeMany, reschedule, release, bury, extendLease, relinquish),
+ * store/ops.c (the operator's actions and views: store/ops.h) and
+ * store/fleet.c (the fleet's handler sets: store/fleet.h).
  *
  * A store_t is one "store instance": it remembers the lanes it holds and
  * the claims it handed out, so a process restarted with the same owner name
@@ -203,91 +204,5 @@ bool store_extend_leases (store_t *store,
 /* Hands back every lane this instance holds; what is still listed in flight
  * is released (claim generation moves on, no attempt charged). */
 bool store_relinquish (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
-
-/* ------------------------------------------------------------ operators */
-
-/* Makes dead deliveries pending and due at `now` again (attempts start
- * over).  Ids are strings (24 hex characters); anything else matches
- * nothing. */
-bool store_requeue (store_t *store,
-                    const char *const *ids,
-                    size_t n,
-                    int64_t now,
-                    size_t *n_requeued,
-                    bson_error_t *error) __attribute__ ((warn_unused_result));
-
-typedef struct {
-   int64_t dead_before;      /* 0: keep dead deliveries */
-   int64_t completed_before; /* 0: keep completion history and completed events */
-} store_purge_opts_t;
-
-typedef struct {
-   int64_t dead, completed, events;
-} store_purge_result_t;
-
-bool store_purge (store_t *store,
-                  const store_purge_opts_t *opts,
-                  store_purge_result_t *result,
-                  bson_error_t *error) __attribute__ ((warn_unused_result));
-
-/* Scheduled retention: a purge run in bounded steps.  The caller starts a
- * run by setting the cutoffs on a cleared run (active false), then calls
- * store_purge_step until it reports `done`, with as much time between
- * steps as it likes; each step is one batch (purge_batch_size documents,
- * one transaction) of, in turn, dead deliveries, completion history
- * records, then events, with the same rules as store_purge.  Each step
- * first takes or renews the purge lease (one document, for `lease_ms`):
- * while another instance holds it, the step does nothing and reports
- * leased false.  The run is cleared when it is done, on an error and
- * when the lease is elsewhere. */
-typedef struct {
-   bool active;
-   int64_t dead_before;      /* 0: keep dead deliveries */
-   int64_t completed_before; /* 0: keep completion history and completed events */
-   /* progress, owned by the store */
-   int phase;
-   int64_t after_created;
-   char *after_id;
-} store_purge_run_t;
-
-typedef struct {
-   bool leased; /* false: the purge lease is held by another instance */
-   bool done;   /* the run is over */
-   int64_t dead, completed, events; /* removed by this step */
-} store_purge_step_result_t;
-
-bool store_purge_step (store_t *store,
-                       store_purge_run_t *run,
-                       int64_t now,
-                       int64_t lease_ms,
-                       store_purge_step_result_t *result,
-                       bson_error_t *error) __attribute__ ((warn_unused_result));
-/* Frees the run's progress and clears it; NULL accepted. */
-void store_purge_run_clear (store_purge_run_t *run);
-
-typedef struct {
-   int64_t pending, dead, parked, completed, running;
-   int64_t lanes_owned;    /* lanes under a live lease at `now` */
-   int64_t oldest_due_at;  /* 0: nothing pending */
-} store_stats_t;
-
-bool store_statistics (store_t *store, int64_t now, store_stats_t *stats, bson_error_t *error)
-   __attribute__ ((warn_unused_result));
-
-/* Filters of listDeliveries: every field is a string (or NULL) and reaches
- * the query as a string, never as an operator. */
-typedef struct {
-   const char *status; /* pending | dead | completed; NULL: pending and dead */
-   const char *handler;
-   const char *event_type;
-   const char *event_id;
-   const char *key;
-   int64_t limit; /* 1..1000; 0: 100 */
-} store_list_filter_t;
-
-/* Appends the matching documents to `out` (an array being built, or an
- * empty bson_t treated as an array) in (createdAt, _id) order. */
-bool store_list_deliveries (store_t *store, const store_list_filter_t *filter, bson_t *out, bson_error_t *error)
-   __attribute__ ((warn_unused_result));
 
 #endif /* RELAYBUS_STORE_H */

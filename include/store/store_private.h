@@ -155,12 +155,6 @@ bool store_ref_lease (const store_ref_t *ref, outbox_lease_t *lease, bson_error_
  * transaction). */
 bool store_reconcile (store_t *store, mongoc_client_t *client, bson_error_t *error);
 
-/* Builds the query of a delivery listing from an admin filter (strings
- * only) and says whether it reads the completion history.  False: the
- * filter can match nothing (unknown status, or "completed" without
- * completion history); q is then left as it was. */
-bool store_list_filter_query (const store_t *store, const store_list_filter_t *filter, bool *completed, bson_t *q);
-
 void store_oids_push (store_oids_t *o, const bson_oid_t *id);
 bool store_oids_has (const store_oids_t *o, const bson_oid_t *id);
 void store_oids_free (store_oids_t *o);

@@ -68,6 +68,7 @@
 #include "base/log.h"
 #include "admin/metrics.h"
 #include "dispatch/fleet.h"
+#include "store/ops.h"
 #include "store/store.h"
 #include "dispatch/webhook.h"
 #include "publish/hooks.h"

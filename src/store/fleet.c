@@ -11,7 +11,7 @@
  */
 #include "store/fleet.h"
 #include "store/store_private.h"
-#include "store/views.h"
+#include "store/ops.h"
 
 #include <string.h>
 

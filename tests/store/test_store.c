@@ -24,7 +24,7 @@
 #include "base/log.h"
 #include "base/outbox.h"
 #include "store/store.h"
-#include "store/views.h"
+#include "store/ops.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."
@@ -269,6 +269,61 @@ find_seq (const store_batch_t *b, const char *key, int64_t seq)
    for (size_t i = 0; i < b->n; i++)
       if (b->items[i].key && !strcmp (b->items[i].key, key) && b->items[i].sequence == seq)
          return &b->items[i];
+   return NULL;
+}
+
+static const store_delivery_t *
+find_event (const store_batch_t *b, const char *event_id)
+{
+   for (size_t i = 0; i < b->n; i++)
+      if (!strcmp (b->items[i].event_id, event_id))
+         return &b->items[i];
+   fail_msg ("no delivery of %s in the batch", event_id);
+   return NULL;
+}
+
+/* The first page of a listing (store_list_page from the start). */
+static bool
+list_first (store_t *s, const store_list_filter_t *f, bson_t *out, bson_error_t *err)
+{
+   bool more;
+   return store_list_page (s, f, 0, NULL, out, &more, err);
+}
+
+/* The _id of the i-th document of a listing's array, and its createdAt. */
+static bson_oid_t
+page_id (const bson_t *page, uint32_t i, int64_t *created)
+{
+   char key[16];
+   bson_iter_t it, doc;
+   bson_oid_t id;
+
+   snprintf (key, sizeof key, "%u", i);
+   if (!bson_iter_init_find (&it, page, key) || !BSON_ITER_HOLDS_DOCUMENT (&it) || !bson_iter_recurse (&it, &doc))
+      fail_msg ("listing has no document %u", i);
+   memset (&id, 0, sizeof id);
+   if (created)
+      *created = -1;
+   while (bson_iter_next (&doc)) {
+      if (!strcmp (bson_iter_key (&doc), "_id") && BSON_ITER_HOLDS_OID (&doc))
+         bson_oid_copy (bson_iter_oid (&doc), &id);
+      if (created && !strcmp (bson_iter_key (&doc), "createdAt") && BSON_ITER_HOLDS_DATE_TIME (&doc))
+         *created = bson_iter_date_time (&doc);
+   }
+   return id;
+}
+
+/* A string field of the i-th document of a listing's array. */
+static const char *
+page_str (const bson_t *page, uint32_t i, const char *name)
+{
+   char key[16];
+   bson_iter_t it, doc;
+
+   snprintf (key, sizeof key, "%u", i);
+   if (bson_iter_init_find (&it, page, key) && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &doc) &&
+       bson_iter_find (&doc, name) && BSON_ITER_HOLDS_UTF8 (&doc))
+      return bson_iter_utf8 (&doc, NULL);
    return NULL;
 }
 
@@ -780,7 +835,7 @@ test_completion_history_off (void **state)
    store_batch_clear (&b);
    assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 0);
    assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"completedAt\": {\"$exists\": true}}"), 2);
-   assert_true (store_list_deliveries (fx->a, &f, &out, &err));
+   assert_true (list_first (fx->a, &f, &out, &err));
    assert_int_equal (bson_count_keys (&out), 0);
    assert_true (store_statistics (fx->a, T0, &st, &err));
    assert_int_equal (st.completed, 0);
@@ -811,7 +866,7 @@ test_completion_history_on (void **state)
    store_batch_clear (&b);
    assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 0);
    assert_int_equal (count (fx, OUTBOX_COMPLETED, "{\"attempts\": 1}"), 2);
-   assert_true (store_list_deliveries (fx->a, &f, &out, &err));
+   assert_true (list_first (fx->a, &f, &out, &err));
    assert_int_equal (bson_count_keys (&out), 2);
    assert_true (store_statistics (fx->a, T0, &st, &err));
    assert_int_equal (st.completed, 2);
@@ -826,9 +881,9 @@ test_completion_history_on (void **state)
    }
 }
 
-/* Untrusted input: listDeliveries filters are strings, never operators. */
+/* Untrusted input: listing filters are strings, never operators. */
 static void
-test_list_deliveries_coerces_filters_to_strings (void **state)
+test_list_coerces_filters_to_strings (void **state)
 {
    fx_t *fx = *state;
    store_list_filter_t f = {.handler = "{\"$ne\": null}"};
@@ -836,12 +891,288 @@ test_list_deliveries_coerces_filters_to_strings (void **state)
    bson_error_t err;
 
    add (fx, "e1", "h", NULL, 0, T0 - 10);
-   assert_true (store_list_deliveries (fx->a, &f, &out, &err));
+   assert_true (list_first (fx->a, &f, &out, &err));
    assert_int_equal (bson_count_keys (&out), 0);
    f.handler = "h";
-   assert_true (store_list_deliveries (fx->a, &f, &out, &err));
+   assert_true (list_first (fx->a, &f, &out, &err));
    assert_int_equal (bson_count_keys (&out), 1);
    bson_destroy (&out);
+}
+
+/* Walks a listing page by page from the start, each page after the last
+ * document of the one before, appending every page to `all`; returns the
+ * number of pages and checks that only the last one says no more follow. */
+static int
+walk_pages (store_t *s, const store_list_filter_t *f, bson_t *all)
+{
+   int64_t after_created = 0;
+   bson_oid_t after_id;
+   bool have_after = false, more = true;
+   int pages = 0;
+   bson_error_t err;
+
+   while (more) {
+      bson_t page = BSON_INITIALIZER;
+      uint32_t n;
+      if (!store_list_page (s, f, after_created, have_after ? &after_id : NULL, &page, &more, &err))
+         fail_msg ("list page: %s", err.message);
+      n = bson_count_keys (&page);
+      pages++;
+      assert_true (pages <= 100);
+      if (more)
+         assert_int_equal (n, f->limit);
+      for (uint32_t i = 0; i < n; i++) {
+         char from[16], to[16];
+         bson_iter_t it;
+         snprintf (from, sizeof from, "%u", i);
+         snprintf (to, sizeof to, "%u", bson_count_keys (all));
+         assert_true (bson_iter_init_find (&it, &page, from));
+         bson_append_iter (all, to, -1, &it);
+      }
+      if (n > 0) {
+         after_id = page_id (&page, n - 1, &after_created);
+         have_after = true;
+      }
+      bson_destroy (&page);
+   }
+   return pages;
+}
+
+/* Pagination: (createdAt, _id) order, ties by _id also across a page
+ * boundary, each page after the last document of the one before, `more`
+ * false only on the last page, and a page appended after what `out` holds. */
+static void
+test_list_page_walks_every_delivery_once_in_order (void **state)
+{
+   fx_t *fx = *state;
+   /* Inserted out of order; three share T0 - 40, two T0 - 20. */
+   const char *ev[] = {"pa", "pb", "pc", "pd", "pe", "pf", "pg"};
+   const int64_t created[] = {T0 - 20, T0 - 40, T0 - 50, T0 - 40, T0 - 30, T0 - 40, T0 - 20};
+   const char *want[] = {"pc", "pb", "pd", "pf", "pe", "pa", "pg"};
+   store_list_filter_t f = {.limit = 2};
+   bson_t all = BSON_INITIALIZER, out = BSON_INITIALIZER;
+   bson_oid_t last;
+   int64_t last_created;
+   bool more;
+   bson_error_t err;
+
+   for (size_t i = 0; i < 7; i++)
+      add (fx, ev[i], "h", NULL, 0, created[i]);
+   assert_int_equal (walk_pages (fx->a, &f, &all), 4);
+   assert_int_equal (bson_count_keys (&all), 7);
+   for (uint32_t i = 0; i < 7; i++)
+      assert_string_equal (page_str (&all, i, "eventId"), want[i]);
+
+   /* Exactly a page: no more; one short of it: more. */
+   f.limit = 7;
+   assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+   assert_int_equal (bson_count_keys (&out), 7);
+   assert_false (more);
+   bson_reinit (&out);
+   f.limit = 6;
+   assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+   assert_int_equal (bson_count_keys (&out), 6);
+   assert_true (more);
+
+   /* After the sixth: the seventh, appended as "6" after what out holds. */
+   last = page_id (&out, 5, &last_created);
+   assert_int_equal (last_created, T0 - 20);
+   assert_true (store_list_page (fx->a, &f, last_created, &last, &out, &more, &err));
+   assert_int_equal (bson_count_keys (&out), 7);
+   assert_string_equal (page_str (&out, 6, "eventId"), "pg");
+   assert_false (more);
+
+   /* After the last: an empty page, no more. */
+   bson_reinit (&out);
+   last = page_id (&all, 6, &last_created);
+   assert_true (store_list_page (fx->a, &f, last_created, &last, &out, &more, &err));
+   assert_int_equal (bson_count_keys (&out), 0);
+   assert_false (more);
+   bson_destroy (&out);
+   bson_destroy (&all);
+}
+
+/* Sets one field of a delivery to a string (what the publisher would have
+ * written differently). */
+static void
+set_str (fx_t *fx, const bson_oid_t *id, const char *name, const char *value)
+{
+   mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
+   bson_t *q = BCON_NEW ("_id", BCON_OID (id));
+   bson_t *u = BCON_NEW ("$set", "{", name, BCON_UTF8 (value), "}");
+   bson_error_t err;
+
+   if (!mongoc_collection_update_one (del, q, u, NULL, NULL, &err))
+      fail_msg ("set %s: %s", name, err.message);
+   bson_destroy (q);
+   bson_destroy (u);
+   mongoc_collection_destroy (del);
+}
+
+/* How many a filter lists, walked page by page (two a page). */
+static uint32_t
+list_count (fx_t *fx, store_list_filter_t f)
+{
+   bson_t all = BSON_INITIALIZER;
+   uint32_t n;
+
+   f.limit = 2;
+   walk_pages (fx->a, &f, &all);
+   n = bson_count_keys (&all);
+   bson_destroy (&all);
+   return n;
+}
+
+/* Filters: status (NULL is pending and dead), handler, event type, event
+ * id and key, alone and together, over every page. */
+static void
+test_list_page_filters (void **state)
+{
+   fx_t *fx = *state;
+   bson_oid_t dead;
+   char dead_id[25];
+   const char *ids[1] = {dead_id};
+   size_t n;
+   bson_error_t err;
+
+   add (fx, "f1", "h1", "k1", 1, T0 - 50);
+   add (fx, "f1", "h2", "k1", 1, T0 - 50);
+   add (fx, "f2", "h1", "k1", 2, T0 - 40);
+   add (fx, "f3", "h1", "k2", 1, T0 - 30);
+   dead = add (fx, "f4", "h1", NULL, 0, T0 - 20);
+   set_str (fx, &dead, "eventType", "order.cancelled.v1");
+   bson_oid_to_string (&dead, dead_id);
+   assert_true (store_bury_ids (fx->a, ids, 1, T0, "operator", &n, &err));
+   assert_int_equal (n, 1);
+
+   assert_int_equal (list_count (fx, (store_list_filter_t) {0}), 5);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.status = "pending"}), 4);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.status = "dead"}), 1);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.handler = "h1"}), 4);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.handler = "h2"}), 1);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.event_type = "order.placed.v1"}), 4);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.event_type = "order.cancelled.v1"}), 1);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.event_id = "f1"}), 2);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.key = "k1"}), 3);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.handler = "h1", .key = "k1"}), 2);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.handler = "h1", .key = "k1", .event_id = "f2"}), 1);
+   assert_int_equal (list_count (fx, (store_list_filter_t) {.status = "dead", .handler = "h2"}), 0);
+   {
+      store_list_filter_t f = {.status = "dead", .limit = 10};
+      bson_t out = BSON_INITIALIZER;
+      bool more;
+      assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+      assert_int_equal (bson_count_keys (&out), 1);
+      assert_string_equal (page_str (&out, 0, "eventId"), "f4");
+      assert_string_equal (page_str (&out, 0, "status"), "dead");
+      assert_string_equal (page_str (&out, 0, "lastError"), "operator");
+      bson_destroy (&out);
+   }
+}
+
+/* Bad input: a limit out of 1..1000 lists 100; an unknown status, an
+ * operator given as a string and "completed" without completion history
+ * match nothing (an empty page, no error). */
+static void
+test_list_page_bad_input_matches_nothing_or_defaults (void **state)
+{
+   fx_t *fx = *state;
+   mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
+   mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts (del, NULL);
+   const int64_t limits[] = {0, -1, 1001, INT64_MAX, INT64_MIN};
+   const char *statuses[] = {"running", "", "{\"$ne\": null}", "completed", "Pending"};
+   store_list_filter_t f = {0};
+   bson_t out = BSON_INITIALIZER, reply;
+   bool more;
+   bson_error_t err;
+
+   /* 101 pending deliveries, one insert. */
+   for (int i = 0; i < 101; i++) {
+      char ev[16];
+      bson_t *d;
+      snprintf (ev, sizeof ev, "b%d", i);
+      d = BCON_NEW ("eventId", BCON_UTF8 (ev), "handler", BCON_UTF8 ("h"), "status", BCON_UTF8 ("pending"),
+                            "lane", BCON_UTF8 ("ready"), "laneId", BCON_INT32 (i % 256), "dueAt", BCON_DATE_TIME (T0),
+                            "createdAt", BCON_DATE_TIME (T0 + i));
+      mongoc_bulk_operation_insert (bulk, d);
+      bson_destroy (d);
+   }
+   if (!mongoc_bulk_operation_execute (bulk, &reply, &err))
+      fail_msg ("insert: %s", err.message);
+   bson_destroy (&reply);
+   mongoc_bulk_operation_destroy (bulk);
+   mongoc_collection_destroy (del);
+
+   for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+      f.limit = limits[i];
+      bson_reinit (&out);
+      assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+      assert_int_equal (bson_count_keys (&out), 100);
+      assert_true (more);
+   }
+   f.limit = 1000;
+   bson_reinit (&out);
+   assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+   assert_int_equal (bson_count_keys (&out), 101);
+   assert_false (more);
+   f.limit = 1;
+   bson_reinit (&out);
+   assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+   assert_int_equal (bson_count_keys (&out), 1);
+   assert_true (more);
+
+   for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++) {
+      f.status = statuses[i];
+      bson_reinit (&out);
+      more = true;
+      assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+      assert_int_equal (bson_count_keys (&out), 0);
+      assert_false (more);
+   }
+   f.status = NULL;
+   f.key = "{\"$exists\": false}";
+   bson_reinit (&out);
+   assert_true (store_list_page (fx->a, &f, 0, NULL, &out, &more, &err));
+   assert_int_equal (bson_count_keys (&out), 0);
+   assert_false (more);
+   bson_destroy (&out);
+}
+
+/* With completion history, "completed" lists the history records, paged
+ * the same way, each with status "completed". */
+static void
+test_list_page_completed_history (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_list_filter_t f = {.status = "completed", .limit = 2};
+   bson_t all = BSON_INITIALIZER;
+   bson_error_t err;
+
+   add (fx, "c1", "h", NULL, 0, T0 - 30);
+   add (fx, "c2", "h", NULL, 0, T0 - 20);
+   add (fx, "c3", "h", NULL, 0, T0 - 10);
+   add (fx, "c4", "h", NULL, 0, T0 - 5);
+   claim (fx->a, "h", 10, T0, &b);
+   assert_int_equal (b.n, 4);
+   for (size_t i = 0; i < 3; i++) {
+      bool done = false;
+      store_ref_t r = ref (find_event (&b, i == 0 ? "c1" : i == 1 ? "c2" : "c3"));
+      assert_true (store_complete (fx->a, &r, T0 + 1, &done, &err));
+      assert_true (done);
+   }
+   assert_int_equal (walk_pages (fx->a, &f, &all), 2);
+   assert_int_equal (bson_count_keys (&all), 3);
+   for (uint32_t i = 0; i < 3; i++) {
+      char want[3] = {'c', (char) ('1' + i), '\0'};
+      assert_string_equal (page_str (&all, i, "eventId"), want);
+      assert_string_equal (page_str (&all, i, "status"), "completed");
+   }
+   f.status = NULL;
+   assert_int_equal (list_count (fx, f), 1);
+   assert_true (complete1 (fx->a, find_event (&b, "c4"), T0 + 2));
+   store_batch_clear (&b);
+   bson_destroy (&all);
 }
 
 /* A worker that stops gracefully hands its lanes back at once; a renewal
@@ -1778,7 +2109,11 @@ main (void)
       cmocka_unit_test_setup_teardown (test_purge_keeps_what_is_still_referenced, setup, teardown),
       cmocka_unit_test_setup_teardown (test_completion_history_off, setup, teardown),
       cmocka_unit_test_setup_teardown (test_completion_history_on, setup_history, teardown),
-      cmocka_unit_test_setup_teardown (test_list_deliveries_coerces_filters_to_strings, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_list_coerces_filters_to_strings, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_list_page_walks_every_delivery_once_in_order, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_list_page_filters, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_list_page_bad_input_matches_nothing_or_defaults, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_list_page_completed_history, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_relinquish_and_extend_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_costs_two_commands, setup, teardown),
