@@ -104,6 +104,84 @@ function diffDocs(before, after) {
   return out;
 }
 
+// What an update with operators logs ($v: 2, as mongod's update nodes do): each path an
+// operator names, with the whole value it has afterwards; a new path from its first new
+// component; values appended to an array ($push, $addToSet) as their indexes; $unset (and
+// the source of $rename) as removed fields. Paths with positional parts ($, $[], $[id]) are
+// diffed below their fixed prefix.
+const APPENDING = new Set(['$push', '$addToSet']);
+
+function lookupPath(doc, comps) {
+  let cur = doc;
+  const typed = [];
+  for (let i = 0; i < comps.length; i++) {
+    const c = comps[i];
+    if (Array.isArray(cur) && /^\d+$/.test(c)) {
+      typed.push(Number(c));
+      cur = cur[Number(c)];
+    } else if (isDoc(cur) && Object.prototype.hasOwnProperty.call(cur, c) && cur[c] !== undefined) {
+      typed.push(c);
+      cur = cur[c];
+    } else {
+      return { found: false, depth: i, typed };
+    }
+    if (cur === undefined) return { found: false, depth: i, typed: typed.slice(0, -1) };
+  }
+  return { found: true, value: cur, typed };
+}
+
+function operatorDiff(before, after, spec) {
+  const out = { updated: [], removed: [], truncated: [] };
+  const seen = new Set();
+  const fallback = (comps) => {
+    const key = comps.join('.');
+    if (seen.has(`~${key}`)) return;
+    seen.add(`~${key}`);
+    const a = comps.length ? lookupPath(before, comps) : { found: true, value: before, typed: [] };
+    const b = comps.length ? lookupPath(after, comps) : { found: true, value: after, typed: [] };
+    if (!b.found) return;
+    if (!a.found) out.updated.push([b.typed, b.value]);
+    else diffValue(a.value, b.value, b.typed, out);
+  };
+  for (const op of V.keys(spec)) {
+    const fields = spec[op];
+    if (!isDoc(fields) || op === '$setOnInsert') continue;
+    for (const path of V.keys(fields)) {
+      const targets = op === '$rename' ? [path, String(fields[path])] : [path];
+      for (const t of targets) {
+        const comps = t.split('.');
+        const pos = comps.findIndex((c) => c === '$' || c.startsWith('$['));
+        if (pos >= 0) {
+          fallback(comps.slice(0, pos));
+          continue;
+        }
+        if (seen.has(t)) continue;
+        seen.add(t);
+        const a = lookupPath(before, comps);
+        const b = lookupPath(after, comps);
+        if (!b.found) {
+          if (a.found) out.removed.push(a.typed);
+          continue;
+        }
+        if (!a.found) {
+          const created = lookupPath(after, comps.slice(0, a.depth + 1));
+          out.updated.push([created.typed, created.value]);
+          continue;
+        }
+        if (sameValue(a.value, b.value)) continue;
+        const appended = APPENDING.has(op) && Array.isArray(a.value) && Array.isArray(b.value) &&
+          b.value.length > a.value.length && a.value.every((x, i) => sameValue(x, b.value[i]));
+        if (appended) {
+          for (let i = a.value.length; i < b.value.length; i++) out.updated.push([b.typed.concat([i]), b.value[i]]);
+        } else {
+          out.updated.push([b.typed, b.value]);
+        }
+      }
+    }
+  }
+  return out;
+}
+
 function diffObject(a, b, comps, out) {
   const bk = V.keys(b);
   const has = (o, k) => Object.prototype.hasOwnProperty.call(o, k) && o[k] !== undefined;
@@ -151,14 +229,15 @@ function updateDescription(diff, expanded) {
   return ud;
 }
 
-// The entry for one document write: op is insert, update, replace or delete.
-function writeEntry(coll, idKey, op, before, doc) {
+// The entry for one document write: op is insert, update, replace or delete; spec is the
+// update's operator document, if it had one (else the versions are diffed, as for pipelines).
+function writeEntry(coll, idKey, op, before, doc, spec) {
   const images = imagesEnabled(coll);
   const src = doc || before;
   const e = { op, db: coll.db, coll: coll.name, uuid: coll.uuid, idKey, key: { _id: src._id } };
   if (op === 'insert' || op === 'replace') e.post = doc;
   if (op === 'update') {
-    e.diff = diffDocs(before, doc);
+    e.diff = isDoc(spec) ? operatorDiff(before, doc, spec) : diffDocs(before, doc);
     if (images) e.post = doc;
   }
   if (images && op !== 'insert') e.pre = before;

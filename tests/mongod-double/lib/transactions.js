@@ -182,9 +182,9 @@ class Access {
   }
 
   // Writes doc (null deletes) under idKey. Throws WaitFor, WriteConflict or DuplicateKey.
-  // kind 'update' marks an update (operators or pipeline) for the change event; otherwise a
-  // write over an existing document is a replacement.
-  put(coll, idKey, doc, kind) {
+  // kind 'update' marks an update (operators or pipeline) for the change event, spec its
+  // operator document; otherwise a write over an existing document is a replacement.
+  put(coll, idKey, doc, kind, spec) {
     if (this.txn) this.txn.checkAlive();
     const view = doc ? V.toView(doc) : null;
     if (doc && coll.options && coll.options.validator) checkValidator(coll, doc, view);
@@ -197,7 +197,7 @@ class Access {
       const ts = this.store.nextTs();
       coll.publish(idKey, doc, view, ts);
       const op = writeKind(before, doc, kind);
-      if (op) this.store.changes.append(Object.assign(writeEntry(coll, idKey, op, before && before.doc, doc), { ts }));
+      if (op) this.store.changes.append(Object.assign(writeEntry(coll, idKey, op, before && before.doc, doc, spec), { ts }));
       return;
     }
     if (holder && holder !== txn) throw writeConflict();
@@ -208,7 +208,7 @@ class Access {
     if (doc) coll.checkUnique(idKey, doc, view, txn);
     const before = this.get(coll, idKey);
     const op = writeKind(before, doc, kind);
-    if (op) txn.events.push(Object.assign(writeEntry(coll, idKey, op, before && before.doc, doc), { collRef: coll }));
+    if (op) txn.events.push(Object.assign(writeEntry(coll, idKey, op, before && before.doc, doc, spec), { collRef: coll }));
     coll.locks.set(idKey, txn);
     txn.lockedIn.add(coll);
     let m = txn.writes.get(coll);

@@ -36,7 +36,9 @@ test('watch() sees insert, update, replace and delete in order, with update desc
   await coll.insertOne({ _id: 0 });
   const cs = await opened(coll.watch([], { maxAwaitTimeMS: 200 }));
   await coll.insertOne({ _id: 1, a: 1, b: { c: 1, d: 2 }, arr: [1, 2, 3], gone: true });
-  await coll.updateOne({ _id: 1 }, { $set: { a: 2, 'b.c': 5 }, $unset: { gone: '' }, $pop: { arr: 1 } });
+  await coll.updateOne({ _id: 1 }, { $set: { a: 2, 'b.c': 5, 'n.m': 1 }, $unset: { gone: '' }, $pop: { arr: 1 } });
+  await coll.updateOne({ _id: 1 }, { $push: { arr: { $each: [7, 8] } }, $set: { b: { c: 5, d: 2 } } });
+  await coll.updateOne({ _id: 1 }, [{ $set: { arr: [1], b: { c: 6, d: 2 } } }]);
   await coll.replaceOne({ _id: 1 }, { x: 'new' });
   await coll.deleteOne({ _id: 1 });
   const ins = await cs.next();
@@ -48,8 +50,17 @@ test('watch() sees insert, update, replace and delete in order, with update desc
   const upd = await cs.next();
   assert.equal(upd.operationType, 'update');
   assert.equal(upd.fullDocument, undefined);
+  // Operators log each path they name with its new value (a new path from its first new
+  // component), the whole array after $pop, appended elements by index.
   assert.deepEqual(upd.updateDescription, {
-    updatedFields: { a: 2, 'b.c': 5 }, removedFields: ['gone'], truncatedArrays: [{ field: 'arr', newSize: 2 }],
+    updatedFields: { a: 2, 'b.c': 5, n: { m: 1 }, arr: [1, 2] }, removedFields: ['gone'], truncatedArrays: [],
+  });
+  const push = await cs.next();
+  assert.deepEqual(push.updateDescription.updatedFields, { 'arr.2': 7, 'arr.3': 8 }, 'the unchanged $set of b is not logged');
+  // A pipeline update is a diff of the versions: a cut array is truncatedArrays.
+  const pipe = await cs.next();
+  assert.deepEqual(pipe.updateDescription, {
+    updatedFields: { 'b.c': 6 }, removedFields: [], truncatedArrays: [{ field: 'arr', newSize: 1 }],
   });
   const rep = await cs.next();
   assert.equal(rep.operationType, 'replace');
@@ -58,7 +69,7 @@ test('watch() sees insert, update, replace and delete in order, with update desc
   assert.equal(del.operationType, 'delete');
   assert.deepEqual(del.documentKey, { _id: 1 });
   // Resume tokens sort in event order; cluster times do not go backwards.
-  const toks = [ins, upd, rep, del].map((e) => e._id._data);
+  const toks = [ins, upd, push, pipe, rep, del].map((e) => e._id._data);
   assert.deepEqual([...toks].sort(), toks);
   assert.ok(del.clusterTime.greaterThan(ins.clusterTime));
   await cs.close();

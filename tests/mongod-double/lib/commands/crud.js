@@ -139,7 +139,7 @@ async function updateStatement(ctx, collIn, st, db, name) {
           const next = applyUpdate(cur.doc, u, opts);
           if (sameDoc(cur.doc, next)) return 'same';
           ctx.txnWriteFailpoint();
-          ctx.access.put(coll, m.idKey, next, kind === 'replacement' ? 'replace' : 'update');
+          ctx.access.put(coll, m.idKey, next, kind === 'replacement' ? 'replace' : 'update', u);
           return 'modified';
         });
         if (done) n++;
@@ -291,7 +291,7 @@ async function findAndModify(ctx, attempt) {
         return { old: cur.doc, next: null };
       }
       const next = applyUpdate(cur.doc, u, opts);
-      if (!sameDoc(cur.doc, next)) ctx.access.put(coll, match.idKey, next, kind === 'replacement' ? 'replace' : 'update');
+      if (!sameDoc(cur.doc, next)) ctx.access.put(coll, match.idKey, next, kind === 'replacement' ? 'replace' : 'update', u);
       return { old: cur.doc, next };
     });
     if (res) {
@@ -484,7 +484,9 @@ async function writeStage(ctx, stage, docs, db) {
           next = applyUpdate(existing.doc, whenMatched, { variables: Object.assign({}, ctx.vars, { new: V.toView(doc) }) });
         } else throw err(51191, `Unsupported whenMatched mode`);
         next = withId(existing.doc._id, next);
-        access.put(coll, existing.idKey, next, whenMatched === 'replace' ? 'replace' : 'update');
+        // whenMatched merge is an update that sets the new document's fields.
+        access.put(coll, existing.idKey, next, whenMatched === 'replace' ? 'replace' : 'update',
+          whenMatched === 'merge' ? { $set: doc } : undefined);
         return;
       }
       if (whenNotMatched === 'discard') return;
