@@ -173,6 +173,23 @@ test('fullDocument and fullDocumentBeforeChange follow changeStreamPreAndPostIma
   await now.close();
 });
 
+test("an event's clusterTime is its write's operationTime; startAtOperationTime starts there", async () => {
+  const coll = db.collection('optime');
+  const s = client.startSession();
+  await coll.insertOne({ _id: 'before' });
+  await coll.insertOne({ _id: 'at' }, { session: s });
+  const at = s.operationTime;
+  assert.ok(at, 'the session saw the reply\'s operationTime');
+  await coll.insertOne({ _id: 'later' });
+  const cs = coll.watch([], { startAtOperationTime: at });
+  const first = await cs.next();
+  assert.equal(first.documentKey._id, 'at');
+  assert.ok(first.clusterTime.equals(at), `${first.clusterTime} = ${at}`);
+  assert.equal((await cs.next()).documentKey._id, 'later');
+  await cs.close();
+  await s.endSession();
+});
+
 test('later stages filter and reshape; changing _id fails the stream with 280', async () => {
   const coll = db.collection('stages');
   const cs = await opened(coll.watch([{ $match: { 'fullDocument.keep': true } }, { $project: { fullDocument: 1 } }]));
