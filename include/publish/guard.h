@@ -1,6 +1,8 @@
 /*
  * publish/guard.h - does a client command write the outbox collections?
  *
+ * Thread: any (pure; publish/publish.c calls it on the forwarding loop).
+ *
  * Publishing applications need the right to write the outbox collections
  * (the proxy's injected writes run in their own transactions, as their own
  * user), so the server cannot tell the proxy's writes from the client's.

@@ -1,6 +1,7 @@
 /*
- * publish/hooks.h - how the publishing path tells the rest of the process
- * that committed events are waiting.
+ * publish/hooks.h - the wake-up that tells the process committed events wait.
+ *
+ * Thread: any (the hook is called on the forwarding loop).
  *
  * After a successful commitTransaction of a transaction the proxy injected
  * into, the forwarding loop calls the registered wake hook (typically

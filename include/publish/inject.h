@@ -1,6 +1,8 @@
 /*
  * publish/inject.h - the outbox writes added to a client's transaction.
  *
+ * Thread: any (pure; publish/publish.c runs it on the forwarding loop).
+ *
  * Given the events of one annotated statement (or of a relaybusPublish) and
  * the statement's transaction fields, an inject_job_t plans the commands the
  * proxy runs on the client's own upstream connection, in the same
@@ -38,7 +40,32 @@
 #include "base/config.h"
 #include "base/fleet.h"
 
+/* Errors of inject_job_new (bson_error_t codes of INJECT_ERROR_DOMAIN). */
 #define INJECT_ERROR_DOMAIN 0x494e /* "IN" */
+typedef enum {
+   INJECT_ERROR_NOT_TXN = 1,     /* the command has no transaction fields */
+   INJECT_ERROR_PREFIX_TOO_LONG, /* collection_prefix leaves no room for a collection name */
+} inject_error_t;
+
+/* The MongoDB error codes the publishing path reads in replies or answers
+ * with itself; inject_code_name gives the server's codeName. */
+typedef enum {
+   INJECT_CODE_INTERNAL_ERROR = 1,          /* InternalError: a reply not understood, no config */
+   INJECT_CODE_BAD_VALUE = 2,               /* BadValue: a malformed annotation, an unrouted type */
+   INJECT_CODE_UNKNOWN_ERROR = 8,           /* UnknownError: a write error without a code */
+   INJECT_CODE_UNAUTHORIZED = 13,           /* Unauthorized: a client write to the outbox */
+   INJECT_CODE_ILLEGAL_OPERATION = 20,      /* IllegalOperation: publishing outside a transaction */
+   INJECT_CODE_COMMAND_NOT_FOUND = 59,      /* CommandNotFound: an unknown relaybus* command */
+   INJECT_CODE_WRITE_CONFLICT = 112,        /* WriteConflict: retry the transaction */
+   INJECT_CODE_NO_SUCH_TRANSACTION = 251,   /* NoSuchTransaction: aborted (a refused commit) */
+   INJECT_CODE_TEMPORARILY_UNAVAILABLE = 365, /* TemporarilyUnavailable: the poisoned table is full */
+   INJECT_CODE_BSON_OBJECT_TOO_LARGE = 10334, /* BSONObjectTooLarge */
+   INJECT_CODE_DUPLICATE_KEY = 11000,       /* DuplicateKey */
+   INJECT_CODE_DOCUMENT_TOO_LARGE = 17419,  /* DocumentTooLarge */
+} inject_code_t;
+
+/* The server's codeName of `code`, or NULL for a code not listed above. */
+const char *inject_code_name (int32_t code);
 
 /* Most handlers one event gets deliveries for: the local ones and as many
  * more of the fleet's live set. */
@@ -74,6 +101,24 @@ bool inject_reply_failed (const bson_t *reply);
  * to out, so an answer the proxy makes up still lets the driver advance its
  * cluster time. */
 void inject_copy_times (const bson_t *reply, bson_t *out);
+
+/* Appends the fields `names[0..n)` that `src` has to `out`, in the order
+ * of `names` (not of `src`). */
+void inject_copy_fields (const bson_t *src, const char *const *names, size_t n, bson_t *out);
+
+/* The code and errmsg of a reply or write error document (0 and "" when
+ * absent; `errmsg` points into `reply`). */
+int32_t inject_reply_error (const bson_t *reply, const char **errmsg);
+
+/* Appends {ok: 0, errmsg, code, codeName} to `out`, and errorLabels:
+ * [TransientTransactionError] with `transient` (a retry of the whole
+ * transaction is the right answer, as for the server's own). */
+void inject_error_reply (bson_t *out, int32_t code, const char *code_name, const char *errmsg, bool transient);
+
+/* An abortTransaction for the transaction of statement `cmd`: its lsid,
+ * txnNumber, autocommit: false and API parameters, which must match the
+ * transaction's.  `out` is initialised. */
+void inject_abort_command (const bson_t *cmd, bson_t *out);
 
 typedef struct inject_job inject_job_t;
 
@@ -117,8 +162,7 @@ void inject_job_reply (inject_job_t *job, uint32_t i, const bson_t *reply);
  * from a write error or a malformed reply.  Valid until destroy. */
 bool inject_job_failed (const inject_job_t *job, const bson_t **client_reply);
 
-/* An abortTransaction for the job's transaction (lsid, txnNumber,
- * autocommit: false, API parameters): after a failure the proxy sends it
+/* inject_abort_command for the job's transaction: after a failure the proxy sends it
  * so that no later commit can keep the business write without its events.
  * `out` is initialised. */
 void inject_job_abort_command (const inject_job_t *job, bson_t *out);

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/outbox.h"
 
 static const char *const phase_names[INJECT_PHASE_COUNT_] = {
@@ -155,6 +156,42 @@ inject_reply_failed (const bson_t *reply)
    return !reply_ok (reply) || first_write_error (reply, &we);
 }
 
+/* Reads `code` and `errmsg` from the fields `it` walks, keeping the values
+ * passed in for those absent. */
+static void
+error_fields (bson_iter_t *it, int32_t *code, const char **errmsg)
+{
+   while (bson_iter_next (it)) {
+      if (strcmp (bson_iter_key (it), "code") == 0 && BSON_ITER_HOLDS_NUMBER (it))
+         *code = (int32_t) bson_iter_as_int64 (it);
+      else if (strcmp (bson_iter_key (it), "errmsg") == 0 && BSON_ITER_HOLDS_UTF8 (it))
+         *errmsg = bson_iter_utf8 (it, NULL);
+   }
+}
+
+int32_t
+inject_reply_error (const bson_t *reply, const char **errmsg)
+{
+   bson_iter_t it;
+   int32_t code = 0;
+
+   *errmsg = "";
+   if (bson_iter_init (&it, reply))
+      error_fields (&it, &code, errmsg);
+   return code;
+}
+
+void
+inject_copy_fields (const bson_t *src, const char *const *names, size_t n, bson_t *out)
+{
+   bson_iter_t it;
+
+   for (size_t i = 0; i < n; i++) {
+      if (bson_iter_init_find (&it, src, names[i]))
+         bson_append_iter (out, names[i], -1, &it);
+   }
+}
+
 /* --- construction ------------------------------------------------------ */
 
 /* Fields copied from the statement onto every injected command.  The API
@@ -165,14 +202,33 @@ static const char *const txn_fields[] = {
 /* Only a relaybusPublish that opens the transaction hands these on. */
 static const char *const first_fields[] = {"startTransaction", "readConcern", "$clusterTime"};
 
+/* The transaction fields of statement `cmd`, appended to `out` in a fixed
+ * order (lsid first, as drivers send it), whatever the statement's order,
+ * plus autocommit: false. */
+static void
+append_txn_fields (const bson_t *cmd, bson_t *out)
+{
+   inject_copy_fields (cmd, txn_fields, 2, out);
+   BSON_APPEND_BOOL (out, "autocommit", false);
+   inject_copy_fields (cmd, txn_fields + 2, sizeof txn_fields / sizeof txn_fields[0] - 2, out);
+}
+
+void
+inject_abort_command (const bson_t *cmd, bson_t *out)
+{
+   bson_init (out);
+   BSON_APPEND_INT32 (out, "abortTransaction", 1);
+   BSON_APPEND_UTF8 (out, "$db", "admin");
+   append_txn_fields (cmd, out);
+}
+
 inject_job_t *
 inject_job_new (annotate_t *ann, const bson_t *cmd, bool opens_txn, config_t *cfg, int64_t now_ms, bson_error_t *error)
 {
    inject_job_t *job;
-   bson_iter_t it;
 
    if (inject_txn_of (cmd) == INJECT_TXN_NO) {
-      bson_set_error (error, INJECT_ERROR_DOMAIN, 1, "not a transaction statement");
+      bson_set_error (error, INJECT_ERROR_DOMAIN, INJECT_ERROR_NOT_TXN, "not a transaction statement");
       return NULL;
    }
    /* bson_t and bson_iter_t members want libbson's 128-byte alignment. */
@@ -190,24 +246,14 @@ inject_job_new (annotate_t *ann, const bson_t *cmd, bool opens_txn, config_t *cf
    if (!outbox_collection_name (cfg->collection_prefix, OUTBOX_EVENTS, job->coll_events, sizeof job->coll_events) ||
        !outbox_collection_name (cfg->collection_prefix, OUTBOX_DELIVERIES, job->coll_deliveries, sizeof job->coll_deliveries) ||
        !outbox_collection_name (cfg->collection_prefix, OUTBOX_KEY_SEQUENCES, job->coll_keys, sizeof job->coll_keys)) {
-      bson_set_error (error, INJECT_ERROR_DOMAIN, 2, "collection_prefix is too long");
+      bson_set_error (error, INJECT_ERROR_DOMAIN, INJECT_ERROR_PREFIX_TOO_LONG, "collection_prefix is too long");
       inject_job_destroy (job);
       return NULL;
    }
 
-   /* Copied in a fixed order (lsid first, as drivers send it), whatever the
-    * statement's order, plus autocommit: false. */
-   for (size_t i = 0; i < sizeof txn_fields / sizeof txn_fields[0]; i++) {
-      if (bson_iter_init_find (&it, cmd, txn_fields[i]))
-         bson_append_iter (&job->txn, txn_fields[i], -1, &it);
-      if (i == 1)
-         BSON_APPEND_BOOL (&job->txn, "autocommit", false);
-   }
+   append_txn_fields (cmd, &job->txn);
    if (opens_txn) {
-      for (size_t i = 0; i < sizeof first_fields / sizeof first_fields[0]; i++) {
-         if (bson_iter_init_find (&it, cmd, first_fields[i]))
-            bson_append_iter (&job->first, first_fields[i], -1, &it);
-      }
+      inject_copy_fields (cmd, first_fields, sizeof first_fields / sizeof first_fields[0], &job->first);
       job->first_pending = !bson_empty (&job->first);
    }
 
@@ -602,6 +648,8 @@ inject_job_next_round (inject_job_t *job)
       return 0;
    }
    while (job->next != INJECT_PHASE_DONE && job->n_cmds == 0) {
+      /* Phases only move forward: READ, SEQ, WRITE, DONE. */
+      RELAYBUS_ASSERT (job->next >= job->phase);
       job->phase = job->next;
       switch (job->phase) {
       case INJECT_PHASE_READ:
@@ -626,6 +674,7 @@ inject_job_next_round (inject_job_t *job)
       job->phase = INJECT_PHASE_DONE;
       return 0;
    }
+   RELAYBUS_ASSERT (job->n_cmds <= job->cmds_cap);
    job->rounds++;
    job->commands += job->n_cmds;
    return job->n_cmds;
@@ -648,12 +697,25 @@ inject_job_command (const inject_job_t *job, uint32_t i)
 void
 inject_copy_times (const bson_t *reply, bson_t *out)
 {
-   bson_iter_t it;
+   static const char *const fields[] = {"$clusterTime", "operationTime"};
 
-   if (bson_iter_init_find (&it, reply, "$clusterTime"))
-      bson_append_iter (out, NULL, 0, &it);
-   if (bson_iter_init_find (&it, reply, "operationTime"))
-      bson_append_iter (out, NULL, 0, &it);
+   inject_copy_fields (reply, fields, sizeof fields / sizeof fields[0], out);
+}
+
+void
+inject_error_reply (bson_t *out, int32_t code, const char *code_name, const char *errmsg, bool transient)
+{
+   BSON_APPEND_DOUBLE (out, "ok", 0.0);
+   BSON_APPEND_UTF8 (out, "errmsg", errmsg);
+   BSON_APPEND_INT32 (out, "code", code);
+   BSON_APPEND_UTF8 (out, "codeName", code_name);
+   if (transient) {
+      bson_t labels;
+
+      BSON_APPEND_ARRAY_BEGIN (out, "errorLabels", &labels);
+      BSON_APPEND_UTF8 (&labels, "0", "TransientTransactionError");
+      bson_append_array_end (out, &labels);
+   }
 }
 
 /* A made-up failure: {ok: 0, errmsg, code, codeName}. */
@@ -674,19 +736,42 @@ fail_made (inject_job_t *job, const bson_t *reply, bool transient, int32_t code,
    va_end (ap);
    job->failed = true;
    bson_reinit (&job->fail_reply);
-   BSON_APPEND_DOUBLE (&job->fail_reply, "ok", 0.0);
-   BSON_APPEND_UTF8 (&job->fail_reply, "errmsg", msg);
-   BSON_APPEND_INT32 (&job->fail_reply, "code", code);
-   BSON_APPEND_UTF8 (&job->fail_reply, "codeName", code_name);
-   if (transient) {
-      bson_t labels;
-
-      BSON_APPEND_ARRAY_BEGIN (&job->fail_reply, "errorLabels", &labels);
-      BSON_APPEND_UTF8 (&labels, "0", "TransientTransactionError");
-      bson_append_array_end (&job->fail_reply, &labels);
-   }
+   inject_error_reply (&job->fail_reply, code, code_name, msg, transient);
    if (reply)
       inject_copy_times (reply, &job->fail_reply);
+}
+
+const char *
+inject_code_name (int32_t code)
+{
+   switch (code) {
+   case INJECT_CODE_INTERNAL_ERROR:
+      return "InternalError";
+   case INJECT_CODE_BAD_VALUE:
+      return "BadValue";
+   case INJECT_CODE_UNKNOWN_ERROR:
+      return "UnknownError";
+   case INJECT_CODE_UNAUTHORIZED:
+      return "Unauthorized";
+   case INJECT_CODE_ILLEGAL_OPERATION:
+      return "IllegalOperation";
+   case INJECT_CODE_COMMAND_NOT_FOUND:
+      return "CommandNotFound";
+   case INJECT_CODE_WRITE_CONFLICT:
+      return "WriteConflict";
+   case INJECT_CODE_NO_SUCH_TRANSACTION:
+      return "NoSuchTransaction";
+   case INJECT_CODE_TEMPORARILY_UNAVAILABLE:
+      return "TemporarilyUnavailable";
+   case INJECT_CODE_BSON_OBJECT_TOO_LARGE:
+      return "BSONObjectTooLarge";
+   case INJECT_CODE_DUPLICATE_KEY:
+      return "DuplicateKey";
+   case INJECT_CODE_DOCUMENT_TOO_LARGE:
+      return "DocumentTooLarge";
+   default:
+      return NULL;
+   }
 }
 
 /* Names of the write error codes an outbox write can meet; others get
@@ -694,21 +779,12 @@ fail_made (inject_job_t *job, const bson_t *reply, bool transient, int32_t code,
 static const char *
 code_name (int32_t code, char *buf, size_t len)
 {
-   switch (code) {
-   case 2:
-      return "BadValue";
-   case 11000:
-      return "DuplicateKey";
-   case 112:
-      return "WriteConflict";
-   case 10334:
-      return "BSONObjectTooLarge";
-   case 17419:
-      return "DocumentTooLarge";
-   default:
-      snprintf (buf, len, "Location%d", code);
-      return buf;
-   }
+   const char *name = inject_code_name (code);
+
+   if (name)
+      return name;
+   snprintf (buf, len, "Location%d", code);
+   return buf;
 }
 
 static const char *
@@ -829,19 +905,13 @@ inject_job_reply (inject_job_t *job, uint32_t i, const bson_t *reply)
    }
    if (first_write_error (reply, &we)) {
       bson_iter_t f;
-      int32_t code = 8; /* UnknownError */
+      int32_t code = INJECT_CODE_UNKNOWN_ERROR;
       const char *msg = "write error";
       char buf[32];
 
-      if (BSON_ITER_HOLDS_DOCUMENT (&we) && bson_iter_recurse (&we, &f)) {
-         while (bson_iter_next (&f)) {
-            if (strcmp (bson_iter_key (&f), "code") == 0 && BSON_ITER_HOLDS_NUMBER (&f))
-               code = (int32_t) bson_iter_as_int64 (&f);
-            else if (strcmp (bson_iter_key (&f), "errmsg") == 0 && BSON_ITER_HOLDS_UTF8 (&f))
-               msg = bson_iter_utf8 (&f, NULL);
-         }
-      }
-      fail_made (job, reply, code == 112, code, code_name (code, buf, sizeof buf), "relaybus: %s failed: %.300s",
+      if (BSON_ITER_HOLDS_DOCUMENT (&we) && bson_iter_recurse (&we, &f))
+         error_fields (&f, &code, &msg);
+      fail_made (job, reply, code == INJECT_CODE_WRITE_CONFLICT, code, code_name (code, buf, sizeof buf), "relaybus: %s failed: %.300s",
                  command_desc (job, i, desc, sizeof desc), msg);
       return;
    }
@@ -859,7 +929,7 @@ inject_job_reply (inject_job_t *job, uint32_t i, const bson_t *reply)
          /* A stored event that vanished without a conflict, or a server that
           * does not count as mongod does: either way the outbox is not what
           * the transaction must commit. */
-         fail_made (job, reply, true, 112, "WriteConflict", "relaybus: %s wrote %lld of %u documents",
+         fail_made (job, reply, true, INJECT_CODE_WRITE_CONFLICT, "WriteConflict", "relaybus: %s wrote %lld of %u documents",
                     command_desc (job, i, desc, sizeof desc), (long long) (reply_n (reply, &n) ? n : -1), job->expect_n[i]);
          return;
       }
@@ -868,7 +938,7 @@ inject_job_reply (inject_job_t *job, uint32_t i, const bson_t *reply)
       return;
    }
 malformed:
-   fail_made (job, reply, false, 1, "InternalError", "relaybus: unexpected reply to %s", command_desc (job, i, desc, sizeof desc));
+   fail_made (job, reply, false, INJECT_CODE_INTERNAL_ERROR, "InternalError", "relaybus: unexpected reply to %s", command_desc (job, i, desc, sizeof desc));
 }
 
 bool

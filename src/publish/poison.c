@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/outbox.h"
 
 typedef struct {
@@ -123,8 +124,9 @@ ensure_slots (poison_table_t *t)
    t->free_head = 0;
 }
 
+/* Keeps `count` equal to `live` for poison_table_count's lock-free read. */
 static void
-publish_count (poison_table_t *t)
+mirror_count (poison_table_t *t)
 {
    atomic_store_explicit (&t->count, t->live, memory_order_release);
 }
@@ -163,6 +165,7 @@ unlink_slot (poison_table_t *t, int32_t i)
    s->next = t->free_head;
    s->prev = -1;
    t->free_head = i;
+   RELAYBUS_ASSERT (t->live > 0);
    t->live--;
 }
 
@@ -186,7 +189,8 @@ poison_table_reserve (poison_table_t *t, int64_t now_ms)
       t->reserved++;
       ok = true;
    }
-   publish_count (t);
+   RELAYBUS_ASSERT (t->live + t->reserved <= t->capacity);
+   mirror_count (t);
    pthread_mutex_unlock (&t->mu);
    return ok;
 }
@@ -228,7 +232,9 @@ poison_table_add (poison_table_t *t,
       res = POISON_FULL;
       goto done;
    }
+   /* live + reserved < capacity: a free slot exists. */
    i = t->free_head;
+   RELAYBUS_ASSERT (i >= 0);
    s = &t->slots[i];
    t->free_head = s->next;
    memset (&s->e, 0, sizeof s->e);
@@ -247,54 +253,52 @@ poison_table_add (poison_table_t *t,
       t->oldest = i;
    t->newest = i;
    t->live++;
+   RELAYBUS_ASSERT (t->live + t->reserved <= t->capacity);
 done:
-   publish_count (t);
+   mirror_count (t);
    pthread_mutex_unlock (&t->mu);
    return res;
+}
+
+/* Finds `key` under the lock and, for a lookup, drops what expired at
+ * `now_ms` first and copies the entry to `out` (when non-NULL); for a
+ * removal, frees its slot.  Returns whether it was there. */
+static bool
+find_locked (poison_table_t *t, const poison_key_t *key, bool remove, int64_t now_ms, poison_entry_t *out)
+{
+   uint32_t hash = key_hash (key);
+   bool found = false;
+   int32_t i;
+
+   pthread_mutex_lock (&t->mu);
+   if (!t->slots)
+      goto done;
+   if (!remove)
+      expire (t, now_ms);
+   i = find (t, key, hash);
+   if (i >= 0) {
+      found = true;
+      if (remove)
+         unlink_slot (t, i);
+      else if (out)
+         *out = t->slots[i].e;
+   }
+   mirror_count (t);
+done:
+   pthread_mutex_unlock (&t->mu);
+   return found;
 }
 
 bool
 poison_table_lookup (poison_table_t *t, const poison_key_t *key, int64_t now_ms, poison_entry_t *out)
 {
-   uint32_t hash = key_hash (key);
-   bool found = false;
-   int32_t i;
-
-   pthread_mutex_lock (&t->mu);
-   if (!t->slots)
-      goto done;
-   expire (t, now_ms);
-   i = find (t, key, hash);
-   if (i >= 0) {
-      found = true;
-      if (out)
-         *out = t->slots[i].e;
-   }
-   publish_count (t);
-done:
-   pthread_mutex_unlock (&t->mu);
-   return found;
+   return find_locked (t, key, false, now_ms, out);
 }
 
 bool
 poison_table_remove (poison_table_t *t, const poison_key_t *key)
 {
-   uint32_t hash = key_hash (key);
-   bool found = false;
-   int32_t i;
-
-   pthread_mutex_lock (&t->mu);
-   if (!t->slots)
-      goto done;
-   i = find (t, key, hash);
-   if (i >= 0) {
-      unlink_slot (t, i);
-      found = true;
-   }
-   publish_count (t);
-done:
-   pthread_mutex_unlock (&t->mu);
-   return found;
+   return find_locked (t, key, true, 0, NULL);
 }
 
 uint32_t
