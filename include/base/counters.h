@@ -1,80 +1,352 @@
 /*
- * base/counters.h - process-wide counters of the forwarding path.
+ * base/counters.h - the one registry of every counter, gauge and histogram.
+ * Thread: any.  Every thread bumps what it sees (the forwarding loop, the
+ * dispatcher thread, the admin thread, the topology worker); the admin
+ * thread reads the table to render /metrics and the JSON API
+ * (admin/render.c, admin/api.c).
  *
- * A handful of relaxed atomic 64-bit counters that any thread may bump and
- * any thread (the admin port, later) may read without a lock.  They are
- * monotonic except the gauges (connections open, upstreams open), which go
- * up and down.  Nothing here allocates or logs; rendering belongs to the
- * admin/metrics module.
+ * COUNTERS_TABLE below declares each metric once: its id, its Prometheus
+ * name, type, label and help.  The values are relaxed atomic 64-bit slots:
+ * each counter is independent, readers only want a recent value, and
+ * nothing is derived from two slots at once.  Counters are monotonic;
+ * gauges go up and down or are set.  A labelled metric has one slot per
+ * value of its label, and every label set is bounded: close reasons,
+ * publishing error kinds and command names are fixed lists, handlers come
+ * from the configuration (at most COUNTERS_MAX_HANDLERS), event types are
+ * the first COUNTERS_MAX_EVENT_TYPES seen and the rest one "_other".
+ *
+ * Nothing here allocates, logs or does I/O; incrementing is one atomic add
+ * (inline), so it is safe on the forwarding loop.  Adding a handler or an
+ * event type takes a mutex, at most a bounded number of times per process.
+ * Rendering (the text format, the escaping) belongs to admin/render.c.
  */
-#ifndef RELAYBUS_STATS_H
-#define RELAYBUS_STATS_H
+#ifndef RELAYBUS_BASE_COUNTERS_H
+#define RELAYBUS_BASE_COUNTERS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "base/assert.h"
+
+/* ------------------------------------------------------------ labels */
+
 /* Why a client connection ended.  Every close goes through
- * client_disconnect(), which logs the detail and counts the reason here. */
+ * client_disconnect(), which logs the detail and counts the reason under
+ * relaybus_client_connections_closed_total. */
 typedef enum {
-   STATS_CLOSE_CLIENT_EOF = 0,     /* the client hung up */
-   STATS_CLOSE_CLIENT_ERROR,       /* socket or TLS error on the client side */
-   STATS_CLOSE_CLIENT_PROTOCOL,    /* the client sent something the proxy refuses */
-   STATS_CLOSE_UPSTREAM_EOF,       /* the upstream hung up */
-   STATS_CLOSE_UPSTREAM_ERROR,     /* socket or TLS error on the upstream side */
-   STATS_CLOSE_UPSTREAM_PROTOCOL,  /* the upstream sent something unexpected */
-   STATS_CLOSE_UPSTREAM_CONNECT,   /* could not connect to the primary */
-   STATS_CLOSE_NO_PRIMARY,         /* no primary known within upstream_connect_timeout_ms */
-   STATS_CLOSE_HANDSHAKE_TIMEOUT,  /* no first hello within handshake_timeout_ms */
-   STATS_CLOSE_MESSAGE_TIMEOUT,    /* a partial message stalled past message_timeout_ms */
-   STATS_CLOSE_MAX_CLIENTS,        /* refused at accept: max_clients reached */
-   STATS_CLOSE_SHUTDOWN,           /* drained at shutdown */
-   STATS_CLOSE_SHUTDOWN_TIMEOUT,   /* still busy when drain_timeout_ms ran out */
-   STATS_CLOSE_INTERNAL,           /* out of memory or a proxy bug: never expected */
-   STATS_CLOSE_REASON_COUNT
-} stats_close_reason_t;
+   COUNTERS_CLOSE_CLIENT_EOF = 0,     /* the client hung up */
+   COUNTERS_CLOSE_CLIENT_ERROR,       /* socket or TLS error on the client side */
+   COUNTERS_CLOSE_CLIENT_PROTOCOL,    /* the client sent something the proxy refuses */
+   COUNTERS_CLOSE_UPSTREAM_EOF,       /* the upstream hung up */
+   COUNTERS_CLOSE_UPSTREAM_ERROR,     /* socket or TLS error on the upstream side */
+   COUNTERS_CLOSE_UPSTREAM_PROTOCOL,  /* the upstream sent something unexpected */
+   COUNTERS_CLOSE_UPSTREAM_CONNECT,   /* could not connect to the primary */
+   COUNTERS_CLOSE_NO_PRIMARY,         /* no primary known within upstream_connect_timeout_ms */
+   COUNTERS_CLOSE_HANDSHAKE_TIMEOUT,  /* no first hello within handshake_timeout_ms */
+   COUNTERS_CLOSE_MESSAGE_TIMEOUT,    /* a partial message stalled past message_timeout_ms */
+   COUNTERS_CLOSE_MAX_CLIENTS,        /* refused at accept: max_clients reached */
+   COUNTERS_CLOSE_SHUTDOWN,           /* drained at shutdown */
+   COUNTERS_CLOSE_SHUTDOWN_TIMEOUT,   /* still busy when drain_timeout_ms ran out */
+   COUNTERS_CLOSE_INTERNAL,           /* out of memory or a proxy bug: never expected */
+   COUNTERS_CLOSE_REASON_COUNT
+} counters_close_reason_t;
 
+/* Publishing failures (relaybus_publish_errors_total{kind}). */
+typedef enum {
+   COUNTERS_PUBLISH_BAD_ANNOTATION = 0, /* BadValue answers: the annotation or relaybusPublish is malformed */
+   COUNTERS_PUBLISH_OUTSIDE_TRANSACTION, /* IllegalOperation answers: annotated work outside a transaction */
+   COUNTERS_PUBLISH_OUTBOX_WRITE,       /* an outbox write failed: its error went to the client */
+   COUNTERS_PUBLISH_CONNECTION_LOST,    /* the connection closed in the middle of an operation */
+   COUNTERS_PUBLISH_ERROR_COUNT
+} counters_publish_error_t;
+
+/* Commands counted by name: this many fixed names, plus "other". */
+#define COUNTERS_N_COMMANDS 44
+/* Handlers with their own series (the configuration's bound); a name past
+ * it is not counted. */
+#define COUNTERS_MAX_HANDLERS 256
+/* Event types with their own relaybus_events_unrouted_total series; later
+ * ones are counted under COUNTERS_EVENT_TYPE_OTHER. */
+#define COUNTERS_MAX_EVENT_TYPES 100
+#define COUNTERS_EVENT_TYPE_OTHER "_other"
+
+/* What a metric's samples are labelled by, with the label's key and how
+ * many slots it takes.  NONE: one sample without labels. */
+#define COUNTERS_LABELS(L)                                  \
+   L (NONE, NULL, 1)                                        \
+   L (BUILD, "version", 1)                                  \
+   L (REASON, "reason", COUNTERS_CLOSE_REASON_COUNT)        \
+   L (COMMAND, "command", COUNTERS_N_COMMANDS + 1)          \
+   L (KIND, "kind", COUNTERS_PUBLISH_ERROR_COUNT)           \
+   L (HANDLER, "handler", COUNTERS_MAX_HANDLERS)            \
+   L (TYPE, "type", COUNTERS_MAX_EVENT_TYPES + 1)
+
+typedef enum {
+#define COUNTERS_L_ENUM(label, key, slots) COUNTERS_LABEL_##label,
+   COUNTERS_LABELS (COUNTERS_L_ENUM)
+#undef COUNTERS_L_ENUM
+   COUNTERS_LABEL_COUNT
+} counters_label_t;
+
+#define COUNTERS_L_SLOTS(label, key, slots) COUNTERS_SLOTS_LABEL_##label = (slots),
+enum { COUNTERS_LABELS (COUNTERS_L_SLOTS) };
+#undef COUNTERS_L_SLOTS
+
+/* --------------------------------------------------------- histograms */
+
+/* Upper bounds of the latency buckets, in ms (then +Inf). */
+#define COUNTERS_N_BUCKETS 14
+extern const int64_t counters_bucket_ms[COUNTERS_N_BUCKETS];
+
+/* Slots of one histogram sample: the buckets (not cumulative; the last one
+ * is +Inf), then the sum of the observations in ms.  Its count is the sum
+ * of its buckets. */
+#define COUNTERS_HISTOGRAM_SUM (COUNTERS_N_BUCKETS + 1)
+enum {
+   COUNTERS_WIDTH_COUNTER = 1,
+   COUNTERS_WIDTH_GAUGE = 1,
+   COUNTERS_WIDTH_HISTOGRAM = COUNTERS_HISTOGRAM_SUM + 1,
+};
+
+typedef enum {
+   COUNTERS_TYPE_COUNTER = 0,
+   COUNTERS_TYPE_GAUGE,
+   COUNTERS_TYPE_HISTOGRAM,
+} counters_type_t;
+
+/* ------------------------------------------------------------- table */
+
+/* Every metric of the process, in the order /metrics renders them (the
+ * store's, read per scrape, follow them: admin/metrics.h).  X (id, name,
+ * type, label, help).  Gauges marked "set per scrape" are written by the
+ * admin thread just before it renders. */
+#define COUNTERS_TABLE(X)                                                                                              \
+   X (BUILD_INFO, "relaybus_build_info", GAUGE, BUILD, "Always 1; the version is a label.")                         \
+   X (START_TIME, "relaybus_start_time_seconds", GAUGE, NONE,                                                          \
+      "When the process started, in seconds since the Unix epoch.") /* set per scrape */                              \
+   X (UPSTREAM_UP, "relaybus_upstream_up", GAUGE, NONE,                                                                \
+      "1 while a writable upstream (primary or mongos) is known.") /* set per scrape */                               \
+   X (OUTBOX_READY, "relaybus_outbox_ready", GAUGE, NONE,                                                              \
+      "1 once the outbox collections, indexes and lanes are set up.") /* set per scrape */                            \
+   X (ADMIN_REQUESTS, "relaybus_admin_requests_total", COUNTER, NONE, "Admin HTTP requests served.")                  \
+   X (ADMIN_REJECTED, "relaybus_admin_rejected_total", COUNTER, NONE,                                                  \
+      "Admin HTTP requests refused (401, 400, 404, 405, 413, 415, 503).")                                             \
+   /* forwarding */                                                                                                    \
+   X (CONNECTIONS_OPEN, "relaybus_client_connections", GAUGE, NONE, "Client connections open.")                       \
+   X (CONNECTIONS_ACCEPTED, "relaybus_client_connections_accepted_total", COUNTER, NONE,                               \
+      "Client connections accepted, including those refused over max_clients.")                                      \
+   X (CONNECTIONS_CLOSED, "relaybus_client_connections_closed_total", COUNTER, REASON,                                 \
+      "Client connections closed, by reason.")                                                                        \
+   X (UPSTREAMS_OPEN, "relaybus_upstream_connections", GAUGE, NONE, "Upstream connections open.")                     \
+   X (UPSTREAM_CONNECTS, "relaybus_upstream_connects_total", COUNTER, NONE, "Upstream connections opened.")           \
+   X (UPSTREAM_CONNECT_FAILURES, "relaybus_upstream_connect_failures_total", COUNTER, NONE,                            \
+      "Upstream connection attempts that failed.")                                                                    \
+   X (BYTES_FROM_CLIENTS, "relaybus_client_received_bytes_total", COUNTER, NONE,                                       \
+      "Bytes of messages received from clients.")                                                                     \
+   X (BYTES_TO_CLIENTS, "relaybus_client_sent_bytes_total", COUNTER, NONE, "Bytes of messages sent to clients.")      \
+   X (BYTES_FROM_UPSTREAM, "relaybus_upstream_received_bytes_total", COUNTER, NONE,                                    \
+      "Bytes of messages received from the upstream.")                                                                \
+   X (BYTES_TO_UPSTREAM, "relaybus_upstream_sent_bytes_total", COUNTER, NONE,                                          \
+      "Bytes of messages sent to the upstream.")                                                                      \
+   X (MESSAGES_FROM_CLIENTS, "relaybus_client_messages_total", COUNTER, NONE, "Messages received from clients.")      \
+   X (MESSAGES_FROM_UPSTREAM, "relaybus_upstream_messages_total", COUNTER, NONE,                                       \
+      "Messages received from the upstream.")                                                                         \
+   X (COMMANDS, "relaybus_commands_total", COUNTER, COMMAND,                                                           \
+      "Client commands by name (hellos are counted by relaybus_hellos_total; unlisted names as other).")              \
+   X (HELLOS_REWRITTEN, "relaybus_hellos_total", COUNTER, NONE, "Handshake hellos answered (rewritten) by the proxy.") \
+   X (NOT_PRIMARY_ERRORS, "relaybus_not_primary_errors_total", COUNTER, NONE, "Not-primary class errors relayed.")    \
+   X (PRIMARY_CHANGES, "relaybus_primary_changes_total", COUNTER, NONE, "Times the primary changed.")                 \
+   X (INTERNAL_REQUESTS, "relaybus_internal_requests_total", COUNTER, NONE,                                            \
+      "Requests the proxy sent upstream on its own.")                                                                 \
+   X (ACCEPT_PAUSES, "relaybus_accept_pauses_total", COUNTER, NONE,                                                    \
+      "Times the listener paused accepting on EMFILE or ENFILE.")                                                     \
+   X (BUFFERED_BYTES, "relaybus_buffered_bytes", GAUGE, NONE,                                                          \
+      "Bytes all connections hold or have reserved (partial messages, decompression, queues); bounded by "            \
+      "max_buffered_bytes.")                                                                                          \
+   X (CONNECTIONS_PAUSED_MEMORY, "relaybus_memory_paused_connections", GAUGE, NONE,                                    \
+      "Connections not read now because max_buffered_bytes is reached.")                                              \
+   X (MEMORY_PAUSES, "relaybus_memory_pauses_total", COUNTER, NONE,                                                    \
+      "Times a connection stopped being read because max_buffered_bytes was reached.")                                \
+   X (REQUESTS_OFFLOADED, "relaybus_requests_offloaded_total", COUNTER, NONE,                                          \
+      "Requests of 1 MiB or more decompressed and validated on the decoding thread.")                                 \
+   /* publishing */                                                                                                    \
+   X (ANNOTATED, "relaybus_annotated_statements_total", COUNTER, NONE, "Annotated statements seen.")                  \
+   X (EVENTS_PUBLISHED, "relaybus_events_published_total", COUNTER, NONE, "Events written into the outbox.")          \
+   X (DELIVERIES_WRITTEN, "relaybus_deliveries_written_total", COUNTER, NONE, "Deliveries written into the outbox.")  \
+   X (PUBLISH_ERRORS, "relaybus_publish_errors_total", COUNTER, KIND, "Publishing failures, by kind.")                \
+   X (POISONED, "relaybus_poisoned_transactions_total", COUNTER, NONE,                                                 \
+      "Transactions poisoned: a publish lost its connection or an outbox write failed, so their commit is refused.")  \
+   X (POISON_REFUSED, "relaybus_poisoned_commits_refused_total", COUNTER, NONE,                                        \
+      "commitTransaction requests of poisoned transactions, aborted instead of forwarded.")                           \
+   X (POISON_FULL_REFUSED, "relaybus_poisoned_table_full_refusals_total", COUNTER, NONE,                               \
+      "Annotated statements and relaybusPublish calls refused (transient error) because max_poisoned_transactions "   \
+      "were held.")                                                                                                   \
+   X (POISON_ENTRIES, "relaybus_poisoned_transactions", GAUGE, NONE,                                                   \
+      "Poisoned transactions remembered now.") /* set per scrape */                                                   \
+   X (OUTBOX_WRITES_REFUSED, "relaybus_outbox_client_writes_refused_total", COUNTER, NONE,                             \
+      "Client commands refused (Unauthorized) because they write the outbox collections.")                            \
+   X (EVENTS_UNROUTED, "relaybus_events_unrouted_total", COUNTER, TYPE,                                                \
+      "Annotated events no handler (local or of a live proxy) subscribes to, by type (the first 100 types; later "    \
+      "ones as _other).")                                                                                             \
+   /* dispatch */                                                                                                      \
+   X (DISPATCH_CLAIMS, "relaybus_dispatch_claims_total", COUNTER, NONE, "Claim calls made by this process's dispatcher.") \
+   X (DISPATCH_CLAIMED, "relaybus_dispatch_claimed_total", COUNTER, NONE,                                              \
+      "Deliveries claimed by this process's dispatcher.")                                                             \
+   X (DISPATCH_COMPLETED, "relaybus_dispatch_completed_total", COUNTER, NONE,                                          \
+      "Deliveries this process completed (all handlers).")                                                            \
+   X (DISPATCH_RETRIED, "relaybus_dispatch_retried_total", COUNTER, NONE,                                              \
+      "Delivery attempts this process rescheduled (all handlers).")                                                   \
+   X (DISPATCH_DEAD, "relaybus_dispatch_dead_total", COUNTER, NONE, "Deliveries this process buried (all handlers).") \
+   X (DISPATCH_LOST_COMPLETIONS, "relaybus_dispatch_lost_completions_total", COUNTER, NONE,                            \
+      "Completions not proven because a lane changed hands (they may run again).")                                    \
+   X (DISPATCH_HTTP_REQUESTS, "relaybus_dispatch_http_requests_total", COUNTER, NONE, "Webhook requests started.")    \
+   X (DELIVERIES_COMPLETED, "relaybus_deliveries_completed_total", COUNTER, HANDLER, "Deliveries completed, by handler.") \
+   X (DELIVERIES_RETRIED, "relaybus_deliveries_retried_total", COUNTER, HANDLER,                                       \
+      "Delivery attempts that failed and were rescheduled, by handler.")                                              \
+   X (DELIVERIES_DEAD, "relaybus_deliveries_dead_total", COUNTER, HANDLER,                                             \
+      "Deliveries that became dead letters, by handler.")                                                             \
+   X (HANDLER_LATENCY, "relaybus_handler_latency_seconds", HISTOGRAM, HANDLER,                                         \
+      "Time from a webhook request's start to its answer, by handler.")                                               \
+   X (CLAIM_LATENCY, "relaybus_claim_latency_seconds", HISTOGRAM, NONE, "Duration of one claim call.")                \
+   X (FLEET_INSTANCES, "relaybus_fleet_instances", GAUGE, NONE,                                                        \
+      "Live proxy instances in the fleet's handler set as this process last read it.") /* set per scrape */           \
+   X (HANDLER_SETS_DISAGREEING, "relaybus_handler_sets_disagreeing", GAUGE, NONE,                                      \
+      "Handler names live proxies declare differently (kind, events or settings hash).") /* set per scrape */         \
+   X (RETIRED_DELIVERIES, "relaybus_handler_retired_deliveries_total", COUNTER, NONE,                                  \
+      "Pending deliveries this process moved to the dead letters because no live proxy declared their handler.")      \
+   X (PURGE_RUNS, "relaybus_purge_runs_total", COUNTER, NONE, "Scheduled purge runs this process completed.")         \
+   X (PURGE_ERRORS, "relaybus_purge_errors_total", COUNTER, NONE, "Scheduled purge runs this process ended on an error.") \
+   X (PURGED_EVENTS, "relaybus_purged_events_total", COUNTER, NONE,                                                    \
+      "Events (deduplication records) removed by scheduled purges of this process.")                                  \
+   X (PURGED_DEAD, "relaybus_purged_dead_letters_total", COUNTER, NONE,                                                \
+      "Dead deliveries removed by scheduled purges of this process.")                                                 \
+   X (PURGED_HISTORY, "relaybus_purged_history_total", COUNTER, NONE,                                                  \
+      "Completion history records removed by scheduled purges of this process.")
+
+/* A metric's id is the index of its first slot in counters_slots: its
+ * samples take COUNTERS_SLOTS (type, label) slots from there. */
+#define COUNTERS_SLOTS(type, label) (COUNTERS_WIDTH_##type * COUNTERS_SLOTS_LABEL_##label)
+
+typedef enum {
+#define COUNTERS_X_ID(id, name, type, label, help) \
+   COUNTER_##id, COUNTERS_LAST_SLOT_##id = COUNTER_##id + COUNTERS_SLOTS (type, label) - 1,
+   COUNTERS_TABLE (COUNTERS_X_ID)
+#undef COUNTERS_X_ID
+   COUNTERS_N_SLOTS
+} counter_id_t;
+
+/* The values, zero at start (BUILD_INFO: 1).  Read and written only
+ * through the functions below. */
+extern _Atomic uint64_t counters_slots[COUNTERS_N_SLOTS];
+
+/* One metric's declaration, for rendering. */
 typedef struct {
-   _Atomic uint64_t connections_open;     /* gauge */
-   _Atomic uint64_t connections_accepted; /* includes those refused over max_clients */
-   _Atomic uint64_t connections_closed[STATS_CLOSE_REASON_COUNT];
-   _Atomic uint64_t upstreams_open;       /* gauge */
-   _Atomic uint64_t upstream_connects;
-   _Atomic uint64_t upstream_connect_failures;
-   _Atomic uint64_t bytes_from_clients;
-   _Atomic uint64_t bytes_to_clients;
-   _Atomic uint64_t bytes_from_upstream;
-   _Atomic uint64_t bytes_to_upstream;
-   _Atomic uint64_t messages_from_clients;
-   _Atomic uint64_t messages_from_upstream;
-   _Atomic uint64_t hellos_rewritten;
-   _Atomic uint64_t messages_decompressed;
-   _Atomic uint64_t messages_compressed;
-   _Atomic uint64_t not_primary_errors;     /* relayed "not primary"-class replies */
-   _Atomic uint64_t primary_changes;
-   _Atomic uint64_t accept_paused;          /* EMFILE/ENFILE pauses of the listener */
-   _Atomic uint64_t internal_requests;      /* the proxy's own requests upstream */
-   _Atomic uint64_t requests_offloaded;     /* big requests decoded off the loop */
-   /* The process-wide memory bound ([proxy] max_buffered_bytes): bytes
-    * held in every connection's buffers plus those reserved for messages
-    * being received or decompressed (gauge), connections not read because
-    * of it now (gauge), and how often one was paused. */
-   _Atomic uint64_t buffered_bytes;
-   _Atomic uint64_t connections_paused_memory;
-   _Atomic uint64_t memory_pauses;
-} stats_t;
+   counter_id_t id;
+   const char *name, *help;
+   counters_type_t type;
+   counters_label_t label;
+} counters_def_t;
 
-/* The one instance, zero-initialised at start. */
-extern stats_t stats;
+/* The declarations in table order; *n is set to how many. */
+const counters_def_t *counters_defs (size_t *n);
 
-/* "client_eof", ... for logs and metrics labels. */
-const char *stats_close_reason_name (stats_close_reason_t reason);
+/* ------------------------------------------------------------ writing */
 
-#define stats_add(field, n) atomic_fetch_add_explicit (&stats.field, (uint64_t) (n), memory_order_relaxed)
-#define stats_sub(field, n) atomic_fetch_sub_explicit (&stats.field, (uint64_t) (n), memory_order_relaxed)
-#define stats_get(field) atomic_load_explicit (&stats.field, memory_order_relaxed)
+/* Unlabelled counters and gauges (slot 0). */
+static inline void
+counters_add (counter_id_t id, uint64_t n)
+{
+   atomic_fetch_add_explicit (&counters_slots[id], n, memory_order_relaxed);
+}
 
-/* Counts one closed connection under `reason` (and decrements nothing:
- * the caller owns the open gauge). */
-void stats_count_close (stats_close_reason_t reason);
+static inline void
+counters_sub (counter_id_t id, uint64_t n)
+{
+   atomic_fetch_sub_explicit (&counters_slots[id], n, memory_order_relaxed);
+}
 
-#endif /* RELAYBUS_STATS_H */
+static inline void
+counters_set (counter_id_t id, uint64_t v)
+{
+   atomic_store_explicit (&counters_slots[id], v, memory_order_relaxed);
+}
+
+/* Sample `slot` of a labelled counter (a close reason, a publishing error
+ * kind, a handler slot).  `slot` must be below the label's slot count; the
+ * debug check is only against the widest label and the table's end, which
+ * costs two compares instead of a lookup. */
+static inline void
+counters_add_at (counter_id_t id, size_t slot, uint64_t n)
+{
+   RELAYBUS_ASSERT (slot < COUNTERS_SLOTS_LABEL_HANDLER && (size_t) id + slot < COUNTERS_N_SLOTS);
+   atomic_fetch_add_explicit (&counters_slots[id + slot], n, memory_order_relaxed);
+}
+
+/* Counts one closed connection under `reason` (anything out of range as
+ * internal); the caller owns the open gauge. */
+void counters_count_close (counters_close_reason_t reason);
+
+/* "client_eof", ... for logs and the reason label. */
+const char *counters_close_reason_name (counters_close_reason_t reason);
+
+/* Counts one command by name (a fixed set of names; others and NULL count
+ * as "other").  Hellos are not counted here (COUNTER_HELLOS_REWRITTEN). */
+void counters_count_command (const char *cmd);
+
+/* One observation of `ms` (negative as 0) in sample `slot` of histogram
+ * `id`. */
+void counters_observe (counter_id_t id, size_t slot, int64_t ms);
+
+/* The handler slot of `name`, added on first use when `add`; SIZE_MAX when
+ * it is not there (or the table is full, or the name too long).  Lookups
+ * take no lock; adding does. */
+size_t counters_handler_slot (const char *name, bool add);
+
+/* One delivery attempt of `handler` ended as `outcome`
+ * (COUNTER_DELIVERIES_COMPLETED, _RETRIED or _DEAD) after `latency_ms` in
+ * the handler: counts it and observes the handler's latency. */
+void counters_delivery (const char *handler, counter_id_t outcome, int64_t latency_ms);
+
+/* An annotated event of `type` that no handler subscribes to: the first
+ * COUNTERS_MAX_EVENT_TYPES distinct types get their own series, the rest
+ * count under COUNTERS_EVENT_TYPE_OTHER.  Lock-free once the type has its
+ * series. */
+void counters_unrouted (const char *type);
+
+/* ------------------------------------------------------------ reading */
+
+/* Unlabelled value, and value of sample `slot`. */
+static inline uint64_t
+counters_get (counter_id_t id)
+{
+   return atomic_load_explicit (&counters_slots[id], memory_order_relaxed);
+}
+
+static inline uint64_t
+counters_get_at (counter_id_t id, size_t slot)
+{
+   RELAYBUS_ASSERT (slot < COUNTERS_SLOTS_LABEL_HANDLER && (size_t) id + slot < COUNTERS_N_SLOTS);
+   return atomic_load_explicit (&counters_slots[id + slot], memory_order_relaxed);
+}
+
+/* The key of `label` ("reason", ...; NULL for NONE). */
+const char *counters_label_key (counters_label_t label);
+
+/* The i-th value of `label` to render now, counting i from 0 until it
+ * returns NULL, with the slot that holds its sample.  *omit_if_zero is set
+ * for a sample that is rendered only once it is non-zero (the "_other" of
+ * event types). */
+const char *counters_label_value (counters_label_t label, size_t i, size_t *slot, bool *omit_if_zero);
+
+/* Histogram sample `slot` of `id`: its buckets (not cumulative, the last
+ * one +Inf), the sum in ms, and the count (the buckets' sum). */
+typedef struct {
+   uint64_t buckets[COUNTERS_N_BUCKETS + 1];
+   uint64_t sum_ms;
+   uint64_t count;
+} counters_histogram_t;
+void counters_histogram (counter_id_t id, size_t slot, counters_histogram_t *out);
+
+#endif /* RELAYBUS_BASE_COUNTERS_H */

@@ -33,7 +33,7 @@
 #include "base/log.h"
 #include "admin/metrics.h"
 #include "base/counters.h"
-#include "publish/publish.h"
+#include "publish/txns.h"
 
 #define ADMIN_MAX_PARAM_LEN 256
 #define ADMIN_CLIENTS_DEFAULT 500
@@ -458,22 +458,29 @@ admin_api_metrics (admin_t *a, struct evhttp_request *req)
    topology_primary_t snap;
    const store_view_t *sv;
    metrics_view_t mv = {0};
+   fleet_set_t *fs = fleet_acquire ();
+   size_t live = 0;
    bson_string_t *out = bson_string_new (NULL);
 
    topology_get_primary (a->topo, &snap);
    sv = store_view (a, now);
+   /* The registry's gauges that only a scrape reads. */
+   for (size_t i = 0; fs && i < fs->n_instances; i++)
+      live += fs->instances[i].live;
+   counters_set (COUNTER_START_TIME, (uint64_t) (a->start_ms / 1000));
+   counters_set (COUNTER_UPSTREAM_UP, snap.state == TOPOLOGY_STATE_PRIMARY);
+   counters_set (COUNTER_OUTBOX_READY, sv->ok && outbox_ready (a));
+   counters_set (COUNTER_FLEET_INSTANCES, live);
+   counters_set (COUNTER_HANDLER_SETS_DISAGREEING, fs ? fs->n_disagreeing : 0);
+   counters_set (COUNTER_POISON_ENTRIES, txns_poison_entries ());
+   fleet_release (fs);
    mv.now_ms = now;
-   mv.start_ms = a->start_ms;
-   mv.upstream = snap.state;
-   mv.outbox_ready = sv->ok && outbox_ready (a);
    mv.store_ok = sv->ok;
    mv.totals = sv->totals;
    mv.handlers = sv->hs;
    mv.n_handlers = sv->n_hs;
    mv.lanes_leased = sv->leased;
    mv.lanes_held = sv->held;
-   mv.admin_requests = atomic_load (&a->requests);
-   mv.admin_rejected = atomic_load (&a->rejected);
    metrics_render (out, &mv);
    admin_send_text (req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", out->str, out->len);
    bson_string_free (out, true);
@@ -492,12 +499,19 @@ static void
 append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t *h, int64_t now, bool with_config)
 {
    const config_handler_t *hc = handler_cfg (a, h->name);
-   metrics_handler_totals_t t;
+   size_t slot = counters_handler_slot (h->name, false);
+   uint64_t completed = 0, retried = 0, dead = 0;
+   counters_histogram_t lat = {0};
    char buf[16];
    const char *key;
    bson_t doc;
 
-   (void) metrics_handler_totals (h->name, &t);
+   if (slot != SIZE_MAX) {
+      completed = counters_get_at (COUNTER_DELIVERIES_COMPLETED, slot);
+      retried = counters_get_at (COUNTER_DELIVERIES_RETRIED, slot);
+      dead = counters_get_at (COUNTER_DELIVERIES_DEAD, slot);
+      counters_histogram (COUNTER_HANDLER_LATENCY, slot, &lat);
+   }
    bson_uint32_to_string (i, &key, buf, sizeof buf);
    BSON_APPEND_DOCUMENT_BEGIN (arr, key, &doc);
    BSON_APPEND_UTF8 (&doc, "name", h->name);
@@ -509,10 +523,10 @@ append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t
    BSON_APPEND_INT64 (&doc, "dead", h->dead);
    append_date (&doc, "oldestDueAt", h->oldest_due_at);
    BSON_APPEND_INT64 (&doc, "oldestDueAgeMs", h->oldest_due_at > 0 && now > h->oldest_due_at ? now - h->oldest_due_at : 0);
-   BSON_APPEND_INT64 (&doc, "completedTotal", (int64_t) t.settled[METRICS_DELIVERY_COMPLETED]);
-   BSON_APPEND_INT64 (&doc, "retriedTotal", (int64_t) t.settled[METRICS_DELIVERY_RETRIED]);
-   BSON_APPEND_INT64 (&doc, "deadTotal", (int64_t) t.settled[METRICS_DELIVERY_DEAD]);
-   BSON_APPEND_INT64 (&doc, "meanLatencyMs", t.latency_count ? (int64_t) (t.latency_sum_seconds * 1000.0 / (double) t.latency_count) : 0);
+   BSON_APPEND_INT64 (&doc, "completedTotal", (int64_t) completed);
+   BSON_APPEND_INT64 (&doc, "retriedTotal", (int64_t) retried);
+   BSON_APPEND_INT64 (&doc, "deadTotal", (int64_t) dead);
+   BSON_APPEND_INT64 (&doc, "meanLatencyMs", lat.count ? (int64_t) ((double) lat.sum_ms / (double) lat.count) : 0);
    if (with_config && hc) {
       BSON_APPEND_UTF8 (&doc, "events", hc->events ? hc->events : "");
       if (hc->url)
@@ -532,14 +546,10 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
    int64_t now = clock_now_ms ();
    topology_primary_t snap;
    const store_view_t *sv;
-   virtual_stats_t vs;
-   dispatch_stats_t ds;
    bson_t doc = BSON_INITIALIZER, sub, arr;
 
    topology_get_primary (a->topo, &snap);
    sv = store_view (a, now);
-   virtual_get_stats (&vs);
-   dispatch_get_stats (&ds);
    append_date (&doc, "time", now);
    BSON_APPEND_INT64 (&doc, "timeMs", now);
    BSON_APPEND_UTF8 (&doc, "version", PACKAGE_VERSION);
@@ -555,29 +565,29 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
    bson_append_document_end (&doc, &sub);
 
    BSON_APPEND_DOCUMENT_BEGIN (&doc, "proxy", &sub);
-   BSON_APPEND_INT64 (&sub, "connections", (int64_t) stats_get (connections_open));
-   BSON_APPEND_INT64 (&sub, "connectionsAccepted", (int64_t) stats_get (connections_accepted));
-   BSON_APPEND_INT64 (&sub, "upstreamConnections", (int64_t) stats_get (upstreams_open));
-   BSON_APPEND_INT64 (&sub, "messagesFromClients", (int64_t) stats_get (messages_from_clients));
-   BSON_APPEND_INT64 (&sub, "bytesFromClients", (int64_t) stats_get (bytes_from_clients));
-   BSON_APPEND_INT64 (&sub, "bytesToClients", (int64_t) stats_get (bytes_to_clients));
-   BSON_APPEND_INT64 (&sub, "bytesFromUpstream", (int64_t) stats_get (bytes_from_upstream));
-   BSON_APPEND_INT64 (&sub, "bytesToUpstream", (int64_t) stats_get (bytes_to_upstream));
+   BSON_APPEND_INT64 (&sub, "connections", (int64_t) counters_get (COUNTER_CONNECTIONS_OPEN));
+   BSON_APPEND_INT64 (&sub, "connectionsAccepted", (int64_t) counters_get (COUNTER_CONNECTIONS_ACCEPTED));
+   BSON_APPEND_INT64 (&sub, "upstreamConnections", (int64_t) counters_get (COUNTER_UPSTREAMS_OPEN));
+   BSON_APPEND_INT64 (&sub, "messagesFromClients", (int64_t) counters_get (COUNTER_MESSAGES_FROM_CLIENTS));
+   BSON_APPEND_INT64 (&sub, "bytesFromClients", (int64_t) counters_get (COUNTER_BYTES_FROM_CLIENTS));
+   BSON_APPEND_INT64 (&sub, "bytesToClients", (int64_t) counters_get (COUNTER_BYTES_TO_CLIENTS));
+   BSON_APPEND_INT64 (&sub, "bytesFromUpstream", (int64_t) counters_get (COUNTER_BYTES_FROM_UPSTREAM));
+   BSON_APPEND_INT64 (&sub, "bytesToUpstream", (int64_t) counters_get (COUNTER_BYTES_TO_UPSTREAM));
    bson_append_document_end (&doc, &sub);
 
    BSON_APPEND_DOCUMENT_BEGIN (&doc, "publishing", &sub);
-   BSON_APPEND_INT64 (&sub, "annotatedStatements", (int64_t) vs.annotated);
-   BSON_APPEND_INT64 (&sub, "eventsPublished", (int64_t) vs.events);
-   BSON_APPEND_INT64 (&sub, "deliveriesWritten", (int64_t) vs.deliveries);
+   BSON_APPEND_INT64 (&sub, "annotatedStatements", (int64_t) counters_get (COUNTER_ANNOTATED));
+   BSON_APPEND_INT64 (&sub, "eventsPublished", (int64_t) counters_get (COUNTER_EVENTS_PUBLISHED));
+   BSON_APPEND_INT64 (&sub, "deliveriesWritten", (int64_t) counters_get (COUNTER_DELIVERIES_WRITTEN));
    bson_append_document_end (&doc, &sub);
 
    BSON_APPEND_DOCUMENT_BEGIN (&doc, "dispatch", &sub);
-   BSON_APPEND_INT64 (&sub, "claims", (int64_t) ds.claims);
-   BSON_APPEND_INT64 (&sub, "claimed", (int64_t) ds.claimed);
-   BSON_APPEND_INT64 (&sub, "completed", (int64_t) ds.completed);
-   BSON_APPEND_INT64 (&sub, "retried", (int64_t) ds.rescheduled);
-   BSON_APPEND_INT64 (&sub, "dead", (int64_t) ds.dead);
-   BSON_APPEND_INT64 (&sub, "httpRequests", (int64_t) ds.http_requests);
+   BSON_APPEND_INT64 (&sub, "claims", (int64_t) counters_get (COUNTER_DISPATCH_CLAIMS));
+   BSON_APPEND_INT64 (&sub, "claimed", (int64_t) counters_get (COUNTER_DISPATCH_CLAIMED));
+   BSON_APPEND_INT64 (&sub, "completed", (int64_t) counters_get (COUNTER_DISPATCH_COMPLETED));
+   BSON_APPEND_INT64 (&sub, "retried", (int64_t) counters_get (COUNTER_DISPATCH_RETRIED));
+   BSON_APPEND_INT64 (&sub, "dead", (int64_t) counters_get (COUNTER_DISPATCH_DEAD));
+   BSON_APPEND_INT64 (&sub, "httpRequests", (int64_t) counters_get (COUNTER_DISPATCH_HTTP_REQUESTS));
    bson_append_document_end (&doc, &sub);
 
    BSON_APPEND_BOOL (&doc, "outboxReady", sv->ok && outbox_ready (a));

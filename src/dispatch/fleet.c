@@ -18,7 +18,7 @@
 
 #include "base/fleet.h"
 #include "base/log.h"
-#include "admin/metrics.h"
+#include "base/counters.h"
 #include "store/fleet.h"
 
 /* A handler this instance declares first: backfilled from `since` until a
@@ -248,7 +248,7 @@ fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, i
          total += buried;
       }
       if (total > 0) {
-         metrics_retired_observe ((int64_t) total);
+         counters_add (COUNTER_RETIRED_DELIVERIES, total);
          log_warn ("dispatch: handler %s retired (no live proxy declared it for %" PRId64 " ms): %zu pending deliveries moved to the dead letters",
                    names[i],
                    now - since,

@@ -42,7 +42,7 @@ listener_accept_cb (struct evconnlistener *ev, evutil_socket_t fd, struct sockad
    listener_t *l = arg;
    bson_error_t error;
 
-   stats_add (connections_accepted, 1);
+   counters_add (COUNTER_CONNECTIONS_ACCEPTED, 1);
    if (l->max_clients > 0 && (int64_t) client_loop_count (l->loop) >= l->max_clients) {
       char peer[INET6_ADDRSTRLEN + 8] = "unix";
       if (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) {
@@ -55,7 +55,7 @@ listener_accept_cb (struct evconnlistener *ev, evutil_socket_t fd, struct sockad
          bson_snprintf (peer, sizeof peer, "%s:%u", ip, port);
       }
       log_warn ("refusing a connection from %s: max_clients=%" PRId64 " reached", peer, l->max_clients);
-      stats_count_close (STATS_CLOSE_MAX_CLIENTS);
+      counters_count_close (COUNTERS_CLOSE_MAX_CLIENTS);
       evutil_closesocket (fd);
       return;
    }
@@ -80,7 +80,7 @@ listener_error_cb (struct evconnlistener *ev, void *arg)
    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
       struct timeval tv = clock_timeval_ms (LISTENER_PAUSE_MS);
       log_warn ("accept: %s; pausing for %d ms", evutil_socket_error_to_string (err), LISTENER_PAUSE_MS);
-      stats_add (accept_paused, 1);
+      counters_add (COUNTER_ACCEPT_PAUSES, 1);
       evconnlistener_disable (l->ev);
       evtimer_add (l->resume_timer, &tv);
       return;

@@ -264,7 +264,6 @@ emitted_metrics (names_t *ns)
    /* Everything on: a store that answered, one handler with series. */
    bson_strncpy (hs.name, "docs-test", sizeof hs.name);
    v.store_ok = true;
-   v.outbox_ready = true;
    v.handlers = &hs;
    v.n_handlers = 1;
    metrics_render (out, &v);
