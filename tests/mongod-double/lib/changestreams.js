@@ -171,7 +171,7 @@ async function open(ctx) {
   };
   const ns = scope.kind === 'collection' ? `${scope.db}.${scope.coll}` : `${scope.kind === 'cluster' ? 'admin' : scope.db}.$cmd.aggregate`;
   const batchSize = cmd.cursor.batchSize === undefined ? 101 : V.toNumber(cmd.cursor.batchSize);
-  const b = collect(server, stream, batchSize);
+  const b = executing('PlanExecutor error during aggregation', () => collect(server, stream, batchSize));
   const id = ctx.cursors.newId();
   if (!stream.done) {
     ctx.cursors.cursors.set(id.toString(), { id, ns, docs: [], pos: 0, stream, session: ctx.sessionKey, lastUse: Date.now() });
@@ -188,13 +188,16 @@ async function getMore(ctx, c, batchSize) {
   const wait = cmd.maxTimeMS !== undefined ? V.toNumber(cmd.maxTimeMS) : 1000;
   const deadline = Date.now() + wait;
   const limit = batchSize > 0 ? batchSize : Infinity;
-  let b = collect(server, c.stream, limit);
+  // A failed getMore leaves no cursor behind, as on mongod.
+  const next = () => executing('Executor error during getMore', () => collect(server, c.stream, limit),
+    () => ctx.cursors.cursors.delete(c.id.toString()));
+  let b = next();
   while (!b.docs.length && !c.stream.done && !ctx.conn.closed) {
     const left = deadline - Date.now();
     if (left <= 0) break;
     await server.store.changes.wait(left);
     if (!ctx.cursors.cursors.has(c.id.toString())) throw err(43, `cursor id ${c.id} not found`);
-    b = collect(server, c.stream, limit);
+    b = next();
   }
   c.lastUse = Date.now();
   if (c.stream.done) ctx.cursors.cursors.delete(c.id.toString());
@@ -202,6 +205,20 @@ async function getMore(ctx, c, batchSize) {
     cursor: { nextBatch: b.docs, postBatchResumeToken: b.token, id: Long.fromBigInt(c.stream.done ? 0n : c.id), ns: c.ns },
     ok: 1,
   };
+}
+
+// Errors of reading the stream carry mongod's prefix (the stream's plan executor failed).
+function executing(what, fn, onError) {
+  try {
+    return fn();
+  } catch (e) {
+    if (onError) onError();
+    if (e && e.errmsg !== undefined) {
+      e.errmsg = `${what} :: caused by :: ${e.errmsg}`;
+      e.message = e.errmsg;
+    }
+    throw e;
+  }
 }
 
 function watches(scope, e) {
