@@ -1,9 +1,11 @@
 /*
- * store/fleet.h - the fleet's handler sets in the outbox (`handlers`
- * collection): each proxy instance's declaration and heartbeat, the
- * backfill of a newly declared handler, and the retirement of handlers no
- * live proxy declares.  Blocking mongoc calls: the dispatcher thread only.
- * The documents are docs/outbox-schema.md's.
+ * store/fleet.h - the fleet's handler sets in the outbox.
+ * Thread: dispatcher thread.
+ *
+ * The `handlers` collection: each proxy instance's declaration and
+ * heartbeat, the backfill of a newly declared handler, and the retirement
+ * of handlers no live proxy declares.  Blocking mongoc calls.  The
+ * documents are docs/outbox-schema.md's.
  */
 #ifndef RELAYBUS_STORE_FLEET_H
 #define RELAYBUS_STORE_FLEET_H

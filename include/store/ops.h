@@ -1,12 +1,11 @@
 /*
- * store/ops.h - the operator's actions and views of the outbox: requeue,
- * an operator's bury, purge (at once or as scheduled retention in bounded
- * steps), statistics, per-handler backlog, lanes and their owners, a
- * paginated listing of deliveries, and whether setup has run.
- * Thread: admin thread (every call) and dispatcher thread (the scheduled
- * purge); blocking mongoc calls, never on the forwarding loop.
+ * store/ops.h - the operator's actions and views of the outbox.
+ * Thread: admin thread, and the dispatcher thread for the scheduled purge.
  *
- * Implemented by store/ops.c on the store instance of store/store.h.
+ * Requeue, an operator's bury, purge (at once or as scheduled retention
+ * in bounded steps), statistics, per-handler backlog, lanes and their
+ * owners, a paginated listing of deliveries, and whether setup has run.
+ * Blocking mongoc calls, never on the forwarding loop.  Implemented by store/ops.c on the store instance of store/store.h.
  * Inputs that come from a request reach a query only as UTF-8 strings,
  * ObjectIds parsed from 24 hex characters, or integers, never as
  * documents, so they cannot become query operators.

@@ -1,12 +1,13 @@
 /*
- * store/store.h - the outbox store: lanes, claims, fencing, completions, retries,
- * dead letters, parking, requeue, purge and statistics, on mongo-c-driver.
+ * store/store.h - the outbox store: the instance, setup, claims, settling.
+ * Thread: dispatcher thread and admin thread (never the forwarding loop).
  *
- * The semantics are those of ../shared/reference/relaybus-mongodb-store.md
- * ("How it works"); the documents and indexes are docs/outbox-schema.md.
- * Every call is a blocking mongoc call: run it on the dispatcher's or the
- * admin's thread, never on the forwarding loop.  Time is always passed in
- * (`now`, milliseconds since the Unix epoch); the server clock is never read.
+ * The semantics are the @relaybus/mongodb package's (lanes, claims,
+ * fencing, attempts, parking); the documents, the indexes and where this
+ * store departs from the package are docs/outbox-schema.md.  Every call is
+ * a blocking mongoc call: run it on the dispatcher's or the admin's
+ * thread, never on the forwarding loop.  Time is always passed in (`now`,
+ * milliseconds since the Unix epoch); the server clock is never read.
  *
  * The modules: store/store.c (the instance, shared helpers, errors),
  * store/setup.c (collections, indexes, lanes), store/claim.c (claim,
@@ -34,9 +35,12 @@
 
 #define STORE_ERROR_DOMAIN 0x5354 /* "ST" */
 
+/* The codes of STORE_ERROR_DOMAIN.  An error a command or a transaction
+ * of the server returned is wrapped as STORE_ERROR_SERVER with the
+ * server's message. */
 typedef enum {
-   STORE_ERROR_INVALID = 1, /* bad argument */
-   STORE_ERROR_SERVER,      /* a command failed */
+   STORE_ERROR_INVALID = 1, /* a bad argument: nothing was sent */
+   STORE_ERROR_SERVER,      /* a command, a cursor or a transaction failed */
    STORE_ERROR_LOST,        /* a claim's record did not reach every lane */
 } store_error_code_t;
 

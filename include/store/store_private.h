@@ -1,6 +1,8 @@
 /*
- * store/store_private.h - what the store_*.c modules share and nobody else uses:
- * the instance structure, the per-instance memory of lanes held and claims
+ * store/store_private.h - what the store/ modules share and nobody else uses.
+ * Thread: the caller's (dispatcher or admin thread); `mu` guards what is shared.
+ *
+ * The instance structure, the per-instance memory of lanes held and claims
  * handed out, and small helpers around mongo-c-driver.
  */
 #ifndef RELAYBUS_STORE_PRIVATE_H
@@ -16,6 +18,15 @@
 
 #include "base/outbox.h"
 #include "store/store.h"
+
+/* The server's error codes the store acts on (MongoDB's, in the domain of
+ * mongoc's server errors); every other server error is wrapped as
+ * STORE_ERROR_SERVER. */
+typedef enum {
+   STORE_SERVER_NAMESPACE_EXISTS = 48, /* create: the collection exists (setup) */
+   STORE_SERVER_WRITE_CONFLICT = 112,  /* another writer committed one of the documents */
+   STORE_SERVER_DUPLICATE_KEY = 11000, /* an upsert lost against another instance's document */
+} store_server_code_t;
 
 /* A growable list of ObjectIds. */
 typedef struct {
@@ -99,6 +110,11 @@ mongoc_transaction_opt_t *store_txn_opts (void);
 /* Sets a STORE_ERROR with a message. */
 void store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
    __attribute__ ((format (printf, 3, 4)));
+
+/* Ends a cursor: destroys it and returns true, or, when it failed, sets
+ * a STORE_ERROR_SERVER "<what>: <the server's message>" and returns false.
+ * `what` is a printf format. */
+bool store_cursor_end (mongoc_cursor_t *cur, bson_error_t *error, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
 
 /* Appends {"claims": C} to a query, where a missing field counts as 0. */
 void store_append_claims_match (bson_t *query, int32_t claims);

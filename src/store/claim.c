@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/log.h"
 
 /* A scan over lanes reads at most this many due deliveries, so a claim
@@ -237,7 +238,6 @@ heads_by_key (claim_t *c,
    const char *key;
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_error_t err;
    bool ok = true;
 
    BSON_APPEND_UTF8 (&m, "handler", handler);
@@ -306,11 +306,8 @@ heads_by_key (claim_t *c,
       (*out)[*n_out].due = store_iter_date (doc, "due");
       (*n_out)++;
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "lowest sequence per key: %s", err.message);
+   if (!store_cursor_end (cur, error, "lowest sequence per key"))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
    bson_destroy (with_tail);
    bson_destroy (pipeline);
    bson_destroy (&m);
@@ -704,8 +701,11 @@ charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const lost_list_t *lost, 
 static claim_lane_t *
 add_lane (claim_t *c, uint32_t lane, int64_t epoch)
 {
-   claim_lane_t *l = &c->lanes[c->n_lanes++];
+   claim_lane_t *l;
 
+   /* A claim works with each of the 256 lanes at most once. */
+   RELAYBUS_ASSERT (c->n_lanes < OUTBOX_LANES && lane < OUTBOX_LANES);
+   l = &c->lanes[c->n_lanes++];
    memset (l, 0, sizeof *l);
    l->lane = lane;
    l->epoch = epoch;
@@ -719,7 +719,6 @@ read_lanes (claim_t *c, bson_error_t *error)
    bson_t *opts = BCON_NEW ("batchSize", BCON_INT32 (OUTBOX_LANES + 1));
    mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, &(bson_t) BSON_INITIALIZER, opts, NULL);
    const bson_t *doc;
-   bson_error_t err;
    bool ok = true;
 
    while (mongoc_cursor_next (cur, &doc)) {
@@ -727,11 +726,8 @@ read_lanes (claim_t *c, bson_error_t *error)
       if (lane >= 0 && lane < OUTBOX_LANES && !c->lane_docs[lane])
          c->lane_docs[lane] = bson_copy (doc);
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "reading lanes: %s", err.message);
+   if (!store_cursor_end (cur, error, "reading lanes"))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
    bson_destroy (opts);
    return ok;
 }
@@ -869,11 +865,8 @@ load_held (claim_t *c, bson_error_t *error)
          found_h[found.n - 1] = h && key ? bson_strdup (h) : NULL;
          found_k[found.n - 1] = h && key ? bson_strdup (key) : NULL;
       }
-      if (mongoc_cursor_error (cur, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "reading in-flight deliveries: %s", err.message);
+      if (!store_cursor_end (cur, error, "reading in-flight deliveries"))
          ok = false;
-      }
-      mongoc_cursor_destroy (cur);
       bson_destroy (&fq);
       bson_destroy (opts);
       BSON_APPEND_ARRAY_BEGIN (&aq, "$or", &or_arr);
@@ -1028,7 +1021,6 @@ keys_runs (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
       bson_t *pipeline;
       mongoc_cursor_t *cur;
       const bson_t *doc;
-      bson_error_t err;
       uint32_t k = 0;
       int64_t cap = 0, total = 0;
 
@@ -1103,11 +1095,8 @@ keys_runs (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
                   x->n_run = 0;
             }
       }
-      if (mongoc_cursor_error (cur, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "lowest sequences per key: %s", err.message);
+      if (!store_cursor_end (cur, error, "lowest sequences per key"))
          ok = false;
-      }
-      mongoc_cursor_destroy (cur);
       bson_destroy (pipeline);
       bson_destroy (&m);
       if (ok && total > cap)
@@ -1134,6 +1123,10 @@ pick (claim_t *c, claim_lane_t *l, size_t lane_index, int h, const bson_t *doc, 
    store_delivery_t *d;
    outbox_lease_t lease;
 
+   /* The caller checked the room: a claim never hands out more than its
+    * limit, nor more of a handler than the handler's. */
+   RELAYBUS_ASSERT (h >= 0 && (size_t) h < c->o->n_handlers);
+   RELAYBUS_ASSERT (b->n < c->o->limit && c->handler_taken[h] < c->o->handlers[h].limit);
    if (b->n == b->cap) {
       b->cap = b->cap ? b->cap * 2 : 16;
       b->items = bson_realloc (b->items, b->cap * sizeof *b->items);
@@ -1295,6 +1288,8 @@ scan (claim_t *c, size_t from, bson_error_t *error)
                   ks->seq0 = seq;
                ks->n_taken++;
                ks->taken = true;
+               /* A key gives at most its proven run, in order. */
+               RELAYBUS_ASSERT (ks->n_taken <= ks->n_run && ks->n_run <= STORE_KEY_RUN_MAX);
             }
             picked[pi] = true;
             pick (c, &c->lanes[li], li, h, pd, id);
@@ -1375,7 +1370,6 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
 {
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_error_t err;
    bson_t *lane_docs[OUTBOX_LANES] = {0};
    int64_t oldest[OUTBOX_LANES];
    bool candidate[OUTBOX_LANES] = {0};
@@ -1467,11 +1461,8 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
          }
          worth[lane]++;
       }
-      if (mongoc_cursor_error (cur, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "finding lanes with due deliveries: %s", err.message);
+      if (!store_cursor_end (cur, error, "finding lanes with due deliveries"))
          ok = false;
-      }
-      mongoc_cursor_destroy (cur);
       bson_destroy (opts);
       bson_destroy (&q);
       if (n_read >= FREE_PROBE)
@@ -1604,7 +1595,10 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    } else if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
               bson_iter_recurse (&it, &val) && bson_iter_find (&val, "epoch")) {
       int64_t epoch = bson_iter_as_int64 (&val);
-      claim_lane_t *l = add_lane (c, f->lane, epoch);
+      claim_lane_t *l;
+      /* The take matched the epoch as read and moved it on by one. */
+      RELAYBUS_ASSERT (epoch == f->epoch + 1);
+      l = add_lane (c, f->lane, epoch);
       l->taken_now = true;
       *taken = true;
       pthread_mutex_lock (&c->s->mu);
@@ -1733,11 +1727,8 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
             epoch_of[l]++;
          }
       }
-      if (mongoc_cursor_error (cur, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "reading back the lanes taken: %s", err.message);
+      if (!store_cursor_end (cur, error, "reading back the lanes taken"))
          ok = false;
-      }
-      mongoc_cursor_destroy (cur);
       bson_destroy (ropts);
       bson_destroy (&rq);
    }
@@ -1768,7 +1759,6 @@ attach_events (claim_t *c, bson_error_t *error)
    bson_t q = BSON_INITIALIZER, sub, arr;
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_error_t err;
    bool ok = true;
 
    if (c->out->n == 0)
@@ -1790,11 +1780,8 @@ attach_events (claim_t *c, bson_error_t *error)
          if (!c->out->items[i].event && c->out->items[i].event_id && !strcmp (c->out->items[i].event_id, id))
             c->out->items[i].event = bson_copy (doc);
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "reading events: %s", err.message);
+   if (!store_cursor_end (cur, error, "reading events"))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
    bson_destroy (&q);
    return ok;
 }
@@ -2109,6 +2096,9 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
          store_issued_remove_lane (s, l->lane);
          continue;
       }
+      /* A lane's epoch only grows: what this instance remembers is one it
+       * read or took, never later than the one it holds now. */
+      RELAYBUS_ASSERT (l->epoch >= st->epoch);
       st->held = true;
       st->epoch = l->epoch;
       if (l->picks.n > 0 && st->expires < o->now + o->lease_ms)

@@ -5,8 +5,9 @@
  * Every call is fenced by the lease token <laneId>:<epoch>:<claims>: it
  * applies only while the lane still has that epoch and lists the delivery,
  * and the delivery still has that claim generation.  A completion without
- * completion history writes no lane document (four commands per batch);
- * with history it is one transaction.  reschedule, release, bury and
+ * completion history writes no lane document (two commands per batch when
+ * every reference names its event, four otherwise); with history it is
+ * one transaction.  reschedule, release, bury and
  * extendLease are transactions that read the lane and write it, so a
  * takeover committing first makes them conflict, retry and find the new
  * epoch.
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/log.h"
 
 /* ---------------------------------------------------------- completeMany */
@@ -362,6 +364,7 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
          if (s->settled.n >= STORE_SETTLED_MAX)
             s->settled.n = 0; /* forgotten: the next claim reads what its lanes list */
          store_oids_push (&s->settled, &refs[i].id);
+         RELAYBUS_ASSERT (s->settled.n <= STORE_SETTLED_MAX);
       }
    }
    pthread_mutex_unlock (&s->mu);
@@ -500,6 +503,21 @@ done:
    return ok;
 }
 
+/* After a renewal that applied (callers hold s->mu): the lane this
+ * instance holds under the lease's epoch, and the claim itself, are leased
+ * until `expires`; neither ever moves back. */
+static void
+renewed (store_t *s, const bson_oid_t *id, const outbox_lease_t *lease, int64_t expires)
+{
+   store_lane_state_t *st;
+
+   RELAYBUS_ASSERT (lease->lane_id < OUTBOX_LANES); /* outbox_lease_parse's bound */
+   st = &s->lanes[lease->lane_id];
+   if (st->held && st->epoch == lease->epoch && st->expires < expires)
+      st->expires = expires;
+   store_issued_renew (s, id, lease->lane_id, lease->epoch, lease->claims, expires);
+}
+
 static bool
 settle (store_t *s, settle_t *t, bool *applied, bson_error_t *error)
 {
@@ -518,10 +536,7 @@ settle (store_t *s, settle_t *t, bool *applied, bson_error_t *error)
       log_debug ("store: %s with a stale lease %s changed nothing", settle_names[t->kind], t->ref->lease);
    pthread_mutex_lock (&s->mu);
    if (ok && t->kind == SETTLE_EXTEND && t->applied) {
-      store_lane_state_t *st = &s->lanes[t->lease.lane_id];
-      if (st->held && st->epoch == t->lease.epoch && st->expires < t->now + t->lease_ms)
-         st->expires = t->now + t->lease_ms;
-      store_issued_renew (s, &t->ref->id, t->lease.lane_id, t->lease.epoch, t->lease.claims, t->now + t->lease_ms);
+      renewed (s, &t->ref->id, &t->lease, t->now + t->lease_ms);
    } else if (ok && t->kind != SETTLE_EXTEND) {
       store_issued_remove (s, &t->ref->id);
    }
@@ -711,12 +726,8 @@ store_extend_leases (store_t *s,
       }
       pthread_mutex_lock (&s->mu);
       for (size_t j = 0; j < r.n; j++)
-         if (applied[idx[j]]) {
-            store_lane_state_t *st = &s->lanes[r.lane];
-            if (st->held && st->epoch == r.epoch && st->expires < now + lease_ms)
-               st->expires = now + lease_ms;
-            store_issued_renew (s, &refs[idx[j]].id, r.lane, r.epoch, leases[idx[j]].claims, now + lease_ms);
-         }
+         if (applied[idx[j]])
+            renewed (s, &refs[idx[j]].id, &leases[idx[j]], now + lease_ms);
       pthread_mutex_unlock (&s->mu);
    }
    mongoc_client_pool_push (s->pool, client);

@@ -186,7 +186,6 @@ store_fleet_retire (store_t *s,
    char (*hex)[25] = bson_malloc0 ((batch ? batch : 1) * sizeof *hex);
    const char **ids = bson_malloc0 ((batch ? batch : 1) * sizeof *ids);
    const bson_t *doc;
-   bson_error_t err;
    size_t n = 0;
    bool ok = true;
 
@@ -201,11 +200,8 @@ store_fleet_retire (store_t *s,
          n++;
       }
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "retiring %s: %s", handler, err.message);
+   if (!store_cursor_end (cur, error, "retiring %s", handler))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
    mongoc_collection_destroy (coll);
    mongoc_client_pool_push (s->pool, client);
    if (ok && n > 0) {
@@ -415,11 +411,8 @@ store_fleet_backfill (store_t *s,
          if (id && type && pattern_matches (patterns, n_patterns, type))
             ids[n_ids++] = bson_strdup (id);
       }
-      if (mongoc_cursor_error (cur, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "backfilling %s: %s", handler, err.message);
+      if (!store_cursor_end (cur, error, "backfilling %s", handler))
          ok = false;
-      }
-      mongoc_cursor_destroy (cur);
       bson_destroy (opts);
       bson_destroy (&q);
       if (ok && n_ids > 0) {

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/log.h"
 
 /* --------------------------------------------------------------- requeue */
@@ -415,7 +416,6 @@ next_batch (purge_t *p, mongoc_collection_t *coll, const bson_t *q, const char *
    bson_t *opts = BCON_NEW ("limit", BCON_INT64 (p->s->purge_batch), "projection", "{", event_field, BCON_INT32 (1), "}");
    mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
    const bson_t *doc;
-   bson_error_t err;
    bool ok = true;
 
    store_oids_free (&p->ids);
@@ -428,164 +428,31 @@ next_batch (purge_t *p, mongoc_collection_t *coll, const bson_t *q, const char *
       if (ev)
          strs_push (&p->event_ids, ev);
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
+   if (!store_cursor_end (cur, error, "purge"))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
    bson_destroy (opts);
    return ok;
 }
 
-/* Deletes the records of `from` (deliveries or completion history)
- * matching q, a batch per transaction, with the events only they
- * referenced; adds what went to *deleted and *events. */
-static bool
-purge_records (purge_t *p, outbox_collection_t from, const bson_t *q, int64_t *deleted, int64_t *events, bson_error_t *error)
-{
-   mongoc_collection_t *coll = store_coll (p->s, p->client, from);
-   bool ok = true;
-
-   p->from = from;
-   while (ok && (ok = next_batch (p, coll, q, "eventId", error)) && p->ids.n > 0) {
-      ok = store_with_txn (p->s, p->client, purge_cb, p, error);
-      *deleted += p->deleted;
-      *events += p->events_deleted;
-      if (p->deleted == 0)
-         break;
-   }
-   mongoc_collection_destroy (coll);
-   return ok;
-}
-
-bool
-store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, bson_error_t *error)
-{
-   purge_t p = {0};
-   mongoc_collection_t *coll = NULL;
-   bool ok = true;
-
-   memset (r, 0, sizeof *r);
-   p.s = s;
-   p.o = o;
-   p.min_cutoff = o->dead_before;
-   if (o->completed_before > 0 && (p.min_cutoff == 0 || o->completed_before < p.min_cutoff))
-      p.min_cutoff = o->completed_before;
-   if (p.min_cutoff == 0)
-      return true;
-   p.client = mongoc_client_pool_pop (s->pool);
-
-   if (o->dead_before > 0) {
-      bson_t *q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o->dead_before), "}");
-      ok = purge_records (&p, OUTBOX_DELIVERIES, q, &r->dead, &r->events, error);
-      bson_destroy (q);
-   }
-   if (ok && o->completed_before > 0 && s->completion_history) {
-      bson_t *q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o->completed_before), "}");
-      ok = purge_records (&p, OUTBOX_COMPLETED, q, &r->completed, &r->events, error);
-      bson_destroy (q);
-   }
-   if (ok) {
-      /* Events nothing references, created before the earliest cutoff, in
-       * (createdAt, _id) order, one batch per transaction; the next batch
-       * starts after the last one read, so memory stays one batch. */
-      bson_t *opts = BCON_NEW ("sort",
-                               "{",
-                               "createdAt",
-                               BCON_INT32 (1),
-                               "_id",
-                               BCON_INT32 (1),
-                               "}",
-                               "projection",
-                               "{",
-                               "_id",
-                               BCON_INT32 (1),
-                               "createdAt",
-                               BCON_INT32 (1),
-                               "}",
-                               "limit",
-                               BCON_INT64 (s->purge_batch));
-      int64_t last_created = 0;
-      char *last_id = NULL;
-
-      coll = store_coll (s, p.client, OUTBOX_EVENTS);
-      p.from = OUTBOX_EVENTS;
-      store_oids_free (&p.ids);
-      for (;;) {
-         bson_t q = BSON_INITIALIZER, sub;
-         mongoc_cursor_t *cur;
-         const bson_t *doc;
-         bson_error_t err;
-
-         BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
-         BSON_APPEND_DATE_TIME (&sub, "$lt", p.min_cutoff);
-         bson_append_document_end (&q, &sub);
-         if (last_id) {
-            bson_value_t id = {.value_type = BSON_TYPE_UTF8};
-            id.value.v_utf8.str = last_id;
-            id.value.v_utf8.len = (uint32_t) strlen (last_id);
-            store_append_after_key (&q, last_created, &id);
-         }
-         strs_free (&p.event_ids);
-         cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
-         while (mongoc_cursor_next (cur, &doc)) {
-            const char *id = store_iter_utf8 (doc, "_id");
-            if (!id)
-               continue;
-            strs_push (&p.event_ids, id);
-            bson_free (last_id);
-            last_id = bson_strdup (id);
-            last_created = store_iter_date (doc, "createdAt");
-         }
-         if (mongoc_cursor_error (cur, &err)) {
-            store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
-            ok = false;
-         }
-         mongoc_cursor_destroy (cur);
-         bson_destroy (&q);
-         if (!ok || p.event_ids.n == 0)
-            break;
-         ok = store_with_txn (s, p.client, purge_cb, &p, error);
-         r->events += p.events_deleted;
-         if (!ok || p.event_ids.n < (size_t) s->purge_batch)
-            break;
-      }
-      bson_free (last_id);
-      bson_destroy (opts);
-      mongoc_collection_destroy (coll);
-   }
-   store_oids_free (&p.ids);
-   strs_free (&p.event_ids);
-   mongoc_client_pool_push (s->pool, p.client);
-   if (ok)
-      log_info ("store: purged %" PRId64 " dead deliveries, %" PRId64 " completion records, %" PRId64 " events",
-                r->dead,
-                r->completed,
-                r->events);
-   return ok;
-}
-
-/* ----------------------------------------------------- scheduled purge */
+/* The phases of a purge, in this order. */
+enum {
+   PURGE_PHASE_DEAD,    /* dead deliveries updated before dead_before */
+   PURGE_PHASE_HISTORY, /* completion history records completed before completed_before */
+   PURGE_PHASE_EVENTS,  /* events nothing references any more */
+};
 
 /* The purge lease: the lanes collection's document _id -1, holding
  * purgeOwner and purgeLeaseExpiresAt (store_doc_lease). */
 #define STORE_PURGE_LEASE_ID (-1)
 
-enum {
-   PURGE_PHASE_DEAD,
-   PURGE_PHASE_HISTORY,
-   PURGE_PHASE_EVENTS,
-};
-
-/* One batch of the events phase: events created before the later cutoff
- * (an event's completedAt is never before its createdAt), after the
- * run's keyset position in (createdAt, _id) order; purge_cb deletes those
+/* One batch of the events phase: events created before `cutoff`, after
+ * the keyset position (*after_created, *after_id) in (createdAt, _id)
+ * order, which moves on to the last one read; purge_cb deletes those
  * nothing references whose retention has passed.  *full: the batch was
  * full, so more may follow. */
 static bool
-purge_events_batch (purge_t *p, store_purge_run_t *run, bool *full, bson_error_t *error)
+purge_events_batch (purge_t *p, int64_t cutoff, int64_t *after_created, char **after_id, bool *full, bson_error_t *error)
 {
-   int64_t cutoff = run->dead_before > run->completed_before ? run->dead_before : run->completed_before;
    mongoc_collection_t *coll = store_coll (p->s, p->client, OUTBOX_EVENTS);
    bson_t *opts = BCON_NEW ("sort",
                             "{",
@@ -606,18 +473,18 @@ purge_events_batch (purge_t *p, store_purge_run_t *run, bool *full, bson_error_t
    bson_t q = BSON_INITIALIZER, sub;
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_error_t err;
-   bool ok = true;
+   bool ok;
 
    *full = false;
+   p->events_deleted = 0;
    BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
    BSON_APPEND_DATE_TIME (&sub, "$lt", cutoff);
    bson_append_document_end (&q, &sub);
-   if (run->after_id) {
+   if (*after_id) {
       bson_value_t id = {.value_type = BSON_TYPE_UTF8};
-      id.value.v_utf8.str = run->after_id;
-      id.value.v_utf8.len = (uint32_t) strlen (run->after_id);
-      store_append_after_key (&q, run->after_created, &id);
+      id.value.v_utf8.str = *after_id;
+      id.value.v_utf8.len = (uint32_t) strlen (*after_id);
+      store_append_after_key (&q, *after_created, &id);
    }
    strs_free (&p->event_ids);
    store_oids_free (&p->ids);
@@ -627,15 +494,11 @@ purge_events_batch (purge_t *p, store_purge_run_t *run, bool *full, bson_error_t
       if (!id)
          continue;
       strs_push (&p->event_ids, id);
-      bson_free (run->after_id);
-      run->after_id = bson_strdup (id);
-      run->after_created = store_iter_date (doc, "createdAt");
+      bson_free (*after_id);
+      *after_id = bson_strdup (id);
+      *after_created = store_iter_date (doc, "createdAt");
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "purge: %s", err.message);
-      ok = false;
-   }
-   mongoc_cursor_destroy (cur);
+   ok = store_cursor_end (cur, error, "purge");
    if (ok && p->event_ids.n > 0) {
       p->from = OUTBOX_EVENTS;
       ok = store_with_txn (p->s, p->client, purge_cb, p, error);
@@ -668,6 +531,107 @@ purge_records_batch (purge_t *p, outbox_collection_t from, const bson_t *q, bool
    return ok;
 }
 
+/* One batch of `phase`, a transaction; what it removed is added to *r.
+ * The events phase reads events created before `events_cutoff` from the
+ * keyset position (*after_created, *after_id) on.  A phase with nothing
+ * to do (its cutoff 0, or history without completion history) reports
+ * *full false at once. */
+static bool
+purge_phase_batch (purge_t *p,
+                   int phase,
+                   int64_t events_cutoff,
+                   int64_t *after_created,
+                   char **after_id,
+                   store_purge_step_result_t *r,
+                   bool *full,
+                   bson_error_t *error)
+{
+   const store_purge_opts_t *o = p->o;
+   bson_t *q = NULL;
+   bool ok = true;
+
+   *full = false;
+   if (phase == PURGE_PHASE_EVENTS) {
+      ok = purge_events_batch (p, events_cutoff, after_created, after_id, full, error);
+      r->events += p->events_deleted;
+      return ok;
+   }
+   if (phase == PURGE_PHASE_DEAD && o->dead_before > 0)
+      q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o->dead_before), "}");
+   else if (phase == PURGE_PHASE_HISTORY && o->completed_before > 0 && p->s->completion_history)
+      q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o->completed_before), "}");
+   if (!q)
+      return true;
+   ok = purge_records_batch (p, phase == PURGE_PHASE_DEAD ? OUTBOX_DELIVERIES : OUTBOX_COMPLETED, q, full, error);
+   if (phase == PURGE_PHASE_DEAD)
+      r->dead += p->deleted;
+   else
+      r->completed += p->deleted;
+   r->events += p->events_deleted;
+   bson_destroy (q);
+   return ok;
+}
+
+/* A purge of `s` with the cutoffs of `o`: false when there is nothing to
+ * purge (both cutoffs 0).  The earliest cutoff decides which events that
+ * never had a completion go. */
+static bool
+purge_init (purge_t *p, store_t *s, const store_purge_opts_t *o)
+{
+   memset (p, 0, sizeof *p);
+   p->s = s;
+   p->o = o;
+   p->min_cutoff = o->dead_before;
+   if (o->completed_before > 0 && (p->min_cutoff == 0 || o->completed_before < p->min_cutoff))
+      p->min_cutoff = o->completed_before;
+   return p->min_cutoff != 0;
+}
+
+static void
+purge_finish (purge_t *p)
+{
+   store_oids_free (&p->ids);
+   strs_free (&p->event_ids);
+   if (p->client)
+      mongoc_client_pool_push (p->s->pool, p->client);
+}
+
+bool
+store_purge (store_t *s, const store_purge_opts_t *o, store_purge_result_t *r, bson_error_t *error)
+{
+   purge_t p;
+   int64_t after_created = 0;
+   char *after_id = NULL;
+   bool ok = true, full;
+
+   memset (r, 0, sizeof *r);
+   if (!purge_init (&p, s, o))
+      return true;
+   p.client = mongoc_client_pool_pop (s->pool);
+   /* Each phase to its end, one batch per transaction.  The events are
+    * those created before the earliest cutoff, in (createdAt, _id) order;
+    * each batch starts after the last one read, so memory stays one
+    * batch. */
+   for (int phase = PURGE_PHASE_DEAD; ok && phase <= PURGE_PHASE_EVENTS; phase++)
+      do {
+         store_purge_step_result_t step = {0};
+         ok = purge_phase_batch (&p, phase, p.min_cutoff, &after_created, &after_id, &step, &full, error);
+         r->dead += step.dead;
+         r->completed += step.completed;
+         r->events += step.events;
+      } while (ok && full);
+   bson_free (after_id);
+   purge_finish (&p);
+   if (ok)
+      log_info ("store: purged %" PRId64 " dead deliveries, %" PRId64 " completion records, %" PRId64 " events",
+                r->dead,
+                r->completed,
+                r->events);
+   return ok;
+}
+
+/* ----------------------------------------------------- scheduled purge */
+
 bool
 store_purge_step (store_t *s,
                   store_purge_run_t *run,
@@ -677,57 +641,31 @@ store_purge_step (store_t *s,
                   bson_error_t *error)
 {
    store_purge_opts_t o = {.dead_before = run->dead_before, .completed_before = run->completed_before};
-   purge_t p = {0};
+   /* The events phase reads events created before the later cutoff (an
+    * event's completedAt is never before its createdAt). */
+   int64_t events_cutoff = o.dead_before > o.completed_before ? o.dead_before : o.completed_before;
+   purge_t p;
    bool ok, full = false;
 
    memset (r, 0, sizeof *r);
-   p.s = s;
-   p.o = &o;
-   p.min_cutoff = o.dead_before;
-   if (o.completed_before > 0 && (p.min_cutoff == 0 || o.completed_before < p.min_cutoff))
-      p.min_cutoff = o.completed_before;
-   if (p.min_cutoff == 0) {
+   if (!purge_init (&p, s, &o)) {
       r->leased = r->done = true;
       return true;
    }
    p.client = mongoc_client_pool_pop (s->pool);
    ok = store_doc_lease (s, p.client, STORE_PURGE_LEASE_ID, "purgeOwner", "purgeLeaseExpiresAt", "purge", now, lease_ms,
                          &r->leased, error);
-   if (!ok || !r->leased)
-      goto done;
-
-   if (run->phase == PURGE_PHASE_DEAD) {
-      if (o.dead_before > 0) {
-         bson_t *q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o.dead_before), "}");
-         ok = purge_records_batch (&p, OUTBOX_DELIVERIES, q, &full, error);
-         r->dead = p.deleted;
-         r->events = p.events_deleted;
-         bson_destroy (q);
+   if (ok && r->leased) {
+      RELAYBUS_ASSERT (run->phase >= PURGE_PHASE_DEAD && run->phase <= PURGE_PHASE_EVENTS);
+      ok = purge_phase_batch (&p, run->phase, events_cutoff, &run->after_created, &run->after_id, r, &full, error);
+      if (ok && !full) {
+         if (run->phase == PURGE_PHASE_EVENTS)
+            r->done = true;
+         else
+            run->phase++;
       }
-      if (ok && !full)
-         run->phase = PURGE_PHASE_HISTORY;
-   } else if (run->phase == PURGE_PHASE_HISTORY) {
-      if (o.completed_before > 0 && s->completion_history) {
-         bson_t *q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o.completed_before), "}");
-         ok = purge_records_batch (&p, OUTBOX_COMPLETED, q, &full, error);
-         r->completed = p.deleted;
-         r->events = p.events_deleted;
-         bson_destroy (q);
-      }
-      if (ok && !full)
-         run->phase = PURGE_PHASE_EVENTS;
-   } else {
-      p.events_deleted = 0;
-      ok = purge_events_batch (&p, run, &full, error);
-      r->events = p.events_deleted;
-      if (ok && !full)
-         r->done = true;
    }
-
-done:
-   store_oids_free (&p.ids);
-   strs_free (&p.event_ids);
-   mongoc_client_pool_push (s->pool, p.client);
+   purge_finish (&p);
    if (r->done || !r->leased || !ok)
       store_purge_run_clear (run);
    return ok;
@@ -800,11 +738,8 @@ store_statistics (store_t *s, int64_t now, store_stats_t *st, bson_error_t *erro
          st->completed += n;
       }
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "statistics: %s", err.message);
+   if (!store_cursor_end (cur, error, "statistics"))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
 
    cur = mongoc_collection_find_with_opts (dels, oq, oopts, NULL);
    if (ok && mongoc_cursor_next (cur, &doc))
@@ -977,7 +912,6 @@ store_list_lanes (store_t *s,
    size_t prefix_len = local_prefix ? strlen (local_prefix) : 0;
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_error_t err;
    uint32_t i = bson_count_keys (out);
    bool ok = true;
 
@@ -1013,11 +947,8 @@ store_list_lanes (store_t *s,
       BSON_APPEND_INT64 (&lane, "inFlight", in_flight);
       bson_append_document_end (out, &lane);
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "lanes: %s", err.message);
+   if (!store_cursor_end (cur, error, "lanes"))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
    bson_destroy (q);
    bson_destroy (opts);
    mongoc_collection_destroy (lanes);
@@ -1090,7 +1021,6 @@ store_list_page (store_t *s,
    mongoc_collection_t *coll;
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_error_t err;
    int64_t seen = 0;
    bool ok = true;
 
@@ -1125,11 +1055,8 @@ store_list_page (store_t *s,
          BSON_APPEND_UTF8 (&rec, "status", "completed");
       bson_append_document_end (out, &rec);
    }
-   if (mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "list deliveries: %s", err.message);
+   if (!store_cursor_end (cur, error, "list deliveries"))
       ok = false;
-   }
-   mongoc_cursor_destroy (cur);
    mongoc_collection_destroy (coll);
    mongoc_client_pool_push (s->pool, client);
    bson_destroy (opts);

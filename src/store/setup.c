@@ -26,7 +26,7 @@ create_collection (store_t *s, mongoc_database_t *db, const char *name, bson_err
       mongoc_collection_destroy (coll);
       return true;
    }
-   if (err.code == 48 /* NamespaceExists */ || strstr (err.message, "already exists"))
+   if (err.code == STORE_SERVER_NAMESPACE_EXISTS || strstr (err.message, "already exists"))
       return true;
    store_set_error (error, STORE_ERROR_SERVER, "create %s.%s: %s", s->database, name, err.message);
    return false;

@@ -33,6 +33,25 @@ store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, 
    va_end (ap);
 }
 
+bool
+store_cursor_end (mongoc_cursor_t *cur, bson_error_t *error, const char *fmt, ...)
+{
+   bson_error_t err;
+   bool ok = !mongoc_cursor_error (cur, &err);
+
+   if (!ok && error) {
+      char what[256];
+      va_list ap;
+
+      va_start (ap, fmt);
+      vsnprintf (what, sizeof what, fmt, ap);
+      va_end (ap);
+      store_set_error (error, STORE_ERROR_SERVER, "%s: %s", what, err.message);
+   }
+   mongoc_cursor_destroy (cur);
+   return ok;
+}
+
 void
 store_make_owner (char *out, size_t out_len)
 {
@@ -325,7 +344,7 @@ store_doc_lease (store_t *s,
    mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_UPSERT | MONGOC_FIND_AND_MODIFY_RETURN_NEW);
    if (mongoc_collection_find_and_modify_with_opts (lanes, &q, fam, &reply, &err)) {
       *leased = true;
-   } else if (err.code != 11000) { /* 11000: a live lease of another instance */
+   } else if (err.code != STORE_SERVER_DUPLICATE_KEY) { /* a live lease of another instance */
       store_set_error (error, STORE_ERROR_SERVER, "%s lease: %s", what, err.message);
       ok = false;
    }
@@ -491,9 +510,7 @@ store_session_opts (mongoc_client_session_t *session, bson_t *opts)
       log_warn ("store: cannot attach a session: %s", err.message);
 }
 
-/* MongoDB's WriteConflict, and how often a transaction runs again after
- * one. */
-#define STORE_WRITE_CONFLICT 112
+/* How often a transaction runs again after a write conflict. */
 #define STORE_TXN_CONFLICT_RETRIES 8
 
 typedef struct {
@@ -536,7 +553,7 @@ store_with_txn (store_t *s, mongoc_client_t *client, store_txn_cb_t cb, void *ct
       memset (&err, 0, sizeof err);
       ok = mongoc_client_session_with_transaction (session, txn_trampoline, topts, &call, &reply, &err);
       bson_destroy (&reply);
-      if (ok || err.code != STORE_WRITE_CONFLICT || attempt >= STORE_TXN_CONFLICT_RETRIES)
+      if (ok || err.code != STORE_SERVER_WRITE_CONFLICT || attempt >= STORE_TXN_CONFLICT_RETRIES)
          break;
       log_debug ("store: write conflict in a transaction; running it again");
    }
