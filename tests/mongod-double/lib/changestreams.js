@@ -98,7 +98,7 @@ function startPosition(server, spec) {
   return log.lastSeq;
 }
 
-function checkSpec(ctx, spec) {
+function checkSpec(spec) {
   if (!spec || typeof spec !== 'object' || Array.isArray(spec)) {
     throw err(50808, '$changeStream stage expects a document as argument');
   }
@@ -160,7 +160,7 @@ async function open(ctx) {
     throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");
   }
   const spec = cmd.pipeline[0].$changeStream;
-  const { fd, fb } = checkSpec(ctx, spec);
+  const { fd, fb } = checkSpec(spec);
   const scope = scopeOf(ctx, spec);
   const stages = cmd.pipeline.slice(1);
   checkStages(stages);
@@ -196,7 +196,8 @@ async function getMore(ctx, c, batchSize) {
     const left = deadline - Date.now();
     if (left <= 0) break;
     await server.store.changes.wait(left);
-    if (!ctx.cursors.cursors.has(c.id.toString())) throw err(43, `cursor id ${c.id} not found`);
+    // killCursors while the getMore waited: mongod interrupts the getMore.
+    if (!ctx.cursors.cursors.has(c.id.toString())) throw err(237, `cursor id ${c.id} was killed`);
     b = next();
   }
   c.lastUse = Date.now();
