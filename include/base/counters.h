@@ -119,7 +119,7 @@ typedef enum {
 /* ------------------------------------------------------------- table */
 
 /* Every metric of the process, in the order /metrics renders them (the
- * store's, read per scrape, follow them: admin/metrics.h).  X (id, name,
+ * store's, read per scrape, follow them: admin/render.h).  X (id, name,
  * type, label, help).  Gauges marked "set per scrape" are written by the
  * admin thread just before it renders. */
 #define COUNTERS_TABLE(X)                                                                                              \

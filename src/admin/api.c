@@ -31,7 +31,7 @@
 #include "base/clock.h"
 #include "base/fleet.h"
 #include "base/log.h"
-#include "admin/metrics.h"
+#include "admin/render.h"
 #include "base/counters.h"
 #include "publish/txns.h"
 
@@ -457,7 +457,7 @@ admin_api_metrics (admin_t *a, struct evhttp_request *req)
    int64_t now = clock_now_ms ();
    topology_primary_t snap;
    const store_view_t *sv;
-   metrics_view_t mv = {0};
+   render_view_t mv = {0};
    fleet_set_t *fs = fleet_acquire ();
    size_t live = 0;
    bson_string_t *out = bson_string_new (NULL);
@@ -481,7 +481,7 @@ admin_api_metrics (admin_t *a, struct evhttp_request *req)
    mv.n_handlers = sv->n_hs;
    mv.lanes_leased = sv->leased;
    mv.lanes_held = sv->held;
-   metrics_render (out, &mv);
+   render_metrics (out, &mv);
    admin_send_text (req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", out->str, out->len);
    bson_string_free (out, true);
 }

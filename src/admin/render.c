@@ -1,5 +1,5 @@
 /*
- * admin/render.c - the Prometheus text rendering (see admin/metrics.h): one
+ * admin/render.c - the Prometheus text rendering (see admin/render.h): one
  * loop over the counter registry of base/counters.h, then what this scrape
  * read from the store.
  *
@@ -9,7 +9,7 @@
  * from the configuration, the first event types seen).  Histograms are kept
  * in milliseconds and rendered in seconds.
  */
-#include "admin/metrics.h"
+#include "admin/render.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -151,7 +151,7 @@ render_def (bson_string_t *out, const counters_def_t *d)
 typedef enum { VIEW_PENDING, VIEW_PARKED, VIEW_DEAD } view_field_t;
 
 static void
-render_view_handlers (bson_string_t *out, const metrics_view_t *v, const char *name, const char *help, view_field_t f)
+render_view_handlers (bson_string_t *out, const render_view_t *v, const char *name, const char *help, view_field_t f)
 {
    family (out, name, "gauge", help);
    for (size_t i = 0; i < v->n_handlers; i++) {
@@ -163,7 +163,7 @@ render_view_handlers (bson_string_t *out, const metrics_view_t *v, const char *n
 }
 
 static void
-render_store (bson_string_t *out, const metrics_view_t *v)
+render_store (bson_string_t *out, const render_view_t *v)
 {
    scalar (out, "relaybus_store_up", "gauge", "1 when this scrape's outbox queries succeeded.", v->store_ok ? 1 : 0);
    if (!v->store_ok)
@@ -193,7 +193,7 @@ render_store (bson_string_t *out, const metrics_view_t *v)
 }
 
 void
-metrics_render (bson_string_t *out, const metrics_view_t *v)
+render_metrics (bson_string_t *out, const render_view_t *v)
 {
    size_t n;
    const counters_def_t *defs = counters_defs (&n);

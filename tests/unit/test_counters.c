@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "autoconf.h"
-#include "admin/metrics.h"
+#include "admin/render.h"
 #include "base/counters.h"
 
 /* The text of one scrape with an empty store view. */
@@ -29,9 +29,9 @@ static char *
 scrape (void)
 {
    bson_string_t *out = bson_string_new (NULL);
-   metrics_view_t v = {0};
+   render_view_t v = {0};
 
-   metrics_render (out, &v);
+   render_metrics (out, &v);
    return bson_string_free (out, false);
 }
 

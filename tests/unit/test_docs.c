@@ -4,7 +4,7 @@
  * Both ways: every configuration key a table of docs/configuration.md or a
  * "key =" line of etc/relaybus-proxy.ini names exists in the key table, in
  * that section, and every key of the table is in both; every metric named
- * anywhere in docs/ (or the README) is one that metrics_render emits, and
+ * anywhere in docs/ (or the README) is one that render_metrics emits, and
  * every metric it emits has its row in docs/admin.md.  And the sample
  * request of docs/handlers.md ("## The request") carries a signature that
  * verifies with the secret the page states, recomputed here with OpenSSL
@@ -27,7 +27,7 @@
 #include <openssl/evp.h>
 
 #include "base/config.h"
-#include "admin/metrics.h"
+#include "admin/render.h"
 #include "base/outbox.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
@@ -253,12 +253,12 @@ names_find (const names_t *ns, const char *name, size_t len)
    return -1;
 }
 
-/* What metrics_render emits: the name of each "# TYPE name type" line. */
+/* What render_metrics emits: the name of each "# TYPE name type" line. */
 static void
 emitted_metrics (names_t *ns)
 {
    bson_string_t *out = bson_string_new (NULL);
-   metrics_view_t v = {0};
+   render_view_t v = {0};
    store_handler_stats_t hs = {0};
 
    /* Everything on: a store that answered, one handler with series. */
@@ -266,7 +266,7 @@ emitted_metrics (names_t *ns)
    v.store_ok = true;
    v.handlers = &hs;
    v.n_handlers = 1;
-   metrics_render (out, &v);
+   render_metrics (out, &v);
    for (char *l = out->str; l && *l;) {
       char *eol = strchr (l, '\n');
 

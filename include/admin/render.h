@@ -1,15 +1,15 @@
 /*
- * admin/metrics.h - the Prometheus text rendering of every metric.
+ * admin/render.h - the Prometheus text rendering of every metric.
  * Thread: admin thread.
  *
  * Everything the process counts is in the registry of base/counters.h and
  * is rendered from its table alone, in table order.  What only a scrape
  * knows, read from the store by the admin thread for this scrape
- * (metrics_view_t), follows it.  Rendering allocates only the output
+ * (render_view_t), follows it.  Rendering allocates only the output
  * string; it never blocks and never runs on the forwarding loop.
  */
-#ifndef RELAYBUS_METRICS_H
-#define RELAYBUS_METRICS_H
+#ifndef RELAYBUS_ADMIN_RENDER_H
+#define RELAYBUS_ADMIN_RENDER_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,10 +27,10 @@ typedef struct {
    const store_handler_stats_t *handlers;
    size_t n_handlers;
    int64_t lanes_leased, lanes_held;
-} metrics_view_t;
+} render_view_t;
 
 /* Appends the Prometheus text exposition (format 0.0.4) of the registry
  * and then of `view` to `out`. */
-void metrics_render (bson_string_t *out, const metrics_view_t *view);
+void render_metrics (bson_string_t *out, const render_view_t *view);
 
-#endif /* RELAYBUS_METRICS_H */
+#endif /* RELAYBUS_ADMIN_RENDER_H */
