@@ -1,14 +1,17 @@
 /*
  * publish/poison.h - transactions whose commit the proxy must refuse.
  *
+ * Thread: any (one mutex inside; the forwarding loops call it).
+ *
  * A transaction is "poisoned" when an annotated statement (or a
  * relaybusPublish) of it did not end with the statement and all its outbox
  * writes acknowledged: the upstream connection was lost after the statement
  * was sent, or an outbox write failed or got a reply the proxy did not
  * understand.  The server may then hold the business write without its
- * events, and only a commit could make that visible.  publish/publish.c records such
+ * events, and only a commit could make that visible.  publish/txns.c records such
  * transactions here and, when a commitTransaction for one arrives on any
- * client connection of this process, aborts it instead of forwarding.
+ * client connection of this process, publish/publish.c aborts it instead of
+ * forwarding.
  *
  * A poison_table_t is a bounded map from (lsid id bytes, txnNumber) to why
  * and when the transaction was poisoned.  Entries expire after the table's
