@@ -22,6 +22,9 @@
  *
  * client_loop_t is the forwarding loop's own state (one per loop thread):
  * its connections, counters of ids, the current config snapshot.
+ *
+ * Thread: forwarding loop, for every function here (the request decoding
+ * thread behind client_loop_set_wake is proxy/pump.c's own).
  */
 #ifndef RELAYBUS_CLIENT_H
 #define RELAYBUS_CLIENT_H
@@ -38,13 +41,29 @@
 #include "base/config.h"
 #include "base/counters.h"
 #include "proxy/tls.h"
-#include "proxy/topology.h"
+#include "base/topology.h"
 #include "codec/wire.h"
 
 struct event_base;
 struct loopwake;
 
 #define CLIENT_ERROR_DOMAIN 0x434c /* "CL" */
+
+/* The errors of this module (CLIENT_ERROR_DOMAIN). */
+typedef enum {
+   CLIENT_ERR_CLOSED = 1,           /* the connection closed before the reply came */
+   CLIENT_ERR_NO_MEMORY,            /* a buffer, event or connection could not be allocated or moved */
+   CLIENT_ERR_INFLIGHT_FULL,        /* CLIENT_MAX_INFLIGHT (or _UPSTREAM_) requests wait already */
+   CLIENT_ERR_NO_SUCH_REQUEST,      /* client_answer for a request that waits for none */
+   CLIENT_ERR_ANSWER_TOO_LARGE,     /* the proxy's answer does not fit in a message */
+   CLIENT_ERR_INTERNAL_TOO_LARGE,   /* the proxy's own request does not fit in a message */
+   CLIENT_ERR_REQUEST_TOO_LARGE,    /* a checksummed request, re-encoded, does not fit */
+   CLIENT_ERR_HELLO_TOO_LARGE,      /* the hello rewritten for the upstream does not fit */
+   CLIENT_ERR_HELLO_REPLY_TOO_LARGE, /* the hello reply rewritten as a mongos does not fit */
+   CLIENT_ERR_REPLY_TOO_LARGE,      /* a checksummed reply, re-encoded, does not fit */
+   CLIENT_ERR_NOT_CONNECTED,        /* client_send_internal before the upstream is connected */
+   CLIENT_ERR_WORKER,               /* the request decoding thread cannot start, or runs already */
+} client_error_t;
 /* Client requests awaiting an answer.  Drivers do not pipeline (one request
  * per connection at a time, plus moreToCome writes which need no answer),
  * so this only bounds a misbehaving client: when full, reading pauses. */
@@ -144,7 +163,7 @@ void *client_get_data (const client_conn_t *c);
 /* The one way a connection ends: logs "c<id> <peer>: closing (<reason>):
  * <detail>", counts the reason, fails pending internal requests, frees the
  * sockets now and the struct on the next loop turn.  Idempotent. */
-void client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fmt, ...)
+void client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char *fmt, ...)
    __attribute__ ((format (printf, 3, 4)));
 
 /* --- the proxy's own traffic (injection, virtual commands) ------------- */

@@ -1,12 +1,16 @@
 /*
  * proxy/conn_private.h - what the two halves of a client connection share.
  *
+ * Thread: forwarding loop (the decoding worker of proxy/pump.c touches only
+ * its jobs).
+ *
  * proxy/conn.c is a connection's lifecycle: its states, the flow decisions
- * (who may read), the libevent callbacks, pairing with an upstream,
- * draining and the one way to close.  proxy/pump.c is what flows through
- * it: framing, the two in-flight FIFOs, forwarding, reply matching, the
- * proxy's own answers and internal requests.  Both include this header;
- * every other module uses proxy/conn.h only.
+ * (who may read), the callbacks of its two sides, pairing with an
+ * upstream, draining and the one way to close.  proxy/pump.c is what flows
+ * through it: framing, the two in-flight FIFOs, forwarding, reply
+ * matching, the proxy's own answers and internal requests.  proxy/side.c is
+ * one socket of it, the client's or the upstream's.  Each includes this
+ * header; every other module uses proxy/conn.h only.
  */
 #ifndef RELAYBUS_CLIENT_PRIVATE_H
 #define RELAYBUS_CLIENT_PRIVATE_H
@@ -17,9 +21,10 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 
-#include "proxy/conn.h"
+#include "base/assert.h"
 #include "codec/handshake.h"
-#include "proxy/upstream.h"
+#include "proxy/conn.h"
+#include "proxy/side.h"
 
 struct event;
 struct loopwake;
@@ -63,8 +68,8 @@ typedef struct {
 } upstream_req_t;
 
 /* Owned by its loop (listed in loop->clients until disconnected, then in
- * loop->free_list until freed).  Owns its bufferevent, its upstream, its
- * timers, its held answers and a reference on its config snapshot. */
+ * loop->free_list until freed).  Owns its two sides, its timer, its held
+ * answers and a reference on its config snapshot. */
 struct client_conn {
    uint64_t id;
    char peer[128];
@@ -72,34 +77,13 @@ struct client_conn {
    client_loop_t *loop;
    config_t *cfg;
 
-   struct bufferevent *bev;
-   upstream_conn_t *up;
+   side_t client;   /* the accepted socket; its timer: a partial request stalls */
+   side_t upstream; /* the paired connection to the primary, open from
+                     * client_try_connect on; its timer: a partial reply */
+   char upstream_name[TOPOLOGY_HOST_MAX + 8]; /* host:port, for logs */
    bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
 
    struct event *timer;          /* per state: no primary / handshake */
-   struct event *req_timer;      /* a partial request stalls */
-   struct event *reply_timer;    /* a partial reply stalls */
-   bool req_timer_armed;         /* req_timer is pending (saves event_del calls) */
-   bool reply_timer_armed;
-
-   /* The write callbacks are installed only while they have work to do
-    * (client_update_flow): libevent schedules one after nearly every
-    * write otherwise. */
-   bool client_drained_cb;   /* client_write_cb installed */
-   bool up_drained_cb;       /* upstream_want_drained on */
-   /* Plain sockets are written by client_update_flow itself (write_now);
-    * TLS ones by libevent on the write event, as bufferevents do. */
-   bool client_direct;
-   bool up_direct;
-   /* Plain sockets are read by these events of ours (read_now), not by
-    * the bufferevent, whose reads first ask the kernel how much is there
-    * (ioctl FIONREAD): a syscall per read.  NULL for TLS sides. */
-   struct event *client_rd;
-   struct event *up_rd;
-   bool client_reading; /* client_rd added */
-   bool up_reading;     /* up_rd added */
-   evutil_socket_t client_fd; /* the sockets, for read_now and write_now */
-   evutil_socket_t up_fd;     /* (bufferevent_getfd is a ctrl call) */
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
 
    struct evbuffer *scratch; /* decompressed requests */
@@ -121,16 +105,13 @@ struct client_conn {
 
    /* The process-wide memory bound (proxy/conn.c, "memory").  mem_held: bytes
     * in this connection's buffers, kept exact by evbuffer callbacks;
-    * mem_partial: reserved for the rest of the partial request at the
-    * front of the input; mem_decode: reserved for the request being
+    * each side's mem_partial: reserved for the rest of the partial message
+    * at the front of its input; mem_decode: reserved for the request being
     * decompressed (and, off the loop, for its bytes).  All three are in
-    * stats.buffered_bytes.  A connection whose reservation does not fit
+    * COUNTER_BUFFERED_BYTES.  A connection whose reservation does not fit
     * waits in loop->mem_wait_head (FIFO) with mem_need, that side not
     * read. */
-   struct evbuffer_cb_entry *mem_cb_in, *mem_cb_out, *mem_cb_up_in, *mem_cb_up_out;
    int64_t mem_held;
-   int64_t mem_partial;    /* the client's partial request */
-   int64_t mem_partial_up; /* the upstream's partial reply */
    int64_t mem_decode;
    int64_t mem_need;
    unsigned mem_wait_sides; /* MEM_SIDE_* bits (proxy/conn.c); 0: not waiting */
@@ -173,13 +154,13 @@ struct client_loop {
 static inline struct evbuffer *
 client_output (client_conn_t *c)
 {
-   return bufferevent_get_output (c->bev);
+   return side_output (&c->client);
 }
 
 static inline struct evbuffer *
 upstream_output (client_conn_t *c)
 {
-   return bufferevent_get_output (upstream_bev (c->up));
+   return side_output (&c->upstream);
 }
 
 static inline size_t
@@ -193,6 +174,7 @@ high_watermark (const client_conn_t *c)
 static inline uint32_t
 creq_count (const client_conn_t *c)
 {
+   RELAYBUS_ASSERT (c->creq_tail - c->creq_head <= CLIENT_MAX_INFLIGHT);
    return (uint32_t) (c->creq_tail - c->creq_head);
 }
 
@@ -207,6 +189,7 @@ creq_find (client_conn_t *c, uint64_t seq)
 static inline void
 upreq_pop (client_conn_t *c)
 {
+   RELAYBUS_ASSERT (c->up_count > 0);
    c->up_head = (c->up_head + 1) % CLIENT_MAX_UPSTREAM_INFLIGHT;
    c->up_count--;
 }
@@ -254,12 +237,11 @@ void client_worker_stop (client_loop_t *loop);
 /* proxy/pump.c: the connection closes: its job, if any, is dropped. */
 void client_job_cancel (client_conn_t *c);
 
-/* proxy/pump.c: handles every complete request in the client's input
- * while the FIFOs and the upstream's output have room; returns whether it
- * took any.  Returns false after disconnecting too (check the state). */
-bool client_route_requests (client_conn_t *c);
-/* proxy/pump.c: the same for replies in the upstream's input, while the
- * client's output has room. */
-bool client_route_replies (client_conn_t *c);
+/* proxy/pump.c: handles every complete message in the input of `from`
+ * (c->client: requests, while the FIFOs and the upstream's output have
+ * room; c->upstream: replies, while the client's output has room);
+ * returns whether it took any.  Returns false after disconnecting too
+ * (check the state). */
+bool client_route (client_conn_t *c, side_t *from);
 
 #endif /* RELAYBUS_CLIENT_PRIVATE_H */

@@ -4,6 +4,10 @@
  * draining, and every way to close.  What flows through the connection
  * (framing, the in-flight FIFOs, forwarding and answers) is proxy/pump.c.
  *
+ * Sides.  The client socket and the upstream connection are two sides of
+ * one type (proxy/side.h); their callbacks come here through one table and
+ * are told apart by the side's kind.
+ *
  * Flow.  Each callback ends in one of two pumps (client_pump,
  * upstream_pump): route what is complete, then client_update_flow decides
  * what to read next and which drain callbacks are wanted, touching libevent
@@ -20,27 +24,23 @@
  * touching buffers again.
  */
 #include "proxy/conn.h"
-#include "base/clock.h"
 
-#include <errno.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/un.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
-#include <openssl/err.h>
 
-#include "proxy/conn_private.h"
-#include "proxy/clients.h"
+#include "base/assert.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/loopwake.h"
-#include "proxy/upstream.h"
+#include "proxy/clients.h"
+#include "proxy/conn_private.h"
+#include "proxy/side.h"
 
 static const char *const client_state_names[CLIENT_STATE_COUNT_] = {
    [CLIENT_STATE_AWAIT_UPSTREAM] = "await_upstream",
@@ -58,16 +58,33 @@ client_state_name (client_state_t state)
 
 static void client_pump (client_conn_t *c);
 static void upstream_pump (client_conn_t *c);
-static void client_read_cb (struct bufferevent *bev, void *arg);
-static void client_write_cb (struct bufferevent *bev, void *arg);
-static void client_event_cb (struct bufferevent *bev, short what, void *arg);
-static void up_sock_read_cb (evutil_socket_t fd, short what, void *arg);
 static void client_update_flow (client_conn_t *c);
 static void mem_release_all (client_conn_t *c);
-
-/* ------------------------------------------------------------ helpers */
+static const side_callbacks_t conn_side_callbacks;
 
 /* ------------------------------------------------------------ state */
+
+/* The transitions there are: forward through the handshake (COUNT_, "no
+ * state yet", only at accept), to DRAINING once the upstream is paired,
+ * and to CLOSING from anywhere; CLOSING is final. */
+static bool
+client_transition_ok (client_state_t from, client_state_t to)
+{
+   switch (to) {
+   case CLIENT_STATE_AWAIT_UPSTREAM:
+      return from == CLIENT_STATE_COUNT_;
+   case CLIENT_STATE_HANDSHAKE:
+      return from == CLIENT_STATE_AWAIT_UPSTREAM;
+   case CLIENT_STATE_READY:
+      return from == CLIENT_STATE_HANDSHAKE;
+   case CLIENT_STATE_DRAINING:
+      return from == CLIENT_STATE_HANDSHAKE || from == CLIENT_STATE_READY;
+   case CLIENT_STATE_CLOSING:
+      return from != CLIENT_STATE_CLOSING;
+   default:
+      return false;
+   }
+}
 
 void
 client_set_state (client_conn_t *c, client_state_t next)
@@ -77,6 +94,7 @@ client_set_state (client_conn_t *c, client_state_t next)
 
    if (c->state == next)
       return;
+   RELAYBUS_ASSERT (client_transition_ok (c->state, next));
    if (c->state != CLIENT_STATE_COUNT_) /* COUNT_: not yet in any state */
       log_debug ("c%" PRIu64 " %s: %s -> %s",
               c->id,
@@ -86,7 +104,7 @@ client_set_state (client_conn_t *c, client_state_t next)
    c->state = next;
    /* /api/clients: before CLOSING frees the socket the registry reads. */
    clients_registry_note (
-      c->id, c->peer, c->bev ? bufferevent_getfd (c->bev) : -1, client_state_name (next), next != CLIENT_STATE_CLOSING);
+      c->id, c->peer, side_is_open (&c->client) ? c->client.fd : -1, client_state_name (next), next != CLIENT_STATE_CLOSING);
    if (next == CLIENT_STATE_CLOSING)
       return;
    /* The per-state timer: each state has at most one deadline. */
@@ -109,11 +127,11 @@ client_set_state (client_conn_t *c, client_state_t next)
 }
 
 static const char *
-client_close_level_is_warn (stats_close_reason_t reason)
+client_close_level_is_warn (counters_close_reason_t reason)
 {
    switch (reason) {
-   case STATS_CLOSE_CLIENT_EOF:
-   case STATS_CLOSE_SHUTDOWN:
+   case COUNTERS_CLOSE_CLIENT_EOF:
+   case COUNTERS_CLOSE_SHUTDOWN:
       return NULL;
    default:
       return "warn";
@@ -121,7 +139,7 @@ client_close_level_is_warn (stats_close_reason_t reason)
 }
 
 void
-client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fmt, ...)
+client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char *fmt, ...)
 {
    client_loop_t *loop = c->loop;
    char detail[512];
@@ -137,34 +155,25 @@ client_disconnect (client_conn_t *c, stats_close_reason_t reason, const char *fm
              c->id,
              c->peer,
              "closing (%s) in %s: %s",
-             stats_close_reason_name (reason),
+             counters_close_reason_name (reason),
              client_state_name (c->state),
              detail);
-   stats_count_close (reason);
-   stats_sub (connections_open, 1);
+   counters_count_close (reason);
+   counters_sub (COUNTER_CONNECTIONS_OPEN, 1);
    client_set_state (c, CLIENT_STATE_CLOSING);
    mem_release_all (c);
 
-   /* Sockets and timers go now: nothing of ours can fire after this.  Our
-    * read events first, while their descriptors are still open. */
-   if (c->client_rd)
-      event_free (c->client_rd);
-   if (c->up_rd)
-      event_free (c->up_rd);
-   c->client_rd = c->up_rd = NULL;
-   upstream_destroy (c->up);
-   c->up = NULL;
-   if (c->bev)
-      bufferevent_free (c->bev);
-   c->bev = NULL;
+   /* Sockets and timers go now: nothing of ours can fire after this. */
+   if (c->upstream.connected)
+      counters_sub (COUNTER_UPSTREAMS_OPEN, 1);
+   side_close (&c->upstream);
+   side_close (&c->client);
    event_free (c->timer);
-   event_free (c->req_timer);
-   event_free (c->reply_timer);
-   c->timer = c->req_timer = c->reply_timer = NULL;
+   c->timer = NULL;
 
    /* Internal requests learn that no reply will come (their owners free
     * their context).  They may not send anything: the state is CLOSING. */
-   bson_set_error (&error, CLIENT_ERROR_DOMAIN, 1, "connection closed: %s", detail);
+   bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_CLOSED, "connection closed: %s", detail);
    while (c->up_count > 0) {
       upstream_req_t u = c->upreqs[c->up_head];
       upreq_pop (c);
@@ -229,14 +238,14 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
 
 /*
  * The process-wide bound on buffered bytes ([proxy] max_buffered_bytes).
- * stats.buffered_bytes (atomic: the admin thread reads it; it is the one
+ * COUNTER_BUFFERED_BYTES (atomic: the admin thread reads it; it is the one
  * process counter, should there be several loops) is the sum over the
  * connections of
  *   - mem_held: the bytes in their buffers (client and upstream, input and
  *     output, decompressed requests, re-encoded and held answers), kept
  *     exact by an evbuffer callback on each;
  *   - reservations: the rest of a partial message whose header announced
- *     its length (mem_partial, mem_partial_up), and for a request its
+ *     its length (each side's mem_partial), and for a request its
  *     decompressed size or the copy it is validated from, plus its bytes
  *     while the decoding thread has them (mem_decode).
  * A side of a connection is read only while the rest of the message it is
@@ -257,7 +266,7 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
 static int64_t
 mem_total (void)
 {
-   return (int64_t) stats_get (buffered_bytes);
+   return (int64_t) counters_get (COUNTER_BUFFERED_BYTES);
 }
 
 static int64_t
@@ -281,7 +290,7 @@ static void
 mem_give_back (client_loop_t *loop, int64_t n)
 {
    if (n > 0) {
-      stats_sub (buffered_bytes, n);
+      counters_sub (COUNTER_BUFFERED_BYTES, n);
       mem_maybe_resume (loop);
    }
 }
@@ -291,7 +300,7 @@ mem_account (client_conn_t *c, int64_t delta)
 {
    c->mem_held += delta;
    if (delta > 0)
-      stats_add (buffered_bytes, delta);
+      counters_add (COUNTER_BUFFERED_BYTES, delta);
    else
       mem_give_back (c->loop, -delta);
 }
@@ -318,29 +327,41 @@ mem_input_cb (client_conn_t *c, int64_t *partial, const struct evbuffer_cb_info 
       return;
    if (take > 0) {
       *partial -= take;
-      stats_sub (buffered_bytes, take);
+      counters_sub (COUNTER_BUFFERED_BYTES, take);
    }
    mem_account (c, added - (int64_t) info->n_deleted);
 }
 
 static void
-mem_client_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+mem_side_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
-   client_conn_t *c = arg;
-   mem_input_cb (c, &c->mem_partial, info);
-}
-
-static void
-mem_up_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-   client_conn_t *c = arg;
-   mem_input_cb (c, &c->mem_partial_up, info);
+   side_t *s = arg;
+   mem_input_cb (s->owner, &s->mem_partial, info);
 }
 
 void
 client_mem_watch (client_conn_t *c, struct evbuffer *buf)
 {
    (void) evbuffer_add_cb (buf, mem_cb, c);
+}
+
+/* Counts a side's input and output; false: out of memory. */
+static bool
+mem_watch_side (client_conn_t *c, side_t *s)
+{
+   s->mem_cb_in = evbuffer_add_cb (side_input (s), mem_side_in_cb, s);
+   s->mem_cb_out = evbuffer_add_cb (side_output (s), mem_cb, c);
+   return s->mem_cb_in && s->mem_cb_out;
+}
+
+static void
+mem_unwatch_side (side_t *s)
+{
+   if (s->mem_cb_in)
+      evbuffer_remove_cb_entry (side_input (s), s->mem_cb_in);
+   if (s->mem_cb_out)
+      evbuffer_remove_cb_entry (side_output (s), s->mem_cb_out);
+   s->mem_cb_in = s->mem_cb_out = NULL;
 }
 
 static bool
@@ -353,7 +374,7 @@ mem_try_reserve (client_conn_t *c, int64_t n)
       room -= loop->mem_wait_head->mem_need; /* the oldest waiter's turn */
    if (n > room)
       return false;
-   stats_add (buffered_bytes, n);
+   counters_add (COUNTER_BUFFERED_BYTES, n);
    return true;
 }
 
@@ -384,8 +405,8 @@ mem_wait (client_conn_t *c, unsigned side, int64_t need)
    else
       loop->mem_wait_head = c;
    loop->mem_wait_tail = c;
-   stats_add (connections_paused_memory, 1);
-   stats_add (memory_pauses, 1);
+   counters_add (COUNTER_CONNECTIONS_PAUSED_MEMORY, 1);
+   counters_add (COUNTER_MEMORY_PAUSES, 1);
    log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "waiting for memory: %" PRId64 " bytes", need);
    loop->mem_episode_pauses++;
    if (loop->mem_pause_started_ms)
@@ -420,7 +441,7 @@ mem_unwait (client_conn_t *c)
    c->mem_wait_prev = c->mem_wait_next = NULL;
    c->mem_wait_sides = 0;
    c->mem_need = 0;
-   stats_sub (connections_paused_memory, 1);
+   counters_sub (COUNTER_CONNECTIONS_PAUSED_MEMORY, 1);
    if (!loop->mem_wait_head && loop->mem_pause_started_ms) {
       int64_t now = clock_mono_ms ();
       /* The end of an episode is logged when its start was (or when the
@@ -453,11 +474,11 @@ mem_le32 (const uint8_t *p)
  * memory while it holds a message it has received: only while holding at
  * most one read, which is what keeps the waiting deadlock-free. */
 static bool
-mem_may_read (client_conn_t *c, unsigned side)
+mem_may_read (client_conn_t *c, side_t *s)
 {
-   bool client = side == MEM_SIDE_CLIENT;
-   struct evbuffer *in = bufferevent_get_input (client ? c->bev : upstream_bev (c->up));
-   int64_t *partial = client ? &c->mem_partial : &c->mem_partial_up;
+   bool client = s->kind == SIDE_CLIENT;
+   struct evbuffer *in = side_input (s);
+   int64_t *partial = &s->mem_partial;
    size_t avail = evbuffer_get_length (in);
    uint8_t hb[WIRE_HEADER_LEN + 9];
    int64_t len, rest, extra = 0;
@@ -490,7 +511,7 @@ mem_may_read (client_conn_t *c, unsigned side)
    if (rest + extra == 0)
       return true;
    if (!mem_try_reserve (c, rest + extra)) {
-      mem_wait (c, side, rest + extra);
+      mem_wait (c, client ? MEM_SIDE_CLIENT : MEM_SIDE_UP, rest + extra);
       return false;
    }
    *partial += rest;
@@ -526,20 +547,11 @@ client_mem_release_decode (client_conn_t *c)
 static void
 mem_release_all (client_conn_t *c)
 {
-   struct bufferevent *ubev = c->up ? upstream_bev (c->up) : NULL;
-
    mem_unwait (c);
-   if (c->mem_cb_in)
-      evbuffer_remove_cb_entry (bufferevent_get_input (c->bev), c->mem_cb_in);
-   if (c->mem_cb_out)
-      evbuffer_remove_cb_entry (bufferevent_get_output (c->bev), c->mem_cb_out);
-   if (ubev && c->mem_cb_up_in)
-      evbuffer_remove_cb_entry (bufferevent_get_input (ubev), c->mem_cb_up_in);
-   if (ubev && c->mem_cb_up_out)
-      evbuffer_remove_cb_entry (bufferevent_get_output (ubev), c->mem_cb_up_out);
-   c->mem_cb_in = c->mem_cb_out = c->mem_cb_up_in = c->mem_cb_up_out = NULL;
-   mem_give_back (c->loop, c->mem_held + c->mem_partial + c->mem_partial_up + c->mem_decode);
-   c->mem_held = c->mem_partial = c->mem_partial_up = c->mem_decode = 0;
+   mem_unwatch_side (&c->client);
+   mem_unwatch_side (&c->upstream);
+   mem_give_back (c->loop, c->mem_held + c->client.mem_partial + c->upstream.mem_partial + c->mem_decode);
+   c->mem_held = c->client.mem_partial = c->upstream.mem_partial = c->mem_decode = 0;
 }
 
 /* mem_ev: room below the low mark; waiters resume oldest first while
@@ -565,110 +577,6 @@ mem_resume_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ flow */
 
-/* Turns reading of one side on or off, only when that changes
- * (bufferevent_enable re-adds the read event even when it is on).  A plain
- * side is read by our own event `rd` (read_now), a TLS side by its
- * bufferevent. */
-static void
-set_reading (struct bufferevent *bev, struct event *rd, bool *reading, bool on)
-{
-   bool is_on = rd ? *reading : (bufferevent_get_enabled (bev) & EV_READ) != 0;
-
-   if (on == is_on)
-      return;
-   if (rd) {
-      if (on)
-         event_add (rd, NULL);
-      else
-         event_del (rd);
-      *reading = on;
-   } else if (on) {
-      bufferevent_enable (bev, EV_READ);
-   } else {
-      bufferevent_disable (bev, EV_READ);
-   }
-}
-
-static bool
-client_is_reading (const client_conn_t *c)
-{
-   return c->client_rd ? c->client_reading : (bufferevent_get_enabled (c->bev) & EV_READ) != 0;
-}
-
-static bool
-up_is_reading (const client_conn_t *c)
-{
-   return c->up_rd ? c->up_reading : (bufferevent_get_enabled (upstream_bev (c->up)) & EV_READ) != 0;
-}
-
-/* At most this much per read, as evbuffer_read too: a bigger message
- * takes several loop turns, which keeps one connection from starving the
- * others. */
-#define CLIENT_READ_CHUNK 4096
-
-/* Reads what a plain socket has (up to CLIENT_READ_CHUNK) into its
- * bufferevent's input, as the bufferevent would but without asking the
- * kernel first how much there is.  Returns the bytes read, 0 at EOF, -1 on
- * an error (errno; EAGAIN: nothing there).  The input of a socket
- * bufferevent is frozen at its end (only libevent fills it); this unfreezes
- * it around the read, as libevent's read callback does. */
-static ssize_t
-read_now (struct bufferevent *bev, evutil_socket_t fd)
-{
-   struct evbuffer *in = bufferevent_get_input (bev);
-   struct evbuffer_iovec v;
-   ssize_t n;
-
-   evbuffer_unfreeze (in, 0);
-   if (evbuffer_reserve_space (in, CLIENT_READ_CHUNK, &v, 1) != 1) {
-      evbuffer_freeze (in, 0);
-      errno = ENOMEM;
-      return -1;
-   }
-   do
-      n = recv (fd, v.iov_base, v.iov_len, 0);
-   while (n < 0 && errno == EINTR);
-   if (n > 0) {
-      v.iov_len = (size_t) n;
-      evbuffer_commit_space (in, &v, 1);
-   }
-   evbuffer_freeze (in, 0);
-   return n;
-}
-
-/* Writes a plain socket's output now, from the pump that filled it.  A
- * bufferevent would arm its write event (epoll_ctl), write on the next
- * loop turn and disarm it when empty (epoll_ctl again): two syscalls and a
- * loop turn per message per side.  Here EV_WRITE stays off while the
- * socket takes everything at once, the usual case for small messages.
- * What it does not take (EAGAIN, a partial write, or an error) is left to
- * libevent with EV_WRITE on: it finishes the write in order, reports an
- * error through the event callback as usual, and the first flush that
- * finds the output empty turns EV_WRITE off again.
- *
- * The output of a socket bufferevent is frozen at its front (only libevent
- * drains it); its own write callback unfreezes it around the write, and so
- * does this. */
-static void
-write_now (struct bufferevent *bev, evutil_socket_t fd)
-{
-   struct evbuffer *out = bufferevent_get_output (bev);
-   bool libevent_writes = (bufferevent_get_enabled (bev) & EV_WRITE) != 0;
-
-   if (evbuffer_get_length (out) == 0) {
-      if (libevent_writes)
-         bufferevent_disable (bev, EV_WRITE);
-      return;
-   }
-   if (libevent_writes)
-      return; /* it is writing already: let it, so bytes keep their order */
-   evbuffer_unfreeze (out, 1);
-   (void) evbuffer_write_atmost (out, fd, bufferevent_get_max_single_write (bev));
-   evbuffer_freeze (out, 1);
-   if (evbuffer_get_length (out) > 0)
-      bufferevent_enable (bev, EV_WRITE);
-}
-
 /* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
  *  - the client is read only in HANDSHAKE/READY, with the upstream
  *    connected, room in the FIFOs, and the upstream's output below the
@@ -684,63 +592,28 @@ write_now (struct bufferevent *bev, evutil_socket_t fd)
 static void
 client_update_flow (client_conn_t *c)
 {
-   bool up = upstream_is_connected (c->up);
-   bool up_full = false, client_full, want;
+   bool up = c->upstream.connected;
+   bool up_full = false, client_full;
    size_t high;
 
    if (c->state == CLIENT_STATE_CLOSING)
       return;
    /* What the pump queued goes out first: the decisions below read the
     * outputs' lengths after it. */
-   if (c->client_direct)
-      write_now (c->bev, c->client_fd);
-   if (up && c->up_direct)
-      write_now (upstream_bev (c->up), c->up_fd);
+   side_flush (&c->client);
+   if (up)
+      side_flush (&c->upstream);
    high = high_watermark (c);
    client_full = evbuffer_get_length (client_output (c)) >= high;
    if (up) {
       up_full = evbuffer_get_length (upstream_output (c)) >= high;
-      set_reading (upstream_bev (c->up),
-                   c->up_rd,
-                   &c->up_reading,
-                   !client_full && mem_may_read (c, MEM_SIDE_UP));
-      if (up_full != c->up_drained_cb) {
-         upstream_want_drained (c->up, up_full);
-         c->up_drained_cb = up_full;
-      }
+      side_set_reading (&c->upstream, !client_full && mem_may_read (c, &c->upstream));
+      side_want_drained (&c->upstream, up_full);
    }
-   set_reading (c->bev,
-                c->client_rd,
-                &c->client_reading,
-                (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
-                   !up_full && !c->job && mem_may_read (c, MEM_SIDE_CLIENT));
-   want = client_full || c->state == CLIENT_STATE_DRAINING;
-   if (want != c->client_drained_cb) {
-      bufferevent_setcb (c->bev, client_read_cb, want ? client_write_cb : NULL, client_event_cb, c);
-      c->client_drained_cb = want;
-   }
-}
-
-/* A partial message in `in` may wait at most message_timeout_ms, counted
- * from when it began to be waited for (`consumed`: a message was taken, so
- * what is left began now), and only while we are reading that side (a
- * stall caused by our own backpressure is not the peer's fault).  The timer
- * is touched only when a message is really partial or the timer was armed:
- * whole messages, the usual case, cost no event_add/event_del. */
-static void
-message_timer_update (client_conn_t *c, struct event *timer, bool *armed, struct bufferevent *bev, bool reading, bool consumed)
-{
-   bool partial = c->cfg->message_timeout_ms > 0 && reading && evbuffer_get_length (bufferevent_get_input (bev)) > 0;
-
-   if (*armed && (consumed || !partial)) {
-      evtimer_del (timer);
-      *armed = false;
-   }
-   if (partial && !*armed) {
-      struct timeval tv = clock_timeval_ms (c->cfg->message_timeout_ms);
-      evtimer_add (timer, &tv);
-      *armed = true;
-   }
+   side_set_reading (&c->client,
+                     (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
+                        !up_full && !c->job && mem_may_read (c, &c->client));
+   side_want_drained (&c->client, client_full || c->state == CLIENT_STATE_DRAINING);
 }
 
 /* ------------------------------------------------------------ pumps */
@@ -753,10 +626,10 @@ client_pump (client_conn_t *c)
    bool consumed;
 
    c->pumping++;
-   consumed = client_route_requests (c);
+   consumed = client_route (c, &c->client);
    if (c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
-      message_timer_update (c, c->req_timer, &c->req_timer_armed, c->bev, client_is_reading (c), consumed);
+      side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed);
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
 }
@@ -769,7 +642,7 @@ upstream_pump (client_conn_t *c)
    bool consumed;
 
    c->pumping++;
-   consumed = client_route_replies (c);
+   consumed = client_route (c, &c->upstream);
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
    /* Answers freed FIFO room: requests may be waiting in the input
@@ -782,9 +655,9 @@ upstream_pump (client_conn_t *c)
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
    client_check_drained (c);
-   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
+   if (c->state == CLIENT_STATE_CLOSING || !c->upstream.connected)
       goto done;
-   message_timer_update (c, c->reply_timer, &c->reply_timer_armed, upstream_bev (c->up), up_is_reading (c), consumed);
+   side_timer_update (&c->upstream, c->cfg->message_timeout_ms, consumed);
 done:
    c->pumping--;
 }
@@ -805,157 +678,123 @@ client_output_queued (client_conn_t *c)
 
 /* ------------------------------------------------------------ callbacks */
 
-static void
-client_read_cb (struct bufferevent *bev, void *arg)
+/* Both sides' callbacks (proxy/side.h), told apart by the side's kind. */
+
+static client_conn_t *
+side_conn (const side_t *s)
 {
-   client_pump (arg);
+   return s->owner;
 }
 
 static void
-client_write_cb (struct bufferevent *bev, void *arg)
+conn_side_read (side_t *s)
 {
-   client_conn_t *c = arg;
+   if (s->kind == SIDE_CLIENT)
+      client_pump (side_conn (s));
+   else
+      upstream_pump (side_conn (s));
+}
 
-   /* The client's output fell to high/2: replies may flow again. */
-   upstream_pump (c);
+/* A side's output fell to high/2: what it held back may flow again (the
+ * client's output holds back replies; the upstream's, requests). */
+static void
+conn_side_drained (side_t *s)
+{
+   if (s->kind == SIDE_CLIENT)
+      upstream_pump (side_conn (s));
+   else
+      client_pump (side_conn (s));
 }
 
 static void
-client_event_cb (struct bufferevent *bev, short what, void *arg)
+conn_client_event (client_conn_t *c, side_event_t ev, const char *detail)
 {
-   client_conn_t *c = arg;
-   unsigned long ssl_err = 0, e;
+   size_t partial;
 
-   if (what & BEV_EVENT_CONNECTED)
-      return;
-   if (what & BEV_EVENT_EOF) {
-      size_t partial = evbuffer_get_length (bufferevent_get_input (bev));
-      if (partial > 0)
-         /* Bytes left over are a message the client never finished. */
-         client_disconnect (c,
-                            STATS_CLOSE_CLIENT_EOF,
-                            "client closed the connection in the middle of a message (%zu bytes of a partial message buffered)",
-                            partial);
-      else
-         client_disconnect (c, STATS_CLOSE_CLIENT_EOF, "client closed the connection");
+   if (ev != SIDE_EVENT_EOF) {
+      client_disconnect (c, COUNTERS_CLOSE_CLIENT_ERROR, "%s", detail);
       return;
    }
-   while ((e = bufferevent_get_openssl_error (bev)) != 0)
-      ssl_err = e;
-   if (ssl_err) {
-      char buf[200];
-      ERR_error_string_n (ssl_err, buf, sizeof buf);
-      client_disconnect (c, STATS_CLOSE_CLIENT_ERROR, "TLS: %s", buf);
-   } else {
+   partial = evbuffer_get_length (side_input (&c->client));
+   if (partial > 0)
+      /* Bytes left over are a message the client never finished. */
       client_disconnect (c,
-                         STATS_CLOSE_CLIENT_ERROR,
-                         "%s",
-                         EVUTIL_SOCKET_ERROR () ? evutil_socket_error_to_string (EVUTIL_SOCKET_ERROR ()) : "connection error");
-   }
+                         COUNTERS_CLOSE_CLIENT_EOF,
+                         "client closed the connection in the middle of a message (%zu bytes of a partial message buffered)",
+                         partial);
+   else
+      client_disconnect (c, COUNTERS_CLOSE_CLIENT_EOF, "client closed the connection");
 }
 
 static void
-up_event (void *owner, upstream_event_t ev, const char *detail)
+conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
 {
-   client_conn_t *c = owner;
-
-   /* Still inside upstream_new (a libevent that reports an immediate
-    * connect failure without deferring it): its return value says it. */
-   if (!c->up)
-      return;
    switch (ev) {
-   case UPSTREAM_EVENT_CONNECTED:
-      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "paired with upstream %s", detail);
-      bufferevent_setwatermark (upstream_bev (c->up), EV_WRITE, high_watermark (c) / 2, 0);
-      /* Connected: a plain upstream is written by write_now and read by
-       * up_rd from here on (the connect itself needed libevent's write
-       * event). */
-      c->up_direct = !upstream_is_tls (c->up);
-      if (c->up_direct) {
-         struct bufferevent *ubev = upstream_bev (c->up);
-         bufferevent_disable (ubev, EV_READ);
-         c->up_fd = bufferevent_getfd (ubev);
-         c->up_rd = event_new (c->loop->base, c->up_fd, EV_READ | EV_PERSIST, up_sock_read_cb, c);
-         if (!c->up_rd) {
-            client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory pairing with %s", detail);
-            break;
-         }
+   case SIDE_EVENT_CONNECTED:
+      counters_add (COUNTER_UPSTREAMS_OPEN, 1);
+      counters_add (COUNTER_UPSTREAM_CONNECTS, 1);
+      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "paired with upstream %s", c->upstream_name);
+      side_set_write_low (&c->upstream, high_watermark (c) / 2);
+      if (!side_go_direct (&c->upstream, c->loop->base)) {
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory pairing with %s", c->upstream_name);
+         break;
       }
       client_set_state (c, CLIENT_STATE_HANDSHAKE);
       client_pump (c);
       break;
-   case UPSTREAM_EVENT_CONNECT_FAILED:
+   case SIDE_EVENT_CONNECT_FAILED:
+      counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
       topology_request_refresh (c->loop->topo, "upstream connect failed");
-      client_disconnect (c, STATS_CLOSE_UPSTREAM_CONNECT, "cannot connect to %s: %s", upstream_name (c->up), detail);
+      client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_CONNECT, "cannot connect to %s: %s", c->upstream_name, detail);
       break;
-   case UPSTREAM_EVENT_EOF:
-   case UPSTREAM_EVENT_ERROR:
+   case SIDE_EVENT_EOF:
+   case SIDE_EVENT_ERROR:
       /* A primary that goes away is often a failover in progress. */
       topology_request_refresh (c->loop->topo, "upstream connection lost");
       client_disconnect (c,
-                         ev == UPSTREAM_EVENT_EOF ? STATS_CLOSE_UPSTREAM_EOF : STATS_CLOSE_UPSTREAM_ERROR,
+                         ev == SIDE_EVENT_EOF ? COUNTERS_CLOSE_UPSTREAM_EOF : COUNTERS_CLOSE_UPSTREAM_ERROR,
                          "upstream %s: %s (%u requests in flight)",
-                         upstream_name (c->up),
-                         detail,
+                         c->upstream_name,
+                         ev == SIDE_EVENT_EOF ? "upstream closed the connection" : detail,
                          (unsigned) c->up_count);
       break;
    }
 }
 
 static void
-up_read (void *owner)
+conn_side_event (side_t *s, side_event_t ev, const char *detail)
 {
-   upstream_pump (owner);
+   if (s->kind == SIDE_CLIENT)
+      conn_client_event (side_conn (s), ev, detail);
+   else
+      conn_upstream_event (side_conn (s), ev, detail);
 }
 
+/* A side's partial message stalled for message_timeout_ms. */
 static void
-up_drained (void *owner)
+conn_side_timeout (side_t *s)
 {
-   /* The upstream's output fell to high/2: requests may flow again. */
-   client_pump (owner);
+   client_conn_t *c = side_conn (s);
+
+   if (s->kind == SIDE_CLIENT)
+      client_disconnect (c,
+                         COUNTERS_CLOSE_MESSAGE_TIMEOUT,
+                         "partial request (%zu bytes buffered) stalled for message_timeout_ms=%" PRId64,
+                         evbuffer_get_length (side_input (s)),
+                         c->cfg->message_timeout_ms);
+   else
+      client_disconnect (c,
+                         COUNTERS_CLOSE_MESSAGE_TIMEOUT,
+                         "partial reply from %s stalled for message_timeout_ms=%" PRId64,
+                         c->upstream_name,
+                         c->cfg->message_timeout_ms);
 }
 
-static bool
-read_would_block (void)
-{
-   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-}
-
-/* client_rd: the plain client socket is readable. */
-static void
-client_sock_read_cb (evutil_socket_t fd, short what, void *arg)
-{
-   client_conn_t *c = arg;
-   ssize_t n = read_now (c->bev, c->client_fd);
-
-   if (n > 0) {
-      client_pump (c);
-   } else if (n == 0) {
-      client_event_cb (c->bev, BEV_EVENT_READING | BEV_EVENT_EOF, c);
-   } else if (!read_would_block ()) {
-      client_event_cb (c->bev, BEV_EVENT_READING | BEV_EVENT_ERROR, c); /* reads errno */
-   }
-}
-
-/* up_rd: the plain upstream socket is readable. */
-static void
-up_sock_read_cb (evutil_socket_t fd, short what, void *arg)
-{
-   client_conn_t *c = arg;
-   ssize_t n = read_now (upstream_bev (c->up), c->up_fd);
-
-   if (n > 0)
-      upstream_pump (c);
-   else if (n == 0)
-      up_event (c, UPSTREAM_EVENT_EOF, "upstream closed the connection");
-   else if (!read_would_block ())
-      up_event (c, UPSTREAM_EVENT_ERROR, evutil_socket_error_to_string (EVUTIL_SOCKET_ERROR ()));
-}
-
-static const upstream_callbacks_t client_upstream_callbacks = {
-   .on_event = up_event,
-   .on_read = up_read,
-   .on_drained = up_drained,
+static const side_callbacks_t conn_side_callbacks = {
+   .on_read = conn_side_read,
+   .on_drained = conn_side_drained,
+   .on_event = conn_side_event,
+   .on_timeout = conn_side_timeout,
 };
 
 static void
@@ -965,58 +804,32 @@ client_timer_cb (evutil_socket_t fd, short what, void *arg)
 
    switch (c->state) {
    case CLIENT_STATE_AWAIT_UPSTREAM:
-      if (!c->up) {
+      if (!side_is_open (&c->upstream)) {
          topology_primary_t p;
          topology_get_primary (c->loop->topo, &p);
          client_disconnect (c,
-                            STATS_CLOSE_NO_PRIMARY,
+                            COUNTERS_CLOSE_NO_PRIMARY,
                             "no primary within upstream_connect_timeout_ms=%" PRId64 " (%s)",
                             c->cfg->upstream_connect_timeout_ms,
                             p.last_error[0] ? p.last_error : topology_state_name (p.state));
       } else {
          topology_request_refresh (c->loop->topo, "upstream connect timed out");
          client_disconnect (c,
-                            STATS_CLOSE_UPSTREAM_CONNECT,
+                            COUNTERS_CLOSE_UPSTREAM_CONNECT,
                             "connect to %s timed out after %" PRId64 " ms",
-                            upstream_name (c->up),
+                            c->upstream_name,
                             c->cfg->upstream_connect_timeout_ms);
       }
       break;
    case CLIENT_STATE_HANDSHAKE:
       client_disconnect (c,
-                         STATS_CLOSE_HANDSHAKE_TIMEOUT,
+                         COUNTERS_CLOSE_HANDSHAKE_TIMEOUT,
                          "no hello answered within handshake_timeout_ms=%" PRId64,
                          c->cfg->handshake_timeout_ms);
       break;
    default:
       break;
    }
-}
-
-static void
-client_req_timer_cb (evutil_socket_t fd, short what, void *arg)
-{
-   client_conn_t *c = arg;
-
-   c->req_timer_armed = false;
-   client_disconnect (c,
-                      STATS_CLOSE_MESSAGE_TIMEOUT,
-                      "partial request (%zu bytes buffered) stalled for message_timeout_ms=%" PRId64,
-                      evbuffer_get_length (bufferevent_get_input (c->bev)),
-                      c->cfg->message_timeout_ms);
-}
-
-static void
-client_reply_timer_cb (evutil_socket_t fd, short what, void *arg)
-{
-   client_conn_t *c = arg;
-
-   c->reply_timer_armed = false;
-   client_disconnect (c,
-                      STATS_CLOSE_MESSAGE_TIMEOUT,
-                      "partial reply from %s stalled for message_timeout_ms=%" PRId64,
-                      upstream_name (c->up),
-                      c->cfg->message_timeout_ms);
 }
 
 /* ------------------------------------------------------------ pairing */
@@ -1036,16 +849,16 @@ client_try_connect (client_conn_t *c)
       return;
    }
    c->waiting_primary = false;
-   c->up = upstream_new (c->loop->base, &p, c->loop->tls, &client_upstream_callbacks, c, &error);
-   if (!c->up) {
+   bson_snprintf (c->upstream_name, sizeof c->upstream_name, "%s:%u", p.host, (unsigned) p.port);
+   if (!side_connect (&c->upstream, c->loop->base, &p, c->loop->tls, &conn_side_callbacks, c, &error)) {
+      if (error.domain == SIDE_ERROR_DOMAIN && error.code == SIDE_ERR_CONNECT)
+         counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
       topology_request_refresh (c->loop->topo, "upstream connect failed");
-      client_disconnect (c, STATS_CLOSE_UPSTREAM_CONNECT, "%s", error.message);
+      client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_CONNECT, "%s", error.message);
       return;
    }
-   c->mem_cb_up_in = evbuffer_add_cb (bufferevent_get_input (upstream_bev (c->up)), mem_up_in_cb, c);
-   c->mem_cb_up_out = evbuffer_add_cb (bufferevent_get_output (upstream_bev (c->up)), mem_cb, c);
-   if (!c->mem_cb_up_in || !c->mem_cb_up_out)
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory pairing with an upstream");
+   if (!mem_watch_side (c, &c->upstream))
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory pairing with an upstream");
 }
 
 static void
@@ -1075,85 +888,47 @@ client_accept (client_loop_t *loop,
                bson_error_t *error)
 {
    client_conn_t *c = bson_malloc0 (sizeof *c);
-   /* Deferred callbacks only for TLS, whose bufferevent may call back from
-    * inside our own buffer operations.  A socket bufferevent calls back only
-    * from its own event callbacks, holding a reference, so ours may run
-    * there directly (and may free it): no second loop turn per read. */
-   const int opts = BEV_OPT_CLOSE_ON_FREE | (server_tls ? BEV_OPT_DEFER_CALLBACKS : 0);
 
    c->id = ++loop->next_conn_id;
    c->loop = loop;
    c->cfg = config_retain (loop->cfg);
    c->compressor = -1;
    format_peer (addr, addr_len, c->peer, sizeof c->peer);
-   if (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) {
-      int one = 1;
-      (void) setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-   }
-   if (server_tls) {
-      SSL *ssl = SSL_new (server_tls);
-      if (ssl) {
-         c->bev = bufferevent_openssl_socket_new (loop->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, opts);
-         if (c->bev)
-            bufferevent_openssl_set_allow_dirty_shutdown (c->bev, 1);
-         else
-            SSL_free (ssl);
-      }
-   } else {
-      c->bev = bufferevent_socket_new (loop->base, fd, opts);
+   if (!side_accept (&c->client,
+                     loop->base,
+                     fd,
+                     addr->sa_family == AF_INET || addr->sa_family == AF_INET6,
+                     server_tls,
+                     &conn_side_callbacks,
+                     c,
+                     error)) {
+      client_free (c);
+      return false;
    }
    c->scratch = evbuffer_new ();
    c->tmp = evbuffer_new ();
    c->timer = evtimer_new (loop->base, client_timer_cb, c);
-   c->req_timer = evtimer_new (loop->base, client_req_timer_cb, c);
-   c->reply_timer = evtimer_new (loop->base, client_reply_timer_cb, c);
-   if (c->bev && !server_tls)
-      c->client_rd = event_new (loop->base, fd, EV_READ | EV_PERSIST, client_sock_read_cb, c);
-   if (!c->bev || !c->scratch || !c->tmp || !c->timer || !c->req_timer || !c->reply_timer ||
-       (!server_tls && !c->client_rd)) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 7, "out of memory accepting a connection");
-      if (c->bev)
-         bufferevent_free (c->bev);
-      else
-         evutil_closesocket (fd);
+   /* Every byte this connection buffers counts towards max_buffered_bytes. */
+   if (!c->scratch || !c->tmp || !c->timer || !mem_watch_side (c, &c->client)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory accepting a connection");
+      mem_release_all (c);
+      side_close (&c->client);
       if (c->timer)
          event_free (c->timer);
-      if (c->req_timer)
-         event_free (c->req_timer);
-      if (c->reply_timer)
-         event_free (c->reply_timer);
-      if (c->client_rd)
-         event_free (c->client_rd);
       client_free (c);
       return false;
    }
-   /* Every byte this connection buffers counts towards max_buffered_bytes. */
-   c->mem_cb_in = evbuffer_add_cb (bufferevent_get_input (c->bev), mem_client_in_cb, c);
-   c->mem_cb_out = evbuffer_add_cb (bufferevent_get_output (c->bev), mem_cb, c);
    client_mem_watch (c, c->scratch);
    client_mem_watch (c, c->tmp);
-   /* client_update_flow installs client_write_cb when it is needed. */
-   bufferevent_setcb (c->bev, client_read_cb, NULL, client_event_cb, c);
-   bufferevent_setwatermark (c->bev, EV_WRITE, high_watermark (c) / 2, 0);
-   /* Reading is decided by client_update_flow.  Writing: by write_now on
-    * a plain socket (EV_WRITE off until a write cannot finish), by
-    * libevent on a TLS one (always on: the handshake writes too). */
-   c->client_direct = server_tls == NULL;
-   c->client_fd = fd;
-   if (c->client_direct) {
-      /* ...and read by client_rd (read_now), never by the bufferevent. */
-      bufferevent_disable (c->bev, EV_WRITE | EV_READ);
-   } else {
-      bufferevent_enable (c->bev, EV_WRITE);
-      bufferevent_disable (c->bev, EV_READ);
-   }
+   /* Reading and the drain callback are decided by client_update_flow. */
+   side_set_write_low (&c->client, high_watermark (c) / 2);
 
    c->next = loop->clients;
    if (loop->clients)
       loop->clients->prev = c;
    loop->clients = c;
    loop->nclients++;
-   stats_add (connections_open, 1);
+   counters_add (COUNTER_CONNECTIONS_OPEN, 1);
    log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "accepted (%zu open)", loop->nclients);
 
    /* AWAIT_UPSTREAM is 0, the zeroed state: arm its timer explicitly. */
@@ -1171,10 +946,10 @@ client_check_drained (client_conn_t *c)
    if (c->state != CLIENT_STATE_DRAINING)
       return;
    if (creq_count (c) == 0 && c->up_count == 0 && evbuffer_get_length (client_output (c)) == 0)
-      client_disconnect (c, STATS_CLOSE_SHUTDOWN, "drained");
+      client_disconnect (c, COUNTERS_CLOSE_SHUTDOWN, "drained");
    else if (creq_count (c) == 0 && c->up_count == 0)
       /* Output still flushing: ask for the write callback at empty. */
-      bufferevent_setwatermark (c->bev, EV_WRITE, 0, 0);
+      side_set_write_low (&c->client, 0);
 }
 
 static void
@@ -1184,7 +959,7 @@ client_loop_drain_timeout_cb (evutil_socket_t fd, short what, void *arg)
 
    log_warn ("drain timeout: closing %zu connections still busy", loop->nclients);
    while (loop->clients)
-      client_disconnect (loop->clients, STATS_CLOSE_SHUTDOWN_TIMEOUT, "still busy when drain_timeout_ms ran out");
+      client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN_TIMEOUT, "still busy when drain_timeout_ms ran out");
 }
 
 void
@@ -1201,7 +976,7 @@ client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (vo
       next = c->next;
       if (c->state == CLIENT_STATE_AWAIT_UPSTREAM || (creq_count (c) == 0 && c->up_count == 0 &&
                                                       evbuffer_get_length (client_output (c)) == 0)) {
-         client_disconnect (c, STATS_CLOSE_SHUTDOWN, "shutting down");
+         client_disconnect (c, COUNTERS_CLOSE_SHUTDOWN, "shutting down");
          continue;
       }
       client_set_state (c, CLIENT_STATE_DRAINING);
@@ -1232,7 +1007,7 @@ client_loop_new (struct event_base *base, topology_t *topo, tls_upstream_t *tls,
    loop->drain_timer = evtimer_new (base, client_loop_drain_timeout_cb, loop);
    loop->mem_ev = event_new (base, -1, 0, mem_resume_cb, loop);
    if (!loop->free_ev || !loop->drain_timer || !loop->mem_ev) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 7, "out of memory");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory");
       client_loop_destroy (loop);
       return NULL;
    }
@@ -1282,7 +1057,7 @@ client_loop_destroy (client_loop_t *loop)
       return;
    loop->on_empty = NULL;
    while (loop->clients)
-      client_disconnect (loop->clients, STATS_CLOSE_SHUTDOWN, "proxy stopping");
+      client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN, "proxy stopping");
    client_worker_stop (loop);
    client_loop_free_cb (-1, 0, loop);
    if (loop->free_ev)

@@ -37,12 +37,13 @@
 #include <event2/bufferevent.h>
 
 #include "autoconf.h"
-#include "proxy/conn_private.h"
-#include "codec/compress.h"
-#include "codec/handshake.h"
+#include "base/assert.h"
 #include "base/log.h"
 #include "base/loopwake.h"
-#include "proxy/upstream.h"
+#include "codec/compress.h"
+#include "codec/handshake.h"
+#include "proxy/conn_private.h"
+#include "proxy/side.h"
 
 /* Replies larger than this are not scanned for "not primary" errors: such
  * errors are small documents, and scanning a big cursor batch would cost a
@@ -50,22 +51,6 @@
 #define CLIENT_SCAN_LIMIT (64 * 1024)
 
 /* ------------------------------------------------------------ helpers */
-
-static void
-put_le32 (uint8_t *p, int32_t v)
-{
-   uint32_t u = (uint32_t) v;
-   p[0] = (uint8_t) u;
-   p[1] = (uint8_t) (u >> 8);
-   p[2] = (uint8_t) (u >> 16);
-   p[3] = (uint8_t) (u >> 24);
-}
-
-static uint32_t
-get_le32 (const uint8_t *p)
-{
-   return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
-}
 
 static int32_t
 client_next_id (client_conn_t *c)
@@ -97,9 +82,9 @@ move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t re
       if (!hdr)
          return false;
       if (request_id != KEEP_ID)
-         put_le32 (hdr + 4, (int32_t) request_id);
+         (void) wire_put_i32 (hdr + 4, (int32_t) request_id);
       if (response_to != KEEP_ID)
-         put_le32 (hdr + 8, (int32_t) response_to);
+         (void) wire_put_i32 (hdr + 8, (int32_t) response_to);
    }
    return evbuffer_remove_buffer (src, dst, len) == (int) len;
 }
@@ -114,6 +99,8 @@ creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
    if (creq_count (c) >= CLIENT_MAX_INFLIGHT)
       return NULL;
    r = &c->creqs[c->creq_tail % CLIENT_MAX_INFLIGHT];
+   /* A slot is reused only once its request is answered and passed. */
+   RELAYBUS_ASSERT (!r->held || r->seq < c->creq_head);
    memset (r, 0, sizeof *r);
    r->seq = c->creq_tail++;
    r->client_id = client_id;
@@ -135,6 +122,7 @@ upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
    u->upstream_id = upstream_id;
    u->expect_response_to = upstream_id;
    c->up_count++;
+   RELAYBUS_ASSERT (c->up_count <= CLIENT_MAX_UPSTREAM_INFLIGHT);
    return u;
 }
 
@@ -164,7 +152,7 @@ client_deliver (client_conn_t *c,
       if (!r->held) {
          r->held = evbuffer_new ();
          if (!r->held) {
-            bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory holding an answer");
+            bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory holding an answer");
             return false;
          }
          client_mem_watch (c, r->held);
@@ -177,15 +165,14 @@ client_deliver (client_conn_t *c,
       if (!msg || !z || !wire_compress (msg, len, (uint8_t) r->compressor, (int) (r->compressor == COMPRESS_ZSTD ? c->cfg->zstd_level : c->cfg->zlib_level), z, error))
          goto done;
       evbuffer_drain (src, len);
-      stats_add (messages_compressed, 1);
       src = z;
       len = evbuffer_get_length (z);
    }
    if (!move_message (src, dst, len, KEEP_ID, response_to)) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory moving a reply");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory moving a reply");
       goto done;
    }
-   stats_add (bytes_to_clients, len);
+   counters_add (COUNTER_BYTES_TO_CLIENTS, len);
    if (final) {
       r->done = true;
       /* Advance past every completed request, releasing held answers in
@@ -221,7 +208,7 @@ client_hold_request (client_conn_t *c,
    client_req_t *r = creq_push (c, client_request_id, family, compressor);
 
    if (!r) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
       return false;
    }
    *request_seq = r->seq;
@@ -235,7 +222,7 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
    bool ok = false;
 
    if (c->state == CLIENT_STATE_CLOSING || !r || r->done) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 4, "no such request waiting for an answer");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_SUCH_REQUEST, "no such request waiting for an answer");
       goto done;
    }
    evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
@@ -244,7 +231,7 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
    else
       ok = wire_append_msg (c->tmp, client_next_id (c), r->client_id, 0, reply, NULL, 0);
    if (!ok) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "answer too large");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_ANSWER_TOO_LARGE, "answer too large");
       goto done;
    }
    ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
@@ -292,25 +279,25 @@ client_send_internal (client_conn_t *c,
    int32_t id;
    size_t before;
 
-   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up)) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 6, "upstream not connected");
+   if (c->state == CLIENT_STATE_CLOSING || !c->upstream.connected) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NOT_CONNECTED, "upstream not connected");
       return false;
    }
    if (c->up_count >= CLIENT_MAX_UPSTREAM_INFLIGHT) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
       return false;
    }
    id = client_next_id (c);
    before = evbuffer_get_length (upstream_output (c));
    if (!wire_append_msg (upstream_output (c), id, 0, 0, body, sequences, nsequences)) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "request too large");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INTERNAL_TOO_LARGE, "request too large");
       return false;
    }
    u = upreq_push (c, UPREQ_INTERNAL, id);
    u->cb = cb;
    u->cb_ctx = ctx;
-   stats_add (internal_requests, 1);
-   stats_add (bytes_to_upstream, evbuffer_get_length (upstream_output (c)) - before);
+   counters_add (COUNTER_INTERNAL_REQUESTS, 1);
+   counters_add (COUNTER_BYTES_TO_UPSTREAM, evbuffer_get_length (upstream_output (c)) - before);
    client_output_queued (c);
    return true;
 }
@@ -345,7 +332,7 @@ forward_request (client_conn_t *c,
       u = upreq_push (c, UPREQ_RELAY, id);
       if (!r || !u) {
          /* fifo_has_room was checked before reading this request. */
-         bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
          return false;
       }
       u->creq_seq = r->seq;
@@ -358,18 +345,18 @@ forward_request (client_conn_t *c,
                             &msg->body,
                             msg->sequences,
                             msg->nsequences)) {
-         bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "request too large");
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REQUEST_TOO_LARGE, "request too large");
          return false;
       }
-      stats_add (bytes_to_upstream, len);
+      counters_add (COUNTER_BYTES_TO_UPSTREAM, len);
       evbuffer_drain (src, len);
       return true;
    }
    if (!move_message (src, out, len, id, KEEP_ID)) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory forwarding a request");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory forwarding a request");
       return false;
    }
-   stats_add (bytes_to_upstream, len);
+   counters_add (COUNTER_BYTES_TO_UPSTREAM, len);
    return true;
 }
 
@@ -401,7 +388,7 @@ forward_hello (client_conn_t *c,
    id = client_next_id (c);
    u = upreq_push (c, UPREQ_HELLO, id);
    if (!r || !u) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 3, "too many requests in flight");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
       goto done;
    }
    u->creq_seq = r->seq;
@@ -413,10 +400,10 @@ forward_hello (client_conn_t *c,
          c->compressors_negotiated |= 1u << u->offer.ids[i];
    }
    if (!wire_append_msg (upstream_output (c), id, 0, 0, &body, NULL, 0)) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "hello too large");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_HELLO_TOO_LARGE, "hello too large");
       goto done;
    }
-   stats_add (bytes_to_upstream, len);
+   counters_add (COUNTER_BYTES_TO_UPSTREAM, len);
    evbuffer_drain (src, len);
    ok = true;
 done:
@@ -486,7 +473,7 @@ debug_internal_cb (client_conn_t *c, const wire_msg_t *reply, const bson_error_t
       BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
       BSON_APPEND_ARRAY (&doc, "replies", &d->replies);
       if (!client_answer (c, d->seq, &doc, &answer_error))
-         client_disconnect (c, STATS_CLOSE_INTERNAL, "debug internal answer: %s", answer_error.message);
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "debug internal answer: %s", answer_error.message);
       bson_destroy (&doc);
    }
    bson_destroy (&d->replies);
@@ -574,6 +561,8 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
    if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
       return debug_internal (c, src, len, msg, compressor, error);
 #endif
+   /* Hellos and refused X.509 logins are not counted by name. */
+   counters_count_command (cmd);
    if (c->loop->hook) {
       switch (c->loop->hook (c, msg, cmd, compressor, c->loop->hook_ctx, error)) {
       case CLIENT_ROUTE_FORWARD:
@@ -589,7 +578,8 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
    }
    if (cmd && cmd[0] == 'r' && strncmp (cmd, "relaybus", 8) == 0) {
       char errmsg[160];
-      /* Virtual commands are never forwarded; none is implemented yet. */
+      /* Commands named relaybus* are never forwarded: one the hook did
+       * not take does not exist. */
       if (more) {
          evbuffer_drain (src, len);
          return true;
@@ -723,7 +713,6 @@ decode_request (
          return false;
       d->compressor = cm.compressor_id > 0 ? cm.compressor_id : -1;
       evbuffer_drain (in, d->len);
-      stats_add (messages_decompressed, 1);
       d->src = plain;
       d->len = evbuffer_get_length (plain);
       if (evbuffer_copyout (plain, hb, sizeof hb) != (ssize_t) sizeof hb || !wire_peek_header (hb, sizeof hb, &d->h) ||
@@ -735,7 +724,7 @@ decode_request (
    if (copy && d->src == in) {
       *copy = bson_malloc (d->len);
       if (evbuffer_copyout (in, *copy, d->len) != (ssize_t) d->len) {
-         bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "cannot copy a %zu-byte request", d->len);
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "cannot copy a %zu-byte request", d->len);
          return false;
       }
       buf = *copy;
@@ -743,7 +732,7 @@ decode_request (
       buf = evbuffer_pullup (d->src, (ssize_t) d->len);
    }
    if (!buf) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 2, "out of memory for a %zu-byte request", d->len);
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory for a %zu-byte request", d->len);
       return false;
    }
    if (d->h.opcode == WIRE_OP_MSG)
@@ -767,7 +756,7 @@ route_decoded (client_conn_t *c, const wire_header_t *h, decoded_t *d)
    else
       ok = route_query (c, d->src, d->len, &d->q, d->compressor, &error);
    if (!ok && c->state != CLIENT_STATE_CLOSING)
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "request %d: %s", h->request_id, error.message);
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "request %d: %s", h->request_id, error.message);
    return ok && c->state != CLIENT_STATE_CLOSING;
 }
 
@@ -775,7 +764,7 @@ static void
 refuse_request (client_conn_t *c, const wire_header_t *h, const bson_error_t *error)
 {
    client_disconnect (c,
-                      STATS_CLOSE_CLIENT_PROTOCOL,
+                      COUNTERS_CLOSE_CLIENT_PROTOCOL,
                       "bad %s request %d (%d bytes): %s",
                       wire_opcode_name (h->opcode),
                       h->request_id,
@@ -873,7 +862,7 @@ client_worker_done_cb (void *arg)
          continue;
       }
       j->finished = true;
-      client_resume (j->c); /* routes it from client_route_requests */
+      client_resume (j->c); /* routes it from client_route */
    }
 }
 
@@ -933,7 +922,7 @@ client_worker_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
    pthread_mutex_lock (&w->mu);
    if (w->running) {
       pthread_mutex_unlock (&w->mu);
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 8, "the request decoding thread is already running");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_WORKER, "the request decoding thread is already running");
       return false;
    }
    w->wake = wake;
@@ -943,7 +932,7 @@ client_worker_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
    w->stop = w->wake_pending = false;
    if (pthread_create (&w->thread, NULL, client_worker_main, w) != 0) {
       pthread_mutex_unlock (&w->mu);
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 8, "cannot start the request decoding thread");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_WORKER, "cannot start the request decoding thread");
       return false;
    }
    w->running = true;
@@ -1011,14 +1000,14 @@ client_job_submit (client_conn_t *c, struct evbuffer *in, wire_header_t h)
    j->plain = evbuffer_new ();
    if (!j->raw || !j->plain || evbuffer_remove_buffer (in, j->raw, (size_t) h.length) != (int) h.length) {
       client_job_free (j);
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory handing request %d to the decoder", h.request_id);
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory handing request %d to the decoder", h.request_id);
       return false;
    }
    c->job = j;
    /* Out of the counted input and into the job: still the connection's. */
-   stats_add (buffered_bytes, h.length);
+   counters_add (COUNTER_BUFFERED_BYTES, h.length);
    c->mem_decode += h.length;
-   stats_add (requests_offloaded, 1);
+   counters_add (COUNTER_REQUESTS_OFFLOADED, 1);
    pthread_mutex_lock (&w->mu);
    *w->pending_tail = j;
    w->pending_tail = &j->next;
@@ -1071,8 +1060,8 @@ handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
          bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_COMPRESSED fields run past the end of the message");
          goto protocol;
       }
-      original = (int32_t) get_le32 (pre + WIRE_HEADER_LEN);
-      usize = (int32_t) get_le32 (pre + WIRE_HEADER_LEN + 4);
+      original = wire_get_i32 (pre + WIRE_HEADER_LEN);
+      usize = wire_get_i32 (pre + WIRE_HEADER_LEN + 4);
       if (original != WIRE_OP_MSG && original != WIRE_OP_QUERY) {
          bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "OP_COMPRESSED wraps opcode %d", original);
          goto protocol;
@@ -1113,58 +1102,18 @@ protocol:
    return -1;
 }
 
-/* Reads header by header (proxy/conn_private.h). */
-bool
-client_route_requests (client_conn_t *c)
+/* Takes the complete request at the front of the client's input: 1 taken,
+ * 0 it must wait for memory, -1 disconnected. */
+static int
+take_request (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 {
-   struct evbuffer *in;
-   bool consumed = false;
+   int taken = handle_request (c, in, *h);
 
-   if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
-      return false;
-   if (c->job) {
-      /* One request at a time: the next waits for the decoded one. */
-      if (!c->job->finished)
-         return false;
-      if (!client_job_finish (c))
-         return false;
-      consumed = true;
+   if (taken == 1) {
+      counters_add (COUNTER_MESSAGES_FROM_CLIENTS, 1);
+      counters_add (COUNTER_BYTES_FROM_CLIENTS, (uint64_t) h->length);
    }
-   in = bufferevent_get_input (c->bev);
-   while (!c->job && fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c)) {
-      const uint8_t *hb;
-      wire_header_t h;
-      bson_error_t error;
-      size_t avail = evbuffer_get_length (in);
-
-      if (avail < WIRE_HEADER_LEN)
-         break;
-      /* No copy when the header is contiguous (the usual case). */
-      hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
-      if (!hb) {
-         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
-         return false;
-      }
-      (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
-      if (!wire_check_header (&h, 0, &error)) {
-         client_disconnect (c, STATS_CLOSE_CLIENT_PROTOCOL, "bad message header: %s", error.message);
-         return false;
-      }
-      if (avail < (size_t) h.length)
-         break;
-      switch (handle_request (c, in, h)) {
-      case 0:
-         return consumed; /* waits for memory */
-      case 1:
-         break;
-      default:
-         return false;
-      }
-      consumed = true;
-      stats_add (messages_from_clients, 1);
-      stats_add (bytes_from_clients, h.length);
-   }
-   return consumed;
+   return taken;
 }
 
 /* ------------------------------------------------------------ replies */
@@ -1199,7 +1148,7 @@ reply_is_not_primary (const uint8_t *buf, size_t len)
    /* header, flags, kind byte 0, document */
    if (len < WIRE_HEADER_LEN + 4 + 1 + 5 || buf[WIRE_HEADER_LEN + 4] != 0)
       return false;
-   doc_len = get_le32 (buf + WIRE_HEADER_LEN + 5);
+   doc_len = wire_get_u32 (buf + WIRE_HEADER_LEN + 5);
    if (doc_len < 5 || doc_len > len - (WIRE_HEADER_LEN + 5) ||
        !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body))
       return false;
@@ -1241,11 +1190,11 @@ reply_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuff
    else
       ok = wire_append_msg (c->tmp, reply.header.request_id, r->client_id, 0, &body, NULL, 0);
    if (!ok) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 5, "hello reply too large");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_HELLO_REPLY_TOO_LARGE, "hello reply too large");
       goto done;
    }
    evbuffer_drain (in, len);
-   stats_add (hellos_rewritten, 1);
+   counters_add (COUNTER_HELLOS_REWRITTEN, 1);
    ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
 done:
    bson_destroy (&body);
@@ -1285,10 +1234,10 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    /* The header and the flags, without a copy when contiguous. */
    pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
    if (!pre) {
-      bson_set_error (&error, CLIENT_ERROR_DOMAIN, 2, "out of memory reading a reply");
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
       goto internal;
    }
-   flags = get_le32 (pre + WIRE_HEADER_LEN);
+   flags = wire_get_u32 (pre + WIRE_HEADER_LEN);
    more = (flags & WIRE_MSG_MORE_TO_COME) != 0;
    first = u->expect_response_to == u->upstream_id;
 
@@ -1310,7 +1259,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 
    r = creq_find (c, u->creq_seq);
    if (!r) {
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
       return false;
    }
    if (u->kind == UPREQ_HELLO) {
@@ -1322,11 +1271,11 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       upreq_pop (c);
       if (!reply_hello (c, &cur, r, in, len, &error)) {
          if (c->state != CLIENT_STATE_CLOSING)
-            client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
+            client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
          return false;
       }
       if (c->state == CLIENT_STATE_HANDSHAKE) {
-         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", upstream_name (c->up),
+         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", c->upstream_name,
                    c->compressor > 0 ? compress_name (c->compressor) : "none");
          client_set_state (c, CLIENT_STATE_READY);
       }
@@ -1337,8 +1286,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    if (len <= CLIENT_SCAN_LIMIT) {
       const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
       if (buf && reply_is_not_primary (buf, len)) {
-         stats_add (not_primary_errors, 1);
-         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", upstream_name (c->up));
+         counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
+         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", c->upstream_name);
          topology_request_refresh (c->loop->topo, "not-primary error relayed");
       }
    }
@@ -1356,7 +1305,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
                             &reply.body,
                             reply.sequences,
                             reply.nsequences)) {
-         bson_set_error (&error, CLIENT_ERROR_DOMAIN, 5, "reply too large");
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
          goto protocol;
       }
       evbuffer_drain (in, len);
@@ -1375,30 +1324,74 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 
 protocol:
    client_disconnect (c,
-                      STATS_CLOSE_UPSTREAM_PROTOCOL,
+                      COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
                       "bad reply %d from %s: %s",
                       h->request_id,
-                      upstream_name (c->up),
+                      c->upstream_name,
                       error.message);
    return false;
 internal:
-   client_disconnect (c, STATS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
+   client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
    return false;
 }
 
-/* Reads header by header (proxy/conn_private.h). */
-bool
-client_route_replies (client_conn_t *c)
+/* Takes the complete reply at the front of the upstream's input, like
+ * take_request (a reply never waits). */
+static int
+take_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 {
-   struct bufferevent *ubev;
+   if (c->up_count == 0) {
+      client_disconnect (c,
+                         COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
+                         "unsolicited %s %d from %s",
+                         wire_opcode_name (h->opcode),
+                         h->request_id,
+                         c->upstream_name);
+      return -1;
+   }
+   counters_add (COUNTER_MESSAGES_FROM_UPSTREAM, 1);
+   counters_add (COUNTER_BYTES_FROM_UPSTREAM, (uint64_t) h->length);
+   return handle_reply (c, in, h) ? 1 : -1;
+}
+
+/* ------------------------------------------------------------ framing */
+
+/* Whether what `from` sends may go on: a request needs room in both FIFOs
+ * and the upstream's output below the high watermark (and no request of
+ * the connection's being decoded), a reply the client's output below it. */
+static inline bool
+route_has_room (client_conn_t *c, const side_t *from)
+{
+   if (from->kind == SIDE_CLIENT)
+      return !c->job && fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c);
+   return evbuffer_get_length (client_output (c)) < high_watermark (c);
+}
+
+/* The one framing loop, for both sides (proxy/conn_private.h): header by
+ * header, each message taken once it is complete in the input. */
+bool
+client_route (client_conn_t *c, side_t *from)
+{
+   bool client = from->kind == SIDE_CLIENT;
    struct evbuffer *in;
    bool consumed = false;
 
-   if (c->state == CLIENT_STATE_CLOSING || !upstream_is_connected (c->up))
+   if (client) {
+      if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
+         return false;
+      if (c->job) {
+         /* One request at a time: the next waits for the decoded one. */
+         if (!c->job->finished)
+            return false;
+         if (!client_job_finish (c))
+            return false;
+         consumed = true;
+      }
+   } else if (c->state == CLIENT_STATE_CLOSING || !from->connected) {
       return false;
-   ubev = upstream_bev (c->up);
-   in = bufferevent_get_input (ubev);
-   while (evbuffer_get_length (client_output (c)) < high_watermark (c)) {
+   }
+   in = side_input (from);
+   while (route_has_room (c, from)) {
       const uint8_t *hb;
       wire_header_t h;
       bson_error_t error;
@@ -1406,27 +1399,32 @@ client_route_replies (client_conn_t *c)
 
       if (avail < WIRE_HEADER_LEN)
          break;
+      /* No copy when the header is contiguous (the usual case). */
       hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
       if (!hb) {
-         client_disconnect (c, STATS_CLOSE_INTERNAL, "out of memory");
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory");
          return false;
       }
       (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
       if (!wire_check_header (&h, 0, &error)) {
-         client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", upstream_name (c->up), error.message);
+         if (client)
+            client_disconnect (c, COUNTERS_CLOSE_CLIENT_PROTOCOL, "bad message header: %s", error.message);
+         else
+            client_disconnect (
+               c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", c->upstream_name, error.message);
          return false;
       }
       if (avail < (size_t) h.length)
          break;
-      if (c->up_count == 0) {
-         client_disconnect (c, STATS_CLOSE_UPSTREAM_PROTOCOL, "unsolicited %s %d from %s", wire_opcode_name (h.opcode), h.request_id, upstream_name (c->up));
+      switch (client ? take_request (c, in, &h) : take_reply (c, in, &h)) {
+      case 0:
+         return consumed; /* waits for memory */
+      case 1:
+         break;
+      default:
          return false;
       }
       consumed = true;
-      stats_add (messages_from_upstream, 1);
-      stats_add (bytes_from_upstream, h.length);
-      if (!handle_reply (c, in, &h))
-         return false;
    }
    return consumed;
 }
