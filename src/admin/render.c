@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/counters.h"
 
 static const char *const type_names[] = {
@@ -120,6 +121,7 @@ render_def (bson_string_t *out, const counters_def_t *d)
    size_t slot;
    bool omit_if_zero;
 
+   RELAYBUS_ASSERT ((unsigned) d->type < sizeof type_names / sizeof type_names[0]);
    family (out, d->name, type_names[d->type], d->help);
    if (d->label == COUNTERS_LABEL_NONE) {
       if (d->type == COUNTERS_TYPE_HISTOGRAM) {
