@@ -1,10 +1,17 @@
 /*
  * base/log.h - the one way the proxy writes log lines.
  *
- * Thread: any; each line is one write(2).
+ * Thread: any.  log_start, log_stop, log_close and log_set_file: the main
+ * thread (start-up, reload, exit); log_reopen: the forwarding loop
+ * (SIGUSR1).
  *
- * Lines go to stderr, one write(2) per line so threads never interleave
- * within a line: "2026-11-30T11:05:18.123Z LEVEL [thread] message".
+ * Lines go to stderr or to log_file, whole, so threads never interleave
+ * within a line: "2026-11-30T11:05:18.123Z LEVEL [thread] message", or with
+ * log_format = json one object per line: {"time", "level", "thread",
+ * "subsystem", "conn" and "peer" for a connection's line, "msg"}.  From
+ * log_start to log_stop, lines pass through a queue of LOG_QUEUE_BYTES that
+ * a writer thread drains: a caller never waits for the destination, and a
+ * line that does not fit is dropped and counted (log_dropped).
  * Lines about a connection start with "c<id> <peer>: " (see log_conn) so one
  * client's story can be grepped.  The level is process-wide and may change
  * on reload.
@@ -16,6 +23,15 @@
 #include <stddef.h>
 #include <inttypes.h>
 #include <stdint.h>
+
+/* The queue between the callers and the writer thread, in bytes of whole lines. */
+#define LOG_QUEUE_BYTES (1024 * 1024)
+#define LOG_PATH_MAX 1024
+
+typedef enum {
+   LOG_FORMAT_TEXT = 0,
+   LOG_FORMAT_JSON,
+} log_format_t;
 
 typedef enum {
    LOG_LEVEL_ERROR = 0,
@@ -32,6 +48,30 @@ void log_set_level (log_level_t level);
 log_level_t log_get_level (void);
 /* A short name for the calling thread's lines ("main", "store", "admin"). */
 void log_set_thread_name (const char *name);
+
+/* "text" or "json". */
+bool log_format_parse (const char *name, log_format_t *out);
+void log_set_format (log_format_t format);
+
+/* Sends lines to `path` (appended to, created 0640), or to stderr for NULL
+ * or "".  The file is opened here once to check it (false with the reason
+ * in why); while the writer runs, it switches after the lines already
+ * queued. */
+bool log_set_file (const char *path, char *why, size_t why_len) __attribute__ ((warn_unused_result));
+
+/* Opens log_file again (SIGUSR1, after logrotate moved it). */
+void log_reopen (void);
+
+/* Starts the writer thread; until then (and after log_stop) lines are
+ * written at once by their caller. */
+bool log_start (void) __attribute__ ((warn_unused_result));
+/* Writes what is queued, then stops the writer. */
+void log_stop (void);
+/* log_stop, and closes log_file: lines go to stderr again. */
+void log_close (void);
+
+/* Lines dropped because the queue was full, since the start. */
+uint64_t log_dropped (void);
 
 /* Writes one line.  The formatted message is escaped with log_escape, so
  * strings from clients and endpoints may be passed as they are. */

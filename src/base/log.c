@@ -1,11 +1,16 @@
 /*
  * base/log.c - leveled log lines on stderr.
  *
- * Each line is formatted into a stack buffer and written with one write(2),
- * so lines from different threads never interleave.  Long messages are cut
- * (with "...") rather than allocated: logging must never fail or block on
- * memory.  The level is an atomic so a reload can change it from the loop
- * while other threads log.
+ * Each line is formatted into a stack buffer, as text or as one JSON
+ * object, and handed whole to the destination, so lines from different
+ * threads never interleave.  Long messages are cut (with "...") rather
+ * than allocated: logging must never fail or block on memory.  Once
+ * log_start has run, lines go through a bounded queue that a writer thread
+ * drains to stderr or log_file: a destination that stalls (a log reader
+ * that stopped reading a full pipe) costs dropped lines, counted in
+ * log_dropped and reported when it recovers, never a blocked forwarding
+ * loop.  The level and the format are atomics so a reload can change them
+ * from the loop while other threads log.
  *
  * Messages often carry strings a client or an endpoint chose (command
  * names, event ids, annotation fields, answers of webhooks): every message
@@ -17,6 +22,9 @@
 #include "base/assert.h"
 #include "base/utf8.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -135,15 +143,385 @@ log_escape (const char *in, size_t in_len, char *out, size_t out_len, bool *cut)
    return o;
 }
 
+/* ------------------------------------------------------------ destination and queue */
+
+/* Where lines go: stderr, or log_file (opened by the writer thread, or
+ * directly while no writer runs).  `queue` is a byte ring of whole lines;
+ * once the writer thread runs, log_msg only copies a line into it under the
+ * mutex, so a stalled destination (a full pipe, a slow disk) costs dropped
+ * lines, counted, never a blocked caller. */
+static struct {
+   pthread_mutex_t mu;
+   pthread_cond_t cond;
+   pthread_t thread;
+   bool running, stop;
+   char queue[LOG_QUEUE_BYTES];
+   size_t head, len;    /* ring: bytes [head, head + len) mod size */
+   int fd;              /* STDERR_FILENO or the open log_file */
+   char path[LOG_PATH_MAX]; /* "" for stderr */
+   bool reopen;         /* open `path` again before the next write */
+   uint64_t dropped_unreported;
+} lq = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false, false, {0}, 0, 0, STDERR_FILENO, "", false, 0};
+
+static atomic_uint_fast64_t log_dropped_total;
+static atomic_int log_format = LOG_FORMAT_TEXT;
+
+static const char *const log_format_names[] = {[LOG_FORMAT_TEXT] = "text", [LOG_FORMAT_JSON] = "json"};
+
+bool
+log_format_parse (const char *name, log_format_t *out)
+{
+   for (size_t i = 0; i < sizeof log_format_names / sizeof log_format_names[0]; i++) {
+      if (name && strcmp (name, log_format_names[i]) == 0) {
+         *out = (log_format_t) i;
+         return true;
+      }
+   }
+   return false;
+}
+
+void
+log_set_format (log_format_t format)
+{
+   atomic_store (&log_format, (int) format);
+}
+
+uint64_t
+log_dropped (void)
+{
+   return (uint64_t) atomic_load_explicit (&log_dropped_total, memory_order_relaxed);
+}
+
+/* Writes all of buf to fd (the writer thread, or a caller while none runs). */
+static void
+write_all (int fd, const char *buf, size_t n)
+{
+   while (n > 0) {
+      ssize_t w = write (fd, buf, n);
+      if (w < 0 && errno == EINTR)
+         continue;
+      if (w <= 0)
+         return; /* nowhere left to report it */
+      buf += w;
+      n -= (size_t) w;
+   }
+}
+
+static int
+open_log_file (const char *path, char *why, size_t why_len)
+{
+   int fd = open (path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+
+   if (fd < 0)
+      snprintf (why, why_len, "%s", strerror (errno));
+   return fd;
+}
+
+/* Opens lq.path in place of the current destination; lq.mu held. */
+static void
+reopen_locked (char *note, size_t note_len)
+{
+   char why[128];
+   int fd;
+
+   lq.reopen = false;
+   note[0] = '\0';
+   if (!lq.path[0]) {
+      if (lq.fd != STDERR_FILENO)
+         close (lq.fd);
+      lq.fd = STDERR_FILENO;
+      return;
+   }
+   fd = open_log_file (lq.path, why, sizeof why);
+   if (fd < 0) {
+      snprintf (note, note_len, "log_file %.900s cannot be opened (%.100s): logging on to the previous destination", lq.path, why);
+      return;
+   }
+   if (lq.fd != STDERR_FILENO)
+      close (lq.fd);
+   lq.fd = fd;
+}
+
+static void
+note_line (const char *text)
+{
+   log_msg (LOG_LEVEL_WARN, "log: %s", text);
+}
+
+bool
+log_set_file (const char *path, char *why, size_t why_len)
+{
+   const char *p = path ? path : "";
+   char note[LOG_PATH_MAX + 256];
+   bool ok = true;
+
+   if (strlen (p) >= sizeof lq.path) {
+      snprintf (why, why_len, "log_file: path longer than %d bytes", LOG_PATH_MAX - 1);
+      return false;
+   }
+   if (*p) {
+      /* Checked here, in the caller, so that a bad path is a config error. */
+      int fd = open_log_file (p, why, why_len);
+      if (fd < 0)
+         return false;
+      close (fd);
+   }
+   pthread_mutex_lock (&lq.mu);
+   if (strcmp (lq.path, p) != 0) {
+      snprintf (lq.path, sizeof lq.path, "%s", p);
+      if (lq.running) {
+         lq.reopen = true;
+         pthread_cond_signal (&lq.cond);
+      } else {
+         reopen_locked (note, sizeof note);
+         ok = note[0] == '\0';
+         if (!ok)
+            snprintf (why, why_len, "%s", note);
+      }
+   }
+   pthread_mutex_unlock (&lq.mu);
+   return ok;
+}
+
+void
+log_reopen (void)
+{
+   char note[LOG_PATH_MAX + 256];
+
+   pthread_mutex_lock (&lq.mu);
+   if (lq.running) {
+      lq.reopen = true;
+      pthread_cond_signal (&lq.cond);
+      note[0] = '\0';
+   } else {
+      reopen_locked (note, sizeof note);
+   }
+   pthread_mutex_unlock (&lq.mu);
+   if (note[0])
+      note_line (note);
+}
+
+static void *
+log_writer (void *arg)
+{
+   char note[LOG_PATH_MAX + 256];
+
+   (void) arg;
+   log_set_thread_name ("log");
+   pthread_mutex_lock (&lq.mu);
+   for (;;) {
+      while (lq.len == 0 && !lq.stop && !lq.reopen && lq.dropped_unreported == 0)
+         pthread_cond_wait (&lq.cond, &lq.mu);
+      if (lq.reopen) {
+         reopen_locked (note, sizeof note);
+         if (note[0]) {
+            pthread_mutex_unlock (&lq.mu);
+            note_line (note);
+            pthread_mutex_lock (&lq.mu);
+         }
+         continue;
+      }
+      if (lq.len > 0) {
+         /* The contiguous part; the lock is not held while writing. */
+         size_t n = lq.len < LOG_QUEUE_BYTES - lq.head ? lq.len : LOG_QUEUE_BYTES - lq.head;
+         const char *p = lq.queue + lq.head;
+         int fd = lq.fd;
+
+         pthread_mutex_unlock (&lq.mu);
+         write_all (fd, p, n);
+         pthread_mutex_lock (&lq.mu);
+         lq.head = (lq.head + n) % LOG_QUEUE_BYTES;
+         lq.len -= n;
+         continue;
+      }
+      if (lq.dropped_unreported > 0) {
+         uint64_t d = lq.dropped_unreported;
+
+         lq.dropped_unreported = 0;
+         pthread_mutex_unlock (&lq.mu);
+         log_msg (LOG_LEVEL_WARN, "log: %" PRIu64 " lines dropped: the log destination did not keep up", d);
+         pthread_mutex_lock (&lq.mu);
+         continue;
+      }
+      if (lq.stop)
+         break;
+   }
+   pthread_mutex_unlock (&lq.mu);
+   return NULL;
+}
+
+bool
+log_start (void)
+{
+   bool ok;
+
+   pthread_mutex_lock (&lq.mu);
+   lq.stop = false;
+   ok = lq.running || pthread_create (&lq.thread, NULL, log_writer, NULL) == 0;
+   if (ok)
+      lq.running = true;
+   pthread_mutex_unlock (&lq.mu);
+   return ok;
+}
+
+void
+log_stop (void)
+{
+   pthread_mutex_lock (&lq.mu);
+   if (!lq.running) {
+      pthread_mutex_unlock (&lq.mu);
+      return;
+   }
+   lq.stop = true;
+   pthread_cond_signal (&lq.cond);
+   pthread_mutex_unlock (&lq.mu);
+   pthread_join (lq.thread, NULL);
+   pthread_mutex_lock (&lq.mu);
+   lq.running = false;
+   pthread_mutex_unlock (&lq.mu);
+}
+
+void
+log_close (void)
+{
+   log_stop ();
+   pthread_mutex_lock (&lq.mu);
+   if (lq.fd != STDERR_FILENO)
+      close (lq.fd);
+   lq.fd = STDERR_FILENO;
+   lq.path[0] = '\0';
+   pthread_mutex_unlock (&lq.mu);
+}
+
+/* Hands one whole line to the destination: queued while the writer runs
+ * (dropped and counted when it does not fit), written at once otherwise. */
+static void
+emit (const char *line, size_t n)
+{
+   pthread_mutex_lock (&lq.mu);
+   if (!lq.running) {
+      write_all (lq.fd, line, n);
+   } else if (LOG_QUEUE_BYTES - lq.len < n) {
+      lq.dropped_unreported++;
+      atomic_fetch_add_explicit (&log_dropped_total, 1, memory_order_relaxed);
+   } else {
+      size_t tail = (lq.head + lq.len) % LOG_QUEUE_BYTES;
+      size_t first = n < LOG_QUEUE_BYTES - tail ? n : LOG_QUEUE_BYTES - tail;
+
+      memcpy (lq.queue + tail, line, first);
+      memcpy (lq.queue, line + first, n - first);
+      lq.len += n;
+      pthread_cond_signal (&lq.cond);
+   }
+   pthread_mutex_unlock (&lq.mu);
+}
+
+/* ------------------------------------------------------------ formats */
+
+/* Appends `s` to out[*o..cap) as the inside of a JSON string.  `s` is
+ * already escaped by log_escape (printable UTF-8 only), so only the quote
+ * and the backslash need escaping; stops before an escape that would not
+ * fit. */
+static void
+json_str (char *out, size_t cap, size_t *o, const char *s, size_t len)
+{
+   for (size_t i = 0; i < len; i++) {
+      size_t need = (s[i] == '"' || s[i] == '\\') ? 2 : 1;
+      if (*o + need >= cap)
+         return;
+      if (need == 2)
+         out[(*o)++] = '\\';
+      out[(*o)++] = s[i];
+   }
+}
+
+static void
+json_lit (char *out, size_t cap, size_t *o, const char *s)
+{
+   size_t n = strlen (s);
+   if (*o + n < cap) {
+      memcpy (out + *o, s, n);
+      *o += n;
+   }
+}
+
+/* One JSON object: time, level, thread, subsystem, and for a connection's
+ * line (log_conn's "c<id> <peer>: ") conn and peer, then msg. */
+static size_t
+format_json (char *out, size_t cap, const char *stamp, log_level_t level, const char *msg, size_t len)
+{
+   const char *body = msg, *peer = NULL, *sub = NULL;
+   size_t body_len = len, peer_len = 0, sub_len = 0, o = 0;
+   uint64_t conn = 0;
+   bool have_conn = false;
+   char num[24];
+
+   if (len > 1 && msg[0] == 'c' && msg[1] >= '0' && msg[1] <= '9') {
+      size_t i = 1;
+      while (i < len && msg[i] >= '0' && msg[i] <= '9')
+         conn = conn * 10 + (uint64_t) (msg[i++] - '0');
+      if (i < len && msg[i] == ' ') {
+         const char *colon = memchr (msg + i + 1, ' ', len - i - 1);
+         if (colon && colon > msg + i + 1 && colon[-1] == ':') {
+            have_conn = true;
+            peer = msg + i + 1;
+            peer_len = (size_t) (colon - 1 - peer);
+            body = colon + 1;
+            body_len = len - (size_t) (body - msg);
+         }
+      }
+   }
+   if (!have_conn) {
+      /* "dispatch: ...", "reload: ...": a short lowercase word and ": ". */
+      size_t i = 0;
+      while (i < len && i < 24 && ((msg[i] >= 'a' && msg[i] <= 'z') || msg[i] == '_' || msg[i] == '-' ||
+                                   (i > 0 && msg[i] >= '0' && msg[i] <= '9')))
+         i++;
+      if (i > 0 && i + 1 < len && msg[i] == ':' && msg[i + 1] == ' ') {
+         sub = msg;
+         sub_len = i;
+      }
+   }
+   json_lit (out, cap, &o, "{\"time\":\"");
+   json_lit (out, cap, &o, stamp);
+   json_lit (out, cap, &o, "\",\"level\":\"");
+   json_lit (out, cap, &o, log_level_name (level));
+   json_lit (out, cap, &o, "\",\"thread\":\"");
+   json_str (out, cap, &o, log_thread_name, strlen (log_thread_name));
+   json_lit (out, cap, &o, "\",\"subsystem\":\"");
+   if (have_conn)
+      json_lit (out, cap, &o, "client");
+   else if (sub)
+      json_str (out, cap, &o, sub, sub_len);
+   else
+      json_str (out, cap, &o, log_thread_name, strlen (log_thread_name));
+   json_lit (out, cap, &o, "\"");
+   if (have_conn) {
+      snprintf (num, sizeof num, "%" PRIu64, conn);
+      json_lit (out, cap, &o, ",\"conn\":");
+      json_lit (out, cap, &o, num);
+      json_lit (out, cap, &o, ",\"peer\":\"");
+      json_str (out, cap, &o, peer, peer_len);
+      json_lit (out, cap, &o, "\"");
+   }
+   json_lit (out, cap, &o, ",\"msg\":\"");
+   json_str (out, cap, &o, body, body_len);
+   /* Room for the closing characters was kept by the callers' bound. */
+   memcpy (out + o, "\"}\n", 3);
+   return o + 3;
+}
+
 void
 log_msg (log_level_t level, const char *fmt, ...)
 {
-   char line[LOG_LINE_MAX];
    char raw[LOG_LINE_MAX];
+   char msg[LOG_LINE_MAX];
+   char line[2 * LOG_LINE_MAX + 256];
+   char stamp[32];
    bool cut;
    struct timeval tv;
    struct tm tm;
-   size_t n;
+   size_t n, m;
    int r;
    va_list ap;
 
@@ -152,35 +530,34 @@ log_msg (log_level_t level, const char *fmt, ...)
 
    gettimeofday (&tv, NULL);
    gmtime_r (&tv.tv_sec, &tm);
-   n = strftime (line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
-   r = snprintf (line + n,
-                 sizeof line - n,
-                 ".%03dZ %-5s [%s] ",
-                 (int) (tv.tv_usec / 1000),
-                 log_level_name (level),
-                 log_thread_name);
-   if (r > 0)
-      n += (size_t) r < sizeof line - n ? (size_t) r : sizeof line - n - 1;
+   n = strftime (stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+   snprintf (stamp + n, sizeof stamp - n, ".%03dZ", (int) (tv.tv_usec / 1000));
 
    va_start (ap, fmt);
    r = vsnprintf (raw, sizeof raw, fmt, ap);
    va_end (ap);
    if (r < 0)
       r = 0;
-   /* Room is kept for "..." and the newline. */
-   n += log_escape (raw, (size_t) r < sizeof raw ? (size_t) r : sizeof raw - 1, line + n, sizeof line - n - 4, &cut);
+   /* Room is kept for "...". */
+   m = log_escape (raw, (size_t) r < sizeof raw ? (size_t) r : sizeof raw - 1, msg, sizeof msg - 4, &cut);
    if (cut || (size_t) r >= sizeof raw) {
       /* Truncated: mark it. */
-      memcpy (line + n, "...", 3);
-      n += 3;
+      memcpy (msg + m, "...", 4);
+      m += 3;
    }
-   line[n++] = '\n';
 
-   /* One write per line; a short write to stderr is not worth a retry loop
-    * that could block the caller. */
-   if (write (STDERR_FILENO, line, n) < 0) {
-      /* Nowhere left to report it. */
+   if (atomic_load_explicit (&log_format, memory_order_relaxed) == LOG_FORMAT_JSON) {
+      /* Every byte of msg doubles at most: the line always fits. */
+      n = format_json (line, sizeof line - 3, stamp, level, msg, m);
+   } else {
+      r = snprintf (line, sizeof line, "%s %-5s [%s] ", stamp, log_level_name (level), log_thread_name);
+      n = r > 0 ? (size_t) r : 0;
+      memcpy (line + n, msg, m);
+      n += m;
+      line[n++] = '\n';
    }
+   RELAYBUS_ASSERT (n <= sizeof line);
+   emit (line, n);
 }
 
 #ifdef RELAYBUS_DEBUG
