@@ -1,6 +1,10 @@
 /*
  * proxy/clients.h - who is connected, readable from any thread.
  *
+ * Thread: any (under one mutex): clients_registry_note runs on the
+ * forwarding loop, clients_registry_snapshot on the admin thread,
+ * clients_registry_clear on the main thread at exit.
+ *
  * The forwarding loop tells the registry about every state change of a
  * client connection (one call, in client_set_state); the admin thread reads
  * a snapshot for /api/clients.  A mutex guards a small hash of entries; the

@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <bson/bson.h>
@@ -85,6 +86,12 @@ typedef struct client_conn client_conn_t;
 
 /* "await_upstream", "handshake", ... */
 const char *client_state_name (client_state_t state);
+
+/* Room for a peer's address as text: "[IPv6]:port" at the longest. */
+#define CLIENT_PEER_MAX (INET6_ADDRSTRLEN + 8)
+/* Writes `sa` as "ip:port" (IPv4), "[ip]:port" (IPv6) or "unix" (any
+ * other family) to `out`, as connection logs name peers. */
+void client_format_peer (const struct sockaddr *sa, char *out, size_t outlen);
 
 /* --- the loop ---------------------------------------------------------- */
 

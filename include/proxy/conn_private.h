@@ -72,7 +72,7 @@ typedef struct {
  * answers and a reference on its config snapshot. */
 struct client_conn {
    uint64_t id;
-   char peer[128];
+   char peer[CLIENT_PEER_MAX];
    client_state_t state;
    client_loop_t *loop;
    config_t *cfg;

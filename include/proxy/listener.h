@@ -7,6 +7,9 @@
  * log line and a count.  When accept fails for lack of file descriptors
  * (EMFILE/ENFILE) the listener pauses and retries on a timer instead of
  * spinning on a readable socket it cannot accept.
+ *
+ * Thread: forwarding loop (listener_new and listener_destroy: the main
+ * thread, before the loop runs and after it stops).
  */
 #ifndef RELAYBUS_LISTENER_H
 #define RELAYBUS_LISTENER_H
@@ -21,6 +24,13 @@
 struct event_base;
 
 #define LISTENER_ERROR_DOMAIN 0x4c53 /* "LS" */
+
+/* The errors of listener_new (LISTENER_ERROR_DOMAIN). */
+typedef enum {
+   LISTENER_ERR_PATH_TOO_LONG = 1, /* a Unix socket path longer than sun_path */
+   LISTENER_ERR_ADDRESS,           /* not a numeric IP and port */
+   LISTENER_ERR_BIND,              /* socket, bind or listen failed */
+} listener_error_t;
 
 typedef struct listener listener_t;
 

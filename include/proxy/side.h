@@ -141,6 +141,21 @@ void side_set_write_low (side_t *s, size_t low);
  * socket): no callback fires afterwards.  Idempotent. */
 void side_close (side_t *s);
 
+/* libevent's frees do not take NULL; these do (for every proxy module). */
+static inline void
+proxy_event_free (struct event *ev)
+{
+   if (ev)
+      event_free (ev);
+}
+
+static inline void
+proxy_evbuffer_free (struct evbuffer *buf)
+{
+   if (buf)
+      evbuffer_free (buf);
+}
+
 static inline bool
 side_is_open (const side_t *s)
 {

@@ -62,6 +62,19 @@ static void client_update_flow (client_conn_t *c);
 static void mem_release_all (client_conn_t *c);
 static const side_callbacks_t conn_side_callbacks;
 
+/* Takes `x` out of the doubly linked list of connections threaded through
+ * its fields PREV and NEXT, whose first element is `head` (an lvalue).
+ * The loop keeps two: its live connections and those waiting for memory. */
+#define CONN_LIST_UNLINK(head, x, PREV, NEXT) \
+   do {                                       \
+      if ((x)->PREV)                          \
+         (x)->PREV->NEXT = (x)->NEXT;         \
+      else                                    \
+         (head) = (x)->NEXT;                  \
+      if ((x)->NEXT)                          \
+         (x)->NEXT->PREV = (x)->PREV;         \
+   } while (0)
+
 /* ------------------------------------------------------------ state */
 
 /* The transitions there are: forward through the handshake (COUNT_, "no
@@ -182,20 +195,15 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
    }
    for (uint64_t s = c->creq_head; s < c->creq_tail; s++) {
       client_req_t *r = creq_find (c, s);
-      if (r->held)
-         evbuffer_free (r->held);
+      proxy_evbuffer_free (r->held);
       r->held = NULL;
    }
    c->creq_head = c->creq_tail;
    client_job_cancel (c);
 
    /* Off the live list, onto the free list. */
-   if (c->prev)
-      c->prev->next = c->next;
-   else
-      loop->clients = c->next;
-   if (c->next)
-      c->next->prev = c->prev;
+   CONN_LIST_UNLINK (loop->clients, c, prev, next);
+   RELAYBUS_ASSERT (loop->nclients > 0);
    loop->nclients--;
    c->prev = NULL;
    c->next = loop->free_list;
@@ -214,10 +222,8 @@ client_free (client_conn_t *c)
 {
    if (c->data_destroy)
       c->data_destroy (c->data);
-   if (c->scratch)
-      evbuffer_free (c->scratch);
-   if (c->tmp)
-      evbuffer_free (c->tmp);
+   proxy_evbuffer_free (c->scratch);
+   proxy_evbuffer_free (c->tmp);
    config_release (c->cfg);
    bson_free (c);
 }
@@ -430,14 +436,9 @@ mem_unwait (client_conn_t *c)
 
    if (!c->mem_wait_sides)
       return;
-   if (c->mem_wait_prev)
-      c->mem_wait_prev->mem_wait_next = c->mem_wait_next;
-   else
-      loop->mem_wait_head = c->mem_wait_next;
-   if (c->mem_wait_next)
-      c->mem_wait_next->mem_wait_prev = c->mem_wait_prev;
-   else
+   if (!c->mem_wait_next)
       loop->mem_wait_tail = c->mem_wait_prev;
+   CONN_LIST_UNLINK (loop->mem_wait_head, c, mem_wait_prev, mem_wait_next);
    c->mem_wait_prev = c->mem_wait_next = NULL;
    c->mem_wait_sides = 0;
    c->mem_need = 0;
@@ -686,24 +687,29 @@ side_conn (const side_t *s)
    return s->owner;
 }
 
+/* Runs the pump of what `from` sends: requests, or replies. */
+static void
+conn_pump_from (client_conn_t *c, side_kind_t from)
+{
+   if (from == SIDE_CLIENT)
+      client_pump (c);
+   else
+      upstream_pump (c);
+}
+
 static void
 conn_side_read (side_t *s)
 {
-   if (s->kind == SIDE_CLIENT)
-      client_pump (side_conn (s));
-   else
-      upstream_pump (side_conn (s));
+   conn_pump_from (side_conn (s), s->kind);
 }
 
-/* A side's output fell to high/2: what it held back may flow again (the
- * client's output holds back replies; the upstream's, requests). */
+/* A side's output fell to high/2: what the other side sends to it may
+ * flow again (the client's output holds back replies; the upstream's,
+ * requests). */
 static void
 conn_side_drained (side_t *s)
 {
-   if (s->kind == SIDE_CLIENT)
-      upstream_pump (side_conn (s));
-   else
-      client_pump (side_conn (s));
+   conn_pump_from (side_conn (s), s->kind == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT);
 }
 
 static void
@@ -861,8 +867,8 @@ client_try_connect (client_conn_t *c)
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory pairing with an upstream");
 }
 
-static void
-format_peer (const struct sockaddr *sa, int len, char *out, size_t outlen)
+void
+client_format_peer (const struct sockaddr *sa, char *out, size_t outlen)
 {
    char host[INET6_ADDRSTRLEN] = "?";
 
@@ -893,7 +899,7 @@ client_accept (client_loop_t *loop,
    c->loop = loop;
    c->cfg = config_retain (loop->cfg);
    c->compressor = -1;
-   format_peer (addr, addr_len, c->peer, sizeof c->peer);
+   client_format_peer (addr, c->peer, sizeof c->peer);
    if (!side_accept (&c->client,
                      loop->base,
                      fd,
@@ -913,8 +919,7 @@ client_accept (client_loop_t *loop,
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory accepting a connection");
       mem_release_all (c);
       side_close (&c->client);
-      if (c->timer)
-         event_free (c->timer);
+      proxy_event_free (c->timer);
       client_free (c);
       return false;
    }
@@ -1060,12 +1065,9 @@ client_loop_destroy (client_loop_t *loop)
       client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN, "proxy stopping");
    client_worker_stop (loop);
    client_loop_free_cb (-1, 0, loop);
-   if (loop->free_ev)
-      event_free (loop->free_ev);
-   if (loop->drain_timer)
-      event_free (loop->drain_timer);
-   if (loop->mem_ev)
-      event_free (loop->mem_ev);
+   proxy_event_free (loop->free_ev);
+   proxy_event_free (loop->drain_timer);
+   proxy_event_free (loop->mem_ev);
    config_release (loop->cfg);
    bson_free (loop);
 }

@@ -21,6 +21,7 @@
 #include "base/config.h"
 #include "base/log.h"
 #include "base/counters.h"
+#include "proxy/side.h"
 
 /* How long to pause accepting after EMFILE/ENFILE. */
 #define LISTENER_PAUSE_MS 1000
@@ -44,16 +45,9 @@ listener_accept_cb (struct evconnlistener *ev, evutil_socket_t fd, struct sockad
 
    counters_add (COUNTER_CONNECTIONS_ACCEPTED, 1);
    if (l->max_clients > 0 && (int64_t) client_loop_count (l->loop) >= l->max_clients) {
-      char peer[INET6_ADDRSTRLEN + 8] = "unix";
-      if (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) {
-         char ip[INET6_ADDRSTRLEN] = "?";
-         const void *a = addr->sa_family == AF_INET ? (const void *) &((struct sockaddr_in *) addr)->sin_addr
-                                                    : (const void *) &((struct sockaddr_in6 *) addr)->sin6_addr;
-         unsigned port = ntohs (addr->sa_family == AF_INET ? ((struct sockaddr_in *) addr)->sin_port
-                                                           : ((struct sockaddr_in6 *) addr)->sin6_port);
-         evutil_inet_ntop (addr->sa_family, a, ip, sizeof ip);
-         bson_snprintf (peer, sizeof peer, "%s:%u", ip, port);
-      }
+      char peer[CLIENT_PEER_MAX];
+
+      client_format_peer (addr, peer, sizeof peer);
       log_warn ("refusing a connection from %s: max_clients=%" PRId64 " reached", peer, l->max_clients);
       counters_count_close (COUNTERS_CLOSE_MAX_CLIENTS);
       evutil_closesocket (fd);
@@ -108,7 +102,7 @@ listener_new (struct event_base *base, const char *listen, client_loop_t *loop, 
       struct sockaddr_un *sun = (struct sockaddr_un *) &ss;
       struct stat st;
       if (strlen (host) >= sizeof sun->sun_path) {
-         bson_set_error (error, LISTENER_ERROR_DOMAIN, 1, "unix socket path too long: %s", host);
+         bson_set_error (error, LISTENER_ERROR_DOMAIN, LISTENER_ERR_PATH_TOO_LONG, "unix socket path too long: %s", host);
          goto fail;
       }
       /* A stale socket file from a previous run would make bind fail. */
@@ -124,7 +118,8 @@ listener_new (struct event_base *base, const char *listen, client_loop_t *loop, 
       bson_snprintf (hostport, sizeof hostport, strchr (host, ':') ? "[%s]:%u" : "%s:%u", host, (unsigned) port);
       /* Numeric only: the listen address is never looked up in DNS. */
       if (evutil_parse_sockaddr_port (hostport, (struct sockaddr *) &ss, &sslen_i) != 0) {
-         bson_set_error (error, LISTENER_ERROR_DOMAIN, 2, "listen address must be a numeric IP and port: %s", listen);
+         bson_set_error (
+            error, LISTENER_ERROR_DOMAIN, LISTENER_ERR_ADDRESS, "listen address must be a numeric IP and port: %s", listen);
          goto fail;
       }
       sslen = (socklen_t) sslen_i;
@@ -134,7 +129,7 @@ listener_new (struct event_base *base, const char *listen, client_loop_t *loop, 
    if (!l->ev) {
       bson_set_error (error,
                       LISTENER_ERROR_DOMAIN,
-                      3,
+                      LISTENER_ERR_BIND,
                       "cannot listen on %s: %s",
                       listen,
                       evutil_socket_error_to_string (EVUTIL_SOCKET_ERROR ()));
@@ -147,20 +142,12 @@ listener_new (struct event_base *base, const char *listen, client_loop_t *loop, 
    } else {
       struct sockaddr_storage bound;
       socklen_t blen = sizeof bound;
-      char ip[INET6_ADDRSTRLEN] = "?";
-      unsigned bport = port;
-      if (getsockname (evconnlistener_get_fd (l->ev), (struct sockaddr *) &bound, &blen) == 0) {
-         if (bound.ss_family == AF_INET) {
-            struct sockaddr_in *in = (struct sockaddr_in *) &bound;
-            evutil_inet_ntop (AF_INET, &in->sin_addr, ip, sizeof ip);
-            bport = ntohs (in->sin_port);
-         } else if (bound.ss_family == AF_INET6) {
-            struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &bound;
-            evutil_inet_ntop (AF_INET6, &in6->sin6_addr, ip, sizeof ip);
-            bport = ntohs (in6->sin6_port);
-         }
-      }
-      bson_snprintf (l->address, sizeof l->address, bound.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u", ip, bport);
+
+      if (getsockname (evconnlistener_get_fd (l->ev), (struct sockaddr *) &bound, &blen) == 0 &&
+          (bound.ss_family == AF_INET || bound.ss_family == AF_INET6))
+         client_format_peer ((const struct sockaddr *) &bound, l->address, sizeof l->address);
+      else
+         bson_snprintf (l->address, sizeof l->address, "?:%u", (unsigned) port);
    }
    return l;
 fail:
@@ -187,8 +174,7 @@ listener_destroy (listener_t *l)
       return;
    if (l->ev)
       evconnlistener_free (l->ev);
-   if (l->resume_timer)
-      event_free (l->resume_timer);
+   proxy_event_free (l->resume_timer);
    if (l->unix_path[0])
       unlink (l->unix_path);
    bson_free (l);

@@ -828,10 +828,8 @@ client_job_free (client_job_t *j)
 {
    if (!j)
       return;
-   if (j->raw)
-      evbuffer_free (j->raw);
-   if (j->plain)
-      evbuffer_free (j->plain);
+   proxy_evbuffer_free (j->raw);
+   proxy_evbuffer_free (j->plain);
    bson_free (j->copy);
    bson_free (j);
 }

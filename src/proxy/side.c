@@ -316,14 +316,12 @@ void
 side_close (side_t *s)
 {
    /* Our read event first, while its descriptor is still open. */
-   if (s->rd)
-      event_free (s->rd);
+   proxy_event_free (s->rd);
    /* bufferevent_free clears the callbacks first, so nothing of ours runs
     * after this even with deferred callbacks queued. */
    if (s->bev)
       bufferevent_free (s->bev);
-   if (s->timer)
-      event_free (s->timer);
+   proxy_event_free (s->timer);
    s->rd = NULL;
    s->bev = NULL;
    s->timer = NULL;
