@@ -1,7 +1,8 @@
 'use strict';
 // mongosh through the proxy, as the README tells users to connect: the shell connects, runs a
 // transaction whose insert carries an annotation, relaybusPublish in a transaction, and
-// relaybusStatus. The outbox is then read directly.
+// relaybusStatus; the outbox is then read directly. And a watch(): a change stream through the
+// proxy sees a write made through it.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -67,4 +68,19 @@ test('mongosh: connects, publishes from a transaction and with relaybusPublish, 
   await P.checkEvent(s.outbox, 'sh-ev-1', { type: 'order.placed.v1', key: 'sh-k', payload: { total: 3 }, handlers: P.subscribed(P.HANDLERS, 'order.placed.v1') });
   await P.checkEvent(s.outbox, 'sh-ev-2', { type: 'user.created.v1', handlers: P.subscribed(P.HANDLERS, 'user.created.v1') });
   assert.equal(await s.outbox.events.countDocuments({ _id: 'sh-ev-3' }), 0, 'the aborted transaction left no event');
+});
+
+test('mongosh: watch() through the proxy sees an insert', async () => {
+  const out = await mongosh(`
+    const cs = db.watched.watch([{ $match: { operationType: 'insert' } }]);
+    db.watched.insertOne({ _id: 'sh-w1', n: 1 });
+    let ev = null;
+    for (let i = 0; i < 100 && !ev; i++) {
+      ev = cs.tryNext();
+      if (!ev) sleep(100);
+    }
+    cs.close();
+    print(JSON.stringify({ type: ev && ev.operationType, id: ev && ev.documentKey._id, n: ev && ev.fullDocument.n, token: !!(ev && ev._id) }));
+  `);
+  assert.deepEqual(out, { type: 'insert', id: 'sh-w1', n: 1, token: true });
 });
