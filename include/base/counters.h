@@ -7,8 +7,9 @@
  *
  * COUNTERS_TABLE below declares each metric once: its id, its Prometheus
  * name, type, label and help.  The values are relaxed atomic 64-bit slots:
- * each counter is independent, readers only want a recent value, and
- * nothing is derived from two slots at once.  Counters are monotonic;
+ * each counter is independent and readers only want a recent value; no
+ * reader needs two slots to agree (a histogram's count, the sum of its
+ * buckets, may be one observation ahead of its sum).  Counters are monotonic;
  * gauges go up and down or are set.  A labelled metric has one slot per
  * value of its label, and every label set is bounded: close reasons,
  * publishing error kinds and command names are fixed lists, handlers come
@@ -64,8 +65,9 @@ typedef enum {
 
 /* Commands counted by name: this many fixed names, plus "other". */
 #define COUNTERS_N_COMMANDS 44
-/* Handlers with their own series (the configuration's bound); a name past
- * it is not counted. */
+/* Handlers with their own series: at least the configuration's bound
+ * (CONFIG_MAX_HANDLERS, checked in counters.c); a name past it is not
+ * counted. */
 #define COUNTERS_MAX_HANDLERS 256
 /* Event types with their own relaybus_events_unrouted_total series; later
  * ones are counted under COUNTERS_EVENT_TYPE_OTHER. */
