@@ -8,7 +8,7 @@
  * (a standalone is refused with exit 1; an unreachable upstream is only
  * logged: the worker keeps trying while clients wait), and only then does
  * the proxy listen.  Everything after that runs on one libevent loop; the
- * loop never blocks (see DESIGN section 2).
+ * loop never blocks (docs/architecture.md, "The threads").
  *
  * Signals are libevent signal events, so their handlers run on the loop
  * like everything else: SIGHUP reloads, SIGTERM/SIGINT drain and stop.
@@ -43,7 +43,8 @@
 #include "admin/metrics.h"
 #include "base/counters.h"
 #include "proxy/tls.h"
-#include "proxy/topology.h"
+#include "base/topology.h"
+#include "publish/hooks.h"
 #include "publish/publish.h"
 
 /* Exit codes, as --help documents them. */
@@ -304,6 +305,9 @@ proxy_start (proxy_t *p, bson_error_t *error)
    /* The outbox setup, and the dispatcher on its own thread when enabled. */
    if (!dispatch_start (p->cfg, error))
       return false;
+   /* The publishing path wakes the dispatcher after a commit it injected
+    * into. */
+   publish_set_wake_hook (dispatch_wake);
 
    p->clients = client_loop_new (p->base, p->topo, p->tls, p->cfg, error);
    if (!p->clients)
@@ -353,6 +357,7 @@ static void
 proxy_teardown (proxy_t *p)
 {
    admin_stop (); /* before the topology it reads */
+   publish_set_wake_hook (NULL);
    dispatch_stop (); /* hands its lanes back */
    listener_destroy (p->listener);
    client_loop_destroy (p->clients);

@@ -4,8 +4,9 @@
  *
  * Thread: admin_start and admin_stop: the main thread; everything else: the admin thread.
  *
- * The admin thread owns an event base with libevent's evhttp, a
- * mongoc_client_pool and a store instance (it never claims).  Every store
+ * The admin thread is a worker (base/worker.h: an event base, a
+ * mongoc_client_pool) with libevent's evhttp and a store instance (it never
+ * claims).  Every store
  * call it makes blocks that thread only: the forwarding loop never waits
  * for the admin port, and the admin port reads the loop's state only
  * through atomics (base/counters.h, admin/metrics.h) and the clients registry.
@@ -24,9 +25,16 @@
 #include <bson/bson.h>
 
 #include "base/config.h"
-#include "proxy/topology.h"
+#include "base/topology.h"
 
 #define ADMIN_ERROR_DOMAIN 0x4144 /* "AD" */
+
+/* Errors of admin_start beyond those of its worker (WORKER_ERROR_DOMAIN)
+ * and its store. */
+typedef enum {
+   ADMIN_ERROR_TLS = 1, /* [admin] tls_cert_file or tls_key_file does not load */
+   ADMIN_ERROR_HTTP,    /* evhttp or its events could not be made */
+} admin_error_code_t;
 
 /* Connections served at once; more are closed at accept. */
 #define ADMIN_MAX_CONNECTIONS 64

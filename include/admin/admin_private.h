@@ -19,9 +19,10 @@
 
 #include "admin/admin.h"
 #include "base/config.h"
+#include "base/worker.h"
 #include "store/store.h"
 #include "store/ops.h"
-#include "proxy/topology.h"
+#include "base/topology.h"
 
 struct bufferevent;
 struct event;
@@ -49,15 +50,12 @@ typedef struct {
 #define ADMIN_VIEW_CACHE_MS 1000
 
 /* The admin port.  Created by admin_start on the main thread; then used by
- * its own thread only, until admin_stop joined it and frees it. */
+ * its worker's thread only, until admin_stop joined it and frees it. */
 struct admin {
    config_t *cfg; /* our reference: handlers, upstream; the token is read per request */
    topology_t *topo; /* borrowed */
-   pthread_t thread;
-   bool thread_started;
-   struct event_base *base;
+   worker_t *w;      /* ours: the thread, its event base and pool, the owner name */
    struct evhttp *http;
-   struct event *stop_ev;
    struct event *adopt_ev;
    char address[300]; /* host:port actually bound */
    /* [admin] tls_cert_file/tls_key_file, loaded once by admin_start (the
@@ -65,11 +63,8 @@ struct admin {
     * after evhttp, whose connections hold SSLs made from it. */
    struct ssl_ctx_st *tls;
 
-   mongoc_uri_t *uri;
-   mongoc_client_pool_t *pool;
    store_t *store;
-   char owner[160];
-   char local_prefix[160]; /* "<host>/<pid>/": lanes of this process */
+   const char *local_prefix; /* the worker's owner prefix "<host>/<pid>/": lanes of this process */
    bool outbox_ready;      /* sticky once seen */
    store_view_t view;      /* cached; valid when view_at > 0 */
    int64_t view_at;

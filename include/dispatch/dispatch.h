@@ -1,15 +1,21 @@
 /*
- * dispatch/dispatch.h - the dispatch engine: one thread with its own event base and
- * mongo-c-driver pool that claims deliveries of the configured webhook
- * handlers, POSTs them, completes what succeeded in batches, reschedules
- * failures with backoff, buries dead letters, renews the leases of lanes
- * with work in flight, and hands its lanes back when it stops.
+ * dispatch/dispatch.h - the dispatch engine: one worker thread (base/worker.h:
+ * its own event base and mongo-c-driver pool) that claims deliveries of the
+ * configured webhook handlers, POSTs them, completes what succeeded in
+ * batches, reschedules failures with backoff, buries dead letters, renews
+ * the leases of lanes with work in flight, and hands its lanes back when it
+ * stops.
+ *
+ * Thread: dispatch_start and dispatch_stop: the main thread; dispatch_reload
+ * and dispatch_wake: any thread; everything else: the
+ * dispatcher thread (and its lease-renewal thread).
  *
  * Nothing here runs on the forwarding loop: main.c calls dispatch_start
- * once and dispatch_stop at exit, and the publishing path calls
- * dispatch_wake (thread-safe, never blocks on I/O) after a commit of a
- * transaction it injected into, so local events go out without waiting for
- * the poll interval.
+ * once and dispatch_stop at exit, and installs dispatch_wake as the
+ * publishing path's wake hook (publish/hooks.h), which calls it
+ * (thread-safe, never blocks on I/O) after a commit of a transaction it
+ * injected into, so local events go out without waiting for the poll
+ * interval.
  *
  * Pull handlers (kind = pull) get deliveries but are not dispatched here:
  * consumers claim them through virtual commands (later work).
@@ -24,11 +30,20 @@
 
 #include "base/config.h"
 
+#define DISPATCH_ERROR_DOMAIN 0x4450 /* "DP" */
+
+/* Errors of dispatch_start beyond those of its worker (WORKER_ERROR_DOMAIN),
+ * its store and its handlers. */
+typedef enum {
+   DISPATCH_ERROR_EVENT_BASE = 1, /* no event base for the lease-renewal thread */
+} dispatch_error_code_t;
+
 /* Runs the store's setup (collections, indexes, lanes) and, when
  * [dispatch] enabled = true and a webhook handler exists, starts the
  * dispatcher thread.  A setup that fails because the upstream is not
  * reachable yet is retried by the thread; false only for errors that a
- * retry cannot fix (bad URI, bad handler URL or secret, no thread). */
+ * retry cannot fix (bad URI, bad handler URL or secret, no thread): then
+ * nothing is left running. */
 bool dispatch_start (config_t *cfg, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* Stops claiming, lets requests in flight finish (bounded by the handlers'

@@ -31,6 +31,7 @@
 #include <bson/bson.h>
 #include <mongoc/mongoc.h>
 
+#include "base/config.h"
 #include "base/outbox.h"
 
 #define STORE_ERROR_DOMAIN 0x5354 /* "ST" */
@@ -68,9 +69,11 @@ store_t *store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_e
 /* Frees the instance; does not hand lanes back (see store_relinquish).
  * NULL is accepted. */
 void store_destroy (store_t *store);
+/* store_new with the [outbox] keys of `cfg` (database, collection_prefix,
+ * completion_history) and `owner` (base/worker.h makes one per worker). */
+store_t *store_new_for_config (mongoc_client_pool_t *pool, const config_t *cfg, const char *owner, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
 const char *store_owner (const store_t *store);
-/* "<host>/<pid>/<12 random hex>" into out (at least 128 bytes). */
-void store_make_owner (char *out, size_t out_len);
 
 /* Creates the collections, the indexes (idempotently) and the 256 lanes. */
 bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));

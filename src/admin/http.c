@@ -3,8 +3,10 @@
  * bearer-token and Host checks, request limits, the connection bound, the
  * routing table, and start and stop.  The endpoints are in admin/api.c.
  *
- * One thread owns everything here: the event base, the evhttp server, the
- * mongoc pool and a store instance.  Requests are served one at a time;
+ * One worker thread (base/worker.h: its event base, its mongoc pool with
+ * appName "relaybus-proxy admin", at a lower priority than the forwarding
+ * loop) owns everything here: the evhttp server and a store instance that
+ * never claims.  Requests are served one at a time;
  * the store calls of a request block this thread and nothing else, so a
  * flood of /api/deliveries slows the admin port and the queries it sends,
  * never the forwarding loop.
@@ -30,9 +32,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -41,7 +41,6 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
-#include <mongoc/mongoc.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
@@ -49,6 +48,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "admin/metrics.h"
+#include "base/worker.h"
 #include "proxy/tls.h"
 #include "base/utf8.h"
 
@@ -500,32 +500,6 @@ admin_adopt_cb (evutil_socket_t fd, short what, void *arg)
 /* -------------------------------------------------------------- lifecycle */
 
 static void
-admin_stop_cb (evutil_socket_t fd, short what, void *arg)
-{
-   admin_t *a = arg;
-
-   (void) fd;
-   (void) what;
-   event_base_loopbreak (a->base);
-}
-
-static void *
-admin_thread (void *arg)
-{
-   admin_t *a = arg;
-
-   log_set_thread_name ("admin");
-#ifdef __linux__
-   /* Background work: on a busy machine the scheduler should prefer the
-    * forwarding loop.  On Linux a nice value is per thread. */
-   if (setpriority (PRIO_PROCESS, (id_t) syscall (SYS_gettid), ADMIN_THREAD_NICE) != 0)
-      log_debug ("admin: cannot lower the admin thread's priority: %s", strerror (errno));
-#endif
-   event_base_dispatch (a->base);
-   return NULL;
-}
-
-static void
 admin_free (admin_t *a)
 {
    if (!a)
@@ -534,18 +508,11 @@ admin_free (admin_t *a)
       evhttp_free (a->http); /* closes the connections: closecb runs */
    admin_api_clear_cache (a);
    bson_free (a->fresh);
-   if (a->stop_ev)
-      event_free (a->stop_ev);
    if (a->adopt_ev)
       event_free (a->adopt_ev);
-   if (a->base)
-      event_base_free (a->base);
    SSL_CTX_free (a->tls);
    store_destroy (a->store);
-   if (a->pool)
-      mongoc_client_pool_destroy (a->pool);
-   if (a->uri)
-      mongoc_uri_destroy (a->uri);
+   worker_destroy (a->w); /* after everything on its base and pool */
    config_release (a->cfg);
    bson_free (a);
 }
@@ -596,12 +563,21 @@ admin_bind (admin_t *a)
 bool
 admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
 {
+   /* A request waits at most 2 s for a server and 10 s for an answer
+    * (unless the URI says otherwise): the admin thread must not hang on an
+    * unreachable upstream.  One thread, one request at a time: a few
+    * clients are plenty. */
+   const worker_opts_t wo = {
+      .name = "admin",
+      .pool = {.appname = "relaybus-proxy admin", .server_selection_ms = 2000, .socket_timeout_ms = 10000, .max_pool_size = 4},
+      .nice = ADMIN_THREAD_NICE,
+   };
    admin_t *a;
-   store_opts_t so = {0};
    bson_error_t err;
-   char *slash;
+   struct event_base *base;
 
-   metrics_set_handlers (cfg);
+   /* Each handler has its series from the first scrape. */
+   for (size_t i = 0; i < cfg->n_handlers; i++)
    if (!cfg->admin_listen || !*cfg->admin_listen) {
       log_info ("admin: [admin] listen is empty: the admin port is off");
       return true;
@@ -615,49 +591,23 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
     * load fails start-up rather than leaving the port in clear. */
    if (*cfg->admin_tls_cert_file &&
        !tls_server_new (cfg->admin_tls_cert_file, cfg->admin_tls_key_file, NULL, &a->tls, &err)) {
-      bson_set_error (error, ADMIN_ERROR_DOMAIN, 5, "admin: [admin] %s", err.message);
+      bson_set_error (error, ADMIN_ERROR_DOMAIN, ADMIN_ERROR_TLS, "admin: [admin] %s", err.message);
       goto fail;
    }
-   a->uri = mongoc_uri_new_with_error (cfg->upstream, &err);
-   if (!a->uri) {
-      bson_set_error (error, ADMIN_ERROR_DOMAIN, 1, "admin: upstream URI: %s", err.message);
+   a->w = worker_new (cfg->upstream, &wo, error);
+   if (!a->w)
       goto fail;
-   }
-   mongoc_uri_set_appname (a->uri, "relaybus-proxy admin");
-   /* A request waits at most this long for MongoDB: the admin thread must
-    * not hang on an unreachable upstream. */
-   if (!mongoc_uri_has_option (a->uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
-      mongoc_uri_set_option_as_int32 (a->uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, 2000);
-   if (!mongoc_uri_has_option (a->uri, MONGOC_URI_SOCKETTIMEOUTMS))
-      mongoc_uri_set_option_as_int32 (a->uri, MONGOC_URI_SOCKETTIMEOUTMS, 10000);
-   a->pool = mongoc_client_pool_new_with_error (a->uri, &err);
-   if (!a->pool) {
-      bson_set_error (error, ADMIN_ERROR_DOMAIN, 2, "admin: client pool: %s", err.message);
-      goto fail;
-   }
-   mongoc_client_pool_set_error_api (a->pool, MONGOC_ERROR_API_VERSION_2);
-   /* One thread, one request at a time: a few clients are plenty. */
-   (void) mongoc_client_pool_max_size (a->pool, 4);
-   store_make_owner (a->owner, sizeof a->owner);
-   bson_strncpy (a->local_prefix, a->owner, sizeof a->local_prefix);
-   slash = strchr (a->local_prefix, '/');
-   slash = slash ? strchr (slash + 1, '/') : NULL;
-   if (slash)
-      slash[1] = '\0';
-   so.database = cfg->outbox_database;
-   so.prefix = cfg->collection_prefix;
-   so.completion_history = cfg->completion_history;
-   so.owner = a->owner; /* never claims: the name only fills the field */
-   a->store = store_new (a->pool, &so, error);
+   a->local_prefix = worker_owner_prefix (a->w);
+   /* Never claims: the owner name only fills the field. */
+   a->store = store_new_for_config (worker_pool (a->w), cfg, worker_owner (a->w), error);
    if (!a->store)
       goto fail;
 
-   a->base = event_base_new ();
-   a->http = a->base ? evhttp_new (a->base) : NULL;
-   a->stop_ev = a->base ? event_new (a->base, -1, 0, admin_stop_cb, a) : NULL;
-   a->adopt_ev = a->base ? event_new (a->base, -1, 0, admin_adopt_cb, a) : NULL;
-   if (!a->http || !a->stop_ev || !a->adopt_ev) {
-      bson_set_error (error, ADMIN_ERROR_DOMAIN, 3, "admin: cannot create the HTTP server");
+   base = worker_base (a->w);
+   a->http = evhttp_new (base);
+   a->adopt_ev = event_new (base, -1, 0, admin_adopt_cb, a);
+   if (!a->http || !a->adopt_ev) {
+      bson_set_error (error, ADMIN_ERROR_DOMAIN, ADMIN_ERROR_HTTP, "admin: cannot create the HTTP server");
       goto fail;
    }
    evhttp_set_max_headers_size (a->http, ADMIN_MAX_HEADERS_SIZE);
@@ -673,17 +623,11 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
       admin_free (a);
       return true; /* logged: the proxy goes on without it */
    }
+   if (!worker_start (a->w, error))
+      goto fail;
    pthread_mutex_lock (&g_mu);
    g_admin = a;
    pthread_mutex_unlock (&g_mu);
-   if (pthread_create (&a->thread, NULL, admin_thread, a) != 0) {
-      pthread_mutex_lock (&g_mu);
-      g_admin = NULL;
-      pthread_mutex_unlock (&g_mu);
-      bson_set_error (error, ADMIN_ERROR_DOMAIN, 4, "admin: cannot start the thread");
-      goto fail;
-   }
-   a->thread_started = true;
    log_info ("admin: listening on %s (%s, %s)",
              a->address,
              a->tls ? "HTTPS only" : "plain HTTP",
@@ -708,11 +652,7 @@ admin_stop (void)
       clients_registry_clear ();
       return;
    }
-   if (a->thread_started) {
-      event_active (a->stop_ev, EV_TIMEOUT, 0);
-      pthread_join (a->thread, NULL);
-   }
+   worker_stop (a->w); /* logs "admin: stopped" */
    admin_free (a);
    clients_registry_clear ();
-   log_info ("admin: stopped");
 }

@@ -2,11 +2,12 @@
  * dispatch/dispatch.c - the dispatcher thread: claims, webhook requests, batched
  * completions, retries, dead letters, lease renewal and graceful hand-back.
  *
- * One thread owns an event base, a DNS base, the TLS context, a
- * mongoc_client_pool and one store instance (so its lease owner name,
- * "<host>/<pid>/<random>", is unique per process instance).  Store calls
- * block this thread for a round trip or a few; HTTP I/O of the handlers
- * waits meanwhile, the forwarding loop never does.
+ * One worker thread (base/worker.h: its event base, its mongoc pool with
+ * appName "relaybus-proxy dispatch" and its lease owner name,
+ * "<host>/<pid>/<random>", unique per process instance) owns a DNS base,
+ * the TLS context and one store instance.  Store calls block this thread
+ * for a round trip or a few; HTTP I/O of the handlers waits meanwhile, the
+ * forwarding loop never does.
  *
  * The loop, driven by timers on the dispatcher's base:
  *   tick    claims up to batch_size deliveries for the webhook handlers
@@ -61,9 +62,9 @@
 
 #include <event2/dns.h>
 #include <event2/event.h>
-#include <mongoc/mongoc.h>
 #include <openssl/rand.h>
 
+#include "base/assert.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "admin/metrics.h"
@@ -71,7 +72,7 @@
 #include "store/ops.h"
 #include "store/store.h"
 #include "dispatch/webhook.h"
-#include "publish/hooks.h"
+#include "base/worker.h"
 
 /* Deliveries of one key one claim may take (store_claim_opts_t.key_run):
  * they run one after the other, each once the one before it is completed,
@@ -138,18 +139,14 @@ typedef struct {
 } renew_set_t;
 
 /* The dispatcher.  Created by dispatch_start on the main thread, then used
- * only by its own thread until dispatch_stop joins it and frees it. */
+ * only by its worker's thread until dispatch_stop joins it and frees it. */
 typedef struct {
    config_t *cfg; /* our reference */
-   pthread_t thread;
-   bool thread_started;
-   struct event_base *base;
+   worker_t *w;   /* ours: the thread, its event base and pool, the owner name */
+   struct event_base *base; /* the worker's */
    struct evdns_base *dns;
    SSL_CTX *ssl;
-   mongoc_uri_t *uri;
-   mongoc_client_pool_t *pool;
    store_t *store;
-   char owner[160];
 
    handler_rt_t *handlers;
    store_claim_handler_t *claim_handlers;
@@ -157,7 +154,7 @@ typedef struct {
    bool dispatching; /* enabled with at least one webhook handler */
    bool purging;     /* enabled: runs the scheduled purge */
 
-   struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *stop_ev, *deadline_ev, *reload_ev;
+   struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *deadline_ev, *reload_ev;
    config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
    job_t *running;
    size_t n_running;
@@ -1066,6 +1063,8 @@ finish (dispatcher_t *d)
    for (size_t i = 0; i < d->n_done; i++)
       job_drop (d, d->done[i], false);
    d->n_done = 0;
+   /* Every job has left the running, done and unsettled lists. */
+   RELAYBUS_ASSERT (!d->running && d->n_running == 0 && d->n_unsettled == 0);
    event_base_loopexit (d->base, NULL);
 }
 
@@ -1079,14 +1078,13 @@ deadline_cb (evutil_socket_t fd, short what, void *arg)
    finish (d);
 }
 
+/* The worker's stop (worker_stop), on this thread. */
 static void
-stop_cb (evutil_socket_t fd, short what, void *arg)
+stop_cb (void *arg)
 {
    dispatcher_t *d = arg;
    int64_t wait = 0;
 
-   (void) fd;
-   (void) what;
    d->stopping = true;
    evtimer_del (d->tick_ev);
    evtimer_del (d->setup_ev);
@@ -1104,17 +1102,6 @@ stop_cb (evutil_socket_t fd, short what, void *arg)
       wait = DISPATCH_STOP_WAIT_MAX_MS;
    log_info ("dispatch: stopping; waiting up to %" PRId64 " ms for %zu request(s)", wait, d->n_running);
    schedule (d->deadline_ev, wait);
-}
-
-static void *
-dispatch_thread (void *arg)
-{
-   dispatcher_t *d = arg;
-
-   log_set_thread_name ("dispatch");
-   event_base_dispatch (d->base);
-   log_info ("dispatch: stopped");
-   return NULL;
 }
 
 /* --------------------------------------------------------------- reload */
@@ -1220,7 +1207,6 @@ dispatcher_free (dispatcher_t *d)
                           d->wake_ev,
                           d->flush_ev,
                           d->settle_ev,
-                          d->stop_ev,
                           d->deadline_ev,
                           d->reload_ev,
                           d->purge_ev,
@@ -1230,14 +1216,9 @@ dispatcher_free (dispatcher_t *d)
          event_free (evs[i]);
    if (d->dns)
       evdns_base_free (d->dns, 0);
-   if (d->base)
-      event_base_free (d->base);
    SSL_CTX_free (d->ssl);
    store_destroy (d->store);
-   if (d->pool)
-      mongoc_client_pool_destroy (d->pool);
-   if (d->uri)
-      mongoc_uri_destroy (d->uri);
+   worker_destroy (d->w); /* after everything on its base and pool */
    config_release (d->cfg);
    bson_free (d);
 }
@@ -1246,45 +1227,28 @@ bool
 dispatch_start (config_t *cfg, bson_error_t *error)
 {
    dispatcher_t *d = bson_malloc0 (sizeof *d);
-
-   pthread_mutex_init (&d->renew_set.mu, NULL);
-   store_opts_t so = {0};
+   worker_opts_t wo = {
+      .name = "dispatch",
+      .pool = {.appname = "relaybus-proxy dispatch",
+               .server_selection_ms = cfg->upstream_connect_timeout_ms < 2000 ? (int32_t) cfg->upstream_connect_timeout_ms : 2000},
+      .on_stop = stop_cb,
+      .ctx = d,
+   };
    bson_error_t err;
    size_t n_webhooks = 0;
    bool need_tls = false;
 
+   pthread_mutex_init (&d->renew_set.mu, NULL);
    d->cfg = config_retain (cfg);
-   d->uri = mongoc_uri_new_with_error (cfg->upstream, &err);
-   if (!d->uri) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 20, "dispatch: upstream URI: %s", err.message);
+   d->w = worker_new (cfg->upstream, &wo, error);
+   if (!d->w)
       goto fail;
-   }
-   mongoc_uri_set_appname (d->uri, "relaybus-proxy dispatch");
-   if (!mongoc_uri_has_option (d->uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
-      mongoc_uri_set_option_as_int32 (d->uri,
-                                      MONGOC_URI_SERVERSELECTIONTIMEOUTMS,
-                                      cfg->upstream_connect_timeout_ms < 2000 ? (int32_t) cfg->upstream_connect_timeout_ms : 2000);
-   d->pool = mongoc_client_pool_new_with_error (d->uri, &err);
-   if (!d->pool) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 21, "dispatch: client pool: %s", err.message);
-      goto fail;
-   }
-   mongoc_client_pool_set_error_api (d->pool, MONGOC_ERROR_API_VERSION_2);
-   store_make_owner (d->owner, sizeof d->owner);
-   so.database = cfg->outbox_database;
-   so.prefix = cfg->collection_prefix;
-   so.completion_history = cfg->completion_history;
-   so.owner = d->owner;
-   d->store = store_new (d->pool, &so, error);
+   d->base = worker_base (d->w);
+   d->store = store_new_for_config (worker_pool (d->w), cfg, worker_owner (d->w), error);
    if (!d->store)
       goto fail;
-   d->fleet = dispatch_fleet_new (d->store, d->owner);
+   d->fleet = dispatch_fleet_new (d->store, worker_owner (d->w));
 
-   d->base = event_base_new ();
-   if (!d->base) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 22, "dispatch: cannot create an event base");
-      goto fail;
-   }
    for (size_t i = 0; i < cfg->n_handlers; i++)
       if (cfg->handlers[i].kind_id == HANDLER_KIND_WEBHOOK) {
          n_webhooks++;
@@ -1311,6 +1275,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
          d->claim_handlers[d->n_handlers].handler = h->cfg->name;
          d->n_handlers++;
       }
+      RELAYBUS_ASSERT (d->n_handlers == n_webhooks);
    }
    if (RAND_bytes ((unsigned char *) &d->rnd, sizeof d->rnd) != 1 || d->rnd == 0)
       d->rnd = (uint64_t) clock_now_ms () | 1;
@@ -1319,7 +1284,6 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->wake_ev = event_new (d->base, -1, 0, wake_cb, d);
    d->flush_ev = event_new (d->base, -1, 0, flush_cb, d);
    d->settle_ev = evtimer_new (d->base, settle_cb, d);
-   d->stop_ev = event_new (d->base, -1, 0, stop_cb, d);
    d->deadline_ev = evtimer_new (d->base, deadline_cb, d);
    d->reload_ev = event_new (d->base, -1, 0, reload_cb, d);
    d->purge_ev = evtimer_new (d->base, purge_cb, d);
@@ -1328,7 +1292,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    if (d->dispatching) {
       d->renew_base = event_base_new ();
       if (!d->renew_base) {
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 22, "dispatch: cannot create an event base");
+         bson_set_error (error, DISPATCH_ERROR_DOMAIN, DISPATCH_ERROR_EVENT_BASE, "dispatch: cannot create an event base");
          goto fail;
       }
       d->renew_tick_ev = evtimer_new (d->renew_base, renew_cb, d);
@@ -1355,29 +1319,23 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       schedule (d->tick_ev, 0);
    if (d->setup_done && d->purging)
       schedule (d->purge_ev, cfg->purge_interval_ms);
+   if (!worker_start (d->w, error))
+      goto fail;
+   /* Published once the thread runs: dispatch_wake and dispatch_reload
+    * then find a dispatcher that takes their events. */
    pthread_mutex_lock (&g_mu);
    g_d = d;
    pthread_mutex_unlock (&g_mu);
-   if (pthread_create (&d->thread, NULL, dispatch_thread, d) != 0) {
-      pthread_mutex_lock (&g_mu);
-      g_d = NULL;
-      pthread_mutex_unlock (&g_mu);
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 23, "dispatch: cannot start the thread");
-      goto fail;
-   }
-   d->thread_started = true;
    if (d->renew_base) {
       if (pthread_create (&d->renew_thread, NULL, renew_thread, d) != 0)
          log_warn ("dispatch: cannot start the renewal thread; leases are not renewed while requests run");
       else
          d->renew_started = true;
    }
-   /* The publishing path wakes us after a commit it injected into. */
-   publish_set_wake_hook (dispatch_wake);
    if (d->dispatching)
       log_info ("dispatch: %zu webhook handler(s), owner %s, batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms",
                 d->n_handlers,
-                d->owner,
+                worker_owner (d->w),
                 cfg->batch_size,
                 cfg->lease_ms,
                 cfg->poll_interval_ms);
@@ -1398,11 +1356,7 @@ dispatch_stop (void)
    pthread_mutex_unlock (&g_mu);
    if (!d)
       return;
-   publish_set_wake_hook (NULL);
-   if (d->thread_started) {
-      event_active (d->stop_ev, EV_TIMEOUT, 0);
-      pthread_join (d->thread, NULL);
-   }
+   worker_stop (d->w);
    if (d->renew_started) {
       /* After the dispatcher: its stop waits for requests whose leases
        * are still renewed meanwhile. */
@@ -1422,7 +1376,7 @@ dispatch_reload (config_t *cfg)
 
    pthread_mutex_lock (&g_mu);
    d = g_d;
-   if (d && d->thread_started) {
+   if (d) {
       config_release (d->pending_cfg);
       d->pending_cfg = config_retain (cfg);
       event_active (d->reload_ev, EV_TIMEOUT, 0);

@@ -52,24 +52,17 @@ store_cursor_end (mongoc_cursor_t *cur, bson_error_t *error, const char *fmt, ..
    return ok;
 }
 
-void
-store_make_owner (char *out, size_t out_len)
+store_t *
+store_new_for_config (mongoc_client_pool_t *pool, const config_t *cfg, const char *owner, bson_error_t *error)
 {
-   char host[64] = "localhost";
-   unsigned char rnd[6];
-   char hex[13];
+   store_opts_t so = {
+      .database = cfg->outbox_database,
+      .prefix = cfg->collection_prefix,
+      .completion_history = cfg->completion_history,
+      .owner = owner,
+   };
 
-   if (gethostname (host, sizeof host - 1) != 0)
-      strcpy (host, "localhost");
-   host[sizeof host - 1] = '\0';
-   if (RAND_bytes (rnd, sizeof rnd) != 1) {
-      /* Unique enough as a fallback: pid and address entropy. */
-      uint64_t x = (uint64_t) getpid () ^ (uint64_t) (uintptr_t) out ^ (uint64_t) bson_get_monotonic_time ();
-      memcpy (rnd, &x, sizeof rnd);
-   }
-   for (size_t i = 0; i < sizeof rnd; i++)
-      snprintf (hex + 2 * i, 3, "%02x", rnd[i]);
-   snprintf (out, out_len, "%s/%d/%s", host, (int) getpid (), hex);
+   return store_new (pool, &so, error);
 }
 
 store_t *

@@ -1,5 +1,5 @@
 /*
- * proxy/topology.c - the primary-finding worker thread.
+ * base/topology.c - the primary-finding worker thread.
  *
  * mongoc_client_pool runs its own monitoring threads, so a selection on a
  * known topology returns at once; the worker simply selects a writable
@@ -13,8 +13,7 @@
  * and pokes the loop through its loopwake (never its event base, which has
  * no locks).  All blocking (selection, getaddrinfo) happens here.
  */
-#include "proxy/topology.h"
-#include "base/clock.h"
+#include "base/topology.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -26,8 +25,11 @@
 
 #include <mongoc/mongoc.h>
 
-#include "base/log.h"
+#include "base/assert.h"
+#include "base/clock.h"
 #include "base/counters.h"
+#include "base/log.h"
+#include "base/worker.h"
 
 /* Re-select this often even without a request: catches failovers early. */
 #define TOPOLOGY_PERIOD_MS 5000
@@ -43,7 +45,6 @@ struct topology {
    topology_changed_cb_t on_changed;
    void *ctx;
 
-   mongoc_uri_t *uri;
    mongoc_client_pool_t *pool;
    pthread_t thread;
    bool started;
@@ -94,53 +95,41 @@ topology_notify (topology_t *topo)
 
 topology_t *
 topology_new (loopwake_t *wake,
-              const char *uri_string,
+              const char *uri,
               int64_t select_timeout_ms,
               topology_changed_cb_t on_changed,
               void *ctx,
               bson_error_t *error)
 {
-   topology_t *topo = NULL;
-   mongoc_uri_t *uri = NULL;
-   int32_t sst;
-
-   uri = mongoc_uri_new_with_error (uri_string, error);
-   if (!uri)
-      goto fail;
    /* One attempt must end soon: the worker retries on its own, and
-    * shutdown joins the worker. */
-   sst = (int32_t) (select_timeout_ms < 500 ? 500 : select_timeout_ms > 5000 ? 5000 : select_timeout_ms);
-   mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, sst);
-   /* The worker sends no operations through the driver, so the driver only
+    * shutdown joins the worker; so the timeout is set even over the URI's.
+    * The worker sends no operations through the driver, so the driver only
     * learns of a step-down from its heartbeat (10 s by default when
     * pooled).  A re-selection asked for after a "not primary" error must
     * see the new primary soon: check each member every second, unless the
-    * URI says otherwise. */
-   if (!mongoc_uri_has_option (uri, MONGOC_URI_HEARTBEATFREQUENCYMS))
-      mongoc_uri_set_option_as_int32 (uri, MONGOC_URI_HEARTBEATFREQUENCYMS, TOPOLOGY_HEARTBEAT_MS);
+    * URI says otherwise.  An appName in the URI is kept. */
+   const worker_pool_opts_t po = {
+      .appname = "relaybus-proxy",
+      .keep_uri_appname = true,
+      .server_selection_ms =
+         (int32_t) (select_timeout_ms < 500 ? 500 : select_timeout_ms > 5000 ? 5000 : select_timeout_ms),
+      .force_server_selection = true,
+      .heartbeat_ms = TOPOLOGY_HEARTBEAT_MS,
+   };
+   topology_t *topo = NULL;
+   mongoc_client_pool_t *pool = worker_pool_new (uri, &po, "topology", error);
 
+   if (!pool)
+      return NULL;
    topo = bson_malloc0 (sizeof *topo);
    topo->wake = wake;
    atomic_init (&topo->notify_pending, false);
    topo->on_changed = on_changed;
    topo->ctx = ctx;
-   topo->uri = uri;
-   uri = NULL;
+   topo->pool = pool;
    pthread_mutex_init (&topo->mutex, NULL);
    pthread_cond_init (&topo->cond, NULL);
-   topo->pool = mongoc_client_pool_new (topo->uri);
-   if (!topo->pool) {
-      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 1, "cannot create the upstream client pool");
-      goto fail;
-   }
-   mongoc_client_pool_set_error_api (topo->pool, MONGOC_ERROR_API_VERSION_2);
-   mongoc_client_pool_set_appname (topo->pool, "relaybus-proxy");
    return topo;
-
-fail:
-   mongoc_uri_destroy (uri);
-   topology_destroy (topo);
-   return NULL;
 }
 
 /* Resolves on the worker: the loop must never call getaddrinfo. */
@@ -156,7 +145,7 @@ topology_resolve (const char *host, uint16_t port, topology_primary_t *out, bson
    snprintf (portstr, sizeof portstr, "%u", (unsigned) port);
    rc = getaddrinfo (host, portstr, &hints, &res);
    if (rc != 0 || !res) {
-      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 2, "cannot resolve %s: %s", host, gai_strerror (rc));
+      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, TOPOLOGY_ERROR_RESOLVE, "cannot resolve %s: %s", host, gai_strerror (rc));
       return false;
    }
    memcpy (&out->addr, res->ai_addr, res->ai_addrlen);
@@ -253,6 +242,9 @@ topology_thread (void *arg)
       topology_learn (topo, &next);
 
       pthread_mutex_lock (&topo->mutex);
+      RELAYBUS_ASSERT ((unsigned) next.state < TOPOLOGY_STATE_COUNT_);
+      /* A primary is published with the address the worker resolved. */
+      RELAYBUS_ASSERT (next.state != TOPOLOGY_STATE_PRIMARY || next.addr_len > 0);
       changed = next.state != topo->snap.state || next.port != topo->snap.port ||
                 strcmp (next.host, topo->snap.host) != 0;
       if (changed) {
@@ -303,7 +295,7 @@ topology_start (topology_t *topo, bson_error_t *error)
 {
    int rc = pthread_create (&topo->thread, NULL, topology_thread, topo);
    if (rc != 0) {
-      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 3, "cannot start the topology thread: %s", strerror (rc));
+      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, TOPOLOGY_ERROR_THREAD, "cannot start the topology thread: %s", strerror (rc));
       return false;
    }
    topo->started = true;
@@ -358,9 +350,7 @@ topology_destroy (topology_t *topo)
       pthread_mutex_unlock (&topo->mutex);
       pthread_join (topo->thread, NULL);
    }
-   if (topo->pool)
-      mongoc_client_pool_destroy (topo->pool);
-   mongoc_uri_destroy (topo->uri);
+   mongoc_client_pool_destroy (topo->pool);
    pthread_cond_destroy (&topo->cond);
    pthread_mutex_destroy (&topo->mutex);
    bson_free (topo);

@@ -1,7 +1,16 @@
 /*
- * proxy/topology.h - where the primary is, learned off the forwarding loop.
+ * base/topology.h - where the primary is, learned off the forwarding loop.
  *
- * A worker thread owns a mongoc_client_pool on the `upstream` URI and asks
+ * Thread: topology_new, topology_start, topology_wait_first and
+ * topology_destroy: the main thread; topology_get_primary and
+ * topology_request_refresh: any thread (the forwarding loop reads the
+ * snapshot); the on_changed callback: the loop; the selection and the
+ * address resolution: the topology worker.
+ *
+ * The interface is plain data and calls: no mongoc type crosses it, so
+ * the forwarding loop (proxy/) reads the snapshot without including the
+ * driver.  A worker thread owns a mongoc_client_pool on the `upstream` URI
+ * (made by base/worker.h's worker_pool_new, appName "relaybus-proxy") and asks
  * mongo-c-driver's topology monitoring for a writable server (the primary
  * of a replica set, or a mongos).  It resolves the address itself, so the
  * loop never blocks on DNS, and publishes a snapshot under a mutex.  The
@@ -25,6 +34,12 @@
 #include "base/loopwake.h"
 
 #define TOPOLOGY_ERROR_DOMAIN 0x5450 /* "TP" */
+
+typedef enum {
+   TOPOLOGY_ERROR_RESOLVE = 1, /* the primary's host name does not resolve */
+   TOPOLOGY_ERROR_THREAD,      /* the worker thread cannot start */
+   TOPOLOGY_ERROR_STANDALONE,  /* the upstream is a standalone mongod (main.c refuses it) */
+} topology_error_code_t;
 #define TOPOLOGY_HOST_MAX 256
 
 typedef enum {
@@ -51,7 +66,8 @@ typedef struct topology topology_t;
 /* Called on the loop thread after the snapshot changed. */
 typedef void (*topology_changed_cb_t) (void *ctx);
 
-/* Parses the URI and prepares the worker (not started).  Change
+/* Parses the URI, makes the pool (errors in WORKER_ERROR_DOMAIN) and
+ * prepares the worker (not started).  Change
  * notifications reach the loop through `wake` (borrowed: it must outlive the
  * topology, whose destroy joins the worker).  `select_timeout_ms` bounds one
  * server selection attempt (and so how long topology_destroy may wait). */
