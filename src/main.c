@@ -36,7 +36,9 @@
 #include "autoconf.h"
 #include "proxy/conn.h"
 #include "base/config.h"
+#include "codec/compress.h"
 #include "dispatch/dispatch.h"
+#include "dispatch/webhook.h"
 #include "proxy/listener.h"
 #include "base/log.h"
 #include "base/loopwake.h"
@@ -283,7 +285,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
    p->wake = loopwake_new (p->base, error);
    if (!p->wake)
       return false;
-   if (!tls_upstream_new (p->cfg->upstream, &p->tls, error))
+   if (!tls_upstream_new (&p->cfg->upstream_tls, &p->tls, error))
       return false;
    if (!tls_server_new (p->cfg->tls_cert_file, p->cfg->tls_key_file, p->cfg->tls_ca_file, &p->server_tls, error))
       return false;
@@ -428,6 +430,8 @@ main (int argc, char **argv)
       return EXIT_USAGE;
    }
 
+   /* The configuration's checks that belong to other layers. */
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid});
    if (!install_early_handlers ()) {
       log_error ("start-up: cannot install signal handlers");
       return EXIT_FAILURE_RUNTIME;

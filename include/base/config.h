@@ -11,6 +11,10 @@
  * non-reloadable changed, and publishes it whole (config_publish); readers
  * take a reference with config_acquire and drop it with config_release.  A
  * failed reload keeps the old snapshot and says why.
+ *
+ * Thread: config_set_checks, config_load and config_publish: the main
+ * thread; config_acquire, config_retain, config_release and the reading of
+ * a snapshot: any thread (a snapshot never changes once loaded).
  */
 #ifndef RELAYBUS_CONFIG_H
 #define RELAYBUS_CONFIG_H
@@ -79,6 +83,18 @@ typedef struct {
    bool retry_4xx;
 } config_handler_t;
 
+/* The TLS options of the `upstream` URI, as mongo-c-driver reads them,
+ * read once when the snapshot is validated (proxy/tls.h builds the
+ * client-paired connections' context from them, without the driver). */
+typedef struct {
+   bool enabled;                   /* tls=true or ssl=true */
+   char *ca_file;                  /* tlsCAFile; NULL: the system store */
+   char *cert_key_file;            /* tlsCertificateKeyFile; NULL: none */
+   char *cert_key_password;        /* tlsCertificateKeyFilePassword; NULL: none (wiped at release) */
+   bool allow_invalid_certificates; /* tlsAllowInvalidCertificates or tlsInsecure */
+   bool allow_invalid_hostnames;   /* tlsAllowInvalidHostnames or tlsInsecure */
+} config_upstream_tls_t;
+
 /* [outbox] unrouted: what an event no handler subscribes to gets. */
 typedef enum {
    CONFIG_UNROUTED_ACCEPT = 0, /* counted only */
@@ -97,6 +113,7 @@ typedef struct config {
    int64_t buffer_high_watermark;
    int64_t max_buffered_bytes; /* process-wide, all connections */
    int64_t upstream_connect_timeout_ms;
+   config_upstream_tls_t upstream_tls; /* read from `upstream` */
    char *compressors;
    int64_t zlib_level;
    int64_t zstd_level;
@@ -138,6 +155,20 @@ typedef struct config {
    char *path;
    _Atomic int refcount; /* see config_retain */
 } config_t;
+
+/* The checks of values whose rules belong to a higher layer: a
+ * compressor's name (codec/compress.h) and a webhook secret's encoding
+ * (dispatch/webhook.h).  base depends on no other layer, so main.c (and a
+ * test) registers them, once, before the first config_load; the messages
+ * stay here, naming the key.  A check left NULL accepts the value as
+ * written.  secrets_valid fills `error` without quoting a secret. */
+typedef struct {
+   bool (*compressor_known) (const char *name);
+   bool (*secrets_valid) (const char *secrets, bson_error_t *error);
+} config_checks_t;
+
+/* Copies `checks` (NULL: none).  Not thread-safe: call it before any load. */
+void config_set_checks (const config_checks_t *checks);
 
 /* The key tables.  Handler keys are listed with CONFIG_SECTION_HANDLER. */
 const config_key_t *config_keys (size_t *n);

@@ -30,6 +30,9 @@ typedef enum {
 const char *compress_name (int id);
 /* Id for a name, -1 if the proxy does not implement it. */
 int compress_id (const char *name);
+/* True for a compressor the proxy may offer ([proxy] compressors): a name
+ * it implements other than "noop". */
+bool compress_offerable (const char *name);
 
 /* Upper bound of the compressed size of `len` bytes. */
 size_t compress_bound (int id, size_t len);

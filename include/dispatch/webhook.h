@@ -63,6 +63,9 @@ typedef struct {
  * wrong and why; the message never contains a secret. */
 bool webhook_secrets_parse (const char *secrets, webhook_keys_t *keys, bson_error_t *error)
    __attribute__ ((warn_unused_result));
+/* True when webhook_secrets_parse accepts `secrets`; the keys it decoded
+ * are wiped (the configuration's check, config_set_checks). */
+bool webhook_secrets_valid (const char *secrets, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* "v1,<base64 HMAC-SHA256(key, id + "." + timestamp + "." + body)>". */
 void webhook_sign (const uint8_t *key,

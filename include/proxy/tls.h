@@ -1,9 +1,14 @@
 /*
  * proxy/tls.h - OpenSSL contexts for both sides of the proxy.
  *
+ * Thread: tls_upstream_new, tls_server_new and the destroys: the main
+ * thread at start-up and teardown; tls_upstream_ssl_new: the forwarding
+ * loop; tls_last_error: any thread.
+ *
  * Upstream: built from the TLS options of the `upstream` URI, as
  * mongo-c-driver reads them (tls/ssl, tlsCAFile, tlsAllowInvalidCertificates,
- * tlsAllowInvalidHostnames, tlsInsecure).  Each connection gets SNI (for a
+ * tlsAllowInvalidHostnames, tlsInsecure), which base/config.c reads into
+ * the snapshot (config_upstream_tls_t).  Each connection gets SNI (for a
  * host name) and host name or IP verification unless the URI turns it off.
  * These are the client-paired connections, so they present no client
  * certificate: tlsCertificateKeyFile (and its password) is only checked at
@@ -22,13 +27,23 @@
 #include <bson/bson.h>
 #include <openssl/ssl.h>
 
+#include "base/config.h"
+
 #define TLS_ERROR_DOMAIN 0x544c /* "TL" */
+
+typedef enum {
+   TLS_ERROR_CONTEXT = 1, /* SSL_CTX_new failed */
+   TLS_ERROR_CA,          /* a CA file (or the system store) does not load */
+   TLS_ERROR_CERT,        /* a certificate or key file does not load or match */
+   TLS_ERROR_SSL,         /* SSL_new failed */
+   TLS_ERROR_HOST,        /* SNI or host verification could not be set up */
+} tls_error_code_t;
 
 typedef struct tls_upstream tls_upstream_t;
 
-/* Returns true and sets *out to NULL when the URI does not ask for TLS.
+/* Returns true and sets *out to NULL when the options do not ask for TLS.
  * Otherwise *out is a new context the caller destroys. */
-bool tls_upstream_new (const char *uri, tls_upstream_t **out, bson_error_t *error)
+bool tls_upstream_new (const config_upstream_tls_t *opts, tls_upstream_t **out, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 /* A new SSL for one connection to `host` (SNI and verification set up).
  * The caller hands it to a bufferevent that frees it. */

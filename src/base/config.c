@@ -29,12 +29,20 @@
 
 #include <mongoc/mongoc.h>
 
-#include "codec/compress.h"
+#include "base/assert.h"
 #include "base/log.h"
-#include "dispatch/webhook.h"
 
 #define CONFIG_FILE_MAX (1024 * 1024)
 #define CONFIG_VALUE_MAX 4096
+
+/* The checks of the higher layers (config_set_checks). */
+static config_checks_t config_checks;
+
+void
+config_set_checks (const config_checks_t *checks)
+{
+   config_checks = checks ? *checks : (config_checks_t){0};
+}
 
 #define P(name, type, def, min, max, reload, field, help) \
    {CONFIG_SECTION_PROXY, name, type, def, min, max, reload, help, offsetof (config_t, field)}
@@ -455,8 +463,36 @@ config_free (config_t *cfg)
    for (size_t i = 0; i < cfg->n_handlers; i++)
       config_handler_free_fields (&cfg->handlers[i]);
    bson_free (cfg->handlers);
+   bson_free (cfg->upstream_tls.ca_file);
+   bson_free (cfg->upstream_tls.cert_key_file);
+   if (cfg->upstream_tls.cert_key_password)
+      bson_zero_free (cfg->upstream_tls.cert_key_password, strlen (cfg->upstream_tls.cert_key_password));
    bson_free (cfg->path);
    bson_free (cfg);
+}
+
+/* The URI's TLS options (config_upstream_tls_t), read the way
+ * mongo-c-driver reads them. */
+static void
+config_read_upstream_tls (const mongoc_uri_t *uri, config_upstream_tls_t *out)
+{
+   const char *ca, *keyfile, *pw;
+   bool insecure;
+
+   out->enabled = mongoc_uri_get_tls (uri);
+   if (!out->enabled)
+      return;
+   ca = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL);
+   keyfile = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILE, NULL);
+   pw = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILEPASSWORD, NULL);
+   insecure = mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSINSECURE, false);
+   out->ca_file = ca ? bson_strdup (ca) : NULL;
+   out->cert_key_file = keyfile ? bson_strdup (keyfile) : NULL;
+   out->cert_key_password = pw ? bson_strdup (pw) : NULL;
+   out->allow_invalid_certificates =
+      insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDCERTIFICATES, false);
+   out->allow_invalid_hostnames =
+      insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDHOSTNAMES, false);
 }
 
 static config_t *
@@ -655,15 +691,12 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
                     h->kind);
       return false;
    }
-   if (*h->secret) {
+   if (*h->secret && config_checks.secrets_valid) {
       /* Decoded here so that --check-config refuses what the dispatcher
        * would; the message names the secret by position, never quotes it. */
-      webhook_keys_t keys;
       bson_error_t sub;
-      bool ok = webhook_secrets_parse (h->secret, &keys, &sub);
 
-      OPENSSL_cleanse (&keys, sizeof keys);
-      if (!ok) {
+      if (!config_checks.secrets_valid (h->secret, &sub)) {
          config_error (error, origin, 0,
                        "[handler %s] secret: %s (Standard Webhooks secrets are whsec_ then "
                        "base64, separated by spaces)",
@@ -702,6 +735,7 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
       bson_free (masked);
       return false;
    }
+   config_read_upstream_tls (uri, &cfg->upstream_tls);
    mongoc_uri_destroy (uri);
    if (!log_level_parse (cfg->log_level, &level)) {
       config_error (error, origin, 0, "[proxy] log_level: '%s' is not error, warn, info or debug",
@@ -727,7 +761,7 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
          char name[32];
 
          snprintf (name, sizeof name, "%.*s", (int) (len < 31 ? len : 31), p);
-         if (len >= sizeof name || compress_id (name) <= 0) {
+         if (len >= sizeof name || (config_checks.compressor_known && !config_checks.compressor_known (name))) {
             config_error (error, origin, 0,
                           "[proxy] compressors: '%.*s' is not one of snappy, zlib, zstd", (int) len,
                           p);
@@ -1316,14 +1350,24 @@ config_write (const config_t *cfg, FILE *out)
 config_t *
 config_retain (config_t *cfg)
 {
-   atomic_fetch_add (&cfg->refcount, 1);
+   int before = atomic_fetch_add (&cfg->refcount, 1);
+
+   /* Only a holder may retain: a snapshot at 0 is being freed. */
+   RELAYBUS_ASSERT (before > 0);
+   (void) before;
    return cfg;
 }
 
 void
 config_release (config_t *cfg)
 {
-   if (cfg && atomic_fetch_sub (&cfg->refcount, 1) == 1)
+   int before;
+
+   if (!cfg)
+      return;
+   before = atomic_fetch_sub (&cfg->refcount, 1);
+   RELAYBUS_ASSERT (before > 0); /* one release per reference */
+   if (before == 1)
       config_free (cfg);
 }
 

@@ -56,6 +56,12 @@ compress_id (const char *name)
    return -1;
 }
 
+bool
+compress_offerable (const char *name)
+{
+   return compress_id (name) > COMPRESS_NOOP;
+}
+
 size_t
 compress_bound (int id, size_t len)
 {

@@ -147,6 +147,16 @@ fail:
    return false;
 }
 
+bool
+webhook_secrets_valid (const char *secrets, bson_error_t *error)
+{
+   webhook_keys_t keys;
+   bool ok = webhook_secrets_parse (secrets, &keys, error);
+
+   OPENSSL_cleanse (&keys, sizeof keys);
+   return ok;
+}
+
 void
 webhook_sign (const uint8_t *key,
               size_t key_len,

@@ -19,9 +19,10 @@
 #include <arpa/inet.h>
 #include <string.h>
 
-#include <mongoc/mongoc.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
+
+#include "base/assert.h"
 
 struct tls_upstream {
    SSL_CTX *ctx; /* no client certificate, see the file comment */
@@ -90,14 +91,14 @@ tls_check_keyfile (const char *keyfile, const char *pw, bson_error_t *error)
    bool ok = false;
 
    if (!ctx) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 1, "SSL_CTX_new: %s", tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CONTEXT, "SSL_CTX_new: %s", tls_last_error ());
       goto done;
    }
    SSL_CTX_set_default_passwd_cb (ctx, tls_password_cb);
    SSL_CTX_set_default_passwd_cb_userdata (ctx, password);
    if (SSL_CTX_use_certificate_chain_file (ctx, keyfile) != 1 ||
        SSL_CTX_use_PrivateKey_file (ctx, keyfile, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key (ctx) != 1) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 3, "tlsCertificateKeyFile %s: %s", keyfile, tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CERT, "tlsCertificateKeyFile %s: %s", keyfile, tls_last_error ());
       goto done;
    }
    ok = true;
@@ -115,33 +116,22 @@ tls_upstream_withholds_cert (const tls_upstream_t *tls)
 }
 
 bool
-tls_upstream_new (const char *uri_string, tls_upstream_t **out, bson_error_t *error)
+tls_upstream_new (const config_upstream_tls_t *opts, tls_upstream_t **out, bson_error_t *error)
 {
-   mongoc_uri_t *uri = NULL;
    tls_upstream_t *tls = NULL;
-   const char *ca, *keyfile, *pw;
-   bool insecure, allow_certs, allow_hosts;
+   const char *ca = opts->ca_file, *keyfile = opts->cert_key_file;
+   bool allow_certs = opts->allow_invalid_certificates, allow_hosts = opts->allow_invalid_hostnames;
    bool ok = false;
 
    *out = NULL;
-   uri = mongoc_uri_new_with_error (uri_string, error);
-   if (!uri)
-      goto done;
-   if (!mongoc_uri_get_tls (uri)) {
+   if (!opts->enabled) {
       ok = true;
       goto done;
    }
-   ca = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL);
-   keyfile = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILE, NULL);
-   pw = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILEPASSWORD, NULL);
-   insecure = mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSINSECURE, false);
-   allow_certs = insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDCERTIFICATES, false);
-   allow_hosts = insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDHOSTNAMES, false);
-
    tls = bson_malloc0 (sizeof *tls);
    tls->ctx = SSL_CTX_new (TLS_client_method ());
    if (!tls->ctx) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 1, "SSL_CTX_new: %s", tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CONTEXT, "SSL_CTX_new: %s", tls_last_error ());
       goto done;
    }
    SSL_CTX_set_min_proto_version (tls->ctx, TLS1_2_VERSION);
@@ -149,15 +139,15 @@ tls_upstream_new (const char *uri_string, tls_upstream_t **out, bson_error_t *er
    SSL_CTX_set_mode (tls->ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
    if (ca) {
       if (SSL_CTX_load_verify_locations (tls->ctx, ca, NULL) != 1) {
-         bson_set_error (error, TLS_ERROR_DOMAIN, 2, "tlsCAFile %s: %s", ca, tls_last_error ());
+         bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CA, "tlsCAFile %s: %s", ca, tls_last_error ());
          goto done;
       }
    } else if (SSL_CTX_set_default_verify_paths (tls->ctx) != 1) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 2, "system CA store: %s", tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CA, "system CA store: %s", tls_last_error ());
       goto done;
    }
    if (keyfile) {
-      if (!tls_check_keyfile (keyfile, pw, error))
+      if (!tls_check_keyfile (keyfile, opts->cert_key_password, error))
          goto done;
       tls->cert_withheld = true;
    }
@@ -168,7 +158,6 @@ tls_upstream_new (const char *uri_string, tls_upstream_t **out, bson_error_t *er
    ok = true;
 done:
    tls_upstream_destroy (tls);
-   mongoc_uri_destroy (uri);
    return ok;
 }
 
@@ -182,11 +171,15 @@ is_ip_literal (const char *host)
 SSL *
 tls_upstream_ssl_new (tls_upstream_t *tls, const char *host, bson_error_t *error)
 {
-   SSL *ssl = SSL_new (tls->ctx);
-   bool ip = is_ip_literal (host);
+   SSL *ssl;
+   bool ip;
+
+   RELAYBUS_ASSERT (tls && tls->ctx && host);
+   ssl = SSL_new (tls->ctx);
+   ip = is_ip_literal (host);
 
    if (!ssl) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 4, "SSL_new: %s", tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_SSL, "SSL_new: %s", tls_last_error ());
       return NULL;
    }
    /* SNI carries names only (RFC 6066). */
@@ -200,7 +193,7 @@ tls_upstream_ssl_new (tls_upstream_t *tls, const char *host, bson_error_t *error
    }
    return ssl;
 fail:
-   bson_set_error (error, TLS_ERROR_DOMAIN, 5, "cannot set up TLS for %s: %s", host, tls_last_error ());
+   bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_HOST, "cannot set up TLS for %s: %s", host, tls_last_error ());
    SSL_free (ssl);
    return NULL;
 }
@@ -218,26 +211,26 @@ tls_server_new (const char *cert_file, const char *key_file, const char *ca_file
    }
    ctx = SSL_CTX_new (TLS_server_method ());
    if (!ctx) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 1, "SSL_CTX_new: %s", tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CONTEXT, "SSL_CTX_new: %s", tls_last_error ());
       goto done;
    }
    SSL_CTX_set_min_proto_version (ctx, TLS1_2_VERSION);
    tls_ctx_common (ctx);
    SSL_CTX_set_mode (ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
    if (SSL_CTX_use_certificate_chain_file (ctx, cert_file) != 1) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 3, "tls_cert_file %s: %s", cert_file, tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CERT, "tls_cert_file %s: %s", cert_file, tls_last_error ());
       goto done;
    }
    if (!key_file || !*key_file)
       key_file = cert_file; /* one PEM with both, as mongod's tlsCertificateKeyFile */
    if (SSL_CTX_use_PrivateKey_file (ctx, key_file, SSL_FILETYPE_PEM) != 1 ||
        SSL_CTX_check_private_key (ctx) != 1) {
-      bson_set_error (error, TLS_ERROR_DOMAIN, 3, "tls_key_file %s: %s", key_file, tls_last_error ());
+      bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CERT, "tls_key_file %s: %s", key_file, tls_last_error ());
       goto done;
    }
    if (ca_file && *ca_file) {
       if (SSL_CTX_load_verify_locations (ctx, ca_file, NULL) != 1) {
-         bson_set_error (error, TLS_ERROR_DOMAIN, 2, "tls_ca_file %s: %s", ca_file, tls_last_error ());
+         bson_set_error (error, TLS_ERROR_DOMAIN, TLS_ERROR_CA, "tls_ca_file %s: %s", ca_file, tls_last_error ());
          goto done;
       }
       /* A CA file means: clients must present a certificate it signed. */

@@ -31,6 +31,8 @@
 #include <mongoc/mongoc.h>
 
 #include "base/config.h"
+#include "codec/compress.h"
+#include "dispatch/webhook.h"
 #include "fuzz_util.h"
 
 #define ORIGIN "fuzz.ini"
@@ -292,13 +294,14 @@ check_listen (const uint8_t *data, size_t size)
 int LLVMFuzzerInitialize (int *argc, char ***argv);
 
 /* mongoc logs every URI it refuses; millions of lines would only slow the
- * run down. */
+ * run down.  The checks main.c registers run here too. */
 int
 LLVMFuzzerInitialize (int *argc, char ***argv)
 {
    (void) argc;
    (void) argv;
    mongoc_log_set_handler (NULL, NULL);
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid});
    return 0;
 }
 

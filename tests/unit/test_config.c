@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "base/config.h"
+#include "codec/compress.h"
 #include "dispatch/webhook.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
@@ -573,6 +574,8 @@ test_sample_and_docs_mention_every_key (void **state)
 int
 main (void)
 {
+   /* The checks main.c registers. */
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid});
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_defaults),
       cmocka_unit_test (test_design_example),

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "base/utf8.h"
+#include "codec/compress.h"
 #include "dispatch/webhook.h"
 
 static void
@@ -425,6 +426,8 @@ test_config_secrets (void **state)
 int
 main (void)
 {
+   /* The checks main.c registers, for test_config_secrets. */
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid});
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_secret_decode),
       cmocka_unit_test (test_signature_vector),
