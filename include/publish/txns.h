@@ -1,10 +1,10 @@
 /*
  * publish/txns.h - transaction slots and the poison policy.
  *
- * Thread: forwarding loop.  The injected-into slots are per loop thread
- * (thread-local, no lock); the poisoned table is process-wide, since a
- * commit may come on any loop's connection, behind publish/poison.h's short
- * mutex.
+ * Thread: forwarding loop (txns_poison_entries: any).  The injected-into
+ * slots are per loop thread (thread-local, no lock); the poisoned table is
+ * process-wide, since a commit may come on any loop's connection, behind
+ * publish/poison.h's short mutex.
  *
  * The transactions the publishing path remembers: those it injected into
  * (so that their commit wakes the dispatcher) and those it poisoned (so

@@ -1,13 +1,14 @@
 /*
- * publish/publish.c - the requests the proxy answers itself: annotated statements,
- * relaybusPublish and other relaybus* commands, and commits of transactions
- * it injected into.
+ * publish/publish.c - the publishing interceptor: what a client command
+ * becomes (annotated statements, relaybusPublish and the other relaybus*
+ * commands, commits of transactions the proxy injected into, client writes
+ * to the outbox).
  *
- * One operation (virtual_op_t) per request taken over.  It holds the client
+ * One operation (publish_op_t) per request taken over.  It holds the client
  * request (client_hold_request), sends its own commands on the client's
  * upstream connection (client_send_internal) and answers (client_answer)
- * when its last reply arrived.  The commands of an publish/inject.h round are
- * pipelined, VIRTUAL_WINDOW at a time.  Replies come back in order, so the
+ * when its last reply arrived.  The commands of a publish/inject.h round are
+ * pipelined, PUBLISH_WINDOW at a time.  Replies come back in order, so the
  * operation counts them instead of tagging them.
  *
  * Ownership: an operation is owned by its outstanding internal requests and
@@ -33,7 +34,7 @@
  * operation that does not end with the statement and all its outbox writes
  * acknowledged (connection lost after the statement was sent, an outbox
  * write failed or was not understood) poisons its transaction in a
- * process-wide table (publish/poison.h), and a commitTransaction for a poisoned
+ * process-wide table (publish/txns.h), and a commitTransaction for a poisoned
  * transaction, on any connection of this process, is not forwarded: the
  * proxy aborts the transaction and answers NoSuchTransaction (251) with
  * TransientTransactionError.  Later statements of a poisoned transaction
@@ -58,74 +59,32 @@
 
 #include <stdarg.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "codec/annotate.h"
 #include "autoconf.h"
+#include "base/assert.h"
 #include "base/clock.h"
 #include "base/config.h"
 #include "base/fleet.h"
-#include "publish/inject.h"
 #include "base/log.h"
-#include "admin/metrics.h"
 #include "base/outbox.h"
+#include "codec/annotate.h"
+#include "base/counters.h"
 #include "publish/guard.h"
-#include "publish/poison.h"
 #include "publish/hooks.h"
+#include "publish/inject.h"
+#include "publish/poison.h"
+#include "publish/txns.h"
 
 /* What the routing of one request decided (the hook maps it to
  * client_route_t). */
 typedef enum {
-   VIRTUAL_PASS = 0, /* not ours: forward it */
-   VIRTUAL_TAKEN,    /* consumed: answered now or later */
-   VIRTUAL_FAILED,   /* the connection must close: `reason` and `error` say why */
-} virtual_result_t;
+   ROUTE_PASS = 0, /* not ours: forward it */
+   ROUTE_TAKEN,    /* consumed: answered now or later */
+   ROUTE_FAILED,   /* the connection must close: the route's `reason` and `error` say why */
+} route_result_t;
 
-/* --- counters and the wake hook --------------------------------------- */
-
-static struct {
-   _Atomic uint64_t annotated, published, events, deliveries, rounds, commands, bad_annotations, outside_txn,
-      statement_failed, inject_failed, aborted_lost, wakes, poisoned, poison_refused, poison_full_refused,
-      outbox_writes_refused;
-} counters;
-
-#define COUNT(field, n) atomic_fetch_add_explicit (&counters.field, (uint64_t) (n), memory_order_relaxed)
-#define READ(field) atomic_load_explicit (&counters.field, memory_order_relaxed)
-
-/* The process-wide table of poisoned transactions: created at the first
- * poisoning, never freed (it is reachable until exit).  NULL means empty. */
-static _Atomic (poison_table_t *) poison_tab;
-
-void
-virtual_get_stats (virtual_stats_t *out)
-{
-   out->annotated = READ (annotated);
-   out->published = READ (published);
-   out->events = READ (events);
-   out->deliveries = READ (deliveries);
-   out->rounds = READ (rounds);
-   out->commands = READ (commands);
-   out->bad_annotations = READ (bad_annotations);
-   out->outside_txn = READ (outside_txn);
-   out->statement_failed = READ (statement_failed);
-   out->inject_failed = READ (inject_failed);
-   out->aborted_lost = READ (aborted_lost);
-   out->wakes = READ (wakes);
-   out->poisoned = READ (poisoned);
-   out->poison_refused = READ (poison_refused);
-   out->poison_full_refused = READ (poison_full_refused);
-   out->outbox_writes_refused = READ (outbox_writes_refused);
-   out->poison_entries = 0;
-   {
-      poison_table_t *t = atomic_load_explicit (&poison_tab, memory_order_acquire);
-
-      if (t)
-         out->poison_entries = poison_table_count (t);
-   }
-}
+/* --- the wake hook ----------------------------------------------------- */
 
 static _Atomic (publish_wake_fn) wake_hook;
 
@@ -142,96 +101,6 @@ publish_wake (void)
 
    if (fn)
       fn ();
-}
-
-/* --- transactions injected into ---------------------------------------- */
-
-/* Direct-mapped by a hash of (lsid, txnNumber): a collision forgets the
- * older transaction, which only costs its wake-up.  Thread-local, like the
- * operations below: each forwarding loop thread has its own (DESIGN: state
- * per loop), and no lock is needed.  A commit carried by another loop's
- * connection is not recognised; its events go out at the next poll. */
-#define TXN_LSID_MAX 64 /* {id: UUID} is 30 bytes */
-
-typedef struct {
-   bool used;
-   uint32_t lsid_len;
-   uint8_t lsid[TXN_LSID_MAX];
-   int64_t txn_number;
-} txn_slot_t;
-
-static _Thread_local txn_slot_t txn_slots[VIRTUAL_TXN_SLOTS];
-
-/* The lsid document's bytes and the txnNumber of a command. */
-static bool
-txn_key (const bson_t *cmd, const uint8_t **lsid, uint32_t *lsid_len, int64_t *txn_number)
-{
-   bson_iter_t it;
-
-   if (!bson_iter_init_find (&it, cmd, "lsid") || !BSON_ITER_HOLDS_DOCUMENT (&it))
-      return false;
-   bson_iter_document (&it, lsid_len, lsid);
-   if (*lsid_len > TXN_LSID_MAX || !bson_iter_init_find (&it, cmd, "txnNumber") ||
-       !(BSON_ITER_HOLDS_INT64 (&it) || BSON_ITER_HOLDS_INT32 (&it)))
-      return false;
-   *txn_number = bson_iter_as_int64 (&it);
-   return true;
-}
-
-/* Copies lsid and txnNumber only (the body may be megabytes). */
-static void
-txn_key_copy (const bson_t *cmd, bson_t *out)
-{
-   bson_iter_t it;
-
-   if (bson_iter_init_find (&it, cmd, "lsid"))
-      bson_append_iter (out, NULL, 0, &it);
-   if (bson_iter_init_find (&it, cmd, "txnNumber"))
-      bson_append_iter (out, NULL, 0, &it);
-}
-
-static txn_slot_t *
-txn_slot (const uint8_t *lsid, uint32_t lsid_len, int64_t txn_number)
-{
-   uint32_t h = outbox_fnv1a (lsid, lsid_len) ^ outbox_fnv1a (&txn_number, sizeof txn_number);
-
-   return &txn_slots[h % VIRTUAL_TXN_SLOTS];
-}
-
-static void
-txn_remember (const bson_t *cmd)
-{
-   const uint8_t *lsid;
-   uint32_t len;
-   int64_t n;
-   txn_slot_t *s;
-
-   if (!txn_key (cmd, &lsid, &len, &n))
-      return;
-   s = txn_slot (lsid, len, n);
-   s->used = true;
-   s->lsid_len = len;
-   memcpy (s->lsid, lsid, len);
-   s->txn_number = n;
-}
-
-/* Finds (and with `forget`, removes) the command's transaction. */
-static bool
-txn_lookup (const bson_t *cmd, bool forget)
-{
-   const uint8_t *lsid;
-   uint32_t len;
-   int64_t n;
-   txn_slot_t *s;
-
-   if (!txn_key (cmd, &lsid, &len, &n))
-      return false;
-   s = txn_slot (lsid, len, n);
-   if (!s->used || s->txn_number != n || s->lsid_len != len || memcmp (s->lsid, lsid, len) != 0)
-      return false;
-   if (forget)
-      s->used = false;
-   return true;
 }
 
 /* --- operations ----------------------------------------------------------- */
@@ -252,14 +121,15 @@ static const char *const op_state_names[OP_KIND_COUNT_] = {
 };
 
 /* One request taken over.  Listed in ops_by_conn while not done, so that a
- * request pipelined behind it is noticed. */
-typedef struct virtual_op {
+ * request pipelined behind it is noticed.  States move forward only:
+ * STATEMENT -> INJECT -> DONE, INJECT -> DONE, RELAY -> DONE. */
+typedef struct publish_op {
    uint64_t conn_id;
    uint64_t request_seq; /* client_hold_request's */
    op_state_t state;
    bool is_publish;      /* relaybusPublish: answer {ok: 1, eventIds} */
    bool is_commit;       /* OP_RELAY of a commitTransaction: wake on success */
-   bson_t txn_cmd;       /* the statement's transaction fields, for the commit table */
+   bson_t txn_cmd;       /* lsid and txnNumber (txns_key_copy), for publish/txns.h */
    inject_job_t *job;
    bson_t stmt_reply;    /* the statement's reply, relayed after the outbox writes */
    bson_t times;         /* $clusterTime/operationTime of the last reply (relaybusPublish) */
@@ -267,27 +137,27 @@ typedef struct virtual_op {
    uint32_t outstanding; /* internal requests sent and not called back */
    bool running;         /* a function of ours is on the stack: do not free */
    bool listed;          /* in ops_by_conn */
-   bool reserved;        /* holds a poisoned-table slot (poison_table_reserve) */
+   bool reserved;        /* holds a poisoned-table slot (txns_poison_reserve) */
    bool answer;          /* the client waits for an answer (false: moreToCome) */
-   struct virtual_op *next_in_bucket;
-} virtual_op_t;
+   struct publish_op *next_in_bucket;
+} publish_op_t;
 
 #define OP_BUCKETS 1024
-static _Thread_local virtual_op_t *ops_by_conn[OP_BUCKETS];
+static _Thread_local publish_op_t *ops_by_conn[OP_BUCKETS];
 
 static void
-op_list (virtual_op_t *op)
+op_list (publish_op_t *op)
 {
-   virtual_op_t **b = &ops_by_conn[op->conn_id % OP_BUCKETS];
+   publish_op_t **b = &ops_by_conn[op->conn_id % OP_BUCKETS];
 
    op->next_in_bucket = *b;
    *b = op;
 }
 
 static void
-op_unlist (virtual_op_t *op)
+op_unlist (publish_op_t *op)
 {
-   for (virtual_op_t **p = &ops_by_conn[op->conn_id % OP_BUCKETS]; *p; p = &(*p)->next_in_bucket) {
+   for (publish_op_t **p = &ops_by_conn[op->conn_id % OP_BUCKETS]; *p; p = &(*p)->next_in_bucket) {
       if (*p == op) {
          *p = op->next_in_bucket;
          op->next_in_bucket = NULL;
@@ -299,29 +169,32 @@ op_unlist (virtual_op_t *op)
 static bool
 conn_busy (uint64_t conn_id)
 {
-   for (virtual_op_t *op = ops_by_conn[conn_id % OP_BUCKETS]; op; op = op->next_in_bucket) {
+   for (publish_op_t *op = ops_by_conn[conn_id % OP_BUCKETS]; op; op = op->next_in_bucket) {
       if (op->conn_id == conn_id)
          return true;
    }
    return false;
 }
 
-static virtual_op_t *
+static publish_op_t *
 op_new (client_conn_t *c, uint64_t seq, op_state_t state)
 {
    /* Its bson_t members want libbson's 128-byte alignment. */
-   virtual_op_t *op = BSON_ALIGNED_ALLOC0 (virtual_op_t);
+   publish_op_t *op = BSON_ALIGNED_ALLOC0 (publish_op_t);
 
-   op->conn_id = client_id (c);
-   op->request_seq = seq;
-   op->state = state;
-   op->answer = true;
-   bson_init (&op->txn_cmd);
-   bson_init (&op->stmt_reply);
-   bson_init (&op->times);
-   /* A relayed request is forwarded in order like any other: what follows
-    * it cannot overtake it, so it does not make the connection busy. */
-   op->listed = state != OP_RELAY;
+   *op = (publish_op_t) {
+      .conn_id = client_id (c),
+      .request_seq = seq,
+      .state = state,
+      .answer = true,
+      .txn_cmd = BSON_INITIALIZER,
+      .stmt_reply = BSON_INITIALIZER,
+      .times = BSON_INITIALIZER,
+      /* A relayed request is forwarded in order like any other: what
+       * follows it cannot overtake it, so it does not make the connection
+       * busy. */
+      .listed = state != OP_RELAY,
+   };
    if (op->listed)
       op_list (op);
    return op;
@@ -329,7 +202,7 @@ op_new (client_conn_t *c, uint64_t seq, op_state_t state)
 
 /* Marks the operation finished; it is freed once nothing refers to it. */
 static void
-op_finish (virtual_op_t *op)
+op_finish (publish_op_t *op)
 {
    if (op->state != OP_DONE) {
       op->state = OP_DONE;
@@ -339,15 +212,16 @@ op_finish (virtual_op_t *op)
    }
 }
 
-static poison_table_t *poison_table_get (void);
-
 static void
-op_release_maybe (virtual_op_t *op)
+op_release_maybe (publish_op_t *op)
 {
    if (op->state != OP_DONE || op->outstanding > 0 || op->running)
       return;
+   /* A finished operation is off the busy list, or a pipelined request
+    * behind a freed one would be refused for ever. */
+   RELAYBUS_ASSERT (!op->listed);
    if (op->reserved)
-      poison_table_unreserve (poison_table_get ());
+      txns_poison_unreserve ();
    inject_job_destroy (op->job);
    bson_destroy (&op->txn_cmd);
    bson_destroy (&op->stmt_reply);
@@ -357,163 +231,46 @@ op_release_maybe (virtual_op_t *op)
 
 /* Answers the operation's request; a failure to answer closes the
  * connection (the client would otherwise wait forever). */
+static void answer (client_conn_t *c, uint64_t seq, const bson_t *doc, const char *what);
+
 static void
-op_answer (client_conn_t *c, virtual_op_t *op, const bson_t *reply)
+op_answer (client_conn_t *c, publish_op_t *op, const bson_t *reply)
 {
-   bson_error_t error;
+   char what[32];
 
    if (!op->answer || client_state (c) == CLIENT_STATE_CLOSING)
       return;
-   if (!client_answer (c, op->request_seq, reply, &error))
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering a %s: %s", op_state_names[op->state], error.message);
+   bson_snprintf (what, sizeof what, "a %s", op_state_names[op->state]);
+   answer (c, op->request_seq, reply, what);
 }
 
+/* Answers request `seq` with {ok: 0, errmsg, code, codeName}. */
 static void
-op_answer_error (client_conn_t *c, uint64_t seq, int32_t code, const char *code_name, const char *errmsg)
+op_answer_error (client_conn_t *c, uint64_t seq, inject_code_t code, const char *errmsg)
 {
    bson_error_t error;
 
-   if (!client_answer_error (c, seq, code, code_name, errmsg, &error))
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering an error: %s", error.message);
+   if (!client_answer_error (c, seq, (int32_t) code, inject_code_name (code), errmsg, &error))
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering an error: %s", error.message);
 }
 
 static void
-keep_times (virtual_op_t *op, const bson_t *reply)
+keep_times (publish_op_t *op, const bson_t *reply)
 {
    bson_reinit (&op->times);
    inject_copy_times (reply, &op->times);
 }
 
-/* --- poisoned transactions ------------------------------------------------ */
+/* Poisons the operation's transaction (txns_poison, with the operation's
+ * reservation) and counts a new entry. */
+#define op_poison(c, op, level, ...)                                                                 \
+   do {                                                                                              \
+      if (txns_poison (&(op)->txn_cmd, &(op)->reserved, client_id (c), client_peer (c), (level), __VA_ARGS__)) \
+         counters_add (COUNTER_POISONED, 1);                                                         \
+   } while (0)
 
-/* The capacity the table is created with: [outbox] max_poisoned_transactions
- * of the first configuration seen (the key needs a restart to change). */
-static _Atomic uint32_t poison_capacity = 4096;
-
-/* The table, created by the first reservation (by whichever loop thread
- * gets there first). */
-static poison_table_t *
-poison_table_get (void)
-{
-   poison_table_t *t = atomic_load_explicit (&poison_tab, memory_order_acquire);
-   poison_table_t *expected = NULL;
-
-   if (t)
-      return t;
-   t = poison_table_new (atomic_load (&poison_capacity), VIRTUAL_POISON_TTL_MS);
-   if (!atomic_compare_exchange_strong (&poison_tab, &expected, t)) {
-      poison_table_destroy (t);
-      t = expected;
-   }
-   return t;
-}
-
-/* Entries age by the monotonic clock: a wall-clock step neither keeps a
- * transaction poisoned for ever nor forgets it early. */
-/* The session id in hex (at most 16 bytes of it), to tie log lines together. */
-static void
-lsid_hex (const poison_key_t *key, char out[33])
-{
-   static const char digits[] = "0123456789abcdef";
-   uint32_t n = key->id_len < 16 ? key->id_len : 16;
-
-   for (uint32_t i = 0; i < n; i++) {
-      out[2 * i] = digits[key->id[i] >> 4];
-      out[2 * i + 1] = digits[key->id[i] & 15];
-   }
-   out[2 * n] = '\0';
-}
-
-/* A truncated string may end inside a UTF-8 sequence; errmsg must be valid
- * UTF-8 (drivers validate it), so cut back to the last whole character. */
-static void
-utf8_trim (char *s)
-{
-   size_t len = strlen (s);
-
-   while (len > 0 && !bson_utf8_validate (s, len, false))
-      s[--len] = '\0';
-}
-
-/* Records the operation's transaction as poisoned, counts it and logs it
- * with the connection id at `level`.  `fmt` says what went wrong; it is
- * quoted in the error a refused commit gets. */
-static void txn_poison (client_conn_t *c, virtual_op_t *op, log_level_t level, const char *fmt, ...)
-   __attribute__ ((format (printf, 4, 5)));
-
-static void
-txn_poison (client_conn_t *c, virtual_op_t *op, log_level_t level, const char *fmt, ...)
-{
-   poison_key_t key;
-   char reason[POISON_REASON_MAX], hex[33];
-   bool reserved = op->reserved;
-   va_list ap;
-
-   va_start (ap, fmt);
-   vsnprintf (reason, sizeof reason, fmt, ap);
-   va_end (ap);
-   utf8_trim (reason);
-   if (!poison_key_of (&op->txn_cmd, &key)) {
-      /* No binary lsid.id: not a session the server would run a
-       * transaction for, so there is nothing to commit. */
-      log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c), "cannot poison a transaction without a session id: %s", reason);
-      return;
-   }
-   lsid_hex (&key, hex);
-   /* The operation reserved its slot before it started: the entry always
-    * fits, and no live entry is pushed out for it. */
-   op->reserved = false;
-   switch (poison_table_add (poison_table_get (), &key, client_id (c), reason, clock_mono_ms (), reserved)) {
-   case POISON_KNOWN:
-      log_conn (level, client_id (c), client_peer (c), "transaction %" PRId64 " of session %s was already poisoned; now also: %s",
-                key.txn_number, hex, reason);
-      return;
-   case POISON_FULL:
-      /* Only without a reservation, which no operation lacks: a bug. */
-      log_conn (LOG_LEVEL_ERROR, client_id (c), client_peer (c),
-                "transaction %" PRId64 " (session %s) could not be recorded as poisoned, the table is full: %s",
-                key.txn_number, hex, reason);
-      return;
-   default:
-      break;
-   }
-   COUNT (poisoned, 1);
-   log_conn (level, client_id (c), client_peer (c),
-             "transaction %" PRId64 " poisoned: %s; a commit of it through this proxy will be refused (session %s)",
-             key.txn_number, reason, hex);
-}
-
-/* The code and errmsg of a reply (0 and "" when absent). */
-static int32_t
-reply_error (const bson_t *reply, const char **errmsg)
-{
-   bson_iter_t it;
-   int32_t code = 0;
-
-   *errmsg = "";
-   if (bson_iter_init (&it, reply)) {
-      while (bson_iter_next (&it)) {
-         if (strcmp (bson_iter_key (&it), "code") == 0 && BSON_ITER_HOLDS_NUMBER (&it))
-            code = (int32_t) bson_iter_as_int64 (&it);
-         else if (strcmp (bson_iter_key (&it), "errmsg") == 0 && BSON_ITER_HOLDS_UTF8 (&it))
-            *errmsg = bson_iter_utf8 (&it, NULL);
-      }
-   }
-   return code;
-}
-
-/* Did this abortTransaction reply prove the transaction can no longer
- * commit?  ok: aborted now; NoSuchTransaction (251): it was already. */
-static bool
-abort_confirmed (const bson_t *reply)
-{
-   const char *errmsg;
-
-   return !inject_reply_failed (reply) || reply_error (reply, &errmsg) == 251;
-}
-
-static void on_inject_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx);
-static void round_start (client_conn_t *c, virtual_op_t *op);
+static void on_op_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx);
+static void round_start (client_conn_t *c, publish_op_t *op);
 
 /* The reply to the abortTransaction sent after a failed outbox write (`ctx`:
  * the transaction's poison_key_t, or NULL).  Once the server confirmed the
@@ -525,10 +282,10 @@ on_abort_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *e
 
    if (reply && key) {
       const char *errmsg;
-      int32_t code = reply_error (&reply->body, &errmsg);
+      int32_t code = inject_reply_error (&reply->body, &errmsg);
 
-      if (abort_confirmed (&reply->body)) {
-         if (poison_table_remove (poison_table_get (), key))
+      if (txns_abort_confirmed (&reply->body)) {
+         if (txns_poison_forget (key))
             log_conn (LOG_LEVEL_DEBUG, client_id (c), client_peer (c),
                       "transaction %" PRId64 " aborted after its failed outbox write: no longer poisoned", key->txn_number);
       } else {
@@ -547,19 +304,20 @@ on_abort_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *e
 /* Sends what the window allows of the current round.  On a send failure
  * the connection closes (outstanding callbacks then fire with errors). */
 static void
-round_send (client_conn_t *c, virtual_op_t *op)
+round_send (client_conn_t *c, publish_op_t *op)
 {
    bson_error_t error;
 
-   while (op->sent < op->round_n && op->sent - op->answered < VIRTUAL_WINDOW) {
+   RELAYBUS_ASSERT (op->state == OP_INJECT && op->answered <= op->sent && op->sent <= op->round_n);
+   while (op->sent < op->round_n && op->sent - op->answered < PUBLISH_WINDOW) {
       const bson_t *cmd = inject_job_command (op->job, op->sent);
 
-      if (!client_send_internal (c, cmd, NULL, 0, on_inject_reply, op, &error)) {
-         COUNT (aborted_lost, 1);
-         txn_poison (c, op, LOG_LEVEL_WARN, "an outbox write could not be sent on c%" PRIu64 ": %s", client_id (c),
+      if (!client_send_internal (c, cmd, NULL, 0, on_op_reply, op, &error)) {
+         counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_CONNECTION_LOST, 1);
+         op_poison (c, op, LOG_LEVEL_WARN, "an outbox write could not be sent on c%" PRIu64 ": %s", client_id (c),
                      error.message);
          op_finish (op);
-         client_disconnect (c, STATS_CLOSE_INTERNAL, "sending an outbox write: %s", error.message);
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "sending an outbox write: %s", error.message);
          return;
       }
       op->sent++;
@@ -570,14 +328,11 @@ round_send (client_conn_t *c, virtual_op_t *op)
 /* All rounds succeeded: the client gets its statement's reply, or
  * relaybusPublish's. */
 static void
-op_succeeded (client_conn_t *c, virtual_op_t *op)
+op_succeeded (client_conn_t *c, publish_op_t *op)
 {
-   COUNT (published, 1);
-   COUNT (events, inject_job_n_events (op->job));
-   COUNT (deliveries, inject_job_deliveries (op->job));
-   COUNT (rounds, inject_job_rounds (op->job));
-   COUNT (commands, inject_job_commands (op->job));
-   txn_remember (&op->txn_cmd);
+   counters_add (COUNTER_EVENTS_PUBLISHED, inject_job_n_events (op->job));
+   counters_add (COUNTER_DELIVERIES_WRITTEN, inject_job_deliveries (op->job));
+   txns_remember (&op->txn_cmd);
    log_conn (LOG_LEVEL_DEBUG, client_id (c), client_peer (c), "published %u event(s), %u deliveries, in %u round trip(s)",
              inject_job_n_events (op->job), inject_job_deliveries (op->job), inject_job_rounds (op->job));
    if (op->is_publish) {
@@ -586,7 +341,7 @@ op_succeeded (client_conn_t *c, virtual_op_t *op)
       BSON_APPEND_DOUBLE (&reply, "ok", 1.0);
       if (!inject_job_append_ids (op->job, &reply, "eventIds")) {
          bson_destroy (&reply);
-         client_disconnect (c, STATS_CLOSE_INTERNAL, "relaybusPublish reply too large");
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaybusPublish reply too large");
          op_finish (op);
          return;
       }
@@ -604,20 +359,20 @@ op_succeeded (client_conn_t *c, virtual_op_t *op)
  * before anything the client sends next on this connection, as the
  * connection serialises requests; the poisoning covers the others). */
 static void
-op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply, inject_phase_t phase)
+op_failed (client_conn_t *c, publish_op_t *op, const bson_t *client_reply, inject_phase_t phase)
 {
    bson_t abort;
    bson_error_t error;
    const char *desc;
    poison_key_t *key = bson_malloc (sizeof *key);
 
-   COUNT (inject_failed, 1);
-   (void) reply_error (client_reply, &desc);
+   counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_OUTBOX_WRITE, 1);
+   (void) inject_reply_error (client_reply, &desc);
    log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c),
              "outbox write failed in the %s round; aborting the transaction: %s", inject_phase_name (phase), desc);
    /* Poisoned before the client hears of the failure: until the abort is
     * confirmed, a commit from another connection could still win. */
-   txn_poison (c, op, LOG_LEVEL_INFO, "an outbox write failed in the %s round on c%" PRIu64 ": %.120s",
+   op_poison (c, op, LOG_LEVEL_INFO, "an outbox write failed in the %s round on c%" PRIu64 ": %.120s",
                inject_phase_name (phase), client_id (c), desc[0] ? desc : "?");
    if (!poison_key_of (&op->txn_cmd, key)) {
       bson_free (key);
@@ -629,7 +384,7 @@ op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply, injec
       bson_free (key);
       bson_destroy (&abort);
       op_finish (op);
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "cannot abort after a failed outbox write: %s", error.message);
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "cannot abort after a failed outbox write: %s", error.message);
       return;
    }
    bson_destroy (&abort);
@@ -638,7 +393,7 @@ op_failed (client_conn_t *c, virtual_op_t *op, const bson_t *client_reply, injec
 }
 
 static void
-round_start (client_conn_t *c, virtual_op_t *op)
+round_start (client_conn_t *c, publish_op_t *op)
 {
    /* Planning the next round moves the phase on (to "done" after a
     * failure): name the round that failed. */
@@ -658,25 +413,22 @@ round_start (client_conn_t *c, virtual_op_t *op)
    round_send (c, op);
 }
 
+/* A reply to one of the round's commands, or NULL (`error`) when the
+ * connection closed. */
 static void
-on_inject_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+inject_reply (client_conn_t *c, publish_op_t *op, const wire_msg_t *reply, const bson_error_t *error)
 {
-   virtual_op_t *op = ctx;
-
-   op->outstanding--;
-   if (!reply || op->state == OP_DONE) {
-      if (op->state != OP_DONE) {
-         COUNT (aborted_lost, 1);
-         log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c), "connection lost in the middle of an outbox write: %s",
-                   error ? error->message : "?");
-         txn_poison (c, op, LOG_LEVEL_WARN, "the connection was lost during the outbox writes (%s round) on c%" PRIu64,
-                     inject_phase_name (inject_job_phase (op->job)), client_id (c));
-         op_finish (op);
-      }
-      op_release_maybe (op);
+   if (!reply) {
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_CONNECTION_LOST, 1);
+      log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c), "connection lost in the middle of an outbox write: %s",
+                error ? error->message : "?");
+      op_poison (c, op, LOG_LEVEL_WARN, "the connection was lost during the outbox writes (%s round) on c%" PRIu64,
+                 inject_phase_name (inject_job_phase (op->job)), client_id (c));
+      op_finish (op);
       return;
    }
-   op->running = true;
+   /* Replies come in the order the commands were sent. */
+   RELAYBUS_ASSERT (op->answered < op->sent);
    inject_job_reply (op->job, op->answered++, &reply->body);
    keep_times (op, &reply->body);
    if (inject_job_failed (op->job, NULL)) {
@@ -688,113 +440,168 @@ on_inject_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *
    } else {
       round_start (c, op);
    }
-   op->running = false;
-   op_release_maybe (op);
 }
 
-/* The annotated statement's own reply. */
+/* The annotated statement's own reply, or NULL when the connection closed. */
 static void
-on_statement_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+statement_reply (client_conn_t *c, publish_op_t *op, const wire_msg_t *reply)
 {
-   virtual_op_t *op = ctx;
-
-   op->outstanding--;
    if (!reply) {
       /* The statement may have run: its reply, and the outbox writes, are
        * what never came. */
-      COUNT (aborted_lost, 1);
-      if (op->state != OP_DONE)
-         txn_poison (c, op, LOG_LEVEL_WARN,
-                     "the connection was lost before the annotated statement's reply on c%" PRIu64, client_id (c));
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_CONNECTION_LOST, 1);
+      op_poison (c, op, LOG_LEVEL_WARN,
+                 "the connection was lost before the annotated statement's reply on c%" PRIu64, client_id (c));
       op_finish (op);
-      op_release_maybe (op);
       return;
    }
-   op->running = true;
    if (inject_reply_failed (&reply->body)) {
       /* The server refused the statement and aborted the transaction:
        * nothing to write, relay as is. */
-      COUNT (statement_failed, 1);
       op_answer (c, op, &reply->body);
       op_finish (op);
-   } else {
-      bson_destroy (&op->stmt_reply);
-      bson_copy_to (&reply->body, &op->stmt_reply);
-      op->state = OP_INJECT;
-      round_start (c, op);
+      return;
    }
-   op->running = false;
-   op_release_maybe (op);
+   bson_destroy (&op->stmt_reply);
+   bson_copy_to (&reply->body, &op->stmt_reply);
+   op->state = OP_INJECT;
+   round_start (c, op);
 }
 
 /* A request relayed through the proxy: a commit of a transaction injected
  * into (wake the dispatcher when it succeeded), or a getMore/killCursors
  * whose annotation copy was stripped. */
 static void
-on_relay_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+relay_reply (client_conn_t *c, publish_op_t *op, const wire_msg_t *reply)
 {
-   virtual_op_t *op = ctx;
-
-   (void) error;
-   op->outstanding--;
    if (reply) {
-      op->running = true;
       op_answer (c, op, &reply->body);
       if (op->is_commit && !inject_reply_failed (&reply->body)) {
-         (void) txn_lookup (&op->txn_cmd, true);
-         COUNT (wakes, 1);
+         (void) txns_injected (&op->txn_cmd, true);
          publish_wake ();
       }
-      op->running = false;
    }
    op_finish (op);
+}
+
+/* Every internal request of an operation is called back here, with its
+ * reply or with NULL (`error`) when the connection closed, and handled by
+ * the operation's state: the statement's reply, a round's, or a relayed
+ * one.  A late reply of a finished operation only releases it. */
+static void
+on_op_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+{
+   publish_op_t *op = ctx;
+
+   RELAYBUS_ASSERT (op->outstanding > 0);
+   op->outstanding--;
+   op->running = true;
+   switch (op->state) {
+   case OP_STATEMENT:
+      statement_reply (c, op, reply);
+      break;
+   case OP_INJECT:
+      inject_reply (c, op, reply, error);
+      break;
+   case OP_RELAY:
+      relay_reply (c, op, reply);
+      break;
+   case OP_DONE:
+   default:
+      break;
+   }
+   op->running = false;
    op_release_maybe (op);
+}
+
+/* --- answers --------------------------------------------------------------- */
+
+/* Answers request `seq` with `doc`; a failure to answer closes the
+ * connection (the client would otherwise wait forever).  `what` names the
+ * request for that line. */
+static void
+answer (client_conn_t *c, uint64_t seq, const bson_t *doc, const char *what)
+{
+   bson_error_t error;
+
+   if (!client_answer (c, seq, doc, &error))
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering %s: %s", what, error.message);
+}
+
+/* Answers request `seq` with an error that TransientTransactionError
+ * labels, so withTransaction runs the transaction again; `times_of` (may
+ * be NULL) lends its cluster time. */
+static void
+answer_transient (client_conn_t *c,
+                  uint64_t seq,
+                  inject_code_t code,
+                  const char *errmsg,
+                  const bson_t *times_of,
+                  const char *what)
+{
+   bson_t doc = BSON_INITIALIZER;
+
+   inject_error_reply (&doc, (int32_t) code, inject_code_name (code), errmsg, true);
+   if (times_of)
+      inject_copy_times (times_of, &doc);
+   answer (c, seq, &doc, what);
+   bson_destroy (&doc);
+}
+
+/* Once every 10 s per caller's `last_ms` (per loop thread): a client that
+ * repeats a refused request on purpose must not flood the log as well. */
+static bool
+warn_due (int64_t *last_ms)
+{
+   int64_t now = clock_mono_ms ();
+
+   if (*last_ms >= 0 && now - *last_ms < 10000)
+      return false;
+   *last_ms = now;
+   return true;
 }
 
 /* --- routing ------------------------------------------------------------- */
 
+/* One client request being routed: what the hook was given, and why the
+ * connection must close when routing answers ROUTE_FAILED (`reason`, and
+ * `error`, the hook's). */
+typedef struct {
+   client_conn_t *c;
+   const wire_msg_t *msg;
+   const char *cmd;
+   int compressor;
+   bool more; /* sent with moreToCome: no reply can carry an error */
+   counters_close_reason_t reason;
+   bson_error_t *error;
+} route_t;
+
+/* Fails the route: the connection closes for `reason` with the message. */
+static route_result_t route_fail (route_t *r, counters_close_reason_t reason, publish_error_t code, const char *fmt, ...)
+   __attribute__ ((format (printf, 4, 5)));
+
+static route_result_t
+route_fail (route_t *r, counters_close_reason_t reason, publish_error_t code, const char *fmt, ...)
+{
+   va_list ap;
+
+   r->reason = reason;
+   r->error->domain = PUBLISH_ERROR_DOMAIN;
+   r->error->code = (uint32_t) code;
+   va_start (ap, fmt);
+   bson_vsnprintf (r->error->message, sizeof r->error->message, fmt, ap);
+   va_end (ap);
+   return ROUTE_FAILED;
+}
+
 /* Holds the request; false (and a reason) when it cannot be held. */
 static bool
-hold (client_conn_t *c, const wire_msg_t *msg, int compressor, uint64_t *seq, stats_close_reason_t *reason, bson_error_t *error)
+hold (route_t *r, uint64_t *seq)
 {
-   if (client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, seq, error))
+   if (client_hold_request (r->c, r->msg->header.request_id, WIRE_OP_MSG, r->compressor, seq, r->error))
       return true;
-   *reason = STATS_CLOSE_INTERNAL;
+   r->reason = COUNTERS_CLOSE_INTERNAL;
    return false;
-}
-
-/* Is the commitTransaction `cmd` for a poisoned transaction?  While
- * nothing was ever poisoned, or the table is empty, this costs two atomic
- * loads and takes no lock. */
-static bool
-commit_poisoned (const bson_t *cmd, poison_entry_t *pe)
-{
-   poison_table_t *t = atomic_load_explicit (&poison_tab, memory_order_acquire);
-   poison_key_t key;
-
-   if (!t || poison_table_count (t) == 0 || !poison_key_of (cmd, &key))
-      return false;
-   return poison_table_lookup (t, &key, clock_mono_ms (), pe);
-}
-
-/* An abortTransaction for the transaction of the commitTransaction
- * `commit`: its lsid and txnNumber, and its API parameters, which must match
- * the transaction's.  `out` is initialised. */
-static void
-abort_command_of (const bson_t *commit, bson_t *out)
-{
-   static const char *const fields[] = {"lsid", "txnNumber", "apiVersion", "apiStrict", "apiDeprecationErrors"};
-   bson_iter_t it;
-
-   bson_init (out);
-   BSON_APPEND_INT32 (out, "abortTransaction", 1);
-   BSON_APPEND_UTF8 (out, "$db", "admin");
-   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-      if (bson_iter_init_find (&it, commit, fields[i]))
-         bson_append_iter (out, fields[i], -1, &it);
-      if (i == 1)
-         BSON_APPEND_BOOL (out, "autocommit", false);
-   }
 }
 
 /* A refused commit, waiting for the reply to the abortTransaction sent in
@@ -813,24 +620,9 @@ typedef struct {
 static void
 refusal_answer (client_conn_t *c, refusal_t *r, const bson_t *abort_reply)
 {
-   bson_t doc = BSON_INITIALIZER, labels;
-   bson_error_t error;
-
    if (!r->answer || client_state (c) == CLIENT_STATE_CLOSING)
-      goto done;
-   BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
-   BSON_APPEND_UTF8 (&doc, "errmsg", r->errmsg);
-   BSON_APPEND_INT32 (&doc, "code", 251);
-   BSON_APPEND_UTF8 (&doc, "codeName", "NoSuchTransaction");
-   BSON_APPEND_ARRAY_BEGIN (&doc, "errorLabels", &labels);
-   BSON_APPEND_UTF8 (&labels, "0", "TransientTransactionError");
-   bson_append_array_end (&doc, &labels);
-   if (abort_reply)
-      inject_copy_times (abort_reply, &doc);
-   if (!client_answer (c, r->seq, &doc, &error))
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering a refused commit: %s", error.message);
-done:
-   bson_destroy (&doc);
+      return;
+   answer_transient (c, r->seq, INJECT_CODE_NO_SUCH_TRANSACTION, r->errmsg, abort_reply, "a refused commit");
 }
 
 static void
@@ -841,11 +633,11 @@ on_refusal_abort_reply (client_conn_t *c, const wire_msg_t *reply, const bson_er
    (void) error;
    if (reply) {
       const char *errmsg;
-      int32_t code = reply_error (&reply->body, &errmsg);
+      int32_t code = inject_reply_error (&reply->body, &errmsg);
 
-      if (abort_confirmed (&reply->body))
+      if (txns_abort_confirmed (&reply->body))
          log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c), "poisoned transaction %" PRId64 " is aborted%s",
-                   r->txn_number, code == 251 ? " (it already was)" : "");
+                   r->txn_number, code == INJECT_CODE_NO_SUCH_TRANSACTION ? " (it already was)" : "");
       else
          log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
                    "abortTransaction of poisoned transaction %" PRId64 " failed (%d): %s; its commit stays refused here",
@@ -859,44 +651,40 @@ on_refusal_abort_reply (client_conn_t *c, const wire_msg_t *reply, const bson_er
  * transaction is aborted on this connection's upstream (same user, so this
  * works with authentication too; its outcome is only logged) and the client
  * answered when the abort's reply is in. */
-static virtual_result_t
-route_refuse_commit (client_conn_t *c,
-                     const wire_msg_t *msg,
-                     const poison_entry_t *pe,
-                     int compressor,
-                     stats_close_reason_t *reason,
-                     bson_error_t *error)
+static route_result_t
+route_refuse_commit (route_t *r, const poison_entry_t *pe)
 {
-   refusal_t *r = bson_malloc0 (sizeof *r);
+   client_conn_t *c = r->c;
+   refusal_t *rf = bson_malloc0 (sizeof *rf);
    bson_t abort;
    bson_error_t serr;
-   char hex[33];
+   char hex[TXNS_LSID_HEX_MAX];
 
-   r->answer = (msg->flags & WIRE_MSG_MORE_TO_COME) == 0;
-   if (r->answer && !hold (c, msg, compressor, &r->seq, reason, error)) {
-      bson_free (r);
-      return VIRTUAL_FAILED;
+   rf->answer = !r->more;
+   if (rf->answer && !hold (r, &rf->seq)) {
+      bson_free (rf);
+      return ROUTE_FAILED;
    }
-   COUNT (poison_refused, 1);
-   r->txn_number = pe->key.txn_number;
-   lsid_hex (&pe->key, hex);
+   counters_add (COUNTER_POISON_REFUSED, 1);
+   rf->txn_number = pe->key.txn_number;
+   txns_lsid_hex (&pe->key, hex);
    log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
              "refused commitTransaction of poisoned transaction %" PRId64 " (session %s, poisoned on c%" PRIu64
              " %.1f s ago: %s); aborting it",
              pe->key.txn_number, hex, pe->conn_id, (double) (clock_mono_ms () - pe->recorded_ms) / 1000.0, pe->reason);
-   bson_snprintf (r->errmsg, sizeof r->errmsg,
+   bson_snprintf (rf->errmsg, sizeof rf->errmsg,
                   "relaybus: transaction %" PRId64 " was aborted because the proxy could not write its events (%s)",
                   pe->key.txn_number, pe->reason);
-   abort_command_of (&msg->body, &abort);
-   if (!client_send_internal (c, &abort, NULL, 0, on_refusal_abort_reply, r, &serr)) {
+   inject_abort_command (&r->msg->body, &abort);
+   if (!client_send_internal (c, &abort, NULL, 0, on_refusal_abort_reply, rf, &serr)) {
       /* The server aborts it when its lifetime runs out; refuse anyway. */
       log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
                 "cannot send abortTransaction for poisoned transaction %" PRId64 ": %s", pe->key.txn_number, serr.message);
-      refusal_answer (c, r, NULL);
-      bson_free (r);
+      refusal_answer (c, rf, NULL);
+      bson_free (rf);
    }
    bson_destroy (&abort);
-   return VIRTUAL_TAKEN;
+   return ROUTE_TAKEN;
 }
 
 static const char *const outside_txn_msg =
@@ -909,35 +697,19 @@ static void
 answer_poison_full (client_conn_t *c, uint64_t seq, uint32_t capacity)
 {
    static _Thread_local int64_t last_warn_ms = -1;
-   bson_t doc = BSON_INITIALIZER, labels;
-   bson_error_t error;
    char errmsg[320];
-   int64_t now = clock_mono_ms ();
 
-   COUNT (poison_full_refused, 1);
-   /* One warning every 10 s per loop thread: a client filling the table on
-    * purpose must not flood the log as well. */
-   if (last_warn_ms < 0 || now - last_warn_ms >= 10000) {
-      last_warn_ms = now;
+   counters_add (COUNTER_POISON_FULL_REFUSED, 1);
+   if (warn_due (&last_warn_ms))
       log_conn (LOG_LEVEL_WARN, client_id (c), client_peer (c),
                 "refused an annotated write: %" PRIu32 " poisoned transactions are remembered "
                 "(max_poisoned_transactions); refusing publishes until some expire",
                 capacity);
-   }
    bson_snprintf (errmsg, sizeof errmsg,
                   "relaybus: too many poisoned transactions are remembered (max_poisoned_transactions = %" PRIu32
                   "); annotated writes are refused until some expire: retry the transaction later",
                   capacity);
-   BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
-   BSON_APPEND_UTF8 (&doc, "errmsg", errmsg);
-   BSON_APPEND_INT32 (&doc, "code", VIRTUAL_POISON_FULL_CODE);
-   BSON_APPEND_UTF8 (&doc, "codeName", "TemporarilyUnavailable");
-   BSON_APPEND_ARRAY_BEGIN (&doc, "errorLabels", &labels);
-   BSON_APPEND_UTF8 (&labels, "0", "TransientTransactionError");
-   bson_append_array_end (&doc, &labels);
-   if (!client_answer (c, seq, &doc, &error))
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering a refused publish: %s", error.message);
-   bson_destroy (&doc);
+   answer_transient (c, seq, PUBLISH_POISON_FULL_CODE, errmsg, NULL, "a refused publish");
 }
 
 /* Events no handler of the local config or of the fleet's live set
@@ -956,7 +728,7 @@ check_routed (client_conn_t *c, uint64_t seq, const annotate_t *ann, const confi
    for (uint32_t i = 0; i < ann->n_events; i++) {
       if (fleet_type_routed (cfg, fs, ann->events[i].type))
          continue;
-      metrics_unrouted_observe (ann->events[i].type);
+      counters_unrouted (ann->events[i].type);
       if (!first)
          first = ann->events[i].type;
       n++;
@@ -973,22 +745,16 @@ check_routed (client_conn_t *c, uint64_t seq, const annotate_t *ann, const confi
                      first,
                      n > 1 ? " (and others)" : "");
       log_conn (LOG_LEVEL_DEBUG, client_id (c), client_peer (c), "refused unrouted event type \"%.200s\"", first);
-      op_answer_error (c, seq, VIRTUAL_UNROUTED_CODE, "BadValue", errmsg);
+      op_answer_error (c, seq, PUBLISH_UNROUTED_CODE, errmsg);
       return false;
    }
-   if (cfg->unrouted_mode == CONFIG_UNROUTED_WARN) {
-      int64_t now = clock_mono_ms ();
-
-      if (last_warn_ms < 0 || now - last_warn_ms >= 10000) {
-         last_warn_ms = now;
-         log_conn (LOG_LEVEL_WARN,
-                   client_id (c),
-                   client_peer (c),
-                   "no handler subscribes to event type \"%.200s\": the event is stored without deliveries "
-                   "(relaybus_events_unrouted_total; at most one such line every 10 s)",
-                   first);
-      }
-   }
+   if (cfg->unrouted_mode == CONFIG_UNROUTED_WARN && warn_due (&last_warn_ms))
+      log_conn (LOG_LEVEL_WARN,
+                client_id (c),
+                client_peer (c),
+                "no handler subscribes to event type \"%.200s\": the event is stored without deliveries "
+                "(relaybus_events_unrouted_total; at most one such line every 10 s)",
+                first);
    return true;
 }
 
@@ -1004,7 +770,6 @@ answer_status (client_conn_t *c, uint64_t seq)
    config_t *cfg = config_acquire ();
    fleet_set_t *fs = fleet_acquire ();
    bson_t doc = BSON_INITIALIZER;
-   bson_error_t error;
    size_t live = 0;
 
    BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
@@ -1016,8 +781,7 @@ answer_status (client_conn_t *c, uint64_t seq)
       live += fs->instances[i].live;
    BSON_APPEND_INT32 (&doc, "fleetInstances", (int32_t) live);
    BSON_APPEND_UTF8 (&doc, "unrouted", cfg ? cfg->unrouted : "accept");
-   if (!client_answer (c, seq, &doc, &error))
-      client_disconnect (c, STATS_CLOSE_INTERNAL, "answering relaybusStatus: %s", error.message);
+   answer (c, seq, &doc, "relaybusStatus");
    bson_destroy (&doc);
    fleet_release (fs);
    config_release (cfg);
@@ -1029,17 +793,17 @@ answer_status (client_conn_t *c, uint64_t seq)
  * it can poison its transaction without evicting anyone.  NULL: the client
  * has had an error (no configuration loaded, the job could not be built, or
  * the poisoned table has no free slot). */
-static virtual_op_t *
+static publish_op_t *
 op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, const bson_t *body, bool opens_txn)
 {
    config_t *cfg = config_acquire ();
    fleet_set_t *fs;
-   virtual_op_t *op;
-   poison_table_t *pt;
+   publish_op_t *op;
+   uint32_t capacity;
    bson_error_t error;
 
    if (!cfg) {
-      op_answer_error (c, seq, 1, "InternalError", "relaybus: no configuration loaded");
+      op_answer_error (c, seq, INJECT_CODE_INTERNAL_ERROR, "relaybus: no configuration loaded");
       return NULL;
    }
    fs = fleet_acquire ();
@@ -1048,13 +812,10 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
       config_release (cfg);
       return NULL;
    }
-   if (!atomic_load_explicit (&poison_tab, memory_order_acquire))
-      atomic_store (&poison_capacity, (uint32_t) cfg->max_poisoned_transactions);
-   pt = poison_table_get ();
-   if (!poison_table_reserve (pt, clock_mono_ms ())) {
+   if (!txns_poison_reserve (cfg, &capacity)) {
       fleet_release (fs);
       config_release (cfg);
-      answer_poison_full (c, seq, poison_table_capacity (pt));
+      answer_poison_full (c, seq, capacity);
       return NULL;
    }
    op = op_new (c, seq, state);
@@ -1067,60 +828,61 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
    if (!op->job) {
       op_finish (op);
       op_release_maybe (op);
-      op_answer_error (c, seq, 1, "InternalError", error.message);
+      op_answer_error (c, seq, INJECT_CODE_INTERNAL_ERROR, error.message);
       return NULL;
    }
-   txn_key_copy (body, &op->txn_cmd);
+   txns_key_copy (body, &op->txn_cmd);
    return op;
 }
 
-static virtual_result_t
-route_annotated (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_close_reason_t *reason, bson_error_t *error)
+static route_result_t
+route_annotated (route_t *r)
 {
+   client_conn_t *c = r->c;
+   const wire_msg_t *msg = r->msg;
    uint64_t seq;
    annotate_t *ann = NULL;
    bson_t fwd;
    bson_error_t aerr;
    inject_txn_t txn = inject_txn_of (&msg->body);
-   const char *cmd = wire_command_name (&msg->body);
-   virtual_op_t *op;
-   virtual_result_t res = VIRTUAL_TAKEN;
+   publish_op_t *op;
+   route_result_t res = ROUTE_TAKEN;
 
-   COUNT (annotated, 1);
+   counters_add (COUNTER_ANNOTATED, 1);
    bson_init (&fwd);
-   if (!hold (c, msg, compressor, &seq, reason, error)) {
-      res = VIRTUAL_FAILED;
+   if (!hold (r, &seq)) {
+      res = ROUTE_FAILED;
       goto done;
    }
-   if (cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0)) {
-      COUNT (bad_annotations, 1);
-      op_answer_error (c, seq, 2, "BadValue",
+   if (r->cmd && (strcmp (r->cmd, "commitTransaction") == 0 || strcmp (r->cmd, "abortTransaction") == 0)) {
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_BAD_ANNOTATION, 1);
+      op_answer_error (c, seq, INJECT_CODE_BAD_VALUE,
                        "relaybus: annotate a statement inside the transaction, not commitTransaction or "
                        "abortTransaction");
       goto done;
    }
    if (txn == INJECT_TXN_NO) {
-      COUNT (outside_txn, 1);
-      op_answer_error (c, seq, 20, "IllegalOperation", outside_txn_msg);
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_OUTSIDE_TRANSACTION, 1);
+      op_answer_error (c, seq, INJECT_CODE_ILLEGAL_OPERATION, outside_txn_msg);
       goto done;
    }
    ann = bson_malloc (sizeof *ann);
    bson_destroy (&fwd);
    if (annotate_parse (&msg->body, ann, &fwd, &aerr) != ANNOTATE_FOUND) {
-      COUNT (bad_annotations, 1);
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_BAD_ANNOTATION, 1);
       log_conn (LOG_LEVEL_DEBUG, client_id (c), client_peer (c), "refused an annotation: %s", aerr.message);
-      op_answer_error (c, seq, 2, "BadValue", aerr.message);
+      op_answer_error (c, seq, INJECT_CODE_BAD_VALUE, aerr.message);
       goto done;
    }
    op = op_new_job (c, seq, OP_STATEMENT, ann, &msg->body, false);
    if (!op)
       goto done;
    /* The statement itself, annotation removed, kind-1 sections as they came. */
-   if (!client_send_internal (c, &fwd, msg->sequences, msg->nsequences, on_statement_reply, op, error)) {
+   if (!client_send_internal (c, &fwd, msg->sequences, msg->nsequences, on_op_reply, op, r->error)) {
       op_finish (op);
       op_release_maybe (op);
-      *reason = STATS_CLOSE_INTERNAL;
-      res = VIRTUAL_FAILED;
+      r->reason = COUNTERS_CLOSE_INTERNAL;
+      res = ROUTE_FAILED;
       goto done;
    }
    op->outstanding++;
@@ -1133,37 +895,38 @@ done:
    return res;
 }
 
-static virtual_result_t
-route_publish (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_close_reason_t *reason, bson_error_t *error)
+static route_result_t
+route_publish (route_t *r)
 {
+   client_conn_t *c = r->c;
    uint64_t seq;
    annotate_t *ann = NULL;
    bson_error_t aerr;
    bson_iter_t it;
-   inject_txn_t txn = inject_txn_of (&msg->body);
-   virtual_op_t *op;
+   inject_txn_t txn = inject_txn_of (&r->msg->body);
+   publish_op_t *op;
 
-   if (!hold (c, msg, compressor, &seq, reason, error))
-      return VIRTUAL_FAILED;
+   if (!hold (r, &seq))
+      return ROUTE_FAILED;
    if (txn == INJECT_TXN_NO) {
-      COUNT (outside_txn, 1);
-      op_answer_error (c, seq, 20, "IllegalOperation",
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_OUTSIDE_TRANSACTION, 1);
+      op_answer_error (c, seq, INJECT_CODE_ILLEGAL_OPERATION,
                        "relaybus: relaybusPublish must run inside a transaction (lsid, txnNumber and autocommit: "
                        "false)");
-      return VIRTUAL_TAKEN;
+      return ROUTE_TAKEN;
    }
-   if (!bson_iter_init_find (&it, &msg->body, "events")) {
-      COUNT (bad_annotations, 1);
-      op_answer_error (c, seq, 2, "BadValue", "relaybus: relaybusPublish needs events: an array of event documents");
-      return VIRTUAL_TAKEN;
+   if (!bson_iter_init_find (&it, &r->msg->body, "events")) {
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_BAD_ANNOTATION, 1);
+      op_answer_error (c, seq, INJECT_CODE_BAD_VALUE, "relaybus: relaybusPublish needs events: an array of event documents");
+      return ROUTE_TAKEN;
    }
    ann = bson_malloc (sizeof *ann);
    if (!annotate_parse_events (&it, ann, &aerr)) {
-      COUNT (bad_annotations, 1);
-      op_answer_error (c, seq, 2, "BadValue", aerr.message);
+      counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_BAD_ANNOTATION, 1);
+      op_answer_error (c, seq, INJECT_CODE_BAD_VALUE, aerr.message);
       goto done;
    }
-   op = op_new_job (c, seq, OP_INJECT, ann, &msg->body, txn == INJECT_TXN_STARTS);
+   op = op_new_job (c, seq, OP_INJECT, ann, &r->msg->body, txn == INJECT_TXN_STARTS);
    if (!op)
       goto done;
    op->is_publish = true;
@@ -1174,42 +937,54 @@ route_publish (client_conn_t *c, const wire_msg_t *msg, int compressor, stats_cl
 done:
    annotate_cleanup (ann);
    bson_free (ann);
-   return VIRTUAL_TAKEN;
+   return ROUTE_TAKEN;
 }
 
 /* Holds the request and sends `body` (with the request's kind-1 sections)
- * in its place; the reply is relayed by on_relay_reply.  A request sent
+ * in its place; the reply is relayed by relay_reply.  A request sent
  * with moreToCome is not held and its reply is swallowed: the proxy still
  * sends it acknowledged, to learn the outcome (a commit to wake on), but
  * the client asked for no answer and must get none. */
-static virtual_result_t
-route_relay (client_conn_t *c,
-             const wire_msg_t *msg,
-             const bson_t *body,
-             bool is_commit,
-             int compressor,
-             stats_close_reason_t *reason,
-             bson_error_t *error)
+static route_result_t
+route_relay (route_t *r, const bson_t *body, bool is_commit)
 {
    uint64_t seq = 0;
-   bool answer = (msg->flags & WIRE_MSG_MORE_TO_COME) == 0;
-   virtual_op_t *op;
+   publish_op_t *op;
 
-   if (answer && !hold (c, msg, compressor, &seq, reason, error))
-      return VIRTUAL_FAILED;
-   op = op_new (c, seq, OP_RELAY);
-   op->answer = answer;
+   if (!r->more && !hold (r, &seq))
+      return ROUTE_FAILED;
+   op = op_new (r->c, seq, OP_RELAY);
+   op->answer = !r->more;
    op->is_commit = is_commit;
    if (is_commit)
-      txn_key_copy (&msg->body, &op->txn_cmd);
-   if (!client_send_internal (c, body, msg->sequences, msg->nsequences, on_relay_reply, op, error)) {
+      txns_key_copy (&r->msg->body, &op->txn_cmd);
+   if (!client_send_internal (r->c, body, r->msg->sequences, r->msg->nsequences, on_op_reply, op, r->error)) {
       op_finish (op);
       op_release_maybe (op);
-      *reason = STATS_CLOSE_INTERNAL;
-      return VIRTUAL_FAILED;
+      r->reason = COUNTERS_CLOSE_INTERNAL;
+      return ROUTE_FAILED;
    }
    op->outstanding++;
-   return VIRTUAL_TAKEN;
+   return ROUTE_TAKEN;
+}
+
+/* Drivers repeat a cursor's comment on its getMore and killCursors: the
+ * annotation published once, at the command that opened the cursor.  The
+ * copy is stripped so payloads stay out of the server's logs. */
+static route_result_t
+route_strip (route_t *r)
+{
+   bson_t fwd;
+   route_result_t res;
+
+   if (!annotate_strip (&r->msg->body, &fwd)) {
+      bson_destroy (&fwd);
+      return route_fail (r, COUNTERS_CLOSE_INTERNAL, PUBLISH_ERROR_STRIP, "cannot rebuild a %s without its annotation",
+                         r->cmd);
+   }
+   res = route_relay (r, &fwd, false);
+   bson_destroy (&fwd);
+   return res;
 }
 
 /* The outbox namespace of this process: [outbox] database and
@@ -1254,130 +1029,111 @@ outbox_write_refused (const wire_msg_t *msg, char *why, size_t why_len)
 /* Refuses a client command that writes the outbox: Unauthorized, nothing
  * forwarded.  With moreToCome no reply can carry the error, and dropping
  * the write silently would hide it: the connection is closed. */
-static virtual_result_t
-route_refuse_outbox_write (client_conn_t *c,
-                           const wire_msg_t *msg,
-                           const char *why,
-                           int compressor,
-                           stats_close_reason_t *reason,
-                           bson_error_t *error)
+static route_result_t
+route_refuse_outbox_write (route_t *r, const char *why)
 {
    char errmsg[OUTBOX_GUARD_WHY_MAX + 160];
    uint64_t seq;
 
-   COUNT (outbox_writes_refused, 1);
-   if (msg->flags & WIRE_MSG_MORE_TO_COME) {
-      *reason = STATS_CLOSE_CLIENT_PROTOCOL;
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 23,
-                      "refused an unacknowledged %s: only the proxy writes the outbox collections", why);
-      return VIRTUAL_FAILED;
-   }
-   if (!hold (c, msg, compressor, &seq, reason, error))
-      return VIRTUAL_FAILED;
-   log_conn (LOG_LEVEL_INFO, client_id (c), client_peer (c), "refused a client write to the outbox: %s", why);
+   counters_add (COUNTER_OUTBOX_WRITES_REFUSED, 1);
+   if (r->more)
+      return route_fail (r, COUNTERS_CLOSE_CLIENT_PROTOCOL, PUBLISH_ERROR_UNACKNOWLEDGED_OUTBOX_WRITE,
+                         "refused an unacknowledged %s: only the proxy writes the outbox collections", why);
+   if (!hold (r, &seq))
+      return ROUTE_FAILED;
+   log_conn (LOG_LEVEL_INFO, client_id (r->c), client_peer (r->c), "refused a client write to the outbox: %s", why);
    bson_snprintf (errmsg, sizeof errmsg,
                   "relaybus: %s is refused: only the proxy writes the outbox collections "
                   "([outbox] allow_client_writes = false)",
                   why);
-   op_answer_error (c, seq, 13, "Unauthorized", errmsg);
-   return VIRTUAL_TAKEN;
+   op_answer_error (r->c, seq, INJECT_CODE_UNAUTHORIZED, errmsg);
+   return ROUTE_TAKEN;
 }
 
-static virtual_result_t
-virtual_route (client_conn_t *c,
-               const wire_msg_t *msg,
-               const char *cmd,
-               int compressor,
-               stats_close_reason_t *reason,
-               bson_error_t *error)
+/* A relaybus* command (never forwarded): relaybusPublish, relaybusStatus,
+ * or CommandNotFound. */
+static route_result_t
+route_command (route_t *r)
 {
-   bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
-   bool virtual_cmd = cmd && strncmp (cmd, "relaybus", 8) == 0;
-   bool annotated = !virtual_cmd && annotate_msg_present (msg);
+   char errmsg[160];
+   uint64_t seq;
+
+   if (strcmp (r->cmd, "relaybusPublish") == 0)
+      return route_publish (r);
+   if (!hold (r, &seq))
+      return ROUTE_FAILED;
+   if (strcmp (r->cmd, "relaybusStatus") == 0) {
+      answer_status (r->c, seq);
+      return ROUTE_TAKEN;
+   }
+   bson_snprintf (errmsg, sizeof errmsg, "relaybus: no such command: '%.100s'", r->cmd);
+   op_answer_error (r->c, seq, INJECT_CODE_COMMAND_NOT_FOUND, errmsg);
+   return ROUTE_TAKEN;
+}
+
+static route_result_t
+publish_route (route_t *r)
+{
+   const char *cmd = r->cmd;
+   bool relaybus_cmd = cmd && strncmp (cmd, "relaybus", 8) == 0;
+   bool annotated = !relaybus_cmd && annotate_msg_present (r->msg);
    char why[OUTBOX_GUARD_WHY_MAX];
 
-   if (conn_busy (client_id (c))) {
+   if (conn_busy (client_id (r->c)))
       /* Forwarding this now could let it overtake the outbox writes. */
-      *reason = STATS_CLOSE_CLIENT_PROTOCOL;
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 20,
-                      "request pipelined behind an annotated statement or a relaybus command still running");
-      return VIRTUAL_FAILED;
-   }
+      return route_fail (r, COUNTERS_CLOSE_CLIENT_PROTOCOL, PUBLISH_ERROR_PIPELINED,
+                         "request pipelined behind an annotated statement or a relaybus command still running");
    /* Before anything else: an annotated write into the outbox is refused
     * as well.  The proxy's own writes never pass through here. */
-   if (!virtual_cmd && outbox_write_refused (msg, why, sizeof why))
-      return route_refuse_outbox_write (c, msg, why, compressor, reason, error);
-   if (more && (virtual_cmd || annotated)) {
+   if (!relaybus_cmd && outbox_write_refused (r->msg, why, sizeof why))
+      return route_refuse_outbox_write (r, why);
+   if (r->more && (relaybus_cmd || annotated))
       /* No reply can carry an error, and forwarding would write without
        * the events: refuse loudly. */
-      *reason = STATS_CLOSE_CLIENT_PROTOCOL;
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, 21,
-                      "%s with moreToCome (an unacknowledged write) cannot be published",
-                      virtual_cmd ? cmd : "an annotated statement");
-      return VIRTUAL_FAILED;
-   }
-   if (virtual_cmd) {
-      char errmsg[160];
-      uint64_t seq;
-
-      if (strcmp (cmd, "relaybusPublish") == 0)
-         return route_publish (c, msg, compressor, reason, error);
-      if (!hold (c, msg, compressor, &seq, reason, error))
-         return VIRTUAL_FAILED;
-      if (strcmp (cmd, "relaybusStatus") == 0) {
-         answer_status (c, seq);
-         return VIRTUAL_TAKEN;
-      }
-      bson_snprintf (errmsg, sizeof errmsg, "relaybus: no such command: '%.100s'", cmd);
-      op_answer_error (c, seq, 59, "CommandNotFound", errmsg);
-      return VIRTUAL_TAKEN;
-   }
-   if (annotated && cmd && (strcmp (cmd, "getMore") == 0 || strcmp (cmd, "killCursors") == 0)) {
-      /* Drivers repeat a cursor's comment on its getMore and killCursors:
-       * the annotation published once, at the command that opened the
-       * cursor.  Strip the copy so payloads stay out of the server's logs. */
-      bson_t fwd;
-      virtual_result_t res;
-
-      if (!annotate_strip (&msg->body, &fwd)) {
-         bson_destroy (&fwd);
-         *reason = STATS_CLOSE_INTERNAL;
-         bson_set_error (error, CLIENT_ERROR_DOMAIN, 22, "cannot rebuild a %s without its annotation", cmd);
-         return VIRTUAL_FAILED;
-      }
-      res = route_relay (c, msg, &fwd, false, compressor, reason, error);
-      bson_destroy (&fwd);
-      return res;
-   }
+      return route_fail (r, COUNTERS_CLOSE_CLIENT_PROTOCOL, PUBLISH_ERROR_UNACKNOWLEDGED,
+                         "%s with moreToCome (an unacknowledged write) cannot be published",
+                         relaybus_cmd ? cmd : "an annotated statement");
+   if (relaybus_cmd)
+      return route_command (r);
+   if (annotated && cmd && (strcmp (cmd, "getMore") == 0 || strcmp (cmd, "killCursors") == 0))
+      return route_strip (r);
    if (annotated)
-      return route_annotated (c, msg, compressor, reason, error);
+      return route_annotated (r);
    if (cmd && strcmp (cmd, "commitTransaction") == 0) {
       poison_entry_t pe;
 
-      if (commit_poisoned (&msg->body, &pe))
-         return route_refuse_commit (c, msg, &pe, compressor, reason, error);
-      if (txn_lookup (&msg->body, false))
-         return route_relay (c, msg, &msg->body, true, compressor, reason, error);
+      if (txns_poisoned (&r->msg->body, &pe))
+         return route_refuse_commit (r, &pe);
+      if (txns_injected (&r->msg->body, false))
+         return route_relay (r, &r->msg->body, true);
    }
    if (cmd && strcmp (cmd, "abortTransaction") == 0)
-      (void) txn_lookup (&msg->body, true);
-   return VIRTUAL_PASS;
+      (void) txns_injected (&r->msg->body, true);
+   return ROUTE_PASS;
 }
 
 client_route_t
-virtual_request_hook (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compressor, void *ctx, bson_error_t *error)
+publish_request_hook (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compressor, void *ctx, bson_error_t *error)
 {
-   stats_close_reason_t reason = STATS_CLOSE_INTERNAL;
+   route_t r = {
+      .c = c,
+      .msg = msg,
+      .cmd = cmd,
+      .compressor = compressor,
+      .more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0,
+      .reason = COUNTERS_CLOSE_INTERNAL,
+      .error = error,
+   };
 
    (void) ctx;
-   switch (virtual_route (c, msg, cmd, compressor, &reason, error)) {
-   case VIRTUAL_PASS:
+   switch (publish_route (&r)) {
+   case ROUTE_PASS:
       return CLIENT_ROUTE_FORWARD;
-   case VIRTUAL_TAKEN:
+   case ROUTE_TAKEN:
       return CLIENT_ROUTE_HELD;
-   case VIRTUAL_FAILED:
+   case ROUTE_FAILED:
    default:
-      client_disconnect (c, reason, "%s", error->message);
+      client_disconnect (c, r.reason, "%s", error->message);
       return CLIENT_ROUTE_ERROR;
    }
 }
