@@ -318,10 +318,10 @@ proxy_start (proxy_t *p, bson_error_t *error)
    if (!client_loop_set_wake (p->clients, p->wake, error))
       return false;
    /* Publishing: annotated statements, relaybus* commands, commit wake-ups. */
-   client_loop_set_request_hook (p->clients, virtual_request_hook, NULL);
+   client_loop_set_request_hook (p->clients, publish_request_hook, NULL);
    /* The admin port, on its own thread; commands are counted by name in
     * front of the publishing hook. */
-   metrics_chain_request_hook (p->clients, virtual_request_hook, NULL);
+   metrics_chain_request_hook (p->clients, publish_request_hook, NULL);
    if (!admin_start (p->cfg, p->topo, error))
       return false;
    p->listener = listener_new (p->base, p->cfg->listen, p->clients, p->server_tls, error);
