@@ -255,7 +255,7 @@ topology_thread (void *arg)
                       next.host,
                       (unsigned) next.port,
                       next.server_type);
-            stats_add (primary_changes, 1);
+            counters_add (COUNTER_PRIMARY_CHANGES, 1);
          } else if (next.state == TOPOLOGY_STATE_STANDALONE) {
             log_error ("upstream refused: %s", next.last_error);
          } else {
