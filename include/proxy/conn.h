@@ -63,7 +63,7 @@ typedef enum {
    CLIENT_ERR_HELLO_REPLY_TOO_LARGE, /* the hello reply rewritten as a mongos does not fit */
    CLIENT_ERR_REPLY_TOO_LARGE,      /* a checksummed reply, re-encoded, does not fit */
    CLIENT_ERR_NOT_CONNECTED,        /* client_send_internal before the upstream is connected */
-   CLIENT_ERR_WORKER,               /* the request decoding thread cannot start, or runs already */
+   CLIENT_ERR_DECODER,               /* the request decoding thread cannot start, or runs already */
 } client_error_t;
 /* Client requests awaiting an answer.  Drivers do not pipeline (one request
  * per connection at a time, plus moreToCome writes which need no answer),

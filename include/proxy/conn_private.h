@@ -1,7 +1,7 @@
 /*
  * proxy/conn_private.h - what the two halves of a client connection share.
  *
- * Thread: forwarding loop (the decoding worker of proxy/pump.c touches only
+ * Thread: forwarding loop (the decoding thread of proxy/pump.c touches only
  * its jobs).
  *
  * proxy/conn.c is a connection's lifecycle: its states, the flow decisions
@@ -32,11 +32,11 @@ struct loopwake;
 /* A request decoded off the loop, and the thread that does it
  * (proxy/pump.c). */
 typedef struct client_job client_job_t;
-typedef struct client_worker client_worker_t;
+typedef struct client_decoder client_decoder_t;
 
 /* Requests whose decoding touches at least this many bytes (their length,
  * or for OP_COMPRESSED the announced uncompressed size) are decoded by the
- * loop's worker thread (proxy/pump.c). */
+ * loop's decoding thread (proxy/pump.c). */
 #define CLIENT_OFFLOAD_MIN (1024 * 1024)
 
 /* What the upstream's reply to one request is for. */
@@ -87,7 +87,7 @@ struct client_conn {
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
 
    struct evbuffer *scratch; /* decompressed requests */
-   client_job_t *job; /* a request being decoded by the worker: the
+   client_job_t *job; /* a request being decoded off the loop: the
                        * connection neither reads nor routes until it is
                        * back (proxy/pump.c owns it) */
    struct evbuffer *tmp;     /* re-encoded replies */
@@ -139,7 +139,7 @@ struct client_loop {
    void *on_empty_ctx;
    client_request_hook_t hook; /* injection and virtual commands */
    void *hook_ctx;
-   client_worker_t *worker; /* decodes big requests; NULL: all on the loop */
+   client_decoder_t *decoder; /* decodes big requests; NULL: all on the loop */
    /* Connections waiting for memory, oldest first; mem_ev resumes them. */
    client_conn_t *mem_wait_head, *mem_wait_tail;
    struct event *mem_ev;
@@ -228,12 +228,12 @@ void client_mem_watch (client_conn_t *c, struct evbuffer *buf);
  * the connection (a finished decoding job). */
 void client_resume (client_conn_t *c);
 
-/* proxy/pump.c: the decoding worker of a loop.  Start posts its results
+/* proxy/pump.c: the decoding thread of a loop.  Start posts its results
  * through `wake`; stop joins it and frees what it still holds (call it
  * after every connection is closed). */
-bool client_worker_start (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
+bool client_decoder_start (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
    __attribute__ ((warn_unused_result));
-void client_worker_stop (client_loop_t *loop);
+void client_decoder_stop (client_loop_t *loop);
 /* proxy/pump.c: the connection closes: its job, if any, is dropped. */
 void client_job_cancel (client_conn_t *c);
 

@@ -331,6 +331,7 @@ mem_input_cb (client_conn_t *c, int64_t *partial, const struct evbuffer_cb_info 
 
    if (c->state == CLIENT_STATE_CLOSING)
       return;
+   RELAYBUS_ASSERT (*partial >= 0);
    if (take > 0) {
       *partial -= take;
       counters_sub (COUNTER_BUFFERED_BYTES, take);
@@ -502,7 +503,7 @@ mem_may_read (client_conn_t *c, side_t *s)
             return true; /* uncompressedSize not read yet: one more read */
          extra = mem_le32 (hb + WIRE_HEADER_LEN + 4);
          extra = extra >= 0 && extra <= WIRE_MAX_MESSAGE_LEN ? extra + WIRE_HEADER_LEN : 0;
-      } else if (len >= CLIENT_OFFLOAD_MIN && c->loop->worker) {
+      } else if (len >= CLIENT_OFFLOAD_MIN && c->loop->decoder) {
          extra = len;
       }
    }
@@ -540,6 +541,7 @@ client_mem_release_decode (client_conn_t *c)
 {
    int64_t n = c->mem_decode;
 
+   RELAYBUS_ASSERT (n >= 0);
    c->mem_decode = 0;
    mem_give_back (c->loop, n);
 }
@@ -1022,9 +1024,9 @@ client_loop_new (struct event_base *base, topology_t *topo, tls_upstream_t *tls,
 bool
 client_loop_set_wake (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
 {
-   if (loop->worker)
+   if (loop->decoder)
       return true;
-   return client_worker_start (loop, wake, error);
+   return client_decoder_start (loop, wake, error);
 }
 
 void
@@ -1063,7 +1065,7 @@ client_loop_destroy (client_loop_t *loop)
    loop->on_empty = NULL;
    while (loop->clients)
       client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN, "proxy stopping");
-   client_worker_stop (loop);
+   client_decoder_stop (loop);
    client_loop_free_cb (-1, 0, loop);
    proxy_event_free (loop->free_ev);
    proxy_event_free (loop->drain_timer);

@@ -146,6 +146,7 @@ client_deliver (client_conn_t *c,
    struct evbuffer *z = NULL;
    bool ok = false;
 
+   RELAYBUS_ASSERT (r->seq >= c->creq_head && r->seq < c->creq_tail && !r->done);
    if (r->seq == c->creq_head && !r->held) {
       dst = client_output (c);
    } else {
@@ -681,7 +682,7 @@ typedef struct {
 
 /* Decompresses (into `plain`, when the request is OP_COMPRESSED) and parses
  * one complete request of h.length bytes at the front of `in`.  Pure: it
- * reads no connection state and logs nothing, so the offload worker runs
+ * reads no connection state and logs nothing, so the decoding thread runs
  * it as well as the loop.  Each step is linear in the message's size (the
  * compressor's output is capped by the announced size, checked first).
  * On failure `error` says why; every failure is the client's.
@@ -777,13 +778,13 @@ refuse_request (client_conn_t *c, const wire_header_t *h, const bson_error_t *er
 /*
  * Requests whose decoding touches at least CLIENT_OFFLOAD_MIN bytes (their
  * length, or for OP_COMPRESSED the announced uncompressed size) are
- * decompressed and validated by the loop's worker thread, so that one big
+ * decompressed and validated by the loop's decoding thread, so that one big
  * or hostile message (16 MiB of tiny elements decompressed from a few KB)
  * never holds up the other connections: the loop only moves the message's
  * chains into the job and back.  Meanwhile the connection neither reads nor
  * routes (its requests keep their order); everything else flows.
  *
- * Ownership: a job is owned by the worker from client_job_submit until it
+ * Ownership: a job is owned by the decoding thread from client_job_submit until it
  * is on the done list, then by the loop.  `c` is read and written on the
  * loop only: client_job_cancel clears it when the connection closes first,
  * and the finished job is then just freed.  The evbuffers are touched by
@@ -792,17 +793,17 @@ refuse_request (client_conn_t *c, const wire_header_t *h, const bson_error_t *er
 struct client_job {
    client_job_t *next;
    client_conn_t *c;      /* loop only; NULL once the connection closed */
-   bool finished;         /* loop only: back from the worker */
+   bool finished;         /* loop only: back from the decoding thread */
    wire_header_t h;       /* as received */
    struct evbuffer *raw;  /* the message as received */
    struct evbuffer *plain; /* its decompressed form */
    uint8_t *copy;         /* what a plain request was parsed from */
-   bool ok;               /* worker's result */
+   bool ok;               /* the decoding thread's result */
    bson_error_t error;
    decoded_t d;
 };
 
-struct client_worker {
+struct client_decoder {
    pthread_t thread;
    pthread_mutex_t mu;
    pthread_cond_t cv;
@@ -816,9 +817,9 @@ struct client_worker {
 
 /* Static, never freed: a post to the loop may still be queued when the
  * loop is destroyed (a second SIGTERM destroys it from inside the loop),
- * and its callback must find a valid, stopped worker.  One forwarding loop
+ * and its callback must find a valid, stopped decoder.  One forwarding loop
  * today; N loops would each get one of an array. */
-static client_worker_t the_worker = {
+static client_decoder_t the_decoder = {
    .mu = PTHREAD_MUTEX_INITIALIZER,
    .cv = PTHREAD_COND_INITIALIZER,
 };
@@ -836,9 +837,9 @@ client_job_free (client_job_t *j)
 
 /* On the loop: takes every finished job and lets its connection go on. */
 static void
-client_worker_done_cb (void *arg)
+client_decoder_done_cb (void *arg)
 {
-   client_worker_t *w = arg;
+   client_decoder_t *w = arg;
    client_job_t *list;
 
    pthread_mutex_lock (&w->mu);
@@ -867,15 +868,15 @@ client_worker_done_cb (void *arg)
 /* How much lower the decoding thread's priority is than the loop's: on a
  * busy machine the forwarding loop gets the CPU first, and a hostile
  * message waits instead of the other connections. */
-#define CLIENT_WORKER_NICE 10
+#define CLIENT_DECODER_NICE 10
 
 static void *
-client_worker_main (void *arg)
+client_decoder_main (void *arg)
 {
-   client_worker_t *w = arg;
+   client_decoder_t *w = arg;
 
    /* Linux: nice is per thread (a failure only costs the preference). */
-   (void) setpriority (PRIO_PROCESS, (id_t) gettid (), CLIENT_WORKER_NICE);
+   (void) setpriority (PRIO_PROCESS, (id_t) gettid (), CLIENT_DECODER_NICE);
    pthread_mutex_lock (&w->mu);
    for (;;) {
       client_job_t *j;
@@ -899,7 +900,7 @@ client_worker_main (void *arg)
       /* One post covers every job done until the loop runs it.  A full
        * queue (LOOPWAKE_CAPACITY posts waiting) is retried shortly. */
       while (!w->wake_pending && !w->stop) {
-         if (loopwake_post (w->wake, client_worker_done_cb, w)) {
+         if (loopwake_post (w->wake, client_decoder_done_cb, w)) {
             w->wake_pending = true;
             break;
          }
@@ -913,14 +914,14 @@ client_worker_main (void *arg)
 }
 
 bool
-client_worker_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
+client_decoder_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
 {
-   client_worker_t *w = &the_worker;
+   client_decoder_t *w = &the_decoder;
 
    pthread_mutex_lock (&w->mu);
    if (w->running) {
       pthread_mutex_unlock (&w->mu);
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_WORKER, "the request decoding thread is already running");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_DECODER, "the request decoding thread is already running");
       return false;
    }
    w->wake = wake;
@@ -928,21 +929,21 @@ client_worker_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
    w->pending_tail = &w->pending;
    w->done_tail = &w->done;
    w->stop = w->wake_pending = false;
-   if (pthread_create (&w->thread, NULL, client_worker_main, w) != 0) {
+   if (pthread_create (&w->thread, NULL, client_decoder_main, w) != 0) {
       pthread_mutex_unlock (&w->mu);
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_WORKER, "cannot start the request decoding thread");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_DECODER, "cannot start the request decoding thread");
       return false;
    }
    w->running = true;
    pthread_mutex_unlock (&w->mu);
-   loop->worker = w;
+   loop->decoder = w;
    return true;
 }
 
 void
-client_worker_stop (client_loop_t *loop)
+client_decoder_stop (client_loop_t *loop)
 {
-   client_worker_t *w = loop->worker;
+   client_decoder_t *w = loop->decoder;
 
    if (!w)
       return;
@@ -967,7 +968,7 @@ client_worker_stop (client_loop_t *loop)
    w->pending_tail = &w->pending;
    w->done_tail = &w->done;
    pthread_mutex_unlock (&w->mu);
-   loop->worker = NULL;
+   loop->decoder = NULL;
 }
 
 void
@@ -981,17 +982,18 @@ client_job_cancel (client_conn_t *c)
    if (j->finished)
       client_job_free (j); /* back on the loop, not routed yet */
    else
-      j->c = NULL; /* the worker has it; client_worker_done_cb frees it */
+      j->c = NULL; /* the decoding thread has it; client_decoder_done_cb frees it */
 }
 
-/* Hands the request at the front of `in` to the worker.  Returns false
+/* Hands the request at the front of `in` to the decoding thread.  Returns false
  * after disconnecting. */
 static bool
 client_job_submit (client_conn_t *c, struct evbuffer *in, wire_header_t h)
 {
-   client_worker_t *w = c->loop->worker;
+   client_decoder_t *w = c->loop->decoder;
    client_job_t *j = bson_malloc0 (sizeof *j);
 
+   RELAYBUS_ASSERT (!c->job); /* one request at a time */
    j->c = c;
    j->h = h;
    j->raw = evbuffer_new ();
@@ -1082,7 +1084,7 @@ handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
       if (!client_mem_reserve_decode (c, (int64_t) usize + WIRE_HEADER_LEN))
          return 0;
    }
-   if (work >= CLIENT_OFFLOAD_MIN && c->loop->worker) {
+   if (work >= CLIENT_OFFLOAD_MIN && c->loop->decoder) {
       /* A plain request is parsed from a copy: reserved like a
        * decompression. */
       if (h.opcode != WIRE_OP_COMPRESSED && !client_mem_reserve_decode (c, h.length))
@@ -1211,6 +1213,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    bool more, first;
    bson_error_t error;
    client_req_t *r = NULL;
+
+   RELAYBUS_ASSERT (c->up_count > 0); /* take_reply refused an unsolicited one */
 
    if (h->opcode != WIRE_OP_MSG) {
       bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
