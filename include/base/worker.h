@@ -25,8 +25,9 @@
  * monitor checks each member every second).  docs/architecture.md,
  * "Workers".
  *
- * Not here: the store (a component makes its own on worker_pool; base
- * depends on no other layer) and the component's events.
+ * Not here: the store (base depends on no other layer; store/store.h's
+ * store_worker_new makes a worker with its store) and the component's
+ * events.
  */
 #ifndef RELAYBUS_BASE_WORKER_H
 #define RELAYBUS_BASE_WORKER_H

@@ -33,6 +33,7 @@
 
 #include "base/config.h"
 #include "base/outbox.h"
+#include "base/worker.h"
 
 #define STORE_ERROR_DOMAIN 0x5354 /* "ST" */
 
@@ -69,9 +70,12 @@ store_t *store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_e
 /* Frees the instance; does not hand lanes back (see store_relinquish).
  * NULL is accepted. */
 void store_destroy (store_t *store);
-/* store_new with the [outbox] keys of `cfg` (database, collection_prefix,
- * completion_history) and `owner` (base/worker.h makes one per worker). */
-store_t *store_new_for_config (mongoc_client_pool_t *pool, const config_t *cfg, const char *owner, bson_error_t *error)
+/* The set-up of the dispatcher and the admin port: a worker (base/worker.h,
+ * not started) and a store on its pool, with its owner name and the
+ * [outbox] keys of `cfg` (database, collection_prefix,
+ * completion_history).  Both or neither: NULL on failure.  The caller
+ * destroys the store before the worker, whose pool it uses. */
+worker_t *store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **store, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 const char *store_owner (const store_t *store);
 

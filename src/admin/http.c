@@ -594,14 +594,11 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
       bson_set_error (error, ADMIN_ERROR_DOMAIN, ADMIN_ERROR_TLS, "admin: [admin] %s", err.message);
       goto fail;
    }
-   a->w = worker_new (cfg->upstream, &wo, error);
+   /* The store never claims: the owner name only fills the field. */
+   a->w = store_worker_new (cfg, &wo, &a->store, error);
    if (!a->w)
       goto fail;
    a->local_prefix = worker_owner_prefix (a->w);
-   /* Never claims: the owner name only fills the field. */
-   a->store = store_new_for_config (worker_pool (a->w), cfg, worker_owner (a->w), error);
-   if (!a->store)
-      goto fail;
 
    base = worker_base (a->w);
    a->http = evhttp_new (base);

@@ -587,19 +587,42 @@ valid_name (const char *s, size_t max, const char *extra)
    return true;
 }
 
+/* The items of a list value, which the list setter left without blanks
+ * or empty items: how many there are, and the next one (false after the
+ * last). */
+static size_t
+list_count (const char *p)
+{
+   size_t n = *p ? 1 : 0;
+
+   for (; *p; p++)
+      n += *p == ',';
+   return n;
+}
+
+static bool
+list_next (const char **p, const char **item, size_t *len)
+{
+   const char *end;
+
+   if (!**p)
+      return false;
+   end = strchr (*p, ',');
+   *item = *p;
+   *len = end ? (size_t) (end - *p) : strlen (*p);
+   *p = end ? end + 1 : *p + *len;
+   return true;
+}
+
 static bool
 config_split_patterns (config_handler_t *h, const char *origin, bson_error_t *error)
 {
-   const char *p = h->events;
-   size_t n = 1;
+   const char *p = h->events, *item;
+   size_t len;
 
-   for (const char *q = p; *q; q++)
-      n += *q == ',';
-   h->event_patterns = bson_malloc0 ((n + 1) * sizeof (char *));
-   while (*p) {
-      const char *end = strchr (p, ',');
-      size_t len = end ? (size_t) (end - p) : strlen (p);
-      char *pat = bson_strndup (p, len);
+   h->event_patterns = bson_malloc0 ((list_count (p) + 1) * sizeof (char *));
+   while (list_next (&p, &item, &len)) {
+      char *pat = bson_strndup (item, len);
       char *star = strchr (pat, '*');
 
       h->event_patterns[h->n_event_patterns++] = pat;
@@ -608,7 +631,6 @@ config_split_patterns (config_handler_t *h, const char *origin, bson_error_t *er
                        "[handler %s] events: '%s': '*' may only end a pattern", h->name, pat);
          return false;
       }
-      p = end ? end + 1 : p + len;
    }
    if (h->n_event_patterns == 0) {
       config_error (error, origin, 0, "[handler %s] events: at least one event type or prefix is needed", h->name);
@@ -622,12 +644,10 @@ config_split_patterns (config_handler_t *h, const char *origin, bson_error_t *er
 static bool
 config_split_retry_schedule (config_handler_t *h, const char *origin, bson_error_t *error)
 {
-   const char *p = h->retry_schedule;
-   size_t n = 1;
+   const char *p = h->retry_schedule, *item;
+   size_t n = list_count (p), len;
 
-   for (const char *q = p; *q; q++)
-      n += *q == ',';
-   if (!*p) {
+   if (n == 0) {
       config_error (error, origin, 0,
                     "[handler %s] retry_schedule: at least one delay is needed (max_attempts = 1 retries nothing)",
                     h->name);
@@ -639,26 +659,23 @@ config_split_retry_schedule (config_handler_t *h, const char *origin, bson_error
       return false;
    }
    h->retry_delays_ms = bson_malloc0 (n * sizeof (int64_t));
-   while (*p) {
-      const char *end = strchr (p, ',');
-      size_t len = end ? (size_t) (end - p) : strlen (p);
-      char item[64];
+   while (list_next (&p, &item, &len)) {
+      char one[64];
       char why[192];
       int64_t ms;
 
-      snprintf (item, sizeof item, "%.*s", (int) (len < sizeof item - 1 ? len : sizeof item - 1), p);
-      if (len >= sizeof item || !parse_duration (item, &ms, why, sizeof why)) {
-         if (len >= sizeof item)
-            snprintf (why, sizeof why, "'%.32s...' is not a duration", item);
+      snprintf (one, sizeof one, "%.*s", (int) (len < sizeof one - 1 ? len : sizeof one - 1), item);
+      if (len >= sizeof one || !parse_duration (one, &ms, why, sizeof why)) {
+         if (len >= sizeof one)
+            snprintf (why, sizeof why, "'%.32s...' is not a duration", one);
          config_error (error, origin, 0, "[handler %s] retry_schedule: %s", h->name, why);
          return false;
       }
       if (ms > CONFIG_RETRY_DELAY_MAX_MS) {
-         config_error (error, origin, 0, "[handler %s] retry_schedule: '%s' is longer than 7d", h->name, item);
+         config_error (error, origin, 0, "[handler %s] retry_schedule: '%s' is longer than 7d", h->name, one);
          return false;
       }
       h->retry_delays_ms[h->n_retry_delays++] = ms;
-      p = end ? end + 1 : p + len;
    }
    if (h->max_attempts == 0)
       h->max_attempts = 1 + (int64_t) h->n_retry_delays;
@@ -752,22 +769,20 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
       config_error (error, origin, 0, "[outbox] unrouted: '%s' is not accept, warn or refuse", cfg->unrouted);
       return false;
    }
-   if (*cfg->compressors) {
-      const char *p = cfg->compressors;
+   {
+      const char *p = cfg->compressors, *item;
+      size_t len;
 
-      while (*p) {
-         const char *end = strchr (p, ',');
-         size_t len = end ? (size_t) (end - p) : strlen (p);
+      while (list_next (&p, &item, &len)) {
          char name[32];
 
-         snprintf (name, sizeof name, "%.*s", (int) (len < 31 ? len : 31), p);
+         snprintf (name, sizeof name, "%.*s", (int) (len < 31 ? len : 31), item);
          if (len >= sizeof name || (config_checks.compressor_known && !config_checks.compressor_known (name))) {
             config_error (error, origin, 0,
                           "[proxy] compressors: '%.*s' is not one of snappy, zlib, zstd", (int) len,
-                          p);
+                          item);
             return false;
          }
-         p = end ? end + 1 : p + len;
       }
    }
    if (!!*cfg->tls_cert_file != !!*cfg->tls_key_file) {

@@ -1240,13 +1240,10 @@ dispatch_start (config_t *cfg, bson_error_t *error)
 
    pthread_mutex_init (&d->renew_set.mu, NULL);
    d->cfg = config_retain (cfg);
-   d->w = worker_new (cfg->upstream, &wo, error);
+   d->w = store_worker_new (cfg, &wo, &d->store, error);
    if (!d->w)
       goto fail;
    d->base = worker_base (d->w);
-   d->store = store_new_for_config (worker_pool (d->w), cfg, worker_owner (d->w), error);
-   if (!d->store)
-      goto fail;
    d->fleet = dispatch_fleet_new (d->store, worker_owner (d->w));
 
    for (size_t i = 0; i < cfg->n_handlers; i++)

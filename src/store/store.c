@@ -52,17 +52,25 @@ store_cursor_end (mongoc_cursor_t *cur, bson_error_t *error, const char *fmt, ..
    return ok;
 }
 
-store_t *
-store_new_for_config (mongoc_client_pool_t *pool, const config_t *cfg, const char *owner, bson_error_t *error)
+worker_t *
+store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **store, bson_error_t *error)
 {
+   worker_t *w = worker_new (cfg->upstream, opts, error);
    store_opts_t so = {
       .database = cfg->outbox_database,
       .prefix = cfg->collection_prefix,
       .completion_history = cfg->completion_history,
-      .owner = owner,
    };
 
-   return store_new (pool, &so, error);
+   if (!w)
+      return NULL;
+   so.owner = worker_owner (w);
+   *store = store_new (worker_pool (w), &so, error);
+   if (!*store) {
+      worker_destroy (w);
+      return NULL;
+   }
+   return w;
 }
 
 store_t *
