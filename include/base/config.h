@@ -1,6 +1,10 @@
 /*
  * base/config.h - the configuration: one table of keys, immutable snapshots.
  *
+ * Thread: config_set_checks, config_load and config_publish: the main
+ * thread; config_acquire, config_retain, config_release and the reading of
+ * a snapshot: any thread (a snapshot never changes once loaded).
+ *
  * A single table (config_keys) names every key with its section, type,
  * default, limits, whether a reload may change it, and a line of help.  The
  * table drives parsing, validation, --check-config, the admin API and the
@@ -11,10 +15,6 @@
  * non-reloadable changed, and publishes it whole (config_publish); readers
  * take a reference with config_acquire and drop it with config_release.  A
  * failed reload keeps the old snapshot and says why.
- *
- * Thread: config_set_checks, config_load and config_publish: the main
- * thread; config_acquire, config_retain, config_release and the reading of
- * a snapshot: any thread (a snapshot never changes once loaded).
  */
 #ifndef RELAYBUS_CONFIG_H
 #define RELAYBUS_CONFIG_H
