@@ -104,6 +104,27 @@ struct store {
  * primary reads.  The caller destroys it. */
 mongoc_collection_t *store_coll (store_t *store, mongoc_client_t *client, outbox_collection_t which);
 
+/* The writes store_write runs. */
+typedef enum {
+   STORE_WRITE_UPDATE_ONE,
+   STORE_WRITE_UPDATE_MANY,
+   STORE_WRITE_DELETE_MANY,
+} store_write_kind_t;
+
+/* One write outside a transaction on a client of the pool: q, and u for an
+ * update; opts may be NULL.  *n (may be NULL) gets how many documents it
+ * changed (modifiedCount, deletedCount).  False with a STORE_ERROR_SERVER
+ * "<what>: <the server's message>". */
+bool store_write (store_t *store,
+                  outbox_collection_t which,
+                  store_write_kind_t kind,
+                  const bson_t *q,
+                  const bson_t *u,
+                  const bson_t *opts,
+                  int64_t *n,
+                  const char *what,
+                  bson_error_t *error);
+
 /* Transaction options: snapshot read concern, majority, primary. */
 mongoc_transaction_opt_t *store_txn_opts (void);
 
@@ -181,18 +202,34 @@ void store_oids_from_array (store_oids_t *o, const bson_t *doc, const char *fiel
 void store_oids_from_strings (store_oids_t *o, const char *const *ids, size_t n);
 /* Appends `field: {op: [ids]}` (op "$in", "$nin"...). */
 void store_append_oids_op (bson_t *query, const char *field, const char *op, const bson_oid_t *ids, size_t n);
+/* Appends `field: {$in: [strings]}`. */
+void store_append_strs_in (bson_t *query, const char *field, const char *const *v, size_t n);
 /* Appends `field: [ids]`. */
 void store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *ids, size_t n);
 /* Appends `field: {$in: [lane numbers]}` for the lanes set in `lanes`;
  * returns how many it listed (0: the query matches nothing). */
 uint32_t store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX_LANES]);
-/* Keyset pagination in (createdAt, _id) order: appends the $or that keeps
- * the documents after (created, id); id is an ObjectId or a string. */
-void store_append_after_key (bson_t *query, int64_t created, const bson_value_t *id);
+/* Appends `$or: [a, b]`. */
+void store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b);
+/* Keyset pagination in (field, _id) order, field a date: appends the $or
+ * that keeps the documents after (at, id); id is an ObjectId or a
+ * string. */
+void store_append_after_key (bson_t *query, const char *field, int64_t at, const bson_value_t *id);
+
+/* What a transaction's callback works with: its session, the options
+ * every command of it must carry ({"session": ...}), and the outbox
+ * collections on the transaction's client (store_coll's).  Owned by
+ * store_with_txn. */
+typedef struct {
+   mongoc_client_session_t *session;
+   bson_t opts;
+   mongoc_collection_t *coll[OUTBOX_N_COLLECTIONS];
+} store_txn_t;
 
 /* Runs cb in a transaction (mongoc_client_session_with_transaction, which
- * retries transient errors).  Every command in cb must carry the session. */
-typedef bool (*store_txn_cb_t) (mongoc_client_session_t *session, void *ctx, bson_error_t *error);
+ * retries transient errors; a write conflict runs cb again).  Every
+ * command in cb must carry txn->opts. */
+typedef bool (*store_txn_cb_t) (store_txn_t *txn, void *ctx, bson_error_t *error);
 bool store_with_txn (store_t *store, mongoc_client_t *client, store_txn_cb_t cb, void *ctx, bson_error_t *error);
 /* Options {"session": ...} for a command in a transaction (or empty). */
 void store_session_opts (mongoc_client_session_t *session, bson_t *opts);

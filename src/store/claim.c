@@ -91,20 +91,24 @@ typedef struct {
    bson_t *lane_docs[OUTBOX_LANES];
 } claim_t;
 
+/* Frees what a claimed delivery owns (not the delivery itself). */
+static void
+delivery_free (store_delivery_t *d)
+{
+   bson_free (d->event_id);
+   bson_free (d->handler);
+   bson_free (d->event_type);
+   bson_free (d->key);
+   bson_destroy (d->event);
+}
+
 void
 store_batch_clear (store_batch_t *b)
 {
    if (!b)
       return;
-   for (size_t i = 0; i < b->n; i++) {
-      store_delivery_t *d = &b->items[i];
-      bson_free (d->event_id);
-      bson_free (d->handler);
-      bson_free (d->event_type);
-      bson_free (d->key);
-      if (d->event)
-         bson_destroy (d->event);
-   }
+   for (size_t i = 0; i < b->n; i++)
+      delivery_free (&b->items[i]);
    bson_free (b->items);
    memset (b, 0, sizeof *b);
 }
@@ -147,8 +151,7 @@ claim_free (claim_t *c)
       store_oids_free (&c->lanes[i].blocked);
    }
    for (int i = 0; i < OUTBOX_LANES; i++)
-      if (c->lane_docs[i])
-         bson_destroy (c->lane_docs[i]);
+      bson_destroy (c->lane_docs[i]);
    bson_free (c->handler_taken);
    bson_free (c->out_lane);
    mongoc_collection_destroy (c->deliveries);
@@ -242,41 +245,10 @@ heads_by_key (claim_t *c,
 
    BSON_APPEND_UTF8 (&m, "handler", handler);
    bson_concat (&m, match);
-   pipeline = BCON_NEW ("pipeline",
-                        "[",
-                        "{",
-                        "$match",
-                        BCON_DOCUMENT (&m),
-                        "}",
-                        "{",
-                        "$sort",
-                        "{",
-                        "handler",
-                        BCON_INT32 (1),
-                        "key",
-                        BCON_INT32 (1),
-                        "sequence",
-                        BCON_INT32 (1),
-                        "}",
-                        "}",
-                        "{",
-                        "$group",
-                        "{",
-                        "_id",
-                        BCON_UTF8 ("$key"),
-                        "seq",
-                        "{",
-                        "$first",
-                        BCON_UTF8 ("$sequence"),
-                        "}",
-                        "due",
-                        "{",
-                        "$first",
-                        BCON_UTF8 ("$dueAt"),
-                        "}",
-                        "}",
-                        "}",
-                        "]");
+   pipeline = BCON_NEW ("pipeline", "[", "{", "$match", BCON_DOCUMENT (&m), "}", "{", "$sort", "{", "handler",
+                        BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "}", "}", "{", "$group",
+                        "{", "_id", BCON_UTF8 ("$key"), "seq", "{", "$first", BCON_UTF8 ("$sequence"), "}", "due",
+                        "{", "$first", BCON_UTF8 ("$dueAt"), "}", "}", "}", "]");
    /* The stages of `tail` (an array-like document) after those. */
    with_tail = bson_new ();
    BSON_APPEND_ARRAY_BEGIN (with_tail, "pipeline", &arr);
@@ -371,7 +343,7 @@ hk_cmp (const void *a, const void *b)
 static bson_t *
 unpark_tail (const store_t *s, const char *handler)
 {
-   bson_t *tail = bson_new (), st, sub, cond, or_arr, a, b;
+   bson_t *tail = bson_new (), st, sub, cond;
    int cmp = s->unpark_h ? strcmp (handler, s->unpark_h) : 0;
    uint32_t k = 0;
    char buf[16];
@@ -395,19 +367,10 @@ unpark_tail (const store_t *s, const char *handler)
          BSON_APPEND_DATE_TIME (&sub, cmp > 0 ? "$gte" : "$gt", s->unpark_due);
          bson_append_document_end (&cond, &sub);
       } else {
-         BSON_APPEND_ARRAY_BEGIN (&cond, "$or", &or_arr);
-         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
-         BSON_APPEND_DOCUMENT_BEGIN (&a, "due", &sub);
-         BSON_APPEND_DATE_TIME (&sub, "$gt", s->unpark_due);
-         bson_append_document_end (&a, &sub);
-         bson_append_document_end (&or_arr, &a);
-         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
-         BSON_APPEND_DATE_TIME (&b, "due", s->unpark_due);
-         BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
-         BSON_APPEND_UTF8 (&sub, "$gt", s->unpark_k);
-         bson_append_document_end (&b, &sub);
-         bson_append_document_end (&or_arr, &b);
-         bson_append_array_end (&cond, &or_arr);
+         bson_value_t last = {.value_type = BSON_TYPE_UTF8};
+         last.value.v_utf8.str = s->unpark_k;
+         last.value.v_utf8.len = (uint32_t) strlen (s->unpark_k);
+         store_append_after_key (&cond, "due", s->unpark_due, &last);
       }
       bson_append_document_end (&st, &cond);
       bson_append_document_end (tail, &st);
@@ -627,7 +590,7 @@ charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const lost_list_t *lost, 
       return true;
    for (;;) {
       int64_t e = INT64_MAX;
-      bson_t q = BSON_INITIALIZER, or_arr, a, b, sub, reply;
+      bson_t q = BSON_INITIALIZER, reply, *never, *before;
       store_oids_t group = {0};
       bson_t *upd, *opts;
 
@@ -642,32 +605,13 @@ charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const lost_list_t *lost, 
             store_oids_push (&group, &lost->ids.v[i]);
       store_append_oids_op (&q, "_id", "$in", group.v, group.n);
       BSON_APPEND_UTF8 (&q, "status", "pending");
-      BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
-      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
-      BSON_APPEND_DOCUMENT_BEGIN (&a, "lostAt", &sub);
-      BSON_APPEND_BOOL (&sub, "$exists", false);
-      bson_append_document_end (&a, &sub);
-      bson_append_document_end (&or_arr, &a);
-      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
-      BSON_APPEND_DOCUMENT_BEGIN (&b, "lostAt", &sub);
-      BSON_APPEND_INT64 (&sub, "$lt", e);
-      bson_append_document_end (&b, &sub);
-      bson_append_document_end (&or_arr, &b);
-      bson_append_array_end (&q, &or_arr);
-      upd = BCON_NEW ("$inc",
-                      "{",
-                      "attempts",
-                      BCON_INT32 (1),
-                      "claims",
-                      BCON_INT32 (1),
-                      "}",
-                      "$set",
-                      "{",
-                      "lostAt",
-                      BCON_INT64 (e),
-                      "updatedAt",
-                      BCON_DATE_TIME (c->o->now),
-                      "}");
+      never = BCON_NEW ("lostAt", "{", "$exists", BCON_BOOL (false), "}");
+      before = BCON_NEW ("lostAt", "{", "$lt", BCON_INT64 (e), "}");
+      store_append_or2 (&q, never, before);
+      bson_destroy (never);
+      bson_destroy (before);
+      upd = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$set", "{", "lostAt",
+                      BCON_INT64 (e), "updatedAt", BCON_DATE_TIME (c->o->now), "}");
       opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
       ok = mongoc_collection_update_many (c->deliveries, &q, upd, opts, &reply, &err);
       if (ok && store_iter_int64 (&reply, "modifiedCount") > 0)
@@ -706,9 +650,7 @@ add_lane (claim_t *c, uint32_t lane, int64_t epoch)
    /* A claim works with each of the 256 lanes at most once. */
    RELAYBUS_ASSERT (c->n_lanes < OUTBOX_LANES && lane < OUTBOX_LANES);
    l = &c->lanes[c->n_lanes++];
-   memset (l, 0, sizeof *l);
-   l->lane = lane;
-   l->epoch = epoch;
+   *l = (claim_lane_t) {.lane = lane, .epoch = epoch};
    return l;
 }
 
@@ -829,17 +771,8 @@ load_held (claim_t *c, bson_error_t *error)
     * the delivery is runnable at once, also with a single proxy. */
    {
       bson_t fq = BSON_INITIALIZER;
-      bson_t *opts = BCON_NEW ("projection",
-                               "{",
-                               "handler",
-                               BCON_INT32 (1),
-                               "key",
-                               BCON_INT32 (1),
-                               "laneId",
-                               BCON_INT32 (1),
-                               "claims",
-                               BCON_INT32 (1),
-                               "}");
+      bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "laneId",
+                               BCON_INT32 (1), "claims", BCON_INT32 (1), "}");
       store_oids_t found = {0}, abandoned = {0};
       int32_t *found_claims = NULL;
       char **found_h = NULL, **found_k = NULL;
@@ -1050,34 +983,9 @@ keys_runs (claim_t *c, key_state_t **ks, size_t n, bson_error_t *error)
             ks[j]->min_seq = INT64_MAX;
          }
       bson_append_array_end (&m, &or_arr);
-      pipeline = BCON_NEW ("pipeline",
-                           "[",
-                           "{",
-                           "$match",
-                           BCON_DOCUMENT (&m),
-                           "}",
-                           "{",
-                           "$limit",
-                           BCON_INT64 (cap + 1),
-                           "}",
-                           "{",
-                           "$group",
-                           "{",
-                           "_id",
-                           BCON_UTF8 ("$key"),
-                           "seq",
-                           "{",
-                           "$min",
-                           BCON_UTF8 ("$sequence"),
-                           "}",
-                           "n",
-                           "{",
-                           "$sum",
-                           BCON_INT32 (1),
-                           "}",
-                           "}",
-                           "}",
-                           "]");
+      pipeline = BCON_NEW ("pipeline", "[", "{", "$match", BCON_DOCUMENT (&m), "}", "{", "$limit",
+                           BCON_INT64 (cap + 1), "}", "{", "$group", "{", "_id", BCON_UTF8 ("$key"), "seq", "{",
+                           "$min", BCON_UTF8 ("$sequence"), "}", "n", "{", "$sum", BCON_INT32 (1), "}", "}", "}", "]");
       cur = mongoc_collection_aggregate (c->deliveries, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          const char *kv = store_iter_utf8 (doc, "_id");
@@ -1152,6 +1060,19 @@ pick (claim_t *c, claim_lane_t *l, size_t lane_index, int h, const bson_t *doc, 
    c->handler_taken[h]++;
 }
 
+/* The index in lanes[from..n_lanes) of `lane` when this claim reads from
+ * it (not skipped); n_lanes otherwise. */
+static size_t
+lane_index (const claim_t *c, size_t from, uint32_t lane)
+{
+   size_t li;
+
+   for (li = from; li < c->n_lanes; li++)
+      if (c->lanes[li].lane == lane && !c->lanes[li].skip)
+         break;
+   return li;
+}
+
 /* Reads the due, ready deliveries of lanes[from..n_lanes) in (dueAt, _id)
  * order and takes what the per-key rules allow, up to the limits. */
 static bool
@@ -1190,17 +1111,8 @@ scan (claim_t *c, size_t from, bson_error_t *error)
    append_handlers_in (c, &q, true);
    if (running.n > 0)
       store_append_oids_op (&q, "_id", "$nin", running.v, running.n);
-   opts = BCON_NEW ("sort",
-                    "{",
-                    "dueAt",
-                    BCON_INT32 (1),
-                    "_id",
-                    BCON_INT32 (1),
-                    "}",
-                    "limit",
-                    BCON_INT64 (SCAN_CAP),
-                    "batchSize",
-                    BCON_INT32 (SCAN_BATCH));
+   opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (SCAN_CAP),
+                    "batchSize", BCON_INT32 (SCAN_BATCH));
    cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
    /* Page by page: the keys of a page whose lowest pending sequence is not
     * known yet are looked up with one aggregation, then the page is taken
@@ -1270,10 +1182,7 @@ scan (claim_t *c, size_t from, bson_error_t *error)
             h = handler_index (c, handler);
             if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
                continue;
-            for (li = from; li < c->n_lanes; li++)
-               if (c->lanes[li].lane == lane && !c->lanes[li].skip)
-                  break;
-            if (li == c->n_lanes)
+            if ((li = lane_index (c, from, lane)) == c->n_lanes)
                continue;
             if (key) {
                key_state_t *ks = key_get (c, handler, key);
@@ -1306,10 +1215,7 @@ scan (claim_t *c, size_t from, bson_error_t *error)
             continue;
          if (handler_index (c, handler) < 0)
             continue;
-         for (li = from; li < c->n_lanes; li++)
-            if (c->lanes[li].lane == lane && !c->lanes[li].skip)
-               break;
-         if (li == c->n_lanes)
+         if ((li = lane_index (c, from, lane)) == c->n_lanes)
             continue;
          {
             key_state_t *ks = key_get (c, handler, key);
@@ -1419,28 +1325,9 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
       BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
       bson_append_document_end (&q, &sub);
       append_handlers_in (c, &q, true);
-      opts = BCON_NEW ("sort",
-                       "{",
-                       "dueAt",
-                       BCON_INT32 (1),
-                       "_id",
-                       BCON_INT32 (1),
-                       "}",
-                       "limit",
-                       BCON_INT64 (FREE_PROBE),
-                       "batchSize",
-                       BCON_INT32 (FREE_PROBE),
-                       "projection",
-                       "{",
-                       "laneId",
-                       BCON_INT32 (1),
-                       "dueAt",
-                       BCON_INT32 (1),
-                       "handler",
-                       BCON_INT32 (1),
-                       "key",
-                       BCON_INT32 (1),
-                       "}");
+      opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
+                       BCON_INT64 (FREE_PROBE), "batchSize", BCON_INT32 (FREE_PROBE), "projection", "{", "laneId",
+                       BCON_INT32 (1), "dueAt", BCON_INT32 (1), "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "}");
       cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          int64_t lane = store_iter_int64 (doc, "laneId");
@@ -1487,8 +1374,7 @@ find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_e
    if (*n_out == first)
       *more = false;
    for (int i = 0; i < OUTBOX_LANES; i++)
-      if (lane_docs[i])
-         bson_destroy (lane_docs[i]);
+      bson_destroy (lane_docs[i]);
    return ok;
 }
 
@@ -1536,6 +1422,43 @@ free_lanes_cached (claim_t *c, free_lane_t *out, size_t *n_out)
    }
 }
 
+/* The update of a take: the epoch moves on, this instance owns the lane
+ * for a lease; with `lost` (take_lane), inFlight empties and the lost
+ * claims are recorded with their epochs. */
+static void
+append_take (claim_t *c, bson_t *upd, const lost_list_t *lost)
+{
+   bson_t sub;
+
+   BSON_APPEND_DOCUMENT_BEGIN (upd, "$inc", &sub);
+   BSON_APPEND_INT64 (&sub, "epoch", 1);
+   bson_append_document_end (upd, &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (upd, "$set", &sub);
+   BSON_APPEND_UTF8 (&sub, "owner", c->s->owner);
+   BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
+   if (lost) {
+      store_append_oids_array (&sub, "inFlight", NULL, 0);
+      lost_append (&sub, lost);
+   }
+   bson_append_document_end (upd, &sub);
+}
+
+/* A lane this claim took under `epoch` (callers hold s->mu): it works
+ * with it, and the instance holds it for a lease, with no claim of an
+ * earlier epoch remembered. */
+static claim_lane_t *
+lane_taken (claim_t *c, uint32_t lane, int64_t epoch)
+{
+   claim_lane_t *l = add_lane (c, lane, epoch);
+
+   l->taken_now = true;
+   store_issued_remove_lane (c->s, lane);
+   c->s->lanes[lane].held = true;
+   c->s->lanes[lane].epoch = epoch;
+   c->s->lanes[lane].expires = c->o->now + c->o->lease_ms;
+   return l;
+}
+
 /* Takes a free lane with one conditional findOneAndUpdate: the epoch moves
  * on and the previous owner's inFlight moves to `lost`.  The condition
  * repeats the lane as read (epoch, inFlight, lost), so a lane another
@@ -1546,7 +1469,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
 {
    store_oids_t inflight = {0}, lost = {0};
    lost_list_t all_lost = {0};
-   bson_t q = BSON_INITIALIZER, sub, upd = BSON_INITIALIZER, reply;
+   bson_t q = BSON_INITIALIZER, upd = BSON_INITIALIZER, reply;
    mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
    bson_error_t err;
    bson_iter_t it, val;
@@ -1569,15 +1492,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    store_append_oids_array (&q, "lost", lost.v, lost.n);
    append_lane_free (&q, c->o->now);
 
-   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$inc", &sub);
-   BSON_APPEND_INT64 (&sub, "epoch", 1);
-   bson_append_document_end (&upd, &sub);
-   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$set", &sub);
-   BSON_APPEND_UTF8 (&sub, "owner", c->s->owner);
-   BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
-   store_append_oids_array (&sub, "inFlight", NULL, 0);
-   lost_append (&sub, &all_lost);
-   bson_append_document_end (&upd, &sub);
+   append_take (c, &upd, &all_lost);
 
    mongoc_find_and_modify_opts_set_update (fam, &upd);
    mongoc_find_and_modify_opts_set_flags (fam, MONGOC_FIND_AND_MODIFY_RETURN_NEW);
@@ -1595,18 +1510,13 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    } else if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
               bson_iter_recurse (&it, &val) && bson_iter_find (&val, "epoch")) {
       int64_t epoch = bson_iter_as_int64 (&val);
-      claim_lane_t *l;
       /* The take matched the epoch as read and moved it on by one. */
       RELAYBUS_ASSERT (epoch == f->epoch + 1);
-      l = add_lane (c, f->lane, epoch);
-      l->taken_now = true;
-      *taken = true;
+      claim_lane_t *l;
       pthread_mutex_lock (&c->s->mu);
-      store_issued_remove_lane (c->s, f->lane);
-      c->s->lanes[f->lane].held = true;
-      c->s->lanes[f->lane].epoch = epoch;
-      c->s->lanes[f->lane].expires = c->o->now + c->o->lease_ms;
+      l = lane_taken (c, f->lane, epoch);
       pthread_mutex_unlock (&c->s->mu);
+      *taken = true;
       if (inflight.n > 0)
          log_info ("store: took lane %u over (epoch %" PRId64 "); the previous owner listed %zu delivery(ies) in flight",
                    f->lane,
@@ -1685,13 +1595,7 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
    BSON_APPEND_ARRAY_BEGIN (&q, "lost", &sub);
    bson_append_array_end (&q, &sub);
 
-   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$inc", &sub);
-   BSON_APPEND_INT64 (&sub, "epoch", 1);
-   bson_append_document_end (&upd, &sub);
-   BSON_APPEND_DOCUMENT_BEGIN (&upd, "$set", &sub);
-   BSON_APPEND_UTF8 (&sub, "owner", c->s->owner);
-   BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
-   bson_append_document_end (&upd, &sub);
+   append_take (c, &upd, NULL);
    {
       bson_t *opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
       ok = mongoc_collection_update_many (c->lanes_coll, &q, &upd, opts, &reply, &err);
@@ -1735,14 +1639,8 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
    bson_destroy (&reply);
    pthread_mutex_lock (&c->s->mu);
    for (int l = 0; l < OUTBOX_LANES; l++)
-      if (got[l]) {
-         claim_lane_t *cl = add_lane (c, (uint32_t) l, epoch_of[l]);
-         cl->taken_now = true;
-         store_issued_remove_lane (c->s, (uint32_t) l);
-         c->s->lanes[l].held = true;
-         c->s->lanes[l].epoch = epoch_of[l];
-         c->s->lanes[l].expires = c->o->now + c->o->lease_ms;
-      }
+      if (got[l])
+         lane_taken (c, (uint32_t) l, epoch_of[l]);
    pthread_mutex_unlock (&c->s->mu);
 
 done:
@@ -1969,12 +1867,7 @@ give_back_overtaken (claim_t *c)
                 d->sequence);
       if (!store_release (c->s, &r, c->o->now, &applied, &err))
          log_warn ("store: giving back an overtaken pick: %s", err.message);
-      bson_free (d->event_id);
-      bson_free (d->handler);
-      bson_free (d->event_type);
-      bson_free (d->key);
-      if (d->event)
-         bson_destroy (d->event);
+      delivery_free (d);
       memmove (d, d + 1, (c->out->n - i - 1) * sizeof *d);
       c->out->n--;
    }
@@ -2142,7 +2035,6 @@ done:
 
 typedef struct {
    store_t *s;
-   mongoc_client_t *client;
    uint32_t lanes[OUTBOX_LANES];
    int64_t epochs[OUTBOX_LANES];
    size_t n;
@@ -2151,21 +2043,17 @@ typedef struct {
 } reconcile_t;
 
 static bool
-reconcile_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    reconcile_t *r = ctx;
    store_t *s = r->s;
-   mongoc_collection_t *lanes = store_coll (s, r->client, OUTBOX_LANES_COLL);
-   mongoc_collection_t *dels = store_coll (s, r->client, OUTBOX_DELIVERIES);
-   bson_t opts = BSON_INITIALIZER;
    bool ok = true;
 
    store_oids_free (&r->removed);
    memset (r->drop, 0, sizeof r->drop);
-   store_session_opts (session, &opts);
    for (size_t i = 0; ok && i < r->n; i++) {
       bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lanes[i]));
-      mongoc_cursor_t *cur = mongoc_collection_find_with_opts (lanes, q, &opts, NULL);
+      mongoc_cursor_t *cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], q, &txn->opts, NULL);
       const bson_t *doc;
       store_oids_t inflight = {0}, bad = {0};
       bson_error_t err;
@@ -2189,7 +2077,7 @@ reconcile_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
          bool keep = false;
          int32_t claims = 0;
          bson_t *dq = BCON_NEW ("_id", BCON_OID (&inflight.v[j]));
-         mongoc_cursor_t *dc = mongoc_collection_find_with_opts (dels, dq, &opts, NULL);
+         mongoc_cursor_t *dc = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], dq, &txn->opts, NULL);
          const bson_t *ddoc;
          bool exists = mongoc_cursor_next (dc, &ddoc);
          if (exists)
@@ -2207,7 +2095,7 @@ reconcile_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
             store_oids_push (&bad, &inflight.v[j]);
             if (exists) {
                bson_t *u = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
-               if (!mongoc_collection_update_one (dels, dq, u, &opts, NULL, error))
+               if (!mongoc_collection_update_one (txn->coll[OUTBOX_DELIVERIES], dq, u, &txn->opts, NULL, error))
                   ok = false;
                bson_destroy (u);
             }
@@ -2220,7 +2108,7 @@ reconcile_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
          BSON_APPEND_DOCUMENT_BEGIN (&lu, "$pullAll", &sub);
          store_append_oids_array (&sub, "inFlight", bad.v, bad.n);
          bson_append_document_end (&lu, &sub);
-         if (!mongoc_collection_update_one (lanes, lq, &lu, &opts, NULL, error))
+         if (!mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, &lu, &txn->opts, NULL, error))
             ok = false;
          bson_destroy (lq);
          bson_destroy (&lu);
@@ -2230,9 +2118,6 @@ reconcile_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
       store_oids_free (&inflight);
       store_oids_free (&bad);
    }
-   bson_destroy (&opts);
-   mongoc_collection_destroy (lanes);
-   mongoc_collection_destroy (dels);
    return ok;
 }
 
@@ -2243,7 +2128,6 @@ store_reconcile (store_t *s, mongoc_client_t *client, bson_error_t *error)
    bool ok;
 
    r->s = s;
-   r->client = client;
    pthread_mutex_lock (&s->mu);
    for (int i = 0; i < OUTBOX_LANES; i++)
       if (s->lanes[i].held) {

@@ -108,8 +108,7 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
 
 done:
    for (int i = 0; i < OUTBOX_LANES; i++)
-      if (lane_docs[i])
-         bson_destroy (lane_docs[i]);
+      bson_destroy (lane_docs[i]);
    store_oids_free (&ids);
    bson_destroy (&q);
    bson_destroy (&lq);
@@ -294,7 +293,7 @@ typedef struct {
 } complete_txn_t;
 
 static bool
-complete_txn_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+complete_txn_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    complete_txn_t *t = ctx;
 
@@ -303,7 +302,7 @@ complete_txn_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *erro
          bson_destroy (t->docs[i]);
          t->docs[i] = NULL;
       }
-   return complete_fence (t->c, session, t->docs, error) && complete_delete (t->c, session, t->docs, error);
+   return complete_fence (t->c, txn->session, t->docs, error) && complete_delete (t->c, txn->session, t->docs, error);
 }
 
 bool
@@ -369,8 +368,7 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
    }
    pthread_mutex_unlock (&s->mu);
    for (size_t i = 0; i < n; i++)
-      if (docs[i])
-         bson_destroy (docs[i]);
+      bson_destroy (docs[i]);
    bson_free (docs);
    bson_free (c.leases);
    bson_free (c.parsed);
@@ -427,19 +425,16 @@ find_any (mongoc_collection_t *coll, const bson_t *q, const bson_t *opts, bool *
 }
 
 static bool
-settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    settle_t *t = ctx;
-   mongoc_collection_t *lanes = store_coll (t->s, t->client, OUTBOX_LANES_COLL);
-   mongoc_collection_t *dels = store_coll (t->s, t->client, OUTBOX_DELIVERIES);
-   bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, du = BSON_INITIALIZER, sub, reply;
+   bson_t dq = BSON_INITIALIZER, du = BSON_INITIALIZER, sub, reply;
    bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) t->lease.lane_id), "epoch", BCON_INT64 (t->lease.epoch), "inFlight", BCON_OID (&t->ref->id));
    bson_t *lu = NULL;
    bool ok = true, found;
 
    t->applied = false;
-   store_session_opts (session, &opts);
-   ok = find_any (lanes, lq, &opts, &found, error);
+   ok = find_any (txn->coll[OUTBOX_LANES_COLL], lq, &txn->opts, &found, error);
    if (!ok || !found)
       goto done;
 
@@ -450,11 +445,11 @@ settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    if (t->kind == SETTLE_EXTEND) {
       /* The generation check: a stale lease never extends the lane of a
        * newer claim of the same delivery. */
-      ok = find_any (dels, &dq, &opts, &found, error);
+      ok = find_any (txn->coll[OUTBOX_DELIVERIES], &dq, &txn->opts, &found, error);
       if (!ok || !found)
          goto done;
       lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (t->now + t->lease_ms), "}");
-      ok = mongoc_collection_update_one (lanes, lq, lu, &opts, NULL, error);
+      ok = mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error);
       t->applied = ok;
       goto done;
    }
@@ -478,7 +473,7 @@ settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
       BSON_APPEND_UTF8 (&sub, "lane", "");
       bson_append_document_end (&du, &sub);
    }
-   if (!mongoc_collection_update_one (dels, &dq, &du, &opts, &reply, error)) {
+   if (!mongoc_collection_update_one (txn->coll[OUTBOX_DELIVERIES], &dq, &du, &txn->opts, &reply, error)) {
       bson_destroy (&reply);
       ok = false;
       goto done;
@@ -488,18 +483,14 @@ settle_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    if (!found)
       goto done;
    lu = BCON_NEW ("$pull", "{", "inFlight", BCON_OID (&t->ref->id), "}");
-   ok = mongoc_collection_update_one (lanes, lq, lu, &opts, NULL, error);
+   ok = mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error);
    t->applied = ok;
 
 done:
-   if (lu)
-      bson_destroy (lu);
+   bson_destroy (lu);
    bson_destroy (lq);
-   bson_destroy (&opts);
    bson_destroy (&dq);
    bson_destroy (&du);
-   mongoc_collection_destroy (lanes);
-   mongoc_collection_destroy (dels);
    return ok;
 }
 
@@ -587,8 +578,6 @@ store_extend_lease (store_t *s,
 
 /* The refs of one lane and epoch, renewed in one transaction. */
 typedef struct {
-   store_t *s;
-   mongoc_client_t *client;
    uint32_t lane;
    int64_t epoch;
    const store_ref_t *refs;
@@ -600,12 +589,10 @@ typedef struct {
 } renew_t;
 
 static bool
-renew_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+renew_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    renew_t *r = ctx;
-   mongoc_collection_t *lanes = store_coll (r->s, r->client, OUTBOX_LANES_COLL);
-   mongoc_collection_t *dels = store_coll (r->s, r->client, OUTBOX_DELIVERIES);
-   bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, or_arr;
+   bson_t dq = BSON_INITIALIZER, or_arr;
    bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lane), "epoch", BCON_INT64 (r->epoch));
    bson_t *lane_doc = NULL, *lu = NULL;
    mongoc_cursor_t *cur;
@@ -615,8 +602,7 @@ renew_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
 
    for (size_t i = 0; i < r->n; i++)
       r->applied[r->idx[i]] = false;
-   store_session_opts (session, &opts);
-   cur = mongoc_collection_find_with_opts (lanes, lq, &opts, NULL);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], lq, &txn->opts, NULL);
    if (mongoc_cursor_next (cur, &doc))
       lane_doc = bson_copy (doc);
    if (mongoc_cursor_error (cur, error))
@@ -641,7 +627,7 @@ renew_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
       bson_append_document_end (&or_arr, &one);
    }
    bson_append_array_end (&dq, &or_arr);
-   cur = mongoc_collection_find_with_opts (dels, &dq, &opts, NULL);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, &txn->opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       bson_iter_t it;
       if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
@@ -659,22 +645,17 @@ renew_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    mongoc_cursor_destroy (cur);
    if (ok && n_applied > 0) {
       lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (r->now + r->lease_ms), "}");
-      ok = mongoc_collection_update_one (lanes, lq, lu, &opts, NULL, error);
+      ok = mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error);
    }
    if (!ok)
       for (size_t i = 0; i < r->n; i++)
          r->applied[r->idx[i]] = false;
 
 done:
-   if (lu)
-      bson_destroy (lu);
-   if (lane_doc)
-      bson_destroy (lane_doc);
+   bson_destroy (lu);
+   bson_destroy (lane_doc);
    bson_destroy (lq);
    bson_destroy (&dq);
-   bson_destroy (&opts);
-   mongoc_collection_destroy (lanes);
-   mongoc_collection_destroy (dels);
    return ok;
 }
 
@@ -704,7 +685,7 @@ store_extend_leases (store_t *s,
       grouped[i] = !(refs[i].lease && outbox_lease_parse (refs[i].lease, &leases[i])); /* refused without a call */
    client = mongoc_client_pool_pop (s->pool);
    for (size_t i = 0; i < n; i++) {
-      renew_t r = {.s = s, .client = client, .refs = refs, .leases = leases, .idx = idx, .applied = applied, .now = now, .lease_ms = lease_ms};
+      renew_t r = {.refs = refs, .leases = leases, .idx = idx, .applied = applied, .now = now, .lease_ms = lease_ms};
       bson_error_t err;
       if (grouped[i])
          continue;

@@ -29,10 +29,8 @@
 bool
 store_fleet_announce (store_t *s, const bson_t *fields, int64_t now, bson_error_t *error)
 {
-   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
-   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLERS);
-   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, set, opts = BSON_INITIALIZER;
-   bson_error_t err;
+   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, set;
+   bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
    bool ok;
 
    BSON_APPEND_UTF8 (&q, "_id", s->owner);
@@ -40,15 +38,10 @@ store_fleet_announce (store_t *s, const bson_t *fields, int64_t now, bson_error_
    bson_concat (&set, fields);
    BSON_APPEND_DATE_TIME (&set, "heartbeatAt", now);
    bson_append_document_end (&u, &set);
-   BSON_APPEND_BOOL (&opts, "upsert", true);
-   ok = mongoc_collection_update_one (coll, &q, &u, &opts, NULL, &err);
-   if (!ok)
-      store_set_error (error, STORE_ERROR_SERVER, "announcing the handlers: %s", err.message);
-   bson_destroy (&q);
+   ok = store_write (s, OUTBOX_HANDLERS, STORE_WRITE_UPDATE_ONE, &q, &u, opts, NULL, "announcing the handlers", error);
+   bson_destroy (opts);
    bson_destroy (&u);
-   bson_destroy (&opts);
-   mongoc_collection_destroy (coll);
-   mongoc_client_pool_push (s->pool, client);
+   bson_destroy (&q);
    return ok;
 }
 
@@ -85,17 +78,10 @@ store_fleet_read (store_t *s, bson_t **docs, size_t max, size_t *n, bson_error_t
 bool
 store_fleet_forget (store_t *s, int64_t before, bson_error_t *error)
 {
-   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
-   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLERS);
    bson_t *q = BCON_NEW ("heartbeatAt", "{", "$lt", BCON_DATE_TIME (before), "}", "_id", "{", "$ne", BCON_UTF8 (s->owner), "}");
-   bson_error_t err;
-   bool ok = mongoc_collection_delete_many (coll, q, NULL, NULL, &err);
+   bool ok = store_write (s, OUTBOX_HANDLERS, STORE_WRITE_DELETE_MANY, q, NULL, NULL, NULL, "forgetting silent instances", error);
 
-   if (!ok)
-      store_set_error (error, STORE_ERROR_SERVER, "forgetting silent instances: %s", err.message);
    bson_destroy (q);
-   mongoc_collection_destroy (coll);
-   mongoc_client_pool_push (s->pool, client);
    return ok;
 }
 
@@ -113,19 +99,12 @@ store_fleet_lease (store_t *s, int64_t now, int64_t lease_ms, bool *leased, bson
 bool
 store_fleet_lease_release (store_t *s, int64_t now, bson_error_t *error)
 {
-   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
-   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
    bson_t *q = BCON_NEW ("_id", BCON_INT32 (STORE_RETIRE_LEASE_ID), "retireOwner", BCON_UTF8 (s->owner));
    bson_t *u = BCON_NEW ("$set", "{", "retireLeaseExpiresAt", BCON_DATE_TIME (now), "}");
-   bson_error_t err;
-   bool ok = mongoc_collection_update_one (lanes, q, u, NULL, NULL, &err);
+   bool ok = store_write (s, OUTBOX_LANES_COLL, STORE_WRITE_UPDATE_ONE, q, u, NULL, NULL, "handing the retirement lease back", error);
 
-   if (!ok)
-      store_set_error (error, STORE_ERROR_SERVER, "handing the retirement lease back: %s", err.message);
    bson_destroy (u);
    bson_destroy (q);
-   mongoc_collection_destroy (lanes);
-   mongoc_client_pool_push (s->pool, client);
    return ok;
 }
 
@@ -169,14 +148,8 @@ store_fleet_pending_handlers (store_t *s, char ***names, size_t *n, size_t max, 
 }
 
 bool
-store_fleet_retire (store_t *s,
-                    const char *handler,
-                    const char *reason,
-                    int64_t now,
-                    size_t batch,
-                    size_t *n_buried,
-                    bool *more,
-                    bson_error_t *error)
+store_fleet_retire (store_t *s, const char *handler, const char *reason, int64_t now, size_t batch, size_t *n_buried,
+                    bool *more, bson_error_t *error)
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
    mongoc_collection_t *coll = store_coll (s, client, OUTBOX_DELIVERIES);
@@ -230,8 +203,6 @@ pattern_matches (const char *const *patterns, size_t n, const char *type)
 }
 
 typedef struct {
-   store_t *s;
-   mongoc_client_t *client;
    const char *handler;
    const char *const *ids;
    size_t n_ids;
@@ -243,12 +214,10 @@ typedef struct {
  * and a delivery.  A publish adding the handler meanwhile conflicts, and
  * the transaction runs again against what it wrote. */
 static bool
-backfill_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+backfill_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    backfill_t *b = ctx;
-   mongoc_collection_t *events = store_coll (b->s, b->client, OUTBOX_EVENTS);
-   mongoc_collection_t *dels = store_coll (b->s, b->client, OUTBOX_DELIVERIES);
-   bson_t opts = BSON_INITIALIZER, q = BSON_INITIALIZER, in, ne, uq = BSON_INITIALIZER, uin;
+   bson_t q = BSON_INITIALIZER, in, ne, uq = BSON_INITIALIZER, uin;
    bson_t *fopts = NULL, *u = NULL;
    bson_t **docs = bson_malloc0 ((b->n_ids ? b->n_ids : 1) * sizeof *docs);
    size_t n_docs = 0;
@@ -257,24 +226,13 @@ backfill_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    bool ok = true;
 
    b->added = 0;
-   store_session_opts (session, &opts);
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &in);
-   BSON_APPEND_ARRAY_BEGIN (&in, "$in", &ne);
-   for (size_t i = 0; i < b->n_ids; i++) {
-      char idx[16];
-      const char *k;
-
-      bson_uint32_to_string ((uint32_t) i, &k, idx, sizeof idx);
-      BSON_APPEND_UTF8 (&ne, k, b->ids[i]);
-   }
-   bson_append_array_end (&in, &ne);
-   bson_append_document_end (&q, &in);
+   store_append_strs_in (&q, "_id", b->ids, b->n_ids);
    BSON_APPEND_DOCUMENT_BEGIN (&q, "handlers", &ne);
    BSON_APPEND_UTF8 (&ne, "$ne", b->handler);
    bson_append_document_end (&q, &ne);
    fopts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "notBefore", BCON_INT32 (1), "}");
-   bson_concat (fopts, &opts);
-   cur = mongoc_collection_find_with_opts (events, &q, fopts, NULL);
+   bson_concat (fopts, &txn->opts);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_EVENTS], &q, fopts, NULL);
    BSON_APPEND_DOCUMENT_BEGIN (&uq, "_id", &in);
    BSON_APPEND_ARRAY_BEGIN (&in, "$in", &uin);
    while (n_docs < b->n_ids && mongoc_cursor_next (cur, &doc)) {
@@ -322,8 +280,9 @@ backfill_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    if (!ok || n_docs == 0)
       goto done;
    u = BCON_NEW ("$addToSet", "{", "handlers", BCON_UTF8 (b->handler), "}");
-   if (!mongoc_collection_update_many (events, &uq, u, &opts, NULL, error) ||
-       !mongoc_collection_insert_many (dels, (const bson_t **) docs, n_docs, &opts, NULL, error)) {
+   if (!mongoc_collection_update_many (txn->coll[OUTBOX_EVENTS], &uq, u, &txn->opts, NULL, error) ||
+       !mongoc_collection_insert_many (
+          txn->coll[OUTBOX_DELIVERIES], (const bson_t **) docs, n_docs, &txn->opts, NULL, error)) {
       ok = false;
       goto done;
    }
@@ -333,15 +292,10 @@ done:
    for (size_t i = 0; i < n_docs; i++)
       bson_destroy (docs[i]);
    bson_free (docs);
-   if (u)
-      bson_destroy (u);
-   if (fopts)
-      bson_destroy (fopts);
-   bson_destroy (&opts);
+   bson_destroy (u);
+   bson_destroy (fopts);
    bson_destroy (&q);
    bson_destroy (&uq);
-   mongoc_collection_destroy (events);
-   mongoc_collection_destroy (dels);
    return ok;
 }
 
@@ -365,21 +319,8 @@ store_fleet_backfill (store_t *s,
    *n_added = 0;
    for (int page = 0; ok && page < FLEET_BACKFILL_MAX_PAGES; page++) {
       bson_t q = BSON_INITIALIZER, sub;
-      bson_t *opts = BCON_NEW ("projection",
-                               "{",
-                               "type",
-                               BCON_INT32 (1),
-                               "createdAt",
-                               BCON_INT32 (1),
-                               "}",
-                               "sort",
-                               "{",
-                               "createdAt",
-                               BCON_INT32 (1),
-                               "_id",
-                               BCON_INT32 (1),
-                               "}",
-                               "limit",
+      bson_t *opts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "createdAt", BCON_INT32 (1), "}", "sort",
+                               "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
                                BCON_INT64 (FLEET_BACKFILL_PAGE));
       mongoc_cursor_t *cur;
       const bson_t *doc;
@@ -393,7 +334,7 @@ store_fleet_backfill (store_t *s,
       BSON_APPEND_UTF8 (&sub, "$ne", handler);
       bson_append_document_end (&q, &sub);
       if (have_after)
-         store_append_after_key (&q, after_created, &after_id);
+         store_append_after_key (&q, "createdAt", after_created, &after_id);
       cur = mongoc_collection_find_with_opts (events, &q, opts, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          const char *id = store_iter_utf8 (doc, "_id");
@@ -416,7 +357,7 @@ store_fleet_backfill (store_t *s,
       bson_destroy (opts);
       bson_destroy (&q);
       if (ok && n_ids > 0) {
-         backfill_t b = {s, client, handler, (const char *const *) ids, n_ids, now, 0};
+         backfill_t b = {handler, (const char *const *) ids, n_ids, now, 0};
 
          if (store_with_txn (s, client, backfill_cb, &b, &err))
             *n_added += b.added;

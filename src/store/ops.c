@@ -27,53 +27,27 @@ bool
 store_requeue (store_t *s, const char *const *ids, size_t n, int64_t now, size_t *n_requeued, bson_error_t *error)
 {
    store_oids_t oids = {0};
-   mongoc_client_t *client;
-   mongoc_collection_t *dels;
-   bson_t q = BSON_INITIALIZER, reply;
+   bson_t q = BSON_INITIALIZER;
    bson_t *u;
-   bson_error_t err;
-   bool ok = true;
+   int64_t modified = 0;
+   bool ok;
 
    *n_requeued = 0;
    store_oids_from_strings (&oids, ids, n);
    if (oids.n == 0)
       return true;
-   client = mongoc_client_pool_pop (s->pool);
-   dels = store_coll (s, client, OUTBOX_DELIVERIES);
    store_append_oids_op (&q, "_id", "$in", oids.v, oids.n);
    BSON_APPEND_UTF8 (&q, "status", "dead");
    /* Attempts start over; the generation moves on so no earlier lease of it
     * can match.  Pending again with a lower sequence, it blocks the later
     * deliveries of its key that have not been claimed yet. */
-   u = BCON_NEW ("$set",
-                 "{",
-                 "status",
-                 BCON_UTF8 ("pending"),
-                 "lane",
-                 BCON_UTF8 ("ready"),
-                 "dueAt",
-                 BCON_DATE_TIME (now),
-                 "updatedAt",
-                 BCON_DATE_TIME (now),
-                 "attempts",
-                 BCON_INT32 (0),
-                 "}",
-                 "$inc",
-                 "{",
-                 "claims",
-                 BCON_INT32 (1),
-                 "}");
-   if (!mongoc_collection_update_many (dels, &q, u, NULL, &reply, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "requeue: %s", err.message);
-      ok = false;
-   } else {
-      *n_requeued = (size_t) store_iter_int64 (&reply, "modifiedCount");
-   }
-   bson_destroy (&reply);
+   u = BCON_NEW ("$set", "{", "status", BCON_UTF8 ("pending"), "lane", BCON_UTF8 ("ready"), "dueAt",
+                 BCON_DATE_TIME (now), "updatedAt", BCON_DATE_TIME (now), "attempts", BCON_INT32 (0), "}", "$inc",
+                 "{", "claims", BCON_INT32 (1), "}");
+   ok = store_write (s, OUTBOX_DELIVERIES, STORE_WRITE_UPDATE_MANY, &q, u, NULL, &modified, "requeue", error);
+   *n_requeued = (size_t) modified;
    bson_destroy (u);
    bson_destroy (&q);
-   mongoc_collection_destroy (dels);
-   mongoc_client_pool_push (s->pool, client);
    store_oids_free (&oids);
    return ok;
 }
@@ -96,26 +70,23 @@ typedef struct {
 } bury_ids_t;
 
 static bool
-bury_ids_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    bury_ids_t *t = ctx;
-   mongoc_collection_t *dels = store_coll (t->s, t->client, OUTBOX_DELIVERIES);
-   mongoc_collection_t *lanes = store_coll (t->s, t->client, OUTBOX_LANES_COLL);
    store_oids_t pending = {0}, keep = {0};
    bool want[OUTBOX_LANES] = {0};
    mongoc_cursor_t *cur;
    const bson_t *doc;
-   bson_t opts = BSON_INITIALIZER, dq = BSON_INITIALIZER, lq = BSON_INITIALIZER, q = BSON_INITIALIZER, reply;
+   bson_t dq = BSON_INITIALIZER, lq = BSON_INITIALIZER, q = BSON_INITIALIZER, reply;
    bson_t *fopts = NULL, *u = NULL, *lu = NULL;
    bool ok = true;
 
    t->n_buried = 0;
-   store_session_opts (session, &opts);
    store_append_oids_op (&dq, "_id", "$in", t->oids->v, t->oids->n);
    BSON_APPEND_UTF8 (&dq, "status", "pending");
    fopts = BCON_NEW ("projection", "{", "laneId", BCON_INT32 (1), "}");
-   bson_concat (fopts, &opts);
-   cur = mongoc_collection_find_with_opts (dels, &dq, fopts, NULL);
+   bson_concat (fopts, &txn->opts);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, fopts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       bson_iter_t it;
       int64_t lane = store_iter_int64 (doc, "laneId");
@@ -133,7 +104,7 @@ bury_ids_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
 
    /* A delivery a lane lists in flight is running: its worker settles it. */
    store_append_lanes_in (&lq, "_id", want);
-   cur = mongoc_collection_find_with_opts (lanes, &lq, &opts, NULL);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], &lq, &txn->opts, NULL);
    {
       store_oids_t running = {0};
       while (mongoc_cursor_next (cur, &doc))
@@ -150,52 +121,30 @@ bury_ids_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
       goto done;
 
    lu = BCON_NEW ("$inc", "{", "operatorWrites", BCON_INT64 (1), "}");
-   if (!mongoc_collection_update_many (lanes, &lq, lu, &opts, NULL, error)) {
+   if (!mongoc_collection_update_many (txn->coll[OUTBOX_LANES_COLL], &lq, lu, &txn->opts, NULL, error)) {
       ok = false;
       goto done;
    }
    store_append_oids_op (&q, "_id", "$in", keep.v, keep.n);
    BSON_APPEND_UTF8 (&q, "status", "pending");
-   u = BCON_NEW ("$set",
-                 "{",
-                 "status",
-                 BCON_UTF8 ("dead"),
-                 "updatedAt",
-                 BCON_DATE_TIME (t->now),
-                 "lastError",
-                 BCON_UTF8 (t->reason),
-                 "}",
-                 "$unset",
-                 "{",
-                 "lane",
-                 BCON_UTF8 (""),
-                 "}",
-                 "$inc",
-                 "{",
-                 "claims",
-                 BCON_INT32 (1),
-                 "}");
-   if (!mongoc_collection_update_many (dels, &q, u, &opts, &reply, error))
+   u = BCON_NEW ("$set", "{", "status", BCON_UTF8 ("dead"), "updatedAt", BCON_DATE_TIME (t->now), "lastError",
+                 BCON_UTF8 (t->reason), "}", "$unset", "{", "lane", BCON_UTF8 (""), "}", "$inc", "{", "claims",
+                 BCON_INT32 (1), "}");
+   if (!mongoc_collection_update_many (txn->coll[OUTBOX_DELIVERIES], &q, u, &txn->opts, &reply, error))
       ok = false;
    else
       t->n_buried = (size_t) store_iter_int64 (&reply, "modifiedCount");
    bson_destroy (&reply);
 
 done:
-   if (u)
-      bson_destroy (u);
-   if (lu)
-      bson_destroy (lu);
-   if (fopts)
-      bson_destroy (fopts);
-   bson_destroy (&opts);
+   bson_destroy (u);
+   bson_destroy (lu);
+   bson_destroy (fopts);
    bson_destroy (&dq);
    bson_destroy (&lq);
    bson_destroy (&q);
    store_oids_free (&pending);
    store_oids_free (&keep);
-   mongoc_collection_destroy (dels);
-   mongoc_collection_destroy (lanes);
    return ok;
 }
 
@@ -274,18 +223,7 @@ strs_free (strs_t *l)
 static void
 append_strs_in (bson_t *q, const char *field, const strs_t *l)
 {
-   bson_t sub, arr;
-   char buf[16];
-   const char *key;
-
-   BSON_APPEND_DOCUMENT_BEGIN (q, field, &sub);
-   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
-   for (size_t i = 0; i < l->n; i++) {
-      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
-      BSON_APPEND_UTF8 (&arr, key, l->v[i]);
-   }
-   bson_append_array_end (&sub, &arr);
-   bson_append_document_end (q, &sub);
+   store_append_strs_in (q, field, (const char *const *) l->v, l->n);
 }
 
 typedef struct {
@@ -336,25 +274,22 @@ referenced (purge_t *p,
  * completion is kept until completed_before passes its completedAt; one
  * that never had one goes once created before the earliest cutoff. */
 static bool
-purge_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
+purge_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    purge_t *p = ctx;
-   mongoc_collection_t *dels = store_coll (p->s, p->client, OUTBOX_DELIVERIES);
-   mongoc_collection_t *events = store_coll (p->s, p->client, OUTBOX_EVENTS);
-   mongoc_collection_t *hist = p->s->completion_history ? store_coll (p->s, p->client, OUTBOX_COMPLETED) : NULL;
-   bson_t opts = BSON_INITIALIZER, q = BSON_INITIALIZER, eq = BSON_INITIALIZER, reply;
+   mongoc_collection_t *hist = p->s->completion_history ? txn->coll[OUTBOX_COMPLETED] : NULL;
+   bson_t q = BSON_INITIALIZER, eq = BSON_INITIALIZER, reply;
    strs_t refs = {0}, gone = {0};
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bool ok = true;
 
    p->deleted = p->events_deleted = 0;
-   store_session_opts (session, &opts);
    if (p->from != OUTBOX_EVENTS && p->ids.n > 0) {
       store_append_oids_op (&q, "_id", "$in", p->ids.v, p->ids.n);
       if (p->from == OUTBOX_DELIVERIES)
          BSON_APPEND_UTF8 (&q, "status", "dead");
-      ok = mongoc_collection_delete_many (p->from == OUTBOX_DELIVERIES ? dels : hist, &q, &opts, &reply, error);
+      ok = mongoc_collection_delete_many (txn->coll[p->from], &q, &txn->opts, &reply, error);
       if (ok)
          p->deleted = store_iter_int64 (&reply, "deletedCount");
       bson_destroy (&reply);
@@ -363,14 +298,15 @@ purge_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
       goto done;
    {
       bson_t *proj = BCON_NEW ("projection", "{", "eventId", BCON_INT32 (1), "}");
-      bson_concat (proj, &opts);
-      ok = referenced (p, dels, proj, "eventId", &refs, error) && (!hist || referenced (p, hist, proj, "eventId", &refs, error));
+      bson_concat (proj, &txn->opts);
+      ok = referenced (p, txn->coll[OUTBOX_DELIVERIES], proj, "eventId", &refs, error) &&
+           (!hist || referenced (p, hist, proj, "eventId", &refs, error));
       bson_destroy (proj);
    }
    if (!ok)
       goto done;
    append_strs_in (&eq, "_id", &p->event_ids);
-   cur = mongoc_collection_find_with_opts (events, &eq, &opts, NULL);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_EVENTS], &eq, &txn->opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       const char *id = store_iter_utf8 (doc, "_id");
       int64_t completed = store_iter_date (doc, "completedAt");
@@ -390,7 +326,7 @@ purge_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
    if (ok && gone.n > 0) {
       bson_t dq = BSON_INITIALIZER;
       append_strs_in (&dq, "_id", &gone);
-      ok = mongoc_collection_delete_many (events, &dq, &opts, &reply, error);
+      ok = mongoc_collection_delete_many (txn->coll[OUTBOX_EVENTS], &dq, &txn->opts, &reply, error);
       if (ok)
          p->events_deleted = store_iter_int64 (&reply, "deletedCount");
       bson_destroy (&reply);
@@ -400,12 +336,8 @@ purge_cb (mongoc_client_session_t *session, void *ctx, bson_error_t *error)
 done:
    strs_free (&refs);
    strs_free (&gone);
-   bson_destroy (&opts);
    bson_destroy (&q);
    bson_destroy (&eq);
-   mongoc_collection_destroy (dels);
-   mongoc_collection_destroy (events);
-   mongoc_collection_destroy (hist);
    return ok;
 }
 
@@ -454,21 +386,8 @@ static bool
 purge_events_batch (purge_t *p, int64_t cutoff, int64_t *after_created, char **after_id, bool *full, bson_error_t *error)
 {
    mongoc_collection_t *coll = store_coll (p->s, p->client, OUTBOX_EVENTS);
-   bson_t *opts = BCON_NEW ("sort",
-                            "{",
-                            "createdAt",
-                            BCON_INT32 (1),
-                            "_id",
-                            BCON_INT32 (1),
-                            "}",
-                            "projection",
-                            "{",
-                            "_id",
-                            BCON_INT32 (1),
-                            "createdAt",
-                            BCON_INT32 (1),
-                            "}",
-                            "limit",
+   bson_t *opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "projection", "{",
+                            "_id", BCON_INT32 (1), "createdAt", BCON_INT32 (1), "}", "limit",
                             BCON_INT64 (p->s->purge_batch));
    bson_t q = BSON_INITIALIZER, sub;
    mongoc_cursor_t *cur;
@@ -484,7 +403,7 @@ purge_events_batch (purge_t *p, int64_t cutoff, int64_t *after_created, char **a
       bson_value_t id = {.value_type = BSON_TYPE_UTF8};
       id.value.v_utf8.str = *after_id;
       id.value.v_utf8.len = (uint32_t) strlen (*after_id);
-      store_append_after_key (&q, *after_created, &id);
+      store_append_after_key (&q, "createdAt", *after_created, &id);
    }
    strs_free (&p->event_ids);
    store_oids_free (&p->ids);
@@ -688,26 +607,8 @@ store_statistics (store_t *s, int64_t now, store_stats_t *st, bson_error_t *erro
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
    mongoc_collection_t *dels = store_coll (s, client, OUTBOX_DELIVERIES);
    mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
-   bson_t *pipeline = BCON_NEW ("pipeline",
-                                "[",
-                                "{",
-                                "$group",
-                                "{",
-                                "_id",
-                                "{",
-                                "s",
-                                BCON_UTF8 ("$status"),
-                                "l",
-                                BCON_UTF8 ("$lane"),
-                                "}",
-                                "n",
-                                "{",
-                                "$sum",
-                                BCON_INT32 (1),
-                                "}",
-                                "}",
-                                "}",
-                                "]");
+   bson_t *pipeline = BCON_NEW ("pipeline", "[", "{", "$group", "{", "_id", "{", "s", BCON_UTF8 ("$status"), "l",
+                                BCON_UTF8 ("$lane"), "}", "n", "{", "$sum", BCON_INT32 (1), "}", "}", "}", "]");
    bson_t *oq = BCON_NEW ("status", BCON_UTF8 ("pending"));
    bson_t *oopts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "}", "limit", BCON_INT64 (1));
    mongoc_cursor_t *cur;
@@ -810,33 +711,9 @@ store_handler_stats (store_t *s, store_handler_stats_t **out, size_t *n_out, bso
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
    mongoc_collection_t *dels = store_coll (s, client, OUTBOX_DELIVERIES);
-   bson_t *pipeline = BCON_NEW ("pipeline",
-                                "[",
-                                "{",
-                                "$group",
-                                "{",
-                                "_id",
-                                "{",
-                                "h",
-                                BCON_UTF8 ("$handler"),
-                                "s",
-                                BCON_UTF8 ("$status"),
-                                "l",
-                                BCON_UTF8 ("$lane"),
-                                "}",
-                                "n",
-                                "{",
-                                "$sum",
-                                BCON_INT32 (1),
-                                "}",
-                                "oldest",
-                                "{",
-                                "$min",
-                                BCON_UTF8 ("$dueAt"),
-                                "}",
-                                "}",
-                                "}",
-                                "]");
+   bson_t *pipeline = BCON_NEW ("pipeline", "[", "{", "$group", "{", "_id", "{", "h", BCON_UTF8 ("$handler"), "s",
+                                BCON_UTF8 ("$status"), "l", BCON_UTF8 ("$lane"), "}", "n", "{", "$sum",
+                                BCON_INT32 (1), "}", "oldest", "{", "$min", BCON_UTF8 ("$dueAt"), "}", "}", "}", "]");
    store_handler_stats_t *v = NULL;
    size_t n = 0, cap = 0;
    mongoc_cursor_t *cur;
@@ -989,17 +866,21 @@ list_filter_query (const store_t *s, const store_list_filter_t *f, bool *complet
       return false; /* no such status */
    if (*completed && !s->completion_history)
       return false;
-   /* Each filter is appended as a UTF-8 string: never an operator. */
-   if (f->status && !*completed)
-      BSON_APPEND_UTF8 (q, "status", f->status);
-   if (f->handler)
-      BSON_APPEND_UTF8 (q, "handler", f->handler);
-   if (f->event_type)
-      BSON_APPEND_UTF8 (q, "eventType", f->event_type);
-   if (f->event_id)
-      BSON_APPEND_UTF8 (q, "eventId", f->event_id);
-   if (f->key)
-      BSON_APPEND_UTF8 (q, "key", f->key);
+   {
+      /* Each filter is appended as a UTF-8 string: never an operator. */
+      const struct {
+         const char *field, *value;
+      } eq[] = {
+         {"status", *completed ? NULL : f->status},
+         {"handler", f->handler},
+         {"eventType", f->event_type},
+         {"eventId", f->event_id},
+         {"key", f->key},
+      };
+      for (size_t i = 0; i < sizeof eq / sizeof eq[0]; i++)
+         if (eq[i].value)
+            BSON_APPEND_UTF8 (q, eq[i].field, eq[i].value);
+   }
    return true;
 }
 
@@ -1032,7 +913,7 @@ store_list_page (store_t *s,
    if (after_id) {
       bson_value_t id = {.value_type = BSON_TYPE_OID};
       bson_oid_copy (after_id, &id.value.v_oid);
-      store_append_after_key (&q, after_created, &id);
+      store_append_after_key (&q, "createdAt", after_created, &id);
    }
    /* One more than asked: tells whether another page follows. */
    opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (limit + 1));

@@ -140,21 +140,8 @@ store_setup (store_t *s, bson_error_t *error)
    bulk = mongoc_collection_create_bulk_operation_with_opts (lanes, NULL);
    for (int32_t i = 0; i < OUTBOX_LANES; i++) {
       bson_t *sel = BCON_NEW ("_id", BCON_INT32 (i));
-      bson_t *upd = BCON_NEW ("$setOnInsert",
-                              "{",
-                              "owner",
-                              BCON_NULL,
-                              "leaseExpiresAt",
-                              BCON_NULL,
-                              "epoch",
-                              BCON_INT64 (0),
-                              "inFlight",
-                              "[",
-                              "]",
-                              "lost",
-                              "[",
-                              "]",
-                              "}");
+      bson_t *upd = BCON_NEW ("$setOnInsert", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "epoch",
+                              BCON_INT64 (0), "inFlight", "[", "]", "lost", "[", "]", "}");
       bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
       ok = mongoc_bulk_operation_update_one_with_opts (bulk, sel, upd, opts, &err);
       bson_destroy (sel);
@@ -182,8 +169,7 @@ store_setup (store_t *s, bson_error_t *error)
 done:
    for (size_t i = 0; i < n_specs; i++) {
       bson_destroy (specs[i].keys);
-      if (specs[i].partial)
-         bson_destroy (specs[i].partial);
+      bson_destroy (specs[i].partial);
    }
    mongoc_bulk_operation_destroy (bulk);
    mongoc_collection_destroy (lanes);

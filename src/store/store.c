@@ -17,6 +17,7 @@
 
 #include <openssl/rand.h>
 
+#include "base/assert.h"
 #include "base/log.h"
 
 void
@@ -141,6 +142,39 @@ store_coll (store_t *s, mongoc_client_t *client, outbox_collection_t which)
    mongoc_write_concern_destroy (wc);
    mongoc_read_prefs_destroy (rp);
    return coll;
+}
+
+bool
+store_write (store_t *s,
+             outbox_collection_t which,
+             store_write_kind_t kind,
+             const bson_t *q,
+             const bson_t *u,
+             const bson_t *opts,
+             int64_t *n,
+             const char *what,
+             bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, which);
+   bson_t reply;
+   bson_error_t err;
+   bool ok;
+
+   if (kind == STORE_WRITE_DELETE_MANY)
+      ok = mongoc_collection_delete_many (coll, q, opts, &reply, &err);
+   else if (kind == STORE_WRITE_UPDATE_MANY)
+      ok = mongoc_collection_update_many (coll, q, u, opts, &reply, &err);
+   else
+      ok = mongoc_collection_update_one (coll, q, u, opts, &reply, &err);
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "%s: %s", what, err.message);
+   else if (n)
+      *n = store_iter_int64 (&reply, kind == STORE_WRITE_DELETE_MANY ? "deletedCount" : "modifiedCount");
+   bson_destroy (&reply);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
 }
 
 mongoc_transaction_opt_t *
@@ -308,35 +342,20 @@ store_issued_remove_lane (store_t *s, uint32_t lane)
 }
 
 bool
-store_doc_lease (store_t *s,
-                 mongoc_client_t *client,
-                 int32_t id,
-                 const char *owner_field,
-                 const char *expires_field,
-                 const char *what,
-                 int64_t now,
-                 int64_t lease_ms,
-                 bool *leased,
-                 bson_error_t *error)
+store_doc_lease (store_t *s, mongoc_client_t *client, int32_t id, const char *owner_field, const char *expires_field,
+                 const char *what, int64_t now, int64_t lease_ms, bool *leased, bson_error_t *error)
 {
    mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
-   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, or_arr, a, b, sub, reply;
+   bson_t *mine = BCON_NEW (owner_field, BCON_UTF8 (s->owner));
+   bson_t *expired = BCON_NEW (expires_field, "{", "$lte", BCON_DATE_TIME (now), "}");
+   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, sub, reply;
    mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new ();
    bson_error_t err;
    bool ok = true;
 
    *leased = false;
    BSON_APPEND_INT32 (&q, "_id", id);
-   BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
-   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "0", &a);
-   BSON_APPEND_UTF8 (&a, owner_field, s->owner);
-   bson_append_document_end (&or_arr, &a);
-   BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
-   BSON_APPEND_DOCUMENT_BEGIN (&b, expires_field, &sub);
-   BSON_APPEND_DATE_TIME (&sub, "$lte", now);
-   bson_append_document_end (&b, &sub);
-   bson_append_document_end (&or_arr, &b);
-   bson_append_array_end (&q, &or_arr);
+   store_append_or2 (&q, mine, expired);
    BSON_APPEND_DOCUMENT_BEGIN (&u, "$set", &sub);
    BSON_APPEND_UTF8 (&sub, owner_field, s->owner);
    BSON_APPEND_DATE_TIME (&sub, expires_field, now + lease_ms);
@@ -353,6 +372,8 @@ store_doc_lease (store_t *s,
    mongoc_find_and_modify_opts_destroy (fam);
    bson_destroy (&u);
    bson_destroy (&q);
+   bson_destroy (expired);
+   bson_destroy (mine);
    mongoc_collection_destroy (lanes);
    return ok;
 }
@@ -453,6 +474,23 @@ store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *ids, 
 }
 
 void
+store_append_strs_in (bson_t *query, const char *field, const char *const *v, size_t n)
+{
+   bson_t sub, arr;
+   char buf[16];
+   const char *key;
+
+   BSON_APPEND_DOCUMENT_BEGIN (query, field, &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (size_t i = 0; i < n; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, v[i]);
+   }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (query, &sub);
+}
+
+void
 store_append_oids_op (bson_t *query, const char *field, const char *op, const bson_oid_t *ids, size_t n)
 {
    bson_t sub;
@@ -483,23 +521,29 @@ store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX
 }
 
 void
-store_append_after_key (bson_t *query, int64_t created, const bson_value_t *id)
+store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b)
 {
-   bson_t or, a, b, sub;
+   bson_t or;
 
    BSON_APPEND_ARRAY_BEGIN (query, "$or", &or);
-   BSON_APPEND_DOCUMENT_BEGIN (&or, "0", &a);
-   BSON_APPEND_DOCUMENT_BEGIN (&a, "createdAt", &sub);
-   BSON_APPEND_DATE_TIME (&sub, "$gt", created);
-   bson_append_document_end (&a, &sub);
-   bson_append_document_end (&or, &a);
-   BSON_APPEND_DOCUMENT_BEGIN (&or, "1", &b);
-   BSON_APPEND_DATE_TIME (&b, "createdAt", created);
+   BSON_APPEND_DOCUMENT (&or, "0", a);
+   BSON_APPEND_DOCUMENT (&or, "1", b);
+   bson_append_array_end (query, &or);
+}
+
+void
+store_append_after_key (bson_t *query, const char *field, int64_t at, const bson_value_t *id)
+{
+   bson_t *a = BCON_NEW (field, "{", "$gt", BCON_DATE_TIME (at), "}");
+   bson_t b = BSON_INITIALIZER, sub;
+
+   BSON_APPEND_DATE_TIME (&b, field, at);
    BSON_APPEND_DOCUMENT_BEGIN (&b, "_id", &sub);
    BSON_APPEND_VALUE (&sub, "$gt", id);
    bson_append_document_end (&b, &sub);
-   bson_append_document_end (&or, &b);
-   bson_append_array_end (query, &or);
+   store_append_or2 (query, a, &b);
+   bson_destroy (&b);
+   bson_destroy (a);
 }
 
 void
@@ -517,6 +561,7 @@ store_session_opts (mongoc_client_session_t *session, bson_t *opts)
 typedef struct {
    store_txn_cb_t cb;
    void *ctx;
+   store_txn_t *txn;
 } txn_call_t;
 
 static bool
@@ -525,7 +570,8 @@ txn_trampoline (mongoc_client_session_t *session, void *ctx, bson_t **reply, bso
    txn_call_t *call = ctx;
 
    (void) reply;
-   return call->cb (session, call->ctx, error);
+   RELAYBUS_ASSERT (session == call->txn->session);
+   return call->cb (call->txn, call->ctx, error);
 }
 
 bool
@@ -534,18 +580,22 @@ store_with_txn (store_t *s, mongoc_client_t *client, store_txn_cb_t cb, void *ct
    mongoc_session_opt_t *sopts = mongoc_session_opts_new ();
    mongoc_transaction_opt_t *topts = store_txn_opts ();
    mongoc_client_session_t *session;
-   txn_call_t call = {cb, ctx};
+   store_txn_t txn = {.opts = BSON_INITIALIZER};
+   txn_call_t call = {cb, ctx, &txn};
    bson_t reply;
    bson_error_t err = {0};
    bool ok = false;
 
-   (void) s;
    mongoc_session_opts_set_causal_consistency (sopts, false);
    session = mongoc_client_start_session (client, sopts, &err);
    if (!session) {
       store_set_error (error, STORE_ERROR_SERVER, "start session: %s", err.message);
       goto done;
    }
+   txn.session = session;
+   store_session_opts (session, &txn.opts);
+   for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++)
+      txn.coll[c] = store_coll (s, client, (outbox_collection_t) c);
    /* The callbacks hand no reply back to mongoc, so it cannot see the
     * TransientTransactionError label of a write conflict: a conflict
     * (another writer committed one of our documents after our snapshot)
@@ -566,6 +616,9 @@ store_with_txn (store_t *s, mongoc_client_t *client, store_txn_cb_t cb, void *ct
    }
 
 done:
+   for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++)
+      mongoc_collection_destroy (txn.coll[c]);
+   bson_destroy (&txn.opts);
    mongoc_client_session_destroy (session);
    mongoc_transaction_opts_destroy (topts);
    mongoc_session_opts_destroy (sopts);
