@@ -4,9 +4,9 @@
  *
  * Start-up order matters: the config is loaded and validated first (exit 1
  * with the reason), then the upstream URI and TLS files (exit 1), then the
- * topology worker is given a bounded time to find out what the upstream is
+ * topology monitor is given a bounded time to find out what the upstream is
  * (a standalone is refused with exit 1; an unreachable upstream is only
- * logged: the worker keeps trying while clients wait), and only then does
+ * logged: the monitor keeps trying while clients wait), and only then does
  * the proxy listen.  Everything after that runs on one libevent loop; the
  * loop never blocks (docs/architecture.md, "The threads").
  *
@@ -363,7 +363,7 @@ proxy_teardown (proxy_t *p)
    dispatch_stop (); /* hands its lanes back */
    listener_destroy (p->listener);
    client_loop_destroy (p->clients);
-   /* The worker may still post to the loop: join it before freeing the
+   /* The topology monitor may still post to the loop: join it before freeing the
     * loopwake and the base. */
    topology_destroy (p->topo);
    loopwake_destroy (p->wake);

@@ -8,7 +8,7 @@
  * (EVENT_BASE_FLAG_NOLOCK): every event_add, event_del and event_active on
  * the request path would otherwise take the base's mutex, about 40 lock and
  * unlock pairs per request.  The price is that no other thread may touch
- * that base.  A thread with news for the loop (the topology worker; later
+ * that base.  A thread with news for the loop (the topology monitor; later
  * the store or the admin thread) posts a function and its argument here
  * instead: the post goes into a small bounded queue under the module's own
  * mutex, and an eventfd (a pipe where there is none) makes the loop's

@@ -5,11 +5,11 @@
  * topology_destroy: the main thread; topology_get_primary and
  * topology_request_refresh: any thread (the forwarding loop reads the
  * snapshot); the on_changed callback: the loop; the selection and the
- * address resolution: the topology worker.
+ * address resolution: the topology monitor.
  *
  * The interface is plain data and calls: no mongoc type crosses it, so
  * the forwarding loop (proxy/) reads the snapshot without including the
- * driver.  A worker thread owns a mongoc_client_pool on the `upstream` URI
+ * driver.  A monitor thread owns a mongoc_client_pool on the `upstream` URI
  * (made by base/worker.h's worker_pool_new, appName "relaybus-proxy") and asks
  * mongo-c-driver's topology monitoring for a writable server (the primary
  * of a replica set, or a mongos).  It resolves the address itself, so the
@@ -17,7 +17,7 @@
  * loop reads the snapshot (topology_get_primary), asks for a fresh look
  * after a "not primary"-class error or a failed connect
  * (topology_request_refresh), and is told of changes through the loop's
- * loopwake (the loop's event base has no locks: the worker never touches
+ * loopwake (the loop's event base has no locks: the monitor never touches
  * it).
  *
  * A standalone mongod is refused: it has no transactions.
@@ -37,7 +37,7 @@
 
 typedef enum {
    TOPOLOGY_ERROR_RESOLVE = 1, /* the primary's host name does not resolve */
-   TOPOLOGY_ERROR_THREAD,      /* the worker thread cannot start */
+   TOPOLOGY_ERROR_THREAD,      /* the monitor thread cannot start */
    TOPOLOGY_ERROR_STANDALONE,  /* the upstream is a standalone mongod (main.c refuses it) */
 } topology_error_code_t;
 #define TOPOLOGY_HOST_MAX 256
@@ -56,7 +56,7 @@ typedef struct {
    char host[TOPOLOGY_HOST_MAX];     /* as the topology names it: TLS SNI and verification */
    uint16_t port;
    char server_type[32];             /* "RSPrimary", "Mongos", "Standalone" */
-   struct sockaddr_storage addr;     /* resolved by the worker */
+   struct sockaddr_storage addr;     /* resolved by the monitor */
    socklen_t addr_len;
    char last_error[256];             /* why the last attempt failed, for logs */
 } topology_primary_t;
@@ -67,9 +67,9 @@ typedef struct topology topology_t;
 typedef void (*topology_changed_cb_t) (void *ctx);
 
 /* Parses the URI, makes the pool (errors in WORKER_ERROR_DOMAIN) and
- * prepares the worker (not started).  Change
+ * prepares the monitor (not started).  Change
  * notifications reach the loop through `wake` (borrowed: it must outlive the
- * topology, whose destroy joins the worker).  `select_timeout_ms` bounds one
+ * topology, whose destroy joins the monitor).  `select_timeout_ms` bounds one
  * server selection attempt (and so how long topology_destroy may wait). */
 topology_t *topology_new (loopwake_t *wake,
                           const char *uri,
@@ -87,10 +87,10 @@ topology_state_t topology_wait_first (topology_t *topo, int64_t timeout_ms);
 /* Copies the current snapshot.  Cheap: one mutex, one memcpy. */
 void topology_get_primary (topology_t *topo, topology_primary_t *out);
 
-/* Asks the worker to look again now (coalesced; never blocks). */
+/* Asks the monitor to look again now (coalesced; never blocks). */
 void topology_request_refresh (topology_t *topo, const char *why);
 
-/* Stops and joins the worker, frees everything.  NULL is accepted. */
+/* Stops and joins the monitor, frees everything.  NULL is accepted. */
 void topology_destroy (topology_t *topo);
 
 /* "unknown", "primary", "standalone". */

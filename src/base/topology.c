@@ -1,12 +1,12 @@
 /*
- * base/topology.c - the primary-finding worker thread.
+ * base/topology.c - the primary-finding monitor thread.
  *
  * mongoc_client_pool runs its own monitoring threads, so a selection on a
- * known topology returns at once; the worker simply selects a writable
+ * known topology returns at once; the monitor simply selects a writable
  * server every few seconds (to notice a failover before any client hits
  * it), at once when the loop asks, and with a backoff while the upstream is
  * unreachable.  Each attempt is bounded by serverSelectionTimeoutMS, which
- * the worker sets on its own copy of the URI so that shutdown never waits
+ * the monitor sets on its own copy of the URI so that shutdown never waits
  * for the driver's 30-second default.
  *
  * This module never touches client connections: it publishes a snapshot
@@ -37,8 +37,8 @@
 #define TOPOLOGY_RETRY_MAX_MS 5000
 #define TOPOLOGY_HEARTBEAT_MS 1000
 
-/* Owned by the loop thread that created it; the worker only touches the
- * fields under `mutex` and the pool (worker-only after start). */
+/* Owned by the loop thread that created it; the monitor only touches the
+ * fields under `mutex` and the pool (monitor-only after start). */
 struct topology {
    loopwake_t *wake;           /* borrowed: the loop's */
    atomic_bool notify_pending; /* a notice is posted and has not run yet */
@@ -50,7 +50,7 @@ struct topology {
    bool started;
 
    pthread_mutex_t mutex;
-   pthread_cond_t cond;     /* worker waits on it; start-up waits on it too */
+   pthread_cond_t cond;     /* monitor waits on it; start-up waits on it too */
    bool stop;               /* under mutex */
    bool refresh;            /* under mutex: the loop asked for a fresh look */
    bool first_done;         /* under mutex: first attempt finished */
@@ -80,7 +80,7 @@ topology_notify_cb (void *arg)
    topo->on_changed (topo->ctx);
 }
 
-/* On the worker: one notice in the loop's queue at a time. */
+/* On the monitor: one notice in the loop's queue at a time. */
 static void
 topology_notify (topology_t *topo)
 {
@@ -101,9 +101,9 @@ topology_new (loopwake_t *wake,
               void *ctx,
               bson_error_t *error)
 {
-   /* One attempt must end soon: the worker retries on its own, and
-    * shutdown joins the worker; so the timeout is set even over the URI's.
-    * The worker sends no operations through the driver, so the driver only
+   /* One attempt must end soon: the monitor retries on its own, and
+    * shutdown joins the monitor; so the timeout is set even over the URI's.
+    * The monitor sends no operations through the driver, so the driver only
     * learns of a step-down from its heartbeat (10 s by default when
     * pooled).  A re-selection asked for after a "not primary" error must
     * see the new primary soon: check each member every second, unless the
@@ -132,7 +132,7 @@ topology_new (loopwake_t *wake,
    return topo;
 }
 
-/* Resolves on the worker: the loop must never call getaddrinfo. */
+/* Resolves on the monitor: the loop must never call getaddrinfo. */
 static bool
 topology_resolve (const char *host, uint16_t port, topology_primary_t *out, bson_error_t *error)
 {
@@ -243,7 +243,7 @@ topology_thread (void *arg)
 
       pthread_mutex_lock (&topo->mutex);
       RELAYBUS_ASSERT ((unsigned) next.state < TOPOLOGY_STATE_COUNT_);
-      /* A primary is published with the address the worker resolved. */
+      /* A primary is published with the address the monitor resolved. */
       RELAYBUS_ASSERT (next.state != TOPOLOGY_STATE_PRIMARY || next.addr_len > 0);
       changed = next.state != topo->snap.state || next.port != topo->snap.port ||
                 strcmp (next.host, topo->snap.host) != 0;
