@@ -121,6 +121,8 @@ typedef struct config {
    char *tls_key_file;
    char *tls_ca_file;
    char *log_level;
+   char *log_format; /* "text" or "json" (log_format_parse) */
+   char *log_file;   /* "" : standard error */
 
    /* [outbox] */
    char *outbox_database;

@@ -102,6 +102,10 @@ static const config_key_t config_key_table[] = {
       "PEM CA bundle; when set, clients must present a certificate it signed."),
    P ("log_level", S, "info", 0, 0, true, log_level,
       "error, warn, info or debug."),
+   P ("log_format", S, "text", 0, 0, true, log_format,
+      "text (one readable line each) or json (one JSON object per line)."),
+   P ("log_file", S, "", 0, 0, true, log_file,
+      "File the log lines are appended to (created 0640); empty: standard error. SIGUSR1 reopens it (logrotate)."),
 
    O ("database", S, "relaybus", 0, 0, false, outbox_database,
       "Database of the outbox collections."),
@@ -757,6 +761,17 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
    if (!log_level_parse (cfg->log_level, &level)) {
       config_error (error, origin, 0, "[proxy] log_level: '%s' is not error, warn, info or debug",
                     cfg->log_level);
+      return false;
+   }
+   {
+      log_format_t format;
+      if (!log_format_parse (cfg->log_format, &format)) {
+         config_error (error, origin, 0, "[proxy] log_format: '%s' is not text or json", cfg->log_format);
+         return false;
+      }
+   }
+   if (cfg->log_file[0] && cfg->log_file[0] != '/') {
+      config_error (error, origin, 0, "[proxy] log_file: '%s' is not an absolute path", cfg->log_file);
       return false;
    }
    if (strcmp (cfg->unrouted, "accept") == 0) {
