@@ -161,12 +161,18 @@ side_timer_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ opening */
 
+/* Deferred callbacks are for TLS only, whose bufferevent may call back
+ * from inside our own buffer operations.  A socket bufferevent calls back
+ * only from its own event callbacks, holding a reference, so ours may run
+ * there directly (and may free it): no second loop turn per read. */
+static int
+side_bev_options (bool tls)
+{
+   return BEV_OPT_CLOSE_ON_FREE | (tls ? BEV_OPT_DEFER_CALLBACKS : 0);
+}
+
 /* What both kinds share: the timer and the callbacks (false: out of
- * memory).  Deferred callbacks
- * are for TLS only, whose bufferevent may call back from inside our own
- * buffer operations.  A socket bufferevent calls back only from its own
- * event callbacks, holding a reference, so ours may run there directly
- * (and may free it): no second loop turn per read. */
+ * memory). */
 static bool
 side_init (side_t *s, side_kind_t kind, struct event_base *base, const side_callbacks_t *cb, void *owner)
 {
@@ -189,7 +195,7 @@ side_accept (side_t *s,
              void *owner,
              bson_error_t *error)
 {
-   const int opts = BEV_OPT_CLOSE_ON_FREE | (server_tls ? BEV_OPT_DEFER_CALLBACKS : 0);
+   const int opts = side_bev_options (server_tls != NULL);
 
    if (!side_init (s, SIDE_CLIENT, base, cb, owner))
       goto fail;
@@ -240,7 +246,7 @@ side_connect (side_t *s,
               void *owner,
               bson_error_t *error)
 {
-   const int opts = BEV_OPT_CLOSE_ON_FREE | (tls ? BEV_OPT_DEFER_CALLBACKS : 0);
+   const int opts = side_bev_options (tls != NULL);
    bool ok = false;
 
    if (!side_init (s, SIDE_UPSTREAM, base, cb, owner)) {
