@@ -57,7 +57,7 @@ typedef enum {
 /* Publishing failures (relaybus_publish_errors_total{kind}). */
 typedef enum {
    COUNTERS_PUBLISH_BAD_ANNOTATION = 0, /* BadValue answers: the annotation or relaybusPublish is malformed */
-   COUNTERS_PUBLISH_OUTSIDE_TRANSACTION, /* IllegalOperation answers: annotated work outside a transaction */
+   COUNTERS_PUBLISH_OUTSIDE_TRANSACTION, /* InvalidOptions answers: annotated work outside a transaction */
    COUNTERS_PUBLISH_OUTBOX_WRITE,       /* an outbox write failed: its error went to the client */
    COUNTERS_PUBLISH_CONNECTION_LOST,    /* the connection closed in the middle of an operation */
    COUNTERS_PUBLISH_ERROR_COUNT

@@ -54,8 +54,9 @@ typedef enum {
    INJECT_CODE_BAD_VALUE = 2,               /* BadValue: a malformed annotation, an unrouted type */
    INJECT_CODE_UNKNOWN_ERROR = 8,           /* UnknownError: a write error without a code */
    INJECT_CODE_UNAUTHORIZED = 13,           /* Unauthorized: a client write to the outbox */
-   INJECT_CODE_ILLEGAL_OPERATION = 20,      /* IllegalOperation: publishing outside a transaction */
    INJECT_CODE_COMMAND_NOT_FOUND = 59,      /* CommandNotFound: an unknown relaybus* command */
+   INJECT_CODE_INVALID_OPTIONS = 72,        /* InvalidOptions: publishing outside a transaction (no driver
+                                             * rewrites 72; the Node.js driver replaces any 20 of a write) */
    INJECT_CODE_WRITE_CONFLICT = 112,        /* WriteConflict: retry the transaction */
    INJECT_CODE_NO_SUCH_TRANSACTION = 251,   /* NoSuchTransaction: aborted (a refused commit) */
    INJECT_CODE_TEMPORARILY_UNAVAILABLE = 365, /* TemporarilyUnavailable: the poisoned table is full */

@@ -17,7 +17,7 @@
  *    transaction: forwarded without the annotation; if it succeeded, the
  *    outbox writes of publish/inject.h follow in the same transaction; the client
  *    gets the statement's reply, or the failing outbox write's error.
- *    Outside a transaction: IllegalOperation (20).  Malformed: BadValue (2),
+ *    Outside a transaction: InvalidOptions (72).  Malformed: BadValue (2),
  *    nothing forwarded.
  *  - relaybusPublish {events: [...]} inside a transaction: the same writes
  *    without a statement; replies {ok: 1, eventIds: [...]}.  Any other

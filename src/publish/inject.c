@@ -753,8 +753,8 @@ inject_code_name (int32_t code)
       return "UnknownError";
    case INJECT_CODE_UNAUTHORIZED:
       return "Unauthorized";
-   case INJECT_CODE_ILLEGAL_OPERATION:
-      return "IllegalOperation";
+   case INJECT_CODE_INVALID_OPTIONS:
+      return "InvalidOptions";
    case INJECT_CODE_COMMAND_NOT_FOUND:
       return "CommandNotFound";
    case INJECT_CODE_WRITE_CONFLICT:

@@ -863,7 +863,7 @@ route_annotated (route_t *r)
    }
    if (txn == INJECT_TXN_NO) {
       counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_OUTSIDE_TRANSACTION, 1);
-      op_answer_error (c, seq, INJECT_CODE_ILLEGAL_OPERATION, outside_txn_msg);
+      op_answer_error (c, seq, INJECT_CODE_INVALID_OPTIONS, outside_txn_msg);
       goto done;
    }
    ann = bson_malloc (sizeof *ann);
@@ -910,7 +910,7 @@ route_publish (route_t *r)
       return ROUTE_FAILED;
    if (txn == INJECT_TXN_NO) {
       counters_add_at (COUNTER_PUBLISH_ERRORS, COUNTERS_PUBLISH_OUTSIDE_TRANSACTION, 1);
-      op_answer_error (c, seq, INJECT_CODE_ILLEGAL_OPERATION,
+      op_answer_error (c, seq, INJECT_CODE_INVALID_OPTIONS,
                        "relaybus: relaybusPublish must run inside a transaction (lsid, txnNumber and autocommit: "
                        "false)");
       return ROUTE_TAKEN;

@@ -1,6 +1,6 @@
 'use strict';
 // Bad annotations of every kind and annotations outside transactions get the documented errors
-// (BadValue 2, IllegalOperation 20, CommandNotFound 59), nothing of the refused statement is
+// (BadValue 2, InvalidOptions 72, CommandNotFound 59), nothing of the refused statement is
 // written, and the session can go on and commit other work afterwards. At the wire level: an
 // annotated unacknowledged write and a request pipelined behind a running publish close the
 // connection instead of committing anything without its events.
@@ -34,8 +34,8 @@ async function countAll() {
 const OUTSIDE = /^relaybus: annotated writes must run inside a transaction/;
 
 /**
- * The Node.js driver rewrites code 20 on a retryable write into its own "does not support
- * retryable writes" message and keeps the server's error as originalError: look there.
+ * The error must reach the application itself: the Node.js driver would replace a code-20 error
+ * of a retryable write with its own "does not support retryable writes" message.
  */
 async function expectOutside(promise) {
   let err = null;
@@ -44,15 +44,14 @@ async function expectOutside(promise) {
   } catch (e) {
     err = e;
   }
-  assert.ok(err, 'expected IllegalOperation');
-  const orig = err.code === 20 ? err : err.originalError;
-  assert.ok(orig, `the proxy's error is the error or its originalError: ${err.message}`);
-  assert.equal(orig.code, 20);
-  assert.equal(orig.codeName, 'IllegalOperation');
-  assert.match(orig.errmsg, OUTSIDE);
+  assert.ok(err, 'expected InvalidOptions');
+  // The driver passes it on as it came (a code-20 error of a write it would have replaced).
+  assert.equal(err.code, 72, `the proxy's error reaches the application: ${err.message}`);
+  assert.equal(err.codeName, 'InvalidOptions');
+  assert.match(err.errmsg, OUTSIDE);
 }
 
-test('annotations outside a transaction: IllegalOperation 20, nothing written', async () => {
+test('annotations outside a transaction: InvalidOptions 72, nothing written', async () => {
   const before = await countAll();
   await expectOutside(coll().insertOne({ _id: 'out-1' }, { comment: { relaybus: { type: 'order.x' } } }));
   // A session without a transaction: the driver sends a retryable write (lsid + txnNumber).
@@ -73,7 +72,7 @@ test('annotations outside a transaction: IllegalOperation 20, nothing written', 
   } finally {
     await noRetry.close();
   }
-  await P.expectCode(s.client.db(DB).command({ relaybusPublish: 1, events: [{ type: 'a' }] }), 20, /relaybusPublish must run inside a transaction/);
+  await P.expectCode(s.client.db(DB).command({ relaybusPublish: 1, events: [{ type: 'a' }] }), 72, /relaybusPublish must run inside a transaction/);
   // On the wire: exactly {ok: 0, errmsg, code, codeName}.
   const conn = await H.WireConn.connect({ port: s.proxy.port });
   try {
@@ -81,7 +80,8 @@ test('annotations outside a transaction: IllegalOperation 20, nothing written', 
     const r = await conn.command({ delete: 'items', deletes: [{ q: {}, limit: 0 }], comment: { relaybus: { type: 'a' } }, $db: DB });
     assert.deepEqual(Object.keys(r).sort(), ['code', 'codeName', 'errmsg', 'ok']);
     assert.equal(r.ok, 0);
-    assert.equal(r.code, 20);
+    assert.equal(r.code, 72);
+    assert.equal(r.codeName, 'InvalidOptions');
     assert.match(r.errmsg, OUTSIDE);
   } finally {
     conn.destroy();
