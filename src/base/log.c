@@ -35,6 +35,8 @@
 #include <unistd.h>
 
 #define LOG_LINE_MAX 2048
+/* "2026-11-30T11:05:18.123Z error [thread] ": 24 + 7 + 15 + 3, rounded up. */
+#define LOG_PREFIX_MAX 64
 
 static atomic_int log_level = LOG_LEVEL_INFO;
 static _Thread_local char log_thread_name[16] = "main";
@@ -538,8 +540,9 @@ log_msg (log_level_t level, const char *fmt, ...)
    va_end (ap);
    if (r < 0)
       r = 0;
-   /* Room is kept for "...". */
-   m = log_escape (raw, (size_t) r < sizeof raw ? (size_t) r : sizeof raw - 1, msg, sizeof msg - 4, &cut);
+   /* Room is kept for "..." and for the text format's prefix (at most
+    * LOG_PREFIX_MAX bytes), so that a text line never exceeds LOG_LINE_MAX. */
+   m = log_escape (raw, (size_t) r < sizeof raw ? (size_t) r : sizeof raw - 1, msg, sizeof msg - 4 - LOG_PREFIX_MAX, &cut);
    if (cut || (size_t) r >= sizeof raw) {
       /* Truncated: mark it. */
       memcpy (msg + m, "...", 4);

@@ -161,6 +161,25 @@ test_log_msg_one_line (void **state)
    assert_null (strstr (out, "\\..."));
 }
 
+/* log_format = json: one object per line; a connection's line carries conn
+ * and peer; what the client sent is escaped, then JSON-encoded. */
+static void
+test_log_json (void **state)
+{
+   const char *out;
+
+   (void) state;
+   log_set_level (LOG_LEVEL_INFO);
+   log_set_format (LOG_FORMAT_JSON);
+   out = capture (log_injection);
+   log_set_format (LOG_FORMAT_TEXT);
+   assert_int_equal (count_char (out, '\n'), 1);
+   assert_int_equal (strncmp (out, "{\"time\":\"", 9), 0);
+   assert_non_null (strstr (out, "\",\"level\":\"info\",\"thread\":\"main\",\"subsystem\":\"client\",\"conn\":7,\"peer\":\"127.0.0.1:5555\",\"msg\":\"relaybusX\\\\n2026-01-01T00:00:00.000Z error [main] forged\\\\r with moreToCome"));
+   assert_int_equal (strcmp (out + strlen (out) - 3, "\"}\n"), 0);
+   assert_int_equal (count_char (out, '\r'), 0);
+}
+
 /* A debug build stops at a broken invariant and says where; a release
  * build does not evaluate the condition. */
 static int assert_evaluated;
@@ -215,6 +234,7 @@ main (void)
       cmocka_unit_test (test_escape_cut_whole),
       cmocka_unit_test (test_log_msg_one_line),
       cmocka_unit_test (test_assert),
+      cmocka_unit_test (test_log_json),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }
