@@ -3,8 +3,8 @@
  *
  * A plain accepted side is read by its own event only while reading is on,
  * reports what arrives, EOF and the partial-message timeout through its
- * callbacks, writes its output at once on a flush, installs its drain
- * callback only when asked, and closes its socket on side_close.  A connect
+ * callbacks, writes its output at once on a flush, calls its drain
+ * callback only when asked to, and closes its socket on side_close.  A connect
  * that fails at once is an error with the address, and leaves nothing open.
  */
 #include <errno.h>
@@ -43,6 +43,7 @@ on_drained (side_t *s)
 {
    fixture_t *f = s->owner;
    f->drains++;
+   event_base_loopbreak (f->base);
 }
 
 static void
@@ -202,15 +203,58 @@ test_partial_message_timer (void **state)
    assert_false (f->side.timer_armed);
 }
 
+/* The peer reads whatever arrives. */
+static void
+peer_read_cb (evutil_socket_t fd, short what, void *arg)
+{
+   char buf[65536];
+
+   while (read (fd, buf, sizeof buf) > 0)
+      ;
+}
+
+/* Queues more than the socket takes at once and lets the peer read it:
+ * returns whether on_drained ran before the output was written out. */
+static bool
+drain_big_output (fixture_t *f)
+{
+   static char big[4 * 1024 * 1024];
+   struct timeval tv = {0, 200 * 1000};
+   int before = f->drains;
+
+   assert_int_equal (evbuffer_add (side_output (&f->side), big, sizeof big), 0);
+   side_flush (&f->side);
+   /* The socket took part of it; libevent writes the rest. */
+   assert_true (evbuffer_get_length (side_output (&f->side)) > 0);
+   while (evbuffer_get_length (side_output (&f->side)) > 0 && f->drains == before) {
+      event_base_loopexit (f->base, &tv);
+      event_base_dispatch (f->base);
+   }
+   return f->drains > before;
+}
+
 static void
 test_drain_callback_on_request (void **state)
 {
    fixture_t *f = *state;
+   struct event *pr;
 
+   assert_int_equal (evutil_make_socket_nonblocking (f->peer), 0);
+   pr = event_new (f->base, f->peer, EV_READ | EV_PERSIST, peer_read_cb, NULL);
+   assert_non_null (pr);
+   assert_int_equal (event_add (pr, NULL), 0);
+   side_set_write_low (&f->side, 0);
+   /* Not asked for: the output empties without a drain callback. */
+   assert_false (drain_big_output (f));
+   assert_int_equal (evbuffer_get_length (side_output (&f->side)), 0);
+   /* Asked for: it runs once the output is at the low watermark (0). */
    side_want_drained (&f->side, true);
    assert_true (f->side.drained_cb);
+   assert_true (drain_big_output (f));
+   assert_int_equal (evbuffer_get_length (side_output (&f->side)), 0);
    side_want_drained (&f->side, false);
    assert_false (f->side.drained_cb);
+   event_free (pr);
 }
 
 static void
