@@ -135,6 +135,8 @@ typedef enum {
    X (ADMIN_REQUESTS, "relaybus_admin_requests_total", COUNTER, NONE, "Admin HTTP requests served.")                  \
    X (ADMIN_REJECTED, "relaybus_admin_rejected_total", COUNTER, NONE,                                                  \
       "Admin HTTP requests refused (401, 400, 404, 405, 413, 415, 503).")                                             \
+   X (LOG_LINES_DROPPED, "relaybus_log_lines_dropped_total", COUNTER, NONE,                                            \
+      "Log lines dropped because the log destination did not keep up with the queue.")                                \
    /* forwarding */                                                                                                    \
    X (CONNECTIONS_OPEN, "relaybus_client_connections", GAUGE, NONE, "Client connections open.")                       \
    X (CONNECTIONS_ACCEPTED, "relaybus_client_connections_accepted_total", COUNTER, NONE,                               \

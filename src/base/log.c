@@ -20,6 +20,7 @@
  */
 #include "base/log.h"
 #include "base/assert.h"
+#include "base/counters.h"
 #include "base/utf8.h"
 
 #include <errno.h>
@@ -165,7 +166,6 @@ static struct {
    uint64_t dropped_unreported;
 } lq = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false, false, {0}, 0, 0, STDERR_FILENO, "", false, 0};
 
-static atomic_uint_fast64_t log_dropped_total;
 static atomic_int log_format = LOG_FORMAT_TEXT;
 
 static const char *const log_format_names[] = {[LOG_FORMAT_TEXT] = "text", [LOG_FORMAT_JSON] = "json"};
@@ -191,7 +191,7 @@ log_set_format (log_format_t format)
 uint64_t
 log_dropped (void)
 {
-   return (uint64_t) atomic_load_explicit (&log_dropped_total, memory_order_relaxed);
+   return counters_get (COUNTER_LOG_LINES_DROPPED);
 }
 
 /* Writes all of buf to fd (the writer thread, or a caller while none runs). */
@@ -405,7 +405,7 @@ emit (const char *line, size_t n)
       write_all (lq.fd, line, n);
    } else if (LOG_QUEUE_BYTES - lq.len < n) {
       lq.dropped_unreported++;
-      atomic_fetch_add_explicit (&log_dropped_total, 1, memory_order_relaxed);
+      counters_add (COUNTER_LOG_LINES_DROPPED, 1);
    } else {
       size_t tail = (lq.head + lq.len) % LOG_QUEUE_BYTES;
       size_t first = n < LOG_QUEUE_BYTES - tail ? n : LOG_QUEUE_BYTES - tail;
