@@ -1,6 +1,9 @@
 /*
  * proxy/conn.h - client connections, each paired with its own upstream.
  *
+ * Thread: forwarding loop, for every function here (the request decoding
+ * thread behind client_loop_set_wake is proxy/pump.c's own).
+ *
  * A client connection is a state machine (client_state_t) that owns one
  * upstream connection to the primary.  Messages are framed on both sides;
  * requests are inspected (decompressed, parsed, the command name read) and
@@ -22,9 +25,6 @@
  *
  * client_loop_t is the forwarding loop's own state (one per loop thread):
  * its connections, counters of ids, the current config snapshot.
- *
- * Thread: forwarding loop, for every function here (the request decoding
- * thread behind client_loop_set_wake is proxy/pump.c's own).
  */
 #ifndef RELAYBUS_CLIENT_H
 #define RELAYBUS_CLIENT_H

@@ -1,15 +1,16 @@
 /*
  * proxy/listener.h - accepting client connections.
  *
+ * Thread: the forwarding loop's (listener_new runs on the main thread
+ * before the loop does; listener_destroy from a loop callback or after
+ * the loop stopped).
+ *
  * One listening socket, TCP ("host:port") or Unix ("/path"), handed to
  * libevent's evconnlistener.  Accepted sockets go to client_accept, unless
  * max_clients are already open: then the socket is closed at once, with a
  * log line and a count.  When accept fails for lack of file descriptors
  * (EMFILE/ENFILE) the listener pauses and retries on a timer instead of
  * spinning on a readable socket it cannot accept.
- *
- * Thread: forwarding loop (listener_new and listener_destroy: the main
- * thread, before the loop runs and after it stops).
  */
 #ifndef RELAYBUS_LISTENER_H
 #define RELAYBUS_LISTENER_H
