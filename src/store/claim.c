@@ -95,10 +95,10 @@ typedef struct {
 static void
 delivery_free (store_delivery_t *d)
 {
-   bson_free (d->event_id);
-   bson_free (d->handler);
-   bson_free (d->event_type);
-   bson_free (d->key);
+   char *owned[] = {d->event_id, d->handler, d->event_type, d->key};
+
+   for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
+      bson_free (owned[i]);
    bson_destroy (d->event);
 }
 

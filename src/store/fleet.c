@@ -78,8 +78,10 @@ store_fleet_read (store_t *s, bson_t **docs, size_t max, size_t *n, bson_error_t
 bool
 store_fleet_forget (store_t *s, int64_t before, bson_error_t *error)
 {
-   bson_t *q = BCON_NEW ("heartbeatAt", "{", "$lt", BCON_DATE_TIME (before), "}", "_id", "{", "$ne", BCON_UTF8 (s->owner), "}");
-   bool ok = store_write (s, OUTBOX_HANDLERS, STORE_WRITE_DELETE_MANY, q, NULL, NULL, NULL, "forgetting silent instances", error);
+   bson_t *q = BCON_NEW ("heartbeatAt", "{", "$lt", BCON_DATE_TIME (before), "}",
+                         "_id", "{", "$ne", BCON_UTF8 (s->owner), "}");
+   bool ok = store_write (
+      s, OUTBOX_HANDLERS, STORE_WRITE_DELETE_MANY, q, NULL, NULL, NULL, "forgetting silent instances", error);
 
    bson_destroy (q);
    return ok;
@@ -101,7 +103,8 @@ store_fleet_lease_release (store_t *s, int64_t now, bson_error_t *error)
 {
    bson_t *q = BCON_NEW ("_id", BCON_INT32 (STORE_RETIRE_LEASE_ID), "retireOwner", BCON_UTF8 (s->owner));
    bson_t *u = BCON_NEW ("$set", "{", "retireLeaseExpiresAt", BCON_DATE_TIME (now), "}");
-   bool ok = store_write (s, OUTBOX_LANES_COLL, STORE_WRITE_UPDATE_ONE, q, u, NULL, NULL, "handing the retirement lease back", error);
+   bool ok = store_write (
+      s, OUTBOX_LANES_COLL, STORE_WRITE_UPDATE_ONE, q, u, NULL, NULL, "handing the retirement lease back", error);
 
    bson_destroy (u);
    bson_destroy (q);

@@ -103,6 +103,12 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
    return s;
 }
 
+const char *
+store_owner (const store_t *s)
+{
+   return s->owner;
+}
+
 void
 store_destroy (store_t *s)
 {
@@ -121,12 +127,6 @@ store_destroy (store_t *s)
    bson_free (s->database);
    bson_free (s->owner);
    bson_free (s);
-}
-
-const char *
-store_owner (const store_t *s)
-{
-   return s->owner;
 }
 
 mongoc_collection_t *
