@@ -4,10 +4,10 @@
  * retirement of handlers no live proxy declares (see store/fleet.h).
  *
  * What this file does not do: decide what is live, due for retirement or
- * new; the dispatcher (dispatch/dispatch.c, with base/fleet.c's snapshot) decides and
- * calls these.  Retirement buries through store_bury_ids, so it follows the
- * operator bury's rules (a delivery a lane lists in flight is left to its
- * worker).
+ * new; the dispatcher (dispatch/fleet.c, with base/fleet.c's snapshot)
+ * decides and calls these.  Retirement buries through store_bury_ids
+ * (store/ops.h), so it follows the operator bury's rules (a delivery a
+ * lane lists in flight is left to its worker).
  */
 #include "store/fleet.h"
 #include "store/store_private.h"

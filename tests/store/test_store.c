@@ -1,6 +1,7 @@
 /*
  * test_store.c - the store against the server double (or MONGODB_URI), one
- * test per rule of the reference's "How it works", named after it.
+ * test per rule of the store (docs/outbox-schema.md, and the semantics of
+ * the @relaybus/mongodb package it follows), named after it.
  *
  * Each test starts its own double and database, writes events and
  * deliveries itself with mongoc (documents as docs/outbox-schema.md), and
