@@ -9,7 +9,7 @@
  * claims).  Every store
  * call it makes blocks that thread only: the forwarding loop never waits
  * for the admin port, and the admin port reads the loop's state only
- * through atomics (base/counters.h, admin/metrics.h) and the clients registry.
+ * through the counter registry (base/counters.h) and the clients registry.
  *
  * Listening on [admin] listen (loopback by default; empty disables it).
  * When [admin] token is set, /metrics and /api/... need

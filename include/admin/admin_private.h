@@ -77,8 +77,6 @@ struct admin {
    struct evhttp_connection *conns[ADMIN_MAX_CONNECTIONS];
    size_t n_conns;
    uint64_t refused;
-
-   _Atomic uint64_t requests, rejected;
 };
 
 /* Milliseconds since the Unix epoch. */

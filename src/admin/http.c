@@ -47,8 +47,8 @@
 #include "proxy/clients.h"
 #include "base/clock.h"
 #include "base/log.h"
-#include "admin/metrics.h"
 #include "base/worker.h"
+#include "base/counters.h"
 #include "proxy/tls.h"
 #include "base/utf8.h"
 
@@ -230,7 +230,7 @@ admin_send_error (admin_t *a, struct evhttp_request *req, int code, const char *
    if (!bson_utf8_validate (msg, strlen (msg), false))
       bson_strncpy (msg, "invalid request", sizeof msg);
    if (code < 500)
-      atomic_fetch_add (&a->rejected, 1);
+      counters_add (COUNTER_ADMIN_REJECTED, 1);
    BSON_APPEND_UTF8 (&doc, "error", msg);
    if (code == 401)
       evhttp_add_header (evhttp_request_get_output_headers (req), "WWW-Authenticate", "Bearer realm=\"relaybus-admin\"");
@@ -345,7 +345,7 @@ admin_request_cb (struct evhttp_request *req, void *arg)
    const route_t *r = NULL;
    bool path_known = false;
 
-   atomic_fetch_add (&a->requests, 1);
+   counters_add (COUNTER_ADMIN_REQUESTS, 1);
    if (!path || !*path)
       path = "/";
    /* With TLS configured, only TLS connections reach a handler: evhttp
@@ -359,7 +359,7 @@ admin_request_cb (struct evhttp_request *req, void *arg)
          char peer[80];
          log_warn ("admin: %s: a connection without TLS reached the HTTPS-only port; closing it",
                    admin_peer_of (req, peer, sizeof peer));
-         atomic_fetch_add (&a->rejected, 1);
+         counters_add (COUNTER_ADMIN_REJECTED, 1);
          evhttp_send_error (req, 400, "TLS required");
          return;
       }
@@ -487,7 +487,7 @@ admin_adopt_cb (evutil_socket_t fd, short what, void *arg)
             log_warn ("admin: %d connections open: closing a new one (%" PRIu64 " refused so far)",
                       ADMIN_MAX_CONNECTIONS,
                       a->refused);
-         atomic_fetch_add (&a->rejected, 1);
+         counters_add (COUNTER_ADMIN_REJECTED, 1);
          evhttp_connection_free (conn);
          continue;
       }
@@ -578,6 +578,7 @@ admin_start (config_t *cfg, topology_t *topo, bson_error_t *error)
 
    /* Each handler has its series from the first scrape. */
    for (size_t i = 0; i < cfg->n_handlers; i++)
+      (void) counters_handler_slot (cfg->handlers[i].name, true);
    if (!cfg->admin_listen || !*cfg->admin_listen) {
       log_info ("admin: [admin] listen is empty: the admin port is off");
       return true;
