@@ -142,7 +142,9 @@ typedef client_route_t (*client_request_hook_t) (client_conn_t *c,
                                                  void *ctx,
                                                  bson_error_t *error);
 
-/* Installs the hook (one per loop; NULL removes it). */
+/* Installs the hook: one per loop, installed once (main.c: the publishing
+ * hook; installing over another is a bug, asserted in a debug build); NULL
+ * removes it. */
 void client_loop_set_request_hook (client_loop_t *loop, client_request_hook_t hook, void *ctx);
 
 /* Takes over an accepted socket (closes it on failure).  `server_tls` may

@@ -1079,6 +1079,8 @@ client_loop_destroy (client_loop_t *loop)
 void
 client_loop_set_request_hook (client_loop_t *loop, client_request_hook_t hook, void *ctx)
 {
+   /* One installer: a hook set over another would silently drop it. */
+   RELAYBUS_ASSERT (hook == NULL || loop->hook == NULL);
    loop->hook = hook;
    loop->hook_ctx = ctx;
 }
