@@ -57,16 +57,26 @@ log_level_name (log_level_t level)
    return log_level_names[level];
 }
 
+/* The index of `name` in names[0..n), or -1. */
+static int
+name_index (const char *const *names, size_t n, const char *name)
+{
+   for (size_t i = 0; name && i < n; i++) {
+      if (strcmp (name, names[i]) == 0)
+         return (int) i;
+   }
+   return -1;
+}
+
 bool
 log_level_parse (const char *name, log_level_t *out)
 {
-   for (size_t i = 0; i < sizeof log_level_names / sizeof log_level_names[0]; i++) {
-      if (name && strcmp (name, log_level_names[i]) == 0) {
-         *out = (log_level_t) i;
-         return true;
-      }
-   }
-   return false;
+   int i = name_index (log_level_names, sizeof log_level_names / sizeof log_level_names[0], name);
+
+   if (i < 0)
+      return false;
+   *out = (log_level_t) i;
+   return true;
 }
 
 void
@@ -173,13 +183,12 @@ static const char *const log_format_names[] = {[LOG_FORMAT_TEXT] = "text", [LOG_
 bool
 log_format_parse (const char *name, log_format_t *out)
 {
-   for (size_t i = 0; i < sizeof log_format_names / sizeof log_format_names[0]; i++) {
-      if (name && strcmp (name, log_format_names[i]) == 0) {
-         *out = (log_format_t) i;
-         return true;
-      }
-   }
-   return false;
+   int i = name_index (log_format_names, sizeof log_format_names / sizeof log_format_names[0], name);
+
+   if (i < 0)
+      return false;
+   *out = (log_format_t) i;
+   return true;
 }
 
 void
