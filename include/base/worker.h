@@ -8,6 +8,8 @@
  * main thread; the worker's event base and what its owner puts on it: the
  * worker's thread; the accessors: any thread.
  *
+ * The dispatcher's lease-renewal thread is a worker without a pool.
+ *
  * One set-up path for all of them: the URI with the component's appName and
  * time limits, the pool (error API version 2, its size), the lease owner
  * name "<host>/<pid>/<12 random hex>" built once, with its process part
@@ -77,6 +79,7 @@ typedef struct {
    const char *name; /* "dispatch", "admin": the thread's name, the prefix of its errors and logs */
    worker_pool_opts_t pool;
    int nice; /* the thread's nice value (Linux: per thread); 0: the process's */
+   bool quiet; /* no "<name>: stopped" line (a helper thread of another worker) */
    /* Runs on the worker's thread when worker_stop asks it to stop; it ends
     * the loop itself (event_base_loopexit) once its work is done.  NULL:
     * the loop breaks at once. */
@@ -86,14 +89,15 @@ typedef struct {
 
 typedef struct worker worker_t;
 
-/* The pool, the owner name and the event base, not running yet: the
- * caller puts its events on worker_base, then calls worker_start.  NULL
- * with `error` (WORKER_ERROR_DOMAIN) when a step fails; nothing is left. */
+/* The pool (none when `uri` is NULL: a thread with an event base only),
+ * the owner name and the event base, not running yet: the caller puts its
+ * events on worker_base, then calls worker_start.  NULL with `error`
+ * (WORKER_ERROR_DOMAIN) when a step fails; nothing is left. */
 worker_t *worker_new (const char *uri, const worker_opts_t *opts, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
 /* Starts the thread, which runs the event base until it is stopped and
- * logs "<name>: stopped" when it returns. */
+ * logs "<name>: stopped" when it returns (unless quiet). */
 bool worker_start (worker_t *w, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* Asks the thread to stop (opts.on_stop on the thread) and joins it.  A
@@ -106,7 +110,7 @@ void worker_stop (worker_t *w);
 void worker_destroy (worker_t *w);
 
 struct event_base *worker_base (const worker_t *w);
-mongoc_client_pool_t *worker_pool (const worker_t *w);
+mongoc_client_pool_t *worker_pool (const worker_t *w); /* NULL: made without a URI */
 bool worker_running (const worker_t *w);
 /* The lease owner name, "<host>/<pid>/<12 hex>", unique per worker. */
 const char *worker_owner (const worker_t *w);

@@ -35,7 +35,7 @@
 /* Errors of dispatch_start beyond those of its worker (WORKER_ERROR_DOMAIN),
  * its store and its handlers. */
 typedef enum {
-   DISPATCH_ERROR_EVENT_BASE = 1, /* no event base for the lease-renewal thread */
+   DISPATCH_ERROR_RENEWAL = 1, /* the lease-renewal thread's worker cannot be made */
 } dispatch_error_code_t;
 
 /* Runs the store's setup (collections, indexes, lanes) and, when

@@ -29,7 +29,8 @@ struct worker {
    void (*on_stop) (void *ctx);
    void *ctx;
    int nice;
-   mongoc_client_pool_t *pool;
+   bool quiet;
+   mongoc_client_pool_t *pool; /* NULL: made without a URI */
    struct event_base *base;
    struct event *stop_ev;
    pthread_t thread;
@@ -115,8 +116,8 @@ worker_new (const char *uri, const worker_opts_t *opts, bson_error_t *error)
    w->on_stop = opts->on_stop;
    w->ctx = opts->ctx;
    w->nice = opts->nice;
-   w->pool = worker_pool_new (uri, &opts->pool, w->name, error);
-   if (!w->pool)
+   w->quiet = opts->quiet;
+   if (uri && !(w->pool = worker_pool_new (uri, &opts->pool, w->name, error)))
       goto fail;
    worker_make_owner (w->owner, w->owner_prefix);
    w->base = event_base_new ();
@@ -145,7 +146,8 @@ worker_thread (void *arg)
       log_debug ("%s: cannot lower the thread's priority: %s", w->name, strerror (errno));
 #endif
    event_base_dispatch (w->base);
-   log_info ("%s: stopped", w->name);
+   if (!w->quiet)
+      log_info ("%s: stopped", w->name);
    return NULL;
 }
 

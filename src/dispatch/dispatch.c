@@ -175,11 +175,10 @@ typedef struct {
    struct event *fleet_ev;
    dispatch_fleet_t *fleet;
 
-   /* The renewal thread: its own event base and timer. */
-   pthread_t renew_thread;
-   bool renew_started;
-   struct event_base *renew_base;
-   struct event *renew_tick_ev, *renew_stop_ev;
+   /* The renewal thread: a worker without a pool (its own event base)
+    * and its timer. */
+   worker_t *renew;
+   struct event *renew_tick_ev;
    renew_set_t renew_set;
    atomic_int_fast64_t renew_lease_ms;
    bool setup_done, stopping, finished;
@@ -886,26 +885,6 @@ renew_cb (evutil_socket_t fd, short what, void *arg)
    renew_arm (d);
 }
 
-static void
-renew_stop_cb (evutil_socket_t fd, short what, void *arg)
-{
-   dispatcher_t *d = arg;
-   (void) fd;
-   (void) what;
-   event_base_loopbreak (d->renew_base);
-}
-
-static void *
-renew_thread (void *arg)
-{
-   dispatcher_t *d = arg;
-
-   log_set_thread_name ("renew");
-   renew_arm (d);
-   event_base_dispatch (d->renew_base);
-   return NULL;
-}
-
 /* ---------------------------------------------------------------- purge */
 
 /* The one log line of a run that removed something, however it ended. */
@@ -1186,12 +1165,11 @@ dispatcher_free (dispatcher_t *d)
    }
    bson_free (d->done);
    bson_free (d->unsettled);
+   /* Both threads were joined (dispatch_stop) or never started. */
+   RELAYBUS_ASSERT (!worker_running (d->w) && !worker_running (d->renew));
    if (d->renew_tick_ev)
       event_free (d->renew_tick_ev);
-   if (d->renew_stop_ev)
-      event_free (d->renew_stop_ev);
-   if (d->renew_base)
-      event_base_free (d->renew_base);
+   worker_destroy (d->renew);
    bson_free (d->renew_set.refs);
    bson_free (d->renew_set.leases);
    pthread_mutex_destroy (&d->renew_set.mu);
@@ -1287,13 +1265,14 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->fleet_ev = evtimer_new (d->base, fleet_cb, d);
    atomic_store (&d->renew_lease_ms, cfg->lease_ms);
    if (d->dispatching) {
-      d->renew_base = event_base_new ();
-      if (!d->renew_base) {
-         bson_set_error (error, DISPATCH_ERROR_DOMAIN, DISPATCH_ERROR_EVENT_BASE, "dispatch: cannot create an event base");
+      const worker_opts_t ro = {.name = "renew", .quiet = true};
+
+      d->renew = worker_new (NULL, &ro, &err);
+      if (!d->renew) {
+         bson_set_error (error, DISPATCH_ERROR_DOMAIN, DISPATCH_ERROR_RENEWAL, "dispatch: lease renewal: %s", err.message);
          goto fail;
       }
-      d->renew_tick_ev = evtimer_new (d->renew_base, renew_cb, d);
-      d->renew_stop_ev = event_new (d->renew_base, -1, 0, renew_stop_cb, d);
+      d->renew_tick_ev = evtimer_new (worker_base (d->renew), renew_cb, d);
    }
 
    /* Setup now, so the publishing path finds the collections; if the
@@ -1323,11 +1302,10 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    pthread_mutex_lock (&g_mu);
    g_d = d;
    pthread_mutex_unlock (&g_mu);
-   if (d->renew_base) {
-      if (pthread_create (&d->renew_thread, NULL, renew_thread, d) != 0)
+   if (d->renew) {
+      renew_arm (d);
+      if (!worker_start (d->renew, &err))
          log_warn ("dispatch: cannot start the renewal thread; leases are not renewed while requests run");
-      else
-         d->renew_started = true;
    }
    if (d->dispatching)
       log_info ("dispatch: %zu webhook handler(s), owner %s, batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms",
@@ -1354,12 +1332,9 @@ dispatch_stop (void)
    if (!d)
       return;
    worker_stop (d->w);
-   if (d->renew_started) {
-      /* After the dispatcher: its stop waits for requests whose leases
-       * are still renewed meanwhile. */
-      event_active (d->renew_stop_ev, EV_TIMEOUT, 0);
-      pthread_join (d->renew_thread, NULL);
-   }
+   /* After the dispatcher: its stop waits for requests whose leases are
+    * still renewed meanwhile. */
+   worker_stop (d->renew);
    pthread_mutex_lock (&g_mu);
    g_d = NULL;
    pthread_mutex_unlock (&g_mu);
