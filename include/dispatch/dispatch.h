@@ -60,10 +60,4 @@ void dispatch_reload (config_t *cfg);
  * when the dispatcher is not running. */
 void dispatch_wake (void);
 
-/* Counters for metrics (atomic reads). */
-typedef struct {
-   uint64_t claims, claimed, completed, rescheduled, dead, lost_completions, http_requests;
-} dispatch_stats_t;
-void dispatch_get_stats (dispatch_stats_t *out);
-
 #endif /* RELAYBUS_DISPATCH_H */

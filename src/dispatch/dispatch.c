@@ -67,7 +67,7 @@
 #include "base/assert.h"
 #include "base/clock.h"
 #include "base/log.h"
-#include "admin/metrics.h"
+#include "base/counters.h"
 #include "dispatch/fleet.h"
 #include "store/ops.h"
 #include "store/store.h"
@@ -191,9 +191,6 @@ typedef struct {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static dispatcher_t *g_d;
 
-static struct {
-   atomic_uint_fast64_t claims, claimed, completed, rescheduled, dead, lost_completions, http_requests;
-} g_stats;
 
 static void
 schedule (struct event *ev, int64_t ms)
@@ -341,7 +338,7 @@ settle_one (dispatcher_t *d, job_t *j)
    if (!applied)
       log_info ("dispatch: %s delivery %s: its lease is stale; left to its current claim", j->h->cfg->name, hex);
    else if (j->settle == JOB_SETTLE_BURY) {
-      atomic_fetch_add (&g_stats.dead, 1);
+      counters_add (COUNTER_DISPATCH_DEAD, 1);
       log_warn ("dispatch: %s delivery %s (event %s) is dead after attempt %d: %s",
                 j->h->cfg->name,
                 hex,
@@ -349,7 +346,7 @@ settle_one (dispatcher_t *d, job_t *j)
                 j->d.attempt,
                 j->why ? j->why : "");
    } else {
-      atomic_fetch_add (&g_stats.rescheduled, 1);
+      counters_add (COUNTER_DISPATCH_RETRIED, 1);
       log_info ("dispatch: %s delivery %s attempt %d failed (%s); due again in %" PRId64 " ms",
                 j->h->cfg->name,
                 hex,
@@ -463,9 +460,9 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
       }
       bson_free (starts);
    }
-   atomic_fetch_add (&g_stats.completed, proven);
+   counters_add (COUNTER_DISPATCH_COMPLETED, proven);
    if (proven < n) {
-      atomic_fetch_add (&g_stats.lost_completions, n - proven);
+      counters_add (COUNTER_DISPATCH_LOST_COMPLETIONS, n - proven);
       log_warn ("dispatch: %zu of %zu completions not proven (a lane changed hands): they may run again", n - proven, n);
    }
    bson_free (refs);
@@ -585,12 +582,12 @@ job_done_cb (const webhook_result_t *res, void *arg)
    j->req = NULL;
    running_remove (d, j);
    {
-      metrics_outcome_t mo = METRICS_DELIVERY_RETRIED;
+      counter_id_t mo = COUNTER_DELIVERIES_RETRIED;
       if (res->outcome == WEBHOOK_OUTCOME_COMPLETE)
-         mo = METRICS_DELIVERY_COMPLETED;
+         mo = COUNTER_DELIVERIES_COMPLETED;
       else if (res->outcome == WEBHOOK_OUTCOME_DEAD || j->d.attempt >= h->cfg->max_attempts)
-         mo = METRICS_DELIVERY_DEAD;
-      metrics_delivery_observe (h->cfg->name, mo, clock_now_ms () - j->started_ms);
+         mo = COUNTER_DELIVERIES_DEAD;
+      counters_delivery (h->cfg->name, mo, clock_now_ms () - j->started_ms);
    }
    if (res->outcome == WEBHOOK_OUTCOME_COMPLETE) {
       if (d->n_done == d->cap_done) {
@@ -660,7 +657,7 @@ job_start (dispatcher_t *d, job_t *j)
    if (j->d.attempt > h->cfg->max_attempts) {
       /* Its workers kept losing their leases (crashing): the charged
        * attempts ran out before this one started. */
-      metrics_delivery_observe (h->cfg->name, METRICS_DELIVERY_DEAD, 0);
+      counters_delivery (h->cfg->name, COUNTER_DELIVERIES_DEAD, 0);
       followers_release (d, j->follower, true);
       j->follower = NULL;
       bury (d, j, "attempts exhausted: lost its lease on every attempt");
@@ -674,7 +671,7 @@ job_start (dispatcher_t *d, job_t *j)
    d->n_running++;
    h->running++;
    renew_set_add (&d->renew_set, j);
-   atomic_fetch_add (&g_stats.http_requests, 1);
+   counters_add (COUNTER_DISPATCH_HTTP_REQUESTS, 1);
    j->started_ms = clock_now_ms ();
    j->req = webhook_send (h->wh, hex, clock_now_ms () / 1000, body, len, job_done_cb, j, &err);
    bson_free (body);
@@ -753,15 +750,15 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    for (size_t i = 0; i < d->n_handlers; i++)
       d->handlers[i].freed = 0;
    d->woken = false;
-   atomic_fetch_add (&g_stats.claims, 1);
+   counters_add (COUNTER_DISPATCH_CLAIMS, 1);
    ok = store_claim (d->store, &o, &b, &err);
-   metrics_claim_observe (clock_now_ms () - o.now);
+   counters_observe (COUNTER_CLAIM_LATENCY, 0, clock_now_ms () - o.now);
    if (!ok) {
       log_warn ("dispatch: claim failed (retry in %" PRId64 " ms): %s", d->cfg->poll_interval_ms, err.message);
       schedule (d->tick_ev, d->cfg->poll_interval_ms);
       return;
    }
-   atomic_fetch_add (&g_stats.claimed, b.n);
+   counters_add (COUNTER_DISPATCH_CLAIMED, b.n);
    log_debug ("dispatch: claimed %zu of %zu in %" PRId64 " ms", b.n, limit, clock_now_ms () - o.now);
    {
       /* The deliveries of one key form a chain in sequence order: the
@@ -927,7 +924,7 @@ purge_cb (evutil_socket_t fd, short what, void *arg)
       d->purged_events = d->purged_dead = d->purged_history = 0;
    }
    if (!store_purge_step (d->store, &d->purge_run, now, d->cfg->lease_ms, &r, &err)) {
-      metrics_purge_run (false);
+      counters_add (COUNTER_PURGE_ERRORS, 1);
       purge_report (d, "then failed");
       log_warn ("dispatch: scheduled purge failed (next run in %" PRId64 " ms): %s", d->cfg->purge_interval_ms, err.message);
       schedule (d->purge_ev, d->cfg->purge_interval_ms);
@@ -939,7 +936,9 @@ purge_cb (evutil_socket_t fd, short what, void *arg)
       schedule (d->purge_ev, d->cfg->purge_interval_ms);
       return;
    }
-   metrics_purge_observe (r.events, r.dead, r.completed);
+   counters_add (COUNTER_PURGED_EVENTS, r.events > 0 ? (uint64_t) r.events : 0);
+   counters_add (COUNTER_PURGED_DEAD, r.dead > 0 ? (uint64_t) r.dead : 0);
+   counters_add (COUNTER_PURGED_HISTORY, r.completed > 0 ? (uint64_t) r.completed : 0);
    d->purged_events += r.events;
    d->purged_dead += r.dead;
    d->purged_history += r.completed;
@@ -947,7 +946,7 @@ purge_cb (evutil_socket_t fd, short what, void *arg)
       schedule (d->purge_ev, DISPATCH_PURGE_STEP_PAUSE_MS);
       return;
    }
-   metrics_purge_run (true);
+   counters_add (COUNTER_PURGE_RUNS, 1);
    purge_report (d, "done");
    schedule (d->purge_ev, d->cfg->purge_interval_ms);
 }
@@ -1369,16 +1368,4 @@ dispatch_wake (void)
    if (d && !atomic_exchange (&d->wake_pending, true))
       event_active (d->wake_ev, EV_TIMEOUT, 0);
    pthread_mutex_unlock (&g_mu);
-}
-
-void
-dispatch_get_stats (dispatch_stats_t *out)
-{
-   out->claims = atomic_load (&g_stats.claims);
-   out->claimed = atomic_load (&g_stats.claimed);
-   out->completed = atomic_load (&g_stats.completed);
-   out->rescheduled = atomic_load (&g_stats.rescheduled);
-   out->dead = atomic_load (&g_stats.dead);
-   out->lost_completions = atomic_load (&g_stats.lost_completions);
-   out->http_requests = atomic_load (&g_stats.http_requests);
 }
