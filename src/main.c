@@ -22,6 +22,7 @@
  * the loop only through its loopwake (base/loopwake.h).
  */
 #include <getopt.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,8 @@
 #include "proxy/listener.h"
 #include "base/log.h"
 #include "base/loopwake.h"
-#include "admin/metrics.h"
+#include "base/clock.h"
+#include "base/notify.h"
 #include "base/counters.h"
 #include "proxy/tls.h"
 #include "base/topology.h"
@@ -71,8 +73,10 @@ typedef struct {
    SSL_CTX *server_tls;
    client_loop_t *clients;
    listener_t *listener;
-   struct event *sig_hup, *sig_term, *sig_int;
+   struct event *sig_hup, *sig_term, *sig_int, *sig_usr1;
+   struct event *watchdog; /* WATCHDOG=1 to the service manager, from this loop */
    bool stopping;
+   bool ready_sent; /* READY=1 sent: listening, and the primary known */
    int exit_code;
 } proxy_t;
 
@@ -104,16 +108,29 @@ usage (FILE *out)
             "  2  command-line usage error\n");
 }
 
+/* Applies log_level, log_format and (with open_file) log_file: all or
+ * nothing, so a log_file that cannot be opened leaves everything as it was. */
 static bool
-apply_log_level (const config_t *cfg, bson_error_t *error)
+apply_logging (const config_t *cfg, bool open_file, bson_error_t *error)
 {
    log_level_t level;
+   log_format_t format;
+   char why[256];
 
    if (!log_level_parse (cfg->log_level, &level)) {
       bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "unknown log_level '%s'", cfg->log_level);
       return false;
    }
+   if (!log_format_parse (cfg->log_format, &format)) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "unknown log_format '%s'", cfg->log_format);
+      return false;
+   }
+   if (open_file && !log_set_file (cfg->log_file, why, sizeof why)) {
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "[proxy] log_file %s: %s", cfg->log_file, why);
+      return false;
+   }
    log_set_level (level);
+   log_set_format (format);
    return true;
 }
 
@@ -152,7 +169,7 @@ proxy_mongoc_log (mongoc_log_level_t level, const char *domain, const char *mess
 static void
 early_signal_handler (int sig)
 {
-   if (sig != SIGHUP)
+   if (sig == SIGTERM || sig == SIGINT)
       early_stop_signal = sig;
 }
 
@@ -166,7 +183,7 @@ install_early_handlers (void)
    sa.sa_flags = SA_RESTART;
    sigemptyset (&sa.sa_mask);
    return sigaction (SIGHUP, &sa, NULL) == 0 && sigaction (SIGTERM, &sa, NULL) == 0 &&
-          sigaction (SIGINT, &sa, NULL) == 0;
+          sigaction (SIGINT, &sa, NULL) == 0 && sigaction (SIGUSR1, &sa, NULL) == 0;
 }
 
 static void
@@ -186,12 +203,13 @@ proxy_reload (proxy_t *p)
       log_error ("reload: keeping the current configuration: %s", error.message);
       return;
    }
-   if (!config_reload_allowed (p->cfg, next, &error) || !apply_log_level (next, &error)) {
+   if (!config_reload_allowed (p->cfg, next, &error) || !apply_logging (next, true, &error)) {
       log_error ("reload: keeping the current configuration: %s", error.message);
       config_release (next);
       return;
    }
    /* Whole snapshot or nothing: from here on nothing can fail. */
+   (void) notify_send ("RELOADING=1");
    config_release (p->cfg);
    p->cfg = next;
    config_publish (config_retain (next));
@@ -199,6 +217,7 @@ proxy_reload (proxy_t *p)
    client_loop_set_config (p->clients, next);
    listener_set_max_clients (p->listener, next->max_clients);
    log_info ("reloaded %s (existing connections keep their settings)", p->config_path);
+   (void) notify_send ("READY=1");
 }
 
 static void
@@ -225,6 +244,7 @@ proxy_stop (proxy_t *p, const char *why)
    }
    p->stopping = true;
    log_info ("%s: draining", why);
+   (void) notify_send ("STOPPING=1\nSTATUS=draining");
    listener_destroy (p->listener);
    p->listener = NULL;
    client_loop_drain (p->clients, p->cfg->drain_timeout_ms, proxy_drained, p);
@@ -235,10 +255,43 @@ proxy_signal_cb (evutil_socket_t sig, short what, void *arg)
 {
    proxy_t *p = arg;
 
-   if (sig == SIGHUP)
+   if (sig == SIGHUP) {
       proxy_reload (p);
-   else
+   } else if (sig == SIGUSR1) {
+      /* logrotate moved the file: continue in a new one at that path. */
+      log_reopen ();
+      log_info ("SIGUSR1: log file reopened");
+   } else
       proxy_stop (p, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* ------------------------------------------------------------ service manager */
+
+/* READY=1 once the proxy listens and knows the primary (base/notify.h). */
+static void
+proxy_notify_ready (proxy_t *p)
+{
+   topology_primary_t snap;
+   char state[512];
+
+   if (p->ready_sent || !p->listener || p->stopping || !notify_enabled ())
+      return;
+   topology_get_primary (p->topo, &snap);
+   if (snap.state != TOPOLOGY_STATE_PRIMARY)
+      return;
+   snprintf (state, sizeof state, "READY=1\nSTATUS=listening on %s, primary %s:%u", listener_address (p->listener),
+             snap.host, (unsigned) snap.port);
+   p->ready_sent = notify_send (state);
+}
+
+/* Runs on the forwarding loop, so a loop that stopped turning stops the pings. */
+static void
+proxy_watchdog_cb (evutil_socket_t fd, short what, void *arg)
+{
+   (void) fd;
+   (void) what;
+   (void) arg;
+   (void) notify_send ("WATCHDOG=1");
 }
 
 /* ------------------------------------------------------------ topology */
@@ -259,6 +312,7 @@ proxy_topology_changed (void *arg)
    }
    if (p->clients)
       client_loop_topology_changed (p->clients);
+   proxy_notify_ready (p);
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -319,9 +373,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
       return false;
    /* Publishing: annotated statements, relaybus* commands, commit wake-ups. */
    client_loop_set_request_hook (p->clients, publish_request_hook, NULL);
-   /* The admin port, on its own thread; commands are counted by name in
-    * front of the publishing hook. */
-   metrics_chain_request_hook (p->clients, publish_request_hook, NULL);
+   /* The admin port, on its own thread. */
    if (!admin_start (p->cfg, p->topo, error))
       return false;
    p->listener = listener_new (p->base, p->cfg->listen, p->clients, p->server_tls, error);
@@ -332,8 +384,10 @@ proxy_start (proxy_t *p, bson_error_t *error)
    p->sig_hup = evsignal_new (p->base, SIGHUP, proxy_signal_cb, p);
    p->sig_term = evsignal_new (p->base, SIGTERM, proxy_signal_cb, p);
    p->sig_int = evsignal_new (p->base, SIGINT, proxy_signal_cb, p);
-   if (!p->sig_hup || !p->sig_term || !p->sig_int || evsignal_add (p->sig_hup, NULL) != 0 ||
-       evsignal_add (p->sig_term, NULL) != 0 || evsignal_add (p->sig_int, NULL) != 0) {
+   p->sig_usr1 = evsignal_new (p->base, SIGUSR1, proxy_signal_cb, p);
+   if (!p->sig_hup || !p->sig_term || !p->sig_int || !p->sig_usr1 || evsignal_add (p->sig_hup, NULL) != 0 ||
+       evsignal_add (p->sig_term, NULL) != 0 || evsignal_add (p->sig_int, NULL) != 0 ||
+       evsignal_add (p->sig_usr1, NULL) != 0) {
       bson_set_error (error, 0, 2, "cannot install signal handlers");
       return false;
    }
@@ -349,6 +403,16 @@ proxy_start (proxy_t *p, bson_error_t *error)
 #ifdef RELAYBUS_TEST_COMMANDS
    log_warn ("test build (--enable-test-commands): relaybusDebugInternal sends commands past the publishing hook; never run this build in production");
 #endif
+   if (notify_watchdog_ms () > 0) {
+      struct timeval tv = clock_timeval_ms (notify_watchdog_ms () / 2 > 0 ? notify_watchdog_ms () / 2 : 1);
+      p->watchdog = event_new (p->base, -1, EV_PERSIST, proxy_watchdog_cb, p);
+      if (!p->watchdog || event_add (p->watchdog, &tv) != 0) {
+         bson_set_error (error, 0, 2, "cannot start the service watchdog timer");
+         return false;
+      }
+      log_info ("service watchdog: WATCHDOG=1 every %" PRId64 " ms", notify_watchdog_ms () / 2);
+   }
+   proxy_notify_ready (p);
    /* A stop asked for while starting: drain (nothing to drain yet) and exit. */
    if (early_stop_signal)
       proxy_stop (p, early_stop_signal == SIGINT ? "SIGINT during start-up" : "SIGTERM during start-up");
@@ -373,6 +437,10 @@ proxy_teardown (proxy_t *p)
       event_free (p->sig_term);
    if (p->sig_int)
       event_free (p->sig_int);
+   if (p->sig_usr1)
+      event_free (p->sig_usr1);
+   if (p->watchdog)
+      event_free (p->watchdog);
    tls_upstream_destroy (p->tls);
    SSL_CTX_free (p->server_tls);
    if (p->base)
@@ -441,7 +509,7 @@ main (int argc, char **argv)
       log_error ("configuration: %s", error.message);
       return EXIT_FAILURE_RUNTIME;
    }
-   if (!apply_log_level (p.cfg, &error)) {
+   if (!apply_logging (p.cfg, !check_only, &error)) {
       log_error ("configuration: %s", error.message);
       config_release (p.cfg);
       return EXIT_FAILURE_RUNTIME;
@@ -450,6 +518,12 @@ main (int argc, char **argv)
       config_write (p.cfg, stdout);
       config_release (p.cfg);
       return EXIT_OK;
+   }
+   /* From here on no thread waits for the log destination (base/log.h). */
+   if (!log_start ()) {
+      log_error ("start-up: cannot start the log writer thread");
+      config_release (p.cfg);
+      return EXIT_FAILURE_RUNTIME;
    }
    config_publish (config_retain (p.cfg));
 
@@ -464,6 +538,7 @@ main (int argc, char **argv)
    mongoc_init ();
 
    p.exit_code = EXIT_OK;
+   (void) notify_init (); /* a bad NOTIFY_SOCKET is logged, not fatal */
    if (!proxy_start (&p, &error)) {
       log_error ("start-up: %s", error.message);
       p.exit_code = EXIT_FAILURE_RUNTIME;
@@ -471,10 +546,12 @@ main (int argc, char **argv)
       event_base_dispatch (p.base);
    }
    proxy_teardown (&p);
+   notify_close ();
    /* Drop the published snapshot too, so nothing is left at exit. */
    config_publish (NULL);
    mongoc_cleanup ();
    libevent_global_shutdown ();
    log_info ("exit %d", p.exit_code);
+   log_close (); /* the queued lines are written before the process ends */
    return p.exit_code;
 }
