@@ -16,6 +16,7 @@
  * keys from the snapshot they acquired.
  */
 #include "base/config.h"
+#include "base/snapshot.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -1401,30 +1402,24 @@ config_release (config_t *cfg)
       config_free (cfg);
 }
 
-static pthread_mutex_t config_current_lock = PTHREAD_MUTEX_INITIALIZER;
-static config_t *config_current;
+static snapshot_t config_current = SNAPSHOT_INIT;
+
+static void *
+config_retain_any (void *cfg)
+{
+   return config_retain (cfg);
+}
 
 void
 config_publish (config_t *cfg)
 {
-   config_t *old;
-
-   pthread_mutex_lock (&config_current_lock);
-   old = config_current;
-   config_current = cfg;
-   pthread_mutex_unlock (&config_current_lock);
-   config_release (old);
+   config_release (snapshot_swap (&config_current, cfg));
 }
 
 config_t *
 config_acquire (void)
 {
-   config_t *cfg;
-
-   pthread_mutex_lock (&config_current_lock);
-   cfg = config_current ? config_retain (config_current) : NULL;
-   pthread_mutex_unlock (&config_current_lock);
-   return cfg;
+   return snapshot_take (&config_current, config_retain_any);
 }
 
 bool

@@ -8,6 +8,7 @@
  * snapshots.
  */
 #include "base/fleet.h"
+#include "base/snapshot.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -302,30 +303,24 @@ fleet_release (fleet_set_t *fs)
       fleet_free (fs);
 }
 
-static pthread_mutex_t current_mu = PTHREAD_MUTEX_INITIALIZER;
-static fleet_set_t *current;
+static snapshot_t current = SNAPSHOT_INIT;
+
+static void *
+fleet_retain_any (void *fs)
+{
+   return fleet_retain (fs);
+}
 
 void
 fleet_publish (fleet_set_t *fs)
 {
-   fleet_set_t *old;
-
-   pthread_mutex_lock (&current_mu);
-   old = current;
-   current = fs;
-   pthread_mutex_unlock (&current_mu);
-   fleet_release (old);
+   fleet_release (snapshot_swap (&current, fs));
 }
 
 fleet_set_t *
 fleet_acquire (void)
 {
-   fleet_set_t *fs;
-
-   pthread_mutex_lock (&current_mu);
-   fs = fleet_retain (current);
-   pthread_mutex_unlock (&current_mu);
-   return fs;
+   return snapshot_take (&current, fleet_retain_any);
 }
 
 bool
