@@ -53,8 +53,10 @@ config_set_checks (const config_checks_t *checks)
    {CONFIG_SECTION_DISPATCH, name, type, def, min, max, reload, help, offsetof (config_t, field)}
 #define A(name, type, def, min, max, reload, field, help) \
    {CONFIG_SECTION_ADMIN, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+/* Every handler key is reloadable: the dispatcher applies a new handler
+ * set on reload (dispatch/dispatch.c, handlers_apply). */
 #define H(name, type, def, min, max, field, help) \
-   {CONFIG_SECTION_HANDLER, name, type, def, min, max, false, help, offsetof (config_handler_t, field)}
+   {CONFIG_SECTION_HANDLER, name, type, def, min, max, true, help, offsetof (config_handler_t, field)}
 
 #define S CONFIG_TYPE_STRING
 #define I CONFIG_TYPE_INT
@@ -1317,30 +1319,6 @@ config_reload_allowed (const config_t *cur, const config_t *next, bson_error_t *
                          "[%s] %s changed; it needs a restart", config_section_names[key->section],
                          key->name);
          return false;
-      }
-   }
-   if (cur->n_handlers != next->n_handlers) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 4, "handlers were added or removed; that needs a restart");
-      return false;
-   }
-   for (size_t h = 0; h < cur->n_handlers; h++) {
-      if (strcmp (cur->handlers[h].name, next->handlers[h].name) != 0) {
-         bson_set_error (error, CONFIG_ERROR_DOMAIN, 4, "handlers changed; that needs a restart");
-         return false;
-      }
-      for (size_t i = 0; i < N_KEYS; i++) {
-         const config_key_t *key = &config_key_table[i];
-
-         if (key->section != CONFIG_SECTION_HANDLER)
-            continue;
-         config_format (&cur->handlers[h], key, a, sizeof a);
-         config_format (&next->handlers[h], key, b, sizeof b);
-         if (strcmp (a, b) != 0) {
-            bson_set_error (error, CONFIG_ERROR_DOMAIN, 4,
-                            "[handler %s] %s changed; that needs a restart", cur->handlers[h].name,
-                            key->name);
-            return false;
-         }
       }
    }
    return true;

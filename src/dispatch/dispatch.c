@@ -95,8 +95,11 @@
 #define DISPATCH_FLUSH_DELAY_MS 20
 
 typedef struct handler_rt {
-   const config_handler_t *cfg; /* in dispatcher_t.cfg, which we hold */
+   const config_handler_t *cfg; /* in `snap` */
+   config_t *snap;              /* our reference to the snapshot cfg points into */
    webhook_t *wh;
+   int64_t jobs;      /* jobs that point here (a retired handler is freed at 0) */
+   bool retired;      /* removed or replaced by a reload: claims no more */
    int64_t running;   /* requests in flight */
    int64_t unsettled; /* jobs of the unsettled list */
    int64_t waiting;   /* claimed, waiting for the one before them of their key */
@@ -148,9 +151,14 @@ typedef struct {
    SSL_CTX *ssl;
    store_t *store;
 
-   handler_rt_t *handlers;
+   handler_rt_t **handlers; /* the current webhook handlers, in config order */
    store_claim_handler_t *claim_handlers;
    size_t n_handlers;
+   /* Handlers a reload removed or replaced, kept until their last job
+    * ends (its request, completion or release), then freed. */
+   handler_rt_t **retired;
+   size_t n_retired;
+   bool enabled;     /* [dispatch] enabled */
    bool dispatching; /* enabled with at least one webhook handler */
    bool purging;     /* enabled: runs the scheduled purge */
 
@@ -191,6 +199,8 @@ typedef struct {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static dispatcher_t *g_d;
 
+static void handlers_collect (dispatcher_t *d);
+
 
 static void
 schedule (struct event *ev, int64_t ms)
@@ -212,6 +222,8 @@ next_rnd (dispatcher_t *d)
 static void
 job_free (job_t *j)
 {
+   RELAYBUS_ASSERT (j->h->jobs > 0);
+   j->h->jobs--;
    bson_free (j->why);
    bson_free (j->d.event_id);
    bson_free (j->d.handler);
@@ -640,6 +652,7 @@ job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    j->d = *item;
    memset (item, 0, sizeof *item);
    j->h = h;
+   h->jobs++;
    j->disp = d;
    return j;
 }
@@ -695,11 +708,11 @@ wants_claim (dispatcher_t *d)
    size_t waiting = 0;
 
    for (size_t i = 0; i < d->n_handlers; i++)
-      waiting += (size_t) d->handlers[i].waiting;
+      waiting += (size_t) d->handlers[i]->waiting;
    if (d->woken || (d->n_running == 0 && waiting == 0) || clock_now_ms () - d->last_claim_ms >= d->cfg->poll_interval_ms)
       return true;
    for (size_t i = 0; i < d->n_handlers; i++) {
-      const handler_rt_t *h = &d->handlers[i];
+      const handler_rt_t *h = d->handlers[i];
       int64_t room;
       if (!h->wh)
          continue;
@@ -722,11 +735,12 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
 
    (void) fd;
    (void) what;
+   handlers_collect (d);
    if (d->stopping || !d->setup_done || !d->dispatching)
       return;
    flush (d);
    for (size_t i = 0; i < d->n_handlers; i++) {
-      handler_rt_t *h = &d->handlers[i];
+      handler_rt_t *h = d->handlers[i];
       bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling: not yet */
       int64_t free_slots = h->wh && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
@@ -748,7 +762,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    o.key_run = DISPATCH_KEY_RUN;
    d->last_claim_ms = o.now;
    for (size_t i = 0; i < d->n_handlers; i++)
-      d->handlers[i].freed = 0;
+      d->handlers[i]->freed = 0;
    d->woken = false;
    counters_add (COUNTER_DISPATCH_CLAIMS, 1);
    ok = store_claim (d->store, &o, &b, &err);
@@ -769,8 +783,8 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       for (size_t i = 0; i < b.n; i++) {
          job_t *j = NULL;
          for (size_t k = 0; k < d->n_handlers; k++)
-            if (!strcmp (d->handlers[k].cfg->name, b.items[i].handler)) {
-               j = job_new (d, &d->handlers[k], &b.items[i]);
+            if (!strcmp (d->handlers[k]->cfg->name, b.items[i].handler)) {
+               j = job_new (d, d->handlers[k], &b.items[i]);
                break;
             }
          if (!j)
@@ -961,6 +975,7 @@ fleet_cb (evutil_socket_t fd, short what, void *arg)
 
    (void) fd;
    (void) what;
+   handlers_collect (d);
    if (d->stopping || !d->setup_done)
       return;
    again = dispatch_fleet_beat (d->fleet, d->cfg, clock_now_ms (), &released);
@@ -1073,8 +1088,11 @@ stop_cb (void *arg)
       return;
    }
    for (size_t i = 0; i < d->n_handlers; i++)
-      if (d->handlers[i].cfg->timeout_ms > wait)
-         wait = d->handlers[i].cfg->timeout_ms;
+      if (d->handlers[i]->cfg->timeout_ms > wait)
+         wait = d->handlers[i]->cfg->timeout_ms;
+   for (size_t i = 0; i < d->n_retired; i++)
+      if (d->retired[i]->cfg->timeout_ms > wait)
+         wait = d->retired[i]->cfg->timeout_ms;
    wait += 500;
    if (wait > DISPATCH_STOP_WAIT_MAX_MS)
       wait = DISPATCH_STOP_WAIT_MAX_MS;
@@ -1091,15 +1109,185 @@ renew_schedule (dispatcher_t *d)
    atomic_store (&d->renew_lease_ms, d->cfg->lease_ms);
 }
 
-/* Takes a reloaded snapshot: poll_interval_ms, batch_size and lease_ms
- * apply from the next claim; handlers cannot change on reload (base/config.c
- * refuses it), so each handler is re-pointed at its entry in the new
- * snapshot. */
+/* A handler's run-time state for `hc`, an entry of `snap` (retained);
+ * NULL when its webhook client cannot be made (error says why). */
+static handler_rt_t *
+handler_new (dispatcher_t *d, config_t *snap, const config_handler_t *hc, bson_error_t *error)
+{
+   handler_rt_t *h;
+
+   if (hc->url && !strncasecmp (hc->url, "https:", 6) && !d->ssl && !(d->ssl = webhook_ssl_ctx_new (error)))
+      return NULL;
+   h = bson_malloc0 (sizeof *h);
+   h->cfg = hc;
+   h->wh = webhook_new (d->base, d->dns, d->ssl, hc, error);
+   if (!h->wh) {
+      bson_free (h);
+      return NULL;
+   }
+   h->snap = config_retain (snap);
+   return h;
+}
+
+static void
+handler_free (handler_rt_t *h)
+{
+   if (!h)
+      return;
+   RELAYBUS_ASSERT (h->jobs == 0);
+   webhook_destroy (h->wh);
+   config_release (h->snap);
+   bson_free (h);
+}
+
+/* Frees the retired handlers whose last job has ended.  Never called from
+ * a webhook callback: the request that called back still uses its client. */
+static void
+handlers_collect (dispatcher_t *d)
+{
+   size_t kept = 0;
+
+   for (size_t i = 0; i < d->n_retired; i++) {
+      if (d->retired[i]->jobs == 0)
+         handler_free (d->retired[i]);
+      else
+         d->retired[kept++] = d->retired[i];
+   }
+   d->n_retired = kept;
+}
+
+/* Whether the webhook client made for `a` serves `b` as well: what
+ * webhook_new copies (url, secret, timeout, retry_4xx) is the same. */
+static bool
+webhook_settings_equal (const config_handler_t *a, const config_handler_t *b)
+{
+   return !strcmp (a->url ? a->url : "", b->url ? b->url : "") &&
+          !strcmp (a->secret ? a->secret : "", b->secret ? b->secret : "") && a->timeout_ms == b->timeout_ms &&
+          a->retry_4xx == b->retry_4xx;
+}
+
+static bool
+handler_named_in (handler_rt_t *const *list, size_t n, const char *name)
+{
+   for (size_t i = 0; i < n; i++)
+      if (!strcmp (list[i]->cfg->name, name))
+         return true;
+   return false;
+}
+
+static handler_rt_t *
+handler_named (dispatcher_t *d, const char *name)
+{
+   for (size_t i = 0; i < d->n_handlers; i++)
+      if (!strcmp (d->handlers[i]->cfg->name, name))
+         return d->handlers[i];
+   return NULL;
+}
+
+/* Makes the handler set of `next` current.  A handler whose client
+ * settings are unchanged keeps its state and follows its new entry
+ * (events, concurrency, retries apply from the next claim); a new or
+ * changed one gets a new client; a removed or replaced one claims no more,
+ * and its requests in flight finish with the settings they started with
+ * (their completion, retry or dead letter as usual), then it is freed.
+ * All or nothing: if a client cannot be made, nothing changes (false). */
+static bool
+handlers_apply (dispatcher_t *d, config_t *next)
+{
+   handler_rt_t **list = bson_malloc0 ((next->n_handlers + 1) * sizeof *list);
+   bool *made = bson_malloc0 ((next->n_handlers + 1) * sizeof *made);
+   store_claim_handler_t *claim;
+   size_t n = 0, added = 0, changed = 0, removed = 0;
+   bson_error_t err;
+
+   for (size_t i = 0; i < next->n_handlers; i++) {
+      const config_handler_t *hc = &next->handlers[i];
+      handler_rt_t *cur;
+
+      if (hc->kind_id != HANDLER_KIND_WEBHOOK)
+         continue;
+      cur = handler_named (d, hc->name);
+      if (cur && webhook_settings_equal (cur->cfg, hc)) {
+         list[n++] = cur;
+         continue;
+      }
+      list[n] = handler_new (d, next, hc, &err);
+      if (!list[n]) {
+         log_error ("dispatch: reload: %s; keeping the previous handlers", err.message);
+         for (size_t k = 0; k < n; k++)
+            if (made[k])
+               handler_free (list[k]);
+         bson_free (list);
+         bson_free (made);
+         return false;
+      }
+      made[n++] = true;
+   }
+   /* From here on nothing fails. */
+   for (size_t i = 0; i < n; i++) {
+      handler_rt_t *cur = made[i] ? handler_named (d, list[i]->cfg->name) : NULL;
+
+      if (!made[i]) {
+         /* Kept: follows its entry in the new snapshot. */
+         for (size_t k = 0; k < next->n_handlers; k++)
+            if (!strcmp (next->handlers[k].name, list[i]->cfg->name))
+               list[i]->cfg = &next->handlers[k];
+         config_release (list[i]->snap);
+         list[i]->snap = config_retain (next);
+      } else if (cur) {
+         changed++;
+         log_info ("dispatch: reload: handler %s changed (url, secret, timeout_ms or retry_4xx): %" PRId64
+                   " request(s) in flight finish with the previous settings",
+                   list[i]->cfg->name,
+                   cur->running);
+      } else {
+         added++;
+         log_info ("dispatch: reload: handler %s added", list[i]->cfg->name);
+      }
+   }
+   for (size_t i = 0; i < d->n_handlers; i++) {
+      handler_rt_t *h = d->handlers[i];
+      bool kept = false;
+
+      for (size_t k = 0; k < n && !kept; k++)
+         kept = list[k] == h;
+      if (kept)
+         continue;
+      if (!handler_named_in (list, n, h->cfg->name)) {
+         removed++;
+         log_info ("dispatch: reload: handler %s removed: it claims no more; %" PRId64
+                   " request(s) in flight finish; its pending deliveries wait for a proxy that declares it, or "
+                   "for handler_retire_after",
+                   h->cfg->name,
+                   h->running);
+      }
+      h->retired = true;
+      d->retired = bson_realloc (d->retired, (d->n_retired + 1) * sizeof *d->retired);
+      d->retired[d->n_retired++] = h;
+   }
+   claim = bson_malloc0 ((n + 1) * sizeof *claim);
+   for (size_t i = 0; i < n; i++)
+      claim[i].handler = list[i]->cfg->name;
+   bson_free (d->handlers);
+   bson_free (d->claim_handlers);
+   d->handlers = list;
+   d->claim_handlers = claim;
+   d->n_handlers = n;
+   bson_free (made);
+   handlers_collect (d);
+   if (added || changed || removed)
+      log_info ("dispatch: handlers: %zu (%zu added, %zu changed, %zu removed)", n, added, changed, removed);
+   return true;
+}
+
+/* Takes a reloaded snapshot: the handler set (handlers_apply), and
+ * poll_interval_ms, batch_size and lease_ms from the next claim. */
 static void
 reload_cb (evutil_socket_t fd, short what, void *arg)
 {
    dispatcher_t *d = arg;
    config_t *next, *old;
+   bool was = d->dispatching;
 
    (void) fd;
    (void) what;
@@ -1109,31 +1297,25 @@ reload_cb (evutil_socket_t fd, short what, void *arg)
    pthread_mutex_unlock (&g_mu);
    if (!next)
       return;
-   for (size_t i = 0; i < d->n_handlers; i++) {
-      const config_handler_t *found = NULL;
-      for (size_t k = 0; k < next->n_handlers; k++)
-         if (!strcmp (next->handlers[k].name, d->handlers[i].cfg->name))
-            found = &next->handlers[k];
-      if (!found) {
-         log_error ("dispatch: reload without handler %s: keeping the previous settings", d->handlers[i].cfg->name);
-         config_release (next);
-         return;
-      }
+   if (d->enabled && !handlers_apply (d, next)) {
+      config_release (next);
+      return;
    }
-   for (size_t i = 0; i < d->n_handlers; i++)
-      for (size_t k = 0; k < next->n_handlers; k++)
-         if (!strcmp (next->handlers[k].name, d->handlers[i].cfg->name)) {
-            d->handlers[i].cfg = &next->handlers[k];
-            d->claim_handlers[i].handler = next->handlers[k].name;
-         }
    old = d->cfg;
    d->cfg = next;
    config_release (old);
+   d->dispatching = d->enabled && d->n_handlers > 0;
+   if (was && !d->dispatching)
+      log_info ("dispatch: no webhook handler left: not dispatching");
    if (d->dispatching) {
       renew_schedule (d);
       if (d->setup_done && !d->stopping)
          schedule (d->tick_ev, 0); /* the next poll follows the new interval */
    }
+   /* The fleet learns this instance's new handler set at once: injection
+    * everywhere follows it from its next read. */
+   if (d->setup_done && !d->stopping)
+      schedule (d->fleet_ev, 0);
    /* Between runs the next one follows the new interval; a run in
     * progress keeps its cutoffs, the next run takes the new retention. */
    if (d->purging && d->setup_done && !d->stopping && !d->purge_run.active)
@@ -1173,7 +1355,10 @@ dispatcher_free (dispatcher_t *d)
    bson_free (d->renew_set.leases);
    pthread_mutex_destroy (&d->renew_set.mu);
    for (size_t i = 0; i < d->n_handlers; i++)
-      webhook_destroy (d->handlers[i].wh);
+      handler_free (d->handlers[i]);
+   for (size_t i = 0; i < d->n_retired; i++)
+      handler_free (d->retired[i]);
+   bson_free (d->retired);
    bson_free (d->handlers);
    bson_free (d->claim_handlers);
    config_release (d->pending_cfg);
@@ -1213,7 +1398,6 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    };
    bson_error_t err;
    size_t n_webhooks = 0;
-   bool need_tls = false;
 
    pthread_mutex_init (&d->renew_set.mu, NULL);
    d->cfg = config_retain (cfg);
@@ -1224,28 +1408,25 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->fleet = dispatch_fleet_new (d->store, worker_owner (d->w));
 
    for (size_t i = 0; i < cfg->n_handlers; i++)
-      if (cfg->handlers[i].kind_id == HANDLER_KIND_WEBHOOK) {
+      if (cfg->handlers[i].kind_id == HANDLER_KIND_WEBHOOK)
          n_webhooks++;
-         if (cfg->handlers[i].url && !strncasecmp (cfg->handlers[i].url, "https:", 6))
-            need_tls = true;
-      }
-   d->dispatching = cfg->dispatch_enabled && n_webhooks > 0;
+   /* Enabled, the dispatcher is ready for webhooks even with none: a
+    * reload may add one (reload_cb). */
+   d->enabled = cfg->dispatch_enabled;
+   d->dispatching = d->enabled && n_webhooks > 0;
    d->purging = cfg->dispatch_enabled;
-   if (d->dispatching) {
+   if (d->enabled) {
       d->dns = evdns_base_new (d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
-      if (need_tls && !(d->ssl = webhook_ssl_ctx_new (error)))
-         goto fail;
-      d->handlers = bson_malloc0 (n_webhooks * sizeof *d->handlers);
-      d->claim_handlers = bson_malloc0 (n_webhooks * sizeof *d->claim_handlers);
+      d->handlers = bson_malloc0 ((n_webhooks + 1) * sizeof *d->handlers);
+      d->claim_handlers = bson_malloc0 ((n_webhooks + 1) * sizeof *d->claim_handlers);
       for (size_t i = 0; i < cfg->n_handlers; i++) {
          handler_rt_t *h;
          if (cfg->handlers[i].kind_id != HANDLER_KIND_WEBHOOK)
             continue;
-         h = &d->handlers[d->n_handlers];
-         h->cfg = &cfg->handlers[i];
-         h->wh = webhook_new (d->base, d->dns, d->ssl, h->cfg, error);
-         if (!h->wh)
+         h = handler_new (d, cfg, &cfg->handlers[i], error);
+         if (!h)
             goto fail;
+         d->handlers[d->n_handlers] = h;
          d->claim_handlers[d->n_handlers].handler = h->cfg->name;
          d->n_handlers++;
       }
@@ -1263,7 +1444,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->purge_ev = evtimer_new (d->base, purge_cb, d);
    d->fleet_ev = evtimer_new (d->base, fleet_cb, d);
    atomic_store (&d->renew_lease_ms, cfg->lease_ms);
-   if (d->dispatching) {
+   if (d->enabled) {
       const worker_opts_t ro = {.name = "renew", .quiet = true};
 
       d->renew = worker_new (NULL, &ro, &err);

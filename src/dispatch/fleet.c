@@ -43,6 +43,8 @@ struct dispatch_fleet {
    int64_t retire_checked_ms;
    fleet_backfill_t *backfills; /* handlers still being backfilled or held */
    size_t n_backfills;
+   char **known; /* the local handlers of the last heartbeat (owned names) */
+   size_t n_known;
 };
 
 dispatch_fleet_t *
@@ -63,6 +65,9 @@ dispatch_fleet_destroy (dispatch_fleet_t *f)
    for (size_t i = 0; i < f->n_backfills; i++)
       bson_free (f->backfills[i].name);
    bson_free (f->backfills);
+   for (size_t i = 0; i < f->n_known; i++)
+      bson_free (f->known[i]);
+   bson_free (f->known);
    fleet_release (f->fleet);
    bson_free (f->owner);
    bson_free (f);
@@ -114,7 +119,30 @@ backfill_remove (dispatch_fleet_t *f, size_t i)
    f->backfills[i] = f->backfills[--f->n_backfills];
 }
 
-/* At the first announce: every local handler no other live instance
+/* Whether the last heartbeat declared `name`. */
+static bool
+fleet_known (const dispatch_fleet_t *f, const char *name)
+{
+   for (size_t i = 0; i < f->n_known; i++)
+      if (!strcmp (f->known[i], name))
+         return true;
+   return false;
+}
+
+/* Remembers the handlers this heartbeat declared. */
+static void
+fleet_remember (dispatch_fleet_t *f, const config_t *cfg)
+{
+   for (size_t i = 0; i < f->n_known; i++)
+      bson_free (f->known[i]);
+   f->known = bson_realloc (f->known, (cfg->n_handlers + 1) * sizeof *f->known);
+   f->n_known = cfg->n_handlers;
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      f->known[i] = bson_strdup (cfg->handlers[i].name);
+}
+
+/* At the first announce, and for a handler a reload added since the last
+ * heartbeat: every such local handler no other live instance
  * declares is new to the fleet.  Proxies that have not read our document
  * yet still write events without it, for at most a liveness bound after
  * now; so from now - bound (clock skew) to now + bound its events are
@@ -125,7 +153,7 @@ backfill_remove (dispatch_fleet_t *f, size_t i)
  * handler another live instance is still backfilling (its document dates
  * the end) is not claimed here either before then. */
 static void
-fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now)
+fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now, bool only_new)
 {
    int64_t bound = fleet_live_ms (cfg);
    size_t others = 0;
@@ -134,9 +162,13 @@ fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set
       others += fs->instances[i].live && strcmp (fs->instances[i].instance, f->owner) != 0;
    if (others == 0)
       return;
-   f->backfills = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *f->backfills);
+   f->backfills = bson_realloc (f->backfills, (f->n_backfills + cfg->n_handlers + 1) * sizeof *f->backfills);
    for (size_t i = 0; i < cfg->n_handlers; i++) {
       const config_handler_t *h = &cfg->handlers[i];
+
+      if ((only_new && fleet_known (f, h->name)) || dispatch_fleet_holds (f, h->name))
+         continue;
+      memset (&f->backfills[f->n_backfills], 0, sizeof *f->backfills);
 
       if (fleet_declared_elsewhere (fs, f->owner, h->name)) {
          int64_t until = fleet_backfill_until (fs, f->owner, h->name);
@@ -307,11 +339,13 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
    fs = fleet_set_from_docs ((const bson_t *const *) docs, n, now, fleet_live_ms (cfg));
    for (size_t i = 0; i < n; i++)
       bson_destroy (docs[i]);
-   if (!f->announced) {
+   {
+      size_t before = f->n_backfills;
+      fleet_start_backfills (f, cfg, fs, now, f->announced);
       f->announced = true;
-      fleet_start_backfills (f, cfg, fs, now);
+      fleet_remember (f, cfg);
       /* Record the backfills' ends at once, not a heartbeat later. */
-      again = f->n_backfills > 0;
+      again = f->n_backfills > before;
    }
    if (fs->n_disagreeing != f->disagreeing && fs->n_disagreeing > 0)
       log_warn ("dispatch: live proxies declare %zu handler(s) differently, %s first (see GET /api/handlers)",
