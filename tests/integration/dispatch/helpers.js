@@ -4,10 +4,13 @@
 // events the way the publishing path does: the event, one delivery per
 // handler and the key's sequence, in one transaction (docs/outbox-schema.md).
 
+const crypto = require('node:crypto');
 const fs = require('node:fs');
+const http = require('node:http');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { ObjectId } = require('mongodb');
+const { Webhook } = require('standardwebhooks');
 const { tmpDir, freePort, sleep, proxyBin } = require('../lib/proxy');
 
 function fnv1a(str) {
@@ -168,4 +171,45 @@ async function waitFor(pred, timeoutMs, what) {
   }
 }
 
-module.exports = { fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor, TEST_RETRY_SCHEDULE };
+const newSecret = () => `whsec_${crypto.randomBytes(32).toString('base64')}`;
+
+// A receiver that keeps what the verifier needs: the raw body bytes and
+// the three Standard Webhooks headers of each request.  It answers 204.
+async function startReceiver() {
+  const requests = [];
+  const server = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      const body = Buffer.concat(chunks).toString('utf8');
+      requests.push({
+        path: req.url,
+        id: JSON.parse(body).id,
+        body,
+        headers: {
+          'webhook-id': req.headers['webhook-id'],
+          'webhook-timestamp': req.headers['webhook-timestamp'],
+          'webhook-signature': req.headers['webhook-signature'],
+        },
+      });
+      res.writeHead(204).end();
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    requests,
+    url: (p) => `http://127.0.0.1:${server.address().port}${p}`,
+    close: () => new Promise((resolve) => { server.closeAllConnections?.(); server.close(() => resolve()); }),
+  };
+}
+
+const verifies = (secret, body, headers) => {
+  try {
+    new Webhook(secret).verify(body, headers);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+module.exports = { fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor, TEST_RETRY_SCHEDULE, newSecret, startReceiver, verifies };

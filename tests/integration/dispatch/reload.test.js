@@ -6,54 +6,15 @@
 // removed handler gets nothing new. A configuration with an invalid handler is refused whole:
 // the next events still follow the set in force.
 
-const crypto = require('node:crypto');
 const fs = require('node:fs');
-const http = require('node:http');
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
-const { Webhook } = require('standardwebhooks');
 const H = require('../lib/proxy');
-const { startDispatchProxy, publishThroughProxy, waitFor } = require('./helpers');
+const { startDispatchProxy, publishThroughProxy, waitFor, newSecret, startReceiver, verifies } = require('./helpers');
 
-const newSecret = () => `whsec_${crypto.randomBytes(32).toString('base64')}`;
-
-async function startReceiver() {
-  const requests = [];
-  const server = http.createServer((req, res) => {
-    const chunks = [];
-    req.on('data', (c) => chunks.push(c));
-    req.on('end', () => {
-      const body = Buffer.concat(chunks).toString('utf8');
-      requests.push({
-        id: JSON.parse(body).id,
-        body,
-        headers: {
-          'webhook-id': req.headers['webhook-id'],
-          'webhook-timestamp': req.headers['webhook-timestamp'],
-          'webhook-signature': req.headers['webhook-signature'],
-        },
-      });
-      res.writeHead(204).end();
-    });
-  });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    requests,
-    ids: () => new Set(requests.map((r) => r.id)),
-    url: `http://127.0.0.1:${server.address().port}/hook`,
-    close: () => new Promise((resolve) => { server.closeAllConnections?.(); server.close(() => resolve()); }),
-  };
-}
-
-const verifies = (secret, r) => {
-  try {
-    new Webhook(secret).verify(r.body, r.headers);
-    return true;
-  } catch {
-    return false;
-  }
-};
+const ids = (sink) => new Set(sink.requests.map((q) => q.id));
+const signedBy = (secret, q) => verifies(secret, q.body, q.headers);
 
 /** The proxy's file with its [handler ...] sections replaced by `handlers`. */
 function withHandlers(ini, handlers) {
@@ -78,8 +39,8 @@ test('SIGHUP: handlers are added, removed and re-keyed without a restart', { tim
     outbox: { database: db, handler_heartbeat: '1s' },
     dispatch: { poll_interval_ms: 100 },
     handlers: [
-      { name: 'alpha', url: a.url, secret: s1, ...common },
-      { name: 'beta', url: b.url, secret: newSecret(), ...common },
+      { name: 'alpha', url: a.url('/hook'), secret: s1, ...common },
+      { name: 'beta', url: b.url('/hook'), secret: newSecret(), ...common },
     ],
   });
   t.after(() => p.kill());
@@ -94,14 +55,14 @@ test('SIGHUP: handlers are added, removed and re-keyed without a restart', { tim
 
   const before = events('before', 6);
   await publishThroughProxy(client, db, before);
-  await waitFor(() => before.every((e) => a.ids().has(e.id) && b.ids().has(e.id)), 30000, 'alpha and beta get the first events');
-  assert.ok(a.requests.every((r) => verifies(s1, r)), 'alpha signs with its first secret');
+  await waitFor(() => before.every((e) => ids(a).has(e.id) && ids(b).has(e.id)), 30000, 'alpha and beta get the first events');
+  assert.ok(a.requests.every((r) => signedBy(s1, r)), 'alpha signs with its first secret');
 
   // beta removed, gamma added, alpha's secret changed.
   const ini = fs.readFileSync(p.ini, 'utf8');
   fs.writeFileSync(p.ini, withHandlers(ini, [
-    { name: 'alpha', url: a.url, secret: s2, ...common },
-    { name: 'gamma', url: c.url, secret: newSecret(), ...common },
+    { name: 'alpha', url: a.url('/hook'), secret: s2, ...common },
+    { name: 'gamma', url: c.url('/hook'), secret: newSecret(), ...common },
   ]));
   p.child.kill('SIGHUP');
   await waitFor(() => /dispatch: handlers: 2 \(1 added, 1 changed, 1 removed\)/.test(p.log()), 10000, `the dispatcher's new handler set:\n${p.log().slice(-3000)}`);
@@ -117,28 +78,28 @@ test('SIGHUP: handlers are added, removed and re-keyed without a restart', { tim
 
   const after = events('after', 6);
   await publishThroughProxy(client, db, after);
-  await waitFor(() => after.every((e) => a.ids().has(e.id) && c.ids().has(e.id)), 30000, 'alpha and gamma get the events after the reload');
+  await waitFor(() => after.every((e) => ids(a).has(e.id) && ids(c).has(e.id)), 30000, 'alpha and gamma get the events after the reload');
   const dels = await direct.db(db).collection('relaybus_events').find({ _id: { $in: after.map((e) => e.id) } }).toArray();
   for (const ev of dels) assert.deepEqual([...ev.handlers].sort(), ['alpha', 'gamma'], `the deliveries of ${ev._id}`);
   await H.sleep(500);
-  assert.ok(after.every((e) => !b.ids().has(e.id)), 'the removed handler gets nothing new');
+  assert.ok(after.every((e) => !ids(b).has(e.id)), 'the removed handler gets nothing new');
   const alphaAfter = a.requests.filter((r) => r.id.startsWith('after-'));
   assert.ok(alphaAfter.length >= after.length);
-  assert.ok(alphaAfter.every((r) => verifies(s2, r) && !verifies(s1, r)), 'alpha signs with its new secret only');
+  assert.ok(alphaAfter.every((r) => signedBy(s2, r) && !signedBy(s1, r)), 'alpha signs with its new secret only');
   assert.equal((await wire.command({ ping: 1, $db: 'admin' })).ok, 1, 'the connection opened before the reload still works');
 
   // An invalid handler: refused whole, nothing changes.
   fs.writeFileSync(p.ini, withHandlers(ini, [
-    { name: 'alpha', url: a.url, secret: s1, ...common },
-    { name: 'delta', url: c.url, secret: 'not-a-secret', ...common },
+    { name: 'alpha', url: a.url('/hook'), secret: s1, ...common },
+    { name: 'delta', url: c.url('/hook'), secret: 'not-a-secret', ...common },
   ]));
   p.child.kill('SIGHUP');
   await waitFor(() => /reload: keeping the current configuration: .*delta/.test(p.log()), 10000, `the refused reload:\n${p.log().slice(-2000)}`);
   const third = events('third', 4);
   await publishThroughProxy(client, db, third);
-  await waitFor(() => third.every((e) => a.ids().has(e.id) && c.ids().has(e.id)), 30000, 'the set in force still gets the events');
-  assert.ok(a.requests.filter((r) => r.id.startsWith('third-')).every((r) => verifies(s2, r)), 'still the new secret');
-  assert.ok(third.every((e) => !b.ids().has(e.id)));
+  await waitFor(() => third.every((e) => ids(a).has(e.id) && ids(c).has(e.id)), 30000, 'the set in force still gets the events');
+  assert.ok(a.requests.filter((r) => r.id.startsWith('third-')).every((r) => signedBy(s2, r)), 'still the new secret');
+  assert.ok(third.every((e) => !ids(b).has(e.id)));
   assert.equal((await wire.command({ ping: 1, $db: 'admin' })).ok, 1);
   const r = await p.stop();
   assert.equal(r.code, 0);

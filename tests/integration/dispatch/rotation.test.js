@@ -5,55 +5,12 @@
 // The check uses the independent Standard Webhooks verifier (the npm
 // `standardwebhooks` package), not the project's own code.
 
-const crypto = require('node:crypto');
-const http = require('node:http');
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
-const { Webhook } = require('standardwebhooks');
 const { startUpstream, uniqueDbName } = require('../lib/proxy');
-const { startDispatchProxy, publish, waitFor } = require('./helpers');
+const { startDispatchProxy, publish, waitFor, newSecret, startReceiver, verifies } = require('./helpers');
 
-const newSecret = () => `whsec_${crypto.randomBytes(32).toString('base64')}`;
-
-// A receiver that keeps what the verifier needs: the raw body bytes and
-// the three Standard Webhooks headers of each request.  It answers 204.
-async function startReceiver() {
-  const requests = [];
-  const server = http.createServer((req, res) => {
-    const chunks = [];
-    req.on('data', (c) => chunks.push(c));
-    req.on('end', () => {
-      const body = Buffer.concat(chunks).toString('utf8');
-      requests.push({
-        path: req.url,
-        id: JSON.parse(body).id,
-        body,
-        headers: {
-          'webhook-id': req.headers['webhook-id'],
-          'webhook-timestamp': req.headers['webhook-timestamp'],
-          'webhook-signature': req.headers['webhook-signature'],
-        },
-      });
-      res.writeHead(204).end();
-    });
-  });
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    requests,
-    url: (p) => `http://127.0.0.1:${server.address().port}${p}`,
-    close: () => new Promise((resolve) => { server.closeAllConnections?.(); server.close(() => resolve()); }),
-  };
-}
-
-const verifies = (secret, body, headers) => {
-  try {
-    new Webhook(secret).verify(body, headers);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 test('rotation: with two secrets, receivers knowing either one verify every request', { timeout: 120000 }, async (t) => {
   const up = await startUpstream();
