@@ -206,6 +206,8 @@ typedef enum {
    X (DISPATCH_LOST_COMPLETIONS, "relaybus_dispatch_lost_completions_total", COUNTER, NONE,                            \
       "Completions not proven because a lane changed hands (they may run again).")                                    \
    X (DISPATCH_HTTP_REQUESTS, "relaybus_dispatch_http_requests_total", COUNTER, NONE, "Webhook requests started.")    \
+   X (DISPATCH_LEASE_SHORT, "relaybus_dispatch_lease_short_total", COUNTER, NONE,                                      \
+      "Deliveries given back unstarted because less than a third of lease_ms was left of their lease.")               \
    X (DELIVERIES_COMPLETED, "relaybus_deliveries_completed_total", COUNTER, HANDLER, "Deliveries completed, by handler.") \
    X (DELIVERIES_RETRIED, "relaybus_deliveries_retried_total", COUNTER, HANDLER,                                       \
       "Delivery attempts that failed and were rescheduled, by handler.")                                              \

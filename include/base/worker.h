@@ -8,7 +8,7 @@
  * main thread; the worker's event base and what its owner puts on it: the
  * worker's thread; the accessors: any thread.
  *
- * The dispatcher's lease-renewal thread is a worker without a pool.
+ * The dispatcher's lease-renewal thread is a worker with a one-connection pool of its own.
  *
  * One set-up path for all of them: the URI with the component's appName and
  * time limits, the pool (error API version 2, its size), the lease owner

@@ -204,14 +204,24 @@ bool store_extend_lease (store_t *store,
  * still holds.  applied[i] tells whether ref i holds; each applied ref's
  * own claim is renewed too (see store_claim: a claim this instance stops
  * renewing for a lease is taken back as abandoned).  False when a lane
- * could not be renewed (the others are renewed anyway). */
+ * could not be renewed (the others are renewed anyway).  The calls take a
+ * client from `pool` (NULL: the store's own), so a renewal thread with a
+ * pool of its own never waits for a client behind a slow claim. */
 bool store_extend_leases (store_t *store,
+                          mongoc_client_pool_t *pool,
                           const store_ref_t *refs,
                           size_t n,
                           int64_t now,
                           int64_t lease_ms,
                           bool *applied,
                           bson_error_t *error) __attribute__ ((warn_unused_result));
+/* When the lease of a claim this instance handed out ends, as far as this
+ * instance knows (ms; the expiry the claim or its latest applied renewal
+ * wrote), or 0 when the claim is not one of its own (settled, taken back,
+ * or the lease is malformed).  No call: the store's own record.  A worker
+ * starts a delivery only while enough of this is left, so a delivery never
+ * starts on a lane whose lease may lapse before the request ends. */
+int64_t store_lease_expires (store_t *store, const store_ref_t *ref);
 /* Hands back every lane this instance holds; what is still listed in flight
  * is released (claim generation moves on, no attempt charged). */
 bool store_relinquish (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));

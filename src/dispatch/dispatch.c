@@ -183,8 +183,8 @@ typedef struct {
    struct event *fleet_ev;
    dispatch_fleet_t *fleet;
 
-   /* The renewal thread: a worker without a pool (its own event base)
-    * and its timer. */
+   /* The renewal thread: a worker with a one-connection pool of its own
+    * (its own event base) and its timer. */
    worker_t *renew;
    struct event *renew_tick_ev;
    renew_set_t renew_set;
@@ -676,6 +676,35 @@ job_start (dispatcher_t *d, job_t *j)
       bury (d, j, "attempts exhausted: lost its lease on every attempt");
       return;
    }
+   {
+      /* A request starts only while a third of the lease is left (one
+       * renewal period): when renewals fall behind (the database answers
+       * slowly), the lane may be taken over once the lease lapses, and a
+       * request still running then would overlap the new holder's
+       * delivery of the same key.  Given back instead (no attempt
+       * charged), with its followers; the next claim takes it again. */
+      store_ref_t r = job_ref (j);
+      int64_t left = store_lease_expires (d->store, &r) - clock_now_ms ();
+      if (left < d->cfg->lease_ms / 3) {
+         bool applied = false;
+         counters_add (COUNTER_DISPATCH_LEASE_SHORT, 1);
+         log_warn ("dispatch: %s delivery %s not started: %" PRId64 " ms left of its lease of %" PRId64
+                   " ms (renewals are late: the database answers slowly, or lease_ms is short for it); given back",
+                   h->cfg->name,
+                   hex,
+                   left > 0 ? left : 0,
+                   d->cfg->lease_ms);
+         h->freed++;
+         if (!store_release (d->store, &r, clock_now_ms (), &applied, &err))
+            log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
+         job_drop (d, j, true);
+         /* Claimed again at once: a claim on a lane still held extends
+          * its lease. */
+         if (!d->stopping)
+            schedule (d->tick_ev, 0);
+         return;
+      }
+   }
    body = webhook_body (&j->d, &len);
    j->next = d->running;
    if (d->running)
@@ -871,7 +900,7 @@ renew_cb (evutil_socket_t fd, short what, void *arg)
    pthread_mutex_unlock (&rs->mu);
    if (n > 0) {
       applied = bson_malloc0 (n * sizeof *applied);
-      if (!store_extend_leases (d->store, refs, n, clock_now_ms (), atomic_load (&d->renew_lease_ms), applied, &err))
+      if (!store_extend_leases (d->store, worker_pool (d->renew), refs, n, clock_now_ms (), atomic_load (&d->renew_lease_ms), applied, &err))
          log_warn ("dispatch: renewing leases: %s", err.message);
       else
          for (size_t i = 0; i < n; i++) {
@@ -1126,6 +1155,13 @@ handler_new (dispatcher_t *d, config_t *snap, const config_handler_t *hc, bson_e
       return NULL;
    }
    h->snap = config_retain (snap);
+   if (hc->timeout_ms > snap->lease_ms / 3)
+      log_warn ("dispatch: handler %s: timeout_ms %" PRId64 " is longer than lease_ms / 3 (%" PRId64
+                " ms): when lease renewals fall behind, a request may outlive its lease and run beside "
+                "another proxy's delivery of the same key",
+                hc->name,
+                (int64_t) hc->timeout_ms,
+                (int64_t) (snap->lease_ms / 3));
    return h;
 }
 
@@ -1445,9 +1481,16 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->fleet_ev = evtimer_new (d->base, fleet_cb, d);
    atomic_store (&d->renew_lease_ms, cfg->lease_ms);
    if (d->enabled) {
-      const worker_opts_t ro = {.name = "renew", .quiet = true};
+      /* Its own pool (one connection, appName "relaybus-proxy renew"):
+       * a renewal never waits for a client behind a slow claim, and an
+       * operator tells renewals from claims in currentOp. */
+      const worker_opts_t ro = {
+         .name = "renew",
+         .quiet = true,
+         .pool = {.appname = "relaybus-proxy renew", .server_selection_ms = wo.pool.server_selection_ms, .max_pool_size = 1},
+      };
 
-      d->renew = worker_new (NULL, &ro, &err);
+      d->renew = worker_new (cfg->upstream, &ro, &err);
       if (!d->renew) {
          bson_set_error (error, DISPATCH_ERROR_DOMAIN, DISPATCH_ERROR_RENEWAL, "dispatch: lease renewal: %s", err.message);
          goto fail;

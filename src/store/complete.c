@@ -661,6 +661,7 @@ done:
 
 bool
 store_extend_leases (store_t *s,
+                     mongoc_client_pool_t *pool,
                      const store_ref_t *refs,
                      size_t n,
                      int64_t now,
@@ -683,7 +684,9 @@ store_extend_leases (store_t *s,
    idx = bson_malloc0 (n * sizeof *idx);
    for (size_t i = 0; i < n; i++)
       grouped[i] = !(refs[i].lease && outbox_lease_parse (refs[i].lease, &leases[i])); /* refused without a call */
-   client = mongoc_client_pool_pop (s->pool);
+   if (!pool)
+      pool = s->pool;
+   client = mongoc_client_pool_pop (pool);
    for (size_t i = 0; i < n; i++) {
       renew_t r = {.refs = refs, .leases = leases, .idx = idx, .applied = applied, .now = now, .lease_ms = lease_ms};
       bson_error_t err;
@@ -711,7 +714,7 @@ store_extend_leases (store_t *s,
             renewed (s, &refs[idx[j]].id, &leases[idx[j]], now + lease_ms);
       pthread_mutex_unlock (&s->mu);
    }
-   mongoc_client_pool_push (s->pool, client);
+   mongoc_client_pool_push (pool, client);
    bson_free (leases);
    bson_free (grouped);
    bson_free (idx);

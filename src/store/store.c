@@ -307,6 +307,23 @@ store_issued_renew (store_t *s, const bson_oid_t *id, uint32_t lane, int64_t epo
       }
 }
 
+int64_t
+store_lease_expires (store_t *s, const store_ref_t *ref)
+{
+   const store_issued_t *it;
+   outbox_lease_t lease;
+   int64_t expires = 0;
+
+   if (!ref->lease || !outbox_lease_parse (ref->lease, &lease))
+      return 0;
+   pthread_mutex_lock (&s->mu);
+   it = store_issued_find (s, &ref->id);
+   if (it && it->lane == lease.lane_id && it->epoch == lease.epoch && it->claims == lease.claims)
+      expires = it->expires;
+   pthread_mutex_unlock (&s->mu);
+   return expires;
+}
+
 const store_issued_t *
 store_issued_find (store_t *s, const bson_oid_t *id)
 {

@@ -1930,11 +1930,17 @@ test_l3_renew_all_running_jobs (void **state)
    /* d1's claim ends (released): its lease is stale, d2's holds. */
    refs[0] = ref (d1);
    refs[1] = ref (d2);
+   /* What a worker checks before it starts a delivery: the claim's own
+    * lease, this instance's only. */
+   assert_int_equal (store_lease_expires (fx->a, &refs[1]), T0 + LEASE);
+   assert_int_equal (store_lease_expires (fx->b, &refs[1]), 0);
    assert_true (store_release (fx->a, &refs[0], T0 + 1, &rel, &err));
    assert_true (rel);
-   assert_true (store_extend_leases (fx->a, refs, 2, T0 + LEASE / 2, LEASE, applied, &err));
+   assert_int_equal (store_lease_expires (fx->a, &refs[0]), 0);
+   assert_true (store_extend_leases (fx->a, NULL, refs, 2, T0 + LEASE / 2, LEASE, applied, &err));
    assert_false (applied[0]);
    assert_true (applied[1]);
+   assert_int_equal (store_lease_expires (fx->a, &refs[1]), T0 + LEASE / 2 + LEASE);
    cur = mongoc_collection_find_with_opts (lanes, q, NULL, NULL);
    assert_true (mongoc_cursor_next (cur, &doc));
    ldoc = bson_copy (doc);
@@ -1946,6 +1952,7 @@ test_l3_renew_all_running_jobs (void **state)
    for (size_t i = 0; i < later.n; i++)
       assert_false (bson_oid_equal (&later.items[i].id, &d2->id));
    assert_true (complete1 (fx->a, d2, T0 + LEASE + 2));
+   assert_int_equal (store_lease_expires (fx->a, &refs[1]), 0);
    store_batch_clear (&later);
    store_batch_clear (&b);
    bson_destroy (q);

@@ -69,3 +69,60 @@ test('renewal: a slow claim does not let a running delivery\'s lease lapse', { t
   assert.equal(sink.duplicates(), 0);
   assert.equal((await p.stop()).code, 0);
 });
+
+// A delivery never starts on a lease that may lapse before it ends. Every
+// renewal is made to wait longer than the lease (failCommand's
+// blockConnection on the finds of appName "relaybus-proxy renew", the
+// renewal thread's own connection), so each lane's lease lapses one lease
+// after the claim that took it, and the other proxy takes the lane over as
+// soon as it does. A proxy that still started the next delivery of a key
+// run then would run it beside the new holder's delivery of the same key.
+// Each delivery must start with at least a third of its lease left, or be
+// given back unstarted: the sink never sees two deliveries of the key at
+// once, and sees them in order.
+test('renewal: with renewals stalled, no delivery starts on a lease about to lapse; two proxies never run a key at once',
+  { timeout: 180000 }, async (t) => {
+    const up = await startUpstream();
+    t.after(() => up.stop());
+    const admin = await new MongoClient(up.uri).connect();
+    t.after(() => admin.close());
+    const fp = (mode, data) => admin.db('admin').command({ configureFailPoint: 'failCommand', mode, data });
+    try {
+      await fp('off', {});
+    } catch (e) {
+      t.skip(`the upstream has no failCommand fail point (${e.message}); a real server needs enableTestCommands`);
+      return;
+    }
+    const sink = await startSink({ delayMs: 300 });
+    t.after(() => sink.close());
+    const db = uniqueDbName('dispatch_lapse');
+    const handlers = [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), timeout_ms: 5000 }];
+    const opts = {
+      upstream: up.uri,
+      outbox: { database: db },
+      dispatch: { poll_interval_ms: 100, lease_ms: 1000 },
+      handlers,
+    };
+    await fp('alwaysOn', { failCommands: ['find'], appName: 'relaybus-proxy renew', blockConnection: true, blockTimeMS: 3000 });
+    t.after(() => fp('off', {}).catch(() => {}));
+    const events = Array.from({ length: 24 }, (_, i) => ({ id: `lapse-${i}`, type: 'lapse.v1', key: 'k', payload: { i } }));
+    await publish(admin, db, events, ['h']);
+    const a = await startDispatchProxy(opts);
+    const b = await startDispatchProxy(opts);
+    t.after(() => Promise.all([a.kill(), b.kill()]));
+    const deliveries = admin.db(db).collection('relaybus_deliveries');
+    try {
+      await waitFor(async () => (await deliveries.countDocuments({})) === 0, 120000, 'every delivery to complete');
+    } catch (e) {
+      t.diagnostic(`first proxy:\n${a.log().slice(-3000)}\nsecond proxy:\n${b.log().slice(-3000)}`);
+      throw e;
+    }
+    const st = sink.stats();
+    const givenBack = (a.log() + b.log()).split('\n').filter((l) => /not started: \d+ ms left of its lease/.test(l)).length;
+    t.diagnostic(`${st.requests} requests for ${events.length} events, ${sink.duplicates()} duplicates, ${givenBack} deliveries given back unstarted`);
+    for (const e of events) assert.ok(st.ok.has(e.id), `never acknowledged: ${e.id}`);
+    assert.deepEqual(st.seqViolations.slice(0, 10), [], 'one delivery of the key at a time, in order');
+    assert.ok(givenBack > 0, 'a key run reached the end of its lease, and its next delivery was given back');
+    await fp('off', {});
+    assert.deepEqual([(await a.stop()).code, (await b.stop()).code], [0, 0]);
+  });
