@@ -20,6 +20,7 @@ const CODE_NAMES = {
   10107: 'NotWritablePrimary', 11000: 'DuplicateKey', 11600: 'InterruptedAtShutdown', 11601: 'Interrupted',
   11602: 'InterruptedDueToReplStateChange', 13297: 'DatabaseDifferCase', 13388: 'StaleConfig', 13435: 'NotPrimaryNoSecondaryOk',
   13436: 'NotPrimaryOrSecondary', 50768: 'NotARetryableWriteCommand', 91331: 'NotSupported',
+  76: 'NoReplicationEnabled', 95: 'NotSecondary', 31368: 'Location31368', 31373: 'Location31373', 31382: 'Location31382',
   47: 'NoMatchingDocument', 216: 'ElectionInProgress', 237: 'CursorKilled', 260: 'InvalidResumeToken', 280: 'ChangeStreamFatalError',
   286: 'ChangeStreamHistoryLost', 40324: 'Location40324', 40415: 'Location40415', 40573: 'Location40573',
   40647: 'Location40647', 40674: 'Location40674', 50808: 'Location50808', 50865: 'Location50865',

@@ -18,6 +18,7 @@ const { Cursors } = require('./cursors');
 const { FailPoints } = require('./failpoints');
 const { Auth } = require('./auth');
 const { isChangeStreamPipeline } = require('./changestreams');
+const { ReplSet } = require('./replset');
 
 const NO_COMPRESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'createUser', 'updateUser']);
 // As mongod (Command::requiresAuth() false): connectionStatus and whatsmyuri too.
@@ -35,12 +36,18 @@ const SECONDARY_ALWAYS = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'buil
   'serverStatus', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'logout', 'endSessions', 'killSessions',
   'killAllSessions', 'killAllSessionsByPattern', 'refreshSessions', 'startSession', 'configureFailPoint', 'doubleStats',
   'whatsmyuri', 'getCmdLineOpts', 'hostInfo', 'connectionStatus', 'replSetGetStatus', 'currentOp', 'killOp', 'getLog',
-  'getFreeMonitoringStatus', 'listCommands', 'getDefaultRWConcern', 'getMore', 'killCursors', 'fsync', 'getClusterTime']);
+  'getFreeMonitoringStatus', 'listCommands', 'getDefaultRWConcern', 'getMore', 'killCursors', 'fsync', 'getClusterTime',
+  'replSetStepDown', 'replSetFreeze', 'replSetStepUp', 'doubleElectionTime']);
 const SECONDARY_OPT_IN = new Set(['find', 'aggregate', 'count', 'distinct', 'listCollections', 'listIndexes',
   'listDatabases', 'dbStats', 'collStats', 'dataSize', 'explain']);
 // WriteConflict, LockTimeout, PreparedTransactionInProgress, snapshot and stale-routing errors.
 const TRANSIENT_CODES = new Set([112, 24, 267, 239, 246, 311, 317, 63, 13388, 249, 150]);
 const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
+// mongod's NotPrimaryError and ShutdownError categories: their replies carry the member's
+// topologyVersion, and a fire-and-forget (moreToCome) write failing with one closes the
+// connection (the NotPrimaryError ones), so the client selects a server again.
+const NOT_PRIMARY_CODES = new Set([10107, 13435, 13436, 11602, 189]);
+const STATE_CHANGE_CODES = new Set([...NOT_PRIMARY_CODES, 91, 11600]);
 
 // A certificate subject as mongod names the X.509 user: RFC 2253, most specific RDN first.
 function rfc2253(subject) {
@@ -76,6 +83,7 @@ class Connection {
     socket.on('close', () => {
       this.closed = true;
       this.server.conns.delete(this);
+      this.server.endTopologyWaits(this);
     });
   }
 
@@ -163,20 +171,30 @@ class Connection {
       server.log(`conn${this.id}: internal error in ${name}: ${e && e.stack}`);
       reply = err(1, `internal error: ${e && e.message}`).toReply();
     }
-    if (reply === NO_REPLY || this.closed || msg.moreToCome) return;
+    if (reply === NO_REPLY || this.closed) return;
+    if (msg.moreToCome) {
+      // mongod (4.2+): a fire-and-forget write that failed because this member is not (or no
+      // longer) primary closes the connection, the only way to tell its client.
+      if (notPrimaryFailure(reply)) this.close(`not-primary error in fire-and-forget ${name}`);
+      return;
+    }
     // Exhaust (OP_MSG spec, mongod's service entry point): a getMore sent with exhaustAllowed
     // is answered with moreToCome while the cursor stays open; the server then runs the same
     // getMore again by itself and sends the next batch as a reply to its own previous reply,
     // until the cursor is exhausted or an error ends the stream (no moreToCome on that one).
+    // An awaitable hello (topologyVersion and maxAwaitTimeMS) streams likewise: each next
+    // hello waits on the topologyVersion the previous reply carried.
     let responseTo = msg.requestID;
+    let body = msg.body;
     for (;;) {
-      const more = msg.exhaustAllowed && name === 'getMore' && exhaustContinues(reply);
+      const more = msg.exhaustAllowed && (name === 'getMore' ? exhaustContinues(reply) : exhaustHello(name, body, reply));
       const requestId = server.nextRequestId();
       this.sendOpMsg(reply, requestId, responseTo, more ? W.FLAG_MORE_TO_COME : 0, name, msg.compressorId);
       if (!more || this.closed) return;
       responseTo = requestId;
+      if (name !== 'getMore') body = Object.assign({}, body, { topologyVersion: reply.topologyVersion });
       try {
-        reply = await server.runCommand(this, msg.body, msg.body.$db, name);
+        reply = await server.runCommand(this, body, body.$db, name);
       } catch (e) {
         server.log(`conn${this.id}: internal error in exhaust ${name}: ${e && e.stack}`);
         reply = err(1, `internal error: ${e && e.message}`).toReply();
@@ -209,6 +227,17 @@ function exhaustContinues(reply) {
   if (!reply || !V.truthy(reply.ok) || !reply.cursor || typeof reply.cursor.ns !== 'string' || !reply.cursor.ns) return false;
   const id = reply.cursor.id;
   return id !== undefined && id !== null && V.isNumeric(id) && V.toBigIntExact(id) !== 0n;
+}
+
+// A streaming (exhaust) hello goes on after each successful awaitable hello.
+function exhaustHello(name, body, reply) {
+  return HELLO_NAMES.has(name) && body.maxAwaitTimeMS !== undefined && !!reply && V.truthy(reply.ok) && !!reply.topologyVersion;
+}
+
+function notPrimaryFailure(reply) {
+  if (!reply) return false;
+  if (!V.truthy(reply.ok) && NOT_PRIMARY_CODES.has(V.toNumber(reply.code))) return true;
+  return Array.isArray(reply.writeErrors) && reply.writeErrors.some((w) => NOT_PRIMARY_CODES.has(V.toNumber(w.code)));
 }
 
 function sleep(ms) { return new Promise((r) => setTimeout(r, ms)); }
@@ -258,26 +287,38 @@ function writeConcernProblem(wc, members) {
   return null;
 }
 
-// One member of the set (or the standalone). A secondary is made with `new Server(opts,
-// primary)`: it shares the primary's data, sessions, user and clock (a secondary with zero
-// replication lag) and has its own listener, connections, cursors, fail points and command
-// counts, as each mongod has.
+// One member of the set (or the standalone). The second member is made with `new
+// Server(opts, first)`: it shares the first one's data, sessions, user, clock and replica set
+// state (zero replication lag) and has its own listener, connections, cursors, fail points,
+// command counts and topologyVersion, as each mongod has. The first member starts as primary;
+// `role` ('primary', 'secondary', 'standalone') changes with elections (replset.js).
 class Server {
-  constructor(opts, primary = null) {
+  constructor(opts, first = null) {
     this.opts = Object.assign({ host: '127.0.0.1', port: 0, standalone: false, maxWireVersion: 21, txnLifetime: 60 }, opts);
-    this.role = this.opts.standalone ? 'standalone' : primary ? 'secondary' : 'primary';
-    this.log = (m) => process.stderr.write(`[mongod-double] ${new Date().toISOString()} ${primary ? '(secondary) ' : ''}${m}\n`);
+    this.role = this.opts.standalone ? 'standalone' : 'primary';
+    this.log = (m) => process.stderr.write(`[mongod-double] ${new Date().toISOString()} ${first ? '(member 1) ' : ''}${m}\n`);
     this.cursors = new Cursors();
-    if (primary) {
-      this.primary = primary;
-      this.store = primary.store;
-      this.sessions = primary.sessions;
-      this.auth = primary.auth;
-      this.members = primary.members;
-      this.members.push(this);
+    // topologyVersion: a processId per member and a counter that goes up with every change of
+    // what its hello says; awaitable hellos wait in topoWaiters for the next change.
+    this.processId = new ObjectId();
+    this.tvCounter = 0n;
+    this.topoWaiters = new Set();
+    this.stepDownUntil = 0; // not electable before (ms): step-down and freeze periods
+    this.inflight = new Set(); // contexts of writes and transaction statements running here
+    if (first) {
+      this.owner = first;
+      this.store = first.store;
+      this.sessions = first.sessions;
+      this.auth = first.auth;
+      this.members = first.members;
+      this.set = first.set;
+      this.set.add(this);
     } else {
-      this.primary = this;
-      this.members = [this];
+      this.owner = this;
+      this.set = new ReplSet(this.log);
+      this.members = this.set.members;
+      if (!this.opts.standalone) this.set.add(this);
+      else this.members.push(this);
       this.store = new Store();
       if (this.opts.oplogEntries) this.store.changes.capacity = this.opts.oplogEntries;
       this.sessions = new Sessions(this.store, this.opts);
@@ -290,8 +331,7 @@ class Server {
     this.totalConns = 0;
     this.requestId = 1;
     this.startedAt = Date.now();
-    this.bootSecs = primary ? primary.bootSecs : Math.floor(Date.now() / 1000);
-    this.electionId = new ObjectId('7fffffff0000000000000001');
+    this.bootSecs = first ? first.bootSecs : Math.floor(Date.now() / 1000);
     this.commands = new Map();
     for (const mod of ['admin', 'crud', 'ddl', 'auth']) {
       const m = require(`./commands/${mod}`);
@@ -384,8 +424,49 @@ class Server {
     });
   }
 
+  topologyVersion() { return { processId: this.processId, counter: Long.fromBigInt(this.tvCounter) }; }
+
+  topologyChanged() {
+    this.tvCounter += 1n;
+    for (const w of [...this.topoWaiters]) w.done();
+  }
+
+  // An awaitable hello waits here for the next topology change, at most `ms`, or until its
+  // connection closes.
+  awaitTopologyChange(conn, ms) {
+    return new Promise((resolve) => {
+      const w = {
+        conn,
+        done: () => {
+          clearTimeout(w.timer);
+          this.topoWaiters.delete(w);
+          resolve();
+        },
+      };
+      w.timer = setTimeout(w.done, ms);
+      this.topoWaiters.add(w);
+    });
+  }
+
+  endTopologyWaits(conn) {
+    for (const w of [...this.topoWaiters]) if (!conn || w.conn === conn) w.done();
+  }
+
+  // Step-down: what runs here and writes (or runs in a transaction) fails with 11602.
+  interruptInProgress() {
+    for (const ctx of this.inflight) {
+      if (ctx.interrupted) continue;
+      ctx.interrupted = err(11602, 'operation was interrupted');
+      ctx.wakeInterrupted();
+    }
+  }
+
   stop() {
-    if (this.role !== 'secondary') this.sessions.stop();
+    this.endTopologyWaits(null);
+    if (this.owner === this) {
+      this.sessions.stop();
+      this.set.stop();
+    }
     for (const c of this.conns) c.socket.destroy();
     this.conns.clear();
     return new Promise((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
@@ -393,12 +474,21 @@ class Server {
 
   async runCommand(conn, body, db, name) {
     const has = (f) => Object.prototype.hasOwnProperty.call(body, f);
-    const handler = this.commands.get(name);
     const ctx = {
       server: this, conn, cmd: body, name, db, store: this.store, sessions: this.sessions, cursors: this.cursors,
       access: null, sctx: null, sessionKey: has('lsid') ? sessionKey(body.lsid) : null,
-      abortTxnAfterReply: false, closeAfter: false,
+      abortTxnAfterReply: false, closeAfter: false, interrupted: null, interruptWait: null, wakeInterrupted: () => {},
     };
+    try {
+      return await this.runCommandIn(ctx, conn, body, db, name);
+    } finally {
+      this.inflight.delete(ctx);
+    }
+  }
+
+  async runCommandIn(ctx, conn, body, db, name) {
+    const has = (f) => Object.prototype.hasOwnProperty.call(body, f);
+    const handler = this.commands.get(name);
     const deadline = has('maxTimeMS') && V.toNumber(body.maxTimeMS) > 0 ? Date.now() + V.toNumber(body.maxTimeMS) : null;
     // Waits for a transaction holding what we want to write, within the command's maxTimeMS.
     // The wait also ends when our own transaction is aborted meanwhile (the reaper: 290).
@@ -410,9 +500,11 @@ class Server {
       const waits = [txn.done];
       if (left !== null) waits.push(new Promise((r) => { timer = setTimeout(() => r('timeout'), left); }));
       if (own) waits.push(own.done);
+      if (ctx.interruptWait) waits.push(ctx.interruptWait);
       const res = await Promise.race(waits);
       clearTimeout(timer);
       if (own) own.checkAlive();
+      if (ctx.interrupted) throw ctx.interrupted;
       if (res === 'timeout') throw err(50, 'operation exceeded time limit');
     };
     ctx.retryOnWait = async (fn) => {
@@ -442,6 +534,11 @@ class Server {
       if (!handler) throw err(59, `no such command: '${name}'`);
       if (this.auth && !conn.user && !NO_AUTH_NEEDED.has(name)) throw err(13, `command ${name} requires authentication`);
       if (this.role === 'secondary') this.checkSecondary(body, name);
+      else if (this.role === 'primary' && (has('autocommit') || (!SECONDARY_ALWAYS.has(name) && !SECONDARY_OPT_IN.has(name)))) {
+        // A write or transaction statement: a step-down while it runs interrupts it (11602).
+        ctx.interruptWait = new Promise((r) => { ctx.wakeInterrupted = r; });
+        this.inflight.add(ctx);
+      }
       if (!SESSIONLESS.has(name)) {
         ctx.sctx = this.sessions.begin(body, name, db);
         if (ctx.sctx.inTxn && has('writeConcern') && name !== 'commitTransaction' && name !== 'abortTransaction') {
@@ -456,8 +553,12 @@ class Server {
           // A statement of a transaction the reaper aborts while it is blocked gets 290.
           const own = ctx.sctx && ctx.sctx.txn && ctx.sctx.txn.state === 'inProgress' && !isEnd ? ctx.sctx.txn : null;
           const ms = V.toNumber(fp.blockTimeMS) || 0;
-          await (own ? Promise.race([sleep(ms), own.done]) : sleep(ms));
+          const waits = [sleep(ms)];
+          if (own) waits.push(own.done);
+          if (ctx.interruptWait) waits.push(ctx.interruptWait);
+          await Promise.race(waits);
           if (own) own.checkAlive();
+          if (ctx.interrupted) throw ctx.interrupted;
         }
         if (V.truthy(fp.closeConnection)) {
           conn.close();
@@ -496,6 +597,7 @@ class Server {
         reply.writeConcernError = wce;
         const labels = explicitLabels || labelsFor(null, body, name, wce);
         if (labels.length) reply.errorLabels = labels;
+        if (!this.opts.standalone && STATE_CHANGE_CODES.has(V.toNumber(wce.code))) reply.topologyVersion = this.topologyVersion();
       }
     } catch (e0) {
       let e = e0;
@@ -511,6 +613,7 @@ class Server {
       if (explicitLabels) e.errorLabels = explicitLabels;
       else e.errorLabels = labelsFor(e.code, body, name, null).concat(changeStreamLabels(e.code, body, name, ctx));
       reply = e.toReply();
+      if (STATE_CHANGE_CODES.has(e.code)) reply.topologyVersion = this.topologyVersion();
     }
     if (ctx.closeAfter) {
       conn.close();

@@ -29,9 +29,11 @@ class Txn {
   }
 
   // Throws the error a statement still running gets when its transaction ended under it:
-  // TransactionExceededLifetimeLimitSeconds 290 when the reaper aborted it, else Interrupted.
+  // TransactionExceededLifetimeLimitSeconds 290 when the reaper aborted it,
+  // InterruptedDueToReplStateChange 11602 when a step-down did, else Interrupted.
   checkAlive() {
     if (this.state !== 'aborted') return;
+    if (this.abortReason === 'stepdown') throw err(11602, 'operation was interrupted');
     if (this.abortReason === 'expired') {
       throw err(290, `Aborting transaction with txnNumber ${this.txnNumber} on session ${this.session.key} because it has been running for longer than 'transactionLifetimeLimitSeconds'`);
     }

@@ -36,7 +36,7 @@ test('replica-set hello identity and --max-wire-version', async () => {
     const raw = await rawConnect(d.port);
     const h = await raw.command({ hello: 1, helloOk: true, $db: 'admin' });
     const keys = Object.keys(h);
-    assert.deepEqual(keys.slice(0, 4), ['helloOk', 'hosts', 'setName', 'setVersion']);
+    assert.deepEqual(keys.slice(0, 5), ['helloOk', 'topologyVersion', 'hosts', 'setName', 'setVersion']);
     assert.equal(h.setName, 'rs0');
     assert.deepEqual(h.hosts, [`127.0.0.1:${d.port}`, `127.0.0.1:${d.secondaryPort}`]);
     assert.equal(h.primary, `127.0.0.1:${d.port}`);

@@ -26,7 +26,7 @@ test('the double prints the primary port then the secondary port; the secondary 
     const s = `127.0.0.1:${d.secondaryPort}`;
     const raw = await rawConnect(d.secondaryPort);
     const h = await raw.command({ hello: 1, helloOk: true, $db: 'admin' });
-    assert.deepEqual(Object.keys(h).slice(0, 9), ['helloOk', 'hosts', 'setName', 'setVersion', 'isWritablePrimary', 'secondary', 'primary', 'me', 'lastWrite']);
+    assert.deepEqual(Object.keys(h).slice(0, 10), ['helloOk', 'topologyVersion', 'hosts', 'setName', 'setVersion', 'isWritablePrimary', 'secondary', 'primary', 'me', 'lastWrite']);
     assert.deepEqual(h.hosts, [p, s]);
     assert.equal(h.setName, 'rs0');
     assert.equal(h.isWritablePrimary, false);

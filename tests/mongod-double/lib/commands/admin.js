@@ -1,6 +1,8 @@
 'use strict';
 // Handshake and administrative commands: hello/isMaster (replica-set primary, secondary or
-// standalone identity, compression negotiation, saslSupportedMechs, speculativeAuthenticate), ping,
+// standalone identity, topologyVersion and awaitable hello, compression negotiation,
+// saslSupportedMechs, speculativeAuthenticate), elections (replSetStepDown, replSetFreeze,
+// replSetStepUp, replSetGetStatus, the double's doubleElectionTime), ping,
 // buildInfo, getParameter, serverStatus, session housekeeping (endSessions, killSessions,
 // killAllSessions, refreshSessions, startSession), transaction end (commitTransaction,
 // abortTransaction), configureFailPoint and the double's own doubleStats. Anything a driver
@@ -14,11 +16,40 @@ const { x509Login } = require('./auth');
 
 const VERSION = '7.0.0';
 
+// Awaitable hello (mongod 4.4+): with the member's current topologyVersion and maxAwaitTimeMS
+// the reply waits for the next topology change, at most maxAwaitTimeMS; an older counter or
+// another processId is answered at once.
+async function awaitTopology(ctx) {
+  const { cmd, server, conn } = ctx;
+  const hasTv = cmd.topologyVersion !== undefined;
+  const hasWait = cmd.maxAwaitTimeMS !== undefined;
+  if (!hasTv && !hasWait) return;
+  if (!hasWait) throw err(31368, "A request with a 'topologyVersion' must include 'maxAwaitTimeMS'");
+  if (!hasTv) throw err(31368, "A request with 'maxAwaitTimeMS' must include a 'topologyVersion'");
+  const tv = cmd.topologyVersion;
+  if (!tv || typeof tv !== 'object' || !(tv.processId instanceof ObjectId) || !V.isNumeric(tv.counter)) {
+    throw err(40414, "BSON field 'TopologyVersion.processId' is missing but a required field");
+  }
+  if (!V.isNumeric(cmd.maxAwaitTimeMS)) throw err(14, `maxAwaitTimeMS must be a number`);
+  const ms = V.toNumber(cmd.maxAwaitTimeMS);
+  if (!(ms >= 0)) throw err(31373, 'maxAwaitTimeMS must be a non-negative integer');
+  if (!tv.processId.equals(server.processId)) return;
+  const counter = V.toBigIntExact(tv.counter);
+  if (counter !== null && counter > server.tvCounter) {
+    throw err(31382, "Received a topology version with the same process ID and a higher counter than the server's topology version");
+  }
+  if (counter !== server.tvCounter) return;
+  await server.awaitTopologyChange(conn, ms);
+}
+
 async function hello(ctx) {
   const { cmd, server, conn, name } = ctx;
   const opts = server.opts;
+  await awaitTopology(ctx);
+  const set = server.set;
   const r = {};
   if (cmd.helloOk !== undefined) r.helloOk = true;
+  r.topologyVersion = server.topologyVersion();
   if (!conn.handshakeDone) {
     conn.handshakeDone = true;
     if (cmd.client && cmd.client.application && typeof cmd.client.application.name === 'string') {
@@ -31,7 +62,7 @@ async function hello(ctx) {
   }
   const legacy = name !== 'hello';
   const me = server.address;
-  const isPrimary = server.role !== 'secondary';
+  const isPrimary = server.role === 'primary' || server.role === 'standalone';
   if (!opts.standalone) {
     r.hosts = server.hosts();
     r.setName = 'rs0';
@@ -40,12 +71,13 @@ async function hello(ctx) {
   r[legacy ? 'ismaster' : 'isWritablePrimary'] = isPrimary;
   if (!opts.standalone) {
     r.secondary = !isPrimary;
-    r.primary = server.primary.address;
+    if (set.primary) r.primary = set.primary.address;
     r.me = me;
-    if (isPrimary) r.electionId = server.electionId;
+    if (isPrimary) r.electionId = set.electionId();
     const ot = server.clusterTime();
     const now = new Date();
-    r.lastWrite = { opTime: { ts: ot, t: Long.fromNumber(1) }, lastWriteDate: now, majorityOpTime: { ts: ot, t: Long.fromNumber(1) }, majorityWriteDate: now };
+    const t = Long.fromNumber(set.term);
+    r.lastWrite = { opTime: { ts: ot, t }, lastWriteDate: now, majorityOpTime: { ts: ot, t }, majorityWriteDate: now };
   }
   r.maxBsonObjectSize = 16777216;
   r.maxMessageSizeBytes = 48000000;
@@ -214,14 +246,120 @@ async function connectionStatus(ctx) {
 
 async function replSetGetStatus(ctx) {
   if (ctx.server.opts.standalone) throw err(76, 'not running with --replSet');
+  const set = ctx.server.set;
+  const state = (m) => (m.role === 'primary' ? 1 : 2);
   return {
-    set: 'rs0', date: new Date(), myState: ctx.server.role === 'secondary' ? 2 : 1, term: Long.fromNumber(1),
+    set: 'rs0', date: new Date(), myState: state(ctx.server), term: Long.fromNumber(set.term),
     members: ctx.server.members.map((m, i) => ({
-      _id: i, name: m.address, health: 1, state: m.role === 'secondary' ? 2 : 1,
-      stateStr: m.role === 'secondary' ? 'SECONDARY' : 'PRIMARY', ...(m === ctx.server ? { self: true } : {}),
+      _id: i, name: m.address, health: 1, state: state(m), stateStr: m.role === 'primary' ? 'PRIMARY' : 'SECONDARY',
+      ...(m.role === 'primary' ? { electionId: set.electionId() } : {}),
+      ...(m === ctx.server ? { self: true } : {}),
     })),
     ok: 1,
   };
+}
+
+function replCommand(ctx) {
+  if (ctx.server.opts.standalone) throw err(76, 'not running with --replSet');
+  if (ctx.db !== 'admin') throw err(13, `${ctx.name} may only be run against the admin database.`);
+  return ctx.server.set;
+}
+
+function sleep(ms) { return new Promise((r) => { setTimeout(r, ms); }); }
+
+// replSetStepDown: <secs> (60 when 0 or not a number), secondaryCatchUpPeriodSecs (default 10,
+// 0 with force), force. The other member is always caught up (no replication lag), so the
+// step-down happens at once; a set without another member waits the catch-up period and then
+// fails with 262 unless forced. The member is not electable for <secs>; the other member runs
+// for election (see doubleElectionTime for how long that takes).
+async function replSetStepDown(ctx) {
+  const set = replCommand(ctx);
+  const { cmd, server } = ctx;
+  const force = V.truthy(cmd.force);
+  let secs = V.isNumeric(cmd.replSetStepDown) ? Math.trunc(V.toNumber(cmd.replSetStepDown)) : 0;
+  if (secs === 0) secs = 60;
+  else if (secs < 0) throw err(2, 'stepdown period must be a positive integer');
+  let catchUp = force ? 0 : 10;
+  if (cmd.secondaryCatchUpPeriodSecs !== undefined) {
+    const v = cmd.secondaryCatchUpPeriodSecs;
+    if (!V.isNumeric(v)) {
+      throw err(14, `Expected field "secondaryCatchUpPeriodSecs" to have numeric type, but found ${V.bsonTag(v) || typeof v}`);
+    }
+    catchUp = V.toNumber(v);
+    if (!Number.isInteger(catchUp)) {
+      throw err(2, `Expected field "secondaryCatchUpPeriodSecs" to have a value exactly representable as a 64-bit integer, but found secondaryCatchUpPeriodSecs: ${catchUp}`);
+    }
+  }
+  if (catchUp < 0) throw err(2, 'secondaryCatchUpPeriodSecs period must be a positive or absent');
+  if (secs < catchUp) throw err(2, 'stepdown period must be longer than secondaryCatchUpPeriodSecs');
+  if (set.primary !== server) throw err(10107, "not primary so can't step down");
+  if (server.steppingDown) throw err(117, 'This node is already in the process of stepping down');
+  const others = set.members.filter((m) => m !== server);
+  if (!others.length) {
+    server.steppingDown = true;
+    try {
+      await sleep(catchUp * 1000);
+    } finally {
+      server.steppingDown = false;
+    }
+    if (!force) {
+      throw err(262, `No electable secondaries caught up as of ${new Date().toISOString()}. Please use the replSetStepDown command with the argument {force: true} to force node to step down.`);
+    }
+    if (set.primary !== server) throw err(10107, "not primary so can't step down");
+  }
+  set.stepDown(server, Date.now() + secs * 1000, `replSetStepDown: ${secs}${force ? ', force' : ''}`);
+  set.scheduleAuto();
+  return { ok: 1 };
+}
+
+// replSetFreeze: <secs> keeps a secondary from running for election for <secs>; 0 ends a
+// freeze or step-down period at once.
+async function replSetFreeze(ctx) {
+  const set = replCommand(ctx);
+  const { cmd, server } = ctx;
+  if (set.primary === server || (set.election && set.election.candidate === server)) {
+    throw err(95, `cannot freeze node when primary or running for election. state: ${set.primary === server ? 'Primary' : 'Running-Election'}`);
+  }
+  const secs = V.isNumeric(cmd.replSetFreeze) ? Math.trunc(V.toNumber(cmd.replSetFreeze)) : 0;
+  const r = {};
+  if (secs === 0) {
+    server.stepDownUntil = Date.now();
+    r.info = 'unfreezing';
+    server.log('unfreezing');
+  } else {
+    if (secs === 1) r.warning = 'you really want to freeze for only 1 second?';
+    server.stepDownUntil = Math.max(server.stepDownUntil, Date.now() + secs * 1000);
+    server.log(`freezing for ${secs} seconds`);
+  }
+  set.scheduleAuto();
+  r.ok = 1;
+  return r;
+}
+
+// replSetStepUp: a secondary runs for election now (the primary steps down as it learns the
+// higher term); answered when the election is over. Fails with 125 when the member is frozen
+// or in its step-down period, or loses.
+async function replSetStepUp(ctx) {
+  const set = replCommand(ctx);
+  const { cmd } = ctx;
+  if (cmd.skipDryRun !== undefined && typeof cmd.skipDryRun !== 'boolean') {
+    throw err(14, `BSON field 'replSetStepUp.skipDryRun' is the wrong type '${typeof cmd.skipDryRun}', expected type 'bool'`);
+  }
+  await set.stepUp(ctx.server);
+  return { ok: 1 };
+}
+
+// The double's own: {doubleElectionTime: <ms>} (admin, any member) sets how long every later
+// election takes; meanwhile no member is primary. Answers the previous value.
+async function doubleElectionTime(ctx) {
+  const set = replCommand(ctx);
+  const v = ctx.cmd.doubleElectionTime;
+  if (!V.isNumeric(v) || !(V.toNumber(v) >= 0) || !Number.isFinite(V.toNumber(v))) {
+    throw err(2, 'doubleElectionTime needs a number of milliseconds >= 0');
+  }
+  const previous = set.electionMs;
+  set.electionMs = Math.trunc(V.toNumber(v));
+  return { electionTimeMS: previous, ok: 1 };
 }
 
 async function currentOp() { return { inprog: [], ok: 1 }; }
@@ -253,5 +391,5 @@ module.exports = {
   refreshSessions, startSession, commitTransaction, abortTransaction, configureFailPoint, whatsmyuri, getCmdLineOpts,
   hostInfo, connectionStatus, replSetGetStatus, currentOp, killOp, getLog, logout, getFreeMonitoringStatus,
   listCommands, getDefaultRWConcern, setFeatureCompatibilityVersion, getnonce, _isSelf: isSelf, fsync,
-  appendOplogNote, getClusterTime,
+  appendOplogNote, getClusterTime, replSetStepDown, replSetFreeze, replSetStepUp, doubleElectionTime,
 };

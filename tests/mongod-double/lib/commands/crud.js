@@ -70,7 +70,8 @@ function insertOne(ctx, coll, doc) {
 // Statement-level errors end a transaction: the next statement gets NoSuchTransaction.
 function statementFailed(ctx, e) {
   if (!(e instanceof MongoError)) throw e;
-  if (e.code === 112 || e.code === 50 || e.code === 290) throw e; // whole-command errors
+  // Whole-command errors; interruptions (a step-down: 11602) fail the whole batch, as on mongod.
+  if (e.code === 112 || e.code === 50 || e.code === 290 || e.code === 11602) throw e;
   if (ctx.access.txn) ctx.abortTxnAfterReply = true;
   return e;
 }
