@@ -139,10 +139,14 @@ test('replSetStepDown errors: secondary, not admin, bad arguments, standalone; a
     assert.equal(h.primary, undefined, 'no primary during the step-down period');
     const w = await c.command({ insert: 'c', documents: [{}], $db: 'x' });
     assert.equal(num(w.code), 10107);
-    // After its step-down period the lone member elects itself again.
-    await sleep(2300);
-    const h2 = await c.command({ hello: 1, $db: 'admin' });
+    // After its step-down period (and not before) the lone member elects itself again.
+    let h2;
+    for (const end = Date.now() + 6000; Date.now() < end; await sleep(50)) {
+      h2 = await c.command({ hello: 1, $db: 'admin' });
+      if (h2.isWritablePrimary) break;
+    }
     assert.equal(h2.isWritablePrimary, true);
+    assert.ok(Date.now() - t0 >= 2900, 'not before the 2 s step-down period ended');
     assert.ok(h2.electionId.toHexString() > h0.electionId.toHexString(), 'a new election, a higher electionId');
     c.close();
   } finally {
