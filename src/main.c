@@ -38,6 +38,7 @@
 #include "proxy/conn.h"
 #include "base/config.h"
 #include "codec/compress.h"
+#include "dispatch/consumer.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/webhook.h"
 #include "proxy/listener.h"
@@ -50,6 +51,7 @@
 #include "base/topology.h"
 #include "publish/hooks.h"
 #include "publish/publish.h"
+#include "publish/pull.h"
 
 /* Exit codes, as --help documents them. */
 enum {
@@ -317,6 +319,15 @@ proxy_topology_changed (void *arg)
 
 /* ------------------------------------------------------------ lifecycle */
 
+/* The publish wake hook: a commit that carried events wakes the
+ * dispatcher and the pull consumers' long polls. */
+static void
+proxy_commit_wake (void)
+{
+   dispatch_wake ();
+   consumer_wake ();
+}
+
 static bool
 proxy_start (proxy_t *p, bson_error_t *error)
 {
@@ -361,9 +372,14 @@ proxy_start (proxy_t *p, bson_error_t *error)
    /* The outbox setup, and the dispatcher on its own thread when enabled. */
    if (!dispatch_start (p->cfg, error))
       return false;
+   /* The pull consumers' thread, when a handler is kind = pull; the loop
+    * hands it their commands and gets the answers through p->wake. */
+   if (!consumer_start (p->cfg, p->wake, pull_answer, error))
+      return false;
+   pull_set_consumer (consumer_submit, consumer_closed);
    /* The publishing path wakes the dispatcher after a commit it injected
     * into. */
-   publish_set_wake_hook (dispatch_wake);
+   publish_set_wake_hook (proxy_commit_wake);
 
    p->clients = client_loop_new (p->base, p->topo, p->tls, p->cfg, error);
    if (!p->clients)
@@ -425,6 +441,8 @@ proxy_teardown (proxy_t *p)
    admin_stop (); /* before the topology it reads */
    publish_set_wake_hook (NULL);
    dispatch_stop (); /* hands its lanes back */
+   pull_set_consumer (NULL, NULL);
+   consumer_stop (); /* hands its lanes back; before the loopwake it posts to */
    listener_destroy (p->listener);
    client_loop_destroy (p->clients);
    /* The topology monitor may still post to the loop: join it before freeing the

@@ -74,6 +74,7 @@
 #include "publish/hooks.h"
 #include "publish/inject.h"
 #include "publish/poison.h"
+#include "publish/pull.h"
 #include "publish/txns.h"
 
 /* What the routing of one request decided (the hook maps it to
@@ -1051,7 +1052,7 @@ route_refuse_outbox_write (route_t *r, const char *why)
 }
 
 /* A relaybus* command (never forwarded): relaybusPublish, relaybusStatus,
- * or CommandNotFound. */
+ * the pull commands, or CommandNotFound. */
 static route_result_t
 route_command (route_t *r)
 {
@@ -1060,6 +1061,14 @@ route_command (route_t *r)
 
    if (strcmp (r->cmd, "relaybusPublish") == 0)
       return route_publish (r);
+   /* The pull consumers' commands (relaybusStatus with a handler's name
+    * among them): publish/pull.c. */
+   if (pull_is_command (r->cmd, &r->msg->body)) {
+      if (pull_route (r->c, r->msg, r->cmd, r->compressor, r->error))
+         return ROUTE_TAKEN;
+      r->reason = COUNTERS_CLOSE_INTERNAL;
+      return ROUTE_FAILED;
+   }
    if (!hold (r, &seq))
       return ROUTE_FAILED;
    if (strcmp (r->cmd, "relaybusStatus") == 0) {

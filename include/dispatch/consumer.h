@@ -1,0 +1,89 @@
+/*
+ * dispatch/consumer.h - the pull consumers' side of the store: one worker
+ * thread (base/worker.h, appName "relaybus-proxy consumer") with its own
+ * store instance, which runs the requests of relaybusClaim,
+ * relaybusComplete, relaybusRetry, relaybusBury, relaybusExtend,
+ * relaybusRelease and relaybusStatus {handler} (base/pull.h) and hands each
+ * answer back to the forwarding loop.
+ *
+ * Thread: consumer_start and consumer_stop: the main thread;
+ * consumer_submit, consumer_closed and consumer_wake: any thread (the
+ * forwarding loop calls them); the answer callback: the forwarding loop
+ * (through its loopwake); everything else: the consumer thread.
+ *
+ * The forwarding loop parses and validates a command (publish/pull.c) and
+ * submits the request here; the store calls run on this thread only.  The
+ * queue of submitted requests is bounded (CONSUMER_QUEUE_MAX; full:
+ * consumer_submit fails at once and the client gets TemporarilyUnavailable),
+ * and so are the claims held (CONSUMER_MAX_CLAIMS) and the long polls
+ * waiting (CONSUMER_MAX_WAITING).  A claim with nothing due and
+ * maxAwaitTimeMS waits in a list with a timer on this thread's base, never
+ * holding the thread: consumer_wake (a commit through this proxy that
+ * carried events) and the poll interval make the waiting claims look
+ * again.
+ *
+ * The claims handed out are kept per client connection.  A lease is
+ * settled only by the connection that claimed it; when the connection
+ * closes (consumer_closed) its waiting claims are dropped and its
+ * deliveries are charged one attempt (rescheduled due at once, or buried
+ * once the handler's max_attempts is reached), so a consumer that crashes
+ * on a poison event still runs it into the dead letters.  An answer for a
+ * connection that has closed is dropped by the loop.
+ *
+ * Not here: completion inside the consumer's transaction (a later phase:
+ * the loop refuses pull commands inside a transaction).
+ */
+#ifndef RELAYBUS_DISPATCH_CONSUMER_H
+#define RELAYBUS_DISPATCH_CONSUMER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+
+#include "base/config.h"
+#include "base/pull.h"
+
+struct loopwake;
+
+#define CONSUMER_ERROR_DOMAIN 0x434e /* "CN" */
+
+typedef enum {
+   CONSUMER_ERROR_NOT_RUNNING = 1, /* no consumer thread (no pull handler at start-up) */
+   CONSUMER_ERROR_QUEUE_FULL,      /* CONSUMER_QUEUE_MAX requests wait already */
+} consumer_error_code_t;
+
+/* Requests submitted and not yet taken by the thread. */
+#define CONSUMER_QUEUE_MAX 256
+/* Claims held by all consumers of this proxy at once. */
+#define CONSUMER_MAX_CLAIMS 10000
+/* Long polls waiting at once. */
+#define CONSUMER_MAX_WAITING 256
+
+/* Receives one answer on the forwarding loop: `conn` and `seq` as in the
+ * request; `reply` is valid during the call only. */
+typedef void (*consumer_answer_fn) (uint64_t conn, uint64_t seq, const bson_t *reply);
+
+/* Starts the thread when `cfg` has a pull handler (else does nothing and
+ * returns true).  `wake` is the forwarding loop's (borrowed: it outlives
+ * consumer_stop); `answer` runs there. */
+bool consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn answer, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Drops the waiting claims and the queue, hands every lane back (what is
+ * claimed is released without an attempt charged) and joins the thread.
+ * Safe when nothing was started. */
+void consumer_stop (void);
+
+/* Queues a request (taken on success; the caller keeps it on failure).
+ * False with CONSUMER_ERROR_NOT_RUNNING or CONSUMER_ERROR_QUEUE_FULL. */
+bool consumer_submit (pull_req_t *r, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Connection `conn`, which submitted requests, closed: handled after its
+ * requests already queued.  Never refused (one per connection). */
+void consumer_closed (uint64_t conn);
+
+/* A commit carried events: the waiting claims look again now. */
+void consumer_wake (void);
+
+#endif /* RELAYBUS_DISPATCH_CONSUMER_H */

@@ -1,0 +1,63 @@
+/*
+ * publish/pull.h - the pull consumers' commands on the forwarding loop:
+ * relaybusClaim, relaybusComplete, relaybusRetry, relaybusBury,
+ * relaybusExtend, relaybusRelease and relaybusStatus {handler}.
+ *
+ * Thread: forwarding loop (pull_set_consumer: the main thread, before the
+ * loop runs or after it stopped).
+ *
+ * publish/publish.c routes these commands here (pull_is_command of
+ * base/pull.h).  Each is held in the client's order (client_hold_request)
+ * and:
+ *
+ *  1. refused inside a transaction (OperationNotSupportedInTransaction,
+ *     263: completion in the consumer's transaction is not available yet);
+ *  2. on the connection's first pull command, checked against the
+ *     deployment's authorization: a find on the outbox's lanes collection
+ *     runs on the client's own upstream connection, and an Unauthorized
+ *     (or unauthenticated) answer refuses the command with Unauthorized
+ *     (13) before anything about the handlers is said.  Allowed once, the
+ *     connection is not asked again;
+ *  3. parsed and validated (base/pull.h: BadValue naming the field);
+ *  4. handed to the consumer thread (the submit hook) and answered when
+ *     its answer comes back (pull_answer), or at once with
+ *     TemporarilyUnavailable when the consumer's queue is full.
+ *
+ * Nothing here blocks or calls the store.  A connection that submitted a
+ * request tells the consumer when it closes (the closed hook), so its
+ * claims end with an attempt charged; an answer for a connection that has
+ * closed is dropped.  Per-connection state rides in the connection's data
+ * slot (client_set_data).
+ */
+#ifndef RELAYBUS_PUBLISH_PULL_H
+#define RELAYBUS_PUBLISH_PULL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+
+#include "base/pull.h"
+#include "codec/wire.h"
+#include "proxy/conn.h"
+
+/* The consumer thread's entry points (dispatch/consumer.h), installed by
+ * main.c: publish does not depend on dispatch.  submit takes the request
+ * on success; closed is told of each connection that submitted any. */
+typedef bool (*pull_submit_fn) (pull_req_t *r, bson_error_t *error);
+typedef void (*pull_closed_fn) (uint64_t conn);
+
+/* NULL, NULL: none (pull commands answer that no consumer runs). */
+void pull_set_consumer (pull_submit_fn submit, pull_closed_fn closed);
+
+/* Takes over the pull command `cmd` of `msg` (pull_is_command).  False
+ * when the request cannot even be held (`error` says why): the caller
+ * closes the connection. */
+bool pull_route (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compressor, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* The consumer's answer to request `seq` of connection `conn` (on the
+ * loop: dispatch/consumer.h's answer callback). */
+void pull_answer (uint64_t conn, uint64_t seq, const bson_t *reply);
+
+#endif /* RELAYBUS_PUBLISH_PULL_H */

@@ -1,0 +1,1109 @@
+/*
+ * dispatch/consumer.c - the pull consumers' worker (dispatch/consumer.h).
+ *
+ * One thread, one store instance, three lists:
+ *
+ *  - the inbox: requests the forwarding loop submitted (bounded), and the
+ *    close notices of connections (one per connection that submitted
+ *    anything), in submission order, so a connection's close is handled
+ *    after its last request;
+ *  - the claims held (held_t, bounded): what each connection was handed
+ *    and has not settled; a lease is honoured only for the connection that
+ *    claimed it, and for the handler it was claimed for;
+ *  - the long polls waiting (bounded), each with its deadline; one timer
+ *    looks again at the poll interval or at the nearest deadline, and a
+ *    commit through this proxy (consumer_wake) makes them look at once.
+ *
+ * Answers go into a list of their own under a mutex, and one loopwake post
+ * at a time (a pending flag) makes the loop drain it, so the loop's
+ * bounded queue is never filled by this thread.  That list is the module's
+ * (static), not the consumer's: a post still queued when the consumer is
+ * stopped finds valid, empty state.
+ *
+ * Ownership: a pull_req_t is this thread's once consumer_submit took it;
+ * it is freed when answered, or dropped with its connection or at stop.
+ */
+#include "dispatch/consumer.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <openssl/rand.h>
+
+#include "base/assert.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/loopwake.h"
+#include "base/worker.h"
+#include "dispatch/webhook.h"
+#include "store/ops.h"
+#include "store/store.h"
+
+/* An answer larger than this stops taking deliveries: the rest of the
+ * batch is released (no attempt charged) and claimed again later.  Well
+ * inside a 48 MB message and a 16 MB document. */
+#define CONSUMER_REPLY_MAX (8 * 1024 * 1024)
+/* A retry of a post the loop's queue could not take. */
+#define CONSUMER_POST_RETRY_MS 5
+/* How often claims whose lease ended long ago are forgotten, and how long
+ * after its end one is kept (the store honours an expired lease nobody
+ * took over; a consumer that comes back a little late may still settle). */
+#define CONSUMER_TIDY_MS 10000
+#define CONSUMER_EXPIRED_KEEP_MS 60000
+/* The internal operation of a close notice (beyond pull_op_t's). */
+#define CONSUMER_OP_CLOSED PULL_OP_COUNT_
+
+/* One claim handed out and not settled. */
+typedef struct {
+   uint64_t conn;
+   char handler[128];
+   pull_lease_t lease;
+   char *event_id;
+   uint32_t lane;
+   int32_t attempt;
+   int64_t expires; /* ms: the lease's end as claimed or last extended */
+} held_t;
+
+typedef struct {
+   pull_req_t *r;
+   int64_t deadline; /* clock_mono_ms */
+} waiting_t;
+
+typedef struct {
+   worker_t *w; /* owns the base and the pool */
+   store_t *store;
+   struct event_base *base;
+   pthread_mutex_t mu; /* the inbox */
+   pull_req_t *in_head, *in_tail;
+   size_t n_in; /* requests (close notices are not counted) */
+   struct event *in_ev, *wake_ev, *poll_ev;
+   struct event *tidy_ev; /* persistent: also what keeps the base's loop running */
+   atomic_bool wake_pending;
+   /* This thread's. */
+   held_t *held;
+   size_t n_held;
+   waiting_t waiting[CONSUMER_MAX_WAITING];
+   size_t n_waiting;
+   uint64_t rnd;
+} consumer_t;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static consumer_t *g_c; /* under g_mu: the running consumer */
+
+/* --- answers to the loop ------------------------------------------------ */
+
+typedef struct answer {
+   uint64_t conn, seq;
+   bson_t reply;
+   struct answer *next;
+} answer_t;
+
+static struct {
+   pthread_mutex_t mu;
+   answer_t *head, *tail;
+   bool posted;
+   struct event *retry_ev; /* on the consumer's base */
+   loopwake_t *wake;
+   consumer_answer_fn fn;
+} g_out = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* On the loop: hands every answer to the loop's callback. */
+static void
+out_flush_cb (void *arg)
+{
+   answer_t *a, *next;
+   consumer_answer_fn fn;
+
+   (void) arg;
+   pthread_mutex_lock (&g_out.mu);
+   a = g_out.head;
+   g_out.head = g_out.tail = NULL;
+   g_out.posted = false;
+   fn = g_out.fn;
+   pthread_mutex_unlock (&g_out.mu);
+   for (; a; a = next) {
+      next = a->next;
+      if (fn)
+         fn (a->conn, a->seq, &a->reply);
+      bson_destroy (&a->reply);
+      bson_free (a);
+   }
+}
+
+/* With g_out.mu held: posts the drain once. */
+static void
+out_post_locked (void)
+{
+   struct timeval tv;
+
+   if (g_out.posted || !g_out.head || !g_out.wake)
+      return;
+   if (loopwake_post (g_out.wake, out_flush_cb, NULL)) {
+      g_out.posted = true;
+      return;
+   }
+   /* The loop's queue is full: try again shortly (answers wait in order). */
+   tv = clock_timeval_ms (CONSUMER_POST_RETRY_MS);
+   if (g_out.retry_ev)
+      evtimer_add (g_out.retry_ev, &tv);
+}
+
+static void
+out_retry_cb (evutil_socket_t fd, short what, void *arg)
+{
+   (void) fd;
+   (void) what;
+   (void) arg;
+   pthread_mutex_lock (&g_out.mu);
+   out_post_locked ();
+   pthread_mutex_unlock (&g_out.mu);
+}
+
+/* Queues a copy of `reply` as the answer to request r. */
+static void
+answer (const pull_req_t *r, bson_t *reply)
+{
+   answer_t *a = bson_malloc0 (sizeof *a);
+
+   a->conn = r->conn;
+   a->seq = r->seq;
+   bson_init (&a->reply);
+   bson_concat (&a->reply, reply);
+   pthread_mutex_lock (&g_out.mu);
+   if (g_out.tail)
+      g_out.tail->next = a;
+   else
+      g_out.head = a;
+   g_out.tail = a;
+   out_post_locked ();
+   pthread_mutex_unlock (&g_out.mu);
+}
+
+static void
+answer_error (const pull_req_t *r, pull_code_t code, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
+
+static void
+answer_error (const pull_req_t *r, pull_code_t code, const char *fmt, ...)
+{
+   bson_t doc = BSON_INITIALIZER;
+   char msg[512];
+   va_list ap;
+
+   va_start (ap, fmt);
+   bson_vsnprintf (msg, sizeof msg, fmt, ap);
+   va_end (ap);
+   pull_error_reply (&doc, code, msg);
+   answer (r, &doc);
+   bson_destroy (&doc);
+}
+
+/* --- claims held -------------------------------------------------------- */
+
+static held_t *
+held_find (consumer_t *c, uint64_t conn, const char *text)
+{
+   for (size_t i = 0; i < c->n_held; i++)
+      if (c->held[i].conn == conn && strcmp (c->held[i].lease.text, text) == 0)
+         return &c->held[i];
+   return NULL;
+}
+
+static void
+held_remove (consumer_t *c, held_t *h)
+{
+   size_t i = (size_t) (h - c->held);
+
+   RELAYBUS_ASSERT (i < c->n_held);
+   bson_free (h->event_id);
+   c->held[i] = c->held[--c->n_held];
+}
+
+/* Every lease of r must be held by r's connection for r's handler: a
+ * foreign or stale lease refuses the whole request, with nothing changed.
+ * found[i] is lease i's entry. */
+static bool
+leases_held (consumer_t *c, const pull_req_t *r, held_t **found)
+{
+   for (size_t i = 0; i < r->n_leases; i++) {
+      held_t *h = held_find (c, r->conn, r->leases[i].text);
+      if (!h || strcmp (h->handler, r->handler) != 0) {
+         answer_error (r, PULL_CODE_NO_SUCH_LEASE,
+                       "relaybus: %s: lease '%s' is not held by this connection for handler '%s' (it was "
+                       "settled already, or claimed by another connection or for another handler); nothing "
+                       "was changed",
+                       pull_op_name (r->op), r->leases[i].text, r->handler);
+         return false;
+      }
+      found[i] = h;
+   }
+   return true;
+}
+
+static store_ref_t
+ref_of (const held_t *h)
+{
+   store_ref_t ref = {.id = h->lease.id, .lease = h->lease.token, .event_id = h->event_id};
+   return ref;
+}
+
+static uint64_t
+next_rnd (consumer_t *c)
+{
+   c->rnd ^= c->rnd >> 12;
+   c->rnd ^= c->rnd << 25;
+   c->rnd ^= c->rnd >> 27;
+   return c->rnd * 2685821657736338717ULL;
+}
+
+/* The handler's current settings (a reload may change them): its
+ * max_attempts and the retry delay after attempt `attempt`.  A handler a
+ * reload removed keeps one attempt and no delay. */
+static void
+handler_policy (consumer_t *c, const char *name, int32_t attempt, int64_t *max_attempts, int64_t *delay_ms)
+{
+   config_t *cfg = config_acquire ();
+
+   *max_attempts = 1;
+   *delay_ms = 0;
+   for (size_t i = 0; cfg && i < cfg->n_handlers; i++) {
+      const config_handler_t *h = &cfg->handlers[i];
+      if (strcmp (h->name, name) != 0)
+         continue;
+      *max_attempts = h->max_attempts;
+      if (h->n_retry_delays > 0)
+         *delay_ms = webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, attempt, next_rnd (c));
+   }
+   config_release (cfg);
+}
+
+/* Ends a claim in failure: rescheduled after `delay_ms` (-1: the handler's
+ * backoff), or buried when the attempt was the handler's last.  *dead
+ * says which; *applied is false when the lease no longer held. */
+static bool
+charge (consumer_t *c, const held_t *h, int64_t delay_ms, const char *why, bool *dead, bool *applied, int64_t *due_at, bson_error_t *error)
+{
+   store_ref_t ref = ref_of (h);
+   int64_t now = clock_now_ms (), max_attempts, backoff;
+
+   handler_policy (c, h->handler, h->attempt, &max_attempts, &backoff);
+   *dead = h->attempt >= max_attempts;
+   if (*dead) {
+      *due_at = 0;
+      return store_bury (c->store, &ref, now, why, applied, error);
+   }
+   *due_at = now + (delay_ms >= 0 ? delay_ms : backoff);
+   return store_reschedule (c->store, &ref, now, *due_at, why, applied, error);
+}
+
+/* --- the operations ------------------------------------------------------ */
+
+static void
+append_delivery (bson_t *arr, uint32_t i, const store_delivery_t *d, const char *lease)
+{
+   char buf[16], hex[25];
+   const char *k;
+   bson_t doc;
+   bson_iter_t it;
+
+   bson_uint32_to_string (i, &k, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (arr, k, &doc);
+   BSON_APPEND_UTF8 (&doc, "lease", lease);
+   bson_oid_to_string (&d->id, hex);
+   BSON_APPEND_UTF8 (&doc, "deliveryId", hex);
+   BSON_APPEND_UTF8 (&doc, "eventId", d->event_id ? d->event_id : "");
+   BSON_APPEND_UTF8 (&doc, "type", d->event_type ? d->event_type : "");
+   if (d->key) {
+      BSON_APPEND_UTF8 (&doc, "key", d->key);
+      BSON_APPEND_INT64 (&doc, "sequence", d->sequence);
+   } else {
+      BSON_APPEND_NULL (&doc, "key");
+      BSON_APPEND_NULL (&doc, "sequence");
+   }
+   if (d->event && bson_iter_init_find (&it, d->event, "payload"))
+      bson_append_iter (&doc, "payload", -1, &it);
+   else
+      BSON_APPEND_NULL (&doc, "payload");
+   if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it))
+      bson_append_iter (&doc, "headers", -1, &it);
+   else {
+      bson_t empty = BSON_INITIALIZER;
+      BSON_APPEND_DOCUMENT (&doc, "headers", &empty);
+      bson_destroy (&empty);
+   }
+   if (d->event && bson_iter_init_find (&it, d->event, "correlationId") && BSON_ITER_HOLDS_UTF8 (&it))
+      bson_append_iter (&doc, "correlationId", -1, &it);
+   else
+      BSON_APPEND_NULL (&doc, "correlationId");
+   if (d->event && bson_iter_init_find (&it, d->event, "causationId") && BSON_ITER_HOLDS_UTF8 (&it))
+      bson_append_iter (&doc, "causationId", -1, &it);
+   else
+      BSON_APPEND_NULL (&doc, "causationId");
+   BSON_APPEND_INT32 (&doc, "attempt", d->attempt);
+   BSON_APPEND_DATE_TIME (&doc, "createdAt", d->created_at);
+   bson_append_document_end (arr, &doc);
+}
+
+/* Claims for r.  True when r was answered (deliveries, an empty batch past
+ * its wait, or an error); false when nothing was due and r may wait. */
+static bool
+run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
+{
+   int64_t now = clock_now_ms ();
+   size_t room, limit;
+   store_claim_handler_t h;
+   store_claim_opts_t o;
+   store_batch_t b = {0};
+   bson_error_t err;
+   bson_t doc = BSON_INITIALIZER, arr;
+   uint32_t n = 0;
+
+   room = CONSUMER_MAX_CLAIMS - c->n_held;
+   if (room == 0) {
+      answer_error (r, PULL_CODE_TEMPORARILY_UNAVAILABLE,
+                    "relaybus: relaybusClaim: this proxy's consumers hold %d claims already; complete, retry or "
+                    "release some first",
+                    CONSUMER_MAX_CLAIMS);
+      bson_destroy (&doc);
+      return true;
+   }
+   limit = (size_t) r->limit < room ? (size_t) r->limit : room;
+   h.handler = r->handler;
+   h.limit = limit;
+   o = (store_claim_opts_t){.handlers = &h, .n_handlers = 1, .limit = limit, .now = now, .lease_ms = r->lease_ms, .key_run = 1};
+   if (!store_claim (c->store, &o, &b, &err)) {
+      answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusClaim: the store failed: %s", err.message);
+      bson_destroy (&doc);
+      return true;
+   }
+   if (b.n == 0 && may_wait) {
+      store_batch_clear (&b);
+      bson_destroy (&doc);
+      return false;
+   }
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "deliveries", &arr);
+   for (size_t i = 0; i < b.n; i++) {
+      store_delivery_t *d = &b.items[i];
+      held_t *hd;
+
+      if (arr.len > CONSUMER_REPLY_MAX) {
+         store_ref_t ref = {.id = d->id, .lease = d->lease, .event_id = d->event_id};
+         bool applied;
+         if (!store_release (c->store, &ref, now, &applied, &err))
+            log_warn ("consumer: releasing a delivery that did not fit in the answer: %s", err.message);
+         continue;
+      }
+      hd = &c->held[c->n_held++];
+      memset (hd, 0, sizeof *hd);
+      hd->conn = r->conn;
+      bson_strncpy (hd->handler, r->handler, sizeof hd->handler);
+      bson_strncpy (hd->lease.token, d->lease, sizeof hd->lease.token);
+      hd->lease.id = d->id;
+      pull_lease_format (d->lease, &d->id, hd->lease.text);
+      hd->event_id = bson_strdup (d->event_id ? d->event_id : "");
+      hd->lane = outbox_lane_id (d->key, d->event_id);
+      hd->attempt = d->attempt;
+      hd->expires = now + r->lease_ms;
+      append_delivery (&arr, n++, d, hd->lease.text);
+   }
+   bson_append_array_end (&doc, &arr);
+   store_batch_clear (&b);
+   answer (r, &doc);
+   bson_destroy (&doc);
+   return true;
+}
+
+static void
+append_not (bson_t *arr, uint32_t *n, const char *lease, const char *reason)
+{
+   char buf[16];
+   const char *k;
+   bson_t one;
+
+   bson_uint32_to_string ((*n)++, &k, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (arr, k, &one);
+   BSON_APPEND_UTF8 (&one, "lease", lease);
+   BSON_APPEND_UTF8 (&one, "reason", reason);
+   bson_append_document_end (arr, &one);
+}
+
+static void
+append_str (bson_t *arr, uint32_t *n, const char *s)
+{
+   char buf[16];
+   const char *k;
+
+   bson_uint32_to_string ((*n)++, &k, buf, sizeof buf);
+   bson_append_utf8 (arr, k, -1, s, -1);
+}
+
+static const char *const lost_reason =
+   "the lease no longer holds: it expired and the delivery was taken back, or its claim ended otherwise";
+
+/* Removes the held entries of r's leases (found[] of leases_held), from
+ * the last, as held_remove moves entries. */
+static void
+forget (consumer_t *c, const pull_req_t *r)
+{
+   for (size_t i = 0; i < r->n_leases; i++) {
+      held_t *h = held_find (c, r->conn, r->leases[i].text);
+      if (h)
+         held_remove (c, h);
+   }
+}
+
+static void
+run_complete (consumer_t *c, pull_req_t *r)
+{
+   held_t **found = bson_malloc0 (r->n_leases * sizeof *found);
+   store_ref_t *refs = bson_malloc0 (r->n_leases * sizeof *refs);
+   bool *done = bson_malloc0 (r->n_leases * sizeof *done);
+   bson_t doc = BSON_INITIALIZER, yes, no;
+   uint32_t ny = 0, nn = 0;
+   bson_error_t err;
+
+   if (!leases_held (c, r, found))
+      goto done;
+   for (size_t i = 0; i < r->n_leases; i++)
+      refs[i] = ref_of (found[i]);
+   if (!store_complete_many (c->store, refs, r->n_leases, clock_now_ms (), done, &err)) {
+      /* The leases stay held: the consumer may complete them again. */
+      answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusComplete: the store failed: %s", err.message);
+      goto done;
+   }
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "completed", &yes);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (done[i])
+         append_str (&yes, &ny, r->leases[i].text);
+   bson_append_array_end (&doc, &yes);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "notCompleted", &no);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (!done[i])
+         append_not (&no, &nn, r->leases[i].text, lost_reason);
+   bson_append_array_end (&doc, &no);
+   forget (c, r);
+   answer (r, &doc);
+done:
+   bson_destroy (&doc);
+   bson_free (found);
+   bson_free (refs);
+   bson_free (done);
+}
+
+/* relaybusRetry and relaybusBury: one lease. */
+static void
+run_fail (consumer_t *c, pull_req_t *r)
+{
+   held_t *found[1];
+   bson_t doc = BSON_INITIALIZER;
+   bson_error_t err;
+   bool dead = false, applied = false, ok;
+   int64_t due_at = 0;
+   const char *why = r->error_text ? r->error_text : (r->op == PULL_BURY ? "buried by the consumer" : "retried by the consumer");
+
+   RELAYBUS_ASSERT (r->n_leases == 1);
+   if (!leases_held (c, r, found))
+      goto done;
+   if (r->op == PULL_BURY) {
+      store_ref_t ref = ref_of (found[0]);
+      dead = true;
+      ok = store_bury (c->store, &ref, clock_now_ms (), why, &applied, &err);
+   } else {
+      ok = charge (c, found[0], r->delay_ms, why, &dead, &applied, &due_at, &err);
+   }
+   if (!ok) {
+      answer_error (r, PULL_CODE_INTERNAL, "relaybus: %s: the store failed: %s", pull_op_name (r->op), err.message);
+      goto done;
+   }
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   BSON_APPEND_BOOL (&doc, "applied", applied);
+   if (applied) {
+      BSON_APPEND_UTF8 (&doc, "status", dead ? "dead" : "pending");
+      if (!dead)
+         BSON_APPEND_DATE_TIME (&doc, "dueAt", due_at);
+   } else {
+      BSON_APPEND_UTF8 (&doc, "reason", lost_reason);
+   }
+   held_remove (c, found[0]);
+   answer (r, &doc);
+done:
+   bson_destroy (&doc);
+}
+
+static void
+run_extend (consumer_t *c, pull_req_t *r)
+{
+   held_t **found = bson_malloc0 (r->n_leases * sizeof *found);
+   store_ref_t *refs = bson_malloc0 (r->n_leases * sizeof *refs);
+   bool *applied = bson_malloc0 (r->n_leases * sizeof *applied);
+   int64_t now = clock_now_ms ();
+   bson_t doc = BSON_INITIALIZER, yes, no;
+   uint32_t ny = 0, nn = 0;
+   bson_error_t err;
+
+   if (!leases_held (c, r, found))
+      goto done;
+   for (size_t i = 0; i < r->n_leases; i++)
+      refs[i] = ref_of (found[i]);
+   /* One lease at a time (store_extend_lease: the reference's extendLease,
+    * one transaction that checks the claim generation); one that fails is
+    * reported as not extended and stays held (it may still hold). */
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (!store_extend_lease (c->store, &refs[i], now, r->lease_ms, &applied[i], &err)) {
+         log_warn ("consumer: c%" PRIu64 " relaybusExtend %s: %s", r->conn, r->leases[i].text, err.message);
+         applied[i] = false;
+         found[i] = NULL;
+      }
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "extended", &yes);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (applied[i]) {
+         append_str (&yes, &ny, r->leases[i].text);
+         if (found[i]->expires < now + r->lease_ms)
+            found[i]->expires = now + r->lease_ms;
+      }
+   bson_append_array_end (&doc, &yes);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "notExtended", &no);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (!applied[i])
+         append_not (&no, &nn, r->leases[i].text, found[i] ? lost_reason : "the store failed; the lease may still hold");
+   bson_append_array_end (&doc, &no);
+   BSON_APPEND_DATE_TIME (&doc, "leaseExpiresAt", now + r->lease_ms);
+   /* A lease that did not hold is over: forget it. */
+   for (size_t i = r->n_leases; i-- > 0;)
+      if (!applied[i] && found[i]) {
+         held_t *h = held_find (c, r->conn, r->leases[i].text);
+         if (h)
+            held_remove (c, h);
+      }
+   answer (r, &doc);
+done:
+   bson_destroy (&doc);
+   bson_free (found);
+   bson_free (refs);
+   bson_free (applied);
+}
+
+static void
+run_release (consumer_t *c, pull_req_t *r)
+{
+   held_t **found = bson_malloc0 (r->n_leases * sizeof *found);
+   bool *applied = bson_malloc0 (r->n_leases * sizeof *applied);
+   int64_t now = clock_now_ms ();
+   bson_t doc = BSON_INITIALIZER, yes, no;
+   uint32_t ny = 0, nn = 0;
+   bson_error_t err;
+
+   if (!leases_held (c, r, found))
+      goto done;
+   for (size_t i = 0; i < r->n_leases; i++) {
+      store_ref_t ref = ref_of (found[i]);
+      if (!store_release (c->store, &ref, now, &applied[i], &err)) {
+         /* The ones before were released: say so, and keep the rest held. */
+         answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusRelease: the store failed at %s (the %zu before it were released): %s",
+                       r->leases[i].text, i, err.message);
+         for (size_t j = i; j-- > 0;) {
+            held_t *h = held_find (c, r->conn, r->leases[j].text);
+            if (h)
+               held_remove (c, h);
+         }
+         goto done;
+      }
+   }
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "released", &yes);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (applied[i])
+         append_str (&yes, &ny, r->leases[i].text);
+   bson_append_array_end (&doc, &yes);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "notReleased", &no);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (!applied[i])
+         append_not (&no, &nn, r->leases[i].text, lost_reason);
+   bson_append_array_end (&doc, &no);
+   forget (c, r);
+   answer (r, &doc);
+done:
+   bson_destroy (&doc);
+   bson_free (found);
+   bson_free (applied);
+}
+
+static void
+run_status (consumer_t *c, pull_req_t *r)
+{
+   store_handler_stats_t *v = NULL, *hs = NULL;
+   size_t n = 0, running = 0, waiting = 0, n_conns = 0, n_lanes = 0;
+   uint64_t *conns = NULL;
+   bool lanes[OUTBOX_LANES] = {false};
+   int64_t now = clock_now_ms ();
+   bson_t doc = BSON_INITIALIZER;
+   bson_error_t err;
+   config_t *cfg = config_acquire ();
+   const char *kind = "pull";
+
+   if (!store_handler_stats (c->store, &v, &n, &err)) {
+      answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusStatus: the store failed: %s", err.message);
+      goto done;
+   }
+   for (size_t i = 0; i < n; i++)
+      if (strcmp (v[i].name, r->handler) == 0)
+         hs = &v[i];
+   for (size_t i = 0; cfg && i < cfg->n_handlers; i++)
+      if (strcmp (cfg->handlers[i].name, r->handler) == 0)
+         kind = cfg->handlers[i].kind;
+   conns = bson_malloc0 ((c->n_held + c->n_waiting + 1) * sizeof *conns);
+   for (size_t i = 0; i < c->n_held + c->n_waiting; i++) {
+      uint64_t conn;
+      bool counted = false;
+      if (i < c->n_held) {
+         const held_t *h = &c->held[i];
+         if (strcmp (h->handler, r->handler) != 0 || h->expires <= now)
+            continue;
+         running++;
+         if (h->lane < OUTBOX_LANES && !lanes[h->lane]) {
+            lanes[h->lane] = true;
+            n_lanes++;
+         }
+         conn = h->conn;
+      } else {
+         const pull_req_t *w = c->waiting[i - c->n_held].r;
+         if (strcmp (w->handler, r->handler) != 0)
+            continue;
+         waiting++;
+         conn = w->conn;
+      }
+      for (size_t j = 0; j < n_conns; j++)
+         counted = counted || conns[j] == conn;
+      if (!counted)
+         conns[n_conns++] = conn;
+   }
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   BSON_APPEND_UTF8 (&doc, "handler", r->handler);
+   BSON_APPEND_UTF8 (&doc, "kind", kind);
+   {
+      int64_t pending = hs ? hs->pending : 0, parked = hs ? hs->parked : 0;
+      int64_t due = pending - parked - (int64_t) running;
+      BSON_APPEND_INT64 (&doc, "pending", pending);
+      BSON_APPEND_INT64 (&doc, "due", due > 0 ? due : 0);
+      BSON_APPEND_INT64 (&doc, "running", (int64_t) running);
+      BSON_APPEND_INT64 (&doc, "parked", parked);
+      BSON_APPEND_INT64 (&doc, "dead", hs ? hs->dead : 0);
+   }
+   if (hs && hs->oldest_due_at > 0)
+      BSON_APPEND_DATE_TIME (&doc, "oldestDueAt", hs->oldest_due_at);
+   else
+      BSON_APPEND_NULL (&doc, "oldestDueAt");
+   BSON_APPEND_INT64 (&doc, "consumers", (int64_t) n_conns);
+   BSON_APPEND_INT64 (&doc, "lanesHeld", (int64_t) n_lanes);
+   BSON_APPEND_INT64 (&doc, "waiting", (int64_t) waiting);
+   answer (r, &doc);
+done:
+   bson_destroy (&doc);
+   bson_free (conns);
+   bson_free (v);
+   config_release (cfg);
+}
+
+/* Connection `conn` closed: its long polls go, and every claim it holds
+ * is charged one attempt (rescheduled due now, or buried at the last). */
+static void
+run_closed (consumer_t *c, uint64_t conn)
+{
+   size_t charged = 0, dead = 0, lost = 0;
+
+   for (size_t i = c->n_waiting; i-- > 0;)
+      if (c->waiting[i].r->conn == conn) {
+         pull_req_destroy (c->waiting[i].r);
+         c->waiting[i] = c->waiting[--c->n_waiting];
+      }
+   for (size_t i = c->n_held; i-- > 0;) {
+      held_t *h = &c->held[i];
+      bson_error_t err;
+      bool is_dead, applied = false;
+      int64_t due_at;
+
+      if (h->conn != conn)
+         continue;
+      if (!charge (c, h, 0, "the consumer's connection closed with the delivery claimed", &is_dead, &applied, &due_at, &err))
+         log_warn ("consumer: c%" PRIu64 " closed: charging %s failed (its lease runs out instead): %s", conn,
+                   h->lease.text, err.message);
+      else if (!applied)
+         lost++;
+      else if (is_dead)
+         dead++;
+      else
+         charged++;
+      held_remove (c, h);
+   }
+   if (charged + dead + lost > 0)
+      log_info ("consumer: c%" PRIu64 " closed holding claims: %zu due again with one attempt charged, %zu dead, %zu "
+                "no longer held",
+                conn, charged, dead, lost);
+}
+
+/* Forgets the claims whose lease ended CONSUMER_EXPIRED_KEEP_MS ago: the
+ * store takes them back at its next claim, and settling them could only
+ * fail. */
+static void
+tidy_cb (evutil_socket_t fd, short what, void *arg)
+{
+   consumer_t *c = arg;
+   int64_t now = clock_now_ms ();
+
+   (void) fd;
+   (void) what;
+   for (size_t i = c->n_held; i-- > 0;)
+      if (c->held[i].expires + CONSUMER_EXPIRED_KEEP_MS < now)
+         held_remove (c, &c->held[i]);
+}
+
+/* --- long polls ---------------------------------------------------------- */
+
+static void
+poll_arm (consumer_t *c)
+{
+   int64_t now = clock_mono_ms (), ms;
+   config_t *cfg;
+   struct timeval tv;
+
+   if (c->n_waiting == 0) {
+      evtimer_del (c->poll_ev);
+      return;
+   }
+   cfg = config_acquire ();
+   ms = cfg ? cfg->poll_interval_ms : 1000;
+   config_release (cfg);
+   for (size_t i = 0; i < c->n_waiting; i++)
+      if (c->waiting[i].deadline - now < ms)
+         ms = c->waiting[i].deadline - now;
+   tv = clock_timeval_ms (ms > 0 ? ms : 0);
+   evtimer_add (c->poll_ev, &tv);
+}
+
+/* Every waiting claim looks again; the ones past their deadline get an
+ * empty batch. */
+static void
+poll_all (consumer_t *c)
+{
+   int64_t now = clock_mono_ms ();
+
+   for (size_t i = 0; i < c->n_waiting;) {
+      waiting_t *w = &c->waiting[i];
+      if (run_claim (c, w->r, w->deadline > now)) {
+         pull_req_destroy (w->r);
+         c->waiting[i] = c->waiting[--c->n_waiting];
+         continue;
+      }
+      i++;
+   }
+   poll_arm (c);
+}
+
+static void
+poll_cb (evutil_socket_t fd, short what, void *arg)
+{
+   (void) fd;
+   (void) what;
+   poll_all (arg);
+}
+
+static void
+wake_cb (evutil_socket_t fd, short what, void *arg)
+{
+   consumer_t *c = arg;
+
+   (void) fd;
+   (void) what;
+   atomic_store (&c->wake_pending, false);
+   if (c->n_waiting > 0)
+      poll_all (c);
+}
+
+/* --- the inbox ------------------------------------------------------------ */
+
+static void
+run (consumer_t *c, pull_req_t *r)
+{
+   switch ((int) r->op) {
+   case PULL_CLAIM:
+      if (run_claim (c, r, r->await_ms > 0))
+         break;
+      if (c->n_waiting == CONSUMER_MAX_WAITING) {
+         answer_error (r, PULL_CODE_TEMPORARILY_UNAVAILABLE,
+                       "relaybus: relaybusClaim: %d long polls wait already on this proxy; claim again later",
+                       CONSUMER_MAX_WAITING);
+         break;
+      }
+      c->waiting[c->n_waiting].r = r;
+      c->waiting[c->n_waiting].deadline = clock_mono_ms () + r->await_ms;
+      c->n_waiting++;
+      poll_arm (c);
+      return; /* kept */
+   case PULL_COMPLETE:
+      run_complete (c, r);
+      break;
+   case PULL_RETRY:
+   case PULL_BURY:
+      run_fail (c, r);
+      break;
+   case PULL_EXTEND:
+      run_extend (c, r);
+      break;
+   case PULL_RELEASE:
+      run_release (c, r);
+      break;
+   case PULL_STATUS:
+      run_status (c, r);
+      break;
+   case CONSUMER_OP_CLOSED:
+      run_closed (c, r->conn);
+      break;
+   default:
+      RELAYBUS_ASSERT (!"unknown pull operation");
+      break;
+   }
+   pull_req_destroy (r);
+}
+
+static void
+in_cb (evutil_socket_t fd, short what, void *arg)
+{
+   consumer_t *c = arg;
+   pull_req_t *r, *next;
+
+   (void) fd;
+   (void) what;
+   pthread_mutex_lock (&c->mu);
+   r = c->in_head;
+   c->in_head = c->in_tail = NULL;
+   c->n_in = 0;
+   pthread_mutex_unlock (&c->mu);
+   for (; r; r = next) {
+      next = r->next;
+      r->next = NULL;
+      run (c, r);
+   }
+}
+
+static void
+in_push (consumer_t *c, pull_req_t *r)
+{
+   r->next = NULL;
+   if (c->in_tail)
+      c->in_tail->next = r;
+   else
+      c->in_head = r;
+   c->in_tail = r;
+}
+
+bool
+consumer_submit (pull_req_t *r, bson_error_t *error)
+{
+   consumer_t *c;
+   bool ok = false;
+
+   pthread_mutex_lock (&g_mu);
+   c = g_c;
+   if (!c) {
+      bson_set_error (error, CONSUMER_ERROR_DOMAIN, CONSUMER_ERROR_NOT_RUNNING,
+                      "relaybus: %s: no consumer thread runs (the proxy started without a kind = pull handler; "
+                      "restart it to consume one a reload added)",
+                      pull_op_name (r->op));
+      goto done;
+   }
+   pthread_mutex_lock (&c->mu);
+   if (c->n_in >= CONSUMER_QUEUE_MAX) {
+      pthread_mutex_unlock (&c->mu);
+      bson_set_error (error, CONSUMER_ERROR_DOMAIN, CONSUMER_ERROR_QUEUE_FULL,
+                      "relaybus: %s: %d consumer requests wait already; try again", pull_op_name (r->op),
+                      CONSUMER_QUEUE_MAX);
+      goto done;
+   }
+   in_push (c, r);
+   c->n_in++;
+   pthread_mutex_unlock (&c->mu);
+   event_active (c->in_ev, 0, 0);
+   ok = true;
+done:
+   pthread_mutex_unlock (&g_mu);
+   return ok;
+}
+
+void
+consumer_closed (uint64_t conn)
+{
+   consumer_t *c;
+
+   pthread_mutex_lock (&g_mu);
+   c = g_c;
+   if (c) {
+      pull_req_t *r = bson_malloc0 (sizeof *r);
+      r->op = (pull_op_t) CONSUMER_OP_CLOSED;
+      r->conn = conn;
+      pthread_mutex_lock (&c->mu);
+      in_push (c, r);
+      pthread_mutex_unlock (&c->mu);
+      event_active (c->in_ev, 0, 0);
+   }
+   pthread_mutex_unlock (&g_mu);
+}
+
+void
+consumer_wake (void)
+{
+   consumer_t *c;
+
+   pthread_mutex_lock (&g_mu);
+   c = g_c;
+   if (c && !atomic_exchange (&c->wake_pending, true))
+      event_active (c->wake_ev, 0, 0);
+   pthread_mutex_unlock (&g_mu);
+}
+
+/* --- start and stop ------------------------------------------------------- */
+
+/* On the thread, at worker_stop: nothing more is answered; the claims are
+ * released and the lanes handed back. */
+static void
+stop_cb (void *arg)
+{
+   consumer_t *c = arg;
+   pull_req_t *r, *next;
+   bson_error_t err;
+
+   evtimer_del (c->poll_ev);
+   event_del (c->tidy_ev);
+   pthread_mutex_lock (&c->mu);
+   r = c->in_head;
+   c->in_head = c->in_tail = NULL;
+   pthread_mutex_unlock (&c->mu);
+   for (; r; r = next) {
+      next = r->next;
+      pull_req_destroy (r);
+   }
+   for (size_t i = 0; i < c->n_waiting; i++)
+      pull_req_destroy (c->waiting[i].r);
+   c->n_waiting = 0;
+   if (c->n_held > 0 && !store_relinquish (c->store, clock_now_ms (), &err))
+      log_warn ("consumer: handing the lanes back failed (they free up when their leases end): %s", err.message);
+   event_base_loopexit (c->base, NULL);
+}
+
+static void
+consumer_free (consumer_t *c)
+{
+   if (!c)
+      return;
+   if (c->in_ev)
+      event_free (c->in_ev);
+   if (c->wake_ev)
+      event_free (c->wake_ev);
+   if (c->poll_ev)
+      event_free (c->poll_ev);
+   if (c->tidy_ev)
+      event_free (c->tidy_ev);
+   pthread_mutex_lock (&g_out.mu);
+   if (g_out.retry_ev)
+      event_free (g_out.retry_ev);
+   g_out.retry_ev = NULL;
+   pthread_mutex_unlock (&g_out.mu);
+   for (size_t i = 0; i < c->n_held; i++)
+      bson_free (c->held[i].event_id);
+   bson_free (c->held);
+   store_destroy (c->store);
+   worker_destroy (c->w); /* after everything on its base and pool */
+   pthread_mutex_destroy (&c->mu);
+   bson_free (c);
+}
+
+bool
+consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn fn, bson_error_t *error)
+{
+   consumer_t *c;
+   worker_opts_t wo = {
+      .name = "consumer",
+      .pool = {.appname = "relaybus-proxy consumer",
+               .server_selection_ms = cfg->upstream_connect_timeout_ms < 2000 ? (int32_t) cfg->upstream_connect_timeout_ms : 2000},
+      .on_stop = stop_cb,
+   };
+   size_t n_pull = 0;
+
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      if (cfg->handlers[i].kind_id == HANDLER_KIND_PULL)
+         n_pull++;
+   if (n_pull == 0)
+      return true;
+   c = bson_malloc0 (sizeof *c);
+   pthread_mutex_init (&c->mu, NULL);
+   wo.ctx = c;
+   c->w = store_worker_new (cfg, &wo, &c->store, error);
+   if (!c->w)
+      goto fail;
+   c->base = worker_base (c->w);
+   c->held = bson_malloc0 (CONSUMER_MAX_CLAIMS * sizeof *c->held);
+   c->in_ev = event_new (c->base, -1, 0, in_cb, c);
+   c->wake_ev = event_new (c->base, -1, 0, wake_cb, c);
+   c->poll_ev = evtimer_new (c->base, poll_cb, c);
+   c->tidy_ev = event_new (c->base, -1, EV_PERSIST, tidy_cb, c);
+   if (RAND_bytes ((unsigned char *) &c->rnd, sizeof c->rnd) != 1 || c->rnd == 0)
+      c->rnd = (uint64_t) clock_now_ms () | 1;
+   pthread_mutex_lock (&g_out.mu);
+   g_out.wake = wake;
+   g_out.fn = fn;
+   g_out.retry_ev = evtimer_new (c->base, out_retry_cb, NULL);
+   pthread_mutex_unlock (&g_out.mu);
+   if (c->tidy_ev) {
+      struct timeval tv = clock_timeval_ms (CONSUMER_TIDY_MS);
+      if (event_add (c->tidy_ev, &tv) != 0) {
+         event_free (c->tidy_ev);
+         c->tidy_ev = NULL;
+      }
+   }
+   if (!c->in_ev || !c->wake_ev || !c->poll_ev || !c->tidy_ev || !g_out.retry_ev) {
+      bson_set_error (error, CONSUMER_ERROR_DOMAIN, CONSUMER_ERROR_NOT_RUNNING, "consumer: out of memory for its events");
+      goto fail;
+   }
+   if (!worker_start (c->w, error))
+      goto fail;
+   pthread_mutex_lock (&g_mu);
+   g_c = c;
+   pthread_mutex_unlock (&g_mu);
+   log_info ("consumer: %zu pull handler(s), owner %s", n_pull, worker_owner (c->w));
+   return true;
+
+fail:
+   consumer_free (c);
+   return false;
+}
+
+void
+consumer_stop (void)
+{
+   consumer_t *c;
+   answer_t *a, *next;
+
+   pthread_mutex_lock (&g_mu);
+   c = g_c;
+   g_c = NULL; /* no submission, close or wake reaches it any more */
+   pthread_mutex_unlock (&g_mu);
+   if (!c)
+      return;
+   worker_stop (c->w);
+   consumer_free (c);
+   /* Answers the loop did not take: nobody waits for them any more. */
+   pthread_mutex_lock (&g_out.mu);
+   a = g_out.head;
+   g_out.head = g_out.tail = NULL;
+   g_out.fn = NULL;
+   pthread_mutex_unlock (&g_out.mu);
+   for (; a; a = next) {
+      next = a->next;
+      bson_destroy (&a->reply);
+      bson_free (a);
+   }
+}
