@@ -18,7 +18,7 @@
  * interval.
  *
  * Pull handlers (kind = pull) get deliveries but are not dispatched here:
- * consumers claim them through virtual commands (later work).
+ * consumers claim them through virtual commands (dispatch/consumer.h).
  */
 #ifndef RELAYBUS_DISPATCH_H
 #define RELAYBUS_DISPATCH_H

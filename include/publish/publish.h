@@ -20,8 +20,9 @@
  *    Outside a transaction: InvalidOptions (72).  Malformed: BadValue (2),
  *    nothing forwarded.
  *  - relaybusPublish {events: [...]} inside a transaction: the same writes
- *    without a statement; replies {ok: 1, eventIds: [...]}.  Any other
- *    relaybus* command: CommandNotFound (59).  Never forwarded.
+ *    without a statement; replies {ok: 1, eventIds: [...]}.  The pull
+ *    consumers' commands go to publish/pull.h.  Any other relaybus*
+ *    command: CommandNotFound (59).  Never forwarded.
  *  - a client command that writes the outbox namespace (publish/guard.h):
  *    Unauthorized (13), not forwarded, unless [outbox] allow_client_writes;
  *    with moreToCome (no reply possible) the connection is closed instead.
