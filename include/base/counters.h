@@ -216,6 +216,14 @@ typedef enum {
    X (HANDLER_LATENCY, "relaybus_handler_latency_seconds", HISTOGRAM, HANDLER,                                         \
       "Time from a webhook request's start to its answer, by handler.")                                               \
    X (CLAIM_LATENCY, "relaybus_claim_latency_seconds", HISTOGRAM, NONE, "Duration of one claim call.")                \
+   /* pull consumers */                                                                                                \
+   X (CONSUMER_CLAIMED, "relaybus_consumer_claimed_total", COUNTER, NONE,                                              \
+      "Deliveries handed out to pull consumers (relaybusClaim).")                                                      \
+   X (CONSUMER_COMPLETED, "relaybus_consumer_completed_total", COUNTER, NONE,                                          \
+      "Deliveries pull consumers completed (relaybusComplete, outside transactions).")                                 \
+   X (CONSUMER_CLOSED_CHARGED, "relaybus_consumer_closed_charged_total", COUNTER, NONE,                                \
+      "Claims charged one attempt because the consumer's connection closed.")                                          \
+   X (CONSUMER_LONG_POLLS, "relaybus_consumer_long_polls", GAUGE, NONE, "relaybusClaim long polls waiting now.")      \
    X (FLEET_INSTANCES, "relaybus_fleet_instances", GAUGE, NONE,                                                        \
       "Live proxy instances in the fleet's handler set as this process last read it.") /* set per scrape */           \
    X (HANDLER_SETS_DISAGREEING, "relaybus_handler_sets_disagreeing", GAUGE, NONE,                                      \

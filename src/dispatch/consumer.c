@@ -35,6 +35,7 @@
 
 #include "base/assert.h"
 #include "base/clock.h"
+#include "base/counters.h"
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "base/worker.h"
@@ -411,6 +412,7 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    }
    bson_append_array_end (&doc, &arr);
    store_batch_clear (&b);
+   counters_add (COUNTER_CONSUMER_CLAIMED, n);
    answer (r, &doc);
    bson_destroy (&doc);
    return true;
@@ -479,6 +481,7 @@ run_complete (consumer_t *c, pull_req_t *r)
    for (size_t i = 0; i < r->n_leases; i++)
       if (done[i])
          append_str (&yes, &ny, r->leases[i].text);
+   counters_add (COUNTER_CONSUMER_COMPLETED, ny);
    bson_append_array_end (&doc, &yes);
    BSON_APPEND_ARRAY_BEGIN (&doc, "notCompleted", &no);
    for (size_t i = 0; i < r->n_leases; i++)
@@ -740,6 +743,8 @@ run_closed (consumer_t *c, uint64_t conn)
          charged++;
       held_remove (c, h);
    }
+   counters_add (COUNTER_CONSUMER_CLOSED_CHARGED, charged + dead);
+   counters_set (COUNTER_CONSUMER_LONG_POLLS, c->n_waiting);
    if (charged + dead + lost > 0)
       log_info ("consumer: c%" PRIu64 " closed holding claims: %zu due again with one attempt charged, %zu dead, %zu "
                 "no longer held",
@@ -771,6 +776,7 @@ poll_arm (consumer_t *c)
    config_t *cfg;
    struct timeval tv;
 
+   counters_set (COUNTER_CONSUMER_LONG_POLLS, c->n_waiting);
    if (c->n_waiting == 0) {
       evtimer_del (c->poll_ev);
       return;

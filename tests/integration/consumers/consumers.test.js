@@ -17,6 +17,7 @@ const C = require('./lib');
 
 const { H, P } = C;
 let s;
+let adminPort;
 const consumers = [];
 
 async function consumer() {
@@ -27,8 +28,17 @@ async function consumer() {
 }
 
 test.before(async () => {
-  s = await C.startConsumers();
+  adminPort = await H.freePort();
+  s = await C.startConsumers({ extraIni: `\n[admin]\nlisten = 127.0.0.1:${adminPort}\n` });
 });
+
+/** One sample of /metrics (a metric without labels). */
+async function metric(name) {
+  const text = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text();
+  const m = text.match(new RegExp(`^${name} (\\d+)$`, 'm'));
+  assert.ok(m, `/metrics has ${name}`);
+  return Number(m[1]);
+}
 
 test('relaybusClaim hands out deliveries with their event; relaybusComplete completes them', async () => {
   const a = await consumer();
@@ -300,6 +310,25 @@ test('a consumer connection closed with claims: its deliveries are runnable agai
     assert.match(stored.lastError, /connection closed/);
   }
   await C.cmd(b, { relaybusComplete: 'users', leases: again.map((d) => d.lease) });
+});
+
+test('/metrics counts the claims, completions, charged closes and waiting long polls', async () => {
+  const a = await consumer();
+  const claimed = await metric('relaybus_consumer_claimed_total');
+  const completed = await metric('relaybus_consumer_completed_total');
+  const charged = await metric('relaybus_consumer_closed_charged_total');
+  assert.ok(claimed > 0 && completed > 0 && charged >= 2, `after the tests above: ${claimed} ${completed} ${charged}`);
+  const id = C.newId('metrics');
+  await C.publish(s.client, [{ type: 'user.created.v1', id }]);
+  const got = await C.claimN(a, 'users', 1);
+  await C.cmd(a, { relaybusComplete: 'users', leases: got.map((d) => d.lease) });
+  assert.equal(await metric('relaybus_consumer_claimed_total'), claimed + 1);
+  assert.equal(await metric('relaybus_consumer_completed_total'), completed + 1);
+  const waiting = C.cmd(a, { relaybusClaim: 'users', maxAwaitTimeMS: 1500 });
+  await H.sleep(300);
+  assert.equal(await metric('relaybus_consumer_long_polls'), 1);
+  await waiting;
+  assert.equal(await metric('relaybus_consumer_long_polls'), 0);
 });
 
 H.registerFinalChecks(test, [() => s && s.upstream.stop()], {

@@ -17,9 +17,9 @@ const WEBHOOK_INI = '[handler hooks]\nevents = order.*\nkind = webhook\nurl = ht
 /** Starts the stack; `settings` are [proxy] keys, `extraIni` more sections. */
 async function startConsumers(opts = {}) {
   return P.startStack({
+    ...opts,
     handlers: PULL_HANDLERS,
     extraIni: WEBHOOK_INI + (opts.extraIni || ''),
-    ...opts,
   });
 }
 
