@@ -98,7 +98,7 @@ static consumer_t *g_c; /* under g_mu: the running consumer */
 
 typedef struct answer {
    uint64_t conn, seq;
-   bson_t reply;
+   bson_t *reply; /* a bson_t needs more alignment than bson_malloc gives */
    struct answer *next;
 } answer_t;
 
@@ -128,8 +128,8 @@ out_flush_cb (void *arg)
    for (; a; a = next) {
       next = a->next;
       if (fn)
-         fn (a->conn, a->seq, &a->reply);
-      bson_destroy (&a->reply);
+         fn (a->conn, a->seq, a->reply);
+      bson_destroy (a->reply);
       bson_free (a);
    }
 }
@@ -171,8 +171,7 @@ answer (const pull_req_t *r, bson_t *reply)
 
    a->conn = r->conn;
    a->seq = r->seq;
-   bson_init (&a->reply);
-   bson_concat (&a->reply, reply);
+   a->reply = bson_copy (reply);
    pthread_mutex_lock (&g_out.mu);
    if (g_out.tail)
       g_out.tail->next = a;
@@ -1109,7 +1108,7 @@ consumer_stop (void)
    pthread_mutex_unlock (&g_out.mu);
    for (; a; a = next) {
       next = a->next;
-      bson_destroy (&a->reply);
+      bson_destroy (a->reply);
       bson_free (a);
    }
 }

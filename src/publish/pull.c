@@ -161,7 +161,7 @@ done:
 typedef struct {
    uint64_t seq;
    char cmd[32];
-   bson_t body;
+   bson_t *body; /* a bson_t needs more alignment than bson_malloc gives */
 } probe_t;
 
 static void
@@ -184,7 +184,7 @@ on_probe_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *e
       errmsg = bson_iter_utf8 (&it, NULL);
    if (ok) {
       p->authorized = true;
-      submit (c, p, pr->seq, pr->cmd, &pr->body);
+      submit (c, p, pr->seq, pr->cmd, pr->body);
    } else {
       char msg[512];
       /* 13 Unauthorized, 18 AuthenticationFailed: the connection may not
@@ -196,7 +196,7 @@ on_probe_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *e
       log_info ("c%" PRIu64 " %s: %s refused: %s (code %d)", client_id (c), client_peer (c), pr->cmd, errmsg, code);
    }
 done:
-   bson_destroy (&pr->body);
+   bson_destroy (pr->body);
    bson_free (pr);
 }
 
@@ -220,10 +220,10 @@ probe (client_conn_t *c, uint64_t seq, const char *cmd, const bson_t *body)
    pr = bson_malloc0 (sizeof *pr);
    pr->seq = seq;
    bson_strncpy (pr->cmd, cmd, sizeof pr->cmd);
-   bson_copy_to (body, &pr->body);
+   pr->body = bson_copy (body);
    ok = client_send_internal (c, find, NULL, 0, on_probe_reply, pr, &error);
    if (!ok) {
-      bson_destroy (&pr->body);
+      bson_destroy (pr->body);
       bson_free (pr);
       log_warn ("c%" PRIu64 " %s: %s: cannot check the connection's authorization: %s", client_id (c), client_peer (c),
                 cmd, error.message);
