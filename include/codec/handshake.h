@@ -62,8 +62,9 @@ bool handshake_is_x509_auth (const bson_t *cmd);
  * (handshake_rewrite_request removes it). */
 bool handshake_speculative_x509 (const bson_t *hello);
 
-/* Builds the hello the proxy sends upstream: `compression` and a
- * MONGODB-X509 `speculativeAuthenticate` removed; with
+/* Builds the hello the proxy sends upstream: `compression`, a
+ * MONGODB-X509 `speculativeAuthenticate`, `topologyVersion` and
+ * `maxAwaitTimeMS` (an awaitable hello: answered at once) removed; with
  * `add_db`, `$db: "admin"` appended when absent (legacy OP_QUERY hello),
  * and legacy-only fields that OP_MSG refuses ($readPreference wrapper
  * remnants) dropped.  `out` is initialised here; destroy it. */

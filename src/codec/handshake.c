@@ -171,6 +171,14 @@ handshake_rewrite_request (const bson_t *hello, bool add_db, bson_t *out, bson_e
        * clear error (proxy/pump.c). */
       if (strcmp (key, "speculativeAuthenticate") == 0 && speculative_is_x509 (&it))
          continue;
+      /* The mongos persona has no topologyVersion, so every hello is
+       * answered at once.  A driver still sends an awaitable hello after
+       * it took the topologyVersion of a member's not-primary error
+       * (relayed unchanged) as the proxy's; forwarded as it is, the member
+       * would hold it for maxAwaitTimeMS when nothing changed, and the
+       * driver would select no server meanwhile. */
+      if (strcmp (key, "topologyVersion") == 0 || strcmp (key, "maxAwaitTimeMS") == 0)
+         continue;
       /* Legacy OP_QUERY read preference wrapper: meaningless in OP_MSG. */
       if (add_db && strcmp (key, "$readPreference") == 0)
          continue;

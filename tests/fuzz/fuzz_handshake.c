@@ -15,8 +15,9 @@
  *   - negotiation: at most one entry per implemented compressor, noop
  *     never, each one both asked for by the client and offered, in the
  *     client's order, none left out;
- *   - request: the result is the hello with only `compression`, a
- *     MONGODB-X509 `speculativeAuthenticate` (and with add_db
+ *   - request: the result is the hello with only `compression`,
+ *     `topologyVersion`, `maxAwaitTimeMS`, a MONGODB-X509
+ *     `speculativeAuthenticate` (and with add_db
  *     `$readPreference`) removed, every other element kept byte for byte in
  *     order, and `$db: "admin"` appended only when add_db and absent;
  *   - handshake_is_x509_auth and handshake_speculative_x509 agree with a
@@ -243,7 +244,8 @@ check_request (const bson_t *hello, bool add_db)
    while (bson_iter_next (&in_it)) {
       const char *key = bson_iter_key (&in_it);
 
-      if (strcmp (key, "compression") == 0 || (add_db && strcmp (key, "$readPreference") == 0))
+      if (strcmp (key, "compression") == 0 || strcmp (key, "topologyVersion") == 0 ||
+          strcmp (key, "maxAwaitTimeMS") == 0 || (add_db && strcmp (key, "$readPreference") == 0))
          continue;
       /* A client may not log in as the proxy's certificate. */
       if (strcmp (key, "speculativeAuthenticate") == 0 && element_asks_x509 (&in_it))

@@ -218,6 +218,26 @@ test_request_rewrite (void **state)
    bson_destroy (in);
 }
 
+/* An awaitable hello (a driver that took a member's topologyVersion from a
+ * relayed not-primary error) goes upstream as a plain one: answered at
+ * once, never held for maxAwaitTimeMS. */
+static void
+test_request_rewrite_awaitable (void **state)
+{
+   bson_t *in = json ("{\"hello\": 1, \"topologyVersion\": {\"processId\": {\"$oid\": \"650000000000000000000001\"},"
+                      " \"counter\": {\"$numberLong\": \"3\"}}, \"maxAwaitTimeMS\": 10000, \"$db\": \"admin\"}");
+   bson_t out;
+   bson_error_t error;
+   char keys[256];
+
+   (void) state;
+   assert_true (handshake_rewrite_request (in, false, &out, &error));
+   keys_of (&out, keys, sizeof keys);
+   assert_string_equal (keys, "hello,$db");
+   bson_destroy (&out);
+   bson_destroy (in);
+}
+
 static void
 test_request_rewrite_legacy (void **state)
 {
@@ -322,6 +342,7 @@ main (void)
       cmocka_unit_test (test_reply_without_ok_unchanged),
       cmocka_unit_test (test_negotiate_table),
       cmocka_unit_test (test_request_rewrite),
+      cmocka_unit_test (test_request_rewrite_awaitable),
       cmocka_unit_test (test_request_rewrite_legacy),
       cmocka_unit_test (test_unwrap_query),
       cmocka_unit_test (test_is_hello),
