@@ -27,8 +27,10 @@
  * closes (consumer_closed) its waiting claims are dropped and its
  * deliveries are charged one attempt (rescheduled due at once, or buried
  * once the handler's max_attempts is reached), so a consumer that crashes
- * on a poison event still runs it into the dead letters.  An answer for a
- * connection that has closed is dropped by the loop.
+ * on a poison event still runs it into the dead letters, and when no claim
+ * is left at all the lanes are handed back (store_relinquish) instead of
+ * waiting for their lease.  An answer for a connection that has closed is
+ * dropped by the loop.
  *
  * Not here: completion inside the consumer's transaction (a later phase:
  * the loop refuses pull commands inside a transaction).

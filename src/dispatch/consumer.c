@@ -742,6 +742,15 @@ run_closed (consumer_t *c, uint64_t conn)
          charged++;
       held_remove (c, h);
    }
+   /* The lanes stay this instance's until their lease ends, which would
+    * keep other proxies away from their deliveries: when no consumer of
+    * this proxy holds a claim any more, every lane is handed back now. */
+   if (charged + dead + lost > 0 && c->n_held == 0) {
+      bson_error_t err;
+      if (!store_relinquish (c->store, clock_now_ms (), &err))
+         log_warn ("consumer: c%" PRIu64 " closed: handing the lanes back failed (they free up when their leases end): %s",
+                   conn, err.message);
+   }
    counters_add (COUNTER_CONSUMER_CLOSED_CHARGED, charged + dead);
    counters_set (COUNTER_CONSUMER_LONG_POLLS, c->n_waiting);
    if (charged + dead + lost > 0)

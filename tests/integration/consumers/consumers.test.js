@@ -309,6 +309,12 @@ test('a consumer connection closed with claims: its deliveries are runnable agai
     assert.equal(stored.attempts, 1);
     assert.match(stored.lastError, /connection closed/);
   }
+  // No other claim was held: the lanes were handed back too, not left to their 600 s lease (a
+  // lane's lease never shrinks, so b's 30 s claim alone would have kept it).
+  for (const d of got) {
+    const lane = await s.outbox.db.collection(`${P.PREFIX}lanes`).findOne({ _id: Number(d.lease.split(':')[0]) });
+    assert.ok(!lane.owner || lane.leaseExpiresAt.getTime() <= Date.now() + 60000, `lane ${lane._id} handed back`);
+  }
   await C.cmd(b, { relaybusComplete: 'users', leases: again.map((d) => d.lease) });
 });
 
