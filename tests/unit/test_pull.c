@@ -1,0 +1,246 @@
+/*
+ * test_pull.c - the pull consumers' commands as base/pull.c parses them: a
+ * table of commands (as relaxed Extended JSON) that parse, with what they
+ * ask for, and of commands refused, with the code and the words of the
+ * message that name the field; and the lease strings.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/config.h"
+#include "base/pull.h"
+
+static const char *const ini = "[proxy]\n"
+                               "listen = 127.0.0.1:0\n"
+                               "upstream = mongodb://127.0.0.1:1/?replicaSet=rs0\n"
+                               "[handler orders]\n"
+                               "events = order.*\n"
+                               "kind = pull\n"
+                               "[handler hooks]\n"
+                               "events = order.*\n"
+                               "kind = webhook\n"
+                               "url = http://127.0.0.1:9/x\n";
+
+#define LEASE "17:3:0:0123456789abcdef01234567"
+
+static config_t *
+cfg_new (void)
+{
+   bson_error_t error;
+   config_t *cfg = config_parse_string (ini, "test.ini", &error);
+
+   if (!cfg)
+      fail_msg ("config: %s", error.message);
+   return cfg;
+}
+
+static bson_t *
+doc (const char *json)
+{
+   bson_error_t error;
+   bson_t *b = bson_new_from_json ((const uint8_t *) json, -1, &error);
+
+   if (!b)
+      fail_msg ("bad JSON in the test: %s: %s", json, error.message);
+   return b;
+}
+
+static const char *
+first_key (const bson_t *b)
+{
+   bson_iter_t it;
+
+   return bson_iter_init (&it, b) && bson_iter_next (&it) ? bson_iter_key (&it) : "";
+}
+
+static void
+test_parses (void **state)
+{
+   config_t *cfg = cfg_new ();
+   static const struct {
+      const char *json;
+      pull_op_t op;
+      int64_t limit, lease_ms, await_ms, delay_ms;
+      size_t n_leases;
+   } ok[] = {
+      {"{\"relaybusClaim\": \"orders\"}", PULL_CLAIM, 1, PULL_LEASE_MS_DEFAULT, 0, -1, 0},
+      {"{\"relaybusClaim\": \"orders\", \"limit\": 1000, \"leaseMs\": {\"$numberLong\": \"1000\"}, "
+       "\"maxAwaitTimeMS\": 60000.0, \"consumer\": \"c\", \"$db\": \"admin\", \"lsid\": {}}",
+       PULL_CLAIM, 1000, 1000, 60000, -1, 0},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"" LEASE "\", \"1:1:2:aaaaaaaaaaaaaaaaaaaaaaaa\"]}",
+       PULL_COMPLETE, 1, PULL_LEASE_MS_DEFAULT, 0, -1, 2},
+      {"{\"relaybusRetry\": \"orders\", \"lease\": \"" LEASE "\", \"delayMs\": 0, \"error\": \"x\"}", PULL_RETRY, 1,
+       PULL_LEASE_MS_DEFAULT, 0, 0, 1},
+      {"{\"relaybusBury\": \"orders\", \"lease\": \"" LEASE "\"}", PULL_BURY, 1, PULL_LEASE_MS_DEFAULT, 0, -1, 1},
+      {"{\"relaybusExtend\": \"orders\", \"leases\": [\"" LEASE "\"], \"leaseMs\": 3600000}", PULL_EXTEND, 1,
+       3600000, 0, -1, 1},
+      {"{\"relaybusRelease\": \"orders\", \"leases\": [\"" LEASE "\"]}", PULL_RELEASE, 1, PULL_LEASE_MS_DEFAULT, 0,
+       -1, 1},
+      /* Any handler's status, a webhook's too. */
+      {"{\"relaybusStatus\": \"hooks\"}", PULL_STATUS, 1, PULL_LEASE_MS_DEFAULT, 0, -1, 0},
+   };
+
+   (void) state;
+   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+      bson_t *b = doc (ok[i].json);
+      pull_req_t *r = NULL;
+      bson_error_t error;
+
+      if (!pull_parse (first_key (b), b, cfg, &r, &error))
+         fail_msg ("%s: refused: %s", ok[i].json, error.message);
+      assert_int_equal (r->op, ok[i].op);
+      assert_int_equal (r->limit, ok[i].limit);
+      assert_int_equal (r->lease_ms, ok[i].lease_ms);
+      assert_int_equal (r->await_ms, ok[i].await_ms);
+      assert_int_equal (r->delay_ms, ok[i].delay_ms);
+      assert_int_equal (r->n_leases, ok[i].n_leases);
+      if (r->n_leases > 0) {
+         assert_string_equal (r->leases[0].text, LEASE);
+         assert_string_equal (r->leases[0].token, "17:3:0");
+      }
+      pull_req_destroy (r);
+      bson_destroy (b);
+   }
+   config_release (cfg);
+}
+
+static void
+test_refused (void **state)
+{
+   config_t *cfg = cfg_new ();
+   static const struct {
+      const char *json;
+      const char *needle;
+   } bad[] = {
+      {"{\"relaybusClaim\": \"nope\"}", "handler: no handler named 'nope'"},
+      {"{\"relaybusClaim\": \"hooks\"}", "'hooks' is kind = webhook"},
+      {"{\"relaybusClaim\": 1}", "the handler's name"},
+      {"{\"relaybusClaim\": \"\"}", "the handler's name"},
+      {"{\"relaybusClaim\": \"orders\", \"limit\": 0}", "limit must be an integer from 1 to 1000"},
+      {"{\"relaybusClaim\": \"orders\", \"limit\": 1001}", "limit must be"},
+      {"{\"relaybusClaim\": \"orders\", \"limit\": 2.5}", "limit must be"},
+      {"{\"relaybusClaim\": \"orders\", \"limit\": {\"$numberDouble\": \"NaN\"}}", "limit must be"},
+      {"{\"relaybusClaim\": \"orders\", \"limit\": \"3\"}", "limit must be"},
+      {"{\"relaybusClaim\": \"orders\", \"limit\": 1, \"limit\": 2}", "limit is given twice"},
+      {"{\"relaybusClaim\": \"orders\", \"leaseMs\": 999}", "leaseMs must be an integer from 1000"},
+      {"{\"relaybusClaim\": \"orders\", \"maxAwaitTimeMS\": -1}", "maxAwaitTimeMS must be"},
+      {"{\"relaybusClaim\": \"orders\", \"consumer\": true}", "consumer must be a string"},
+      {"{\"relaybusClaim\": \"orders\", \"leases\": []}", "unknown field 'leases'"},
+      {"{\"relaybusComplete\": \"orders\"}", "leases is required"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": []}", "leases must hold from 1 to 1000"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": {}}", "leases must be an array"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [7]}", "leases.0 must be a lease string"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"" LEASE "\", \"" LEASE "\"]}", "leases.1 repeats lease"},
+      /* Malformed leases: each part checked. */
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"17:3:0\"]}", "is not a lease"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"256:3:0:0123456789abcdef01234567\"]}", "is not a lease"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"17:0:0:0123456789abcdef01234567\"]}", "is not a lease"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"17:3:0:0123456789ABCDEF01234567\"]}", "is not a lease"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"17:3:0:0123456789abcdef0123456\"]}", "is not a lease"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\"17:3:x:0123456789abcdef01234567\"]}", "is not a lease"},
+      {"{\"relaybusComplete\": \"orders\", \"leases\": [\":0123456789abcdef01234567\"]}", "is not a lease"},
+      {"{\"relaybusRetry\": \"orders\"}", "lease is required"},
+      {"{\"relaybusRetry\": \"orders\", \"lease\": \"" LEASE "\", \"delayMs\": -5}", "delayMs must be"},
+      {"{\"relaybusRetry\": \"orders\", \"lease\": \"" LEASE "\", \"error\": 5}", "error must be a string"},
+      {"{\"relaybusBury\": \"orders\", \"lease\": \"" LEASE "\", \"delayMs\": 5}", "unknown field 'delayMs'"},
+      {"{\"relaybusExtend\": \"orders\", \"leases\": [\"" LEASE "\"]}", "leaseMs is required"},
+      {"{\"relaybusStatus\": \"nope\"}", "no handler named 'nope'"},
+   };
+
+   (void) state;
+   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      bson_t *b = doc (bad[i].json);
+      pull_req_t *r = (pull_req_t *) 1;
+      bson_error_t error;
+
+      if (pull_parse (first_key (b), b, cfg, &r, &error))
+         fail_msg ("%s: parsed, expected a refusal", bad[i].json);
+      assert_null (r);
+      assert_int_equal (error.domain, PULL_ERROR_DOMAIN);
+      assert_int_equal (error.code, PULL_CODE_BAD_VALUE);
+      if (!strstr (error.message, bad[i].needle))
+         fail_msg ("%s: message \"%s\" lacks \"%s\"", bad[i].json, error.message, bad[i].needle);
+      bson_destroy (b);
+   }
+   config_release (cfg);
+}
+
+static void
+test_error_text_cut (void **state)
+{
+   config_t *cfg = cfg_new ();
+   char *big = bson_malloc (PULL_ERROR_TEXT_MAX + 64);
+   char json[PULL_ERROR_TEXT_MAX + 256];
+   bson_t *b;
+   pull_req_t *r;
+   bson_error_t error;
+
+   (void) state;
+   /* "é" is two bytes: the cut lands inside one at an odd length. */
+   for (size_t i = 0; i + 2 <= PULL_ERROR_TEXT_MAX + 60; i += 2)
+      memcpy (big + i, "\xc3\xa9", 2);
+   big[PULL_ERROR_TEXT_MAX + 60] = '\0';
+   snprintf (json, sizeof json, "{\"relaybusRetry\": \"orders\", \"lease\": \"" LEASE "\", \"error\": \"%s\"}", big);
+   b = doc (json);
+   assert_true (pull_parse ("relaybusRetry", b, cfg, &r, &error));
+   assert_true (strlen (r->error_text) < PULL_ERROR_TEXT_MAX);
+   assert_true (bson_utf8_validate (r->error_text, strlen (r->error_text), false));
+   pull_req_destroy (r);
+   bson_destroy (b);
+   bson_free (big);
+   config_release (cfg);
+}
+
+static void
+test_is_command (void **state)
+{
+   bson_t *status1 = doc ("{\"relaybusStatus\": 1}");
+   bson_t *status_h = doc ("{\"relaybusStatus\": \"orders\"}");
+   bson_t *claim = doc ("{\"relaybusClaim\": \"orders\"}");
+
+   (void) state;
+   assert_false (pull_is_command ("relaybusStatus", status1)); /* publish's own answer */
+   assert_true (pull_is_command ("relaybusStatus", status_h));
+   assert_true (pull_is_command ("relaybusClaim", claim));
+   assert_false (pull_is_command ("relaybusPublish", claim));
+   assert_false (pull_is_command ("find", claim));
+   bson_destroy (status1);
+   bson_destroy (status_h);
+   bson_destroy (claim);
+}
+
+static void
+test_lease_roundtrip (void **state)
+{
+   bson_oid_t id;
+   char text[PULL_LEASE_MAX];
+   pull_lease_t l;
+
+   (void) state;
+   bson_oid_init_from_string (&id, "0123456789abcdef01234567");
+   pull_lease_format ("255:12345678901:2147483647", &id, text);
+   assert_string_equal (text, "255:12345678901:2147483647:0123456789abcdef01234567");
+   assert_true (pull_lease_parse (text, &l));
+   assert_string_equal (l.token, "255:12345678901:2147483647");
+   assert_true (bson_oid_equal (&l.id, &id));
+   assert_false (pull_lease_parse (NULL, &l));
+   assert_false (pull_lease_parse ("", &l));
+   assert_false (pull_lease_parse ("255:1:0:0123456789abcdef01234567x", &l));
+}
+
+int
+main (void)
+{
+   const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_parses),          cmocka_unit_test (test_refused),
+      cmocka_unit_test (test_error_text_cut),  cmocka_unit_test (test_is_command),
+      cmocka_unit_test (test_lease_roundtrip),
+   };
+
+   return cmocka_run_group_tests (tests, NULL, NULL);
+}
