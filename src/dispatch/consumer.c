@@ -800,19 +800,33 @@ poll_arm (consumer_t *c)
 }
 
 /* Every waiting claim looks again; the ones past their deadline get an
- * empty batch. */
+ * empty batch.  A handler one claim found nothing for is not asked again
+ * in the same pass: a wake-up costs one claim per handler with nothing
+ * due, not one per waiting consumer. */
 static void
 poll_all (consumer_t *c)
 {
    int64_t now = clock_mono_ms ();
+   const char *dry[CONSUMER_MAX_WAITING];
+   size_t n_dry = 0;
 
    for (size_t i = 0; i < c->n_waiting;) {
       waiting_t *w = &c->waiting[i];
-      if (run_claim (c, w->r, w->deadline > now)) {
+      bool expired = w->deadline <= now, skip = false;
+
+      for (size_t j = 0; !expired && j < n_dry && !skip; j++)
+         skip = strcmp (dry[j], w->r->handler) == 0;
+      if (skip) {
+         i++;
+         continue;
+      }
+      if (run_claim (c, w->r, !expired)) {
          pull_req_destroy (w->r);
          c->waiting[i] = c->waiting[--c->n_waiting];
          continue;
       }
+      /* Still waiting: w->r (and its handler) stays in the list. */
+      dry[n_dry++] = w->r->handler;
       i++;
    }
    poll_arm (c);

@@ -288,6 +288,31 @@ test('long poll: a claim waits for maxAwaitTimeMS, and a commit through the prox
   }
 });
 
+test('long polls of several consumers: each commit answers one, the others keep waiting', async () => {
+  const waiters = [await consumer(), await consumer()];
+  const answers = [];
+  const pending = waiters.map((w, i) =>
+    C.cmd(w, { relaybusClaim: 'users', limit: 1, maxAwaitTimeMS: 10000 }).then((r) => {
+      answers.push({ i, r, at: Date.now() });
+      return r;
+    }),
+  );
+  await H.sleep(300);
+  const ids = [C.newId('multi'), C.newId('multi')];
+  await C.publish(s.client, [{ type: 'user.created.v1', id: ids[0] }]);
+  await H.sleep(300);
+  assert.equal(answers.length, 1, 'one commit, one delivery: one waiter answered');
+  assert.deepEqual(answers[0].r.deliveries.map((d) => d.eventId), [ids[0]]);
+  await C.publish(s.client, [{ type: 'user.created.v1', id: ids[1] }]);
+  const committedAt = Date.now();
+  await Promise.all(pending);
+  assert.equal(answers.length, 2);
+  assert.notEqual(answers[1].i, answers[0].i);
+  assert.deepEqual(answers[1].r.deliveries.map((d) => d.eventId), [ids[1]]);
+  assert.ok(answers[1].at - committedAt < 50, `the second waiter answered ${answers[1].at - committedAt} ms after its commit`);
+  for (const a of answers) await C.cmd(waiters[a.i], { relaybusComplete: 'users', leases: a.r.deliveries.map((d) => d.lease) });
+});
+
 test('a consumer connection closed with claims: its deliveries are runnable again at once, one attempt charged', async () => {
   const a = await consumer();
   const ids = [C.newId('gone'), C.newId('gone')];
