@@ -249,6 +249,7 @@ proxy_stop (proxy_t *p, const char *why)
    (void) notify_send ("STOPPING=1\nSTATUS=draining");
    listener_destroy (p->listener);
    p->listener = NULL;
+   consumer_drain (); /* long polls answer now instead of holding their connections */
    client_loop_drain (p->clients, p->cfg->drain_timeout_ms, proxy_drained, p);
 }
 

@@ -7,7 +7,8 @@
  * answer back to the forwarding loop.
  *
  * Thread: consumer_start and consumer_stop: the main thread;
- * consumer_submit, consumer_closed and consumer_wake: any thread (the
+ * consumer_submit, consumer_closed, consumer_wake and consumer_drain: any
+ * thread (the
  * forwarding loop calls them); the answer callback: the forwarding loop
  * (through its loopwake); everything else: the consumer thread.
  *
@@ -87,5 +88,10 @@ void consumer_closed (uint64_t conn);
 
 /* A commit carried events: the waiting claims look again now. */
 void consumer_wake (void);
+
+/* The proxy drains (SIGTERM): the waiting claims are answered now with
+ * what is due (often nothing), and later claims do not wait, so a long
+ * poll never holds a draining connection open. */
+void consumer_drain (void);
 
 #endif /* RELAYBUS_DISPATCH_CONSUMER_H */

@@ -82,6 +82,8 @@ typedef struct {
    size_t n_in; /* requests (close notices are not counted) */
    struct event *in_ev, *wake_ev, *poll_ev;
    struct event *tidy_ev; /* persistent: also what keeps the base's loop running */
+   struct event *drain_ev;
+   atomic_bool draining; /* the proxy drains: claims wait no more */
    atomic_bool wake_pending;
    /* This thread's. */
    held_t *held;
@@ -852,6 +854,21 @@ wake_cb (evutil_socket_t fd, short what, void *arg)
       poll_all (c);
 }
 
+/* The proxy drains its connections: every waiting claim is answered now
+ * (an empty batch) instead of holding its connection open. */
+static void
+drain_cb (evutil_socket_t fd, short what, void *arg)
+{
+   consumer_t *c = arg;
+
+   (void) fd;
+   (void) what;
+   for (size_t i = 0; i < c->n_waiting; i++)
+      c->waiting[i].deadline = 0;
+   if (c->n_waiting > 0)
+      poll_all (c);
+}
+
 /* --- the inbox ------------------------------------------------------------ */
 
 static void
@@ -859,7 +876,7 @@ run (consumer_t *c, pull_req_t *r)
 {
    switch ((int) r->op) {
    case PULL_CLAIM:
-      if (run_claim (c, r, r->await_ms > 0))
+      if (run_claim (c, r, r->await_ms > 0 && !atomic_load (&c->draining)))
          break;
       if (c->n_waiting == CONSUMER_MAX_WAITING) {
          answer_error (r, PULL_CODE_TEMPORARILY_UNAVAILABLE,
@@ -982,6 +999,18 @@ consumer_closed (uint64_t conn)
 }
 
 void
+consumer_drain (void)
+{
+   consumer_t *c;
+
+   pthread_mutex_lock (&g_mu);
+   c = g_c;
+   if (c && !atomic_exchange (&c->draining, true))
+      event_active (c->drain_ev, 0, 0);
+   pthread_mutex_unlock (&g_mu);
+}
+
+void
 consumer_wake (void)
 {
    consumer_t *c;
@@ -1035,6 +1064,8 @@ consumer_free (consumer_t *c)
       event_free (c->poll_ev);
    if (c->tidy_ev)
       event_free (c->tidy_ev);
+   if (c->drain_ev)
+      event_free (c->drain_ev);
    pthread_mutex_lock (&g_out.mu);
    if (g_out.retry_ev)
       event_free (g_out.retry_ev);
@@ -1078,6 +1109,7 @@ consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn fn, bso
    c->wake_ev = event_new (c->base, -1, 0, wake_cb, c);
    c->poll_ev = evtimer_new (c->base, poll_cb, c);
    c->tidy_ev = event_new (c->base, -1, EV_PERSIST, tidy_cb, c);
+   c->drain_ev = event_new (c->base, -1, 0, drain_cb, c);
    if (RAND_bytes ((unsigned char *) &c->rnd, sizeof c->rnd) != 1 || c->rnd == 0)
       c->rnd = (uint64_t) clock_now_ms () | 1;
    pthread_mutex_lock (&g_out.mu);
@@ -1092,7 +1124,7 @@ consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn fn, bso
          c->tidy_ev = NULL;
       }
    }
-   if (!c->in_ev || !c->wake_ev || !c->poll_ev || !c->tidy_ev || !g_out.retry_ev) {
+   if (!c->in_ev || !c->wake_ev || !c->poll_ev || !c->tidy_ev || !c->drain_ev || !g_out.retry_ev) {
       bson_set_error (error, CONSUMER_ERROR_DOMAIN, CONSUMER_ERROR_NOT_RUNNING, "consumer: out of memory for its events");
       goto fail;
    }
