@@ -52,8 +52,7 @@ struct loopwake;
 #define CONSUMER_ERROR_DOMAIN 0x434e /* "CN" */
 
 typedef enum {
-   CONSUMER_ERROR_NOT_RUNNING = 1, /* no consumer thread (no pull handler at start-up) */
-   CONSUMER_ERROR_QUEUE_FULL,      /* CONSUMER_QUEUE_MAX requests wait already */
+   CONSUMER_ERROR_NOT_RUNNING = 1, /* consumer_start: its events could not be made */
 } consumer_error_code_t;
 
 /* Requests submitted and not yet taken by the thread. */
@@ -79,7 +78,10 @@ bool consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn an
 void consumer_stop (void);
 
 /* Queues a request (taken on success; the caller keeps it on failure).
- * False with CONSUMER_ERROR_NOT_RUNNING or CONSUMER_ERROR_QUEUE_FULL. */
+ * False with an error of PULL_ERROR_DOMAIN whose code is the answer's:
+ * PULL_CODE_INTERNAL when no consumer thread runs (no pull handler at
+ * start-up), PULL_CODE_TEMPORARILY_UNAVAILABLE when CONSUMER_QUEUE_MAX
+ * requests wait already. */
 bool consumer_submit (pull_req_t *r, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* Connection `conn`, which submitted requests, closed: handled after its

@@ -43,7 +43,9 @@
 
 /* The consumer thread's entry points (dispatch/consumer.h), installed by
  * main.c: publish does not depend on dispatch.  submit takes the request
- * on success; closed is told of each connection that submitted any. */
+ * on success, and on failure fills an error of PULL_ERROR_DOMAIN whose
+ * code the client is answered with; closed is told of each connection
+ * that submitted any. */
 typedef bool (*pull_submit_fn) (pull_req_t *r, bson_error_t *error);
 typedef void (*pull_closed_fn) (uint64_t conn);
 

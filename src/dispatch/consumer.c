@@ -955,7 +955,7 @@ consumer_submit (pull_req_t *r, bson_error_t *error)
    pthread_mutex_lock (&g_mu);
    c = g_c;
    if (!c) {
-      bson_set_error (error, CONSUMER_ERROR_DOMAIN, CONSUMER_ERROR_NOT_RUNNING,
+      bson_set_error (error, PULL_ERROR_DOMAIN, PULL_CODE_INTERNAL,
                       "relaybus: %s: no consumer thread runs (the proxy started without a kind = pull handler; "
                       "restart it to consume one a reload added)",
                       pull_op_name (r->op));
@@ -964,7 +964,7 @@ consumer_submit (pull_req_t *r, bson_error_t *error)
    pthread_mutex_lock (&c->mu);
    if (c->n_in >= CONSUMER_QUEUE_MAX) {
       pthread_mutex_unlock (&c->mu);
-      bson_set_error (error, CONSUMER_ERROR_DOMAIN, CONSUMER_ERROR_QUEUE_FULL,
+      bson_set_error (error, PULL_ERROR_DOMAIN, PULL_CODE_TEMPORARILY_UNAVAILABLE,
                       "relaybus: %s: %d consumer requests wait already; try again", pull_op_name (r->op),
                       CONSUMER_QUEUE_MAX);
       goto done;

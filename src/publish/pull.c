@@ -146,7 +146,8 @@ submit (client_conn_t *c, pull_conn_t *p, uint64_t seq, const char *cmd, const b
       goto done;
    }
    if (!g_submit (r, &error)) {
-      answer_error (c, seq, PULL_CODE_TEMPORARILY_UNAVAILABLE, error.message);
+      answer_error (c, seq, error.domain == PULL_ERROR_DOMAIN ? (pull_code_t) error.code : PULL_CODE_INTERNAL,
+                    error.message);
       goto done;
    }
    r = NULL; /* the consumer's */
