@@ -1137,38 +1137,97 @@ code_is_not_primary (int32_t code)
 
 /* Scans the top level of a small OP_MSG reply for a "not primary"-class
  * error.  Bounds come from bson_iter; nothing is trusted. */
-static bool
-reply_is_not_primary (const uint8_t *buf, size_t len)
+/* What the relay looks for in a reply (kind-0 body): a not-primary-class
+ * error, and a top-level `topologyVersion` on an error or beside a
+ * writeConcernError, which the mongos persona must not show (see
+ * relay_strip_topology_version). */
+typedef struct {
+   bool not_primary;
+   bool topology_version;
+} reply_scan_t;
+
+static void
+reply_scan (const uint8_t *buf, size_t len, reply_scan_t *out)
 {
    bson_t body;
    bson_iter_t it;
    uint32_t doc_len;
-   bool failed = false, not_primary = false;
+   bool failed = false, not_primary = false, wce = false, ok_seen = false;
 
+   out->not_primary = out->topology_version = false;
    /* header, flags, kind byte 0, document */
    if (len < WIRE_HEADER_LEN + 4 + 1 + 5 || buf[WIRE_HEADER_LEN + 4] != 0)
-      return false;
+      return;
    doc_len = wire_get_u32 (buf + WIRE_HEADER_LEN + 5);
    if (doc_len < 5 || doc_len > len - (WIRE_HEADER_LEN + 5) ||
        !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body))
-      return false;
+      return;
    /* Keys are compared by length first (bson_iter_key_len is cheap): this
-    * runs on every reply, and most keys are none of the three. */
+    * runs on every reply, and most keys are none of these.  Top-level
+    * keys only: values are skipped by their length. */
    while (bson_iter_next (&it)) {
       const char *key = bson_iter_key (&it);
       uint32_t klen = bson_iter_key_len (&it);
       if (klen == 2 && memcmp (key, "ok", 2) == 0) {
          failed = bson_iter_as_double (&it) == 0.0;
-         if (!failed)
-            return false; /* {ok: 1}: whatever else it says */
+         ok_seen = true;
       } else if (klen == 4 && memcmp (key, "code", 4) == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
          not_primary |= code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
       } else if (klen == 6 && memcmp (key, "errmsg", 6) == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
          const char *m = bson_iter_utf8 (&it, NULL);
          not_primary |= strstr (m, "not master") != NULL || strstr (m, "not primary") != NULL;
+      } else if (klen == 17 && memcmp (key, "writeConcernError", 17) == 0) {
+         wce = true;
+      } else if (klen == 15 && memcmp (key, "topologyVersion", 15) == 0) {
+         out->topology_version = true;
       }
    }
-   return failed && not_primary;
+   out->not_primary = ok_seen && failed && not_primary;
+   if (!(ok_seen && (failed || wce)))
+      out->topology_version = false;
+}
+
+/* The reply without its top-level topologyVersion, into c->tmp with the
+ * client's responseTo (and no checksum).  A member's not-primary or
+ * shutdown error carries its topologyVersion; a driver takes it as the
+ * proxy's and then asks the proxy for a streaming hello, which the mongos
+ * persona does not serve (codec/handshake.c): the driver's monitor then
+ * fails and clears its pool.  The rest of the reply is relayed unchanged. */
+static bool
+relay_strip_topology_version (client_conn_t *c, const uint8_t *buf, size_t len, int32_t response_to, uint32_t flags,
+                              bson_error_t *error)
+{
+   wire_msg_t reply;
+   bson_t body = BSON_INITIALIZER;
+   bson_iter_t it;
+   bool ok = false;
+
+   if (!wire_parse_msg (buf, len, &reply, error))
+      goto done;
+   if (!bson_iter_init (&it, &reply.body)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "reply body is not a valid document");
+      goto done;
+   }
+   while (bson_iter_next (&it))
+      if (strcmp (bson_iter_key (&it), "topologyVersion") != 0 && !bson_append_iter (&body, NULL, 0, &it)) {
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
+         goto done;
+      }
+   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (!wire_append_msg (c->tmp,
+                         reply.header.request_id,
+                         response_to,
+                         flags & ~WIRE_MSG_CHECKSUM_PRESENT,
+                         &body,
+                         reply.sequences,
+                         reply.nsequences)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
+      goto done;
+   }
+   ok = true;
+done:
+   bson_destroy (&body);
+   return ok;
 }
 
 static bool
@@ -1287,10 +1346,21 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    /* RELAY */
    if (len <= CLIENT_SCAN_LIMIT) {
       const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
-      if (buf && reply_is_not_primary (buf, len)) {
+      reply_scan_t scan = {false, false};
+      if (buf)
+         reply_scan (buf, len, &scan);
+      if (scan.not_primary) {
          counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
          log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", c->upstream_name);
          topology_request_refresh (c->loop->topo, "not-primary error relayed");
+      }
+      if (scan.topology_version) {
+         if (!relay_strip_topology_version (c, buf, len, first ? r->client_id : h->response_to, flags, &error))
+            goto protocol;
+         evbuffer_drain (in, len);
+         if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, &error))
+            goto internal;
+         goto relayed;
       }
    }
    if (flags & WIRE_MSG_CHECKSUM_PRESENT) {
@@ -1316,6 +1386,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    } else if (!client_deliver (c, r, in, len, first ? (int64_t) r->client_id : KEEP_ID, !more, &error)) {
       goto internal;
    }
+relayed:
    /* Exhaust: the next reply responds to this one, and the client request
     * stays open until a reply without moreToCome. */
    if (more)

@@ -227,4 +227,45 @@ test('a "not primary" error is relayed, the driver retries, and the write lands 
   await proxy.stop();
 });
 
+test('a member\'s topologyVersion in a relayed error is not shown: the mongos persona has none', async () => {
+  // A not-primary or shutdown error of a member carries its topologyVersion. A driver would take it
+  // as the proxy's, ask the proxy for a streaming hello it does not serve, fail its monitor and clear
+  // its pool; so the proxy relays the error without it (everything else unchanged).
+  const proxy = await H.startProxy({ upstream: upstream.uri });
+  const app = `rbit-tv-${process.pid}`;
+  const viaProxy = new MongoClient(proxy.uri(), { appName: app, retryReads: false, serverSelectionTimeoutMS: 10000 });
+  const direct = new MongoClient(upstream.directUri || upstream.uri, { appName: app, retryReads: false, serverSelectionTimeoutMS: 10000 });
+  const fail = (c) => c.db('admin').command({
+    configureFailPoint: 'failCommand', mode: { times: 1 },
+    data: { failCommands: ['find'], errorCode: 91, appName: app },
+  });
+  const errorOf = async (c) => {
+    try {
+      await c.db(DB).collection('tv').findOne({});
+    } catch (e) {
+      return e;
+    }
+    return null;
+  };
+  try {
+    await fail(direct);
+    const de = await errorOf(direct);
+    await fail(viaProxy);
+    const pe = await errorOf(viaProxy);
+    assert.ok(de && pe, 'both finds failed');
+    assert.equal(pe.code, 91);
+    assert.equal(pe.codeName, de.codeName);
+    assert.deepEqual(pe.errorResponse.errorLabels, de.errorResponse.errorLabels, 'the server\'s labels unchanged');
+    assert.ok(de.errorResponse.topologyVersion, 'the member itself sends its topologyVersion');
+    assert.equal(pe.errorResponse.topologyVersion, undefined, 'no topologyVersion through the proxy');
+    // The driver keeps working through the proxy at once (its monitor was not sent streaming).
+    await viaProxy.db(DB).collection('tv').insertOne({ after: 1 });
+  } finally {
+    await viaProxy.db('admin').command({ configureFailPoint: 'failCommand', mode: 'off' }).catch(() => {});
+    await viaProxy.close();
+    await direct.close();
+  }
+  await proxy.stop();
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()]);
