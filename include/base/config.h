@@ -140,6 +140,7 @@ typedef struct config {
 
    /* [dispatch] */
    bool dispatch_enabled;
+   bool dispatch_watch; /* [dispatch] watch: the deliveries change stream wakes the dispatcher */
    int64_t poll_interval_ms;
    int64_t batch_size;
    int64_t lease_ms;

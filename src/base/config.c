@@ -141,6 +141,8 @@ static const config_key_t config_key_table[] = {
       "Deliveries claimed per claim call."),
    D ("lease_ms", I, "30000", 1000, MS_HOUR, true, lease_ms,
       "Lane lease duration; renewed while handlers run."),
+   D ("watch", B, "true", 0, 0, false, dispatch_watch,
+      "Watch new deliveries with a change stream, so a commit through any proxy wakes this one at once; false: polling only."),
 
    A ("listen", S, "127.0.0.1:9187", 0, 0, false, admin_listen,
       "Admin HTTP listener host:port; empty disables the admin port."),

@@ -71,6 +71,8 @@
 #include "dispatch/fleet.h"
 #include "store/ops.h"
 #include "store/store.h"
+#include "store/watch.h"
+#include "dispatch/consumer.h"
 #include "dispatch/webhook.h"
 #include "base/worker.h"
 
@@ -187,6 +189,9 @@ typedef struct {
     * (its own event base) and its timer. */
    worker_t *renew;
    struct event *renew_tick_ev;
+   /* The deliveries change stream ([dispatch] watch): a commit through any
+    * proxy wakes the claims and the consumers' long polls at once. */
+   store_watch_t *watch;
    renew_set_t renew_set;
    atomic_int_fast64_t renew_lease_ms;
    bool setup_done, stopping, finished;
@@ -289,6 +294,7 @@ job_ref (const job_t *j)
 
 static void finish (dispatcher_t *d);
 static void job_start (dispatcher_t *d, job_t *j);
+static void watch_update (dispatcher_t *d, const config_t *cfg);
 
 /* Gives back the waiting followers of a run (release: no attempt
  * charged), or with `call` false only forgets them (a stop hands the
@@ -1340,6 +1346,7 @@ reload_cb (evutil_socket_t fd, short what, void *arg)
    old = d->cfg;
    d->cfg = next;
    config_release (old);
+   watch_update (d, d->cfg);
    d->dispatching = d->enabled && d->n_handlers > 0;
    if (was && !d->dispatching)
       log_info ("dispatch: no webhook handler left: not dispatching");
@@ -1364,6 +1371,37 @@ reload_cb (evutil_socket_t fd, short what, void *arg)
              d->cfg->purge_interval_ms);
 }
 
+/* ---------------------------------------------------------------- watch */
+
+/* On the watch thread: deliveries for our handlers were inserted. */
+static void
+watch_cb (void *ctx)
+{
+   dispatcher_t *d = ctx;
+
+   if (!atomic_exchange (&d->wake_pending, true))
+      event_active (d->wake_ev, EV_TIMEOUT, 0);
+   consumer_wake ();
+}
+
+/* Starts the watch, or points it at cfg's handlers (webhook and pull). */
+static void
+watch_update (dispatcher_t *d, const config_t *cfg)
+{
+   const char **names = bson_malloc0 ((cfg->n_handlers + 1) * sizeof *names);
+   bson_error_t err;
+
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      names[i] = cfg->handlers[i].name;
+   if (d->watch)
+      store_watch_set_handlers (d->watch, names, cfg->n_handlers);
+   else if (d->enabled && cfg->dispatch_watch && cfg->n_handlers > 0 &&
+            !(d->watch = store_watch_new (cfg, names, cfg->n_handlers, watch_cb, d, &err)))
+      log_warn ("dispatch: cannot watch new deliveries (%s): commits through other proxies are picked up by polling",
+                err.message);
+   bson_free (names);
+}
+
 /* --------------------------------------------------------------- public */
 
 static void
@@ -1371,6 +1409,8 @@ dispatcher_free (dispatcher_t *d)
 {
    if (!d)
       return;
+   store_watch_destroy (d->watch); /* its callback uses wake_ev */
+   d->watch = NULL;
    for (size_t i = 0; i < d->n_done; i++)
       job_drop (d, d->done[i], false);
    for (size_t i = 0; i < d->n_unsettled; i++)
@@ -1525,6 +1565,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    pthread_mutex_lock (&g_mu);
    g_d = d;
    pthread_mutex_unlock (&g_mu);
+   watch_update (d, cfg);
    if (d->renew) {
       renew_arm (d);
       if (!worker_start (d->renew, &err))
@@ -1554,6 +1595,9 @@ dispatch_stop (void)
    pthread_mutex_unlock (&g_mu);
    if (!d)
       return;
+   /* First: its wake-ups would only find a dispatcher on its way out. */
+   store_watch_destroy (d->watch);
+   d->watch = NULL;
    worker_stop (d->w);
    /* After the dispatcher: its stop waits for requests whose leases are
     * still renewed meanwhile. */

@@ -1,15 +1,16 @@
 'use strict';
 // Dispatch benchmark (not a timed test):
 //  - upstream commands per 1,000 deliveries at batch 100, keyed and unkeyed, counted by the
-//    double per appName (doubleStats), so only the dispatching proxy's own commands count:
+//    double per appName (doubleStats), so only the dispatching proxy's own commands count
+//    (the dispatcher's, its lease renewal's and its change stream's):
 //    the proxy starts on an empty outbox, its start-up is left out, and the count runs from
 //    the first claim that finds the events to the last completion (idle polls and the fleet
 //    heartbeat in between included); deliveries per second to a loopback sink (first to
 //    last delivery) and the proxy's CPU milliseconds (utime + stime) per 1,000 deliveries;
 //  - what a claim costs with 1,000 and with 100,000 due deliveries (commands and
 //    milliseconds per claim, over the claims of the first 1,000 deliveries);
-//  - publish-to-webhook latency through the proxy, with the local wake-up and through
-//    another instance's polling.
+//  - publish-to-webhook latency through the proxy, with the local wake-up, and through
+//    another instance: woken by the change stream ([dispatch] watch) and by polling alone.
 //
 //   RELAYBUS_PROXY_BIN=build/relaybus-proxy node tests/integration/dispatch/bench.js [N]
 //
@@ -24,7 +25,9 @@ const { startSink } = require('./sink');
 const { startDispatchProxy, publishThroughProxy, waitFor, laneId } = require('./helpers');
 
 const N = Number(process.argv[2] || 1000);
-const APP = 'relaybus-proxy dispatch';
+// The dispatching proxy's connections: the dispatcher, its lease renewal and its change stream
+// on the deliveries (the wake-up across proxies): all of them count.
+const APPS = ['relaybus-proxy dispatch', 'relaybus-proxy renew', 'relaybus-proxy watch'];
 const MONITORING = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'endSessions', 'doubleStats', 'buildInfo', 'buildinfo']);
 
 /** The dispatcher's commands since the last reset (monitoring left out). */
@@ -32,10 +35,12 @@ async function dispatcherCommands(client, reset) {
   const r = await client.db('admin').command({ doubleStats: 1, reset: reset ? 1 : 0 });
   const out = {};
   let total = 0;
-  for (const [k, v] of Object.entries((r.byApp || {})[APP] || {})) {
-    if (MONITORING.has(k)) continue;
-    out[k] = Number(v);
-    total += Number(v);
+  for (const app of APPS) {
+    for (const [k, v] of Object.entries((r.byApp || {})[app] || {})) {
+      if (MONITORING.has(k)) continue;
+      out[k] = (out[k] || 0) + Number(v);
+      total += Number(v);
+    }
   }
   return { total, byCommand: out };
 }
@@ -191,12 +196,14 @@ async function claimCost(due, keyed) {
  * remote: published through a second, non-dispatching proxy, so only the
  * dispatcher's polling finds the event.
  */
-async function latency(mode, pollMs, samples) {
+async function latency(mode, pollMs, samples, watch = true) {
   const d = await startDouble();
   const sink = await startSink({});
   const st = sink.stats();
   const handlers = [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), concurrency: 16 }];
-  const dispatcher = await startDispatchProxy({ upstream: d.uri, dispatch: { batch_size: 100, poll_interval_ms: pollMs }, handlers });
+  const dispatch = { batch_size: 100, poll_interval_ms: pollMs };
+  if (!watch) dispatch.watch = 'false';
+  const dispatcher = await startDispatchProxy({ upstream: d.uri, dispatch, handlers });
   const publisher = mode === 'local' ? dispatcher : await startDispatchProxy({ upstream: d.uri, enabled: false, handlers });
   const client = await new MongoClient(`mongodb://127.0.0.1:${publisher.port}/`).connect();
   try {
@@ -216,7 +223,7 @@ async function latency(mode, pollMs, samples) {
     console.log(JSON.stringify({
       measure: mode === 'local'
         ? 'publish-to-webhook latency, published through the dispatching proxy (local wake-up)'
-        : `publish-to-webhook latency, published through another proxy (polling, poll_interval_ms ${pollMs})`,
+        : `publish-to-webhook latency, published through another proxy (${watch ? 'change stream wake-up' : 'polling only, watch = false'}, poll_interval_ms ${pollMs})`,
       samples,
       p50: q(0.5),
       p99: q(0.99),
@@ -243,7 +250,8 @@ async function latency(mode, pollMs, samples) {
   }
   if (!only || only === 'latency') {
     await latency('local', 1000, 50);
-    await latency('remote', 1000, 50);
+    await latency('remote', 1000, 50, true);
+    await latency('remote', 1000, 50, false);
   }
 })().catch((e) => {
   console.error(e);
