@@ -165,6 +165,7 @@ typedef struct {
    bool purging;     /* enabled: runs the scheduled purge */
 
    struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *deadline_ev, *reload_ev;
+   struct event *watch_ev; /* the watch saw new deliveries (watch_cb) */
    config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
    job_t *running;
    size_t n_running;
@@ -196,6 +197,7 @@ typedef struct {
    atomic_int_fast64_t renew_lease_ms;
    bool setup_done, stopping, finished;
    atomic_bool wake_pending;
+   atomic_bool watch_pending;
    bool woken; /* a commit woke the dispatcher since the last claim */
    int64_t last_claim_ms;
    uint64_t rnd;
@@ -1379,9 +1381,31 @@ watch_cb (void *ctx)
 {
    dispatcher_t *d = ctx;
 
-   if (!atomic_exchange (&d->wake_pending, true))
-      event_active (d->wake_ev, EV_TIMEOUT, 0);
+   if (!atomic_exchange (&d->watch_pending, true))
+      event_active (d->watch_ev, EV_TIMEOUT, 0);
    consumer_wake ();
+}
+
+/* On the dispatcher: the watch's news claims at once when nothing runs or
+ * waits here.  While requests are in flight their completions claim
+ * again anyway (and the poll backs them up); a claim per insert seen
+ * would multiply the claims on the database while it is busiest, since
+ * every dispatching proxy sees every insert. */
+static void
+watch_wake_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   size_t waiting = 0;
+
+   (void) fd;
+   (void) what;
+   atomic_store (&d->watch_pending, false);
+   for (size_t i = 0; i < d->n_handlers; i++)
+      waiting += (size_t) d->handlers[i]->waiting;
+   if (d->stopping || !d->setup_done || d->n_running > 0 || waiting > 0 || d->n_unsettled > 0)
+      return;
+   d->woken = true;
+   schedule (d->tick_ev, 0);
 }
 
 /* Starts the watch, or points it at cfg's handlers (webhook and pull). */
@@ -1409,7 +1433,7 @@ dispatcher_free (dispatcher_t *d)
 {
    if (!d)
       return;
-   store_watch_destroy (d->watch); /* its callback uses wake_ev */
+   store_watch_destroy (d->watch); /* its callback uses watch_ev */
    d->watch = NULL;
    for (size_t i = 0; i < d->n_done; i++)
       job_drop (d, d->done[i], false);
@@ -1443,6 +1467,7 @@ dispatcher_free (dispatcher_t *d)
    struct event *evs[] = {d->setup_ev,
                           d->tick_ev,
                           d->wake_ev,
+                          d->watch_ev,
                           d->flush_ev,
                           d->settle_ev,
                           d->deadline_ev,
@@ -1513,6 +1538,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->setup_ev = evtimer_new (d->base, setup_cb, d);
    d->tick_ev = evtimer_new (d->base, tick_cb, d);
    d->wake_ev = event_new (d->base, -1, 0, wake_cb, d);
+   d->watch_ev = event_new (d->base, -1, 0, watch_wake_cb, d);
    d->flush_ev = event_new (d->base, -1, 0, flush_cb, d);
    d->settle_ev = evtimer_new (d->base, settle_cb, d);
    d->deadline_ev = evtimer_new (d->base, deadline_cb, d);
