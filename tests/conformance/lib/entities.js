@@ -2,7 +2,7 @@
 // Entity map and entity creation (clients, databases, collections, sessions)
 // for the unified test format.
 
-const { MongoClient, ReadPreference } = require('mongodb');
+const { MongoClient, ReadPreference, GridFSBucket } = require('mongodb');
 
 // observeEvents names -> driver event names
 const EVENT_NAMES = {
@@ -129,6 +129,12 @@ class EntityMap {
         case 'collection': {
           const db = this.get(spec.database, 'database');
           this.set(spec.id, db.collection(spec.collectionName, rwOptions(spec.collectionOptions)), 'collection');
+          this.clientOf.set(spec.id, this.clientOf.get(spec.database));
+          break;
+        }
+        case 'bucket': {
+          const db = this.get(spec.database, 'database');
+          this.set(spec.id, new GridFSBucket(db, rwOptions(spec.bucketOptions)), 'bucket');
           this.clientOf.set(spec.id, this.clientOf.get(spec.database));
           break;
         }

@@ -1,7 +1,7 @@
 'use strict';
 // Entity operations and special testRunner operations for the unified test format.
 
-const { MongoServerError, MongoWriteConcernError, MongoBulkWriteError, MongoClientBulkWriteError } = require('mongodb');
+const { MongoServerError, MongoWriteConcernError, MongoBulkWriteError, MongoClientBulkWriteError, Binary } = require('mongodb');
 const { match, MatchError, show } = require('./match');
 const { readPreferenceFrom, rwOptions } = require('./entities');
 
@@ -180,6 +180,43 @@ const collectionOps = {
   async listIndexes(coll, args, ents) {
     return coll.listIndexes(driverOptions(args || {}, ents)).toArray();
   },
+  async listIndexNames(coll, args, ents) {
+    const list = await coll.listIndexes(driverOptions(args || {}, ents)).toArray();
+    return list.map((i) => i.name);
+  },
+  // Atlas Search index management: on a 7.0 replica set (no Atlas) the server answers each
+  // of these with an error, which is what the spec tests expect.
+  async createSearchIndex(coll, args) {
+    return coll.createSearchIndex(args.model);
+  },
+  async createSearchIndexes(coll, args) {
+    return coll.createSearchIndexes(args.models);
+  },
+  async dropSearchIndex(coll, args) {
+    return coll.dropSearchIndex(args.name);
+  },
+  async updateSearchIndex(coll, args) {
+    return coll.updateSearchIndex(args.name, args.definition);
+  },
+  async listSearchIndexes(coll, args, ents) {
+    const a = args || {};
+    const opts = driverOptions(a.aggregationOptions || {}, ents);
+    const cursor = a.name !== undefined ? coll.listSearchIndexes(a.name, opts) : coll.listSearchIndexes(opts);
+    return cursor.toArray();
+  },
+  // A find cursor entity: the find is sent now (as the drivers' runners do), later
+  // iterations send getMores.
+  async createFindCursor(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    const cursor = coll.find(pos.filter || {}, driverOptions(opts, ents));
+    try {
+      await cursor.cursorInit();
+    } catch (e) {
+      await cursor.close().catch(() => {});
+      throw e;
+    }
+    return cursor;
+  },
   async drop(coll, args, ents) {
     return coll.drop(driverOptions(args || {}, ents));
   },
@@ -206,6 +243,23 @@ async function createChangeStream(watchable, args, ents) {
   }
   return cs;
 }
+
+// Iteration of find cursor entities (createFindCursor): the same operations.
+const cursorOps = {
+  async iterateUntilDocumentOrError(c) {
+    const doc = await c.next();
+    if (doc === null) throw new MatchError('iterateUntilDocumentOrError', 'the cursor is exhausted');
+    return doc;
+  },
+  async iterateOnce(c) {
+    const doc = await c.tryNext();
+    return doc === null ? undefined : doc;
+  },
+  async close(c) {
+    await c.close();
+    return undefined;
+  },
+};
 
 const changeStreamOps = {
   // Waits (with getMores) for the next event or error.
@@ -243,6 +297,11 @@ const databaseOps = {
     const { pos, opts } = splitArgs(args, ['filter']);
     return db.listCollections(pos.filter || {}, driverOptions(opts, ents)).toArray();
   },
+  // The full documents: what the Node.js driver's listCollections returns.
+  async listCollectionObjects(db, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return db.listCollections(pos.filter || {}, driverOptions(opts, ents)).toArray();
+  },
   async listCollectionNames(db, args, ents) {
     const { pos, opts } = splitArgs(args, ['filter']);
     const list = await db.listCollections(pos.filter || {}, { ...driverOptions(opts, ents), nameOnly: true }).toArray();
@@ -268,6 +327,14 @@ const clientOps = {
     const r = await client.db('admin').admin().listDatabases(driverOptions(args || {}, ents));
     return r.databases;
   },
+  async listDatabaseObjects(client, args, ents) {
+    const r = await client.db('admin').admin().listDatabases(driverOptions(args || {}, ents));
+    return r.databases;
+  },
+  async dropDatabase(client, args, ents) {
+    const { pos, opts } = splitArgs(args, ['database']);
+    return client.db(pos.database).dropDatabase(driverOptions(opts, ents));
+  },
   async listDatabaseNames(client, args, ents) {
     const r = await client.db('admin').admin().listDatabases({ ...driverOptions(args || {}, ents), nameOnly: true });
     return r.databases.map((d) => d.name);
@@ -275,6 +342,60 @@ const clientOps = {
   async clientBulkWrite(client, args, ents) {
     const { pos, opts } = splitArgs(args, ['models']);
     return plainClientBulkResult(await client.bulkWrite(clientBulkModels(pos.models), driverOptions(opts, ents)));
+  },
+};
+
+// ---- GridFS bucket operations ---------------------------------------------
+
+function hexBytes(v) {
+  if (v && typeof v === 'object' && typeof v.$$hexBytes === 'string') return Buffer.from(v.$$hexBytes, 'hex');
+  if (v && v._bsontype === 'Binary') return Buffer.from(v.buffer);
+  if (Buffer.isBuffer(v)) return v;
+  throw new UnsupportedError(`upload: unsupported source ${show(v)}`);
+}
+
+function readAll(stream) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    stream.on('data', (c) => chunks.push(c));
+    stream.on('error', reject);
+    stream.on('end', () => resolve(new Binary(Buffer.concat(chunks))));
+  });
+}
+
+const bucketOps = {
+  async delete(bucket, args, ents) {
+    const { pos, opts } = splitArgs(args, ['id']);
+    await bucket.delete(pos.id, driverOptions(opts, ents));
+    return undefined;
+  },
+  async download(bucket, args, ents) {
+    const { pos, opts } = splitArgs(args, ['id']);
+    return readAll(bucket.openDownloadStream(pos.id, driverOptions(opts, ents)));
+  },
+  async downloadByName(bucket, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filename']);
+    return readAll(bucket.openDownloadStreamByName(pos.filename, driverOptions(opts, ents)));
+  },
+  async rename(bucket, args, ents) {
+    const { pos, opts } = splitArgs(args, ['id', 'newFilename']);
+    await bucket.rename(pos.id, pos.newFilename, driverOptions(opts, ents));
+    return undefined;
+  },
+  async drop(bucket, args, ents) {
+    await bucket.drop(driverOptions(args || {}, ents));
+    return undefined;
+  },
+  async upload(bucket, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filename', 'source']);
+    const data = hexBytes(pos.source);
+    const stream = bucket.openUploadStream(pos.filename, driverOptions(opts, ents));
+    await new Promise((resolve, reject) => {
+      stream.once('error', reject);
+      stream.once('finish', resolve);
+      stream.end(data);
+    });
+    return stream.id;
   },
 };
 
@@ -407,5 +528,5 @@ function checkError(expected, err, ents) {
 }
 
 module.exports = {
-  collectionOps, databaseOps, clientOps, changeStreamOps, makeSessionOps, checkError, CURSOR_OPS, UnsupportedError, show,
+  collectionOps, databaseOps, clientOps, changeStreamOps, cursorOps, bucketOps, makeSessionOps, checkError, CURSOR_OPS, UnsupportedError, show,
 };

@@ -5,16 +5,37 @@
 
 const fs = require('fs');
 const path = require('path');
-const { MongoClient, BSON, ChangeStream } = require('mongodb');
+const { MongoClient, BSON, ChangeStream, AbstractCursor } = require('mongodb');
 const { EJSON } = BSON;
 const { match, exactMatch, MatchError, show } = require('./match');
 const { EntityMap } = require('./entities');
 const ops = require('./operations');
 const reqs = require('./requirements');
 
-const SUPPORTED_SCHEMA = [1, 22];
+const SUPPORTED_SCHEMA = [1, 26];
 
 class TestFailure extends Error {}
+
+// known-driver-differences.json: tests that fail only because of the Node.js driver itself;
+// they count as skipped, named with the reason.
+const KNOWN_DIFFERENCES_FILE = path.join(__dirname, '..', 'known-driver-differences.json');
+
+function loadKnownDifferences(file) {
+  const doc = JSON.parse(fs.readFileSync(file, 'utf8'));
+  const list = doc.differences;
+  if (!Array.isArray(list)) throw new Error(`${file}: 'differences' must be an array`);
+  for (const d of list) {
+    if (typeof d.file !== 'string' || typeof d.reason !== 'string' || typeof d.evidence !== 'string' ||
+        !(d.tests === '*' || (Array.isArray(d.tests) && d.tests.every((t) => typeof t === 'string')))) {
+      throw new Error(`${file}: each difference needs file, tests ("*" or a list), reason and evidence`);
+    }
+  }
+  return list;
+}
+
+function knownDifference(list, file, test) {
+  return list.find((d) => d.file === file && (d.tests === '*' || d.tests.includes(test))) || null;
+}
 
 function schemaSupported(v) {
   const [maj, min] = String(v).split('.').map((x) => parseInt(x, 10) || 0);
@@ -37,6 +58,7 @@ class Runner {
     this.baseline = opts.baseline !== false;
     this.testTimeoutMS = opts.testTimeoutMS || 60000;
     this.topology = opts.topology || null;
+    this.knownDifferences = loadKnownDifferences(opts.knownDifferencesFile || KNOWN_DIFFERENCES_FILE);
     this.out = opts.out || ((s) => process.stdout.write(s + '\n'));
     this.results = [];
     this.clients = [];
@@ -105,6 +127,8 @@ class Runner {
           if (t.skipReason) { push(t, 'skip', `spec skipReason: ${t.skipReason}`); continue; }
           const tr = await reqs.evaluate(t.runOnRequirements, this.server, { baseline: this.baseline });
           if (!tr.run) { push(t, tr.kind, tr.reason); continue; }
+          const known = knownDifference(this.knownDifferences, displayName, t.description);
+          if (known) { push(t, 'skip', `known Node.js driver difference: ${known.reason}`); continue; }
           const started = Date.now();
           const failure = await this.runTest(doc, t);
           push(t, failure ? 'fail' : 'pass', failure || undefined);
@@ -181,8 +205,8 @@ class Runner {
       try { await withTimeout(this.checkOutcome(test.outcome), 15000, 'reading outcome'); } catch (e) { fail(e); }
     }
     for (const e of ents.map.values()) {
-      if (e.kind !== 'changeStream') continue;
-      try { await withTimeout(e.value.close(), 5000, 'change stream close'); } catch (_) { /* ignore */ }
+      if (e.kind !== 'changeStream' && e.kind !== 'cursor') continue;
+      try { await withTimeout(e.value.close(), 5000, `${e.kind} close`); } catch (_) { /* ignore */ }
     }
     for (const s of ents.sessions()) {
       try { await withTimeout(s.endSession(), 5000, 'endSession'); } catch (_) { /* ignore */ }
@@ -335,7 +359,10 @@ class Runner {
         throw new TestFailure(`${label}: expectResult ${e.message}`);
       }
     }
-    if (op.saveResultAsEntity) ents.set(op.saveResultAsEntity, result, result instanceof ChangeStream ? 'changeStream' : 'result');
+    if (op.saveResultAsEntity) {
+      const kind = result instanceof ChangeStream ? 'changeStream' : result instanceof AbstractCursor ? 'cursor' : 'result';
+      ents.set(op.saveResultAsEntity, result, kind);
+    }
   }
 
   matchResult(op, result, ents) {
@@ -360,6 +387,8 @@ class Runner {
       case 'client': table = ops.clientOps; break;
       case 'session': table = ops.makeSessionOps(this); break;
       case 'changeStream': table = ops.changeStreamOps; break;
+      case 'cursor': table = ops.cursorOps; break;
+      case 'bucket': table = ops.bucketOps; break;
       default: throw new ops.UnsupportedError(`operations on ${entry.kind} entities are not supported`);
     }
     const fn = table[op.name];
@@ -505,4 +534,4 @@ function collectFiles(args) {
   return out;
 }
 
-module.exports = { Runner, collectFiles, DRIVER_WTIMEOUT_NOTE };
+module.exports = { Runner, collectFiles, DRIVER_WTIMEOUT_NOTE, loadKnownDifferences, knownDifference };
