@@ -89,6 +89,8 @@ typedef struct {
    /* Every lane document, read once at the start of the claim: the held
     * lanes are checked against it and the free ones found in it. */
    bson_t *lane_docs[OUTBOX_LANES];
+   int64_t started_us; /* monotonic clock at o->now */
+   int64_t lease_from; /* o->now plus the claim's own duration, at the record */
 } claim_t;
 
 /* Frees what a claimed delivery owns (not the delivery itself). */
@@ -1723,7 +1725,7 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
          bson_append_document_end (&sub, &each);
          bson_append_document_end (&upd, &sub);
          BSON_APPEND_DOCUMENT_BEGIN (&upd, "$max", &sub);
-         BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
+         BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->lease_from + c->o->lease_ms);
          bson_append_document_end (&upd, &sub);
          ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &upd, NULL, &err);
          expected++;
@@ -1896,6 +1898,8 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    c->s = s;
    c->o = o;
    c->out = out;
+   c->started_us = bson_get_monotonic_time ();
+   c->lease_from = o->now;
    c->handler_taken = bson_malloc0 (o->n_handlers * sizeof *c->handler_taken);
    pthread_mutex_lock (&s->claim_mu);
    c->client = mongoc_client_pool_pop (s->pool);
@@ -1968,7 +1972,19 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    if (!attach_events (c, error))
       goto done;
 
-   /* 4. one bulkWrite */
+   /* 4. one bulkWrite.  The picks' lease runs from here, not from the
+    * claim's start: a claim that took long on a slow database (most of it
+    * before this write) would otherwise hand out deliveries with little
+    * of their lease left, which the worker gives back unstarted.  The
+    * write is conditional on each lane's epoch, so a lane whose lease
+    * lapsed meanwhile and was taken over is not extended.  A claim that
+    * took under a tenth of the lease keeps o->now: the lease is exact for
+    * the caller's clock, and such a delay leaves the worker enough. */
+   {
+      int64_t took = (bson_get_monotonic_time () - c->started_us) / 1000;
+      if (took >= o->lease_ms / 10)
+         c->lease_from = o->now + took;
+   }
    if (!record (c, hand_back, error))
       goto done;
    ok = true;
@@ -1994,8 +2010,8 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
       RELAYBUS_ASSERT (l->epoch >= st->epoch);
       st->held = true;
       st->epoch = l->epoch;
-      if (l->picks.n > 0 && st->expires < o->now + o->lease_ms)
-         st->expires = o->now + o->lease_ms;
+      if (l->picks.n > 0 && st->expires < c->lease_from + o->lease_ms)
+         st->expires = c->lease_from + o->lease_ms;
    }
    for (size_t i = 0; i < out->n; i++) {
       outbox_lease_t lease;
@@ -2005,7 +2021,7 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
                            lease.lane_id,
                            lease.epoch,
                            lease.claims,
-                           o->now + o->lease_ms,
+                           c->lease_from + o->lease_ms,
                            out->items[i].handler,
                            out->items[i].key);
    }

@@ -1959,6 +1959,51 @@ test_l3_renew_all_running_jobs (void **state)
    mongoc_collection_destroy (lanes);
 }
 
+/* A claim's lease runs from its record, not from its start: a claim that
+ * the database makes slow (here: its first read waits a second) hands out
+ * deliveries with their whole lease left, in this instance's record and in
+ * the lane, so the worker does not give them back unstarted. */
+static void
+test_claim_lease_runs_from_the_record (void **state)
+{
+   fx_t *fx = *state;
+   store_claim_handler_t h = {"h", 1};
+   store_claim_opts_t o = {&h, 1, 1, T0, 3000};
+   store_batch_t b = {0};
+   store_ref_t r;
+   bson_error_t err;
+   bson_t *ldoc;
+   mongoc_collection_t *lanes = coll (fx, OUTBOX_LANES_COLL);
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_t *q;
+   int64_t expires;
+
+   add (fx, "lr-0", "h", NULL, 0, T0 - 10);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, "
+              "\"data\": {\"failCommands\": [\"find\"], \"blockConnection\": true, \"blockTimeMS\": 1000}}");
+   if (!store_claim (fx->a, &o, &b, &err))
+      fail_msg ("claim: %s", err.message);
+   failpoint_off (fx);
+   assert_int_equal (b.n, 1);
+   r = ref (&b.items[0]);
+   expires = store_lease_expires (fx->a, &r);
+   assert_true (expires >= T0 + 1000 + 3000);
+   assert_true (expires < T0 + 60000 + 3000);
+   q = BCON_NEW ("_id", BCON_INT32 ((int32_t) outbox_lane_id (NULL, "lr-0")));
+   cur = mongoc_collection_find_with_opts (lanes, q, NULL, NULL);
+   assert_true (mongoc_cursor_next (cur, &doc));
+   ldoc = bson_copy (doc);
+   mongoc_cursor_destroy (cur);
+   assert_int_equal (field (ldoc, "leaseExpiresAt"), expires);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 1));
+   bson_destroy (ldoc);
+   bson_destroy (q);
+   mongoc_collection_destroy (lanes);
+   store_batch_clear (&b);
+}
+
 /* Runs scheduled purge steps of `s` until the run is done (bounded),
  * summing what they removed; false if a step found the lease elsewhere. */
 static bool
@@ -2139,6 +2184,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_l1_scan_cap_blocked_keys, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l2_bury_running_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l3_renew_all_running_jobs, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_claim_lease_runs_from_the_record, setup, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_removes_exactly_the_right_ones, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_lease_makes_others_skip, setup, teardown),
    };
