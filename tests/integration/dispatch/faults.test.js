@@ -13,27 +13,18 @@
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { MongoClient } = require('mongodb');
-const { startUpstream, uniqueDbName, sleep } = require('../lib/proxy');
+const { uniqueDbName, sleep } = require('../lib/proxy');
 const { startSink } = require('./sink');
-const { startDispatchProxy, publish, waitFor } = require('./helpers');
+const { upstreamWithFailPoints, startDispatchProxy, publish, waitFor } = require('./helpers');
 
 const LEASE_MS = 3000;
 
 test('faults: 10% of the dispatcher\'s writes and aggregates fail; nothing is lost or stuck', { timeout: 300000 }, async (t) => {
   const N = Number(process.env.RELAYBUS_FAULT_EVENTS || 400);
   const KEYS = Number(process.env.RELAYBUS_FAULT_KEYS || 20);
-  const up = await startUpstream();
-  t.after(() => up.stop());
-  const admin = await new MongoClient(up.uri).connect();
-  t.after(() => admin.close());
-  const fp = (mode, data) => admin.db('admin').command({ configureFailPoint: 'failCommand', mode, data });
-  try {
-    await fp('off', {});
-  } catch (e) {
-    t.skip(`the upstream has no failCommand fail point (${e.message}); a real server needs enableTestCommands`);
-    return;
-  }
+  const fx = await upstreamWithFailPoints(t);
+  if (!fx) return;
+  const { up, admin, fp } = fx;
   const sink = await startSink({});
   t.after(() => sink.close());
   const db = uniqueDbName('dispatch_faults');

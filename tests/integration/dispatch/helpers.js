@@ -9,9 +9,9 @@ const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
-const { ObjectId } = require('mongodb');
+const { ObjectId, MongoClient } = require('mongodb');
 const { Webhook } = require('standardwebhooks');
-const { tmpDir, freePort, sleep, proxyBin } = require('../lib/proxy');
+const { tmpDir, freePort, sleep, proxyBin, startUpstream } = require('../lib/proxy');
 
 function fnv1a(str) {
   let h = 0x811c9dc5;
@@ -212,4 +212,25 @@ const verifies = (secret, body, headers) => {
   }
 };
 
-module.exports = { fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor, TEST_RETRY_SCHEDULE, newSecret, startReceiver, verifies };
+/**
+ * An upstream (the double, or MONGODB_URI) and a failCommand switch on it:
+ * `fp(mode, data)` configures the fail point.  Null when the upstream has no
+ * fail points (a real server without enableTestCommands): the test is
+ * skipped with the reason.  Everything is stopped after the test.
+ */
+async function upstreamWithFailPoints(t) {
+  const up = await startUpstream();
+  t.after(() => up.stop());
+  const admin = await new MongoClient(up.uri).connect();
+  t.after(() => admin.close());
+  const fp = (mode, data) => admin.db('admin').command({ configureFailPoint: 'failCommand', mode, data });
+  try {
+    await fp('off', {});
+  } catch (e) {
+    t.skip(`the upstream has no failCommand fail point (${e.message}); a real server needs enableTestCommands`);
+    return null;
+  }
+  return { up, admin, fp };
+}
+
+module.exports = { upstreamWithFailPoints, fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor, TEST_RETRY_SCHEDULE, newSecret, startReceiver, verifies };

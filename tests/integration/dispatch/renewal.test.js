@@ -8,25 +8,16 @@
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { MongoClient } = require('mongodb');
-const { startUpstream, uniqueDbName, sleep } = require('../lib/proxy');
+const { uniqueDbName, sleep } = require('../lib/proxy');
 const { startSink } = require('./sink');
-const { startDispatchProxy, publish, laneId, waitFor } = require('./helpers');
+const { upstreamWithFailPoints, startDispatchProxy, publish, laneId, waitFor } = require('./helpers');
 
 const LEASE_MS = 1500;
 
 test('renewal: a slow claim does not let a running delivery\'s lease lapse', { timeout: 120000 }, async (t) => {
-  const up = await startUpstream();
-  t.after(() => up.stop());
-  const admin = await new MongoClient(up.uri).connect();
-  t.after(() => admin.close());
-  const fp = (mode, data) => admin.db('admin').command({ configureFailPoint: 'failCommand', mode, data });
-  try {
-    await fp('off', {});
-  } catch (e) {
-    t.skip(`the upstream has no failCommand fail point (${e.message}); a real server needs enableTestCommands`);
-    return;
-  }
+  const fx = await upstreamWithFailPoints(t);
+  if (!fx) return;
+  const { up, admin, fp } = fx;
   const sink = await startSink({ delayMs: 6000 });
   t.after(() => sink.close());
   const db = uniqueDbName('dispatch_renewal');
@@ -82,17 +73,9 @@ test('renewal: a slow claim does not let a running delivery\'s lease lapse', { t
 // once, and sees them in order.
 test('renewal: with renewals stalled, no delivery starts on a lease about to lapse; two proxies never run a key at once',
   { timeout: 180000 }, async (t) => {
-    const up = await startUpstream();
-    t.after(() => up.stop());
-    const admin = await new MongoClient(up.uri).connect();
-    t.after(() => admin.close());
-    const fp = (mode, data) => admin.db('admin').command({ configureFailPoint: 'failCommand', mode, data });
-    try {
-      await fp('off', {});
-    } catch (e) {
-      t.skip(`the upstream has no failCommand fail point (${e.message}); a real server needs enableTestCommands`);
-      return;
-    }
+    const fx = await upstreamWithFailPoints(t);
+    if (!fx) return;
+    const { up, admin, fp } = fx;
     const sink = await startSink({ delayMs: 300 });
     t.after(() => sink.close());
     const db = uniqueDbName('dispatch_lapse');
