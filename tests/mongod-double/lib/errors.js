@@ -23,7 +23,9 @@ const CODE_NAMES = {
   76: 'NoReplicationEnabled', 95: 'NotSecondary', 31368: 'Location31368', 31373: 'Location31373', 31382: 'Location31382',
   47: 'NoMatchingDocument', 216: 'ElectionInProgress', 237: 'CursorKilled', 260: 'InvalidResumeToken', 280: 'ChangeStreamFatalError',
   286: 'ChangeStreamHistoryLost', 40324: 'Location40324', 40415: 'Location40415', 40573: 'Location40573',
-  40647: 'Location40647', 40674: 'Location40674', 50808: 'Location50808', 50865: 'Location50865',
+  40647: 'Location40647', 359: 'CannotConvertIndexToUnique', 40414: 'Location40414', 5979700: 'Location5979700',
+  5979701: 'Location5979701', 322: 'APIVersionError', 323: 'APIStrictError', 324: 'APIDeprecationError',
+  4886600: 'Location4886600', 40674: 'Location40674', 50808: 'Location50808', 50865: 'Location50865',
 };
 
 // Codes a driver may retry; the server labels them RetryableWriteError on retryable writes and

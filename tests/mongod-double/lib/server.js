@@ -38,6 +38,7 @@ const SECONDARY_ALWAYS = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'buil
   'whatsmyuri', 'getCmdLineOpts', 'hostInfo', 'connectionStatus', 'replSetGetStatus', 'currentOp', 'killOp', 'getLog',
   'getFreeMonitoringStatus', 'listCommands', 'getDefaultRWConcern', 'getMore', 'killCursors', 'fsync', 'getClusterTime',
   'replSetStepDown', 'replSetFreeze', 'replSetStepUp', 'doubleElectionTime']);
+const SNAPSHOT_READS = new Set(['find', 'aggregate', 'distinct']);
 const SECONDARY_OPT_IN = new Set(['find', 'aggregate', 'count', 'distinct', 'listCollections', 'listIndexes',
   'listDatabases', 'dbStats', 'collStats', 'dataSize', 'explain']);
 // WriteConflict, LockTimeout, PreparedTransactionInProgress, snapshot and stale-routing errors.
@@ -533,6 +534,7 @@ class Server {
     try {
       if (!handler) throw err(59, `no such command: '${name}'`);
       if (this.auth && !conn.user && !NO_AUTH_NEEDED.has(name)) throw err(13, `command ${name} requires authentication`);
+      checkApiParameters(body, name);
       if (this.role === 'secondary') this.checkSecondary(body, name);
       else if (this.role === 'primary' && (has('autocommit') || (!SECONDARY_ALWAYS.has(name) && !SECONDARY_OPT_IN.has(name)))) {
         // A write or transaction statement: a step-down while it runs interrupts it (11602).
@@ -543,6 +545,11 @@ class Server {
         ctx.sctx = this.sessions.begin(body, name, db);
         if (ctx.sctx.inTxn && has('writeConcern') && name !== 'commitTransaction' && name !== 'abortTransaction') {
           throw err(72, 'writeConcern is not allowed within a multi-statement transaction');
+        }
+        // Snapshot reads outside a transaction (mongod 5.0+): find, aggregate and distinct only.
+        if (!ctx.sctx.inTxn && body.readConcern && typeof body.readConcern === 'object' && body.readConcern.level === 'snapshot' &&
+            !SNAPSHOT_READS.has(name)) {
+          throw err(72, `Command ${name} does not support { readConcern: { level: "snapshot" } } :: caused by :: read concern not supported`);
         }
       }
       // Errors injected by failCommand leave an open transaction alone (a real 7.0 primary
@@ -634,6 +641,37 @@ class Server {
       throw err(13435, 'not primary and secondaryOk=false');
     }
     throw err(10107, 'not primary');
+  }
+}
+
+// The Stable API's version 1 commands (mongod 7.0); with apiStrict: true any other command
+// fails with 323 APIStrictError.
+const API_V1 = new Set(['abortTransaction', 'aggregate', 'authenticate', 'collMod', 'commitTransaction', 'count', 'create',
+  'createIndexes', 'delete', 'drop', 'dropDatabase', 'dropIndexes', 'endSessions', 'explain', 'find', 'findAndModify',
+  'getMore', 'hello', 'insert', 'killCursors', 'listCollections', 'listDatabases', 'listIndexes', 'ping',
+  'refreshSessions', 'saslContinue', 'saslStart', 'update']);
+
+// mongod's checks of the API parameters (apiVersion, apiStrict, apiDeprecationErrors).
+function checkApiParameters(body, name) {
+  const has = (f) => Object.prototype.hasOwnProperty.call(body, f);
+  if (!has('apiVersion')) {
+    if (has('apiStrict') || has('apiDeprecationErrors')) {
+      throw err(4886600, 'Provided apiStrict and/or apiDeprecationErrors without passing apiVersion');
+    }
+    return;
+  }
+  if (typeof body.apiVersion !== 'string') {
+    throw err(14, `BSON field 'apiVersion' is the wrong type '${V.bsonTag(body.apiVersion)}', expected type 'string'`);
+  }
+  for (const f of ['apiStrict', 'apiDeprecationErrors']) {
+    if (has(f) && typeof body[f] !== 'boolean') {
+      throw err(14, `BSON field '${f}' is the wrong type '${V.bsonTag(body[f])}', expected type 'bool'`);
+    }
+  }
+  if (body.apiVersion !== '1') throw err(322, 'API version must be "1"');
+  if (body.apiStrict === true && !API_V1.has(name)) {
+    throw err(323, `Provided apiStrict:true, but the command ${name} is not in API Version 1. Information on supported ` +
+      'commands and migrations in API Version 1 can be found at https://dochub.mongodb.org/core/manual-versioned-api');
   }
 }
 

@@ -114,6 +114,18 @@ class Collection {
   // Checks a committed write of newDoc under idKey against the unique indexes; throws
   // DuplicateKey or WaitFor. `txn` is the writing transaction or null.
   checkUnique(idKey, newDoc, newView, txn) {
+    // An index with prepareUnique (collMod) refuses new duplicate keys and keeps the
+    // duplicates it already has (they block the conversion to unique, see collMod).
+    for (const ix of this.indexes.values()) {
+      if (!ix.spec.prepareUnique || ix.unique) continue;
+      const keys = ix.keysOf(newDoc, newView);
+      if (!keys.length) continue;
+      for (const other of this.records.keys()) {
+        if (other === idKey) continue;
+        const v = txn && txn.ownWrite(this, other) ? txn.ownWrite(this, other) : this.getLatest(other);
+        if (v && v.doc && ix.keysOf(v.doc, v.view).some((k) => keys.includes(k))) throw this.dupKeyError(ix, newDoc);
+      }
+    }
     for (const ix of this.uniqueIndexes()) {
       for (const k of ix.keysOf(newDoc, newView)) {
         const r = ix.reserved.get(k);

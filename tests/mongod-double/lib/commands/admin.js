@@ -107,6 +107,8 @@ async function hello(ctx) {
 }
 
 async function ping() { return { ok: 1 }; }
+// A test command (enableTestCommands) of API version 2 only, as on mongod.
+async function testVersion2() { return { ok: 1 }; }
 
 async function buildInfo() {
   return {
@@ -391,5 +393,5 @@ module.exports = {
   refreshSessions, startSession, commitTransaction, abortTransaction, configureFailPoint, whatsmyuri, getCmdLineOpts,
   hostInfo, connectionStatus, replSetGetStatus, currentOp, killOp, getLog, logout, getFreeMonitoringStatus,
   listCommands, getDefaultRWConcern, setFeatureCompatibilityVersion, getnonce, _isSelf: isSelf, fsync,
-  appendOplogNote, getClusterTime, replSetStepDown, replSetFreeze, replSetStepUp, doubleElectionTime,
+  appendOplogNote, getClusterTime, replSetStepDown, replSetFreeze, replSetStepUp, doubleElectionTime, testVersion2,
 };

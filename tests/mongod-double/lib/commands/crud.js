@@ -506,6 +506,10 @@ async function aggregateCmd(ctx) {
     ctx.vars = evalLet(cmd.let);
     return changeStreams.open(ctx);
   }
+  // A 7.0 mongod without Atlas (no search index management host) refuses the stage.
+  if (pipeline.length && isPlainObject(pipeline[0]) && pipeline[0].$listSearchIndexes !== undefined) {
+    throw err(115, '$listSearchIndexes stage is only allowed on MongoDB Atlas');
+  }
   const explain = V.truthy(cmd.explain);
   if (!explain && !isPlainObject(cmd.cursor)) {
     throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");

@@ -27,9 +27,28 @@ async function create(ctx) {
       'comment', 'maxTimeMS', '$readPreference', 'apiVersion', 'apiStrict', 'apiDeprecationErrors'].includes(k)) continue;
     options[k] = cmd[k];
   }
+  if (options.clusteredIndex !== undefined) options.clusteredIndex = clusteredIndexSpec(options.clusteredIndex);
   const c = await ctx.retryOnWait(() => ctx.access.coll(db, name, true, options));
   c.options = options;
+  // A clustered collection's _id index is the clustered index, under its name.
+  if (options.clusteredIndex) c.idIndex.spec = Object.assign({}, options.clusteredIndex, { clustered: true });
   return { ok: 1 };
+}
+
+// create's clusteredIndex option as mongod 7.0 stores it: {v: 2, key: {_id: 1}, name, unique: true}.
+function clusteredIndexSpec(ci) {
+  if (!isPlainObject(ci)) throw err(14, "BSON field 'create.clusteredIndex' is the wrong type, expected type 'object'");
+  for (const k of Object.keys(ci)) {
+    if (!['key', 'unique', 'name', 'v'].includes(k)) throw err(40415, `BSON field 'create.clusteredIndex.${k}' is an unknown field.`);
+  }
+  if (!isPlainObject(ci.key)) throw err(40414, "BSON field 'create.clusteredIndex.key' is missing but a required field");
+  if (ci.unique === undefined) throw err(40414, "BSON field 'create.clusteredIndex.unique' is missing but a required field");
+  if (!V.truthy(ci.unique)) throw err(5979700, "The 'clusteredIndex' option requires 'unique: true'");
+  if (V.keys(ci.key).length !== 1 || V.keys(ci.key)[0] !== '_id' || V.toNumber(ci.key._id) !== 1) {
+    throw err(5979701, "The clusteredIndex option is only supported for key: {_id: 1}");
+  }
+  if (ci.name !== undefined && typeof ci.name !== 'string') throw err(14, "BSON field 'create.clusteredIndex.name' is the wrong type, expected type 'string'");
+  return { v: 2, key: { _id: 1 }, name: ci.name !== undefined ? ci.name : '_id_', unique: true };
 }
 
 function abortTxnsTouching(store, coll) {
@@ -180,7 +199,8 @@ function collectionEntry(c, nameOnly) {
     type: isView ? 'view' : 'collection',
     options: c.options || {},
     info: { readOnly: false, uuid: c.uuid },
-    idIndex: { v: 2, key: { _id: 1 }, name: '_id_' },
+    // A clustered collection has no separate _id index.
+    ...(c.options && c.options.clusteredIndex ? {} : { idIndex: { v: 2, key: { _id: 1 }, name: '_id_' } }),
   };
 }
 
@@ -279,10 +299,74 @@ async function collMod(ctx) {
   if (cmd.index && isPlainObject(cmd.index)) {
     const ix = [...c.indexes.values()].find((i) => i.name === cmd.index.name || (cmd.index.keyPattern && sameKey(i.key, cmd.index.keyPattern)));
     if (!ix) throw err(27, 'cannot find index');
+    Object.assign(r, modifyIndex(c, ix, cmd.index));
   }
   recordDdl(ctx.store, 'modify', { db, coll: name, uuid: c.uuid, desc, before: { collectionOptions: Object.assign({ uuid: c.uuid }, before) } });
   r.ok = 1;
   return r;
+}
+
+// collMod's index options prepareUnique and unique (mongod 6.0+): prepareUnique makes the index
+// refuse new duplicate keys; unique: true then converts it, unless documents already share a
+// key (359 CannotConvertIndexToUnique, with the conflicting _ids in `violations`).
+function modifyIndex(c, ix, opts) {
+  const r = {};
+  if (opts.prepareUnique !== undefined) {
+    const was = !!ix.spec.prepareUnique;
+    const now = V.truthy(opts.prepareUnique);
+    if (ix.unique && now) throw err(72, `Cannot set 'prepareUnique' on a unique index: ${ix.name}`);
+    if (was !== now) {
+      const spec = Object.assign({}, ix.spec);
+      if (now) spec.prepareUnique = true;
+      else delete spec.prepareUnique;
+      replaceIndex(c, ix, spec);
+      r.prepareUnique_old = was;
+      r.prepareUnique_new = now;
+    }
+    ix = c.indexes.get(ix.name);
+  }
+  if (opts.unique !== undefined) {
+    if (!V.truthy(opts.unique)) throw err(72, "The field 'unique' can only be true");
+    if (ix.unique) return r;
+    if (!ix.spec.prepareUnique) throw err(72, "Cannot make index unique with 'prepareUnique' false or not set");
+    const groups = new Map();
+    for (const idKey of c.records.keys()) {
+      const v = c.getLatest(idKey);
+      if (!v) continue;
+      for (const k of ix.keysOf(v.doc, v.view)) {
+        if (!groups.has(k)) groups.set(k, []);
+        groups.get(k).push(v.doc._id);
+      }
+    }
+    const violations = [...groups.values()].filter((ids) => ids.length > 1).map((ids) => ({ ids }));
+    if (violations.length) {
+      throw err(359, 'Cannot convert the index to unique. Please resolve conflicting documents before running collMod again.', { violations });
+    }
+    const spec = Object.assign({}, ix.spec, { unique: true });
+    delete spec.prepareUnique;
+    const fresh = replaceIndex(c, ix, spec);
+    for (const idKey of c.records.keys()) {
+      const v = c.getLatest(idKey);
+      if (v) for (const k of fresh.keysOf(v.doc, v.view)) fresh.entries.set(k, idKey);
+    }
+    r.unique_new = true;
+  }
+  return r;
+}
+
+function replaceIndex(c, ix, spec) {
+  const fresh = new Index(spec);
+  const order = [...c.indexes.entries()].map(([n, i]) => [n, i === ix ? fresh : i]);
+  c.indexes.clear();
+  for (const [n, i] of order) c.indexes.set(n, i);
+  return fresh;
+}
+
+// Atlas Search index management: a 7.0 mongod outside Atlas has the commands but no search
+// index management host to forward them to.
+async function searchIndexCommand(ctx) {
+  nameOf(ctx.cmd, ctx.name);
+  throw err(115, 'Search index commands are only supported with Atlas.');
 }
 
 async function collStats(ctx) {
@@ -303,4 +387,5 @@ async function dbStats(ctx) {
 module.exports = {
   create, drop, dropDatabase, createIndexes, listIndexes, dropIndexes, deleteIndexes: dropIndexes, listCollections,
   listDatabases, renameCollection, collStats, dbStats, collMod,
+  createSearchIndexes: searchIndexCommand, dropSearchIndex: searchIndexCommand, updateSearchIndex: searchIndexCommand,
 };
