@@ -559,13 +559,23 @@ class Server {
         if (V.truthy(fp.blockConnection)) {
           // A statement of a transaction the reaper aborts while it is blocked gets 290.
           const own = ctx.sctx && ctx.sctx.txn && ctx.sctx.txn.state === 'inProgress' && !isEnd ? ctx.sctx.txn : null;
+          // As mongod's interruptible sleep: the command's maxTimeMS deadline (set before the
+          // fail point is evaluated) ends the block with 50 MaxTimeMSExpired. On a getMore,
+          // maxTimeMS is the await time of a tailable cursor, not a deadline.
           const ms = V.toNumber(fp.blockTimeMS) || 0;
           const waits = [sleep(ms)];
+          let expired = false;
+          let timer;
+          if (deadline !== null && name !== 'getMore') {
+            waits.push(new Promise((r) => { timer = setTimeout(() => { expired = true; r(); }, Math.max(0, deadline - Date.now())); }));
+          }
           if (own) waits.push(own.done);
           if (ctx.interruptWait) waits.push(ctx.interruptWait);
           await Promise.race(waits);
+          clearTimeout(timer);
           if (own) own.checkAlive();
           if (ctx.interrupted) throw ctx.interrupted;
+          if (expired) throw err(50, 'operation exceeded time limit');
         }
         if (V.truthy(fp.closeConnection)) {
           conn.close();

@@ -85,6 +85,25 @@ test('blockConnection delays the reply; appName restricts to one client', async 
   assert.equal((await ping()).ok.valueOf(), 1);
 });
 
+test('a block longer than the command\'s maxTimeMS ends at the deadline with MaxTimeMSExpired', async () => {
+  await fail({ times: 2 }, { failCommands: ['find', 'insert'], blockConnection: true, blockTimeMS: 600 });
+  let t0 = Date.now();
+  const r = await raw.command({ find: 'c', maxTimeMS: 150, $db: 'fp' });
+  const took = Date.now() - t0;
+  assert.equal(r.ok.valueOf(), 0);
+  assert.equal(r.code.valueOf(), 50);
+  assert.equal(r.codeName, 'MaxTimeMSExpired');
+  assert.ok(took >= 140 && took < 500, `replied after ${took} ms`);
+  t0 = Date.now();
+  const w = await raw.command({ insert: 'mt', documents: [{ _id: 1 }], maxTimeMS: 100, $db: 'fp' });
+  assert.equal(w.code.valueOf(), 50);
+  assert.ok(Date.now() - t0 < 500);
+  assert.equal((await raw.command({ find: 'mt', $db: 'fp' })).cursor.firstBatch.length, 0);
+  // A deadline beyond the block: the command runs after it.
+  await fail({ times: 1 }, { failCommands: ['find'], blockConnection: true, blockTimeMS: 100 });
+  assert.equal((await raw.command({ find: 'c', maxTimeMS: 2000, $db: 'fp' })).ok.valueOf(), 1);
+});
+
 test('onPrimaryTransactionalWrite closes after the write; the retry returns the first result', async () => {
   const c = await rawConnect(d.port);
   await c.command({ configureFailPoint: 'onPrimaryTransactionalWrite', mode: { times: 1 }, $db: 'admin' });
