@@ -80,6 +80,29 @@ function snapshot(v) {
   return v;
 }
 
+// awaitMinPoolSizeMS: the client's pools are filled to minPoolSize before the test goes on
+// (the connections are not made within the operations' time limits).
+async function awaitMinPool(client, minPoolSize, ms) {
+  const ready = new Map(); // server address -> connections ready
+  const onReady = (ev) => ready.set(ev.address, (ready.get(ev.address) || 0) + 1);
+  client.on('connectionReady', onReady);
+  try {
+    await client.connect();
+    const deadline = Date.now() + ms;
+    for (;;) {
+      const servers = client.topology ? [...client.topology.s.servers.values()] : [];
+      const data = servers.filter((sv) => sv.description && sv.description.isDataBearing);
+      if (data.length && data.every((sv) => (ready.get(sv.description.address) || 0) >= minPoolSize)) return;
+      if (Date.now() > deadline) {
+        throw new Error(`awaitMinPoolSizeMS: the pools did not reach minPoolSize ${minPoolSize} within ${ms} ms`);
+      }
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  } finally {
+    client.off('connectionReady', onReady);
+  }
+}
+
 class EntityMap {
   constructor(runner) {
     this.runner = runner;
@@ -138,6 +161,10 @@ class EntityMap {
           this.clientOf.set(spec.id, this.clientOf.get(spec.database));
           break;
         }
+        case 'thread':
+          // Operations run on it in order (runOnThread), concurrently with the test's own.
+          this.set(spec.id, { done: Promise.resolve(), error: null }, 'thread');
+          break;
         case 'session': {
           const client = this.get(spec.client, 'client');
           const so = { ...(spec.sessionOptions || {}) };
@@ -196,6 +223,9 @@ class EntityMap {
     this.set(spec.id, client, 'client');
     this.clientOf.set(spec.id, spec.id);
     this.runner.registerClient(client, state);
+    if (spec.awaitMinPoolSizeMS !== undefined && spec.uriOptions && spec.uriOptions.minPoolSize) {
+      await awaitMinPool(client, spec.uriOptions.minPoolSize, spec.awaitMinPoolSizeMS);
+    }
   }
 
   sessions() {

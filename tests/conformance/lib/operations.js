@@ -28,6 +28,12 @@ function driverOptions(opts, entities) {
     if (k === 'session') out.session = entities.get(v, 'session');
     else if (k === 'returnDocument') out.returnDocument = String(v).toLowerCase();
     else if (k === 'readPreference') out.readPreference = readPreferenceFrom(v);
+    else if (k === 'cursorType') {
+      // The format's cursorType: tailable or tailableAwait (Node.js: tailable / awaitData).
+      if (v === 'tailable' || v === 'tailableAwait') out.tailable = true;
+      if (v === 'tailableAwait') out.awaitData = true;
+      if (v !== 'tailable' && v !== 'tailableAwait' && v !== 'nonTailable') throw new UnsupportedError(`unknown cursorType ${v}`);
+    }
     else out[k] = v;
   }
   return out;
@@ -385,6 +391,10 @@ const bucketOps = {
   async drop(bucket, args, ents) {
     await bucket.drop(driverOptions(args || {}, ents));
     return undefined;
+  },
+  async find(bucket, args, ents) {
+    const { pos, opts } = splitArgs(args, ['filter']);
+    return bucket.find(pos.filter || {}, driverOptions(opts, ents)).toArray();
   },
   async upload(bucket, args, ents) {
     const { pos, opts } = splitArgs(args, ['filename', 'source']);

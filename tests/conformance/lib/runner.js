@@ -475,6 +475,31 @@ class Runner {
         }
         return undefined;
       }
+      case 'runOnThread': {
+        const thread = ents.get(a.thread, 'thread');
+        thread.done = thread.done.then(() => this.executeOperation(a.operation, ents, {})).catch((e) => {
+          if (!thread.error) thread.error = e;
+        });
+        return undefined;
+      }
+      case 'waitForThread': {
+        const thread = ents.get(a.thread, 'thread');
+        await thread.done;
+        if (thread.error) throw new TestFailure(`thread ${a.thread}: ${describeFailure(thread.error)}`);
+        return undefined;
+      }
+      case 'waitForEvent': {
+        const [type, spec] = Object.entries(a.event)[0];
+        const list = ents.eventLists.get(a.client);
+        if (!list) throw new TestFailure(`waitForEvent: no client entity '${a.client}'`);
+        const matches = (e) => e.type === type && (!spec || spec.commandName === undefined || e.event.commandName === spec.commandName);
+        const deadline = Date.now() + 10000;
+        while (list.filter(matches).length < a.count) {
+          if (Date.now() > deadline) throw new TestFailure(`waitForEvent: fewer than ${a.count} ${type} events within 10 s`);
+          await new Promise((r) => setTimeout(r, 5));
+        }
+        return undefined;
+      }
       case 'assertNumberConnectionsCheckedOut':
         return undefined; // not used by the suites here; pooling is the driver's business
       case 'wait':
