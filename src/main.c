@@ -377,7 +377,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
     * hands it their commands and gets the answers through p->wake. */
    if (!consumer_start (p->cfg, p->wake, pull_answer, error))
       return false;
-   pull_set_consumer (consumer_submit, consumer_closed);
+   pull_set_consumer (consumer_submit, consumer_closed, consumer_settled);
    /* The publishing path wakes the dispatcher after a commit it injected
     * into. */
    publish_set_wake_hook (proxy_commit_wake);
@@ -442,7 +442,7 @@ proxy_teardown (proxy_t *p)
    admin_stop (); /* before the topology it reads */
    publish_set_wake_hook (NULL);
    dispatch_stop (); /* hands its lanes back */
-   pull_set_consumer (NULL, NULL);
+   pull_set_consumer (NULL, NULL, NULL);
    consumer_stop (); /* hands its lanes back; before the loopwake it posts to */
    listener_destroy (p->listener);
    client_loop_destroy (p->clients);

@@ -221,6 +221,8 @@ typedef enum {
       "Deliveries handed out to pull consumers (relaybusClaim).")                                                      \
    X (CONSUMER_COMPLETED, "relaybus_consumer_completed_total", COUNTER, NONE,                                          \
       "Deliveries pull consumers completed (relaybusComplete, outside transactions).")                                 \
+   X (CONSUMER_COMPLETED_TXN, "relaybus_consumer_completed_in_transaction_total", COUNTER, NONE,                        \
+      "Deliveries pull consumers completed inside their own transaction, counted at its commit.")                     \
    X (CONSUMER_CLOSED_CHARGED, "relaybus_consumer_closed_charged_total", COUNTER, NONE,                                \
       "Claims charged one attempt because the consumer's connection closed.")                                          \
    X (CONSUMER_LONG_POLLS, "relaybus_consumer_long_polls", GAUGE, NONE, "relaybusClaim long polls waiting now.")      \

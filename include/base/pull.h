@@ -41,6 +41,7 @@ typedef enum {
    PULL_CODE_BAD_VALUE = 2,                /* BadValue: a field is missing or wrong */
    PULL_CODE_UNAUTHORIZED = 13,            /* Unauthorized: the connection may not read the outbox */
    PULL_CODE_NO_SUCH_LEASE = 9010,         /* RelaybusLeaseNotHeld: a lease this connection does not hold */
+   PULL_CODE_LEASE_LOST = 9011,            /* RelaybusLeaseLost: in a transaction, the store no longer has the claim */
    PULL_CODE_IN_TRANSACTION = 263,         /* OperationNotSupportedInTransaction */
    PULL_CODE_TEMPORARILY_UNAVAILABLE = 365, /* TemporarilyUnavailable: a bounded queue is full */
    PULL_CODE_INTERNAL = 1,                 /* InternalError: the store failed */
@@ -101,6 +102,9 @@ typedef struct pull_req {
    int64_t delay_ms; /* retry: -1: the handler's retry_schedule */
    char consumer[PULL_CONSUMER_MAX];
    char *error_text; /* retry, bury: may be NULL */
+   bool in_txn;      /* complete: sent in the consumer's transaction; the consumer
+                      * only checks that the leases are held (publish/pulltxn.h
+                      * writes the completion in the transaction) */
    pull_lease_t *leases;
    size_t n_leases;
    struct pull_req *next; /* the consumer's queues */

@@ -7,7 +7,8 @@
  * answer back to the forwarding loop.
  *
  * Thread: consumer_start and consumer_stop: the main thread;
- * consumer_submit, consumer_closed, consumer_wake and consumer_drain: any
+ * consumer_submit, consumer_closed, consumer_settled, consumer_wake and
+ * consumer_drain: any
  * thread (the
  * forwarding loop calls them); the answer callback: the forwarding loop
  * (through its loopwake); everything else: the consumer thread.
@@ -33,8 +34,12 @@
  * waiting for their lease.  An answer for a connection that has closed is
  * dropped by the loop.
  *
- * Not here: completion inside the consumer's transaction (a later phase:
- * the loop refuses pull commands inside a transaction).
+ * A relaybusComplete sent in the consumer's transaction (pull_req_t
+ * in_txn) is only checked here: the leases must be held by the
+ * connection, and the answer {ok: 1} lets the loop write the completion in
+ * the transaction (publish/pulltxn.h).  The claims stay held until the
+ * loop reports the commit (consumer_settled); after an abort they stay
+ * held and may be completed again.
  */
 #ifndef RELAYBUS_DISPATCH_CONSUMER_H
 #define RELAYBUS_DISPATCH_CONSUMER_H
@@ -87,6 +92,12 @@ bool consumer_submit (pull_req_t *r, bson_error_t *error) __attribute__ ((warn_u
 /* Connection `conn`, which submitted requests, closed: handled after its
  * requests already queued.  Never refused (one per connection). */
 void consumer_closed (uint64_t conn);
+
+/* Takes `r` (op PULL_COMPLETE, conn, handler, leases): a transaction that
+ * completed these leases committed, so the connection holds them no more.
+ * Never refused: the loop's table of completions waiting for their commit
+ * bounds these notices. */
+void consumer_settled (pull_req_t *r);
 
 /* A commit carried events: the waiting claims look again now. */
 void consumer_wake (void);

@@ -168,6 +168,11 @@ bool store_complete_many (store_t *store,
                           int64_t now,
                           bool *done,
                           bson_error_t *error) __attribute__ ((warn_unused_result));
+/* The claims of these deliveries, which this instance handed out, were
+ * completed elsewhere (a consumer's own transaction committed their
+ * completion): forgets them as store_complete_many does when it completed
+ * them itself.  No database call (store/settled.c). */
+void store_settled_elsewhere (store_t *store, const bson_oid_t *ids, size_t n);
 bool store_complete (store_t *store, const store_ref_t *ref, int64_t now, bool *done, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 

@@ -63,6 +63,8 @@ pull_code_name (pull_code_t code)
       return "Unauthorized";
    case PULL_CODE_NO_SUCH_LEASE:
       return "RelaybusLeaseNotHeld";
+   case PULL_CODE_LEASE_LOST:
+      return "RelaybusLeaseLost";
    case PULL_CODE_IN_TRANSACTION:
       return "OperationNotSupportedInTransaction";
    case PULL_CODE_TEMPORARILY_UNAVAILABLE:

@@ -54,8 +54,10 @@
  * took over; a consumer that comes back a little late may still settle). */
 #define CONSUMER_TIDY_MS 10000
 #define CONSUMER_EXPIRED_KEEP_MS 60000
-/* The internal operation of a close notice (beyond pull_op_t's). */
+/* The internal operations (beyond pull_op_t's): a close notice, and the
+ * leases a committed transaction completed. */
 #define CONSUMER_OP_CLOSED PULL_OP_COUNT_
+#define CONSUMER_OP_SETTLED (PULL_OP_COUNT_ + 1)
 
 /* One claim handed out and not settled. */
 typedef struct {
@@ -470,6 +472,14 @@ run_complete (consumer_t *c, pull_req_t *r)
 
    if (!leases_held (c, r, found))
       goto done;
+   if (r->in_txn) {
+      /* In the consumer's transaction: the loop writes the completion
+       * there; the claims stay held until the commit is known
+       * (run_settled). */
+      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      answer (r, &doc);
+      goto done;
+   }
    for (size_t i = 0; i < r->n_leases; i++)
       refs[i] = ref_of (found[i]);
    if (!store_complete_many (c->store, refs, r->n_leases, clock_now_ms (), done, &err)) {
@@ -713,6 +723,27 @@ done:
    config_release (cfg);
 }
 
+/* The transaction that completed r's leases committed: the claims are
+ * over.  The ones this connection no longer holds (its close was handled
+ * first) are skipped. */
+static void
+run_settled (consumer_t *c, pull_req_t *r)
+{
+   bson_oid_t *ids = bson_malloc0 ((r->n_leases ? r->n_leases : 1) * sizeof *ids);
+   size_t n = 0;
+
+   for (size_t i = 0; i < r->n_leases; i++) {
+      held_t *h = held_find (c, r->conn, r->leases[i].text);
+      if (!h || strcmp (h->handler, r->handler) != 0)
+         continue;
+      ids[n++] = h->lease.id;
+      held_remove (c, h);
+   }
+   store_settled_elsewhere (c->store, ids, n);
+   counters_add (COUNTER_CONSUMER_COMPLETED_TXN, n);
+   bson_free (ids);
+}
+
 /* Connection `conn` closed: its long polls go, and every claim it holds
  * is charged one attempt (rescheduled due now, or buried at the last). */
 static void
@@ -908,6 +939,9 @@ run (consumer_t *c, pull_req_t *r)
    case CONSUMER_OP_CLOSED:
       run_closed (c, r->conn);
       break;
+   case CONSUMER_OP_SETTLED:
+      run_settled (c, r);
+      break;
    default:
       RELAYBUS_ASSERT (!"unknown pull operation");
       break;
@@ -996,6 +1030,25 @@ consumer_closed (uint64_t conn)
       event_active (c->in_ev, 0, 0);
    }
    pthread_mutex_unlock (&g_mu);
+}
+
+void
+consumer_settled (pull_req_t *r)
+{
+   consumer_t *c;
+
+   pthread_mutex_lock (&g_mu);
+   c = g_c;
+   if (c) {
+      r->op = (pull_op_t) CONSUMER_OP_SETTLED;
+      pthread_mutex_lock (&c->mu);
+      in_push (c, r);
+      pthread_mutex_unlock (&c->mu);
+      event_active (c->in_ev, 0, 0);
+      r = NULL;
+   }
+   pthread_mutex_unlock (&g_mu);
+   pull_req_destroy (r);
 }
 
 void

@@ -475,6 +475,8 @@ statement_reply (client_conn_t *c, publish_op_t *op, const wire_msg_t *reply)
 static void
 relay_reply (client_conn_t *c, publish_op_t *op, const wire_msg_t *reply)
 {
+   if (op->is_commit)
+      pull_txn_outcome (&op->txn_cmd, reply ? &reply->body : NULL);
    if (reply) {
       op_answer (c, op, &reply->body);
       if (op->is_commit && !inject_reply_failed (&reply->body)) {
@@ -1088,7 +1090,7 @@ publish_route (route_t *r)
    bool annotated = !relaybus_cmd && annotate_msg_present (r->msg);
    char why[OUTBOX_GUARD_WHY_MAX];
 
-   if (conn_busy (client_id (r->c)))
+   if (conn_busy (client_id (r->c)) || pull_conn_busy (client_id (r->c)))
       /* Forwarding this now could let it overtake the outbox writes. */
       return route_fail (r, COUNTERS_CLOSE_CLIENT_PROTOCOL, PUBLISH_ERROR_PIPELINED,
                          "request pipelined behind an annotated statement or a relaybus command still running");
@@ -1113,11 +1115,14 @@ publish_route (route_t *r)
 
       if (txns_poisoned (&r->msg->body, &pe))
          return route_refuse_commit (r, &pe);
-      if (txns_injected (&r->msg->body, false))
+      /* A completion in the transaction settles its leases on success. */
+      if (txns_injected (&r->msg->body, false) || pull_txn_pending (&r->msg->body))
          return route_relay (r, &r->msg->body, true);
    }
-   if (cmd && strcmp (cmd, "abortTransaction") == 0)
+   if (cmd && strcmp (cmd, "abortTransaction") == 0) {
       (void) txns_injected (&r->msg->body, true);
+      pull_txn_aborted (&r->msg->body);
+   }
    return ROUTE_PASS;
 }
 

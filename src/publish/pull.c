@@ -19,31 +19,45 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "base/assert.h"
+#include "base/clock.h"
 #include "base/config.h"
 #include "base/log.h"
 #include "base/outbox.h"
+#include "publish/inject.h"
+#include "publish/poison.h"
+#include "publish/pulltxn.h"
+#include "publish/txns.h"
 
 static pull_submit_fn g_submit;
 static pull_closed_fn g_closed;
+static pull_settled_fn g_settled;
 
 void
-pull_set_consumer (pull_submit_fn submit, pull_closed_fn closed)
+pull_set_consumer (pull_submit_fn submit, pull_closed_fn closed, pull_settled_fn settled)
 {
    g_submit = submit;
    g_closed = closed;
+   g_settled = settled;
 }
 
 /* --- per connection --------------------------------------------------------- */
 
 #define PULL_CONN_BUCKETS 256
 
+struct txn_op;
+
 typedef struct pull_conn {
    uint64_t id;
    client_conn_t *c;
    bool authorized; /* the probe passed */
    bool submitted;  /* the consumer has heard of it */
+   struct txn_op *txn; /* a relaybusComplete in a transaction, in progress */
    struct pull_conn *next;
 } pull_conn_t;
+
+static void txn_op_free (struct txn_op *op);
+static void pending_drop_conn (uint64_t conn_id);
 
 static _Thread_local pull_conn_t *conns[PULL_CONN_BUCKETS];
 
@@ -70,6 +84,9 @@ conn_destroy (void *arg)
       }
    if (p->submitted && g_closed)
       g_closed (p->id);
+   /* Called after the connection's last callback: nothing of it runs. */
+   txn_op_free (p->txn);
+   pending_drop_conn (p->id);
    bson_free (p);
 }
 
@@ -112,6 +129,290 @@ answer_error (client_conn_t *c, uint64_t seq, pull_code_t code, const char *errm
    bson_destroy (&doc);
 }
 
+/* --- completion inside the consumer's transaction --------------------------- */
+
+/* Completions that wait for their transaction's commit, per loop thread:
+ * after a successful commitTransaction (on any connection of this loop)
+ * the consumer forgets their leases, which the connection then no longer
+ * holds; after an abort they stay held.  Full, the oldest entry goes: its
+ * leases then stay in the consumer's bookkeeping until the connection
+ * closes or their lease ends, which costs room, never correctness (the
+ * store's fencing decides what a settled lease can still change). */
+#define PULL_TXN_PENDING_MAX 1024
+
+typedef struct {
+   poison_key_t key;
+   uint64_t conn_id;
+   uint64_t stamp;
+   pull_req_t *settle; /* handler and leases, for the consumer's settled notice */
+} pending_t;
+
+static _Thread_local pending_t pending[PULL_TXN_PENDING_MAX];
+static _Thread_local uint32_t n_pending;
+static _Thread_local uint64_t pending_stamp;
+
+static bool
+key_equal (const poison_key_t *a, const poison_key_t *b)
+{
+   return a->id_len == b->id_len && a->txn_number == b->txn_number && memcmp (a->id, b->id, a->id_len) == 0;
+}
+
+static void
+pending_remove (uint32_t i)
+{
+   RELAYBUS_ASSERT (i < n_pending);
+   pull_req_destroy (pending[i].settle);
+   pending[i] = pending[--n_pending];
+}
+
+/* Adds the leases of `r` to the entry of (key, conn, handler). */
+static void
+pending_add (const poison_key_t *key, uint64_t conn_id, const pull_req_t *r)
+{
+   pending_t *e = NULL;
+
+   for (uint32_t i = 0; i < n_pending && !e; i++)
+      if (pending[i].conn_id == conn_id && key_equal (&pending[i].key, key) && strcmp (pending[i].settle->handler, r->handler) == 0)
+         e = &pending[i];
+   if (!e) {
+      if (n_pending == PULL_TXN_PENDING_MAX) {
+         uint32_t oldest = 0;
+         for (uint32_t i = 1; i < n_pending; i++)
+            if (pending[i].stamp < pending[oldest].stamp)
+               oldest = i;
+         log_info ("c%" PRIu64 ": %d completions wait for their commit on this loop; forgetting the oldest",
+                   pending[oldest].conn_id, PULL_TXN_PENDING_MAX);
+         pending_remove (oldest);
+      }
+      e = &pending[n_pending++];
+      e->key = *key;
+      e->conn_id = conn_id;
+      e->settle = bson_malloc0 (sizeof *e->settle);
+      e->settle->op = PULL_COMPLETE;
+      e->settle->conn = conn_id;
+      bson_strncpy (e->settle->handler, r->handler, sizeof e->settle->handler);
+   }
+   e->stamp = ++pending_stamp;
+   e->settle->leases = bson_realloc (e->settle->leases, (e->settle->n_leases + r->n_leases) * sizeof *e->settle->leases);
+   memcpy (e->settle->leases + e->settle->n_leases, r->leases, r->n_leases * sizeof *r->leases);
+   e->settle->n_leases += r->n_leases;
+}
+
+static void
+pending_drop_conn (uint64_t conn_id)
+{
+   for (uint32_t i = n_pending; i-- > 0;)
+      if (pending[i].conn_id == conn_id)
+         pending_remove (i);
+}
+
+bool
+pull_txn_pending (const bson_t *cmd)
+{
+   poison_key_t key;
+
+   if (n_pending == 0 || !poison_key_of (cmd, &key))
+      return false;
+   for (uint32_t i = 0; i < n_pending; i++)
+      if (key_equal (&pending[i].key, &key))
+         return true;
+   return false;
+}
+
+/* Does the reply carry error label `label`? */
+static bool
+has_label (const bson_t *reply, const char *label)
+{
+   bson_iter_t it, arr;
+
+   if (!bson_iter_init_find (&it, reply, "errorLabels") || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
+      return false;
+   while (bson_iter_next (&arr))
+      if (BSON_ITER_HOLDS_UTF8 (&arr) && strcmp (bson_iter_utf8 (&arr, NULL), label) == 0)
+         return true;
+   return false;
+}
+
+void
+pull_txn_outcome (const bson_t *cmd, const bson_t *reply)
+{
+   poison_key_t key;
+   bool committed, unknown;
+
+   if (n_pending == 0 || !poison_key_of (cmd, &key))
+      return;
+   /* No reply, or UnknownTransactionCommitResult: the driver sends the
+    * commit again, and the entry waits for that answer. */
+   if (!reply)
+      return;
+   committed = !inject_reply_failed (reply);
+   unknown = !committed && has_label (reply, "UnknownTransactionCommitResult");
+   if (unknown)
+      return;
+   for (uint32_t i = n_pending; i-- > 0;) {
+      if (!key_equal (&pending[i].key, &key))
+         continue;
+      if (committed && g_settled) {
+         g_settled (pending[i].settle); /* taken */
+         pending[i].settle = NULL;
+      }
+      pending_remove (i);
+   }
+}
+
+void
+pull_txn_aborted (const bson_t *cmd)
+{
+   poison_key_t key;
+
+   if (n_pending == 0 || !poison_key_of (cmd, &key))
+      return;
+   for (uint32_t i = n_pending; i-- > 0;)
+      if (key_equal (&pending[i].key, &key))
+         pending_remove (i);
+}
+
+/* One relaybusComplete inside a transaction: first the consumer checks
+ * that this connection holds the leases (the answer to `seq` comes back
+ * through pull_answer), then the rounds of publish/pulltxn.h run on the
+ * client's upstream connection, then the client is answered.  Owned by
+ * its connection's pull_conn_t; its internal requests are all answered
+ * (or failed by the connection's close) before it is freed. */
+typedef struct txn_op {
+   uint64_t seq;
+   pulltxn_t *job;
+   pull_req_t *req;   /* handler and leases, for the pending entry */
+   poison_key_t key;
+   bool checked;      /* the consumer confirmed the leases */
+   uint32_t round_n, answered;
+} txn_op_t;
+
+static void
+txn_op_free (txn_op_t *op)
+{
+   if (!op)
+      return;
+   pulltxn_destroy (op->job);
+   pull_req_destroy (op->req);
+   bson_free (op);
+}
+
+bool
+pull_conn_busy (uint64_t conn_id)
+{
+   pull_conn_t *p = conn_find (conn_id);
+
+   return p && p->txn;
+}
+
+static void
+on_txn_abort_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+{
+   (void) ctx;
+   if (reply && !txns_abort_confirmed (&reply->body))
+      log_info ("c%" PRIu64 " %s: abortTransaction after a failed relaybusComplete did not confirm the abort",
+                client_id (c), client_peer (c));
+   else if (!reply)
+      log_info ("c%" PRIu64 " %s: no reply to abortTransaction after a failed relaybusComplete: %s", client_id (c),
+                client_peer (c), error ? error->message : "?");
+}
+
+/* The completion failed: the transaction is aborted on the same connection
+ * (before anything the client sends next), so that even a client that
+ * ignores the error cannot commit its writes without the completion, and
+ * the client is answered `doc`. */
+static void
+txn_fail (client_conn_t *c, pull_conn_t *p, const bson_t *doc)
+{
+   txn_op_t *op = p->txn;
+   bson_error_t error;
+
+   if (pulltxn_opened (op->job)) {
+      bson_t abort;
+      pulltxn_abort_command (op->job, &abort);
+      if (!client_send_internal (c, &abort, NULL, 0, on_txn_abort_reply, NULL, &error)) {
+         bson_destroy (&abort);
+         p->txn = NULL;
+         txn_op_free (op);
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "cannot abort after a failed relaybusComplete: %s", error.message);
+         return;
+      }
+      bson_destroy (&abort);
+   }
+   p->txn = NULL;
+   answer_doc (c, op->seq, doc);
+   txn_op_free (op);
+}
+
+static void on_txn_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx);
+
+static void
+txn_round (client_conn_t *c, pull_conn_t *p)
+{
+   txn_op_t *op = p->txn;
+   bson_error_t error;
+
+   op->round_n = pulltxn_next_round (op->job);
+   op->answered = 0;
+   if (op->round_n == 0) {
+      const bson_t *fail;
+      bson_t doc;
+
+      if (pulltxn_failed (op->job, &fail)) {
+         const char *msg;
+         int32_t code = inject_reply_error (fail, &msg);
+         log_info ("c%" PRIu64 " %s: relaybusComplete in a transaction failed (%d): %s", client_id (c), client_peer (c),
+                   code, msg);
+         txn_fail (c, p, fail);
+         return;
+      }
+      pending_add (&op->key, p->id, op->req);
+      pulltxn_answer (op->job, &doc);
+      p->txn = NULL;
+      answer_doc (c, op->seq, &doc);
+      bson_destroy (&doc);
+      txn_op_free (op);
+      return;
+   }
+   for (uint32_t i = 0; i < op->round_n; i++)
+      if (!client_send_internal (c, pulltxn_command (op->job, i), NULL, 0, on_txn_reply, p, &error)) {
+         /* The replies of those sent come back failed as the connection closes. */
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "sending a completion write: %s", error.message);
+         return;
+      }
+}
+
+static void
+on_txn_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
+{
+   pull_conn_t *p = ctx;
+   txn_op_t *op = p->txn;
+
+   (void) error;
+   if (!op || !reply || client_state (c) == CLIENT_STATE_CLOSING)
+      return; /* the connection closes: conn_destroy frees the operation */
+   pulltxn_reply (op->job, op->answered++, &reply->body);
+   if (op->answered == op->round_n)
+      txn_round (c, p);
+}
+
+/* The consumer's answer to the lease check of the operation. */
+static void
+txn_checked (pull_conn_t *p, const bson_t *reply)
+{
+   txn_op_t *op = p->txn;
+   bson_iter_t it;
+
+   if (!(bson_iter_init_find (&it, reply, "ok") && BSON_ITER_HOLDS_NUMBER (&it) && bson_iter_as_double (&it) == 1.0)) {
+      /* Refused (a lease this connection does not hold): no label, so
+       * withTransaction does not run the transaction again. */
+      txn_fail (p->c, p, reply);
+      return;
+   }
+   op->checked = true;
+   txn_round (p->c, p);
+}
+
 void
 pull_answer (uint64_t conn, uint64_t seq, const bson_t *reply)
 {
@@ -119,6 +420,12 @@ pull_answer (uint64_t conn, uint64_t seq, const bson_t *reply)
 
    if (!p) /* closed: its claims are the consumer's to end */
       return;
+   if (client_state (p->c) == CLIENT_STATE_CLOSING)
+      return;
+   if (p->txn && p->txn->seq == seq && !p->txn->checked) {
+      txn_checked (p, reply);
+      return;
+   }
    answer_doc (p->c, seq, reply);
 }
 
@@ -136,8 +443,29 @@ submit (client_conn_t *c, pull_conn_t *p, uint64_t seq, const char *cmd, const b
    }
    r->conn = p->id;
    r->seq = seq;
+   if (r->op == PULL_COMPLETE && inject_txn_of (body) != INJECT_TXN_NO) {
+      /* In the consumer's transaction: the consumer checks the leases,
+       * then the completion's writes run here, in the transaction. */
+      txn_op_t *op = bson_malloc0 (sizeof *op);
+      op->seq = seq;
+      op->job = pulltxn_new (r, body, cfg, clock_now_ms (), &error);
+      if (!op->job || !poison_key_of (body, &op->key)) {
+         answer_error (c, seq, PULL_CODE_INTERNAL, op->job ? "relaybus: relaybusComplete: the transaction's session id is not understood" : error.message);
+         txn_op_free (op);
+         goto done;
+      }
+      op->req = bson_malloc0 (sizeof *op->req);
+      bson_strncpy (op->req->handler, r->handler, sizeof op->req->handler);
+      op->req->leases = bson_malloc0 (r->n_leases * sizeof *op->req->leases);
+      memcpy (op->req->leases, r->leases, r->n_leases * sizeof *r->leases);
+      op->req->n_leases = r->n_leases;
+      r->in_txn = true;
+      p->txn = op;
+   }
    if (!g_submit) {
       char msg[256];
+      txn_op_free (p->txn);
+      p->txn = NULL;
       bson_snprintf (msg, sizeof msg,
                      "relaybus: %s: no consumer thread runs (the proxy started without a kind = pull handler; "
                      "restart it to consume one a reload added)",
@@ -146,6 +474,8 @@ submit (client_conn_t *c, pull_conn_t *p, uint64_t seq, const char *cmd, const b
       goto done;
    }
    if (!g_submit (r, &error)) {
+      txn_op_free (p->txn);
+      p->txn = NULL;
       answer_error (c, seq, error.domain == PULL_ERROR_DOMAIN ? (pull_code_t) error.code : PULL_CODE_INTERNAL,
                     error.message);
       goto done;
@@ -244,10 +574,11 @@ pull_route (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compre
 
    if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &seq, error))
       return false;
-   if (bson_has_field (&msg->body, "txnNumber") || bson_has_field (&msg->body, "startTransaction")) {
+   if ((bson_has_field (&msg->body, "txnNumber") || bson_has_field (&msg->body, "startTransaction")) &&
+       !(strcmp (cmd, "relaybusComplete") == 0 && inject_txn_of (&msg->body) != INJECT_TXN_NO)) {
       bson_snprintf (errmsg, sizeof errmsg,
-                     "relaybus: %s inside a transaction is not supported by this version of the proxy: send it "
-                     "outside the transaction",
+                     "relaybus: %s inside a transaction is not supported: of the pull commands only "
+                     "relaybusComplete runs in the consumer's transaction; send it outside the transaction",
                      cmd);
       answer_error (c, seq, PULL_CODE_IN_TRANSACTION, errmsg);
       return true;

@@ -2,7 +2,10 @@
  * test_pull.c - the pull consumers' commands as base/pull.c parses them: a
  * table of commands (as relaxed Extended JSON) that parse, with what they
  * ask for, and of commands refused, with the code and the words of the
- * message that name the field; and the lease strings.
+ * message that name the field; and the lease strings.  Then
+ * publish/pulltxn.c, relaybusComplete in a transaction: the fence from a
+ * table of documents its reads return, the failures it hands the client,
+ * and the history records.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +17,7 @@
 
 #include "base/config.h"
 #include "base/pull.h"
+#include "publish/pulltxn.h"
 
 static const char *const ini = "[proxy]\n"
                                "listen = 127.0.0.1:0\n"
@@ -233,13 +237,241 @@ test_lease_roundtrip (void **state)
    assert_false (pull_lease_parse ("255:1:0:0123456789abcdef01234567x", &l));
 }
 
+/* --- relaybusComplete in a transaction (publish/pulltxn.c) ---------------- */
+
+#define TXN_FIELDS "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAA==\", \"subType\": \"04\"}}}, " \
+                   "\"txnNumber\": {\"$numberLong\": \"7\"}, \"autocommit\": false"
+#define TXN_LEASE "17:3:2:0123456789abcdef01234567"
+#define TXN_OID "{\"$oid\": \"0123456789abcdef01234567\"}"
+#define TXN_DELIVERY(claims, lane, status, handler)                                                           \
+   "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"relaybus.relaybus_deliveries\", \"firstBatch\": [{\"_id\": " TXN_OID \
+   ", \"eventId\": \"e1\", \"handler\": \"" handler "\", \"eventType\": \"order.placed.v1\", \"laneId\": " lane      \
+   ", \"status\": \"" status "\", \"attempts\": 0, \"claims\": " claims "}]}}"
+#define TXN_LANE(epoch, inflight)                                                                             \
+   "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"relaybus.relaybus_lanes\", \"firstBatch\": [{\"_id\": 17, "      \
+   "\"epoch\": " epoch ", \"inFlight\": [" inflight "]}]}}"
+#define TXN_NONE "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"x.y\", \"firstBatch\": []}}"
+
+/* The fence of one lease, from the documents its transaction read: holds
+ * (the WRITE round follows) or RelaybusLeaseLost. */
+static const struct {
+   const char *what, *deliveries, *lanes;
+   bool holds;
+} fence_cases[] = {
+   {"held", TXN_DELIVERY ("2", "17", "pending", "orders"), TXN_LANE ("3", TXN_OID), true},
+   {"a newer claim generation", TXN_DELIVERY ("3", "17", "pending", "orders"), TXN_LANE ("3", TXN_OID), false},
+   {"a newer lane epoch", TXN_DELIVERY ("2", "17", "pending", "orders"), TXN_LANE ("4", TXN_OID), false},
+   {"the lane no longer lists it", TXN_DELIVERY ("2", "17", "pending", "orders"), TXN_LANE ("3", ""), false},
+   {"the delivery is gone", TXN_NONE, TXN_LANE ("3", TXN_OID), false},
+   {"the lane is missing", TXN_DELIVERY ("2", "17", "pending", "orders"), TXN_NONE, false},
+   {"the delivery is dead", TXN_DELIVERY ("2", "17", "dead", "orders"), TXN_LANE ("3", TXN_OID), false},
+   {"another lane", TXN_DELIVERY ("2", "18", "pending", "orders"), TXN_LANE ("3", TXN_OID), false},
+   {"another handler's delivery", TXN_DELIVERY ("2", "17", "pending", "hooks"), TXN_LANE ("3", TXN_OID), false},
+};
+
+static pulltxn_t *
+txn_new (config_t *cfg, const char *cmd_json)
+{
+   bson_t *cmd = doc ("{\"relaybusComplete\": \"orders\", \"leases\": [\"" TXN_LEASE "\"], " TXN_FIELDS "}");
+   bson_t *stmt = doc (cmd_json);
+   pull_req_t *r = NULL;
+   pulltxn_t *t;
+   bson_error_t error;
+
+   if (!pull_parse ("relaybusComplete", cmd, cfg, &r, &error))
+      fail_msg ("parse: %s", error.message);
+   t = pulltxn_new (r, stmt, cfg, 1700000000000, &error);
+   if (!t)
+      fail_msg ("pulltxn_new: %s", error.message);
+   pull_req_destroy (r);
+   bson_destroy (cmd);
+   bson_destroy (stmt);
+   return t;
+}
+
+static void
+reply_json (pulltxn_t *t, uint32_t i, const char *json)
+{
+   bson_t *b = doc (json);
+
+   pulltxn_reply (t, i, b);
+   bson_destroy (b);
+}
+
+static bool
+has_path (const bson_t *b, const char *dotted)
+{
+   bson_iter_t it, f;
+
+   return bson_iter_init (&it, b) && bson_iter_find_descendant (&it, dotted, &f);
+}
+
+static void
+test_txn_fence (void **state)
+{
+   config_t *cfg = cfg_new ();
+
+   (void) state;
+   for (size_t k = 0; k < sizeof fence_cases / sizeof fence_cases[0]; k++) {
+      pulltxn_t *t = txn_new (cfg, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS "}");
+      const bson_t *fail = NULL;
+      uint32_t n;
+      bson_iter_t it;
+
+      assert_int_equal (pulltxn_next_round (t), 2);
+      assert_int_equal (pulltxn_phase (t), PULLTXN_PHASE_FENCE);
+      /* Both reads run in the transaction and open nothing. */
+      for (uint32_t i = 0; i < 2; i++) {
+         assert_string_equal (first_key (pulltxn_command (t, i)), "find");
+         assert_true (has_path (pulltxn_command (t, i), "lsid.id"));
+         assert_true (has_path (pulltxn_command (t, i), "txnNumber"));
+         assert_true (bson_iter_init_find (&it, pulltxn_command (t, i), "autocommit") && !bson_iter_bool (&it));
+         assert_false (has_path (pulltxn_command (t, i), "startTransaction"));
+         assert_false (has_path (pulltxn_command (t, i), "readConcern"));
+      }
+      reply_json (t, 0, fence_cases[k].deliveries);
+      reply_json (t, 1, fence_cases[k].lanes);
+      n = pulltxn_next_round (t);
+      if (!fence_cases[k].holds) {
+         if (n != 0 || !pulltxn_failed (t, &fail))
+            fail_msg ("%s: the fence passed", fence_cases[k].what);
+         assert_true (bson_iter_init_find (&it, fail, "code"));
+         assert_int_equal (bson_iter_int32 (&it), PULL_CODE_LEASE_LOST);
+         assert_true (bson_iter_init_find (&it, fail, "codeName"));
+         assert_string_equal (bson_iter_utf8 (&it, NULL), "RelaybusLeaseLost");
+         assert_false (has_path (fail, "errorLabels"));
+         pulltxn_destroy (t);
+         continue;
+      }
+      if (n != 2)
+         fail_msg ("%s: %u commands in the write round", fence_cases[k].what, n);
+      assert_string_equal (first_key (pulltxn_command (t, 0)), "delete");
+      assert_true (has_path (pulltxn_command (t, 0), "deletes.0.q.$or.0.claims"));
+      assert_true (has_path (pulltxn_command (t, 0), "deletes.0.q.$or.0.laneId"));
+      assert_string_equal (first_key (pulltxn_command (t, 1)), "update");
+      assert_true (bson_iter_init (&it, pulltxn_command (t, 1)) &&
+                   bson_iter_find_descendant (&it, "updates.0.q._id.$in.0", &it) && BSON_ITER_HOLDS_UTF8 (&it));
+      assert_string_equal (bson_iter_utf8 (&it, NULL), "e1");
+      assert_true (has_path (pulltxn_command (t, 1), "updates.0.u.$max.completedAt"));
+      reply_json (t, 0, "{\"ok\": 1, \"n\": 1}");
+      reply_json (t, 1, "{\"ok\": 1, \"n\": 1, \"nModified\": 1}");
+      assert_int_equal (pulltxn_next_round (t), 0);
+      assert_false (pulltxn_failed (t, NULL));
+      {
+         bson_t ans;
+         pulltxn_answer (t, &ans);
+         assert_true (bson_iter_init (&it, &ans) && bson_iter_find_descendant (&it, "completed.0", &it));
+         assert_string_equal (bson_iter_utf8 (&it, NULL), TXN_LEASE);
+         assert_false (has_path (&ans, "notCompleted.0"));
+         bson_destroy (&ans);
+      }
+      pulltxn_destroy (t);
+   }
+   config_release (cfg);
+}
+
+/* The server's own failure is what the client gets (a WriteConflict keeps
+ * its TransientTransactionError); a delete that misses a fenced delivery is
+ * a transient WriteConflict; a completion that opens the transaction hands
+ * startTransaction and readConcern to its first command only. */
+static void
+test_txn_failures (void **state)
+{
+   config_t *cfg = cfg_new ();
+   const bson_t *fail = NULL;
+   pulltxn_t *t;
+   bson_iter_t it;
+
+   (void) state;
+   t = txn_new (cfg, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS "}");
+   assert_int_equal (pulltxn_next_round (t), 2);
+   reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
+   reply_json (t, 1, TXN_LANE ("3", TXN_OID));
+   assert_int_equal (pulltxn_next_round (t), 2);
+   reply_json (t, 0, "{\"ok\": 0, \"code\": 112, \"codeName\": \"WriteConflict\", \"errmsg\": \"conflict\", "
+                     "\"errorLabels\": [\"TransientTransactionError\"]}");
+   reply_json (t, 1, "{\"ok\": 0, \"code\": 251, \"codeName\": \"NoSuchTransaction\", \"errmsg\": \"x\"}");
+   assert_int_equal (pulltxn_next_round (t), 0);
+   assert_true (pulltxn_failed (t, &fail));
+   assert_true (bson_iter_init_find (&it, fail, "code"));
+   assert_int_equal (bson_iter_int32 (&it), 112);
+   assert_true (bson_iter_init (&it, fail) && bson_iter_find_descendant (&it, "errorLabels.0", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "TransientTransactionError");
+   pulltxn_destroy (t);
+
+   t = txn_new (cfg, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS "}");
+   assert_int_equal (pulltxn_next_round (t), 2);
+   reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
+   reply_json (t, 1, TXN_LANE ("3", TXN_OID));
+   assert_int_equal (pulltxn_next_round (t), 2);
+   reply_json (t, 0, "{\"ok\": 1, \"n\": 0}");
+   reply_json (t, 1, "{\"ok\": 1, \"n\": 1}");
+   assert_int_equal (pulltxn_next_round (t), 0);
+   assert_true (pulltxn_failed (t, &fail));
+   assert_true (bson_iter_init_find (&it, fail, "code"));
+   assert_int_equal (bson_iter_int32 (&it), 112);
+   assert_true (has_path (fail, "errorLabels"));
+   pulltxn_destroy (t);
+
+   t = txn_new (cfg, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS ", \"startTransaction\": true, "
+                     "\"readConcern\": {\"level\": \"snapshot\"}}");
+   assert_false (pulltxn_opened (t));
+   assert_int_equal (pulltxn_next_round (t), 2);
+   assert_true (pulltxn_opened (t));
+   assert_true (has_path (pulltxn_command (t, 0), "startTransaction"));
+   assert_true (has_path (pulltxn_command (t, 0), "readConcern.level"));
+   assert_false (has_path (pulltxn_command (t, 1), "startTransaction"));
+   assert_false (has_path (pulltxn_command (t, 1), "readConcern"));
+   pulltxn_destroy (t);
+
+   {
+      bson_t *stmt = doc ("{\"relaybusComplete\": \"orders\"}");
+      pull_req_t r = {.op = PULL_COMPLETE};
+      bson_error_t error;
+      assert_null (pulltxn_new (&r, stmt, cfg, 0, &error));
+      bson_destroy (stmt);
+   }
+   config_release (cfg);
+}
+
+/* With [outbox] completion_history the write round also records each
+ * completion, with the delivery's fields and attempts + 1. */
+static void
+test_txn_history (void **state)
+{
+   bson_error_t error;
+   char *text = bson_strdup_printf ("%s[outbox]\ncompletion_history = true\n", ini);
+   config_t *cfg = config_parse_string (text, "test.ini", &error);
+   pulltxn_t *t;
+   bson_iter_t it;
+
+   (void) state;
+   if (!cfg)
+      fail_msg ("config: %s", error.message);
+   t = txn_new (cfg, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS "}");
+   assert_int_equal (pulltxn_next_round (t), 2);
+   reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
+   reply_json (t, 1, TXN_LANE ("3", TXN_OID));
+   assert_int_equal (pulltxn_next_round (t), 3);
+   assert_string_equal (first_key (pulltxn_command (t, 2)), "insert");
+   assert_true (bson_iter_init (&it, pulltxn_command (t, 2)) &&
+                bson_iter_find_descendant (&it, "documents.0.attempts", &it));
+   assert_int_equal (bson_iter_int32 (&it), 1);
+   assert_true (has_path (pulltxn_command (t, 2), "documents.0.eventId"));
+   assert_true (has_path (pulltxn_command (t, 2), "documents.0.completedAt"));
+   pulltxn_destroy (t);
+   config_release (cfg);
+   bson_free (text);
+}
+
 int
 main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_parses),          cmocka_unit_test (test_refused),
       cmocka_unit_test (test_error_text_cut),  cmocka_unit_test (test_is_command),
-      cmocka_unit_test (test_lease_roundtrip),
+      cmocka_unit_test (test_lease_roundtrip), cmocka_unit_test (test_txn_fence),
+      cmocka_unit_test (test_txn_failures),    cmocka_unit_test (test_txn_history),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);

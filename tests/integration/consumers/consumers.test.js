@@ -235,11 +235,11 @@ test('bad input: a clear error naming the field, and nothing changed', async () 
   // A lease another connection holds is foreign to this one.
   await P.expectCode(C.cmd(b, { relaybusComplete: 'audit', leases: [d.lease] }), 9010, /not held by this connection/);
   await P.expectCode(C.cmd(b, { relaybusRelease: 'audit', leases: [d.lease] }), 9010);
-  // Inside a transaction: not in this version, and said so.
+  // Inside a transaction only relaybusComplete runs (txn.test.js); the others are refused.
   const session = a.startSession();
   try {
     session.startTransaction();
-    await P.expectCode(a.db('rbconsumers').command({ relaybusComplete: 'audit', leases: [d.lease] }, { session }), 263, /inside a transaction/);
+    await P.expectCode(a.db('rbconsumers').command({ relaybusRelease: 'audit', leases: [d.lease] }, { session }), 263, /inside a transaction/);
     await session.abortTransaction().catch(() => {});
   } finally {
     await session.endSession();
