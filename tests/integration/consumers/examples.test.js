@@ -2,7 +2,8 @@
 // The consumer examples of docs/consumers.md, run as they stand: the Node.js driver's and
 // pymongo's (Debian's python3-pymongo). Each block fenced as `consumer-example` is written to a
 // file and run against the proxy with STOP_AFTER set; it must claim and complete exactly the
-// deliveries published for `orders`, which are then gone from the outbox.
+// deliveries published for `orders`, which are then gone from the outbox, each with its
+// projection written once in the transaction that completed it.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -61,6 +62,12 @@ async function runExample(argv, env, tag) {
     assert.equal(x.attempt, 1);
   }
   for (const id of ids) assert.equal(await C.deliveryOf(s, id, 'orders'), null, `${id} completed`);
+  // Effectively once: each handled event's projection was written once, in the transaction
+  // that completed it.
+  for (const id of ids) {
+    const p = await s.direct.db('shop').collection('order_projections').findOne({ _id: id });
+    assert.equal(p && p.n, 1, `${id}: the projection committed with the completion`);
+  }
 }
 
 test.before(async () => {
