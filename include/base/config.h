@@ -63,6 +63,7 @@ typedef struct {
 typedef enum {
    HANDLER_KIND_WEBHOOK,
    HANDLER_KIND_PULL,
+   HANDLER_KIND_NATS, /* NATS JetStream (dispatch/nats.c; a build with libnats) */
 } handler_kind_t;
 
 typedef struct {
@@ -73,6 +74,7 @@ typedef struct {
    char *kind;
    handler_kind_t kind_id;
    char *url;
+   char *subject; /* nats: the subject template ({type}, {key}) */
    char *secret;
    char *retry_schedule;     /* raw list of durations */
    int64_t *retry_delays_ms; /* retry_schedule parsed: the delay before retry i + 1 */

@@ -1,5 +1,6 @@
 /*
- * dispatch/dispatch.c - the dispatcher thread: claims, webhook requests, batched
+ * dispatch/dispatch.c - the dispatcher thread: claims, sends (webhook requests,
+ * broker publishes, through dispatch/transport.h), batched
  * completions, retries, dead letters, lease renewal and graceful hand-back.
  *
  * One worker thread (base/worker.h: its event base, its mongoc pool with
@@ -10,7 +11,7 @@
  * forwarding loop never does.
  *
  * The loop, driven by timers on the dispatcher's base:
- *   tick    claims up to batch_size deliveries for the webhook handlers
+ *   tick    claims up to batch_size deliveries for the dispatched handlers
  *           with free slots (each handler's limit is its free concurrency)
  *           and starts their requests; it runs again at once when a batch
  *           came back full, after completions are flushed (a key's next
@@ -31,7 +32,7 @@
  *           purge lease, a short pause between steps so claims and
  *           flushes interleave, one log line per run that removed
  *           something.  It runs whenever [dispatch] enabled is true, also
- *           without webhook handlers (the thread then only purges).
+ *           without dispatched handlers (the thread then only purges).
  *   fleet   every [outbox] handler_heartbeat, records this instance's
  *           handlers and heartbeat in the outbox and reads the fleet's
  *           (base/fleet.h publishes the snapshot injection uses); a handler this
@@ -73,6 +74,7 @@
 #include "store/store.h"
 #include "store/watch.h"
 #include "dispatch/consumer.h"
+#include "dispatch/transport.h"
 #include "dispatch/webhook.h"
 #include "base/worker.h"
 
@@ -99,7 +101,7 @@
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in `snap` */
    config_t *snap;              /* our reference to the snapshot cfg points into */
-   webhook_t *wh;
+   transport_t *t;    /* its kind's client (dispatch/transport.h) */
    int64_t jobs;      /* jobs that point here (a retired handler is freed at 0) */
    bool retired;      /* removed or replaced by a reload: claims no more */
    int64_t running;   /* requests in flight */
@@ -123,7 +125,7 @@ typedef struct job {
    void *disp; /* the dispatcher_t */
    handler_rt_t *h;
    store_delivery_t d; /* owned: moved out of the claim's batch */
-   webhook_req_t *req;
+   transport_req_t *req;
    int64_t started_ms; /* when its request started, for the latency metric */
    /* Settling, once its request ended. */
    job_settle_t settle;
@@ -153,7 +155,7 @@ typedef struct {
    SSL_CTX *ssl;
    store_t *store;
 
-   handler_rt_t **handlers; /* the current webhook handlers, in config order */
+   handler_rt_t **handlers; /* the current dispatched handlers (webhook, nats), in config order */
    store_claim_handler_t *claim_handlers;
    size_t n_handlers;
    /* Handlers a reload removed or replaced, kept until their last job
@@ -161,7 +163,7 @@ typedef struct {
    handler_rt_t **retired;
    size_t n_retired;
    bool enabled;     /* [dispatch] enabled */
-   bool dispatching; /* enabled with at least one webhook handler */
+   bool dispatching; /* enabled with at least one dispatched handler */
    bool purging;     /* enabled: runs the scheduled purge */
 
    struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *deadline_ev, *reload_ev;
@@ -593,7 +595,7 @@ flush_cb (evutil_socket_t fd, short what, void *arg)
 }
 
 static void
-job_done_cb (const webhook_result_t *res, void *arg)
+job_done_cb (const transport_result_t *res, void *arg)
 {
    job_t *j = arg;
    handler_rt_t *h = j->h;
@@ -603,13 +605,13 @@ job_done_cb (const webhook_result_t *res, void *arg)
    running_remove (d, j);
    {
       counter_id_t mo = COUNTER_DELIVERIES_RETRIED;
-      if (res->outcome == WEBHOOK_OUTCOME_COMPLETE)
+      if (res->outcome == TRANSPORT_OUTCOME_OK)
          mo = COUNTER_DELIVERIES_COMPLETED;
-      else if (res->outcome == WEBHOOK_OUTCOME_DEAD || j->d.attempt >= h->cfg->max_attempts)
+      else if (res->outcome == TRANSPORT_OUTCOME_DEAD || j->d.attempt >= h->cfg->max_attempts)
          mo = COUNTER_DELIVERIES_DEAD;
       counters_delivery (h->cfg->name, mo, clock_now_ms () - j->started_ms);
    }
-   if (res->outcome == WEBHOOK_OUTCOME_COMPLETE) {
+   if (res->outcome == TRANSPORT_OUTCOME_OK) {
       if (d->n_done == d->cap_done) {
          d->cap_done = d->cap_done ? d->cap_done * 2 : 64;
          d->done = bson_realloc (d->done, d->cap_done * sizeof *d->done);
@@ -630,14 +632,14 @@ job_done_cb (const webhook_result_t *res, void *arg)
       h->freed++;
       followers_release (d, j->follower, true);
       j->follower = NULL;
-      if (res->outcome == WEBHOOK_OUTCOME_DEAD)
+      if (res->outcome == TRANSPORT_OUTCOME_DEAD)
          bury (d, j, res->error);
       else if (j->d.attempt >= h->cfg->max_attempts)
          bury (d, j, res->error);
       else
          reschedule (d,
                      j,
-                     res->outcome == WEBHOOK_OUTCOME_RETRY_AFTER && res->retry_after_ms >= 0
+                     res->retry_after_ms >= 0
                         ? res->retry_after_ms
                         : webhook_backoff_ms (h->cfg->retry_delays_ms, h->cfg->n_retry_delays,
                                               j->d.attempt, next_rnd (d)),
@@ -671,8 +673,6 @@ job_start (dispatcher_t *d, job_t *j)
    handler_rt_t *h = j->h;
    bson_error_t err;
    char hex[25];
-   char *body;
-   size_t len = 0;
 
    bson_oid_to_string (&j->d.id, hex);
    if (j->d.attempt > h->cfg->max_attempts) {
@@ -713,7 +713,6 @@ job_start (dispatcher_t *d, job_t *j)
          return;
       }
    }
-   body = webhook_body (&j->d, &len);
    j->next = d->running;
    if (d->running)
       d->running->prev = j;
@@ -721,12 +720,12 @@ job_start (dispatcher_t *d, job_t *j)
    d->n_running++;
    h->running++;
    renew_set_add (&d->renew_set, j);
-   counters_add (COUNTER_DISPATCH_HTTP_REQUESTS, 1);
+   if (h->cfg->kind_id == HANDLER_KIND_WEBHOOK)
+      counters_add (COUNTER_DISPATCH_HTTP_REQUESTS, 1);
    j->started_ms = clock_now_ms ();
-   j->req = webhook_send (h->wh, hex, clock_now_ms () / 1000, body, len, job_done_cb, j, &err);
-   bson_free (body);
+   j->req = transport_send (h->t, &j->d, job_done_cb, j, &err);
    if (!j->req) {
-      webhook_result_t res = {.outcome = WEBHOOK_OUTCOME_RETRY, .retry_after_ms = -1};
+      transport_result_t res = {.outcome = TRANSPORT_OUTCOME_RETRY, .retry_after_ms = -1};
       bson_strncpy (res.error, err.message, sizeof res.error);
       job_done_cb (&res, j);
    }
@@ -751,7 +750,7 @@ wants_claim (dispatcher_t *d)
    for (size_t i = 0; i < d->n_handlers; i++) {
       const handler_rt_t *h = d->handlers[i];
       int64_t room;
-      if (!h->wh)
+      if (!h->t)
          continue;
       room = h->cfg->concurrency < d->cfg->batch_size ? h->cfg->concurrency : d->cfg->batch_size;
       if (h->freed > 0 && h->freed * 2 >= room)
@@ -779,7 +778,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = d->handlers[i];
       bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling: not yet */
-      int64_t free_slots = h->wh && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
+      int64_t free_slots = h->t && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;
    }
@@ -1067,7 +1066,8 @@ finish (dispatcher_t *d)
       job_t *j = d->running;
       store_ref_t r = job_ref (j);
       bool applied;
-      webhook_cancel (j->req);
+      transport_cancel (j->h->t, j->req);
+      j->req = NULL;
       running_remove (d, j);
       if (reachable && !store_release (d->store, &r, now, &applied, &err)) {
          log_warn ("dispatch: releasing a delivery at stop: %s", err.message);
@@ -1147,18 +1147,23 @@ renew_schedule (dispatcher_t *d)
 }
 
 /* A handler's run-time state for `hc`, an entry of `snap` (retained);
- * NULL when its webhook client cannot be made (error says why). */
+ * NULL when its transport cannot be made (error says why). */
 static handler_rt_t *
 handler_new (dispatcher_t *d, config_t *snap, const config_handler_t *hc, bson_error_t *error)
 {
    handler_rt_t *h;
+   transport_env_t env;
 
-   if (hc->url && !strncasecmp (hc->url, "https:", 6) && !d->ssl && !(d->ssl = webhook_ssl_ctx_new (error)))
+   if (hc->kind_id == HANDLER_KIND_WEBHOOK && hc->url && !strncasecmp (hc->url, "https:", 6) && !d->ssl &&
+       !(d->ssl = webhook_ssl_ctx_new (error)))
       return NULL;
+   env.base = d->base;
+   env.dns = d->dns;
+   env.ssl = d->ssl;
    h = bson_malloc0 (sizeof *h);
    h->cfg = hc;
-   h->wh = webhook_new (d->base, d->dns, d->ssl, hc, error);
-   if (!h->wh) {
+   h->t = transport_new (&env, hc, error);
+   if (!h->t) {
       bson_free (h);
       return NULL;
    }
@@ -1179,13 +1184,13 @@ handler_free (handler_rt_t *h)
    if (!h)
       return;
    RELAYBUS_ASSERT (h->jobs == 0);
-   webhook_destroy (h->wh);
+   transport_destroy (h->t);
    config_release (h->snap);
    bson_free (h);
 }
 
 /* Frees the retired handlers whose last job has ended.  Never called from
- * a webhook callback: the request that called back still uses its client. */
+ * a transport's callback: the send that called back still uses its client. */
 static void
 handlers_collect (dispatcher_t *d)
 {
@@ -1198,16 +1203,6 @@ handlers_collect (dispatcher_t *d)
          d->retired[kept++] = d->retired[i];
    }
    d->n_retired = kept;
-}
-
-/* Whether the webhook client made for `a` serves `b` as well: what
- * webhook_new copies (url, secret, timeout, retry_4xx) is the same. */
-static bool
-webhook_settings_equal (const config_handler_t *a, const config_handler_t *b)
-{
-   return !strcmp (a->url ? a->url : "", b->url ? b->url : "") &&
-          !strcmp (a->secret ? a->secret : "", b->secret ? b->secret : "") && a->timeout_ms == b->timeout_ms &&
-          a->retry_4xx == b->retry_4xx;
 }
 
 static bool
@@ -1248,10 +1243,10 @@ handlers_apply (dispatcher_t *d, config_t *next)
       const config_handler_t *hc = &next->handlers[i];
       handler_rt_t *cur;
 
-      if (hc->kind_id != HANDLER_KIND_WEBHOOK)
+      if (!transport_kind_dispatched (hc->kind_id))
          continue;
       cur = handler_named (d, hc->name);
-      if (cur && webhook_settings_equal (cur->cfg, hc)) {
+      if (cur && transport_settings_equal (cur->cfg, hc)) {
          list[n++] = cur;
          continue;
       }
@@ -1280,7 +1275,7 @@ handlers_apply (dispatcher_t *d, config_t *next)
          list[i]->snap = config_retain (next);
       } else if (cur) {
          changed++;
-         log_info ("dispatch: reload: handler %s changed (url, secret, timeout_ms or retry_4xx): %" PRId64
+         log_info ("dispatch: reload: handler %s changed (kind, url, subject, secret, timeout_ms or retry_4xx): %" PRId64
                    " request(s) in flight finish with the previous settings",
                    list[i]->cfg->name,
                    cur->running);
@@ -1351,7 +1346,7 @@ reload_cb (evutil_socket_t fd, short what, void *arg)
    watch_update (d, d->cfg);
    d->dispatching = d->enabled && d->n_handlers > 0;
    if (was && !d->dispatching)
-      log_info ("dispatch: no webhook handler left: not dispatching");
+      log_info ("dispatch: no dispatched handler left: not dispatching");
    if (d->dispatching) {
       renew_schedule (d);
       if (d->setup_done && !d->stopping)
@@ -1498,7 +1493,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       .ctx = d,
    };
    bson_error_t err;
-   size_t n_webhooks = 0;
+   size_t n_sent = 0;
 
    pthread_mutex_init (&d->renew_set.mu, NULL);
    d->cfg = config_retain (cfg);
@@ -1509,20 +1504,20 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->fleet = dispatch_fleet_new (d->store, worker_owner (d->w));
 
    for (size_t i = 0; i < cfg->n_handlers; i++)
-      if (cfg->handlers[i].kind_id == HANDLER_KIND_WEBHOOK)
-         n_webhooks++;
-   /* Enabled, the dispatcher is ready for webhooks even with none: a
+      if (transport_kind_dispatched (cfg->handlers[i].kind_id))
+         n_sent++;
+   /* Enabled, the dispatcher is ready for handlers even with none: a
     * reload may add one (reload_cb). */
    d->enabled = cfg->dispatch_enabled;
-   d->dispatching = d->enabled && n_webhooks > 0;
+   d->dispatching = d->enabled && n_sent > 0;
    d->purging = cfg->dispatch_enabled;
    if (d->enabled) {
       d->dns = evdns_base_new (d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
-      d->handlers = bson_malloc0 ((n_webhooks + 1) * sizeof *d->handlers);
-      d->claim_handlers = bson_malloc0 ((n_webhooks + 1) * sizeof *d->claim_handlers);
+      d->handlers = bson_malloc0 ((n_sent + 1) * sizeof *d->handlers);
+      d->claim_handlers = bson_malloc0 ((n_sent + 1) * sizeof *d->claim_handlers);
       for (size_t i = 0; i < cfg->n_handlers; i++) {
          handler_rt_t *h;
-         if (cfg->handlers[i].kind_id != HANDLER_KIND_WEBHOOK)
+         if (!transport_kind_dispatched (cfg->handlers[i].kind_id))
             continue;
          h = handler_new (d, cfg, &cfg->handlers[i], error);
          if (!h)
@@ -1531,7 +1526,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
          d->claim_handlers[d->n_handlers].handler = h->cfg->name;
          d->n_handlers++;
       }
-      RELAYBUS_ASSERT (d->n_handlers == n_webhooks);
+      RELAYBUS_ASSERT (d->n_handlers == n_sent);
    }
    if (RAND_bytes ((unsigned char *) &d->rnd, sizeof d->rnd) != 1 || d->rnd == 0)
       d->rnd = (uint64_t) clock_now_ms () | 1;
@@ -1574,7 +1569,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    }
    if (!d->dispatching)
       log_info ("dispatch: not dispatching (%s)%s",
-                cfg->dispatch_enabled ? "no webhook handler" : "[dispatch] enabled = false",
+                cfg->dispatch_enabled ? "no webhook or broker handler" : "[dispatch] enabled = false",
                 d->purging ? "; the scheduled purge runs" : "");
    /* The thread runs in every process: it records and reads the fleet's
     * handler set that injection uses. */
@@ -1598,7 +1593,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
          log_warn ("dispatch: cannot start the renewal thread; leases are not renewed while requests run");
    }
    if (d->dispatching)
-      log_info ("dispatch: %zu webhook handler(s), owner %s, batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms",
+      log_info ("dispatch: %zu handler(s), owner %s, batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms",
                 d->n_handlers,
                 worker_owner (d->w),
                 cfg->batch_size,

@@ -33,6 +33,7 @@
 
 #include "base/log.h"
 #include "base/utf8.h"
+#include "dispatch/transport.h"
 
 /* ----------------------------------------------------------- signatures */
 
@@ -776,3 +777,113 @@ webhook_cancel (webhook_req_t *r)
    /* Freeing the connection frees its request without calling back. */
    event_active (r->w->reap_ev, EV_TIMEOUT, 0);
 }
+
+/* ------------------------------------------------- the handler interface */
+
+/* webhook as a transport (dispatch/transport.h): the body and headers of
+ * webhook_body and webhook_send, the answer's class as the result.  The
+ * webhook-id is the delivery id; the timestamp is the send's. */
+
+/* One send: the caller's callback around a webhook request.  Freed after
+ * the callback ran, or by a cancel. */
+typedef struct {
+   webhook_req_t *req;
+   transport_done_cb_t cb;
+   void *arg;
+} webhook_treq_t;
+
+static void *
+webhook_t_start (const transport_env_t *env, const config_handler_t *h, bson_error_t *error)
+{
+   return webhook_new (env->base, env->dns, env->ssl, h, error);
+}
+
+static void
+webhook_t_done (const webhook_result_t *res, void *arg)
+{
+   webhook_treq_t *t = arg;
+   transport_result_t out = {.outcome = TRANSPORT_OUTCOME_RETRY, .retry_after_ms = -1};
+
+   switch (res->outcome) {
+   case WEBHOOK_OUTCOME_COMPLETE:
+      out.outcome = TRANSPORT_OUTCOME_OK;
+      break;
+   case WEBHOOK_OUTCOME_RETRY_AFTER:
+      out.retry_after_ms = res->retry_after_ms >= 0 ? res->retry_after_ms : -1;
+      break;
+   case WEBHOOK_OUTCOME_DEAD:
+      out.outcome = TRANSPORT_OUTCOME_DEAD;
+      break;
+   case WEBHOOK_OUTCOME_RETRY:
+   default:
+      break;
+   }
+   bson_strncpy (out.error, res->error, sizeof out.error);
+   t->req = NULL;
+   t->cb (&out, t->arg);
+   bson_free (t);
+}
+
+static void *
+webhook_t_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+{
+   webhook_treq_t *t = bson_malloc0 (sizeof *t);
+   char hex[25];
+   size_t len = 0;
+   char *body = webhook_body (d, &len);
+
+   bson_oid_to_string (&d->id, hex);
+   t->cb = cb;
+   t->arg = arg;
+   t->req = webhook_send (impl, hex, clock_now_ms () / 1000, body, len, webhook_t_done, t, error);
+   bson_free (body);
+   if (!t->req) {
+      bson_free (t);
+      return NULL;
+   }
+   return t;
+}
+
+static void
+webhook_t_cancel (void *impl, void *req)
+{
+   webhook_treq_t *t = req;
+
+   (void) impl;
+   webhook_cancel (t->req);
+   bson_free (t);
+}
+
+static transport_state_t
+webhook_t_state (void *impl, char *detail, size_t detail_len)
+{
+   (void) impl;
+   (void) detail;
+   (void) detail_len;
+   return TRANSPORT_STATE_NONE; /* a connection per request */
+}
+
+static void
+webhook_t_destroy (void *impl)
+{
+   webhook_destroy (impl);
+}
+
+/* What webhook_new copies: url, secret, timeout, retry_4xx. */
+static bool
+webhook_t_settings_equal (const config_handler_t *a, const config_handler_t *b)
+{
+   return !strcmp (a->url ? a->url : "", b->url ? b->url : "") &&
+          !strcmp (a->secret ? a->secret : "", b->secret ? b->secret : "") && a->timeout_ms == b->timeout_ms &&
+          a->retry_4xx == b->retry_4xx;
+}
+
+const transport_ops_t transport_webhook_ops = {
+   .kind = "webhook",
+   .start = webhook_t_start,
+   .send = webhook_t_send,
+   .cancel = webhook_t_cancel,
+   .state = webhook_t_state,
+   .destroy = webhook_t_destroy,
+   .settings_equal = webhook_t_settings_equal,
+};

@@ -1,0 +1,181 @@
+/*
+ * dispatch/transport.c - the handler interface's dispatch by kind, and the
+ * helpers the broker kinds share (subject and routing templates).
+ *
+ * A transport_t is the kind's ops and its object; everything else lives in
+ * the kind's own file (webhook.c, nats.c).  Nothing here does I/O.
+ */
+#include "dispatch/transport.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "autoconf.h"
+#include "base/assert.h"
+
+/* Owned by the dispatcher's handler; impl by the kind.  transport_req_t
+ * is never defined: it names the kind's own request object. */
+struct transport {
+   const transport_ops_t *ops;
+   void *impl;
+};
+
+static const char *const outcome_names[] = {
+   [TRANSPORT_OUTCOME_OK] = "ok",
+   [TRANSPORT_OUTCOME_RETRY] = "retry",
+   [TRANSPORT_OUTCOME_DEAD] = "dead",
+};
+
+static const char *const state_names[] = {
+   [TRANSPORT_STATE_NONE] = "none",
+   [TRANSPORT_STATE_CONNECTING] = "connecting",
+   [TRANSPORT_STATE_CONNECTED] = "connected",
+   [TRANSPORT_STATE_DISCONNECTED] = "disconnected",
+   [TRANSPORT_STATE_CLOSED] = "closed",
+};
+
+const char *
+transport_outcome_name (transport_outcome_t o)
+{
+   return (size_t) o < sizeof outcome_names / sizeof outcome_names[0] ? outcome_names[o] : "?";
+}
+
+const char *
+transport_state_name (transport_state_t s)
+{
+   return (size_t) s < sizeof state_names / sizeof state_names[0] ? state_names[s] : "?";
+}
+
+bool
+transport_kind_dispatched (handler_kind_t kind)
+{
+   return kind == HANDLER_KIND_WEBHOOK || kind == HANDLER_KIND_NATS;
+}
+
+const transport_ops_t *
+transport_ops_for (const config_handler_t *h)
+{
+   switch (h->kind_id) {
+   case HANDLER_KIND_WEBHOOK:
+      return &transport_webhook_ops;
+   case HANDLER_KIND_NATS:
+#ifdef RELAYBUS_HAVE_NATS
+      return &transport_nats_ops;
+#else
+      return NULL;
+#endif
+   case HANDLER_KIND_PULL:
+   default:
+      return NULL;
+   }
+}
+
+transport_t *
+transport_new (const transport_env_t *env, const config_handler_t *h, bson_error_t *error)
+{
+   const transport_ops_t *ops = transport_ops_for (h);
+   transport_t *t;
+   void *impl;
+
+   if (!ops) {
+      bson_set_error (error,
+                      TRANSPORT_ERROR_DOMAIN,
+                      TRANSPORT_ERROR_KIND,
+                      "handler %s: kind = %s: %s",
+                      h->name,
+                      h->kind ? h->kind : "?",
+                      h->kind_id == HANDLER_KIND_NATS ? "this build has no NATS support" : "not dispatched by the proxy");
+      return NULL;
+   }
+   impl = ops->start (env, h, error);
+   if (!impl)
+      return NULL;
+   t = bson_malloc0 (sizeof *t);
+   t->ops = ops;
+   t->impl = impl;
+   return t;
+}
+
+void
+transport_destroy (transport_t *t)
+{
+   if (!t)
+      return;
+   t->ops->destroy (t->impl);
+   bson_free (t);
+}
+
+const char *
+transport_kind (const transport_t *t)
+{
+   return t->ops->kind;
+}
+
+transport_req_t *
+transport_send (transport_t *t, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+{
+   return (transport_req_t *) t->ops->send (t->impl, d, cb, arg, error);
+}
+
+void
+transport_cancel (transport_t *t, transport_req_t *req)
+{
+   if (req)
+      t->ops->cancel (t->impl, req);
+}
+
+transport_state_t
+transport_state (transport_t *t, char *detail, size_t detail_len)
+{
+   if (detail_len)
+      detail[0] = '\0';
+   return t->ops->state (t->impl, detail, detail_len);
+}
+
+bool
+transport_settings_equal (const config_handler_t *a, const config_handler_t *b)
+{
+   const transport_ops_t *ops = transport_ops_for (a);
+
+   return a->kind_id == b->kind_id && ops && ops->settings_equal (a, b);
+}
+
+/* ------------------------------------------------------------ templates */
+
+static void
+append_clean (bson_string_t *s, const char *v, const char *bad)
+{
+   for (; *v; v++)
+      bson_string_append_c (s, strchr (bad, *v) ? '_' : *v);
+}
+
+char *
+transport_expand (const char *tmpl, const store_delivery_t *d, const char *bad)
+{
+   bson_string_t *s = bson_string_new (NULL);
+   const char *type = d->event_type ? d->event_type : "";
+   const char *key = d->key ? d->key : (d->event_id ? d->event_id : "");
+
+   for (const char *p = tmpl; *p;) {
+      if (!strncmp (p, "{type}", 6)) {
+         append_clean (s, type, bad);
+         p += 6;
+      } else if (!strncmp (p, "{key}", 5)) {
+         append_clean (s, key, bad);
+         p += 5;
+      } else
+         bson_string_append_c (s, *p++);
+   }
+   return bson_string_free (s, false);
+}
+
+bool
+transport_template_valid (const char *tmpl, char *why, size_t why_len)
+{
+   for (const char *c = strchr (tmpl, '{'); c; c = strchr (c + 1, '{'))
+      if (strncmp (c, "{type}", 6) != 0 && strncmp (c, "{key}", 5) != 0) {
+         snprintf (why, why_len, "'%s': only {type} and {key} may be replaced", tmpl);
+         return false;
+      }
+   return true;
+}
