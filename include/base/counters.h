@@ -214,7 +214,7 @@ typedef enum {
    X (DELIVERIES_DEAD, "relaybus_deliveries_dead_total", COUNTER, HANDLER,                                             \
       "Deliveries that became dead letters, by handler.")                                                             \
    X (HANDLER_LATENCY, "relaybus_handler_latency_seconds", HISTOGRAM, HANDLER,                                         \
-      "Time from a webhook request's start to its answer, by handler.")                                               \
+      "Time from a send's start (a webhook request, a broker publish) to its answer, by handler.")                                               \
    X (CLAIM_LATENCY, "relaybus_claim_latency_seconds", HISTOGRAM, NONE, "Duration of one claim call.")                \
    /* pull consumers */                                                                                                \
    X (CONSUMER_CLAIMED, "relaybus_consumer_claimed_total", COUNTER, NONE,                                              \

@@ -17,6 +17,7 @@
  */
 #include "base/config.h"
 #include "base/snapshot.h"
+#include "autoconf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -155,8 +156,11 @@ static const config_key_t config_key_table[] = {
 
    H ("events", L, NULL, 0, 0, events,
       "Event types the handler takes: exact names, or a prefix ending in '*'."),
-   H ("kind", S, NULL, 0, 0, kind, "webhook or pull."),
-   H ("url", S, "", 0, 0, url, "webhook: the http:// or https:// URL events are POSTed to."),
+   H ("kind", S, NULL, 0, 0, kind, "webhook, pull or nats."),
+   H ("url", S, "", 0, 0, url,
+      "webhook: the http:// or https:// URL events are POSTed to; nats: the server(s), nats://host:port (or tls://), comma-separated."),
+   H ("subject", S, "", 0, 0, subject,
+      "nats: the JetStream subject each event is published to; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("secret", S, "", 0, 0, secret,
       "webhook: Standard Webhooks secret (whsec_ followed by base64); signs each request."),
    H ("retry_schedule", L, CONFIG_RETRY_SCHEDULE_DEFAULT, 0, 0, retry_schedule,
@@ -165,7 +169,7 @@ static const config_key_t config_key_table[] = {
    H ("max_attempts", I, NULL, 1, 1000, max_attempts,
       "Attempts before a failing delivery becomes a dead letter; default 1 + the delays of retry_schedule, the last delay repeating past them."),
    H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
-      "webhook: time allowed for the whole request, connect to last byte; then it is cancelled and retried."),
+      "webhook: time allowed for the whole request, connect to last byte; nats: time allowed for the PubAck; then it is retried."),
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
    H ("retry_4xx", B, "false", 0, 0, retry_4xx,
       "webhook: retry 4xx answers other than 429 instead of burying them at once."),
@@ -691,6 +695,61 @@ config_split_retry_schedule (config_handler_t *h, const char *origin, bson_error
    return true;
 }
 
+/* kind = nats: a build with libnats, the server URL(s) and a subject
+ * template that makes a valid subject for any event. */
+static bool
+config_validate_nats (const config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *p = h->url, *item;
+   size_t len, n = 0;
+
+#ifndef RELAYBUS_HAVE_NATS
+   config_error (error, origin, 0,
+                 "[handler %s] kind = nats: this build has no NATS support (build with libnats, Debian libnats-dev)",
+                 h->name);
+   return false;
+#endif
+   while (list_next (&p, &item, &len)) {
+      while (len > 0 && isspace ((unsigned char) *item))
+         item++, len--;
+      while (len > 0 && isspace ((unsigned char) item[len - 1]))
+         len--;
+      n++;
+      if (!(len > 7 && strncmp (item, "nats://", 7) == 0) && !(len > 6 && strncmp (item, "tls://", 6) == 0)) {
+         config_error (error, origin, 0, "[handler %s] kind = nats: url: '%.*s' is not nats://host:port or tls://host:port",
+                       h->name, (int) (len < 64 ? len : 64), item);
+         return false;
+      }
+   }
+   if (n == 0) {
+      config_error (error, origin, 0, "[handler %s] kind = nats needs url = nats://host:port (comma-separated for several)",
+                    h->name);
+      return false;
+   }
+   if (!*h->subject) {
+      config_error (error, origin, 0, "[handler %s] kind = nats needs subject (a template, e.g. events.{type})", h->name);
+      return false;
+   }
+   for (const char *c = h->subject; *c; c++)
+      if (*c == ' ' || *c == '\t' || *c == '\r' || *c == '\n' || *c == '*' || *c == '>') {
+         config_error (error, origin, 0,
+                       "[handler %s] subject: '%s': a subject to publish to holds no white space, '*' or '>'",
+                       h->name, h->subject);
+         return false;
+      }
+   if (h->subject[0] == '.' || h->subject[strlen (h->subject) - 1] == '.' || strstr (h->subject, "..")) {
+      config_error (error, origin, 0, "[handler %s] subject: '%s' has an empty token", h->name, h->subject);
+      return false;
+   }
+   for (const char *c = strchr (h->subject, '{'); c; c = strchr (c + 1, '{'))
+      if (strncmp (c, "{type}", 6) != 0 && strncmp (c, "{key}", 5) != 0) {
+         config_error (error, origin, 0, "[handler %s] subject: '%s': only {type} and {key} may be replaced", h->name,
+                       h->subject);
+         return false;
+      }
+   return true;
+}
+
 static bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -699,7 +758,7 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       return false;
    }
    if (!h->kind) {
-      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook or pull)", h->name);
+      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull or nats)", h->name);
       return false;
    }
    if (strcmp (h->kind, "webhook") == 0) {
@@ -712,8 +771,12 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       }
    } else if (strcmp (h->kind, "pull") == 0) {
       h->kind_id = HANDLER_KIND_PULL;
+   } else if (strcmp (h->kind, "nats") == 0) {
+      h->kind_id = HANDLER_KIND_NATS;
+      if (!config_validate_nats (h, origin, error))
+         return false;
    } else {
-      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook or pull", h->name,
+      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook, pull or nats", h->name,
                     h->kind);
       return false;
    }

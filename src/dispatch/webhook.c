@@ -2,10 +2,11 @@
  * dispatch/webhook.c - webhook deliveries: body, Standard Webhooks signature, retry
  * policy and the evhttp client (with OpenSSL for https).
  *
- * It knows nothing of the store: the dispatcher turns a claimed delivery
- * into a body with webhook_body, sends it, and maps the outcome to
- * complete, reschedule or bury.  Everything here runs on the dispatcher's
- * event base.
+ * It knows nothing of the store: as the webhook kind of the handler
+ * interface (transport_webhook_ops, at the end), it turns a claimed
+ * delivery into a body with webhook_body, sends it, and maps the answer to
+ * a result the dispatcher completes, reschedules or buries.  Everything
+ * here runs on the dispatcher's event base.
  */
 #include "dispatch/webhook.h"
 #include "base/clock.h"

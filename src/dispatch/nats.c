@@ -1,0 +1,623 @@
+/*
+ * dispatch/nats.c - kind = nats: deliveries published to NATS JetStream
+ * (nats.c, libnats), as one implementation of dispatch/transport.h.
+ *
+ * Each delivery is one message on the handler's subject template, with
+ * the webhook's JSON body (webhook_body), the header Nats-Msg-Id = the
+ * delivery id (JetStream's duplicate window drops a resend of it), the
+ * relaybus-* headers and the event's own headers.  The stream's PubAck
+ * completes the delivery; no answer (no stream captures the subject), a
+ * JetStream error, a lost connection or no PubAck within timeout_ms is a
+ * retry, the dispatcher's backoff and max_attempts apply, then the
+ * delivery is dead with that error.
+ *
+ * Threads: libnats publishes synchronously, so sends never run on the
+ * dispatcher's base.  A handler has a few publishing threads of its own
+ * (at most NATS_THREADS_MAX, at most its concurrency) that take sends
+ * from a bounded queue, publish with js_PublishMsg (which waits for the
+ * PubAck, at most timeout_ms) and put the result on a done list; one
+ * event, activated when that list becomes non-empty, hands the results
+ * to the dispatcher on its base.  The dispatcher keeps one delivery per
+ * key in flight, so threads publishing side by side never reorder a key.
+ * The connection (libnats's own threads) reconnects by itself, forever;
+ * a send while it is not connected fails at once (retried with backoff)
+ * instead of waiting in libnats's reconnect buffer.
+ *
+ * Not here: TLS and authentication settings beyond what the URL carries
+ * (nats://user:password@host, tls://host), and publishing without
+ * JetStream (core NATS has no confirmation to complete on).
+ */
+#include "dispatch/transport.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <nats/nats.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "dispatch/webhook.h"
+
+/* Publishing threads per handler, at most (and at most its concurrency). */
+#define NATS_THREADS_MAX 4
+/* How long a stop waits for libnats to report the connection closed. */
+#define NATS_CLOSE_WAIT_MS 2000
+/* Characters a substituted {type} or {key} may not bring into a subject. */
+#define NATS_SUBJECT_BAD " \t\r\n*>"
+
+typedef struct nats_handler nats_handler_t;
+
+/* One send.  Owned by the handler's lists (queue, a thread, done) until
+ * its callback ran on the dispatcher's base or it was cancelled; a
+ * cancelled send a thread is publishing is freed by that thread. */
+typedef struct nats_req {
+   struct nats_req *next;
+   nats_handler_t *n;
+   natsMsg *msg; /* built on the dispatcher's thread; destroyed by the publishing thread */
+   char id[25];  /* the delivery id: Nats-Msg-Id */
+   char *subject;
+   transport_done_cb_t cb;
+   void *arg;
+   bool busy;      /* a thread is publishing it */
+   bool cancelled; /* busy and cancelled: its thread frees it */
+   transport_result_t res;
+} nats_req_t;
+
+/* A handler's client.  Created by nats_start (the dispatcher's or the
+ * main thread), freed by nats_destroy once its threads are joined and
+ * the connection reported closed. */
+struct nats_handler {
+   char *name, *url, *subject_tmpl;
+   int64_t timeout_ms;
+   struct event *done_ev; /* on the dispatcher's base */
+
+   pthread_mutex_t mu;
+   pthread_cond_t cv;        /* queue not empty, connection made, stop, closed */
+   nats_req_t *queue, **queue_tail;
+   nats_req_t *done, **done_tail;
+   size_t n_queued, queue_max;
+   bool stop;
+   bool closed; /* libnats called the closed handler */
+   bool connect_done;
+   char last_error[TRANSPORT_DETAIL_MAX];
+
+   pthread_t threads[NATS_THREADS_MAX];
+   size_t n_threads;
+   natsOptions *opts;
+   natsConnection *nc;
+   jsCtx *js;
+   atomic_int state; /* transport_state_t */
+};
+
+/* ------------------------------------------------------------ callbacks */
+
+/* snprintf for texts that are cut where they must be (lastError and
+ * detail lengths): a cut is expected, not a bug. */
+static void result_text (char *out, size_t len, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
+
+static void
+result_text (char *out, size_t len, const char *fmt, ...)
+{
+   va_list ap;
+
+   va_start (ap, fmt);
+   vsnprintf (out, len, fmt, ap);
+   va_end (ap);
+}
+
+static void
+set_error_locked (nats_handler_t *n, const char *what, const char *text)
+{
+   result_text (n->last_error, sizeof n->last_error, "%s%s%s", what, text && *text ? ": " : "", text ? text : "");
+}
+
+/* libnats's threads: the connection's state. */
+static void
+on_connected (natsConnection *nc, void *closure)
+{
+   nats_handler_t *n = closure;
+
+   (void) nc;
+   atomic_store (&n->state, TRANSPORT_STATE_CONNECTED);
+   log_info ("dispatch: handler %s: connected to NATS", n->name);
+}
+
+static void
+on_disconnected (natsConnection *nc, void *closure)
+{
+   nats_handler_t *n = closure;
+
+   (void) nc;
+   if (atomic_load (&n->state) == TRANSPORT_STATE_CLOSED)
+      return;
+   atomic_store (&n->state, TRANSPORT_STATE_DISCONNECTED);
+   pthread_mutex_lock (&n->mu);
+   set_error_locked (n, "disconnected; reconnecting", NULL);
+   pthread_mutex_unlock (&n->mu);
+   log_warn ("dispatch: handler %s: disconnected from NATS; reconnecting (sends are retried meanwhile)", n->name);
+}
+
+static void
+on_reconnected (natsConnection *nc, void *closure)
+{
+   nats_handler_t *n = closure;
+
+   (void) nc;
+   atomic_store (&n->state, TRANSPORT_STATE_CONNECTED);
+   log_info ("dispatch: handler %s: reconnected to NATS", n->name);
+}
+
+static void
+on_closed (natsConnection *nc, void *closure)
+{
+   nats_handler_t *n = closure;
+
+   (void) nc;
+   atomic_store (&n->state, TRANSPORT_STATE_CLOSED);
+   pthread_mutex_lock (&n->mu);
+   n->closed = true;
+   pthread_cond_broadcast (&n->cv);
+   pthread_mutex_unlock (&n->mu);
+}
+
+/* ------------------------------------------------------------ publishing */
+
+static void
+req_free (nats_req_t *r)
+{
+   if (!r)
+      return;
+   natsMsg_Destroy (r->msg);
+   bson_free (r->subject);
+   bson_free (r);
+}
+
+/* The publishing thread's result for r. */
+static void
+publish_one (nats_handler_t *n, nats_req_t *r)
+{
+   transport_result_t *res = &r->res;
+   jsPubOptions po;
+   jsPubAck *pa = NULL;
+   jsErrCode jerr = 0;
+   natsStatus s;
+   char detail[TRANSPORT_DETAIL_MAX];
+
+   res->retry_after_ms = -1;
+   res->outcome = TRANSPORT_OUTCOME_RETRY;
+   if (!n->js || natsConnection_Status (n->nc) != NATS_CONN_STATUS_CONNECTED) {
+      pthread_mutex_lock (&n->mu);
+      bson_strncpy (detail, n->last_error, sizeof detail);
+      pthread_mutex_unlock (&n->mu);
+      result_text (res->error, sizeof res->error, "nats: not connected to %s%s%s", n->url, *detail ? ": " : "", detail);
+      return;
+   }
+   jsPubOptions_Init (&po);
+   po.MaxWait = n->timeout_ms; /* Nats-Msg-Id is a header of the message already */
+   s = js_PublishMsg (&pa, n->js, r->msg, &po, &jerr);
+   if (s == NATS_OK) {
+      res->outcome = TRANSPORT_OUTCOME_OK;
+      jsPubAck_Destroy (pa);
+      return;
+   }
+   if (s == NATS_NO_RESPONDERS)
+      result_text (res->error,
+                sizeof res->error,
+                "nats: publish to '%s': no stream captures the subject (%s)",
+                r->subject,
+                natsStatus_GetText (s));
+   else if (s == NATS_TIMEOUT)
+      result_text (res->error, sizeof res->error, "nats: publish to '%s': no PubAck within %" PRId64 " ms", r->subject, n->timeout_ms);
+   else {
+      const char *text = nats_GetLastError (NULL);
+      if (jerr)
+         result_text (res->error,
+                   sizeof res->error,
+                   "nats: publish to '%s': %s (JetStream error %d)",
+                   r->subject,
+                   text && *text ? text : natsStatus_GetText (s),
+                   (int) jerr);
+      else
+         result_text (res->error, sizeof res->error, "nats: publish to '%s': %s", r->subject, text && *text ? text : natsStatus_GetText (s));
+   }
+}
+
+/* Connects (libnats keeps trying in the background when the server is
+ * not there: the connected handler says when it is). */
+static void
+connect_once (nats_handler_t *n)
+{
+   natsConnection *nc = NULL;
+   jsCtx *js = NULL;
+   jsOptions jo;
+   natsStatus s = natsConnection_Connect (&nc, n->opts);
+
+   if (s == NATS_OK || s == NATS_NOT_YET_CONNECTED) {
+      jsOptions_Init (&jo);
+      jo.Wait = n->timeout_ms;
+      if (natsConnection_JetStream (&js, nc, &jo) != NATS_OK) {
+         const char *text = nats_GetLastError (NULL);
+         log_error ("dispatch: handler %s: JetStream context: %s", n->name, text ? text : "?");
+      }
+   }
+   if (s == NATS_OK) {
+      /* on_connected runs only for a connection made in the background. */
+      atomic_store (&n->state, TRANSPORT_STATE_CONNECTED);
+      log_info ("dispatch: handler %s: connected to NATS", n->name);
+   } else if (s == NATS_NOT_YET_CONNECTED) {
+      log_warn ("dispatch: handler %s: cannot connect to NATS at %s yet (%s); retrying in the background",
+                n->name,
+                n->url,
+                natsStatus_GetText (s));
+      atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
+   } else if (s != NATS_OK) {
+      const char *text = nats_GetLastError (NULL);
+      log_error ("dispatch: handler %s: cannot connect to NATS at %s: %s", n->name, n->url, text && *text ? text : natsStatus_GetText (s));
+   }
+   pthread_mutex_lock (&n->mu);
+   if (s != NATS_OK)
+      set_error_locked (n, "connecting", natsStatus_GetText (s));
+   n->nc = nc;
+   n->js = js;
+   n->connect_done = true;
+   if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED)
+      n->closed = true; /* no connection: nothing will call on_closed */
+   pthread_cond_broadcast (&n->cv);
+   pthread_mutex_unlock (&n->mu);
+}
+
+/* The first thread connects; the others wait for it. */
+static void *
+publisher_main (void *arg)
+{
+   nats_handler_t *n = arg;
+   bool first;
+
+   pthread_mutex_lock (&n->mu);
+   first = !n->connect_done && n->threads[0] == pthread_self ();
+   pthread_mutex_unlock (&n->mu);
+   if (first)
+      connect_once (n);
+   pthread_mutex_lock (&n->mu);
+   while (!n->connect_done && !n->stop)
+      pthread_cond_wait (&n->cv, &n->mu);
+   for (;;) {
+      nats_req_t *r;
+      bool was_empty;
+
+      while (!n->stop && !n->queue)
+         pthread_cond_wait (&n->cv, &n->mu);
+      if (n->stop)
+         break;
+      r = n->queue;
+      n->queue = r->next;
+      if (!n->queue)
+         n->queue_tail = &n->queue;
+      r->next = NULL;
+      r->busy = true;
+      pthread_mutex_unlock (&n->mu);
+      publish_one (n, r);
+      pthread_mutex_lock (&n->mu);
+      r->busy = false;
+      n->n_queued--;
+      if (r->cancelled) {
+         req_free (r);
+         continue;
+      }
+      was_empty = !n->done;
+      *n->done_tail = r;
+      n->done_tail = &r->next;
+      if (was_empty)
+         event_active (n->done_ev, EV_TIMEOUT, 0);
+   }
+   pthread_mutex_unlock (&n->mu);
+   return NULL;
+}
+
+/* On the dispatcher's base: the results of the finished sends. */
+static void
+done_cb (evutil_socket_t fd, short what, void *arg)
+{
+   nats_handler_t *n = arg;
+   nats_req_t *list;
+
+   (void) fd;
+   (void) what;
+   pthread_mutex_lock (&n->mu);
+   list = n->done;
+   n->done = NULL;
+   n->done_tail = &n->done;
+   pthread_mutex_unlock (&n->mu);
+   while (list) {
+      nats_req_t *r = list;
+      list = r->next;
+      r->cb (&r->res, r->arg);
+      req_free (r);
+   }
+}
+
+/* ------------------------------------------------------------- the ops */
+
+static void nats_destroy (void *impl);
+
+static void *
+nats_start (const transport_env_t *env, const config_handler_t *h, bson_error_t *error)
+{
+   nats_handler_t *n = bson_malloc0 (sizeof *n);
+   size_t want = h->concurrency < NATS_THREADS_MAX ? (size_t) h->concurrency : NATS_THREADS_MAX;
+   char cname[128];
+   natsStatus s = NATS_OK;
+
+   n->name = bson_strdup (h->name);
+   n->url = bson_strdup (h->url);
+   n->subject_tmpl = bson_strdup (h->subject);
+   n->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
+   n->queue_tail = &n->queue;
+   n->done_tail = &n->done;
+   /* The dispatcher never has more than `concurrency` sends of a handler
+    * in flight; twice that leaves room for cancelled sends still being
+    * published. */
+   n->queue_max = (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2;
+   pthread_mutex_init (&n->mu, NULL);
+   pthread_cond_init (&n->cv, NULL);
+   atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
+   n->done_ev = event_new (env->base, -1, 0, done_cb, n);
+   snprintf (cname, sizeof cname, "relaybus-proxy %s", h->name);
+   if (!n->done_ev || natsOptions_Create (&n->opts) != NATS_OK) {
+      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot set up the NATS client", h->name);
+      goto fail;
+   }
+   if ((s = natsOptions_SetURL (n->opts, h->url)) != NATS_OK || (s = natsOptions_SetName (n->opts, cname)) != NATS_OK ||
+       (s = natsOptions_SetTimeout (n->opts, n->timeout_ms < 2000 ? n->timeout_ms : 2000)) != NATS_OK ||
+       (s = natsOptions_SetAllowReconnect (n->opts, true)) != NATS_OK ||
+       (s = natsOptions_SetMaxReconnect (n->opts, -1)) != NATS_OK ||
+       (s = natsOptions_SetReconnectWait (n->opts, 250)) != NATS_OK ||
+       (s = natsOptions_SetRetryOnFailedConnect (n->opts, true, on_connected, n)) != NATS_OK ||
+       (s = natsOptions_SetDisconnectedCB (n->opts, on_disconnected, n)) != NATS_OK ||
+       (s = natsOptions_SetReconnectedCB (n->opts, on_reconnected, n)) != NATS_OK ||
+       (s = natsOptions_SetClosedCB (n->opts, on_closed, n)) != NATS_OK) {
+      const char *text = nats_GetLastError (NULL);
+      char *masked = config_mask ("url", h->url);
+      bson_set_error (error,
+                      TRANSPORT_ERROR_DOMAIN,
+                      TRANSPORT_ERROR_START,
+                      "handler %s: url \"%s\": %s",
+                      h->name,
+                      masked,
+                      text && *text ? text : natsStatus_GetText (s));
+      bson_free (masked);
+      goto fail;
+   }
+   pthread_mutex_lock (&n->mu);
+   for (size_t i = 0; i < want; i++) {
+      if (pthread_create (&n->threads[i], NULL, publisher_main, n) != 0)
+         break;
+      n->n_threads++;
+   }
+   pthread_mutex_unlock (&n->mu);
+   if (n->n_threads == 0) {
+      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start a publishing thread", h->name);
+      goto fail;
+   }
+   return n;
+
+fail:
+   nats_destroy (n);
+   return NULL;
+}
+
+/* A header name libnats can carry as is (an HTTP token). */
+static bool
+header_name_ok (const char *k)
+{
+   if (!*k)
+      return false;
+   for (const unsigned char *c = (const unsigned char *) k; *c; c++)
+      if (*c <= ' ' || *c >= 0x7f || strchr ("()<>@,;:\\\"/[]?={}", *c))
+         return false;
+   return true;
+}
+
+static void *
+nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+{
+   nats_handler_t *n = impl;
+   nats_req_t *r = NULL;
+   size_t len = 0;
+   char *body = NULL;
+   char seq[32];
+   bson_iter_t it, hit;
+   bool ok = true;
+
+   pthread_mutex_lock (&n->mu);
+   if (n->n_queued >= n->queue_max) {
+      pthread_mutex_unlock (&n->mu);
+      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "nats: %zu publishes waiting already", n->n_queued);
+      return NULL;
+   }
+   pthread_mutex_unlock (&n->mu);
+   r = bson_malloc0 (sizeof *r);
+   r->n = n;
+   r->cb = cb;
+   r->arg = arg;
+   bson_oid_to_string (&d->id, r->id);
+   r->subject = transport_expand (n->subject_tmpl, d, NATS_SUBJECT_BAD);
+   body = webhook_body (d, &len);
+   if (natsMsg_Create (&r->msg, r->subject, NULL, body, (int) len) != NATS_OK) {
+      const char *text = nats_GetLastError (NULL);
+      bson_set_error (error,
+                      TRANSPORT_ERROR_DOMAIN,
+                      TRANSPORT_ERROR_SEND,
+                      "nats: a message to '%s': %s",
+                      r->subject,
+                      text && *text ? text : "cannot be made");
+      goto fail;
+   }
+   /* The event's own headers first: the relaybus-* ones and Nats-Msg-Id
+    * are set after them and win. */
+   if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
+       bson_iter_recurse (&it, &hit))
+      while (bson_iter_next (&hit)) {
+         const char *k = bson_iter_key (&hit);
+         char *v;
+         if (!BSON_ITER_HOLDS_UTF8 (&hit) || !header_name_ok (k) || !strncasecmp (k, "nats-", 5) ||
+             !strncasecmp (k, "relaybus-", 9))
+            continue;
+         v = bson_strdup (bson_iter_utf8 (&hit, NULL));
+         for (char *c = v; *c; c++)
+            if (*c == '\r' || *c == '\n')
+               *c = ' ';
+         ok = natsMsgHeader_Add (r->msg, k, v) == NATS_OK;
+         bson_free (v);
+         if (!ok)
+            break;
+      }
+   ok = ok && natsMsgHeader_Set (r->msg, "Nats-Msg-Id", r->id) == NATS_OK &&
+        natsMsgHeader_Set (r->msg, "relaybus-event-id", d->event_id ? d->event_id : "") == NATS_OK &&
+        natsMsgHeader_Set (r->msg, "relaybus-delivery-id", r->id) == NATS_OK &&
+        natsMsgHeader_Set (r->msg, "relaybus-type", d->event_type ? d->event_type : "") == NATS_OK;
+   if (ok && d->key) {
+      snprintf (seq, sizeof seq, "%" PRId64, d->sequence);
+      ok = natsMsgHeader_Set (r->msg, "relaybus-key", d->key) == NATS_OK &&
+           natsMsgHeader_Set (r->msg, "relaybus-sequence", seq) == NATS_OK;
+   }
+   if (!ok) {
+      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "nats: cannot set the headers of a message to '%s'", r->subject);
+      goto fail;
+   }
+   bson_free (body);
+   pthread_mutex_lock (&n->mu);
+   *n->queue_tail = r;
+   n->queue_tail = &r->next;
+   n->n_queued++;
+   pthread_cond_signal (&n->cv);
+   pthread_mutex_unlock (&n->mu);
+   return r;
+
+fail:
+   bson_free (body);
+   req_free (r);
+   return NULL;
+}
+
+static void
+nats_cancel (void *impl, void *req)
+{
+   nats_handler_t *n = impl;
+   nats_req_t *r = req;
+   nats_req_t **pp;
+
+   pthread_mutex_lock (&n->mu);
+   if (r->busy) {
+      r->cancelled = true; /* its thread frees it */
+      pthread_mutex_unlock (&n->mu);
+      return;
+   }
+   for (pp = &n->queue; *pp; pp = &(*pp)->next)
+      if (*pp == r) {
+         *pp = r->next;
+         if (!*pp)
+            n->queue_tail = pp;
+         n->n_queued--;
+         goto found;
+      }
+   for (pp = &n->done; *pp; pp = &(*pp)->next)
+      if (*pp == r) {
+         *pp = r->next;
+         if (!*pp)
+            n->done_tail = pp;
+         goto found;
+      }
+found:
+   pthread_mutex_unlock (&n->mu);
+   req_free (r);
+}
+
+static transport_state_t
+nats_state (void *impl, char *detail, size_t detail_len)
+{
+   nats_handler_t *n = impl;
+   transport_state_t s = (transport_state_t) atomic_load (&n->state);
+
+   if (s != TRANSPORT_STATE_CONNECTED) {
+      pthread_mutex_lock (&n->mu);
+      bson_strncpy (detail, n->last_error, detail_len);
+      pthread_mutex_unlock (&n->mu);
+   }
+   return s;
+}
+
+/* Joins the threads (each finishes the publish it is in, at most
+ * timeout_ms), closes the connection and waits for libnats to say so
+ * (bounded), so that none of its callbacks runs on freed memory. */
+static void
+nats_destroy (void *impl)
+{
+   nats_handler_t *n = impl;
+   struct timespec until;
+
+   if (!n)
+      return;
+   pthread_mutex_lock (&n->mu);
+   n->stop = true;
+   pthread_cond_broadcast (&n->cv);
+   pthread_mutex_unlock (&n->mu);
+   for (size_t i = 0; i < n->n_threads; i++)
+      pthread_join (n->threads[i], NULL);
+   if (n->js)
+      jsCtx_Destroy (n->js);
+   if (n->nc) {
+      natsConnection_Close (n->nc);
+      clock_gettime (CLOCK_REALTIME, &until);
+      until.tv_sec += NATS_CLOSE_WAIT_MS / 1000;
+      pthread_mutex_lock (&n->mu);
+      while (!n->closed)
+         if (pthread_cond_timedwait (&n->cv, &n->mu, &until) != 0)
+            break;
+      pthread_mutex_unlock (&n->mu);
+      natsConnection_Destroy (n->nc);
+   }
+   while (n->queue) {
+      nats_req_t *r = n->queue;
+      n->queue = r->next;
+      req_free (r);
+   }
+   while (n->done) {
+      nats_req_t *r = n->done;
+      n->done = r->next;
+      req_free (r);
+   }
+   natsOptions_Destroy (n->opts);
+   if (n->done_ev)
+      event_free (n->done_ev);
+   pthread_cond_destroy (&n->cv);
+   pthread_mutex_destroy (&n->mu);
+   bson_free (n->name);
+   bson_free (n->url);
+   bson_free (n->subject_tmpl);
+   bson_free (n);
+}
+
+/* What nats_start copies: url, subject, timeout and the thread count. */
+static bool
+nats_settings_equal (const config_handler_t *a, const config_handler_t *b)
+{
+   return !strcmp (a->url, b->url) && !strcmp (a->subject, b->subject) && a->timeout_ms == b->timeout_ms &&
+          a->concurrency == b->concurrency;
+}
+
+const transport_ops_t transport_nats_ops = {
+   .kind = "nats",
+   .start = nats_start,
+   .send = nats_send,
+   .cancel = nats_cancel,
+   .state = nats_state,
+   .destroy = nats_destroy,
+   .settings_equal = nats_settings_equal,
+};
