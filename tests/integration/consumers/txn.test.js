@@ -58,10 +58,10 @@ test.before(async () => {
   await s.direct.db(APP_DB).createCollection('projections').catch(() => {});
 });
 
-test.after(async () => {
+async function closeAll() {
   for (const c of consumers) await c.close().catch(() => {});
-  if (s) await s.stop();
-});
+  if (s) await s.closeClients();
+}
 
 test('committed: the projection, the delivery deleted, completedAt and the history record, together', async () => {
   const a = await consumer();
@@ -301,3 +301,5 @@ test('pymongo: handler write and relaybusComplete in one start_transaction() com
   assert.equal(await C.deliveryOf(s, id, 'orders'), null, 'the delivery is deleted');
   assert.ok((await s.outbox.events.findOne({ _id: id })).completedAt instanceof Date);
 });
+
+H.registerFinalChecks(test, [() => s && s.upstream.stop()], { beforeStop: closeAll });
