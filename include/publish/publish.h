@@ -26,8 +26,10 @@
  *  - a client command that writes the outbox namespace (publish/guard.h):
  *    Unauthorized (13), not forwarded, unless [outbox] allow_client_writes;
  *    with moreToCome (no reply possible) the connection is closed instead.
- *  - commitTransaction of a transaction the proxy injected into: relayed,
- *    and on success the dispatcher is woken (publish_wake).  Sent with
+ *  - commitTransaction of a transaction the proxy injected into, or in
+ *    which a relaybusComplete wrote its completion (publish/pull.h): relayed,
+ *    and on success the dispatcher is woken (publish_wake) and the
+ *    completion's claims are settled (pull_txn_outcome).  Sent with
  *    moreToCome, it is relayed acknowledged (the proxy needs the outcome)
  *    and the reply is swallowed: the client asked for none.
  *  - commitTransaction of a poisoned transaction (an annotated statement or

@@ -13,6 +13,12 @@
  * the proxy's, so without it any client of an authenticating deployment
  * could consume.  It costs one round trip on a connection's first pull
  * command.
+ *
+ * A relaybusComplete inside a transaction (txn_op_t) runs here too, after
+ * the consumer confirmed the leases: the rounds of publish/pulltxn.h on
+ * the client's connection, then the answer, then an entry in the per-loop
+ * table of completions waiting for their commit (pending_t), which
+ * publish/publish.c's relayed commitTransaction resolves.
  */
 #include "publish/pull.h"
 
