@@ -56,6 +56,14 @@ void dispatch_stop (void);
  * thread. */
 void dispatch_reload (config_t *cfg);
 
+/* Appends to `out` one document per broker handler (a kind with a lasting
+ * connection, such as nats) this dispatcher runs, in config order:
+ * {name, kind, state ("connecting", "connected", "disconnected", "closed"),
+ * and detail, the last connection error, when not connected}.  Nothing
+ * when the dispatcher is not running.  Any thread (the admin port's
+ * /readyz); it never waits for the dispatcher's loop. */
+void dispatch_handler_states (bson_t *out);
+
 /* Claims now instead of at the next poll.  Thread-safe; cheap; a no-op
  * when the dispatcher is not running. */
 void dispatch_wake (void);

@@ -389,6 +389,16 @@ admin_api_readyz (admin_t *a, struct evhttp_request *req)
    BSON_APPEND_BOOL (&doc, "outbox", outbox);
    if (!up && snap.last_error[0] && bson_utf8_validate (snap.last_error, strlen (snap.last_error), false))
       BSON_APPEND_UTF8 (&doc, "reason", snap.last_error);
+   {
+      /* Broker connections are details, listed when there are any: a
+       * broker that is down delays deliveries (they are retried), it does
+       * not make the proxy unready. */
+      bson_t brokers = BSON_INITIALIZER;
+      dispatch_handler_states (&brokers);
+      if (bson_count_keys (&brokers) > 0)
+         BSON_APPEND_ARRAY (&doc, "brokers", &brokers);
+      bson_destroy (&brokers);
+   }
    admin_send_json (req, ready ? 200 : 503, ready ? "OK" : "Service Unavailable", &doc);
    bson_destroy (&doc);
 }

@@ -207,6 +207,12 @@ typedef struct {
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static dispatcher_t *g_d;
+/* The dispatcher whose handler list dispatch_handler_states reads, and
+ * the lock that guards that list (d->handlers, d->n_handlers) against
+ * the dispatcher's changes and frees.  Not g_mu: a reader holding it
+ * would make dispatch_wake's trylock skip wake-ups. */
+static pthread_mutex_t g_states_mu = PTHREAD_MUTEX_INITIALIZER;
+static dispatcher_t *g_states_d;
 
 static void handlers_collect (dispatcher_t *d);
 
@@ -1196,6 +1202,7 @@ handlers_collect (dispatcher_t *d)
 {
    size_t kept = 0;
 
+   pthread_mutex_lock (&g_states_mu);
    for (size_t i = 0; i < d->n_retired; i++) {
       if (d->retired[i]->jobs == 0)
          handler_free (d->retired[i]);
@@ -1203,6 +1210,7 @@ handlers_collect (dispatcher_t *d)
          d->retired[kept++] = d->retired[i];
    }
    d->n_retired = kept;
+   pthread_mutex_unlock (&g_states_mu);
 }
 
 static bool
@@ -1307,11 +1315,13 @@ handlers_apply (dispatcher_t *d, config_t *next)
    claim = bson_malloc0 ((n + 1) * sizeof *claim);
    for (size_t i = 0; i < n; i++)
       claim[i].handler = list[i]->cfg->name;
+   pthread_mutex_lock (&g_states_mu);
    bson_free (d->handlers);
    bson_free (d->claim_handlers);
    d->handlers = list;
    d->claim_handlers = claim;
    d->n_handlers = n;
+   pthread_mutex_unlock (&g_states_mu);
    bson_free (made);
    handlers_collect (d);
    if (added || changed || removed)
@@ -1586,6 +1596,9 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    pthread_mutex_lock (&g_mu);
    g_d = d;
    pthread_mutex_unlock (&g_mu);
+   pthread_mutex_lock (&g_states_mu);
+   g_states_d = d;
+   pthread_mutex_unlock (&g_states_mu);
    watch_update (d, cfg);
    if (d->renew) {
       renew_arm (d);
@@ -1626,6 +1639,9 @@ dispatch_stop (void)
    pthread_mutex_lock (&g_mu);
    g_d = NULL;
    pthread_mutex_unlock (&g_mu);
+   pthread_mutex_lock (&g_states_mu);
+   g_states_d = NULL;
+   pthread_mutex_unlock (&g_states_mu);
    dispatcher_free (d);
 }
 
@@ -1642,6 +1658,36 @@ dispatch_reload (config_t *cfg)
       event_active (d->reload_ev, EV_TIMEOUT, 0);
    }
    pthread_mutex_unlock (&g_mu);
+}
+
+void
+dispatch_handler_states (bson_t *out)
+{
+   dispatcher_t *d;
+
+   pthread_mutex_lock (&g_states_mu);
+   d = g_states_d;
+   for (size_t i = 0; d && i < d->n_handlers; i++) {
+      handler_rt_t *h = d->handlers[i];
+      char detail[TRANSPORT_DETAIL_MAX], key[16];
+      transport_state_t s;
+      bson_t doc;
+
+      if (!h->t)
+         continue;
+      s = transport_state (h->t, detail, sizeof detail);
+      if (s == TRANSPORT_STATE_NONE)
+         continue; /* a connection per request: nothing to report */
+      bson_snprintf (key, sizeof key, "%u", bson_count_keys (out));
+      bson_append_document_begin (out, key, -1, &doc);
+      BSON_APPEND_UTF8 (&doc, "name", h->cfg->name);
+      BSON_APPEND_UTF8 (&doc, "kind", transport_kind (h->t));
+      BSON_APPEND_UTF8 (&doc, "state", transport_state_name (s));
+      if (s != TRANSPORT_STATE_CONNECTED && detail[0] && bson_utf8_validate (detail, strlen (detail), false))
+         BSON_APPEND_UTF8 (&doc, "detail", detail);
+      bson_append_document_end (out, &doc);
+   }
+   pthread_mutex_unlock (&g_states_mu);
 }
 
 void
