@@ -70,6 +70,18 @@ typedef struct {
 /* Owned by its loop (listed in loop->clients until disconnected, then in
  * loop->free_list until freed).  Owns its two sides, its timer, its held
  * answers and a reference on its config snapshot. */
+/* The slots of a connection's two FIFOs while something is in flight. */
+typedef struct client_flight client_flight_t;
+struct client_flight {
+   client_req_t creqs[CLIENT_MAX_INFLIGHT];
+   upstream_req_t upreqs[CLIENT_MAX_UPSTREAM_INFLIGHT];
+   client_flight_t *next; /* loop->flight_free */
+};
+
+/* Free FIFO slots a loop keeps for the next busy connections; more are
+ * freed. */
+#define CLIENT_FLIGHT_FREE_MAX 256
+
 struct client_conn {
    uint64_t id;
    char peer[CLIENT_PEER_MAX];
@@ -98,9 +110,11 @@ struct client_conn {
    unsigned compressors_negotiated;
    int32_t next_id; /* requestIDs the proxy sends upstream or to the client */
 
-   client_req_t creqs[CLIENT_MAX_INFLIGHT];
+   /* The two FIFOs' slots, taken from the loop when a request arrives and
+    * given back once nothing is in flight (client_flight_settle): an idle
+    * connection holds none of their 4.6 KB. */
+   client_flight_t *flight;
    uint64_t creq_head, creq_tail; /* seqs: [head, tail) are waiting */
-   upstream_req_t upreqs[CLIENT_MAX_UPSTREAM_INFLIGHT];
    uint32_t up_head, up_count;
 
    /* The process-wide memory bound (proxy/conn.c, "memory").  mem_held: bytes
@@ -133,6 +147,8 @@ struct client_loop {
    size_t nclients;
    client_conn_t *free_list;
    struct event *free_ev;
+   client_flight_t *flight_free; /* at most CLIENT_FLIGHT_FREE_MAX */
+   size_t n_flight_free;
    bool draining;
    struct event *drain_timer;
    void (*on_empty) (void *);
@@ -183,7 +199,7 @@ creq_find (client_conn_t *c, uint64_t seq)
 {
    if (seq < c->creq_head || seq >= c->creq_tail)
       return NULL;
-   return &c->creqs[seq % CLIENT_MAX_INFLIGHT];
+   return &c->flight->creqs[seq % CLIENT_MAX_INFLIGHT];
 }
 
 static inline void
@@ -192,6 +208,45 @@ upreq_pop (client_conn_t *c)
    RELAYBUS_ASSERT (c->up_count > 0);
    c->up_head = (c->up_head + 1) % CLIENT_MAX_UPSTREAM_INFLIGHT;
    c->up_count--;
+}
+
+/* The connection's FIFO slots, from the loop's free ones or new. */
+static inline client_flight_t *
+client_flight_take (client_conn_t *c)
+{
+   client_loop_t *loop = c->loop;
+
+   if (!c->flight) {
+      if (loop->flight_free) {
+         c->flight = loop->flight_free;
+         loop->flight_free = c->flight->next;
+         loop->n_flight_free--;
+      } else {
+         c->flight = bson_malloc0 (sizeof *c->flight);
+      }
+      c->flight->next = NULL;
+   }
+   return c->flight;
+}
+
+/* Gives the FIFO slots back to the loop when nothing is in flight.  Only
+ * where no slot pointer is live: the end of a pump (client_update_flow)
+ * and the connection's end. */
+static inline void
+client_flight_settle (client_conn_t *c)
+{
+   client_loop_t *loop = c->loop;
+
+   if (!c->flight || creq_count (c) > 0 || c->up_count > 0)
+      return;
+   if (loop->n_flight_free < CLIENT_FLIGHT_FREE_MAX) {
+      c->flight->next = loop->flight_free;
+      loop->flight_free = c->flight;
+      loop->n_flight_free++;
+   } else {
+      bson_free (c->flight);
+   }
+   c->flight = NULL;
 }
 
 /* Room for one more request in both FIFOs (a relayed request takes one of

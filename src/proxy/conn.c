@@ -188,7 +188,7 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
     * their context).  They may not send anything: the state is CLOSING. */
    bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_CLOSED, "connection closed: %s", detail);
    while (c->up_count > 0) {
-      upstream_req_t u = c->upreqs[c->up_head];
+      upstream_req_t u = c->flight->upreqs[c->up_head];
       upreq_pop (c);
       if (u.kind == UPREQ_INTERNAL && u.cb)
          u.cb (c, NULL, &error, u.cb_ctx);
@@ -225,6 +225,7 @@ client_free (client_conn_t *c)
    proxy_evbuffer_free (c->scratch);
    proxy_evbuffer_free (c->tmp);
    config_release (c->cfg);
+   bson_free (c->flight);
    bson_free (c);
 }
 
@@ -621,6 +622,15 @@ client_update_flow (client_conn_t *c)
 
 /* ------------------------------------------------------------ pumps */
 
+/* The outermost pump's end: no FIFO slot is pointed at any more, so an
+ * idle connection gives its slots back. */
+static void
+pump_end (client_conn_t *c)
+{
+   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING)
+      client_flight_settle (c);
+}
+
 /* Everything that may let requests through ends here: process what is
  * complete, then decide what to read next. */
 static void
@@ -635,6 +645,7 @@ client_pump (client_conn_t *c)
       side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed);
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
+   pump_end (c);
 }
 
 /* Everything that may let replies through ends here, like client_pump. */
@@ -663,6 +674,7 @@ upstream_pump (client_conn_t *c)
    side_timer_update (&c->upstream, c->cfg->message_timeout_ms, consumed);
 done:
    c->pumping--;
+   pump_end (c);
 }
 
 void
@@ -675,8 +687,10 @@ client_resume (client_conn_t *c)
 void
 client_output_queued (client_conn_t *c)
 {
-   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING)
+   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
+      client_flight_settle (c);
+   }
 }
 
 /* ------------------------------------------------------------ callbacks */
@@ -1067,6 +1081,11 @@ client_loop_destroy (client_loop_t *loop)
       client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN, "proxy stopping");
    client_decoder_stop (loop);
    client_loop_free_cb (-1, 0, loop);
+   while (loop->flight_free) {
+      client_flight_t *f = loop->flight_free;
+      loop->flight_free = f->next;
+      bson_free (f);
+   }
    proxy_event_free (loop->free_ev);
    proxy_event_free (loop->drain_timer);
    proxy_event_free (loop->mem_ev);

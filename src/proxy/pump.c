@@ -98,7 +98,7 @@ creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
 
    if (creq_count (c) >= CLIENT_MAX_INFLIGHT)
       return NULL;
-   r = &c->creqs[c->creq_tail % CLIENT_MAX_INFLIGHT];
+   r = &client_flight_take (c)->creqs[c->creq_tail % CLIENT_MAX_INFLIGHT];
    /* A slot is reused only once its request is answered and passed. */
    RELAYBUS_ASSERT (!r->held || r->seq < c->creq_head);
    memset (r, 0, sizeof *r);
@@ -116,7 +116,7 @@ upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
 
    if (c->up_count >= CLIENT_MAX_UPSTREAM_INFLIGHT)
       return NULL;
-   u = &c->upreqs[(c->up_head + c->up_count) % CLIENT_MAX_UPSTREAM_INFLIGHT];
+   u = &client_flight_take (c)->upreqs[(c->up_head + c->up_count) % CLIENT_MAX_UPSTREAM_INFLIGHT];
    memset (u, 0, sizeof *u);
    u->kind = kind;
    u->upstream_id = upstream_id;
@@ -1265,7 +1265,7 @@ done:
 static bool
 handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 {
-   upstream_req_t *u = &c->upreqs[c->up_head];
+   upstream_req_t *u;
    size_t len = (size_t) h->length;
    const uint8_t *pre;
    uint32_t flags;
@@ -1273,7 +1273,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    bson_error_t error;
    client_req_t *r = NULL;
 
-   RELAYBUS_ASSERT (c->up_count > 0); /* take_reply refused an unsolicited one */
+   RELAYBUS_ASSERT (c->up_count > 0 && c->flight); /* take_reply refused an unsolicited one */
+   u = &c->flight->upreqs[c->up_head];
 
    if (h->opcode != WIRE_OP_MSG) {
       bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
