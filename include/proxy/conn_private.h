@@ -92,17 +92,17 @@ struct client_conn {
    side_t client;   /* the accepted socket; its timer: a partial request stalls */
    side_t upstream; /* the paired connection to the primary, open from
                      * client_try_connect on; its timer: a partial reply */
-   char upstream_name[TOPOLOGY_HOST_MAX + 8]; /* host:port, for logs */
+   char *upstream_name; /* host:port, for logs; set when it connects */
    bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
 
    struct event *timer;          /* per state: no primary / handshake */
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
 
-   struct evbuffer *scratch; /* decompressed requests */
+   struct evbuffer *scratch; /* decompressed requests; NULL until one comes (client_scratch) */
    client_job_t *job; /* a request being decoded off the loop: the
                        * connection neither reads nor routes until it is
                        * back (proxy/pump.c owns it) */
-   struct evbuffer *tmp;     /* re-encoded replies */
+   struct evbuffer *tmp;     /* re-encoded replies; NULL while unused (client_tmp) */
 
    int compressor; /* negotiated on the first hello, for logs; -1 none */
    /* Bit (1 << id) for each compressor the first hello negotiated: the
@@ -278,6 +278,12 @@ void client_output_queued (client_conn_t *c);
 bool client_mem_reserve_decode (client_conn_t *c, int64_t n);
 void client_mem_release_decode (client_conn_t *c);
 void client_mem_watch (client_conn_t *c, struct evbuffer *buf);
+/* proxy/conn.c: c->tmp, empty, created (and counted) on first use; false:
+ * out of memory (error set).  Freed again at the pump's end while empty. */
+bool client_tmp (client_conn_t *c, bson_error_t *error);
+/* proxy/conn.c: c->scratch, created on first use, like client_tmp; kept
+ * while the connection negotiated compression (each request needs it). */
+bool client_scratch (client_conn_t *c, bson_error_t *error);
 
 /* proxy/conn.c: runs the client's pump from outside a libevent callback of
  * the connection (a finished decoding job). */

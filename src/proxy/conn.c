@@ -59,6 +59,7 @@ client_state_name (client_state_t state)
 static void client_pump (client_conn_t *c);
 static void upstream_pump (client_conn_t *c);
 static void client_update_flow (client_conn_t *c);
+static void client_timer_cb (evutil_socket_t fd, short what, void *arg);
 static void mem_release_all (client_conn_t *c);
 static const side_callbacks_t conn_side_callbacks;
 
@@ -120,8 +121,10 @@ client_set_state (client_conn_t *c, client_state_t next)
       c->id, c->peer, side_is_open (&c->client) ? c->client.fd : -1, client_state_name (next), next != CLIENT_STATE_CLOSING);
    if (next == CLIENT_STATE_CLOSING)
       return;
-   /* The per-state timer: each state has at most one deadline. */
-   evtimer_del (c->timer);
+   /* The per-state timer: each state has at most one deadline; a state
+    * without one (READY, the long one) holds no timer. */
+   if (c->timer)
+      evtimer_del (c->timer);
    switch (next) {
    case CLIENT_STATE_AWAIT_UPSTREAM:
       ms = c->cfg->upstream_connect_timeout_ms;
@@ -133,8 +136,16 @@ client_set_state (client_conn_t *c, client_state_t next)
       break;
    }
    if (ms > 0) {
+      if (!c->timer)
+         c->timer = evtimer_new (c->loop->base, client_timer_cb, c);
       tv = clock_timeval_ms (ms);
-      evtimer_add (c->timer, &tv);
+      if (c->timer)
+         evtimer_add (c->timer, &tv);
+      else
+         log_conn (LOG_LEVEL_WARN, c->id, c->peer, "out of memory for a timer: %s has no deadline", client_state_name (next));
+   } else if (c->timer) {
+      event_free (c->timer);
+      c->timer = NULL;
    }
    client_update_flow (c);
 }
@@ -181,7 +192,7 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
       counters_sub (COUNTER_UPSTREAMS_OPEN, 1);
    side_close (&c->upstream);
    side_close (&c->client);
-   event_free (c->timer);
+   proxy_event_free (c->timer);
    c->timer = NULL;
 
    /* Internal requests learn that no reply will come (their owners free
@@ -225,6 +236,7 @@ client_free (client_conn_t *c)
    proxy_evbuffer_free (c->scratch);
    proxy_evbuffer_free (c->tmp);
    config_release (c->cfg);
+   bson_free (c->upstream_name);
    bson_free (c->flight);
    bson_free (c);
 }
@@ -351,6 +363,51 @@ void
 client_mem_watch (client_conn_t *c, struct evbuffer *buf)
 {
    (void) evbuffer_add_cb (buf, mem_cb, c);
+}
+
+static bool
+lazy_buffer (client_conn_t *c, struct evbuffer **buf, bson_error_t *error)
+{
+   if (!*buf) {
+      *buf = evbuffer_new ();
+      if (!*buf || !evbuffer_add_cb (*buf, mem_cb, c)) {
+         proxy_evbuffer_free (*buf);
+         *buf = NULL;
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory for a buffer");
+         return false;
+      }
+   }
+   evbuffer_drain (*buf, evbuffer_get_length (*buf));
+   return true;
+}
+
+bool
+client_tmp (client_conn_t *c, bson_error_t *error)
+{
+   return lazy_buffer (c, &c->tmp, error);
+}
+
+bool
+client_scratch (client_conn_t *c, bson_error_t *error)
+{
+   return lazy_buffer (c, &c->scratch, error);
+}
+
+/* What an idle connection need not hold: its FIFO slots and its empty
+ * work buffers (scratch stays while compression is on: every request
+ * needs it).  Only where nothing points into them. */
+static void
+client_settle (client_conn_t *c)
+{
+   client_flight_settle (c);
+   if (c->tmp && evbuffer_get_length (c->tmp) == 0) {
+      evbuffer_free (c->tmp);
+      c->tmp = NULL;
+   }
+   if (c->scratch && c->compressors_negotiated == 0 && evbuffer_get_length (c->scratch) == 0) {
+      evbuffer_free (c->scratch);
+      c->scratch = NULL;
+   }
 }
 
 /* Counts a side's input and output; false: out of memory. */
@@ -628,7 +685,7 @@ static void
 pump_end (client_conn_t *c)
 {
    if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING)
-      client_flight_settle (c);
+      client_settle (c);
 }
 
 /* Everything that may let requests through ends here: process what is
@@ -689,7 +746,7 @@ client_output_queued (client_conn_t *c)
 {
    if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
-      client_flight_settle (c);
+      client_settle (c);
    }
 }
 
@@ -871,7 +928,8 @@ client_try_connect (client_conn_t *c)
       return;
    }
    c->waiting_primary = false;
-   bson_snprintf (c->upstream_name, sizeof c->upstream_name, "%s:%u", p.host, (unsigned) p.port);
+   bson_free (c->upstream_name);
+   c->upstream_name = bson_strdup_printf ("%s:%u", p.host, (unsigned) p.port);
    if (!side_connect (&c->upstream, c->loop->base, &p, c->loop->tls, &conn_side_callbacks, c, &error)) {
       if (error.domain == SIDE_ERROR_DOMAIN && error.code == SIDE_ERR_CONNECT)
          counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
@@ -927,11 +985,9 @@ client_accept (client_loop_t *loop,
       client_free (c);
       return false;
    }
-   c->scratch = evbuffer_new ();
-   c->tmp = evbuffer_new ();
    c->timer = evtimer_new (loop->base, client_timer_cb, c);
    /* Every byte this connection buffers counts towards max_buffered_bytes. */
-   if (!c->scratch || !c->tmp || !c->timer || !mem_watch_side (c, &c->client)) {
+   if (!c->timer || !mem_watch_side (c, &c->client)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory accepting a connection");
       mem_release_all (c);
       side_close (&c->client);
@@ -939,8 +995,6 @@ client_accept (client_loop_t *loop,
       client_free (c);
       return false;
    }
-   client_mem_watch (c, c->scratch);
-   client_mem_watch (c, c->tmp);
    /* Reading and the drain callback are decided by client_update_flow. */
    side_set_write_low (&c->client, high_watermark (c) / 2);
 

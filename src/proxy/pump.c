@@ -226,7 +226,8 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_SUCH_REQUEST, "no such request waiting for an answer");
       goto done;
    }
-   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (!client_tmp (c, error))
+      goto done;
    if (r->family == WIRE_OP_QUERY)
       ok = wire_append_reply (c->tmp, client_next_id (c), r->client_id, 8 /* AwaitCapable */, reply);
    else
@@ -1091,6 +1092,8 @@ handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
          return 0;
       return client_job_submit (c, in, h) ? 1 : -1;
    }
+   if (h.opcode == WIRE_OP_COMPRESSED && !client_scratch (c, &error))
+      goto protocol;
    ok = decode_request (in, h, c->scratch, NULL, &d, &error);
    /* Decompressed or not, what it holds is counted in c->scratch now. */
    client_mem_release_decode (c);
@@ -1213,7 +1216,8 @@ relay_strip_topology_version (client_conn_t *c, const uint8_t *buf, size_t len, 
          bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
          goto done;
       }
-   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (!client_tmp (c, error))
+      goto done;
    if (!wire_append_msg (c->tmp,
                          reply.header.request_id,
                          response_to,
@@ -1243,7 +1247,8 @@ reply_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuff
    bson_destroy (&body);
    if (!handshake_rewrite_reply (&reply.body, &u->offer, &body, error))
       goto done;
-   evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+   if (!client_tmp (c, error))
+      goto done;
    if (r->family == WIRE_OP_QUERY)
       ok = wire_append_reply (c->tmp, reply.header.request_id, r->client_id, 8 /* AwaitCapable */, &body);
    else
@@ -1370,7 +1375,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
       if (!buf || !wire_parse_msg (buf, len, &reply, &error))
          goto protocol;
-      evbuffer_drain (c->tmp, evbuffer_get_length (c->tmp));
+      if (!client_tmp (c, &error))
+         goto internal;
       if (!wire_append_msg (c->tmp,
                             reply.header.request_id,
                             first ? r->client_id : reply.header.response_to,

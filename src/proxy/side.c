@@ -171,18 +171,19 @@ side_bev_options (bool tls)
    return BEV_OPT_CLOSE_ON_FREE | (tls ? BEV_OPT_DEFER_CALLBACKS : 0);
 }
 
-/* What both kinds share: the timer and the callbacks (false: out of
- * memory). */
+/* What both kinds share: the callbacks.  The timer is created when a
+ * partial message first arms it (side_timer_rearm): most connections
+ * never see one.  (False: out of memory.) */
 static bool
 side_init (side_t *s, side_kind_t kind, struct event_base *base, const side_callbacks_t *cb, void *owner)
 {
+   (void) base;
    memset (s, 0, sizeof *s);
    s->kind = kind;
    s->fd = -1;
    s->cb = cb;
    s->owner = owner;
-   s->timer = evtimer_new (base, side_timer_cb, s);
-   return s->timer != NULL;
+   return true;
 }
 
 bool
@@ -402,6 +403,10 @@ side_timer_rearm (side_t *s, int64_t timeout_ms, bool partial)
    }
    if (partial) {
       struct timeval tv = clock_timeval_ms (timeout_ms);
+      if (!s->timer)
+         s->timer = evtimer_new (bufferevent_get_base (s->bev), side_timer_cb, s);
+      if (!s->timer)
+         return; /* out of memory: this partial message goes untimed */
       evtimer_add (s->timer, &tv);
       s->timer_armed = true;
    }
