@@ -47,6 +47,11 @@ test('API parameters: version "1" only, apiStrict needs apiVersion, strict mode 
   await fails({ noSuchCommand: 1, apiVersion: '1', apiStrict: true }, 59);
 });
 
+test('acceptApiVersion2 is a parameter, false as on a mongod with test commands', async () => {
+  const r = await client.db('admin').command({ getParameter: 1, acceptApiVersion2: 1 });
+  assert.equal(r.acceptApiVersion2, false);
+});
+
 test('snapshot read concern outside a transaction: find, aggregate and distinct only', async () => {
   const c = db.collection('snap');
   await c.insertOne({ _id: 1 });

@@ -136,6 +136,8 @@ async function getParameter(ctx) {
     authenticationMechanisms: ['SCRAM-SHA-1', 'SCRAM-SHA-256'],
     requireApiVersion: false,
     enableTestCommands: true,
+    // A test-only parameter (with enableTestCommands) that lets API version 2 be declared.
+    acceptApiVersion2: false,
   };
   const r = {};
   if (cmd.getParameter === '*' || (cmd.getParameter && typeof cmd.getParameter === 'object' && cmd.getParameter.allParameters)) {
