@@ -58,7 +58,8 @@ class Runner {
     this.baseline = opts.baseline !== false;
     this.testTimeoutMS = opts.testTimeoutMS || 60000;
     this.topology = opts.topology || null;
-    this.knownDifferences = loadKnownDifferences(opts.knownDifferencesFile || KNOWN_DIFFERENCES_FILE);
+    this.knownDifferences = opts.knownDifferences === false ? []
+      : loadKnownDifferences(opts.knownDifferencesFile || KNOWN_DIFFERENCES_FILE);
     this.out = opts.out || ((s) => process.stdout.write(s + '\n'));
     this.results = [];
     this.clients = [];
