@@ -217,15 +217,20 @@ typedef enum {
       "Time from a send's start (a webhook request, a broker publish) to its answer, by handler.")                                               \
    X (CLAIM_LATENCY, "relaybus_claim_latency_seconds", HISTOGRAM, NONE, "Duration of one claim call.")                \
    /* pull consumers */                                                                                                \
-   X (CONSUMER_CLAIMED, "relaybus_consumer_claimed_total", COUNTER, NONE,                                              \
-      "Deliveries handed out to pull consumers (relaybusClaim).")                                                      \
-   X (CONSUMER_COMPLETED, "relaybus_consumer_completed_total", COUNTER, NONE,                                          \
-      "Deliveries pull consumers completed (relaybusComplete, outside transactions).")                                 \
-   X (CONSUMER_COMPLETED_TXN, "relaybus_consumer_completed_in_transaction_total", COUNTER, NONE,                        \
-      "Deliveries pull consumers completed inside their own transaction, counted at its commit.")                     \
-   X (CONSUMER_CLOSED_CHARGED, "relaybus_consumer_closed_charged_total", COUNTER, NONE,                                \
-      "Claims charged one attempt because the consumer's connection closed.")                                          \
-   X (CONSUMER_LONG_POLLS, "relaybus_consumer_long_polls", GAUGE, NONE, "relaybusClaim long polls waiting now.")      \
+   X (CONSUMER_CLAIMED, "relaybus_consumer_claimed_total", COUNTER, HANDLER,                                           \
+      "Deliveries handed out to pull consumers (relaybusClaim), by handler.")                                          \
+   X (CONSUMER_COMPLETED, "relaybus_consumer_completed_total", COUNTER, HANDLER,                                       \
+      "Deliveries pull consumers completed with relaybusComplete outside a transaction, by handler.")                  \
+   X (CONSUMER_COMPLETED_TXN, "relaybus_consumer_completed_in_transaction_total", COUNTER, HANDLER,                     \
+      "Deliveries pull consumers completed inside their own transaction, counted at its commit, by handler.")          \
+   X (CONSUMER_CLOSED_CHARGED, "relaybus_consumer_closed_charged_total", COUNTER, HANDLER,                             \
+      "Claims charged one attempt because the consumer's connection closed, by handler.")                             \
+   X (CONSUMER_CONNECTIONS, "relaybus_consumer_connections", GAUGE, HANDLER,                                           \
+      "Client connections that hold claims of the handler or wait in a relaybusClaim long poll for it now.")           \
+   X (CONSUMER_CLAIMS, "relaybus_consumer_claims", GAUGE, HANDLER,                                                     \
+      "Claims pull consumers hold now and have not settled, by handler.")                                             \
+   X (CONSUMER_LONG_POLLS, "relaybus_consumer_long_polls", GAUGE, HANDLER,                                             \
+      "relaybusClaim long polls waiting now, by handler.")                                                            \
    X (FLEET_INSTANCES, "relaybus_fleet_instances", GAUGE, NONE,                                                        \
       "Live proxy instances in the fleet's handler set as this process last read it.") /* set per scrape */           \
    X (HANDLER_SETS_DISAGREEING, "relaybus_handler_sets_disagreeing", GAUGE, NONE,                                      \
@@ -298,6 +303,14 @@ counters_add_at (counter_id_t id, size_t slot, uint64_t n)
 {
    RELAYBUS_ASSERT (slot < COUNTERS_SLOTS_LABEL_HANDLER && (size_t) id + slot < COUNTERS_N_SLOTS);
    atomic_fetch_add_explicit (&counters_slots[id + slot], n, memory_order_relaxed);
+}
+
+/* Sets sample `slot` of a labelled gauge (one writer per gauge). */
+static inline void
+counters_set_at (counter_id_t id, size_t slot, uint64_t v)
+{
+   RELAYBUS_ASSERT (slot < COUNTERS_SLOTS_LABEL_HANDLER && (size_t) id + slot < COUNTERS_N_SLOTS);
+   atomic_store_explicit (&counters_slots[id + slot], v, memory_order_relaxed);
 }
 
 /* Counts one closed connection under `reason` (anything out of range as

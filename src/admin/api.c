@@ -505,6 +505,36 @@ handler_cfg (admin_t *a, const char *name)
    return NULL;
 }
 
+/* A pull handler's consumers on this proxy, from the registry's
+ * per-handler slots (the consumer thread publishes them as relaxed atomic
+ * stores; each value is recent, and the values need not agree with each
+ * other to the request). */
+static void
+append_consumers (bson_t *parent, size_t slot)
+{
+   bson_t doc;
+   uint64_t v[7] = {0};
+
+   if (slot != SIZE_MAX) {
+      v[0] = counters_get_at (COUNTER_CONSUMER_CONNECTIONS, slot);
+      v[1] = counters_get_at (COUNTER_CONSUMER_CLAIMS, slot);
+      v[2] = counters_get_at (COUNTER_CONSUMER_LONG_POLLS, slot);
+      v[3] = counters_get_at (COUNTER_CONSUMER_CLAIMED, slot);
+      v[4] = counters_get_at (COUNTER_CONSUMER_COMPLETED, slot);
+      v[5] = counters_get_at (COUNTER_CONSUMER_COMPLETED_TXN, slot);
+      v[6] = counters_get_at (COUNTER_CONSUMER_CLOSED_CHARGED, slot);
+   }
+   BSON_APPEND_DOCUMENT_BEGIN (parent, "consumers", &doc);
+   BSON_APPEND_INT64 (&doc, "connections", (int64_t) v[0]);
+   BSON_APPEND_INT64 (&doc, "claims", (int64_t) v[1]);
+   BSON_APPEND_INT64 (&doc, "longPolls", (int64_t) v[2]);
+   BSON_APPEND_INT64 (&doc, "claimedTotal", (int64_t) v[3]);
+   BSON_APPEND_INT64 (&doc, "completedTotal", (int64_t) v[4]);
+   BSON_APPEND_INT64 (&doc, "completedInTransactionTotal", (int64_t) v[5]);
+   BSON_APPEND_INT64 (&doc, "closedChargedTotal", (int64_t) v[6]);
+   bson_append_document_end (parent, &doc);
+}
+
 static void
 append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t *h, int64_t now, bool with_config)
 {
@@ -537,6 +567,8 @@ append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t
    BSON_APPEND_INT64 (&doc, "retriedTotal", (int64_t) retried);
    BSON_APPEND_INT64 (&doc, "deadTotal", (int64_t) dead);
    BSON_APPEND_INT64 (&doc, "meanLatencyMs", lat.count ? (int64_t) ((double) lat.sum_ms / (double) lat.count) : 0);
+   if (hc && hc->kind_id == HANDLER_KIND_PULL)
+      append_consumers (&doc, slot);
    if (with_config && hc) {
       BSON_APPEND_UTF8 (&doc, "events", hc->events ? hc->events : "");
       if (hc->url)

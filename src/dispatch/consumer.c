@@ -14,6 +14,12 @@
  *    looks again at the poll interval or at the nearest deadline, and a
  *    commit through this proxy (consumer_wake) makes them look at once.
  *
+ * What the admin thread shows of them (per handler: the connections that
+ * hold claims or wait, the claims, the long polls) is counted here as the
+ * lists change and published into the counter registry's per-handler
+ * gauges (relaxed atomic stores, base/counters.h): the admin thread reads
+ * those slots, never the lists.
+ *
  * Answers go into a list of their own under a mutex, and one loopwake post
  * at a time (a pending flag) makes the loop drain it, so the loop's
  * bounded queue is never filled by this thread.  That list is the module's
@@ -68,12 +74,30 @@ typedef struct {
    uint32_t lane;
    int32_t attempt;
    int64_t expires; /* ms: the lease's end as claimed or last extended */
+   size_t slot;     /* the handler's counters slot (SIZE_MAX: none) */
 } held_t;
 
 typedef struct {
    pull_req_t *r;
    int64_t deadline; /* clock_mono_ms */
+   size_t slot;      /* as held_t's */
 } waiting_t;
+
+/* One connection's share of one handler: its claims held plus its long
+ * polls waiting (never 0: the entry goes with its last one).  At most one
+ * per held claim or waiting poll, so bounded by CONSUMER_MAX_CLAIMS +
+ * CONSUMER_MAX_WAITING. */
+typedef struct {
+   uint64_t conn;
+   size_t slot;
+   size_t refs;
+} user_t;
+
+/* Per handler slot: what the gauges COUNTER_CONSUMER_CONNECTIONS, _CLAIMS
+ * and _LONG_POLLS show. */
+typedef struct {
+   uint32_t conns, claims, polls;
+} usage_t;
 
 typedef struct {
    worker_t *w; /* owns the base and the pool */
@@ -92,6 +116,9 @@ typedef struct {
    size_t n_held;
    waiting_t waiting[CONSUMER_MAX_WAITING];
    size_t n_waiting;
+   user_t *users;
+   size_t n_users, cap_users;
+   usage_t usage[COUNTERS_MAX_HANDLERS];
    uint64_t rnd;
 } consumer_t;
 
@@ -204,6 +231,77 @@ answer_error (const pull_req_t *r, pull_code_t code, const char *fmt, ...)
    bson_destroy (&doc);
 }
 
+/* --- what the admin sees ------------------------------------------------ */
+
+static void
+usage_publish (const consumer_t *c, size_t slot)
+{
+   counters_set_at (COUNTER_CONSUMER_CONNECTIONS, slot, c->usage[slot].conns);
+   counters_set_at (COUNTER_CONSUMER_CLAIMS, slot, c->usage[slot].claims);
+   counters_set_at (COUNTER_CONSUMER_LONG_POLLS, slot, c->usage[slot].polls);
+}
+
+/* Connection `conn` holds `n` more claims (or waits in `n` more long polls
+ * when `poll`) of the handler of `slot`; a negative `n` fewer. */
+static void
+usage_track (consumer_t *c, uint64_t conn, size_t slot, bool poll, long n)
+{
+   usage_t *u;
+   user_t *e = NULL;
+
+   if (slot >= COUNTERS_MAX_HANDLERS || n == 0)
+      return;
+   u = &c->usage[slot];
+   for (size_t i = 0; i < c->n_users && !e; i++)
+      if (c->users[i].conn == conn && c->users[i].slot == slot)
+         e = &c->users[i];
+   if (!e) {
+      RELAYBUS_ASSERT (n > 0);
+      if (c->n_users == c->cap_users) {
+         c->cap_users = c->cap_users ? 2 * c->cap_users : 16;
+         c->users = bson_realloc (c->users, c->cap_users * sizeof *c->users);
+      }
+      e = &c->users[c->n_users++];
+      *e = (user_t){.conn = conn, .slot = slot, .refs = 0};
+      u->conns++;
+   }
+   RELAYBUS_ASSERT (n > 0 || e->refs >= (size_t) -n);
+   e->refs = (size_t) ((long) e->refs + n);
+   if (poll)
+      u->polls = (uint32_t) ((long) u->polls + n);
+   else
+      u->claims = (uint32_t) ((long) u->claims + n);
+   if (e->refs == 0) {
+      *e = c->users[--c->n_users];
+      u->conns--;
+   }
+   usage_publish (c, slot);
+}
+
+/* Adds r as a waiting long poll (room checked by the caller). */
+static void
+waiting_add (consumer_t *c, pull_req_t *r)
+{
+   waiting_t *w = &c->waiting[c->n_waiting++];
+
+   w->r = r;
+   w->deadline = clock_mono_ms () + r->await_ms;
+   w->slot = counters_handler_slot (r->handler, true);
+   usage_track (c, r->conn, w->slot, true, 1);
+}
+
+/* Removes waiting poll i and frees its request. */
+static void
+waiting_remove (consumer_t *c, size_t i)
+{
+   waiting_t *w = &c->waiting[i];
+
+   RELAYBUS_ASSERT (i < c->n_waiting);
+   usage_track (c, w->r->conn, w->slot, true, -1);
+   pull_req_destroy (w->r);
+   c->waiting[i] = c->waiting[--c->n_waiting];
+}
+
 /* --- claims held -------------------------------------------------------- */
 
 static held_t *
@@ -221,6 +319,7 @@ held_remove (consumer_t *c, held_t *h)
    size_t i = (size_t) (h - c->held);
 
    RELAYBUS_ASSERT (i < c->n_held);
+   usage_track (c, h->conn, h->slot, false, -1);
    bson_free (h->event_id);
    c->held[i] = c->held[--c->n_held];
 }
@@ -363,6 +462,7 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    bson_error_t err;
    bson_t doc = BSON_INITIALIZER, arr;
    uint32_t n = 0;
+   size_t slot = counters_handler_slot (r->handler, true);
 
    room = CONSUMER_MAX_CLAIMS - c->n_held;
    if (room == 0) {
@@ -411,11 +511,14 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
       hd->lane = outbox_lane_id (d->key, d->event_id);
       hd->attempt = d->attempt;
       hd->expires = now + r->lease_ms;
+      hd->slot = slot;
       append_delivery (&arr, n++, d, hd->lease.text);
    }
    bson_append_array_end (&doc, &arr);
    store_batch_clear (&b);
-   counters_add (COUNTER_CONSUMER_CLAIMED, n);
+   usage_track (c, r->conn, slot, false, (long) n);
+   if (slot != SIZE_MAX)
+      counters_add_at (COUNTER_CONSUMER_CLAIMED, slot, n);
    answer (r, &doc);
    bson_destroy (&doc);
    return true;
@@ -468,6 +571,7 @@ run_complete (consumer_t *c, pull_req_t *r)
    bool *done = bson_malloc0 (r->n_leases * sizeof *done);
    bson_t doc = BSON_INITIALIZER, yes, no;
    uint32_t ny = 0, nn = 0;
+   size_t slot;
    bson_error_t err;
 
    if (!leases_held (c, r, found))
@@ -492,7 +596,9 @@ run_complete (consumer_t *c, pull_req_t *r)
    for (size_t i = 0; i < r->n_leases; i++)
       if (done[i])
          append_str (&yes, &ny, r->leases[i].text);
-   counters_add (COUNTER_CONSUMER_COMPLETED, ny);
+   slot = counters_handler_slot (r->handler, true);
+   if (slot != SIZE_MAX)
+      counters_add_at (COUNTER_CONSUMER_COMPLETED, slot, ny);
    bson_append_array_end (&doc, &yes);
    BSON_APPEND_ARRAY_BEGIN (&doc, "notCompleted", &no);
    for (size_t i = 0; i < r->n_leases; i++)
@@ -730,7 +836,7 @@ static void
 run_settled (consumer_t *c, pull_req_t *r)
 {
    bson_oid_t *ids = bson_malloc0 ((r->n_leases ? r->n_leases : 1) * sizeof *ids);
-   size_t n = 0;
+   size_t n = 0, slot = counters_handler_slot (r->handler, true);
 
    for (size_t i = 0; i < r->n_leases; i++) {
       held_t *h = held_find (c, r->conn, r->leases[i].text);
@@ -740,7 +846,8 @@ run_settled (consumer_t *c, pull_req_t *r)
       held_remove (c, h);
    }
    store_settled_elsewhere (c->store, ids, n);
-   counters_add (COUNTER_CONSUMER_COMPLETED_TXN, n);
+   if (slot != SIZE_MAX)
+      counters_add_at (COUNTER_CONSUMER_COMPLETED_TXN, slot, n);
    bson_free (ids);
 }
 
@@ -752,10 +859,8 @@ run_closed (consumer_t *c, uint64_t conn)
    size_t charged = 0, dead = 0, lost = 0;
 
    for (size_t i = c->n_waiting; i-- > 0;)
-      if (c->waiting[i].r->conn == conn) {
-         pull_req_destroy (c->waiting[i].r);
-         c->waiting[i] = c->waiting[--c->n_waiting];
-      }
+      if (c->waiting[i].r->conn == conn)
+         waiting_remove (c, i);
    for (size_t i = c->n_held; i-- > 0;) {
       held_t *h = &c->held[i];
       bson_error_t err;
@@ -773,6 +878,8 @@ run_closed (consumer_t *c, uint64_t conn)
          dead++;
       else
          charged++;
+      if (applied && h->slot != SIZE_MAX)
+         counters_add_at (COUNTER_CONSUMER_CLOSED_CHARGED, h->slot, 1);
       held_remove (c, h);
    }
    /* The lanes stay this instance's until their lease ends, which would
@@ -784,8 +891,6 @@ run_closed (consumer_t *c, uint64_t conn)
          log_warn ("consumer: c%" PRIu64 " closed: handing the lanes back failed (they free up when their leases end): %s",
                    conn, err.message);
    }
-   counters_add (COUNTER_CONSUMER_CLOSED_CHARGED, charged + dead);
-   counters_set (COUNTER_CONSUMER_LONG_POLLS, c->n_waiting);
    if (charged + dead + lost > 0)
       log_info ("consumer: c%" PRIu64 " closed holding claims: %zu due again with one attempt charged, %zu dead, %zu "
                 "no longer held",
@@ -817,7 +922,6 @@ poll_arm (consumer_t *c)
    config_t *cfg;
    struct timeval tv;
 
-   counters_set (COUNTER_CONSUMER_LONG_POLLS, c->n_waiting);
    if (c->n_waiting == 0) {
       evtimer_del (c->poll_ev);
       return;
@@ -854,8 +958,7 @@ poll_all (consumer_t *c)
          continue;
       }
       if (run_claim (c, w->r, !expired)) {
-         pull_req_destroy (w->r);
-         c->waiting[i] = c->waiting[--c->n_waiting];
+         waiting_remove (c, i);
          continue;
       }
       /* Still waiting: w->r (and its handler) stays in the list. */
@@ -915,9 +1018,7 @@ run (consumer_t *c, pull_req_t *r)
                        CONSUMER_MAX_WAITING);
          break;
       }
-      c->waiting[c->n_waiting].r = r;
-      c->waiting[c->n_waiting].deadline = clock_mono_ms () + r->await_ms;
-      c->n_waiting++;
+      waiting_add (c, r);
       poll_arm (c);
       return; /* kept */
    case PULL_COMPLETE:
@@ -1096,9 +1197,8 @@ stop_cb (void *arg)
       next = r->next;
       pull_req_destroy (r);
    }
-   for (size_t i = 0; i < c->n_waiting; i++)
-      pull_req_destroy (c->waiting[i].r);
-   c->n_waiting = 0;
+   while (c->n_waiting > 0)
+      waiting_remove (c, c->n_waiting - 1);
    if (c->n_held > 0 && !store_relinquish (c->store, clock_now_ms (), &err))
       log_warn ("consumer: handing the lanes back failed (they free up when their leases end): %s", err.message);
    event_base_loopexit (c->base, NULL);
@@ -1127,6 +1227,13 @@ consumer_free (consumer_t *c)
    for (size_t i = 0; i < c->n_held; i++)
       bson_free (c->held[i].event_id);
    bson_free (c->held);
+   /* Nothing is held or waits any more. */
+   for (size_t slot = 0; slot < COUNTERS_MAX_HANDLERS; slot++)
+      if (c->usage[slot].conns || c->usage[slot].claims || c->usage[slot].polls) {
+         c->usage[slot] = (usage_t){0};
+         usage_publish (c, slot);
+      }
+   bson_free (c->users);
    store_destroy (c->store);
    worker_destroy (c->w); /* after everything on its base and pool */
    pthread_mutex_destroy (&c->mu);

@@ -32,11 +32,11 @@ test.before(async () => {
   s = await C.startConsumers({ extraIni: `\n[admin]\nlisten = 127.0.0.1:${adminPort}\n` });
 });
 
-/** One sample of /metrics (a metric without labels). */
-async function metric(name) {
+/** The sample of a per-handler metric of /metrics (handler `users` unless told). */
+async function metric(name, handler = 'users') {
   const text = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text();
-  const m = text.match(new RegExp(`^${name} (\\d+)$`, 'm'));
-  assert.ok(m, `/metrics has ${name}`);
+  const m = text.match(new RegExp(`^${name}\\{handler="${handler}"\\} (\\d+)$`, 'm'));
+  assert.ok(m, `/metrics has ${name}{handler="${handler}"}`);
   return Number(m[1]);
 }
 
@@ -343,7 +343,7 @@ test('a consumer connection closed with claims: its deliveries are runnable agai
   await C.cmd(b, { relaybusComplete: 'users', leases: again.map((d) => d.lease) });
 });
 
-test('/metrics counts the claims, completions, charged closes and waiting long polls', async () => {
+test('/metrics counts the claims, completions, charged closes and waiting long polls of each handler', async () => {
   const a = await consumer();
   const claimed = await metric('relaybus_consumer_claimed_total');
   const completed = await metric('relaybus_consumer_completed_total');
