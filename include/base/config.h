@@ -64,6 +64,7 @@ typedef enum {
    HANDLER_KIND_WEBHOOK,
    HANDLER_KIND_PULL,
    HANDLER_KIND_NATS, /* NATS JetStream (dispatch/nats.c; a build with libnats) */
+   HANDLER_KIND_RABBITMQ, /* AMQP 0-9-1 (dispatch/rabbitmq.c; a build with librabbitmq) */
 } handler_kind_t;
 
 typedef struct {
@@ -75,6 +76,9 @@ typedef struct {
    handler_kind_t kind_id;
    char *url;
    char *subject; /* nats: the subject template ({type}, {key}) */
+   char *exchange;    /* rabbitmq: the exchange published to */
+   char *routing_key; /* rabbitmq: the routing key template ({type}, {key}) */
+   bool persistent;   /* rabbitmq: delivery mode 2 */
    char *secret;
    char *retry_schedule;     /* raw list of durations */
    int64_t *retry_delays_ms; /* retry_schedule parsed: the delay before retry i + 1 */

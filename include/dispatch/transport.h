@@ -1,6 +1,7 @@
 /*
  * dispatch/transport.h - the handler interface: what the dispatcher asks
- * of every kind of handler that it delivers to itself (webhook, nats).
+ * of every kind of handler that it delivers to itself (webhook, nats,
+ * rabbitmq).
  *
  * A transport is made per handler (transport_new), sends one delivery at a
  * time per call, asynchronously (transport_send), and reports each send's
@@ -13,7 +14,7 @@
  * per key (one delivery per key in flight), the retries, the dead letters
  * and the leases; a transport only sends.
  *
- * Each kind is a file of its own (webhook.c, nats.c) with a table of
+ * Each kind is a file of its own (webhook.c, nats.c, rabbitmq.c) with a table of
  * transport_ops_t; this file's transport.c picks the table by the
  * handler's kind.  Pull handlers have no transport: consumers claim their
  * deliveries (dispatch/consumer.h).
@@ -113,6 +114,8 @@ typedef struct {
 extern const transport_ops_t transport_webhook_ops;
 /* Only in a build with libnats (autoconf.h: RELAYBUS_HAVE_NATS). */
 extern const transport_ops_t transport_nats_ops;
+/* Only in a build with librabbitmq (RELAYBUS_HAVE_RABBITMQ). */
+extern const transport_ops_t transport_rabbitmq_ops;
 
 /* The ops of a handler's kind; NULL for pull, or a kind this build lacks. */
 const transport_ops_t *transport_ops_for (const config_handler_t *h);

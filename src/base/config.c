@@ -156,9 +156,15 @@ static const config_key_t config_key_table[] = {
 
    H ("events", L, NULL, 0, 0, events,
       "Event types the handler takes: exact names, or a prefix ending in '*'."),
-   H ("kind", S, NULL, 0, 0, kind, "webhook, pull or nats."),
+   H ("kind", S, NULL, 0, 0, kind, "webhook, pull, nats or rabbitmq."),
    H ("url", S, "", 0, 0, url,
       "webhook: the http:// or https:// URL events are POSTed to; nats: the server(s), nats://host:port (or tls://), comma-separated."),
+   H ("exchange", S, "", 0, 0, exchange,
+      "rabbitmq: the exchange each event is published to (it must exist)."),
+   H ("routing_key", S, "{type}", 0, 0, routing_key,
+      "rabbitmq: the routing key; {type} and {key} are replaced by the event's type and key (its id without a key)."),
+   H ("persistent", B, "true", 0, 0, persistent,
+      "rabbitmq: publish persistent messages (delivery mode 2), which a durable queue keeps across a broker restart."),
    H ("subject", S, "", 0, 0, subject,
       "nats: the JetStream subject each event is published to; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("secret", S, "", 0, 0, secret,
@@ -750,6 +756,45 @@ config_validate_nats (const config_handler_t *h, const char *origin, bson_error_
    return true;
 }
 
+/* kind = rabbitmq: a build with librabbitmq, an amqp:// URL, an exchange
+ * and a routing key template. */
+static bool
+config_validate_rabbitmq (const config_handler_t *h, const char *origin, bson_error_t *error)
+{
+#ifndef RELAYBUS_HAVE_RABBITMQ
+   config_error (error, origin, 0,
+                 "[handler %s] kind = rabbitmq: this build has no RabbitMQ support (build with librabbitmq, Debian librabbitmq-dev)",
+                 h->name);
+   return false;
+#endif
+   if (!*h->url) {
+      config_error (error, origin, 0, "[handler %s] kind = rabbitmq needs url = amqp://user:password@host:5672/vhost", h->name);
+      return false;
+   }
+   if (strncmp (h->url, "amqp://", 7) != 0) {
+      char *masked = config_mask ("url", h->url);
+      config_error (error, origin, 0, "[handler %s] kind = rabbitmq: url: '%s' is not amqp://%s", h->name, masked,
+                    strncmp (h->url, "amqps://", 8) == 0 ? " (amqps is not supported yet)" : "");
+      bson_free (masked);
+      return false;
+   }
+   if (!*h->exchange) {
+      config_error (error, origin, 0, "[handler %s] kind = rabbitmq needs exchange (the name of an existing exchange)", h->name);
+      return false;
+   }
+   for (const char *c = strchr (h->routing_key, '{'); c; c = strchr (c + 1, '{'))
+      if (strncmp (c, "{type}", 6) != 0 && strncmp (c, "{key}", 5) != 0) {
+         config_error (error, origin, 0, "[handler %s] routing_key: '%s': only {type} and {key} may be replaced", h->name,
+                       h->routing_key);
+         return false;
+      }
+   if (strlen (h->routing_key) > 255 || strlen (h->exchange) > 255) {
+      config_error (error, origin, 0, "[handler %s] exchange and routing_key are at most 255 bytes", h->name);
+      return false;
+   }
+   return true;
+}
+
 static bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -758,7 +803,7 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       return false;
    }
    if (!h->kind) {
-      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull or nats)", h->name);
+      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull, nats or rabbitmq)", h->name);
       return false;
    }
    if (strcmp (h->kind, "webhook") == 0) {
@@ -775,8 +820,12 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       h->kind_id = HANDLER_KIND_NATS;
       if (!config_validate_nats (h, origin, error))
          return false;
+   } else if (strcmp (h->kind, "rabbitmq") == 0) {
+      h->kind_id = HANDLER_KIND_RABBITMQ;
+      if (!config_validate_rabbitmq (h, origin, error))
+         return false;
    } else {
-      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook, pull or nats", h->name,
+      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook, pull, nats or rabbitmq", h->name,
                     h->kind);
       return false;
    }

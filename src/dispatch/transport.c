@@ -49,7 +49,7 @@ transport_state_name (transport_state_t s)
 bool
 transport_kind_dispatched (handler_kind_t kind)
 {
-   return kind == HANDLER_KIND_WEBHOOK || kind == HANDLER_KIND_NATS;
+   return kind == HANDLER_KIND_WEBHOOK || kind == HANDLER_KIND_NATS || kind == HANDLER_KIND_RABBITMQ;
 }
 
 const transport_ops_t *
@@ -61,6 +61,12 @@ transport_ops_for (const config_handler_t *h)
    case HANDLER_KIND_NATS:
 #ifdef RELAYBUS_HAVE_NATS
       return &transport_nats_ops;
+#else
+      return NULL;
+#endif
+   case HANDLER_KIND_RABBITMQ:
+#ifdef RELAYBUS_HAVE_RABBITMQ
+      return &transport_rabbitmq_ops;
 #else
       return NULL;
 #endif
@@ -84,7 +90,9 @@ transport_new (const transport_env_t *env, const config_handler_t *h, bson_error
                       "handler %s: kind = %s: %s",
                       h->name,
                       h->kind ? h->kind : "?",
-                      h->kind_id == HANDLER_KIND_NATS ? "this build has no NATS support" : "not dispatched by the proxy");
+                      h->kind_id == HANDLER_KIND_NATS       ? "this build has no NATS support"
+                      : h->kind_id == HANDLER_KIND_RABBITMQ ? "this build has no RabbitMQ support"
+                                                            : "not dispatched by the proxy");
       return NULL;
    }
    impl = ops->start (env, h, error);

@@ -139,7 +139,7 @@ test_handlers (void **state)
 {
    parse_fails ("[handler a]\nkind = pull\n", "[handler a] needs 'events'");
    parse_fails ("[handler a]\nevents = x\n", "[handler a] needs 'kind'");
-   parse_fails ("[handler a]\nevents = x\nkind = smtp\n", "'smtp' is not webhook, pull or nats");
+   parse_fails ("[handler a]\nevents = x\nkind = smtp\n", "'smtp' is not webhook, pull, nats or rabbitmq");
    parse_fails ("[handler a]\nevents = x\nkind = webhook\n", "needs url = http://");
    parse_fails ("[handler a]\nevents = x\nkind = webhook\nurl = ftp://h/\n", "needs url = http://");
    parse_fails ("[handler a]\nevents = x\nkind = pull\nsecret = hunter2\n", "Standard Webhooks secret");

@@ -75,6 +75,7 @@ test_kinds (void **state)
    (void) state;
    assert_true (transport_kind_dispatched (HANDLER_KIND_WEBHOOK));
    assert_true (transport_kind_dispatched (HANDLER_KIND_NATS));
+   assert_true (transport_kind_dispatched (HANDLER_KIND_RABBITMQ));
    assert_false (transport_kind_dispatched (HANDLER_KIND_PULL));
    memset (&h, 0, sizeof h);
    h.kind_id = HANDLER_KIND_WEBHOOK;

@@ -28,9 +28,10 @@ const { startDispatchProxy, publish, waitFor } = require('../dispatch/helpers');
 const N_EVENTS = Number(process.env.RELAYBUS_BROKER_EVENTS || 1000);
 const N_KEYS = Number(process.env.RELAYBUS_BROKER_KEYS || 20);
 const OUTAGE_MS = 10000;
-// Full jitter draws each wait in [0, delay]: sixteen attempts outlast the
-// 10 s outage with a wide margin.
-const OUTAGE_SCHEDULE = '200ms, 500ms, 1s, 2s, 3s, 3s, 3s, 3s, 3s, 3s, 3s, 3s, 3s, 3s, 3s';
+// Full jitter draws each wait in [0, delay]: thirty attempts, most of them
+// up to 4 s apart (about a minute on average), outlast the outage, a
+// broker's stop and start included, with a wide margin for every delivery.
+const OUTAGE_SCHEDULE = ['200ms', '500ms', '1s', '2s', ...Array(26).fill('4s')].join(', ');
 const skip = natsSkipReason() || false;
 
 function makeEvents(n, keys, tag) {
@@ -319,7 +320,7 @@ test('bad nats handler configuration: clear errors from --check-config and at st
     [{ kind: 'nats', url: 'nats://127.0.0.1:4222', subject: 'a.*' }, "[handler h] subject: 'a.*': a subject to publish to holds no white space, '*' or '>'"],
     [{ kind: 'nats', url: 'nats://127.0.0.1:4222', subject: 'a..{type}' }, "[handler h] subject: 'a..{type}' has an empty token"],
     [{ kind: 'nats', url: 'nats://127.0.0.1:4222', subject: 'a.{id}' }, "[handler h] subject: 'a.{id}': only {type} and {key} may be replaced"],
-    [{ kind: 'kafka', url: 'nats://127.0.0.1:4222' }, "[handler h] kind: 'kafka' is not webhook, pull or nats"],
+    [{ kind: 'kafka', url: 'nats://127.0.0.1:4222' }, "[handler h] kind: 'kafka' is not webhook, pull, nats or rabbitmq"],
   ];
   for (const [keys, want] of cases) {
     const lines = ['[proxy]', 'listen = 127.0.0.1:0', 'upstream = mongodb://127.0.0.1:1/?replicaSet=rs0', '', '[handler h]', 'events = order.*'];

@@ -1,0 +1,688 @@
+/*
+ * dispatch/rabbitmq.c - kind = rabbitmq: deliveries published to a
+ * RabbitMQ exchange (AMQP 0-9-1, rabbitmq-c), as one implementation of
+ * dispatch/transport.h.
+ *
+ * Each delivery is one message to the handler's exchange, with the
+ * routing key its template gives, published `mandatory` on a channel in
+ * confirm mode: the broker's basic.ack completes the delivery.  A
+ * basic.return (no queue is bound for the routing key), a basic.nack, a
+ * channel or connection closed by the broker (an exchange that does not
+ * exist), no confirm within timeout_ms, or a send while the broker is
+ * unreachable is a retry; the dispatcher's backoff and max_attempts apply,
+ * then the delivery is dead with that error.  The body is the webhook's
+ * JSON (webhook_body); message_id is the event id, the relaybus-* headers
+ * and the event's own headers are AMQP headers, and messages are
+ * persistent unless `persistent = false`.
+ *
+ * Threads: rabbitmq-c is synchronous and a connection is used by one
+ * thread at a time, so each handler has one publishing thread with its
+ * own connection that takes sends from a bounded queue, publishes one and
+ * waits for its confirm, and puts the result on a done list that one event
+ * hands to the dispatcher on its base.  One send at a time per handler
+ * (the dispatcher keeps one per key anyway): throughput is one confirm
+ * round trip per event.  The thread connects, and after a failure
+ * reconnects every RABBITMQ_RECONNECT_MS, by itself.
+ *
+ * Not here: amqps (TLS), and publishing without confirms.
+ */
+#include "dispatch/transport.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include <amqp.h>
+#include <amqp_framing.h>
+#include <amqp_tcp_socket.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "dispatch/webhook.h"
+
+/* Pause between two connection attempts. */
+#define RABBITMQ_RECONNECT_MS 500
+/* Headers of an event copied into a message, at most. */
+#define RABBITMQ_EVENT_HEADERS_MAX 64
+#define RABBITMQ_CHANNEL 1
+
+typedef struct rabbit_handler rabbit_handler_t;
+
+/* One send: what the thread publishes, copied on the dispatcher's thread.
+ * Owned by the handler's lists (queue, the thread, done) until its
+ * callback ran or it was cancelled; a cancelled send the thread is
+ * publishing is freed by the thread. */
+typedef struct rabbit_req {
+   struct rabbit_req *next;
+   transport_done_cb_t cb;
+   void *arg;
+   char id[25]; /* the delivery id */
+   char *event_id, *type, *key;
+   int64_t sequence;
+   char *routing_key;
+   char *body;
+   size_t body_len;
+   size_t n_headers;
+   char *hk[RABBITMQ_EVENT_HEADERS_MAX], *hv[RABBITMQ_EVENT_HEADERS_MAX];
+   bool busy, cancelled;
+   transport_result_t res;
+} rabbit_req_t;
+
+/* A handler's client.  Created by rabbit_start, freed by rabbit_destroy
+ * once its thread is joined. */
+struct rabbit_handler {
+   char *name, *url, *exchange, *routing_tmpl;
+   bool persistent;
+   int64_t timeout_ms;
+   struct amqp_connection_info info; /* points into url_copy */
+   char *url_copy;
+   struct event *done_ev; /* on the dispatcher's base */
+
+   pthread_mutex_t mu;
+   pthread_cond_t cv;
+   rabbit_req_t *queue, **queue_tail;
+   rabbit_req_t *done, **done_tail;
+   size_t n_queued, queue_max;
+   bool stop;
+   char last_error[TRANSPORT_DETAIL_MAX];
+   atomic_int state; /* transport_state_t */
+
+   pthread_t thread;
+   bool thread_started;
+   /* The thread's own. */
+   amqp_connection_state_t conn;
+   uint64_t next_tag; /* the delivery tag of the next publish on the channel */
+};
+
+static void text (char *out, size_t len, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
+
+/* snprintf for texts that are cut where they must be. */
+static void
+text (char *out, size_t len, const char *fmt, ...)
+{
+   va_list ap;
+
+   va_start (ap, fmt);
+   vsnprintf (out, len, fmt, ap);
+   va_end (ap);
+}
+
+static void
+req_free (rabbit_req_t *r)
+{
+   if (!r)
+      return;
+   bson_free (r->event_id);
+   bson_free (r->type);
+   bson_free (r->key);
+   bson_free (r->routing_key);
+   bson_free (r->body);
+   for (size_t i = 0; i < r->n_headers; i++) {
+      bson_free (r->hk[i]);
+      bson_free (r->hv[i]);
+   }
+   bson_free (r);
+}
+
+/* An rpc reply as text. */
+static void
+reply_text (amqp_rpc_reply_t r, char *out, size_t len)
+{
+   switch (r.reply_type) {
+   case AMQP_RESPONSE_NORMAL:
+      text (out, len, "ok");
+      break;
+   case AMQP_RESPONSE_NONE:
+      text (out, len, "no reply");
+      break;
+   case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+      text (out, len, "%s", amqp_error_string2 (r.library_error));
+      break;
+   case AMQP_RESPONSE_SERVER_EXCEPTION:
+      if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+         const amqp_connection_close_t *m = r.reply.decoded;
+         text (out, len, "connection closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
+      } else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+         const amqp_channel_close_t *m = r.reply.decoded;
+         text (out, len, "channel closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
+      } else
+         text (out, len, "broker error (method 0x%08x)", (unsigned) r.reply.id);
+      break;
+   default:
+      text (out, len, "unknown reply");
+   }
+}
+
+static void
+set_error (rabbit_handler_t *n, const char *msg)
+{
+   pthread_mutex_lock (&n->mu);
+   bson_strncpy (n->last_error, msg, sizeof n->last_error);
+   pthread_mutex_unlock (&n->mu);
+}
+
+/* On the thread: drops the connection (after a failure or at stop). */
+static void
+disconnect (rabbit_handler_t *n, bool polite)
+{
+   if (!n->conn)
+      return;
+   if (polite) {
+      amqp_channel_close (n->conn, RABBITMQ_CHANNEL, AMQP_REPLY_SUCCESS);
+      amqp_connection_close (n->conn, AMQP_REPLY_SUCCESS);
+   }
+   amqp_destroy_connection (n->conn);
+   n->conn = NULL;
+}
+
+/* On the thread: connects, logs in, opens the channel in confirm mode.
+ * False with last_error set. */
+static bool
+connect_broker (rabbit_handler_t *n)
+{
+   amqp_socket_t *sock;
+   struct timeval tv = clock_timeval_ms (n->timeout_ms < 5000 ? n->timeout_ms : 5000);
+   amqp_rpc_reply_t r;
+   char why[TRANSPORT_DETAIL_MAX], buf[TRANSPORT_DETAIL_MAX];
+   int rc;
+
+   n->conn = amqp_new_connection ();
+   sock = n->conn ? amqp_tcp_socket_new (n->conn) : NULL;
+   if (!sock) {
+      text (why, sizeof why, "cannot create a connection");
+      goto fail;
+   }
+   amqp_set_handshake_timeout (n->conn, &tv);
+   amqp_set_rpc_timeout (n->conn, &tv);
+   if ((rc = amqp_socket_open_noblock (sock, n->info.host, n->info.port, &tv)) != AMQP_STATUS_OK) {
+      text (why, sizeof why, "connecting to %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
+      goto fail;
+   }
+   r = amqp_login (n->conn, n->info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, n->info.user, n->info.password);
+   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+      reply_text (r, buf, sizeof buf);
+      text (why, sizeof why, "login to %s:%d: %s", n->info.host, n->info.port, buf);
+      goto fail;
+   }
+   amqp_channel_open (n->conn, RABBITMQ_CHANNEL);
+   r = amqp_get_rpc_reply (n->conn);
+   if (r.reply_type == AMQP_RESPONSE_NORMAL) {
+      amqp_confirm_select (n->conn, RABBITMQ_CHANNEL);
+      r = amqp_get_rpc_reply (n->conn);
+   }
+   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+      reply_text (r, buf, sizeof buf);
+      text (why, sizeof why, "opening a channel: %s", buf);
+      goto fail;
+   }
+   n->next_tag = 1;
+   set_error (n, "");
+   if (atomic_exchange (&n->state, TRANSPORT_STATE_CONNECTED) != TRANSPORT_STATE_CONNECTED)
+      log_info ("dispatch: handler %s: connected to RabbitMQ at %s:%d", n->name, n->info.host, n->info.port);
+   return true;
+
+fail:
+   disconnect (n, false);
+   set_error (n, why);
+   {
+      int was = atomic_exchange (&n->state, TRANSPORT_STATE_DISCONNECTED);
+      if (was == TRANSPORT_STATE_CONNECTED)
+         log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->name, why);
+      else if (was == TRANSPORT_STATE_CONNECTING)
+         log_warn ("dispatch: handler %s: cannot connect to RabbitMQ yet (%s); retrying in the background", n->name, why);
+   }
+   return false;
+}
+
+/* On the thread: a connection that failed mid-publish is dropped; the
+ * next send reconnects. */
+static void
+broken (rabbit_handler_t *n, const char *why)
+{
+   disconnect (n, false);
+   set_error (n, why);
+   if (atomic_exchange (&n->state, TRANSPORT_STATE_DISCONNECTED) == TRANSPORT_STATE_CONNECTED)
+      log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->name, why);
+}
+
+static amqp_bytes_t
+bytes (const char *s)
+{
+   return amqp_cstring_bytes (s ? s : "");
+}
+
+/* On the thread: publishes r and waits for its confirm. */
+static void
+publish_one (rabbit_handler_t *n, rabbit_req_t *r)
+{
+   transport_result_t *res = &r->res;
+   amqp_basic_properties_t props;
+   amqp_table_entry_t entries[RABBITMQ_EVENT_HEADERS_MAX + 5];
+   size_t ne = 0;
+   uint64_t tag;
+   int64_t deadline;
+   char returned[TRANSPORT_ERROR_MAX] = "";
+   char why[TRANSPORT_DETAIL_MAX];
+
+   res->outcome = TRANSPORT_OUTCOME_RETRY;
+   res->retry_after_ms = -1;
+   if (!n->conn && !connect_broker (n)) {
+      pthread_mutex_lock (&n->mu);
+      text (res->error, sizeof res->error, "rabbitmq: not connected: %s", n->last_error);
+      pthread_mutex_unlock (&n->mu);
+      return;
+   }
+   for (size_t i = 0; i < r->n_headers; i++) {
+      entries[ne].key = bytes (r->hk[i]);
+      entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
+      entries[ne].value.value.bytes = bytes (r->hv[i]);
+      ne++;
+   }
+   entries[ne].key = bytes ("relaybus-event-id");
+   entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
+   entries[ne++].value.value.bytes = bytes (r->event_id);
+   entries[ne].key = bytes ("relaybus-delivery-id");
+   entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
+   entries[ne++].value.value.bytes = bytes (r->id);
+   entries[ne].key = bytes ("relaybus-type");
+   entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
+   entries[ne++].value.value.bytes = bytes (r->type);
+   if (r->key) {
+      entries[ne].key = bytes ("relaybus-key");
+      entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
+      entries[ne++].value.value.bytes = bytes (r->key);
+      entries[ne].key = bytes ("relaybus-sequence");
+      entries[ne].value.kind = AMQP_FIELD_KIND_I64;
+      entries[ne++].value.value.i64 = r->sequence;
+   }
+   memset (&props, 0, sizeof props);
+   props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
+                  AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
+   props.content_type = bytes ("application/json");
+   props.delivery_mode = n->persistent ? 2 : 1;
+   props.message_id = bytes (r->event_id);
+   props.timestamp = (uint64_t) (clock_now_ms () / 1000);
+   props.headers.num_entries = (int) ne;
+   props.headers.entries = entries;
+   {
+      amqp_bytes_t body = {.len = r->body_len, .bytes = r->body};
+      int rc = amqp_basic_publish (n->conn, RABBITMQ_CHANNEL, bytes (n->exchange), bytes (r->routing_key), 1, 0, &props, body);
+      if (rc != AMQP_STATUS_OK) {
+         text (why, sizeof why, "publishing: %s", amqp_error_string2 (rc));
+         text (res->error, sizeof res->error, "rabbitmq: %s", why);
+         broken (n, why);
+         return;
+      }
+   }
+   tag = n->next_tag++;
+   deadline = clock_now_ms () + n->timeout_ms;
+   for (;;) {
+      amqp_frame_t frame;
+      int64_t left = deadline - clock_now_ms ();
+      struct timeval tv = clock_timeval_ms (left > 0 ? left : 0);
+      int rc;
+
+      amqp_maybe_release_buffers (n->conn);
+      rc = left > 0 ? amqp_simple_wait_frame_noblock (n->conn, &frame, &tv) : AMQP_STATUS_TIMEOUT;
+      if (rc == AMQP_STATUS_TIMEOUT) {
+         /* Its confirm may still come: the connection's state is unknown,
+          * so it is dropped, and the retry goes on a new one. */
+         text (res->error, sizeof res->error, "rabbitmq: no publisher confirm within %" PRId64 " ms", n->timeout_ms);
+         broken (n, "no publisher confirm in time");
+         return;
+      }
+      if (rc != AMQP_STATUS_OK) {
+         text (why, sizeof why, "waiting for the confirm: %s", amqp_error_string2 (rc));
+         text (res->error, sizeof res->error, "rabbitmq: %s", why);
+         broken (n, why);
+         return;
+      }
+      if (frame.frame_type != AMQP_FRAME_METHOD)
+         continue;
+      switch (frame.payload.method.id) {
+      case AMQP_BASIC_RETURN_METHOD: {
+         const amqp_basic_return_t *m = frame.payload.method.decoded;
+         amqp_message_t msg;
+         amqp_rpc_reply_t rr;
+         text (returned,
+               sizeof returned,
+               "rabbitmq: unroutable: exchange '%s' routed '%s' nowhere (%u %.*s)",
+               n->exchange,
+               r->routing_key,
+               m->reply_code,
+               (int) m->reply_text.len,
+               (const char *) m->reply_text.bytes);
+         /* The returned message's header and body follow. */
+         rr = amqp_read_message (n->conn, frame.channel, &msg, 0);
+         if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
+            bson_strncpy (res->error, returned, sizeof res->error);
+            broken (n, "reading a returned message");
+            return;
+         }
+         amqp_destroy_message (&msg);
+         break;
+      }
+      case AMQP_BASIC_ACK_METHOD: {
+         const amqp_basic_ack_t *m = frame.payload.method.decoded;
+         if (m->delivery_tag < tag && !m->multiple)
+            break; /* an earlier publish's late confirm */
+         if (returned[0])
+            bson_strncpy (res->error, returned, sizeof res->error);
+         else
+            res->outcome = TRANSPORT_OUTCOME_OK;
+         return;
+      }
+      case AMQP_BASIC_NACK_METHOD: {
+         const amqp_basic_nack_t *m = frame.payload.method.decoded;
+         if (m->delivery_tag < tag && !m->multiple)
+            break;
+         text (res->error, sizeof res->error, "rabbitmq: the broker refused the message (basic.nack)");
+         return;
+      }
+      case AMQP_CHANNEL_CLOSE_METHOD: {
+         const amqp_channel_close_t *m = frame.payload.method.decoded;
+         amqp_channel_close_ok_t ok = {0};
+         text (res->error,
+               sizeof res->error,
+               "rabbitmq: channel closed by the broker: %u %.*s",
+               m->reply_code,
+               (int) m->reply_text.len,
+               (const char *) m->reply_text.bytes);
+         amqp_send_method (n->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+         /* Reopened with the connection on the next send. */
+         disconnect (n, false);
+         return;
+      }
+      case AMQP_CONNECTION_CLOSE_METHOD: {
+         const amqp_connection_close_t *m = frame.payload.method.decoded;
+         text (why, sizeof why, "connection closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
+         text (res->error, sizeof res->error, "rabbitmq: %s", why);
+         broken (n, why);
+         return;
+      }
+      default:
+         break;
+      }
+   }
+}
+
+static void *
+publisher_main (void *arg)
+{
+   rabbit_handler_t *n = arg;
+
+   connect_broker (n);
+   pthread_mutex_lock (&n->mu);
+   for (;;) {
+      rabbit_req_t *r;
+      bool was_empty;
+
+      while (!n->stop && !n->queue) {
+         if (!n->conn) {
+            /* Reconnect in the background while idle. */
+            struct timespec until;
+            clock_gettime (CLOCK_REALTIME, &until);
+            until.tv_nsec += (long) RABBITMQ_RECONNECT_MS * 1000000L;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait (&n->cv, &n->mu, &until);
+            if (!n->stop && !n->queue) {
+               pthread_mutex_unlock (&n->mu);
+               connect_broker (n);
+               pthread_mutex_lock (&n->mu);
+            }
+         } else
+            pthread_cond_wait (&n->cv, &n->mu);
+      }
+      if (n->stop)
+         break;
+      r = n->queue;
+      n->queue = r->next;
+      if (!n->queue)
+         n->queue_tail = &n->queue;
+      r->next = NULL;
+      r->busy = true;
+      pthread_mutex_unlock (&n->mu);
+      publish_one (n, r);
+      pthread_mutex_lock (&n->mu);
+      r->busy = false;
+      n->n_queued--;
+      if (r->cancelled) {
+         req_free (r);
+         continue;
+      }
+      was_empty = !n->done;
+      *n->done_tail = r;
+      n->done_tail = &r->next;
+      if (was_empty)
+         event_active (n->done_ev, EV_TIMEOUT, 0);
+   }
+   pthread_mutex_unlock (&n->mu);
+   disconnect (n, true);
+   return NULL;
+}
+
+/* On the dispatcher's base: the results of the finished sends. */
+static void
+done_cb (evutil_socket_t fd, short what, void *arg)
+{
+   rabbit_handler_t *n = arg;
+   rabbit_req_t *list;
+
+   (void) fd;
+   (void) what;
+   pthread_mutex_lock (&n->mu);
+   list = n->done;
+   n->done = NULL;
+   n->done_tail = &n->done;
+   pthread_mutex_unlock (&n->mu);
+   while (list) {
+      rabbit_req_t *r = list;
+      list = r->next;
+      r->cb (&r->res, r->arg);
+      req_free (r);
+   }
+}
+
+/* ------------------------------------------------------------- the ops */
+
+static void rabbit_destroy (void *impl);
+
+static void *
+rabbit_start (const transport_env_t *env, const config_handler_t *h, bson_error_t *error)
+{
+   rabbit_handler_t *n = bson_malloc0 (sizeof *n);
+
+   n->name = bson_strdup (h->name);
+   n->url = bson_strdup (h->url);
+   n->exchange = bson_strdup (h->exchange);
+   n->routing_tmpl = bson_strdup (h->routing_key);
+   n->persistent = h->persistent;
+   n->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
+   n->queue_tail = &n->queue;
+   n->done_tail = &n->done;
+   /* At most `concurrency` sends in flight, and room as many again for
+    * cancelled ones still being published. */
+   n->queue_max = (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2;
+   pthread_mutex_init (&n->mu, NULL);
+   pthread_cond_init (&n->cv, NULL);
+   atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
+   n->url_copy = bson_strdup (h->url);
+   amqp_default_connection_info (&n->info);
+   if (amqp_parse_url (n->url_copy, &n->info) != AMQP_STATUS_OK || n->info.ssl) {
+      char *masked = config_mask ("url", h->url);
+      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: url \"%s\" is not amqp://[user:password@]host[:port][/vhost]", h->name, masked);
+      bson_free (masked);
+      goto fail;
+   }
+   n->done_ev = event_new (env->base, -1, 0, done_cb, n);
+   if (!n->done_ev || pthread_create (&n->thread, NULL, publisher_main, n) != 0) {
+      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start the publishing thread", h->name);
+      goto fail;
+   }
+   n->thread_started = true;
+   return n;
+
+fail:
+   rabbit_destroy (n);
+   return NULL;
+}
+
+/* A header name an event may bring (not one of ours). */
+static bool
+header_name_ok (const char *k)
+{
+   size_t len = strlen (k);
+   return len > 0 && len < 128 && strncasecmp (k, "relaybus-", 9) != 0 && bson_utf8_validate (k, len, false);
+}
+
+static void *
+rabbit_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+{
+   rabbit_handler_t *n = impl;
+   rabbit_req_t *r;
+   bson_iter_t it, hit;
+
+   pthread_mutex_lock (&n->mu);
+   if (n->n_queued >= n->queue_max) {
+      pthread_mutex_unlock (&n->mu);
+      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "rabbitmq: %zu publishes waiting already", n->n_queued);
+      return NULL;
+   }
+   pthread_mutex_unlock (&n->mu);
+   r = bson_malloc0 (sizeof *r);
+   r->cb = cb;
+   r->arg = arg;
+   bson_oid_to_string (&d->id, r->id);
+   r->event_id = bson_strdup (d->event_id ? d->event_id : "");
+   r->type = bson_strdup (d->event_type ? d->event_type : "");
+   r->key = d->key ? bson_strdup (d->key) : NULL;
+   r->sequence = d->sequence;
+   r->routing_key = transport_expand (n->routing_tmpl, d, "");
+   if (strlen (r->routing_key) > 255)
+      r->routing_key[255] = '\0'; /* AMQP's limit; a cut key still routes the same every time */
+   r->body = webhook_body (d, &r->body_len);
+   if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
+       bson_iter_recurse (&it, &hit))
+      while (bson_iter_next (&hit) && r->n_headers < RABBITMQ_EVENT_HEADERS_MAX)
+         if (BSON_ITER_HOLDS_UTF8 (&hit) && header_name_ok (bson_iter_key (&hit))) {
+            r->hk[r->n_headers] = bson_strdup (bson_iter_key (&hit));
+            r->hv[r->n_headers] = bson_strdup (bson_iter_utf8 (&hit, NULL));
+            r->n_headers++;
+         }
+   pthread_mutex_lock (&n->mu);
+   *n->queue_tail = r;
+   n->queue_tail = &r->next;
+   n->n_queued++;
+   pthread_cond_signal (&n->cv);
+   pthread_mutex_unlock (&n->mu);
+   return r;
+}
+
+static void
+rabbit_cancel (void *impl, void *req)
+{
+   rabbit_handler_t *n = impl;
+   rabbit_req_t *r = req;
+   rabbit_req_t **pp;
+
+   pthread_mutex_lock (&n->mu);
+   if (r->busy) {
+      r->cancelled = true; /* the thread frees it */
+      pthread_mutex_unlock (&n->mu);
+      return;
+   }
+   for (pp = &n->queue; *pp; pp = &(*pp)->next)
+      if (*pp == r) {
+         *pp = r->next;
+         if (!*pp)
+            n->queue_tail = pp;
+         n->n_queued--;
+         goto found;
+      }
+   for (pp = &n->done; *pp; pp = &(*pp)->next)
+      if (*pp == r) {
+         *pp = r->next;
+         if (!*pp)
+            n->done_tail = pp;
+         goto found;
+      }
+found:
+   pthread_mutex_unlock (&n->mu);
+   req_free (r);
+}
+
+static transport_state_t
+rabbit_state (void *impl, char *detail, size_t detail_len)
+{
+   rabbit_handler_t *n = impl;
+   transport_state_t s = (transport_state_t) atomic_load (&n->state);
+
+   if (s != TRANSPORT_STATE_CONNECTED) {
+      pthread_mutex_lock (&n->mu);
+      bson_strncpy (detail, n->last_error, detail_len);
+      pthread_mutex_unlock (&n->mu);
+   }
+   return s;
+}
+
+/* Joins the thread (it finishes the publish it is in, at most
+ * timeout_ms, and closes its connection). */
+static void
+rabbit_destroy (void *impl)
+{
+   rabbit_handler_t *n = impl;
+
+   if (!n)
+      return;
+   pthread_mutex_lock (&n->mu);
+   n->stop = true;
+   pthread_cond_broadcast (&n->cv);
+   pthread_mutex_unlock (&n->mu);
+   if (n->thread_started)
+      pthread_join (n->thread, NULL);
+   while (n->queue) {
+      rabbit_req_t *r = n->queue;
+      n->queue = r->next;
+      req_free (r);
+   }
+   while (n->done) {
+      rabbit_req_t *r = n->done;
+      n->done = r->next;
+      req_free (r);
+   }
+   if (n->done_ev)
+      event_free (n->done_ev);
+   pthread_cond_destroy (&n->cv);
+   pthread_mutex_destroy (&n->mu);
+   bson_free (n->name);
+   bson_free (n->url);
+   bson_free (n->url_copy);
+   bson_free (n->exchange);
+   bson_free (n->routing_tmpl);
+   bson_free (n);
+}
+
+/* What rabbit_start copies. */
+static bool
+rabbit_settings_equal (const config_handler_t *a, const config_handler_t *b)
+{
+   return !strcmp (a->url, b->url) && !strcmp (a->exchange, b->exchange) && !strcmp (a->routing_key, b->routing_key) &&
+          a->persistent == b->persistent && a->timeout_ms == b->timeout_ms && a->concurrency == b->concurrency;
+}
+
+const transport_ops_t transport_rabbitmq_ops = {
+   .kind = "rabbitmq",
+   .start = rabbit_start,
+   .send = rabbit_send,
+   .cancel = rabbit_cancel,
+   .state = rabbit_state,
+   .destroy = rabbit_destroy,
+   .settings_equal = rabbit_settings_equal,
+};
