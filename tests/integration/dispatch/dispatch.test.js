@@ -103,6 +103,9 @@ test('two proxies deliver every event to three webhook handlers in key order, on
     'every delivery to finish');
   await killer;
   t.diagnostic(`all delivered in ${Date.now() - t0} ms`);
+  for (const [name, p] of [['first proxy', p1], ['replacement', p3]]) {
+    t.diagnostic(`${name}: ${(p.log().match(/ not started: /g) || []).length} deliveries given back unstarted (lease short)`);
+  }
 
   for (const [name, sink] of [['failing', failing], ['slow', slow], ['picky', picky]]) report(t, name, sink);
   // Every event reached every healthy handler.
