@@ -177,6 +177,7 @@ async function claimCost(due, keyed) {
       claimed: lines.reduce((a, m) => a + Number(m[1]), 0),
       commandsPerClaimWithCompletions: Number((s.total / claims).toFixed(1)),
       claimCommandsPerClaim: Number((claimCmds / claims).toFixed(1)),
+      byCommandPerClaim: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Number((v / claims).toFixed(1))])),
       msPerClaim: Number((ms / claims).toFixed(1)),
     }));
   } catch (e) {
