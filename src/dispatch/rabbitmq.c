@@ -22,7 +22,8 @@
  * hands to the dispatcher on its base.  One send at a time per handler
  * (the dispatcher keeps one per key anyway): throughput is one confirm
  * round trip per event.  The thread connects, and after a failure
- * reconnects every RABBITMQ_RECONNECT_MS, by itself.
+ * reconnects every RABBITMQ_RECONNECT_MS, by itself; while idle it looks
+ * every RABBITMQ_IDLE_CHECK_MS for a close from the broker.
  *
  * Not here: amqps (TLS), and publishing without confirms.
  */
@@ -48,6 +49,9 @@
 
 /* Pause between two connection attempts. */
 #define RABBITMQ_RECONNECT_MS 500
+/* How often an idle connection is checked for a close from the broker
+ * (a restart), so that /readyz tells a lost broker without a send. */
+#define RABBITMQ_IDLE_CHECK_MS 1000
 /* Headers of an event copied into a message, at most. */
 #define RABBITMQ_EVENT_HEADERS_MAX 64
 #define RABBITMQ_CHANNEL 1
@@ -412,6 +416,33 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
    }
 }
 
+/* On the thread, idle: whatever the broker sent meanwhile (a
+ * connection.close when it stops, or the socket's end) drops the
+ * connection; a late confirm is ignored. */
+static void
+idle_check (rabbit_handler_t *n)
+{
+   for (;;) {
+      amqp_frame_t frame;
+      struct timeval tv = {0, 0};
+      int rc;
+
+      amqp_maybe_release_buffers (n->conn);
+      rc = amqp_simple_wait_frame_noblock (n->conn, &frame, &tv);
+      if (rc == AMQP_STATUS_TIMEOUT)
+         return;
+      if (rc != AMQP_STATUS_OK) {
+         broken (n, amqp_error_string2 (rc));
+         return;
+      }
+      if (frame.frame_type == AMQP_FRAME_METHOD &&
+          (frame.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD || frame.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD)) {
+         broken (n, "closed by the broker");
+         return;
+      }
+   }
+}
+
 static void *
 publisher_main (void *arg)
 {
@@ -437,8 +468,18 @@ publisher_main (void *arg)
                connect_broker (n);
                pthread_mutex_lock (&n->mu);
             }
-         } else
-            pthread_cond_wait (&n->cv, &n->mu);
+         } else {
+            struct timespec until;
+            clock_gettime (CLOCK_REALTIME, &until);
+            until.tv_nsec += (long) RABBITMQ_IDLE_CHECK_MS * 1000000L;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            if (pthread_cond_timedwait (&n->cv, &n->mu, &until) != 0 && !n->stop && !n->queue) {
+               pthread_mutex_unlock (&n->mu);
+               idle_check (n);
+               pthread_mutex_lock (&n->mu);
+            }
+         }
       }
       if (n->stop)
          break;
