@@ -4,7 +4,13 @@
 // one withTransaction), while consumers are SIGKILLed in the middle of their transactions (and
 // replaced), their connections are cut, one consumer stalls past its lease now and then, and the
 // proxy is SIGKILLed and restarted on the same port. At the end every event's projection has
-// n = 1, no key saw a sequence out of order, no delivery is left and none is dead.
+// n = 1, no key saw a sequence out of order, no delivery is left and none is dead, and the
+// attempts charged match the faults: a delivery whose consumer was killed in the middle of its
+// transaction (and that the killed process had not committed) was completed with at least one
+// attempt charged, and the attempts charged in all lie between those deliveries and what the
+// faults could have charged (each kill and stall at most the claims one consumer holds at once,
+// each cut of every connection and the proxy's kill at most the claims of every consumer, and
+// one per transaction a consumer gave up, whose lease may have run out and been taken over).
 //
 // Size: RELAYBUS_FAULT_EVENTS events (default 400, the CI size, under 3 minutes here); the
 // issue's full run is RELAYBUS_FAULT_EVENTS=2000. The consumers connect through a relay of this
@@ -25,6 +31,7 @@ const EVENTS = Number(process.env.RELAYBUS_FAULT_EVENTS || 400);
 const KEYS = 20;
 const CONSUMERS = 6;
 const LEASE_MS = 2000;
+const CLAIM_LIMIT = 5; // deliveries a consumer claims (and holds) at once
 const HANDLER = 'faults';
 const APP_DB = `rbfaults_${process.pid}`;
 const RUN_MS = Number(process.env.RELAYBUS_FAULT_TIMEOUT_MS || Math.max(150000, EVENTS * 200));
@@ -33,7 +40,13 @@ let s;
 let relay;
 let restarted = null;
 const children = new Set();
-const faults = { kills: 0, killedInTxn: 0, cuts: 0, stalls: 0, proxyKills: 0 };
+// cuts: connections cut (the consumers' monitoring ones too); cutRounds: the times every
+// connection through the relay was cut.
+// failed: transactions a consumer gave up (a lease lost when it ran out during a slow turn, or a
+// connection lost under it).
+const faults = { kills: 0, killedInTxn: 0, cuts: 0, cutRounds: 0, stalls: 0, proxyKills: 0, failed: 0 };
+// The consumers SIGKILLed, each with its output read to the end once it is gone.
+const victims = [];
 
 /** A TCP forwarder to the proxy's port; cut() drops every connection through it. */
 async function startRelay(targetPort) {
@@ -106,11 +119,13 @@ function startConsumer(stallEvery = 0) {
       APP_DB,
       HANDLER,
       LEASE_MS: String(LEASE_MS),
+      CLAIM_LIMIT: String(CLAIM_LIMIT),
       STALL_EVERY: String(stallEvery),
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  const c = { child, stallEvery, inTxn: false, done: 0, stderr: '' };
+  const c = { child, pid: child.pid, stallEvery, inTxn: false, current: null, done: 0, stderr: '' };
+  c.outputRead = new Promise((resolve) => child.stdout.once('close', resolve));
   let buf = '';
   child.stdout.on('data', (chunk) => {
     buf += chunk;
@@ -119,10 +134,13 @@ function startConsumer(stallEvery = 0) {
       const line = buf.slice(0, nl);
       buf = buf.slice(nl + 1);
       if (line.startsWith('stall ')) faults.stalls += 1;
-      else if (line.startsWith('txn ')) c.inTxn = true;
-      else {
+      else if (line.startsWith('txn ')) {
+        c.inTxn = true;
+        c.current = line.slice(4);
+      } else {
         c.inTxn = false;
         if (line.startsWith('done ')) c.done += 1;
+        if (line.startsWith('failed ')) faults.failed += 1;
       }
     }
   });
@@ -186,11 +204,13 @@ test(`${EVENTS} events on ${KEYS} keys, ${CONSUMERS} consumers killed, cut off, 
       if (victim) {
         if (victim.inTxn) faults.killedInTxn += 1;
         victim.child.kill('SIGKILL');
+        victims.push(victim);
         faults.kills += 1;
         startConsumer(0);
       }
     } else if (tick % 3 === 2) {
       faults.cuts += relay.cut();
+      faults.cutRounds += 1;
     }
   }
   const dead = await s.outbox.deliveries.countDocuments({ handler: HANDLER, status: 'dead' });
@@ -210,6 +230,32 @@ test(`${EVENTS} events on ${KEYS} keys, ${CONSUMERS} consumers killed, cut off, 
   assert.equal(await s.outbox.events.countDocuments({ _id: { $in: ids }, completedAt: { $exists: false } }), 0, 'every event has completedAt');
   assert.ok(faults.kills > 0 && faults.cuts > 0 && faults.stalls > 0 && faults.proxyKills === 1, `faults happened: ${JSON.stringify(faults)}`);
   t.diagnostic(`faults: ${JSON.stringify(faults)}`);
+
+  // The attempts charged. A killed consumer's last line, once all its output is read, says
+  // whether it died inside a transaction, and on which delivery. That transaction may still have
+  // committed (SIGKILL while its commit was on the way): then the projection names the killed
+  // process. Otherwise another consumer completed the delivery later, and the kill (its
+  // connection closing, or the lease running out) must have charged it an attempt.
+  await Promise.all(victims.map((v) => v.outputRead));
+  const byEvent = new Map(projections.map((p) => [p._id, p]));
+  const midTxn = victims.filter((v) => v.inTxn && v.current);
+  const committedByKilled = midTxn.filter((v) => byEvent.get(v.current).by === v.pid);
+  const completedElsewhere = midTxn.filter((v) => byEvent.get(v.current).by !== v.pid);
+  for (const v of completedElsewhere) {
+    const p = byEvent.get(v.current);
+    assert.ok(p.attempt >= 2, `${v.current}: its consumer (pid ${v.pid}) was killed in its transaction, yet pid ${p.by} completed it at attempt ${p.attempt}, with no attempt charged`);
+  }
+  const charged = projections.reduce((n, p) => n + (p.attempt - 1), 0);
+  const chargedDeliveries = projections.filter((p) => p.attempt > 1).length;
+  const upper = CLAIM_LIMIT * (faults.kills + faults.stalls) + CLAIM_LIMIT * CONSUMERS * (faults.cutRounds + faults.proxyKills) +
+    faults.failed;
+  t.diagnostic(`attempts charged: ${charged} on ${chargedDeliveries} deliveries; consumers killed in a transaction: ${midTxn.length} ` +
+    `(${committedByKilled.length} had committed it, ${completedElsewhere.length} completed by another consumer, each with an attempt charged); ` +
+    `bound from the faults: ${CLAIM_LIMIT} claims x (${faults.kills} kills + ${faults.stalls} stalls) + ` +
+    `${CLAIM_LIMIT} x ${CONSUMERS} consumers x (${faults.cutRounds} cuts of every connection + ${faults.proxyKills} proxy kill) + ` +
+    `${faults.failed} transactions given up = ${upper}`);
+  assert.ok(charged >= completedElsewhere.length, `at least one attempt per delivery whose consumer was killed in its transaction: ${charged} < ${completedElsewhere.length}`);
+  assert.ok(charged <= upper, `no more attempts charged than the faults explain: ${charged} > ${upper}`);
 });
 
 test('the restarted proxy exits 0 on SIGTERM; no sanitizer report or assertion in either log', async () => {
