@@ -34,6 +34,12 @@
  * waiting for their lease.  An answer for a connection that has closed is
  * dropped by the loop.
  *
+ * What each handler's consumers hold and wait for (connections, claims,
+ * long polls) and what they settled are kept by the consumer thread in the
+ * counter registry's per-handler slots (base/counters.h,
+ * relaybus_consumer_*), which the admin thread reads: nothing here is
+ * called for them.
+ *
  * A relaybusComplete sent in the consumer's transaction (pull_req_t
  * in_txn) is only checked here: the leases must be held by the
  * connection, and the answer {ok: 1} lets the loop write the completion in
