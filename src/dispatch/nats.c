@@ -14,10 +14,9 @@
  * Threads: libnats publishes synchronously, so sends never run on the
  * dispatcher's base.  A handler has a few publishing threads of its own
  * (at most NATS_THREADS_MAX, at most its concurrency) that take sends
- * from a bounded queue, publish with js_PublishMsg (which waits for the
- * PubAck, at most timeout_ms) and put the result on a done list; one
- * event, activated when that list becomes non-empty, hands the results
- * to the dispatcher on its base.  The dispatcher keeps one delivery per
+ * from a bounded queue (dispatch/transport_queue.h), publish with
+ * js_PublishMsg (which waits for the PubAck, at most timeout_ms) and hand
+ * the results back to the dispatcher's base.  The dispatcher keeps one delivery per
  * key in flight, so threads publishing side by side never reorder a key.
  * The connection (libnats's own threads) reconnects by itself, forever;
  * a send while it is not connected fails at once (retried with backoff)
@@ -28,6 +27,7 @@
  * JetStream (core NATS has no confirmation to complete on).
  */
 #include "dispatch/transport.h"
+#include "dispatch/transport_queue.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -53,20 +53,12 @@
 
 typedef struct nats_handler nats_handler_t;
 
-/* One send.  Owned by the handler's lists (queue, a thread, done) until
- * its callback ran on the dispatcher's base or it was cancelled; a
- * cancelled send a thread is publishing is freed by that thread. */
+/* One send, owned by the handler's queue (dispatch/transport_queue.h). */
 typedef struct nats_req {
-   struct nats_req *next;
-   nats_handler_t *n;
-   natsMsg *msg; /* built on the dispatcher's thread; destroyed by the publishing thread */
-   char id[25];  /* the delivery id: Nats-Msg-Id */
+   tqueue_item_t item; /* first: the queue's part */
+   natsMsg *msg;       /* built on the dispatcher's thread */
+   char id[25];        /* the delivery id: Nats-Msg-Id */
    char *subject;
-   transport_done_cb_t cb;
-   void *arg;
-   bool busy;      /* a thread is publishing it */
-   bool cancelled; /* busy and cancelled: its thread frees it */
-   transport_result_t res;
 } nats_req_t;
 
 /* A handler's client.  Created by nats_start (the dispatcher's or the
@@ -75,13 +67,10 @@ typedef struct nats_req {
 struct nats_handler {
    char *name, *url, *subject_tmpl;
    int64_t timeout_ms;
-   struct event *done_ev; /* on the dispatcher's base */
+   tqueue_t *q; /* the sends, to the threads and back */
 
    pthread_mutex_t mu;
-   pthread_cond_t cv;        /* queue not empty, connection made, stop, closed */
-   nats_req_t *queue, **queue_tail;
-   nats_req_t *done, **done_tail;
-   size_t n_queued, queue_max;
+   pthread_cond_t cv; /* connection made, stop, closed */
    bool stop;
    bool closed; /* libnats called the closed handler */
    bool connect_done;
@@ -169,8 +158,10 @@ on_closed (natsConnection *nc, void *closure)
 /* ------------------------------------------------------------ publishing */
 
 static void
-req_free (nats_req_t *r)
+req_free (tqueue_item_t *it)
 {
+   nats_req_t *r = (nats_req_t *) it;
+
    if (!r)
       return;
    natsMsg_Destroy (r->msg);
@@ -182,7 +173,7 @@ req_free (nats_req_t *r)
 static void
 publish_one (nats_handler_t *n, nats_req_t *r)
 {
-   transport_result_t *res = &r->res;
+   transport_result_t *res = &r->item.res;
    jsPubOptions po;
    jsPubAck *pa = NULL;
    jsErrCode jerr = 0;
@@ -287,59 +278,15 @@ publisher_main (void *arg)
    pthread_mutex_lock (&n->mu);
    while (!n->connect_done && !n->stop)
       pthread_cond_wait (&n->cv, &n->mu);
+   pthread_mutex_unlock (&n->mu);
    for (;;) {
-      nats_req_t *r;
-      bool was_empty;
-
-      while (!n->stop && !n->queue)
-         pthread_cond_wait (&n->cv, &n->mu);
-      if (n->stop)
-         break;
-      r = n->queue;
-      n->queue = r->next;
-      if (!n->queue)
-         n->queue_tail = &n->queue;
-      r->next = NULL;
-      r->busy = true;
-      pthread_mutex_unlock (&n->mu);
-      publish_one (n, r);
-      pthread_mutex_lock (&n->mu);
-      r->busy = false;
-      n->n_queued--;
-      if (r->cancelled) {
-         req_free (r);
-         continue;
-      }
-      was_empty = !n->done;
-      *n->done_tail = r;
-      n->done_tail = &r->next;
-      if (was_empty)
-         event_active (n->done_ev, EV_TIMEOUT, 0);
+      tqueue_item_t *it = tqueue_take (n->q, -1);
+      if (!it)
+         break; /* stopped */
+      publish_one (n, (nats_req_t *) it);
+      tqueue_done (n->q, it);
    }
-   pthread_mutex_unlock (&n->mu);
    return NULL;
-}
-
-/* On the dispatcher's base: the results of the finished sends. */
-static void
-done_cb (evutil_socket_t fd, short what, void *arg)
-{
-   nats_handler_t *n = arg;
-   nats_req_t *list;
-
-   (void) fd;
-   (void) what;
-   pthread_mutex_lock (&n->mu);
-   list = n->done;
-   n->done = NULL;
-   n->done_tail = &n->done;
-   pthread_mutex_unlock (&n->mu);
-   while (list) {
-      nats_req_t *r = list;
-      list = r->next;
-      r->cb (&r->res, r->arg);
-      req_free (r);
-   }
 }
 
 /* ------------------------------------------------------------- the ops */
@@ -358,18 +305,15 @@ nats_start (const transport_env_t *env, const config_handler_t *h, bson_error_t 
    n->url = bson_strdup (h->url);
    n->subject_tmpl = bson_strdup (h->subject);
    n->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
-   n->queue_tail = &n->queue;
-   n->done_tail = &n->done;
-   /* The dispatcher never has more than `concurrency` sends of a handler
-    * in flight; twice that leaves room for cancelled sends still being
-    * published. */
-   n->queue_max = (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2;
    pthread_mutex_init (&n->mu, NULL);
    pthread_cond_init (&n->cv, NULL);
    atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
-   n->done_ev = event_new (env->base, -1, 0, done_cb, n);
+   /* The dispatcher never has more than `concurrency` sends of a handler
+    * in flight; twice that leaves room for cancelled sends still being
+    * published. */
+   n->q = tqueue_new (env->base, (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2, req_free);
    snprintf (cname, sizeof cname, "relaybus-proxy %s", h->name);
-   if (!n->done_ev || natsOptions_Create (&n->opts) != NATS_OK) {
+   if (!n->q || natsOptions_Create (&n->opts) != NATS_OK) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot set up the NATS client", h->name);
       goto fail;
    }
@@ -435,17 +379,9 @@ nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *
    bson_iter_t it, hit;
    bool ok = true;
 
-   pthread_mutex_lock (&n->mu);
-   if (n->n_queued >= n->queue_max) {
-      pthread_mutex_unlock (&n->mu);
-      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "nats: %zu publishes waiting already", n->n_queued);
-      return NULL;
-   }
-   pthread_mutex_unlock (&n->mu);
    r = bson_malloc0 (sizeof *r);
-   r->n = n;
-   r->cb = cb;
-   r->arg = arg;
+   r->item.cb = cb;
+   r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
    r->subject = transport_expand (n->subject_tmpl, d, NATS_SUBJECT_BAD);
    body = webhook_body (d, &len);
@@ -492,17 +428,14 @@ nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *
       goto fail;
    }
    bson_free (body);
-   pthread_mutex_lock (&n->mu);
-   *n->queue_tail = r;
-   n->queue_tail = &r->next;
-   n->n_queued++;
-   pthread_cond_signal (&n->cv);
-   pthread_mutex_unlock (&n->mu);
+   body = NULL;
+   if (!tqueue_push (n->q, &r->item, error))
+      goto fail;
    return r;
 
 fail:
    bson_free (body);
-   req_free (r);
+   req_free (&r->item);
    return NULL;
 }
 
@@ -510,33 +443,8 @@ static void
 nats_cancel (void *impl, void *req)
 {
    nats_handler_t *n = impl;
-   nats_req_t *r = req;
-   nats_req_t **pp;
 
-   pthread_mutex_lock (&n->mu);
-   if (r->busy) {
-      r->cancelled = true; /* its thread frees it */
-      pthread_mutex_unlock (&n->mu);
-      return;
-   }
-   for (pp = &n->queue; *pp; pp = &(*pp)->next)
-      if (*pp == r) {
-         *pp = r->next;
-         if (!*pp)
-            n->queue_tail = pp;
-         n->n_queued--;
-         goto found;
-      }
-   for (pp = &n->done; *pp; pp = &(*pp)->next)
-      if (*pp == r) {
-         *pp = r->next;
-         if (!*pp)
-            n->done_tail = pp;
-         goto found;
-      }
-found:
-   pthread_mutex_unlock (&n->mu);
-   req_free (r);
+   tqueue_cancel (n->q, &((nats_req_t *) req)->item);
 }
 
 static transport_state_t
@@ -568,6 +476,8 @@ nats_destroy (void *impl)
    n->stop = true;
    pthread_cond_broadcast (&n->cv);
    pthread_mutex_unlock (&n->mu);
+   if (n->q)
+      tqueue_stop (n->q);
    for (size_t i = 0; i < n->n_threads; i++)
       pthread_join (n->threads[i], NULL);
    if (n->js)
@@ -583,19 +493,8 @@ nats_destroy (void *impl)
       pthread_mutex_unlock (&n->mu);
       natsConnection_Destroy (n->nc);
    }
-   while (n->queue) {
-      nats_req_t *r = n->queue;
-      n->queue = r->next;
-      req_free (r);
-   }
-   while (n->done) {
-      nats_req_t *r = n->done;
-      n->done = r->next;
-      req_free (r);
-   }
+   tqueue_destroy (n->q);
    natsOptions_Destroy (n->opts);
-   if (n->done_ev)
-      event_free (n->done_ev);
    pthread_cond_destroy (&n->cv);
    pthread_mutex_destroy (&n->mu);
    bson_free (n->name);

@@ -17,9 +17,9 @@
  *
  * Threads: rabbitmq-c is synchronous and a connection is used by one
  * thread at a time, so each handler has one publishing thread with its
- * own connection that takes sends from a bounded queue, publishes one and
- * waits for its confirm, and puts the result on a done list that one event
- * hands to the dispatcher on its base.  One send at a time per handler
+ * own connection that takes sends from a bounded queue
+ * (dispatch/transport_queue.h), publishes one and waits for its confirm,
+ * and hands the result back to the dispatcher's base.  One send at a time per handler
  * (the dispatcher keeps one per key anyway): throughput is one confirm
  * round trip per event.  The thread connects, and after a failure
  * reconnects every RABBITMQ_RECONNECT_MS, by itself; while idle it looks
@@ -28,6 +28,7 @@
  * Not here: amqps (TLS), and publishing without confirms.
  */
 #include "dispatch/transport.h"
+#include "dispatch/transport_queue.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -58,15 +59,11 @@
 
 typedef struct rabbit_handler rabbit_handler_t;
 
-/* One send: what the thread publishes, copied on the dispatcher's thread.
- * Owned by the handler's lists (queue, the thread, done) until its
- * callback ran or it was cancelled; a cancelled send the thread is
- * publishing is freed by the thread. */
+/* One send: what the thread publishes, copied on the dispatcher's thread;
+ * owned by the handler's queue (dispatch/transport_queue.h). */
 typedef struct rabbit_req {
-   struct rabbit_req *next;
-   transport_done_cb_t cb;
-   void *arg;
-   char id[25]; /* the delivery id */
+   tqueue_item_t item; /* first: the queue's part */
+   char id[25];        /* the delivery id */
    char *event_id, *type, *key;
    int64_t sequence;
    char *routing_key;
@@ -74,8 +71,6 @@ typedef struct rabbit_req {
    size_t body_len;
    size_t n_headers;
    char *hk[RABBITMQ_EVENT_HEADERS_MAX], *hv[RABBITMQ_EVENT_HEADERS_MAX];
-   bool busy, cancelled;
-   transport_result_t res;
 } rabbit_req_t;
 
 /* A handler's client.  Created by rabbit_start, freed by rabbit_destroy
@@ -86,14 +81,9 @@ struct rabbit_handler {
    int64_t timeout_ms;
    struct amqp_connection_info info; /* points into url_copy */
    char *url_copy;
-   struct event *done_ev; /* on the dispatcher's base */
+   tqueue_t *q; /* the sends, to the thread and back */
 
-   pthread_mutex_t mu;
-   pthread_cond_t cv;
-   rabbit_req_t *queue, **queue_tail;
-   rabbit_req_t *done, **done_tail;
-   size_t n_queued, queue_max;
-   bool stop;
+   pthread_mutex_t mu; /* last_error */
    char last_error[TRANSPORT_DETAIL_MAX];
    atomic_int state; /* transport_state_t */
 
@@ -118,8 +108,10 @@ text (char *out, size_t len, const char *fmt, ...)
 }
 
 static void
-req_free (rabbit_req_t *r)
+req_free (tqueue_item_t *it)
 {
+   rabbit_req_t *r = (rabbit_req_t *) it;
+
    if (!r)
       return;
    bson_free (r->event_id);
@@ -265,7 +257,7 @@ bytes (const char *s)
 static void
 publish_one (rabbit_handler_t *n, rabbit_req_t *r)
 {
-   transport_result_t *res = &r->res;
+   transport_result_t *res = &r->item.res;
    amqp_basic_properties_t props;
    amqp_table_entry_t entries[RABBITMQ_EVENT_HEADERS_MAX + 5];
    size_t ne = 0;
@@ -449,86 +441,22 @@ publisher_main (void *arg)
    rabbit_handler_t *n = arg;
 
    connect_broker (n);
-   pthread_mutex_lock (&n->mu);
    for (;;) {
-      rabbit_req_t *r;
-      bool was_empty;
+      /* While idle: reconnect, or look for a close from the broker. */
+      tqueue_item_t *it = tqueue_take (n->q, n->conn ? RABBITMQ_IDLE_CHECK_MS : RABBITMQ_RECONNECT_MS);
 
-      while (!n->stop && !n->queue) {
-         if (!n->conn) {
-            /* Reconnect in the background while idle. */
-            struct timespec until;
-            clock_gettime (CLOCK_REALTIME, &until);
-            until.tv_nsec += (long) RABBITMQ_RECONNECT_MS * 1000000L;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait (&n->cv, &n->mu, &until);
-            if (!n->stop && !n->queue) {
-               pthread_mutex_unlock (&n->mu);
-               connect_broker (n);
-               pthread_mutex_lock (&n->mu);
-            }
-         } else {
-            struct timespec until;
-            clock_gettime (CLOCK_REALTIME, &until);
-            until.tv_nsec += (long) RABBITMQ_IDLE_CHECK_MS * 1000000L;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
-            if (pthread_cond_timedwait (&n->cv, &n->mu, &until) != 0 && !n->stop && !n->queue) {
-               pthread_mutex_unlock (&n->mu);
-               idle_check (n);
-               pthread_mutex_lock (&n->mu);
-            }
-         }
-      }
-      if (n->stop)
+      if (it) {
+         publish_one (n, (rabbit_req_t *) it);
+         tqueue_done (n->q, it);
+      } else if (tqueue_stopped (n->q))
          break;
-      r = n->queue;
-      n->queue = r->next;
-      if (!n->queue)
-         n->queue_tail = &n->queue;
-      r->next = NULL;
-      r->busy = true;
-      pthread_mutex_unlock (&n->mu);
-      publish_one (n, r);
-      pthread_mutex_lock (&n->mu);
-      r->busy = false;
-      n->n_queued--;
-      if (r->cancelled) {
-         req_free (r);
-         continue;
-      }
-      was_empty = !n->done;
-      *n->done_tail = r;
-      n->done_tail = &r->next;
-      if (was_empty)
-         event_active (n->done_ev, EV_TIMEOUT, 0);
+      else if (n->conn)
+         idle_check (n);
+      else
+         connect_broker (n);
    }
-   pthread_mutex_unlock (&n->mu);
    disconnect (n, true);
    return NULL;
-}
-
-/* On the dispatcher's base: the results of the finished sends. */
-static void
-done_cb (evutil_socket_t fd, short what, void *arg)
-{
-   rabbit_handler_t *n = arg;
-   rabbit_req_t *list;
-
-   (void) fd;
-   (void) what;
-   pthread_mutex_lock (&n->mu);
-   list = n->done;
-   n->done = NULL;
-   n->done_tail = &n->done;
-   pthread_mutex_unlock (&n->mu);
-   while (list) {
-      rabbit_req_t *r = list;
-      list = r->next;
-      r->cb (&r->res, r->arg);
-      req_free (r);
-   }
 }
 
 /* ------------------------------------------------------------- the ops */
@@ -546,13 +474,7 @@ rabbit_start (const transport_env_t *env, const config_handler_t *h, bson_error_
    n->routing_tmpl = bson_strdup (h->routing_key);
    n->persistent = h->persistent;
    n->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
-   n->queue_tail = &n->queue;
-   n->done_tail = &n->done;
-   /* At most `concurrency` sends in flight, and room as many again for
-    * cancelled ones still being published. */
-   n->queue_max = (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2;
    pthread_mutex_init (&n->mu, NULL);
-   pthread_cond_init (&n->cv, NULL);
    atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
    n->url_copy = bson_strdup (h->url);
    amqp_default_connection_info (&n->info);
@@ -562,8 +484,10 @@ rabbit_start (const transport_env_t *env, const config_handler_t *h, bson_error_
       bson_free (masked);
       goto fail;
    }
-   n->done_ev = event_new (env->base, -1, 0, done_cb, n);
-   if (!n->done_ev || pthread_create (&n->thread, NULL, publisher_main, n) != 0) {
+   /* At most `concurrency` sends in flight, and room as many again for
+    * cancelled ones still being published. */
+   n->q = tqueue_new (env->base, (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2, req_free);
+   if (!n->q || pthread_create (&n->thread, NULL, publisher_main, n) != 0) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start the publishing thread", h->name);
       goto fail;
    }
@@ -590,16 +514,9 @@ rabbit_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void
    rabbit_req_t *r;
    bson_iter_t it, hit;
 
-   pthread_mutex_lock (&n->mu);
-   if (n->n_queued >= n->queue_max) {
-      pthread_mutex_unlock (&n->mu);
-      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "rabbitmq: %zu publishes waiting already", n->n_queued);
-      return NULL;
-   }
-   pthread_mutex_unlock (&n->mu);
    r = bson_malloc0 (sizeof *r);
-   r->cb = cb;
-   r->arg = arg;
+   r->item.cb = cb;
+   r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
    r->event_id = bson_strdup (d->event_id ? d->event_id : "");
    r->type = bson_strdup (d->event_type ? d->event_type : "");
@@ -617,12 +534,10 @@ rabbit_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void
             r->hv[r->n_headers] = bson_strdup (bson_iter_utf8 (&hit, NULL));
             r->n_headers++;
          }
-   pthread_mutex_lock (&n->mu);
-   *n->queue_tail = r;
-   n->queue_tail = &r->next;
-   n->n_queued++;
-   pthread_cond_signal (&n->cv);
-   pthread_mutex_unlock (&n->mu);
+   if (!tqueue_push (n->q, &r->item, error)) {
+      req_free (&r->item);
+      return NULL;
+   }
    return r;
 }
 
@@ -630,33 +545,8 @@ static void
 rabbit_cancel (void *impl, void *req)
 {
    rabbit_handler_t *n = impl;
-   rabbit_req_t *r = req;
-   rabbit_req_t **pp;
 
-   pthread_mutex_lock (&n->mu);
-   if (r->busy) {
-      r->cancelled = true; /* the thread frees it */
-      pthread_mutex_unlock (&n->mu);
-      return;
-   }
-   for (pp = &n->queue; *pp; pp = &(*pp)->next)
-      if (*pp == r) {
-         *pp = r->next;
-         if (!*pp)
-            n->queue_tail = pp;
-         n->n_queued--;
-         goto found;
-      }
-   for (pp = &n->done; *pp; pp = &(*pp)->next)
-      if (*pp == r) {
-         *pp = r->next;
-         if (!*pp)
-            n->done_tail = pp;
-         goto found;
-      }
-found:
-   pthread_mutex_unlock (&n->mu);
-   req_free (r);
+   tqueue_cancel (n->q, &((rabbit_req_t *) req)->item);
 }
 
 static transport_state_t
@@ -682,25 +572,11 @@ rabbit_destroy (void *impl)
 
    if (!n)
       return;
-   pthread_mutex_lock (&n->mu);
-   n->stop = true;
-   pthread_cond_broadcast (&n->cv);
-   pthread_mutex_unlock (&n->mu);
+   if (n->q)
+      tqueue_stop (n->q);
    if (n->thread_started)
       pthread_join (n->thread, NULL);
-   while (n->queue) {
-      rabbit_req_t *r = n->queue;
-      n->queue = r->next;
-      req_free (r);
-   }
-   while (n->done) {
-      rabbit_req_t *r = n->done;
-      n->done = r->next;
-      req_free (r);
-   }
-   if (n->done_ev)
-      event_free (n->done_ev);
-   pthread_cond_destroy (&n->cv);
+   tqueue_destroy (n->q);
    pthread_mutex_destroy (&n->mu);
    bson_free (n->name);
    bson_free (n->url);
