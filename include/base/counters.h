@@ -45,6 +45,8 @@ typedef enum {
    COUNTERS_CLOSE_UPSTREAM_PROTOCOL,  /* the upstream sent something unexpected */
    COUNTERS_CLOSE_UPSTREAM_CONNECT,   /* could not connect to the primary */
    COUNTERS_CLOSE_NO_PRIMARY,         /* no primary known within upstream_connect_timeout_ms */
+   COUNTERS_CLOSE_NOT_PRIMARY,        /* relayed a not-primary error: closed once answered, so the
+                                       * client's next connection pairs with the new primary */
    COUNTERS_CLOSE_HANDSHAKE_TIMEOUT,  /* no first hello within handshake_timeout_ms */
    COUNTERS_CLOSE_MESSAGE_TIMEOUT,    /* a partial message stalled past message_timeout_ms */
    COUNTERS_CLOSE_MAX_CLIENTS,        /* refused at accept: max_clients reached */

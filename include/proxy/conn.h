@@ -76,7 +76,7 @@ typedef enum {
    CLIENT_STATE_AWAIT_UPSTREAM = 0, /* waiting for a primary and the upstream connect */
    CLIENT_STATE_HANDSHAKE,          /* upstream up; first hello not answered yet */
    CLIENT_STATE_READY,              /* forwarding */
-   CLIENT_STATE_DRAINING,           /* shutdown: no new requests; close when answered */
+   CLIENT_STATE_DRAINING,           /* shutdown, or a not-primary error relayed: no new requests; close when answered */
    CLIENT_STATE_CLOSING,            /* disconnected; freed on the next loop turn */
    CLIENT_STATE_COUNT_
 } client_state_t;

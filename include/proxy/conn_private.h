@@ -94,6 +94,14 @@ struct client_conn {
                      * client_try_connect on; its timer: a partial reply */
    char *upstream_name; /* host:port, for logs; set when it connects */
    bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
+   /* A not-primary error was relayed (proxy/pump.c): the paired member
+    * stepped down, so the connection goes to DRAINING at the end of the
+    * pump and closes once answered, with drain_reason.  Left open, it
+    * would stay paired with the old member: the driver keeps a connection
+    * a state-change error came on, and every later request on it would
+    * get the same error. */
+   bool not_primary_seen;
+   counters_close_reason_t drain_reason; /* DRAINING: why it closes */
 
    struct event *timer;          /* per state: no primary / handshake */
    unsigned pumping; /* pumps on the stack: the outer one's end writes */

@@ -156,6 +156,7 @@ client_close_level_is_warn (counters_close_reason_t reason)
    switch (reason) {
    case COUNTERS_CLOSE_CLIENT_EOF:
    case COUNTERS_CLOSE_SHUTDOWN:
+   case COUNTERS_CLOSE_NOT_PRIMARY:
       return NULL;
    default:
       return "warn";
@@ -716,6 +717,12 @@ upstream_pump (client_conn_t *c)
    consumed = client_route (c, &c->upstream);
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
+   if (c->not_primary_seen && c->state == CLIENT_STATE_READY) {
+      /* c->not_primary_seen: no request read after the error goes to the
+       * old member; what is in flight is answered, then it closes. */
+      c->drain_reason = COUNTERS_CLOSE_NOT_PRIMARY;
+      client_set_state (c, CLIENT_STATE_DRAINING);
+   }
    /* Answers freed FIFO room: requests may be waiting in the input
     * (client_pump updates the flow); else only the flow may change.
     * Either writes the answers out, so a drain check comes after. */
@@ -1021,7 +1028,13 @@ client_check_drained (client_conn_t *c)
    if (c->state != CLIENT_STATE_DRAINING)
       return;
    if (creq_count (c) == 0 && c->up_count == 0 && evbuffer_get_length (client_output (c)) == 0)
-      client_disconnect (c, COUNTERS_CLOSE_SHUTDOWN, "drained");
+      if (c->drain_reason == COUNTERS_CLOSE_NOT_PRIMARY)
+         client_disconnect (c,
+                            COUNTERS_CLOSE_NOT_PRIMARY,
+                            "answered after a not-primary error from %s: the next connection pairs with the primary",
+                            c->upstream_name);
+      else
+         client_disconnect (c, COUNTERS_CLOSE_SHUTDOWN, "drained");
    else if (creq_count (c) == 0 && c->up_count == 0)
       /* Output still flushing: ask for the write callback at empty. */
       side_set_write_low (&c->client, 0);
@@ -1054,6 +1067,7 @@ client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (vo
          client_disconnect (c, COUNTERS_CLOSE_SHUTDOWN, "shutting down");
          continue;
       }
+      c->drain_reason = COUNTERS_CLOSE_SHUTDOWN;
       client_set_state (c, CLIENT_STATE_DRAINING);
       client_check_drained (c);
    }

@@ -1359,6 +1359,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
          counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
          log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", c->upstream_name);
          topology_request_refresh (c->loop->topo, "not-primary error relayed");
+         c->not_primary_seen = true;
       }
       if (scan.topology_version) {
          if (!relay_strip_topology_version (c, buf, len, first ? r->client_id : h->response_to, flags, &error))
