@@ -106,13 +106,29 @@ name_cmp (const void *key, const void *elem)
    return strcmp ((const char *) key, *(const char *const *) elem);
 }
 
+/* Connections mostly repeat a command: each thread remembers the last name
+ * it found (a pointer into command_names), so the usual lookup is one
+ * strcmp instead of a bsearch's five or six. */
+static _Thread_local const char *last_command;
+static _Thread_local size_t last_command_slot;
+
 void
 counters_count_command (const char *cmd)
 {
-   const char *const *hit =
-      cmd ? bsearch (cmd, command_names, COUNTERS_N_COMMANDS, sizeof command_names[0], name_cmp) : NULL;
+   const char *const *hit;
+   size_t slot = COUNTERS_N_COMMANDS;
 
-   counters_add_at (COUNTER_COMMANDS, hit ? (size_t) (hit - command_names) : COUNTERS_N_COMMANDS, 1);
+   if (cmd && last_command && !strcmp (cmd, last_command)) {
+      slot = last_command_slot;
+   } else if (cmd) {
+      hit = bsearch (cmd, command_names, COUNTERS_N_COMMANDS, sizeof command_names[0], name_cmp);
+      if (hit) {
+         slot = (size_t) (hit - command_names);
+         last_command = *hit;
+         last_command_slot = slot;
+      }
+   }
+   counters_add_at (COUNTER_COMMANDS, slot, 1);
 }
 
 /* --------------------------------------------------------- name sets */

@@ -1110,7 +1110,8 @@ publish_route (route_t *r)
       return route_strip (r);
    if (annotated)
       return route_annotated (r);
-   if (cmd && strcmp (cmd, "commitTransaction") == 0) {
+   /* The first letter rules out most commands before any comparison. */
+   if (cmd && cmd[0] == 'c' && strcmp (cmd, "commitTransaction") == 0) {
       poison_entry_t pe;
 
       if (txns_poisoned (&r->msg->body, &pe))
@@ -1119,7 +1120,7 @@ publish_route (route_t *r)
       if (txns_injected (&r->msg->body, false) || pull_txn_pending (&r->msg->body))
          return route_relay (r, &r->msg->body, true);
    }
-   if (cmd && strcmp (cmd, "abortTransaction") == 0) {
+   if (cmd && cmd[0] == 'a' && strcmp (cmd, "abortTransaction") == 0) {
       (void) txns_injected (&r->msg->body, true);
       pull_txn_aborted (&r->msg->body);
    }

@@ -76,6 +76,22 @@ test_commands_by_name (void **state)
       assert_true (has_line (text, "relaybus_commands_total{command=\"other\"} 3"));
       bson_free (text);
    }
+   /* The last name found is remembered: repeats, alternations and a name
+    * that only starts like it still land in their own slots. */
+   counters_count_command ("ping");
+   counters_count_command ("ping");
+   counters_count_command ("find");
+   counters_count_command ("ping");
+   counters_count_command ("pin");
+   counters_count_command ("pingpong");
+   {
+      char *text = scrape ();
+
+      assert_true (has_line (text, "relaybus_commands_total{command=\"ping\"} 4"));
+      assert_true (has_line (text, "relaybus_commands_total{command=\"find\"} 2"));
+      assert_true (has_line (text, "relaybus_commands_total{command=\"other\"} 5"));
+      bson_free (text);
+   }
 }
 
 static void
