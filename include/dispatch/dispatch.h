@@ -64,6 +64,11 @@ void dispatch_reload (config_t *cfg);
  * /readyz); it never waits for the dispatcher's loop. */
 void dispatch_handler_states (bson_t *out);
 
+/* Appends {state, detail?} as `field` to `doc` when handler `name` is a
+ * broker handler this dispatcher runs (as dispatch_handler_states gives
+ * it); nothing otherwise.  Any thread. */
+void dispatch_handler_connection (const char *name, bson_t *doc, const char *field);
+
 /* Claims now instead of at the next poll.  Thread-safe; cheap; a no-op
  * when the dispatcher is not running. */
 void dispatch_wake (void);

@@ -569,6 +569,8 @@ append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t
    BSON_APPEND_INT64 (&doc, "meanLatencyMs", lat.count ? (int64_t) ((double) lat.sum_ms / (double) lat.count) : 0);
    if (hc && hc->kind_id == HANDLER_KIND_PULL)
       append_consumers (&doc, slot);
+   if (hc)
+      dispatch_handler_connection (h->name, &doc, "connection"); /* broker kinds */
    if (with_config && hc) {
       BSON_APPEND_UTF8 (&doc, "events", hc->events ? hc->events : "");
       if (hc->url)

@@ -1660,6 +1660,33 @@ dispatch_reload (config_t *cfg)
    pthread_mutex_unlock (&g_mu);
 }
 
+/* Under g_states_mu: appends h's connection as document `key` of `out`
+ * (with its name and kind when `named`); false for a handler without a
+ * lasting connection (a webhook). */
+static bool
+append_connection (handler_rt_t *h, bson_t *out, const char *key, bool named)
+{
+   char detail[TRANSPORT_DETAIL_MAX];
+   transport_state_t s;
+   bson_t doc;
+
+   if (!h->t)
+      return false;
+   s = transport_state (h->t, detail, sizeof detail);
+   if (s == TRANSPORT_STATE_NONE)
+      return false; /* a connection per request: nothing to report */
+   bson_append_document_begin (out, key, -1, &doc);
+   if (named) {
+      BSON_APPEND_UTF8 (&doc, "name", h->cfg->name);
+      BSON_APPEND_UTF8 (&doc, "kind", transport_kind (h->t));
+   }
+   BSON_APPEND_UTF8 (&doc, "state", transport_state_name (s));
+   if (s != TRANSPORT_STATE_CONNECTED && detail[0] && bson_utf8_validate (detail, strlen (detail), false))
+      BSON_APPEND_UTF8 (&doc, "detail", detail);
+   bson_append_document_end (out, &doc);
+   return true;
+}
+
 void
 dispatch_handler_states (bson_t *out)
 {
@@ -1668,25 +1695,25 @@ dispatch_handler_states (bson_t *out)
    pthread_mutex_lock (&g_states_mu);
    d = g_states_d;
    for (size_t i = 0; d && i < d->n_handlers; i++) {
-      handler_rt_t *h = d->handlers[i];
-      char detail[TRANSPORT_DETAIL_MAX], key[16];
-      transport_state_t s;
-      bson_t doc;
-
-      if (!h->t)
-         continue;
-      s = transport_state (h->t, detail, sizeof detail);
-      if (s == TRANSPORT_STATE_NONE)
-         continue; /* a connection per request: nothing to report */
+      char key[16];
       bson_snprintf (key, sizeof key, "%u", bson_count_keys (out));
-      bson_append_document_begin (out, key, -1, &doc);
-      BSON_APPEND_UTF8 (&doc, "name", h->cfg->name);
-      BSON_APPEND_UTF8 (&doc, "kind", transport_kind (h->t));
-      BSON_APPEND_UTF8 (&doc, "state", transport_state_name (s));
-      if (s != TRANSPORT_STATE_CONNECTED && detail[0] && bson_utf8_validate (detail, strlen (detail), false))
-         BSON_APPEND_UTF8 (&doc, "detail", detail);
-      bson_append_document_end (out, &doc);
+      append_connection (d->handlers[i], out, key, true);
    }
+   pthread_mutex_unlock (&g_states_mu);
+}
+
+void
+dispatch_handler_connection (const char *name, bson_t *doc, const char *field)
+{
+   dispatcher_t *d;
+
+   pthread_mutex_lock (&g_states_mu);
+   d = g_states_d;
+   for (size_t i = 0; d && i < d->n_handlers; i++)
+      if (!strcmp (d->handlers[i]->cfg->name, name)) {
+         append_connection (d->handlers[i], doc, field, false);
+         break;
+      }
    pthread_mutex_unlock (&g_states_mu);
 }
 

@@ -232,6 +232,8 @@ test('nats-server stopped for 10 s mid-run: nothing lost, order per key holds, t
     assert.equal(r.ready, true, 'a broker outage does not make the proxy unready');
     assert.deepEqual(r.brokers.map((b) => [b.name, b.kind, b.state]), [['bus', 'nats', 'disconnected']]);
     assert.equal(typeof r.brokers[0].detail, 'string');
+    const st = await (await fetch(`http://127.0.0.1:${adminPort}/api/stats`)).json();
+    assert.equal(st.handlers.find((h) => h.name === 'bus').connection.state, 'disconnected', '/api/stats shows it too');
   }
   await sleep(Math.max(0, OUTAGE_MS - (Date.now() - downAt)));
   const backlog = await undelivered(direct, db);
