@@ -1,16 +1,17 @@
 'use strict';
-// Every pull consumer command with pymongo (Debian's python3-pymongo) and mongo-c-driver, held to
-// the expectations consumers.test.js and txn.test.js hold the Node.js driver to: claim (every
-// field, with its BSON type), relaybusStatus {handler}, every bad input (its code, codeName and
-// an errmsg naming the field; a foreign lease; a command other than relaybusComplete inside a
-// transaction) with nothing changed in the outbox, complete outside and inside the consumer's
-// transaction, retry with delayMs (not due before it, due after it, one attempt charged), bury
-// (dead, with the error), extend (the lane's lease too), release (no attempt charged), and the
-// long poll: empty after maxAwaitTimeMS, and answered within 50 ms of a commit through the proxy.
+// Every pull consumer command with the Node.js driver, pymongo (Debian's python3-pymongo) and
+// mongo-c-driver, each held to the same expectations (those of consumers.test.js and
+// txn.test.js): claim (every field, with its BSON type), relaybusStatus {handler}, every bad input
+// (its code, codeName and an errmsg naming the field; a foreign lease; a command other than
+// relaybusComplete inside a transaction) with nothing changed in the outbox, complete outside and
+// inside the consumer's transaction, retry with delayMs (not due before it, due after it, one
+// attempt charged), bury (dead, with the error), extend (the lane's lease too), release (no
+// attempt charged), and the long poll: empty after maxAwaitTimeMS, and answered within 50 ms of a
+// commit through the proxy.
 //
-// matrix.py and matrix.c run the same cases in that order against the proxy, each printing one
-// JSON line per case; this test publishes their events (the long poll's while the program
-// waits), then checks every line against one set of expectations and the outbox directly.
+// matrix.js, matrix.py and matrix.c run the same cases in that order against the proxy, each
+// printing one JSON line per case; this test publishes their events (the long poll's while the
+// program waits), then checks every line against one set of expectations and the outbox directly.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -235,6 +236,12 @@ test.before(async () => {
   adminPort = await H.freePort();
   s = await C.startConsumers({ extraIni: `\n[admin]\nlisten = 127.0.0.1:${adminPort}\n` });
   await s.direct.db(APP_DB).createCollection('projections').catch(() => {});
+});
+
+test('Node.js driver: every consumer command, every bad input, the long poll', async () => {
+  const before = await metric('relaybus_consumer_completed_in_transaction_total');
+  const run = await runDriver([process.execPath, path.join(__dirname, 'matrix.js')], 'mxjs');
+  await checkDriver(run, before);
 });
 
 test('pymongo: every consumer command, every bad input, the long poll', async (t) => {
