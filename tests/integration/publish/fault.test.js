@@ -7,7 +7,11 @@
 //     outbox writes: `update` is only ever an events upsert here, `findAndModify` is the key
 //     counter or the business counter, `insert` the deliveries or the business document),
 //   - commits cut (closeConnection on commitTransaction: the driver retries the commit),
-//   - and the proxy killed with SIGKILL and restarted on the same port mid-run.
+//   - the proxy killed with SIGKILL and restarted on the same port mid-run,
+//   - and the primary stepped down twice in the middle of transactions (replSetStepDown on the
+//     double: its transactions in progress are aborted, its writes in progress fail with 11602,
+//     the other member is elected, and the proxy's connections to the old one relay its
+//     not-primary errors and close).
 // Afterwards, over every document written:
 //   - every committed business document has exactly its events, each with one delivery per
 //     subscribed handler and a `handlers` list naming exactly those;
@@ -35,7 +39,9 @@ const HANDLERS = { orders: 'order.*', confirmations: 'order.placed.v1', users: '
 
 let s;
 let restarted = null; // the proxy process started after the SIGKILL
-const faults = { conflicts: 0, cuts: 0, commitCuts: 0, kills: 0, aborts: 0 };
+const faults = { conflicts: 0, cuts: 0, commitCuts: 0, kills: 0, stepDowns: 0, aborts: 0 };
+const STEP_DOWN_AT = [0.25, 0.65]; // fractions of the transactions done
+const STEP_DOWN_SECS = 3; // the old primary is electable again after this
 
 test.before(async () => {
   // Transactions orphaned by a killed proxy are reaped after 10 s instead of 60.
@@ -89,7 +95,7 @@ const SCHEDULE = [
   { kind: 'commitCuts', mode: { activationProbability: 0.05 }, data: { failCommands: ['commitTransaction'], closeConnection: true } },
 ];
 
-test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts and a SIGKILL keep the outbox exact', { timeout: 15 * 60 * 1000 }, async (t) => {
+test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts, step-downs and a SIGKILL keep the outbox exact', { timeout: 15 * 60 * 1000 }, async (t) => {
   const orders = s.client.db(DB).collection('orders');
   const counters = s.client.db(DB).collection('key_counters');
   const outcome = new Map(); // txn id -> 'committed' | 'aborted' | 'failed'
@@ -124,6 +130,27 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts and a S
     faults.kills++;
     await H.sleep(300);
     restarted = await restartProxy(s.proxy);
+  })();
+
+  // The step-downs, with transactions open on the primary from every session.
+  const primaries = [];
+  const stepper = (async () => {
+    let lastAt = 0;
+    for (const at of STEP_DOWN_AT) {
+      while (!stop && (done < TXNS * at || Date.now() - lastAt < (STEP_DOWN_SECS + 1) * 1000)) await H.sleep(20);
+      if (stop) return;
+      const before = (await s.direct.db('admin').command({ hello: 1 })).primary;
+      await s.direct.db('admin').command({ replSetStepDown: STEP_DOWN_SECS, secondaryCatchUpPeriodSecs: 1 });
+      lastAt = Date.now();
+      faults.stepDowns++;
+      primaries.push(before);
+    }
+    let now = null;
+    for (let i = 0; i < 100 && !now; i++) {
+      now = (await s.direct.db('admin').command({ hello: 1 })).primary;
+      if (!now) await H.sleep(50);
+    }
+    primaries.push(now);
   })();
 
   const worker = async () => {
@@ -183,6 +210,7 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts and a S
   await Promise.all(Array.from({ length: SESSIONS }, worker));
   stop = true;
   await killer;
+  await stepper;
   await controller;
   faults.aborts = [...outcome.values()].filter((o) => o === 'aborted').length;
 
@@ -209,6 +237,8 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts and a S
   if (failed.length) t.diagnostic(`failed transactions (outcome unknown to the client): ${JSON.stringify(reasons)}`);
   assert.ok(outcome.size >= Math.min(2000, TXNS), 'at least 2,000 transactions');
   assert.equal(faults.kills, 1, 'the proxy was killed once');
+  assert.equal(faults.stepDowns, STEP_DOWN_AT.length, `the primary stepped down ${STEP_DOWN_AT.length} times`);
+  for (let i = 1; i < primaries.length; i++) assert.notEqual(primaries[i], primaries[i - 1], `step-down ${i} elected the other member (${primaries.join(' -> ')})`);
   assert.ok(faults.conflicts > 0, 'write conflicts were forced');
   assert.ok(faults.cuts > 0, 'connections were cut during injections');
   // The client's view agrees with the server's.
