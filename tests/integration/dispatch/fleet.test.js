@@ -186,8 +186,17 @@ test('a handler no live proxy declares is retired after handler_retire_after', {
   });
   t.after(() => cur.kill());
   await sleep(1000);
-  assert.equal(await deliveries.countDocuments({ handler: 'gone', status: 'pending' }), evs.length,
-    'nothing is retired within the grace period');
+  // Within the grace period nothing is retired. The period runs from declaredAt, not from this
+  // proxy's start: on a loaded machine the start and the sleep can outlast it, and then the
+  // count may already see the retirement (the updatedAt check below still proves it was not
+  // early). So the count is held to it only when it was taken inside the period.
+  const pendingSoon = await deliveries.countDocuments({ handler: 'gone', status: 'pending' });
+  const countedAt = Date.now();
+  if (countedAt < declaredAt + 2000) {
+    assert.equal(pendingSoon, evs.length, 'nothing is retired within the grace period');
+  } else {
+    t.diagnostic(`the check after the start came ${countedAt - declaredAt} ms after gone was last declared: past the grace period`);
+  }
   await waitFor(async () => (await deliveries.countDocuments({ handler: 'gone', status: 'dead' })) === evs.length, 20000,
     `the gone deliveries to be dead`);
   const dead = await deliveries.find({ handler: 'gone' }).toArray();
