@@ -446,52 +446,56 @@ first_batch (const bson_t *reply, bson_iter_t *batch)
           bson_iter_find (&cursor, "firstBatch") && BSON_ITER_HOLDS_ARRAY (&cursor) && bson_iter_recurse (&cursor, batch);
 }
 
+/* The next document of a reply's batch into *doc (static, valid while the
+ * reply is): 1, 0 at the end, -1 when the batch holds something else. */
+static int
+batch_next (bson_iter_t *batch, bson_t *doc)
+{
+   const uint8_t *data;
+   uint32_t len;
+
+   if (!bson_iter_next (batch))
+      return 0;
+   if (!BSON_ITER_HOLDS_DOCUMENT (batch))
+      return -1;
+   bson_iter_document (batch, &len, &data);
+   return bson_init_static (doc, data, len) ? 1 : -1;
+}
+
 static bool
 take_deliveries (pulltxn_t *t, const bson_t *reply)
 {
    bson_iter_t batch;
+   bson_t doc;
+   int more;
 
    if (!first_batch (reply, &batch))
       return false;
-   while (bson_iter_next (&batch)) {
-      const uint8_t *data;
-      uint32_t len;
-      bson_t doc;
+   while ((more = batch_next (&batch, &doc)) > 0) {
       bson_iter_t id;
 
-      if (!BSON_ITER_HOLDS_DOCUMENT (&batch))
-         return false;
-      bson_iter_document (&batch, &len, &data);
-      if (!bson_init_static (&doc, data, len))
-         return false;
       if (!bson_iter_init_find (&id, &doc, "_id") || !BSON_ITER_HOLDS_OID (&id))
          continue;
       for (uint32_t i = 0; i < t->n; i++)
          if (!t->docs[i] && bson_oid_equal (bson_iter_oid (&id), &t->leases[i].id))
             t->docs[i] = bson_copy (&doc);
    }
-   return true;
+   return more == 0;
 }
 
 static bool
 take_lanes (pulltxn_t *t, const bson_t *reply)
 {
    bson_iter_t batch;
+   bson_t doc;
+   int more;
 
    if (!first_batch (reply, &batch))
       return false;
-   while (bson_iter_next (&batch)) {
-      const uint8_t *data;
-      uint32_t len;
-      bson_t doc;
+   while ((more = batch_next (&batch, &doc)) > 0) {
       bson_iter_t id;
       int64_t lane;
 
-      if (!BSON_ITER_HOLDS_DOCUMENT (&batch))
-         return false;
-      bson_iter_document (&batch, &len, &data);
-      if (!bson_init_static (&doc, data, len))
-         return false;
       if (!bson_iter_init_find (&id, &doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&id))
          continue;
       lane = bson_iter_as_int64 (&id);
@@ -499,6 +503,8 @@ take_lanes (pulltxn_t *t, const bson_t *reply)
          continue;
       t->lanes_read[lane] = bson_copy (&doc);
    }
+   if (more < 0)
+      return false;
    for (uint32_t i = 0; i < t->n; i++)
       t->lane_docs[i] = t->lanes_read[t->tokens[i].lane_id];
    return true;
