@@ -770,7 +770,11 @@ load_held (claim_t *c, bson_error_t *error)
     * (its worker could not settle it and stopped renewing it) is
     * abandoned: its claim generation moves on here, before the lane stops
     * listing it in the record, so the old lease never matches again and
-    * the delivery is runnable at once, also with a single proxy. */
+    * the delivery is runnable at once, also with a single proxy.  The
+    * abandoned claim was an attempt (its worker was handed the delivery,
+    * and may have delivered it), so it is charged as a takeover charges a
+    * lost claim: a worker that keeps dying on a delivery brings it to the
+    * dead letters here too. */
    {
       bson_t fq = BSON_INITIALIZER;
       bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "laneId",
@@ -846,13 +850,14 @@ load_held (claim_t *c, bson_error_t *error)
       pthread_mutex_unlock (&s->mu);
       bson_append_array_end (&aq, &or_arr);
       if (ok && abandoned.n > 0) {
-         bson_t *au = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}", "$set", "{", "updatedAt", BCON_DATE_TIME (c->o->now), "}");
+         bson_t *au = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$set", "{",
+                                "updatedAt", BCON_DATE_TIME (c->o->now), "}");
          if (!mongoc_collection_update_many (c->deliveries, &aq, au, NULL, NULL, &err)) {
             store_set_error (error, STORE_ERROR_SERVER, "reconciling abandoned claims: %s", err.message);
             ok = false;
          } else {
             log_warn ("store: %zu listed delivery(ies) no longer run here (not settled, not renewed for a lease): "
-                      "made runnable again",
+                      "charged an attempt each and made runnable again",
                       abandoned.n);
             pthread_mutex_lock (&s->mu);
             for (size_t j = 0; j < abandoned.n; j++)

@@ -612,6 +612,49 @@ test_a_takeover_charges_the_lost_attempt (void **state)
    store_batch_clear (&bb);
 }
 
+/* The same instance takes back a claim its worker stopped renewing
+ * without settling it (a pull consumer killed in its transaction after
+ * its lease ran out): that claim was an attempt, charged once, as a
+ * takeover charges a lost one.  Within the lease nothing is charged. */
+static void
+test_an_abandoned_claim_is_charged_its_attempt (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, mid = {0}, again = {0}, third = {0};
+   bson_t *doc;
+
+   add (fx, "ab-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   assert_int_equal (b.items[0].attempt, 1);
+
+   claim (fx->a, "h", 1, T0 + LEASE / 2, &mid);
+   assert_int_equal (mid.n, 0);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 0);
+   bson_destroy (doc);
+
+   claim (fx->a, "h", 1, T0 + LEASE, &again);
+   assert_int_equal (again.n, 1);
+   assert_true (bson_oid_equal (&again.items[0].id, &b.items[0].id));
+   assert_int_equal (again.items[0].attempt, 2);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   assert_false (complete1 (fx->a, &b.items[0], T0 + LEASE + 1));
+
+   /* abandoned again: charged again, once */
+   claim (fx->a, "h", 1, T0 + 2 * LEASE + 1, &third);
+   assert_int_equal (third.n, 1);
+   assert_int_equal (third.items[0].attempt, 3);
+   assert_true (complete1 (fx->a, &third.items[0], T0 + 2 * LEASE + 2));
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 0);
+   store_batch_clear (&b);
+   store_batch_clear (&mid);
+   store_batch_clear (&again);
+   store_batch_clear (&third);
+}
+
 /* A poison delivery reaches the dead letters when its worker keeps
  * crashing: every crash is charged by the next taker, and the claim that
  * reports an attempt past the limit buries it. */
@@ -2156,6 +2199,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_fencing_by_claim_generation, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_stale_lease_changes_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_takeover_charges_the_lost_attempt, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_an_abandoned_claim_is_charged_its_attempt, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_poison_delivery_reaches_the_dead_letters, setup, teardown),
       cmocka_unit_test_setup_teardown (test_32_blocked_deliveries_are_parked_and_come_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_requeue_blocks_later_deliveries_of_its_key, setup, teardown),
