@@ -11,7 +11,7 @@ const path = require('node:path');
 const { MongoClient } = require('mongodb');
 const { REPO, startUpstream, uniqueDbName, tmpDir } = require('../lib/proxy');
 const { startSink } = require('../dispatch/sink');
-const { startAdminProxy, request, publish, waitFor } = require('./helpers');
+const { startAdminProxy, request, publish, waitFor, logShows } = require('./helpers');
 
 const CHROMIUM = process.env.RELAYBUS_CHROMIUM || '/usr/bin/chromium';
 const TOKEN = 'dashboard-token-42';
@@ -119,7 +119,7 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   await page.waitForFunction(() => !document.querySelector('#dead tr[data-handler="orders-webhook"]'), null, { timeout: 15000 });
   const after = (await request(proxy.base, '/api/stats', { token: TOKEN })).json;
   assert.equal(after.handlers.find((h) => h.name === 'orders-webhook').dead, 0);
-  assert.match(proxy.log(), new RegExp(`admin: 127\\.0\\.0\\.1:\\d+ requeued 1 of 1 requested deliveries.*${deadId}`));
+  await logShows(proxy, new RegExp(`admin: 127\\.0\\.0\\.1:\\d+ requeued 1 of 1 requested deliveries.*${deadId}`));
   await page.waitForTimeout(2500);
   await page.screenshot({ path: path.join(OUT, 'admin-dashboard-after-requeue.png'), fullPage: true });
 

@@ -11,7 +11,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { startUpstream, uniqueDbName, proxyBin, realUpstreamUri, tmpDir } = require('../lib/proxy');
-const { startAdminProxy, request } = require('./helpers');
+const { startAdminProxy, request, logShows } = require('./helpers');
 
 // Every secret starts with "pw-", so one search finds any that leaked.
 const SECRET_RE = /pw-[a-z]+/;
@@ -43,7 +43,7 @@ test('without a token, a GET naming another host is refused (DNS rebinding)', { 
     const r = await request(proxy.base, '/api/config', { headers: { host } });
     assert.equal(r.status, 200, `Host ${host}: ${r.status}`);
   }
-  assert.match(proxy.log(), /403 for GET \/api\/config: no token is set/);
+  await logShows(proxy, /403 for GET \/api\/config: no token is set/);
   assert.equal((await proxy.stop()).code, 0);
 });
 

@@ -130,4 +130,16 @@ function rawExchange(port, bytes, { timeoutMs = 10000 } = {}) {
   });
 }
 
-module.exports = { startAdminProxy, request, rawExchange, publish, waitFor, laneId };
+// The proxy's log reaches the test through a pipe, which node may read
+// after the HTTP answer that followed the line: wait for the line (a
+// string or a RegExp), and fail with the log's tail if it never comes.
+async function logShows(proxy, want, timeoutMs = 10000) {
+  const has = () => (typeof want === 'string' ? proxy.log().includes(want) : want.test(proxy.log()));
+  const deadline = Date.now() + timeoutMs;
+  while (!has()) {
+    if (Date.now() > deadline) throw new Error(`the proxy's log does not show ${want}:\n${proxy.log().slice(-3000)}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+module.exports = { startAdminProxy, request, rawExchange, publish, waitFor, laneId, logShows };

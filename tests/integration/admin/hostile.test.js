@@ -9,7 +9,7 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
 const { startUpstream, uniqueDbName, sleep } = require('../lib/proxy');
-const { startAdminProxy, request, rawExchange, publish, waitFor } = require('./helpers');
+const { startAdminProxy, request, rawExchange, publish, waitFor, logShows } = require('./helpers');
 
 const TOKEN = 'hostile-test-token';
 
@@ -201,7 +201,7 @@ test('without a token, actions must name the port by address (DNS rebinding)', {
     assert.equal(r.status, 200, `Host ${host}: ${r.status} ${r.text}`);
     assert.deepEqual(r.json, { requested: 1, requeued: 0, ids: [] });
   }
-  assert.match(proxy.log(), /403 for POST \/api\/deliveries\/requeue/);
+  await logShows(proxy, /403 for POST \/api\/deliveries\/requeue/);
   const r = await proxy.stop();
   assert.equal(r.code, 0);
 });
