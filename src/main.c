@@ -27,17 +27,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <mongoc/mongoc.h>
+#include <openssl/crypto.h>
 #include <openssl/ssl.h>
 
 #include "admin/admin.h"
 #include "autoconf.h"
 #include "proxy/conn.h"
+#include "base/authfile.h"
 #include "base/config.h"
 #include "codec/compress.h"
+#include "codec/scram.h"
 #include "dispatch/consumer.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/webhook.h"
@@ -90,6 +94,7 @@ usage (FILE *out)
             "       relaybus-proxy --version | --help\n"
             "\n"
             "A MongoDB wire-protocol proxy with a transactional outbox.\n"
+            "       relaybus-proxy --make-user NAME <PASSWORD\n"
             "Runs in the foreground and logs to standard error.\n"
             "\n"
             "  -c, --config FILE   the INI configuration (required)\n"
@@ -98,16 +103,22 @@ usage (FILE *out)
             "  -V, --version       print the version and exit\n"
             "  -h, --help          print this help and exit\n"
             "\n"
+            "      --make-user NAME  read NAME's password from standard input (one\n"
+            "                      line, not echoed on a terminal), print its\n"
+            "                      auth-file entries (SCRAM-SHA-256 and SCRAM-SHA-1\n"
+            "                      keys, never the password) and exit\n"
             "Signals: SIGHUP reloads the configuration (all or nothing);\n"
             "SIGTERM and SIGINT stop accepting, let requests in flight finish\n"
             "for up to drain_timeout_ms, then exit; a second one closes\n"
             "everything at once.  A SIGHUP while stopping is logged and ignored.\n"
             "\n"
             "Exit codes:\n"
-            "  0  clean exit (after a drain), or a valid --check-config\n"
+            "  0  clean exit (after a drain), a valid --check-config, or the\n"
+            "     entries of --make-user printed\n"
             "  1  configuration, upstream (e.g. a standalone mongod), TLS or\n"
             "     listen error; the reason is logged\n"
-            "  2  command-line usage error\n");
+            "  2  command-line usage error, or for --make-user a bad NAME or an\n"
+            "     empty, overlong or non-ASCII (SASLprep) password\n");
 }
 
 /* Applies log_level, log_format and (with open_file) log_file: all or
@@ -470,6 +481,41 @@ proxy_teardown (proxy_t *p)
 int
 main (int argc, char **argv)
 {
+/* --make-user NAME: the auth-file entries of NAME for the password on
+ * standard input.  The password is cleared as soon as the keys exist. */
+static int
+make_user (const char *name)
+{
+   char password[AUTHFILE_MAX_PASSWORD + 2];
+   authfile_user_t user;
+   bson_error_t error;
+   char *lines;
+   bool ok;
+
+   if (!authfile_name_valid (name, &error)) {
+      fprintf (stderr, "relaybus-proxy: --make-user: %s\n", error.message);
+      return EXIT_USAGE;
+   }
+   if (isatty (STDIN_FILENO))
+      fprintf (stderr, "Password for %s: ", name);
+   if (!authfile_read_password (stdin, password, sizeof password, &error)) {
+      fprintf (stderr, "relaybus-proxy: --make-user: %s\n", error.message);
+      return EXIT_USAGE;
+   }
+   ok = scram_make_user (name, password, &user, &error);
+   OPENSSL_cleanse (password, sizeof password);
+   if (!ok) {
+      fprintf (stderr, "relaybus-proxy: --make-user: %s\n", error.message);
+      return error.domain == SCRAM_ERROR_DOMAIN && error.code == SCRAM_ERR_CRYPTO ? EXIT_FAILURE_RUNTIME
+                                                                                  : EXIT_USAGE;
+   }
+   lines = authfile_format_user (&user);
+   OPENSSL_cleanse (&user, sizeof user);
+   fputs (lines, stdout);
+   bson_free (lines);
+   return fflush (stdout) == 0 ? EXIT_OK : EXIT_FAILURE_RUNTIME;
+}
+
    static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'},
       {"check-config", no_argument, NULL, 'C'},
@@ -478,10 +524,12 @@ main (int argc, char **argv)
       {NULL, 0, NULL, 0},
    };
    proxy_t p = {0};
+      {"make-user", required_argument, NULL, 'U'},
    bool check_only = false;
    bson_error_t error;
    int opt;
 
+   const char *make_user_name = NULL;
    log_set_thread_name ("main");
    while ((opt = getopt_long (argc, argv, "c:Vh", longopts, NULL)) != -1) {
       switch (opt) {
@@ -494,6 +542,9 @@ main (int argc, char **argv)
       case 'V':
 #ifdef RELAYBUS_TEST_COMMANDS
          printf ("relaybus-proxy %s (test build: --enable-test-commands)\n", PACKAGE_VERSION);
+      case 'U':
+         make_user_name = optarg;
+         break;
 #else
          printf ("relaybus-proxy %s\n", PACKAGE_VERSION);
 #endif
@@ -514,6 +565,8 @@ main (int argc, char **argv)
    if (!p.config_path) {
       fprintf (stderr, "relaybus-proxy: -c FILE is required (etc/relaybus-proxy.ini is a commented sample)\n");
       usage (stderr);
+   if (make_user_name)
+      return make_user (make_user_name);
       return EXIT_USAGE;
    }
 

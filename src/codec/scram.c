@@ -1,0 +1,537 @@
+/*
+ * codec/scram.c - the server side of a SCRAM conversation, and the keys.
+ *
+ * RFC 5802 section 3, with H = SHA-1 or SHA-256 (RFC 7677):
+ *
+ *   SaltedPassword  = PBKDF2-HMAC-H(password', salt, i)
+ *   ClientKey       = HMAC(SaltedPassword, "Client Key")
+ *   StoredKey       = H(ClientKey)
+ *   ServerKey       = HMAC(SaltedPassword, "Server Key")
+ *   AuthMessage     = client-first-bare "," server-first "," client-final-without-proof
+ *   ClientSignature = HMAC(StoredKey, AuthMessage)
+ *   ClientProof     = ClientKey XOR ClientSignature
+ *   ServerSignature = HMAC(ServerKey, AuthMessage)
+ *
+ * The server holds only StoredKey and ServerKey: it recovers ClientKey
+ * from the proof and checks H(ClientKey) == StoredKey in constant time.
+ * password' is SASLprep(password) for SCRAM-SHA-256 and
+ * hex(MD5(user ":mongo:" password)) for MongoDB's SCRAM-SHA-1.
+ *
+ * Every message is bounded (SCRAM_MAX_MESSAGE) and parsed in place; the
+ * conversation keeps copies of what AuthMessage needs.  Secrets (keys,
+ * salted passwords, signatures) are cleared before their memory is given
+ * back.
+ */
+#include "codec/scram.h"
+
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "base/utf8.h"
+
+#define SCRAM_MAX_NONCE 64 /* of a fixed server nonce */
+#define B64_LEN(n) (4 * (((n) + 2) / 3))
+
+struct scram_server {
+   authfile_mech_t mech;
+   scram_state_t state;
+   char user[AUTHFILE_MAX_NAME + 1]; /* unescaped n= of client-first */
+   bool have_user;
+   authfile_key_t key;  /* a copy of the user's entry; cleared on destroy */
+   char gs2[4];         /* "n,," or "y,," */
+   char *first_bare;    /* client-first-message-bare; owned */
+   char *server_first;  /* what step 1 returned; owned */
+   char *nonce;         /* client nonce + server nonce; owned */
+   char fixed_nonce[SCRAM_MAX_NONCE + 1]; /* scram_server_set_nonce, or "" */
+};
+
+static const char *const state_names[SCRAM_N_STATES] = {
+   [SCRAM_STATE_NEW] = "new",
+   [SCRAM_STATE_FIRST_SENT] = "first_sent",
+   [SCRAM_STATE_DONE] = "done",
+   [SCRAM_STATE_FAILED] = "failed",
+};
+
+const char *
+scram_state_name (scram_state_t state)
+{
+   return (unsigned) state < SCRAM_N_STATES ? state_names[state] : "unknown";
+}
+
+static const EVP_MD *
+mech_md (authfile_mech_t mech)
+{
+   return mech == AUTHFILE_SCRAM_SHA_1 ? EVP_sha1 () : EVP_sha256 ();
+}
+
+scram_server_t *
+scram_server_new (authfile_mech_t mech)
+{
+   scram_server_t *conv = bson_malloc0 (sizeof *conv);
+   conv->mech = mech;
+   conv->state = SCRAM_STATE_NEW;
+   return conv;
+}
+
+void
+scram_server_destroy (scram_server_t *conv)
+{
+   if (!conv)
+      return;
+   bson_free (conv->first_bare);
+   bson_free (conv->server_first);
+   bson_free (conv->nonce);
+   OPENSSL_cleanse (conv, sizeof *conv);
+   bson_free (conv);
+}
+
+scram_state_t
+scram_server_state (const scram_server_t *conv)
+{
+   return conv->state;
+}
+
+authfile_mech_t
+scram_server_mech (const scram_server_t *conv)
+{
+   return conv->mech;
+}
+
+const char *
+scram_server_user (const scram_server_t *conv)
+{
+   return conv->have_user ? conv->user : NULL;
+}
+
+/* RFC 5802 "printable": %x21-2B / %x2D-7E (no ',' and no blank). */
+static bool
+is_printable (char c)
+{
+   return c >= 0x21 && c <= 0x7e && c != ',';
+}
+
+bool
+scram_server_set_nonce (scram_server_t *conv, const char *nonce, bson_error_t *error)
+{
+   size_t len = strlen (nonce);
+
+   if (conv->state != SCRAM_STATE_NEW) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_STATE, "the server nonce is set before client-first");
+      return false;
+   }
+   if (len == 0 || len > SCRAM_MAX_NONCE) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "server nonce must be 1 to %d characters",
+                      SCRAM_MAX_NONCE);
+      return false;
+   }
+   for (size_t i = 0; i < len; i++) {
+      if (!is_printable (nonce[i])) {
+         bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED,
+                         "server nonce holds a character that is not printable or is ','");
+         return false;
+      }
+   }
+   memcpy (conv->fixed_nonce, nonce, len + 1);
+   return true;
+}
+
+/* Fails the conversation (every later step is refused) with an error;
+ * evaluates to false.  Expects `conv` and `error` in scope. */
+#define FAIL(code, ...) \
+   (conv->state = SCRAM_STATE_FAILED, bson_set_error (error, SCRAM_ERROR_DOMAIN, (code), __VA_ARGS__), false)
+
+/* Common checks of an incoming message: its step, size and bytes. */
+static bool
+check_message (scram_server_t *conv, scram_state_t want, const uint8_t *msg, size_t len, const char *what,
+               bson_error_t *error)
+{
+   if (conv->state != want) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_STATE, "%s is not expected in state %s", what,
+                      scram_state_name (conv->state));
+      conv->state = SCRAM_STATE_FAILED;
+      return false;
+   }
+   if (len > SCRAM_MAX_MESSAGE) {
+      conv->state = SCRAM_STATE_FAILED;
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_TOO_LARGE, "%s is longer than %d bytes", what,
+                      SCRAM_MAX_MESSAGE);
+      return false;
+   }
+   if (len == 0)
+      return FAIL (SCRAM_ERR_MALFORMED, "%s is empty", what);
+   if (!utf8_valid ((const char *) msg, len))
+      return FAIL (SCRAM_ERR_MALFORMED, "%s is not valid UTF-8 or holds a NUL byte", what);
+   return true;
+}
+
+/* The value of attribute `name` at *p (up to the next ',' or end), or
+ * false when *p does not start with "name=".  Advances *p past the value
+ * and its ','. */
+static bool
+take_attr (const char **p, const char *end, char name, const char **val, size_t *vlen)
+{
+   const char *s = *p, *comma;
+
+   if (end - s < 2 || s[0] != name || s[1] != '=')
+      return false;
+   s += 2;
+   comma = memchr (s, ',', (size_t) (end - s));
+   *val = s;
+   *vlen = (size_t) ((comma ? comma : end) - s);
+   *p = comma ? comma + 1 : end;
+   return true;
+}
+
+/* True if [s, end) is a list of "x=value" extensions (RFC 5802 attr-val). */
+static bool
+valid_extensions (const char *s, const char *end)
+{
+   while (s < end) {
+      const char *comma = memchr (s, ',', (size_t) (end - s));
+      const char *e = comma ? comma : end;
+      if (e - s < 2 || !((s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z')) || s[1] != '=')
+         return false;
+      s = comma ? comma + 1 : end;
+      if (comma && s == end)
+         return false; /* a trailing ',' */
+   }
+   return true;
+}
+
+bool
+scram_server_first (scram_server_t *conv, const authfile_t *users, const uint8_t *msg, size_t len,
+                    char **out, size_t *out_len, bson_error_t *error)
+{
+   const char *m = (const char *) msg, *end = m + len, *p, *val;
+   const authfile_user_t *user;
+   size_t vlen, n = 0;
+   uint8_t rnd[SCRAM_SERVER_NONCE_BYTES];
+   char server_nonce[B64_LEN (SCRAM_SERVER_NONCE_BYTES) + SCRAM_MAX_NONCE + 1];
+   char salt[B64_LEN (AUTHFILE_MAX_SALT) + 1];
+
+   *out = NULL;
+   *out_len = 0;
+   if (!check_message (conv, SCRAM_STATE_NEW, msg, len, "client-first message", error))
+      return false;
+
+   /* gs2-header: channel binding and authzid are not supported. */
+   if (len >= 2 && m[0] == 'p' && m[1] == '=')
+      return FAIL (SCRAM_ERR_MALFORMED, "channel binding (p=) is not supported");
+   if (len < 3 || (m[0] != 'n' && m[0] != 'y') || m[1] != ',')
+      return FAIL (SCRAM_ERR_MALFORMED, "client-first message must start with the gs2 header \"n,,\" or \"y,,\"");
+   if (m[2] != ',')
+      return FAIL (SCRAM_ERR_MALFORMED, "an authorization identity (a=) is not supported");
+   memcpy (conv->gs2, m, 3);
+   conv->gs2[3] = '\0';
+   p = m + 3;
+
+   if (end - p >= 2 && p[0] == 'm' && p[1] == '=')
+      return FAIL (SCRAM_ERR_MALFORMED, "mandatory extension (m=) is not supported");
+   conv->first_bare = bson_strndup (p, (size_t) (end - p));
+
+   if (!take_attr (&p, end, 'n', &val, &vlen))
+      return FAIL (SCRAM_ERR_MALFORMED, "client-first message has no user name (n=)");
+   /* saslname: ',' and '=' arrive as "=2C" and "=3D"; no other '='. */
+   for (size_t i = 0; i < vlen; i++) {
+      char c = val[i];
+      if (c == '=') {
+         if (i + 2 < vlen && val[i + 1] == '2' && val[i + 2] == 'C')
+            c = ',';
+         else if (i + 2 < vlen && val[i + 1] == '3' && val[i + 2] == 'D')
+            c = '=';
+         else
+            return FAIL (SCRAM_ERR_MALFORMED, "user name holds '=' not followed by 2C or 3D");
+         i += 2;
+      }
+      if (n == AUTHFILE_MAX_NAME)
+         return FAIL (SCRAM_ERR_MALFORMED, "user name is too long");
+      conv->user[n++] = c;
+   }
+   conv->user[n] = '\0';
+   if (n == 0)
+      return FAIL (SCRAM_ERR_MALFORMED, "user name (n=) is empty");
+   conv->have_user = true;
+
+   if (!take_attr (&p, end, 'r', &val, &vlen))
+      return FAIL (SCRAM_ERR_MALFORMED, "client-first message has no nonce (r=) after n=");
+   if (vlen == 0)
+      return FAIL (SCRAM_ERR_MALFORMED, "client nonce (r=) is empty");
+   for (size_t i = 0; i < vlen; i++)
+      if (!is_printable (val[i]))
+         return FAIL (SCRAM_ERR_MALFORMED, "client nonce holds a character that is not printable");
+   if (p > m && p[-1] == ',' && p == end)
+      return FAIL (SCRAM_ERR_MALFORMED, "client-first message ends with ','");
+   if (!valid_extensions (p, end))
+      return FAIL (SCRAM_ERR_MALFORMED, "client-first message has a malformed attribute after r=");
+
+   /* The user and its entry for this mechanism.  mongod answers both an
+    * unknown user and a missing mechanism with AuthenticationFailed. */
+   user = authfile_lookup (users, conv->user, n);
+   if (!user)
+      return FAIL (SCRAM_ERR_AUTH_FAILED, "unknown user '%s'", conv->user);
+   if (!user->keys[conv->mech].present)
+      return FAIL (SCRAM_ERR_AUTH_FAILED, "user '%s' has no entry for this mechanism", conv->user);
+   conv->key = user->keys[conv->mech];
+
+   if (conv->fixed_nonce[0]) {
+      bson_strncpy (server_nonce, conv->fixed_nonce, sizeof server_nonce);
+   } else {
+      if (RAND_bytes (rnd, sizeof rnd) != 1)
+         return FAIL (SCRAM_ERR_CRYPTO, "RAND_bytes failed: no server nonce");
+      authfile_b64_encode (rnd, sizeof rnd, server_nonce, sizeof server_nonce);
+   }
+   conv->nonce = bson_strdup_printf ("%.*s%s", (int) vlen, val, server_nonce);
+   authfile_b64_encode (conv->key.salt, conv->key.salt_len, salt, sizeof salt);
+   conv->server_first = bson_strdup_printf ("r=%s,s=%s,i=%u", conv->nonce, salt, (unsigned) conv->key.iterations);
+   *out_len = strlen (conv->server_first);
+   *out = bson_strndup (conv->server_first, *out_len);
+   conv->state = SCRAM_STATE_FIRST_SENT;
+   return true;
+}
+
+static bool
+hmac (authfile_mech_t mech, const uint8_t *key, size_t key_len, const void *data, size_t len, uint8_t *out)
+{
+   unsigned int out_len = 0;
+   return HMAC (mech_md (mech), key, (int) key_len, data, len, out, &out_len) != NULL &&
+          out_len == authfile_key_len (mech);
+}
+
+static bool
+digest (authfile_mech_t mech, const uint8_t *data, size_t len, uint8_t *out)
+{
+   unsigned int out_len = 0;
+   return EVP_Digest (data, len, out, &out_len, mech_md (mech), NULL) == 1 && out_len == authfile_key_len (mech);
+}
+
+bool
+scram_server_final (scram_server_t *conv, const uint8_t *msg, size_t len, char **out, size_t *out_len,
+                    bson_error_t *error)
+{
+   const char *m = (const char *) msg, *end = m + len, *p = m, *val, *proof_at;
+   size_t vlen, got, klen = authfile_key_len (conv->mech);
+   uint8_t cbind[8], proof[AUTHFILE_KEY_MAX + 3], sig[AUTHFILE_KEY_MAX], client_key[AUTHFILE_KEY_MAX];
+   uint8_t stored[AUTHFILE_KEY_MAX];
+   char sig_b64[B64_LEN (AUTHFILE_KEY_MAX) + 1];
+   bson_string_t *auth_message = NULL;
+   bool ok = false;
+
+   *out = NULL;
+   *out_len = 0;
+   if (!check_message (conv, SCRAM_STATE_FIRST_SENT, msg, len, "client-final message", error))
+      return false;
+
+   if (!take_attr (&p, end, 'c', &val, &vlen)) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "client-final message must start with c=");
+      goto done;
+   }
+   if (!authfile_b64_decode (val, vlen, cbind, sizeof cbind, &got)) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "channel binding (c=) is not valid base64");
+      goto done;
+   }
+   if (got != 3 || memcmp (cbind, conv->gs2, 3) != 0) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "channel binding (c=) does not match the gs2 header");
+      goto done;
+   }
+   if (!take_attr (&p, end, 'r', &val, &vlen)) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "client-final message has no nonce (r=) after c=");
+      goto done;
+   }
+   if (vlen != strlen (conv->nonce) || memcmp (val, conv->nonce, vlen) != 0) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "nonce mismatch: r= is not the nonce of server-first");
+      goto done;
+   }
+   /* The proof is the last attribute: ",p=" then no ','. */
+   proof_at = NULL;
+   for (const char *q = p; q + 2 <= end; q++) {
+      if ((q == p || q[-1] == ',') && q[0] == 'p' && q[1] == '=' && !memchr (q, ',', (size_t) (end - q))) {
+         proof_at = q;
+         break;
+      }
+   }
+   if (!proof_at || p == end) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "client-final message does not end with the proof (p=)");
+      goto done;
+   }
+   if (proof_at > p && !valid_extensions (p, proof_at - 1)) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "client-final message has a malformed attribute before p=");
+      goto done;
+   }
+   if (!authfile_b64_decode (proof_at + 2, (size_t) (end - proof_at - 2), proof, sizeof proof, &got) ||
+       got != klen) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "proof (p=) is not base64 of a %s digest",
+            authfile_mech_name (conv->mech));
+      goto done;
+   }
+
+   auth_message = bson_string_new (conv->first_bare);
+   bson_string_append_c (auth_message, ',');
+   bson_string_append (auth_message, conv->server_first);
+   bson_string_append_c (auth_message, ',');
+   bson_string_append_printf (auth_message, "%.*s", (int) (proof_at - 1 - m), m);
+
+   if (!hmac (conv->mech, conv->key.stored_key, klen, auth_message->str, auth_message->len, sig)) {
+      (void) FAIL (SCRAM_ERR_CRYPTO, "HMAC failed");
+      goto done;
+   }
+   for (size_t i = 0; i < klen; i++)
+      client_key[i] = proof[i] ^ sig[i];
+   if (!digest (conv->mech, client_key, klen, stored)) {
+      (void) FAIL (SCRAM_ERR_CRYPTO, "digest failed");
+      goto done;
+   }
+   if (CRYPTO_memcmp (stored, conv->key.stored_key, klen) != 0) {
+      (void) FAIL (SCRAM_ERR_AUTH_FAILED, "wrong proof for user '%s'", conv->user);
+      goto done;
+   }
+   if (!hmac (conv->mech, conv->key.server_key, klen, auth_message->str, auth_message->len, sig)) {
+      (void) FAIL (SCRAM_ERR_CRYPTO, "HMAC failed");
+      goto done;
+   }
+   authfile_b64_encode (sig, klen, sig_b64, sizeof sig_b64);
+   *out = bson_strdup_printf ("v=%s", sig_b64);
+   *out_len = strlen (*out);
+   conv->state = SCRAM_STATE_DONE;
+   ok = true;
+
+done:
+   if (auth_message)
+      bson_string_free (auth_message, true);
+   OPENSSL_cleanse (sig, sizeof sig);
+   OPENSSL_cleanse (client_key, sizeof client_key);
+   OPENSSL_cleanse (proof, sizeof proof);
+   return ok;
+}
+
+bool
+scram_saslprep (const char *in, size_t len, char **out, bson_error_t *error)
+{
+   *out = NULL;
+   for (size_t i = 0; i < len; i++) {
+      unsigned char c = (unsigned char) in[i];
+      if (c >= 0x80) {
+         bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP,
+                         "SASLprep of non-ASCII characters is not implemented (byte %zu); use an ASCII "
+                         "password for SCRAM-SHA-256",
+                         i + 1);
+         return false;
+      }
+      if (c < 0x20 || c == 0x7f) {
+         bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP,
+                         "SASLprep: prohibited character (ASCII control, RFC 4013 C.2.1) at byte %zu", i + 1);
+         return false;
+      }
+   }
+   if (len == 0) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP, "SASLprep: the string is empty");
+      return false;
+   }
+   *out = bson_strndup (in, len);
+   return true;
+}
+
+bool
+scram_derive_key (authfile_mech_t mech, const char *user, const char *password, const uint8_t *salt,
+                  size_t salt_len, uint32_t iterations, authfile_key_t *out, bson_error_t *error)
+{
+   size_t klen = authfile_key_len (mech);
+   uint8_t salted[AUTHFILE_KEY_MAX], client_key[AUTHFILE_KEY_MAX];
+   uint8_t md5[16];
+   char *prepared = NULL;
+   char hex[33];
+   bool ok = false;
+
+   memset (out, 0, sizeof *out);
+   if (salt_len == 0 || salt_len > AUTHFILE_MAX_SALT || iterations < 1 || iterations > AUTHFILE_MAX_ITERATIONS) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "salt of 1 to %d bytes and iterations of 1 to %d expected",
+                      AUTHFILE_MAX_SALT, AUTHFILE_MAX_ITERATIONS);
+      goto done;
+   }
+   if (mech == AUTHFILE_SCRAM_SHA_1) {
+      /* mongod's digest: hex(MD5(user ":mongo:" password)), never SASLprepped. */
+      EVP_MD_CTX *ctx = EVP_MD_CTX_new ();
+      unsigned int n = 0;
+      bool md_ok = ctx && EVP_DigestInit_ex (ctx, EVP_md5 (), NULL) == 1 &&
+                   EVP_DigestUpdate (ctx, user, strlen (user)) == 1 &&
+                   EVP_DigestUpdate (ctx, ":mongo:", 7) == 1 &&
+                   EVP_DigestUpdate (ctx, password, strlen (password)) == 1 &&
+                   EVP_DigestFinal_ex (ctx, md5, &n) == 1 && n == sizeof md5;
+      EVP_MD_CTX_free (ctx);
+      if (!md_ok) {
+         bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_CRYPTO, "MD5 is not available (needed by SCRAM-SHA-1)");
+         goto done;
+      }
+      for (size_t i = 0; i < sizeof md5; i++)
+         bson_snprintf (hex + 2 * i, 3, "%02x", md5[i]);
+      prepared = bson_strndup (hex, 32);
+   } else if (!scram_saslprep (password, strlen (password), &prepared, error)) {
+      goto done;
+   }
+
+   if (PKCS5_PBKDF2_HMAC (prepared, (int) strlen (prepared), salt, (int) salt_len, (int) iterations, mech_md (mech),
+                          (int) klen, salted) != 1 ||
+       !hmac (mech, salted, klen, "Client Key", 10, client_key) || !digest (mech, client_key, klen, out->stored_key) ||
+       !hmac (mech, salted, klen, "Server Key", 10, out->server_key)) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_CRYPTO, "key derivation failed");
+      goto done;
+   }
+   out->present = true;
+   out->iterations = iterations;
+   out->salt_len = salt_len;
+   memcpy (out->salt, salt, salt_len);
+   ok = true;
+
+done:
+   if (prepared) {
+      OPENSSL_cleanse (prepared, strlen (prepared));
+      bson_free (prepared);
+   }
+   OPENSSL_cleanse (salted, sizeof salted);
+   OPENSSL_cleanse (client_key, sizeof client_key);
+   OPENSSL_cleanse (hex, sizeof hex);
+   OPENSSL_cleanse (md5, sizeof md5);
+   if (!ok)
+      OPENSSL_cleanse (out, sizeof *out);
+   return ok;
+}
+
+bool
+scram_make_user (const char *name, const char *password, authfile_user_t *out, bson_error_t *error)
+{
+   static const struct {
+      authfile_mech_t mech;
+      uint32_t iterations;
+   } plan[] = {
+      {AUTHFILE_SCRAM_SHA_256, SCRAM_SHA_256_ITERATIONS},
+      {AUTHFILE_SCRAM_SHA_1, SCRAM_SHA_1_ITERATIONS},
+   };
+   uint8_t salt[AUTHFILE_KEY_MAX];
+
+   memset (out, 0, sizeof *out);
+   if (!authfile_name_valid (name, error))
+      return false;
+   if (!password[0]) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "password is empty");
+      return false;
+   }
+   bson_strncpy (out->name, name, sizeof out->name);
+   for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+      /* mongod's salt: the digest length less 4 bytes (16 or 28). */
+      size_t salt_len = authfile_key_len (plan[i].mech) - 4;
+      if (RAND_bytes (salt, (int) salt_len) != 1) {
+         bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_CRYPTO, "RAND_bytes failed: no salt");
+         OPENSSL_cleanse (out, sizeof *out);
+         return false;
+      }
+      if (!scram_derive_key (plan[i].mech, name, password, salt, salt_len, plan[i].iterations,
+                             &out->keys[plan[i].mech], error)) {
+         OPENSSL_cleanse (out, sizeof *out);
+         return false;
+      }
+   }
+   return true;
+}
