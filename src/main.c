@@ -42,6 +42,9 @@
 #include "base/config.h"
 #include "codec/compress.h"
 #include "codec/scram.h"
+#ifdef RELAYBUS_HAVE_KAFKA
+#include "dispatch/kafka.h"
+#endif
 #include "dispatch/consumer.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/webhook.h"
@@ -91,22 +94,22 @@ usage (FILE *out)
 {
    fprintf (out,
             "Usage: relaybus-proxy -c FILE [--check-config]\n"
+            "       relaybus-proxy --make-user NAME <PASSWORD\n"
             "       relaybus-proxy --version | --help\n"
             "\n"
             "A MongoDB wire-protocol proxy with a transactional outbox.\n"
-            "       relaybus-proxy --make-user NAME <PASSWORD\n"
             "Runs in the foreground and logs to standard error.\n"
             "\n"
             "  -c, --config FILE   the INI configuration (required)\n"
             "      --check-config  load and validate FILE, print the effective\n"
             "                      configuration, and exit\n"
-            "  -V, --version       print the version and exit\n"
-            "  -h, --help          print this help and exit\n"
-            "\n"
             "      --make-user NAME  read NAME's password from standard input (one\n"
             "                      line, not echoed on a terminal), print its\n"
             "                      auth-file entries (SCRAM-SHA-256 and SCRAM-SHA-1\n"
             "                      keys, never the password) and exit\n"
+            "  -V, --version       print the version and exit\n"
+            "  -h, --help          print this help and exit\n"
+            "\n"
             "Signals: SIGHUP reloads the configuration (all or nothing);\n"
             "SIGTERM and SIGINT stop accepting, let requests in flight finish\n"
             "for up to drain_timeout_ms, then exit; a second one closes\n"
@@ -478,9 +481,6 @@ proxy_teardown (proxy_t *p)
    config_release (p->cfg);
 }
 
-int
-main (int argc, char **argv)
-{
 /* --make-user NAME: the auth-file entries of NAME for the password on
  * standard input.  The password is cleared as soon as the keys exist. */
 static int
@@ -516,20 +516,23 @@ make_user (const char *name)
    return fflush (stdout) == 0 ? EXIT_OK : EXIT_FAILURE_RUNTIME;
 }
 
+int
+main (int argc, char **argv)
+{
    static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'},
       {"check-config", no_argument, NULL, 'C'},
       {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'},
+      {"make-user", required_argument, NULL, 'U'},
       {NULL, 0, NULL, 0},
    };
    proxy_t p = {0};
-      {"make-user", required_argument, NULL, 'U'},
    bool check_only = false;
+   const char *make_user_name = NULL;
    bson_error_t error;
    int opt;
 
-   const char *make_user_name = NULL;
    log_set_thread_name ("main");
    while ((opt = getopt_long (argc, argv, "c:Vh", longopts, NULL)) != -1) {
       switch (opt) {
@@ -539,12 +542,12 @@ make_user (const char *name)
       case 'C':
          check_only = true;
          break;
-      case 'V':
-#ifdef RELAYBUS_TEST_COMMANDS
-         printf ("relaybus-proxy %s (test build: --enable-test-commands)\n", PACKAGE_VERSION);
       case 'U':
          make_user_name = optarg;
          break;
+      case 'V':
+#ifdef RELAYBUS_TEST_COMMANDS
+         printf ("relaybus-proxy %s (test build: --enable-test-commands)\n", PACKAGE_VERSION);
 #else
          printf ("relaybus-proxy %s\n", PACKAGE_VERSION);
 #endif
@@ -562,16 +565,20 @@ make_user (const char *name)
       usage (stderr);
       return EXIT_USAGE;
    }
+   if (make_user_name)
+      return make_user (make_user_name);
    if (!p.config_path) {
       fprintf (stderr, "relaybus-proxy: -c FILE is required (etc/relaybus-proxy.ini is a commented sample)\n");
       usage (stderr);
-   if (make_user_name)
-      return make_user (make_user_name);
       return EXIT_USAGE;
    }
 
    /* The configuration's checks that belong to other layers. */
-   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid});
+#ifdef RELAYBUS_HAVE_KAFKA
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, kafka_property_valid});
+#else
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, NULL});
+#endif
    if (!install_early_handlers ()) {
       log_error ("start-up: cannot install signal handlers");
       return EXIT_FAILURE_RUNTIME;
