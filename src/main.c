@@ -42,6 +42,9 @@
 #include "base/config.h"
 #include "codec/compress.h"
 #include "codec/scram.h"
+#ifdef RELAYBUS_HAVE_KAFKA
+#include "dispatch/kafka.h"
+#endif
 #include "dispatch/consumer.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/webhook.h"
@@ -571,7 +574,11 @@ main (int argc, char **argv)
    }
 
    /* The configuration's checks that belong to other layers. */
-   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid});
+#ifdef RELAYBUS_HAVE_KAFKA
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, kafka_property_valid});
+#else
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, NULL});
+#endif
    if (!install_early_handlers ()) {
       log_error ("start-up: cannot install signal handlers");
       return EXIT_FAILURE_RUNTIME;

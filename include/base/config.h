@@ -32,6 +32,8 @@
 #define CONFIG_RETRY_SCHEDULE_DEFAULT "5s, 5m, 30m, 2h, 5h, 10h, 10h"
 #define CONFIG_RETRY_DELAYS_MAX 100
 #define CONFIG_RETRY_DELAY_MAX_MS (7 * 86400000LL)
+/* kafka.<property> lines per handler, at most. */
+#define CONFIG_KAFKA_PROPS_MAX 64
 
 typedef enum {
    CONFIG_TYPE_STRING,
@@ -65,6 +67,7 @@ typedef enum {
    HANDLER_KIND_PULL,
    HANDLER_KIND_NATS, /* NATS JetStream (dispatch/nats.c; a build with libnats) */
    HANDLER_KIND_RABBITMQ, /* AMQP 0-9-1 (dispatch/rabbitmq.c; a build with librabbitmq) */
+   HANDLER_KIND_KAFKA,    /* Kafka (dispatch/kafka.c; a build with librdkafka) */
 } handler_kind_t;
 
 typedef struct {
@@ -79,6 +82,13 @@ typedef struct {
    char *exchange;    /* rabbitmq: the exchange published to */
    char *routing_key; /* rabbitmq: the routing key template ({type}, {key}) */
    bool persistent;   /* rabbitmq: delivery mode 2 */
+   char *brokers;     /* kafka: the bootstrap servers, host:port,... */
+   char *topic;       /* kafka: the topic template ({type}, {key}) */
+   /* kafka: the `kafka.<property> = value` lines, pairs of strings
+    * (name without "kafka.", value) in file order, owned by the
+    * snapshot; at most CONFIG_KAFKA_PROPS_MAX pairs. */
+   char **kafka_props;
+   size_t n_kafka_props;
    char *secret;
    char *retry_schedule;     /* raw list of durations */
    int64_t *retry_delays_ms; /* retry_schedule parsed: the delay before retry i + 1 */
@@ -174,6 +184,8 @@ typedef struct config {
 typedef struct {
    bool (*compressor_known) (const char *name);
    bool (*secrets_valid) (const char *secrets, bson_error_t *error);
+   /* kafka.<name> = value: librdkafka accepts the property (dispatch/kafka.h). */
+   bool (*kafka_property_valid) (const char *name, const char *value, bson_error_t *error);
 } config_checks_t;
 
 /* Copies `checks` (NULL: none).  Not thread-safe: call it before any load. */

@@ -116,6 +116,8 @@ extern const transport_ops_t transport_webhook_ops;
 extern const transport_ops_t transport_nats_ops;
 /* Only in a build with librabbitmq (RELAYBUS_HAVE_RABBITMQ). */
 extern const transport_ops_t transport_rabbitmq_ops;
+/* Only in a build with librdkafka (RELAYBUS_HAVE_KAFKA). */
+extern const transport_ops_t transport_kafka_ops;
 
 /* The ops of a handler's kind; NULL for pull, or a kind this build lacks. */
 const transport_ops_t *transport_ops_for (const config_handler_t *h);

@@ -156,7 +156,7 @@ static const config_key_t config_key_table[] = {
 
    H ("events", L, NULL, 0, 0, events,
       "Event types the handler takes: exact names, or a prefix ending in '*'."),
-   H ("kind", S, NULL, 0, 0, kind, "webhook, pull, nats or rabbitmq."),
+   H ("kind", S, NULL, 0, 0, kind, "webhook, pull, nats, rabbitmq or kafka."),
    H ("url", S, "", 0, 0, url,
       "webhook: the http:// or https:// URL events are POSTed to; nats: the server(s), nats://host:port (or tls://), comma-separated."),
    H ("exchange", S, "", 0, 0, exchange,
@@ -165,6 +165,10 @@ static const config_key_t config_key_table[] = {
       "rabbitmq: the routing key; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("persistent", B, "true", 0, 0, persistent,
       "rabbitmq: publish persistent messages (delivery mode 2), which a durable queue keeps across a broker restart."),
+   H ("brokers", S, "", 0, 0, brokers,
+      "kafka: the bootstrap servers, host:port, comma-separated (librdkafka's bootstrap.servers)."),
+   H ("topic", S, "", 0, 0, topic,
+      "kafka: the topic each event is produced to; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("subject", S, "", 0, 0, subject,
       "nats: the JetStream subject each event is published to; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("secret", S, "", 0, 0, secret,
@@ -175,7 +179,7 @@ static const config_key_t config_key_table[] = {
    H ("max_attempts", I, NULL, 1, 1000, max_attempts,
       "Attempts before a failing delivery becomes a dead letter; default 1 + the delays of retry_schedule, the last delay repeating past them."),
    H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
-      "webhook: time allowed for the whole request, connect to last byte; nats: time allowed for the PubAck; then it is retried."),
+      "webhook: time allowed for the whole request, connect to last byte; nats: time allowed for the PubAck; kafka: librdkafka's message.timeout.ms (queued, sent and acknowledged); then it is retried."),
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
    H ("retry_4xx", B, "false", 0, 0, retry_4xx,
       "webhook: retry 4xx answers other than 429 instead of burying them at once."),
@@ -461,6 +465,9 @@ config_handler_free_fields (config_handler_t *h)
          bson_free (*(char **) ((char *) h + key->offset));
    }
    bson_free (h->name);
+   for (size_t i = 0; i < 2 * h->n_kafka_props; i++)
+      bson_free (h->kafka_props[i]);
+   bson_free (h->kafka_props);
    for (size_t i = 0; i < h->n_event_patterns; i++)
       bson_free (h->event_patterns[i]);
    bson_free (h->event_patterns);
@@ -795,6 +802,44 @@ config_validate_rabbitmq (const config_handler_t *h, const char *origin, bson_er
    return true;
 }
 
+/* kind = kafka: a build with librdkafka, the brokers, a topic template
+ * and kafka.* properties librdkafka accepts (config_checks). */
+static bool
+config_validate_kafka (const config_handler_t *h, const char *origin, bson_error_t *error)
+{
+#ifndef RELAYBUS_HAVE_KAFKA
+   config_error (error, origin, 0,
+                 "[handler %s] kind = kafka: this build has no Kafka support (build with librdkafka, Debian librdkafka-dev)",
+                 h->name);
+   return false;
+#endif
+   if (!*h->brokers) {
+      config_error (error, origin, 0, "[handler %s] kind = kafka needs brokers = host:port (comma-separated for several)",
+                    h->name);
+      return false;
+   }
+   if (!*h->topic) {
+      config_error (error, origin, 0, "[handler %s] kind = kafka needs topic (a template, e.g. {type})", h->name);
+      return false;
+   }
+   for (const char *c = strchr (h->topic, '{'); c; c = strchr (c + 1, '{'))
+      if (strncmp (c, "{type}", 6) != 0 && strncmp (c, "{key}", 5) != 0) {
+         config_error (error, origin, 0, "[handler %s] topic: '%s': only {type} and {key} may be replaced", h->name,
+                       h->topic);
+         return false;
+      }
+   for (size_t i = 0; i < h->n_kafka_props && config_checks.kafka_property_valid; i++) {
+      bson_error_t sub;
+      const char *name = h->kafka_props[2 * i], *value = h->kafka_props[2 * i + 1];
+
+      if (!config_checks.kafka_property_valid (name, value, &sub)) {
+         config_error (error, origin, 0, "[handler %s] kafka.%s: %s", h->name, name, sub.message);
+         return false;
+      }
+   }
+   return true;
+}
+
 static bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -803,7 +848,7 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       return false;
    }
    if (!h->kind) {
-      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull, nats or rabbitmq)", h->name);
+      config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull, nats, rabbitmq or kafka)", h->name);
       return false;
    }
    if (strcmp (h->kind, "webhook") == 0) {
@@ -824,9 +869,18 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       h->kind_id = HANDLER_KIND_RABBITMQ;
       if (!config_validate_rabbitmq (h, origin, error))
          return false;
+   } else if (strcmp (h->kind, "kafka") == 0) {
+      h->kind_id = HANDLER_KIND_KAFKA;
+      if (!config_validate_kafka (h, origin, error))
+         return false;
    } else {
-      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook, pull, nats or rabbitmq", h->name,
+      config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook, pull, nats, rabbitmq or kafka", h->name,
                     h->kind);
+      return false;
+   }
+   if (h->n_kafka_props && h->kind_id != HANDLER_KIND_KAFKA) {
+      config_error (error, origin, 0, "[handler %s] kafka.%s: kafka.* properties are for kind = kafka", h->name,
+                    h->kafka_props[0]);
       return false;
    }
    if (*h->secret && config_checks.secrets_valid) {
@@ -1026,6 +1080,31 @@ config_parse_section (config_t *cfg,
    return false;
 }
 
+/* kafka.<name> = value of a [handler]: kept as written, in order, for
+ * librdkafka (checked by config_validate_kafka). */
+static bool
+config_add_kafka_prop (config_handler_t *h, const char *name, const char *value, char *why, size_t why_len)
+{
+   if (!*name || !valid_name (name, 128, "._-")) {
+      snprintf (why, why_len, "'%s' is not a librdkafka property name", name);
+      return false;
+   }
+   for (size_t i = 0; i < h->n_kafka_props; i++)
+      if (strcmp (h->kafka_props[2 * i], name) == 0) {
+         snprintf (why, why_len, "set twice");
+         return false;
+      }
+   if (h->n_kafka_props >= CONFIG_KAFKA_PROPS_MAX) {
+      snprintf (why, why_len, "at most %d kafka.* properties per handler", CONFIG_KAFKA_PROPS_MAX);
+      return false;
+   }
+   h->kafka_props = bson_realloc (h->kafka_props, 2 * (h->n_kafka_props + 1) * sizeof (char *));
+   h->kafka_props[2 * h->n_kafka_props] = bson_strdup (name);
+   h->kafka_props[2 * h->n_kafka_props + 1] = bson_strdup (value);
+   h->n_kafka_props++;
+   return true;
+}
+
 config_t *
 config_parse_string (const char *text, const char *origin, bson_error_t *error)
 {
@@ -1103,6 +1182,13 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
          }
       }
       value = trim (value);
+      if (section == CONFIG_SECTION_HANDLER && strncmp (key, "kafka.", 6) == 0) {
+         if (!config_add_kafka_prop (handler, key + 6, value, why, sizeof why)) {
+            config_error (error, origin, line, "%s: %s", key, why);
+            goto done;
+         }
+         continue;
+      }
       k = config_find_key (section, key);
       if (!k) {
          if (section == CONFIG_SECTION_HANDLER)
@@ -1466,6 +1552,14 @@ config_write (const config_t *cfg, FILE *out)
       for (size_t i = 0; i < N_KEYS; i++) {
          if (config_key_table[i].section == CONFIG_SECTION_HANDLER)
             config_write_key (&cfg->handlers[h], &config_key_table[i], out);
+      }
+      for (size_t i = 0; i < cfg->handlers[h].n_kafka_props; i++) {
+         const char *name = cfg->handlers[h].kafka_props[2 * i];
+         /* Passwords, keys and secrets of librdkafka (sasl.password,
+          * ssl.key.password, ...) are never echoed. */
+         bool secret = strstr (name, "password") || strstr (name, "secret") || strstr (name, ".pem") ||
+                       strstr (name, "key.password") || strstr (name, "sasl.oauthbearer.config");
+         fprintf (out, "kafka.%s = %s\n", name, secret ? CONFIG_MASK : cfg->handlers[h].kafka_props[2 * i + 1]);
       }
    }
 }

@@ -49,7 +49,8 @@ transport_state_name (transport_state_t s)
 bool
 transport_kind_dispatched (handler_kind_t kind)
 {
-   return kind == HANDLER_KIND_WEBHOOK || kind == HANDLER_KIND_NATS || kind == HANDLER_KIND_RABBITMQ;
+   return kind == HANDLER_KIND_WEBHOOK || kind == HANDLER_KIND_NATS || kind == HANDLER_KIND_RABBITMQ ||
+          kind == HANDLER_KIND_KAFKA;
 }
 
 const transport_ops_t *
@@ -67,6 +68,12 @@ transport_ops_for (const config_handler_t *h)
    case HANDLER_KIND_RABBITMQ:
 #ifdef RELAYBUS_HAVE_RABBITMQ
       return &transport_rabbitmq_ops;
+#else
+      return NULL;
+#endif
+   case HANDLER_KIND_KAFKA:
+#ifdef RELAYBUS_HAVE_KAFKA
+      return &transport_kafka_ops;
 #else
       return NULL;
 #endif
@@ -92,6 +99,7 @@ transport_new (const transport_env_t *env, const config_handler_t *h, bson_error
                       h->kind ? h->kind : "?",
                       h->kind_id == HANDLER_KIND_NATS       ? "this build has no NATS support"
                       : h->kind_id == HANDLER_KIND_RABBITMQ ? "this build has no RabbitMQ support"
+                      : h->kind_id == HANDLER_KIND_KAFKA    ? "this build has no Kafka support"
                                                             : "not dispatched by the proxy");
       return NULL;
    }

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "autoconf.h"
 #include "base/config.h"
 #include "codec/compress.h"
 #include "dispatch/webhook.h"
@@ -139,7 +140,29 @@ test_handlers (void **state)
 {
    parse_fails ("[handler a]\nkind = pull\n", "[handler a] needs 'events'");
    parse_fails ("[handler a]\nevents = x\n", "[handler a] needs 'kind'");
-   parse_fails ("[handler a]\nevents = x\nkind = smtp\n", "'smtp' is not webhook, pull, nats or rabbitmq");
+   parse_fails ("[handler a]\nevents = x\nkind = smtp\n", "'smtp' is not webhook, pull, nats, rabbitmq or kafka");
+#ifdef RELAYBUS_HAVE_KAFKA
+   parse_fails ("[handler a]\nevents = x\nkind = kafka\ntopic = t\n", "[handler a] kind = kafka needs brokers = host:port");
+   parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\n", "[handler a] kind = kafka needs topic");
+   parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = {id}\n", "only {type} and {key}");
+   parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = t\nkafka.acks = 1\nkafka.acks = all\n",
+                "test.ini:7: kafka.acks: set twice");
+   parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = t\nkafka.a b = 1\n",
+                "kafka.a b: 'a b' is not a librdkafka property name");
+   {
+      config_t *k = parse_ok ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = t.{type}\n"
+                              "kafka.linger.ms = 1\nkafka.sasl.password = hunter2\n");
+      assert_int_equal (k->handlers[0].kind_id, HANDLER_KIND_KAFKA);
+      assert_int_equal (k->handlers[0].n_kafka_props, 2);
+      assert_string_equal (k->handlers[0].kafka_props[0], "linger.ms");
+      assert_string_equal (k->handlers[0].kafka_props[1], "1");
+      assert_string_equal (k->handlers[0].kafka_props[2], "sasl.password");
+      config_release (k);
+   }
+#else
+   parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = t\n", "this build has no Kafka support");
+#endif
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nkafka.linger.ms = 1\n", "kafka.* properties are for kind = kafka");
    parse_fails ("[handler a]\nevents = x\nkind = webhook\n", "needs url = http://");
    parse_fails ("[handler a]\nevents = x\nkind = webhook\nurl = ftp://h/\n", "needs url = http://");
    parse_fails ("[handler a]\nevents = x\nkind = pull\nsecret = hunter2\n", "Standard Webhooks secret");

@@ -322,7 +322,7 @@ test('bad nats handler configuration: clear errors from --check-config and at st
     [{ kind: 'nats', url: 'nats://127.0.0.1:4222', subject: 'a.*' }, "[handler h] subject: 'a.*': a subject to publish to holds no white space, '*' or '>'"],
     [{ kind: 'nats', url: 'nats://127.0.0.1:4222', subject: 'a..{type}' }, "[handler h] subject: 'a..{type}' has an empty token"],
     [{ kind: 'nats', url: 'nats://127.0.0.1:4222', subject: 'a.{id}' }, "[handler h] subject: 'a.{id}': only {type} and {key} may be replaced"],
-    [{ kind: 'kafka', url: 'nats://127.0.0.1:4222' }, "[handler h] kind: 'kafka' is not webhook, pull, nats or rabbitmq"],
+    [{ kind: 'mqtt', url: 'nats://127.0.0.1:4222' }, "[handler h] kind: 'mqtt' is not webhook, pull, nats, rabbitmq or kafka"],
   ];
   for (const [keys, want] of cases) {
     const lines = ['[proxy]', 'listen = 127.0.0.1:0', 'upstream = mongodb://127.0.0.1:1/?replicaSet=rs0', '', '[handler h]', 'events = order.*'];
