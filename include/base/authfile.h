@@ -100,6 +100,8 @@ void authfile_destroy (authfile_t *users);
 /* The user named name[0..len), or NULL.  O(log n). */
 const authfile_user_t *authfile_lookup (const authfile_t *users, const char *name, size_t len);
 size_t authfile_count (const authfile_t *users);
+/* The i-th user in name order (i < authfile_count). */
+const authfile_user_t *authfile_user_at (const authfile_t *users, size_t i);
 
 /* True if `name` can be stored: valid UTF-8, 1..AUTHFILE_MAX_NAME bytes,
  * no control characters, not starting with a blank or '#'. */

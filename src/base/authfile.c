@@ -476,6 +476,12 @@ authfile_count (const authfile_t *af)
    return af ? af->n : 0;
 }
 
+const authfile_user_t *
+authfile_user_at (const authfile_t *af, size_t i)
+{
+   return af && i < af->n ? &af->users[i] : NULL;
+}
+
 char *
 authfile_format_user (const authfile_user_t *user)
 {

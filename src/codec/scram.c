@@ -107,6 +107,17 @@ scram_server_user (const scram_server_t *conv)
    return conv->have_user ? conv->user : NULL;
 }
 
+/* A NUL-terminated copy of s[0..len), which need not be terminated
+ * (bson_strndup may read one byte past it). */
+static char *
+copy_bytes (const char *s, size_t len)
+{
+   char *out = bson_malloc (len + 1);
+   memcpy (out, s, len);
+   out[len] = '\0';
+   return out;
+}
+
 /* RFC 5802 "printable": %x21-2B / %x2D-7E (no ',' and no blank). */
 static bool
 is_printable (char c)
@@ -231,7 +242,7 @@ scram_server_first (scram_server_t *conv, const authfile_t *users, const uint8_t
 
    if (end - p >= 2 && p[0] == 'm' && p[1] == '=')
       return FAIL (SCRAM_ERR_MALFORMED, "mandatory extension (m=) is not supported");
-   conv->first_bare = bson_strndup (p, (size_t) (end - p));
+   conv->first_bare = copy_bytes (p, (size_t) (end - p));
 
    if (!take_attr (&p, end, 'n', &val, &vlen))
       return FAIL (SCRAM_ERR_MALFORMED, "client-first message has no user name (n=)");
@@ -288,7 +299,7 @@ scram_server_first (scram_server_t *conv, const authfile_t *users, const uint8_t
    authfile_b64_encode (conv->key.salt, conv->key.salt_len, salt, sizeof salt);
    conv->server_first = bson_strdup_printf ("r=%s,s=%s,i=%u", conv->nonce, salt, (unsigned) conv->key.iterations);
    *out_len = strlen (conv->server_first);
-   *out = bson_strndup (conv->server_first, *out_len);
+   *out = copy_bytes (conv->server_first, *out_len);
    conv->state = SCRAM_STATE_FIRST_SENT;
    return true;
 }
@@ -430,7 +441,7 @@ scram_saslprep (const char *in, size_t len, char **out, bson_error_t *error)
       bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP, "SASLprep: the string is empty");
       return false;
    }
-   *out = bson_strndup (in, len);
+   *out = copy_bytes (in, len);
    return true;
 }
 
@@ -467,7 +478,7 @@ scram_derive_key (authfile_mech_t mech, const char *user, const char *password, 
       }
       for (size_t i = 0; i < sizeof md5; i++)
          bson_snprintf (hex + 2 * i, 3, "%02x", md5[i]);
-      prepared = bson_strndup (hex, 32);
+      prepared = copy_bytes (hex, 32);
    } else if (!scram_saslprep (password, strlen (password), &prepared, error)) {
       goto done;
    }

@@ -71,6 +71,10 @@ test_valid_file (void **state)
    assert_null (authfile_lookup (af, "User", 4));
    assert_null (authfile_lookup (af, "us\0r", 4));
    assert_null (authfile_lookup (NULL, "user", 4));
+   /* In name order. */
+   assert_string_equal (authfile_user_at (af, 0)->name, "app:reports");
+   assert_string_equal (authfile_user_at (af, 2)->name, "zed");
+   assert_null (authfile_user_at (af, 3));
 
    /* Formatting gives back the same lines (SCRAM-SHA-256 first). */
    char *lines = authfile_format_user (authfile_lookup (af, "user", 4));

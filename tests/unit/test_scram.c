@@ -291,6 +291,21 @@ test_bad_client_first (void **state)
       assert_non_null (strstr (error.message, "NUL"));
       scram_server_destroy (conv);
    }
+   /* A message exactly as long as its bytes, with nothing after them (as
+    * a BSON binary payload arrives): nothing may read past it (valgrind
+    * and ASan check). */
+   {
+      bson_error_t error;
+      char *out = NULL;
+      size_t out_len, len = strlen (RFC7677_CLIENT_FIRST);
+      uint8_t *exact = bson_malloc (len);
+      scram_server_t *conv = scram_server_new (AUTHFILE_SCRAM_SHA_256);
+      memcpy (exact, RFC7677_CLIENT_FIRST, len);
+      assert_true (scram_server_first (conv, af, exact, len, &out, &out_len, &error));
+      bson_free (out);
+      bson_free (exact);
+      scram_server_destroy (conv);
+   }
    /* Too long. */
    {
       bson_error_t error;
