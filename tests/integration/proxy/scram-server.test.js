@@ -126,3 +126,143 @@ test("SCRAM-SHA-256: RFC 7677's user with the driver, and no SCRAM-SHA-1 entry f
   await login('SCRAM-SHA-256', 'user', 'pencil', false);
   await assert.rejects(login('SCRAM-SHA-1', 'user', 'pencil', false), (e) => e.code === 18 && /no entry for this mechanism/.test(e.message));
 });
+
+// The same server behind a minimal wire endpoint, the way mongod frames the SASL commands, so
+// that a whole MongoClient authenticates through it: mechanism negotiation with
+// saslSupportedMechs, speculative authentication in the handshake, and saslStart/saslContinue.
+// Each connection runs its conversations through
+// scram-server; the endpoint itself only frames messages (it stands in for the pool's command
+// layer, which is not built yet).
+const net = require('node:net');
+const { MongoClient } = require('mongodb');
+const { BSON } = require('bson');
+
+function reply(req, doc) {
+  let buf;
+  if (req.opCode === H.OP_QUERY) {
+    const body = BSON.serialize(doc);
+    const fixed = Buffer.alloc(20);
+    fixed.writeInt32LE(1, 16); // numberReturned
+    buf = Buffer.concat([H.header(16 + 20 + body.length, H.newRequestId(), req.requestID, H.OP_REPLY), fixed, body]);
+  } else {
+    buf = H.opMsg(doc).buf;
+    buf.writeInt32LE(req.requestID, 8);
+  }
+  return buf;
+}
+
+const mechsOf = (user) =>
+  fs.readFileSync(authFile, 'utf8').split('\n').filter((l) => l.startsWith(`${user}:`)).map((l) => l.slice(user.length + 1).split(':')[0]);
+const AUTH_FAILED = { ok: 0, code: 18, codeName: 'AuthenticationFailed', errmsg: 'Authentication failed.' };
+
+// speculative: false answers hellos as a server without speculative authentication would.
+function startEndpoint({ speculative = true } = {}) {
+  const seen = [];
+  const mechanisms = [];
+  const server = net.createServer((sock) => {
+    const framer = new H.Framer();
+    let h = null;
+    let authenticated = false;
+    const start = async (mechanism, payload) => {
+      mechanisms.push(mechanism);
+      if (h) h.close();
+      h = harness(mechanism);
+      return h.exchange(payload);
+    };
+    let chain = Promise.resolve();
+    sock.on('data', (chunk) => {
+      for (const raw of framer.push(chunk)) {
+        chain = chain.then(async () => {
+          const req = H.parseMessage(raw);
+          const cmd = req.docs[0].$query || req.docs[0];
+          const name = Object.keys(cmd)[0];
+          seen.push(name);
+          let doc;
+          try {
+            if (H.isHelloDoc(cmd)) {
+              doc = { ismaster: true, helloOk: true, msg: 'isdbgrid', maxBsonObjectSize: 16777216, maxMessageSizeBytes: 48000000,
+                maxWriteBatchSize: 100000, localTime: new Date(), logicalSessionTimeoutMinutes: 30, connectionId: 1,
+                minWireVersion: 0, maxWireVersion: 21, readOnly: false, ok: 1 };
+              if (cmd.saslSupportedMechs) doc.saslSupportedMechs = mechsOf(cmd.saslSupportedMechs.split('.').slice(1).join('.'));
+              const spec = cmd.speculativeAuthenticate;
+              if (spec && speculative) {
+                // mongod leaves the field out when the first step fails.
+                try {
+                  doc.speculativeAuthenticate = { conversationId: 1, done: false, payload: await start(spec.mechanism, bytesOf(spec.payload)), ok: 1 };
+                } catch {}
+              }
+            } else if (name === 'saslStart') {
+              doc = { conversationId: 1, done: false, payload: await start(cmd.mechanism, bytesOf(cmd.payload)), ok: 1 };
+            } else if (name === 'saslContinue') {
+              doc = { conversationId: 1, done: true, payload: await h.exchange(bytesOf(cmd.payload)), ok: 1 };
+              authenticated = true;
+            } else if (name === 'ping' || name === 'endSessions') {
+              doc = { ok: 1 };
+            } else if (!authenticated) {
+              doc = { ok: 0, code: 13, codeName: 'Unauthorized', errmsg: `command ${name} requires authentication` };
+            } else {
+              doc = { ok: 1, databases: [], totalSize: 0 };
+            }
+          } catch (e) {
+            doc = AUTH_FAILED;
+          }
+          if (!sock.destroyed) sock.write(reply(req, doc));
+        });
+      }
+    });
+    sock.on('close', () => h && h.close());
+    sock.on('error', () => {});
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, port: server.address().port, seen, mechanisms })));
+}
+
+async function listDatabasesAs(ep, user, password, params = '') {
+  const uri = `mongodb://${encodeURIComponent(user)}:${encodeURIComponent(password)}@127.0.0.1:${ep.port}/?authSource=admin&directConnection=true&serverSelectionTimeoutMS=5000${params}`;
+  const client = new MongoClient(uri, { monitorCommands: false });
+  try {
+    return await client.db('admin').command({ listDatabases: 1 });
+  } finally {
+    await client.close();
+  }
+}
+
+for (const [label, params, mech] of [
+  ['negotiated (saslSupportedMechs)', '', 'SCRAM-SHA-256'],
+  ['SCRAM-SHA-256 named', '&authMechanism=SCRAM-SHA-256', 'SCRAM-SHA-256'],
+  ['SCRAM-SHA-1 named', '&authMechanism=SCRAM-SHA-1', 'SCRAM-SHA-1'],
+]) {
+  test(`a MongoClient authenticates, ${label}, speculatively in its handshake`, async () => {
+    const ep = await startEndpoint();
+    try {
+      const res = await listDatabasesAs(ep, 'app', 'n0de-driver secret', params);
+      assert.equal(res.ok, 1);
+      // Speculative authentication: no saslStart on the connection that ran the command.
+      assert.ok(!ep.seen.includes('saslStart'), `saslStart sent: ${ep.seen}`);
+      assert.ok(ep.seen.includes('saslContinue'));
+      assert.deepEqual([...new Set(ep.mechanisms)], [mech]);
+    } finally {
+      ep.server.close();
+    }
+  });
+}
+
+test('a MongoClient with a wrong password gets 18 AuthenticationFailed', async () => {
+  const ep = await startEndpoint();
+  try {
+    await assert.rejects(listDatabasesAs(ep, 'app', 'wrong'), (e) => e.code === 18);
+  } finally {
+    ep.server.close();
+  }
+});
+
+test("a MongoClient authenticates with saslStart when the hello answers no speculativeAuthenticate (RFC 7677's user)", async () => {
+  const ep = await startEndpoint({ speculative: false });
+  try {
+    const res = await listDatabasesAs(ep, 'user', 'pencil', '&authMechanism=SCRAM-SHA-256');
+    assert.equal(res.ok, 1);
+    assert.ok(ep.seen.includes('saslStart'), `no saslStart: ${ep.seen}`);
+    assert.deepEqual([...new Set(ep.mechanisms)], ['SCRAM-SHA-256']);
+  } finally {
+    ep.server.close();
+  }
+});
