@@ -1,6 +1,6 @@
 'use strict';
-// Broker handler benchmark (not a timed test), webhook, NATS JetStream and
-// RabbitMQ side by side in one run, each with one handler of that kind
+// Broker handler benchmark (not a timed test), webhook, NATS JetStream,
+// RabbitMQ and Kafka side by side in one run, each with one handler of that kind
 // (concurrency 16) on its own outbox, against the server double:
 //  - deliveries per second: N due deliveries on 50 keys (and every 10th
 //    without a key) written into the outbox, then the dispatching proxy
@@ -8,12 +8,13 @@
 //  - publish-to-broker latency: M events published one transaction at a
 //    time through the dispatching proxy (the local wake-up), from the start
 //    of the transaction to the independent consumer's receipt (the sink's
-//    request, the JetStream push consumer's message, amqplib's delivery);
+//    request, the JetStream push consumer's message, amqplib's delivery,
+//    the kafkajs consumer's message from librdkafka's mock cluster);
 //    p50 and p99.
 //
 //   RELAYBUS_PROXY_BIN=build/relaybus-proxy node tests/integration/brokers/bench.js [N] [M]
 //
-// Prints one JSON object per kind.
+// Prints one JSON object per kind (BENCH_KINDS=kafka,nats: only those).
 
 const { MongoClient } = require('mongodb');
 const amqp = require('amqplib');
@@ -23,6 +24,7 @@ const { startDouble } = require('../lib/double');
 const { uniqueDbName, sleep } = require('../lib/proxy');
 const { startNats } = require('../lib/nats');
 const { startRabbit } = require('../lib/rabbitmq');
+const { startKafka, kafkaClient } = require('../lib/kafka');
 const { startSink } = require('../dispatch/sink');
 const { startDispatchProxy, publish, publishThroughProxy, waitFor } = require('../dispatch/helpers');
 
@@ -65,6 +67,21 @@ async function consumerFor(kind, tag) {
     return {
       arrived, handler: { kind: 'nats', url: nats.url, subject: `bench.${tag}.{type}` },
       async close() { await msgs.close().catch(() => {}); await nc.close(); await nats.close(); },
+    };
+  }
+  if (kind === 'kafka') {
+    const kafka = await startKafka({ brokers: 1 });
+    const topic = `bench.${tag}.order.placed.v1`;
+    await kafka.createTopic(topic, 4);
+    const consumer = kafkaClient(kafka.brokers).consumer({ groupId: `bench-${tag}`, maxWaitTimeInMs: 10 });
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: true });
+    const joined = new Promise((resolve) => consumer.on(consumer.events.GROUP_JOIN, resolve));
+    await consumer.run({ eachMessage: async ({ message }) => note(JSON.parse(message.value.toString()).id) });
+    await joined;
+    return {
+      arrived, handler: { kind: 'kafka', brokers: kafka.brokers, topic: `bench.${tag}.{type}` },
+      async close() { await consumer.disconnect(); await kafka.close(); },
     };
   }
   const rabbit = await startRabbit();
@@ -114,7 +131,7 @@ async function benchKind(up, kind) {
 (async () => {
   const up = await startDouble();
   try {
-    for (const kind of ['webhook', 'nats', 'rabbitmq']) console.log(JSON.stringify(await benchKind(up, kind)));
+    for (const kind of (process.env.BENCH_KINDS || 'webhook,nats,rabbitmq,kafka').split(',')) console.log(JSON.stringify(await benchKind(up, kind)));
   } finally {
     await up.stop();
   }
