@@ -11,7 +11,7 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const path = require('node:path');
-const { execFileSync, spawn } = require('node:child_process');
+const { execFile, execFileSync, spawn } = require('node:child_process');
 const readline = require('node:readline');
 const { Binary } = require('mongodb');
 const { ScramSHA1, ScramSHA256 } = require('mongodb/lib/cmap/auth/scram');
@@ -266,3 +266,43 @@ test("a MongoClient authenticates with saslStart when the hello answers no specu
     ep.server.close();
   }
 });
+
+// pymongo (Debian's, 3.11) as a second whole client: its handshake speculates too.
+const PYMONGO = `
+import sys
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
+c = MongoClient(sys.argv[1], serverSelectionTimeoutMS=5000)
+try:
+    print(c.admin.command("listDatabases")["ok"])
+except OperationFailure as e:
+    print("code", e.code)
+`;
+const havePymongo = (() => {
+  try {
+    execFileSync('/usr/bin/python3', ['-c', 'import pymongo'], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+})();
+
+for (const [params, mech] of [['', 'SCRAM-SHA-256'], ['&authMechanism=SCRAM-SHA-1', 'SCRAM-SHA-1']]) {
+  test(`pymongo's MongoClient authenticates with ${mech}, and a wrong password gets 18`, { skip: !havePymongo && 'pymongo is not installed (Debian python3-pymongo)' }, async () => {
+    const ep = await startEndpoint();
+    try {
+      const run = (password) => {
+        const uri = `mongodb://app:${encodeURIComponent(password)}@127.0.0.1:${ep.port}/?authSource=admin&directConnection=true${params}`;
+        return new Promise((resolve, reject) => {
+          execFile('/usr/bin/python3', ['-c', PYMONGO, uri], { timeout: 30000 }, (err, stdout, stderr) =>
+            err ? reject(new Error(`${err.message}: ${stderr}`)) : resolve(stdout.trim()));
+        });
+      };
+      assert.match(await run('n0de-driver secret'), /^1(\.0)?$/);
+      assert.deepEqual([...new Set(ep.mechanisms)], [mech]);
+      assert.equal(await run('n0de-driver secreT'), 'code 18');
+    } finally {
+      ep.server.close();
+    }
+  });
+}
