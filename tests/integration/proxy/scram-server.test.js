@@ -306,3 +306,36 @@ for (const [params, mech] of [['', 'SCRAM-SHA-256'], ['&authMechanism=SCRAM-SHA-
     }
   });
 }
+
+// mongo-c-driver as the third whole client (tests/tools/scram-cdriver.c, built here).
+let cdriver = null;
+function cdriverClient() {
+  if (!cdriver) {
+    cdriver = path.join(H.tmpDir('relaybus-scram-cdriver-'), 'scram-cdriver');
+    const flags = execFileSync('pkg-config', ['--cflags', '--libs', 'libmongoc-1.0'], { encoding: 'utf8' }).trim().split(/\s+/);
+    execFileSync(process.env.CC || 'cc', ['-std=c11', '-D_GNU_SOURCE', '-Wall', '-Wextra', '-Werror', '-O1', '-g', '-o', cdriver,
+      path.join(H.REPO, 'tests', 'tools', 'scram-cdriver.c'), ...flags], { stdio: ['ignore', 'inherit', 'inherit'] });
+  }
+  return cdriver;
+}
+
+for (const [params, mech] of [['', 'SCRAM-SHA-256'], ['&authMechanism=SCRAM-SHA-1', 'SCRAM-SHA-1']]) {
+  test(`mongo-c-driver authenticates with ${mech}, and a wrong password gets 18`, async () => {
+    const bin = cdriverClient();
+    const ep = await startEndpoint();
+    try {
+      const run = (password) => {
+        const uri = `mongodb://app:${encodeURIComponent(password)}@127.0.0.1:${ep.port}/?authSource=admin&directConnection=true&serverSelectionTimeoutMS=5000${params}`;
+        return new Promise((resolve) => {
+          execFile(bin, [uri], { timeout: 30000 }, (err, stdout) => resolve(stdout.trim()));
+        });
+      };
+      assert.equal(await run('n0de-driver secret'), 'ok');
+      assert.deepEqual([...new Set(ep.mechanisms)], [mech]);
+      // libmongoc reports the server's 18 as its own MONGOC_ERROR_CLIENT_AUTHENTICATE.
+      assert.match(await run('n0de-driver secreT'), /^error 1 11 Authentication failed/);
+    } finally {
+      ep.server.close();
+    }
+  });
+}
