@@ -1,9 +1,11 @@
 'use strict';
 // The proxy's own SCRAM server (codec/scram.c, what pooled mode will authenticate clients
-// with) against the Node.js driver's SCRAM client: the driver's ScramSHA256 and ScramSHA1
-// providers run their conversations, plain (saslStart, saslContinue) and speculative (the
-// hello's speculativeAuthenticate), through tests/tools/scram-server, one process per
-// conversation. The driver checks the server's signature itself, so a login that succeeds
+// with) against real clients. First the Node.js driver's ScramSHA256 and ScramSHA1 providers,
+// driven directly, run their conversations, plain (saslStart, saslContinue) and speculative
+// (the hello's speculativeAuthenticate), through tests/tools/scram-server, one process per
+// conversation. Then whole clients (the Node.js driver's MongoClient, pymongo's and
+// mongo-c-driver's) log in through a minimal wire endpoint that hands each conversation to the
+// same tool. The drivers check the server's signature themselves, so a login that succeeds
 // means both sides derived the same keys. Users come from `relaybus-proxy --make-user` and
 // from RFC 7677. Nothing here talks to MongoDB, so the test is the same with MONGODB_URI.
 
