@@ -70,7 +70,9 @@ async function startKafka(o = {}) {
   let stderr = '';
   child.stderr.on('data', (d) => { stderr += d; });
   const exited = new Promise((resolve) => child.once('exit', resolve));
-  process.on('exit', () => { try { child.kill('SIGKILL'); } catch { /* gone */ } });
+  const onExit = () => { try { child.kill('SIGKILL'); } catch { /* gone */ } };
+  process.on('exit', onExit);
+  exited.then(() => process.removeListener('exit', onExit));
   const lines = readline.createInterface({ input: child.stdout });
   const waiting = [];
   const queued = [];
