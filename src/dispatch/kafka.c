@@ -314,6 +314,7 @@ producer_main (void *arg)
 {
    kafka_handler_t *k = arg;
 
+   log_set_thread_name ("kafka");
    for (;;) {
       tqueue_item_t *it = tqueue_take (k->q, -1);
       if (!it)
@@ -328,6 +329,7 @@ poller_main (void *arg)
 {
    kafka_handler_t *k = arg;
 
+   log_set_thread_name ("kafka-poll");
    while (!atomic_load (&k->stop_poll))
       rd_kafka_poll (k->rk, KAFKA_POLL_MS);
    return NULL;
