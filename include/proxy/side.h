@@ -97,9 +97,16 @@ struct side {
 
    /* proxy/conn.c's memory bound: what is reserved for the rest of the
     * partial message in the input, and the callbacks that count the
-    * input's and output's bytes. */
+    * input's and output's bytes of a TLS side (and of a plain one until it
+    * goes direct).  A direct side is counted without them, by its lengths
+    * (conn.c's mem_sync_side): mem_read is what the side read itself since
+    * it was last counted (the only way its input grows), mem_in_seen and
+    * mem_out_seen the lengths counted. */
    int64_t mem_partial;
    struct evbuffer_cb_entry *mem_cb_in, *mem_cb_out;
+   int64_t mem_read;
+   size_t mem_in_seen, mem_out_seen;
+   bool libevent_writes; /* direct: EV_WRITE is on, libevent drains the output */
 };
 
 /* Takes over an accepted socket as a SIDE_CLIENT side, TLS when

@@ -263,7 +263,10 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
  * connections of
  *   - mem_held: the bytes in their buffers (client and upstream, input and
  *     output, decompressed requests, re-encoded and held answers), kept
- *     exact by an evbuffer callback on each;
+ *     exact by an evbuffer callback on each, but for the sockets of direct
+ *     (plain) sides: those are counted by their lengths where every pump
+ *     ends, in client_update_flow, and before a reservation (mem_sync_side;
+ *     a buffer callback runs on every add and drain, four per message);
  *   - reservations: the rest of a partial message whose header announced
  *     its length (each side's mem_partial), and for a request its
  *     decompressed size or the copy it is validated from, plus its bytes
@@ -411,15 +414,6 @@ client_settle (client_conn_t *c)
    }
 }
 
-/* Counts a side's input and output; false: out of memory. */
-static bool
-mem_watch_side (client_conn_t *c, side_t *s)
-{
-   s->mem_cb_in = evbuffer_add_cb (side_input (s), mem_side_in_cb, s);
-   s->mem_cb_out = evbuffer_add_cb (side_output (s), mem_cb, c);
-   return s->mem_cb_in && s->mem_cb_out;
-}
-
 static void
 mem_unwatch_side (side_t *s)
 {
@@ -428,6 +422,89 @@ mem_unwatch_side (side_t *s)
    if (s->mem_cb_out)
       evbuffer_remove_cb_entry (side_output (s), s->mem_cb_out);
    s->mem_cb_in = s->mem_cb_out = NULL;
+}
+
+/* Counts a side's input and output: by buffer callbacks, or, for a
+ * direct side, by mem_sync_side from the lengths it counted last (none
+ * yet).  False: out of memory. */
+static bool
+mem_watch_side (client_conn_t *c, side_t *s)
+{
+   s->mem_read = 0;
+   s->mem_in_seen = s->mem_out_seen = 0;
+   if (s->direct)
+      return true;
+   s->mem_cb_in = evbuffer_add_cb (side_input (s), mem_side_in_cb, s);
+   s->mem_cb_out = evbuffer_add_cb (side_output (s), mem_cb, c);
+   return s->mem_cb_in && s->mem_cb_out;
+}
+
+/* A side counted by callbacks went direct: from now on by its lengths,
+ * which the callbacks counted up to here. */
+static void
+mem_side_went_direct (side_t *s)
+{
+   mem_unwatch_side (s);
+   s->mem_read = 0;
+   s->mem_in_seen = evbuffer_get_length (side_input (s));
+   s->mem_out_seen = evbuffer_get_length (side_output (s));
+}
+
+/* Brings a direct side's count up to date.  Its input grows only by its
+ * own reads (mem_read), so what left it is the rest; its reserved bytes
+ * turn into held ones as they arrive, as in mem_input_cb.  Its output
+ * shrinks by its own writes (side_flush), which this follows, and while
+ * the socket is full by libevent's writes, which run without us: a buffer
+ * callback counts the output then. */
+static void
+mem_sync_side (client_conn_t *c, side_t *s)
+{
+   struct evbuffer *out;
+   size_t in_len, out_len;
+
+   if (!s->direct || c->state == CLIENT_STATE_CLOSING)
+      return;
+   in_len = evbuffer_get_length (side_input (s));
+   if (s->mem_read > 0 || in_len != s->mem_in_seen) {
+      struct evbuffer_cb_info info = {
+         .orig_size = s->mem_in_seen,
+         .n_added = (size_t) s->mem_read,
+         .n_deleted = s->mem_in_seen + (size_t) s->mem_read - in_len,
+      };
+      RELAYBUS_ASSERT (s->mem_in_seen + (size_t) s->mem_read >= in_len);
+      s->mem_read = 0;
+      s->mem_in_seen = in_len;
+      mem_input_cb (c, &s->mem_partial, &info);
+   }
+   out = side_output (s);
+   if (!s->mem_cb_out) {
+      out_len = evbuffer_get_length (out);
+      if (out_len != s->mem_out_seen) {
+         mem_account (c, (int64_t) out_len - (int64_t) s->mem_out_seen);
+         s->mem_out_seen = out_len;
+      }
+      /* Counted up to here; libevent's writes from now on by the callback. */
+      if (s->libevent_writes && !(s->mem_cb_out = evbuffer_add_cb (out, mem_cb, c)))
+         log_conn (LOG_LEVEL_WARN, c->id, c->peer, "out of memory for a buffer callback: the count may lag");
+   } else if (!s->libevent_writes) {
+      evbuffer_remove_cb_entry (out, s->mem_cb_out);
+      s->mem_cb_out = NULL;
+      s->mem_out_seen = evbuffer_get_length (out);
+   }
+}
+
+/* A side's input and output lengths right after mem_sync_side (which read
+ * them already, for a direct side that libevent does not write). */
+static size_t
+mem_synced_in_len (side_t *s)
+{
+   return s->direct ? s->mem_in_seen : evbuffer_get_length (side_input (s));
+}
+
+static size_t
+mem_synced_out_len (side_t *s)
+{
+   return s->direct && !s->mem_cb_out ? s->mem_out_seen : evbuffer_get_length (side_output (s));
 }
 
 static bool
@@ -526,9 +603,9 @@ mem_le32 (const uint8_t *p)
    return (int32_t) ((uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24);
 }
 
-/* Whether a side may read: yes unless a partial message in its input
- * needs more room than is reserved and that cannot be reserved; then the
- * connection waits.  Everything a request will need is reserved at once,
+/* Whether a side may read (called right after mem_sync_side): yes unless
+ * a partial message in its input needs more room than is reserved and
+ * that cannot be reserved; then the connection waits.  Everything a request will need is reserved at once,
  * when its header is first seen: the rest of its bytes, and for the client
  * side its decompressed size (OP_COMPRESSED) or the copy it is parsed from
  * (a request decoded off the loop).  So a connection never waits for
@@ -540,7 +617,7 @@ mem_may_read (client_conn_t *c, side_t *s)
    bool client = s->kind == SIDE_CLIENT;
    struct evbuffer *in = side_input (s);
    int64_t *partial = &s->mem_partial;
-   size_t avail = evbuffer_get_length (in);
+   size_t avail = mem_synced_in_len (s);
    uint8_t hb[WIRE_HEADER_LEN + 9];
    int64_t len, rest, extra = 0;
    size_t got;
@@ -587,6 +664,8 @@ client_mem_reserve_decode (client_conn_t *c, int64_t n)
 
    if (more <= 0)
       return true;
+   mem_sync_side (c, &c->client);
+   mem_sync_side (c, &c->upstream);
    if (!mem_try_reserve (c, more)) {
       mem_wait (c, MEM_SIDE_DECODE, more);
       return false;
@@ -663,12 +742,15 @@ client_update_flow (client_conn_t *c)
    /* What the pump queued goes out first: the decisions below read the
     * outputs' lengths after it. */
    side_flush (&c->client);
-   if (up)
-      side_flush (&c->upstream);
-   high = high_watermark (c);
-   client_full = evbuffer_get_length (client_output (c)) >= high;
+   mem_sync_side (c, &c->client);
    if (up) {
-      up_full = evbuffer_get_length (upstream_output (c)) >= high;
+      side_flush (&c->upstream);
+      mem_sync_side (c, &c->upstream);
+   }
+   high = high_watermark (c);
+   client_full = mem_synced_out_len (&c->client) >= high;
+   if (up) {
+      up_full = mem_synced_out_len (&c->upstream) >= high;
       side_set_reading (&c->upstream, !client_full && mem_may_read (c, &c->upstream));
       side_want_drained (&c->upstream, up_full);
    }
@@ -825,6 +907,8 @@ conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
          client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory pairing with %s", c->upstream_name);
          break;
       }
+      if (c->upstream.direct)
+         mem_side_went_direct (&c->upstream);
       client_set_state (c, CLIENT_STATE_HANDSHAKE);
       client_pump (c);
       break;

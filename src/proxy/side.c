@@ -129,6 +129,7 @@ side_read_now (side_t *s)
    if (n > 0) {
       v.iov_len = (size_t) n;
       evbuffer_commit_space (in, &v, 1);
+      s->mem_read += n;
    }
    evbuffer_freeze (in, 0);
    return n;
@@ -333,7 +334,7 @@ side_close (side_t *s)
    s->bev = NULL;
    s->timer = NULL;
    s->fd = -1;
-   s->direct = s->reading = s->drained_cb = s->timer_armed = s->connected = false;
+   s->direct = s->reading = s->drained_cb = s->timer_armed = s->connected = s->libevent_writes = false;
 }
 
 /* ------------------------------------------------------------ flow */
@@ -383,14 +384,18 @@ side_write_now (side_t *s)
    if (evbuffer_get_length (out) == 0) {
       if (libevent_writes)
          bufferevent_disable (s->bev, EV_WRITE);
+      s->libevent_writes = false;
       return;
    }
-   if (libevent_writes)
+   if (libevent_writes) {
+      s->libevent_writes = true;
       return; /* it is writing already: let it, so bytes keep their order */
+   }
    evbuffer_unfreeze (out, 1);
    (void) evbuffer_write_atmost (out, s->fd, bufferevent_get_max_single_write (s->bev));
    evbuffer_freeze (out, 1);
-   if (evbuffer_get_length (out) > 0)
+   s->libevent_writes = evbuffer_get_length (out) > 0;
+   if (s->libevent_writes)
       bufferevent_enable (s->bev, EV_WRITE);
 }
 
