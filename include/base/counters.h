@@ -163,6 +163,8 @@ typedef enum {
       "Client commands by name (hellos are counted by relaybus_hellos_total; unlisted names as other).")              \
    X (HELLOS_REWRITTEN, "relaybus_hellos_total", COUNTER, NONE, "Handshake hellos answered (rewritten) by the proxy.") \
    X (NOT_PRIMARY_ERRORS, "relaybus_not_primary_errors_total", COUNTER, NONE, "Not-primary class errors relayed.")    \
+   X (UPSTREAM_REPAIRS, "relaybus_upstream_repairs_total", COUNTER, NONE,                                              \
+      "Client connections paired again with the primary after a not-primary error, without closing them.")           \
    X (PRIMARY_CHANGES, "relaybus_primary_changes_total", COUNTER, NONE, "Times the primary changed.")                 \
    X (INTERNAL_REQUESTS, "relaybus_internal_requests_total", COUNTER, NONE,                                            \
       "Requests the proxy sent upstream on its own.")                                                                 \

@@ -90,6 +90,14 @@ void topology_get_primary (topology_t *topo, topology_primary_t *out);
 /* Asks the monitor to look again now (coalesced; never blocks). */
 void topology_request_refresh (topology_t *topo, const char *why);
 
+/* A not-primary error came from `host`:`port` (any thread): if that is the
+ * published primary, it is unpublished at once (state UNKNOWN, a new
+ * generation), so that no new pairing goes to a member that stepped down,
+ * and the next primary is published only once its own hello says it is
+ * writable: the driver's view of the set (mongoc's) may still name the old
+ * member until its next heartbeat. */
+void topology_suspect (topology_t *topo, const char *host, uint16_t port);
+
 /* Stops and joins the monitor, frees everything.  NULL is accepted. */
 void topology_destroy (topology_t *topo);
 

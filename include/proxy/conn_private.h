@@ -101,6 +101,17 @@ struct client_conn {
     * a state-change error came on, and every later request on it would
     * get the same error. */
    bool not_primary_seen;
+   /* Unless session_bound, a connection is not closed for it but paired
+    * again (client_repair): once what was in flight is answered its
+    * upstream closes, it goes back to AWAIT_UPSTREAM with `repairing`, and
+    * from the new upstream's connect on it is READY again, without a
+    * hello; requests sent meanwhile wait unread.  session_bound: the
+    * connection carries state of its upstream connection that a new one
+    * would not have (it authenticated: saslStart, authenticate or a
+    * speculativeAuthenticate hello; or it used exhaust or moreToCome), so
+    * it closes after the error instead (DRAINING). */
+   bool session_bound;
+   bool repairing;
    counters_close_reason_t drain_reason; /* DRAINING: why it closes */
 
    struct event *timer;          /* per state: no primary / handshake */

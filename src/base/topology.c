@@ -54,6 +54,7 @@ struct topology {
    bool stop;               /* under mutex */
    bool refresh;            /* under mutex: the loop asked for a fresh look */
    bool first_done;         /* under mutex: first attempt finished */
+   bool suspect;            /* under mutex: a primary is published only once its hello says writable */
    topology_primary_t snap; /* under mutex */
 };
 
@@ -176,9 +177,67 @@ topology_keep_mongos (mongoc_client_t *client, const topology_primary_t *cur)
    return keep;
 }
 
-/* One attempt; fills `next` without touching the shared snapshot. */
+/* Whether the member with `server_id` says in its own hello that it is
+ * writable; `primary` (may be NULL) gets the member its hello names as
+ * primary ("host:port", empty when none). */
+static bool
+topology_hello_writable (mongoc_client_t *client, uint32_t server_id, char *primary, size_t primary_len)
+{
+   bson_t *cmd = BCON_NEW ("hello", BCON_INT32 (1));
+   bson_t reply;
+   bson_error_t error;
+   bson_iter_t it;
+   bool writable = false;
+
+   if (primary)
+      primary[0] = '\0';
+   if (mongoc_client_command_simple_with_server_id (client, "admin", cmd, NULL, server_id, &reply, &error)) {
+      writable = (bson_iter_init_find (&it, &reply, "isWritablePrimary") || bson_iter_init_find (&it, &reply, "ismaster")) &&
+                 bson_iter_as_bool (&it);
+      if (primary && bson_iter_init_find (&it, &reply, "primary") && BSON_ITER_HOLDS_UTF8 (&it))
+         bson_strncpy (primary, bson_iter_utf8 (&it, NULL), primary_len);
+   }
+   bson_destroy (&reply);
+   bson_destroy (cmd);
+   return writable;
+}
+
+/* After a not-primary error: the member mongoc selected (`*sd`) if its
+ * hello says it is writable, else the member that hello names as primary
+ * if that one's hello says so (replacing `*sd`).  False: neither yet. */
+static bool
+topology_confirm (mongoc_client_t *client, mongoc_server_description_t **sd)
+{
+   char named[TOPOLOGY_HOST_MAX + 8];
+   mongoc_server_description_t **sds, *found = NULL;
+   size_t n = 0;
+
+   if (topology_hello_writable (client, mongoc_server_description_id (*sd), named, sizeof named))
+      return true;
+   if (!named[0])
+      return false;
+   sds = mongoc_client_get_server_descriptions (client, &n);
+   for (size_t i = 0; i < n && !found; i++) {
+      const mongoc_host_list_t *h = mongoc_server_description_host (sds[i]);
+      char hp[TOPOLOGY_HOST_MAX + 8];
+      bson_snprintf (hp, sizeof hp, "%s:%u", h->host, (unsigned) h->port);
+      if (strcmp (hp, named) == 0 && topology_hello_writable (client, mongoc_server_description_id (sds[i]), NULL, 0))
+         found = mongoc_server_description_new_copy (sds[i]);
+   }
+   mongoc_server_descriptions_destroy_all (sds, n);
+   if (!found)
+      return false;
+   mongoc_server_description_destroy (*sd);
+   *sd = found;
+   return true;
+}
+
+/* One attempt; fills `next` without touching the shared snapshot.
+ * `confirm`: a not-primary error came from the last primary (see
+ * topology_suspect); true is left in *confirmed once a member's own hello
+ * said it is writable. */
 static void
-topology_learn (topology_t *topo, topology_primary_t *next)
+topology_learn (topology_t *topo, topology_primary_t *next, bool confirm, bool *confirmed)
 {
    mongoc_client_t *client = NULL;
    mongoc_server_description_t *sd = NULL;
@@ -192,6 +251,21 @@ topology_learn (topology_t *topo, topology_primary_t *next)
       next->state = TOPOLOGY_STATE_UNKNOWN;
       bson_strncpy (next->last_error, error.message, sizeof next->last_error);
       goto done;
+   }
+   if (confirm && strcmp (mongoc_server_description_type (sd), "RSPrimary") == 0) {
+      if (!topology_confirm (client, &sd)) {
+         h = mongoc_server_description_host (sd);
+         next->state = TOPOLOGY_STATE_UNKNOWN;
+         bson_snprintf (next->last_error,
+                        sizeof next->last_error,
+                        "%s:%u answered not primary and no member says it is writable yet (an election)",
+                        h->host,
+                        (unsigned) h->port);
+         goto done;
+      }
+      *confirmed = true;
+   } else if (confirm) {
+      *confirmed = true; /* a mongos, or no replica set primary: nothing to confirm */
    }
    type = mongoc_server_description_type (sd);
    h = mongoc_server_description_host (sd);
@@ -233,15 +307,21 @@ topology_thread (void *arg)
    pthread_mutex_lock (&topo->mutex);
    while (!topo->stop) {
       topology_primary_t next;
-      bool changed;
+      bool changed, confirm, confirmed = false;
 
       topo->refresh = false;
       next = topo->snap;
+      confirm = topo->suspect;
       pthread_mutex_unlock (&topo->mutex);
 
-      topology_learn (topo, &next);
+      topology_learn (topo, &next, confirm, &confirmed);
 
       pthread_mutex_lock (&topo->mutex);
+      if (confirmed)
+         topo->suspect = false;
+      /* Suspected again while this attempt ran: it does not count. */
+      if (topo->suspect && !confirm && next.state == TOPOLOGY_STATE_PRIMARY)
+         continue;
       RELAYBUS_ASSERT ((unsigned) next.state < TOPOLOGY_STATE_COUNT_);
       /* A primary is published with the address the monitor resolved. */
       RELAYBUS_ASSERT (next.state != TOPOLOGY_STATE_PRIMARY || next.addr_len > 0);
@@ -333,6 +413,30 @@ topology_request_refresh (topology_t *topo, const char *why)
    pthread_mutex_lock (&topo->mutex);
    if (!topo->refresh)
       log_debug ("re-learning the primary: %s", why);
+   topo->refresh = true;
+   pthread_cond_broadcast (&topo->cond);
+   pthread_mutex_unlock (&topo->mutex);
+}
+
+void
+topology_suspect (topology_t *topo, const char *host, uint16_t port)
+{
+   pthread_mutex_lock (&topo->mutex);
+   if (topo->snap.state == TOPOLOGY_STATE_PRIMARY && topo->snap.port == port && strcmp (topo->snap.host, host) == 0 &&
+       strcmp (topo->snap.server_type, "RSPrimary") == 0) {
+      topo->snap.state = TOPOLOGY_STATE_UNKNOWN;
+      topo->snap.generation++;
+      bson_snprintf (topo->snap.last_error,
+                     sizeof topo->snap.last_error,
+                     "%s:%u answered not primary: waiting for the member that is",
+                     host,
+                     (unsigned) port);
+      topo->suspect = true;
+      log_info ("upstream %s:%u answered not primary: new connections wait until a member's hello says it is "
+                "writable",
+                host,
+                (unsigned) port);
+   }
    topo->refresh = true;
    pthread_cond_broadcast (&topo->cond);
    pthread_mutex_unlock (&topo->mutex);

@@ -61,6 +61,7 @@ static void upstream_pump (client_conn_t *c);
 static void client_update_flow (client_conn_t *c);
 static void client_timer_cb (evutil_socket_t fd, short what, void *arg);
 static void mem_release_all (client_conn_t *c);
+static void client_try_connect (client_conn_t *c);
 static const side_callbacks_t conn_side_callbacks;
 
 /* Takes `x` out of the doubly linked list of connections threaded through
@@ -86,11 +87,11 @@ client_transition_ok (client_state_t from, client_state_t to)
 {
    switch (to) {
    case CLIENT_STATE_AWAIT_UPSTREAM:
-      return from == CLIENT_STATE_COUNT_;
+      return from == CLIENT_STATE_COUNT_ || from == CLIENT_STATE_READY; /* READY: client_repair */
    case CLIENT_STATE_HANDSHAKE:
       return from == CLIENT_STATE_AWAIT_UPSTREAM;
    case CLIENT_STATE_READY:
-      return from == CLIENT_STATE_HANDSHAKE;
+      return from == CLIENT_STATE_HANDSHAKE || from == CLIENT_STATE_AWAIT_UPSTREAM;
    case CLIENT_STATE_DRAINING:
       return from == CLIENT_STATE_HANDSHAKE || from == CLIENT_STATE_READY;
    case CLIENT_STATE_CLOSING:
@@ -684,6 +685,27 @@ client_mem_release_decode (client_conn_t *c)
    mem_give_back (c->loop, n);
 }
 
+/* The upstream side closes while the connection stays (client_repair):
+ * what its buffers held and its partial reply reserved goes back. */
+static void
+mem_release_side (client_conn_t *c, side_t *s)
+{
+   struct evbuffer *in = side_input (s), *out = side_output (s);
+
+   if (c->mem_wait_sides & MEM_SIDE_UP)
+      mem_unwait (c);
+   /* The callbacks (or the lengths, for a direct side) count the drains. */
+   evbuffer_drain (in, evbuffer_get_length (in));
+   evbuffer_unfreeze (out, 1);
+   evbuffer_drain (out, evbuffer_get_length (out));
+   evbuffer_freeze (out, 1);
+   mem_sync_side (c, s);
+   mem_unwatch_side (s);
+   mem_give_back (c->loop, s->mem_partial);
+   s->mem_partial = s->mem_read = 0;
+   s->mem_in_seen = s->mem_out_seen = 0;
+}
+
 /* The connection closes: everything it held or reserved goes back. */
 static void
 mem_release_all (client_conn_t *c)
@@ -755,8 +777,8 @@ client_update_flow (client_conn_t *c)
       side_want_drained (&c->upstream, up_full);
    }
    side_set_reading (&c->client,
-                     (c->state == CLIENT_STATE_HANDSHAKE || c->state == CLIENT_STATE_READY) && up && fifo_has_room (c) &&
-                        !up_full && !c->job && mem_may_read (c, &c->client));
+                     (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !c->not_primary_seen)) &&
+                        up && fifo_has_room (c) && !up_full && !c->job && mem_may_read (c, &c->client));
    side_want_drained (&c->client, client_full || c->state == CLIENT_STATE_DRAINING);
 }
 
@@ -779,13 +801,40 @@ client_pump (client_conn_t *c)
    bool consumed;
 
    c->pumping++;
-   consumed = client_route (c, &c->client);
+   /* After a not-primary error no request goes to the old member: what
+    * is buffered waits for the new pairing (or the close). */
+   consumed = c->not_primary_seen ? false : client_route (c, &c->client);
    if (c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
       side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed);
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
    pump_end (c);
+}
+
+/* A not-primary error was relayed and everything in flight is answered:
+ * the upstream connection closes and the client's waits for the primary
+ * (topology_suspect keeps new pairings off the old member until one says
+ * it is writable), then goes on where it was, READY, its next requests
+ * unread meanwhile.  The driver sees no close: the request it retries
+ * after the error, and every later one, reaches the new primary. */
+static void
+client_repair (client_conn_t *c)
+{
+   log_conn (LOG_LEVEL_INFO,
+             c->id,
+             c->peer,
+             "%s answered not primary: pairing this connection again once a primary is known",
+             c->upstream_name);
+   counters_add (COUNTER_UPSTREAM_REPAIRS, 1);
+   mem_release_side (c, &c->upstream);
+   if (c->upstream.connected)
+      counters_sub (COUNTER_UPSTREAMS_OPEN, 1);
+   side_close (&c->upstream);
+   c->not_primary_seen = false;
+   c->repairing = true;
+   client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
+   client_try_connect (c);
 }
 
 /* Everything that may let replies through ends here, like client_pump. */
@@ -799,7 +848,7 @@ upstream_pump (client_conn_t *c)
    consumed = client_route (c, &c->upstream);
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
-   if (c->not_primary_seen && c->state == CLIENT_STATE_READY) {
+   if (c->not_primary_seen && c->state == CLIENT_STATE_READY && c->session_bound) {
       /* c->not_primary_seen: no request read after the error goes to the
        * old member; what is in flight is answered, then it closes. */
       c->drain_reason = COUNTERS_CLOSE_NOT_PRIMARY;
@@ -815,7 +864,13 @@ upstream_pump (client_conn_t *c)
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
    client_check_drained (c);
-   if (c->state == CLIENT_STATE_CLOSING || !c->upstream.connected)
+   if (c->state == CLIENT_STATE_CLOSING)
+      goto done;
+   if (c->not_primary_seen && c->state == CLIENT_STATE_READY && creq_count (c) == 0 && c->up_count == 0) {
+      client_repair (c);
+      goto done;
+   }
+   if (!c->upstream.connected)
       goto done;
    side_timer_update (&c->upstream, c->cfg->message_timeout_ms, consumed);
 done:
@@ -909,7 +964,16 @@ conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
       }
       if (c->upstream.direct)
          mem_side_went_direct (&c->upstream);
-      client_set_state (c, CLIENT_STATE_HANDSHAKE);
+      if (c->repairing) {
+         /* Paired again after a not-primary error: the client's handshake
+          * was done; the server needs none on this connection (the proxy
+          * speaks to it uncompressed, and the client never authenticated). */
+         c->repairing = false;
+         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "paired again, with %s", c->upstream_name);
+         client_set_state (c, CLIENT_STATE_READY);
+      } else {
+         client_set_state (c, CLIENT_STATE_HANDSHAKE);
+      }
       client_pump (c);
       break;
    case SIDE_EVENT_CONNECT_FAILED:

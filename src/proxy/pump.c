@@ -379,6 +379,11 @@ forward_hello (client_conn_t *c,
    int32_t id;
    bool ok = false;
 
+   {
+      bson_iter_t it;
+      if (bson_iter_init_find (&it, hello, "speculativeAuthenticate"))
+         c->session_bound = true; /* authenticated on this upstream connection (client_repair) */
+   }
    if (handshake_speculative_x509 (hello))
       log_warn ("c%" PRIu64 " %s: hello's MONGODB-X509 speculativeAuthenticate removed (client connections present no "
                 "certificate upstream)",
@@ -529,6 +534,25 @@ done:
 }
 #endif
 
+/* A not-primary error came from the paired member (upstream_name is
+ * "host:port"): no new pairing goes there until a member says it is
+ * writable. */
+static void
+suspect_upstream (client_conn_t *c)
+{
+   const char *colon = c->upstream_name ? strrchr (c->upstream_name, ':') : NULL;
+   char host[TOPOLOGY_HOST_MAX];
+   size_t n;
+
+   if (!colon || (n = (size_t) (colon - c->upstream_name)) >= sizeof host) {
+      topology_request_refresh (c->loop->topo, "not-primary error relayed");
+      return;
+   }
+   memcpy (host, c->upstream_name, n);
+   host[n] = '\0';
+   topology_suspect (c->loop->topo, host, (uint16_t) strtoul (colon + 1, NULL, 10));
+}
+
 /* The routing decision for one parsed OP_MSG.  This is where injection
  * (annotated statements) and virtual commands hook in: either may hold the
  * request (client_hold_request), send its own traffic
@@ -541,6 +565,12 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
 
    if (!more && handshake_is_hello (cmd))
       return forward_hello (c, src, len, msg->header.request_id, WIRE_OP_MSG, &msg->body, error);
+   /* State of the upstream connection a new one would not have: never
+    * paired again (client_repair), closed after a not-primary error. */
+   if (more || (msg->flags & WIRE_MSG_EXHAUST_ALLOWED) ||
+       (cmd && ((cmd[0] == 's' && (strcmp (cmd, "saslStart") == 0 || strcmp (cmd, "saslContinue") == 0)) ||
+                (cmd[0] == 'a' && strcmp (cmd, "authenticate") == 0))))
+      c->session_bound = true;
    /* Client connections present no certificate upstream (proxy/tls.c), so an
     * X.509 login could only fail there, or succeed as someone else's
     * certificate: refuse it here, before any hook can forward it.  18
@@ -1358,7 +1388,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       if (scan.not_primary) {
          counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
          log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", c->upstream_name);
-         topology_request_refresh (c->loop->topo, "not-primary error relayed");
+         suspect_upstream (c);
          c->not_primary_seen = true;
       }
       if (scan.topology_version) {
