@@ -82,6 +82,9 @@ typedef struct {
    char *exchange;    /* rabbitmq: the exchange published to */
    char *routing_key; /* rabbitmq: the routing key template ({type}, {key}) */
    bool persistent;   /* rabbitmq: delivery mode 2 */
+   char *tls_ca_file;   /* rabbitmq amqps: PEM CA bundle; empty: the system store */
+   char *tls_cert_file; /* rabbitmq amqps: PEM client certificate (with tls_key_file) */
+   char *tls_key_file;  /* rabbitmq amqps: PEM private key of tls_cert_file */
    char *brokers;     /* kafka: the bootstrap servers, host:port,... */
    char *topic;       /* kafka: the topic template ({type}, {key}) */
    /* kafka: the `kafka.<property> = value` lines, pairs of strings

@@ -165,6 +165,12 @@ static const config_key_t config_key_table[] = {
       "rabbitmq: the routing key; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("persistent", B, "true", 0, 0, persistent,
       "rabbitmq: publish persistent messages (delivery mode 2), which a durable queue keeps across a broker restart."),
+   H ("tls_ca_file", S, "", 0, 0, tls_ca_file,
+      "rabbitmq, amqps:// only: PEM CA bundle the broker's certificate is verified against; empty: the system's store."),
+   H ("tls_cert_file", S, "", 0, 0, tls_cert_file,
+      "rabbitmq, amqps:// only: PEM client certificate presented to the broker (with tls_key_file)."),
+   H ("tls_key_file", S, "", 0, 0, tls_key_file,
+      "rabbitmq, amqps:// only: PEM private key of tls_cert_file."),
    H ("brokers", S, "", 0, 0, brokers,
       "kafka: the bootstrap servers, host:port, comma-separated (librdkafka's bootstrap.servers)."),
    H ("topic", S, "", 0, 0, topic,
@@ -763,11 +769,14 @@ config_validate_nats (const config_handler_t *h, const char *origin, bson_error_
    return true;
 }
 
-/* kind = rabbitmq: a build with librabbitmq, an amqp:// URL, an exchange
- * and a routing key template. */
+/* kind = rabbitmq: a build with librabbitmq, an amqp:// or amqps:// URL
+ * (the TLS files only with amqps, readable), an exchange and a routing
+ * key template. */
 static bool
 config_validate_rabbitmq (const config_handler_t *h, const char *origin, bson_error_t *error)
 {
+   bool tls;
+
 #ifndef RELAYBUS_HAVE_RABBITMQ
    config_error (error, origin, 0,
                  "[handler %s] kind = rabbitmq: this build has no RabbitMQ support (build with librabbitmq, Debian librabbitmq-dev)",
@@ -778,12 +787,34 @@ config_validate_rabbitmq (const config_handler_t *h, const char *origin, bson_er
       config_error (error, origin, 0, "[handler %s] kind = rabbitmq needs url = amqp://user:password@host:5672/vhost", h->name);
       return false;
    }
-   if (strncmp (h->url, "amqp://", 7) != 0) {
+   tls = strncmp (h->url, "amqps://", 8) == 0;
+   if (!tls && strncmp (h->url, "amqp://", 7) != 0) {
       char *masked = config_mask ("url", h->url);
-      config_error (error, origin, 0, "[handler %s] kind = rabbitmq: url: '%s' is not amqp://%s", h->name, masked,
-                    strncmp (h->url, "amqps://", 8) == 0 ? " (amqps is not supported yet)" : "");
+      config_error (error, origin, 0, "[handler %s] kind = rabbitmq: url: '%s' is not amqp:// or amqps://", h->name, masked);
       bson_free (masked);
       return false;
+   }
+   if (!tls && (*h->tls_ca_file || *h->tls_cert_file || *h->tls_key_file)) {
+      config_error (error, origin, 0, "[handler %s] tls_ca_file, tls_cert_file and tls_key_file need an amqps:// url", h->name);
+      return false;
+   }
+   /* The same rules as [proxy]'s TLS files: loaded by the publishing
+    * thread at each connect, so a wrong path is refused here by its key. */
+   if (!!*h->tls_cert_file != !!*h->tls_key_file) {
+      config_error (error, origin, 0, "[handler %s] tls_cert_file and tls_key_file go together (%s is not set)", h->name,
+                    *h->tls_cert_file ? "tls_key_file" : "tls_cert_file");
+      return false;
+   }
+   {
+      const char *files[] = {h->tls_ca_file, h->tls_cert_file, h->tls_key_file};
+      const char *names[] = {"tls_ca_file", "tls_cert_file", "tls_key_file"};
+
+      for (int i = 0; i < 3; i++)
+         if (*files[i] && access (files[i], R_OK) != 0) {
+            config_error (error, origin, 0, "[handler %s] %s: cannot read '%s': %s", h->name, names[i], files[i],
+                          strerror (errno));
+            return false;
+         }
    }
    if (!*h->exchange) {
       config_error (error, origin, 0, "[handler %s] kind = rabbitmq needs exchange (the name of an existing exchange)", h->name);
@@ -849,6 +880,12 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
    }
    if (!h->kind) {
       config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull, nats, rabbitmq or kafka)", h->name);
+      return false;
+   }
+   if (strcmp (h->kind, "rabbitmq") != 0 && (*h->tls_ca_file || *h->tls_cert_file || *h->tls_key_file)) {
+      config_error (error, origin, 0,
+                    "[handler %s] tls_ca_file, tls_cert_file and tls_key_file are for kind = rabbitmq with an amqps:// url",
+                    h->name);
       return false;
    }
    if (strcmp (h->kind, "webhook") == 0) {
