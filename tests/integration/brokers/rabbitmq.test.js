@@ -290,8 +290,7 @@ test('bad rabbitmq handler configuration: clear errors from --check-config and a
   const cases = [
     [{ kind: 'rabbitmq', url: 'amqp://127.0.0.1:5672/' }, '[handler h] kind = rabbitmq needs exchange (the name of an existing exchange)'],
     [{ kind: 'rabbitmq', exchange: 'x' }, '[handler h] kind = rabbitmq needs url = amqp://user:password@host:5672/vhost'],
-    [{ kind: 'rabbitmq', url: 'nats://127.0.0.1:5672', exchange: 'x' }, "[handler h] kind = rabbitmq: url: 'nats://127.0.0.1:5672' is not amqp://"],
-    [{ kind: 'rabbitmq', url: 'amqps://127.0.0.1:5671', exchange: 'x' }, "is not amqp:// (amqps is not supported yet)"],
+    [{ kind: 'rabbitmq', url: 'nats://127.0.0.1:5672', exchange: 'x' }, "[handler h] kind = rabbitmq: url: 'nats://127.0.0.1:5672' is not amqp:// or amqps://"],
     [{ kind: 'rabbitmq', url: 'amqp://127.0.0.1:5672', exchange: 'x', routing_key: 'a.{id}' }, "[handler h] routing_key: 'a.{id}': only {type} and {key} may be replaced"],
   ];
   for (const [keys, want] of cases) {

@@ -8,6 +8,11 @@
 // it again on the same ports and data (the outage tests), so durable
 // exchanges and queues, and persistent messages, survive.
 //
+// startRabbit({ tls }) adds a TLS listener on another free port
+// (listeners.ssl.default, ssl_options.* from tls: cacertfile, certfile,
+// keyfile, verify, fail_if_no_peer_cert); amqpsUrl names it by the host
+// name localhost, the plain url stays on 127.0.0.1.
+//
 // RABBITMQ_URL names an existing broker instead (nothing is started; stop
 // and start are refused: the outage tests skip then).
 
@@ -64,10 +69,13 @@ async function stopChild(child, ms) {
 
 /**
  * Starts rabbitmq-server on 127.0.0.1.
- * @returns {Promise<{url, port, stop(), start(), close(), log()}>}
+ * @param {object} [o]
+ * @param {object} [o.tls] ssl_options: {cacertfile, certfile, keyfile, verify, fail_if_no_peer_cert}
+ * @returns {Promise<{url, port, tlsPort, amqpsUrl, stop(), start(), close(), log()}>}
  */
-async function startRabbit() {
+async function startRabbit(o = {}) {
   if (process.env.RABBITMQ_URL) {
+    if (o.tls) throw new Error('RABBITMQ_URL names an external broker: it cannot be given a TLS listener');
     const refuse = async () => { throw new Error('RABBITMQ_URL names an external broker: it cannot be restarted'); };
     return { url: process.env.RABBITMQ_URL, external: true, log: () => '', async stop() {}, async close() {}, start: refuse };
   }
@@ -76,7 +84,13 @@ async function startRabbit() {
   const node = `relaybus${process.pid}${Math.random().toString(36).slice(2, 6)}@localhost`;
   const logPath = path.join(dir, 'rabbit.log');
   fs.writeFileSync(path.join(dir, 'enabled_plugins'), '[].\n');
-  fs.writeFileSync(path.join(dir, 'rabbitmq.conf'), 'loopback_users = none\n');
+  const tlsPort = o.tls ? await freePort() : null;
+  const conf = ['loopback_users = none'];
+  if (o.tls) {
+    conf.push(`listeners.ssl.default = 127.0.0.1:${tlsPort}`);
+    for (const [k, v] of Object.entries(o.tls)) conf.push(`ssl_options.${k} = ${v}`);
+  }
+  fs.writeFileSync(path.join(dir, 'rabbitmq.conf'), conf.join('\n') + '\n');
   const env = {
     ...process.env,
     HOME: dir, // the Erlang cookie
@@ -114,7 +128,7 @@ async function startRabbit() {
     try {
       await waitFor(async () => {
         if (c.exitCode !== null) throw new Error(`rabbitmq-server exited:\n${log().slice(-3000)}`);
-        return log().slice(before).includes('Server startup complete') && portOpen(port);
+        return log().slice(before).includes('Server startup complete') && await portOpen(port) && (!tlsPort || portOpen(tlsPort));
       }, READY_MS, `rabbitmq-server on ${port}`);
     } catch (err) {
       c.kill('SIGKILL');
@@ -141,6 +155,7 @@ async function startRabbit() {
   return {
     // No path: the vhost "/" (a trailing "/" would name the vhost "").
     url: `amqp://guest:guest@127.0.0.1:${port}`, port, dir, log,
+    tlsPort, amqpsUrl: tlsPort ? `amqps://guest:guest@localhost:${tlsPort}` : null,
     stop,
     /** Starts it again (after stop) on the same ports and data. */
     start,
