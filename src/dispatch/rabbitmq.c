@@ -260,6 +260,10 @@ tls_open_error (rabbit_handler_t *n, int rc, char *why, size_t why_len)
             tls_verify_error);
    else if (reason)
       text (why, why_len, "TLS handshake with %s:%d: %s: %s", n->info.host, n->info.port, amqp_error_string2 (rc), reason);
+   else if (rc == AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED || rc == AMQP_STATUS_SSL_PEER_VERIFY_FAILED ||
+            rc == AMQP_STATUS_SSL_CONNECTION_FAILED || rc == AMQP_STATUS_SSL_ERROR)
+      /* Checked by rabbitmq-c after OpenSSL's handshake: no reason queued. */
+      text (why, why_len, "TLS handshake with %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
    else
       text (why, why_len, "connecting to %s:%d (TLS): %s", n->info.host, n->info.port, amqp_error_string2 (rc));
    ERR_clear_error ();
