@@ -4,7 +4,8 @@
 // rabbitmq-server with a TLS listener that requires a client certificate
 // (verify_peer, fail_if_no_peer_cert). A proxy whose tls_ca_file is another
 // CA logs OpenSSL's verification failure, shows it in /readyz and delivers
-// nothing, its deliveries waiting (none dead); the same proxy restarted with
+// nothing, its deliveries waiting (none dead); so does one that names the
+// broker by an address its certificate does not carry; the proxy restarted with
 // the right CA delivers every event, read back with amqplib over plain amqp
 // on the same broker. --check-config refuses an unreadable CA file and the
 // TLS keys on an amqp:// URL or on another kind.
@@ -89,12 +90,13 @@ async function publishThroughProxy(client, dbName, events) {
   }
 }
 
-test(`amqps: a wrong CA is refused with OpenSSL's reason and delivers nothing; with the right CA all ${N_EVENTS} events arrive`, { skip, timeout: 120000 }, async (t) => {
+test(`amqps: a wrong CA or host name is refused with the reason and delivers nothing; with the right ones all ${N_EVENTS} events arrive`, { skip, timeout: 120000 }, async (t) => {
   const certs = tmpDir('relaybus-rabbit-tls-');
   t.after(() => fs.rmSync(certs, { recursive: true, force: true }));
   const ca = makeCa(certs, 'ca');
   const other = makeCa(certs, 'other-ca');
-  const server = makeCert(certs, ca, 'server', 'localhost', 'DNS:localhost, IP:127.0.0.1');
+  // Only the name localhost: 127.0.0.1 is a wrong host name for it.
+  const server = makeCert(certs, ca, 'server', 'localhost', 'DNS:localhost');
   const client = makeCert(certs, ca, 'client', 'relaybus-proxy', 'DNS:relaybus-proxy');
   const up = await startUpstream();
   t.after(() => up.stop());
@@ -111,7 +113,7 @@ test(`amqps: a wrong CA is refused with OpenSSL's reason and delivers nothing; w
     name: 'bus', events: 'order.*', kind: 'rabbitmq', url: rabbit.amqpsUrl, exchange, timeout_ms: 2000,
     tls_ca_file: other.cert, tls_cert_file: client.cert, tls_key_file: client.key,
     // Enough attempts to outlast the wrong-CA phase with a wide margin.
-    retry_schedule: ['200ms', '500ms', ...Array(20).fill('1s')].join(', '),
+    retry_schedule: ['200ms', '500ms', ...Array(40).fill('1s')].join(', '),
   };
   const o = { upstream: up.uri, outbox: { database: db }, dispatch: { poll_interval_ms: 100 }, adminListen: `127.0.0.1:${adminPort}`, handlers: [handler] };
   const bad = await startDispatchProxy(o);
@@ -137,6 +139,16 @@ test(`amqps: a wrong CA is refused with OpenSSL's reason and delivers nothing; w
   assert.equal(await deliveries.countDocuments({ status: 'completed' }), 0, 'nothing delivered with the wrong CA');
   assert.equal((await drain(rabbit.url, queue)).length, 0, 'nothing in the queue');
   assert.equal((await bad.stop()).code, 0);
+
+  // The right CA, but a host name the certificate does not carry.
+  const wrongHost = await startDispatchProxy({ ...o, handlers: [{ ...handler, tls_ca_file: ca.cert, url: rabbit.amqpsUrl.replace('@localhost:', '@127.0.0.1:') }] });
+  t.after(() => wrongHost.kill());
+  await waitFor(() => /cannot connect to RabbitMQ yet \(TLS handshake with 127\.0\.0\.1:\d+: .*host ?name/i.test(wrongHost.log()), 20000, 'the host name failure in the log')
+    .catch((err) => { throw new Error(`${err.message}:\n${wrongHost.log()}`); });
+  t.diagnostic(wrongHost.log().split('\n').find((l) => /TLS handshake/.test(l)));
+  assert.equal(await deliveries.countDocuments({ status: 'completed' }), 0, 'nothing delivered to a wrong host name');
+  assert.equal(await deliveries.countDocuments({ status: 'dead' }), 0, 'a TLS failure is retried, not dead');
+  assert.equal((await wrongHost.stop()).code, 0);
 
   // The configuration fixed, the proxy started again.
   const good = await startDispatchProxy({ ...o, handlers: [{ ...handler, tls_ca_file: ca.cert }] });
