@@ -252,21 +252,18 @@ topology_learn (topology_t *topo, topology_primary_t *next, bool confirm, bool *
       bson_strncpy (next->last_error, error.message, sizeof next->last_error);
       goto done;
    }
-   if (confirm && strcmp (mongoc_server_description_type (sd), "RSPrimary") == 0) {
-      if (!topology_confirm (client, &sd)) {
-         h = mongoc_server_description_host (sd);
-         next->state = TOPOLOGY_STATE_UNKNOWN;
-         bson_snprintf (next->last_error,
-                        sizeof next->last_error,
-                        "%s:%u answered not primary and no member says it is writable yet (an election)",
-                        h->host,
-                        (unsigned) h->port);
-         goto done;
-      }
-      *confirmed = true;
-   } else if (confirm) {
-      *confirmed = true; /* a mongos, or no replica set primary: nothing to confirm */
+   /* A mongos has nothing to confirm: its shards' primaries are its own. */
+   if (confirm && strcmp (mongoc_server_description_type (sd), "RSPrimary") == 0 && !topology_confirm (client, &sd)) {
+      h = mongoc_server_description_host (sd);
+      next->state = TOPOLOGY_STATE_UNKNOWN;
+      bson_snprintf (next->last_error,
+                     sizeof next->last_error,
+                     "%s:%u answered not primary and no member says it is writable yet (an election)",
+                     h->host,
+                     (unsigned) h->port);
+      goto done;
    }
+   *confirmed = confirm;
    type = mongoc_server_description_type (sd);
    h = mongoc_server_description_host (sd);
    if (strcmp (type, "Mongos") == 0 && (h->port != next->port || strcmp (h->host, next->host) != 0) &&
