@@ -264,7 +264,7 @@ test('the restarted proxy exits 0 on SIGTERM; no sanitizer report or assertion i
   await s.closeClients();
   assert.ok(restarted, 'the proxy was restarted');
   restarted.child.kill('SIGTERM');
-  const r = await Promise.race([restarted.exited, H.sleep(10000).then(() => null)]);
+  const r = await H.within(restarted.exited, 10000, null);
   assert.ok(r, 'exited within 10 s');
   assert.equal(r.signal, null);
   assert.equal(r.code, 0);

@@ -11,7 +11,7 @@ const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { ObjectId, MongoClient } = require('mongodb');
 const { Webhook } = require('standardwebhooks');
-const { tmpDir, freePort, sleep, proxyBin, startUpstream } = require('../lib/proxy');
+const { tmpDir, freePort, sleep, within, proxyBin, startUpstream } = require('../lib/proxy');
 
 function fnv1a(str) {
   let h = 0x811c9dc5;
@@ -79,7 +79,7 @@ async function startDispatchProxy(o) {
     exitInfo: () => exitInfo,
     async stop() {
       if (!exitInfo) child.kill('SIGTERM');
-      const r = await Promise.race([exited, sleep(15000).then(() => null)]);
+      const r = await within(exited, 15000, null);
       if (!r) { child.kill('SIGKILL'); await exited; throw new Error(`proxy did not stop after SIGTERM:\n${log().slice(-3000)}`); }
       // A sanitizer build reports leaks and errors on stderr at exit.
       const bad = log().split('\n').find((l) => /AddressSanitizer|LeakSanitizer|runtime error:/.test(l));

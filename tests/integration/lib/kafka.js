@@ -15,7 +15,7 @@ const path = require('node:path');
 const readline = require('node:readline');
 const { spawn } = require('node:child_process');
 const { Kafka, logLevel } = require('kafkajs');
-const { proxyBin, sleep } = require('./proxy');
+const { proxyBin, sleep, within } = require('./proxy');
 
 const READY_MS = 10000;
 const COMMAND_MS = 5000;
@@ -104,7 +104,7 @@ async function startKafka(o = {}) {
     async close() {
       if (child.exitCode !== null || child.signalCode !== null) return;
       child.stdin.end('quit\n');
-      const done = await Promise.race([exited.then(() => true), sleep(STOP_MS).then(() => false)]);
+      const done = await within(exited.then(() => true), STOP_MS, false);
       if (!done) { child.kill('SIGKILL'); await exited; }
     },
   };
@@ -143,7 +143,7 @@ async function readTopic(brokers, topic, ms = 60000) {
         if (out.length >= total) resolveAll();
       },
     });
-    const timedOut = await Promise.race([all.then(() => false), sleep(ms).then(() => true)]);
+    const timedOut = await within(all.then(() => false), ms, true);
     if (timedOut) throw new Error(`the topic ${topic} gave ${out.length} of ${total} messages within ${ms} ms`);
   } finally {
     await consumer.disconnect();

@@ -11,7 +11,7 @@ const fs = require('node:fs');
 const net = require('node:net');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { tmpDir, freePort, sleep } = require('./proxy');
+const { tmpDir, freePort, sleep, within } = require('./proxy');
 
 const READY_MS = 10000;
 const STOP_MS = 5000;
@@ -78,7 +78,7 @@ async function startNats() {
   const stop = async () => {
     if (!child || child.exitCode !== null || child.signalCode !== null) return;
     child.kill('SIGTERM');
-    const done = await Promise.race([exited.then(() => true), sleep(STOP_MS).then(() => false)]);
+    const done = await within(exited.then(() => true), STOP_MS, false);
     if (!done) { child.kill('SIGKILL'); await exited; }
   };
   await start();

@@ -40,6 +40,21 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
+/**
+ * `promise`, or `onTimeout` once `ms` passed first. The timer is cleared either way: a
+ * pending one keeps the test process alive after its last test (node's runner waits for the
+ * process of each file to exit), which is what a race against sleep(ms) did, up to ms.
+ */
+async function within(promise, ms, onTimeout = null) {
+  let timer;
+  const lapse = new Promise((resolve) => { timer = setTimeout(() => resolve(onTimeout), ms); });
+  try {
+    return await Promise.race([promise, lapse]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 function tmpDir(prefix = 'relaybus-it-') {
   return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
 }
@@ -335,7 +350,7 @@ async function startProxy(opts) {
       proxy.stopped = true;
       if (!exitInfo) proxy.terminate();
       const deadlineMs = Number(settings.drain_timeout_ms) + 5000;
-      const r = await Promise.race([exited, sleep(deadlineMs).then(() => null)]);
+      const r = await within(exited, deadlineMs, null);
       if (!r) {
         child.kill('SIGKILL');
         await exited;
@@ -796,7 +811,7 @@ class WireConn {
 
   /** Resolves when the peer closed the connection; rejects after timeoutMs. */
   async waitClosed(timeoutMs) {
-    const r = await Promise.race([this.closePromise, sleep(timeoutMs).then(() => null)]);
+    const r = await within(this.closePromise, timeoutMs, null);
     if (!r) throw new Error(`connection ${this.peer} not closed by the proxy within ${timeoutMs} ms`);
     return r;
   }
@@ -903,6 +918,7 @@ function isHelloDoc(doc) {
 }
 
 module.exports = {
+  within,
   REPO,
   DOUBLE_BIN,
   OP_REPLY,

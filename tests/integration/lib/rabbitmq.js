@@ -20,7 +20,7 @@ const fs = require('node:fs');
 const net = require('node:net');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { tmpDir, freePort, sleep } = require('./proxy');
+const { tmpDir, freePort, sleep, within } = require('./proxy');
 
 const SERVER = process.env.RABBITMQ_SERVER_BIN || '/usr/lib/rabbitmq/bin/rabbitmq-server';
 const EPMD = process.env.EPMD_BIN || 'epmd';
@@ -63,7 +63,7 @@ function exitOf(child) {
 async function stopChild(child, ms) {
   if (!child || child.exitCode !== null || child.signalCode !== null) return;
   child.kill('SIGTERM');
-  const done = await Promise.race([exitOf(child).then(() => true), sleep(ms).then(() => false)]);
+  const done = await within(exitOf(child).then(() => true), ms, false);
   if (!done) { child.kill('SIGKILL'); await exitOf(child); }
 }
 

@@ -28,7 +28,7 @@ test.after(async () => {
 async function take(stream, n, ms = 10000) {
   const out = [];
   while (out.length < n) {
-    const ev = await Promise.race([stream.next(), H.sleep(ms).then(() => null)]);
+    const ev = await H.within(stream.next(), ms, null);
     assert.ok(ev, `change event ${out.length + 1} of ${n} within ${ms} ms`);
     out.push(ev);
   }

@@ -75,7 +75,7 @@ async function cutAtProxy() {
 async function take(stream, n, ms = 15000) {
   const out = [];
   while (out.length < n) {
-    const ev = await Promise.race([stream.next(), H.sleep(ms).then(() => null)]);
+    const ev = await H.within(stream.next(), ms, null);
     assert.ok(ev, `change event ${out.length + 1} of ${n} within ${ms} ms`);
     out.push(ev);
   }
@@ -197,7 +197,7 @@ test('the restarted proxy exits 0 on SIGTERM and logged no sanitizer report', as
   assert.ok(restarts.length >= 2, 'the proxy was cut twice');
   const last = restarts[restarts.length - 1];
   last.child.kill('SIGTERM');
-  const r = await Promise.race([last.exited, H.sleep(10000).then(() => null)]);
+  const r = await H.within(last.exited, 10000, null);
   assert.ok(r, 'exited within 10 s');
   assert.equal(r.signal, null);
   assert.equal(r.code, 0);
