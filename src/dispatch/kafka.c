@@ -290,20 +290,26 @@ static void
 produce_one (kafka_handler_t *k, kafka_req_t *r)
 {
    rd_kafka_resp_err_t err;
+   rd_kafka_headers_t *headers = r->headers;
 
    atomic_fetch_add (&k->in_flight, 1);
+   /* Accepted, the message is librdkafka's, headers included, and its
+    * delivery report may reach the dispatcher, which frees r, before
+    * rd_kafka_producev even returns here: r is not touched after a
+    * success, so the headers leave r before the call. */
+   r->headers = NULL;
    err = rd_kafka_producev (k->rk,
                             RD_KAFKA_V_TOPIC (r->topic),
                             RD_KAFKA_V_KEY (r->key, strlen (r->key)),
                             RD_KAFKA_V_VALUE (r->body, r->body_len),
                             RD_KAFKA_V_MSGFLAGS (RD_KAFKA_MSG_F_COPY),
-                            RD_KAFKA_V_HEADERS (r->headers),
+                            RD_KAFKA_V_HEADERS (headers),
                             RD_KAFKA_V_OPAQUE (r),
                             RD_KAFKA_V_END);
-   if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      r->headers = NULL; /* librdkafka's now */
+   if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
       return;
-   }
+   /* Refused: no report comes, and the headers are still ours. */
+   r->headers = headers;
    atomic_fetch_sub (&k->in_flight, 1);
    fill_failure (&r->item.res, r->topic, err, NULL);
    tqueue_done (k->q, &r->item);
