@@ -7,8 +7,11 @@
  * topology monitor is given a bounded time to find out what the upstream is
  * (a standalone is refused with exit 1; an unreachable upstream is only
  * logged: the monitor keeps trying while clients wait), and only then does
- * the proxy listen.  Everything after that runs on one libevent loop; the
- * loop never blocks (docs/architecture.md, "The threads").
+ * the proxy listen.  Everything after that runs on libevent loops: the
+ * main thread's (loop 0: listener, signals, topology notices, and its
+ * share of the connections) and [proxy] threads - 1 more forwarding loops
+ * (proxy/loops.h); no loop ever blocks (docs/architecture.md, "The
+ * threads").
  *
  * Signals are libevent signal events, so their handlers run on the loop
  * like everything else: SIGHUP reloads, SIGTERM/SIGINT drain and stop.
@@ -16,13 +19,16 @@
  * the loop runs and after it has stopped, a plain handler only records a
  * stop request (SIGHUP is dropped); once stopping, a SIGHUP is logged and
  * ignored, because the listener and, after a second stop signal, the
- * client loop it would reconfigure are gone.
+ * connections it would reconfigure are gone.
  *
- * The loop's event base runs without libevent's locks: other threads reach
- * the loop only through its loopwake (base/loopwake.h).
+ * The loops' event bases run without libevent's locks: other threads
+ * reach a loop only through its loopwake (base/loopwake.h).
  */
 #include <getopt.h>
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +55,7 @@
 #include "dispatch/dispatch.h"
 #include "dispatch/webhook.h"
 #include "proxy/listener.h"
+#include "proxy/loops.h"
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "base/clock.h"
@@ -80,11 +87,12 @@ typedef struct {
    topology_t *topo;
    tls_upstream_t *tls;
    SSL_CTX *server_tls;
-   client_loop_t *clients;
+   loops_t *loops; /* the forwarding loops */
    listener_t *listener;
    struct event *sig_hup, *sig_term, *sig_int, *sig_usr1;
    struct event *watchdog; /* WATCHDOG=1 to the service manager, from this loop */
    bool stopping;
+   bool closed; /* a second stop signal closed every connection */
    bool ready_sent; /* READY=1 sent: listening, and the primary known */
    int exit_code;
 } proxy_t;
@@ -230,7 +238,7 @@ proxy_reload (proxy_t *p)
    p->cfg = next;
    config_publish (config_retain (next));
    dispatch_reload (next);
-   client_loop_set_config (p->clients, next);
+   loops_set_config (p->loops, next);
    listener_set_max_clients (p->listener, next->max_clients);
    log_info ("reloaded %s (existing connections keep their settings)", p->config_path);
    (void) notify_send ("READY=1");
@@ -248,13 +256,13 @@ static void
 proxy_stop (proxy_t *p, const char *why)
 {
    if (p->stopping) {
-      if (!p->clients) {
+      if (p->closed) {
          log_warn ("%s again: already closing everything", why);
          return;
       }
       log_warn ("%s again: closing everything now", why);
-      client_loop_destroy (p->clients);
-      p->clients = NULL;
+      loops_close_all (p->loops);
+      p->closed = true;
       event_base_loopexit (p->base, NULL);
       return;
    }
@@ -264,7 +272,7 @@ proxy_stop (proxy_t *p, const char *why)
    listener_destroy (p->listener);
    p->listener = NULL;
    consumer_drain (); /* long polls answer now instead of holding their connections */
-   client_loop_drain (p->clients, p->cfg->drain_timeout_ms, proxy_drained, p);
+   loops_drain (p->loops, p->cfg->drain_timeout_ms, proxy_drained, p);
 }
 
 static void
@@ -327,8 +335,8 @@ proxy_topology_changed (void *arg)
       event_base_loopbreak (p->base);
       return;
    }
-   if (p->clients)
-      client_loop_topology_changed (p->clients);
+   if (p->loops && !p->closed)
+      loops_topology_changed (p->loops);
    proxy_notify_ready (p);
 }
 
@@ -387,27 +395,26 @@ proxy_start (proxy_t *p, bson_error_t *error)
    /* The outbox setup, and the dispatcher on its own thread when enabled. */
    if (!dispatch_start (p->cfg, error))
       return false;
-   /* The pull consumers' thread, when a handler is kind = pull; the loop
-    * hands it their commands and gets the answers through p->wake. */
-   if (!consumer_start (p->cfg, p->wake, pull_answer, error))
-      return false;
-   pull_set_consumer (consumer_submit, consumer_closed, consumer_settled);
    /* The publishing path wakes the dispatcher after a commit it injected
     * into. */
    publish_set_wake_hook (proxy_commit_wake);
-
-   p->clients = client_loop_new (p->base, p->topo, p->tls, p->cfg, error);
-   if (!p->clients)
+   /* The forwarding loops, each with its decoding thread for big requests
+    * and the publishing hook (annotated statements, relaybus* commands,
+    * commit wake-ups); loops 1.. start their threads here, with nothing to
+    * do until the listener hands them connections. */
+   p->loops = loops_new (p->base, p->wake, loops_wanted (p->cfg), p->topo, p->tls, p->cfg, publish_request_hook, error);
+   if (!p->loops)
       return false;
-   /* Big requests are decompressed and validated on a thread of their own. */
-   if (!client_loop_set_wake (p->clients, p->wake, error))
+   /* The pull consumers' thread, when a handler is kind = pull; a loop
+    * hands it its connections' commands and gets the answers through its
+    * own wake. */
+   if (!consumer_start (p->cfg, loops_wakes (p->loops), loops_count (p->loops), pull_answer, error))
       return false;
-   /* Publishing: annotated statements, relaybus* commands, commit wake-ups. */
-   client_loop_set_request_hook (p->clients, publish_request_hook, NULL);
+   pull_set_consumer (consumer_submit, consumer_closed, consumer_settled);
    /* The admin port, on its own thread. */
    if (!admin_start (p->cfg, p->topo, error))
       return false;
-   p->listener = listener_new (p->base, p->cfg->listen, p->clients, p->server_tls, error);
+   p->listener = listener_new (p->base, p->cfg->listen, p->loops, p->server_tls, error);
    if (!p->listener)
       return false;
    listener_set_max_clients (p->listener, p->cfg->max_clients);
@@ -454,12 +461,17 @@ static void
 proxy_teardown (proxy_t *p)
 {
    admin_stop (); /* before the topology it reads */
+   /* No loop thread runs from here on, so what follows changes nothing a
+    * loop reads; the consumer may still post to the loops' wakes, which
+    * stay until loops_destroy. */
+   listener_destroy (p->listener);
+   p->listener = NULL;
+   loops_stop (p->loops);
    publish_set_wake_hook (NULL);
    dispatch_stop (); /* hands its lanes back */
    pull_set_consumer (NULL, NULL, NULL);
    consumer_stop (); /* hands its lanes back; before the loopwake it posts to */
-   listener_destroy (p->listener);
-   client_loop_destroy (p->clients);
+   loops_destroy (p->loops);
    /* The topology monitor may still post to the loop: join it before freeing the
     * loopwake and the base. */
    topology_destroy (p->topo);
@@ -479,6 +491,26 @@ proxy_teardown (proxy_t *p)
    if (p->base)
       event_base_free (p->base);
    config_release (p->cfg);
+}
+
+/* With several forwarding loops, one malloc arena for the whole process.
+ * glibc gives each thread an arena of its own; a loop's connections then
+ * allocate from its arena only, and the room one loop freed after a burst
+ * of large messages stays in that arena, unused by the others, so RSS
+ * grows past max_buffered_bytes with the number of loops (the 40 MB
+ * requests of tests/integration/proxy/memory-bound.test.js: a peak of
+ * 368 MiB at 4 loops, against 240 MiB with one arena and 194 MiB with one
+ * loop).  One arena costs a lock per allocation; docs/benchmarks.md has
+ * what it costs per request.  An operator's MALLOC_ARENA_MAX wins. */
+static void
+set_malloc_arenas (unsigned loops)
+{
+#ifdef M_ARENA_MAX
+   if (loops > 1 && !getenv ("MALLOC_ARENA_MAX") && mallopt (M_ARENA_MAX, 1) != 1)
+      log_warn ("start-up: cannot limit malloc to one arena; RSS may exceed max_buffered_bytes with %u loops", loops);
+#else
+   (void) loops;
+#endif
 }
 
 /* --make-user NAME: the auth-file entries of NAME for the password on
@@ -598,6 +630,8 @@ main (int argc, char **argv)
       config_release (p.cfg);
       return EXIT_OK;
    }
+   /* Before any other thread exists, so that every thread obeys it. */
+   set_malloc_arenas (loops_wanted (p.cfg));
    /* From here on no thread waits for the log destination (base/log.h). */
    if (!log_start ()) {
       log_error ("start-up: cannot start the log writer thread");

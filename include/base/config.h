@@ -121,11 +121,17 @@ typedef enum {
    CONFIG_UNROUTED_REFUSE,     /* the statement is refused with an error */
 } config_unrouted_t;
 
+/* [proxy] threads: at most this many forwarding loops; 0 asks for one per
+ * core, at most CONFIG_THREADS_DEFAULT_MAX. */
+#define CONFIG_THREADS_MAX 64
+#define CONFIG_THREADS_DEFAULT_MAX 8
+
 typedef struct config {
    /* [proxy] */
    char *listen;
    char *upstream;
    int64_t max_clients;
+   int64_t threads; /* forwarding loops; 0: one per core, at most CONFIG_THREADS_DEFAULT_MAX */
    int64_t handshake_timeout_ms;
    int64_t message_timeout_ms;
    int64_t drain_timeout_ms;

@@ -94,6 +94,7 @@ typedef struct {
 typedef struct pull_req {
    pull_op_t op;
    uint64_t conn; /* the client connection's id */
+   uint32_t loop; /* the index of the forwarding loop that owns it: answers go there */
    uint64_t seq;  /* its held request (client_hold_request) */
    char handler[128];
    int64_t limit;    /* claim */

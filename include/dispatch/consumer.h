@@ -78,10 +78,14 @@ typedef enum {
 typedef void (*consumer_answer_fn) (uint64_t conn, uint64_t seq, const bson_t *reply);
 
 /* Starts the thread when `cfg` has a pull handler (else does nothing and
- * returns true).  `wake` is the forwarding loop's (borrowed: it outlives
- * consumer_stop); `answer` runs there. */
-bool consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn answer, bson_error_t *error)
-   __attribute__ ((warn_unused_result));
+ * returns true).  `wakes` are the forwarding loops', by loop index
+ * (borrowed: they outlive consumer_stop); `answer` runs on the loop of the
+ * request's pull_req_t.loop, through wakes[loop]. */
+bool consumer_start (config_t *cfg,
+                     struct loopwake *const *wakes,
+                     size_t n_wakes,
+                     consumer_answer_fn answer,
+                     bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* Drops the waiting claims and the queue, hands every lane back (what is
  * claimed is released without an attempt charged) and joins the thread.

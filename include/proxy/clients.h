@@ -25,14 +25,14 @@
 
 #include <bson/bson.h>
 
-/* Records that connection `id` is now in `state` (a string with static
- * storage, e.g. client_state_name()).  `open` false removes it.  `fd` is
+/* Records that connection `id`, owned by forwarding loop `loop`, is now in
+ * `state` (a string with static storage, e.g. client_state_name()).  `open` false removes it.  `fd` is
  * its socket (-1: unknown).  Called on the forwarding loop; never blocks
  * on I/O. */
-void clients_registry_note (uint64_t id, const char *peer, int fd, const char *state, bool open);
+void clients_registry_note (uint64_t id, unsigned loop, const char *peer, int fd, const char *state, bool open);
 
 /* Appends up to `limit` connections, by id, to `out` (an array):
- * {id, peer, state, since (ms), stateSince (ms), bytesIn, bytesOut (absent
+ * {id, loop, peer, state, since (ms), stateSince (ms), bytesIn, bytesOut (absent
  * when unknown)}.  Returns how many are open. */
 uint64_t clients_registry_snapshot (bson_t *out, uint32_t limit);
 

@@ -23,8 +23,10 @@
  * connection (client_send_internal), and answer the client themselves
  * (client_answer) without the client ever seeing the internal traffic.
  *
- * client_loop_t is the forwarding loop's own state (one per loop thread):
- * its connections, counters of ids, the current config snapshot.
+ * client_loop_t is one forwarding loop's own state (one per loop thread,
+ * proxy/loops.h): its connections, the current config snapshot, its
+ * waiters for memory.  Connection ids are process-wide, so a log line or
+ * /api/clients names one connection whichever loop owns it.
  */
 #ifndef RELAYBUS_CLIENT_H
 #define RELAYBUS_CLIENT_H
@@ -95,17 +97,25 @@ void client_format_peer (const struct sockaddr *sa, char *out, size_t outlen);
 
 /* --- the loop ---------------------------------------------------------- */
 
-/* `cfg` is retained (new connections take their own reference to whatever
+/* At most this many forwarding loops run ([proxy] threads). */
+#define CLIENT_LOOPS_MAX CONFIG_THREADS_MAX
+
+/* `index` (below CLIENT_LOOPS_MAX, one per loop) names the loop in logs
+ * and in the answers other threads post back to it.  `cfg` is retained (new connections take their own reference to whatever
  * snapshot is current when they are accepted); `topo` and `tls` (may be
  * NULL) are borrowed and must outlive the loop. */
 client_loop_t *client_loop_new (struct event_base *base,
+                                unsigned index,
                                 topology_t *topo,
                                 tls_upstream_t *tls,
                                 config_t *cfg,
                                 bson_error_t *error) __attribute__ ((warn_unused_result));
 /* Starts the thread that decompresses and validates big requests off the
  * loop, posting results through `wake` (borrowed; it must outlive the
- * loop).  Without it every request is decoded on the loop. */
+ * loop), the loop's own way in from other threads.  Other loops post
+ * through it too, when memory they give back lets this loop's waiters go
+ * on.  Without it every request is decoded on the loop, and this loop's
+ * memory waiters resume only on room its own connections give back. */
 bool client_loop_set_wake (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 /* Swaps the snapshot used for new connections (reload). Retains `cfg`. */
@@ -113,6 +123,7 @@ void client_loop_set_config (client_loop_t *loop, config_t *cfg);
 /* The topology snapshot changed: waiting clients try to connect. */
 void client_loop_topology_changed (client_loop_t *loop);
 size_t client_loop_count (const client_loop_t *loop);
+unsigned client_loop_index (const client_loop_t *loop);
 /* Stops reading new requests everywhere, closes each connection once its
  * in-flight requests are answered, and all of them after `timeout_ms`.
  * `on_empty` runs (on the loop) when the last connection is gone. */
@@ -159,6 +170,8 @@ bool client_accept (client_loop_t *loop,
 /* --- one connection ---------------------------------------------------- */
 
 uint64_t client_id (const client_conn_t *c);
+/* The index of the loop that owns `c` (client_loop_new). */
+unsigned client_loop_of (const client_conn_t *c);
 const char *client_peer (const client_conn_t *c);
 client_state_t client_state (const client_conn_t *c);
 

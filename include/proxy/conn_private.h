@@ -161,7 +161,8 @@ struct client_loop {
    topology_t *topo;      /* borrowed */
    tls_upstream_t *tls;   /* borrowed, may be NULL */
    config_t *cfg;         /* retained */
-   uint64_t next_conn_id;
+   unsigned index;        /* client_loop_new's */
+   struct loopwake *wake; /* client_loop_set_wake's; NULL before */
    client_conn_t *clients;
    size_t nclients;
    client_conn_t *free_list;

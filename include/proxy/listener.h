@@ -6,9 +6,10 @@
  * the loop stopped).
  *
  * One listening socket, TCP ("host:port") or Unix ("/path"), handed to
- * libevent's evconnlistener.  Accepted sockets go to client_accept, unless
- * max_clients are already open: then the socket is closed at once, with a
- * log line and a count.  When accept fails for lack of file descriptors
+ * libevent's evconnlistener on loop 0.  Accepted sockets go to the next
+ * forwarding loop (loops_accept), unless max_clients are already open on
+ * all of them together: then the socket is closed at once, with a log
+ * line and a count.  When accept fails for lack of file descriptors
  * (EMFILE/ENFILE) the listener pauses and retries on a timer instead of
  * spinning on a readable socket it cannot accept.
  */
@@ -21,6 +22,7 @@
 #include <openssl/ssl.h>
 
 #include "proxy/conn.h"
+#include "proxy/loops.h"
 
 struct event_base;
 
@@ -35,11 +37,12 @@ typedef enum {
 
 typedef struct listener listener_t;
 
-/* Binds `listen` (config syntax).  `server_tls` (may be NULL) is borrowed.
- * max_clients is read from the loop's current config at each accept. */
+/* Binds `listen` (config syntax) on loop 0's `base`.  `loops` and
+ * `server_tls` (may be NULL) are borrowed.  max_clients is what
+ * listener_set_max_clients last set. */
 listener_t *listener_new (struct event_base *base,
                           const char *listen,
-                          client_loop_t *loop,
+                          loops_t *loops,
                           SSL_CTX *server_tls,
                           bson_error_t *error) __attribute__ ((warn_unused_result));
 

@@ -1,10 +1,10 @@
 /*
  * publish/txns.h - transaction slots and the poison policy.
  *
- * Thread: forwarding loop (txns_poison_entries: any).  The injected-into
- * slots are per loop thread (thread-local, no lock); the poisoned table is
- * process-wide, since a commit may come on any loop's connection, behind
- * publish/poison.h's short mutex.
+ * Thread: any forwarding loop (txns_poison_entries: any).  Both tables are
+ * process-wide, since a commit may come on any loop's connection: the
+ * injected-into slots behind a mutex of their own, the poisoned table
+ * behind publish/poison.h's short mutex.
  *
  * The transactions the publishing path remembers: those it injected into
  * (so that their commit wakes the dispatcher) and those it poisoned (so
@@ -12,9 +12,7 @@
  *
  * Injected into: a direct-mapped table of TXNS_SLOTS (lsid, txnNumber)
  * pairs.  A collision forgets the older transaction, which only costs its
- * wake-up: its events go out at the dispatcher's next poll.  A commit
- * carried by another loop's connection is not recognised, with the same
- * cost.
+ * wake-up: its events go out at the dispatcher's next poll.
  *
  * Poisoned: the policy of publish/publish.c's header comment.  Work that may
  * poison its transaction reserves a slot first (txns_poison_reserve) and
@@ -37,7 +35,7 @@
 #include "base/log.h"
 #include "publish/poison.h"
 
-/* Transactions remembered for the wake-up at commit, per loop thread. */
+/* Transactions remembered for the wake-up at commit, process-wide. */
 #define TXNS_SLOTS 1024
 /* How long a poisoned transaction is remembered: well past MongoDB's
  * default transactionLifetimeLimitSeconds (60 s), after which the server

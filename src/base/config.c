@@ -76,6 +76,8 @@ static const config_key_t config_key_table[] = {
       "MongoDB URI of the replica set or mongos the proxy forwards to (TLS options included)."),
    P ("max_clients", I, "10000", 1, 1000000, true, max_clients,
       "Most client connections open at once; more are closed at accept with a log line."),
+   P ("threads", I, "0", 0, CONFIG_THREADS_MAX, false, threads,
+      "Forwarding loops, each a thread owning the connections it accepted; 0: one per core, at most 8."),
    P ("handshake_timeout_ms", I, "10000", 100, MS_HOUR, true, handshake_timeout_ms,
       "Time a new client has to complete its first hello before it is closed."),
    P ("message_timeout_ms", I, "30000", 100, MS_HOUR, true, message_timeout_ms,

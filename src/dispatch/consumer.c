@@ -133,27 +133,34 @@ typedef struct answer {
    struct answer *next;
 } answer_t;
 
-static struct {
-   pthread_mutex_t mu;
+/* The answers waiting for one forwarding loop, the one that owns their
+ * connections (pull_req_t.loop). */
+typedef struct {
    answer_t *head, *tail;
    bool posted;
-   struct event *retry_ev; /* on the consumer's base */
    loopwake_t *wake;
+} out_queue_t;
+
+static struct {
+   pthread_mutex_t mu;
+   out_queue_t q[CONFIG_THREADS_MAX];
+   size_t nq;
+   struct event *retry_ev; /* on the consumer's base */
    consumer_answer_fn fn;
 } g_out = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-/* On the loop: hands every answer to the loop's callback. */
+/* On loop q: hands every answer to the loop's callback. */
 static void
 out_flush_cb (void *arg)
 {
+   out_queue_t *q = arg;
    answer_t *a, *next;
    consumer_answer_fn fn;
 
-   (void) arg;
    pthread_mutex_lock (&g_out.mu);
-   a = g_out.head;
-   g_out.head = g_out.tail = NULL;
-   g_out.posted = false;
+   a = q->head;
+   q->head = q->tail = NULL;
+   q->posted = false;
    fn = g_out.fn;
    pthread_mutex_unlock (&g_out.mu);
    for (; a; a = next) {
@@ -165,16 +172,16 @@ out_flush_cb (void *arg)
    }
 }
 
-/* With g_out.mu held: posts the drain once. */
+/* With g_out.mu held: posts loop q's drain once. */
 static void
-out_post_locked (void)
+out_post_locked (out_queue_t *q)
 {
    struct timeval tv;
 
-   if (g_out.posted || !g_out.head || !g_out.wake)
+   if (q->posted || !q->head || !q->wake)
       return;
-   if (loopwake_post (g_out.wake, out_flush_cb, NULL)) {
-      g_out.posted = true;
+   if (loopwake_post (q->wake, out_flush_cb, q)) {
+      q->posted = true;
       return;
    }
    /* The loop's queue is full: try again shortly (answers wait in order). */
@@ -190,7 +197,8 @@ out_retry_cb (evutil_socket_t fd, short what, void *arg)
    (void) what;
    (void) arg;
    pthread_mutex_lock (&g_out.mu);
-   out_post_locked ();
+   for (size_t i = 0; i < g_out.nq; i++)
+      out_post_locked (&g_out.q[i]);
    pthread_mutex_unlock (&g_out.mu);
 }
 
@@ -199,17 +207,21 @@ static void
 answer (const pull_req_t *r, bson_t *reply)
 {
    answer_t *a = bson_malloc0 (sizeof *a);
+   out_queue_t *q;
 
    a->conn = r->conn;
    a->seq = r->seq;
    a->reply = bson_copy (reply);
    pthread_mutex_lock (&g_out.mu);
-   if (g_out.tail)
-      g_out.tail->next = a;
+   /* A loop that does not exist (never, from publish/pull.c) gets loop 0's
+    * queue: the answer then finds no connection and is dropped there. */
+   q = &g_out.q[r->loop < g_out.nq ? r->loop : 0];
+   if (q->tail)
+      q->tail->next = a;
    else
-      g_out.head = a;
-   g_out.tail = a;
-   out_post_locked ();
+      q->head = a;
+   q->tail = a;
+   out_post_locked (q);
    pthread_mutex_unlock (&g_out.mu);
 }
 
@@ -1241,7 +1253,7 @@ consumer_free (consumer_t *c)
 }
 
 bool
-consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn fn, bson_error_t *error)
+consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, consumer_answer_fn fn, bson_error_t *error)
 {
    consumer_t *c;
    worker_opts_t wo = {
@@ -1273,7 +1285,9 @@ consumer_start (config_t *cfg, struct loopwake *wake, consumer_answer_fn fn, bso
    if (RAND_bytes ((unsigned char *) &c->rnd, sizeof c->rnd) != 1 || c->rnd == 0)
       c->rnd = (uint64_t) clock_now_ms () | 1;
    pthread_mutex_lock (&g_out.mu);
-   g_out.wake = wake;
+   g_out.nq = n_wakes < CONFIG_THREADS_MAX ? n_wakes : CONFIG_THREADS_MAX;
+   for (size_t i = 0; i < g_out.nq; i++)
+      g_out.q[i].wake = wakes[i];
    g_out.fn = fn;
    g_out.retry_ev = evtimer_new (c->base, out_retry_cb, NULL);
    pthread_mutex_unlock (&g_out.mu);
@@ -1317,13 +1331,17 @@ consumer_stop (void)
    consumer_free (c);
    /* Answers the loop did not take: nobody waits for them any more. */
    pthread_mutex_lock (&g_out.mu);
-   a = g_out.head;
-   g_out.head = g_out.tail = NULL;
+   for (size_t i = 0; i < g_out.nq; i++) {
+      out_queue_t *q = &g_out.q[i];
+      for (a = q->head; a; a = next) {
+         next = a->next;
+         bson_destroy (a->reply);
+         bson_free (a);
+      }
+      q->head = q->tail = NULL;
+      q->wake = NULL;
+   }
+   g_out.nq = 0;
    g_out.fn = NULL;
    pthread_mutex_unlock (&g_out.mu);
-   for (; a; a = next) {
-      next = a->next;
-      bson_destroy (a->reply);
-      bson_free (a);
-   }
 }

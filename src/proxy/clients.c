@@ -27,6 +27,7 @@
 typedef struct cr_entry {
    struct cr_entry *next;
    uint64_t id;
+   unsigned loop;
    char peer[128];
    int fd;
    const char *state; /* static storage */
@@ -38,7 +39,7 @@ static cr_entry_t *cr_buckets[CR_BUCKETS];
 static uint64_t cr_count;
 
 void
-clients_registry_note (uint64_t id, const char *peer, int fd, const char *state, bool open)
+clients_registry_note (uint64_t id, unsigned loop, const char *peer, int fd, const char *state, bool open)
 {
    cr_entry_t **pp, *e, *gone = NULL;
    int64_t now = clock_now_ms ();
@@ -60,6 +61,7 @@ clients_registry_note (uint64_t id, const char *peer, int fd, const char *state,
          e->fd = fd;
    } else if ((e = calloc (1, sizeof *e))) {
       e->id = id;
+      e->loop = loop;
       bson_strncpy (e->peer, peer ? peer : "", sizeof e->peer);
       e->fd = fd;
       e->state = state;
@@ -104,6 +106,7 @@ clients_registry_snapshot (bson_t *out, uint32_t limit)
       bson_uint32_to_string (i++, &key, buf, sizeof buf);
       BSON_APPEND_DOCUMENT_BEGIN (out, key, &doc);
       BSON_APPEND_INT64 (&doc, "id", (int64_t) e->id);
+      BSON_APPEND_INT32 (&doc, "loop", (int32_t) e->loop);
       BSON_APPEND_UTF8 (&doc, "peer", e->peer);
       BSON_APPEND_UTF8 (&doc, "state", e->state ? e->state : "unknown");
       BSON_APPEND_INT64 (&doc, "since", e->since);

@@ -17,6 +17,12 @@
  * process-wide max_buffered_bytes; past it, sides with a large message to
  * receive are not read (see "memory" below).
  *
+ * Loops.  Each forwarding loop (proxy/loops.h) has one client_loop_t and
+ * owns its connections entirely; what loops share is process-wide and
+ * thread-safe: connection ids, the counters, the clients registry, and
+ * the memory bound, whose waiters on one loop are resumed by room given
+ * back on another (mem_poke_others).
+ *
  * Lifetime.  client_disconnect frees the sockets and timers at once (so no
  * callback of ours can fire again) and puts the struct on the loop's free
  * list; it is freed from an event on the next loop turn.  Any code that
@@ -26,7 +32,9 @@
 #include "proxy/conn.h"
 
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -119,7 +127,8 @@ client_set_state (client_conn_t *c, client_state_t next)
    c->state = next;
    /* /api/clients: before CLOSING frees the socket the registry reads. */
    clients_registry_note (
-      c->id, c->peer, side_is_open (&c->client) ? c->client.fd : -1, client_state_name (next), next != CLIENT_STATE_CLOSING);
+      c->id, c->loop->index, c->peer, side_is_open (&c->client) ? c->client.fd : -1, client_state_name (next),
+      next != CLIENT_STATE_CLOSING);
    if (next == CLIENT_STATE_CLOSING)
       return;
    /* The per-state timer: each state has at most one deadline; a state
@@ -287,6 +296,22 @@ client_loop_free_cb (evutil_socket_t fd, short what, void *arg)
 
 #define MEM_LOG_INTERVAL_MS 10000
 
+/* Room is process-wide, waiters are per loop: a loop that gives room back
+ * while other loops have waiters posts them a resume (one queued at a time
+ * per loop).  `loop` and `wake` are set and cleared under mem_slots_mu;
+ * the post's callback runs on the slot's own loop, which alone frees it,
+ * so it reads `loop` there without the lock. */
+typedef struct {
+   client_loop_t *loop;
+   loopwake_t *wake;
+   atomic_bool waiting; /* the loop has connections waiting for memory */
+   atomic_bool posted;  /* a resume is queued on its wake */
+} mem_slot_t;
+
+static mem_slot_t mem_slots[CLIENT_LOOPS_MAX];
+static pthread_mutex_t mem_slots_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint mem_loops_waiting; /* slots with `waiting` set */
+
 static int64_t
 mem_total (void)
 {
@@ -310,13 +335,62 @@ mem_maybe_resume (client_loop_t *loop)
    }
 }
 
+/* On the slot's loop: another loop gave room back. */
+static void
+mem_remote_cb (void *arg)
+{
+   mem_slot_t *slot = arg;
+
+   atomic_store (&slot->posted, false);
+   if (slot->loop)
+      mem_maybe_resume (slot->loop);
+}
+
+/* Room went up on `loop`: the other loops' waiters may go on too. */
+static void
+mem_poke_others (client_loop_t *loop)
+{
+   if (mem_total () > mem_low_mark (loop))
+      return;
+   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+      mem_slot_t *slot = &mem_slots[i];
+      bool ok = false;
+
+      if (i == loop->index || !atomic_load (&slot->waiting) || atomic_exchange (&slot->posted, true))
+         continue;
+      pthread_mutex_lock (&mem_slots_mu);
+      if (slot->loop && slot->wake)
+         ok = loopwake_post (slot->wake, mem_remote_cb, slot);
+      pthread_mutex_unlock (&mem_slots_mu);
+      /* Full, or the loop is going: the next room given back tries again. */
+      if (!ok)
+         atomic_store (&slot->posted, false);
+   }
+}
+
 static void
 mem_give_back (client_loop_t *loop, int64_t n)
 {
    if (n > 0) {
       counters_sub (COUNTER_BUFFERED_BYTES, n);
       mem_maybe_resume (loop);
+      if (atomic_load_explicit (&mem_loops_waiting, memory_order_relaxed) > (loop->mem_wait_head ? 1u : 0u))
+         mem_poke_others (loop);
    }
+}
+
+/* The loop's wait list went from empty to not, or back. */
+static void
+mem_set_waiting (client_loop_t *loop, bool waiting)
+{
+   mem_slot_t *slot = &mem_slots[loop->index];
+
+   if (atomic_exchange (&slot->waiting, waiting) == waiting)
+      return;
+   if (waiting)
+      atomic_fetch_add (&mem_loops_waiting, 1);
+   else
+      atomic_fetch_sub (&mem_loops_waiting, 1);
 }
 
 static void
@@ -544,10 +618,12 @@ mem_wait (client_conn_t *c, unsigned side, int64_t need)
    c->mem_need = need;
    c->mem_wait_next = NULL;
    c->mem_wait_prev = loop->mem_wait_tail;
-   if (loop->mem_wait_tail)
+   if (loop->mem_wait_tail) {
       loop->mem_wait_tail->mem_wait_next = c;
-   else
+   } else {
       loop->mem_wait_head = c;
+      mem_set_waiting (loop, true);
+   }
    loop->mem_wait_tail = c;
    counters_add (COUNTER_CONNECTIONS_PAUSED_MEMORY, 1);
    counters_add (COUNTER_MEMORY_PAUSES, 1);
@@ -581,6 +657,8 @@ mem_unwait (client_conn_t *c)
    c->mem_wait_sides = 0;
    c->mem_need = 0;
    counters_sub (COUNTER_CONNECTIONS_PAUSED_MEMORY, 1);
+   if (!loop->mem_wait_head)
+      mem_set_waiting (loop, false);
    if (!loop->mem_wait_head && loop->mem_pause_started_ms) {
       int64_t now = clock_mono_ms ();
       /* The end of an episode is logged when its start was (or when the
@@ -1122,9 +1200,12 @@ client_accept (client_loop_t *loop,
                SSL_CTX *server_tls,
                bson_error_t *error)
 {
+   /* Process-wide, from 1: ids name connections in logs and the admin
+    * views whichever loop owns them. */
+   static atomic_uint_fast64_t next_conn_id;
    client_conn_t *c = bson_malloc0 (sizeof *c);
 
-   c->id = ++loop->next_conn_id;
+   c->id = atomic_fetch_add_explicit (&next_conn_id, 1, memory_order_relaxed) + 1;
    c->loop = loop;
    c->cfg = config_retain (loop->cfg);
    c->compressor = -1;
@@ -1232,11 +1313,23 @@ client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (vo
 /* ------------------------------------------------------------ loop */
 
 client_loop_t *
-client_loop_new (struct event_base *base, topology_t *topo, tls_upstream_t *tls, config_t *cfg, bson_error_t *error)
+client_loop_new (struct event_base *base,
+                 unsigned index,
+                 topology_t *topo,
+                 tls_upstream_t *tls,
+                 config_t *cfg,
+                 bson_error_t *error)
 {
-   client_loop_t *loop = bson_malloc0 (sizeof *loop);
+   client_loop_t *loop;
 
+   if (index >= CLIENT_LOOPS_MAX) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "loop index %u: at most %d loops", index,
+                      CLIENT_LOOPS_MAX);
+      return NULL;
+   }
+   loop = bson_malloc0 (sizeof *loop);
    loop->base = base;
+   loop->index = index;
    loop->topo = topo;
    loop->tls = tls;
    loop->cfg = config_retain (cfg);
@@ -1248,6 +1341,10 @@ client_loop_new (struct event_base *base, topology_t *topo, tls_upstream_t *tls,
       client_loop_destroy (loop);
       return NULL;
    }
+   pthread_mutex_lock (&mem_slots_mu);
+   RELAYBUS_ASSERT (mem_slots[index].loop == NULL);
+   mem_slots[index].loop = loop;
+   pthread_mutex_unlock (&mem_slots_mu);
    return loop;
 }
 
@@ -1256,7 +1353,13 @@ client_loop_set_wake (client_loop_t *loop, loopwake_t *wake, bson_error_t *error
 {
    if (loop->decoder)
       return true;
-   return client_decoder_start (loop, wake, error);
+   if (!client_decoder_start (loop, wake, error))
+      return false;
+   loop->wake = wake;
+   pthread_mutex_lock (&mem_slots_mu);
+   mem_slots[loop->index].wake = wake;
+   pthread_mutex_unlock (&mem_slots_mu);
+   return true;
 }
 
 void
@@ -1287,6 +1390,12 @@ client_loop_count (const client_loop_t *loop)
    return loop->nclients;
 }
 
+unsigned
+client_loop_index (const client_loop_t *loop)
+{
+   return loop->index;
+}
+
 void
 client_loop_destroy (client_loop_t *loop)
 {
@@ -1295,6 +1404,14 @@ client_loop_destroy (client_loop_t *loop)
    loop->on_empty = NULL;
    while (loop->clients)
       client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN, "proxy stopping");
+   /* No other loop posts to this one from here on; a resume already
+    * queued finds the slot empty. */
+   pthread_mutex_lock (&mem_slots_mu);
+   if (mem_slots[loop->index].loop == loop) {
+      mem_slots[loop->index].loop = NULL;
+      mem_slots[loop->index].wake = NULL;
+   }
+   pthread_mutex_unlock (&mem_slots_mu);
    client_decoder_stop (loop);
    client_loop_free_cb (-1, 0, loop);
    while (loop->flight_free) {
@@ -1333,6 +1450,12 @@ void *
 client_get_data (const client_conn_t *c)
 {
    return c->data;
+}
+
+unsigned
+client_loop_of (const client_conn_t *c)
+{
+   return c->loop->index;
 }
 
 uint64_t

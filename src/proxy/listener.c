@@ -21,16 +21,17 @@
 #include "base/config.h"
 #include "base/log.h"
 #include "base/counters.h"
+#include "proxy/loops.h"
 #include "proxy/side.h"
 
 /* How long to pause accepting after EMFILE/ENFILE. */
 #define LISTENER_PAUSE_MS 1000
 
-/* Owned by main; borrows the client loop and the TLS context. */
+/* Owned by main; borrows the loops and the TLS context. */
 struct listener {
    struct evconnlistener *ev;
    struct event *resume_timer;
-   client_loop_t *loop;
+   loops_t *loops;
    SSL_CTX *server_tls;
    int64_t max_clients;
    char address[300];
@@ -44,7 +45,7 @@ listener_accept_cb (struct evconnlistener *ev, evutil_socket_t fd, struct sockad
    bson_error_t error;
 
    counters_add (COUNTER_CONNECTIONS_ACCEPTED, 1);
-   if (l->max_clients > 0 && (int64_t) client_loop_count (l->loop) >= l->max_clients) {
+   if (l->max_clients > 0 && (int64_t) loops_clients (l->loops) >= l->max_clients) {
       char peer[CLIENT_PEER_MAX];
 
       client_format_peer (addr, peer, sizeof peer);
@@ -53,7 +54,7 @@ listener_accept_cb (struct evconnlistener *ev, evutil_socket_t fd, struct sockad
       evutil_closesocket (fd);
       return;
    }
-   if (!client_accept (l->loop, fd, addr, len, l->server_tls, &error))
+   if (!loops_accept (l->loops, fd, addr, len, l->server_tls, &error))
       log_error ("accept: %s", error.message);
 }
 
@@ -84,7 +85,7 @@ listener_error_cb (struct evconnlistener *ev, void *arg)
 }
 
 listener_t *
-listener_new (struct event_base *base, const char *listen, client_loop_t *loop, SSL_CTX *server_tls, bson_error_t *error)
+listener_new (struct event_base *base, const char *listen, loops_t *loops, SSL_CTX *server_tls, bson_error_t *error)
 {
    listener_t *l = bson_malloc0 (sizeof *l);
    char host[256];
@@ -93,7 +94,7 @@ listener_new (struct event_base *base, const char *listen, client_loop_t *loop, 
    socklen_t sslen;
    const unsigned flags = LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE;
 
-   l->loop = loop;
+   l->loops = loops;
    l->server_tls = server_tls;
    if (!config_parse_listen (listen, host, sizeof host, &port, error))
       goto fail;

@@ -848,12 +848,19 @@ struct client_decoder {
 
 /* Static, never freed: a post to the loop may still be queued when the
  * loop is destroyed (a second SIGTERM destroys it from inside the loop),
- * and its callback must find a valid, stopped decoder.  One forwarding loop
- * today; N loops would each get one of an array. */
-static client_decoder_t the_decoder = {
-   .mu = PTHREAD_MUTEX_INITIALIZER,
-   .cv = PTHREAD_COND_INITIALIZER,
-};
+ * and its callback must find a valid, stopped decoder.  One per loop,
+ * by the loop's index; each mutex is initialised once (decoders_once). */
+static client_decoder_t decoders[CLIENT_LOOPS_MAX];
+static pthread_once_t decoders_once = PTHREAD_ONCE_INIT;
+
+static void
+decoders_init (void)
+{
+   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+      pthread_mutex_init (&decoders[i].mu, NULL);
+      pthread_cond_init (&decoders[i].cv, NULL);
+   }
+}
 
 static void
 client_job_free (client_job_t *j)
@@ -947,7 +954,10 @@ client_decoder_main (void *arg)
 bool
 client_decoder_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
 {
-   client_decoder_t *w = &the_decoder;
+   client_decoder_t *w;
+
+   pthread_once (&decoders_once, decoders_init);
+   w = &decoders[loop->index];
 
    pthread_mutex_lock (&w->mu);
    if (w->running) {

@@ -23,6 +23,8 @@
 #include "publish/pull.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/assert.h"
@@ -137,9 +139,10 @@ answer_error (client_conn_t *c, uint64_t seq, pull_code_t code, const char *errm
 
 /* --- completion inside the consumer's transaction --------------------------- */
 
-/* Completions that wait for their transaction's commit, per loop thread:
- * after a successful commitTransaction (on any connection of this loop)
- * the consumer forgets their leases, which the connection then no longer
+/* Completions that wait for their transaction's commit, process-wide:
+ * after a successful commitTransaction (on any connection of any loop: a
+ * driver may commit on another connection than the statements used) the
+ * consumer forgets their leases, which the connection then no longer
  * holds; after an abort they stay held.  Full, the oldest entry goes: its
  * leases then stay in the consumer's bookkeeping until the connection
  * closes or their lease ends, which costs room, never correctness (the
@@ -153,9 +156,13 @@ typedef struct {
    pull_req_t *settle; /* handler and leases, for the consumer's settled notice */
 } pending_t;
 
-static _Thread_local pending_t pending[PULL_TXN_PENDING_MAX];
-static _Thread_local uint32_t n_pending;
-static _Thread_local uint64_t pending_stamp;
+/* Under pending_mu.  n_pending is atomic so that the commits of
+ * transactions without a completion (most of them) take no lock while no
+ * entry waits. */
+static pending_t pending[PULL_TXN_PENDING_MAX];
+static atomic_uint n_pending;
+static uint64_t pending_stamp;
+static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static bool
 key_equal (const poison_key_t *a, const poison_key_t *b)
@@ -163,6 +170,7 @@ key_equal (const poison_key_t *a, const poison_key_t *b)
    return a->id_len == b->id_len && a->txn_number == b->txn_number && memcmp (a->id, b->id, a->id_len) == 0;
 }
 
+/* With pending_mu held. */
 static void
 pending_remove (uint32_t i)
 {
@@ -177,6 +185,7 @@ pending_add (const poison_key_t *key, uint64_t conn_id, const pull_req_t *r)
 {
    pending_t *e = NULL;
 
+   pthread_mutex_lock (&pending_mu);
    for (uint32_t i = 0; i < n_pending && !e; i++)
       if (pending[i].conn_id == conn_id && key_equal (&pending[i].key, key) && strcmp (pending[i].settle->handler, r->handler) == 0)
          e = &pending[i];
@@ -186,7 +195,7 @@ pending_add (const poison_key_t *key, uint64_t conn_id, const pull_req_t *r)
          for (uint32_t i = 1; i < n_pending; i++)
             if (pending[i].stamp < pending[oldest].stamp)
                oldest = i;
-         log_info ("c%" PRIu64 ": %d completions wait for their commit on this loop; forgetting the oldest",
+         log_info ("c%" PRIu64 ": %d completions wait for their commit; forgetting the oldest",
                    pending[oldest].conn_id, PULL_TXN_PENDING_MAX);
          pending_remove (oldest);
       }
@@ -202,27 +211,34 @@ pending_add (const poison_key_t *key, uint64_t conn_id, const pull_req_t *r)
    e->settle->leases = bson_realloc (e->settle->leases, (e->settle->n_leases + r->n_leases) * sizeof *e->settle->leases);
    memcpy (e->settle->leases + e->settle->n_leases, r->leases, r->n_leases * sizeof *r->leases);
    e->settle->n_leases += r->n_leases;
+   pthread_mutex_unlock (&pending_mu);
 }
 
 static void
 pending_drop_conn (uint64_t conn_id)
 {
+   if (atomic_load (&n_pending) == 0)
+      return;
+   pthread_mutex_lock (&pending_mu);
    for (uint32_t i = n_pending; i-- > 0;)
       if (pending[i].conn_id == conn_id)
          pending_remove (i);
+   pthread_mutex_unlock (&pending_mu);
 }
 
 bool
 pull_txn_pending (const bson_t *cmd)
 {
    poison_key_t key;
+   bool found = false;
 
-   if (n_pending == 0 || !poison_key_of (cmd, &key))
+   if (atomic_load (&n_pending) == 0 || !poison_key_of (cmd, &key))
       return false;
-   for (uint32_t i = 0; i < n_pending; i++)
-      if (key_equal (&pending[i].key, &key))
-         return true;
-   return false;
+   pthread_mutex_lock (&pending_mu);
+   for (uint32_t i = 0; i < n_pending && !found; i++)
+      found = key_equal (&pending[i].key, &key);
+   pthread_mutex_unlock (&pending_mu);
+   return found;
 }
 
 /* Does the reply carry error label `label`? */
@@ -245,7 +261,7 @@ pull_txn_outcome (const bson_t *cmd, const bson_t *reply)
    poison_key_t key;
    bool committed, unknown;
 
-   if (n_pending == 0 || !poison_key_of (cmd, &key))
+   if (atomic_load (&n_pending) == 0 || !poison_key_of (cmd, &key))
       return;
    /* No reply, or UnknownTransactionCommitResult: the driver sends the
     * commit again, and the entry waits for that answer. */
@@ -255,6 +271,8 @@ pull_txn_outcome (const bson_t *cmd, const bson_t *reply)
    unknown = !committed && has_label (reply, "UnknownTransactionCommitResult");
    if (unknown)
       return;
+   /* g_settled only queues for the consumer thread: it never calls back. */
+   pthread_mutex_lock (&pending_mu);
    for (uint32_t i = n_pending; i-- > 0;) {
       if (!key_equal (&pending[i].key, &key))
          continue;
@@ -264,6 +282,7 @@ pull_txn_outcome (const bson_t *cmd, const bson_t *reply)
       }
       pending_remove (i);
    }
+   pthread_mutex_unlock (&pending_mu);
 }
 
 void
@@ -271,11 +290,13 @@ pull_txn_aborted (const bson_t *cmd)
 {
    poison_key_t key;
 
-   if (n_pending == 0 || !poison_key_of (cmd, &key))
+   if (atomic_load (&n_pending) == 0 || !poison_key_of (cmd, &key))
       return;
+   pthread_mutex_lock (&pending_mu);
    for (uint32_t i = n_pending; i-- > 0;)
       if (key_equal (&pending[i].key, &key))
          pending_remove (i);
+   pthread_mutex_unlock (&pending_mu);
 }
 
 /* One relaybusComplete inside a transaction: first the consumer checks
@@ -449,6 +470,7 @@ submit (client_conn_t *c, pull_conn_t *p, uint64_t seq, const char *cmd, const b
    }
    r->conn = p->id;
    r->seq = seq;
+   r->loop = client_loop_of (c);
    if (r->op == PULL_COMPLETE && inject_txn_of (body) != INJECT_TXN_NO) {
       /* In the consumer's transaction: the consumer checks the leases,
        * then the completion's writes run here, in the transaction. */

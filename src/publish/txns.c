@@ -11,6 +11,7 @@
  */
 #include "publish/txns.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -32,9 +33,14 @@ typedef struct {
    int64_t txn_number;
 } txn_slot_t;
 
-/* Per loop thread, as all of the forwarding loop's state is
- * (docs/architecture.md). */
-static _Thread_local txn_slot_t txn_slots[TXNS_SLOTS];
+/* Process-wide: a driver may send a transaction's statements and its
+ * commit on different connections, which different forwarding loops own.
+ * Under txn_mu, held only to compare or copy one slot; txn_used counts
+ * the used slots, so that the commits of transactions never injected into
+ * (most of them) take no lock while nothing is remembered. */
+static txn_slot_t txn_slots[TXNS_SLOTS];
+static pthread_mutex_t txn_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint txn_used;
 
 /* The lsid document's bytes and the txnNumber of a command. */
 static bool
@@ -79,10 +85,14 @@ txns_remember (const bson_t *cmd)
    if (!txn_key (cmd, &lsid, &len, &n))
       return;
    s = txn_slot (lsid, len, n);
+   pthread_mutex_lock (&txn_mu);
+   if (!s->used)
+      atomic_fetch_add (&txn_used, 1);
    s->used = true;
    s->lsid_len = len;
    memcpy (s->lsid, lsid, len);
    s->txn_number = n;
+   pthread_mutex_unlock (&txn_mu);
 }
 
 bool
@@ -92,15 +102,19 @@ txns_injected (const bson_t *cmd, bool forget)
    uint32_t len;
    int64_t n;
    txn_slot_t *s;
+   bool found;
 
-   if (!txn_key (cmd, &lsid, &len, &n))
+   if (atomic_load_explicit (&txn_used, memory_order_relaxed) == 0 || !txn_key (cmd, &lsid, &len, &n))
       return false;
    s = txn_slot (lsid, len, n);
-   if (!s->used || s->txn_number != n || s->lsid_len != len || memcmp (s->lsid, lsid, len) != 0)
-      return false;
-   if (forget)
+   pthread_mutex_lock (&txn_mu);
+   found = s->used && s->txn_number == n && s->lsid_len == len && memcmp (s->lsid, lsid, len) == 0;
+   if (found && forget) {
       s->used = false;
-   return true;
+      atomic_fetch_sub (&txn_used, 1);
+   }
+   pthread_mutex_unlock (&txn_mu);
+   return found;
 }
 
 /* --- poisoned transactions ---------------------------------------------- */

@@ -1,0 +1,518 @@
+/*
+ * proxy/loops.c - the forwarding loops and the hand-off of accepted sockets
+ * (see proxy/loops.h).
+ *
+ * Each loop but 0 is a loop_t with a thread, an event base and a loopwake
+ * of its own.  What the main thread has for a loop (sockets, a snapshot,
+ * notices) waits in the loop's slot under its mutex; one post of
+ * loop_notice_cb at a time takes all of it.  A post that fails (the loop's
+ * queue is full of other producers' posts) is retried from a timer on loop
+ * 0; nothing waiting in a slot is lost meanwhile.
+ *
+ * Teardown: a loop stops on NOTICE_STOP, closes its connections on its own
+ * thread (their per-thread state, publish/ and pull/ tables, lives there)
+ * and returns; loops_destroy joins it, then frees its wake and base, whose
+ * producers (the consumer thread, other loops' memory notices, its
+ * decoding thread) have stopped or unregistered by then.
+ */
+#include "proxy/loops.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "base/clock.h"
+#include "base/counters.h"
+#include "base/log.h"
+#include "base/loopwake.h"
+#include "proxy/side.h"
+
+/* How long loop 0 waits before posting again to a loop whose wake-up
+ * queue was full. */
+#define LOOPS_POST_RETRY_MS 5
+/* While draining, loop 0 also counts the loops' reports this often, in
+ * case a report's post did not fit its queue. */
+#define LOOPS_DRAIN_CHECK_MS 100
+
+/* Notices for a loop, coalesced in its slot. */
+#define NOTICE_TOPOLOGY 1u
+#define NOTICE_DRAIN 2u
+#define NOTICE_STOP 4u
+
+typedef struct {
+   evutil_socket_t fd;
+   struct sockaddr_storage addr;
+   int addr_len;
+   SSL_CTX *server_tls;
+} handoff_t;
+
+typedef struct loop {
+   struct loops *owner;
+   unsigned index;
+   struct event_base *base; /* loop 0: borrowed; the others: owned */
+   loopwake_t *wake;        /* loop 0: borrowed; the others: owned */
+   client_loop_t *clients;  /* touched only on this loop's thread (and by
+                             * loops_destroy after the join) */
+   pthread_t thread;
+   bool started;
+
+   pthread_mutex_t mu; /* the slot: */
+   handoff_t *q;       /* LOOPS_HANDOFF_MAX, a ring */
+   unsigned q_head, q_len;
+   config_t *next_cfg; /* a reloaded snapshot not taken yet (retained) */
+   unsigned notices;
+   int64_t drain_timeout_ms;
+   bool posted;  /* a loop_notice_cb is queued */
+   bool stopped; /* NOTICE_STOP sent: nothing else is posted */
+} loop_t;
+
+struct loops {
+   unsigned n;
+   unsigned next; /* round robin */
+   loop_t *loops;
+   loopwake_t **wakes;
+   struct event *retry_ev; /* on loop 0 */
+   atomic_size_t handed_off; /* sockets in the slots */
+   /* Drain: loops that reported empty, and what to call when all did. */
+   atomic_uint drained;
+   bool draining;
+   bool stopped; /* loops_stop ran */
+   void (*on_empty) (void *);
+   void *on_empty_ctx;
+};
+
+unsigned
+loops_wanted (const config_t *cfg)
+{
+   long cores;
+
+   if (cfg->threads > 0)
+      return (unsigned) (cfg->threads < CLIENT_LOOPS_MAX ? cfg->threads : CLIENT_LOOPS_MAX);
+   cores = sysconf (_SC_NPROCESSORS_ONLN);
+   if (cores < 1)
+      cores = 1;
+   return (unsigned) (cores < CONFIG_THREADS_DEFAULT_MAX ? cores : CONFIG_THREADS_DEFAULT_MAX);
+}
+
+/* ------------------------------------------------------------ drain */
+
+/* On loop 0: a loop reported empty; the last one ends the drain. */
+static void
+loops_drained_cb (void *arg)
+{
+   loops_t *l = arg;
+
+   if (!l->draining || atomic_load (&l->drained) < l->n || !l->on_empty)
+      return;
+   l->draining = false;
+   l->on_empty (l->on_empty_ctx);
+}
+
+/* On loop t: its last connection is gone. */
+static void
+loop_empty_cb (void *arg)
+{
+   loop_t *t = arg;
+   loops_t *l = t->owner;
+
+   atomic_fetch_add (&l->drained, 1);
+   if (t->index == 0) {
+      loops_drained_cb (l);
+      return;
+   }
+   /* A post that does not fit loop 0's queue is not lost: loop 0 counts
+    * the reports every LOOPS_DRAIN_CHECK_MS while it drains. */
+   if (!loopwake_post (l->loops[0].wake, loops_drained_cb, l))
+      log_debug ("loop %u: drained; loop 0's wake-up queue is full, its drain check counts it", t->index);
+}
+
+/* ------------------------------------------------------------ notices */
+
+/* On loop t: everything waiting in its slot. */
+static void
+loop_notice_cb (void *arg)
+{
+   loop_t *t = arg;
+   handoff_t q[LOOPS_HANDOFF_MAX];
+   unsigned n = 0, notices;
+   config_t *cfg;
+   int64_t drain_ms;
+   bson_error_t error;
+
+   pthread_mutex_lock (&t->mu);
+   t->posted = false;
+   while (t->q_len > 0) {
+      q[n++] = t->q[t->q_head];
+      t->q_head = (t->q_head + 1) % LOOPS_HANDOFF_MAX;
+      t->q_len--;
+   }
+   cfg = t->next_cfg;
+   t->next_cfg = NULL;
+   notices = t->notices;
+   t->notices = 0;
+   drain_ms = t->drain_timeout_ms;
+   pthread_mutex_unlock (&t->mu);
+
+   if (cfg) {
+      if (t->clients)
+         client_loop_set_config (t->clients, cfg);
+      config_release (cfg);
+   }
+   for (unsigned i = 0; i < n; i++) {
+      atomic_fetch_sub (&t->owner->handed_off, 1);
+      if (!t->clients) {
+         evutil_closesocket (q[i].fd);
+         continue;
+      }
+      if (!client_accept (t->clients, q[i].fd, (struct sockaddr *) &q[i].addr, q[i].addr_len, q[i].server_tls, &error))
+         log_error ("loop %u: accept: %s", t->index, error.message);
+   }
+   if ((notices & NOTICE_TOPOLOGY) && t->clients)
+      client_loop_topology_changed (t->clients);
+   if (notices & NOTICE_DRAIN) {
+      if (t->clients)
+         client_loop_drain (t->clients, drain_ms, loop_empty_cb, t);
+      else
+         loop_empty_cb (t);
+   }
+   if (notices & NOTICE_STOP)
+      event_base_loopexit (t->base, NULL);
+}
+
+/* On loop 0, with t->mu held: makes sure a loop_notice_cb is queued. */
+static void
+loop_post_locked (loops_t *l, loop_t *t)
+{
+   struct timeval tv;
+
+   if (t->posted)
+      return;
+   if (loopwake_post (t->wake, loop_notice_cb, t)) {
+      t->posted = true;
+      return;
+   }
+   tv = clock_timeval_ms (LOOPS_POST_RETRY_MS);
+   evtimer_add (l->retry_ev, &tv);
+}
+
+/* On loop 0: posts again to the loops that have something waiting. */
+static void
+loops_retry_cb (evutil_socket_t fd, short what, void *arg)
+{
+   loops_t *l = arg;
+
+   (void) fd;
+   (void) what;
+   for (unsigned i = 1; i < l->n; i++) {
+      loop_t *t = &l->loops[i];
+      pthread_mutex_lock (&t->mu);
+      if (t->q_len > 0 || t->next_cfg || t->notices)
+         loop_post_locked (l, t);
+      pthread_mutex_unlock (&t->mu);
+   }
+   loops_drained_cb (l);
+   if (l->draining) {
+      struct timeval tv = clock_timeval_ms (LOOPS_DRAIN_CHECK_MS);
+      evtimer_add (l->retry_ev, &tv);
+   }
+}
+
+/* On loop 0: adds `notices` to loop t's slot. */
+static void
+loop_notify (loops_t *l, loop_t *t, unsigned notices)
+{
+   pthread_mutex_lock (&t->mu);
+   if (!t->stopped) {
+      t->notices |= notices;
+      t->stopped = (notices & NOTICE_STOP) != 0;
+      loop_post_locked (l, t);
+   }
+   pthread_mutex_unlock (&t->mu);
+}
+
+/* ------------------------------------------------------------ threads */
+
+static void *
+loop_thread_main (void *arg)
+{
+   loop_t *t = arg;
+   char name[16];
+
+   snprintf (name, sizeof name, "loop%u", t->index);
+   log_set_thread_name (name);
+   event_base_dispatch (t->base);
+   /* On this thread: the connections' per-thread state is here. */
+   client_loop_destroy (t->clients);
+   t->clients = NULL;
+   return NULL;
+}
+
+static bool
+loop_init (loops_t *l, loop_t *t, topology_t *topo, tls_upstream_t *tls, config_t *cfg, client_request_hook_t hook,
+           bson_error_t *error)
+{
+   pthread_mutex_init (&t->mu, NULL);
+   t->owner = l;
+   t->q = bson_malloc0 (LOOPS_HANDOFF_MAX * sizeof *t->q);
+   if (t->index > 0) {
+      struct event_config *ec = event_config_new ();
+      /* No locks, as loop 0's: only this loop's thread touches its base. */
+      if (ec && event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK) == 0)
+         t->base = event_base_new_with_config (ec);
+      if (ec)
+         event_config_free (ec);
+      if (!t->base) {
+         bson_set_error (error, LOOPS_ERROR_DOMAIN, 1, "loop %u: cannot create its event base", t->index);
+         return false;
+      }
+      t->wake = loopwake_new (t->base, error);
+      if (!t->wake)
+         return false;
+   }
+   l->wakes[t->index] = t->wake;
+   t->clients = client_loop_new (t->base, t->index, topo, tls, cfg, error);
+   if (!t->clients)
+      return false;
+   /* Big requests are decompressed and validated on a thread of the loop's own. */
+   if (!client_loop_set_wake (t->clients, t->wake, error))
+      return false;
+   client_loop_set_request_hook (t->clients, hook, NULL);
+   if (t->index > 0) {
+      if (pthread_create (&t->thread, NULL, loop_thread_main, t) != 0) {
+         bson_set_error (error, LOOPS_ERROR_DOMAIN, 2, "loop %u: cannot start its thread", t->index);
+         return false;
+      }
+      t->started = true;
+   }
+   return true;
+}
+
+loops_t *
+loops_new (struct event_base *base0,
+           loopwake_t *wake0,
+           unsigned n,
+           topology_t *topo,
+           tls_upstream_t *tls,
+           config_t *cfg,
+           client_request_hook_t hook,
+           bson_error_t *error)
+{
+   loops_t *l;
+
+   if (n < 1 || n > CLIENT_LOOPS_MAX) {
+      bson_set_error (error, LOOPS_ERROR_DOMAIN, 3, "threads = %u: between 1 and %d", n, CLIENT_LOOPS_MAX);
+      return NULL;
+   }
+   l = bson_malloc0 (sizeof *l);
+   l->loops = bson_malloc0 (n * sizeof *l->loops);
+   l->wakes = bson_malloc0 (n * sizeof *l->wakes);
+   l->loops[0].base = base0;
+   l->loops[0].wake = wake0;
+   l->retry_ev = evtimer_new (base0, loops_retry_cb, l);
+   if (!l->retry_ev) {
+      bson_set_error (error, LOOPS_ERROR_DOMAIN, 1, "out of memory for the loops' retry timer");
+      bson_free (l->wakes);
+      bson_free (l->loops);
+      bson_free (l);
+      return NULL;
+   }
+   for (unsigned i = 0; i < n; i++) {
+      l->loops[i].index = i;
+      l->n = i + 1;
+      if (!loop_init (l, &l->loops[i], topo, tls, cfg, hook, error)) {
+         loops_destroy (l);
+         return NULL;
+      }
+   }
+   if (n > 1)
+      log_info ("%u forwarding loops (threads = %" PRId64 "%s)", n, cfg->threads, cfg->threads ? "" : ": one per core");
+   return l;
+}
+
+unsigned
+loops_count (const loops_t *l)
+{
+   return l->n;
+}
+
+loopwake_t *
+loops_wake (const loops_t *l, unsigned i)
+{
+   return i < l->n ? l->wakes[i] : NULL;
+}
+
+loopwake_t *const *
+loops_wakes (const loops_t *l)
+{
+   return l->wakes;
+}
+
+size_t
+loops_clients (const loops_t *l)
+{
+   return (size_t) counters_get (COUNTER_CONNECTIONS_OPEN) + atomic_load (&l->handed_off);
+}
+
+bool
+loops_accept (loops_t *l, evutil_socket_t fd, const struct sockaddr *addr, int addr_len, SSL_CTX *server_tls,
+              bson_error_t *error)
+{
+   for (unsigned tries = 0; tries < l->n; tries++) {
+      loop_t *t = &l->loops[l->next];
+
+      l->next = (l->next + 1) % l->n;
+      if (t->index == 0)
+         break;
+      pthread_mutex_lock (&t->mu);
+      if (!t->stopped && t->q_len < LOOPS_HANDOFF_MAX && (size_t) addr_len <= sizeof t->q[0].addr) {
+         handoff_t *h = &t->q[(t->q_head + t->q_len) % LOOPS_HANDOFF_MAX];
+         h->fd = fd;
+         memcpy (&h->addr, addr, (size_t) addr_len);
+         h->addr_len = addr_len;
+         h->server_tls = server_tls;
+         t->q_len++;
+         atomic_fetch_add (&l->handed_off, 1);
+         loop_post_locked (l, t);
+         pthread_mutex_unlock (&t->mu);
+         return true;
+      }
+      pthread_mutex_unlock (&t->mu);
+   }
+   /* Loop 0's turn, or every other loop's queue is full. */
+   if (!l->loops[0].clients) {
+      evutil_closesocket (fd);
+      bson_set_error (error, LOOPS_ERROR_DOMAIN, 4, "the loops are closed");
+      return false;
+   }
+   return client_accept (l->loops[0].clients, fd, addr, addr_len, server_tls, error);
+}
+
+void
+loops_set_config (loops_t *l, config_t *cfg)
+{
+   if (l->loops[0].clients)
+      client_loop_set_config (l->loops[0].clients, cfg);
+   for (unsigned i = 1; i < l->n; i++) {
+      loop_t *t = &l->loops[i];
+      pthread_mutex_lock (&t->mu);
+      if (!t->stopped) {
+         config_release (t->next_cfg);
+         t->next_cfg = config_retain (cfg);
+         loop_post_locked (l, t);
+      }
+      pthread_mutex_unlock (&t->mu);
+   }
+}
+
+void
+loops_topology_changed (loops_t *l)
+{
+   if (l->loops[0].clients)
+      client_loop_topology_changed (l->loops[0].clients);
+   for (unsigned i = 1; i < l->n; i++)
+      loop_notify (l, &l->loops[i], NOTICE_TOPOLOGY);
+}
+
+void
+loops_drain (loops_t *l, int64_t timeout_ms, void (*on_empty) (void *), void *ctx)
+{
+   l->draining = true;
+   l->on_empty = on_empty;
+   l->on_empty_ctx = ctx;
+   atomic_store (&l->drained, 0);
+   for (unsigned i = 1; i < l->n; i++) {
+      loop_t *t = &l->loops[i];
+      pthread_mutex_lock (&t->mu);
+      t->drain_timeout_ms = timeout_ms;
+      pthread_mutex_unlock (&t->mu);
+      loop_notify (l, t, NOTICE_DRAIN);
+   }
+   {
+      struct timeval tv = clock_timeval_ms (LOOPS_DRAIN_CHECK_MS);
+      evtimer_add (l->retry_ev, &tv);
+   }
+   /* Last: loop 0 may be empty already and report at once, which then
+    * waits for the others' reports. */
+   if (l->loops[0].clients)
+      client_loop_drain (l->loops[0].clients, timeout_ms, loop_empty_cb, &l->loops[0]);
+   else
+      loop_empty_cb (&l->loops[0]);
+}
+
+void
+loops_close_all (loops_t *l)
+{
+   l->draining = false;
+   for (unsigned i = 1; i < l->n; i++)
+      loop_notify (l, &l->loops[i], NOTICE_STOP);
+   client_loop_destroy (l->loops[0].clients);
+   l->loops[0].clients = NULL;
+}
+
+void
+loops_stop (loops_t *l)
+{
+   if (!l || l->stopped)
+      return;
+   l->stopped = true;
+   l->draining = false;
+   for (unsigned i = 1; i < l->n; i++) {
+      loop_t *t = &l->loops[i];
+      if (t->started) {
+         loop_notify (l, t, NOTICE_STOP);
+         /* Loop 0 no longer runs its retry timer: until a notice is
+          * queued, post here (the thread exits at the notice). */
+         for (;;) {
+            bool posted;
+            pthread_mutex_lock (&t->mu);
+            posted = t->posted;
+            if (!posted)
+               posted = t->posted = loopwake_post (t->wake, loop_notice_cb, t);
+            pthread_mutex_unlock (&t->mu);
+            if (posted)
+               break;
+            usleep (1000);
+         }
+         pthread_join (t->thread, NULL);
+      } else {
+         client_loop_destroy (t->clients);
+         t->clients = NULL;
+      }
+   }
+   client_loop_destroy (l->loops[0].clients);
+   l->loops[0].clients = NULL;
+}
+
+void
+loops_destroy (loops_t *l)
+{
+   if (!l)
+      return;
+   loops_stop (l);
+   for (unsigned i = 0; i < l->n; i++) {
+      loop_t *t = &l->loops[i];
+      /* Sockets handed off and never taken. */
+      for (; t->q && t->q_len > 0; t->q_len--) {
+         evutil_closesocket (t->q[t->q_head].fd);
+         t->q_head = (t->q_head + 1) % LOOPS_HANDOFF_MAX;
+      }
+      config_release (t->next_cfg);
+      t->next_cfg = NULL;
+      bson_free (t->q);
+      if (i > 0) {
+         loopwake_destroy (t->wake);
+         if (t->base)
+            event_base_free (t->base);
+      }
+      pthread_mutex_destroy (&t->mu);
+   }
+   proxy_event_free (l->retry_ev);
+   bson_free (l->wakes);
+   bson_free (l->loops);
+   bson_free (l);
+}
