@@ -10,6 +10,7 @@ const net = require('node:net');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { tmpDir, freePort, sleep, proxyBin, assertNoSanitizerReports } = require('../lib/proxy');
+const H = require('../lib/proxy');
 const { publish, waitFor, laneId, TEST_RETRY_SCHEDULE } = require('../dispatch/helpers');
 
 /**
@@ -28,6 +29,7 @@ async function startAdminProxy(o) {
   const port = await freePort();
   const handlers = o.handlers || [];
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${o.upstream}`, 'drain_timeout_ms = 2000',
+    `threads = ${H.proxyThreads()}`,
     `log_level = ${o.logLevel || 'info'}`, '', '[outbox]'];
   for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', `enabled = ${o.dispatch ?? handlers.length > 0}`);

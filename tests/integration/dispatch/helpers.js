@@ -12,6 +12,7 @@ const { spawn } = require('node:child_process');
 const { ObjectId, MongoClient } = require('mongodb');
 const { Webhook } = require('standardwebhooks');
 const { tmpDir, freePort, sleep, within, proxyBin, startUpstream } = require('../lib/proxy');
+const H = require('../lib/proxy');
 
 function fnv1a(str) {
   let h = 0x811c9dc5;
@@ -38,6 +39,7 @@ const TEST_RETRY_SCHEDULE = '500ms, 1s, 2s, 4s, 8s, 16s, 32s, 64s, 128s';
  * @param {boolean} [o.enabled]  false: a publishing-only proxy (handlers listed, no dispatch)
  * @param {object} [o.env]       extra environment (SSL_CERT_FILE...)
  * @param {string} [o.adminListen] [admin] listen (default: empty, no admin port)
+ * @param {number} [o.threads] [proxy] threads (default: RELAYBUS_PROXY_THREADS, else 1)
  * @param {Array<object>} o.handlers  {name, events, kind, url, secret, retry_schedule, max_attempts, timeout_ms, concurrency, retry_4xx}
  *        (retry_schedule: TEST_RETRY_SCHEDULE unless given; undefined leaves the proxy's default)
  */
@@ -45,6 +47,7 @@ async function startDispatchProxy(o) {
   const dir = tmpDir('relaybus-dispatch-');
   const port = await freePort();
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${o.upstream}`, 'drain_timeout_ms = 2000',
+    `threads = ${o.threads ?? H.proxyThreads()}`,
     `log_level = ${o.logLevel || 'info'}`, '', '[outbox]'];
   for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', `enabled = ${o.enabled === false ? 'false' : 'true'}`);

@@ -247,6 +247,18 @@ function safeRead(p) {
 const startedProxies = [];
 
 /**
+ * [proxy] threads for the proxies the tests start: RELAYBUS_PROXY_THREADS
+ * (scripts/test runs the proxy folder with 1 and with 4), 1 when unset, so a
+ * test sees the same loops on any machine.  A test's own settings.threads wins.
+ */
+function proxyThreads() {
+  const v = process.env.RELAYBUS_PROXY_THREADS;
+  if (v === undefined || v === '') return 1;
+  assert.ok(/^[0-9]+$/.test(v), `RELAYBUS_PROXY_THREADS must be a number, got ${v}`);
+  return Number(v);
+}
+
+/**
  * Starts relaybus-proxy against `upstream` (a URI string).
  * opts: {
  *   upstream,                 // required
@@ -264,7 +276,7 @@ async function startProxy(opts) {
   const dir = tmpDir('relaybus-proxy-');
   const socketPath = opts.unixSocket ? path.join(dir, 'proxy.sock') : null;
   const port = socketPath ? null : await freePort();
-  const settings = { drain_timeout_ms: 2000, ...(opts.settings || {}) };
+  const settings = { drain_timeout_ms: 2000, threads: proxyThreads(), ...(opts.settings || {}) };
   const listen = socketPath || `127.0.0.1:${port}`;
   const lines = ['[proxy]', `listen = ${listen}`, `upstream = ${opts.upstream}`];
   for (const [k, v] of Object.entries(settings)) {
@@ -424,7 +436,7 @@ async function runProxyExpectingExit({ upstream, settings = {}, timeoutMs = 2000
   const dir = tmpDir('relaybus-proxy-exit-');
   const port = await freePort();
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${upstream}`];
-  for (const [k, v] of Object.entries(settings)) lines.push(`${k} = ${v}`);
+  for (const [k, v] of Object.entries({ threads: proxyThreads(), ...settings })) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', 'enabled = false', '');
   const iniPath = path.join(dir, 'proxy.ini');
   fs.writeFileSync(iniPath, lines.join('\n'));
@@ -919,6 +931,7 @@ function isHelloDoc(doc) {
 
 module.exports = {
   within,
+  proxyThreads,
   REPO,
   DOUBLE_BIN,
   OP_REPLY,
