@@ -71,10 +71,7 @@ async function startAdminProxy(o) {
     /** SIGTERM; resolves {code, signal}; throws if it does not exit within 15 s. */
     async stop() {
       if (!exitInfo) child.kill('SIGTERM');
-      let timer;
-      const deadline = new Promise((resolve) => { timer = setTimeout(() => resolve(null), 15000); });
-      const r = await Promise.race([exited, deadline]);
-      clearTimeout(timer); // a pending timer would keep the test process alive
+      const r = await H.within(exited, 15000, null);
       if (!r) { child.kill('SIGKILL'); await exited; throw new Error(`proxy did not stop after SIGTERM:\n${log().slice(-3000)}`); }
       assertNoSanitizerReports(log(), `proxy ${ini}`);
       return r;
