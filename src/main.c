@@ -309,13 +309,21 @@ proxy_notify_ready (proxy_t *p)
    p->ready_sent = notify_send (state);
 }
 
-/* Runs on the forwarding loop, so a loop that stopped turning stops the pings. */
+/* Runs on loop 0, and sends only when every other loop answered the
+ * previous round's ping (proxy/loops.h): a loop that stopped turning, any
+ * of them, stops the pings and the service manager restarts the proxy. */
 static void
 proxy_watchdog_cb (evutil_socket_t fd, short what, void *arg)
 {
+   proxy_t *p = arg;
+
    (void) fd;
    (void) what;
-   (void) arg;
+   if (p->loops && !loops_ping (p->loops)) {
+      log_warn ("watchdog: a forwarding loop did not answer in %" PRId64 " ms; WATCHDOG=1 withheld",
+                notify_watchdog_ms () / 2);
+      return;
+   }
    (void) notify_send ("WATCHDOG=1");
 }
 
@@ -357,15 +365,9 @@ proxy_start (proxy_t *p, bson_error_t *error)
    topology_state_t state;
    topology_primary_t snap;
 
-   /* No locks on the forwarding loop's base: nothing but this thread
-    * touches it (other threads post through p->wake). */
-   {
-      struct event_config *ec = event_config_new ();
-      if (ec && event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK) == 0)
-         p->base = event_base_new_with_config (ec);
-      if (ec)
-         event_config_free (ec);
-   }
+   /* Loop 0's base, without locks: nothing but this thread touches it
+    * (other threads post through p->wake). */
+   p->base = loops_base_new ();
    if (!p->base) {
       bson_set_error (error, 0, 1, "cannot create the event loop");
       return false;

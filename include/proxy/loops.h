@@ -53,6 +53,10 @@ struct loopwake;
 
 typedef struct loops loops_t;
 
+/* An event base without libevent's locks, as every forwarding loop's is:
+ * only the loop's own thread may touch it.  NULL when out of memory. */
+struct event_base *loops_base_new (void);
+
 /* How many loops `cfg` asks for: [proxy] threads, or for 0 one per online
  * core, at most CONFIG_THREADS_DEFAULT_MAX. */
 unsigned loops_wanted (const config_t *cfg);
@@ -87,6 +91,10 @@ bool loops_accept (loops_t *l, evutil_socket_t fd, const struct sockaddr *addr, 
 
 /* Reload: every loop's new connections take `cfg` (retained). */
 void loops_set_config (loops_t *l, config_t *cfg);
+/* For the service watchdog, on loop 0 (which is turning, since it runs
+ * this): true when every other running loop answered the previous call's
+ * ping; then pings them all again.  A loop that did not answer is logged. */
+bool loops_ping (loops_t *l);
 /* The topology snapshot changed: each loop's waiting clients try again. */
 void loops_topology_changed (loops_t *l);
 /* Drains every loop (client_loop_drain); `on_empty` runs on loop 0 once

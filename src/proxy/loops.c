@@ -43,6 +43,7 @@
 #define NOTICE_TOPOLOGY 1u
 #define NOTICE_DRAIN 2u
 #define NOTICE_STOP 4u
+#define NOTICE_PING 8u
 
 typedef struct {
    evutil_socket_t fd;
@@ -67,6 +68,8 @@ typedef struct loop {
    config_t *next_cfg; /* a reloaded snapshot not taken yet (retained) */
    unsigned notices;
    int64_t drain_timeout_ms;
+   uint64_t ping; /* the last ping sent (loops_ping) */
+   atomic_uint_fast64_t pong; /* the last ping this loop answered */
    bool posted;  /* a loop_notice_cb is queued */
    bool stopped; /* NOTICE_STOP sent: nothing else is posted */
 } loop_t;
@@ -82,9 +85,23 @@ struct loops {
    atomic_uint drained;
    bool draining;
    bool stopped; /* loops_stop ran */
+   uint64_t ping_seq; /* loops_ping */
    void (*on_empty) (void *);
    void *on_empty_ctx;
 };
+
+struct event_base *
+loops_base_new (void)
+{
+   struct event_config *ec = event_config_new ();
+   struct event_base *base = NULL;
+
+   if (ec && event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK) == 0)
+      base = event_base_new_with_config (ec);
+   if (ec)
+      event_config_free (ec);
+   return base;
+}
 
 unsigned
 loops_wanted (const config_t *cfg)
@@ -142,6 +159,7 @@ loop_notice_cb (void *arg)
    unsigned n = 0, notices;
    config_t *cfg;
    int64_t drain_ms;
+   uint64_t ping;
    bson_error_t error;
 
    pthread_mutex_lock (&t->mu);
@@ -156,7 +174,11 @@ loop_notice_cb (void *arg)
    notices = t->notices;
    t->notices = 0;
    drain_ms = t->drain_timeout_ms;
+   ping = t->ping;
    pthread_mutex_unlock (&t->mu);
+
+   if (notices & NOTICE_PING)
+      atomic_store (&t->pong, ping);
 
    if (cfg) {
       if (t->clients)
@@ -260,12 +282,7 @@ loop_init (loops_t *l, loop_t *t, topology_t *topo, tls_upstream_t *tls, config_
    t->owner = l;
    t->q = bson_malloc0 (LOOPS_HANDOFF_MAX * sizeof *t->q);
    if (t->index > 0) {
-      struct event_config *ec = event_config_new ();
-      /* No locks, as loop 0's: only this loop's thread touches its base. */
-      if (ec && event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK) == 0)
-         t->base = event_base_new_with_config (ec);
-      if (ec)
-         event_config_free (ec);
+      t->base = loops_base_new ();
       if (!t->base) {
          bson_set_error (error, LOOPS_ERROR_DOMAIN, 1, "loop %u: cannot create its event base", t->index);
          return false;
@@ -407,6 +424,29 @@ loops_set_config (loops_t *l, config_t *cfg)
       }
       pthread_mutex_unlock (&t->mu);
    }
+}
+
+bool
+loops_ping (loops_t *l)
+{
+   bool all = true;
+
+   l->ping_seq++;
+   for (unsigned i = 1; i < l->n; i++) {
+      loop_t *t = &l->loops[i];
+      pthread_mutex_lock (&t->mu);
+      if (!t->stopped) {
+         if (atomic_load (&t->pong) != t->ping) {
+            all = false;
+            log_warn ("loop %u has not answered for %" PRIu64 " watchdog intervals", t->index, l->ping_seq - 1 - atomic_load (&t->pong));
+         }
+         t->ping = l->ping_seq;
+         t->notices |= NOTICE_PING;
+         loop_post_locked (l, t);
+      }
+      pthread_mutex_unlock (&t->mu);
+   }
+   return all;
 }
 
 void
