@@ -141,6 +141,8 @@ typedef enum {
       "Log lines dropped because the log destination did not keep up with the queue.")                                \
    /* forwarding */                                                                                                    \
    X (CONNECTIONS_OPEN, "relaybus_client_connections", GAUGE, NONE, "Client connections open.")                       \
+   X (FORWARDING_LOOPS, "relaybus_forwarding_loops", GAUGE, NONE,                                                      \
+      "Forwarding loops running ([proxy] threads), each a thread owning its connections.")                            \
    X (CONNECTIONS_ACCEPTED, "relaybus_client_connections_accepted_total", COUNTER, NONE,                               \
       "Client connections accepted, including those refused over max_clients.")                                      \
    X (CONNECTIONS_CLOSED, "relaybus_client_connections_closed_total", COUNTER, REASON,                                 \

@@ -346,6 +346,7 @@ loops_new (struct event_base *base0,
          return NULL;
       }
    }
+   counters_set (COUNTER_FORWARDING_LOOPS, n);
    if (n > 1)
       log_info ("%u forwarding loops (threads = %" PRId64 "%s)", n, cfg->threads, cfg->threads ? "" : ": one per core");
    return l;

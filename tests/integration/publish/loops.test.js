@@ -84,6 +84,15 @@ test('threads = 4: connections go to the loops in turn, and /api/clients says wh
   // Ids are one process-wide sequence: no two connections share one.
   assert.equal(new Set(ours.map((c) => c.id)).size, ours.length);
   assert.match(proxy.log(), /4 forwarding loops \(threads = 4\)/);
+  const metrics = await new Promise((resolve, reject) => {
+    http.get({ host: '127.0.0.1', port: adminPort, path: '/metrics' }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve(body));
+    }).on('error', reject);
+  });
+  assert.match(metrics, /^relaybus_forwarding_loops 4$/m);
   assert.equal((await proxy.stop()).code, 0);
 });
 
