@@ -2,8 +2,9 @@
  * proxy/tls.h - OpenSSL contexts for both sides of the proxy.
  *
  * Thread: tls_upstream_new, tls_server_new and the destroys: the main
- * thread at start-up and teardown; tls_upstream_ssl_new: the forwarding
- * loop; tls_last_error: any thread.
+ * thread at start-up and teardown; tls_upstream_ssl_new: any forwarding
+ * loop, concurrently (the SSL_CTX is only read; OpenSSL makes each SSL
+ * from it safely); tls_last_error: any thread.
  *
  * Upstream: built from the TLS options of the `upstream` URI, as
  * mongo-c-driver reads them (tls/ssl, tlsCAFile, tlsAllowInvalidCertificates,
