@@ -508,8 +508,11 @@ static void
 set_malloc_arenas (unsigned loops)
 {
 #ifdef M_ARENA_MAX
+   /* A sanitizer's allocator refuses it, and has no arenas to spread. */
    if (loops > 1 && !getenv ("MALLOC_ARENA_MAX") && mallopt (M_ARENA_MAX, 1) != 1)
-      log_warn ("start-up: cannot limit malloc to one arena; RSS may exceed max_buffered_bytes with %u loops", loops);
+      log_info ("start-up: mallopt (M_ARENA_MAX, 1) refused (not glibc's allocator?); with %u loops RSS may grow "
+                "past max_buffered_bytes after bursts of large messages",
+                loops);
 #else
    (void) loops;
 #endif
