@@ -4,7 +4,7 @@
  * the auth file stores.
  *
  * Thread: any (pure: no I/O, no shared state).  PBKDF2 costs the entry's
- * iteration count only in scram_make_key (--make-user); a conversation
+ * iteration count only in scram_make_user (--make-user); a conversation
  * does two HMACs and a hash per step, so it may run on the forwarding loop.
  *
  * One scram_server_t is one conversation: feed it the client-first
@@ -48,6 +48,8 @@ typedef enum {
 #define SCRAM_MAX_MESSAGE 4096
 /* Random bytes of the server's part of the nonce (base64: 32 characters). */
 #define SCRAM_SERVER_NONCE_BYTES 24
+/* Characters of a fixed nonce (scram_server_set_nonce). */
+#define SCRAM_MAX_FIXED_NONCE 64
 
 /* The iteration counts and salt lengths of new entries: mongod's defaults
  * (scramSHA256IterationCount, scramIterationCount; salt = digest - 4). */
@@ -72,9 +74,9 @@ const char *scram_state_name (scram_state_t state);
 scram_server_t *scram_server_new (authfile_mech_t mech);
 void scram_server_destroy (scram_server_t *conv);
 
-/* Uses `nonce` (printable ASCII without ',', 1..64 characters) as the
- * server's part of the nonce instead of random bytes: for fixed test
- * vectors only.  Before scram_server_first. */
+/* Uses `nonce` (printable ASCII without ',', 1..SCRAM_MAX_FIXED_NONCE
+ * characters) as the server's part of the nonce instead of random bytes:
+ * for fixed test vectors only.  Before scram_server_first. */
 bool scram_server_set_nonce (scram_server_t *conv, const char *nonce, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 

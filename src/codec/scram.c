@@ -33,8 +33,9 @@
 
 #include "base/utf8.h"
 
-#define SCRAM_MAX_NONCE 64 /* of a fixed server nonce */
 #define B64_LEN(n) (4 * (((n) + 2) / 3))
+
+_Static_assert (SCRAM_SERVER_NONCE_BYTES <= 64, "random_nonce's buffer");
 
 struct scram_server {
    authfile_mech_t mech;
@@ -46,7 +47,7 @@ struct scram_server {
    char *first_bare;    /* client-first-message-bare; owned */
    char *server_first;  /* what step 1 returned; owned */
    char *nonce;         /* client nonce + server nonce; owned */
-   char fixed_nonce[SCRAM_MAX_NONCE + 1]; /* scram_server_set_nonce, or "" */
+   char fixed_nonce[SCRAM_MAX_FIXED_NONCE + 1]; /* scram_server_set_nonce, or "" */
 };
 
 static const char *const state_names[SCRAM_N_STATES] = {
@@ -125,28 +126,50 @@ is_printable (char c)
    return c >= 0x21 && c <= 0x7e && c != ',';
 }
 
-bool
-scram_server_set_nonce (scram_server_t *conv, const char *nonce, bson_error_t *error)
+/* Checks a fixed nonce for a conversation in `state` (either side; `whose`
+ * is "server" or "client"). */
+static bool
+check_fixed_nonce (scram_state_t state, const char *nonce, const char *whose, bson_error_t *error)
 {
    size_t len = strlen (nonce);
 
-   if (conv->state != SCRAM_STATE_NEW) {
-      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_STATE, "the server nonce is set before client-first");
+   if (state != SCRAM_STATE_NEW) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_STATE, "the %s nonce is set before client-first", whose);
       return false;
    }
-   if (len == 0 || len > SCRAM_MAX_NONCE) {
-      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "server nonce must be 1 to %d characters",
-                      SCRAM_MAX_NONCE);
+   if (len == 0 || len > SCRAM_MAX_FIXED_NONCE) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "%s nonce must be 1 to %d characters", whose,
+                      SCRAM_MAX_FIXED_NONCE);
       return false;
    }
    for (size_t i = 0; i < len; i++) {
       if (!is_printable (nonce[i])) {
          bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED,
-                         "server nonce holds a character that is not printable or is ','");
+                         "%s nonce holds a character that is not printable or is ','", whose);
          return false;
       }
    }
-   memcpy (conv->fixed_nonce, nonce, len + 1);
+   return true;
+}
+
+bool
+scram_server_set_nonce (scram_server_t *conv, const char *nonce, bson_error_t *error)
+{
+   if (!check_fixed_nonce (conv->state, nonce, "server", error))
+      return false;
+   bson_strncpy (conv->fixed_nonce, nonce, sizeof conv->fixed_nonce);
+   return true;
+}
+
+/* `bytes` random bytes in base64 into out (out_len >= B64_LEN (bytes) + 1). */
+static bool
+random_nonce (size_t bytes, char *out, size_t out_len)
+{
+   uint8_t rnd[64];
+
+   if (bytes > sizeof rnd || RAND_bytes (rnd, (int) bytes) != 1)
+      return false;
+   authfile_b64_encode (rnd, bytes, out, out_len);
    return true;
 }
 
@@ -155,27 +178,43 @@ scram_server_set_nonce (scram_server_t *conv, const char *nonce, bson_error_t *e
 #define FAIL(code, ...) \
    (conv->state = SCRAM_STATE_FAILED, bson_set_error (error, SCRAM_ERROR_DOMAIN, (code), __VA_ARGS__), false)
 
-/* Common checks of an incoming message: its step, size and bytes. */
+/* Refuses a step out of order: unless *state is `want`, fails it. */
 static bool
-check_message (scram_server_t *conv, scram_state_t want, const uint8_t *msg, size_t len, const char *what,
+check_state (scram_state_t *state, scram_state_t want, const char *what, bson_error_t *error)
+{
+   if (*state == want)
+      return true;
+   bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_STATE, "%s is not expected in state %s", what,
+                   scram_state_name (*state));
+   *state = SCRAM_STATE_FAILED;
+   return false;
+}
+
+/* Common checks of an incoming message, on either side: its step, size
+ * and bytes.  A refusal fails the conversation whose state is *state. */
+static bool
+check_message (scram_state_t *state, scram_state_t want, const uint8_t *msg, size_t len, const char *what,
                bson_error_t *error)
 {
-   if (conv->state != want) {
-      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_STATE, "%s is not expected in state %s", what,
-                      scram_state_name (conv->state));
-      conv->state = SCRAM_STATE_FAILED;
+   if (!check_state (state, want, what, error))
       return false;
-   }
    if (len > SCRAM_MAX_MESSAGE) {
-      conv->state = SCRAM_STATE_FAILED;
+      *state = SCRAM_STATE_FAILED;
       bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_TOO_LARGE, "%s is longer than %d bytes", what,
                       SCRAM_MAX_MESSAGE);
       return false;
    }
-   if (len == 0)
-      return FAIL (SCRAM_ERR_MALFORMED, "%s is empty", what);
-   if (!utf8_valid ((const char *) msg, len))
-      return FAIL (SCRAM_ERR_MALFORMED, "%s is not valid UTF-8 or holds a NUL byte", what);
+   if (len == 0) {
+      *state = SCRAM_STATE_FAILED;
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "%s is empty", what);
+      return false;
+   }
+   if (!utf8_valid ((const char *) msg, len)) {
+      *state = SCRAM_STATE_FAILED;
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "%s is not valid UTF-8 or holds a NUL byte",
+                      what);
+      return false;
+   }
    return true;
 }
 
@@ -213,6 +252,63 @@ valid_extensions (const char *s, const char *end)
    return true;
 }
 
+static bool
+hmac (authfile_mech_t mech, const uint8_t *key, size_t key_len, const void *data, size_t len, uint8_t *out)
+{
+   unsigned int out_len = 0;
+   return HMAC (mech_md (mech), key, (int) key_len, data, len, out, &out_len) != NULL &&
+          out_len == authfile_key_len (mech);
+}
+
+static bool
+digest (authfile_mech_t mech, const uint8_t *data, size_t len, uint8_t *out)
+{
+   unsigned int out_len = 0;
+   return EVP_Digest (data, len, out, &out_len, mech_md (mech), NULL) == 1 && out_len == authfile_key_len (mech);
+}
+
+/* SaltedPassword = PBKDF2-HMAC-H(password', salt, i): the costly step. */
+static bool
+salt_password (authfile_mech_t mech, const char *prepared, size_t prepared_len, const uint8_t *salt, size_t salt_len,
+               uint32_t iterations, uint8_t *salted)
+{
+   return PKCS5_PBKDF2_HMAC (prepared, (int) prepared_len, salt, (int) salt_len, (int) iterations, mech_md (mech),
+                             (int) authfile_key_len (mech), salted) == 1;
+}
+
+/* ClientKey, StoredKey = H(ClientKey) and ServerKey of a salted password. */
+static bool
+salted_keys (authfile_mech_t mech, const uint8_t *salted, uint8_t *client_key, uint8_t *stored_key,
+             uint8_t *server_key)
+{
+   size_t klen = authfile_key_len (mech);
+   return hmac (mech, salted, klen, "Client Key", 10, client_key) && digest (mech, client_key, klen, stored_key) &&
+          hmac (mech, salted, klen, "Server Key", 10, server_key);
+}
+
+/* AuthMessage: client-first-bare "," server-first "," client-final-without-proof.
+ * Free with bson_string_free (s, true); it holds nothing secret. */
+static bson_string_t *
+auth_message_of (const char *first_bare, const char *server_first, size_t server_first_len, const char *final,
+                 size_t final_len)
+{
+   bson_string_t *am = bson_string_new (first_bare);
+   bson_string_append_c (am, ',');
+   bson_string_append_printf (am, "%.*s", (int) server_first_len, server_first);
+   bson_string_append_c (am, ',');
+   bson_string_append_printf (am, "%.*s", (int) final_len, final);
+   return am;
+}
+
+/* out[i] = a[i] ^ b[i]: ClientProof from ClientKey and ClientSignature,
+ * and back. */
+static void
+xor_bytes (uint8_t *out, const uint8_t *a, const uint8_t *b, size_t n)
+{
+   for (size_t i = 0; i < n; i++)
+      out[i] = a[i] ^ b[i];
+}
+
 bool
 scram_server_first (scram_server_t *conv, const authfile_t *users, const uint8_t *msg, size_t len,
                     char **out, size_t *out_len, bson_error_t *error)
@@ -220,13 +316,12 @@ scram_server_first (scram_server_t *conv, const authfile_t *users, const uint8_t
    const char *m = (const char *) msg, *end = m + len, *p, *val;
    const authfile_user_t *user;
    size_t vlen, n = 0;
-   uint8_t rnd[SCRAM_SERVER_NONCE_BYTES];
-   char server_nonce[B64_LEN (SCRAM_SERVER_NONCE_BYTES) + SCRAM_MAX_NONCE + 1];
+   char server_nonce[B64_LEN (SCRAM_SERVER_NONCE_BYTES) + SCRAM_MAX_FIXED_NONCE + 1];
    char salt[B64_LEN (AUTHFILE_MAX_SALT) + 1];
 
    *out = NULL;
    *out_len = 0;
-   if (!check_message (conv, SCRAM_STATE_NEW, msg, len, "client-first message", error))
+   if (!check_message (&conv->state, SCRAM_STATE_NEW, msg, len, "client-first message", error))
       return false;
 
    /* gs2-header: channel binding and authzid are not supported. */
@@ -290,10 +385,8 @@ scram_server_first (scram_server_t *conv, const authfile_t *users, const uint8_t
 
    if (conv->fixed_nonce[0]) {
       bson_strncpy (server_nonce, conv->fixed_nonce, sizeof server_nonce);
-   } else {
-      if (RAND_bytes (rnd, sizeof rnd) != 1)
-         return FAIL (SCRAM_ERR_CRYPTO, "RAND_bytes failed: no server nonce");
-      authfile_b64_encode (rnd, sizeof rnd, server_nonce, sizeof server_nonce);
+   } else if (!random_nonce (SCRAM_SERVER_NONCE_BYTES, server_nonce, sizeof server_nonce)) {
+      return FAIL (SCRAM_ERR_CRYPTO, "RAND_bytes failed: no server nonce");
    }
    conv->nonce = bson_strdup_printf ("%.*s%s", (int) vlen, val, server_nonce);
    authfile_b64_encode (conv->key.salt, conv->key.salt_len, salt, sizeof salt);
@@ -302,21 +395,6 @@ scram_server_first (scram_server_t *conv, const authfile_t *users, const uint8_t
    *out = copy_bytes (conv->server_first, *out_len);
    conv->state = SCRAM_STATE_FIRST_SENT;
    return true;
-}
-
-static bool
-hmac (authfile_mech_t mech, const uint8_t *key, size_t key_len, const void *data, size_t len, uint8_t *out)
-{
-   unsigned int out_len = 0;
-   return HMAC (mech_md (mech), key, (int) key_len, data, len, out, &out_len) != NULL &&
-          out_len == authfile_key_len (mech);
-}
-
-static bool
-digest (authfile_mech_t mech, const uint8_t *data, size_t len, uint8_t *out)
-{
-   unsigned int out_len = 0;
-   return EVP_Digest (data, len, out, &out_len, mech_md (mech), NULL) == 1 && out_len == authfile_key_len (mech);
 }
 
 bool
@@ -333,7 +411,7 @@ scram_server_final (scram_server_t *conv, const uint8_t *msg, size_t len, char *
 
    *out = NULL;
    *out_len = 0;
-   if (!check_message (conv, SCRAM_STATE_FIRST_SENT, msg, len, "client-final message", error))
+   if (!check_message (&conv->state, SCRAM_STATE_FIRST_SENT, msg, len, "client-final message", error))
       return false;
 
    if (!take_attr (&p, end, 'c', &val, &vlen)) {
@@ -379,18 +457,14 @@ scram_server_final (scram_server_t *conv, const uint8_t *msg, size_t len, char *
       goto done;
    }
 
-   auth_message = bson_string_new (conv->first_bare);
-   bson_string_append_c (auth_message, ',');
-   bson_string_append (auth_message, conv->server_first);
-   bson_string_append_c (auth_message, ',');
-   bson_string_append_printf (auth_message, "%.*s", (int) (proof_at - 1 - m), m);
+   auth_message = auth_message_of (conv->first_bare, conv->server_first, strlen (conv->server_first), m,
+                                   (size_t) (proof_at - 1 - m));
 
    if (!hmac (conv->mech, conv->key.stored_key, klen, auth_message->str, auth_message->len, sig)) {
       (void) FAIL (SCRAM_ERR_CRYPTO, "HMAC failed");
       goto done;
    }
-   for (size_t i = 0; i < klen; i++)
-      client_key[i] = proof[i] ^ sig[i];
+   xor_bytes (client_key, proof, sig, klen);
    if (!digest (conv->mech, client_key, klen, stored)) {
       (void) FAIL (SCRAM_ERR_CRYPTO, "digest failed");
       goto done;
@@ -445,25 +519,21 @@ scram_saslprep (const char *in, size_t len, char **out, bson_error_t *error)
    return true;
 }
 
-bool
-scram_derive_key (authfile_mech_t mech, const char *user, const char *password, const uint8_t *salt,
-                  size_t salt_len, uint32_t iterations, authfile_key_t *out, bson_error_t *error)
+/* password' as MongoDB derives it: the hex MD5 of "user:mongo:password"
+ * for SCRAM-SHA-1 (never SASLprepped), SASLprep(password) for
+ * SCRAM-SHA-256.  Sets *out and *out_len; *out is a secret, which the
+ * caller clears (free_secret) and frees. */
+static bool
+prepare_password (authfile_mech_t mech, const char *user, const char *password, char **out, size_t *out_len,
+                  bson_error_t *error)
 {
-   size_t klen = authfile_key_len (mech);
-   uint8_t salted[AUTHFILE_KEY_MAX], client_key[AUTHFILE_KEY_MAX];
    uint8_t md5[16];
-   char *prepared = NULL;
    char hex[33];
    bool ok = false;
 
-   memset (out, 0, sizeof *out);
-   if (salt_len == 0 || salt_len > AUTHFILE_MAX_SALT || iterations < 1 || iterations > AUTHFILE_MAX_ITERATIONS) {
-      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "salt of 1 to %d bytes and iterations of 1 to %d expected",
-                      AUTHFILE_MAX_SALT, AUTHFILE_MAX_ITERATIONS);
-      goto done;
-   }
+   *out = NULL;
+   *out_len = 0;
    if (mech == AUTHFILE_SCRAM_SHA_1) {
-      /* mongod's digest: hex(MD5(user ":mongo:" password)), never SASLprepped. */
       EVP_MD_CTX *ctx = EVP_MD_CTX_new ();
       unsigned int n = 0;
       bool md_ok = ctx && EVP_DigestInit_ex (ctx, EVP_md5 (), NULL) == 1 &&
@@ -478,15 +548,48 @@ scram_derive_key (authfile_mech_t mech, const char *user, const char *password, 
       }
       for (size_t i = 0; i < sizeof md5; i++)
          bson_snprintf (hex + 2 * i, 3, "%02x", md5[i]);
-      prepared = copy_bytes (hex, 32);
-   } else if (!scram_saslprep (password, strlen (password), &prepared, error)) {
+      *out = copy_bytes (hex, 32);
+   } else if (!scram_saslprep (password, strlen (password), out, error)) {
       goto done;
    }
+   *out_len = strlen (*out);
+   ok = true;
 
-   if (PKCS5_PBKDF2_HMAC (prepared, (int) strlen (prepared), salt, (int) salt_len, (int) iterations, mech_md (mech),
-                          (int) klen, salted) != 1 ||
-       !hmac (mech, salted, klen, "Client Key", 10, client_key) || !digest (mech, client_key, klen, out->stored_key) ||
-       !hmac (mech, salted, klen, "Server Key", 10, out->server_key)) {
+done:
+   OPENSSL_cleanse (hex, sizeof hex);
+   OPENSSL_cleanse (md5, sizeof md5);
+   return ok;
+}
+
+/* Clears and frees a NUL-terminated secret (NULL ok). */
+static void
+free_secret (char *s)
+{
+   if (!s)
+      return;
+   OPENSSL_cleanse (s, strlen (s));
+   bson_free (s);
+}
+
+bool
+scram_derive_key (authfile_mech_t mech, const char *user, const char *password, const uint8_t *salt,
+                  size_t salt_len, uint32_t iterations, authfile_key_t *out, bson_error_t *error)
+{
+   uint8_t salted[AUTHFILE_KEY_MAX], client_key[AUTHFILE_KEY_MAX];
+   char *prepared = NULL;
+   size_t prepared_len;
+   bool ok = false;
+
+   memset (out, 0, sizeof *out);
+   if (salt_len == 0 || salt_len > AUTHFILE_MAX_SALT || iterations < 1 || iterations > AUTHFILE_MAX_ITERATIONS) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "salt of 1 to %d bytes and iterations of 1 to %d expected",
+                      AUTHFILE_MAX_SALT, AUTHFILE_MAX_ITERATIONS);
+      goto done;
+   }
+   if (!prepare_password (mech, user, password, &prepared, &prepared_len, error))
+      goto done;
+   if (!salt_password (mech, prepared, prepared_len, salt, salt_len, iterations, salted) ||
+       !salted_keys (mech, salted, client_key, out->stored_key, out->server_key)) {
       bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_CRYPTO, "key derivation failed");
       goto done;
    }
@@ -497,14 +600,9 @@ scram_derive_key (authfile_mech_t mech, const char *user, const char *password, 
    ok = true;
 
 done:
-   if (prepared) {
-      OPENSSL_cleanse (prepared, strlen (prepared));
-      bson_free (prepared);
-   }
+   free_secret (prepared);
    OPENSSL_cleanse (salted, sizeof salted);
    OPENSSL_cleanse (client_key, sizeof client_key);
-   OPENSSL_cleanse (hex, sizeof hex);
-   OPENSSL_cleanse (md5, sizeof md5);
    if (!ok)
       OPENSSL_cleanse (out, sizeof *out);
    return ok;
@@ -546,3 +644,4 @@ scram_make_user (const char *name, const char *password, authfile_user_t *out, b
    }
    return true;
 }
+
