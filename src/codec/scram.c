@@ -1,5 +1,5 @@
 /*
- * codec/scram.c - the server side of a SCRAM conversation, and the keys.
+ * codec/scram.c - both sides of a SCRAM conversation, and the keys.
  *
  * RFC 5802 section 3, with H = SHA-1 or SHA-256 (RFC 7677):
  *
@@ -14,13 +14,19 @@
  *
  * The server holds only StoredKey and ServerKey: it recovers ClientKey
  * from the proof and checks H(ClientKey) == StoredKey in constant time.
+ * The client holds password' and derives everything; SaltedPassword is
+ * the costly step, so the caller may keep it in a scram_salt_cache_t.
+ * The client checks ServerSignature in constant time: a server that
+ * does not know the keys cannot pass as mongod.
  * password' is SASLprep(password) for SCRAM-SHA-256 and
  * hex(MD5(user ":mongo:" password)) for MongoDB's SCRAM-SHA-1.
  *
  * Every message is bounded (SCRAM_MAX_MESSAGE) and parsed in place; the
- * conversation keeps copies of what AuthMessage needs.  Secrets (keys,
- * salted passwords, signatures) are cleared before their memory is given
- * back.
+ * conversation keeps copies of what AuthMessage needs.  The server's
+ * messages are as untrusted to the client as the client's to the server:
+ * both sides parse with the same helpers and the same bounds.  Secrets
+ * (keys, salted passwords, signatures) are cleared before their memory is
+ * given back.
  */
 #include "codec/scram.h"
 
@@ -34,8 +40,17 @@
 #include "base/utf8.h"
 
 #define B64_LEN(n) (4 * (((n) + 2) / 3))
+/* The gs2 header the client sends, and its base64 for c= of client-final. */
+#define CLIENT_GS2 "n,,"
+#define CLIENT_CBIND "biws"
+/* The longest combined nonce (r=) the client takes from server-first: its
+ * client-final, "c=biws,r=" NONCE ",p=" PROOF, stays within
+ * SCRAM_MAX_MESSAGE. */
+#define CLIENT_MAX_NONCE \
+   (SCRAM_MAX_MESSAGE - ((int) sizeof ("c=" CLIENT_CBIND ",r=,p=") - 1) - B64_LEN (AUTHFILE_KEY_MAX))
 
-_Static_assert (SCRAM_SERVER_NONCE_BYTES <= 64, "random_nonce's buffer");
+_Static_assert (B64_LEN (SCRAM_CLIENT_NONCE_BYTES) <= SCRAM_MAX_FIXED_NONCE, "a client nonce fits its buffer");
+_Static_assert (SCRAM_SERVER_NONCE_BYTES <= 64 && SCRAM_CLIENT_NONCE_BYTES <= 64, "random_nonce's buffer");
 
 struct scram_server {
    authfile_mech_t mech;
@@ -50,9 +65,24 @@ struct scram_server {
    char fixed_nonce[SCRAM_MAX_FIXED_NONCE + 1]; /* scram_server_set_nonce, or "" */
 };
 
+/* The client's conversation.  Everything is owned by it; the secrets
+ * (password', the expected server signature) are cleared by destroy, and
+ * the signature as soon as server-final has been checked. */
+struct scram_client {
+   authfile_mech_t mech;
+   scram_state_t state;
+   char *user;     /* the escaped user name, as n= carries it */
+   char *prepared; /* password': hex MD5 or SASLprep'd password; secret */
+   size_t prepared_len;
+   char nonce[SCRAM_MAX_FIXED_NONCE + 1]; /* the client nonce; "" until set or made */
+   char *first_bare;                       /* client-first-message-bare, once made */
+   uint8_t server_signature[AUTHFILE_KEY_MAX]; /* what v= must be, once client-final is made */
+};
+
 static const char *const state_names[SCRAM_N_STATES] = {
    [SCRAM_STATE_NEW] = "new",
    [SCRAM_STATE_FIRST_SENT] = "first_sent",
+   [SCRAM_STATE_FINAL_SENT] = "final_sent",
    [SCRAM_STATE_DONE] = "done",
    [SCRAM_STATE_FAILED] = "failed",
 };
@@ -645,3 +675,303 @@ scram_make_user (const char *name, const char *password, authfile_user_t *out, b
    return true;
 }
 
+/* ---- the client side ---- */
+
+void
+scram_salt_cache_clear (scram_salt_cache_t *cache)
+{
+   if (!cache)
+      return;
+   OPENSSL_cleanse (cache, sizeof *cache);
+   cache->valid = false;
+}
+
+scram_client_t *
+scram_client_new (authfile_mech_t mech, const char *user, const char *password, bson_error_t *error)
+{
+   scram_client_t *conv = NULL;
+   bson_string_t *escaped = NULL;
+   size_t user_len = strlen (user), password_len = strlen (password);
+
+   if (mech != AUTHFILE_SCRAM_SHA_1 && mech != AUTHFILE_SCRAM_SHA_256) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "unknown SCRAM mechanism %d", (int) mech);
+      return NULL;
+   }
+   if (user_len == 0 || user_len > AUTHFILE_MAX_NAME || !utf8_valid (user, user_len)) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "user name must be 1 to %d bytes of UTF-8",
+                      AUTHFILE_MAX_NAME);
+      return NULL;
+   }
+   if (password_len == 0 || password_len > AUTHFILE_MAX_PASSWORD) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_MALFORMED, "password must be 1 to %d bytes",
+                      AUTHFILE_MAX_PASSWORD);
+      return NULL;
+   }
+
+   conv = bson_malloc0 (sizeof *conv);
+   conv->mech = mech;
+   conv->state = SCRAM_STATE_NEW;
+   if (!prepare_password (mech, user, password, &conv->prepared, &conv->prepared_len, error)) {
+      scram_client_destroy (conv);
+      return NULL;
+   }
+   /* saslname (RFC 5802): ',' and '=' travel as "=2C" and "=3D". */
+   escaped = bson_string_new (NULL);
+   for (size_t i = 0; i < user_len; i++) {
+      if (user[i] == ',')
+         bson_string_append (escaped, "=2C");
+      else if (user[i] == '=')
+         bson_string_append (escaped, "=3D");
+      else
+         bson_string_append_c (escaped, user[i]);
+   }
+   conv->user = bson_string_free (escaped, false);
+   return conv;
+}
+
+void
+scram_client_destroy (scram_client_t *conv)
+{
+   if (!conv)
+      return;
+   free_secret (conv->prepared);
+   bson_free (conv->user);
+   bson_free (conv->first_bare);
+   OPENSSL_cleanse (conv, sizeof *conv);
+   bson_free (conv);
+}
+
+scram_state_t
+scram_client_state (const scram_client_t *conv)
+{
+   return conv->state;
+}
+
+authfile_mech_t
+scram_client_mech (const scram_client_t *conv)
+{
+   return conv->mech;
+}
+
+bool
+scram_client_done (const scram_client_t *conv)
+{
+   return conv->state == SCRAM_STATE_DONE;
+}
+
+bool
+scram_client_set_nonce (scram_client_t *conv, const char *nonce, bson_error_t *error)
+{
+   if (!check_fixed_nonce (conv->state, nonce, "client", error))
+      return false;
+   bson_strncpy (conv->nonce, nonce, sizeof conv->nonce);
+   return true;
+}
+
+bool
+scram_client_first (scram_client_t *conv, char **out, size_t *out_len, bson_error_t *error)
+{
+   *out = NULL;
+   *out_len = 0;
+   if (!check_state (&conv->state, SCRAM_STATE_NEW, "client-first message", error))
+      return false;
+   if (!conv->nonce[0] && !random_nonce (SCRAM_CLIENT_NONCE_BYTES, conv->nonce, sizeof conv->nonce))
+      return FAIL (SCRAM_ERR_CRYPTO, "RAND_bytes failed: no client nonce");
+   conv->first_bare = bson_strdup_printf ("n=%s,r=%s", conv->user, conv->nonce);
+   *out = bson_strdup_printf (CLIENT_GS2 "%s", conv->first_bare);
+   *out_len = strlen (*out);
+   conv->state = SCRAM_STATE_FIRST_SENT;
+   return true;
+}
+
+/* i= of server-first: RFC 5802's posit-number (no sign, no leading zero),
+ * or "0" so that it is refused for its value.  Values beyond
+ * AUTHFILE_MAX_ITERATIONS come back as AUTHFILE_MAX_ITERATIONS + 1, which
+ * the caller refuses: no overflow whatever the digits. */
+static bool
+parse_iterations (const char *s, size_t len, uint32_t *out)
+{
+   uint32_t v = 0;
+
+   if (len == 0 || (s[0] == '0' && len > 1))
+      return false;
+   for (size_t i = 0; i < len; i++) {
+      if (s[i] < '0' || s[i] > '9')
+         return false;
+      if (v <= AUTHFILE_MAX_ITERATIONS)
+         v = v * 10 + (uint32_t) (s[i] - '0');
+   }
+   *out = v > AUTHFILE_MAX_ITERATIONS ? AUTHFILE_MAX_ITERATIONS + 1 : v;
+   return true;
+}
+
+/* The salted password for (salt, iterations): the cache's when it holds
+ * this very one, else PBKDF2's, which then refills the cache. */
+static bool
+client_salted (scram_client_t *conv, const uint8_t *salt, size_t salt_len, uint32_t iterations,
+               scram_salt_cache_t *cache, uint8_t *salted)
+{
+   size_t klen = authfile_key_len (conv->mech);
+
+   if (cache && cache->valid && cache->mech == conv->mech && cache->iterations == iterations &&
+       cache->salt_len == salt_len && memcmp (cache->salt, salt, salt_len) == 0) {
+      memcpy (salted, cache->salted, klen);
+      return true;
+   }
+   if (!salt_password (conv->mech, conv->prepared, conv->prepared_len, salt, salt_len, iterations, salted))
+      return false;
+   if (cache) {
+      scram_salt_cache_clear (cache);
+      cache->mech = conv->mech;
+      cache->iterations = iterations;
+      cache->salt_len = salt_len;
+      memcpy (cache->salt, salt, salt_len);
+      memcpy (cache->salted, salted, klen);
+      cache->valid = true;
+   }
+   return true;
+}
+
+bool
+scram_client_final (scram_client_t *conv, const uint8_t *msg, size_t len, scram_salt_cache_t *cache, char **out,
+                    size_t *out_len, bson_error_t *error)
+{
+   const char *m = (const char *) msg, *end = m + len, *p = m, *nonce, *val;
+   size_t nonce_len, vlen, salt_len, klen = authfile_key_len (conv->mech), ours = strlen (conv->nonce);
+   uint32_t iterations;
+   uint8_t salt[AUTHFILE_MAX_SALT + 2]; /* what B64_LEN (AUTHFILE_MAX_SALT) characters may decode to */
+   uint8_t salted[AUTHFILE_KEY_MAX], client_key[AUTHFILE_KEY_MAX], stored_key[AUTHFILE_KEY_MAX];
+   uint8_t server_key[AUTHFILE_KEY_MAX], sig[AUTHFILE_KEY_MAX], proof[AUTHFILE_KEY_MAX];
+   char proof_b64[B64_LEN (AUTHFILE_KEY_MAX) + 1];
+   char *without_proof = NULL;
+   bson_string_t *am = NULL;
+   bool ok = false;
+
+   *out = NULL;
+   *out_len = 0;
+   if (!check_message (&conv->state, SCRAM_STATE_FIRST_SENT, msg, len, "server-first message", error))
+      return false;
+
+   /* server-first = [reserved-mext ","] nonce "," salt "," iteration-count ["," extensions] */
+   if (len >= 2 && m[0] == 'm' && m[1] == '=')
+      return FAIL (SCRAM_ERR_MALFORMED, "mandatory extension (m=) is not supported");
+   if (!take_attr (&p, end, 'r', &nonce, &nonce_len))
+      return FAIL (SCRAM_ERR_MALFORMED, "server-first message must start with the nonce (r=)");
+   if (nonce_len < ours || memcmp (nonce, conv->nonce, ours) != 0)
+      return FAIL (SCRAM_ERR_MALFORMED, "nonce (r=) does not start with the client nonce");
+   if (nonce_len == ours)
+      return FAIL (SCRAM_ERR_MALFORMED, "nonce (r=) has no server part after the client nonce");
+   if (nonce_len > CLIENT_MAX_NONCE)
+      return FAIL (SCRAM_ERR_TOO_LARGE, "nonce (r=) is longer than %d characters", CLIENT_MAX_NONCE);
+   for (size_t i = ours; i < nonce_len; i++)
+      if (!is_printable (nonce[i]))
+         return FAIL (SCRAM_ERR_MALFORMED, "server nonce holds a character that is not printable");
+
+   if (!take_attr (&p, end, 's', &val, &vlen))
+      return FAIL (SCRAM_ERR_MALFORMED, "server-first message has no salt (s=) after r=");
+   if (vlen == 0)
+      return FAIL (SCRAM_ERR_MALFORMED, "salt (s=) is empty");
+   if (vlen > B64_LEN (AUTHFILE_MAX_SALT))
+      return FAIL (SCRAM_ERR_MALFORMED, "salt (s=) is longer than %d bytes", AUTHFILE_MAX_SALT);
+   if (!authfile_b64_decode (val, vlen, salt, sizeof salt, &salt_len))
+      return FAIL (SCRAM_ERR_MALFORMED, "salt (s=) is not valid base64");
+   if (salt_len == 0 || salt_len > AUTHFILE_MAX_SALT)
+      return FAIL (SCRAM_ERR_MALFORMED, "salt (s=) must decode to 1 to %d bytes", AUTHFILE_MAX_SALT);
+
+   if (!take_attr (&p, end, 'i', &val, &vlen))
+      return FAIL (SCRAM_ERR_MALFORMED, "server-first message has no iteration count (i=) after s=");
+   if (!parse_iterations (val, vlen, &iterations))
+      return FAIL (SCRAM_ERR_MALFORMED, "iteration count (i=) is not a decimal number without leading zeros");
+   if (iterations < AUTHFILE_MIN_ITERATIONS)
+      return FAIL (SCRAM_ERR_MALFORMED, "iteration count %u is below the minimum of %d", (unsigned) iterations,
+                   AUTHFILE_MIN_ITERATIONS);
+   if (iterations > AUTHFILE_MAX_ITERATIONS)
+      return FAIL (SCRAM_ERR_MALFORMED, "iteration count (i=) is above the maximum of %d", AUTHFILE_MAX_ITERATIONS);
+   if (p[-1] == ',' && p == end)
+      return FAIL (SCRAM_ERR_MALFORMED, "server-first message ends with ','");
+   if (!valid_extensions (p, end))
+      return FAIL (SCRAM_ERR_MALFORMED, "server-first message has a malformed attribute after i=");
+
+   if (!client_salted (conv, salt, salt_len, iterations, cache, salted)) {
+      (void) FAIL (SCRAM_ERR_CRYPTO, "PBKDF2 failed");
+      goto done;
+   }
+   if (!salted_keys (conv->mech, salted, client_key, stored_key, server_key)) {
+      (void) FAIL (SCRAM_ERR_CRYPTO, "key derivation failed");
+      goto done;
+   }
+   without_proof = bson_strdup_printf ("c=" CLIENT_CBIND ",r=%.*s", (int) nonce_len, nonce);
+   am = auth_message_of (conv->first_bare, m, len, without_proof, strlen (without_proof));
+   if (!hmac (conv->mech, stored_key, klen, am->str, am->len, sig) ||
+       !hmac (conv->mech, server_key, klen, am->str, am->len, conv->server_signature)) {
+      (void) FAIL (SCRAM_ERR_CRYPTO, "HMAC failed");
+      goto done;
+   }
+   xor_bytes (proof, client_key, sig, klen);
+   authfile_b64_encode (proof, klen, proof_b64, sizeof proof_b64);
+   *out = bson_strdup_printf ("%s,p=%s", without_proof, proof_b64);
+   *out_len = strlen (*out);
+   conv->state = SCRAM_STATE_FINAL_SENT;
+   ok = true;
+
+done:
+   if (am)
+      bson_string_free (am, true);
+   bson_free (without_proof);
+   OPENSSL_cleanse (salted, sizeof salted);
+   OPENSSL_cleanse (client_key, sizeof client_key);
+   OPENSSL_cleanse (stored_key, sizeof stored_key);
+   OPENSSL_cleanse (server_key, sizeof server_key);
+   OPENSSL_cleanse (sig, sizeof sig);
+   OPENSSL_cleanse (proof, sizeof proof);
+   if (!ok)
+      OPENSSL_cleanse (conv->server_signature, sizeof conv->server_signature);
+   return ok;
+}
+
+bool
+scram_client_verify (scram_client_t *conv, const uint8_t *msg, size_t len, bson_error_t *error)
+{
+   const char *m = (const char *) msg, *end = m + len, *p = m, *val;
+   size_t vlen, got, klen = authfile_key_len (conv->mech);
+   uint8_t sig[AUTHFILE_KEY_MAX + 3];
+   char text[128];
+   bool ok = false;
+
+   if (!check_message (&conv->state, SCRAM_STATE_FINAL_SENT, msg, len, "server-final message", error))
+      goto done;
+
+   /* server-final = (server-error / verifier) ["," extensions] */
+   if (take_attr (&p, end, 'e', &val, &vlen)) {
+      /* The server's words, untrusted: valid UTF-8 already, controls
+       * blanked so that they cannot forge a log line. */
+      utf8_sanitize (val, vlen, text, sizeof text, UTF8_CONTROLS_AS_SPACE);
+      (void) FAIL (SCRAM_ERR_AUTH_FAILED, "the server refused the authentication: e=%s", text);
+      goto done;
+   }
+   if (!take_attr (&p, end, 'v', &val, &vlen)) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "server-final message must start with v= or e=");
+      goto done;
+   }
+   if (!authfile_b64_decode (val, vlen, sig, sizeof sig, &got) || got != klen) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "server signature (v=) is not base64 of a %s digest",
+                   authfile_mech_name (conv->mech));
+      goto done;
+   }
+   if ((p[-1] == ',' && p == end) || !valid_extensions (p, end)) {
+      (void) FAIL (SCRAM_ERR_MALFORMED, "server-final message has a malformed attribute after v=");
+      goto done;
+   }
+   if (CRYPTO_memcmp (sig, conv->server_signature, klen) != 0) {
+      (void) FAIL (SCRAM_ERR_AUTH_FAILED, "wrong server signature (v=): the server does not hold this user's keys");
+      goto done;
+   }
+   conv->state = SCRAM_STATE_DONE;
+   ok = true;
+
+done:
+   /* Server-final is checked once, right or wrong. */
+   OPENSSL_cleanse (conv->server_signature, sizeof conv->server_signature);
+   OPENSSL_cleanse (sig, sizeof sig);
+   return ok;
+}
