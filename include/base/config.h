@@ -114,6 +114,24 @@ typedef struct {
    bool allow_invalid_hostnames;   /* tlsAllowInvalidHostnames or tlsInsecure */
 } config_upstream_tls_t;
 
+/* The credentials of the `upstream` URI, as mongo-c-driver reads them:
+ * what pooled mode's upstream connections (proxy/pool.h) authenticate
+ * with.  All NULL when the URI names no user. */
+typedef struct {
+   char *user;      /* NULL: no authentication upstream */
+   char *password;  /* wiped at release */
+   char *source;    /* authSource, the URI's default database, or "admin" */
+   char *mechanism; /* authMechanism; NULL: negotiated (saslSupportedMechs) */
+} config_upstream_auth_t;
+
+/* [proxy] pool_mode. */
+typedef enum {
+   CONFIG_POOL_SESSION = 0, /* each client paired with its own upstream connection */
+   CONFIG_POOL_POOLED,      /* clients share pool_size upstream connections */
+} config_pool_mode_t;
+
+struct authfile;
+
 /* [outbox] unrouted: what an event no handler subscribes to gets. */
 typedef enum {
    CONFIG_UNROUTED_ACCEPT = 0, /* counted only */
@@ -139,6 +157,14 @@ typedef struct config {
    int64_t max_buffered_bytes; /* process-wide, all connections */
    int64_t upstream_connect_timeout_ms;
    config_upstream_tls_t upstream_tls; /* read from `upstream` */
+   config_upstream_auth_t upstream_auth; /* read from `upstream` */
+   char *pool_mode;                    /* session | pooled */
+   config_pool_mode_t pool_mode_id;    /* pool_mode, parsed */
+   int64_t pool_size;                  /* pooled: upstream connections of the process */
+   int64_t pool_wait_timeout_ms;       /* pooled: longest wait for a free upstream connection */
+   char *auth_file;                    /* pooled: the users clients log in as; "": none */
+   struct authfile *users;             /* auth_file loaded (pooled, set); owned by the snapshot */
+   int64_t auth_failures_per_minute;   /* pooled: failed logins a peer address may make per minute */
    char *compressors;
    int64_t zlib_level;
    int64_t zstd_level;

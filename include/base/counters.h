@@ -65,6 +65,23 @@ typedef enum {
    COUNTERS_PUBLISH_ERROR_COUNT
 } counters_publish_error_t;
 
+/* Why a pooled upstream connection stays with one client between its
+ * requests (relaybus_pool_pinned_connections{reason}; proxy/pool.h). */
+typedef enum {
+   COUNTERS_PIN_TRANSACTION = 0, /* a transaction runs on it */
+   COUNTERS_PIN_EXHAUST,         /* an exhaust stream is still sending */
+   COUNTERS_PIN_MORE_TO_COME,    /* moreToCome requests are still being written */
+   COUNTERS_PIN_COUNT
+} counters_pin_t;
+
+/* Logins at the proxy, pooled mode (relaybus_logins_total{result}). */
+typedef enum {
+   COUNTERS_LOGIN_SUCCESS = 0, /* the proof was right */
+   COUNTERS_LOGIN_FAILURE,     /* unknown user, wrong password, bad message */
+   COUNTERS_LOGIN_THROTTLED,   /* refused unchecked: auth_failures_per_minute reached */
+   COUNTERS_LOGIN_COUNT
+} counters_login_t;
+
 /* Commands counted by name: this many fixed names, plus "other". */
 #define COUNTERS_N_COMMANDS 44
 /* Handlers with their own series: at least the configuration's bound
@@ -84,6 +101,8 @@ typedef enum {
    L (REASON, "reason", COUNTERS_CLOSE_REASON_COUNT)        \
    L (COMMAND, "command", COUNTERS_N_COMMANDS + 1)          \
    L (KIND, "kind", COUNTERS_PUBLISH_ERROR_COUNT)           \
+   L (PIN, "reason", COUNTERS_PIN_COUNT)                    \
+   L (LOGIN, "result", COUNTERS_LOGIN_COUNT)                \
    L (HANDLER, "handler", COUNTERS_MAX_HANDLERS)            \
    L (TYPE, "type", COUNTERS_MAX_EVENT_TYPES + 1)
 
@@ -181,6 +200,31 @@ typedef enum {
       "Times a connection stopped being read because max_buffered_bytes was reached.")                                \
    X (REQUESTS_OFFLOADED, "relaybus_requests_offloaded_total", COUNTER, NONE,                                          \
       "Requests of 1 MiB or more decompressed and validated on the decoding thread.")                                 \
+   /* pooled mode */                                                                                                   \
+   X (POOL_SIZE, "relaybus_pool_size", GAUGE, NONE,                                                                    \
+      "Pooled mode: the most upstream connections the pool opens ([proxy] pool_size); 0 in session mode.")            \
+   X (POOL_CONNECTIONS, "relaybus_pool_connections", GAUGE, NONE,                                                      \
+      "Pooled mode: upstream connections of the pool open now, logged in or logging in.")                             \
+   X (POOL_IN_USE, "relaybus_pool_connections_in_use", GAUGE, NONE,                                                    \
+      "Pooled mode: pool connections lent to a client now (a request in flight, or pinned).")                          \
+   X (POOL_PINNED, "relaybus_pool_pinned_connections", GAUGE, PIN,                                                     \
+      "Pooled mode: pool connections held by one client between its requests, by reason.")                            \
+   X (POOL_WAITERS, "relaybus_pool_waiters", GAUGE, NONE,                                                              \
+      "Pooled mode: client requests waiting for a free pool connection now.")                                         \
+   X (POOL_WAITS, "relaybus_pool_waits_total", COUNTER, NONE,                                                          \
+      "Pooled mode: client requests that had to wait for a pool connection.")                                         \
+   X (POOL_WAIT_TIME, "relaybus_pool_wait_seconds", HISTOGRAM, NONE,                                                   \
+      "Pooled mode: how long the requests that waited waited for a pool connection.")                                 \
+   X (POOL_WAIT_TIMEOUTS, "relaybus_pool_wait_timeouts_total", COUNTER, NONE,                                          \
+      "Pooled mode: requests answered with a retryable error after pool_wait_timeout_ms without a connection.")       \
+   X (POOL_CONNECTS, "relaybus_pool_connects_total", COUNTER, NONE,                                                    \
+      "Pooled mode: pool connections opened and logged in.")                                                          \
+   X (POOL_CONNECT_FAILURES, "relaybus_pool_connect_failures_total", COUNTER, NONE,                                    \
+      "Pooled mode: pool connection attempts that failed (connect, hello or login).")                                 \
+   X (POOL_CLOSED_IN_DOUBT, "relaybus_pool_closed_in_doubt_total", COUNTER, NONE,                                      \
+      "Pooled mode: pool connections closed because a client left with something in flight on them.")                \
+   X (LOGINS, "relaybus_logins_total", COUNTER, LOGIN,                                                                 \
+      "Pooled mode: SCRAM logins of clients at the proxy, by result.")                                                \
    /* publishing */                                                                                                    \
    X (ANNOTATED, "relaybus_annotated_statements_total", COUNTER, NONE, "Annotated statements seen.")                  \
    X (EVENTS_PUBLISHED, "relaybus_events_published_total", COUNTER, NONE, "Events written into the outbox.")          \
@@ -322,6 +366,9 @@ counters_set_at (counter_id_t id, size_t slot, uint64_t v)
 /* Counts one closed connection under `reason` (anything out of range as
  * internal); the caller owns the open gauge. */
 void counters_count_close (counters_close_reason_t reason);
+
+/* "transaction", "exhaust", "more_to_come". */
+const char *counters_pin_name (counters_pin_t pin);
 
 /* "client_eof", ... for logs and the reason label. */
 const char *counters_close_reason_name (counters_close_reason_t reason);

@@ -118,6 +118,11 @@ client_loop_t *client_loop_new (struct event_base *base,
  * memory waiters resume only on room its own connections give back. */
 bool client_loop_set_wake (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
    __attribute__ ((warn_unused_result));
+/* Pooled mode ([proxy] pool_mode = pooled): the loop's clients share a pool
+ * of `size` upstream connections (proxy/pool.h) instead of each pairing
+ * with its own.  Once, before the first client. */
+bool client_loop_enable_pool (client_loop_t *loop, unsigned size, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
 /* Swaps the snapshot used for new connections (reload). Retains `cfg`. */
 void client_loop_set_config (client_loop_t *loop, config_t *cfg);
 /* The topology snapshot changed: waiting clients try to connect. */

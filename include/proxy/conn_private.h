@@ -28,6 +28,9 @@
 
 struct event;
 struct loopwake;
+struct login;
+struct pool;
+struct pool_server;
 
 /* A request decoded off the loop, and the thread that does it
  * (proxy/pump.c). */
@@ -65,6 +68,7 @@ typedef struct {
    handshake_compression_t offer; /* HELLO: what to advertise */
    client_internal_cb_t cb;       /* INTERNAL */
    void *cb_ctx;
+   bool track_cursor; /* RELAY, pooled: the cursor its reply opens is the client's user's (proxy/owners.h) */
 } upstream_req_t;
 
 /* Owned by its loop (listed in loop->clients until disconnected, then in
@@ -90,9 +94,15 @@ struct client_conn {
    config_t *cfg;
 
    side_t client;   /* the accepted socket; its timer: a partial request stalls */
-   side_t upstream; /* the paired connection to the primary, open from
-                     * client_try_connect on; its timer: a partial reply */
-   char *upstream_name; /* host:port, for logs; set when it connects */
+   side_t upstream; /* session mode: the paired connection to the primary,
+                     * open from client_try_connect on; its timer: a
+                     * partial reply.  Unused in pooled mode. */
+   /* The upstream side requests go to: &upstream in session mode (from
+    * accept on, open or not); in pooled mode the side of the pooled
+    * connection lent to this client (server), or NULL while it has none. */
+   side_t *up;
+   struct pool_server *server; /* pooled: the connection lent (proxy/pool.c), or NULL */
+   char *upstream_name; /* session mode: host:port, for logs; set when it connects */
    bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
    /* A not-primary error was relayed (proxy/pump.c): the paired member
     * stepped down, so the connection goes to DRAINING at the end of the
@@ -150,6 +160,20 @@ struct client_conn {
    unsigned mem_wait_sides; /* MEM_SIDE_* bits (proxy/conn.c); 0: not waiting */
    client_conn_t *mem_wait_prev, *mem_wait_next;
 
+   /* Pooled mode (proxy/pool.c).  A client without a server whose next
+    * request needs one waits in the pool's FIFO (pool_wait_*), not read;
+    * when the wait runs out, pool_timed_out makes that request's answer a
+    * retryable error.  pool_handed: listed for a pump on the pool's
+    * hand-off event (a server was given to it, or its wait ended). */
+   client_conn_t *pool_wait_prev, *pool_wait_next;
+   client_conn_t *pool_handed_next;
+   int64_t pool_wait_since_ms;
+   bool pool_waiting;
+   bool pool_handed;
+   bool pool_timed_out;
+   bool pool_txn_ending; /* a commit or abort was routed: the pin ends once it is answered */
+   struct login *login;  /* pooled: the SASL conversation and who logged in (proxy/login.c) */
+
    client_conn_t *prev, *next; /* loop->clients, or loop->free_list (next only) */
 
    void *data; /* client_set_data: another module's state, owned via data_destroy */
@@ -183,6 +207,7 @@ struct client_loop {
    int64_t mem_pause_started_ms; /* first pause of the episode; 0: none */
    int64_t mem_last_log_ms;
    uint64_t mem_episode_pauses;
+   struct pool *pool; /* pooled mode: this loop's upstream connections; NULL in session mode */
 };
 
 /* ------------------------------------------------------------ buffers */
@@ -193,10 +218,19 @@ client_output (client_conn_t *c)
    return side_output (&c->client);
 }
 
+/* Only while c->up is set (always in session mode). */
 static inline struct evbuffer *
 upstream_output (client_conn_t *c)
 {
-   return side_output (&c->upstream);
+   return side_output (c->up);
+}
+
+/* Whether requests can go upstream now: the upstream side is there and
+ * connected. */
+static inline bool
+client_up_connected (const client_conn_t *c)
+{
+   return c->up && c->up->connected;
 }
 
 static inline size_t
@@ -306,8 +340,21 @@ bool client_tmp (client_conn_t *c, bson_error_t *error);
 bool client_scratch (client_conn_t *c, bson_error_t *error);
 
 /* proxy/conn.c: runs the client's pump from outside a libevent callback of
- * the connection (a finished decoding job). */
+ * the connection (a finished decoding job, a pooled connection handed
+ * over). */
 void client_resume (client_conn_t *c);
+
+/* proxy/conn.c, pooled mode: lends the connected side `s` (owner and
+ * callbacks become the connection's) to c as its upstream, counted in its
+ * memory from now on; and takes it back: what its buffers held goes back
+ * to the memory bound, reading and the drain callback stop, and the side
+ * is the caller's again (it sets owner and callbacks).  Detach only with
+ * nothing in flight. */
+void client_attach_upstream (client_conn_t *c, side_t *s);
+void client_detach_upstream (client_conn_t *c);
+
+/* The name of the upstream the connection talks to, for logs. */
+const char *client_upstream_name (const client_conn_t *c);
 
 /* proxy/pump.c: the decoding thread of a loop.  Start posts its results
  * through `wake`; stop joins it and frees what it still holds (call it

@@ -32,6 +32,7 @@
 #include <mongoc/mongoc.h>
 
 #include "base/assert.h"
+#include "base/authfile.h"
 #include "base/log.h"
 
 #define CONFIG_FILE_MAX (1024 * 1024)
@@ -78,6 +79,16 @@ static const config_key_t config_key_table[] = {
       "Most client connections open at once; more are closed at accept with a log line."),
    P ("threads", I, "0", 0, CONFIG_THREADS_MAX, false, threads,
       "Forwarding loops, each a thread owning the connections it accepted; 0: one per core, at most 8."),
+   P ("pool_mode", S, "session", 0, 0, false, pool_mode,
+      "session: each client gets its own upstream connection; pooled: clients share pool_size upstream connections and log in to the proxy (auth_file)."),
+   P ("pool_size", I, "32", 1, 100000, false, pool_size,
+      "pooled: upstream connections of the whole process, shared out among the forwarding loops."),
+   P ("pool_wait_timeout_ms", I, "10000", 1, MS_HOUR, true, pool_wait_timeout_ms,
+      "pooled: how long a request may wait for a free upstream connection before it is answered with a retryable error."),
+   P ("auth_file", S, "", 0, 0, true, auth_file,
+      "pooled: the users clients authenticate as (SCRAM keys made by --make-user); empty: clients are not authenticated by the proxy. Re-read on SIGHUP."),
+   P ("auth_failures_per_minute", I, "10", 1, 1000000, true, auth_failures_per_minute,
+      "pooled: failed logins one peer address may make in a minute; further attempts in that minute are refused unchecked."),
    P ("handshake_timeout_ms", I, "10000", 100, MS_HOUR, true, handshake_timeout_ms,
       "Time a new client has to complete its first hello before it is closed."),
    P ("message_timeout_ms", I, "30000", 100, MS_HOUR, true, message_timeout_ms,
@@ -497,6 +508,12 @@ config_free (config_t *cfg)
    for (size_t i = 0; i < cfg->n_handlers; i++)
       config_handler_free_fields (&cfg->handlers[i]);
    bson_free (cfg->handlers);
+   bson_free (cfg->upstream_auth.user);
+   if (cfg->upstream_auth.password)
+      bson_zero_free (cfg->upstream_auth.password, strlen (cfg->upstream_auth.password));
+   bson_free (cfg->upstream_auth.source);
+   bson_free (cfg->upstream_auth.mechanism);
+   authfile_destroy (cfg->users);
    bson_free (cfg->upstream_tls.ca_file);
    bson_free (cfg->upstream_tls.cert_key_file);
    if (cfg->upstream_tls.cert_key_password)
@@ -527,6 +544,75 @@ config_read_upstream_tls (const mongoc_uri_t *uri, config_upstream_tls_t *out)
       insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDCERTIFICATES, false);
    out->allow_invalid_hostnames =
       insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDHOSTNAMES, false);
+}
+
+/* The URI's credentials (config_upstream_auth_t), read the way
+ * mongo-c-driver reads them. */
+static void
+config_read_upstream_auth (const mongoc_uri_t *uri, config_upstream_auth_t *out)
+{
+   const char *user = mongoc_uri_get_username (uri);
+   const char *password = mongoc_uri_get_password (uri);
+   const char *mech = mongoc_uri_get_auth_mechanism (uri);
+
+   if (!user && !mech)
+      return;
+   out->user = user ? bson_strdup (user) : NULL;
+   out->password = password ? bson_strdup (password) : NULL;
+   out->source = bson_strdup (mongoc_uri_get_auth_source (uri));
+   out->mechanism = mech ? bson_strdup (mech) : NULL;
+}
+
+/* pool_mode and what pooled mode needs: an upstream login it can do
+ * itself, and the auth file's users. */
+static bool
+config_validate_pool (config_t *cfg, const char *origin, bson_error_t *error)
+{
+   const config_upstream_auth_t *a = &cfg->upstream_auth;
+   bson_error_t sub;
+
+   if (strcmp (cfg->pool_mode, "session") == 0) {
+      cfg->pool_mode_id = CONFIG_POOL_SESSION;
+      if (cfg->auth_file[0]) {
+         config_error (error, origin, 0,
+                       "[proxy] auth_file: is read in pooled mode only (pool_mode = session passes each client's "
+                       "own login to the server); remove it or set pool_mode = pooled");
+         return false;
+      }
+      return true;
+   }
+   if (strcmp (cfg->pool_mode, "pooled") != 0) {
+      config_error (error, origin, 0, "[proxy] pool_mode: '%s' is not session or pooled", cfg->pool_mode);
+      return false;
+   }
+   cfg->pool_mode_id = CONFIG_POOL_POOLED;
+   if (a->mechanism && strcmp (a->mechanism, "SCRAM-SHA-256") != 0 && strcmp (a->mechanism, "SCRAM-SHA-1") != 0 &&
+       strcmp (a->mechanism, "MONGODB-X509") != 0) {
+      config_error (error, origin, 0,
+                    "[proxy] upstream: authMechanism=%s is not supported in pooled mode (the pool logs in with "
+                    "SCRAM-SHA-256, SCRAM-SHA-1 or MONGODB-X509)",
+                    a->mechanism);
+      return false;
+   }
+   if (a->mechanism && strcmp (a->mechanism, "MONGODB-X509") == 0 && !cfg->upstream_tls.cert_key_file) {
+      config_error (error, origin, 0,
+                    "[proxy] upstream: authMechanism=MONGODB-X509 needs tlsCertificateKeyFile, the certificate the "
+                    "pool's connections log in with");
+      return false;
+   }
+   if (a->user && (!a->mechanism || strcmp (a->mechanism, "MONGODB-X509") != 0) && !a->password) {
+      config_error (error, origin, 0, "[proxy] upstream: user '%s' has no password (pooled mode logs in with SCRAM)",
+                    a->user);
+      return false;
+   }
+   if (cfg->auth_file[0]) {
+      cfg->users = authfile_load (cfg->auth_file, &sub);
+      if (!cfg->users) {
+         config_error (error, origin, 0, "[proxy] auth_file: %s", sub.message);
+         return false;
+      }
+   }
+   return true;
 }
 
 static config_t *
@@ -967,7 +1053,10 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
       return false;
    }
    config_read_upstream_tls (uri, &cfg->upstream_tls);
+   config_read_upstream_auth (uri, &cfg->upstream_auth);
    mongoc_uri_destroy (uri);
+   if (!config_validate_pool (cfg, origin, error))
+      return false;
    if (!log_level_parse (cfg->log_level, &level)) {
       config_error (error, origin, 0, "[proxy] log_level: '%s' is not error, warn, info or debug",
                     cfg->log_level);

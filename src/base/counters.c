@@ -63,6 +63,24 @@ static const char *const close_reason_names[COUNTERS_CLOSE_REASON_COUNT] = {
    [COUNTERS_CLOSE_INTERNAL] = "internal",
 };
 
+static const char *const pin_names[COUNTERS_PIN_COUNT] = {
+   [COUNTERS_PIN_TRANSACTION] = "transaction",
+   [COUNTERS_PIN_EXHAUST] = "exhaust",
+   [COUNTERS_PIN_MORE_TO_COME] = "more_to_come",
+};
+
+static const char *const login_names[COUNTERS_LOGIN_COUNT] = {
+   [COUNTERS_LOGIN_SUCCESS] = "success",
+   [COUNTERS_LOGIN_FAILURE] = "failure",
+   [COUNTERS_LOGIN_THROTTLED] = "throttled",
+};
+
+const char *
+counters_pin_name (counters_pin_t pin)
+{
+   return (unsigned) pin < COUNTERS_PIN_COUNT ? pin_names[pin] : "invalid";
+}
+
 static const char *const publish_error_names[COUNTERS_PUBLISH_ERROR_COUNT] = {
    [COUNTERS_PUBLISH_BAD_ANNOTATION] = "bad_annotation",
    [COUNTERS_PUBLISH_OUTSIDE_TRANSACTION] = "outside_transaction",
@@ -272,6 +290,10 @@ counters_label_value (counters_label_t label, size_t i, size_t *slot, bool *omit
       return i == COUNTERS_N_COMMANDS ? "other" : NULL;
    case COUNTERS_LABEL_KIND:
       return i < COUNTERS_PUBLISH_ERROR_COUNT ? publish_error_names[i] : NULL;
+   case COUNTERS_LABEL_PIN:
+      return i < COUNTERS_PIN_COUNT ? pin_names[i] : NULL;
+   case COUNTERS_LABEL_LOGIN:
+      return i < COUNTERS_LOGIN_COUNT ? login_names[i] : NULL;
    case COUNTERS_LABEL_HANDLER:
       n = atomic_load_explicit (&handlers.n, memory_order_acquire);
       return i < n ? handlers.names[i] : NULL;

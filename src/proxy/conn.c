@@ -48,6 +48,8 @@
 #include "base/loopwake.h"
 #include "proxy/clients.h"
 #include "proxy/conn_private.h"
+#include "proxy/login.h"
+#include "proxy/pool.h"
 #include "proxy/side.h"
 
 static const char *const client_state_names[CLIENT_STATE_COUNT_] = {
@@ -90,7 +92,7 @@ static const side_callbacks_t conn_side_callbacks;
 /* The transitions there are: forward through the handshake (COUNT_, "no
  * state yet", only at accept), to DRAINING once the upstream is paired,
  * and to CLOSING from anywhere; CLOSING is final. */
-static bool
+static bool __attribute__ ((unused)) /* only RELAYBUS_ASSERT calls it (gone with NDEBUG) */
 client_transition_ok (client_state_t from, client_state_t to)
 {
    switch (to) {
@@ -195,6 +197,12 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
              detail);
    counters_count_close (reason);
    counters_sub (COUNTER_CONNECTIONS_OPEN, 1);
+   /* Pooled: the lent connection goes back to the pool, or is closed when
+    * something of this client is still in flight on it (in doubt); the
+    * client leaves the pool's wait list.  Before CLOSING: detaching
+    * counts its buffers out of this connection's memory. */
+   if (c->loop->pool)
+      pool_client_closed (c);
    client_set_state (c, CLIENT_STATE_CLOSING);
    mem_release_all (c);
 
@@ -244,6 +252,7 @@ client_free (client_conn_t *c)
 {
    if (c->data_destroy)
       c->data_destroy (c->data);
+   login_destroy (c->login);
    proxy_evbuffer_free (c->scratch);
    proxy_evbuffer_free (c->tmp);
    config_release (c->cfg);
@@ -744,7 +753,8 @@ client_mem_reserve_decode (client_conn_t *c, int64_t n)
    if (more <= 0)
       return true;
    mem_sync_side (c, &c->client);
-   mem_sync_side (c, &c->upstream);
+   if (c->up)
+      mem_sync_side (c, c->up);
    if (!mem_try_reserve (c, more)) {
       mem_wait (c, MEM_SIDE_DECODE, more);
       return false;
@@ -763,8 +773,9 @@ client_mem_release_decode (client_conn_t *c)
    mem_give_back (c->loop, n);
 }
 
-/* The upstream side closes while the connection stays (client_repair):
- * what its buffers held and its partial reply reserved goes back. */
+/* The upstream side closes while the connection stays (client_repair), or
+ * a pooled connection goes back to its pool: what its buffers held and its
+ * partial reply reserved goes back. */
 static void
 mem_release_side (client_conn_t *c, side_t *s)
 {
@@ -833,7 +844,7 @@ mem_resume_cb (evutil_socket_t fd, short what, void *arg)
 static void
 client_update_flow (client_conn_t *c)
 {
-   bool up = c->upstream.connected;
+   bool up = client_up_connected (c);
    bool up_full = false, client_full;
    size_t high;
 
@@ -844,19 +855,24 @@ client_update_flow (client_conn_t *c)
    side_flush (&c->client);
    mem_sync_side (c, &c->client);
    if (up) {
-      side_flush (&c->upstream);
-      mem_sync_side (c, &c->upstream);
+      side_flush (c->up);
+      mem_sync_side (c, c->up);
    }
    high = high_watermark (c);
    client_full = mem_synced_out_len (&c->client) >= high;
    if (up) {
-      up_full = mem_synced_out_len (&c->upstream) >= high;
-      side_set_reading (&c->upstream, !client_full && mem_may_read (c, &c->upstream));
-      side_want_drained (&c->upstream, up_full);
+      up_full = mem_synced_out_len (c->up) >= high;
+      side_set_reading (c->up, !client_full && mem_may_read (c, c->up));
+      /* Pooled: a connection that holds only moreToCome requests goes back
+       * once they are written, so its drain is wanted then too. */
+      side_want_drained (c->up, up_full || (c->server && pool_wants_flush (c)));
    }
+   /* Pooled mode reads requests without a connection (hellos, logins and
+    * whatever waits for one in the input), but not while it waits. */
    side_set_reading (&c->client,
                      (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !c->not_primary_seen)) &&
-                        up && fifo_has_room (c) && !up_full && !c->job && mem_may_read (c, &c->client));
+                        (up || (c->loop->pool && !c->server)) && !c->pool_waiting && !c->pool_handed &&
+                        fifo_has_room (c) && !up_full && !c->job && mem_may_read (c, &c->client));
    side_want_drained (&c->client, client_full || c->state == CLIENT_STATE_DRAINING);
 }
 
@@ -867,8 +883,13 @@ client_update_flow (client_conn_t *c)
 static void
 pump_end (client_conn_t *c)
 {
-   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING)
+   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING) {
+      /* Pooled: a lent connection with nothing in flight and no pin goes
+       * back to the pool. */
+      if (c->server)
+         pool_settle (c);
       client_settle (c);
+   }
 }
 
 /* Everything that may let requests through ends here: process what is
@@ -923,7 +944,7 @@ upstream_pump (client_conn_t *c)
    bool consumed;
 
    c->pumping++;
-   consumed = client_route (c, &c->upstream);
+   consumed = c->up ? client_route (c, c->up) : false;
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
    if (c->not_primary_seen && c->state == CLIENT_STATE_READY && c->session_bound) {
@@ -948,9 +969,9 @@ upstream_pump (client_conn_t *c)
       client_repair (c);
       goto done;
    }
-   if (!c->upstream.connected)
+   if (!client_up_connected (c))
       goto done;
-   side_timer_update (&c->upstream, c->cfg->message_timeout_ms, consumed);
+   side_timer_update (c->up, c->cfg->message_timeout_ms, consumed);
 done:
    c->pumping--;
    pump_end (c);
@@ -968,8 +989,46 @@ client_output_queued (client_conn_t *c)
 {
    if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
-      client_settle (c);
+      pump_end (c);
    }
+}
+
+void
+client_attach_upstream (client_conn_t *c, side_t *s)
+{
+   RELAYBUS_ASSERT (!c->up && s->connected && c->state != CLIENT_STATE_CLOSING);
+   s->owner = c;
+   s->cb = &conn_side_callbacks;
+   c->up = s;
+   side_set_write_low (s, high_watermark (c) / 2);
+   if (!mem_watch_side (c, s))
+      log_conn (LOG_LEVEL_WARN, c->id, c->peer, "out of memory for a buffer callback: the count may lag");
+}
+
+void
+client_detach_upstream (client_conn_t *c)
+{
+   side_t *s = c->up;
+
+   /* With something in flight only when the connection closes (the
+    * side is then closed too: its state is in doubt). */
+   if (!s)
+      return;
+   side_timer_rearm (s, 0, false);
+   if (c->state != CLIENT_STATE_CLOSING)
+      mem_release_side (c, s);
+   else
+      mem_unwatch_side (s);
+   side_want_drained (s, false);
+   c->up = NULL;
+}
+
+const char *
+client_upstream_name (const client_conn_t *c)
+{
+   if (c->server)
+      return pool_server_name (c->server);
+   return c->upstream_name ? c->upstream_name : "(no upstream)";
 }
 
 /* ------------------------------------------------------------ callbacks */
@@ -1030,6 +1089,12 @@ conn_client_event (client_conn_t *c, side_event_t ev, const char *detail)
 static void
 conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
 {
+   if (c->server) {
+      /* A pooled connection lent to this client failed: the pool closes it.
+       * The client closes only if it waits for something on it. */
+      pool_server_lost (c, ev == SIDE_EVENT_EOF ? "upstream closed the connection" : detail);
+      return;
+   }
    switch (ev) {
    case SIDE_EVENT_CONNECTED:
       counters_add (COUNTER_UPSTREAMS_OPEN, 1);
@@ -1116,7 +1181,14 @@ client_timer_cb (evutil_socket_t fd, short what, void *arg)
 
    switch (c->state) {
    case CLIENT_STATE_AWAIT_UPSTREAM:
-      if (!side_is_open (&c->upstream)) {
+      if (c->loop->pool) {
+         client_disconnect (c,
+                            COUNTERS_CLOSE_NO_PRIMARY,
+                            "no pooled upstream connection could open within upstream_connect_timeout_ms=%" PRId64
+                            " (%s)",
+                            c->cfg->upstream_connect_timeout_ms,
+                            pool_last_error (c->loop->pool));
+      } else if (!side_is_open (&c->upstream)) {
          topology_primary_t p;
          topology_get_primary (c->loop->topo, &p);
          client_disconnect (c,
@@ -1245,6 +1317,17 @@ client_accept (client_loop_t *loop,
    /* AWAIT_UPSTREAM is 0, the zeroed state: arm its timer explicitly. */
    c->state = CLIENT_STATE_COUNT_;
    client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
+   if (loop->pool) {
+      /* Pooled: no connection of its own.  Its hello is answered from what
+       * the pool learned of the upstream; until the pool has learned it,
+       * the client waits (pool_hello_learned moves it on). */
+      if (pool_hello (loop->pool))
+         client_set_state (c, CLIENT_STATE_HANDSHAKE);
+      else
+         pool_want_hello (loop->pool);
+      return true;
+   }
+   c->up = &c->upstream;
    client_try_connect (c);
    return true;
 }
@@ -1362,6 +1445,14 @@ client_loop_set_wake (client_loop_t *loop, loopwake_t *wake, bson_error_t *error
    return true;
 }
 
+bool
+client_loop_enable_pool (client_loop_t *loop, unsigned size, bson_error_t *error)
+{
+   RELAYBUS_ASSERT (!loop->pool && !loop->clients);
+   loop->pool = pool_new (loop, size, error);
+   return loop->pool != NULL;
+}
+
 void
 client_loop_set_config (client_loop_t *loop, config_t *cfg)
 {
@@ -1377,6 +1468,10 @@ client_loop_topology_changed (client_loop_t *loop)
 {
    client_conn_t *c, *next;
 
+   if (loop->pool) {
+      pool_topology_changed (loop->pool);
+      return;
+   }
    for (c = loop->clients; c; c = next) {
       next = c->next;
       if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->waiting_primary)
@@ -1404,6 +1499,8 @@ client_loop_destroy (client_loop_t *loop)
    loop->on_empty = NULL;
    while (loop->clients)
       client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN, "proxy stopping");
+   pool_destroy (loop->pool);
+   loop->pool = NULL;
    /* No other loop posts to this one from here on; a resume already
     * queued finds the slot empty. */
    pthread_mutex_lock (&mem_slots_mu);

@@ -30,6 +30,7 @@
 #include "base/counters.h"
 #include "base/log.h"
 #include "base/loopwake.h"
+#include "proxy/pool.h"
 #include "proxy/side.h"
 
 /* How long loop 0 waits before posting again to a loop whose wake-up
@@ -108,12 +109,20 @@ loops_wanted (const config_t *cfg)
 {
    long cores;
 
-   if (cfg->threads > 0)
-      return (unsigned) (cfg->threads < CLIENT_LOOPS_MAX ? cfg->threads : CLIENT_LOOPS_MAX);
-   cores = sysconf (_SC_NPROCESSORS_ONLN);
-   if (cores < 1)
-      cores = 1;
-   return (unsigned) (cores < CONFIG_THREADS_DEFAULT_MAX ? cores : CONFIG_THREADS_DEFAULT_MAX);
+   unsigned n;
+
+   if (cfg->threads > 0) {
+      n = (unsigned) (cfg->threads < CLIENT_LOOPS_MAX ? cfg->threads : CLIENT_LOOPS_MAX);
+   } else {
+      cores = sysconf (_SC_NPROCESSORS_ONLN);
+      if (cores < 1)
+         cores = 1;
+      n = (unsigned) (cores < CONFIG_THREADS_DEFAULT_MAX ? cores : CONFIG_THREADS_DEFAULT_MAX);
+   }
+   /* Pooled: every loop needs a connection of its own to lend. */
+   if (cfg->pool_mode_id == CONFIG_POOL_POOLED && (int64_t) n > cfg->pool_size)
+      n = (unsigned) cfg->pool_size;
+   return n;
 }
 
 /* ------------------------------------------------------------ drain */
@@ -275,8 +284,8 @@ loop_thread_main (void *arg)
 }
 
 static bool
-loop_init (loops_t *l, loop_t *t, topology_t *topo, tls_upstream_t *tls, config_t *cfg, client_request_hook_t hook,
-           bson_error_t *error)
+loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstream_t *tls, config_t *cfg,
+           client_request_hook_t hook, bson_error_t *error)
 {
    pthread_mutex_init (&t->mu, NULL);
    t->owner = l;
@@ -299,6 +308,10 @@ loop_init (loops_t *l, loop_t *t, topology_t *topo, tls_upstream_t *tls, config_
    if (!client_loop_set_wake (t->clients, t->wake, error))
       return false;
    client_loop_set_request_hook (t->clients, hook, NULL);
+   /* Pooled mode: each loop lends its own share of the pool. */
+   if (cfg->pool_mode_id == CONFIG_POOL_POOLED &&
+       !client_loop_enable_pool (t->clients, pool_share (cfg->pool_size, t->index, nloops), error))
+      return false;
    if (t->index > 0) {
       if (pthread_create (&t->thread, NULL, loop_thread_main, t) != 0) {
          bson_set_error (error, LOOPS_ERROR_DOMAIN, 2, "loop %u: cannot start its thread", t->index);
@@ -341,12 +354,19 @@ loops_new (struct event_base *base0,
    for (unsigned i = 0; i < n; i++) {
       l->loops[i].index = i;
       l->n = i + 1;
-      if (!loop_init (l, &l->loops[i], topo, tls, cfg, hook, error)) {
+      if (!loop_init (l, &l->loops[i], n, topo, tls, cfg, hook, error)) {
          loops_destroy (l);
          return NULL;
       }
    }
    counters_set (COUNTER_FORWARDING_LOOPS, n);
+   if (cfg->pool_mode_id == CONFIG_POOL_POOLED) {
+      counters_set (COUNTER_POOL_SIZE, (uint64_t) cfg->pool_size);
+      log_info ("pooled mode: clients share %" PRId64 " upstream connections (%u forwarding loop%s)%s", cfg->pool_size,
+                n, n == 1 ? "" : "s",
+                cfg->users ? "; clients log in with the users of auth_file"
+                           : "; no auth_file: clients are not authenticated by the proxy");
+   }
    if (n > 1)
       log_info ("%u forwarding loops (threads = %" PRId64 "%s)", n, cfg->threads, cfg->threads ? "" : ": one per core");
    return l;

@@ -38,11 +38,15 @@
 
 #include "autoconf.h"
 #include "base/assert.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "codec/compress.h"
 #include "codec/handshake.h"
 #include "proxy/conn_private.h"
+#include "proxy/login.h"
+#include "proxy/owners.h"
+#include "proxy/pool.h"
 #include "proxy/side.h"
 
 /* Replies larger than this are not scanned for "not primary" errors: such
@@ -281,7 +285,7 @@ client_send_internal (client_conn_t *c,
    int32_t id;
    size_t before;
 
-   if (c->state == CLIENT_STATE_CLOSING || !c->upstream.connected) {
+   if (c->state == CLIENT_STATE_CLOSING || !client_up_connected (c)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NOT_CONNECTED, "upstream not connected");
       return false;
    }
@@ -338,6 +342,7 @@ forward_request (client_conn_t *c,
          return false;
       }
       u->creq_seq = r->seq;
+      u->track_cursor = c->server && owners_opens_cursors (cmd) && owners_enabled (c);
    }
    if (msg->checksum_present) {
       if (!wire_append_msg (out,
@@ -362,6 +367,79 @@ forward_request (client_conn_t *c,
    return true;
 }
 
+/* Pooled mode: every hello is the proxy's to answer (the client has no
+ * connection of its own to send it on), as a mongos, from the upstream's
+ * hello the pool learned (pool_hello), with the client's own fields: the
+ * compression negotiated with it, its connectionId (the proxy's id of the
+ * connection), localTime, helloOk, and proxy/login.c's saslSupportedMechs
+ * and speculativeAuthenticate. */
+static bool
+answer_hello_pooled (client_conn_t *c,
+                     struct evbuffer *src,
+                     size_t len,
+                     int32_t client_id,
+                     int32_t family,
+                     const bson_t *hello,
+                     bson_error_t *error)
+{
+   const bson_t *learned = pool_hello (c->loop->pool);
+   handshake_compression_t offer;
+   bson_t base, reply = BSON_INITIALIZER;
+   bson_iter_t it;
+   uint64_t seq;
+   bool ok = false, base_init = false;
+
+   if (!learned) {
+      /* Only after a topology change emptied what was learned: the
+       * client is read only once the pool has learned a hello. */
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NOT_CONNECTED, "no upstream hello learned yet");
+      goto done;
+   }
+   handshake_negotiate (hello, c->cfg->compressors, &offer);
+   if (c->state == CLIENT_STATE_HANDSHAKE) {
+      c->compressor = offer.n > 0 ? offer.ids[0] : -1;
+      c->compressors_negotiated = 0;
+      for (int i = 0; i < offer.n; i++)
+         c->compressors_negotiated |= 1u << offer.ids[i];
+   }
+   if (!handshake_rewrite_reply (learned, &offer, &base, error))
+      goto done;
+   base_init = true;
+   if (bson_iter_init (&it, &base))
+      while (bson_iter_next (&it)) {
+         const char *k = bson_iter_key (&it);
+         if (strcmp (k, "connectionId") == 0 || strcmp (k, "localTime") == 0 || strcmp (k, "helloOk") == 0 ||
+             strcmp (k, "saslSupportedMechs") == 0 || strcmp (k, "speculativeAuthenticate") == 0 ||
+             strcmp (k, "ok") == 0)
+            continue;
+         bson_append_iter (&reply, NULL, 0, &it);
+      }
+   BSON_APPEND_INT32 (&reply, "connectionId", (int32_t) (c->id % INT32_MAX));
+   BSON_APPEND_DATE_TIME (&reply, "localTime", (int64_t) (clock_now_ms ()));
+   if (bson_iter_init_find (&it, hello, "helloOk") && bson_iter_as_bool (&it))
+      BSON_APPEND_BOOL (&reply, "helloOk", true);
+   login_hello (c, hello, &reply);
+   BSON_APPEND_DOUBLE (&reply, "ok", 1.0);
+   if (!client_hold_request (c, client_id, family, -1 /* hello is never compressed */, &seq, error))
+      goto done;
+   counters_add (COUNTER_HELLOS_REWRITTEN, 1);
+   if (!client_answer (c, seq, &reply, error))
+      goto done;
+   if (c->state == CLIENT_STATE_HANDSHAKE) {
+      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done (pooled), compressor %s",
+                c->compressor > 0 ? compress_name (c->compressor) : "none");
+      client_set_state (c, CLIENT_STATE_READY);
+   }
+   ok = true;
+done:
+   /* Only now: `hello` points into the request's bytes. */
+   evbuffer_drain (src, len);
+   if (base_init)
+      bson_destroy (&base);
+   bson_destroy (&reply);
+   return ok;
+}
+
 /* A hello (OP_MSG or legacy OP_QUERY) goes upstream as OP_MSG without
  * `compression`; the reply comes back through reply_hello. */
 static bool
@@ -379,6 +457,8 @@ forward_hello (client_conn_t *c,
    int32_t id;
    bool ok = false;
 
+   if (c->loop->pool)
+      return answer_hello_pooled (c, src, len, client_id, family, hello, error);
    {
       bson_iter_t it;
       if (bson_iter_init_find (&it, hello, "speculativeAuthenticate"))
@@ -437,6 +517,26 @@ answer_locally (client_conn_t *c,
    if (!client_hold_request (c, client_id, family, compressor, &seq, error))
       return false;
    return client_answer_error (c, seq, code, code_name, errmsg, error);
+}
+
+/* Answers a request the proxy handles itself with {ok: 1}. */
+static bool
+answer_ok_locally (client_conn_t *c, int32_t client_id, int compressor, struct evbuffer *src, size_t len,
+                   bson_error_t *error)
+{
+   bson_t doc = BSON_INITIALIZER;
+   uint64_t seq;
+   bool ok;
+
+   evbuffer_drain (src, len);
+   if (!client_hold_request (c, client_id, WIRE_OP_MSG, compressor, &seq, error)) {
+      bson_destroy (&doc);
+      return false;
+   }
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   ok = client_answer (c, seq, &doc, error);
+   bson_destroy (&doc);
+   return ok;
 }
 
 #ifdef RELAYBUS_TEST_COMMANDS
@@ -540,15 +640,16 @@ done:
 static void
 suspect_upstream (client_conn_t *c)
 {
-   const char *colon = c->upstream_name ? strrchr (c->upstream_name, ':') : NULL;
+   const char *name = client_upstream_name (c);
+   const char *colon = strrchr (name, ':');
    char host[TOPOLOGY_HOST_MAX];
    size_t n;
 
-   if (!colon || (n = (size_t) (colon - c->upstream_name)) >= sizeof host) {
+   if (!colon || (n = (size_t) (colon - name)) >= sizeof host) {
       topology_request_refresh (c->loop->topo, "not-primary error relayed");
       return;
    }
-   memcpy (host, c->upstream_name, n);
+   memcpy (host, name, n);
    host[n] = '\0';
    topology_suspect (c->loop->topo, host, (uint16_t) strtoul (colon + 1, NULL, 10));
 }
@@ -588,6 +689,56 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
                              "connections present no certificate to the server); use SCRAM, or connect to the "
                              "server directly for X.509",
                              src, len, error);
+   }
+   if (c->loop->pool) {
+      /* Pooled: logins, pings and everything before a login are the
+       * proxy's own; what needs the upstream got a connection before it
+       * was read (pool_admit), unless its wait ran out. */
+      if (login_answers_locally (c, cmd)) {
+         counters_count_command (cmd);
+         if (more) {
+            evbuffer_drain (src, len);
+            return true;
+         }
+         return login_command (c, msg, cmd, compressor, src, len, error);
+      }
+      if (!c->server) {
+         counters_count_command (cmd);
+         if (more) {
+            client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
+                               "an unacknowledged %s waited pool_wait_timeout_ms=%" PRId64
+                               " for an upstream connection; no reply can carry the error",
+                               cmd ? cmd : "request", c->cfg->pool_wait_timeout_ms);
+            return false;
+         }
+         return pool_answer_timeout (c, msg, cmd, compressor, src, len, error);
+      }
+      if (owners_enabled (c)) {
+         char why[300];
+         switch (owners_check (c, &msg->body, cmd, why, sizeof why)) {
+         case OWNERS_REFUSE:
+            counters_count_command (cmd);
+            log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s refused: %s", cmd, why);
+            if (more) {
+               evbuffer_drain (src, len);
+               return true;
+            }
+            return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 13, "Unauthorized", why, src,
+                                   len, error);
+         case OWNERS_ANSWER_OK:
+            counters_count_command (cmd);
+            if (more) {
+               evbuffer_drain (src, len);
+               return true;
+            }
+            return answer_ok_locally (c, msg->header.request_id, compressor, src, len, error);
+         case OWNERS_ALLOW:
+         default:
+            break;
+         }
+         owners_note_session (c, &msg->body);
+      }
+      pool_note_request (c, msg, cmd);
    }
 #ifdef RELAYBUS_TEST_COMMANDS
    if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
@@ -1382,7 +1533,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
          return false;
       }
       if (c->state == CLIENT_STATE_HANDSHAKE) {
-         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", c->upstream_name,
+         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", client_upstream_name (c),
                    c->compressor > 0 ? compress_name (c->compressor) : "none");
          client_set_state (c, CLIENT_STATE_READY);
       }
@@ -1390,6 +1541,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    }
 
    /* RELAY */
+   if (u->track_cursor && first)
+      owners_note_reply (c, in, len);
    if (len <= CLIENT_SCAN_LIMIT) {
       const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
       reply_scan_t scan = {false, false};
@@ -1397,9 +1550,12 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
          reply_scan (buf, len, &scan);
       if (scan.not_primary) {
          counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
-         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", c->upstream_name);
+         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", client_upstream_name (c));
          suspect_upstream (c);
-         c->not_primary_seen = true;
+         if (c->server)
+            pool_server_not_primary (c); /* closed once it comes back */
+         else
+            c->not_primary_seen = true;
       }
       if (scan.topology_version) {
          if (!relay_strip_topology_version (c, buf, len, first ? r->client_id : h->response_to, flags, &error))
@@ -1441,6 +1597,8 @@ relayed:
       u->expect_response_to = h->request_id;
    else
       upreq_pop (c);
+   if (c->server)
+      pool_note_reply (c, more);
    return true;
 
 protocol:
@@ -1448,7 +1606,7 @@ protocol:
                       COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
                       "bad reply %d from %s: %s",
                       h->request_id,
-                      c->upstream_name,
+                      client_upstream_name (c),
                       error.message);
    return false;
 internal:
@@ -1467,7 +1625,7 @@ take_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
                          "unsolicited %s %d from %s",
                          wire_opcode_name (h->opcode),
                          h->request_id,
-                         c->upstream_name);
+                         client_upstream_name (c));
       return -1;
    }
    counters_add (COUNTER_MESSAGES_FROM_UPSTREAM, 1);
@@ -1484,7 +1642,7 @@ static inline bool
 route_has_room (client_conn_t *c, const side_t *from)
 {
    if (from->kind == SIDE_CLIENT)
-      return !c->job && fifo_has_room (c) && evbuffer_get_length (upstream_output (c)) < high_watermark (c);
+      return !c->job && fifo_has_room (c) && (!c->up || evbuffer_get_length (upstream_output (c)) < high_watermark (c));
    return evbuffer_get_length (client_output (c)) < high_watermark (c);
 }
 
@@ -1532,11 +1690,15 @@ client_route (client_conn_t *c, side_t *from)
             client_disconnect (c, COUNTERS_CLOSE_CLIENT_PROTOCOL, "bad message header: %s", error.message);
          else
             client_disconnect (
-               c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", c->upstream_name, error.message);
+               c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", client_upstream_name (c), error.message);
          return false;
       }
       if (avail < (size_t) h.length)
          break;
+      /* Pooled: a request that needs the upstream gets a connection first,
+       * or waits for one, unread. */
+      if (client && c->loop->pool && !c->server && !c->pool_timed_out && !pool_admit (c, in, &h))
+         return consumed;
       switch (client ? take_request (c, in, &h) : take_reply (c, in, &h)) {
       case 0:
          return consumed; /* waits for memory */
@@ -1545,6 +1707,8 @@ client_route (client_conn_t *c, side_t *from)
       default:
          return false;
       }
+      if (client)
+         c->pool_timed_out = false; /* that request had its answer */
       consumed = true;
    }
    return consumed;

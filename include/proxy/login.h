@@ -1,0 +1,69 @@
+/*
+ * proxy/login.h - clients logging in to the proxy itself (pooled mode).
+ *
+ * Thread: forwarding loop (the failure table behind the rate limit is
+ * process-wide, under a mutex).
+ *
+ * In pooled mode the server never sees a client's login: the pool's
+ * connections are logged in as the proxy.  So the proxy is the SCRAM
+ * server for its clients, as mongod is for a direct client: saslStart and
+ * saslContinue (with skipEmptyExchange), a hello's speculativeAuthenticate
+ * and saslSupportedMechs, SCRAM-SHA-256 and SCRAM-SHA-1 (codec/scram.h),
+ * against the users of [proxy] auth_file (the config snapshot's `users`).
+ * Without an auth file, clients are not authenticated by the proxy, as
+ * with a mongod that runs without --auth.
+ *
+ * What the proxy answers itself in pooled mode, without a connection:
+ * hello (proxy/pump.c), ping, saslStart, saslContinue, authenticate
+ * (refused: only SCRAM is available), logout and connectionStatus; and,
+ * before a login when one is required, every other command, refused with
+ * 13 Unauthorized as mongod refuses it.
+ *
+ * A wrong password or an unknown user is 18 AuthenticationFailed, as mongod
+ * answers.  Failed logins are counted per peer address: past
+ * auth_failures_per_minute in one minute, that address's logins are
+ * refused unchecked for the rest of the minute.
+ */
+#ifndef RELAYBUS_PROXY_LOGIN_H
+#define RELAYBUS_PROXY_LOGIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <bson/bson.h>
+#include <event2/buffer.h>
+
+#include "codec/wire.h"
+#include "proxy/conn.h"
+
+typedef struct login login_t;
+
+/* Frees a connection's login state (NULL ok). */
+void login_destroy (login_t *login);
+
+/* Whether the proxy answers `cmd` (a command name, or NULL) of pooled
+ * client c itself: hello, ping, the login commands, connectionStatus, and
+ * anything before a required login. */
+bool login_answers_locally (const client_conn_t *c, const char *cmd);
+
+/* The user c logged in as, or NULL (not logged in, or no auth file). */
+const char *login_user (const client_conn_t *c);
+
+/* Adds to the hello reply `reply` what the client's `hello` asks of the
+ * login: saslSupportedMechs (the user's mechanisms, absent for an unknown
+ * user, as mongod does) and the answer to speculativeAuthenticate (the
+ * server-first message of a conversation it starts, or nothing when it
+ * fails: the driver then logs in explicitly and sees the error). */
+void login_hello (client_conn_t *c, const bson_t *hello, bson_t *reply);
+
+/* Answers a command login_answers_locally took (its bytes, `len` at the
+ * front of `src`, are dropped).  False after disconnecting (error set). */
+bool login_command (client_conn_t *c,
+                    const wire_msg_t *msg,
+                    const char *cmd,
+                    int compressor,
+                    struct evbuffer *src,
+                    size_t len,
+                    bson_error_t *error) __attribute__ ((warn_unused_result));
+
+#endif /* RELAYBUS_PROXY_LOGIN_H */

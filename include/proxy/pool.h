@@ -1,0 +1,137 @@
+/*
+ * proxy/pool.h - pooled mode: a forwarding loop's upstream connections,
+ * lent to its clients one request at a time.
+ *
+ * Thread: forwarding loop (each loop has its own pool; nothing here is
+ * shared between loops but the counters, and the ends of transactions one
+ * loop posts to the others so that their pins of it go too).
+ *
+ * With [proxy] pool_mode = pooled, a client connection has no upstream
+ * connection of its own.  The process keeps pool_size connections to the
+ * primary, shared out among the loops, each opened on demand, logged in
+ * with the credentials of the `upstream` URI (SCRAM or X.509), and
+ * idle in its loop's pool until a client's request needs one.  A request
+ * that needs the upstream borrows a connection before it is read
+ * (pool_admit), and the connection goes back once nothing the client sent
+ * is in flight on it any more (pool_settle), unless a pin holds it:
+ *
+ *  - a transaction, from its first statement until its commit or abort is
+ *    answered: its statements, the outbox writes injected into it and its
+ *    commit all run on one connection.  Another client connection of the
+ *    same loop that sends a statement of the same transaction (drivers may
+ *    move a session between their connections) is lent the same
+ *    connection while it is idle;
+ *  - an exhaust stream, until its last reply;
+ *  - moreToCome requests, until they are written.
+ *
+ * Without a free connection the client waits in a FIFO, unread (its request
+ * stays in its input buffer: no copy), at most pool_wait_timeout_ms; then
+ * the request is answered with a retryable error (ExceededTimeLimit, with
+ * RetryableWriteError or TransientTransactionError as fits), never left
+ * hanging.  A connection something of a client is still in flight on when
+ * the client goes (a reply not read, a partial write) is closed, not
+ * reused: its state is in doubt.  A connection that relayed a not-primary
+ * error, or that belongs to a primary the topology left, is closed once it
+ * comes back.
+ *
+ * The hello the pool's first connection received teaches the pool what
+ * the upstream is (wire versions, limits, session timeout): pooled clients'
+ * hellos are answered from it (proxy/pump.c), so a client needs no
+ * connection to connect, log in (proxy/login.h) or ping.
+ */
+#ifndef RELAYBUS_PROXY_POOL_H
+#define RELAYBUS_PROXY_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bson/bson.h>
+#include <event2/buffer.h>
+
+#include "codec/wire.h"
+#include "proxy/conn.h"
+
+typedef struct pool pool_t;
+typedef struct pool_server pool_server_t;
+
+/* How long a transaction's pin may hold an idle connection: mongod's
+ * default transactionLifetimeLimitSeconds, after which the server has
+ * aborted the transaction anyway. */
+#define POOL_PIN_IDLE_MAX_MS 60000
+
+/* Loop `index` of `nloops` gets this many of the pool_size connections
+ * (at least one; pool_size is at least the number of loops, loops_wanted). */
+unsigned pool_share (int64_t pool_size, unsigned index, unsigned nloops);
+
+/* A pool of at most `size` connections for `loop` (client_loop_enable_pool).
+ * It opens its first connection as soon as a primary is known. */
+pool_t *pool_new (client_loop_t *loop, unsigned size, bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Closes every connection.  Call once no client holds one.  NULL ok. */
+void pool_destroy (pool_t *pool);
+
+/* The topology changed: connections to a member that is no longer the
+ * primary close (idle ones now, lent ones when they come back), and the
+ * pool opens what its waiters need on the new primary. */
+void pool_topology_changed (pool_t *pool);
+
+/* The upstream's hello reply the pool learned (as received), or NULL
+ * before its first connection said hello. */
+const bson_t *pool_hello (const pool_t *pool);
+/* A client waits for the hello: open a connection if none is opening. */
+void pool_want_hello (pool_t *pool);
+/* Why the last connection attempt failed ("" if none did), for logs. */
+const char *pool_last_error (const pool_t *pool);
+
+/* --- the request path (proxy/pump.c, proxy/conn.c) ------------------- */
+
+/* The complete request with header `h` at the front of `in` is about to be
+ * read by c, which holds no connection.  True: go on (the request is the
+ * proxy's own to answer, or c now holds a connection).  False: c waits in
+ * the pool's FIFO, unread, until a connection is handed to it or its wait
+ * runs out (then it is pumped again with c->pool_timed_out set). */
+bool pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h);
+
+/* A request of c is routed upstream on its connection (or taken by the
+ * request hook, which may send on it): its transaction (lsid, txnNumber,
+ * autocommit: false) pins the connection, a request outside it ends the
+ * pin, a commit or abort ends it once answered, moreToCome pins it until
+ * written. */
+void pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd);
+/* A reply was relayed to c: `more` (moreToCome) holds the connection for
+ * the exhaust stream's next reply. */
+void pool_note_reply (client_conn_t *c, bool more);
+/* Whether c's connection waits only for moreToCome requests to be
+ * written (then c wants the side's drain callback). */
+bool pool_wants_flush (const client_conn_t *c);
+
+/* The end of a pump of c: its connection goes back when nothing is in
+ * flight, both its buffers are empty and no pin holds it. */
+void pool_settle (client_conn_t *c);
+
+/* c is closing: it leaves the wait list, and its connection goes back (or
+ * is closed, when something of c is still in flight on it). */
+void pool_client_closed (client_conn_t *c);
+
+/* c's connection failed (EOF or error).  It is closed; c is disconnected
+ * when it waited for something on it, else it just holds none now. */
+void pool_server_lost (client_conn_t *c, const char *detail);
+
+/* c's connection relayed a not-primary error: it closes when it comes back. */
+void pool_server_not_primary (client_conn_t *c);
+
+/* Answers the request (its bytes, `len` at the front of `src`) that
+ * waited pool_wait_timeout_ms for a connection, with ExceededTimeLimit
+ * and the label that makes a driver retry it. */
+bool pool_answer_timeout (client_conn_t *c,
+                          const wire_msg_t *msg,
+                          const char *cmd,
+                          int compressor,
+                          struct evbuffer *src,
+                          size_t len,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* host:port of a connection, for logs. */
+const char *pool_server_name (const pool_server_t *s);
+
+#endif /* RELAYBUS_PROXY_POOL_H */

@@ -1,0 +1,598 @@
+/*
+ * proxy/login.c - clients logging in to the proxy itself, in pooled mode
+ * (proxy/login.h): the SASL commands, a hello's login fields, the commands
+ * answered without a connection, and the per-address limit on failures.
+ *
+ * One conversation per connection at a time (login_t, in the connection),
+ * with conversationId 1 as mongod numbers them.  The conversation holds a
+ * reference on the config snapshot whose users it checks against, so a
+ * reload in the middle of a login cannot free them; a login finished is
+ * kept by the connection across reloads (mongod keeps a logged-in
+ * connection when a user changes, too).
+ *
+ * The failure table is process-wide (an address's connections are spread
+ * over the loops) and small: LOGIN_PEERS slots, LOGIN_PROBE of them tried
+ * per address; a full neighbourhood reuses its oldest window's slot.  Only
+ * logins take its mutex, never forwarded traffic.
+ */
+#include "proxy/login.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "base/authfile.h"
+#include "base/clock.h"
+#include "base/config.h"
+#include "base/counters.h"
+#include "base/log.h"
+#include "codec/handshake.h"
+#include "codec/scram.h"
+#include "proxy/conn_private.h"
+
+#define LOGIN_WINDOW_MS 60000
+#define LOGIN_PEERS 4096
+#define LOGIN_PROBE 8
+#define LOGIN_ADDR_MAX 64
+/* mongod's codes. */
+#define LOGIN_CODE_UNAUTHORIZED 13
+#define LOGIN_CODE_AUTH_FAILED 18
+#define LOGIN_CODE_NO_SUCH_CONVERSATION 17   /* ProtocolError */
+#define LOGIN_CODE_MECHANISM_UNAVAILABLE 334
+
+struct login {
+   scram_server_t *conv; /* the conversation in progress, or NULL */
+   config_t *cfg;        /* the snapshot whose users `conv` checks against */
+   bool skip_empty;      /* the client asked for skipEmptyExchange */
+   bool final_sent;      /* server-final sent; an empty saslContinue ends it */
+   char *user;           /* logged in as; NULL: not logged in */
+   char *db;             /* the database the login named ($db, or the speculative `db`) */
+   char *pending_db;
+};
+
+/* ------------------------------------------------------------ failures */
+
+typedef struct {
+   char addr[LOGIN_ADDR_MAX];
+   int64_t window_start_ms; /* 0: free */
+   uint32_t failures;
+   bool warned;
+} peer_t;
+
+static peer_t peers[LOGIN_PEERS];
+static pthread_mutex_t peers_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The address part of a connection's peer ("ip:port", "[v6]:port",
+ * "unix"). */
+static void
+peer_addr (const client_conn_t *c, char *out, size_t len)
+{
+   const char *p = c->peer;
+   const char *colon = strrchr (p, ':');
+   size_t n = strlen (p);
+
+   if (p[0] == '[') {
+      const char *close = strchr (p, ']');
+      if (close)
+         n = (size_t) (close - p + 1);
+   } else if (colon) {
+      n = (size_t) (colon - p);
+   }
+   if (n >= len)
+      n = len - 1;
+   memcpy (out, p, n);
+   out[n] = '\0';
+}
+
+static uint32_t
+fnv1a (const char *s)
+{
+   uint32_t h = 2166136261u;
+
+   for (; *s; s++)
+      h = (h ^ (uint8_t) *s) * 16777619u;
+   return h;
+}
+
+/* The slot of `addr` (under peers_mu), its window renewed if it ran out. */
+static peer_t *
+peer_slot (const char *addr, int64_t now)
+{
+   uint32_t h = fnv1a (addr);
+   peer_t *oldest = NULL;
+
+   for (unsigned i = 0; i < LOGIN_PROBE; i++) {
+      peer_t *p = &peers[(h + i) % LOGIN_PEERS];
+      if (p->window_start_ms && strcmp (p->addr, addr) == 0) {
+         if (now - p->window_start_ms >= LOGIN_WINDOW_MS) {
+            p->window_start_ms = now;
+            p->failures = 0;
+            p->warned = false;
+         }
+         return p;
+      }
+      if (!oldest || p->window_start_ms < oldest->window_start_ms)
+         oldest = p;
+   }
+   bson_strncpy (oldest->addr, addr, sizeof oldest->addr);
+   oldest->window_start_ms = now;
+   oldest->failures = 0;
+   oldest->warned = false;
+   return oldest;
+}
+
+/* Whether c's address may try to log in now. */
+static bool
+peer_may_try (const client_conn_t *c)
+{
+   char addr[LOGIN_ADDR_MAX];
+   int64_t now = clock_mono_ms () + 1; /* never 0: 0 marks a free slot */
+   uint32_t failures;
+   bool warn = false;
+
+   peer_addr (c, addr, sizeof addr);
+   pthread_mutex_lock (&peers_mu);
+   {
+      peer_t *p = peer_slot (addr, now);
+      failures = p->failures;
+      if (failures >= (uint32_t) c->cfg->auth_failures_per_minute && !p->warned) {
+         p->warned = true;
+         warn = true;
+      }
+   }
+   pthread_mutex_unlock (&peers_mu);
+   if (warn)
+      log_warn ("login: %s failed %u logins within a minute (auth_failures_per_minute = %" PRId64
+                "): its logins are refused unchecked until the minute is over",
+                addr, failures, c->cfg->auth_failures_per_minute);
+   return failures < (uint32_t) c->cfg->auth_failures_per_minute;
+}
+
+static void
+peer_failed (const client_conn_t *c)
+{
+   char addr[LOGIN_ADDR_MAX];
+   int64_t now = clock_mono_ms () + 1;
+
+   peer_addr (c, addr, sizeof addr);
+   pthread_mutex_lock (&peers_mu);
+   peer_slot (addr, now)->failures++;
+   pthread_mutex_unlock (&peers_mu);
+}
+
+/* ------------------------------------------------------------ state */
+
+static login_t *
+login_get (client_conn_t *c)
+{
+   if (!c->login)
+      c->login = bson_malloc0 (sizeof *c->login);
+   return c->login;
+}
+
+static void
+conversation_end (login_t *l)
+{
+   scram_server_destroy (l->conv);
+   l->conv = NULL;
+   config_release (l->cfg);
+   l->cfg = NULL;
+   l->final_sent = false;
+   bson_free (l->pending_db);
+   l->pending_db = NULL;
+}
+
+void
+login_destroy (login_t *l)
+{
+   if (!l)
+      return;
+   conversation_end (l);
+   bson_free (l->user);
+   bson_free (l->db);
+   bson_free (l);
+}
+
+const char *
+login_user (const client_conn_t *c)
+{
+   return c->login ? c->login->user : NULL;
+}
+
+bool
+login_answers_locally (const client_conn_t *c, const char *cmd)
+{
+   if (!cmd)
+      return c->loop->cfg->users && !login_user (c);
+   switch (cmd[0]) {
+   case 'h':
+   case 'i':
+      if (handshake_is_hello (cmd))
+         return true;
+      break;
+   case 'p':
+      if (strcmp (cmd, "ping") == 0)
+         return true;
+      break;
+   case 's':
+      if (strcmp (cmd, "saslStart") == 0 || strcmp (cmd, "saslContinue") == 0)
+         return true;
+      break;
+   case 'a':
+      if (strcmp (cmd, "authenticate") == 0)
+         return true;
+      break;
+   case 'l':
+      if (strcmp (cmd, "logout") == 0)
+         return true;
+      break;
+   case 'c':
+      if (strcmp (cmd, "connectionStatus") == 0)
+         return true;
+      break;
+   default:
+      break;
+   }
+   return c->loop->cfg->users && !login_user (c);
+}
+
+/* ------------------------------------------------------------ SCRAM */
+
+/* A binary (or string) payload of a SASL command. */
+static bool
+payload_of (const bson_t *cmd, const uint8_t **data, uint32_t *len)
+{
+   bson_iter_t it;
+   bson_subtype_t sub;
+
+   if (!bson_iter_init_find (&it, cmd, "payload"))
+      return false;
+   if (BSON_ITER_HOLDS_BINARY (&it)) {
+      bson_iter_binary (&it, &sub, len, data);
+      return true;
+   }
+   if (BSON_ITER_HOLDS_UTF8 (&it)) {
+      *data = (const uint8_t *) bson_iter_utf8 (&it, len);
+      return true;
+   }
+   return false;
+}
+
+static bool
+skip_empty_of (const bson_t *cmd)
+{
+   bson_iter_t it, opt;
+
+   return bson_iter_init_find (&it, cmd, "options") && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &opt) &&
+          bson_iter_find (&opt, "skipEmptyExchange") && bson_iter_as_bool (&opt);
+}
+
+/* The step that failed: counted and logged; the conversation ends. */
+static void
+login_failed (client_conn_t *c, login_t *l, const char *why)
+{
+   counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_FAILURE, 1);
+   peer_failed (c);
+   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "login refused: %s", why);
+   conversation_end (l);
+}
+
+/* Starts a conversation from saslStart's (or speculativeAuthenticate's)
+ * mechanism and client-first.  Sets *server_first (free with bson_free);
+ * false: refused, with the code and errmsg to answer. */
+static bool
+sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_first, size_t *sf_len, int32_t *code,
+            char *errmsg, size_t errmsg_len)
+{
+   login_t *l = login_get (c);
+   bson_iter_t it;
+   authfile_mech_t mech;
+   const char *mech_name = NULL;
+   uint32_t mech_len = 0;
+   const uint8_t *payload;
+   uint32_t plen;
+   bson_error_t error;
+
+   conversation_end (l);
+   *code = LOGIN_CODE_AUTH_FAILED;
+   if (!peer_may_try (c)) {
+      counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_THROTTLED, 1);
+      bson_snprintf (errmsg, errmsg_len,
+                     "relaybus: too many failed logins from this address (auth_failures_per_minute = %" PRId64
+                     "); try again in a minute",
+                     c->cfg->auth_failures_per_minute);
+      return false;
+   }
+   if (bson_iter_init_find (&it, cmd, "mechanism") && BSON_ITER_HOLDS_UTF8 (&it))
+      mech_name = bson_iter_utf8 (&it, &mech_len);
+   if (!mech_name || !authfile_mech_from_name (mech_name, mech_len, &mech)) {
+      *code = LOGIN_CODE_MECHANISM_UNAVAILABLE;
+      bson_snprintf (errmsg, errmsg_len,
+                     "Received authentication for mechanism %.40s which is not enabled (relaybus: the proxy offers "
+                     "SCRAM-SHA-256 and SCRAM-SHA-1)",
+                     mech_name ? mech_name : "(none)");
+      return false;
+   }
+   if (!c->loop->cfg->users) {
+      login_failed (c, l, "the proxy has no auth_file");
+      bson_snprintf (errmsg, errmsg_len, "Authentication failed.");
+      return false;
+   }
+   if (!payload_of (cmd, &payload, &plen)) {
+      login_failed (c, l, "saslStart without a payload");
+      bson_snprintf (errmsg, errmsg_len, "Authentication failed.");
+      return false;
+   }
+   l->cfg = config_retain (c->loop->cfg);
+   l->conv = scram_server_new (mech);
+   l->skip_empty = skip_empty_of (cmd);
+   l->pending_db = bson_strdup (db ? db : "admin");
+   if (!scram_server_first (l->conv, l->cfg->users, payload, plen, server_first, sf_len, &error)) {
+      char why[300];
+      bson_snprintf (why, sizeof why, "%s step 1: %s", authfile_mech_name (mech), error.message);
+      if (error.code == SCRAM_ERR_SASLPREP) {
+         *code = LOGIN_CODE_AUTH_FAILED;
+         bson_snprintf (errmsg, errmsg_len, "Authentication failed. (relaybus: %s)", error.message);
+      } else {
+         bson_snprintf (errmsg, errmsg_len, "Authentication failed.");
+      }
+      login_failed (c, l, why);
+      return false;
+   }
+   return true;
+}
+
+static void
+answer_error (client_conn_t *c, uint64_t seq, int32_t code, const char *errmsg)
+{
+   bson_error_t error;
+   const char *name = code == LOGIN_CODE_AUTH_FAILED       ? "AuthenticationFailed"
+                      : code == LOGIN_CODE_UNAUTHORIZED    ? "Unauthorized"
+                      : code == LOGIN_CODE_MECHANISM_UNAVAILABLE ? "MechanismUnavailable"
+                      : code == LOGIN_CODE_NO_SUCH_CONVERSATION ? "ProtocolError"
+                                                               : "BadValue";
+
+   if (!client_answer_error (c, seq, code, name, errmsg, &error))
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering a login: %s", error.message);
+}
+
+static void
+answer_doc (client_conn_t *c, uint64_t seq, const bson_t *doc)
+{
+   bson_error_t error;
+
+   if (!client_answer (c, seq, doc, &error))
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering a login: %s", error.message);
+}
+
+static void
+login_succeeded (client_conn_t *c, login_t *l)
+{
+   bson_free (l->user);
+   bson_free (l->db);
+   l->user = bson_strdup (scram_server_user (l->conv));
+   l->db = l->pending_db;
+   l->pending_db = NULL;
+   counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_SUCCESS, 1);
+   log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "logged in as %s with %s", l->user,
+             authfile_mech_name (scram_server_mech (l->conv)));
+}
+
+static void
+cmd_sasl_start (client_conn_t *c, uint64_t seq, const bson_t *body, const char *db)
+{
+   char *sf = NULL;
+   size_t sf_len = 0;
+   int32_t code;
+   char errmsg[300];
+   bson_t doc = BSON_INITIALIZER;
+
+   if (!sasl_start (c, body, db, &sf, &sf_len, &code, errmsg, sizeof errmsg)) {
+      answer_error (c, seq, code, errmsg);
+      return;
+   }
+   BSON_APPEND_INT32 (&doc, "conversationId", 1);
+   BSON_APPEND_BOOL (&doc, "done", false);
+   BSON_APPEND_BINARY (&doc, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) sf, (uint32_t) sf_len);
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   answer_doc (c, seq, &doc);
+   bson_destroy (&doc);
+   bson_free (sf);
+}
+
+static void
+cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
+{
+   login_t *l = login_get (c);
+   bson_iter_t it;
+   const uint8_t *payload;
+   uint32_t plen;
+   bson_error_t error;
+   char *sfinal = NULL;
+   size_t sfinal_len = 0;
+   bson_t doc = BSON_INITIALIZER;
+
+   if (!l->conv || !bson_iter_init_find (&it, body, "conversationId") || !BSON_ITER_HOLDS_NUMBER (&it) ||
+       bson_iter_as_int64 (&it) != 1) {
+      conversation_end (l);
+      answer_error (c, seq, LOGIN_CODE_NO_SUCH_CONVERSATION, "No SASL session state found");
+      goto done;
+   }
+   if (l->final_sent) {
+      /* The empty exchange of a client without skipEmptyExchange. */
+      BSON_APPEND_INT32 (&doc, "conversationId", 1);
+      BSON_APPEND_BOOL (&doc, "done", true);
+      BSON_APPEND_BINARY (&doc, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) "", 0);
+      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      conversation_end (l);
+      answer_doc (c, seq, &doc);
+      goto done;
+   }
+   if (!payload_of (body, &payload, &plen)) {
+      login_failed (c, l, "saslContinue without a payload");
+      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED, "Authentication failed.");
+      goto done;
+   }
+   if (!scram_server_final (l->conv, payload, plen, &sfinal, &sfinal_len, &error)) {
+      char why[300];
+      bson_snprintf (why, sizeof why, "%s step 2 (user %s): %s", authfile_mech_name (scram_server_mech (l->conv)),
+                     scram_server_user (l->conv) ? scram_server_user (l->conv) : "?", error.message);
+      login_failed (c, l, why);
+      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED, "Authentication failed.");
+      goto done;
+   }
+   login_succeeded (c, l);
+   BSON_APPEND_INT32 (&doc, "conversationId", 1);
+   BSON_APPEND_BOOL (&doc, "done", l->skip_empty);
+   BSON_APPEND_BINARY (&doc, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) sfinal, (uint32_t) sfinal_len);
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   if (l->skip_empty)
+      conversation_end (l);
+   else
+      l->final_sent = true;
+   answer_doc (c, seq, &doc);
+done:
+   bson_free (sfinal);
+   bson_destroy (&doc);
+}
+
+void
+login_hello (client_conn_t *c, const bson_t *hello, bson_t *reply)
+{
+   const authfile_t *users = c->loop->cfg->users;
+   bson_iter_t it;
+
+   if (!users)
+      return;
+   if (bson_iter_init_find (&it, hello, "saslSupportedMechs") && BSON_ITER_HOLDS_UTF8 (&it)) {
+      /* "db.user": the user's mechanisms; nothing for an unknown one. */
+      uint32_t len;
+      const char *ns = bson_iter_utf8 (&it, &len);
+      const char *dot = memchr (ns, '.', len);
+      const authfile_user_t *u = dot ? authfile_lookup (users, dot + 1, len - (uint32_t) (dot + 1 - ns)) : NULL;
+      if (u) {
+         bson_t arr;
+         unsigned i = 0;
+         char key[16];
+         const char *k;
+         BSON_APPEND_ARRAY_BEGIN (reply, "saslSupportedMechs", &arr);
+         for (int m = AUTHFILE_N_MECHS - 1; m >= 0; m--)
+            if (u->keys[m].present) {
+               bson_uint32_to_string (i++, &k, key, sizeof key);
+               BSON_APPEND_UTF8 (&arr, k, authfile_mech_name ((authfile_mech_t) m));
+            }
+         bson_append_array_end (reply, &arr);
+      }
+   }
+   if (bson_iter_init_find (&it, hello, "speculativeAuthenticate") && BSON_ITER_HOLDS_DOCUMENT (&it)) {
+      const uint8_t *data;
+      uint32_t len;
+      bson_t spec, answer;
+      bson_iter_t db;
+      char *sf = NULL;
+      size_t sf_len = 0;
+      int32_t code;
+      char errmsg[300];
+
+      bson_iter_document (&it, &len, &data);
+      if (!bson_init_static (&spec, data, len) || !bson_has_field (&spec, "saslStart"))
+         return; /* not a SASL start (X.509 is refused at authenticate) */
+      if (!sasl_start (c, &spec,
+                       bson_iter_init_find (&db, &spec, "db") && BSON_ITER_HOLDS_UTF8 (&db) ? bson_iter_utf8 (&db, NULL)
+                                                                                          : "admin",
+                       &sf, &sf_len, &code, errmsg, sizeof errmsg))
+         return; /* the driver logs in explicitly, and sees the error then */
+      BSON_APPEND_DOCUMENT_BEGIN (reply, "speculativeAuthenticate", &answer);
+      BSON_APPEND_INT32 (&answer, "conversationId", 1);
+      BSON_APPEND_BOOL (&answer, "done", false);
+      BSON_APPEND_BINARY (&answer, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) sf, (uint32_t) sf_len);
+      bson_append_document_end (reply, &answer);
+      bson_free (sf);
+   }
+}
+
+/* ------------------------------------------------------------ commands */
+
+static void
+cmd_connection_status (client_conn_t *c, uint64_t seq)
+{
+   bson_t doc = BSON_INITIALIZER, info, users, user, roles;
+
+   BSON_APPEND_DOCUMENT_BEGIN (&doc, "authInfo", &info);
+   BSON_APPEND_ARRAY_BEGIN (&info, "authenticatedUsers", &users);
+   if (login_user (c)) {
+      BSON_APPEND_DOCUMENT_BEGIN (&users, "0", &user);
+      BSON_APPEND_UTF8 (&user, "user", c->login->user);
+      BSON_APPEND_UTF8 (&user, "db", c->login->db ? c->login->db : "admin");
+      bson_append_document_end (&users, &user);
+   }
+   bson_append_array_end (&info, &users);
+   BSON_APPEND_ARRAY_BEGIN (&info, "authenticatedUserRoles", &roles);
+   bson_append_array_end (&info, &roles);
+   bson_append_document_end (&doc, &info);
+   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   answer_doc (c, seq, &doc);
+   bson_destroy (&doc);
+}
+
+bool
+login_command (client_conn_t *c,
+               const wire_msg_t *msg,
+               const char *cmd,
+               int compressor,
+               struct evbuffer *src,
+               size_t len,
+               bson_error_t *error)
+{
+   uint64_t seq;
+   bson_iter_t it;
+   const char *db = NULL;
+   bool ok;
+
+   /* Answers to the SASL commands are never compressed (the exempt list). */
+   if (cmd && (strcmp (cmd, "saslStart") == 0 || strcmp (cmd, "saslContinue") == 0 || strcmp (cmd, "authenticate") == 0))
+      compressor = -1;
+   if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &seq, error)) {
+      evbuffer_drain (src, len);
+      return false;
+   }
+   if (bson_iter_init_find (&it, &msg->body, "$db") && BSON_ITER_HOLDS_UTF8 (&it))
+      db = bson_iter_utf8 (&it, NULL);
+   if (!cmd) {
+      answer_error (c, seq, LOGIN_CODE_UNAUTHORIZED, "command requires authentication");
+   } else if (strcmp (cmd, "saslStart") == 0) {
+      cmd_sasl_start (c, seq, &msg->body, db);
+   } else if (strcmp (cmd, "saslContinue") == 0) {
+      cmd_sasl_continue (c, seq, &msg->body);
+   } else if (strcmp (cmd, "authenticate") == 0) {
+      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED,
+                    "relaybus: the pooled proxy authenticates clients with SCRAM-SHA-256 and SCRAM-SHA-1 only "
+                    "(saslStart)");
+   } else if (strcmp (cmd, "logout") == 0) {
+      if (c->login) {
+         conversation_end (c->login);
+         bson_free (c->login->user);
+         c->login->user = NULL;
+      }
+      bson_t doc = BSON_INITIALIZER;
+      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      answer_doc (c, seq, &doc);
+      bson_destroy (&doc);
+   } else if (strcmp (cmd, "connectionStatus") == 0) {
+      cmd_connection_status (c, seq);
+   } else if (strcmp (cmd, "ping") == 0) {
+      bson_t doc = BSON_INITIALIZER;
+      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      answer_doc (c, seq, &doc);
+      bson_destroy (&doc);
+   } else {
+      char errmsg[200];
+      bson_snprintf (errmsg, sizeof errmsg, "command %.100s requires authentication", cmd);
+      answer_error (c, seq, LOGIN_CODE_UNAUTHORIZED, errmsg);
+   }
+   ok = c->state != CLIENT_STATE_CLOSING;
+   /* Only now: `msg` points into the request's bytes. */
+   if (ok)
+      evbuffer_drain (src, len);
+   return ok;
+}

@@ -1,0 +1,1477 @@
+/*
+ * proxy/pool.c - pooled mode's upstream connections (proxy/pool.h): opening
+ * and logging them in, lending them to clients, pins, the wait list and its
+ * deadline, and closing what is in doubt.
+ *
+ * A connection (pool_server_t) is one side_t of its own.  While it is idle
+ * or logging in, its owner and callbacks are the pool's (pool_side_cb);
+ * while it is lent, they are the client's (client_attach_upstream), so its
+ * replies flow through the client's pump exactly as a session-mode upstream
+ * does, and its EOF reaches pool_server_lost.  What it holds is counted in
+ * the client's memory only while lent; idle, its buffers are empty.
+ *
+ * States: OPENING (connecting, TLS, hello, login; one deadline of
+ * upstream_connect_timeout_ms for all of it), IDLE (in the idle stack,
+ * read so that an EOF or stray bytes close it), LENT (a client holds it),
+ * BACK (just given back, until server_return places or closes it).
+ * A closed connection is freed at once: every pointer to it (the client's
+ * `server`, the idle stack, the list) is cleared first, and its side's
+ * callbacks cannot fire after side_close.
+ *
+ * Fairness: the wait list is FIFO, and a connection that comes back goes to
+ * its head before anyone new may take an idle one.  The hand-over runs the
+ * waiter's pump from an event (handoff_ev), never from inside another
+ * client's pump.
+ */
+#include "proxy/pool.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <openssl/crypto.h>
+
+#include "autoconf.h"
+#include "base/assert.h"
+#include "base/clock.h"
+#include "base/config.h"
+#include "base/counters.h"
+#include "base/log.h"
+#include "base/loopwake.h"
+#include "codec/scram.h"
+#include "proxy/conn_private.h"
+#include "proxy/login.h"
+#include "proxy/side.h"
+
+/* The longest a pooled connection's login may wait for a reply it is
+ * reading: the handshake's replies are small. */
+#define POOL_HANDSHAKE_MAX_REPLY (16 * 1024 * 1024)
+/* Bytes of a request looked at before it is read (its command name and
+ * transaction); a request whose body is longer is routed on any
+ * connection. */
+#define POOL_PEEK_MAX (64 * 1024)
+/* Retrying a failed connection attempt: from this, doubled up to the max. */
+#define POOL_BACKOFF_MIN_MS 100
+#define POOL_BACKOFF_MAX_MS 5000
+/* Idle transaction pins are looked at this often. */
+#define POOL_PIN_CHECK_MS 1000
+/* At most one "requests wait for a connection" warning per loop this often. */
+#define POOL_WARN_INTERVAL_MS 10000
+
+typedef enum {
+   SERVER_OPENING = 0, /* connecting, hello, login */
+   SERVER_IDLE,        /* in the idle stack */
+   SERVER_LENT,        /* a client holds it */
+   SERVER_BACK,        /* back from a client, not placed yet (server_return) */
+} server_state_t;
+
+/* Where the opening is. */
+typedef enum {
+   STEP_CONNECT = 0,
+   STEP_HELLO,
+   STEP_SASL_START,
+   STEP_SASL_CONTINUE,
+   STEP_SASL_EMPTY, /* the empty saslContinue of a server without skipEmptyExchange */
+   STEP_X509,
+} open_step_t;
+
+/* A transaction: the session's id and its txnNumber. */
+typedef struct {
+   bool valid;
+   uint8_t lsid[16];
+   int64_t txn_number;
+} pool_txn_t;
+
+struct pool_server {
+   side_t side;
+   pool_t *pool;
+   uint64_t id; /* "p<id>" in logs */
+   server_state_t state;
+   open_step_t step;
+   char name[TOPOLOGY_HOST_MAX + 8]; /* host:port */
+   uint64_t generation;              /* the topology's, when it connected */
+   bool stale;                       /* close it when it comes back */
+   bool counted_open;                /* in the open gauges */
+   client_conn_t *client;            /* LENT: who holds it */
+   unsigned pins;                    /* bits (1 << counters_pin_t) */
+   pool_txn_t txn;                   /* the transaction pinning it */
+   int64_t idle_since_ms;            /* a pinned transaction's last answer */
+   /* The opening. */
+   int32_t next_id;
+   int32_t expect;          /* the requestID the next reply answers */
+   authfile_mech_t mech;
+   scram_client_t *scram;
+   int32_t conversation_id;
+   struct event *deadline;
+   pool_server_t *prev, *next;           /* pool->servers */
+   pool_server_t *idle_prev, *idle_next; /* pool->idle, a stack */
+};
+
+struct pool {
+   client_loop_t *loop;
+   unsigned size;      /* the most this loop opens */
+   unsigned n_open;    /* in pool->servers */
+   unsigned n_opening; /* of them, OPENING */
+   pool_server_t *servers;
+   pool_server_t *idle; /* the top of the stack: the most recently used */
+   unsigned n_idle;
+   unsigned n_pinned_txn;
+   client_conn_t *wait_head, *wait_tail;
+   unsigned n_waiting;
+   client_conn_t *handed; /* waiting for handoff_ev */
+   struct event *handoff_ev;
+   struct event *wait_timer;
+   struct event *retry_timer;
+   struct event *pin_timer;
+   bool retry_armed;
+   bool pin_timer_armed;
+   int64_t backoff_ms;
+   bson_t *hello;   /* the upstream's hello reply, as received */
+   bool want_hello; /* clients wait for it */
+   int64_t last_warn_ms;
+   char last_error[256];
+   scram_salt_cache_t salt; /* the upstream user's salted password */
+};
+
+static atomic_uint_fast64_t next_server_id;
+
+/*
+ * The ends of transactions, told to the other loops.  A driver may send a
+ * transaction's statements on connections that landed on different loops,
+ * so several loops may each hold a connection pinned to it; the loop that
+ * relays its commit or abort tells the others, which then let their pins
+ * go at once instead of after POOL_PIN_IDLE_MAX_MS.  Each loop has a slot:
+ * a small ring of ended transactions under the slot's mutex and one
+ * coalesced post at a time.  A ring that is full drops the notice (the pin
+ * then idles out).  Static: a post still queued when its loop goes finds
+ * the slot empty.
+ */
+#define POOL_ENDED_RING 64
+
+typedef struct {
+   pthread_mutex_t mu;
+   pool_t *pool;     /* NULL: no pooled loop here */
+   loopwake_t *wake;
+   pool_txn_t ended[POOL_ENDED_RING];
+   unsigned head, len;
+   bool posted;
+} pool_slot_t;
+
+static pool_slot_t pool_slots[CLIENT_LOOPS_MAX];
+static atomic_uint pooled_loops; /* slots with a pool */
+static pthread_once_t pool_slots_once = PTHREAD_ONCE_INIT;
+
+static void
+pool_slots_init (void)
+{
+   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++)
+      pthread_mutex_init (&pool_slots[i].mu, NULL);
+}
+
+static void server_close (pool_server_t *s, const char *why);
+static void server_return (pool_server_t *s);
+static void pool_fill (pool_t *pool);
+static const side_callbacks_t pool_side_cb;
+
+unsigned
+pool_share (int64_t pool_size, unsigned index, unsigned nloops)
+{
+   unsigned n = (unsigned) (pool_size / nloops) + (index < (unsigned) (pool_size % nloops) ? 1u : 0u);
+
+   return n > 0 ? n : 1;
+}
+
+const char *
+pool_server_name (const pool_server_t *s)
+{
+   return s->name;
+}
+
+const bson_t *
+pool_hello (const pool_t *pool)
+{
+   return pool->hello;
+}
+
+const char *
+pool_last_error (const pool_t *pool)
+{
+   return pool->last_error[0] ? pool->last_error : "no primary known yet";
+}
+
+static config_t *
+pool_cfg (const pool_t *pool)
+{
+   return pool->loop->cfg;
+}
+
+/* ------------------------------------------------------------ pins */
+
+static void
+pin_set (pool_server_t *s, counters_pin_t pin, bool on)
+{
+   unsigned bit = 1u << pin;
+
+   if (on == ((s->pins & bit) != 0))
+      return;
+   if (on) {
+      s->pins |= bit;
+      counters_add_at (COUNTER_POOL_PINNED, pin, 1);
+   } else {
+      s->pins &= ~bit;
+      atomic_fetch_sub_explicit (&counters_slots[COUNTER_POOL_PINNED + pin], 1, memory_order_relaxed);
+   }
+   if (pin == COUNTERS_PIN_TRANSACTION) {
+      if (on)
+         s->pool->n_pinned_txn++;
+      else
+         s->pool->n_pinned_txn--;
+      if (!on)
+         s->txn.valid = false;
+   }
+}
+
+static void
+pins_clear (pool_server_t *s)
+{
+   for (int p = 0; p < COUNTERS_PIN_COUNT; p++)
+      pin_set (s, (counters_pin_t) p, false);
+}
+
+static bool
+txn_equal (const pool_txn_t *a, const pool_txn_t *b)
+{
+   return a->valid && b->valid && a->txn_number == b->txn_number && memcmp (a->lsid, b->lsid, sizeof a->lsid) == 0;
+}
+
+/* What a request body says of its transaction: in one when it carries
+ * `autocommit: false` with an lsid (a 16-byte UUID) and a txnNumber. */
+static void
+txn_of_body (const bson_t *body, pool_txn_t *out, bool *retryable_write)
+{
+   bson_iter_t it, child;
+   bool autocommit_false = false, has_lsid = false, has_number = false;
+
+   out->valid = false;
+   if (retryable_write)
+      *retryable_write = false;
+   if (!bson_iter_init (&it, body))
+      return;
+   while (bson_iter_next (&it)) {
+      const char *k = bson_iter_key (&it);
+      if (k[0] == 'a' && strcmp (k, "autocommit") == 0) {
+         autocommit_false = !bson_iter_as_bool (&it);
+      } else if (k[0] == 't' && strcmp (k, "txnNumber") == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
+         out->txn_number = bson_iter_as_int64 (&it);
+         has_number = true;
+      } else if (k[0] == 'l' && strcmp (k, "lsid") == 0 && BSON_ITER_HOLDS_DOCUMENT (&it) &&
+                 bson_iter_recurse (&it, &child) && bson_iter_find (&child, "id") && BSON_ITER_HOLDS_BINARY (&child)) {
+         bson_subtype_t sub;
+         uint32_t len;
+         const uint8_t *data;
+         bson_iter_binary (&child, &sub, &len, &data);
+         if (len == sizeof out->lsid) {
+            memcpy (out->lsid, data, len);
+            has_lsid = true;
+         }
+      }
+   }
+   out->valid = autocommit_false && has_lsid && has_number;
+   if (retryable_write)
+      *retryable_write = has_number && !autocommit_false;
+}
+
+/* This loop's connection a transaction is pinned to. */
+static pool_server_t *
+pinned_server (pool_t *pool, const pool_txn_t *txn)
+{
+   if (!txn->valid || pool->n_pinned_txn == 0)
+      return NULL;
+   for (pool_server_t *s = pool->servers; s; s = s->next)
+      if ((s->pins & (1u << COUNTERS_PIN_TRANSACTION)) && txn_equal (&s->txn, txn))
+         return s;
+   return NULL;
+}
+
+/* ------------------------------------------------------------ lending */
+
+static void
+idle_push (pool_server_t *s)
+{
+   pool_t *pool = s->pool;
+
+   s->state = SERVER_IDLE;
+   s->idle_prev = NULL;
+   s->idle_next = pool->idle;
+   if (pool->idle)
+      pool->idle->idle_prev = s;
+   pool->idle = s;
+   pool->n_idle++;
+}
+
+static void
+idle_remove (pool_server_t *s)
+{
+   pool_t *pool = s->pool;
+
+   RELAYBUS_ASSERT (s->state == SERVER_IDLE);
+   if (s->idle_prev)
+      s->idle_prev->idle_next = s->idle_next;
+   else
+      pool->idle = s->idle_next;
+   if (s->idle_next)
+      s->idle_next->idle_prev = s->idle_prev;
+   s->idle_prev = s->idle_next = NULL;
+   pool->n_idle--;
+}
+
+/* The connection is c's now: its bytes flow through c's pump. */
+static void
+lend (pool_server_t *s, client_conn_t *c)
+{
+   if (s->state == SERVER_IDLE)
+      idle_remove (s);
+   s->state = SERVER_LENT;
+   s->client = c;
+   c->server = s;
+   counters_add (COUNTER_POOL_IN_USE, 1);
+   client_attach_upstream (c, &s->side);
+}
+
+/* c gives its connection up: it is the pool's again (not yet in the idle
+ * stack: the caller decides what becomes of it). */
+static pool_server_t *
+unlend (client_conn_t *c)
+{
+   pool_server_t *s = c->server;
+
+   client_detach_upstream (c);
+   c->server = NULL;
+   s->client = NULL;
+   s->state = SERVER_BACK;
+   s->side.owner = s;
+   s->side.cb = &pool_side_cb;
+   counters_sub (COUNTER_POOL_IN_USE, 1);
+   return s;
+}
+
+/* ------------------------------------------------------------ waiting */
+
+static void
+wait_timer_arm (pool_t *pool)
+{
+   int64_t due, now;
+   struct timeval tv;
+
+   if (!pool->wait_head)
+      return;
+   now = clock_mono_ms ();
+   due = pool->wait_head->pool_wait_since_ms + pool_cfg (pool)->pool_wait_timeout_ms;
+   tv = clock_timeval_ms (due > now ? due - now : 0);
+   evtimer_add (pool->wait_timer, &tv);
+}
+
+static void
+wait_remove (client_conn_t *c)
+{
+   pool_t *pool = c->loop->pool;
+   bool was_head = pool->wait_head == c;
+
+   if (c->pool_wait_prev)
+      c->pool_wait_prev->pool_wait_next = c->pool_wait_next;
+   else
+      pool->wait_head = c->pool_wait_next;
+   if (c->pool_wait_next)
+      c->pool_wait_next->pool_wait_prev = c->pool_wait_prev;
+   else
+      pool->wait_tail = c->pool_wait_prev;
+   c->pool_wait_prev = c->pool_wait_next = NULL;
+   c->pool_waiting = false;
+   pool->n_waiting--;
+   counters_sub (COUNTER_POOL_WAITERS, 1);
+   if (was_head) {
+      evtimer_del (pool->wait_timer);
+      wait_timer_arm (pool);
+   }
+}
+
+static void
+wait_add (client_conn_t *c)
+{
+   pool_t *pool = c->loop->pool;
+   int64_t now = clock_mono_ms ();
+
+   RELAYBUS_ASSERT (!c->pool_waiting);
+   c->pool_waiting = true;
+   c->pool_wait_since_ms = now;
+   c->pool_wait_next = NULL;
+   c->pool_wait_prev = pool->wait_tail;
+   if (pool->wait_tail)
+      pool->wait_tail->pool_wait_next = c;
+   else
+      pool->wait_head = c;
+   pool->wait_tail = c;
+   pool->n_waiting++;
+   counters_add (COUNTER_POOL_WAITERS, 1);
+   counters_add (COUNTER_POOL_WAITS, 1);
+   if (pool->wait_head == c)
+      wait_timer_arm (pool);
+   if (pool->n_open >= pool->size && now - pool->last_warn_ms >= POOL_WARN_INTERVAL_MS) {
+      pool->last_warn_ms = now;
+      log_info ("pool: all %u connections of this loop are busy; %u request(s) wait (pool_size = %" PRId64
+                ", pool_wait_timeout_ms = %" PRId64 ")",
+                pool->size, pool->n_waiting, pool_cfg (pool)->pool_size, pool_cfg (pool)->pool_wait_timeout_ms);
+   }
+}
+
+/* c is pumped from handoff_ev: it got a connection, or its wait ran out. */
+static void
+hand (client_conn_t *c)
+{
+   pool_t *pool = c->loop->pool;
+
+   RELAYBUS_ASSERT (!c->pool_handed);
+   c->pool_handed = true;
+   c->pool_handed_next = pool->handed;
+   pool->handed = c;
+   event_active (pool->handoff_ev, EV_READ, 0);
+}
+
+static void
+handed_remove (client_conn_t *c)
+{
+   pool_t *pool = c->loop->pool;
+
+   for (client_conn_t **p = &pool->handed; *p; p = &(*p)->pool_handed_next)
+      if (*p == c) {
+         *p = c->pool_handed_next;
+         break;
+      }
+   c->pool_handed_next = NULL;
+   c->pool_handed = false;
+}
+
+static void
+handoff_cb (evutil_socket_t fd, short what, void *arg)
+{
+   pool_t *pool = arg;
+
+   (void) fd;
+   (void) what;
+   while (pool->handed) {
+      client_conn_t *c = pool->handed;
+      pool->handed = c->pool_handed_next;
+      c->pool_handed_next = NULL;
+      c->pool_handed = false;
+      client_resume (c);
+   }
+}
+
+/* The head waiters whose wait ran out: their request is answered with a
+ * retryable error (route_msg, pool_answer_timeout). */
+static void
+wait_timer_cb (evutil_socket_t fd, short what, void *arg)
+{
+   pool_t *pool = arg;
+   int64_t now = clock_mono_ms (), limit = pool_cfg (pool)->pool_wait_timeout_ms;
+
+   (void) fd;
+   (void) what;
+   while (pool->wait_head && now - pool->wait_head->pool_wait_since_ms >= limit) {
+      client_conn_t *c = pool->wait_head;
+      wait_remove (c);
+      counters_observe (COUNTER_POOL_WAIT_TIME, 0, now - c->pool_wait_since_ms);
+      c->pool_timed_out = true;
+      hand (c);
+   }
+   wait_timer_arm (pool);
+}
+
+/* A connection is free: the oldest waiter gets it, else the idle stack. */
+static void
+server_free_for_use (pool_server_t *s)
+{
+   pool_t *pool = s->pool;
+
+   if (pool->wait_head) {
+      client_conn_t *c = pool->wait_head;
+      wait_remove (c);
+      counters_observe (COUNTER_POOL_WAIT_TIME, 0, clock_mono_ms () - c->pool_wait_since_ms);
+      lend (s, c);
+      hand (c);
+      return;
+   }
+   idle_push (s);
+   side_set_reading (&s->side, true); /* an EOF or stray bytes close it */
+}
+
+/* ------------------------------------------------------------ closing */
+
+static void
+server_free (pool_server_t *s)
+{
+   scram_client_destroy (s->scram);
+   proxy_event_free (s->deadline);
+   bson_free (s);
+}
+
+static void
+server_close (pool_server_t *s, const char *why)
+{
+   pool_t *pool = s->pool;
+
+   RELAYBUS_ASSERT (s->state != SERVER_LENT);
+   log_debug ("pool: p%" PRIu64 " %s closed: %s", s->id, s->name, why);
+   if (s->state == SERVER_IDLE)
+      idle_remove (s);
+   if (s->state == SERVER_OPENING)
+      pool->n_opening--;
+   pins_clear (s);
+   if (s->counted_open) {
+      counters_sub (COUNTER_POOL_CONNECTIONS, 1);
+      if (s->side.connected)
+         counters_sub (COUNTER_UPSTREAMS_OPEN, 1);
+   }
+   side_close (&s->side);
+   if (s->prev)
+      s->prev->next = s->next;
+   else
+      pool->servers = s->next;
+   if (s->next)
+      s->next->prev = s->prev;
+   pool->n_open--;
+   server_free (s);
+}
+
+/* A connection back from a client: reused, or closed when stale. */
+static void
+server_return (pool_server_t *s)
+{
+   topology_primary_t p;
+
+   topology_get_primary (s->pool->loop->topo, &p);
+   if (s->stale || p.state != TOPOLOGY_STATE_PRIMARY || p.generation != s->generation) {
+      server_close (s, "its member is no longer the primary");
+      pool_fill (s->pool);
+      return;
+   }
+   server_free_for_use (s);
+}
+
+/* An opening failed: counted, logged, retried after a backoff while
+ * somebody waits for a connection. */
+static void
+open_failed (pool_server_t *s, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+
+static void
+open_failed (pool_server_t *s, const char *fmt, ...)
+{
+   pool_t *pool = s->pool;
+   va_list ap;
+
+   va_start (ap, fmt);
+   vsnprintf (pool->last_error, sizeof pool->last_error, fmt, ap);
+   va_end (ap);
+   counters_add (COUNTER_POOL_CONNECT_FAILURES, 1);
+   log_warn ("pool: cannot open a connection to %s: %s (next attempt in %" PRId64 " ms)", s->name, pool->last_error,
+             pool->backoff_ms ? pool->backoff_ms : POOL_BACKOFF_MIN_MS);
+   topology_request_refresh (pool->loop->topo, "pooled upstream connection failed");
+   server_close (s, pool->last_error);
+   pool->backoff_ms = pool->backoff_ms ? pool->backoff_ms * 2 : POOL_BACKOFF_MIN_MS;
+   if (pool->backoff_ms > POOL_BACKOFF_MAX_MS)
+      pool->backoff_ms = POOL_BACKOFF_MAX_MS;
+   if (!pool->retry_armed) {
+      struct timeval tv = clock_timeval_ms (pool->backoff_ms);
+      pool->retry_armed = true;
+      evtimer_add (pool->retry_timer, &tv);
+   }
+}
+
+/* ------------------------------------------------------------ opening */
+
+static bool
+send_cmd (pool_server_t *s, const bson_t *cmd)
+{
+   int32_t id = s->next_id++;
+
+   if (!wire_append_msg (side_output (&s->side), id, 0, 0, cmd, NULL, 0))
+      return false;
+   s->expect = id;
+   side_flush (&s->side);
+   return true;
+}
+
+static void
+server_ready (pool_server_t *s)
+{
+   pool_t *pool = s->pool;
+
+   pool->n_opening--;
+   evtimer_del (s->deadline);
+   scram_client_destroy (s->scram);
+   s->scram = NULL;
+   pool->backoff_ms = 0;
+   pool->last_error[0] = '\0';
+   counters_add (COUNTER_POOL_CONNECTS, 1);
+   log_debug ("pool: p%" PRIu64 " %s ready (%u open on this loop)", s->id, s->name, pool->n_open);
+   server_free_for_use (s);
+}
+
+/* The hello reply: what the pool's clients will be told, and how to log in. */
+static void
+on_hello (pool_server_t *s, const bson_t *reply)
+{
+   pool_t *pool = s->pool;
+   const config_upstream_auth_t *auth = &pool_cfg (pool)->upstream_auth;
+   bson_iter_t it;
+   bool writable = false;
+
+   if (bson_iter_init_find (&it, reply, "isWritablePrimary") || bson_iter_init_find (&it, reply, "ismaster"))
+      writable = bson_iter_as_bool (&it);
+   if (bson_iter_init_find (&it, reply, "msg") && BSON_ITER_HOLDS_UTF8 (&it) &&
+       strcmp (bson_iter_utf8 (&it, NULL), "isdbgrid") == 0)
+      writable = true;
+   if (!writable) {
+      s->stale = true;
+      open_failed (s, "it is not the primary any more");
+      return;
+   }
+   if (pool->hello)
+      bson_destroy (pool->hello);
+   pool->hello = bson_copy (reply);
+   if (pool->want_hello) {
+      /* Clients accepted before anything was learned may shake hands now. */
+      client_conn_t *c, *next;
+      pool->want_hello = false;
+      for (c = pool->loop->clients; c; c = next) {
+         next = c->next;
+         if (c->state == CLIENT_STATE_AWAIT_UPSTREAM) {
+            client_set_state (c, CLIENT_STATE_HANDSHAKE);
+            client_resume (c);
+         }
+      }
+   }
+   if (!auth->user && !(auth->mechanism && strcmp (auth->mechanism, "MONGODB-X509") == 0)) {
+      server_ready (s);
+      return;
+   }
+   if (auth->mechanism && strcmp (auth->mechanism, "MONGODB-X509") == 0) {
+      bson_t cmd = BSON_INITIALIZER;
+      BSON_APPEND_INT32 (&cmd, "authenticate", 1);
+      BSON_APPEND_UTF8 (&cmd, "mechanism", "MONGODB-X509");
+      if (auth->user)
+         BSON_APPEND_UTF8 (&cmd, "user", auth->user);
+      BSON_APPEND_UTF8 (&cmd, "$db", "$external");
+      s->step = STEP_X509;
+      if (!send_cmd (s, &cmd))
+         open_failed (s, "cannot send authenticate");
+      bson_destroy (&cmd);
+      return;
+   }
+   /* SCRAM: the URI's mechanism, else SCRAM-SHA-256 when the server lists
+    * it for the user, else SCRAM-SHA-1 (the authentication spec's rule). */
+   s->mech = AUTHFILE_SCRAM_SHA_1;
+   if (auth->mechanism) {
+      (void) authfile_mech_from_name (auth->mechanism, strlen (auth->mechanism), &s->mech);
+   } else if (bson_iter_init_find (&it, reply, "saslSupportedMechs") && BSON_ITER_HOLDS_ARRAY (&it)) {
+      bson_iter_t m;
+      if (bson_iter_recurse (&it, &m))
+         while (bson_iter_next (&m))
+            if (BSON_ITER_HOLDS_UTF8 (&m) && strcmp (bson_iter_utf8 (&m, NULL), "SCRAM-SHA-256") == 0)
+               s->mech = AUTHFILE_SCRAM_SHA_256;
+   }
+   {
+      bson_error_t error;
+      char *first = NULL;
+      size_t first_len = 0;
+      bson_t cmd = BSON_INITIALIZER, opts;
+      bool ok;
+
+      s->scram = scram_client_new (s->mech, auth->user, auth->password ? auth->password : "", &error);
+      if (!s->scram || !scram_client_first (s->scram, &first, &first_len, &error)) {
+         open_failed (s, "SCRAM as %s: %s", auth->user, error.message);
+         return;
+      }
+      BSON_APPEND_INT32 (&cmd, "saslStart", 1);
+      BSON_APPEND_UTF8 (&cmd, "mechanism", authfile_mech_name (s->mech));
+      BSON_APPEND_BINARY (&cmd, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) first, (uint32_t) first_len);
+      BSON_APPEND_INT32 (&cmd, "autoAuthorize", 1);
+      BSON_APPEND_DOCUMENT_BEGIN (&cmd, "options", &opts);
+      BSON_APPEND_BOOL (&opts, "skipEmptyExchange", true);
+      bson_append_document_end (&cmd, &opts);
+      BSON_APPEND_UTF8 (&cmd, "$db", auth->source);
+      s->step = STEP_SASL_START;
+      ok = send_cmd (s, &cmd);
+      bson_destroy (&cmd);
+      bson_free (first);
+      if (!ok)
+         open_failed (s, "cannot send saslStart");
+   }
+}
+
+/* The server's SASL payload of a reply. */
+static bool
+sasl_payload (const bson_t *reply, const uint8_t **data, uint32_t *len)
+{
+   bson_iter_t it;
+   bson_subtype_t sub;
+
+   if (bson_iter_init_find (&it, reply, "payload") && BSON_ITER_HOLDS_BINARY (&it)) {
+      bson_iter_binary (&it, &sub, len, data);
+      return true;
+   }
+   if (bson_iter_init_find (&it, reply, "payload") && BSON_ITER_HOLDS_UTF8 (&it)) {
+      *data = (const uint8_t *) bson_iter_utf8 (&it, len);
+      return true;
+   }
+   return false;
+}
+
+static bool
+reply_done (const bson_t *reply)
+{
+   bson_iter_t it;
+
+   return bson_iter_init_find (&it, reply, "done") && bson_iter_as_bool (&it);
+}
+
+static void
+send_sasl_continue (pool_server_t *s, const char *payload, size_t len, open_step_t step)
+{
+   const config_upstream_auth_t *auth = &pool_cfg (s->pool)->upstream_auth;
+   bson_t cmd = BSON_INITIALIZER;
+   bool ok;
+
+   BSON_APPEND_INT32 (&cmd, "saslContinue", 1);
+   BSON_APPEND_INT32 (&cmd, "conversationId", s->conversation_id);
+   BSON_APPEND_BINARY (&cmd, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) payload, (uint32_t) len);
+   BSON_APPEND_UTF8 (&cmd, "$db", auth->source);
+   s->step = step;
+   ok = send_cmd (s, &cmd);
+   bson_destroy (&cmd);
+   if (!ok)
+      open_failed (s, "cannot send saslContinue");
+}
+
+/* One reply of the opening.  Errors close the connection. */
+static void
+on_open_reply (pool_server_t *s, const bson_t *reply)
+{
+   const config_upstream_auth_t *auth = &pool_cfg (s->pool)->upstream_auth;
+   bson_iter_t it;
+   bson_error_t error;
+   const uint8_t *payload;
+   uint32_t plen;
+
+   if (!bson_iter_init_find (&it, reply, "ok") || bson_iter_as_double (&it) != 1.0) {
+      const char *msg = "no errmsg";
+      if (bson_iter_init_find (&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8 (&it))
+         msg = bson_iter_utf8 (&it, NULL);
+      if (s->step == STEP_HELLO)
+         open_failed (s, "hello refused: %s", msg);
+      else
+         open_failed (s, "login as %s refused: %s", auth->user ? auth->user : "(certificate)", msg);
+      return;
+   }
+   switch (s->step) {
+   case STEP_HELLO:
+      on_hello (s, reply);
+      return;
+   case STEP_X509:
+      server_ready (s);
+      return;
+   case STEP_SASL_START: {
+      char *final = NULL;
+      size_t final_len = 0;
+      if (bson_iter_init_find (&it, reply, "conversationId") && BSON_ITER_HOLDS_NUMBER (&it))
+         s->conversation_id = (int32_t) bson_iter_as_int64 (&it);
+      if (!sasl_payload (reply, &payload, &plen)) {
+         open_failed (s, "saslStart reply has no payload");
+         return;
+      }
+      if (!scram_client_final (s->scram, payload, plen, &s->pool->salt, &final, &final_len, &error)) {
+         open_failed (s, "SCRAM as %s: %s", auth->user, error.message);
+         return;
+      }
+      send_sasl_continue (s, final, final_len, STEP_SASL_CONTINUE);
+      bson_free (final);
+      return;
+   }
+   case STEP_SASL_CONTINUE:
+      if (!sasl_payload (reply, &payload, &plen) || !scram_client_verify (s->scram, payload, plen, &error)) {
+         open_failed (s, "SCRAM as %s: the server's signature does not verify", auth->user);
+         return;
+      }
+      if (reply_done (reply))
+         server_ready (s);
+      else
+         send_sasl_continue (s, "", 0, STEP_SASL_EMPTY);
+      return;
+   case STEP_SASL_EMPTY:
+      if (reply_done (reply))
+         server_ready (s);
+      else
+         open_failed (s, "SCRAM as %s: the conversation did not end", auth->user);
+      return;
+   case STEP_CONNECT:
+   default:
+      open_failed (s, "a reply before the hello");
+      return;
+   }
+}
+
+static void
+send_hello (pool_server_t *s)
+{
+   const config_upstream_auth_t *auth = &pool_cfg (s->pool)->upstream_auth;
+   bson_t cmd = BSON_INITIALIZER, client, sub;
+   bool ok;
+
+   BSON_APPEND_INT32 (&cmd, "hello", 1);
+   BSON_APPEND_BOOL (&cmd, "helloOk", true);
+   BSON_APPEND_DOCUMENT_BEGIN (&cmd, "client", &client);
+   BSON_APPEND_DOCUMENT_BEGIN (&client, "application", &sub);
+   BSON_APPEND_UTF8 (&sub, "name", "relaybus-proxy pool");
+   bson_append_document_end (&client, &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&client, "driver", &sub);
+   BSON_APPEND_UTF8 (&sub, "name", "relaybus-proxy");
+   BSON_APPEND_UTF8 (&sub, "version", PACKAGE_VERSION);
+   bson_append_document_end (&client, &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&client, "os", &sub);
+   BSON_APPEND_UTF8 (&sub, "type", "Linux");
+   bson_append_document_end (&client, &sub);
+   bson_append_document_end (&cmd, &client);
+   if (auth->user && !auth->mechanism) {
+      char *ns = bson_strdup_printf ("%s.%s", auth->source, auth->user);
+      BSON_APPEND_UTF8 (&cmd, "saslSupportedMechs", ns);
+      bson_free (ns);
+   }
+   BSON_APPEND_UTF8 (&cmd, "$db", "admin");
+   s->step = STEP_HELLO;
+   ok = send_cmd (s, &cmd);
+   bson_destroy (&cmd);
+   if (!ok)
+      open_failed (s, "cannot send hello");
+}
+
+/* ------------------------------------------------------------ callbacks */
+
+/* Bytes from a connection the pool holds: replies of the opening, or, from
+ * an idle one, something nobody asked for. */
+static void
+pool_side_read (side_t *side)
+{
+   pool_server_t *s = side->owner;
+   struct evbuffer *in = side_input (side);
+
+   while (evbuffer_get_length (in) >= WIRE_HEADER_LEN) {
+      wire_header_t h;
+      wire_msg_t reply;
+      bson_error_t error;
+      const uint8_t *buf = evbuffer_pullup (in, WIRE_HEADER_LEN);
+
+      if (s->state != SERVER_OPENING) {
+         server_close (s, "the server sent bytes nobody asked for");
+         return;
+      }
+      if (!buf || !wire_peek_header (buf, WIRE_HEADER_LEN, &h) || !wire_check_header (&h, POOL_HANDSHAKE_MAX_REPLY, &error)) {
+         open_failed (s, "bad reply header");
+         return;
+      }
+      if (evbuffer_get_length (in) < (size_t) h.length)
+         break;
+      buf = evbuffer_pullup (in, h.length);
+      if (h.opcode != WIRE_OP_MSG || h.response_to != s->expect || !buf ||
+          !wire_parse_msg (buf, (size_t) h.length, &reply, &error)) {
+         open_failed (s, "bad reply to the proxy's own request");
+         return;
+      }
+      {
+         /* A copy: the reply may close (and free) the connection. */
+         bson_t *body = bson_copy (&reply.body);
+         evbuffer_drain (in, (size_t) h.length);
+         on_open_reply (s, body);
+         bson_destroy (body);
+      }
+      /* The connection may be closed (freed), lent or idle now. */
+      return;
+   }
+   if (s->state == SERVER_IDLE && evbuffer_get_length (in) > 0)
+      server_close (s, "the server sent bytes nobody asked for");
+}
+
+static void
+pool_side_drained (side_t *side)
+{
+   (void) side;
+}
+
+static void
+pool_side_event (side_t *side, side_event_t ev, const char *detail)
+{
+   pool_server_t *s = side->owner;
+
+   switch (ev) {
+   case SIDE_EVENT_CONNECTED:
+      s->counted_open = true;
+      counters_add (COUNTER_POOL_CONNECTIONS, 1);
+      counters_add (COUNTER_UPSTREAMS_OPEN, 1);
+      counters_add (COUNTER_UPSTREAM_CONNECTS, 1);
+      if (!side_go_direct (&s->side, s->pool->loop->base)) {
+         open_failed (s, "out of memory");
+         return;
+      }
+      side_set_reading (&s->side, true);
+      send_hello (s);
+      return;
+   case SIDE_EVENT_CONNECT_FAILED:
+      counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
+      open_failed (s, "%s", detail ? detail : "connect failed");
+      return;
+   case SIDE_EVENT_EOF:
+   case SIDE_EVENT_ERROR:
+   default:
+      if (s->state == SERVER_OPENING) {
+         open_failed (s, "%s", ev == SIDE_EVENT_EOF ? "the server closed the connection" : detail);
+         return;
+      }
+      topology_request_refresh (s->pool->loop->topo, "pooled upstream connection lost");
+      server_close (s, ev == SIDE_EVENT_EOF ? "the server closed the connection" : detail);
+      pool_fill (s->pool);
+      return;
+   }
+}
+
+static void
+pool_side_timeout (side_t *side)
+{
+   pool_server_t *s = side->owner;
+
+   open_failed (s, "a partial reply stalled");
+}
+
+static const side_callbacks_t pool_side_cb = {
+   .on_read = pool_side_read,
+   .on_drained = pool_side_drained,
+   .on_event = pool_side_event,
+   .on_timeout = pool_side_timeout,
+};
+
+static void
+deadline_cb (evutil_socket_t fd, short what, void *arg)
+{
+   pool_server_t *s = arg;
+
+   (void) fd;
+   (void) what;
+   open_failed (s, "not logged in within upstream_connect_timeout_ms=%" PRId64,
+                pool_cfg (s->pool)->upstream_connect_timeout_ms);
+}
+
+/* Opens one more connection to the primary; false when none is known or
+ * the attempt failed at once (it is retried). */
+static bool
+server_open (pool_t *pool)
+{
+   topology_primary_t p;
+   pool_server_t *s;
+   bson_error_t error;
+   struct timeval tv;
+
+   topology_get_primary (pool->loop->topo, &p);
+   if (p.state != TOPOLOGY_STATE_PRIMARY) {
+      bson_snprintf (pool->last_error, sizeof pool->last_error, "no primary known (%s)",
+                     p.last_error[0] ? p.last_error : topology_state_name (p.state));
+      return false;
+   }
+   s = bson_malloc0 (sizeof *s);
+   s->pool = pool;
+   s->id = atomic_fetch_add_explicit (&next_server_id, 1, memory_order_relaxed) + 1;
+   s->generation = p.generation;
+   s->next_id = 1;
+   s->state = SERVER_OPENING;
+   s->step = STEP_CONNECT;
+   bson_snprintf (s->name, sizeof s->name, "%s:%u", p.host, (unsigned) p.port);
+   s->deadline = evtimer_new (pool->loop->base, deadline_cb, s);
+   s->next = pool->servers;
+   if (pool->servers)
+      pool->servers->prev = s;
+   pool->servers = s;
+   pool->n_open++;
+   pool->n_opening++;
+   if (!s->deadline) {
+      open_failed (s, "out of memory");
+      return false;
+   }
+   tv = clock_timeval_ms (pool_cfg (pool)->upstream_connect_timeout_ms);
+   evtimer_add (s->deadline, &tv);
+   if (!side_connect (&s->side, pool->loop->base, &p, pool->loop->tls, &pool_side_cb, s, &error)) {
+      if (error.domain == SIDE_ERROR_DOMAIN && error.code == SIDE_ERR_CONNECT)
+         counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
+      open_failed (s, "%s", error.message);
+      return false;
+   }
+   log_debug ("pool: p%" PRIu64 " connecting to %s (%u open on this loop)", s->id, s->name, pool->n_open);
+   return true;
+}
+
+/* Opens what the waiters (and a client waiting for the first hello) need,
+ * up to the loop's share, unless a failed attempt's backoff runs. */
+static void
+pool_fill (pool_t *pool)
+{
+   if (pool->retry_armed)
+      return;
+   while (pool->n_open < pool->size &&
+          (pool->n_opening < pool->n_waiting || (!pool->hello && pool->n_opening == 0 && pool->n_open == 0)))
+      if (!server_open (pool))
+         break;
+}
+
+static void
+retry_cb (evutil_socket_t fd, short what, void *arg)
+{
+   pool_t *pool = arg;
+
+   (void) fd;
+   (void) what;
+   pool->retry_armed = false;
+   pool_fill (pool);
+}
+
+void
+pool_want_hello (pool_t *pool)
+{
+   pool->want_hello = true;
+   pool_fill (pool);
+}
+
+void
+pool_topology_changed (pool_t *pool)
+{
+   topology_primary_t p;
+   pool_server_t *s, *next;
+
+   topology_get_primary (pool->loop->topo, &p);
+   for (s = pool->servers; s; s = next) {
+      next = s->next;
+      if (p.state == TOPOLOGY_STATE_PRIMARY && s->generation == p.generation)
+         continue;
+      s->stale = true;
+      if (s->state == SERVER_IDLE)
+         server_close (s, "the primary changed");
+   }
+   if (p.state == TOPOLOGY_STATE_PRIMARY && pool->retry_armed) {
+      /* A new primary: try it now rather than after the backoff. */
+      evtimer_del (pool->retry_timer);
+      pool->retry_armed = false;
+      pool->backoff_ms = 0;
+   }
+   pool_fill (pool);
+}
+
+/* ------------------------------------------------------------ pins' age */
+
+static void
+pin_timer_cb (evutil_socket_t fd, short what, void *arg)
+{
+   pool_t *pool = arg;
+   int64_t now = clock_mono_ms ();
+   pool_server_t *s, *next;
+
+   (void) fd;
+   (void) what;
+   pool->pin_timer_armed = false;
+   for (s = pool->servers; s; s = next) {
+      client_conn_t *c = s->client;
+      next = s->next;
+      if (!(s->pins & (1u << COUNTERS_PIN_TRANSACTION)) || s->state != SERVER_LENT || !c || c->up_count > 0 ||
+          now - s->idle_since_ms < POOL_PIN_IDLE_MAX_MS)
+         continue;
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer,
+                "pool: a transaction held %s idle for %d s (transactionLifetimeLimitSeconds): it goes back to the pool",
+                s->name, POOL_PIN_IDLE_MAX_MS / 1000);
+      pin_set (s, COUNTERS_PIN_TRANSACTION, false);
+      pool_settle (c);
+   }
+   if (pool->n_pinned_txn > 0) {
+      struct timeval tv = clock_timeval_ms (POOL_PIN_CHECK_MS);
+      pool->pin_timer_armed = true;
+      evtimer_add (pool->pin_timer, &tv);
+   }
+}
+
+static void
+pin_timer_arm (pool_t *pool)
+{
+   if (!pool->pin_timer_armed) {
+      struct timeval tv = clock_timeval_ms (POOL_PIN_CHECK_MS);
+      pool->pin_timer_armed = true;
+      evtimer_add (pool->pin_timer, &tv);
+   }
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* Peeks at the request at the front of `in`: its command name (the
+ * body's first key) and its transaction.  False when it cannot tell (a
+ * compressed request, a body past POOL_PEEK_MAX): it needs a connection. */
+static bool
+peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, pool_txn_t *txn)
+{
+   size_t window = (size_t) h->length < POOL_PEEK_MAX ? (size_t) h->length : POOL_PEEK_MAX;
+   const uint8_t *buf;
+   uint32_t doc_len;
+   bson_t body;
+   bson_iter_t it;
+
+   cmd[0] = '\0';
+   txn->valid = false;
+   if (h->opcode != WIRE_OP_MSG || window < WIRE_HEADER_LEN + 4 + 1 + 5)
+      return false;
+   buf = evbuffer_pullup (in, (ssize_t) window);
+   if (!buf || buf[WIRE_HEADER_LEN + 4] != 0)
+      return false; /* the body is not the first section */
+   doc_len = wire_get_u32 (buf + WIRE_HEADER_LEN + 5);
+   if (doc_len < 5 || doc_len > window - (WIRE_HEADER_LEN + 5) ||
+       !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body) ||
+       !bson_iter_next (&it))
+      return false;
+   bson_strncpy (cmd, bson_iter_key (&it), cmd_len);
+   txn_of_body (&body, txn, NULL);
+   return true;
+}
+
+bool
+pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
+{
+   pool_t *pool = c->loop->pool;
+   char cmd[64];
+   pool_txn_t txn;
+   pool_server_t *s;
+
+   RELAYBUS_ASSERT (!c->server && !c->pool_waiting);
+   if (h->opcode == WIRE_OP_QUERY)
+      return true; /* the legacy hello, or refused: the proxy answers */
+   if (peek_request (in, h, cmd, sizeof cmd, &txn) && login_answers_locally (c, cmd))
+      return true;
+   /* A statement of a transaction pinned here: the same connection, taken
+    * from the client that holds it idle. */
+   if (txn.valid && (s = pinned_server (pool, &txn))) {
+      client_conn_t *holder = s->client;
+      if (s->state == SERVER_IDLE) {
+         lend (s, c);
+         return true;
+      }
+      if (s->state == SERVER_LENT && holder != c && holder->up_count == 0 && !holder->job &&
+          evbuffer_get_length (side_output (&s->side)) == 0) {
+         (void) unlend (holder);
+         lend (s, c);
+         return true;
+      }
+   }
+   if (!pool->wait_head && pool->idle) {
+      lend (pool->idle, c);
+      return true;
+   }
+   wait_add (c);
+   pool_fill (pool);
+   return false;
+}
+
+void
+pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
+{
+   pool_server_t *s = c->server;
+   pool_txn_t txn;
+
+   if (!s)
+      return;
+   if (msg->flags & WIRE_MSG_MORE_TO_COME)
+      pin_set (s, COUNTERS_PIN_MORE_TO_COME, true);
+   txn_of_body (&msg->body, &txn, NULL);
+   if (txn.valid) {
+      if (!txn_equal (&s->txn, &txn)) {
+         pin_set (s, COUNTERS_PIN_TRANSACTION, false);
+         pin_set (s, COUNTERS_PIN_TRANSACTION, true);
+         s->txn = txn;
+         pin_timer_arm (s->pool);
+      }
+      if (cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0))
+         c->pool_txn_ending = true;
+   } else if (s->pins & (1u << COUNTERS_PIN_TRANSACTION)) {
+      /* The client left the transaction (its driver runs it, or commits
+       * it, elsewhere): nothing holds the connection for it any more. */
+      pin_set (s, COUNTERS_PIN_TRANSACTION, false);
+      c->pool_txn_ending = false;
+   }
+}
+
+void
+pool_note_reply (client_conn_t *c, bool more)
+{
+   if (c->server)
+      pin_set (c->server, COUNTERS_PIN_EXHAUST, more);
+}
+
+bool
+pool_wants_flush (const client_conn_t *c)
+{
+   return c->server && (c->server->pins & (1u << COUNTERS_PIN_MORE_TO_COME)) && c->up_count == 0;
+}
+
+/* On the slot's loop: the transactions other loops saw end. */
+static void
+txn_ended_cb (void *arg)
+{
+   pool_slot_t *slot = arg;
+   pool_txn_t ended[POOL_ENDED_RING];
+   unsigned n = 0;
+   pool_t *pool;
+
+   pthread_mutex_lock (&slot->mu);
+   pool = slot->pool;
+   while (slot->len > 0) {
+      ended[n++] = slot->ended[slot->head];
+      slot->head = (slot->head + 1) % POOL_ENDED_RING;
+      slot->len--;
+   }
+   slot->posted = false;
+   pthread_mutex_unlock (&slot->mu);
+   for (unsigned i = 0; pool && i < n; i++) {
+      pool_server_t *s = pinned_server (pool, &ended[i]);
+      if (!s)
+         continue;
+      pin_set (s, COUNTERS_PIN_TRANSACTION, false);
+      if (s->state == SERVER_LENT && s->client && s->client->up_count == 0)
+         pool_settle (s->client);
+   }
+}
+
+/* A transaction of this loop's ended: the other pooled loops let their
+ * pins of it go. */
+static void
+txn_ended_tell_others (pool_t *pool, const pool_txn_t *txn)
+{
+   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+      pool_slot_t *slot = &pool_slots[i];
+      bool post = false;
+
+      if (i == pool->loop->index)
+         continue;
+      pthread_mutex_lock (&slot->mu);
+      if (slot->pool && slot->len < POOL_ENDED_RING) {
+         slot->ended[(slot->head + slot->len) % POOL_ENDED_RING] = *txn;
+         slot->len++;
+         if (!slot->posted)
+            post = slot->posted = true;
+      }
+      if (post && !loopwake_post (slot->wake, txn_ended_cb, slot))
+         slot->posted = false; /* the next notice posts again */
+      pthread_mutex_unlock (&slot->mu);
+   }
+}
+
+void
+pool_settle (client_conn_t *c)
+{
+   pool_server_t *s = c->server;
+
+   if (!s || c->up_count > 0 || c->job || c->state == CLIENT_STATE_CLOSING)
+      return;
+   pin_set (s, COUNTERS_PIN_EXHAUST, false);
+   if (s->pins & (1u << COUNTERS_PIN_MORE_TO_COME)) {
+      if (evbuffer_get_length (side_output (&s->side)) > 0)
+         return; /* the drain callback comes back here */
+      pin_set (s, COUNTERS_PIN_MORE_TO_COME, false);
+   }
+   if (c->pool_txn_ending) {
+      c->pool_txn_ending = false;
+      if (s->txn.valid && atomic_load_explicit (&pooled_loops, memory_order_relaxed) > 1)
+         txn_ended_tell_others (s->pool, &s->txn);
+      pin_set (s, COUNTERS_PIN_TRANSACTION, false);
+   }
+   if (s->pins & (1u << COUNTERS_PIN_TRANSACTION)) {
+      s->idle_since_ms = clock_mono_ms ();
+      return;
+   }
+   if (evbuffer_get_length (side_output (&s->side)) > 0 || evbuffer_get_length (side_input (&s->side)) > 0)
+      return; /* still writing, or a reply nobody asked for: its pump decides */
+   server_return (unlend (c));
+}
+
+void
+pool_client_closed (client_conn_t *c)
+{
+   pool_server_t *s = c->server;
+   bool doubt;
+
+   if (c->pool_waiting)
+      wait_remove (c);
+   if (c->pool_handed)
+      handed_remove (c);
+   if (!s)
+      return;
+   doubt = c->up_count > 0 || evbuffer_get_length (side_output (&s->side)) > 0 ||
+           evbuffer_get_length (side_input (&s->side)) > 0;
+   (void) unlend (c);
+   pins_clear (s);
+   if (doubt) {
+      counters_add (COUNTER_POOL_CLOSED_IN_DOUBT, 1);
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer, "pool: %s closed: this client left %u request(s) in flight on it",
+                s->name, (unsigned) c->up_count);
+      server_close (s, "a client left a request in flight on it");
+      pool_fill (c->loop->pool);
+      return;
+   }
+   server_return (s);
+}
+
+void
+pool_server_lost (client_conn_t *c, const char *detail)
+{
+   pool_server_t *s = c->server;
+   bool in_flight = c->up_count > 0;
+   char name[sizeof s->name];
+
+   bson_strncpy (name, s->name, sizeof name);
+   (void) unlend (c);
+   topology_request_refresh (c->loop->topo, "pooled upstream connection lost");
+   server_close (s, detail ? detail : "lost");
+   if (in_flight) {
+      client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_EOF, "pooled upstream %s: %s (%u requests in flight)", name,
+                         detail ? detail : "lost", (unsigned) c->up_count);
+      return;
+   }
+   pool_fill (c->loop->pool);
+}
+
+void
+pool_server_not_primary (client_conn_t *c)
+{
+   if (c->server)
+      c->server->stale = true;
+}
+
+bool
+pool_answer_timeout (client_conn_t *c,
+                     const wire_msg_t *msg,
+                     const char *cmd,
+                     int compressor,
+                     struct evbuffer *src,
+                     size_t len,
+                     bson_error_t *error)
+{
+   bson_t doc = BSON_INITIALIZER, labels;
+   pool_txn_t txn;
+   bool retryable_write, ok;
+   uint64_t seq;
+   char errmsg[256];
+
+   bool ends = cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0);
+
+   txn_of_body (&msg->body, &txn, &retryable_write);
+   counters_add (COUNTER_POOL_WAIT_TIMEOUTS, 1);
+   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "pool: %s waited pool_wait_timeout_ms=%" PRId64 " for a connection: answered with a retryable error",
+             cmd ? cmd : "a request", c->cfg->pool_wait_timeout_ms);
+   /* `msg` and `cmd` point into the request's bytes: not used after this. */
+   evbuffer_drain (src, len);
+   if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &seq, error)) {
+      bson_destroy (&doc);
+      return false;
+   }
+   bson_snprintf (errmsg, sizeof errmsg,
+                  "relaybus: no pooled upstream connection was free within pool_wait_timeout_ms=%" PRId64
+                  " (pool_size = %" PRId64 "); retry",
+                  c->cfg->pool_wait_timeout_ms, c->cfg->pool_size);
+   BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
+   BSON_APPEND_UTF8 (&doc, "errmsg", errmsg);
+   /* ExceededTimeLimit: a retryable read error for drivers, and not a
+    * state-change error (no pool is cleared).  Writes are retried on
+    * their labels, as a 4.4+ server sets them. */
+   BSON_APPEND_INT32 (&doc, "code", 262);
+   BSON_APPEND_UTF8 (&doc, "codeName", "ExceededTimeLimit");
+   if (txn.valid || retryable_write) {
+      BSON_APPEND_ARRAY_BEGIN (&doc, "errorLabels", &labels);
+      BSON_APPEND_UTF8 (&labels, "0", txn.valid && !ends ? "TransientTransactionError" : "RetryableWriteError");
+      bson_append_array_end (&doc, &labels);
+   }
+   ok = client_answer (c, seq, &doc, error);
+   bson_destroy (&doc);
+   return ok;
+}
+
+/* ------------------------------------------------------------ the pool */
+
+pool_t *
+pool_new (client_loop_t *loop, unsigned size, bson_error_t *error)
+{
+   pool_t *pool = bson_malloc0 (sizeof *pool);
+
+   pool->loop = loop;
+   pool->size = size;
+   pool->handoff_ev = event_new (loop->base, -1, 0, handoff_cb, pool);
+   pool->wait_timer = evtimer_new (loop->base, wait_timer_cb, pool);
+   pool->retry_timer = evtimer_new (loop->base, retry_cb, pool);
+   pool->pin_timer = evtimer_new (loop->base, pin_timer_cb, pool);
+   if (!pool->handoff_ev || !pool->wait_timer || !pool->retry_timer || !pool->pin_timer) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory for the pool");
+      pool_destroy (pool);
+      return NULL;
+   }
+   pthread_once (&pool_slots_once, pool_slots_init);
+   if (loop->wake) {
+      pool_slot_t *slot = &pool_slots[loop->index];
+      pthread_mutex_lock (&slot->mu);
+      slot->pool = pool;
+      slot->wake = loop->wake;
+      atomic_fetch_add (&pooled_loops, 1);
+      slot->len = slot->head = 0;
+      slot->posted = false;
+      pthread_mutex_unlock (&slot->mu);
+   }
+   /* The first connection teaches the pool the upstream's hello. */
+   pool->want_hello = false;
+   pool_fill (pool);
+   return pool;
+}
+
+void
+pool_destroy (pool_t *pool)
+{
+   if (!pool)
+      return;
+   pthread_once (&pool_slots_once, pool_slots_init);
+   {
+      pool_slot_t *slot = &pool_slots[pool->loop->index];
+      pthread_mutex_lock (&slot->mu);
+      if (slot->pool == pool) {
+         atomic_fetch_sub (&pooled_loops, 1);
+         slot->pool = NULL;
+         slot->wake = NULL;
+         slot->len = 0;
+      }
+      pthread_mutex_unlock (&slot->mu);
+   }
+   while (pool->servers) {
+      pool_server_t *s = pool->servers;
+      if (s->state == SERVER_LENT) {
+         /* Only at teardown, after every client closed: none is lent. */
+         s->state = SERVER_OPENING;
+         pool->n_opening++;
+      }
+      server_close (s, "proxy stopping");
+   }
+   proxy_event_free (pool->handoff_ev);
+   proxy_event_free (pool->wait_timer);
+   proxy_event_free (pool->retry_timer);
+   proxy_event_free (pool->pin_timer);
+   if (pool->hello)
+      bson_destroy (pool->hello);
+   OPENSSL_cleanse (&pool->salt, sizeof pool->salt);
+   bson_free (pool);
+}

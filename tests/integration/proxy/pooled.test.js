@@ -1,0 +1,243 @@
+'use strict';
+// Pooled mode ([proxy] pool_mode = pooled): client connections share a few upstream
+// connections, lent one request at a time. What the tests check:
+//  - everything works through a pool much smaller than the clients (CRUD, a cursor continued on
+//    other client connections, transactions), and the server sees only the pool's connections;
+//  - a transaction holds its connection from its first statement to its commit: with a pool of
+//    one, another client's request waits, and after pool_wait_timeout_ms gets ExceededTimeLimit
+//    (262) with the label that makes a driver retry it; once the transaction commits, the pool
+//    serves everyone again;
+//  - hello, ping and connectionStatus need no connection;
+//  - a client that leaves with a request in flight does not leave its connection to anyone else
+//    (it is closed in doubt), and the next client gets its own reply;
+//  - the pool's metrics say what it does.
+// Clients are not authenticated by the proxy here (no auth_file): pooled-auth.test.js covers
+// logins. With MONGODB_URI the proxy's pool logs in with its credentials.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const http = require('node:http');
+const { MongoClient, Long } = require('mongodb');
+const H = require('../lib/proxy');
+
+const DB = H.uniqueDbName('pooled');
+let upstream;
+
+function metrics(port) {
+  return new Promise((resolve, reject) => {
+    http.get({ host: '127.0.0.1', port, path: '/metrics' }, (res) => {
+      let body = '';
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve(body));
+    }).on('error', reject);
+  });
+}
+
+function metric(text, name) {
+  const line = text.split('\n').find((l) => l.startsWith(name + ' ') || l.startsWith(name + '{') && l.split(' ')[0] === name);
+  if (!line) return null;
+  return Number(line.split(' ').pop());
+}
+
+async function startPooled(settings = {}) {
+  const adminPort = await H.freePort();
+  const proxy = await H.startProxy({
+    upstream: upstream.uri,
+    settings: { pool_mode: 'pooled', pool_size: 2, ...settings },
+    extraIni: `[admin]\nlisten = 127.0.0.1:${adminPort}\n`,
+  });
+  proxy.adminPort = adminPort;
+  proxy.metrics = async () => metrics(adminPort);
+  return proxy;
+}
+
+function clientOf(proxy, opts = {}) {
+  return new MongoClient(proxy.uri({}, { credentials: false }), { serverSelectionTimeoutMS: 10000, ...opts });
+}
+
+test.before(async () => {
+  upstream = await H.startUpstream();
+});
+
+test.after(async () => {
+  await H.stopAllAndCheck();
+  if (upstream) await upstream.stop();
+});
+
+test('CRUD, 200 concurrent operations and a cursor continued on other connections, through a pool of 2', async () => {
+  const proxy = await startPooled({ pool_size: 2 });
+  const client = clientOf(proxy, { maxPoolSize: 50 });
+  try {
+    const coll = client.db(DB).collection('crud');
+    await coll.insertMany(Array.from({ length: 100 }, (_, i) => ({ _id: i, v: i })));
+    const got = await Promise.all(Array.from({ length: 200 }, (_, i) => coll.findOne({ _id: i % 100 })));
+    got.forEach((d, i) => assert.equal(d.v, i % 100, 'each operation gets its own reply'));
+    // A cursor whose getMores run beside 40 other operations: the driver takes whatever
+    // connection is free for each, so they reach the pool on different client connections.
+    const cursor = coll.find({}, { batchSize: 7 }).sort({ _id: 1 });
+    const seen = [];
+    for await (const d of cursor) {
+      seen.push(d._id);
+      if (d._id % 10 === 0) await Promise.all(Array.from({ length: 4 }, () => coll.countDocuments({})));
+    }
+    assert.deepEqual(seen, Array.from({ length: 100 }, (_, i) => i));
+    const text = await proxy.metrics();
+    assert.ok(metric(text, 'relaybus_pool_connections') <= 2, 'at most pool_size connections open');
+    assert.equal(metric(text, 'relaybus_pool_size'), 2);
+  } finally {
+    await client.close();
+    await proxy.stop();
+  }
+});
+
+test('the server sees the pool, not the clients: 300 client connections over pool_size = 4', async (t) => {
+  if (upstream.real) {
+    t.skip('counts the server connections of a server of its own (the double)');
+    return;
+  }
+  const proxy = await startPooled({ pool_size: 4 });
+  const direct = new MongoClient(upstream.directUri, { maxPoolSize: 1 });
+  const conns = [];
+  try {
+    await direct.db('admin').command({ ping: 1 });
+    const before = (await direct.db('admin').command({ serverStatus: 1 })).connections.current;
+    for (let i = 0; i < 300; i++) {
+      const c = await H.WireConn.connect({ port: proxy.port });
+      conns.push(c);
+      const hello = await c.command({ hello: 1, $db: 'admin' });
+      assert.equal(hello.ok, 1);
+      assert.equal(hello.msg, 'isdbgrid');
+    }
+    await Promise.all(
+      conns.map(async (c, i) => {
+        for (let k = 0; k < 3; k++) {
+          const r = await c.command({ find: 'many', filter: { _id: i }, $db: DB }, { timeoutMs: 20000 });
+          assert.equal(r.ok, 1, JSON.stringify(r));
+        }
+      }),
+    );
+    const after = (await direct.db('admin').command({ serverStatus: 1 })).connections.current;
+    // `before` counts the proxy's monitoring and its first pool connection already.
+    assert.ok(after - before <= 4, `the server gained ${after - before} connections for 300 clients (pool_size 4)`);
+  } finally {
+    for (const c of conns) c.destroy();
+    await direct.close();
+    await proxy.stop();
+  }
+});
+
+test('a transaction keeps its connection until it commits; a request that waits too long gets a retryable error', async () => {
+  const proxy = await startPooled({ pool_size: 1, pool_wait_timeout_ms: 400 });
+  const a = clientOf(proxy, { maxPoolSize: 1 });
+  const b = clientOf(proxy, { maxPoolSize: 1, retryReads: false, retryWrites: false });
+  try {
+    const coll = a.db(DB).collection('txn');
+    await coll.insertOne({ _id: 'seed' });
+    const session = a.startSession();
+    session.startTransaction();
+    await coll.insertOne({ _id: 'in-txn' }, { session });
+    let text = await proxy.metrics();
+    assert.equal(metric(text, 'relaybus_pool_pinned_connections{reason="transaction"}'), 1);
+    // The only connection is the transaction's: b's find waits, then is refused, retryably.
+    const t0 = Date.now();
+    await assert.rejects(b.db(DB).collection('txn').findOne({ _id: 'seed' }), (e) => {
+      assert.equal(e.code, 262, e.message);
+      assert.match(e.message, /pool_wait_timeout_ms/);
+      return true;
+    });
+    assert.ok(Date.now() - t0 >= 350, 'the find waited pool_wait_timeout_ms first');
+    // A ping and a hello need no connection.
+    assert.equal((await b.db('admin').command({ ping: 1 })).ok, 1);
+    // A retryable write that waited too long carries RetryableWriteError (raw, to see the reply).
+    const raw = await H.WireConn.connect({ port: proxy.port });
+    await raw.command({ hello: 1, $db: 'admin' });
+    const lsid = { id: new (require('bson').UUID)() };
+    const w = await raw.command({ insert: 'txn', documents: [{ _id: 'rw' }], lsid, txnNumber: Long.fromNumber(1), $db: DB }, { timeoutMs: 5000 });
+    assert.equal(w.ok, 0);
+    assert.equal(w.code, 262);
+    assert.deepEqual(w.errorLabels, ['RetryableWriteError']);
+    raw.destroy();
+    await session.commitTransaction();
+    await session.endSession();
+    text = await proxy.metrics();
+    assert.equal(metric(text, 'relaybus_pool_pinned_connections{reason="transaction"}'), 0);
+    assert.ok(metric(text, 'relaybus_pool_wait_timeouts_total') >= 2);
+    // Committed, and the pool serves the other client again.
+    assert.deepEqual(await b.db(DB).collection('txn').findOne({ _id: 'in-txn' }), { _id: 'in-txn' });
+  } finally {
+    await a.close();
+    await b.close();
+    await proxy.stop();
+  }
+});
+
+test('withTransaction through a pool of 1: concurrent transactions queue and all commit', async () => {
+  const proxy = await startPooled({ pool_size: 1, pool_wait_timeout_ms: 5000 });
+  const client = clientOf(proxy, { maxPoolSize: 10 });
+  try {
+    const coll = client.db(DB).collection('queued');
+    await coll.deleteMany({});
+    await Promise.all(
+      Array.from({ length: 8 }, async (_, i) => {
+        const s = client.startSession();
+        try {
+          await s.withTransaction(async () => {
+            await coll.insertOne({ _id: `${i}-a` }, { session: s });
+            await coll.insertOne({ _id: `${i}-b` }, { session: s });
+          });
+        } finally {
+          await s.endSession();
+        }
+      }),
+    );
+    assert.equal(await coll.countDocuments({}), 16);
+  } finally {
+    await client.close();
+    await proxy.stop();
+  }
+});
+
+test('a client that leaves with a request in flight: its connection is closed, and the next client gets its own reply', async (t) => {
+  if (upstream.real) {
+    t.skip('needs failCommand with blockConnection on a server of its own (the double)');
+    return;
+  }
+  const proxy = await startPooled({ pool_size: 1 });
+  const direct = new MongoClient(upstream.directUri);
+  try {
+    await direct.db(DB).collection('doubt').insertOne({ _id: 1, who: 'doc' });
+    // The pool's connections say appName "relaybus-proxy pool": block their next find for 1 s.
+    await direct.db('admin').command({
+      configureFailPoint: 'failCommand',
+      mode: { times: 1 },
+      data: { failCommands: ['find'], blockConnection: true, blockTimeMS: 1000, appName: 'relaybus-proxy pool' },
+    });
+    const leaver = await H.WireConn.connect({ port: proxy.port });
+    await leaver.command({ hello: 1, $db: 'admin' });
+    await leaver.write(H.opMsg({ find: 'doubt', filter: { _id: 1 }, $db: DB }).buf);
+    await H.sleep(200);
+    leaver.destroy();
+    const next = await H.WireConn.connect({ port: proxy.port });
+    await next.command({ hello: 1, $db: 'admin' });
+    const r = await next.command({ count: 'doubt', $db: DB }, { timeoutMs: 5000 });
+    assert.equal(r.ok, 1);
+    assert.equal(r.n, 1, 'the reply to its own count, not the leaver\'s find');
+    next.destroy();
+    const text = await proxy.metrics();
+    assert.equal(metric(text, 'relaybus_pool_closed_in_doubt_total'), 1);
+    assert.ok(await proxy.waitForLog(/left 1 request\(s\) in flight/));
+  } finally {
+    await direct.db('admin').command({ configureFailPoint: 'failCommand', mode: 'off' }).catch(() => {});
+    await direct.close();
+    await proxy.stop();
+  }
+});
+
+test('pool_mode and pool_size are checked, and auth_file is refused in session mode', async () => {
+  const bad = await H.runProxyExpectingExit({ upstream: upstream.uri, settings: { pool_mode: 'shared' } });
+  assert.notEqual(bad.code, 0);
+  assert.match(bad.log, /pool_mode: 'shared' is not session or pooled/);
+  const session = await H.runProxyExpectingExit({ upstream: upstream.uri, settings: { auth_file: '/etc/hostname' } });
+  assert.notEqual(session.code, 0);
+  assert.match(session.log, /auth_file: is read in pooled mode only/);
+});
