@@ -106,6 +106,7 @@ struct pool_server {
    authfile_mech_t mech;
    scram_client_t *scram;
    int32_t conversation_id;
+   bson_t *hello; /* its hello reply, taught to the pool once it is logged in */
    struct event *deadline;
    pool_server_t *prev, *next;           /* pool->servers */
    pool_server_t *idle_prev, *idle_next; /* pool->idle, a stack */
@@ -515,6 +516,8 @@ static void
 server_free (pool_server_t *s)
 {
    scram_client_destroy (s->scram);
+   if (s->hello)
+      bson_destroy (s->hello);
    proxy_event_free (s->deadline);
    bson_free (s);
 }
@@ -605,6 +608,31 @@ send_cmd (pool_server_t *s, const bson_t *cmd)
    return true;
 }
 
+/* What the pool's clients are told of the upstream: the hello of its
+ * newest logged-in connection.  Clients accepted before the first one
+ * was ready may shake hands now. */
+static void
+learn_hello (pool_server_t *s)
+{
+   pool_t *pool = s->pool;
+
+   if (pool->hello)
+      bson_destroy (pool->hello);
+   pool->hello = s->hello;
+   s->hello = NULL;
+   if (pool->want_hello) {
+      client_conn_t *c, *next;
+      pool->want_hello = false;
+      for (c = pool->loop->clients; c; c = next) {
+         next = c->next;
+         if (c->state == CLIENT_STATE_AWAIT_UPSTREAM) {
+            client_set_state (c, CLIENT_STATE_HANDSHAKE);
+            client_resume (c);
+         }
+      }
+   }
+}
+
 static void
 server_ready (pool_server_t *s)
 {
@@ -618,6 +646,8 @@ server_ready (pool_server_t *s)
    pool->last_error[0] = '\0';
    counters_add (COUNTER_POOL_CONNECTS, 1);
    log_debug ("pool: p%" PRIu64 " %s ready (%u open on this loop)", s->id, s->name, pool->n_open);
+   s->state = SERVER_BACK;
+   learn_hello (s);
    server_free_for_use (s);
 }
 
@@ -640,21 +670,7 @@ on_hello (pool_server_t *s, const bson_t *reply)
       open_failed (s, "it is not the primary any more");
       return;
    }
-   if (pool->hello)
-      bson_destroy (pool->hello);
-   pool->hello = bson_copy (reply);
-   if (pool->want_hello) {
-      /* Clients accepted before anything was learned may shake hands now. */
-      client_conn_t *c, *next;
-      pool->want_hello = false;
-      for (c = pool->loop->clients; c; c = next) {
-         next = c->next;
-         if (c->state == CLIENT_STATE_AWAIT_UPSTREAM) {
-            client_set_state (c, CLIENT_STATE_HANDSHAKE);
-            client_resume (c);
-         }
-      }
-   }
+   s->hello = bson_copy (reply);
    if (!auth->user && !(auth->mechanism && strcmp (auth->mechanism, "MONGODB-X509") == 0)) {
       server_ready (s);
       return;
