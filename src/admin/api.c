@@ -619,6 +619,35 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
    BSON_APPEND_INT64 (&sub, "bytesToUpstream", (int64_t) counters_get (COUNTER_BYTES_TO_UPSTREAM));
    bson_append_document_end (&doc, &sub);
 
+   if (counters_get (COUNTER_POOL_SIZE) > 0) {
+      counters_histogram_t wait;
+      bson_t pinned, logins;
+
+      counters_histogram (COUNTER_POOL_WAIT_TIME, 0, &wait);
+      BSON_APPEND_DOCUMENT_BEGIN (&doc, "pool", &sub);
+      BSON_APPEND_INT64 (&sub, "size", (int64_t) counters_get (COUNTER_POOL_SIZE));
+      BSON_APPEND_INT64 (&sub, "connections", (int64_t) counters_get (COUNTER_POOL_CONNECTIONS));
+      BSON_APPEND_INT64 (&sub, "inUse", (int64_t) counters_get (COUNTER_POOL_IN_USE));
+      BSON_APPEND_INT64 (&sub, "waiters", (int64_t) counters_get (COUNTER_POOL_WAITERS));
+      BSON_APPEND_DOCUMENT_BEGIN (&sub, "pinned", &pinned);
+      BSON_APPEND_INT64 (&pinned, "transaction", (int64_t) counters_get_at (COUNTER_POOL_PINNED, COUNTERS_PIN_TRANSACTION));
+      BSON_APPEND_INT64 (&pinned, "exhaust", (int64_t) counters_get_at (COUNTER_POOL_PINNED, COUNTERS_PIN_EXHAUST));
+      BSON_APPEND_INT64 (&pinned, "moreToCome", (int64_t) counters_get_at (COUNTER_POOL_PINNED, COUNTERS_PIN_MORE_TO_COME));
+      bson_append_document_end (&sub, &pinned);
+      BSON_APPEND_INT64 (&sub, "waits", (int64_t) counters_get (COUNTER_POOL_WAITS));
+      BSON_APPEND_INT64 (&sub, "meanWaitMs", wait.count ? (int64_t) (wait.sum_ms / wait.count) : 0);
+      BSON_APPEND_INT64 (&sub, "waitTimeouts", (int64_t) counters_get (COUNTER_POOL_WAIT_TIMEOUTS));
+      BSON_APPEND_INT64 (&sub, "connects", (int64_t) counters_get (COUNTER_POOL_CONNECTS));
+      BSON_APPEND_INT64 (&sub, "connectFailures", (int64_t) counters_get (COUNTER_POOL_CONNECT_FAILURES));
+      BSON_APPEND_INT64 (&sub, "closedInDoubt", (int64_t) counters_get (COUNTER_POOL_CLOSED_IN_DOUBT));
+      BSON_APPEND_DOCUMENT_BEGIN (&sub, "logins", &logins);
+      BSON_APPEND_INT64 (&logins, "success", (int64_t) counters_get_at (COUNTER_LOGINS, COUNTERS_LOGIN_SUCCESS));
+      BSON_APPEND_INT64 (&logins, "failure", (int64_t) counters_get_at (COUNTER_LOGINS, COUNTERS_LOGIN_FAILURE));
+      BSON_APPEND_INT64 (&logins, "throttled", (int64_t) counters_get_at (COUNTER_LOGINS, COUNTERS_LOGIN_THROTTLED));
+      bson_append_document_end (&sub, &logins);
+      bson_append_document_end (&doc, &sub);
+   }
+
    BSON_APPEND_DOCUMENT_BEGIN (&doc, "publishing", &sub);
    BSON_APPEND_INT64 (&sub, "annotatedStatements", (int64_t) counters_get (COUNTER_ANNOTATED));
    BSON_APPEND_INT64 (&sub, "eventsPublished", (int64_t) counters_get (COUNTER_EVENTS_PUBLISHED));

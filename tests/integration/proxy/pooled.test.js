@@ -33,6 +33,16 @@ function metrics(port) {
   });
 }
 
+function apiStats(port) {
+  return new Promise((resolve, reject) => {
+    http.get({ host: '127.0.0.1', port, path: '/api/stats' }, (res) => {
+      let body = '';
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve(JSON.parse(body)));
+    }).on('error', reject);
+  });
+}
+
 function metric(text, name) {
   const line = text.split('\n').find((l) => l.startsWith(name + ' ') || l.startsWith(name + '{') && l.split(' ')[0] === name);
   if (!line) return null;
@@ -84,6 +94,13 @@ test('CRUD, 200 concurrent operations and a cursor continued on other connection
     const text = await proxy.metrics();
     assert.ok(metric(text, 'relaybus_pool_connections') <= 2, 'at most pool_size connections open');
     assert.equal(metric(text, 'relaybus_pool_size'), 2);
+    // The same figures in /api/stats, which the dashboard's "Pool" figure shows.
+    const stats = await apiStats(proxy.adminPort);
+    assert.equal(stats.pool.size, 2);
+    assert.ok(stats.pool.connections >= 1 && stats.pool.connections <= 2);
+    assert.equal(stats.pool.waiters, 0);
+    assert.ok(stats.pool.waits >= 1, 'with 50 driver connections over 2, some requests waited');
+    assert.deepEqual(Object.keys(stats.pool.pinned).sort(), ['exhaust', 'moreToCome', 'transaction']);
   } finally {
     await client.close();
     await proxy.stop();
