@@ -931,6 +931,7 @@ function isHelloDoc(doc) {
 
 module.exports = {
   within,
+  spawnMaybeUlimit,
   proxyThreads,
   REPO,
   DOUBLE_BIN,

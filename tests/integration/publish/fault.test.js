@@ -21,12 +21,19 @@
 //     same transaction, and its events' sequences must be exactly the values it got.
 //
 // FAULT_TXNS (default 2400) and FAULT_SESSIONS (default 16) scale the run.
+//
+// Pooled mode (FAULT_POOL_SIZE, set to 16 by fault-pooled.test.js): the proxy runs with
+// pool_mode = pooled and that pool_size, and FAULT_CLIENTS client connections (default 4,000)
+// are open through it during the run: the driver's, plus a crowd of raw connections that each
+// send a find every second or so, are checked to get an answer every time (a reply, or an
+// error a driver retries a read on: ExceededTimeLimit when the pool was busy past
+// pool_wait_timeout_ms, a step-down's not-primary error), and connect again after the SIGKILL. The fail points then name the pool's appName (relaybus-proxy pool): the
+// server sees the clients' traffic on the pool's connections. Every invariant below is the same.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const path = require('node:path');
-const { spawn } = require('node:child_process');
 const P = require('./lib');
 
 const H = P.H;
@@ -36,6 +43,11 @@ const TXNS = Number(process.env.FAULT_TXNS || 2400);
 const SESSIONS = Number(process.env.FAULT_SESSIONS || 16);
 const KEYS = 24;
 const HANDLERS = { orders: 'order.*', confirmations: 'order.placed.v1', users: 'user.*' };
+const POOL = Number(process.env.FAULT_POOL_SIZE || 0);
+const CLIENTS = POOL ? Number(process.env.FAULT_CLIENTS || 4000) : 0;
+// In pooled mode the server sees the pool's connections, which say this appName.
+const FAIL_APP = POOL ? 'relaybus-proxy pool' : APP;
+const RETRYABLE_READ_CODES = new Set([262, 10107, 13435, 13436, 11600, 11602, 189, 91]);
 
 let s;
 let restarted = null; // the proxy process started after the SIGKILL
@@ -50,6 +62,8 @@ test.before(async () => {
     requireDouble: true,
     upstreamArgs: ['--txn-lifetime', '10'],
     appName: APP,
+    settings: POOL ? { pool_mode: 'pooled', pool_size: POOL, max_clients: CLIENTS + 500 } : undefined,
+    proxyUlimit: POOL ? 65536 : undefined,
     clientOptions: { maxPoolSize: SESSIONS * 2, serverSelectionTimeoutMS: 30000, heartbeatFrequencyMS: 500 },
   });
 });
@@ -58,7 +72,7 @@ test.before(async () => {
 async function restartProxy(first) {
   const logPath = path.join(first.dir, 'proxy-restarted.stderr');
   const errFd = fs.openSync(logPath, 'a');
-  const child = spawn(H.proxyBin(), ['-c', first.iniPath], { stdio: ['ignore', 'ignore', errFd] });
+  const child = H.spawnMaybeUlimit([H.proxyBin(), '-c', first.iniPath], { ulimit: POOL ? 65536 : undefined, stdio: ['ignore', 'ignore', errFd], env: process.env });
   fs.closeSync(errFd);
   const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
   process.on('exit', () => child.kill('SIGKILL'));
@@ -81,7 +95,7 @@ async function restartProxy(first) {
 }
 
 async function failPoint(mode, data) {
-  const r = await s.direct.db('admin').command({ configureFailPoint: 'failCommand', mode, data: { appName: APP, ...data } });
+  const r = await s.direct.db('admin').command({ configureFailPoint: 'failCommand', mode, data: { appName: FAIL_APP, ...data } });
   return r.count || 0;
 }
 
@@ -207,8 +221,56 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts, step-d
       await session.endSession().catch(() => {});
     }
   };
+  // Pooled: the crowd of client connections beside the transactions.
+  const crowdStats = { answered: 0, retryable: 0, reconnects: 0, maxServerConnections: 0 };
+  const crowdMember = async (i) => {
+    let conn = null;
+    await H.sleep(Math.floor(Math.random() * 3000));
+    while (!stop) {
+      try {
+        if (!conn) {
+          conn = await H.WireConn.connect({ port: s.proxy.port, timeoutMs: 10000 });
+          await conn.command({ hello: 1, $db: 'admin' }, { timeoutMs: 20000 });
+        }
+        const r = await conn.command({ find: 'orders', filter: { _id: `t-${i % TXNS}` }, $db: DB }, { timeoutMs: 30000 });
+        if (r.ok === 1) crowdStats.answered++;
+        // The pool was busy past pool_wait_timeout_ms, or a step-down's not-primary error
+        // relayed from the old primary: errors a driver retries a read on.
+        else if (RETRYABLE_READ_CODES.has(r.code)) crowdStats.retryable++;
+        else throw new Error(`crowd find ${i}: ${JSON.stringify(r)}`);
+      } catch (e) {
+        if (/no reply within/.test(e.message) || /crowd find/.test(e.message)) throw e;
+        // The SIGKILL (or a cut) closed it: connect again.
+        if (conn) conn.destroy();
+        conn = null;
+        crowdStats.reconnects++;
+        await H.sleep(200);
+        continue;
+      }
+      await H.sleep(500 + Math.floor(Math.random() * 1000));
+    }
+    if (conn) conn.destroy();
+  };
+  const crowdSize = Math.max(0, CLIENTS - SESSIONS * 2);
+  const crowd = Array.from({ length: crowdSize }, (_, i) => crowdMember(i));
+  const sampler = (async () => {
+    while (POOL && !stop) {
+      const st = await s.direct.db('admin').command({ serverStatus: 1 }).catch(() => null);
+      if (st) crowdStats.maxServerConnections = Math.max(crowdStats.maxServerConnections, st.connections.current);
+      await H.sleep(250);
+    }
+  })();
+
   await Promise.all(Array.from({ length: SESSIONS }, worker));
   stop = true;
+  await Promise.all(crowd);
+  await sampler;
+  if (POOL) {
+    t.diagnostic(`pooled: ${crowdSize} crowd connections + the driver's ${SESSIONS * 2} over pool_size = ${POOL}: ` +
+      `${crowdStats.answered} finds answered, ${crowdStats.retryable} answered with a retryable error, ` +
+      `${crowdStats.reconnects} reconnects, at most ${crowdStats.maxServerConnections} server connections`);
+    assert.ok(crowdStats.answered >= crowdSize, 'the crowd got its answers');
+  }
   await killer;
   await stepper;
   await controller;

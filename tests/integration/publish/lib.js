@@ -84,6 +84,7 @@ async function startStack(opts = {}) {
   const proxy = await H.startProxy({
     upstream: upstream.uri,
     settings: opts.settings,
+    ulimit: opts.proxyUlimit,
     extraIni: handlersIni(handlers) + (opts.extraIni ? `\n${opts.extraIni}\n` : ''),
   });
   const direct = new MongoClient(upstream.directUri, { serverSelectionTimeoutMS: 10000 });
