@@ -14,10 +14,11 @@
  * with a mongod that runs without --auth.
  *
  * What the proxy answers itself in pooled mode, without a connection:
- * hello (proxy/pump.c), ping, saslStart, saslContinue, authenticate
- * (refused: only SCRAM is available), logout and connectionStatus; and,
- * before a login when one is required, every other command, refused with
- * 13 Unauthorized as mongod refuses it.
+ * hello (proxy/pump.c), saslStart, saslContinue, authenticate (refused:
+ * only SCRAM is available), logout and connectionStatus; and, before a
+ * login when one is required, ping ({ok: 1}) and every other command,
+ * refused with 13 Unauthorized as mongod refuses it.  A ping of a client
+ * that may run commands goes to the server.
  *
  * A wrong password or an unknown user is 18 AuthenticationFailed, as mongod
  * answers.  Failed logins are counted per peer address: past
@@ -42,8 +43,8 @@ typedef struct login login_t;
 void login_destroy (login_t *login);
 
 /* Whether the proxy answers `cmd` (a command name, or NULL) of pooled
- * client c itself: hello, ping, the login commands, connectionStatus, and
- * anything before a required login. */
+ * client c itself: hello, the login commands, connectionStatus, and
+ * anything (ping included) before a required login. */
 bool login_answers_locally (const client_conn_t *c, const char *cmd);
 
 /* The user c logged in as, or NULL (not logged in, or no auth file). */

@@ -37,7 +37,7 @@
  * The hello the pool's first connection received teaches the pool what
  * the upstream is (wire versions, limits, session timeout): pooled clients'
  * hellos are answered from it (proxy/pump.c), so a client needs no
- * connection to connect, log in (proxy/login.h) or ping.
+ * connection to connect or log in (proxy/login.h).
  */
 #ifndef RELAYBUS_PROXY_POOL_H
 #define RELAYBUS_PROXY_POOL_H

@@ -199,6 +199,12 @@ login_user (const client_conn_t *c)
    return c->login ? c->login->user : NULL;
 }
 
+/* ping is not among them once the client may run commands: it goes to the
+ * server like any command, so that it checks the upstream, carries the
+ * server's $clusterTime, and meets a failCommand fail point or an apiVersion
+ * error as it does directly.  Before a required login it is answered here
+ * (mongod answers it unauthenticated too), so that a client that has not
+ * logged in never takes a pooled connection. */
 bool
 login_answers_locally (const client_conn_t *c, const char *cmd)
 {
@@ -208,10 +214,6 @@ login_answers_locally (const client_conn_t *c, const char *cmd)
    case 'h':
    case 'i':
       if (handshake_is_hello (cmd))
-         return true;
-      break;
-   case 'p':
-      if (strcmp (cmd, "ping") == 0)
          return true;
       break;
    case 's':

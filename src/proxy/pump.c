@@ -691,7 +691,7 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
                              src, len, error);
    }
    if (c->loop->pool) {
-      /* Pooled: logins, pings and everything before a login are the
+      /* Pooled: logins and everything before a login are the
        * proxy's own; what needs the upstream got a connection before it
        * was read (pool_admit), unless its wait ran out. */
       if (login_answers_locally (c, cmd)) {

@@ -5,8 +5,8 @@
 // crossed between the clients that share a pooled connection), while the other 4,500 sit
 // idle. Meanwhile the server (the double's serverStatus) never sees more than the 16 pool
 // connections besides the connections it had before the clients came (the proxy's monitoring
-// and store clients). Then every idle connection answers a ping (without a pooled
-// connection) and a find (with one), and all 5,000 close. RELAYBUS_POOL_CLIENTS and
+// and store clients). Then every idle connection answers a ping and a find (each on a
+// pooled connection lent for it), and all 5,000 close. RELAYBUS_POOL_CLIENTS and
 // RELAYBUS_POOL_BUSY change the sizes.
 
 const test = require('node:test');
@@ -79,7 +79,7 @@ test(`${TOTAL} client connections, ${BUSY} busy, over pool_size = ${POOL}: every
     assert.ok(maxSeen - before <= POOL,
       `the server saw ${maxSeen} connections, ${maxSeen - before} more than the ${before} before the clients came (pool_size ${POOL})`);
 
-    // The idle ones: a ping (no pooled connection needed) and a find (one lent) each.
+    // The idle ones: a ping and a find each (the server answers both, on a lent connection).
     await inBatches(ids.slice(BUSY), BATCH, async (i) => {
       const ping = await conns[i].command({ ping: 1, $db: 'admin' }, { timeoutMs: 20000 });
       assert.equal(ping.ok, 1);

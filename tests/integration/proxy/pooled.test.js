@@ -7,7 +7,8 @@
 //    one, another client's request waits, and after pool_wait_timeout_ms gets ExceededTimeLimit
 //    (262) with the label that makes a driver retry it; once the transaction commits, the pool
 //    serves everyone again;
-//  - hello, ping and connectionStatus need no connection;
+//  - hello and connectionStatus need no connection; ping goes to the server (a fail point on
+//    ping fires, as directly: run-command/runCommand.json);
 //  - a client that leaves with a request in flight does not leave its connection to anyone else
 //    (it is closed in doubt), and the next client gets its own reply;
 //  - the pool's metrics say what it does.
@@ -163,8 +164,9 @@ test('a transaction keeps its connection until it commits; a request that waits 
       return true;
     });
     assert.ok(Date.now() - t0 >= 350, 'the find waited pool_wait_timeout_ms first');
-    // A ping and a hello need no connection.
-    assert.equal((await b.db('admin').command({ ping: 1 })).ok, 1);
+    // A hello and connectionStatus need no connection.
+    assert.equal((await b.db('admin').command({ hello: 1 })).ok, 1);
+    assert.equal((await b.db('admin').command({ connectionStatus: 1 })).ok, 1);
     // A retryable write that waited too long carries RetryableWriteError (raw, to see the reply).
     const raw = await H.WireConn.connect({ port: proxy.port });
     await raw.command({ hello: 1, $db: 'admin' });
@@ -246,6 +248,46 @@ test('a client that leaves with a request in flight: its connection is closed, a
   } finally {
     await direct.db('admin').command({ configureFailPoint: 'failCommand', mode: 'off' }).catch(() => {});
     await direct.close();
+    await proxy.stop();
+  }
+});
+
+test('a ping goes to the server: a fail point on ping fires and the reply carries the server\'s $clusterTime', async (t) => {
+  const proxy = await startPooled({ pool_size: 2 });
+  const client = clientOf(proxy, { retryReads: false });
+  const direct = upstream.real ? null : new MongoClient(upstream.directUri);
+  try {
+    const raw = await H.WireConn.connect({ port: proxy.port });
+    await raw.command({ hello: 1, $db: 'admin' });
+    const pong = await raw.command({ ping: 1, $db: 'admin' });
+    assert.equal(pong.ok, 1);
+    assert.ok(pong.$clusterTime, `the server's reply (with $clusterTime), not the proxy's: ${JSON.stringify(pong)}`);
+    // An apiVersion the server refuses is the server's error, as directly
+    // (versioned-api/runcommand-helper-no-api-version-declared.json).
+    const api = await raw.command({ ping: 1, apiVersion: 'server_will_never_support_this_api_version', $db: 'admin' });
+    assert.equal(api.ok, 0, JSON.stringify(api));
+    raw.destroy();
+    if (!direct) {
+      t.diagnostic('the fail point half needs failCommand on a server of its own (the double)');
+      return;
+    }
+    // run-command/runCommand.json "does not retry retryable errors on given command".
+    await direct.db('admin').command({
+      configureFailPoint: 'failCommand',
+      mode: { times: 1 },
+      data: { failCommands: ['ping'], closeConnection: true },
+    });
+    await assert.rejects(client.db(DB).command({ ping: 1 }), (e) => {
+      assert.match(e.name, /MongoNetworkError/, e.message);
+      return true;
+    });
+    assert.equal((await client.db(DB).command({ ping: 1 })).ok, 1, 'the fail point fired once');
+  } finally {
+    if (direct) {
+      await direct.db('admin').command({ configureFailPoint: 'failCommand', mode: 'off' }).catch(() => {});
+      await direct.close();
+    }
+    await client.close();
     await proxy.stop();
   }
 });
