@@ -260,3 +260,36 @@ test('a pool that cannot log in upstream: clients are closed after upstream_conn
   assert.ok(bad instanceof Error, 'the proxy must not answer a hello before its pool logged in');
   assert.match(bad.message, /login as poolroot refused|cannot open a connection/);
 });
+
+test('SIGHUP re-reads the auth file: a user added can log in; a file others may read is refused and the old users stay', { skip }, async () => {
+  const before = fs.readFileSync(authFile, 'utf8');
+  const carolUri = uri('carol', 'c4rol');
+  try {
+    fs.writeFileSync(authFile, before + makeUser('carol', 'c4rol'), { mode: 0o600 });
+    proxy.child.kill('SIGHUP');
+    assert.ok(await proxy.waitForLog(/reloaded /, { timeoutMs: 5000 }), 'the reload was logged');
+    const carol = new MongoClient(carolUri);
+    try {
+      assert.equal((await carol.db(DB).command({ ping: 1 })).ok, 1);
+      await carol.db(DB).collection('carol').insertOne({ _id: 1 });
+    } finally {
+      await carol.close();
+    }
+    // A file others may read: the reload fails, and the users loaded before stay.
+    fs.chmodSync(authFile, 0o644);
+    const reloads = proxy.logLines('reload').length;
+    proxy.child.kill('SIGHUP');
+    const deadline = Date.now() + 5000;
+    while (proxy.logLines('reload').length === reloads && Date.now() < deadline) await H.sleep(50);
+    assert.match(proxy.logLines('reload').slice(reloads).join('\n'), /auth_file/);
+    const again = new MongoClient(carolUri);
+    try {
+      assert.equal((await again.db(DB).command({ ping: 1 })).ok, 1, 'carol still logs in with the users loaded before');
+    } finally {
+      await again.close();
+    }
+  } finally {
+    fs.writeFileSync(authFile, before);
+    fs.chmodSync(authFile, 0o600);
+  }
+});
