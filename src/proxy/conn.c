@@ -1015,10 +1015,20 @@ client_detach_upstream (client_conn_t *c)
    if (!s)
       return;
    side_timer_rearm (s, 0, false);
+   /* Not mem_release_side: the side lives on (for another client), so
+    * its buffers are neither drained nor frozen here (a TLS side's output
+    * frozen at its front would never be written again).  With nothing in
+    * flight they are empty, so this connection holds none of their bytes
+    * once they are counted; what an in-doubt side (closed next) still
+    * holds stays in mem_held, all of which goes back at the close. */
    if (c->state != CLIENT_STATE_CLOSING)
-      mem_release_side (c, s);
-   else
-      mem_unwatch_side (s);
+      mem_sync_side (c, s);
+   if (c->mem_wait_sides & MEM_SIDE_UP)
+      mem_unwait (c);
+   mem_unwatch_side (s);
+   mem_give_back (c->loop, s->mem_partial);
+   s->mem_partial = s->mem_read = 0;
+   s->mem_in_seen = s->mem_out_seen = 0;
    side_want_drained (s, false);
    c->up = NULL;
 }

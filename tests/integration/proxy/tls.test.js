@@ -226,12 +226,21 @@ test('upstream TLS: the proxy talks TLS to a double that serves it', async (t) =
     const r = await H.runCdriverClient(cbin, p.uri({ tls: 'true', tlsCAFile: files.ca, compressors: 'zlib' }, { credentials: false }), H.uniqueDbName('uptlsc'));
     assert.equal(r.code, 0, `cdriver-client through TLS both sides failed:\n${r.stdout}\n${r.stderr}`);
     await p.stop();
+    // Pooled mode: the pool's connections talk TLS to the upstream too, and clients TLS to the proxy.
+    const pooled = await H.startProxy({ upstream: uri, settings: { pool_mode: 'pooled', pool_size: 2, tls_cert_file: files.serverCert, tls_key_file: files.serverKey }, tlsClient: { ca: files.ca } });
+    await nodeCoreChecks(pooled.uri({ tls: 'true', tlsCAFile: files.ca }, { credentials: false }), 'uptlspool');
+    await pooled.stop();
     // The proxy must refuse an upstream certificate it cannot verify.
     const bad = `mongodb://127.0.0.1:${tlsUpstream.port}/?replicaSet=rs0&tls=true&tlsCAFile=${encodeURIComponent(files.otherCa)}`;
     const p2 = await H.startProxy({ upstream: bad, readyTimeoutMs: 4000 }).catch((e) => e);
     if (!(p2 instanceof Error)) {
       await p2.stop();
       assert.fail('a proxy whose upstream certificate does not verify still answered a hello');
+    }
+    const p3 = await H.startProxy({ upstream: bad, settings: { pool_mode: 'pooled', pool_size: 1 }, readyTimeoutMs: 4000 }).catch((e) => e);
+    if (!(p3 instanceof Error)) {
+      await p3.stop();
+      assert.fail('a pooled proxy whose upstream certificate does not verify still answered a hello');
     }
   } finally {
     await tlsUpstream.stop();
