@@ -10,10 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "autoconf.h"
+#include "base/authfile.h"
 #include "base/config.h"
 #include "codec/compress.h"
 #include "dispatch/webhook.h"
@@ -595,6 +598,58 @@ test_sample_and_docs_mention_every_key (void **state)
    free (doc);
 }
 
+/* pool_mode and what pooled mode needs of the upstream login and the
+ * auth file; the credentials read out of the URI. */
+static void
+test_pool_mode (void **state)
+{
+   config_t *cfg;
+   char path[] = "/tmp/relaybus-test-authXXXXXX";
+   char text[512];
+   int fd;
+   const char *line = "alice:SCRAM-SHA-256:15000:c2FsdHNhbHRzYWx0:"
+                      "ZGlnZXN0ZGlnZXN0ZGlnZXN0ZGlnZXN0ZGlnZXN0ZGk=:ZGlnZXN0ZGlnZXN0ZGlnZXN0ZGlnZXN0ZGlnZXN0ZGk=\n";
+
+   cfg = parse_ok ("[proxy]\n");
+   assert_int_equal (cfg->pool_mode_id, CONFIG_POOL_SESSION);
+   assert_int_equal (cfg->pool_size, 32);
+   assert_null (cfg->users);
+   config_release (cfg);
+
+   cfg = parse_ok ("[proxy]\npool_mode = pooled\npool_size = 4\n"
+                   "upstream = mongodb://u%3Ax:p%40ss@h1,h2/shop?replicaSet=rs0\n");
+   assert_int_equal (cfg->pool_mode_id, CONFIG_POOL_POOLED);
+   assert_int_equal (cfg->pool_size, 4);
+   assert_string_equal (cfg->upstream_auth.user, "u:x");
+   assert_string_equal (cfg->upstream_auth.password, "p@ss");
+   assert_string_equal (cfg->upstream_auth.source, "shop"); /* the URI's database, as the driver reads it */
+   assert_null (cfg->upstream_auth.mechanism);
+   config_release (cfg);
+
+   parse_fails ("[proxy]\npool_mode = shared\n", "pool_mode: 'shared' is not session or pooled");
+   parse_fails ("[proxy]\npool_size = 0\n", "pool_size: 0 is outside [1, 100000]");
+   parse_fails ("[proxy]\nauth_file = /nonexistent\n", "auth_file: is read in pooled mode only");
+   parse_fails ("[proxy]\npool_mode = pooled\nupstream = mongodb://u:p@h/?authMechanism=PLAIN&replicaSet=rs0\n",
+                "authMechanism=PLAIN is not supported in pooled mode");
+   parse_fails ("[proxy]\npool_mode = pooled\nupstream = mongodb://h/?authMechanism=MONGODB-X509&tls=true&replicaSet=rs0\n",
+                "MONGODB-X509 needs tlsCertificateKeyFile");
+   parse_fails ("[proxy]\npool_mode = pooled\nauth_file = /nonexistent/users.auth\n", "[proxy] auth_file: ");
+
+   /* An auth file is loaded into the snapshot; one others may read is refused. */
+   fd = mkstemp (path);
+   assert_true (fd >= 0);
+   assert_int_equal (write (fd, line, strlen (line)), (ssize_t) strlen (line));
+   close (fd);
+   bson_snprintf (text, sizeof text, "[proxy]\npool_mode = pooled\nauth_file = %s\n", path);
+   cfg = parse_ok (text);
+   assert_non_null (cfg->users);
+   assert_int_equal (authfile_count (cfg->users), 1);
+   config_release (cfg);
+   assert_int_equal (chmod (path, 0644), 0);
+   parse_fails (text, "auth_file");
+   unlink (path);
+}
+
 int
 main (void)
 {
@@ -615,6 +670,7 @@ main (void)
       cmocka_unit_test (test_mask),
       cmocka_unit_test (test_write_masks_uri_secrets),
       cmocka_unit_test (test_sample_and_docs_mention_every_key),
+      cmocka_unit_test (test_pool_mode),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);
