@@ -1,6 +1,7 @@
 'use strict';
 // Query execution over one collection as an Access sees it: filter (mingo on views, with
-// direct lookups for _id and unique-index equality), sort (BSON order on the stored values),
+// direct lookups for _id and unique-index equality, and index plans: planner.js), sort (BSON
+// order on the stored values),
 // skip/limit, projection (mingo on views, mapped back to typed values) and aggregation.
 // Cursor bookkeeping is in cursors.js.
 
@@ -8,6 +9,7 @@ const { Query, Aggregator } = require('mingo');
 const V = require('./values');
 const { err } = require('./errors');
 const { isPlainObject } = require('./update');
+const planner = require('./planner');
 
 // Simple collations (strength 1 or 2) compare strings case-insensitively; strength 1 also
 // ignores diacritics. mingo has no collation support, so both sides are folded beforehand.
@@ -225,7 +227,7 @@ function compileFilter(filter, opts = {}) {
   return compileFilterTree(filter, opts);
 }
 
-// `_id: {$in: [...]}` or `{$nin: [...]}` of plain values (what candidates() looks up by _id):
+// `_id: {$in: [...]}` or `{$nin: [...]}` of plain values (what direct() looks up by _id):
 // tested with a set of the ids' canonical keys, as the _id index answers it, instead of a
 // linear $in per document (an update of 4,000 ids would compare 16 million pairs). The rest
 // of the filter is compiled as usual; without the stored document the whole filter is used.
@@ -319,16 +321,16 @@ function equalityValue(cond) {
   return cond;
 }
 
-// Candidate records: a direct lookup when the filter pins _id, else a scan.
-function* candidates(access, coll, filter) {
+// Candidate records of a direct lookup, when the filter pins _id (or every field of a unique
+// index, outside transactions); null when it does not.
+function direct(access, coll, filter) {
   if (filter && Object.prototype.hasOwnProperty.call(filter, '_id')) {
     const c = filter._id;
     const eq = equalityValue(c);
     if (eq !== undefined) {
       const idKey = V.canonicalKey(eq);
       const v = access.get(coll, idKey);
-      if (v) yield { idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) };
-      return;
+      return v ? [{ idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) }] : [];
     }
     if (isPlainObject(c) && Object.keys(c).length === 1 && Array.isArray(c.$in) &&
         c.$in.every((x) => equalityValue(x) !== undefined)) {
@@ -341,13 +343,19 @@ function* candidates(access, coll, filter) {
         const v = access.get(coll, idKey);
         if (v) found.push({ idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) });
       }
-      // Natural order, not $in order.
-      const order = new Map();
-      let i = 0;
-      for (const k of coll.records.keys()) if (seen.has(k)) order.set(k, i++);
-      found.sort((a, b) => (order.get(a.idKey) ?? 1e15) - (order.get(b.idKey) ?? 1e15));
-      yield* found;
-      return;
+      // Natural order, not $in order: a record's seq is its place in the scan; a transaction's
+      // own inserts come last, in the order it wrote them.
+      const own = access.txn ? access.txn.writes.get(coll) : null;
+      let ownOrder = null;
+      const seqOf = (idKey) => {
+        const head = coll.records.get(idKey);
+        if (head) return head.seq;
+        if (!ownOrder) ownOrder = new Map([...(own ? own.keys() : [])].filter((k) => !coll.records.has(k)).map((k, n) => [k, n]));
+        return 2 ** 52 + (ownOrder.get(idKey) || 0);
+      };
+      for (const r of found) r.seq = seqOf(r.idKey);
+      found.sort((a, b) => a.seq - b.seq);
+      return found;
     }
   }
   if (filter && !access.txn) {
@@ -358,39 +366,129 @@ function* candidates(access, coll, filter) {
       if (vals.some((v) => v === undefined)) continue;
       const key = vals.map(V.canonicalKey).join('|');
       const idKey = ix.entries.get(key);
-      if (idKey === undefined) return;
+      if (idKey === undefined) return [];
       const v = access.get(coll, idKey);
-      if (v) yield { idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) };
-      return;
+      return v ? [{ idKey, doc: v.doc, view: v.view || (v.view = V.toView(v.doc)) }] : [];
     }
   }
-  yield* access.scan(coll);
+  return null;
 }
 
-// Matching records as [{idKey, doc, view}], honouring sort/skip/limit. A view (viewOn) is
-// materialised through its pipeline first.
+// Matching records as [{idKey, doc, view}], honouring sort/skip/limit: from a direct lookup,
+// an index plan (planner.js) or a scan. A view (viewOn) is materialised through its pipeline
+// first. opts.stats, when given, learns how the query was answered (explain).
 function select(access, coll, opts) {
   if (!coll) return [];
-  let source;
-  if (coll.options && typeof coll.options.viewOn === 'string') {
-    const base = access.coll(coll.db, coll.options.viewOn, false);
-    const docs = aggregate(select(access, base, {}).map((r) => r.doc), coll.options.pipeline || [], {});
-    source = docs.map((doc) => ({ idKey: null, doc, view: V.toView(doc) }));
-  } else source = candidates(access, coll, opts.collation ? null : opts.filter);
   const q = compileFilter(opts.filter, opts);
   const sortCmp = V.makeSortComparator(opts.sort);
   const skip = opts.skip || 0;
   const limit = opts.limit || 0;
+  const stats = opts.stats || {};
+  let source = null;
+  if (coll.options && typeof coll.options.viewOn === 'string') {
+    const base = access.coll(coll.db, coll.options.viewOn, false);
+    const docs = aggregate(select(access, base, {}).map((r) => r.doc), coll.options.pipeline || [], {});
+    source = docs.map((doc) => ({ idKey: null, doc, view: V.toView(doc) }));
+    stats.stage = 'COLLSCAN';
+  } else {
+    source = direct(access, coll, opts.collation ? null : opts.filter);
+    if (source) stats.stage = 'IDHACK';
+    else {
+      const planned = planner.plan(access, coll, opts, q ? (view, doc) => q.test(view, doc) : null);
+      if (planned) {
+        const out = fromPlan(planned, sortCmp, skip, limit);
+        Object.assign(stats, { stage: 'IXSCAN', indexes: planned.indexes, keys: planned.reader.keys, docs: planned.reader.docs });
+        examined(access, stats);
+        return out;
+      }
+      stats.stage = 'COLLSCAN';
+      source = access.scan(coll);
+    }
+  }
   const out = [];
   const stopAt = !sortCmp && limit ? skip + limit : Infinity;
+  let docs = 0;
   for (const r of source) {
+    docs++;
     if (q && !q.test(r.view, r.doc)) continue;
     out.push(r);
     if (out.length >= stopAt) break;
   }
+  stats.docs = docs;
+  stats.keys = stats.stage === 'IDHACK' ? docs : 0;
+  examined(access, stats);
   if (sortCmp) out.sort((a, b) => sortCmp(a.doc, b.doc));
   if (skip || limit) return out.slice(skip, limit ? skip + limit : undefined);
   return out;
+}
+
+// What queries looked at, for doubleStats: index entries and documents.
+function examined(access, stats) {
+  const ex = access.store.examined || (access.store.examined = { keys: 0, docs: 0 });
+  ex.keys += stats.keys || 0;
+  ex.docs += stats.docs || 0;
+}
+
+// The rows of an index plan in the order the scan would give them (see planner.js).
+function fromPlan(planned, sortCmp, skip, limit) {
+  const out = [];
+  if (planned.sorted || (!sortCmp && limit)) {
+    const stopAt = limit ? skip + limit : Infinity;
+    for (const r of planned.rows) {
+      out.push(r);
+      if (out.length >= stopAt) break;
+    }
+  } else {
+    for (const r of planned.rows) out.push(r);
+    out.sort((a, b) => a.seq - b.seq);
+    if (sortCmp) out.sort((a, b) => sortCmp(a.doc, b.doc));
+  }
+  if (skip || limit) return out.slice(skip, limit ? skip + limit : undefined);
+  return out;
+}
+
+// The input of an aggregation on a collection: its leading $match (without $expr) is answered
+// by select(), with a $sort and a $limit that follow it (both stay in the pipeline), and
+// $match + $sort + $group whose accumulators are all $first by the first document of each
+// group alone (planner.firstPerGroup: a distinct scan; the $sort then orders those, so the
+// groups come out as before). Returns {inputs, stages}: the documents and the stages still to
+// run on them.
+function pipelineInput(access, coll, pipeline, vars, collation) {
+  let stages = pipeline.slice();
+  let filter;
+  if (stages.length && stages[0].$match && isPlainObject(stages[0].$match) && !JSON.stringify(V.toView(stages[0].$match)).includes('"$expr"')) {
+    filter = stages[0].$match;
+    stages = stages.slice(1);
+  }
+  const opts = { filter, variables: vars, collation };
+  const only = (st, name) => (st && isPlainObject(st) && V.keys(st).length === 1 ? st[name] : undefined);
+  const sortStage = isPlainObject(only(stages[0], '$sort')) ? stages[0].$sort : null;
+  if (filter && sortStage && coll && !collation) {
+    const field = firstOnlyGroup(only(stages[1], '$group'));
+    if (field) {
+      const q = compileFilter(filter, opts);
+      const r = planner.firstPerGroup(access, coll, { filter, sort: sortStage }, q ? (view, doc) => q.test(view, doc) : null, field);
+      if (r) {
+        examined(access, { keys: r.reader.keys, docs: r.reader.docs });
+        return { inputs: r.rows.map((x) => x.doc), stages };
+      }
+    }
+  }
+  const lim = only(stages[sortStage ? 1 : 0], '$limit');
+  if (sortStage) opts.sort = sortStage;
+  if (lim !== undefined && V.isNumeric(lim) && Number.isInteger(V.toNumber(lim)) && V.toNumber(lim) > 0) opts.limit = V.toNumber(lim);
+  return { inputs: select(access, coll, opts).map((r) => r.doc), stages };
+}
+
+// The grouped field of {_id: '$field', name: {$first: ...}, ...}, or null.
+function firstOnlyGroup(group) {
+  if (!isPlainObject(group) || typeof group._id !== 'string' || !/^\$[^$][^$]*$/.test(group._id)) return null;
+  for (const k of V.keys(group)) {
+    if (k === '_id') continue;
+    const acc = group[k];
+    if (!isPlainObject(acc) || V.keys(acc).length !== 1 || acc.$first === undefined) return null;
+  }
+  return group._id.slice(1);
 }
 
 function hasKeys(o) { return o && isPlainObject(o) && Object.keys(o).length > 0; }
@@ -470,4 +568,4 @@ function specOrder(pipeline) {
   return names.length ? names : undefined;
 }
 
-module.exports = { compileFilter, select, project, aggregate, equalityValue, evalLet, collationFolder };
+module.exports = { compileFilter, select, pipelineInput, project, aggregate, equalityValue, evalLet, collationFolder };

@@ -5,13 +5,16 @@
 // transactional writes live in the transaction's write set (sessions.js) and are published
 // here by commitTxn. Unique indexes map a canonical key to the owning _id key for the latest
 // committed state, plus "reservations" held by open transactions, which is how first-writer-wins
-// and blocking of non-transactional writers are decided. Non-unique indexes are catalogue
-// entries only (no lookup structure): scans are used instead.
+// and blocking of non-transactional writers are decided. Secondary indexes also have an ordered
+// form (ordered.js, built when the index is created) that queries walk instead of scanning
+// (planner.js): it holds an entry for every version the chains hold, and follows every version
+// published here and every version a chain drops.
 
 const { UUID } = require('bson');
 const V = require('./values');
 const { err } = require('./errors');
 const { ChangeLog } = require('./changes');
+const Ordered = require('./ordered');
 
 // Thrown by a write that must wait for an open transaction to finish; the command layer waits
 // on `txn.done` and retries the statement.
@@ -77,7 +80,8 @@ class Collection {
     this.ns = `${db}.${name}`;
     this.options = options || {};
     this.uuid = new UUID();
-    this.records = new Map(); // idKey -> newest version {ts, doc, view, deleted, prev}
+    this.records = new Map(); // idKey -> newest version {ts, doc, view, deleted, prev, id, seq}
+    this.seqNext = 0; // natural order: a record's seq is given when it enters `records`
     this.locks = new Map(); // idKey -> txn holding an uncommitted write
     this.liveCount = 0;
     this.indexes = new Map();
@@ -160,8 +164,11 @@ class Collection {
     }
     if (old && !doc) this.liveCount--;
     if (!old && doc) this.liveCount++;
-    const version = { ts, doc, view, deleted: !doc, prev: head || null };
+    // A record keeps its place in `records` (and so its seq) until its key leaves the map.
+    const seq = head ? head.seq : this.seqNext++;
+    const version = { ts, doc, view, deleted: !doc, prev: head || null, id: idKey, seq };
     this.records.set(idKey, version);
+    Ordered.addVersion(this, version);
     this.store.pruneChain(this, idKey, version);
   }
 }
@@ -250,7 +257,11 @@ class Store {
     const min = this.activeTxns.size ? this.minActiveSnapshot() : Infinity;
     let v = head;
     while (v && v.ts > min) v = v.prev;
-    if (v) v.prev = null; // v is what the oldest snapshot sees; anything older is unreachable
+    if (v) {
+      // v is what the oldest snapshot sees; anything older is unreachable
+      for (let old = v.prev; old; old = old.prev) Ordered.removeVersion(coll, old);
+      v.prev = null;
+    }
     if (head.deleted) {
       if (head.prev === null) coll.records.delete(idKey);
       else this.tombstones.push({ coll, idKey, ts: head.ts });
@@ -265,8 +276,10 @@ class Store {
     for (const t of this.tombstones) {
       const head = t.coll.records.get(t.idKey);
       if (!head || !head.deleted || head.ts !== t.ts) continue;
-      if (head.ts <= min) t.coll.records.delete(t.idKey);
-      else keep.push(t);
+      if (head.ts <= min) {
+        for (let old = head.prev; old; old = old.prev) Ordered.removeVersion(t.coll, old);
+        t.coll.records.delete(t.idKey);
+      } else keep.push(t);
     }
     this.tombstones = keep;
   }

@@ -176,11 +176,14 @@ async function serverStatus(ctx) {
 async function doubleStats(ctx) {
   const commands = Object.assign({}, ctx.server.stats);
   const byApp = JSON.parse(JSON.stringify(ctx.server.statsByApp || {}));
+  const ex = ctx.store.examined || { keys: 0, docs: 0 };
+  const examined = { keys: ex.keys, docs: ex.docs };
   if (ctx.cmd.reset !== undefined && V.truthy(ctx.cmd.reset)) {
     for (const k of Object.keys(ctx.server.stats)) delete ctx.server.stats[k];
     ctx.server.statsByApp = {};
+    ctx.store.examined = { keys: 0, docs: 0 };
   }
-  return { commands, byApp, ok: 1 };
+  return { commands, byApp, examined, ok: 1 };
 }
 
 // The session catalogue is the primary's (transactions live there); a secondary's own state

@@ -7,10 +7,11 @@
 const { BSON, calculateObjectSize } = require('bson');
 const V = require('../values');
 const { err, MongoError } = require('../errors');
-const { select, project, aggregate, compileFilter, evalLet } = require('../query');
+const { select, pipelineInput, project, aggregate, compileFilter, evalLet } = require('../query');
 const { WaitFor } = require('../storage');
 const { applyUpdate, upsertSeed, withIdFirst, kindOfUpdate, isPlainObject } = require('../update');
 const changeStreams = require('../changestreams');
+const Ordered = require('../ordered');
 
 function collName(cmd, name) {
   const c = cmd[name];
@@ -453,7 +454,13 @@ async function writeStage(ctx, stage, docs, db) {
     }
     const old = ctx.store.getColl(targetDb, targetName);
     const fresh = ctx.store.createColl(targetDb, targetName, old ? old.options : {});
-    if (old) for (const [n, ix] of old.indexes) if (n !== '_id_') fresh.indexes.set(n, new (ix.constructor)(ix.spec));
+    if (old) {
+      for (const [n, ix] of old.indexes) {
+        if (n === '_id_') continue;
+        fresh.indexes.set(n, new (ix.constructor)(ix.spec));
+        Ordered.ordered(fresh, fresh.indexes.get(n));
+      }
+    }
     for (const d of docs) {
       const doc = withIdFirst(d);
       fresh.checkUnique(V.canonicalKey(doc._id), doc, V.toView(doc), null);
@@ -529,13 +536,9 @@ async function aggregateCmd(ctx) {
   if (typeof cmd.aggregate === 'string') {
     nsName = cmd.aggregate;
     const coll = ctx.access.coll(db, nsName, false);
-    // Let the leading $match use the _id/unique lookups instead of handing mingo everything.
-    let filter;
-    if (stages.length && stages[0].$match && isPlainObject(stages[0].$match) && !JSON.stringify(V.toView(stages[0].$match)).includes('"$expr"')) {
-      filter = stages[0].$match;
-      stages = stages.slice(1);
-    }
-    inputs = select(ctx.access, coll, { filter, variables: ctx.vars, collation: cmd.collation }).map((r) => r.doc);
+    // The leading $match (and what follows it) uses the _id/unique lookups and the indexes
+    // instead of handing mingo everything.
+    ({ inputs, stages } = pipelineInput(ctx.access, coll, stages, ctx.vars, cmd.collation));
   } else {
     nsName = '$cmd.aggregate';
     inputs = [];
@@ -562,8 +565,9 @@ async function aggregateCmd(ctx) {
   return ctx.cursors.open(`${db}.${nsName}`, out, { batchSize, session: ctx.sessionKey });
 }
 
-// Plans are not modelled: explain reports a collection scan (or IDHACK for _id equality) and,
-// with executionStats, the real number of returned documents.
+// explain reports how a find is answered (COLLSCAN, IDHACK, or IXSCAN with the index names)
+// and, with executionStats, the real number of returned documents and of index entries and
+// documents looked at.
 async function explain(ctx) {
   const inner = ctx.cmd.explain;
   if (!isPlainObject(inner)) throw err(9, 'explain command requires a nested object');
@@ -572,15 +576,23 @@ async function explain(ctx) {
   const filter = inner.filter || inner.query || (inner.q) || {};
   const ns = `${ctx.db}.${collName}`;
   const idHack = isPlainObject(filter) && Object.keys(filter).length === 1 && filter._id !== undefined && !isPlainObject(filter._id);
+  let winningPlan = { stage: idHack ? 'IDHACK' : 'COLLSCAN' };
+  let executionStats;
+  if (name === 'find') {
+    const coll = ctx.access.coll(ctx.db, collName, false);
+    const stats = {};
+    const n = select(ctx.access, coll, { filter, sort: inner.sort, skip: inner.skip ? V.toNumber(inner.skip) : 0, limit: inner.limit ? Math.abs(V.toNumber(inner.limit)) : 0, collation: inner.collation, stats }).length;
+    if (stats.stage === 'IXSCAN') {
+      const scans = stats.indexes.map((indexName) => ({ stage: 'IXSCAN', indexName }));
+      winningPlan = { stage: 'FETCH', inputStage: scans.length === 1 ? scans[0] : { stage: 'OR', inputStages: scans } };
+    }
+    executionStats = { executionSuccess: true, nReturned: n, executionTimeMillis: 0, totalKeysExamined: stats.keys || 0, totalDocsExamined: stats.docs || 0 };
+  }
   const r = {
     explainVersion: '1',
-    queryPlanner: { namespace: ns, indexFilterSet: false, parsedQuery: filter, winningPlan: { stage: idHack ? 'IDHACK' : 'COLLSCAN' }, rejectedPlans: [] },
+    queryPlanner: { namespace: ns, indexFilterSet: false, parsedQuery: filter, winningPlan, rejectedPlans: [] },
   };
-  if (ctx.cmd.verbosity !== 'queryPlanner' && name === 'find') {
-    const coll = ctx.access.coll(ctx.db, collName, false);
-    const n = select(ctx.access, coll, { filter, sort: inner.sort, skip: inner.skip ? V.toNumber(inner.skip) : 0, limit: inner.limit ? Math.abs(V.toNumber(inner.limit)) : 0 }).length;
-    r.executionStats = { executionSuccess: true, nReturned: n, executionTimeMillis: 0, totalKeysExamined: 0, totalDocsExamined: coll ? coll.liveCount : 0 };
-  }
+  if (ctx.cmd.verbosity !== 'queryPlanner' && executionStats) r.executionStats = executionStats;
   r.command = inner;
   r.serverInfo = { host: 'localhost', port: ctx.server.port, version: '7.0.0', gitVersion: '0000000000000000000000000000000000000000' };
   r.ok = 1;

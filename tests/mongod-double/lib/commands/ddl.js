@@ -8,6 +8,7 @@ const { Query } = require('mingo');
 const V = require('../values');
 const { err } = require('../errors');
 const { Index } = require('../storage');
+const Ordered = require('../ordered');
 const { isPlainObject } = require('../update');
 const { recordDdl } = require('../changes');
 
@@ -146,6 +147,7 @@ async function createIndexes(ctx) {
       }
     }
     coll.indexes.set(spec.name, ix);
+    Ordered.ordered(coll, ix); // built now, as mongod builds an index, then kept up to date
   }
   if (toAdd.length) recordDdl(ctx.store, 'createIndexes', { db, coll: name, uuid: coll.uuid, desc: { indexes: toAdd } });
   const r = { createdCollectionAutomatically: created, numIndexesBefore: before, numIndexesAfter: coll.indexes.size };
@@ -359,6 +361,7 @@ function replaceIndex(c, ix, spec) {
   const order = [...c.indexes.entries()].map(([n, i]) => [n, i === ix ? fresh : i]);
   c.indexes.clear();
   for (const [n, i] of order) c.indexes.set(n, i);
+  Ordered.ordered(c, fresh);
   return fresh;
 }
 
