@@ -3,14 +3,21 @@
  * lent to its clients one request at a time.
  *
  * Thread: forwarding loop (each loop has its own pool; nothing here is
- * shared between loops but the counters, and the ends of transactions one
- * loop posts to the others so that their pins of it go too).
+ * shared between loops but the counters, the budget of pool_size
+ * connections, and the notices one loop posts to the others: the ends of
+ * transactions, so that their pins of it go too, and the budget's
+ * fills and reclaims).
  *
  * With [proxy] pool_mode = pooled, a client connection has no upstream
- * connection of its own.  The process keeps pool_size connections to the
- * primary, shared out among the loops, each opened on demand, logged in
- * with the credentials of the `upstream` URI (SCRAM or X.509), and
- * idle in its loop's pool until a client's request needs one.  A request
+ * connection of its own.  The process keeps at most pool_size connections
+ * to the primary, each opened on demand by a loop, logged in with the
+ * credentials of the `upstream` URI (SCRAM or X.509), and idle in that
+ * loop's pool until one of its clients' requests needs one.  Each loop
+ * has a share of pool_size (pool_share) it keeps under contention, and
+ * may open more while the process is under pool_size; when the budget is
+ * spent and a loop's clients wait, other loops close their idle
+ * connections (or those above their share) so that it can open its own
+ * (proxy/pool.c, "One budget").  A request
  * that needs the upstream borrows a connection before it is read
  * (pool_admit), and the connection goes back once nothing the client sent
  * is in flight on it any more (pool_settle), unless a pin holds it:
@@ -60,12 +67,15 @@ typedef struct pool_server pool_server_t;
  * aborted the transaction anyway. */
 #define POOL_PIN_IDLE_MAX_MS 60000
 
-/* Loop `index` of `nloops` gets this many of the pool_size connections
- * (at least one; pool_size is at least the number of loops, loops_wanted). */
+/* Loop `index` of `nloops` keeps this many of the pool_size connections
+ * under contention (at least one; pool_size is at least the number of
+ * loops, loops_wanted). */
 unsigned pool_share (int64_t pool_size, unsigned index, unsigned nloops);
 
-/* A pool of at most `size` connections for `loop` (client_loop_enable_pool).
- * It opens its first connection as soon as a primary is known. */
+/* A pool for `loop` (client_loop_enable_pool) whose share is `size`: with
+ * a loopwake, its budget is [proxy] pool_size shared with the other loops'
+ * pools; without one, `size` alone.  It opens its first connection as soon
+ * as a primary is known. */
 pool_t *pool_new (client_loop_t *loop, unsigned size, bson_error_t *error) __attribute__ ((warn_unused_result));
 /* Closes every connection.  Call once no client holds one.  NULL ok. */
 void pool_destroy (pool_t *pool);

@@ -308,7 +308,8 @@ loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstrea
    if (!client_loop_set_wake (t->clients, t->wake, error))
       return false;
    client_loop_set_request_hook (t->clients, hook, NULL);
-   /* Pooled mode: each loop lends its own share of the pool. */
+   /* Pooled mode: each loop lends connections of its own, with a share of
+    * pool_size it keeps under contention and the rest shared (proxy/pool.h). */
    if (cfg->pool_mode_id == CONFIG_POOL_POOLED &&
        !client_loop_enable_pool (t->clients, pool_share (cfg->pool_size, t->index, nloops), error))
       return false;

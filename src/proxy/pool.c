@@ -114,7 +114,11 @@ struct pool_server {
 
 struct pool {
    client_loop_t *loop;
-   unsigned size;      /* the most this loop opens */
+   unsigned size;      /* this loop's share of pool_size (pool_share) */
+   unsigned limit;     /* the budget: pool_size shared with the other loops, or `size` alone */
+   bool shared;        /* in a slot: its budget is the process's (pool_total) */
+   bool starving;      /* what its slot says (starve_update) */
+   bool stopping;      /* pool_destroy: its closes wake nobody */
    unsigned n_open;    /* in pool->servers */
    unsigned n_opening; /* of them, OPENING */
    pool_server_t *servers;
@@ -160,10 +164,46 @@ typedef struct {
    pool_txn_t ended[POOL_ENDED_RING];
    unsigned head, len;
    bool posted;
+   /* Sharing the budget (below): what the other loops read of this one
+    * without the mutex, and its coalesced posts (under the mutex). */
+   atomic_uint share;    /* its pool->size */
+   atomic_uint open;     /* its n_open */
+   atomic_uint idle;     /* its n_idle */
+   atomic_bool starving; /* clients wait that nothing it opens will serve */
+   bool fill_posted;
+   bool reclaim_posted;
 } pool_slot_t;
 
 static pool_slot_t pool_slots[CLIENT_LOOPS_MAX];
 static atomic_uint pooled_loops; /* slots with a pool */
+
+/*
+ * One budget of pool_size connections for the whole process.  Each loop
+ * has a share (pool_share), but may open past it while the process holds
+ * fewer than pool_size connections (pool_total, open or opening): with a
+ * fixed share, a loop whose few connections a transaction pins would leave
+ * its clients waiting pool_wait_timeout_ms while other loops' connections
+ * idle.  A connection cannot move between loops (its socket and TLS state
+ * belong to one event base), so budget moves by closing and opening: when
+ * the budget is spent and a loop starves (clients wait that nothing it
+ * opens will serve),
+ *  - a loop with idle connections closes them for it (reclaim_cb, posted
+ *    by the starving loop; a connection that goes idle while a loop
+ *    starves is closed at once instead, give_away_idle);
+ *  - a loop above its share that gets a connection back while a loop
+ *    below its share starves closes it instead of lending it again
+ *    (server_free_for_use), so under contention every loop keeps its
+ *    share;
+ * and every close posts a fill to the starving loops (fill_cb), which open
+ * what they need.  Ordering (sequentially consistent atomics): a starving
+ * loop publishes that it starves, then looks at the budget and at the
+ * others' idle connections; a loop that frees budget or idles a connection
+ * does so, then looks at who starves.  So one of the two always sees the
+ * other.  Two loops that close for the same starving loop at once may close
+ * one connection too many: an idle one, opened again when needed.
+ */
+static atomic_uint pool_total;    /* connections open or opening, every loop */
+static atomic_uint pool_starving; /* slots whose `starving` is set */
 static pthread_once_t pool_slots_once = PTHREAD_ONCE_INIT;
 
 static void
@@ -176,6 +216,7 @@ pool_slots_init (void)
 static void server_close (pool_server_t *s, const char *why);
 static void server_return (pool_server_t *s);
 static void pool_fill (pool_t *pool);
+static void give_away_idle (pool_t *pool);
 static const side_callbacks_t pool_side_cb;
 
 unsigned
@@ -208,6 +249,160 @@ static config_t *
 pool_cfg (const pool_t *pool)
 {
    return pool->loop->cfg;
+}
+
+/* ------------------------------------------------------------ the budget */
+
+static pool_slot_t *
+slot_of (const pool_t *pool)
+{
+   return &pool_slots[pool->loop->index];
+}
+
+/* One more connection may open: taken from the budget. */
+static bool
+budget_take (pool_t *pool)
+{
+   unsigned n;
+
+   if (!pool->shared)
+      return pool->n_open < pool->limit;
+   n = atomic_load (&pool_total);
+   while (n < pool->limit)
+      if (atomic_compare_exchange_weak (&pool_total, &n, n + 1))
+         return true;
+   return false;
+}
+
+static bool
+budget_spent (const pool_t *pool)
+{
+   return pool->shared ? atomic_load (&pool_total) >= pool->limit : pool->n_open >= pool->limit;
+}
+
+/* Whether a loop other than this one starves (below its share, if asked). */
+static bool
+others_starving (const pool_t *pool, bool below_share)
+{
+   unsigned n = atomic_load (&pool_starving);
+
+   if (!pool->shared || n == 0 || (n == 1 && pool->starving))
+      return false;
+   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+      pool_slot_t *slot = &pool_slots[i];
+      if (i == pool->loop->index || !atomic_load (&slot->starving))
+         continue;
+      if (!below_share || atomic_load (&slot->open) < atomic_load (&slot->share))
+         return true;
+   }
+   return false;
+}
+
+static void
+fill_cb (void *arg)
+{
+   pool_slot_t *slot = arg;
+   pool_t *pool;
+
+   pthread_mutex_lock (&slot->mu);
+   pool = slot->pool;
+   slot->fill_posted = false;
+   pthread_mutex_unlock (&slot->mu);
+   if (pool)
+      pool_fill (pool);
+}
+
+static void
+reclaim_cb (void *arg)
+{
+   pool_slot_t *slot = arg;
+   pool_t *pool;
+
+   pthread_mutex_lock (&slot->mu);
+   pool = slot->pool;
+   slot->reclaim_posted = false;
+   pthread_mutex_unlock (&slot->mu);
+   if (pool)
+      give_away_idle (pool);
+}
+
+/* Posts fn to the slot's loop unless one such post is already queued. */
+static void
+slot_post (pool_slot_t *slot, bool *posted, loopwake_fn_t fn)
+{
+   pthread_mutex_lock (&slot->mu);
+   if (slot->pool && !*posted) {
+      *posted = true;
+      if (!loopwake_post (slot->wake, fn, slot))
+         *posted = false; /* the queue is full: the next change posts again */
+   }
+   pthread_mutex_unlock (&slot->mu);
+}
+
+/* Budget was given back: the starving loops may open now. */
+static void
+wake_starving (pool_t *pool)
+{
+   if (atomic_load (&pool_starving) == 0)
+      return;
+   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+      pool_slot_t *slot = &pool_slots[i];
+      if (i != pool->loop->index && atomic_load (&slot->starving))
+         slot_post (slot, &slot->fill_posted, fill_cb);
+   }
+}
+
+/* A closed connection's budget goes back. */
+static void
+budget_give (pool_t *pool)
+{
+   if (!pool->shared)
+      return;
+   atomic_fetch_sub (&pool_total, 1);
+   if (!pool->stopping)
+      wake_starving (pool);
+}
+
+/* The budget is spent and this loop starves: the loops with idle
+ * connections close them for it. */
+static void
+ask_reclaim (pool_t *pool)
+{
+   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+      pool_slot_t *slot = &pool_slots[i];
+      if (i != pool->loop->index && atomic_load (&slot->idle) > 0)
+         slot_post (slot, &slot->reclaim_posted, reclaim_cb);
+   }
+}
+
+/* Publishes whether clients wait that nothing this loop opens will serve
+ * (or it has no connection yet to learn the hello from). */
+static void
+starve_update (pool_t *pool)
+{
+   bool starving = pool->n_waiting > pool->n_opening || (!pool->hello && pool->n_open == 0);
+
+   if (!pool->shared || starving == pool->starving)
+      return;
+   pool->starving = starving;
+   atomic_store (&slot_of (pool)->starving, starving);
+   if (starving)
+      atomic_fetch_add (&pool_starving, 1);
+   else
+      atomic_fetch_sub (&pool_starving, 1);
+}
+
+/* Idle connections of this loop close while another loop starves and the
+ * budget is spent: least recently used first. */
+static void
+give_away_idle (pool_t *pool)
+{
+   while (pool->idle && others_starving (pool, false) && budget_spent (pool)) {
+      pool_server_t *s = pool->idle;
+      while (s->idle_next)
+         s = s->idle_next;
+      server_close (s, "another loop's clients need the budget");
+   }
 }
 
 /* ------------------------------------------------------------ pins */
@@ -312,6 +507,8 @@ idle_push (pool_server_t *s)
       pool->idle->idle_prev = s;
    pool->idle = s;
    pool->n_idle++;
+   if (pool->shared)
+      atomic_store (&slot_of (pool)->idle, pool->n_idle);
 }
 
 static void
@@ -328,6 +525,8 @@ idle_remove (pool_server_t *s)
       s->idle_next->idle_prev = s->idle_prev;
    s->idle_prev = s->idle_next = NULL;
    pool->n_idle--;
+   if (pool->shared)
+      atomic_store (&slot_of (pool)->idle, pool->n_idle);
 }
 
 /* The connection is c's now: its bytes flow through c's pump. */
@@ -398,6 +597,7 @@ wait_remove (client_conn_t *c)
       evtimer_del (pool->wait_timer);
       wait_timer_arm (pool);
    }
+   starve_update (pool);
 }
 
 static void
@@ -421,11 +621,11 @@ wait_add (client_conn_t *c)
    counters_add (COUNTER_POOL_WAITS, 1);
    if (pool->wait_head == c)
       wait_timer_arm (pool);
-   if (pool->n_open >= pool->size && now - pool->last_warn_ms >= POOL_WARN_INTERVAL_MS) {
+   if (budget_spent (pool) && now - pool->last_warn_ms >= POOL_WARN_INTERVAL_MS) {
       pool->last_warn_ms = now;
-      log_info ("pool: all %u connections of this loop are busy; %u request(s) wait (pool_size = %" PRId64
-                ", pool_wait_timeout_ms = %" PRId64 ")",
-                pool->size, pool->n_waiting, pool_cfg (pool)->pool_size, pool_cfg (pool)->pool_wait_timeout_ms);
+      log_info ("pool: all %u connections of this loop are busy and the pool has no more to open; %u request(s) wait "
+                "(pool_size = %" PRId64 ", pool_wait_timeout_ms = %" PRId64 ")",
+                pool->n_open, pool->n_waiting, pool_cfg (pool)->pool_size, pool_cfg (pool)->pool_wait_timeout_ms);
    }
 }
 
@@ -492,7 +692,8 @@ wait_timer_cb (evutil_socket_t fd, short what, void *arg)
    wait_timer_arm (pool);
 }
 
-/* A connection is free: the oldest waiter gets it, else the idle stack. */
+/* A connection is free: the oldest waiter gets it, else the idle stack;
+ * or it closes, when the budget is better spent on another loop. */
 static void
 server_free_for_use (pool_server_t *s)
 {
@@ -500,6 +701,12 @@ server_free_for_use (pool_server_t *s)
 
    if (pool->wait_head) {
       client_conn_t *c = pool->wait_head;
+      /* Above its share while a loop below its share starves: that loop
+       * gets the budget, this one's clients the connections of its share. */
+      if (pool->shared && pool->n_open > pool->size && budget_spent (pool) && others_starving (pool, true)) {
+         server_close (s, "a loop below its share needs the budget");
+         return;
+      }
       wait_remove (c);
       counters_observe (COUNTER_POOL_WAIT_TIME, 0, clock_mono_ms () - c->pool_wait_since_ms);
       lend (s, c);
@@ -508,6 +715,9 @@ server_free_for_use (pool_server_t *s)
    }
    idle_push (s);
    side_set_reading (&s->side, true); /* an EOF or stray bytes close it */
+   /* After idle_push published it: a loop that starved meanwhile asked
+    * nobody for it (ask_reclaim looks at the idle counts). */
+   give_away_idle (pool);
 }
 
 /* ------------------------------------------------------------ closing */
@@ -548,6 +758,10 @@ server_close (pool_server_t *s, const char *why)
       s->next->prev = s->prev;
    pool->n_open--;
    server_free (s);
+   if (pool->shared)
+      atomic_store (&slot_of (pool)->open, pool->n_open);
+   starve_update (pool);
+   budget_give (pool);
 }
 
 /* A connection back from a client: reused, or closed when stale. */
@@ -648,6 +862,7 @@ server_ready (pool_server_t *s)
    log_debug ("pool: p%" PRIu64 " %s ready (%u open on this loop)", s->id, s->name, pool->n_open);
    s->state = SERVER_BACK;
    learn_hello (s);
+   starve_update (pool);
    server_free_for_use (s);
 }
 
@@ -988,8 +1203,10 @@ deadline_cb (evutil_socket_t fd, short what, void *arg)
                 pool_cfg (s->pool)->upstream_connect_timeout_ms);
 }
 
-/* Opens one more connection to the primary; false when none is known or
- * the attempt failed at once (it is retried). */
+/* Opens one more connection to the primary, with the budget the caller
+ * took (budget_take; a connection gives it back when it closes); false
+ * when none is known (the budget goes back) or the attempt failed at once
+ * (it is retried). */
 static bool
 server_open (pool_t *pool)
 {
@@ -1002,6 +1219,11 @@ server_open (pool_t *pool)
    if (p.state != TOPOLOGY_STATE_PRIMARY) {
       bson_snprintf (pool->last_error, sizeof pool->last_error, "no primary known (%s)",
                      p.last_error[0] ? p.last_error : topology_state_name (p.state));
+      /* Quietly: waking the starving loops would only have them find no
+       * primary either, and wake this one again.  They fill when the
+       * topology names one (pool_topology_changed). */
+      if (pool->shared)
+         atomic_fetch_sub (&pool_total, 1);
       return false;
    }
    s = bson_malloc0 (sizeof *s);
@@ -1019,6 +1241,8 @@ server_open (pool_t *pool)
    pool->servers = s;
    pool->n_open++;
    pool->n_opening++;
+   if (pool->shared)
+      atomic_store (&slot_of (pool)->open, pool->n_open);
    if (!s->deadline) {
       open_failed (s, "out of memory");
       return false;
@@ -1036,16 +1260,33 @@ server_open (pool_t *pool)
 }
 
 /* Opens what the waiters (and a client waiting for the first hello) need,
- * up to the loop's share, unless a failed attempt's backoff runs. */
+ * while the budget lasts, unless a failed attempt's backoff runs.  Without
+ * budget, the loops with idle connections are asked to close them. */
 static void
 pool_fill (pool_t *pool)
 {
-   if (pool->retry_armed)
-      return;
-   while (pool->n_open < pool->size &&
-          (pool->n_opening < pool->n_waiting || (!pool->hello && pool->n_opening == 0 && pool->n_open == 0)))
-      if (!server_open (pool))
+   bool spent = false;
+
+   for (int round = 0; round < 2 && !pool->retry_armed; round++) {
+      spent = false;
+      while (!pool->retry_armed &&
+             (pool->n_opening < pool->n_waiting || (!pool->hello && pool->n_opening == 0 && pool->n_open == 0))) {
+         if (!budget_take (pool)) {
+            spent = true;
+            break;
+         }
+         if (!server_open (pool))
+            break;
+      }
+      starve_update (pool);
+      /* Now that it says it starves, once more: budget a loop gave back
+       * before that woke nobody. */
+      if (!spent || !pool->starving || budget_spent (pool))
          break;
+   }
+   starve_update (pool);
+   if (spent && pool->starving)
+      ask_reclaim (pool);
 }
 
 static void
@@ -1430,6 +1671,7 @@ pool_new (client_loop_t *loop, unsigned size, bson_error_t *error)
 
    pool->loop = loop;
    pool->size = size;
+   pool->limit = size;
    pool->handoff_ev = event_new (loop->base, -1, 0, handoff_cb, pool);
    pool->wait_timer = evtimer_new (loop->base, wait_timer_cb, pool);
    pool->retry_timer = evtimer_new (loop->base, retry_cb, pool);
@@ -1448,7 +1690,18 @@ pool_new (client_loop_t *loop, unsigned size, bson_error_t *error)
       atomic_fetch_add (&pooled_loops, 1);
       slot->len = slot->head = 0;
       slot->posted = false;
+      slot->fill_posted = slot->reclaim_posted = false;
+      atomic_store (&slot->share, size);
+      atomic_store (&slot->open, 0);
+      atomic_store (&slot->idle, 0);
+      atomic_store (&slot->starving, false);
       pthread_mutex_unlock (&slot->mu);
+      /* Its budget is the process's pool_size, shared with the other
+       * loops (pool_size is at least the number of loops). */
+      pool->shared = true;
+      pool->limit = (unsigned) loop->cfg->pool_size;
+      if (pool->limit < size)
+         pool->limit = size;
    }
    /* The first connection teaches the pool the upstream's hello. */
    pool->want_hello = false;
@@ -1461,6 +1714,7 @@ pool_destroy (pool_t *pool)
 {
    if (!pool)
       return;
+   pool->stopping = true;
    pthread_once (&pool_slots_once, pool_slots_init);
    {
       pool_slot_t *slot = &pool_slots[pool->loop->index];
@@ -1481,6 +1735,11 @@ pool_destroy (pool_t *pool)
          pool->n_opening++;
       }
       server_close (s, "proxy stopping");
+   }
+   if (pool->starving) {
+      pool->starving = false;
+      atomic_store (&slot_of (pool)->starving, false);
+      atomic_fetch_sub (&pool_starving, 1);
    }
    proxy_event_free (pool->handoff_ev);
    proxy_event_free (pool->wait_timer);

@@ -190,6 +190,94 @@ test('a transaction keeps its connection until it commits; a request that waits 
   }
 });
 
+test('loops share pool_size: a transaction pinning its loop\'s one connection of the share does not stall that loop\'s other clients (threads = 4, pool_size = 4)', async () => {
+  // Each of the 4 loops keeps 1 of the 4 connections under contention. A transaction pins
+  // its loop's; another client of that loop is served all the same, on a connection its loop
+  // opens with budget an idle loop gives back (transactions/create-collection.json: a
+  // listCollections outside a transaction while it is open). The process stays within 4.
+  const proxy = await startPooled({ pool_size: 4, threads: 4, pool_wait_timeout_ms: 3000 });
+  const conns = [];
+  try {
+    for (let i = 0; i < 8; i++) {
+      const c = await H.WireConn.connect({ port: proxy.port });
+      await c.command({ hello: 1, $db: 'admin' });
+      conns.push(c);
+    }
+    const lsid = { id: new (require('bson').UUID)() };
+    const txnNumber = Long.fromNumber(1);
+    const ins = await conns[0].command({
+      insert: 'shared', documents: [{ _id: 'in-txn' }], lsid, txnNumber, startTransaction: true, autocommit: false, $db: DB,
+    });
+    assert.equal(ins.ok, 1, JSON.stringify(ins));
+    // The listener hands connections to the loops in turn: of 8, two per loop, so one of the
+    // other seven shares conns[0]'s loop.
+    const t0 = Date.now();
+    await Promise.all(conns.slice(1).map(async (c) => {
+      const r = await c.command({ find: 'shared', filter: {}, $db: DB }, { timeoutMs: 10000 });
+      assert.equal(r.ok, 1, JSON.stringify(r));
+      assert.deepEqual(r.cursor.firstBatch, [], 'the open transaction\'s insert is not visible outside it');
+    }));
+    assert.ok(Date.now() - t0 < 2500, `the finds took ${Date.now() - t0} ms (pool_wait_timeout_ms is 3000)`);
+    const commit = await conns[0].command({ commitTransaction: 1, lsid, txnNumber, autocommit: false, $db: 'admin' });
+    assert.equal(commit.ok, 1, JSON.stringify(commit));
+    const r = await conns[4].command({ find: 'shared', filter: {}, $db: DB });
+    assert.deepEqual(r.cursor.firstBatch, [{ _id: 'in-txn' }]);
+    const text = await proxy.metrics();
+    assert.ok(metric(text, 'relaybus_pool_connections') <= 4, 'at most pool_size connections open');
+    assert.equal(metric(text, 'relaybus_pool_wait_timeouts_total'), 0);
+  } finally {
+    for (const c of conns) c.destroy();
+    await proxy.stop();
+  }
+});
+
+test('under contention each loop keeps its share: a loop above it gives a returning connection to a starving loop below it (threads = 2, pool_size = 2)', async () => {
+  const proxy = await startPooled({ pool_size: 2, threads: 2, pool_wait_timeout_ms: 8000 });
+  const conns = [];
+  const { UUID } = require('bson');
+  try {
+    // In turn: conns 0, 2, 4 on one loop (A), conn 1 on the other (B).
+    for (let i = 0; i < 5; i++) {
+      const c = await H.WireConn.connect({ port: proxy.port });
+      await c.command({ hello: 1, $db: 'admin' });
+      conns.push(c);
+    }
+    const t1 = { lsid: { id: new UUID() }, txnNumber: Long.fromNumber(1) };
+    const t2 = { lsid: { id: new UUID() }, txnNumber: Long.fromNumber(1) };
+    const start = (c, t, id) => c.command({ insert: 'fair', documents: [{ _id: id }], ...t, startTransaction: true, autocommit: false, $db: DB });
+    const commit = (c, t) => c.command({ commitTransaction: 1, ...t, autocommit: false, $db: 'admin' });
+    // (Created first: two transactions creating it implicitly would conflict.)
+    assert.equal((await conns[1].command({ create: 'fair', $db: DB })).ok, 1);
+    // Two transactions pin both connections of the budget to loop A (the second borrowed B's).
+    let r = await start(conns[0], t1, 't1');
+    assert.equal(r.ok, 1, JSON.stringify(r));
+    r = await start(conns[2], t2, 't2');
+    assert.equal(r.ok, 1, JSON.stringify(r));
+    // A's third client and B's client both wait.
+    const state = { a: 'pending', b: 'pending' };
+    const pa = conns[4].command({ find: 'fair', filter: {}, $db: DB }, { timeoutMs: 20000 }).then((r) => { state.a = r; return r; });
+    const pb = conns[1].command({ find: 'fair', filter: {}, $db: DB }, { timeoutMs: 20000 }).then((r) => { state.b = r; return r; });
+    await H.sleep(300);
+    assert.equal(state.a, 'pending');
+    assert.equal(state.b, 'pending');
+    // t2's connection comes back to A, which holds 2 (its share is 1) while B holds none: it
+    // goes to B, whose client is answered; A's waits for A's own connection.
+    assert.equal((await commit(conns[2], t2)).ok, 1);
+    const rb = await Promise.race([pb, H.sleep(3000).then(() => null)]);
+    assert.ok(rb, 'loop B\'s client was answered once loop A was above its share with a connection to give back');
+    assert.equal(rb.ok, 1, JSON.stringify(rb));
+    assert.equal(state.a, 'pending', 'loop A\'s waiter waits for the connection of A\'s share');
+    assert.equal((await commit(conns[0], t1)).ok, 1);
+    const ra = await pa;
+    assert.equal(ra.ok, 1, JSON.stringify(ra));
+    const text = await proxy.metrics();
+    assert.ok(metric(text, 'relaybus_pool_connections') <= 2, 'at most pool_size connections open');
+  } finally {
+    for (const c of conns) c.destroy();
+    await proxy.stop();
+  }
+});
+
 test('withTransaction through a pool of 1: concurrent transactions queue and all commit', async () => {
   const proxy = await startPooled({ pool_size: 1, pool_wait_timeout_ms: 5000 });
   const client = clientOf(proxy, { maxPoolSize: 10 });
