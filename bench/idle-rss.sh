@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/idle-rss.sh - memory cost of idle client connections in relaybus-proxy.
 #
-#   bench/idle-rss.sh [N]        # N idle connections, default 2000
+#   bench/idle-rss.sh [N] [--pooled [SIZE]]   # N idle connections, default 2000
 #
 # Starts the server double and a proxy in front of it (both with a raised fd limit), reads the
 # proxy's VmRSS from /proc/PID/status, opens N client connections that each complete a hello
@@ -9,13 +9,27 @@
 # connection (each idle client also holds its paired upstream connection). A benchmark, not a
 # test: it prints numbers and fails only if something does not work.
 #
+# --pooled runs the proxy with pool_mode = pooled and pool_size = SIZE (default 16), threads = 1:
+# a client connection then holds no upstream connection, only its own socket (bench/run's
+# relaybus-pooled target measures the same next to session mode and HAProxy).
+#
 # RELAYBUS_PROXY_BIN names the proxy binary (default: <repo>/build/relaybus-proxy, as
 # scripts/run and scripts/test build it, else <repo>/relaybus-proxy from an in-tree build).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
-n="${1:-2000}"
-case "$n" in ''|*[!0-9]*) echo "usage: $0 [N]" >&2; exit 2 ;; esac
+n=2000
+pool_size=
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--pooled)
+		pool_size=16
+		case "${2:-}" in ''|*[!0-9]*) ;; *) pool_size=$2; shift ;; esac ;;
+	*[!0-9]*|'') echo "usage: $0 [N] [--pooled [SIZE]]" >&2; exit 2 ;;
+	*) n=$1 ;;
+	esac
+	shift
+done
 if [ -z "${RELAYBUS_PROXY_BIN:-}" ]; then
 	RELAYBUS_PROXY_BIN=$repo/build/relaybus-proxy
 	[ -x "$RELAYBUS_PROXY_BIN" ] || RELAYBUS_PROXY_BIN=$repo/relaybus-proxy
@@ -26,11 +40,12 @@ export RELAYBUS_PROXY_BIN
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 cd "$repo/tests"
-IDLE_N="$n" exec node - <<'JS'
+IDLE_N="$n" IDLE_POOL_SIZE="$pool_size" exec node - <<'JS'
 'use strict';
 const fs = require('node:fs');
 const H = require('./integration/lib/proxy');
 const N = Number(process.env.IDLE_N);
+const POOL_SIZE = process.env.IDLE_POOL_SIZE ? Number(process.env.IDLE_POOL_SIZE) : 0;
 
 function rssKiB(pid) {
   const m = /VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
@@ -39,7 +54,9 @@ function rssKiB(pid) {
 
 (async () => {
   const upstream = await H.startDouble({ ulimit: 65536 });
-  const proxy = await H.startProxy({ upstream: upstream.uri, ulimit: 65536, settings: { max_clients: Math.max(N + 100, 1000) } });
+  const settings = { max_clients: Math.max(N + 100, 1000) };
+  if (POOL_SIZE) Object.assign(settings, { pool_mode: 'pooled', pool_size: POOL_SIZE, threads: 1 });
+  const proxy = await H.startProxy({ upstream: upstream.uri, ulimit: 65536, settings });
   const conns = [];
   let code = 0;
   try {
@@ -69,7 +86,8 @@ function rssKiB(pid) {
     console.log(`idle connections:      ${N} (opened with hello in ${openMs} ms)`);
     console.log(`proxy VmRSS before:    ${before} KiB`);
     console.log(`proxy VmRSS after:     ${after} KiB`);
-    console.log(`RSS per idle client:   ${per.toFixed(0)} bytes (${(per / 1024).toFixed(1)} KiB, client + paired upstream connection)`);
+    const what = POOL_SIZE ? `pooled, pool_size ${POOL_SIZE}: the client socket only` : 'client + paired upstream connection';
+    console.log(`RSS per idle client:   ${per.toFixed(0)} bytes (${(per / 1024).toFixed(1)} KiB, ${what})`);
   } catch (e) {
     console.error('idle-rss: ' + e.message);
     code = 1;
