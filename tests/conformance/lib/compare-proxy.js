@@ -3,6 +3,7 @@
 // for tests/conformance/check-proxy.
 //
 //   node compare-proxy.js FOLDER DIRECT.json AS_RS.json AS_MONGOS.json DIFFERENCES.json [DIRECT_AS_MONGOS.json]
+//                         [--pooled POOLED_DIFFERENCES.json]
 //   node compare-proxy.js --newly-failed DIRECT.json AS_MONGOS.json   (prints their files, one a line)
 //
 // DIRECT: the double directly. AS_RS: through the proxy with --topology
@@ -17,6 +18,15 @@
 // tests newly run through the proxy that fail without an explanation in
 // DIFFERENCES, or (given DIRECT_AS_MONGOS) that pass directly against the
 // upstream.
+//
+// --pooled: the proxy ran with pool_mode = pooled. A test that passed
+// directly and not through the proxy is then explained (not counted as a
+// failure) when an entry of POOLED_DIFFERENCES matches its file, test and
+// reason, all three: a rule of the specifications that sharing upstream
+// connections breaks by itself (tests/conformance/README.md, "Through the
+// pool").  Every entry must name its files and its test.  A sharded-only
+// test newly run through the proxy may be explained by either file, and
+// must still fail directly against the upstream (DIRECT_AS_MONGOS).
 
 const fs = require('fs');
 
@@ -31,7 +41,16 @@ if (process.argv[2] === '--newly-failed') {
   process.exit(0);
 }
 
-const [folder, directPath, rsPath, mongosPath, diffPath, directMongosPath] = process.argv.slice(2);
+const argv = process.argv.slice(2);
+let pooledPath = null;
+{
+  const i = argv.indexOf('--pooled');
+  if (i >= 0) {
+    pooledPath = argv[i + 1];
+    argv.splice(i, 2);
+  }
+}
+const [folder, directPath, rsPath, mongosPath, diffPath, directMongosPath] = argv;
 const direct = load(directPath);
 const asRs = load(rsPath);
 const asMongos = load(mongosPath);
@@ -46,6 +65,23 @@ const dm = directAsMongos ? byKey(directAsMongos) : null;
 const norm = (s) => String(s || '').replace(/connection \d+ to [^ )]+/g, 'connection N to HOST');
 const count = (run, s) => run.results.filter((r) => r.status === s).length;
 const figures = (run) => `${count(run, 'pass')}/${count(run, 'fail')}/${count(run, 'skip')}`;
+
+const pooledDifferences = pooledPath ? load(pooledPath).differences : [];
+for (const e of pooledDifferences) {
+  if (!e.id || !Array.isArray(e.files) || e.files.length === 0 || !e.test || !e.reason || !e.explanation) {
+    console.error(`compare-proxy: ${pooledPath}: entry ${JSON.stringify(e.id)} must have id, files, test, reason and explanation`);
+    process.exit(2);
+  }
+}
+
+// A pooled difference matches only with its file, its test and its reason.
+function explainPooled(r) {
+  if (!r || r.status !== 'fail') return null;
+  for (const e of pooledDifferences) {
+    if (e.files.includes(r.file) && e.test === r.test && new RegExp(e.reason).test(r.reason || '')) return e;
+  }
+  return null;
+}
 
 function explain(r) {
   for (const e of differences) {
@@ -62,6 +98,8 @@ let passed = 0;
 let failed = 0;
 const lostRs = [];
 const lostMongos = [];
+const pooledRs = [];
+const pooledMongos = [];
 const skippedAsMongos = [];
 const newly = { pass: [], explained: [], fault: [] };
 
@@ -70,17 +108,27 @@ for (const [k, r] of d) {
   const a = rs.get(k);
   const b = mg.get(k);
   let ok = true;
-  if (!a || a.status !== 'pass') { ok = false; lostRs.push([k, a]); }
+  let explained = false;
+  if (!a || a.status !== 'pass') {
+    const e = explainPooled(a);
+    if (e) { explained = true; pooledRs.push([k, a, e]); } else { ok = false; lostRs.push([k, a]); }
+  }
   if (b && b.status === 'skip') skippedAsMongos.push([k, b]);
-  else if (!b || b.status !== 'pass') { ok = false; lostMongos.push([k, b]); } // no explanation applies here
-  if (ok) passed++; else failed++;
+  else if (!b || b.status !== 'pass') {
+    // proxy-differences.json does not apply here; only pooling's own rules do.
+    const e = explainPooled(b);
+    if (e) { explained = true; pooledMongos.push([k, b, e]); } else { ok = false; lostMongos.push([k, b]); }
+  }
+  if (ok && !explained) passed++; else if (!ok) failed++;
 }
 for (const [k, b] of mg) {
   const x = d.get(k);
   if (x && x.status !== 'skip') continue; // ran directly: handled above (or failed directly too)
   if (b.status === 'pass') { newly.pass.push([k, b]); passed++; }
   else if (b.status === 'fail') {
-    const e = explain(b);
+    // Through the pool, an entry of POOLED_DIFFERENCES may explain it instead
+    // (pooling makes it fail earlier, or otherwise, than a mongos feature would).
+    const e = explain(b) || explainPooled(b);
     const x2 = dm && dm.get(k);
     // The test must fail directly too (the upstream itself cannot pass it);
     // directly the driver sees a replica set, so it may fail earlier, e.g. on
@@ -104,9 +152,14 @@ row('through the proxy, requirements as for its replica set', figures(asRs));
 row('through the proxy as the driver sees it (a mongos)', figures(asMongos));
 row('passed direct, not through the proxy (as replica set)', lostRs.length);
 row('passed direct, not through the proxy (as mongos)', lostMongos.length);
+if (pooledPath) {
+  row('passed direct, not through the pool, explained (as replica set)', pooledRs.length);
+  row('passed direct, not through the pool, explained (as mongos)', pooledMongos.length);
+}
 row('passed direct, skipped as mongos (replica-set only; ran above)', skippedAsMongos.length);
 row('newly run as mongos (sharded only): passed', newly.pass.length);
-row('newly run as mongos: failed, explained (proxy-differences.json)', newly.explained.length);
+row(pooledPath ? 'newly run as mongos: failed, explained (proxy- or pooled-diff.)' : 'newly run as mongos: failed, explained (proxy-differences.json)',
+  newly.explained.length);
 row('newly run as mongos: failed, the proxy\'s fault', newly.fault.length);
 const show = (tag, list) => {
   for (const [k, r, e, note] of list) {
@@ -117,6 +170,8 @@ const show = (tag, list) => {
 show('FAIL (as replica set)', lostRs);
 show('FAIL (as mongos)', lostMongos);
 show('FAIL (sharded only)', newly.fault);
+show('POOLED (as replica set)', pooledRs);
+show('POOLED (as mongos)', pooledMongos);
 show('DIFF', newly.explained);
 for (const [k, r] of skippedAsMongos) lines.push(`  SKIP as mongos ${k}: ${r.reason}`);
 console.log(lines.join('\n'));

@@ -13,15 +13,20 @@ const DIFFS = {
   differences: [{ id: 'token', files: ['t/a.json'], reason: 'recoveryToken', explanation: 'mongos only' }],
 };
 
-function compare(direct, asRs, asMongos, directAsMongos) {
+const POOLED = {
+  differences: [{ id: 'app', files: ['t/a.json'], test: 'p', reason: '^fail point never fired$', explanation: 'appName' }],
+};
+
+function compare(direct, asRs, asMongos, directAsMongos, pooled) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'compare-proxy-'));
   const w = (name, results) => {
     const p = path.join(dir, name);
-    fs.writeFileSync(p, JSON.stringify(name === 'd.json' ? DIFFS : { results }));
+    fs.writeFileSync(p, JSON.stringify(name === 'd.json' ? DIFFS : name === 'p.json' ? pooled : { results }));
     return p;
   };
   const args = [SCRIPT, 't', w('1.json', direct), w('2.json', asRs), w('3.json', asMongos), w('d.json')];
   if (directAsMongos) args.push(w('4.json', directAsMongos));
+  if (pooled) args.push('--pooled', w('p.json'));
   const out = execFileSync(process.execPath, args, { encoding: 'utf8' });
   const [, p, f] = out.trim().split('\n').pop().split(' ').map(Number);
   return { out, passed: p, failed: f };
@@ -76,4 +81,40 @@ test('--newly-failed lists the files of sharded-only tests that failed through t
   fs.writeFileSync(m, JSON.stringify({ results: [r('s', 'fail', 'z', 't/b.json'), r('x', 'fail', 'y', 't/c.json')] }));
   const out = execFileSync(process.execPath, [SCRIPT, '--newly-failed', d, m], { encoding: 'utf8' });
   assert.strictEqual(out, 't/b.json\n');
+});
+
+test('--pooled: a test that passed directly is explained only by a pooled entry matching file, test and reason', () => {
+  const direct = [r('p', 'pass'), r('q', 'pass'), r('x', 'pass', undefined, 't/b.json')];
+  const through = [r('p', 'fail', 'fail point never fired'), r('q', 'fail', 'fail point never fired'),
+    r('x', 'fail', 'fail point never fired', 't/b.json')];
+  // Without --pooled nothing explains them.
+  const c0 = compare(direct, through, through);
+  assert.deepStrictEqual([c0.passed, c0.failed], [0, 3]);
+  const c = compare(direct, through, through, null, POOLED);
+  // p: explained (neither passed nor failed); q: another test; x: another file.
+  assert.deepStrictEqual([c.passed, c.failed], [0, 2]);
+  assert.match(c.out, /POOLED \(as replica set\) t\/a\.json: p: fail \(fail point never fired\)\n\s+explained \[app\]/);
+  assert.match(c.out, /FAIL \(as replica set\) t\/a\.json: q/);
+  assert.match(c.out, /FAIL \(as replica set\) t\/b\.json: x/);
+  // Another reason: not explained.
+  const c2 = compare([r('p', 'pass')], [r('p', 'fail', 'fail point never fired (really)')], [r('p', 'pass')], null, POOLED);
+  assert.deepStrictEqual([c2.passed, c2.failed], [0, 1]);
+  // proxy-differences.json still never explains a test that passed directly.
+  const c3 = compare([r('p', 'pass')], [r('p', 'pass')], [r('p', 'fail', 'recoveryToken')], null, POOLED);
+  assert.deepStrictEqual([c3.passed, c3.failed], [0, 1]);
+});
+
+test('--pooled: a sharded-only test may be explained by a pooled entry, and must fail directly too', () => {
+  const direct = [r('p', 'skip', 'sharded')];
+  const asMongos = [r('p', 'fail', 'fail point never fired')];
+  const c = compare(direct, direct, asMongos, [r('p', 'fail', 'network error')], POOLED);
+  assert.deepStrictEqual([c.passed, c.failed], [0, 0]);
+  assert.match(c.out, /DIFF t\/a\.json: p:.*\n\s+explained \[app\]/);
+  const c2 = compare(direct, direct, asMongos, [r('p', 'pass')], POOLED);
+  assert.deepStrictEqual([c2.passed, c2.failed], [0, 1]);
+});
+
+test('--pooled: an entry without its test or reason is refused', () => {
+  const bad = { differences: [{ id: 'loose', files: ['t/a.json'], reason: '.', explanation: 'any test' }] };
+  assert.throws(() => compare([r('p', 'pass')], [r('p', 'pass')], [r('p', 'pass')], null, bad), /must have id, files, test, reason/);
 });
