@@ -115,9 +115,27 @@ class SortedList {
     this.size = sorted.length;
   }
 
+  // The first position whose entry is not before e (seek with the list's comparator).
   seekEntry(e) {
     const cmp = this.cmp;
-    return this.seek((x) => cmp(x, e) >= 0);
+    const lasts = this.lasts;
+    let lo = 0;
+    let hi = lasts.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (cmp(lasts[mid], e) >= 0) hi = mid;
+      else lo = mid + 1;
+    }
+    if (lo === this.chunks.length) return { c: lo, p: 0 };
+    const chunk = this.chunks[lo];
+    let a = 0;
+    let b = chunk.length - 1;
+    while (a < b) {
+      const mid = (a + b) >> 1;
+      if (cmp(chunk[mid], e) >= 0) b = mid;
+      else a = mid + 1;
+    }
+    return { c: lo, p: a };
   }
 
   insert(e) {
@@ -216,7 +234,7 @@ class OrderedIndex {
   // cover it (partial filter), or undefined when it would be multikey.
   keyOf(doc, view) {
     const ix = this.ix;
-    if (ix.partialQuery && !ix.partialQuery.test(view || V.toView(doc), doc)) return null;
+    if (ix.partialQuery && !ix.covers(doc, view)) return null;
     const k = new Array(this.fields.length);
     for (let i = 0; i < this.fields.length; i++) {
       const f = this.fields[i];

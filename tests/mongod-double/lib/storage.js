@@ -33,6 +33,35 @@ function indexKeyValues(doc, field) {
   return out.length ? out : [undefined];
 }
 
+// A partial filter of top-level fields, each equal to a string or a boolean or {$exists: true},
+// as a plain function of the stored document (every document the index sees passes through
+// it): true or false, or undefined when the value is one it does not decide (an array, a
+// document, BSON undefined), which the compiled query then answers; null for any other filter.
+function simplePartial(pf) {
+  if (!pf || typeof pf !== 'object' || Array.isArray(pf)) return null;
+  const has = (doc, k) => Object.prototype.hasOwnProperty.call(doc, k);
+  const plain = (v) => v === null || typeof v === 'string' || typeof v === 'boolean' || typeof v === 'number' || v instanceof Date;
+  const tests = [];
+  for (const k of Object.keys(pf)) {
+    const c = pf[k];
+    if (k.startsWith('$') || k.includes('.')) return null;
+    if (typeof c === 'string' || typeof c === 'boolean') {
+      tests.push((doc) => (!has(doc, k) ? false : plain(doc[k]) ? doc[k] === c : undefined));
+    } else if (c && typeof c === 'object' && !c._bsontype && Object.keys(c).length === 1 && c.$exists === true) {
+      tests.push((doc) => (!has(doc, k) ? false : doc[k] === undefined ? undefined : true));
+    } else return null;
+  }
+  return (doc) => {
+    let r = true;
+    for (const t of tests) {
+      const x = t(doc);
+      if (x === false) return false;
+      if (x === undefined) r = undefined;
+    }
+    return r;
+  };
+}
+
 class Index {
   constructor(spec) {
     this.spec = spec; // as listIndexes shows it
@@ -42,14 +71,23 @@ class Index {
     this.unique = !!spec.unique;
     this.sparse = !!spec.sparse;
     this.partialQuery = spec.partialFilterExpression ? require('./query').compileFilter(spec.partialFilterExpression) : null;
+    this.partialFast = spec.partialFilterExpression ? simplePartial(spec.partialFilterExpression) : null;
     this.entries = this.unique ? new Map() : null; // canonical key -> idKey (latest committed)
     this.reserved = this.unique ? new Map() : null; // canonical key -> {txn, idKey}
+  }
+
+  // Whether the partial filter admits the document (true without one).
+  covers(doc, view) {
+    if (!this.partialQuery) return true;
+    const fast = this.partialFast ? this.partialFast(doc) : undefined;
+    if (fast !== undefined) return fast;
+    return this.partialQuery.test(view || V.toView(doc), doc);
   }
 
   // Canonical keys of a document, [] when the index does not cover it.
   keysOf(doc, view) {
     if (!doc) return [];
-    if (this.partialQuery && !this.partialQuery.test(view || V.toView(doc), doc)) return [];
+    if (!this.covers(doc, view)) return [];
     const perField = this.fields.map((f) => indexKeyValues(doc, f));
     if (this.sparse && perField.every((vals) => vals.every((v) => v === undefined))) return [];
     let combos = [[]];

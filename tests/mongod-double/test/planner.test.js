@@ -328,6 +328,16 @@ test('an index whose documents hold arrays is left to the scan, with the same re
   assert.equal((await winningIndex(c.ix, { key: 'k1' }, { sort: { key: -1, n: 1 } })).index, 'COLLSCAN');
   // Still a plan on the indexes without arrays.
   assert.equal((await winningIndex(c.ix, { status: 'pending' }, { sort: { createdAt: 1 }, limit: 2 })).index, 'status_created');
+  // A partial filter's field holding an array: covered when an element matches, as the
+  // filter says ({lane: 'ready'} matches ['ready', 'x']).
+  const lanes = [{ _id: 'a1', laneId: 1, lane: ['x', 'ready'], dueAt: DUES[0], handler: 'h' }, { _id: 'a2', laneId: 1, lane: ['x'], dueAt: DUES[0], handler: 'h' },
+    { _id: 'a3', laneId: 1, lane: 'ready', dueAt: DUES[1], handler: 'h' }];
+  await c.ix.insertMany(lanes);
+  await c.plain.insertMany(lanes);
+  const lq = { laneId: 1, lane: 'ready', dueAt: { $lte: DUES[4] } };
+  assert.deepEqual((await c.ix.find(lq, { sort: { dueAt: 1, _id: 1 } }).toArray()).map((x) => x._id), ['a1', 'a3']);
+  assert.deepEqual(await c.ix.find(lq, { sort: { dueAt: 1, _id: 1 } }).toArray(), await c.plain.find(lq, { sort: { dueAt: 1, _id: 1 } }).toArray());
+  assert.equal((await winningIndex(c.ix, lq, { sort: { dueAt: 1, _id: 1 } })).index, 'claim');
   await c.ix.drop();
   await c.plain.drop();
 });
