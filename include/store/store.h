@@ -104,7 +104,8 @@ typedef struct {
     * the reference claims; at most STORE_KEY_RUN_MAX): the lowest pending
     * ones, proven consecutive, returned in sequence order after the heads
     * of the batch.  The caller runs them one after the other, each only
-    * after the one before it completed. */
+    * after the one before it completed.  Unparking brings back as many of
+    * a key's parked deliveries together. */
    size_t key_run;
 } store_claim_opts_t;
 

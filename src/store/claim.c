@@ -25,8 +25,11 @@
 #define SCAN_CAP 4096
 /* Due deliveries read before their keys are looked up together. */
 #define SCAN_PAGE 256
-/* Due deliveries per reply of a scan: a batch and what blocks it usually
- * come in the first reply. */
+/* The first read of a scan asks for twice what the batch still needs (a
+ * batch and what blocks it usually come in it), at least SCAN_FIRST_MIN and
+ * at most SCAN_BATCH; each further read four times the one before, up to
+ * SCAN_CAP in all. */
+#define SCAN_FIRST_MIN 64
 #define SCAN_BATCH 512
 /* How long a takeover waits for a document another (dead) worker's open
  * transaction holds before it leaves the lane for a later claim. */
@@ -385,7 +388,8 @@ unpark_tail (const store_t *s, const char *handler)
 }
 
 /* Level-triggered: the lowest parked delivery of each key whose handler has
- * no pending delivery with a lower sequence goes back to `ready`.  The
+ * no pending delivery with a lower sequence goes back to `ready`, with the
+ * parked ones that follow it up to the claim's key run.  The
  * parked keys are looked at in (dueAt of their lowest parked delivery,
  * handler, key) order, oldest first, UNPARK_KEYS_MAX per claim, resuming
  * after the last key the previous claim looked at and starting over at the
@@ -405,6 +409,7 @@ unpark (claim_t *c)
    uint32_t n_or = 0;
    bool more = false;
    bson_error_t err;
+   size_t run = c->o->key_run < 1 ? 1 : c->o->key_run > STORE_KEY_RUN_MAX ? STORE_KEY_RUN_MAX : c->o->key_run;
 
    if (c->o->now < s->unpark_next && c->o->now >= s->unpark_next - STORE_UNPARK_IDLE_MS)
       return;
@@ -463,7 +468,11 @@ unpark (claim_t *c)
       goto done;
    }
 
-   /* 3. one update: the heads with no unfinished predecessor */
+   /* 3. one update: the heads with no unfinished predecessor, each with the
+    * parked deliveries that follow it up to a run (sequences head to head +
+    * run - 1: a key's sequences are dense, so at most a run of them), which
+    * the claim can then take together; its per-key check decides their
+    * order as for any ready delivery. */
    BSON_APPEND_ARRAY_BEGIN (&upd_q, "$or", &or_arr);
    for (size_t i = 0; i < n_parked; i++) {
       bool blocked = false;
@@ -473,12 +482,15 @@ unpark (claim_t *c)
       if (!blocked) {
          char buf[16];
          const char *k;
-         bson_t one;
+         bson_t one, rng;
          bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
          BSON_APPEND_DOCUMENT_BEGIN (&or_arr, k, &one);
          BSON_APPEND_UTF8 (&one, "handler", parked[i].handler);
          BSON_APPEND_UTF8 (&one, "key", parked[i].key);
-         BSON_APPEND_INT64 (&one, "sequence", parked[i].seq);
+         BSON_APPEND_DOCUMENT_BEGIN (&one, "sequence", &rng);
+         BSON_APPEND_INT64 (&rng, "$gte", parked[i].seq);
+         BSON_APPEND_INT64 (&rng, "$lt", parked[i].seq + (int64_t) run);
+         bson_append_document_end (&one, &rng);
          BSON_APPEND_UTF8 (&one, "lane", "parked");
          bson_append_document_end (&or_arr, &one);
       }
@@ -486,10 +498,15 @@ unpark (claim_t *c)
    bson_append_array_end (&upd_q, &or_arr);
    if (n_or > 0) {
       bson_t *upd = BCON_NEW ("$set", "{", "lane", BCON_UTF8 ("ready"), "}");
-      if (!mongoc_collection_update_many (c->deliveries, &upd_q, upd, NULL, NULL, &err))
+      bson_t reply;
+      if (!mongoc_collection_update_many (c->deliveries, &upd_q, upd, NULL, &reply, &err))
          log_warn ("store: unparking: %s", err.message);
       else
-         log_debug ("store: unparked the heads of %u key(s)", n_or);
+         log_debug ("store: unparked %" PRId64 " delivery(ies), runs of up to %zu from the heads of %u key(s)",
+                    store_iter_int64 (&reply, "modifiedCount"),
+                    run,
+                    n_or);
+      bson_destroy (&reply);
       bson_destroy (upd);
    }
 
@@ -1080,47 +1097,127 @@ lane_index (const claim_t *c, size_t from, uint32_t lane)
    return li;
 }
 
-/* Reads the due, ready deliveries of lanes[from..n_lanes) in (dueAt, _id)
- * order and takes what the per-key rules allow, up to the limits. */
-static bool
-scan (claim_t *c, size_t from, bson_error_t *error)
-{
-   bson_t q = BSON_INITIALIZER, sub, arr;
-   bson_t *opts;
+/* The due deliveries a scan reads, in (dueAt, _id) order: a few finds that
+ * each come back in one reply (limit = batchSize, so the server closes the
+ * cursor and a claim that has its batch sends no killCursors), each after
+ * the last (dueAt, _id) the one before returned, SCAN_CAP rows in all. */
+typedef struct {
+   claim_t *c;
+   size_t from;             /* lanes[from..n_lanes) */
+   const store_oids_t *running; /* left out: they run */
    mongoc_cursor_t *cur;
-   const bson_t *doc;
-   bson_error_t err;
-   store_oids_t running = {0};
-   uint32_t k = 0;
-   size_t scanned = 0;
-   bool ok = true;
+   int64_t read, asked, got; /* rows in all; asked of and got from this find */
+   int64_t last_due;
+   bson_oid_t last_id;
+   bool done, failed;
+} scan_src_t;
 
-   if (from >= c->n_lanes || c->out->n >= c->o->limit || !handlers_have_room (c))
-      return true;
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "laneId", &sub);
+/* The query of a scan read: the due, ready deliveries of the lanes, of
+ * the handlers with room, not running; after (last_due, last_id) unless
+ * it is the first read. */
+static void
+scan_query (const scan_src_t *src, bson_t *q)
+{
+   claim_t *c = src->c;
+   bson_t sub, arr;
+   uint32_t k = 0;
+
+   BSON_APPEND_DOCUMENT_BEGIN (q, "laneId", &sub);
    BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
-   for (size_t i = from; i < c->n_lanes; i++) {
+   for (size_t i = src->from; i < c->n_lanes; i++) {
       char buf[16];
       const char *key;
       if (c->lanes[i].skip)
          continue;
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_INT32 (&arr, key, (int32_t) c->lanes[i].lane);
-      for (size_t j = 0; j < c->lanes[i].inflight.n; j++)
-         store_oids_push (&running, &c->lanes[i].inflight.v[j]);
    }
    bson_append_array_end (&sub, &arr);
-   bson_append_document_end (&q, &sub);
-   BSON_APPEND_UTF8 (&q, "lane", "ready");
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "dueAt", &sub);
+   bson_append_document_end (q, &sub);
+   BSON_APPEND_UTF8 (q, "lane", "ready");
+   BSON_APPEND_DOCUMENT_BEGIN (q, "dueAt", &sub);
+   if (src->read > 0)
+      BSON_APPEND_DATE_TIME (&sub, "$gte", src->last_due); /* the index bound; the $or below is exact */
    BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
-   bson_append_document_end (&q, &sub);
-   append_handlers_in (c, &q, true);
-   if (running.n > 0)
-      store_append_oids_op (&q, "_id", "$nin", running.v, running.n);
-   opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (SCAN_CAP),
-                    "batchSize", BCON_INT32 (SCAN_BATCH));
-   cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
+   bson_append_document_end (q, &sub);
+   append_handlers_in (c, q, true);
+   if (src->running->n > 0)
+      store_append_oids_op (q, "_id", "$nin", src->running->v, src->running->n);
+   if (src->read > 0) {
+      bson_value_t last = {.value_type = BSON_TYPE_OID};
+      bson_oid_copy (&src->last_id, &last.value.v_oid);
+      store_append_after_key (q, "dueAt", src->last_due, &last);
+   }
+}
+
+/* The next due delivery of the scan: false at the end, or on an error
+ * (src->failed, *error set). */
+static bool
+scan_next (scan_src_t *src, const bson_t **doc, bson_error_t *error)
+{
+   claim_t *c = src->c;
+
+   for (;;) {
+      if (src->cur) {
+         if (mongoc_cursor_next (src->cur, doc)) {
+            bson_iter_t it;
+            src->read++;
+            src->got++;
+            src->last_due = store_iter_date (*doc, "dueAt");
+            if (bson_iter_init_find (&it, *doc, "_id") && BSON_ITER_HOLDS_OID (&it))
+               bson_oid_copy (bson_iter_oid (&it), &src->last_id);
+            return true;
+         }
+         if (!store_cursor_end (src->cur, error, "reading due deliveries"))
+            src->failed = src->done = true;
+         src->cur = NULL;
+         /* A short reply is the end of what is due; SCAN_CAP is the end of
+          * what a claim reads. */
+         if (src->got < src->asked || src->read >= SCAN_CAP)
+            src->done = true;
+      }
+      if (src->done)
+         return false;
+      {
+         bson_t q = BSON_INITIALIZER;
+         bson_t *opts;
+         int64_t need = (int64_t) (c->o->limit - c->out->n);
+         if (src->asked == 0)
+            src->asked = need * 2 < SCAN_FIRST_MIN ? SCAN_FIRST_MIN : need * 2 > SCAN_BATCH ? SCAN_BATCH : need * 2;
+         else
+            src->asked *= 4;
+         if (src->asked > SCAN_CAP - src->read)
+            src->asked = SCAN_CAP - src->read;
+         src->got = 0;
+         scan_query (src, &q);
+         opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
+                          BCON_INT64 (src->asked), "batchSize", BCON_INT32 ((int32_t) src->asked), "singleBatch",
+                          BCON_BOOL (true));
+         src->cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
+         bson_destroy (opts);
+         bson_destroy (&q);
+      }
+   }
+}
+
+/* Reads the due, ready deliveries of lanes[from..n_lanes) in (dueAt, _id)
+ * order and takes what the per-key rules allow, up to the limits. */
+static bool
+scan (claim_t *c, size_t from, bson_error_t *error)
+{
+   scan_src_t src = {.c = c, .from = from};
+   const bson_t *doc;
+   store_oids_t running = {0};
+   size_t scanned = 0;
+   bool ok = true;
+
+   if (from >= c->n_lanes || c->out->n >= c->o->limit || !handlers_have_room (c))
+      return true;
+   for (size_t i = from; i < c->n_lanes; i++)
+      if (!c->lanes[i].skip)
+         for (size_t j = 0; j < c->lanes[i].inflight.n; j++)
+            store_oids_push (&running, &c->lanes[i].inflight.v[j]);
+   src.running = &running;
    /* Page by page: the keys of a page whose lowest pending sequence is not
     * known yet are looked up with one aggregation, then the page is taken
     * in (dueAt, _id) order. */
@@ -1132,7 +1229,7 @@ scan (claim_t *c, size_t from, bson_error_t *error)
 
       if (key_run > STORE_KEY_RUN_MAX)
          key_run = STORE_KEY_RUN_MAX;
-      while (n_page < SCAN_PAGE && mongoc_cursor_next (cur, &doc)) {
+      while (n_page < SCAN_PAGE && scan_next (&src, &doc, error)) {
          const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
          picked[n_page] = false;
          page[n_page++] = bson_copy (doc);
@@ -1191,6 +1288,11 @@ scan (claim_t *c, size_t from, bson_error_t *error)
                continue;
             if ((li = lane_index (c, from, lane)) == c->n_lanes)
                continue;
+            /* Reads follow each other strictly after the last (dueAt, _id)
+             * read; a delivery whose due time moved past it meanwhile is
+             * still taken once. */
+            if (store_oids_has (&c->lanes[li].picks, id))
+               continue;
             if (key) {
                key_state_t *ks = key_get (c, handler, key);
                /* None while one of the key runs, and the lowest pending
@@ -1238,10 +1340,8 @@ scan (claim_t *c, size_t from, bson_error_t *error)
       if (n_page < SCAN_PAGE)
          break;
    }
-   if (ok && mongoc_cursor_error (cur, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "reading due deliveries: %s", err.message);
+   if (src.failed)
       ok = false;
-   }
    if (scanned >= SCAN_CAP) {
       /* Due work may wait behind what the cap read: the deliveries found
        * blocked (however few per key) are parked after recording, so the
@@ -1251,9 +1351,9 @@ scan (claim_t *c, size_t from, bson_error_t *error)
       for (size_t i = from; i < c->n_lanes; i++)
          c->lanes[i].capped = true;
    }
-   mongoc_cursor_destroy (cur);
-   bson_destroy (opts);
-   bson_destroy (&q);
+   /* A claim that has its batch leaves the current reply unread: no
+    * command, the server closed the cursor with the reply. */
+   mongoc_cursor_destroy (src.cur);
    store_oids_free (&running);
    return ok;
 }

@@ -495,6 +495,170 @@ test_key_runs_stop_at_a_gap (void **state)
    store_batch_clear (&b);
 }
 
+static int64_t commands_since (fx_t *fx, bson_t *by_name);
+
+/* Event ids whose unkeyed deliveries all fall in one lane. */
+static void
+ids_in_lane (uint32_t lane, const char *prefix, int n, char (*out)[32])
+{
+   int found = 0;
+
+   for (int i = 0; found < n; i++) {
+      snprintf (out[found], sizeof out[found], "%s-%d", prefix, i);
+      if (outbox_lane_id (NULL, out[found]) == lane)
+         found++;
+   }
+}
+
+/* A claim reads the due deliveries it needs in replies the server closes
+ * itself: with hundreds due in its lane, a batch of 10 costs no getMore and
+ * no killCursors, and the batch is the oldest due, in order. */
+static void
+test_claim_reads_what_its_batch_needs (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   bson_t by_name = BSON_INITIALIZER;
+   bson_iter_t it;
+   char (*ids)[32] = bson_malloc (600 * sizeof *ids);
+
+   if (fx->dbl.pid == 0)
+      skip (); /* MONGODB_URI: no doubleStats */
+   ids_in_lane (7, "rb", 600, ids);
+   for (int i = 0; i < 600; i++)
+      add (fx, ids[i], "h", NULL, 0, T0 - 1000 + i);
+   for (int round = 0; round < 2; round++) {
+      commands_since (fx, NULL);
+      claim (fx->a, "h", 10, T0 + round, &b);
+      assert_int_equal (b.n, 10);
+      for (size_t i = 0; i < b.n; i++)
+         assert_string_equal (b.items[i].event_id, ids[round * 10 + (int) i]);
+      commands_since (fx, &by_name);
+      assert_false (bson_iter_init_find (&it, &by_name, "killCursors"));
+      assert_false (bson_iter_init_find (&it, &by_name, "getMore"));
+      bson_destroy (&by_name);
+      bson_init (&by_name);
+      store_batch_clear (&b);
+   }
+   bson_destroy (&by_name);
+   bson_free (ids);
+}
+
+/* A claim whose first read is all blocked reads on, strictly after the
+ * last (dueAt, _id) it read, also when every delivery is due at the same
+ * time: 80 keys of one lane run, their next deliveries wait, and the five
+ * unkeyed deliveries due with them (inserted after them) are still found,
+ * once each. */
+static void
+test_claim_reads_on_past_what_waits (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   char keys[80][32], ids[5][32], ev[64];
+   const uint32_t lane = 11;
+   int found = 0;
+
+   for (int i = 0; found < 80; i++) {
+      snprintf (keys[found], sizeof keys[found], "rk-%d", i);
+      if (outbox_lane_id (keys[found], "x") == lane)
+         found++;
+   }
+   ids_in_lane (lane, "ru", 5, ids);
+   for (int k = 0; k < 80; k++) {
+      snprintf (ev, sizeof ev, "%.31s-1", keys[k]);
+      add (fx, ev, "h", keys[k], 1, T0 - 1000);
+   }
+   claim (fx->a, "h", 80, T0, &b);
+   assert_int_equal (b.n, 80); /* every key runs its first delivery */
+   store_batch_clear (&b);
+   for (int k = 0; k < 80; k++) {
+      snprintf (ev, sizeof ev, "%.31s-2", keys[k]);
+      add (fx, ev, "h", keys[k], 2, T0 - 500);
+   }
+   for (int i = 0; i < 5; i++)
+      add (fx, ids[i], "h", NULL, 0, T0 - 500);
+   claim (fx->a, "h", 5, T0 + 1, &b);
+   assert_int_equal (b.n, 5);
+   for (size_t i = 0; i < b.n; i++)
+      assert_string_equal (b.items[i].event_id, ids[i]);
+   store_batch_clear (&b);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), 0); /* one waits per key */
+}
+
+/* Unparking brings a key back as a run: once its predecessor finished, the
+ * lowest parked delivery returns with the parked ones that follow it, up
+ * to the claim's key run, and the claim takes them together, in order.
+ * While the key's head waits for a retry nothing of it returns, and a lane
+ * handed back meanwhile parks what it found waiting, as before; the head
+ * then runs alone, and its followers come back as a run after it. */
+static void
+test_unparking_brings_back_a_run (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   bson_error_t err;
+   bool applied;
+   char ev[32];
+   const int n = 40;
+
+   for (int i = 1; i <= n; i++) {
+      snprintf (ev, sizeof ev, "ur-%d", i);
+      add (fx, ev, "h", "run", i, T0 - 100000 + i);
+   }
+   claim_runs (fx->a, "h", 10, 4, T0, &b);
+   assert_int_equal (b.n, 4);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), n - 4);
+   for (size_t i = 0; i < b.n; i++)
+      assert_true (complete1 (fx->a, &b.items[i], T0 + 1));
+   store_batch_clear (&b);
+
+   /* Seq 5 to 8 come back and run together. */
+   claim_runs (fx->a, "h", 10, 4, T0 + 10, &b);
+   assert_int_equal (b.n, 4);
+   for (size_t i = 0; i < b.n; i++)
+      assert_int_equal (b.items[i].sequence, 5 + (int64_t) i);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), n - 8);
+   for (size_t i = 0; i < b.n; i++)
+      assert_true (complete1 (fx->a, &b.items[i], T0 + 11));
+   store_batch_clear (&b);
+
+   /* Seq 9 to 12: 9 fails and waits for a retry, the rest are given back. */
+   claim_runs (fx->a, "h", 10, 4, T0 + 20, &b);
+   assert_int_equal (b.n, 4);
+   assert_int_equal (b.items[0].sequence, 9);
+   {
+      store_ref_t r = ref (&b.items[0]);
+      assert_true (store_reschedule (fx->a, &r, T0 + 21, T0 + 5000, "HTTP 503", &applied, &err));
+      assert_true (applied);
+      for (size_t i = 1; i < b.n; i++) {
+         r = ref (&b.items[i]);
+         assert_true (store_release (fx->a, &r, T0 + 21, &applied, &err));
+         assert_true (applied);
+      }
+   }
+   store_batch_clear (&b);
+   /* Nothing of the key while 9 waits: 13.. stay parked, 10 to 12 wait in
+    * a lane that gives nothing and is handed back, parking them. */
+   claim_runs (fx->a, "h", 10, 4, T0 + 30, &b);
+   assert_int_equal (b.n, 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), n - 9);
+   claim_runs (fx->a, "h", 10, 4, T0 + 1500, &b);
+   assert_int_equal (b.n, 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), n - 9);
+   /* The retry of 9 runs alone; then 10 to 13 come back together. */
+   claim_runs (fx->a, "h", 10, 4, T0 + 5000, &b);
+   assert_int_equal (b.n, 1);
+   assert_int_equal (b.items[0].sequence, 9);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 5001));
+   store_batch_clear (&b);
+   claim_runs (fx->a, "h", 10, 4, T0 + 6000, &b);
+   assert_int_equal (b.n, 4);
+   for (size_t i = 0; i < b.n; i++)
+      assert_int_equal (b.items[i].sequence, 10 + (int64_t) i);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), n - 13);
+   store_batch_clear (&b);
+}
+
 /* Fencing by claim generation: the lease of an earlier claim never matches
  * a later claim of the same delivery, even by the same owner and epoch. */
 static void
@@ -2216,6 +2380,9 @@ main (void)
       cmocka_unit_test_setup_teardown (test_complete_many_costs_two_commands, setup, teardown),
       cmocka_unit_test_setup_teardown (test_key_runs_take_consecutive_sequences_only, setup, teardown),
       cmocka_unit_test_setup_teardown (test_key_runs_stop_at_a_gap, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_claim_reads_what_its_batch_needs, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_claim_reads_on_past_what_waits, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_unparking_brings_back_a_run, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lane_exclusivity, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
