@@ -393,7 +393,8 @@ starve_update (pool_t *pool)
 }
 
 /* Idle connections of this loop close while another loop starves and the
- * budget is spent: least recently used first. */
+ * budget is spent: least recently used first.  From reclaim_cb only, at
+ * the top of an event: it closes connections other than the caller's. */
 static void
 give_away_idle (pool_t *pool)
 {
@@ -716,8 +717,12 @@ server_free_for_use (pool_server_t *s)
    idle_push (s);
    side_set_reading (&s->side, true); /* an EOF or stray bytes close it */
    /* After idle_push published it: a loop that starved meanwhile asked
-    * nobody for it (ask_reclaim looks at the idle counts). */
-   give_away_idle (pool);
+    * nobody for it (ask_reclaim looks at the idle counts).  Only this one
+    * closes here, as a stale one would: callers may be walking the list
+    * (pin_timer_cb), and another connection closed under them would be
+    * freed memory. */
+   if (others_starving (pool, false) && budget_spent (pool))
+      server_close (s, "another loop's clients need the budget");
 }
 
 /* ------------------------------------------------------------ closing */
