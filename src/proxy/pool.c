@@ -217,6 +217,7 @@ static void server_close (pool_server_t *s, const char *why);
 static void server_return (pool_server_t *s);
 static void pool_fill (pool_t *pool);
 static void give_away_idle (pool_t *pool);
+static void wake_starving (pool_t *pool);
 static const side_callbacks_t pool_side_cb;
 
 unsigned
@@ -308,8 +309,16 @@ fill_cb (void *arg)
    pool = slot->pool;
    slot->fill_posted = false;
    pthread_mutex_unlock (&slot->mu);
-   if (pool)
-      pool_fill (pool);
+   if (!pool)
+      return;
+   pool_fill (pool);
+   /* Woken for budget it no longer needs (its clients were served
+    * meanwhile): another starving loop may use it, for instance the one
+    * that closed a connection above its share for this one.  A loop that
+    * still starves keeps the wake: passing it on from a loop that cannot
+    * open either (no primary) would bounce between them. */
+   if (!pool->starving && !budget_spent (pool))
+      wake_starving (pool);
 }
 
 static void
