@@ -25,10 +25,10 @@
 #define SCAN_CAP 4096
 /* Due deliveries read before their keys are looked up together. */
 #define SCAN_PAGE 256
-/* The first read of a scan asks for twice what the batch still needs (a
- * batch and what blocks it usually come in it), at least SCAN_FIRST_MIN and
- * at most SCAN_BATCH; each further read four times the one before, up to
- * SCAN_CAP in all. */
+/* The first read of a scan asks for twice what the batch still needs, at
+ * least SCAN_FIRST_MIN, or SCAN_BATCH while keys of its lanes run (what
+ * waits behind them comes first in the same order); each further read four
+ * times the one before, up to SCAN_CAP in all. */
 #define SCAN_FIRST_MIN 64
 #define SCAN_BATCH 512
 /* How long a takeover waits for a document another (dead) worker's open
@@ -1105,6 +1105,7 @@ typedef struct {
    claim_t *c;
    size_t from;             /* lanes[from..n_lanes) */
    const store_oids_t *running; /* left out: they run */
+   bool keys_run;           /* a key of the claim's lanes runs */
    mongoc_cursor_t *cur;
    int64_t read, asked, got; /* rows in all; asked of and got from this find */
    int64_t last_due;
@@ -1150,10 +1151,11 @@ scan_query (const scan_src_t *src, bson_t *q)
    }
 }
 
-/* The next due delivery of the scan: false at the end, or on an error
- * (src->failed, *error set). */
+/* The next due delivery of the scan: false at the end, on an error
+ * (src->failed, *error set), or, without open_next, at the end of a reply
+ * (the rows read so far are taken before another read is asked for). */
 static bool
-scan_next (scan_src_t *src, const bson_t **doc, bson_error_t *error)
+scan_next (scan_src_t *src, const bson_t **doc, bool open_next, bson_error_t *error)
 {
    claim_t *c = src->c;
 
@@ -1176,18 +1178,26 @@ scan_next (scan_src_t *src, const bson_t **doc, bson_error_t *error)
          if (src->got < src->asked || src->read >= SCAN_CAP)
             src->done = true;
       }
-      if (src->done)
+      if (src->done || !open_next)
          return false;
       {
          bson_t q = BSON_INITIALIZER;
          bson_t *opts;
          int64_t need = (int64_t) (c->o->limit - c->out->n);
-         if (src->asked == 0)
+         if (src->asked == 0 && src->keys_run)
+            src->asked = SCAN_BATCH;
+         else if (src->asked == 0)
             src->asked = need * 2 < SCAN_FIRST_MIN ? SCAN_FIRST_MIN : need * 2 > SCAN_BATCH ? SCAN_BATCH : need * 2;
          else
             src->asked *= 4;
          if (src->asked > SCAN_CAP - src->read)
             src->asked = SCAN_CAP - src->read;
+         if (src->asked <= 0) {
+            /* limit 0 would be no limit at all */
+            src->done = true;
+            bson_destroy (&q);
+            return false;
+         }
          src->got = 0;
          scan_query (src, &q);
          opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
@@ -1218,6 +1228,9 @@ scan (claim_t *c, size_t from, bson_error_t *error)
          for (size_t j = 0; j < c->lanes[i].inflight.n; j++)
             store_oids_push (&running, &c->lanes[i].inflight.v[j]);
    src.running = &running;
+   for (int i = 0; i < KEY_BUCKETS && !src.keys_run; i++)
+      for (key_state_t *k = c->keys[i]; k && !src.keys_run; k = k->next)
+         src.keys_run = k->running || k->n_taken > 0;
    /* Page by page: the keys of a page whose lowest pending sequence is not
     * known yet are looked up with one aggregation, then the page is taken
     * in (dueAt, _id) order. */
@@ -1229,7 +1242,7 @@ scan (claim_t *c, size_t from, bson_error_t *error)
 
       if (key_run > STORE_KEY_RUN_MAX)
          key_run = STORE_KEY_RUN_MAX;
-      while (n_page < SCAN_PAGE && scan_next (&src, &doc, error)) {
+      while (n_page < SCAN_PAGE && scan_next (&src, &doc, n_page == 0, error)) {
          const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
          picked[n_page] = false;
          page[n_page++] = bson_copy (doc);
@@ -1337,7 +1350,7 @@ scan (claim_t *c, size_t from, bson_error_t *error)
       }
       for (size_t pi = 0; pi < n_page; pi++)
          bson_destroy (page[pi]);
-      if (n_page < SCAN_PAGE)
+      if (src.done)
          break;
    }
    if (src.failed)

@@ -546,9 +546,9 @@ test_claim_reads_what_its_batch_needs (void **state)
 
 /* A claim whose first read is all blocked reads on, strictly after the
  * last (dueAt, _id) it read, also when every delivery is due at the same
- * time: 80 keys of one lane run, their next deliveries wait, and the five
- * unkeyed deliveries due with them (inserted after them) are still found,
- * once each. */
+ * time: 80 keys of one lane run, 640 next deliveries of theirs wait (more
+ * than a first read), and the five unkeyed deliveries due with them
+ * (inserted after them) are still found, once each. */
 static void
 test_claim_reads_on_past_what_waits (void **state)
 {
@@ -571,17 +571,29 @@ test_claim_reads_on_past_what_waits (void **state)
    claim (fx->a, "h", 80, T0, &b);
    assert_int_equal (b.n, 80); /* every key runs its first delivery */
    store_batch_clear (&b);
-   for (int k = 0; k < 80; k++) {
-      snprintf (ev, sizeof ev, "%.31s-2", keys[k]);
-      add (fx, ev, "h", keys[k], 2, T0 - 500);
-   }
+   for (int seq = 2; seq <= 9; seq++)
+      for (int k = 0; k < 80; k++) {
+         snprintf (ev, sizeof ev, "%.31s-%d", keys[k], seq);
+         add (fx, ev, "h", keys[k], seq, T0 - 500);
+      }
    for (int i = 0; i < 5; i++)
       add (fx, ids[i], "h", NULL, 0, T0 - 500);
+   if (fx->dbl.pid != 0)
+      commands_since (fx, NULL);
    claim (fx->a, "h", 5, T0 + 1, &b);
    assert_int_equal (b.n, 5);
    for (size_t i = 0; i < b.n; i++)
       assert_string_equal (b.items[i].event_id, ids[i]);
    store_batch_clear (&b);
+   if (fx->dbl.pid != 0) {
+      /* The lanes, two reads of the scan, the events. */
+      bson_t by_name = BSON_INITIALIZER;
+      bson_iter_t it;
+      commands_since (fx, &by_name);
+      assert_true (bson_iter_init_find (&it, &by_name, "find") && bson_iter_as_int64 (&it) == 4);
+      assert_false (bson_iter_init_find (&it, &by_name, "getMore"));
+      bson_destroy (&by_name);
+   }
    assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), 0); /* one waits per key */
 }
 
