@@ -11,7 +11,8 @@
 //    milliseconds per claim, over the claims of the first 1,000 deliveries): the backlog is
 //    written while every lane is held by a placeholder owner, then the lanes are handed back,
 //    so the claims run over a backlog at rest, not beside the bench's own inserts
-//    (BENCH_DUE and BENCH_KEYED_DUE: the backlogs measured, default 1000,100000 each);
+//    (BENCH_DUE and BENCH_KEYED_DUE: the backlogs measured, default 1000,100000 each, empty
+//    for none);
 //  - publish-to-webhook latency through the proxy, with the local wake-up, and through
 //    another instance: woken by the change stream ([dispatch] watch) and by polling alone.
 //
@@ -33,19 +34,23 @@ const N = Number(process.argv[2] || 1000);
 const APPS = ['relaybus-proxy dispatch', 'relaybus-proxy renew', 'relaybus-proxy watch'];
 const MONITORING = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'endSessions', 'doubleStats', 'buildInfo', 'buildinfo']);
 
-/** The dispatcher's commands since the last reset (monitoring left out). */
+/** The dispatcher's commands since the last reset (monitoring left out): all of them, and
+ * those of each connection (appName). */
 async function dispatcherCommands(client, reset) {
   const r = await client.db('admin').command({ doubleStats: 1, reset: reset ? 1 : 0 });
   const out = {};
+  const byApp = {};
   let total = 0;
   for (const app of APPS) {
+    byApp[app] = {};
     for (const [k, v] of Object.entries((r.byApp || {})[app] || {})) {
       if (MONITORING.has(k)) continue;
       out[k] = (out[k] || 0) + Number(v);
+      byApp[app][k] = Number(v);
       total += Number(v);
     }
   }
-  return { total, byCommand: out };
+  return { total, byCommand: out, byApp };
 }
 
 /** utime + stime of a process, in ms. */
@@ -152,6 +157,10 @@ async function throughput(keyed) {
 }
 
 /** Commands and milliseconds per claim over the first 1,000 deliveries, with `due` due.
+ * A claim's commands are the reads and lane takes on the dispatcher's own connection plus its
+ * record (one bulkWrite): the renewal thread's transactions (one per lane every third of a
+ * lease) and the change stream's getMores (every 500 ms) run on their own connections and
+ * clocks, and are reported apart (backgroundPerClaim).
  * Claims and their durations come from the dispatcher's debug log ("claimed N of M in T ms"):
  * the admin port's /metrics counts the outbox on every scrape, slow on the double at 100,000.
  * While the backlog is written (100,000 deliveries take the double tens of seconds), every
@@ -180,8 +189,12 @@ async function claimCost(due, keyed) {
     const lines = claimLines().slice(before);
     const claims = lines.length;
     const ms = lines.reduce((a, m) => a + Number(m[3]), 0);
+    const own = s.byApp['relaybus-proxy dispatch'];
     const claimCmds = ['find', 'aggregate', 'getMore', 'killCursors', 'findAndModify']
-      .reduce((a, k) => a + (s.byCommand[k] || 0), 0) + claims; /* + the record (an update) */
+      .reduce((a, k) => a + (own[k] || 0), 0) + claims; /* + the record (an update) */
+    const perClaim = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, Number((v / claims).toFixed(1))]));
+    const background = Object.values(s.byApp).reduce((a, o) => a + Object.values(o).reduce((x, v) => x + v, 0), 0) -
+      Object.values(own).reduce((x, v) => x + v, 0);
     console.log(JSON.stringify({
       measure: `claim cost, ${keyed ? 'keyed (50 keys)' : 'unkeyed'}, ${due} due deliveries`,
       due,
@@ -189,7 +202,8 @@ async function claimCost(due, keyed) {
       claimed: lines.reduce((a, m) => a + Number(m[1]), 0),
       commandsPerClaimWithCompletions: Number((s.total / claims).toFixed(1)),
       claimCommandsPerClaim: Number((claimCmds / claims).toFixed(1)),
-      byCommandPerClaim: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Number((v / claims).toFixed(1))])),
+      byCommandPerClaim: perClaim(own),
+      backgroundPerClaim: Number((background / claims).toFixed(1)),
       msPerClaim: Number((ms / claims).toFixed(1)),
     }));
   } catch (e) {
@@ -258,8 +272,10 @@ async function latency(mode, pollMs, samples, watch = true) {
     await throughput(true);
   }
   if (!only || only === 'claim') {
-    for (const due of (process.env.BENCH_DUE || '1000,100000').split(',').map(Number)) await claimCost(due, false);
-    for (const due of (process.env.BENCH_KEYED_DUE || '1000,100000').split(',').map(Number)) await claimCost(due, true);
+    // BENCH_DUE / BENCH_KEYED_DUE: the backlogs measured; empty: none.
+    const dues = (v) => (v ?? '1000,100000').split(',').filter(Boolean).map(Number);
+    for (const due of dues(process.env.BENCH_DUE)) await claimCost(due, false);
+    for (const due of dues(process.env.BENCH_KEYED_DUE)) await claimCost(due, true);
   }
   if (!only || only === 'latency') {
     await latency('local', 1000, 50);
