@@ -107,6 +107,12 @@ struct pool_server {
    scram_client_t *scram;
    int32_t conversation_id;
    bson_t *hello; /* its hello reply, taught to the pool once it is logged in */
+   /* What pool_admit's peek read of the request it was lent for, so that
+    * pool_note_request does not walk the body again (that request only:
+    * its requestID). */
+   bool peek_valid;
+   int32_t peek_request_id;
+   pool_txn_t peek_txn;
    struct event *deadline;
    pool_server_t *prev, *next;           /* pool->servers */
    pool_server_t *idle_prev, *idle_next; /* pool->idle, a stack */
@@ -130,6 +136,12 @@ struct pool {
    client_conn_t *handed; /* waiting for handoff_ev */
    struct event *handoff_ev;
    struct event *wait_timer;
+   bool wait_timer_armed;
+   /* The topology as this loop was last told of it (pool_topology_changed):
+    * a connection that comes back is checked against it without the
+    * topology's mutex. */
+   bool primary_known;
+   uint64_t generation;
    struct event *retry_timer;
    struct event *pin_timer;
    bool retry_armed;
@@ -176,6 +188,9 @@ typedef struct {
 
 static pool_slot_t pool_slots[CLIENT_LOOPS_MAX];
 static atomic_uint pooled_loops; /* slots with a pool */
+/* Slots below this index may hold a pool (the loops are numbered from 0):
+ * what the scans of the other loops look at, not all CLIENT_LOOPS_MAX. */
+static atomic_uint pool_slots_n;
 
 /*
  * One budget of pool_size connections for the whole process.  Each loop
@@ -289,7 +304,7 @@ others_starving (const pool_t *pool, bool below_share)
 
    if (!pool->shared || n == 0 || (n == 1 && pool->starving))
       return false;
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+   for (unsigned i = 0, slots_n = atomic_load (&pool_slots_n); i < slots_n; i++) {
       pool_slot_t *slot = &pool_slots[i];
       if (i == pool->loop->index || !atomic_load (&slot->starving))
          continue;
@@ -354,7 +369,7 @@ wake_starving (pool_t *pool)
 {
    if (atomic_load (&pool_starving) == 0)
       return;
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+   for (unsigned i = 0, slots_n = atomic_load (&pool_slots_n); i < slots_n; i++) {
       pool_slot_t *slot = &pool_slots[i];
       if (i != pool->loop->index && atomic_load (&slot->starving))
          slot_post (slot, &slot->fill_posted, fill_cb);
@@ -377,7 +392,7 @@ budget_give (pool_t *pool)
 static void
 ask_reclaim (pool_t *pool)
 {
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+   for (unsigned i = 0, slots_n = atomic_load (&pool_slots_n); i < slots_n; i++) {
       pool_slot_t *slot = &pool_slots[i];
       if (i != pool->loop->index && atomic_load (&slot->idle) > 0)
          slot_post (slot, &slot->reclaim_posted, reclaim_cb);
@@ -562,6 +577,7 @@ unlend (client_conn_t *c)
    client_detach_upstream (c);
    c->server = NULL;
    s->client = NULL;
+   s->peek_valid = false;
    s->state = SERVER_BACK;
    s->side.owner = s;
    s->side.cb = &pool_side_cb;
@@ -583,13 +599,13 @@ wait_timer_arm (pool_t *pool)
    due = pool->wait_head->pool_wait_since_ms + pool_cfg (pool)->pool_wait_timeout_ms;
    tv = clock_timeval_ms (due > now ? due - now : 0);
    evtimer_add (pool->wait_timer, &tv);
+   pool->wait_timer_armed = true;
 }
 
 static void
 wait_remove (client_conn_t *c)
 {
    pool_t *pool = c->loop->pool;
-   bool was_head = pool->wait_head == c;
 
    if (c->pool_wait_prev)
       c->pool_wait_prev->pool_wait_next = c->pool_wait_next;
@@ -603,9 +619,13 @@ wait_remove (client_conn_t *c)
    c->pool_waiting = false;
    pool->n_waiting--;
    counters_sub (COUNTER_POOL_WAITERS, 1);
-   if (was_head) {
+   /* The timer stays armed for the head it was armed for: the waiters'
+    * deadlines only grow along the FIFO, so a new head's is no earlier,
+    * and wait_timer_cb arms it again for whoever is at the head then (no
+    * timer change per hand-off). */
+   if (!pool->wait_head && pool->wait_timer_armed) {
       evtimer_del (pool->wait_timer);
-      wait_timer_arm (pool);
+      pool->wait_timer_armed = false;
    }
    starve_update (pool);
 }
@@ -629,7 +649,7 @@ wait_add (client_conn_t *c)
    pool->n_waiting++;
    counters_add (COUNTER_POOL_WAITERS, 1);
    counters_add (COUNTER_POOL_WAITS, 1);
-   if (pool->wait_head == c)
+   if (!pool->wait_timer_armed)
       wait_timer_arm (pool);
    if (budget_spent (pool) && now - pool->last_warn_ms >= POOL_WARN_INTERVAL_MS) {
       pool->last_warn_ms = now;
@@ -692,6 +712,7 @@ wait_timer_cb (evutil_socket_t fd, short what, void *arg)
 
    (void) fd;
    (void) what;
+   pool->wait_timer_armed = false;
    while (pool->wait_head && now - pool->wait_head->pool_wait_since_ms >= limit) {
       client_conn_t *c = pool->wait_head;
       wait_remove (c);
@@ -782,10 +803,7 @@ server_close (pool_server_t *s, const char *why)
 static void
 server_return (pool_server_t *s)
 {
-   topology_primary_t p;
-
-   topology_get_primary (s->pool->loop->topo, &p);
-   if (s->stale || p.state != TOPOLOGY_STATE_PRIMARY || p.generation != s->generation) {
+   if (s->stale || !s->pool->primary_known || s->pool->generation != s->generation) {
       server_close (s, "its member is no longer the primary");
       pool_fill (s->pool);
       return;
@@ -1244,6 +1262,9 @@ server_open (pool_t *pool)
    s->pool = pool;
    s->id = atomic_fetch_add_explicit (&next_server_id, 1, memory_order_relaxed) + 1;
    s->generation = p.generation;
+   /* What the loop was told may lag what the snapshot says now. */
+   pool->primary_known = true;
+   pool->generation = p.generation;
    s->next_id = 1;
    s->state = SERVER_OPENING;
    s->step = STEP_CONNECT;
@@ -1328,6 +1349,8 @@ pool_topology_changed (pool_t *pool)
    pool_server_t *s, *next;
 
    topology_get_primary (pool->loop->topo, &p);
+   pool->primary_known = p.state == TOPOLOGY_STATE_PRIMARY;
+   pool->generation = p.generation;
    for (s = pool->servers; s; s = next) {
       next = s->next;
       if (p.state == TOPOLOGY_STATE_PRIMARY && s->generation == p.generation)
@@ -1424,11 +1447,13 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    char cmd[64];
    pool_txn_t txn;
    pool_server_t *s;
+   bool peeked;
 
    RELAYBUS_ASSERT (!c->server && !c->pool_waiting);
    if (h->opcode == WIRE_OP_QUERY)
       return true; /* the legacy hello, or refused: the proxy answers */
-   if (peek_request (in, h, cmd, sizeof cmd, &txn) && login_answers_locally (c, cmd))
+   peeked = peek_request (in, h, cmd, sizeof cmd, &txn);
+   if (peeked && login_answers_locally (c, cmd))
       return true;
    /* A statement of a transaction pinned here: the same connection, taken
     * from the client that holds it idle. */
@@ -1436,22 +1461,30 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       client_conn_t *holder = s->client;
       if (s->state == SERVER_IDLE) {
          lend (s, c);
-         return true;
+         goto lent;
       }
       if (s->state == SERVER_LENT && holder != c && holder->up_count == 0 && !holder->job &&
           evbuffer_get_length (side_output (&s->side)) == 0) {
          (void) unlend (holder);
          lend (s, c);
-         return true;
+         goto lent;
       }
    }
    if (!pool->wait_head && pool->idle) {
-      lend (pool->idle, c);
-      return true;
+      s = pool->idle;
+      lend (s, c);
+      goto lent;
    }
    wait_add (c);
    pool_fill (pool);
    return false;
+lent:
+   if (peeked) {
+      s->peek_valid = true;
+      s->peek_request_id = h->request_id;
+      s->peek_txn = txn;
+   }
+   return true;
 }
 
 void
@@ -1464,7 +1497,11 @@ pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
       return;
    if (msg->flags & WIRE_MSG_MORE_TO_COME)
       pin_set (s, COUNTERS_PIN_MORE_TO_COME, true);
-   txn_of_body (&msg->body, &txn, NULL);
+   if (s->peek_valid && s->peek_request_id == msg->header.request_id)
+      txn = s->peek_txn;
+   else
+      txn_of_body (&msg->body, &txn, NULL);
+   s->peek_valid = false;
    if (txn.valid) {
       if (!txn_equal (&s->txn, &txn)) {
          pin_set (s, COUNTERS_PIN_TRANSACTION, false);
@@ -1528,7 +1565,7 @@ txn_ended_cb (void *arg)
 static void
 txn_ended_tell_others (pool_t *pool, const pool_txn_t *txn)
 {
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+   for (unsigned i = 0, slots_n = atomic_load (&pool_slots_n); i < slots_n; i++) {
       pool_slot_t *slot = &pool_slots[i];
       bool post = false;
 
@@ -1702,6 +1739,11 @@ pool_new (client_loop_t *loop, unsigned size, bson_error_t *error)
       slot->pool = pool;
       slot->wake = loop->wake;
       atomic_fetch_add (&pooled_loops, 1);
+      {
+         unsigned n = atomic_load (&pool_slots_n);
+         while (n < loop->index + 1 && !atomic_compare_exchange_weak (&pool_slots_n, &n, loop->index + 1))
+            ;
+      }
       slot->len = slot->head = 0;
       slot->posted = false;
       slot->fill_posted = slot->reclaim_posted = false;
