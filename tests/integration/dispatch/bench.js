@@ -144,6 +144,8 @@ async function throughput(keyed) {
       deliveries: N,
       commandsPer1000: Math.round((s.total * 1000) / N),
       byCommandPer1000: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Math.round((v * 1000) / N)])),
+      // of which the renewal thread's and the change stream's, which follow the clock
+      backgroundPer1000: Math.round(((s.total - Object.values(s.byApp['relaybus-proxy dispatch']).reduce((a, v) => a + v, 0)) * 1000) / N),
       claims: (await metric(adminPort, 'relaybus_dispatch_claims_total')),
       deliveriesPerSecond: Math.round((N * 1000) / ms),
       proxyCpuMsPer1000: Math.round(((cpu1 - cpu0) * 1000) / N),
