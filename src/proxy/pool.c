@@ -803,9 +803,11 @@ server_close (pool_server_t *s, const char *why)
 static void
 server_return (pool_server_t *s)
 {
-   if (s->stale || !s->pool->primary_known || s->pool->generation != s->generation) {
-      server_close (s, "its member is no longer the primary");
-      pool_fill (s->pool);
+   pool_t *pool = s->pool;
+
+   if (s->stale || !pool->primary_known || pool->generation != s->generation) {
+      server_close (s, "its member is no longer the primary"); /* frees s */
+      pool_fill (pool);
       return;
    }
    server_free_for_use (s);
@@ -1203,8 +1205,11 @@ pool_side_event (side_t *side, side_event_t ev, const char *detail)
          return;
       }
       topology_request_refresh (s->pool->loop->topo, "pooled upstream connection lost");
-      server_close (s, ev == SIDE_EVENT_EOF ? "the server closed the connection" : detail);
-      pool_fill (s->pool);
+      {
+         pool_t *pool = s->pool;
+         server_close (s, ev == SIDE_EVENT_EOF ? "the server closed the connection" : detail); /* frees s */
+         pool_fill (pool);
+      }
       return;
    }
 }

@@ -116,6 +116,16 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts, step-d
   let next = 0;
   let done = 0;
   let stop = false;
+  // A proxy that dies by itself (not the SIGKILL below) ends the run at once, rather than
+  // leaving every transaction to time out.
+  let died = null;
+  let killing = false;
+  const watchdog = setInterval(() => {
+    const first = s.proxy.exitInfo();
+    if (!died && first && !killing) died = { which: 'first', info: first, log: s.proxy.log() };
+    if (!died && restarted && restarted.child.exitCode !== null) died = { which: 'restarted', info: { code: restarted.child.exitCode }, log: restarted.log() };
+    if (died) stop = true;
+  }, 200);
 
   // Fault controller.
   let current = SCHEDULE[0];
@@ -140,6 +150,7 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts, step-d
   const killer = (async () => {
     while (!stop && done < TXNS * 0.4) await H.sleep(20);
     if (stop) return;
+    killing = true;
     await s.proxy.kill(); // SIGKILL
     faults.kills++;
     await H.sleep(300);
@@ -170,7 +181,7 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts, step-d
   const worker = async () => {
     const session = s.client.startSession();
     try {
-      while (next < TXNS) {
+      while (next < TXNS && !died) {
         const n = next++;
         const id = `t-${n}`;
         const r = Math.random();
@@ -263,6 +274,8 @@ test('2,000+ transactions from 16 sessions under aborts, conflicts, cuts, step-d
 
   await Promise.all(Array.from({ length: SESSIONS }, worker));
   stop = true;
+  clearInterval(watchdog);
+  if (died) assert.fail(`the ${died.which} proxy exited by itself (${JSON.stringify(died.info)}); log tail:\n${H.tail(died.log)}`);
   await Promise.all(crowd);
   await sampler;
   if (POOL) {
