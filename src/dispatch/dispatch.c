@@ -93,10 +93,14 @@
 /* Pause between two steps of a purge run: claims, flushes and settling
  * that became due meanwhile run first. */
 #define DISPATCH_PURGE_STEP_PAUSE_MS 20
-/* Completion batching: finished deliveries wait at most this long for
- * the others of their batch before they are completed (one completeMany),
- * unless the batch is full or nothing else runs. */
+/* Completion batching: finished deliveries are completed together (one
+ * completeMany) once none has finished for DISPATCH_FLUSH_DELAY_MS, and at
+ * the latest DISPATCH_FLUSH_MAX_MS after the first of them; at once when
+ * the batch is full or nothing else runs.  A batch whose sends finish
+ * spread over tens of milliseconds (a loaded sink, a busy host) is then
+ * one completion and one claim, not several. */
 #define DISPATCH_FLUSH_DELAY_MS 20
+#define DISPATCH_FLUSH_MAX_MS 100
 
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in `snap` */
@@ -167,6 +171,7 @@ typedef struct {
    bool purging;     /* enabled: runs the scheduled purge */
 
    struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *deadline_ev, *reload_ev;
+   int64_t flush_first_ms; /* when the first delivery waiting in `done` finished (mono) */
    struct event *watch_ev; /* the watch saw new deliveries (watch_cb) */
    config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
    job_t *running;
@@ -630,8 +635,15 @@ job_done_cb (const transport_result_t *res, void *arg)
       if ((int64_t) d->n_done >= d->cfg->batch_size || d->n_running == 0) {
          if (flush (d) > 0 && !d->stopping)
             schedule (d->tick_ev, 0);
-      } else if (!evtimer_pending (d->flush_ev, NULL))
-         schedule (d->flush_ev, DISPATCH_FLUSH_DELAY_MS);
+      } else {
+         int64_t now = clock_mono_ms (), due;
+         if (d->n_done == 1)
+            d->flush_first_ms = now;
+         due = now + DISPATCH_FLUSH_DELAY_MS;
+         if (due > d->flush_first_ms + DISPATCH_FLUSH_MAX_MS)
+            due = d->flush_first_ms + DISPATCH_FLUSH_MAX_MS;
+         schedule (d->flush_ev, due > now ? due - now : 0);
+      }
    } else {
       /* The key's next deliveries must not run before this one: given
        * back, they are claimed again after it. */
