@@ -367,6 +367,20 @@ forward_request (client_conn_t *c,
    return true;
 }
 
+/* What the proxy offers in answer to `hello`; the first hello of the
+ * connection also fixes the compressors its requests may use. */
+static void
+negotiate_compression (client_conn_t *c, const bson_t *hello, handshake_compression_t *offer)
+{
+   handshake_negotiate (hello, c->cfg->compressors, offer);
+   if (c->state != CLIENT_STATE_HANDSHAKE)
+      return;
+   c->compressor = offer->n > 0 ? offer->ids[0] : -1;
+   c->compressors_negotiated = 0;
+   for (int i = 0; i < offer->n; i++)
+      c->compressors_negotiated |= 1u << offer->ids[i];
+}
+
 /* Pooled mode: every hello is the proxy's to answer (the client has no
  * connection of its own to send it on), as a mongos, from the upstream's
  * hello the pool learned (pool_hello), with the client's own fields: the
@@ -395,13 +409,7 @@ answer_hello_pooled (client_conn_t *c,
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NOT_CONNECTED, "no upstream hello learned yet");
       goto done;
    }
-   handshake_negotiate (hello, c->cfg->compressors, &offer);
-   if (c->state == CLIENT_STATE_HANDSHAKE) {
-      c->compressor = offer.n > 0 ? offer.ids[0] : -1;
-      c->compressors_negotiated = 0;
-      for (int i = 0; i < offer.n; i++)
-         c->compressors_negotiated |= 1u << offer.ids[i];
-   }
+   negotiate_compression (c, hello, &offer);
    if (!handshake_rewrite_reply (learned, &offer, &base, error))
       goto done;
    base_init = true;
@@ -479,13 +487,7 @@ forward_hello (client_conn_t *c,
       goto done;
    }
    u->creq_seq = r->seq;
-   handshake_negotiate (hello, c->cfg->compressors, &u->offer);
-   if (c->state == CLIENT_STATE_HANDSHAKE) {
-      c->compressor = u->offer.n > 0 ? u->offer.ids[0] : -1;
-      c->compressors_negotiated = 0;
-      for (int i = 0; i < u->offer.n; i++)
-         c->compressors_negotiated |= 1u << u->offer.ids[i];
-   }
+   negotiate_compression (c, hello, &u->offer);
    if (!wire_append_msg (upstream_output (c), id, 0, 0, &body, NULL, 0)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_HELLO_TOO_LARGE, "hello too large");
       goto done;

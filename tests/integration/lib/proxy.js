@@ -902,11 +902,10 @@ async function startTap(targetPort, targetHost = '127.0.0.1') {
 
 // ---------------------------------------------------------------------------- the C client
 
-/** Compiles tests/integration/cdriver/cdriver-client.c against libmongoc into a temp dir. */
-function buildCdriverClient() {
+/** Compiles a C test client (default tests/integration/cdriver/cdriver-client.c) against libmongoc into a temp dir. */
+function buildCdriverClient(src = path.join(REPO, 'tests', 'integration', 'cdriver', 'cdriver-client.c')) {
   const { execFileSync } = require('node:child_process');
-  const src = path.join(REPO, 'tests', 'integration', 'cdriver', 'cdriver-client.c');
-  const out = path.join(tmpDir('relaybus-cdriver-'), 'cdriver-client');
+  const out = path.join(tmpDir('relaybus-cdriver-'), path.basename(src, '.c'));
   const flags = execFileSync('pkg-config', ['--cflags', '--libs', 'libmongoc-1.0'], { encoding: 'utf8' }).trim().split(/\s+/);
   execFileSync(process.env.CC || 'cc', ['-std=c11', '-D_GNU_SOURCE', '-Wall', '-Wextra', '-Werror', '-O1', '-g', '-o', out, src, ...flags], {
     stdio: ['ignore', 'inherit', 'inherit'],

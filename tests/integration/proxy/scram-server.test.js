@@ -312,12 +312,7 @@ for (const [params, mech] of [['', 'SCRAM-SHA-256'], ['&authMechanism=SCRAM-SHA-
 // mongo-c-driver as the third whole client (tests/tools/scram-cdriver.c, built here).
 let cdriver = null;
 function cdriverClient() {
-  if (!cdriver) {
-    cdriver = path.join(H.tmpDir('relaybus-scram-cdriver-'), 'scram-cdriver');
-    const flags = execFileSync('pkg-config', ['--cflags', '--libs', 'libmongoc-1.0'], { encoding: 'utf8' }).trim().split(/\s+/);
-    execFileSync(process.env.CC || 'cc', ['-std=c11', '-D_GNU_SOURCE', '-Wall', '-Wextra', '-Werror', '-O1', '-g', '-o', cdriver,
-      path.join(H.REPO, 'tests', 'tools', 'scram-cdriver.c'), ...flags], { stdio: ['ignore', 'inherit', 'inherit'] });
-  }
+  if (!cdriver) cdriver = H.buildCdriverClient(path.join(H.REPO, 'tests', 'tools', 'scram-cdriver.c'));
   return cdriver;
 }
 
