@@ -220,15 +220,126 @@ client_hold_request (client_conn_t *c,
    return true;
 }
 
+static bool
+code_is_not_primary (int32_t code)
+{
+   switch (code) {
+   case 10107: /* NotWritablePrimary */
+   case 13435: /* NotPrimaryNoSecondaryOk */
+   case 13436: /* NotPrimaryOrSecondary */
+   case 11600: /* InterruptedAtShutdown */
+   case 11602: /* InterruptedDueToReplStateChange */
+   case 189:   /* PrimarySteppedDown */
+   case 91:    /* ShutdownInProgress */
+      return true;
+   default:
+      return false;
+   }
+}
+
+/* What the relay looks for in a reply (kind-0 body): a not-primary-class
+ * error, and a top-level `topologyVersion` on an error or beside a
+ * writeConcernError, which the mongos persona must not show (see
+ * copy_without_topology_version). */
+typedef struct {
+   bool not_primary;
+   bool topology_version;
+} reply_scan_t;
+
+/* Scans the top level of a reply body.  Keys are compared by length first
+ * (bson_iter_key_len is cheap): this runs on every small reply, and most
+ * keys are none of these.  Values are skipped by their length. */
+static void
+reply_scan_body (const bson_t *body, reply_scan_t *out)
+{
+   bson_iter_t it;
+   bool failed = false, not_primary = false, wce = false, ok_seen = false;
+
+   out->not_primary = out->topology_version = false;
+   if (!bson_iter_init (&it, body))
+      return;
+   while (bson_iter_next (&it)) {
+      const char *key = bson_iter_key (&it);
+      uint32_t klen = bson_iter_key_len (&it);
+      if (klen == 2 && memcmp (key, "ok", 2) == 0) {
+         failed = bson_iter_as_double (&it) == 0.0;
+         ok_seen = true;
+      } else if (klen == 4 && memcmp (key, "code", 4) == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
+         not_primary |= code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
+      } else if (klen == 6 && memcmp (key, "errmsg", 6) == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
+         const char *m = bson_iter_utf8 (&it, NULL);
+         not_primary |= strstr (m, "not master") != NULL || strstr (m, "not primary") != NULL;
+      } else if (klen == 17 && memcmp (key, "writeConcernError", 17) == 0) {
+         wce = true;
+      } else if (klen == 15 && memcmp (key, "topologyVersion", 15) == 0) {
+         out->topology_version = true;
+      }
+   }
+   out->not_primary = ok_seen && failed && not_primary;
+   if (!(ok_seen && (failed || wce)))
+      out->topology_version = false;
+}
+
+/* Scans a small OP_MSG reply (header, flags, kind byte 0, document) with
+ * reply_scan_body.  Bounds come from the buffer; nothing is trusted. */
+static void
+reply_scan (const uint8_t *buf, size_t len, reply_scan_t *out)
+{
+   bson_t body;
+   uint32_t doc_len;
+
+   out->not_primary = out->topology_version = false;
+   if (len < WIRE_HEADER_LEN + 4 + 1 + 5 || buf[WIRE_HEADER_LEN + 4] != 0)
+      return;
+   doc_len = wire_get_u32 (buf + WIRE_HEADER_LEN + 5);
+   if (doc_len < 5 || doc_len > len - (WIRE_HEADER_LEN + 5) || !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len))
+      return;
+   reply_scan_body (&body, out);
+}
+
+/* `src` without its top-level topologyVersion, into `dst` (initialized).
+ * A member's not-primary or shutdown error carries its topologyVersion; a
+ * driver takes it as the proxy's and then asks the proxy for a streaming
+ * hello, which the mongos persona does not serve (codec/handshake.c): the
+ * driver's monitor then fails ("moreToCome ended unexpectedly") and
+ * clears its pool.  Everything else is kept as it is. */
+static bool
+copy_without_topology_version (const bson_t *src, bson_t *dst, bson_error_t *error)
+{
+   bson_iter_t it;
+
+   if (!bson_iter_init (&it, src)) {
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "reply body is not a valid document");
+      return false;
+   }
+   while (bson_iter_next (&it))
+      if (strcmp (bson_iter_key (&it), "topologyVersion") != 0 && !bson_append_iter (dst, NULL, 0, &it)) {
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
+         return false;
+      }
+   return true;
+}
+
 bool
 client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson_error_t *error)
 {
    client_req_t *r = creq_find (c, request_seq);
+   reply_scan_t scan;
+   bson_t stripped = BSON_INITIALIZER;
    bool ok = false;
 
    if (c->state == CLIENT_STATE_CLOSING || !r || r->done) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_SUCH_REQUEST, "no such request waiting for an answer");
       goto done;
+   }
+   /* An answer built from a server's reply (a publishing statement's, an
+    * injected commit's) hides the member's topologyVersion as the relay
+    * does. */
+   reply_scan_body (reply, &scan);
+   if (scan.topology_version) {
+      if (!copy_without_topology_version (reply, &stripped, error))
+         goto done;
+      reply = &stripped;
    }
    if (!client_tmp (c, error))
       goto done;
@@ -247,6 +358,7 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
          client_check_drained (c);
    }
 done:
+   bson_destroy (&stripped);
    return ok;
 }
 
@@ -1314,101 +1426,19 @@ take_request (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 
 /* ------------------------------------------------------------ replies */
 
-static bool
-code_is_not_primary (int32_t code)
-{
-   switch (code) {
-   case 10107: /* NotWritablePrimary */
-   case 13435: /* NotPrimaryNoSecondaryOk */
-   case 13436: /* NotPrimaryOrSecondary */
-   case 11600: /* InterruptedAtShutdown */
-   case 11602: /* InterruptedDueToReplStateChange */
-   case 189:   /* PrimarySteppedDown */
-   case 91:    /* ShutdownInProgress */
-      return true;
-   default:
-      return false;
-   }
-}
-
-/* Scans the top level of a small OP_MSG reply for a "not primary"-class
- * error.  Bounds come from bson_iter; nothing is trusted. */
-/* What the relay looks for in a reply (kind-0 body): a not-primary-class
- * error, and a top-level `topologyVersion` on an error or beside a
- * writeConcernError, which the mongos persona must not show (see
- * relay_strip_topology_version). */
-typedef struct {
-   bool not_primary;
-   bool topology_version;
-} reply_scan_t;
-
-static void
-reply_scan (const uint8_t *buf, size_t len, reply_scan_t *out)
-{
-   bson_t body;
-   bson_iter_t it;
-   uint32_t doc_len;
-   bool failed = false, not_primary = false, wce = false, ok_seen = false;
-
-   out->not_primary = out->topology_version = false;
-   /* header, flags, kind byte 0, document */
-   if (len < WIRE_HEADER_LEN + 4 + 1 + 5 || buf[WIRE_HEADER_LEN + 4] != 0)
-      return;
-   doc_len = wire_get_u32 (buf + WIRE_HEADER_LEN + 5);
-   if (doc_len < 5 || doc_len > len - (WIRE_HEADER_LEN + 5) ||
-       !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body))
-      return;
-   /* Keys are compared by length first (bson_iter_key_len is cheap): this
-    * runs on every reply, and most keys are none of these.  Top-level
-    * keys only: values are skipped by their length. */
-   while (bson_iter_next (&it)) {
-      const char *key = bson_iter_key (&it);
-      uint32_t klen = bson_iter_key_len (&it);
-      if (klen == 2 && memcmp (key, "ok", 2) == 0) {
-         failed = bson_iter_as_double (&it) == 0.0;
-         ok_seen = true;
-      } else if (klen == 4 && memcmp (key, "code", 4) == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
-         not_primary |= code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
-      } else if (klen == 6 && memcmp (key, "errmsg", 6) == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
-         const char *m = bson_iter_utf8 (&it, NULL);
-         not_primary |= strstr (m, "not master") != NULL || strstr (m, "not primary") != NULL;
-      } else if (klen == 17 && memcmp (key, "writeConcernError", 17) == 0) {
-         wce = true;
-      } else if (klen == 15 && memcmp (key, "topologyVersion", 15) == 0) {
-         out->topology_version = true;
-      }
-   }
-   out->not_primary = ok_seen && failed && not_primary;
-   if (!(ok_seen && (failed || wce)))
-      out->topology_version = false;
-}
-
-/* The reply without its top-level topologyVersion, into c->tmp with the
- * client's responseTo (and no checksum).  A member's not-primary or
- * shutdown error carries its topologyVersion; a driver takes it as the
- * proxy's and then asks the proxy for a streaming hello, which the mongos
- * persona does not serve (codec/handshake.c): the driver's monitor then
- * fails and clears its pool.  The rest of the reply is relayed unchanged. */
+/* The reply without its top-level topologyVersion (see
+ * copy_without_topology_version), into c->tmp with the client's responseTo
+ * (and no checksum).  The rest of the reply is relayed unchanged. */
 static bool
 relay_strip_topology_version (client_conn_t *c, const uint8_t *buf, size_t len, int32_t response_to, uint32_t flags,
                               bson_error_t *error)
 {
    wire_msg_t reply;
    bson_t body = BSON_INITIALIZER;
-   bson_iter_t it;
    bool ok = false;
 
-   if (!wire_parse_msg (buf, len, &reply, error))
+   if (!wire_parse_msg (buf, len, &reply, error) || !copy_without_topology_version (&reply.body, &body, error))
       goto done;
-   if (!bson_iter_init (&it, &reply.body)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "reply body is not a valid document");
-      goto done;
-   }
-   while (bson_iter_next (&it))
-      if (strcmp (bson_iter_key (&it), "topologyVersion") != 0 && !bson_append_iter (&body, NULL, 0, &it)) {
-         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
-         goto done;
-      }
    if (!client_tmp (c, error))
       goto done;
    if (!wire_append_msg (c->tmp,

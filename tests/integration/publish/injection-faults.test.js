@@ -115,6 +115,50 @@ for (const cmd of ['findAndModify', 'update', 'insert']) {
   });
 }
 
+test("a member's not-primary error on a publishing statement or an injected commit reaches the client without its topologyVersion", async () => {
+  // The proxy answers these from the server's reply (the statement's, the commit's), not by
+  // relaying the bytes; like a relayed error they must not show the member's topologyVersion,
+  // which a driver would take as the proxy's: it would ask the proxy for a streaming hello the
+  // mongos persona does not serve, and its monitor would fail ("Server ended moreToCome
+  // unexpectedly") and clear its pool.
+  const failures = (since, name) => events.slice(since).filter((e) => e.ev === 'commandFailed' && e.name === name).map((e) => e.failure);
+  const orders = s.client.db(DB).collection('orders');
+
+  // The statement: the annotated insert itself fails.
+  let since = events.length;
+  await failPoint({ times: 1 }, { failCommands: ['insert'], errorCode: 10107 });
+  const session = s.client.startSession();
+  try {
+    session.startTransaction();
+    const err = await orders.insertOne({ _id: 'np-stmt' }, { session, comment: { relaybus: { type: 'order.placed.v1', id: 'ev-np-stmt' } } }).then(() => null, (e) => e);
+    assert.ok(err, 'the statement failed');
+    assert.equal(err.code, 10107);
+    assert.equal(err.errorResponse.topologyVersion, undefined, 'no topologyVersion through the proxy');
+    await session.abortTransaction();
+  } finally {
+    await failPointOff();
+    await session.endSession();
+  }
+  assert.equal(await s.outbox.events.findOne({ _id: 'ev-np-stmt' }), null);
+
+  // The commit of a transaction the proxy injected into: the driver retries it once (the
+  // failure is in its command events), and the retry commits the event.
+  since = events.length;
+  await failPoint({ times: 1 }, { failCommands: ['commitTransaction'], errorCode: 10107 });
+  try {
+    await publishOnce('np-commit', undefined);
+  } finally {
+    await failPointOff();
+  }
+  const commits = failures(since, 'commitTransaction');
+  assert.equal(commits.length, 1, 'the first commit failed');
+  assert.equal(commits[0].code, 10107);
+  assert.equal(commits[0].errorResponse.topologyVersion, undefined, 'no topologyVersion through the proxy');
+  await P.checkEvent(s.outbox, 'ev-np-commit', { type: 'order.placed.v1', handlers: ['orders', 'confirmations'] });
+  // The client goes on through the proxy at once.
+  await orders.insertOne({ _id: 'np-after' });
+});
+
 test('sequences of the cut and retried transactions are gapless', async () => {
   const seqs = (await s.outbox.events.find({ key: 'cut-key' }).toArray()).map((e) => Number(e.sequence)).sort((a, b) => a - b);
   assert.deepEqual(seqs, [1, 2, 3]);
