@@ -66,16 +66,36 @@ function uniqueDbName(tag) {
 }
 
 /** A port that was free a moment ago (bind port 0, read it, release it). */
-function freePort(host = '127.0.0.1') {
-  return new Promise((resolve, reject) => {
+// Ports the tests listen on come from below the kernel's ephemeral range
+// (ip_local_port_range, 32768-60999 by default), where no outgoing
+// connection and no listen(0) can take them: a broker or a server that is
+// stopped and started again on its port (the outage tests), or that binds
+// seconds after the port was chosen (rabbitmq-server), finds it still free
+// however many connections the other processes open meanwhile.
+const PORT_LOW = 20000;
+const PORT_HIGH = 32767;
+
+function tryListen(port, host) {
+  return new Promise((resolve) => {
     const srv = net.createServer();
     srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, host, () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
+    srv.once('error', () => resolve(null));
+    srv.listen({ port, host, exclusive: true }, () => {
+      const got = srv.address().port;
+      srv.close(() => resolve(got));
     });
   });
+}
+
+/** A port free on `host` now, outside the ephemeral range when one is. */
+async function freePort(host = '127.0.0.1') {
+  for (let i = 0; i < 200; i++) {
+    const port = await tryListen(PORT_LOW + Math.floor(Math.random() * (PORT_HIGH - PORT_LOW + 1)), host);
+    if (port) return port;
+  }
+  const port = await tryListen(0, host);
+  if (!port) throw new Error(`no free port on ${host}`);
+  return port;
 }
 
 /** Spawns argv, optionally through `bash -c 'ulimit -n N; exec ...'`, stdout/stderr as given. */
