@@ -363,7 +363,7 @@ kafka_start (const transport_env_t *env, const config_handler_t *h, bson_error_t
 {
    kafka_handler_t *k = bson_malloc0 (sizeof *k);
    rd_kafka_conf_t *conf = rd_kafka_conf_new ();
-   char errstr[512] = "", timeout[32], propagation[32], cname[160];
+   char errstr[512] = "", timeout[32], propagation[32], backoff[32], cname[160];
    const char *failed = NULL;
 
    k->name = bson_strdup (h->name);
@@ -383,6 +383,12 @@ kafka_start (const transport_env_t *env, const config_handler_t *h, bson_error_t
    /* An unknown topic fails within the message's time rather than after
     * librdkafka's 30 s default, so its error is the topic's. */
    snprintf (propagation, sizeof propagation, "%" PRId64, k->timeout_ms / 2 > 1000 ? k->timeout_ms / 2 : 1000);
+   /* While a broker is down, librdkafka times out the messages it holds
+    * for it only when its thread wakes for a reconnect: with its default
+    * backoff (up to 10 s) a send's report came up to 10 s after
+    * message.timeout.ms.  Reconnecting every second at most (or every
+    * timeout_ms, when shorter) keeps the report near timeout_ms. */
+   snprintf (backoff, sizeof backoff, "%" PRId64, k->timeout_ms < 1000 ? k->timeout_ms : 1000);
    snprintf (cname, sizeof cname, "relaybus-proxy %s", h->name);
    {
       const char *const defaults[][2] = {
@@ -392,6 +398,7 @@ kafka_start (const transport_env_t *env, const config_handler_t *h, bson_error_t
          {"acks", "all"},
          {"message.timeout.ms", timeout},
          {"topic.metadata.propagation.max.ms", propagation},
+         {"reconnect.backoff.max.ms", backoff},
          {"statistics.interval.ms", KAFKA_STATS_MS},
       };
       for (size_t i = 0; i < sizeof defaults / sizeof defaults[0] && !failed; i++)
