@@ -301,8 +301,8 @@ reply_scan (const uint8_t *buf, size_t len, reply_scan_t *out)
  * A member's not-primary or shutdown error carries its topologyVersion; a
  * driver takes it as the proxy's and then asks the proxy for a streaming
  * hello, which the mongos persona does not serve (codec/handshake.c): the
- * driver's monitor then fails ("moreToCome ended unexpectedly") and
- * clears its pool.  Everything else is kept as it is. */
+ * driver's monitor then fails (the Node.js driver's "Server ended
+ * moreToCome unexpectedly") and clears its pool.  Everything else is kept as it is. */
 static bool
 copy_without_topology_version (const bson_t *src, bson_t *dst, bson_error_t *error)
 {

@@ -65,7 +65,6 @@ function uniqueDbName(tag) {
   return `rbit_${tag}_${process.pid}_${rnd}`.replace(/[^A-Za-z0-9_]/g, '_').slice(0, 60);
 }
 
-/** A port that was free a moment ago (bind port 0, read it, release it). */
 // Ports the tests listen on come from below the kernel's ephemeral range
 // (ip_local_port_range, 32768-60999 by default), where no outgoing
 // connection and no listen(0) can take them: a broker or a server that is

@@ -125,7 +125,6 @@ test("a member's not-primary error on a publishing statement or an injected comm
   const orders = s.client.db(DB).collection('orders');
 
   // The statement: the annotated insert itself fails.
-  let since = events.length;
   await failPoint({ times: 1 }, { failCommands: ['insert'], errorCode: 10107 });
   const session = s.client.startSession();
   try {
@@ -143,7 +142,7 @@ test("a member's not-primary error on a publishing statement or an injected comm
 
   // The commit of a transaction the proxy injected into: the driver retries it once (the
   // failure is in its command events), and the retry commits the event.
-  since = events.length;
+  const since = events.length;
   await failPoint({ times: 1 }, { failCommands: ['commitTransaction'], errorCode: 10107 });
   try {
     await publishOnce('np-commit', undefined);
