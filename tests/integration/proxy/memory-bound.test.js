@@ -43,7 +43,9 @@ test.before(async () => {
   upstream = await H.startUpstream();
   proxy = await H.startProxy({
     upstream: upstream.uri,
-    settings: { max_buffered_bytes: MAX_BUFFERED, message_timeout_ms: 120000 },
+    // Four loops in every step: the bound is one budget shared by the loops, and only the
+    // plain build (the proxy step, one loop otherwise) checks the RSS.
+    settings: { max_buffered_bytes: MAX_BUFFERED, message_timeout_ms: 120000, threads: 4 },
   });
 });
 
