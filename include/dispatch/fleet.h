@@ -3,8 +3,9 @@
  * recording this instance's handlers with a heartbeat, refreshing the
  * snapshot injection uses, backfilling a handler new to the fleet, and
  * retiring handlers no live instance declares (docs/handlers.md, "One
- * handler set for the fleet").  Blocking store calls: the dispatcher
- * thread only.
+ * handler set for the fleet").
+ *
+ * Thread: the dispatcher's (blocking store calls).
  */
 #ifndef RELAYBUS_DISPATCH_FLEET_H
 #define RELAYBUS_DISPATCH_FLEET_H

@@ -4,6 +4,9 @@
  * (transport_kafka_ops in dispatch/transport.h).
  *
  * Only in a build with librdkafka (autoconf.h: RELAYBUS_HAVE_KAFKA).
+ *
+ * Thread: any (the configuration's checks run on the main thread and on a
+ * reload).
  */
 #ifndef RELAYBUS_KAFKA_H
 #define RELAYBUS_KAFKA_H

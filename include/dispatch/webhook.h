@@ -10,6 +10,8 @@
  * wrong across retries and TLS.  The pure functions (signature, secret,
  * Retry-After, backoff, classification, body) are what the unit tests
  * check.
+ *
+ * Thread: the client on the dispatcher's; the pure functions on any.
  */
 #ifndef RELAYBUS_WEBHOOK_H
 #define RELAYBUS_WEBHOOK_H

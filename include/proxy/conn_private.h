@@ -10,7 +10,11 @@
  * through it: framing, the two in-flight FIFOs, forwarding, reply
  * matching, the proxy's own answers and internal requests.  proxy/side.c is
  * one socket of it, the client's or the upstream's.  Each includes this
- * header; every other module uses proxy/conn.h only.
+ * header, and so do the pooled mode's modules that act on a client
+ * connection's fields: proxy/pool.c (lending an upstream connection),
+ * proxy/login.c (the login at the proxy) and proxy/owners.c (whose
+ * cursors and sessions they are).  Every other module uses proxy/conn.h
+ * only.
  */
 #ifndef RELAYBUS_CLIENT_PRIVATE_H
 #define RELAYBUS_CLIENT_PRIVATE_H

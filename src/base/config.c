@@ -68,8 +68,9 @@ config_set_checks (const config_checks_t *checks)
 #define MS_HOUR 3600000
 #define MS_DAY INT64_C (86400000)
 
-/* The one table.  Handler keys are not reloadable: a handler's deliveries
- * are created from its subscriptions, so changing them needs a restart. */
+/* The one table.  Handler keys are all reloadable (the H macro above): a
+ * reload that adds, removes or changes a handler is applied by the
+ * dispatcher as one new handler set. */
 static const config_key_t config_key_table[] = {
    P ("listen", S, "127.0.0.1:27018", 0, 0, false, listen,
       "Client listener: host:port, [v6]:port, or an absolute path for a Unix socket."),
