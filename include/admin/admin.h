@@ -26,8 +26,7 @@
 
 #include "base/config.h"
 #include "base/topology.h"
-
-#define ADMIN_ERROR_DOMAIN 0x4144 /* "AD" */
+#include "base/errors.h"
 
 /* Errors of admin_start beyond those of its worker (WORKER_ERROR_DOMAIN)
  * and its store. */

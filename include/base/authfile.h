@@ -27,7 +27,7 @@
 
 #include <bson/bson.h>
 
-#define AUTHFILE_ERROR_DOMAIN 0x4146 /* "AF" */
+#include "base/errors.h"
 
 /* Error codes in AUTHFILE_ERROR_DOMAIN. */
 typedef enum {

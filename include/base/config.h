@@ -26,7 +26,8 @@
 
 #include <bson/bson.h>
 
-#define CONFIG_ERROR_DOMAIN 0x4346 /* "CF" */
+#include "base/errors.h"
+
 #define CONFIG_MAX_HANDLERS 256
 /* A handler's default retry_schedule (Svix's): retries over 27 h 35 min. */
 #define CONFIG_RETRY_SCHEDULE_DEFAULT "5s, 5m, 30m, 2h, 5h, 10h, 10h"

@@ -30,9 +30,9 @@
 
 #include <bson/bson.h>
 
-struct event_base;
+#include "base/errors.h"
 
-#define LOOPWAKE_ERROR_DOMAIN 0x4c57 /* "LW" */
+struct event_base;
 
 /* Error codes in LOOPWAKE_ERROR_DOMAIN. */
 typedef enum {

@@ -32,8 +32,7 @@
 
 #include "base/config.h"
 #include "base/outbox.h"
-
-#define PULL_ERROR_DOMAIN 0x504c /* "PL" */
+#include "base/errors.h"
 
 /* The codes a refused pull command answers with (bson_error_t codes of
  * PULL_ERROR_DOMAIN are the server codes of the reply). */

@@ -32,8 +32,7 @@
 #include <bson/bson.h>
 
 #include "base/loopwake.h"
-
-#define TOPOLOGY_ERROR_DOMAIN 0x5450 /* "TP" */
+#include "base/errors.h"
 
 typedef enum {
    TOPOLOGY_ERROR_RESOLVE = 1, /* the primary's host name does not resolve */

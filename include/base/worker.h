@@ -41,9 +41,9 @@
 #include <bson/bson.h>
 #include <mongoc/mongoc.h>
 
-struct event_base;
+#include "base/errors.h"
 
-#define WORKER_ERROR_DOMAIN 0x574b /* "WK" */
+struct event_base;
 
 typedef enum {
    WORKER_ERROR_URI = 1, /* the upstream URI does not parse */

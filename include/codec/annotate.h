@@ -32,8 +32,7 @@
 #include <bson/bson.h>
 
 #include "codec/wire.h"
-
-#define ANNOTATE_ERROR_DOMAIN 0x414e /* "AN" */
+#include "base/errors.h"
 
 /* The string form: this prefix, optional white space, then Extended JSON
  * (canonical or relaxed) of a document or an array of documents. */

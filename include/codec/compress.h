@@ -17,14 +17,14 @@
 
 #include <bson/bson.h>
 
+#include "base/errors.h"
+
 typedef enum {
    COMPRESS_NOOP = 0,
    COMPRESS_SNAPPY = 1,
    COMPRESS_ZLIB = 2,
    COMPRESS_ZSTD = 3,
 } compress_id_t;
-
-#define COMPRESS_ERROR_DOMAIN 0x434d /* "CM" */
 
 /* "snappy", "zlib", "zstd", "noop"; NULL for an unknown id. */
 const char *compress_name (int id);

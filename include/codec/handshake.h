@@ -24,7 +24,7 @@
 
 #include <bson/bson.h>
 
-#define HANDSHAKE_ERROR_DOMAIN 0x4853 /* "HS" */
+#include "base/errors.h"
 
 /* Error codes in HANDSHAKE_ERROR_DOMAIN. */
 typedef enum {

@@ -43,8 +43,7 @@
 #include <bson/bson.h>
 
 #include "base/authfile.h"
-
-#define SCRAM_ERROR_DOMAIN 0x5343 /* "SC" */
+#include "base/errors.h"
 
 /* Error codes in SCRAM_ERROR_DOMAIN. */
 typedef enum {

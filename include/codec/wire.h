@@ -22,6 +22,8 @@
 
 #include <bson/bson.h>
 
+#include "base/errors.h"
+
 /* Little-endian integers, as every field of the protocol is stored: the
  * one set of readers and writers (a put returns the position after). */
 static inline uint32_t
@@ -99,7 +101,6 @@ typedef enum {
 
 /* Error codes filled into bson_error_t.code by this module
  * (bson_error_t.domain is WIRE_ERROR_DOMAIN). */
-#define WIRE_ERROR_DOMAIN 0x5752 /* "WR" */
 typedef enum {
    WIRE_ERR_SHORT = 1,      /* length below 16, or a field runs past the end */
    WIRE_ERR_TOO_LARGE,      /* length above the limit */

@@ -57,10 +57,9 @@
 
 #include "base/config.h"
 #include "base/pull.h"
+#include "base/errors.h"
 
 struct loopwake;
-
-#define CONSUMER_ERROR_DOMAIN 0x434e /* "CN" */
 
 typedef enum {
    CONSUMER_ERROR_NOT_RUNNING = 1, /* consumer_start: its events could not be made */

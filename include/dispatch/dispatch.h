@@ -29,8 +29,7 @@
 #include <bson/bson.h>
 
 #include "base/config.h"
-
-#define DISPATCH_ERROR_DOMAIN 0x4450 /* "DP" */
+#include "base/errors.h"
 
 /* Errors of dispatch_start beyond those of its worker (WORKER_ERROR_DOMAIN),
  * its store and its handlers. */

@@ -38,8 +38,8 @@
 
 #include "base/config.h"
 #include "store/store.h"
+#include "base/errors.h"
 
-#define TRANSPORT_ERROR_DOMAIN 0x5450 /* "TP" */
 /* transport_result_t.error is at most this long (lastError). */
 #define TRANSPORT_ERROR_MAX 256
 /* A connection state's detail (its last error) is at most this long. */

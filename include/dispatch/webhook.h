@@ -27,8 +27,8 @@
 
 #include "base/config.h"
 #include "store/store.h"
+#include "base/errors.h"
 
-#define WEBHOOK_ERROR_DOMAIN 0x5748 /* "WH" */
 #define WEBHOOK_KEY_MAX 128
 /* "v1," + base64 of 32 bytes (44) + NUL, with room. */
 #define WEBHOOK_SIGNATURE_MAX 64

@@ -46,11 +46,10 @@
 #include "proxy/tls.h"
 #include "base/topology.h"
 #include "codec/wire.h"
+#include "base/errors.h"
 
 struct event_base;
 struct loopwake;
-
-#define CLIENT_ERROR_DOMAIN 0x434c /* "CL" */
 
 /* The errors of this module (CLIENT_ERROR_DOMAIN). */
 typedef enum {

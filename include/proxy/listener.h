@@ -23,10 +23,9 @@
 
 #include "proxy/conn.h"
 #include "proxy/loops.h"
+#include "base/errors.h"
 
 struct event_base;
-
-#define LISTENER_ERROR_DOMAIN 0x4c53 /* "LS" */
 
 /* The errors of listener_new (LISTENER_ERROR_DOMAIN). */
 typedef enum {

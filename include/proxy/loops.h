@@ -42,11 +42,10 @@
 #include "base/topology.h"
 #include "proxy/conn.h"
 #include "proxy/tls.h"
+#include "base/errors.h"
 
 struct event_base;
 struct loopwake;
-
-#define LOOPS_ERROR_DOMAIN 0x4c50 /* "LP" */
 
 /* Sockets waiting for one loop to take them over. */
 #define LOOPS_HANDOFF_MAX 256

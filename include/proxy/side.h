@@ -39,8 +39,7 @@
 
 #include "proxy/tls.h"
 #include "base/topology.h"
-
-#define SIDE_ERROR_DOMAIN 0x5344 /* "SD" */
+#include "base/errors.h"
 
 /* Errors of side_accept and side_connect (SIDE_ERROR_DOMAIN). */
 typedef enum {

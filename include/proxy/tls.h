@@ -29,8 +29,7 @@
 #include <openssl/ssl.h>
 
 #include "base/config.h"
-
-#define TLS_ERROR_DOMAIN 0x544c /* "TL" */
+#include "base/errors.h"
 
 typedef enum {
    TLS_ERROR_CONTEXT = 1, /* SSL_CTX_new failed */

@@ -39,9 +39,9 @@
 #include "codec/annotate.h"
 #include "base/config.h"
 #include "base/fleet.h"
+#include "base/errors.h"
 
 /* Errors of inject_job_new (bson_error_t codes of INJECT_ERROR_DOMAIN). */
-#define INJECT_ERROR_DOMAIN 0x494e /* "IN" */
 typedef enum {
    INJECT_ERROR_NOT_TXN = 1,     /* the command has no transaction fields */
    INJECT_ERROR_PREFIX_TOO_LONG, /* collection_prefix leaves no room for a collection name */

@@ -57,10 +57,10 @@
 #include "codec/wire.h"
 #include "proxy/conn.h"
 #include "publish/inject.h"
+#include "base/errors.h"
 
 /* Why publish_request_hook closed a connection (bson_error_t codes of
  * PUBLISH_ERROR_DOMAIN; the message says more). */
-#define PUBLISH_ERROR_DOMAIN 0x5042 /* "PB" */
 typedef enum {
    PUBLISH_ERROR_PIPELINED = 1,   /* a request behind an operation still running */
    PUBLISH_ERROR_UNACKNOWLEDGED,  /* an annotated statement or relaybus* command with moreToCome */

@@ -44,8 +44,8 @@
 
 #include "base/config.h"
 #include "base/pull.h"
+#include "base/errors.h"
 
-#define PULLTXN_ERROR_DOMAIN 0x5054 /* "PT" */
 typedef enum {
    PULLTXN_ERROR_NOT_TXN = 1,     /* the command has no transaction fields */
    PULLTXN_ERROR_PREFIX_TOO_LONG, /* collection_prefix leaves no room for a name */

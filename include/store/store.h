@@ -34,8 +34,7 @@
 #include "base/config.h"
 #include "base/outbox.h"
 #include "base/worker.h"
-
-#define STORE_ERROR_DOMAIN 0x5354 /* "ST" */
+#include "base/errors.h"
 
 /* The codes of STORE_ERROR_DOMAIN.  An error a command or a transaction
  * of the server returned is wrapped as STORE_ERROR_SERVER with the
