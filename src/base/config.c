@@ -88,7 +88,7 @@ static const config_key_t config_key_table[] = {
    P ("auth_file", S, "", 0, 0, true, auth_file,
       "pooled: the users clients authenticate as (SCRAM keys made by --make-user); empty: clients are not authenticated by the proxy. Re-read on SIGHUP."),
    P ("auth_failures_per_minute", I, "10", 1, 1000000, true, auth_failures_per_minute,
-      "pooled: failed logins one peer address may make in a minute; further attempts in that minute are refused unchecked."),
+      "pooled: password guesses one user may have checked from one client address in a minute (counted when the login starts, given back when it succeeds); more are refused unchecked."),
    P ("handshake_timeout_ms", I, "10000", 100, MS_HOUR, true, handshake_timeout_ms,
       "Time a new client has to complete its first hello before it is closed."),
    P ("message_timeout_ms", I, "30000", 100, MS_HOUR, true, message_timeout_ms,
