@@ -28,7 +28,11 @@
  * counted in the last minute has its next conversations refused at the
  * start (18, the message naming the limit), before any proof is checked,
  * however many run in parallel.  Other users on that address, and that
- * user on other addresses, are not refused for it.
+ * user on other addresses, are not refused for it.  A user with that many
+ * failures within a minute, from any addresses, has each further
+ * saslContinue wait before its proof is checked (100 ms doubling, up to
+ * auth_failure_delay_max_ms), on a timer of the loop; a saslStart,
+ * saslContinue or logout sent meanwhile is refused with 17 ProtocolError.
  */
 #ifndef RELAYBUS_PROXY_LOGIN_H
 #define RELAYBUS_PROXY_LOGIN_H

@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <event2/event.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 
@@ -55,6 +56,12 @@ struct login {
    char *db;             /* the database the login named ($db, or the speculative `db`) */
    char *pending_db;
    authlimit_ticket_t ticket; /* the conversation's guess, counted at its start */
+   /* A saslContinue whose proof waits out its user's delay (delay_*):
+    * the timer (made on the first delay, on the connection's loop), the
+    * held request and a copy of its body; delayed_body NULL: none waits. */
+   struct event *delay_ev;
+   bson_t *delayed_body;
+   uint64_t delayed_seq;
 };
 
 /* ------------------------------------------------------------ guesses */
@@ -189,6 +196,11 @@ login_destroy (login_t *l)
 {
    if (!l)
       return;
+   proxy_event_free (l->delay_ev);
+   l->delay_ev = NULL;
+   if (l->delayed_body)
+      bson_destroy (l->delayed_body);
+   l->delayed_body = NULL;
    conversation_end (l);
    bson_free (l->user);
    bson_free (l->db);
@@ -238,6 +250,89 @@ login_answers_locally (const client_conn_t *c, const char *cmd)
       break;
    }
    return c->loop->cfg->users && !login_user (c);
+}
+
+/* ------------------------------------------------------------ the delay */
+
+static void cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body);
+static void answer_error (client_conn_t *c, uint64_t seq, int32_t code, const char *errmsg);
+
+/* The delayed saslContinue's time is up: its proof is checked and
+ * answered now.  The timer is freed with the login (login_destroy, when
+ * the connection is freed), so c is alive here; a connection closed
+ * meanwhile gets no answer. */
+static void
+delay_fire (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+   login_t *l = c->login;
+   bson_t *body = l->delayed_body;
+
+   (void) fd;
+   (void) what;
+   l->delayed_body = NULL;
+   if (!body)
+      return;
+   if (c->state != CLIENT_STATE_CLOSING)
+      cmd_sasl_continue (c, l->delayed_seq, body);
+   bson_destroy (body);
+}
+
+/* Whether the saslContinue `body` (request seq) of c waits before its
+ * proof is checked: once the conversation's user has
+ * auth_failures_per_minute failures within a minute, from any address,
+ * each proof of that user waits 100 ms, doubled by each further failure,
+ * up to auth_failure_delay_max_ms.  This slows guessing spread over many
+ * addresses, which the per-address limit does not, without locking the
+ * user out.  True: held (the timer answers it), or answered. */
+static bool
+delay_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
+{
+   login_t *l = c->login;
+   const char *user;
+   int64_t ms;
+   struct timeval tv;
+
+   if (!l || !l->conv || l->final_sent || scram_server_state (l->conv) != SCRAM_STATE_FIRST_SENT)
+      return false;
+   user = scram_server_user (l->conv);
+   ms = authlimit_delay_ms (guesses_table (), user, (uint32_t) l->cfg->auth_failures_per_minute,
+                            l->cfg->auth_failure_delay_max_ms, clock_mono_ms ());
+   if (ms <= 0)
+      return false;
+   if (!l->delay_ev)
+      l->delay_ev = evtimer_new (c->loop->base, delay_fire, c);
+   if (!l->delay_ev) {
+      /* No timer: refuse unchecked rather than check without the delay. */
+      conversation_end (l);
+      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED, "Authentication failed.");
+      return true;
+   }
+   RELAYBUS_ASSERT (!l->delayed_body);
+   l->delayed_body = bson_copy (body);
+   l->delayed_seq = seq;
+   tv = clock_timeval_ms (ms);
+   evtimer_add (l->delay_ev, &tv);
+   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "login: proof of user %s delayed %" PRId64 " ms (failed logins of the user)",
+             user, ms);
+   return true;
+}
+
+/* While a saslContinue waits out its delay, the conversation is its: a
+ * saslStart, saslContinue or logout meanwhile is refused (ProtocolError),
+ * not run, so that another command can neither have the proof checked
+ * early nor end the conversation under it.  True: answered. */
+static bool
+delay_busy (client_conn_t *c, uint64_t seq, const char *cmd)
+{
+   if (!c->login || !c->login->delayed_body || !cmd)
+      return false;
+   if (strcmp (cmd, "saslStart") != 0 && strcmp (cmd, "saslContinue") != 0 && strcmp (cmd, "logout") != 0)
+      return false;
+   answer_error (c, seq, LOGIN_CODE_NO_SUCH_CONVERSATION,
+                 "relaybus: this connection's saslContinue waits for its answer (auth_failure_delay_max_ms); send "
+                 "the next login command after it");
+   return true;
 }
 
 /* ------------------------------------------------------------ SCRAM */
@@ -500,6 +595,8 @@ login_hello (client_conn_t *c, const bson_t *hello, bson_t *reply)
       bson_iter_document (&it, &len, &data);
       if (!bson_init_static (&spec, data, len) || !bson_has_field (&spec, "saslStart"))
          return; /* not a SASL start (X.509 is refused at authenticate) */
+      if (c->login && c->login->delayed_body)
+         return; /* a delayed saslContinue keeps its conversation (delay_busy) */
       if (!sasl_start (c, &spec,
                        bson_iter_init_find (&db, &spec, "db") && BSON_ITER_HOLDS_UTF8 (&db) ? bson_iter_utf8 (&db, NULL)
                                                                                           : "admin",
@@ -563,10 +660,13 @@ login_command (client_conn_t *c,
       db = bson_iter_utf8 (&it, NULL);
    if (!cmd) {
       answer_error (c, seq, LOGIN_CODE_UNAUTHORIZED, "command requires authentication");
+   } else if (delay_busy (c, seq, cmd)) {
+      /* answered */
    } else if (strcmp (cmd, "saslStart") == 0) {
       cmd_sasl_start (c, seq, &msg->body, db);
    } else if (strcmp (cmd, "saslContinue") == 0) {
-      cmd_sasl_continue (c, seq, &msg->body);
+      if (!delay_continue (c, seq, &msg->body))
+         cmd_sasl_continue (c, seq, &msg->body);
    } else if (strcmp (cmd, "authenticate") == 0) {
       answer_error (c, seq, LOGIN_CODE_AUTH_FAILED,
                     "relaybus: the pooled proxy authenticates clients with SCRAM-SHA-256 and SCRAM-SHA-1 only "

@@ -8,6 +8,9 @@
 // over raw sockets (H.WireConn, bound to a chosen local address); the right logins use the
 // Node.js driver's own SCRAM provider on such a socket, so its proof and its check of the
 // proxy's signature are the driver's. Proofs checked are read from relaybus_logins_total.
+// Guesses spread over many addresses are slowed down instead: once a user has LIMIT failures
+// in a minute, each further proof of that user waits 100 ms, doubled by each failure, on a timer
+// of the loop, which serves its other connections meanwhile.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -99,7 +102,9 @@ async function driverLogin(c, user, password) {
 test.before(async () => {
   upstream = await H.startUpstream();
   authFile = path.join(H.tmpDir('relaybus-tenants-auth-'), 'users.auth');
-  fs.writeFileSync(authFile, makeUser('alice', 'wonder land') + makeUser('bob', 'b0b pass'), { mode: 0o600 });
+  fs.writeFileSync(authFile, makeUser('alice', 'wonder land') + makeUser('bob', 'b0b pass') + makeUser('carol', 'c4rol'), {
+    mode: 0o600,
+  });
   adminPort = await H.freePort();
   proxy = await H.startProxy({
     upstream: upstream.uri,
@@ -157,6 +162,62 @@ test('a right password gives its guess back: more right logins than the limit fr
   const r = await saslStart(await connectFrom('127.0.0.3'), 'bob');
   assert.equal(r.code, 18);
   assert.match(r.errmsg, /auth_failures_per_minute/);
+});
+
+test('guesses for one user from many addresses: past the limit each proof waits longer, the loops serve others meanwhile, and the right password still logs in', async () => {
+  // LIMIT wrong guesses from as many addresses: each within its pair's budget, none delayed.
+  for (let i = 0; i < LIMIT; i++) {
+    const c = await connectFrom(`127.0.1.${i + 1}`);
+    assert.equal((await wrongProof(c, await saslStart(c, 'carol'))).code, 18);
+  }
+  assert.deepEqual(proxy.logLines('proof of user carol delayed'), [], 'no delay below the limit');
+  // Four connections, one on each loop, to ping while a proof waits.
+  const others = await Promise.all([1, 2, 3, 4].map((k) => connectFrom(`127.0.3.${k}`)));
+  // Now carol has LIMIT failures: each further proof waits 100 ms, doubled with each failure.
+  for (const [i, delay] of [100, 200, 400].entries()) {
+    const c = await connectFrom(`127.0.2.${i + 1}`);
+    const r = await saslStart(c, 'carol');
+    const t0 = Date.now();
+    const proof = wrongProof(c, r);
+    let answered = false;
+    proof.then(() => (answered = true));
+    if (delay === 400) {
+      // Meanwhile every loop answers its other connections.
+      for (const r of await Promise.all(others.map((o) => o.command({ ping: 1, $db: 'admin' })))) assert.equal(r.ok, 1);
+      assert.equal(answered, false, 'the pings were answered while the proof waited');
+    }
+    assert.equal((await proof).code, 18);
+    const took = Date.now() - t0;
+    assert.ok(took >= delay - 5, `proof ${i + 1} past the limit answered after ${took} ms, wanted ${delay}`);
+  }
+  assert.ok(await proxy.waitForLog(/proof of user carol delayed 400 ms/));
+  // Slowed down, not locked out: the right password from yet another address logs in (after 800 ms).
+  const t0 = Date.now();
+  await driverLogin(await connectFrom('127.0.2.9'), 'carol', 'c4rol');
+  assert.ok(Date.now() - t0 >= 795);
+});
+
+test('while a proof waits, the connection cannot have it checked early or start over: those commands get 17 after it', async () => {
+  const c = await connectFrom('127.0.2.20');
+  const started = await saslStart(c, 'carol');
+  const r = /r=([^,]+)/.exec(Buffer.from(started.payload.buffer).toString())[1];
+  const cont = (p) => H.opMsg({ saslContinue: 1, conversationId: 1, payload: new Binary(Buffer.from(`c=biws,r=${r},p=${p}`)), $db: 'admin' });
+  const first = cont(crypto.randomBytes(32).toString('base64'));
+  const second = cont(crypto.randomBytes(32).toString('base64'));
+  const restart = H.opMsg({ saslStart: 1, mechanism: 'SCRAM-SHA-256', payload: new Binary(Buffer.from('n,,n=carol,r=abc')), $db: 'admin' });
+  const before = await logins();
+  const t0 = Date.now();
+  await c.write(Buffer.concat([first.buf, second.buf, restart.buf]));
+  const answers = [await c.next(), await c.next(), await c.next()];
+  assert.ok(Date.now() - t0 >= 795, 'carol has six failures: 800 ms');
+  assert.deepEqual(answers.map((a) => a.responseTo), [first.requestID, second.requestID, restart.requestID]);
+  assert.equal(answers[0].doc.code, 18);
+  for (const a of answers.slice(1)) {
+    assert.equal(a.doc.code, 17, JSON.stringify(a.doc));
+    assert.match(a.doc.errmsg, /waits for its answer/);
+  }
+  const after = await logins();
+  assert.equal(after.failure - before.failure, 1, 'one proof checked');
 });
 
 H.registerFinalChecks(test, [() => upstream && upstream.stop()], {
