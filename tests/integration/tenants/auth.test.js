@@ -220,6 +220,22 @@ test('while a proof waits, the connection cannot have it checked early or start 
   assert.equal(after.failure - before.failure, 1, 'one proof checked');
 });
 
+test('a connection closed while its proof waits has nothing checked, and the proxy carries on', async () => {
+  const before = await logins();
+  const gone = await connectFrom('127.0.2.21');
+  const started = await saslStart(gone, 'carol');
+  const r = /r=([^,]+)/.exec(Buffer.from(started.payload.buffer).toString())[1];
+  await gone.write(H.opMsg({ saslContinue: 1, conversationId: 1, payload: new Binary(Buffer.from(`c=biws,r=${r},p=${crypto.randomBytes(32).toString('base64')}`)), $db: 'admin' }).buf);
+  assert.ok(await proxy.waitForLog(/proof of user carol delayed 1600 ms/));
+  gone.destroy();
+  await gone.waitClosed(2000);
+  // A later conversation's delay ends after the closed one's would have.
+  const c = await connectFrom('127.0.2.22');
+  assert.equal((await wrongProof(c, await saslStart(c, 'carol'))).code, 18);
+  const after = await logins();
+  assert.equal(after.failure - before.failure, 1, 'only the proof of the open connection was checked');
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()], {
   beforeStop: () => {
     for (const c of open) c.destroy();
