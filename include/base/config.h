@@ -165,7 +165,8 @@ typedef struct config {
    int64_t pool_wait_timeout_ms;       /* pooled: longest wait for a free upstream connection */
    char *auth_file;                    /* pooled: the users clients log in as; "": none */
    struct authfile *users;             /* auth_file loaded (pooled, set); owned by the snapshot */
-   int64_t auth_failures_per_minute;   /* pooled: failed logins a peer address may make per minute */
+   int64_t auth_failures_per_minute;   /* pooled: guesses checked per (user, address) per minute */
+   int64_t auth_failure_delay_max_ms;  /* pooled: cap of a user's delay before a proof is checked */
    char *compressors;
    int64_t zlib_level;
    int64_t zstd_level;

@@ -1,8 +1,8 @@
 /*
  * proxy/login.h - clients logging in to the proxy itself (pooled mode).
  *
- * Thread: forwarding loop (the failure table behind the rate limit is
- * process-wide, under a mutex).
+ * Thread: forwarding loop (the guess table behind the rate limit,
+ * base/authlimit.h, is process-wide, under a mutex).
  *
  * In pooled mode the server never sees a client's login: the pool's
  * connections are logged in as the proxy.  So the proxy is the SCRAM
@@ -21,9 +21,18 @@
  * that may run commands goes to the server.
  *
  * A wrong password or an unknown user is 18 AuthenticationFailed, as mongod
- * answers.  Failed logins are counted per peer address: past
- * auth_failures_per_minute in one minute, that address's logins are
- * refused unchecked for the rest of the minute.
+ * answers.  Each conversation of a user in the auth file counts as a
+ * guess of its (user, peer address) pair when it starts (saslStart, or a
+ * hello's speculativeAuthenticate), and is given back when its proof is
+ * right or it ends unchecked: a pair with auth_failures_per_minute guesses
+ * counted in the last minute has its next conversations refused at the
+ * start (18, the message naming the limit), before any proof is checked,
+ * however many run in parallel.  Other users on that address, and that
+ * user on other addresses, are not refused for it.  A user with that many
+ * failures within a minute, from any addresses, has each further
+ * saslContinue wait before its proof is checked (100 ms doubling, up to
+ * auth_failure_delay_max_ms), on a timer of the loop; a saslStart,
+ * saslContinue or logout sent meanwhile is refused with 17 ProtocolError.
  */
 #ifndef RELAYBUS_PROXY_LOGIN_H
 #define RELAYBUS_PROXY_LOGIN_H

@@ -1,7 +1,8 @@
 /*
  * proxy/login.c - clients logging in to the proxy itself, in pooled mode
  * (proxy/login.h): the SASL commands, a hello's login fields, the commands
- * answered without a connection, and the per-address limit on failures.
+ * answered without a connection, and the limit on guesses per (user,
+ * address).
  *
  * One conversation per connection at a time (login_t, in the connection),
  * with conversationId 1 as mongod numbers them.  The conversation holds a
@@ -10,10 +11,13 @@
  * kept by the connection across reloads (mongod keeps a logged-in
  * connection when a user changes, too).
  *
- * The failure table is process-wide (an address's connections are spread
- * over the loops) and small: LOGIN_PEERS slots, LOGIN_PROBE of them tried
- * per address; a full neighbourhood reuses its oldest window's slot.  Only
- * logins take its mutex, never forwarded traffic.
+ * The guess table (base/authlimit.h) is one for the process, behind a
+ * mutex: an address's connections are spread over the loops, so a table
+ * per loop would multiply the limit by the loops.  Only logins take the
+ * mutex, never forwarded traffic.  A conversation holds its guess's
+ * ticket from its start to its outcome: spent when a proof fails, given
+ * back when it succeeds or the conversation ends unchecked (a new
+ * saslStart, a logout, the connection's end).
  */
 #include "proxy/login.h"
 
@@ -21,7 +25,13 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <event2/event.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
+#include "base/assert.h"
 #include "base/authfile.h"
+#include "base/authlimit.h"
 #include "base/clock.h"
 #include "base/config.h"
 #include "base/counters.h"
@@ -30,9 +40,6 @@
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 
-#define LOGIN_WINDOW_MS 60000
-#define LOGIN_PEERS 4096
-#define LOGIN_PROBE 8
 #define LOGIN_ADDR_MAX 64
 /* mongod's codes. */
 #define LOGIN_CODE_UNAUTHORIZED 13
@@ -48,19 +55,46 @@ struct login {
    char *user;           /* logged in as; NULL: not logged in */
    char *db;             /* the database the login named ($db, or the speculative `db`) */
    char *pending_db;
+   authlimit_ticket_t ticket; /* the conversation's guess, counted at its start */
+   /* A saslContinue whose proof waits out its user's delay (delay_*):
+    * the timer (made on the first delay, on the connection's loop), the
+    * held request and a copy of its body; delayed_body NULL: none waits. */
+   struct event *delay_ev;
+   bson_t *delayed_body;
+   uint64_t delayed_seq;
 };
 
-/* ------------------------------------------------------------ failures */
+/* ------------------------------------------------------------ guesses */
 
-typedef struct {
-   char addr[LOGIN_ADDR_MAX];
-   int64_t window_start_ms; /* 0: free */
-   uint32_t failures;
-   bool warned;
-} peer_t;
+/* The process's table of guesses (base/authlimit.h), made on the first
+ * login under a key drawn once per process: a client that cannot know it
+ * cannot choose names that crowd one part of the table. */
+static authlimit_t *guesses;
+static pthread_once_t guesses_once = PTHREAD_ONCE_INIT;
 
-static peer_t peers[LOGIN_PEERS];
-static pthread_mutex_t peers_mu = PTHREAD_MUTEX_INITIALIZER;
+static void
+guesses_init (void)
+{
+   uint8_t key[AUTHLIMIT_KEY_BYTES];
+
+   if (RAND_bytes (key, sizeof key) != 1) {
+      /* Without randomness the table still bounds and limits; only its
+       * spreading is then predictable. */
+      int64_t t = clock_now_ms () ^ clock_mono_ms ();
+      log_warn ("login: RAND_bytes failed; the login failure table's hash key is derived from the clock");
+      memset (key, 0, sizeof key);
+      memcpy (key, &t, sizeof t);
+   }
+   guesses = authlimit_new (key);
+   OPENSSL_cleanse (key, sizeof key);
+}
+
+static authlimit_t *
+guesses_table (void)
+{
+   pthread_once (&guesses_once, guesses_init);
+   return guesses;
+}
 
 /* The address part of a connection's peer ("ip:port", "[v6]:port",
  * "unix"). */
@@ -84,80 +118,54 @@ peer_addr (const client_conn_t *c, char *out, size_t len)
    out[n] = '\0';
 }
 
-static uint32_t
-fnv1a (const char *s)
-{
-   uint32_t h = 2166136261u;
-
-   for (; *s; s++)
-      h = (h ^ (uint8_t) *s) * 16777619u;
-   return h;
-}
-
-/* The slot of `addr` (under peers_mu), its window renewed if it ran out. */
-static peer_t *
-peer_slot (const char *addr, int64_t now)
-{
-   uint32_t h = fnv1a (addr);
-   peer_t *oldest = NULL;
-
-   for (unsigned i = 0; i < LOGIN_PROBE; i++) {
-      peer_t *p = &peers[(h + i) % LOGIN_PEERS];
-      if (p->window_start_ms && strcmp (p->addr, addr) == 0) {
-         if (now - p->window_start_ms >= LOGIN_WINDOW_MS) {
-            p->window_start_ms = now;
-            p->failures = 0;
-            p->warned = false;
-         }
-         return p;
-      }
-      if (!oldest || p->window_start_ms < oldest->window_start_ms)
-         oldest = p;
-   }
-   bson_strncpy (oldest->addr, addr, sizeof oldest->addr);
-   oldest->window_start_ms = now;
-   oldest->failures = 0;
-   oldest->warned = false;
-   return oldest;
-}
-
-/* Whether c's address may try to log in now. */
+/* Counts the guess of the conversation that just started (its user is
+ * known and in the auth file), before any proof of it is checked: false
+ * when its (user, address) pair already has auth_failures_per_minute
+ * guesses counted, with errmsg naming the limit. */
 static bool
-peer_may_try (const client_conn_t *c)
+guess_take (client_conn_t *c, login_t *l, char *errmsg, size_t errmsg_len)
 {
    char addr[LOGIN_ADDR_MAX];
-   int64_t now = clock_mono_ms () + 1; /* never 0: 0 marks a free slot */
-   uint32_t failures;
-   bool warn = false;
+   const char *user = scram_server_user (l->conv);
+   int64_t limit = l->cfg->auth_failures_per_minute;
+   uint32_t counted;
+   bool first;
 
+   RELAYBUS_ASSERT (user && !l->ticket.held);
    peer_addr (c, addr, sizeof addr);
-   pthread_mutex_lock (&peers_mu);
-   {
-      peer_t *p = peer_slot (addr, now);
-      failures = p->failures;
-      if (failures >= (uint32_t) c->cfg->auth_failures_per_minute && !p->warned) {
-         p->warned = true;
-         warn = true;
-      }
-   }
-   pthread_mutex_unlock (&peers_mu);
-   if (warn)
-      log_warn ("login: %s failed %u logins within a minute (auth_failures_per_minute = %" PRId64
-                "): its logins are refused unchecked until the minute is over",
-                addr, failures, c->cfg->auth_failures_per_minute);
-   return failures < (uint32_t) c->cfg->auth_failures_per_minute;
+   if (authlimit_take (guesses_table (), user, addr, (uint32_t) limit, clock_mono_ms (), &l->ticket, &counted,
+                       &first))
+      return true;
+   counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_THROTTLED, 1);
+   if (first)
+      log_warn ("login: user %s from %s has %u guesses within a minute (auth_failures_per_minute = %" PRId64
+                "): its further logins from that address are refused unchecked until the oldest is a minute old",
+                user, addr, counted, limit);
+   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "login refused unchecked: user %s, auth_failures_per_minute = %" PRId64,
+             user, limit);
+   bson_snprintf (errmsg, errmsg_len,
+                  "Authentication failed. (relaybus: too many failed logins for this user from this address: "
+                  "auth_failures_per_minute = %" PRId64 "; try again in a minute)",
+                  limit);
+   return false;
 }
 
+/* The conversation's proof was wrong: its guess stays counted, and the
+ * user's failures grow its delay. */
 static void
-peer_failed (const client_conn_t *c)
+guess_spend (login_t *l)
 {
-   char addr[LOGIN_ADDR_MAX];
-   int64_t now = clock_mono_ms () + 1;
+   if (l->ticket.held)
+      authlimit_spend (guesses_table (), &l->ticket, scram_server_user (l->conv), clock_mono_ms ());
+}
 
-   peer_addr (c, addr, sizeof addr);
-   pthread_mutex_lock (&peers_mu);
-   peer_slot (addr, now)->failures++;
-   pthread_mutex_unlock (&peers_mu);
+/* The conversation's proof was right, or it ends without one checked:
+ * its guess is given back, so that a correct login costs nothing. */
+static void
+guess_refund (login_t *l)
+{
+   if (l->ticket.held)
+      authlimit_refund (guesses_table (), &l->ticket, clock_mono_ms ());
 }
 
 /* ------------------------------------------------------------ state */
@@ -173,6 +181,7 @@ login_get (client_conn_t *c)
 static void
 conversation_end (login_t *l)
 {
+   guess_refund (l); /* still held: ended before its proof was checked */
    scram_server_destroy (l->conv);
    l->conv = NULL;
    config_release (l->cfg);
@@ -187,6 +196,11 @@ login_destroy (login_t *l)
 {
    if (!l)
       return;
+   proxy_event_free (l->delay_ev);
+   l->delay_ev = NULL;
+   if (l->delayed_body)
+      bson_destroy (l->delayed_body);
+   l->delayed_body = NULL;
    conversation_end (l);
    bson_free (l->user);
    bson_free (l->db);
@@ -238,6 +252,89 @@ login_answers_locally (const client_conn_t *c, const char *cmd)
    return c->loop->cfg->users && !login_user (c);
 }
 
+/* ------------------------------------------------------------ the delay */
+
+static void cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body);
+static void answer_error (client_conn_t *c, uint64_t seq, int32_t code, const char *errmsg);
+
+/* The delayed saslContinue's time is up: its proof is checked and
+ * answered now.  The timer is freed with the login (login_destroy, when
+ * the connection is freed), so c is alive here; a connection closed
+ * meanwhile gets no answer. */
+static void
+delay_fire (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+   login_t *l = c->login;
+   bson_t *body = l->delayed_body;
+
+   (void) fd;
+   (void) what;
+   l->delayed_body = NULL;
+   if (!body)
+      return;
+   if (c->state != CLIENT_STATE_CLOSING)
+      cmd_sasl_continue (c, l->delayed_seq, body);
+   bson_destroy (body);
+}
+
+/* Whether the saslContinue `body` (request seq) of c waits before its
+ * proof is checked: once the conversation's user has
+ * auth_failures_per_minute failures within a minute, from any address,
+ * each proof of that user waits 100 ms, doubled by each further failure,
+ * up to auth_failure_delay_max_ms.  This slows guessing spread over many
+ * addresses, which the per-address limit does not, without locking the
+ * user out.  True: held (the timer answers it), or answered. */
+static bool
+delay_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
+{
+   login_t *l = c->login;
+   const char *user;
+   int64_t ms;
+   struct timeval tv;
+
+   if (!l || !l->conv || l->final_sent || scram_server_state (l->conv) != SCRAM_STATE_FIRST_SENT)
+      return false;
+   user = scram_server_user (l->conv);
+   ms = authlimit_delay_ms (guesses_table (), user, (uint32_t) l->cfg->auth_failures_per_minute,
+                            l->cfg->auth_failure_delay_max_ms, clock_mono_ms ());
+   if (ms <= 0)
+      return false;
+   if (!l->delay_ev)
+      l->delay_ev = evtimer_new (c->loop->base, delay_fire, c);
+   if (!l->delay_ev) {
+      /* No timer: refuse unchecked rather than check without the delay. */
+      conversation_end (l);
+      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED, "Authentication failed.");
+      return true;
+   }
+   RELAYBUS_ASSERT (!l->delayed_body);
+   l->delayed_body = bson_copy (body);
+   l->delayed_seq = seq;
+   tv = clock_timeval_ms (ms);
+   evtimer_add (l->delay_ev, &tv);
+   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "login: proof of user %s delayed %" PRId64 " ms (failed logins of the user)",
+             user, ms);
+   return true;
+}
+
+/* While a saslContinue waits out its delay, the conversation is its: a
+ * saslStart, saslContinue or logout meanwhile is refused (ProtocolError),
+ * not run, so that another command can neither have the proof checked
+ * early nor end the conversation under it.  True: answered. */
+static bool
+delay_busy (client_conn_t *c, uint64_t seq, const char *cmd)
+{
+   if (!c->login || !c->login->delayed_body || !cmd)
+      return false;
+   if (strcmp (cmd, "saslStart") != 0 && strcmp (cmd, "saslContinue") != 0 && strcmp (cmd, "logout") != 0)
+      return false;
+   answer_error (c, seq, LOGIN_CODE_NO_SUCH_CONVERSATION,
+                 "relaybus: this connection's saslContinue waits for its answer (auth_failure_delay_max_ms); send "
+                 "the next login command after it");
+   return true;
+}
+
 /* ------------------------------------------------------------ SCRAM */
 
 /* A binary (or string) payload of a SASL command. */
@@ -274,7 +371,7 @@ static void
 login_failed (client_conn_t *c, login_t *l, const char *why)
 {
    counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_FAILURE, 1);
-   peer_failed (c);
+   guess_spend (l);
    log_conn (LOG_LEVEL_INFO, c->id, c->peer, "login refused: %s", why);
    conversation_end (l);
 }
@@ -297,14 +394,6 @@ sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_f
 
    conversation_end (l);
    *code = LOGIN_CODE_AUTH_FAILED;
-   if (!peer_may_try (c)) {
-      counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_THROTTLED, 1);
-      bson_snprintf (errmsg, errmsg_len,
-                     "relaybus: too many failed logins from this address (auth_failures_per_minute = %" PRId64
-                     "); try again in a minute",
-                     c->cfg->auth_failures_per_minute);
-      return false;
-   }
    if (bson_iter_init_find (&it, cmd, "mechanism") && BSON_ITER_HOLDS_UTF8 (&it))
       mech_name = bson_iter_utf8 (&it, &mech_len);
    if (!mech_name || !authfile_mech_from_name (mech_name, mech_len, &mech)) {
@@ -341,6 +430,12 @@ sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_f
       login_failed (c, l, why);
       return false;
    }
+   if (!guess_take (c, l, errmsg, errmsg_len)) {
+      bson_free (*server_first);
+      *server_first = NULL;
+      conversation_end (l);
+      return false;
+   }
    return true;
 }
 
@@ -375,6 +470,7 @@ login_succeeded (client_conn_t *c, login_t *l)
    l->user = bson_strdup (scram_server_user (l->conv));
    l->db = l->pending_db;
    l->pending_db = NULL;
+   guess_refund (l);
    counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_SUCCESS, 1);
    log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "logged in as %s with %s", l->user,
              authfile_mech_name (scram_server_mech (l->conv)));
@@ -499,6 +595,8 @@ login_hello (client_conn_t *c, const bson_t *hello, bson_t *reply)
       bson_iter_document (&it, &len, &data);
       if (!bson_init_static (&spec, data, len) || !bson_has_field (&spec, "saslStart"))
          return; /* not a SASL start (X.509 is refused at authenticate) */
+      if (c->login && c->login->delayed_body)
+         return; /* a delayed saslContinue keeps its conversation (delay_busy) */
       if (!sasl_start (c, &spec,
                        bson_iter_init_find (&db, &spec, "db") && BSON_ITER_HOLDS_UTF8 (&db) ? bson_iter_utf8 (&db, NULL)
                                                                                           : "admin",
@@ -562,10 +660,13 @@ login_command (client_conn_t *c,
       db = bson_iter_utf8 (&it, NULL);
    if (!cmd) {
       answer_error (c, seq, LOGIN_CODE_UNAUTHORIZED, "command requires authentication");
+   } else if (delay_busy (c, seq, cmd)) {
+      /* answered */
    } else if (strcmp (cmd, "saslStart") == 0) {
       cmd_sasl_start (c, seq, &msg->body, db);
    } else if (strcmp (cmd, "saslContinue") == 0) {
-      cmd_sasl_continue (c, seq, &msg->body);
+      if (!delay_continue (c, seq, &msg->body))
+         cmd_sasl_continue (c, seq, &msg->body);
    } else if (strcmp (cmd, "authenticate") == 0) {
       answer_error (c, seq, LOGIN_CODE_AUTH_FAILED,
                     "relaybus: the pooled proxy authenticates clients with SCRAM-SHA-256 and SCRAM-SHA-1 only "

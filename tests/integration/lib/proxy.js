@@ -732,7 +732,8 @@ class Framer {
 
 /** A raw client connection speaking the wire protocol. */
 class WireConn {
-  static connect({ host = '127.0.0.1', port, path: sockPath = null, tls = null, timeoutMs = 5000 }) {
+  /** localAddress: the client socket's own address (127.0.0.2: a second client host on loopback). */
+  static connect({ host = '127.0.0.1', port, path: sockPath = null, tls = null, timeoutMs = 5000, localAddress }) {
     return new Promise((resolve, reject) => {
       let sock;
       const onErr = (e) => {
@@ -753,7 +754,7 @@ class WireConn {
       } else if (sockPath) {
         sock = net.connect({ path: sockPath }, ready);
       } else {
-        sock = net.connect({ host, port }, ready);
+        sock = net.connect({ host, port, ...(localAddress ? { localAddress } : {}) }, ready);
       }
       sock.once('error', onErr);
     });
