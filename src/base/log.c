@@ -4,7 +4,7 @@
  * Each line is formatted into a stack buffer, as text or as one JSON
  * object, and handed whole to the destination, so lines from different
  * threads never interleave.  Long messages are cut (with "...") rather
- * than allocated: logging must never fail or block on memory.  Once
+ * than grown: logging must never fail or block on a destination.  Once
  * log_start has run, lines go through a bounded queue that a writer thread
  * drains to stderr or log_file: a destination that stalls (a log reader
  * that stopped reading a full pipe) costs dropped lines, counted in
@@ -16,10 +16,13 @@
  * names, event ids, annotation fields, answers of webhooks): every message
  * goes through log_escape here, so that no caller can forget it and no
  * client can start a forged line.  Control characters become \n, \r, \t
- * or \xNN; printable UTF-8 stays as it is.
+ * or \xNN; printable UTF-8 stays as it is.  Before that, every message
+ * goes through config_mask: the user information of each URL and each
+ * configured secret quoted verbatim become "********".
  */
 #include "base/log.h"
 #include "base/assert.h"
+#include "base/config.h"
 #include "base/counters.h"
 #include "base/utf8.h"
 
@@ -529,6 +532,7 @@ log_msg (log_level_t level, const char *fmt, ...)
    char msg[LOG_LINE_MAX];
    char line[2 * LOG_LINE_MAX + 256];
    char stamp[32];
+   char *masked;
    bool cut;
    struct timeval tv;
    struct tm tm;
@@ -549,9 +553,15 @@ log_msg (log_level_t level, const char *fmt, ...)
    va_end (ap);
    if (r < 0)
       r = 0;
+   /* Every line goes through the one masking of credentials, so that no
+    * caller can log a broker's URL or a library's message quoting a
+    * password in clear.  It allocates (bson_malloc aborts rather than
+    * fail); a line cut by vsnprintf is masked as cut. */
+   masked = config_mask (NULL, raw);
    /* Room is kept for "..." and for the text format's prefix (at most
     * LOG_PREFIX_MAX bytes), so that a text line never exceeds LOG_LINE_MAX. */
-   m = log_escape (raw, (size_t) r < sizeof raw ? (size_t) r : sizeof raw - 1, msg, sizeof msg - 4 - LOG_PREFIX_MAX, &cut);
+   m = log_escape (masked, strlen (masked), msg, sizeof msg - 4 - LOG_PREFIX_MAX, &cut);
+   bson_free (masked);
    if (cut || (size_t) r >= sizeof raw) {
       /* Truncated: mark it. */
       memcpy (msg + m, "...", 4);
