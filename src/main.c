@@ -150,7 +150,8 @@ apply_logging (const config_t *cfg, bool open_file, bson_error_t *error)
       return false;
    }
    if (open_file && !log_set_file (cfg->log_file, why, sizeof why)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "[proxy] log_file %s: %s", cfg->log_file, why);
+      /* `why` names the path. */
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "[proxy] log_file: %s", why);
       return false;
    }
    log_set_level (level);

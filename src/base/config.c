@@ -122,7 +122,8 @@ static const config_key_t config_key_table[] = {
    P ("log_format", S, "text", 0, 0, true, log_format,
       "text (one readable line each) or json (one JSON object per line)."),
    P ("log_file", S, "", 0, 0, true, log_file,
-      "File the log lines are appended to (created 0640); empty: standard error. SIGUSR1 reopens it (logrotate)."),
+      "File the log lines are appended to (created 0640); empty: standard error. SIGUSR1 reopens it (logrotate). "
+      "Refused when it is a symbolic link, owned by another user than the proxy's or root, or writable by group or others."),
 
    O ("database", S, "relaybus", 0, 0, false, outbox_database,
       "Database of the outbox collections."),

@@ -24,6 +24,7 @@
 #include "base/assert.h"
 #include "base/config.h"
 #include "base/counters.h"
+#include "base/trustfile.h"
 #include "base/utf8.h"
 
 #include <errno.h>
@@ -221,21 +222,29 @@ write_all (int fd, const char *buf, size_t n)
    }
 }
 
+/* Every line goes to log_file, so it must be the proxy's own file: not a
+ * symbolic link (one planted in a writable directory would send the
+ * lines, and the appends, to a file of its maker's choice), owned by the
+ * proxy's user or root, and writable by nobody else (who could truncate
+ * it, or forge lines).  The same check as the auth file's
+ * (base/trustfile.h), at start-up, on reload and on every reopen. */
 static int
 open_log_file (const char *path, char *why, size_t why_len)
 {
-   int fd = open (path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-
-   if (fd < 0)
-      snprintf (why, why_len, "%s", strerror (errno));
-   return fd;
+   return trustfile_open (path,
+                          O_WRONLY | O_APPEND | O_CREAT,
+                          0640,
+                          TRUSTFILE_NOFOLLOW | TRUSTFILE_OWNER | TRUSTFILE_NO_GROUP_WRITE | TRUSTFILE_NO_OTHERS_WRITE,
+                          NULL,
+                          why,
+                          why_len);
 }
 
 /* Opens lq.path in place of the current destination; lq.mu held. */
 static void
 reopen_locked (char *note, size_t note_len)
 {
-   char why[128];
+   char why[LOG_PATH_MAX + 160]; /* cut to fit in the note */
    int fd;
 
    lq.reopen = false;
@@ -248,7 +257,7 @@ reopen_locked (char *note, size_t note_len)
    }
    fd = open_log_file (lq.path, why, sizeof why);
    if (fd < 0) {
-      snprintf (note, note_len, "log_file %.900s cannot be opened (%.100s): logging on to the previous destination", lq.path, why);
+      snprintf (note, note_len, "log_file refused (%s): logging on to the previous destination", why);
       return;
    }
    if (lq.fd != STDERR_FILENO)
@@ -270,7 +279,7 @@ log_set_file (const char *path, char *why, size_t why_len)
    bool ok = true;
 
    if (strlen (p) >= sizeof lq.path) {
-      snprintf (why, why_len, "log_file: path longer than %d bytes", LOG_PATH_MAX - 1);
+      snprintf (why, why_len, "path longer than %d bytes", LOG_PATH_MAX - 1);
       return false;
    }
    if (*p) {
