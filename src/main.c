@@ -56,6 +56,7 @@
 #include "dispatch/webhook.h"
 #include "proxy/listener.h"
 #include "proxy/loops.h"
+#include "base/keyhash.h"
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "base/clock.h"
@@ -572,6 +573,9 @@ main (int argc, char **argv)
    int opt;
 
    log_set_thread_name ("main");
+   /* The key of the tables that hash client-chosen keys: drawn now, before
+    * any thread, so that a missing entropy source stops the start. */
+   keyhash_init ();
    while ((opt = getopt_long (argc, argv, "c:Vh", longopts, NULL)) != -1) {
       switch (opt) {
       case 'c':
