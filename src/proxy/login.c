@@ -23,6 +23,7 @@
 
 #include "base/authfile.h"
 #include "base/clock.h"
+#include "base/keyhash.h"
 #include "base/config.h"
 #include "base/counters.h"
 #include "base/log.h"
@@ -84,21 +85,14 @@ peer_addr (const client_conn_t *c, char *out, size_t len)
    out[n] = '\0';
 }
 
-static uint32_t
-fnv1a (const char *s)
-{
-   uint32_t h = 2166136261u;
-
-   for (; *s; s++)
-      h = (h ^ (uint8_t) *s) * 16777619u;
-   return h;
-}
 
 /* The slot of `addr` (under peers_mu), its window renewed if it ran out. */
 static peer_t *
 peer_slot (const char *addr, int64_t now)
 {
-   uint32_t h = fnv1a (addr);
+   /* A client with many addresses (an IPv6 prefix) chooses them: keyed
+    * (base/keyhash.h), so it cannot fill the probe window of another's. */
+   uint32_t h = (uint32_t) keyhash (addr, strlen (addr));
    peer_t *oldest = NULL;
 
    for (unsigned i = 0; i < LOGIN_PROBE; i++) {
