@@ -1645,9 +1645,10 @@ append_n (bson_string_t *out, const char *s, size_t n)
 }
 
 /* Appends the URL url[0..len) with its credentials masked; `scheme` points
- * at its "://". */
+ * at its "://".  `cut` says the URL ends where the text ends, and the text
+ * may have been cut to a length (a lastError is at most 256 bytes). */
 static void
-mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
+mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme, bool cut)
 {
    const char *end = url + len;
    const char *auth = scheme + 3, *auth_end, *at = NULL, *q;
@@ -1670,6 +1671,22 @@ mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
          append_n (out, auth, (size_t) (colon - auth) + 1);
       bson_string_append (out, CONFIG_MASK);
       auth = at;
+   } else if (cut && auth_end == end) {
+      /* Cut before its '@': "user:pass" and "host:port" look alike, but a
+       * port is digits.  What follows the last ':' goes unless it is. */
+      const char *colon = NULL, *p;
+      bool digits = true;
+
+      for (p = auth; p < end; p++)
+         if (*p == ':')
+            colon = p;
+      for (p = colon ? colon + 1 : end; p < end; p++)
+         digits = digits && isdigit ((unsigned char) *p);
+      if (colon && !digits) {
+         append_n (out, auth, (size_t) (colon - auth) + 1);
+         bson_string_append (out, CONFIG_MASK);
+         return;
+      }
    }
    for (q = auth; q < end && *q != '?' && *q != '#'; q++)
       ;
@@ -1739,6 +1756,23 @@ mask_secrets (char *text)
       bson_zero_free (text, strlen (text) + 1);
       text = bson_string_free (out, false);
    }
+   /* A text cut to a length may end within a secret: a tail that is the
+    * secret's first CONFIG_SECRET_MIN_VERBATIM or more bytes goes too. */
+   for (size_t i = 0; i < cfg->n_secrets; i++) {
+      size_t n = strlen (text), len = strlen (cfg->secrets[i]);
+
+      for (size_t k = len - 1; k >= CONFIG_SECRET_MIN_VERBATIM && k > 0; k--) {
+         if (k <= n && memcmp (text + n - k, cfg->secrets[i], k) == 0) {
+            bson_string_t *out = bson_string_new (NULL);
+
+            append_n (out, text, n - k);
+            bson_string_append (out, CONFIG_MASK);
+            bson_zero_free (text, n + 1);
+            text = bson_string_free (out, false);
+            break;
+         }
+      }
+   }
 
 done:
    bson_free (done);
@@ -1773,7 +1807,7 @@ config_mask (const char *key_name, const char *value)
       if (start == scheme)
          append_n (out, scheme, (size_t) (stop - scheme)); /* no scheme: not a URL */
       else
-         mask_url (out, start, (size_t) (stop - start), scheme);
+         mask_url (out, start, (size_t) (stop - start), scheme, !key_name && !*stop);
       p = stop;
    }
    bson_string_append (out, p);

@@ -536,6 +536,11 @@ test_mask_free_text_secrets (void **state)
       {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "********"},
       {"a short one: ab", "a short one: ab"},
       {"http://other:x@h/", "http://other:********@h/"},
+      /* Cut to a length within a secret, or within a URL's password. */
+      {"rabbitmq: login as relay with pa@ss-w", "rabbitmq: login as relay with ********"},
+      {"nats: not connected to nats://relay:secr", "nats: not connected to nats://relay:********"},
+      {"nats: not connected to nats://127.0.0.1:4222", "nats: not connected to nats://127.0.0.1:4222"},
+      {"at http://[::1]:8080", "at http://[::1]:8080"},
    };
    config_t *cfg = parse_ok ("[admin]\ntoken = admin-t0ken-xyz\n"
                              "[handler h]\nevents = a\nkind = webhook\nurl = http://relay:pa%40ss-w0rd@x/\n"
