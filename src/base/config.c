@@ -1030,8 +1030,6 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
    return config_split_patterns (h, origin, error);
 }
 
-/* Cross-key checks once the whole file is read. */
-
 /* ----------------------------------------------------------- secrets */
 
 /* Adds s[0..len) to the snapshot's secrets, once, when it is long enough
@@ -1130,6 +1128,7 @@ config_collect_secrets (config_t *cfg)
    }
 }
 
+/* Cross-key checks once the whole file is read. */
 static bool
 config_validate (config_t *cfg, const char *origin, bson_error_t *error)
 {
