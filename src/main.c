@@ -56,6 +56,7 @@
 #include "dispatch/webhook.h"
 #include "proxy/listener.h"
 #include "proxy/loops.h"
+#include "base/keyhash.h"
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "base/clock.h"
@@ -150,7 +151,8 @@ apply_logging (const config_t *cfg, bool open_file, bson_error_t *error)
       return false;
    }
    if (open_file && !log_set_file (cfg->log_file, why, sizeof why)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "[proxy] log_file %s: %s", cfg->log_file, why);
+      /* `why` names the path. */
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "[proxy] log_file: %s", why);
       return false;
    }
    log_set_level (level);
@@ -571,6 +573,9 @@ main (int argc, char **argv)
    int opt;
 
    log_set_thread_name ("main");
+   /* The key of the tables that hash client-chosen keys: drawn now, before
+    * any thread, so that a missing entropy source stops the start. */
+   keyhash_init ();
    while ((opt = getopt_long (argc, argv, "c:Vh", longopts, NULL)) != -1) {
       switch (opt) {
       case 'c':

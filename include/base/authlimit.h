@@ -37,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/keyhash.h"
+
 #define AUTHLIMIT_WINDOW_MS 60000
 #define AUTHLIMIT_BUCKET_MS 10000
 /* One bucket more than the window: any guess of the last minute is in them. */
@@ -44,7 +46,7 @@
 #define AUTHLIMIT_PAIRS 4096 /* (user, address) slots */
 #define AUTHLIMIT_USERS 1024 /* user slots (their failures, for the delay) */
 #define AUTHLIMIT_PROBE 8    /* slots tried per lookup */
-#define AUTHLIMIT_KEY_BYTES 16
+#define AUTHLIMIT_KEY_BYTES KEYHASH_KEY_LEN
 /* The first delay; each further failure doubles it, up to the cap. */
 #define AUTHLIMIT_DELAY_BASE_MS 100
 
@@ -92,9 +94,5 @@ uint32_t authlimit_user_failures (authlimit_t *al, const char *user, int64_t now
  * failures, then min(cap_ms, AUTHLIMIT_DELAY_BASE_MS * 2^(failures -
  * threshold)); 0 when cap_ms is 0. */
 int64_t authlimit_delay_ms (authlimit_t *al, const char *user, uint32_t threshold, int64_t cap_ms, int64_t now_ms);
-
-/* SipHash-2-4 of data[0..len) under key (exposed for the unit test's
- * reference vectors). */
-uint64_t authlimit_siphash (const uint8_t key[AUTHLIMIT_KEY_BYTES], const void *data, size_t len);
 
 #endif /* RELAYBUS_BASE_AUTHLIMIT_H */

@@ -207,6 +207,13 @@ typedef struct config {
    config_handler_t *handlers;
    size_t n_handlers;
 
+   /* The secrets a message may quote verbatim (config_mask): the admin
+    * token, each webhook secret, the passwords of the URLs, the secret
+    * kafka.<property> values; filled by validation, owned and wiped by
+    * the snapshot. */
+   char **secrets;
+   size_t n_secrets;
+
    /* Where it came from, for logs and reload. */
    char *path;
    _Atomic int refcount; /* see config_retain */
@@ -253,9 +260,14 @@ bool config_reload_allowed (const config_t *cur, const config_t *next, bson_erro
 void config_write (const config_t *cfg, FILE *out);
 
 /* The one masking of credentials for output (--check-config, the admin
- * API, log lines): a copy of `value` the caller frees with bson_free, or
- * NULL for NULL.  The whole value becomes "********" for a secret key
- * (`key_name` "token" or "secret"; NULL for a value of no key).  In a URL
+ * API, every log line, every lastError the outbox stores, the brokers'
+ * connection details): a copy of `value` the caller frees with bson_free,
+ * or NULL for NULL.  The whole value becomes "********" for a secret key
+ * (`key_name` "token" or "secret").  With `key_name` NULL the value is
+ * free text (an error message, a log line): every URL in it is masked as
+ * below, and then every secret of the snapshot in force (config_t.secrets,
+ * at least CONFIG_SECRET_MIN_VERBATIM bytes long) that it quotes verbatim
+ * becomes "********" too.  In a URL
  * the password of the user information is masked (all of it when there is
  * no ':'); in a mongodb:// or mongodb+srv:// URI also the values of the
  * certificate-key password options (tlsCertificateKeyFilePassword and its
@@ -263,6 +275,14 @@ void config_write (const config_t *cfg, FILE *out);
  * property names stay); in any other URL every query-string value (the
  * keys stay) and the fragment. */
 char *config_mask (const char *key_name, const char *value);
+
+/* Shorter secrets are not searched for in free text: masking every "ab"
+ * of a message would garble it and reveal the secret by its gaps. */
+#define CONFIG_SECRET_MIN_VERBATIM 4
+
+/* True for a kafka.<property> whose value is a secret (sasl.password,
+ * ssl.key.password, ...): never echoed, masked in free text. */
+bool config_kafka_prop_is_secret (const char *name);
 
 /* Reference counting of snapshots.  NULL is accepted by release. */
 config_t *config_retain (config_t *cfg);

@@ -73,10 +73,18 @@ typedef struct fleet_set {
 bool fleet_pattern_matches (const char *pattern, const char *type);
 bool fleet_handler_matches (const fleet_handler_t *h, const char *type);
 
+/* The label the secret fields' HMACs are over (fleet_handler_hash). */
+#define FLEET_HASH_LABEL "relaybus fleet hash v1 "
+
 /* The settings hash of a handler: SHA-256 over its kind, events, url,
  * secrets, retry schedule, max_attempts, timeout, concurrency and
- * retry_4xx, cut to 16 hex digits ("sha256:..."); secrets are never stored
- * or shown, and a 64-bit cut of the digest does not reveal them. */
+ * retry_4xx, each field as "name:length:value", cut to 16 hex digits
+ * ("sha256:...").  The url and the secret enter it not as written but as
+ * the hex of HMAC-SHA-256 keyed by the value over FLEET_HASH_LABEL and
+ * the field's name ("relaybus fleet hash v1 url"): the outbox, where the
+ * hash is stored, then holds no plain digest of a secret that a guess
+ * could be checked against with SHA-256 alone (docs/handlers.md says
+ * what a difference can and cannot tell). */
 void fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1]);
 
 /* Appends, as array `key`, the handlers of `cfg` as the instance document

@@ -55,11 +55,15 @@ void log_set_format (log_format_t format);
 
 /* Sends lines to `path` (appended to, created 0640), or to stderr for NULL
  * or "".  The file is opened here once to check it (false with the reason
- * in why); while the writer runs, it switches after the lines already
- * queued. */
+ * in why, which names the path): it must not be a symbolic link, must be
+ * owned by the proxy's user or root, and not writable by its group or
+ * others (base/trustfile.h); while the writer runs, it switches after the
+ * lines already queued. */
 bool log_set_file (const char *path, char *why, size_t why_len) __attribute__ ((warn_unused_result));
 
-/* Opens log_file again (SIGUSR1, after logrotate moved it). */
+/* Opens log_file again (SIGUSR1, after logrotate moved it), with the
+ * checks of log_set_file; a file refused leaves the lines going to the one
+ * in use, and a warning says why. */
 void log_reopen (void);
 
 /* Starts the writer thread; until then (and after log_stop) lines are

@@ -387,8 +387,12 @@ admin_api_readyz (admin_t *a, struct evhttp_request *req)
    BSON_APPEND_BOOL (&doc, "ready", ready);
    BSON_APPEND_UTF8 (&doc, "upstream", topology_state_name (snap.state));
    BSON_APPEND_BOOL (&doc, "outbox", outbox);
-   if (!up && snap.last_error[0] && bson_utf8_validate (snap.last_error, strlen (snap.last_error), false))
-      BSON_APPEND_UTF8 (&doc, "reason", snap.last_error);
+   if (!up && snap.last_error[0] && bson_utf8_validate (snap.last_error, strlen (snap.last_error), false)) {
+      /* The driver's error about the upstream may quote its URI. */
+      char *masked = config_mask (NULL, snap.last_error);
+      BSON_APPEND_UTF8 (&doc, "reason", masked);
+      bson_free (masked);
+   }
    {
       /* Broker connections are details, listed when there are any: a
        * broker that is down delays deliveries (they are retried), it does
@@ -413,7 +417,10 @@ store_view_load (admin_t *a, store_view_t *v, int64_t now)
    v->ok = store_statistics (a->store, now, &v->totals, &err) && store_handler_stats (a->store, &v->hs, &v->n_hs, &err) &&
            store_list_lanes (a->store, now, a->local_prefix, &v->lanes, &v->leased, &v->held, &err);
    if (!v->ok) {
-      bson_strncpy (v->error, err.message, sizeof v->error);
+      /* Shown in /api/stats: the driver's text may quote the URI. */
+      char *masked = config_mask (NULL, err.message);
+      bson_strncpy (v->error, masked, sizeof v->error);
+      bson_free (masked);
       log_warn ("admin: reading the outbox: %s", err.message);
       return;
    }

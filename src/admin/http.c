@@ -227,6 +227,12 @@ admin_send_error (admin_t *a, struct evhttp_request *req, int code, const char *
    va_start (ap, fmt);
    vsnprintf (msg, sizeof msg, fmt, ap);
    va_end (ap);
+   {
+      /* An error answer may quote the store's or a broker's error. */
+      char *masked = config_mask (NULL, msg);
+      bson_strncpy (msg, masked, sizeof msg);
+      bson_free (masked);
+   }
    if (!bson_utf8_validate (msg, strlen (msg), false))
       bson_strncpy (msg, "invalid request", sizeof msg);
    if (code < 500)

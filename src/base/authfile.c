@@ -11,6 +11,7 @@
  * (codec/scram.c does both).
  */
 #include "base/authfile.h"
+#include "base/trustfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -385,21 +386,23 @@ authfile_load (const char *path, bson_error_t *error)
    char *buf = NULL;
    size_t len = 0;
    struct stat st;
-   int fd = open (path, O_RDONLY | O_CLOEXEC);
+   trustfile_err_t terr;
+   char why[512];
+   /* The one check of trusted files (base/trustfile.h): a regular file
+    * others may neither read nor write.  A symbolic link is followed (a
+    * mounted secret is often one) and any owner is accepted: the file is
+    * only read. */
+   int fd = trustfile_open (path, O_RDONLY, 0, TRUSTFILE_NO_OTHERS_READ | TRUSTFILE_NO_OTHERS_WRITE, &terr, why, sizeof why);
 
    if (fd < 0) {
-      bson_set_error (error, AUTHFILE_ERROR_DOMAIN, AUTHFILE_ERR_IO, "%s: cannot open: %s", path,
-                      strerror (errno));
+      if (terr == TRUSTFILE_ERR_MODE)
+         bson_set_error (error, AUTHFILE_ERROR_DOMAIN, AUTHFILE_ERR_PERMISSIONS, "%s; it holds SCRAM keys", why);
+      else
+         bson_set_error (error, AUTHFILE_ERROR_DOMAIN, AUTHFILE_ERR_IO, "%s", why);
       goto done;
    }
-   if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)) {
-      bson_set_error (error, AUTHFILE_ERROR_DOMAIN, AUTHFILE_ERR_IO, "%s: not a regular file", path);
-      goto done;
-   }
-   if (st.st_mode & (S_IROTH | S_IWOTH)) {
-      bson_set_error (error, AUTHFILE_ERROR_DOMAIN, AUTHFILE_ERR_PERMISSIONS,
-                      "%s: readable or writable by others (mode %03o); it holds SCRAM keys: chmod o-rw %s",
-                      path, (unsigned) (st.st_mode & 0777), path);
+   if (fstat (fd, &st) != 0) {
+      bson_set_error (error, AUTHFILE_ERROR_DOMAIN, AUTHFILE_ERR_IO, "%s: fstat: %s", path, strerror (errno));
       goto done;
    }
    if ((size_t) st.st_size > AUTHFILE_MAX_BYTES) {

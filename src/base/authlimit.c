@@ -6,12 +6,9 @@
  * A slot counts in a ring of AUTHLIMIT_BUCKETS buckets; `epoch` is the
  * newest bucket's number (now_ms / AUTHLIMIT_BUCKET_MS), and moving it
  * forward clears the buckets it passes, so a sum over the ring is the
- * count of the last 60 to 70 s.  A slot's tag is the SipHash of its name
- * (0 marks a free slot; a hash of 0 is taken as 1).
- *
- * The SipHash here is local: it is the reference algorithm (Aumasson and
- * Bernstein, SipHash-2-4), checked against the paper's vectors in
- * tests/unit/test_authlimit.c.
+ * count of the last 60 to 70 s.  A slot's tag is the SipHash-2-4 of its
+ * name (base/keyhash.h) under the table's own key (0 marks a free slot; a
+ * hash of 0 is taken as 1).
  */
 #include "base/authlimit.h"
 
@@ -21,6 +18,7 @@
 #include <bson/bson.h>
 
 #include "base/assert.h"
+#include "base/keyhash.h"
 
 /* Bytes of name hashed: a user name (AUTHFILE_MAX_NAME is 256) and an
  * address fit; longer input is cut here, the same for every call. */
@@ -41,73 +39,6 @@ struct authlimit {
    slot_t users[AUTHLIMIT_USERS];
 };
 
-/* ------------------------------------------------------------ SipHash */
-
-static inline uint64_t
-rotl (uint64_t x, int b)
-{
-   return (x << b) | (x >> (64 - b));
-}
-
-static inline uint64_t
-load64 (const uint8_t *p)
-{
-   uint64_t v = 0;
-
-   for (int i = 7; i >= 0; i--)
-      v = (v << 8) | p[i];
-   return v;
-}
-
-#define SIPROUND                                                                                                       \
-   do {                                                                                                                \
-      v0 += v1;                                                                                                        \
-      v1 = rotl (v1, 13);                                                                                              \
-      v1 ^= v0;                                                                                                        \
-      v0 = rotl (v0, 32);                                                                                              \
-      v2 += v3;                                                                                                        \
-      v3 = rotl (v3, 16);                                                                                              \
-      v3 ^= v2;                                                                                                        \
-      v0 += v3;                                                                                                        \
-      v3 = rotl (v3, 21);                                                                                              \
-      v3 ^= v0;                                                                                                        \
-      v2 += v1;                                                                                                        \
-      v1 = rotl (v1, 17);                                                                                              \
-      v1 ^= v2;                                                                                                        \
-      v2 = rotl (v2, 32);                                                                                              \
-   } while (0)
-
-uint64_t
-authlimit_siphash (const uint8_t key[AUTHLIMIT_KEY_BYTES], const void *data, size_t len)
-{
-   const uint8_t *in = data;
-   uint64_t k0 = load64 (key), k1 = load64 (key + 8);
-   uint64_t v0 = 0x736f6d6570736575ULL ^ k0, v1 = 0x646f72616e646f6dULL ^ k1;
-   uint64_t v2 = 0x6c7967656e657261ULL ^ k0, v3 = 0x7465646279746573ULL ^ k1;
-   uint64_t b = (uint64_t) len << 56, m;
-   size_t whole = len - len % 8;
-
-   for (size_t i = 0; i < whole; i += 8) {
-      m = load64 (in + i);
-      v3 ^= m;
-      SIPROUND;
-      SIPROUND;
-      v0 ^= m;
-   }
-   for (size_t i = 0; i < len % 8; i++)
-      b |= (uint64_t) in[whole + i] << (8 * i);
-   v3 ^= b;
-   SIPROUND;
-   SIPROUND;
-   v0 ^= b;
-   v2 ^= 0xff;
-   SIPROUND;
-   SIPROUND;
-   SIPROUND;
-   SIPROUND;
-   return v0 ^ v1 ^ v2 ^ v3;
-}
-
 /* The tag of a pair ('p', user, NUL, address) or of a user ('u', user):
  * the kind byte keeps the two tables' names apart. */
 static uint64_t
@@ -127,7 +58,7 @@ tag_of (const authlimit_t *al, char kind, const char *user, const char *addr)
       memcpy (buf + n, addr, len);
       n += len;
    }
-   h = authlimit_siphash (al->key, buf, n);
+   h = keyhash_siphash24 (al->key, buf, n);
    return h ? h : 1;
 }
 

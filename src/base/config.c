@@ -125,7 +125,8 @@ static const config_key_t config_key_table[] = {
    P ("log_format", S, "text", 0, 0, true, log_format,
       "text (one readable line each) or json (one JSON object per line)."),
    P ("log_file", S, "", 0, 0, true, log_file,
-      "File the log lines are appended to (created 0640); empty: standard error. SIGUSR1 reopens it (logrotate)."),
+      "File the log lines are appended to (created 0640); empty: standard error. SIGUSR1 reopens it (logrotate). "
+      "Refused when it is a symbolic link, owned by another user than the proxy's or root, or writable by group or others."),
 
    O ("database", S, "relaybus", 0, 0, false, outbox_database,
       "Database of the outbox collections."),
@@ -521,6 +522,9 @@ config_free (config_t *cfg)
    bson_free (cfg->upstream_tls.cert_key_file);
    if (cfg->upstream_tls.cert_key_password)
       bson_zero_free (cfg->upstream_tls.cert_key_password, strlen (cfg->upstream_tls.cert_key_password));
+   for (size_t i = 0; i < cfg->n_secrets; i++)
+      bson_zero_free (cfg->secrets[i], strlen (cfg->secrets[i]));
+   bson_free (cfg->secrets);
    bson_free (cfg->path);
    bson_free (cfg);
 }
@@ -1029,6 +1033,104 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
    return config_split_patterns (h, origin, error);
 }
 
+/* ----------------------------------------------------------- secrets */
+
+/* Adds s[0..len) to the snapshot's secrets, once, when it is long enough
+ * to be searched for (CONFIG_SECRET_MIN_VERBATIM). */
+static void
+secrets_add (config_t *cfg, const char *s, size_t len)
+{
+   if (!s || len < CONFIG_SECRET_MIN_VERBATIM)
+      return;
+   for (size_t i = 0; i < cfg->n_secrets; i++)
+      if (strlen (cfg->secrets[i]) == len && memcmp (cfg->secrets[i], s, len) == 0)
+         return;
+   cfg->secrets = bson_realloc (cfg->secrets, (cfg->n_secrets + 1) * sizeof *cfg->secrets);
+   cfg->secrets[cfg->n_secrets++] = bson_strndup (s, len);
+}
+
+static int hex_value (char c);
+
+/* The password (or the token: user information without ':') of a URL,
+ * as written and percent-decoded: a library's message may quote either. */
+static void
+secrets_add_url (config_t *cfg, const char *url)
+{
+   const char *auth = url ? strstr (url, "://") : NULL;
+   const char *end, *at = NULL, *colon;
+   char *decoded;
+   size_t n = 0;
+
+   if (!auth)
+      return;
+   auth += 3;
+   for (end = auth; *end && !strchr ("/?#", *end); end++)
+      if (*end == '@')
+         at = end;
+   if (!at)
+      return;
+   colon = memchr (auth, ':', (size_t) (at - auth));
+   if (colon)
+      auth = colon + 1;
+   secrets_add (cfg, auth, (size_t) (at - auth));
+   decoded = bson_malloc ((size_t) (at - auth) + 1);
+   for (const char *p = auth; p < at; p++) {
+      if (*p == '%' && p + 2 < at && hex_value (p[1]) >= 0 && hex_value (p[2]) >= 0) {
+         decoded[n++] = (char) (hex_value (p[1]) * 16 + hex_value (p[2]));
+         p += 2;
+      } else {
+         decoded[n++] = *p;
+      }
+   }
+   secrets_add (cfg, decoded, n);
+   bson_zero_free (decoded, (size_t) (at - auth) + 1);
+}
+
+bool
+config_kafka_prop_is_secret (const char *name)
+{
+   return strstr (name, "password") || strstr (name, "secret") || strstr (name, ".pem") ||
+          strstr (name, "key.password") || strstr (name, "sasl.oauthbearer.config");
+}
+
+/* Fills cfg->secrets from the validated snapshot (config_t.secrets). */
+static void
+config_collect_secrets (config_t *cfg)
+{
+   secrets_add (cfg, cfg->admin_token, strlen (cfg->admin_token));
+   secrets_add (cfg, cfg->upstream_auth.password, cfg->upstream_auth.password ? strlen (cfg->upstream_auth.password) : 0);
+   secrets_add (cfg,
+                cfg->upstream_tls.cert_key_password,
+                cfg->upstream_tls.cert_key_password ? strlen (cfg->upstream_tls.cert_key_password) : 0);
+   secrets_add_url (cfg, cfg->upstream);
+   for (size_t i = 0; i < cfg->n_handlers; i++) {
+      const config_handler_t *h = &cfg->handlers[i];
+      const char *p = h->secret;
+
+      /* The whole value, each of its white-space separated secrets, and
+       * each one's key without the whsec_ prefix. */
+      secrets_add (cfg, h->secret, strlen (h->secret));
+      for (;;) {
+         size_t len;
+
+         while (isspace ((unsigned char) *p))
+            p++;
+         if (!*p)
+            break;
+         for (len = 0; p[len] && !isspace ((unsigned char) p[len]); len++)
+            ;
+         secrets_add (cfg, p, len);
+         if (len > 6 && strncmp (p, "whsec_", 6) == 0)
+            secrets_add (cfg, p + 6, len - 6);
+         p += len;
+      }
+      secrets_add_url (cfg, h->url);
+      for (size_t k = 0; k < h->n_kafka_props; k++)
+         if (config_kafka_prop_is_secret (h->kafka_props[2 * k]))
+            secrets_add (cfg, h->kafka_props[2 * k + 1], strlen (h->kafka_props[2 * k + 1]));
+   }
+}
+
 /* Cross-key checks once the whole file is read. */
 static bool
 config_validate (config_t *cfg, const char *origin, bson_error_t *error)
@@ -1155,6 +1257,7 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
       if (!config_validate_handler (&cfg->handlers[i], origin, error))
          return false;
    }
+   config_collect_secrets (cfg);
    return true;
 }
 
@@ -1544,9 +1647,10 @@ append_n (bson_string_t *out, const char *s, size_t n)
 }
 
 /* Appends the URL url[0..len) with its credentials masked; `scheme` points
- * at its "://". */
+ * at its "://".  `cut` says the URL ends where the text ends, and the text
+ * may have been cut to a length (a lastError is at most 256 bytes). */
 static void
-mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
+mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme, bool cut)
 {
    const char *end = url + len;
    const char *auth = scheme + 3, *auth_end, *at = NULL, *q;
@@ -1569,6 +1673,22 @@ mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
          append_n (out, auth, (size_t) (colon - auth) + 1);
       bson_string_append (out, CONFIG_MASK);
       auth = at;
+   } else if (cut && auth_end == end) {
+      /* Cut before its '@': "user:pass" and "host:port" look alike, but a
+       * port is digits.  What follows the last ':' goes unless it is. */
+      const char *colon = NULL, *p;
+      bool digits = true;
+
+      for (p = auth; p < end; p++)
+         if (*p == ':')
+            colon = p;
+      for (p = colon ? colon + 1 : end; p < end; p++)
+         digits = digits && isdigit ((unsigned char) *p);
+      if (colon && !digits) {
+         append_n (out, auth, (size_t) (colon - auth) + 1);
+         bson_string_append (out, CONFIG_MASK);
+         return;
+      }
    }
    for (q = auth; q < end && *q != '?' && *q != '#'; q++)
       ;
@@ -1599,6 +1719,69 @@ mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
       bson_string_append (out, q + 1 < end ? "#" CONFIG_MASK : "#");
 }
 
+/* Replaces in `text` (taken over) every secret of the snapshot in force
+ * that it quotes verbatim; returns the result, which the caller frees.
+ * The longest secrets first, so that a secret holding a shorter one is
+ * masked whole. */
+static char *
+mask_secrets (char *text)
+{
+   config_t *cfg = config_acquire ();
+   bool *done = NULL;
+
+   if (!cfg || cfg->n_secrets == 0)
+      goto done;
+   done = bson_malloc0 (cfg->n_secrets * sizeof *done);
+   for (;;) {
+      size_t best = cfg->n_secrets, best_len = 0;
+      bson_string_t *out;
+      const char *p, *hit;
+
+      for (size_t i = 0; i < cfg->n_secrets; i++) {
+         size_t len = strlen (cfg->secrets[i]);
+         if (!done[i] && len > best_len) {
+            best = i;
+            best_len = len;
+         }
+      }
+      if (best == cfg->n_secrets)
+         break;
+      done[best] = true;
+      if (!strstr (text, cfg->secrets[best]))
+         continue;
+      out = bson_string_new (NULL);
+      for (p = text; (hit = strstr (p, cfg->secrets[best])); p = hit + best_len) {
+         append_n (out, p, (size_t) (hit - p));
+         bson_string_append (out, CONFIG_MASK);
+      }
+      bson_string_append (out, p);
+      bson_zero_free (text, strlen (text) + 1);
+      text = bson_string_free (out, false);
+   }
+   /* A text cut to a length may end within a secret: a tail that is the
+    * secret's first CONFIG_SECRET_MIN_VERBATIM or more bytes goes too. */
+   for (size_t i = 0; i < cfg->n_secrets; i++) {
+      size_t n = strlen (text), len = strlen (cfg->secrets[i]);
+
+      for (size_t k = len - 1; k >= CONFIG_SECRET_MIN_VERBATIM && k > 0; k--) {
+         if (k <= n && memcmp (text + n - k, cfg->secrets[i], k) == 0) {
+            bson_string_t *out = bson_string_new (NULL);
+
+            append_n (out, text, n - k);
+            bson_string_append (out, CONFIG_MASK);
+            bson_zero_free (text, n + 1);
+            text = bson_string_free (out, false);
+            break;
+         }
+      }
+   }
+
+done:
+   bson_free (done);
+   config_release (cfg);
+   return text;
+}
+
 char *
 config_mask (const char *key_name, const char *value)
 {
@@ -1626,10 +1809,12 @@ config_mask (const char *key_name, const char *value)
       if (start == scheme)
          append_n (out, scheme, (size_t) (stop - scheme)); /* no scheme: not a URL */
       else
-         mask_url (out, start, (size_t) (stop - start), scheme);
+         mask_url (out, start, (size_t) (stop - start), scheme, !key_name && !*stop);
       p = stop;
    }
    bson_string_append (out, p);
+   if (!key_name)
+      return mask_secrets (bson_string_free (out, false));
    return bson_string_free (out, false);
 }
 
@@ -1688,8 +1873,7 @@ config_write (const config_t *cfg, FILE *out)
          const char *name = cfg->handlers[h].kafka_props[2 * i];
          /* Passwords, keys and secrets of librdkafka (sasl.password,
           * ssl.key.password, ...) are never echoed. */
-         bool secret = strstr (name, "password") || strstr (name, "secret") || strstr (name, ".pem") ||
-                       strstr (name, "key.password") || strstr (name, "sasl.oauthbearer.config");
+         bool secret = config_kafka_prop_is_secret (name);
          fprintf (out, "kafka.%s = %s\n", name, secret ? CONFIG_MASK : cfg->handlers[h].kafka_props[2 * i + 1]);
       }
    }

@@ -4,7 +4,7 @@
  * Each line is formatted into a stack buffer, as text or as one JSON
  * object, and handed whole to the destination, so lines from different
  * threads never interleave.  Long messages are cut (with "...") rather
- * than allocated: logging must never fail or block on memory.  Once
+ * than grown: logging must never fail or block on a destination.  Once
  * log_start has run, lines go through a bounded queue that a writer thread
  * drains to stderr or log_file: a destination that stalls (a log reader
  * that stopped reading a full pipe) costs dropped lines, counted in
@@ -16,11 +16,15 @@
  * names, event ids, annotation fields, answers of webhooks): every message
  * goes through log_escape here, so that no caller can forget it and no
  * client can start a forged line.  Control characters become \n, \r, \t
- * or \xNN; printable UTF-8 stays as it is.
+ * or \xNN; printable UTF-8 stays as it is.  Before that, every message
+ * goes through config_mask: the user information of each URL and each
+ * configured secret quoted verbatim become "********".
  */
 #include "base/log.h"
 #include "base/assert.h"
+#include "base/config.h"
 #include "base/counters.h"
+#include "base/trustfile.h"
 #include "base/utf8.h"
 
 #include <errno.h>
@@ -218,21 +222,29 @@ write_all (int fd, const char *buf, size_t n)
    }
 }
 
+/* Every line goes to log_file, so it must be the proxy's own file: not a
+ * symbolic link (one planted in a writable directory would send the
+ * lines, and the appends, to a file of its maker's choice), owned by the
+ * proxy's user or root, and writable by nobody else (who could truncate
+ * it, or forge lines).  The same check as the auth file's
+ * (base/trustfile.h), at start-up, on reload and on every reopen. */
 static int
 open_log_file (const char *path, char *why, size_t why_len)
 {
-   int fd = open (path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-
-   if (fd < 0)
-      snprintf (why, why_len, "%s", strerror (errno));
-   return fd;
+   return trustfile_open (path,
+                          O_WRONLY | O_APPEND | O_CREAT,
+                          0640,
+                          TRUSTFILE_NOFOLLOW | TRUSTFILE_OWNER | TRUSTFILE_NO_GROUP_WRITE | TRUSTFILE_NO_OTHERS_WRITE,
+                          NULL,
+                          why,
+                          why_len);
 }
 
 /* Opens lq.path in place of the current destination; lq.mu held. */
 static void
 reopen_locked (char *note, size_t note_len)
 {
-   char why[128];
+   char why[LOG_PATH_MAX + 160]; /* cut to fit in the note */
    int fd;
 
    lq.reopen = false;
@@ -245,7 +257,7 @@ reopen_locked (char *note, size_t note_len)
    }
    fd = open_log_file (lq.path, why, sizeof why);
    if (fd < 0) {
-      snprintf (note, note_len, "log_file %.900s cannot be opened (%.100s): logging on to the previous destination", lq.path, why);
+      snprintf (note, note_len, "log_file refused (%s): logging on to the previous destination", why);
       return;
    }
    if (lq.fd != STDERR_FILENO)
@@ -267,7 +279,7 @@ log_set_file (const char *path, char *why, size_t why_len)
    bool ok = true;
 
    if (strlen (p) >= sizeof lq.path) {
-      snprintf (why, why_len, "log_file: path longer than %d bytes", LOG_PATH_MAX - 1);
+      snprintf (why, why_len, "path longer than %d bytes", LOG_PATH_MAX - 1);
       return false;
    }
    if (*p) {
@@ -529,6 +541,7 @@ log_msg (log_level_t level, const char *fmt, ...)
    char msg[LOG_LINE_MAX];
    char line[2 * LOG_LINE_MAX + 256];
    char stamp[32];
+   char *masked;
    bool cut;
    struct timeval tv;
    struct tm tm;
@@ -549,9 +562,15 @@ log_msg (log_level_t level, const char *fmt, ...)
    va_end (ap);
    if (r < 0)
       r = 0;
+   /* Every line goes through the one masking of credentials, so that no
+    * caller can log a broker's URL or a library's message quoting a
+    * password in clear.  It allocates (bson_malloc aborts rather than
+    * fail); a line cut by vsnprintf is masked as cut. */
+   masked = config_mask (NULL, raw);
    /* Room is kept for "..." and for the text format's prefix (at most
     * LOG_PREFIX_MAX bytes), so that a text line never exceeds LOG_LINE_MAX. */
-   m = log_escape (raw, (size_t) r < sizeof raw ? (size_t) r : sizeof raw - 1, msg, sizeof msg - 4 - LOG_PREFIX_MAX, &cut);
+   m = log_escape (masked, strlen (masked), msg, sizeof msg - 4 - LOG_PREFIX_MAX, &cut);
+   bson_free (masked);
    if (cut || (size_t) r >= sizeof raw) {
       /* Truncated: mark it. */
       memcpy (msg + m, "...", 4);

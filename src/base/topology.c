@@ -27,6 +27,7 @@
 
 #include "base/assert.h"
 #include "base/clock.h"
+#include "base/config.h"
 #include "base/counters.h"
 #include "base/log.h"
 #include "base/worker.h"
@@ -289,6 +290,13 @@ topology_learn (topology_t *topo, topology_primary_t *next, bool confirm, bool *
    next->state = TOPOLOGY_STATE_PRIMARY;
    next->last_error[0] = '\0';
 done:
+   if (next->last_error[0]) {
+      /* The driver's messages may quote the upstream URI; the snapshot's
+       * text reaches clients' error answers, /readyz and the log. */
+      char *masked = config_mask (NULL, next->last_error);
+      bson_strncpy (next->last_error, masked, sizeof next->last_error);
+      bson_free (masked);
+   }
    mongoc_server_description_destroy (sd);
    if (client)
       mongoc_client_pool_push (topo->pool, client);

@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/keyhash.h"
+
 /* The event fields, in the order docs/publishing.md lists them. */
 typedef enum {
    FIELD_TYPE = 0,
@@ -60,13 +62,11 @@ typedef struct {
 static bool
 name_set_add (name_set_t *set, const char *s, size_t len, uint32_t tag, uint32_t *earlier)
 {
-   uint32_t h = 2166136261u; /* FNV-1a */
+   /* The names are the client's: keyed (base/keyhash.h), so that no set
+    * of names probes every slot. */
+   uint64_t h = keyhash (s, len);
    size_t i;
 
-   for (size_t k = 0; k < len; k++) {
-      h ^= (uint8_t) s[k];
-      h *= 16777619u;
-   }
    for (i = h & (NAME_SET_SLOTS - 1); set->s[i]; i = (i + 1) & (NAME_SET_SLOTS - 1)) {
       if (set->len[i] == len && memcmp (set->s[i], s, len) == 0) {
          *earlier = set->tag[i];

@@ -24,6 +24,7 @@
 
 #include <event2/buffer.h>
 
+#include "base/keyhash.h"
 #include "codec/compress.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -165,16 +166,12 @@ seq_len_bit (size_t len)
    return (uint64_t) 1 << (len < 63 ? len : 63);
 }
 
+/* The identifiers and the body's keys are the client's: keyed
+ * (base/keyhash.h), so that no message's keys all probe one run of slots. */
 static uint32_t
 seq_hash (const char *key, size_t len)
 {
-   uint32_t h = 2166136261u; /* FNV-1a */
-
-   for (size_t i = 0; i < len; i++) {
-      h ^= (uint8_t) key[i];
-      h *= 16777619u;
-   }
-   return h;
+   return (uint32_t) keyhash (key, len);
 }
 
 /* Whether `key` (len bytes) is one of the identifiers.  The table always

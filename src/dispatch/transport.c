@@ -143,9 +143,19 @@ transport_cancel (transport_t *t, transport_req_t *req)
 transport_state_t
 transport_state (transport_t *t, char *detail, size_t detail_len)
 {
+   transport_state_t st;
+
    if (detail_len)
       detail[0] = '\0';
-   return t->ops->state (t->impl, detail, detail_len);
+   st = t->ops->state (t->impl, detail, detail_len);
+   if (detail_len && detail[0]) {
+      /* A broker's connection error may quote its URL or its password
+       * (the admin port's /readyz shows it): masked here, for every kind. */
+      char *masked = config_mask (NULL, detail);
+      bson_strncpy (detail, masked, detail_len);
+      bson_free (masked);
+   }
+   return st;
 }
 
 bool

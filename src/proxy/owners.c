@@ -22,6 +22,7 @@
 
 #include "base/clock.h"
 #include "base/config.h"
+#include "base/keyhash.h"
 #include "base/log.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
@@ -77,15 +78,10 @@ user_hash (const char *user)
 static uint64_t
 key_hash (const uint8_t key[16])
 {
-   uint64_t h;
-
-   /* Session ids are random UUIDs, cursor ids random 64-bit numbers:
-    * their bytes are the hash, mixed so that low bits vary. */
-   memcpy (&h, key, sizeof h);
-   h ^= h >> 33;
-   h *= 0xff51afd7ed558ccdull;
-   h ^= h >> 33;
-   return h;
+   /* Session ids are chosen by the client (drivers send random UUIDs, a
+    * hostile one need not): keyed, so nobody can aim ids at one stripe's
+    * probe window and evict other users' entries (base/keyhash.h). */
+   return keyhash (key, 16);
 }
 
 /* `key`'s entry: its user (0 when absent or expired).  With `set`, an

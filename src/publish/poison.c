@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "base/assert.h"
-#include "base/outbox.h"
+#include "base/keyhash.h"
 
 typedef struct {
    poison_entry_t e;
@@ -71,7 +71,13 @@ poison_key_of (const bson_t *cmd, poison_key_t *key)
 static uint32_t
 key_hash (const poison_key_t *key)
 {
-   return outbox_fnv1a (key->id, key->id_len) ^ (outbox_fnv1a (&key->txn_number, sizeof key->txn_number) * 31u);
+   /* The session id and the transaction number are the client's: keyed,
+    * so no client can make its keys collide (base/keyhash.h). */
+   uint8_t buf[POISON_LSID_ID_MAX + sizeof key->txn_number];
+
+   memcpy (buf, key->id, key->id_len);
+   memcpy (buf + key->id_len, &key->txn_number, sizeof key->txn_number);
+   return (uint32_t) keyhash (buf, key->id_len + sizeof key->txn_number);
 }
 
 static bool

@@ -19,7 +19,7 @@
 
 #include "base/assert.h"
 #include "base/clock.h"
-#include "base/outbox.h"
+#include "base/keyhash.h"
 #include "publish/inject.h"
 
 /* --- transactions injected into ---------------------------------------- */
@@ -69,7 +69,9 @@ txns_key_copy (const bson_t *cmd, bson_t *out)
 static txn_slot_t *
 txn_slot (const uint8_t *lsid, uint32_t lsid_len, int64_t txn_number)
 {
-   uint32_t h = outbox_fnv1a (lsid, lsid_len) ^ outbox_fnv1a (&txn_number, sizeof txn_number);
+   /* The client's session id and number pick the slot: keyed, so a client
+    * cannot aim its transactions at another's slot (base/keyhash.h). */
+   uint64_t h = keyhash (lsid, lsid_len) ^ keyhash (&txn_number, sizeof txn_number);
 
    return &txn_slots[h % TXNS_SLOTS];
 }

@@ -465,8 +465,14 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       BSON_APPEND_DATE_TIME (&sub, "dueAt", t->due_at);
    if (t->kind == SETTLE_BURY)
       BSON_APPEND_UTF8 (&sub, "status", "dead");
-   if (t->last_error && t->kind != SETTLE_RELEASE)
-      BSON_APPEND_UTF8 (&sub, "lastError", t->last_error);
+   if (t->last_error && t->kind != SETTLE_RELEASE) {
+      /* The one place a failure's text enters the outbox, where anyone
+       * who may read it (the admin API, the dashboard, the database's
+       * users) would see a broker's password that a library quoted. */
+      char *masked = config_mask (NULL, t->last_error);
+      BSON_APPEND_UTF8 (&sub, "lastError", masked);
+      bson_free (masked);
+   }
    bson_append_document_end (&du, &sub);
    if (t->kind == SETTLE_BURY) {
       BSON_APPEND_DOCUMENT_BEGIN (&du, "$unset", &sub);

@@ -79,6 +79,7 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    const bson_t *doc;
    bson_t dq = BSON_INITIALIZER, lq = BSON_INITIALIZER, q = BSON_INITIALIZER, reply;
    bson_t *fopts = NULL, *u = NULL, *lu = NULL;
+   char *reason = NULL;
    bool ok = true;
 
    t->n_buried = 0;
@@ -127,8 +128,11 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    }
    store_append_oids_op (&q, "_id", "$in", keep.v, keep.n);
    BSON_APPEND_UTF8 (&q, "status", "pending");
+   /* Masked as every lastError (store/complete.c): a reason may quote a
+    * broker's error. */
+   reason = config_mask (NULL, t->reason);
    u = BCON_NEW ("$set", "{", "status", BCON_UTF8 ("dead"), "updatedAt", BCON_DATE_TIME (t->now), "lastError",
-                 BCON_UTF8 (t->reason), "}", "$unset", "{", "lane", BCON_UTF8 (""), "}", "$inc", "{", "claims",
+                 BCON_UTF8 (reason), "}", "$unset", "{", "lane", BCON_UTF8 (""), "}", "$inc", "{", "claims",
                  BCON_INT32 (1), "}");
    if (!mongoc_collection_update_many (txn->coll[OUTBOX_DELIVERIES], &q, u, &txn->opts, &reply, error))
       ok = false;
@@ -137,6 +141,7 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    bson_destroy (&reply);
 
 done:
+   bson_free (reason);
    bson_destroy (u);
    bson_destroy (lu);
    bson_destroy (fopts);

@@ -520,6 +520,51 @@ test_mask (void **state)
    }
 }
 
+/* config_mask of free text (an error message, a log line): besides every
+ * URL's user information, each secret of the snapshot in force that the
+ * text quotes verbatim (a library's message may quote a password without
+ * its URL), percent-decoded too; secrets too short to search stay. */
+static void
+test_mask_free_text_secrets (void **state)
+{
+   static const struct {
+      const char *in, *out;
+   } cases[] = {
+      {"login as relay with pa@ss-w0rd refused", "login as relay with ******** refused"},
+      {"the form pa%40ss-w0rd too", "the form ******** too"},
+      {"token admin-t0ken-xyz, key MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "token ********, key ********"},
+      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "********"},
+      {"a short one: ab", "a short one: ab"},
+      {"http://other:x@h/", "http://other:********@h/"},
+      /* Cut to a length within a secret, or within a URL's password. */
+      {"rabbitmq: login as relay with pa@ss-w", "rabbitmq: login as relay with ********"},
+      {"nats: not connected to nats://relay:secr", "nats: not connected to nats://relay:********"},
+      {"nats: not connected to nats://127.0.0.1:4222", "nats: not connected to nats://127.0.0.1:4222"},
+      {"at http://[::1]:8080", "at http://[::1]:8080"},
+   };
+   config_t *cfg = parse_ok ("[admin]\ntoken = admin-t0ken-xyz\n"
+                             "[handler h]\nevents = a\nkind = webhook\nurl = http://relay:pa%40ss-w0rd@x/\n"
+                             "secret = whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"
+                             "[handler g]\nevents = a\nkind = webhook\nurl = http://u:ab@x/\n");
+
+   (void) state;
+   config_publish (cfg);
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      char *got = config_mask (NULL, cases[i].in);
+
+      if (strcmp (got, cases[i].out) != 0)
+         fail_msg ("case %zu: %s\n got  %s\n want %s", i, cases[i].in, got, cases[i].out);
+      bson_free (got);
+   }
+   {
+      /* A key's value is not free text: only its own rules apply. */
+      char *got = config_mask ("listen", "pa@ss-w0rd");
+      assert_string_equal (got, "pa@ss-w0rd");
+      bson_free (got);
+   }
+   config_publish (NULL);
+}
+
 /* --check-config shows none of the secrets a URI can carry. */
 static void
 test_write_masks_uri_secrets (void **state)
@@ -668,6 +713,7 @@ main (void)
       cmocka_unit_test (test_parse_listen),
       cmocka_unit_test (test_write_masks_secrets),
       cmocka_unit_test (test_mask),
+      cmocka_unit_test (test_mask_free_text_secrets),
       cmocka_unit_test (test_write_masks_uri_secrets),
       cmocka_unit_test (test_sample_and_docs_mention_every_key),
       cmocka_unit_test (test_pool_mode),

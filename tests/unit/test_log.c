@@ -20,7 +20,9 @@
 #include "base/log.h"
 #include "base/assert.h"
 
+#include <pwd.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 typedef struct {
@@ -161,6 +163,95 @@ test_log_msg_one_line (void **state)
    assert_null (strstr (out, "\\..."));
 }
 
+/* log_file is the proxy's own file: a symbolic link, a file another user
+ * owns, and a file its group or others may write are refused, each with a
+ * message that names the path and what to do; the refused file is neither
+ * written nor truncated.  A refused reopen (SIGUSR1) keeps the file in use. */
+static void
+test_log_file_trust (void **state)
+{
+   char dir[] = "/tmp/relaybus-logfile-XXXXXX";
+   char good[256], link_path[256], other[256], gw[256], ow[256], why[2048];
+   struct passwd *nobody = getpwnam ("nobody");
+   struct stat st;
+   int fd;
+
+   (void) state;
+   assert_non_null (mkdtemp (dir));
+   snprintf (good, sizeof good, "%s/good.log", dir);
+   snprintf (link_path, sizeof link_path, "%s/link.log", dir);
+   snprintf (other, sizeof other, "%s/other.log", dir);
+   snprintf (gw, sizeof gw, "%s/gw.log", dir);
+   snprintf (ow, sizeof ow, "%s/ow.log", dir);
+
+   /* Created by the proxy: accepted, mode 0640. */
+   assert_true (log_set_file (good, why, sizeof why));
+   assert_int_equal (stat (good, &st), 0);
+   assert_int_equal (st.st_mode & 0777, 0640);
+
+   /* A symbolic link, even to an acceptable file. */
+   assert_int_equal (symlink (good, link_path), 0);
+   assert_false (log_set_file (link_path, why, sizeof why));
+   assert_non_null (strstr (why, "is a symbolic link"));
+   assert_non_null (strstr (why, link_path));
+
+   /* A file another user owns (the test runs as root: chown works). */
+   if (nobody && geteuid () == 0) {
+      fd = open (other, O_WRONLY | O_CREAT, 0600);
+      assert_true (fd >= 0);
+      close (fd);
+      assert_int_equal (chown (other, nobody->pw_uid, nobody->pw_gid), 0);
+      assert_false (log_set_file (other, why, sizeof why));
+      assert_non_null (strstr (why, "is owned by uid"));
+      assert_int_equal (stat (other, &st), 0);
+      assert_int_equal (st.st_size, 0);
+   }
+
+   /* Writable by its group, by others. */
+   fd = open (gw, O_WRONLY | O_CREAT, 0600);
+   assert_true (fd >= 0);
+   assert_int_equal (write (fd, "x\n", 2), 2);
+   close (fd);
+   assert_int_equal (chmod (gw, 0660), 0);
+   assert_false (log_set_file (gw, why, sizeof why));
+   assert_non_null (strstr (why, "writable by its group (mode 660): chmod g-w"));
+   assert_int_equal (stat (gw, &st), 0);
+   assert_int_equal (st.st_size, 2);
+   fd = open (ow, O_WRONLY | O_CREAT, 0600);
+   assert_true (fd >= 0);
+   close (fd);
+   assert_int_equal (chmod (ow, 0646), 0);
+   assert_false (log_set_file (ow, why, sizeof why));
+   assert_non_null (strstr (why, "writable by others (mode 646): chmod o-w"));
+
+   /* The file in use goes bad, then SIGUSR1's reopen: refused, and the
+    * lines go on to the file already open. */
+   assert_int_equal (chmod (good, 0666), 0);
+   log_reopen ();
+   log_warn ("after the refused reopen");
+   {
+      char buf[4096];
+      ssize_t n;
+
+      fd = open (good, O_RDONLY);
+      assert_true (fd >= 0);
+      n = read (fd, buf, sizeof buf - 1);
+      close (fd);
+      assert_true (n > 0);
+      buf[n] = '\0';
+      assert_non_null (strstr (buf, "log_file refused ("));
+      assert_non_null (strstr (buf, "writable by others (mode 666)"));
+      assert_non_null (strstr (buf, "after the refused reopen"));
+   }
+   log_close ();
+   unlink (good);
+   unlink (link_path);
+   unlink (other);
+   unlink (gw);
+   unlink (ow);
+   rmdir (dir);
+}
+
 /* log_format = json: one object per line; a connection's line carries conn
  * and peer; what the client sent is escaped, then JSON-encoded. */
 static void
@@ -235,6 +326,7 @@ main (void)
       cmocka_unit_test (test_log_msg_one_line),
       cmocka_unit_test (test_assert),
       cmocka_unit_test (test_log_json),
+      cmocka_unit_test (test_log_file_trust),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }

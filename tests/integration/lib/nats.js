@@ -43,9 +43,11 @@ function tcpReady(port, ms) {
 
 /**
  * Starts nats-server -js on 127.0.0.1.
+ * @param {object} [o] {user, pass}: clients must log in as user with pass
+ *        (url then carries them: nats://user:pass@127.0.0.1:port)
  * @returns {Promise<{url, port, stop(), start(), restart(), close(), log()}>}
  */
-async function startNats() {
+async function startNats(o = {}) {
   if (process.env.NATS_URL) {
     return {
       url: process.env.NATS_URL, external: true, log: () => '',
@@ -62,7 +64,8 @@ async function startNats() {
   const log = () => { try { return fs.readFileSync(logPath, 'utf8'); } catch { return ''; } };
   const start = async () => {
     const fd = fs.openSync(logPath, 'a');
-    child = spawn(natsServerBin(), ['-js', '-a', '127.0.0.1', '-p', String(port), '-sd', path.join(dir, 'store')],
+    const auth = o.user ? ['--user', o.user, '--pass', o.pass] : [];
+    child = spawn(natsServerBin(), ['-js', '-a', '127.0.0.1', '-p', String(port), '-sd', path.join(dir, 'store'), ...auth],
       { stdio: ['ignore', fd, fd] });
     fs.closeSync(fd);
     const c = child;
@@ -83,7 +86,8 @@ async function startNats() {
   };
   await start();
   return {
-    url: `nats://127.0.0.1:${port}`, port, dir, log,
+    url: o.user ? `nats://${encodeURIComponent(o.user)}:${encodeURIComponent(o.pass)}@127.0.0.1:${port}` : `nats://127.0.0.1:${port}`,
+    port, dir, log,
     stop,
     /** Starts it again (after stop) on the same port and store. */
     start,

@@ -13,6 +13,9 @@
 // keyfile, verify, fail_if_no_peer_cert); amqpsUrl names it by the host
 // name localhost, the plain url stays on 127.0.0.1.
 //
+// startRabbit({ user, pass }) makes that the broker's only user (default_user,
+// default_pass) in place of guest; url and amqpsUrl carry it.
+//
 // RABBITMQ_URL names an existing broker instead (nothing is started; stop
 // and start are refused: the outage tests skip then).
 
@@ -71,6 +74,7 @@ async function stopChild(child, ms) {
  * Starts rabbitmq-server on 127.0.0.1.
  * @param {object} [o]
  * @param {object} [o.tls] ssl_options: {cacertfile, certfile, keyfile, verify, fail_if_no_peer_cert}
+ * @param {string} [o.user] with o.pass: the broker's user in place of guest
  * @returns {Promise<{url, port, tlsPort, amqpsUrl, stop(), start(), close(), log()}>}
  */
 async function startRabbit(o = {}) {
@@ -86,6 +90,8 @@ async function startRabbit(o = {}) {
   fs.writeFileSync(path.join(dir, 'enabled_plugins'), '[].\n');
   const tlsPort = o.tls ? await freePort() : null;
   const conf = ['loopback_users = none'];
+  if (o.user) conf.push(`default_user = ${o.user}`, `default_pass = ${o.pass}`);
+  const cred = o.user ? `${encodeURIComponent(o.user)}:${encodeURIComponent(o.pass)}` : 'guest:guest';
   if (o.tls) {
     conf.push(`listeners.ssl.default = 127.0.0.1:${tlsPort}`);
     for (const [k, v] of Object.entries(o.tls)) conf.push(`ssl_options.${k} = ${v}`);
@@ -154,8 +160,8 @@ async function startRabbit(o = {}) {
   await start();
   return {
     // No path: the vhost "/" (a trailing "/" would name the vhost "").
-    url: `amqp://guest:guest@127.0.0.1:${port}`, port, dir, log,
-    tlsPort, amqpsUrl: tlsPort ? `amqps://guest:guest@localhost:${tlsPort}` : null,
+    url: `amqp://${cred}@127.0.0.1:${port}`, port, dir, log,
+    tlsPort, amqpsUrl: tlsPort ? `amqps://${cred}@localhost:${tlsPort}` : null,
     stop,
     /** Starts it again (after stop) on the same ports and data. */
     start,
