@@ -73,18 +73,16 @@ typedef struct fleet_set {
 bool fleet_pattern_matches (const char *pattern, const char *type);
 bool fleet_handler_matches (const fleet_handler_t *h, const char *type);
 
-/* The label the secret fields' HMACs are over (fleet_handler_hash). */
-#define FLEET_HASH_LABEL "relaybus fleet hash v1 "
-
-/* The settings hash of a handler: SHA-256 over its kind, events, url,
- * secrets, retry schedule, max_attempts, timeout, concurrency and
- * retry_4xx, each field as "name:length:value", cut to 16 hex digits
- * ("sha256:...").  The url and the secret enter it not as written but as
- * the hex of HMAC-SHA-256 keyed by the value over FLEET_HASH_LABEL and
- * the field's name ("relaybus fleet hash v1 url"): the outbox, where the
- * hash is stored, then holds no plain digest of a secret that a guess
- * could be checked against with SHA-256 alone (docs/handlers.md says
- * what a difference can and cannot tell). */
+/* The settings hash of a handler: SHA-256 over its kind, events, url
+ * (its password masked, as config_mask shows it), retry schedule,
+ * max_attempts, timeout, concurrency and retry_4xx, each field as
+ * "name:length:value", cut to 16 hex digits ("sha256:...").  No secret
+ * enters it: the hash is stored in the outbox, which more people may read
+ * than the configuration, and any function of a secret stored there
+ * (plain or keyed by the secret itself) lets a reader check guesses of it
+ * offline.  So two proxies whose signing secrets or url passwords differ
+ * show the same hash (docs/handlers.md says what a difference can and
+ * cannot tell). */
 void fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1]);
 
 /* Appends, as array `key`, the handlers of `cfg` as the instance document

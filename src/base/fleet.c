@@ -15,9 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 bool
 fleet_pattern_matches (const char *pat, const char *type)
@@ -51,32 +49,6 @@ hash_field (EVP_MD_CTX *md, const char *name, const char *value)
    EVP_DigestUpdate (md, value, strlen (value));
 }
 
-/* A field that holds a secret (the url, with a broker's password or a
- * webhook's token; the signing secret) enters the digest as
- * HMAC-SHA-256 keyed by its value over FLEET_HASH_LABEL and the field's
- * name, in hex.  The outbox then holds no SHA-256 over the plain secret:
- * whoever reads it cannot test a guess with a plain SHA-256 (nor a table
- * made for one), only by redoing this construction for each guess, per
- * handler.  Two proxies with the same secret still agree. */
-static void
-hash_secret_field (EVP_MD_CTX *md, const char *name, const char *value)
-{
-   unsigned char mac[EVP_MAX_MD_SIZE];
-   unsigned int mac_len = 0;
-   char label[64], hex[2 * EVP_MAX_MD_SIZE + 1];
-
-   value = value ? value : "";
-   snprintf (label, sizeof label, "%s%s", FLEET_HASH_LABEL, name);
-   /* A non-NULL key pointer even for "" (HMAC's empty key). */
-   if (!HMAC (EVP_sha256 (), value, (int) strlen (value), (const unsigned char *) label, strlen (label), mac, &mac_len))
-      mac_len = 0;
-   for (unsigned i = 0; i < mac_len; i++)
-      snprintf (hex + 2 * i, 3, "%02x", mac[i]);
-   hex[2 * mac_len] = '\0';
-   hash_field (md, name, hex);
-   OPENSSL_cleanse (mac, sizeof mac);
-}
-
 void
 fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1])
 {
@@ -84,6 +56,7 @@ fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1])
    unsigned char digest[EVP_MAX_MD_SIZE];
    unsigned int dlen = 0;
    char num[96];
+   char *url;
 
    out[0] = '\0';
    if (!md)
@@ -92,8 +65,11 @@ fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1])
    hash_field (md, "kind", h->kind);
    for (size_t i = 0; i < h->n_event_patterns; i++)
       hash_field (md, "event", h->event_patterns[i]);
-   hash_secret_field (md, "url", h->url);
-   hash_secret_field (md, "secret", h->secret);
+   /* No secret enters: the url with its password masked, and not the
+    * signing secret (include/base/fleet.h says why). */
+   url = config_mask ("url", h->url);
+   hash_field (md, "url", url ? url : "");
+   bson_free (url);
    for (size_t i = 0; i < h->n_retry_delays; i++) {
       snprintf (num, sizeof num, "%lld", (long long) h->retry_delays_ms[i]);
       hash_field (md, "delay", num);
