@@ -367,9 +367,6 @@ counters_set_at (counter_id_t id, size_t slot, uint64_t v)
  * internal); the caller owns the open gauge. */
 void counters_count_close (counters_close_reason_t reason);
 
-/* "transaction", "exhaust", "more_to_come". */
-const char *counters_pin_name (counters_pin_t pin);
-
 /* "client_eof", ... for logs and the reason label. */
 const char *counters_close_reason_name (counters_close_reason_t reason);
 

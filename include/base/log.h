@@ -11,7 +11,8 @@
  * "subsystem", "conn" and "peer" for a connection's line, "msg"}.  From
  * log_start to log_stop, lines pass through a queue of LOG_QUEUE_BYTES that
  * a writer thread drains: a caller never waits for the destination, and a
- * line that does not fit is dropped and counted (log_dropped).
+ * line that does not fit is dropped and counted
+ * (relaybus_log_lines_dropped_total).
  * Lines about a connection start with "c<id> <peer>: " (see log_conn) so one
  * client's story can be grepped.  The level is process-wide and may change
  * on reload.
@@ -73,9 +74,6 @@ bool log_start (void) __attribute__ ((warn_unused_result));
 void log_stop (void);
 /* log_stop, and closes log_file: lines go to stderr again. */
 void log_close (void);
-
-/* Lines dropped because the queue was full, since the start. */
-uint64_t log_dropped (void);
 
 /* Writes one line.  The formatted message is escaped with log_escape, so
  * strings from clients and endpoints may be passed as they are. */

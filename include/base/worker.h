@@ -118,8 +118,4 @@ const char *worker_owner (const worker_t *w);
  * with it. */
 const char *worker_owner_prefix (const worker_t *w);
 
-/* Builds an owner name and its process part (both of WORKER_OWNER_MAX
- * bytes); worker_new does it for its worker. */
-void worker_make_owner (char owner[WORKER_OWNER_MAX], char prefix[WORKER_OWNER_MAX]);
-
 #endif /* RELAYBUS_BASE_WORKER_H */

@@ -2,8 +2,7 @@
  * proxy/loops.h - the forwarding loops: one per thread, each owning the
  * connections it was handed.
  *
- * Thread: the main thread (loop 0's) for every function here, except
- * loops_wake, which only returns what loops_new made.
+ * Thread: the main thread (loop 0's) for every function here.
  *
  * [proxy] threads sets how many.  Loop 0 runs on the main thread's event
  * base, next to the listener, the signals and the topology notices; loops
@@ -74,9 +73,6 @@ loops_t *loops_new (struct event_base *base0,
                     bson_error_t *error) __attribute__ ((warn_unused_result));
 
 unsigned loops_count (const loops_t *l);
-/* Loop i's wake-up (i < loops_count): for the threads that answer its
- * connections (the pull consumer). */
-struct loopwake *loops_wake (const loops_t *l, unsigned i);
 /* The wakes of loops 0..n-1, in order, for consumer_start. */
 struct loopwake *const *loops_wakes (const loops_t *l);
 

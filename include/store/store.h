@@ -76,7 +76,6 @@ void store_destroy (store_t *store);
  * destroys the store before the worker, whose pool it uses. */
 worker_t *store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **store, bson_error_t *error)
    __attribute__ ((warn_unused_result));
-const char *store_owner (const store_t *store);
 
 /* Creates the collections, the indexes (idempotently) and the 256 lanes. */
 bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));

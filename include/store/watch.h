@@ -56,7 +56,4 @@ void store_watch_set_handlers (store_watch_t *w, const char *const *handlers, si
  * NULL is accepted. */
 void store_watch_destroy (store_watch_t *w);
 
-/* Whether the stream is open (for tests and logs). */
-bool store_watch_active (store_watch_t *w);
-
 #endif /* RELAYBUS_STORE_WATCH_H */

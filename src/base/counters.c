@@ -75,12 +75,6 @@ static const char *const login_names[COUNTERS_LOGIN_COUNT] = {
    [COUNTERS_LOGIN_THROTTLED] = "throttled",
 };
 
-const char *
-counters_pin_name (counters_pin_t pin)
-{
-   return (unsigned) pin < COUNTERS_PIN_COUNT ? pin_names[pin] : "invalid";
-}
-
 static const char *const publish_error_names[COUNTERS_PUBLISH_ERROR_COUNT] = {
    [COUNTERS_PUBLISH_BAD_ANNOTATION] = "bad_annotation",
    [COUNTERS_PUBLISH_OUTSIDE_TRANSACTION] = "outside_transaction",

@@ -8,8 +8,8 @@
  * log_start has run, lines go through a bounded queue that a writer thread
  * drains to stderr or log_file: a destination that stalls (a log reader
  * that stopped reading a full pipe) costs dropped lines, counted in
- * log_dropped and reported when it recovers, never a blocked forwarding
- * loop.  The level and the format are atomics so a reload can change them
+ * relaybus_log_lines_dropped_total and reported when it recovers, never a
+ * blocked forwarding loop.  The level and the format are atomics so a reload can change them
  * from the loop while other threads log.
  *
  * Messages often carry strings a client or an endpoint chose (command
@@ -199,12 +199,6 @@ void
 log_set_format (log_format_t format)
 {
    atomic_store (&log_format, (int) format);
-}
-
-uint64_t
-log_dropped (void)
-{
-   return counters_get (COUNTER_LOG_LINES_DROPPED);
 }
 
 /* Writes all of buf to fd (the writer thread, or a caller while none runs). */

@@ -73,8 +73,10 @@ done:
    return pool;
 }
 
-void
-worker_make_owner (char owner[WORKER_OWNER_MAX], char prefix[WORKER_OWNER_MAX])
+/* Builds an owner name and its process part (both of WORKER_OWNER_MAX
+ * bytes). */
+static void
+make_owner (char owner[WORKER_OWNER_MAX], char prefix[WORKER_OWNER_MAX])
 {
    char host[64] = "localhost";
    unsigned char rnd[6];
@@ -91,7 +93,7 @@ worker_make_owner (char owner[WORKER_OWNER_MAX], char prefix[WORKER_OWNER_MAX])
    for (size_t i = 0; i < sizeof rnd; i++)
       snprintf (hex + 2 * i, 3, "%02x", rnd[i]);
    snprintf (prefix, WORKER_OWNER_MAX, "%s/%d/", host, (int) getpid ());
-   snprintf (owner, WORKER_OWNER_MAX, "%s%s", prefix, hex);
+   snprintf (owner, WORKER_OWNER_MAX, "%s/%d/%s", host, (int) getpid (), hex);
 }
 
 static void
@@ -119,7 +121,7 @@ worker_new (const char *uri, const worker_opts_t *opts, bson_error_t *error)
    w->quiet = opts->quiet;
    if (uri && !(w->pool = worker_pool_new (uri, &opts->pool, w->name, error)))
       goto fail;
-   worker_make_owner (w->owner, w->owner_prefix);
+   make_owner (w->owner, w->owner_prefix);
    w->base = event_base_new ();
    w->stop_ev = w->base ? event_new (w->base, -1, 0, worker_stop_cb, w) : NULL;
    if (!w->stop_ev) {

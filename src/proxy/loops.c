@@ -379,12 +379,6 @@ loops_count (const loops_t *l)
    return l->n;
 }
 
-loopwake_t *
-loops_wake (const loops_t *l, unsigned i)
-{
-   return i < l->n ? l->wakes[i] : NULL;
-}
-
 loopwake_t *const *
 loops_wakes (const loops_t *l)
 {

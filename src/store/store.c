@@ -103,12 +103,6 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
    return s;
 }
 
-const char *
-store_owner (const store_t *s)
-{
-   return s->owner;
-}
-
 void
 store_destroy (store_t *s)
 {

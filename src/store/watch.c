@@ -303,19 +303,6 @@ store_watch_set_handlers (store_watch_t *w, const char *const *handlers, size_t 
    handlers_free (old, n_old);
 }
 
-bool
-store_watch_active (store_watch_t *w)
-{
-   bool a;
-
-   if (!w)
-      return false;
-   pthread_mutex_lock (&w->mu);
-   a = w->active;
-   pthread_mutex_unlock (&w->mu);
-   return a;
-}
-
 void
 store_watch_destroy (store_watch_t *w)
 {
