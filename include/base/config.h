@@ -294,7 +294,10 @@ void config_release (config_t *cfg);
 void config_publish (config_t *cfg);
 config_t *config_acquire (void);
 
-/* True if handler patterns match the event type (exact, or "prefix.*"). */
+/* The one event-pattern rule: true if one of the n patterns matches the
+ * event type, exactly, or as a prefix when it ends in '*' ("order.*"). */
+bool config_patterns_match (const char *const *patterns, size_t n, const char *event_type);
+/* config_patterns_match over the handler's event patterns. */
 bool config_handler_matches (const config_handler_t *h, const char *event_type);
 
 /* Splits "host:port" (or "[v6]:port") into host and port; a value starting

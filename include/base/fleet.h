@@ -69,8 +69,8 @@ typedef struct fleet_set {
    size_t n_disagreeing;
 } fleet_set_t;
 
-/* True if `pattern` (exact, or a prefix ending in '*') matches `type`. */
-bool fleet_pattern_matches (const char *pattern, const char *type);
+/* config_patterns_match over the handler's patterns as the fleet recorded
+ * them. */
 bool fleet_handler_matches (const fleet_handler_t *h, const char *type);
 
 /* The settings hash of a handler: SHA-256 over its kind, events, url

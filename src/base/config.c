@@ -1924,18 +1924,20 @@ config_acquire (void)
 }
 
 bool
-config_handler_matches (const config_handler_t *h, const char *event_type)
+config_patterns_match (const char *const *patterns, size_t n, const char *event_type)
 {
-   for (size_t i = 0; i < h->n_event_patterns; i++) {
-      const char *pat = h->event_patterns[i];
-      size_t n = strlen (pat);
+   for (size_t i = 0; i < n; i++) {
+      const char *pat = patterns[i];
+      size_t len = strlen (pat);
 
-      if (n > 0 && pat[n - 1] == '*') {
-         if (strncmp (event_type, pat, n - 1) == 0)
-            return true;
-      } else if (strcmp (event_type, pat) == 0) {
+      if (len > 0 && pat[len - 1] == '*' ? strncmp (event_type, pat, len - 1) == 0 : strcmp (event_type, pat) == 0)
          return true;
-      }
    }
    return false;
+}
+
+bool
+config_handler_matches (const config_handler_t *h, const char *event_type)
+{
+   return config_patterns_match ((const char *const *) h->event_patterns, h->n_event_patterns, event_type);
 }

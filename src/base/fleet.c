@@ -18,22 +18,9 @@
 #include <openssl/evp.h>
 
 bool
-fleet_pattern_matches (const char *pat, const char *type)
-{
-   size_t n = strlen (pat);
-
-   if (n > 0 && pat[n - 1] == '*')
-      return strncmp (type, pat, n - 1) == 0;
-   return strcmp (type, pat) == 0;
-}
-
-bool
 fleet_handler_matches (const fleet_handler_t *h, const char *type)
 {
-   for (size_t i = 0; i < h->n_patterns; i++)
-      if (fleet_pattern_matches (h->patterns[i], type))
-         return true;
-   return false;
+   return config_patterns_match ((const char *const *) h->patterns, h->n_patterns, type);
 }
 
 /* Each field with its length in front, so no two settings hash alike by

@@ -193,18 +193,6 @@ store_fleet_retire (store_t *s, const char *handler, const char *reason, int64_t
 
 /* ------------------------------------------------------------- backfill */
 
-static bool
-pattern_matches (const char *const *patterns, size_t n, const char *type)
-{
-   for (size_t i = 0; i < n; i++) {
-      size_t len = strlen (patterns[i]);
-
-      if (len > 0 && patterns[i][len - 1] == '*' ? strncmp (type, patterns[i], len - 1) == 0 : strcmp (type, patterns[i]) == 0)
-         return true;
-   }
-   return false;
-}
-
 typedef struct {
    const char *handler;
    const char *const *ids;
@@ -352,7 +340,7 @@ store_fleet_backfill (store_t *s,
             after_created = store_iter_date (doc, "createdAt");
             have_after = true;
          }
-         if (id && type && pattern_matches (patterns, n_patterns, type))
+         if (id && type && config_patterns_match (patterns, n_patterns, type))
             ids[n_ids++] = bson_strdup (id);
       }
       if (!store_cursor_end (cur, error, "backfilling %s", handler))
