@@ -45,6 +45,7 @@
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
+#include "proxy/owners.h"
 #include "proxy/side.h"
 
 /* The longest a pooled connection's login may wait for a reply it is
@@ -1420,12 +1421,11 @@ pin_timer_arm (pool_t *pool)
  * body's first key) and its transaction.  False when it cannot tell (a
  * compressed request, a body past POOL_PEEK_MAX): it needs a connection. */
 static bool
-peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, pool_txn_t *txn)
+peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, pool_txn_t *txn, bson_t *body)
 {
    size_t window = (size_t) h->length < POOL_PEEK_MAX ? (size_t) h->length : POOL_PEEK_MAX;
    const uint8_t *buf;
    uint32_t doc_len;
-   bson_t body;
    bson_iter_t it;
 
    cmd[0] = '\0';
@@ -1437,11 +1437,11 @@ peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd
       return false; /* the body is not the first section */
    doc_len = wire_get_u32 (buf + WIRE_HEADER_LEN + 5);
    if (doc_len < 5 || doc_len > window - (WIRE_HEADER_LEN + 5) ||
-       !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body) ||
+       !bson_init_static (body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, body) ||
        !bson_iter_next (&it))
       return false;
    bson_strncpy (cmd, bson_iter_key (&it), cmd_len);
-   txn_of_body (&body, txn, NULL);
+   txn_of_body (body, txn, NULL);
    return true;
 }
 
@@ -1452,13 +1452,19 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    char cmd[64];
    pool_txn_t txn;
    pool_server_t *s;
+   bson_t body;
+   owners_refusal_t refusal;
    bool peeked;
 
    RELAYBUS_ASSERT (!c->server && !c->pool_waiting);
    if (h->opcode == WIRE_OP_QUERY)
       return true; /* the legacy hello, or refused: the proxy answers */
-   peeked = peek_request (in, h, cmd, sizeof cmd, &txn);
+   peeked = peek_request (in, h, cmd, sizeof cmd, &txn, &body);
    if (peeked && login_answers_locally (c, cmd))
+      return true;
+   /* A request the owners' check refuses is answered without a connection,
+    * least of all the one another user's transaction pins. */
+   if (peeked && owners_check (c, &body, cmd, &refusal) == OWNERS_REFUSE)
       return true;
    /* A statement of a transaction pinned here: the same connection, taken
     * from the client that holds it idle. */
