@@ -1460,7 +1460,10 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    if (h->opcode == WIRE_OP_QUERY)
       return true; /* the legacy hello, or refused: the proxy answers */
    peeked = peek_request (in, h, cmd, sizeof cmd, &txn, &body);
-   if (peeked && login_answers_locally (c, cmd))
+   /* Before a required login, whatever the peek cannot read (compressed,
+    * large, the body not first) is the proxy's to answer too: read whole,
+    * it is a hello, a login, or refused (proxy/login.h). */
+   if (login_answers_locally (c, peeked ? cmd : NULL))
       return true;
    /* A request the owners' check refuses is answered without a connection,
     * least of all the one another user's transaction pins. */

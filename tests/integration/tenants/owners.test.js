@@ -5,6 +5,8 @@
 //  - every command that names alice's cursor, session, transaction or an operation is refused with
 //    mongod's 13 Unauthorized, and alice's own cursor and transaction carry on intact;
 //  - the listings that would show bob alice's ids ($currentOp, $listLocalSessions) are refused;
+//  - before a login nothing but hello, the login and ping reaches the pool: a request the pool's
+//    peek cannot read (over 64 KiB, compressed, body not first) is refused without a connection;
 // The clients speak the wire protocol themselves (with a SCRAM-SHA-256 login), so that bob can
 // send exactly what a driver of his would never send.
 
@@ -167,6 +169,40 @@ test("bob cannot use alice's cursor, session, transaction or operations; alice's
     assert.ok(proxy.logLines('getMore refused: cursor id').length >= 1, 'a refusal is logged');
   } finally {
     for (const c of [alice, aliceTxn, bob]) c.destroy();
+  }
+});
+
+test('before a login, a request the pool cannot peek at is refused without a pooled connection', { skip }, async () => {
+  // One pooled connection, pinned by alice's open transaction: a request that took the pool
+  // would wait for it (pool_wait_timeout_ms) instead of being answered at once.
+  const proxy = await startPooled({ pool_size: 1, threads: 1, pool_wait_timeout_ms: 20000 });
+  const alice = await connect(proxy, 'alice');
+  const txn = { lsid: newLsid(), txnNumber: Long.fromNumber(1), autocommit: false };
+  try {
+    assert.equal((await alice.command({ insert: 'pin', documents: [{ _id: 1 }], ...txn, startTransaction: true, $db: DB })).ok, 1);
+    const waits = await metric(proxy, 'relaybus_pool_waits_total');
+    const stranger = await connect(proxy, null, { compression: ['zlib'] });
+    try {
+      // Over the peek's 64 KiB.
+      const big = { find: 'x', filter: { pad: 'p'.repeat(70 * 1024) }, $db: DB };
+      assertUnauthorized(await stranger.command(big, { timeoutMs: 3000 }), /requires authentication/);
+      // Compressed (zlib, negotiated in the hello).
+      assertUnauthorized(await stranger.command({ find: 'x', $db: DB }, { compress: 'zlib', timeoutMs: 3000 }), /requires authentication/);
+      // The body after a document sequence.
+      const seqFirst = H.opMsg(null, {
+        sections: [{ kind: 1, identifier: 'documents', docs: [{ _id: 1 }] }, { kind: 0, doc: { insert: 'x', $db: DB } }],
+      });
+      await stranger.write(seqFirst.buf);
+      const reply = await stranger.next({ timeoutMs: 3000 });
+      assert.equal(reply.responseTo, seqFirst.requestID);
+      assertUnauthorized(reply.doc, /requires authentication/);
+      assert.equal(await metric(proxy, 'relaybus_pool_waits_total'), waits, 'no request before the login waited for the pool');
+    } finally {
+      stranger.destroy();
+    }
+    assert.equal((await alice.command({ commitTransaction: 1, ...txn, $db: 'admin' })).ok, 1);
+  } finally {
+    alice.destroy();
   }
 });
 
