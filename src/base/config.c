@@ -85,6 +85,8 @@ static const config_key_t config_key_table[] = {
       "pooled: upstream connections of the whole process, shared out among the forwarding loops."),
    P ("pool_wait_timeout_ms", I, "10000", 1, MS_HOUR, true, pool_wait_timeout_ms,
       "pooled: how long a request may wait for a free upstream connection before it is answered with a retryable error."),
+   P ("login_timeout_ms", I, "10000", 100, MS_HOUR, true, login_timeout_ms,
+      "pooled, with auth_file: time a new client has to log in to the proxy before it is closed."),
    P ("auth_file", S, "", 0, 0, true, auth_file,
       "pooled: the users clients authenticate as (SCRAM keys made by --make-user); empty: clients are not authenticated by the proxy. Re-read on SIGHUP."),
    P ("auth_failures_per_minute", I, "10", 1, 1000000, true, auth_failures_per_minute,

@@ -21,6 +21,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "base/authfile.h"
 #include "base/clock.h"
 #include "base/config.h"
@@ -48,6 +50,7 @@ struct login {
    char *user;           /* logged in as; NULL: not logged in */
    char *db;             /* the database the login named ($db, or the speculative `db`) */
    char *pending_db;
+   struct event *deadline; /* login_timeout_ms from accept; gone once logged in */
 };
 
 /* ------------------------------------------------------------ failures */
@@ -188,9 +191,53 @@ login_destroy (login_t *l)
    if (!l)
       return;
    conversation_end (l);
+   if (l->deadline)
+      event_free (l->deadline);
    bson_free (l->user);
    bson_free (l->db);
    bson_free (l);
+}
+
+/* ------------------------------------------------------------ deadline */
+
+static void
+deadline_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+
+   (void) fd;
+   (void) what;
+   if (!login_user (c))
+      client_disconnect (c, COUNTERS_CLOSE_LOGIN_TIMEOUT, "not logged in within login_timeout_ms=%" PRId64,
+                         c->cfg->login_timeout_ms);
+}
+
+/* From accept, not from the hello: a client that says hello and nothing
+ * more would otherwise hold its socket and its slot of max_clients for
+ * ever, since pooled mode gives it no upstream connection to time out. */
+bool
+login_deadline_start (client_conn_t *c)
+{
+   login_t *l;
+   struct timeval tv;
+
+   if (!c->loop->cfg->users)
+      return true;
+   l = login_get (c);
+   l->deadline = evtimer_new (c->loop->base, deadline_cb, c);
+   if (!l->deadline)
+      return false;
+   tv = clock_timeval_ms (c->cfg->login_timeout_ms);
+   return evtimer_add (l->deadline, &tv) == 0;
+}
+
+void
+login_deadline_stop (client_conn_t *c)
+{
+   if (c->login && c->login->deadline) {
+      event_free (c->login->deadline);
+      c->login->deadline = NULL;
+   }
 }
 
 const char *
@@ -375,6 +422,7 @@ login_succeeded (client_conn_t *c, login_t *l)
    l->user = bson_strdup (scram_server_user (l->conv));
    l->db = l->pending_db;
    l->pending_db = NULL;
+   login_deadline_stop (c);
    counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_SUCCESS, 1);
    log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "logged in as %s with %s", l->user,
              authfile_mech_name (scram_server_mech (l->conv)));

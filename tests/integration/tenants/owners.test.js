@@ -6,7 +6,8 @@
 //    mongod's 13 Unauthorized, and alice's own cursor and transaction carry on intact;
 //  - the listings that would show bob alice's ids ($currentOp, $listLocalSessions) are refused;
 //  - before a login nothing but hello, the login and ping reaches the pool: a request the pool's
-//    peek cannot read (over 64 KiB, compressed, body not first) is refused without a connection;
+//    peek cannot read (over 64 KiB, compressed, body not first) is refused without a connection,
+//    and a client that never logs in is closed after login_timeout_ms;
 // The clients speak the wire protocol themselves (with a SCRAM-SHA-256 login), so that bob can
 // send exactly what a driver of his would never send.
 
@@ -201,6 +202,22 @@ test('before a login, a request the pool cannot peek at is refused without a poo
       stranger.destroy();
     }
     assert.equal((await alice.command({ commitTransaction: 1, ...txn, $db: 'admin' })).ok, 1);
+  } finally {
+    alice.destroy();
+  }
+});
+
+test('a client that says hello and never logs in is closed after login_timeout_ms, counted', { skip }, async () => {
+  const proxy = await startPooled({ pool_size: 2, login_timeout_ms: 300 });
+  const series = 'relaybus_client_connections_closed_total{reason="login_timeout"}';
+  const alice = await connect(proxy, 'alice');
+  try {
+    const idle = await connect(proxy, null);
+    await idle.waitClosed(5000);
+    assert.equal(await metric(proxy, series), 1);
+    assert.equal(proxy.logLines('closing (login_timeout)').length, 1, proxy.log());
+    // Alice, connected before it and logged in, is not closed.
+    assert.equal((await alice.command({ ping: 1, $db: 'admin' })).ok, 1);
   } finally {
     alice.destroy();
   }
