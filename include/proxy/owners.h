@@ -39,6 +39,9 @@
  * through the proxy, and expires on the server), never a live session: a
  * new session that finds no room is refused with 261
  * TooManyLogicalSessions, as mongod refuses one past its cache's limit.
+ *
+ * The table also counts each user's pooled connections pinned by
+ * transactions (owners_pin), for [proxy] pool_max_pins_per_user.
  */
 #ifndef RELAYBUS_PROXY_OWNERS_H
 #define RELAYBUS_PROXY_OWNERS_H
@@ -52,7 +55,7 @@
 #include "codec/wire.h"
 #include "proxy/conn.h"
 
-/* Sessions and cursors together. */
+/* Sessions, cursors and users' pin counts together. */
 #define OWNERS_ENTRIES (1u << 18)
 
 typedef enum {
@@ -69,6 +72,10 @@ typedef struct {
 
 /* Whether c's requests are checked: pooled, and logged in to the proxy. */
 bool owners_enabled (const client_conn_t *c);
+
+/* c's user as the table knows it (a hash of the name); 0 when c is not
+ * checked. */
+uint64_t owners_user (const client_conn_t *c);
 
 /* The one check: whether c's request `body` (command `cmd`) names only
  * what is its user's.  A session it names for the first time becomes the
@@ -87,5 +94,10 @@ bool owners_opens_cursors (const char *cmd);
 /* The reply of `len` bytes at the front of `in` answers a command of c
  * that may open a cursor: a cursor it opened is c's user's. */
 void owners_note_reply (client_conn_t *c, struct evbuffer *in, size_t len);
+
+/* How many pooled connections transactions of `user` pin, process-wide. */
+unsigned owners_pins (uint64_t user);
+/* A pool connection's transaction pin of `user` starts (on) or ends. */
+void owners_pin (uint64_t user, bool on);
 
 #endif /* RELAYBUS_PROXY_OWNERS_H */

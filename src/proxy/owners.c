@@ -5,7 +5,8 @@
  * One process-wide table of owners, OWNERS_STRIPES stripes under a mutex
  * of their own, each stripe an open-addressed array probed OWNERS_PROBE
  * slots from the key's hash, keyed by what an id names and the id:
- * sessions by their 16-byte id, cursors by their id.  An entry holds a hash of the user name (64-bit FNV-1a; user names come
+ * sessions by their 16-byte id, cursors by their id, users' pin counts by
+ * the user's hash.  An entry holds a hash of the user name (64-bit FNV-1a; user names come
  * from the operator's auth file, not from clients) and when it was last
  * used.  The check is one function over one table of the commands that
  * name something (`named`): adding a command that names a cursor or a
@@ -45,12 +46,14 @@ typedef enum {
    OWNED_FREE = 0,
    OWNED_SESSION,
    OWNED_CURSOR,
+   OWNED_PINS, /* a user's count of pinned pool connections; key: the user's hash */
 } owned_kind_t;
 
 typedef struct {
-   uint8_t key[16];   /* the session id; a cursor's id in the first 8 bytes */
+   uint8_t key[16];   /* the session id; a cursor's id or a user's hash in the first 8 bytes */
    uint64_t user;     /* 0: free */
    int64_t used_ms;
+   uint32_t pins;     /* OWNED_PINS: the count; the entry lives while it is not 0 */
    uint8_t kind;      /* owned_kind_t */
 } entry_t;
 
@@ -59,7 +62,7 @@ typedef struct {
    entry_t *slots;
 } stripe_t;
 
-/* The one table of owners: sessions and cursors side by side. */
+/* The one table of owners: sessions, cursors and pin counts side by side. */
 static stripe_t stripes[OWNERS_STRIPES];
 static const size_t per_stripe = OWNERS_ENTRIES / OWNERS_STRIPES;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
@@ -105,6 +108,8 @@ entry_live (const entry_t *e, int64_t now)
       return now - e->used_ms < OWNERS_SESSION_TTL_MS;
    case OWNED_CURSOR:
       return now - e->used_ms < OWNERS_CURSOR_TTL_MS;
+   case OWNED_PINS:
+      return e->pins > 0;
    case OWNED_FREE:
    default:
       return false;
@@ -161,6 +166,7 @@ table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op
          e->kind = (uint8_t) kind;
          e->user = user;
          e->used_ms = now;
+         e->pins = 0;
          found = user;
       } else if (full) {
          *full = true;
@@ -181,6 +187,12 @@ bool
 owners_enabled (const client_conn_t *c)
 {
    return c->loop->pool && login_user (c);
+}
+
+uint64_t
+owners_user (const client_conn_t *c)
+{
+   return owners_enabled (c) ? user_hash (login_user (c)) : 0;
 }
 
 /* The 16-byte id of a session document {id: UUID}. */
@@ -338,7 +350,7 @@ session_owned (bson_iter_t *it, uint64_t user, bool claim, bool *full)
 owners_verdict_t
 owners_check (client_conn_t *c, const bson_t *body, const char *cmd, owners_refusal_t *r)
 {
-   return owners_check_user (owners_enabled (c) ? user_hash (login_user (c)) : 0, body, cmd, r);
+   return owners_check_user (owners_user (c), body, cmd, r);
 }
 
 owners_verdict_t
@@ -416,6 +428,73 @@ owners_note_request (client_conn_t *c, const bson_t *body, const char *cmd)
       }
    }
 }
+
+/* ------------------------------------------------------------ pins */
+
+/* A user's count of pinned connections, changed by `delta`.  An entry
+ * lives while its count is not 0; with no room for it (a neighbourhood of
+ * live sessions), that pin goes uncounted. */
+static unsigned
+pins_op (uint64_t user, int delta)
+{
+   uint8_t key[16];
+   uint64_t h;
+   stripe_t *st;
+   entry_t *hit = NULL, *free_slot = NULL, *lru = NULL;
+   int64_t now = clock_mono_ms ();
+   unsigned pins = 0;
+
+   if (!user)
+      return 0;
+   id_key ((int64_t) user, key);
+   h = key_hash (key);
+   st = &stripes[h % OWNERS_STRIPES];
+   pthread_once (&tables_once, tables_init);
+   pthread_mutex_lock (&st->mu);
+   for (size_t i = 0; i < OWNERS_PROBE; i++) {
+      entry_t *e = &st->slots[(h / OWNERS_STRIPES + i) % per_stripe];
+      bool live = entry_live (e, now);
+      if (live && e->kind == OWNED_PINS && memcmp (e->key, key, 16) == 0) {
+         hit = e;
+         break;
+      }
+      if (!live && !free_slot)
+         free_slot = e;
+      if (live && e->kind == OWNED_CURSOR && (!lru || e->used_ms < lru->used_ms))
+         lru = e;
+   }
+   if (!hit && delta > 0 && (hit = free_slot ? free_slot : lru)) {
+      memcpy (hit->key, key, 16);
+      hit->kind = OWNED_PINS;
+      hit->user = user;
+      hit->pins = 0;
+   }
+   if (hit) {
+      if (delta < 0 && hit->pins < (unsigned) -delta)
+         hit->pins = 0;
+      else
+         hit->pins = (unsigned) ((int64_t) hit->pins + delta);
+      hit->used_ms = now;
+      pins = hit->pins;
+      if (pins == 0)
+         hit->kind = OWNED_FREE;
+   }
+   pthread_mutex_unlock (&st->mu);
+   return pins;
+}
+
+unsigned
+owners_pins (uint64_t user)
+{
+   return pins_op (user, 0);
+}
+
+void
+owners_pin (uint64_t user, bool on)
+{
+   (void) pins_op (user, on ? 1 : -1);
+}
+
 
 bool
 owners_opens_cursors (const char *cmd)

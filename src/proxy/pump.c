@@ -1712,7 +1712,7 @@ client_route (client_conn_t *c, side_t *from)
          return false;
       }
       if (client)
-         c->pool_timed_out = false; /* that request had its answer */
+         c->pool_timed_out = c->pool_over_pins = false; /* that request had its answer */
       consumed = true;
    }
    return consumed;

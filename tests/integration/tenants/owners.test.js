@@ -8,6 +8,7 @@
 //  - before a login nothing but hello, the login and ping reaches the pool: a request the pool's
 //    peek cannot read (over 64 KiB, compressed, body not first) is refused without a connection,
 //    and a client that never logs in is closed after login_timeout_ms;
+//  - one user's open transactions pin at most pool_max_pins_per_user connections.
 // The clients speak the wire protocol themselves (with a SCRAM-SHA-256 login), so that bob can
 // send exactly what a driver of his would never send.
 
@@ -220,6 +221,44 @@ test('a client that says hello and never logs in is closed after login_timeout_m
     assert.equal((await alice.command({ ping: 1, $db: 'admin' })).ok, 1);
   } finally {
     alice.destroy();
+  }
+});
+
+test("one user's open transactions pin at most pool_max_pins_per_user connections", { skip }, async () => {
+  const proxy = await startPooled({ pool_size: 4, pool_max_pins_per_user: 2 });
+  // A transaction pins the connection of the client connection that runs it: bob runs his on
+  // three client connections, as a driver's pool would.
+  const bob = [await connect(proxy, 'bob'), await connect(proxy, 'bob'), await connect(proxy, 'bob')];
+  const alice = await connect(proxy, 'alice');
+  // Each in a collection of its own: the double's write conflicts are per collection.
+  let n = 0;
+  const start = (conn, txn) =>
+    conn.command({ insert: `pins${++n}`, documents: [{ _id: n }], ...txn, startTransaction: true, $db: DB });
+  const commit = (conn, txn) => conn.command({ commitTransaction: 1, ...txn, $db: 'admin' });
+  const txnOf = () => ({ lsid: newLsid(), txnNumber: Long.fromNumber(1), autocommit: false });
+  try {
+    const bobs = [txnOf(), txnOf(), txnOf()];
+    assert.equal((await start(bob[0], bobs[0])).ok, 1);
+    const second = await start(bob[1], bobs[1]);
+    assert.equal(second.ok, 1, JSON.stringify(second));
+    const third = await start(bob[2], bobs[2]);
+    assert.equal(third.ok, 0, JSON.stringify(third));
+    assert.equal(third.code, 262);
+    assert.equal(third.codeName, 'ExceededTimeLimit');
+    assert.deepEqual(third.errorLabels, ['TransientTransactionError']);
+    assert.match(third.errmsg, /pool_max_pins_per_user/);
+    // Alice is not held back by bob's pins.
+    const hers = txnOf();
+    assert.equal((await start(alice, hers)).ok, 1);
+    assert.equal((await commit(alice, hers)).ok, 1);
+    // Once one of bob's ends, his third may start.
+    assert.equal((await commit(bob[0], bobs[0])).ok, 1);
+    const again = { ...bobs[2], txnNumber: Long.fromNumber(2) };
+    assert.equal((await start(bob[2], again)).ok, 1);
+    assert.equal((await commit(bob[1], bobs[1])).ok, 1);
+    assert.equal((await commit(bob[2], again)).ok, 1);
+  } finally {
+    for (const c of [...bob, alice]) c.destroy();
   }
 });
 
