@@ -57,6 +57,9 @@ void login_destroy (login_t *login);
  * client c itself: hello, the login commands, connectionStatus, and
  * anything (ping included) before a required login. */
 bool login_answers_locally (const client_conn_t *c, const char *cmd);
+/* The same for a client that `must_log_in` (an auth file, no login yet);
+ * `cmd` NULL: a request whose command could not be read. */
+bool login_gate_local (const char *cmd, bool must_log_in);
 
 /* The user c logged in as, or NULL (not logged in, or no auth file). */
 const char *login_user (const client_conn_t *c);

@@ -102,6 +102,12 @@ const char *pool_last_error (const pool_t *pool);
  * runs out (then it is pumped again with c->pool_timed_out set). */
 bool pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h);
 
+/* pool_admit's peek at the complete request with header `h` at the front
+ * of `in`: its command name and its body (pointing into `in`, valid until
+ * `in` changes), without reading the rest.  False: it cannot tell (not
+ * OP_MSG, compressed, the body not first, or past the first 64 KiB). */
+bool pool_peek (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, bson_t *body);
+
 /* A request of c is routed upstream on its connection (or taken by the
  * request hook, which may send on it): its transaction (lsid, txnNumber,
  * autocommit: false) pins the connection, a request outside it ends the

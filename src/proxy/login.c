@@ -255,8 +255,14 @@ login_user (const client_conn_t *c)
 bool
 login_answers_locally (const client_conn_t *c, const char *cmd)
 {
+   return login_gate_local (cmd, c->loop->cfg->users && !login_user (c));
+}
+
+bool
+login_gate_local (const char *cmd, bool must_log_in)
+{
    if (!cmd)
-      return c->loop->cfg->users && !login_user (c);
+      return must_log_in;
    switch (cmd[0]) {
    case 'h':
    case 'i':
@@ -282,7 +288,7 @@ login_answers_locally (const client_conn_t *c, const char *cmd)
    default:
       break;
    }
-   return c->loop->cfg->users && !login_user (c);
+   return must_log_in;
 }
 
 /* ------------------------------------------------------------ SCRAM */

@@ -1454,6 +1454,14 @@ peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd
    return true;
 }
 
+bool
+pool_peek (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, bson_t *body)
+{
+   pool_txn_t txn;
+
+   return peek_request (in, h, cmd, cmd_len, &txn, body);
+}
+
 /* Whether c's user pins as many connections as it may. */
 static bool
 pins_full (const client_conn_t *c)
