@@ -118,13 +118,14 @@ entry_live (const entry_t *e, int64_t now)
 
 typedef enum {
    TABLE_GET,    /* look it up */
+   TABLE_TOUCH,  /* look it up; an entry of `user` is used now (it expires later) */
    TABLE_CLAIM,  /* look it up; absent, it becomes `user`'s */
    TABLE_FORGET, /* look it up and remove it */
 } table_op_t;
 
-/* The owner of (`kind`, `key`): 0 when absent or expired.  TABLE_CLAIM
- * refreshes an entry of `user` and enters an absent one (then the result
- * is `user`); an entry of another user stays theirs.  A claim finds room
+/* The owner of (`kind`, `key`): 0 when absent or expired.  TABLE_TOUCH
+ * refreshes an entry of `user`; TABLE_CLAIM does too, and enters an absent
+ * one (then the result is `user`); an entry of another user stays theirs.  A claim finds room
  * in a free or expired slot, else takes the least recently used cursor's
  * (that cursor can then be used by nobody through the proxy: refused, it
  * expires on the server); a live session never gives up its slot, since
@@ -157,7 +158,7 @@ table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op
       found = hit->user;
       if (op == TABLE_FORGET)
          hit->kind = OWNED_FREE;
-      else if (op == TABLE_CLAIM && hit->user == user)
+      else if ((op == TABLE_CLAIM || op == TABLE_TOUCH) && hit->user == user)
          hit->used_ms = now;
    } else if (op == TABLE_CLAIM && user != 0) {
       entry_t *e = free_slot ? free_slot : lru;
@@ -323,7 +324,8 @@ coll_of (const bson_t *body)
 }
 
 /* Whether cursor `id` is the user's.  Cursor 0 is no cursor: the server
- * answers it. */
+ * answers it.  Its use keeps the entry alive as the server keeps the
+ * cursor: a change stream's getMores run for hours. */
 static bool
 cursor_owned (const bson_iter_t *it, uint64_t user, int64_t *id)
 {
@@ -331,7 +333,7 @@ cursor_owned (const bson_iter_t *it, uint64_t user, int64_t *id)
 
    *id = BSON_ITER_HOLDS_NUMBER (it) ? bson_iter_as_int64 (it) : 0;
    id_key (*id, key);
-   return *id == 0 || table_op (OWNED_CURSOR, key, 0, TABLE_GET, NULL) == user;
+   return *id == 0 || table_op (OWNED_CURSOR, key, user, TABLE_TOUCH, NULL) == user;
 }
 
 /* Whether the session {id: UUID} at `it` is the user's; with `claim`, a
@@ -344,7 +346,7 @@ session_owned (bson_iter_t *it, uint64_t user, bool claim, bool *full)
    *full = false;
    if (!lsid_of (it, key))
       return true; /* malformed: the server refuses it */
-   return table_op (OWNED_SESSION, key, user, claim ? TABLE_CLAIM : TABLE_GET, full) == user;
+   return table_op (OWNED_SESSION, key, user, claim ? TABLE_CLAIM : TABLE_TOUCH, full) == user;
 }
 
 owners_verdict_t
@@ -509,6 +511,8 @@ owners_opens_cursors (const char *cmd)
    case 'l':
       return strcmp (cmd, "listCollections") == 0 || strcmp (cmd, "listIndexes") == 0 ||
              strcmp (cmd, "listSearchIndexes") == 0;
+   case 'b':
+      return strcmp (cmd, "bulkWrite") == 0;
    default:
       return false;
    }
