@@ -1462,6 +1462,14 @@ pool_peek (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_le
    return peek_request (in, h, cmd, cmd_len, &txn, body);
 }
 
+static bool
+starts_transaction (const bson_t *body)
+{
+   bson_iter_t it;
+
+   return bson_iter_init_find (&it, body, "startTransaction") && bson_iter_as_bool (&it);
+}
+
 /* Whether c's user pins as many connections as it may. */
 static bool
 pins_full (const client_conn_t *c)
@@ -1501,11 +1509,13 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
     * least of all the one another user's transaction pins. */
    if (peeked && owners_check (c, &body, cmd, &refusal) == OWNERS_REFUSE)
       return true;
-   /* A transaction that would pin one more connection for a user who
-    * already pins pool_max_pins_per_user: answered as a wait that ran out
+   /* A transaction that starts while its user already pins
+    * pool_max_pins_per_user connections: answered as a wait that ran out
     * (retryable), without a connection, so that one user's idle
-    * transactions cannot hold every connection of the pool. */
-   if (txn.valid && !pinned_server (pool, &txn) && pins_full (c)) {
+    * transactions cannot hold every connection of the pool.  Only the
+    * start: a later statement or the commit of a transaction already open
+    * (on another loop, say) must go on, or its pins would never end. */
+   if (txn.valid && starts_transaction (&body) && !pinned_server (pool, &txn) && pins_full (c)) {
       c->pool_over_pins = true;
       return true;
    }

@@ -247,6 +247,10 @@ test("one user's open transactions pin at most pool_max_pins_per_user connection
     assert.equal(third.codeName, 'ExceededTimeLimit');
     assert.deepEqual(third.errorLabels, ['TransientTransactionError']);
     assert.match(third.errmsg, /pool_max_pins_per_user/);
+    // Only a start is refused: a statement of one of bob's open transactions, sent on his third
+    // connection (a driver picks any of its pool's), goes on.
+    const statement = await bob[2].command({ find: 'pins1', ...bobs[0], $db: DB });
+    assert.equal(statement.ok, 1, JSON.stringify(statement));
     // Alice is not held back by bob's pins.
     const hers = txnOf();
     assert.equal((await start(alice, hers)).ok, 1);
