@@ -223,7 +223,7 @@ lsid_of (bson_iter_t *doc_it, uint8_t out[16])
 typedef enum {
    NAMES_CURSOR,        /* getMore: its own value is a cursor id */
    NAMES_CURSORS,       /* killCursors: the array `cursors` */
-   NAMES_SESSIONS,      /* killSessions, endSessions: the array that is its own value */
+   NAMES_SESSIONS,      /* killSessions, endSessions, refreshSessions: the array that is its own value */
    NAMES_OPERATION,     /* killOp: `op` */
    NAMES_EVERYONE,      /* what acts on, or shows, every user's sessions or operations */
 } names_t;
@@ -237,16 +237,19 @@ static const struct {
    {"killCursors", NAMES_CURSORS, true},
    {"killSessions", NAMES_SESSIONS, true},
    {"endSessions", NAMES_SESSIONS, true},
+   {"refreshSessions", NAMES_SESSIONS, false},
    {"killOp", NAMES_OPERATION, false},
    {"killAllSessions", NAMES_EVERYONE, false},
    {"killAllSessionsByPattern", NAMES_EVERYONE, false},
    {"currentOp", NAMES_EVERYONE, false},
 };
 
-/* The aggregation stages that list every user's sessions or operations;
- * the collections that hold every user's session ids. */
+/* The aggregation stages that list every user's sessions or operations.
+ * The database `config` holds every user's session ids and transactions
+ * (system.sessions, transactions, image_collection), and a pipeline there
+ * can read one collection from another ($lookup, $unionWith): all of it
+ * is refused rather than some collections. */
 static const char *const everyone_stages[] = {"$currentOp", "$listLocalSessions", "$listSessions"};
-static const char *const everyone_collections[] = {"system.sessions", "transactions"}; /* in `config` */
 
 static int
 named_find (const char *cmd)
@@ -265,19 +268,15 @@ db_of (const bson_t *body)
    return bson_iter_init_find (&it, body, "$db") && BSON_ITER_HOLDS_UTF8 (&it) ? bson_iter_utf8 (&it, NULL) : "?";
 }
 
-/* Whether `body` (an aggregate or a read of `config`) shows every user's
- * sessions or operations. */
+/* Whether `body` (an aggregate, or anything on `config`) shows or changes
+ * every user's sessions or operations. */
 static bool
 shows_everyone (const bson_t *body, const char *cmd)
 {
    bson_iter_t it, stage;
 
-   if (!bson_iter_init (&it, body) || !bson_iter_next (&it))
-      return false;
-   if (BSON_ITER_HOLDS_UTF8 (&it) && strcmp (db_of (body), "config") == 0)
-      for (size_t i = 0; i < sizeof everyone_collections / sizeof everyone_collections[0]; i++)
-         if (strcmp (bson_iter_utf8 (&it, NULL), everyone_collections[i]) == 0)
-            return true;
+   if (strcmp (db_of (body), "config") == 0)
+      return true;
    if (strcmp (cmd, "aggregate") != 0 || !bson_iter_init_find (&it, body, "pipeline") || !BSON_ITER_HOLDS_ARRAY (&it) ||
        !bson_iter_recurse (&it, &stage) || !bson_iter_next (&stage) || !BSON_ITER_HOLDS_DOCUMENT (&stage) ||
        !bson_iter_recurse (&stage, &it) || !bson_iter_next (&it))
@@ -331,7 +330,14 @@ cursor_owned (const bson_iter_t *it, uint64_t user, int64_t *id)
 {
    uint8_t key[16];
 
-   *id = BSON_ITER_HOLDS_NUMBER (it) ? bson_iter_as_int64 (it) : 0;
+   if (BSON_ITER_HOLDS_DOUBLE (it)) {
+      /* Converted only in range (a cast out of it is undefined): no
+       * cursor of anyone's has another id. */
+      double d = bson_iter_double (it);
+      *id = d > -9.2e18 && d < 9.2e18 ? (int64_t) d : INT64_MAX;
+   } else {
+      *id = BSON_ITER_HOLDS_NUMBER (it) ? bson_iter_as_int64 (it) : 0;
+   }
    id_key (*id, key);
    return *id == 0 || table_op (OWNED_CURSOR, key, user, TABLE_TOUCH, NULL) == user;
 }

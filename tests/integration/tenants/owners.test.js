@@ -151,6 +151,8 @@ test("bob cannot use alice's cursor, session, transaction or operations; alice's
     assertUnauthorized(await bob.command({ aggregate: 1, pipeline: [{ $listLocalSessions: { allUsers: true } }], cursor: {}, $db: 'admin' }));
     assertUnauthorized(await bob.command({ currentOp: 1, $db: 'admin' }));
     assertUnauthorized(await bob.command({ find: 'system.sessions', $db: 'config' }));
+    assertUnauthorized(await bob.command({ aggregate: 'x', pipeline: [{ $unionWith: 'transactions' }], cursor: {}, $db: 'config' }));
+    assertUnauthorized(await bob.command({ refreshSessions: [lsid], $db: 'admin' }));
 
     // Bob's own session works, and stays his: alice may not use it either.
     const bobs = newLsid();
