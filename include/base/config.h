@@ -163,6 +163,8 @@ typedef struct config {
    config_pool_mode_t pool_mode_id;    /* pool_mode, parsed */
    int64_t pool_size;                  /* pooled: upstream connections of the process */
    int64_t pool_wait_timeout_ms;       /* pooled: longest wait for a free upstream connection */
+   int64_t pool_max_pins_per_user;     /* pooled: connections one user's transactions may pin; 0: pool_size / 2 */
+   int64_t login_timeout_ms;           /* pooled, auth_file: time a client has to log in */
    char *auth_file;                    /* pooled: the users clients log in as; "": none */
    struct authfile *users;             /* auth_file loaded (pooled, set); owned by the snapshot */
    int64_t auth_failures_per_minute;   /* pooled: guesses checked per (user, address) per minute */

@@ -48,6 +48,7 @@ typedef enum {
    COUNTERS_CLOSE_NOT_PRIMARY,        /* relayed a not-primary error: closed once answered, so the
                                        * client's next connection pairs with the new primary */
    COUNTERS_CLOSE_HANDSHAKE_TIMEOUT,  /* no first hello within handshake_timeout_ms */
+   COUNTERS_CLOSE_LOGIN_TIMEOUT,      /* pooled: no login to the proxy within login_timeout_ms */
    COUNTERS_CLOSE_MESSAGE_TIMEOUT,    /* a partial message stalled past message_timeout_ms */
    COUNTERS_CLOSE_MAX_CLIENTS,        /* refused at accept: max_clients reached */
    COUNTERS_CLOSE_SHUTDOWN,           /* drained at shutdown */

@@ -175,6 +175,7 @@ struct client_conn {
    bool pool_waiting;
    bool pool_handed;
    bool pool_timed_out;
+   bool pool_over_pins;  /* pool_admit: its user pins pool_max_pins_per_user; answered as a wait that ran out */
    bool pool_txn_ending; /* a commit or abort was routed: the pin ends once it is answered */
    struct login *login;  /* pooled: the SASL conversation and who logged in (proxy/login.c) */
 

@@ -18,7 +18,11 @@
  * only SCRAM is available), logout and connectionStatus; and, before a
  * login when one is required, ping ({ok: 1}) and every other command,
  * refused with 13 Unauthorized as mongod refuses it.  A ping of a client
- * that may run commands goes to the server.
+ * that may run commands goes to the server.  Before a login nothing else
+ * takes a pooled connection: pool_admit asks login_answers_locally first,
+ * also of a request it cannot peek at (compressed, large), which is then
+ * read whole and refused.  A client that has not logged in within
+ * login_timeout_ms of its accept is closed.
  *
  * A wrong password or an unknown user is 18 AuthenticationFailed, as mongod
  * answers.  Each conversation of a user in the auth file counts as a
@@ -48,6 +52,13 @@
 
 typedef struct login login_t;
 
+/* Pooled, with an auth file: arms c's login_timeout_ms (at accept); c is
+ * closed (COUNTERS_CLOSE_LOGIN_TIMEOUT) unless it logs in by then.  False:
+ * out of memory. */
+bool login_deadline_start (client_conn_t *c) __attribute__ ((warn_unused_result));
+/* Disarms it (logged in, or c is closing). */
+void login_deadline_stop (client_conn_t *c);
+
 /* Frees a connection's login state (NULL ok). */
 void login_destroy (login_t *login);
 
@@ -55,6 +66,9 @@ void login_destroy (login_t *login);
  * client c itself: hello, the login commands, connectionStatus, and
  * anything (ping included) before a required login. */
 bool login_answers_locally (const client_conn_t *c, const char *cmd);
+/* The same for a client that `must_log_in` (an auth file, no login yet);
+ * `cmd` NULL: a request whose command could not be read. */
+bool login_gate_local (const char *cmd, bool must_log_in);
 
 /* The user c logged in as, or NULL (not logged in, or no auth file). */
 const char *login_user (const client_conn_t *c);

@@ -7,26 +7,41 @@
  *
  * In pooled mode every client's commands reach the server as the pool's
  * one login, so the server cannot tell the proxy's users apart: any of
- * them could end another's sessions or kill another's cursors by naming
- * them.  When clients log in to the proxy (auth_file), the proxy keeps
- * what mongod keeps per user: the sessions (lsid) each user sent, and the
- * cursors the replies to each user's commands opened.  Then
+ * them could read from another's cursor, run in another's session and
+ * transaction, or end them, by naming their ids.  When clients log in to
+ * the proxy (auth_file), the proxy keeps what mongod keeps per user, in
+ * one table of owners: the sessions (lsid) each user sent, and the
+ * cursors the replies to each user's commands opened.  One check
+ * (owners_check) then refuses, with 13 Unauthorized and mongod's wording,
+ * a request that names what is not its user's:
  *
- *  - killCursors naming a cursor the user did not open is refused, whole,
- *    with 13 Unauthorized (as mongod refuses another user's cursor);
- *  - killSessions naming a session the user did not use is refused, and
- *    so are killSessions without ids, killAllSessions and
- *    killAllSessionsByPattern, which would end every user's sessions;
- *  - endSessions naming a session of another user is answered {ok: 1} and
- *    not forwarded (mongod ignores sessions it does not know of too).
+ *  - any command with an lsid of a session another user sent first (so
+ *    its transaction: statements, commitTransaction, abortTransaction); a
+ *    session nobody sent yet becomes the user's;
+ *  - getMore and killCursors of a cursor the user's commands did not open;
+ *  - killSessions and endSessions naming a session of another user, and
+ *    killSessions without ids;
+ *  - killOp: no operation on the server is any proxy user's (they all run
+ *    as the pool's login), so it is always refused;
+ *  - what acts on or lists every user's sessions or operations:
+ *    killAllSessions, killAllSessionsByPattern, currentOp, an aggregate
+ *    whose first stage is $currentOp, $listLocalSessions or $listSessions,
+ *    and commands on config.system.sessions and config.transactions.
+ *
+ * pool_admit runs the check on the request's peek before it borrows a
+ * connection, so a refused request never takes one (nor waits for one).
  *
  * Without an auth file every client is the same (unnamed) user, as with a
- * mongod without --auth, and nothing is checked.  The tables are bounded
- * (OWNERS_SESSIONS, OWNERS_CURSORS); entries expire as the server's would
- * (a session unused for 30 minutes, a cursor for 10), and a full
- * neighbourhood gives up its least recently used entry: that cursor or
- * session can then no longer be killed through the proxy (refused), and
- * expires on the server.
+ * mongod without --auth, and nothing is checked.  The table is bounded
+ * (OWNERS_ENTRIES); entries expire as the server's would (a session unused
+ * for 30 minutes, a cursor for 10).  A full neighbourhood gives up its
+ * least recently used cursor (that cursor can then be used by nobody
+ * through the proxy, and expires on the server), never a live session: a
+ * new session that finds no room is refused with 261
+ * TooManyLogicalSessions, as mongod refuses one past its cache's limit.
+ *
+ * The table also counts each user's pooled connections pinned by
+ * transactions (owners_pin), for [proxy] pool_max_pins_per_user.
  */
 #ifndef RELAYBUS_PROXY_OWNERS_H
 #define RELAYBUS_PROXY_OWNERS_H
@@ -40,24 +55,38 @@
 #include "codec/wire.h"
 #include "proxy/conn.h"
 
-#define OWNERS_SESSIONS (1u << 17)
-#define OWNERS_CURSORS (1u << 16)
+/* Sessions, cursors and users' pin counts together. */
+#define OWNERS_ENTRIES (1u << 18)
 
 typedef enum {
-   OWNERS_ALLOW = 0,  /* forward it */
-   OWNERS_ANSWER_OK,  /* answer {ok: 1} without forwarding */
-   OWNERS_REFUSE,     /* answer 13 Unauthorized with `why` */
+   OWNERS_ALLOW = 0, /* forward it */
+   OWNERS_REFUSE,    /* answer the refusal's error without forwarding */
 } owners_verdict_t;
+
+/* Why a request is refused: mongod's code, its name and its errmsg. */
+typedef struct {
+   int32_t code;
+   const char *code_name;
+   char why[300];
+} owners_refusal_t;
 
 /* Whether c's requests are checked: pooled, and logged in to the proxy. */
 bool owners_enabled (const client_conn_t *c);
 
-/* A request of c is forwarded: its lsid, if any, is c's user's. */
-void owners_note_session (client_conn_t *c, const bson_t *body);
+/* c's user as the table knows it (a hash of the name); 0 when c is not
+ * checked. */
+uint64_t owners_user (const client_conn_t *c);
 
-/* What becomes of a killCursors, killSessions, killAllSessions,
- * killAllSessionsByPattern or endSessions of c (anything else: ALLOW). */
-owners_verdict_t owners_check (client_conn_t *c, const bson_t *body, const char *cmd, char *why, size_t why_len);
+/* The one check: whether c's request `body` (command `cmd`) names only
+ * what is its user's.  A session it names for the first time becomes the
+ * user's.  REFUSE fills *r. */
+owners_verdict_t owners_check (client_conn_t *c, const bson_t *body, const char *cmd, owners_refusal_t *r);
+/* The same for the user `user` (owners_user; 0: nothing is checked). */
+owners_verdict_t owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_refusal_t *r);
+
+/* A request owners_check allowed was forwarded: the cursors it kills and
+ * the sessions it ends are forgotten. */
+void owners_note_request (client_conn_t *c, const bson_t *body, const char *cmd);
 
 /* Whether the replies to `cmd` may open a cursor (find, aggregate, ...). */
 bool owners_opens_cursors (const char *cmd);
@@ -65,5 +94,10 @@ bool owners_opens_cursors (const char *cmd);
 /* The reply of `len` bytes at the front of `in` answers a command of c
  * that may open a cursor: a cursor it opened is c's user's. */
 void owners_note_reply (client_conn_t *c, struct evbuffer *in, size_t len);
+
+/* How many pooled connections transactions of `user` pin, process-wide. */
+unsigned owners_pins (uint64_t user);
+/* A pool connection's transaction pin of `user` starts (on) or ends. */
+void owners_pin (uint64_t user, bool on);
 
 #endif /* RELAYBUS_PROXY_OWNERS_H */

@@ -31,6 +31,12 @@
  *  - an exhaust stream, until its last reply;
  *  - moreToCome requests, until they are written.
  *
+ * With an auth file, one user's transactions pin at most
+ * pool_max_pins_per_user connections of the process (counted in the table
+ * of owners, proxy/owners.h): a transaction that starts past it is
+ * answered at once as a wait that ran out.  pool_admit lends nothing to a
+ * request the owners' check refuses, nor, before a login, to anything.
+ *
  * Without a free connection the client waits in a FIFO, unread (its request
  * stays in its input buffer: no copy), at most pool_wait_timeout_ms; then
  * the request is answered with a retryable error (ExceededTimeLimit, with
@@ -102,6 +108,12 @@ const char *pool_last_error (const pool_t *pool);
  * runs out (then it is pumped again with c->pool_timed_out set). */
 bool pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h);
 
+/* pool_admit's peek at the complete request with header `h` at the front
+ * of `in`: its command name and its body (pointing into `in`, valid until
+ * `in` changes), without reading the rest.  False: it cannot tell (not
+ * OP_MSG, compressed, the body not first, or past the first 64 KiB). */
+bool pool_peek (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, bson_t *body);
+
 /* A request of c is routed upstream on its connection (or taken by the
  * request hook, which may send on it): its transaction (lsid, txnNumber,
  * autocommit: false) pins the connection, a request outside it ends the
@@ -131,8 +143,9 @@ void pool_server_lost (client_conn_t *c, const char *detail);
 void pool_server_not_primary (client_conn_t *c);
 
 /* Answers the request (its bytes, `len` at the front of `src`) that
- * waited pool_wait_timeout_ms for a connection, with ExceededTimeLimit
- * and the label that makes a driver retry it. */
+ * waited pool_wait_timeout_ms for a connection, or that would start a
+ * transaction past pool_max_pins_per_user (c->pool_over_pins), with
+ * ExceededTimeLimit and the label that makes a driver retry it. */
 bool pool_answer_timeout (client_conn_t *c,
                           const wire_msg_t *msg,
                           const char *cmd,

@@ -56,6 +56,7 @@ static const char *const close_reason_names[COUNTERS_CLOSE_REASON_COUNT] = {
    [COUNTERS_CLOSE_NO_PRIMARY] = "no_primary",
    [COUNTERS_CLOSE_NOT_PRIMARY] = "not_primary",
    [COUNTERS_CLOSE_HANDSHAKE_TIMEOUT] = "handshake_timeout",
+   [COUNTERS_CLOSE_LOGIN_TIMEOUT] = "login_timeout",
    [COUNTERS_CLOSE_MESSAGE_TIMEOUT] = "message_timeout",
    [COUNTERS_CLOSE_MAX_CLIENTS] = "max_clients",
    [COUNTERS_CLOSE_SHUTDOWN] = "shutdown",

@@ -213,6 +213,7 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
    side_close (&c->client);
    proxy_event_free (c->timer);
    c->timer = NULL;
+   login_deadline_stop (c);
 
    /* Internal requests learn that no reply will come (their owners free
     * their context).  They may not send anything: the state is CLOSING. */
@@ -1331,6 +1332,10 @@ client_accept (client_loop_t *loop,
       /* Pooled: no connection of its own.  Its hello is answered from what
        * the pool learned of the upstream; until the pool has learned it,
        * the client waits (pool_hello_learned moves it on). */
+      if (!login_deadline_start (c)) {
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory for the login deadline");
+         return true;
+      }
       if (pool_hello (loop->pool))
          client_set_state (c, CLIENT_STATE_HANDSHAKE);
       else

@@ -62,6 +62,7 @@ struct login {
    struct event *delay_ev;
    bson_t *delayed_body;
    uint64_t delayed_seq;
+   struct event *deadline; /* login_timeout_ms from accept; gone once logged in */
 };
 
 /* ------------------------------------------------------------ guesses */
@@ -202,9 +203,53 @@ login_destroy (login_t *l)
       bson_destroy (l->delayed_body);
    l->delayed_body = NULL;
    conversation_end (l);
+   if (l->deadline)
+      event_free (l->deadline);
    bson_free (l->user);
    bson_free (l->db);
    bson_free (l);
+}
+
+/* ------------------------------------------------------------ deadline */
+
+static void
+deadline_cb (evutil_socket_t fd, short what, void *arg)
+{
+   client_conn_t *c = arg;
+
+   (void) fd;
+   (void) what;
+   if (!login_user (c))
+      client_disconnect (c, COUNTERS_CLOSE_LOGIN_TIMEOUT, "not logged in within login_timeout_ms=%" PRId64,
+                         c->cfg->login_timeout_ms);
+}
+
+/* From accept, not from the hello: a client that says hello and nothing
+ * more would otherwise hold its socket and its slot of max_clients for
+ * ever, since pooled mode gives it no upstream connection to time out. */
+bool
+login_deadline_start (client_conn_t *c)
+{
+   login_t *l;
+   struct timeval tv;
+
+   if (!c->loop->cfg->users)
+      return true;
+   l = login_get (c);
+   l->deadline = evtimer_new (c->loop->base, deadline_cb, c);
+   if (!l->deadline)
+      return false;
+   tv = clock_timeval_ms (c->cfg->login_timeout_ms);
+   return evtimer_add (l->deadline, &tv) == 0;
+}
+
+void
+login_deadline_stop (client_conn_t *c)
+{
+   if (c->login && c->login->deadline) {
+      event_free (c->login->deadline);
+      c->login->deadline = NULL;
+   }
 }
 
 const char *
@@ -222,8 +267,14 @@ login_user (const client_conn_t *c)
 bool
 login_answers_locally (const client_conn_t *c, const char *cmd)
 {
+   return login_gate_local (cmd, c->loop->cfg->users && !login_user (c));
+}
+
+bool
+login_gate_local (const char *cmd, bool must_log_in)
+{
    if (!cmd)
-      return c->loop->cfg->users && !login_user (c);
+      return must_log_in;
    switch (cmd[0]) {
    case 'h':
    case 'i':
@@ -249,7 +300,7 @@ login_answers_locally (const client_conn_t *c, const char *cmd)
    default:
       break;
    }
-   return c->loop->cfg->users && !login_user (c);
+   return must_log_in;
 }
 
 /* ------------------------------------------------------------ the delay */
@@ -471,6 +522,7 @@ login_succeeded (client_conn_t *c, login_t *l)
    l->db = l->pending_db;
    l->pending_db = NULL;
    guess_refund (l);
+   login_deadline_stop (c);
    counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_SUCCESS, 1);
    log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "logged in as %s with %s", l->user,
              authfile_mech_name (scram_server_mech (l->conv)));

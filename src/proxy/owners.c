@@ -2,12 +2,15 @@
  * proxy/owners.c - whose cursors and sessions they are, in pooled mode
  * (proxy/owners.h).
  *
- * Two process-wide tables, each OWNERS_STRIPES stripes under a mutex of
- * their own, each stripe an open-addressed array probed OWNERS_PROBE slots
- * from the key's hash: sessions by their 16-byte id, cursors by their id.
- * An entry holds a hash of the user name (64-bit FNV-1a; user names come
+ * One process-wide table of owners, OWNERS_STRIPES stripes under a mutex
+ * of their own, each stripe an open-addressed array probed OWNERS_PROBE
+ * slots from the key's hash, keyed by what an id names and the id:
+ * sessions by their 16-byte id, cursors by their id, users' pin counts by
+ * the user's hash.  An entry holds a hash of the user name (64-bit FNV-1a; user names come
  * from the operator's auth file, not from clients) and when it was last
- * used.  The arrays are allocated the first time a logged-in pooled client
+ * used.  The check is one function over one table of the commands that
+ * name something (`named`): adding a command that names a cursor or a
+ * session is adding a row.  The arrays are allocated the first time a logged-in pooled client
  * needs them, so session mode pays nothing.
  *
  * A reply's cursor id is read where it lies in the reply's buffer, by
@@ -18,6 +21,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <string.h>
 
 #include "base/clock.h"
@@ -31,11 +35,27 @@
 #define OWNERS_PROBE 16
 #define OWNERS_SESSION_TTL_MS (30 * 60000) /* logicalSessionTimeoutMinutes */
 #define OWNERS_CURSOR_TTL_MS (10 * 60000)  /* cursorTimeoutMillis */
+/* mongod's codes. */
+#define OWNERS_CODE_UNAUTHORIZED 13
+#define OWNERS_CODE_TOO_MANY_SESSIONS 261
+
+/* What an id names.  Operations are never entered: through the pool every
+ * operation on the server is the pool's login's, and the proxy hides the
+ * listings that would tell one user's from another's ($currentOp), so no
+ * operation is any proxy user's and killOp is always refused. */
+typedef enum {
+   OWNED_FREE = 0,
+   OWNED_SESSION,
+   OWNED_CURSOR,
+   OWNED_PINS, /* a user's count of pinned pool connections; key: the user's hash */
+} owned_kind_t;
 
 typedef struct {
-   uint8_t key[16];   /* the session id; a cursor's id in the first 8 bytes */
+   uint8_t key[16];   /* the session id; a cursor's id or a user's hash in the first 8 bytes */
    uint64_t user;     /* 0: free */
    int64_t used_ms;
+   uint32_t pins;     /* OWNED_PINS: the count; the entry lives while it is not 0 */
+   uint8_t kind;      /* owned_kind_t */
 } entry_t;
 
 typedef struct {
@@ -43,26 +63,18 @@ typedef struct {
    entry_t *slots;
 } stripe_t;
 
-typedef struct {
-   stripe_t stripes[OWNERS_STRIPES];
-   size_t per_stripe;
-   int64_t ttl_ms;
-} table_t;
-
-static table_t sessions = {.per_stripe = OWNERS_SESSIONS / OWNERS_STRIPES, .ttl_ms = OWNERS_SESSION_TTL_MS};
-static table_t cursors = {.per_stripe = OWNERS_CURSORS / OWNERS_STRIPES, .ttl_ms = OWNERS_CURSOR_TTL_MS};
+/* The one table of owners: sessions, cursors and pin counts side by side. */
+static stripe_t stripes[OWNERS_STRIPES];
+static const size_t per_stripe = OWNERS_ENTRIES / OWNERS_STRIPES;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void
 tables_init (void)
 {
-   table_t *tables[] = {&sessions, &cursors};
-
-   for (size_t t = 0; t < 2; t++)
-      for (size_t i = 0; i < OWNERS_STRIPES; i++) {
-         pthread_mutex_init (&tables[t]->stripes[i].mu, NULL);
-         tables[t]->stripes[i].slots = bson_malloc0 (tables[t]->per_stripe * sizeof (entry_t));
-      }
+   for (size_t i = 0; i < OWNERS_STRIPES; i++) {
+      pthread_mutex_init (&stripes[i].mu, NULL);
+      stripes[i].slots = bson_malloc0 (per_stripe * sizeof (entry_t));
+   }
 }
 
 static uint64_t
@@ -84,49 +96,85 @@ key_hash (const uint8_t key[16])
    return keyhash (key, 16);
 }
 
-/* `key`'s entry: its user (0 when absent or expired).  With `set`, an
- * absent entry becomes `set`'s and an entry of `set` is refreshed (an
- * entry of another user stays theirs); with `forget`, it goes. */
+static bool
+entry_live (const entry_t *e, int64_t now)
+{
+   switch ((owned_kind_t) e->kind) {
+   case OWNED_SESSION:
+      return now - e->used_ms < OWNERS_SESSION_TTL_MS;
+   case OWNED_CURSOR:
+      return now - e->used_ms < OWNERS_CURSOR_TTL_MS;
+   case OWNED_PINS:
+      return e->pins > 0;
+   case OWNED_FREE:
+   default:
+      return false;
+   }
+}
+
+typedef enum {
+   TABLE_GET,    /* look it up */
+   TABLE_TOUCH,  /* look it up; an entry of `user` is used now (it expires later) */
+   TABLE_CLAIM,  /* look it up; absent, it becomes `user`'s */
+   TABLE_FORGET, /* look it up and remove it */
+} table_op_t;
+
+/* The owner of (`kind`, `key`): 0 when absent or expired.  TABLE_TOUCH
+ * refreshes an entry of `user`; TABLE_CLAIM does too, and enters an absent
+ * one (then the result is `user`); an entry of another user stays theirs.  A claim finds room
+ * in a free or expired slot, else takes the least recently used cursor's
+ * (that cursor can then be used by nobody through the proxy: refused, it
+ * expires on the server); a live session never gives up its slot, since
+ * the next user to name it would become its owner.  No room: 0, *full set. */
 static uint64_t
-table_op (table_t *t, const uint8_t key[16], uint64_t set, bool forget)
+table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op, bool *full)
 {
    uint64_t h = key_hash (key), found = 0;
-   stripe_t *st = &t->stripes[h % OWNERS_STRIPES];
+   stripe_t *st = &stripes[h % OWNERS_STRIPES];
    int64_t now = clock_mono_ms ();
    entry_t *free_slot = NULL, *lru = NULL, *hit = NULL;
 
+   if (full)
+      *full = false;
    pthread_once (&tables_once, tables_init);
    pthread_mutex_lock (&st->mu);
    for (size_t i = 0; i < OWNERS_PROBE; i++) {
-      entry_t *e = &st->slots[(h / OWNERS_STRIPES + i) % t->per_stripe];
-      bool live = e->user && now - e->used_ms < t->ttl_ms;
-      if (live && memcmp (e->key, key, 16) == 0) {
+      entry_t *e = &st->slots[(h / OWNERS_STRIPES + i) % per_stripe];
+      bool live = entry_live (e, now);
+      if (live && e->kind == kind && memcmp (e->key, key, 16) == 0) {
          hit = e;
          break;
       }
       if (!live && !free_slot)
          free_slot = e;
-      if (live && (!lru || e->used_ms < lru->used_ms))
+      if (live && e->kind == OWNED_CURSOR && (!lru || e->used_ms < lru->used_ms))
          lru = e;
    }
    if (hit) {
       found = hit->user;
-      if (forget)
-         hit->user = 0;
-      else if (set && hit->user == set)
+      if (op == TABLE_FORGET)
+         hit->kind = OWNED_FREE;
+      else if ((op == TABLE_CLAIM || op == TABLE_TOUCH) && hit->user == user)
          hit->used_ms = now;
-   } else if (set) {
+   } else if (op == TABLE_CLAIM && user != 0) {
       entry_t *e = free_slot ? free_slot : lru;
-      memcpy (e->key, key, 16);
-      e->user = set;
-      e->used_ms = now;
+      if (e) {
+         memcpy (e->key, key, 16);
+         e->kind = (uint8_t) kind;
+         e->user = user;
+         e->used_ms = now;
+         e->pins = 0;
+         found = user;
+      } else if (full) {
+         *full = true;
+      }
    }
    pthread_mutex_unlock (&st->mu);
    return found;
 }
 
 static void
-cursor_key (int64_t id, uint8_t key[16])
+id_key (int64_t id, uint8_t key[16])
 {
    memset (key, 0, 16);
    memcpy (key, &id, sizeof id);
@@ -136,6 +184,12 @@ bool
 owners_enabled (const client_conn_t *c)
 {
    return c->loop->pool && login_user (c);
+}
+
+uint64_t
+owners_user (const client_conn_t *c)
+{
+   return owners_enabled (c) ? user_hash (login_user (c)) : 0;
 }
 
 /* The 16-byte id of a session document {id: UUID}. */
@@ -157,101 +211,294 @@ lsid_of (bson_iter_t *doc_it, uint8_t out[16])
    return true;
 }
 
-void
-owners_note_session (client_conn_t *c, const bson_t *body)
-{
-   bson_iter_t it;
-   uint8_t key[16];
+/* ------------------------------------------------------------ the check */
 
-   if (!owners_enabled (c) || !bson_iter_init_find (&it, body, "lsid") || !lsid_of (&it, key))
-      return;
-   /* A session first sent by another user stays that user's. */
-   (void) table_op (&sessions, key, user_hash (login_user (c)), false);
+/* How a command names what it acts on, besides the lsid every command may
+ * carry.  This table is the whole list: a command not in it names nothing
+ * but its lsid. */
+typedef enum {
+   NAMES_CURSOR,        /* getMore: its own value is a cursor id */
+   NAMES_CURSORS,       /* killCursors: the array `cursors` */
+   NAMES_SESSIONS,      /* killSessions, endSessions, refreshSessions: the array that is its own value */
+   NAMES_OPERATION,     /* killOp: `op` */
+   NAMES_EVERYONE,      /* what acts on, or shows, every user's sessions or operations */
+} names_t;
+
+static const struct {
+   const char *cmd;
+   names_t names;
+   bool forgets; /* once forwarded, what it names is gone (owners_note_request) */
+} named[] = {
+   {"getMore", NAMES_CURSOR, false},
+   {"killCursors", NAMES_CURSORS, true},
+   {"killSessions", NAMES_SESSIONS, true},
+   {"endSessions", NAMES_SESSIONS, true},
+   {"refreshSessions", NAMES_SESSIONS, false},
+   {"killOp", NAMES_OPERATION, false},
+   {"killAllSessions", NAMES_EVERYONE, false},
+   {"killAllSessionsByPattern", NAMES_EVERYONE, false},
+   {"currentOp", NAMES_EVERYONE, false},
+};
+
+/* The aggregation stages that list every user's sessions or operations.
+ * The database `config` holds every user's session ids and transactions
+ * (system.sessions, transactions, image_collection), and a pipeline there
+ * can read one collection from another ($lookup, $unionWith): all of it
+ * is refused rather than some collections. */
+static const char *const everyone_stages[] = {"$currentOp", "$listLocalSessions", "$listSessions"};
+
+static int
+named_find (const char *cmd)
+{
+   for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+      if (strcmp (named[i].cmd, cmd) == 0)
+         return (int) i;
+   return -1;
 }
 
-/* Each session of the array `name` in `body`: whether all are the user's
- * (*n counts them); with `forget`, those are forgotten. */
-static bool
-sessions_owned (const bson_t *body, const char *name, uint64_t user, bool forget, unsigned *n)
+static const char *
+db_of (const bson_t *body)
 {
-   bson_iter_t it, arr;
+   bson_iter_t it;
+
+   return bson_iter_init_find (&it, body, "$db") && BSON_ITER_HOLDS_UTF8 (&it) ? bson_iter_utf8 (&it, NULL) : "?";
+}
+
+/* Whether `body` (an aggregate, or anything on `config`) shows or changes
+ * every user's sessions or operations. */
+static bool
+shows_everyone (const bson_t *body, const char *cmd)
+{
+   bson_iter_t it, stage;
+
+   if (strcmp (db_of (body), "config") == 0)
+      return true;
+   if (strcmp (cmd, "aggregate") != 0 || !bson_iter_init_find (&it, body, "pipeline") || !BSON_ITER_HOLDS_ARRAY (&it) ||
+       !bson_iter_recurse (&it, &stage) || !bson_iter_next (&stage) || !BSON_ITER_HOLDS_DOCUMENT (&stage) ||
+       !bson_iter_recurse (&stage, &it) || !bson_iter_next (&it))
+      return false;
+   for (size_t i = 0; i < sizeof everyone_stages / sizeof everyone_stages[0]; i++)
+      if (strcmp (bson_iter_key (&it), everyone_stages[i]) == 0)
+         return true;
+   return false;
+}
+
+/* The refusal of a request naming what is not the user's. */
+static owners_verdict_t
+refuse (owners_refusal_t *r, int32_t code, const char *fmt, ...) BSON_GNUC_PRINTF (3, 4);
+
+static owners_verdict_t
+refuse (owners_refusal_t *r, int32_t code, const char *fmt, ...)
+{
+   va_list ap;
+
+   r->code = code;
+   r->code_name = code == OWNERS_CODE_TOO_MANY_SESSIONS ? "TooManyLogicalSessions" : "Unauthorized";
+   va_start (ap, fmt);
+   bson_vsnprintf (r->why, sizeof r->why, fmt, ap);
+   va_end (ap);
+   return OWNERS_REFUSE;
+}
+
+/* mongod's answer to a command its user may not run. */
+static owners_verdict_t
+refuse_command (owners_refusal_t *r, const bson_t *body, const char *cmd)
+{
+   return refuse (r, OWNERS_CODE_UNAUTHORIZED, "not authorized on %.100s to execute command { %.60s: ... }",
+                  db_of (body), cmd);
+}
+
+/* The first element's value, when it is a string (a collection's name). */
+static const char *
+coll_of (const bson_t *body)
+{
+   bson_iter_t it;
+
+   return bson_iter_init (&it, body) && bson_iter_next (&it) && BSON_ITER_HOLDS_UTF8 (&it) ? bson_iter_utf8 (&it, NULL)
+                                                                                           : "?";
+}
+
+/* Whether cursor `id` is the user's.  Cursor 0 is no cursor: the server
+ * answers it.  Its use keeps the entry alive as the server keeps the
+ * cursor: a change stream's getMores run for hours. */
+static bool
+cursor_owned (const bson_iter_t *it, uint64_t user, int64_t *id)
+{
    uint8_t key[16];
 
-   *n = 0;
-   if (!bson_iter_init_find (&it, body, name) || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
-      return false;
-   while (bson_iter_next (&arr)) {
-      (*n)++;
-      if (!lsid_of (&arr, key) || table_op (&sessions, key, 0, false) != user)
-         return false;
+   if (BSON_ITER_HOLDS_DOUBLE (it)) {
+      /* Converted only in range (a cast out of it is undefined): no
+       * cursor of anyone's has another id. */
+      double d = bson_iter_double (it);
+      *id = d > -9.2e18 && d < 9.2e18 ? (int64_t) d : INT64_MAX;
+   } else {
+      *id = BSON_ITER_HOLDS_NUMBER (it) ? bson_iter_as_int64 (it) : 0;
    }
-   if (forget && bson_iter_recurse (&it, &arr))
-      while (bson_iter_next (&arr))
-         if (lsid_of (&arr, key))
-            (void) table_op (&sessions, key, 0, true);
-   return true;
+   id_key (*id, key);
+   return *id == 0 || table_op (OWNED_CURSOR, key, user, TABLE_TOUCH, NULL) == user;
+}
+
+/* Whether the session {id: UUID} at `it` is the user's; with `claim`, a
+ * session nobody used becomes the user's (*full: no room for it). */
+static bool
+session_owned (bson_iter_t *it, uint64_t user, bool claim, bool *full)
+{
+   uint8_t key[16];
+
+   *full = false;
+   if (!lsid_of (it, key))
+      return true; /* malformed: the server refuses it */
+   return table_op (OWNED_SESSION, key, user, claim ? TABLE_CLAIM : TABLE_TOUCH, full) == user;
 }
 
 owners_verdict_t
-owners_check (client_conn_t *c, const bson_t *body, const char *cmd, char *why, size_t why_len)
+owners_check (client_conn_t *c, const bson_t *body, const char *cmd, owners_refusal_t *r)
 {
-   uint64_t user;
-   unsigned n;
+   return owners_check_user (owners_user (c), body, cmd, r);
+}
 
-   if (!cmd || (cmd[0] != 'k' && cmd[0] != 'e'))
+owners_verdict_t
+owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_refusal_t *r)
+{
+   bson_iter_t it, arr;
+   bool full;
+   int64_t id;
+   int n;
+
+   if (!cmd || !user)
       return OWNERS_ALLOW;
-   if (!owners_enabled (c))
-      return OWNERS_ALLOW;
-   user = user_hash (login_user (c));
-   if (strcmp (cmd, "killCursors") == 0) {
-      bson_iter_t it, arr;
-      uint8_t key[16];
-      if (!bson_iter_init_find (&it, body, "cursors") || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
-         return OWNERS_ALLOW; /* malformed: the server refuses it */
-      while (bson_iter_next (&arr)) {
-         int64_t id = BSON_ITER_HOLDS_NUMBER (&arr) ? bson_iter_as_int64 (&arr) : 0;
-         cursor_key (id, key);
-         if (id != 0 && table_op (&cursors, key, 0, false) != user) {
-            bson_snprintf (why, why_len,
-                           "relaybus: not authorized to kill cursor %" PRId64
-                           ": it was not opened by user %.100s through this proxy",
-                           id, login_user (c));
-            return OWNERS_REFUSE;
-         }
+   n = named_find (cmd);
+   if (shows_everyone (body, cmd) || (n >= 0 && named[n].names == NAMES_EVERYONE))
+      return refuse_command (r, body, cmd);
+   if (n >= 0)
+      switch (named[n].names) {
+      case NAMES_CURSOR:
+         if (bson_iter_init (&it, body) && bson_iter_next (&it) && !cursor_owned (&it, user, &id))
+            return refuse (r, OWNERS_CODE_UNAUTHORIZED,
+                           "cursor id %" PRId64 " was not created by the authenticated user", id);
+         break;
+      case NAMES_CURSORS:
+         if (bson_iter_init_find (&it, body, "cursors") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr))
+            while (bson_iter_next (&arr))
+               if (!cursor_owned (&arr, user, &id))
+                  return refuse (r, OWNERS_CODE_UNAUTHORIZED, "not authorized to kill cursor on %.100s.%.100s",
+                                 db_of (body), coll_of (body));
+         break;
+      case NAMES_SESSIONS:
+         /* Without ids, killSessions ends every user's sessions. */
+         if (!bson_iter_init_find (&it, body, cmd) || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
+            break; /* malformed: the server refuses it */
+         if (strcmp (cmd, "killSessions") == 0 && !bson_iter_next (&arr))
+            return refuse_command (r, body, cmd);
+         (void) bson_iter_recurse (&it, &arr);
+         while (bson_iter_next (&arr))
+            if (!session_owned (&arr, user, false, &full))
+               return refuse_command (r, body, cmd);
+         break;
+      case NAMES_OPERATION:
+         return refuse (r, OWNERS_CODE_UNAUTHORIZED, "Unauthorized");
+      case NAMES_EVERYONE:
+      default:
+         break;
       }
-      (void) bson_iter_recurse (&it, &arr);
-      while (bson_iter_next (&arr)) {
-         cursor_key (BSON_ITER_HOLDS_NUMBER (&arr) ? bson_iter_as_int64 (&arr) : 0, key);
-         (void) table_op (&cursors, key, 0, true);
-      }
-      return OWNERS_ALLOW;
-   }
-   if (strcmp (cmd, "killAllSessions") == 0 || strcmp (cmd, "killAllSessionsByPattern") == 0) {
-      bson_snprintf (why, why_len,
-                     "relaybus: %s would end the sessions of every client of the pooled proxy; name the sessions "
-                     "with killSessions",
-                     cmd);
-      return OWNERS_REFUSE;
-   }
-   if (strcmp (cmd, "killSessions") == 0) {
-      if (!sessions_owned (body, "killSessions", user, true, &n) || n == 0) {
-         bson_snprintf (why, why_len,
-                        n == 0 ? "relaybus: killSessions without session ids would end the sessions of every client of "
-                                 "the pooled proxy; name the sessions"
-                               : "relaybus: not authorized to kill a session that user %.100s did not use through this "
-                                 "proxy",
-                        login_user (c));
-         return OWNERS_REFUSE;
-      }
-      return OWNERS_ALLOW;
-   }
-   if (strcmp (cmd, "endSessions") == 0) {
-      if (!sessions_owned (body, "endSessions", user, true, &n))
-         return OWNERS_ANSWER_OK;
-      return OWNERS_ALLOW;
+   /* The session the command runs in, and so its transaction. */
+   if (bson_iter_init_find (&it, body, "lsid") && !session_owned (&it, user, true, &full)) {
+      if (full)
+         return refuse (r, OWNERS_CODE_TOO_MANY_SESSIONS,
+                        "Unable to add session into the cache because the number of active sessions is too high");
+      return refuse_command (r, body, cmd);
    }
    return OWNERS_ALLOW;
 }
+
+void
+owners_note_request (client_conn_t *c, const bson_t *body, const char *cmd)
+{
+   bson_iter_t it, arr;
+   uint8_t key[16];
+   int n;
+
+   if (!cmd || !owners_enabled (c) || (n = named_find (cmd)) < 0 || !named[n].forgets)
+      return;
+   if (!bson_iter_init_find (&it, body, named[n].names == NAMES_CURSORS ? "cursors" : cmd) ||
+       !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
+      return;
+   while (bson_iter_next (&arr)) {
+      if (named[n].names == NAMES_CURSORS) {
+         id_key (BSON_ITER_HOLDS_NUMBER (&arr) ? bson_iter_as_int64 (&arr) : 0, key);
+         (void) table_op (OWNED_CURSOR, key, 0, TABLE_FORGET, NULL);
+      } else if (lsid_of (&arr, key)) {
+         (void) table_op (OWNED_SESSION, key, 0, TABLE_FORGET, NULL);
+      }
+   }
+}
+
+/* ------------------------------------------------------------ pins */
+
+/* A user's count of pinned connections, changed by `delta`.  An entry
+ * lives while its count is not 0; with no room for it (a neighbourhood of
+ * live sessions), that pin goes uncounted. */
+static unsigned
+pins_op (uint64_t user, int delta)
+{
+   uint8_t key[16];
+   uint64_t h;
+   stripe_t *st;
+   entry_t *hit = NULL, *free_slot = NULL, *lru = NULL;
+   int64_t now = clock_mono_ms ();
+   unsigned pins = 0;
+
+   if (!user)
+      return 0;
+   id_key ((int64_t) user, key);
+   h = key_hash (key);
+   st = &stripes[h % OWNERS_STRIPES];
+   pthread_once (&tables_once, tables_init);
+   pthread_mutex_lock (&st->mu);
+   for (size_t i = 0; i < OWNERS_PROBE; i++) {
+      entry_t *e = &st->slots[(h / OWNERS_STRIPES + i) % per_stripe];
+      bool live = entry_live (e, now);
+      if (live && e->kind == OWNED_PINS && memcmp (e->key, key, 16) == 0) {
+         hit = e;
+         break;
+      }
+      if (!live && !free_slot)
+         free_slot = e;
+      if (live && e->kind == OWNED_CURSOR && (!lru || e->used_ms < lru->used_ms))
+         lru = e;
+   }
+   if (!hit && delta > 0 && (hit = free_slot ? free_slot : lru)) {
+      memcpy (hit->key, key, 16);
+      hit->kind = OWNED_PINS;
+      hit->user = user;
+      hit->pins = 0;
+   }
+   if (hit) {
+      if (delta < 0 && hit->pins < (unsigned) -delta)
+         hit->pins = 0;
+      else
+         hit->pins = (unsigned) ((int64_t) hit->pins + delta);
+      hit->used_ms = now;
+      pins = hit->pins;
+      if (pins == 0)
+         hit->kind = OWNED_FREE;
+   }
+   pthread_mutex_unlock (&st->mu);
+   return pins;
+}
+
+unsigned
+owners_pins (uint64_t user)
+{
+   return pins_op (user, 0);
+}
+
+void
+owners_pin (uint64_t user, bool on)
+{
+   (void) pins_op (user, on ? 1 : -1);
+}
+
 
 bool
 owners_opens_cursors (const char *cmd)
@@ -266,6 +513,8 @@ owners_opens_cursors (const char *cmd)
    case 'l':
       return strcmp (cmd, "listCollections") == 0 || strcmp (cmd, "listIndexes") == 0 ||
              strcmp (cmd, "listSearchIndexes") == 0;
+   case 'b':
+      return strcmp (cmd, "bulkWrite") == 0;
    default:
       return false;
    }
@@ -412,6 +661,6 @@ owners_note_reply (client_conn_t *c, struct evbuffer *in, size_t len)
    id = BSON_UINT64_FROM_LE (id);
    if (id == 0)
       return;
-   cursor_key (id, key);
-   (void) table_op (&cursors, key, user_hash (login_user (c)), false);
+   id_key (id, key);
+   (void) table_op (OWNED_CURSOR, key, user_hash (login_user (c)), TABLE_CLAIM, NULL);
 }

@@ -45,6 +45,7 @@
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
+#include "proxy/owners.h"
 #include "proxy/side.h"
 
 /* The longest a pooled connection's login may wait for a reply it is
@@ -99,6 +100,7 @@ struct pool_server {
    client_conn_t *client;            /* LENT: who holds it */
    unsigned pins;                    /* bits (1 << counters_pin_t) */
    pool_txn_t txn;                   /* the transaction pinning it */
+   uint64_t pin_user;                /* whose transaction pins it (owners_user; 0: unchecked) */
    int64_t idle_since_ms;            /* a pinned transaction's last answer */
    /* The opening. */
    int32_t next_id;
@@ -447,6 +449,14 @@ pin_set (pool_server_t *s, counters_pin_t pin, bool on)
       atomic_fetch_sub_explicit (&counters_slots[COUNTER_POOL_PINNED + pin], 1, memory_order_relaxed);
    }
    if (pin == COUNTERS_PIN_TRANSACTION) {
+      /* Counted per user for pool_max_pins_per_user (pool_admit). */
+      if (on) {
+         s->pin_user = s->client ? owners_user (s->client) : 0;
+         owners_pin (s->pin_user, true);
+      } else {
+         owners_pin (s->pin_user, false);
+         s->pin_user = 0;
+      }
       if (on)
          s->pool->n_pinned_txn++;
       else
@@ -1420,12 +1430,11 @@ pin_timer_arm (pool_t *pool)
  * body's first key) and its transaction.  False when it cannot tell (a
  * compressed request, a body past POOL_PEEK_MAX): it needs a connection. */
 static bool
-peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, pool_txn_t *txn)
+peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, pool_txn_t *txn, bson_t *body)
 {
    size_t window = (size_t) h->length < POOL_PEEK_MAX ? (size_t) h->length : POOL_PEEK_MAX;
    const uint8_t *buf;
    uint32_t doc_len;
-   bson_t body;
    bson_iter_t it;
 
    cmd[0] = '\0';
@@ -1437,12 +1446,43 @@ peek_request (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd
       return false; /* the body is not the first section */
    doc_len = wire_get_u32 (buf + WIRE_HEADER_LEN + 5);
    if (doc_len < 5 || doc_len > window - (WIRE_HEADER_LEN + 5) ||
-       !bson_init_static (&body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, &body) ||
+       !bson_init_static (body, buf + WIRE_HEADER_LEN + 5, doc_len) || !bson_iter_init (&it, body) ||
        !bson_iter_next (&it))
       return false;
    bson_strncpy (cmd, bson_iter_key (&it), cmd_len);
-   txn_of_body (&body, txn, NULL);
+   txn_of_body (body, txn, NULL);
    return true;
+}
+
+bool
+pool_peek (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, bson_t *body)
+{
+   pool_txn_t txn;
+
+   return peek_request (in, h, cmd, cmd_len, &txn, body);
+}
+
+static bool
+starts_transaction (const bson_t *body)
+{
+   bson_iter_t it;
+
+   return bson_iter_init_find (&it, body, "startTransaction") && bson_iter_as_bool (&it);
+}
+
+/* Whether c's user pins as many connections as it may. */
+static bool
+pins_full (const client_conn_t *c)
+{
+   const config_t *cfg = c->loop->cfg;
+   uint64_t user = owners_user (c);
+   int64_t max = cfg->pool_max_pins_per_user;
+
+   if (!user)
+      return false;
+   if (max == 0)
+      max = cfg->pool_size / 2 > 0 ? cfg->pool_size / 2 : 1;
+   return (int64_t) owners_pins (user) >= max;
 }
 
 bool
@@ -1452,14 +1492,33 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    char cmd[64];
    pool_txn_t txn;
    pool_server_t *s;
+   bson_t body;
+   owners_refusal_t refusal;
    bool peeked;
 
    RELAYBUS_ASSERT (!c->server && !c->pool_waiting);
    if (h->opcode == WIRE_OP_QUERY)
       return true; /* the legacy hello, or refused: the proxy answers */
-   peeked = peek_request (in, h, cmd, sizeof cmd, &txn);
-   if (peeked && login_answers_locally (c, cmd))
+   peeked = peek_request (in, h, cmd, sizeof cmd, &txn, &body);
+   /* Before a required login, whatever the peek cannot read (compressed,
+    * large, the body not first) is the proxy's to answer too: read whole,
+    * it is a hello, a login, or refused (proxy/login.h). */
+   if (login_answers_locally (c, peeked ? cmd : NULL))
       return true;
+   /* A request the owners' check refuses is answered without a connection,
+    * least of all the one another user's transaction pins. */
+   if (peeked && owners_check (c, &body, cmd, &refusal) == OWNERS_REFUSE)
+      return true;
+   /* A transaction that starts while its user already pins
+    * pool_max_pins_per_user connections: answered as a wait that ran out
+    * (retryable), without a connection, so that one user's idle
+    * transactions cannot hold every connection of the pool.  Only the
+    * start: a later statement or the commit of a transaction already open
+    * (on another loop, say) must go on, or its pins would never end. */
+   if (txn.valid && starts_transaction (&body) && !pinned_server (pool, &txn) && pins_full (c)) {
+      c->pool_over_pins = true;
+      return true;
+   }
    /* A statement of a transaction pinned here: the same connection, taken
     * from the client that holds it idle. */
    if (txn.valid && (s = pinned_server (pool, &txn))) {
@@ -1688,19 +1747,31 @@ pool_answer_timeout (client_conn_t *c,
    bool ends = cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0);
 
    txn_of_body (&msg->body, &txn, &retryable_write);
-   counters_add (COUNTER_POOL_WAIT_TIMEOUTS, 1);
-   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "pool: %s waited pool_wait_timeout_ms=%" PRId64 " for a connection: answered with a retryable error",
-             cmd ? cmd : "a request", c->cfg->pool_wait_timeout_ms);
+   if (c->pool_over_pins) {
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer,
+                "pool: %s of user %s would pin more than pool_max_pins_per_user connections: answered with a "
+                "retryable error",
+                cmd ? cmd : "a request", login_user (c));
+      bson_snprintf (errmsg, sizeof errmsg,
+                     "relaybus: user %.64s already pins as many pooled upstream connections with open transactions "
+                     "as pool_max_pins_per_user allows; retry",
+                     login_user (c));
+   } else {
+      counters_add (COUNTER_POOL_WAIT_TIMEOUTS, 1);
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer, "pool: %s waited pool_wait_timeout_ms=%" PRId64 " for a connection: answered with a retryable error",
+                cmd ? cmd : "a request", c->cfg->pool_wait_timeout_ms);
+      bson_snprintf (errmsg, sizeof errmsg,
+                     "relaybus: no pooled upstream connection was free within pool_wait_timeout_ms=%" PRId64
+                     " (pool_size = %" PRId64 "); retry",
+                     c->cfg->pool_wait_timeout_ms, c->cfg->pool_size);
+   }
+   c->pool_over_pins = false;
    /* `msg` and `cmd` point into the request's bytes: not used after this. */
    evbuffer_drain (src, len);
    if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &seq, error)) {
       bson_destroy (&doc);
       return false;
    }
-   bson_snprintf (errmsg, sizeof errmsg,
-                  "relaybus: no pooled upstream connection was free within pool_wait_timeout_ms=%" PRId64
-                  " (pool_size = %" PRId64 "); retry",
-                  c->cfg->pool_wait_timeout_ms, c->cfg->pool_size);
    BSON_APPEND_DOUBLE (&doc, "ok", 0.0);
    BSON_APPEND_UTF8 (&doc, "errmsg", errmsg);
    /* ExceededTimeLimit: a retryable read error for drivers, and not a

@@ -633,26 +633,6 @@ answer_locally (client_conn_t *c,
    return client_answer_error (c, seq, code, code_name, errmsg, error);
 }
 
-/* Answers a request the proxy handles itself with {ok: 1}. */
-static bool
-answer_ok_locally (client_conn_t *c, int32_t client_id, int compressor, struct evbuffer *src, size_t len,
-                   bson_error_t *error)
-{
-   bson_t doc = BSON_INITIALIZER;
-   uint64_t seq;
-   bool ok;
-
-   evbuffer_drain (src, len);
-   if (!client_hold_request (c, client_id, WIRE_OP_MSG, compressor, &seq, error)) {
-      bson_destroy (&doc);
-      return false;
-   }
-   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
-   ok = client_answer (c, seq, &doc, error);
-   bson_destroy (&doc);
-   return ok;
-}
-
 #ifdef RELAYBUS_TEST_COMMANDS
 /* Test builds only (configure --enable-test-commands, which `make install`
  * refuses; never implied by --enable-debug): it sends a client's command
@@ -816,6 +796,22 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          }
          return login_command (c, msg, cmd, compressor, src, len, error);
       }
+      /* The owners' check comes before any use of the pool: pool_admit
+       * ran it on the peek and lent nothing to a refused request (one it
+       * could not peek at is refused here, on what it borrowed). */
+      if (owners_enabled (c)) {
+         owners_refusal_t r;
+         if (owners_check (c, &msg->body, cmd, &r) == OWNERS_REFUSE) {
+            counters_count_command (cmd);
+            log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s refused: %s", cmd, r.why);
+            if (more) {
+               evbuffer_drain (src, len);
+               return true;
+            }
+            return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, r.code, r.code_name, r.why, src,
+                                   len, error);
+         }
+      }
       if (!c->server) {
          counters_count_command (cmd);
          if (more) {
@@ -827,31 +823,7 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          }
          return pool_answer_timeout (c, msg, cmd, compressor, src, len, error);
       }
-      if (owners_enabled (c)) {
-         char why[300];
-         switch (owners_check (c, &msg->body, cmd, why, sizeof why)) {
-         case OWNERS_REFUSE:
-            counters_count_command (cmd);
-            log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s refused: %s", cmd, why);
-            if (more) {
-               evbuffer_drain (src, len);
-               return true;
-            }
-            return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 13, "Unauthorized", why, src,
-                                   len, error);
-         case OWNERS_ANSWER_OK:
-            counters_count_command (cmd);
-            if (more) {
-               evbuffer_drain (src, len);
-               return true;
-            }
-            return answer_ok_locally (c, msg->header.request_id, compressor, src, len, error);
-         case OWNERS_ALLOW:
-         default:
-            break;
-         }
-         owners_note_session (c, &msg->body);
-      }
+      owners_note_request (c, &msg->body, cmd);
       pool_note_request (c, msg, cmd);
    }
 #ifdef RELAYBUS_TEST_COMMANDS
@@ -1740,7 +1712,7 @@ client_route (client_conn_t *c, side_t *from)
          return false;
       }
       if (client)
-         c->pool_timed_out = false; /* that request had its answer */
+         c->pool_timed_out = c->pool_over_pins = false; /* that request had its answer */
       consumed = true;
    }
    return consumed;
