@@ -102,6 +102,9 @@ void claim_append_handlers_in (claim_t *c, bson_t *q, bool only_with_room);
 bool claim_handlers_have_room (claim_t *c);
 /* The index of the handler in o->handlers, -1 when it is not one. */
 int claim_handler_index (claim_t *c, const char *name);
+/* How many deliveries of one key a claim may take together: o->key_run
+ * within 1..STORE_KEY_RUN_MAX. */
+size_t claim_key_run (const claim_t *c);
 
 /* -- claim_held.c: the lane documents, the held lanes, lost claims -- */
 

@@ -131,6 +131,14 @@ claim_handler_index (claim_t *c, const char *name)
    return -1;
 }
 
+size_t
+claim_key_run (const claim_t *c)
+{
+   size_t run = c->o->key_run < 1 ? 1 : c->o->key_run;
+
+   return run > STORE_KEY_RUN_MAX ? STORE_KEY_RUN_MAX : run;
+}
+
 /* ---------------------------------------------------------- the events */
 
 static bool

@@ -31,6 +31,117 @@ typedef struct {
    size_t worth; /* what the probe saw it could give: unkeyed deliveries and keys */
 } free_lane_t;
 
+/* What the probes of one claim learn: the lane documents of the free
+ * lanes that are not the claim's yet (copies, owned), and for each lane
+ * with due work found, its oldest due delivery and what it could give. */
+typedef struct {
+   bson_t *doc[OUTBOX_LANES];
+   int64_t oldest[OUTBOX_LANES];
+   bool candidate[OUTBOX_LANES];
+   size_t worth[OUTBOX_LANES];
+} probe_t;
+
+/* The lanes a probe may find: free (no owner, or an expired lease) in the
+ * lane documents as read, neither the claim's nor in out[0..n_out). */
+static void
+probe_lanes (claim_t *c, const free_lane_t *out, size_t n_out, probe_t *p)
+{
+   for (int lane = 0; lane < OUTBOX_LANES; lane++) {
+      const bson_t *ld = c->lane_docs[lane];
+      bool mine = false;
+
+      if (!ld)
+         continue;
+      for (size_t i = 0; i < c->n_lanes && !mine; i++)
+         mine = c->lanes[i].lane == (uint32_t) lane;
+      for (size_t i = 0; i < n_out && !mine; i++)
+         mine = out[i].lane == (uint32_t) lane;
+      if (mine)
+         continue;
+      if (store_iter_utf8 (ld, "owner") && store_iter_date (ld, "leaseExpiresAt") > c->o->now)
+         continue;
+      p->doc[lane] = bson_copy (ld);
+      p->oldest[lane] = INT64_MAX;
+   }
+}
+
+/* One probe of the lanes of `want`: their FREE_PROBE oldest due, ready
+ * deliveries of the handlers with room (laneId, dueAt and key only); each
+ * lane seen becomes a candidate with its oldest due delivery, and is
+ * worth its unkeyed deliveries and keys.  *full when the probe came back
+ * full. */
+static bool
+probe_group (claim_t *c, const bool want[OUTBOX_LANES], probe_t *p, bool *full, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER, sub;
+   bson_t *opts;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   int64_t n_read = 0;
+   bool ok = true;
+
+   store_append_lanes_in (&q, "laneId", want);
+   BSON_APPEND_UTF8 (&q, "lane", "ready");
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "dueAt", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
+   bson_append_document_end (&q, &sub);
+   claim_append_handlers_in (c, &q, true);
+   opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (FREE_PROBE),
+                    "batchSize", BCON_INT32 (FREE_PROBE), "projection", "{", "laneId", BCON_INT32 (1), "dueAt",
+                    BCON_INT32 (1), "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "}");
+   cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t lane = store_iter_int64 (doc, "laneId");
+      const char *h = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
+      n_read++;
+      if (lane < 0 || lane >= OUTBOX_LANES || !p->doc[lane])
+         continue;
+      if (!p->candidate[lane]) {
+         p->candidate[lane] = true;
+         p->oldest[lane] = store_iter_date (doc, "dueAt");
+      }
+      /* A key gives one delivery per claim, however many it has due. */
+      if (h && key) {
+         claim_key_t *ks = claim_key_get (c, h, key);
+         if (ks->probed)
+            continue;
+         ks->probed = true;
+      }
+      p->worth[lane]++;
+   }
+   if (!store_cursor_end (cur, error, "finding lanes with due deliveries"))
+      ok = false;
+   bson_destroy (opts);
+   bson_destroy (&q);
+   if (n_read >= FREE_PROBE)
+      *full = true;
+   return ok;
+}
+
+/* The lanes found, oldest due delivery first (ties by lane id), appended
+ * to out; their documents move from the probe to out. */
+static void
+probe_order (probe_t *p, free_lane_t *out, size_t *n_out)
+{
+   for (;;) {
+      int best = -1;
+      for (int i = 0; i < OUTBOX_LANES; i++)
+         if (p->candidate[i] && (best < 0 || p->oldest[i] < p->oldest[best]))
+            best = i;
+      if (best < 0)
+         break;
+      p->candidate[best] = false;
+      out[*n_out].lane = (uint32_t) best;
+      out[*n_out].epoch = store_iter_int64 (p->doc[best], "epoch");
+      out[*n_out].doc = p->doc[best];
+      out[*n_out].worth = p->worth[best];
+      p->doc[best] = NULL;
+      (*n_out)++;
+      /* Each lane at most once: out has room for every lane. */
+      RELAYBUS_ASSERT (*n_out <= OUTBOX_LANES);
+   }
+}
+
 /* Free lanes (no owner, or an expired lease) with due deliveries of the
  * handlers, the lane with the oldest due delivery first, appended to
  * out[*n_out...] (lanes already there are left out).  The lanes are found
@@ -45,107 +156,32 @@ typedef struct {
 static bool
 find_free_lanes (claim_t *c, free_lane_t *out, size_t *n_out, bool *more, bson_error_t *error)
 {
-   mongoc_cursor_t *cur;
-   const bson_t *doc;
-   bson_t *lane_docs[OUTBOX_LANES] = {0};
-   int64_t oldest[OUTBOX_LANES];
-   bool candidate[OUTBOX_LANES] = {0};
-   size_t worth[OUTBOX_LANES] = {0};
+   probe_t p = {0};
    bool ok = true;
    size_t first = *n_out;
    int next = 0;
 
    *more = false;
-   for (int lane = 0; lane < OUTBOX_LANES; lane++) {
-      const bson_t *ld = c->lane_docs[lane];
-      bool mine = false;
-
-      if (!ld)
-         continue;
-      for (size_t i = 0; i < c->n_lanes && !mine; i++)
-         mine = c->lanes[i].lane == (uint32_t) lane;
-      for (size_t i = 0; i < *n_out && !mine; i++)
-         mine = out[i].lane == (uint32_t) lane;
-      if (mine)
-         continue;
-      if (store_iter_utf8 (ld, "owner") && store_iter_date (ld, "leaseExpiresAt") > c->o->now)
-         continue;
-      lane_docs[lane] = bson_copy (ld);
-      oldest[lane] = INT64_MAX;
-   }
-
+   probe_lanes (c, out, *n_out, &p);
    while (ok && next < OUTBOX_LANES) {
-      bson_t q = BSON_INITIALIZER, sub;
-      bson_t *opts;
       bool want[OUTBOX_LANES] = {0};
       uint32_t k = 0;
-      int64_t n_read = 0;
 
       for (; next < OUTBOX_LANES && k < STORE_MAX_LANES_PER_QUERY; next++)
-         if (lane_docs[next]) {
+         if (p.doc[next]) {
             want[next] = true;
             k++;
          }
-      if (k == 0) {
-         bson_destroy (&q);
+      if (k == 0)
          break;
-      }
-      store_append_lanes_in (&q, "laneId", want);
-      BSON_APPEND_UTF8 (&q, "lane", "ready");
-      BSON_APPEND_DOCUMENT_BEGIN (&q, "dueAt", &sub);
-      BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
-      bson_append_document_end (&q, &sub);
-      claim_append_handlers_in (c, &q, true);
-      opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
-                       BCON_INT64 (FREE_PROBE), "batchSize", BCON_INT32 (FREE_PROBE), "projection", "{", "laneId",
-                       BCON_INT32 (1), "dueAt", BCON_INT32 (1), "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "}");
-      cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
-      while (mongoc_cursor_next (cur, &doc)) {
-         int64_t lane = store_iter_int64 (doc, "laneId");
-         const char *h = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
-         n_read++;
-         if (lane < 0 || lane >= OUTBOX_LANES || !lane_docs[lane])
-            continue;
-         if (!candidate[lane]) {
-            candidate[lane] = true;
-            oldest[lane] = store_iter_date (doc, "dueAt");
-         }
-         /* A key gives one delivery per claim, however many it has due. */
-         if (h && key) {
-            claim_key_t *ks = claim_key_get (c, h, key);
-            if (ks->probed)
-               continue;
-            ks->probed = true;
-         }
-         worth[lane]++;
-      }
-      if (!store_cursor_end (cur, error, "finding lanes with due deliveries"))
-         ok = false;
-      bson_destroy (opts);
-      bson_destroy (&q);
-      if (n_read >= FREE_PROBE)
-         *more = true;
+      ok = probe_group (c, want, &p, more, error);
    }
-   /* The lanes found, oldest due delivery first (ties by lane id). */
-   for (;;) {
-      int best = -1;
-      for (int i = 0; i < OUTBOX_LANES; i++)
-         if (candidate[i] && (best < 0 || oldest[i] < oldest[best]))
-            best = i;
-      if (best < 0 || !ok)
-         break;
-      candidate[best] = false;
-      out[*n_out].lane = (uint32_t) best;
-      out[*n_out].epoch = store_iter_int64 (lane_docs[best], "epoch");
-      out[*n_out].doc = lane_docs[best];
-      out[*n_out].worth = worth[best];
-      lane_docs[best] = NULL;
-      (*n_out)++;
-   }
+   if (ok)
+      probe_order (&p, out, n_out);
    if (*n_out == first)
       *more = false;
    for (int i = 0; i < OUTBOX_LANES; i++)
-      bson_destroy (lane_docs[i]);
+      bson_destroy (p.doc[i]);
    return ok;
 }
 
@@ -308,6 +344,67 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    return ok;
 }
 
+/* True when a free lane as read runs nothing: empty inFlight and lost. */
+static bool
+lane_runs_nothing (const bson_t *doc)
+{
+   static const char *const lists[] = {"inFlight", "lost"};
+   bson_iter_t it, arr;
+
+   for (size_t j = 0; j < 2; j++)
+      if (bson_iter_init_find (&it, doc, lists[j]) && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr) &&
+          bson_iter_next (&arr))
+         return false;
+   return true;
+}
+
+/* Appends to the $or of a take the condition of one lane that runs
+ * nothing: as read (epoch), still free, inFlight still empty. */
+static void
+append_clean (claim_t *c, bson_t *or_arr, uint32_t *n_clean, const free_lane_t *f)
+{
+   char buf[16];
+   const char *key;
+   bson_t one;
+
+   bson_uint32_to_string ((*n_clean)++, &key, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (or_arr, key, &one);
+   BSON_APPEND_INT32 (&one, "_id", (int32_t) f->lane);
+   BSON_APPEND_INT64 (&one, "epoch", f->epoch);
+   store_append_oids_array (&one, "inFlight", NULL, 0);
+   append_lane_free (&one, c->o->now);
+   bson_append_document_end (or_arr, &one);
+}
+
+/* After a take that matched fewer lanes than it asked for (some lane
+ * changed first): which of the `clean` lanes are ours now, under the
+ * epoch read plus one (got[], epoch_of[] moved on). */
+static bool
+taken_read_back (claim_t *c, const bool *clean, bool *got, int64_t *epoch_of, bson_error_t *error)
+{
+   bson_t rq = BSON_INITIALIZER;
+   bson_t *ropts = BCON_NEW ("batchSize", BCON_INT32 (OUTBOX_LANES + 1));
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bool ok = true;
+
+   store_append_lanes_in (&rq, "_id", clean);
+   BSON_APPEND_UTF8 (&rq, "owner", c->s->owner);
+   cur = mongoc_collection_find_with_opts (c->lanes_coll, &rq, ropts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t l = store_iter_int64 (doc, "_id");
+      if (l >= 0 && l < OUTBOX_LANES && clean[l] && store_iter_int64 (doc, "epoch") == epoch_of[l] + 1) {
+         got[l] = true;
+         epoch_of[l]++;
+      }
+   }
+   if (!store_cursor_end (cur, error, "reading back the lanes taken"))
+      ok = false;
+   bson_destroy (ropts);
+   bson_destroy (&rq);
+   return ok;
+}
+
 /* Takes the free lanes f[0..n) that nobody runs anything in (empty
  * inFlight and lost, as read) with one updateMany: each lane's condition
  * repeats it as read (epoch, owner free or expired, empty lists), so a
@@ -327,36 +424,17 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
 
    BSON_APPEND_ARRAY_BEGIN (&q, "$or", &or_arr);
    for (size_t i = 0; i < n; i++) {
-      bson_iter_t it, arr;
-      bool empty = true;
-      static const char *const lists[] = {"inFlight", "lost"};
-      for (size_t j = 0; j < 2; j++)
-         if (bson_iter_init_find (&it, f[i].doc, lists[j]) && BSON_ITER_HOLDS_ARRAY (&it) &&
-             bson_iter_recurse (&it, &arr) && bson_iter_next (&arr))
-            empty = false;
-      if (!empty) {
-         bool taken;
+      bool taken;
+      if (!lane_runs_nothing (f[i].doc)) {
          if (!take_lane (c, &f[i], &taken, error)) {
-            bson_destroy (&q);
-            bson_destroy (&upd);
-            return false;
+            ok = false;
+            goto done;
          }
          continue;
       }
-      {
-         char buf[16];
-         const char *key;
-         bson_t one;
-         bson_uint32_to_string (n_clean++, &key, buf, sizeof buf);
-         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
-         BSON_APPEND_INT32 (&one, "_id", (int32_t) f[i].lane);
-         BSON_APPEND_INT64 (&one, "epoch", f[i].epoch);
-         store_append_oids_array (&one, "inFlight", NULL, 0);
-         append_lane_free (&one, c->o->now);
-         bson_append_document_end (&or_arr, &one);
-         clean[f[i].lane] = true;
-         epoch_of[f[i].lane] = f[i].epoch;
-      }
+      append_clean (c, &or_arr, &n_clean, &f[i]);
+      clean[f[i].lane] = true;
+      epoch_of[f[i].lane] = f[i].epoch;
    }
    bson_append_array_end (&q, &or_arr);
    if (n_clean == 0)
@@ -381,31 +459,13 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
       goto done;
    }
    if (store_iter_int64 (&reply, "modifiedCount") == n_clean) {
-      for (int l = 0; l < OUTBOX_LANES; l++)
+      for (int l = 0; l < OUTBOX_LANES; l++) {
          got[l] = clean[l];
-      for (int l = 0; l < OUTBOX_LANES; l++)
          if (got[l])
             epoch_of[l]++;
-   } else {
-      /* Some lane changed first: read back which are ours now. */
-      bson_t rq = BSON_INITIALIZER;
-      mongoc_cursor_t *cur;
-      const bson_t *doc;
-      bson_t *ropts = BCON_NEW ("batchSize", BCON_INT32 (OUTBOX_LANES + 1));
-      store_append_lanes_in (&rq, "_id", clean);
-      BSON_APPEND_UTF8 (&rq, "owner", c->s->owner);
-      cur = mongoc_collection_find_with_opts (c->lanes_coll, &rq, ropts, NULL);
-      while (mongoc_cursor_next (cur, &doc)) {
-         int64_t l = store_iter_int64 (doc, "_id");
-         if (l >= 0 && l < OUTBOX_LANES && clean[l] && store_iter_int64 (doc, "epoch") == epoch_of[l] + 1) {
-            got[l] = true;
-            epoch_of[l]++;
-         }
       }
-      if (!store_cursor_end (cur, error, "reading back the lanes taken"))
-         ok = false;
-      bson_destroy (ropts);
-      bson_destroy (&rq);
+   } else {
+      ok = taken_read_back (c, clean, got, epoch_of, error);
    }
    bson_destroy (&reply);
    pthread_mutex_lock (&c->s->mu);

@@ -330,146 +330,203 @@ scan_next (scan_src_t *src, const bson_t **doc, bool open_next, bson_error_t *er
    }
 }
 
+/* A page of a scan: up to SCAN_PAGE due deliveries as read (owned), which
+ * of them this claim picked, and the keys whose lowest pending sequence
+ * is still to be looked up. */
+typedef struct {
+   bson_t *doc[SCAN_PAGE];
+   bool picked[SCAN_PAGE];
+   claim_key_t *unknown[SCAN_PAGE];
+   size_t n, n_unknown;
+} scan_page_t;
+
+/* What a scan leaves out and how it reads: the ids its lanes list run,
+ * and whether a key of its lanes runs (see scan_next). */
+static void
+scan_start (claim_t *c, scan_src_t *src, store_oids_t *running)
+{
+   for (size_t i = src->from; i < c->n_lanes; i++)
+      if (!c->lanes[i].skip)
+         for (size_t j = 0; j < c->lanes[i].inflight.n; j++)
+            store_oids_push (running, &c->lanes[i].inflight.v[j]);
+   src->running = running;
+   for (int i = 0; i < KEY_BUCKETS && !src->keys_run; i++)
+      for (claim_key_t *k = c->keys[i]; k && !src->keys_run; k = k->next)
+         src->keys_run = k->running || k->n_taken > 0;
+}
+
+/* A due sequence of the key seen in this page: the key_run lowest are the
+ * candidates of its run, kept sorted. */
+static void
+note_candidate (claim_key_t *ks, int64_t seq, size_t key_run)
+{
+   if (ks->n_run < key_run)
+      ks->run[ks->n_run++] = seq;
+   else if (seq < ks->run[key_run - 1])
+      ks->run[key_run - 1] = seq;
+   qsort (ks->run, ks->n_run, sizeof ks->run[0], seq_cmp);
+}
+
+/* Reads the next page; the keys of it whose lowest pending sequence is
+ * not known yet go to p->unknown, each with the candidates of its run. */
+static void
+page_read (claim_t *c, scan_src_t *src, scan_page_t *p, size_t key_run, bson_error_t *error)
+{
+   const bson_t *doc;
+
+   while (p->n < SCAN_PAGE && scan_next (src, &doc, p->n == 0, error)) {
+      const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
+      claim_key_t *ks;
+      bool listed = false;
+
+      p->picked[p->n] = false;
+      p->doc[p->n++] = bson_copy (doc);
+      if (!handler || !key)
+         continue;
+      ks = claim_key_get (c, handler, key);
+      if (ks->running || ks->n_taken > 0 || ks->min_known)
+         continue;
+      for (size_t u = 0; u < p->n_unknown; u++)
+         listed = listed || p->unknown[u] == ks;
+      if (!listed) {
+         p->unknown[p->n_unknown++] = ks;
+         ks->n_run = 0;
+      }
+      note_candidate (ks, store_iter_int64 (doc, "sequence"), key_run);
+   }
+}
+
+/* Whether the key lets this claim take its delivery of `seq` in pass
+ * `pass`, and if so counts it taken: none while one of the key runs, and
+ * the lowest pending sequences only, in order: the head in pass 0, the
+ * proven followers after it. */
+static bool
+key_take (claim_t *c, const char *handler, const char *key, int64_t seq, size_t pass)
+{
+   claim_key_t *ks = claim_key_get (c, handler, key);
+
+   if (ks->running || !ks->min_known || ks->n_taken != pass || pass >= ks->n_run || seq != ks->run[pass] ||
+       (pass == 0 && seq != ks->min_seq))
+      return false;
+   if (pass == 0)
+      ks->seq0 = seq;
+   ks->n_taken++;
+   ks->taken = true;
+   /* A key gives at most its proven run, in order. */
+   RELAYBUS_ASSERT (ks->n_taken <= ks->n_run && ks->n_run <= STORE_KEY_RUN_MAX);
+   return true;
+}
+
+/* Takes the delivery pd of a page in pass `pass` when its handler has
+ * room, its lane is read by this scan, it was not picked before and its
+ * key allows it; true when it was picked. */
+static bool
+take_one (claim_t *c, size_t from, const bson_t *pd, size_t pass)
+{
+   bson_iter_t it;
+   const bson_oid_t *id;
+   const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
+   uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
+   size_t li;
+   int h;
+
+   if (!handler || (pass > 0 && !key) || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
+      return false;
+   id = bson_iter_oid (&it);
+   h = claim_handler_index (c, handler);
+   if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
+      return false;
+   if ((li = lane_index (c, from, lane)) == c->n_lanes)
+      return false;
+   /* Reads follow each other strictly after the last (dueAt, _id) read; a
+    * delivery whose due time moved past it meanwhile is still taken
+    * once. */
+   if (store_oids_has (&c->lanes[li].picks, id))
+      return false;
+   if (key && !key_take (c, handler, key, store_iter_int64 (pd, "sequence"), pass))
+      return false;
+   pick (c, &c->lanes[li], li, h, pd, id);
+   return true;
+}
+
+/* Takes what the page allows: pass 0 the unkeyed deliveries and the head
+ * of each key, in (dueAt, _id) order; pass k the k-th follower of each
+ * key whose run has one (heads of other keys first, then followers).
+ * Returns how many deliveries were looked at before the batch was full. */
+static size_t
+page_take (claim_t *c, size_t from, scan_page_t *p, size_t key_run)
+{
+   size_t examined = p->n;
+
+   for (size_t pass = 0; pass < key_run; pass++)
+      for (size_t pi = 0; pi < p->n; pi++) {
+         if (pass == 0 && examined == p->n && c->out->n >= c->o->limit)
+            examined = pi;
+         if (p->picked[pi] || c->out->n >= c->o->limit)
+            continue;
+         p->picked[pi] = take_one (c, from, p->doc[pi], pass);
+      }
+   return examined;
+}
+
+/* What waits behind an unfinished predecessor among the first `examined`
+ * of the page, noted on its key and its lane (parking counts it). */
+static void
+page_note_blocked (claim_t *c, size_t from, const scan_page_t *p, size_t examined)
+{
+   for (size_t pi = 0; pi < examined; pi++) {
+      bson_iter_t it;
+      const bson_t *pd = p->doc[pi];
+      const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
+      uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
+      claim_key_t *ks;
+      size_t li;
+      bool waits;
+
+      if (p->picked[pi] || !handler || !key || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      if (claim_handler_index (c, handler) < 0)
+         continue;
+      if ((li = lane_index (c, from, lane)) == c->n_lanes)
+         continue;
+      ks = claim_key_get (c, handler, key);
+      waits = ks->running || !ks->min_known || store_iter_int64 (pd, "sequence") != ks->min_seq || ks->n_taken > 0;
+      if (!waits)
+         continue; /* the head itself, left for a handler limit or the batch size */
+      store_oids_push (&ks->blocked, bson_iter_oid (&it));
+      store_oids_push (&c->lanes[li].blocked, bson_iter_oid (&it));
+   }
+}
+
 /* Reads the due, ready deliveries of lanes[from..n_lanes) in (dueAt, _id)
- * order and takes what the per-key rules allow, up to the limits. */
+ * order and takes what the per-key rules allow, up to the limits.  Page
+ * by page: the keys of a page whose lowest pending sequence is not known
+ * yet are looked up with one aggregation, then the page is taken in
+ * (dueAt, _id) order. */
 bool
 claim_scan (claim_t *c, size_t from, bson_error_t *error)
 {
    scan_src_t src = {.c = c, .from = from};
-   const bson_t *doc;
    store_oids_t running = {0};
-   size_t scanned = 0;
+   size_t scanned = 0, key_run = claim_key_run (c);
    bool ok = true;
 
    if (from >= c->n_lanes || c->out->n >= c->o->limit || !claim_handlers_have_room (c))
       return true;
-   for (size_t i = from; i < c->n_lanes; i++)
-      if (!c->lanes[i].skip)
-         for (size_t j = 0; j < c->lanes[i].inflight.n; j++)
-            store_oids_push (&running, &c->lanes[i].inflight.v[j]);
-   src.running = &running;
-   for (int i = 0; i < KEY_BUCKETS && !src.keys_run; i++)
-      for (claim_key_t *k = c->keys[i]; k && !src.keys_run; k = k->next)
-         src.keys_run = k->running || k->n_taken > 0;
-   /* Page by page: the keys of a page whose lowest pending sequence is not
-    * known yet are looked up with one aggregation, then the page is taken
-    * in (dueAt, _id) order. */
+   scan_start (c, &src, &running);
    while (ok && c->out->n < c->o->limit) {
-      bson_t *page[SCAN_PAGE];
-      bool picked[SCAN_PAGE];
-      claim_key_t *unknown[SCAN_PAGE];
-      size_t n_page = 0, n_unknown = 0, key_run = c->o->key_run < 1 ? 1 : c->o->key_run, examined;
+      scan_page_t p;
 
-      if (key_run > STORE_KEY_RUN_MAX)
-         key_run = STORE_KEY_RUN_MAX;
-      while (n_page < SCAN_PAGE && scan_next (&src, &doc, n_page == 0, error)) {
-         const char *handler = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
-         picked[n_page] = false;
-         page[n_page++] = bson_copy (doc);
-         if (handler && key) {
-            claim_key_t *ks = claim_key_get (c, handler, key);
-            bool listed = false;
-            if (ks->running || ks->n_taken > 0 || ks->min_known)
-               continue;
-            for (size_t u = 0; u < n_unknown; u++)
-               listed = listed || unknown[u] == ks;
-            if (!listed) {
-               unknown[n_unknown++] = ks;
-               ks->n_run = 0;
-            }
-            /* The key's lowest due sequences of this page: the candidates
-             * of its run. */
-            {
-               int64_t seq = store_iter_int64 (doc, "sequence");
-               if (ks->n_run < key_run)
-                  ks->run[ks->n_run++] = seq;
-               else if (seq < ks->run[key_run - 1])
-                  ks->run[key_run - 1] = seq;
-               qsort (ks->run, ks->n_run, sizeof ks->run[0], seq_cmp);
-            }
-         }
-      }
-      if (n_page == 0)
+      p.n = p.n_unknown = 0;
+      page_read (c, &src, &p, key_run, error);
+      if (p.n == 0)
          break;
-      if (!keys_runs (c, unknown, n_unknown, error))
-         ok = false;
-      examined = n_page; /* the deliveries looked at before the batch was full */
-      /* Pass 0 takes the unkeyed deliveries and the head of each key, in
-       * (dueAt, _id) order; pass k takes the k-th follower of each key
-       * whose run has one (heads of other keys first, then followers). */
-      for (size_t pass = 0; pass < key_run; pass++) {
-         for (size_t pi = 0; pi < n_page; pi++) {
-            bson_iter_t it;
-            const bson_oid_t *id;
-            const bson_t *pd = page[pi];
-            const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
-            uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
-            size_t li;
-            int h;
-
-            if (pass == 0)
-               scanned++;
-            if (pass == 0 && examined == n_page && c->out->n >= c->o->limit)
-               examined = pi;
-            if (picked[pi] || !ok || c->out->n >= c->o->limit)
-               continue;
-            if (!handler || (pass > 0 && !key) || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
-               continue;
-            id = bson_iter_oid (&it);
-            h = claim_handler_index (c, handler);
-            if (h < 0 || c->handler_taken[h] >= c->o->handlers[h].limit)
-               continue;
-            if ((li = lane_index (c, from, lane)) == c->n_lanes)
-               continue;
-            /* Reads follow each other strictly after the last (dueAt, _id)
-             * read; a delivery whose due time moved past it meanwhile is
-             * still taken once. */
-            if (store_oids_has (&c->lanes[li].picks, id))
-               continue;
-            if (key) {
-               claim_key_t *ks = claim_key_get (c, handler, key);
-               /* None while one of the key runs, and the lowest pending
-                * sequences only, in order: the head in pass 0, the
-                * proven followers after it. */
-               int64_t seq = store_iter_int64 (pd, "sequence");
-               if (ks->running || !ks->min_known || ks->n_taken != pass || pass >= ks->n_run || seq != ks->run[pass] ||
-                   (pass == 0 && seq != ks->min_seq))
-                  continue;
-               if (pass == 0)
-                  ks->seq0 = seq;
-               ks->n_taken++;
-               ks->taken = true;
-               /* A key gives at most its proven run, in order. */
-               RELAYBUS_ASSERT (ks->n_taken <= ks->n_run && ks->n_run <= STORE_KEY_RUN_MAX);
-            }
-            picked[pi] = true;
-            pick (c, &c->lanes[li], li, h, pd, id);
-         }
-      }
-      /* What waits behind an unfinished predecessor (parking counts it). */
-      for (size_t pi = 0; pi < examined; pi++) {
-         bson_iter_t it;
-         const bson_t *pd = page[pi];
-         const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
-         uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
-         size_t li;
-         if (picked[pi] || !ok || !handler || !key || !bson_iter_init_find (&it, pd, "_id") || !BSON_ITER_HOLDS_OID (&it))
-            continue;
-         if (claim_handler_index (c, handler) < 0)
-            continue;
-         if ((li = lane_index (c, from, lane)) == c->n_lanes)
-            continue;
-         {
-            claim_key_t *ks = claim_key_get (c, handler, key);
-            bool waits = ks->running || !ks->min_known || store_iter_int64 (pd, "sequence") != ks->min_seq || ks->n_taken > 0;
-            if (!waits)
-               continue; /* the head itself, left for a handler limit or the batch size */
-            store_oids_push (&ks->blocked, bson_iter_oid (&it));
-            store_oids_push (&c->lanes[li].blocked, bson_iter_oid (&it));
-         }
-      }
-      for (size_t pi = 0; pi < n_page; pi++)
-         bson_destroy (page[pi]);
+      ok = keys_runs (c, p.unknown, p.n_unknown, error);
+      scanned += p.n;
+      if (ok)
+         page_note_blocked (c, from, &p, page_take (c, from, &p, key_run));
+      for (size_t pi = 0; pi < p.n; pi++)
+         bson_destroy (p.doc[pi]);
       if (src.done)
          break;
    }

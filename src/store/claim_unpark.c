@@ -200,113 +200,91 @@ unpark_tail (const store_t *s, const char *handler)
    return tail;
 }
 
-/* Level-triggered: the lowest parked delivery of each key whose handler has
- * no pending delivery with a lower sequence goes back to `ready`, with the
- * parked ones that follow it up to the claim's key run.  The
- * parked keys are looked at in (dueAt of their lowest parked delivery,
- * handler, key) order, oldest first, UNPARK_KEYS_MAX per claim, resuming
- * after the last key the previous claim looked at and starting over at the
- * end: every parked key is looked at within ceil(parked keys /
- * UNPARK_KEYS_MAX) claims.  Per handler, one aggregation over the parked
- * index and one over the ordering index (a distinct scan each: one probe
- * per key), then one update.  Best effort: a failure is logged and the
- * claim goes on. */
-void
-claim_unpark (claim_t *c)
+/* Step 1 of unparking: the parked keys, a window per handler (after the
+ * cursor of the previous claim), then the UNPARK_KEYS_MAX oldest overall;
+ * the cursor moves on to the last key looked at, or back to the start once
+ * every window reached its end.  False on a failure (logged); *parked
+ * (claim_heads_free) holds what was read either way. */
+static bool
+parked_keys (claim_t *c, claim_head_t **parked, size_t *n_parked)
 {
    store_t *s = c->s;
-   bson_t upd_q = BSON_INITIALIZER, or_arr;
-   claim_head_t *parked = NULL, *pending = NULL;
-   size_t n_parked = 0, cap_parked = 0, n_pending = 0;
-   char **hs = NULL, **ks = NULL;
-   uint32_t n_or = 0;
+   size_t cap = 0;
    bool more = false;
    bson_error_t err;
-   size_t run = c->o->key_run < 1 ? 1 : c->o->key_run > STORE_KEY_RUN_MAX ? STORE_KEY_RUN_MAX : c->o->key_run;
 
-   if (c->o->now < s->unpark_next && c->o->now >= s->unpark_next - STORE_UNPARK_IDLE_MS)
-      return;
-   s->unpark_next = c->o->now + STORE_UNPARK_IDLE_MS;
-
-   /* 1. the parked keys: a window per handler, then the oldest overall */
    for (size_t i = 0; i < c->o->n_handlers; i++) {
       bson_t m = BSON_INITIALIZER;
       bson_t *tail = unpark_tail (s, c->o->handlers[i].handler);
-      size_t before = n_parked;
+      size_t before = *n_parked;
       bool ok;
       BSON_APPEND_UTF8 (&m, "lane", "parked");
-      ok = heads_by_key (c, c->o->handlers[i].handler, &m, tail, &parked, &n_parked, &cap_parked, &err);
+      ok = heads_by_key (c, c->o->handlers[i].handler, &m, tail, parked, n_parked, &cap, &err);
       bson_destroy (tail);
       bson_destroy (&m);
       if (!ok) {
          log_warn ("store: unparking: %s", err.message);
-         goto done;
+         return false;
       }
-      if (n_parked - before >= UNPARK_KEYS_MAX)
+      if (*n_parked - before >= UNPARK_KEYS_MAX)
          more = true;
    }
-   if (n_parked > 1)
-      qsort (parked, n_parked, sizeof *parked, hk_cmp);
-   if (n_parked > UNPARK_KEYS_MAX) {
+   if (*n_parked > 1)
+      qsort (*parked, *n_parked, sizeof **parked, hk_cmp);
+   if (*n_parked > UNPARK_KEYS_MAX) {
       more = true;
-      for (size_t i = UNPARK_KEYS_MAX; i < n_parked; i++) {
-         bson_free (parked[i].handler);
-         bson_free (parked[i].key);
+      for (size_t i = UNPARK_KEYS_MAX; i < *n_parked; i++) {
+         bson_free ((*parked)[i].handler);
+         bson_free ((*parked)[i].key);
       }
-      n_parked = UNPARK_KEYS_MAX;
+      *n_parked = UNPARK_KEYS_MAX;
    }
-   /* Where the next claim goes on: after the last key looked at, or from
-    * the start once every window reached its end. */
    bson_free (s->unpark_h);
    bson_free (s->unpark_k);
    s->unpark_h = s->unpark_k = NULL;
-   if (more && n_parked > 0) {
-      s->unpark_due = parked[n_parked - 1].due;
-      s->unpark_h = bson_strdup (parked[n_parked - 1].handler);
-      s->unpark_k = bson_strdup (parked[n_parked - 1].key);
+   if (more && *n_parked > 0) {
+      const claim_head_t *last = &(*parked)[*n_parked - 1];
+      s->unpark_due = last->due;
+      s->unpark_h = bson_strdup (last->handler);
+      s->unpark_k = bson_strdup (last->key);
    }
-   if (n_parked == 0)
-      goto done;
-   s->unpark_next = 0; /* parked keys exist: look again next claim */
+   return true;
+}
 
-   /* 2. their lowest pending sequences */
-   hs = bson_malloc (n_parked * sizeof *hs);
-   ks = bson_malloc (n_parked * sizeof *ks);
-   for (size_t i = 0; i < n_parked; i++) {
-      hs[i] = parked[i].handler;
-      ks[i] = parked[i].key;
-   }
-   if (!claim_pending_heads (c, hs, ks, n_parked, &pending, &n_pending, &err)) {
-      log_warn ("store: unparking: %s", err.message);
-      goto done;
-   }
+/* Step 3 of unparking: one update of the heads with no unfinished
+ * predecessor, each with the parked deliveries that follow it up to a run
+ * (sequences head to head + run - 1: a key's sequences are dense, so at
+ * most a run of them), which the claim can then take together; its
+ * per-key check decides their order as for any ready delivery. */
+static void
+unpark_heads (claim_t *c, const claim_head_t *parked, size_t n_parked, const claim_head_t *pending, size_t n_pending)
+{
+   bson_t upd_q = BSON_INITIALIZER, or_arr;
+   uint32_t n_or = 0;
+   size_t run = claim_key_run (c);
+   bson_error_t err;
 
-   /* 3. one update: the heads with no unfinished predecessor, each with the
-    * parked deliveries that follow it up to a run (sequences head to head +
-    * run - 1: a key's sequences are dense, so at most a run of them), which
-    * the claim can then take together; its per-key check decides their
-    * order as for any ready delivery. */
    BSON_APPEND_ARRAY_BEGIN (&upd_q, "$or", &or_arr);
    for (size_t i = 0; i < n_parked; i++) {
       bool blocked = false;
+      char buf[16];
+      const char *k;
+      bson_t one, rng;
       for (size_t j = 0; j < n_pending; j++)
          if (!strcmp (pending[j].handler, parked[i].handler) && !strcmp (pending[j].key, parked[i].key))
             blocked = pending[j].seq < parked[i].seq; /* an unfinished predecessor */
-      if (!blocked) {
-         char buf[16];
-         const char *k;
-         bson_t one, rng;
-         bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
-         BSON_APPEND_DOCUMENT_BEGIN (&or_arr, k, &one);
-         BSON_APPEND_UTF8 (&one, "handler", parked[i].handler);
-         BSON_APPEND_UTF8 (&one, "key", parked[i].key);
-         BSON_APPEND_DOCUMENT_BEGIN (&one, "sequence", &rng);
-         BSON_APPEND_INT64 (&rng, "$gte", parked[i].seq);
-         BSON_APPEND_INT64 (&rng, "$lt", parked[i].seq + (int64_t) run);
-         bson_append_document_end (&one, &rng);
-         BSON_APPEND_UTF8 (&one, "lane", "parked");
-         bson_append_document_end (&or_arr, &one);
-      }
+      if (blocked)
+         continue;
+      bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or_arr, k, &one);
+      BSON_APPEND_UTF8 (&one, "handler", parked[i].handler);
+      BSON_APPEND_UTF8 (&one, "key", parked[i].key);
+      BSON_APPEND_DOCUMENT_BEGIN (&one, "sequence", &rng);
+      BSON_APPEND_INT64 (&rng, "$gte", parked[i].seq);
+      BSON_APPEND_INT64 (&rng, "$lt", parked[i].seq + (int64_t) run);
+      bson_append_document_end (&one, &rng);
+      BSON_APPEND_UTF8 (&one, "lane", "parked");
+      bson_append_document_end (&or_arr, &one);
    }
    bson_append_array_end (&upd_q, &or_arr);
    if (n_or > 0) {
@@ -322,11 +300,56 @@ claim_unpark (claim_t *c)
       bson_destroy (&reply);
       bson_destroy (upd);
    }
+   bson_destroy (&upd_q);
+}
+
+/* Level-triggered: the lowest parked delivery of each key whose handler has
+ * no pending delivery with a lower sequence goes back to `ready`, with the
+ * parked ones that follow it up to the claim's key run.  The
+ * parked keys are looked at in (dueAt of their lowest parked delivery,
+ * handler, key) order, oldest first, UNPARK_KEYS_MAX per claim, resuming
+ * after the last key the previous claim looked at and starting over at the
+ * end: every parked key is looked at within ceil(parked keys /
+ * UNPARK_KEYS_MAX) claims.  Per handler, one aggregation over the parked
+ * index and one over the ordering index (a distinct scan each: one probe
+ * per key), then one update.  Best effort: a failure is logged and the
+ * claim goes on. */
+void
+claim_unpark (claim_t *c)
+{
+   store_t *s = c->s;
+   claim_head_t *parked = NULL, *pending = NULL;
+   size_t n_parked = 0, n_pending = 0;
+   char **hs = NULL, **ks = NULL;
+   bson_error_t err;
+
+   if (c->o->now < s->unpark_next && c->o->now >= s->unpark_next - STORE_UNPARK_IDLE_MS)
+      return;
+   s->unpark_next = c->o->now + STORE_UNPARK_IDLE_MS;
+
+   /* 1. the parked keys */
+   if (!parked_keys (c, &parked, &n_parked) || n_parked == 0)
+      goto done;
+   s->unpark_next = 0; /* parked keys exist: look again next claim */
+
+   /* 2. their lowest pending sequences */
+   hs = bson_malloc (n_parked * sizeof *hs);
+   ks = bson_malloc (n_parked * sizeof *ks);
+   for (size_t i = 0; i < n_parked; i++) {
+      hs[i] = parked[i].handler;
+      ks[i] = parked[i].key;
+   }
+   if (!claim_pending_heads (c, hs, ks, n_parked, &pending, &n_pending, &err)) {
+      log_warn ("store: unparking: %s", err.message);
+      goto done;
+   }
+
+   /* 3. one update */
+   unpark_heads (c, parked, n_parked, pending, n_pending);
 
 done:
    bson_free (hs);
    bson_free (ks);
    claim_heads_free (parked, n_parked);
    claim_heads_free (pending, n_pending);
-   bson_destroy (&upd_q);
 }
