@@ -252,6 +252,8 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
       mongoc_bulk_operation_destroy (bulk);
       return false;
    }
+   /* At most two writes a lane: its picks or its hand-back, and its pull. */
+   RELAYBUS_ASSERT (expected <= 2 * (int64_t) c->n_lanes);
    if (expected == 0) {
       mongoc_bulk_operation_destroy (bulk);
       return true;
@@ -423,6 +425,8 @@ remember_lanes (claim_t *c, const bool *hand_back)
                break;
             }
       if (hand_back[i]) {
+         /* Only a lane that yielded nothing and runs nothing goes back. */
+         RELAYBUS_ASSERT (l->picks.n == 0 && l->inflight.n == 0);
          st->held = false;
          store_issued_remove_lane (s, l->lane);
          continue;
@@ -502,6 +506,8 @@ store_claim (store_t *s, const store_claim_opts_t *o, store_batch_t *out, bson_e
    /* 2. free lanes with due work */
    if (!claim_free_lanes (c, error))
       goto done;
+   /* A claim never hands out more than its limit. */
+   RELAYBUS_ASSERT (out->n <= o->limit);
    /* 3. the events of the batch, read before it is recorded */
    if (!attach_events (c, error))
       goto done;

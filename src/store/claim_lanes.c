@@ -256,8 +256,12 @@ append_take (claim_t *c, bson_t *upd, const claim_lost_t *lost)
 static claim_lane_t *
 lane_taken (claim_t *c, uint32_t lane, int64_t epoch)
 {
-   claim_lane_t *l = claim_add_lane (c, lane, epoch);
+   claim_lane_t *l;
 
+   /* A lane this instance held is the claim's already (claim_load_held)
+    * or was dropped there: a free lane is never one held here. */
+   RELAYBUS_ASSERT (!c->s->lanes[lane].held);
+   l = claim_add_lane (c, lane, epoch);
    l->taken_now = true;
    store_issued_remove_lane (c->s, lane);
    c->s->lanes[lane].held = true;
@@ -582,6 +586,8 @@ claim_free_lanes (claim_t *c, bson_error_t *error)
       if (!take_and_scan (c, &f, error))
          goto done;
    }
+   /* The lanes found are each a different lane, at most all of them. */
+   RELAYBUS_ASSERT (f.next <= f.n && f.n <= OUTBOX_LANES);
    keep_for_next (c, &f);
    ok = true;
 

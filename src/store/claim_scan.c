@@ -184,6 +184,8 @@ pick (claim_t *c, claim_lane_t *l, size_t lane_index, int h, const bson_t *doc, 
       b->items = bson_realloc (b->items, b->cap * sizeof *b->items);
       c->out_lane = bson_realloc (c->out_lane, b->cap * sizeof *c->out_lane);
    }
+   /* Each pick belongs to one of the claim's lanes, the one it is listed in. */
+   RELAYBUS_ASSERT (lane_index < c->n_lanes && l == &c->lanes[lane_index]);
    c->out_lane[b->n] = lane_index;
    d = &b->items[b->n++];
    memset (d, 0, sizeof *d);
