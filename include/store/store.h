@@ -11,7 +11,10 @@
  *
  * The modules: store/store.c (the instance, shared helpers, errors),
  * store/setup.c (collections, indexes, lanes), store/claim.c (claim,
- * takeover charging, parking, reconciliation), store/complete.c (complete,
+ * parking, reconciliation; its parts share store/claim_private.h:
+ * claim_held.c, the held lanes and lost-claim charging; claim_scan.c, the
+ * scan and the pick; claim_lanes.c, free lanes and takeover;
+ * claim_unpark.c, unparking), store/complete.c (complete,
  * completeMany, reschedule, release, bury, extendLease, relinquish),
  * store/ops.c (the operator's actions and views: store/ops.h) and
  * store/fleet.c (the fleet's handler sets: store/fleet.h).

@@ -3,8 +3,9 @@
  * and claims handed out, the errors, and the helpers the other store
  * modules share (store/store_private.h): collections, transactions, BSON
  * readers and builders.  The collections, indexes and lanes are
- * store/setup.c's; the operations are store/claim.c, store/complete.c,
- * store/ops.c and store/fleet.c.
+ * store/setup.c's; the operations are store/claim.c (with its parts
+ * claim_held.c, claim_scan.c, claim_lanes.c and claim_unpark.c),
+ * store/complete.c, store/ops.c and store/fleet.c.
  */
 #include "store/store.h"
 #include "store/store_private.h"

@@ -1,0 +1,503 @@
+/*
+ * store/claim_held.c - the start of a claim: the 256 lane documents read
+ * once, the lanes this instance holds checked against them (owner and
+ * epoch), their lost claims charged, and what their inFlight lists name
+ * sorted out: settled here (gone), run here under a live claim (known,
+ * not read), or read to learn which still exist, which run and which were
+ * abandoned (charged an attempt and made runnable).
+ *
+ * The charging of lost claims (claim_charge_lost) serves a takeover too
+ * (claim_lanes.c).  This file takes no free lane and scans no delivery.
+ */
+#include "store/claim_private.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/log.h"
+
+
+void
+claim_lost_push (claim_lost_t *l, const bson_oid_t *id, int64_t epoch)
+{
+   store_oids_push (&l->ids, id);
+   if (l->ids.n > l->cap) {
+      l->cap = l->ids.cap > l->ids.n ? l->ids.cap : l->ids.n;
+      l->epochs = bson_realloc (l->epochs, l->cap * sizeof *l->epochs);
+   }
+   l->epochs[l->ids.n - 1] = epoch;
+}
+
+void
+claim_lost_free (claim_lost_t *l)
+{
+   store_oids_free (&l->ids);
+   bson_free (l->epochs);
+   memset (l, 0, sizeof *l);
+}
+
+/* Reads `lost` and `lostEpochs` of a lane document. */
+void
+claim_lost_from_lane (claim_lost_t *l, const bson_t *doc, int64_t legacy_epoch)
+{
+   store_oids_t ids = {0};
+   int64_t *epochs = NULL;
+   size_t n_epochs = 0;
+   bson_iter_t it, child;
+
+   store_oids_from_array (&ids, doc, "lost");
+   if (ids.n > 0 && bson_iter_init_find (&it, doc, "lostEpochs") && BSON_ITER_HOLDS_ARRAY (&it) &&
+       bson_iter_recurse (&it, &child)) {
+      epochs = bson_malloc0 (ids.n * sizeof *epochs);
+      while (bson_iter_next (&child) && n_epochs < ids.n)
+         if (BSON_ITER_HOLDS_NUMBER (&child))
+            epochs[n_epochs++] = bson_iter_as_int64 (&child);
+   }
+   for (size_t i = 0; i < ids.n; i++)
+      claim_lost_push (l, &ids.v[i], n_epochs == ids.n ? epochs[i] : legacy_epoch);
+   bson_free (epochs);
+   store_oids_free (&ids);
+}
+
+/* Appends `lost: [...]` and `lostEpochs: [...]` to doc. */
+void
+claim_lost_append (bson_t *doc, const claim_lost_t *l)
+{
+   bson_t arr;
+   char buf[16];
+   const char *key;
+
+   store_append_oids_array (doc, "lost", l->ids.v, l->ids.n);
+   BSON_APPEND_ARRAY_BEGIN (doc, "lostEpochs", &arr);
+   for (size_t i = 0; i < l->ids.n; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_INT64 (&arr, key, l->epochs[i]);
+   }
+   bson_append_array_end (doc, &arr);
+}
+
+/* Charges one attempt to every delivery of `lost` for the claim of the
+ * epoch recorded with it, moving its claim generation on.  A delivery is
+ * charged for epoch E only while its `lostAt` is below E, and `lostAt`
+ * becomes E: charging the same list again (the previous taker died before
+ * clearing it), or a delayed charge of an older lost claim, charges
+ * nothing twice.  The epochs are charged in ascending order, one update
+ * each (a list holds one or two).  Then the list is cleared on the lane
+ * (still under `epoch`, and only if it is still the list charged). */
+bool
+claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t *lost, bson_error_t *error)
+{
+   bson_t *lq, *lu;
+   bson_error_t err;
+   int64_t done_upto = INT64_MIN;
+   bool ok = true;
+
+   if (lost->ids.n == 0)
+      return true;
+   for (;;) {
+      int64_t e = INT64_MAX;
+      bson_t q = BSON_INITIALIZER, reply, *never, *before;
+      store_oids_t group = {0};
+      bson_t *upd, *opts;
+
+      for (size_t i = 0; i < lost->ids.n; i++)
+         if (lost->epochs[i] > done_upto && lost->epochs[i] < e)
+            e = lost->epochs[i];
+      if (e == INT64_MAX)
+         break;
+      done_upto = e;
+      for (size_t i = 0; i < lost->ids.n; i++)
+         if (lost->epochs[i] == e && !store_oids_has (&group, &lost->ids.v[i]))
+            store_oids_push (&group, &lost->ids.v[i]);
+      store_append_oids_op (&q, "_id", "$in", group.v, group.n);
+      BSON_APPEND_UTF8 (&q, "status", "pending");
+      never = BCON_NEW ("lostAt", "{", "$exists", BCON_BOOL (false), "}");
+      before = BCON_NEW ("lostAt", "{", "$lt", BCON_INT64 (e), "}");
+      store_append_or2 (&q, never, before);
+      bson_destroy (never);
+      bson_destroy (before);
+      upd = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$set", "{", "lostAt",
+                      BCON_INT64 (e), "updatedAt", BCON_DATE_TIME (c->o->now), "}");
+      opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
+      ok = mongoc_collection_update_many (c->deliveries, &q, upd, opts, &reply, &err);
+      if (ok && store_iter_int64 (&reply, "modifiedCount") > 0)
+         log_info ("store: lane %u: charged %" PRId64 " lost attempt(s) of epoch %" PRId64,
+                   lane,
+                   store_iter_int64 (&reply, "modifiedCount"),
+                   e);
+      bson_destroy (&reply);
+      bson_destroy (opts);
+      bson_destroy (upd);
+      bson_destroy (&q);
+      store_oids_free (&group);
+      if (!ok) {
+         store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+         return false;
+      }
+   }
+   lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane), "epoch", BCON_INT64 (epoch));
+   store_append_oids_array (lq, "lost", lost->ids.v, lost->ids.n);
+   lu = BCON_NEW ("$set", "{", "lost", "[", "]", "lostEpochs", "[", "]", "}");
+   ok = mongoc_collection_update_one (c->lanes_coll, lq, lu, NULL, NULL, &err);
+   bson_destroy (lq);
+   bson_destroy (lu);
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "clearing lost claims of lane %u: %s", lane, err.message);
+   return ok;
+}
+
+/* --------------------------------------------------------------- lanes */
+
+claim_lane_t *
+claim_add_lane (claim_t *c, uint32_t lane, int64_t epoch)
+{
+   claim_lane_t *l;
+
+   /* A claim works with each of the 256 lanes at most once. */
+   RELAYBUS_ASSERT (c->n_lanes < OUTBOX_LANES && lane < OUTBOX_LANES);
+   l = &c->lanes[c->n_lanes++];
+   *l = (claim_lane_t) {.lane = lane, .epoch = epoch};
+   return l;
+}
+
+/* Reads the 256 lane documents with one command (one batch). */
+bool
+claim_read_lanes (claim_t *c, bson_error_t *error)
+{
+   bson_t *opts = BCON_NEW ("batchSize", BCON_INT32 (OUTBOX_LANES + 1));
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, &(bson_t) BSON_INITIALIZER, opts, NULL);
+   const bson_t *doc;
+   bool ok = true;
+
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t lane = store_iter_int64 (doc, "_id");
+      if (lane >= 0 && lane < OUTBOX_LANES && !c->lane_docs[lane])
+         c->lane_docs[lane] = bson_copy (doc);
+   }
+   if (!store_cursor_end (cur, error, "reading lanes"))
+      ok = false;
+   bson_destroy (opts);
+   return ok;
+}
+/* ------------------------------------------------------------ held lanes */
+
+/* Forgets a lane this instance held: its document is gone, or somebody
+ * took it over. */
+static void
+held_drop (store_t *s, uint32_t lane)
+{
+   pthread_mutex_lock (&s->mu);
+   s->lanes[lane].held = false;
+   store_issued_remove_lane (s, lane);
+   pthread_mutex_unlock (&s->mu);
+}
+
+/* A lane this instance held under `held_epoch`, checked against its
+ * document as read: still ours (owner and epoch), a lane of the claim
+ * with its inFlight as read and its lost claims charged; or dropped
+ * (NULL).  A lane whose lost claims could not be charged is `skip`. */
+static claim_lane_t *
+held_check (claim_t *c, uint32_t lane, int64_t held_epoch)
+{
+   store_t *s = c->s;
+   const bson_t *ld = c->lane_docs[lane];
+   claim_lost_t lost = {0};
+   bson_error_t err;
+   claim_lane_t *l;
+   int64_t epoch;
+   const char *owner;
+
+   if (!ld) {
+      held_drop (s, lane);
+      return NULL;
+   }
+   epoch = store_iter_int64 (ld, "epoch");
+   owner = store_iter_utf8 (ld, "owner");
+   if (!owner || strcmp (owner, s->owner) != 0 || epoch != held_epoch) {
+      held_drop (s, lane);
+      log_info ("store: lane %u was taken over (epoch %" PRId64 ")", lane, epoch);
+      return NULL;
+   }
+   l = claim_add_lane (c, lane, epoch);
+   store_oids_from_array (&l->inflight, ld, "inFlight");
+   claim_lost_from_lane (&lost, ld, epoch - 1);
+   if (lost.ids.n > 0 && !claim_charge_lost (c, lane, epoch, &lost, &err)) {
+      /* Typically a dead worker's open transaction still locks one of
+       * the deliveries: leave the lane alone until a later claim. */
+      log_warn ("store: %s; the lane waits for a later claim", err.message);
+      l->skip = true;
+   }
+   claim_lost_free (&lost);
+   return l;
+}
+
+/* What this instance knows needs no read: what it completed is gone,
+ * what it runs under a live claim of this lane epoch still runs (known).
+ * The rest (an abandoned or unknown claim) stays in l->inflight and is
+ * added to `all`, to be read. */
+static void
+held_sort_listed (claim_t *c, claim_lane_t *l, store_oids_t *all)
+{
+   store_t *s = c->s;
+   store_oids_t unknown = {0};
+
+   pthread_mutex_lock (&s->mu);
+   for (size_t i = 0; i < l->inflight.n; i++) {
+      const bson_oid_t *id = &l->inflight.v[i];
+      const store_issued_t *is = store_issued_find (s, id);
+      if (store_oids_has (&s->settled, id)) {
+         store_oids_push (&l->gone, id);
+      } else if (!l->skip && is && is->lane == l->lane && is->epoch == l->epoch && is->expires > c->o->now) {
+         store_oids_push (&l->known, id);
+         if (is->handler && is->key)
+            claim_key_get (c, is->handler, is->key)->running = true;
+      } else {
+         store_oids_push (&unknown, id);
+         store_oids_push (all, id);
+      }
+   }
+   pthread_mutex_unlock (&s->mu);
+   /* Every listed id is sorted into exactly one of the three (the lane
+    * is new to this claim: known and gone were empty). */
+   RELAYBUS_ASSERT (unknown.n + l->known.n + l->gone.n == l->inflight.n);
+   store_oids_free (&l->inflight);
+   l->inflight = unknown;
+}
+
+/* Phase 1: the lanes this instance holds, checked and charged, their
+ * listed ids sorted; `all` gets the ids to read.  Lanes whose lease
+ * expired stay ours as long as nobody took them over (the epoch check):
+ * an expired lease nobody took over is still honoured, and re-taking our
+ * own lane would charge the attempts we are still running. */
+static void
+held_check_all (claim_t *c, store_oids_t *all)
+{
+   store_t *s = c->s;
+   store_lane_state_t held[OUTBOX_LANES];
+
+   pthread_mutex_lock (&s->mu);
+   memcpy (held, s->lanes, sizeof held);
+   pthread_mutex_unlock (&s->mu);
+   for (uint32_t lane = 0; lane < OUTBOX_LANES; lane++) {
+      claim_lane_t *l;
+      if (!held[lane].held)
+         continue;
+      if ((l = held_check (c, lane, held[lane].epoch)) != NULL)
+         held_sort_listed (c, l, all);
+   }
+}
+
+/* A listed delivery as read: its claim generation and its key (handler
+ * and key NULL when it has none). */
+typedef struct {
+   bson_oid_t id;
+   int32_t claims;
+   char *handler, *key; /* owned */
+} listed_t;
+
+/* The listed deliveries that exist, sorted by _id for listed_find. */
+typedef struct {
+   listed_t *v;
+   size_t n, cap;
+} listed_set_t;
+
+static void
+listed_free (listed_set_t *set)
+{
+   for (size_t i = 0; i < set->n; i++) {
+      bson_free (set->v[i].handler);
+      bson_free (set->v[i].key);
+   }
+   bson_free (set->v);
+   memset (set, 0, sizeof *set);
+}
+
+static int
+listed_cmp (const void *a, const void *b)
+{
+   return bson_oid_compare (&((const listed_t *) a)->id, &((const listed_t *) b)->id);
+}
+
+/* The listed delivery `id` as read, or NULL when it is gone (the ids are
+ * _ids of one collection: no two are equal). */
+static const listed_t *
+listed_find (const listed_set_t *set, const bson_oid_t *id)
+{
+   listed_t probe;
+
+   if (set->n == 0)
+      return NULL;
+   bson_oid_copy (id, &probe.id);
+   return bsearch (&probe, set->v, set->n, sizeof *set->v, listed_cmp);
+}
+
+/* Phase 2: which of the ids of `all` still exist, with their claim
+ * generation and key (one find). */
+static bool
+listed_read (claim_t *c, const store_oids_t *all, listed_set_t *set, bson_error_t *error)
+{
+   bson_t fq = BSON_INITIALIZER;
+   bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "laneId",
+                            BCON_INT32 (1), "claims", BCON_INT32 (1), "}");
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bool ok = true;
+
+   store_append_oids_op (&fq, "_id", "$in", all->v, all->n);
+   cur = mongoc_collection_find_with_opts (c->deliveries, &fq, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      const char *h = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
+      listed_t *x;
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      if (set->n == set->cap) {
+         set->cap = set->cap ? set->cap * 2 : 16;
+         set->v = bson_realloc (set->v, set->cap * sizeof *set->v);
+      }
+      x = &set->v[set->n++];
+      bson_oid_copy (bson_iter_oid (&it), &x->id);
+      x->claims = (int32_t) store_iter_int64 (doc, "claims");
+      x->handler = h && key ? bson_strdup (h) : NULL;
+      x->key = h && key ? bson_strdup (key) : NULL;
+   }
+   if (!store_cursor_end (cur, error, "reading in-flight deliveries"))
+      ok = false;
+   bson_destroy (&fq);
+   bson_destroy (opts);
+   if (set->n > 1)
+      qsort (set->v, set->n, sizeof *set->v, listed_cmp);
+   return ok;
+}
+
+/* The ids one lane lists that were read: gone (not found), still running
+ * here (this instance handed out their current claim, and that claim's
+ * own lease was handed out or renewed less than a lease ago), or
+ * abandoned: appended to the $or of `or_arr` (with their claim
+ * generation) and to `abandoned`.  Callers hold s->mu. */
+static void
+held_settle_lane (claim_t *c,
+                  claim_lane_t *l,
+                  const listed_set_t *set,
+                  bson_t *or_arr,
+                  uint32_t *n_or,
+                  store_oids_t *abandoned)
+{
+   store_oids_t still = {0};
+
+   for (size_t j = 0; j < l->inflight.n; j++) {
+      const bson_oid_t *id = &l->inflight.v[j];
+      const listed_t *f = listed_find (set, id);
+      const store_issued_t *is;
+      if (!f) {
+         store_oids_push (&l->gone, id);
+         continue;
+      }
+      is = store_issued_find (c->s, id);
+      /* A lane left alone this claim (its lost claims could not be
+       * charged) is not written: what it lists waits too. */
+      if (l->skip ||
+          (is && is->lane == l->lane && is->epoch == l->epoch && is->claims == f->claims && is->expires > c->o->now)) {
+         store_oids_push (&still, id);
+         if (f->handler)
+            claim_key_get (c, f->handler, f->key)->running = true;
+      } else {
+         char buf[16];
+         const char *key;
+         bson_t one;
+         bson_uint32_to_string ((*n_or)++, &key, buf, sizeof buf);
+         BSON_APPEND_DOCUMENT_BEGIN (or_arr, key, &one);
+         BSON_APPEND_OID (&one, "_id", id);
+         store_append_claims_match (&one, f->claims);
+         bson_append_document_end (or_arr, &one);
+         store_oids_push (abandoned, id);
+         store_oids_push (&l->gone, id);
+      }
+   }
+   store_oids_free (&l->inflight);
+   l->inflight = still;
+}
+
+/* The abandoned claims matched by `aq`: an attempt charged each, their
+ * claim generation moved on, and the instance forgets them. */
+static bool
+charge_abandoned (claim_t *c, const bson_t *aq, const store_oids_t *abandoned, bson_error_t *error)
+{
+   store_t *s = c->s;
+   bson_t *au = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$set", "{",
+                          "updatedAt", BCON_DATE_TIME (c->o->now), "}");
+   bson_error_t err;
+   bool ok = true;
+
+   if (!mongoc_collection_update_many (c->deliveries, aq, au, NULL, NULL, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reconciling abandoned claims: %s", err.message);
+      ok = false;
+   } else {
+      log_warn ("store: %zu listed delivery(ies) no longer run here (not settled, not renewed for a lease): "
+                "charged an attempt each and made runnable again",
+                abandoned->n);
+      pthread_mutex_lock (&s->mu);
+      for (size_t j = 0; j < abandoned->n; j++)
+         store_issued_remove (s, &abandoned->v[j]);
+      pthread_mutex_unlock (&s->mu);
+   }
+   bson_destroy (au);
+   return ok;
+}
+
+/* Phase 3: the ids the lanes list, as read.  A listed delivery this
+ * instance no longer runs (its worker could not settle it and stopped
+ * renewing it) is abandoned: its claim generation moves on here, before
+ * the lane stops listing it in the record, so the old lease never matches
+ * again and the delivery is runnable at once, also with a single proxy.
+ * The abandoned claim was an attempt (its worker was handed the delivery,
+ * and may have delivered it), so it is charged as a takeover charges a
+ * lost claim: a worker that keeps dying on a delivery brings it to the
+ * dead letters here too. */
+static bool
+held_settle_listed (claim_t *c, const listed_set_t *set, bson_error_t *error)
+{
+   bson_t aq = BSON_INITIALIZER, or_arr;
+   store_oids_t abandoned = {0};
+   uint32_t n_or = 0;
+   bool ok = true;
+
+   BSON_APPEND_ARRAY_BEGIN (&aq, "$or", &or_arr);
+   pthread_mutex_lock (&c->s->mu);
+   for (size_t i = 0; i < c->n_lanes; i++)
+      held_settle_lane (c, &c->lanes[i], set, &or_arr, &n_or, &abandoned);
+   pthread_mutex_unlock (&c->s->mu);
+   bson_append_array_end (&aq, &or_arr);
+   RELAYBUS_ASSERT (n_or == abandoned.n);
+   if (abandoned.n > 0)
+      ok = charge_abandoned (c, &aq, &abandoned, error);
+   bson_destroy (&aq);
+   store_oids_free (&abandoned);
+   return ok;
+}
+
+/* The lanes this instance holds under a live lease: checked against the
+ * lane documents as read (owner and epoch), their lost claims charged,
+ * the deliveries they list sorted out (phase 1), those it does not know
+ * read (phase 2) and settled (phase 3).  Each lane's inFlight ends as what
+ * still runs: what was read and still runs here, then what was known. */
+bool
+claim_load_held (claim_t *c, bson_error_t *error)
+{
+   store_oids_t all = {0};
+   listed_set_t listed = {0};
+   bool ok = true;
+
+   held_check_all (c, &all);
+   if (all.n > 0)
+      ok = listed_read (c, &all, &listed, error) && held_settle_listed (c, &listed, error);
+   for (size_t i = 0; i < c->n_lanes; i++) {
+      claim_lane_t *l = &c->lanes[i];
+      for (size_t j = 0; j < l->known.n; j++)
+         store_oids_push (&l->inflight, &l->known.v[j]);
+   }
+   listed_free (&listed);
+   store_oids_free (&all);
+   return ok;
+}
