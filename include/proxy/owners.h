@@ -63,7 +63,8 @@ typedef enum {
    OWNERS_REFUSE,    /* answer the refusal's error without forwarding */
 } owners_verdict_t;
 
-/* Why a request is refused: mongod's code, its name and its errmsg. */
+/* Why a request is refused: mongod's code (base/servercodes.h), its name
+ * and its errmsg. */
 typedef struct {
    int32_t code;
    const char *code_name;

@@ -40,6 +40,7 @@
 #include "base/config.h"
 #include "base/fleet.h"
 #include "base/errors.h"
+#include "base/servercodes.h"
 
 /* Errors of inject_job_new (bson_error_t codes of INJECT_ERROR_DOMAIN). */
 typedef enum {
@@ -48,25 +49,23 @@ typedef enum {
 } inject_error_t;
 
 /* The MongoDB error codes the publishing path reads in replies or answers
- * with itself; inject_code_name gives the server's codeName. */
+ * with itself (base/servercodes.h; server_code_name gives the codeName). */
 typedef enum {
-   INJECT_CODE_INTERNAL_ERROR = 1,          /* InternalError: a reply not understood, no config */
-   INJECT_CODE_BAD_VALUE = 2,               /* BadValue: a malformed annotation, an unrouted type */
-   INJECT_CODE_UNKNOWN_ERROR = 8,           /* UnknownError: a write error without a code */
-   INJECT_CODE_UNAUTHORIZED = 13,           /* Unauthorized: a client write to the outbox */
-   INJECT_CODE_COMMAND_NOT_FOUND = 59,      /* CommandNotFound: an unknown relaybus* command */
-   INJECT_CODE_INVALID_OPTIONS = 72,        /* InvalidOptions: publishing outside a transaction (no driver
-                                             * rewrites 72; the Node.js driver replaces any 20 of a write) */
-   INJECT_CODE_WRITE_CONFLICT = 112,        /* WriteConflict: retry the transaction */
-   INJECT_CODE_NO_SUCH_TRANSACTION = 251,   /* NoSuchTransaction: aborted (a refused commit) */
-   INJECT_CODE_TEMPORARILY_UNAVAILABLE = 365, /* TemporarilyUnavailable: the poisoned table is full */
-   INJECT_CODE_BSON_OBJECT_TOO_LARGE = 10334, /* BSONObjectTooLarge */
-   INJECT_CODE_DUPLICATE_KEY = 11000,       /* DuplicateKey */
-   INJECT_CODE_DOCUMENT_TOO_LARGE = 17419,  /* DocumentTooLarge */
+   INJECT_CODE_INTERNAL_ERROR = SERVER_INTERNAL_ERROR, /* a reply not understood, no config */
+   INJECT_CODE_BAD_VALUE = SERVER_BAD_VALUE,           /* a malformed annotation, an unrouted type */
+   INJECT_CODE_UNKNOWN_ERROR = SERVER_UNKNOWN_ERROR,   /* a write error without a code */
+   INJECT_CODE_UNAUTHORIZED = SERVER_UNAUTHORIZED,     /* a client write to the outbox */
+   INJECT_CODE_COMMAND_NOT_FOUND = SERVER_COMMAND_NOT_FOUND, /* an unknown relaybus* command */
+   INJECT_CODE_INVALID_OPTIONS = SERVER_INVALID_OPTIONS, /* publishing outside a transaction (no driver
+                                                          * rewrites 72; the Node.js driver replaces any
+                                                          * 20 of a write) */
+   INJECT_CODE_WRITE_CONFLICT = SERVER_WRITE_CONFLICT, /* retry the transaction */
+   INJECT_CODE_NO_SUCH_TRANSACTION = SERVER_NO_SUCH_TRANSACTION, /* aborted (a refused commit) */
+   INJECT_CODE_TEMPORARILY_UNAVAILABLE = SERVER_TEMPORARILY_UNAVAILABLE, /* the poisoned table is full */
+   INJECT_CODE_BSON_OBJECT_TOO_LARGE = SERVER_BSON_OBJECT_TOO_LARGE,
+   INJECT_CODE_DUPLICATE_KEY = SERVER_DUPLICATE_KEY,
+   INJECT_CODE_DOCUMENT_TOO_LARGE = SERVER_DOCUMENT_TOO_LARGE,
 } inject_code_t;
-
-/* The server's codeName of `code`, or NULL for a code not listed above. */
-const char *inject_code_name (int32_t code);
 
 /* Most handlers one event gets deliveries for: the local ones and as many
  * more of the fleet's live set. */

@@ -17,15 +17,16 @@
 #include <mongoc/mongoc.h>
 
 #include "base/outbox.h"
+#include "base/servercodes.h"
 #include "store/store.h"
 
 /* The server's error codes the store acts on (MongoDB's, in the domain of
  * mongoc's server errors); every other server error is wrapped as
  * STORE_ERROR_SERVER. */
 typedef enum {
-   STORE_SERVER_NAMESPACE_EXISTS = 48, /* create: the collection exists (setup) */
-   STORE_SERVER_WRITE_CONFLICT = 112,  /* another writer committed one of the documents */
-   STORE_SERVER_DUPLICATE_KEY = 11000, /* an upsert lost against another instance's document */
+   STORE_SERVER_NAMESPACE_EXISTS = SERVER_NAMESPACE_EXISTS, /* create: the collection exists (setup) */
+   STORE_SERVER_WRITE_CONFLICT = SERVER_WRITE_CONFLICT,     /* another writer committed one of the documents */
+   STORE_SERVER_DUPLICATE_KEY = SERVER_DUPLICATE_KEY,       /* an upsert lost against another instance's document */
 } store_server_code_t;
 
 /* A growable list of ObjectIds. */

@@ -36,16 +36,12 @@
 #include "base/config.h"
 #include "base/counters.h"
 #include "base/log.h"
+#include "base/servercodes.h"
 #include "codec/handshake.h"
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 
 #define LOGIN_ADDR_MAX 64
-/* mongod's codes. */
-#define LOGIN_CODE_UNAUTHORIZED 13
-#define LOGIN_CODE_AUTH_FAILED 18
-#define LOGIN_CODE_NO_SUCH_CONVERSATION 17   /* ProtocolError */
-#define LOGIN_CODE_MECHANISM_UNAVAILABLE 334
 
 struct login {
    scram_server_t *conv; /* the conversation in progress, or NULL */
@@ -306,7 +302,7 @@ login_gate_local (const char *cmd, bool must_log_in)
 /* ------------------------------------------------------------ the delay */
 
 static void cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body);
-static void answer_error (client_conn_t *c, uint64_t seq, int32_t code, const char *errmsg);
+static void answer_error (client_conn_t *c, uint64_t seq, server_code_t code, const char *errmsg);
 
 /* The delayed saslContinue's time is up: its proof is checked and
  * answered now.  The timer is freed with the login (login_destroy, when
@@ -356,7 +352,7 @@ delay_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
    if (!l->delay_ev) {
       /* No timer: refuse unchecked rather than check without the delay. */
       conversation_end (l);
-      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED, "Authentication failed.");
+      answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, "Authentication failed.");
       return true;
    }
    RELAYBUS_ASSERT (!l->delayed_body);
@@ -380,7 +376,7 @@ delay_busy (client_conn_t *c, uint64_t seq, const char *cmd)
       return false;
    if (strcmp (cmd, "saslStart") != 0 && strcmp (cmd, "saslContinue") != 0 && strcmp (cmd, "logout") != 0)
       return false;
-   answer_error (c, seq, LOGIN_CODE_NO_SUCH_CONVERSATION,
+   answer_error (c, seq, SERVER_PROTOCOL_ERROR,
                  "relaybus: this connection's saslContinue waits for its answer (auth_failure_delay_max_ms); send "
                  "the next login command after it");
    return true;
@@ -444,11 +440,11 @@ sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_f
    bson_error_t error;
 
    conversation_end (l);
-   *code = LOGIN_CODE_AUTH_FAILED;
+   *code = SERVER_AUTHENTICATION_FAILED;
    if (bson_iter_init_find (&it, cmd, "mechanism") && BSON_ITER_HOLDS_UTF8 (&it))
       mech_name = bson_iter_utf8 (&it, &mech_len);
    if (!mech_name || !authfile_mech_from_name (mech_name, mech_len, &mech)) {
-      *code = LOGIN_CODE_MECHANISM_UNAVAILABLE;
+      *code = SERVER_MECHANISM_UNAVAILABLE;
       bson_snprintf (errmsg, errmsg_len,
                      "Received authentication for mechanism %.40s which is not enabled (relaybus: the proxy offers "
                      "SCRAM-SHA-256 and SCRAM-SHA-1)",
@@ -473,7 +469,7 @@ sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_f
       char why[300];
       bson_snprintf (why, sizeof why, "%s step 1: %s", authfile_mech_name (mech), error.message);
       if (error.code == SCRAM_ERR_SASLPREP) {
-         *code = LOGIN_CODE_AUTH_FAILED;
+         *code = SERVER_AUTHENTICATION_FAILED;
          bson_snprintf (errmsg, errmsg_len, "Authentication failed. (relaybus: %s)", error.message);
       } else {
          bson_snprintf (errmsg, errmsg_len, "Authentication failed.");
@@ -491,15 +487,12 @@ sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_f
 }
 
 static void
-answer_error (client_conn_t *c, uint64_t seq, int32_t code, const char *errmsg)
+answer_error (client_conn_t *c, uint64_t seq, server_code_t code, const char *errmsg)
 {
    bson_error_t error;
-   const char *name = code == LOGIN_CODE_AUTH_FAILED       ? "AuthenticationFailed"
-                      : code == LOGIN_CODE_UNAUTHORIZED    ? "Unauthorized"
-                      : code == LOGIN_CODE_MECHANISM_UNAVAILABLE ? "MechanismUnavailable"
-                      : code == LOGIN_CODE_NO_SUCH_CONVERSATION ? "ProtocolError"
-                                                               : "BadValue";
+   const char *name = server_code_name (code);
 
+   RELAYBUS_ASSERT (name != NULL);
    if (!client_answer_error (c, seq, code, name, errmsg, &error))
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering a login: %s", error.message);
 }
@@ -565,7 +558,7 @@ cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
    if (!l->conv || !bson_iter_init_find (&it, body, "conversationId") || !BSON_ITER_HOLDS_NUMBER (&it) ||
        bson_iter_as_int64 (&it) != 1) {
       conversation_end (l);
-      answer_error (c, seq, LOGIN_CODE_NO_SUCH_CONVERSATION, "No SASL session state found");
+      answer_error (c, seq, SERVER_PROTOCOL_ERROR, "No SASL session state found");
       goto done;
    }
    if (l->final_sent) {
@@ -580,7 +573,7 @@ cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
    }
    if (!payload_of (body, &payload, &plen)) {
       login_failed (c, l, "saslContinue without a payload");
-      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED, "Authentication failed.");
+      answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, "Authentication failed.");
       goto done;
    }
    if (!scram_server_final (l->conv, payload, plen, &sfinal, &sfinal_len, &error)) {
@@ -588,7 +581,7 @@ cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
       bson_snprintf (why, sizeof why, "%s step 2 (user %s): %s", authfile_mech_name (scram_server_mech (l->conv)),
                      scram_server_user (l->conv) ? scram_server_user (l->conv) : "?", error.message);
       login_failed (c, l, why);
-      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED, "Authentication failed.");
+      answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, "Authentication failed.");
       goto done;
    }
    login_succeeded (c, l);
@@ -711,7 +704,7 @@ login_command (client_conn_t *c,
    if (bson_iter_init_find (&it, &msg->body, "$db") && BSON_ITER_HOLDS_UTF8 (&it))
       db = bson_iter_utf8 (&it, NULL);
    if (!cmd) {
-      answer_error (c, seq, LOGIN_CODE_UNAUTHORIZED, "command requires authentication");
+      answer_error (c, seq, SERVER_UNAUTHORIZED, "command requires authentication");
    } else if (delay_busy (c, seq, cmd)) {
       /* answered */
    } else if (strcmp (cmd, "saslStart") == 0) {
@@ -720,7 +713,7 @@ login_command (client_conn_t *c,
       if (!delay_continue (c, seq, &msg->body))
          cmd_sasl_continue (c, seq, &msg->body);
    } else if (strcmp (cmd, "authenticate") == 0) {
-      answer_error (c, seq, LOGIN_CODE_AUTH_FAILED,
+      answer_error (c, seq, SERVER_AUTHENTICATION_FAILED,
                     "relaybus: the pooled proxy authenticates clients with SCRAM-SHA-256 and SCRAM-SHA-1 only "
                     "(saslStart)");
    } else if (strcmp (cmd, "logout") == 0) {
@@ -743,7 +736,7 @@ login_command (client_conn_t *c,
    } else {
       char errmsg[200];
       bson_snprintf (errmsg, sizeof errmsg, "command %.100s requires authentication", cmd);
-      answer_error (c, seq, LOGIN_CODE_UNAUTHORIZED, errmsg);
+      answer_error (c, seq, SERVER_UNAUTHORIZED, errmsg);
    }
    ok = c->state != CLIENT_STATE_CLOSING;
    /* Only now: `msg` points into the request's bytes. */

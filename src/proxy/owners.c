@@ -28,6 +28,7 @@
 #include "base/config.h"
 #include "base/keyhash.h"
 #include "base/log.h"
+#include "base/servercodes.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
 
@@ -35,9 +36,6 @@
 #define OWNERS_PROBE 16
 #define OWNERS_SESSION_TTL_MS (30 * 60000) /* logicalSessionTimeoutMinutes */
 #define OWNERS_CURSOR_TTL_MS (10 * 60000)  /* cursorTimeoutMillis */
-/* mongod's codes. */
-#define OWNERS_CODE_UNAUTHORIZED 13
-#define OWNERS_CODE_TOO_MANY_SESSIONS 261
 
 /* What an id names.  Operations are never entered: through the pool every
  * operation on the server is the pool's login's, and the proxy hides the
@@ -285,15 +283,15 @@ shows_everyone (const bson_t *body, const char *cmd)
 
 /* The refusal of a request naming what is not the user's. */
 static owners_verdict_t
-refuse (owners_refusal_t *r, int32_t code, const char *fmt, ...) BSON_GNUC_PRINTF (3, 4);
+refuse (owners_refusal_t *r, server_code_t code, const char *fmt, ...) BSON_GNUC_PRINTF (3, 4);
 
 static owners_verdict_t
-refuse (owners_refusal_t *r, int32_t code, const char *fmt, ...)
+refuse (owners_refusal_t *r, server_code_t code, const char *fmt, ...)
 {
    va_list ap;
 
    r->code = code;
-   r->code_name = code == OWNERS_CODE_TOO_MANY_SESSIONS ? "TooManyLogicalSessions" : "Unauthorized";
+   r->code_name = server_code_name (code);
    va_start (ap, fmt);
    bson_vsnprintf (r->why, sizeof r->why, fmt, ap);
    va_end (ap);
@@ -304,7 +302,7 @@ refuse (owners_refusal_t *r, int32_t code, const char *fmt, ...)
 static owners_verdict_t
 refuse_command (owners_refusal_t *r, const bson_t *body, const char *cmd)
 {
-   return refuse (r, OWNERS_CODE_UNAUTHORIZED, "not authorized on %.100s to execute command { %.60s: ... }",
+   return refuse (r, SERVER_UNAUTHORIZED, "not authorized on %.100s to execute command { %.60s: ... }",
                   db_of (body), cmd);
 }
 
@@ -374,14 +372,14 @@ owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_re
       switch (named[n].names) {
       case NAMES_CURSOR:
          if (bson_iter_init (&it, body) && bson_iter_next (&it) && !cursor_owned (&it, user, &id))
-            return refuse (r, OWNERS_CODE_UNAUTHORIZED,
+            return refuse (r, SERVER_UNAUTHORIZED,
                            "cursor id %" PRId64 " was not created by the authenticated user", id);
          break;
       case NAMES_CURSORS:
          if (bson_iter_init_find (&it, body, "cursors") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr))
             while (bson_iter_next (&arr))
                if (!cursor_owned (&arr, user, &id))
-                  return refuse (r, OWNERS_CODE_UNAUTHORIZED, "not authorized to kill cursor on %.100s.%.100s",
+                  return refuse (r, SERVER_UNAUTHORIZED, "not authorized to kill cursor on %.100s.%.100s",
                                  db_of (body), coll_of (body));
          break;
       case NAMES_SESSIONS:
@@ -396,7 +394,7 @@ owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_re
                return refuse_command (r, body, cmd);
          break;
       case NAMES_OPERATION:
-         return refuse (r, OWNERS_CODE_UNAUTHORIZED, "Unauthorized");
+         return refuse (r, SERVER_UNAUTHORIZED, "Unauthorized");
       case NAMES_EVERYONE:
       default:
          break;
@@ -404,7 +402,7 @@ owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_re
    /* The session the command runs in, and so its transaction. */
    if (bson_iter_init_find (&it, body, "lsid") && !session_owned (&it, user, true, &full)) {
       if (full)
-         return refuse (r, OWNERS_CODE_TOO_MANY_SESSIONS,
+         return refuse (r, SERVER_TOO_MANY_LOGICAL_SESSIONS,
                         "Unable to add session into the cache because the number of active sessions is too high");
       return refuse_command (r, body, cmd);
    }

@@ -42,6 +42,7 @@
 #include "base/counters.h"
 #include "base/log.h"
 #include "base/loopwake.h"
+#include "base/servercodes.h"
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
@@ -1777,8 +1778,8 @@ pool_answer_timeout (client_conn_t *c,
    /* ExceededTimeLimit: a retryable read error for drivers, and not a
     * state-change error (no pool is cleared).  Writes are retried on
     * their labels, as a 4.4+ server sets them. */
-   BSON_APPEND_INT32 (&doc, "code", 262);
-   BSON_APPEND_UTF8 (&doc, "codeName", "ExceededTimeLimit");
+   BSON_APPEND_INT32 (&doc, "code", SERVER_EXCEEDED_TIME_LIMIT);
+   BSON_APPEND_UTF8 (&doc, "codeName", server_code_name (SERVER_EXCEEDED_TIME_LIMIT));
    if (txn.valid || retryable_write) {
       BSON_APPEND_ARRAY_BEGIN (&doc, "errorLabels", &labels);
       BSON_APPEND_UTF8 (&labels, "0", txn.valid && !ends ? "TransientTransactionError" : "RetryableWriteError");

@@ -41,6 +41,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/loopwake.h"
+#include "base/servercodes.h"
 #include "codec/compress.h"
 #include "codec/handshake.h"
 #include "proxy/conn_private.h"
@@ -220,23 +221,6 @@ client_hold_request (client_conn_t *c,
    return true;
 }
 
-static bool
-code_is_not_primary (int32_t code)
-{
-   switch (code) {
-   case 10107: /* NotWritablePrimary */
-   case 13435: /* NotPrimaryNoSecondaryOk */
-   case 13436: /* NotPrimaryOrSecondary */
-   case 11600: /* InterruptedAtShutdown */
-   case 11602: /* InterruptedDueToReplStateChange */
-   case 189:   /* PrimarySteppedDown */
-   case 91:    /* ShutdownInProgress */
-      return true;
-   default:
-      return false;
-   }
-}
-
 /* What the relay looks for in a reply (kind-0 body): a not-primary-class
  * error, and a top-level `topologyVersion` on an error or beside a
  * writeConcernError, which the mongos persona must not show (see
@@ -265,7 +249,7 @@ reply_scan_body (const bson_t *body, reply_scan_t *out)
          failed = bson_iter_as_double (&it) == 0.0;
          ok_seen = true;
       } else if (klen == 4 && memcmp (key, "code", 4) == 0 && BSON_ITER_HOLDS_NUMBER (&it)) {
-         not_primary |= code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
+         not_primary |= server_code_is_not_primary ((int32_t) bson_iter_as_int64 (&it));
       } else if (klen == 6 && memcmp (key, "errmsg", 6) == 0 && BSON_ITER_HOLDS_UTF8 (&it)) {
          const char *m = bson_iter_utf8 (&it, NULL);
          not_primary |= strstr (m, "not master") != NULL || strstr (m, "not primary") != NULL;
@@ -612,14 +596,14 @@ done:
    return ok;
 }
 
-/* Answers a request the proxy handles itself with an error document. */
+/* Answers a request the proxy handles itself with an error document: the
+ * server's `code` (base/servercodes.h) with its codeName. */
 static bool
 answer_locally (client_conn_t *c,
                 int32_t client_id,
                 int32_t family,
                 int compressor,
-                int32_t code,
-                const char *code_name,
+                server_code_t code,
                 const char *errmsg,
                 struct evbuffer *src,
                 size_t len,
@@ -627,10 +611,11 @@ answer_locally (client_conn_t *c,
 {
    uint64_t seq;
 
+   RELAYBUS_ASSERT (server_code_name (code) != NULL);
    evbuffer_drain (src, len);
    if (!client_hold_request (c, client_id, family, compressor, &seq, error))
       return false;
-   return client_answer_error (c, seq, code, code_name, errmsg, error);
+   return client_answer_error (c, seq, code, server_code_name (code), errmsg, error);
 }
 
 #ifdef RELAYBUS_TEST_COMMANDS
@@ -696,7 +681,7 @@ debug_internal (client_conn_t *c, struct evbuffer *src, size_t len, const wire_m
       times = (int) bson_iter_as_int64 (&it);
    if (!bson_iter_init_find (&it, &msg->body, "relaybusDebugInternal") || !BSON_ITER_HOLDS_DOCUMENT (&it) || times < 1 ||
        times > 8)
-      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 2, "BadValue",
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, SERVER_BAD_VALUE,
                              "relaybusDebugInternal wants a command document and times in [1, 8]", src, len, error);
    bson_iter_document (&it, &dlen, &data);
    if (!bson_init_static (&inner, data, dlen))
@@ -778,7 +763,7 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          evbuffer_drain (src, len);
          return true;
       }
-      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, -1, 18, "AuthenticationFailed",
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, -1, SERVER_AUTHENTICATION_FAILED,
                              "relaybus: MONGODB-X509 authentication is not available through the proxy (client "
                              "connections present no certificate to the server); use SCRAM, or connect to the "
                              "server directly for X.509",
@@ -808,7 +793,7 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
                evbuffer_drain (src, len);
                return true;
             }
-            return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, r.code, r.code_name, r.why, src,
+            return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, r.code, r.why, src,
                                    len, error);
          }
       }
@@ -854,7 +839,7 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          return true;
       }
       bson_snprintf (errmsg, sizeof errmsg, "no such command: '%s'", cmd);
-      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, 59, "CommandNotFound", errmsg, src, len, error);
+      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, SERVER_COMMAND_NOT_FOUND, errmsg, src, len, error);
    }
    return forward_request (c, src, len, msg, cmd, compressor, error);
 }
@@ -877,7 +862,7 @@ route_query (client_conn_t *c, struct evbuffer *src, size_t len, const wire_quer
                   sizeof errmsg,
                   "Unsupported OP_QUERY command: %s. The client driver may require an upgrade.",
                   cmd ? cmd : "(none)");
-   return answer_locally (c, q->header.request_id, WIRE_OP_QUERY, compressor, 352, "UnsupportedOpQueryCommand", errmsg, src, len, error);
+   return answer_locally (c, q->header.request_id, WIRE_OP_QUERY, compressor, SERVER_UNSUPPORTED_OP_QUERY_COMMAND, errmsg, src, len, error);
 }
 
 /* Whether `list` (the compressors key: names separated by commas or

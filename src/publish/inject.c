@@ -741,45 +741,13 @@ fail_made (inject_job_t *job, const bson_t *reply, bool transient, int32_t code,
       inject_copy_times (reply, &job->fail_reply);
 }
 
-const char *
-inject_code_name (int32_t code)
-{
-   switch (code) {
-   case INJECT_CODE_INTERNAL_ERROR:
-      return "InternalError";
-   case INJECT_CODE_BAD_VALUE:
-      return "BadValue";
-   case INJECT_CODE_UNKNOWN_ERROR:
-      return "UnknownError";
-   case INJECT_CODE_UNAUTHORIZED:
-      return "Unauthorized";
-   case INJECT_CODE_INVALID_OPTIONS:
-      return "InvalidOptions";
-   case INJECT_CODE_COMMAND_NOT_FOUND:
-      return "CommandNotFound";
-   case INJECT_CODE_WRITE_CONFLICT:
-      return "WriteConflict";
-   case INJECT_CODE_NO_SUCH_TRANSACTION:
-      return "NoSuchTransaction";
-   case INJECT_CODE_TEMPORARILY_UNAVAILABLE:
-      return "TemporarilyUnavailable";
-   case INJECT_CODE_BSON_OBJECT_TOO_LARGE:
-      return "BSONObjectTooLarge";
-   case INJECT_CODE_DUPLICATE_KEY:
-      return "DuplicateKey";
-   case INJECT_CODE_DOCUMENT_TOO_LARGE:
-      return "DocumentTooLarge";
-   default:
-      return NULL;
-   }
-}
 
 /* Names of the write error codes an outbox write can meet; others get
  * mongod's generic "Location<code>". */
 static const char *
 code_name (int32_t code, char *buf, size_t len)
 {
-   const char *name = inject_code_name (code);
+   const char *name = server_code_name (code);
 
    if (name)
       return name;

@@ -251,7 +251,7 @@ op_answer_error (client_conn_t *c, uint64_t seq, inject_code_t code, const char 
 {
    bson_error_t error;
 
-   if (!client_answer_error (c, seq, (int32_t) code, inject_code_name (code), errmsg, &error))
+   if (!client_answer_error (c, seq, (int32_t) code, server_code_name (code), errmsg, &error))
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering an error: %s", error.message);
 }
 
@@ -544,7 +544,7 @@ answer_transient (client_conn_t *c,
 {
    bson_t doc = BSON_INITIALIZER;
 
-   inject_error_reply (&doc, (int32_t) code, inject_code_name (code), errmsg, true);
+   inject_error_reply (&doc, (int32_t) code, server_code_name (code), errmsg, true);
    if (times_of)
       inject_copy_times (times_of, &doc);
    answer (c, seq, &doc, what);

@@ -554,7 +554,7 @@ pulltxn_reply (pulltxn_t *t, uint32_t i, const bson_t *reply)
             else if (strcmp (bson_iter_key (&f), "errmsg") == 0 && BSON_ITER_HOLDS_UTF8 (&f))
                msg = bson_iter_utf8 (&f, NULL);
          }
-      cn = inject_code_name (code);
+      cn = server_code_name (code);
       if (!cn) {
          snprintf (name, sizeof name, "Location%d", code);
          cn = name;

@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/outbox.h"
+#include "base/servercodes.h"
 #include "base/worker.h"
 #include "store/store.h"
 
@@ -218,7 +219,7 @@ watch_thread (void *arg)
             mongoc_change_stream_destroy (cs);
             break;
          }
-         if (err.domain == MONGOC_ERROR_SERVER && err.code == 286 && token) {
+         if (err.domain == MONGOC_ERROR_SERVER && err.code == SERVER_CHANGE_STREAM_HISTORY_LOST && token) {
             /* ChangeStreamHistoryLost: start anew; what was missed is
              * found by the claim this wake-up makes. */
             bson_destroy (token);
