@@ -129,7 +129,9 @@ usage (FILE *out)
             "  1  configuration, upstream (e.g. a standalone mongod), TLS or\n"
             "     listen error; the reason is logged\n"
             "  2  command-line usage error, or for --make-user a bad NAME or an\n"
-            "     empty, overlong or non-ASCII (SASLprep) password\n");
+            "     empty, overlong or non-ASCII (SASLprep) password\n"
+            "\n"
+            "Report bugs at " PACKAGE_BUGREPORT "\n");
 }
 
 /* Applies log_level, log_format and (with open_file) log_file: all or
