@@ -56,6 +56,26 @@ npm_ensure() {
 	touch "$stamp"
 }
 
+# run_config SAMPLE LISTEN UPSTREAM: prints SAMPLE (the commented sample ini)
+# with [proxy]'s listen and upstream set to LISTEN and UPSTREAM, each exactly
+# as given.  The values are written with printf, never put into a sed
+# replacement, where '&', '|' and '\' of a URI's options would be read as
+# sed's own syntax.  The config parser takes a value as the rest of the line,
+# so a value with a line break cannot be written: it is refused.
+run_config() {
+	local sample=$1 listen=$2 upstream=$3 line
+	case "$listen$upstream" in
+	*$'\n'* | *$'\r'*) say "a listen address or upstream URI with a line break cannot be written to the config"; return 1 ;;
+	esac
+	while IFS= read -r line || [ -n "$line" ]; do
+		case "$line" in
+		"listen = 127.0.0.1:27018") printf 'listen = %s\n' "$listen" ;;
+		"upstream = "*) printf 'upstream = %s\n' "$upstream" ;;
+		*) printf '%s\n' "$line" ;;
+		esac
+	done <"$sample"
+}
+
 # build DIR [CONFIGURE-ARGS...]: configures (once) and builds out of tree.
 build() {
 	local dir=$1; shift
