@@ -28,11 +28,13 @@
 #include <inttypes.h>
 #ifdef __GLIBC__
 #include <malloc.h>
+#include <pthread.h>
 #endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -497,6 +499,64 @@ proxy_teardown (proxy_t *p)
    config_release (p->cfg);
 }
 
+/* How long the exit waits for the teardown once the upstream is gone, and
+ * how long the upstream gets to accept a connection to tell (below). */
+#define PROXY_EXIT_UPSTREAM_GONE_MS 1000
+#define PROXY_EXIT_PROBE_MS 250
+
+static void *
+proxy_teardown_thread (void *arg)
+{
+   proxy_teardown (arg);
+   return NULL;
+}
+
+/* Runs proxy_teardown, bounded when the upstream is gone.  What the teardown
+ * sends upstream (the dispatcher's claim in flight, the hand-back of its
+ * lanes, the fleet's stop record, the driver's endSessions when a pool is
+ * destroyed) waits for a server selection each, one after the other: about
+ * ten seconds in all when no server will answer, for writes that cannot
+ * land and whose effect comes by itself anyway (the lanes return after
+ * lease_ms, the instance stops counting as live after three heartbeats, the
+ * server ends idle sessions).  So after a stop, when the last primary
+ * refuses connections (or does not accept one within PROXY_EXIT_PROBE_MS),
+ * the teardown runs on a thread of its own for at most
+ * PROXY_EXIT_UPSTREAM_GONE_MS.  An upstream that answers keeps the
+ * unbounded teardown: requests in flight and their completions are never
+ * cut while they can still land.  Returns false when the teardown was left
+ * running: the caller then ends the process at once, without the global
+ * cleanups whose state the teardown's threads may still be using. */
+static bool
+proxy_teardown_bounded (proxy_t *p)
+{
+   pthread_t thread;
+   struct timespec deadline;
+
+   if (!p->stopping || !p->topo || topology_primary_answers (p->topo, PROXY_EXIT_PROBE_MS)) {
+      proxy_teardown (p);
+      return true;
+   }
+   log_warn ("exit: the upstream's primary does not accept connections: waiting at most %d ms for the "
+             "dispatcher and the upstream connections to stop",
+             PROXY_EXIT_UPSTREAM_GONE_MS);
+   if (pthread_create (&thread, NULL, proxy_teardown_thread, p) != 0) {
+      proxy_teardown (p);
+      return true;
+   }
+   clock_gettime (CLOCK_REALTIME, &deadline);
+   deadline.tv_sec += PROXY_EXIT_UPSTREAM_GONE_MS / 1000;
+   deadline.tv_nsec += (long) (PROXY_EXIT_UPSTREAM_GONE_MS % 1000) * 1000000L;
+   if (deadline.tv_nsec >= 1000000000L) {
+      deadline.tv_sec++;
+      deadline.tv_nsec -= 1000000000L;
+   }
+   if (pthread_timedjoin_np (thread, NULL, &deadline) == 0)
+      return true;
+   log_warn ("exit: the upstream is gone: not waiting for the writes that cannot reach it (held lanes return "
+             "after lease_ms; the fleet sees this instance stop after three heartbeats)");
+   return false;
+}
+
 /* With several forwarding loops, one malloc arena for the whole process.
  * glibc gives each thread an arena of its own; a loop's connections then
  * allocate from its arena only, and the room one loop freed after a burst
@@ -665,7 +725,14 @@ main (int argc, char **argv)
    } else {
       event_base_dispatch (p.base);
    }
-   proxy_teardown (&p);
+   if (!proxy_teardown_bounded (&p)) {
+      /* The teardown thread still holds the upstream pools: no mongoc_cleanup
+       * under it.  The log is flushed first; its later lines go to the log's
+       * file descriptor directly (base/log.h). */
+      log_info ("exit %d", p.exit_code);
+      log_close ();
+      _exit (p.exit_code);
+   }
    notify_close ();
    /* Drop the published snapshot too, so nothing is left at exit. */
    config_publish (NULL);
