@@ -693,6 +693,9 @@ main (int argc, char **argv)
       return EXIT_FAILURE_RUNTIME;
    }
    if (check_only) {
+      /* A warning, not an error: the file is valid, its mode is the
+       * operator's call (docs/configuration.md, Secrets). */
+      (void) config_warn_exposed_secrets (p.cfg);
       config_write (p.cfg, stdout);
       config_release (p.cfg);
       return EXIT_OK;

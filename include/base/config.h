@@ -60,7 +60,13 @@ typedef struct {
    bool reloadable;
    const char *help;
    size_t offset; /* into config_t, or config_handler_t for handler keys */
+   /* CONFIG_KEY_FILE_FORM: the key is NAME_file, the file form of the
+    * secret-bearing key NAME of its section: its value is a path, and NAME
+    * takes the file's content (config.c, "Secrets outside the file"). */
+   unsigned flags;
 } config_key_t;
+
+#define CONFIG_KEY_FILE_FORM 1u
 
 typedef enum {
    HANDLER_KIND_WEBHOOK,
@@ -93,6 +99,8 @@ typedef struct {
    char **kafka_props;
    size_t n_kafka_props;
    char *secret;
+   char *secret_file; /* the file `secret` was read from; "": none */
+   char *url_file;    /* the file `url` was read from; "": none */
    char *retry_schedule;     /* raw list of durations */
    int64_t *retry_delays_ms; /* retry_schedule parsed: the delay before retry i + 1 */
    size_t n_retry_delays;
@@ -148,6 +156,7 @@ typedef struct config {
    /* [proxy] */
    char *listen;
    char *upstream;
+   char *upstream_file; /* the file `upstream` was read from; "": none */
    int64_t max_clients;
    int64_t threads; /* forwarding loops; 0: one per core, at most CONFIG_THREADS_DEFAULT_MAX */
    int64_t handshake_timeout_ms;
@@ -199,6 +208,7 @@ typedef struct config {
    /* [admin] */
    char *admin_listen;
    char *admin_token;
+   char *admin_token_file; /* the file `token` was read from; "": none */
    char *admin_tls_cert_file; /* with admin_tls_key_file: the admin port is HTTPS only */
    char *admin_tls_key_file;
 
@@ -207,6 +217,9 @@ typedef struct config {
 
    /* Where it came from, for logs and reload. */
    char *path;
+   /* A credential is written in the file itself (not read from a _file
+    * key or an environment variable): config_warn_exposed_secrets. */
+   bool secret_inline;
    _Atomic int refcount; /* see config_retain */
 } config_t;
 
@@ -261,6 +274,12 @@ void config_write (const config_t *cfg, FILE *out);
  * property names stay); in any other URL every query-string value (the
  * keys stay) and the fragment. */
 char *config_mask (const char *key_name, const char *value);
+
+/* For --check-config: logs a warning for each file holding a secret that
+ * users other than the file's owner and group may read: the configuration
+ * file when a credential is written in it (secret_inline), and each file a
+ * _file key names.  Returns how many it warned about. */
+int config_warn_exposed_secrets (const config_t *cfg);
 
 /* Reference counting of snapshots.  NULL is accepted by release. */
 config_t *config_retain (config_t *cfg);
