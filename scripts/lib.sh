@@ -97,12 +97,17 @@ npm_ensure() {
 # as given.  The values are written with printf, never put into a sed
 # replacement, where '&', '|' and '\' of a URI's options would be read as
 # sed's own syntax.  The config parser takes a value as the rest of the line,
-# so a value with a line break cannot be written: it is refused.
+# so a value with a line break cannot be written: it is refused.  A '${'
+# is written as '$${', so that the proxy takes it as it is.
 run_config() {
 	local sample=$1 listen=$2 upstream=$3 line
 	case "$listen$upstream" in
 	*$'\n'* | *$'\r'*) say "a listen address or upstream URI with a line break cannot be written to the config"; return 1 ;;
 	esac
+	# The config reads ${NAME} as an environment variable and $${ as a
+	# literal ${ (docs/configuration.md, Secrets).
+	listen=${listen//'${'/'$${'}
+	upstream=${upstream//'${'/'$${'}
 	while IFS= read -r line || [ -n "$line" ]; do
 		case "$line" in
 		"listen = 127.0.0.1:27018") printf 'listen = %s\n' "$listen" ;;
