@@ -121,6 +121,7 @@ usage (FILE *out)
             "  -h, --help          print this help and exit\n"
             "\n"
             "Signals: SIGHUP reloads the configuration (all or nothing);\n"
+            "SIGUSR1 reopens log_file at its path (after logrotate moved it);\n"
             "SIGTERM and SIGINT stop accepting, let requests in flight finish\n"
             "for up to drain_timeout_ms, then exit; a second one closes\n"
             "everything at once.  A SIGHUP while stopping is logged and ignored.\n"
