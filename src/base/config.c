@@ -10,7 +10,9 @@
  * Syntax: "[section]" or "[handler NAME]" headers, "key = value" lines, full
  * line comments starting with ';' or '#', and inline comments that start
  * with whitespace followed by ';' or '#'.  Unknown sections and keys are
- * errors: a typo must never be silently ignored.
+ * errors: a typo must never be silently ignored.  A value's ${NAME} is the
+ * environment variable NAME, and a secret-bearing key's NAME_file reads the
+ * value from a file ("Secrets outside the file" below).
  *
  * This module does not act on the configuration: subsystems read their
  * keys from the snapshot they acquired.
