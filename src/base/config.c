@@ -626,9 +626,10 @@ static const config_key_t *
 config_file_form (const config_key_t *key)
 {
    char name[80];
+   const config_key_t *f;
 
    snprintf (name, sizeof name, "%s_file", key->name);
-   const config_key_t *f = config_find_key (key->section, name);
+   f = config_find_key (key->section, name);
    return f && (f->flags & CONFIG_KEY_FILE_FORM) ? f : NULL;
 }
 
