@@ -25,7 +25,43 @@ apt_ensure() {
 	fi
 	say "installing Debian packages: ${missing[*]}"
 	$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || return 1
-	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+	local before rc=0
+	before=$(boot_links)
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || rc=$?
+	boot_links_restore "$before" $sudo
+	return $rc
+}
+
+# boot_links: the units enabled at boot, as the symlinks under
+# /etc/systemd/system/*.wants/ and *.requires/ (one path a line, sorted).
+# This is what enabling writes, with or without a running systemd (Debian's
+# postinst scripts call deb-systemd-helper, which makes the links itself
+# when systemd is not PID 1), and what `systemctl is-enabled` reads.
+boot_links() {
+	find /etc/systemd/system -mindepth 2 -maxdepth 2 -type l \( -path '*.wants/*' -o -path '*.requires/*' \) 2>/dev/null | sort
+}
+
+# boot_links_restore BEFORE [SUDO]: disables the units that an install
+# enabled, i.e. whose links are in boot_links now but not in BEFORE.  The
+# packages the tests need (rabbitmq-server and its epmd, nats-server,
+# prometheus) enable themselves at boot; a test run must not leave them
+# so.  Units enabled before are left as they were.
+boot_links_restore() {
+	local before=$1 sudo=${2:-} new unit
+	new=$(comm -13 <(printf '%s\n' "$before") <(boot_links))
+	[ -n "$new" ] || return 0
+	if [ -d /run/systemd/system ]; then
+		# systemd runs: let it remove every link of each unit (Also=, aliases).
+		for unit in $(printf '%s\n' "$new" | xargs -n1 basename | sort -u); do
+			say "disabling $unit (enabled at boot by its package's install)"
+			$sudo systemctl disable --quiet "$unit" >&2 || say "could not disable $unit"
+		done
+	else
+		printf '%s\n' "$new" | while IFS= read -r link; do
+			say "removing $link (enabled at boot by its package's install)"
+			$sudo rm -f -- "$link"
+		done
+	fi
 }
 
 # node_ensure: Node.js 20 or newer with npm.  A machine may have Node.js
@@ -54,6 +90,31 @@ npm_ensure() {
 	say "installing npm packages of tests/ (npm ci)"
 	(cd "$RELAYBUS_TOP/tests" && npm ci --no-audit --no-fund --loglevel=error >&2) || return 1
 	touch "$stamp"
+}
+
+# run_config SAMPLE LISTEN UPSTREAM: prints SAMPLE (the commented sample ini)
+# with [proxy]'s listen and upstream set to LISTEN and UPSTREAM, each exactly
+# as given.  The values are written with printf, never put into a sed
+# replacement, where '&', '|' and '\' of a URI's options would be read as
+# sed's own syntax.  The config parser takes a value as the rest of the line,
+# so a value with a line break cannot be written: it is refused.  A '${'
+# is written as '$${', so that the proxy takes it as it is.
+run_config() {
+	local sample=$1 listen=$2 upstream=$3 line
+	case "$listen$upstream" in
+	*$'\n'* | *$'\r'*) say "a listen address or upstream URI with a line break cannot be written to the config"; return 1 ;;
+	esac
+	# The config reads ${NAME} as an environment variable and $${ as a
+	# literal ${ (docs/configuration.md, Secrets).
+	listen=${listen//'${'/'$${'}
+	upstream=${upstream//'${'/'$${'}
+	while IFS= read -r line || [ -n "$line" ]; do
+		case "$line" in
+		"listen = 127.0.0.1:27018") printf 'listen = %s\n' "$listen" ;;
+		"upstream = "*) printf 'upstream = %s\n' "$upstream" ;;
+		*) printf '%s\n' "$line" ;;
+		esac
+	done <"$sample"
 }
 
 # build DIR [CONFIGURE-ARGS...]: configures (once) and builds out of tree.

@@ -28,11 +28,13 @@
 #include <inttypes.h>
 #ifdef __GLIBC__
 #include <malloc.h>
+#include <pthread.h>
 #endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -120,6 +122,7 @@ usage (FILE *out)
             "  -h, --help          print this help and exit\n"
             "\n"
             "Signals: SIGHUP reloads the configuration (all or nothing);\n"
+            "SIGUSR1 reopens log_file at its path (after logrotate moved it);\n"
             "SIGTERM and SIGINT stop accepting, let requests in flight finish\n"
             "for up to drain_timeout_ms, then exit; a second one closes\n"
             "everything at once.  A SIGHUP while stopping is logged and ignored.\n"
@@ -130,7 +133,9 @@ usage (FILE *out)
             "  1  configuration, upstream (e.g. a standalone mongod), TLS or\n"
             "     listen error; the reason is logged\n"
             "  2  command-line usage error, or for --make-user a bad NAME or an\n"
-            "     empty, overlong or non-ASCII (SASLprep) password\n");
+            "     empty, overlong or non-ASCII (SASLprep) password\n"
+            "\n"
+            "Report bugs at " PACKAGE_BUGREPORT "\n");
 }
 
 /* Applies log_level, log_format and (with open_file) log_file: all or
@@ -497,6 +502,64 @@ proxy_teardown (proxy_t *p)
    config_release (p->cfg);
 }
 
+/* How long the exit waits for the teardown once the upstream is gone, and
+ * how long the upstream gets to accept a connection to tell (below). */
+#define PROXY_EXIT_UPSTREAM_GONE_MS 1000
+#define PROXY_EXIT_PROBE_MS 250
+
+static void *
+proxy_teardown_thread (void *arg)
+{
+   proxy_teardown (arg);
+   return NULL;
+}
+
+/* Runs proxy_teardown, bounded when the upstream is gone.  What the teardown
+ * sends upstream (the dispatcher's claim in flight, the hand-back of its
+ * lanes, the fleet's stop record, the driver's endSessions when a pool is
+ * destroyed) waits for a server selection each, one after the other: about
+ * ten seconds in all when no server will answer, for writes that cannot
+ * land and whose effect comes by itself anyway (the lanes return after
+ * lease_ms, the instance stops counting as live after three heartbeats, the
+ * server ends idle sessions).  So after a stop, when the last primary
+ * refuses connections (or does not accept one within PROXY_EXIT_PROBE_MS),
+ * the teardown runs on a thread of its own for at most
+ * PROXY_EXIT_UPSTREAM_GONE_MS.  An upstream that answers keeps the
+ * unbounded teardown: requests in flight and their completions are never
+ * cut while they can still land.  Returns false when the teardown was left
+ * running: the caller then ends the process at once, without the global
+ * cleanups whose state the teardown's threads may still be using. */
+static bool
+proxy_teardown_bounded (proxy_t *p)
+{
+   pthread_t thread;
+   struct timespec deadline;
+
+   if (!p->stopping || !p->topo || topology_primary_answers (p->topo, PROXY_EXIT_PROBE_MS)) {
+      proxy_teardown (p);
+      return true;
+   }
+   log_warn ("exit: the upstream's primary does not accept connections: waiting at most %d ms for the "
+             "dispatcher and the upstream connections to stop",
+             PROXY_EXIT_UPSTREAM_GONE_MS);
+   if (pthread_create (&thread, NULL, proxy_teardown_thread, p) != 0) {
+      proxy_teardown (p);
+      return true;
+   }
+   clock_gettime (CLOCK_REALTIME, &deadline);
+   deadline.tv_sec += PROXY_EXIT_UPSTREAM_GONE_MS / 1000;
+   deadline.tv_nsec += (long) (PROXY_EXIT_UPSTREAM_GONE_MS % 1000) * 1000000L;
+   if (deadline.tv_nsec >= 1000000000L) {
+      deadline.tv_sec++;
+      deadline.tv_nsec -= 1000000000L;
+   }
+   if (pthread_timedjoin_np (thread, NULL, &deadline) == 0)
+      return true;
+   log_warn ("exit: the upstream is gone: not waiting for the writes that cannot reach it (held lanes return "
+             "after lease_ms; the fleet sees this instance stop after three heartbeats)");
+   return false;
+}
+
 /* With several forwarding loops, one malloc arena for the whole process.
  * glibc gives each thread an arena of its own; a loop's connections then
  * allocate from its arena only, and the room one loop freed after a burst
@@ -636,6 +699,9 @@ main (int argc, char **argv)
       return EXIT_FAILURE_RUNTIME;
    }
    if (check_only) {
+      /* A warning, not an error: the file is valid, its mode is the
+       * operator's call (docs/configuration.md, Secrets). */
+      (void) config_warn_exposed_secrets (p.cfg);
       config_write (p.cfg, stdout);
       config_release (p.cfg);
       return EXIT_OK;
@@ -668,7 +734,14 @@ main (int argc, char **argv)
    } else {
       event_base_dispatch (p.base);
    }
-   proxy_teardown (&p);
+   if (!proxy_teardown_bounded (&p)) {
+      /* The teardown thread still holds the upstream pools: no mongoc_cleanup
+       * under it.  The log is flushed first; its later lines go to the log's
+       * file descriptor directly (base/log.h). */
+      log_info ("exit %d", p.exit_code);
+      log_close ();
+      _exit (p.exit_code);
+   }
    notify_close ();
    /* Drop the published snapshot too, so nothing is left at exit. */
    config_publish (NULL);

@@ -61,7 +61,13 @@ typedef struct {
    bool reloadable;
    const char *help;
    size_t offset; /* into config_t, or config_handler_t for handler keys */
+   /* CONFIG_KEY_FILE_FORM: the key is NAME_file, the file form of the
+    * secret-bearing key NAME of its section: its value is a path, and NAME
+    * takes the file's content (config.c, "Secrets outside the file"). */
+   unsigned flags;
 } config_key_t;
+
+#define CONFIG_KEY_FILE_FORM 1u
 
 typedef enum {
    HANDLER_KIND_WEBHOOK,
@@ -94,6 +100,8 @@ typedef struct {
    char **kafka_props;
    size_t n_kafka_props;
    char *secret;
+   char *secret_file; /* the file `secret` was read from; "": none */
+   char *url_file;    /* the file `url` was read from; "": none */
    char *retry_schedule;     /* raw list of durations */
    int64_t *retry_delays_ms; /* retry_schedule parsed: the delay before retry i + 1 */
    size_t n_retry_delays;
@@ -149,6 +157,7 @@ typedef struct config {
    /* [proxy] */
    char *listen;
    char *upstream;
+   char *upstream_file; /* the file `upstream` was read from; "": none */
    int64_t max_clients;
    int64_t threads; /* forwarding loops; 0: one per core, at most CONFIG_THREADS_DEFAULT_MAX */
    int64_t handshake_timeout_ms;
@@ -203,6 +212,7 @@ typedef struct config {
    /* [admin] */
    char *admin_listen;
    char *admin_token;
+   char *admin_token_file; /* the file `token` was read from; "": none */
    char *admin_tls_cert_file; /* with admin_tls_key_file: the admin port is HTTPS only */
    char *admin_tls_key_file;
 
@@ -218,6 +228,9 @@ typedef struct config {
 
    /* Where it came from, for logs and reload. */
    char *path;
+   /* A credential is written in the file itself (not read from a _file
+    * key or an environment variable): config_warn_exposed_secrets. */
+   bool secret_inline;
    _Atomic int refcount; /* see config_retain */
 } config_t;
 
@@ -285,6 +298,12 @@ char *config_mask (const char *key_name, const char *value);
 /* True for a kafka.<property> whose value is a secret (sasl.password,
  * ssl.key.password, ...): never echoed, masked in free text. */
 bool config_kafka_prop_is_secret (const char *name);
+
+/* For --check-config: logs a warning for each file holding a secret that
+ * users other than the file's owner and group may read: the configuration
+ * file when a credential is written in it (secret_inline), and each file a
+ * _file key names.  Returns how many it warned about. */
+int config_warn_exposed_secrets (const config_t *cfg);
 
 /* Reference counting of snapshots.  NULL is accepted by release. */
 config_t *config_retain (config_t *cfg);

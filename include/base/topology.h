@@ -97,6 +97,13 @@ void topology_request_refresh (topology_t *topo, const char *why);
  * member until its next heartbeat. */
 void topology_suspect (topology_t *topo, const char *host, uint16_t port);
 
+/* Whether the last primary the monitor resolved still accepts a TCP
+ * connection, within `timeout_ms` (any thread; it blocks that long at most:
+ * no name lookup, no TLS, no hello).  False when no address was ever
+ * resolved.  main.c asks it at exit, to tell an upstream that is gone (a
+ * refused or silent address) from one that is only slow. */
+bool topology_primary_answers (topology_t *topo, int timeout_ms);
+
 /* Stops and joins the monitor, frees everything.  NULL is accepted. */
 void topology_destroy (topology_t *topo);
 

@@ -10,7 +10,9 @@
  * Syntax: "[section]" or "[handler NAME]" headers, "key = value" lines, full
  * line comments starting with ';' or '#', and inline comments that start
  * with whitespace followed by ';' or '#'.  Unknown sections and keys are
- * errors: a typo must never be silently ignored.
+ * errors: a typo must never be silently ignored.  A value's ${NAME} is the
+ * environment variable NAME, and a secret-bearing key's NAME_file reads the
+ * value from a file ("Secrets outside the file" below).
  *
  * This module does not act on the configuration: subsystems read their
  * keys from the snapshot they acquired.
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <mongoc/mongoc.h>
@@ -48,17 +51,25 @@ config_set_checks (const config_checks_t *checks)
 }
 
 #define P(name, type, def, min, max, reload, field, help) \
-   {CONFIG_SECTION_PROXY, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+   {CONFIG_SECTION_PROXY, name, type, def, min, max, reload, help, offsetof (config_t, field), 0}
 #define O(name, type, def, min, max, reload, field, help) \
-   {CONFIG_SECTION_OUTBOX, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+   {CONFIG_SECTION_OUTBOX, name, type, def, min, max, reload, help, offsetof (config_t, field), 0}
 #define D(name, type, def, min, max, reload, field, help) \
-   {CONFIG_SECTION_DISPATCH, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+   {CONFIG_SECTION_DISPATCH, name, type, def, min, max, reload, help, offsetof (config_t, field), 0}
 #define A(name, type, def, min, max, reload, field, help) \
-   {CONFIG_SECTION_ADMIN, name, type, def, min, max, reload, help, offsetof (config_t, field)}
+   {CONFIG_SECTION_ADMIN, name, type, def, min, max, reload, help, offsetof (config_t, field), 0}
 /* Every handler key is reloadable: the dispatcher applies a new handler
  * set on reload (dispatch/dispatch.c, handlers_apply). */
 #define H(name, type, def, min, max, field, help) \
-   {CONFIG_SECTION_HANDLER, name, type, def, min, max, true, help, offsetof (config_handler_t, field)}
+   {CONFIG_SECTION_HANDLER, name, type, def, min, max, true, help, offsetof (config_handler_t, field), 0}
+/* NAME_file, the file form of a secret-bearing key NAME (CONFIG_KEY_FILE_FORM):
+ * a path, reloadable as NAME is; NAME's own checks apply to the content. */
+#define P_FILE(name, reload, field, help) \
+   {CONFIG_SECTION_PROXY, name, CONFIG_TYPE_STRING, "", 0, 0, reload, help, offsetof (config_t, field), CONFIG_KEY_FILE_FORM}
+#define A_FILE(name, reload, field, help) \
+   {CONFIG_SECTION_ADMIN, name, CONFIG_TYPE_STRING, "", 0, 0, reload, help, offsetof (config_t, field), CONFIG_KEY_FILE_FORM}
+#define H_FILE(name, field, help) \
+   {CONFIG_SECTION_HANDLER, name, CONFIG_TYPE_STRING, "", 0, 0, true, help, offsetof (config_handler_t, field), CONFIG_KEY_FILE_FORM}
 
 #define S CONFIG_TYPE_STRING
 #define I CONFIG_TYPE_INT
@@ -76,6 +87,8 @@ static const config_key_t config_key_table[] = {
       "Client listener: host:port, [v6]:port, or an absolute path for a Unix socket."),
    P ("upstream", S, "mongodb://127.0.0.1:27017/?replicaSet=rs0", 0, 0, false, upstream,
       "MongoDB URI of the replica set or mongos the proxy forwards to (TLS options included)."),
+   P_FILE ("upstream_file", false, upstream_file,
+      "A file holding the upstream URI (one trailing newline removed), instead of upstream; relative to the config file's folder."),
    P ("max_clients", I, "10000", 1, 1000000, true, max_clients,
       "Most client connections open at once; more are closed at accept with a log line."),
    P ("threads", I, "0", 0, CONFIG_THREADS_MAX, false, threads,
@@ -170,6 +183,8 @@ static const config_key_t config_key_table[] = {
       "Admin HTTP listener host:port; empty disables the admin port."),
    A ("token", S, "", 0, 0, true, admin_token,
       "Bearer token required on /api/* and /metrics; empty: no authentication."),
+   A_FILE ("token_file", true, admin_token_file,
+      "A file holding the admin token (one trailing newline removed), instead of token; re-read on SIGHUP."),
    A ("tls_cert_file", S, "", 0, 0, false, admin_tls_cert_file,
       "PEM certificate chain of the admin port; when set (with tls_key_file), it serves HTTPS only."),
    A ("tls_key_file", S, "", 0, 0, false, admin_tls_key_file,
@@ -180,6 +195,8 @@ static const config_key_t config_key_table[] = {
    H ("kind", S, NULL, 0, 0, kind, "webhook, pull, nats, rabbitmq or kafka."),
    H ("url", S, "", 0, 0, url,
       "webhook: the http:// or https:// URL events are POSTed to; nats: the server(s), nats://host:port (or tls://), comma-separated."),
+   H_FILE ("url_file", url_file,
+      "A file holding url (one trailing newline removed), for a URL with a password (nats://user:pass@..., amqp://user:pass@...)."),
    H ("exchange", S, "", 0, 0, exchange,
       "rabbitmq: the exchange each event is published to (it must exist)."),
    H ("routing_key", S, "{type}", 0, 0, routing_key,
@@ -200,6 +217,8 @@ static const config_key_t config_key_table[] = {
       "nats: the JetStream subject each event is published to; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("secret", S, "", 0, 0, secret,
       "webhook: Standard Webhooks secret (whsec_ followed by base64); signs each request."),
+   H_FILE ("secret_file", secret_file,
+      "webhook: a file holding secret (one trailing newline removed); re-read on SIGHUP."),
    H ("retry_schedule", L, CONFIG_RETRY_SCHEDULE_DEFAULT, 0, 0, retry_schedule,
       "Delays before each retry of a failing delivery (durations); each wait is drawn uniformly in [0, delay]."),
    /* No default: it follows from retry_schedule (config_validate_handler). */
@@ -217,6 +236,9 @@ static const config_key_t config_key_table[] = {
 #undef D
 #undef A
 #undef H
+#undef P_FILE
+#undef A_FILE
+#undef H_FILE
 #undef S
 #undef I
 #undef B
@@ -461,6 +483,162 @@ config_find_key (config_section_t section, const char *name)
          return &config_key_table[i];
    }
    return NULL;
+}
+
+/* ------------------------------------------ secrets outside the file
+ *
+ * A secret need not be written in the file.  Any value may name
+ * environment variables as ${NAME} (all of it or inside it; "$${" is a
+ * literal "${", any other '$' is itself), and each secret-bearing key NAME
+ * has a file form NAME_file (CONFIG_KEY_FILE_FORM in the table) whose
+ * value is a path: NAME takes the file's content, one trailing newline
+ * removed.  Both happen whenever the file is parsed, so at start and at
+ * each reload.  An unset variable, an unreadable file and both forms of one
+ * key are errors that name the variable, the file or the key: a secret that
+ * silently became empty would start a proxy without authentication. */
+
+#define CONFIG_ENV_NAME_MAX 128
+
+/* An environment variable's name: letters, digits and '_', not starting
+ * with a digit. */
+static bool
+valid_name_span (const char *s, size_t n)
+{
+   if (isdigit ((unsigned char) s[0]))
+      return false;
+   for (size_t i = 0; i < n; i++) {
+      if (!isalnum ((unsigned char) s[i]) && s[i] != '_')
+         return false;
+   }
+   return true;
+}
+
+/* Expands the ${NAME} references of `in` into `out`. */
+static bool
+config_expand (const char *in, char *out, size_t out_len, char *why, size_t why_len)
+{
+   size_t n = 0;
+
+   for (const char *p = in; *p;) {
+      const char *piece = p;
+      size_t piece_len = 1;
+
+      if (p[0] == '$' && p[1] == '$' && p[2] == '{') {
+         piece = "${";
+         piece_len = 2;
+         p += 3;
+      } else if (p[0] == '$' && p[1] == '{') {
+         const char *name = p + 2, *end = strchr (name, '}');
+         char var[CONFIG_ENV_NAME_MAX];
+
+         if (!end) {
+            snprintf (why, why_len, "'${' without its '}' (write $${ for a literal ${)");
+            return false;
+         }
+         if (end == name || (size_t) (end - name) >= sizeof var || !valid_name_span (name, (size_t) (end - name))) {
+            snprintf (why, why_len, "'${%.*s}' is not a variable name (letters, digits and '_')",
+                      (int) (end - name > 64 ? 64 : end - name), name);
+            return false;
+         }
+         memcpy (var, name, (size_t) (end - name));
+         var[end - name] = '\0';
+         piece = getenv (var);
+         if (!piece) {
+            snprintf (why, why_len, "the environment variable %.100s is not set", var);
+            return false;
+         }
+         piece_len = strlen (piece);
+         p = end + 1;
+      } else {
+         p++;
+      }
+      if (n + piece_len >= out_len) {
+         snprintf (why, why_len, "value longer than %zu bytes once its variables are expanded", out_len - 1);
+         return false;
+      }
+      memcpy (out + n, piece, piece_len);
+      n += piece_len;
+   }
+   out[n] = '\0';
+   return true;
+}
+
+/* The path a _file key names: a relative one is taken from the folder of
+ * the configuration file, not from the working directory (a service's is
+ * "/").  Caller frees. */
+static char *
+config_resolve_path (const char *origin, const char *path)
+{
+   const char *slash = origin ? strrchr (origin, '/') : NULL;
+
+   if (path[0] == '/' || !slash)
+      return bson_strdup (path);
+   return bson_strdup_printf ("%.*s/%s", (int) (slash - origin), origin, path);
+}
+
+/* Reads the secret of a _file key into `out`: the whole file, one trailing
+ * newline (LF or CRLF) removed; it must hold one line. */
+static bool
+config_read_secret_file (const char *origin, const char *path, char *out, size_t out_len, char *why, size_t why_len)
+{
+   char *full = config_resolve_path (origin, path);
+   FILE *f = fopen (full, "rb");
+   size_t n = 0;
+   bool ok = false;
+
+   if (!f) {
+      snprintf (why, why_len, "%s: %s", full, strerror (errno));
+      goto done;
+   }
+   n = fread (out, 1, out_len, f);
+   if (ferror (f)) {
+      snprintf (why, why_len, "%s: read error", full);
+      goto done;
+   }
+   if (n == out_len) {
+      snprintf (why, why_len, "%s: longer than %zu bytes", full, out_len - 1);
+      goto done;
+   }
+   if (n > 0 && out[n - 1] == '\n')
+      n--;
+   if (n > 0 && out[n - 1] == '\r')
+      n--;
+   out[n] = '\0';
+   if (memchr (out, '\0', n) || memchr (out, '\n', n) || memchr (out, '\r', n)) {
+      snprintf (why, why_len, "%s: holds more than one line (or a NUL byte)", full);
+      goto done;
+   }
+   ok = true;
+done:
+   if (f)
+      fclose (f);
+   bson_free (full);
+   return ok;
+}
+
+/* The key a file-form key is the file of ("upstream" for "upstream_file"). */
+static const config_key_t *
+config_file_base (const config_key_t *file_key)
+{
+   char name[64];
+   size_t len = strlen (file_key->name) - strlen ("_file");
+
+   RELAYBUS_ASSERT (len < sizeof name);
+   memcpy (name, file_key->name, len);
+   name[len] = '\0';
+   return config_find_key (file_key->section, name);
+}
+
+/* The file form of `key`, or NULL when it has none. */
+static const config_key_t *
+config_file_form (const config_key_t *key)
+{
+   char name[80];
+   const config_key_t *f;
+
+   snprintf (name, sizeof name, "%s_file", key->name);
+   f = config_find_key (key->section, name);
+   return f && (f->flags & CONFIG_KEY_FILE_FORM) ? f : NULL;
 }
 
 /* Gives every key of `section` its default; required keys stay NULL. */
@@ -1343,6 +1521,71 @@ config_add_kafka_prop (config_handler_t *h, const char *name, const char *value,
    return true;
 }
 
+/* Marks the snapshot as holding a credential written in the file when
+ * `value` of the secret-bearing key `name` has one (what config_mask would
+ * hide). */
+static void
+config_note_inline_secret (config_t *cfg, const char *name, const char *value)
+{
+   char *masked = config_mask (name, value);
+
+   if (strcmp (masked, value) != 0)
+      cfg->secret_inline = true;
+   bson_free (masked);
+}
+
+/* The line `NAME_file = PATH` of a file-form key: PATH goes into its own
+ * field (for --check-config and reload), and the base key NAME takes the
+ * file's content through its own setter.  `seen` is the parser's record of
+ * the keys set in this section. */
+static bool
+config_set_from_file (config_t *cfg, void *target, const config_key_t *file_key, const char *path, bool *seen,
+                      char *why, size_t why_len)
+{
+   const config_key_t *base = config_file_base (file_key);
+   char content[CONFIG_VALUE_MAX];
+
+   RELAYBUS_ASSERT (base);
+   if (!config_set (target, file_key, path, why, why_len))
+      return false;
+   if (!*path)
+      return true; /* empty: the file form is not used (the sample lists it so) */
+   if (seen[base - config_key_table]) {
+      snprintf (why, why_len, "both %s and %s are set: keep one", base->name, file_key->name);
+      return false;
+   }
+   if (!config_read_secret_file (cfg->path, path, content, sizeof content, why, why_len))
+      return false;
+   seen[base - config_key_table] = true;
+   return config_set (target, base, content, why, why_len);
+}
+
+/* A `kafka.<property>` line; `kafka.<property>_file = PATH` sets the
+ * property to the file's content, as a key's file form does. */
+static bool
+config_set_kafka_line (
+   config_t *cfg, config_handler_t *h, const char *name, const char *value, bool from_file, char *why, size_t why_len)
+{
+   size_t len = strlen (name);
+   char content[CONFIG_VALUE_MAX];
+   char prop[160];
+
+   if (len > 5 && strcmp (name + len - 5, "_file") == 0) {
+      if (len - 5 >= sizeof prop) {
+         snprintf (why, why_len, "'%s' is not a librdkafka property name", name);
+         return false;
+      }
+      memcpy (prop, name, len - 5);
+      prop[len - 5] = '\0';
+      if (!config_read_secret_file (cfg->path, value, content, sizeof content, why, why_len))
+         return false;
+      return config_add_kafka_prop (h, prop, content, why, why_len);
+   }
+   if (from_file && *value && config_kafka_prop_is_secret (name))
+      cfg->secret_inline = true;
+   return config_add_kafka_prop (h, name, value, why, why_len);
+}
+
 config_t *
 config_parse_string (const char *text, const char *origin, bson_error_t *error)
 {
@@ -1362,8 +1605,11 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
 
    for (char *p = copy; p; p = save) {
       char *s, *eq, *key, *value;
-      const config_key_t *k;
+      const config_key_t *k, *file_form;
       char why[256];
+      char expanded[CONFIG_VALUE_MAX];
+      bool from_file;
+      void *target;
 
       save = strchr (p, '\n');
       if (save)
@@ -1420,8 +1666,15 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
          }
       }
       value = trim (value);
+      /* Before the expansion: a reference is not a credential in the file. */
+      from_file = !strstr (value, "${");
+      if (!config_expand (value, expanded, sizeof expanded, why, sizeof why)) {
+         config_error (error, origin, line, "%s: %s", key, why);
+         goto done;
+      }
+      value = expanded;
       if (section == CONFIG_SECTION_HANDLER && strncmp (key, "kafka.", 6) == 0) {
-         if (!config_add_kafka_prop (handler, key + 6, value, why, sizeof why)) {
+         if (!config_set_kafka_line (cfg, handler, key + 6, value, from_file, why, sizeof why)) {
             config_error (error, origin, line, "%s: %s", key, why);
             goto done;
          }
@@ -1437,16 +1690,31 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
                           config_section_names[section]);
          goto done;
       }
+      target = section == CONFIG_SECTION_HANDLER ? (void *) handler : (void *) cfg;
+      /* Set already by its file form: the message names both. */
+      if ((file_form = config_file_form (k)) && seen[file_form - config_key_table] &&
+          **(char **) ((char *) target + file_form->offset)) {
+         config_error (error, origin, line, "both %s and %s are set: keep one", key, file_form->name);
+         goto done;
+      }
       if (seen[k - config_key_table]) {
          config_error (error, origin, line, "key '%s' set twice", key);
          goto done;
       }
       seen[k - config_key_table] = true;
-      if (!config_set (section == CONFIG_SECTION_HANDLER ? (void *) handler : (void *) cfg,
-                       k, value, why, sizeof why)) {
+      if (k->flags & CONFIG_KEY_FILE_FORM) {
+         if (!config_set_from_file (cfg, target, k, value, seen, why, sizeof why)) {
+            config_error (error, origin, line, "%s: %s", key, why);
+            goto done;
+         }
+         continue;
+      }
+      if (!config_set (target, k, value, why, sizeof why)) {
          config_error (error, origin, line, "%s: %s", key, why);
          goto done;
       }
+      if (file_form && from_file)
+         config_note_inline_secret (cfg, k->name, value);
    }
    ok = config_validate (cfg, origin, error);
 
@@ -1881,6 +2149,53 @@ config_write (const config_t *cfg, FILE *out)
          fprintf (out, "kafka.%s = %s\n", name, secret ? CONFIG_MASK : cfg->handlers[h].kafka_props[2 * i + 1]);
       }
    }
+}
+
+/* Warns when `path` (resolved against the config file's folder) may be read
+ * by others; `what` says what it holds. */
+static int
+config_warn_exposed (const char *origin, const char *path, const char *what)
+{
+   char *full = config_resolve_path (origin, path);
+   struct stat st;
+   int warned = 0;
+
+   if (stat (full, &st) == 0 && (st.st_mode & S_IROTH)) {
+      log_warn ("%s is readable by every user (mode %03o) and holds %s: chmod o-r %s", full,
+                (unsigned) (st.st_mode & 0777), what, full);
+      warned = 1;
+   }
+   bson_free (full);
+   return warned;
+}
+
+int
+config_warn_exposed_secrets (const config_t *cfg)
+{
+   int n = 0;
+
+   if (cfg->secret_inline && cfg->path)
+      n += config_warn_exposed (NULL, cfg->path, "a credential written in the configuration");
+   for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key_t *key = &config_key_table[i];
+
+      if (!(key->flags & CONFIG_KEY_FILE_FORM))
+         continue;
+      if (key->section != CONFIG_SECTION_HANDLER) {
+         const char *path = *(char *const *) ((const char *) cfg + key->offset);
+
+         if (path && *path)
+            n += config_warn_exposed (cfg->path, path, "a secret (a _file key names it)");
+         continue;
+      }
+      for (size_t h = 0; h < cfg->n_handlers; h++) {
+         const char *path = *(char *const *) ((const char *) &cfg->handlers[h] + key->offset);
+
+         if (path && *path)
+            n += config_warn_exposed (cfg->path, path, "a secret (a _file key names it)");
+      }
+   }
+   return n;
 }
 
 config_t *

@@ -17,11 +17,13 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <mongoc/mongoc.h>
 
@@ -445,6 +447,37 @@ topology_suspect (topology_t *topo, const char *host, uint16_t port)
    topo->refresh = true;
    pthread_cond_broadcast (&topo->cond);
    pthread_mutex_unlock (&topo->mutex);
+}
+
+bool
+topology_primary_answers (topology_t *topo, int timeout_ms)
+{
+   topology_primary_t snap;
+   struct pollfd pfd = {.events = POLLOUT};
+   int err = 0;
+   socklen_t err_len = sizeof err;
+   bool answers = false;
+
+   topology_get_primary (topo, &snap);
+   /* The address stays in the snapshot when the primary is unpublished
+    * (topology_suspect), so a set in the middle of a failover is probed too. */
+   if (snap.addr_len == 0)
+      return false;
+   pfd.fd = socket (snap.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+   if (pfd.fd < 0)
+      return false;
+   if (connect (pfd.fd, (const struct sockaddr *) &snap.addr, snap.addr_len) == 0) {
+      answers = true;
+      goto done;
+   }
+   if (errno != EINPROGRESS)
+      goto done;
+   if (poll (&pfd, 1, timeout_ms) != 1)
+      goto done;
+   answers = getsockopt (pfd.fd, SOL_SOCKET, SO_ERROR, &err, &err_len) == 0 && err == 0;
+done:
+   close (pfd.fd);
+   return answers;
 }
 
 void

@@ -607,6 +607,185 @@ read_file (const char *path)
    return buf;
 }
 
+/* ${NAME}: the whole value or inside it, at every key; $${ is a literal
+ * ${; an unset variable is an error that names it. */
+static void
+test_secrets_env (void **state)
+{
+   config_t *cfg;
+   char *text;
+
+   (void) state;
+   setenv ("RB_TEST_UPSTREAM", "mongodb://app:pw@db1:27017/?replicaSet=rs0&w=majority", 1);
+   setenv ("RB_TEST_PW", "p$w{rd}", 1);
+   setenv ("RB_TEST_EMPTY", "", 1);
+   unsetenv ("RB_TEST_UNSET");
+
+   cfg = parse_ok ("[proxy]\nupstream = ${RB_TEST_UPSTREAM}\n[admin]\ntoken = ${RB_TEST_EMPTY}\n");
+   assert_string_equal (cfg->upstream, "mongodb://app:pw@db1:27017/?replicaSet=rs0&w=majority");
+   assert_string_equal (cfg->admin_token, "");
+   assert_false (cfg->secret_inline); /* a reference is not a credential in the file */
+   config_release (cfg);
+
+   /* Inside a value, twice; the replaced text is not expanded again. */
+   cfg = parse_ok ("[proxy]\nupstream = mongodb://app:${RB_TEST_PW}@db1/?replicaSet=rs0&appName=${RB_TEST_PW}\n");
+   assert_string_equal (cfg->upstream, "mongodb://app:p$w{rd}@db1/?replicaSet=rs0&appName=p$w{rd}");
+   config_release (cfg);
+
+   /* $${ is a literal ${; a lone $ is itself. */
+   cfg = parse_ok ("[proxy]\nupstream = mongodb://db1/?replicaSet=rs0&appName=a$${B}$c$$\n");
+   assert_string_equal (cfg->upstream, "mongodb://db1/?replicaSet=rs0&appName=a${B}$c$$");
+   config_release (cfg);
+
+   /* Any key, not only secrets. */
+   cfg = parse_ok ("[outbox]\ndatabase = ${RB_TEST_EMPTY}events\n");
+   assert_string_equal (cfg->outbox_database, "events");
+   config_release (cfg);
+
+   parse_fails ("[proxy]\nupstream = ${RB_TEST_UNSET}\n",
+                "test.ini:2: upstream: the environment variable RB_TEST_UNSET is not set");
+   parse_fails ("[handler a]\nevents = x\nkind = webhook\nurl = http://h/\nsecret = ${RB_TEST_UNSET}\n",
+                "secret: the environment variable RB_TEST_UNSET is not set");
+   parse_fails ("[proxy]\nupstream = ${RB_TEST_PW\n", "upstream: '${' without its '}'");
+   parse_fails ("[proxy]\nupstream = ${9X}\n", "'${9X}' is not a variable name");
+   parse_fails ("[proxy]\nupstream = ${}\n", "is not a variable name");
+
+   /* A written credential is noted for --check-config; a URI without one is not. */
+   cfg = parse_ok ("[proxy]\nupstream = mongodb://app:pw@db1/?replicaSet=rs0\n");
+   assert_true (cfg->secret_inline);
+   config_release (cfg);
+   cfg = parse_ok ("[proxy]\nupstream = mongodb://db1/?replicaSet=rs0\n");
+   assert_false (cfg->secret_inline);
+   config_release (cfg);
+
+   /* A reload reads the environment again: the same text, another value. */
+   text = "[proxy]\nupstream = ${RB_TEST_UPSTREAM}\n";
+   setenv ("RB_TEST_UPSTREAM", "mongodb://db2/?replicaSet=rs1", 1);
+   cfg = parse_ok (text);
+   assert_string_equal (cfg->upstream, "mongodb://db2/?replicaSet=rs1");
+   config_release (cfg);
+   unsetenv ("RB_TEST_UPSTREAM");
+   unsetenv ("RB_TEST_PW");
+   unsetenv ("RB_TEST_EMPTY");
+}
+
+/* Writes `content` to DIR/NAME with `mode`; returns the path (freed by the caller). */
+static char *
+write_secret (const char *dir, const char *name, const char *content, mode_t mode)
+{
+   char *path = malloc (strlen (dir) + strlen (name) + 2);
+   FILE *f;
+
+   sprintf (path, "%s/%s", dir, name);
+   f = fopen (path, "wb");
+   assert_non_null (f);
+   fputs (content, f);
+   fclose (f);
+   chmod (path, mode);
+   return path;
+}
+
+/* NAME_file: the content, one trailing newline removed; both forms, an
+ * unreadable file and a file of several lines are errors naming the key or
+ * the file; a relative path is the config file's folder's. */
+static void
+test_secrets_file (void **state)
+{
+   char dir[] = "/tmp/relaybus-test-secrets.XXXXXX";
+   char *up, *wh, *tok, *two, *kafka, *ini, *origin;
+   char text[2048];
+   bson_error_t error;
+   config_t *cfg;
+
+   (void) state;
+   assert_non_null (mkdtemp (dir));
+   up = write_secret (dir, "uri", "mongodb://app:pw@db1:27017/?replicaSet=rs0&w=majority\n", 0600);
+   wh = write_secret (dir, "webhook-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\r\n", 0644);
+   tok = write_secret (dir, "token", "t0ken", 0600);
+   two = write_secret (dir, "two-lines", "a\nb\n", 0600);
+   kafka = write_secret (dir, "kafka-pw", "s3cret\n", 0600);
+
+   snprintf (text, sizeof text,
+             "[proxy]\nupstream_file = %s\n[admin]\ntoken_file = %s\n"
+             "[handler a]\nevents = x\nkind = webhook\nurl = http://h/\nsecret_file = webhook-secret\n",
+             up, tok);
+   /* The webhook secret's path is relative: the folder of the config file. */
+   origin = malloc (strlen (dir) + 32);
+   sprintf (origin, "%s/relaybus-proxy.ini", dir);
+   cfg = config_parse_string (text, origin, &error);
+   if (!cfg)
+      fail_msg ("%s", error.message);
+   assert_string_equal (cfg->upstream, "mongodb://app:pw@db1:27017/?replicaSet=rs0&w=majority");
+   assert_string_equal (cfg->upstream_file, up);
+   assert_string_equal (cfg->admin_token, "t0ken");
+   assert_string_equal (cfg->handlers[0].secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+   assert_string_equal (cfg->handlers[0].secret_file, "webhook-secret");
+   assert_false (cfg->secret_inline);
+   /* --check-config: the webhook secret's file (0644) is readable by all; the others are 0600,
+    * and nothing is written in the configuration itself. */
+   assert_int_equal (config_warn_exposed_secrets (cfg), 1);
+   config_release (cfg);
+
+   /* The file form goes through the key's own checks. */
+   snprintf (text, sizeof text, "[handler a]\nevents = x\nkind = webhook\nurl = http://h/\nsecret_file = %s\n", tok);
+   parse_fails (text, "secret");
+
+   /* Both forms, in either order: the message names both. */
+   snprintf (text, sizeof text, "[proxy]\nupstream = mongodb://db1/?replicaSet=rs0\nupstream_file = %s\n", up);
+   parse_fails (text, "upstream_file: both upstream and upstream_file are set: keep one");
+   snprintf (text, sizeof text, "[admin]\ntoken_file = %s\ntoken = x\n", tok);
+   parse_fails (text, "both token and token_file are set: keep one");
+   /* An empty file form is unused (the sample lists it so). */
+   cfg = parse_ok ("[proxy]\nupstream = mongodb://db1/?replicaSet=rs0\nupstream_file =\n");
+   config_release (cfg);
+
+   /* A missing file, a file of two lines: errors naming the key and the file. */
+   snprintf (text, sizeof text, "[proxy]\nupstream_file = %s/missing\n", dir);
+   parse_fails (text, "upstream_file: ");
+   parse_fails (text, "/missing: No such file or directory");
+   snprintf (text, sizeof text, "[proxy]\nupstream_file = %s\n", two);
+   parse_fails (text, "holds more than one line");
+
+   /* ${} inside a _file path (systemd's $CREDENTIALS_DIRECTORY). */
+   setenv ("RB_TEST_CREDENTIALS", dir, 1);
+   cfg = parse_ok ("[handler a]\nevents = x\nkind = webhook\nurl = http://h/\n"
+                   "secret_file = ${RB_TEST_CREDENTIALS}/webhook-secret\n");
+   assert_string_equal (cfg->handlers[0].secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+   config_release (cfg);
+   unsetenv ("RB_TEST_CREDENTIALS");
+
+#ifdef RELAYBUS_HAVE_KAFKA
+   snprintf (text, sizeof text,
+             "[handler k]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = t\nkafka.sasl.password_file = %s\n", kafka);
+   cfg = parse_ok (text);
+   assert_int_equal (cfg->handlers[0].n_kafka_props, 1);
+   assert_string_equal (cfg->handlers[0].kafka_props[0], "sasl.password");
+   assert_string_equal (cfg->handlers[0].kafka_props[1], "s3cret");
+   config_release (cfg);
+#endif
+
+   /* A credential written in a file every user may read: warned about. */
+   ini = write_secret (dir, "inline.ini", "[admin]\ntoken = written-here\n", 0644);
+   cfg = config_load (ini, &error);
+   if (!cfg)
+      fail_msg ("%s", error.message);
+   assert_true (cfg->secret_inline);
+   assert_int_equal (config_warn_exposed_secrets (cfg), 1);
+   config_release (cfg);
+   chmod (ini, 0640);
+   cfg = config_load (ini, &error);
+   assert_non_null (cfg);
+   assert_int_equal (config_warn_exposed_secrets (cfg), 0);
+   config_release (cfg);
+
+   for (char **p = (char *[]){up, wh, tok, two, kafka, ini, NULL}; *p; p++) {
+      unlink (*p);
+      free (*p);
+   }
+   free (origin);
+   rmdir (dir);
+}
+
 /* The sample file is valid, and it and docs/configuration.md mention every
  * key of the table (PgBouncer checks the same in its build). */
 static void
@@ -715,6 +894,8 @@ main (void)
       cmocka_unit_test (test_mask),
       cmocka_unit_test (test_mask_free_text_secrets),
       cmocka_unit_test (test_write_masks_uri_secrets),
+      cmocka_unit_test (test_secrets_env),
+      cmocka_unit_test (test_secrets_file),
       cmocka_unit_test (test_sample_and_docs_mention_every_key),
       cmocka_unit_test (test_pool_mode),
    };

@@ -154,4 +154,34 @@ test('signals during start-up: SIGHUP is dropped, SIGTERM stops the proxy once i
   }
 });
 
+test('SIGTERM with the upstream gone: a dispatching proxy exits 0 within 2 s', async (t) => {
+  const skip = H.doubleOnlySkipReason('stopping the upstream');
+  if (skip) return t.skip(skip);
+  // Its own double, stopped under the proxy (the README's `kill %3 %2 %1` order).
+  const double = await H.startDouble();
+  const D = require('../dispatch/helpers');
+  const p = await D.startDispatchProxy({
+    upstream: double.uri,
+    outbox: { database: `rbit_signals_${process.pid}` },
+    dispatch: { poll_interval_ms: 100 },
+    handlers: [{ name: 'gone', kind: 'webhook', events: 'x.*', url: 'http://127.0.0.1:9/hooks', secret: D.newSecret() }],
+  });
+  try {
+    // Running: its change stream on the deliveries is open (it starts after the first claim).
+    await D.waitFor(() => /dispatch: watching \S+ for new deliveries/.test(p.log()), 10000, 'the dispatcher');
+    await double.stop();
+    const t0 = Date.now();
+    p.child.kill('SIGTERM');
+    const r = await H.within(p.exited, 10000, null);
+    const took = Date.now() - t0;
+    assert.ok(r, `the proxy did not exit within 10 s of SIGTERM; log tail:\n${H.tail(p.log())}`);
+    assert.deepEqual(r, { code: 0, signal: null }, `exit; log tail:\n${H.tail(p.log())}`);
+    assert.ok(took < 2000, `the proxy took ${took} ms to exit; log tail:\n${H.tail(p.log())}`);
+    H.assertNoSanitizerReports(p.log(), 'proxy stopped with its upstream gone');
+  } finally {
+    await p.kill();
+    await double.stop();
+  }
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()]);
