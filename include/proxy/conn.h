@@ -79,7 +79,10 @@ typedef enum {
    CLIENT_STATE_READY,              /* forwarding */
    CLIENT_STATE_DRAINING,           /* shutdown, or a not-primary error relayed: no new requests; close when answered */
    CLIENT_STATE_CLOSING,            /* disconnected; freed on the next loop turn */
-   CLIENT_STATE_COUNT_
+   CLIENT_STATE_COUNT_,
+   /* Not a state: a connection between its accept and its first
+    * transition (to AWAIT_UPSTREAM), which is neither logged nor listed. */
+   CLIENT_STATE_NONE = CLIENT_STATE_COUNT_
 } client_state_t;
 
 typedef struct client_loop client_loop_t;
@@ -126,8 +129,6 @@ bool client_loop_enable_pool (client_loop_t *loop, unsigned size, bson_error_t *
 void client_loop_set_config (client_loop_t *loop, config_t *cfg);
 /* The topology snapshot changed: waiting clients try to connect. */
 void client_loop_topology_changed (client_loop_t *loop);
-size_t client_loop_count (const client_loop_t *loop);
-unsigned client_loop_index (const client_loop_t *loop);
 /* Stops reading new requests everywhere, closes each connection once its
  * in-flight requests are answered, and all of them after `timeout_ms`.
  * `on_empty` runs (on the loop) when the last connection is gone. */

@@ -59,11 +59,7 @@ typedef enum {
    PULLTXN_PHASE_FENCE = 0,
    PULLTXN_PHASE_WRITE,
    PULLTXN_PHASE_DONE,
-   PULLTXN_PHASE_COUNT_
 } pulltxn_phase_t;
-
-/* "fence", "write", "done". */
-const char *pulltxn_phase_name (pulltxn_phase_t phase);
 
 typedef struct pulltxn pulltxn_t;
 
@@ -103,9 +99,6 @@ void pulltxn_abort_command (const pulltxn_t *t, bson_t *out);
  * server?  (A completion that opens the transaction and fails before its
  * first command leaves nothing to abort.) */
 bool pulltxn_opened (const pulltxn_t *t);
-
-uint32_t pulltxn_n_leases (const pulltxn_t *t);
-uint32_t pulltxn_commands (const pulltxn_t *t);
 
 void pulltxn_destroy (pulltxn_t *t);
 

@@ -89,15 +89,15 @@ static const side_callbacks_t conn_side_callbacks;
 
 /* ------------------------------------------------------------ state */
 
-/* The transitions there are: forward through the handshake (COUNT_, "no
- * state yet", only at accept), to DRAINING once the upstream is paired,
+/* The transitions there are: forward through the handshake (from NONE
+ * only at accept), to DRAINING once the upstream is paired,
  * and to CLOSING from anywhere; CLOSING is final. */
 static bool __attribute__ ((unused)) /* only RELAYBUS_ASSERT calls it (gone with NDEBUG) */
 client_transition_ok (client_state_t from, client_state_t to)
 {
    switch (to) {
    case CLIENT_STATE_AWAIT_UPSTREAM:
-      return from == CLIENT_STATE_COUNT_ || from == CLIENT_STATE_READY; /* READY: client_repair */
+      return from == CLIENT_STATE_NONE || from == CLIENT_STATE_READY; /* READY: client_repair */
    case CLIENT_STATE_HANDSHAKE:
       return from == CLIENT_STATE_AWAIT_UPSTREAM;
    case CLIENT_STATE_READY:
@@ -120,7 +120,7 @@ client_set_state (client_conn_t *c, client_state_t next)
    if (c->state == next)
       return;
    RELAYBUS_ASSERT (client_transition_ok (c->state, next));
-   if (c->state != CLIENT_STATE_COUNT_) /* COUNT_: not yet in any state */
+   if (c->state != CLIENT_STATE_NONE)
       log_debug ("c%" PRIu64 " %s: %s -> %s",
               c->id,
               c->peer,
@@ -162,16 +162,18 @@ client_set_state (client_conn_t *c, client_state_t next)
    client_update_flow (c);
 }
 
-static const char *
-client_close_level_is_warn (counters_close_reason_t reason)
+/* Whether a close for `reason` is logged as a warning: all but the
+ * ordinary ends (the client left, the proxy stops, the primary moved). */
+static bool
+client_close_is_warning (counters_close_reason_t reason)
 {
    switch (reason) {
    case COUNTERS_CLOSE_CLIENT_EOF:
    case COUNTERS_CLOSE_SHUTDOWN:
    case COUNTERS_CLOSE_NOT_PRIMARY:
-      return NULL;
+      return false;
    default:
-      return "warn";
+      return true;
    }
 }
 
@@ -188,7 +190,7 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
    va_start (ap, fmt);
    vsnprintf (detail, sizeof detail, fmt, ap);
    va_end (ap);
-   log_conn (client_close_level_is_warn (reason) ? LOG_LEVEL_WARN : LOG_LEVEL_INFO,
+   log_conn (client_close_is_warning (reason) ? LOG_LEVEL_WARN : LOG_LEVEL_INFO,
              c->id,
              c->peer,
              "closing (%s) in %s: %s",
@@ -1326,7 +1328,7 @@ client_accept (client_loop_t *loop,
    log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "accepted (%zu open)", loop->nclients);
 
    /* AWAIT_UPSTREAM is 0, the zeroed state: arm its timer explicitly. */
-   c->state = CLIENT_STATE_COUNT_;
+   c->state = CLIENT_STATE_NONE;
    client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
    if (loop->pool) {
       /* Pooled: no connection of its own.  Its hello is answered from what
@@ -1492,18 +1494,6 @@ client_loop_topology_changed (client_loop_t *loop)
       if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->waiting_primary)
          client_try_connect (c);
    }
-}
-
-size_t
-client_loop_count (const client_loop_t *loop)
-{
-   return loop->nclients;
-}
-
-unsigned
-client_loop_index (const client_loop_t *loop)
-{
-   return loop->index;
 }
 
 void

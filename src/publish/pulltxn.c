@@ -24,12 +24,6 @@
 #include "base/outbox.h"
 #include "publish/inject.h"
 
-static const char *const phase_names[PULLTXN_PHASE_COUNT_] = {
-   [PULLTXN_PHASE_FENCE] = "fence",
-   [PULLTXN_PHASE_WRITE] = "write",
-   [PULLTXN_PHASE_DONE] = "done",
-};
-
 /* The FENCE round's commands. */
 enum { FENCE_DELIVERIES = 0, FENCE_LANES = 1 };
 
@@ -58,18 +52,12 @@ struct pulltxn {
    pulltxn_phase_t phase, next;
    bson_t cmds[PULLTXN_MAX_ROUND_COMMANDS];
    int64_t expect_n[PULLTXN_MAX_ROUND_COMMANDS]; /* -1: not checked */
-   uint32_t n_cmds, commands;
+   uint32_t n_cmds;
 
    bool failed;
    bson_t fail_reply;
    bson_t times; /* $clusterTime and operationTime of the last reply */
 };
-
-const char *
-pulltxn_phase_name (pulltxn_phase_t phase)
-{
-   return (unsigned) phase < PULLTXN_PHASE_COUNT_ ? phase_names[phase] : "invalid";
-}
 
 /* As publish/inject.c: the API parameters must match across a
  * transaction's statements; only the command that opens it hands on the
@@ -416,7 +404,6 @@ pulltxn_next_round (pulltxn_t *t)
       t->next = PULLTXN_PHASE_DONE;
       break;
    }
-   t->commands += t->n_cmds;
    if (t->n_cmds == 0)
       t->phase = t->next = PULLTXN_PHASE_DONE;
    return t->n_cmds;
@@ -624,16 +611,4 @@ bool
 pulltxn_opened (const pulltxn_t *t)
 {
    return t->opened || bson_empty (&t->first);
-}
-
-uint32_t
-pulltxn_n_leases (const pulltxn_t *t)
-{
-   return t->n;
-}
-
-uint32_t
-pulltxn_commands (const pulltxn_t *t)
-{
-   return t->commands;
 }
