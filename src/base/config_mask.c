@@ -71,6 +71,7 @@ secrets_add_url (config_t *cfg, const char *url)
          decoded[n++] = *p;
       }
    }
+   decoded[n] = '\0'; /* secrets_add copies with bson_strndup, which reads up to it */
    secrets_add (cfg, decoded, n);
    bson_zero_free (decoded, (size_t) (at - auth) + 1);
 }
