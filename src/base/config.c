@@ -1062,7 +1062,7 @@ config_validate_rabbitmq (const config_handler_t *h, const char *origin, bson_er
    return false;
 #endif
    if (!*h->url) {
-      config_error (error, origin, 0, "[handler %s] kind = rabbitmq needs url = amqp://user:password@host:5672/vhost", h->name);
+      config_error (error, origin, 0, "[handler %s] kind = rabbitmq needs url = amqp://host:5672/vhost (the user and password before the host, as user:password@)", h->name);
       return false;
    }
    tls = strncmp (h->url, "amqps://", 8) == 0;

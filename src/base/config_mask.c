@@ -245,10 +245,12 @@ append_n (bson_string_t *out, const char *s, size_t n)
 }
 
 /* Appends the URL url[0..len) with its credentials masked; `scheme` points
- * at its "://".  `cut` says the URL ends where the text ends, and the text
- * may have been cut to a length (a lastError is at most 256 bytes). */
+ * at its "://".  A text cut to a length before the URL's '@' shows no
+ * '@': its "user:pass" cannot be told from a "host:port" (nor a help
+ * text's "host:port" from a password), so nothing is masked here, and
+ * mask_secrets masks what is left of a configured password instead. */
 static void
-mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme, bool cut)
+mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme)
 {
    const char *end = url + len;
    const char *auth = scheme + 3, *auth_end, *at = NULL, *q;
@@ -271,22 +273,6 @@ mask_url (bson_string_t *out, const char *url, size_t len, const char *scheme, b
          append_n (out, auth, (size_t) (colon - auth) + 1);
       bson_string_append (out, CONFIG_MASK);
       auth = at;
-   } else if (cut && auth_end == end) {
-      /* Cut before its '@': "user:pass" and "host:port" look alike, but a
-       * port is digits.  What follows the last ':' goes unless it is. */
-      const char *colon = NULL, *p;
-      bool digits = true;
-
-      for (p = auth; p < end; p++)
-         if (*p == ':')
-            colon = p;
-      for (p = colon ? colon + 1 : end; p < end; p++)
-         digits = digits && isdigit ((unsigned char) *p);
-      if (colon && !digits) {
-         append_n (out, auth, (size_t) (colon - auth) + 1);
-         bson_string_append (out, CONFIG_MASK);
-         return;
-      }
    }
    for (q = auth; q < end && *q != '?' && *q != '#'; q++)
       ;
@@ -407,7 +393,7 @@ config_mask (const char *key_name, const char *value)
       if (start == scheme)
          append_n (out, scheme, (size_t) (stop - scheme)); /* no scheme: not a URL */
       else
-         mask_url (out, start, (size_t) (stop - start), scheme, !key_name && !*stop);
+         mask_url (out, start, (size_t) (stop - start), scheme);
       p = stop;
    }
    bson_string_append (out, p);

@@ -536,9 +536,12 @@ test_mask_free_text_secrets (void **state)
       {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "********"},
       {"a short one: ab", "a short one: ab"},
       {"http://other:x@h/", "http://other:********@h/"},
-      /* Cut to a length within a secret, or within a URL's password. */
+      /* Cut to a length within a secret, also within a URL's password
+       * (its '@' gone): what is left of the secret goes. */
       {"rabbitmq: login as relay with pa@ss-w", "rabbitmq: login as relay with ********"},
-      {"nats: not connected to nats://relay:secr", "nats: not connected to nats://relay:********"},
+      {"nats: not connected to nats://relay:admin-t0k", "nats: not connected to nats://relay:********"},
+      /* A URL without '@' keeps its "host:port", a help text's too. */
+      {"url: 'http://x' is not nats://host:port or tls://host:port", "url: 'http://x' is not nats://host:port or tls://host:port"},
       {"nats: not connected to nats://127.0.0.1:4222", "nats: not connected to nats://127.0.0.1:4222"},
       {"at http://[::1]:8080", "at http://[::1]:8080"},
    };

@@ -289,7 +289,7 @@ test('bad rabbitmq handler configuration: clear errors from --check-config and a
   const dir = tmpDir('relaybus-rabbit-conf-');
   const cases = [
     [{ kind: 'rabbitmq', url: 'amqp://127.0.0.1:5672/' }, '[handler h] kind = rabbitmq needs exchange (the name of an existing exchange)'],
-    [{ kind: 'rabbitmq', exchange: 'x' }, '[handler h] kind = rabbitmq needs url = amqp://user:password@host:5672/vhost'],
+    [{ kind: 'rabbitmq', exchange: 'x' }, '[handler h] kind = rabbitmq needs url = amqp://host:5672/vhost (the user and password before the host, as user:password@)'],
     [{ kind: 'rabbitmq', url: 'nats://127.0.0.1:5672', exchange: 'x' }, "[handler h] kind = rabbitmq: url: 'nats://127.0.0.1:5672' is not amqp:// or amqps://"],
     [{ kind: 'rabbitmq', url: 'amqp://127.0.0.1:5672', exchange: 'x', routing_key: 'a.{id}' }, "[handler h] routing_key: 'a.{id}': only {type} and {key} may be replaced"],
   ];
