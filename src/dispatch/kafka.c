@@ -4,8 +4,8 @@
  *
  * Each delivery is one message on the handler's topic template, keyed by
  * the event's key (its id without one, so one key stays in one partition:
- * librdkafka's partitioner hashes the key), with the webhook's JSON body
- * (webhook_body) as its value, the relaybus-* headers and the event's own
+ * librdkafka's partitioner hashes the key), with the JSON body every kind
+ * sends (delivery_body) as its value, the relaybus-* headers and the event's own
  * headers.  The producer is idempotent (enable.idempotence=true,
  * acks=all): librdkafka's own retries of a batch are not duplicated by
  * the broker.  The delivery report completes the delivery; a failed one
@@ -38,6 +38,7 @@
  * why; a restart or a reload that changes its settings makes a new one).
  */
 #include "dispatch/kafka.h"
+#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
@@ -52,7 +53,6 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "dispatch/webhook.h"
 
 /* How long a stop waits for librdkafka to deliver what it holds. */
 #define KAFKA_FLUSH_MS 2000
@@ -432,7 +432,7 @@ kafka_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void 
    bson_oid_to_string (&d->id, id);
    r->topic = transport_expand (k->base.tmpl, d, "");
    r->key = bson_strdup (d->key ? d->key : (d->event_id ? d->event_id : id));
-   r->body = webhook_body (d, &r->body_len);
+   r->body = delivery_body (d, &r->body_len);
    r->headers = rd_kafka_headers_new (8);
    /* The event's own headers first, then the relaybus-* ones (an event
     * header of that name is left out, so each appears once). */

@@ -3,7 +3,7 @@
  * (nats.c, libnats), as one implementation of dispatch/transport.h.
  *
  * Each delivery is one message on the handler's subject template, with
- * the webhook's JSON body (webhook_body), the header Nats-Msg-Id = the
+ * the JSON body every kind sends (delivery_body), the header Nats-Msg-Id = the
  * delivery id (JetStream's duplicate window drops a resend of it), the
  * relaybus-* headers and the event's own headers.  The stream's PubAck
  * completes the delivery; no answer (no stream captures the subject), a
@@ -27,6 +27,7 @@
  * (nats://user:password@host, tls://host), and publishing without
  * JetStream (core NATS has no confirmation to complete on).
  */
+#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
@@ -41,7 +42,6 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "dispatch/webhook.h"
 
 /* Publishing threads per handler, at most (and at most its concurrency). */
 #define NATS_THREADS_MAX TRANSPORT_THREADS_MAX
@@ -352,7 +352,7 @@ nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *
    r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
    r->subject = transport_expand (n->base.tmpl, d, NATS_SUBJECT_BAD);
-   body = webhook_body (d, &len);
+   body = delivery_body (d, &len);
    if (natsMsg_Create (&r->msg, r->subject, NULL, body, (int) len) != NATS_OK) {
       const char *text = nats_GetLastError (NULL);
       bson_set_error (error,

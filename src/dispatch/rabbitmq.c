@@ -10,8 +10,8 @@
  * channel or connection closed by the broker (an exchange that does not
  * exist), no confirm within timeout_ms, or a send while the broker is
  * unreachable is a retry; the dispatcher's backoff and max_attempts apply,
- * then the delivery is dead with that error.  The body is the webhook's
- * JSON (webhook_body); message_id is the event id, the relaybus-* headers
+ * then the delivery is dead with that error.  The body is the JSON every
+ * kind sends (delivery_body); message_id is the event id, the relaybus-* headers
  * and the event's own headers are AMQP headers, and messages are
  * persistent unless `persistent = false`.
  *
@@ -36,6 +36,7 @@
  *
  * Not here: publishing without confirms.
  */
+#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
@@ -57,7 +58,6 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "dispatch/webhook.h"
 
 /* Pause between two connection attempts. */
 #define RABBITMQ_RECONNECT_MS 500
@@ -590,7 +590,7 @@ rabbit_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void
    r->routing_key = transport_expand (n->base.tmpl, d, "");
    if (strlen (r->routing_key) > 255)
       r->routing_key[255] = '\0'; /* AMQP's limit; a cut key still routes the same every time */
-   r->body = webhook_body (d, &r->body_len);
+   r->body = delivery_body (d, &r->body_len);
    if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
        bson_iter_recurse (&it, &hit))
       while (bson_iter_next (&hit) && r->n_headers < RABBITMQ_EVENT_HEADERS_MAX)
