@@ -178,20 +178,20 @@ publish_one (nats_handler_t *n, nats_req_t *r)
    if (s == NATS_NO_RESPONDERS)
       transport_text (res->error,
                       sizeof res->error,
-                "nats: publish to '%s': no stream captures the subject (%s)",
-                r->subject,
-                natsStatus_GetText (s));
+                      "nats: publish to '%s': no stream captures the subject (%s)",
+                      r->subject,
+                      natsStatus_GetText (s));
    else if (s == NATS_TIMEOUT)
       transport_text (res->error, sizeof res->error, "nats: publish to '%s': no PubAck within %" PRId64 " ms", r->subject, n->timeout_ms);
    else {
       const char *text = nats_GetLastError (NULL);
       if (jerr)
          transport_text (res->error,
-                   sizeof res->error,
-                   "nats: publish to '%s': %s (JetStream error %d)",
-                   r->subject,
-                   text && *text ? text : natsStatus_GetText (s),
-                   (int) jerr);
+                         sizeof res->error,
+                         "nats: publish to '%s': %s (JetStream error %d)",
+                         r->subject,
+                         text && *text ? text : natsStatus_GetText (s),
+                         (int) jerr);
       else
          transport_text (res->error, sizeof res->error, "nats: publish to '%s': %s", r->subject, text && *text ? text : natsStatus_GetText (s));
    }
