@@ -14,19 +14,25 @@
  * per key (one delivery per key in flight), the retries, the dead letters
  * and the leases; a transport only sends.
  *
- * Each kind is a file of its own (webhook.c, nats.c, rabbitmq.c) with a table of
- * transport_ops_t; this file's transport.c picks the table by the
- * handler's kind.  Pull handlers have no transport: consumers claim their
- * deliveries (dispatch/consumer.h).
+ * Each kind is a file of its own (webhook.c, kafka.c, nats.c, rabbitmq.c)
+ * with a table of transport_ops_t; this file's transport.c picks the
+ * table by the handler's kind.  The broker kinds, whose libraries publish
+ * on threads of their own, share one base (transport_base_t, at the end):
+ * the bounded queue to their threads, the connection state and its last
+ * error, cancel, the state op, and the stop that joins the threads; each
+ * kind adds only its client.  Pull handlers have no transport: consumers
+ * claim their deliveries (dispatch/consumer.h).
  *
  * Thread: everything here on the dispatcher's thread (transport_new also
  * on the main thread before the dispatcher's thread starts), except
  * transport_state, which may be called from any thread (the admin port's
- * /readyz).
+ * /readyz), and what the base's comments say of its functions.
  */
 #ifndef RELAYBUS_TRANSPORT_H
 #define RELAYBUS_TRANSPORT_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -105,7 +111,8 @@ typedef struct {
    /* Any thread.  `detail` (TRANSPORT_DETAIL_MAX) gets the last
     * connection error, or "". */
    transport_state_t (*state) (void *impl, char *detail, size_t detail_len);
-   /* Frees it; every send was cancelled or has called back. */
+   /* Frees it (never NULL: transport_destroy and a failed start pass
+    * what start made); every send was cancelled or has called back. */
    void (*destroy) (void *impl);
    /* Whether the client made for `a` serves `b` as well (a reload keeps it). */
    bool (*settings_equal) (const config_handler_t *a, const config_handler_t *b);
@@ -165,5 +172,89 @@ char *transport_expand (const char *tmpl, const store_delivery_t *d, const char 
 /* True when every "{...}" of `tmpl` is {type} or {key}; false with a
  * message in `why`. */
 bool transport_template_valid (const char *tmpl, char *why, size_t why_len);
+
+/* snprintf for texts that are cut where they must be (lastError and
+ * detail lengths): a cut is expected, not a bug.  Any thread. */
+void transport_text (char *out, size_t len, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
+
+/* ------------------------------------------------- the broker kinds' base */
+
+/* Publishing threads a base joins, at most. */
+#define TRANSPORT_THREADS_MAX 4
+
+struct tqueue;
+struct tqueue_item;
+
+/* What every broker kind's client holds: the first member of the kind's
+ * struct, so that the kind's object is a transport_base_t * to the ops
+ * below (each kind asserts the offset).  Made by transport_base_init on
+ * the dispatcher's (or the main) thread; its threads are the kind's
+ * publishing threads, started by transport_base_start_threads and joined
+ * by transport_base_stop; transport_base_fini frees the rest.  The kind
+ * frees its own struct. */
+typedef struct transport_base {
+   char *name;          /* the handler's, for logs */
+   char *url;           /* the broker's address: url, or Kafka's brokers */
+   char *tmpl;          /* the subject, topic or routing key template */
+   struct tqueue *q;    /* the sends, to the threads and back */
+   atomic_int state;    /* transport_state_t */
+   /* Guards last_error; a kind may guard its own fields with it too
+    * (nats: its connection's progress, with a condition of its own). */
+   pthread_mutex_t mu;
+   char last_error[TRANSPORT_DETAIL_MAX];
+   pthread_t threads[TRANSPORT_THREADS_MAX];
+   size_t n_threads;
+} transport_base_t;
+
+/* Sets up `b` for handler `h` (its name, `url` and `tmpl` copied):
+ * CONNECTING, no error, and a queue on env->base bounded by twice the
+ * handler's concurrency, whose sends `free_fn` frees.  False when the
+ * queue cannot be made; `b` is then still fit for transport_base_stop and
+ * transport_base_fini, as it is from the moment this returns. */
+bool transport_base_init (transport_base_t *b,
+                          const transport_env_t *env,
+                          const config_handler_t *h,
+                          const char *url,
+                          const char *tmpl,
+                          void (*free_fn) (struct tqueue_item *))
+   __attribute__ ((warn_unused_result));
+
+/* Starts up to `n` (at most TRANSPORT_THREADS_MAX) threads running
+ * fn(arg), with b->mu held, so a thread that reads b->threads under the
+ * lock sees them all.  False when none started. */
+bool transport_base_start_threads (transport_base_t *b, size_t n, void *(*fn) (void *), void *arg)
+   __attribute__ ((warn_unused_result));
+
+/* Any thread: records `error` (NULL: keeps the last one) as the
+ * connection's last error, then makes `state` the state; returns the
+ * state it replaced, so that a caller logs a change once.  The error is
+ * stored as it is: transport_state masks what it shows. */
+transport_state_t transport_base_set (transport_base_t *b, transport_state_t state, const char *error);
+/* Any thread: records `error` and leaves the state as it is. */
+void transport_base_set_error (transport_base_t *b, const char *error);
+/* Any thread. */
+transport_state_t transport_base_get (transport_base_t *b);
+/* Any thread: a copy of the last error ("" when none). */
+void transport_base_last_error (transport_base_t *b, char *out, size_t out_len);
+
+/* transport_ops_t.cancel and .state for a kind whose object begins with
+ * its transport_base_t (and whose requests with their tqueue_item_t). */
+void transport_base_cancel (void *impl, void *req);
+transport_state_t transport_base_state (void *impl, char *detail, size_t detail_len);
+
+/* The ops table of a kind built on the base: its own <prefix>_start,
+ * _send, _destroy and _settings_equal, and the base's cancel and state. */
+#define TRANSPORT_BASE_OPS(kind_, prefix_)                                                                   \
+   {                                                                                                         \
+      .kind = (kind_), .start = prefix_##_start, .send = prefix_##_send, .cancel = transport_base_cancel,   \
+      .state = transport_base_state, .destroy = prefix_##_destroy, .settings_equal = prefix_##_settings_equal, \
+   }
+
+/* Stops the queue (tqueue_take returns NULL in every thread) and joins
+ * the threads; each finishes the send it is in first. */
+void transport_base_stop (transport_base_t *b);
+/* After transport_base_stop: frees the queue, with the sends left in it,
+ * and the rest of `b` (not `b` itself). */
+void transport_base_fini (transport_base_t *b);
 
 #endif /* RELAYBUS_TRANSPORT_H */

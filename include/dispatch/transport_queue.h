@@ -1,7 +1,8 @@
 /*
  * dispatch/transport_queue.h - the hand-over between the dispatcher's
- * loop and a broker kind's publishing threads (dispatch/nats.c,
- * dispatch/rabbitmq.c): a bounded queue of sends, taken by the threads,
+ * loop and a broker kind's publishing threads (dispatch/kafka.c,
+ * dispatch/nats.c, dispatch/rabbitmq.c, each through the queue of its
+ * transport_base_t): a bounded queue of sends, taken by the threads,
  * and a list of finished sends whose callbacks run on the dispatcher's
  * base, woken by one event when the list becomes non-empty.
  *

@@ -1,14 +1,14 @@
 /*
- * dispatch/webhook.h - webhook deliveries: the JSON body, Standard Webhooks
- * signatures, the retry policy (status classes, Retry-After, a handler's
- * retry schedule with full jitter) and the HTTP client.
+ * dispatch/webhook.h - webhook deliveries: Standard Webhooks signatures,
+ * the retry policy (status classes, Retry-After) and the HTTP client.  The
+ * body and the retry schedule are every kind's (dispatch/delivery.h).
  *
  * The client uses libevent's evhttp on the event base it is given (the
  * dispatcher's own thread, never the forwarding loop), with OpenSSL for
  * https (certificate verification against the system store, host name
  * check, SNI).  One connection per request: no keep-alive state to get
  * wrong across retries and TLS.  The pure functions (signature, secret,
- * Retry-After, backoff, classification, body) are what the unit tests
+ * Retry-After, classification, error text) are what the unit tests
  * check.
  *
  * Thread: the client on the dispatcher's; the pure functions on any.
@@ -93,11 +93,6 @@ void webhook_sign_all (const webhook_keys_t *keys,
 bool webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *delay_ms)
    __attribute__ ((warn_unused_result));
 
-/* The wait after failed attempt `attempt` (1 for the first): full jitter,
- * a value in [0, d] from rnd, where d is delays_ms[attempt - 1], or the
- * last of the n_delays (> 0) delays past them (a handler's retry_schedule). */
-int64_t webhook_backoff_ms (const int64_t *delays_ms, size_t n_delays, int32_t attempt, uint64_t rnd);
-
 typedef enum {
    WEBHOOK_OUTCOME_COMPLETE,    /* 2xx */
    WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors (and 4xx with retry_4xx) */
@@ -118,10 +113,6 @@ webhook_outcome_t webhook_classify (int status, bool retry_4xx);
  * WEBHOOK_ERROR_BODY_MAX + 3 when there are, so a character crossing the
  * limit is seen whole).  `out` always ends up valid UTF-8. */
 void webhook_error_text (int status, const char *body, size_t body_len, char *out, size_t out_len);
-
-/* The request body: the event as JSON (relaxed Extended JSON), see
- * docs/handlers.md.  Caller frees with bson_free. */
-char *webhook_body (const store_delivery_t *d, size_t *len);
 
 /* ------------------------------------------------------------ the client */
 

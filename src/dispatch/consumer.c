@@ -37,7 +37,6 @@
 #include <string.h>
 
 #include <event2/event.h>
-#include <openssl/rand.h>
 
 #include "base/assert.h"
 #include "base/clock.h"
@@ -45,7 +44,7 @@
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "base/worker.h"
-#include "dispatch/webhook.h"
+#include "dispatch/delivery.h"
 #include "store/ops.h"
 #include "store/store.h"
 
@@ -119,7 +118,7 @@ typedef struct {
    user_t *users;
    size_t n_users, cap_users;
    usage_t usage[COUNTERS_MAX_HANDLERS];
-   uint64_t rnd;
+   delivery_rng_t rng; /* the retries' jitter */
 } consumer_t;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -364,15 +363,6 @@ ref_of (const held_t *h)
    return ref;
 }
 
-static uint64_t
-next_rnd (consumer_t *c)
-{
-   c->rnd ^= c->rnd >> 12;
-   c->rnd ^= c->rnd << 25;
-   c->rnd ^= c->rnd >> 27;
-   return c->rnd * 2685821657736338717ULL;
-}
-
 /* The handler's current settings (a reload may change them): its
  * max_attempts and the retry delay after attempt `attempt`.  A handler a
  * reload removed keeps one attempt and no delay. */
@@ -389,7 +379,7 @@ handler_policy (consumer_t *c, const char *name, int32_t attempt, int64_t *max_a
          continue;
       *max_attempts = h->max_attempts;
       if (h->n_retry_delays > 0)
-         *delay_ms = webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, attempt, next_rnd (c));
+         *delay_ms = delivery_backoff_ms (h->retry_delays_ms, h->n_retry_delays, attempt, delivery_rng_next (&c->rng));
    }
    config_release (cfg);
 }
@@ -1282,8 +1272,7 @@ consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, co
    c->poll_ev = evtimer_new (c->base, poll_cb, c);
    c->tidy_ev = event_new (c->base, -1, EV_PERSIST, tidy_cb, c);
    c->drain_ev = event_new (c->base, -1, 0, drain_cb, c);
-   if (RAND_bytes ((unsigned char *) &c->rnd, sizeof c->rnd) != 1 || c->rnd == 0)
-      c->rnd = (uint64_t) clock_now_ms () | 1;
+   delivery_rng_seed (&c->rng);
    pthread_mutex_lock (&g_out.mu);
    g_out.nq = n_wakes < CONFIG_THREADS_MAX ? n_wakes : CONFIG_THREADS_MAX;
    for (size_t i = 0; i < g_out.nq; i++)

@@ -63,7 +63,6 @@
 
 #include <event2/dns.h>
 #include <event2/event.h>
-#include <openssl/rand.h>
 
 #include "base/assert.h"
 #include "base/clock.h"
@@ -75,6 +74,7 @@
 #include "store/watch.h"
 #include "dispatch/consumer.h"
 #include "dispatch/transport.h"
+#include "dispatch/delivery.h"
 #include "dispatch/webhook.h"
 #include "base/worker.h"
 
@@ -207,7 +207,7 @@ typedef struct {
    atomic_bool watch_pending;
    bool woken; /* a commit woke the dispatcher since the last claim */
    int64_t last_claim_ms;
-   uint64_t rnd;
+   delivery_rng_t rng; /* the retries' jitter */
 } dispatcher_t;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -227,16 +227,6 @@ schedule (struct event *ev, int64_t ms)
 {
    struct timeval tv = clock_timeval_ms (ms);
    evtimer_add (ev, &tv);
-}
-
-static uint64_t
-next_rnd (dispatcher_t *d)
-{
-   /* xorshift64*: jitter only, seeded from OpenSSL. */
-   d->rnd ^= d->rnd >> 12;
-   d->rnd ^= d->rnd << 25;
-   d->rnd ^= d->rnd >> 27;
-   return d->rnd * 2685821657736338717ULL;
 }
 
 static void
@@ -659,8 +649,8 @@ job_done_cb (const transport_result_t *res, void *arg)
                      j,
                      res->retry_after_ms >= 0
                         ? res->retry_after_ms
-                        : webhook_backoff_ms (h->cfg->retry_delays_ms, h->cfg->n_retry_delays,
-                                              j->d.attempt, next_rnd (d)),
+                        : delivery_backoff_ms (h->cfg->retry_delays_ms, h->cfg->n_retry_delays,
+                                               j->d.attempt, delivery_rng_next (&d->rng)),
                      res->error);
       if (!d->stopping)
          schedule (d->tick_ev, 0);
@@ -1550,8 +1540,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       }
       RELAYBUS_ASSERT (d->n_handlers == n_sent);
    }
-   if (RAND_bytes ((unsigned char *) &d->rnd, sizeof d->rnd) != 1 || d->rnd == 0)
-      d->rnd = (uint64_t) clock_now_ms () | 1;
+   delivery_rng_seed (&d->rng);
    d->setup_ev = evtimer_new (d->base, setup_cb, d);
    d->tick_ev = evtimer_new (d->base, tick_cb, d);
    d->wake_ev = event_new (d->base, -1, 0, wake_cb, d);

@@ -4,8 +4,8 @@
  *
  * Each delivery is one message on the handler's topic template, keyed by
  * the event's key (its id without one, so one key stays in one partition:
- * librdkafka's partitioner hashes the key), with the webhook's JSON body
- * (webhook_body) as its value, the relaybus-* headers and the event's own
+ * librdkafka's partitioner hashes the key), with the JSON body every kind
+ * sends (delivery_body) as its value, the relaybus-* headers and the event's own
  * headers.  The producer is idempotent (enable.idempotence=true,
  * acks=all): librdkafka's own retries of a batch are not duplicated by
  * the broker.  The delivery report completes the delivery; a failed one
@@ -19,7 +19,8 @@
  * Threads: librdkafka produces asynchronously; rd_kafka_producev does not
  * block, but neither it nor the delivery reports run on the dispatcher's
  * base.  A handler has two threads of its own: one takes sends from the
- * bounded queue (dispatch/transport_queue.h) and hands them to librdkafka,
+ * bounded queue of its base (dispatch/transport.h's transport_base_t,
+ * over dispatch/transport_queue.h) and hands them to librdkafka,
  * one serves librdkafka's callbacks (rd_kafka_poll): the delivery reports,
  * whose results go back to the dispatcher's base, the errors and the
  * statistics, from which the connection state for /readyz is read.  The
@@ -37,23 +38,21 @@
  * why; a restart or a reload that changes its settings makes a new one).
  */
 #include "dispatch/kafka.h"
+#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 
 #include <librdkafka/rdkafka.h>
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "dispatch/webhook.h"
 
 /* How long a stop waits for librdkafka to deliver what it holds. */
 #define KAFKA_FLUSH_MS 2000
@@ -80,44 +79,22 @@ typedef struct kafka_req {
 
 /* A handler's producer.  Created by kafka_start (the dispatcher's or the
  * main thread), freed by kafka_destroy once both threads are joined and
- * every message librdkafka held has reported. */
+ * every message librdkafka held has reported.  The producing thread is
+ * the base's; the poll thread is this kind's own, joined only after the
+ * last reports were served. */
 struct kafka_handler {
-   char *name, *brokers, *topic_tmpl;
+   transport_base_t base; /* first: the ops' object */
    int64_t timeout_ms;
-   tqueue_t *q; /* the sends, to the producing thread and back */
    rd_kafka_t *rk;
 
-   pthread_mutex_t mu; /* last_error */
-   char last_error[TRANSPORT_DETAIL_MAX];
    atomic_bool stop_poll;
    atomic_int in_flight; /* produced, report not yet served */
-   atomic_int state;     /* transport_state_t */
 
-   pthread_t producer, poller;
-   bool have_producer, have_poller;
+   pthread_t poller;
+   bool have_poller;
 };
 
-/* snprintf for texts that are cut where they must be (lastError and
- * detail lengths): a cut is expected, not a bug. */
-static void result_text (char *out, size_t len, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
-
-static void
-result_text (char *out, size_t len, const char *fmt, ...)
-{
-   va_list ap;
-
-   va_start (ap, fmt);
-   vsnprintf (out, len, fmt, ap);
-   va_end (ap);
-}
-
-static void
-set_error (kafka_handler_t *k, const char *text)
-{
-   pthread_mutex_lock (&k->mu);
-   bson_strncpy (k->last_error, text ? text : "", sizeof k->last_error);
-   pthread_mutex_unlock (&k->mu);
-}
+_Static_assert (offsetof (kafka_handler_t, base) == 0, "the ops take a kafka_handler_t for its transport_base_t");
 
 /* ------------------------------------------------ librdkafka's callbacks */
 
@@ -147,15 +124,15 @@ fill_failure (transport_result_t *res, const char *topic, rd_kafka_resp_err_t er
 {
    res->retry_after_ms = -1;
    res->outcome = error_permanent (err) ? TRANSPORT_OUTCOME_DEAD : TRANSPORT_OUTCOME_RETRY;
-   result_text (res->error,
-                sizeof res->error,
-                "kafka: produce to '%s': %s (%s)%s",
-                topic,
-                text && *text ? text : rd_kafka_err2str (err),
-                rd_kafka_err2name (err),
-                err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC || err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART
-                   ? ": the topic does not exist on the brokers"
-                   : "");
+   transport_text (res->error,
+                   sizeof res->error,
+                   "kafka: produce to '%s': %s (%s)%s",
+                   topic,
+                   text && *text ? text : rd_kafka_err2str (err),
+                   rd_kafka_err2name (err),
+                   err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC || err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART
+                      ? ": the topic does not exist on the brokers"
+                      : "");
 }
 
 /* The poll thread (or a stop's flush): one message's report. */
@@ -170,7 +147,7 @@ on_delivery (rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
       return;
    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
       r->item.res.outcome = TRANSPORT_OUTCOME_OK;
-      atomic_store (&k->state, TRANSPORT_STATE_CONNECTED);
+      transport_base_set (&k->base, TRANSPORT_STATE_CONNECTED, NULL);
    } else if (m->err == RD_KAFKA_RESP_ERR__FATAL) {
       char fatal[TRANSPORT_ERROR_MAX];
       rd_kafka_resp_err_t orig = rd_kafka_fatal_error (k->rk, fatal, sizeof fatal);
@@ -179,9 +156,9 @@ on_delivery (rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
    } else
       fill_failure (&r->item.res, r->topic, m->err, NULL);
    if (m->err)
-      log_debug ("dispatch: handler %s: %s", k->name, r->item.res.error);
+      log_debug ("dispatch: handler %s: %s", k->base.name, r->item.res.error);
    atomic_fetch_sub (&k->in_flight, 1);
-   tqueue_done (k->q, &r->item);
+   tqueue_done (k->base.q, &r->item);
 }
 
 /* The poll thread: librdkafka's errors.  Most of them (a connection
@@ -197,20 +174,21 @@ on_error (rd_kafka_t *rk, int err, const char *reason, void *opaque)
    if (err == RD_KAFKA_RESP_ERR__FATAL) {
       char fatal[TRANSPORT_DETAIL_MAX];
       rd_kafka_fatal_error (rk, fatal, sizeof fatal);
-      result_text (text, sizeof text, "fatal: %s", fatal);
-      set_error (k, text);
-      atomic_store (&k->state, TRANSPORT_STATE_CLOSED);
-      log_error ("dispatch: handler %s: Kafka producer: %s (its sends are retried; a restart makes a new producer)", k->name, text);
+      transport_text (text, sizeof text, "fatal: %s", fatal);
+      transport_base_set (&k->base, TRANSPORT_STATE_CLOSED, text);
+      log_error ("dispatch: handler %s: Kafka producer: %s (its sends are retried; a restart makes a new producer)", k->base.name, text);
       return;
    }
-   result_text (text, sizeof text, "%s", reason ? reason : rd_kafka_err2str ((rd_kafka_resp_err_t) err));
-   set_error (k, text);
+   transport_text (text, sizeof text, "%s", reason ? reason : rd_kafka_err2str ((rd_kafka_resp_err_t) err));
    if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
-      int was = atomic_exchange (&k->state, TRANSPORT_STATE_DISCONNECTED);
+      transport_state_t was = transport_base_set (&k->base, TRANSPORT_STATE_DISCONNECTED, text);
       if (was != TRANSPORT_STATE_DISCONNECTED && was != TRANSPORT_STATE_CLOSED)
-         log_warn ("dispatch: handler %s: no Kafka broker reachable at %s (%s); sends are retried meanwhile", k->name, k->brokers, text);
-   } else
-      log_debug ("dispatch: handler %s: Kafka: %s", k->name, text);
+         log_warn ("dispatch: handler %s: no Kafka broker reachable at %s (%s); sends are retried meanwhile", k->base.name, k->base.url, text);
+   } else {
+      /* The state stays: librdkafka recovers from these by itself. */
+      transport_base_set_error (&k->base, text);
+      log_debug ("dispatch: handler %s: Kafka: %s", k->base.name, text);
+   }
 }
 
 /* The poll thread: librdkafka's statistics, every KAFKA_STATS_MS.  The
@@ -223,7 +201,7 @@ on_stats (rd_kafka_t *rk, char *json, size_t json_len, void *opaque)
    bson_t *doc;
    bson_iter_t it, brokers;
    bool up = false;
-   int was;
+   transport_state_t was;
 
    (void) rk;
    doc = bson_new_from_json ((const uint8_t *) json, (ssize_t) json_len, NULL);
@@ -245,14 +223,14 @@ on_stats (rd_kafka_t *rk, char *json, size_t json_len, void *opaque)
          up = nodeid >= 0 && !strcmp (state, "UP");
       }
    bson_destroy (doc);
-   was = atomic_load (&k->state);
+   was = transport_base_get (&k->base);
    if (was == TRANSPORT_STATE_CLOSED)
       return 0;
    if (up && was != TRANSPORT_STATE_CONNECTED) {
-      atomic_store (&k->state, TRANSPORT_STATE_CONNECTED);
-      log_info ("dispatch: handler %s: connected to Kafka", k->name);
+      transport_base_set (&k->base, TRANSPORT_STATE_CONNECTED, NULL);
+      log_info ("dispatch: handler %s: connected to Kafka", k->base.name);
    } else if (!up && was == TRANSPORT_STATE_CONNECTED)
-      atomic_store (&k->state, TRANSPORT_STATE_DISCONNECTED);
+      transport_base_set (&k->base, TRANSPORT_STATE_DISCONNECTED, NULL);
    return 0; /* librdkafka frees json */
 }
 
@@ -272,10 +250,8 @@ on_log (const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 static void
 req_free (tqueue_item_t *it)
 {
-   kafka_req_t *r = (kafka_req_t *) it;
+   kafka_req_t *r = (kafka_req_t *) it; /* never NULL: the queue's or a failed send's */
 
-   if (!r)
-      return;
    if (r->headers)
       rd_kafka_headers_destroy (r->headers);
    bson_free (r->topic);
@@ -312,7 +288,7 @@ produce_one (kafka_handler_t *k, kafka_req_t *r)
    r->headers = headers;
    atomic_fetch_sub (&k->in_flight, 1);
    fill_failure (&r->item.res, r->topic, err, NULL);
-   tqueue_done (k->q, &r->item);
+   tqueue_done (k->base.q, &r->item);
 }
 
 static void *
@@ -322,7 +298,7 @@ producer_main (void *arg)
 
    log_set_thread_name ("kafka");
    for (;;) {
-      tqueue_item_t *it = tqueue_take (k->q, -1);
+      tqueue_item_t *it = tqueue_take (k->base.q, -1);
       if (!it)
          break; /* stopped */
       produce_one (k, (kafka_req_t *) it);
@@ -366,16 +342,12 @@ kafka_start (const transport_env_t *env, const config_handler_t *h, bson_error_t
    char errstr[512] = "", timeout[32], propagation[32], backoff[32], cname[160];
    const char *failed = NULL;
 
-   k->name = bson_strdup (h->name);
-   k->brokers = bson_strdup (h->brokers);
-   k->topic_tmpl = bson_strdup (h->topic);
-   k->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
-   pthread_mutex_init (&k->mu, NULL);
-   atomic_store (&k->state, TRANSPORT_STATE_CONNECTING);
    /* librdkafka holds at most the dispatcher's `concurrency` sends of
-    * this handler, and twice that leaves room for cancelled ones. */
-   k->q = tqueue_new (env->base, (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2, req_free);
-   if (!k->q) {
+    * this handler, as the base's queue does. */
+   bool queued = transport_base_init (&k->base, env, h, h->brokers, h->topic, req_free);
+
+   k->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
+   if (!queued) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot set up the Kafka producer", h->name);
       goto fail;
    }
@@ -426,9 +398,7 @@ kafka_start (const transport_env_t *env, const config_handler_t *h, bson_error_t
    conf = NULL; /* rd_kafka_new took it */
    if (pthread_create (&k->poller, NULL, poller_main, k) == 0)
       k->have_poller = true;
-   if (k->have_poller && pthread_create (&k->producer, NULL, producer_main, k) == 0)
-      k->have_producer = true;
-   if (!k->have_producer) {
+   if (!k->have_poller || !transport_base_start_threads (&k->base, 1, producer_main, k)) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start the Kafka threads", h->name);
       goto fail;
    }
@@ -460,9 +430,9 @@ kafka_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void 
    r->item.cb = cb;
    r->item.arg = arg;
    bson_oid_to_string (&d->id, id);
-   r->topic = transport_expand (k->topic_tmpl, d, "");
+   r->topic = transport_expand (k->base.tmpl, d, "");
    r->key = bson_strdup (d->key ? d->key : (d->event_id ? d->event_id : id));
-   r->body = webhook_body (d, &r->body_len);
+   r->body = delivery_body (d, &r->body_len);
    r->headers = rd_kafka_headers_new (8);
    /* The event's own headers first, then the relaybus-* ones (an event
     * header of that name is left out, so each appears once). */
@@ -485,35 +455,13 @@ kafka_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void 
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "kafka: cannot set the headers of a message to '%s'", r->topic);
       goto fail;
    }
-   if (!tqueue_push (k->q, &r->item, error))
+   if (!tqueue_push (k->base.q, &r->item, error))
       goto fail;
    return r;
 
 fail:
    req_free (&r->item);
    return NULL;
-}
-
-static void
-kafka_cancel (void *impl, void *req)
-{
-   kafka_handler_t *k = impl;
-
-   tqueue_cancel (k->q, &((kafka_req_t *) req)->item);
-}
-
-static transport_state_t
-kafka_state (void *impl, char *detail, size_t detail_len)
-{
-   kafka_handler_t *k = impl;
-   transport_state_t s = (transport_state_t) atomic_load (&k->state);
-
-   if (s != TRANSPORT_STATE_CONNECTED) {
-      pthread_mutex_lock (&k->mu);
-      bson_strncpy (detail, k->last_error, detail_len);
-      pthread_mutex_unlock (&k->mu);
-   }
-   return s;
 }
 
 /* Stops taking sends, gives librdkafka KAFKA_FLUSH_MS to deliver what it
@@ -525,12 +473,7 @@ kafka_destroy (void *impl)
 {
    kafka_handler_t *k = impl;
 
-   if (!k)
-      return;
-   if (k->q)
-      tqueue_stop (k->q);
-   if (k->have_producer)
-      pthread_join (k->producer, NULL);
+   transport_base_stop (&k->base); /* the producing thread */
    if (k->rk && atomic_load (&k->in_flight) > 0) {
       int64_t until;
       rd_kafka_flush (k->rk, KAFKA_FLUSH_MS);
@@ -539,19 +482,15 @@ kafka_destroy (void *impl)
       while (atomic_load (&k->in_flight) > 0 && clock_mono_ms () < until)
          rd_kafka_poll (k->rk, 10);
       if (atomic_load (&k->in_flight) > 0)
-         log_warn ("dispatch: handler %s: %d Kafka messages without a report at stop", k->name, atomic_load (&k->in_flight));
+         log_warn ("dispatch: handler %s: %d Kafka messages without a report at stop", k->base.name, atomic_load (&k->in_flight));
    }
    atomic_store (&k->stop_poll, true);
    if (k->have_poller)
       pthread_join (k->poller, NULL);
-   atomic_store (&k->state, TRANSPORT_STATE_CLOSED);
+   transport_base_set (&k->base, TRANSPORT_STATE_CLOSED, NULL);
    if (k->rk)
       rd_kafka_destroy (k->rk);
-   tqueue_destroy (k->q);
-   pthread_mutex_destroy (&k->mu);
-   bson_free (k->name);
-   bson_free (k->brokers);
-   bson_free (k->topic_tmpl);
+   transport_base_fini (&k->base);
    bson_free (k);
 }
 
@@ -568,12 +507,4 @@ kafka_settings_equal (const config_handler_t *a, const config_handler_t *b)
    return true;
 }
 
-const transport_ops_t transport_kafka_ops = {
-   .kind = "kafka",
-   .start = kafka_start,
-   .send = kafka_send,
-   .cancel = kafka_cancel,
-   .state = kafka_state,
-   .destroy = kafka_destroy,
-   .settings_equal = kafka_settings_equal,
-};
+const transport_ops_t transport_kafka_ops = TRANSPORT_BASE_OPS ("kafka", kafka);

@@ -3,7 +3,7 @@
  * (nats.c, libnats), as one implementation of dispatch/transport.h.
  *
  * Each delivery is one message on the handler's subject template, with
- * the webhook's JSON body (webhook_body), the header Nats-Msg-Id = the
+ * the JSON body every kind sends (delivery_body), the header Nats-Msg-Id = the
  * delivery id (JetStream's duplicate window drops a resend of it), the
  * relaybus-* headers and the event's own headers.  The stream's PubAck
  * completes the delivery; no answer (no stream captures the subject), a
@@ -14,7 +14,8 @@
  * Threads: libnats publishes synchronously, so sends never run on the
  * dispatcher's base.  A handler has a few publishing threads of its own
  * (at most NATS_THREADS_MAX, at most its concurrency) that take sends
- * from a bounded queue (dispatch/transport_queue.h), publish with
+ * from the bounded queue of its base (dispatch/transport.h's
+ * transport_base_t, over dispatch/transport_queue.h), publish with
  * js_PublishMsg (which waits for the PubAck, at most timeout_ms) and hand
  * the results back to the dispatcher's base.  The dispatcher keeps one delivery per
  * key in flight, so threads publishing side by side never reorder a key.
@@ -26,13 +27,12 @@
  * (nats://user:password@host, tls://host), and publishing without
  * JetStream (core NATS has no confirmation to complete on).
  */
+#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -42,10 +42,9 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "dispatch/webhook.h"
 
 /* Publishing threads per handler, at most (and at most its concurrency). */
-#define NATS_THREADS_MAX 4
+#define NATS_THREADS_MAX TRANSPORT_THREADS_MAX
 /* How long a stop waits for libnats to report the connection closed. */
 #define NATS_CLOSE_WAIT_MS 2000
 /* Characters a substituted {type} or {key} may not bring into a subject. */
@@ -65,45 +64,31 @@ typedef struct nats_req {
  * main thread), freed by nats_destroy once its threads are joined and
  * the connection reported closed. */
 struct nats_handler {
-   char *name, *url, *subject_tmpl;
+   transport_base_t base; /* first: the ops' object; its mu guards the three flags below */
    int64_t timeout_ms;
-   tqueue_t *q; /* the sends, to the threads and back */
 
-   pthread_mutex_t mu;
-   pthread_cond_t cv; /* connection made, stop, closed */
+   pthread_cond_t cv; /* with base.mu: connection made, stop, closed */
    bool stop;
    bool closed; /* libnats called the closed handler */
    bool connect_done;
-   char last_error[TRANSPORT_DETAIL_MAX];
 
-   pthread_t threads[NATS_THREADS_MAX];
-   size_t n_threads;
    natsOptions *opts;
    natsConnection *nc;
    jsCtx *js;
-   atomic_int state; /* transport_state_t */
 };
+
+_Static_assert (offsetof (nats_handler_t, base) == 0, "the ops take a nats_handler_t for its transport_base_t");
 
 /* ------------------------------------------------------------ callbacks */
 
-/* snprintf for texts that are cut where they must be (lastError and
- * detail lengths): a cut is expected, not a bug. */
-static void result_text (char *out, size_t len, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
-
-static void
-result_text (char *out, size_t len, const char *fmt, ...)
+/* The connection's state, with "what: text" as its last error. */
+static transport_state_t
+set_state (nats_handler_t *n, transport_state_t state, const char *what, const char *text)
 {
-   va_list ap;
+   char error[TRANSPORT_DETAIL_MAX];
 
-   va_start (ap, fmt);
-   vsnprintf (out, len, fmt, ap);
-   va_end (ap);
-}
-
-static void
-set_error_locked (nats_handler_t *n, const char *what, const char *text)
-{
-   result_text (n->last_error, sizeof n->last_error, "%s%s%s", what, text && *text ? ": " : "", text ? text : "");
+   transport_text (error, sizeof error, "%s%s%s", what, text && *text ? ": " : "", text ? text : "");
+   return transport_base_set (&n->base, state, error);
 }
 
 /* libnats's threads: the connection's state. */
@@ -113,8 +98,8 @@ on_connected (natsConnection *nc, void *closure)
    nats_handler_t *n = closure;
 
    (void) nc;
-   atomic_store (&n->state, TRANSPORT_STATE_CONNECTED);
-   log_info ("dispatch: handler %s: connected to NATS", n->name);
+   transport_base_set (&n->base, TRANSPORT_STATE_CONNECTED, NULL);
+   log_info ("dispatch: handler %s: connected to NATS", n->base.name);
 }
 
 static void
@@ -123,13 +108,10 @@ on_disconnected (natsConnection *nc, void *closure)
    nats_handler_t *n = closure;
 
    (void) nc;
-   if (atomic_load (&n->state) == TRANSPORT_STATE_CLOSED)
+   if (transport_base_get (&n->base) == TRANSPORT_STATE_CLOSED)
       return;
-   atomic_store (&n->state, TRANSPORT_STATE_DISCONNECTED);
-   pthread_mutex_lock (&n->mu);
-   set_error_locked (n, "disconnected; reconnecting", NULL);
-   pthread_mutex_unlock (&n->mu);
-   log_warn ("dispatch: handler %s: disconnected from NATS; reconnecting (sends are retried meanwhile)", n->name);
+   set_state (n, TRANSPORT_STATE_DISCONNECTED, "disconnected; reconnecting", NULL);
+   log_warn ("dispatch: handler %s: disconnected from NATS; reconnecting (sends are retried meanwhile)", n->base.name);
 }
 
 static void
@@ -138,8 +120,8 @@ on_reconnected (natsConnection *nc, void *closure)
    nats_handler_t *n = closure;
 
    (void) nc;
-   atomic_store (&n->state, TRANSPORT_STATE_CONNECTED);
-   log_info ("dispatch: handler %s: reconnected to NATS", n->name);
+   transport_base_set (&n->base, TRANSPORT_STATE_CONNECTED, NULL);
+   log_info ("dispatch: handler %s: reconnected to NATS", n->base.name);
 }
 
 static void
@@ -148,11 +130,11 @@ on_closed (natsConnection *nc, void *closure)
    nats_handler_t *n = closure;
 
    (void) nc;
-   atomic_store (&n->state, TRANSPORT_STATE_CLOSED);
-   pthread_mutex_lock (&n->mu);
+   transport_base_set (&n->base, TRANSPORT_STATE_CLOSED, NULL);
+   pthread_mutex_lock (&n->base.mu);
    n->closed = true;
    pthread_cond_broadcast (&n->cv);
-   pthread_mutex_unlock (&n->mu);
+   pthread_mutex_unlock (&n->base.mu);
 }
 
 /* ------------------------------------------------------------ publishing */
@@ -160,10 +142,8 @@ on_closed (natsConnection *nc, void *closure)
 static void
 req_free (tqueue_item_t *it)
 {
-   nats_req_t *r = (nats_req_t *) it;
+   nats_req_t *r = (nats_req_t *) it; /* never NULL: the queue's or a failed send's */
 
-   if (!r)
-      return;
    natsMsg_Destroy (r->msg);
    bson_free (r->subject);
    bson_free (r);
@@ -183,10 +163,8 @@ publish_one (nats_handler_t *n, nats_req_t *r)
    res->retry_after_ms = -1;
    res->outcome = TRANSPORT_OUTCOME_RETRY;
    if (!n->js || natsConnection_Status (n->nc) != NATS_CONN_STATUS_CONNECTED) {
-      pthread_mutex_lock (&n->mu);
-      bson_strncpy (detail, n->last_error, sizeof detail);
-      pthread_mutex_unlock (&n->mu);
-      result_text (res->error, sizeof res->error, "nats: not connected to %s%s%s", n->url, *detail ? ": " : "", detail);
+      transport_base_last_error (&n->base, detail, sizeof detail);
+      transport_text (res->error, sizeof res->error, "nats: not connected to %s%s%s", n->base.url, *detail ? ": " : "", detail);
       return;
    }
    jsPubOptions_Init (&po);
@@ -198,24 +176,24 @@ publish_one (nats_handler_t *n, nats_req_t *r)
       return;
    }
    if (s == NATS_NO_RESPONDERS)
-      result_text (res->error,
-                sizeof res->error,
-                "nats: publish to '%s': no stream captures the subject (%s)",
-                r->subject,
-                natsStatus_GetText (s));
+      transport_text (res->error,
+                      sizeof res->error,
+                      "nats: publish to '%s': no stream captures the subject (%s)",
+                      r->subject,
+                      natsStatus_GetText (s));
    else if (s == NATS_TIMEOUT)
-      result_text (res->error, sizeof res->error, "nats: publish to '%s': no PubAck within %" PRId64 " ms", r->subject, n->timeout_ms);
+      transport_text (res->error, sizeof res->error, "nats: publish to '%s': no PubAck within %" PRId64 " ms", r->subject, n->timeout_ms);
    else {
       const char *text = nats_GetLastError (NULL);
       if (jerr)
-         result_text (res->error,
-                   sizeof res->error,
-                   "nats: publish to '%s': %s (JetStream error %d)",
-                   r->subject,
-                   text && *text ? text : natsStatus_GetText (s),
-                   (int) jerr);
+         transport_text (res->error,
+                         sizeof res->error,
+                         "nats: publish to '%s': %s (JetStream error %d)",
+                         r->subject,
+                         text && *text ? text : natsStatus_GetText (s),
+                         (int) jerr);
       else
-         result_text (res->error, sizeof res->error, "nats: publish to '%s': %s", r->subject, text && *text ? text : natsStatus_GetText (s));
+         transport_text (res->error, sizeof res->error, "nats: publish to '%s': %s", r->subject, text && *text ? text : natsStatus_GetText (s));
    }
 }
 
@@ -234,33 +212,37 @@ connect_once (nats_handler_t *n)
       jo.Wait = n->timeout_ms;
       if (natsConnection_JetStream (&js, nc, &jo) != NATS_OK) {
          const char *text = nats_GetLastError (NULL);
-         log_error ("dispatch: handler %s: JetStream context: %s", n->name, text ? text : "?");
+         log_error ("dispatch: handler %s: JetStream context: %s", n->base.name, text ? text : "?");
       }
    }
    if (s == NATS_OK) {
       /* on_connected runs only for a connection made in the background. */
-      atomic_store (&n->state, TRANSPORT_STATE_CONNECTED);
-      log_info ("dispatch: handler %s: connected to NATS", n->name);
+      transport_base_set (&n->base, TRANSPORT_STATE_CONNECTED, NULL);
+      log_info ("dispatch: handler %s: connected to NATS", n->base.name);
    } else if (s == NATS_NOT_YET_CONNECTED) {
       log_warn ("dispatch: handler %s: cannot connect to NATS at %s yet (%s); retrying in the background",
-                n->name,
-                n->url,
+                n->base.name,
+                n->base.url,
                 natsStatus_GetText (s));
-      atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
-   } else if (s != NATS_OK) {
+   } else {
       const char *text = nats_GetLastError (NULL);
-      log_error ("dispatch: handler %s: cannot connect to NATS at %s: %s", n->name, n->url, text && *text ? text : natsStatus_GetText (s));
+      log_error ("dispatch: handler %s: cannot connect to NATS at %s: %s",
+                 n->base.name,
+                 n->base.url,
+                 text && *text ? text : natsStatus_GetText (s));
    }
-   pthread_mutex_lock (&n->mu);
+   /* Not connected yet, or never (a bad URL): still CONNECTING, which is
+    * what /readyz shows, with why. */
    if (s != NATS_OK)
-      set_error_locked (n, "connecting", natsStatus_GetText (s));
+      set_state (n, TRANSPORT_STATE_CONNECTING, "connecting", natsStatus_GetText (s));
+   pthread_mutex_lock (&n->base.mu);
    n->nc = nc;
    n->js = js;
    n->connect_done = true;
    if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED)
       n->closed = true; /* no connection: nothing will call on_closed */
    pthread_cond_broadcast (&n->cv);
-   pthread_mutex_unlock (&n->mu);
+   pthread_mutex_unlock (&n->base.mu);
 }
 
 /* The first thread connects; the others wait for it. */
@@ -270,21 +252,21 @@ publisher_main (void *arg)
    nats_handler_t *n = arg;
    bool first;
 
-   pthread_mutex_lock (&n->mu);
-   first = !n->connect_done && n->threads[0] == pthread_self ();
-   pthread_mutex_unlock (&n->mu);
+   pthread_mutex_lock (&n->base.mu);
+   first = !n->connect_done && n->base.threads[0] == pthread_self ();
+   pthread_mutex_unlock (&n->base.mu);
    if (first)
       connect_once (n);
-   pthread_mutex_lock (&n->mu);
+   pthread_mutex_lock (&n->base.mu);
    while (!n->connect_done && !n->stop)
-      pthread_cond_wait (&n->cv, &n->mu);
-   pthread_mutex_unlock (&n->mu);
+      pthread_cond_wait (&n->cv, &n->base.mu);
+   pthread_mutex_unlock (&n->base.mu);
    for (;;) {
-      tqueue_item_t *it = tqueue_take (n->q, -1);
+      tqueue_item_t *it = tqueue_take (n->base.q, -1);
       if (!it)
          break; /* stopped */
       publish_one (n, (nats_req_t *) it);
-      tqueue_done (n->q, it);
+      tqueue_done (n->base.q, it);
    }
    return NULL;
 }
@@ -301,19 +283,12 @@ nats_start (const transport_env_t *env, const config_handler_t *h, bson_error_t 
    char cname[128];
    natsStatus s = NATS_OK;
 
-   n->name = bson_strdup (h->name);
-   n->url = bson_strdup (h->url);
-   n->subject_tmpl = bson_strdup (h->subject);
+   bool queued = transport_base_init (&n->base, env, h, h->url, h->subject, req_free);
+
    n->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
-   pthread_mutex_init (&n->mu, NULL);
    pthread_cond_init (&n->cv, NULL);
-   atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
-   /* The dispatcher never has more than `concurrency` sends of a handler
-    * in flight; twice that leaves room for cancelled sends still being
-    * published. */
-   n->q = tqueue_new (env->base, (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2, req_free);
    snprintf (cname, sizeof cname, "relaybus-proxy %s", h->name);
-   if (!n->q || natsOptions_Create (&n->opts) != NATS_OK) {
+   if (!queued || natsOptions_Create (&n->opts) != NATS_OK) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot set up the NATS client", h->name);
       goto fail;
    }
@@ -338,14 +313,7 @@ nats_start (const transport_env_t *env, const config_handler_t *h, bson_error_t 
       bson_free (masked);
       goto fail;
    }
-   pthread_mutex_lock (&n->mu);
-   for (size_t i = 0; i < want; i++) {
-      if (pthread_create (&n->threads[i], NULL, publisher_main, n) != 0)
-         break;
-      n->n_threads++;
-   }
-   pthread_mutex_unlock (&n->mu);
-   if (n->n_threads == 0) {
+   if (!transport_base_start_threads (&n->base, want, publisher_main, n)) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start a publishing thread", h->name);
       goto fail;
    }
@@ -383,8 +351,8 @@ nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *
    r->item.cb = cb;
    r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
-   r->subject = transport_expand (n->subject_tmpl, d, NATS_SUBJECT_BAD);
-   body = webhook_body (d, &len);
+   r->subject = transport_expand (n->base.tmpl, d, NATS_SUBJECT_BAD);
+   body = delivery_body (d, &len);
    if (natsMsg_Create (&r->msg, r->subject, NULL, body, (int) len) != NATS_OK) {
       const char *text = nats_GetLastError (NULL);
       bson_set_error (error,
@@ -429,7 +397,7 @@ nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *
    }
    bson_free (body);
    body = NULL;
-   if (!tqueue_push (n->q, &r->item, error))
+   if (!tqueue_push (n->base.q, &r->item, error))
       goto fail;
    return r;
 
@@ -437,28 +405,6 @@ fail:
    bson_free (body);
    req_free (&r->item);
    return NULL;
-}
-
-static void
-nats_cancel (void *impl, void *req)
-{
-   nats_handler_t *n = impl;
-
-   tqueue_cancel (n->q, &((nats_req_t *) req)->item);
-}
-
-static transport_state_t
-nats_state (void *impl, char *detail, size_t detail_len)
-{
-   nats_handler_t *n = impl;
-   transport_state_t s = (transport_state_t) atomic_load (&n->state);
-
-   if (s != TRANSPORT_STATE_CONNECTED) {
-      pthread_mutex_lock (&n->mu);
-      bson_strncpy (detail, n->last_error, detail_len);
-      pthread_mutex_unlock (&n->mu);
-   }
-   return s;
 }
 
 /* Joins the threads (each finishes the publish it is in, at most
@@ -470,36 +416,28 @@ nats_destroy (void *impl)
    nats_handler_t *n = impl;
    struct timespec until;
 
-   if (!n)
-      return;
-   pthread_mutex_lock (&n->mu);
+   /* The threads that wait for the first connection wait no more. */
+   pthread_mutex_lock (&n->base.mu);
    n->stop = true;
    pthread_cond_broadcast (&n->cv);
-   pthread_mutex_unlock (&n->mu);
-   if (n->q)
-      tqueue_stop (n->q);
-   for (size_t i = 0; i < n->n_threads; i++)
-      pthread_join (n->threads[i], NULL);
+   pthread_mutex_unlock (&n->base.mu);
+   transport_base_stop (&n->base);
    if (n->js)
       jsCtx_Destroy (n->js);
    if (n->nc) {
       natsConnection_Close (n->nc);
       clock_gettime (CLOCK_REALTIME, &until);
       until.tv_sec += NATS_CLOSE_WAIT_MS / 1000;
-      pthread_mutex_lock (&n->mu);
+      pthread_mutex_lock (&n->base.mu);
       while (!n->closed)
-         if (pthread_cond_timedwait (&n->cv, &n->mu, &until) != 0)
+         if (pthread_cond_timedwait (&n->cv, &n->base.mu, &until) != 0)
             break;
-      pthread_mutex_unlock (&n->mu);
+      pthread_mutex_unlock (&n->base.mu);
       natsConnection_Destroy (n->nc);
    }
-   tqueue_destroy (n->q);
    natsOptions_Destroy (n->opts);
    pthread_cond_destroy (&n->cv);
-   pthread_mutex_destroy (&n->mu);
-   bson_free (n->name);
-   bson_free (n->url);
-   bson_free (n->subject_tmpl);
+   transport_base_fini (&n->base);
    bson_free (n);
 }
 
@@ -511,12 +449,4 @@ nats_settings_equal (const config_handler_t *a, const config_handler_t *b)
           a->concurrency == b->concurrency;
 }
 
-const transport_ops_t transport_nats_ops = {
-   .kind = "nats",
-   .start = nats_start,
-   .send = nats_send,
-   .cancel = nats_cancel,
-   .state = nats_state,
-   .destroy = nats_destroy,
-   .settings_equal = nats_settings_equal,
-};
+const transport_ops_t transport_nats_ops = TRANSPORT_BASE_OPS ("nats", nats);

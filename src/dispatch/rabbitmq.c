@@ -10,15 +10,16 @@
  * channel or connection closed by the broker (an exchange that does not
  * exist), no confirm within timeout_ms, or a send while the broker is
  * unreachable is a retry; the dispatcher's backoff and max_attempts apply,
- * then the delivery is dead with that error.  The body is the webhook's
- * JSON (webhook_body); message_id is the event id, the relaybus-* headers
+ * then the delivery is dead with that error.  The body is the JSON every
+ * kind sends (delivery_body); message_id is the event id, the relaybus-* headers
  * and the event's own headers are AMQP headers, and messages are
  * persistent unless `persistent = false`.
  *
  * Threads: rabbitmq-c is synchronous and a connection is used by one
  * thread at a time, so each handler has one publishing thread with its
- * own connection that takes sends from a bounded queue
- * (dispatch/transport_queue.h), publishes one and waits for its confirm,
+ * own connection that takes sends from the bounded queue of its base
+ * (dispatch/transport.h's transport_base_t, over
+ * dispatch/transport_queue.h), publishes one and waits for its confirm,
  * and hands the result back to the dispatcher's base.  One send at a time per handler
  * (the dispatcher keeps one per key anyway): throughput is one confirm
  * round trip per event.  The thread connects, and after a failure
@@ -35,13 +36,12 @@
  *
  * Not here: publishing without confirms.
  */
+#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -58,7 +58,6 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "dispatch/webhook.h"
 
 /* Pause between two connection attempts. */
 #define RABBITMQ_RECONNECT_MS 500
@@ -86,47 +85,29 @@ typedef struct rabbit_req {
 } rabbit_req_t;
 
 /* A handler's client.  Created by rabbit_start, freed by rabbit_destroy
- * once its thread is joined. */
+ * once its thread (the base's one) is joined. */
 struct rabbit_handler {
-   char *name, *url, *exchange, *routing_tmpl;
+   transport_base_t base; /* first: the ops' object */
+   char *exchange;
    char *ca_file, *cert_file, *key_file; /* amqps: "" when not set */
    bool persistent;
    int64_t timeout_ms;
    struct amqp_connection_info info; /* points into url_copy */
    char *url_copy;
-   tqueue_t *q; /* the sends, to the thread and back */
 
-   pthread_mutex_t mu; /* last_error */
-   char last_error[TRANSPORT_DETAIL_MAX];
-   atomic_int state; /* transport_state_t */
-
-   pthread_t thread;
-   bool thread_started;
    /* The thread's own. */
    amqp_connection_state_t conn;
    uint64_t next_tag; /* the delivery tag of the next publish on the channel */
 };
 
-static void text (char *out, size_t len, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
+_Static_assert (offsetof (rabbit_handler_t, base) == 0, "the ops take a rabbit_handler_t for its transport_base_t");
 
-/* snprintf for texts that are cut where they must be. */
-static void
-text (char *out, size_t len, const char *fmt, ...)
-{
-   va_list ap;
-
-   va_start (ap, fmt);
-   vsnprintf (out, len, fmt, ap);
-   va_end (ap);
-}
 
 static void
 req_free (tqueue_item_t *it)
 {
-   rabbit_req_t *r = (rabbit_req_t *) it;
+   rabbit_req_t *r = (rabbit_req_t *) it; /* never NULL: the queue's or a failed send's */
 
-   if (!r)
-      return;
    bson_free (r->event_id);
    bson_free (r->type);
    bson_free (r->key);
@@ -145,35 +126,27 @@ reply_text (amqp_rpc_reply_t r, char *out, size_t len)
 {
    switch (r.reply_type) {
    case AMQP_RESPONSE_NORMAL:
-      text (out, len, "ok");
+      transport_text (out, len, "ok");
       break;
    case AMQP_RESPONSE_NONE:
-      text (out, len, "no reply");
+      transport_text (out, len, "no reply");
       break;
    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-      text (out, len, "%s", amqp_error_string2 (r.library_error));
+      transport_text (out, len, "%s", amqp_error_string2 (r.library_error));
       break;
    case AMQP_RESPONSE_SERVER_EXCEPTION:
       if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
          const amqp_connection_close_t *m = r.reply.decoded;
-         text (out, len, "connection closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
+         transport_text (out, len, "connection closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
       } else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
          const amqp_channel_close_t *m = r.reply.decoded;
-         text (out, len, "channel closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
+         transport_text (out, len, "channel closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
       } else
-         text (out, len, "broker error (method 0x%08x)", (unsigned) r.reply.id);
+         transport_text (out, len, "broker error (method 0x%08x)", (unsigned) r.reply.id);
       break;
    default:
-      text (out, len, "unknown reply");
+      transport_text (out, len, "unknown reply");
    }
-}
-
-static void
-set_error (rabbit_handler_t *n, const char *msg)
-{
-   pthread_mutex_lock (&n->mu);
-   bson_strncpy (n->last_error, msg, sizeof n->last_error);
-   pthread_mutex_unlock (&n->mu);
 }
 
 /* On the thread: drops the connection (after a failure or at stop). */
@@ -202,8 +175,8 @@ tls_verify_cb (int ok, X509_STORE_CTX *store)
 {
    if (!ok && !tls_verify_error[0]) {
       int err = X509_STORE_CTX_get_error (store);
-      text (tls_verify_error, sizeof tls_verify_error, "%s (depth %d)", X509_verify_cert_error_string (err),
-            X509_STORE_CTX_get_error_depth (store));
+      transport_text (tls_verify_error, sizeof tls_verify_error, "%s (depth %d)", X509_verify_cert_error_string (err),
+                      X509_STORE_CTX_get_error_depth (store));
    }
    return ok;
 }
@@ -219,7 +192,7 @@ tls_socket (rabbit_handler_t *n, char *why, size_t why_len)
    int rc;
 
    if (!sock) {
-      text (why, why_len, "cannot create a TLS socket");
+      transport_text (why, why_len, "cannot create a TLS socket");
       return NULL;
    }
    amqp_ssl_socket_set_verify_peer (sock, 1);
@@ -234,14 +207,14 @@ tls_socket (rabbit_handler_t *n, char *why, size_t why_len)
       rc = SSL_CTX_set_default_verify_paths (ctx) == 1 ? AMQP_STATUS_OK : AMQP_STATUS_SSL_ERROR;
    if (rc != AMQP_STATUS_OK) {
       unsigned long e = ERR_get_error ();
-      text (why, why_len, "tls_ca_file '%s': %s", *n->ca_file ? n->ca_file : "(the system's store)",
-            e ? ERR_reason_error_string (e) : amqp_error_string2 (rc));
+      transport_text (why, why_len, "tls_ca_file '%s': %s", *n->ca_file ? n->ca_file : "(the system's store)",
+                      e ? ERR_reason_error_string (e) : amqp_error_string2 (rc));
       return NULL;
    }
    if (*n->cert_file && (rc = amqp_ssl_socket_set_key (sock, n->cert_file, n->key_file)) != AMQP_STATUS_OK) {
       unsigned long e = ERR_get_error ();
-      text (why, why_len, "tls_cert_file '%s' / tls_key_file '%s': %s", n->cert_file, n->key_file,
-            e ? ERR_reason_error_string (e) : amqp_error_string2 (rc));
+      transport_text (why, why_len, "tls_cert_file '%s' / tls_key_file '%s': %s", n->cert_file, n->key_file,
+                      e ? ERR_reason_error_string (e) : amqp_error_string2 (rc));
       return NULL;
    }
    return sock;
@@ -256,16 +229,16 @@ tls_open_error (rabbit_handler_t *n, int rc, char *why, size_t why_len)
    const char *reason = e ? ERR_reason_error_string (e) : NULL;
 
    if (tls_verify_error[0])
-      text (why, why_len, "TLS handshake with %s:%d: %s: %s", n->info.host, n->info.port, amqp_error_string2 (rc),
-            tls_verify_error);
+      transport_text (why, why_len, "TLS handshake with %s:%d: %s: %s", n->info.host, n->info.port, amqp_error_string2 (rc),
+                      tls_verify_error);
    else if (reason)
-      text (why, why_len, "TLS handshake with %s:%d: %s: %s", n->info.host, n->info.port, amqp_error_string2 (rc), reason);
+      transport_text (why, why_len, "TLS handshake with %s:%d: %s: %s", n->info.host, n->info.port, amqp_error_string2 (rc), reason);
    else if (rc == AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED || rc == AMQP_STATUS_SSL_PEER_VERIFY_FAILED ||
             rc == AMQP_STATUS_SSL_CONNECTION_FAILED || rc == AMQP_STATUS_SSL_ERROR)
       /* Checked by rabbitmq-c after OpenSSL's handshake: no reason queued. */
-      text (why, why_len, "TLS handshake with %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
+      transport_text (why, why_len, "TLS handshake with %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
    else
-      text (why, why_len, "connecting to %s:%d (TLS): %s", n->info.host, n->info.port, amqp_error_string2 (rc));
+      transport_text (why, why_len, "connecting to %s:%d (TLS): %s", n->info.host, n->info.port, amqp_error_string2 (rc));
    ERR_clear_error ();
 }
 
@@ -282,13 +255,13 @@ connect_broker (rabbit_handler_t *n)
 
    n->conn = amqp_new_connection ();
    if (!n->conn) {
-      text (why, sizeof why, "cannot create a connection");
+      transport_text (why, sizeof why, "cannot create a connection");
       goto fail;
    }
    if (n->info.ssl)
       sock = tls_socket (n, why, sizeof why);
    else if (!(sock = amqp_tcp_socket_new (n->conn)))
-      text (why, sizeof why, "cannot create a connection");
+      transport_text (why, sizeof why, "cannot create a connection");
    if (!sock)
       goto fail;
    amqp_set_handshake_timeout (n->conn, &tv);
@@ -299,13 +272,13 @@ connect_broker (rabbit_handler_t *n)
       if (n->info.ssl)
          tls_open_error (n, rc, why, sizeof why);
       else
-         text (why, sizeof why, "connecting to %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
+         transport_text (why, sizeof why, "connecting to %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
       goto fail;
    }
    r = amqp_login (n->conn, n->info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, n->info.user, n->info.password);
    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
       reply_text (r, buf, sizeof buf);
-      text (why, sizeof why, "login to %s:%d: %s", n->info.host, n->info.port, buf);
+      transport_text (why, sizeof why, "login to %s:%d: %s", n->info.host, n->info.port, buf);
       goto fail;
    }
    amqp_channel_open (n->conn, RABBITMQ_CHANNEL);
@@ -316,25 +289,23 @@ connect_broker (rabbit_handler_t *n)
    }
    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
       reply_text (r, buf, sizeof buf);
-      text (why, sizeof why, "opening a channel: %s", buf);
+      transport_text (why, sizeof why, "opening a channel: %s", buf);
       goto fail;
    }
    n->next_tag = 1;
-   set_error (n, "");
-   if (atomic_exchange (&n->state, TRANSPORT_STATE_CONNECTED) != TRANSPORT_STATE_CONNECTED)
-      log_info ("dispatch: handler %s: connected to RabbitMQ at %s:%d%s", n->name, n->info.host, n->info.port,
+   if (transport_base_set (&n->base, TRANSPORT_STATE_CONNECTED, "") != TRANSPORT_STATE_CONNECTED)
+      log_info ("dispatch: handler %s: connected to RabbitMQ at %s:%d%s", n->base.name, n->info.host, n->info.port,
                 n->info.ssl ? " (amqps)" : "");
    return true;
 
 fail:
    disconnect (n, false);
-   set_error (n, why);
    {
-      int was = atomic_exchange (&n->state, TRANSPORT_STATE_DISCONNECTED);
+      transport_state_t was = transport_base_set (&n->base, TRANSPORT_STATE_DISCONNECTED, why);
       if (was == TRANSPORT_STATE_CONNECTED)
-         log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->name, why);
+         log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->base.name, why);
       else if (was == TRANSPORT_STATE_CONNECTING)
-         log_warn ("dispatch: handler %s: cannot connect to RabbitMQ yet (%s); retrying in the background", n->name, why);
+         log_warn ("dispatch: handler %s: cannot connect to RabbitMQ yet (%s); retrying in the background", n->base.name, why);
    }
    return false;
 }
@@ -345,9 +316,8 @@ static void
 broken (rabbit_handler_t *n, const char *why)
 {
    disconnect (n, false);
-   set_error (n, why);
-   if (atomic_exchange (&n->state, TRANSPORT_STATE_DISCONNECTED) == TRANSPORT_STATE_CONNECTED)
-      log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->name, why);
+   if (transport_base_set (&n->base, TRANSPORT_STATE_DISCONNECTED, why) == TRANSPORT_STATE_CONNECTED)
+      log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->base.name, why);
 }
 
 static amqp_bytes_t
@@ -372,9 +342,8 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
    res->outcome = TRANSPORT_OUTCOME_RETRY;
    res->retry_after_ms = -1;
    if (!n->conn && !connect_broker (n)) {
-      pthread_mutex_lock (&n->mu);
-      text (res->error, sizeof res->error, "rabbitmq: not connected: %s", n->last_error);
-      pthread_mutex_unlock (&n->mu);
+      transport_base_last_error (&n->base, why, sizeof why);
+      transport_text (res->error, sizeof res->error, "rabbitmq: not connected: %s", why);
       return;
    }
    for (size_t i = 0; i < r->n_headers; i++) {
@@ -413,8 +382,8 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
       amqp_bytes_t body = {.len = r->body_len, .bytes = r->body};
       int rc = amqp_basic_publish (n->conn, RABBITMQ_CHANNEL, bytes (n->exchange), bytes (r->routing_key), 1, 0, &props, body);
       if (rc != AMQP_STATUS_OK) {
-         text (why, sizeof why, "publishing: %s", amqp_error_string2 (rc));
-         text (res->error, sizeof res->error, "rabbitmq: %s", why);
+         transport_text (why, sizeof why, "publishing: %s", amqp_error_string2 (rc));
+         transport_text (res->error, sizeof res->error, "rabbitmq: %s", why);
          broken (n, why);
          return;
       }
@@ -432,13 +401,13 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
       if (rc == AMQP_STATUS_TIMEOUT) {
          /* Its confirm may still come: the connection's state is unknown,
           * so it is dropped, and the retry goes on a new one. */
-         text (res->error, sizeof res->error, "rabbitmq: no publisher confirm within %" PRId64 " ms", n->timeout_ms);
+         transport_text (res->error, sizeof res->error, "rabbitmq: no publisher confirm within %" PRId64 " ms", n->timeout_ms);
          broken (n, "no publisher confirm in time");
          return;
       }
       if (rc != AMQP_STATUS_OK) {
-         text (why, sizeof why, "waiting for the confirm: %s", amqp_error_string2 (rc));
-         text (res->error, sizeof res->error, "rabbitmq: %s", why);
+         transport_text (why, sizeof why, "waiting for the confirm: %s", amqp_error_string2 (rc));
+         transport_text (res->error, sizeof res->error, "rabbitmq: %s", why);
          broken (n, why);
          return;
       }
@@ -449,14 +418,14 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
          const amqp_basic_return_t *m = frame.payload.method.decoded;
          amqp_message_t msg;
          amqp_rpc_reply_t rr;
-         text (returned,
-               sizeof returned,
-               "rabbitmq: unroutable: exchange '%s' routed '%s' nowhere (%u %.*s)",
-               n->exchange,
-               r->routing_key,
-               m->reply_code,
-               (int) m->reply_text.len,
-               (const char *) m->reply_text.bytes);
+         transport_text (returned,
+                         sizeof returned,
+                         "rabbitmq: unroutable: exchange '%s' routed '%s' nowhere (%u %.*s)",
+                         n->exchange,
+                         r->routing_key,
+                         m->reply_code,
+                         (int) m->reply_text.len,
+                         (const char *) m->reply_text.bytes);
          /* The returned message's header and body follow. */
          rr = amqp_read_message (n->conn, frame.channel, &msg, 0);
          if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
@@ -481,18 +450,18 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
          const amqp_basic_nack_t *m = frame.payload.method.decoded;
          if (m->delivery_tag < tag && !m->multiple)
             break;
-         text (res->error, sizeof res->error, "rabbitmq: the broker refused the message (basic.nack)");
+         transport_text (res->error, sizeof res->error, "rabbitmq: the broker refused the message (basic.nack)");
          return;
       }
       case AMQP_CHANNEL_CLOSE_METHOD: {
          const amqp_channel_close_t *m = frame.payload.method.decoded;
          amqp_channel_close_ok_t ok = {0};
-         text (res->error,
-               sizeof res->error,
-               "rabbitmq: channel closed by the broker: %u %.*s",
-               m->reply_code,
-               (int) m->reply_text.len,
-               (const char *) m->reply_text.bytes);
+         transport_text (res->error,
+                         sizeof res->error,
+                         "rabbitmq: channel closed by the broker: %u %.*s",
+                         m->reply_code,
+                         (int) m->reply_text.len,
+                         (const char *) m->reply_text.bytes);
          amqp_send_method (n->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
          /* Reopened with the connection on the next send. */
          disconnect (n, false);
@@ -500,8 +469,8 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
       }
       case AMQP_CONNECTION_CLOSE_METHOD: {
          const amqp_connection_close_t *m = frame.payload.method.decoded;
-         text (why, sizeof why, "connection closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
-         text (res->error, sizeof res->error, "rabbitmq: %s", why);
+         transport_text (why, sizeof why, "connection closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
+         transport_text (res->error, sizeof res->error, "rabbitmq: %s", why);
          broken (n, why);
          return;
       }
@@ -546,12 +515,12 @@ publisher_main (void *arg)
    connect_broker (n);
    for (;;) {
       /* While idle: reconnect, or look for a close from the broker. */
-      tqueue_item_t *it = tqueue_take (n->q, n->conn ? RABBITMQ_IDLE_CHECK_MS : RABBITMQ_RECONNECT_MS);
+      tqueue_item_t *it = tqueue_take (n->base.q, n->conn ? RABBITMQ_IDLE_CHECK_MS : RABBITMQ_RECONNECT_MS);
 
       if (it) {
          publish_one (n, (rabbit_req_t *) it);
-         tqueue_done (n->q, it);
-      } else if (tqueue_stopped (n->q))
+         tqueue_done (n->base.q, it);
+      } else if (tqueue_stopped (n->base.q))
          break;
       else if (n->conn)
          idle_check (n);
@@ -570,18 +539,14 @@ static void *
 rabbit_start (const transport_env_t *env, const config_handler_t *h, bson_error_t *error)
 {
    rabbit_handler_t *n = bson_malloc0 (sizeof *n);
+   bool queued = transport_base_init (&n->base, env, h, h->url, h->routing_key, req_free);
 
-   n->name = bson_strdup (h->name);
-   n->url = bson_strdup (h->url);
    n->exchange = bson_strdup (h->exchange);
-   n->routing_tmpl = bson_strdup (h->routing_key);
    n->persistent = h->persistent;
    n->ca_file = bson_strdup (h->tls_ca_file);
    n->cert_file = bson_strdup (h->tls_cert_file);
    n->key_file = bson_strdup (h->tls_key_file);
    n->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
-   pthread_mutex_init (&n->mu, NULL);
-   atomic_store (&n->state, TRANSPORT_STATE_CONNECTING);
    n->url_copy = bson_strdup (h->url);
    amqp_default_connection_info (&n->info);
    if (amqp_parse_url (n->url_copy, &n->info) != AMQP_STATUS_OK) {
@@ -590,15 +555,9 @@ rabbit_start (const transport_env_t *env, const config_handler_t *h, bson_error_
       bson_free (masked);
       goto fail;
    }
-   /* At most `concurrency` sends in flight, and room as many again for
-    * cancelled ones still being published. */
-   n->q = tqueue_new (env->base, (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2, req_free);
-   if (!n->q || pthread_create (&n->thread, NULL, publisher_main, n) != 0) {
-      bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start the publishing thread", h->name);
-      goto fail;
-   }
-   n->thread_started = true;
-   return n;
+   if (queued && transport_base_start_threads (&n->base, 1, publisher_main, n))
+      return n;
+   bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start the publishing thread", h->name);
 
 fail:
    rabbit_destroy (n);
@@ -628,10 +587,10 @@ rabbit_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void
    r->type = bson_strdup (d->event_type ? d->event_type : "");
    r->key = d->key ? bson_strdup (d->key) : NULL;
    r->sequence = d->sequence;
-   r->routing_key = transport_expand (n->routing_tmpl, d, "");
+   r->routing_key = transport_expand (n->base.tmpl, d, "");
    if (strlen (r->routing_key) > 255)
       r->routing_key[255] = '\0'; /* AMQP's limit; a cut key still routes the same every time */
-   r->body = webhook_body (d, &r->body_len);
+   r->body = delivery_body (d, &r->body_len);
    if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
        bson_iter_recurse (&it, &hit))
       while (bson_iter_next (&hit) && r->n_headers < RABBITMQ_EVENT_HEADERS_MAX)
@@ -640,33 +599,11 @@ rabbit_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void
             r->hv[r->n_headers] = bson_strdup (bson_iter_utf8 (&hit, NULL));
             r->n_headers++;
          }
-   if (!tqueue_push (n->q, &r->item, error)) {
+   if (!tqueue_push (n->base.q, &r->item, error)) {
       req_free (&r->item);
       return NULL;
    }
    return r;
-}
-
-static void
-rabbit_cancel (void *impl, void *req)
-{
-   rabbit_handler_t *n = impl;
-
-   tqueue_cancel (n->q, &((rabbit_req_t *) req)->item);
-}
-
-static transport_state_t
-rabbit_state (void *impl, char *detail, size_t detail_len)
-{
-   rabbit_handler_t *n = impl;
-   transport_state_t s = (transport_state_t) atomic_load (&n->state);
-
-   if (s != TRANSPORT_STATE_CONNECTED) {
-      pthread_mutex_lock (&n->mu);
-      bson_strncpy (detail, n->last_error, detail_len);
-      pthread_mutex_unlock (&n->mu);
-   }
-   return s;
 }
 
 /* Joins the thread (it finishes the publish it is in, at most
@@ -676,22 +613,13 @@ rabbit_destroy (void *impl)
 {
    rabbit_handler_t *n = impl;
 
-   if (!n)
-      return;
-   if (n->q)
-      tqueue_stop (n->q);
-   if (n->thread_started)
-      pthread_join (n->thread, NULL);
-   tqueue_destroy (n->q);
-   pthread_mutex_destroy (&n->mu);
-   bson_free (n->name);
-   bson_free (n->url);
+   transport_base_stop (&n->base);
    bson_free (n->url_copy);
    bson_free (n->exchange);
-   bson_free (n->routing_tmpl);
    bson_free (n->ca_file);
    bson_free (n->cert_file);
    bson_free (n->key_file);
+   transport_base_fini (&n->base);
    bson_free (n);
 }
 
@@ -704,12 +632,4 @@ rabbit_settings_equal (const config_handler_t *a, const config_handler_t *b)
           !strcmp (a->tls_key_file, b->tls_key_file) && a->persistent == b->persistent && a->timeout_ms == b->timeout_ms && a->concurrency == b->concurrency;
 }
 
-const transport_ops_t transport_rabbitmq_ops = {
-   .kind = "rabbitmq",
-   .start = rabbit_start,
-   .send = rabbit_send,
-   .cancel = rabbit_cancel,
-   .state = rabbit_state,
-   .destroy = rabbit_destroy,
-   .settings_equal = rabbit_settings_equal,
-};
+const transport_ops_t transport_rabbitmq_ops = TRANSPORT_BASE_OPS ("rabbitmq", rabbit);

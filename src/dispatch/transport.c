@@ -1,12 +1,17 @@
 /*
- * dispatch/transport.c - the handler interface's dispatch by kind, and the
- * helpers the broker kinds share (subject and routing templates).
+ * dispatch/transport.c - the handler interface's dispatch by kind, and
+ * what the broker kinds share: subject and routing templates, and their
+ * base (the queue to their publishing threads, the connection state and
+ * its last error, cancel, stop and join).
  *
- * A transport_t is the kind's ops and its object; everything else lives in
- * the kind's own file (webhook.c, nats.c).  Nothing here does I/O.
+ * A transport_t is the kind's ops and its object; the kind's client lives
+ * in the kind's own file (webhook.c, kafka.c, nats.c, rabbitmq.c).
+ * Nothing here does network I/O.
  */
 #include "dispatch/transport.h"
+#include "dispatch/transport_queue.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -204,4 +209,125 @@ transport_template_valid (const char *tmpl, char *why, size_t why_len)
          return false;
       }
    return true;
+}
+
+void
+transport_text (char *out, size_t len, const char *fmt, ...)
+{
+   va_list ap;
+
+   va_start (ap, fmt);
+   vsnprintf (out, len, fmt, ap);
+   va_end (ap);
+}
+
+/* ------------------------------------------------- the broker kinds' base */
+
+bool
+transport_base_init (transport_base_t *b,
+                     const transport_env_t *env,
+                     const config_handler_t *h,
+                     const char *url,
+                     const char *tmpl,
+                     void (*free_fn) (struct tqueue_item *))
+{
+   memset (b, 0, sizeof *b);
+   b->name = bson_strdup (h->name);
+   b->url = bson_strdup (url);
+   b->tmpl = bson_strdup (tmpl);
+   pthread_mutex_init (&b->mu, NULL);
+   atomic_store (&b->state, TRANSPORT_STATE_CONNECTING);
+   /* The dispatcher never has more than `concurrency` sends of a handler
+    * in flight; twice that leaves room for cancelled sends still being
+    * published. */
+   b->q = tqueue_new (env->base, (size_t) (h->concurrency > 0 ? h->concurrency : 1) * 2, free_fn);
+   return b->q != NULL;
+}
+
+bool
+transport_base_start_threads (transport_base_t *b, size_t n, void *(*fn) (void *), void *arg)
+{
+   RELAYBUS_ASSERT (b->n_threads == 0 && n <= TRANSPORT_THREADS_MAX);
+   pthread_mutex_lock (&b->mu);
+   for (size_t i = 0; i < n; i++) {
+      if (pthread_create (&b->threads[i], NULL, fn, arg) != 0)
+         break;
+      b->n_threads++;
+   }
+   pthread_mutex_unlock (&b->mu);
+   return b->n_threads > 0;
+}
+
+void
+transport_base_set_error (transport_base_t *b, const char *error)
+{
+   pthread_mutex_lock (&b->mu);
+   bson_strncpy (b->last_error, error, sizeof b->last_error);
+   pthread_mutex_unlock (&b->mu);
+}
+
+transport_state_t
+transport_base_set (transport_base_t *b, transport_state_t state, const char *error)
+{
+   if (error)
+      transport_base_set_error (b, error);
+   return (transport_state_t) atomic_exchange (&b->state, (int) state);
+}
+
+transport_state_t
+transport_base_get (transport_base_t *b)
+{
+   return (transport_state_t) atomic_load (&b->state);
+}
+
+void
+transport_base_last_error (transport_base_t *b, char *out, size_t out_len)
+{
+   pthread_mutex_lock (&b->mu);
+   bson_strncpy (out, b->last_error, out_len);
+   pthread_mutex_unlock (&b->mu);
+}
+
+void
+transport_base_cancel (void *impl, void *req)
+{
+   transport_base_t *b = impl;
+
+   tqueue_cancel (b->q, (tqueue_item_t *) req);
+}
+
+/* The detail only when not connected: a connected client's last error is
+ * history.  transport_state masks it. */
+transport_state_t
+transport_base_state (void *impl, char *detail, size_t detail_len)
+{
+   transport_base_t *b = impl;
+   transport_state_t s = transport_base_get (b);
+
+   if (s != TRANSPORT_STATE_CONNECTED)
+      transport_base_last_error (b, detail, detail_len);
+   return s;
+}
+
+void
+transport_base_stop (transport_base_t *b)
+{
+   if (b->q)
+      tqueue_stop (b->q);
+   for (size_t i = 0; i < b->n_threads; i++)
+      pthread_join (b->threads[i], NULL);
+   b->n_threads = 0;
+}
+
+void
+transport_base_fini (transport_base_t *b)
+{
+   RELAYBUS_ASSERT (b->n_threads == 0); /* stopped first: no thread holds a send */
+   tqueue_destroy (b->q);
+   b->q = NULL;
+   pthread_mutex_destroy (&b->mu);
+   bson_free (b->name);
+   bson_free (b->url);
+   bson_free (b->tmpl);
+   b->name = b->url = b->tmpl = NULL;
 }

@@ -1,10 +1,12 @@
 /*
- * dispatch/webhook.c - webhook deliveries: body, Standard Webhooks signature, retry
- * policy and the evhttp client (with OpenSSL for https).
+ * dispatch/webhook.c - webhook deliveries: Standard Webhooks signature, retry
+ * policy (status classes, Retry-After) and the evhttp client (with OpenSSL
+ * for https).
  *
  * It knows nothing of the store: as the webhook kind of the handler
  * interface (transport_webhook_ops, at the end), it turns a claimed
- * delivery into a body with webhook_body, sends it, and maps the answer to
+ * delivery into a body with delivery_body (dispatch/delivery.h, the body
+ * every kind sends), sends it, and maps the answer to
  * a result the dispatcher completes, reschedules or buries.  Everything
  * here runs on the dispatcher's event base.
  */
@@ -34,6 +36,7 @@
 
 #include "base/log.h"
 #include "base/utf8.h"
+#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 
 /* ----------------------------------------------------------- signatures */
@@ -271,18 +274,6 @@ webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *delay_ms)
    return false;
 }
 
-int64_t
-webhook_backoff_ms (const int64_t *delays_ms, size_t n_delays, int32_t attempt, uint64_t rnd)
-{
-   size_t i = attempt < 1 ? 0 : (size_t) attempt - 1;
-   int64_t cap;
-
-   if (n_delays == 0)
-      return 0;
-   cap = delays_ms[i < n_delays ? i : n_delays - 1];
-   return cap <= 0 ? 0 : (int64_t) (rnd % ((uint64_t) cap + 1));
-}
-
 static const char *const outcome_names[] = {
    [WEBHOOK_OUTCOME_COMPLETE] = "complete",
    [WEBHOOK_OUTCOME_RETRY] = "retry",
@@ -329,60 +320,6 @@ webhook_error_text (int status, const char *body, size_t body_len, char *out, si
    room = out_len - n < WEBHOOK_ERROR_BODY_MAX + 1 ? out_len - n : WEBHOOK_ERROR_BODY_MAX + 1;
    if (!body || body_len == 0 || utf8_sanitize (body, body_len, out + n, room, UTF8_CONTROLS_AS_SPACE) == 0)
       snprintf (out, out_len, "HTTP %d", status); /* nothing of the body fits, or none */
-}
-
-/* ------------------------------------------------------------------ body */
-
-static void
-format_iso (int64_t ms, char out[32])
-{
-   time_t secs = (time_t) (ms / 1000);
-   struct tm tm;
-   char base[24];
-
-   gmtime_r (&secs, &tm);
-   strftime (base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
-   snprintf (out, 32, "%s.%03dZ", base, (int) (ms % 1000));
-}
-
-char *
-webhook_body (const store_delivery_t *d, size_t *len)
-{
-   bson_t b = BSON_INITIALIZER, del;
-   bson_iter_t it;
-   char iso[32], hex[25];
-   char *json;
-
-   BSON_APPEND_UTF8 (&b, "id", d->event_id ? d->event_id : "");
-   BSON_APPEND_UTF8 (&b, "type", d->event_type ? d->event_type : "");
-   if (d->key) {
-      BSON_APPEND_UTF8 (&b, "key", d->key);
-      BSON_APPEND_INT64 (&b, "sequence", d->sequence);
-   }
-   if (d->event && bson_iter_init_find (&it, d->event, "payload"))
-      bson_append_iter (&b, "payload", -1, &it);
-   else
-      BSON_APPEND_NULL (&b, "payload");
-   if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it))
-      bson_append_iter (&b, "headers", -1, &it);
-   if (d->event && bson_iter_init_find (&it, d->event, "correlationId") && BSON_ITER_HOLDS_UTF8 (&it))
-      bson_append_iter (&b, "correlationId", -1, &it);
-   if (d->event && bson_iter_init_find (&it, d->event, "causationId") && BSON_ITER_HOLDS_UTF8 (&it))
-      bson_append_iter (&b, "causationId", -1, &it);
-   format_iso (d->event && bson_iter_init_find (&it, d->event, "createdAt") && BSON_ITER_HOLDS_DATE_TIME (&it)
-                  ? bson_iter_date_time (&it)
-                  : d->created_at,
-               iso);
-   BSON_APPEND_UTF8 (&b, "createdAt", iso);
-   bson_oid_to_string (&d->id, hex);
-   BSON_APPEND_DOCUMENT_BEGIN (&b, "delivery", &del);
-   BSON_APPEND_UTF8 (&del, "id", hex);
-   BSON_APPEND_UTF8 (&del, "handler", d->handler ? d->handler : "");
-   BSON_APPEND_INT32 (&del, "attempt", d->attempt);
-   bson_append_document_end (&b, &del);
-   json = bson_as_relaxed_extended_json (&b, len);
-   bson_destroy (&b);
-   return json;
 }
 
 /* ---------------------------------------------------------------- client */
@@ -782,7 +719,7 @@ webhook_cancel (webhook_req_t *r)
 /* ------------------------------------------------- the handler interface */
 
 /* webhook as a transport (dispatch/transport.h): the body and headers of
- * webhook_body and webhook_send, the answer's class as the result.  The
+ * delivery_body and webhook_send, the answer's class as the result.  The
  * webhook-id is the delivery id; the timestamp is the send's. */
 
 /* One send: the caller's callback around a webhook request.  Freed after
@@ -831,7 +768,7 @@ webhook_t_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, v
    webhook_treq_t *t = bson_malloc0 (sizeof *t);
    char hex[25];
    size_t len = 0;
-   char *body = webhook_body (d, &len);
+   char *body = delivery_body (d, &len);
 
    bson_oid_to_string (&d->id, hex);
    t->cb = cb;

@@ -38,6 +38,7 @@
 
 #include "fuzz_util.h"
 #include "base/utf8.h"
+#include "dispatch/delivery.h"
 #include "dispatch/webhook.h"
 
 #define NOW_MS 1767225600000LL /* 2026-01-01T00:00:00Z */
@@ -232,10 +233,10 @@ check_backoff (int32_t attempt, uint64_t rnd)
    static const int64_t zero[] = {0};
    size_t n = sizeof delays / sizeof delays[0];
    int64_t cap = delays[attempt >= 1 && (size_t) attempt <= n ? attempt - 1 : attempt < 1 ? 0 : (int32_t) n - 1];
-   int64_t b = webhook_backoff_ms (delays, n, attempt, rnd);
+   int64_t b = delivery_backoff_ms (delays, n, attempt, rnd);
 
    CHECK (b >= 0 && b <= cap);
-   CHECK (webhook_backoff_ms (zero, 1, attempt, rnd) == 0);
+   CHECK (delivery_backoff_ms (zero, 1, attempt, rnd) == 0);
 }
 
 int

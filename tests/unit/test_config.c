@@ -19,6 +19,7 @@
 #include "base/authfile.h"
 #include "base/config.h"
 #include "codec/compress.h"
+#include "dispatch/delivery.h"
 #include "dispatch/webhook.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
@@ -219,7 +220,7 @@ test_retry_schedule (void **state)
    h = &cfg->handlers[1];
    assert_int_equal (h->max_attempts, 5);
    for (int32_t a = 1; a < 5; a++)
-      assert_int_equal (webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, 1000), 1000);
+      assert_int_equal (delivery_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, 1000), 1000);
    assert_int_equal (cfg->handlers[2].max_attempts, 10);
    config_release (cfg);
 }
@@ -232,8 +233,8 @@ max_wait (const config_handler_t *h, int32_t a)
    size_t i = (size_t) a - 1 < h->n_retry_delays ? (size_t) a - 1 : h->n_retry_delays - 1;
    int64_t d = h->retry_delays_ms[i];
 
-   assert_int_equal (webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, (uint64_t) d), d);
-   assert_int_equal (webhook_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, (uint64_t) d + 1), 0);
+   assert_int_equal (delivery_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, (uint64_t) d), d);
+   assert_int_equal (delivery_backoff_ms (h->retry_delays_ms, h->n_retry_delays, a, (uint64_t) d + 1), 0);
    return d;
 }
 

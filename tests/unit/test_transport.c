@@ -6,8 +6,11 @@
  * outcomes), and the queue between the dispatcher and a broker's
  * publishing threads (dispatch/transport_queue.h): bounded, results
  * called back on the base in order, cancels of queued, finished and busy
- * sends, stop.
+ * sends, stop; and the broker kinds' base (transport_base_t): its queue's
+ * bound, its state and last error, its cancel and state ops, and a stop
+ * that joins its threads after they finished what they held.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +19,7 @@
 
 #include <cmocka.h>
 #include <event2/event.h>
+#include <event2/thread.h>
 
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
@@ -225,6 +229,118 @@ test_queue_destroy_frees (void **state)
    event_base_free (base);
 }
 
+/* ------------------------------------------------------------- the base */
+
+/* A kind built on the base, as kafka.c, nats.c and rabbitmq.c are. */
+typedef struct {
+   transport_base_t base; /* first */
+   int published;
+} fake_kind_t;
+
+/* A publishing thread: every send it takes is published OK. */
+static void *
+fake_publisher (void *arg)
+{
+   fake_kind_t *k = arg;
+   tqueue_item_t *it;
+
+   while ((it = tqueue_take (k->base.q, -1))) {
+      it->res.outcome = TRANSPORT_OUTCOME_OK;
+      pthread_mutex_lock (&k->base.mu);
+      k->published++;
+      pthread_mutex_unlock (&k->base.mu);
+      tqueue_done (k->base.q, it);
+   }
+   return NULL;
+}
+
+static void
+test_base (void **state)
+{
+   struct event_base *base = event_base_new ();
+   transport_env_t env = {.base = base};
+   config_handler_t h;
+   fake_kind_t k;
+   item_t *items[5];
+   char detail[TRANSPORT_DETAIL_MAX];
+   bson_error_t err;
+
+   (void) state;
+   memset (&h, 0, sizeof h);
+   h.name = "b";
+   h.concurrency = 2;
+   freed = called = 0;
+   assert_true (transport_base_init (&k.base, &env, &h, "nats://u:pw@host", "ev.{type}", item_free));
+   k.published = 0;
+   assert_string_equal (k.base.name, "b");
+   assert_string_equal (k.base.tmpl, "ev.{type}");
+   /* Connecting, no error yet. */
+   assert_int_equal (transport_base_state (&k, detail, sizeof detail), TRANSPORT_STATE_CONNECTING);
+   assert_string_equal (detail, "");
+   /* The last error is the state's detail while not connected... */
+   assert_int_equal (transport_base_set (&k.base, TRANSPORT_STATE_DISCONNECTED, "refused"), TRANSPORT_STATE_CONNECTING);
+   assert_int_equal (transport_base_state (&k, detail, sizeof detail), TRANSPORT_STATE_DISCONNECTED);
+   assert_string_equal (detail, "refused");
+   /* ...a state without an error keeps it, and an error alone keeps the state... */
+   assert_int_equal (transport_base_set (&k.base, TRANSPORT_STATE_CONNECTING, NULL), TRANSPORT_STATE_DISCONNECTED);
+   transport_base_set_error (&k.base, "timed out");
+   assert_int_equal (transport_base_get (&k.base), TRANSPORT_STATE_CONNECTING);
+   transport_base_last_error (&k.base, detail, sizeof detail);
+   assert_string_equal (detail, "timed out");
+   /* ...and none is shown once connected. */
+   transport_base_set (&k.base, TRANSPORT_STATE_CONNECTED, NULL);
+   detail[0] = '\0';
+   assert_int_equal (transport_base_state (&k, detail, sizeof detail), TRANSPORT_STATE_CONNECTED);
+   assert_string_equal (detail, "");
+   /* The queue holds twice the handler's concurrency. */
+   for (int i = 0; i < 5; i++)
+      items[i] = item_new (i);
+   for (int i = 0; i < 4; i++)
+      assert_true (tqueue_push (k.base.q, &items[i]->item, &err));
+   assert_false (tqueue_push (k.base.q, &items[4]->item, &err));
+   bson_free (items[4]);
+   /* The cancel op: a queued send is freed, never called. */
+   transport_base_cancel (&k, &items[3]->item);
+   assert_int_equal (freed, 1);
+   /* The threads publish what is queued; stop joins them. */
+   assert_true (transport_base_start_threads (&k.base, 2, fake_publisher, &k));
+   assert_int_equal (k.base.n_threads, 2);
+   /* The results wake the loop (an active event): no timer needed. */
+   while (called < 3)
+      event_base_loop (base, EVLOOP_ONCE);
+   transport_base_stop (&k.base);
+   assert_int_equal (k.base.n_threads, 0);
+   assert_int_equal (k.published, 3);
+   assert_int_equal (freed, 4);
+   transport_base_fini (&k.base);
+   event_base_free (base);
+}
+
+/* A base whose kind failed before its threads started is stopped and
+ * freed all the same (the kinds' start failure path). */
+static void
+test_base_no_threads (void **state)
+{
+   struct event_base *base = event_base_new ();
+   transport_env_t env = {.base = base};
+   config_handler_t h;
+   transport_base_t b;
+   bson_error_t err;
+
+   (void) state;
+   memset (&h, 0, sizeof h);
+   h.name = "c";
+   freed = 0;
+   assert_true (transport_base_init (&b, &env, &h, "", "", item_free));
+   assert_true (tqueue_push (b.q, &item_new (1)->item, &err));
+   /* concurrency 0 counts as 1: room for two */
+   assert_true (tqueue_push (b.q, &item_new (2)->item, &err));
+   transport_base_stop (&b);
+   transport_base_fini (&b);
+   assert_int_equal (freed, 2);
+   event_base_free (base);
+}
+
 int
 main (void)
 {
@@ -235,6 +351,11 @@ main (void)
       cmocka_unit_test (test_new_refuses_pull),
       cmocka_unit_test (test_queue),
       cmocka_unit_test (test_queue_destroy_frees),
+      cmocka_unit_test (test_base),
+      cmocka_unit_test (test_base_no_threads),
    };
+
+   /* The base's threads hand results to the base's loop, as in the proxy. */
+   evthread_use_pthreads ();
    return cmocka_run_group_tests (tests, NULL, NULL);
 }

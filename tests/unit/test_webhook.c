@@ -1,9 +1,9 @@
 /*
  * test_webhook.c - the pure parts of dispatch/webhook.c: Standard Webhooks secrets
  * and signatures (against the specification's published example),
- * Retry-After parsing, the retry schedule's full-jitter bounds, status classes, the
- * body shape, and the lastError kept from a failing answer (always valid
- * UTF-8, cut on a character boundary).
+ * Retry-After parsing, status classes, and the lastError kept from a
+ * failing answer (always valid UTF-8, cut on a character boundary).  The
+ * body and the retry schedule are test_delivery.c's.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -107,28 +107,6 @@ test_retry_after (void **state)
 }
 
 static void
-test_backoff_full_jitter (void **state)
-{
-   /* Failed attempt n waits delays[n - 1], the last delay past the list;
-    * the value is anywhere in [0, delay]. */
-   static const int64_t delays[] = {500, 4000, 60000};
-
-   (void) state;
-   assert_int_equal (webhook_backoff_ms (delays, 3, 1, 0), 0);
-   assert_int_equal (webhook_backoff_ms (delays, 3, 1, 500), 500);
-   assert_int_equal (webhook_backoff_ms (delays, 3, 1, 501), 0);
-   assert_int_equal (webhook_backoff_ms (delays, 3, 2, 4000), 4000);
-   assert_int_equal (webhook_backoff_ms (delays, 3, 3, 60000), 60000);
-   assert_int_equal (webhook_backoff_ms (delays, 3, 50, 60000), 60000);
-   assert_int_equal (webhook_backoff_ms (delays, 3, 0, 500), 500);
-   for (uint64_t r = 1; r < 1000000; r = r * 7 + 3)
-      for (int32_t a = 1; a < 30; a++) {
-         int64_t d = webhook_backoff_ms (delays, 3, a, r);
-         assert_true (d >= 0 && d <= delays[a < 3 ? a - 1 : 2]);
-      }
-}
-
-static void
 test_classify (void **state)
 {
    static const struct {
@@ -154,69 +132,6 @@ test_classify (void **state)
    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
       assert_int_equal (webhook_classify (cases[i].status, cases[i].retry_4xx), cases[i].outcome);
    assert_string_equal (webhook_outcome_name (WEBHOOK_OUTCOME_RETRY_AFTER), "retry-after");
-}
-
-static void
-test_body_shape (void **state)
-{
-   store_delivery_t d;
-   bson_error_t err;
-   char *json;
-   size_t len;
-   bson_t *parsed;
-   bson_iter_t it;
-
-   memset (&d, 0, sizeof d);
-   bson_oid_init_from_string (&d.id, "65a1b2c3d4e5f60718293a4b");
-   d.event_id = "ev-1";
-   d.handler = "h";
-   d.event_type = "order.placed.v1";
-   d.key = "order-1";
-   d.sequence = 7;
-   d.attempt = 2;
-   d.event = BCON_NEW ("_id",
-                       BCON_UTF8 ("ev-1"),
-                       "payload",
-                       "{",
-                       "n",
-                       BCON_INT64 (5),
-                       "at",
-                       BCON_DATE_TIME (1700000000000LL),
-                       "}",
-                       "headers",
-                       "{",
-                       "tenant",
-                       BCON_UTF8 ("t1"),
-                       "}",
-                       "createdAt",
-                       BCON_DATE_TIME (1700000000123LL));
-   json = webhook_body (&d, &len);
-   assert_non_null (json);
-   assert_int_equal (strlen (json), len);
-   /* relaxed Extended JSON: numbers plain, dates as $date */
-   assert_non_null (strstr (json, "\"n\" : 5"));
-   assert_non_null (strstr (json, "\"$date\""));
-   parsed = bson_new_from_json ((const uint8_t *) json, (ssize_t) len, &err);
-   assert_non_null (parsed);
-   assert_true (bson_iter_init_find (&it, parsed, "id") && !strcmp (bson_iter_utf8 (&it, NULL), "ev-1"));
-   assert_true (bson_iter_init_find (&it, parsed, "type"));
-   assert_true (bson_iter_init_find (&it, parsed, "key"));
-   assert_true (bson_iter_init_find (&it, parsed, "sequence") && bson_iter_as_int64 (&it) == 7);
-   assert_true (bson_iter_init_find (&it, parsed, "createdAt") &&
-                !strcmp (bson_iter_utf8 (&it, NULL), "2023-11-14T22:13:20.123Z"));
-   assert_true (bson_iter_init_find (&it, parsed, "headers"));
-   assert_true (bson_iter_init_find (&it, parsed, "delivery"));
-   bson_destroy (parsed);
-   bson_free (json);
-
-   /* no key, no event document: payload null */
-   bson_destroy (d.event);
-   d.event = NULL;
-   d.key = NULL;
-   json = webhook_body (&d, &len);
-   assert_non_null (strstr (json, "\"payload\" : null"));
-   assert_null (strstr (json, "\"sequence\""));
-   bson_free (json);
 }
 
 /* Builds a body of `pad` ASCII bytes followed by `tail`. */
@@ -435,9 +350,7 @@ main (void)
       cmocka_unit_test (test_sign_two_secrets),
       cmocka_unit_test (test_config_secrets),
       cmocka_unit_test (test_retry_after),
-      cmocka_unit_test (test_backoff_full_jitter),
       cmocka_unit_test (test_classify),
-      cmocka_unit_test (test_body_shape),
       cmocka_unit_test (test_error_text),
    };
    return cmocka_run_group_tests_name ("webhook", tests, NULL, NULL);
