@@ -200,9 +200,154 @@ test('session mode: only a conversation the server accepted names the user; a re
   }
 });
 
-H.registerFinalChecks(test, [() => session.upstream && session.upstream.stop(), () => pooled.upstream && pooled.upstream.stop()], {
-  beforeStop: async () => {
-    for (const s of [session, pooled])
-      for (const c of [s.owner, s.other, s.direct]) if (c) await c.close().catch(() => {});
-  },
+// ---- fair shares: one consumer floods, another is still answered
+
+const flood = {}; // a proxy of its own: upstream, proxy, publisher, flooder, victim, conns
+
+/** Publishes `n` events of `type` through `client`, 100 a relaybusPublish, 10 of those a transaction. */
+async function publishMany(client, type, n, tag) {
+  for (let done = 0; done < n; ) {
+    const session = client.startSession();
+    try {
+      await session.withTransaction(async () => {
+        for (let k = 0; k < 10 && done < n; k++) {
+          const events = [];
+          for (; events.length < 100 && done < n; done++) events.push({ type, id: `${tag}-${done}` });
+          await client.db('rbtenants').command({ relaybusPublish: 1, events }, { session });
+        }
+      });
+    } finally {
+      await session.endSession();
+    }
+  }
+}
+
+test('fair shares: one connection holds at most 2,500 claims (a quarter); another still claims', { skip }, async () => {
+  flood.upstream = await H.startDouble({});
+  flood.proxy = await H.startProxy({
+    upstream: flood.upstream.uri,
+    extraIni:
+      '[handler bulk]\nevents = bulk.*\nkind = pull\n\n' +
+      '[handler empty]\nevents = empty.*\nkind = pull\n\n' +
+      '[handler quiet]\nevents = quiet.*\nkind = pull\n',
+  });
+  const direct = new MongoClient(flood.upstream.directUri);
+  await direct.connect();
+  await P.ensureOutbox(direct);
+  await direct.close();
+  const uri = `mongodb://127.0.0.1:${flood.proxy.port}/`;
+  flood.publisher = new MongoClient(uri, { serverSelectionTimeoutMS: 10000 });
+  flood.flooder = new MongoClient(uri, { maxPoolSize: 1, serverSelectionTimeoutMS: 10000 });
+  flood.victim = new MongoClient(uri, { maxPoolSize: 1, serverSelectionTimeoutMS: 10000 });
+  for (const c of [flood.publisher, flood.flooder, flood.victim]) await c.connect();
+  const tag = C.newId('flood');
+  await publishMany(flood.publisher, 'bulk.item', 2600, tag);
+
+  // One connection takes what it may: 1,000 + 1,000 + 500, then it is refused at its share.
+  const leases = (flood.leases = []);
+  for (let i = 0; i < 3; i++) {
+    const r = await C.cmd(flood.flooder, { relaybusClaim: 'bulk', limit: 1000, leaseMs: 60000 });
+    leases.push(...r.deliveries.map((d) => d.lease));
+  }
+  assert.equal(leases.length, 2500, 'a connection holds at most a quarter of the 10,000 claims');
+  const past = await run(flood.flooder, { relaybusClaim: 'bulk', limit: 10 });
+  assert.equal(past.code, 365, JSON.stringify(past));
+  assert.equal(past.codeName, 'TemporarilyUnavailable');
+  assert.match(past.errmsg, /this connection holds 2500 claims already/);
+  // Another connection still claims what is left of the handler.
+  const rest = await C.claimN(flood.victim, 'bulk', 100);
+  await C.cmd(flood.victim, { relaybusRelease: 'bulk', leases: rest.map((d) => d.lease) });
 });
+
+test('fair shares: long polls past a handler\'s 128 are refused at once, the others wait', { skip }, async () => {
+  // The flood: 20 connections, 16 long polls each on a handler with nothing due.
+  flood.conns = [];
+  let sent = 0;
+  for (let i = 0; i < 20; i++) {
+    const conn = await H.WireConn.connect({ port: flood.proxy.port });
+    flood.conns.push(conn);
+    await conn.command({ hello: 1, $db: 'admin' });
+    const bufs = [];
+    for (let k = 0; k < 16; k++) bufs.push(H.opMsg({ relaybusClaim: 'empty', maxAwaitTimeMS: 20000, $db: 'admin' }).buf);
+    await conn.write(Buffer.concat(bufs));
+    sent += 16;
+  }
+  // The ones past the handler's half of the 256 are refused at once, the rest wait.
+  let refused = 0;
+  const until = Date.now() + 10000;
+  while (refused < sent - 128 && Date.now() < until) {
+    for (const conn of flood.conns) {
+      while (conn.queue.length) {
+        const m = await conn.next();
+        assert.equal(m.doc.code, 365, JSON.stringify(m.doc));
+        // Past the handler's share of the long polls, or of the consumer thread's queue.
+        assert.match(m.doc.errmsg, /handler 'empty' wait already/);
+        refused++;
+      }
+    }
+    await H.sleep(20);
+  }
+  const status = await C.cmd(flood.victim, { relaybusStatus: 'empty' });
+  assert.equal(status.waiting, 128, JSON.stringify(status));
+  assert.equal(refused, sent - 128, 'a handler keeps at most half of the long polls waiting');
+});
+
+test('fair shares: while one consumer extends 2,500 leases and floods long polls, another\'s long poll is answered within 1 s of its commit', { skip }, async () => {
+  // While the flooder extends its 2,500 leases (1,000 at a time), the victim long-polls its own
+  // handler and is answered with its event within 1 s of the commit.
+  const leases = flood.leases.slice(0, 2500);
+  const extends_ = [0, 1000, 2000].map((at) =>
+    C.cmd(flood.flooder, { relaybusExtend: 'bulk', leases: leases.slice(at, at + 1000), leaseMs: 120000 }),
+  );
+  const t0 = Date.now();
+  const claim = C.cmd(flood.victim, { relaybusClaim: 'quiet', limit: 1, maxAwaitTimeMS: 10000 });
+  await H.sleep(100); // the claim is waiting (or queued behind the extends) before the event commits
+  const id = C.newId('quiet');
+  await C.publish(flood.publisher, [{ type: 'quiet.item', id }]);
+  const committed = Date.now();
+  const r = await claim;
+  const answered = Date.now();
+  assert.equal(r.ok, 1, JSON.stringify(r));
+  assert.equal(r.deliveries.length, 1);
+  assert.equal(r.deliveries[0].eventId, id);
+  assert.ok(answered - committed < 1000, `answered ${answered - committed} ms after the commit (${answered - t0} ms after the claim)`);
+  const ext = await Promise.all(extends_);
+  assert.equal(ext.reduce((n, x) => n + x.extended.length, 0), 2500);
+  await C.cmd(flood.victim, { relaybusComplete: 'quiet', leases: [r.deliveries[0].lease] });
+});
+
+test('fair shares: a consumer that closes holding 2,500 claims does not hold another up for 1 s', { skip }, async () => {
+  // The flooder goes away holding 2,500 claims: they are charged 100 to a store transaction, a
+  // slice a turn, so the victim's next claim is still answered within 1 s, and the deliveries are
+  // due again.
+  await flood.flooder.close();
+  flood.flooder = null;
+  const t1 = Date.now();
+  const again = await C.cmd(flood.victim, { relaybusClaim: 'quiet', limit: 1 });
+  assert.equal(again.ok, 1);
+  assert.ok(Date.now() - t1 < 1000, `answered ${Date.now() - t1} ms after the flooder's close`);
+  const direct2 = new MongoClient(flood.upstream.directUri);
+  await direct2.connect();
+  try {
+    const dels = P.outboxOf(direct2).deliveries;
+    const until2 = Date.now() + 10000;
+    let charged = 0;
+    while (Date.now() < until2 && (charged = await dels.countDocuments({ handler: 'bulk', attempts: 1 })) < 2500) await H.sleep(50);
+    assert.equal(charged, 2500, 'every claim of the closed connection is charged one attempt');
+  } finally {
+    await direct2.close();
+  }
+});
+
+H.registerFinalChecks(
+  test,
+  [() => session.upstream && session.upstream.stop(), () => pooled.upstream && pooled.upstream.stop(), () => flood.upstream && flood.upstream.stop()],
+  {
+    beforeStop: async () => {
+      for (const s of [session, pooled])
+        for (const c of [s.owner, s.other, s.direct]) if (c) await c.close().catch(() => {});
+      for (const c of [flood.publisher, flood.flooder, flood.victim]) if (c) await c.close().catch(() => {});
+      for (const c of flood.conns || []) c.destroy();
+    },
+  },
+);
