@@ -482,7 +482,7 @@ auth_watch_reply (client_conn_t *c, struct evbuffer *in, size_t len)
 {
    const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
    wire_msg_t reply;
-   bson_error_t error;
+   bson_error_t error = {.message = "out of memory"};
    bool had = c->sasl->user[0] != '\0';
 
    if (!buf || !wire_parse_msg (buf, len, &reply, &error)) {
