@@ -21,7 +21,8 @@
  * waiting (CONSUMER_MAX_WAITING), each with a fair share per connection
  * and per handler (CONSUMER_CONN_MAX_*, CONSUMER_HANDLER_MAX_*).  The store
  * work of one request is bounded too: a relaybusExtend of many leases is
- * one transaction (store_extend_many), not one per lease.  A claim with nothing due and
+ * one transaction (store_extend_many), not one per lease, and the thread
+ * takes the queued requests in turns, one per handler.  A claim with nothing due and
  * maxAwaitTimeMS waits in a list with a timer on this thread's base, never
  * holding the thread: consumer_wake (a commit through this proxy that
  * carried events) and the poll interval make the waiting claims look

@@ -1265,23 +1265,87 @@ run (consumer_t *c, pull_req_t *r)
    pull_req_destroy (r);
 }
 
+/* Does a request of connection `conn` wait in `list`? */
+static bool
+conn_waits (const pull_req_t *list, uint64_t conn)
+{
+   for (; list; list = list->next)
+      if (list->conn == conn)
+         return true;
+   return false;
+}
+
+/* One turn of the inbox runs one request per handler: the first queued
+ * request of each handler, in queue order, and one close notice whose
+ * connection has no request left before it (a connection's close comes
+ * after its requests).  What is left goes back to the front of the queue, before
+ * what arrives meanwhile, and the next turn follows at once.  So requests
+ * of one handler, however many of its consumers flood the queue, take
+ * turns with the others': another handler's request waits for at most one
+ * request of each handler, not for the whole queue.  Per handler, and so
+ * per connection and handler, the order is kept. */
 static void
 in_cb (evutil_socket_t fd, short what, void *arg)
 {
    consumer_t *c = arg;
-   pull_req_t *r, *next;
+   pull_req_t *list, *rest = NULL, **rest_tail = &rest, *turn = NULL, **turn_tail = &turn, *r, *next;
+   bool taken[COUNTERS_MAX_HANDLERS + 1] = {false}, taken_close = false;
 
    (void) fd;
    (void) what;
    pthread_mutex_lock (&c->mu);
-   r = c->in_head;
+   list = c->in_head;
    c->in_head = c->in_tail = NULL;
-   c->n_in = 0;
-   memset (c->in_by_slot, 0, sizeof c->in_by_slot);
    pthread_mutex_unlock (&c->mu);
-   for (; r; r = next) {
+   for (r = list; r; r = next) {
+      bool now;
       next = r->next;
       r->next = NULL;
+      if (r->op == (pull_op_t) CONSUMER_OP_CLOSED) {
+         /* One close per turn, and only once none of its connection's
+          * requests waits before it. */
+         now = !taken_close && !conn_waits (rest, r->conn);
+         taken_close = taken_close || now;
+      } else {
+         size_t slot = counters_handler_slot (r->handler, false);
+         if (slot > COUNTERS_MAX_HANDLERS)
+            slot = COUNTERS_MAX_HANDLERS; /* no slot: one bucket for all of them */
+         now = !taken[slot];
+         taken[slot] = true;
+      }
+      if (now) {
+         *turn_tail = r;
+         turn_tail = &r->next;
+      } else {
+         *rest_tail = r;
+         rest_tail = &r->next;
+      }
+   }
+   if (rest) {
+      /* Back to the front, before what arrived meanwhile. */
+      pull_req_t *last = rest;
+      while (last->next)
+         last = last->next;
+      pthread_mutex_lock (&c->mu);
+      last->next = c->in_head;
+      c->in_head = rest;
+      if (!c->in_tail)
+         c->in_tail = last;
+      pthread_mutex_unlock (&c->mu);
+      event_active (c->in_ev, 0, 0);
+   }
+   for (r = turn; r; r = next) {
+      next = r->next;
+      r->next = NULL;
+      if (r->op < PULL_OP_COUNT_) {
+         size_t slot = counters_handler_slot (r->handler, false);
+         pthread_mutex_lock (&c->mu);
+         RELAYBUS_ASSERT (c->n_in > 0);
+         c->n_in--;
+         if (slot < COUNTERS_MAX_HANDLERS && c->in_by_slot[slot] > 0)
+            c->in_by_slot[slot]--;
+         pthread_mutex_unlock (&c->mu);
+      }
       run (c, r);
    }
 }
