@@ -109,6 +109,10 @@ typedef struct {
    int64_t timeout_ms;
    int64_t concurrency;
    bool retry_4xx;
+   /* pull: who may run the relaybus* commands on it, comma-separated user
+    * names ("" : every connection the deployment lets read the outbox;
+    * base/pull.h, pull_consumer_admitted). */
+   char *consumers;
 } config_handler_t;
 
 /* The TLS options of the `upstream` URI, as mongo-c-driver reads them,

@@ -122,6 +122,18 @@ void pull_lease_format (const char *token, const bson_oid_t *id, char out[PULL_L
 /* Strict: the store's token (outbox_lease_parse) and 24 hex digits. */
 bool pull_lease_parse (const char *text, pull_lease_t *out) __attribute__ ((warn_unused_result));
 
+/* The configured handler the command's value names, or NULL (not a
+ * string, or no such handler: pull_parse says which). */
+const config_handler_t *pull_handler_named (const bson_t *body, const config_t *cfg);
+
+/* Does handler `h`'s `consumers` list admit a connection whose user is
+ * `user` (NULL: none known) with database `db` (NULL in pooled mode:
+ * auth-file users have none)?  Without a list, every connection is
+ * admitted.  An entry USER names an auth-file user in pooled mode and a
+ * user of the admin database in session mode; an entry DB.USER a user of
+ * database DB (session mode), as MongoDB names users in system.users. */
+bool pull_consumer_admitted (const config_handler_t *h, const char *user, const char *db);
+
 /* {ok: 0, errmsg, code, codeName} into `doc` (initialised). */
 void pull_error_reply (bson_t *doc, pull_code_t code, const char *errmsg);
 

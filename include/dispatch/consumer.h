@@ -18,7 +18,11 @@
  * queue of submitted requests is bounded (CONSUMER_QUEUE_MAX; full:
  * consumer_submit fails at once and the client gets TemporarilyUnavailable),
  * and so are the claims held (CONSUMER_MAX_CLAIMS) and the long polls
- * waiting (CONSUMER_MAX_WAITING).  A claim with nothing due and
+ * waiting (CONSUMER_MAX_WAITING), each with a fair share per connection
+ * and per handler (CONSUMER_CONN_MAX_*, CONSUMER_HANDLER_MAX_*).  The store
+ * work of one request is bounded too: a relaybusExtend of many leases is
+ * one transaction (store_extend_many), not one per lease, and the thread
+ * takes the queued requests in turns, one per handler.  A claim with nothing due and
  * maxAwaitTimeMS waits in a list with a timer on this thread's base, never
  * holding the thread: consumer_wake (a commit through this proxy that
  * carried events) and the poll interval make the waiting claims look
@@ -71,6 +75,19 @@ typedef enum {
 #define CONSUMER_MAX_CLAIMS 10000
 /* Long polls waiting at once. */
 #define CONSUMER_MAX_WAITING 256
+/* The fair shares of those two bounds: one client connection holds at most
+ * a quarter of them, the consumers of one handler at most half, so that
+ * one consumer (or one team's handler) flooding the proxy leaves room for
+ * the others.  Past a share a claim is refused as past the bound itself
+ * (TemporarilyUnavailable, saying which share), or takes only what fits. */
+#define CONSUMER_CONN_MAX_CLAIMS (CONSUMER_MAX_CLAIMS / 4)
+#define CONSUMER_CONN_MAX_WAITING (CONSUMER_MAX_WAITING / 4)
+#define CONSUMER_HANDLER_MAX_CLAIMS (CONSUMER_MAX_CLAIMS / 2)
+#define CONSUMER_HANDLER_MAX_WAITING (CONSUMER_MAX_WAITING / 2)
+/* Requests of one handler queued for the thread at once (half of
+ * CONSUMER_QUEUE_MAX; a connection has at most CLIENT_MAX_INFLIGHT, 16, in
+ * flight). */
+#define CONSUMER_HANDLER_MAX_QUEUED (CONSUMER_QUEUE_MAX / 2)
 
 /* Receives one answer on the forwarding loop: `conn` and `seq` as in the
  * request; `reply` is valid during the call only. */

@@ -180,6 +180,13 @@ unsigned client_loop_of (const client_conn_t *c);
 const char *client_peer (const client_conn_t *c);
 client_state_t client_state (const client_conn_t *c);
 
+/* Who the connection is, as a pull handler's `consumers` list names users:
+ * in pooled mode the auth-file user it logged in to the proxy as (*db set
+ * to NULL); in session mode the user the server accepted in the last SASL
+ * conversation the proxy relayed, with its database (codec/sasl.h).  NULL
+ * (and *db NULL): nobody, or not known. */
+const char *client_user (const client_conn_t *c, const char **db);
+
 /* A slot for a module's per-connection state (e.g. a transaction being
  * injected into).  `destroy` (may be NULL) runs when the connection is
  * freed, after every callback has fired.  Setting replaces (and destroys)

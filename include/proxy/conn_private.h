@@ -27,6 +27,7 @@
 
 #include "base/assert.h"
 #include "codec/handshake.h"
+#include "codec/sasl.h"
 #include "proxy/conn.h"
 #include "proxy/side.h"
 
@@ -73,6 +74,7 @@ typedef struct {
    client_internal_cb_t cb;       /* INTERNAL */
    void *cb_ctx;
    bool track_cursor; /* RELAY, pooled: the cursor its reply opens is the client's user's (proxy/owners.h) */
+   bool track_auth;   /* RELAY, HELLO, session mode: its reply is a SASL verdict for c->sasl (codec/sasl.h) */
 } upstream_req_t;
 
 /* Owned by its loop (listed in loop->clients until disconnected, then in
@@ -178,6 +180,10 @@ struct client_conn {
    bool pool_over_pins;  /* pool_admit: its user pins pool_max_pins_per_user; answered as a wait that ran out */
    bool pool_txn_ending; /* a commit or abort was routed: the pin ends once it is answered */
    struct login *login;  /* pooled: the SASL conversation and who logged in (proxy/login.c) */
+   /* Session mode: who the server accepted the client as, read from the
+    * conversation relayed (codec/sasl.h); NULL until the first SASL
+    * command.  Owned, freed with the connection. */
+   sasl_watch_t *sasl;
 
    client_conn_t *prev, *next; /* loop->clients, or loop->free_list (next only) */
 

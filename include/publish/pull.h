@@ -12,16 +12,19 @@
  *
  *  1. inside a transaction, refused (OperationNotSupportedInTransaction,
  *     263), except relaybusComplete: that one runs in the consumer's
- *     transaction (steps 2 to 4, then publish/pulltxn.h's writes on the
+ *     transaction (steps 2 to 5, then publish/pulltxn.h's writes on the
  *     client's own upstream connection, in the transaction; below);
- *  2. on the connection's first pull command, checked against the
+ *  2. checked against the handler's `consumers` list, when it has one:
+ *     a connection whose user (proxy/conn.h, client_user) the list does
+ *     not name is refused with Unauthorized (13) naming the handler;
+ *  3. on the connection's first pull command, checked against the
  *     deployment's authorization: a find on the outbox's lanes collection
  *     runs on the client's own upstream connection, and an Unauthorized
  *     (or unauthenticated) answer refuses the command with Unauthorized
  *     (13) before anything about the handlers is said.  Allowed once, the
  *     connection is not asked again;
- *  3. parsed and validated (base/pull.h: BadValue naming the field);
- *  4. handed to the consumer thread (the submit hook) and answered when
+ *  4. parsed and validated (base/pull.h: BadValue naming the field);
+ *  5. handed to the consumer thread (the submit hook) and answered when
  *     its answer comes back (pull_answer), or at once with
  *     TemporarilyUnavailable when the consumer's queue is full.
  *

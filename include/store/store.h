@@ -222,6 +222,47 @@ bool store_extend_leases (store_t *store,
                           int64_t lease_ms,
                           bool *applied,
                           bson_error_t *error) __attribute__ ((warn_unused_result));
+/* What store_settle_many does to every ref that holds. */
+typedef enum {
+   STORE_MANY_RESCHEDULE = 0, /* store_reschedule's: one attempt more, due at due_at */
+   STORE_MANY_RELEASE,        /* store_release's: no attempt charged */
+   STORE_MANY_BURY,           /* store_bury's: one attempt more, dead */
+   STORE_MANY_EXTEND,         /* store_extend_many (not for store_settle_many) */
+} store_many_kind_t;
+
+/* Settles every ref as store_reschedule, store_release or store_bury
+ * settles one (the same fence, the same writes, the same `last_error`), in
+ * one transaction of at most four commands however many refs and lanes:
+ * a find of their lanes and one of their deliveries, by _id (the fence,
+ * each lane at the lease's epoch listing the delivery, each delivery
+ * pending in it at the lease's claim generation, is compared here, in the
+ * transaction's snapshot), one update of the deliveries that held and one
+ * of their lanes.  applied[i] tells whether ref i held.  False when the
+ * transaction failed: nothing changed. */
+bool store_settle_many (store_t *store,
+                        store_many_kind_t kind,
+                        const store_ref_t *refs,
+                        size_t n,
+                        int64_t now,
+                        int64_t due_at,
+                        const char *last_error,
+                        bool *applied,
+                        bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Extends every ref's lane to now + lease_ms (never shrinks it) in one
+ * transaction of at most three commands, however many refs and lanes: the
+ * two fencing reads of store_settle_many, and one update of the lanes
+ * with a lease that holds.  applied[i] tells
+ * whether ref i held (and its own claim was renewed, as
+ * store_extend_leases does).  False when the transaction failed: nothing
+ * was extended.  What a pull consumer's relaybusExtend of up to 1,000
+ * leases costs the consumer thread: one transaction, not one each. */
+bool store_extend_many (store_t *store,
+                        const store_ref_t *refs,
+                        size_t n,
+                        int64_t now,
+                        int64_t lease_ms,
+                        bool *applied,
+                        bson_error_t *error) __attribute__ ((warn_unused_result));
 /* When the lease of a claim this instance handed out ends, as far as this
  * instance knows (ms; the expiry the claim or its latest applied renewal
  * wrote), or 0 when the claim is not one of its own (settled, taken back,
@@ -230,7 +271,9 @@ bool store_extend_leases (store_t *store,
  * starts on a lane whose lease may lapse before the request ends. */
 int64_t store_lease_expires (store_t *store, const store_ref_t *ref);
 /* Hands back every lane this instance holds; what is still listed in flight
- * is released (claim generation moves on, no attempt charged). */
+ * is released (claim generation moves on, no attempt charged).  Three
+ * commands, however many lanes: a failure leaves every lane held (their
+ * leases run out). */
 bool store_relinquish (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 #endif /* RELAYBUS_STORE_H */

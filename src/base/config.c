@@ -230,6 +230,8 @@ static const config_key_t config_key_table[] = {
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
    H ("retry_4xx", B, "false", 0, 0, retry_4xx,
       "webhook: retry 4xx answers other than 429 instead of burying them at once."),
+   H ("consumers", L, "", 0, 0, consumers,
+      "pull: the users who may run the relaybus* commands on this handler (pooled mode: auth-file users; session mode: the user the connection authenticated as, DB.USER outside admin); empty: any connection allowed to read the outbox."),
 };
 
 #undef P
@@ -1191,6 +1193,12 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
    } else {
       config_error (error, origin, 0, "[handler %s] kind: '%s' is not webhook, pull, nats, rabbitmq or kafka", h->name,
                     h->kind);
+      return false;
+   }
+   if (*h->consumers && h->kind_id != HANDLER_KIND_PULL) {
+      /* Only a pull handler is consumed by clients; a list elsewhere would
+       * look like a protection it is not. */
+      config_error (error, origin, 0, "[handler %s] consumers: the list is for kind = pull", h->name);
       return false;
    }
    if (h->n_kafka_props && h->kind_id != HANDLER_KIND_KAFKA) {

@@ -237,6 +237,56 @@ parse_lease (const bson_iter_t *it, pull_lease_t *out, const char *cmd, const ch
    return true;
 }
 
+const config_handler_t *
+pull_handler_named (const bson_t *body, const config_t *cfg)
+{
+   char name[sizeof ((pull_req_t *) 0)->handler];
+   bson_iter_t it;
+
+   if (!cfg || !bson_iter_init (&it, body) || !bson_iter_next (&it) || !iter_string (&it, name, sizeof name))
+      return NULL;
+   for (size_t i = 0; i < cfg->n_handlers; i++)
+      if (strcmp (cfg->handlers[i].name, name) == 0)
+         return &cfg->handlers[i];
+   return NULL;
+}
+
+/* Does list entry e[0..n) name `user` of `db`? */
+static bool
+entry_names (const char *e, size_t n, const char *user, const char *db)
+{
+   size_t ulen = strlen (user), dlen;
+
+   if (!db || strcmp (db, "admin") == 0)
+      if (n == ulen && memcmp (e, user, n) == 0)
+         return true;
+   if (!db)
+      return false;
+   dlen = strlen (db);
+   return n == dlen + 1 + ulen && memcmp (e, db, dlen) == 0 && e[dlen] == '.' && memcmp (e + dlen + 1, user, ulen) == 0;
+}
+
+bool
+pull_consumer_admitted (const config_handler_t *h, const char *user, const char *db)
+{
+   const char *p = h->consumers;
+
+   if (!p || !*p)
+      return true;
+   if (!user || !*user)
+      return false;
+   /* The list is normalised by the config: "a,b,c", no blanks. */
+   while (*p) {
+      const char *comma = strchr (p, ',');
+      size_t n = comma ? (size_t) (comma - p) : strlen (p);
+
+      if (entry_names (p, n, user, db))
+         return true;
+      p += n + (comma ? 1 : 0);
+   }
+   return false;
+}
+
 bool
 pull_parse (const char *cmd, const bson_t *body, const config_t *cfg, pull_req_t **out, bson_error_t *error)
 {

@@ -61,6 +61,14 @@
 #define CONSUMER_EXPIRED_KEEP_MS 60000
 /* The internal operations (beyond pull_op_t's): a close notice, and the
  * leases a committed transaction completed. */
+/* Claims of a closed connection charged in one store transaction; more
+ * wait for the next turn of the inbox, behind the requests queued
+ * meanwhile, so that a consumer that drops thousands of claims holds the
+ * others up for one slice at a time. */
+#define CONSUMER_CLOSE_SLICE 100
+/* No connection has this id (ids count up from 1): a claim being
+ * forgotten. */
+#define CONSUMER_CONN_CHARGED UINT64_MAX
 #define CONSUMER_OP_CLOSED PULL_OP_COUNT_
 #define CONSUMER_OP_SETTLED (PULL_OP_COUNT_ + 1)
 
@@ -82,14 +90,15 @@ typedef struct {
    size_t slot;      /* as held_t's */
 } waiting_t;
 
-/* One connection's share of one handler: its claims held plus its long
- * polls waiting (never 0: the entry goes with its last one).  At most one
- * per held claim or waiting poll, so bounded by CONSUMER_MAX_CLAIMS +
- * CONSUMER_MAX_WAITING. */
+/* One connection's share of one handler: its claims held and its long
+ * polls waiting (never both 0: the entry goes with its last one).  At most
+ * one per held claim or waiting poll, so bounded by CONSUMER_MAX_CLAIMS +
+ * CONSUMER_MAX_WAITING.  The fair shares per connection sum a
+ * connection's entries. */
 typedef struct {
    uint64_t conn;
    size_t slot;
-   size_t refs;
+   size_t claims, polls;
 } user_t;
 
 /* Per handler slot: what the gauges COUNTER_CONSUMER_CONNECTIONS, _CLAIMS
@@ -105,6 +114,9 @@ typedef struct {
    pthread_mutex_t mu; /* the inbox */
    pull_req_t *in_head, *in_tail;
    size_t n_in; /* requests (close notices are not counted) */
+   /* n_in per handler slot: one handler's consumers may fill at most half
+    * of the queue (CONSUMER_HANDLER_MAX_QUEUED). */
+   uint16_t in_by_slot[COUNTERS_MAX_HANDLERS];
    struct event *in_ev, *wake_ev, *poll_ev;
    struct event *tidy_ev; /* persistent: also what keeps the base's loop running */
    struct event *drain_ev;
@@ -273,20 +285,93 @@ usage_track (consumer_t *c, uint64_t conn, size_t slot, bool poll, long n)
          c->users = bson_realloc (c->users, c->cap_users * sizeof *c->users);
       }
       e = &c->users[c->n_users++];
-      *e = (user_t){.conn = conn, .slot = slot, .refs = 0};
+      *e = (user_t){.conn = conn, .slot = slot};
       u->conns++;
    }
-   RELAYBUS_ASSERT (n > 0 || e->refs >= (size_t) -n);
-   e->refs = (size_t) ((long) e->refs + n);
-   if (poll)
+   if (poll) {
+      RELAYBUS_ASSERT (n > 0 || e->polls >= (size_t) -n);
+      e->polls = (size_t) ((long) e->polls + n);
       u->polls = (uint32_t) ((long) u->polls + n);
-   else
+   } else {
+      RELAYBUS_ASSERT (n > 0 || e->claims >= (size_t) -n);
+      e->claims = (size_t) ((long) e->claims + n);
       u->claims = (uint32_t) ((long) u->claims + n);
-   if (e->refs == 0) {
+   }
+   if (e->claims == 0 && e->polls == 0) {
       *e = c->users[--c->n_users];
       u->conns--;
    }
    usage_publish (c, slot);
+}
+
+/* What connection `conn` holds of all handlers: claims, and long polls
+ * waiting. */
+static void
+conn_usage (const consumer_t *c, uint64_t conn, size_t *claims, size_t *polls)
+{
+   *claims = *polls = 0;
+   for (size_t i = 0; i < c->n_users; i++)
+      if (c->users[i].conn == conn) {
+         *claims += c->users[i].claims;
+         *polls += c->users[i].polls;
+      }
+}
+
+/* How many more claims r's connection may take now: the smallest room of
+ * the proxy's bound, its connection's share and its handler's share; 0
+ * fills `why` with the bound that is reached. */
+static size_t
+claim_room (const consumer_t *c, const pull_req_t *r, size_t slot, char *why, size_t why_len)
+{
+   size_t conn_claims, conn_polls, room = CONSUMER_MAX_CLAIMS - c->n_held, share;
+
+   if (room == 0) {
+      bson_snprintf (why, why_len, "this proxy's consumers hold %d claims already", CONSUMER_MAX_CLAIMS);
+      return 0;
+   }
+   conn_usage (c, r->conn, &conn_claims, &conn_polls);
+   share = conn_claims < CONSUMER_CONN_MAX_CLAIMS ? CONSUMER_CONN_MAX_CLAIMS - conn_claims : 0;
+   if (share == 0) {
+      bson_snprintf (why, why_len, "this connection holds %d claims already (a connection's share: a quarter of the proxy's %d)",
+                     CONSUMER_CONN_MAX_CLAIMS, CONSUMER_MAX_CLAIMS);
+      return 0;
+   }
+   room = share < room ? share : room;
+   if (slot < COUNTERS_MAX_HANDLERS) {
+      size_t held = c->usage[slot].claims;
+      share = held < CONSUMER_HANDLER_MAX_CLAIMS ? CONSUMER_HANDLER_MAX_CLAIMS - held : 0;
+      if (share == 0) {
+         bson_snprintf (why, why_len,
+                        "the consumers of handler '%s' hold %d claims already (a handler's share: half of the "
+                        "proxy's %d)",
+                        r->handler, CONSUMER_HANDLER_MAX_CLAIMS, CONSUMER_MAX_CLAIMS);
+         return 0;
+      }
+      room = share < room ? share : room;
+   }
+   return room;
+}
+
+/* Whether r's connection and handler are within their shares of the long
+ * polls: false fills `why` with the share that is used up. */
+static bool
+poll_share (const consumer_t *c, const pull_req_t *r, char *why, size_t why_len)
+{
+   size_t conn_claims, conn_polls, slot = counters_handler_slot (r->handler, true);
+
+   conn_usage (c, r->conn, &conn_claims, &conn_polls);
+   if (conn_polls >= CONSUMER_CONN_MAX_WAITING) {
+      bson_snprintf (why, why_len, "%d long polls of this connection wait already (a connection's share: a quarter of the proxy's %d)",
+                     CONSUMER_CONN_MAX_WAITING, CONSUMER_MAX_WAITING);
+      return false;
+   }
+   if (slot < COUNTERS_MAX_HANDLERS && c->usage[slot].polls >= CONSUMER_HANDLER_MAX_WAITING) {
+      bson_snprintf (why, why_len,
+                     "%d long polls of handler '%s' wait already (a handler's share: half of the proxy's %d)",
+                     CONSUMER_HANDLER_MAX_WAITING, r->handler, CONSUMER_MAX_WAITING);
+      return false;
+   }
+   return true;
 }
 
 /* Adds r as a waiting long poll (room checked by the caller). */
@@ -464,14 +549,14 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    bson_error_t err;
    bson_t doc = BSON_INITIALIZER, arr;
    uint32_t n = 0;
-   size_t slot = counters_handler_slot (r->handler, true);
+   size_t slot = counters_handler_slot (r->handler, true), n_over = 0;
+   store_ref_t *over = NULL; /* the deliveries past CONSUMER_REPLY_MAX */
+   char why[256];
 
-   room = CONSUMER_MAX_CLAIMS - c->n_held;
+   room = claim_room (c, r, slot, why, sizeof why);
    if (room == 0) {
       answer_error (r, PULL_CODE_TEMPORARILY_UNAVAILABLE,
-                    "relaybus: relaybusClaim: this proxy's consumers hold %d claims already; complete, retry or "
-                    "release some first",
-                    CONSUMER_MAX_CLAIMS);
+                    "relaybus: relaybusClaim: %s; complete, retry or release some first", why);
       bson_destroy (&doc);
       return true;
    }
@@ -496,10 +581,9 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
       held_t *hd;
 
       if (arr.len > CONSUMER_REPLY_MAX) {
-         store_ref_t ref = {.id = d->id, .lease = d->lease, .event_id = d->event_id};
-         bool applied;
-         if (!store_release (c->store, &ref, now, &applied, &err))
-            log_warn ("consumer: releasing a delivery that did not fit in the answer: %s", err.message);
+         if (!over)
+            over = bson_malloc0 (b.n * sizeof *over);
+         over[n_over++] = (store_ref_t){.id = d->id, .lease = d->lease, .event_id = d->event_id};
          continue;
       }
       hd = &c->held[c->n_held++];
@@ -517,6 +601,15 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
       append_delivery (&arr, n++, d, hd->lease.text);
    }
    bson_append_array_end (&doc, &arr);
+   if (n_over > 0) {
+      /* Given back in one transaction (they point into b: before its clear). */
+      bool *applied = bson_malloc0 (n_over * sizeof *applied);
+      if (!store_settle_many (c->store, STORE_MANY_RELEASE, over, n_over, now, 0, NULL, applied, &err))
+         log_warn ("consumer: releasing %zu deliveries that did not fit in the answer (their lease runs out instead): %s",
+                   n_over, err.message);
+      bson_free (applied);
+   }
+   bson_free (over);
    store_batch_clear (&b);
    usage_track (c, r->conn, slot, false, (long) n);
    if (slot != SIZE_MAX)
@@ -671,15 +764,19 @@ run_extend (consumer_t *c, pull_req_t *r)
       goto done;
    for (size_t i = 0; i < r->n_leases; i++)
       refs[i] = ref_of (found[i]);
-   /* One lease at a time (store_extend_lease: the reference's extendLease,
-    * one transaction that checks the claim generation); one that fails is
-    * reported as not extended and stays held (it may still hold). */
-   for (size_t i = 0; i < r->n_leases; i++)
-      if (!store_extend_lease (c->store, &refs[i], now, r->lease_ms, &applied[i], &err)) {
-         log_warn ("consumer: c%" PRIu64 " relaybusExtend %s: %s", r->conn, r->leases[i].text, err.message);
+   /* Every lease in one transaction of three commands (store_extend_many:
+    * the claim generations checked as extendLease does), so a 1,000-lease
+    * extend costs the consumer thread, and the consumers queued behind
+    * it, one store round of a few milliseconds, not 1,000 transactions.
+    * When it fails, every lease is reported as not extended and stays held
+    * (it may still hold). */
+   if (!store_extend_many (c->store, refs, r->n_leases, now, r->lease_ms, applied, &err)) {
+      log_warn ("consumer: c%" PRIu64 " relaybusExtend of %zu leases: %s", r->conn, r->n_leases, err.message);
+      for (size_t i = 0; i < r->n_leases; i++) {
          applied[i] = false;
          found[i] = NULL;
       }
+   }
    BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
    BSON_APPEND_ARRAY_BEGIN (&doc, "extended", &yes);
    for (size_t i = 0; i < r->n_leases; i++)
@@ -715,6 +812,7 @@ run_release (consumer_t *c, pull_req_t *r)
 {
    held_t **found = bson_malloc0 (r->n_leases * sizeof *found);
    bool *applied = bson_malloc0 (r->n_leases * sizeof *applied);
+   store_ref_t *refs = NULL;
    int64_t now = clock_now_ms ();
    bson_t doc = BSON_INITIALIZER, yes, no;
    uint32_t ny = 0, nn = 0;
@@ -722,19 +820,15 @@ run_release (consumer_t *c, pull_req_t *r)
 
    if (!leases_held (c, r, found))
       goto done;
-   for (size_t i = 0; i < r->n_leases; i++) {
-      store_ref_t ref = ref_of (found[i]);
-      if (!store_release (c->store, &ref, now, &applied[i], &err)) {
-         /* The ones before were released: say so, and keep the rest held. */
-         answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusRelease: the store failed at %s (the %zu before it were released): %s",
-                       r->leases[i].text, i, err.message);
-         for (size_t j = i; j-- > 0;) {
-            held_t *h = held_find (c, r->conn, r->leases[j].text);
-            if (h)
-               held_remove (c, h);
-         }
-         goto done;
-      }
+   refs = bson_malloc0 (r->n_leases * sizeof *refs);
+   for (size_t i = 0; i < r->n_leases; i++)
+      refs[i] = ref_of (found[i]);
+   /* All of them in one transaction (store_settle_many), not one each. */
+   if (!store_settle_many (c->store, STORE_MANY_RELEASE, refs, r->n_leases, now, 0, NULL, applied, &err)) {
+      /* Nothing was released: the leases stay held. */
+      answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusRelease: the store failed (nothing was released): %s",
+                    err.message);
+      goto done;
    }
    BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
    BSON_APPEND_ARRAY_BEGIN (&doc, "released", &yes);
@@ -753,6 +847,7 @@ done:
    bson_destroy (&doc);
    bson_free (found);
    bson_free (applied);
+   bson_free (refs);
 }
 
 static void
@@ -853,41 +948,116 @@ run_settled (consumer_t *c, pull_req_t *r)
    bson_free (ids);
 }
 
+/* Up to CONSUMER_CLOSE_SLICE claims of connection `conn`, charged one
+ * attempt each: due now, or dead at the handler's last attempt.  Two
+ * transactions at most (store_settle_many: the ones buried, the ones
+ * rescheduled), not one per claim.  A store failure leaves those claims to
+ * run out their lease (a takeover charges them then).  The claims of the
+ * slice are forgotten; true when the connection holds more. */
+static bool
+charge_closed (consumer_t *c, uint64_t conn, size_t *charged, size_t *dead, size_t *lost)
+{
+   static const char *const why = "the consumer's connection closed with the delivery claimed";
+   size_t n = 0, n_dead = 0, n_due = 0;
+   held_t **mine;
+   store_ref_t *refs;
+   bool *applied, *is_dead, dead_ok = true, due_ok = true;
+   int64_t now = clock_now_ms ();
+   bson_error_t err;
+
+   for (size_t i = 0; i < c->n_held; i++)
+      n += c->held[i].conn == conn;
+   if (n == 0)
+      return false;
+   if (n > CONSUMER_CLOSE_SLICE)
+      n = CONSUMER_CLOSE_SLICE;
+   mine = bson_malloc0 (n * sizeof *mine);
+   refs = bson_malloc0 (n * sizeof *refs);
+   applied = bson_malloc0 (n * sizeof *applied);
+   is_dead = bson_malloc0 (n * sizeof *is_dead);
+   /* The slice: the first n claims of the connection, in two runs of
+    * refs[] (and mine[], is_dead[]): the ones at their handler's last
+    * attempt (buried), then the others (due again). */
+   {
+      held_t **found = bson_malloc0 (n * sizeof *found);
+      bool *last = bson_malloc0 (n * sizeof *last);
+      size_t seen = 0, a = 0, b;
+
+      for (size_t i = 0; i < c->n_held && seen < n; i++)
+         if (c->held[i].conn == conn) {
+            int64_t max_attempts, backoff;
+            handler_policy (c, c->held[i].handler, c->held[i].attempt, &max_attempts, &backoff);
+            last[seen] = c->held[i].attempt >= max_attempts;
+            n_dead += last[seen];
+            found[seen++] = &c->held[i];
+         }
+      b = n_dead;
+      for (size_t i = 0; i < n; i++) {
+         size_t at = last[i] ? a++ : b++;
+         mine[at] = found[i];
+         is_dead[at] = last[i];
+         refs[at] = ref_of (found[i]);
+      }
+      bson_free (found);
+      bson_free (last);
+   }
+   n_due = n - n_dead;
+   if (n_dead > 0 && !(dead_ok = store_settle_many (c->store, STORE_MANY_BURY, refs, n_dead, now, 0, why, applied, &err)))
+      log_warn ("consumer: c%" PRIu64 " closed: burying %zu claims at their last attempt failed (their lease runs out "
+                "instead): %s",
+                conn, n_dead, err.message);
+   if (n_due > 0 && !(due_ok = store_settle_many (c->store, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, now, why,
+                                                  applied + n_dead, &err)))
+      log_warn ("consumer: c%" PRIu64 " closed: charging %zu claims failed (their lease runs out instead): %s", conn,
+                n_due, err.message);
+   for (size_t i = 0; i < n; i++) {
+      if (!applied[i] && (i < n_dead ? dead_ok : due_ok))
+         (*lost)++;
+      else if (!applied[i])
+         continue; /* the store failed: logged above */
+      else if (is_dead[i])
+         (*dead)++;
+      else
+         (*charged)++;
+      if (applied[i] && mine[i]->slot != SIZE_MAX)
+         counters_add_at (COUNTER_CONSUMER_CLOSED_CHARGED, mine[i]->slot, 1);
+   }
+   /* Forgotten last (refs[] points into the entries, and held_remove
+    * moves them): marked, then removed in one pass from the end. */
+   for (size_t i = 0; i < n; i++)
+      mine[i]->conn = CONSUMER_CONN_CHARGED;
+   for (size_t i = c->n_held; i-- > 0;)
+      if (c->held[i].conn == CONSUMER_CONN_CHARGED) {
+         c->held[i].conn = conn; /* for the usage counts */
+         held_remove (c, &c->held[i]);
+      }
+   bson_free (mine);
+   bson_free (refs);
+   bson_free (applied);
+   bson_free (is_dead);
+   for (size_t i = 0; i < c->n_held; i++)
+      if (c->held[i].conn == conn)
+         return true;
+   return false;
+}
+
 /* Connection `conn` closed: its long polls go, and every claim it holds
- * is charged one attempt (rescheduled due now, or buried at the last). */
-static void
+ * is charged one attempt (rescheduled due now, or buried at the last), a
+ * slice at a time.  True when claims remain for another turn. */
+static bool
 run_closed (consumer_t *c, uint64_t conn)
 {
    size_t charged = 0, dead = 0, lost = 0;
+   bool more;
 
    for (size_t i = c->n_waiting; i-- > 0;)
       if (c->waiting[i].r->conn == conn)
          waiting_remove (c, i);
-   for (size_t i = c->n_held; i-- > 0;) {
-      held_t *h = &c->held[i];
-      bson_error_t err;
-      bool is_dead, applied = false;
-      int64_t due_at;
-
-      if (h->conn != conn)
-         continue;
-      if (!charge (c, h, 0, "the consumer's connection closed with the delivery claimed", &is_dead, &applied, &due_at, &err))
-         log_warn ("consumer: c%" PRIu64 " closed: charging %s failed (its lease runs out instead): %s", conn,
-                   h->lease.text, err.message);
-      else if (!applied)
-         lost++;
-      else if (is_dead)
-         dead++;
-      else
-         charged++;
-      if (applied && h->slot != SIZE_MAX)
-         counters_add_at (COUNTER_CONSUMER_CLOSED_CHARGED, h->slot, 1);
-      held_remove (c, h);
-   }
+   more = charge_closed (c, conn, &charged, &dead, &lost);
    /* The lanes stay this instance's until their lease ends, which would
     * keep other proxies away from their deliveries: when no consumer of
     * this proxy holds a claim any more, every lane is handed back now. */
-   if (charged + dead + lost > 0 && c->n_held == 0) {
+   if (!more && charged + dead + lost > 0 && c->n_held == 0) {
       bson_error_t err;
       if (!store_relinquish (c->store, clock_now_ms (), &err))
          log_warn ("consumer: c%" PRIu64 " closed: handing the lanes back failed (they free up when their leases end): %s",
@@ -895,8 +1065,9 @@ run_closed (consumer_t *c, uint64_t conn)
    }
    if (charged + dead + lost > 0)
       log_info ("consumer: c%" PRIu64 " closed holding claims: %zu due again with one attempt charged, %zu dead, %zu "
-                "no longer held",
-                conn, charged, dead, lost);
+                "no longer held%s",
+                conn, charged, dead, lost, more ? " (more charged next turn)" : "");
+   return more;
 }
 
 /* Forgets the claims whose lease ended CONSUMER_EXPIRED_KEEP_MS ago: the
@@ -1008,11 +1179,35 @@ drain_cb (evutil_socket_t fd, short what, void *arg)
 /* --- the inbox ------------------------------------------------------------ */
 
 static void
+in_push (consumer_t *c, pull_req_t *r)
+{
+   r->next = NULL;
+   if (c->in_tail)
+      c->in_tail->next = r;
+   else
+      c->in_head = r;
+   c->in_tail = r;
+}
+
+static void
 run (consumer_t *c, pull_req_t *r)
 {
    switch ((int) r->op) {
    case PULL_CLAIM:
-      if (run_claim (c, r, r->await_ms > 0 && !atomic_load (&c->draining)))
+   {
+      bool may_wait = r->await_ms > 0 && !atomic_load (&c->draining);
+      char why[256];
+
+      /* Past its connection's or handler's share, a long poll is refused
+       * before it costs a store claim: a flood of them then costs this
+       * thread nothing, and the other consumers' requests queued behind
+       * it are answered in time.  Past the proxy's own bound it claims
+       * first, as before the shares: what is due is still handed out. */
+      if (may_wait && !poll_share (c, r, why, sizeof why)) {
+         answer_error (r, PULL_CODE_TEMPORARILY_UNAVAILABLE, "relaybus: relaybusClaim: %s; claim again later", why);
+         break;
+      }
+      if (run_claim (c, r, may_wait))
          break;
       if (c->n_waiting == CONSUMER_MAX_WAITING) {
          answer_error (r, PULL_CODE_TEMPORARILY_UNAVAILABLE,
@@ -1020,6 +1215,7 @@ run (consumer_t *c, pull_req_t *r)
                        CONSUMER_MAX_WAITING);
          break;
       }
+   }
       waiting_add (c, r);
       poll_arm (c);
       return; /* kept */
@@ -1040,7 +1236,14 @@ run (consumer_t *c, pull_req_t *r)
       run_status (c, r);
       break;
    case CONSUMER_OP_CLOSED:
-      run_closed (c, r->conn);
+      if (run_closed (c, r->conn)) {
+         /* The rest on the next turn, behind what was queued meanwhile. */
+         pthread_mutex_lock (&c->mu);
+         in_push (c, r);
+         pthread_mutex_unlock (&c->mu);
+         event_active (c->in_ev, 0, 0);
+         return; /* kept */
+      }
       break;
    case CONSUMER_OP_SETTLED:
       run_settled (c, r);
@@ -1052,41 +1255,96 @@ run (consumer_t *c, pull_req_t *r)
    pull_req_destroy (r);
 }
 
+/* Does a request of connection `conn` wait in `list`? */
+static bool
+conn_waits (const pull_req_t *list, uint64_t conn)
+{
+   for (; list; list = list->next)
+      if (list->conn == conn)
+         return true;
+   return false;
+}
+
+/* One turn of the inbox runs one request per handler: the first queued
+ * request of each handler, in queue order, and one close notice whose
+ * connection has no request left before it (a connection's close comes
+ * after its requests).  What is left goes back to the front of the queue, before
+ * what arrives meanwhile, and the next turn follows at once.  So requests
+ * of one handler, however many of its consumers flood the queue, take
+ * turns with the others': another handler's request waits for at most one
+ * request of each handler, not for the whole queue.  Per handler, and so
+ * per connection and handler, the order is kept. */
 static void
 in_cb (evutil_socket_t fd, short what, void *arg)
 {
    consumer_t *c = arg;
-   pull_req_t *r, *next;
+   pull_req_t *list, *rest = NULL, **rest_tail = &rest, *turn = NULL, **turn_tail = &turn, *r, *next;
+   bool taken[COUNTERS_MAX_HANDLERS + 1] = {false}, taken_close = false;
 
    (void) fd;
    (void) what;
    pthread_mutex_lock (&c->mu);
-   r = c->in_head;
+   list = c->in_head;
    c->in_head = c->in_tail = NULL;
-   c->n_in = 0;
    pthread_mutex_unlock (&c->mu);
-   for (; r; r = next) {
+   for (r = list; r; r = next) {
+      bool now;
       next = r->next;
       r->next = NULL;
+      if (r->op == (pull_op_t) CONSUMER_OP_CLOSED) {
+         /* One close per turn, and only once none of its connection's
+          * requests waits before it. */
+         now = !taken_close && !conn_waits (rest, r->conn);
+         taken_close = taken_close || now;
+      } else {
+         size_t slot = counters_handler_slot (r->handler, false);
+         if (slot > COUNTERS_MAX_HANDLERS)
+            slot = COUNTERS_MAX_HANDLERS; /* no slot: one bucket for all of them */
+         now = !taken[slot];
+         taken[slot] = true;
+      }
+      if (now) {
+         *turn_tail = r;
+         turn_tail = &r->next;
+      } else {
+         *rest_tail = r;
+         rest_tail = &r->next;
+      }
+   }
+   if (rest) {
+      /* Back to the front, before what arrived meanwhile. */
+      pull_req_t *last = rest;
+      while (last->next)
+         last = last->next;
+      pthread_mutex_lock (&c->mu);
+      last->next = c->in_head;
+      c->in_head = rest;
+      if (!c->in_tail)
+         c->in_tail = last;
+      pthread_mutex_unlock (&c->mu);
+      event_active (c->in_ev, 0, 0);
+   }
+   for (r = turn; r; r = next) {
+      next = r->next;
+      r->next = NULL;
+      if (r->op < PULL_OP_COUNT_) {
+         size_t slot = counters_handler_slot (r->handler, false);
+         pthread_mutex_lock (&c->mu);
+         RELAYBUS_ASSERT (c->n_in > 0);
+         c->n_in--;
+         if (slot < COUNTERS_MAX_HANDLERS && c->in_by_slot[slot] > 0)
+            c->in_by_slot[slot]--;
+         pthread_mutex_unlock (&c->mu);
+      }
       run (c, r);
    }
-}
-
-static void
-in_push (consumer_t *c, pull_req_t *r)
-{
-   r->next = NULL;
-   if (c->in_tail)
-      c->in_tail->next = r;
-   else
-      c->in_head = r;
-   c->in_tail = r;
 }
 
 bool
 consumer_submit (pull_req_t *r, bson_error_t *error)
 {
    consumer_t *c;
+   size_t slot;
    bool ok = false;
 
    pthread_mutex_lock (&g_mu);
@@ -1098,6 +1356,7 @@ consumer_submit (pull_req_t *r, bson_error_t *error)
                       pull_op_name (r->op));
       goto done;
    }
+   slot = counters_handler_slot (r->handler, true);
    pthread_mutex_lock (&c->mu);
    if (c->n_in >= CONSUMER_QUEUE_MAX) {
       pthread_mutex_unlock (&c->mu);
@@ -1106,8 +1365,21 @@ consumer_submit (pull_req_t *r, bson_error_t *error)
                       CONSUMER_QUEUE_MAX);
       goto done;
    }
+   /* A connection has at most CLIENT_MAX_INFLIGHT (16) requests in flight,
+    * well inside a quarter of the queue; many connections of one handler
+    * are held to half of it, so the others' requests still get in. */
+   if (slot < COUNTERS_MAX_HANDLERS && c->in_by_slot[slot] >= CONSUMER_HANDLER_MAX_QUEUED) {
+      pthread_mutex_unlock (&c->mu);
+      bson_set_error (error, PULL_ERROR_DOMAIN, PULL_CODE_TEMPORARILY_UNAVAILABLE,
+                      "relaybus: %s: %d requests for handler '%s' wait already (a handler's share: half of the "
+                      "consumer queue's %d); try again",
+                      pull_op_name (r->op), CONSUMER_HANDLER_MAX_QUEUED, r->handler, CONSUMER_QUEUE_MAX);
+      goto done;
+   }
    in_push (c, r);
    c->n_in++;
+   if (slot < COUNTERS_MAX_HANDLERS)
+      c->in_by_slot[slot]++;
    pthread_mutex_unlock (&c->mu);
    event_active (c->in_ev, 0, 0);
    ok = true;

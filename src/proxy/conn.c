@@ -256,6 +256,7 @@ client_free (client_conn_t *c)
    if (c->data_destroy)
       c->data_destroy (c->data);
    login_destroy (c->login);
+   bson_free (c->sasl);
    proxy_evbuffer_free (c->scratch);
    proxy_evbuffer_free (c->tmp);
    config_release (c->cfg);
@@ -1552,6 +1553,18 @@ void *
 client_get_data (const client_conn_t *c)
 {
    return c->data;
+}
+
+const char *
+client_user (const client_conn_t *c, const char **db)
+{
+   *db = NULL;
+   if (c->loop->pool)
+      return login_user (c);
+   if (!c->sasl || !c->sasl->user[0])
+      return NULL;
+   *db = c->sasl->db;
+   return c->sasl->user;
 }
 
 unsigned

@@ -406,6 +406,80 @@ client_send_internal (client_conn_t *c,
 
 /* ------------------------------------------------------------ requests */
 
+/* Session mode: who the client authenticates as is the server's to decide;
+ * the proxy reads the conversation it relays (codec/sasl.h) so that a pull
+ * handler's `consumers` list can name users (client_user).  Only the SASL
+ * commands and their replies are read. */
+static sasl_watch_t *
+auth_watch (client_conn_t *c)
+{
+   if (!c->sasl)
+      c->sasl = bson_malloc0 (sizeof *c->sasl);
+   return c->sasl;
+}
+
+/* A SASL command of the client is relayed: whether its reply is a verdict
+ * to read.  One sent without waiting for a reply (moreToCome) could change
+ * the server's conversation unseen: the watch is lost for good. */
+static bool
+auth_watch_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd, bool more)
+{
+   sasl_watch_t *w = auth_watch (c);
+   bson_iter_t it;
+   const char *db = NULL;
+   sasl_watch_state_t was = w->state;
+   bool track;
+
+   if (more) {
+      sasl_watch_lose (w);
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s sent with moreToCome: its user is not recorded", cmd);
+      return false;
+   }
+   if (bson_iter_init_find (&it, &msg->body, "$db") && BSON_ITER_HOLDS_UTF8 (&it))
+      db = bson_iter_utf8 (&it, NULL);
+   track = sasl_watch_request (w, cmd, &msg->body, db);
+   if (w->state == SASL_WATCH_LOST && was != SASL_WATCH_LOST)
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s sent before the last one was answered: its user is not recorded", cmd);
+   return track;
+}
+
+/* A hello's speculativeAuthenticate (at `it`) is relayed. */
+static bool
+auth_watch_hello (client_conn_t *c, const bson_iter_t *it)
+{
+   bson_t spec;
+   const uint8_t *data;
+   uint32_t len;
+
+   if (!BSON_ITER_HOLDS_DOCUMENT (it))
+      return false;
+   bson_iter_document (it, &len, &data);
+   if (!bson_init_static (&spec, data, len))
+      return false;
+   return sasl_watch_hello (auth_watch (c), &spec);
+}
+
+/* The reply (`len` bytes at the front of `in`) to a request the watch
+ * waits for. */
+static void
+auth_watch_reply (client_conn_t *c, struct evbuffer *in, size_t len)
+{
+   const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+   wire_msg_t reply;
+   bson_error_t error = {.message = "out of memory"};
+   bool had = c->sasl->user[0] != '\0';
+
+   if (!buf || !wire_parse_msg (buf, len, &reply, &error)) {
+      /* Unreadable: it cannot be believed either way. */
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer, "a SASL reply cannot be read (%s): its user is not recorded", error.message);
+      sasl_watch_lose (c->sasl);
+      return;
+   }
+   sasl_watch_reply (c->sasl, &reply.body);
+   if (c->sasl->user[0] && !had)
+      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "authenticated upstream as %s (%s)", c->sasl->user, c->sasl->db);
+}
+
 /* Forwards a request unchanged but for its requestID.  A request with a
  * checksum is re-encoded instead: changing the header would break its
  * CRC, and the proxy drops checksums of what it rewrites. */
@@ -416,6 +490,7 @@ forward_request (client_conn_t *c,
                  const wire_msg_t *msg,
                  const char *cmd,
                  int compressor,
+                 bool track_auth,
                  bson_error_t *error)
 {
    struct evbuffer *out = upstream_output (c);
@@ -439,6 +514,7 @@ forward_request (client_conn_t *c,
       }
       u->creq_seq = r->seq;
       u->track_cursor = c->server && owners_opens_cursors (cmd) && owners_enabled (c);
+      u->track_auth = track_auth;
    }
    if (msg->checksum_present) {
       if (!wire_append_msg (out,
@@ -559,14 +635,16 @@ forward_hello (client_conn_t *c,
    client_req_t *r;
    upstream_req_t *u;
    int32_t id;
-   bool ok = false;
+   bool ok = false, track_auth = false;
 
    if (c->loop->pool)
       return answer_hello_pooled (c, src, len, client_id, family, hello, error);
    {
       bson_iter_t it;
-      if (bson_iter_init_find (&it, hello, "speculativeAuthenticate"))
+      if (bson_iter_init_find (&it, hello, "speculativeAuthenticate")) {
          c->session_bound = true; /* authenticated on this upstream connection (client_repair) */
+         track_auth = auth_watch_hello (c, &it);
+      }
    }
    if (handshake_speculative_x509 (hello))
       log_warn ("c%" PRIu64 " %s: hello's MONGODB-X509 speculativeAuthenticate removed (client connections present no "
@@ -583,6 +661,7 @@ forward_hello (client_conn_t *c,
       goto done;
    }
    u->creq_seq = r->seq;
+   u->track_auth = track_auth;
    negotiate_compression (c, hello, &u->offer);
    if (!wire_append_msg (upstream_output (c), id, 0, 0, &body, NULL, 0)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_HELLO_TOO_LARGE, "hello too large");
@@ -841,7 +920,8 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
       bson_snprintf (errmsg, sizeof errmsg, "no such command: '%s'", cmd);
       return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, SERVER_COMMAND_NOT_FOUND, errmsg, src, len, error);
    }
-   return forward_request (c, src, len, msg, cmd, compressor, error);
+   return forward_request (c, src, len, msg, cmd, compressor,
+                           !c->loop->pool && sasl_watch_wants (cmd) && auth_watch_request (c, msg, cmd, more), error);
 }
 
 /* OP_QUERY: only the legacy hello is accepted; anything else gets the
@@ -1424,6 +1504,8 @@ reply_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuff
 
    if (!buf || !wire_parse_msg (buf, len, &reply, error))
       goto done;
+   if (u->track_auth)
+      sasl_watch_hello_reply (c->sasl, &reply.body);
    bson_destroy (&body);
    if (!handshake_rewrite_reply (&reply.body, &u->offer, &body, error))
       goto done;
@@ -1532,6 +1614,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    /* RELAY */
    if (u->track_cursor && first)
       owners_note_reply (c, in, len);
+   if (u->track_auth && first)
+      auth_watch_reply (c, in, len);
    if (len <= CLIENT_SCAN_LIMIT) {
       const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
       reply_scan_t scan = {false, false};

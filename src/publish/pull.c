@@ -593,6 +593,39 @@ probe (client_conn_t *c, uint64_t seq, const char *cmd, const bson_t *body)
 
 /* --- routing --------------------------------------------------------------- */
 
+/* The handler's `consumers` list, checked before anything else is said
+ * about the command: false after answering Unauthorized. */
+static bool
+admitted (client_conn_t *c, uint64_t seq, const char *cmd, const bson_t *body)
+{
+   config_t *cfg = config_acquire ();
+   const config_handler_t *h = pull_handler_named (body, cfg);
+   const char *user, *db;
+   char errmsg[512];
+   bool ok;
+
+   user = client_user (c, &db);
+   ok = !h || pull_consumer_admitted (h, user, db);
+   if (!ok) {
+      char who[400];
+      if (!user)
+         bson_strncpy (who, "is not authenticated", sizeof who);
+      else if (db)
+         bson_snprintf (who, sizeof who, "is authenticated as '%.200s' of database '%.100s'", user, db);
+      else
+         bson_snprintf (who, sizeof who, "is logged in as '%.200s'", user);
+      bson_snprintf (errmsg, sizeof errmsg,
+                     "relaybus: %s: handler '%.100s' admits only the users its `consumers` list names; this "
+                     "connection %s",
+                     cmd, h->name, who);
+      log_info ("c%" PRIu64 " %s: %s on handler %s refused: user %s%s%s is not one of its consumers", client_id (c),
+                client_peer (c), cmd, h->name, user ? user : "(none)", db ? " of " : "", db ? db : "");
+      answer_error (c, seq, PULL_CODE_UNAUTHORIZED, errmsg);
+   }
+   config_release (cfg);
+   return ok;
+}
+
 bool
 pull_route (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compressor, bson_error_t *error)
 {
@@ -611,6 +644,8 @@ pull_route (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compre
       answer_error (c, seq, PULL_CODE_IN_TRANSACTION, errmsg);
       return true;
    }
+   if (!admitted (c, seq, cmd, &msg->body))
+      return true;
    p = conn_get (c);
    if (p->authorized) {
       submit (c, p, seq, cmd, &msg->body);

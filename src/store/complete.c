@@ -727,6 +727,291 @@ store_extend_leases (store_t *s,
    return ok;
 }
 
+/* ------------------------------------------------------------ many */
+
+/* Many leases, of any lanes, settled or extended in one transaction of a
+ * few commands (store_settle_many, store_extend_many). */
+typedef struct {
+   store_many_kind_t kind;
+   const store_ref_t *refs;
+   const outbox_lease_t *leases;
+   const bool *valid; /* the lease parsed */
+   size_t n;
+   bool *applied;
+   int64_t now, due_at, lease_ms;
+   const char *last_error;
+} many_t;
+
+/* Appends {_id: {$in: [...]}} of the distinct lanes of the leases whose
+ * `pick` is set to `q`; returns how many. */
+static uint32_t
+append_lane_ids (bson_t *q, const many_t *e, const bool *pick)
+{
+   bool seen[OUTBOX_LANES] = {false};
+   bson_t in, arr;
+   uint32_t k = 0;
+
+   BSON_APPEND_DOCUMENT_BEGIN (q, "_id", &in);
+   BSON_APPEND_ARRAY_BEGIN (&in, "$in", &arr);
+   for (size_t i = 0; i < e->n; i++) {
+      char buf[16];
+      const char *key;
+
+      if (!pick[i] || seen[e->leases[i].lane_id])
+         continue;
+      seen[e->leases[i].lane_id] = true;
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_INT32 (&arr, key, (int32_t) e->leases[i].lane_id);
+   }
+   bson_append_array_end (&in, &arr);
+   bson_append_document_end (q, &in);
+   return k;
+}
+
+/* {_id: {$in: [the ids of the refs whose `pick` is set]}} into `q`. */
+static void
+append_ref_ids (bson_t *q, const many_t *e, const bool *pick)
+{
+   bson_t in, arr;
+   uint32_t k = 0;
+
+   BSON_APPEND_DOCUMENT_BEGIN (q, "_id", &in);
+   BSON_APPEND_ARRAY_BEGIN (&in, "$in", &arr);
+   for (size_t i = 0; i < e->n; i++)
+      if (pick[i]) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         BSON_APPEND_OID (&arr, key, &e->refs[i].id);
+      }
+   bson_append_array_end (&in, &arr);
+   bson_append_document_end (q, &in);
+}
+
+/* The fence of every lease, in two reads by _id (cheap for any number of
+ * leases): their lanes, each of which must be at the lease's epoch and
+ * list the delivery, then their deliveries, each of which must be pending
+ * in that lane at the lease's claim generation.  The fields are compared
+ * here, in the transaction's snapshot, so the writes after it may match by
+ * _id alone.  e->applied[i]: lease i holds.  A stale lease changes
+ * nothing, and does not keep the others from being settled. */
+static bool
+many_fence (store_txn_t *txn, many_t *e, bson_error_t *error)
+{
+   bson_t *lanes[OUTBOX_LANES] = {0};
+   bson_t lq = BSON_INITIALIZER, dq = BSON_INITIALIZER;
+   bool *fenced = bson_malloc0 (e->n * sizeof *fenced);
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   size_t k = 0;
+   bool ok = true;
+
+   append_lane_ids (&lq, e, e->valid);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], &lq, &txn->opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      int64_t id = store_iter_int64 (doc, "_id");
+      if (id >= 0 && id < OUTBOX_LANES && !lanes[id])
+         lanes[id] = bson_copy (doc);
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (!ok)
+      goto done;
+   for (size_t i = 0; i < e->n; i++) {
+      const bson_t *lane = e->valid[i] ? lanes[e->leases[i].lane_id] : NULL;
+      fenced[i] = lane && store_iter_int64 (lane, "epoch") == e->leases[i].epoch &&
+                  store_array_has_oid (lane, "inFlight", &e->refs[i].id);
+      k += fenced[i];
+   }
+   if (k == 0)
+      goto done;
+   append_ref_ids (&dq, e, fenced);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, &txn->opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      const char *status = store_iter_utf8 (doc, "status");
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it) || !status || strcmp (status, "pending") != 0)
+         continue;
+      for (size_t i = 0; i < e->n; i++)
+         if (fenced[i] && !e->applied[i] && bson_oid_equal (bson_iter_oid (&it), &e->refs[i].id) &&
+             store_iter_int64 (doc, "laneId") == e->leases[i].lane_id &&
+             store_iter_int64 (doc, "claims") == e->leases[i].claims)
+            e->applied[i] = true;
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+done:
+   for (size_t i = 0; i < OUTBOX_LANES; i++)
+      bson_destroy (lanes[i]);
+   bson_destroy (&lq);
+   bson_destroy (&dq);
+   bson_free (fenced);
+   return ok;
+}
+
+/* The settling writes of the deliveries that held, as settle_cb writes one:
+ * the deliveries (one update: in the transaction, their fence was read in
+ * its snapshot, so matching them by id is enough), then their lanes (one
+ * update: each pulls the ids, which are only in their own lane). */
+static bool
+many_settle_writes (store_txn_t *txn, many_t *e, bson_error_t *error)
+{
+   bson_t dq = BSON_INITIALIZER, du = BSON_INITIALIZER, lq = BSON_INITIALIZER, lu = BSON_INITIALIZER, sub, pull;
+   bool ok;
+
+   append_ref_ids (&dq, e, e->applied);
+   BSON_APPEND_DOCUMENT_BEGIN (&du, "$inc", &sub);
+   if (e->kind != STORE_MANY_RELEASE)
+      BSON_APPEND_INT32 (&sub, "attempts", 1);
+   BSON_APPEND_INT32 (&sub, "claims", 1);
+   bson_append_document_end (&du, &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&du, "$set", &sub);
+   BSON_APPEND_DATE_TIME (&sub, "updatedAt", e->now);
+   if (e->kind == STORE_MANY_RESCHEDULE)
+      BSON_APPEND_DATE_TIME (&sub, "dueAt", e->due_at);
+   if (e->kind == STORE_MANY_BURY)
+      BSON_APPEND_UTF8 (&sub, "status", "dead");
+   if (e->last_error && e->kind != STORE_MANY_RELEASE)
+      BSON_APPEND_UTF8 (&sub, "lastError", e->last_error);
+   bson_append_document_end (&du, &sub);
+   if (e->kind == STORE_MANY_BURY) {
+      BSON_APPEND_DOCUMENT_BEGIN (&du, "$unset", &sub);
+      BSON_APPEND_UTF8 (&sub, "lane", "");
+      bson_append_document_end (&du, &sub);
+   }
+   ok = mongoc_collection_update_many (txn->coll[OUTBOX_DELIVERIES], &dq, &du, &txn->opts, NULL, error);
+   if (ok) {
+      append_lane_ids (&lq, e, e->applied);
+      BSON_APPEND_DOCUMENT_BEGIN (&lu, "$pull", &pull);
+      BSON_APPEND_DOCUMENT_BEGIN (&pull, "inFlight", &sub);
+      {
+         bson_t in;
+         uint32_t k = 0;
+         BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &in);
+         for (size_t i = 0; i < e->n; i++)
+            if (e->applied[i]) {
+               char buf[16];
+               const char *key;
+               bson_uint32_to_string (k++, &key, buf, sizeof buf);
+               BSON_APPEND_OID (&in, key, &e->refs[i].id);
+            }
+         bson_append_array_end (&sub, &in);
+      }
+      bson_append_document_end (&pull, &sub);
+      bson_append_document_end (&lu, &pull);
+      ok = mongoc_collection_update_many (txn->coll[OUTBOX_LANES_COLL], &lq, &lu, &txn->opts, NULL, error);
+   }
+   bson_destroy (&dq);
+   bson_destroy (&du);
+   bson_destroy (&lq);
+   bson_destroy (&lu);
+   return ok;
+}
+
+static bool
+many_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
+{
+   many_t *e = ctx;
+   bool ok, any = false;
+
+   for (size_t i = 0; i < e->n; i++)
+      e->applied[i] = false;
+   ok = many_fence (txn, e, error);
+   for (size_t i = 0; ok && i < e->n; i++)
+      any = any || e->applied[i];
+   if (ok && any) {
+      if (e->kind == STORE_MANY_EXTEND) {
+         /* Every lane with a lease that holds, in one update. */
+         bson_t uq = BSON_INITIALIZER;
+         bson_t *lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (e->now + e->lease_ms), "}");
+         append_lane_ids (&uq, e, e->applied);
+         ok = mongoc_collection_update_many (txn->coll[OUTBOX_LANES_COLL], &uq, lu, &txn->opts, NULL, error);
+         bson_destroy (&uq);
+         bson_destroy (lu);
+      } else {
+         ok = many_settle_writes (txn, e, error);
+      }
+   }
+   if (!ok)
+      for (size_t i = 0; i < e->n; i++)
+         e->applied[i] = false;
+   return ok;
+}
+
+static bool
+many_run (store_t *s, many_t *e, bson_error_t *error)
+{
+   outbox_lease_t *leases;
+   bool *valid, *applied = e->applied;
+   mongoc_client_t *client;
+   bool ok = true, any = false;
+
+   for (size_t i = 0; i < e->n; i++)
+      applied[i] = false;
+   if (e->n == 0)
+      return true;
+   leases = bson_malloc0 (e->n * sizeof *leases);
+   valid = bson_malloc0 (e->n * sizeof *valid);
+   for (size_t i = 0; i < e->n; i++) {
+      valid[i] = e->refs[i].lease && outbox_lease_parse (e->refs[i].lease, &leases[i]); /* refused without a call */
+      any = any || valid[i];
+   }
+   e->leases = leases;
+   e->valid = valid;
+   if (any) {
+      client = mongoc_client_pool_pop (s->pool);
+      ok = store_with_txn (s, client, many_cb, e, error);
+      mongoc_client_pool_push (s->pool, client);
+   }
+   if (ok) {
+      pthread_mutex_lock (&s->mu);
+      for (size_t i = 0; i < e->n; i++) {
+         if (!applied[i])
+            continue;
+         if (e->kind == STORE_MANY_EXTEND)
+            renewed (s, &e->refs[i].id, &leases[i], e->now + e->lease_ms);
+         else
+            store_issued_remove (s, &e->refs[i].id);
+      }
+      pthread_mutex_unlock (&s->mu);
+   } else {
+      for (size_t i = 0; i < e->n; i++)
+         applied[i] = false;
+   }
+   bson_free (leases);
+   bson_free (valid);
+   return ok;
+}
+
+bool
+store_extend_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now, int64_t lease_ms, bool *applied,
+                   bson_error_t *error)
+{
+   many_t e = {.kind = STORE_MANY_EXTEND, .refs = refs, .n = n, .applied = applied, .now = now, .lease_ms = lease_ms};
+
+   return many_run (s, &e, error);
+}
+
+bool
+store_settle_many (store_t *s,
+                   store_many_kind_t kind,
+                   const store_ref_t *refs,
+                   size_t n,
+                   int64_t now,
+                   int64_t due_at,
+                   const char *last_error,
+                   bool *applied,
+                   bson_error_t *error)
+{
+   many_t e = {.kind = kind, .refs = refs, .n = n, .applied = applied, .now = now, .due_at = due_at,
+               .last_error = last_error};
+
+   RELAYBUS_ASSERT (kind != STORE_MANY_EXTEND);
+   return many_run (s, &e, error);
+}
+
 /* ------------------------------------------------------------ relinquish */
 
 bool
@@ -735,6 +1020,13 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
    mongoc_client_t *client;
    mongoc_collection_t *lanes, *dels;
    store_lane_state_t held[OUTBOX_LANES];
+   store_oids_t ids = {0};
+   bson_t lq = BSON_INITIALIZER, arr, reply;
+   bson_t *u = NULL;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_error_t err;
+   uint32_t k = 0;
    bool ok = true;
    size_t n = 0;
 
@@ -743,70 +1035,83 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
    pthread_mutex_lock (&s->mu);
    memcpy (held, s->lanes, sizeof held);
    pthread_mutex_unlock (&s->mu);
-   client = mongoc_client_pool_pop (s->pool);
-   lanes = store_coll (s, client, OUTBOX_LANES_COLL);
-   dels = store_coll (s, client, OUTBOX_DELIVERIES);
+   /* Every lane held, in three commands whatever their number (one per
+    * lane cost a consumer thread seconds for 256 lanes, while the other
+    * consumers waited).  The writes are ordered so that no claim sees a
+    * gap: first the claim generation of every delivery the lanes list
+    * moves on (no attempt charged), while the lanes are still ours and
+    * nobody else claims from them; only then are the lanes emptied and
+    * handed back.  A claim of another worker after the hand-back
+    * therefore always reads the new generation, and a failure between the
+    * two leaves the lanes held, to be taken over (and charged) after their
+    * lease.  Claims of this instance wait on claim_mu meanwhile. */
+   BSON_APPEND_ARRAY_BEGIN (&lq, "$or", &arr);
    for (uint32_t i = 0; i < OUTBOX_LANES; i++) {
-      bson_t *q, *u;
-      mongoc_cursor_t *cur;
-      const bson_t *doc;
-      store_oids_t ids = {0};
-      bson_t reply;
-      bson_error_t err;
-      bool found = false, step_ok = true;
+      char buf[16];
+      const char *key;
+      bson_t one;
 
       if (!held[i].held)
          continue;
-      /* Two writes, ordered so that no claim sees a gap: first the claim
-       * generation of every delivery the lane lists moves on (no attempt
-       * charged), while the lane is still ours and nobody else claims
-       * from it; only then is the lane emptied and handed back.  A claim
-       * of another worker after the hand-back therefore always reads the
-       * new generation, and a failure between the two leaves the lane
-       * held, to be taken over (and charged) after its lease.  Claims of
-       * this instance wait on claim_mu meanwhile. */
-      q = BCON_NEW ("_id", BCON_INT32 ((int32_t) i), "epoch", BCON_INT64 (held[i].epoch), "owner", BCON_UTF8 (s->owner));
-      cur = mongoc_collection_find_with_opts (lanes, q, NULL, NULL);
-      if (mongoc_cursor_next (cur, &doc)) {
-         found = true;
-         store_oids_from_array (&ids, doc, "inFlight");
+      bson_uint32_to_string (k++, &key, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &one);
+      BSON_APPEND_INT32 (&one, "_id", (int32_t) i);
+      BSON_APPEND_INT64 (&one, "epoch", held[i].epoch);
+      BSON_APPEND_UTF8 (&one, "owner", s->owner);
+      bson_append_document_end (&arr, &one);
+   }
+   bson_append_array_end (&lq, &arr);
+   if (k == 0) {
+      bson_destroy (&lq);
+      pthread_mutex_unlock (&s->claim_mu);
+      log_info ("store: handed back 0 lane(s)");
+      return true;
+   }
+   client = mongoc_client_pool_pop (s->pool);
+   lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   dels = store_coll (s, client, OUTBOX_DELIVERIES);
+   cur = mongoc_collection_find_with_opts (lanes, &lq, NULL, NULL);
+   while (mongoc_cursor_next (cur, &doc))
+      store_oids_from_array (&ids, doc, "inFlight");
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "handing back the lanes: %s", err.message);
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   if (ok && ids.n > 0) {
+      bson_t dq = BSON_INITIALIZER;
+      bson_t *du = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
+      store_append_oids_op (&dq, "_id", "$in", ids.v, ids.n);
+      if (!mongoc_collection_update_many (dels, &dq, du, NULL, NULL, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "releasing the lanes' deliveries: %s", err.message);
+         ok = false;
       }
-      if (mongoc_cursor_error (cur, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "handing back lane %u: %s", i, err.message);
-         ok = step_ok = false;
+      bson_destroy (&dq);
+      bson_destroy (du);
+   }
+   if (ok) {
+      u = BCON_NEW ("$set", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]", "}");
+      if (!mongoc_collection_update_many (lanes, &lq, u, NULL, &reply, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "handing back the lanes: %s", err.message);
+         ok = false;
+      } else {
+         n = (size_t) store_iter_int64 (&reply, "matchedCount");
       }
-      mongoc_cursor_destroy (cur);
-      if (step_ok && found && ids.n > 0) {
-         bson_t dq = BSON_INITIALIZER;
-         bson_t *du = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
-         store_append_oids_op (&dq, "_id", "$in", ids.v, ids.n);
-         if (!mongoc_collection_update_many (dels, &dq, du, NULL, NULL, &err)) {
-            store_set_error (error, STORE_ERROR_SERVER, "releasing lane %u: %s", i, err.message);
-            ok = step_ok = false;
-         }
-         bson_destroy (&dq);
-         bson_destroy (du);
-      }
-      if (step_ok && found) {
-         u = BCON_NEW ("$set", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]", "}");
-         if (!mongoc_collection_update_one (lanes, q, u, NULL, &reply, &err)) {
-            store_set_error (error, STORE_ERROR_SERVER, "handing back lane %u: %s", i, err.message);
-            ok = step_ok = false;
-         } else if (store_iter_int64 (&reply, "matchedCount") == 1) {
-            n++;
-         }
-         bson_destroy (&reply);
-         bson_destroy (u);
-      }
-      store_oids_free (&ids);
-      bson_destroy (q);
-      if (!step_ok)
-         continue; /* still held: its lease runs out, or a later call hands it back */
+      bson_destroy (&reply);
+   }
+   if (ok) {
+      /* Handed back, or no longer ours (taken over after their lease). */
       pthread_mutex_lock (&s->mu);
-      s->lanes[i].held = false;
-      store_issued_remove_lane (s, i);
+      for (uint32_t i = 0; i < OUTBOX_LANES; i++)
+         if (held[i].held && s->lanes[i].held && s->lanes[i].epoch == held[i].epoch) {
+            s->lanes[i].held = false;
+            store_issued_remove_lane (s, i);
+         }
       pthread_mutex_unlock (&s->mu);
    }
+   bson_destroy (u);
+   store_oids_free (&ids);
+   bson_destroy (&lq);
    mongoc_collection_destroy (lanes);
    mongoc_collection_destroy (dels);
    mongoc_client_pool_push (s->pool, client);

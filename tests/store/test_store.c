@@ -1432,6 +1432,62 @@ test_relinquish_and_extend_lease (void **state)
 }
 
 
+/* Many leases in one transaction (a pull consumer's relaybusExtend,
+ * relaybusRelease and the charge of a closed connection): each lease is
+ * fenced as the one-lease calls fence it, a stale one changes nothing and
+ * does not keep the others from applying, and the writes are the one-lease
+ * calls' writes. */
+static void
+test_settle_and_extend_many (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t ba = {0}, bb = {0};
+   store_ref_t r[5];
+   bool applied[5];
+   bson_error_t err;
+
+   for (int i = 0; i < 5; i++) {
+      char id[8];
+      bson_snprintf (id, sizeof id, "m%d", i);
+      add (fx, id, "h", NULL, 0, T0 - 10);
+   }
+   claim (fx->a, "h", 5, T0, &ba);
+   assert_int_equal (ba.n, 5);
+   for (int i = 0; i < 5; i++)
+      r[i] = ref (&ba.items[i]);
+   /* Lease 4 goes stale. */
+   assert_true (store_release (fx->a, &r[4], T0 + 1, &applied[0], &err));
+   assert_true (applied[0]);
+   assert_true (store_extend_many (fx->a, r, 5, T0 + LEASE - 1, LEASE, applied, &err));
+   for (int i = 0; i < 4; i++)
+      assert_true (applied[i]);
+   assert_false (applied[4]);
+   /* Past the first lease, the extended lanes are still A's. */
+   claim (fx->b, "h", 10, T0 + LEASE + 1, &bb);
+   for (size_t j = 0; j < bb.n; j++)
+      for (int i = 0; i < 4; i++)
+         assert_false (bson_oid_equal (&bb.items[j].id, &ba.items[i].id));
+   store_batch_clear (&bb);
+   /* 0 and 1 due again with an attempt charged, 2 dead, 3 released. */
+   assert_true (store_settle_many (fx->a, STORE_MANY_RESCHEDULE, r, 2, T0 + LEASE + 2, T0 + LEASE + 100, "boom", applied, &err));
+   assert_true (applied[0] && applied[1]);
+   assert_true (store_settle_many (fx->a, STORE_MANY_BURY, &r[2], 1, T0 + LEASE + 2, 0, "dead", applied, &err));
+   assert_true (applied[0]);
+   assert_true (store_settle_many (fx->a, STORE_MANY_RELEASE, &r[3], 2, T0 + LEASE + 2, 0, NULL, applied, &err));
+   assert_true (applied[0]);
+   assert_false (applied[1]); /* stale */
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"attempts\": 1, \"lastError\": \"boom\", \"status\": \"pending\"}"), 2);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"status\": \"dead\", \"lastError\": \"dead\"}"), 1);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"attempts\": 0, \"status\": \"pending\"}"), 2);
+   /* A's lanes list none of them any more (B's lane lists m4, which B claimed). */
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": \"host/1/aaaa\", \"inFlight.0\": {\"$exists\": true}}"), 0);
+   /* Settled already: a second settle of the same leases changes nothing. */
+   assert_true (store_settle_many (fx->a, STORE_MANY_RELEASE, r, 4, T0 + LEASE + 3, 0, NULL, applied, &err));
+   for (int i = 0; i < 4; i++)
+      assert_false (applied[i]);
+   store_batch_clear (&ba);
+}
+
 /* A claim that fails reconciles the owner's lanes: a listed delivery stays
  * listed only if this instance handed out its current claim; anything else
  * (as if a claim's record had reached the database without its reply) is
@@ -1594,7 +1650,8 @@ test_claims_write_no_delivery_and_completions_no_lane (void **state)
    store_batch_clear (&b);
    claim (fx->a, "h", 1, T0 + 2, &b);
    assert_int_equal (b.n, 0);
-   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"inFlight.0\": {\"$exists\": true}}"), 0);
+   /* A's lanes list none of them any more (B's lane lists m4, which B claimed). */
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": \"host/1/aaaa\", \"inFlight.0\": {\"$exists\": true}}"), 0);
    assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": {\"$ne\": null}}"), 0);
    store_batch_clear (&b);
 }
@@ -2388,6 +2445,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_list_page_bad_input_matches_nothing_or_defaults, setup, teardown),
       cmocka_unit_test_setup_teardown (test_list_page_completed_history, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_relinquish_and_extend_lease, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_settle_and_extend_many, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_costs_two_commands, setup, teardown),
       cmocka_unit_test_setup_teardown (test_key_runs_take_consecutive_sequences_only, setup, teardown),

@@ -464,10 +464,71 @@ test_txn_history (void **state)
    bson_free (text);
 }
 
+/* The `consumers` list: who it names in pooled mode (no database) and in
+ * session mode (NAME in admin, DB.NAME elsewhere); without a list everyone,
+ * with one nobody unknown; on another kind it is refused. */
+static void
+test_consumers_list (void **state)
+{
+   bson_error_t error;
+   char *text = bson_strdup_printf ("%s[handler guarded]\nevents = x.*\nkind = pull\nconsumers = alice , shop.bob,a.b.c\n", ini);
+   config_t *cfg = config_parse_string (text, "test.ini", &error);
+   const config_handler_t *open, *guarded;
+   bson_t *b;
+
+   (void) state;
+   if (!cfg)
+      fail_msg ("config: %s", error.message);
+   b = doc ("{\"relaybusClaim\": \"guarded\"}");
+   guarded = pull_handler_named (b, cfg);
+   bson_destroy (b);
+   b = doc ("{\"relaybusClaim\": \"orders\"}");
+   open = pull_handler_named (b, cfg);
+   bson_destroy (b);
+   assert_non_null (guarded);
+   assert_non_null (open);
+   assert_string_equal (guarded->consumers, "alice,shop.bob,a.b.c");
+   b = doc ("{\"relaybusClaim\": \"nope\"}");
+   assert_null (pull_handler_named (b, cfg));
+   bson_destroy (b);
+   b = doc ("{\"relaybusClaim\": 1}");
+   assert_null (pull_handler_named (b, cfg));
+   bson_destroy (b);
+
+   assert_true (pull_consumer_admitted (open, NULL, NULL));
+   assert_true (pull_consumer_admitted (open, "mallory", "test"));
+   /* pooled mode: auth-file names */
+   assert_true (pull_consumer_admitted (guarded, "alice", NULL));
+   assert_true (pull_consumer_admitted (guarded, "shop.bob", NULL));
+   assert_false (pull_consumer_admitted (guarded, "bob", NULL));
+   assert_false (pull_consumer_admitted (guarded, "alic", NULL));
+   assert_false (pull_consumer_admitted (guarded, "alicea", NULL));
+   assert_false (pull_consumer_admitted (guarded, NULL, NULL));
+   assert_false (pull_consumer_admitted (guarded, "", NULL));
+   /* session mode: NAME is admin's, DB.NAME another database's */
+   assert_true (pull_consumer_admitted (guarded, "alice", "admin"));
+   assert_false (pull_consumer_admitted (guarded, "alice", "shop"));
+   assert_true (pull_consumer_admitted (guarded, "bob", "shop"));
+   assert_false (pull_consumer_admitted (guarded, "bob", "admin"));
+   assert_false (pull_consumer_admitted (guarded, "bob", "shopx"));
+   /* A database name holds no '.', so DB.NAME splits at the first one. */
+   assert_true (pull_consumer_admitted (guarded, "b.c", "a"));
+   assert_false (pull_consumer_admitted (guarded, "alice", "$external"));
+   config_release (cfg);
+   bson_free (text);
+
+   text = bson_strdup_printf ("%s", "[handler hooks]\nevents = x\nkind = webhook\nurl = http://127.0.0.1:9/x\nconsumers = alice\n");
+   cfg = config_parse_string (text, "test.ini", &error);
+   assert_null (cfg);
+   assert_non_null (strstr (error.message, "consumers: the list is for kind = pull"));
+   bson_free (text);
+}
+
 int
 main (void)
 {
    const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_consumers_list),
       cmocka_unit_test (test_parses),          cmocka_unit_test (test_refused),
       cmocka_unit_test (test_error_text_cut),  cmocka_unit_test (test_is_command),
       cmocka_unit_test (test_lease_roundtrip), cmocka_unit_test (test_txn_fence),

@@ -1,7 +1,8 @@
 'use strict';
-// Server side of SCRAM-SHA-256 and SCRAM-SHA-1 (RFC 5802/7677 as MongoDB uses them) for the one
-// user given with --auth, who lives in the `admin` database with root-like rights. Covers
+// Server side of SCRAM-SHA-256 and SCRAM-SHA-1 (RFC 5802/7677 as MongoDB uses them) for the
+// users given with --auth, who live in the `admin` database with root-like rights. Covers
 // saslStart/saslContinue, skipEmptyExchange, speculativeAuthenticate and saslSupportedMechs.
+// --auth may be given more than once: each user is another with the same rights.
 // No roles, no x.509/LDAP/Kerberos, no SASLprep beyond NFKC normalisation.
 
 const crypto = require('crypto');
@@ -29,9 +30,14 @@ function parseAttrs(s) {
 function decodeName(n) { return n.replace(/=2C/g, ',').replace(/=3D/g, '='); }
 
 class Auth {
-  constructor(user, password) {
-    this.user = user;
-    this.creds = {};
+  // users: [{ user, password }], one per --auth.
+  constructor(users) {
+    this.users = new Map();
+    for (const { user, password } of users) this.users.set(user, Auth.keys(user, password));
+  }
+
+  static keys(user, password) {
+    const creds = {};
     for (const [mech, p] of Object.entries(MECHS)) {
       const salt = crypto.randomBytes(mech === 'SCRAM-SHA-1' ? 16 : 28);
       const pw = mech === 'SCRAM-SHA-1'
@@ -39,16 +45,17 @@ class Auth {
         : password.normalize('NFKC');
       const salted = crypto.pbkdf2Sync(pw, salt, p.iterations, p.len, p.hash);
       const clientKey = hmac(p.hash, salted, 'Client Key');
-      this.creds[mech] = {
+      creds[mech] = {
         salt, iterations: p.iterations, hash: p.hash,
         storedKey: H(p.hash, clientKey), serverKey: hmac(p.hash, salted, 'Server Key'),
       };
     }
+    return creds;
   }
 
   supportedMechs(ns) {
     const [db, ...rest] = ns.split('.');
-    if (db !== 'admin' || rest.join('.') !== this.user) return null;
+    if (db !== 'admin' || !this.users.has(rest.join('.'))) return null;
     return ['SCRAM-SHA-1', 'SCRAM-SHA-256'];
   }
 
@@ -73,11 +80,13 @@ class Auth {
     const user = decodeName(a.n || '');
     const conv = { mech, bare, clientNonce: a.r, user, db, step: 1,
       skipEmpty: !!(cmd.options && cmd.options.skipEmptyExchange) };
-    const c = this.creds[mech];
+    // An unknown user gets a made-up salt, as mongod answers before it refuses the proof.
+    const known = this.users.get(user);
+    const c = known && db === 'admin' ? known[mech] : { salt: crypto.randomBytes(16), iterations: MECHS[mech].iterations };
     const nonce = a.r + crypto.randomBytes(24).toString('base64');
     conv.nonce = nonce;
     conv.serverFirst = `r=${nonce},s=${c.salt.toString('base64')},i=${c.iterations}`;
-    conv.known = user === this.user && db === 'admin';
+    conv.known = !!known && db === 'admin';
     conn.sasl = conv;
     return { conversationId: 1, done: false, payload: new Binary(Buffer.from(conv.serverFirst)), ok: 1 };
   }
@@ -103,7 +112,7 @@ class Auth {
       conn.sasl = null;
       throw this.failed();
     }
-    const c = this.creds[conv.mech];
+    const c = this.users.get(conv.user)[conv.mech];
     const authMessage = `${conv.bare},${conv.serverFirst},${withoutProof}`;
     const clientSig = hmac(c.hash, c.storedKey, authMessage);
     const proof = Buffer.from(a.p, 'base64');

@@ -324,7 +324,7 @@ class Server {
       if (this.opts.oplogEntries) this.store.changes.capacity = this.opts.oplogEntries;
       this.sessions = new Sessions(this.store, this.opts);
       this.sessions.onReap = (now) => { for (const m of this.members) m.cursors.reap(now); };
-      this.auth = this.opts.auth ? new Auth(this.opts.auth.user, this.opts.auth.password) : null;
+      this.auth = this.opts.auth ? new Auth(this.opts.auth) : null;
     }
     this.failpoints = new FailPoints(this.log);
     this.stats = {};
