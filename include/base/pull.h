@@ -33,17 +33,20 @@
 #include "base/config.h"
 #include "base/outbox.h"
 #include "base/errors.h"
+#include "base/servercodes.h"
 
 /* The codes a refused pull command answers with (bson_error_t codes of
- * PULL_ERROR_DOMAIN are the server codes of the reply). */
+ * PULL_ERROR_DOMAIN are the server codes of the reply): the server's
+ * (base/servercodes.h), and two of the proxy's own, 9010 and 9011, in a
+ * range the server does not use. */
 typedef enum {
-   PULL_CODE_BAD_VALUE = 2,                /* BadValue: a field is missing or wrong */
-   PULL_CODE_UNAUTHORIZED = 13,            /* Unauthorized: the connection may not read the outbox */
-   PULL_CODE_NO_SUCH_LEASE = 9010,         /* RelaybusLeaseNotHeld: a lease this connection does not hold */
-   PULL_CODE_LEASE_LOST = 9011,            /* RelaybusLeaseLost: in a transaction, the store no longer has the claim */
-   PULL_CODE_IN_TRANSACTION = 263,         /* OperationNotSupportedInTransaction */
-   PULL_CODE_TEMPORARILY_UNAVAILABLE = 365, /* TemporarilyUnavailable: a bounded queue is full */
-   PULL_CODE_INTERNAL = 1,                 /* InternalError: the store failed */
+   PULL_CODE_BAD_VALUE = SERVER_BAD_VALUE,       /* a field is missing or wrong */
+   PULL_CODE_UNAUTHORIZED = SERVER_UNAUTHORIZED, /* the connection may not read the outbox */
+   PULL_CODE_NO_SUCH_LEASE = 9010,               /* RelaybusLeaseNotHeld: a lease this connection does not hold */
+   PULL_CODE_LEASE_LOST = 9011, /* RelaybusLeaseLost: in a transaction, the store no longer has the claim */
+   PULL_CODE_IN_TRANSACTION = SERVER_OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+   PULL_CODE_TEMPORARILY_UNAVAILABLE = SERVER_TEMPORARILY_UNAVAILABLE, /* a bounded queue is full */
+   PULL_CODE_INTERNAL = SERVER_INTERNAL_ERROR,                         /* the store failed */
 } pull_code_t;
 
 const char *pull_code_name (pull_code_t code);

@@ -56,22 +56,16 @@ pull_is_command (const char *cmd, const bson_t *body)
 const char *
 pull_code_name (pull_code_t code)
 {
+   const char *name;
+
    switch (code) {
-   case PULL_CODE_BAD_VALUE:
-      return "BadValue";
-   case PULL_CODE_UNAUTHORIZED:
-      return "Unauthorized";
    case PULL_CODE_NO_SUCH_LEASE:
       return "RelaybusLeaseNotHeld";
    case PULL_CODE_LEASE_LOST:
       return "RelaybusLeaseLost";
-   case PULL_CODE_IN_TRANSACTION:
-      return "OperationNotSupportedInTransaction";
-   case PULL_CODE_TEMPORARILY_UNAVAILABLE:
-      return "TemporarilyUnavailable";
-   case PULL_CODE_INTERNAL:
    default:
-      return "InternalError";
+      name = server_code_name (code);
+      return name ? name : "InternalError";
    }
 }
 

@@ -551,7 +551,7 @@ on_probe_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *e
       bson_snprintf (msg, sizeof msg,
                      "relaybus: %s needs a connection allowed to read the outbox: the deployment answered: %.300s", pr->cmd,
                      errmsg);
-      answer_error (c, pr->seq, code == 13 || code == 18 || code == 0 ? PULL_CODE_UNAUTHORIZED : PULL_CODE_INTERNAL, msg);
+      answer_error (c, pr->seq, code == SERVER_UNAUTHORIZED || code == SERVER_AUTHENTICATION_FAILED || code == 0 ? PULL_CODE_UNAUTHORIZED : PULL_CODE_INTERNAL, msg);
       log_info ("c%" PRIu64 " %s: %s refused: %s (code %d)", client_id (c), client_peer (c), pr->cmd, errmsg, code);
    }
 done:
