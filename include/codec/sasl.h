@@ -57,6 +57,11 @@ typedef enum {
  * terminated, at most user_len - 1 bytes).  False (error set) for a
  * message that is not one, an empty name, '=' not followed by 2C or 3D,
  * a NUL byte, or a name that does not fit. */
+/* The string or binary field `name` of a SASL command (its "payload",
+ * which drivers send as binary and mongosh's older versions as a string):
+ * borrowed from `doc`.  False when the field is missing or of another type. */
+bool sasl_payload (const bson_t *doc, const char *name, const uint8_t **data, uint32_t *len);
+
 bool sasl_client_first_user (const uint8_t *msg, size_t len, char *user, size_t user_len, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 

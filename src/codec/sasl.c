@@ -151,9 +151,8 @@ sasl_watch_wants (const char *cmd)
    }
 }
 
-/* The string or binary field `name` of `doc`. */
-static bool
-bytes_of (const bson_t *doc, const char *name, const uint8_t **data, uint32_t *len)
+bool
+sasl_payload (const bson_t *doc, const char *name, const uint8_t **data, uint32_t *len)
 {
    bson_iter_t it;
    bson_subtype_t sub;
@@ -204,7 +203,7 @@ note_start (sasl_watch_t *w, const bson_t *start, const char *db)
    w->pending_user[0] = w->pending_db[0] = '\0';
    if (bson_iter_init_find (&it, start, "mechanism") && BSON_ITER_HOLDS_UTF8 (&it))
       mech = bson_iter_utf8 (&it, NULL);
-   if (!mech || !db || strlen (db) >= sizeof w->pending_db || !bytes_of (start, "payload", &payload, &plen))
+   if (!mech || !db || strlen (db) >= sizeof w->pending_db || !sasl_payload (start, "payload", &payload, &plen))
       return;
    if (strncmp (mech, "SCRAM-", 6) == 0)
       ok = sasl_client_first_user (payload, plen, w->pending_user, sizeof w->pending_user, &error);

@@ -38,6 +38,7 @@
 #include "base/log.h"
 #include "base/servercodes.h"
 #include "codec/handshake.h"
+#include "codec/sasl.h"
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 
@@ -384,25 +385,6 @@ delay_busy (client_conn_t *c, uint64_t seq, const char *cmd)
 
 /* ------------------------------------------------------------ SCRAM */
 
-/* A binary (or string) payload of a SASL command. */
-static bool
-payload_of (const bson_t *cmd, const uint8_t **data, uint32_t *len)
-{
-   bson_iter_t it;
-   bson_subtype_t sub;
-
-   if (!bson_iter_init_find (&it, cmd, "payload"))
-      return false;
-   if (BSON_ITER_HOLDS_BINARY (&it)) {
-      bson_iter_binary (&it, &sub, len, data);
-      return true;
-   }
-   if (BSON_ITER_HOLDS_UTF8 (&it)) {
-      *data = (const uint8_t *) bson_iter_utf8 (&it, len);
-      return true;
-   }
-   return false;
-}
 
 static bool
 skip_empty_of (const bson_t *cmd)
@@ -456,7 +438,7 @@ sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_f
       bson_snprintf (errmsg, errmsg_len, "Authentication failed.");
       return false;
    }
-   if (!payload_of (cmd, &payload, &plen)) {
+   if (!sasl_payload (cmd, "payload", &payload, &plen)) {
       login_failed (c, l, "saslStart without a payload");
       bson_snprintf (errmsg, errmsg_len, "Authentication failed.");
       return false;
@@ -571,7 +553,7 @@ cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
       answer_doc (c, seq, &doc);
       goto done;
    }
-   if (!payload_of (body, &payload, &plen)) {
+   if (!sasl_payload (body, "payload", &payload, &plen)) {
       login_failed (c, l, "saslContinue without a payload");
       answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, "Authentication failed.");
       goto done;

@@ -43,6 +43,7 @@
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "base/servercodes.h"
+#include "codec/sasl.h"
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
@@ -989,24 +990,6 @@ on_hello (pool_server_t *s, const bson_t *reply)
    }
 }
 
-/* The server's SASL payload of a reply. */
-static bool
-sasl_payload (const bson_t *reply, const uint8_t **data, uint32_t *len)
-{
-   bson_iter_t it;
-   bson_subtype_t sub;
-
-   if (bson_iter_init_find (&it, reply, "payload") && BSON_ITER_HOLDS_BINARY (&it)) {
-      bson_iter_binary (&it, &sub, len, data);
-      return true;
-   }
-   if (bson_iter_init_find (&it, reply, "payload") && BSON_ITER_HOLDS_UTF8 (&it)) {
-      *data = (const uint8_t *) bson_iter_utf8 (&it, len);
-      return true;
-   }
-   return false;
-}
-
 static bool
 reply_done (const bson_t *reply)
 {
@@ -1065,7 +1048,7 @@ on_open_reply (pool_server_t *s, const bson_t *reply)
       size_t final_len = 0;
       if (bson_iter_init_find (&it, reply, "conversationId") && BSON_ITER_HOLDS_NUMBER (&it))
          s->conversation_id = (int32_t) bson_iter_as_int64 (&it);
-      if (!sasl_payload (reply, &payload, &plen)) {
+      if (!sasl_payload (reply, "payload", &payload, &plen)) {
          open_failed (s, "saslStart reply has no payload");
          return;
       }
@@ -1078,7 +1061,7 @@ on_open_reply (pool_server_t *s, const bson_t *reply)
       return;
    }
    case STEP_SASL_CONTINUE:
-      if (!sasl_payload (reply, &payload, &plen) || !scram_client_verify (s->scram, payload, plen, &error)) {
+      if (!sasl_payload (reply, "payload", &payload, &plen) || !scram_client_verify (s->scram, payload, plen, &error)) {
          open_failed (s, "SCRAM as %s: the server's signature does not verify", auth->user);
          return;
       }
