@@ -948,6 +948,37 @@ run_settled (consumer_t *c, pull_req_t *r)
    bson_free (ids);
 }
 
+/* The charges of a closed connection's slice, one claim at a time, after
+ * their one transaction failed: a claim whose delivery the connection's
+ * own transaction still holds (a consumer killed after relaybusComplete
+ * inside it) makes that transaction fail with a WriteConflict, which would
+ * cost every claim of the slice its charge.  Each write here is a command
+ * of its own, which the server holds until the transaction that holds its
+ * document ends (the server reaps a dead client's transaction), so every
+ * claim is charged once.  False when any failed (logged; its lease runs out
+ * instead). */
+static bool
+charge_one_by_one (consumer_t *c, uint64_t conn, held_t *const *mine, size_t n, const char *why, bool *applied,
+                   bson_error_t *err)
+{
+   bool ok = true;
+
+   log_info ("consumer: c%" PRIu64 " closed: charging %zu claims in one transaction failed (%s): one by one", conn, n,
+             err->message);
+   for (size_t i = 0; i < n; i++) {
+      bool dead;
+      int64_t due_at;
+
+      applied[i] = false;
+      if (!charge (c, mine[i], 0, why, &dead, &applied[i], &due_at, err)) {
+         log_warn ("consumer: c%" PRIu64 " closed: charging %s failed (its lease runs out instead): %s", conn,
+                   mine[i]->lease.text, err->message);
+         ok = false;
+      }
+   }
+   return ok;
+}
+
 /* Up to CONSUMER_CLOSE_SLICE claims of connection `conn`, charged one
  * attempt each: due now, or dead at the handler's last attempt.  Two
  * transactions at most (store_settle_many: the ones buried, the ones
@@ -1002,14 +1033,11 @@ charge_closed (consumer_t *c, uint64_t conn, size_t *charged, size_t *dead, size
       bson_free (last);
    }
    n_due = n - n_dead;
-   if (n_dead > 0 && !(dead_ok = store_settle_many (c->store, STORE_MANY_BURY, refs, n_dead, now, 0, why, applied, &err)))
-      log_warn ("consumer: c%" PRIu64 " closed: burying %zu claims at their last attempt failed (their lease runs out "
-                "instead): %s",
-                conn, n_dead, err.message);
-   if (n_due > 0 && !(due_ok = store_settle_many (c->store, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, now, why,
-                                                  applied + n_dead, &err)))
-      log_warn ("consumer: c%" PRIu64 " closed: charging %zu claims failed (their lease runs out instead): %s", conn,
-                n_due, err.message);
+   if (n_dead > 0 && !store_settle_many (c->store, STORE_MANY_BURY, refs, n_dead, now, 0, why, applied, &err))
+      dead_ok = charge_one_by_one (c, conn, mine, n_dead, why, applied, &err);
+   if (n_due > 0 && !store_settle_many (c->store, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, now, why,
+                                        applied + n_dead, &err))
+      due_ok = charge_one_by_one (c, conn, mine + n_dead, n_due, why, applied + n_dead, &err);
    for (size_t i = 0; i < n; i++) {
       if (!applied[i] && (i < n_dead ? dead_ok : due_ok))
          (*lost)++;
