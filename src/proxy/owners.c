@@ -117,6 +117,29 @@ typedef enum {
    TABLE_FORGET, /* look it up and remove it */
 } table_op_t;
 
+/* The live entry of (`kind`, `key`) in its probe window of stripe `st`
+ * (under its mutex), or NULL; *free_slot is then the window's first free
+ * or expired slot, *lru its least recently used cursor (NULL: none). */
+static entry_t *
+probe (stripe_t *st, uint64_t h, owned_kind_t kind, const uint8_t key[16], int64_t now, entry_t **free_slot,
+       entry_t **lru)
+{
+   *free_slot = NULL;
+   *lru = NULL;
+   for (size_t i = 0; i < OWNERS_PROBE; i++) {
+      entry_t *e = &st->slots[(h / OWNERS_STRIPES + i) % per_stripe];
+      bool live = entry_live (e, now);
+
+      if (live && e->kind == kind && memcmp (e->key, key, 16) == 0)
+         return e;
+      if (!live && !*free_slot)
+         *free_slot = e;
+      if (live && e->kind == OWNED_CURSOR && (!*lru || e->used_ms < (*lru)->used_ms))
+         *lru = e;
+   }
+   return NULL;
+}
+
 /* The owner of (`kind`, `key`): 0 when absent or expired.  TABLE_TOUCH
  * refreshes an entry of `user`; TABLE_CLAIM does too, and enters an absent
  * one (then the result is `user`); an entry of another user stays theirs.  A claim finds room
@@ -136,18 +159,7 @@ table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op
       *full = false;
    pthread_once (&tables_once, tables_init);
    pthread_mutex_lock (&st->mu);
-   for (size_t i = 0; i < OWNERS_PROBE; i++) {
-      entry_t *e = &st->slots[(h / OWNERS_STRIPES + i) % per_stripe];
-      bool live = entry_live (e, now);
-      if (live && e->kind == kind && memcmp (e->key, key, 16) == 0) {
-         hit = e;
-         break;
-      }
-      if (!live && !free_slot)
-         free_slot = e;
-      if (live && e->kind == OWNED_CURSOR && (!lru || e->used_ms < lru->used_ms))
-         lru = e;
-   }
+   hit = probe (st, h, kind, key, now, &free_slot, &lru);
    if (hit) {
       found = hit->user;
       if (op == TABLE_FORGET)
@@ -453,18 +465,7 @@ pins_op (uint64_t user, int delta)
    st = &stripes[h % OWNERS_STRIPES];
    pthread_once (&tables_once, tables_init);
    pthread_mutex_lock (&st->mu);
-   for (size_t i = 0; i < OWNERS_PROBE; i++) {
-      entry_t *e = &st->slots[(h / OWNERS_STRIPES + i) % per_stripe];
-      bool live = entry_live (e, now);
-      if (live && e->kind == OWNED_PINS && memcmp (e->key, key, 16) == 0) {
-         hit = e;
-         break;
-      }
-      if (!live && !free_slot)
-         free_slot = e;
-      if (live && e->kind == OWNED_CURSOR && (!lru || e->used_ms < lru->used_ms))
-         lru = e;
-   }
+   hit = probe (st, h, OWNED_PINS, key, now, &free_slot, &lru);
    if (!hit && delta > 0 && (hit = free_slot ? free_slot : lru)) {
       memcpy (hit->key, key, 16);
       hit->kind = OWNED_PINS;
