@@ -16,7 +16,6 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
-const http = require('node:http');
 const path = require('node:path');
 const { execFileSync } = require('node:child_process');
 const { Binary, Long } = require('mongodb');
@@ -31,14 +30,8 @@ const skip = H.doubleOnlySkipReason('--auth on demand') || false;
 let upstream;
 let authFile;
 
-function metrics(port) {
-  return new Promise((resolve, reject) => {
-    http.get({ host: '127.0.0.1', port, path: '/metrics' }, (res) => {
-      let body = '';
-      res.on('data', (c) => (body += c));
-      res.on('end', () => resolve(body));
-    }).on('error', reject);
-  });
+async function metrics(port) {
+  return (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
 }
 
 /** The value of one series of /metrics (`name` with its labels, as printed), 0 when absent. */
