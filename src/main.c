@@ -148,16 +148,16 @@ apply_logging (const config_t *cfg, bool open_file, bson_error_t *error)
    char why[256];
 
    if (!log_level_parse (cfg->log_level, &level)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "unknown log_level '%s'", cfg->log_level);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "unknown log_level '%s'", cfg->log_level);
       return false;
    }
    if (!log_format_parse (cfg->log_format, &format)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "unknown log_format '%s'", cfg->log_format);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "unknown log_format '%s'", cfg->log_format);
       return false;
    }
    if (open_file && !log_set_file (cfg->log_file, why, sizeof why)) {
       /* `why` names the path. */
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "[proxy] log_file: %s", why);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "[proxy] log_file: %s", why);
       return false;
    }
    log_set_level (level);
@@ -394,7 +394,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
    state = topology_wait_first (p->topo, p->cfg->upstream_connect_timeout_ms + 1000);
    topology_get_primary (p->topo, &snap);
    if (state == TOPOLOGY_STATE_STANDALONE) {
-      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, 10, "%s", snap.last_error);
+      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, TOPOLOGY_ERROR_STANDALONE, "%s", snap.last_error);
       return false;
    }
    if (state != TOPOLOGY_STATE_PRIMARY)

@@ -36,6 +36,14 @@
 /* kafka.<property> lines per handler, at most. */
 #define CONFIG_KAFKA_PROPS_MAX 64
 
+/* Codes of CONFIG_ERROR_DOMAIN. */
+typedef enum {
+   CONFIG_ERR_INVALID = 1,    /* a line, key or value is wrong (the message says which) */
+   CONFIG_ERR_LISTEN,         /* a listen address cannot be parsed */
+   CONFIG_ERR_FILE,           /* a file the configuration names cannot be read */
+   CONFIG_ERR_NEEDS_RESTART,  /* a reload changed a key that is not reloadable */
+} config_error_code_t;
+
 typedef enum {
    CONFIG_TYPE_STRING,
    CONFIG_TYPE_INT,  /* int64, with min/max */

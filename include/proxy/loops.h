@@ -49,6 +49,15 @@ struct loopwake;
 /* Sockets waiting for one loop to take them over. */
 #define LOOPS_HANDOFF_MAX 256
 
+/* Codes of LOOPS_ERROR_DOMAIN. */
+typedef enum {
+   LOOPS_ERR_EVENT_BASE = 1, /* a loop's event base cannot be created */
+   LOOPS_ERR_THREAD,         /* a loop's thread cannot start */
+   LOOPS_ERR_THREADS,        /* `threads` is out of range */
+   LOOPS_ERR_CLOSED,         /* the loops are closed: nothing more is handed to them */
+   LOOPS_ERR_NO_MEMORY,
+} loops_error_code_t;
+
 typedef struct loops loops_t;
 
 /* An event base without libevent's locks, as every forwarding loop's is:

@@ -287,9 +287,9 @@ config_error (bson_error_t *error, const char *origin, int line, const char *fmt
    vsnprintf (msg, sizeof msg, fmt, ap);
    va_end (ap);
    if (line > 0)
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "%s:%d: %s", origin, line, msg);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "%s:%d: %s", origin, line, msg);
    else
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 1, "%s: %s", origin, msg);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "%s: %s", origin, msg);
 }
 
 static char *
@@ -839,12 +839,12 @@ config_parse_listen (
    size_t hlen;
 
    if (!value || !*value) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "empty listen address");
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_LISTEN, "empty listen address");
       return false;
    }
    if (value[0] == '/') {
       if (strlen (value) >= host_len || strlen (value) >= 108 /* sun_path */) {
-         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "socket path too long: %s", value);
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_LISTEN, "socket path too long: %s", value);
          return false;
       }
       snprintf (host, host_len, "%s", value);
@@ -855,7 +855,7 @@ config_parse_listen (
       const char *close = strchr (value, ']');
 
       if (!close || close[1] != ':') {
-         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "expected [v6-address]:port, got '%s'", value);
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_LISTEN, "expected [v6-address]:port, got '%s'", value);
          return false;
       }
       hlen = (size_t) (close - value - 1);
@@ -864,19 +864,19 @@ config_parse_listen (
    } else {
       colon = strrchr (value, ':');
       if (!colon) {
-         bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "expected host:port, got '%s'", value);
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_LISTEN, "expected host:port, got '%s'", value);
          return false;
       }
       hlen = (size_t) (colon - value);
    }
    if (hlen == 0 || hlen >= host_len) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "bad host in listen address");
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_LISTEN, "bad host in listen address");
       return false;
    }
    errno = 0;
    p = strtol (colon + 1, &end, 10);
    if (errno || end == colon + 1 || *end != '\0' || p < 0 || p > 65535) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 2, "bad port '%s'", colon + 1);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_LISTEN, "bad port '%s'", colon + 1);
       return false;
    }
    memcpy (host, value, hlen);
@@ -1647,20 +1647,20 @@ config_load (const char *path, bson_error_t *error)
    config_t *cfg;
 
    if (!f) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: %s", path, strerror (errno));
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_FILE, "%s: %s", path, strerror (errno));
       return NULL;
    }
    text = bson_malloc (CONFIG_FILE_MAX + 1);
    n = fread (text, 1, CONFIG_FILE_MAX + 1, f);
    if (ferror (f)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: read error", path);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_FILE, "%s: read error", path);
       cfg = NULL;
    } else if (n > CONFIG_FILE_MAX) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: larger than %d bytes", path,
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_FILE, "%s: larger than %d bytes", path,
                       CONFIG_FILE_MAX);
       cfg = NULL;
    } else if (memchr (text, '\0', n)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, 3, "%s: contains a NUL byte", path);
+      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_FILE, "%s: contains a NUL byte", path);
       cfg = NULL;
    } else {
       text[n] = '\0';
@@ -1717,7 +1717,7 @@ config_reload_allowed (const config_t *cur, const config_t *next, bson_error_t *
       config_format (cur, key, a, sizeof a);
       config_format (next, key, b, sizeof b);
       if (strcmp (a, b) != 0) {
-         bson_set_error (error, CONFIG_ERROR_DOMAIN, 4,
+         bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_NEEDS_RESTART,
                          "[%s] %s changed; it needs a restart", config_section_names[key->section],
                          key->name);
          return false;

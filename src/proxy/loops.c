@@ -293,7 +293,7 @@ loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstrea
    if (t->index > 0) {
       t->base = loops_base_new ();
       if (!t->base) {
-         bson_set_error (error, LOOPS_ERROR_DOMAIN, 1, "loop %u: cannot create its event base", t->index);
+         bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_EVENT_BASE, "loop %u: cannot create its event base", t->index);
          return false;
       }
       t->wake = loopwake_new (t->base, error);
@@ -315,7 +315,7 @@ loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstrea
       return false;
    if (t->index > 0) {
       if (pthread_create (&t->thread, NULL, loop_thread_main, t) != 0) {
-         bson_set_error (error, LOOPS_ERROR_DOMAIN, 2, "loop %u: cannot start its thread", t->index);
+         bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_THREAD, "loop %u: cannot start its thread", t->index);
          return false;
       }
       t->started = true;
@@ -336,7 +336,7 @@ loops_new (struct event_base *base0,
    loops_t *l;
 
    if (n < 1 || n > CLIENT_LOOPS_MAX) {
-      bson_set_error (error, LOOPS_ERROR_DOMAIN, 3, "threads = %u: between 1 and %d", n, CLIENT_LOOPS_MAX);
+      bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_THREADS, "threads = %u: between 1 and %d", n, CLIENT_LOOPS_MAX);
       return NULL;
    }
    l = bson_malloc0 (sizeof *l);
@@ -346,7 +346,7 @@ loops_new (struct event_base *base0,
    l->loops[0].wake = wake0;
    l->retry_ev = evtimer_new (base0, loops_retry_cb, l);
    if (!l->retry_ev) {
-      bson_set_error (error, LOOPS_ERROR_DOMAIN, 1, "out of memory for the loops' retry timer");
+      bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_NO_MEMORY, "out of memory for the loops' retry timer");
       bson_free (l->wakes);
       bson_free (l->loops);
       bson_free (l);
@@ -419,7 +419,7 @@ loops_accept (loops_t *l, evutil_socket_t fd, const struct sockaddr *addr, int a
    /* Loop 0's turn, or every other loop's queue is full. */
    if (!l->loops[0].clients) {
       evutil_closesocket (fd);
-      bson_set_error (error, LOOPS_ERROR_DOMAIN, 4, "the loops are closed");
+      bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_CLOSED, "the loops are closed");
       return false;
    }
    return client_accept (l->loops[0].clients, fd, addr, addr_len, server_tls, error);
