@@ -152,7 +152,7 @@ struct client_conn {
    uint64_t creq_head, creq_tail; /* seqs: [head, tail) are waiting */
    uint32_t up_head, up_count;
 
-   /* The process-wide memory bound (proxy/conn.c, "memory").  mem_held: bytes
+   /* The process-wide memory bound (proxy/mem.c).  mem_held: bytes
     * in this connection's buffers, kept exact by evbuffer callbacks;
     * each side's mem_partial: reserved for the rest of the partial message
     * at the front of its input; mem_decode: reserved for the request being
@@ -163,7 +163,7 @@ struct client_conn {
    int64_t mem_held;
    int64_t mem_decode;
    int64_t mem_need;
-   unsigned mem_wait_sides; /* MEM_SIDE_* bits (proxy/conn.c); 0: not waiting */
+   unsigned mem_wait_sides; /* MEM_SIDE_* bits (below); 0: not waiting */
    client_conn_t *mem_wait_prev, *mem_wait_next;
 
    /* Pooled mode (proxy/pool.c).  A client without a server whose next
@@ -335,14 +335,80 @@ void client_check_drained (client_conn_t *c);
  * now, as plain sockets have no write event armed to do it later. */
 void client_output_queued (client_conn_t *c);
 
-/* proxy/conn.c, the memory bound.  client_mem_reserve_decode reserves `n`
+/* Takes `x` out of the doubly linked list of connections threaded through
+ * its fields PREV and NEXT, whose first element is `head` (an lvalue).
+ * The loop keeps two: its live connections (proxy/conn.c) and those
+ * waiting for memory (proxy/mem.c). */
+#define CONN_LIST_UNLINK(head, x, PREV, NEXT) \
+   do {                                       \
+      if ((x)->PREV)                          \
+         (x)->PREV->NEXT = (x)->NEXT;         \
+      else                                    \
+         (head) = (x)->NEXT;                  \
+      if ((x)->NEXT)                          \
+         (x)->NEXT->PREV = (x)->PREV;         \
+   } while (0)
+
+/* proxy/mem.c, the memory bound.  client_mem_reserve_decode reserves `n`
  * bytes for decompressing the request at the front of the input (false:
  * the connection now waits for memory; stop routing); release gives back
  * what the decode reserved.  client_mem_watch counts a buffer of the
- * connection's (a held answer) in mem_held. */
+ * connection's (a held answer, a work buffer) in mem_held (false: out of
+ * memory). */
 bool client_mem_reserve_decode (client_conn_t *c, int64_t n);
 void client_mem_release_decode (client_conn_t *c);
-void client_mem_watch (client_conn_t *c, struct evbuffer *buf);
+bool client_mem_watch (client_conn_t *c, struct evbuffer *buf);
+
+/* proxy/mem.c, for proxy/conn.c.  What a connection waits for
+ * (mem_wait_sides): reading its client (a partial request), reading its
+ * upstream (a partial reply), or decompressing the request at the front
+ * of its input (the client is not read meanwhile either). */
+#define MEM_SIDE_CLIENT 1u
+#define MEM_SIDE_UP 2u
+#define MEM_SIDE_DECODE 4u
+/* A side's count: by buffer callbacks (mem_watch_side; false: out of
+ * memory), none (mem_unwatch_side), or by its lengths once it went
+ * direct (mem_side_went_direct, then mem_sync_side where a pump ends). */
+bool mem_watch_side (client_conn_t *c, side_t *s);
+void mem_unwatch_side (side_t *s);
+void mem_side_went_direct (side_t *s);
+void mem_sync_direct (client_conn_t *c, side_t *s);
+static inline void
+mem_sync_side (client_conn_t *c, side_t *s)
+{
+   if (s->direct && c->state != CLIENT_STATE_CLOSING)
+      mem_sync_direct (c, s);
+}
+/* A side's output length right after mem_sync_side (which read it
+ * already, for a direct side that libevent does not write). */
+static inline size_t
+mem_synced_out_len (side_t *s)
+{
+   return s->direct && !s->mem_cb_out ? s->mem_out_seen : evbuffer_get_length (side_output (s));
+}
+/* Whether a side may read (right after mem_sync_side); false: the
+ * connection now waits for memory, on the loop's wait list. */
+bool mem_may_read (client_conn_t *c, side_t *s);
+/* Leaves the wait list. */
+void mem_unwait (client_conn_t *c);
+/* `n` bytes counted or reserved go back; waiters may resume. */
+void mem_give_back (client_loop_t *loop, int64_t n);
+/* The total fell (a reload raised the bound): resume waiters if it fits. */
+void mem_maybe_resume (client_loop_t *loop);
+/* The upstream side goes (client_repair), or everything the connection
+ * held or reserved (its close). */
+void mem_release_side (client_conn_t *c, side_t *s);
+void mem_release_all (client_conn_t *c);
+/* loop->mem_ev's callback: resumes waiters oldest first while their
+ * reservations fit, each through client_pump_both. */
+void mem_resume_cb (evutil_socket_t fd, short what, void *arg);
+/* The loop's slot among the loops that post each other resumes: taken at
+ * creation, given its wake, left before the loop is destroyed. */
+void mem_loop_attach (client_loop_t *loop);
+void mem_loop_set_wake (client_loop_t *loop, struct loopwake *wake);
+void mem_loop_detach (client_loop_t *loop);
+/* proxy/conn.c: runs the connection's request pump, then its reply pump. */
+void client_pump_both (client_conn_t *c);
 /* proxy/conn.c: c->tmp, empty, created (and counted) on first use; false:
  * out of memory (error set).  Freed again at the pump's end while empty. */
 bool client_tmp (client_conn_t *c, bson_error_t *error);
