@@ -1527,91 +1527,89 @@ done:
    return ok;
 }
 
-/* Handles one complete reply at the front of the upstream's input.
- * Returns false after disconnecting. */
+/* The reply to a request of the proxy's own (UPREQ_INTERNAL): its
+ * callback gets it parsed; it never reaches the client.  Internal
+ * requests never allow exhaust: one reply ends them.  False: closing or
+ * a malformed reply (error set when the connection is still open). */
 static bool
-handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
+reply_internal (client_conn_t *c, upstream_req_t *u, struct evbuffer *in, size_t len, bson_error_t *error)
 {
-   upstream_req_t *u;
-   size_t len = (size_t) h->length;
-   const uint8_t *pre;
-   uint32_t flags;
-   bool more, first;
-   bson_error_t error;
-   client_req_t *r = NULL;
+   wire_msg_t reply;
+   upstream_req_t done = *u;
+   const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
 
-   RELAYBUS_ASSERT (c->up_count > 0 && c->flight); /* take_reply refused an unsolicited one */
-   u = &c->flight->upreqs[c->up_head];
-
-   if (h->opcode != WIRE_OP_MSG) {
-      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
-      goto protocol;
-   }
-   if (h->response_to != u->expect_response_to) {
-      bson_set_error (&error,
-                      WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_SHORT,
-                      "reply responds to %d, expected %d",
-                      h->response_to,
-                      u->expect_response_to);
-      goto protocol;
-   }
-   if (len < WIRE_HEADER_LEN + 4) {
-      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
-      goto protocol;
-   }
-   /* The header and the flags, without a copy when contiguous. */
-   pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
-   if (!pre) {
-      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
-      goto internal;
-   }
-   flags = wire_get_u32 (pre + WIRE_HEADER_LEN);
-   more = (flags & WIRE_MSG_MORE_TO_COME) != 0;
-   first = u->expect_response_to == u->upstream_id;
-
-   if (u->kind == UPREQ_INTERNAL) {
-      wire_msg_t reply;
-      upstream_req_t done = *u;
-      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
-
-      if (!buf || !wire_parse_msg (buf, len, &reply, &error))
-         goto protocol;
-      /* Internal requests never allow exhaust: one reply ends them. */
-      upreq_pop (c);
-      done.cb (c, &reply, NULL, done.cb_ctx);
-      if (c->state == CLIENT_STATE_CLOSING)
-         return false;
-      evbuffer_drain (in, len);
-      return true;
-   }
-
-   r = creq_find (c, u->creq_seq);
-   if (!r) {
-      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
+   if (!buf) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
       return false;
    }
-   if (u->kind == UPREQ_HELLO) {
-      if (more) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_FLAGS, "hello reply with moreToCome");
-         goto protocol;
-      }
-      upstream_req_t cur = *u;
-      upreq_pop (c);
-      if (!reply_hello (c, &cur, r, in, len, &error)) {
-         if (c->state != CLIENT_STATE_CLOSING)
-            client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
-         return false;
-      }
-      if (c->state == CLIENT_STATE_HANDSHAKE) {
-         log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", client_upstream_name (c),
-                   c->compressor > 0 ? compress_name (c->compressor) : "none");
-         client_set_state (c, CLIENT_STATE_READY);
-      }
-      return true;
-   }
+   if (!wire_parse_msg (buf, len, &reply, error))
+      return false;
+   upreq_pop (c);
+   done.cb (c, &reply, NULL, done.cb_ctx);
+   if (c->state == CLIENT_STATE_CLOSING)
+      return false;
+   evbuffer_drain (in, len);
+   return true;
+}
 
-   /* RELAY */
+/* The reply to a client's hello: rewritten (reply_hello), and the
+ * handshake is done.  Returns false after disconnecting. */
+static bool
+reply_to_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuffer *in, size_t len)
+{
+   upstream_req_t cur = *u;
+   bson_error_t error;
+
+   upreq_pop (c);
+   if (!reply_hello (c, &cur, r, in, len, &error)) {
+      if (c->state != CLIENT_STATE_CLOSING)
+         client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
+      return false;
+   }
+   if (c->state == CLIENT_STATE_HANDSHAKE) {
+      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", client_upstream_name (c),
+                c->compressor > 0 ? compress_name (c->compressor) : "none");
+      client_set_state (c, CLIENT_STATE_READY);
+   }
+   return true;
+}
+
+/* A not-primary error is being relayed: the paired member stepped down. */
+static void
+reply_not_primary (client_conn_t *c)
+{
+   counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
+   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", client_upstream_name (c));
+   suspect_upstream (c);
+   if (c->server)
+      pool_server_not_primary (c); /* closed once it comes back */
+   else
+      c->not_primary_seen = true;
+}
+
+/* Relays the reply to a client's request: unchanged but for its
+ * responseTo (the client's request id, on the first reply), without a
+ * topologyVersion (a driver would compare it with the proxy's), and
+ * re-encoded without its checksum (which the header change breaks).
+ * Exhaust: the next reply responds to this one, and the client request
+ * stays open until a reply without moreToCome.  False: the connection
+ * must close; *protocol tells a malformed reply from an internal error. */
+static bool
+reply_relay (client_conn_t *c,
+             upstream_req_t *u,
+             client_req_t *r,
+             struct evbuffer *in,
+             const wire_header_t *h,
+             uint32_t flags,
+             bool *protocol,
+             bson_error_t *error)
+{
+   size_t len = (size_t) h->length;
+   bool more = (flags & WIRE_MSG_MORE_TO_COME) != 0;
+   bool first = u->expect_response_to == u->upstream_id;
+   int32_t response_to = first ? r->client_id : h->response_to;
+
+   *protocol = false;
    if (u->track_cursor && first)
       owners_note_reply (c, in, len);
    if (u->track_auth && first)
@@ -1621,51 +1619,50 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       reply_scan_t scan = {false, false};
       if (buf)
          reply_scan (buf, len, &scan);
-      if (scan.not_primary) {
-         counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
-         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", client_upstream_name (c));
-         suspect_upstream (c);
-         if (c->server)
-            pool_server_not_primary (c); /* closed once it comes back */
-         else
-            c->not_primary_seen = true;
-      }
+      if (scan.not_primary)
+         reply_not_primary (c);
       if (scan.topology_version) {
-         if (!relay_strip_topology_version (c, buf, len, first ? r->client_id : h->response_to, flags, &error))
-            goto protocol;
+         if (!relay_strip_topology_version (c, buf, len, response_to, flags, error)) {
+            *protocol = true;
+            return false;
+         }
          evbuffer_drain (in, len);
-         if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, &error))
-            goto internal;
+         if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, error))
+            return false;
          goto relayed;
       }
    }
    if (flags & WIRE_MSG_CHECKSUM_PRESENT) {
-      /* Our header change would break the CRC: re-encode without it. */
       wire_msg_t reply;
       const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
-      if (!buf || !wire_parse_msg (buf, len, &reply, &error))
-         goto protocol;
-      if (!client_tmp (c, &error))
-         goto internal;
+      if (!buf) {
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
+         return false;
+      }
+      if (!wire_parse_msg (buf, len, &reply, error)) {
+         *protocol = true;
+         return false;
+      }
+      if (!client_tmp (c, error))
+         return false;
       if (!wire_append_msg (c->tmp,
                             reply.header.request_id,
-                            first ? r->client_id : reply.header.response_to,
+                            response_to,
                             flags & ~WIRE_MSG_CHECKSUM_PRESENT,
                             &reply.body,
                             reply.sequences,
                             reply.nsequences)) {
-         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
-         goto protocol;
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
+         *protocol = true;
+         return false;
       }
       evbuffer_drain (in, len);
-      if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, &error))
-         goto internal;
-   } else if (!client_deliver (c, r, in, len, first ? (int64_t) r->client_id : KEEP_ID, !more, &error)) {
-      goto internal;
+      if (!client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, !more, error))
+         return false;
+   } else if (!client_deliver (c, r, in, len, first ? (int64_t) r->client_id : KEEP_ID, !more, error)) {
+      return false;
    }
 relayed:
-   /* Exhaust: the next reply responds to this one, and the client request
-    * stays open until a reply without moreToCome. */
    if (more)
       u->expect_response_to = h->request_id;
    else
@@ -1673,17 +1670,85 @@ relayed:
    if (c->server)
       pool_note_reply (c, more);
    return true;
+}
 
-protocol:
-   client_disconnect (c,
-                      COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
-                      "bad reply %d from %s: %s",
-                      h->request_id,
-                      client_upstream_name (c),
-                      error.message);
-   return false;
-internal:
-   client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
+/* Handles one complete reply at the front of the upstream's input: checks
+ * that it is the OP_MSG the oldest upstream request expects, then hands it
+ * to its kind's function.  Returns false after disconnecting. */
+static bool
+handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
+{
+   upstream_req_t *u;
+   size_t len = (size_t) h->length;
+   const uint8_t *pre;
+   uint32_t flags;
+   bool protocol = true;
+   bson_error_t error;
+   client_req_t *r;
+
+   RELAYBUS_ASSERT (c->up_count > 0 && c->flight); /* take_reply refused an unsolicited one */
+   u = &c->flight->upreqs[c->up_head];
+
+   if (h->opcode != WIRE_OP_MSG) {
+      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
+      goto failed;
+   }
+   if (h->response_to != u->expect_response_to) {
+      bson_set_error (&error,
+                      WIRE_ERROR_DOMAIN,
+                      WIRE_ERR_SHORT,
+                      "reply responds to %d, expected %d",
+                      h->response_to,
+                      u->expect_response_to);
+      goto failed;
+   }
+   if (len < WIRE_HEADER_LEN + 4) {
+      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
+      goto failed;
+   }
+   /* The header and the flags, without a copy when contiguous. */
+   pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
+   if (!pre) {
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
+      protocol = false;
+      goto failed;
+   }
+   flags = wire_get_u32 (pre + WIRE_HEADER_LEN);
+
+   if (u->kind == UPREQ_INTERNAL) {
+      if (reply_internal (c, u, in, len, &error))
+         return true;
+      if (c->state == CLIENT_STATE_CLOSING)
+         return false;
+      goto failed;
+   }
+   r = creq_find (c, u->creq_seq);
+   if (!r) {
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
+      return false;
+   }
+   if (u->kind == UPREQ_HELLO) {
+      if (flags & WIRE_MSG_MORE_TO_COME) {
+         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_FLAGS, "hello reply with moreToCome");
+         goto failed;
+      }
+      return reply_to_hello (c, u, r, in, len);
+   }
+   if (reply_relay (c, u, r, in, h, flags, &protocol, &error))
+      return true;
+   if (c->state == CLIENT_STATE_CLOSING)
+      return false;
+
+failed:
+   if (protocol)
+      client_disconnect (c,
+                         COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
+                         "bad reply %d from %s: %s",
+                         h->request_id,
+                         client_upstream_name (c),
+                         error.message);
+   else
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
    return false;
 }
 
