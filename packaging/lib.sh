@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # packaging/lib.sh - shared by packaging/test-deb, build-image and test-image: a clean
 # Debian 12 root, made once with debootstrap and kept as a tarball outside the
 # repository, so that each run starts from a fresh copy in seconds.  Sourced.
