@@ -7,6 +7,10 @@ RELAYBUS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RELAYBUS_BUILD_PACKAGES="build-essential autoconf automake libtool pkg-config
 	libevent-dev libbson-dev libmongoc-dev libssl-dev zlib1g-dev libzstd-dev
 	libsnappy-dev libcmocka-dev openssl libnats-dev librabbitmq-dev librdkafka-dev"
+# What packaging/ needs besides the build packages: the Debian package's build
+# and check (debhelper, lintian), the clean Debian root its test installs it
+# into (debootstrap), and the OCI image's build and unpacking (umoci, skopeo).
+RELAYBUS_PACKAGING_PACKAGES="debhelper lintian debootstrap umoci skopeo"
 RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat prometheus chromium python3-pymongo man-db systemd nats-server rabbitmq-server"
 
 say() { printf '==> %s\n' "$*" >&2; }
