@@ -721,7 +721,8 @@ append_fleet_handler (bson_t *arr, uint32_t i, const fleet_handler_t *h)
 }
 
 /* The fleet's handler sets as the dispatcher last read them: every
- * instance with its heartbeat and handlers, and the names live instances
+ * instance with its heartbeat and handlers, the names of the fleet's set
+ * (what publishers write deliveries for), and the names live instances
  * declare differently. */
 static void
 append_fleet (bson_t *parent)
@@ -742,6 +743,7 @@ append_fleet (bson_t *parent)
       BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &inst);
       BSON_APPEND_UTF8 (&inst, "instance", in->instance);
       BSON_APPEND_BOOL (&inst, "live", in->live);
+      BSON_APPEND_BOOL (&inst, "kept", in->kept);
       BSON_APPEND_BOOL (&inst, "stopped", in->stopped);
       append_date (&inst, "startedAt", in->started_at);
       append_date (&inst, "heartbeatAt", in->heartbeat_at);
@@ -750,6 +752,12 @@ append_fleet (bson_t *parent)
          append_fleet_handler (&hs, (uint32_t) h, &in->handlers[h]);
       bson_append_array_end (&inst, &hs);
       bson_append_document_end (&arr, &inst);
+   }
+   bson_append_array_end (&doc, &arr);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "set", &arr);
+   for (size_t i = 0; fs && i < fs->n_set; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, fs->set[i]->name);
    }
    bson_append_array_end (&doc, &arr);
    BSON_APPEND_ARRAY_BEGIN (&doc, "disagreeing", &arr);

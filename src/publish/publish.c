@@ -779,7 +779,7 @@ answer_status (client_conn_t *c, uint64_t seq)
    BSON_APPEND_UTF8 (&doc, "proxy", "relaybus-proxy");
    BSON_APPEND_UTF8 (&doc, "version", PACKAGE_VERSION);
    BSON_APPEND_INT32 (&doc, "handlers", cfg ? (int32_t) cfg->n_handlers : 0);
-   BSON_APPEND_INT32 (&doc, "fleetHandlers", fs ? (int32_t) fs->n_live : 0);
+   BSON_APPEND_INT32 (&doc, "fleetHandlers", fs ? (int32_t) fs->n_set : 0);
    for (size_t i = 0; fs && i < fs->n_instances; i++)
       live += fs->instances[i].live;
    BSON_APPEND_INT32 (&doc, "fleetInstances", (int32_t) live);

@@ -24,7 +24,9 @@
 #include "double.h"
 #include "base/log.h"
 #include "base/outbox.h"
+#include "base/fleet.h"
 #include "store/store.h"
+#include "store/fleet.h"
 #include "store/ops.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
@@ -2423,6 +2425,52 @@ test_retention_scheduled_purge_lease_makes_others_skip (void **state)
    assert_false (purge_run (fx->b, T0 + 300 + LEASE, 2000, &sum, &steps));
 }
 
+/* L8: the fleet's read takes the documents newest heartbeat first, and of
+ * the ones past the first FLEET_MAX_INSTANCES only those that declare a name
+ * the newer ones lack: 300 documents a crash-looping fleet left behind
+ * (sorting before the live instance's _id) push out neither the live
+ * instance nor the one old declaration of a handler nobody else declares. */
+static void
+test_l8_fleet_read_past_256_dead_instances (void **state)
+{
+   fx_t *fx = *state;
+   mongoc_collection_t *h = coll (fx, OUTBOX_HANDLERS);
+   bson_t **docs = calloc (FLEET_MAX_DOCS, sizeof *docs);
+   bson_t *fields = BCON_NEW ("handlers", "[", "{", "name", BCON_UTF8 ("live"), "events", "[", BCON_UTF8 ("x"), "]", "}", "]");
+   bool self = false, rare = false;
+   size_t n = 0;
+   bson_error_t err;
+
+   for (int i = 0; i < 300; i++) {
+      char id[32];
+      bson_t *d;
+
+      snprintf (id, sizeof id, "crash/%03d", i);
+      d = BCON_NEW ("_id", BCON_UTF8 (id), "heartbeatAt", BCON_DATE_TIME (T0 - 1000 * i), "handlers", "[", "{", "name",
+                    BCON_UTF8 (i == 299 ? "rare" : "crashing"), "events", "[", BCON_UTF8 ("x"), "]", "}", "]");
+      if (!mongoc_collection_insert_one (h, d, NULL, NULL, &err))
+         fail_msg ("insert: %s", err.message);
+      bson_destroy (d);
+   }
+   if (!store_fleet_announce (fx->a, fields, &err))
+      fail_msg ("announce: %s", err.message);
+   if (!store_fleet_read (fx->a, docs, FLEET_MAX_INSTANCES, FLEET_MAX_DOCS, &n, &err))
+      fail_msg ("read: %s", err.message);
+   assert_int_equal (n, FLEET_MAX_INSTANCES + 1);
+   for (size_t i = 0; i < n; i++) {
+      bson_iter_t it;
+
+      self = self || (bson_iter_init_find (&it, docs[i], "_id") && !strcmp (bson_iter_utf8 (&it, NULL), "host/1/aaaa"));
+      rare = rare || (bson_iter_init_find (&it, docs[i], "_id") && !strcmp (bson_iter_utf8 (&it, NULL), "crash/299"));
+      bson_destroy (docs[i]);
+   }
+   assert_true (self);
+   assert_true (rare);
+   free (docs);
+   bson_destroy (fields);
+   mongoc_collection_destroy (h);
+}
+
 int
 main (void)
 {
@@ -2468,6 +2516,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_claim_lease_runs_from_the_record, setup, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_removes_exactly_the_right_ones, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_lease_makes_others_skip, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l8_fleet_read_past_256_dead_instances, setup, teardown),
    };
    int rc;
 
