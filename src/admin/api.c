@@ -380,18 +380,27 @@ admin_api_readyz (admin_t *a, struct evhttp_request *req)
    bson_t doc = BSON_INITIALIZER;
    bool up, outbox, ready;
 
+   fleet_set_t *fs = fleet_acquire ();
+   bool fleet = fs != NULL;
+
+   fleet_release (fs);
    topology_get_primary (a->topo, &snap);
    up = snap.state == TOPOLOGY_STATE_PRIMARY;
    outbox = up && outbox_ready (a);
-   ready = up && outbox;
+   /* Before the fleet's handler set is read, publishes are refused: the
+    * events would miss the other proxies' handlers. */
+   ready = up && outbox && fleet;
    BSON_APPEND_BOOL (&doc, "ready", ready);
    BSON_APPEND_UTF8 (&doc, "upstream", topology_state_name (snap.state));
    BSON_APPEND_BOOL (&doc, "outbox", outbox);
+   BSON_APPEND_BOOL (&doc, "fleet", fleet);
    if (!up && snap.last_error[0] && bson_utf8_validate (snap.last_error, strlen (snap.last_error), false)) {
       /* The driver's error about the upstream may quote its URI. */
       char *masked = config_mask (NULL, snap.last_error);
       BSON_APPEND_UTF8 (&doc, "reason", masked);
       bson_free (masked);
+   } else if (up && !fleet) {
+      BSON_APPEND_UTF8 (&doc, "reason", "the fleet's handler set has not been read from the outbox yet: publishes are refused until it is");
    }
    {
       /* Broker connections are details, listed when there are any: a

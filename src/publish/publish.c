@@ -810,6 +810,16 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
       return NULL;
    }
    fs = fleet_acquire ();
+   if (!fs) {
+      /* Without the fleet's handler set the events would get deliveries
+       * for this proxy's handlers only, and the others' would be lost: the
+       * dispatcher has not read it yet (start-up with the upstream away). */
+      config_release (cfg);
+      answer_transient (c, seq, PUBLISH_NO_FLEET_CODE,
+                        "relaybus: the fleet's handler set has not been read from the outbox yet; retry the transaction",
+                        NULL, "a publish before the fleet's handler set");
+      return NULL;
+   }
    if (!check_routed (c, seq, ann, cfg, fs)) {
       fleet_release (fs);
       config_release (cfg);
