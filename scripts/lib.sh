@@ -7,7 +7,7 @@ RELAYBUS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RELAYBUS_BUILD_PACKAGES="build-essential autoconf automake libtool pkg-config
 	libevent-dev libbson-dev libmongoc-dev libssl-dev zlib1g-dev libzstd-dev
 	libsnappy-dev libcmocka-dev openssl libnats-dev librabbitmq-dev librdkafka-dev"
-RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat prometheus chromium python3-pymongo man-db systemd nats-server rabbitmq-server"
+RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat prometheus chromium python3-pymongo man-db systemd nats-server rabbitmq-server faketime"
 
 say() { printf '==> %s\n' "$*" >&2; }
 
