@@ -455,14 +455,20 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
       bson_destroy (opts);
    }
    if (!ok) {
-      /* Unknown which lanes were taken: a lane taken but not used is not
-       * ours in memory, and is taken over by anyone after its lease. */
-      log_warn ("store: taking %u lane(s): %s; skipped", n_clean, err.message);
+      /* Unknown which lanes were taken: the server may have applied the
+       * take and lost its reply (a network error, a write concern error).
+       * Read them back, as after a partial take, so that a lane taken is
+       * used now and not left idle for a lease; if that fails too, the
+       * lanes are skipped (taken over by anyone after their lease). */
+      log_warn ("store: taking %u lane(s): %s; reading them back", n_clean, err.message);
       bson_destroy (&reply);
+      bson_init (&reply);
       ok = true;
-      goto done;
-   }
-   if (store_iter_int64 (&reply, "modifiedCount") == n_clean) {
+      if (!taken_read_back (c, clean, got, epoch_of, &err)) {
+         log_warn ("store: %s; skipped", err.message);
+         memset (got, 0, sizeof got);
+      }
+   } else if (store_iter_int64 (&reply, "modifiedCount") == n_clean) {
       for (int l = 0; l < OUTBOX_LANES; l++) {
          got[l] = clean[l];
          if (got[l])

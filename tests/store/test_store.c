@@ -2425,6 +2425,27 @@ test_retention_scheduled_purge_lease_makes_others_skip (void **state)
    assert_false (purge_run (fx->b, T0 + 300 + LEASE, 2000, &sum, &steps));
 }
 
+/* L7: a take the server applied without its reply reaching the claimer
+ * (a write concern error here: the update is applied, the command fails)
+ * is read back, as a partial take is: the claim works with the lane now,
+ * instead of leaving it unused, owned by nobody in memory, for a lease. */
+static void
+test_l7_a_take_applied_without_its_reply_is_read_back (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+
+   add (fx, "l7-0", "h", NULL, 0, T0 - 20);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"update\"], "
+              "\"writeConcernError\": {\"code\": 64, \"errmsg\": \"waiting for replication timed out\"}}}");
+   claim (fx->a, "h", 10, T0, &b);
+   failpoint_off (fx);
+   assert_int_equal (b.n, 1);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 1));
+   store_batch_clear (&b);
+}
+
 /* L8: the fleet's read takes the documents newest heartbeat first, and of
  * the ones past the first FLEET_MAX_INSTANCES only those that declare a name
  * the newer ones lack: 300 documents a crash-looping fleet left behind
@@ -2516,6 +2537,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_claim_lease_runs_from_the_record, setup, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_removes_exactly_the_right_ones, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_lease_makes_others_skip, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l7_a_take_applied_without_its_reply_is_read_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l8_fleet_read_past_256_dead_instances, setup, teardown),
    };
    int rc;
