@@ -10,7 +10,10 @@
 //    each key in sequence order. Run twice: with every clock right, and with P's clock ahead of
 //    the server's by SKEW (libfaketime through LD_PRELOAD; skipped without it), where P used to
 //    judge D's heartbeats by its own clock.
-// 2. A proxy whose dispatcher has not read the fleet's set yet refuses publishes with a
+// 2. A handler added while a transaction is open: the transaction's event, committed after the
+//    old backfill window (three heartbeats) and within transaction_lifetime, gets the new
+//    handler's delivery, and the handler's deliveries wait for the backfill.
+// 3. A proxy whose dispatcher has not read the fleet's set yet refuses publishes with a
 //    transient error (they would miss the other proxies' handlers), and /readyz says why; once
 //    the set is read, a publish gets the other proxy's handler's delivery.
 //
@@ -42,7 +45,7 @@ async function getJson(port, path) {
 
 // A publishing proxy (dispatch off, no handler of its own) with an admin port. The two ports
 // are drawn apart, so they may meet: then it starts again with others.
-async function startPublisher(up, db, env, settings) {
+async function startPublisher(up, db, env, settings, outbox = { handler_heartbeat: HEARTBEAT }) {
   for (let attempt = 0; ; attempt++) {
     const adminPort = await freePort();
     try {
@@ -50,7 +53,8 @@ async function startPublisher(up, db, env, settings) {
         upstream: up.uri,
         env,
         settings,
-        extraIni: `[outbox]\ndatabase = ${db}\nhandler_heartbeat = ${HEARTBEAT}\n\n[admin]\nlisten = 127.0.0.1:${adminPort}\n`,
+        extraIni: ['[outbox]', ...Object.entries({ ...outbox, database: db }).map(([k, v]) => `${k} = ${v}`),
+          '', '[admin]', `listen = 127.0.0.1:${adminPort}`, ''].join('\n'),
       });
       p.adminPort = adminPort;
       return p;
@@ -194,6 +198,51 @@ test('the same with the publishing proxy\'s clock ahead of the server\'s', { tim
   async (t) => {
     if (!fs.existsSync(FAKETIME_LIB)) return t.skip(`no ${FAKETIME_LIB} (Debian's faketime package)`);
     await scenario(t, { skew: SKEW });
+  });
+
+test('an event of a transaction open across a handler\'s first declaration gets its delivery', { timeout: 90000 },
+  async (t) => {
+    const up = await startUpstream();
+    t.after(() => up.stop());
+    const got = { '/base': [], '/late': [] };
+    const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
+    t.after(() => sink.close());
+    const db = uniqueDbName('fleet_late');
+    // A liveness bound of 0.9 s, the old backfill window; transactions live up to 3 s here.
+    const outbox = { database: db, handler_heartbeat: '300ms', transaction_lifetime: '3s' };
+    const dispatch = { poll_interval_ms: 100 };
+    const d = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
+      handlers: [{ name: 'base', kind: 'webhook', events: 'order.*', url: sink.url('/base') }] });
+    t.after(() => d.kill());
+    const p = await startPublisher(up, db, undefined, undefined, outbox);
+    const viaP = await connect(p);
+    t.after(() => viaP.close());
+    await waitFor(async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === 'base')), 20000,
+      'P to read base');
+    // One publish first: it creates `items`, which a transaction would hold until its commit.
+    await publishThroughProxy(viaP, 'app', [{ id: 'before-0', type: 'order.placed', key: 'k-before', payload: {} }]);
+    // Opened before `late` exists, committed 2.5 s after its first declaration.
+    const session = viaP.startSession();
+    session.startTransaction();
+    await viaP.db('app').collection('items').insertOne({ _id: 'long-0' },
+      { session, comment: { relaybus: { type: 'order.placed', id: 'long-0', key: 'k-long', payload: {} } } });
+    const a = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
+      handlers: [{ name: 'late', kind: 'webhook', events: 'order.placed', url: sink.url('/late') }] });
+    t.after(() => a.kill());
+    const declaredAt = Date.now();
+    await waitFor(async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === 'late')), 20000,
+      'P to read late');
+    await publishThroughProxy(viaP, 'app', [{ id: 'after-0', type: 'order.placed', key: 'k-after', payload: {} }]);
+    await sleep(Math.max(0, declaredAt + 2500 - Date.now())); // the transaction stays open this long
+    await session.commitTransaction();
+    await session.endSession();
+    await waitFor(async () => ['long-0', 'after-0'].every((id) => got['/late'].includes(id)), 30000,
+      'both events at late');
+    assert.deepEqual(got['/late'].filter((id) => id === 'long-0' || id === 'after-0').length, 2, 'each once');
+    assert.match(a.log(), /handler late is new to the fleet/);
+    await viaP.close();
+    assert.equal((await a.stop()).code, 0);
+    assert.equal((await d.stop()).code, 0);
   });
 
 test('before its first read of the fleet\'s set a proxy refuses publishes, and /readyz says why', { timeout: 60000 },
