@@ -1067,6 +1067,13 @@ finish (dispatcher_t *d)
       return;
    d->finished = true;
    evtimer_del (d->deadline_ev);
+   /* Nothing a transport holds may reach a receiver after the lanes are
+    * handed back: the proxy that takes a lane over would send a key's
+    * next delivery first (a Kafka producer flushed at its destroy did). */
+   for (size_t i = 0; i < d->n_handlers; i++)
+      transport_fence (d->handlers[i]->t);
+   for (size_t i = 0; i < d->n_retired; i++)
+      transport_fence (d->retired[i]->t);
    /* After the first failed store call (the upstream is gone), skip the
     * rest: every call would wait for server selection, and the leases run
     * out on their own. */
