@@ -19,8 +19,9 @@
 
 /* Events read per backfill page and written per transaction. */
 #define FLEET_BACKFILL_PAGE 500
-/* Pages one backfill call reads at most (the window is a few heartbeats
- * of events; this only bounds a pathological one). */
+/* Pages one backfill call reads at most (the window is transaction_lifetime
+ * plus a few heartbeats of events; this only bounds a pathological one:
+ * the next heartbeat's pass goes on). */
 #define FLEET_BACKFILL_MAX_PAGES 200
 /* The retirement lease: one document in the lanes collection, _id -2 (the
  * purge lease is -1; lane queries name ids 0..255). */
