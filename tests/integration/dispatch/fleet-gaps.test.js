@@ -19,7 +19,7 @@
 //
 // Durations (ms), from the environment; the defaults are CI's size, bench/fleet-gaps runs the
 // full one (a 30 s stall and transactions open for 40 s):
-//   RELAYBUS_FLEET_GAPS_STALL_MS (8000), RELAYBUS_FLEET_GAPS_TXN_MS (10000),
+//   RELAYBUS_FLEET_GAPS_STALL_MS (6000), RELAYBUS_FLEET_GAPS_TXN_MS (8000),
 //   RELAYBUS_FLEET_GAPS_SKEW (faketime offset, "+5s").
 
 const test = require('node:test');
@@ -31,8 +31,8 @@ const { startUpstream, startProxy, uniqueDbName, freePort, sleep, registerFinalC
 const { startSink } = require('./sink');
 const { startDispatchProxy, publishThroughProxy, waitFor, upstreamWithFailPoints } = require('./helpers');
 
-const STALL_MS = Number(process.env.RELAYBUS_FLEET_GAPS_STALL_MS || 8000);
-const TXN_MS = Number(process.env.RELAYBUS_FLEET_GAPS_TXN_MS || 10000);
+const STALL_MS = Number(process.env.RELAYBUS_FLEET_GAPS_STALL_MS || 6000);
+const TXN_MS = Number(process.env.RELAYBUS_FLEET_GAPS_TXN_MS || 8000);
 const SKEW = process.env.RELAYBUS_FLEET_GAPS_SKEW || '+5s';
 const FAKETIME_LIB = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
 const HEARTBEAT = '500ms';
