@@ -407,10 +407,12 @@ proxy_start (proxy_t *p, bson_error_t *error)
       return false;
    /* The fleet's handler set before the listener: the first events a client
     * publishes get deliveries for every handler of the fleet, not only
-    * this proxy's.  Bounded, as the wait for the primary: with the upstream
-    * away the proxy listens anyway, refuses publishes (transiently) until
-    * the dispatcher has read the set, and /readyz says why. */
-   if (!fleet_wait_first (p->cfg->upstream_connect_timeout_ms + p->cfg->handler_heartbeat_ms))
+    * this proxy's.  Bounded, as the wait for the primary, and not at all
+    * without one (the dispatcher cannot read it either): the proxy then
+    * listens anyway, refuses publishes (transiently) until the dispatcher
+    * has read the set, and /readyz says why. */
+   if (state != TOPOLOGY_STATE_PRIMARY ||
+       !fleet_wait_first (p->cfg->upstream_connect_timeout_ms + p->cfg->handler_heartbeat_ms))
       log_warn ("the fleet's handler set is not read yet; listening anyway, publishes are refused until it is");
    /* The publishing path wakes the dispatcher after a commit it injected
     * into. */
