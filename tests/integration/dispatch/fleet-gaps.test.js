@@ -186,7 +186,7 @@ async function scenario(t, { skew }) {
   } finally {
     await direct.close();
   }
-  t.diagnostic(`${committed.length} events, the stall ${Date.now() - stalledAt} ms`);
+  t.diagnostic(`${committed.length} events, ${Date.now() - stalledAt} ms from the SIGSTOP to the last delivery`);
   await viaP.close();
   assert.equal((await d.stop()).code, 0);
 }
