@@ -2446,6 +2446,31 @@ test_l7_a_take_applied_without_its_reply_is_read_back (void **state)
    store_batch_clear (&b);
 }
 
+/* L7, a takeover: the same for the take of a lane whose previous owner's
+ * lease ran out with a claim in flight (one findAndModify that also moves
+ * the claim to `lost`): read back, the lost claim is charged and claimed
+ * again at once. */
+static void
+test_l7_a_takeover_applied_without_its_reply_is_read_back (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t ba = {0}, bb = {0};
+
+   add (fx, "l7t-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &ba);
+   assert_int_equal (ba.n, 1);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"findAndModify\"], "
+              "\"writeConcernError\": {\"code\": 64, \"errmsg\": \"waiting for replication timed out\"}}}");
+   claim (fx->b, "h", 1, T0 + LEASE + 1, &bb);
+   failpoint_off (fx);
+   assert_int_equal (bb.n, 1);
+   assert_int_equal (bb.items[0].attempt, 2);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": \"host/2/bbbb\", \"epoch\": 2}"), 1);
+   store_batch_clear (&ba);
+   store_batch_clear (&bb);
+}
+
 /* L8: the fleet's read takes the documents newest heartbeat first, and of
  * the ones past the first FLEET_MAX_INSTANCES only those that declare a name
  * the newer ones lack: 300 documents a crash-looping fleet left behind
@@ -2538,6 +2563,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_removes_exactly_the_right_ones, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_lease_makes_others_skip, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l7_a_take_applied_without_its_reply_is_read_back, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l7_a_takeover_applied_without_its_reply_is_read_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l8_fleet_read_past_256_dead_instances, setup, teardown),
    };
    int rc;
