@@ -11,7 +11,7 @@
 //    the server's by SKEW (libfaketime through LD_PRELOAD; skipped without it), where P used to
 //    judge D's heartbeats by its own clock.
 // 2. A handler added while a transaction is open: the transaction's event, committed after the
-//    old backfill window (three heartbeats) and within transaction_lifetime, gets the new
+//    old backfill window (three heartbeats, 0.9 s) and within transaction_lifetime, gets the new
 //    handler's delivery, and the handler's deliveries wait for the backfill.
 // 3. A proxy whose dispatcher has not read the fleet's set yet refuses publishes with a
 //    transient error (they would miss the other proxies' handlers), and /readyz says why; once
@@ -208,8 +208,8 @@ test('an event of a transaction open across a handler\'s first declaration gets 
     const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
     t.after(() => sink.close());
     const db = uniqueDbName('fleet_late');
-    // A liveness bound of 0.9 s, the old backfill window; transactions live up to 3 s here.
-    const outbox = { database: db, handler_heartbeat: '300ms', transaction_lifetime: '3s' };
+    // A liveness bound of 0.9 s, the old backfill window; transactions live up to 4 s here.
+    const outbox = { database: db, handler_heartbeat: '300ms', transaction_lifetime: '4s' };
     const dispatch = { poll_interval_ms: 100 };
     const d = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
       handlers: [{ name: 'base', kind: 'webhook', events: 'order.*', url: sink.url('/base') }] });
@@ -229,13 +229,13 @@ test('an event of a transaction open across a handler\'s first declaration gets 
     const a = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
       handlers: [{ name: 'late', kind: 'webhook', events: 'order.placed', url: sink.url('/late') }] });
     t.after(() => a.kill());
-    const declaredAt = Date.now();
+    // A declared `late` before it listened: the commit comes 2.5 s after that, nothing between.
+    await sleep(2500);
+    await session.commitTransaction();
+    await session.endSession();
     await waitFor(async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === 'late')), 20000,
       'P to read late');
     await publishThroughProxy(viaP, 'app', [{ id: 'after-0', type: 'order.placed', key: 'k-after', payload: {} }]);
-    await sleep(Math.max(0, declaredAt + 2500 - Date.now())); // the transaction stays open this long
-    await session.commitTransaction();
-    await session.endSession();
     await waitFor(async () => ['long-0', 'after-0'].every((id) => got['/late'].includes(id)), 30000,
       'both events at late');
     assert.deepEqual(got['/late'].filter((id) => id === 'long-0' || id === 'after-0').length, 2, 'each once');
