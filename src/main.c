@@ -48,6 +48,7 @@
 #include "proxy/conn.h"
 #include "base/authfile.h"
 #include "base/config.h"
+#include "base/fleet.h"
 #include "codec/compress.h"
 #include "codec/scram.h"
 #ifdef RELAYBUS_HAVE_KAFKA
@@ -404,6 +405,15 @@ proxy_start (proxy_t *p, bson_error_t *error)
    /* The outbox setup, and the dispatcher on its own thread when enabled. */
    if (!dispatch_start (p->cfg, error))
       return false;
+   /* The fleet's handler set before the listener: the first events a client
+    * publishes get deliveries for every handler of the fleet, not only
+    * this proxy's.  Bounded, as the wait for the primary, and not at all
+    * without one (the dispatcher cannot read it either): the proxy then
+    * listens anyway, refuses publishes (transiently) until the dispatcher
+    * has read the set, and /readyz says why. */
+   if (state != TOPOLOGY_STATE_PRIMARY ||
+       !fleet_wait_first (p->cfg->upstream_connect_timeout_ms + p->cfg->handler_heartbeat_ms))
+      log_warn ("the fleet's handler set is not read yet; listening anyway, publishes are refused until it is");
    /* The publishing path wakes the dispatcher after a commit it injected
     * into. */
    publish_set_wake_hook (proxy_commit_wake);

@@ -210,7 +210,8 @@ typedef struct config {
    int64_t retain_dead_ms;             /* scheduled purge: dead deliveries */
    int64_t purge_interval_ms;          /* scheduled purge: time between runs */
    int64_t handler_heartbeat_ms;       /* fleet handler set: announce and refresh interval */
-   int64_t handler_retire_after_ms;    /* fleet handler set: grace before an undeclared handler retires */
+   int64_t handler_retire_after_ms;    /* fleet handler set: how long a declaration stays in the set; then it retires */
+   int64_t transaction_lifetime_ms;    /* the upstream's transactionLifetimeLimitSeconds (the backfill's reach) */
    char *unrouted;                     /* accept | warn | refuse */
    config_unrouted_t unrouted_mode;    /* unrouted, parsed */
 

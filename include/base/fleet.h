@@ -1,5 +1,5 @@
 /*
- * base/fleet.h - the fleet's handler set: what every live proxy declares.
+ * base/fleet.h - the fleet's handler set: what the fleet's proxies declare.
  *
  * Thread: the dispatcher thread publishes snapshots; the forwarding loop and the admin thread read them (any thread may read).
  *
@@ -12,9 +12,19 @@
  * pointer copy), so injection never waits for the store.
  *
  * A snapshot lists every instance found, whether it is live (heartbeat
- * younger than FLEET_LIVE_HEARTBEATS heartbeats), the union of the live
- * instances' handlers (one entry per name), and the names live instances
- * declare differently (kind, patterns or settings hash).
+ * younger than FLEET_LIVE_HEARTBEATS heartbeats) and whether it is kept
+ * (heartbeat younger than [outbox] handler_retire_after), the fleet's
+ * handler set, and the names live instances declare differently (kind,
+ * patterns or settings hash).
+ *
+ * The fleet's handler set is the union of the kept instances' handlers
+ * (one entry per name): a handler stays in it, and publishers write its
+ * deliveries, until no instance has declared it for handler_retire_after,
+ * which is when the dispatcher retires it.  An instance that looks dead
+ * (stalled, stopped, or restarting) therefore never takes its handlers'
+ * deliveries with it.  Heartbeats are written and compared on the
+ * server's clock (the instance's own heartbeatAt, read back, is "now"),
+ * so no proxy's clock skew moves them.
  */
 #ifndef RELAYBUS_FLEET_H
 #define RELAYBUS_FLEET_H
@@ -27,10 +37,14 @@
 
 #include "base/config.h"
 
-/* Instances read per refresh, and distinct handler names taken from the
- * fleet beyond the local config: both bound the snapshot. */
+/* Instances read in full per refresh (the newest heartbeats first), and
+ * distinct handler names taken from the fleet beyond the local config.
+ * Older documents are read only for a name the newer ones lack, so at
+ * most FLEET_MAX_DOCS documents make a snapshot, however many instances
+ * a crash-looping fleet left behind. */
 #define FLEET_MAX_INSTANCES 256
 #define FLEET_MAX_HANDLERS CONFIG_MAX_HANDLERS
+#define FLEET_MAX_DOCS (FLEET_MAX_INSTANCES + FLEET_MAX_HANDLERS)
 /* An instance is live while its heartbeat is younger than this many
  * heartbeat intervals. */
 #define FLEET_LIVE_HEARTBEATS 3
@@ -50,6 +64,7 @@ typedef struct {
    char *instance;
    int64_t heartbeat_at, started_at;
    bool live;
+   bool kept;    /* its declarations are in the fleet's set (heartbeat within the retention) */
    bool stopped; /* it recorded a clean stop */
    fleet_handler_t *handlers;
    size_t n_handlers;
@@ -58,12 +73,13 @@ typedef struct {
 /* Immutable once published; freed when its last reference goes. */
 typedef struct fleet_set {
    _Atomic int refcount;
-   int64_t read_at; /* when the documents were read (ms since the epoch) */
+   int64_t read_at; /* when the documents were read (the server's clock, ms since the epoch) */
    fleet_instance_t *instances;
    size_t n_instances;
-   /* One per name over the live instances (pointing into instances[]). */
-   const fleet_handler_t **live;
-   size_t n_live;
+   /* The fleet's handler set: one per name over the kept instances, the
+    * newest heartbeat's declaration (pointing into instances[]). */
+   const fleet_handler_t **set;
+   size_t n_set;
    /* Names live instances declare with different kind, patterns or hash. */
    char **disagreeing;
    size_t n_disagreeing;
@@ -93,10 +109,16 @@ bool fleet_append_handlers (const config_t *cfg, const int64_t *backfill_until, 
    __attribute__ ((warn_unused_result));
 
 /* A snapshot from instance documents ({_id, heartbeatAt, startedAt,
- * handlers}); `live_ms`: an instance whose heartbeat is older than
- * now - live_ms is not live.  Documents of another shape are skipped.
+ * handlers}), newest heartbeat first; `now` on the server's clock;
+ * `live_ms`: an instance whose heartbeat is older than now - live_ms is
+ * not live; `keep_ms`: one older than now - keep_ms is not kept (its
+ * handlers leave the set).  Documents of another shape are skipped.
  * Refcount 1. */
-fleet_set_t *fleet_set_from_docs (const bson_t *const *docs, size_t n, int64_t now, int64_t live_ms);
+fleet_set_t *fleet_set_from_docs (const bson_t *const *docs, size_t n, int64_t now, int64_t live_ms, int64_t keep_ms);
+
+/* The heartbeatAt of instance `self`'s document among docs (the server's
+ * clock when it was written), or `fallback` when there is none. */
+int64_t fleet_docs_heartbeat (const bson_t *const *docs, size_t n, const char *self, int64_t fallback);
 
 fleet_set_t *fleet_retain (fleet_set_t *fs);
 void fleet_release (fleet_set_t *fs); /* NULL ok */
@@ -108,18 +130,23 @@ void fleet_release (fleet_set_t *fs); /* NULL ok */
 void fleet_publish (fleet_set_t *fs);
 fleet_set_t *fleet_acquire (void);
 
-/* True if a handler of `cfg`, or a live handler of `fs` (NULL: none),
- * subscribes to `type`. */
+/* Waits up to `timeout_ms` for the first snapshot; true once there is one.
+ * For the start-up, before the proxy listens (it blocks). */
+bool fleet_wait_first (int64_t timeout_ms);
+
+/* True if a handler of `cfg`, or a handler of the set of `fs` (NULL:
+ * none), subscribes to `type`. */
 bool fleet_type_routed (const config_t *cfg, const fleet_set_t *fs, const char *type);
 
-/* Does a live instance other than `self` declare `name`? */
+/* Does a kept instance other than `self` declare `name` (is it in the
+ * set without `self`)? */
 bool fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const char *name);
 
 /* The latest heartbeat of any instance, live or not, that declares `name`;
  * 0 when none does. */
 int64_t fleet_last_declared (const fleet_set_t *fs, const char *name);
 
-/* The latest backfillUntil a live instance other than `self` records for
+/* The latest backfillUntil a kept instance other than `self` records for
  * `name` (0: none). */
 int64_t fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name);
 

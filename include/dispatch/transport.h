@@ -111,6 +111,12 @@ typedef struct {
    /* Any thread.  `detail` (TRANSPORT_DETAIL_MAX) gets the last
     * connection error, or "". */
    transport_state_t (*state) (void *impl, char *detail, size_t detail_len);
+   /* NULL, or: from its return on, nothing the transport was handed reaches
+    * the receiver any more (what it holds is flushed within a bound, or
+    * dropped; the sends it dropped call back as failed or are cancelled).
+    * A stop calls it before it releases the deliveries in flight and hands
+    * their lanes back.  Called at most once before destroy. */
+   void (*fence) (void *impl);
    /* Frees it (never NULL: transport_destroy and a failed start pass
     * what start made); every send was cancelled or has called back. */
    void (*destroy) (void *impl);
@@ -152,6 +158,10 @@ transport_req_t *transport_send (transport_t *t,
                                  bson_error_t *error);
 /* NULL ok. */
 void transport_cancel (transport_t *t, transport_req_t *req);
+
+/* See transport_ops_t.fence; NULL ok, and a kind without one has nothing
+ * to flush (its sends end with their callback or their cancel). */
+void transport_fence (transport_t *t);
 
 /* Any thread. */
 transport_state_t transport_state (transport_t *t, char *detail, size_t detail_len);

@@ -81,6 +81,10 @@ typedef enum {
 /* An event type no handler subscribes to, with [outbox] unrouted = refuse:
  * the request is answered {ok: 0, code: 2, codeName: "BadValue"}. */
 #define PUBLISH_UNROUTED_CODE INJECT_CODE_BAD_VALUE
+/* Before the dispatcher's first read of the fleet's handler set (a start-up
+ * with the upstream away): annotated statements and relaybusPublish are
+ * refused with this code and TransientTransactionError. */
+#define PUBLISH_NO_FLEET_CODE INJECT_CODE_TEMPORARILY_UNAVAILABLE
 
 /* The request hook (client_request_hook_t) that main.c installs with
  * client_loop_set_request_hook (loop, publish_request_hook, NULL).  Looks at

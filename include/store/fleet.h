@@ -19,13 +19,15 @@
 #include "store/store.h"
 
 /* Upserts this instance's document {_id: owner}: `fields` ($set as they
- * are: the handlers, startedAt), and heartbeatAt = now. */
-bool store_fleet_announce (store_t *store, const bson_t *fields, int64_t now, bson_error_t *error)
+ * are: the handlers, startedAt), and heartbeatAt = the server's clock. */
+bool store_fleet_announce (store_t *store, const bson_t *fields, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
-/* Reads at most `max` instance documents into docs[] (copies the caller
- * destroys); *n how many. */
-bool store_fleet_read (store_t *store, bson_t **docs, size_t max, size_t *n, bson_error_t *error)
+/* Reads the instance documents into docs[] (copies the caller destroys),
+ * newest heartbeat first: the first `max_full`, then only those that
+ * declare a handler name none before them does, at most `max` in all
+ * (and at most `max` distinct names); *n how many. */
+bool store_fleet_read (store_t *store, bson_t **docs, size_t max_full, size_t max, size_t *n, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
 /* Removes the documents of other instances whose heartbeat is before

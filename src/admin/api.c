@@ -380,18 +380,27 @@ admin_api_readyz (admin_t *a, struct evhttp_request *req)
    bson_t doc = BSON_INITIALIZER;
    bool up, outbox, ready;
 
+   fleet_set_t *fs = fleet_acquire ();
+   bool fleet = fs != NULL;
+
+   fleet_release (fs);
    topology_get_primary (a->topo, &snap);
    up = snap.state == TOPOLOGY_STATE_PRIMARY;
    outbox = up && outbox_ready (a);
-   ready = up && outbox;
+   /* Before the fleet's handler set is read, publishes are refused: the
+    * events would miss the other proxies' handlers. */
+   ready = up && outbox && fleet;
    BSON_APPEND_BOOL (&doc, "ready", ready);
    BSON_APPEND_UTF8 (&doc, "upstream", topology_state_name (snap.state));
    BSON_APPEND_BOOL (&doc, "outbox", outbox);
+   BSON_APPEND_BOOL (&doc, "fleet", fleet);
    if (!up && snap.last_error[0] && bson_utf8_validate (snap.last_error, strlen (snap.last_error), false)) {
       /* The driver's error about the upstream may quote its URI. */
       char *masked = config_mask (NULL, snap.last_error);
       BSON_APPEND_UTF8 (&doc, "reason", masked);
       bson_free (masked);
+   } else if (up && !fleet) {
+      BSON_APPEND_UTF8 (&doc, "reason", "the fleet's handler set has not been read from the outbox yet: publishes are refused until it is");
    }
    {
       /* Broker connections are details, listed when there are any: a
@@ -721,7 +730,8 @@ append_fleet_handler (bson_t *arr, uint32_t i, const fleet_handler_t *h)
 }
 
 /* The fleet's handler sets as the dispatcher last read them: every
- * instance with its heartbeat and handlers, and the names live instances
+ * instance with its heartbeat and handlers, the names of the fleet's set
+ * (what publishers write deliveries for), and the names live instances
  * declare differently. */
 static void
 append_fleet (bson_t *parent)
@@ -742,6 +752,7 @@ append_fleet (bson_t *parent)
       BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &inst);
       BSON_APPEND_UTF8 (&inst, "instance", in->instance);
       BSON_APPEND_BOOL (&inst, "live", in->live);
+      BSON_APPEND_BOOL (&inst, "kept", in->kept);
       BSON_APPEND_BOOL (&inst, "stopped", in->stopped);
       append_date (&inst, "startedAt", in->started_at);
       append_date (&inst, "heartbeatAt", in->heartbeat_at);
@@ -750,6 +761,12 @@ append_fleet (bson_t *parent)
          append_fleet_handler (&hs, (uint32_t) h, &in->handlers[h]);
       bson_append_array_end (&inst, &hs);
       bson_append_document_end (&arr, &inst);
+   }
+   bson_append_array_end (&doc, &arr);
+   BSON_APPEND_ARRAY_BEGIN (&doc, "set", &arr);
+   for (size_t i = 0; fs && i < fs->n_set; i++) {
+      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&arr, key, fs->set[i]->name);
    }
    bson_append_array_end (&doc, &arr);
    BSON_APPEND_ARRAY_BEGIN (&doc, "disagreeing", &arr);

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/evp.h>
 
@@ -139,7 +140,7 @@ fleet_free (fleet_set_t *fs)
       bson_free (fs->disagreeing[i]);
    bson_free (fs->disagreeing);
    bson_free (fs->instances);
-   bson_free (fs->live);
+   bson_free (fs->set);
    bson_free (fs);
 }
 
@@ -197,16 +198,29 @@ same_declaration (const fleet_handler_t *a, const fleet_handler_t *b)
    return true;
 }
 
+int64_t
+fleet_docs_heartbeat (const bson_t *const *docs, size_t n, const char *self, int64_t fallback)
+{
+   bson_iter_t it;
+
+   for (size_t i = 0; i < n; i++)
+      if (bson_iter_init_find (&it, docs[i], "_id") && BSON_ITER_HOLDS_UTF8 (&it) &&
+          !strcmp (bson_iter_utf8 (&it, NULL), self) && bson_iter_init_find (&it, docs[i], "heartbeatAt") &&
+          BSON_ITER_HOLDS_DATE_TIME (&it))
+         return bson_iter_date_time (&it);
+   return fallback;
+}
+
 fleet_set_t *
-fleet_set_from_docs (const bson_t *const *docs, size_t n, int64_t now, int64_t live_ms)
+fleet_set_from_docs (const bson_t *const *docs, size_t n, int64_t now, int64_t live_ms, int64_t keep_ms)
 {
    fleet_set_t *fs = bson_malloc0 (sizeof *fs);
-   size_t cap_live = 0;
+   size_t cap_set = 0;
 
    atomic_init (&fs->refcount, 1);
    fs->read_at = now;
-   if (n > FLEET_MAX_INSTANCES)
-      n = FLEET_MAX_INSTANCES;
+   if (n > FLEET_MAX_DOCS)
+      n = FLEET_MAX_DOCS;
    fs->instances = bson_malloc0 ((n ? n : 1) * sizeof *fs->instances);
    for (size_t i = 0; i < n; i++) {
       fleet_instance_t *in = &fs->instances[fs->n_instances];
@@ -224,6 +238,9 @@ fleet_set_from_docs (const bson_t *const *docs, size_t n, int64_t now, int64_t l
        * its last heartbeat still dates its declarations. */
       in->stopped = bson_iter_init_find (&it, docs[i], "stoppedAt");
       in->live = !in->stopped && in->heartbeat_at > now - live_ms;
+      /* Stopped or silent, its declarations stand until the retention
+       * ends: a stalled or restarting declarer keeps its handlers' deliveries. */
+      in->kept = in->heartbeat_at > now - keep_ms;
       if (bson_iter_init_find (&it, docs[i], "handlers") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr)) {
          while (bson_iter_next (&arr) && in->n_handlers < CONFIG_MAX_HANDLERS) {
             fleet_handler_t h;
@@ -240,40 +257,50 @@ fleet_set_from_docs (const bson_t *const *docs, size_t n, int64_t now, int64_t l
       fs->n_instances++;
    }
 
-   /* The union of the live declarations, and the names declared twice
-    * differently. */
+   /* The set: the union of the kept declarations, the newest heartbeat's
+    * entry for a name (the documents come newest first). */
    for (size_t i = 0; i < fs->n_instances; i++) {
       const fleet_instance_t *in = &fs->instances[i];
 
-      if (!in->live)
-         continue;
-      for (size_t h = 0; h < in->n_handlers; h++) {
+      for (size_t h = 0; in->kept && h < in->n_handlers; h++) {
          const fleet_handler_t *hd = &in->handlers[h];
          size_t k;
 
-         for (k = 0; k < fs->n_live; k++)
-            if (!strcmp (fs->live[k]->name, hd->name))
+         for (k = 0; k < fs->n_set; k++)
+            if (!strcmp (fs->set[k]->name, hd->name))
                break;
-         if (k < fs->n_live) {
-            bool listed = false;
+         if (k < fs->n_set || fs->n_set == FLEET_MAX_HANDLERS)
+            continue;
+         if (fs->n_set == cap_set) {
+            cap_set = cap_set ? 2 * cap_set : 16;
+            fs->set = bson_realloc (fs->set, cap_set * sizeof *fs->set);
+         }
+         fs->set[fs->n_set++] = hd;
+      }
+   }
+   /* The names live instances declare differently: what they declare now. */
+   for (size_t i = 0; i < fs->n_instances; i++) {
+      const fleet_instance_t *in = &fs->instances[i];
 
-            if (same_declaration (fs->live[k], hd))
-               continue;
-            for (size_t d = 0; d < fs->n_disagreeing; d++)
-               listed = listed || !strcmp (fs->disagreeing[d], hd->name);
-            if (!listed) {
-               fs->disagreeing = bson_realloc (fs->disagreeing, (fs->n_disagreeing + 1) * sizeof *fs->disagreeing);
-               fs->disagreeing[fs->n_disagreeing++] = bson_strdup (hd->name);
-            }
+      for (size_t h = 0; in->live && h < in->n_handlers; h++) {
+         const fleet_handler_t *hd = &in->handlers[h];
+         const fleet_handler_t *first = NULL;
+         bool listed = false;
+
+         for (size_t j = 0; j < i && !first; j++)
+            for (size_t k = 0; fs->instances[j].live && k < fs->instances[j].n_handlers; k++)
+               if (!strcmp (fs->instances[j].handlers[k].name, hd->name)) {
+                  first = &fs->instances[j].handlers[k];
+                  break;
+               }
+         if (!first || same_declaration (first, hd))
             continue;
+         for (size_t d = 0; d < fs->n_disagreeing; d++)
+            listed = listed || !strcmp (fs->disagreeing[d], hd->name);
+         if (!listed) {
+            fs->disagreeing = bson_realloc (fs->disagreeing, (fs->n_disagreeing + 1) * sizeof *fs->disagreeing);
+            fs->disagreeing[fs->n_disagreeing++] = bson_strdup (hd->name);
          }
-         if (fs->n_live == FLEET_MAX_HANDLERS)
-            continue;
-         if (fs->n_live == cap_live) {
-            cap_live = cap_live ? 2 * cap_live : 16;
-            fs->live = bson_realloc (fs->live, cap_live * sizeof *fs->live);
-         }
-         fs->live[fs->n_live++] = hd;
       }
    }
    return fs;
@@ -295,6 +322,9 @@ fleet_release (fleet_set_t *fs)
 }
 
 static snapshot_t current = SNAPSHOT_INIT;
+/* Signalled at each publish, for fleet_wait_first. */
+static pthread_mutex_t first_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t first_cond = PTHREAD_COND_INITIALIZER;
 
 static void *
 fleet_retain_any (void *fs)
@@ -306,6 +336,42 @@ void
 fleet_publish (fleet_set_t *fs)
 {
    fleet_release (snapshot_swap (&current, fs));
+   pthread_mutex_lock (&first_mu);
+   pthread_cond_broadcast (&first_cond);
+   pthread_mutex_unlock (&first_mu);
+}
+
+static bool
+fleet_published (void)
+{
+   fleet_set_t *fs = fleet_acquire ();
+   bool any = fs != NULL;
+
+   fleet_release (fs);
+   return any;
+}
+
+bool
+fleet_wait_first (int64_t timeout_ms)
+{
+   struct timespec until;
+   bool any;
+
+   clock_gettime (CLOCK_REALTIME, &until);
+   until.tv_sec += (time_t) (timeout_ms / 1000);
+   until.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
+   if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+   }
+   pthread_mutex_lock (&first_mu);
+   while (!(any = fleet_published ()))
+      if (pthread_cond_timedwait (&first_cond, &first_mu, &until) != 0) {
+         any = fleet_published ();
+         break;
+      }
+   pthread_mutex_unlock (&first_mu);
+   return any;
 }
 
 fleet_set_t *
@@ -320,8 +386,8 @@ fleet_type_routed (const config_t *cfg, const fleet_set_t *fs, const char *type)
    for (size_t i = 0; cfg && i < cfg->n_handlers; i++)
       if (config_handler_matches (&cfg->handlers[i], type))
          return true;
-   for (size_t i = 0; fs && i < fs->n_live; i++)
-      if (fleet_handler_matches (fs->live[i], type))
+   for (size_t i = 0; fs && i < fs->n_set; i++)
+      if (fleet_handler_matches (fs->set[i], type))
          return true;
    return false;
 }
@@ -332,7 +398,7 @@ fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const char *n
    for (size_t i = 0; fs && i < fs->n_instances; i++) {
       const fleet_instance_t *in = &fs->instances[i];
 
-      if (!in->live || (self && !strcmp (in->instance, self)))
+      if (!in->kept || (self && !strcmp (in->instance, self)))
          continue;
       for (size_t h = 0; h < in->n_handlers; h++)
          if (!strcmp (in->handlers[h].name, name))
@@ -349,7 +415,7 @@ fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name)
    for (size_t i = 0; fs && i < fs->n_instances; i++) {
       const fleet_instance_t *in = &fs->instances[i];
 
-      if (!in->live || (self && !strcmp (in->instance, self)))
+      if (!in->kept || (self && !strcmp (in->instance, self)))
          continue;
       for (size_t h = 0; h < in->n_handlers; h++)
          if (!strcmp (in->handlers[h].name, name) && in->handlers[h].backfill_until > until)

@@ -34,18 +34,21 @@
  *           something.  It runs whenever [dispatch] enabled is true, also
  *           without dispatched handlers (the thread then only purges).
  *   fleet   every [outbox] handler_heartbeat, records this instance's
- *           handlers and heartbeat in the outbox and reads the fleet's
- *           (base/fleet.h publishes the snapshot injection uses); a handler this
- *           instance declares that no other live instance did when it
- *           started is backfilled (events created since a liveness bound
- *           before its registration whose handler list lacks it) until a
- *           liveness bound after, and not claimed before that ends, so each
- *           key is still delivered in order; handlers no live instance
- *           declares for handler_retire_after are retired under a lease
- *           (dispatch/fleet.c).  It runs in every process, dispatching or
- *           not.
- *   stop    stops claiming, waits for requests in flight (bounded), releases
- *           what still runs, flushes, relinquishes the lanes, exits.
+ *           handlers and heartbeat (the server's clock) in the outbox and
+ *           reads the fleet's (base/fleet.h publishes the snapshot
+ *           injection uses; the proxy listens once the first is read); a
+ *           handler this instance declares that is not in the fleet's set
+ *           yet is backfilled (events created from transaction_lifetime
+ *           plus a liveness bound before its first declaration whose
+ *           handler list lacks it) until as long after, and not claimed
+ *           before that ends, so each key is still delivered in order;
+ *           handlers no instance declared for handler_retire_after leave
+ *           the set and are retired under a lease (dispatch/fleet.c).  It
+ *           runs in every process, dispatching or not.
+ *   stop    stops claiming, waits for requests in flight (bounded), fences
+ *           the transports (transport_fence: a Kafka producer flushes),
+ *           releases what still runs, flushes, relinquishes the lanes,
+ *           exits.
  *
  * Every job is in exactly one place: the running list (request in flight),
  * the done list (waiting for the flush) or the unsettled list (a settling
@@ -1067,6 +1070,13 @@ finish (dispatcher_t *d)
       return;
    d->finished = true;
    evtimer_del (d->deadline_ev);
+   /* Nothing a transport holds may reach a receiver after the lanes are
+    * handed back: the proxy that takes a lane over would send a key's
+    * next delivery first (a Kafka producer flushed at its destroy did). */
+   for (size_t i = 0; i < d->n_handlers; i++)
+      transport_fence (d->handlers[i]->t);
+   for (size_t i = 0; i < d->n_retired; i++)
+      transport_fence (d->retired[i]->t);
    /* After the first failed store call (the upstream is gone), skip the
     * rest: every call would wait for server selection, and the leases run
     * out on their own. */

@@ -2,9 +2,13 @@
  * dispatch/fleet.c - the dispatcher's part in the fleet's handler set (see
  * dispatch/fleet.h): every heartbeat it records this instance's handlers,
  * reads the fleet's and publishes the snapshot injection uses (base/fleet.h);
- * it backfills the handlers this instance is the first live one to
- * declare, and retires under a lease the handlers no live instance
- * declares any more.
+ * it backfills the handlers new to the fleet's set that this instance
+ * declares, and retires under a lease the handlers no instance declared
+ * for handler_retire_after.
+ *
+ * Every time here is the server's: the heartbeat this instance just wrote
+ * ($currentDate) and read back is "now" for liveness, the set, the
+ * backfills' ends and the retirement.
  *
  * What this file does not do: claim or deliver.  The dispatcher asks
  * dispatch_fleet_holds before it claims a handler, and calls
@@ -22,7 +26,7 @@
 #include "store/fleet.h"
 
 /* A handler this instance declares first: backfilled from `since` until a
- * pass that starts at or after `until`.  With `hold_only`, another live
+ * pass that starts at or after `until`.  With `hold_only`, another kept
  * instance is backfilling it: only its claims wait until `until`. */
 typedef struct {
    char *name; /* owned: a reload may free the configuration it came from */
@@ -35,7 +39,7 @@ typedef struct {
 struct dispatch_fleet {
    store_t *store;
    char *owner;
-   int64_t started_ms; /* when this instance first announced */
+   int64_t started_ms; /* when this instance first announced (the server's clock) */
    bool announced;
    bool failing;        /* the last announce or read failed (logged once) */
    fleet_set_t *fleet;  /* our reference on the last snapshot read */
@@ -92,7 +96,7 @@ dispatch_fleet_stop (dispatch_fleet_t *f, int64_t now)
       return;
    /* From now on the others count this instance as gone, not silent. */
    BSON_APPEND_DATE_TIME (&fields, "stoppedAt", now);
-   if (!store_fleet_announce (f->store, &fields, now, &err) || !store_fleet_lease_release (f->store, now, &err))
+   if (!store_fleet_announce (f->store, &fields, &err) || !store_fleet_lease_release (f->store, now, &err))
       log_warn ("dispatch: recording the stop in the fleet's handlers: %s", err.message);
    bson_destroy (&fields);
 }
@@ -142,24 +146,28 @@ fleet_remember (dispatch_fleet_t *f, const config_t *cfg)
 }
 
 /* At the first announce, and for a handler a reload added since the last
- * heartbeat: every such local handler no other live instance
- * declares is new to the fleet.  Proxies that have not read our document
- * yet still write events without it, for at most a liveness bound after
- * now; so from now - bound (clock skew) to now + bound its events are
- * backfilled, and its deliveries wait until that ends, so that no later
- * delivery of a key runs before a backfilled earlier one.  Alone in the
- * fleet there is nobody to backfill for: an instance that starts later
- * reads our document after writing its own, so it writes with ours.  A
- * handler another live instance is still backfilling (its document dates
- * the end) is not claimed here either before then. */
+ * heartbeat: every such local handler no other kept instance declares is
+ * new to the fleet's set.  Proxies that have not read our document yet
+ * still write events without it, for at most a liveness bound after now,
+ * and a transaction open across now commits up to transaction_lifetime
+ * later with events created up to transaction_lifetime before it.  So
+ * the events created from now - bound - lifetime (a publisher's clock may
+ * lag the server's by up to the bound) until now + bound + lifetime that
+ * lack it are backfilled, and its deliveries wait until that ends, so
+ * that no later delivery of a key runs before a backfilled earlier one.
+ * With no other instance in the fleet (kept and not stopped) there is
+ * nobody to backfill for: an instance that starts later reads our document
+ * before it listens, so it writes with ours.  A handler another instance
+ * is still backfilling (its document dates the end) is not claimed here
+ * either before then. */
 static void
 fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now, bool only_new)
 {
-   int64_t bound = fleet_live_ms (cfg);
+   int64_t reach = fleet_live_ms (cfg) + cfg->transaction_lifetime_ms;
    size_t others = 0;
 
    for (size_t i = 0; i < fs->n_instances; i++)
-      others += fs->instances[i].live && strcmp (fs->instances[i].instance, f->owner) != 0;
+      others += fs->instances[i].kept && !fs->instances[i].stopped && strcmp (fs->instances[i].instance, f->owner) != 0;
    if (others == 0)
       return;
    f->backfills = bson_realloc (f->backfills, (f->n_backfills + cfg->n_handlers + 1) * sizeof *f->backfills);
@@ -185,10 +193,10 @@ fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set
          continue;
       }
       f->backfills[f->n_backfills].name = bson_strdup (h->name);
-      f->backfills[f->n_backfills].since = now - bound;
-      f->backfills[f->n_backfills].until = now + bound;
+      f->backfills[f->n_backfills].since = now - reach;
+      f->backfills[f->n_backfills].until = now + reach;
       f->n_backfills++;
-      log_info ("dispatch: handler %s is new to the fleet: backfilling its events for %" PRId64 " ms", h->name, 2 * bound);
+      log_info ("dispatch: handler %s is new to the fleet: backfilling its events for %" PRId64 " ms", h->name, 2 * reach);
    }
 }
 
@@ -236,8 +244,8 @@ fleet_run_backfills (dispatch_fleet_t *f, const config_t *cfg, int64_t now)
 }
 
 /* Retirement, under the retirement lease: the pending deliveries of every
- * handler that no live instance declares, and that none declared for
- * handler_retire_after (counted from this instance's start when no
+ * handler that has left the fleet's set (no instance declared it for
+ * handler_retire_after, counted from this instance's start when no
  * document names it any more), become dead letters, in batches. */
 static void
 fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now)
@@ -300,18 +308,16 @@ bool
 dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool *released)
 {
    bson_t fields = BSON_INITIALIZER;
-   bson_t *docs[FLEET_MAX_INSTANCES];
+   bson_t **docs = bson_malloc0 (FLEET_MAX_DOCS * sizeof *docs);
    size_t n = 0;
    bson_error_t err;
    fleet_set_t *fs;
-   int64_t retire_every;
+   int64_t retire_every, local_now = now;
    int64_t *until = NULL;
    bool ok, again = false;
 
    *released = false;
-   if (!f->announced)
-      f->started_ms = now;
-   BSON_APPEND_DATE_TIME (&fields, "startedAt", f->started_ms);
+   BSON_APPEND_DATE_TIME (&fields, "startedAt", f->announced ? f->started_ms : now);
    if (f->n_backfills > 0) {
       /* Other instances starting meanwhile hold their claims of these. */
       until = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *until);
@@ -324,21 +330,25 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
    bson_free (until);
    if (!ok)
       bson_set_error (&err, STORE_ERROR_DOMAIN, STORE_ERROR_INVALID, "the handlers do not fit in one document");
-   if (!ok || !store_fleet_announce (f->store, &fields, now, &err) ||
-       !store_fleet_read (f->store, docs, FLEET_MAX_INSTANCES, &n, &err)) {
+   if (!ok || !store_fleet_announce (f->store, &fields, &err) ||
+       !store_fleet_read (f->store, docs, FLEET_MAX_INSTANCES, FLEET_MAX_DOCS, &n, &err)) {
       if (!f->failing)
          log_warn ("dispatch: recording or reading the fleet's handlers failed (retried every heartbeat): %s", err.message);
       f->failing = true;
-      bson_destroy (&fields);
-      return false;
+      goto done;
    }
-   bson_destroy (&fields);
    if (f->failing)
       log_info ("dispatch: the fleet's handlers are recorded and read again");
    f->failing = false;
-   fs = fleet_set_from_docs ((const bson_t *const *) docs, n, now, fleet_live_ms (cfg));
-   for (size_t i = 0; i < n; i++)
-      bson_destroy (docs[i]);
+   /* The server's clock from here on: our heartbeat, just written. */
+   now = fleet_docs_heartbeat ((const bson_t *const *) docs, n, f->owner, now);
+   if (!f->announced)
+      f->started_ms = now;
+   fs = fleet_set_from_docs ((const bson_t *const *) docs, n, now, fleet_live_ms (cfg), cfg->handler_retire_after_ms);
+   log_debug ("dispatch: fleet read: %zu instance(s), %zu handler(s) in the set, the server's clock %+" PRId64 " ms from ours",
+              fs->n_instances,
+              fs->n_set,
+              now - local_now);
    {
       size_t before = f->n_backfills;
       fleet_start_backfills (f, cfg, fs, now, f->announced);
@@ -364,6 +374,11 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
       f->retire_checked_ms = now;
       fleet_retire (f, cfg, fs, now);
    }
+
+done:
+   for (size_t i = 0; i < n; i++)
+      bson_destroy (docs[i]);
+   bson_free (docs);
+   bson_destroy (&fields);
    return again;
 }
-

@@ -92,6 +92,7 @@ struct kafka_handler {
 
    pthread_t poller;
    bool have_poller;
+   bool fenced; /* kafka_fence ran: nothing it held is produced any more */
 };
 
 _Static_assert (offsetof (kafka_handler_t, base) == 0, "the ops take a kafka_handler_t for its transport_base_t");
@@ -465,14 +466,20 @@ fail:
 }
 
 /* Stops taking sends, gives librdkafka KAFKA_FLUSH_MS to deliver what it
- * holds, purges the rest (their reports say so, and the dispatcher
- * retries them later), and frees the producer once every report was
- * served, so that no callback runs on freed memory. */
+ * holds, and purges the rest (their reports say so, and the dispatcher
+ * retries them later).  After it, no message of this producer reaches the
+ * broker: the dispatcher calls it at a stop before it releases the
+ * deliveries and hands the lanes back, so that another proxy that takes a
+ * lane over never produces a key's next message before a late flush of
+ * this one's (the flush ran after the hand-back before).  Once only. */
 static void
-kafka_destroy (void *impl)
+kafka_fence (void *impl)
 {
    kafka_handler_t *k = impl;
 
+   if (k->fenced)
+      return;
+   k->fenced = true;
    transport_base_stop (&k->base); /* the producing thread */
    if (k->rk && atomic_load (&k->in_flight) > 0) {
       int64_t until;
@@ -484,6 +491,16 @@ kafka_destroy (void *impl)
       if (atomic_load (&k->in_flight) > 0)
          log_warn ("dispatch: handler %s: %d Kafka messages without a report at stop", k->base.name, atomic_load (&k->in_flight));
    }
+}
+
+/* Fences the producer (if the stop did not), and frees it once every
+ * report was served, so that no callback runs on freed memory. */
+static void
+kafka_destroy (void *impl)
+{
+   kafka_handler_t *k = impl;
+
+   kafka_fence (k);
    atomic_store (&k->stop_poll, true);
    if (k->have_poller)
       pthread_join (k->poller, NULL);
@@ -507,4 +524,14 @@ kafka_settings_equal (const config_handler_t *a, const config_handler_t *b)
    return true;
 }
 
-const transport_ops_t transport_kafka_ops = TRANSPORT_BASE_OPS ("kafka", kafka);
+/* The base's ops, and a fence. */
+const transport_ops_t transport_kafka_ops = {
+   .kind = "kafka",
+   .start = kafka_start,
+   .send = kafka_send,
+   .cancel = transport_base_cancel,
+   .state = transport_base_state,
+   .fence = kafka_fence,
+   .destroy = kafka_destroy,
+   .settings_equal = kafka_settings_equal,
+};

@@ -145,6 +145,13 @@ transport_cancel (transport_t *t, transport_req_t *req)
       t->ops->cancel (t->impl, req);
 }
 
+void
+transport_fence (transport_t *t)
+{
+   if (t && t->ops->fence)
+      t->ops->fence (t->impl);
+}
+
 transport_state_t
 transport_state (transport_t *t, char *detail, size_t detail_len)
 {

@@ -362,7 +362,7 @@ local_handler (const config_t *cfg, const char *name)
 
 /* The names of the handlers event `i` gets a delivery for: subscribed to
  * its type and not listed yet, first of the local config, then of the
- * fleet's live set (a name the local config has is matched by the local
+ * fleet's set (a name the local config has is matched by the local
  * declaration only).  Pointers into the config or the fleet snapshot, both
  * held by the job. */
 static uint32_t
@@ -381,8 +381,8 @@ new_handlers (const inject_job_t *job, uint32_t i, const char *out[INJECT_MAX_HA
          continue;
       out[n++] = hd->name;
    }
-   for (size_t h = 0; job->fleet && h < job->fleet->n_live && n < INJECT_MAX_HANDLERS; h++) {
-      const fleet_handler_t *fh = job->fleet->live[h];
+   for (size_t h = 0; job->fleet && h < job->fleet->n_set && n < INJECT_MAX_HANDLERS; h++) {
+      const fleet_handler_t *fh = job->fleet->set[h];
 
       if (!fleet_handler_matches (fh, type) || local_handler (job->cfg, fh->name))
          continue;

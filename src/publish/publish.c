@@ -779,7 +779,7 @@ answer_status (client_conn_t *c, uint64_t seq)
    BSON_APPEND_UTF8 (&doc, "proxy", "relaybus-proxy");
    BSON_APPEND_UTF8 (&doc, "version", PACKAGE_VERSION);
    BSON_APPEND_INT32 (&doc, "handlers", cfg ? (int32_t) cfg->n_handlers : 0);
-   BSON_APPEND_INT32 (&doc, "fleetHandlers", fs ? (int32_t) fs->n_live : 0);
+   BSON_APPEND_INT32 (&doc, "fleetHandlers", fs ? (int32_t) fs->n_set : 0);
    for (size_t i = 0; fs && i < fs->n_instances; i++)
       live += fs->instances[i].live;
    BSON_APPEND_INT32 (&doc, "fleetInstances", (int32_t) live);
@@ -810,6 +810,16 @@ op_new_job (client_conn_t *c, uint64_t seq, op_state_t state, annotate_t *ann, c
       return NULL;
    }
    fs = fleet_acquire ();
+   if (!fs) {
+      /* Without the fleet's handler set the events would get deliveries
+       * for this proxy's handlers only, and the others' would be lost: the
+       * dispatcher has not read it yet (start-up with the upstream away). */
+      config_release (cfg);
+      answer_transient (c, seq, PUBLISH_NO_FLEET_CODE,
+                        "relaybus: the fleet's handler set has not been read from the outbox yet; retry the transaction",
+                        NULL, "a publish before the fleet's handler set");
+      return NULL;
+   }
    if (!check_routed (c, seq, ann, cfg, fs)) {
       fleet_release (fs);
       config_release (cfg);

@@ -270,6 +270,28 @@ lane_taken (claim_t *c, uint32_t lane, int64_t epoch)
    return l;
 }
 
+/* After a take of lane f that failed (its reply lost, or a write concern
+ * error after the write): *reply is {value: the lane} when the server
+ * applied it (this owner, the epoch read plus one), {} when not. */
+static bool
+take_read_back_one (claim_t *c, const free_lane_t *f, bson_t *reply, bson_error_t *error)
+{
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) f->lane), "owner", BCON_UTF8 (c->s->owner), "epoch",
+                         BCON_INT64 (f->epoch + 1));
+   bson_t *opts = BCON_NEW ("limit", BCON_INT64 (1));
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, opts, NULL);
+   const bson_t *doc;
+   bool ok;
+
+   bson_init (reply);
+   if (mongoc_cursor_next (cur, &doc))
+      BSON_APPEND_DOCUMENT (reply, "value", doc);
+   ok = store_cursor_end (cur, error, "reading back lane %u", f->lane);
+   bson_destroy (opts);
+   bson_destroy (q);
+   return ok;
+}
+
 /* Takes a free lane with one conditional findOneAndUpdate: the epoch moves
  * on and the previous owner's inFlight moves to `lost`.  The condition
  * repeats the lane as read (epoch, inFlight, lost), so a lane another
@@ -316,9 +338,16 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    }
    ok = mongoc_collection_find_and_modify_with_opts (c->lanes_coll, &q, fam, &reply, &err);
    if (!ok) {
-      log_warn ("store: taking lane %u: %s; skipped", f->lane, err.message);
+      /* The server may have applied the take and lost its reply: read the
+       * lane back (as take_lanes does), so that a lane taken is used now,
+       * not left idle for a lease; skipped if that fails too. */
+      log_warn ("store: taking lane %u: %s; reading it back", f->lane, err.message);
+      bson_destroy (&reply);
+      if (!take_read_back_one (c, f, &reply, &err))
+         log_warn ("store: %s; skipped", err.message);
       ok = true;
-   } else if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
+   }
+   if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
               bson_iter_recurse (&it, &val) && bson_iter_find (&val, "epoch")) {
       int64_t epoch = bson_iter_as_int64 (&val);
       /* The take matched the epoch as read and moved it on by one. */
@@ -455,14 +484,20 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
       bson_destroy (opts);
    }
    if (!ok) {
-      /* Unknown which lanes were taken: a lane taken but not used is not
-       * ours in memory, and is taken over by anyone after its lease. */
-      log_warn ("store: taking %u lane(s): %s; skipped", n_clean, err.message);
+      /* Unknown which lanes were taken: the server may have applied the
+       * take and lost its reply (a network error, a write concern error).
+       * Read them back, as after a partial take, so that a lane taken is
+       * used now and not left idle for a lease; if that fails too, the
+       * lanes are skipped (taken over by anyone after their lease). */
+      log_warn ("store: taking %u lane(s): %s; reading them back", n_clean, err.message);
       bson_destroy (&reply);
+      bson_init (&reply);
       ok = true;
-      goto done;
-   }
-   if (store_iter_int64 (&reply, "modifiedCount") == n_clean) {
+      if (!taken_read_back (c, clean, got, epoch_of, &err)) {
+         log_warn ("store: %s; skipped", err.message);
+         memset (got, 0, sizeof got);
+      }
+   } else if (store_iter_int64 (&reply, "modifiedCount") == n_clean) {
       for (int l = 0; l < OUTBOX_LANES; l++) {
          got[l] = clean[l];
          if (got[l])

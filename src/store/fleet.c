@@ -19,25 +19,32 @@
 
 /* Events read per backfill page and written per transaction. */
 #define FLEET_BACKFILL_PAGE 500
-/* Pages one backfill call reads at most (the window is a few heartbeats
- * of events; this only bounds a pathological one). */
+/* Pages one backfill call reads at most (the window is transaction_lifetime
+ * plus a few heartbeats of events; this only bounds a pathological one:
+ * the next heartbeat's pass goes on). */
 #define FLEET_BACKFILL_MAX_PAGES 200
 /* The retirement lease: one document in the lanes collection, _id -2 (the
  * purge lease is -1; lane queries name ids 0..255). */
 #define STORE_RETIRE_LEASE_ID (-2)
 
 bool
-store_fleet_announce (store_t *s, const bson_t *fields, int64_t now, bson_error_t *error)
+store_fleet_announce (store_t *s, const bson_t *fields, bson_error_t *error)
 {
-   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, set;
+   bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, set, cur;
    bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
    bool ok;
 
    BSON_APPEND_UTF8 (&q, "_id", s->owner);
    BSON_APPEND_DOCUMENT_BEGIN (&u, "$set", &set);
    bson_concat (&set, fields);
-   BSON_APPEND_DATE_TIME (&set, "heartbeatAt", now);
    bson_append_document_end (&u, &set);
+   /* The server's clock: every instance's heartbeat is compared with the
+    * reader's own, both written by the server, so no proxy's skew (or a
+    * dispatcher thread that stalled between reading its clock and
+    * writing) makes a live instance look dead. */
+   BSON_APPEND_DOCUMENT_BEGIN (&u, "$currentDate", &cur);
+   BSON_APPEND_BOOL (&cur, "heartbeatAt", true);
+   bson_append_document_end (&u, &cur);
    ok = store_write (s, OUTBOX_HANDLERS, STORE_WRITE_UPDATE_ONE, &q, &u, opts, NULL, "announcing the handlers", error);
    bson_destroy (opts);
    bson_destroy (&u);
@@ -45,21 +52,61 @@ store_fleet_announce (store_t *s, const bson_t *fields, int64_t now, bson_error_
    return ok;
 }
 
+/* Whether `doc` declares a handler name not in names[] (and adds its new
+ * names, up to `max`). */
+static bool
+fleet_doc_adds_names (const bson_t *doc, char **names, size_t *n_names, size_t max)
+{
+   bson_iter_t it, arr, h;
+   bool adds = false;
+
+   if (!bson_iter_init_find (&it, doc, "handlers") || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
+      return false;
+   while (bson_iter_next (&arr)) {
+      const char *name;
+      bool seen = false;
+
+      if (!BSON_ITER_HOLDS_DOCUMENT (&arr) || !bson_iter_recurse (&arr, &h) || !bson_iter_find (&h, "name") ||
+          !BSON_ITER_HOLDS_UTF8 (&h))
+         continue;
+      name = bson_iter_utf8 (&h, NULL);
+      for (size_t i = 0; i < *n_names && !seen; i++)
+         seen = !strcmp (names[i], name);
+      if (seen || *n_names == max)
+         continue;
+      names[(*n_names)++] = bson_strdup (name);
+      adds = true;
+   }
+   return adds;
+}
+
 bool
-store_fleet_read (store_t *s, bson_t **docs, size_t max, size_t *n, bson_error_t *error)
+store_fleet_read (store_t *s, bson_t **docs, size_t max_full, size_t max, size_t *n, bson_error_t *error)
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
    mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLERS);
    bson_t q = BSON_INITIALIZER;
-   bson_t *opts = BCON_NEW ("limit", BCON_INT64 ((int64_t) max), "sort", "{", "_id", BCON_INT32 (1), "}");
+   /* Newest heartbeat first: however many documents dead instances left,
+    * the live ones come before them. */
+   bson_t *opts = BCON_NEW ("sort", "{", "heartbeatAt", BCON_INT32 (-1), "_id", BCON_INT32 (1), "}");
    mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   char **names = bson_malloc0 ((max ? max : 1) * sizeof *names);
+   size_t n_names = 0;
    const bson_t *doc;
    bson_error_t err;
    bool ok = true;
 
    *n = 0;
-   while (*n < max && mongoc_cursor_next (cur, &doc))
-      docs[(*n)++] = bson_copy (doc);
+   /* Every document is read (a bounded loop: the retirement's forget
+    * removes those silent past the retention); past the first max_full,
+    * one is kept only for a handler name the newer ones lack, so a
+    * crash-looping fleet's documents cannot push a declaration out. */
+   while (*n < max && mongoc_cursor_next (cur, &doc)) {
+      bool adds = fleet_doc_adds_names (doc, names, &n_names, max);
+
+      if (*n < max_full || adds)
+         docs[(*n)++] = bson_copy (doc);
+   }
    if (mongoc_cursor_error (cur, &err)) {
       store_set_error (error, STORE_ERROR_SERVER, "reading the fleet's handlers: %s", err.message);
       for (size_t i = 0; i < *n; i++)
@@ -67,6 +114,9 @@ store_fleet_read (store_t *s, bson_t **docs, size_t max, size_t *n, bson_error_t
       *n = 0;
       ok = false;
    }
+   for (size_t i = 0; i < n_names; i++)
+      bson_free (names[i]);
+   bson_free (names);
    mongoc_cursor_destroy (cur);
    bson_destroy (opts);
    bson_destroy (&q);

@@ -24,7 +24,9 @@
 #include "double.h"
 #include "base/log.h"
 #include "base/outbox.h"
+#include "base/fleet.h"
 #include "store/store.h"
+#include "store/fleet.h"
 #include "store/ops.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
@@ -2423,6 +2425,98 @@ test_retention_scheduled_purge_lease_makes_others_skip (void **state)
    assert_false (purge_run (fx->b, T0 + 300 + LEASE, 2000, &sum, &steps));
 }
 
+/* L7: a take the server applied without its reply reaching the claimer
+ * (a write concern error here: the update is applied, the command fails)
+ * is read back, as a partial take is: the claim works with the lane now,
+ * instead of leaving it unused, owned by nobody in memory, for a lease. */
+static void
+test_l7_a_take_applied_without_its_reply_is_read_back (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+
+   add (fx, "l7-0", "h", NULL, 0, T0 - 20);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"update\"], "
+              "\"writeConcernError\": {\"code\": 64, \"errmsg\": \"waiting for replication timed out\"}}}");
+   claim (fx->a, "h", 10, T0, &b);
+   failpoint_off (fx);
+   assert_int_equal (b.n, 1);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 1));
+   store_batch_clear (&b);
+}
+
+/* L7, a takeover: the same for the take of a lane whose previous owner's
+ * lease ran out with a claim in flight (one findAndModify that also moves
+ * the claim to `lost`): read back, the lost claim is charged and claimed
+ * again at once. */
+static void
+test_l7_a_takeover_applied_without_its_reply_is_read_back (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t ba = {0}, bb = {0};
+
+   add (fx, "l7t-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &ba);
+   assert_int_equal (ba.n, 1);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"findAndModify\"], "
+              "\"writeConcernError\": {\"code\": 64, \"errmsg\": \"waiting for replication timed out\"}}}");
+   claim (fx->b, "h", 1, T0 + LEASE + 1, &bb);
+   failpoint_off (fx);
+   assert_int_equal (bb.n, 1);
+   assert_int_equal (bb.items[0].attempt, 2);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": \"host/2/bbbb\", \"epoch\": 2}"), 1);
+   store_batch_clear (&ba);
+   store_batch_clear (&bb);
+}
+
+/* L8: the fleet's read takes the documents newest heartbeat first, and of
+ * the ones past the first FLEET_MAX_INSTANCES only those that declare a name
+ * the newer ones lack: 300 documents a crash-looping fleet left behind
+ * (sorting before the live instance's _id) push out neither the live
+ * instance nor the one old declaration of a handler nobody else declares. */
+static void
+test_l8_fleet_read_past_256_dead_instances (void **state)
+{
+   fx_t *fx = *state;
+   mongoc_collection_t *h = coll (fx, OUTBOX_HANDLERS);
+   bson_t **docs = calloc (FLEET_MAX_DOCS, sizeof *docs);
+   bson_t *fields = BCON_NEW ("handlers", "[", "{", "name", BCON_UTF8 ("live"), "events", "[", BCON_UTF8 ("x"), "]", "}", "]");
+   bool self = false, rare = false;
+   size_t n = 0;
+   bson_error_t err;
+
+   for (int i = 0; i < 300; i++) {
+      char id[32];
+      bson_t *d;
+
+      snprintf (id, sizeof id, "crash/%03d", i);
+      d = BCON_NEW ("_id", BCON_UTF8 (id), "heartbeatAt", BCON_DATE_TIME (T0 - 1000 * i), "handlers", "[", "{", "name",
+                    BCON_UTF8 (i == 299 ? "rare" : "crashing"), "events", "[", BCON_UTF8 ("x"), "]", "}", "]");
+      if (!mongoc_collection_insert_one (h, d, NULL, NULL, &err))
+         fail_msg ("insert: %s", err.message);
+      bson_destroy (d);
+   }
+   if (!store_fleet_announce (fx->a, fields, &err))
+      fail_msg ("announce: %s", err.message);
+   if (!store_fleet_read (fx->a, docs, FLEET_MAX_INSTANCES, FLEET_MAX_DOCS, &n, &err))
+      fail_msg ("read: %s", err.message);
+   assert_int_equal (n, FLEET_MAX_INSTANCES + 1);
+   for (size_t i = 0; i < n; i++) {
+      bson_iter_t it;
+
+      self = self || (bson_iter_init_find (&it, docs[i], "_id") && !strcmp (bson_iter_utf8 (&it, NULL), "host/1/aaaa"));
+      rare = rare || (bson_iter_init_find (&it, docs[i], "_id") && !strcmp (bson_iter_utf8 (&it, NULL), "crash/299"));
+      bson_destroy (docs[i]);
+   }
+   assert_true (self);
+   assert_true (rare);
+   free (docs);
+   bson_destroy (fields);
+   mongoc_collection_destroy (h);
+}
+
 int
 main (void)
 {
@@ -2468,6 +2562,9 @@ main (void)
       cmocka_unit_test_setup_teardown (test_claim_lease_runs_from_the_record, setup, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_removes_exactly_the_right_ones, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_retention_scheduled_purge_lease_makes_others_skip, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l7_a_take_applied_without_its_reply_is_read_back, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l7_a_takeover_applied_without_its_reply_is_read_back, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l8_fleet_read_past_256_dead_instances, setup, teardown),
    };
    int rc;
 

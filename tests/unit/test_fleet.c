@@ -1,8 +1,9 @@
 /*
  * test_fleet.c - the fleet's handler set (base/fleet.c): snapshots built from
- * instance documents (liveness, clean stops, the union of live handlers,
- * disagreements), matching, the settings hash, routing, and the
- * deliveries an inject job writes for the fleet's handlers.
+ * instance documents (liveness, clean stops, the set over the instances
+ * within the retention, disagreements), matching, the settings hash,
+ * routing, and the deliveries an inject job writes for the fleet's
+ * handlers.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +24,7 @@
 
 #define NOW 1767225600000LL
 #define LIVE_MS 15000
+#define KEEP_MS 3600000
 
 static bson_t *
 json (const char *text)
@@ -56,7 +58,7 @@ instance (const char *id, int64_t age, bool stopped, const char *handlers_json)
 static fleet_set_t *
 set_of (bson_t **docs, size_t n)
 {
-   fleet_set_t *fs = fleet_set_from_docs ((const bson_t *const *) docs, n, NOW, LIVE_MS);
+   fleet_set_t *fs = fleet_set_from_docs ((const bson_t *const *) docs, n, NOW, LIVE_MS, KEEP_MS);
 
    for (size_t i = 0; i < n; i++)
       bson_destroy (docs[i]);
@@ -64,14 +66,17 @@ set_of (bson_t **docs, size_t n)
 }
 
 static bool
-live_has (const fleet_set_t *fs, const char *name)
+set_has (const fleet_set_t *fs, const char *name)
 {
-   for (size_t i = 0; i < fs->n_live; i++)
-      if (!strcmp (fs->live[i]->name, name))
+   for (size_t i = 0; i < fs->n_set; i++)
+      if (!strcmp (fs->set[i]->name, name))
          return true;
    return false;
 }
 
+/* Liveness, and the set: every handler an instance declared within the
+ * retention, live, silent or stopped, stays in it; the publishers write its
+ * deliveries, so a declarer that stalls or restarts loses none. */
 static void
 test_snapshot (void **state)
 {
@@ -82,37 +87,62 @@ test_snapshot (void **state)
       instance ("b", 2000, false,
                 "[{\"name\": \"mail\", \"kind\": \"webhook\", \"events\": [\"order.*\"], \"hash\": \"sha256:9\"},"
                 " {\"kind\": \"webhook\", \"events\": [\"x\"]}, 5]"),
-      /* Silent for longer than the bound, and stopped cleanly: not live. */
+      /* Silent for longer than the bound, and stopped cleanly: not live,
+       * but within the retention. */
       instance ("c", LIVE_MS + 1, false, "[{\"name\": \"old\", \"kind\": \"pull\", \"events\": [\"old.*\"], \"hash\": \"h\"}]"),
       instance ("d", 10, true, "[{\"name\": \"gone\", \"kind\": \"pull\", \"events\": [\"gone\"], \"hash\": \"h\"}]"),
+      /* Silent for longer than the retention: its handler left the set. */
+      instance ("e", KEEP_MS + 1, false, "[{\"name\": \"retired\", \"kind\": \"pull\", \"events\": [\"r\"], \"hash\": \"h\"}]"),
       json ("{\"_id\": 7}"), /* another shape: skipped */
    };
-   fleet_set_t *fs = set_of (docs, 5);
+   fleet_set_t *fs = set_of (docs, 6);
 
-   assert_int_equal (fs->n_instances, 4);
+   assert_int_equal (fs->n_instances, 5);
    assert_true (fs->instances[0].live);
    assert_true (fs->instances[1].live);
    assert_false (fs->instances[2].live);
    assert_false (fs->instances[3].live);
+   assert_false (fs->instances[4].live);
+   assert_true (fs->instances[2].kept);
+   assert_true (fs->instances[3].kept);
+   assert_false (fs->instances[4].kept);
    assert_true (fs->instances[3].stopped);
    assert_int_equal (fs->instances[1].n_handlers, 1); /* the nameless entry and the number are skipped */
-   assert_int_equal (fs->n_live, 2);
-   assert_true (live_has (fs, "mail"));
-   assert_true (live_has (fs, "new"));
-   assert_false (live_has (fs, "old"));
-   assert_false (live_has (fs, "gone"));
+   assert_int_equal (fs->n_set, 4);
+   assert_true (set_has (fs, "mail"));
+   assert_true (set_has (fs, "new"));
+   assert_true (set_has (fs, "old"));
+   assert_true (set_has (fs, "gone"));
+   assert_false (set_has (fs, "retired"));
+   assert_true (fleet_type_routed (NULL, fs, "old.thing"));
+   assert_false (fleet_type_routed (NULL, fs, "r"));
    /* Same name, other hash on two live instances. */
    assert_int_equal (fs->n_disagreeing, 1);
    assert_string_equal (fs->disagreeing[0], "mail");
    assert_true (fleet_declared_elsewhere (fs, "b", "new"));
    assert_false (fleet_declared_elsewhere (fs, "a", "new"));
-   assert_false (fleet_declared_elsewhere (fs, NULL, "gone"));
+   assert_true (fleet_declared_elsewhere (fs, NULL, "gone"));
+   assert_true (fleet_declared_elsewhere (fs, "a", "old"));
+   assert_false (fleet_declared_elsewhere (fs, NULL, "retired"));
    /* The last heartbeat of any declaring instance, live or not. */
    assert_int_equal (fleet_last_declared (fs, "gone"), NOW - 10);
    assert_int_equal (fleet_last_declared (fs, "old"), NOW - LIVE_MS - 1);
    assert_int_equal (fleet_last_declared (fs, "mail"), NOW - 1000);
    assert_int_equal (fleet_last_declared (fs, "never"), 0);
    fleet_release (fs);
+}
+
+/* "Now" is the reader's own heartbeat as the server wrote it. */
+static void
+test_docs_heartbeat (void **state)
+{
+   bson_t *docs[] = {instance ("a", 1000, false, "[]"), instance ("b", 20, false, "[]"), json ("{\"_id\": \"c\"}")};
+
+   assert_int_equal (fleet_docs_heartbeat ((const bson_t *const *) docs, 3, "b", 5), NOW - 20);
+   assert_int_equal (fleet_docs_heartbeat ((const bson_t *const *) docs, 3, "c", 5), 5);
+   assert_int_equal (fleet_docs_heartbeat ((const bson_t *const *) docs, 3, "z", 5), 5);
+   for (size_t i = 0; i < 3; i++)
+      bson_destroy (docs[i]);
 }
 
 /* A declarer records the end of its backfill; others read it. */
@@ -134,8 +164,8 @@ test_backfill_until (void **state)
    bson_t doc = BSON_INITIALIZER;
    bson_iter_t it;
 
-   assert_int_equal (fleet_backfill_until (fs, "c", "n"), NOW + 3000); /* b is not live */
-   assert_int_equal (fleet_backfill_until (fs, "a", "n"), 0);         /* its own does not count */
+   assert_int_equal (fleet_backfill_until (fs, "c", "n"), NOW + 9000); /* b is not live, but kept */
+   assert_int_equal (fleet_backfill_until (fs, "b", "n"), NOW + 3000); /* its own does not count */
    assert_int_equal (fleet_backfill_until (fs, "c", "other"), 0);
    assert_non_null (cfg);
    assert_true (fleet_append_handlers (cfg, until, &doc, "handlers"));
@@ -155,7 +185,7 @@ test_same_declarations_agree (void **state)
    fleet_set_t *fs = set_of (docs, 2);
 
    assert_int_equal (fs->n_disagreeing, 0);
-   assert_int_equal (fs->n_live, 1);
+   assert_int_equal (fs->n_set, 1);
    fleet_release (fs);
    bson_destroy (docs[2]);
    {
@@ -319,7 +349,7 @@ test_hash_keeps_no_secret (void **state)
    assert_string_not_equal (got[0], got[2]);
 }
 
-/* An inject job with a fleet snapshot writes deliveries for the live
+/* An inject job with a fleet snapshot writes deliveries for the set's
  * handlers that take the type, once per name, local declarations first. */
 static void
 test_inject_with_fleet (void **state)
@@ -368,6 +398,7 @@ main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_snapshot),
+      cmocka_unit_test (test_docs_heartbeat),
       cmocka_unit_test (test_backfill_until),
       cmocka_unit_test (test_same_declarations_agree),
       cmocka_unit_test (test_matching_and_routing),

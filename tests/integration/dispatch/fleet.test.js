@@ -49,7 +49,9 @@ test('rolling change: events published through a proxy without the new handler g
     });
     t.after(() => sink.close());
     const db = uniqueDbName('dispatch_fleet');
-    const outbox = { database: db, handler_heartbeat: HEARTBEAT };
+    // The backfill reaches a liveness bound (3 heartbeats) plus transaction_lifetime before a
+    // handler's first declaration; 1 s here, so the events below can be older than that.
+    const outbox = { database: db, handler_heartbeat: HEARTBEAT, transaction_lifetime: '1s' };
     const dispatch = { poll_interval_ms: 100 };
     const base = { name: 'base', kind: 'webhook', events: 'order.*', url: sink.url('/base') };
     const adminA = await freePort();
@@ -74,8 +76,9 @@ test('rolling change: events published through a proxy without the new handler g
     await publishThroughProxy(viaB, 'app', before, 2);
     await waitFor(async () => (await getJson(adminB, '/api/handlers')).fleet.instances.some((i) => i.live), 20000,
       'B to record itself');
-    // Older than the backfill's reach (a liveness bound, 3 heartbeats, before A registers).
-    await sleep(3500);
+    // Older than the backfill's reach (a liveness bound, 3 heartbeats, plus transaction_lifetime,
+    // before A registers).
+    await sleep(4500);
 
     // The change: A starts with `extra`.
     const a = await startDispatchProxy({

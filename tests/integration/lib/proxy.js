@@ -286,6 +286,7 @@ function proxyThreads() {
  *   readyTimeoutMs,           // default 20000
  *   tlsClient: {ca},          // when the proxy serves TLS: how the readiness probe connects
  *   extraIni,                 // text appended to the INI file ([outbox], [handler NAME] sections)
+ *   env: {NAME: value},       // extra environment (LD_PRELOAD of a fake clock, ...)
  * }
  */
 async function startProxy(opts) {
@@ -310,7 +311,7 @@ async function startProxy(opts) {
   const outPath = path.join(dir, 'proxy.stdout');
   const errFd = fs.openSync(logPath, 'a');
   const outFd = fs.openSync(outPath, 'a');
-  const env = { ...process.env };
+  const env = { ...process.env, ...(opts.env || {}) };
   // Make sanitizer builds write their reports to stderr and fail loudly on exit.
   if (!env.ASAN_OPTIONS) env.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
   if (!env.UBSAN_OPTIONS) env.UBSAN_OPTIONS = 'print_stacktrace=1';
