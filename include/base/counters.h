@@ -54,6 +54,9 @@ typedef enum {
    COUNTERS_CLOSE_SHUTDOWN,           /* drained at shutdown */
    COUNTERS_CLOSE_SHUTDOWN_TIMEOUT,   /* still busy when drain_timeout_ms ran out */
    COUNTERS_CLOSE_INTERNAL,           /* out of memory or a proxy bug: never expected */
+   COUNTERS_CLOSE_OPERATOR,           /* POST /api/clients/ID/close */
+   COUNTERS_CLOSE_RECONNECT,          /* POST /api/reconnect, session mode: the client had authenticated on
+                                       * its upstream connection, so it closes (once idle) to log in again */
    COUNTERS_CLOSE_REASON_COUNT
 } counters_close_reason_t;
 
@@ -159,6 +162,17 @@ typedef enum {
       "Admin HTTP requests refused (401, 400, 404, 405, 413, 415, 503).")                                             \
    X (LOG_LINES_DROPPED, "relaybus_log_lines_dropped_total", COUNTER, NONE,                                            \
       "Log lines dropped because the log destination did not keep up with the queue.")                                \
+   /* operator commands (proxy/operator.h) */                                                                          \
+   X (PAUSED, "relaybus_paused", GAUGE, NONE,                                                                          \
+      "1 while POST /api/pause holds new client requests (until POST /api/resume).")                                  \
+   X (OPERATOR_PAUSES, "relaybus_operator_pauses_total", COUNTER, NONE, "POST /api/pause commands that paused.")      \
+   X (OPERATOR_RESUMES, "relaybus_operator_resumes_total", COUNTER, NONE, "POST /api/resume commands that resumed.")  \
+   X (OPERATOR_CLIENT_CLOSES, "relaybus_operator_client_closes_total", COUNTER, NONE,                                  \
+      "Client connections POST /api/clients/ID/close asked to close.")                                                \
+   X (OPERATOR_RECONNECTS, "relaybus_operator_reconnects_total", COUNTER, NONE,                                        \
+      "POST /api/reconnect commands: upstream connections open then close as they come free.")                        \
+   X (RECONNECTED_UPSTREAMS, "relaybus_operator_reconnected_upstreams_total", COUNTER, NONE,                           \
+      "Upstream connections closed because of a POST /api/reconnect (pool connections, session mode pairings).")      \
    /* forwarding */                                                                                                    \
    X (CONNECTIONS_OPEN, "relaybus_client_connections", GAUGE, NONE, "Client connections open.")                       \
    X (FORWARDING_LOOPS, "relaybus_forwarding_loops", GAUGE, NONE,                                                      \

@@ -128,6 +128,10 @@ struct client_conn {
     * it closes after the error instead (DRAINING). */
    bool session_bound;
    bool repairing;
+   /* Session mode: operator_generation () when its upstream connection
+    * was opened; an older one is replaced once the connection is idle
+    * (POST /api/reconnect, client_reconnect_due in proxy/conn.c). */
+   uint64_t up_generation;
    counters_close_reason_t drain_reason; /* DRAINING: why it closes */
 
    struct event *timer;          /* per state: no primary / handshake */

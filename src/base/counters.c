@@ -62,6 +62,8 @@ static const char *const close_reason_names[COUNTERS_CLOSE_REASON_COUNT] = {
    [COUNTERS_CLOSE_SHUTDOWN] = "shutdown",
    [COUNTERS_CLOSE_SHUTDOWN_TIMEOUT] = "shutdown_timeout",
    [COUNTERS_CLOSE_INTERNAL] = "internal",
+   [COUNTERS_CLOSE_OPERATOR] = "operator",
+   [COUNTERS_CLOSE_RECONNECT] = "reconnect",
 };
 
 static const char *const pin_names[COUNTERS_PIN_COUNT] = {

@@ -30,6 +30,7 @@
 #include "base/counters.h"
 #include "base/log.h"
 #include "base/loopwake.h"
+#include "proxy/operator.h"
 #include "proxy/pool.h"
 #include "proxy/side.h"
 
@@ -313,6 +314,8 @@ loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstrea
    if (cfg->pool_mode_id == CONFIG_POOL_POOLED &&
        !client_loop_enable_pool (t->clients, pool_share (cfg->pool_size, t->index, nloops), error))
       return false;
+   /* Before the thread starts: the admin thread may post at once. */
+   operator_attach (t->index, t->clients, t->wake);
    if (t->index > 0) {
       if (pthread_create (&t->thread, NULL, loop_thread_main, t) != 0) {
          bson_set_error (error, LOOPS_ERROR_DOMAIN, 2, "loop %u: cannot start its thread", t->index);
@@ -506,6 +509,7 @@ loops_close_all (loops_t *l)
    l->draining = false;
    for (unsigned i = 1; i < l->n; i++)
       loop_notify (l, &l->loops[i], NOTICE_STOP);
+   operator_detach (0);
    client_loop_destroy (l->loops[0].clients);
    l->loops[0].clients = NULL;
 }
@@ -517,6 +521,9 @@ loops_stop (loops_t *l)
       return;
    l->stopped = true;
    l->draining = false;
+   /* The admin thread's posts find nothing from now on (it may still run). */
+   for (unsigned i = 0; i < l->n; i++)
+      operator_detach (i);
    for (unsigned i = 1; i < l->n; i++) {
       loop_t *t = &l->loops[i];
       if (t->started) {
