@@ -617,6 +617,7 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
 
    BSON_APPEND_DOCUMENT_BEGIN (&doc, "proxy", &sub);
    BSON_APPEND_INT64 (&sub, "connections", (int64_t) counters_get (COUNTER_CONNECTIONS_OPEN));
+   BSON_APPEND_BOOL (&sub, "paused", counters_get (COUNTER_PAUSED) != 0); /* POST /api/pause */
    BSON_APPEND_INT64 (&sub, "connectionsAccepted", (int64_t) counters_get (COUNTER_CONNECTIONS_ACCEPTED));
    BSON_APPEND_INT64 (&sub, "upstreamConnections", (int64_t) counters_get (COUNTER_UPSTREAMS_OPEN));
    BSON_APPEND_INT64 (&sub, "messagesFromClients", (int64_t) counters_get (COUNTER_MESSAGES_FROM_CLIENTS));
