@@ -509,6 +509,7 @@ admin_api_metrics (admin_t *a, struct evhttp_request *req)
    mv.n_handlers = sv->n_hs;
    mv.lanes_leased = sv->leased;
    mv.lanes_held = sv->held;
+   process_stats_read (&mv.process);
    render_metrics (out, &mv);
    admin_send_text (req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", out->str, out->len);
    bson_string_free (out, true);

@@ -264,6 +264,7 @@ emitted_metrics (names_t *ns)
    /* Everything on: a store that answered, one handler with series. */
    bson_strncpy (hs.name, "docs-test", sizeof hs.name);
    v.store_ok = true;
+   v.process.has_memory = v.process.has_fds = v.process.has_start = true;
    v.handlers = &hs;
    v.n_handlers = 1;
    render_metrics (out, &v);

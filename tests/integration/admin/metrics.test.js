@@ -90,7 +90,7 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
 
   const p = parse(r.text);
   for (const [name, f] of p.families) {
-    assert.match(name, /^relaybus_/);
+    assert.match(name, /^(relaybus|process)_/);
     assert.ok(f.help && f.type, `${name} has HELP and TYPE`);
     if (f.type === 'counter') assert.match(name, /_total$/, `${name}: counters end in _total`);
   }
@@ -117,6 +117,15 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
   assert.equal(value(p, 'relaybus_upstream_up'), 1);
   assert.equal(value(p, 'relaybus_outbox_ready'), 1);
   assert.equal(value(p, 'relaybus_store_up'), 1);
+  // The process families, as Prometheus' client libraries name them.
+  assert.ok(value(p, 'process_cpu_seconds_total') > 0);
+  assert.ok(value(p, 'process_resident_memory_bytes') > 1024 * 1024);
+  assert.ok(value(p, 'process_virtual_memory_bytes') >= value(p, 'process_resident_memory_bytes'));
+  assert.ok(value(p, 'process_open_fds') >= 5);
+  assert.ok(value(p, 'process_max_fds') >= value(p, 'process_open_fds'));
+  const started = value(p, 'process_start_time_seconds');
+  assert.ok(started <= Date.now() / 1000 && started > Date.now() / 1000 - 120, `process_start_time_seconds ${started}`);
+  assert.equal(p.families.get('process_cpu_seconds_total').type, 'counter');
 
   // Without the token: 401, and no metric in the answer.
   const anon = await request(proxy.base, '/metrics');
