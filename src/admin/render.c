@@ -22,6 +22,7 @@ static const char *const type_names[] = {
    [COUNTERS_TYPE_COUNTER] = "counter",
    [COUNTERS_TYPE_GAUGE] = "gauge",
    [COUNTERS_TYPE_HISTOGRAM] = "histogram",
+   [COUNTERS_TYPE_LOOP_HISTOGRAM] = "histogram",
 };
 
 /* Label values: backslash, double quote and newline are escaped. */
@@ -112,6 +113,24 @@ render_histogram (bson_string_t *out, const char *name, const char *label, const
    }
 }
 
+/* A LOOP_HISTOGRAM: every loop's sample merged, without a label. */
+static void
+render_loop_histogram (bson_string_t *out, const char *name, counter_id_t id)
+{
+   counters_loop_histogram_t h;
+   uint64_t cum = 0;
+
+   counters_loop_histogram (id, &h);
+   for (size_t b = 0; b < COUNTERS_N_BUCKETS_US; b++) {
+      cum += h.buckets[b];
+      bson_string_append_printf (out, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, (double) counters_bucket_us[b] / 1e6, cum);
+   }
+   cum += h.buckets[COUNTERS_N_BUCKETS_US];
+   bson_string_append_printf (out, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+   bson_string_append_printf (out, "%s_sum %.6f\n", name, (double) h.sum_us / 1e6);
+   bson_string_append_printf (out, "%s_count %" PRIu64 "\n", name, cum);
+}
+
 /* One metric of the registry: its family line and a sample per label
  * value to render now. */
 static void
@@ -124,6 +143,10 @@ render_def (bson_string_t *out, const counters_def_t *d)
 
    RELAYBUS_ASSERT ((unsigned) d->type < sizeof type_names / sizeof type_names[0]);
    family (out, d->name, type_names[d->type], d->help);
+   if (d->type == COUNTERS_TYPE_LOOP_HISTOGRAM) {
+      render_loop_histogram (out, d->name, d->id);
+      return;
+   }
    if (d->label == COUNTERS_LABEL_NONE) {
       if (d->type == COUNTERS_TYPE_HISTOGRAM) {
          counters_histogram_t h;

@@ -49,6 +49,7 @@
 #define NOTICE_PING 8u
 
 _Static_assert (HEARTBEAT_LOOPS_MAX >= CLIENT_LOOPS_MAX, "base/heartbeat.h tracks every loop");
+_Static_assert (COUNTERS_LOOPS_MAX >= CLIENT_LOOPS_MAX, "every loop has its own LOOP_HISTOGRAM sample");
 
 typedef struct {
    evutil_socket_t fd;

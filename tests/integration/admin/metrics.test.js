@@ -107,6 +107,11 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
   assert.ok(value(p, 'relaybus_commands_total', { command: 'ping' }) >= 1);
   assert.ok(value(p, 'relaybus_client_received_bytes_total') > 0);
   assert.ok(value(p, 'relaybus_hellos_total') >= 1);
+  // The latency the proxy added: the requests above were answered, each counted once.
+  const answered = value(p, 'relaybus_proxy_added_latency_seconds_count');
+  assert.ok(answered >= 3, `relaybus_proxy_added_latency_seconds_count ${answered}`);
+  assert.equal(value(p, 'relaybus_proxy_added_latency_seconds_bucket', { le: '+Inf' }), answered);
+  assert.ok(value(p, 'relaybus_proxy_added_latency_seconds_sum') >= 0);
   assert.equal(value(p, 'relaybus_outbox_backlog', { handler: 'hook' }), 0);
   assert.equal(value(p, 'relaybus_outbox_backlog', { handler: 'audit.v2' }), 4);
   assert.ok(value(p, 'relaybus_outbox_oldest_due_age_seconds', { handler: 'audit.v2' }) >= 0);

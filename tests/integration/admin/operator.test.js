@@ -194,6 +194,9 @@ for (const mode of ['session', 'pooled']) {
       assert.equal(await ops.metric('relaybus_client_connections_closed_total{reason="reconnect"}'), 0,
         'connections that never logged in upstream are paired again, not closed');
       assert.ok(await ops.proxy.waitForLog(/admin: \S+: reconnect \(generation 1\)/), 'the command is logged');
+      // The ping spent BLOCK_MS upstream: none of it is the proxy's added latency.
+      const added = await ops.metric('relaybus_proxy_added_latency_seconds_sum');
+      assert.ok(added < 0.5, `relaybus_proxy_added_latency_seconds_sum ${added}`);
     } finally {
       a.destroy();
       b.destroy();
