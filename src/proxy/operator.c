@@ -10,11 +10,9 @@
  */
 #include "proxy/operator.h"
 
-#include <inttypes.h>
 #include <pthread.h>
 
 #include "base/counters.h"
-#include "base/log.h"
 #include "base/loopwake.h"
 
 /* What waits in a slot. */
