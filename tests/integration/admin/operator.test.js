@@ -204,6 +204,24 @@ for (const mode of ['session', 'pooled']) {
   });
 }
 
+test('/healthz stays 200 while every forwarding loop answers its pings, past the 5 s stall time', { timeout: 60000 }, async () => {
+  const adminPort = await H.freePort();
+  const proxy = await H.startProxy({
+    upstream: upstream.uri,
+    settings: { threads: 4 },
+    extraIni: `[admin]\nlisten = 127.0.0.1:${adminPort}\n`,
+  });
+  const base = `http://127.0.0.1:${adminPort}`;
+  const t0 = Date.now();
+  assert.equal((await request(base, '/healthz')).status, 200);
+  // Loop 0 pings the three others every second; a ping left unanswered for 5 s would make it 503.
+  // Only time passing can show that none is: look again once the stall time has passed twice.
+  await H.sleep(Math.max(0, t0 + 6500 - Date.now()));
+  const h = await request(base, '/healthz');
+  assert.equal(h.status, 200, h.text);
+  assert.equal(h.text, 'ok\n');
+});
+
 test('dashboard: the Pause, Resume and Close buttons', { timeout: 60000 }, async (t) => {
   if (!fs.existsSync(CHROMIUM)) {
     t.skip(`no Chromium at ${CHROMIUM} (Debian package chromium; scripts/test installs it)`);
