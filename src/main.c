@@ -127,6 +127,8 @@ usage (FILE *out)
             "SIGTERM and SIGINT stop accepting, let requests in flight finish\n"
             "for up to drain_timeout_ms, then exit; a second one closes\n"
             "everything at once.  A SIGHUP while stopping is logged and ignored.\n"
+            "SIGPIPE is ignored (a peer that went away is a write error).\n"
+            "SIGQUIT is not handled: it exits at once with a core dump.\n"
             "\n"
             "Exit codes:\n"
             "  0  clean exit (after a drain), a valid --check-config, or the\n"
@@ -134,7 +136,7 @@ usage (FILE *out)
             "  1  configuration, upstream (e.g. a standalone mongod), TLS or\n"
             "     listen error; the reason is logged\n"
             "  2  command-line usage error, or for --make-user a bad NAME or an\n"
-            "     empty, overlong or non-ASCII (SASLprep) password\n"
+            "     empty or overlong password, or one SASLprep refuses\n"
             "\n"
             "Report bugs at " PACKAGE_BUGREPORT "\n");
 }

@@ -77,6 +77,10 @@ struct admin {
    struct evhttp_connection *conns[ADMIN_MAX_CONNECTIONS];
    size_t n_conns;
    uint64_t refused;
+
+   /* admin/operator.c: posts again to the loops whose queue was full;
+    * NULL until first needed. */
+   struct event *operator_kick_ev;
 };
 
 /* Milliseconds since the Unix epoch. */
@@ -121,6 +125,17 @@ void admin_api_lanes (admin_t *a, struct evhttp_request *req);
 void admin_api_clients (admin_t *a, struct evhttp_request *req);
 void admin_api_config (admin_t *a, struct evhttp_request *req);
 void admin_api_dashboard (admin_t *a, struct evhttp_request *req);
+
+/* The operator's commands (admin/operator.c), a block of their own. */
+void admin_api_pause (admin_t *a, struct evhttp_request *req);
+void admin_api_resume (admin_t *a, struct evhttp_request *req);
+void admin_api_reconnect (admin_t *a, struct evhttp_request *req);
+/* POST /api/clients/ID/close: admin_operator_route tells its paths. */
+void admin_api_client_close (admin_t *a, struct evhttp_request *req);
+bool admin_operator_route (const char *path);
+/* Posts what proxy/operator.h could not post yet, and while something
+ * still does not fit, again from a timer. */
+void admin_operator_kick (admin_t *a);
 
 /* Frees the cached outbox view (admin_free). */
 void admin_api_clear_cache (admin_t *a);

@@ -17,6 +17,7 @@
 
 #include <bson/bson.h>
 
+#include "admin/process.h"
 #include "store/ops.h"
 
 /* What the admin thread read from the store for this scrape. */
@@ -27,10 +28,12 @@ typedef struct {
    const store_handler_stats_t *handlers;
    size_t n_handlers;
    int64_t lanes_leased, lanes_held;
+   process_stats_t process; /* the process_* families, after the store's */
 } render_view_t;
 
-/* Appends the Prometheus text exposition (format 0.0.4) of the registry
- * and then of `view` to `out`. */
+/* Appends the Prometheus text exposition (format 0.0.4) of the registry,
+ * then of `view`: the store's figures, and the process's under the names
+ * of Prometheus' client libraries. */
 void render_metrics (bson_string_t *out, const render_view_t *view);
 
 #endif /* RELAYBUS_ADMIN_RENDER_H */

@@ -37,6 +37,17 @@ clock_mono_ms (void)
    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Microseconds of the same clock as clock_mono_ms: short intervals the
+ * loop measures (the latency it adds to a request). */
+static inline int64_t
+clock_mono_us (void)
+{
+   struct timespec ts;
+
+   clock_gettime (CLOCK_MONOTONIC, &ts);
+   return (int64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* A relative timeval of `ms` milliseconds (libevent timers); `ms` >= 0. */
 static inline struct timeval
 clock_timeval_ms (int64_t ms)

@@ -54,6 +54,9 @@ typedef enum {
    COUNTERS_CLOSE_SHUTDOWN,           /* drained at shutdown */
    COUNTERS_CLOSE_SHUTDOWN_TIMEOUT,   /* still busy when drain_timeout_ms ran out */
    COUNTERS_CLOSE_INTERNAL,           /* out of memory or a proxy bug: never expected */
+   COUNTERS_CLOSE_OPERATOR,           /* POST /api/clients/ID/close */
+   COUNTERS_CLOSE_RECONNECT,          /* POST /api/reconnect, session mode: the client had authenticated on
+                                       * its upstream connection, so it closes (once idle) to log in again */
    COUNTERS_CLOSE_REASON_COUNT
 } counters_close_reason_t;
 
@@ -93,6 +96,9 @@ typedef enum {
  * ones are counted under COUNTERS_EVENT_TYPE_OTHER. */
 #define COUNTERS_MAX_EVENT_TYPES 100
 #define COUNTERS_EVENT_TYPE_OTHER "_other"
+/* Forwarding loops with a slot of their own in a LOOP_HISTOGRAM: at least
+ * CLIENT_LOOPS_MAX (checked in proxy/loops.c). */
+#define COUNTERS_LOOPS_MAX 64
 
 /* What a metric's samples are labelled by, with the label's key and how
  * many slots it takes.  NONE: one sample without labels. */
@@ -105,7 +111,8 @@ typedef enum {
    L (PIN, "reason", COUNTERS_PIN_COUNT)                    \
    L (LOGIN, "result", COUNTERS_LOGIN_COUNT)                \
    L (HANDLER, "handler", COUNTERS_MAX_HANDLERS)            \
-   L (TYPE, "type", COUNTERS_MAX_EVENT_TYPES + 1)
+   L (TYPE, "type", COUNTERS_MAX_EVENT_TYPES + 1)          \
+   L (LOOP, "loop", COUNTERS_LOOPS_MAX)
 
 typedef enum {
 #define COUNTERS_L_ENUM(label, key, slots) COUNTERS_LABEL_##label,
@@ -128,16 +135,27 @@ extern const int64_t counters_bucket_ms[COUNTERS_N_BUCKETS];
  * is +Inf), then the sum of the observations in ms.  Its count is the sum
  * of its buckets. */
 #define COUNTERS_HISTOGRAM_SUM (COUNTERS_N_BUCKETS + 1)
+
+/* A LOOP_HISTOGRAM measures what the forwarding loops do per request, in
+ * microseconds: upper bounds of its buckets in µs (then +Inf).  Each loop
+ * observes into its own sample (label LOOP, its index), so no two threads
+ * add to the same slot; /metrics merges the samples into one histogram
+ * without a label. */
+#define COUNTERS_N_BUCKETS_US 12
+extern const int64_t counters_bucket_us[COUNTERS_N_BUCKETS_US];
+#define COUNTERS_LOOP_HISTOGRAM_SUM (COUNTERS_N_BUCKETS_US + 1)
 enum {
    COUNTERS_WIDTH_COUNTER = 1,
    COUNTERS_WIDTH_GAUGE = 1,
    COUNTERS_WIDTH_HISTOGRAM = COUNTERS_HISTOGRAM_SUM + 1,
+   COUNTERS_WIDTH_LOOP_HISTOGRAM = COUNTERS_LOOP_HISTOGRAM_SUM + 1,
 };
 
 typedef enum {
    COUNTERS_TYPE_COUNTER = 0,
    COUNTERS_TYPE_GAUGE,
    COUNTERS_TYPE_HISTOGRAM,
+   COUNTERS_TYPE_LOOP_HISTOGRAM, /* rendered as a histogram, its loops merged */
 } counters_type_t;
 
 /* ------------------------------------------------------------- table */
@@ -159,6 +177,17 @@ typedef enum {
       "Admin HTTP requests refused (401, 400, 404, 405, 413, 415, 503).")                                             \
    X (LOG_LINES_DROPPED, "relaybus_log_lines_dropped_total", COUNTER, NONE,                                            \
       "Log lines dropped because the log destination did not keep up with the queue.")                                \
+   /* operator commands (proxy/operator.h) */                                                                          \
+   X (PAUSED, "relaybus_paused", GAUGE, NONE,                                                                          \
+      "1 while POST /api/pause holds new client requests (until POST /api/resume).")                                  \
+   X (OPERATOR_PAUSES, "relaybus_operator_pauses_total", COUNTER, NONE, "POST /api/pause commands that paused.")      \
+   X (OPERATOR_RESUMES, "relaybus_operator_resumes_total", COUNTER, NONE, "POST /api/resume commands that resumed.")  \
+   X (OPERATOR_CLIENT_CLOSES, "relaybus_operator_client_closes_total", COUNTER, NONE,                                  \
+      "Client connections POST /api/clients/ID/close asked to close.")                                                \
+   X (OPERATOR_RECONNECTS, "relaybus_operator_reconnects_total", COUNTER, NONE,                                        \
+      "POST /api/reconnect commands: upstream connections open then close as they come free.")                        \
+   X (RECONNECTED_UPSTREAMS, "relaybus_operator_reconnected_upstreams_total", COUNTER, NONE,                           \
+      "Upstream connections closed because of a POST /api/reconnect (pool connections, session mode pairings).")      \
    /* forwarding */                                                                                                    \
    X (CONNECTIONS_OPEN, "relaybus_client_connections", GAUGE, NONE, "Client connections open.")                       \
    X (FORWARDING_LOOPS, "relaybus_forwarding_loops", GAUGE, NONE,                                                      \
@@ -201,6 +230,9 @@ typedef enum {
       "Times a connection stopped being read because max_buffered_bytes was reached.")                                \
    X (REQUESTS_OFFLOADED, "relaybus_requests_offloaded_total", COUNTER, NONE,                                          \
       "Requests of 1 MiB or more decompressed and validated on the decoding thread.")                                 \
+   X (ADDED_LATENCY, "relaybus_proxy_added_latency_seconds", LOOP_HISTOGRAM, LOOP,                                     \
+      "Time the proxy added to each answered client request: from reading it to writing its answer, minus the "        \
+      "upstream's time from sending it to reading the reply.")                                                        \
    /* pooled mode */                                                                                                   \
    X (POOL_SIZE, "relaybus_pool_size", GAUGE, NONE,                                                                    \
       "Pooled mode: the most upstream connections the pool opens ([proxy] pool_size); 0 in session mode.")            \
@@ -419,6 +451,32 @@ const char *counters_label_key (counters_label_t label);
  * for a sample that is rendered only once it is non-zero (the "_other" of
  * event types). */
 const char *counters_label_value (counters_label_t label, size_t i, size_t *slot, bool *omit_if_zero);
+
+/* One observation of `us` microseconds (negative as 0) by forwarding loop
+ * `loop` in LOOP_HISTOGRAM `id`: relaxed adds to that loop's own slots. */
+static inline void
+counters_observe_loop_us (counter_id_t id, unsigned loop, int64_t us)
+{
+   size_t base = (size_t) id + (size_t) loop * COUNTERS_WIDTH_LOOP_HISTOGRAM;
+   size_t b = 0;
+
+   RELAYBUS_ASSERT (loop < COUNTERS_LOOPS_MAX && base + COUNTERS_WIDTH_LOOP_HISTOGRAM <= COUNTERS_N_SLOTS);
+   if (us < 0)
+      us = 0;
+   while (b < COUNTERS_N_BUCKETS_US && us > counters_bucket_us[b])
+      b++;
+   atomic_fetch_add_explicit (&counters_slots[base + b], 1, memory_order_relaxed);
+   atomic_fetch_add_explicit (&counters_slots[base + COUNTERS_LOOP_HISTOGRAM_SUM], (uint64_t) us, memory_order_relaxed);
+}
+
+/* LOOP_HISTOGRAM `id` with every loop's sample added up: buckets (not
+ * cumulative, the last one +Inf), the sum in µs, the count. */
+typedef struct {
+   uint64_t buckets[COUNTERS_N_BUCKETS_US + 1];
+   uint64_t sum_us;
+   uint64_t count;
+} counters_loop_histogram_t;
+void counters_loop_histogram (counter_id_t id, counters_loop_histogram_t *out);
 
 /* Histogram sample `slot` of `id`: its buckets (not cumulative, the last
  * one +Inf), the sum in ms, and the count (the buckets' sum). */

@@ -50,7 +50,7 @@ typedef enum {
    SCRAM_ERR_MALFORMED = 1, /* a message breaks RFC 5802's grammar or its rules */
    SCRAM_ERR_AUTH_FAILED,   /* unknown user, no entry for the mechanism, wrong proof */
    SCRAM_ERR_STATE,         /* a step out of order, or after a failure */
-   SCRAM_ERR_SASLPREP,      /* a prohibited character, or non-ASCII (not implemented) */
+   SCRAM_ERR_SASLPREP,      /* SASLprep refused the string (prohibited character, bidi rule, unassigned, empty) */
    SCRAM_ERR_CRYPTO,        /* OpenSSL failed (no randomness, no digest) */
    SCRAM_ERR_TOO_LARGE,     /* a message beyond SCRAM_MAX_MESSAGE */
 } scram_error_code_t;
@@ -143,8 +143,8 @@ void scram_salt_cache_clear (scram_salt_cache_t *cache);
 
 /* A conversation for `mech` as `user` with `password`, prepared as
  * MongoDB does: SCRAM-SHA-1 uses the hex MD5 of "user:mongo:password",
- * SCRAM-SHA-256 scram_saslprep's the password (non-ASCII is refused with
- * SCRAM_ERR_SASLPREP).  The user name (1..AUTHFILE_MAX_NAME bytes of
+ * SCRAM-SHA-256 scram_saslprep's the password (a password SASLprep
+ * refuses is SCRAM_ERR_SASLPREP).  The user name (1..AUTHFILE_MAX_NAME bytes of
  * UTF-8) is escaped for n= (',' as "=2C", '=' as "=3D"), never SASLprepped.
  * The password (1..AUTHFILE_MAX_PASSWORD bytes) is not kept, only what
  * it was prepared into.  Returns NULL and fills error for a user or
@@ -193,11 +193,16 @@ authfile_mech_t scram_client_mech (const scram_client_t *conv);
 
 /* ---- both sides ---- */
 
-/* SASLprep (RFC 4013) of in[0..len) as a stored string, for ASCII: the
- * mapping and normalisation leave ASCII unchanged, and the prohibited
- * output among ASCII is the control characters (C.2.1).  Non-ASCII input
- * is refused with SCRAM_ERR_SASLPREP (its tables are not implemented), as
- * is an empty result.  Sets *out (free with bson_free). */
+/* SASLprep (RFC 4013) of in[0..len) (UTF-8) as a stored string: ASCII
+ * here (the mapping and normalisation leave it unchanged; its prohibited
+ * characters are the controls, C.2.1), anything else through libidn's
+ * "SASLprep" profile with unassigned code points refused, as the drivers
+ * prepare passwords: non-ASCII spaces become ' ', soft hyphens and the
+ * like vanish, NFKC composes, and prohibited characters, wrong
+ * bidirectional strings, invalid UTF-8 and an empty result are refused
+ * with SCRAM_ERR_SASLPREP (the message names the rule, never the input).
+ * Sets *out (a secret when it is a password: clear it, free with
+ * bson_free). */
 bool scram_saslprep (const char *in, size_t len, char **out, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 

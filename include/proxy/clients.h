@@ -36,6 +36,9 @@ void clients_registry_note (uint64_t id, unsigned loop, const char *peer, int fd
  * when unknown)}.  Returns how many are open. */
 uint64_t clients_registry_snapshot (bson_t *out, uint32_t limit);
 
+/* Whether connection `id` is open, and then which loop owns it. */
+bool clients_registry_loop_of (uint64_t id, unsigned *loop);
+
 /* Frees what is left (at exit, after the loop is gone). */
 void clients_registry_clear (void);
 

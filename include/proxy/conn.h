@@ -135,6 +135,12 @@ void client_loop_topology_changed (client_loop_t *loop);
 void client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (void *), void *ctx);
 /* Closes every connection at once and frees the loop.  NULL ok. */
 void client_loop_destroy (client_loop_t *loop);
+/* The operator's commands for this loop (proxy/operator.h): closes the
+ * connections of `ids` that are here (reason operator), then with
+ * `reconnect` closes the upstream connections older than the reconnect
+ * generation that are free now (the others as they come free), then with
+ * `resume` pumps every connection a pause held. */
+void client_loop_operator (client_loop_t *loop, const uint64_t *ids, unsigned n_ids, bool reconnect, bool resume);
 
 /* What a request hook decided about one client request. */
 typedef enum {

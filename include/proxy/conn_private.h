@@ -62,6 +62,10 @@ typedef struct {
    int compressor;        /* compress the answer with this id; -1: plain */
    bool done;             /* the final answer has been produced */
    struct evbuffer *held; /* answers produced while earlier requests wait; owned */
+   /* relaybus_proxy_added_latency_seconds: when it was read
+    * (clock_mono_us), and the upstream's time for its reply. */
+   int64_t read_us;
+   int64_t upstream_us;
 } client_req_t;
 
 /* A message sent upstream that expects a reply, in the upstream's order. */
@@ -75,6 +79,7 @@ typedef struct {
    void *cb_ctx;
    bool track_cursor; /* RELAY, pooled: the cursor its reply opens is the client's user's (proxy/owners.h) */
    bool track_auth;   /* RELAY, HELLO, session mode: its reply is a SASL verdict for c->sasl (codec/sasl.h) */
+   int64_t sent_us;   /* clock_mono_us when queued upstream */
 } upstream_req_t;
 
 /* Owned by its loop (listed in loop->clients until disconnected, then in
@@ -128,6 +133,10 @@ struct client_conn {
     * it closes after the error instead (DRAINING). */
    bool session_bound;
    bool repairing;
+   /* Session mode: operator_generation () when its upstream connection
+    * was opened; an older one is replaced once the connection is idle
+    * (POST /api/reconnect, client_reconnect_due in proxy/conn.c). */
+   uint64_t up_generation;
    counters_close_reason_t drain_reason; /* DRAINING: why it closes */
 
    struct event *timer;          /* per state: no primary / handshake */

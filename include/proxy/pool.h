@@ -91,6 +91,11 @@ void pool_destroy (pool_t *pool);
  * pool opens what its waiters need on the new primary. */
 void pool_topology_changed (pool_t *pool);
 
+/* POST /api/reconnect (proxy/operator.h): connections opened before the
+ * last reconnect close, idle and opening ones now, lent ones when they
+ * come back; the pool opens what its waiters need. */
+void pool_reconnect (pool_t *pool);
+
 /* The upstream's hello reply the pool learned (as received), or NULL
  * before its first connection said hello. */
 const bson_t *pool_hello (const pool_t *pool);

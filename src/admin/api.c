@@ -30,6 +30,7 @@
 #include "dispatch/dispatch.h"
 #include "base/clock.h"
 #include "base/fleet.h"
+#include "base/heartbeat.h"
 #include "base/log.h"
 #include "admin/render.h"
 #include "base/counters.h"
@@ -352,10 +353,20 @@ append_masked (bson_t *doc, const char *name, const char *key_name, const char *
 
 /* ------------------------------------------------------------- handlers */
 
+/* 503 while a forwarding loop is stalled (base/heartbeat.h): the process
+ * answers here from its admin thread, but it does not forward. */
 void
 admin_api_healthz (admin_t *a, struct evhttp_request *req)
 {
+   char why[160], body[200];
+   int n;
+
    (void) a;
+   if (!heartbeat_check (clock_mono_ms (), HEARTBEAT_STALL_MS, why, sizeof why)) {
+      n = snprintf (body, sizeof body, "unhealthy: %s\n", why);
+      admin_send_text (req, 503, "Service Unavailable", "text/plain; charset=utf-8", body, (size_t) n);
+      return;
+   }
    admin_send_text (req, 200, "OK", "text/plain; charset=utf-8", "ok\n", 3);
 }
 
@@ -507,6 +518,7 @@ admin_api_metrics (admin_t *a, struct evhttp_request *req)
    mv.n_handlers = sv->n_hs;
    mv.lanes_leased = sv->leased;
    mv.lanes_held = sv->held;
+   process_stats_read (&mv.process);
    render_metrics (out, &mv);
    admin_send_text (req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", out->str, out->len);
    bson_string_free (out, true);
@@ -626,6 +638,7 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
 
    BSON_APPEND_DOCUMENT_BEGIN (&doc, "proxy", &sub);
    BSON_APPEND_INT64 (&sub, "connections", (int64_t) counters_get (COUNTER_CONNECTIONS_OPEN));
+   BSON_APPEND_BOOL (&sub, "paused", counters_get (COUNTER_PAUSED) != 0); /* POST /api/pause */
    BSON_APPEND_INT64 (&sub, "connectionsAccepted", (int64_t) counters_get (COUNTER_CONNECTIONS_ACCEPTED));
    BSON_APPEND_INT64 (&sub, "upstreamConnections", (int64_t) counters_get (COUNTER_UPSTREAMS_OPEN));
    BSON_APPEND_INT64 (&sub, "messagesFromClients", (int64_t) counters_get (COUNTER_MESSAGES_FROM_CLIENTS));

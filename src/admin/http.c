@@ -339,6 +339,12 @@ static const route_t routes[] = {
    {"/api/lanes", EVHTTP_REQ_GET, true, admin_api_lanes},
    {"/api/clients", EVHTTP_REQ_GET, true, admin_api_clients},
    {"/api/config", EVHTTP_REQ_GET, true, admin_api_config},
+   /* The operator's commands (admin/operator.c).  "/api/clients/ID/close"
+    * stands for every such path: admin_operator_route matches them. */
+   {"/api/pause", EVHTTP_REQ_POST, true, admin_api_pause},
+   {"/api/resume", EVHTTP_REQ_POST, true, admin_api_resume},
+   {"/api/reconnect", EVHTTP_REQ_POST, true, admin_api_reconnect},
+   {"/api/clients/ID/close", EVHTTP_REQ_POST, true, admin_api_client_close},
 };
 
 static void
@@ -382,6 +388,9 @@ admin_request_cb (struct evhttp_request *req, void *arg)
       admin_send_error (a, req, 403, "without an admin token, requests must address this port by IP or localhost");
       return;
    }
+   /* Paths with an id route as their pattern. */
+   if (admin_operator_route (path))
+      path = "/api/clients/ID/close";
    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
       if (!strcmp (routes[i].path, path)) {
          path_known = true;
@@ -516,6 +525,8 @@ admin_free (admin_t *a)
    bson_free (a->fresh);
    if (a->adopt_ev)
       event_free (a->adopt_ev);
+   if (a->operator_kick_ev)
+      event_free (a->operator_kick_ev);
    SSL_CTX_free (a->tls);
    store_destroy (a->store);
    worker_destroy (a->w); /* after everything on its base and pool */

@@ -3,7 +3,8 @@
  * loop over the counter registry of base/counters.h, then what this scrape
  * read from the store.
  *
- * Names follow Prometheus conventions: relaybus_ prefix, base units in the
+ * Names follow Prometheus conventions: relaybus_ prefix (process_ for the
+ * standard process families), base units in the
  * name (_seconds, _bytes), _total on counters only.  Label values are
  * escaped; their sets are bounded by the registry (fixed lists, handlers
  * from the configuration, the first event types seen).  Histograms are kept
@@ -21,6 +22,7 @@ static const char *const type_names[] = {
    [COUNTERS_TYPE_COUNTER] = "counter",
    [COUNTERS_TYPE_GAUGE] = "gauge",
    [COUNTERS_TYPE_HISTOGRAM] = "histogram",
+   [COUNTERS_TYPE_LOOP_HISTOGRAM] = "histogram",
 };
 
 /* Label values: backslash, double quote and newline are escaped. */
@@ -111,6 +113,24 @@ render_histogram (bson_string_t *out, const char *name, const char *label, const
    }
 }
 
+/* A LOOP_HISTOGRAM: every loop's sample merged, without a label. */
+static void
+render_loop_histogram (bson_string_t *out, const char *name, counter_id_t id)
+{
+   counters_loop_histogram_t h;
+   uint64_t cum = 0;
+
+   counters_loop_histogram (id, &h);
+   for (size_t b = 0; b < COUNTERS_N_BUCKETS_US; b++) {
+      cum += h.buckets[b];
+      bson_string_append_printf (out, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, (double) counters_bucket_us[b] / 1e6, cum);
+   }
+   cum += h.buckets[COUNTERS_N_BUCKETS_US];
+   bson_string_append_printf (out, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+   bson_string_append_printf (out, "%s_sum %.6f\n", name, (double) h.sum_us / 1e6);
+   bson_string_append_printf (out, "%s_count %" PRIu64 "\n", name, cum);
+}
+
 /* One metric of the registry: its family line and a sample per label
  * value to render now. */
 static void
@@ -123,6 +143,10 @@ render_def (bson_string_t *out, const counters_def_t *d)
 
    RELAYBUS_ASSERT ((unsigned) d->type < sizeof type_names / sizeof type_names[0]);
    family (out, d->name, type_names[d->type], d->help);
+   if (d->type == COUNTERS_TYPE_LOOP_HISTOGRAM) {
+      render_loop_histogram (out, d->name, d->id);
+      return;
+   }
    if (d->label == COUNTERS_LABEL_NONE) {
       if (d->type == COUNTERS_TYPE_HISTOGRAM) {
          counters_histogram_t h;
@@ -194,6 +218,28 @@ render_store (bson_string_t *out, const render_view_t *v)
    scalar (out, "relaybus_lanes_held", "gauge", "Lanes under a live lease held by this process.", (uint64_t) v->lanes_held);
 }
 
+/* The standard process_* families, named and described as Prometheus'
+ * client libraries name them: dashboards and alerts written for them
+ * apply unchanged. */
+static void
+render_process (bson_string_t *out, const process_stats_t *p)
+{
+   family (out, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
+   sample_f (out, "process_cpu_seconds_total", NULL, NULL, p->cpu_seconds);
+   if (p->has_memory) {
+      scalar (out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", p->resident_bytes);
+      scalar (out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", p->virtual_bytes);
+   }
+   if (p->has_fds) {
+      scalar (out, "process_open_fds", "gauge", "Number of open file descriptors.", p->open_fds);
+      scalar (out, "process_max_fds", "gauge", "Maximum number of open file descriptors.", p->max_fds);
+   }
+   if (p->has_start) {
+      family (out, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
+      sample_f (out, "process_start_time_seconds", NULL, NULL, p->start_time_seconds);
+   }
+}
+
 void
 render_metrics (bson_string_t *out, const render_view_t *v)
 {
@@ -203,4 +249,5 @@ render_metrics (bson_string_t *out, const render_view_t *v)
    for (size_t i = 0; i < n; i++)
       render_def (out, &defs[i]);
    render_store (out, v);
+   render_process (out, &v->process);
 }

@@ -22,6 +22,9 @@ _Static_assert (COUNTERS_MAX_HANDLERS >= CONFIG_MAX_HANDLERS, "COUNTERS_MAX_HAND
 _Atomic uint64_t counters_slots[COUNTERS_N_SLOTS] = {[COUNTER_BUILD_INFO] = 1};
 
 const int64_t counters_bucket_ms[COUNTERS_N_BUCKETS] = {1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
+/* From what a loop adds to a cached request (tens of µs) to what a pool
+ * wait or a full loop adds (up to a second). */
+const int64_t counters_bucket_us[COUNTERS_N_BUCKETS_US] = {25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 100000, 1000000};
 
 static const counters_def_t defs[] = {
 #define COUNTERS_X_DEF(id, name, type, label, help) \
@@ -62,6 +65,8 @@ static const char *const close_reason_names[COUNTERS_CLOSE_REASON_COUNT] = {
    [COUNTERS_CLOSE_SHUTDOWN] = "shutdown",
    [COUNTERS_CLOSE_SHUTDOWN_TIMEOUT] = "shutdown_timeout",
    [COUNTERS_CLOSE_INTERNAL] = "internal",
+   [COUNTERS_CLOSE_OPERATOR] = "operator",
+   [COUNTERS_CLOSE_RECONNECT] = "reconnect",
 };
 
 static const char *const pin_names[COUNTERS_PIN_COUNT] = {
@@ -231,6 +236,23 @@ counters_histogram (counter_id_t id, size_t slot, counters_histogram_t *out)
 }
 
 void
+counters_loop_histogram (counter_id_t id, counters_loop_histogram_t *out)
+{
+   memset (out, 0, sizeof *out);
+   for (size_t loop = 0; loop < COUNTERS_LOOPS_MAX; loop++) {
+      size_t base = (size_t) id + loop * COUNTERS_WIDTH_LOOP_HISTOGRAM;
+
+      RELAYBUS_ASSERT (base + COUNTERS_WIDTH_LOOP_HISTOGRAM <= COUNTERS_N_SLOTS);
+      for (size_t b = 0; b <= COUNTERS_N_BUCKETS_US; b++) {
+         uint64_t n = atomic_load_explicit (&counters_slots[base + b], memory_order_relaxed);
+         out->buckets[b] += n;
+         out->count += n;
+      }
+      out->sum_us += atomic_load_explicit (&counters_slots[base + COUNTERS_LOOP_HISTOGRAM_SUM], memory_order_relaxed);
+   }
+}
+
+void
 counters_delivery (const char *handler, counter_id_t outcome, int64_t latency_ms)
 {
    size_t slot = counters_handler_slot (handler, true);
@@ -301,6 +323,9 @@ counters_label_value (counters_label_t label, size_t i, size_t *slot, bool *omit
       *slot = COUNTERS_MAX_EVENT_TYPES;
       *omit_if_zero = true;
       return COUNTERS_EVENT_TYPE_OTHER;
+   case COUNTERS_LABEL_LOOP:
+      /* Merged at rendering (counters_loop_histogram), never a label. */
+      return NULL;
    case COUNTERS_LABEL_COUNT:
    default:
       break;

@@ -18,7 +18,8 @@
  * the costly step, so the caller may keep it in a scram_salt_cache_t.
  * The client checks ServerSignature in constant time: a server that
  * does not know the keys cannot pass as mongod.
- * password' is SASLprep(password) for SCRAM-SHA-256 and
+ * password' is SASLprep(password) for SCRAM-SHA-256 (libidn's profile for
+ * anything beyond ASCII) and
  * hex(MD5(user ":mongo:" password)) for MongoDB's SCRAM-SHA-1.
  *
  * Every message is bounded (SCRAM_MAX_MESSAGE) and parsed in place; the
@@ -30,7 +31,10 @@
  */
 #include "codec/scram.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include <stringprep.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -522,29 +526,59 @@ done:
    return ok;
 }
 
+/* SASLprep of a string with a byte >= 0x80, by libidn's "SASLprep"
+ * profile as a stored string (unassigned code points refused, as the
+ * drivers' own SASLprep does).  `in` is not NUL-terminated: a copy is. */
+static bool
+saslprep_unicode (const char *in, size_t len, char **out, bson_error_t *error)
+{
+   char *copy = copy_bytes (in, len), *prepped = NULL;
+   int rc = stringprep_profile (copy, &prepped, "SASLprep", STRINGPREP_NO_UNASSIGNED);
+   bool ok = false;
+
+   if (rc != STRINGPREP_OK) {
+      /* The message says which rule, never the password. */
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP, "SASLprep: %s", stringprep_strerror ((Stringprep_rc) rc));
+      goto done;
+   }
+   if (!prepped[0]) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP, "SASLprep: the string is empty once prepared");
+      goto done;
+   }
+   *out = copy_bytes (prepped, strlen (prepped));
+   ok = true;
+done:
+   if (prepped) {
+      OPENSSL_cleanse (prepped, strlen (prepped));
+      free (prepped); /* libidn's, from malloc */
+   }
+   OPENSSL_cleanse (copy, len);
+   bson_free (copy);
+   return ok;
+}
+
 bool
 scram_saslprep (const char *in, size_t len, char **out, bson_error_t *error)
 {
    *out = NULL;
+   if (len == 0) {
+      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP, "SASLprep: the string is empty");
+      return false;
+   }
+   /* ASCII, the usual case, without libidn: the mapping and NFKC leave it
+    * unchanged, and its only prohibited characters are the controls.  A
+    * NUL is one of them, which the C string libidn takes could not show. */
    for (size_t i = 0; i < len; i++) {
       unsigned char c = (unsigned char) in[i];
-      if (c >= 0x80) {
-         bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP,
-                         "SASLprep of non-ASCII characters is not implemented (byte %zu); use an ASCII "
-                         "password for SCRAM-SHA-256",
-                         i + 1);
-         return false;
-      }
       if (c < 0x20 || c == 0x7f) {
          bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP,
                          "SASLprep: prohibited character (ASCII control, RFC 4013 C.2.1) at byte %zu", i + 1);
          return false;
       }
    }
-   if (len == 0) {
-      bson_set_error (error, SCRAM_ERROR_DOMAIN, SCRAM_ERR_SASLPREP, "SASLprep: the string is empty");
-      return false;
-   }
+   for (size_t i = 0; i < len; i++)
+      if ((unsigned char) in[i] >= 0x80)
+         return saslprep_unicode (in, len, out, error);
    *out = copy_bytes (in, len);
    return true;
 }

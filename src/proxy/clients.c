@@ -131,6 +131,20 @@ clients_registry_snapshot (bson_t *out, uint32_t limit)
    return total;
 }
 
+bool
+clients_registry_loop_of (uint64_t id, unsigned *loop)
+{
+   cr_entry_t *e;
+
+   pthread_mutex_lock (&cr_mu);
+   for (e = cr_buckets[id % CR_BUCKETS]; e && e->id != id; e = e->next)
+      ;
+   if (e)
+      *loop = e->loop;
+   pthread_mutex_unlock (&cr_mu);
+   return e != NULL;
+}
+
 void
 clients_registry_clear (void)
 {

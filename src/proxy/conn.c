@@ -49,6 +49,7 @@
 #include "proxy/clients.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
+#include "proxy/operator.h"
 #include "proxy/pool.h"
 #include "proxy/side.h"
 
@@ -157,6 +158,8 @@ client_close_is_warning (counters_close_reason_t reason)
    case COUNTERS_CLOSE_CLIENT_EOF:
    case COUNTERS_CLOSE_SHUTDOWN:
    case COUNTERS_CLOSE_NOT_PRIMARY:
+   case COUNTERS_CLOSE_OPERATOR:
+   case COUNTERS_CLOSE_RECONNECT:
       return false;
    default:
       return true;
@@ -353,7 +356,8 @@ client_update_flow (client_conn_t *c)
    side_set_reading (&c->client,
                      (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !c->not_primary_seen)) &&
                         (up || (c->loop->pool && !c->server)) && !c->pool_waiting && !c->pool_handed &&
-                        fifo_has_room (c) && !up_full && !c->job && mem_may_read (c, &c->client));
+                        fifo_has_room (c) && !up_full && !c->job && !operator_paused () &&
+                        mem_may_read (c, &c->client));
    side_want_drained (&c->client, client_full || c->state == CLIENT_STATE_DRAINING);
 }
 
@@ -382,8 +386,11 @@ client_pump (client_conn_t *c)
 
    c->pumping++;
    /* After a not-primary error no request goes to the old member: what
-    * is buffered waits for the new pairing (or the close). */
-   consumed = c->not_primary_seen ? false : client_route (c, &c->client);
+    * is buffered waits for the new pairing (or the close).  While the
+    * operator paused the proxy, what is buffered waits for the resume
+    * (client_loop_operator pumps every connection then): what is in
+    * flight was routed already and is answered meanwhile. */
+   consumed = c->not_primary_seen || operator_paused () ? false : client_route (c, &c->client);
    if (c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
       side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed);
@@ -399,14 +406,19 @@ client_pump (client_conn_t *c)
  * unread meanwhile.  The driver sees no close: the request it retries
  * after the error, and every later one, reaches the new primary. */
 static void
-client_repair (client_conn_t *c)
+client_repair (client_conn_t *c, bool reconnect)
 {
-   log_conn (LOG_LEVEL_INFO,
-             c->id,
-             c->peer,
-             "%s answered not primary: pairing this connection again once a primary is known",
-             c->upstream_name);
-   counters_add (COUNTER_UPSTREAM_REPAIRS, 1);
+   if (reconnect) {
+      log_conn (LOG_LEVEL_INFO, c->id, c->peer, "replacing its connection to %s (POST /api/reconnect)", c->upstream_name);
+      counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
+   } else {
+      log_conn (LOG_LEVEL_INFO,
+                c->id,
+                c->peer,
+                "%s answered not primary: pairing this connection again once a primary is known",
+                c->upstream_name);
+      counters_add (COUNTER_UPSTREAM_REPAIRS, 1);
+   }
    mem_release_side (c, &c->upstream);
    if (c->upstream.connected)
       counters_sub (COUNTER_UPSTREAMS_OPEN, 1);
@@ -415,6 +427,33 @@ client_repair (client_conn_t *c)
    c->repairing = true;
    client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
    client_try_connect (c);
+}
+
+/* Session mode: whether the connection's upstream is older than the last
+ * POST /api/reconnect and free to go now: READY with nothing in flight. */
+static bool
+client_reconnect_due (const client_conn_t *c)
+{
+   return !c->loop->pool && c->state == CLIENT_STATE_READY && !c->not_primary_seen && creq_count (c) == 0 &&
+          c->up_count == 0 && !c->job && c->up_generation < operator_generation ();
+}
+
+/* Replaces an idle connection's upstream after POST /api/reconnect.  One
+ * that never authenticated on it is paired again, unseen by the client, as
+ * after a not-primary error; one that did (session_bound) would lose its
+ * login, so it closes once its output is written and the driver opens a
+ * new one and logs in again, with whatever credentials it has now. */
+static void
+client_reconnect (client_conn_t *c)
+{
+   if (!c->session_bound) {
+      client_repair (c, true);
+      return;
+   }
+   counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
+   c->drain_reason = COUNTERS_CLOSE_RECONNECT;
+   client_set_state (c, CLIENT_STATE_DRAINING);
+   client_check_drained (c);
 }
 
 /* Everything that may let replies through ends here, like client_pump. */
@@ -447,7 +486,11 @@ upstream_pump (client_conn_t *c)
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
    if (c->not_primary_seen && c->state == CLIENT_STATE_READY && creq_count (c) == 0 && c->up_count == 0) {
-      client_repair (c);
+      client_repair (c, false);
+      goto done;
+   }
+   if (client_reconnect_due (c)) {
+      client_reconnect (c);
       goto done;
    }
    if (!client_up_connected (c))
@@ -735,6 +778,7 @@ client_try_connect (client_conn_t *c)
    c->waiting_primary = false;
    bson_free (c->upstream_name);
    c->upstream_name = bson_strdup_printf ("%s:%u", p.host, (unsigned) p.port);
+   c->up_generation = operator_generation ();
    if (!side_connect (&c->upstream, c->loop->base, &p, c->loop->tls, &conn_side_callbacks, c, &error)) {
       if (error.domain == SIDE_ERROR_DOMAIN && error.code == SIDE_ERR_CONNECT)
          counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
@@ -895,6 +939,42 @@ client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (vo
       return;
    }
    evtimer_add (loop->drain_timer, &tv);
+}
+
+/* ------------------------------------------------------------ operator */
+
+void
+client_loop_operator (client_loop_t *loop, const uint64_t *ids, unsigned n_ids, bool reconnect, bool resume)
+{
+   client_conn_t *c, *next;
+
+   for (unsigned i = 0; i < n_ids; i++) {
+      for (c = loop->clients; c && c->id != ids[i]; c = c->next)
+         ;
+      if (c)
+         client_disconnect (c, COUNTERS_CLOSE_OPERATOR, "closed by the operator (POST /api/clients/%" PRIu64 "/close)", ids[i]);
+      else
+         log_info ("operator: c%" PRIu64 " had closed already on loop %u", ids[i], loop->index);
+   }
+   if (reconnect) {
+      if (loop->pool) {
+         pool_reconnect (loop->pool);
+      } else {
+         for (c = loop->clients; c; c = next) {
+            next = c->next;
+            if (client_reconnect_due (c))
+               client_reconnect (c);
+         }
+      }
+   }
+   /* A pause that came again since the resume holds them still. */
+   if (resume && !operator_paused ()) {
+      for (c = loop->clients; c; c = next) {
+         next = c->next;
+         if (c->state == CLIENT_STATE_READY || c->state == CLIENT_STATE_HANDSHAKE)
+            client_resume (c);
+      }
+   }
 }
 
 /* ------------------------------------------------------------ loop */

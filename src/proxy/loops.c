@@ -28,8 +28,10 @@
 
 #include "base/clock.h"
 #include "base/counters.h"
+#include "base/heartbeat.h"
 #include "base/log.h"
 #include "base/loopwake.h"
+#include "proxy/operator.h"
 #include "proxy/pool.h"
 #include "proxy/side.h"
 
@@ -45,6 +47,9 @@
 #define NOTICE_DRAIN 2u
 #define NOTICE_STOP 4u
 #define NOTICE_PING 8u
+
+_Static_assert (HEARTBEAT_LOOPS_MAX >= CLIENT_LOOPS_MAX, "base/heartbeat.h tracks every loop");
+_Static_assert (COUNTERS_LOOPS_MAX >= CLIENT_LOOPS_MAX, "every loop has its own LOOP_HISTOGRAM sample");
 
 typedef struct {
    evutil_socket_t fd;
@@ -81,6 +86,7 @@ struct loops {
    loop_t *loops;
    loopwake_t **wakes;
    struct event *retry_ev; /* on loop 0 */
+   struct event *heartbeat_ev; /* on loop 0: pings every loop (base/heartbeat.h) */
    atomic_size_t handed_off; /* sockets in the slots */
    /* Drain: loops that reported empty, and what to call when all did. */
    atomic_uint drained;
@@ -186,8 +192,10 @@ loop_notice_cb (void *arg)
    ping = t->ping;
    pthread_mutex_unlock (&t->mu);
 
-   if (notices & NOTICE_PING)
+   if (notices & NOTICE_PING) {
       atomic_store (&t->pong, ping);
+      heartbeat_answered (t->index);
+   }
 
    if (cfg) {
       if (t->clients)
@@ -266,6 +274,23 @@ loop_notify (loops_t *l, loop_t *t, unsigned notices)
    pthread_mutex_unlock (&t->mu);
 }
 
+/* On loop 0, every HEARTBEAT_PING_MS: loop 0 is turning; the others are
+ * asked to show that they are (/healthz reads the answers). */
+static void
+loops_heartbeat_cb (evutil_socket_t fd, short what, void *arg)
+{
+   loops_t *l = arg;
+   int64_t now = clock_mono_ms ();
+
+   (void) fd;
+   (void) what;
+   heartbeat_tick (now);
+   for (unsigned i = 1; i < l->n; i++) {
+      heartbeat_asked (i, now); /* before the notice its answer clears */
+      loop_notify (l, &l->loops[i], NOTICE_PING);
+   }
+}
+
 /* ------------------------------------------------------------ threads */
 
 static void *
@@ -313,6 +338,8 @@ loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstrea
    if (cfg->pool_mode_id == CONFIG_POOL_POOLED &&
        !client_loop_enable_pool (t->clients, pool_share (cfg->pool_size, t->index, nloops), error))
       return false;
+   /* Before the thread starts: the admin thread may post at once. */
+   operator_attach (t->index, t->clients, t->wake);
    if (t->index > 0) {
       if (pthread_create (&t->thread, NULL, loop_thread_main, t) != 0) {
          bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_THREAD, "loop %u: cannot start its thread", t->index);
@@ -361,6 +388,16 @@ loops_new (struct event_base *base0,
       }
    }
    counters_set (COUNTER_FORWARDING_LOOPS, n);
+   heartbeat_start (n, clock_mono_ms ());
+   l->heartbeat_ev = event_new (base0, -1, EV_PERSIST, loops_heartbeat_cb, l);
+   {
+      struct timeval tv = clock_timeval_ms (HEARTBEAT_PING_MS);
+      if (!l->heartbeat_ev || event_add (l->heartbeat_ev, &tv) != 0) {
+         bson_set_error (error, LOOPS_ERROR_DOMAIN, 1, "out of memory for the loops' heartbeat timer");
+         loops_destroy (l);
+         return NULL;
+      }
+   }
    if (cfg->pool_mode_id == CONFIG_POOL_POOLED) {
       counters_set (COUNTER_POOL_SIZE, (uint64_t) cfg->pool_size);
       log_info ("pooled mode: clients share %" PRId64 " upstream connections (%u forwarding loop%s)%s", cfg->pool_size,
@@ -506,6 +543,7 @@ loops_close_all (loops_t *l)
    l->draining = false;
    for (unsigned i = 1; i < l->n; i++)
       loop_notify (l, &l->loops[i], NOTICE_STOP);
+   operator_detach (0);
    client_loop_destroy (l->loops[0].clients);
    l->loops[0].clients = NULL;
 }
@@ -517,6 +555,12 @@ loops_stop (loops_t *l)
       return;
    l->stopped = true;
    l->draining = false;
+   heartbeat_stop ();
+   if (l->heartbeat_ev)
+      event_del (l->heartbeat_ev);
+   /* The admin thread's posts find nothing from now on (it may still run). */
+   for (unsigned i = 0; i < l->n; i++)
+      operator_detach (i);
    for (unsigned i = 1; i < l->n; i++) {
       loop_t *t = &l->loops[i];
       if (t->started) {
@@ -568,6 +612,7 @@ loops_destroy (loops_t *l)
       pthread_mutex_destroy (&t->mu);
    }
    proxy_event_free (l->retry_ev);
+   proxy_event_free (l->heartbeat_ev);
    bson_free (l->wakes);
    bson_free (l->loops);
    bson_free (l);

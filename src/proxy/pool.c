@@ -47,6 +47,7 @@
 #include "codec/scram.h"
 #include "proxy/conn_private.h"
 #include "proxy/login.h"
+#include "proxy/operator.h"
 #include "proxy/owners.h"
 #include "proxy/side.h"
 
@@ -97,6 +98,7 @@ struct pool_server {
    open_step_t step;
    char name[TOPOLOGY_HOST_MAX + 8]; /* host:port */
    uint64_t generation;              /* the topology's, when it connected */
+   uint64_t op_generation;           /* operator_generation () when it was opened */
    bool stale;                       /* close it when it comes back */
    bool counted_open;                /* in the open gauges */
    client_conn_t *client;            /* LENT: who holds it */
@@ -817,6 +819,12 @@ server_return (pool_server_t *s)
 {
    pool_t *pool = s->pool;
 
+   if (s->op_generation < operator_generation ()) {
+      counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
+      server_close (s, "the operator asked for new connections (POST /api/reconnect)"); /* frees s */
+      pool_fill (pool);
+      return;
+   }
    if (s->stale || !pool->primary_known || pool->generation != s->generation) {
       server_close (s, "its member is no longer the primary"); /* frees s */
       pool_fill (pool);
@@ -1261,6 +1269,7 @@ server_open (pool_t *pool)
    s->pool = pool;
    s->id = atomic_fetch_add_explicit (&next_server_id, 1, memory_order_relaxed) + 1;
    s->generation = p.generation;
+   s->op_generation = operator_generation ();
    /* What the loop was told may lag what the snapshot says now. */
    pool->primary_known = true;
    pool->generation = p.generation;
@@ -1364,6 +1373,31 @@ pool_topology_changed (pool_t *pool)
       pool->retry_armed = false;
       pool->backoff_ms = 0;
    }
+   pool_fill (pool);
+}
+
+void
+pool_reconnect (pool_t *pool)
+{
+   uint64_t gen = operator_generation ();
+   pool_server_t *s, *next;
+   unsigned closed = 0, later = 0;
+
+   for (s = pool->servers; s; s = next) {
+      next = s->next;
+      if (s->op_generation >= gen)
+         continue;
+      /* An opening one logs in with what the process had before: it is
+       * closed too, and pool_fill opens its replacement. */
+      if (s->state == SERVER_IDLE || s->state == SERVER_OPENING) {
+         counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
+         server_close (s, "the operator asked for new connections (POST /api/reconnect)");
+         closed++;
+      } else {
+         later++; /* lent: server_return closes it */
+      }
+   }
+   log_info ("pool: reconnect: %u idle connection(s) closed, %u lent one(s) close when given back", closed, later);
    pool_fill (pool);
 }
 

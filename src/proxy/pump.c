@@ -108,6 +108,7 @@ creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
    RELAYBUS_ASSERT (!r->held || r->seq < c->creq_head);
    memset (r, 0, sizeof *r);
    r->seq = c->creq_tail++;
+   r->read_us = clock_mono_us ();
    r->client_id = client_id;
    r->family = family;
    r->compressor = compressor;
@@ -126,6 +127,7 @@ upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
    u->kind = kind;
    u->upstream_id = upstream_id;
    u->expect_response_to = upstream_id;
+   u->sent_us = clock_mono_us ();
    c->up_count++;
    RELAYBUS_ASSERT (c->up_count <= CLIENT_MAX_UPSTREAM_INFLIGHT);
    return u;
@@ -180,10 +182,14 @@ client_deliver (client_conn_t *c,
    }
    counters_add (COUNTER_BYTES_TO_CLIENTS, len);
    if (final) {
+      int64_t now = clock_mono_us ();
+
       r->done = true;
       /* Advance past every completed request, releasing held answers in
        * order; a request that became oldest while still streaming gets its
-       * held part flushed so its next replies can go straight out. */
+       * held part flushed so its next replies can go straight out.  An
+       * answer leaves for the client here: what the proxy added to it ends
+       * now. */
       while (c->creq_head < c->creq_tail) {
          client_req_t *h = creq_find (c, c->creq_head);
          if (h->held) {
@@ -193,6 +199,7 @@ client_deliver (client_conn_t *c,
          }
          if (!h->done)
             break;
+         counters_observe_loop_us (COUNTER_ADDED_LATENCY, c->loop->index, now - h->read_us - h->upstream_us);
          c->creq_head++;
       }
    }
@@ -1727,6 +1734,9 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
       return false;
    }
+   /* The upstream's time, from sending to this reply (an exhaust stream's
+    * last reply counts from the request). */
+   r->upstream_us = clock_mono_us () - u->sent_us;
    if (u->kind == UPREQ_HELLO) {
       if (flags & WIRE_MSG_MORE_TO_COME) {
          bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_FLAGS, "hello reply with moreToCome");

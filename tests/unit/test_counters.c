@@ -202,6 +202,34 @@ test_unrouted (void **state)
    bson_free (text);
 }
 
+/* The proxy's added latency: each loop observes into its own sample, and
+ * /metrics shows them merged as one histogram in seconds, without a loop
+ * label. */
+static void
+test_loop_histogram (void **state)
+{
+   char *text;
+
+   (void) state;
+   counters_observe_loop_us (COUNTER_ADDED_LATENCY, 0, 20);      /* <= 25 µs */
+   counters_observe_loop_us (COUNTER_ADDED_LATENCY, 3, 80);      /* <= 100 µs */
+   counters_observe_loop_us (COUNTER_ADDED_LATENCY, 63, 700);    /* <= 1 ms */
+   counters_observe_loop_us (COUNTER_ADDED_LATENCY, 3, 2000000); /* +Inf */
+   counters_observe_loop_us (COUNTER_ADDED_LATENCY, 0, -5);      /* clock skew: 0 */
+   text = scrape ();
+   assert_true (has_line (text, "# TYPE relaybus_proxy_added_latency_seconds histogram"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_bucket{le=\"2.5e-05\"} 2"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_bucket{le=\"5e-05\"} 2"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_bucket{le=\"0.0001\"} 3"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_bucket{le=\"0.001\"} 4"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_bucket{le=\"1\"} 4"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_bucket{le=\"+Inf\"} 5"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_sum 2.000800"));
+   assert_true (has_line (text, "relaybus_proxy_added_latency_seconds_count 5"));
+   assert_null (strstr (text, "relaybus_proxy_added_latency_seconds_bucket{loop"));
+   bson_free (text);
+}
+
 /* How often `needle` occurs in `text`. */
 static size_t
 occurrences (const char *text, const char *needle)
@@ -219,7 +247,7 @@ occurrences (const char *text, const char *needle)
 static void
 test_families (void **state)
 {
-   static const char *const types[] = {"counter", "gauge", "histogram"};
+   static const char *const types[] = {"counter", "gauge", "histogram", "histogram"};
    size_t n;
    const counters_def_t *defs = counters_defs (&n);
    char *text = scrape ();
@@ -249,6 +277,7 @@ main (void)
       cmocka_unit_test (test_commands_by_name),
       cmocka_unit_test (test_close_reasons),
       cmocka_unit_test (test_histogram),
+      cmocka_unit_test (test_loop_histogram),
       cmocka_unit_test (test_handlers),
       cmocka_unit_test (test_unrouted),
       cmocka_unit_test (test_families),

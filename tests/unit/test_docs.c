@@ -5,7 +5,13 @@
  * "key =" line of etc/relaybus-proxy.ini names exists in the key table, in
  * that section, and every key of the table is in both; every metric named
  * anywhere in docs/ (or the README) is one that render_metrics emits, and
- * every metric it emits has its row in docs/admin.md.  And the sample
+ * every metric it emits has its row in docs/admin.md; every endpoint and
+ * query parameter the docs name ("GET /api/...", "$A/api/...?name=") is in
+ * the admin port's route table (src/admin/http.c) and takes that
+ * parameter (src/admin/api.c), and every route has its heading in
+ * docs/admin.md; every alert the docs name is a rule of
+ * etc/prometheus/relaybus-rules.yml (or one the docs' own example
+ * defines), and every rule has its row in docs/admin.md.  And the sample
  * request of docs/handlers.md ("## The request") carries a signature that
  * verifies with the secret the page states, recomputed here with OpenSSL
  * rather than with dispatch/webhook.c.  Each check reports everything missing before
@@ -29,6 +35,7 @@
 #include "base/config.h"
 #include "admin/render.h"
 #include "base/outbox.h"
+#include "base/pull.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."
@@ -264,6 +271,7 @@ emitted_metrics (names_t *ns)
    /* Everything on: a store that answered, one handler with series. */
    bson_strncpy (hs.name, "docs-test", sizeof hs.name);
    v.store_ok = true;
+   v.process.has_memory = v.process.has_fds = v.process.has_start = true;
    v.handlers = &hs;
    v.n_handlers = 1;
    render_metrics (out, &v);
@@ -299,7 +307,7 @@ is_collection (const char *name, size_t len)
    return false;
 }
 
-/* Every relaybus_xxx named in `text` must be emitted (a histogram's
+/* Every relaybus_xxx and process_xxx named in `text` must be emitted (a histogram's
  * _bucket, _sum and _count count as its own).  Not metrics: the outbox
  * collection names, and families written with a wildcard
  * (`relaybus_outbox_*`, `relaybus_purge*`). */
@@ -314,7 +322,8 @@ check_named_metrics (problems_t *p, const names_t *ns, const char *file, const c
 
       if (*s == '\n')
          line++;
-      if (strncmp (s, "relaybus_", 9) != 0 || (s > text && (isalnum ((unsigned char) s[-1]) || s[-1] == '_')))
+      if ((strncmp (s, "relaybus_", 9) != 0 && strncmp (s, "process_", 8) != 0) ||
+          (s > text && (isalnum ((unsigned char) s[-1]) || s[-1] == '_')))
          continue;
       while (islower ((unsigned char) s[len]) || isdigit ((unsigned char) s[len]) || s[len] == '_')
          len++;
@@ -386,6 +395,357 @@ test_metrics_documented (void **state)
       bson_free (ns.name[i]);
    free (admin);
    free (readme);
+   problems_check (&p);
+}
+
+/* ------------------------------------------------ endpoints and alerts */
+
+#define MAX_ROUTES 64
+#define MAX_PARAMS 16
+
+/* The admin port's routes, read from src/admin/http.c's table, with the
+ * query parameters their handler's param_t table in src/admin/api.c
+ * takes. */
+typedef struct {
+   char method[8];
+   char path[96];
+   char handler[64];
+   char params[MAX_PARAMS][32];
+   size_t n_params;
+} route_t;
+
+typedef struct {
+   route_t r[MAX_ROUTES];
+   size_t n;
+} routes_t;
+
+/* The names of the first param_t table in the body of `fn` in `api`. */
+static void
+handler_params (const char *api, route_t *r)
+{
+   char def[96];
+   const char *body, *table, *end, *next_fn;
+
+   snprintf (def, sizeof def, "\n%s (admin_t *a, struct evhttp_request *req)\n{", r->handler);
+   body = strstr (api, def);
+   if (!body)
+      return;
+   next_fn = strstr (body + strlen (def), "\n}\n");
+   table = strstr (body, "param_t p[");
+   if (!table || (next_fn && table > next_fn))
+      return;
+   end = strstr (table, "};");
+   for (const char *s = strstr (table, "{\""); s && end && s < end && r->n_params < MAX_PARAMS; s = strstr (s + 1, "{\"")) {
+      const char *q = strchr (s + 2, '"');
+      if (q && (size_t) (q - s - 2) < sizeof r->params[0])
+         bson_snprintf (r->params[r->n_params++], sizeof r->params[0], "%.*s", (int) (q - s - 2), s + 2);
+   }
+}
+
+static void
+read_routes (routes_t *rs)
+{
+   char *http = read_file (RELAYBUS_TOP_SRCDIR "/src/admin/http.c");
+   char *api = read_file (RELAYBUS_TOP_SRCDIR "/src/admin/api.c");
+   const char *table;
+
+   assert_non_null (http);
+   assert_non_null (api);
+   table = strstr (http, "static const route_t routes[] = {");
+   assert_non_null (table);
+   for (const char *s = strstr (table, "\n   {\"/"); s && rs->n < MAX_ROUTES; s = strstr (s + 1, "\n   {\"/")) {
+      route_t *r = &rs->r[rs->n];
+      char method[8];
+
+      memset (r, 0, sizeof *r);
+      if (sscanf (s, "\n   {\"%95[^\"]\", EVHTTP_REQ_%7[A-Z], %*[a-z], %63[a-z_]}", r->path, method, r->handler) != 3)
+         continue;
+      bson_strncpy (r->method, method, sizeof r->method);
+      handler_params (api, r);
+      rs->n++;
+   }
+   free (http);
+   free (api);
+}
+
+/* The route for `method` (NULL: any) and path[0..len): numeric segments
+ * stand for the table's ID. */
+static const route_t *
+route_find (const routes_t *rs, const char *method, const char *path, size_t len)
+{
+   char norm[128];
+   size_t o = 0;
+
+   for (size_t i = 0; i < len && o + 3 < sizeof norm;) {
+      if (path[i] == '/' || i == 0) {
+         size_t d = path[i] == '/' ? i + 1 : i, j = d;
+         while (j < len && isdigit ((unsigned char) path[j]))
+            j++;
+         if (j > d && (j == len || path[j] == '/')) {
+            if (path[i] == '/')
+               norm[o++] = '/';
+            memcpy (norm + o, "ID", 2);
+            o += 2;
+            i = j;
+            continue;
+         }
+      }
+      norm[o++] = path[i++];
+   }
+   norm[o] = '\0';
+   for (size_t i = 0; i < rs->n; i++)
+      if (!strcmp (rs->r[i].path, norm) && (!method || !strcmp (rs->r[i].method, method)))
+         return &rs->r[i];
+   return NULL;
+}
+
+static bool
+route_takes (const route_t *r, const char *name, size_t len)
+{
+   for (size_t i = 0; i < r->n_params; i++)
+      if (strlen (r->params[i]) == len && !strncmp (r->params[i], name, len))
+         return true;
+   return false;
+}
+
+static bool
+path_char (char c)
+{
+   return isalnum ((unsigned char) c) || c == '/' || c == '_' || c == '-' || c == '.';
+}
+
+/* Checks the query string q (after '?', up to a quote, space or backtick)
+ * against route r. */
+static void
+check_query (problems_t *p, const route_t *r, const char *file, int line, const char *q)
+{
+   while (*q && *q != '"' && *q != ' ' && *q != '`' && *q != '\'' && *q != ')' && *q != '\n') {
+      size_t n = strcspn (q, "=&\"` ')\n");
+      if (n > 0 && !route_takes (r, q, n))
+         problem (p, "%s:%d: %s %s has no query parameter '%.*s'", file, line, r->method, r->path, (int) n, q);
+      q += n;
+      while (*q && *q != '&' && *q != '"' && *q != ' ' && *q != '`' && *q != '\'' && *q != ')' && *q != '\n')
+         q++;
+      if (*q == '&')
+         q++;
+   }
+}
+
+/* "GET /api/x", "POST /api/x" and "$A/api/x?a=b" in `text`. */
+static void
+check_named_endpoints (problems_t *p, const routes_t *rs, const char *file, const char *text)
+{
+   int line = 1;
+
+   for (const char *s = text; *s; s++) {
+      const char *method = NULL, *path = NULL;
+      size_t len = 0;
+      const route_t *r;
+
+      if (*s == '\n')
+         line++;
+      if (!strncmp (s, "GET /", 5) || !strncmp (s, "HEAD /", 6) || !strncmp (s, "POST /", 6)) {
+         method = *s == 'P' ? "POST" : "GET";
+         path = strchr (s, '/');
+      } else if (!strncmp (s, "$A/", 3)) {
+         path = s + 2;
+      } else {
+         continue;
+      }
+      while (path_char (path[len]))
+         len++;
+      /* Only the admin port's paths: the API, the probes, /metrics, / */
+      if (len > 1 && strncmp (path, "/api", 4) && strncmp (path, "/healthz", 8) && strncmp (path, "/readyz", 7) &&
+          strncmp (path, "/metrics", 8))
+         continue;
+      if (len > 1 && path[len - 1] == '.')
+         len--; /* the end of a sentence */
+      r = route_find (rs, method, path, len);
+      if (!r) {
+         problem (p, "%s:%d: names %s %.*s, which the admin port does not serve", file, line, method ? method : "the path",
+                  (int) len, path);
+      } else if (path[len] == '?') {
+         check_query (p, r, file, line, path + len + 1);
+      }
+      s = path + len - 1;
+   }
+}
+
+/* The parameter tables ("| parameter | meaning |") under a "### `GET
+ * /api/x`" heading name parameters the endpoint takes. */
+static void
+check_parameter_tables (problems_t *p, const routes_t *rs, const char *file, const char *text)
+{
+   const route_t *r = NULL;
+   int line = 1;
+   bool in_table = false;
+
+   for (const char *l = text; l && *l; line++) {
+      const char *eol = strchr (l, '\n');
+      size_t len = eol ? (size_t) (eol - l) : strlen (l);
+
+      if (!strncmp (l, "### `GET /", 10) || !strncmp (l, "### `POST /", 11)) {
+         const char *path = strchr (l, '/');
+         size_t pl = 0;
+         while (path_char (path[pl]))
+            pl++;
+         r = route_find (rs, l[5] == 'P' ? "POST" : "GET", path, pl);
+         in_table = false;
+      } else if (!strncmp (l, "## ", 3) || !strncmp (l, "### ", 4)) {
+         r = NULL;
+         in_table = false;
+      } else if (!strncmp (l, "| parameter |", 13)) {
+         in_table = r != NULL;
+      } else if (in_table && len > 2 && l[0] == '|' && l[2] == '`') {
+         /* The first cell: one or more `name`, separated by commas. */
+         const char *cell_end = memchr (l + 1, '|', len - 1);
+         for (const char *t = l + 1; cell_end && (t = memchr (t, '`', (size_t) (cell_end - t))); t++) {
+            const char *close = memchr (t + 1, '`', (size_t) (cell_end - t - 1));
+            if (!close)
+               break;
+            if (!route_takes (r, t + 1, (size_t) (close - t - 1)))
+               problem (p, "%s:%d: %s %s has no parameter '%.*s'", file, line, r->method, r->path, (int) (close - t - 1), t + 1);
+            t = close;
+         }
+      } else if (in_table && (len == 0 || l[0] != '|')) {
+         in_table = false;
+      }
+      l = eol ? eol + 1 : NULL;
+   }
+}
+
+static void
+test_endpoints_documented (void **state)
+{
+   static routes_t rs;
+   problems_t p = {.len = 0};
+   char *admin = read_file (RELAYBUS_TOP_SRCDIR "/docs/admin.md");
+   DIR *dir = opendir (RELAYBUS_TOP_SRCDIR "/docs");
+   struct dirent *de;
+
+   (void) state;
+   assert_non_null (admin);
+   assert_non_null (dir);
+   rs.n = 0;
+   read_routes (&rs);
+   assert_true (rs.n > 10);
+   /* The table was read: a handler with parameters has them. */
+   assert_true (route_takes (route_find (&rs, "GET", "/api/deliveries", 15), "status", 6));
+   /* Served -> documented: a heading "`METHOD PATH`" in docs/admin.md. */
+   for (size_t i = 0; i < rs.n; i++) {
+      char needle[160];
+
+      snprintf (needle, sizeof needle, "`%s %s`", rs.r[i].method, rs.r[i].path);
+      if (!strstr (admin, needle))
+         problem (&p, "docs/admin.md does not document %s %s", rs.r[i].method, rs.r[i].path);
+   }
+   /* Named in the docs -> served, with those parameters. */
+   while ((de = readdir (dir))) {
+      size_t l = strlen (de->d_name);
+      char path[512], shown[300];
+      char *text;
+
+      if (l < 4 || strcmp (de->d_name + l - 3, ".md") != 0)
+         continue;
+      snprintf (path, sizeof path, "%s/docs/%s", RELAYBUS_TOP_SRCDIR, de->d_name);
+      snprintf (shown, sizeof shown, "docs/%s", de->d_name);
+      text = read_file (path);
+      assert_non_null (text);
+      check_named_endpoints (&p, &rs, shown, text);
+      check_parameter_tables (&p, &rs, shown, text);
+      free (text);
+   }
+   closedir (dir);
+   {
+      char *readme = read_file (RELAYBUS_TOP_SRCDIR "/README.md");
+      assert_non_null (readme);
+      check_named_endpoints (&p, &rs, "README.md", readme);
+      free (readme);
+   }
+   free (admin);
+   problems_check (&p);
+}
+
+/* Whether name[0..len) is an error's codeName the proxy answers with
+ * (RelaybusLeaseLost is one of the pull consumers' codes, not an alert). */
+static bool
+is_code_name (const char *name, size_t len)
+{
+   for (int32_t c = 0; c < 20000; c++) {
+      const char *n = pull_code_name ((pull_code_t) c);
+      if (n && strlen (n) == len && !strncmp (n, name, len))
+         return true;
+   }
+   return false;
+}
+
+/* Alert names "RelaybusXxx" of `text` that are not in `known`. */
+static void
+check_named_alerts (problems_t *p, const char *file, const char *text, const char *rules, const char *admin)
+{
+   int line = 1;
+
+   for (const char *s = text; *s; s++) {
+      size_t len = 8;
+      char def[160];
+
+      if (*s == '\n')
+         line++;
+      if (strncmp (s, "Relaybus", 8) || !isupper ((unsigned char) s[8]) || (s > text && isalnum ((unsigned char) s[-1])))
+         continue;
+      while (isalnum ((unsigned char) s[len]))
+         len++;
+      /* A rule of the file, or one a rules example in the docs defines. */
+      snprintf (def, sizeof def, "- alert: %.*s\n", (int) len, s);
+      if (!strstr (rules, def) && !strstr (admin, def) && !is_code_name (s, len))
+         problem (p, "%s:%d: names the alert %.*s, which etc/prometheus/relaybus-rules.yml does not define", file, line,
+                  (int) len, s);
+      s += len - 1;
+   }
+}
+
+static void
+test_alerts_documented (void **state)
+{
+   problems_t p = {.len = 0};
+   char *rules = read_file (RELAYBUS_TOP_SRCDIR "/etc/prometheus/relaybus-rules.yml");
+   char *admin = read_file (RELAYBUS_TOP_SRCDIR "/docs/admin.md");
+   DIR *dir = opendir (RELAYBUS_TOP_SRCDIR "/docs");
+   struct dirent *de;
+   int n = 0;
+
+   (void) state;
+   assert_non_null (rules);
+   assert_non_null (admin);
+   assert_non_null (dir);
+   /* Every rule of the file has its row in the alert table. */
+   for (const char *s = rules; (s = strstr (s, "- alert: ")); s++) {
+      char row[160];
+      size_t len = strcspn (s + 9, " \n");
+
+      snprintf (row, sizeof row, "| `%.*s` |", (int) len, s + 9);
+      if (!strstr (admin, row))
+         problem (&p, "docs/admin.md has no row for the alert %.*s", (int) len, s + 9);
+      n++;
+   }
+   assert_true (n >= 5);
+   while ((de = readdir (dir))) {
+      size_t l = strlen (de->d_name);
+      char path[512], shown[300];
+      char *text;
+
+      if (l < 4 || strcmp (de->d_name + l - 3, ".md") != 0)
+         continue;
+      snprintf (path, sizeof path, "%s/docs/%s", RELAYBUS_TOP_SRCDIR, de->d_name);
+      snprintf (shown, sizeof shown, "docs/%s", de->d_name);
+      text = read_file (path);
+      assert_non_null (text);
+      check_named_alerts (&p, shown, text, rules, admin);
+      free (text);
+   }
+   closedir (dir);
+   free (rules);
+   free (admin);
    problems_check (&p);
 }
 
@@ -494,6 +854,8 @@ main (void)
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_config_keys_documented),
       cmocka_unit_test (test_metrics_documented),
+      cmocka_unit_test (test_endpoints_documented),
+      cmocka_unit_test (test_alerts_documented),
       cmocka_unit_test (test_sample_request_verifies),
    };
 

@@ -487,19 +487,25 @@ test_saslprep (void **state)
    static const struct {
       const char *in, *out, *words;
    } table[] = {
-      /* RFC 4013 section 3 examples that are ASCII, and ASCII rules. */
-      {"user", "user", NULL},
-      {"USER", "USER", NULL},
-      {"\x07", NULL, "prohibited character"},
-      {"pass word", "pass word", NULL}, /* ASCII space is allowed (only non-ASCII spaces map) */
+      /* RFC 4013 section 3, its seven examples. */
+      {"I\xc2\xadX", "IX", NULL},                         /* SOFT HYPHEN mapped to nothing */
+      {"user", "user", NULL},                             /* no transformation */
+      {"USER", "USER", NULL},                             /* case preserved, will not match #2 */
+      {"\xc2\xaa", "a", NULL},                            /* output is NFKC, input in ISO 8859-1 */
+      {"\xe2\x85\xa8", "IX", NULL},                        /* output is NFKC, will match #1 */
+      {"\x07", NULL, "prohibited character"},             /* Error - prohibited character */
+      {"\xd8\xa7" "1", NULL, "Malformed bidirectional string"}, /* Error - bidirectional check */
+      /* ASCII rules. */
+      {"pass word", "pass word", NULL}, /* ASCII space is allowed */
       {"tab\there", NULL, "prohibited character"},
       {"del\x7f", NULL, "prohibited character"},
       {"", NULL, "empty"},
-      /* The non-ASCII examples of RFC 4013: refused, not mis-prepared. */
-      {"I\xc2\xadX", NULL, "non-ASCII characters is not implemented"},
-      {"\xc2\xaa", NULL, "non-ASCII characters is not implemented"},
-      {"\xe2\x85\xa8", NULL, "non-ASCII characters is not implemented"},
-      {"\xd8\xa7" "1", NULL, "non-ASCII characters is not implemented"},
+      /* Beyond ASCII: a non-ASCII space maps to ' ', other letters stay. */
+      {"a\xc2\xa0" "b", "a b", NULL},
+      {"p\xc3\xa4ss", "p\xc3\xa4ss", NULL},
+      {"\xc2\xad", NULL, "empty once prepared"},         /* only what maps to nothing */
+      {"\xf3\xa0\x80\x81x", NULL, "Prohibited code points"}, /* a tagging character (C.9) */
+      {"p\xff\xfe", NULL, "SASLprep:"},                   /* not UTF-8 */
    };
 
    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
@@ -519,15 +525,23 @@ test_saslprep (void **state)
       }
       bson_free (out);
    }
-   /* scram_derive_key refuses a non-ASCII SCRAM-SHA-256 password, while
-    * SCRAM-SHA-1 (never SASLprepped) takes it. */
+   /* scram_derive_key preps a SCRAM-SHA-256 password: RFC 4013's #1 and
+    * #5 derive the keys of "IX"; one SASLprep refuses is refused.
+    * SCRAM-SHA-1 (never SASLprepped) takes the bytes as they are. */
    {
-      authfile_key_t key;
+      authfile_key_t key, ix, ix2;
       bson_error_t error;
       const uint8_t salt[4] = {1, 2, 3, 4};
-      assert_false (scram_derive_key (AUTHFILE_SCRAM_SHA_256, "u", "p\xc3\xa4ss", salt, 4, 4096, &key, &error));
+      assert_true (scram_derive_key (AUTHFILE_SCRAM_SHA_256, "u", "IX", salt, 4, 4096, &ix, &error));
+      assert_true (scram_derive_key (AUTHFILE_SCRAM_SHA_256, "u", "I\xc2\xadX", salt, 4, 4096, &key, &error));
+      assert_memory_equal (&key, &ix, sizeof key);
+      assert_true (scram_derive_key (AUTHFILE_SCRAM_SHA_256, "u", "\xe2\x85\xa8", salt, 4, 4096, &ix2, &error));
+      assert_memory_equal (&ix2, &ix, sizeof ix);
+      assert_false (scram_derive_key (AUTHFILE_SCRAM_SHA_256, "u", "\xd8\xa7" "1", salt, 4, 4096, &key, &error));
       assert_int_equal (error.code, SCRAM_ERR_SASLPREP);
-      assert_true (scram_derive_key (AUTHFILE_SCRAM_SHA_1, "u", "p\xc3\xa4ss", salt, 4, 4096, &key, &error));
+      assert_true (scram_derive_key (AUTHFILE_SCRAM_SHA_1, "u", "I\xc2\xadX", salt, 4, 4096, &key, &error));
+      assert_true (scram_derive_key (AUTHFILE_SCRAM_SHA_1, "u", "IX", salt, 4, 4096, &ix, &error));
+      assert_memory_not_equal (&key, &ix, sizeof key);
    }
 }
 
@@ -669,8 +683,14 @@ test_make_user (void **state)
    assert_false (scram_make_user ("", "x", &user, &error));
    assert_false (scram_make_user ("#x", "x", &user, &error));
    assert_false (scram_make_user ("bob", "", &user, &error));
-   assert_false (scram_make_user ("bob", "caf\xc3\xa9", &user, &error));
-   assert_non_null (strstr (error.message, "not implemented"));
+   /* Beyond ASCII: the SCRAM-SHA-256 entry is derived from the SASLprep
+    * of the password; one SASLprep refuses is refused. */
+   assert_true (scram_make_user ("bob", "caf\xc3\xa9", &user, &error));
+   text = authfile_format_user (&user);
+   check_made_entry (text, "bob", "caf\xc3\xa9");
+   bson_free (text);
+   assert_false (scram_make_user ("bob", "\xd8\xa7" "1", &user, &error));
+   assert_non_null (strstr (error.message, "bidirectional"));
 }
 
 /* Runs `relaybus-proxy --make-user NAME` with `input` on stdin; returns
@@ -722,7 +742,10 @@ test_make_user_command (void **state)
    bson_free (out);
    assert_int_equal (run_make_user ("#carol", "pw\n", &out), 2);
    bson_free (out);
-   assert_int_equal (run_make_user ("carol", "caf\xc3\xa9\n", &out), 2);
+   assert_int_equal (run_make_user ("carol", "caf\xc3\xa9\n", &out), 0);
+   check_made_entry (out, "carol", "caf\xc3\xa9");
+   bson_free (out);
+   assert_int_equal (run_make_user ("carol", "\xd8\xa7" "1\n", &out), 2);
    bson_free (out);
 }
 
@@ -939,6 +962,29 @@ test_client_round_trip (void **state)
       authfile_destroy (af);
       bson_free (text);
    }
+   /* SCRAM-SHA-256 with a password beyond ASCII: the entry is derived from
+    * its SASLprep, and a client that sends the same password, or another
+    * spelling of it SASLprep maps to the same ("\u2168" for "IX"), logs in. */
+   {
+      authfile_user_t user;
+      bson_error_t error;
+      const uint8_t salt[16] = {16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1};
+      char *text;
+
+      memset (&user, 0, sizeof user);
+      strcpy (user.name, "b\xc3\xa9" "a");
+      assert_true (scram_derive_key (AUTHFILE_SCRAM_SHA_256, user.name, "p\xc3\xa4ss\xc2\xa0\xe2\x85\xa8", salt,
+                                     sizeof salt, 4096, &user.keys[AUTHFILE_SCRAM_SHA_256], &error));
+      text = authfile_format_user (&user);
+      authfile_t *af = users_of (text);
+      assert_int_equal (round_trip (af, AUTHFILE_SCRAM_SHA_256, user.name, "p\xc3\xa4ss\xc2\xa0\xe2\x85\xa8", NULL, false,
+                                    &error), 2);
+      assert_int_equal (round_trip (af, AUTHFILE_SCRAM_SHA_256, user.name, "p\xc3\xa4ss IX", NULL, false, &error), 2);
+      assert_int_equal (round_trip (af, AUTHFILE_SCRAM_SHA_256, user.name, "pass IX", NULL, false, &error), 0);
+      assert_int_equal (error.code, SCRAM_ERR_AUTH_FAILED);
+      authfile_destroy (af);
+      bson_free (text);
+   }
    /* SCRAM-SHA-1 is never SASLprepped: a non-ASCII password works. */
    {
       authfile_user_t user;
@@ -980,7 +1026,7 @@ test_client_new_refusals (void **state)
       {AUTHFILE_SCRAM_SHA_256, "user", "", SCRAM_ERR_MALFORMED, "password must be 1 to 1024 bytes"},
       {AUTHFILE_SCRAM_SHA_1, "user", "", SCRAM_ERR_MALFORMED, "password must be 1 to 1024 bytes"},
       {AUTHFILE_SCRAM_SHA_1, "user", long_password, SCRAM_ERR_MALFORMED, "password must be 1 to 1024 bytes"},
-      {AUTHFILE_SCRAM_SHA_256, "user", "p\xc3\xa4ss", SCRAM_ERR_SASLPREP, "non-ASCII"},
+      {AUTHFILE_SCRAM_SHA_256, "user", "\xd8\xa7" "1", SCRAM_ERR_SASLPREP, "bidirectional"},
       {AUTHFILE_SCRAM_SHA_256, "user", "tab\tbed", SCRAM_ERR_SASLPREP, "prohibited character"},
       {(authfile_mech_t) 7, "user", "pencil", SCRAM_ERR_MALFORMED, "unknown SCRAM mechanism"},
    };

@@ -90,7 +90,7 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
 
   const p = parse(r.text);
   for (const [name, f] of p.families) {
-    assert.match(name, /^relaybus_/);
+    assert.match(name, /^(relaybus|process)_/);
     assert.ok(f.help && f.type, `${name} has HELP and TYPE`);
     if (f.type === 'counter') assert.match(name, /_total$/, `${name}: counters end in _total`);
   }
@@ -107,6 +107,11 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
   assert.ok(value(p, 'relaybus_commands_total', { command: 'ping' }) >= 1);
   assert.ok(value(p, 'relaybus_client_received_bytes_total') > 0);
   assert.ok(value(p, 'relaybus_hellos_total') >= 1);
+  // The latency the proxy added: the requests above were answered, each counted once.
+  const answered = value(p, 'relaybus_proxy_added_latency_seconds_count');
+  assert.ok(answered >= 3, `relaybus_proxy_added_latency_seconds_count ${answered}`);
+  assert.equal(value(p, 'relaybus_proxy_added_latency_seconds_bucket', { le: '+Inf' }), answered);
+  assert.ok(value(p, 'relaybus_proxy_added_latency_seconds_sum') >= 0);
   assert.equal(value(p, 'relaybus_outbox_backlog', { handler: 'hook' }), 0);
   assert.equal(value(p, 'relaybus_outbox_backlog', { handler: 'audit.v2' }), 4);
   assert.ok(value(p, 'relaybus_outbox_oldest_due_age_seconds', { handler: 'audit.v2' }) >= 0);
@@ -117,6 +122,15 @@ test('/metrics passes promtool and shows what happened', { timeout: 120000 }, as
   assert.equal(value(p, 'relaybus_upstream_up'), 1);
   assert.equal(value(p, 'relaybus_outbox_ready'), 1);
   assert.equal(value(p, 'relaybus_store_up'), 1);
+  // The process families, as Prometheus' client libraries name them.
+  assert.ok(value(p, 'process_cpu_seconds_total') > 0);
+  assert.ok(value(p, 'process_resident_memory_bytes') > 1024 * 1024);
+  assert.ok(value(p, 'process_virtual_memory_bytes') >= value(p, 'process_resident_memory_bytes'));
+  assert.ok(value(p, 'process_open_fds') >= 5);
+  assert.ok(value(p, 'process_max_fds') >= value(p, 'process_open_fds'));
+  const started = value(p, 'process_start_time_seconds');
+  assert.ok(started <= Date.now() / 1000 && started > Date.now() / 1000 - 120, `process_start_time_seconds ${started}`);
+  assert.equal(p.families.get('process_cpu_seconds_total').type, 'counter');
 
   // Without the token: 401, and no metric in the answer.
   const anon = await request(proxy.base, '/metrics');

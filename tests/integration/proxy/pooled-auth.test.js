@@ -24,6 +24,8 @@ const skip = H.doubleOnlySkipReason('--auth on demand') || false;
 let upstream;
 let proxy;
 let authFile;
+// A no-break space and ROMAN NUMERAL NINE: SASLprep makes them ' ' and 'IX' (RFC 4013).
+const CHLOE_PASS = 'pässwörd\u00a0\u2168';
 
 function makeUser(name, password) {
   return execFileSync(BIN, ['--make-user', name], { input: `${password}\n` }).toString();
@@ -42,7 +44,8 @@ test.before(async () => {
   authFile = path.join(dir, 'users.auth');
   // alice may use both mechanisms; bob only SCRAM-SHA-256 (his SHA-1 line is left out).
   const bob = makeUser('bob', 'b0b pass').split('\n').filter((l) => l.includes(':SCRAM-SHA-256:')).join('\n');
-  fs.writeFileSync(authFile, makeUser('alice', 'wonder land') + bob + '\n', { mode: 0o600 });
+  // chloé's password goes beyond ASCII: --make-user derives her entry from its SASLprep.
+  fs.writeFileSync(authFile, makeUser('alice', 'wonder land') + bob + '\n' + makeUser('chloé', CHLOE_PASS), { mode: 0o600 });
   proxy = await H.startProxy({
     upstream: `mongodb://${encodeURIComponent(UP_USER)}:${encodeURIComponent(UP_PASS)}@127.0.0.1:${upstream.port}/?replicaSet=rs0&authSource=admin`,
     settings: { pool_mode: 'pooled', pool_size: 4, auth_file: authFile, auth_failures_per_minute: 1000 },
@@ -84,6 +87,49 @@ test('Node.js driver: a wrong password and an unknown user get 18 Authentication
     } finally {
       await client.close();
     }
+  }
+});
+
+test('Node.js driver: a SCRAM-SHA-256 password beyond ASCII logs in, SASLprepped on both sides', { skip }, async () => {
+  // The driver SASLpreps a SCRAM-SHA-256 password itself, so the password as made and another
+  // spelling with the same SASLprep both log in; a different password does not.
+  for (const password of [CHLOE_PASS, 'pässwörd IX']) {
+    const client = new MongoClient(uri('chloé', password, { authMechanism: 'SCRAM-SHA-256' }));
+    try {
+      await client.db(DB).collection('chloe').insertOne({ pw: password.length });
+      const status = await client.db('admin').command({ connectionStatus: 1 });
+      assert.deepEqual(status.authInfo.authenticatedUsers, [{ user: 'chloé', db: 'admin' }]);
+    } finally {
+      await client.close();
+    }
+  }
+  const wrong = new MongoClient(uri('chloé', 'passwörd IX', { authMechanism: 'SCRAM-SHA-256' }));
+  try {
+    await assert.rejects(wrong.connect(), (e) => e.code === 18);
+  } finally {
+    await wrong.close();
+  }
+});
+
+test('the pool logs in upstream with a SCRAM-SHA-256 password beyond ASCII', { skip }, async () => {
+  const pass = 'gehëim wört';
+  const own = await H.startDouble({ auth: `root:${pass}` });
+  try {
+    const p = await H.startProxy({
+      upstream: `mongodb://root:${encodeURIComponent(pass)}@127.0.0.1:${own.port}/?replicaSet=rs0&authSource=admin&authMechanism=SCRAM-SHA-256`,
+      settings: { pool_mode: 'pooled', pool_size: 2 },
+    });
+    const client = new MongoClient(p.uri({}, { credentials: false }), { serverSelectionTimeoutMS: 5000 });
+    try {
+      await client.db(DB).collection('upstream_utf8').insertOne({ _id: 1 });
+      assert.deepEqual(await client.db(DB).collection('upstream_utf8').findOne({ _id: 1 }), { _id: 1 });
+    } finally {
+      await client.close();
+    }
+    assert.ok(!/cannot log in|SASLprep/.test(p.log()), p.log().slice(-2000));
+    await p.stop();
+  } finally {
+    await own.stop();
   }
 });
 
