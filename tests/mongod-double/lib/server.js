@@ -601,6 +601,10 @@ class Server {
       } else {
         const txn = ctx.sctx && ctx.sctx.txn && ctx.sctx.txn.state === 'inProgress' ? ctx.sctx.txn : null;
         ctx.retryStmts = ctx.sctx && ctx.sctx.retryable ? ctx.sctx.session.retryStmts : null;
+        // A router's part of a client's batch names its statements by their place in that
+        // batch (stmtIds, as mongos sends them), so a retried batch split again the same way
+        // finds what already ran here.
+        ctx.stmtId = (i) => (Array.isArray(body.stmtIds) && body.stmtIds[i] !== undefined ? V.toNumber(body.stmtIds[i]) : i);
         ctx.access = new Access(this.store, txn);
         reply = await handler(ctx);
         if (ctx.abortTxnAfterReply && txn) txn.abort('statement failed');
@@ -691,4 +695,4 @@ function readPrefAllowsSecondary(rp) {
   return typeof mode === 'string' && mode !== 'primary';
 }
 
-module.exports = { Server, NO_REPLY, labelsFor };
+module.exports = { Server, NO_REPLY, labelsFor, checkApiParameters };

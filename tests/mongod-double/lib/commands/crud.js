@@ -88,8 +88,8 @@ async function insert(ctx) {
   const writeErrors = [];
   for (let i = 0; i < docs.length; i++) {
     // A retried statement that already succeeded is not executed again.
-    if (ctx.retryStmts && ctx.retryStmts.has(i)) {
-      n += ctx.retryStmts.get(i).n;
+    if (ctx.retryStmts && ctx.retryStmts.has(ctx.stmtId(i))) {
+      n += ctx.retryStmts.get(ctx.stmtId(i)).n;
       continue;
     }
     try {
@@ -98,7 +98,7 @@ async function insert(ctx) {
       const doc = withIdFirst(V.cloneValue(docs[i]));
       await ctx.retryOnWait(() => insertOne(ctx, coll, doc));
       n++;
-      if (ctx.retryStmts) ctx.retryStmts.set(i, { n: 1 });
+      if (ctx.retryStmts) ctx.retryStmts.set(ctx.stmtId(i), { n: 1 });
     } catch (e) {
       writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
       if (ordered || ctx.access.txn) break;
@@ -191,10 +191,10 @@ async function update(ctx) {
   const writeErrors = [];
   for (let i = 0; i < updates.length; i++) {
     try {
-      const r = ctx.retryStmts && ctx.retryStmts.has(i)
-        ? ctx.retryStmts.get(i)
+      const r = ctx.retryStmts && ctx.retryStmts.has(ctx.stmtId(i))
+        ? ctx.retryStmts.get(ctx.stmtId(i))
         : await updateStatement(ctx, coll, updates[i], db, name);
-      if (ctx.retryStmts) ctx.retryStmts.set(i, r);
+      if (ctx.retryStmts) ctx.retryStmts.set(ctx.stmtId(i), r);
       if (!coll) coll = ctx.access.coll(db, name, false);
       n += r.n;
       nModified += r.nModified;
@@ -223,8 +223,8 @@ async function del(ctx) {
   const writeErrors = [];
   for (let i = 0; i < deletes.length; i++) {
     const st = deletes[i];
-    if (ctx.retryStmts && ctx.retryStmts.has(i)) {
-      n += ctx.retryStmts.get(i).n;
+    if (ctx.retryStmts && ctx.retryStmts.has(ctx.stmtId(i))) {
+      n += ctx.retryStmts.get(ctx.stmtId(i)).n;
       continue;
     }
     const nBefore = n;
@@ -246,7 +246,7 @@ async function del(ctx) {
         });
         if (ok) n++;
       }
-      if (ctx.retryStmts) ctx.retryStmts.set(i, { n: n - nBefore });
+      if (ctx.retryStmts) ctx.retryStmts.set(ctx.stmtId(i), { n: n - nBefore });
     } catch (e) {
       writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
       if (ordered || ctx.access.txn) break;
