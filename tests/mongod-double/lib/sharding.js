@@ -676,15 +676,19 @@ async function updateOne(rctx, meta, st, body, retryable) {
     return total;
   }
   // A single update by _id without the shard key: the shard that holds the document applies it;
-  // an upsert that matched nowhere inserts on the shard the new document's key names.
-  const probe = Object.assign({}, body, { updates: [Object.assign({}, st, { upsert: false })] });
-  for (const s of t.shards) {
-    const r = await send(rctx, s, probe);
-    if (V.toNumber(r.n) > 0 || (r.writeErrors && r.writeErrors.length)) return r;
-  }
+  // an upsert that matched nowhere inserts on the shard the new document's key names. (Found
+  // with a read first: each shard gets the statement once, so its stmtId means one thing.)
+  const holder = await holderOf(rctx, t.shards, rctx.cmd.update, st.q);
+  if (holder) return send(rctx, holder, body);
   if (!upsert) return { n: 0, nModified: 0 };
   const seedVals = meta.key.fromDoc(upsertPreview(st));
   return send(rctx, rctx.cluster.shard(rctx.cluster.chunkFor(meta, seedVals).shard), body);
+}
+
+// The first of `shards` holding a document that matches `filter`, or null.
+async function holderOf(rctx, shards, coll, filter) {
+  for (const s of shards) if (await peek(rctx, s, coll, filter)) return s;
+  return null;
 }
 
 // The document an upsert would insert, as far as mongos needs its shard key.
@@ -761,12 +765,13 @@ async function deleteOne(rctx, meta, st, body) {
   if (single && !t.exact && !idEquality(st.q)) {
     throw err(61, `A single delete on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation). Delete request: ${showBson({ q: st.q, limit: st.limit })}, shard key pattern: ${showBson(meta.key.key)}`);
   }
-  const total = { n: 0 };
-  for (const s of t.shards) {
-    const r = await send(rctx, s, body);
-    addWriteReply(total, r, (i) => i);
-    if (single && (V.toNumber(r.n) > 0 || r.writeErrors)) break;
+  if (single && !t.exact) {
+    // By _id: the shard that holds it.
+    const holder = await holderOf(rctx, t.shards, rctx.cmd.delete, st.q);
+    return holder ? send(rctx, holder, body) : { n: 0 };
   }
+  const total = { n: 0 };
+  for (const s of t.shards) addWriteReply(total, await send(rctx, s, body), (i) => i);
   return total;
 }
 
@@ -792,11 +797,8 @@ ROUTED.findAndModify = async (rctx) => {
     return send(rctx, t.shards[0], body);
   }
   // An upsert by _id: the shard holding the document, else the one its new key names.
-  const probe = Object.assign({}, body, { upsert: false });
-  for (const s of t.shards) {
-    const r = await send(rctx, s, probe);
-    if (r.lastErrorObject && V.toNumber(r.lastErrorObject.n) > 0) return r;
-  }
+  const holder = await holderOf(rctx, t.shards, cmd.findAndModify, cmd.query);
+  if (holder) return send(rctx, holder, body);
   const seedVals = meta.key.fromDoc(upsertPreview({ q: cmd.query, u: cmd.update || {} }));
   return send(rctx, rctx.cluster.shard(rctx.cluster.chunkFor(meta, seedVals).shard), body);
 };

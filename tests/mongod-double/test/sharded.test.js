@@ -239,3 +239,120 @@ test('mongosh on the seed list: sh.enableSharding, sh.shardCollection, inserts a
   const last = out.trim().split('\n').pop();
   assert.deepEqual(JSON.parse(last), { msg: 'isdbgrid', n: 4, chunks: true });
 });
+
+// ---- the constraints a sharded collection adds (mongod 7.0's codes and messages) ----
+
+async function keyed(db, key, extra = {}) {
+  await client.db('admin').command({ enableSharding: db, primaryShard: 'shard01' });
+  await client.db('admin').command({ shardCollection: `${db}.c`, key, ...extra });
+  return client.db(db).collection('c');
+}
+
+test('unique indexes must start with the shard key: createIndexes 67, shardCollection over an existing one 72; _id and key-prefixed ones are fine', async () => {
+  const c = await keyed('cu', { k: 1 });
+  await assert.rejects(c.createIndex({ email: 1 }, { unique: true }), (e) => e.code === 67 && e.codeName === 'CannotCreateIndex' &&
+    e.message === 'cannot create unique index over { email: 1 } with shard key pattern { k: 1 }');
+  await c.createIndex({ k: 1, email: 1 }, { unique: true });
+  await c.createIndex({ email: 1 }); // not unique: any key
+  const names = (await c.indexes()).map((i) => i.name).sort();
+  assert.deepEqual(names, ['_id_', 'email_1', 'k_1', 'k_1_email_1']);
+  // A collection with a unique index on another field cannot be sharded on k.
+  const other = client.db('cu').collection('other');
+  await other.createIndex({ email: 1 }, { unique: true });
+  await assert.rejects(client.db('admin').command({ shardCollection: 'cu.other', key: { k: 1 } }), (e) => e.code === 72 && e.codeName === 'InvalidOptions' &&
+    e.message === "can't shard collection 'cu.other' with unique index on { email: 1 } and proposed shard key { k: 1 }. Uniqueness can't be maintained unless shard key is a prefix");
+  // A hashed key cannot be declared unique.
+  await assert.rejects(client.db('admin').command({ shardCollection: 'cu.h', key: { k: 'hashed' }, unique: true }), (e) => e.code === 72);
+  // Bad key values: 2 BadValue.
+  await assert.rejects(client.db('admin').command({ shardCollection: 'cu.bad', key: { k: -1 } }), (e) => e.code === 2);
+});
+
+test('upserts need an equality on the full shard key (61), or on _id as 7.0 accepts; the upserted document lands on the shard its key names', async () => {
+  const c = await keyed('cp', { k: 1 });
+  await client.db('admin').command({ split: 'cp.c', middle: { k: 100 } });
+  await client.db('admin').command({ moveChunk: 'cp.c', find: { k: 100 }, to: 'shard02' });
+  await assert.rejects(c.updateOne({ name: 'x' }, { $set: { k: 5 } }, { upsert: true }), (e) => e.code === 61 && e.codeName === 'ShardKeyNotFound' &&
+    e.message === 'Failed to target upsert by query :: could not extract exact shard key');
+  await assert.rejects(c.findOneAndUpdate({ name: 'x' }, { $set: { k: 5 } }, { upsert: true }), (e) => e.code === 61 &&
+    e.message === 'Query for sharded findAndModify must contain the shard key');
+  // Full shard key: targeted upsert.
+  const r1 = await c.updateOne({ k: 150 }, { $set: { name: 'a' } }, { upsert: true });
+  assert.equal(r1.upsertedCount, 1);
+  // _id equality (7.0): matched on whichever shard holds it, else inserted where its key goes.
+  const r2 = await c.updateOne({ _id: 'u1' }, { $set: { k: 7 } }, { upsert: true });
+  assert.equal(r2.upsertedCount, 1);
+  const r3 = await c.updateOne({ _id: 'u1' }, { $set: { name: 'b' } }, { upsert: true });
+  assert.equal(r3.matchedCount, 1);
+  assert.equal(r3.upsertedCount, 0);
+  const f = await c.findOneAndUpdate({ _id: 'u2' }, { $set: { k: 300 } }, { upsert: true, returnDocument: 'after' });
+  assert.deepEqual(f, { _id: 'u2', k: 300 });
+  assert.deepEqual(await perShard('cp', 'c'), { shard01: 1, shard02: 2 });
+  assert.equal(await c.countDocuments({ _id: 'u1' }), 1);
+});
+
+test('single-document updateOne, deleteOne and findAndModify need the shard key or (but findAndModify) an _id equality, as before 7.1: 72 and 61', async () => {
+  const c = await keyed('cs', { k: 'hashed' });
+  await c.insertMany(Array.from({ length: 20 }, (_, i) => ({ _id: i, k: i, g: i % 2 })));
+  await assert.rejects(c.updateOne({ g: 1 }, { $set: { x: 1 } }), (e) => e.code === 72 && e.codeName === 'InvalidOptions' &&
+    e.message.startsWith('A {multi:false} update on a sharded collection must contain an exact match on _id (and have the collection default collation) or target a single shard (and have the simple collation), but this update targeted 2 shards. Update request: { q: { g: 1 }, u: { $set: { x: 1 } }, multi: false, upsert: false }, shard key pattern: { k: "hashed" }'));
+  await assert.rejects(c.deleteOne({ g: 1 }), (e) => e.code === 61 && e.codeName === 'ShardKeyNotFound' &&
+    e.message === 'A single delete on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation). Delete request: { q: { g: 1 }, limit: 1 }, shard key pattern: { k: "hashed" }');
+  await assert.rejects(c.findOneAndUpdate({ g: 1 }, { $set: { x: 1 } }), (e) => e.code === 61 && e.message === 'Query for sharded findAndModify must contain the shard key');
+  await assert.rejects(c.findOneAndDelete({ _id: 3 }), (e) => e.code === 61);
+  // By shard key, or by _id for updateOne and deleteOne: allowed.
+  assert.equal((await c.updateOne({ k: 3 }, { $set: { x: 1 } })).modifiedCount, 1);
+  assert.equal((await c.updateOne({ _id: 4 }, { $set: { x: 1 } })).modifiedCount, 1);
+  assert.equal((await c.deleteOne({ _id: 5 })).deletedCount, 1);
+  assert.equal((await c.deleteOne({ k: 6 })).deletedCount, 1);
+  assert.deepEqual(await c.findOneAndUpdate({ k: 7 }, { $set: { x: 2 } }, { returnDocument: 'after' }), { _id: 7, k: 7, g: 1, x: 2 });
+  // Multi-document forms go everywhere.
+  assert.equal((await c.updateMany({ g: 1 }, { $set: { y: 1 } })).modifiedCount, 9);
+  assert.equal((await c.deleteMany({ g: 0 })).deletedCount, 9);
+  // In an ordered batch the failing statement stops the batch at its index.
+  const bulk = await c.bulkWrite([{ updateOne: { filter: { k: 9 }, update: { $set: { z: 1 } } } }, { deleteOne: { filter: { g: 1 } } },
+    { updateOne: { filter: { k: 11 }, update: { $set: { z: 1 } } } }], { ordered: true }).catch((e) => e);
+  assert.equal(bulk.writeErrors.length, 1);
+  assert.equal(bulk.writeErrors[0].index, 1);
+  assert.equal(bulk.writeErrors[0].code, 61);
+  assert.equal(await c.countDocuments({ z: 1 }), 1);
+});
+
+test('a shard key value changes only in a transaction or as a retryable write (20 otherwise), with the full shard key in the query (31025); the document moves to its new shard', async () => {
+  const c = await keyed('ck', { k: 1 });
+  await client.db('admin').command({ split: 'ck.c', middle: { k: 100 } });
+  await client.db('admin').command({ moveChunk: 'ck.c', find: { k: 100 }, to: 'shard02' });
+  await c.insertMany([{ _id: 1, k: 1 }, { _id: 2, k: 2 }, { _id: 3, k: 3 }]);
+  const plain = new MongoClient(d.uri('retryWrites=false'), { serverSelectionTimeoutMS: 5000 });
+  try {
+    const pc = plain.db('ck').collection('c');
+    // The Node.js driver wraps every 20 of a write in its MMAPv1 hint; the server's error is the
+    // original one.
+    const is20 = (e) => {
+      const o = e.originalError || e;
+      return o.code === 20 && o.codeName === 'IllegalOperation' &&
+        o.message === 'Must run update to shard key field in a multi-statement transaction or with retryWrites: true.';
+    };
+    await assert.rejects(pc.updateOne({ k: 1 }, { $set: { k: 150 } }), is20);
+    await assert.rejects(pc.findOneAndUpdate({ k: 1 }, { $set: { k: 150 } }), is20);
+    // Writing the same value is no change.
+    assert.equal((await pc.updateOne({ k: 1 }, { $set: { k: 1, n: 1 } })).modifiedCount, 1);
+  } finally {
+    await plain.close();
+  }
+  // A retryable write (the driver's default): the document moves to shard02.
+  assert.equal((await c.updateOne({ k: 1 }, { $set: { k: 150 } })).modifiedCount, 1);
+  assert.deepEqual(await perShard('ck', 'c'), { shard01: 2, shard02: 1 });
+  await assert.rejects(c.updateOne({ _id: 2 }, { $set: { k: 250 } }), (e) => e.code === 31025 &&
+    e.message === 'Shard key update is not allowed without specifying the full shard key in the query');
+  // In a transaction.
+  const s = client.startSession();
+  try {
+    await s.withTransaction(async () => {
+      await c.updateOne({ k: 2 }, { $set: { k: 200 } }, { session: s });
+    });
+  } finally {
+    await s.endSession();
+  }
+  assert.deepEqual(await perShard('ck', 'c'), { shard01: 1, shard02: 2 });
+  assert.deepEqual(await c.find({}).sort({ _id: 1 }).toArray(), [{ _id: 1, k: 150, n: 1 }, { _id: 2, k: 200 }, { _id: 3, k: 3 }]);
+});
