@@ -31,6 +31,7 @@ const LOCAL = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'buildInfo', 'bu
   'killOp', 'getFreeMonitoringStatus', 'getClusterTime', 'startSession', 'refreshSessions']);
 // Commands mongos refuses outright (they name replica-set members, which a mongos is not).
 const NOT_ON_MONGOS = new Set(['replSetGetStatus', 'replSetStepDown', 'replSetFreeze', 'replSetStepUp', 'doubleElectionTime']);
+const NOT_IN_TXN = new Set(['shardCollection', 'enableSharding', 'split', 'moveChunk', 'listShards']);
 const INT64_MIN = -(2n ** 63n);
 const INT64_SPAN = 2n ** 64n;
 
@@ -297,13 +298,14 @@ class Mongos extends Server {
     if (!cmd.lsid) throw err(72, "'autocommit' field requires a transaction number to also be specified");
     const key = sessionKey(cmd.lsid);
     const n = V.toBigIntExact(cmd.txnNumber);
+    // Sharding's own DDL never runs in a transaction: a sharded collection is not created in one.
+    if (NOT_IN_TXN.has(name)) throw err(263, `Cannot run '${name}' in a multi-document transaction.`);
     let t = this.cluster.txns.get(key);
     if (Object.prototype.hasOwnProperty.call(cmd, 'startTransaction')) {
       if (t && t.txnNumber === n) {
         throw err(117, `Cannot start transaction ${n} on session ${key} because a transaction with the same number is in progress.`);
       }
       if (t && t.state === 'inProgress') abortParticipants(rctx, t).catch(() => {});
-      if (['shardCollection', 'enableSharding'].includes(name)) throw err(263, `Cannot run '${name}' in a multi-document transaction.`);
       t = { txnNumber: n, participants: new Map(), coordinator: null, state: 'inProgress', readConcern: cmd.readConcern, routers: new Set() };
       this.cluster.txns.set(key, t);
     } else if (!t || t.txnNumber !== n) {
@@ -846,6 +848,9 @@ ROUTED.commitTransaction = async (rctx) => {
     for (const name of parts) {
       const s = rctx.cluster.shard(name);
       const member = s.set.primary;
+      // Phase one: the coordinator asks each participant to prepare (counted as the
+      // prepareTransaction it sends, so tests see the two phases per shard).
+      if (member) member.count('prepareTransaction', rctx.conn.appName, null);
       const sess = member && member.sessions.get(rctx.cmd.lsid, false);
       if (!sess || !sess.txn || sess.txn.txnNumber !== t.txnNumber || sess.txn.state !== 'inProgress') {
         await abortParticipants(rctx, t);

@@ -42,20 +42,24 @@ async function raw(port, cmd) {
 async function perShard(db, coll) {
   const out = {};
   for (const s of d.shards) {
-    const r = await raw(s.port, { count: coll, $db: db });
+    // Either member answers (the secondary reads the committed data), also after a step-down.
+    const r = await raw(s.port, { count: coll, $db: db, $readPreference: { mode: 'primaryPreferred' } });
     out[s.name] = num(r.n);
   }
   return out;
 }
 
-// How many times each shard's primary ran `name` since the last call (doubleStats reset).
+// How many times each shard's primary ran `name` (or each of the names given in an array) since
+// the last call (doubleStats reset: one call reads every name it needs).
 async function shardCounts(name) {
+  const names = Array.isArray(name) ? name : [name];
   const out = {};
+  for (const n of names) out[n] = {};
   for (const s of d.shards) {
     const r = await raw(s.port, { doubleStats: 1, reset: true, $db: 'admin' });
-    out[s.name] = num((r.commands && r.commands[name]) || 0);
+    for (const n of names) out[n][s.name] = num((r.commands && r.commands[n]) || 0);
   }
-  return out;
+  return Array.isArray(name) ? out : out[name];
 }
 
 test('startup: the mongos ports first, then one `shardNN PRIMARY SECONDARY` line per shard; --shards and --mongos size it', async () => {
@@ -355,4 +359,136 @@ test('a shard key value changes only in a transaction or as a retryable write (2
   }
   assert.deepEqual(await perShard('ck', 'c'), { shard01: 1, shard02: 2 });
   assert.deepEqual(await c.find({}).sort({ _id: 1 }).toArray(), [{ _id: 1, k: 150, n: 1 }, { _id: 2, k: 200 }, { _id: 3, k: 3 }]);
+});
+
+// ---- transactions across shards ----
+
+const { lsid: newLsid, L } = require('./helpers');
+
+// A two-shard collection `db.c` with _id 1 on shard01 and _id 1000 on shard02 (range on _id).
+async function twoShardColl(db) {
+  await client.db('admin').command({ enableSharding: db, primaryShard: 'shard01' });
+  await client.db('admin').command({ shardCollection: `${db}.c`, key: { _id: 1 } });
+  await client.db('admin').command({ split: `${db}.c`, middle: { _id: 500 } });
+  await client.db('admin').command({ moveChunk: `${db}.c`, find: { _id: 500 }, to: 'shard02' });
+  return client.db(db).collection('c');
+}
+
+test('a transaction starts on each shard it touches, commits in two phases over two shards (one phase on one), and every reply carries the recoveryToken', async () => {
+  const c = await twoShardColl('tx');
+  await shardCounts('commitTransaction');
+  const m = await rawConnect(d.mongos[0]);
+  try {
+    const id = newLsid();
+    const a = await m.command({ insert: 'c', documents: [{ _id: 1 }], lsid: id, txnNumber: L(1), startTransaction: true, autocommit: false, $db: 'tx' });
+    assert.equal(num(a.ok), 1, JSON.stringify(a));
+    assert.deepEqual(a.recoveryToken, { recoveryShardId: 'shard01' });
+    const b = await m.command({ insert: 'c', documents: [{ _id: 1000 }], lsid: id, txnNumber: L(1), autocommit: false, $db: 'tx' });
+    assert.deepEqual(b.recoveryToken, { recoveryShardId: 'shard01' });
+    // Not visible before the commit, on either shard.
+    assert.equal(await c.countDocuments(), 0);
+    const r = await m.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, $db: 'admin' });
+    assert.equal(num(r.ok), 1, JSON.stringify(r));
+    assert.deepEqual(await perShard('tx', 'c'), { shard01: 1, shard02: 1 });
+    assert.deepEqual(await shardCounts(['prepareTransaction', 'commitTransaction']), {
+      prepareTransaction: { shard01: 1, shard02: 1 }, commitTransaction: { shard01: 1, shard02: 1 },
+    });
+    // One shard: no prepare.
+    await m.command({ insert: 'c', documents: [{ _id: 2 }], lsid: id, txnNumber: L(2), startTransaction: true, autocommit: false, $db: 'tx' });
+    await m.command({ commitTransaction: 1, lsid: id, txnNumber: L(2), autocommit: false, $db: 'admin' });
+    assert.deepEqual(await shardCounts(['prepareTransaction', 'commitTransaction']), {
+      prepareTransaction: { shard01: 0, shard02: 0 }, commitTransaction: { shard01: 1, shard02: 0 },
+    });
+    // Abort over both shards leaves nothing.
+    await m.command({ insert: 'c', documents: [{ _id: 3 }, { _id: 1003 }], lsid: id, txnNumber: L(3), startTransaction: true, autocommit: false, $db: 'tx' });
+    const ab = await m.command({ abortTransaction: 1, lsid: id, txnNumber: L(3), autocommit: false, $db: 'admin' });
+    assert.equal(num(ab.ok), 1);
+    assert.equal(await c.countDocuments(), 3);
+  } finally {
+    m.close();
+  }
+  // The driver's withTransaction across both shards.
+  const s = client.startSession();
+  try {
+    await s.withTransaction(async () => {
+      await c.insertOne({ _id: 10 }, { session: s });
+      await c.insertOne({ _id: 1010 }, { session: s });
+      await c.updateOne({ _id: 1 }, { $set: { t: 1 } }, { session: s });
+    });
+  } finally {
+    await s.endSession();
+  }
+  assert.deepEqual(await perShard('tx', 'c'), { shard01: 3, shard02: 2 });
+  assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1, t: 1 });
+});
+
+test('commitTransaction retried on another mongos with the recoveryToken succeeds; without it that mongos knows no participants (251)', async () => {
+  await twoShardColl('tr');
+  const [m0, m1] = [await rawConnect(d.mongos[0]), await rawConnect(d.mongos[1])];
+  try {
+    const id = newLsid();
+    const a = await m0.command({ insert: 'c', documents: [{ _id: 1 }, { _id: 1001 }], lsid: id, txnNumber: L(1), startTransaction: true, autocommit: false, $db: 'tr' });
+    const token = a.recoveryToken;
+    assert.deepEqual(token, { recoveryShardId: 'shard01' });
+    const no = await m1.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, $db: 'admin' });
+    assert.equal(num(no.code), 251);
+    const r = await m1.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, recoveryToken: token, $db: 'admin' });
+    assert.equal(num(r.ok), 1, JSON.stringify(r));
+    assert.deepEqual(await perShard('tr', 'c'), { shard01: 1, shard02: 1 });
+    // Retried again on the first mongos: the same outcome.
+    const again = await m0.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, recoveryToken: token, $db: 'admin' });
+    assert.equal(num(again.ok), 1, JSON.stringify(again));
+  } finally {
+    m0.close();
+    m1.close();
+  }
+});
+
+test("a shard primary's step-down aborts the transactions it took part in: mongos relays 251 with TransientTransactionError, and withTransaction retries to success", async () => {
+  await twoShardColl('ts');
+  const m = await rawConnect(d.mongos[0]);
+  try {
+    const id = newLsid();
+    await m.command({ insert: 'c', documents: [{ _id: 1 }, { _id: 1001 }], lsid: id, txnNumber: L(1), startTransaction: true, autocommit: false, $db: 'ts' });
+    const sd = await raw(d.shards[0].port, { replSetStepDown: 10, force: true, $db: 'admin' });
+    assert.equal(num(sd.ok), 1, JSON.stringify(sd));
+    const st = await m.command({ insert: 'c', documents: [{ _id: 2 }], lsid: id, txnNumber: L(1), autocommit: false, $db: 'ts' });
+    assert.equal(num(st.code), 251, JSON.stringify(st));
+    assert.deepEqual(st.errorLabels, ['TransientTransactionError']);
+    const cm = await m.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, $db: 'admin' });
+    assert.equal(num(cm.code), 251, JSON.stringify(cm));
+    assert.ok((cm.errorLabels || []).includes('TransientTransactionError'), JSON.stringify(cm));
+    assert.deepEqual(await perShard('ts', 'c'), { shard01: 0, shard02: 0 });
+    // The shard's other member took over; a transaction whose first attempt the step-down
+    // aborts is retried by the driver and commits.
+    const c = client.db('ts').collection('c');
+    const s = client.startSession();
+    let attempts = 0;
+    try {
+      await s.withTransaction(async () => {
+        attempts++;
+        await c.insertOne({ _id: 5 }, { session: s });
+        await c.insertOne({ _id: 1005 }, { session: s });
+        if (attempts === 1) await raw(d.shards[1].port, { replSetStepDown: 10, force: true, $db: 'admin' });
+        await c.insertOne({ _id: 1006 }, { session: s });
+      });
+    } finally {
+      await s.endSession();
+    }
+    assert.equal(attempts, 2);
+    assert.deepEqual(await perShard('ts', 'c'), { shard01: 1, shard02: 2 });
+  } finally {
+    m.close();
+  }
+});
+
+test('sharding commands are refused in a transaction (263): no sharded collection is created in one', async () => {
+  const m = await rawConnect(d.mongos[0]);
+  try {
+    const r = await m.command({ shardCollection: 'tn.c', key: { _id: 1 }, lsid: newLsid(), txnNumber: L(1), startTransaction: true, autocommit: false, $db: 'admin' });
+    assert.equal(num(r.code), 263, JSON.stringify(r));
+    assert.equal(await client.db('config').collection('collections').countDocuments({ _id: 'tn.c' }), 0);
+  } finally {
+    m.close();
+  }
 });
