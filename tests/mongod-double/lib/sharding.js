@@ -21,6 +21,7 @@ const { sessionKey } = require('./sessions');
 const { Cursors } = require('./cursors');
 const { aggregate: runPipeline, equalityValue } = require('./query');
 const { applyUpdate, kindOfUpdate, isPlainObject } = require('./update');
+const changeStreams = require('./changestreams');
 
 const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
 // What a mongos answers itself, through the Server's own command table (hello, auth, fail
@@ -472,6 +473,13 @@ ROUTED.find = async (rctx) => {
 ROUTED.getMore = async (rctx) => {
   const { cmd, db } = rctx;
   if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
+  const c = rctx.mongos.mcursors.cursors.get(V.toBigIntExact(cmd.getMore).toString());
+  if (c && c.stream) {
+    if (c.ns !== `${db}.${cmd.collection}` && !c.ns.startsWith(`${db}.$cmd`)) {
+      throw err(13, `Requested getMore on namespace '${db}.${cmd.collection}', but cursor belongs to a different namespace ${c.ns}`);
+    }
+    return changeStreams.getMoreMerged({ cmd, conn: rctx.conn, cursors: rctx.mongos.mcursors }, c, num(cmd.batchSize, 0));
+  }
   return rctx.mongos.mcursors.getMore(V.toBigIntExact(cmd.getMore), cmd.collection, db, num(cmd.batchSize, 0));
 };
 
@@ -485,6 +493,14 @@ ROUTED.aggregate = async (rctx) => {
   const { cmd, db } = rctx;
   const pipeline = cmd.pipeline;
   if (!Array.isArray(pipeline)) throw err(14, "'pipeline' option must be specified as an array");
+  if (changeStreams.isChangeStreamPipeline(pipeline)) {
+    // A change stream merges every shard's events in cluster-time order (changestreams.js).
+    const sctx = {
+      cmd, db, conn: rctx.conn, cursors: rctx.mongos.mcursors, sessionKey: cmd.lsid ? sessionKey(cmd.lsid) : null,
+      vars: cmd.let, inTxn: !!rctx.txn,
+    };
+    return changeStreams.openMerged(sctx, rctx.cluster.shards.map((s) => s.primaryMember));
+  }
   if (typeof cmd.aggregate !== 'string') {
     // {aggregate: 1} ($documents, $currentOp...): the database's primary shard answers.
     const s = primaryShard(rctx);

@@ -492,3 +492,63 @@ test('sharding commands are refused in a transaction (263): no sharded collectio
     m.close();
   }
 });
+
+// ---- change streams through mongos ----
+
+test('change streams through mongos merge every shard’s events in cluster-time order, and their resume tokens work on either mongos', async () => {
+  const c = await twoShardColl('cs1');
+  const stream = c.watch([], { maxAwaitTimeMS: 200 });
+  const events = [];
+  const got = new Promise((resolve, reject) => {
+    stream.on('change', (e) => {
+      events.push(e);
+      if (events.length === 6) resolve();
+    });
+    stream.on('error', reject);
+  });
+  await new Promise((r) => { setTimeout(r, 300); }); // the stream's first getMore is waiting
+  // Alternate the shards: 1 and 2 on shard01, 1001 and 1002 on shard02; one transaction over both.
+  await c.insertOne({ _id: 1 });
+  await c.insertOne({ _id: 1001 });
+  await c.insertOne({ _id: 2 });
+  const s = client.startSession();
+  try {
+    await s.withTransaction(async () => {
+      await c.insertOne({ _id: 1002 }, { session: s });
+      await c.updateOne({ _id: 1 }, { $set: { x: 1 } }, { session: s });
+    });
+  } finally {
+    await s.endSession();
+  }
+  await c.deleteOne({ _id: 1001 });
+  await got;
+  await stream.close();
+  assert.deepEqual(events.map((e) => [e.operationType, e.documentKey._id]),
+    [['insert', 1], ['insert', 1001], ['insert', 2], ['insert', 1002], ['update', 1], ['delete', 1001]]);
+  for (let i = 1; i < events.length; i++) {
+    assert.ok(events[i].clusterTime.greaterThan(events[i - 1].clusterTime) || events[i].clusterTime.equals(events[i - 1].clusterTime), 'clusterTime order');
+    assert.ok(events[i]._id._data > events[i - 1]._id._data, 'tokens sort in event order');
+  }
+  assert.equal(events[0].ns.coll, 'c');
+  // Resume after the third event on each mongos: the same three events follow.
+  for (const port of d.mongos) {
+    const r = await raw(port, { aggregate: 'c', pipeline: [{ $changeStream: { resumeAfter: events[2]._id } }], cursor: {}, $db: 'cs1' });
+    assert.deepEqual(r.cursor.firstBatch.map((e) => [e.operationType, num(e.documentKey._id)]), [['insert', 1002], ['update', 1], ['delete', 1001]]);
+    assert.deepEqual(r.cursor.firstBatch.map((e) => e._id._data), events.slice(3).map((e) => e._id._data));
+    // startAtOperationTime: from the fourth event's time on.
+    const t = await raw(port, { aggregate: 'c', pipeline: [{ $changeStream: { startAtOperationTime: events[3].clusterTime } }], cursor: {}, $db: 'cs1' });
+    assert.deepEqual(t.cursor.firstBatch.map((e) => num(e.documentKey._id)), [1002, 1, 1001]);
+    await raw(port, { killCursors: 'c', cursors: [r.cursor.id, t.cursor.id], $db: 'cs1' });
+  }
+  // A database stream sees both shards too, and a drop through mongos invalidates a collection stream.
+  const cs = c.watch([{ $match: { operationType: { $in: ['insert', 'invalidate', 'drop'] } } }], { startAfter: events[5]._id });
+  await c.insertOne({ _id: 1500 });
+  const ins = await cs.next();
+  assert.equal(ins.documentKey._id, 1500);
+  await c.drop();
+  const drop = await cs.next();
+  assert.equal(drop.operationType, 'drop');
+  const inv = await cs.next();
+  assert.equal(inv.operationType, 'invalidate');
+  await cs.close();
+});
