@@ -605,8 +605,14 @@ class Server {
         // batch (stmtIds, as mongos sends them), so a retried batch split again the same way
         // finds what already ran here.
         ctx.stmtId = (i) => (Array.isArray(body.stmtIds) && body.stmtIds[i] !== undefined ? V.toNumber(body.stmtIds[i]) : i);
-        ctx.access = new Access(this.store, txn);
+        ctx.access = new Access(this.store, txn || this.snapshotView(body, name, ctx));
         reply = await handler(ctx);
+        if (ctx.atClusterTime && reply && V.truthy(reply.ok)) {
+          // The driver's snapshot session reads its next statements at this time (find and
+          // aggregate: in the cursor, distinct: at the top).
+          if (reply.cursor) reply.cursor.atClusterTime = ctx.atClusterTime;
+          else reply.atClusterTime = ctx.atClusterTime;
+        }
         if (ctx.abortTxnAfterReply && txn) txn.abort('statement failed');
         // Only a fully successful result is remembered: failed statements run again on retry.
         if (ctx.sctx && ctx.sctx.retryable && ctx.sctx.session.txnNumber === ctx.sctx.txnNumber && !reply.writeErrors) {
@@ -641,6 +647,32 @@ class Server {
       return NO_REPLY;
     }
     return reply;
+  }
+
+  // A snapshot read outside a transaction (readConcern {level: "snapshot"}, find, aggregate
+  // and distinct): a read-only view of the data as of `atClusterTime`, or of now without it.
+  snapshotView(body, name, ctx) {
+    const rc = body.readConcern;
+    if (!rc || typeof rc !== 'object' || rc.level !== 'snapshot' || !SNAPSHOT_READS.has(name) || this.opts.standalone) return null;
+    let want = null;
+    if (rc.atClusterTime !== undefined) {
+      const t = rc.atClusterTime;
+      if (V.bsonTag(t) !== 'timestamp') throw err(14, "BSON field 'readConcern.atClusterTime' is the wrong type, expected type 'timestamp'");
+      const now = this.clusterTime();
+      if (t.t > now.t || (t.t === now.t && t.i > now.i)) {
+        throw err(72, `readConcern atClusterTime value ${t.t}:${t.i} must not be greater than the current clusterTime ${now.t}:${now.i}`);
+      }
+      want = t.t < this.bootSecs ? -1 : t.i - 1;
+    }
+    const at = want === -1 ? null : this.store.pinSnapshot(want);
+    if (at === null) {
+      throw err(239, `Read timestamp ${rc.atClusterTime.t}:${rc.atClusterTime.i} is older than the oldest available timestamp.`);
+    }
+    ctx.atClusterTime = new Timestamp({ t: this.bootSecs, i: at + 1 });
+    return {
+      snapshotTs: at, writes: new Map(), newColls: new Map(), state: 'inProgress', readOnly: true,
+      ownWrite: () => undefined, checkAlive: () => {},
+    };
   }
 
   // mongod's dispatch check on a secondary (commandCanRunHere): transactions run on the

@@ -272,8 +272,16 @@ class Mongos extends Server {
         }
       }
       if (has('autocommit')) rctx.txn = this.txnState(rctx);
+      const rc = body.readConcern;
+      if (!rctx.txn && ['find', 'aggregate', 'distinct'].includes(name) && rc && typeof rc === 'object' && rc.level === 'snapshot') {
+        // A snapshot read: every shard reads at the same cluster time, which the reply names.
+        rctx.snapshotAt = rc.atClusterTime !== undefined ? rc.atClusterTime : this.cluster.clusterTime();
+        rctx.cmd = Object.assign({}, body, { readConcern: Object.assign({}, rc, { atClusterTime: rctx.snapshotAt }) });
+      }
       // What has no routing of its own goes to the database's primary shard.
       reply = await (ROUTED[name] || viaPrimary)(rctx);
+      if (rctx.snapshotAt && reply.cursor) reply.cursor.atClusterTime = rctx.snapshotAt;
+      else if (rctx.snapshotAt) reply.atClusterTime = rctx.snapshotAt;
       if (rctx.txn && rctx.txn.coordinator) reply.recoveryToken = { recoveryShardId: rctx.txn.coordinator };
     } catch (e0) {
       let e = e0;
@@ -526,7 +534,7 @@ ROUTED.aggregate = async (rctx) => {
   // Scatter-gather: each shard runs the leading $match, mongos the rest over the merged input.
   const body = { find: cmd.aggregate, filter, batchSize: 0, $db: db, ...sessionFields(cmd) };
   if (cmd.collation) body.collation = cmd.collation;
-  if (rctx.txn && cmd.readConcern) body.readConcern = cmd.readConcern;
+  if (cmd.readConcern) body.readConcern = cmd.readConcern;
   const input = await gatherFind(rctx, shards, body);
   const rest = first && first.$match ? pipeline.slice(1) : pipeline;
   const resolver = (name) => lookupResolver(rctx, name);

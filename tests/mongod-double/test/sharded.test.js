@@ -552,3 +552,60 @@ test('change streams through mongos merge every shard’s events in cluster-time
   assert.equal(inv.operationType, 'invalidate');
   await cs.close();
 });
+
+// ---- snapshot reads outside transactions ----
+
+// A snapshot session reads every statement at the cluster time of its first read, on the plain
+// replica-set double and through mongos alike.
+async function snapshotSession(cl, db) {
+  const c = cl.db(db).collection('c');
+  await c.insertMany([{ _id: 1, v: 'old', g: 1 }, { _id: 1001, v: 'old', g: 2 }]);
+  const s = cl.startSession({ snapshot: true });
+  try {
+    assert.deepEqual(await c.find({}, { session: s }).sort({ _id: 1 }).toArray(), [{ _id: 1, v: 'old', g: 1 }, { _id: 1001, v: 'old', g: 2 }]);
+    const at = s.snapshotTime;
+    assert.ok(at, 'the first read names its atClusterTime');
+    await c.updateMany({}, { $set: { v: 'new' } });
+    await c.insertOne({ _id: 2, v: 'new', g: 3 });
+    await c.deleteOne({ _id: 1001 });
+    assert.deepEqual(await c.find({}, { session: s }).sort({ _id: 1 }).toArray(), [{ _id: 1, v: 'old', g: 1 }, { _id: 1001, v: 'old', g: 2 }]);
+    assert.deepEqual((await c.distinct('v', {}, { session: s })).sort(), ['old']);
+    assert.equal(await c.countDocuments({}, { session: s }), 2);
+    assert.deepEqual(await c.aggregate([{ $group: { _id: null, g: { $sum: '$g' } } }], { session: s }).toArray(), [{ _id: null, g: 3 }]);
+    assert.ok(s.snapshotTime.equals(at), 'the same time throughout');
+  } finally {
+    await s.endSession();
+  }
+  // Outside the session: the present.
+  assert.deepEqual(await c.find({}).sort({ _id: 1 }).toArray(), [{ _id: 1, v: 'new', g: 1 }, { _id: 2, v: 'new', g: 3 }]);
+}
+
+test('snapshot reads (readConcern snapshot outside a transaction) answer from the data as of atClusterTime, on the plain double and through mongos; a time in the future is 72, one before the kept history 239', async () => {
+  const { startDouble } = require('./helpers');
+  const plain = await startDouble();
+  const pc = new MongoClient(plain.uri(), { serverSelectionTimeoutMS: 5000 });
+  try {
+    await pc.connect();
+    await snapshotSession(pc, 'snap');
+    const now = (await raw(plain.port, { ping: 1, $db: 'admin' })).$clusterTime.clusterTime;
+    const { Timestamp } = require('bson');
+    const future = new Timestamp({ t: now.t, i: now.i + 100 });
+    const r = await raw(plain.port, { find: 'c', readConcern: { level: 'snapshot', atClusterTime: future }, $db: 'snap' });
+    assert.equal(num(r.code), 72, JSON.stringify(r));
+    const old = new Timestamp({ t: now.t, i: 1 });
+    const r2 = await raw(plain.port, { find: 'c', readConcern: { level: 'snapshot', atClusterTime: old }, $db: 'snap' });
+    assert.equal(num(r2.code), 239, JSON.stringify(r2));
+    // Without atClusterTime: the reply names the time it read at.
+    const r3 = await raw(plain.port, { find: 'c', readConcern: { level: 'snapshot' }, $db: 'snap' });
+    assert.ok(r3.cursor.atClusterTime, JSON.stringify(r3));
+  } finally {
+    await pc.close();
+    assert.equal(await plain.stop(), 0);
+  }
+  await client.db('admin').command({ enableSharding: 'snap', primaryShard: 'shard01' });
+  await client.db('admin').command({ shardCollection: 'snap.c', key: { _id: 1 } });
+  await client.db('admin').command({ split: 'snap.c', middle: { _id: 500 } });
+  await client.db('admin').command({ moveChunk: 'snap.c', find: { _id: 500 }, to: 'shard02' });
+  await snapshotSession(client, 'snap');
+});
+
