@@ -609,3 +609,22 @@ test('snapshot reads (readConcern snapshot outside a transaction) answer from th
   await snapshotSession(client, 'snap');
 });
 
+// ---- time-series collections ----
+
+test('a time-series collection keeps measurements with the same _id (it has no _id index); its time field must be a date (2)', async () => {
+  const db = client.db('tsdb');
+  await db.createCollection('m', { timeseries: { timeField: 't', metaField: 'host' } });
+  const m = db.collection('m');
+  await m.insertMany([{ _id: 1, t: new Date(1000), host: 'a', v: 1 }, { _id: 1, t: new Date(2000), host: 'a', v: 2 }]);
+  await m.insertOne({ _id: 1, t: new Date(3000), host: 'b', v: 3 });
+  assert.deepEqual((await m.find({ _id: 1 }).sort({ t: 1 }).toArray()).map((x) => x.v), [1, 2, 3]);
+  assert.equal(await m.countDocuments({ _id: 1 }), 3);
+  await assert.rejects(m.insertOne({ _id: 2, host: 'a' }), (e) => e.code === 2 && /'t' must be present and contain a valid BSON UTC datetime value/.test(e.message));
+  const [info] = await db.listCollections({ name: 'm' }).toArray();
+  assert.equal(info.type, 'timeseries');
+  assert.equal(info.idIndex, undefined);
+  // An ordinary collection still refuses the duplicate.
+  await db.collection('plain').insertOne({ _id: 1 });
+  await assert.rejects(db.collection('plain').insertOne({ _id: 1 }), (e) => e.code === 11000);
+});
+

@@ -63,6 +63,17 @@ function notAView(coll) {
 }
 
 function insertOne(ctx, coll, doc) {
+  if (coll.options && coll.options.timeseries) {
+    // A time-series collection (mongod 5.0+) has no _id index: _ids may repeat, so each
+    // measurement is its own record. Its time field must be a date.
+    const tf = coll.options.timeseries.timeField;
+    if (typeof tf === 'string' && !(V.getPath(doc, tf) instanceof Date)) {
+      throw err(2, `'${tf}' must be present and contain a valid BSON UTC datetime value`);
+    }
+    coll.tsSeq = (coll.tsSeq || 0) + 1;
+    ctx.access.put(coll, `${V.canonicalKey(doc._id)}\u0000ts${coll.tsSeq}`, doc);
+    return;
+  }
   const idKey = V.canonicalKey(doc._id);
   if (ctx.access.get(coll, idKey)) throw coll.dupKeyError(coll.idIndex, doc);
   ctx.access.put(coll, idKey, doc);
