@@ -719,6 +719,30 @@ function checkApiParameters(body, name) {
     throw err(323, `Provided apiStrict:true, but the command ${name} is not in API Version 1. Information on supported ` +
       'commands and migrations in API Version 1 can be found at https://dochub.mongodb.org/core/manual-versioned-api');
   }
+  if (body.apiStrict === true && name === 'aggregate') checkStrictStages(body.pipeline);
+}
+
+// Aggregation stages outside API version 1 (mongod's AllowedWithApiStrict::kNeverInVersion1):
+// with apiStrict they fail with 323, also inside $facet, $lookup and $unionWith pipelines. So a
+// database aggregate ($currentOp, $listLocalSessions) is not run under strict API version 1.
+const STAGES_NOT_IN_V1 = new Set(['$currentOp', '$listLocalSessions', '$listSessions', '$indexStats', '$planCacheStats',
+  '$search', '$searchMeta', '$vectorSearch', '$listSearchIndexes', '$listCatalog', '$shardedDataDistribution']);
+
+function checkStrictStages(pipeline) {
+  if (!Array.isArray(pipeline)) return;
+  for (const st of pipeline) {
+    if (!st || typeof st !== 'object') continue;
+    const stage = V.keys(st)[0];
+    // $collStats is in version 1 for its count only.
+    const collStatsBeyondCount = stage === '$collStats' && st.$collStats && typeof st.$collStats === 'object' &&
+      V.keys(st.$collStats).some((k) => k !== 'count');
+    if (STAGES_NOT_IN_V1.has(stage) || collStatsBeyondCount) {
+      throw err(323, `${stage} is not allowed with 'apiStrict: true' in API Version 1`);
+    }
+    const inner = st[stage];
+    if (stage === '$facet' && inner && typeof inner === 'object') for (const k of V.keys(inner)) checkStrictStages(inner[k]);
+    if ((stage === '$lookup' || stage === '$unionWith') && inner && typeof inner === 'object') checkStrictStages(inner.pipeline);
+  }
 }
 
 function readPrefAllowsSecondary(rp) {

@@ -628,3 +628,27 @@ test('a time-series collection keeps measurements with the same _id (it has no _
   await assert.rejects(db.collection('plain').insertOne({ _id: 1 }), (e) => e.code === 11000);
 });
 
+// ---- the Stable API's strict mode ----
+
+test('apiStrict refuses aggregate stages outside API version 1 (323), so a database aggregate like $currentOp does not run under strict version 1', async () => {
+  const { startDouble } = require('./helpers');
+  const plain = await startDouble(['--single-member']);
+  try {
+    const strict = { apiVersion: '1', apiStrict: true };
+    const r = await raw(plain.port, { aggregate: 1, pipeline: [{ $currentOp: {} }], cursor: {}, ...strict, $db: 'admin' });
+    assert.equal(num(r.code), 323, JSON.stringify(r));
+    assert.equal(r.codeName, 'APIStrictError');
+    assert.equal(r.errmsg, "$currentOp is not allowed with 'apiStrict: true' in API Version 1");
+    const r2 = await raw(plain.port, { aggregate: 1, pipeline: [{ $listLocalSessions: {} }], cursor: {}, ...strict, $db: 'admin' });
+    assert.equal(num(r2.code), 323);
+    const r3 = await raw(plain.port, { aggregate: 'c', pipeline: [{ $facet: { a: [{ $indexStats: {} }] } }], cursor: {}, ...strict, $db: 'x' });
+    assert.equal(num(r3.code), 323);
+    // Stages of version 1, and the same stages without apiStrict, run.
+    const ok1 = await raw(plain.port, { aggregate: 'c', pipeline: [{ $match: {} }, { $group: { _id: null, n: { $sum: 1 } } }], cursor: {}, ...strict, $db: 'x' });
+    assert.equal(num(ok1.ok), 1, JSON.stringify(ok1));
+    const ok2 = await raw(plain.port, { aggregate: 1, pipeline: [{ $currentOp: {} }], cursor: {}, apiVersion: '1', $db: 'admin' });
+    assert.equal(num(ok2.ok), 1, JSON.stringify(ok2));
+  } finally {
+    assert.equal(await plain.stop(), 0);
+  }
+});
