@@ -270,6 +270,7 @@ class Mongos extends Server {
           if (Array.isArray(fp.errorLabels)) e.fixedLabels = fp.errorLabels;
           throw e;
         }
+        if (fp.writeConcernError) rctx.fpWce = { wce: fp.writeConcernError, labels: Array.isArray(fp.errorLabels) ? fp.errorLabels : null };
       }
       if (has('autocommit')) rctx.txn = this.txnState(rctx);
       const rc = body.readConcern;
@@ -280,6 +281,16 @@ class Mongos extends Server {
       }
       // What has no routing of its own goes to the database's primary shard.
       reply = await (ROUTED[name] || viaPrimary)(rctx);
+      // A write concern error (a fail point's on this mongos, or a shard's) with the labels
+      // mongos gives it.
+      if (rctx.fpWce) {
+        reply.writeConcernError = rctx.fpWce.wce;
+        if (rctx.fpWce.labels) reply.errorLabels = rctx.fpWce.labels;
+      }
+      if (reply.writeConcernError && !reply.errorLabels) {
+        const labels = labelsFor(null, body, name, reply.writeConcernError);
+        if (labels.length) reply.errorLabels = labels;
+      }
       if (rctx.snapshotAt && reply.cursor) reply.cursor.atClusterTime = rctx.snapshotAt;
       else if (rctx.snapshotAt) reply.atClusterTime = rctx.snapshotAt;
       if (rctx.txn && rctx.txn.coordinator) reply.recoveryToken = { recoveryShardId: rctx.txn.coordinator };
@@ -325,9 +336,11 @@ class Mongos extends Server {
       }
       throw err(251, `Given transaction number ${n} does not match any in-progress transactions.`);
     }
-    if (!t.routers.has(this) && name === 'commitTransaction' && t.routers.size && !cmd.recoveryToken) {
-      // Another mongos ran it: this one knows no participants without the token.
-      throw err(251, 'Cannot commit without participants or a recoveryToken');
+    if (!t.routers.has(this) && name === 'commitTransaction' && t.routers.size) {
+      // Another mongos ran it: this one knows no participants without the token, and with it
+      // asks the recovery shard for the decision (commitTransaction below, state 'unknown').
+      if (!cmd.recoveryToken) throw err(251, 'Cannot commit without participants or a recoveryToken');
+      return { txnNumber: n, participants: t.participants, coordinator: t.coordinator, state: 'unknown', routers: new Set(), shared: t };
     }
     t.routers.add(this);
     return t;
@@ -846,25 +859,44 @@ function safeApply(doc, st) {
 
 // ---- transactions ----
 
+// A write concern no shard (two data-bearing members each) can satisfy, as a shard reports it.
+function writeConcernProblemOf(wc) {
+  if (!wc || typeof wc !== 'object' || wc.w === undefined) return null;
+  if (V.isNumeric(wc.w) && V.toNumber(wc.w) > 2) return { code: 100, codeName: 'UnsatisfiableWriteConcern', errmsg: 'Not enough data-bearing nodes' };
+  if (typeof wc.w === 'string' && wc.w !== 'majority') {
+    return { code: 79, codeName: 'UnknownReplWriteConcern', errmsg: `No write concern mode named '${wc.w}' found in replica set configuration` };
+  }
+  return null;
+}
+
 ROUTED.commitTransaction = async (rctx) => {
   const t = rctx.txn;
   const parts = [...t.participants.keys()];
   const body = passOn(rctx.cmd);
   delete body.recoveryToken;
   if (t.state === 'unknown') {
-    // Recovery through another router: the coordinator shard's record of the decision.
+    // Recovery through another router: the recovery shard knows the decision. Without one (the
+    // first router never started the commit) it aborts the transaction: 251, transient.
     const d = rctx.cluster.decisions && rctx.cluster.decisions.get(`${sessionKey(rctx.cmd.lsid)}:${t.txnNumber}`);
     if (d === 'committed') return { ok: 1 };
-    throw err(251, `Given transaction number ${t.txnNumber} does not match any in-progress transactions.`);
+    if (t.shared && t.shared.state === 'inProgress') await abortParticipants(rctx, t.shared);
+    const e = err(251, `Transaction ${t.txnNumber} has been aborted.`);
+    e.fixedLabels = ['TransientTransactionError'];
+    throw e;
   }
   if (t.state === 'committed' && t.decided) {
     // A commit retried: each participant answers it again from its own record.
-    for (const name of parts) await send(rctx, rctx.cluster.shard(name), body, { plain: true });
-    return { ok: 1 };
+    let wce = null;
+    for (const name of parts) {
+      const r = await send(rctx, rctx.cluster.shard(name), body, { plain: true });
+      if (r.writeConcernError && !wce) wce = r.writeConcernError;
+    }
+    return wce ? { ok: 1, writeConcernError: wce } : { ok: 1 };
   }
   if (parts.length === 0) {
     t.state = 'committed';
-    return { ok: 1 };
+    const wcp = writeConcernProblemOf(body.writeConcern);
+    return wcp ? { ok: 1, writeConcernError: wcp } : { ok: 1 };
   }
   if (parts.length > 1) {
     // Two-phase commit, coordinated by the first participant: every participant must still hold
@@ -884,12 +916,16 @@ ROUTED.commitTransaction = async (rctx) => {
       }
     }
   }
-  for (const name of parts) await send(rctx, rctx.cluster.shard(name), body, { plain: true });
+  let wce = null;
+  for (const name of parts) {
+    const r = await send(rctx, rctx.cluster.shard(name), body, { plain: true });
+    if (r.writeConcernError && !wce) wce = r.writeConcernError;
+  }
   t.state = 'committed';
   t.decided = true;
   if (!rctx.cluster.decisions) rctx.cluster.decisions = new Map();
   rctx.cluster.decisions.set(`${sessionKey(rctx.cmd.lsid)}:${t.txnNumber}`, 'committed');
-  return { ok: 1 };
+  return wce ? { ok: 1, writeConcernError: wce } : { ok: 1 };
 };
 
 ROUTED.abortTransaction = async (rctx) => {

@@ -422,7 +422,7 @@ test('a transaction starts on each shard it touches, commits in two phases over 
   assert.deepEqual(await c.findOne({ _id: 1 }), { _id: 1, t: 1 });
 });
 
-test('commitTransaction retried on another mongos with the recoveryToken succeeds; without it that mongos knows no participants (251)', async () => {
+test('commitTransaction retried on another mongos with the recoveryToken gets the decision of the recovery shard; without the token that mongos knows no participants (251)', async () => {
   await twoShardColl('tr');
   const [m0, m1] = [await rawConnect(d.mongos[0]), await rawConnect(d.mongos[1])];
   try {
@@ -430,14 +430,23 @@ test('commitTransaction retried on another mongos with the recoveryToken succeed
     const a = await m0.command({ insert: 'c', documents: [{ _id: 1 }, { _id: 1001 }], lsid: id, txnNumber: L(1), startTransaction: true, autocommit: false, $db: 'tr' });
     const token = a.recoveryToken;
     assert.deepEqual(token, { recoveryShardId: 'shard01' });
+    const first = await m0.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, recoveryToken: token, $db: 'admin' });
+    assert.equal(num(first.ok), 1, JSON.stringify(first));
+    // The retry on the other mongos: without the token it knows no participants, with it the
+    // recovery shard's decision answers.
     const no = await m1.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, $db: 'admin' });
     assert.equal(num(no.code), 251);
     const r = await m1.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, recoveryToken: token, $db: 'admin' });
     assert.equal(num(r.ok), 1, JSON.stringify(r));
     assert.deepEqual(await perShard('tr', 'c'), { shard01: 1, shard02: 1 });
-    // Retried again on the first mongos: the same outcome.
-    const again = await m0.command({ commitTransaction: 1, lsid: id, txnNumber: L(1), autocommit: false, recoveryToken: token, $db: 'admin' });
-    assert.equal(num(again.ok), 1, JSON.stringify(again));
+    // A commit the first mongos never started: the recovery shard has no decision, so the
+    // transaction is aborted and the retry gets 251 NoSuchTransaction, transient.
+    const id2 = newLsid();
+    const b = await m0.command({ insert: 'c', documents: [{ _id: 2 }, { _id: 1002 }], lsid: id2, txnNumber: L(1), startTransaction: true, autocommit: false, $db: 'tr' });
+    const lost = await m1.command({ commitTransaction: 1, lsid: id2, txnNumber: L(1), autocommit: false, recoveryToken: b.recoveryToken, $db: 'admin' });
+    assert.equal(num(lost.code), 251, JSON.stringify(lost));
+    assert.deepEqual(lost.errorLabels, ['TransientTransactionError']);
+    assert.deepEqual(await perShard('tr', 'c'), { shard01: 1, shard02: 1 });
   } finally {
     m0.close();
     m1.close();
