@@ -30,7 +30,7 @@ const KNOWN_STAGES = new Set(['$group', '$sort', '$limit', '$skip', '$lookup', '
   '$bucketAuto', '$sortByCount', '$out', '$merge', '$sample', '$graphLookup', '$geoNear', '$indexStats', '$collStats',
   '$densify', '$fill', '$setWindowFields', '$unionWith', '$documents', '$currentOp', '$listLocalSessions',
   '$listSessions', '$planCacheStats', '$search', '$searchMeta', '$changeStream', '$changeStreamSplitLargeEvent']);
-const EXPANDED_ONLY = new Set(['create', 'createIndexes', 'dropIndexes', 'modify']);
+const EXPANDED_ONLY = new Set(['create', 'createIndexes', 'dropIndexes', 'modify', 'shardCollection']);
 const INTERNAL_DBS = new Set(['admin', 'config', 'local']);
 const FLAG_EVENT = 0;
 const FLAG_INVALIDATE = 1;
@@ -223,6 +223,7 @@ function executing(what, fn, onError) {
 }
 
 function watches(scope, e) {
+  if (e.internal) return false; // a sharded cluster's own set-up on a shard
   if (e.op === 'dropDatabase') return scope.kind === 'cluster' ? !INTERNAL_DBS.has(e.db) : scope.kind === 'database' && scope.db === e.db;
   if (typeof e.coll === 'string' && e.coll.startsWith('system.')) return false;
   switch (scope.kind) {
@@ -280,7 +281,7 @@ function eventOf(server, stream, e) {
     f.push(['operationDescription', o.viewOn !== undefined ? { viewOn: o.viewOn, pipeline: o.pipeline || [] }
       : Object.assign({}, o, { idIndex: { v: new Int32(2), key: { _id: new Int32(1) }, name: '_id_' } })]);
   }
-  if (e.op === 'createIndexes' || e.op === 'dropIndexes') f.push(['operationDescription', e.desc]);
+  if (e.op === 'createIndexes' || e.op === 'dropIndexes' || e.op === 'shardCollection') f.push(['operationDescription', e.desc]);
   if (e.op === 'modify') {
     f.push(['operationDescription', e.desc]);
     f.push(['stateBeforeChange', e.before]);

@@ -751,4 +751,4 @@ function readPrefAllowsSecondary(rp) {
   return typeof mode === 'string' && mode !== 'primary';
 }
 
-module.exports = { Server, NO_REPLY, labelsFor, checkApiParameters };
+module.exports = { Server, NO_REPLY, labelsFor, checkApiParameters, changeStreamLabels };

@@ -16,12 +16,13 @@ const crypto = require('crypto');
 const { Long, ObjectId, Timestamp, UUID, MinKey, MaxKey, Double, Binary } = require('bson');
 const V = require('./values');
 const { MongoError, err } = require('./errors');
-const { Server, NO_REPLY, labelsFor, checkApiParameters } = require('./server');
+const { Server, NO_REPLY, labelsFor, checkApiParameters, changeStreamLabels } = require('./server');
 const { sessionKey } = require('./sessions');
 const { Cursors } = require('./cursors');
 const { aggregate: runPipeline, equalityValue } = require('./query');
 const { applyUpdate, kindOfUpdate, isPlainObject } = require('./update');
 const changeStreams = require('./changestreams');
+const { recordDdl } = require('./changes');
 
 const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
 // What a mongos answers itself, through the Server's own command table (hello, auth, fail
@@ -372,7 +373,13 @@ async function send(rctx, shard, body, opts = {}) {
   const reply = await member.runCommand(internalConn(rctx.conn, member), cmd, cmd.$db || rctx.db, name);
   if (reply === NO_REPLY) throw err(6, `connection to ${shard.name} closed`);
   if (!V.truthy(reply.ok) && !opts.raw) {
-    const e = err(V.toNumber(reply.code), reply.errmsg);
+    // The shard's error as it is: code, message, and its other fields (keyPattern, keyValue,
+    // errInfo, violations...).
+    const extra = {};
+    for (const k of V.keys(reply)) {
+      if (!['ok', 'errmsg', 'code', 'codeName', 'errorLabels', '$clusterTime', 'operationTime', 'topologyVersion'].includes(k)) extra[k] = reply[k];
+    }
+    const e = err(V.toNumber(reply.code), reply.errmsg, V.keys(extra).length ? extra : undefined);
     if (reply.errorLabels) e.errorLabels = reply.errorLabels;
     e.fixedLabels = reply.errorLabels || [];
     e.shard = shard.name;
@@ -499,6 +506,15 @@ ROUTED.getMore = async (rctx) => {
     if (c.ns !== `${db}.${cmd.collection}` && !c.ns.startsWith(`${db}.$cmd`)) {
       throw err(13, `Requested getMore on namespace '${db}.${cmd.collection}', but cursor belongs to a different namespace ${c.ns}`);
     }
+    // The stream's cursor is checked out: a failure from here on is resumable (and the cursor
+    // gone), as on a mongod.
+    const fp = rctx.mongos.failpoints.afterCursorCheckout();
+    if (fp && fp.errorCode !== undefined) {
+      rctx.mongos.mcursors.cursors.delete(c.id.toString());
+      const e = err(V.toNumber(fp.errorCode), "Hit the 'failGetMoreAfterCursorCheckout' failpoint");
+      e.fixedLabels = changeStreamLabels(e.code, cmd, 'getMore', { changeStream: true });
+      throw e;
+    }
     return changeStreams.getMoreMerged({ cmd, conn: rctx.conn, cursors: rctx.mongos.mcursors }, c, num(cmd.batchSize, 0));
   }
   return rctx.mongos.mcursors.getMore(V.toBigIntExact(cmd.getMore), cmd.collection, db, num(cmd.batchSize, 0));
@@ -535,15 +551,20 @@ ROUTED.aggregate = async (rctx) => {
   const batchSize = cmd.cursor && cmd.cursor.batchSize !== undefined ? num(cmd.cursor.batchSize) : undefined;
   const last = pipeline[pipeline.length - 1];
   const writes = last && (last.$out !== undefined || last.$merge !== undefined);
-  if (shards.length === 1 && !writes) {
-    // Targeted: the one shard runs the whole pipeline.
+  const outColl = writes ? (last.$out !== undefined ? last.$out : last.$merge.into || last.$merge) : null;
+  const outName = typeof outColl === 'string' ? outColl : outColl && typeof outColl === 'object' ? outColl.coll : null;
+  const outDb = outColl && typeof outColl === 'object' && typeof outColl.db === 'string' ? outColl.db : db;
+  const outSharded = outName && rctx.cluster.colls.has(`${outDb}.${outName}`);
+  if (shards.length === 1 && (!writes || (!meta && !outSharded && outDb === db))) {
+    // Targeted: the one shard runs the whole pipeline ($out/$merge from an unsharded collection
+    // into an unsharded one of the same database run on the primary shard too).
     const body = passOn(cmd);
     body.cursor = { batchSize: 0 };
     const r = await send(rctx, shards[0], body);
     if (V.truthy(cmd.explain)) return r;
     return cursorReply(rctx, r.cursor.ns, await drain(rctx, shards[0], r, db), batchSize);
   }
-  if (writes) throw err(20, `${last.$out !== undefined ? '$out' : '$merge'} through this mongos is not supported by the double`);
+  if (writes) throw err(20, `${last.$out !== undefined ? '$out' : '$merge'} from or into a sharded collection through this mongos is not supported by the double`);
   // Scatter-gather: each shard runs the leading $match, mongos the rest over the merged input.
   const body = { find: cmd.aggregate, filter, batchSize: 0, $db: db, ...sessionFields(cmd) };
   if (cmd.collation) body.collation = cmd.collation;
@@ -1138,7 +1159,15 @@ ROUTED.shardCollection = async (rctx) => {
   // and the first migrations.
   const ixName = V.keys(key).map((f) => `${f}_${key[f]}`).join('_');
   for (const s of cluster.shards) {
+    const log = s.primaryMember.store.changes;
+    const from = log.lastSeq;
     await send(sub, s, { createIndexes: coll, indexes: [{ key, name: ixName, ...(unique ? { unique: true } : {}) }], $db: db }, { raw: true });
+    // Set-up of the cluster, not a user's DDL: change streams do not show it (as mongod marks
+    // what migrations and sharding DDL do on shards: fromMigrate).
+    for (let q = from + 1; q <= log.lastSeq; q++) {
+      const e = log.at(q);
+      if (e && e.db === db && e.coll === coll && (e.op === 'create' || e.op === 'createIndexes')) e.internal = true;
+    }
   }
   const chunks = [];
   const min = sk.fields.map(() => new MinKey());
@@ -1159,6 +1188,12 @@ ROUTED.shardCollection = async (rctx) => {
     // A range key (or a collection with data): one chunk on the primary shard, as 7.0 starts.
     chunks.push({ min, max, shard: home.name });
   }
+  // The shardCollection event (showExpandedEvents) on the primary shard's log.
+  const homeColl = homeStore.getColl(db, coll);
+  recordDdl(homeStore, 'shardCollection', {
+    db, coll, uuid: homeColl ? homeColl.uuid : new UUID(),
+    desc: V.fromEntries([['shardKey', key], ['unique', unique], ['numInitialChunks', Long.fromNumber(0)], ['presplitHashedZones', false]]),
+  });
   const ts = cluster.clusterTime();
   cluster.colls.set(ns, {
     key: sk, unique, uuid: existing ? existing.uuid || new UUID() : new UUID(), epoch: new ObjectId(), timestamp: ts, lastmod: new Date(),

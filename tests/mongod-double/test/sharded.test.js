@@ -661,3 +661,35 @@ test('apiStrict refuses aggregate stages outside API version 1 (323), so a datab
     assert.equal(await plain.stop(), 0);
   }
 });
+
+// ---- what the spec tests check through mongos ----
+
+test('through mongos: shard errors keep their fields, $out between unsharded collections runs on the primary shard, a change stream shows shardCollection (not the set-up on the shards), and failGetMoreAfterCursorCheckout is resumable', async () => {
+  const db = client.db('spec');
+  const c = db.collection('c');
+  await c.createIndex({ x: 1 }, { unique: true });
+  await c.insertOne({ _id: 1, x: 1 });
+  await assert.rejects(c.insertOne({ _id: 2, x: 1 }), (e) => e.code === 11000 && e.keyPattern && e.keyPattern.x === 1);
+  await assert.rejects(c.findOneAndUpdate({ _id: 1 }, { $set: { x: 1 } }, { upsert: true }).then(() => c.findOneAndUpdate({ _id: 3 }, { $set: { x: 1 } }, { upsert: true })),
+    (e) => e.code === 11000 && !!e.errorResponse.keyPattern && !!e.errorResponse.keyValue);
+  await c.aggregate([{ $match: {} }, { $out: 'copy' }]).toArray();
+  assert.equal(await db.collection('copy').countDocuments(), 1);
+  await db.createCollection('sh');
+  const stream = db.collection('sh').watch([], { showExpandedEvents: true });
+  await stream.tryNext();
+  await client.db('admin').command({ shardCollection: 'spec.sh', key: { _id: 1 } });
+  const ev = await stream.next();
+  assert.equal(ev.operationType, 'shardCollection');
+  assert.deepEqual(ev.operationDescription.shardKey, { _id: 1 });
+  await stream.close();
+  const m = await rawConnect(d.port);
+  try {
+    const open = await m.command({ aggregate: 'sh', pipeline: [{ $changeStream: {} }], cursor: {}, $db: 'spec' });
+    await m.command({ configureFailPoint: 'failGetMoreAfterCursorCheckout', mode: { times: 1 }, data: { errorCode: 7 }, $db: 'admin' });
+    const gm = await m.command({ getMore: open.cursor.id, collection: 'sh', maxTimeMS: 10, $db: 'spec' });
+    assert.equal(num(gm.code), 7);
+    assert.deepEqual(gm.errorLabels, ['ResumableChangeStreamError']);
+  } finally {
+    m.close();
+  }
+});
