@@ -184,7 +184,7 @@ class EntityMap {
   }
 
   async createClient(spec) {
-    const uri = addUriOptions(this.runner.uri, spec.uriOptions);
+    const uri = addUriOptions(this.runner.clientUri ? this.runner.clientUri(spec) : this.runner.uri, spec.uriOptions);
     const observe = new Set(spec.observeEvents || []);
     const ignore = new Set((spec.ignoreCommandMonitoringEvents || []).map((c) => c.toLowerCase()));
     const options = { serverSelectionTimeoutMS: 10000 };

@@ -82,11 +82,30 @@ class Runner {
     // --topology: evaluate runOnRequirements for that topology (the
     // connection, and so what the driver sees, is unchanged).
     if (this.topology) this.server.topology = this.topology;
+    // Several mongos in the URI: a client entity talks to the first one unless it asks for
+    // useMultipleMongoses (the unified format's rule), and fail points are set and cleared on
+    // each mongos through a direct client of its own.
+    this.mongosHosts = this.server.reportedTopology === 'sharded' ? uriHosts(this.uri) : [];
+    this.perMongos = new Map();
+    if (this.mongosHosts.length > 1) {
+      for (const h of this.mongosHosts) {
+        const c = new MongoClient(singleHostUri(this.uri, h), { serverSelectionTimeoutMS: 15000 });
+        await c.connect();
+        this.perMongos.set(h, c);
+      }
+    }
     await this.killAllSessions();
+  }
+
+  // The URI a client entity uses: the first mongos alone unless useMultipleMongoses.
+  clientUri(spec) {
+    if (this.mongosHosts.length > 1 && spec.useMultipleMongoses !== true) return singleHostUri(this.uri, this.mongosHosts[0]);
+    return this.uri;
   }
 
   async close() {
     if (this.internal) await this.internal.close(true).catch(() => {});
+    for (const c of (this.perMongos || new Map()).values()) await c.close(true).catch(() => {});
   }
 
   async killAllSessions() {
@@ -191,12 +210,15 @@ class Runner {
     }
     // Stop collecting events before any cleanup traffic.
     for (const c of this.clients) c.state.listening = false;
-    // Fail points are disabled on the same server (there is only one).
+    // Fail points are disabled on the server (each mongos of a sharded cluster).
+    const fpClients = this.perMongos.size ? [...this.perMongos.values()] : [this.internal];
     for (const fp of this.current.failPoints) {
-      try {
-        await withTimeout(this.internal.db('admin').command({ configureFailPoint: fp, mode: 'off' }), 10000, 'disabling fail point');
-      } catch (e) {
-        fail(new TestFailure(`could not disable fail point ${fp}: ${e.message}`));
+      for (const c of fpClients) {
+        try {
+          await withTimeout(c.db('admin').command({ configureFailPoint: fp, mode: 'off' }), 10000, 'disabling fail point');
+        } catch (e) {
+          fail(new TestFailure(`could not disable fail point ${fp}: ${e.message}`));
+        }
       }
     }
     if (!failure && test.expectEvents) {
@@ -408,10 +430,14 @@ class Runner {
         return undefined;
       }
       case 'targetedFailPoint': {
-        // Only one server: the session is "pinned" to it by construction.
+        // On the mongos the session's transaction is pinned to; with one server, that one.
         const clientId = ents.clientOf.get(a.session);
         const client = ents.get(clientId, 'client');
-        await client.db('admin').command(a.failPoint);
+        const txn = session().transaction;
+        const pinned = txn && txn.server && txn.server.description ? txn.server.description.address : null;
+        if (this.perMongos.size && !pinned) throw new TestFailure('targetedFailPoint: the session is not pinned to a mongos');
+        if (pinned && this.perMongos.has(pinned)) await this.perMongos.get(pinned).db('admin').command(a.failPoint);
+        else await client.db('admin').command(a.failPoint);
         this.current.failPoints.push(a.failPoint.configureFailPoint);
         return undefined;
       }
@@ -558,6 +584,17 @@ function collectFiles(args) {
     }
   }
   return out;
+}
+
+// host:port of each host of a mongodb:// URI.
+function uriHosts(uri) {
+  const m = /^mongodb:\/\/(?:[^@/]*@)?([^/?]*)/.exec(uri);
+  return m ? m[1].split(',').filter(Boolean) : [];
+}
+
+// The URI with one host in place of the list.
+function singleHostUri(uri, host) {
+  return uri.replace(/^(mongodb:\/\/(?:[^@/]*@)?)([^/?]*)/, (all, pre) => `${pre}${host}`);
 }
 
 module.exports = { Runner, collectFiles, DRIVER_WTIMEOUT_NOTE, loadKnownDifferences, knownDifference };

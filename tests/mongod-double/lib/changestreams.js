@@ -30,7 +30,7 @@ const KNOWN_STAGES = new Set(['$group', '$sort', '$limit', '$skip', '$lookup', '
   '$bucketAuto', '$sortByCount', '$out', '$merge', '$sample', '$graphLookup', '$geoNear', '$indexStats', '$collStats',
   '$densify', '$fill', '$setWindowFields', '$unionWith', '$documents', '$currentOp', '$listLocalSessions',
   '$listSessions', '$planCacheStats', '$search', '$searchMeta', '$changeStream', '$changeStreamSplitLargeEvent']);
-const EXPANDED_ONLY = new Set(['create', 'createIndexes', 'dropIndexes', 'modify']);
+const EXPANDED_ONLY = new Set(['create', 'createIndexes', 'dropIndexes', 'modify', 'shardCollection']);
 const INTERNAL_DBS = new Set(['admin', 'config', 'local']);
 const FLAG_EVENT = 0;
 const FLAG_INVALIDATE = 1;
@@ -51,7 +51,7 @@ function decodeToken(tok, field) {
   }
   const m = /^([0-9a-f]{8})([0-9a-f]{8})([0-9a-f]{8})([0-9a-f]{2})([0-9a-f]{16})$/.exec(tok._data);
   if (!m) throw err(40647, `Bad resume token: _data is not a resume token of this server: ${tok._data} (${field})`);
-  return { secs: parseInt(m[1], 16), inc: parseInt(m[2], 16), flag: parseInt(m[4], 16), seq: parseInt(m[5], 16) };
+  return { secs: parseInt(m[1], 16), inc: parseInt(m[2], 16), opIndex: parseInt(m[3], 16), flag: parseInt(m[4], 16), seq: parseInt(m[5], 16) };
 }
 
 function eventTime(server, entry) { return new Timestamp({ t: server.bootSecs, i: entry.ts + 1 }); }
@@ -223,6 +223,7 @@ function executing(what, fn, onError) {
 }
 
 function watches(scope, e) {
+  if (e.internal) return false; // a sharded cluster's own set-up on a shard
   if (e.op === 'dropDatabase') return scope.kind === 'cluster' ? !INTERNAL_DBS.has(e.db) : scope.kind === 'database' && scope.db === e.db;
   if (typeof e.coll === 'string' && e.coll.startsWith('system.')) return false;
   switch (scope.kind) {
@@ -280,7 +281,7 @@ function eventOf(server, stream, e) {
     f.push(['operationDescription', o.viewOn !== undefined ? { viewOn: o.viewOn, pipeline: o.pipeline || [] }
       : Object.assign({}, o, { idIndex: { v: new Int32(2), key: { _id: new Int32(1) }, name: '_id_' } })]);
   }
-  if (e.op === 'createIndexes' || e.op === 'dropIndexes') f.push(['operationDescription', e.desc]);
+  if (e.op === 'createIndexes' || e.op === 'dropIndexes' || e.op === 'shardCollection') f.push(['operationDescription', e.desc]);
   if (e.op === 'modify') {
     f.push(['operationDescription', e.desc]);
     f.push(['stateBeforeChange', e.before]);
@@ -371,4 +372,182 @@ function collect(server, stream, limit) {
   return { docs, token };
 }
 
-module.exports = { open, getMore, isChangeStreamPipeline };
+// ---- merged streams (a mongos's): one position per shard's log, events in cluster-time order ----
+//
+// Shards share one clock and every commit takes its own tick, so (cluster time, index in the
+// transaction) names one event in the whole cluster. A merged stream's tokens carry just that
+// (no log position), which is why they resume on any mongos: each shard's position is found
+// again from the token. An invalidating event from any shard ends a collection or database
+// stream (a drop through mongos drops on every shard; the first shard's drop ends it).
+
+const MAX_OP = 0xffffffff;
+
+function mergedToken(server, e, flag) { return encodeToken(server.bootSecs, e.ts + 1, e.opIndex || 0, flag || FLAG_EVENT, 0); }
+
+// The last sequence number of `log` whose entry is at or before (inc, opIndex).
+function positionAt(log, inc, opIndex) {
+  let lo = log.firstSeq - 1;
+  let hi = log.lastSeq;
+  while (lo < hi) {
+    const m = Math.floor((lo + hi + 1) / 2);
+    const e = log.at(m);
+    if (e.ts + 1 < inc || (e.ts + 1 === inc && (e.opIndex || 0) <= opIndex)) lo = m;
+    else hi = m - 1;
+  }
+  return lo;
+}
+
+function mergedStart(sources, spec) {
+  const boot = sources[0].server.bootSecs;
+  const resume = spec.resumeAfter !== undefined ? 'resumeAfter' : spec.startAfter !== undefined ? 'startAfter' : null;
+  let inc;
+  let op;
+  if (resume) {
+    const t = decodeToken(spec[resume], resume);
+    if (t.flag === FLAG_INVALIDATE && resume === 'resumeAfter') {
+      throw err(260, "Attempting to resume a change stream using 'resumeAfter' is not allowed from an invalidate notification.");
+    }
+    if (t.secs !== boot) throw err(280, `cannot resume stream; the resume token was not found. ${JSON.stringify(spec[resume])}`);
+    inc = t.inc;
+    op = t.opIndex;
+    for (const src of sources) {
+      const log = src.server.store.changes;
+      if (log.lastEvictedTs !== null && log.lastEvictedTs + 1 > inc) throw historyLost();
+    }
+  } else if (spec.startAtOperationTime !== undefined) {
+    const ts = spec.startAtOperationTime;
+    if (V.bsonTag(ts) !== 'timestamp') throw err(14, "BSON field '$changeStream.startAtOperationTime' is the wrong type, expected type 'timestamp'");
+    if (ts.t < boot) throw historyLost();
+    inc = ts.t > boot ? 0xffffffff : ts.i - 1;
+    op = MAX_OP;
+  } else {
+    inc = sources[0].server.store.clock + 1;
+    op = MAX_OP;
+  }
+  for (const src of sources) src.pos = positionAt(src.server.store.changes, inc, op);
+}
+
+// Opens a merged change stream over `servers` (one member of each shard; members share data).
+function openMerged(ctx, servers) {
+  const { cmd } = ctx;
+  if (ctx.inTxn) throw err(263, 'Operation not permitted in transaction :: caused by :: $changeStream is not allowed in a transaction');
+  if (!cmd.cursor || typeof cmd.cursor !== 'object') {
+    throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");
+  }
+  const spec = cmd.pipeline[0].$changeStream;
+  const { fd, fb } = checkSpec(spec);
+  const scope = scopeOf(ctx, spec);
+  const stages = cmd.pipeline.slice(1);
+  checkStages(stages);
+  const sources = servers.map((server) => ({ server, pos: 0 }));
+  mergedStart(sources, spec);
+  const stream = {
+    scope, stages, fullDocument: fd, beforeChange: fb, expanded: V.truthy(spec.showExpandedEvents),
+    done: false, vars: ctx.vars, sources, merged: true,
+  };
+  const ns = scope.kind === 'collection' ? `${scope.db}.${scope.coll}` : `${scope.kind === 'cluster' ? 'admin' : scope.db}.$cmd.aggregate`;
+  const batchSize = cmd.cursor.batchSize === undefined ? 101 : V.toNumber(cmd.cursor.batchSize);
+  const b = executing('PlanExecutor error during aggregation', () => collectMerged(stream, batchSize));
+  const id = ctx.cursors.newId();
+  if (!stream.done) {
+    ctx.cursors.cursors.set(id.toString(), { id, ns, docs: [], pos: 0, stream, session: ctx.sessionKey, lastUse: Date.now() });
+  }
+  return {
+    cursor: { firstBatch: b.docs, postBatchResumeToken: b.token, id: Long.fromBigInt(stream.done ? 0n : id), ns },
+    ok: 1,
+  };
+}
+
+async function getMoreMerged(ctx, c, batchSize) {
+  const { cmd } = ctx;
+  const wait = cmd.maxTimeMS !== undefined ? V.toNumber(cmd.maxTimeMS) : 1000;
+  const deadline = Date.now() + wait;
+  const limit = batchSize > 0 ? batchSize : Infinity;
+  const next = () => executing('Executor error during getMore', () => collectMerged(c.stream, limit),
+    () => ctx.cursors.cursors.delete(c.id.toString()));
+  let b = next();
+  while (!b.docs.length && !c.stream.done && !ctx.conn.closed) {
+    const left = deadline - Date.now();
+    if (left <= 0) break;
+    await Promise.race(c.stream.sources.map((src) => src.server.store.changes.wait(left)));
+    if (!ctx.cursors.cursors.has(c.id.toString())) throw err(237, `cursor id ${c.id} was killed`);
+    b = next();
+  }
+  c.lastUse = Date.now();
+  if (c.stream.done) ctx.cursors.cursors.delete(c.id.toString());
+  return {
+    cursor: { nextBatch: b.docs, postBatchResumeToken: b.token, id: Long.fromBigInt(c.stream.done ? 0n : c.id), ns: c.ns },
+    ok: 1,
+  };
+}
+
+// Every shard's new entries the stream watches, merged by (cluster time, index in the
+// transaction), through the later stages; each shard's position then moves to the last event
+// returned (or to the end of what was read).
+function collectMerged(stream, limit) {
+  const raw = [];
+  const known = new Set();
+  const server0 = stream.sources[0].server;
+  for (const src of stream.sources) {
+    const log = src.server.store.changes;
+    if (src.pos < log.firstSeq - 1) throw historyLost();
+    for (let s = src.pos + 1; s <= log.lastSeq; s++) {
+      const e = log.at(s);
+      if (!watches(stream.scope, e)) continue;
+      raw.push({ src, e });
+    }
+  }
+  raw.sort((a, b) => (a.e.ts - b.e.ts) || ((a.e.opIndex || 0) - (b.e.opIndex || 0)));
+  const events = [];
+  for (const { src, e } of raw) {
+    const ev = eventOf(src.server, stream, e);
+    if (ev) {
+      ev._id = mergedToken(src.server, e);
+      events.push(ev);
+      known.add(ev._id._data);
+    }
+    if (invalidates(stream.scope, e)) {
+      const inv = V.fromEntries([['_id', mergedToken(src.server, e, FLAG_INVALIDATE)], ['operationType', 'invalidate'],
+        ['clusterTime', eventTime(src.server, e)], ['wallTime', e.wall]]);
+      events.push(inv);
+      known.add(inv._id._data);
+      break;
+    }
+  }
+  const out = stream.stages.length ? aggregate(events, stream.stages, { variables: stream.vars }) : events;
+  const docs = [];
+  let bytes = 0;
+  let lastToken = null;
+  for (const d of out) {
+    const id = d && d._id;
+    if (!(id && typeof id === 'object' && V.keys(id).length === 1 && known.has(id._data))) {
+      throw err(280, 'Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. ' +
+        'Modifying the _id field of an event makes it impossible to resume the stream from that point. Only ' +
+        'transformations that retain the unmodified _id field are allowed.');
+    }
+    const size = calculateObjectSize(V.forWire(d));
+    if (docs.length >= limit || (docs.length && bytes + size > BATCH_BYTES)) break;
+    docs.push(d);
+    bytes += size;
+    lastToken = id;
+    if (id._data.slice(24, 26) === hex(FLAG_INVALIDATE, 2)) {
+      stream.done = true;
+      break;
+    }
+  }
+  const invalidatedRead = events.length && events[events.length - 1].operationType === 'invalidate';
+  if (lastToken && (docs.length < out.length || stream.done)) {
+    const t = decodeToken(lastToken, 'resume');
+    for (const src of stream.sources) src.pos = positionAt(src.server.store.changes, t.inc, t.opIndex);
+  } else {
+    if (invalidatedRead) stream.done = true;
+    const clock = server0.store.clock;
+    for (const src of stream.sources) src.pos = positionAt(src.server.store.changes, clock + 1, MAX_OP);
+  }
+  const token = docs.length && (docs.length >= limit || stream.done) && lastToken
+    ? lastToken
+    : encodeToken(server0.bootSecs, server0.store.clock + 1, MAX_OP, FLAG_HWM, 0);
+  return { docs, token };
+}
+
+module.exports = { open, getMore, isChangeStreamPipeline, openMerged, getMoreMerged };

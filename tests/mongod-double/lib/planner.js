@@ -465,6 +465,8 @@ function plan(access, coll, opts, test) {
   const filter = opts.filter;
   const spec = sortSpecOf(opts.sort);
   if (spec === undefined || opts.collation || !coll || (coll.options && coll.options.viewOn !== undefined)) return null;
+  // A time-series collection's records are not keyed by _id (its _ids repeat): scanned.
+  if (coll.options && coll.options.timeseries) return null;
   if ((!filter || !isPlainObject(filter) || !Object.keys(filter).length) && !spec) return null;
   const an = analyze(filter && isPlainObject(filter) ? filter : {});
   const reader = new Reader(access, coll, test);

@@ -324,6 +324,8 @@ function equalityValue(cond) {
 // Candidate records of a direct lookup, when the filter pins _id (or every field of a unique
 // index, outside transactions); null when it does not.
 function direct(access, coll, filter) {
+  // A time-series collection's records are not keyed by _id (its _ids may repeat): scan.
+  if (coll.options && coll.options.timeseries) return null;
   if (filter && Object.prototype.hasOwnProperty.call(filter, '_id')) {
     const c = filter._id;
     const eq = equalityValue(c);

@@ -601,8 +601,18 @@ class Server {
       } else {
         const txn = ctx.sctx && ctx.sctx.txn && ctx.sctx.txn.state === 'inProgress' ? ctx.sctx.txn : null;
         ctx.retryStmts = ctx.sctx && ctx.sctx.retryable ? ctx.sctx.session.retryStmts : null;
-        ctx.access = new Access(this.store, txn);
+        // A router's part of a client's batch names its statements by their place in that
+        // batch (stmtIds, as mongos sends them), so a retried batch split again the same way
+        // finds what already ran here.
+        ctx.stmtId = (i) => (Array.isArray(body.stmtIds) && body.stmtIds[i] !== undefined ? V.toNumber(body.stmtIds[i]) : i);
+        ctx.access = new Access(this.store, txn || this.snapshotView(body, name, ctx));
         reply = await handler(ctx);
+        if (ctx.atClusterTime && reply && V.truthy(reply.ok)) {
+          // The driver's snapshot session reads its next statements at this time (find and
+          // aggregate: in the cursor, distinct: at the top).
+          if (reply.cursor) reply.cursor.atClusterTime = ctx.atClusterTime;
+          else reply.atClusterTime = ctx.atClusterTime;
+        }
         if (ctx.abortTxnAfterReply && txn) txn.abort('statement failed');
         // Only a fully successful result is remembered: failed statements run again on retry.
         if (ctx.sctx && ctx.sctx.retryable && ctx.sctx.session.txnNumber === ctx.sctx.txnNumber && !reply.writeErrors) {
@@ -637,6 +647,32 @@ class Server {
       return NO_REPLY;
     }
     return reply;
+  }
+
+  // A snapshot read outside a transaction (readConcern {level: "snapshot"}, find, aggregate
+  // and distinct): a read-only view of the data as of `atClusterTime`, or of now without it.
+  snapshotView(body, name, ctx) {
+    const rc = body.readConcern;
+    if (!rc || typeof rc !== 'object' || rc.level !== 'snapshot' || !SNAPSHOT_READS.has(name) || this.opts.standalone) return null;
+    let want = null;
+    if (rc.atClusterTime !== undefined) {
+      const t = rc.atClusterTime;
+      if (V.bsonTag(t) !== 'timestamp') throw err(14, "BSON field 'readConcern.atClusterTime' is the wrong type, expected type 'timestamp'");
+      const now = this.clusterTime();
+      if (t.t > now.t || (t.t === now.t && t.i > now.i)) {
+        throw err(72, `readConcern atClusterTime value ${t.t}:${t.i} must not be greater than the current clusterTime ${now.t}:${now.i}`);
+      }
+      want = t.t < this.bootSecs ? -1 : t.i - 1;
+    }
+    const at = want === -1 ? null : this.store.pinSnapshot(want);
+    if (at === null) {
+      throw err(239, `Read timestamp ${rc.atClusterTime.t}:${rc.atClusterTime.i} is older than the oldest available timestamp.`);
+    }
+    ctx.atClusterTime = new Timestamp({ t: this.bootSecs, i: at + 1 });
+    return {
+      snapshotTs: at, writes: new Map(), newColls: new Map(), state: 'inProgress', readOnly: true,
+      ownWrite: () => undefined, checkAlive: () => {},
+    };
   }
 
   // mongod's dispatch check on a secondary (commandCanRunHere): transactions run on the
@@ -683,6 +719,30 @@ function checkApiParameters(body, name) {
     throw err(323, `Provided apiStrict:true, but the command ${name} is not in API Version 1. Information on supported ` +
       'commands and migrations in API Version 1 can be found at https://dochub.mongodb.org/core/manual-versioned-api');
   }
+  if (body.apiStrict === true && name === 'aggregate') checkStrictStages(body.pipeline);
+}
+
+// Aggregation stages outside API version 1 (mongod's AllowedWithApiStrict::kNeverInVersion1):
+// with apiStrict they fail with 323, also inside $facet, $lookup and $unionWith pipelines. So a
+// database aggregate ($currentOp, $listLocalSessions) is not run under strict API version 1.
+const STAGES_NOT_IN_V1 = new Set(['$currentOp', '$listLocalSessions', '$listSessions', '$indexStats', '$planCacheStats',
+  '$search', '$searchMeta', '$vectorSearch', '$listSearchIndexes', '$listCatalog', '$shardedDataDistribution']);
+
+function checkStrictStages(pipeline) {
+  if (!Array.isArray(pipeline)) return;
+  for (const st of pipeline) {
+    if (!st || typeof st !== 'object') continue;
+    const stage = V.keys(st)[0];
+    // $collStats is in version 1 for its count only.
+    const collStatsBeyondCount = stage === '$collStats' && st.$collStats && typeof st.$collStats === 'object' &&
+      V.keys(st.$collStats).some((k) => k !== 'count');
+    if (STAGES_NOT_IN_V1.has(stage) || collStatsBeyondCount) {
+      throw err(323, `${stage} is not allowed with 'apiStrict: true' in API Version 1`);
+    }
+    const inner = st[stage];
+    if (stage === '$facet' && inner && typeof inner === 'object') for (const k of V.keys(inner)) checkStrictStages(inner[k]);
+    if ((stage === '$lookup' || stage === '$unionWith') && inner && typeof inner === 'object') checkStrictStages(inner.pipeline);
+  }
 }
 
 function readPrefAllowsSecondary(rp) {
@@ -691,4 +751,4 @@ function readPrefAllowsSecondary(rp) {
   return typeof mode === 'string' && mode !== 'primary';
 }
 
-module.exports = { Server, NO_REPLY, labelsFor };
+module.exports = { Server, NO_REPLY, labelsFor, checkApiParameters, changeStreamLabels };

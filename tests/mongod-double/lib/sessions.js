@@ -129,7 +129,9 @@ class Sessions {
         if (session.kind === 'txn') {
           throw err(217, `Incomplete history detected for transaction ${n} on session ${session.key}`);
         }
-        ctx.replay = session.retryReply;
+        // A router's part (stmtIds) replays statement by statement: the stored reply is of
+        // another part of the batch.
+        if (!Array.isArray(cmd.stmtIds)) ctx.replay = session.retryReply;
       } else {
         if (session.txn) session.txn.abort('superseded');
         session.txnNumber = n;

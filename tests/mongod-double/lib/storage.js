@@ -238,6 +238,10 @@ class Store {
     this.clock = 0; // last commit timestamp
     this.dbs = new Map(); // db -> Map(name -> Collection)
     this.activeTxns = new Set(); // transactions with a snapshot
+    // Snapshot reads outside transactions (readConcern snapshot) keep the history at their
+    // snapshot for a while, so a later read at that atClusterTime sees the same data:
+    // snapshot ts -> expiry (ms), as mongod's minSnapshotHistoryWindowInSeconds (300 s).
+    this.snapshotPins = new Map();
     this.pendingColls = new Map(); // ns -> txn that created it implicitly, not yet committed
     this.tombstones = [];
     this.changes = new ChangeLog(); // committed changes, for change streams
@@ -287,12 +291,36 @@ class Store {
   minActiveSnapshot() {
     let m = Infinity;
     for (const t of this.activeTxns) if (t.snapshotTs < m) m = t.snapshotTs;
+    for (const ts of this.snapshotPins.keys()) if (ts < m) m = ts;
     return m;
+  }
+
+  holdsSnapshots() { return this.activeTxns.size > 0 || this.snapshotPins.size > 0; }
+
+  // A snapshot read at `ts` (null: now): keeps its history for the window and returns it. A
+  // snapshot older than every kept one may have lost versions: 239 SnapshotTooOld.
+  pinSnapshot(ts, windowMs = 300 * 1000) {
+    const now = Date.now();
+    let swept = false;
+    for (const [t, until] of this.snapshotPins) if (until <= now) {
+      this.snapshotPins.delete(t);
+      swept = true;
+    }
+    if (swept) this.sweep();
+    const at = ts === null ? this.clock : ts;
+    if (ts !== null && at !== this.clock && !this.snapshotPins.has(at)) {
+      let floor = Infinity;
+      for (const t of this.snapshotPins.keys()) if (t < floor) floor = t;
+      for (const t of this.activeTxns) if (t.snapshotTs < floor) floor = t.snapshotTs;
+      if (!(at >= floor)) return null;
+    }
+    this.snapshotPins.set(at, now + windowMs);
+    return at;
   }
 
   // Keeps only the versions some open snapshot may still need.
   pruneChain(coll, idKey, head) {
-    const min = this.activeTxns.size ? this.minActiveSnapshot() : Infinity;
+    const min = this.holdsSnapshots() ? this.minActiveSnapshot() : Infinity;
     let v = head;
     while (v && v.ts > min) v = v.prev;
     if (v) {
@@ -309,7 +337,7 @@ class Store {
   // Called when a transaction ends: drop tombstones no snapshot can see past any more.
   sweep() {
     if (!this.tombstones.length) return;
-    const min = this.activeTxns.size ? this.minActiveSnapshot() : Infinity;
+    const min = this.holdsSnapshots() ? this.minActiveSnapshot() : Infinity;
     const keep = [];
     for (const t of this.tombstones) {
       const head = t.coll.records.get(t.idKey);

@@ -42,6 +42,43 @@ function startDouble(args = []) {
   });
 }
 
+// A sharded double (--sharded): resolves once every mongos line and every `shardNN P S` line
+// is out, with the mongos ports, the shards' member ports and a seed-list URI of the mongos.
+function startSharded(args = []) {
+  const at = (f, d) => (args.includes(f) ? Number(args[args.indexOf(f) + 1]) : d);
+  const nMongos = at('--mongos', 2);
+  const nShards = at('--shards', 2);
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [BIN, '--port', '0', '--sharded', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let errText = '';
+    let done = false;
+    child.stderr.on('data', (d) => { errText += d; });
+    child.stdout.on('data', (d) => {
+      out += d;
+      const lines = out.split('\n').slice(0, -1);
+      if (done || lines.length < nMongos + nShards) return;
+      done = true;
+      const mongos = lines.slice(0, nMongos).map(Number);
+      const shards = lines.slice(nMongos, nMongos + nShards).map((l) => {
+        const [name, p, s] = l.split(' ');
+        return { name, port: Number(p), secondaryPort: Number(s) };
+      });
+      resolve({
+        port: mongos[0], mongos, shards, child,
+        stderr: () => errText,
+        uri: (extra = '') => `mongodb://${mongos.map((p) => `127.0.0.1:${p}`).join(',')}/${extra ? `?${extra}` : ''}`,
+        stop: () => new Promise((r) => {
+          if (child.exitCode !== null) return r(child.exitCode);
+          child.once('exit', (code) => r(code));
+          child.kill('SIGTERM');
+        }),
+      });
+    });
+    child.once('exit', (code) => { if (!done) reject(new Error(`double exited ${code}: ${errText}`)); });
+  });
+}
+
 let reqId = 100;
 
 function opMsg(doc, { flags = 0, checksum = false, sequences = [] } = {}) {
@@ -138,4 +175,4 @@ function rawConnect(port) {
 const lsid = () => ({ id: new UUID() });
 const L = (n) => Long.fromNumber(n);
 
-module.exports = { startDouble, rawConnect, opMsg, crc32c, lsid, L };
+module.exports = { startDouble, startSharded, rawConnect, opMsg, crc32c, lsid, L };

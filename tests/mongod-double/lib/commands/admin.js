@@ -65,10 +65,12 @@ async function hello(ctx) {
   const isPrimary = server.role === 'primary' || server.role === 'standalone';
   if (!opts.standalone) {
     r.hosts = server.hosts();
-    r.setName = 'rs0';
+    r.setName = opts.setName || 'rs0';
     r.setVersion = 1;
   }
   r[legacy ? 'ismaster' : 'isWritablePrimary'] = isPrimary;
+  // A mongos router: no set fields, and the msg drivers recognise a mongos by (SDAM spec).
+  if (opts.isMongos) r.msg = 'isdbgrid';
   if (!opts.standalone) {
     r.secondary = !isPrimary;
     if (set.primary) r.primary = set.primary.address;
@@ -256,7 +258,7 @@ async function replSetGetStatus(ctx) {
   const set = ctx.server.set;
   const state = (m) => (m.role === 'primary' ? 1 : 2);
   return {
-    set: 'rs0', date: new Date(), myState: state(ctx.server), term: Long.fromNumber(set.term),
+    set: ctx.server.opts.setName || 'rs0', date: new Date(), myState: state(ctx.server), term: Long.fromNumber(set.term),
     members: ctx.server.members.map((m, i) => ({
       _id: i, name: m.address, health: 1, state: state(m), stateStr: m.role === 'primary' ? 'PRIMARY' : 'SECONDARY',
       ...(m.role === 'primary' ? { electionId: set.electionId() } : {}),

@@ -63,6 +63,17 @@ function notAView(coll) {
 }
 
 function insertOne(ctx, coll, doc) {
+  if (coll.options && coll.options.timeseries) {
+    // A time-series collection (mongod 5.0+) has no _id index: _ids may repeat, so each
+    // measurement is its own record. Its time field must be a date.
+    const tf = coll.options.timeseries.timeField;
+    if (typeof tf === 'string' && !(V.getPath(doc, tf) instanceof Date)) {
+      throw err(2, `'${tf}' must be present and contain a valid BSON UTC datetime value`);
+    }
+    coll.tsSeq = (coll.tsSeq || 0) + 1;
+    ctx.access.put(coll, `${V.canonicalKey(doc._id)}\u0000ts${coll.tsSeq}`, doc);
+    return;
+  }
   const idKey = V.canonicalKey(doc._id);
   if (ctx.access.get(coll, idKey)) throw coll.dupKeyError(coll.idIndex, doc);
   ctx.access.put(coll, idKey, doc);
@@ -88,8 +99,8 @@ async function insert(ctx) {
   const writeErrors = [];
   for (let i = 0; i < docs.length; i++) {
     // A retried statement that already succeeded is not executed again.
-    if (ctx.retryStmts && ctx.retryStmts.has(i)) {
-      n += ctx.retryStmts.get(i).n;
+    if (ctx.retryStmts && ctx.retryStmts.has(ctx.stmtId(i))) {
+      n += ctx.retryStmts.get(ctx.stmtId(i)).n;
       continue;
     }
     try {
@@ -98,7 +109,7 @@ async function insert(ctx) {
       const doc = withIdFirst(V.cloneValue(docs[i]));
       await ctx.retryOnWait(() => insertOne(ctx, coll, doc));
       n++;
-      if (ctx.retryStmts) ctx.retryStmts.set(i, { n: 1 });
+      if (ctx.retryStmts) ctx.retryStmts.set(ctx.stmtId(i), { n: 1 });
     } catch (e) {
       writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
       if (ordered || ctx.access.txn) break;
@@ -191,10 +202,10 @@ async function update(ctx) {
   const writeErrors = [];
   for (let i = 0; i < updates.length; i++) {
     try {
-      const r = ctx.retryStmts && ctx.retryStmts.has(i)
-        ? ctx.retryStmts.get(i)
+      const r = ctx.retryStmts && ctx.retryStmts.has(ctx.stmtId(i))
+        ? ctx.retryStmts.get(ctx.stmtId(i))
         : await updateStatement(ctx, coll, updates[i], db, name);
-      if (ctx.retryStmts) ctx.retryStmts.set(i, r);
+      if (ctx.retryStmts) ctx.retryStmts.set(ctx.stmtId(i), r);
       if (!coll) coll = ctx.access.coll(db, name, false);
       n += r.n;
       nModified += r.nModified;
@@ -223,8 +234,8 @@ async function del(ctx) {
   const writeErrors = [];
   for (let i = 0; i < deletes.length; i++) {
     const st = deletes[i];
-    if (ctx.retryStmts && ctx.retryStmts.has(i)) {
-      n += ctx.retryStmts.get(i).n;
+    if (ctx.retryStmts && ctx.retryStmts.has(ctx.stmtId(i))) {
+      n += ctx.retryStmts.get(ctx.stmtId(i)).n;
       continue;
     }
     const nBefore = n;
@@ -246,7 +257,7 @@ async function del(ctx) {
         });
         if (ok) n++;
       }
-      if (ctx.retryStmts) ctx.retryStmts.set(i, { n: n - nBefore });
+      if (ctx.retryStmts) ctx.retryStmts.set(ctx.stmtId(i), { n: n - nBefore });
     } catch (e) {
       writeErrors.push(writeErrorOf(statementFailed(ctx, e), i));
       if (ordered || ctx.access.txn) break;

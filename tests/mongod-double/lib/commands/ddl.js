@@ -195,14 +195,15 @@ async function dropIndexes(ctx) {
 
 function collectionEntry(c, nameOnly) {
   const isView = c.options && c.options.viewOn !== undefined;
-  if (nameOnly) return { name: c.name, type: isView ? 'view' : 'collection' };
+  const type = isView ? 'view' : c.options && c.options.timeseries ? 'timeseries' : 'collection';
+  if (nameOnly) return { name: c.name, type };
   return {
     name: c.name,
-    type: isView ? 'view' : 'collection',
+    type,
     options: c.options || {},
     info: { readOnly: false, uuid: c.uuid },
-    // A clustered collection has no separate _id index.
-    ...(c.options && c.options.clusteredIndex ? {} : { idIndex: { v: 2, key: { _id: 1 }, name: '_id_' } }),
+    // A clustered or time-series collection has no separate _id index.
+    ...(c.options && (c.options.clusteredIndex || c.options.timeseries) ? {} : { idIndex: { v: 2, key: { _id: 1 }, name: '_id_' } }),
   };
 }
 
