@@ -5,7 +5,7 @@ RELAYBUS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Debian packages the build and the tests need.
 RELAYBUS_BUILD_PACKAGES="build-essential autoconf automake libtool pkg-config
-	libevent-dev libbson-dev libmongoc-dev libssl-dev zlib1g-dev libzstd-dev
+	libevent-dev libbson-dev libmongoc-dev libssl-dev libcurl4-openssl-dev zlib1g-dev libzstd-dev
 	libsnappy-dev libcmocka-dev openssl libnats-dev librabbitmq-dev librdkafka-dev"
 RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat prometheus chromium python3-pymongo man-db systemd nats-server rabbitmq-server"
 

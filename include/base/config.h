@@ -249,6 +249,10 @@ typedef struct {
    bool (*secrets_valid) (const char *secrets, bson_error_t *error);
    /* kafka.<name> = value: librdkafka accepts the property (dispatch/kafka.h). */
    bool (*kafka_property_valid) (const char *name, const char *value, bson_error_t *error);
+   /* A webhook's tls_ca_file, tls_cert_file and tls_key_file ("" when not
+    * set) can be loaded and the key matches the certificate
+    * (dispatch/webhook.h). */
+   bool (*tls_files_valid) (const char *ca_file, const char *cert_file, const char *key_file, bson_error_t *error);
 } config_checks_t;
 
 /* Copies `checks` (NULL: none).  Not thread-safe: call it before any load. */

@@ -3,12 +3,18 @@
  * the retry policy (status classes, Retry-After) and the HTTP client.  The
  * body and the retry schedule are every kind's (dispatch/delivery.h).
  *
- * The client uses libevent's evhttp on the event base it is given (the
- * dispatcher's own thread, never the forwarding loop), with OpenSSL for
- * https (certificate verification against the system store, host name
- * check, SNI).  One connection per request: no keep-alive state to get
- * wrong across retries and TLS.  The pure functions (signature, secret,
- * Retry-After, classification, error text) are what the unit tests
+ * The client is libcurl's multi interface on the event base it is given
+ * (the dispatcher's own thread, never the forwarding loop): curl's sockets
+ * and timer are libevent events, names are resolved by curl's threaded
+ * resolver, and no call blocks the base.  Each handler has its own multi:
+ * at most `concurrency` connections to its endpoint, kept open and reused
+ * (HTTP/1.1 keep-alive, or HTTP/2 streams where the endpoint offers h2),
+ * TLS sessions resumed.  The certificate and the host name are always
+ * verified, against tls_ca_file or the system's store; tls_cert_file and
+ * tls_key_file present a client certificate.  Redirects are not followed
+ * (a 3xx is an answer), the answer's headers and body are capped, the
+ * whole exchange is bounded by timeout_ms.  The pure functions (signature,
+ * secret, Retry-After, classification, error text) are what the unit tests
  * check.
  *
  * Thread: the client on the dispatcher's; the pure functions on any.
@@ -21,9 +27,7 @@
 #include <stdint.h>
 
 #include <bson/bson.h>
-#include <event2/dns.h>
 #include <event2/event.h>
-#include <openssl/ssl.h>
 
 #include "base/config.h"
 #include "store/store.h"
@@ -116,9 +120,18 @@ void webhook_error_text (int status, const char *body, size_t body_len, char *ou
 
 /* ------------------------------------------------------------ the client */
 
-/* True for an IPv4 or IPv6 literal (verified as an IP SAN, sent without
- * SNI). */
-bool webhook_host_is_ip (const char *host);
+/* False, with a message for the operator, when the linked libcurl cannot
+ * serve webhooks without blocking: it lacks AsynchDNS (a synchronous
+ * resolver would stop the dispatcher's loop) or TLS.  Checked at start. */
+bool webhook_curl_check (bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* A handler's tls_ca_file, tls_cert_file and tls_key_file (each NULL or
+ * "" when not set) can be used: each file holds what its key names, and
+ * the key matches the certificate (an encrypted key is refused).  The
+ * configuration's check at start and reload (config_checks_t), and
+ * webhook_new's. */
+bool webhook_tls_files_valid (const char *ca_file, const char *cert_file, const char *key_file, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
 
 typedef struct webhook webhook_t;
 typedef struct webhook_req webhook_req_t;
@@ -132,13 +145,13 @@ typedef struct {
 
 typedef void (*webhook_done_cb_t) (const webhook_result_t *result, void *arg);
 
-/* A client for one handler.  `ssl` (may be NULL for http-only) and `dns`
- * are borrowed; the handler's strings are copied. */
-webhook_t *webhook_new (struct event_base *base,
-                        struct evdns_base *dns,
-                        SSL_CTX *ssl,
-                        const config_handler_t *handler,
-                        bson_error_t *error) __attribute__ ((warn_unused_result));
+/* A client for one handler; `base` is borrowed, the handler's strings are
+ * copied.  NULL with `error` for a URL that is not http(s), a bad secret,
+ * unusable TLS files or a libcurl webhook_curl_check refuses. */
+webhook_t *webhook_new (struct event_base *base, const config_handler_t *handler, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+/* NULL ok.  Requests still in flight are abandoned without a callback.
+ * May be called from a request's callback. */
 void webhook_destroy (webhook_t *w);
 
 /* POSTs body with the Standard Webhooks headers.  cb runs exactly once on
@@ -153,11 +166,7 @@ webhook_req_t *webhook_send (webhook_t *w,
                              void *arg,
                              bson_error_t *error);
 /* Abandons a request in flight: cb will not run; its connection is
- * closed. */
+ * closed unless curl can keep it. */
 void webhook_cancel (webhook_req_t *req);
-
-/* An SSL_CTX for https webhooks: TLS 1.2+, peer verification against the
- * default paths. */
-SSL_CTX *webhook_ssl_ctx_new (bson_error_t *error);
 
 #endif /* RELAYBUS_WEBHOOK_H */

@@ -205,11 +205,11 @@ static const config_key_t config_key_table[] = {
    H ("persistent", B, "true", 0, 0, persistent,
       "rabbitmq: publish persistent messages (delivery mode 2), which a durable queue keeps across a broker restart."),
    H ("tls_ca_file", S, "", 0, 0, tls_ca_file,
-      "rabbitmq, amqps:// only: PEM CA bundle the broker's certificate is verified against; empty: the system's store."),
+      "webhook (https://) and rabbitmq (amqps://): PEM CA bundle the endpoint's or broker's certificate is verified against; empty: the system's store."),
    H ("tls_cert_file", S, "", 0, 0, tls_cert_file,
-      "rabbitmq, amqps:// only: PEM client certificate presented to the broker (with tls_key_file)."),
+      "webhook (https://) and rabbitmq (amqps://): PEM client certificate presented to the endpoint or broker (with tls_key_file)."),
    H ("tls_key_file", S, "", 0, 0, tls_key_file,
-      "rabbitmq, amqps:// only: PEM private key of tls_cert_file."),
+      "webhook (https://) and rabbitmq (amqps://): PEM private key of tls_cert_file (not encrypted)."),
    H ("brokers", S, "", 0, 0, brokers,
       "kafka: the bootstrap servers, host:port, comma-separated (librdkafka's bootstrap.servers)."),
    H ("topic", S, "", 0, 0, topic,
@@ -1151,6 +1151,42 @@ config_validate_kafka (const config_handler_t *h, const char *origin, bson_error
    return true;
 }
 
+/* A webhook's tls_* files: for an https:// url, the certificate with its
+ * key, each readable, and (config_checks) loadable and matching, so that
+ * start-up and reload refuse what the dispatcher could not use. */
+static bool
+config_validate_webhook_tls (const config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *files[] = {h->tls_ca_file, h->tls_cert_file, h->tls_key_file};
+   const char *names[] = {"tls_ca_file", "tls_cert_file", "tls_key_file"};
+   bson_error_t sub;
+
+   if (!*h->tls_ca_file && !*h->tls_cert_file && !*h->tls_key_file)
+      return true;
+   if (strncmp (h->url, "https://", 8) != 0) {
+      config_error (error, origin, 0, "[handler %s] tls_ca_file, tls_cert_file and tls_key_file need an https:// url",
+                    h->name);
+      return false;
+   }
+   if (!!*h->tls_cert_file != !!*h->tls_key_file) {
+      config_error (error, origin, 0, "[handler %s] tls_cert_file and tls_key_file go together (%s is not set)", h->name,
+                    *h->tls_cert_file ? "tls_key_file" : "tls_cert_file");
+      return false;
+   }
+   for (int i = 0; i < 3; i++)
+      if (*files[i] && access (files[i], R_OK) != 0) {
+         config_error (error, origin, 0, "[handler %s] %s: cannot read '%s': %s", h->name, names[i], files[i],
+                       strerror (errno));
+         return false;
+      }
+   if (config_checks.tls_files_valid &&
+       !config_checks.tls_files_valid (h->tls_ca_file, h->tls_cert_file, h->tls_key_file, &sub)) {
+      config_error (error, origin, 0, "[handler %s] %s", h->name, sub.message);
+      return false;
+   }
+   return true;
+}
+
 static bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -1162,9 +1198,11 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull, nats, rabbitmq or kafka)", h->name);
       return false;
    }
-   if (strcmp (h->kind, "rabbitmq") != 0 && (*h->tls_ca_file || *h->tls_cert_file || *h->tls_key_file)) {
+   if (strcmp (h->kind, "rabbitmq") != 0 && strcmp (h->kind, "webhook") != 0 &&
+       (*h->tls_ca_file || *h->tls_cert_file || *h->tls_key_file)) {
       config_error (error, origin, 0,
-                    "[handler %s] tls_ca_file, tls_cert_file and tls_key_file are for kind = rabbitmq with an amqps:// url",
+                    "[handler %s] tls_ca_file, tls_cert_file and tls_key_file are for kind = webhook with an https:// "
+                    "url or kind = rabbitmq with an amqps:// url",
                     h->name);
       return false;
    }
@@ -1176,6 +1214,8 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
                        h->name);
          return false;
       }
+      if (!config_validate_webhook_tls (h, origin, error))
+         return false;
    } else if (strcmp (h->kind, "pull") == 0) {
       h->kind_id = HANDLER_KIND_PULL;
    } else if (strcmp (h->kind, "nats") == 0) {
