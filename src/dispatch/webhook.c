@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <openssl/err.h>
@@ -566,6 +567,26 @@ timer_cb (CURLM *multi, long timeout_ms, void *userp)
    return evtimer_add (w->timer, &tv) == 0 ? 0 : -1;
 }
 
+/* CURLOPT_CLOSESOCKETFUNCTION: a socket of this handler is closed.  Its
+ * event goes first: every handler's sockets share the dispatcher's base,
+ * and an event left on a closed descriptor would keep libevent believing
+ * the number watched, so that the next socket given the same number (by
+ * another handler's connect) would never be added to epoll, and its
+ * request would wait for its timeout. */
+static int
+closesocket_cb (void *arg, curl_socket_t fd)
+{
+   webhook_t *w = arg;
+
+   for (webhook_sock_t *s = w->socks; s; s = s->next)
+      if (s->fd == fd) {
+         curl_multi_assign (w->multi, fd, NULL);
+         sock_free (s);
+         break;
+      }
+   return close (fd);
+}
+
 /* CURLOPT_HEADERFUNCTION: one header line of the answer.  Keeps
  * Retry-After; a line of an interim (1xx) answer starts a new count. */
 static size_t
@@ -844,6 +865,8 @@ req_easy_setup (webhook_t *w, webhook_req_t *r)
    ok &= curl_easy_setopt (e, CURLOPT_PRIVATE, r) == CURLE_OK;
    ok &= curl_easy_setopt (e, CURLOPT_ERRORBUFFER, r->curl_error) == CURLE_OK;
    ok &= curl_easy_setopt (e, CURLOPT_NOSIGNAL, 1L) == CURLE_OK;
+   ok &= curl_easy_setopt (e, CURLOPT_CLOSESOCKETFUNCTION, closesocket_cb) == CURLE_OK;
+   ok &= curl_easy_setopt (e, CURLOPT_CLOSESOCKETDATA, w) == CURLE_OK;
    ok &= curl_easy_setopt (e, CURLOPT_SHARE, w->share) == CURLE_OK;
    /* The body is the one signed: curl sends these bytes as they are. */
    ok &= curl_easy_setopt (e, CURLOPT_POST, 1L) == CURLE_OK;
