@@ -682,9 +682,11 @@ main (int argc, char **argv)
    /* The configuration's checks that belong to other layers. */
 #ifdef RELAYBUS_HAVE_KAFKA
    config_set_checks (
-      &(config_checks_t){compress_offerable, webhook_secrets_valid, kafka_property_valid, webhook_tls_files_valid});
+      &(config_checks_t){compress_offerable, webhook_secrets_valid, kafka_property_valid, webhook_tls_files_valid,
+                         webhook_header_valid, webhook_proxy_valid});
 #else
-   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, NULL, webhook_tls_files_valid});
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, NULL, webhook_tls_files_valid,
+                                         webhook_header_valid, webhook_proxy_valid});
 #endif
    if (!install_early_handlers ()) {
       log_error ("start-up: cannot install signal handlers");

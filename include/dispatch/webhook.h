@@ -99,13 +99,15 @@ bool webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *dela
 
 typedef enum {
    WEBHOOK_OUTCOME_COMPLETE,    /* 2xx */
-   WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors (and 4xx with retry_4xx) */
+   WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors; with retry_4xx every other non-2xx */
    WEBHOOK_OUTCOME_RETRY_AFTER, /* 429, 503: Retry-After if given, else backoff */
-   WEBHOOK_OUTCOME_DEAD,        /* other 4xx (and 1xx/3xx) */
+   WEBHOOK_OUTCOME_DEAD,        /* without retry_4xx: other 4xx, 1xx, 3xx */
 } webhook_outcome_t;
 
 const char *webhook_outcome_name (webhook_outcome_t o);
-/* status 0 means no HTTP answer (connection error or timeout). */
+/* status 0 means no HTTP answer (connection error or timeout).  With
+ * retry_4xx (the default, as Svix) every answer that is not a 2xx is
+ * retried; without it a 4xx, 1xx or 3xx is dead at once. */
 webhook_outcome_t webhook_classify (int status, bool retry_4xx);
 
 /* The lastError of a failing answer: "HTTP <status>" then ": " and the
@@ -124,6 +126,18 @@ void webhook_error_text (int status, const char *body, size_t body_len, char *ou
  * serve webhooks without blocking: it lacks AsynchDNS (a synchronous
  * resolver would stop the dispatcher's loop) or TLS.  Checked at start. */
 bool webhook_curl_check (bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* A header.<name> = value the proxy may send: the name an HTTP token
+ * (RFC 9110: letters, digits and !#$%&'*+-.^_`|~; no colon, no space) of at
+ * most 64 bytes and not one the proxy sets itself (Host, Content-Type,
+ * Content-Length, Transfer-Encoding, Connection, Expect, the webhook-*
+ * headers); the value at most 1024 bytes without a line break or another
+ * control character but tab.  False with `error` saying which rule. */
+bool webhook_header_valid (const char *name, const char *value, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* A handler's proxy: an http:// or https:// URL with a host. */
+bool webhook_proxy_valid (const char *url, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* A handler's tls_ca_file, tls_cert_file and tls_key_file (each NULL or
  * "" when not set) can be used: each file holds what its key names, and

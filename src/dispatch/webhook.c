@@ -294,9 +294,11 @@ webhook_classify (int status, bool retry_4xx)
       return WEBHOOK_OUTCOME_RETRY_AFTER;
    if (status >= 500 && status < 600)
       return WEBHOOK_OUTCOME_RETRY;
-   if (status >= 400 && status < 500)
-      return retry_4xx ? WEBHOOK_OUTCOME_RETRY : WEBHOOK_OUTCOME_DEAD;
-   return WEBHOOK_OUTCOME_DEAD; /* 1xx, 3xx: a misconfigured URL */
+   /* A 4xx during a receiver's deploy (401, 404) heals by itself; a 3xx
+    * (redirects are not followed) is a failure to retry too, as Svix
+    * treats them.  retry_4xx = false keeps the former rule: the request
+    * itself is wrong, bury it. */
+   return retry_4xx ? WEBHOOK_OUTCOME_RETRY : WEBHOOK_OUTCOME_DEAD;
 }
 
 void
@@ -380,6 +382,8 @@ struct webhook {
    int port;
    bool https;
    char *ca_file, *cert_file, *key_file; /* NULL: not set */
+   char *proxy;                          /* NULL: the environment's (https_proxy, no_proxy) */
+   struct curl_slist *extra;             /* the header.* lines, "Name: value" */
    webhook_keys_t keys;                  /* keys.n == 0: requests are not signed */
    int64_t timeout_ms;
    bool retry_4xx;
@@ -390,6 +394,63 @@ struct webhook {
    webhook_req_t *reqs;
    webhook_sock_t *socks;
 };
+
+bool
+webhook_header_valid (const char *name, const char *value, bson_error_t *error)
+{
+   static const char *const reserved[] = {"host", "content-type", "content-length", "transfer-encoding", "connection",
+                                          "expect", "webhook-id", "webhook-timestamp", "webhook-signature"};
+   size_t n = strlen (name);
+
+   if (n == 0 || n > 64) {
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "a header name is 1 to 64 bytes");
+      return false;
+   }
+   for (size_t i = 0; i < n; i++) {
+      unsigned char c = (unsigned char) name[i];
+      if (!(isalnum (c) || (c && strchr ("!#$%&'*+-.^_`|~", c)))) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14,
+                         "'%s' is not an HTTP header name (letters, digits and !#$%%&'*+-.^_`|~ only; no colon, space "
+                         "or line break)",
+                         name);
+         return false;
+      }
+   }
+   for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
+      if (strcasecmp (name, reserved[i]) == 0) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "set by the proxy; it cannot be configured");
+         return false;
+      }
+   if (strlen (value) > 1024) {
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "the value is longer than 1024 bytes");
+      return false;
+   }
+   for (const char *p = value; *p; p++)
+      if ((iscntrl ((unsigned char) *p) && *p != '\t') || *p == 0x7f) {
+         /* A line break would end the header and start another one. */
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "the value has a line break or a control character");
+         return false;
+      }
+   return true;
+}
+
+bool
+webhook_proxy_valid (const char *url, bson_error_t *error)
+{
+   CURLU *u = curl_url ();
+   char *scheme = NULL, *host = NULL;
+   bool ok = u && curl_url_set (u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+             curl_url_get (u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+             curl_url_get (u, CURLUPART_HOST, &host, 0) == CURLUE_OK && *host &&
+             (strcasecmp (scheme, "http") == 0 || strcasecmp (scheme, "https") == 0);
+
+   if (!ok)
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 15, "is not an http:// or https:// URL (http://host:port)");
+   curl_free (scheme);
+   curl_free (host);
+   curl_url_cleanup (u);
+   return ok;
+}
 
 bool
 webhook_curl_check (bson_error_t *error)
@@ -767,6 +828,18 @@ webhook_new (struct event_base *base, const config_handler_t *h, bson_error_t *e
    w->ca_file = h->tls_ca_file && *h->tls_ca_file ? bson_strdup (h->tls_ca_file) : NULL;
    w->cert_file = h->tls_cert_file && *h->tls_cert_file ? bson_strdup (h->tls_cert_file) : NULL;
    w->key_file = h->tls_key_file && *h->tls_key_file ? bson_strdup (h->tls_key_file) : NULL;
+   w->proxy = h->proxy && *h->proxy ? bson_strdup (h->proxy) : NULL;
+   for (size_t i = 0; i < h->n_headers; i++) {
+      char *line = bson_strdup_printf ("%s: %s", h->headers[2 * i], h->headers[2 * i + 1]);
+      struct curl_slist *l = curl_slist_append (w->extra, line);
+
+      bson_free (line);
+      if (!l) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 10, "handler %s: cannot hold its headers", h->name);
+         goto fail;
+      }
+      w->extra = l;
+   }
    if (!webhook_secrets_parse (h->secret, &w->keys, &sub)) {
       bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 2, "handler %s: secret: %s", h->name, sub.message);
       goto fail;
@@ -835,6 +908,8 @@ webhook_destroy (webhook_t *w)
    bson_free (w->ca_file);
    bson_free (w->cert_file);
    bson_free (w->key_file);
+   bson_free (w->proxy);
+   curl_slist_free_all (w->extra);
    OPENSSL_cleanse (&w->keys, sizeof w->keys);
    bson_free (w);
 }
@@ -887,6 +962,15 @@ req_easy_setup (webhook_t *w, webhook_req_t *r)
     * rather than open one more. */
    ok &= curl_easy_setopt (e, CURLOPT_PIPEWAIT, 1L) == CURLE_OK;
    ok &= curl_easy_setopt (e, CURLOPT_TCP_KEEPALIVE, 1L) == CURLE_OK;
+   /* The url's user:password goes as Basic auth (curl reads it from the
+    * URL); only Basic, never offered to another host. */
+   ok &= curl_easy_setopt (e, CURLOPT_HTTPAUTH, (long) CURLAUTH_BASIC) == CURLE_OK;
+   /* Without a proxy key, curl applies https_proxy, http_proxy and
+    * no_proxy of the environment itself. */
+   if (w->proxy) {
+      ok &= curl_easy_setopt (e, CURLOPT_PROXY, w->proxy) == CURLE_OK;
+      ok &= curl_easy_setopt (e, CURLOPT_PROXYTYPE, (long) (strncasecmp (w->proxy, "https:", 6) == 0 ? CURLPROXY_HTTPS : CURLPROXY_HTTP)) == CURLE_OK;
+   }
    if (w->https) {
       const char *env_file = getenv ("SSL_CERT_FILE"), *env_dir = getenv ("SSL_CERT_DIR");
 
@@ -942,6 +1026,8 @@ webhook_send (webhook_t *w,
    ok &= req_header (r, "User-Agent", "relaybus-proxy");
    /* curl would wait for a 100 Continue before a body over 1 KiB. */
    ok &= (r->headers = curl_slist_append (r->headers, "Expect:")) != NULL;
+   for (const struct curl_slist *l = w->extra; l && ok; l = l->next)
+      ok &= (r->headers = curl_slist_append (r->headers, l->data)) != NULL;
    ok &= req_header (r, "webhook-id", msg_id);
    ok &= req_header (r, "webhook-timestamp", ts);
    if (w->keys.n > 0) {
@@ -1080,11 +1166,24 @@ str_equal (const char *a, const char *b)
    return !strcmp (a ? a : "", b ? b : "");
 }
 
-/* What webhook_new copies: url, secret, timeout, retry_4xx, the TLS files
- * and concurrency (the size of the connection cache). */
+static bool
+headers_equal (const config_handler_t *a, const config_handler_t *b)
+{
+   if (a->n_headers != b->n_headers)
+      return false;
+   for (size_t i = 0; i < 2 * a->n_headers; i++)
+      if (strcmp (a->headers[i], b->headers[i]) != 0)
+         return false;
+   return true;
+}
+
+/* What webhook_new copies: url, secret, timeout, retry_4xx, the TLS files,
+ * concurrency (the size of the connection cache), proxy and headers. */
 static bool
 webhook_t_settings_equal (const config_handler_t *a, const config_handler_t *b)
 {
+   if (!str_equal (a->proxy, b->proxy) || !headers_equal (a, b))
+      return false;
    return str_equal (a->url, b->url) && str_equal (a->secret, b->secret) && a->timeout_ms == b->timeout_ms &&
           a->retry_4xx == b->retry_4xx && str_equal (a->tls_ca_file, b->tls_ca_file) &&
           str_equal (a->tls_cert_file, b->tls_cert_file) && str_equal (a->tls_key_file, b->tls_key_file) &&
