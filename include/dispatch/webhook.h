@@ -11,7 +11,10 @@
  * (HTTP/1.1 keep-alive, or HTTP/2 streams where the endpoint offers h2),
  * TLS sessions resumed.  The certificate and the host name are always
  * verified, against tls_ca_file or the system's store; tls_cert_file and
- * tls_key_file present a client certificate.  Redirects are not followed
+ * tls_key_file present a client certificate.  A handler's header.* lines
+ * are added to each request, the url's user:password goes as Basic auth,
+ * and `proxy` (else the environment's https_proxy and no_proxy) is the
+ * forward proxy.  Redirects are not followed
  * (a 3xx is an answer), the answer's headers and body are capped, the
  * whole exchange is bounded by timeout_ms.  The pure functions (signature,
  * secret, Retry-After, classification, error text) are what the unit tests

@@ -1,7 +1,8 @@
 /*
  * dispatch/webhook.c - webhook deliveries: Standard Webhooks signature, retry
- * policy (status classes, Retry-After) and the evhttp client (with OpenSSL
- * for https).
+ * policy (status classes, Retry-After), the checks of a handler's headers,
+ * proxy and TLS files, and the HTTP client (libcurl's multi-socket
+ * interface on the dispatcher's event base).
  *
  * It knows nothing of the store: as the webhook kind of the handler
  * interface (transport_webhook_ops, at the end), it turns a claimed
