@@ -377,6 +377,7 @@ struct webhook {
    CURLM *multi;
    CURLSH *share;
    struct event *timer;
+   struct event *kick; /* reaps what a send's first step finished (kick_cb) */
    char *name;
    char *url;
    char *host; /* for error texts: host and port, never the userinfo */
@@ -560,6 +561,14 @@ timer_event_cb (evutil_socket_t fd, short what, void *arg)
    (void) what;
    curl_multi_socket_action (w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
    transfers_reap (w);
+}
+
+static void
+kick_cb (evutil_socket_t fd, short what, void *arg)
+{
+   (void) fd;
+   (void) what;
+   transfers_reap (arg);
 }
 
 static void
@@ -852,9 +861,10 @@ webhook_new (struct event_base *base, const config_handler_t *h, bson_error_t *e
       goto fail;
    }
    w->timer = evtimer_new (base, timer_event_cb, w);
+   w->kick = event_new (base, -1, 0, kick_cb, w);
    w->multi = curl_multi_init ();
    w->share = curl_share_init ();
-   if (!w->timer || !w->multi || !w->share) {
+   if (!w->timer || !w->kick || !w->multi || !w->share) {
       bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 10, "handler %s: cannot create the HTTP client", h->name);
       goto fail;
    }
@@ -903,6 +913,8 @@ webhook_destroy (webhook_t *w)
       sock_free (w->socks);
    if (w->timer)
       event_free (w->timer);
+   if (w->kick)
+      event_free (w->kick);
    bson_free (w->name);
    bson_free (w->url);
    bson_free (w->host);
@@ -1047,8 +1059,15 @@ webhook_send (webhook_t *w,
       r->easy = NULL;
       goto fail;
    }
-   /* curl_multi_add_handle set a timeout of 0 through timer_cb: the
-    * transfer starts on the base's next turn, never inside this call. */
+   /* The connect starts now, as the dispatcher's next store call may keep
+    * the base busy for a while, and timeout_ms runs from here.  What this
+    * step finishes (a refused connection) is called back from the base,
+    * never from within this call. */
+   {
+      int running = 0;
+      curl_multi_socket_action (w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+      event_active (w->kick, EV_TIMEOUT, 0);
+   }
    return r;
 
 fail:
