@@ -40,7 +40,7 @@ function keyedEvents(prefix, n, keys) {
   return events;
 }
 
-async function deliverAll(t, { sink, handler, n, keys, env }) {
+async function deliverAll(t, { sink, handler, n, keys, env, beforeStop }) {
   const up = await startUpstream();
   t.after(() => up.stop());
   const db = uniqueDbName('dispatch_webhook_reuse');
@@ -57,6 +57,7 @@ async function deliverAll(t, { sink, handler, n, keys, env }) {
   for (const e of events) assert.equal(sink.stats().ok.get(e.id), 1, `${e.id} delivered once`);
   assert.deepEqual(sink.stats().seqViolations, []);
   assert.equal(sink.stats().badSignatures, 0, 'each signature signs the body sent');
+  if (beforeStop) await beforeStop(p);
   assert.equal((await p.stop()).code, 0);
 }
 
@@ -78,7 +79,14 @@ test('100 deliveries over TLS to a private CA that requires client certificates 
   // No SSL_CERT_FILE: the CA comes from tls_ca_file only.
   await deliverAll(t, { sink, n: 100, keys: 20, env: { SSL_CERT_FILE: '/nonexistent' },
     handler: { name: 'mtls', events: '*', kind: 'webhook', url: sink.url('/mtls'), secret: SECRET, concurrency: 8,
-      tls_ca_file: f('ca.pem'), tls_cert_file: f('client.pem'), tls_key_file: f('client.key') } });
+      tls_ca_file: f('ca.pem'), tls_cert_file: f('client.pem'), tls_key_file: f('client.key') },
+    // A reload naming a key of another certificate is refused, and says why.
+    beforeStop: async (p) => {
+      fs.writeFileSync(p.ini, fs.readFileSync(p.ini, 'utf8').replace(f('client.key'), f('other.key')));
+      p.child.kill('SIGHUP');
+      await waitFor(() => /reload: keeping the current configuration: .*\[handler mtls\] tls_key_file: the key does not match the certificate/.test(p.log()),
+        10000, 'the refused reload');
+    } });
   const { handshakes, connections } = sink.stats();
   assert.ok(handshakes >= 1 && handshakes <= 16, `${handshakes} TLS handshakes for 100 deliveries`);
   assert.ok(connections <= 16, `${connections} TCP connections for 100 deliveries`);
