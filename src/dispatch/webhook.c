@@ -927,18 +927,28 @@ webhook_destroy (webhook_t *w)
    bson_free (w);
 }
 
+/* Adds a header line to the request's (the list is kept when curl cannot
+ * grow it). */
+static bool
+req_header_line (webhook_req_t *r, const char *line)
+{
+   struct curl_slist *l = curl_slist_append (r->headers, line);
+
+   if (!l)
+      return false;
+   r->headers = l;
+   return true;
+}
+
 /* Adds "Name: value" to the request's headers. */
 static bool
 req_header (webhook_req_t *r, const char *name, const char *value)
 {
    char *line = bson_strdup_printf ("%s: %s", name, value);
-   struct curl_slist *l = curl_slist_append (r->headers, line);
+   bool ok = req_header_line (r, line);
 
    bson_free (line);
-   if (!l)
-      return false;
-   r->headers = l;
-   return true;
+   return ok;
 }
 
 /* The easy handle of one request: every limit of the transfer is set here. */
@@ -1038,9 +1048,9 @@ webhook_send (webhook_t *w,
    ok &= req_header (r, "Content-Type", "application/json");
    ok &= req_header (r, "User-Agent", "relaybus-proxy");
    /* curl would wait for a 100 Continue before a body over 1 KiB. */
-   ok &= (r->headers = curl_slist_append (r->headers, "Expect:")) != NULL;
+   ok &= req_header_line (r, "Expect:");
    for (const struct curl_slist *l = w->extra; l && ok; l = l->next)
-      ok &= (r->headers = curl_slist_append (r->headers, l->data)) != NULL;
+      ok &= req_header_line (r, l->data);
    ok &= req_header (r, "webhook-id", msg_id);
    ok &= req_header (r, "webhook-timestamp", ts);
    if (w->keys.n > 0) {
