@@ -9,6 +9,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
+const http2 = require('node:http2');
 const path = require('node:path');
 const { execFileSync, spawnSync } = require('node:child_process');
 const { MongoClient } = require('mongodb');
@@ -90,6 +91,40 @@ test('100 deliveries over TLS to a private CA that requires client certificates 
   const { handshakes, connections } = sink.stats();
   assert.ok(handshakes >= 1 && handshakes <= 16, `${handshakes} TLS handshakes for 100 deliveries`);
   assert.ok(connections <= 16, `${connections} TCP connections for 100 deliveries`);
+});
+
+test('a receiver that offers HTTP/2 gets the deliveries as streams of one or two connections', { timeout: 120000 }, async (t) => {
+  const dir = tmpDir('relaybus-webhook-reuse-h2-');
+  const f = makePki(dir);
+  const seen = { sessions: 0, versions: new Set(), ids: new Set() };
+  const server = http2.createSecureServer({ key: fs.readFileSync(f('server.key')), cert: fs.readFileSync(f('server.pem')) });
+  server.on('session', () => { seen.sessions++; });
+  server.on('stream', (stream, headers) => {
+    const chunks = [];
+    stream.on('data', (c) => chunks.push(c));
+    stream.on('end', () => {
+      seen.ids.add(JSON.parse(Buffer.concat(chunks).toString('utf8')).id);
+      stream.respond({ ':status': 204 });
+      stream.end();
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.after(() => new Promise((resolve) => server.close(() => resolve())));
+  const up = await startUpstream();
+  t.after(() => up.stop());
+  const db = uniqueDbName('dispatch_webhook_h2');
+  const p = await startDispatchProxy({ upstream: up.uri, outbox: { database: db }, dispatch: { poll_interval_ms: 100 },
+    handlers: [{ name: 'h2', events: '*', kind: 'webhook', url: `https://127.0.0.1:${server.address().port}/h2`, concurrency: 8,
+      tls_ca_file: f('ca.pem') }] });
+  t.after(() => p.kill());
+  const client = await new MongoClient(up.uri).connect();
+  t.after(() => client.close());
+  const events = keyedEvents('h2', 100, 20);
+  await publish(client, db, events, ['h2'], 50);
+  await waitFor(() => seen.ids.size === events.length, 90000, 'every event over HTTP/2');
+  // Only HTTP/2 streams reach a createSecureServer without allowHTTP1.
+  assert.ok(seen.sessions >= 1 && seen.sessions <= 2, `${seen.sessions} HTTP/2 connections for 100 deliveries`);
+  assert.equal((await p.stop()).code, 0);
 });
 
 test('tls_* files that are missing or do not match are refused with a clear error', async () => {
