@@ -981,9 +981,6 @@ req_easy_setup (webhook_t *w, webhook_req_t *r)
    ok &= curl_easy_setopt (e, CURLOPT_WRITEFUNCTION, body_cb) == CURLE_OK;
    ok &= curl_easy_setopt (e, CURLOPT_WRITEDATA, r) == CURLE_OK;
    ok &= curl_easy_setopt (e, CURLOPT_HTTP_VERSION, (long) CURL_HTTP_VERSION_2TLS) == CURLE_OK;
-   /* Wait for a connection of the cache to be free, or for h2 to be known,
-    * rather than open one more. */
-   ok &= curl_easy_setopt (e, CURLOPT_PIPEWAIT, 1L) == CURLE_OK;
    ok &= curl_easy_setopt (e, CURLOPT_TCP_KEEPALIVE, 1L) == CURLE_OK;
    /* The url's user:password goes as Basic auth (curl reads it from the
     * URL); only Basic, never offered to another host. */
@@ -998,6 +995,14 @@ req_easy_setup (webhook_t *w, webhook_req_t *r)
       const char *env_file = getenv ("SSL_CERT_FILE"), *env_dir = getenv ("SSL_CERT_DIR");
 
       ok &= curl_easy_setopt (e, CURLOPT_SSLVERSION, (long) CURL_SSLVERSION_TLSv1_2) == CURLE_OK;
+      /* Wait for the first connection's ALPN to tell whether it takes
+       * streams (h2) rather than open more at once.  Only over TLS: ALPN
+       * answers in the handshake, where a plain HTTP/1.1 connection is
+       * known not to multiplex only once an answer's status line is read,
+       * and an endpoint whose answer never gets there (a huge header)
+       * would hold every other request waiting for that connection until
+       * its timeout. */
+      ok &= curl_easy_setopt (e, CURLOPT_PIPEWAIT, 1L) == CURLE_OK;
       /* The certificate and the host name (or IP address) are always
        * checked; no key turns this off. */
       ok &= curl_easy_setopt (e, CURLOPT_SSL_VERIFYPEER, 1L) == CURLE_OK;
