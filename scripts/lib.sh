@@ -5,7 +5,7 @@ RELAYBUS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # Debian packages the build and the tests need.
 RELAYBUS_BUILD_PACKAGES="build-essential autoconf automake libtool pkg-config
-	libevent-dev libbson-dev libmongoc-dev libssl-dev zlib1g-dev libzstd-dev
+	libevent-dev libbson-dev libmongoc-dev libssl-dev libcurl4-openssl-dev zlib1g-dev libzstd-dev
 	libsnappy-dev libidn-dev libcmocka-dev openssl libnats-dev librabbitmq-dev librdkafka-dev"
 # What packaging/ needs besides the build packages: the Debian package's build
 # and check (debhelper, lintian), the clean Debian root its test installs it

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <mongoc/mongoc.h>
@@ -692,9 +693,12 @@ main (int argc, char **argv)
 
    /* The configuration's checks that belong to other layers. */
 #ifdef RELAYBUS_HAVE_KAFKA
-   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, kafka_property_valid});
+   config_set_checks (
+      &(config_checks_t){compress_offerable, webhook_secrets_valid, kafka_property_valid, webhook_tls_files_valid,
+                         webhook_header_valid, webhook_proxy_valid});
 #else
-   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, NULL});
+   config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid, NULL, webhook_tls_files_valid,
+                                         webhook_header_valid, webhook_proxy_valid});
 #endif
    if (!install_early_handlers ()) {
       log_error ("start-up: cannot install signal handlers");
@@ -737,6 +741,12 @@ main (int argc, char **argv)
    evthread_use_pthreads ();
    mongoc_log_set_handler (proxy_mongoc_log, NULL);
    mongoc_init ();
+   /* Before any thread uses libcurl (the dispatcher's webhooks). */
+   if (curl_global_init (CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+      log_error ("start-up: libcurl cannot be initialised");
+      config_release (p.cfg);
+      return EXIT_FAILURE_RUNTIME;
+   }
 
    p.exit_code = EXIT_OK;
    (void) notify_init (); /* a bad NOTIFY_SOCKET is logged, not fatal */
@@ -758,6 +768,7 @@ main (int argc, char **argv)
    /* Drop the published snapshot too, so nothing is left at exit. */
    config_publish (NULL);
    mongoc_cleanup ();
+   curl_global_cleanup ();
    libevent_global_shutdown ();
    log_info ("exit %d", p.exit_code);
    log_close (); /* the queued lines are written before the process ends */

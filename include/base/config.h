@@ -35,6 +35,8 @@
 #define CONFIG_RETRY_DELAY_MAX_MS (7 * 86400000LL)
 /* kafka.<property> lines per handler, at most. */
 #define CONFIG_KAFKA_PROPS_MAX 64
+/* header.<name> = value lines of a webhook handler. */
+#define CONFIG_HEADERS_MAX 32
 
 /* Codes of CONFIG_ERROR_DOMAIN. */
 typedef enum {
@@ -107,6 +109,12 @@ typedef struct {
     * snapshot; at most CONFIG_KAFKA_PROPS_MAX pairs. */
    char **kafka_props;
    size_t n_kafka_props;
+   /* webhook: the `header.<name> = value` lines, pairs of strings (name
+    * without "header.", value) in file order, owned by the snapshot; at
+    * most CONFIG_HEADERS_MAX pairs. */
+   char **headers;
+   size_t n_headers;
+   char *proxy; /* webhook: forward proxy URL; "": https_proxy / no_proxy of the environment */
    char *secret;
    char *secret_file; /* the file `secret` was read from; "": none */
    char *url_file;    /* the file `url` was read from; "": none */
@@ -258,6 +266,14 @@ typedef struct {
    bool (*secrets_valid) (const char *secrets, bson_error_t *error);
    /* kafka.<name> = value: librdkafka accepts the property (dispatch/kafka.h). */
    bool (*kafka_property_valid) (const char *name, const char *value, bson_error_t *error);
+   /* A webhook's tls_ca_file, tls_cert_file and tls_key_file ("" when not
+    * set) can be loaded and the key matches the certificate
+    * (dispatch/webhook.h). */
+   bool (*tls_files_valid) (const char *ca_file, const char *cert_file, const char *key_file, bson_error_t *error);
+   /* header.<name> = value of a webhook: a header the proxy may send. */
+   bool (*header_valid) (const char *name, const char *value, bson_error_t *error);
+   /* proxy = URL of a webhook: an http:// or https:// proxy URL. */
+   bool (*proxy_valid) (const char *url, bson_error_t *error);
 } config_checks_t;
 
 /* Copies `checks` (NULL: none).  Not thread-safe: call it before any load. */
@@ -311,6 +327,9 @@ char *config_mask (const char *key_name, const char *value);
 /* True for a kafka.<property> whose value is a secret (sasl.password,
  * ssl.key.password, ...): never echoed, masked in free text. */
 bool config_kafka_prop_is_secret (const char *name);
+/* A header.<name> whose value is a credential (Authorization, tokens,
+ * keys, cookies): masked in --check-config, /api/config and error texts. */
+bool config_header_is_secret (const char *name);
 
 /* For --check-config: logs a warning for each file holding a secret that
  * users other than the file's owner and group may read: the configuration

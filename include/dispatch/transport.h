@@ -38,9 +38,7 @@
 #include <stdint.h>
 
 #include <bson/bson.h>
-#include <event2/dns.h>
 #include <event2/event.h>
-#include <openssl/ssl.h>
 
 #include "base/config.h"
 #include "store/store.h"
@@ -73,8 +71,8 @@ typedef struct {
 
 typedef void (*transport_done_cb_t) (const transport_result_t *result, void *arg);
 
-/* A transport's connection to its broker, for /readyz.  A webhook makes
- * one connection per request and has no lasting state: NONE. */
+/* A transport's connection to its broker, for /readyz.  A webhook's
+ * connections come and go with its requests: NONE. */
 typedef enum {
    TRANSPORT_STATE_NONE,
    TRANSPORT_STATE_CONNECTING,
@@ -86,12 +84,9 @@ typedef enum {
 const char *transport_state_name (transport_state_t s);
 
 /* What the dispatcher lends every transport: its base (callbacks run
- * there), its DNS base and its TLS context for https (NULL when none is
- * needed).  Borrowed; they outlive the transports. */
+ * there).  Borrowed; it outlives the transports. */
 typedef struct {
    struct event_base *base;
-   struct evdns_base *dns;
-   SSL_CTX *ssl;
 } transport_env_t;
 
 typedef struct transport transport_t;

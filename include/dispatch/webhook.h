@@ -3,12 +3,21 @@
  * the retry policy (status classes, Retry-After) and the HTTP client.  The
  * body and the retry schedule are every kind's (dispatch/delivery.h).
  *
- * The client uses libevent's evhttp on the event base it is given (the
- * dispatcher's own thread, never the forwarding loop), with OpenSSL for
- * https (certificate verification against the system store, host name
- * check, SNI).  One connection per request: no keep-alive state to get
- * wrong across retries and TLS.  The pure functions (signature, secret,
- * Retry-After, classification, error text) are what the unit tests
+ * The client is libcurl's multi interface on the event base it is given
+ * (the dispatcher's own thread, never the forwarding loop): curl's sockets
+ * and timer are libevent events, names are resolved by curl's threaded
+ * resolver, and no call blocks the base.  Each handler has its own multi:
+ * at most `concurrency` connections to its endpoint, kept open and reused
+ * (HTTP/1.1 keep-alive, or HTTP/2 streams where the endpoint offers h2),
+ * TLS sessions resumed.  The certificate and the host name are always
+ * verified, against tls_ca_file or the system's store; tls_cert_file and
+ * tls_key_file present a client certificate.  A handler's header.* lines
+ * are added to each request, the url's user:password goes as Basic auth,
+ * and `proxy` (else the environment's https_proxy and no_proxy) is the
+ * forward proxy.  Redirects are not followed
+ * (a 3xx is an answer), the answer's headers and body are capped, the
+ * whole exchange is bounded by timeout_ms.  The pure functions (signature,
+ * secret, Retry-After, classification, error text) are what the unit tests
  * check.
  *
  * Thread: the client on the dispatcher's; the pure functions on any.
@@ -21,9 +30,7 @@
 #include <stdint.h>
 
 #include <bson/bson.h>
-#include <event2/dns.h>
 #include <event2/event.h>
-#include <openssl/ssl.h>
 
 #include "base/config.h"
 #include "store/store.h"
@@ -95,13 +102,15 @@ bool webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *dela
 
 typedef enum {
    WEBHOOK_OUTCOME_COMPLETE,    /* 2xx */
-   WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors (and 4xx with retry_4xx) */
+   WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors; with retry_4xx every other non-2xx */
    WEBHOOK_OUTCOME_RETRY_AFTER, /* 429, 503: Retry-After if given, else backoff */
-   WEBHOOK_OUTCOME_DEAD,        /* other 4xx (and 1xx/3xx) */
+   WEBHOOK_OUTCOME_DEAD,        /* without retry_4xx: other 4xx, 1xx, 3xx */
 } webhook_outcome_t;
 
 const char *webhook_outcome_name (webhook_outcome_t o);
-/* status 0 means no HTTP answer (connection error or timeout). */
+/* status 0 means no HTTP answer (connection error or timeout).  With
+ * retry_4xx (the default, as Svix) every answer that is not a 2xx is
+ * retried; without it a 4xx, 1xx or 3xx is dead at once. */
 webhook_outcome_t webhook_classify (int status, bool retry_4xx);
 
 /* The lastError of a failing answer: "HTTP <status>" then ": " and the
@@ -116,9 +125,30 @@ void webhook_error_text (int status, const char *body, size_t body_len, char *ou
 
 /* ------------------------------------------------------------ the client */
 
-/* True for an IPv4 or IPv6 literal (verified as an IP SAN, sent without
- * SNI). */
-bool webhook_host_is_ip (const char *host);
+/* False, with a message for the operator, when the linked libcurl cannot
+ * serve webhooks without blocking: it lacks AsynchDNS (a synchronous
+ * resolver would stop the dispatcher's loop) or TLS.  Checked at start. */
+bool webhook_curl_check (bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* A header.<name> = value the proxy may send: the name an HTTP token
+ * (RFC 9110: letters, digits and !#$%&'*+-.^_`|~; no colon, no space) of at
+ * most 64 bytes and not one the proxy sets itself (Host, Content-Type,
+ * Content-Length, Transfer-Encoding, Connection, Expect, the webhook-*
+ * headers); the value at most 1024 bytes without a line break or another
+ * control character but tab.  False with `error` saying which rule. */
+bool webhook_header_valid (const char *name, const char *value, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* A handler's proxy: an http:// or https:// URL with a host. */
+bool webhook_proxy_valid (const char *url, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* A handler's tls_ca_file, tls_cert_file and tls_key_file (each NULL or
+ * "" when not set) can be used: each file holds what its key names, and
+ * the key matches the certificate (an encrypted key is refused).  The
+ * configuration's check at start and reload (config_checks_t), and
+ * webhook_new's. */
+bool webhook_tls_files_valid (const char *ca_file, const char *cert_file, const char *key_file, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
 
 typedef struct webhook webhook_t;
 typedef struct webhook_req webhook_req_t;
@@ -132,13 +162,13 @@ typedef struct {
 
 typedef void (*webhook_done_cb_t) (const webhook_result_t *result, void *arg);
 
-/* A client for one handler.  `ssl` (may be NULL for http-only) and `dns`
- * are borrowed; the handler's strings are copied. */
-webhook_t *webhook_new (struct event_base *base,
-                        struct evdns_base *dns,
-                        SSL_CTX *ssl,
-                        const config_handler_t *handler,
-                        bson_error_t *error) __attribute__ ((warn_unused_result));
+/* A client for one handler; `base` is borrowed, the handler's strings are
+ * copied.  NULL with `error` for a URL that is not http(s), a bad secret,
+ * unusable TLS files or a libcurl webhook_curl_check refuses. */
+webhook_t *webhook_new (struct event_base *base, const config_handler_t *handler, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+/* NULL ok.  Requests still in flight are abandoned without a callback.
+ * May be called from a request's callback. */
 void webhook_destroy (webhook_t *w);
 
 /* POSTs body with the Standard Webhooks headers.  cb runs exactly once on
@@ -153,11 +183,7 @@ webhook_req_t *webhook_send (webhook_t *w,
                              void *arg,
                              bson_error_t *error);
 /* Abandons a request in flight: cb will not run; its connection is
- * closed. */
+ * closed unless curl can keep it. */
 void webhook_cancel (webhook_req_t *req);
-
-/* An SSL_CTX for https webhooks: TLS 1.2+, peer verification against the
- * default paths. */
-SSL_CTX *webhook_ssl_ctx_new (bson_error_t *error);
 
 #endif /* RELAYBUS_WEBHOOK_H */

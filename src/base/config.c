@@ -207,11 +207,11 @@ static const config_key_t config_key_table[] = {
    H ("persistent", B, "true", 0, 0, persistent,
       "rabbitmq: publish persistent messages (delivery mode 2), which a durable queue keeps across a broker restart."),
    H ("tls_ca_file", S, "", 0, 0, tls_ca_file,
-      "rabbitmq, amqps:// only: PEM CA bundle the broker's certificate is verified against; empty: the system's store."),
+      "webhook (https://) and rabbitmq (amqps://): PEM CA bundle the endpoint's or broker's certificate is verified against; empty: the system's store."),
    H ("tls_cert_file", S, "", 0, 0, tls_cert_file,
-      "rabbitmq, amqps:// only: PEM client certificate presented to the broker (with tls_key_file)."),
+      "webhook (https://) and rabbitmq (amqps://): PEM client certificate presented to the endpoint or broker (with tls_key_file)."),
    H ("tls_key_file", S, "", 0, 0, tls_key_file,
-      "rabbitmq, amqps:// only: PEM private key of tls_cert_file."),
+      "webhook (https://) and rabbitmq (amqps://): PEM private key of tls_cert_file (not encrypted)."),
    H ("brokers", S, "", 0, 0, brokers,
       "kafka: the bootstrap servers, host:port, comma-separated (librdkafka's bootstrap.servers)."),
    H ("topic", S, "", 0, 0, topic,
@@ -230,8 +230,10 @@ static const config_key_t config_key_table[] = {
    H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
       "webhook: time allowed for the whole request, connect to last byte; nats: time allowed for the PubAck; kafka: librdkafka's message.timeout.ms (queued, sent and acknowledged); then it is retried."),
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
-   H ("retry_4xx", B, "false", 0, 0, retry_4xx,
-      "webhook: retry 4xx answers other than 429 instead of burying them at once."),
+   H ("retry_4xx", B, "true", 0, 0, retry_4xx,
+      "webhook: retry every answer that is not a 2xx (4xx, 3xx included) on retry_schedule; false: a 4xx, 1xx or 3xx buries the delivery at once."),
+   H ("proxy", S, "", 0, 0, proxy,
+      "webhook: the forward proxy requests go through, http://host:port or https://host:port; empty: https_proxy, http_proxy and no_proxy of the environment."),
    H ("consumers", L, "", 0, 0, consumers,
       "pull: the users who may run the relaybus* commands on this handler (pooled mode: auth-file users; session mode: the user the connection authenticated as, DB.USER outside admin); empty: any connection allowed to read the outbox."),
 };
@@ -678,6 +680,9 @@ config_handler_free_fields (config_handler_t *h)
    for (size_t i = 0; i < 2 * h->n_kafka_props; i++)
       bson_free (h->kafka_props[i]);
    bson_free (h->kafka_props);
+   for (size_t i = 0; i < 2 * h->n_headers; i++)
+      bson_free (h->headers[i]);
+   bson_free (h->headers);
    for (size_t i = 0; i < h->n_event_patterns; i++)
       bson_free (h->event_patterns[i]);
    bson_free (h->event_patterns);
@@ -1153,6 +1158,64 @@ config_validate_kafka (const config_handler_t *h, const char *origin, bson_error
    return true;
 }
 
+/* A webhook's header.* lines and proxy, by the dispatcher's rules
+ * (config_checks): refused at start-up and reload rather than at the first
+ * request. */
+static bool
+config_validate_webhook_egress (const config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   bson_error_t sub;
+
+   for (size_t i = 0; i < h->n_headers && config_checks.header_valid; i++)
+      if (!config_checks.header_valid (h->headers[2 * i], h->headers[2 * i + 1], &sub)) {
+         config_error (error, origin, 0, "[handler %s] header.%s: %s", h->name, h->headers[2 * i], sub.message);
+         return false;
+      }
+   if (*h->proxy && config_checks.proxy_valid && !config_checks.proxy_valid (h->proxy, &sub)) {
+      char *masked = config_mask ("proxy", h->proxy);
+      config_error (error, origin, 0, "[handler %s] proxy: '%s' %s", h->name, masked, sub.message);
+      bson_free (masked);
+      return false;
+   }
+   return true;
+}
+
+/* A webhook's tls_* files: for an https:// url, the certificate with its
+ * key, each readable, and (config_checks) loadable and matching, so that
+ * start-up and reload refuse what the dispatcher could not use. */
+static bool
+config_validate_webhook_tls (const config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *files[] = {h->tls_ca_file, h->tls_cert_file, h->tls_key_file};
+   const char *names[] = {"tls_ca_file", "tls_cert_file", "tls_key_file"};
+   bson_error_t sub;
+
+   if (!*h->tls_ca_file && !*h->tls_cert_file && !*h->tls_key_file)
+      return true;
+   if (strncmp (h->url, "https://", 8) != 0) {
+      config_error (error, origin, 0, "[handler %s] tls_ca_file, tls_cert_file and tls_key_file need an https:// url",
+                    h->name);
+      return false;
+   }
+   if (!!*h->tls_cert_file != !!*h->tls_key_file) {
+      config_error (error, origin, 0, "[handler %s] tls_cert_file and tls_key_file go together (%s is not set)", h->name,
+                    *h->tls_cert_file ? "tls_key_file" : "tls_cert_file");
+      return false;
+   }
+   for (int i = 0; i < 3; i++)
+      if (*files[i] && access (files[i], R_OK) != 0) {
+         config_error (error, origin, 0, "[handler %s] %s: cannot read '%s': %s", h->name, names[i], files[i],
+                       strerror (errno));
+         return false;
+      }
+   if (config_checks.tls_files_valid &&
+       !config_checks.tls_files_valid (h->tls_ca_file, h->tls_cert_file, h->tls_key_file, &sub)) {
+      config_error (error, origin, 0, "[handler %s] %s", h->name, sub.message);
+      return false;
+   }
+   return true;
+}
+
 static bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -1164,9 +1227,11 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       config_error (error, origin, 0, "[handler %s] needs 'kind' (webhook, pull, nats, rabbitmq or kafka)", h->name);
       return false;
    }
-   if (strcmp (h->kind, "rabbitmq") != 0 && (*h->tls_ca_file || *h->tls_cert_file || *h->tls_key_file)) {
+   if (strcmp (h->kind, "rabbitmq") != 0 && strcmp (h->kind, "webhook") != 0 &&
+       (*h->tls_ca_file || *h->tls_cert_file || *h->tls_key_file)) {
       config_error (error, origin, 0,
-                    "[handler %s] tls_ca_file, tls_cert_file and tls_key_file are for kind = rabbitmq with an amqps:// url",
+                    "[handler %s] tls_ca_file, tls_cert_file and tls_key_file are for kind = webhook with an https:// "
+                    "url or kind = rabbitmq with an amqps:// url",
                     h->name);
       return false;
    }
@@ -1178,6 +1243,8 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
                        h->name);
          return false;
       }
+      if (!config_validate_webhook_tls (h, origin, error))
+         return false;
    } else if (strcmp (h->kind, "pull") == 0) {
       h->kind_id = HANDLER_KIND_PULL;
    } else if (strcmp (h->kind, "nats") == 0) {
@@ -1203,6 +1270,13 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       config_error (error, origin, 0, "[handler %s] consumers: the list is for kind = pull", h->name);
       return false;
    }
+   if (h->kind_id != HANDLER_KIND_WEBHOOK && (h->n_headers || *h->proxy)) {
+      config_error (error, origin, 0, "[handler %s] %s%s: for kind = webhook", h->name,
+                    h->n_headers ? "header." : "proxy", h->n_headers ? h->headers[0] : "");
+      return false;
+   }
+   if (!config_validate_webhook_egress (h, origin, error))
+      return false;
    if (h->n_kafka_props && h->kind_id != HANDLER_KIND_KAFKA) {
       config_error (error, origin, 0, "[handler %s] kafka.%s: kafka.* properties are for kind = kafka", h->name,
                     h->kafka_props[0]);
@@ -1434,6 +1508,32 @@ config_add_kafka_prop (config_handler_t *h, const char *name, const char *value,
    return true;
 }
 
+/* header.<name> = value of a [handler]: kept in file order for the
+ * webhook client (checked by config_validate_webhook_egress).  Names are
+ * compared without case, as HTTP does. */
+static bool
+config_add_header (config_handler_t *h, const char *name, const char *value, char *why, size_t why_len)
+{
+   if (!*name) {
+      snprintf (why, why_len, "a header name is needed after 'header.'");
+      return false;
+   }
+   for (size_t i = 0; i < h->n_headers; i++)
+      if (strcasecmp (h->headers[2 * i], name) == 0) {
+         snprintf (why, why_len, "set twice");
+         return false;
+      }
+   if (h->n_headers >= CONFIG_HEADERS_MAX) {
+      snprintf (why, why_len, "at most %d header.* keys per handler", CONFIG_HEADERS_MAX);
+      return false;
+   }
+   h->headers = bson_realloc (h->headers, 2 * (h->n_headers + 1) * sizeof (char *));
+   h->headers[2 * h->n_headers] = bson_strdup (name);
+   h->headers[2 * h->n_headers + 1] = bson_strdup (value);
+   h->n_headers++;
+   return true;
+}
+
 /* Marks the snapshot as holding a credential written in the file when
  * `value` of the secret-bearing key `name` has one (what config_mask would
  * hide). */
@@ -1586,6 +1686,15 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
          goto done;
       }
       value = expanded;
+      if (section == CONFIG_SECTION_HANDLER && strncmp (key, "header.", 7) == 0) {
+         if (!config_add_header (handler, key + 7, value, why, sizeof why)) {
+            config_error (error, origin, line, "%s: %s", key, why);
+            goto done;
+         }
+         if (from_file && config_header_is_secret (key + 7))
+            cfg->secret_inline = true;
+         continue;
+      }
       if (section == CONFIG_SECTION_HANDLER && strncmp (key, "kafka.", 6) == 0) {
          if (!config_set_kafka_line (cfg, handler, key + 6, value, from_file, why, sizeof why)) {
             config_error (error, origin, line, "%s: %s", key, why);
@@ -1763,6 +1872,12 @@ config_write (const config_t *cfg, FILE *out)
           * ssl.key.password, ...) are never echoed. */
          bool secret = config_kafka_prop_is_secret (name);
          fprintf (out, "kafka.%s = %s\n", name, secret ? CONFIG_MASK : cfg->handlers[h].kafka_props[2 * i + 1]);
+      }
+      for (size_t i = 0; i < cfg->handlers[h].n_headers; i++) {
+         const char *name = cfg->handlers[h].headers[2 * i];
+         /* Authorization, tokens and keys are never echoed. */
+         bool secret = config_header_is_secret (name);
+         fprintf (out, "header.%s = %s\n", name, secret ? CONFIG_MASK : cfg->handlers[h].headers[2 * i + 1]);
       }
    }
 }

@@ -83,6 +83,17 @@ config_kafka_prop_is_secret (const char *name)
           strstr (name, "key.password") || strstr (name, "sasl.oauthbearer.config");
 }
 
+bool
+config_header_is_secret (const char *name)
+{
+   static const char *const words[] = {"auth", "token", "secret", "key", "cookie", "password", "signature"};
+
+   for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+      if (strcasestr (name, words[i]))
+         return true;
+   return false;
+}
+
 /* Fills cfg->secrets from the validated snapshot (config_t.secrets). */
 void
 config_collect_secrets (config_t *cfg)
@@ -118,6 +129,10 @@ config_collect_secrets (config_t *cfg)
       for (size_t k = 0; k < h->n_kafka_props; k++)
          if (config_kafka_prop_is_secret (h->kafka_props[2 * k]))
             secrets_add (cfg, h->kafka_props[2 * k + 1], strlen (h->kafka_props[2 * k + 1]));
+      for (size_t k = 0; k < h->n_headers; k++)
+         if (config_header_is_secret (h->headers[2 * k]))
+            secrets_add (cfg, h->headers[2 * k + 1], strlen (h->headers[2 * k + 1]));
+      secrets_add_url (cfg, h->proxy);
    }
 }
 

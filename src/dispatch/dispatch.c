@@ -64,7 +64,6 @@
 #include <string.h>
 #include <sys/time.h>
 
-#include <event2/dns.h>
 #include <event2/event.h>
 
 #include "base/assert.h"
@@ -158,8 +157,6 @@ typedef struct {
    config_t *cfg; /* our reference */
    worker_t *w;   /* ours: the thread, its event base and pool, the owner name */
    struct event_base *base; /* the worker's */
-   struct evdns_base *dns;
-   SSL_CTX *ssl;
    store_t *store;
 
    handler_rt_t **handlers; /* the current dispatched handlers (webhook, nats), in config order */
@@ -1172,12 +1169,7 @@ handler_new (dispatcher_t *d, config_t *snap, const config_handler_t *hc, bson_e
    handler_rt_t *h;
    transport_env_t env;
 
-   if (hc->kind_id == HANDLER_KIND_WEBHOOK && hc->url && !strncasecmp (hc->url, "https:", 6) && !d->ssl &&
-       !(d->ssl = webhook_ssl_ctx_new (error)))
-      return NULL;
    env.base = d->base;
-   env.dns = d->dns;
-   env.ssl = d->ssl;
    h = bson_malloc0 (sizeof *h);
    h->cfg = hc;
    h->t = transport_new (&env, hc, error);
@@ -1494,9 +1486,6 @@ dispatcher_free (dispatcher_t *d)
    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
       if (evs[i])
          event_free (evs[i]);
-   if (d->dns)
-      evdns_base_free (d->dns, 0);
-   SSL_CTX_free (d->ssl);
    store_destroy (d->store);
    worker_destroy (d->w); /* after everything on its base and pool */
    config_release (d->cfg);
@@ -1534,7 +1523,6 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->dispatching = d->enabled && n_sent > 0;
    d->purging = cfg->dispatch_enabled;
    if (d->enabled) {
-      d->dns = evdns_base_new (d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
       d->handlers = bson_malloc0 ((n_sent + 1) * sizeof *d->handlers);
       d->claim_handlers = bson_malloc0 ((n_sent + 1) * sizeof *d->claim_handlers);
       for (size_t i = 0; i < cfg->n_handlers; i++) {

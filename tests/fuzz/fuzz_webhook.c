@@ -23,7 +23,7 @@
  *     and utf8_sanitize/utf8_repair output is valid, bounded and keeps a
  *     valid input unchanged;
  *   - classification: 0 and 5xx retry, 2xx complete, 429/503 retry-after,
- *     4xx dead unless retry_4xx, everything else dead;
+ *     every other answer retried with retry_4xx, dead without;
  *   - Retry-After: a delay in [0, WEBHOOK_RETRY_AFTER_MAX_MS]; delay
  *     seconds give exactly that many (clamped) whatever the clock; a date
  *     gives a delay that moves with the clock, millisecond for
@@ -142,10 +142,8 @@ check_classify (int status, bool retry_4xx)
       want = WEBHOOK_OUTCOME_COMPLETE;
    else if (status == 429 || status == 503)
       want = WEBHOOK_OUTCOME_RETRY_AFTER;
-   else if (status >= 400 && status < 500)
-      want = retry_4xx ? WEBHOOK_OUTCOME_RETRY : WEBHOOK_OUTCOME_DEAD;
    else
-      want = WEBHOOK_OUTCOME_DEAD;
+      want = retry_4xx ? WEBHOOK_OUTCOME_RETRY : WEBHOOK_OUTCOME_DEAD;
    CHECK (o == want);
    CHECK (strcmp (webhook_outcome_name (o), "?") != 0);
 }

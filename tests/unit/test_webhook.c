@@ -127,11 +127,72 @@ test_classify (void **state)
       {404, false, WEBHOOK_OUTCOME_DEAD},
       {400, true, WEBHOOK_OUTCOME_RETRY},
       {301, false, WEBHOOK_OUTCOME_DEAD},
+      /* retry_4xx (the default): every answer but a 2xx is retried. */
+      {401, true, WEBHOOK_OUTCOME_RETRY},
+      {404, true, WEBHOOK_OUTCOME_RETRY},
+      {302, true, WEBHOOK_OUTCOME_RETRY},
+      {101, true, WEBHOOK_OUTCOME_RETRY},
+      {503, true, WEBHOOK_OUTCOME_RETRY_AFTER},
    };
 
    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
       assert_int_equal (webhook_classify (cases[i].status, cases[i].retry_4xx), cases[i].outcome);
    assert_string_equal (webhook_outcome_name (WEBHOOK_OUTCOME_RETRY_AFTER), "retry-after");
+}
+
+static void
+test_header_valid (void **state)
+{
+   static const struct {
+      const char *name, *value;
+      bool ok;
+   } cases[] = {
+      {"X-Tenant", "t1", true},
+      {"Authorization", "Bearer abc.def", true},
+      {"x_weird!#$%&'*+-.^`|~", "tab\tis fine", true},
+      {"X-Empty", "", true},
+      {"", "v", false},
+      {"X-A:B", "v", false},
+      {"X A", "v", false},
+      {"X\nInjected", "v", false},
+      {"X-Crlf", "a\r\nInjected: 1", false},
+      {"X-Lf", "a\nb", false},
+      {"X-Del", "a\x7f", false},
+      {"Content-Type", "text/plain", false},
+      {"webhook-signature", "v1,x", false},
+      {"HOST", "evil", false},
+      {"Content-Length", "1", false},
+      {"\xc3\xa9t\xc3\xa9", "v", false},
+      {"X-0123456789012345678901234567890123456789012345678901234567890123", "v", false},
+   };
+   char big[1100];
+   bson_error_t error;
+
+   (void) state;
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      bool ok = webhook_header_valid (cases[i].name, cases[i].value, &error);
+      if (ok != cases[i].ok)
+         fail_msg ("header %zu (%s): %s", i, cases[i].name, ok ? "accepted" : error.message);
+   }
+   memset (big, 'v', sizeof big - 1);
+   big[sizeof big - 1] = '\0';
+   assert_false (webhook_header_valid ("X-Big", big, &error));
+   assert_true (webhook_header_valid ("X-Big", big + 100, &error)); /* 999 bytes */
+}
+
+static void
+test_proxy_valid (void **state)
+{
+   bson_error_t error;
+
+   (void) state;
+   assert_true (webhook_proxy_valid ("http://127.0.0.1:3128", &error));
+   assert_true (webhook_proxy_valid ("https://user:pw@proxy.example:8443", &error));
+   assert_true (webhook_proxy_valid ("http://proxy.example", &error));
+   assert_false (webhook_proxy_valid ("not a url", &error));
+   assert_false (webhook_proxy_valid ("socks5://127.0.0.1:1080", &error));
+   assert_false (webhook_proxy_valid ("ftp://proxy.example", &error));
+   assert_false (webhook_proxy_valid ("", &error));
 }
 
 /* Builds a body of `pad` ASCII bytes followed by `tail`. */
@@ -351,6 +412,8 @@ main (void)
       cmocka_unit_test (test_config_secrets),
       cmocka_unit_test (test_retry_after),
       cmocka_unit_test (test_classify),
+      cmocka_unit_test (test_header_valid),
+      cmocka_unit_test (test_proxy_valid),
       cmocka_unit_test (test_error_text),
    };
    return cmocka_run_group_tests_name ("webhook", tests, NULL, NULL);

@@ -25,7 +25,7 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     token: TOKEN,
     outbox: { database: db },
     handlers: [
-      { name: 'mailer', events: 'order.*', kind: 'webhook', url: sink.url('/mail'), max_attempts: 3 },
+      { name: 'mailer', events: 'order.*', kind: 'webhook', url: sink.url('/mail'), max_attempts: 3, retry_4xx: false },
       { name: 'audit', events: '*', kind: 'pull' },
       // Never dispatched (no event type matches); its URL carries credentials the API must mask.
       { name: 'creds', events: 'never.v1', kind: 'webhook', url: 'http://hookuser:hook-pass-123@127.0.0.1:9/x' },

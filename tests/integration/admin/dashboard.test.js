@@ -37,7 +37,7 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   const proxy = await startAdminProxy({
     upstream: up.uri, token: TOKEN, outbox: { database: db },
     handlers: [
-      { name: 'orders-webhook', events: 'order.*', kind: 'webhook', url: sink.url('/orders'), max_attempts: 5 },
+      { name: 'orders-webhook', events: 'order.*', kind: 'webhook', url: sink.url('/orders'), max_attempts: 5, retry_4xx: false },
       { name: 'audit', events: '*', kind: 'pull' },
       { name: 'slow-hook', events: 'order.placed.*', kind: 'webhook', url: slowSink.url('/slow'), timeout_ms: 30000 },
     ],

@@ -29,7 +29,8 @@ function verifySignature(secret, id, ts, body, header) {
  * @param {number} [o.delayMs]  delay before answering
  * @param {(ev: object) => boolean} [o.answer400] events answered 400
  * @param {() => number} [o.rand] random source (default Math.random)
- * @param {{key: string, cert: string}} [o.tls] serve https with this key and certificate
+ * @param {{key: string, cert: string, ca?: string}} [o.tls] serve https with this key and certificate;
+ *        with `ca`, a client certificate signed by it is required
  * @param {(ev: object, req) => ({status, headers?, body?}|'hang'|undefined)} [o.respond]
  *        chooses the answer (undefined: the default policy; 'hang': never answer)
  */
@@ -52,6 +53,8 @@ async function startSink(o = {}) {
     pendingNow: 0, // requests received and not answered yet
     custom: [], // answers chosen by o.respond: {id, path, at, status, attempt}
     attempts: [], // delivery.attempt of each 2xx answer
+    connections: 0, // TCP connections accepted
+    handshakes: 0, // TLS handshakes completed (full or resumed)
   };
   const handler = (req, res) => {
     const chunks = [];
@@ -128,7 +131,11 @@ async function startSink(o = {}) {
       else finish();
     });
   };
-  const server = o.tls ? https.createServer({ key: o.tls.key, cert: o.tls.cert }, handler) : http.createServer(handler);
+  const tlsOpts = o.tls && { key: o.tls.key, cert: o.tls.cert };
+  if (o.tls && o.tls.ca) Object.assign(tlsOpts, { ca: o.tls.ca, requestCert: true, rejectUnauthorized: true });
+  const server = o.tls ? https.createServer(tlsOpts, handler) : http.createServer(handler);
+  server.on('connection', () => { st.connections++; });
+  server.on('secureConnection', () => { st.handshakes++; });
   server.on('tlsClientError', (e) => { st.tlsErrors = (st.tlsErrors || 0) + 1; st.lastTlsError = e.message; });
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address();
