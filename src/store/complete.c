@@ -381,7 +381,13 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
    }
    pthread_mutex_lock (&s->mu);
    for (size_t i = 0; ok && i < n; i++) {
-      store_issued_remove (s, &refs[i].id);
+      const store_issued_t *is = store_issued_find (s, &refs[i].id);
+      /* A stale lease (an earlier claim's) does not end the claim this
+       * instance handed out since: the next claim must still know that
+       * one as its own (charged if it is abandoned, see claim_held.c). */
+      if (is && (done[i] || (c.parsed[i] && is->lane == c.leases[i].lane_id && is->epoch == c.leases[i].epoch &&
+                             is->claims == c.leases[i].claims)))
+         store_issued_remove (s, &refs[i].id);
       if (done[i]) {
          if (s->settled.n >= STORE_SETTLED_MAX)
             s->settled.n = 0; /* forgotten: the next claim reads what its lanes list */

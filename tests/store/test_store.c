@@ -831,6 +831,117 @@ test_an_abandoned_claim_is_charged_its_attempt (void **state)
    store_batch_clear (&third);
 }
 
+/* Sets fields of lane `lane` directly (what another instance's write
+ * left there). */
+static void
+lane_set (fx_t *fx, int64_t lane, const char *json)
+{
+   mongoc_collection_t *lanes = coll (fx, OUTBOX_LANES_COLL);
+   bson_error_t err;
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane));
+   bson_t *set = bson_new_from_json ((const uint8_t *) json, -1, &err);
+   bson_t *u;
+
+   assert_non_null (set);
+   u = BCON_NEW ("$set", BCON_DOCUMENT (set));
+   if (!mongoc_collection_update_one (lanes, q, u, NULL, NULL, &err))
+      fail_msg ("lane: %s", err.message);
+   bson_destroy (u);
+   bson_destroy (set);
+   bson_destroy (q);
+   mongoc_collection_destroy (lanes);
+}
+
+/* One lost attempt, two paths that find it: this instance's own claim
+ * takes its abandoned claim back (charged), and a takeover that read the
+ * lane before that charge moved the same claim to the lane's `lost` list
+ * under the epoch it was made in.  The takeover's charge finds it charged
+ * (lostAt) and charges nothing: one attempt, counted once. */
+static void
+test_an_abandoned_and_a_lost_charge_count_once (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, other = {0}, taken = {0};
+   bson_t *doc;
+   char json[256], hex[25];
+   int64_t lane, epoch;
+
+   add (fx, "once-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   doc = get (fx, &b.items[0].id);
+   lane = field (doc, "laneId");
+   bson_destroy (doc);
+   epoch = strtoll (b.items[0].lease + strcspn (b.items[0].lease, ":") + 1, NULL, 10);
+   /* A's claim stopped being renewed: its next claim (of another
+    * handler) takes it back, charged. */
+   claim (fx->a, "other", 1, T0 + LEASE, &other);
+   assert_int_equal (other.n, 0);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   /* What a takeover that read the lane before that charge wrote: the
+    * claim moved to `lost` under its epoch, the taker gone since. */
+   bson_oid_to_string (&b.items[0].id, hex);
+   snprintf (json, sizeof json,
+             "{\"owner\": \"host/9/gone\", \"epoch\": %" PRId64 ", \"leaseExpiresAt\": {\"$date\": %" PRId64
+             "}, \"inFlight\": [], \"lost\": [{\"$oid\": \"%s\"}], \"lostEpochs\": [%" PRId64 "]}",
+             (int64_t) (epoch + 1), (int64_t) (T0 + LEASE + 1), hex, (int64_t) epoch);
+   lane_set (fx, lane, json);
+   claim (fx->b, "h", 1, T0 + 3 * LEASE, &taken);
+   assert_int_equal (taken.n, 1);
+   assert_int_equal (taken.items[0].attempt, 2);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 1);
+   assert_int_equal (field (doc, "lostAt"), epoch);
+   bson_destroy (doc);
+   store_batch_clear (&b);
+   store_batch_clear (&other);
+   store_batch_clear (&taken);
+}
+
+/* A listed delivery whose claim this instance never handed out (a record
+ * that reached the lane without its reply reaching the instance) is taken
+ * back without an attempt charged: its claim generation moves on, and
+ * the claim this instance did hand out keeps running. */
+static void
+test_a_claim_never_handed_out_is_taken_back_uncharged (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, other = {0};
+   bson_t *doc;
+   char json[256], hex[25];
+   int64_t lane;
+   bson_oid_t stray = add (fx, "stray-2", "h", "k", 2, T0 - 10);
+
+   add (fx, "stray-1", "h", "k", 1, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   assert_int_equal (b.items[0].sequence, 1);
+   doc = get (fx, &b.items[0].id);
+   lane = field (doc, "laneId");
+   bson_destroy (doc);
+   bson_oid_to_string (&stray, hex);
+   {
+      char id1[25];
+      bson_oid_to_string (&b.items[0].id, id1);
+      snprintf (json, sizeof json, "{\"inFlight\": [{\"$oid\": \"%s\"}, {\"$oid\": \"%s\"}]}", id1, hex);
+   }
+   lane_set (fx, lane, json);
+   claim (fx->a, "other", 1, T0 + 1, &other);
+   doc = get (fx, &stray);
+   assert_int_equal (field (doc, "attempts"), 0);
+   assert_int_equal (field (doc, "claims"), 1);
+   bson_destroy (doc);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 0);
+   assert_int_equal (field (doc, "claims"), 0);
+   bson_destroy (doc);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 2));
+   store_batch_clear (&b);
+   store_batch_clear (&other);
+}
+
 /* A poison delivery reaches the dead letters when its worker keeps
  * crashing: every crash is charged by the next taker, and the claim that
  * reports an attempt past the limit buries it. */
@@ -2433,6 +2544,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_a_stale_lease_changes_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_takeover_charges_the_lost_attempt, setup, teardown),
       cmocka_unit_test_setup_teardown (test_an_abandoned_claim_is_charged_its_attempt, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_an_abandoned_and_a_lost_charge_count_once, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_claim_never_handed_out_is_taken_back_uncharged, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_poison_delivery_reaches_the_dead_letters, setup, teardown),
       cmocka_unit_test_setup_teardown (test_32_blocked_deliveries_are_parked_and_come_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_requeue_blocks_later_deliveries_of_its_key, setup, teardown),
