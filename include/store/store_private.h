@@ -40,6 +40,17 @@ typedef struct {
  * events); past it the oldest is dropped and counted. */
 #define STORE_DEFERRED_MAX 1024
 
+/* Where unparking resumes for one handler (store_t.unpark). */
+typedef struct {
+   char *handler; /* owned */
+   char *key;     /* owned; NULL: from the start */
+   int64_t due;   /* the head dueAt of `key` */
+} store_unpark_cursor_t;
+
+/* Handlers with an unparking cursor of their own; more (handlers renamed
+ * by reloads) start their window from the start at every claim. */
+#define STORE_UNPARK_CURSORS_MAX 256
+
 /* An event completion time a completion could not write within the
  * instance's bound (store_set_max_time_ms). */
 typedef struct {
@@ -99,13 +110,14 @@ struct store {
    store_deferred_t deferred[STORE_DEFERRED_MAX];
    size_t n_deferred;
 
-   /* Unparking walks the parked keys in (head dueAt, handler, key) order,
-    * a window per claim, and resumes after the last key it looked at, so
-    * every parked key is looked at within a bounded number of claims.
-    * Guarded by claim_mu.  unpark_h/unpark_k are owned (NULL: from the
-    * start). */
-   int64_t unpark_due;
-   char *unpark_h, *unpark_k;
+   /* Unparking walks each handler's parked keys in (head dueAt, key)
+    * order, a window per claim, and resumes after the last key of that
+    * handler it looked at: every parked key of a handler is looked at
+    * within a bounded number of claims of that handler, whatever the
+    * claims of other handlers (the consumer thread claims for one handler
+    * at a time).  Guarded by claim_mu. */
+   store_unpark_cursor_t unpark[STORE_UNPARK_CURSORS_MAX];
+   size_t n_unpark;
    /* When the next unparking runs (claim time, ms): at once while parked
     * keys were found or this instance parked some, otherwise after
     * STORE_UNPARK_IDLE_MS.  Guarded by claim_mu. */

@@ -120,8 +120,10 @@ store_destroy (store_t *s)
    store_oids_free (&s->settled);
    for (size_t i = 0; i < s->n_deferred; i++)
       bson_free (s->deferred[i].event_id);
-   bson_free (s->unpark_h);
-   bson_free (s->unpark_k);
+   for (size_t i = 0; i < s->n_unpark; i++) {
+      bson_free (s->unpark[i].handler);
+      bson_free (s->unpark[i].key);
+   }
    bson_free (s->database);
    bson_free (s->owner);
    bson_free (s);

@@ -942,6 +942,74 @@ test_a_claim_never_handed_out_is_taken_back_uncharged (void **state)
    store_batch_clear (&other);
 }
 
+/* Appends to `docs` a pending delivery of (handler, key, seq) in `lane`
+ * ("ready" or "parked"), due at `due` (no event: unparking reads none). */
+static void
+raw_delivery (bson_t **docs, size_t *n, const char *handler, const char *key, int64_t seq, const char *lane, int64_t due)
+{
+   bson_oid_t id;
+   char ev[64];
+   bson_t *d = bson_new ();
+
+   snprintf (ev, sizeof ev, "%s-%s-%" PRId64, handler, key, seq);
+   bson_oid_init (&id, NULL);
+   BSON_APPEND_OID (d, "_id", &id);
+   BSON_APPEND_UTF8 (d, "eventId", ev);
+   BSON_APPEND_UTF8 (d, "handler", handler);
+   BSON_APPEND_UTF8 (d, "eventType", "order.placed.v1");
+   BSON_APPEND_UTF8 (d, "key", key);
+   BSON_APPEND_INT64 (d, "sequence", seq);
+   BSON_APPEND_INT32 (d, "laneId", (int32_t) outbox_lane_id (key, ev));
+   BSON_APPEND_UTF8 (d, "lane", lane);
+   BSON_APPEND_UTF8 (d, "status", "pending");
+   BSON_APPEND_INT32 (d, "attempts", 0);
+   BSON_APPEND_INT32 (d, "claims", 0);
+   BSON_APPEND_DATE_TIME (d, "dueAt", due);
+   BSON_APPEND_DATE_TIME (d, "createdAt", due);
+   docs[(*n)++] = d;
+}
+
+/* Each handler keeps its own place in the parked keys: a claim of
+ * another handler between two claims of handler x neither moves x's
+ * window nor sends it back to the start.  x has 1,000 parked keys that
+ * wait behind a pending predecessor (they stay parked) and, after them,
+ * one that can run; the second claim of x looks past the first 1,000 and
+ * unparks it, although a claim of y came in between. */
+static void
+test_unparking_keeps_a_place_per_handler (void **state)
+{
+   fx_t *fx = *state;
+   enum { WAITING = 1000 };
+   mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
+   bson_t **docs = bson_malloc0 ((2 * WAITING + 2) * sizeof *docs);
+   size_t n = 0;
+   bson_error_t err;
+   store_batch_t b1 = {0}, b2 = {0}, b3 = {0};
+
+   for (int i = 0; i < WAITING; i++) {
+      char key[16];
+      snprintf (key, sizeof key, "w%04d", i);
+      raw_delivery (docs, &n, "x", key, 1, "ready", T0 + 100 * LEASE); /* not due: unfinished */
+      raw_delivery (docs, &n, "x", key, 2, "parked", T0 - 100000 + i);
+   }
+   raw_delivery (docs, &n, "x", "zlast", 2, "parked", T0 - 100000 + WAITING);
+   raw_delivery (docs, &n, "y", "only", 1, "parked", T0 - 100000);
+   if (!mongoc_collection_insert_many (del, (const bson_t **) docs, n, NULL, NULL, &err))
+      fail_msg ("insert: %s", err.message);
+   claim (fx->a, "x", 1, T0, &b1);
+   claim (fx->a, "y", 1, T0 + 1, &b2);
+   claim (fx->a, "x", 1, T0 + 2, &b3);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"key\": \"zlast\", \"lane\": \"parked\"}"), 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"key\": \"only\", \"lane\": \"parked\"}"), 0);
+   for (size_t i = 0; i < n; i++)
+      bson_destroy (docs[i]);
+   bson_free (docs);
+   mongoc_collection_destroy (del);
+   store_batch_clear (&b1);
+   store_batch_clear (&b2);
+   store_batch_clear (&b3);
+}
+
 /* A poison delivery reaches the dead letters when its worker keeps
  * crashing: every crash is charged by the next taker, and the claim that
  * reports an attempt past the limit buries it. */
@@ -2566,6 +2634,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_claim_reads_what_its_batch_needs, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claim_reads_on_past_what_waits, setup, teardown),
       cmocka_unit_test_setup_teardown (test_unparking_brings_back_a_run, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_unparking_keeps_a_place_per_handler, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lane_exclusivity, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
