@@ -1,7 +1,7 @@
 /*
  * dispatch/consumer.c - the pull consumers' worker (dispatch/consumer.h).
  *
- * One thread, one store instance, three lists:
+ * One thread, one store instance, three lists (and a retry list, below):
  *
  *  - the inbox: requests the forwarding loop submitted (bounded), and the
  *    close notices of connections (one per connection that submitted
@@ -13,6 +13,13 @@
  *  - the long polls waiting (bounded), each with its deadline; one timer
  *    looks again at the poll interval or at the nearest deadline, and a
  *    commit through this proxy (consumer_wake) makes them look at once.
+ *
+ * No consumer waits on another consumer's open transaction: the store's
+ * writes outside a transaction are bounded (CONSUMER_STORE_MAX_TIME_MS),
+ * and what hits the bound waits on a retry list this thread works through
+ * between commands (retry_cb): the charges a closed connection owes for
+ * deliveries its dead transaction still holds (held_t.owed), and the
+ * events' completion times the store deferred.
  *
  * What the admin thread shows of them (per handler: the connections that
  * hold claims or wait, the claims, the long polls) is counted here as the
