@@ -308,6 +308,12 @@ typedef enum {
       "Deliveries pull consumers completed inside their own transaction, counted at its commit, by handler.")          \
    X (CONSUMER_CLOSED_CHARGED, "relaybus_consumer_closed_charged_total", COUNTER, HANDLER,                             \
       "Claims charged one attempt because the consumer's connection closed, by handler.")                             \
+   X (CONSUMER_CHARGES_RETRIED, "relaybus_consumer_charges_retried_total", COUNTER, NONE,                            \
+      "Charges of a closed connection's claims retried later because an open transaction held their delivery.")    \
+   X (STORE_DEFERRED, "relaybus_store_deferred_completion_times_total", COUNTER, NONE,                              \
+      "Events' completion times a completion deferred because an open transaction held the event.")                 \
+   X (STORE_DEFERRED_DROPPED, "relaybus_store_deferred_completion_times_dropped_total", COUNTER, NONE,              \
+      "Deferred events' completion times dropped because the deferred list was full.")                             \
    X (CONSUMER_CONNECTIONS, "relaybus_consumer_connections", GAUGE, HANDLER,                                           \
       "Client connections that hold claims of the handler or wait in a relaybusClaim long poll for it now.")           \
    X (CONSUMER_CLAIMS, "relaybus_consumer_claims", GAUGE, HANDLER,                                                     \

@@ -80,6 +80,23 @@ void store_destroy (store_t *store);
 worker_t *store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **store, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
+/* Bounds every write of this instance outside a transaction that another
+ * client's open transaction can hold up (maxTimeMS `ms`; 0, the default:
+ * unbounded).  MongoDB holds such a write until that transaction ends, for
+ * up to its lifetime; the pull consumers' thread answers every consumer of
+ * the proxy, so it sets a short bound and never waits on a consumer's
+ * transaction.  A completion whose deliveries were deleted but whose
+ * events' completion times hit the bound is a completion all the same:
+ * the times go on a deferred list (store_retry_deferred).  Call before the
+ * instance is shared. */
+void store_set_max_time_ms (store_t *store, int32_t ms);
+/* Writes the deferred events' completion times again (one bulk write,
+ * bounded as above); what fails again stays listed.  *left gets how many
+ * are still listed.  False when the write failed. */
+bool store_retry_deferred (store_t *store, size_t *left, bson_error_t *error) __attribute__ ((warn_unused_result));
+/* How many events' completion times are deferred now. */
+size_t store_deferred_count (store_t *store);
+
 /* Creates the collections, the indexes (idempotently) and the 256 lanes. */
 bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));
 

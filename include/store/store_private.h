@@ -36,6 +36,27 @@ typedef struct {
 } store_oids_t;
 
 #define STORE_SETTLED_MAX 4096
+/* Events whose completion time waits on the deferred list (store_defer_
+ * events); past it the oldest is dropped and counted. */
+#define STORE_DEFERRED_MAX 1024
+
+/* Where unparking resumes for one handler (store_t.unpark). */
+typedef struct {
+   char *handler; /* owned */
+   char *key;     /* owned; NULL: from the start */
+   int64_t due;   /* the head dueAt of `key` */
+} store_unpark_cursor_t;
+
+/* Handlers with an unparking cursor of their own; more (handlers renamed
+ * by reloads) start their window from the start at every claim. */
+#define STORE_UNPARK_CURSORS_MAX 256
+
+/* An event completion time a completion could not write within the
+ * instance's bound (store_set_max_time_ms). */
+typedef struct {
+   char *event_id; /* owned */
+   int64_t at;     /* the completion time (ms) */
+} store_deferred_t;
 
 /* A lane this instance took, with the epoch of that take. */
 typedef struct {
@@ -68,6 +89,10 @@ struct store {
    char names[OUTBOX_N_COLLECTIONS][OUTBOX_NAME_MAX];
    bool completion_history;
    int32_t purge_batch;
+   /* maxTimeMS of every write this instance makes outside a transaction
+    * that another client's open transaction can hold up (0: none);
+    * store_set_max_time_ms.  Set before the instance is shared. */
+   int32_t max_time_ms;
 
    pthread_mutex_t mu;
    pthread_mutex_t claim_mu;
@@ -79,14 +104,20 @@ struct store {
     * them.  Bounded by STORE_SETTLED_MAX (then forgotten: the claim reads
     * the listed documents instead).  Guarded by mu. */
    store_oids_t settled;
+   /* Events' completion times that waited past max_time_ms (a consumer's
+    * open transaction holds the event), oldest first, written again by
+    * store_retry_deferred.  At most STORE_DEFERRED_MAX.  Guarded by mu. */
+   store_deferred_t deferred[STORE_DEFERRED_MAX];
+   size_t n_deferred;
 
-   /* Unparking walks the parked keys in (head dueAt, handler, key) order,
-    * a window per claim, and resumes after the last key it looked at, so
-    * every parked key is looked at within a bounded number of claims.
-    * Guarded by claim_mu.  unpark_h/unpark_k are owned (NULL: from the
-    * start). */
-   int64_t unpark_due;
-   char *unpark_h, *unpark_k;
+   /* Unparking walks each handler's parked keys in (head dueAt, key)
+    * order, a window per claim, and resumes after the last key of that
+    * handler it looked at: every parked key of a handler is looked at
+    * within a bounded number of claims of that handler, whatever the
+    * claims of other handlers (the consumer thread claims for one handler
+    * at a time).  Guarded by claim_mu. */
+   store_unpark_cursor_t unpark[STORE_UNPARK_CURSORS_MAX];
+   size_t n_unpark;
    /* When the next unparking runs (claim time, ms): at once while parked
     * keys were found or this instance parked some, otherwise after
     * STORE_UNPARK_IDLE_MS.  Guarded by claim_mu. */
@@ -125,6 +156,26 @@ bool store_write (store_t *store,
                   int64_t *n,
                   const char *what,
                   bson_error_t *error);
+
+/* Appends maxTimeMS: the instance's bound (max_time_ms), or `cap` when
+ * that is 0 or larger (cap 0: no cap).  Nothing when both are 0. */
+void store_append_max_time (const store_t *store, bson_t *opts, int32_t cap);
+/* One update (UPDATE_ONE, UPDATE_MANY: q and u) or delete (DELETE_MANY:
+ * q) outside a transaction on `coll`, bounded by maxTimeMS as
+ * store_append_max_time says (cap 0: the instance's bound only).  *n (may
+ * be NULL) gets how many documents it changed (nModified, n).  False with
+ * the server's error (MaxTimeMSExpired when it waited past the bound). */
+bool store_bounded_write (store_t *store,
+                          mongoc_collection_t *coll,
+                          store_write_kind_t kind,
+                          const bson_t *q,
+                          const bson_t *u,
+                          int32_t cap,
+                          int64_t *n,
+                          bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Puts the events of ids[0..n) on the deferred list with completion time
+ * `at` (see store_retry_deferred). */
+void store_defer_events (store_t *store, const char *const *ids, size_t n, int64_t at);
 
 /* Transaction options: snapshot read concern, majority, primary. */
 mongoc_transaction_opt_t *store_txn_opts (void);

@@ -1,7 +1,7 @@
 /*
  * dispatch/consumer.c - the pull consumers' worker (dispatch/consumer.h).
  *
- * One thread, one store instance, three lists:
+ * One thread, one store instance, three lists (and a retry list, below):
  *
  *  - the inbox: requests the forwarding loop submitted (bounded), and the
  *    close notices of connections (one per connection that submitted
@@ -13,6 +13,13 @@
  *  - the long polls waiting (bounded), each with its deadline; one timer
  *    looks again at the poll interval or at the nearest deadline, and a
  *    commit through this proxy (consumer_wake) makes them look at once.
+ *
+ * No consumer waits on another consumer's open transaction: the store's
+ * writes outside a transaction are bounded (CONSUMER_STORE_MAX_TIME_MS),
+ * and what hits the bound waits on a retry list this thread works through
+ * between commands (retry_cb): the charges a closed connection owes for
+ * deliveries its dead transaction still holds (held_t.owed), and the
+ * events' completion times the store deferred.
  *
  * What the admin thread shows of them (per handler: the connections that
  * hold claims or wait, the claims, the long polls) is counted here as the
@@ -69,6 +76,14 @@
 /* No connection has this id (ids count up from 1): a claim being
  * forgotten. */
 #define CONSUMER_CONN_CHARGED UINT64_MAX
+/* maxTimeMS of the consumer store's writes outside a transaction
+ * (store_set_max_time_ms): one consumer's open transaction holds such a
+ * write up for as long as it stays open, and this thread answers every
+ * consumer of the proxy. */
+#define CONSUMER_STORE_MAX_TIME_MS 200
+/* How soon the retry list (the charges a closed connection owes, the
+ * deferred events' completion times) is worked through again. */
+#define CONSUMER_RETRY_MS 250
 #define CONSUMER_OP_CLOSED PULL_OP_COUNT_
 #define CONSUMER_OP_SETTLED (PULL_OP_COUNT_ + 1)
 
@@ -82,6 +97,12 @@ typedef struct {
    int32_t attempt;
    int64_t expires; /* ms: the lease's end as claimed or last extended */
    size_t slot;     /* the handler's counters slot (SIZE_MAX: none) */
+   /* The connection closed and the charge of this claim failed (an open
+    * transaction, typically the dead consumer's own, holds the delivery):
+    * retried from the retry list (retry_cb) until it lands or the lease
+    * no longer holds.  Never settled by a request (no connection has
+    * this id any more). */
+   bool owed;
 } held_t;
 
 typedef struct {
@@ -120,6 +141,7 @@ typedef struct {
    struct event *in_ev, *wake_ev, *poll_ev;
    struct event *tidy_ev; /* persistent: also what keeps the base's loop running */
    struct event *drain_ev;
+   struct event *retry_ev; /* the retry list's timer (retry_arm) */
    atomic_bool draining; /* the proxy drains: claims wait no more */
    atomic_bool wake_pending;
    /* This thread's. */
@@ -948,45 +970,21 @@ run_settled (consumer_t *c, pull_req_t *r)
    bson_free (ids);
 }
 
-/* The charges of a closed connection's slice, one claim at a time, after
- * their one transaction failed: a claim whose delivery the connection's
- * own transaction still holds (a consumer killed after relaybusComplete
- * inside it) makes that transaction fail with a WriteConflict, which would
- * cost every claim of the slice its charge.  Each write here is a command
- * of its own, which the server holds until the transaction that holds its
- * document ends (the server reaps a dead client's transaction), so every
- * claim is charged once.  False when any failed (logged; its lease runs out
- * instead). */
-static bool
-charge_one_by_one (consumer_t *c, uint64_t conn, held_t *const *mine, size_t n, const char *why, bool *applied,
-                   bson_error_t *err)
-{
-   bool ok = true;
-
-   log_info ("consumer: c%" PRIu64 " closed: charging %zu claims in one transaction failed (%s): one by one", conn, n,
-             err->message);
-   for (size_t i = 0; i < n; i++) {
-      bool dead;
-      int64_t due_at;
-
-      applied[i] = false;
-      if (!charge (c, mine[i], 0, why, &dead, &applied[i], &due_at, err)) {
-         log_warn ("consumer: c%" PRIu64 " closed: charging %s failed (its lease runs out instead): %s", conn,
-                   mine[i]->lease.text, err->message);
-         ok = false;
-      }
-   }
-   return ok;
-}
-
-/* Up to CONSUMER_CLOSE_SLICE claims of connection `conn`, charged one
+/* Up to CONSUMER_CLOSE_SLICE claims of connection `conn` (the ones it
+ * still owes with `owed`, a retry; the others on its close), charged one
  * attempt each: due now, or dead at the handler's last attempt.  Two
  * transactions at most (store_settle_many: the ones buried, the ones
- * rescheduled), not one per claim.  A store failure leaves those claims to
- * run out their lease (a takeover charges them then).  The claims of the
- * slice are forgotten; true when the connection holds more. */
+ * rescheduled), not one per claim.  A transaction that fails (a consumer
+ * killed after relaybusComplete inside its own transaction still holds
+ * that delivery: a WriteConflict, at once) leaves the claims of its run
+ * owed: they stay held, and the retry list charges them once that
+ * transaction is gone (the server aborts it, at the latest at its
+ * lifetime), so every claim that ends without a completion is charged
+ * once, and no consumer waits for it meanwhile.  The other claims of the
+ * slice are forgotten; true when the connection holds more of the kind
+ * asked for. */
 static bool
-charge_closed (consumer_t *c, uint64_t conn, size_t *charged, size_t *dead, size_t *lost)
+charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t *dead, size_t *lost)
 {
    static const char *const why = "the consumer's connection closed with the delivery claimed";
    size_t n = 0, n_dead = 0, n_due = 0;
@@ -997,7 +995,7 @@ charge_closed (consumer_t *c, uint64_t conn, size_t *charged, size_t *dead, size
    bson_error_t err;
 
    for (size_t i = 0; i < c->n_held; i++)
-      n += c->held[i].conn == conn;
+      n += c->held[i].conn == conn && c->held[i].owed == owed;
    if (n == 0)
       return false;
    if (n > CONSUMER_CLOSE_SLICE)
@@ -1015,7 +1013,7 @@ charge_closed (consumer_t *c, uint64_t conn, size_t *charged, size_t *dead, size
       size_t seen = 0, a = 0, b;
 
       for (size_t i = 0; i < c->n_held && seen < n; i++)
-         if (c->held[i].conn == conn) {
+         if (c->held[i].conn == conn && c->held[i].owed == owed) {
             int64_t max_attempts, backoff;
             handler_policy (c, c->held[i].handler, c->held[i].attempt, &max_attempts, &backoff);
             last[seen] = c->held[i].attempt >= max_attempts;
@@ -1033,27 +1031,35 @@ charge_closed (consumer_t *c, uint64_t conn, size_t *charged, size_t *dead, size
       bson_free (last);
    }
    n_due = n - n_dead;
-   if (n_dead > 0 && !store_settle_many (c->store, STORE_MANY_BURY, refs, n_dead, now, 0, why, applied, &err))
-      dead_ok = charge_one_by_one (c, conn, mine, n_dead, why, applied, &err);
+   if (n_dead > 0 && !store_settle_many (c->store, STORE_MANY_BURY, refs, n_dead, now, 0, why, applied, &err)) {
+      log_info ("consumer: c%" PRIu64 " closed: burying %zu claims failed (retried later): %s", conn, n_dead, err.message);
+      dead_ok = false;
+   }
    if (n_due > 0 && !store_settle_many (c->store, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, now, why,
-                                        applied + n_dead, &err))
-      due_ok = charge_one_by_one (c, conn, mine + n_dead, n_due, why, applied + n_dead, &err);
+                                        applied + n_dead, &err)) {
+      log_info ("consumer: c%" PRIu64 " closed: charging %zu claims failed (retried later): %s", conn, n_due, err.message);
+      due_ok = false;
+   }
    for (size_t i = 0; i < n; i++) {
-      if (!applied[i] && (i < n_dead ? dead_ok : due_ok))
+      if (!(i < n_dead ? dead_ok : due_ok)) {
+         /* Owed: kept, charged by the retry list. */
+         if (!mine[i]->owed)
+            counters_add (COUNTER_CONSUMER_CHARGES_RETRIED, 1);
+         mine[i]->owed = true;
+         continue;
+      }
+      if (!applied[i])
          (*lost)++;
-      else if (!applied[i])
-         continue; /* the store failed: logged above */
       else if (is_dead[i])
          (*dead)++;
       else
          (*charged)++;
       if (applied[i] && mine[i]->slot != SIZE_MAX)
          counters_add_at (COUNTER_CONSUMER_CLOSED_CHARGED, mine[i]->slot, 1);
+      mine[i]->conn = CONSUMER_CONN_CHARGED;
    }
    /* Forgotten last (refs[] points into the entries, and held_remove
-    * moves them): marked, then removed in one pass from the end. */
-   for (size_t i = 0; i < n; i++)
-      mine[i]->conn = CONSUMER_CONN_CHARGED;
+    * moves them): marked above, then removed in one pass from the end. */
    for (size_t i = c->n_held; i-- > 0;)
       if (c->held[i].conn == CONSUMER_CONN_CHARGED) {
          c->held[i].conn = conn; /* for the usage counts */
@@ -1064,7 +1070,7 @@ charge_closed (consumer_t *c, uint64_t conn, size_t *charged, size_t *dead, size
    bson_free (applied);
    bson_free (is_dead);
    for (size_t i = 0; i < c->n_held; i++)
-      if (c->held[i].conn == conn)
+      if (c->held[i].conn == conn && c->held[i].owed == owed)
          return true;
    return false;
 }
@@ -1081,11 +1087,13 @@ run_closed (consumer_t *c, uint64_t conn)
    for (size_t i = c->n_waiting; i-- > 0;)
       if (c->waiting[i].r->conn == conn)
          waiting_remove (c, i);
-   more = charge_closed (c, conn, &charged, &dead, &lost);
+   more = charge_closed (c, conn, false, &charged, &dead, &lost);
    /* The lanes stay this instance's until their lease ends, which would
     * keep other proxies away from their deliveries: when no consumer of
     * this proxy holds a claim any more, every lane is handed back now. */
    if (!more && charged + dead + lost > 0 && c->n_held == 0) {
+      /* (Owed charges keep their lanes: store_relinquish would release
+       * their deliveries with no attempt charged.) */
       bson_error_t err;
       if (!store_relinquish (c->store, clock_now_ms (), &err))
          log_warn ("consumer: c%" PRIu64 " closed: handing the lanes back failed (they free up when their leases end): %s",
@@ -1096,6 +1104,56 @@ run_closed (consumer_t *c, uint64_t conn)
                 "no longer held%s",
                 conn, charged, dead, lost, more ? " (more charged next turn)" : "");
    return more;
+}
+
+/* --- the retry list ------------------------------------------------------ */
+
+/* Store work that waited on somebody else's open transaction and was put
+ * off so that no consumer waits for it: the charges closed connections
+ * owe (held_t.owed) and the events' completion times the store deferred
+ * (store_retry_deferred).  Bounded: the owed claims are held entries
+ * (CONSUMER_MAX_CLAIMS), the deferred times the store's list.  Worked
+ * through every CONSUMER_RETRY_MS between commands, one slice of one
+ * connection's owed charges per turn. */
+static void
+retry_arm (consumer_t *c)
+{
+   struct timeval tv = clock_timeval_ms (CONSUMER_RETRY_MS);
+   bool owed = false;
+
+   for (size_t i = 0; i < c->n_held && !owed; i++)
+      owed = c->held[i].owed;
+   if ((owed || store_deferred_count (c->store) > 0) && !evtimer_pending (c->retry_ev, NULL))
+      evtimer_add (c->retry_ev, &tv);
+}
+
+static void
+retry_cb (evutil_socket_t fd, short what, void *arg)
+{
+   consumer_t *c = arg;
+   size_t charged = 0, dead = 0, lost = 0, left = 0;
+   bson_error_t err;
+
+   (void) fd;
+   (void) what;
+   if (store_deferred_count (c->store) > 0 && !store_retry_deferred (c->store, &left, &err))
+      log_debug ("consumer: %zu deferred completion time(s) wait on: %s", left, err.message);
+   for (size_t i = 0; i < c->n_held; i++)
+      if (c->held[i].owed) {
+         uint64_t conn = c->held[i].conn;
+         (void) charge_closed (c, conn, true, &charged, &dead, &lost);
+         if (charged + dead + lost > 0)
+            log_info ("consumer: c%" PRIu64 " (closed): owed charges landed: %zu due again with one attempt charged, "
+                      "%zu dead, %zu no longer held",
+                      conn, charged, dead, lost);
+         break;
+      }
+   if (charged + dead + lost > 0 && c->n_held == 0) {
+      /* As run_closed: no consumer holds a claim, the lanes go back. */
+      if (!store_relinquish (c->store, clock_now_ms (), &err))
+         log_warn ("consumer: handing the lanes back failed (they free up when their leases end): %s", err.message);
+   }
+   retry_arm (c);
 }
 
 /* Forgets the claims whose lease ended CONSUMER_EXPIRED_KEEP_MS ago: the
@@ -1281,6 +1339,7 @@ run (consumer_t *c, pull_req_t *r)
       break;
    }
    pull_req_destroy (r);
+   retry_arm (c);
 }
 
 /* Does a request of connection `conn` wait in `list`? */
@@ -1490,6 +1549,7 @@ stop_cb (void *arg)
    bson_error_t err;
 
    evtimer_del (c->poll_ev);
+   evtimer_del (c->retry_ev);
    event_del (c->tidy_ev);
    pthread_mutex_lock (&c->mu);
    r = c->in_head;
@@ -1521,6 +1581,8 @@ consumer_free (consumer_t *c)
       event_free (c->tidy_ev);
    if (c->drain_ev)
       event_free (c->drain_ev);
+   if (c->retry_ev)
+      event_free (c->retry_ev);
    pthread_mutex_lock (&g_out.mu);
    if (g_out.retry_ev)
       event_free (g_out.retry_ev);
@@ -1572,6 +1634,8 @@ consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, co
    c->poll_ev = evtimer_new (c->base, poll_cb, c);
    c->tidy_ev = event_new (c->base, -1, EV_PERSIST, tidy_cb, c);
    c->drain_ev = event_new (c->base, -1, 0, drain_cb, c);
+   c->retry_ev = evtimer_new (c->base, retry_cb, c);
+   store_set_max_time_ms (c->store, CONSUMER_STORE_MAX_TIME_MS);
    delivery_rng_seed (&c->rng);
    pthread_mutex_lock (&g_out.mu);
    g_out.nq = n_wakes < CONFIG_THREADS_MAX ? n_wakes : CONFIG_THREADS_MAX;
@@ -1587,7 +1651,7 @@ consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, co
          c->tidy_ev = NULL;
       }
    }
-   if (!c->in_ev || !c->wake_ev || !c->poll_ev || !c->tidy_ev || !c->drain_ev || !g_out.retry_ev) {
+   if (!c->in_ev || !c->wake_ev || !c->poll_ev || !c->tidy_ev || !c->drain_ev || !c->retry_ev || !g_out.retry_ev) {
       bson_set_error (error, CONSUMER_ERROR_DOMAIN, CONSUMER_ERROR_NOT_RUNNING, "consumer: out of memory for its events");
       goto fail;
    }

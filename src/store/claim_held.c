@@ -77,14 +77,61 @@ claim_lost_append (bson_t *doc, const claim_lost_t *l)
    bson_append_array_end (doc, &arr);
 }
 
-/* Charges one attempt to every delivery of `lost` for the claim of the
- * epoch recorded with it, moving its claim generation on.  A delivery is
- * charged for epoch E only while its `lostAt` is below E, and `lostAt`
- * becomes E: charging the same list again (the previous taker died before
- * clearing it), or a delayed charge of an older lost claim, charges
- * nothing twice.  The epochs are charged in ascending order, one update
- * each (a list holds one or two).  Then the list is cleared on the lane
- * (still under `epoch`, and only if it is still the list charged). */
+/* The one rule for charging a lost claim, whoever finds it lost (a
+ * takeover's `lost` list, or this instance's own abandoned claim): each
+ * pending delivery `q` selects whose claim was made under lane epoch
+ * `epoch` is charged one attempt, its claim generation moves on, and its
+ * `lostAt` (the epoch of the last lost claim charged) rises to `epoch`.
+ * A `lost` list knows a claim only by its epoch: its charge also needs
+ * `lostAt` below `epoch`, so charging a list again (its taker died before
+ * clearing it), a delayed charge of an older claim, or the charge of a
+ * claim this instance charged as abandoned before the takeover moved it
+ * to `lost` (from a lane read before that charge) charges nothing twice.
+ * An abandoned claim is known by its generation (`q` matches the claims
+ * of each, with `by_generation`): that alone fences it, so two claims of
+ * one epoch abandoned one after the other are charged once each.  Bounded
+ * by STORE_TAKE_MAX_TIME_MS (or the instance's shorter bound): a delivery
+ * a dead worker's open transaction holds fails the charge, which a later
+ * claim makes again.  *charged (may be NULL) gets how many were. */
+bool
+claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_generation, int64_t *charged,
+                 bson_error_t *error)
+{
+   bson_t lost_at, not;
+   bson_t *upd;
+   bson_error_t err;
+   int64_t n = 0;
+   bool ok;
+
+   BSON_APPEND_UTF8 (q, "status", "pending");
+   if (!by_generation) {
+      /* lostAt missing or below epoch, as one condition ({$not: {$gte}}
+       * matches a missing field). */
+      BSON_APPEND_DOCUMENT_BEGIN (q, "lostAt", &lost_at);
+      BSON_APPEND_DOCUMENT_BEGIN (&lost_at, "$not", &not);
+      BSON_APPEND_INT64 (&not, "$gte", epoch);
+      bson_append_document_end (&lost_at, &not);
+      bson_append_document_end (q, &lost_at);
+   }
+   upd = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$max", "{", "lostAt",
+                   BCON_INT64 (epoch), "}", "$set", "{", "updatedAt", BCON_DATE_TIME (c->o->now), "}");
+   ok = store_bounded_write (c->s, c->deliveries, STORE_WRITE_UPDATE_MANY, q, upd, STORE_TAKE_MAX_TIME_MS, &n, &err);
+   if (ok) {
+      if (n > 0)
+         log_info ("store: lane %u: charged %" PRId64 " lost attempt(s) of epoch %" PRId64, lane, n, epoch);
+      if (charged)
+         *charged = n;
+   } else {
+      store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+   }
+   bson_destroy (upd);
+   return ok;
+}
+
+/* Charges the claims of `lost` (claim_charge_at), each for the epoch
+ * recorded with it, the epochs in ascending order, one update each (a
+ * list holds one or two).  Then the list is cleared on the lane (still
+ * under `epoch`, and only if it is still the list charged). */
 bool
 claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t *lost, bson_error_t *error)
 {
@@ -97,9 +144,8 @@ claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t 
       return true;
    for (;;) {
       int64_t e = INT64_MAX;
-      bson_t q = BSON_INITIALIZER, reply, *never, *before;
+      bson_t q = BSON_INITIALIZER;
       store_oids_t group = {0};
-      bson_t *upd, *opts;
 
       for (size_t i = 0; i < lost->ids.n; i++)
          if (lost->epochs[i] > done_upto && lost->epochs[i] < e)
@@ -111,35 +157,16 @@ claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t 
          if (lost->epochs[i] == e && !store_oids_has (&group, &lost->ids.v[i]))
             store_oids_push (&group, &lost->ids.v[i]);
       store_append_oids_op (&q, "_id", "$in", group.v, group.n);
-      BSON_APPEND_UTF8 (&q, "status", "pending");
-      never = BCON_NEW ("lostAt", "{", "$exists", BCON_BOOL (false), "}");
-      before = BCON_NEW ("lostAt", "{", "$lt", BCON_INT64 (e), "}");
-      store_append_or2 (&q, never, before);
-      bson_destroy (never);
-      bson_destroy (before);
-      upd = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$set", "{", "lostAt",
-                      BCON_INT64 (e), "updatedAt", BCON_DATE_TIME (c->o->now), "}");
-      opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
-      ok = mongoc_collection_update_many (c->deliveries, &q, upd, opts, &reply, &err);
-      if (ok && store_iter_int64 (&reply, "modifiedCount") > 0)
-         log_info ("store: lane %u: charged %" PRId64 " lost attempt(s) of epoch %" PRId64,
-                   lane,
-                   store_iter_int64 (&reply, "modifiedCount"),
-                   e);
-      bson_destroy (&reply);
-      bson_destroy (opts);
-      bson_destroy (upd);
+      ok = claim_charge_at (c, lane, e, &q, false, NULL, error);
       bson_destroy (&q);
       store_oids_free (&group);
-      if (!ok) {
-         store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+      if (!ok)
          return false;
-      }
    }
    lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane), "epoch", BCON_INT64 (epoch));
    store_append_oids_array (lq, "lost", lost->ids.v, lost->ids.n);
    lu = BCON_NEW ("$set", "{", "lost", "[", "]", "lostEpochs", "[", "]", "}");
-   ok = mongoc_collection_update_one (c->lanes_coll, lq, lu, NULL, NULL, &err);
+   ok = store_bounded_write (c->s, c->lanes_coll, STORE_WRITE_UPDATE_ONE, lq, lu, STORE_TAKE_MAX_TIME_MS, NULL, &err);
    bson_destroy (lq);
    bson_destroy (lu);
    if (!ok)
@@ -371,18 +398,39 @@ listed_read (claim_t *c, const store_oids_t *all, listed_set_t *set, bson_error_
    return ok;
 }
 
+/* Appends {_id, claims} to the $or array `arr` (its n-th entry). */
+static void
+or_append_claim (bson_t *arr, uint32_t *n, const bson_oid_t *id, int32_t claims)
+{
+   char buf[16];
+   const char *key;
+   bson_t one;
+
+   bson_uint32_to_string ((*n)++, &key, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (arr, key, &one);
+   BSON_APPEND_OID (&one, "_id", id);
+   store_append_claims_match (&one, claims);
+   bson_append_document_end (arr, &one);
+}
+
+/* What one lane lists that this instance no longer runs: the claims it
+ * handed out and stopped renewing (`lost`: charged), and the ones it
+ * never handed out (`unknown`: taken back without a charge), each an $or
+ * of {_id, claims}. */
+typedef struct {
+   bson_t lost, unknown;
+   bson_t lost_arr, unknown_arr;
+   uint32_t n_lost, n_unknown;
+   store_oids_t ids; /* both, for the instance to forget */
+} abandoned_t;
+
 /* The ids one lane lists that were read: gone (not found), still running
  * here (this instance handed out their current claim, and that claim's
  * own lease was handed out or renewed less than a lease ago), or
- * abandoned: appended to the $or of `or_arr` (with their claim
- * generation) and to `abandoned`.  Callers hold s->mu. */
+ * abandoned: sorted into `a` (with their claim generation).  Callers hold
+ * s->mu. */
 static void
-held_settle_lane (claim_t *c,
-                  claim_lane_t *l,
-                  const listed_set_t *set,
-                  bson_t *or_arr,
-                  uint32_t *n_or,
-                  store_oids_t *abandoned)
+held_settle_lane (claim_t *c, claim_lane_t *l, const listed_set_t *set, abandoned_t *a)
 {
    store_oids_t still = {0};
 
@@ -390,90 +438,111 @@ held_settle_lane (claim_t *c,
       const bson_oid_t *id = &l->inflight.v[j];
       const listed_t *f = listed_find (set, id);
       const store_issued_t *is;
+      bool ours;
       if (!f) {
          store_oids_push (&l->gone, id);
          continue;
       }
       is = store_issued_find (c->s, id);
+      ours = is && is->lane == l->lane && is->epoch == l->epoch && is->claims == f->claims;
       /* A lane left alone this claim (its lost claims could not be
        * charged) is not written: what it lists waits too. */
-      if (l->skip ||
-          (is && is->lane == l->lane && is->epoch == l->epoch && is->claims == f->claims && is->expires > c->o->now)) {
+      if (l->skip || (ours && is->expires > c->o->now)) {
          store_oids_push (&still, id);
          if (f->handler)
             claim_key_get (c, f->handler, f->key)->running = true;
-      } else {
-         char buf[16];
-         const char *key;
-         bson_t one;
-         bson_uint32_to_string ((*n_or)++, &key, buf, sizeof buf);
-         BSON_APPEND_DOCUMENT_BEGIN (or_arr, key, &one);
-         BSON_APPEND_OID (&one, "_id", id);
-         store_append_claims_match (&one, f->claims);
-         bson_append_document_end (or_arr, &one);
-         store_oids_push (abandoned, id);
-         store_oids_push (&l->gone, id);
+         continue;
       }
+      if (ours)
+         or_append_claim (&a->lost_arr, &a->n_lost, id, f->claims);
+      else
+         or_append_claim (&a->unknown_arr, &a->n_unknown, id, f->claims);
+      store_oids_push (&a->ids, id);
+      store_oids_push (&l->gone, id);
    }
    store_oids_free (&l->inflight);
    l->inflight = still;
 }
 
-/* The abandoned claims matched by `aq`: an attempt charged each, their
- * claim generation moved on, and the instance forgets them. */
+/* Takes back what one lane lists and this instance no longer runs.  A
+ * claim it handed out under this lane epoch and stopped renewing was an
+ * attempt (its worker was handed the delivery, and may have delivered
+ * it): charged as a lost claim of that epoch (claim_charge_at, the rule a
+ * takeover's charge follows, so the two never charge it twice), and a
+ * worker that keeps dying on a delivery brings it to the dead letters
+ * with a single proxy too.  A claim it never handed out (a record that
+ * reached the lane without its reply reaching this instance) is not
+ * charged: its claim generation moves on, as the reference's
+ * reconciliation does.  Both bounded (a delivery an open transaction
+ * holds fails the write: the next claim tries again). */
 static bool
-charge_abandoned (claim_t *c, const bson_t *aq, const store_oids_t *abandoned, bson_error_t *error)
+take_back (claim_t *c, const claim_lane_t *l, abandoned_t *a, bson_error_t *error)
 {
    store_t *s = c->s;
-   bson_t *au = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$set", "{",
-                          "updatedAt", BCON_DATE_TIME (c->o->now), "}");
-   bson_error_t err;
+   int64_t charged = 0;
    bool ok = true;
 
-   if (!mongoc_collection_update_many (c->deliveries, aq, au, NULL, NULL, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "reconciling abandoned claims: %s", err.message);
-      ok = false;
-   } else {
-      log_warn ("store: %zu listed delivery(ies) no longer run here (not settled, not renewed for a lease): "
-                "charged an attempt each and made runnable again",
-                abandoned->n);
+   bson_append_array_end (&a->lost, &a->lost_arr);
+   bson_append_array_end (&a->unknown, &a->unknown_arr);
+   if (a->n_lost > 0)
+      ok = claim_charge_at (c, l->lane, l->epoch, &a->lost, true, &charged, error);
+   if (ok && a->n_unknown > 0) {
+      bson_t *u = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}", "$set", "{", "updatedAt",
+                            BCON_DATE_TIME (c->o->now), "}");
+      bson_error_t err;
+      BSON_APPEND_UTF8 (&a->unknown, "status", "pending");
+      if (!store_bounded_write (s, c->deliveries, STORE_WRITE_UPDATE_MANY, &a->unknown, u, STORE_TAKE_MAX_TIME_MS,
+                                NULL, &err)) {
+         store_set_error (error, STORE_ERROR_SERVER, "taking back claims of lane %u: %s", l->lane, err.message);
+         ok = false;
+      }
+      bson_destroy (u);
+   }
+   if (ok) {
+      log_warn ("store: lane %u: %u listed delivery(ies) no longer run here (not settled, not renewed for a "
+                "lease): %" PRId64 " charged an attempt, %u never handed out here taken back without one; "
+                "runnable again",
+                l->lane, a->n_lost, charged, a->n_unknown);
       pthread_mutex_lock (&s->mu);
-      for (size_t j = 0; j < abandoned->n; j++)
-         store_issued_remove (s, &abandoned->v[j]);
+      for (size_t j = 0; j < a->ids.n; j++)
+         store_issued_remove (s, &a->ids.v[j]);
       pthread_mutex_unlock (&s->mu);
    }
-   bson_destroy (au);
    return ok;
 }
 
 /* Phase 3: the ids the lanes list, as read.  A listed delivery this
  * instance no longer runs (its worker could not settle it and stopped
- * renewing it) is abandoned: its claim generation moves on here, before
- * the lane stops listing it in the record, so the old lease never matches
- * again and the delivery is runnable at once, also with a single proxy.
- * The abandoned claim was an attempt (its worker was handed the delivery,
- * and may have delivered it), so it is charged as a takeover charges a
- * lost claim: a worker that keeps dying on a delivery brings it to the
- * dead letters here too. */
+ * renewing it, or it never handed out its claim) is taken back
+ * (take_back): its claim generation moves on here, before the lane stops
+ * listing it in the record, so the old lease never matches again and the
+ * delivery is runnable at once, also with a single proxy.  One write or
+ * two per lane that has any (rare: a consumer or worker gone quiet). */
 static bool
 held_settle_listed (claim_t *c, const listed_set_t *set, bson_error_t *error)
 {
-   bson_t aq = BSON_INITIALIZER, or_arr;
-   store_oids_t abandoned = {0};
-   uint32_t n_or = 0;
    bool ok = true;
 
-   BSON_APPEND_ARRAY_BEGIN (&aq, "$or", &or_arr);
-   pthread_mutex_lock (&c->s->mu);
-   for (size_t i = 0; i < c->n_lanes; i++)
-      held_settle_lane (c, &c->lanes[i], set, &or_arr, &n_or, &abandoned);
-   pthread_mutex_unlock (&c->s->mu);
-   bson_append_array_end (&aq, &or_arr);
-   RELAYBUS_ASSERT (n_or == abandoned.n);
-   if (abandoned.n > 0)
-      ok = charge_abandoned (c, &aq, &abandoned, error);
-   bson_destroy (&aq);
-   store_oids_free (&abandoned);
+   for (size_t i = 0; i < c->n_lanes; i++) {
+      claim_lane_t *l = &c->lanes[i];
+      abandoned_t a = {.lost = BSON_INITIALIZER, .unknown = BSON_INITIALIZER};
+
+      BSON_APPEND_ARRAY_BEGIN (&a.lost, "$or", &a.lost_arr);
+      BSON_APPEND_ARRAY_BEGIN (&a.unknown, "$or", &a.unknown_arr);
+      pthread_mutex_lock (&c->s->mu);
+      held_settle_lane (c, l, set, &a);
+      pthread_mutex_unlock (&c->s->mu);
+      RELAYBUS_ASSERT (a.n_lost + a.n_unknown == a.ids.n);
+      if (a.ids.n > 0 && !take_back (c, l, &a, error))
+         ok = false;
+      else if (a.ids.n == 0) {
+         bson_append_array_end (&a.lost, &a.lost_arr);
+         bson_append_array_end (&a.unknown, &a.unknown_arr);
+      }
+      bson_destroy (&a.lost);
+      bson_destroy (&a.unknown);
+      store_oids_free (&a.ids);
+   }
    return ok;
 }
 

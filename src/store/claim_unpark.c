@@ -155,14 +155,38 @@ hk_cmp (const void *a, const void *b)
    return strcmp (x->key, y->key);
 }
 
-/* The tail of the parked-keys aggregation of `handler`: oldest head first,
- * after the cursor (due, h, k) of the previous claim, UNPARK_KEYS_MAX at
- * most. */
+/* The unparking cursor of `handler`, made when missing (NULL when the
+ * table is full: that handler's window starts from the start). */
+static store_unpark_cursor_t *
+cursor_of (store_t *s, const char *handler)
+{
+   for (size_t i = 0; i < s->n_unpark; i++)
+      if (strcmp (s->unpark[i].handler, handler) == 0)
+         return &s->unpark[i];
+   if (s->n_unpark == STORE_UNPARK_CURSORS_MAX)
+      return NULL;
+   s->unpark[s->n_unpark] = (store_unpark_cursor_t) {.handler = bson_strdup (handler)};
+   return &s->unpark[s->n_unpark++];
+}
+
+/* Moves a cursor to after (due, key), or back to the start (key NULL). */
+static void
+cursor_set (store_unpark_cursor_t *cur, int64_t due, const char *key)
+{
+   if (!cur)
+      return;
+   bson_free (cur->key);
+   cur->key = key ? bson_strdup (key) : NULL;
+   cur->due = due;
+}
+
+/* The tail of the parked-keys aggregation of one handler: oldest head
+ * first, after its cursor (the previous claim's last key of this
+ * handler), UNPARK_KEYS_MAX at most. */
 static bson_t *
-unpark_tail (const store_t *s, const char *handler)
+unpark_tail (const store_unpark_cursor_t *cur)
 {
    bson_t *tail = bson_new (), st, sub, cond;
-   int cmp = s->unpark_h ? strcmp (handler, s->unpark_h) : 0;
    uint32_t k = 0;
    char buf[16];
    const char *key;
@@ -174,22 +198,14 @@ unpark_tail (const store_t *s, const char *handler)
    BSON_APPEND_INT32 (&sub, "_id", 1);
    bson_append_document_end (&st, &sub);
    bson_append_document_end (tail, &st);
-   if (s->unpark_h && s->unpark_k) {
+   if (cur && cur->key) {
+      bson_value_t last = {.value_type = BSON_TYPE_UTF8};
+      last.value.v_utf8.str = cur->key;
+      last.value.v_utf8.len = (uint32_t) strlen (cur->key);
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_DOCUMENT_BEGIN (tail, key, &st);
       BSON_APPEND_DOCUMENT_BEGIN (&st, "$match", &cond);
-      if (cmp != 0) {
-         /* After (due, h, k): a later handler from `due` on, an earlier
-          * one only after it. */
-         BSON_APPEND_DOCUMENT_BEGIN (&cond, "due", &sub);
-         BSON_APPEND_DATE_TIME (&sub, cmp > 0 ? "$gte" : "$gt", s->unpark_due);
-         bson_append_document_end (&cond, &sub);
-      } else {
-         bson_value_t last = {.value_type = BSON_TYPE_UTF8};
-         last.value.v_utf8.str = s->unpark_k;
-         last.value.v_utf8.len = (uint32_t) strlen (s->unpark_k);
-         store_append_after_key (&cond, "due", s->unpark_due, &last);
-      }
+      store_append_after_key (&cond, "due", cur->due, &last);
       bson_append_document_end (&st, &cond);
       bson_append_document_end (tail, &st);
    }
@@ -200,55 +216,62 @@ unpark_tail (const store_t *s, const char *handler)
    return tail;
 }
 
-/* Step 1 of unparking: the parked keys, a window per handler (after the
- * cursor of the previous claim), then the UNPARK_KEYS_MAX oldest overall;
- * the cursor moves on to the last key looked at, or back to the start once
- * every window reached its end.  False on a failure (logged); *parked
- * (claim_heads_free) holds what was read either way. */
+/* Step 1 of unparking: the parked keys, a window per handler (after that
+ * handler's cursor), then the UNPARK_KEYS_MAX oldest of them all.  Each
+ * handler's cursor moves on to its last key looked at while its window
+ * came back full or lost keys to the cut, and back to the start once its
+ * window reached its end; a handler none of whose keys survived the cut
+ * keeps its cursor (the older keys of the others go first).  False on a
+ * failure (logged); *parked (claim_heads_free) holds what was read either
+ * way. */
 static bool
 parked_keys (claim_t *c, claim_head_t **parked, size_t *n_parked)
 {
    store_t *s = c->s;
-   size_t cap = 0;
-   bool more = false;
+   size_t cap = 0, nh = c->o->n_handlers;
+   bool *more = bson_malloc0 ((nh ? nh : 1) * sizeof *more);
+   bool ok = true;
    bson_error_t err;
 
-   for (size_t i = 0; i < c->o->n_handlers; i++) {
+   for (size_t i = 0; i < nh; i++) {
       bson_t m = BSON_INITIALIZER;
-      bson_t *tail = unpark_tail (s, c->o->handlers[i].handler);
+      bson_t *tail = unpark_tail (cursor_of (s, c->o->handlers[i].handler));
       size_t before = *n_parked;
-      bool ok;
       BSON_APPEND_UTF8 (&m, "lane", "parked");
       ok = heads_by_key (c, c->o->handlers[i].handler, &m, tail, parked, n_parked, &cap, &err);
       bson_destroy (tail);
       bson_destroy (&m);
       if (!ok) {
          log_warn ("store: unparking: %s", err.message);
-         return false;
+         goto done;
       }
-      if (*n_parked - before >= UNPARK_KEYS_MAX)
-         more = true;
+      more[i] = *n_parked - before >= UNPARK_KEYS_MAX;
    }
    if (*n_parked > 1)
       qsort (*parked, *n_parked, sizeof **parked, hk_cmp);
    if (*n_parked > UNPARK_KEYS_MAX) {
-      more = true;
       for (size_t i = UNPARK_KEYS_MAX; i < *n_parked; i++) {
+         for (size_t h = 0; h < nh; h++)
+            if (strcmp ((*parked)[i].handler, c->o->handlers[h].handler) == 0)
+               more[h] = true;
          bson_free ((*parked)[i].handler);
          bson_free ((*parked)[i].key);
       }
       *n_parked = UNPARK_KEYS_MAX;
    }
-   bson_free (s->unpark_h);
-   bson_free (s->unpark_k);
-   s->unpark_h = s->unpark_k = NULL;
-   if (more && *n_parked > 0) {
-      const claim_head_t *last = &(*parked)[*n_parked - 1];
-      s->unpark_due = last->due;
-      s->unpark_h = bson_strdup (last->handler);
-      s->unpark_k = bson_strdup (last->key);
+   for (size_t h = 0; h < nh; h++) {
+      const claim_head_t *last = NULL;
+      for (size_t i = *n_parked; i-- > 0 && !last;)
+         if (strcmp ((*parked)[i].handler, c->o->handlers[h].handler) == 0)
+            last = &(*parked)[i];
+      if (!more[h])
+         cursor_set (cursor_of (s, c->o->handlers[h].handler), 0, NULL);
+      else if (last)
+         cursor_set (cursor_of (s, c->o->handlers[h].handler), last->due, last->key);
    }
-   return true;
+done:
+   bson_free (more);
+   return ok;
 }
 
 /* Step 3 of unparking: one update of the heads with no unfinished

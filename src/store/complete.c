@@ -120,11 +120,18 @@ done:
 
 /* Records the completion time on the events of the valid deliveries, with
  * one updateMany: each event id from its ref, or else from the delivery
- * document read (docs may be NULL). */
+ * document read (docs may be NULL).  Outside a transaction (session NULL)
+ * the write is bounded (store_set_max_time_ms), and one that fails is
+ * deferred (store_retry_deferred): the deliveries are deleted already, so
+ * the completion stands, and waiting here would wait for a consumer's
+ * transaction that wrote one of the events (another handler's completion
+ * of the same event), up to that transaction's lifetime. */
 static bool
-events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, const bson_t *opts, bson_error_t *error)
+events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mongoc_client_session_t *session,
+                  bson_error_t *error)
 {
-   bson_t eq = BSON_INITIALIZER, sub, arr;
+   bson_t eq = BSON_INITIALIZER, sub, arr, opts = BSON_INITIALIZER;
+   const char **ids = bson_malloc0 ((c->n ? c->n : 1) * sizeof *ids);
    uint32_t k = 0;
    bool ok = true;
 
@@ -139,6 +146,7 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, con
          id = store_iter_utf8 (docs[i], "eventId") ? store_iter_utf8 (docs[i], "eventId") : "";
       if (!id)
          continue;
+      ids[k] = id;
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_UTF8 (&arr, key, id);
    }
@@ -146,10 +154,25 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, con
    bson_append_document_end (&eq, &sub);
    if (k > 0) {
       bson_t *eu = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (c->now), "}");
-      ok = mongoc_collection_update_many (events, &eq, eu, opts, NULL, error);
+      bson_error_t err;
+      if (session) {
+         store_session_opts (session, &opts);
+         ok = mongoc_collection_update_many (events, &eq, eu, &opts, NULL, &err);
+      } else {
+         ok = store_bounded_write (c->s, events, STORE_WRITE_UPDATE_MANY, &eq, eu, 0, NULL, &err);
+      }
+      if (!ok && !session && c->s->max_time_ms > 0) {
+         log_info ("store: %u event completion time(s) deferred (%s)", k, err.message);
+         store_defer_events (c->s, ids, k, c->now);
+         ok = true;
+      } else if (!ok && error) {
+         *error = err;
+      }
       bson_destroy (eu);
    }
    bson_destroy (&eq);
+   bson_destroy (&opts);
+   bson_free (ids);
    return ok;
 }
 
@@ -183,13 +206,15 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
       bson_append_document_end (&or_arr, &one);
    }
    bson_append_array_end (&q, &or_arr);
-   if (!mongoc_collection_delete_many (dels, &q, &opts, &reply, error)) {
+   if (session) {
+      ok = mongoc_collection_delete_many (dels, &q, &opts, &reply, error);
+      c->n_deleted = ok ? store_iter_int64 (&reply, "deletedCount") : 0;
       bson_destroy (&reply);
-      ok = false;
-      goto done;
+   } else {
+      ok = store_bounded_write (c->s, dels, STORE_WRITE_DELETE_MANY, &q, NULL, 0, &c->n_deleted, error);
    }
-   c->n_deleted = store_iter_int64 (&reply, "deletedCount");
-   bson_destroy (&reply);
+   if (!ok)
+      goto done;
 
    if (docs && c->s->completion_history) {
       /* Completion history: one record per completed delivery. */
@@ -220,7 +245,7 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
    }
 
    if (ok)
-      ok = events_completed (c, events, docs, &opts, error);
+      ok = events_completed (c, events, docs, session, error);
 
 done:
    bson_destroy (&q);
@@ -245,7 +270,7 @@ complete_unread (complete_t *c, bson_error_t *error)
 {
    mongoc_collection_t *dels = store_coll (c->s, c->client, OUTBOX_DELIVERIES);
    mongoc_collection_t *events = store_coll (c->s, c->client, OUTBOX_EVENTS);
-   bson_t q = BSON_INITIALIZER, or_arr, reply;
+   bson_t q = BSON_INITIALIZER, or_arr;
    uint32_t k = 0;
    bool ok = true;
 
@@ -270,13 +295,11 @@ complete_unread (complete_t *c, bson_error_t *error)
    bson_append_array_end (&q, &or_arr);
    if (c->n_valid == 0)
       goto done;
-   if (!mongoc_collection_delete_many (dels, &q, NULL, &reply, error)) {
-      bson_destroy (&reply);
+   /* Bounded (store_set_max_time_ms), as the events' write after it. */
+   if (!store_bounded_write (c->s, dels, STORE_WRITE_DELETE_MANY, &q, NULL, 0, &c->n_deleted, error)) {
       ok = false;
       goto done;
    }
-   c->n_deleted = store_iter_int64 (&reply, "deletedCount");
-   bson_destroy (&reply);
 
    ok = events_completed (c, events, NULL, NULL, error);
 
@@ -358,7 +381,13 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
    }
    pthread_mutex_lock (&s->mu);
    for (size_t i = 0; ok && i < n; i++) {
-      store_issued_remove (s, &refs[i].id);
+      const store_issued_t *is = store_issued_find (s, &refs[i].id);
+      /* A stale lease (an earlier claim's) does not end the claim this
+       * instance handed out since: the next claim must still know that
+       * one as its own (charged if it is abandoned, see claim_held.c). */
+      if (is && (done[i] || (c.parsed[i] && is->lane == c.leases[i].lane_id && is->epoch == c.leases[i].epoch &&
+                             is->claims == c.leases[i].claims)))
+         store_issued_remove (s, &refs[i].id);
       if (done[i]) {
          if (s->settled.n >= STORE_SETTLED_MAX)
             s->settled.n = 0; /* forgotten: the next claim reads what its lanes list */
@@ -1021,7 +1050,7 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
    mongoc_collection_t *lanes, *dels;
    store_lane_state_t held[OUTBOX_LANES];
    store_oids_t ids = {0};
-   bson_t lq = BSON_INITIALIZER, arr, reply;
+   bson_t lq = BSON_INITIALIZER, arr, wopts = BSON_INITIALIZER;
    bson_t *u = NULL;
    mongoc_cursor_t *cur;
    const bson_t *doc;
@@ -1067,10 +1096,14 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
       log_info ("store: handed back 0 lane(s)");
       return true;
    }
+   /* Each command bounded (store_set_max_time_ms): a delivery a consumer's
+    * open transaction wrote holds the $inc up until that transaction
+    * ends; the lanes then stay held until their leases end. */
+   store_append_max_time (s, &wopts, 0);
    client = mongoc_client_pool_pop (s->pool);
    lanes = store_coll (s, client, OUTBOX_LANES_COLL);
    dels = store_coll (s, client, OUTBOX_DELIVERIES);
-   cur = mongoc_collection_find_with_opts (lanes, &lq, NULL, NULL);
+   cur = mongoc_collection_find_with_opts (lanes, &lq, &wopts, NULL);
    while (mongoc_cursor_next (cur, &doc))
       store_oids_from_array (&ids, doc, "inFlight");
    if (mongoc_cursor_error (cur, &err)) {
@@ -1082,7 +1115,7 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
       bson_t dq = BSON_INITIALIZER;
       bson_t *du = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
       store_append_oids_op (&dq, "_id", "$in", ids.v, ids.n);
-      if (!mongoc_collection_update_many (dels, &dq, du, NULL, NULL, &err)) {
+      if (!store_bounded_write (s, dels, STORE_WRITE_UPDATE_MANY, &dq, du, 0, NULL, &err)) {
          store_set_error (error, STORE_ERROR_SERVER, "releasing the lanes' deliveries: %s", err.message);
          ok = false;
       }
@@ -1091,13 +1124,13 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
    }
    if (ok) {
       u = BCON_NEW ("$set", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]", "}");
-      if (!mongoc_collection_update_many (lanes, &lq, u, NULL, &reply, &err)) {
+      int64_t matched = 0;
+      if (!store_bounded_write (s, lanes, STORE_WRITE_UPDATE_MANY, &lq, u, 0, &matched, &err)) {
          store_set_error (error, STORE_ERROR_SERVER, "handing back the lanes: %s", err.message);
          ok = false;
       } else {
-         n = (size_t) store_iter_int64 (&reply, "matchedCount");
+         n = (size_t) matched;
       }
-      bson_destroy (&reply);
    }
    if (ok) {
       /* Handed back, or no longer ours (taken over after their lease). */
@@ -1112,6 +1145,7 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
    bson_destroy (u);
    store_oids_free (&ids);
    bson_destroy (&lq);
+   bson_destroy (&wopts);
    mongoc_collection_destroy (lanes);
    mongoc_collection_destroy (dels);
    mongoc_client_pool_push (s->pool, client);

@@ -19,6 +19,7 @@
 #include <openssl/rand.h>
 
 #include "base/assert.h"
+#include "base/counters.h"
 #include "base/log.h"
 
 void
@@ -117,11 +118,202 @@ store_destroy (store_t *s)
    }
    bson_free (s->issued);
    store_oids_free (&s->settled);
-   bson_free (s->unpark_h);
-   bson_free (s->unpark_k);
+   for (size_t i = 0; i < s->n_deferred; i++)
+      bson_free (s->deferred[i].event_id);
+   for (size_t i = 0; i < s->n_unpark; i++) {
+      bson_free (s->unpark[i].handler);
+      bson_free (s->unpark[i].key);
+   }
    bson_free (s->database);
    bson_free (s->owner);
    bson_free (s);
+}
+
+void
+store_set_max_time_ms (store_t *s, int32_t ms)
+{
+   s->max_time_ms = ms > 0 ? ms : 0;
+}
+
+void
+store_append_max_time (const store_t *s, bson_t *opts, int32_t cap)
+{
+   int32_t ms = s->max_time_ms;
+
+   if (cap > 0 && (ms == 0 || ms > cap))
+      ms = cap;
+   if (ms > 0)
+      BSON_APPEND_INT32 (opts, "maxTimeMS", ms);
+}
+
+bool
+store_bounded_write (store_t *s,
+                     mongoc_collection_t *coll,
+                     store_write_kind_t kind,
+                     const bson_t *q,
+                     const bson_t *u,
+                     int32_t cap,
+                     int64_t *n,
+                     bson_error_t *error)
+{
+   bson_t cmd = BSON_INITIALIZER, arr, one, reply;
+   bool ok;
+
+   /* The command is built here: mongoc's update_many and delete_many put
+    * an unknown option such as maxTimeMS into the statement, where the
+    * server ignores it. */
+   if (kind == STORE_WRITE_DELETE_MANY) {
+      BSON_APPEND_UTF8 (&cmd, "delete", mongoc_collection_get_name (coll));
+      BSON_APPEND_ARRAY_BEGIN (&cmd, "deletes", &arr);
+      BSON_APPEND_DOCUMENT_BEGIN (&arr, "0", &one);
+      BSON_APPEND_DOCUMENT (&one, "q", q);
+      BSON_APPEND_INT32 (&one, "limit", 0);
+   } else {
+      BSON_APPEND_UTF8 (&cmd, "update", mongoc_collection_get_name (coll));
+      BSON_APPEND_ARRAY_BEGIN (&cmd, "updates", &arr);
+      BSON_APPEND_DOCUMENT_BEGIN (&arr, "0", &one);
+      BSON_APPEND_DOCUMENT (&one, "q", q);
+      BSON_APPEND_DOCUMENT (&one, "u", u);
+      BSON_APPEND_BOOL (&one, "multi", kind == STORE_WRITE_UPDATE_MANY);
+   }
+   bson_append_document_end (&arr, &one);
+   bson_append_array_end (&cmd, &arr);
+   store_append_max_time (s, &cmd, cap);
+   ok = mongoc_collection_write_command_with_opts (coll, &cmd, NULL, &reply, error);
+   if (ok) {
+      bson_iter_t it, e;
+      /* A write error (a statement that failed) comes with ok: 1. */
+      if (bson_iter_init_find (&it, &reply, "writeErrors") && BSON_ITER_HOLDS_ARRAY (&it) &&
+          bson_iter_recurse (&it, &e) && bson_iter_next (&e) && BSON_ITER_HOLDS_DOCUMENT (&e)) {
+         bson_t doc;
+         uint32_t len;
+         const uint8_t *data;
+         bson_iter_document (&e, &len, &data);
+         if (bson_init_static (&doc, data, len)) {
+            bson_set_error (error, MONGOC_ERROR_SERVER, (uint32_t) store_iter_int64 (&doc, "code"), "%s",
+                            store_iter_utf8 (&doc, "errmsg") ? store_iter_utf8 (&doc, "errmsg") : "write error");
+         }
+         ok = false;
+      } else if (n) {
+         *n = store_iter_int64 (&reply, kind == STORE_WRITE_DELETE_MANY ? "n" : "nModified");
+      }
+   }
+   bson_destroy (&reply);
+   bson_destroy (&cmd);
+   return ok;
+}
+
+void
+store_defer_events (store_t *s, const char *const *ids, size_t n, int64_t at)
+{
+   size_t dropped = 0;
+
+   pthread_mutex_lock (&s->mu);
+   for (size_t i = 0; i < n; i++) {
+      if (s->n_deferred == STORE_DEFERRED_MAX) {
+         /* Bounded: the oldest goes.  Its event keeps no completion time
+          * (the delivery is completed all the same; only retention by
+          * completion time misses it). */
+         bson_free (s->deferred[0].event_id);
+         memmove (&s->deferred[0], &s->deferred[1], (STORE_DEFERRED_MAX - 1) * sizeof s->deferred[0]);
+         s->n_deferred--;
+         dropped++;
+      }
+      s->deferred[s->n_deferred++] = (store_deferred_t) {.event_id = bson_strdup (ids[i]), .at = at};
+   }
+   pthread_mutex_unlock (&s->mu);
+   counters_add (COUNTER_STORE_DEFERRED, n);
+   if (dropped > 0) {
+      counters_add (COUNTER_STORE_DEFERRED_DROPPED, dropped);
+      log_warn ("store: %zu deferred completion time(s) dropped (the list holds %d)", dropped, STORE_DEFERRED_MAX);
+   }
+}
+
+size_t
+store_deferred_count (store_t *s)
+{
+   size_t n;
+
+   pthread_mutex_lock (&s->mu);
+   n = s->n_deferred;
+   pthread_mutex_unlock (&s->mu);
+   return n;
+}
+
+/* The list is taken off while written (the thread that completes may
+ * defer more meanwhile): one updateMany per completion time (a completion
+ * defers its events under one time, so a handful), each bounded as every
+ * write of the instance.  What was not written is put back in front,
+ * older than what was deferred meanwhile ($max makes writing one twice
+ * harmless). */
+bool
+store_retry_deferred (store_t *s, size_t *left, bson_error_t *error)
+{
+   store_deferred_t *v;
+   size_t n, done_upto = 0;
+   mongoc_client_t *client;
+   mongoc_collection_t *events;
+   bson_error_t err;
+   bool ok = true;
+
+   pthread_mutex_lock (&s->mu);
+   n = s->n_deferred;
+   v = bson_malloc0 ((n ? n : 1) * sizeof *v);
+   memcpy (v, s->deferred, n * sizeof *v);
+   s->n_deferred = 0;
+   pthread_mutex_unlock (&s->mu);
+   if (n == 0)
+      goto done;
+   client = mongoc_client_pool_pop (s->pool);
+   events = store_coll (s, client, OUTBOX_EVENTS);
+   while (ok && done_upto < n) {
+      int64_t at = v[done_upto].at;
+      size_t end = done_upto;
+      bson_t q = BSON_INITIALIZER, in, arr;
+      bson_t *u = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (at), "}");
+      uint32_t k = 0;
+
+      BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &in);
+      BSON_APPEND_ARRAY_BEGIN (&in, "$in", &arr);
+      for (; end < n && v[end].at == at; end++) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         BSON_APPEND_UTF8 (&arr, key, v[end].event_id);
+      }
+      bson_append_array_end (&in, &arr);
+      bson_append_document_end (&q, &in);
+      ok = store_bounded_write (s, events, STORE_WRITE_UPDATE_MANY, &q, u, 0, NULL, &err);
+      if (ok)
+         done_upto = end;
+      bson_destroy (u);
+      bson_destroy (&q);
+   }
+   mongoc_collection_destroy (events);
+   mongoc_client_pool_push (s->pool, client);
+   for (size_t i = 0; i < done_upto; i++)
+      bson_free (v[i].event_id);
+   if (!ok) {
+      size_t rest = n - done_upto, drop = 0;
+      store_set_error (error, STORE_ERROR_SERVER, "writing %zu deferred completion time(s): %s", rest, err.message);
+      pthread_mutex_lock (&s->mu);
+      if (s->n_deferred + rest > STORE_DEFERRED_MAX)
+         drop = s->n_deferred + rest - STORE_DEFERRED_MAX;
+      for (size_t i = 0; i < drop; i++)
+         bson_free (v[done_upto + i].event_id);
+      memmove (&s->deferred[rest - drop], &s->deferred[0], s->n_deferred * sizeof s->deferred[0]);
+      memcpy (&s->deferred[0], &v[done_upto + drop], (rest - drop) * sizeof *v);
+      s->n_deferred += rest - drop;
+      RELAYBUS_ASSERT (s->n_deferred <= STORE_DEFERRED_MAX);
+      pthread_mutex_unlock (&s->mu);
+      if (drop > 0)
+         counters_add (COUNTER_STORE_DEFERRED_DROPPED, drop);
+   }
+done:
+   bson_free (v);
+   if (left)
+      *left = store_deferred_count (s);
+   return ok;
 }
 
 mongoc_collection_t *

@@ -833,6 +833,185 @@ test_an_abandoned_claim_is_charged_its_attempt (void **state)
    store_batch_clear (&third);
 }
 
+/* Sets fields of lane `lane` directly (what another instance's write
+ * left there). */
+static void
+lane_set (fx_t *fx, int64_t lane, const char *json)
+{
+   mongoc_collection_t *lanes = coll (fx, OUTBOX_LANES_COLL);
+   bson_error_t err;
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane));
+   bson_t *set = bson_new_from_json ((const uint8_t *) json, -1, &err);
+   bson_t *u;
+
+   assert_non_null (set);
+   u = BCON_NEW ("$set", BCON_DOCUMENT (set));
+   if (!mongoc_collection_update_one (lanes, q, u, NULL, NULL, &err))
+      fail_msg ("lane: %s", err.message);
+   bson_destroy (u);
+   bson_destroy (set);
+   bson_destroy (q);
+   mongoc_collection_destroy (lanes);
+}
+
+/* One lost attempt, two paths that find it: this instance's own claim
+ * takes its abandoned claim back (charged), and a takeover that read the
+ * lane before that charge moved the same claim to the lane's `lost` list
+ * under the epoch it was made in.  The takeover's charge finds it charged
+ * (lostAt) and charges nothing: one attempt, counted once. */
+static void
+test_an_abandoned_and_a_lost_charge_count_once (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, other = {0}, taken = {0};
+   bson_t *doc;
+   char json[256], hex[25];
+   int64_t lane, epoch;
+
+   add (fx, "once-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   doc = get (fx, &b.items[0].id);
+   lane = field (doc, "laneId");
+   bson_destroy (doc);
+   epoch = strtoll (b.items[0].lease + strcspn (b.items[0].lease, ":") + 1, NULL, 10);
+   /* A's claim stopped being renewed: its next claim (of another
+    * handler) takes it back, charged. */
+   claim (fx->a, "other", 1, T0 + LEASE, &other);
+   assert_int_equal (other.n, 0);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   /* What a takeover that read the lane before that charge wrote: the
+    * claim moved to `lost` under its epoch, the taker gone since. */
+   bson_oid_to_string (&b.items[0].id, hex);
+   snprintf (json, sizeof json,
+             "{\"owner\": \"host/9/gone\", \"epoch\": %" PRId64 ", \"leaseExpiresAt\": {\"$date\": %" PRId64
+             "}, \"inFlight\": [], \"lost\": [{\"$oid\": \"%s\"}], \"lostEpochs\": [%" PRId64 "]}",
+             (int64_t) (epoch + 1), (int64_t) (T0 + LEASE + 1), hex, (int64_t) epoch);
+   lane_set (fx, lane, json);
+   claim (fx->b, "h", 1, T0 + 3 * LEASE, &taken);
+   assert_int_equal (taken.n, 1);
+   assert_int_equal (taken.items[0].attempt, 2);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 1);
+   assert_int_equal (field (doc, "lostAt"), epoch);
+   bson_destroy (doc);
+   store_batch_clear (&b);
+   store_batch_clear (&other);
+   store_batch_clear (&taken);
+}
+
+/* A listed delivery whose claim this instance never handed out (a record
+ * that reached the lane without its reply reaching the instance) is taken
+ * back without an attempt charged: its claim generation moves on, and
+ * the claim this instance did hand out keeps running. */
+static void
+test_a_claim_never_handed_out_is_taken_back_uncharged (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0}, other = {0};
+   bson_t *doc;
+   char json[256], hex[25];
+   int64_t lane;
+   bson_oid_t stray = add (fx, "stray-2", "h", "k", 2, T0 - 10);
+
+   add (fx, "stray-1", "h", "k", 1, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   assert_int_equal (b.items[0].sequence, 1);
+   doc = get (fx, &b.items[0].id);
+   lane = field (doc, "laneId");
+   bson_destroy (doc);
+   bson_oid_to_string (&stray, hex);
+   {
+      char id1[25];
+      bson_oid_to_string (&b.items[0].id, id1);
+      snprintf (json, sizeof json, "{\"inFlight\": [{\"$oid\": \"%s\"}, {\"$oid\": \"%s\"}]}", id1, hex);
+   }
+   lane_set (fx, lane, json);
+   claim (fx->a, "other", 1, T0 + 1, &other);
+   doc = get (fx, &stray);
+   assert_int_equal (field (doc, "attempts"), 0);
+   assert_int_equal (field (doc, "claims"), 1);
+   bson_destroy (doc);
+   doc = get (fx, &b.items[0].id);
+   assert_int_equal (field (doc, "attempts"), 0);
+   assert_int_equal (field (doc, "claims"), 0);
+   bson_destroy (doc);
+   assert_true (complete1 (fx->a, &b.items[0], T0 + 2));
+   store_batch_clear (&b);
+   store_batch_clear (&other);
+}
+
+/* Appends to `docs` a pending delivery of (handler, key, seq) in `lane`
+ * ("ready" or "parked"), due at `due` (no event: unparking reads none). */
+static void
+raw_delivery (bson_t **docs, size_t *n, const char *handler, const char *key, int64_t seq, const char *lane, int64_t due)
+{
+   bson_oid_t id;
+   char ev[64];
+   bson_t *d = bson_new ();
+
+   snprintf (ev, sizeof ev, "%s-%s-%" PRId64, handler, key, seq);
+   bson_oid_init (&id, NULL);
+   BSON_APPEND_OID (d, "_id", &id);
+   BSON_APPEND_UTF8 (d, "eventId", ev);
+   BSON_APPEND_UTF8 (d, "handler", handler);
+   BSON_APPEND_UTF8 (d, "eventType", "order.placed.v1");
+   BSON_APPEND_UTF8 (d, "key", key);
+   BSON_APPEND_INT64 (d, "sequence", seq);
+   BSON_APPEND_INT32 (d, "laneId", (int32_t) outbox_lane_id (key, ev));
+   BSON_APPEND_UTF8 (d, "lane", lane);
+   BSON_APPEND_UTF8 (d, "status", "pending");
+   BSON_APPEND_INT32 (d, "attempts", 0);
+   BSON_APPEND_INT32 (d, "claims", 0);
+   BSON_APPEND_DATE_TIME (d, "dueAt", due);
+   BSON_APPEND_DATE_TIME (d, "createdAt", due);
+   docs[(*n)++] = d;
+}
+
+/* Each handler keeps its own place in the parked keys: a claim of
+ * another handler between two claims of handler x neither moves x's
+ * window nor sends it back to the start.  x has 1,000 parked keys that
+ * wait behind a pending predecessor (they stay parked) and, after them,
+ * one that can run; the second claim of x looks past the first 1,000 and
+ * unparks it, although a claim of y came in between. */
+static void
+test_unparking_keeps_a_place_per_handler (void **state)
+{
+   fx_t *fx = *state;
+   enum { WAITING = 1000 };
+   mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
+   bson_t **docs = bson_malloc0 ((2 * WAITING + 2) * sizeof *docs);
+   size_t n = 0;
+   bson_error_t err;
+   store_batch_t b1 = {0}, b2 = {0}, b3 = {0};
+
+   for (int i = 0; i < WAITING; i++) {
+      char key[16];
+      snprintf (key, sizeof key, "w%04d", i);
+      raw_delivery (docs, &n, "x", key, 1, "ready", T0 + 100 * LEASE); /* not due: unfinished */
+      raw_delivery (docs, &n, "x", key, 2, "parked", T0 - 100000 + i);
+   }
+   raw_delivery (docs, &n, "x", "zlast", 2, "parked", T0 - 100000 + WAITING);
+   raw_delivery (docs, &n, "y", "only", 1, "parked", T0 - 100000);
+   if (!mongoc_collection_insert_many (del, (const bson_t **) docs, n, NULL, NULL, &err))
+      fail_msg ("insert: %s", err.message);
+   claim (fx->a, "x", 1, T0, &b1);
+   claim (fx->a, "y", 1, T0 + 1, &b2);
+   claim (fx->a, "x", 1, T0 + 2, &b3);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"key\": \"zlast\", \"lane\": \"parked\"}"), 0);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"key\": \"only\", \"lane\": \"parked\"}"), 0);
+   for (size_t i = 0; i < n; i++)
+      bson_destroy (docs[i]);
+   bson_free (docs);
+   mongoc_collection_destroy (del);
+   store_batch_clear (&b1);
+   store_batch_clear (&b2);
+   store_batch_clear (&b3);
+}
+
 /* A poison delivery reaches the dead letters when its worker keeps
  * crashing: every crash is charged by the next taker, and the claim that
  * reports an attempt past the limit buries it. */
@@ -2527,6 +2706,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_a_stale_lease_changes_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_takeover_charges_the_lost_attempt, setup, teardown),
       cmocka_unit_test_setup_teardown (test_an_abandoned_claim_is_charged_its_attempt, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_an_abandoned_and_a_lost_charge_count_once, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_claim_never_handed_out_is_taken_back_uncharged, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_poison_delivery_reaches_the_dead_letters, setup, teardown),
       cmocka_unit_test_setup_teardown (test_32_blocked_deliveries_are_parked_and_come_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_requeue_blocks_later_deliveries_of_its_key, setup, teardown),
@@ -2547,6 +2728,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_claim_reads_what_its_batch_needs, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claim_reads_on_past_what_waits, setup, teardown),
       cmocka_unit_test_setup_teardown (test_unparking_brings_back_a_run, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_unparking_keeps_a_place_per_handler, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lane_exclusivity, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),

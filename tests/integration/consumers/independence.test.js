@@ -1,0 +1,146 @@
+'use strict';
+// Pull consumers are independent of each other, and every attempt counts once.
+//
+// 1. A consumer's open transaction holds up nobody else: consumer A completes its delivery of an
+//    event inside its own transaction and keeps that transaction open for 5 s. Meanwhile B's
+//    relaybusComplete of its delivery of the same event (a second handler) and C's relaybusClaim
+//    on a third handler are each answered within 1 s. (The completion time of the event, which A's
+//    transaction wrote, is not waited for: it is written later or by A's commit.)
+// 2. A consumer killed after relaybusComplete inside its transaction (the completion never
+//    commits) is charged the attempt once the server has ended its transaction: with
+//    max_attempts = 3, three such kills leave the delivery dead with 3 attempts, each claim
+//    reporting the next attempt.
+//
+// Each part runs against its own server double: part 1 with the transaction lifetime long enough
+// for A's 5 s, part 2 with a short one so that the server reaps each killed consumer's
+// transaction within a few seconds (a real mongod does it at transactionLifetimeLimitSeconds).
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const path = require('node:path');
+const readline = require('node:readline');
+const { spawn } = require('node:child_process');
+const { MongoClient } = require('mongodb');
+const C = require('./lib');
+
+const { H } = C;
+const HANG = path.join(__dirname, 'txn-hang-consumer.js');
+const stacks = [];
+const clients = [];
+const children = new Set();
+
+async function stack(upstreamArgs, extraIni) {
+  const s = await C.startConsumers({ requireDouble: true, upstreamArgs, extraIni });
+  stacks.push(s);
+  return s;
+}
+
+async function consumer(s) {
+  const c = new MongoClient(s.proxy.uri(), { maxPoolSize: 1, serverSelectionTimeoutMS: 10000 });
+  await c.connect();
+  clients.push(c);
+  return c;
+}
+
+/** Claims `eventId`'s delivery of `handler` on `client` (what else it gets is released). */
+async function claimOf(client, handler, eventId) {
+  for (const until = Date.now() + 10000; Date.now() < until; ) {
+    const r = await C.cmd(client, { relaybusClaim: handler, limit: 100, leaseMs: 60000 });
+    const mine = r.deliveries.find((d) => d.eventId === eventId);
+    const others = r.deliveries.filter((d) => d !== mine).map((d) => d.lease);
+    if (others.length) await C.cmd(client, { relaybusRelease: handler, leases: others });
+    if (mine) return mine;
+    await H.sleep(50);
+  }
+  throw new Error(`the delivery of ${eventId} for ${handler} was never claimed`);
+}
+
+async function timed(promise) {
+  const t0 = Date.now();
+  const value = await promise;
+  return { value, ms: Date.now() - t0 };
+}
+
+test('an open consumer transaction holds up neither another handler\'s completion nor a claim', async () => {
+  const s = await stack(['--txn-lifetime', '30'], '[handler ledger]\nevents = order.*\nkind = pull\n');
+  const [a, b, c] = [await consumer(s), await consumer(s), await consumer(s)];
+  const id = C.newId('indep');
+  await C.publish(s.client, [{ type: 'order.placed.v1', id, key: `k-${id}`, payload: { n: 1 } }]);
+  const da = await claimOf(a, 'orders', id);
+  const db = await claimOf(b, 'audit', id);
+
+  const session = a.startSession();
+  session.startTransaction();
+  const r = await a.db('admin').command({ relaybusComplete: 'orders', leases: [da.lease] }, { session });
+  assert.deepEqual(r.completed, [da.lease]);
+  // A holds its transaction (its delivery deleted and its event written in it) for 5 s.
+  const commitA = (async () => {
+    await H.sleep(5000);
+    await session.commitTransaction();
+  })();
+  try {
+    const [rb, rc] = await Promise.all([
+      timed(C.cmd(b, { relaybusComplete: 'audit', leases: [db.lease] })),
+      timed(C.cmd(c, { relaybusClaim: 'ledger', limit: 10 })),
+    ]);
+    assert.ok(rb.ms < 1000, `B's relaybusComplete was answered in ${rb.ms} ms`);
+    assert.ok(rc.ms < 1000, `C's relaybusClaim was answered in ${rc.ms} ms`);
+    assert.deepEqual(rb.value.completed, [db.lease], 'B completed its delivery');
+    assert.ok(rc.value.deliveries.some((d) => d.eventId === id), 'C claimed its delivery of the event');
+  } finally {
+    await commitA;
+    await session.endSession();
+  }
+  assert.equal(await C.deliveryOf(s, id, 'orders'), null, 'A\'s completion committed');
+  assert.equal(await C.deliveryOf(s, id, 'audit'), null, 'B\'s completion stands');
+  assert.ok((await s.outbox.events.findOne({ _id: id })).completedAt instanceof Date, 'the event has its completedAt');
+});
+
+/** Runs one txn-hang-consumer.js; resolves with its attempt once it completed inside its transaction. */
+function hangingConsumer(s, handler) {
+  const child = spawn(process.execPath, [HANG], {
+    env: { ...process.env, RELAYBUS_URI: s.proxy.uri(), HANDLER: handler, LEASE_MS: '60000' },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  children.add(child);
+  child.on('exit', () => children.delete(child));
+  const completed = new Promise((resolve, reject) => {
+    readline.createInterface({ input: child.stdout }).on('line', (line) => {
+      const m = line.match(/^completed (\S+) (\d+)$/);
+      if (m) resolve({ eventId: m[1], attempt: Number(m[2]) });
+    });
+    child.on('exit', (code) => reject(new Error(`the consumer exited (${code}) before completing`)));
+  });
+  return { child, completed };
+}
+
+test('a consumer killed after relaybusComplete inside its transaction is charged each time, to the dead letters', async () => {
+  const s = await stack(['--txn-lifetime', '2'], '[handler poison]\nevents = poison.*\nkind = pull\nmax_attempts = 3\n');
+  const id = C.newId('poison');
+  await C.publish(s.client, [{ type: 'poison.v1', id, payload: { n: 1 } }]);
+  for (let attempt = 1; attempt <= 3; attempt++) {
+    const { child, completed } = hangingConsumer(s, 'poison');
+    const got = await H.within(completed, 30000);
+    assert.ok(got, `attempt ${attempt} was claimed and completed inside the transaction`);
+    assert.deepEqual(got, { eventId: id, attempt }, `claim ${attempt} reports attempt ${attempt}`);
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    child.kill('SIGKILL');
+    await exited;
+  }
+  let d;
+  for (const until = Date.now() + 30000; Date.now() < until; await H.sleep(100)) {
+    d = await C.deliveryOf(s, id, 'poison');
+    if (d && d.status === 'dead') break;
+  }
+  assert.ok(d, 'the delivery still exists');
+  assert.equal(d.status, 'dead', 'the delivery is dead');
+  assert.equal(d.attempts, 3, 'with 3 attempts');
+});
+
+H.registerFinalChecks(test, [() => Promise.all(stacks.map((s) => s.upstream.stop()))], {
+  beforeStop: async () => {
+    for (const child of children) child.kill('SIGKILL');
+    for (const c of clients) await c.close().catch(() => {});
+    for (const s of stacks) await s.closeClients();
+  },
+});
