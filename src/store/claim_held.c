@@ -1,10 +1,11 @@
 /*
- * store/claim_held.c - the start of a claim: the 256 lane documents read
- * once, the lanes this instance holds checked against them (owner and
- * epoch), their lost claims charged, and what their inFlight lists name
- * sorted out: settled here (gone), run here under a live claim (known,
- * not read), or read to learn which still exist, which run and which were
- * abandoned (charged an attempt and made runnable).
+ * store/claim_held.c - the start of a claim: the 256 lane documents of the
+ * instance's lane space read once, the lanes this instance holds checked
+ * against them (owner and epoch), their lost claims charged, and what
+ * their inFlight lists name sorted out: settled here (gone), run here
+ * under a live claim (known, not read), or read to learn which still
+ * exist, which run and which were abandoned (charged an attempt and made
+ * runnable).
  *
  * The charging of lost claims (claim_charge_lost) serves a takeover too
  * (claim_lanes.c).  This file takes no free lane and scans no delivery.
