@@ -7,7 +7,8 @@
  *
  * The documents themselves are described in docs/outbox-schema.md; this
  * module holds what must agree byte for byte between writers and readers:
- * collection names, the lane hash, and the lease token format.
+ * collection names, the lane hash, the lane spaces and the lease token
+ * format.
  */
 #ifndef RELAYBUS_OUTBOX_H
 #define RELAYBUS_OUTBOX_H
@@ -43,7 +44,30 @@ uint32_t outbox_fnv1a (const void *data, size_t len);
  * the event has no key (key NULL), modulo 256. */
 uint32_t outbox_lane_id (const char *key, const char *event_id);
 
-/* Lease tokens: "<laneId>:<epoch>:<claims>". */
+/* The lane spaces.  Each kind of claimer has 256 lane documents of its
+ * own: the dispatcher claims the dispatched handlers' deliveries (webhook,
+ * kafka, nats, rabbitmq) in the dispatch space, the consumer thread the
+ * pull handlers' in the pull space.  A delivery's laneId (0..255) is the
+ * same in both; lane n of space S is the lane document with _id
+ * S * 256 + n.  One key's deliveries of one handler are always claimed in
+ * one space (a handler has one kind), so the per-key order holds, and a
+ * lane one kind of claimer holds never keeps the other waiting. */
+typedef enum {
+   OUTBOX_LANE_SPACE_DISPATCH = 0, /* the lane documents of the first version: _id 0..255 */
+   OUTBOX_LANE_SPACE_PULL,         /* _id 256..511 */
+   OUTBOX_LANE_SPACES,
+} outbox_lane_space_t;
+
+/* The lane documents of every space. */
+#define OUTBOX_LANE_DOCS (OUTBOX_LANES * OUTBOX_LANE_SPACES)
+
+/* The _id of lane `lane` (< 256) of a space. */
+int32_t outbox_lane_doc_id (outbox_lane_space_t space, uint32_t lane);
+/* "dispatch" or "pull". */
+const char *outbox_lane_space_name (outbox_lane_space_t space);
+
+/* Lease tokens: "<laneId>:<epoch>:<claims>"; laneId is the lane number
+ * (0..255), in the space of the claimer that issued the token. */
 typedef struct {
    uint32_t lane_id;
    int64_t epoch;

@@ -141,7 +141,8 @@ bool claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lo
    __attribute__ ((warn_unused_result));
 /* The next of c->lanes, for a lane this claim works with under `epoch`. */
 claim_lane_t *claim_add_lane (claim_t *c, uint32_t lane, int64_t epoch);
-/* Reads the 256 lane documents into c->lane_docs (one command). */
+/* Reads the 256 lane documents of the instance's space into c->lane_docs
+ * (one command). */
 bool claim_read_lanes (claim_t *c, bson_error_t *error) __attribute__ ((warn_unused_result));
 /* The lanes this instance holds, checked, charged and reconciled (see
  * claim_held.c). */

@@ -133,7 +133,7 @@ bool store_list_lanes (store_t *store,
                        int64_t *held_local,
                        bson_error_t *error) __attribute__ ((warn_unused_result));
 
-/* True when setup has run: the 256 lane documents exist. */
+/* True when setup has run: the lane documents of every space exist. */
 bool store_is_set_up (store_t *store, bool *ready, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* Filters of a listing (store_list_page): every field is a string (or

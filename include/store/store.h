@@ -19,7 +19,9 @@
  * store/ops.c (the operator's actions and views: store/ops.h) and
  * store/fleet.c (the fleet's handler sets: store/fleet.h).
  *
- * A store_t is one "store instance": it remembers the lanes it holds and
+ * A store_t is one "store instance": it claims in one lane space (the
+ * dispatcher's or the consumer thread's, base/outbox.h), remembers the
+ * lanes of that space it holds and
  * the claims it handed out, so a process restarted with the same owner name
  * never adopts its predecessor's lanes.  It is thread-safe; claims of one
  * instance run one after the other.
@@ -97,7 +99,13 @@ bool store_retry_deferred (store_t *store, size_t *left, bson_error_t *error) __
 /* How many events' completion times are deferred now. */
 size_t store_deferred_count (store_t *store);
 
-/* Creates the collections, the indexes (idempotently) and the 256 lanes. */
+/* The lane space the instance claims in (base/outbox.h): the dispatch
+ * space unless set.  The consumer thread's instance claims pull handlers
+ * in the pull space.  Set it before the first claim; it never changes. */
+void store_set_lane_space (store_t *store, outbox_lane_space_t space);
+
+/* Creates the collections, the indexes (idempotently) and the lane
+ * documents of every space (OUTBOX_LANE_DOCS). */
 bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* ------------------------------------------------------------------ claim */

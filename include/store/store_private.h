@@ -94,6 +94,10 @@ struct store {
     * store_set_max_time_ms.  Set before the instance is shared. */
    int32_t max_time_ms;
 
+   /* The space of the lanes this instance claims in; lanes[n] is lane n
+    * of it (document store_lane_doc (s, n)).  Set before the first claim. */
+   outbox_lane_space_t lane_space;
+
    pthread_mutex_t mu;
    pthread_mutex_t claim_mu;
    store_lane_state_t lanes[OUTBOX_LANES];
@@ -218,8 +222,8 @@ void store_issued_remove (store_t *store, const bson_oid_t *id);
 void store_issued_remove_lane (store_t *store, uint32_t lane);
 
 /* A lease kept in one document of the lanes collection with a negative
- * _id (the lanes are 0..255, and every lane query names lane ids or skips
- * others), in its own owner and expiry fields so that no query on owner
+ * _id (the lanes are 0..OUTBOX_LANE_DOCS-1, and every lane query names
+ * lane ids or skips others), in its own owner and expiry fields so that no query on owner
  * and leaseExpiresAt sees it.  Taken, or renewed by its holder, with one
  * findOneAndUpdate; the upsert creates the document the first time, and an
  * upsert that loses against another instance's live lease fails with a
@@ -261,6 +265,16 @@ void store_append_oids_array (bson_t *doc, const char *field, const bson_oid_t *
 /* Appends `field: {$in: [lane numbers]}` for the lanes set in `lanes`;
  * returns how many it listed (0: the query matches nothing). */
 uint32_t store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX_LANES]);
+/* The _id of lane `lane` (< 256) of the instance's space. */
+int32_t store_lane_doc (const store_t *store, uint32_t lane);
+/* The lane number of a lane document of the instance's space; false for
+ * a lane of another space and for the leases' documents (negative _id). */
+bool store_lane_of_doc (const store_t *store, const bson_t *doc, uint32_t *lane) __attribute__ ((warn_unused_result));
+/* Appends `_id: {$in: [lane documents]}` for the lanes set in `lanes`: in
+ * the instance's space, or with `every_space` in each space (an operator's
+ * write, which does not know which kind of claimer runs a delivery);
+ * returns how many it listed. */
+uint32_t store_append_lane_docs_in (const store_t *store, bson_t *query, const bool lanes[OUTBOX_LANES], bool every_space);
 /* Appends `$or: [a, b]`. */
 void store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b);
 /* Keyset pagination in (field, _id) order, field a date: appends the $or

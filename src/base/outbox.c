@@ -1,5 +1,6 @@
 /*
- * base/outbox.c - collection names, the lane hash and lease tokens.
+ * base/outbox.c - collection names, the lane hash, the lane spaces and
+ * lease tokens.
  *
  * Pure functions with no I/O, so the forwarding loop may call them.
  */
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "base/assert.h"
 
 static const char *const outbox_suffixes[OUTBOX_N_COLLECTIONS] = {
    [OUTBOX_EVENTS] = "events",
@@ -59,6 +62,24 @@ outbox_lane_id (const char *key, const char *event_id)
    const char *s = key ? key : event_id;
 
    return outbox_fnv1a (s, strlen (s)) % OUTBOX_LANES;
+}
+
+int32_t
+outbox_lane_doc_id (outbox_lane_space_t space, uint32_t lane)
+{
+   RELAYBUS_ASSERT ((unsigned) space < OUTBOX_LANE_SPACES && lane < OUTBOX_LANES);
+   return (int32_t) ((uint32_t) space * OUTBOX_LANES + lane);
+}
+
+const char *
+outbox_lane_space_name (outbox_lane_space_t space)
+{
+   static const char *const names[OUTBOX_LANE_SPACES] = {
+      [OUTBOX_LANE_SPACE_DISPATCH] = "dispatch",
+      [OUTBOX_LANE_SPACE_PULL] = "pull",
+   };
+
+   return (unsigned) space < OUTBOX_LANE_SPACES ? names[space] : "?";
 }
 
 void

@@ -1627,6 +1627,9 @@ consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, co
    c->w = store_worker_new (cfg, &wo, &c->store, error);
    if (!c->w)
       goto fail;
+   /* Pull handlers have lanes of their own: a lane the dispatcher holds
+    * for a slow webhook never keeps a consumer waiting, nor the reverse. */
+   store_set_lane_space (c->store, OUTBOX_LANE_SPACE_PULL);
    c->base = worker_base (c->w);
    c->held = bson_malloc0 (CONSUMER_MAX_CLAIMS * sizeof *c->held);
    c->in_ev = event_new (c->base, -1, 0, in_cb, c);

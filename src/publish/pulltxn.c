@@ -9,7 +9,9 @@
  * completedAt.  The fence is the one the store applies in its own
  * transaction (complete_fence): the delivery pending in the lease's lane
  * with the lease's claim generation (a missing one counts as 0), the lane
- * at the lease's epoch listing it.
+ * at the lease's epoch listing it.  A pull handler's leases are issued by
+ * the consumer thread, in the pull lane space (base/outbox.h): lane n of a
+ * lease is the lane document of _id outbox_lane_doc_id (pull, n).
  *
  * No I/O and no global state: publish/pull.c sends the commands and hands
  * back the replies.
@@ -207,7 +209,7 @@ plan_fence (pulltxn_t *t)
       if (!want[t->tokens[i].lane_id]) {
          const char *k = idx_key (n_lanes++, buf);
          want[t->tokens[i].lane_id] = true;
-         BSON_APPEND_INT32 (&in, k, (int32_t) t->tokens[i].lane_id);
+         BSON_APPEND_INT32 (&in, k, outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, t->tokens[i].lane_id));
       }
    bson_append_array_end (&id, &in);
    bson_append_document_end (&filter, &id);
@@ -485,7 +487,7 @@ take_lanes (pulltxn_t *t, const bson_t *reply)
 
       if (!bson_iter_init_find (&id, &doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&id))
          continue;
-      lane = bson_iter_as_int64 (&id);
+      lane = bson_iter_as_int64 (&id) - outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, 0);
       if (lane < 0 || lane >= OUTBOX_LANES || t->lanes_read[lane])
          continue;
       t->lanes_read[lane] = bson_copy (&doc);

@@ -180,7 +180,7 @@ static bool
 lane_sel (claim_t *c, claim_lane_t *l, bson_t *sel)
 {
    bson_init (sel);
-   BSON_APPEND_INT32 (sel, "_id", (int32_t) l->lane);
+   BSON_APPEND_INT32 (sel, "_id", store_lane_doc (c->s, l->lane));
    BSON_APPEND_INT64 (sel, "epoch", l->epoch);
    BSON_APPEND_UTF8 (sel, "owner", c->s->owner);
    return true;
@@ -550,7 +550,7 @@ reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    store_oids_free (&r->removed);
    memset (r->drop, 0, sizeof r->drop);
    for (size_t i = 0; ok && i < r->n; i++) {
-      bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lanes[i]));
+      bson_t *q = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (s, r->lanes[i])));
       mongoc_cursor_t *cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], q, &txn->opts, NULL);
       const bson_t *doc;
       store_oids_t inflight = {0}, bad = {0};
@@ -601,7 +601,7 @@ reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
          bson_destroy (dq);
       }
       if (ok && bad.n > 0) {
-         bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lanes[i]), "epoch", BCON_INT64 (r->epochs[i]));
+         bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (s, r->lanes[i])), "epoch", BCON_INT64 (r->epochs[i]));
          bson_t lu = BSON_INITIALIZER, sub;
          BSON_APPEND_DOCUMENT_BEGIN (&lu, "$pullAll", &sub);
          store_append_oids_array (&sub, "inFlight", bad.v, bad.n);

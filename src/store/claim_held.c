@@ -1,10 +1,11 @@
 /*
- * store/claim_held.c - the start of a claim: the 256 lane documents read
- * once, the lanes this instance holds checked against them (owner and
- * epoch), their lost claims charged, and what their inFlight lists name
- * sorted out: settled here (gone), run here under a live claim (known,
- * not read), or read to learn which still exist, which run and which were
- * abandoned (charged an attempt and made runnable).
+ * store/claim_held.c - the start of a claim: the 256 lane documents of the
+ * instance's lane space read once, the lanes this instance holds checked
+ * against them (owner and epoch), their lost claims charged, and what
+ * their inFlight lists name sorted out: settled here (gone), run here
+ * under a live claim (known, not read), or read to learn which still
+ * exist, which run and which were abandoned (charged an attempt and made
+ * runnable).
  *
  * The charging of lost claims (claim_charge_lost) serves a takeover too
  * (claim_lanes.c).  This file takes no free lane and scans no delivery.
@@ -163,7 +164,7 @@ claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t 
       if (!ok)
          return false;
    }
-   lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) lane), "epoch", BCON_INT64 (epoch));
+   lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (c->s, lane)), "epoch", BCON_INT64 (epoch));
    store_append_oids_array (lq, "lost", lost->ids.v, lost->ids.n);
    lu = BCON_NEW ("$set", "{", "lost", "[", "]", "lostEpochs", "[", "]", "}");
    ok = store_bounded_write (c->s, c->lanes_coll, STORE_WRITE_UPDATE_ONE, lq, lu, STORE_TAKE_MAX_TIME_MS, NULL, &err);
@@ -188,22 +189,27 @@ claim_add_lane (claim_t *c, uint32_t lane, int64_t epoch)
    return l;
 }
 
-/* Reads the 256 lane documents with one command (one batch). */
+/* Reads the 256 lane documents of the instance's space with one command
+ * (one batch, a range of _id): the other space's lanes are not this
+ * instance's to take or to wait for. */
 bool
 claim_read_lanes (claim_t *c, bson_error_t *error)
 {
    bson_t *opts = BCON_NEW ("batchSize", BCON_INT32 (OUTBOX_LANES + 1));
-   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, &(bson_t) BSON_INITIALIZER, opts, NULL);
+   bson_t *q = BCON_NEW ("_id", "{", "$gte", BCON_INT32 (store_lane_doc (c->s, 0)), "$lte",
+                         BCON_INT32 (store_lane_doc (c->s, OUTBOX_LANES - 1)), "}");
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, opts, NULL);
    const bson_t *doc;
    bool ok = true;
 
    while (mongoc_cursor_next (cur, &doc)) {
-      int64_t lane = store_iter_int64 (doc, "_id");
-      if (lane >= 0 && lane < OUTBOX_LANES && !c->lane_docs[lane])
+      uint32_t lane;
+      if (store_lane_of_doc (c->s, doc, &lane) && !c->lane_docs[lane])
          c->lane_docs[lane] = bson_copy (doc);
    }
    if (!store_cursor_end (cur, error, "reading lanes"))
       ok = false;
+   bson_destroy (q);
    bson_destroy (opts);
    return ok;
 }

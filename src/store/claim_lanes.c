@@ -319,7 +319,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    for (size_t i = 0; i < inflight.n; i++)
       claim_lost_push (&all_lost, &inflight.v[i], f->epoch);
 
-   BSON_APPEND_INT32 (&q, "_id", (int32_t) f->lane);
+   BSON_APPEND_INT32 (&q, "_id", store_lane_doc (c->s, f->lane));
    BSON_APPEND_INT64 (&q, "epoch", f->epoch);
    store_append_oids_array (&q, "inFlight", inflight.v, inflight.n);
    store_append_oids_array (&q, "lost", lost.v, lost.n);
@@ -402,7 +402,7 @@ append_clean (claim_t *c, bson_t *or_arr, uint32_t *n_clean, const free_lane_t *
 
    bson_uint32_to_string ((*n_clean)++, &key, buf, sizeof buf);
    BSON_APPEND_DOCUMENT_BEGIN (or_arr, key, &one);
-   BSON_APPEND_INT32 (&one, "_id", (int32_t) f->lane);
+   BSON_APPEND_INT32 (&one, "_id", store_lane_doc (c->s, f->lane));
    BSON_APPEND_INT64 (&one, "epoch", f->epoch);
    store_append_oids_array (&one, "inFlight", NULL, 0);
    append_lane_free (&one, c->o->now);
@@ -421,12 +421,12 @@ taken_read_back (claim_t *c, const bool *clean, bool *got, int64_t *epoch_of, bs
    const bson_t *doc;
    bool ok = true;
 
-   store_append_lanes_in (&rq, "_id", clean);
+   store_append_lane_docs_in (c->s, &rq, clean, false);
    BSON_APPEND_UTF8 (&rq, "owner", c->s->owner);
    cur = mongoc_collection_find_with_opts (c->lanes_coll, &rq, ropts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
-      int64_t l = store_iter_int64 (doc, "_id");
-      if (l >= 0 && l < OUTBOX_LANES && clean[l] && store_iter_int64 (doc, "epoch") == epoch_of[l] + 1) {
+      uint32_t l;
+      if (store_lane_of_doc (c->s, doc, &l) && clean[l] && store_iter_int64 (doc, "epoch") == epoch_of[l] + 1) {
          got[l] = true;
          epoch_of[l]++;
       }

@@ -86,11 +86,11 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
    if (!ok)
       goto done;
 
-   store_append_lanes_in (&lq, "_id", want_lane);
+   store_append_lane_docs_in (c->s, &lq, want_lane, false);
    cur = mongoc_collection_find_with_opts (lanes, &lq, &opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
-      int64_t lane = store_iter_int64 (doc, "_id");
-      if (lane >= 0 && lane < OUTBOX_LANES && !lane_docs[lane])
+      uint32_t lane;
+      if (store_lane_of_doc (c->s, doc, &lane) && !lane_docs[lane])
          lane_docs[lane] = bson_copy (doc);
    }
    if (mongoc_cursor_error (cur, &err)) {
@@ -458,7 +458,8 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    settle_t *t = ctx;
    bson_t dq = BSON_INITIALIZER, du = BSON_INITIALIZER, sub, reply;
-   bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) t->lease.lane_id), "epoch", BCON_INT64 (t->lease.epoch), "inFlight", BCON_OID (&t->ref->id));
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (t->s, t->lease.lane_id)), "epoch", BCON_INT64 (t->lease.epoch),
+                          "inFlight", BCON_OID (&t->ref->id));
    bson_t *lu = NULL;
    bool ok = true, found;
 
@@ -613,6 +614,7 @@ store_extend_lease (store_t *s,
 
 /* The refs of one lane and epoch, renewed in one transaction. */
 typedef struct {
+   const store_t *s;
    uint32_t lane;
    int64_t epoch;
    const store_ref_t *refs;
@@ -628,7 +630,7 @@ renew_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    renew_t *r = ctx;
    bson_t dq = BSON_INITIALIZER, or_arr;
-   bson_t *lq = BCON_NEW ("_id", BCON_INT32 ((int32_t) r->lane), "epoch", BCON_INT64 (r->epoch));
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (r->s, r->lane)), "epoch", BCON_INT64 (r->epoch));
    bson_t *lane_doc = NULL, *lu = NULL;
    mongoc_cursor_t *cur;
    const bson_t *doc;
@@ -723,7 +725,7 @@ store_extend_leases (store_t *s,
       pool = s->pool;
    client = mongoc_client_pool_pop (pool);
    for (size_t i = 0; i < n; i++) {
-      renew_t r = {.refs = refs, .leases = leases, .idx = idx, .applied = applied, .now = now, .lease_ms = lease_ms};
+      renew_t r = {.s = s, .refs = refs, .leases = leases, .idx = idx, .applied = applied, .now = now, .lease_ms = lease_ms};
       bson_error_t err;
       if (grouped[i])
          continue;
@@ -761,6 +763,7 @@ store_extend_leases (store_t *s,
 /* Many leases, of any lanes, settled or extended in one transaction of a
  * few commands (store_settle_many, store_extend_many). */
 typedef struct {
+   const store_t *s;
    store_many_kind_t kind;
    const store_ref_t *refs;
    const outbox_lease_t *leases;
@@ -790,7 +793,7 @@ append_lane_ids (bson_t *q, const many_t *e, const bool *pick)
          continue;
       seen[e->leases[i].lane_id] = true;
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
-      BSON_APPEND_INT32 (&arr, key, (int32_t) e->leases[i].lane_id);
+      BSON_APPEND_INT32 (&arr, key, store_lane_doc (e->s, e->leases[i].lane_id));
    }
    bson_append_array_end (&in, &arr);
    bson_append_document_end (q, &in);
@@ -838,8 +841,8 @@ many_fence (store_txn_t *txn, many_t *e, bson_error_t *error)
    append_lane_ids (&lq, e, e->valid);
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], &lq, &txn->opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
-      int64_t id = store_iter_int64 (doc, "_id");
-      if (id >= 0 && id < OUTBOX_LANES && !lanes[id])
+      uint32_t id;
+      if (store_lane_of_doc (e->s, doc, &id) && !lanes[id])
          lanes[id] = bson_copy (doc);
    }
    if (mongoc_cursor_error (cur, error))
@@ -977,6 +980,7 @@ many_run (store_t *s, many_t *e, bson_error_t *error)
    mongoc_client_t *client;
    bool ok = true, any = false;
 
+   e->s = s;
    for (size_t i = 0; i < e->n; i++)
       applied[i] = false;
    if (e->n == 0)
@@ -1084,7 +1088,7 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
          continue;
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &one);
-      BSON_APPEND_INT32 (&one, "_id", (int32_t) i);
+      BSON_APPEND_INT32 (&one, "_id", store_lane_doc (s, i));
       BSON_APPEND_INT64 (&one, "epoch", held[i].epoch);
       BSON_APPEND_UTF8 (&one, "owner", s->owner);
       bson_append_document_end (&arr, &one);

@@ -103,8 +103,11 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    if (!ok || pending.n == 0)
       goto done;
 
-   /* A delivery a lane lists in flight is running: its worker settles it. */
-   store_append_lanes_in (&lq, "_id", want);
+   /* A delivery a lane lists in flight is running: its worker settles it.
+    * The lanes of every space: which kind of claimer runs a delivery is
+    * its handler's kind, which this instance need not know (a handler of
+    * another proxy of the fleet). */
+   store_append_lane_docs_in (t->s, &lq, want, true);
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], &lq, &txn->opts, NULL);
    {
       store_oids_t running = {0};
@@ -822,6 +825,10 @@ store_list_lanes (store_t *s,
       bson_uint32_to_string (i++, &key, buf, sizeof buf);
       BSON_APPEND_DOCUMENT_BEGIN (out, key, &lane);
       BSON_APPEND_INT64 (&lane, "id", store_iter_int64 (doc, "_id"));
+      /* The document's lane number and space (base/outbox.h). */
+      BSON_APPEND_INT64 (&lane, "lane", store_iter_int64 (doc, "_id") % OUTBOX_LANES);
+      BSON_APPEND_UTF8 (&lane, "space",
+                        outbox_lane_space_name ((outbox_lane_space_t) (store_iter_int64 (doc, "_id") / OUTBOX_LANES)));
       BSON_APPEND_UTF8 (&lane, "owner", owner);
       BSON_APPEND_INT64 (&lane, "leaseExpiresAt", expires);
       BSON_APPEND_BOOL (&lane, "live", live);
@@ -843,15 +850,16 @@ store_is_set_up (store_t *s, bool *ready, bson_error_t *error)
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
    mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
-   bson_t q = BSON_INITIALIZER;
+   /* The lane documents of every space (the leases' have negative ids). */
+   bson_t *q = BCON_NEW ("_id", "{", "$gte", BCON_INT32 (0), "}");
    bson_error_t err;
-   int64_t n = mongoc_collection_count_documents (lanes, &q, NULL, NULL, NULL, &err);
+   int64_t n = mongoc_collection_count_documents (lanes, q, NULL, NULL, NULL, &err);
    bool ok = n >= 0;
 
-   *ready = n >= OUTBOX_LANES;
+   *ready = n >= OUTBOX_LANE_DOCS;
    if (!ok)
       store_set_error (error, STORE_ERROR_SERVER, "setup check: %s", err.message);
-   bson_destroy (&q);
+   bson_destroy (q);
    mongoc_collection_destroy (lanes);
    mongoc_client_pool_push (s->pool, client);
    return ok;

@@ -1,7 +1,8 @@
 /*
  * store/setup.c - setup: the collections created explicitly, the indexes
- * created idempotently and the 256 lane documents seeded (store_setup in
- * store/store.h).
+ * created idempotently and the lane documents of every lane space seeded
+ * (store_setup in store/store.h): an outbox set up with the first
+ * version's 256 gains the pull space's 256 at the next start.
  *
  * Collections are created explicitly because collections created
  * implicitly inside concurrent transactions conflict with each other.  It
@@ -134,11 +135,13 @@ store_setup (store_t *s, bson_error_t *error)
    if (s->completion_history && !create_indexes (s, db, OUTBOX_COMPLETED, specs, n_specs, error))
       goto done;
 
-   /* The lanes: upserts that only insert, so a second setup (or a running
-    * fleet) changes nothing. */
+   /* The lanes of every space: upserts that only insert, so a second
+    * setup (or a running fleet) changes nothing, and an outbox set up
+    * before the pull space existed keeps its 256 lanes (the dispatch
+    * space's) as they are and gains the pull space's. */
    lanes = store_coll (s, client, OUTBOX_LANES_COLL);
    bulk = mongoc_collection_create_bulk_operation_with_opts (lanes, NULL);
-   for (int32_t i = 0; i < OUTBOX_LANES; i++) {
+   for (int32_t i = 0; i < OUTBOX_LANE_DOCS; i++) {
       bson_t *sel = BCON_NEW ("_id", BCON_INT32 (i));
       bson_t *upd = BCON_NEW ("$setOnInsert", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "epoch",
                               BCON_INT64 (0), "inFlight", "[", "]", "lost", "[", "]", "}");

@@ -106,6 +106,13 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
 }
 
 void
+store_set_lane_space (store_t *s, outbox_lane_space_t space)
+{
+   RELAYBUS_ASSERT ((unsigned) space < OUTBOX_LANE_SPACES);
+   s->lane_space = space;
+}
+
+void
 store_destroy (store_t *s)
 {
    if (!s)
@@ -719,6 +726,48 @@ store_append_lanes_in (bson_t *query, const char *field, const bool lanes[OUTBOX
          bson_uint32_to_string (k++, &key, buf, sizeof buf);
          BSON_APPEND_INT32 (&arr, key, i);
       }
+   bson_append_array_end (&sub, &arr);
+   bson_append_document_end (query, &sub);
+   return k;
+}
+
+int32_t
+store_lane_doc (const store_t *s, uint32_t lane)
+{
+   return outbox_lane_doc_id (s->lane_space, lane);
+}
+
+bool
+store_lane_of_doc (const store_t *s, const bson_t *doc, uint32_t *lane)
+{
+   int64_t id = store_iter_int64 (doc, "_id");
+   int64_t base = outbox_lane_doc_id (s->lane_space, 0);
+
+   if (id < base || id >= base + OUTBOX_LANES)
+      return false;
+   *lane = (uint32_t) (id - base);
+   return true;
+}
+
+uint32_t
+store_append_lane_docs_in (const store_t *s, bson_t *query, const bool lanes[OUTBOX_LANES], bool every_space)
+{
+   bson_t sub, arr;
+   uint32_t k = 0;
+
+   BSON_APPEND_DOCUMENT_BEGIN (query, "_id", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
+   for (int sp = 0; sp < OUTBOX_LANE_SPACES; sp++) {
+      if (!every_space && sp != (int) s->lane_space)
+         continue;
+      for (uint32_t i = 0; i < OUTBOX_LANES; i++)
+         if (lanes[i]) {
+            char buf[16];
+            const char *key;
+            bson_uint32_to_string (k++, &key, buf, sizeof buf);
+            BSON_APPEND_INT32 (&arr, key, outbox_lane_doc_id ((outbox_lane_space_t) sp, i));
+         }
+   }
    bson_append_array_end (&sub, &arr);
    bson_append_document_end (query, &sub);
    return k;

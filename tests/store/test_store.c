@@ -1763,6 +1763,86 @@ test_lane_exclusivity (void **state)
    store_batch_clear (&bb);
 }
 
+/* Two owners with different handler sets, a dispatcher (dispatch lane
+ * space) and a consumer thread (pull lane space), claim the same lane
+ * number at once: each in a lane document of its own space, so neither
+ * waits for the other, however long it holds its lane.  Each space keeps
+ * its own fencing (settling, renewal) and its own takeover with the lost
+ * attempt charged. */
+static void
+test_lane_spaces_claim_the_same_lane_at_once (void **state)
+{
+   fx_t *fx = *state;
+   store_t *c = new_store (fx, "host/3/cccc"), *d = new_store (fx, "host/4/dddd");
+   store_batch_t ba = {0}, bc = {0}, bc2 = {0}, ba2 = {0}, bd = {0};
+   uint32_t lane = outbox_lane_id ("k", "x-1");
+   char q[160];
+   bool applied = false;
+   bson_error_t err;
+
+   store_set_lane_space (c, OUTBOX_LANE_SPACE_PULL);
+   store_set_lane_space (d, OUTBOX_LANE_SPACE_PULL);
+   add (fx, "x-1", "hook", "k", 1, T0 - 10);
+   add (fx, "x-1", "pull", "k", 1, T0 - 10);
+   add (fx, "x-2", "hook", "k", 2, T0 - 5);
+   add (fx, "x-2", "pull", "k", 2, T0 - 5);
+
+   claim (fx->a, "hook", 10, T0, &ba);
+   assert_int_equal (ba.n, 1);
+   assert_int_equal (ba.items[0].sequence, 1);
+   /* The same lane number, held by A for "hook": the consumer's claim of
+    * "pull" does not wait for it. */
+   claim (c, "pull", 10, T0 + 1, &bc);
+   assert_int_equal (bc.n, 1);
+   assert_string_equal (bc.items[0].handler, "pull");
+   assert_int_equal (bc.items[0].sequence, 1);
+   snprintf (q, sizeof q, "{\"_id\": %d, \"owner\": \"host/1/aaaa\"}", outbox_lane_doc_id (OUTBOX_LANE_SPACE_DISPATCH, lane));
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+   snprintf (q, sizeof q, "{\"_id\": %d, \"owner\": \"host/3/cccc\"}", outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, lane));
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+
+   /* The consumer settles in its space while A still runs "hook" #1: its
+    * key's next delivery comes at once; A's key still waits for #1. */
+   {
+      store_ref_t r = ref (&bc.items[0]);
+      if (!store_extend_many (c, &r, 1, T0 + 2, LEASE, &applied, &err))
+         fail_msg ("extend: %s", err.message);
+      assert_true (applied);
+   }
+   assert_true (complete1 (c, &bc.items[0], T0 + 3));
+   claim (c, "pull", 10, T0 + 4, &bc2);
+   assert_int_equal (bc2.n, 1);
+   assert_int_equal (bc2.items[0].sequence, 2);
+   claim (fx->a, "hook", 10, T0 + 5, &ba2);
+   assert_int_equal (ba2.n, 0);
+   store_batch_clear (&ba2);
+   assert_true (complete1 (fx->a, &ba.items[0], T0 + 6));
+   claim (fx->a, "hook", 10, T0 + 7, &ba2);
+   assert_int_equal (ba2.n, 1);
+   assert_int_equal (ba2.items[0].sequence, 2);
+
+   /* The consumer's claim of #2 lapses (a lease from T0 + 4 and the
+    * claim's own duration): another instance of the pull space takes the
+    * lane over and charges it. */
+   claim (d, "pull", 10, T0 + 4 + 2 * LEASE, &bd);
+   assert_int_equal (bd.n, 1);
+   assert_int_equal (bd.items[0].sequence, 2);
+   assert_int_equal (bd.items[0].attempt, 2);
+   snprintf (q, sizeof q, "{\"_id\": %d, \"owner\": \"host/4/dddd\"}", outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, lane));
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+   /* A's lane of the dispatch space was not touched by either. */
+   snprintf (q, sizeof q, "{\"_id\": %d, \"owner\": \"host/1/aaaa\"}", outbox_lane_doc_id (OUTBOX_LANE_SPACE_DISPATCH, lane));
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+
+   store_batch_clear (&ba);
+   store_batch_clear (&ba2);
+   store_batch_clear (&bc);
+   store_batch_clear (&bc2);
+   store_batch_clear (&bd);
+   store_destroy (c);
+   store_destroy (d);
+}
+
 /* A claim that hands a lane back parks the waiting deliveries it found
  * there, however few; they come back once their predecessor finishes. */
 static void
@@ -2730,6 +2810,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_unparking_brings_back_a_run, setup, teardown),
       cmocka_unit_test_setup_teardown (test_unparking_keeps_a_place_per_handler, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lane_exclusivity, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_lane_spaces_claim_the_same_lane_at_once, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_with_history_is_one_transaction, setup_history, teardown),

@@ -248,7 +248,7 @@ test_lease_roundtrip (void **state)
    ", \"eventId\": \"e1\", \"handler\": \"" handler "\", \"eventType\": \"order.placed.v1\", \"laneId\": " lane      \
    ", \"status\": \"" status "\", \"attempts\": 0, \"claims\": " claims "}]}}"
 #define TXN_LANE(epoch, inflight)                                                                             \
-   "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"relaybus.relaybus_lanes\", \"firstBatch\": [{\"_id\": 17, "      \
+   "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"relaybus.relaybus_lanes\", \"firstBatch\": [{\"_id\": 273, "      \
    "\"epoch\": " epoch ", \"inFlight\": [" inflight "]}]}}"
 #define TXN_NONE "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"x.y\", \"firstBatch\": []}}"
 

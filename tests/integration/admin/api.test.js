@@ -188,7 +188,10 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     assert.equal(typeof lanes.json.leased, 'number');
     for (const l of lanes.json.lanes) {
       assert.equal(typeof l.owner, 'string');
-      assert.ok(l.id >= 0 && l.id < 256);
+      // A lane document of the dispatch space (0..255) or the pull space (256..511).
+      assert.ok(l.id >= 0 && l.id < 512);
+      assert.equal(l.lane, l.id % 256);
+      assert.equal(l.space, l.id < 256 ? 'dispatch' : 'pull');
     }
     // A client through the proxy shows up with its peer, state and bytes.
     const c = await new MongoClient(proxy.uri()).connect();

@@ -677,7 +677,8 @@ main (int argc, char **argv)
       bson_t again_doc = BSON_INITIALIZER;
       bool have_again = false;
       claimed_t again = {one, 1, &again_doc, &have_again};
-      bson_t *filter = BCON_NEW ("_id", BCON_INT32 ((int32_t) strtol (tl, NULL, 10)));
+      /* A pull handler's lane n is the lane document 256 + n (the pull lane space). */
+      bson_t *filter = BCON_NEW ("_id", BCON_INT32 (256 + (int32_t) strtol (tl, NULL, 10)));
       mongoc_cursor_t *cur;
       const bson_t *lane;
       bson_iter_t it;

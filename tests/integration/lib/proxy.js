@@ -287,6 +287,7 @@ function proxyThreads() {
  *   tlsClient: {ca},          // when the proxy serves TLS: how the readiness probe connects
  *   extraIni,                 // text appended to the INI file ([outbox], [handler NAME] sections)
  *   env: {NAME: value},       // extra environment (LD_PRELOAD of a fake clock, ...)
+ *   dispatch,                 // true: [dispatch] enabled = true (default false)
  * }
  */
 async function startProxy(opts) {
@@ -303,7 +304,8 @@ async function startProxy(opts) {
     if (v === undefined || v === null) continue;
     lines.push(`${k} = ${v}`);
   }
-  lines.push('', '[dispatch]', 'enabled = false', '');
+  // The dispatcher is off unless asked for: most tests look at the outbox the publishing path writes.
+  lines.push('', '[dispatch]', `enabled = ${opts.dispatch ? 'true' : 'false'}`, '');
   if (opts.extraIni) lines.push(opts.extraIni, '');
   const iniPath = path.join(dir, 'proxy.ini');
   fs.writeFileSync(iniPath, lines.join('\n'));

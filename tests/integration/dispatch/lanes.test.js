@@ -1,0 +1,107 @@
+'use strict';
+// Lanes of one kind of handler never hold back another kind's deliveries of the same key
+// (docs/handlers.md, docs/outbox-schema.md "lanes"). One proxy dispatches a slow webhook (3 s per
+// request) and a fast one, and has pull handlers on the same keyed events: the dispatcher and the
+// consumer thread each claim in lanes of their own, so
+// - a long poll gets the pull delivery of an event within 1 s of its commit while the slow webhook
+//   holds the lane number of its key, and the webhook still gets the key's events one at a time,
+//   in order;
+// - a pull consumer holding a claim for an hour does not hold back the webhook's deliveries of the
+//   same key.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { MongoClient } = require('mongodb');
+const H = require('../lib/proxy');
+const { startSink } = require('./sink');
+const { publishThroughProxy, waitFor } = require('./helpers');
+
+const SLOW_MS = 3000;
+const DB = 'rblanes';
+
+let up;
+let proxy;
+let client;
+let slow;
+let fast;
+const cleanups = [];
+
+test.before(async () => {
+  up = await H.startUpstream();
+  cleanups.push(up);
+  slow = await startSink({ delayMs: SLOW_MS });
+  fast = await startSink({});
+  cleanups.push(() => slow.close(), () => fast.close());
+  proxy = await H.startProxy({
+    upstream: up.uri,
+    dispatch: true,
+    extraIni: [
+      '[handler slow]', 'events = lane.slow.*', 'kind = webhook', `url = ${slow.url('/slow')}`, '',
+      '[handler fast]', 'events = lane.fast.*', 'kind = webhook', `url = ${fast.url('/fast')}`, '',
+      // Two pull handlers, so that each test has its own: one on the slow webhook's events, one on
+      // the fast webhook's and on events only it takes.
+      '[handler pull]', 'events = lane.slow.*', 'kind = pull', '',
+      '[handler held]', 'events = lane.held.*, lane.fast.*', 'kind = pull', '',
+    ].join('\n'),
+  });
+  client = await new MongoClient(H.clientUri(proxy), { serverSelectionTimeoutMS: 10000 }).connect();
+});
+
+const claim = (handler, doc) => client.db('admin').command({ relaybusClaim: handler, limit: 1, ...doc });
+const complete = (handler, lease) => client.db('admin').command({ relaybusComplete: handler, leases: [lease] });
+
+test('a long poll gets a pull delivery within 1 s of its commit while a slow webhook runs its key', { timeout: 60000 }, async (t) => {
+  const ids = ['s0', 's1', 's2'].map((t) => `${t}-${process.pid}`);
+  await publishThroughProxy(client, DB, ids.map((id) => ({ id, type: 'lane.slow.v1', key: 'k-slow' })));
+  const committed = Date.now();
+  // The dispatcher took the key's lane number: the webhook has the first request.
+  await waitFor(() => slow.stats().pendingNow > 0, 5000, 'the slow webhook to receive the first event');
+
+  const pulled = [];
+  for (const id of ids) {
+    const r = await claim('pull', { maxAwaitTimeMS: 10000 });
+    assert.equal(r.deliveries.length, 1, `a pull delivery of ${id}`);
+    assert.equal(r.deliveries[0].eventId, id, 'the pull handler gets the key in order');
+    pulled.push(Date.now());
+    assert.deepEqual((await complete('pull', r.deliveries[0].lease)).completed, [r.deliveries[0].lease]);
+  }
+  const first = pulled[0] - committed;
+  t.diagnostic(`pull deliveries after the commit, ms: ${pulled.map((x) => x - committed).join(' ')} (webhook ${SLOW_MS} ms a request)`);
+  assert.ok(first < 1000, `the first pull delivery ${first} ms after the commit (the webhook takes ${SLOW_MS} ms)`);
+  assert.ok(!slow.stats().ok.has(ids[1]), 'the pull handler had all three before the webhook acknowledged the second');
+
+  // The webhook's per-key order holds: one at a time, in sequence.
+  await waitFor(() => ids.every((id) => slow.stats().ok.has(id)), 6 * SLOW_MS, 'the slow webhook to acknowledge all three');
+  const st = slow.stats();
+  assert.deepEqual(st.okOrder, ids);
+  assert.deepEqual(st.seqViolations, []);
+  assert.equal(st.concurrentKeys, 0);
+});
+
+test('a pull claim held for an hour does not hold back the webhook deliveries of its key', { timeout: 60000 }, async (t) => {
+  const held = `p0-${process.pid}`;
+  const next = `f1-${process.pid}`;
+  // Only the pull handler takes lane.held.*: the consumer takes the key's lane number first.
+  await publishThroughProxy(client, DB, [{ id: held, type: 'lane.held.v1', key: 'k-held' }]);
+  const r = await claim('held', { leaseMs: 3600000, maxAwaitTimeMS: 10000 });
+  assert.equal(r.deliveries.length, 1);
+  assert.equal(r.deliveries[0].eventId, held);
+
+  await publishThroughProxy(client, DB, [{ id: next, type: 'lane.fast.v1', key: 'k-held' }]);
+  const committed = Date.now();
+  await waitFor(() => fast.stats().ok.has(next), 5000, 'the fast webhook to receive the event while the pull claim is held');
+  const took = fast.stats().firstAt.get(next) - committed;
+  t.diagnostic(`webhook delivery ${took} ms after the commit, a pull claim of its key held for an hour`);
+  assert.ok(took < 1000, `the webhook had it ${took} ms after the commit`);
+
+  // The pull handler's own order still holds: its delivery of the same key waits for the held one.
+  const early = await claim('held', {});
+  assert.equal(early.deliveries.length, 0, 'the pull handler waits for its own earlier delivery of the key');
+  assert.deepEqual((await complete('held', r.deliveries[0].lease)).completed, [r.deliveries[0].lease]);
+  const after = await claim('held', { maxAwaitTimeMS: 10000 });
+  assert.equal(after.deliveries.length, 1);
+  assert.equal(after.deliveries[0].eventId, next);
+  await complete('held', after.deliveries[0].lease);
+});
+
+H.registerFinalChecks(test, cleanups, { beforeStop: () => client && client.close() });
