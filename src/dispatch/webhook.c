@@ -4,9 +4,9 @@
  * for https).
  *
  * It knows nothing of the store: as the webhook kind of the handler
- * interface (transport_webhook_ops, at the end), it turns a claimed
- * delivery into a body with delivery_body (dispatch/delivery.h, the body
- * every kind sends), sends it, and maps the answer to
+ * interface (transport_webhook_ops, at the end), it sends a claimed
+ * delivery as rendered for HTTP (dispatch/format.h: the body, its content
+ * type and headers of the handler's format), and maps the answer to
  * a result the dispatcher completes, reschedules or buries.  Everything
  * here runs on the dispatcher's event base.
  */
@@ -597,8 +597,7 @@ webhook_req_t *
 webhook_send (webhook_t *w,
               const char *msg_id,
               int64_t timestamp_s,
-              const char *body,
-              size_t body_len,
+              const format_msg_t *msg,
               webhook_done_cb_t cb,
               void *arg,
               bson_error_t *error)
@@ -677,7 +676,9 @@ webhook_send (webhook_t *w,
    else
       snprintf (hostport, sizeof hostport, "%s:%d", w->host, w->port);
    evhttp_add_header (h, "Host", hostport);
-   evhttp_add_header (h, "Content-Type", "application/json");
+   evhttp_add_header (h, "Content-Type", msg->content_type);
+   for (size_t i = 0; i < msg->n_headers; i++)
+      evhttp_add_header (h, msg->headers[i].name, msg->headers[i].value);
    evhttp_add_header (h, "User-Agent", "relaybus-proxy");
    evhttp_add_header (h, "Connection", "close");
    snprintf (ts, sizeof ts, "%" PRId64, timestamp_s);
@@ -685,10 +686,10 @@ webhook_send (webhook_t *w,
    evhttp_add_header (h, "webhook-timestamp", ts);
    if (w->keys.n > 0) {
       char sig[WEBHOOK_SIGNATURES_MAX];
-      webhook_sign_all (&w->keys, msg_id, timestamp_s, body, body_len, sig);
+      webhook_sign_all (&w->keys, msg_id, timestamp_s, msg->body, msg->body_len, sig);
       evhttp_add_header (h, "webhook-signature", sig);
    }
-   evbuffer_add (evhttp_request_get_output_buffer (req), body, body_len);
+   evbuffer_add (evhttp_request_get_output_buffer (req), msg->body, msg->body_len);
    r->next = w->reqs;
    w->reqs = r;
    if (evhttp_make_request (r->conn, req, EVHTTP_REQ_POST, w->path) != 0) {
@@ -718,8 +719,8 @@ webhook_cancel (webhook_req_t *r)
 
 /* ------------------------------------------------- the handler interface */
 
-/* webhook as a transport (dispatch/transport.h): the body and headers of
- * delivery_body and webhook_send, the answer's class as the result.  The
+/* webhook as a transport (dispatch/transport.h): the rendered message
+ * through webhook_send, the answer's class as the result.  The
  * webhook-id is the delivery id; the timestamp is the send's. */
 
 /* One send: the caller's callback around a webhook request.  Freed after
@@ -763,18 +764,15 @@ webhook_t_done (const webhook_result_t *res, void *arg)
 }
 
 static void *
-webhook_t_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+webhook_t_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error)
 {
    webhook_treq_t *t = bson_malloc0 (sizeof *t);
    char hex[25];
-   size_t len = 0;
-   char *body = delivery_body (d, &len);
 
    bson_oid_to_string (&d->id, hex);
    t->cb = cb;
    t->arg = arg;
-   t->req = webhook_send (impl, hex, clock_now_ms () / 1000, body, len, webhook_t_done, t, error);
-   bson_free (body);
+   t->req = webhook_send (impl, hex, clock_now_ms () / 1000, m, webhook_t_done, t, error);
    if (!t->req) {
       bson_free (t);
       return NULL;
