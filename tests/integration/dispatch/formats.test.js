@@ -127,3 +127,61 @@ test('each format reaches a webhook as documented, signed over the body sent, wi
   assert.equal(ph.tenant, 't1');
   assert.equal((await p.stop()).code, 0);
 });
+
+test('pull: relaybusClaim hands out the rendered body, the CloudEvents attributes and the trace context; a malformed traceparent is refused at publish', { timeout: 60000 }, async (t) => {
+  const up = await startUpstream();
+  t.after(() => up.stop());
+  const db = uniqueDbName('dispatch_formats_pull');
+  const p = await startDispatchProxy({
+    upstream: up.uri, outbox: { database: db }, dispatch: { poll_interval_ms: 100 },
+    handlers: [{ name: 'pulled', events: 'order.*', kind: 'pull', format: 'cloudevents', json: 'plain', source: 'urn:shop:orders' }],
+  });
+  t.after(() => p.kill());
+  const client = await new MongoClient(clientUri({ host: '127.0.0.1', port: p.port })).connect();
+  t.after(() => client.close());
+  const items = client.db(db).collection('items');
+  // The annotation is published inside a transaction, as an application does.
+  const insert = async (doc, comment) => {
+    const session = client.startSession();
+    try {
+      await session.withTransaction(() => items.insertOne(doc, { session, comment }));
+    } finally {
+      await session.endSession();
+    }
+  };
+  const annotate = (headers) => ({ relaybus: { type: 'order.placed.v1', id: `ord-${Math.random()}`, key: 'order-1', payload: { at: new Date('2026-11-30T11:00:00Z') }, headers } });
+
+  // Refused with the annotation's 2 BadValue, the reason in the message,
+  // and nothing written.
+  for (const [tp, why] of [
+    ['00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7', /traceparent is shorter than the 55 characters/],
+    ['00-00000000000000000000000000000000-00f067aa0ba902b7-01', /traceparent has an all-zero trace-id/],
+  ]) {
+    await assert.rejects(insert({ _id: tp }, annotate({ traceparent: tp })), (e) => {
+      assert.equal(e.code, 2);
+      assert.equal(e.codeName, 'BadValue');
+      assert.match(e.message, why);
+      return true;
+    });
+  }
+  assert.equal(await items.countDocuments({}), 0, 'a refused statement writes nothing');
+
+  await insert({ _id: 1 }, annotate({ traceparent: TRACEPARENT, tracestate: 'v=1' }));
+  let d;
+  await waitFor(async () => {
+    const r = await client.db('admin').command({ relaybusClaim: 'pulled', limit: 1 });
+    d = r.deliveries[0];
+    return d !== undefined;
+  }, 10000, 'a delivery to claim');
+  assert.equal(d.traceparent, TRACEPARENT);
+  assert.equal(d.tracestate, 'v=1');
+  assert.equal(d.contentType, 'application/json');
+  assert.deepEqual(JSON.parse(d.body), { at: '2026-11-30T11:00:00.000Z' }, 'the body in the handler json mode (plain)');
+  assert.deepEqual(Object.keys(d.attributes).sort(), ['id', 'sequence', 'source', 'specversion', 'subject', 'time', 'type']);
+  assert.equal(d.attributes.source, 'urn:shop:orders');
+  assert.equal(d.attributes.id, d.eventId);
+  assert.equal(d.attributes.subject, 'order-1');
+  assert.equal(d.attributes.sequence, '1');
+  await client.db('admin').command({ relaybusComplete: 'pulled', leases: [d.lease] });
+  assert.equal((await p.stop()).code, 0);
+});
