@@ -28,6 +28,10 @@
 #include "base/config.h"
 #include "store/store.h"
 
+typedef enum {
+   FORMAT_ERROR_JSON = 1, /* the event has a value libbson writes no JSON for */
+} format_error_code_t;
+
 /* The protocol a message is rendered for: its header names. */
 typedef enum {
    FORMAT_BINDING_HTTP,  /* webhook: ce-* headers, Content-Type */
@@ -90,8 +94,9 @@ void format_msg_fini (format_msg_t *m);
 /* The value of header `name` (ASCII case-insensitive), or NULL. */
 const char *format_msg_header (const format_msg_t *m, const char *name);
 
-/* The payload value `it` points at as JSON in mode `json`.  Caller frees
- * with bson_free. */
+/* The payload value `it` points at as JSON in mode `json`; NULL when
+ * libbson cannot write it (a string that is not UTF-8, which the
+ * publishing path refuses).  Caller frees with bson_free. */
 char *format_json_value (const bson_iter_t *it, handler_json_t json, size_t *len);
 
 /* ms since the epoch as RFC 3339 in UTC with milliseconds

@@ -26,6 +26,7 @@
 #include <openssl/evp.h>
 
 #include "base/assert.h"
+#include "base/errors.h"
 
 /* Headers one message carries, at most: the event's own (the annotation
  * allows 64, codec/annotate.h) and ours (at most 13). */
@@ -210,7 +211,9 @@ format_json_value (const bson_iter_t *it, handler_json_t json, size_t *len)
       bson_append_iter (&w, "v", 1, it);
    doc = json == HANDLER_JSON_CANONICAL ? bson_as_canonical_extended_json (&w, &n) : bson_as_relaxed_extended_json (&w, &n);
    bson_destroy (&w);
-   RELAYBUS_ASSERT (doc && n >= sizeof head - 1 + sizeof tail - 1 && !strncmp (doc, head, sizeof head - 1));
+   if (!doc)
+      return NULL; /* libbson writes no JSON for a string that is not UTF-8 */
+   RELAYBUS_ASSERT (n >= sizeof head - 1 + sizeof tail - 1 && !strncmp (doc, head, sizeof head - 1));
    n -= sizeof head - 1 + sizeof tail - 1;
    out = bson_strndup (doc + sizeof head - 1, n);
    bson_free (doc);
@@ -408,12 +411,16 @@ envelope_splice (const bson_t *a, const char *payload, const bson_t *b, size_t *
 {
    size_t na, nb;
    char *ja = bson_as_relaxed_extended_json (a, &na), *jb = bson_as_relaxed_extended_json (b, &nb);
-   char *out;
+   char *out = NULL;
 
+   if (!ja || !jb)
+      goto done; /* a field libbson cannot write as JSON */
    RELAYBUS_ASSERT (na >= 4 && nb >= 4 && !strcmp (ja + na - 2, " }") && !strncmp (jb, "{ ", 2));
    ja[na - 2] = '\0';
    out = bson_strdup_printf ("%s, \"payload\" : %s, %s", ja, payload, jb + 2);
    *len = strlen (out);
+
+done:
    bson_free (ja);
    bson_free (jb);
    return out;
@@ -476,12 +483,14 @@ structured (const format_opts_t *o, const store_delivery_t *d, const format_msg_
    if (m->tracestate)
       BSON_APPEND_UTF8 (&a, "tracestate", m->tracestate);
    ja = bson_as_relaxed_extended_json (&a, &na);
+   bson_destroy (&a);
+   if (!ja)
+      return NULL; /* a string libbson cannot write as JSON */
    RELAYBUS_ASSERT (na >= 4 && !strcmp (ja + na - 2, " }"));
    ja[na - 2] = '\0';
    json = bson_strdup_printf ("%s, \"data\" : %s }", ja, payload);
    *len = strlen (json);
    bson_free (ja);
-   bson_destroy (&a);
    return json;
 }
 
@@ -538,12 +547,15 @@ format_render (const format_opts_t *o, format_binding_t b, const store_delivery_
    char *payload;
    size_t plen = 0;
 
-   (void) error;
    memset (m, 0, sizeof *m);
    m->headers = bson_malloc0 (FORMAT_HEADERS_MAX * sizeof *m->headers);
    bson_oid_to_string (&d->id, hex);
    find_trace (m, d);
    payload = payload_json (d, o->json, &plen);
+   if (!payload) {
+      bson_set_error (error, FORMAT_ERROR_DOMAIN, FORMAT_ERROR_JSON, "delivery %s: the event's payload cannot be written as JSON", hex);
+      return false;
+   }
    switch (o->format) {
    case HANDLER_FORMAT_CLOUDEVENTS_STRUCTURED:
       m->body = structured (o, d, m, payload, &m->body_len);
@@ -563,6 +575,10 @@ format_render (const format_opts_t *o, format_binding_t b, const store_delivery_
       break;
    }
    bson_free (payload);
+   if (!m->body) {
+      bson_set_error (error, FORMAT_ERROR_DOMAIN, FORMAT_ERROR_JSON, "delivery %s: the event cannot be written as JSON", hex);
+      return false;
+   }
 
    /* Headers: the event's own first, then ours (set after them, they are
     * the ones a reader of the last value sees, and none is doubled). */

@@ -395,6 +395,30 @@ test_json_modes (void **state)
    bson_destroy (d.event);
 }
 
+/* A payload libbson writes no JSON for (a string that is not UTF-8, which
+ * the publishing path refuses, in an event stored some other way): an
+ * error the dispatcher retries and buries, never an abort. */
+static void
+test_not_json (void **state)
+{
+   store_delivery_t d;
+   format_opts_t o = opts (HANDLER_FORMAT_RELAYBUS, HANDLER_JSON_RELAXED);
+   format_msg_t m;
+   bson_error_t err;
+   bson_t payload = BSON_INITIALIZER;
+
+   (void) state;
+   make_delivery (&d, true);
+   bson_destroy (d.event);
+   bson_append_utf8 (&payload, "s", 1, "\xff\xfe", 2);
+   d.event = BCON_NEW ("payload", BCON_DOCUMENT (&payload));
+   assert_false (format_render (&o, FORMAT_BINDING_KAFKA, &d, &m, &err));
+   assert_non_null (strstr (err.message, "cannot be written as JSON"));
+   format_msg_fini (&m);
+   bson_destroy (&payload);
+   bson_destroy (d.event);
+}
+
 static void
 test_rfc3339 (void **state)
 {
@@ -439,6 +463,7 @@ main (void)
       cmocka_unit_test (test_payload_format),
       cmocka_unit_test (test_event_headers_filtered),
       cmocka_unit_test (test_json_modes),
+      cmocka_unit_test (test_not_json),
       cmocka_unit_test (test_rfc3339),
       cmocka_unit_test (test_type_prefix),
    };
