@@ -87,6 +87,21 @@ typedef enum {
    HANDLER_KIND_KAFKA,    /* Kafka (dispatch/kafka.c; a build with librdkafka) */
 } handler_kind_t;
 
+/* [handler NAME] format: how a delivery is shaped (dispatch/format.h). */
+typedef enum {
+   HANDLER_FORMAT_RELAYBUS,                /* the relaybus envelope (the default) */
+   HANDLER_FORMAT_CLOUDEVENTS,             /* CloudEvents 1.0, binary content mode */
+   HANDLER_FORMAT_CLOUDEVENTS_STRUCTURED,  /* CloudEvents 1.0, one JSON object */
+   HANDLER_FORMAT_PAYLOAD,                 /* the payload alone, the metadata in headers */
+} handler_format_t;
+
+/* [handler NAME] json: how the payload is written as JSON. */
+typedef enum {
+   HANDLER_JSON_RELAXED,   /* relaxed Extended JSON (the default) */
+   HANDLER_JSON_CANONICAL, /* canonical Extended JSON */
+   HANDLER_JSON_PLAIN,     /* plain JSON: dates, ObjectIds, decimals and binary as strings */
+} handler_json_t;
+
 typedef struct {
    char *name;
    char *events; /* raw list */
@@ -129,6 +144,11 @@ typedef struct {
     * names ("" : every connection the deployment lets read the outbox;
     * base/pull.h, pull_consumer_admitted). */
    char *consumers;
+   char *format; /* raw; format_id parsed */
+   handler_format_t format_id;
+   char *json; /* raw; json_id parsed */
+   handler_json_t json_id;
+   char *source; /* CloudEvents `source` */
 } config_handler_t;
 
 /* The TLS options of the `upstream` URI, as mongo-c-driver reads them,

@@ -48,6 +48,7 @@ typedef enum {
    /* dispatch/ */
    CONSUMER_ERROR_DOMAIN,
    DISPATCH_ERROR_DOMAIN,
+   FORMAT_ERROR_DOMAIN,
    TRANSPORT_ERROR_DOMAIN,
    WEBHOOK_ERROR_DOMAIN,
    /* admin/ */

@@ -1,13 +1,13 @@
 /*
- * dispatch/delivery.h - what every kind of handler sends and how long it
- * waits between attempts: the delivery body (the event as JSON, the same
- * for a webhook's POST and a broker's message), the retry schedule with
- * full jitter (the dispatcher's, for every dispatched kind, and the pull
- * consumers'), and the one generator of the jitter's random numbers.
+ * dispatch/delivery.h - how long every kind of handler waits between
+ * attempts: the retry schedule with full jitter (the dispatcher's, for
+ * every dispatched kind, and the pull consumers'), and the one generator
+ * of the jitter's random numbers.
  *
- * Pure functions: no I/O, no store, no loop.  Not here: how a kind sends
- * the body (dispatch/webhook.h, dispatch/transport.h) and which failures
- * are retried (the kinds' results and the dispatcher).
+ * Pure functions: no I/O, no store, no loop.  Not here: what a delivery
+ * looks like (dispatch/format.h), how a kind sends it
+ * (dispatch/webhook.h, dispatch/transport.h) and which failures are
+ * retried (the kinds' results and the dispatcher).
  *
  * Thread: any.  A delivery_rng_t belongs to the thread that seeded it
  * (the dispatcher's, the consumer thread's).
@@ -19,10 +19,6 @@
 #include <stdint.h>
 
 #include "store/store.h"
-
-/* The body of a delivery: the event as JSON (relaxed Extended JSON), see
- * docs/handlers.md.  Caller frees with bson_free. */
-char *delivery_body (const store_delivery_t *d, size_t *len);
 
 /* The wait after failed attempt `attempt` (1 for the first): full jitter,
  * a value in [0, d] from rnd, where d is delays_ms[attempt - 1], or the

@@ -41,6 +41,7 @@
 #include <event2/event.h>
 
 #include "base/config.h"
+#include "dispatch/format.h"
 #include "store/store.h"
 #include "base/errors.h"
 
@@ -97,10 +98,12 @@ typedef struct transport_req transport_req_t;
 typedef struct {
    const char *kind;
    void *(*start) (const transport_env_t *env, const config_handler_t *h, bson_error_t *error);
-   /* Starts sending `d`; cb(result, arg) runs once on env->base, never
-    * from within send, unless cancel comes first.  NULL (error set) when
-    * nothing was started. */
-   void *(*send) (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error);
+   /* Starts sending `d` as message `m` (its body, content type and
+    * headers, rendered for the kind's binding by dispatch/format.h; the
+    * kind copies what it keeps, both are the caller's); cb(result, arg)
+    * runs once on env->base, never from within send, unless cancel comes
+    * first.  NULL (error set) when nothing was started. */
+   void *(*send) (void *impl, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error);
    /* Abandons a send: its cb will not run. */
    void (*cancel) (void *impl, void *req);
    /* Any thread.  `detail` (TRANSPORT_DETAIL_MAX) gets the last
@@ -148,6 +151,7 @@ const char *transport_kind (const transport_t *t);
  * its callback ran or it is cancelled. */
 transport_req_t *transport_send (transport_t *t,
                                  const store_delivery_t *d,
+                                 const format_msg_t *m,
                                  transport_done_cb_t cb,
                                  void *arg,
                                  bson_error_t *error);
@@ -168,8 +172,9 @@ bool transport_settings_equal (const config_handler_t *a, const config_handler_t
 /* ------------------------------------------------------ broker helpers */
 
 /* Expands a subject, topic or routing key template: "{type}" becomes the
- * event type, "{key}" its key (the event id when it has none); other text
- * is copied.  Characters of the substituted values that `bad` lists
+ * event type, "{type_prefix}" the type up to its first '.' (the whole
+ * type without one; Kafka's topics only, config.c checks), "{key}" its
+ * key (the event id when it has none); other text is copied.  Characters of the substituted values that `bad` lists
  * become '_' (a NATS subject may not hold white space, '*' or '>').
  * Caller frees with bson_free. */
 char *transport_expand (const char *tmpl, const store_delivery_t *d, const char *bad);

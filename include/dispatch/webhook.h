@@ -33,6 +33,7 @@
 #include <event2/event.h>
 
 #include "base/config.h"
+#include "dispatch/format.h"
 #include "store/store.h"
 #include "base/errors.h"
 
@@ -171,14 +172,15 @@ webhook_t *webhook_new (struct event_base *base, const config_handler_t *handler
  * May be called from a request's callback. */
 void webhook_destroy (webhook_t *w);
 
-/* POSTs body with the Standard Webhooks headers.  cb runs exactly once on
- * the base's thread, unless the request is cancelled first.  Returns NULL
- * (and calls nothing) if the request cannot be started; `error` says why. */
+/* POSTs msg's body, with its content type and headers (dispatch/format.h,
+ * the HTTP binding; copied) and the Standard Webhooks headers, whose
+ * signature signs that body.  cb runs exactly once on the base's thread,
+ * unless the request is cancelled first.  Returns NULL (and calls
+ * nothing) if the request cannot be started; `error` says why. */
 webhook_req_t *webhook_send (webhook_t *w,
                              const char *msg_id,
                              int64_t timestamp_s,
-                             const char *body,
-                             size_t body_len,
+                             const format_msg_t *msg,
                              webhook_done_cb_t cb,
                              void *arg,
                              bson_error_t *error);

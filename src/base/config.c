@@ -215,7 +215,7 @@ static const config_key_t config_key_table[] = {
    H ("brokers", S, "", 0, 0, brokers,
       "kafka: the bootstrap servers, host:port, comma-separated (librdkafka's bootstrap.servers)."),
    H ("topic", S, "", 0, 0, topic,
-      "kafka: the topic each event is produced to; {type} and {key} are replaced by the event's type and key (its id without a key)."),
+      "kafka: the topic each event is produced to; {type}, {type_prefix} and {key} are replaced by the event's type, the type up to its first '.', and key (its id without a key)."),
    H ("subject", S, "", 0, 0, subject,
       "nats: the JetStream subject each event is published to; {type} and {key} are replaced by the event's type and key (its id without a key)."),
    H ("secret", S, "", 0, 0, secret,
@@ -236,6 +236,12 @@ static const config_key_t config_key_table[] = {
       "webhook: the forward proxy requests go through, http://host:port or https://host:port; empty: https_proxy, http_proxy and no_proxy of the environment."),
    H ("consumers", L, "", 0, 0, consumers,
       "pull: the users who may run the relaybus* commands on this handler (pooled mode: auth-file users; session mode: the user the connection authenticated as, DB.USER outside admin); empty: any connection allowed to read the outbox."),
+   H ("format", S, "relaybus", 0, 0, format,
+      "What a delivery looks like: relaybus (the envelope), cloudevents (CloudEvents 1.0 binary mode: attributes in the protocol's headers, the payload as the body), cloudevents-structured (one application/cloudevents+json object) or payload (the payload alone, the metadata in headers)."),
+   H ("json", S, "relaxed", 0, 0, json,
+      "How the payload is written: relaxed or canonical Extended JSON, or plain JSON (dates as RFC 3339 strings, ObjectIds and decimals as strings, binary as base64)."),
+   H ("source", S, "relaybus-proxy", 0, 0, source,
+      "The CloudEvents source attribute of this handler's events (format = cloudevents or cloudevents-structured)."),
 };
 
 #undef P
@@ -1141,8 +1147,8 @@ config_validate_kafka (const config_handler_t *h, const char *origin, bson_error
       return false;
    }
    for (const char *c = strchr (h->topic, '{'); c; c = strchr (c + 1, '{'))
-      if (strncmp (c, "{type}", 6) != 0 && strncmp (c, "{key}", 5) != 0) {
-         config_error (error, origin, 0, "[handler %s] topic: '%s': only {type} and {key} may be replaced", h->name,
+      if (strncmp (c, "{type}", 6) != 0 && strncmp (c, "{key}", 5) != 0 && strncmp (c, "{type_prefix}", 13) != 0) {
+         config_error (error, origin, 0, "[handler %s] topic: '%s': only {type}, {type_prefix} and {key} may be replaced", h->name,
                        h->topic);
          return false;
       }
@@ -1216,6 +1222,52 @@ config_validate_webhook_tls (const config_handler_t *h, const char *origin, bson
    return true;
 }
 
+/* format, json and source: names from their lists, and a source that a
+ * CloudEvents consumer can read (a non-empty URI-reference without white
+ * space or control characters). */
+static bool
+config_validate_format (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   static const char *const formats[] = {
+      [HANDLER_FORMAT_RELAYBUS] = "relaybus",
+      [HANDLER_FORMAT_CLOUDEVENTS] = "cloudevents",
+      [HANDLER_FORMAT_CLOUDEVENTS_STRUCTURED] = "cloudevents-structured",
+      [HANDLER_FORMAT_PAYLOAD] = "payload",
+   };
+   static const char *const jsons[] = {
+      [HANDLER_JSON_RELAXED] = "relaxed",
+      [HANDLER_JSON_CANONICAL] = "canonical",
+      [HANDLER_JSON_PLAIN] = "plain",
+   };
+   size_t i;
+
+   for (i = 0; i < sizeof formats / sizeof formats[0] && strcmp (h->format, formats[i]); i++)
+      ;
+   if (i == sizeof formats / sizeof formats[0]) {
+      config_error (error, origin, 0, "[handler %s] format: '%s' is not relaybus, cloudevents, cloudevents-structured or payload",
+                    h->name, h->format);
+      return false;
+   }
+   h->format_id = (handler_format_t) i;
+   for (i = 0; i < sizeof jsons / sizeof jsons[0] && strcmp (h->json, jsons[i]); i++)
+      ;
+   if (i == sizeof jsons / sizeof jsons[0]) {
+      config_error (error, origin, 0, "[handler %s] json: '%s' is not relaxed, canonical or plain", h->name, h->json);
+      return false;
+   }
+   h->json_id = (handler_json_t) i;
+   if (!*h->source || strlen (h->source) > 1024) {
+      config_error (error, origin, 0, "[handler %s] source: 1 to 1024 bytes (a URI-reference, e.g. /orders or urn:shop:orders)", h->name);
+      return false;
+   }
+   for (const unsigned char *c = (const unsigned char *) h->source; *c; c++)
+      if (*c <= ' ' || *c == 0x7f) {
+         config_error (error, origin, 0, "[handler %s] source: '%s' holds white space or a control character", h->name, h->source);
+         return false;
+      }
+   return true;
+}
+
 static bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -1276,6 +1328,8 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
       return false;
    }
    if (!config_validate_webhook_egress (h, origin, error))
+      return false;
+   if (!config_validate_format (h, origin, error))
       return false;
    if (h->n_kafka_props && h->kind_id != HANDLER_KIND_KAFKA) {
       config_error (error, origin, 0, "[handler %s] kafka.%s: kafka.* properties are for kind = kafka", h->name,

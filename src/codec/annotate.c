@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "base/keyhash.h"
 
@@ -274,12 +275,80 @@ walk_utf8 (const bson_iter_t *it, int depth)
    return true;
 }
 
+/* W3C Trace Context: the traceparent's hex fields, lower case. */
+static bool
+lower_hex (const char *s, size_t n, bool *all_zero)
+{
+   *all_zero = true;
+   for (size_t i = 0; i < n; i++) {
+      if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+         return false;
+      if (s[i] != '0')
+         *all_zero = false;
+   }
+   return true;
+}
+
+/* A traceparent as W3C Trace Context writes it: version "-" trace-id
+ * "-" parent-id "-" flags, 2, 32, 16 and 2 lower-case hex digits, the ids
+ * not all zero, version ff invalid; version 00 is exactly 55 characters,
+ * a later version may add "-" and fields after them.  Every handler sends
+ * it on as the protocol's header, so a malformed one is refused here
+ * rather than passed to the receivers.  NULL when valid, else why. */
+static const char *
+traceparent_problem (const char *v, size_t len)
+{
+   bool zero;
+
+   if (len < 55)
+      return "is shorter than the 55 characters of 00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>";
+   if (v[2] != '-' || v[35] != '-' || v[52] != '-')
+      return "is not 00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>";
+   if (!lower_hex (v, 2, &zero) || !strncmp (v, "ff", 2))
+      return "has a version that is not 2 lower-case hex digits other than ff";
+   if (!strncmp (v, "00", 2) && len != 55)
+      return "is version 00 and longer than 55 characters";
+   if (len > 55 && v[55] != '-')
+      return "is not 00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>";
+   if (!lower_hex (v + 3, 32, &zero))
+      return "has a trace-id that is not 32 lower-case hex digits";
+   if (zero)
+      return "has an all-zero trace-id";
+   if (!lower_hex (v + 36, 16, &zero))
+      return "has a parent-id that is not 16 lower-case hex digits";
+   if (zero)
+      return "has an all-zero parent-id";
+   if (!lower_hex (v + 53, 2, &zero))
+      return "has trace-flags that are not 2 lower-case hex digits";
+   return NULL;
+}
+
+/* tracestate: at most 512 characters of printable ASCII (what every
+ * vendor must pass on) in at most 32 comma-separated members. */
+static const char *
+tracestate_problem (const char *v, size_t len)
+{
+   size_t members = 1;
+
+   if (len > 512)
+      return "is longer than 512 characters";
+   for (size_t i = 0; i < len; i++) {
+      if (v[i] < 0x20 || v[i] > 0x7e)
+         return "holds a character that is not printable ASCII";
+      members += v[i] == ',';
+   }
+   if (members > 32)
+      return "has more than 32 list members";
+   return NULL;
+}
+
 static bool
 check_headers (const bson_iter_t *it, uint32_t idx, annotate_event_t *ev, bson_error_t *error)
 {
    bson_iter_t h;
    uint32_t n = 0, earlier;
    name_set_t names;
+   bool has_parent = false, has_state = false;
 
    if (!BSON_ITER_HOLDS_DOCUMENT (it) || !bson_iter_recurse (it, &h))
       return invalid (error, "events[%u].headers must be a document of strings", idx);
@@ -300,10 +369,22 @@ check_headers (const bson_iter_t *it, uint32_t idx, annotate_event_t *ev, bson_e
       snprintf (what, sizeof what, "events[%u].headers.%.48s", idx, name);
       if (!check_string (&h, ANNOTATE_MAX_HEADER_VALUE_LEN, &value, NULL, what, error))
          return false;
+      if (!strcasecmp (name, "traceparent") || !strcasecmp (name, "tracestate")) {
+         bool parent = !strcasecmp (name, "traceparent");
+         const char *why = parent ? traceparent_problem (value, strlen (value)) : tracestate_problem (value, strlen (value));
+         if (why)
+            return invalid (error, "events[%u].headers.%s %s (W3C Trace Context)", idx, name, why);
+         if (parent)
+            has_parent = true;
+         else
+            has_state = true;
+      }
       /* Duplicate names would make the stored headers ambiguous. */
       if (!name_set_add (&names, name, name_len, n, &earlier))
          return invalid (error, "events[%u].headers.%.48s is given twice", idx, name);
    }
+   if (has_state && !has_parent)
+      return invalid (error, "events[%u].headers.tracestate without a traceparent (W3C Trace Context)", idx);
    if (n > 0) {
       ev->has_headers = true;
       ev->headers = *it;

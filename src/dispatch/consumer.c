@@ -42,6 +42,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/event.h>
 
@@ -52,6 +53,7 @@
 #include "base/loopwake.h"
 #include "base/worker.h"
 #include "dispatch/delivery.h"
+#include "dispatch/format.h"
 #include "store/ops.h"
 #include "store/store.h"
 
@@ -512,8 +514,63 @@ charge (consumer_t *c, const held_t *h, int64_t delay_ms, const char *why, bool 
 
 /* --- the operations ------------------------------------------------------ */
 
+/* The handler's format options in `fo`, from `cfg` (which the caller
+ * holds while it uses them); false when it is relaybus, which shapes a
+ * delivery by its fields alone. */
+static bool
+handler_format (const config_t *cfg, const char *name, format_opts_t *fo)
+{
+   for (size_t i = 0; cfg && i < cfg->n_handlers; i++)
+      if (!strcmp (cfg->handlers[i].name, name)) {
+         format_opts_from_handler (fo, &cfg->handlers[i]);
+         return fo->format != HANDLER_FORMAT_RELAYBUS;
+      }
+   return false;
+}
+
+/* The rendered part of a pull delivery (format != relaybus): `body` (the
+ * text a broker would carry), `contentType`, and in CloudEvents' binary
+ * mode the context attributes as `attributes`. */
 static void
-append_delivery (bson_t *arr, uint32_t i, const store_delivery_t *d, const char *lease)
+append_rendered (bson_t *doc, const store_delivery_t *d, const format_opts_t *fo)
+{
+   format_msg_t m;
+   bson_error_t err;
+   bson_t attrs;
+
+   if (!format_render (fo, FORMAT_BINDING_PULL, d, &m, &err)) {
+      format_msg_fini (&m);
+      return;
+   }
+   bson_append_utf8 (doc, "body", 4, m.body, (int) m.body_len);
+   BSON_APPEND_UTF8 (doc, "contentType", m.content_type);
+   if (fo->format == HANDLER_FORMAT_CLOUDEVENTS) {
+      BSON_APPEND_DOCUMENT_BEGIN (doc, "attributes", &attrs);
+      for (size_t i = 0; i < m.n_headers; i++)
+         BSON_APPEND_UTF8 (&attrs, m.headers[i].name, m.headers[i].value);
+      bson_append_document_end (doc, &attrs);
+   }
+   format_msg_fini (&m);
+}
+
+/* The W3C trace context of the event, as fields of the delivery. */
+static void
+append_trace (bson_t *doc, const store_delivery_t *d)
+{
+   bson_iter_t it, hit;
+
+   if (!d->event || !bson_iter_init_find (&it, d->event, "headers") || !BSON_ITER_HOLDS_DOCUMENT (&it) ||
+       !bson_iter_recurse (&it, &hit))
+      return;
+   while (bson_iter_next (&hit))
+      if (BSON_ITER_HOLDS_UTF8 (&hit) &&
+          (!strcasecmp (bson_iter_key (&hit), "traceparent") || !strcasecmp (bson_iter_key (&hit), "tracestate")))
+         bson_append_utf8 (doc, !strcasecmp (bson_iter_key (&hit), "traceparent") ? "traceparent" : "tracestate", -1,
+                           bson_iter_utf8 (&hit, NULL), -1);
+}
+
+static void
+append_delivery (bson_t *arr, uint32_t i, const store_delivery_t *d, const char *lease, const format_opts_t *fo)
 {
    char buf[16], hex[25];
    const char *k;
@@ -555,6 +612,9 @@ append_delivery (bson_t *arr, uint32_t i, const store_delivery_t *d, const char 
       BSON_APPEND_NULL (&doc, "causationId");
    BSON_APPEND_INT32 (&doc, "attempt", d->attempt);
    BSON_APPEND_DATE_TIME (&doc, "createdAt", d->created_at);
+   append_trace (&doc, d);
+   if (fo)
+      append_rendered (&doc, d, fo);
    bson_append_document_end (arr, &doc);
 }
 
@@ -574,6 +634,9 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    size_t slot = counters_handler_slot (r->handler, true), n_over = 0;
    store_ref_t *over = NULL; /* the deliveries past CONSUMER_REPLY_MAX */
    char why[256];
+   config_t *cfg;
+   format_opts_t fo;
+   bool shaped;
 
    room = claim_room (c, r, slot, why, sizeof why);
    if (room == 0) {
@@ -597,6 +660,8 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
       return false;
    }
    BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+   cfg = config_acquire ();
+   shaped = handler_format (cfg, r->handler, &fo);
    BSON_APPEND_ARRAY_BEGIN (&doc, "deliveries", &arr);
    for (size_t i = 0; i < b.n; i++) {
       store_delivery_t *d = &b.items[i];
@@ -620,9 +685,10 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
       hd->attempt = d->attempt;
       hd->expires = now + r->lease_ms;
       hd->slot = slot;
-      append_delivery (&arr, n++, d, hd->lease.text);
+      append_delivery (&arr, n++, d, hd->lease.text, shaped ? &fo : NULL);
    }
    bson_append_array_end (&doc, &arr);
+   config_release (cfg); /* fo's source pointed into it */
    if (n_over > 0) {
       /* Given back in one transaction (they point into b: before its clear). */
       bool *applied = bson_malloc0 (n_over * sizeof *applied);

@@ -731,7 +731,18 @@ job_start (dispatcher_t *d, job_t *j)
    if (h->cfg->kind_id == HANDLER_KIND_WEBHOOK)
       counters_add (COUNTER_DISPATCH_HTTP_REQUESTS, 1);
    j->started_ms = clock_now_ms ();
-   j->req = transport_send (h->t, &j->d, job_done_cb, j, &err);
+   {
+      /* Rendered here, from the handler's settings of this snapshot, for
+       * every kind alike; the kind copies what it keeps. */
+      format_opts_t fo;
+      format_msg_t msg;
+
+      format_opts_from_handler (&fo, h->cfg);
+      j->req = format_render (&fo, format_binding_of (h->cfg->kind_id), &j->d, &msg, &err)
+                  ? transport_send (h->t, &j->d, &msg, job_done_cb, j, &err)
+                  : NULL;
+      format_msg_fini (&msg);
+   }
    if (!j->req) {
       transport_result_t res = {.outcome = TRANSPORT_OUTCOME_RETRY, .retry_after_ms = -1};
       bson_strncpy (res.error, err.message, sizeof res.error);

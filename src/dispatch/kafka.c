@@ -4,9 +4,10 @@
  *
  * Each delivery is one message on the handler's topic template, keyed by
  * the event's key (its id without one, so one key stays in one partition:
- * librdkafka's partitioner hashes the key), with the JSON body every kind
- * sends (delivery_body) as its value, the relaybus-* headers and the event's own
- * headers.  The producer is idempotent (enable.idempotence=true,
+ * librdkafka's partitioner hashes the key), with the body and headers of
+ * the handler's format in Kafka's binding (dispatch/format.h: the
+ * relaybus-* headers, the event's own, and ce_* in CloudEvents' binary
+ * mode).  The producer is idempotent (enable.idempotence=true,
  * acks=all): librdkafka's own retries of a batch are not duplicated by
  * the broker.  The delivery report completes the delivery; a failed one
  * is retried with the handler's backoff (the dispatcher's max_attempts
@@ -38,7 +39,6 @@
  * why; a restart or a reload that changes its settings makes a new one).
  */
 #include "dispatch/kafka.h"
-#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
@@ -420,12 +420,11 @@ add_header (rd_kafka_headers_t *hs, const char *name, const char *value)
 }
 
 static void *
-kafka_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+kafka_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error)
 {
    kafka_handler_t *k = impl;
    kafka_req_t *r = bson_malloc0 (sizeof *r);
-   char id[25], seq[32];
-   bson_iter_t it, hit;
+   char id[25];
    bool ok = true;
 
    r->item.cb = cb;
@@ -433,25 +432,13 @@ kafka_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void 
    bson_oid_to_string (&d->id, id);
    r->topic = transport_expand (k->base.tmpl, d, "");
    r->key = bson_strdup (d->key ? d->key : (d->event_id ? d->event_id : id));
-   r->body = delivery_body (d, &r->body_len);
-   r->headers = rd_kafka_headers_new (8);
-   /* The event's own headers first, then the relaybus-* ones (an event
-    * header of that name is left out, so each appears once). */
-   if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
-       bson_iter_recurse (&it, &hit))
-      while (ok && bson_iter_next (&hit)) {
-         const char *name = bson_iter_key (&hit);
-         if (!BSON_ITER_HOLDS_UTF8 (&hit) || !*name || !strncasecmp (name, "relaybus-", 9))
-            continue;
-         ok = add_header (r->headers, name, bson_iter_utf8 (&hit, NULL));
-      }
-   ok = ok && add_header (r->headers, "relaybus-event-id", d->event_id ? d->event_id : "") &&
-        add_header (r->headers, "relaybus-delivery-id", id) &&
-        add_header (r->headers, "relaybus-type", d->event_type ? d->event_type : "");
-   if (ok && d->key) {
-      snprintf (seq, sizeof seq, "%" PRId64, d->sequence);
-      ok = add_header (r->headers, "relaybus-key", d->key) && add_header (r->headers, "relaybus-sequence", seq);
-   }
+   r->body = bson_strndup (m->body, m->body_len);
+   r->body_len = m->body_len;
+   r->headers = rd_kafka_headers_new (m->n_headers + 1);
+   /* The binding's headers as rendered: the event's own, the relaybus-*
+    * ones, and the ce_* ones in the cloudevents format. */
+   for (size_t i = 0; i < m->n_headers && ok; i++)
+      ok = add_header (r->headers, m->headers[i].name, m->headers[i].value);
    if (!ok) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "kafka: cannot set the headers of a message to '%s'", r->topic);
       goto fail;

@@ -3,9 +3,10 @@
  * (nats.c, libnats), as one implementation of dispatch/transport.h.
  *
  * Each delivery is one message on the handler's subject template, with
- * the JSON body every kind sends (delivery_body), the header Nats-Msg-Id = the
- * delivery id (JetStream's duplicate window drops a resend of it), the
- * relaybus-* headers and the event's own headers.  The stream's PubAck
+ * the body and headers of the handler's format in NATS's binding
+ * (dispatch/format.h: the relaybus-* headers, the event's own, and ce-*
+ * in CloudEvents' binary mode) and the header Nats-Msg-Id = the delivery
+ * id (JetStream's duplicate window drops a resend of it).  The stream's PubAck
  * completes the delivery; no answer (no stream captures the subject), a
  * JetStream error, a lost connection or no PubAck within timeout_ms is a
  * retry, the dispatcher's backoff and max_attempts apply, then the
@@ -27,7 +28,6 @@
  * (nats://user:password@host, tls://host), and publishing without
  * JetStream (core NATS has no confirmation to complete on).
  */
-#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
@@ -324,27 +324,11 @@ fail:
    return NULL;
 }
 
-/* A header name libnats can carry as is (an HTTP token). */
-static bool
-header_name_ok (const char *k)
-{
-   if (!*k)
-      return false;
-   for (const unsigned char *c = (const unsigned char *) k; *c; c++)
-      if (*c <= ' ' || *c >= 0x7f || strchr ("()<>@,;:\\\"/[]?={}", *c))
-         return false;
-   return true;
-}
-
 static void *
-nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+nats_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error)
 {
    nats_handler_t *n = impl;
    nats_req_t *r = NULL;
-   size_t len = 0;
-   char *body = NULL;
-   char seq[32];
-   bson_iter_t it, hit;
    bool ok = true;
 
    r = bson_malloc0 (sizeof *r);
@@ -352,8 +336,7 @@ nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *
    r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
    r->subject = transport_expand (n->base.tmpl, d, NATS_SUBJECT_BAD);
-   body = delivery_body (d, &len);
-   if (natsMsg_Create (&r->msg, r->subject, NULL, body, (int) len) != NATS_OK) {
+   if (natsMsg_Create (&r->msg, r->subject, NULL, m->body, (int) m->body_len) != NATS_OK) {
       const char *text = nats_GetLastError (NULL);
       bson_set_error (error,
                       TRANSPORT_ERROR_DOMAIN,
@@ -363,46 +346,20 @@ nats_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *
                       text && *text ? text : "cannot be made");
       goto fail;
    }
-   /* The event's own headers first: the relaybus-* ones and Nats-Msg-Id
-    * are set after them and win. */
-   if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
-       bson_iter_recurse (&it, &hit))
-      while (bson_iter_next (&hit)) {
-         const char *k = bson_iter_key (&hit);
-         char *v;
-         if (!BSON_ITER_HOLDS_UTF8 (&hit) || !header_name_ok (k) || !strncasecmp (k, "nats-", 5) ||
-             !strncasecmp (k, "relaybus-", 9))
-            continue;
-         v = bson_strdup (bson_iter_utf8 (&hit, NULL));
-         for (char *c = v; *c; c++)
-            if (*c == '\r' || *c == '\n')
-               *c = ' ';
-         ok = natsMsgHeader_Add (r->msg, k, v) == NATS_OK;
-         bson_free (v);
-         if (!ok)
-            break;
-      }
-   ok = ok && natsMsgHeader_Set (r->msg, "Nats-Msg-Id", r->id) == NATS_OK &&
-        natsMsgHeader_Set (r->msg, "relaybus-event-id", d->event_id ? d->event_id : "") == NATS_OK &&
-        natsMsgHeader_Set (r->msg, "relaybus-delivery-id", r->id) == NATS_OK &&
-        natsMsgHeader_Set (r->msg, "relaybus-type", d->event_type ? d->event_type : "") == NATS_OK;
-   if (ok && d->key) {
-      snprintf (seq, sizeof seq, "%" PRId64, d->sequence);
-      ok = natsMsgHeader_Set (r->msg, "relaybus-key", d->key) == NATS_OK &&
-           natsMsgHeader_Set (r->msg, "relaybus-sequence", seq) == NATS_OK;
-   }
+   /* The binding's headers as rendered (names libnats carries, none of
+    * them Nats-*), then Nats-Msg-Id. */
+   for (size_t i = 0; i < m->n_headers && ok; i++)
+      ok = natsMsgHeader_Add (r->msg, m->headers[i].name, m->headers[i].value) == NATS_OK;
+   ok = ok && natsMsgHeader_Set (r->msg, "Nats-Msg-Id", r->id) == NATS_OK;
    if (!ok) {
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "nats: cannot set the headers of a message to '%s'", r->subject);
       goto fail;
    }
-   bson_free (body);
-   body = NULL;
    if (!tqueue_push (n->base.q, &r->item, error))
       goto fail;
    return r;
 
 fail:
-   bson_free (body);
    req_free (&r->item);
    return NULL;
 }

@@ -10,10 +10,11 @@
  * channel or connection closed by the broker (an exchange that does not
  * exist), no confirm within timeout_ms, or a send while the broker is
  * unreachable is a retry; the dispatcher's backoff and max_attempts apply,
- * then the delivery is dead with that error.  The body is the JSON every
- * kind sends (delivery_body); message_id is the event id, the relaybus-* headers
- * and the event's own headers are AMQP headers, and messages are
- * persistent unless `persistent = false`.
+ * then the delivery is dead with that error.  The body, its content type
+ * and the AMQP headers are the handler's format in the AMQP binding
+ * (dispatch/format.h: the relaybus-* headers, the event's own, and
+ * cloudEvents_* in CloudEvents' binary mode); message_id is the event id,
+ * and messages are persistent unless `persistent = false`.
  *
  * Threads: rabbitmq-c is synchronous and a connection is used by one
  * thread at a time, so each handler has one publishing thread with its
@@ -36,7 +37,6 @@
  *
  * Not here: publishing without confirms.
  */
-#include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 #include "dispatch/transport_queue.h"
 
@@ -64,8 +64,8 @@
 /* How often an idle connection is checked for a close from the broker
  * (a restart), so that /readyz tells a lost broker without a send. */
 #define RABBITMQ_IDLE_CHECK_MS 1000
-/* Headers of an event copied into a message, at most. */
-#define RABBITMQ_EVENT_HEADERS_MAX 64
+/* Headers of a message, at most: the event's own (64 at most) and ours. */
+#define RABBITMQ_HEADERS_MAX 80
 #define RABBITMQ_CHANNEL 1
 
 typedef struct rabbit_handler rabbit_handler_t;
@@ -75,13 +75,15 @@ typedef struct rabbit_handler rabbit_handler_t;
 typedef struct rabbit_req {
    tqueue_item_t item; /* first: the queue's part */
    char id[25];        /* the delivery id */
-   char *event_id, *type, *key;
-   int64_t sequence;
+   char *event_id;     /* message_id */
+   const char *content_type; /* static text */
    char *routing_key;
    char *body;
    size_t body_len;
    size_t n_headers;
-   char *hk[RABBITMQ_EVENT_HEADERS_MAX], *hv[RABBITMQ_EVENT_HEADERS_MAX];
+   char *hk[RABBITMQ_HEADERS_MAX], *hv[RABBITMQ_HEADERS_MAX];
+   bool numeric[RABBITMQ_HEADERS_MAX]; /* hv as AMQP's 64-bit integer (relaybus-sequence) */
+   int64_t number[RABBITMQ_HEADERS_MAX];
 } rabbit_req_t;
 
 /* A handler's client.  Created by rabbit_start, freed by rabbit_destroy
@@ -109,8 +111,6 @@ req_free (tqueue_item_t *it)
    rabbit_req_t *r = (rabbit_req_t *) it; /* never NULL: the queue's or a failed send's */
 
    bson_free (r->event_id);
-   bson_free (r->type);
-   bson_free (r->key);
    bson_free (r->routing_key);
    bson_free (r->body);
    for (size_t i = 0; i < r->n_headers; i++) {
@@ -332,7 +332,7 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
 {
    transport_result_t *res = &r->item.res;
    amqp_basic_properties_t props;
-   amqp_table_entry_t entries[RABBITMQ_EVENT_HEADERS_MAX + 5];
+   amqp_table_entry_t entries[RABBITMQ_HEADERS_MAX];
    size_t ne = 0;
    uint64_t tag;
    int64_t deadline;
@@ -348,31 +348,19 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
    }
    for (size_t i = 0; i < r->n_headers; i++) {
       entries[ne].key = bytes (r->hk[i]);
-      entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
-      entries[ne].value.value.bytes = bytes (r->hv[i]);
+      if (r->numeric[i]) {
+         entries[ne].value.kind = AMQP_FIELD_KIND_I64;
+         entries[ne].value.value.i64 = r->number[i];
+      } else {
+         entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
+         entries[ne].value.value.bytes = bytes (r->hv[i]);
+      }
       ne++;
-   }
-   entries[ne].key = bytes ("relaybus-event-id");
-   entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
-   entries[ne++].value.value.bytes = bytes (r->event_id);
-   entries[ne].key = bytes ("relaybus-delivery-id");
-   entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
-   entries[ne++].value.value.bytes = bytes (r->id);
-   entries[ne].key = bytes ("relaybus-type");
-   entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
-   entries[ne++].value.value.bytes = bytes (r->type);
-   if (r->key) {
-      entries[ne].key = bytes ("relaybus-key");
-      entries[ne].value.kind = AMQP_FIELD_KIND_UTF8;
-      entries[ne++].value.value.bytes = bytes (r->key);
-      entries[ne].key = bytes ("relaybus-sequence");
-      entries[ne].value.kind = AMQP_FIELD_KIND_I64;
-      entries[ne++].value.value.i64 = r->sequence;
    }
    memset (&props, 0, sizeof props);
    props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
                   AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
-   props.content_type = bytes ("application/json");
+   props.content_type = bytes (r->content_type);
    props.delivery_mode = n->persistent ? 2 : 1;
    props.message_id = bytes (r->event_id);
    props.timestamp = (uint64_t) (clock_now_ms () / 1000);
@@ -564,41 +552,33 @@ fail:
    return NULL;
 }
 
-/* A header name an event may bring (not one of ours). */
-static bool
-header_name_ok (const char *k)
-{
-   size_t len = strlen (k);
-   return len > 0 && len < 128 && strncasecmp (k, "relaybus-", 9) != 0 && bson_utf8_validate (k, len, false);
-}
-
 static void *
-rabbit_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+rabbit_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error)
 {
    rabbit_handler_t *n = impl;
    rabbit_req_t *r;
-   bson_iter_t it, hit;
 
    r = bson_malloc0 (sizeof *r);
    r->item.cb = cb;
    r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
    r->event_id = bson_strdup (d->event_id ? d->event_id : "");
-   r->type = bson_strdup (d->event_type ? d->event_type : "");
-   r->key = d->key ? bson_strdup (d->key) : NULL;
-   r->sequence = d->sequence;
+   r->content_type = m->content_type;
    r->routing_key = transport_expand (n->base.tmpl, d, "");
    if (strlen (r->routing_key) > 255)
       r->routing_key[255] = '\0'; /* AMQP's limit; a cut key still routes the same every time */
-   r->body = delivery_body (d, &r->body_len);
-   if (d->event && bson_iter_init_find (&it, d->event, "headers") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
-       bson_iter_recurse (&it, &hit))
-      while (bson_iter_next (&hit) && r->n_headers < RABBITMQ_EVENT_HEADERS_MAX)
-         if (BSON_ITER_HOLDS_UTF8 (&hit) && header_name_ok (bson_iter_key (&hit))) {
-            r->hk[r->n_headers] = bson_strdup (bson_iter_key (&hit));
-            r->hv[r->n_headers] = bson_strdup (bson_iter_utf8 (&hit, NULL));
-            r->n_headers++;
-         }
+   r->body = bson_strndup (m->body, m->body_len);
+   r->body_len = m->body_len;
+   /* The binding's headers as rendered (the relaybus-* ones, the event's
+    * own, cloudEvents_* in CloudEvents' binary mode), as UTF-8 strings
+    * but the sequence, a 64-bit integer as it always was. */
+   for (size_t i = 0; i < m->n_headers && r->n_headers < RABBITMQ_HEADERS_MAX; i++) {
+      r->hk[r->n_headers] = bson_strdup (m->headers[i].name);
+      r->hv[r->n_headers] = bson_strdup (m->headers[i].value);
+      r->numeric[r->n_headers] = m->headers[i].numeric;
+      r->number[r->n_headers] = m->headers[i].number;
+      r->n_headers++;
+   }
    if (!tqueue_push (n->base.q, &r->item, error)) {
       req_free (&r->item);
       return NULL;

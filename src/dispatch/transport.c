@@ -133,9 +133,9 @@ transport_kind (const transport_t *t)
 }
 
 transport_req_t *
-transport_send (transport_t *t, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+transport_send (transport_t *t, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error)
 {
-   return (transport_req_t *) t->ops->send (t->impl, d, cb, arg, error);
+   return (transport_req_t *) t->ops->send (t->impl, d, m, cb, arg, error);
 }
 
 void
@@ -198,6 +198,12 @@ transport_expand (const char *tmpl, const store_delivery_t *d, const char *bad)
       if (!strncmp (p, "{type}", 6)) {
          append_clean (s, type, bad);
          p += 6;
+      } else if (!strncmp (p, "{type_prefix}", 13)) {
+         const char *dot = strchr (type, '.');
+         char *prefix = bson_strndup (type, dot ? (size_t) (dot - type) : strlen (type));
+         append_clean (s, prefix, bad);
+         bson_free (prefix);
+         p += 13;
       } else if (!strncmp (p, "{key}", 5)) {
          append_clean (s, key, bad);
          p += 5;

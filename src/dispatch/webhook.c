@@ -5,9 +5,9 @@
  * interface on the dispatcher's event base).
  *
  * It knows nothing of the store: as the webhook kind of the handler
- * interface (transport_webhook_ops, at the end), it turns a claimed
- * delivery into a body with delivery_body (dispatch/delivery.h, the body
- * every kind sends), sends it, and maps the answer to
+ * interface (transport_webhook_ops, at the end), it sends a claimed
+ * delivery as rendered for HTTP (dispatch/format.h: the body, its content
+ * type and the headers of the handler's format), and maps the answer to
  * a result the dispatcher completes, reschedules or buries.  Everything
  * here runs on the dispatcher's event base.
  */
@@ -1027,8 +1027,7 @@ webhook_req_t *
 webhook_send (webhook_t *w,
               const char *msg_id,
               int64_t timestamp_s,
-              const char *body,
-              size_t body_len,
+              const format_msg_t *msg,
               webhook_done_cb_t cb,
               void *arg,
               bson_error_t *error)
@@ -1045,12 +1044,16 @@ webhook_send (webhook_t *w,
    if (w->reqs)
       w->reqs->prevp = &r->next;
    w->reqs = r;
-   r->body = bson_malloc (body_len + 1);
-   memcpy (r->body, body, body_len);
-   r->body[body_len] = '\0';
-   r->body_len = body_len;
+   r->body = bson_malloc (msg->body_len + 1);
+   memcpy (r->body, msg->body, msg->body_len);
+   r->body[msg->body_len] = '\0';
+   r->body_len = msg->body_len;
    snprintf (ts, sizeof ts, "%" PRId64, timestamp_s);
-   ok &= req_header (r, "Content-Type", "application/json");
+   ok &= req_header (r, "Content-Type", msg->content_type);
+   /* The format's headers (CloudEvents' ce-*, the trace context, the
+    * metadata of the payload format), then the handler's own. */
+   for (size_t i = 0; i < msg->n_headers && ok; i++)
+      ok &= req_header (r, msg->headers[i].name, msg->headers[i].value);
    ok &= req_header (r, "User-Agent", "relaybus-proxy");
    /* curl would wait for a 100 Continue before a body over 1 KiB. */
    ok &= req_header_line (r, "Expect:");
@@ -1106,8 +1109,8 @@ webhook_cancel (webhook_req_t *r)
 
 /* ------------------------------------------------- the handler interface */
 
-/* webhook as a transport (dispatch/transport.h): the body and headers of
- * delivery_body and webhook_send, the answer's class as the result.  The
+/* webhook as a transport (dispatch/transport.h): the rendered message
+ * through webhook_send, the answer's class as the result.  The
  * webhook-id is the delivery id; the timestamp is the send's. */
 
 /* One send: the caller's callback around a webhook request.  Freed after
@@ -1151,18 +1154,15 @@ webhook_t_done (const webhook_result_t *res, void *arg)
 }
 
 static void *
-webhook_t_send (void *impl, const store_delivery_t *d, transport_done_cb_t cb, void *arg, bson_error_t *error)
+webhook_t_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error)
 {
    webhook_treq_t *t = bson_malloc0 (sizeof *t);
    char hex[25];
-   size_t len = 0;
-   char *body = delivery_body (d, &len);
 
    bson_oid_to_string (&d->id, hex);
    t->cb = cb;
    t->arg = arg;
-   t->req = webhook_send (impl, hex, clock_now_ms () / 1000, body, len, webhook_t_done, t, error);
-   bson_free (body);
+   t->req = webhook_send (impl, hex, clock_now_ms () / 1000, m, webhook_t_done, t, error);
    if (!t->req) {
       bson_free (t);
       return NULL;

@@ -151,6 +151,16 @@ static const good_case_t good_cases[] = {
    {"{\"insert\": \"o\", \"comment\": {\"relaybus\": {\"type\": \"t\", \"headers\": {}}}, \"$db\": \"d\"}",
     "{\"insert\": \"o\", \"$db\": \"d\"}",
     1},
+   /* W3C trace context: version 00, and a later version with more fields. */
+   {"{\"insert\": \"o\", \"comment\": {\"relaybus\": {\"type\": \"t\", \"headers\": {\"traceparent\": "
+    "\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\", \"tracestate\": \"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE\"}}}, "
+    "\"$db\": \"d\"}",
+    "{\"insert\": \"o\", \"$db\": \"d\"}",
+    1},
+   {"{\"insert\": \"o\", \"comment\": {\"relaybus\": {\"type\": \"t\", \"headers\": {\"Traceparent\": "
+    "\"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-future\"}}}, \"$db\": \"d\"}",
+    "{\"insert\": \"o\", \"$db\": \"d\"}",
+    1},
 };
 
 typedef struct {
@@ -188,6 +198,26 @@ static const bad_case_t bad_cases[] = {
    {WRAP ("{\"type\": \"a\", \"headers\": {\"h\": 1}}"), "relaybus: events[0].headers.h must be a non-empty string"},
    {WRAP ("{\"type\": \"a\", \"headers\": {\"h\": \"1\", \"h\": \"2\"}}"),
     "relaybus: events[0].headers.h is given twice"},
+   /* W3C trace context: a malformed traceparent is refused with the reason. */
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"00-abc\"}}"),
+    "relaybus: events[0].headers.traceparent is shorter than the 55 characters of 00-<32 hex trace-id>-<16 hex "
+    "parent-id>-<2 hex flags> (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01\"}}"),
+    "relaybus: events[0].headers.traceparent has a trace-id that is not 32 lower-case hex digits (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"00-00000000000000000000000000000000-00f067aa0ba902b7-01\"}}"),
+    "relaybus: events[0].headers.traceparent has an all-zero trace-id (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01\"}}"),
+    "relaybus: events[0].headers.traceparent has an all-zero parent-id (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"}}"),
+    "relaybus: events[0].headers.traceparent has a version that is not 2 lower-case hex digits other than ff (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x\"}}"),
+    "relaybus: events[0].headers.traceparent is version 00 and longer than 55 characters (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g\"}}"),
+    "relaybus: events[0].headers.traceparent has trace-flags that are not 2 lower-case hex digits (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"tracestate\": \"v=1\"}}"),
+    "relaybus: events[0].headers.tracestate without a traceparent (W3C Trace Context)"},
+   {WRAP ("{\"type\": \"a\", \"headers\": {\"traceparent\": \"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\", \"tracestate\": \"v=\u00e9\"}}"),
+    "relaybus: events[0].headers.tracestate holds a character that is not printable ASCII (W3C Trace Context)"},
    {WRAP ("{\"type\": \"a\", \"correlationId\": 1}"), "relaybus: events[0].correlationId must be a non-empty string"},
    {WRAP ("{\"type\": \"a\", \"causationId\": true}"), "relaybus: events[0].causationId must be a non-empty string"},
    {WRAP ("{\"type\": \"a\", \"notBefore\": \"2026-01-01\"}"), "relaybus: events[0].notBefore must be a date"},

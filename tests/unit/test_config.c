@@ -145,10 +145,13 @@ test_handlers (void **state)
    parse_fails ("[handler a]\nkind = pull\n", "[handler a] needs 'events'");
    parse_fails ("[handler a]\nevents = x\n", "[handler a] needs 'kind'");
    parse_fails ("[handler a]\nevents = x\nkind = smtp\n", "'smtp' is not webhook, pull, nats, rabbitmq or kafka");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nformat = avro\n", "format: 'avro' is not relaybus, cloudevents");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\njson = strict\n", "json: 'strict' is not relaxed, canonical or plain");
+   parse_fails ("[handler a]\nevents = x\nkind = pull\nsource = a b\n", "source: 'a b' holds white space");
 #ifdef RELAYBUS_HAVE_KAFKA
    parse_fails ("[handler a]\nevents = x\nkind = kafka\ntopic = t\n", "[handler a] kind = kafka needs brokers = host:port");
    parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\n", "[handler a] kind = kafka needs topic");
-   parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = {id}\n", "only {type} and {key}");
+   parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = {id}\n", "only {type}, {type_prefix} and {key}");
    parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = t\nkafka.acks = 1\nkafka.acks = all\n",
                 "test.ini:7: kafka.acks: set twice");
    parse_fails ("[handler a]\nevents = x\nkind = kafka\nbrokers = h:9092\ntopic = t\nkafka.a b = 1\n",

@@ -1,7 +1,5 @@
 /*
- * test_delivery.c - dispatch/delivery.c: the body every kind sends (its
- * fields, relaxed Extended JSON, createdAt in UTC with milliseconds, a
- * null payload without an event), the retry schedule's full-jitter
+ * test_delivery.c - dispatch/delivery.c: the retry schedule's full-jitter
  * bounds, and the one generator of the jitter (never stuck at 0, spread
  * over a schedule's whole range, two seeds two sequences).
  */
@@ -35,69 +33,6 @@ test_backoff_full_jitter (void **state)
          int64_t d = delivery_backoff_ms (delays, 3, a, r);
          assert_true (d >= 0 && d <= delays[a < 3 ? a - 1 : 2]);
       }
-}
-
-static void
-test_body_shape (void **state)
-{
-   store_delivery_t d;
-   bson_error_t err;
-   char *json;
-   size_t len;
-   bson_t *parsed;
-   bson_iter_t it;
-
-   memset (&d, 0, sizeof d);
-   bson_oid_init_from_string (&d.id, "65a1b2c3d4e5f60718293a4b");
-   d.event_id = "ev-1";
-   d.handler = "h";
-   d.event_type = "order.placed.v1";
-   d.key = "order-1";
-   d.sequence = 7;
-   d.attempt = 2;
-   d.event = BCON_NEW ("_id",
-                       BCON_UTF8 ("ev-1"),
-                       "payload",
-                       "{",
-                       "n",
-                       BCON_INT64 (5),
-                       "at",
-                       BCON_DATE_TIME (1700000000000LL),
-                       "}",
-                       "headers",
-                       "{",
-                       "tenant",
-                       BCON_UTF8 ("t1"),
-                       "}",
-                       "createdAt",
-                       BCON_DATE_TIME (1700000000123LL));
-   json = delivery_body (&d, &len);
-   assert_non_null (json);
-   assert_int_equal (strlen (json), len);
-   /* relaxed Extended JSON: numbers plain, dates as $date */
-   assert_non_null (strstr (json, "\"n\" : 5"));
-   assert_non_null (strstr (json, "\"$date\""));
-   parsed = bson_new_from_json ((const uint8_t *) json, (ssize_t) len, &err);
-   assert_non_null (parsed);
-   assert_true (bson_iter_init_find (&it, parsed, "id") && !strcmp (bson_iter_utf8 (&it, NULL), "ev-1"));
-   assert_true (bson_iter_init_find (&it, parsed, "type"));
-   assert_true (bson_iter_init_find (&it, parsed, "key"));
-   assert_true (bson_iter_init_find (&it, parsed, "sequence") && bson_iter_as_int64 (&it) == 7);
-   assert_true (bson_iter_init_find (&it, parsed, "createdAt") &&
-                !strcmp (bson_iter_utf8 (&it, NULL), "2023-11-14T22:13:20.123Z"));
-   assert_true (bson_iter_init_find (&it, parsed, "headers"));
-   assert_true (bson_iter_init_find (&it, parsed, "delivery"));
-   bson_destroy (parsed);
-   bson_free (json);
-
-   /* no key, no event document: payload null */
-   bson_destroy (d.event);
-   d.event = NULL;
-   d.key = NULL;
-   json = delivery_body (&d, &len);
-   assert_non_null (strstr (json, "\"payload\" : null"));
-   assert_null (strstr (json, "\"sequence\""));
-   bson_free (json);
 }
 
 /* The generator the dispatcher and the consumers draw their jitter from:
@@ -136,7 +71,6 @@ main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_backoff_full_jitter),
-      cmocka_unit_test (test_body_shape),
       cmocka_unit_test (test_rng),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);

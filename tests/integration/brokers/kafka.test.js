@@ -281,7 +281,7 @@ test('bad kafka handler configuration: clear errors from --check-config and at s
   const cases = [
     [{ kind: 'kafka', brokers: '127.0.0.1:9092' }, '[handler h] kind = kafka needs topic (a template, e.g. {type})'],
     [{ kind: 'kafka', topic: '{type}' }, '[handler h] kind = kafka needs brokers = host:port (comma-separated for several)'],
-    [{ kind: 'kafka', brokers: '127.0.0.1:9092', topic: 'a.{id}' }, "[handler h] topic: 'a.{id}': only {type} and {key} may be replaced"],
+    [{ kind: 'kafka', brokers: '127.0.0.1:9092', topic: 'a.{id}' }, "[handler h] topic: 'a.{id}': only {type}, {type_prefix} and {key} may be replaced"],
     [{ kind: 'kafka', brokers: '127.0.0.1:9092', topic: '{type}', 'kafka.no.such.property': '1' },
       '[handler h] kafka.no.such.property: librdkafka: No such configuration property: "no.such.property"'],
     [{ kind: 'kafka', brokers: '127.0.0.1:9092', topic: '{type}', 'kafka.message.max.bytes': 'lots' },
