@@ -101,6 +101,21 @@ void webhook_sign_all (const webhook_keys_t *keys,
 bool webhook_parse_retry_after (const char *value, int64_t now_ms, int64_t *delay_ms)
    __attribute__ ((warn_unused_result));
 
+/* Codes of WEBHOOK_ERROR_DOMAIN. */
+typedef enum {
+   WEBHOOK_ERR_URL = 1,       /* the url is not an http:// or https:// URL */
+   WEBHOOK_ERR_SECRET = 2,    /* a signing secret cannot be read */
+   WEBHOOK_ERR_TLS = 4,       /* a TLS context cannot be made */
+   WEBHOOK_ERR_START = 8,     /* a request cannot be started */
+   WEBHOOK_ERR_SECRETS = 9,   /* the list of secrets is too long or malformed */
+   WEBHOOK_ERR_NO_MEMORY = 10,
+   WEBHOOK_ERR_LIBCURL = 11,  /* the libcurl found lacks asynchronous DNS */
+   WEBHOOK_ERR_LIBCURL_TLS = 12, /* the libcurl found has no TLS */
+   WEBHOOK_ERR_TLS_FILE = 13, /* a tls_* file is missing, unreadable or does not match */
+   WEBHOOK_ERR_HEADER = 14,   /* a header.* name or value is refused */
+   WEBHOOK_ERR_PROXY = 15,    /* the proxy key is not a proxy URL */
+} webhook_error_code_t;
+
 typedef enum {
    WEBHOOK_OUTCOME_COMPLETE,    /* 2xx */
    WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors; with retry_4xx every other non-2xx */

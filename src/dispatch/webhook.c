@@ -131,12 +131,12 @@ webhook_secrets_parse (const char *secrets, webhook_keys_t *keys, bson_error_t *
          ;
       count++;
       if (count > WEBHOOK_SECRETS_MAX) {
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 9, "more than %d secrets", WEBHOOK_SECRETS_MAX);
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_SECRETS, "more than %d secrets", WEBHOOK_SECRETS_MAX);
          goto fail;
       }
       st = secret_decode_n (p, len, keys->key[count - 1], &keys->len[count - 1]);
       if (st != SECRET_OK) {
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 9, "secret %zu of the list %s", count, why[st]);
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_SECRETS, "secret %zu of the list %s", count, why[st]);
          goto fail;
       }
       keys->n = count;
@@ -405,13 +405,13 @@ webhook_header_valid (const char *name, const char *value, bson_error_t *error)
    size_t n = strlen (name);
 
    if (n == 0 || n > 64) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "a header name is 1 to 64 bytes");
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_HEADER, "a header name is 1 to 64 bytes");
       return false;
    }
    for (size_t i = 0; i < n; i++) {
       unsigned char c = (unsigned char) name[i];
       if (!(isalnum (c) || (c && strchr ("!#$%&'*+-.^_`|~", c)))) {
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14,
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_HEADER,
                          "'%s' is not an HTTP header name (letters, digits and !#$%%&'*+-.^_`|~ only; no colon, space "
                          "or line break)",
                          name);
@@ -420,17 +420,17 @@ webhook_header_valid (const char *name, const char *value, bson_error_t *error)
    }
    for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
       if (strcasecmp (name, reserved[i]) == 0) {
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "set by the proxy; it cannot be configured");
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_HEADER, "set by the proxy; it cannot be configured");
          return false;
       }
    if (strlen (value) > 1024) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "the value is longer than 1024 bytes");
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_HEADER, "the value is longer than 1024 bytes");
       return false;
    }
    for (const char *p = value; *p; p++)
       if ((iscntrl ((unsigned char) *p) && *p != '\t') || *p == 0x7f) {
          /* A line break would end the header and start another one. */
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 14, "the value has a line break or a control character");
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_HEADER, "the value has a line break or a control character");
          return false;
       }
    return true;
@@ -447,7 +447,7 @@ webhook_proxy_valid (const char *url, bson_error_t *error)
              (strcasecmp (scheme, "http") == 0 || strcasecmp (scheme, "https") == 0);
 
    if (!ok)
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 15, "is not an http:// or https:// URL (http://host:port)");
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_PROXY, "is not an http:// or https:// URL (http://host:port)");
    curl_free (scheme);
    curl_free (host);
    curl_url_cleanup (u);
@@ -463,14 +463,14 @@ webhook_curl_check (bson_error_t *error)
     * thread: one slow DNS server would stop every delivery and the
     * dispatcher's leases with it. */
    if (!(v->features & CURL_VERSION_ASYNCHDNS)) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 11,
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_LIBCURL,
                       "libcurl %s resolves names synchronously (no AsynchDNS feature); webhooks need a libcurl built "
                       "with the threaded resolver or c-ares (Debian's libcurl4-openssl-dev has it)",
                       v->version);
       return false;
    }
    if (!(v->features & CURL_VERSION_SSL)) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 12, "libcurl %s has no TLS support; webhooks need it for https",
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_LIBCURL_TLS, "libcurl %s has no TLS support; webhooks need it for https",
                       v->version);
       return false;
    }
@@ -496,7 +496,7 @@ tls_error (bson_error_t *error, const char *what, const char *file)
    if (e)
       ERR_error_string_n (e, reason, sizeof reason);
    ERR_clear_error ();
-   bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 13, "%s '%s'%s%s", what, file, *reason ? ": " : "", reason);
+   bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_TLS_FILE, "%s '%s'%s%s", what, file, *reason ? ": " : "", reason);
 }
 
 bool
@@ -506,7 +506,7 @@ webhook_tls_files_valid (const char *ca_file, const char *cert_file, const char 
    bool ok = false;
 
    if (!ctx) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 4, "SSL_CTX_new failed");
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_TLS, "SSL_CTX_new failed");
       return false;
    }
    SSL_CTX_set_default_passwd_cb (ctx, tls_no_passphrase);
@@ -822,7 +822,7 @@ webhook_new (struct event_base *base, const config_handler_t *h, bson_error_t *e
        curl_url_get (u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
        (strcasecmp (scheme, "http") != 0 && strcasecmp (scheme, "https") != 0)) {
       char *masked = config_mask ("url", h->url ? h->url : "");
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 1, "handler %s: url \"%s\" is not an http:// or https:// URL", h->name, masked);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_URL, "handler %s: url \"%s\" is not an http:// or https:// URL", h->name, masked);
       bson_free (masked);
       goto done;
    }
@@ -845,19 +845,19 @@ webhook_new (struct event_base *base, const config_handler_t *h, bson_error_t *e
 
       bson_free (line);
       if (!l) {
-         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 10, "handler %s: cannot hold its headers", h->name);
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_NO_MEMORY, "handler %s: cannot hold its headers", h->name);
          goto fail;
       }
       w->extra = l;
    }
    if (!webhook_secrets_parse (h->secret, &w->keys, &sub)) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 2, "handler %s: secret: %s", h->name, sub.message);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_SECRET, "handler %s: secret: %s", h->name, sub.message);
       goto fail;
    }
    /* The files again, as the dispatcher is about to use them (config_load
     * checked them, but a reload may race an operator's edit). */
    if ((w->ca_file || w->cert_file) && !webhook_tls_files_valid (w->ca_file, w->cert_file, w->key_file, &sub)) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 13, "handler %s: %s", h->name, sub.message);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_TLS_FILE, "handler %s: %s", h->name, sub.message);
       goto fail;
    }
    w->timer = evtimer_new (base, timer_event_cb, w);
@@ -865,7 +865,7 @@ webhook_new (struct event_base *base, const config_handler_t *h, bson_error_t *e
    w->multi = curl_multi_init ();
    w->share = curl_share_init ();
    if (!w->timer || !w->kick || !w->multi || !w->share) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 10, "handler %s: cannot create the HTTP client", h->name);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_NO_MEMORY, "handler %s: cannot create the HTTP client", h->name);
       goto fail;
    }
    /* One thread uses the share (the dispatcher's): no lock functions. */
@@ -1068,11 +1068,11 @@ webhook_send (webhook_t *w,
    }
    r->easy = ok ? curl_easy_init () : NULL;
    if (!r->easy || !req_easy_setup (w, r)) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 10, "cannot create a request to %s:%d", w->host, w->port);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_NO_MEMORY, "cannot create a request to %s:%d", w->host, w->port);
       goto fail;
    }
    if (curl_multi_add_handle (w->multi, r->easy) != CURLM_OK) {
-      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, 8, "cannot start a request to %s:%d", w->host, w->port);
+      bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_START, "cannot start a request to %s:%d", w->host, w->port);
       curl_easy_cleanup (r->easy);
       r->easy = NULL;
       goto fail;

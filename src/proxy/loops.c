@@ -393,7 +393,7 @@ loops_new (struct event_base *base0,
    {
       struct timeval tv = clock_timeval_ms (HEARTBEAT_PING_MS);
       if (!l->heartbeat_ev || event_add (l->heartbeat_ev, &tv) != 0) {
-         bson_set_error (error, LOOPS_ERROR_DOMAIN, 1, "out of memory for the loops' heartbeat timer");
+         bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_NO_MEMORY, "out of memory for the loops' heartbeat timer");
          loops_destroy (l);
          return NULL;
       }
