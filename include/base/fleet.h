@@ -131,8 +131,14 @@ void fleet_publish (fleet_set_t *fs);
 fleet_set_t *fleet_acquire (void);
 
 /* Waits up to `timeout_ms` for the first snapshot; true once there is one.
- * For the start-up, before the proxy listens (it blocks). */
+ * For the start-up, before the proxy listens (it blocks).  It returns
+ * false at once after fleet_note_failed: an attempt to read the set
+ * failed (the outbox's set-up or the read itself; the upstream refuses
+ * the credentials, say), and waiting longer only delays the proxy's
+ * answer, while publishes are refused until the set is read anyway. */
 bool fleet_wait_first (int64_t timeout_ms);
+/* The dispatcher's attempt to set up the outbox or read the set failed. */
+void fleet_note_failed (void);
 
 /* True if a handler of `cfg`, or a handler of the set of `fs` (NULL:
  * none), subscribes to `type`. */

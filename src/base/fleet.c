@@ -322,9 +322,10 @@ fleet_release (fleet_set_t *fs)
 }
 
 static snapshot_t current = SNAPSHOT_INIT;
-/* Signalled at each publish, for fleet_wait_first. */
+/* Signalled at each publish and at a failed attempt, for fleet_wait_first. */
 static pthread_mutex_t first_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t first_cond = PTHREAD_COND_INITIALIZER;
+static bool first_failed; /* under first_mu */
 
 static void *
 fleet_retain_any (void *fs)
@@ -351,6 +352,15 @@ fleet_published (void)
    return any;
 }
 
+void
+fleet_note_failed (void)
+{
+   pthread_mutex_lock (&first_mu);
+   first_failed = true;
+   pthread_cond_broadcast (&first_cond);
+   pthread_mutex_unlock (&first_mu);
+}
+
 bool
 fleet_wait_first (int64_t timeout_ms)
 {
@@ -365,7 +375,7 @@ fleet_wait_first (int64_t timeout_ms)
       until.tv_nsec -= 1000000000L;
    }
    pthread_mutex_lock (&first_mu);
-   while (!(any = fleet_published ()))
+   while (!(any = fleet_published ()) && !first_failed)
       if (pthread_cond_timedwait (&first_cond, &first_mu, &until) != 0) {
          any = fleet_published ();
          break;

@@ -68,6 +68,7 @@
 
 #include "base/assert.h"
 #include "base/clock.h"
+#include "base/fleet.h"
 #include "base/log.h"
 #include "base/counters.h"
 #include "dispatch/fleet.h"
@@ -1053,6 +1054,7 @@ setup_cb (evutil_socket_t fd, short what, void *arg)
       return;
    if (!store_setup (d->store, &err)) {
       log_warn ("dispatch: outbox setup failed (retry in %d ms): %s", DISPATCH_SETUP_RETRY_MS, err.message);
+      fleet_note_failed ();
       schedule (d->setup_ev, DISPATCH_SETUP_RETRY_MS);
       return;
    }
@@ -1585,6 +1587,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
       d->setup_done = true;
    } else {
       log_warn ("dispatch: outbox setup failed (the dispatcher retries): %s", err.message);
+      fleet_note_failed ();
       schedule (d->setup_ev, DISPATCH_SETUP_RETRY_MS);
    }
    if (!d->dispatching)

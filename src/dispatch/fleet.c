@@ -335,6 +335,7 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
       if (!f->failing)
          log_warn ("dispatch: recording or reading the fleet's handlers failed (retried every heartbeat): %s", err.message);
       f->failing = true;
+      fleet_note_failed ();
       goto done;
    }
    if (f->failing)
