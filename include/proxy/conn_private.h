@@ -29,6 +29,7 @@
 #include "codec/handshake.h"
 #include "codec/sasl.h"
 #include "proxy/conn.h"
+#include "proxy/pool.h"
 #include "proxy/side.h"
 
 struct event;
@@ -175,19 +176,10 @@ struct client_conn {
    unsigned mem_wait_sides; /* MEM_SIDE_* bits (below); 0: not waiting */
    client_conn_t *mem_wait_prev, *mem_wait_next;
 
-   /* Pooled mode (proxy/pool.c).  A client without a server whose next
-    * request needs one waits in the pool's FIFO (pool_wait_*), not read;
-    * when the wait runs out, pool_timed_out makes that request's answer a
-    * retryable error.  pool_handed: listed for a pump on the pool's
-    * hand-off event (a server was given to it, or its wait ended). */
-   client_conn_t *pool_wait_prev, *pool_wait_next;
-   client_conn_t *pool_handed_next;
-   int64_t pool_wait_since_ms;
-   bool pool_waiting;
-   bool pool_handed;
-   bool pool_timed_out;
-   bool pool_over_pins;  /* pool_admit: its user pins pool_max_pins_per_user; answered as a wait that ran out */
-   bool pool_txn_ending; /* a commit or abort was routed: the pin ends once it is answered */
+   /* Pooled mode: the client's place in the pool's FIFO and hand-off,
+    * and how a request is refused without a connection (proxy/pool.h;
+    * pool.c alone writes it). */
+   pool_client_t pool;
    struct login *login;  /* pooled: the SASL conversation and who logged in (proxy/login.c) */
    /* Session mode: who the server accepted the client as, read from the
     * conversation relayed (codec/sasl.h); NULL until the first SASL

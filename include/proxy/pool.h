@@ -68,6 +68,51 @@
 typedef struct pool pool_t;
 typedef struct pool_server pool_server_t;
 
+/* A client connection's part in pooled mode (client_conn_t.pool).  Only
+ * proxy/pool.c writes it; proxy/conn.c and proxy/pump.c read it through
+ * the inline functions below.  Its state moves IDLE -> WAITING (in the
+ * pool's FIFO, its request unread) -> IDLE (given a connection, or its
+ * wait ran out) -> HANDED (listed for a pump on the pool's hand-off
+ * event) -> IDLE, each move checked (pool.c's client_pool_set_state).
+ * `refusal` says how the request at the front is answered without a
+ * connection, until it is. */
+typedef enum {
+   POOL_CLIENT_IDLE = 0,
+   POOL_CLIENT_WAITING,
+   POOL_CLIENT_HANDED,
+} pool_client_state_t;
+
+typedef enum {
+   POOL_REFUSAL_NONE = 0,
+   POOL_REFUSAL_TIMED_OUT, /* its wait ran out: a retryable ExceededTimeLimit */
+   POOL_REFUSAL_OVER_PINS, /* its user pins pool_max_pins_per_user: answered as a wait that ran out */
+} pool_refusal_t;
+
+typedef struct pool_client {
+   pool_client_state_t state;
+   pool_refusal_t refusal;
+   bool txn_ending; /* a commit or abort was routed: the pin ends once it is answered */
+   int64_t wait_since_ms;
+   client_conn_t *wait_prev, *wait_next; /* the pool's FIFO, while WAITING */
+   client_conn_t *handed_next;           /* the hand-off list, while HANDED */
+} pool_client_t;
+
+/* Neither waiting for a connection nor about to be pumped for one: the
+ * client may be read (proxy/conn.c). */
+static inline bool
+pool_client_idle (const pool_client_t *pc)
+{
+   return pc->state == POOL_CLIENT_IDLE;
+}
+
+/* Its wait ran out: the request at the front is answered with a
+ * retryable error, not admitted again (proxy/pump.c). */
+static inline bool
+pool_client_timed_out (const pool_client_t *pc)
+{
+   return pc->refusal == POOL_REFUSAL_TIMED_OUT;
+}
+
 /* How long a transaction's pin may hold an idle connection: mongod's
  * default transactionLifetimeLimitSeconds, after which the server has
  * aborted the transaction anyway. */
@@ -110,7 +155,7 @@ const char *pool_last_error (const pool_t *pool);
  * read by c, which holds no connection.  True: go on (the request is the
  * proxy's own to answer, or c now holds a connection).  False: c waits in
  * the pool's FIFO, unread, until a connection is handed to it or its wait
- * runs out (then it is pumped again with c->pool_timed_out set). */
+ * runs out (then it is pumped again, pool_client_timed_out). */
 bool pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h);
 
 /* pool_admit's peek at the complete request with header `h` at the front
@@ -118,6 +163,10 @@ bool pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h);
  * `in` changes), without reading the rest.  False: it cannot tell (not
  * OP_MSG, compressed, the body not first, or past the first 64 KiB). */
 bool pool_peek (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_len, bson_t *body);
+
+/* The request at the front of c's input had its answer: what refused it
+ * is over (proxy/pump.c). */
+void pool_request_answered (client_conn_t *c);
 
 /* A request of c is routed upstream on its connection (or taken by the
  * request hook, which may send on it): its transaction (lsid, txnNumber,
@@ -149,7 +198,7 @@ void pool_server_not_primary (client_conn_t *c);
 
 /* Answers the request (its bytes, `len` at the front of `src`) that
  * waited pool_wait_timeout_ms for a connection, or that would start a
- * transaction past pool_max_pins_per_user (c->pool_over_pins), with
+ * transaction past pool_max_pins_per_user (POOL_REFUSAL_OVER_PINS), with
  * ExceededTimeLimit and the label that makes a driver retry it. */
 bool pool_answer_timeout (client_conn_t *c,
                           const wire_msg_t *msg,

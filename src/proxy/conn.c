@@ -355,7 +355,7 @@ client_update_flow (client_conn_t *c)
     * whatever waits for one in the input), but not while it waits. */
    side_set_reading (&c->client,
                      (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !c->not_primary_seen)) &&
-                        (up || (c->loop->pool && !c->server)) && !c->pool_waiting && !c->pool_handed &&
+                        (up || (c->loop->pool && !c->server)) && pool_client_idle (&c->pool) &&
                         fifo_has_room (c) && !up_full && !c->job && !operator_paused () &&
                         mem_may_read (c, &c->client));
    side_want_drained (&c->client, client_full || c->state == CLIENT_STATE_DRAINING);

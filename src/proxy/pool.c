@@ -73,6 +73,26 @@ typedef enum {
    SERVER_BACK,        /* back from a client, not placed yet (server_return) */
 } server_state_t;
 
+/* The moves a pooled connection makes: opened (BACK), placed (IDLE) or
+ * given to a waiter (LENT), lent from the idle stack, given back (BACK);
+ * OPENING again only from LENT at teardown, to be counted with the
+ * connections being opened when the pool is destroyed. */
+static bool __attribute__ ((unused)) /* only RELAYBUS_ASSERT calls it (gone with NDEBUG) */
+server_transition_ok (server_state_t from, server_state_t to)
+{
+   switch (to) {
+   case SERVER_OPENING:
+      return from == SERVER_OPENING || from == SERVER_LENT;
+   case SERVER_BACK:
+      return from == SERVER_OPENING || from == SERVER_LENT;
+   case SERVER_IDLE:
+      return from == SERVER_BACK;
+   case SERVER_LENT:
+      return from == SERVER_IDLE || from == SERVER_BACK;
+   }
+   return false;
+}
+
 /* Where the opening is. */
 typedef enum {
    STEP_CONNECT = 0,
@@ -535,11 +555,18 @@ pinned_server (pool_t *pool, const pool_txn_t *txn)
 /* ------------------------------------------------------------ lending */
 
 static void
+server_set_state (pool_server_t *s, server_state_t next)
+{
+   RELAYBUS_ASSERT (server_transition_ok (s->state, next));
+   s->state = next;
+}
+
+static void
 idle_push (pool_server_t *s)
 {
    pool_t *pool = s->pool;
 
-   s->state = SERVER_IDLE;
+   server_set_state (s, SERVER_IDLE);
    s->idle_prev = NULL;
    s->idle_next = pool->idle;
    if (pool->idle)
@@ -574,7 +601,7 @@ lend (pool_server_t *s, client_conn_t *c)
 {
    if (s->state == SERVER_IDLE)
       idle_remove (s);
-   s->state = SERVER_LENT;
+   server_set_state (s, SERVER_LENT);
    s->client = c;
    c->server = s;
    counters_add (COUNTER_POOL_IN_USE, 1);
@@ -592,7 +619,7 @@ unlend (client_conn_t *c)
    c->server = NULL;
    s->client = NULL;
    s->peek_valid = false;
-   s->state = SERVER_BACK;
+   server_set_state (s, SERVER_BACK);
    s->side.owner = s;
    s->side.cb = &pool_side_cb;
    counters_sub (COUNTER_POOL_IN_USE, 1);
@@ -610,10 +637,38 @@ wait_timer_arm (pool_t *pool)
    if (!pool->wait_head)
       return;
    now = clock_mono_ms ();
-   due = pool->wait_head->pool_wait_since_ms + pool_cfg (pool)->pool_wait_timeout_ms;
+   due = pool->wait_head->pool.wait_since_ms + pool_cfg (pool)->pool_wait_timeout_ms;
    tv = clock_timeval_ms (due > now ? due - now : 0);
    evtimer_add (pool->wait_timer, &tv);
    pool->wait_timer_armed = true;
+}
+
+/* The client's moves through the pool (proxy/pool.h): into the FIFO and
+ * out, onto the hand-off list and off. */
+static bool __attribute__ ((unused)) /* only RELAYBUS_ASSERT calls it (gone with NDEBUG) */
+client_pool_transition_ok (pool_client_state_t from, pool_client_state_t to)
+{
+   switch (to) {
+   case POOL_CLIENT_WAITING:
+   case POOL_CLIENT_HANDED:
+      return from == POOL_CLIENT_IDLE;
+   case POOL_CLIENT_IDLE:
+      return from == POOL_CLIENT_WAITING || from == POOL_CLIENT_HANDED;
+   }
+   return false;
+}
+
+static void
+client_pool_set_state (client_conn_t *c, pool_client_state_t next)
+{
+   RELAYBUS_ASSERT (client_pool_transition_ok (c->pool.state, next));
+   c->pool.state = next;
+}
+
+void
+pool_request_answered (client_conn_t *c)
+{
+   c->pool.refusal = POOL_REFUSAL_NONE;
 }
 
 static void
@@ -621,16 +676,16 @@ wait_remove (client_conn_t *c)
 {
    pool_t *pool = c->loop->pool;
 
-   if (c->pool_wait_prev)
-      c->pool_wait_prev->pool_wait_next = c->pool_wait_next;
+   if (c->pool.wait_prev)
+      c->pool.wait_prev->pool.wait_next = c->pool.wait_next;
    else
-      pool->wait_head = c->pool_wait_next;
-   if (c->pool_wait_next)
-      c->pool_wait_next->pool_wait_prev = c->pool_wait_prev;
+      pool->wait_head = c->pool.wait_next;
+   if (c->pool.wait_next)
+      c->pool.wait_next->pool.wait_prev = c->pool.wait_prev;
    else
-      pool->wait_tail = c->pool_wait_prev;
-   c->pool_wait_prev = c->pool_wait_next = NULL;
-   c->pool_waiting = false;
+      pool->wait_tail = c->pool.wait_prev;
+   c->pool.wait_prev = c->pool.wait_next = NULL;
+   client_pool_set_state (c, POOL_CLIENT_IDLE);
    pool->n_waiting--;
    counters_sub (COUNTER_POOL_WAITERS, 1);
    /* The timer stays armed for the head it was armed for: the waiters'
@@ -650,13 +705,12 @@ wait_add (client_conn_t *c)
    pool_t *pool = c->loop->pool;
    int64_t now = clock_mono_ms ();
 
-   RELAYBUS_ASSERT (!c->pool_waiting);
-   c->pool_waiting = true;
-   c->pool_wait_since_ms = now;
-   c->pool_wait_next = NULL;
-   c->pool_wait_prev = pool->wait_tail;
+   client_pool_set_state (c, POOL_CLIENT_WAITING);
+   c->pool.wait_since_ms = now;
+   c->pool.wait_next = NULL;
+   c->pool.wait_prev = pool->wait_tail;
    if (pool->wait_tail)
-      pool->wait_tail->pool_wait_next = c;
+      pool->wait_tail->pool.wait_next = c;
    else
       pool->wait_head = c;
    pool->wait_tail = c;
@@ -679,9 +733,8 @@ hand (client_conn_t *c)
 {
    pool_t *pool = c->loop->pool;
 
-   RELAYBUS_ASSERT (!c->pool_handed);
-   c->pool_handed = true;
-   c->pool_handed_next = pool->handed;
+   client_pool_set_state (c, POOL_CLIENT_HANDED);
+   c->pool.handed_next = pool->handed;
    pool->handed = c;
    event_active (pool->handoff_ev, EV_READ, 0);
 }
@@ -691,13 +744,13 @@ handed_remove (client_conn_t *c)
 {
    pool_t *pool = c->loop->pool;
 
-   for (client_conn_t **p = &pool->handed; *p; p = &(*p)->pool_handed_next)
+   for (client_conn_t **p = &pool->handed; *p; p = &(*p)->pool.handed_next)
       if (*p == c) {
-         *p = c->pool_handed_next;
+         *p = c->pool.handed_next;
          break;
       }
-   c->pool_handed_next = NULL;
-   c->pool_handed = false;
+   c->pool.handed_next = NULL;
+   client_pool_set_state (c, POOL_CLIENT_IDLE);
 }
 
 static void
@@ -709,9 +762,9 @@ handoff_cb (evutil_socket_t fd, short what, void *arg)
    (void) what;
    while (pool->handed) {
       client_conn_t *c = pool->handed;
-      pool->handed = c->pool_handed_next;
-      c->pool_handed_next = NULL;
-      c->pool_handed = false;
+      pool->handed = c->pool.handed_next;
+      c->pool.handed_next = NULL;
+      client_pool_set_state (c, POOL_CLIENT_IDLE);
       client_resume (c);
    }
 }
@@ -727,11 +780,11 @@ wait_timer_cb (evutil_socket_t fd, short what, void *arg)
    (void) fd;
    (void) what;
    pool->wait_timer_armed = false;
-   while (pool->wait_head && now - pool->wait_head->pool_wait_since_ms >= limit) {
+   while (pool->wait_head && now - pool->wait_head->pool.wait_since_ms >= limit) {
       client_conn_t *c = pool->wait_head;
       wait_remove (c);
-      counters_observe (COUNTER_POOL_WAIT_TIME, 0, now - c->pool_wait_since_ms);
-      c->pool_timed_out = true;
+      counters_observe (COUNTER_POOL_WAIT_TIME, 0, now - c->pool.wait_since_ms);
+      c->pool.refusal = POOL_REFUSAL_TIMED_OUT;
       hand (c);
    }
    wait_timer_arm (pool);
@@ -753,7 +806,7 @@ server_free_for_use (pool_server_t *s)
          return;
       }
       wait_remove (c);
-      counters_observe (COUNTER_POOL_WAIT_TIME, 0, clock_mono_ms () - c->pool_wait_since_ms);
+      counters_observe (COUNTER_POOL_WAIT_TIME, 0, clock_mono_ms () - c->pool.wait_since_ms);
       lend (s, c);
       hand (c);
       return;
@@ -914,7 +967,7 @@ server_ready (pool_server_t *s)
    pool->last_error[0] = '\0';
    counters_add (COUNTER_POOL_CONNECTS, 1);
    log_debug ("pool: p%" PRIu64 " %s ready (%u open on this loop)", s->id, s->name, pool->n_open);
-   s->state = SERVER_BACK;
+   server_set_state (s, SERVER_BACK);
    learn_hello (s);
    starve_update (pool);
    server_free_for_use (s);
@@ -1274,7 +1327,7 @@ server_open (pool_t *pool)
    pool->primary_known = true;
    pool->generation = p.generation;
    s->next_id = 1;
-   s->state = SERVER_OPENING;
+   server_set_state (s, SERVER_OPENING);
    s->step = STEP_CONNECT;
    bson_snprintf (s->name, sizeof s->name, "%s:%u", p.host, (unsigned) p.port);
    s->deadline = evtimer_new (pool->loop->base, deadline_cb, s);
@@ -1514,7 +1567,7 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    owners_refusal_t refusal;
    bool peeked;
 
-   RELAYBUS_ASSERT (!c->server && !c->pool_waiting);
+   RELAYBUS_ASSERT (!c->server && c->pool.state != POOL_CLIENT_WAITING);
    if (h->opcode == WIRE_OP_QUERY)
       return true; /* the legacy hello, or refused: the proxy answers */
    peeked = peek_request (in, h, cmd, sizeof cmd, &txn, &body);
@@ -1534,7 +1587,7 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
     * start: a later statement or the commit of a transaction already open
     * (on another loop, say) must go on, or its pins would never end. */
    if (txn.valid && starts_transaction (&body) && !pinned_server (pool, &txn) && pins_full (c)) {
-      c->pool_over_pins = true;
+      c->pool.refusal = POOL_REFUSAL_OVER_PINS;
       return true;
    }
    /* A statement of a transaction pinned here: the same connection, taken
@@ -1592,12 +1645,12 @@ pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
          pin_timer_arm (s->pool);
       }
       if (cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0))
-         c->pool_txn_ending = true;
+         c->pool.txn_ending = true;
    } else if (s->pins & (1u << COUNTERS_PIN_TRANSACTION)) {
       /* The client left the transaction (its driver runs it, or commits
        * it, elsewhere): nothing holds the connection for it any more. */
       pin_set (s, COUNTERS_PIN_TRANSACTION, false);
-      c->pool_txn_ending = false;
+      c->pool.txn_ending = false;
    }
 }
 
@@ -1679,8 +1732,8 @@ pool_settle (client_conn_t *c)
          return; /* the drain callback comes back here */
       pin_set (s, COUNTERS_PIN_MORE_TO_COME, false);
    }
-   if (c->pool_txn_ending) {
-      c->pool_txn_ending = false;
+   if (c->pool.txn_ending) {
+      c->pool.txn_ending = false;
       if (s->txn.valid && atomic_load_explicit (&pooled_loops, memory_order_relaxed) > 1)
          txn_ended_tell_others (s->pool, &s->txn);
       pin_set (s, COUNTERS_PIN_TRANSACTION, false);
@@ -1700,9 +1753,9 @@ pool_client_closed (client_conn_t *c)
    pool_server_t *s = c->server;
    bool doubt;
 
-   if (c->pool_waiting)
+   if (c->pool.state == POOL_CLIENT_WAITING)
       wait_remove (c);
-   if (c->pool_handed)
+   else if (c->pool.state == POOL_CLIENT_HANDED)
       handed_remove (c);
    if (!s)
       return;
@@ -1765,7 +1818,7 @@ pool_answer_timeout (client_conn_t *c,
    bool ends = cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0);
 
    txn_of_body (&msg->body, &txn, &retryable_write);
-   if (c->pool_over_pins) {
+   if (c->pool.refusal == POOL_REFUSAL_OVER_PINS) {
       log_conn (LOG_LEVEL_INFO, c->id, c->peer,
                 "pool: %s of user %s would pin more than pool_max_pins_per_user connections: answered with a "
                 "retryable error",
@@ -1783,7 +1836,8 @@ pool_answer_timeout (client_conn_t *c,
                      " (pool_size = %" PRId64 "); retry",
                      c->cfg->pool_wait_timeout_ms, c->cfg->pool_size);
    }
-   c->pool_over_pins = false;
+   if (c->pool.refusal == POOL_REFUSAL_OVER_PINS)
+      c->pool.refusal = POOL_REFUSAL_NONE;
    /* `msg` and `cmd` point into the request's bytes: not used after this. */
    evbuffer_drain (src, len);
    if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &seq, error)) {
@@ -1881,7 +1935,7 @@ pool_destroy (pool_t *pool)
       pool_server_t *s = pool->servers;
       if (s->state == SERVER_LENT) {
          /* Only at teardown, after every client closed: none is lent. */
-         s->state = SERVER_OPENING;
+         server_set_state (s, SERVER_OPENING);
          pool->n_opening++;
       }
       server_close (s, "proxy stopping");

@@ -1845,7 +1845,7 @@ client_route (client_conn_t *c, side_t *from)
          break;
       /* Pooled: a request that needs the upstream gets a connection first,
        * or waits for one, unread. */
-      if (client && c->loop->pool && !c->server && !c->pool_timed_out && !pool_admit (c, in, &h))
+      if (client && c->loop->pool && !c->server && !pool_client_timed_out (&c->pool) && !pool_admit (c, in, &h))
          return consumed;
       switch (client ? take_request (c, in, &h) : take_reply (c, in, &h)) {
       case 0:
@@ -1856,7 +1856,7 @@ client_route (client_conn_t *c, side_t *from)
          return false;
       }
       if (client)
-         c->pool_timed_out = c->pool_over_pins = false; /* that request had its answer */
+         pool_request_answered (c); /* that request had its answer */
       consumed = true;
    }
    return consumed;
