@@ -4,7 +4,8 @@
 // complete; a replay of the middle window queues exactly its events of the handler's types, the
 // sink receives each of them once more, in key order per key (after the key's earlier
 // deliveries), with the original event id in the body and a new webhook-id; events outside the
-// window, or of types the handler does not take, are not sent again. Bad input answers 400 and
+// window, or of types the handler does not take, are not sent again. A replayed event does not
+// overtake its key's delivery pending behind retries: it follows it. Bad input answers 400 and
 // writes nothing; without the token the answer is 401.
 
 const test = require('node:test');
@@ -24,6 +25,8 @@ let client;
 let direct;
 let sink;
 let otherSink;
+let heldSink;
+let holdHead = null; // the event id heldSink answers 500 for
 let admin;
 const cleanups = [];
 
@@ -32,7 +35,8 @@ test.before(async () => {
   cleanups.push(up);
   sink = await startSink({});
   otherSink = await startSink({});
-  cleanups.push(() => sink.close(), () => otherSink.close());
+  heldSink = await startSink({ respond: (ev) => (ev.id === holdHead ? { status: 500, body: 'held' } : undefined) });
+  cleanups.push(() => sink.close(), () => otherSink.close(), () => heldSink.close());
   const adminPort = await H.freePort();
   admin = `http://127.0.0.1:${adminPort}`;
   proxy = await H.startProxy({
@@ -43,6 +47,9 @@ test.before(async () => {
       '[admin]', `listen = 127.0.0.1:${adminPort}`, `token = ${TOKEN}`, '',
       '[handler hook]', 'events = replay.order.*, replay.note.v1', 'kind = webhook', `url = ${sink.url('/hook')}`, '',
       // Takes a type the replayed handler does not: its events are never replayed to hook.
+      // Its key's head is retried while the replay is written.
+      '[handler held]', 'events = replay.held.v1', 'kind = webhook', `url = ${heldSink.url('/held')}`,
+      'retry_schedule = 300ms, 300ms, 300ms', 'max_attempts = 100', '',
       '[handler other]', 'events = replay.other.v1', 'kind = webhook', `url = ${otherSink.url('/other')}`, '',
     ].join('\n'),
   });
@@ -51,7 +58,7 @@ test.before(async () => {
 });
 
 const replay = (json, token = TOKEN) => request(admin, '/api/replay', { method: 'POST', token, json });
-const delivered = (ids) => ids.every((id) => sink.stats().ok.get(id) >= 1 || otherSink.stats().ok.get(id) >= 1);
+const delivered = (ids) => ids.every((id) => [sink, otherSink, heldSink].some((k) => k.stats().ok.get(id) >= 1));
 const tag = (s) => `${s}-${process.pid}`;
 
 // Publishes and waits until the sink acknowledged every event and no delivery is left.
@@ -111,6 +118,29 @@ test('a replay sends the window\'s events of the handler again, in key order, wi
   assert.match(metrics, /^relaybus_replays_total 1$/m);
   assert.match(metrics, new RegExp(`^relaybus_replayed_deliveries_total ${hookInside.length}$`, 'm'));
   assert.match(proxy.log(), new RegExp(`replayed handler hook from .* ${hookInside.length} deliveries queued`));
+});
+
+test('a replayed event runs after the pending deliveries of its key, which it does not overtake', { timeout: 30000 }, async () => {
+  const ev = (name) => ({ id: tag(name), type: 'replay.held.v1', key: 'kh', payload: { name } });
+  const done = [ev('h1'), ev('h2'), ev('h3')];
+  const since = new Date();
+  await publishAndComplete(done);
+  const until = new Date();
+  // The key's next event is pending behind retries (the receiver answers 500) while the replay
+  // is written: its lower sequence keeps it first, the replayed events follow in their order.
+  const head = ev('h4');
+  holdHead = head.id;
+  await publishThroughProxy(client, DB, [head]);
+  await waitFor(() => heldSink.stats().custom.some((c) => c.id === head.id), 10000, 'the head to be refused once');
+  const r = await replay({ handler: 'held', since: since.toISOString(), until: until.toISOString() });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.json.queued, done.length);
+  holdHead = null;
+  const st = heldSink.stats();
+  const okBefore = done.length;
+  await waitFor(() => st.okOrder.length >= okBefore + 1 + done.length, 15000, 'the head and the replayed deliveries');
+  assert.deepEqual(st.okOrder.slice(okBefore), [head.id, ...done.map((e) => e.id)]);
+  assert.deepEqual(st.seqViolations, []);
 });
 
 test('a replay with bad input answers 400 and queues nothing; without the token 401', { timeout: 20000 }, async () => {
