@@ -135,6 +135,10 @@ test('a replayed event runs after the pending deliveries of its key, which it do
   const r = await replay({ handler: 'held', since: since.toISOString(), until: until.toISOString() });
   assert.equal(r.status, 200, r.text);
   assert.equal(r.json.queued, done.length);
+  // Replaying again while those wait queues nothing: one delivery per event and handler.
+  const again = await replay({ handler: 'held', since: since.toISOString(), until: until.toISOString() });
+  assert.equal(again.status, 200, again.text);
+  assert.deepEqual(again.json, { queued: 0, skipped: done.length });
   holdHead = null;
   const st = heldSink.stats();
   const okBefore = done.length;
