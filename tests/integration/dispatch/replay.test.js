@@ -5,7 +5,8 @@
 // sink receives each of them once more, in key order per key (after the key's earlier
 // deliveries), with the original event id in the body and a new webhook-id; events outside the
 // window, or of types the handler does not take, are not sent again. A replayed event does not
-// overtake its key's delivery pending behind retries: it follows it. Bad input answers 400 and
+// overtake its key's delivery pending behind retries: it follows it. A window over 100,000 of the
+// handler's events is refused. Bad input answers 400 and
 // writes nothing; without the token the answer is 401.
 
 const test = require('node:test');
@@ -170,6 +171,25 @@ test('a replay with bad input answers 400 and queues nothing; without the token 
   assert.equal(unauth.status, 401);
   assert.equal(await direct.db(DB).collection('relaybus_deliveries').countDocuments({}), 0, 'nothing queued');
   assert.equal(sink.stats().requests, requests);
+});
+
+test('a window over 100,000 events of the handler is refused with a 400 naming the limit', { timeout: 30000 }, async () => {
+  // Stored directly in a window of their own, long past: the limit counts the handler's events.
+  const events = direct.db(DB).collection('relaybus_events');
+  const at = Date.parse('2020-01-01T00:00:00Z');
+  const docs = Array.from({ length: 100001 }, (_, i) => ({
+    _id: tag(`bulk-${i}`), type: 'replay.order.v1', payload: null, handlers: ['hook'], createdAt: new Date(at + (i % 1000)),
+  }));
+  for (let i = 0; i < docs.length; i += 20000) await events.insertMany(docs.slice(i, i + 20000), { ordered: false });
+  const window = { handler: 'hook', since: '2020-01-01T00:00:00Z', until: '2020-01-01T00:00:01Z' };
+  const r = await replay(window);
+  assert.equal(r.status, 400, r.text);
+  assert.match(r.json.error, /more than 100000 events of handler hook/);
+  assert.equal(await direct.db(DB).collection('relaybus_deliveries').countDocuments({}), 0, 'nothing queued');
+  // The limit counts the handler's events: a handler that takes none of them replays the window.
+  const ok = await replay({ ...window, handler: 'other' });
+  assert.equal(ok.status, 200, ok.text);
+  assert.equal(ok.json.queued, 0, 'other takes none of them');
 });
 
 H.registerFinalChecks(test, cleanups, { beforeStop: async () => { await client?.close(); await direct?.close(); } });
