@@ -120,6 +120,7 @@ void admin_api_handlers (admin_t *a, struct evhttp_request *req);
 void admin_api_deliveries (admin_t *a, struct evhttp_request *req);
 void admin_api_requeue (admin_t *a, struct evhttp_request *req);
 void admin_api_bury (admin_t *a, struct evhttp_request *req);
+void admin_api_replay (admin_t *a, struct evhttp_request *req);
 void admin_api_purge (admin_t *a, struct evhttp_request *req);
 void admin_api_lanes (admin_t *a, struct evhttp_request *req);
 void admin_api_clients (admin_t *a, struct evhttp_request *req);

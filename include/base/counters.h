@@ -326,6 +326,9 @@ typedef enum {
       "Handler names live proxies declare differently (kind, events or settings hash).") /* set per scrape */         \
    X (RETIRED_DELIVERIES, "relaybus_handler_retired_deliveries_total", COUNTER, NONE,                                  \
       "Pending deliveries this process moved to the dead letters because no live proxy declared their handler.")      \
+   X (REPLAYS, "relaybus_replays_total", COUNTER, NONE, "POST /api/replay requests that queued their window.")      \
+   X (REPLAYED_DELIVERIES, "relaybus_replayed_deliveries_total", COUNTER, NONE,                                        \
+      "Deliveries POST /api/replay queued (events sent again to a handler).")                                         \
    X (PURGE_RUNS, "relaybus_purge_runs_total", COUNTER, NONE, "Scheduled purge runs this process completed.")         \
    X (PURGE_ERRORS, "relaybus_purge_errors_total", COUNTER, NONE, "Scheduled purge runs this process ended on an error.") \
    X (PURGED_EVENTS, "relaybus_purged_events_total", COUNTER, NONE,                                                    \

@@ -45,6 +45,38 @@ bool store_bury_ids (store_t *store,
                      size_t *n_buried,
                      bson_error_t *error) __attribute__ ((warn_unused_result));
 
+/* A replay: every stored event created in [since, until) whose type one
+ * of `patterns` matches (config_patterns_match) gets a new pending
+ * delivery for `handler`, due at `now`, whatever its `handlers` list says
+ * (completed handlers included).  An event that still has an unfinished
+ * (pending or dead) delivery for the handler is skipped: requeue is the
+ * action for those, and the outbox holds one delivery per event and
+ * handler.  A keyed delivery takes new sequences of its key (after every
+ * delivery the key has), in the order of the events' own sequences, in
+ * the transaction that writes it, so it runs after the key's deliveries
+ * already pending and the replayed ones run in their original order.
+ * More than `max_events` matching events: nothing is written and the
+ * error is STORE_ERROR_INVALID. */
+typedef struct {
+   const char *handler;
+   const char *const *patterns;
+   size_t n_patterns;
+   int64_t since, until; /* ms since the epoch, until exclusive */
+   int64_t now;
+   size_t max_events;
+} store_replay_opts_t;
+
+typedef struct {
+   size_t matched; /* events of the window the patterns match */
+   size_t queued;  /* new deliveries written */
+   size_t skipped; /* matched events that still had a delivery */
+} store_replay_result_t;
+
+bool store_replay (store_t *store,
+                   const store_replay_opts_t *opts,
+                   store_replay_result_t *result,
+                   bson_error_t *error) __attribute__ ((warn_unused_result));
+
 /* ----------------------------------------------------------------- purge */
 
 typedef struct {

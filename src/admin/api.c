@@ -9,7 +9,7 @@
  * each endpoint's list of names (so `status[$ne]=x` is an unknown
  * parameter, a 400), and JSON bodies field by field (an id that is an
  * object is a 400).  Every action that changes something (requeue, bury,
- * purge) is logged with the peer, what was asked and what changed.
+ * replay, purge) is logged with the peer, what was asked and what changed.
  */
 #include "admin/admin_private.h"
 
@@ -1089,6 +1089,111 @@ admin_api_purge (admin_t *a, struct evhttp_request *req)
    BSON_APPEND_INT64 (&doc, "dead", r.dead);
    BSON_APPEND_INT64 (&doc, "completed", r.completed);
    BSON_APPEND_INT64 (&doc, "events", r.events);
+   admin_send_json (req, 200, "OK", &doc);
+done:
+   bson_destroy (&body);
+   bson_destroy (&doc);
+}
+
+/* The most events one replay sends again (docs/admin.md): a replay reads
+ * them into memory on the admin thread before it writes. */
+#define ADMIN_REPLAY_MAX_EVENTS 100000
+
+/* A required or optional time of a replay's window: an ISO-8601 UTC
+ * string only, so the answer to a typo is a 400, not another window. */
+static bool
+read_window_time (admin_t *a, struct evhttp_request *req, const bson_t *body, const char *name, bool required, int64_t *ms)
+{
+   bson_iter_t it;
+
+   *ms = 0;
+   if (!bson_iter_init_find (&it, body, name)) {
+      if (!required)
+         return true;
+      admin_send_error (a, req, 400, "\"%s\" is required: an ISO-8601 UTC time (\"2026-11-30T00:00:00Z\")", name);
+      return false;
+   }
+   if (BSON_ITER_HOLDS_UTF8 (&it) && parse_iso8601 (bson_iter_utf8 (&it, NULL), ms) && *ms > 0)
+      return true;
+   admin_send_error (a, req, 400, "\"%s\" must be an ISO-8601 UTC time (\"2026-11-30T00:00:00Z\")", name);
+   return false;
+}
+
+/* POST /api/replay: {"handler": NAME, "since": ISO, "until": ISO} */
+void
+admin_api_replay (admin_t *a, struct evhttp_request *req)
+{
+   static const char *const fields[] = {"handler", "since", "until", NULL};
+   const config_handler_t *h = NULL;
+   store_replay_opts_t o = {0};
+   store_replay_result_t r;
+   bson_t body, doc = BSON_INITIALIZER;
+   bson_iter_t it;
+   bson_error_t err;
+   char peer[80], d1[64], d2[64];
+
+   if (!read_body (a, req, &body)) {
+      bson_destroy (&doc);
+      return;
+   }
+   if (!only_fields (a, req, &body, fields))
+      goto done;
+   if (!bson_iter_init_find (&it, &body, "handler") || !BSON_ITER_HOLDS_UTF8 (&it)) {
+      admin_send_error (a, req, 400, "\"handler\" is required: the name of a configured handler");
+      goto done;
+   }
+   for (size_t i = 0; i < a->cfg->n_handlers && !h; i++)
+      if (strcmp (a->cfg->handlers[i].name, bson_iter_utf8 (&it, NULL)) == 0)
+         h = &a->cfg->handlers[i];
+   if (!h) {
+      /* Not echoed: the name is the requester's text. */
+      admin_send_error (a, req, 400, "\"handler\" names no handler of this proxy's configuration");
+      goto done;
+   }
+   if (!read_window_time (a, req, &body, "since", true, &o.since) ||
+       !read_window_time (a, req, &body, "until", false, &o.until))
+      goto done;
+   o.now = clock_now_ms ();
+   if (!o.until)
+      o.until = o.now;
+   if (o.since >= o.until) {
+      admin_send_error (a, req, 400, "\"since\" must be before \"until\" (or before now without \"until\")");
+      goto done;
+   }
+   o.handler = h->name;
+   o.patterns = (const char *const *) h->event_patterns;
+   o.n_patterns = h->n_event_patterns;
+   o.max_events = ADMIN_REPLAY_MAX_EVENTS;
+   admin_peer_of (req, peer, sizeof peer);
+   iso8601 (o.since, d1);
+   iso8601 (o.until, d2);
+   if (!store_replay (a->store, &o, &r, &err)) {
+      if (err.code == STORE_ERROR_INVALID) {
+         log_info ("admin: %s replay of handler %s from %s to %s refused: %s", peer, h->name, d1, d2, err.message);
+         admin_send_error (a, req, 400, "%s", err.message);
+      } else {
+         log_warn ("admin: %s replay of handler %s from %s to %s failed: %s", peer, h->name, d1, d2, err.message);
+         admin_send_error (a, req, 502, "replay failed: %s", err.message);
+      }
+      goto done;
+   }
+   counters_add (COUNTER_REPLAYS, 1);
+   counters_add (COUNTER_REPLAYED_DELIVERIES, (uint64_t) r.queued);
+   log_info ("admin: %s replayed handler %s from %s to %s: %zu events matched, %zu deliveries queued, %zu skipped "
+             "(a delivery of the event is still pending or dead)",
+             peer,
+             h->name,
+             d1,
+             d2,
+             r.matched,
+             r.queued,
+             r.skipped);
+   if (r.queued > 0) {
+      store_view_invalidate (a);
+      dispatch_wake ();
+   }
+   BSON_APPEND_INT64 (&doc, "queued", (int64_t) r.queued);
+   BSON_APPEND_INT64 (&doc, "skipped", (int64_t) r.skipped);
    admin_send_json (req, 200, "OK", &doc);
 done:
    bson_destroy (&body);

@@ -336,6 +336,7 @@ static const route_t routes[] = {
    {"/api/deliveries/requeue", EVHTTP_REQ_POST, true, admin_api_requeue},
    {"/api/deliveries/bury", EVHTTP_REQ_POST, true, admin_api_bury},
    {"/api/purge", EVHTTP_REQ_POST, true, admin_api_purge},
+   {"/api/replay", EVHTTP_REQ_POST, true, admin_api_replay},
    {"/api/lanes", EVHTTP_REQ_GET, true, admin_api_lanes},
    {"/api/clients", EVHTTP_REQ_GET, true, admin_api_clients},
    {"/api/config", EVHTTP_REQ_GET, true, admin_api_config},

@@ -1,6 +1,6 @@
 /*
  * store/ops.c - the operator's actions and views (store/ops.h): requeue,
- * bury, purge and scheduled retention, statistics, per-handler backlog,
+ * bury, replay, purge and scheduled retention, statistics, per-handler backlog,
  * lanes, the paginated listing and the setup check.
  *
  * Inputs from an admin request reach queries only as strings (or as
@@ -186,6 +186,319 @@ store_bury_ids (store_t *s,
       store_set_error (error, STORE_ERROR_SERVER, "bury: %s", err.message);
    mongoc_client_pool_push (s->pool, t.client);
    store_oids_free (&oids);
+   return ok;
+}
+
+/* ---------------------------------------------------------------- replay */
+
+/* Events per transaction of a replay: each batch reads its deliveries,
+ * moves its keys' counters and inserts, well inside a transaction's
+ * limits. */
+#define REPLAY_BATCH 500
+
+/* One matched event of a replay, read from the events collection. */
+typedef struct {
+   char *id;
+   char *type;
+   char *key;        /* NULL: no key */
+   int64_t sequence; /* the event's own, for the order within its key */
+   size_t order;     /* position in (createdAt, _id) order: unkeyed ties */
+   int64_t new_seq;  /* this attempt's sequence; 0 when skipped */
+} replay_event_t;
+
+typedef struct {
+   store_t *s;
+   const store_replay_opts_t *o;
+   replay_event_t *v;
+   size_t n;
+   size_t from, to; /* the batch */
+   size_t queued, skipped;
+} replay_t;
+
+/* Keyed events first, by key then the key's sequence; the unkeyed after,
+ * in creation order. */
+static int
+replay_cmp (const void *a, const void *b)
+{
+   const replay_event_t *x = a, *y = b;
+   int c;
+
+   if (!x->key != !y->key)
+      return x->key ? -1 : 1;
+   if (x->key && (c = strcmp (x->key, y->key)) != 0)
+      return c;
+   if (x->key && x->sequence != y->sequence)
+      return x->sequence < y->sequence ? -1 : 1;
+   return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static void
+replay_free (replay_t *r)
+{
+   for (size_t i = 0; i < r->n; i++) {
+      bson_free (r->v[i].id);
+      bson_free (r->v[i].type);
+      bson_free (r->v[i].key);
+   }
+   bson_free (r->v);
+}
+
+/* Reads the matching events of the window, at most max_events (one more
+ * is an error, nothing written). */
+static bool
+replay_read (replay_t *r, mongoc_client_t *client, bson_error_t *error)
+{
+   mongoc_collection_t *coll = store_coll (r->s, client, OUTBOX_EVENTS);
+   bson_t *q, *opts;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   size_t cap = 0, seen = 0;
+   bool ok = true;
+
+   q = BCON_NEW ("createdAt", "{", "$gte", BCON_DATE_TIME (r->o->since), "$lt", BCON_DATE_TIME (r->o->until), "}");
+   opts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "}",
+                    "sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}");
+   cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, "_id"), *type = store_iter_utf8 (doc, "type");
+      const char *key = store_iter_utf8 (doc, "key");
+      replay_event_t *e;
+
+      seen++;
+      if (!id || !type || !config_patterns_match (r->o->patterns, r->o->n_patterns, type))
+         continue;
+      if (r->n == r->o->max_events) {
+         store_set_error (error,
+                          STORE_ERROR_INVALID,
+                          "the window holds more than %zu events of handler %s: replay a shorter window",
+                          r->o->max_events,
+                          r->o->handler);
+         ok = false;
+         break;
+      }
+      if (r->n == cap) {
+         cap = cap ? cap * 2 : 64;
+         r->v = bson_realloc (r->v, cap * sizeof *r->v);
+      }
+      e = &r->v[r->n++];
+      e->id = bson_strdup (id);
+      e->type = bson_strdup (type);
+      e->key = key ? bson_strdup (key) : NULL;
+      e->sequence = key ? store_iter_int64 (doc, "sequence") : 0;
+      e->order = seen;
+      e->new_seq = 0;
+   }
+   if (ok && mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   bson_destroy (q);
+   mongoc_collection_destroy (coll);
+   return ok;
+}
+
+/* Marks (new_seq -1) the batch's events that still have a delivery for
+ * the handler: the unique (eventId, handler) index holds one. */
+static bool
+replay_mark_existing (replay_t *r, store_txn_t *txn, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER, in;
+   bson_t *opts;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   char idx[16];
+   const char *k;
+   bool ok = true;
+
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "eventId", &in);
+   {
+      bson_t arr;
+      bson_append_array_begin (&in, "$in", -1, &arr);
+      for (size_t i = r->from; i < r->to; i++) {
+         bson_uint32_to_string ((uint32_t) (i - r->from), &k, idx, sizeof idx);
+         bson_append_utf8 (&arr, k, -1, r->v[i].id, -1);
+      }
+      bson_append_array_end (&in, &arr);
+   }
+   bson_append_document_end (&q, &in);
+   BSON_APPEND_UTF8 (&q, "handler", r->o->handler);
+   opts = BCON_NEW ("projection", "{", "eventId", BCON_INT32 (1), "}");
+   bson_concat (opts, &txn->opts);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, "eventId");
+      for (size_t i = r->from; id && i < r->to; i++)
+         if (strcmp (r->v[i].id, id) == 0)
+            r->v[i].new_seq = -1;
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   bson_destroy (&q);
+   return ok;
+}
+
+/* Takes `count` sequences of `key` in the transaction: *last is the
+ * highest.  The same counter publishing increments, so a publish of the
+ * key conflicts with the replay until it commits, and the other way. */
+static bool
+replay_take_sequences (store_txn_t *txn, const char *key, int64_t count, int64_t *last, bson_error_t *error)
+{
+   bson_t *q = BCON_NEW ("_id", BCON_UTF8 (key));
+   bson_t *u = BCON_NEW ("$inc", "{", "value", BCON_INT64 (count), "}");
+   bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
+   mongoc_cursor_t *cur = NULL;
+   const bson_t *doc;
+   bool ok;
+
+   bson_concat (opts, &txn->opts);
+   ok = mongoc_collection_update_one (txn->coll[OUTBOX_KEY_SEQUENCES], q, u, opts, NULL, error);
+   if (!ok)
+      goto done;
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_KEY_SEQUENCES], q, &txn->opts, NULL);
+   ok = mongoc_cursor_next (cur, &doc);
+   if (ok)
+      *last = store_iter_int64 (doc, "value");
+   else if (!mongoc_cursor_error (cur, error))
+      store_set_error (error, STORE_ERROR_SERVER, "key_sequences lost key %s in its transaction", key);
+done:
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   bson_destroy (u);
+   bson_destroy (q);
+   return ok;
+}
+
+static void
+replay_append_delivery (const replay_t *r, const replay_event_t *e, bson_t *docs, uint32_t n)
+{
+   bson_t d;
+   bson_oid_t oid;
+   char idx[16];
+   const char *k;
+
+   bson_uint32_to_string (n, &k, idx, sizeof idx);
+   BSON_APPEND_DOCUMENT_BEGIN (docs, k, &d);
+   bson_oid_init (&oid, NULL);
+   BSON_APPEND_OID (&d, "_id", &oid);
+   BSON_APPEND_UTF8 (&d, "eventId", e->id);
+   BSON_APPEND_UTF8 (&d, "handler", r->o->handler);
+   BSON_APPEND_UTF8 (&d, "eventType", e->type);
+   if (e->key) {
+      BSON_APPEND_UTF8 (&d, "key", e->key);
+      BSON_APPEND_INT64 (&d, "sequence", e->new_seq);
+   }
+   BSON_APPEND_INT32 (&d, "laneId", (int32_t) outbox_lane_id (e->key, e->id));
+   BSON_APPEND_UTF8 (&d, "lane", "ready");
+   BSON_APPEND_UTF8 (&d, "status", "pending");
+   BSON_APPEND_INT32 (&d, "attempts", 0);
+   BSON_APPEND_INT32 (&d, "claims", 0);
+   BSON_APPEND_DATE_TIME (&d, "dueAt", r->o->now);
+   BSON_APPEND_DATE_TIME (&d, "createdAt", r->o->now);
+   bson_append_document_end (docs, &d);
+}
+
+/* One batch in a transaction.  Runs again from the start after a write
+ * conflict, so everything it decides is decided anew. */
+static bool
+replay_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
+{
+   replay_t *r = ctx;
+   bson_t cmd = BSON_INITIALIZER, docs, reply;
+   uint32_t n_docs = 0;
+   bool ok;
+
+   r->queued = r->skipped = 0;
+   for (size_t i = r->from; i < r->to; i++)
+      r->v[i].new_seq = 0;
+   if (!replay_mark_existing (r, txn, error)) {
+      ok = false;
+      goto done;
+   }
+   /* The batch is sorted by key: each run of one key takes its sequences
+    * at once, handed out in the events' own order. */
+   for (size_t i = r->from; i < r->to;) {
+      size_t j = i;
+      int64_t count = 0, last = 0;
+
+      if (!r->v[i].key) {
+         i++;
+         continue;
+      }
+      for (; j < r->to && r->v[j].key && strcmp (r->v[j].key, r->v[i].key) == 0; j++)
+         if (r->v[j].new_seq == 0)
+            count++;
+      if (count > 0 && !replay_take_sequences (txn, r->v[i].key, count, &last, error)) {
+         ok = false;
+         goto done;
+      }
+      for (size_t m = i; m < j; m++)
+         if (r->v[m].new_seq == 0)
+            r->v[m].new_seq = last - --count;
+      i = j;
+   }
+   BSON_APPEND_UTF8 (&cmd, "insert", mongoc_collection_get_name (txn->coll[OUTBOX_DELIVERIES]));
+   BSON_APPEND_BOOL (&cmd, "ordered", true);
+   BSON_APPEND_ARRAY_BEGIN (&cmd, "documents", &docs);
+   for (size_t i = r->from; i < r->to; i++) {
+      if (r->v[i].new_seq < 0) {
+         r->skipped++;
+         continue;
+      }
+      replay_append_delivery (r, &r->v[i], &docs, n_docs++);
+   }
+   bson_append_array_end (&cmd, &docs);
+   ok = true;
+   if (n_docs > 0) {
+      ok = mongoc_collection_write_command_with_opts (txn->coll[OUTBOX_DELIVERIES], &cmd, &txn->opts, &reply, error);
+      if (ok && store_iter_int64 (&reply, "n") != (int64_t) n_docs) {
+         store_set_error (error, STORE_ERROR_SERVER, "replay inserted %" PRId64 " of %u deliveries", store_iter_int64 (&reply, "n"), n_docs);
+         ok = false;
+      }
+      bson_destroy (&reply);
+   }
+   if (ok)
+      r->queued = n_docs;
+done:
+   bson_destroy (&cmd);
+   return ok;
+}
+
+bool
+store_replay (store_t *s, const store_replay_opts_t *o, store_replay_result_t *res, bson_error_t *error)
+{
+   replay_t r = {0};
+   mongoc_client_t *client;
+   bson_error_t err;
+   bool ok;
+
+   memset (res, 0, sizeof *res);
+   r.s = s;
+   r.o = o;
+   client = mongoc_client_pool_pop (s->pool);
+   ok = replay_read (&r, client, error);
+   if (!ok)
+      goto done;
+   res->matched = r.n;
+   if (r.n > 0)
+      qsort (r.v, r.n, sizeof *r.v, replay_cmp);
+   /* Batch after batch in key order, so a key's later batch takes higher
+    * sequences.  What a failed batch leaves is its predecessors' work,
+    * counted in the result. */
+   for (r.from = 0; ok && r.from < r.n; r.from = r.to) {
+      r.to = r.from + REPLAY_BATCH < r.n ? r.from + REPLAY_BATCH : r.n;
+      ok = store_with_txn (s, client, replay_cb, &r, &err);
+      if (ok) {
+         res->queued += r.queued;
+         res->skipped += r.skipped;
+      } else {
+         store_set_error (error, STORE_ERROR_SERVER, "replay: %s (after %zu queued)", err.message, res->queued);
+      }
+   }
+done:
+   mongoc_client_pool_push (s->pool, client);
+   replay_free (&r);
    return ok;
 }
 
