@@ -97,6 +97,11 @@ bool trace_enabled (void);
  * ([tracing] sample): never, always, or a fraction of them. */
 bool trace_sample (void);
 
+/* [tracing] sample: never (or empty), always, or a ratio from 0 to 1, as
+ * a threshold on a random 32-bit value (0: never, 2^32: always); false
+ * for anything else.  Config validation reads it too. */
+bool trace_parse_sample (const char *v, uint64_t *threshold) __attribute__ ((warn_unused_result));
+
 /* Copies `s` into the queue, or drops and counts it when full. */
 void trace_emit (const trace_span_t *s);
 

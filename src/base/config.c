@@ -38,6 +38,7 @@
 #include "base/assert.h"
 #include "base/authfile.h"
 #include "base/log.h"
+#include "base/trace.h"
 
 #define CONFIG_FILE_MAX (1024 * 1024)
 #define CONFIG_VALUE_MAX 4096
@@ -1414,6 +1415,29 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
    if (cfg->log_file[0] && cfg->log_file[0] != '/') {
       config_error (error, origin, 0, "[proxy] log_file: '%s' is not an absolute path", cfg->log_file);
       return false;
+   }
+   {
+      /* [tracing]: refused here, so --check-config and a reload say so,
+       * rather than at start-up only (trace_start). */
+      uint64_t threshold;
+      const char *p = cfg->tracing_resource_attributes, *item;
+      size_t len;
+
+      if (!trace_parse_sample (cfg->tracing_sample, &threshold)) {
+         config_error (error, origin, 0, "[tracing] sample: '%s' is not never, always or a ratio from 0 to 1", cfg->tracing_sample);
+         return false;
+      }
+      if (cfg->tracing_otlp_endpoint[0] && strncmp (cfg->tracing_otlp_endpoint, "http://", 7) != 0 &&
+          strncmp (cfg->tracing_otlp_endpoint, "https://", 8) != 0) {
+         config_error (error, origin, 0, "[tracing] otlp_endpoint: '%s' is not an http:// or https:// URL", cfg->tracing_otlp_endpoint);
+         return false;
+      }
+      while (list_next (&p, &item, &len)) {
+         if (!memchr (item, '=', len) || item[0] == '=') {
+            config_error (error, origin, 0, "[tracing] resource_attributes: '%.*s' is not key=value", (int) len, item);
+            return false;
+         }
+      }
    }
    if (strcmp (cfg->unrouted, "accept") == 0) {
       cfg->unrouted_mode = CONFIG_UNROUTED_ACCEPT;

@@ -422,9 +422,8 @@ trace_thread (void *arg)
    return NULL;
 }
 
-/* sample: never, always, or a ratio in [0, 1]. */
-static bool
-parse_sample (const char *v, uint64_t *threshold)
+bool
+trace_parse_sample (const char *v, uint64_t *threshold)
 {
    char *end = NULL;
    double r;
@@ -452,7 +451,7 @@ trace_start (const config_t *cfg, bson_error_t *error)
    uint64_t threshold;
    bool ok = false;
 
-   if (!parse_sample (cfg->tracing_sample, &threshold)) {
+   if (!trace_parse_sample (cfg->tracing_sample, &threshold)) {
       bson_set_error (error, TRACE_ERROR_DOMAIN, TRACE_ERR_CONFIG,
                       "[tracing] sample = '%.64s': never, always or a ratio from 0 to 1", cfg->tracing_sample);
       goto done;
