@@ -6,7 +6,8 @@
 // (JSON encoding, POST /v1/traces); the webhook receiver's traceparent
 // carries the same trace id and names the attempt's span as its parent.
 // With the collector gone, the spans are dropped and counted and every
-// delivery goes on as before.
+// delivery goes on as before.  With sample = always, a publish without a
+// traceparent starts a trace of its own.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -73,7 +74,7 @@ async function startReceiver() {
   return { ...s, requests };
 }
 
-async function startTracedProxy(up, db, receiver, endpoint) {
+async function startTracedProxy(up, db, receiver, endpoint, sample = 'never') {
   const adminPort = await freePort();
   const p = await startProxy({
     upstream: up.uri,
@@ -81,7 +82,7 @@ async function startTracedProxy(up, db, receiver, endpoint) {
     extraIni: [
       '[outbox]', `database = ${db}`, '',
       '[admin]', `listen = 127.0.0.1:${adminPort}`, '',
-      '[tracing]', `otlp_endpoint = ${endpoint}`, 'service_name = shop-relay',
+      '[tracing]', `otlp_endpoint = ${endpoint}`, 'service_name = shop-relay', `sample = ${sample}`,
       'resource_attributes = deployment.environment=test', '',
       '[handler hook]', 'events = order.*', 'kind = webhook', `url = ${receiver.url('/hook')}`,
       `secret = ${newSecret()}`, 'retry_schedule = 100ms', '',
@@ -92,7 +93,7 @@ async function startTracedProxy(up, db, receiver, endpoint) {
   return p;
 }
 
-async function publishTraced(p, db, events) {
+async function publishTraced(p, db, events, headers = { traceparent: APP_TRACEPARENT, tenant: 't1' }) {
   const client = await new MongoClient(clientUri(p)).connect();
   try {
     const session = client.startSession();
@@ -101,7 +102,7 @@ async function publishTraced(p, db, events) {
         for (const e of events)
           await client.db(db).collection('orders').insertOne({ _id: e.id }, {
             session,
-            comment: { relaybus: { type: 'order.placed.v1', id: e.id, payload: { id: e.id }, headers: { traceparent: APP_TRACEPARENT, tenant: 't1' } } },
+            comment: { relaybus: { type: 'order.placed.v1', id: e.id, payload: { id: e.id }, headers } },
           });
       });
     } finally {
@@ -209,6 +210,31 @@ test('the collector gone: spans dropped and counted, deliveries unaffected', { t
   } finally {
     await client.close();
   }
+});
+
+test('sample = always: a publish without a traceparent starts a trace of its own, carried to the receiver', { timeout: 45000 }, async () => {
+  const up = await startUpstream();
+  cleanups.push(up);
+  const collector = await startCollector();
+  const receiver = await startReceiver();
+  cleanups.push(() => collector.close(), () => receiver.close());
+  const db = uniqueDbName('dispatch_tracing_sample');
+  const p = await startTracedProxy(up, db, receiver, collector.url(''), 'always');
+
+  await publishTraced(p, db, [{ id: 'ok-4' }], { tenant: 't1' });
+  await waitFor(async () => receiver.requests.length >= 1, 20000, 'ok-4 delivered');
+  await waitFor(async () => collector.spans.length >= 2, 10000, 'a publish span and a send span');
+  const pub = collector.spans.find((s) => s.name === 'publish order.placed.v1');
+  const send = collector.spans.find((s) => s.name === 'send hook');
+  assert.ok(pub && send);
+  assert.equal(pub.parentSpanId || '', '', 'the publish span is the root of a new trace');
+  assert.notEqual(pub.traceId, APP_TRACE);
+  assert.equal(send.traceId, pub.traceId);
+  assert.equal(send.parentSpanId, pub.spanId);
+  const [, traceId, parent, flags] = receiver.requests[0].traceparent.split('-');
+  assert.equal(traceId, pub.traceId, 'the receiver gets the new trace id');
+  assert.equal(parent, send.spanId);
+  assert.equal(flags, '01', 'sampled');
 });
 
 registerFinalChecks(test, cleanups);
