@@ -68,6 +68,7 @@
 #include "base/counters.h"
 #include "proxy/tls.h"
 #include "base/topology.h"
+#include "base/trace.h"
 #include "publish/hooks.h"
 #include "publish/publish.h"
 #include "publish/pull.h"
@@ -405,6 +406,10 @@ proxy_start (proxy_t *p, bson_error_t *error)
       log_warn ("upstream not reachable yet (%s); listening anyway, clients wait up to %" PRId64 " ms for a primary",
                 snap.last_error[0] ? snap.last_error : "no answer",
                 p->cfg->upstream_connect_timeout_ms);
+   /* The span exporter before the first span: the dispatcher's and the
+    * loops' (a thread of its own, when [tracing] otlp_endpoint is set). */
+   if (!trace_start (p->cfg, error))
+      return false;
    /* The outbox setup, and the dispatcher on its own thread when enabled. */
    if (!dispatch_start (p->cfg, error))
       return false;
@@ -493,6 +498,7 @@ proxy_teardown (proxy_t *p)
    dispatch_stop (); /* hands its lanes back */
    pull_set_consumer (NULL, NULL, NULL);
    consumer_stop (); /* hands its lanes back; before the loopwake it posts to */
+   trace_stop ();    /* after every thread that emits spans; sends what is queued */
    loops_destroy (p->loops);
    /* The topology monitor may still post to the loop: join it before freeing the
     * loopwake and the base. */

@@ -59,6 +59,7 @@ typedef enum {
    CONFIG_SECTION_OUTBOX,
    CONFIG_SECTION_DISPATCH,
    CONFIG_SECTION_ADMIN,
+   CONFIG_SECTION_TRACING,
    CONFIG_SECTION_HANDLER, /* [handler NAME], one per handler */
 } config_section_t;
 
@@ -256,6 +257,12 @@ typedef struct config {
    char *admin_token_file; /* the file `token` was read from; "": none */
    char *admin_tls_cert_file; /* with admin_tls_key_file: the admin port is HTTPS only */
    char *admin_tls_key_file;
+
+   /* [tracing] (base/trace.h) */
+   char *tracing_otlp_endpoint;       /* "": no export */
+   char *tracing_sample;              /* never | always | a ratio */
+   char *tracing_service_name;
+   char *tracing_resource_attributes; /* k=v list */
 
    config_handler_t *handlers;
    size_t n_handlers;

@@ -177,6 +177,13 @@ typedef enum {
       "Admin HTTP requests refused (401, 400, 404, 405, 413, 415, 503).")                                             \
    X (LOG_LINES_DROPPED, "relaybus_log_lines_dropped_total", COUNTER, NONE,                                            \
       "Log lines dropped because the log destination did not keep up with the queue.")                                \
+   /* span export (base/trace.h) */                                                                                   \
+   X (TRACE_SPANS_EXPORTED, "relaybus_trace_spans_exported_total", COUNTER, NONE,                                      \
+      "Spans the OTLP collector accepted.")                                                                           \
+   X (TRACE_SPANS_DROPPED, "relaybus_trace_spans_dropped_total", COUNTER, NONE,                                        \
+      "Spans dropped: the export queue was full, or the collector did not take their batch.")                         \
+   X (TRACE_EXPORT_FAILURES, "relaybus_trace_export_failures_total", COUNTER, NONE,                                    \
+      "OTLP export requests that failed (no connection, timeout, or a non-2xx answer).")                              \
    /* operator commands (proxy/operator.h) */                                                                          \
    X (PAUSED, "relaybus_paused", GAUGE, NONE,                                                                          \
       "1 while POST /api/pause holds new client requests (until POST /api/resume).")                                  \

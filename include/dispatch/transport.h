@@ -67,6 +67,7 @@ const char *transport_outcome_name (transport_outcome_t o);
 typedef struct {
    transport_outcome_t outcome;
    int64_t retry_after_ms;          /* RETRY: the delay asked for; -1: the handler's backoff */
+   int http_status;                 /* a webhook's answer; 0: none (no answer, or another kind) */
    char error[TRANSPORT_ERROR_MAX]; /* lastError when not OK */
 } transport_result_t;
 

@@ -38,6 +38,7 @@
 #include "base/assert.h"
 #include "base/authfile.h"
 #include "base/log.h"
+#include "base/trace.h"
 
 #define CONFIG_FILE_MAX (1024 * 1024)
 #define CONFIG_VALUE_MAX 4096
@@ -59,6 +60,8 @@ config_set_checks (const config_checks_t *checks)
    {CONFIG_SECTION_DISPATCH, name, type, def, min, max, reload, help, offsetof (config_t, field), 0}
 #define A(name, type, def, min, max, reload, field, help) \
    {CONFIG_SECTION_ADMIN, name, type, def, min, max, reload, help, offsetof (config_t, field), 0}
+#define T(name, type, def, min, max, reload, field, help) \
+   {CONFIG_SECTION_TRACING, name, type, def, min, max, reload, help, offsetof (config_t, field), 0}
 /* Every handler key is reloadable: the dispatcher applies a new handler
  * set on reload (dispatch/dispatch.c, handlers_apply). */
 #define H(name, type, def, min, max, field, help) \
@@ -193,6 +196,15 @@ static const config_key_t config_key_table[] = {
    A ("tls_key_file", S, "", 0, 0, false, admin_tls_key_file,
       "PEM private key of [admin] tls_cert_file."),
 
+   T ("otlp_endpoint", S, "", 0, 0, false, tracing_otlp_endpoint,
+      "Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (http://host:4318): spans are POSTed as JSON to <otlp_endpoint>/v1/traces. Empty: no spans are exported and trace context passes through unchanged."),
+   T ("sample", S, "never", 0, 0, false, tracing_sample,
+      "Whether a publish without a traceparent starts a trace of its own: never, always, or a ratio from 0 to 1 (0.1: one in ten)."),
+   T ("service_name", S, "relaybus-proxy", 0, 0, false, tracing_service_name,
+      "The service.name resource attribute of the exported spans."),
+   T ("resource_attributes", L, "", 0, 0, false, tracing_resource_attributes,
+      "More resource attributes of the exported spans, as a list of key=value (deployment.environment=prod,service.namespace=shop)."),
+
    H ("events", L, NULL, 0, 0, events,
       "Event types the handler takes: exact names, or a prefix ending in '*'."),
    H ("kind", S, NULL, 0, 0, kind, "webhook, pull, nats, rabbitmq or kafka."),
@@ -248,6 +260,7 @@ static const config_key_t config_key_table[] = {
 #undef O
 #undef D
 #undef A
+#undef T
 #undef H
 #undef P_FILE
 #undef A_FILE
@@ -263,6 +276,7 @@ static const char *const config_section_names[] = {
    [CONFIG_SECTION_OUTBOX] = "outbox",
    [CONFIG_SECTION_DISPATCH] = "dispatch",
    [CONFIG_SECTION_ADMIN] = "admin",
+   [CONFIG_SECTION_TRACING] = "tracing",
    [CONFIG_SECTION_HANDLER] = "handler",
 };
 
@@ -830,6 +844,7 @@ config_alloc (void)
    config_apply_defaults (cfg, CONFIG_SECTION_OUTBOX);
    config_apply_defaults (cfg, CONFIG_SECTION_DISPATCH);
    config_apply_defaults (cfg, CONFIG_SECTION_ADMIN);
+   config_apply_defaults (cfg, CONFIG_SECTION_TRACING);
    return cfg;
 }
 
@@ -1401,6 +1416,29 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
       config_error (error, origin, 0, "[proxy] log_file: '%s' is not an absolute path", cfg->log_file);
       return false;
    }
+   {
+      /* [tracing]: refused here, so --check-config and a reload say so,
+       * rather than at start-up only (trace_start). */
+      uint64_t threshold;
+      const char *p = cfg->tracing_resource_attributes, *item;
+      size_t len;
+
+      if (!trace_parse_sample (cfg->tracing_sample, &threshold)) {
+         config_error (error, origin, 0, "[tracing] sample: '%s' is not never, always or a ratio from 0 to 1", cfg->tracing_sample);
+         return false;
+      }
+      if (cfg->tracing_otlp_endpoint[0] && strncmp (cfg->tracing_otlp_endpoint, "http://", 7) != 0 &&
+          strncmp (cfg->tracing_otlp_endpoint, "https://", 8) != 0) {
+         config_error (error, origin, 0, "[tracing] otlp_endpoint: '%s' is not an http:// or https:// URL", cfg->tracing_otlp_endpoint);
+         return false;
+      }
+      while (list_next (&p, &item, &len)) {
+         if (!memchr (item, '=', len) || item[0] == '=') {
+            config_error (error, origin, 0, "[tracing] resource_attributes: '%.*s' is not key=value", (int) len, item);
+            return false;
+         }
+      }
+   }
    if (strcmp (cfg->unrouted, "accept") == 0) {
       cfg->unrouted_mode = CONFIG_UNROUTED_ACCEPT;
    } else if (strcmp (cfg->unrouted, "warn") == 0) {
@@ -1532,7 +1570,7 @@ config_parse_section (config_t *cfg,
       }
    }
    config_error (error, origin, line,
-                 "unknown section [%s] (expected proxy, outbox, dispatch, admin or handler NAME)",
+                 "unknown section [%s] (expected proxy, outbox, dispatch, admin, tracing or handler NAME)",
                  name);
    return false;
 }

@@ -62,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/time.h>
 
 #include <event2/event.h>
@@ -71,6 +72,7 @@
 #include "base/fleet.h"
 #include "base/log.h"
 #include "base/counters.h"
+#include "base/trace.h"
 #include "dispatch/fleet.h"
 #include "store/ops.h"
 #include "store/store.h"
@@ -141,6 +143,14 @@ typedef struct job {
    int64_t retry_at; /* unsettled: next try */
    int64_t retry_ms; /* unsettled: current backoff */
    int64_t give_up;  /* unsettled: after this the store takes the claim back */
+   /* This attempt's send span (spans exported and the event has a trace
+    * context): the trace, the parent (the publish span the stored
+    * traceparent names) and the attempt's own span id, which the
+    * outgoing traceparent carries. */
+   bool traced;
+   trace_context_t trace;
+   uint8_t span_id[8];
+   int64_t span_start_ns;
 } job_t;
 
 /* The leases the renewal thread renews: a copy of each running job's id
@@ -596,6 +606,39 @@ flush_cb (evutil_socket_t fd, short what, void *arg)
       schedule (d->tick_ev, 0); /* a key's next delivery may be claimable */
 }
 
+/* The attempt's send span: a child of the publish span, kind CLIENT for
+ * a webhook (an HTTP request) and PRODUCER for a broker, as
+ * OpenTelemetry's messaging and HTTP conventions have them. */
+static void
+job_emit_span (const job_t *j, const transport_result_t *res)
+{
+   const config_handler_t *hc = j->h->cfg;
+   bool http = hc->kind_id == HANDLER_KIND_WEBHOOK;
+   trace_span_t s = {0};
+
+   memcpy (s.trace_id, j->trace.trace_id, sizeof s.trace_id);
+   memcpy (s.parent_id, j->trace.span_id, sizeof s.parent_id);
+   memcpy (s.span_id, j->span_id, sizeof s.span_id);
+   s.kind = http ? TRACE_KIND_CLIENT : TRACE_KIND_PRODUCER;
+   snprintf (s.name, sizeof s.name, "send %s", hc->name);
+   s.start_ns = j->span_start_ns;
+   s.end_ns = trace_now_ns ();
+   s.error = res->outcome != TRANSPORT_OUTCOME_OK;
+   trace_span_str (&s, "messaging.system", http ? "relaybus" : hc->kind);
+   trace_span_str (&s, "messaging.operation.name", "send");
+   trace_span_str (&s, "messaging.operation.type", "send");
+   trace_span_str (&s, "messaging.destination.name", hc->name);
+   trace_span_str (&s, "messaging.message.id", j->d.event_id);
+   trace_span_str (&s, "relaybus.handler.kind", hc->kind);
+   trace_span_int (&s, "relaybus.attempt", j->d.attempt);
+   trace_span_str (&s, "relaybus.outcome", transport_outcome_name (res->outcome));
+   if (res->http_status > 0)
+      trace_span_int (&s, "http.response.status_code", res->http_status);
+   if (res->outcome != TRANSPORT_OUTCOME_OK)
+      trace_span_str (&s, "error.type", res->error[0] ? res->error : "error");
+   trace_emit (&s);
+}
+
 static void
 job_done_cb (const transport_result_t *res, void *arg)
 {
@@ -605,6 +648,8 @@ job_done_cb (const transport_result_t *res, void *arg)
 
    j->req = NULL;
    running_remove (d, j);
+   if (j->traced)
+      job_emit_span (j, res);
    {
       counter_id_t mo = COUNTER_DELIVERIES_RETRIED;
       if (res->outcome == TRANSPORT_OUTCOME_OK)
@@ -676,6 +721,32 @@ job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    return j;
 }
 
+/* When spans are exported and the event has a trace context: the
+ * attempt gets a span id of its own, written into the message's
+ * traceparent header in place (same length), so the receiver's span is a
+ * child of the attempt's.  Otherwise the header passes through as stored. */
+static void
+job_trace (job_t *j, format_msg_t *msg)
+{
+   j->traced = false;
+   if (!trace_enabled ())
+      return;
+   for (size_t i = 0; i < msg->n_headers; i++) {
+      char *v = msg->headers[i].value;
+      trace_context_t out;
+
+      if (strcasecmp (msg->headers[i].name, "traceparent") != 0 || !trace_parse_traceparent (v, &j->trace))
+         continue;
+      trace_new_id (j->span_id, sizeof j->span_id);
+      out = j->trace;
+      memcpy (out.span_id, j->span_id, sizeof out.span_id);
+      trace_format_traceparent (&out, v); /* TRACE_PARENT_LEN, as parsed */
+      j->span_start_ns = trace_now_ns ();
+      j->traced = true;
+      return;
+   }
+}
+
 static void
 job_start (dispatcher_t *d, job_t *j)
 {
@@ -740,7 +811,7 @@ job_start (dispatcher_t *d, job_t *j)
 
       format_opts_from_handler (&fo, h->cfg);
       j->req = format_render (&fo, format_binding_of (h->cfg->kind_id), &j->d, &msg, &err)
-                  ? transport_send (h->t, &j->d, &msg, job_done_cb, j, &err)
+                  ? (job_trace (j, &msg), transport_send (h->t, &j->d, &msg, job_done_cb, j, &err))
                   : NULL;
       format_msg_fini (&msg);
    }

@@ -1147,6 +1147,7 @@ webhook_t_done (const webhook_result_t *res, void *arg)
    default:
       break;
    }
+   out.http_status = res->status;
    bson_strncpy (out.error, res->error, sizeof out.error);
    t->req = NULL;
    t->cb (&out, t->arg);

@@ -16,6 +16,12 @@
  *    other appender of the key conflict until it commits.  Several events of
  *    one key take n consecutive values with one $inc of n.
  *
+ * With spans exported (base/trace.h), each new event gets a `publish`
+ * span here, child of its annotation's traceparent (or the root of a
+ * trace of its own, as [tracing] sample says), and its stored traceparent
+ * names that span as parent: the dispatcher's attempt spans are its
+ * children.  The span is queued when the write is planned (enqueue only).
+ *
  * This module does no I/O and keeps no global state: publish/publish.c sends the
  * commands and hands back the replies.  Commands are built completely when a
  * round is planned and stay valid until the next round.
@@ -25,9 +31,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "base/assert.h"
 #include "base/outbox.h"
+#include "base/trace.h"
 
 static const char *const phase_names[INJECT_PHASE_COUNT_] = {
    [INJECT_PHASE_READ] = "read",
@@ -51,6 +59,12 @@ typedef struct {
    /* New keyed events: the sequence from the SEQ round. */
    int64_t sequence;
    int key_slot; /* index into job->keys, -1 without */
+   /* The publish span of a new event (spans exported, and a traceparent
+    * in its headers or a trace of its own by [tracing] sample): `span`
+    * holds the trace id and the publish span's id, which the stored
+    * traceparent carries as the parent of the dispatcher's attempts. */
+   bool traced;
+   trace_context_t span;
 } event_state_t;
 
 /* One distinct key of the new keyed events: one findAndModify. */
@@ -470,6 +484,75 @@ plan_seq (inject_job_t *job)
    return job->n_keys > 0;
 }
 
+/* The traceparent among an annotation's headers (validated at parse:
+ * annotate.c), or NULL. */
+static const char *
+event_traceparent (const annotate_event_t *ev)
+{
+   bson_iter_t hit;
+
+   if (!ev->has_headers || !bson_iter_recurse (&ev->headers, &hit))
+      return NULL;
+   while (bson_iter_next (&hit))
+      if (BSON_ITER_HOLDS_UTF8 (&hit) && !strcasecmp (bson_iter_key (&hit), "traceparent"))
+         return bson_iter_utf8 (&hit, NULL);
+   return NULL;
+}
+
+/* The publish span of new event `i`, queued (trace_emit copies it): a
+ * PRODUCER span, child of the annotation's traceparent, or the root of a
+ * new sampled trace.  Nothing when spans are not exported, or when the
+ * event has no trace context and sample does not start one. */
+static void
+trace_publish (inject_job_t *job, uint32_t i)
+{
+   const annotate_event_t *ev = &job->ann.events[i];
+   event_state_t *st = &job->ev[i];
+   trace_context_t parent;
+   trace_span_t s = {0};
+   bool has_parent;
+
+   st->traced = false;
+   if (!trace_enabled ())
+      return;
+   has_parent = trace_parse_traceparent (event_traceparent (ev), &parent);
+   if (has_parent) {
+      st->span = parent;
+      memcpy (s.parent_id, parent.span_id, sizeof s.parent_id);
+   } else if (trace_sample ()) {
+      trace_new_id (st->span.trace_id, sizeof st->span.trace_id);
+      st->span.flags = 0x01; /* sampled */
+   } else {
+      return;
+   }
+   trace_new_id (st->span.span_id, sizeof st->span.span_id);
+   st->traced = true;
+   memcpy (s.trace_id, st->span.trace_id, sizeof s.trace_id);
+   memcpy (s.span_id, st->span.span_id, sizeof s.span_id);
+   s.kind = TRACE_KIND_PRODUCER;
+   snprintf (s.name, sizeof s.name, "publish %.*s", (int) (ev->type_len < 80 ? ev->type_len : 80), ev->type);
+   s.start_ns = job->now_ms * 1000000;
+   s.end_ns = trace_now_ns ();
+   if (s.end_ns < s.start_ns)
+      s.end_ns = s.start_ns;
+   trace_span_str (&s, "messaging.system", "relaybus");
+   trace_span_str (&s, "messaging.operation.name", "publish");
+   trace_span_str (&s, "messaging.operation.type", "create");
+   trace_span_str (&s, "messaging.message.id", annotate_event_id (ev));
+   trace_span_str (&s, "messaging.destination.name", job->coll_events);
+   {
+      char type[TRACE_ATTR_VALUE_MAX];
+      snprintf (type, sizeof type, "%.*s", (int) ev->type_len, ev->type);
+      trace_span_str (&s, "relaybus.event.type", type);
+   }
+   if (ev->key) {
+      char key[TRACE_ATTR_VALUE_MAX];
+      snprintf (key, sizeof key, "%.*s", (int) ev->key_len, ev->key);
+      trace_span_str (&s, "relaybus.event.key", key);
+   }
+   trace_emit (&s);
+}
+
 /* The fields of a new event document, for $setOnInsert. */
 static void
 append_event_fields (const inject_job_t *job, uint32_t i, bson_t *doc)
@@ -486,8 +569,23 @@ append_event_fields (const inject_job_t *job, uint32_t i, bson_t *doc)
       bson_append_utf8 (doc, "key", 3, ev->key, (int) ev->key_len);
       BSON_APPEND_INT64 (doc, "sequence", st->sequence);
    }
-   if (ev->has_headers)
+   if (st->traced) {
+      /* The headers as given, with the traceparent naming the publish span. */
+      bson_t h;
+      bson_iter_t hit;
+      char tp[TRACE_PARENT_LEN + 1];
+
+      BSON_APPEND_DOCUMENT_BEGIN (doc, "headers", &h);
+      if (ev->has_headers && bson_iter_recurse (&ev->headers, &hit))
+         while (bson_iter_next (&hit))
+            if (strcasecmp (bson_iter_key (&hit), "traceparent") != 0)
+               bson_append_iter (&h, NULL, 0, &hit);
+      trace_format_traceparent (&st->span, tp);
+      BSON_APPEND_UTF8 (&h, "traceparent", tp);
+      bson_append_document_end (doc, &h);
+   } else if (ev->has_headers) {
       bson_append_iter (doc, "headers", 7, &ev->headers);
+   }
    if (ev->correlation_id)
       BSON_APPEND_UTF8 (doc, "correlationId", ev->correlation_id);
    if (ev->causation_id)
@@ -573,6 +671,7 @@ plan_write (inject_job_t *job)
       bson_append_document_end (&st, &q);
       BSON_APPEND_DOCUMENT_BEGIN (&st, "u", &u);
       if (!job->ev[i].existing) {
+         trace_publish (job, i);
          BSON_APPEND_DOCUMENT_BEGIN (&u, "$setOnInsert", &set);
          append_event_fields (job, i, &set);
          if (n_handlers == 0) {

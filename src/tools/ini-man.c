@@ -119,7 +119,8 @@ main (int argc, char **argv)
    size_t n;
    const config_key_t *keys = config_keys (&n);
    static const config_section_t sections[] = {
-      CONFIG_SECTION_PROXY, CONFIG_SECTION_OUTBOX, CONFIG_SECTION_DISPATCH, CONFIG_SECTION_ADMIN, CONFIG_SECTION_HANDLER,
+      CONFIG_SECTION_PROXY, CONFIG_SECTION_OUTBOX, CONFIG_SECTION_DISPATCH, CONFIG_SECTION_ADMIN, CONFIG_SECTION_TRACING,
+      CONFIG_SECTION_HANDLER,
    };
 
    if (argc != 3) {

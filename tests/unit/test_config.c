@@ -72,6 +72,27 @@ test_defaults (void **state)
    config_release (cfg);
 }
 
+/* [tracing]: its defaults (no export, never sample) and what it refuses. */
+static void
+test_tracing (void **state)
+{
+   config_t *cfg = config_new_defaults ();
+
+   (void) state;
+   assert_string_equal (cfg->tracing_otlp_endpoint, "");
+   assert_string_equal (cfg->tracing_sample, "never");
+   assert_string_equal (cfg->tracing_service_name, "relaybus-proxy");
+   config_release (cfg);
+   cfg = parse_ok ("[tracing]\notlp_endpoint = http://otel:4318\nsample = 0.25\nresource_attributes = a=1, b=2\n");
+   assert_string_equal (cfg->tracing_otlp_endpoint, "http://otel:4318");
+   assert_string_equal (cfg->tracing_resource_attributes, "a=1,b=2");
+   config_release (cfg);
+   parse_fails ("[tracing]\nsample = often\n", "[tracing] sample");
+   parse_fails ("[tracing]\nsample = 2\n", "[tracing] sample");
+   parse_fails ("[tracing]\notlp_endpoint = otel:4318\n", "[tracing] otlp_endpoint");
+   parse_fails ("[tracing]\nresource_attributes = env\n", "[tracing] resource_attributes");
+}
+
 /* The example of DESIGN.md section 8, inline comments included. */
 static void
 test_design_example (void **state)
@@ -888,6 +909,7 @@ main (void)
    config_set_checks (&(config_checks_t){compress_offerable, webhook_secrets_valid});
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_defaults),
+      cmocka_unit_test (test_tracing),
       cmocka_unit_test (test_design_example),
       cmocka_unit_test (test_errors_name_line_and_key),
       cmocka_unit_test (test_handlers),

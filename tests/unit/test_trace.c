@@ -1,0 +1,223 @@
+/*
+ * test_trace.c - base/trace.c: W3C traceparent parsing (a table of valid
+ * and invalid values) and writing, the OTLP JSON encoding of a batch
+ * (resource and span fields, hex ids, nanosecond strings, string and int
+ * attributes, escaping, a root span without parentSpanId), attribute
+ * bounds, and [tracing] sample's accepted values.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/config.h"
+#include "base/trace.h"
+
+static void
+test_traceparent_table (void **state)
+{
+   static const struct {
+      const char *v;
+      bool ok;
+   } table[] = {
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", true},
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", true},
+      {"00-00000000000000000000000000000000-00f067aa0ba902b7-01", false}, /* zero trace id */
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", false}, /* zero span id */
+      {"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", false}, /* upper case */
+      {"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", false}, /* another version */
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x", false},
+      {"00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01", false},
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01", false},
+      {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g", false},
+      {"", false},
+      {NULL, false},
+   };
+   (void) state;
+
+   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+      trace_context_t c;
+      bool ok = trace_parse_traceparent (table[i].v, &c);
+      if (ok != table[i].ok)
+         fail_msg ("%s: expected %s", table[i].v ? table[i].v : "(null)", table[i].ok ? "valid" : "invalid");
+      if (ok) {
+         char back[TRACE_PARENT_LEN + 1];
+         trace_format_traceparent (&c, back);
+         assert_string_equal (back, table[i].v);
+      }
+   }
+}
+
+static void
+test_new_ids (void **state)
+{
+   uint8_t a[16], b[16], zero[16] = {0};
+   (void) state;
+
+   trace_new_id (a, sizeof a);
+   trace_new_id (b, sizeof b);
+   assert_memory_not_equal (a, zero, sizeof a);
+   assert_memory_not_equal (a, b, sizeof a);
+}
+
+/* The body as a BSON document, for reading fields back. */
+static bson_t *
+parse_json (const char *json)
+{
+   bson_error_t err;
+   bson_t *b = bson_new_from_json ((const uint8_t *) json, -1, &err);
+   if (!b)
+      fail_msg ("not JSON (%s): %s", err.message, json);
+   return b;
+}
+
+static const char *
+utf8_at (const bson_t *b, const char *dotted)
+{
+   bson_iter_t it, f;
+   if (!bson_iter_init (&it, b) || !bson_iter_find_descendant (&it, dotted, &f) || !BSON_ITER_HOLDS_UTF8 (&f))
+      fail_msg ("no string at %s", dotted);
+   return bson_iter_utf8 (&f, NULL);
+}
+
+static bool
+has (const bson_t *b, const char *dotted)
+{
+   bson_iter_t it, f;
+   return bson_iter_init (&it, b) && bson_iter_find_descendant (&it, dotted, &f);
+}
+
+static void
+test_otlp_json (void **state)
+{
+   trace_span_t s[2];
+   trace_context_t c;
+   size_t len = 0;
+   char *json;
+   bson_t *b;
+   (void) state;
+
+   memset (s, 0, sizeof s);
+   assert_true (trace_parse_traceparent ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", &c));
+   memcpy (s[0].trace_id, c.trace_id, 16);
+   memcpy (s[0].parent_id, c.span_id, 8);
+   memcpy (s[0].span_id, "\x01\x02\x03\x04\x05\x06\x07\x08", 8);
+   s[0].kind = TRACE_KIND_PRODUCER;
+   strcpy (s[0].name, "publish order.\"placed\"");
+   s[0].start_ns = 1700000000123456789;
+   s[0].end_ns = 1700000000223456789;
+   trace_span_str (&s[0], "messaging.message.id", "ord-1");
+   trace_span_int (&s[0], "relaybus.attempt", 5000000000);
+   s[1] = s[0];
+   memset (s[1].parent_id, 0, 8);
+   s[1].kind = TRACE_KIND_CLIENT;
+   s[1].error = true;
+
+   json = trace_encode_otlp_json (s, 2, "shop", "deployment.environment=prod,team=a=b", &len);
+   assert_int_equal (len, strlen (json));
+   b = parse_json (json);
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.0.key"), "service.name");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.0.value.stringValue"), "shop");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.1.key"), "deployment.environment");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.1.value.stringValue"), "prod");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.2.value.stringValue"), "a=b");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.scopeSpans.0.scope.name"), "relaybus-proxy");
+#define SPAN0 "resourceSpans.0.scopeSpans.0.spans.0."
+#define SPAN1 "resourceSpans.0.scopeSpans.0.spans.1."
+   assert_string_equal (utf8_at (b, SPAN0 "traceId"), "4bf92f3577b34da6a3ce929d0e0e4736");
+   assert_string_equal (utf8_at (b, SPAN0 "spanId"), "0102030405060708");
+   assert_string_equal (utf8_at (b, SPAN0 "parentSpanId"), "00f067aa0ba902b7");
+   assert_string_equal (utf8_at (b, SPAN0 "name"), "publish order.\"placed\"");
+   assert_string_equal (utf8_at (b, SPAN0 "startTimeUnixNano"), "1700000000123456789");
+   assert_string_equal (utf8_at (b, SPAN0 "endTimeUnixNano"), "1700000000223456789");
+   assert_string_equal (utf8_at (b, SPAN0 "attributes.0.value.stringValue"), "ord-1");
+   assert_string_equal (utf8_at (b, SPAN0 "attributes.1.key"), "relaybus.attempt");
+   assert_string_equal (utf8_at (b, SPAN0 "attributes.1.value.intValue"), "5000000000");
+   assert_false (has (b, SPAN0 "status.code"));
+   assert_false (has (b, SPAN1 "parentSpanId")); /* a root span */
+   {
+      bson_iter_t it, f;
+      assert_true (bson_iter_init (&it, b) && bson_iter_find_descendant (&it, SPAN0 "kind", &f));
+      assert_int_equal (bson_iter_as_int64 (&f), 4);
+      assert_true (bson_iter_init (&it, b) && bson_iter_find_descendant (&it, SPAN1 "kind", &f));
+      assert_int_equal (bson_iter_as_int64 (&f), 3);
+      assert_true (bson_iter_init (&it, b) && bson_iter_find_descendant (&it, SPAN1 "status.code", &f));
+      assert_int_equal (bson_iter_as_int64 (&f), 2);
+   }
+   bson_destroy (b);
+   bson_free (json);
+}
+
+static void
+test_attribute_bounds (void **state)
+{
+   trace_span_t s = {0};
+   char big[TRACE_ATTR_VALUE_MAX + 10];
+   (void) state;
+
+   /* "é" (2 bytes) repeated: the cut falls inside one and backs off. */
+   for (size_t i = 0; i + 1 < sizeof big; i += 2) {
+      big[i] = (char) 0xc3;
+      big[i + 1] = (char) 0xa9;
+   }
+   big[sizeof big - 1] = '\0';
+   big[sizeof big - 2] = 'x';
+   trace_span_str (&s, "k", big);
+   assert_true (strlen (s.attrs[0].str_value) < TRACE_ATTR_VALUE_MAX);
+   assert_int_equal (strlen (s.attrs[0].str_value) % 2, 0);
+   for (int i = 1; i < TRACE_ATTRS_MAX + 5; i++)
+      trace_span_int (&s, "n", i);
+   assert_int_equal (s.n_attrs, TRACE_ATTRS_MAX);
+}
+
+static void
+test_sample_values (void **state)
+{
+   static const struct {
+      const char *v;
+      bool ok;
+   } table[] = {
+      {"never", true}, {"always", true}, {"0", true}, {"0.25", true}, {"1", true},
+      {"1.5", false},  {"-0.1", false},  {"sometimes", false}, {"0.5x", false},
+   };
+   (void) state;
+
+   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+      config_t cfg = {0};
+      bson_error_t err;
+      cfg.tracing_sample = (char *) table[i].v;
+      cfg.tracing_otlp_endpoint = (char *) "";
+      if (trace_start (&cfg, &err) != table[i].ok)
+         fail_msg ("sample = %s: expected %s", table[i].v, table[i].ok ? "accepted" : "refused");
+      /* No endpoint: nothing exported, emitting is a no-op. */
+      assert_false (trace_enabled ());
+      trace_stop ();
+   }
+   {
+      config_t cfg = {0};
+      bson_error_t err;
+      cfg.tracing_sample = (char *) "always";
+      cfg.tracing_otlp_endpoint = (char *) "";
+      assert_true (trace_start (&cfg, &err));
+      assert_true (trace_sample ());
+      cfg.tracing_sample = (char *) "never";
+      assert_true (trace_start (&cfg, &err));
+      assert_false (trace_sample ());
+   }
+}
+
+int
+main (void)
+{
+   const struct CMUnitTest tests[] = {
+      cmocka_unit_test (test_traceparent_table),
+      cmocka_unit_test (test_new_ids),
+      cmocka_unit_test (test_otlp_json),
+      cmocka_unit_test (test_attribute_bounds),
+      cmocka_unit_test (test_sample_values),
+   };
+   return cmocka_run_group_tests (tests, NULL, NULL);
+}
