@@ -48,7 +48,7 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     assert.equal(h.text, 'ok\n');
     const r = await request(proxy.base, '/readyz');
     assert.equal(r.status, 200, r.text);
-    assert.deepEqual(r.json, { ready: true, upstream: 'primary', outbox: true });
+    assert.deepEqual(r.json, { ready: true, upstream: 'primary', outbox: true, fleet: true });
   });
 
   await t.test('without the token, or with a wrong one, /api/* and /metrics answer 401', async () => {
