@@ -6,16 +6,19 @@
 //    pending and GET /api/handlers on both proxies says why.  POST /api/handlers/NAME/enable
 //    on one proxy sends what waited, every key in order.
 // 2. A receiver failing every request for disable_after disables its handler too
-//    ("failing since ..."); the operator's POST .../disable and .../enable change it.
+//    ("failing since ..."); the operator's POST .../disable and .../enable change it, and so
+//    does the dashboard's Enable button.
 
+const fs = require('node:fs');
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
-const { startUpstream, uniqueDbName, freePort, sleep, registerFinalChecks } = require('../lib/proxy');
+const { startUpstream, uniqueDbName, freePort, sleep, tmpDir, registerFinalChecks } = require('../lib/proxy');
 const { startSink } = require('./sink');
 const { startDispatchProxy, publish, waitFor } = require('./helpers');
 
 const cleanups = [];
+const CHROMIUM = process.env.RELAYBUS_CHROMIUM || '/usr/bin/chromium';
 const HEARTBEAT = '500ms';
 
 async function getJson(port, path) {
@@ -149,6 +152,32 @@ test('disable_after: a receiver failing every request disables its handler; the 
       method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}',
     });
     assert.equal(missing.status, 404);
+
+    // The dashboard shows the state and enables the handler with its button.
+    if (!fs.existsSync(CHROMIUM)) {
+      t.diagnostic(`dashboard part skipped: no Chromium at ${CHROMIUM}`);
+    } else {
+      const { chromium } = require('playwright-core');
+      const context = await chromium.launchPersistentContext(tmpDir('relaybus-chromium-'), {
+        executablePath: CHROMIUM, headless: true,
+        args: ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking'],
+      });
+      try {
+        const page = context.pages()[0] || (await context.newPage());
+        const asked = [];
+        page.on('dialog', (d) => { asked.push(d.message()); d.accept(); });
+        await page.goto(`http://127.0.0.1:${admin}/`);
+        const button = 'tr[data-handler="flaky"] button.handler-enable';
+        await page.waitForSelector(button, { timeout: 10000 });
+        assert.match(await page.textContent('tr[data-handler="flaky"]'), /disabled \(operator\)/);
+        await page.click(button);
+        await page.waitForSelector('tr[data-handler="flaky"] button.handler-disable', { timeout: 10000 });
+        assert.match(asked[0], /^Enable flaky\?/);
+        assert.equal((await handlerRow(admin, 'flaky')).state, 'enabled');
+      } finally {
+        await context.close();
+      }
+    }
     assert.equal((await p.stop()).code, 0);
   });
 
