@@ -32,7 +32,8 @@ void dispatch_fleet_destroy (dispatch_fleet_t *fleet);
 bool dispatch_fleet_beat (dispatch_fleet_t *fleet, const config_t *cfg, int64_t now, bool *released);
 
 /* True while `handler`'s deliveries must not be claimed: it is being
- * backfilled, here or by another instance that declared it first. */
+ * backfilled, here or by another instance that declared it first; it is
+ * disabled in the outbox; or the disabled handlers were not read yet. */
 bool dispatch_fleet_holds (const dispatch_fleet_t *fleet, const char *handler);
 
 /* Whether `handler` is disabled in the outbox (as the last heartbeat read

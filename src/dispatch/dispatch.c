@@ -867,7 +867,9 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    flush (d);
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = d->handlers[i];
-      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling: not yet */
+      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling or disabled: not now */
+      if (dispatch_fleet_disabled (d->fleet, h->cfg->name))
+         h->failing_since_ms = 0; /* enabled again, it gets disable_after anew */
       int64_t free_slots = h->t && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;

@@ -129,7 +129,8 @@ dispatch_fleet_disable (dispatch_fleet_t *f, const char *handler, counters_state
 }
 
 /* Reads the outbox's disabled handlers and logs what changed since the
- * last read; true when a handler was enabled again.  On a failed read the
+ * last read; true when a handler was enabled again (or this was the first
+ * read).  On a failed read the
  * last set stays (a disabled handler is not sent to because the database
  * answers badly). */
 static bool
@@ -138,7 +139,7 @@ fleet_read_disabled (dispatch_fleet_t *f)
    store_handler_state_t *states = NULL;
    size_t n = 0;
    bson_error_t err;
-   bool enabled = false;
+   bool enabled = !f->disabled_read; /* the first read releases every handler it does not name */
 
    if (!store_fleet_disabled (f->store, &states, &n, CONFIG_MAX_HANDLERS * 4, &err)) {
       log_warn ("dispatch: reading the disabled handlers (retried every heartbeat): %s", err.message);
@@ -160,15 +161,24 @@ fleet_read_disabled (dispatch_fleet_t *f)
    return enabled;
 }
 
-bool
-dispatch_fleet_holds (const dispatch_fleet_t *f, const char *handler)
+/* Whether `handler` is being backfilled (or held for another's backfill). */
+static bool
+fleet_backfilling (const dispatch_fleet_t *f, const char *handler)
 {
-   if (dispatch_fleet_disabled (f, handler))
-      return true;
    for (size_t i = 0; f && i < f->n_backfills; i++)
       if (!strcmp (f->backfills[i].name, handler))
          return true;
    return false;
+}
+
+bool
+dispatch_fleet_holds (const dispatch_fleet_t *f, const char *handler)
+{
+   /* Until the disabled handlers were read once, any handler may be one:
+    * a proxy that starts must not send to an endpoint the fleet disabled. */
+   if (f && !f->disabled_read)
+      return true;
+   return dispatch_fleet_disabled (f, handler) || fleet_backfilling (f, handler);
 }
 
 void
@@ -259,7 +269,7 @@ fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set
    for (size_t i = 0; i < cfg->n_handlers; i++) {
       const config_handler_t *h = &cfg->handlers[i];
 
-      if ((only_new && fleet_known (f, h->name)) || dispatch_fleet_holds (f, h->name))
+      if ((only_new && fleet_known (f, h->name)) || fleet_backfilling (f, h->name))
          continue;
       memset (&f->backfills[f->n_backfills], 0, sizeof *f->backfills);
 
