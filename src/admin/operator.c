@@ -265,8 +265,15 @@ handler_state_change (admin_t *a, struct evhttp_request *req, bool disable)
    }
    if (!empty_json_body (a, req))
       goto done;
-   for (size_t i = 0; i < a->cfg->n_handlers && !known; i++)
+   for (size_t i = 0; i < a->cfg->n_handlers && !known; i++) {
       known = !strcmp (a->cfg->handlers[i].name, name);
+      /* The dispatchers honour the state; a pull handler's consumers claim
+       * for themselves (stop them instead). */
+      if (known && disable && a->cfg->handlers[i].kind_id == HANDLER_KIND_PULL) {
+         admin_send_error (a, req, 400, "handler %s is a pull handler: its consumers claim its deliveries", name);
+         goto done;
+      }
+   }
    /* Enabling is allowed for any name: a handler this proxy no longer
     * declares may still be disabled in the outbox. */
    if (disable && !known) {
