@@ -22,6 +22,7 @@
 #include "base/worker.h"
 #include "store/store.h"
 #include "store/ops.h"
+#include "store/fleet.h"
 #include "base/topology.h"
 
 struct bufferevent;
@@ -44,6 +45,8 @@ typedef struct {
    size_t n_hs;
    int64_t leased, held;
    bson_t lanes; /* array */
+   store_handler_state_t *disabled; /* the outbox's disabled handlers (owned) */
+   size_t n_disabled;
    char error[256];
 } store_view_t;
 
@@ -134,6 +137,13 @@ void admin_api_reconnect (admin_t *a, struct evhttp_request *req);
 /* POST /api/clients/ID/close: admin_operator_route tells its paths. */
 void admin_api_client_close (admin_t *a, struct evhttp_request *req);
 bool admin_operator_route (const char *path);
+/* POST /api/handlers/NAME/disable and /enable: admin_handler_route maps
+ * their paths to the route table's patterns (NULL: not one of them). */
+void admin_api_handler_disable (admin_t *a, struct evhttp_request *req);
+void admin_api_handler_enable (admin_t *a, struct evhttp_request *req);
+const char *admin_handler_route (const char *path);
+/* After a change: the next store view is read afresh. */
+void admin_view_invalidate (admin_t *a);
 /* Posts what proxy/operator.h could not post yet, and while something
  * still does not fit, again from a timer. */
 void admin_operator_kick (admin_t *a);

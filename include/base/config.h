@@ -140,6 +140,7 @@ typedef struct {
    int64_t max_attempts;     /* 1 + n_retry_delays unless set */
    int64_t timeout_ms;
    int64_t concurrency;
+   int64_t disable_after_ms; /* webhook: disabled after failing this long without a success */
    bool retry_4xx;
    /* pull: who may run the relaybus* commands on it, comma-separated user
     * names ("" : every connection the deployment lets read the outbox;

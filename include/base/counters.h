@@ -86,6 +86,15 @@ typedef enum {
    COUNTERS_LOGIN_COUNT
 } counters_login_t;
 
+/* Why a handler's state changed (relaybus_handler_state_changes_total{reason}). */
+typedef enum {
+   COUNTERS_STATE_GONE = 0,  /* disabled: its webhook answered 410 Gone */
+   COUNTERS_STATE_FAILING,   /* disabled: every delivery failed for disable_after */
+   COUNTERS_STATE_OPERATOR,  /* disabled by POST /api/handlers/NAME/disable */
+   COUNTERS_STATE_ENABLED,   /* enabled by POST /api/handlers/NAME/enable */
+   COUNTERS_STATE_COUNT
+} counters_state_t;
+
 /* Commands counted by name: this many fixed names, plus "other". */
 #define COUNTERS_N_COMMANDS 44
 /* Handlers with their own series: at least the configuration's bound
@@ -110,6 +119,7 @@ typedef enum {
    L (KIND, "kind", COUNTERS_PUBLISH_ERROR_COUNT)           \
    L (PIN, "reason", COUNTERS_PIN_COUNT)                    \
    L (LOGIN, "result", COUNTERS_LOGIN_COUNT)                \
+   L (STATE, "reason", COUNTERS_STATE_COUNT)                \
    L (HANDLER, "handler", COUNTERS_MAX_HANDLERS)            \
    L (TYPE, "type", COUNTERS_MAX_EVENT_TYPES + 1)          \
    L (LOOP, "loop", COUNTERS_LOOPS_MAX)
@@ -336,6 +346,10 @@ typedef enum {
    X (REPLAYS, "relaybus_replays_total", COUNTER, NONE, "POST /api/replay requests that queued their window.")      \
    X (REPLAYED_DELIVERIES, "relaybus_replayed_deliveries_total", COUNTER, NONE,                                        \
       "Deliveries POST /api/replay queued (events sent again to a handler).")                                         \
+   X (DISABLED_HANDLERS, "relaybus_disabled_handlers", GAUGE, NONE,                                                    \
+      "Handlers disabled in the outbox (410 Gone, failing, operator) as this process last read them.")                \
+   X (HANDLER_STATE_CHANGES, "relaybus_handler_state_changes_total", COUNTER, STATE,                                  \
+      "Handlers this process disabled or enabled, by reason.")                                                         \
    X (PURGE_RUNS, "relaybus_purge_runs_total", COUNTER, NONE, "Scheduled purge runs this process completed.")         \
    X (PURGE_ERRORS, "relaybus_purge_errors_total", COUNTER, NONE, "Scheduled purge runs this process ended on an error.") \
    X (PURGED_EVENTS, "relaybus_purged_events_total", COUNTER, NONE,                                                    \

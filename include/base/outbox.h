@@ -27,6 +27,7 @@ typedef enum {
    OUTBOX_LANES_COLL,
    OUTBOX_COMPLETED,
    OUTBOX_HANDLERS, /* the fleet's handler sets: one document per proxy instance */
+   OUTBOX_HANDLER_STATES, /* disabled handlers: one document per disabled handler */
    OUTBOX_N_COLLECTIONS,
 } outbox_collection_t;
 

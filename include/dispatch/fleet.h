@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "base/config.h"
+#include "base/counters.h"
 #include "store/store.h"
 
 typedef struct dispatch_fleet dispatch_fleet_t;
@@ -31,8 +32,18 @@ void dispatch_fleet_destroy (dispatch_fleet_t *fleet);
 bool dispatch_fleet_beat (dispatch_fleet_t *fleet, const config_t *cfg, int64_t now, bool *released);
 
 /* True while `handler`'s deliveries must not be claimed: it is being
- * backfilled, here or by another instance that declared it first. */
+ * backfilled, here or by another instance that declared it first; it is
+ * disabled in the outbox; or the disabled handlers were not read yet. */
 bool dispatch_fleet_holds (const dispatch_fleet_t *fleet, const char *handler);
+
+/* Whether `handler` is disabled in the outbox (as the last heartbeat read
+ * it, or this instance disabled it since). */
+bool dispatch_fleet_disabled (const dispatch_fleet_t *fleet, const char *handler);
+
+/* Disables `handler` in the outbox for `reason` ("410", "failing since
+ * ..."), counted under `why` and logged when this call changed it; held
+ * here at once.  False (logged) when the write failed. */
+bool dispatch_fleet_disable (dispatch_fleet_t *fleet, const char *handler, counters_state_t why, const char *reason, int64_t now);
 
 /* At a clean stop: records stoppedAt and hands the retirement lease back. */
 void dispatch_fleet_stop (dispatch_fleet_t *fleet, int64_t now);

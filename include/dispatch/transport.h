@@ -60,6 +60,7 @@ typedef enum {
    TRANSPORT_OUTCOME_OK,    /* confirmed: complete the delivery */
    TRANSPORT_OUTCOME_RETRY, /* failed: retry (retry_after_ms, or the handler's backoff) */
    TRANSPORT_OUTCOME_DEAD,  /* failed for good: bury now, whatever attempts are left */
+   TRANSPORT_OUTCOME_GONE,  /* the endpoint is gone (a webhook's 410): disable the handler, give the delivery back uncharged */
 } transport_outcome_t;
 
 const char *transport_outcome_name (transport_outcome_t o);

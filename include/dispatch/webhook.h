@@ -121,6 +121,7 @@ typedef enum {
    WEBHOOK_OUTCOME_RETRY,       /* 5xx, timeouts, connection errors; with retry_4xx every other non-2xx */
    WEBHOOK_OUTCOME_RETRY_AFTER, /* 429, 503: Retry-After if given, else backoff */
    WEBHOOK_OUTCOME_DEAD,        /* without retry_4xx: other 4xx, 1xx, 3xx */
+   WEBHOOK_OUTCOME_GONE,        /* 410: the receiver says the endpoint is gone for good */
 } webhook_outcome_t;
 
 const char *webhook_outcome_name (webhook_outcome_t o);

@@ -75,4 +75,29 @@ bool store_fleet_backfill (store_t *store,
                            size_t *n_added,
                            bson_error_t *error) __attribute__ ((warn_unused_result));
 
+/* A disabled handler as the outbox records it (handler_states): nothing
+ * is claimed for it anywhere in the fleet until it is enabled again. */
+typedef struct {
+   char *name;   /* owned */
+   char *reason; /* owned: "410", "failing since <time>" or "operator" */
+   int64_t at;   /* when it was disabled (the server's clock) */
+} store_handler_state_t;
+
+void store_handler_states_free (store_handler_state_t *states, size_t n);
+
+/* Records `handler` disabled for `reason`.  An already disabled handler
+ * keeps its first reason and time: *changed says whether this call
+ * disabled it. */
+bool store_fleet_disable (store_t *store, const char *handler, const char *reason, bool *changed, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Enables `handler` again; *changed says whether it was disabled. */
+bool store_fleet_enable (store_t *store, const char *handler, bool *changed, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* Every disabled handler, at most `max` (sorted by name); the caller frees
+ * *states with store_handler_states_free. */
+bool store_fleet_disabled (store_t *store, store_handler_state_t **states, size_t *n, size_t max, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
 #endif /* RELAYBUS_STORE_FLEET_H */

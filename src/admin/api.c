@@ -435,7 +435,8 @@ store_view_load (admin_t *a, store_view_t *v, int64_t now)
    memset (v, 0, sizeof *v);
    bson_init (&v->lanes);
    v->ok = store_statistics (a->store, now, &v->totals, &err) && store_handler_stats (a->store, &v->hs, &v->n_hs, &err) &&
-           store_list_lanes (a->store, now, a->local_prefix, &v->lanes, &v->leased, &v->held, &err);
+           store_list_lanes (a->store, now, a->local_prefix, &v->lanes, &v->leased, &v->held, &err) &&
+           store_fleet_disabled (a->store, &v->disabled, &v->n_disabled, CONFIG_MAX_HANDLERS * 4, &err);
    if (!v->ok) {
       /* Shown in /api/stats: the driver's text may quote the URI. */
       char *masked = config_mask (NULL, err.message);
@@ -464,6 +465,9 @@ store_view_clear (store_view_t *v)
 {
    bson_free (v->hs);
    bson_destroy (&v->lanes);
+   store_handler_states_free (v->disabled, v->n_disabled);
+   v->disabled = NULL;
+   v->n_disabled = 0;
 }
 
 /* The view, from the cache when it is fresh. */
@@ -486,6 +490,12 @@ store_view_invalidate (admin_t *a)
    if (a->view_at > 0)
       store_view_clear (&a->view);
    a->view_at = 0;
+}
+
+void
+admin_view_invalidate (admin_t *a)
+{
+   store_view_invalidate (a);
 }
 
 void
@@ -586,6 +596,19 @@ append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t
    BSON_APPEND_BOOL (&doc, "configured", hc != NULL);
    if (hc)
       BSON_APPEND_UTF8 (&doc, "kind", hc->kind);
+   {
+      /* The outbox's state (a->view is the view h comes from). */
+      const store_handler_state_t *st = NULL;
+
+      for (size_t k = 0; k < a->view.n_disabled && !st; k++)
+         if (!strcmp (a->view.disabled[k].name, h->name))
+            st = &a->view.disabled[k];
+      BSON_APPEND_UTF8 (&doc, "state", st ? "disabled" : "enabled");
+      if (st) {
+         BSON_APPEND_UTF8 (&doc, "disabledReason", st->reason);
+         append_date (&doc, "disabledAt", st->at);
+      }
+   }
    BSON_APPEND_INT64 (&doc, "pending", h->pending);
    BSON_APPEND_INT64 (&doc, "parked", h->parked);
    BSON_APPEND_INT64 (&doc, "dead", h->dead);

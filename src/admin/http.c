@@ -346,6 +346,8 @@ static const route_t routes[] = {
    {"/api/resume", EVHTTP_REQ_POST, true, admin_api_resume},
    {"/api/reconnect", EVHTTP_REQ_POST, true, admin_api_reconnect},
    {"/api/clients/ID/close", EVHTTP_REQ_POST, true, admin_api_client_close},
+   {"/api/handlers/NAME/disable", EVHTTP_REQ_POST, true, admin_api_handler_disable},
+   {"/api/handlers/NAME/enable", EVHTTP_REQ_POST, true, admin_api_handler_enable},
 };
 
 static void
@@ -392,6 +394,8 @@ admin_request_cb (struct evhttp_request *req, void *arg)
    /* Paths with an id route as their pattern. */
    if (admin_operator_route (path))
       path = "/api/clients/ID/close";
+   else if (admin_handler_route (path))
+      path = admin_handler_route (path);
    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
       if (!strcmp (routes[i].path, path)) {
          path_known = true;

@@ -1,6 +1,7 @@
 /*
  * admin/operator.c - the operator's commands on the admin port: POST
- * /api/pause, /api/resume, /api/reconnect and /api/clients/ID/close.
+ * /api/pause, /api/resume, /api/reconnect, /api/clients/ID/close and
+ * /api/handlers/NAME/disable and /enable.
  *
  * Each command is handed to proxy/operator.h, which carries it to the
  * forwarding loops by posts that never block them; this thread answers at
@@ -13,6 +14,11 @@
  * every POST of the port: a form on another origin cannot send that
  * without a preflight, which is never answered, so a browser cannot be
  * made to pause the proxy.  The token (when set) is checked by the router.
+ *
+ * A handler's state is the outbox's (store/fleet.h, handler_states), not
+ * this process's: the disable and enable write it there, blocking this
+ * thread for one write, and every proxy's dispatcher reads it at its next
+ * heartbeat.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -30,10 +36,16 @@
 #include "base/log.h"
 #include "proxy/clients.h"
 #include "proxy/operator.h"
+#include "store/fleet.h"
 
 #define OPERATOR_KICK_RETRY_MS 10
 #define OPERATOR_CLIENTS_PREFIX "/api/clients/"
 #define OPERATOR_CLOSE_SUFFIX "/close"
+#define OPERATOR_HANDLERS_PREFIX "/api/handlers/"
+#define OPERATOR_DISABLE_SUFFIX "/disable"
+#define OPERATOR_ENABLE_SUFFIX "/enable"
+/* Longer than any handler name the configuration accepts. */
+#define OPERATOR_HANDLER_NAME_MAX 256
 
 /* Empty, or a JSON object without fields, sent as JSON (file comment). */
 static bool
@@ -206,4 +218,100 @@ admin_api_client_close (admin_t *a, struct evhttp_request *req)
    admin_send_json (req, 200, "OK", &doc);
 done:
    bson_destroy (&doc);
+}
+
+/* The handler NAME of "/api/handlers/NAME/<suffix>" (copied into out), or
+ * false. */
+static bool
+handler_of_path (const char *path, const char *suffix, char *out, size_t out_len)
+{
+   size_t n = strlen (path), np = strlen (OPERATOR_HANDLERS_PREFIX), ns = strlen (suffix), len;
+
+   if (n <= np + ns || strncmp (path, OPERATOR_HANDLERS_PREFIX, np) != 0 || strcmp (path + n - ns, suffix) != 0)
+      return false;
+   len = n - np - ns;
+   if (len >= out_len || memchr (path + np, '/', len))
+      return false;
+   memcpy (out, path + np, len);
+   out[len] = '\0';
+   return true;
+}
+
+const char *
+admin_handler_route (const char *path)
+{
+   char name[OPERATOR_HANDLER_NAME_MAX];
+
+   if (handler_of_path (path, OPERATOR_DISABLE_SUFFIX, name, sizeof name))
+      return "/api/handlers/NAME/disable";
+   if (handler_of_path (path, OPERATOR_ENABLE_SUFFIX, name, sizeof name))
+      return "/api/handlers/NAME/enable";
+   return NULL;
+}
+
+static void
+handler_state_change (admin_t *a, struct evhttp_request *req, bool disable)
+{
+   const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri (req);
+   const char *path = uri ? evhttp_uri_get_path (uri) : NULL;
+   char name[OPERATOR_HANDLER_NAME_MAX], peer[80];
+   bool known = false, changed = false, ok;
+   bson_error_t err;
+   bson_t doc = BSON_INITIALIZER;
+
+   if (!path || !handler_of_path (path, disable ? OPERATOR_DISABLE_SUFFIX : OPERATOR_ENABLE_SUFFIX, name, sizeof name)) {
+      admin_send_error (a, req, 404, "no such endpoint");
+      goto done;
+   }
+   if (!empty_json_body (a, req))
+      goto done;
+   for (size_t i = 0; i < a->cfg->n_handlers && !known; i++) {
+      known = !strcmp (a->cfg->handlers[i].name, name);
+      /* The dispatchers honour the state; a pull handler's consumers claim
+       * for themselves (stop them instead). */
+      if (known && disable && a->cfg->handlers[i].kind_id == HANDLER_KIND_PULL) {
+         admin_send_error (a, req, 400, "handler %s is a pull handler: its consumers claim its deliveries", name);
+         goto done;
+      }
+   }
+   /* Enabling is allowed for any name: a handler this proxy no longer
+    * declares may still be disabled in the outbox. */
+   if (disable && !known) {
+      admin_send_error (a, req, 404, "no handler %s is configured on this proxy", name);
+      goto done;
+   }
+   ok = disable ? store_fleet_disable (a->store, name, "operator", &changed, &err)
+                : store_fleet_enable (a->store, name, &changed, &err);
+   if (!ok) {
+      admin_send_error (a, req, 502, "%s", err.message);
+      goto done;
+   }
+   if (changed)
+      counters_add_at (COUNTER_HANDLER_STATE_CHANGES, disable ? COUNTERS_STATE_OPERATOR : COUNTERS_STATE_ENABLED, 1);
+   log_warn ("admin: %s: handler %s %s",
+             admin_peer_of (req, peer, sizeof peer),
+             name,
+             !changed   ? (disable ? "disable: disabled already" : "enable: not disabled")
+             : disable  ? "disabled by the operator: its deliveries wait as pending (every proxy within one heartbeat)"
+                        : "enabled by the operator: its waiting deliveries are sent (every proxy within one heartbeat)");
+   admin_view_invalidate (a);
+   BSON_APPEND_UTF8 (&doc, "handler", name);
+   BSON_APPEND_BOOL (&doc, "changed", changed);
+   BSON_APPEND_UTF8 (&doc, "state", disable ? "disabled" : "enabled");
+   admin_send_json (req, 200, "OK", &doc);
+
+done:
+   bson_destroy (&doc);
+}
+
+void
+admin_api_handler_disable (admin_t *a, struct evhttp_request *req)
+{
+   handler_state_change (a, req, true);
+}
+
+void
+admin_api_handler_enable (admin_t *a, struct evhttp_request *req)
+{
+   handler_state_change (a, req, false);
 }

@@ -242,6 +242,8 @@ static const config_key_t config_key_table[] = {
    H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
       "webhook: time allowed for the whole request, connect to last byte; nats: time allowed for the PubAck; kafka: librdkafka's message.timeout.ms (queued, sent and acknowledged); then it is retried."),
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
+   H ("disable_after", DU, "5d", 1000, 3650 * MS_DAY, disable_after_ms,
+      "webhook: a handler whose every delivery failed for this long is disabled (its deliveries wait as pending until POST /api/handlers/NAME/enable), as is one answered 410 Gone."),
    H ("retry_4xx", B, "true", 0, 0, retry_4xx,
       "webhook: retry every answer that is not a 2xx (4xx, 3xx included) on retry_schedule; false: a 4xx, 1xx or 3xx buries the delivery at once."),
    H ("proxy", S, "", 0, 0, proxy,

@@ -75,6 +75,13 @@ static const char *const pin_names[COUNTERS_PIN_COUNT] = {
    [COUNTERS_PIN_MORE_TO_COME] = "more_to_come",
 };
 
+static const char *const state_names[COUNTERS_STATE_COUNT] = {
+   [COUNTERS_STATE_GONE] = "410",
+   [COUNTERS_STATE_FAILING] = "failing",
+   [COUNTERS_STATE_OPERATOR] = "operator",
+   [COUNTERS_STATE_ENABLED] = "enabled",
+};
+
 static const char *const login_names[COUNTERS_LOGIN_COUNT] = {
    [COUNTERS_LOGIN_SUCCESS] = "success",
    [COUNTERS_LOGIN_FAILURE] = "failure",
@@ -311,6 +318,8 @@ counters_label_value (counters_label_t label, size_t i, size_t *slot, bool *omit
       return i < COUNTERS_PIN_COUNT ? pin_names[i] : NULL;
    case COUNTERS_LABEL_LOGIN:
       return i < COUNTERS_LOGIN_COUNT ? login_names[i] : NULL;
+   case COUNTERS_LABEL_STATE:
+      return i < COUNTERS_STATE_COUNT ? state_names[i] : NULL;
    case COUNTERS_LABEL_HANDLER:
       n = atomic_load_explicit (&handlers.n, memory_order_acquire);
       return i < n ? handlers.names[i] : NULL;

@@ -21,6 +21,7 @@ static const char *const outbox_suffixes[OUTBOX_N_COLLECTIONS] = {
    [OUTBOX_LANES_COLL] = "lanes",
    [OUTBOX_COMPLETED] = "completed_deliveries",
    [OUTBOX_HANDLERS] = "handlers",
+   [OUTBOX_HANDLER_STATES] = "handler_states",
 };
 
 const char *

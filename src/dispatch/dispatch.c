@@ -64,6 +64,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include <event2/event.h>
 
@@ -117,6 +118,7 @@ typedef struct handler_rt {
    int64_t unsettled; /* jobs of the unsettled list */
    int64_t waiting;   /* claimed, waiting for the one before them of their key */
    int64_t freed;     /* jobs that left for good since the last claim */
+   int64_t failing_since_ms; /* webhook: the first failure since the last success; 0: none */
 } handler_rt_t;
 
 /* How a finished job is to be settled. */
@@ -639,6 +641,58 @@ job_emit_span (const job_t *j, const transport_result_t *res)
    trace_emit (&s);
 }
 
+/* disable_after: a webhook handler none of whose deliveries succeeded
+ * since its first failure, disable_after ago, is disabled (Svix's rule).
+ * This proxy's answers only: a proxy that saw a success restarts its
+ * count, so a receiver that works for some proxies stays enabled. */
+static void
+handler_track_failing (dispatcher_t *d, handler_rt_t *h, bool ok)
+{
+   int64_t now = clock_now_ms ();
+   char reason[64] = "failing since ?";
+   time_t t;
+   struct tm tm;
+
+   if (h->cfg->kind_id != HANDLER_KIND_WEBHOOK || ok) {
+      h->failing_since_ms = 0;
+      return;
+   }
+   if (h->failing_since_ms == 0) {
+      h->failing_since_ms = now;
+      return;
+   }
+   if (now - h->failing_since_ms < h->cfg->disable_after_ms)
+      return;
+   t = (time_t) (h->failing_since_ms / 1000);
+   if (gmtime_r (&t, &tm))
+      strftime (reason, sizeof reason, "failing since %Y-%m-%dT%H:%M:%SZ", &tm);
+   (void) dispatch_fleet_disable (d->fleet, h->cfg->name, COUNTERS_STATE_FAILING, reason, now);
+}
+
+/* The endpoint answered 410 Gone: the handler is disabled in the outbox
+ * (every proxy stops claiming it within a heartbeat) and the delivery is
+ * given back as it was, its attempt not charged, to wait as pending with
+ * its key's followers until an operator enables the handler again. */
+static void
+job_gone (dispatcher_t *d, job_t *j, const char *why)
+{
+   handler_rt_t *h = j->h;
+   store_ref_t r = job_ref (j);
+   bson_error_t err;
+   bool applied = false;
+   char hex[25];
+
+   bson_oid_to_string (&j->d.id, hex);
+   log_info ("dispatch: %s delivery %s: the endpoint is gone (%s): given back, attempt not charged", h->cfg->name, hex, why);
+   (void) dispatch_fleet_disable (d->fleet, h->cfg->name, COUNTERS_STATE_GONE, "410", clock_now_ms ());
+   h->freed++;
+   if (!store_release (d->store, &r, clock_now_ms (), &applied, &err))
+      log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
+   job_drop (d, j, true);
+   if (d->stopping && d->n_running == 0)
+      finish (d);
+}
+
 static void
 job_done_cb (const transport_result_t *res, void *arg)
 {
@@ -650,6 +704,11 @@ job_done_cb (const transport_result_t *res, void *arg)
    running_remove (d, j);
    if (j->traced)
       job_emit_span (j, res);
+   if (res->outcome == TRANSPORT_OUTCOME_GONE) {
+      job_gone (d, j, res->error);
+      return;
+   }
+   handler_track_failing (d, h, res->outcome == TRANSPORT_OUTCOME_OK);
    {
       counter_id_t mo = COUNTER_DELIVERIES_RETRIED;
       if (res->outcome == TRANSPORT_OUTCOME_OK)
@@ -755,6 +814,18 @@ job_start (dispatcher_t *d, job_t *j)
    char hex[25];
 
    bson_oid_to_string (&j->d.id, hex);
+   if (dispatch_fleet_disabled (d->fleet, h->cfg->name)) {
+      /* Claimed before the handler was disabled (a follower of its key, or
+       * a claim that raced the 410): given back uncharged, it waits. */
+      bool applied = false;
+      store_ref_t r = job_ref (j);
+
+      h->freed++;
+      if (!store_release (d->store, &r, clock_now_ms (), &applied, &err))
+         log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
+      job_drop (d, j, true);
+      return;
+   }
    if (j->d.attempt > h->cfg->max_attempts) {
       /* Its workers kept losing their leases (crashing): the charged
        * attempts ran out before this one started. */
@@ -868,7 +939,9 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    flush (d);
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = d->handlers[i];
-      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling: not yet */
+      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling or disabled: not now */
+      if (dispatch_fleet_disabled (d->fleet, h->cfg->name))
+         h->failing_since_ms = 0; /* enabled again, it gets disable_after anew */
       int64_t free_slots = h->t && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;

@@ -49,6 +49,9 @@ struct dispatch_fleet {
    size_t n_backfills;
    char **known; /* the local handlers of the last heartbeat (owned names) */
    size_t n_known;
+   store_handler_state_t *disabled; /* the outbox's disabled handlers, as last read (owned) */
+   size_t n_disabled;
+   bool disabled_read; /* read at least once (changes are logged from then on) */
 };
 
 dispatch_fleet_t *
@@ -72,18 +75,110 @@ dispatch_fleet_destroy (dispatch_fleet_t *f)
    for (size_t i = 0; i < f->n_known; i++)
       bson_free (f->known[i]);
    bson_free (f->known);
+   store_handler_states_free (f->disabled, f->n_disabled);
    fleet_release (f->fleet);
    bson_free (f->owner);
    bson_free (f);
 }
 
+static const store_handler_state_t *
+fleet_disabled_find (const store_handler_state_t *states, size_t n, const char *handler)
+{
+   for (size_t i = 0; i < n; i++)
+      if (!strcmp (states[i].name, handler))
+         return &states[i];
+   return NULL;
+}
+
 bool
-dispatch_fleet_holds (const dispatch_fleet_t *f, const char *handler)
+dispatch_fleet_disabled (const dispatch_fleet_t *f, const char *handler)
+{
+   return f && fleet_disabled_find (f->disabled, f->n_disabled, handler) != NULL;
+}
+
+bool
+dispatch_fleet_disable (dispatch_fleet_t *f, const char *handler, counters_state_t why, const char *reason, int64_t now)
+{
+   bson_error_t err;
+   bool changed = false;
+
+   if (dispatch_fleet_disabled (f, handler))
+      return true;
+   if (!store_fleet_disable (f->store, handler, reason, &changed, &err)) {
+      log_warn ("dispatch: disabling handler %s (%s): %s", handler, reason, err.message);
+      return false;
+   }
+   /* Held here at once; the other proxies learn it at their next
+    * heartbeat's read, and so does this one (with the server's time). */
+   f->disabled = bson_realloc (f->disabled, (f->n_disabled + 1) * sizeof *f->disabled);
+   f->disabled[f->n_disabled].name = bson_strdup (handler);
+   f->disabled[f->n_disabled].reason = bson_strdup (reason);
+   f->disabled[f->n_disabled].at = now;
+   f->n_disabled++;
+   counters_set (COUNTER_DISABLED_HANDLERS, f->n_disabled);
+   if (changed) {
+      counters_add_at (COUNTER_HANDLER_STATE_CHANGES, why, 1);
+      log_warn ("dispatch: handler %s disabled (%s): its deliveries wait as pending until POST /api/handlers/%s/enable",
+                handler,
+                reason,
+                handler);
+   } else {
+      log_info ("dispatch: handler %s is disabled already (%s here too): its deliveries wait", handler, reason);
+   }
+   return true;
+}
+
+/* Reads the outbox's disabled handlers and logs what changed since the
+ * last read; true when a handler was enabled again (or this was the first
+ * read).  On a failed read the
+ * last set stays (a disabled handler is not sent to because the database
+ * answers badly). */
+static bool
+fleet_read_disabled (dispatch_fleet_t *f)
+{
+   store_handler_state_t *states = NULL;
+   size_t n = 0;
+   bson_error_t err;
+   bool enabled = !f->disabled_read; /* the first read releases every handler it does not name */
+
+   if (!store_fleet_disabled (f->store, &states, &n, CONFIG_MAX_HANDLERS * 4, &err)) {
+      log_warn ("dispatch: reading the disabled handlers (retried every heartbeat): %s", err.message);
+      return false;
+   }
+   for (size_t i = 0; f->disabled_read && i < n; i++)
+      if (!fleet_disabled_find (f->disabled, f->n_disabled, states[i].name))
+         log_warn ("dispatch: handler %s is disabled in the outbox (%s): its deliveries wait", states[i].name, states[i].reason);
+   for (size_t i = 0; i < f->n_disabled; i++)
+      if (!fleet_disabled_find (states, n, f->disabled[i].name)) {
+         log_info ("dispatch: handler %s is enabled again: its waiting deliveries are sent", f->disabled[i].name);
+         enabled = true;
+      }
+   store_handler_states_free (f->disabled, f->n_disabled);
+   f->disabled = states;
+   f->n_disabled = n;
+   f->disabled_read = true;
+   counters_set (COUNTER_DISABLED_HANDLERS, n);
+   return enabled;
+}
+
+/* Whether `handler` is being backfilled (or held for another's backfill). */
+static bool
+fleet_backfilling (const dispatch_fleet_t *f, const char *handler)
 {
    for (size_t i = 0; f && i < f->n_backfills; i++)
       if (!strcmp (f->backfills[i].name, handler))
          return true;
    return false;
+}
+
+bool
+dispatch_fleet_holds (const dispatch_fleet_t *f, const char *handler)
+{
+   /* Until the disabled handlers were read once, any handler may be one:
+    * a proxy that starts must not send to an endpoint the fleet disabled. */
+   if (f && !f->disabled_read)
+      return true;
+   return dispatch_fleet_disabled (f, handler) || fleet_backfilling (f, handler);
 }
 
 void
@@ -174,7 +269,7 @@ fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set
    for (size_t i = 0; i < cfg->n_handlers; i++) {
       const config_handler_t *h = &cfg->handlers[i];
 
-      if ((only_new && fleet_known (f, h->name)) || dispatch_fleet_holds (f, h->name))
+      if ((only_new && fleet_known (f, h->name)) || fleet_backfilling (f, h->name))
          continue;
       memset (&f->backfills[f->n_backfills], 0, sizeof *f->backfills);
 
@@ -363,11 +458,14 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
                 fs->n_disagreeing,
                 fs->disagreeing[0]);
    f->disagreeing = fs->n_disagreeing;
+   /* An enabled handler is claimable now, not at the next poll. */
+   if (fleet_read_disabled (f))
+      *released = true;
    fleet_publish (fleet_retain (fs));
    fleet_release (f->fleet);
    f->fleet = fs;
-   if (f->n_backfills > 0)
-      *released = fleet_run_backfills (f, cfg, now);
+   if (f->n_backfills > 0 && fleet_run_backfills (f, cfg, now))
+      *released = true;
    retire_every = cfg->handler_retire_after_ms / 10;
    if (retire_every > 60000)
       retire_every = 60000;

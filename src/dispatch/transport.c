@@ -29,6 +29,7 @@ static const char *const outcome_names[] = {
    [TRANSPORT_OUTCOME_OK] = "ok",
    [TRANSPORT_OUTCOME_RETRY] = "retry",
    [TRANSPORT_OUTCOME_DEAD] = "dead",
+   [TRANSPORT_OUTCOME_GONE] = "gone",
 };
 
 static const char *const state_names[] = {

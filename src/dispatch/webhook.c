@@ -276,6 +276,7 @@ static const char *const outcome_names[] = {
    [WEBHOOK_OUTCOME_RETRY] = "retry",
    [WEBHOOK_OUTCOME_RETRY_AFTER] = "retry-after",
    [WEBHOOK_OUTCOME_DEAD] = "dead",
+   [WEBHOOK_OUTCOME_GONE] = "gone",
 };
 
 const char *
@@ -295,6 +296,10 @@ webhook_classify (int status, bool retry_4xx)
       return WEBHOOK_OUTCOME_RETRY_AFTER;
    if (status >= 500 && status < 600)
       return WEBHOOK_OUTCOME_RETRY;
+   /* 410 Gone: the endpoint was removed; as Svix does, the handler is
+    * disabled (its deliveries wait) rather than each delivery failed. */
+   if (status == 410)
+      return WEBHOOK_OUTCOME_GONE;
    /* A 4xx during a receiver's deploy (401, 404) heals by itself; a 3xx
     * (redirects are not followed) is a failure to retry too, as Svix
     * treats them.  retry_4xx = false keeps the former rule: the request
@@ -1142,6 +1147,9 @@ webhook_t_done (const webhook_result_t *res, void *arg)
       break;
    case WEBHOOK_OUTCOME_DEAD:
       out.outcome = TRANSPORT_OUTCOME_DEAD;
+      break;
+   case WEBHOOK_OUTCOME_GONE:
+      out.outcome = TRANSPORT_OUTCOME_GONE;
       break;
    case WEBHOOK_OUTCOME_RETRY:
    default:

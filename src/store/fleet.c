@@ -418,3 +418,101 @@ store_fleet_backfill (store_t *s,
    mongoc_client_pool_push (s->pool, client);
    return ok;
 }
+
+/* ------------------------------------------------------ handler states */
+
+void
+store_handler_states_free (store_handler_state_t *states, size_t n)
+{
+   for (size_t i = 0; states && i < n; i++) {
+      bson_free (states[i].name);
+      bson_free (states[i].reason);
+   }
+   bson_free (states);
+}
+
+bool
+store_fleet_disable (store_t *s, const char *handler, const char *reason, bool *changed, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLER_STATES);
+   bson_t *q = BCON_NEW ("_id", BCON_UTF8 (handler));
+   /* $setOnInsert: a handler disabled twice (a 410 from every proxy, an
+    * operator after a 410) keeps the first reason and time.  The time is
+    * the server's, as every time of the fleet's documents. */
+   bson_t *u = BCON_NEW ("$setOnInsert", "{", "state", BCON_UTF8 ("disabled"), "reason", BCON_UTF8 (reason),
+                         "by", BCON_UTF8 (s->owner), "}",
+                         "$currentDate", "{", "disabledAt", BCON_BOOL (true), "}");
+   bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
+   bson_t reply;
+   bson_error_t err;
+   bool ok;
+
+   *changed = false;
+   ok = mongoc_collection_update_one (coll, q, u, opts, &reply, &err);
+   if (ok)
+      *changed = store_iter_int64 (&reply, "upsertedCount") > 0;
+   else
+      store_set_error (error, STORE_ERROR_SERVER, "disabling handler %s: %s", handler, err.message);
+   bson_destroy (&reply);
+   bson_destroy (opts);
+   bson_destroy (u);
+   bson_destroy (q);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_enable (store_t *s, const char *handler, bool *changed, bson_error_t *error)
+{
+   bson_t *q = BCON_NEW ("_id", BCON_UTF8 (handler));
+   int64_t n = 0;
+   bool ok = store_write (s, OUTBOX_HANDLER_STATES, STORE_WRITE_DELETE_MANY, q, NULL, NULL, &n, "enabling a handler", error);
+
+   *changed = ok && n > 0;
+   bson_destroy (q);
+   return ok;
+}
+
+bool
+store_fleet_disabled (store_t *s, store_handler_state_t **states, size_t *n, size_t max, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLER_STATES);
+   bson_t q = BSON_INITIALIZER;
+   bson_t *opts = BCON_NEW ("sort", "{", "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 ((int64_t) max));
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   const bson_t *doc;
+   bson_error_t err;
+   bool ok = true;
+
+   *states = bson_malloc0 ((max ? max : 1) * sizeof **states);
+   *n = 0;
+   while (*n < max && mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      store_handler_state_t *st = &(*states)[*n];
+
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_UTF8 (&it))
+         continue; /* not one of ours */
+      st->name = bson_strdup (bson_iter_utf8 (&it, NULL));
+      st->reason = bson_strdup (bson_iter_init_find (&it, doc, "reason") && BSON_ITER_HOLDS_UTF8 (&it)
+                                   ? bson_iter_utf8 (&it, NULL)
+                                   : "operator");
+      st->at = bson_iter_init_find (&it, doc, "disabledAt") && BSON_ITER_HOLDS_DATE_TIME (&it) ? bson_iter_date_time (&it) : 0;
+      (*n)++;
+   }
+   if (mongoc_cursor_error (cur, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "reading the disabled handlers: %s", err.message);
+      store_handler_states_free (*states, *n);
+      *states = NULL;
+      *n = 0;
+      ok = false;
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   bson_destroy (&q);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}

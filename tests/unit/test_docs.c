@@ -493,6 +493,21 @@ route_find (const routes_t *rs, const char *method, const char *path, size_t len
       norm[o++] = path[i++];
    }
    norm[o] = '\0';
+   {
+      /* "/api/handlers/<name>/<action>" stands for the table's NAME. */
+      const char *pre = "/api/handlers/", *slash;
+      size_t np = strlen (pre);
+
+      if (!strncmp (norm, pre, np) && (slash = strchr (norm + np, '/')) && slash > norm + np &&
+          strlen (slash) + np + 4 < sizeof norm) {
+         char tail[128];
+         size_t nt = strlen (slash);
+
+         memcpy (tail, slash, nt + 1);
+         memcpy (norm + np, "NAME", 4);
+         memcpy (norm + np + 4, tail, nt + 1);
+      }
+   }
    for (size_t i = 0; i < rs->n; i++)
       if (!strcmp (rs->r[i].path, norm) && (!method || !strcmp (rs->r[i].method, method)))
          return &rs->r[i];

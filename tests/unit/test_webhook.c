@@ -133,6 +133,9 @@ test_classify (void **state)
       {302, true, WEBHOOK_OUTCOME_RETRY},
       {101, true, WEBHOOK_OUTCOME_RETRY},
       {503, true, WEBHOOK_OUTCOME_RETRY_AFTER},
+      /* 410 Gone disables the handler, whatever retry_4xx says. */
+      {410, true, WEBHOOK_OUTCOME_GONE},
+      {410, false, WEBHOOK_OUTCOME_GONE},
    };
 
    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
