@@ -64,3 +64,27 @@ test('snapshot read concern outside a transaction: find, aggregate and distinct 
   await fails({ count: 'snap', ...rc }, 72);
   assert.equal(await c.countDocuments(), 1);
 });
+
+test('currentOp with $all lists every open connection, idle ones included, with the appName of its hello', async () => {
+  const other = new MongoClient(d.uri('directConnection=true'), { appName: 'params-other', maxPoolSize: 1 });
+  await other.connect();
+  try {
+    await other.db('admin').command({ ping: 1 });
+    const all = await client.db('admin').command({ currentOp: 1, $all: true });
+    const mine = all.inprog.filter((op) => op.appName === 'params-other');
+    assert.ok(mine.length >= 1, JSON.stringify(all.inprog));
+    assert.ok(mine.every((op) => op.active === false && typeof op.connectionId === 'number' && /:\d+$/.test(op.client)));
+    assert.equal(all.inprog.filter((op) => op.active).length, 1, 'the connection running currentOp is the one active');
+    const own = await client.db('admin').command({ currentOp: 1 });
+    assert.ok(own.inprog.every((op) => op.appName !== 'params-other'), 'without $all, idle connections are not listed');
+  } finally {
+    await other.close();
+  }
+  // The server sees the close when the socket's end reaches it: wait for that, not a time.
+  for (let tries = 0; ; tries++) {
+    const later = await client.db('admin').command({ currentOp: 1, $all: true });
+    if (later.inprog.every((op) => op.appName !== 'params-other')) break;
+    assert.ok(tries < 100, 'a closed connection leaves the list');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+});

@@ -371,7 +371,22 @@ async function doubleElectionTime(ctx) {
   return { electionTimeMS: previous, ok: 1 };
 }
 
-async function currentOp() { return { inprog: [], ok: 1 }; }
+// currentOp: with $all (or idleConnections), one entry per open client connection, idle ones
+// included, with its connectionId, client address and the appName of its hello, as mongod
+// lists them (the connection running the command is the one active entry). Without it, the
+// command's own operation only.
+async function currentOp(ctx) {
+  const all = V.truthy(ctx.cmd.$all) || V.truthy(ctx.cmd.idleConnections);
+  const entry = (c) => {
+    const e = { type: 'op', host: ctx.server.address, desc: `conn${c.id}`, connectionId: c.id, client: c.remote,
+      active: c === ctx.conn, currentOpTime: new Date().toISOString() };
+    if (typeof c.appName === 'string') e.appName = c.appName;
+    if (c === ctx.conn) { e.op = 'command'; e.command = { currentOp: 1 }; }
+    return e;
+  };
+  const inprog = all ? [...ctx.server.conns].filter((c) => !c.closed).map(entry) : [entry(ctx.conn)];
+  return { inprog, ok: 1 };
+}
 async function killOp() { return { info: 'attempting to kill op', ok: 1 }; }
 async function getLog() { return { totalLinesWritten: 0, log: [], ok: 1 }; }
 async function logout(ctx) {
