@@ -72,7 +72,7 @@ test('manual transaction: several events in one annotation, consecutive sequence
         upsert: true,
         comment: {
           relaybus: [
-            { type: 'order.paid.v1', key: 'o-2', payload: { n: 1 }, headers: { traceparent: '00-1' } },
+            { type: 'order.paid.v1', key: 'o-2', payload: { n: 1 }, headers: { traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' } },
             { type: 'user.notified.v1', payload: { n: 2 }, correlationId: 'corr-1', causationId: 'cause-1' },
             { type: 'order.paid.v1', key: 'o-2', payload: { n: 3 }, notBefore: new Date('2030-01-01T00:00:00Z') },
           ],
@@ -88,7 +88,7 @@ test('manual transaction: several events in one annotation, consecutive sequence
   await P.checkEvent(s.outbox, evs[0]._id, { type: 'order.paid.v1', key: 'o-2', sequence: 1, handlers: ['orders'] });
   await P.checkEvent(s.outbox, evs[1]._id, { type: 'user.notified.v1', handlers: ['users'] });
   await P.checkEvent(s.outbox, evs[2]._id, { type: 'order.paid.v1', key: 'o-2', sequence: 2, handlers: ['orders'] });
-  assert.deepEqual(evs[0].headers, { traceparent: '00-1' });
+  assert.deepEqual(evs[0].headers, { traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' });
   assert.equal(evs[1].correlationId, 'corr-1');
   assert.equal(evs[1].causationId, 'cause-1');
   assert.equal('headers' in evs[1], false);
