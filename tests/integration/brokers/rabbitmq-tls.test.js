@@ -173,7 +173,7 @@ test('amqps configuration: --check-config refuses an unreadable CA file and TLS 
     [{ kind: 'rabbitmq', url: 'amqps://127.0.0.1', exchange: 'x', tls_ca_file: missing }, `[handler h] tls_ca_file: cannot read '${missing}': No such file or directory`],
     [{ kind: 'rabbitmq', url: 'amqp://127.0.0.1', exchange: 'x', tls_ca_file: pem }, '[handler h] tls_ca_file, tls_cert_file and tls_key_file need an amqps:// url'],
     [{ kind: 'rabbitmq', url: 'amqps://127.0.0.1', exchange: 'x', tls_cert_file: pem }, '[handler h] tls_cert_file and tls_key_file go together (tls_key_file is not set)'],
-    [{ kind: 'webhook', url: 'https://127.0.0.1/hook', tls_ca_file: pem }, '[handler h] tls_ca_file, tls_cert_file and tls_key_file are for kind = rabbitmq with an amqps:// url'],
+    [{ kind: 'nats', url: 'nats://127.0.0.1', subject: 'x', tls_ca_file: pem }, '[handler h] tls_ca_file, tls_cert_file and tls_key_file are for kind = webhook with an https:// url or kind = rabbitmq with an amqps:// url'],
   ];
   for (const [keys, want] of cases) {
     const lines = ['[proxy]', 'listen = 127.0.0.1:0', 'upstream = mongodb://127.0.0.1:1/?replicaSet=rs0', '', '[handler h]', 'events = order.*'];
