@@ -39,7 +39,6 @@
 #define FILE_MAX (1024 * 1024)  /* config_load's limit */
 #define VALUE_MAX 4096          /* base/config.c's limit on one value */
 
-static const char *const section_names[] = {"proxy", "outbox", "dispatch", "admin"};
 
 /* Text written into a growing buffer. */
 typedef struct {
@@ -156,7 +155,7 @@ format_config (const config_t *cfg)
 
    for (int s = CONFIG_SECTION_PROXY; s < CONFIG_SECTION_HANDLER; s++) {
       text_str (&t, "[");
-      text_str (&t, section_names[s]);
+      text_str (&t, config_section_name ((config_section_t) s));
       text_str (&t, "]\n");
       format_section (cfg, (config_section_t) s, keys, n, &t);
    }

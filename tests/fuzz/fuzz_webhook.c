@@ -142,6 +142,8 @@ check_classify (int status, bool retry_4xx)
       want = WEBHOOK_OUTCOME_COMPLETE;
    else if (status == 429 || status == 503)
       want = WEBHOOK_OUTCOME_RETRY_AFTER;
+   else if (status == 410)
+      want = WEBHOOK_OUTCOME_GONE; /* the handler is disabled, whatever retry_4xx says */
    else
       want = retry_4xx ? WEBHOOK_OUTCOME_RETRY : WEBHOOK_OUTCOME_DEAD;
    CHECK (o == want);
