@@ -65,6 +65,23 @@ text_str (text_t *t, const char *s)
    text_add (t, s, strlen (s));
 }
 
+/* A value as the file spells it: a literal "${" is written "$${". */
+static void
+text_value (text_t *t, const char *s)
+{
+   for (const char *p = s; *p;) {
+      const char *v = strstr (p, "${");
+
+      if (!v) {
+         text_str (t, p);
+         break;
+      }
+      text_add (t, p, (size_t) (v - p));
+      text_str (t, "$${");
+      p = v + 2;
+   }
+}
+
 /* The value of `k` in `base` as the file spells it; checks it against the
  * table on the way. */
 static void
@@ -95,7 +112,7 @@ format_value (const void *base, const config_key_t *k, text_t *t)
             item += len + 1;
          }
       }
-      text_str (t, s);
+      text_value (t, s);
       return;
    }
    case CONFIG_TYPE_INT: {
@@ -164,6 +181,21 @@ format_config (const config_t *cfg)
       text_str (&t, cfg->handlers[h].name);
       text_str (&t, "]\n");
       format_section (&cfg->handlers[h], CONFIG_SECTION_HANDLER, keys, n, &t);
+      /* The prefixed lines: header.NAME and kafka.PROPERTY, in file order. */
+      for (size_t i = 0; i < cfg->handlers[h].n_headers; i++) {
+         text_str (&t, "header.");
+         text_str (&t, cfg->handlers[h].headers[2 * i]);
+         text_str (&t, "=");
+         text_value (&t, cfg->handlers[h].headers[2 * i + 1]);
+         text_str (&t, "\n");
+      }
+      for (size_t i = 0; i < cfg->handlers[h].n_kafka_props; i++) {
+         text_str (&t, "kafka.");
+         text_str (&t, cfg->handlers[h].kafka_props[2 * i]);
+         text_str (&t, "=");
+         text_value (&t, cfg->handlers[h].kafka_props[2 * i + 1]);
+         text_str (&t, "\n");
+      }
    }
    return t.p;
 }
