@@ -1039,6 +1039,17 @@ async function viaPrimary(rctx) {
 }
 
 ROUTED.listCollections = viaPrimary;
+// mapReduce of an unsharded collection runs on its database's primary shard, as on mongos; the
+// double does not split a sharded collection's map over its shards and merge, so it refuses one
+// rather than answer from one shard's part of the data.
+ROUTED.mapReduce = async (rctx) => {
+  const name = rctx.cmd.mapReduce !== undefined ? rctx.cmd.mapReduce : rctx.cmd.mapreduce;
+  if (typeof name === 'string' && nsMeta(rctx, name)) {
+    throw err(115, `mapReduce of the sharded collection ${rctx.db}.${name} is not implemented by the sharded double`);
+  }
+  return viaPrimary(rctx);
+};
+ROUTED.mapreduce = ROUTED.mapReduce;
 ROUTED.listIndexes = viaPrimary;
 ROUTED.renameCollection = async (rctx) => {
   const from = String(rctx.cmd.renameCollection);

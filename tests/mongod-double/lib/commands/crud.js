@@ -614,4 +614,6 @@ module.exports = {
   explain,
   insert, update, delete: del, findAndModify, findandmodify: findAndModify, find, getMore, killCursors,
   aggregate: aggregateCmd, count, distinct,
+  // For mapReduce's output (commands/mapreduce.js); a leading _ keeps it out of the command table.
+  _writeStage: writeStage,
 };
