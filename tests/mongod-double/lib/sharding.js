@@ -475,6 +475,9 @@ const ROUTED = {};
 ROUTED.find = async (rctx) => {
   const { cmd, db } = rctx;
   if (db === 'config') return configFind(rctx);
+  // The mongos drains the shards' cursors into one of its own; a tailable cursor never drains,
+  // so the double refuses it rather than loop.
+  if (V.truthy(cmd.tailable)) throw err(115, 'tailable cursors are not implemented by the sharded double');
   const meta = nsMeta(rctx, cmd.find);
   const { shards } = target(rctx, meta, cmd.filter);
   let limit = num(cmd.limit, 0);
