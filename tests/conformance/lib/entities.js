@@ -110,6 +110,7 @@ class EntityMap {
     this.lsids = new Map();
     this.clientOf = new Map(); // session/db/collection id -> client id
     this.eventLists = new Map(); // client id -> array of {type, event}
+    this.checkedOut = new Map(); // client id -> {n}: connections checked out of its pools now
   }
 
   set(id, value, kind) {
@@ -169,7 +170,13 @@ class EntityMap {
           const client = this.get(spec.client, 'client');
           const so = { ...(spec.sessionOptions || {}) };
           if (so.defaultTransactionOptions) so.defaultTransactionOptions = rwOptions(so.defaultTransactionOptions);
+          // snapshotTime names an entity (a getSnapshotTime result). The Node.js driver takes no
+          // such option; it reads the time from session.snapshotTime (kept out of its typings),
+          // which it otherwise sets from the first snapshot read's atClusterTime.
+          const snapshotTime = so.snapshotTime !== undefined ? this.get(so.snapshotTime) : undefined;
+          delete so.snapshotTime;
           const session = client.startSession(so);
+          if (snapshotTime !== undefined) session.snapshotTime = snapshotTime;
           this.set(spec.id, session, 'session');
           this.clientOf.set(spec.id, spec.client);
           // The lsid is fixed for the session's lifetime; record it now so
@@ -198,6 +205,11 @@ class EntityMap {
     // runs through the proxy within a few times the direct ones; every run uses it alike.
     if (!spec.uriOptions || !('minHeartbeatFrequencyMS' in spec.uriOptions)) options.minHeartbeatFrequencyMS = 50;
     const client = new MongoClient(uri, options);
+    // For assertNumberConnectionsCheckedOut: the pool's own events, observed or not.
+    const out = { n: 0 };
+    this.checkedOut.set(spec.id, out);
+    client.on('connectionCheckedOut', () => { out.n += 1; });
+    client.on('connectionCheckedIn', () => { out.n -= 1; });
     const events = [];
     this.eventLists.set(spec.id, events);
     const state = { listening: true };

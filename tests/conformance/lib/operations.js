@@ -8,7 +8,7 @@ const { readPreferenceFrom, rwOptions } = require('./entities');
 // Operations whose result is an iterable of documents: each element is matched
 // as a root-level document.
 const CURSOR_OPS = new Set(['find', 'aggregate', 'listCollections', 'listDatabases', 'listIndexes',
-  'runCursorCommand', 'listSearchIndexes']);
+  'runCursorCommand', 'listSearchIndexes', 'mapReduce']);
 
 class UnsupportedError extends Error {}
 
@@ -230,6 +230,21 @@ const collectionOps = {
     const { pos, opts } = splitArgs(args, ['to']);
     return coll.rename(pos.to, driverOptions(opts, ents));
   },
+  // The Node.js driver has no mapReduce helper (removed in 6.0), so the runner sends the
+  // command as the spec's tests expect it: {mapReduce, map, reduce, out, ...options}, through
+  // the collection's database without its write concern (the tests check that none is sent)
+  // and, like the removed helper, without retrying it (mapReduce is not a retryable read). The
+  // result: the documents of an inline output, otherwise the server's reply.
+  async mapReduce(coll, args, ents) {
+    const { pos, opts } = splitArgs(args, ['map', 'reduce', 'out', 'session', 'readPreference']);
+    const cmd = { mapReduce: coll.collectionName, map: pos.map, reduce: pos.reduce, out: pos.out, ...opts };
+    const given = {};
+    if (pos.session !== undefined) given.session = pos.session;
+    if (pos.readPreference !== undefined) given.readPreference = pos.readPreference;
+    const options = driverOptions(given, ents);
+    const reply = await coll.client.db(coll.dbName).command(cmd, options);
+    return pos.out && pos.out.inline !== undefined ? reply.results : reply;
+  },
   createChangeStream: createChangeStream,
 };
 
@@ -250,7 +265,8 @@ async function createChangeStream(watchable, args, ents) {
   return cs;
 }
 
-// Iteration of find cursor entities (createFindCursor): the same operations.
+// Iteration of find and command cursor entities (createFindCursor, createCommandCursor): the
+// same operations as on change streams.
 const cursorOps = {
   async iterateUntilDocumentOrError(c) {
     const doc = await c.next();
@@ -261,8 +277,10 @@ const cursorOps = {
     const doc = await c.tryNext();
     return doc === null ? undefined : doc;
   },
+  // The format: errors of close (a failed killCursors) are suppressed; tests check them through
+  // the command events.
   async close(c) {
-    await c.close();
+    await c.close().catch(() => {});
     return undefined;
   },
 };
@@ -285,15 +303,44 @@ const changeStreamOps = {
 
 // ---- database operations ---------------------------------------------------
 
+// db.runCursorCommand with the format's arguments: the command as given, and batchSize,
+// maxTimeMS and comment for the getMores (the driver's setBatchSize, setMaxTimeMS and
+// setComment; the command's own fields stay in the command). cursorType and timeoutMode are
+// cursor options.
+function commandCursor(db, args, ents) {
+  const { pos, opts } = splitArgs(args, ['command', 'commandName', 'batchSize', 'maxTimeMS', 'comment']);
+  const cursor = db.runCursorCommand(pos.command, driverOptions(opts, ents));
+  if (pos.batchSize !== undefined) cursor.setBatchSize(pos.batchSize);
+  if (pos.maxTimeMS !== undefined) cursor.setMaxTimeMS(pos.maxTimeMS);
+  if (pos.comment !== undefined) cursor.setComment(pos.comment);
+  return cursor;
+}
+
 const databaseOps = {
   async runCommand(db, args, ents) {
     const { pos, opts } = splitArgs(args, ['command', 'commandName']);
     return db.command(pos.command, driverOptions(opts, ents));
   },
+  // Fully iterated, as the format requires (drivers that create the cursor lazily and those
+  // that do it eagerly then send the same commands).
+  async runCursorCommand(db, args, ents) {
+    return commandCursor(db, args, ents).toArray();
+  },
+  // A command cursor entity: the command is sent now, iterations send getMores.
+  async createCommandCursor(db, args, ents) {
+    const cursor = commandCursor(db, args, ents);
+    try {
+      await cursor.cursorInit();
+    } catch (e) {
+      await cursor.close().catch(() => {});
+      throw e;
+    }
+    return cursor;
+  },
+  // The result is the new collection, which a test may save as a collection entity.
   async createCollection(db, args, ents) {
     const { pos, opts } = splitArgs(args, ['collection']);
-    await db.createCollection(pos.collection, driverOptions(opts, ents));
-    return undefined;
+    return db.createCollection(pos.collection, driverOptions(opts, ents));
   },
   async dropCollection(db, args, ents) {
     const { pos, opts } = splitArgs(args, ['collection']);
@@ -432,6 +479,12 @@ function makeSessionOps(runner) {
     },
     async endSession(session) {
       return session.endSession();
+    },
+    // The Node.js driver keeps a snapshot session's time (the atClusterTime of its first read)
+    // in session.snapshotTime, which its public typings leave out; there is no getter.
+    async getSnapshotTime(session) {
+      if (!session.snapshotEnabled) throw new UnsupportedError('getSnapshotTime: the session is not a snapshot session');
+      return session.snapshotTime;
     },
     async withTransaction(session, args, ents) {
       runner.current.startedTransaction = true;

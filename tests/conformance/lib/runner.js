@@ -5,7 +5,7 @@
 
 const fs = require('fs');
 const path = require('path');
-const { MongoClient, BSON, ChangeStream, AbstractCursor } = require('mongodb');
+const { MongoClient, BSON, ChangeStream, AbstractCursor, Collection } = require('mongodb');
 const { EJSON } = BSON;
 const { match, exactMatch, MatchError, show } = require('./match');
 const { EntityMap } = require('./entities');
@@ -383,8 +383,11 @@ class Runner {
       }
     }
     if (op.saveResultAsEntity) {
-      const kind = result instanceof ChangeStream ? 'changeStream' : result instanceof AbstractCursor ? 'cursor' : 'result';
+      const kind = result instanceof ChangeStream ? 'changeStream' : result instanceof AbstractCursor ? 'cursor'
+        : result instanceof Collection ? 'collection' : 'result';
       ents.set(op.saveResultAsEntity, result, kind);
+      // A collection created by an operation (createCollection) belongs to that entity's client.
+      if (kind === 'collection') ents.clientOf.set(op.saveResultAsEntity, ents.clientOf.get(op.object));
     }
   }
 
@@ -527,8 +530,14 @@ class Runner {
         }
         return undefined;
       }
-      case 'assertNumberConnectionsCheckedOut':
-        return undefined; // not used by the suites here; pooling is the driver's business
+      case 'assertNumberConnectionsCheckedOut': {
+        const out = ents.checkedOut.get(a.client);
+        if (!out) throw new TestFailure(`assertNumberConnectionsCheckedOut: no client entity '${a.client}'`);
+        if (out.n !== a.connections) {
+          throw new TestFailure(`assertNumberConnectionsCheckedOut: expected ${a.connections}, ${out.n} checked out`);
+        }
+        return undefined;
+      }
       case 'wait':
         await new Promise((r) => setTimeout(r, a.ms));
         return undefined;

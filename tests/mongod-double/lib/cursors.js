@@ -1,7 +1,9 @@
 'use strict';
 // Server-side cursors. A cursor holds the complete, already computed result of its find or
 // aggregate (so later batches are consistent with the first), and hands it out in batches
-// capped by batchSize and by the 16 MiB reply limit. It does not run queries.
+// capped by batchSize and by the 16 MiB reply limit. A tailable cursor (find on a capped
+// collection) stays open when its documents run out; its owner (crud.getMore) appends the
+// documents inserted since through `tail` before each getMore. It does not run queries.
 
 const { Long, calculateObjectSize } = require('bson');
 const { err } = require('./errors');
@@ -36,9 +38,11 @@ class Cursors {
     const end = this.take(docs, 0, batchSize);
     const firstBatch = docs.slice(0, end);
     let id = 0n;
-    if (end < docs.length && !opts.singleBatch) {
+    // A tailable cursor whose query matched nothing is dead at once, as on mongod.
+    const tail = opts.tail && docs.length ? opts.tail : null;
+    if ((end < docs.length || tail) && !opts.singleBatch) {
       id = this.newId();
-      this.cursors.set(id.toString(), { id, ns, docs, pos: end, session: opts.session || null, lastUse: Date.now() });
+      this.cursors.set(id.toString(), { id, ns, docs, pos: end, session: opts.session || null, lastUse: Date.now(), tail });
     }
     return { cursor: { firstBatch, id: Long.fromBigInt(id), ns }, ok: 1 };
   }
@@ -55,7 +59,7 @@ class Cursors {
     const nextBatch = c.docs.slice(c.pos, end);
     c.pos = end;
     let outId = c.id;
-    if (c.pos >= c.docs.length) {
+    if (c.pos >= c.docs.length && !c.tail) {
       this.cursors.delete(id.toString());
       outId = 0n;
     }

@@ -25,7 +25,7 @@ const CODE_NAMES = {
   286: 'ChangeStreamHistoryLost', 40324: 'Location40324', 40415: 'Location40415', 40573: 'Location40573',
   40647: 'Location40647', 359: 'CannotConvertIndexToUnique', 40414: 'Location40414', 5979700: 'Location5979700',
   5979701: 'Location5979701', 322: 'APIVersionError', 323: 'APIStrictError', 324: 'APIDeprecationError',
-  4886600: 'Location4886600', 40674: 'Location40674', 50808: 'Location50808', 50865: 'Location50865',
+  4886600: 'Location4886600', 139: 'JSInterpreterFailure', 13606: 'Location13606', 15881: 'Location15881', 40674: 'Location40674', 50808: 'Location50808', 50865: 'Location50865',
 };
 
 // Codes a driver may retry; the server labels them RetryableWriteError on retryable writes and

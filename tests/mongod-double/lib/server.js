@@ -334,7 +334,7 @@ class Server {
     this.startedAt = Date.now();
     this.bootSecs = first ? first.bootSecs : Math.floor(Date.now() / 1000);
     this.commands = new Map();
-    for (const mod of ['admin', 'crud', 'ddl', 'auth']) {
+    for (const mod of ['admin', 'crud', 'mapreduce', 'ddl', 'auth']) {
       const m = require(`./commands/${mod}`);
       for (const [k, fn] of Object.entries(m)) if (typeof fn === 'function' && !k.startsWith('_')) this.commands.set(k, fn);
     }

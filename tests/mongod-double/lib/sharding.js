@@ -476,6 +476,7 @@ ROUTED.find = async (rctx) => {
   const { cmd, db } = rctx;
   if (db === 'config') return configFind(rctx);
   const meta = nsMeta(rctx, cmd.find);
+  if (V.truthy(cmd.tailable)) return tailableFind(rctx, meta);
   const { shards } = target(rctx, meta, cmd.filter);
   let limit = num(cmd.limit, 0);
   let singleBatch = V.truthy(cmd.singleBatch);
@@ -498,6 +499,33 @@ ROUTED.find = async (rctx) => {
   return cursorReply(rctx, `${db}.${cmd.find}`, docs, cmd.batchSize === undefined ? undefined : num(cmd.batchSize, 101), singleBatch);
 };
 
+// A tailable find never drains, so the mongos does not gather it: on an unsharded collection
+// (capped collections cannot be sharded) its cursor forwards each getMore that finds it
+// exhausted to the shard's cursor (tailGetMore). It is not merged over several shards.
+async function tailableFind(rctx, meta) {
+  const { cmd, db } = rctx;
+  if (meta) throw err(115, 'tailable cursors on a sharded collection are not implemented by the sharded double');
+  const shard = primaryShard(rctx);
+  const body = passOn(cmd);
+  delete body.batchSize;
+  const r = await send(rctx, shard, body);
+  const shardId = r.cursor.id && V.toBigIntExact(r.cursor.id) !== 0n ? r.cursor.id : null;
+  const batchSize = cmd.batchSize === undefined ? undefined : num(cmd.batchSize, 101);
+  return rctx.mongos.mcursors.open(`${db}.${cmd.find}`, r.cursor.firstBatch, {
+    batchSize, session: cmd.lsid ? sessionKey(cmd.lsid) : null,
+    tail: shardId ? { shard, id: shardId, coll: cmd.find } : null,
+  });
+}
+
+async function tailGetMore(rctx, c) {
+  if (!c || !c.tail || c.pos < c.docs.length) return;
+  const r = await send(rctx, c.tail.shard, { getMore: c.tail.id, collection: c.tail.coll, $db: rctx.db, ...sessionFields(rctx.cmd) }, { plain: true });
+  c.docs = c.docs.slice(c.pos).concat(r.cursor.nextBatch);
+  c.pos = 0;
+  // The shard's cursor died (its document was deleted...): so does the mongos's, once drained.
+  if (!r.cursor.id || V.toBigIntExact(r.cursor.id) === 0n) c.tail = null;
+}
+
 ROUTED.getMore = async (rctx) => {
   const { cmd, db } = rctx;
   if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
@@ -517,10 +545,18 @@ ROUTED.getMore = async (rctx) => {
     }
     return changeStreams.getMoreMerged({ cmd, conn: rctx.conn, cursors: rctx.mongos.mcursors }, c, num(cmd.batchSize, 0));
   }
+  await tailGetMore(rctx, c);
   return rctx.mongos.mcursors.getMore(V.toBigIntExact(cmd.getMore), cmd.collection, db, num(cmd.batchSize, 0));
 };
 
 ROUTED.killCursors = async (rctx) => {
+  // A tailable cursor's shard cursor goes with it.
+  for (const id of rctx.cmd.cursors || []) {
+    const c = rctx.mongos.mcursors.cursors.get(V.toBigIntExact(id).toString());
+    if (c && c.tail && c.tail.shard) {
+      await send(rctx, c.tail.shard, { killCursors: c.tail.coll, cursors: [c.tail.id], $db: rctx.db }, { plain: true }).catch(() => {});
+    }
+  }
   const r = rctx.mongos.mcursors.kill((rctx.cmd.cursors || []).map((c) => V.toBigIntExact(c)));
   const toLong = (x) => Long.fromBigInt(x);
   return { cursorsKilled: r.cursorsKilled.map(toLong), cursorsNotFound: r.cursorsNotFound.map(toLong), cursorsAlive: [], cursorsUnknown: [], ok: 1 };
@@ -1039,6 +1075,30 @@ async function viaPrimary(rctx) {
 }
 
 ROUTED.listCollections = viaPrimary;
+// checkMetadataConsistency (mongos 7.0): a cursor over the inconsistencies found between the
+// config metadata and the shards. The double keeps one copy of the metadata, in memory, that
+// nothing changes behind its back, so there are none: an empty cursor, for the cluster, a
+// database or a collection.
+ROUTED.checkMetadataConsistency = async (rctx) => {
+  const { cmd, db } = rctx;
+  const v = cmd.checkMetadataConsistency;
+  if (typeof v !== 'string' && !(V.isNumeric(v) && V.toNumber(v) === 1)) {
+    throw err(14, "BSON field 'checkMetadataConsistency' is the wrong type, expected 1 or a collection name");
+  }
+  const batchSize = cmd.cursor && cmd.cursor.batchSize !== undefined ? num(cmd.cursor.batchSize) : undefined;
+  return cursorReply(rctx, `${db}.$cmd.aggregate`, [], batchSize);
+};
+// mapReduce of an unsharded collection runs on its database's primary shard, as on mongos; the
+// double does not split a sharded collection's map over its shards and merge, so it refuses one
+// rather than answer from one shard's part of the data.
+ROUTED.mapReduce = async (rctx) => {
+  const name = rctx.cmd.mapReduce !== undefined ? rctx.cmd.mapReduce : rctx.cmd.mapreduce;
+  if (typeof name === 'string' && nsMeta(rctx, name)) {
+    throw err(115, `mapReduce of the sharded collection ${rctx.db}.${name} is not implemented by the sharded double`);
+  }
+  return viaPrimary(rctx);
+};
+ROUTED.mapreduce = ROUTED.mapReduce;
 ROUTED.listIndexes = viaPrimary;
 ROUTED.renameCollection = async (rctx) => {
   const from = String(rctx.cmd.renameCollection);

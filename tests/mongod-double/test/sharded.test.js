@@ -693,3 +693,29 @@ test('through mongos: shard errors keep their fields, $out between unsharded col
     m.close();
   }
 });
+
+test('a tailable find on an unsharded capped collection goes through the mongos: alive when exhausted, later inserts on getMore; checkMetadataConsistency finds nothing', async () => {
+  // Cursors belong to the mongos that opened them: one mongos for every command here.
+  const one = new MongoClient(`mongodb://127.0.0.1:${d.port}/`, { serverSelectionTimeoutMS: 5000 });
+  try {
+    const db = one.db('tailthrough');
+    await db.createCollection('capped', { capped: true, size: 4096 });
+    await db.collection('capped').insertMany([{ _id: 1 }, { _id: 2 }]);
+    const first = await db.command({ find: 'capped', tailable: true, batchSize: 1 });
+    assert.deepEqual(first.cursor.firstBatch, [{ _id: 1 }]);
+    const more = () => db.command({ getMore: first.cursor.id, collection: 'capped' });
+    assert.deepEqual((await more()).cursor.nextBatch, [{ _id: 2 }]);
+    const empty = await more();
+    assert.deepEqual(empty.cursor.nextBatch, []);
+    assert.notEqual(String(empty.cursor.id), '0');
+    await db.collection('capped').insertOne({ _id: 3 });
+    assert.deepEqual((await more()).cursor.nextBatch, [{ _id: 3 }]);
+    const killed = await db.command({ killCursors: 'capped', cursors: [first.cursor.id] });
+    assert.equal(killed.cursorsKilled.length, 1);
+    const check = await db.command({ checkMetadataConsistency: 1 });
+    assert.deepEqual(check.cursor.firstBatch, []);
+    assert.equal(String(check.cursor.id), '0');
+  } finally {
+    await one.close();
+  }
+});

@@ -361,9 +361,36 @@ async function find(ctx) {
   const batchSize = cmd.batchSize === undefined ? undefined : num(cmd.batchSize, 101);
   if (batchSize !== undefined && batchSize < 0) throw err(51024, `BSON field 'batchSize' value must be >= 0, actual value '${batchSize}'`);
   if (cmd.filter !== undefined && !isPlainObject(cmd.filter)) throw err(14, "BSON field 'FindCommandRequest.filter' is the wrong type, expected type 'object'");
+  const tailable = V.truthy(cmd.tailable);
+  if (tailable) checkTailable(cmd, db, name, coll);
   const records = select(ctx.access, coll, { filter: cmd.filter, sort: cmd.sort, skip, limit, variables: evalLet(cmd.let), collation: cmd.collation });
   const docs = project(records, cmd.projection, cmd.filter);
-  return ctx.cursors.open(`${db}.${name}`, docs, { batchSize, singleBatch, session: ctx.sessionKey });
+  // A tailable cursor remembers what it returned, to hand out only later inserts (tailMore).
+  const tail = tailable ? { filter: cmd.filter, projection: cmd.projection, seen: new Set(records.map((r) => r.idKey)) } : null;
+  return ctx.cursors.open(`${db}.${name}`, docs, { batchSize, singleBatch, session: ctx.sessionKey, tail });
+}
+
+// mongod's planner refuses a tailable find on a collection that is not capped, and with a sort
+// other than natural order (a capped collection's order is its insertion order).
+function checkTailable(cmd, db, name, coll) {
+  if (!coll || !coll.options || !V.truthy(coll.options.capped)) {
+    throw err(2, `error processing query: ns=${db}.${name} planner returned error :: caused by :: tailable cursor requested on non capped collection`);
+  }
+  const sortKeys = cmd.sort ? V.keys(cmd.sort) : [];
+  if (sortKeys.length && !(sortKeys.length === 1 && sortKeys[0] === '$natural' && V.toNumber(cmd.sort.$natural) === 1)) {
+    throw err(2, `error processing query: ns=${db}.${name} planner returned error :: caused by :: cannot use tailable option with a sort other than {$natural: 1}`);
+  }
+}
+
+// Before a getMore of an exhausted tailable cursor: the documents matching its filter that were
+// inserted since, in insertion order. A tailableAwait cursor does not wait for them here.
+function tailMore(ctx, c, db, collName) {
+  if (!c.tail || c.pos < c.docs.length) return;
+  const coll = ctx.access.coll(db, collName, false);
+  const fresh = select(ctx.access, coll, { filter: c.tail.filter }).filter((r) => !c.tail.seen.has(r.idKey));
+  for (const r of fresh) c.tail.seen.add(r.idKey);
+  c.docs = c.docs.slice(c.pos).concat(project(fresh, c.tail.projection, c.tail.filter));
+  c.pos = 0;
 }
 
 async function getMore(ctx) {
@@ -384,6 +411,7 @@ async function getMore(ctx) {
       throw err(V.toNumber(fp.errorCode), "Hit the 'failGetMoreAfterCursorCheckout' failpoint");
     }
     if (c.stream) return changeStreams.getMore(ctx, c, num(cmd.batchSize, 0));
+    tailMore(ctx, c, db, cmd.collection);
   }
   return ctx.cursors.getMore(id, cmd.collection, db, num(cmd.batchSize, 0));
 }
@@ -614,4 +642,6 @@ module.exports = {
   explain,
   insert, update, delete: del, findAndModify, findandmodify: findAndModify, find, getMore, killCursors,
   aggregate: aggregateCmd, count, distinct,
+  // For mapReduce's output (commands/mapreduce.js); a leading _ keeps it out of the command table.
+  _writeStage: writeStage,
 };
