@@ -205,7 +205,10 @@ test('the same with the publishing proxy\'s clock ahead of the server\'s', { tim
 
 test('an event of a transaction open across a handler\'s first declaration gets its delivery', { timeout: 90000 },
   async (t) => {
-    const up = await startUpstream();
+    const skip = H.doubleOnlySkipReason('a server whose transactions live 4 s (the backfill window covers the server\'s limit)');
+    if (skip) return t.skip(skip);
+    // The server's limit is the key's (4 s): the window covers the larger of the two.
+    const up = await startUpstream({ requireDouble: true, args: ['--txn-lifetime', '4'] });
     t.after(() => up.stop());
     const got = { '/base': [], '/late': [] };
     const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
