@@ -13,6 +13,7 @@
 #ifndef RELAYBUS_BASE_CLOCK_H
 #define RELAYBUS_BASE_CLOCK_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <sys/time.h>
 #include <time.h>
@@ -70,6 +71,18 @@ clock_deadline_ms (int64_t ms)
       ts.tv_nsec -= 1000000000L;
    }
    return ts;
+}
+
+/* Sleeps `ms` milliseconds (>= 0), resumed after a signal.  Only for a
+ * thread of its own that has nothing else to do meanwhile (a worker at
+ * stop), never a forwarding loop. */
+static inline void
+clock_sleep_ms (int64_t ms)
+{
+   struct timespec ts = {(time_t) (ms / 1000), (long) (ms % 1000) * 1000000L};
+
+   while (nanosleep (&ts, &ts) != 0 && errno == EINTR)
+      ;
 }
 
 #endif /* RELAYBUS_BASE_CLOCK_H */

@@ -103,9 +103,11 @@ bool consumer_start (config_t *cfg,
                      consumer_answer_fn answer,
                      bson_error_t *error) __attribute__ ((warn_unused_result));
 
-/* Drops the waiting claims and the queue, hands every lane back (what is
- * claimed is released without an attempt charged) and joins the thread.
- * Safe when nothing was started. */
+/* Drops the waiting claims and the queue, retries for up to 5 s the
+ * charges closed connections still owe, hands every lane back (what is
+ * claimed is released without an attempt charged) except the lanes of the
+ * charges still owed, which stay held for the takeover to charge, and
+ * joins the thread.  Safe when nothing was started. */
 void consumer_stop (void);
 
 /* Queues a request (taken on success; the caller keeps it on failure).

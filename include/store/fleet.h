@@ -43,6 +43,13 @@ bool store_fleet_lease (store_t *store, int64_t now, int64_t lease_ms, bool *lea
  * stop, so the next instance need not wait for it to expire). */
 bool store_fleet_lease_release (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
 
+/* The server's transactionLifetimeLimitSeconds, in ms (getParameter on
+ * the admin database; one command).  False when it cannot be read: a
+ * mongos has no such parameter (each shard has its own), a user without
+ * the getParameter privilege is refused. */
+bool store_fleet_server_txn_lifetime (store_t *store, int64_t *ms, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
 /* The distinct handler names of the deliveries, pending or dead (at most
  * `max`; the caller frees each name and the array). */
 bool store_fleet_pending_handlers (store_t *store, char ***names, size_t *n, size_t max, bson_error_t *error)

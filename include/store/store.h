@@ -300,5 +300,11 @@ int64_t store_lease_expires (store_t *store, const store_ref_t *ref);
  * commands, however many lanes: a failure leaves every lane held (their
  * leases run out). */
 bool store_relinquish (store_t *store, int64_t now, bson_error_t *error) __attribute__ ((warn_unused_result));
+/* As store_relinquish, but the lanes with keep[lane] (OUTBOX_LANES
+ * entries) stay held as they are: what they list is not released, and
+ * whoever takes them over after their lease charges it (a stop that still
+ * owes charges it could not write, dispatch/consumer.c). */
+bool store_relinquish_except (store_t *store, int64_t now, const bool *keep, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
 
 #endif /* RELAYBUS_STORE_H */

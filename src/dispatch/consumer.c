@@ -86,6 +86,9 @@
 /* How soon the retry list (the charges a closed connection owes, the
  * deferred events' completion times) is worked through again. */
 #define CONSUMER_RETRY_MS 250
+/* How long a stop retries the charges closed connections owe before it
+ * hands the lanes back (stop_charge_owed; docs/consumers.md). */
+#define CONSUMER_STOP_CHARGE_MS 5000
 #define CONSUMER_OP_CLOSED PULL_OP_COUNT_
 #define CONSUMER_OP_SETTLED (PULL_OP_COUNT_ + 1)
 
@@ -1036,14 +1039,58 @@ run_settled (consumer_t *c, pull_req_t *r)
    bson_free (ids);
 }
 
+/* Charges one run of a closed connection's claims (`kind`: buried or due
+ * again) in one transaction; ok[i] tells which landed (applied[i]: which
+ * still held).  A transaction fails as a whole when one delivery of the
+ * run is held by another open transaction (the killed consumer's own,
+ * which completed it): with `split`, each claim of a failed run is then
+ * charged alone, so that only that one is owed and the others are due
+ * again at once, not after the dead transaction's lifetime.  Only on the
+ * first charge of a close: the owed ones are retried as one run (they wait
+ * on dead transactions, all of them). */
+static void
+charge_run (consumer_t *c,
+            uint64_t conn,
+            store_many_kind_t kind,
+            const store_ref_t *refs,
+            size_t n,
+            int64_t now,
+            bool split,
+            bool *applied,
+            bool *ok)
+{
+   static const char *const why = "the consumer's connection closed with the delivery claimed";
+   const char *what = kind == STORE_MANY_BURY ? "burying" : "charging";
+   int64_t due_at = kind == STORE_MANY_BURY ? 0 : now;
+   size_t failed = 0;
+   bson_error_t err;
+
+   if (store_settle_many (c->store, kind, refs, n, now, due_at, why, applied, &err)) {
+      for (size_t i = 0; i < n; i++)
+         ok[i] = true;
+      return;
+   }
+   if (!split || n == 1) {
+      log_info ("consumer: c%" PRIu64 " closed: %s %zu claims failed (retried later): %s", conn, what, n, err.message);
+      return;
+   }
+   for (size_t i = 0; i < n; i++) {
+      ok[i] = store_settle_many (c->store, kind, refs + i, 1, now, due_at, why, applied + i, &err);
+      failed += !ok[i];
+   }
+   if (failed > 0)
+      log_info ("consumer: c%" PRIu64 " closed: %s %zu of %zu claims failed (retried later): %s", conn, what, failed, n,
+                err.message);
+}
+
 /* Up to CONSUMER_CLOSE_SLICE claims of connection `conn` (the ones it
  * still owes with `owed`, a retry; the others on its close), charged one
  * attempt each: due now, or dead at the handler's last attempt.  Two
  * transactions at most (store_settle_many: the ones buried, the ones
  * rescheduled), not one per claim.  A transaction that fails (a consumer
  * killed after relaybusComplete inside its own transaction still holds
- * that delivery: a WriteConflict, at once) leaves the claims of its run
- * owed: they stay held, and the retry list charges them once that
+ * that delivery: a WriteConflict, at once) is split (charge_run): the
+ * claims that still fail alone are owed: they stay held, and the retry list charges them once that
  * transaction is gone (the server aborts it, at the latest at its
  * lifetime), so every claim that ends without a completion is charged
  * once, and no consumer waits for it meanwhile.  The other claims of the
@@ -1052,13 +1099,11 @@ run_settled (consumer_t *c, pull_req_t *r)
 static bool
 charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t *dead, size_t *lost)
 {
-   static const char *const why = "the consumer's connection closed with the delivery claimed";
    size_t n = 0, n_dead = 0, n_due = 0;
    held_t **mine;
    store_ref_t *refs;
-   bool *applied, *is_dead, dead_ok = true, due_ok = true;
+   bool *applied, *is_dead, *ok;
    int64_t now = clock_now_ms ();
-   bson_error_t err;
 
    for (size_t i = 0; i < c->n_held; i++)
       n += c->held[i].conn == conn && c->held[i].owed == owed;
@@ -1097,17 +1142,13 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
       bson_free (last);
    }
    n_due = n - n_dead;
-   if (n_dead > 0 && !store_settle_many (c->store, STORE_MANY_BURY, refs, n_dead, now, 0, why, applied, &err)) {
-      log_info ("consumer: c%" PRIu64 " closed: burying %zu claims failed (retried later): %s", conn, n_dead, err.message);
-      dead_ok = false;
-   }
-   if (n_due > 0 && !store_settle_many (c->store, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, now, why,
-                                        applied + n_dead, &err)) {
-      log_info ("consumer: c%" PRIu64 " closed: charging %zu claims failed (retried later): %s", conn, n_due, err.message);
-      due_ok = false;
-   }
+   ok = bson_malloc0 (n * sizeof *ok);
+   if (n_dead > 0)
+      charge_run (c, conn, STORE_MANY_BURY, refs, n_dead, now, !owed, applied, ok);
+   if (n_due > 0)
+      charge_run (c, conn, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, !owed, applied + n_dead, ok + n_dead);
    for (size_t i = 0; i < n; i++) {
-      if (!(i < n_dead ? dead_ok : due_ok)) {
+      if (!ok[i]) {
          /* Owed: kept, charged by the retry list. */
          if (!mine[i]->owed)
             counters_add (COUNTER_CONSUMER_CHARGES_RETRIED, 1);
@@ -1135,6 +1176,7 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
    bson_free (refs);
    bson_free (applied);
    bson_free (is_dead);
+   bson_free (ok);
    for (size_t i = 0; i < c->n_held; i++)
       if (c->held[i].conn == conn && c->held[i].owed == owed)
          return true;
@@ -1605,13 +1647,60 @@ consumer_wake (void)
 
 /* --- start and stop ------------------------------------------------------- */
 
-/* On the thread, at worker_stop: nothing more is answered; the claims are
- * released and the lanes handed back. */
+/* At stop, the charges closed connections still owe (held_t.owed) are
+ * retried for at most CONSUMER_STOP_CHARGE_MS, every CONSUMER_RETRY_MS:
+ * the lanes are handed back after, and a hand-back releases what they
+ * list with no attempt charged.  Blocking here is this thread's own time
+ * (nothing more is answered).  Returns how many are still owed. */
+static size_t
+stop_charge_owed (consumer_t *c)
+{
+   int64_t until = clock_mono_ms () + CONSUMER_STOP_CHARGE_MS;
+   size_t owed = 0;
+
+   for (;;) {
+      size_t charged = 0, dead = 0, lost = 0, n_conns = 0;
+      uint64_t *conns = bson_malloc0 ((c->n_held ? c->n_held : 1) * sizeof *conns);
+
+      /* One slice per connection per round (charge_closed changes held). */
+      for (size_t i = 0; i < c->n_held; i++) {
+         bool seen = false;
+         if (!c->held[i].owed)
+            continue;
+         for (size_t k = 0; k < n_conns && !seen; k++)
+            seen = conns[k] == c->held[i].conn;
+         if (!seen)
+            conns[n_conns++] = c->held[i].conn;
+      }
+      for (size_t k = 0; k < n_conns; k++)
+         (void) charge_closed (c, conns[k], true, &charged, &dead, &lost);
+      bson_free (conns);
+      if (charged + dead + lost > 0)
+         log_info ("consumer: stopping: owed charges landed: %zu due again with one attempt charged, %zu dead, %zu no "
+                   "longer held",
+                   charged, dead, lost);
+      owed = 0;
+      for (size_t i = 0; i < c->n_held; i++)
+         owed += c->held[i].owed;
+      if (owed == 0 || clock_mono_ms () + CONSUMER_RETRY_MS > until)
+         return owed;
+      clock_sleep_ms (CONSUMER_RETRY_MS);
+   }
+}
+
+/* On the thread, at worker_stop: nothing more is answered; the owed
+ * charges are retried (stop_charge_owed), the claims released and the
+ * lanes handed back, except the lanes of the charges still owed: those
+ * stay held, so that whoever takes them over after their lease charges
+ * the claims they list (the takeover rule), rather than a hand-back
+ * releasing them uncharged. */
 static void
 stop_cb (void *arg)
 {
    consumer_t *c = arg;
    pull_req_t *r, *next;
+   bool keep[OUTBOX_LANES] = {false};
+   size_t owed, n_keep = 0;
    bson_error_t err;
 
    evtimer_del (c->poll_ev);
@@ -1627,7 +1716,18 @@ stop_cb (void *arg)
    }
    while (c->n_waiting > 0)
       waiting_remove (c, c->n_waiting - 1);
-   if (c->n_held > 0 && !store_relinquish (c->store, clock_now_ms (), &err))
+   owed = stop_charge_owed (c);
+   for (size_t i = 0; i < c->n_held; i++)
+      if (c->held[i].owed && c->held[i].lane < OUTBOX_LANES && !keep[c->held[i].lane]) {
+         keep[c->held[i].lane] = true;
+         n_keep++;
+      }
+   if (owed > 0)
+      log_warn ("consumer: stopping: %zu owed charge(s) did not land within %d ms (an open transaction still holds "
+                "their deliveries): their %zu lane(s) stay held, and whoever takes them over after their lease "
+                "charges those claims",
+                owed, CONSUMER_STOP_CHARGE_MS, n_keep);
+   if (c->n_held > 0 && !store_relinquish_except (c->store, clock_now_ms (), keep, &err))
       log_warn ("consumer: handing the lanes back failed (they free up when their leases end): %s", err.message);
    event_base_loopexit (c->base, NULL);
 }

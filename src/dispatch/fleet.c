@@ -240,15 +240,44 @@ fleet_remember (dispatch_fleet_t *f, const config_t *cfg)
       f->known[i] = bson_strdup (cfg->handlers[i].name);
 }
 
+/* How long a transaction that writes the outbox can stay open: the larger
+ * of [outbox] transaction_lifetime and the server's
+ * transactionLifetimeLimitSeconds (the server aborts a transaction older
+ * than that, so no transaction commits later, whatever the key says).
+ * Read from the server at each backfill start (a rare event: a handler's
+ * first declaration), so that a limit an operator raised with setParameter
+ * counts; when it cannot be read (a mongos: each shard has its own), the
+ * key alone, and the log says so. */
+static int64_t
+fleet_txn_lifetime (dispatch_fleet_t *f, const config_t *cfg)
+{
+   int64_t server_ms = 0, key_ms = cfg->transaction_lifetime_ms;
+   bson_error_t err;
+
+   if (!store_fleet_server_txn_lifetime (f->store, &server_ms, &err)) {
+      log_warn ("dispatch: backfill window: the server's transactionLifetimeLimitSeconds cannot be read (%s); using [outbox] "
+                "transaction_lifetime (%" PRId64 " ms): set it to at least the limit of every shard",
+                err.message,
+                key_ms);
+      return key_ms;
+   }
+   log_info ("dispatch: backfill window: the server's transactionLifetimeLimitSeconds is %" PRId64 " ms, [outbox] "
+             "transaction_lifetime %" PRId64 " ms: using %" PRId64 " ms",
+             server_ms,
+             key_ms,
+             server_ms > key_ms ? server_ms : key_ms);
+   return server_ms > key_ms ? server_ms : key_ms;
+}
+
 /* At the first announce, and for a handler a reload added since the last
  * heartbeat: every such local handler no other kept instance declares is
  * new to the fleet's set.  Proxies that have not read our document yet
  * still write events without it, for at most a liveness bound after now,
- * and a transaction open across now commits up to transaction_lifetime
- * later with events created up to transaction_lifetime before it.  So
- * the events created from now - bound - lifetime (a publisher's clock may
- * lag the server's by up to the bound) until now + bound + lifetime that
- * lack it are backfilled, and its deliveries wait until that ends, so
+ * and a transaction open across now commits up to a transaction lifetime
+ * later with events created up to a lifetime before it (the lifetime:
+ * fleet_txn_lifetime).  So the events created from now - bound - lifetime
+ * (a publisher's clock may lag the server's by up to the bound) until
+ * now + bound + lifetime that lack it are backfilled, and its deliveries wait until that ends, so
  * that no later delivery of a key runs before a backfilled earlier one.
  * With no other instance in the fleet (kept and not stopped) there is
  * nobody to backfill for: an instance that starts later reads our document
@@ -258,7 +287,7 @@ fleet_remember (dispatch_fleet_t *f, const config_t *cfg)
 static void
 fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now, bool only_new)
 {
-   int64_t reach = fleet_live_ms (cfg) + cfg->transaction_lifetime_ms;
+   int64_t reach = -1;
    size_t others = 0;
 
    for (size_t i = 0; i < fs->n_instances; i++)
@@ -287,6 +316,8 @@ fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set
                    until - now);
          continue;
       }
+      if (reach < 0)
+         reach = fleet_live_ms (cfg) + fleet_txn_lifetime (f, cfg);
       f->backfills[f->n_backfills].name = bson_strdup (h->name);
       f->backfills[f->n_backfills].since = now - reach;
       f->backfills[f->n_backfills].until = now + reach;

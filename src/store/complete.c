@@ -1050,6 +1050,12 @@ store_settle_many (store_t *s,
 bool
 store_relinquish (store_t *s, int64_t now, bson_error_t *error)
 {
+   return store_relinquish_except (s, now, NULL, error);
+}
+
+bool
+store_relinquish_except (store_t *s, int64_t now, const bool *keep, bson_error_t *error)
+{
    mongoc_client_t *client;
    mongoc_collection_t *lanes, *dels;
    store_lane_state_t held[OUTBOX_LANES];
@@ -1068,6 +1074,9 @@ store_relinquish (store_t *s, int64_t now, bson_error_t *error)
    pthread_mutex_lock (&s->mu);
    memcpy (held, s->lanes, sizeof held);
    pthread_mutex_unlock (&s->mu);
+   for (uint32_t i = 0; keep && i < OUTBOX_LANES; i++)
+      if (keep[i])
+         held[i].held = false; /* stays ours, untouched */
    /* Every lane held, in three commands whatever their number (one per
     * lane cost a consumer thread seconds for 256 lanes, while the other
     * consumers waited).  The writes are ordered so that no claim sees a

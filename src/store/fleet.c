@@ -162,6 +162,35 @@ store_fleet_lease_release (store_t *s, int64_t now, bson_error_t *error)
 }
 
 bool
+store_fleet_server_txn_lifetime (store_t *s, int64_t *ms, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   bson_t *cmd = BCON_NEW ("getParameter", BCON_INT32 (1), "transactionLifetimeLimitSeconds", BCON_INT32 (1));
+   bson_t reply;
+   bson_iter_t it;
+   bson_error_t err;
+   bool ok;
+
+   *ms = 0;
+   /* A primary's (the read preference of the pool's default): the limit
+    * that aborts the transactions that write the outbox. */
+   ok = mongoc_client_command_simple (client, "admin", cmd, NULL, &reply, &err);
+   if (!ok) {
+      store_set_error (error, STORE_ERROR_SERVER, "getParameter transactionLifetimeLimitSeconds: %s", err.message);
+   } else if (!bson_iter_init_find (&it, &reply, "transactionLifetimeLimitSeconds") || !BSON_ITER_HOLDS_NUMBER (&it) ||
+              bson_iter_as_int64 (&it) <= 0) {
+      store_set_error (error, STORE_ERROR_SERVER, "getParameter answered no transactionLifetimeLimitSeconds");
+      ok = false;
+   } else {
+      *ms = bson_iter_as_int64 (&it) * 1000;
+   }
+   bson_destroy (&reply);
+   bson_destroy (cmd);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
 store_fleet_pending_handlers (store_t *s, char ***names, size_t *n, size_t max, bson_error_t *error)
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);

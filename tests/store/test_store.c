@@ -1613,6 +1613,46 @@ test_relinquish_and_extend_lease (void **state)
 }
 
 
+/* A stop that still owes a charge keeps that lane (store_relinquish_except):
+ * the other lanes go back at once, with their claims released uncharged;
+ * the kept one stays the instance's until its lease ends, and whoever takes
+ * it over then charges the claim it lists. */
+static void
+test_relinquish_except_keeps_lanes (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t ba = {0}, bb = {0};
+   bool keep[OUTBOX_LANES] = {false};
+   bson_error_t err;
+   uint32_t kept;
+   char q[96];
+
+   add (fx, "e1", "h", "k-one", 1, T0 - 10);
+   add (fx, "e2", "h", "k-two", 1, T0 - 10);
+   assert_int_not_equal (outbox_lane_id ("k-one", "e1"), outbox_lane_id ("k-two", "e2"));
+   claim (fx->a, "h", 10, T0, &ba);
+   assert_int_equal (ba.n, 2);
+   kept = outbox_lane_id ("k-one", "e1");
+   keep[kept] = true;
+   assert_true (store_relinquish_except (fx->a, T0 + 1, keep, &err));
+   bson_snprintf (q, sizeof q, "{\"owner\": \"host/1/aaaa\", \"_id\": %u}", kept);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"owner\": \"host/1/aaaa\"}"), 1);
+   /* B gets the handed-back one at once, uncharged; not the kept one. */
+   claim (fx->b, "h", 10, T0 + 2, &bb);
+   assert_int_equal (bb.n, 1);
+   assert_string_equal (bb.items[0].event_id, "e2");
+   assert_int_equal (bb.items[0].attempt, 1);
+   store_batch_clear (&bb);
+   /* After the lease, the takeover charges the claim the kept lane lists. */
+   claim (fx->b, "h", 10, T0 + LEASE + 1, &bb);
+   assert_int_equal (bb.n, 1);
+   assert_string_equal (bb.items[0].event_id, "e1");
+   assert_int_equal (bb.items[0].attempt, 2);
+   store_batch_clear (&ba);
+   store_batch_clear (&bb);
+}
+
 /* Many leases in one transaction (a pull consumer's relaybusExtend,
  * relaybusRelease and the charge of a closed connection): each lease is
  * fenced as the one-lease calls fence it, a stale one changes nothing and
@@ -2800,6 +2840,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_list_page_bad_input_matches_nothing_or_defaults, setup, teardown),
       cmocka_unit_test_setup_teardown (test_list_page_completed_history, setup_history, teardown),
       cmocka_unit_test_setup_teardown (test_relinquish_and_extend_lease, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_relinquish_except_keeps_lanes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_settle_and_extend_many, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_costs_two_commands, setup, teardown),

@@ -10,6 +10,8 @@
 //    commits) is charged the attempt once the server has ended its transaction: with
 //    max_attempts = 3, three such kills leave the delivery dead with 3 attempts, each claim
 //    reporting the next attempt.
+// 3. The killed consumer's other claims are charged at once, not after its dead transaction.
+// 4. A proxy stopped while such a charge is owed charges it before it exits.
 //
 // Each part runs against its own server double: part 1 with the transaction lifetime long enough
 // for A's 5 s, part 2 with a short one so that the server reaps each killed consumer's
@@ -96,18 +98,25 @@ test('an open consumer transaction holds up neither another handler\'s completio
   assert.ok((await s.outbox.events.findOne({ _id: id })).completedAt instanceof Date, 'the event has its completedAt');
 });
 
-/** Runs one txn-hang-consumer.js; resolves with its attempt once it completed inside its transaction. */
-function hangingConsumer(s, handler) {
+/**
+ * Runs one txn-hang-consumer.js holding `claims` claims; resolves with the attempt of the one it
+ * completed inside its transaction once that was answered (and, with `claims` > 1, `holding`: the
+ * event ids of the others).
+ */
+function hangingConsumer(s, handler, claims = 1) {
   const child = spawn(process.execPath, [HANG], {
-    env: { ...process.env, RELAYBUS_URI: s.proxy.uri(), HANDLER: handler, LEASE_MS: '60000' },
+    env: { ...process.env, RELAYBUS_URI: s.proxy.uri(), HANDLER: handler, LEASE_MS: '60000', CLAIMS: String(claims) },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   children.add(child);
   child.on('exit', () => children.delete(child));
+  const holding = [];
   const completed = new Promise((resolve, reject) => {
     readline.createInterface({ input: child.stdout }).on('line', (line) => {
+      const h = line.match(/^holding (\S+) (\d+)$/);
+      if (h) holding.push(h[1]);
       const m = line.match(/^completed (\S+) (\d+)$/);
-      if (m) resolve({ eventId: m[1], attempt: Number(m[2]) });
+      if (m) resolve(claims > 1 ? { eventId: m[1], attempt: Number(m[2]), holding } : { eventId: m[1], attempt: Number(m[2]) });
     });
     child.on('exit', (code) => reject(new Error(`the consumer exited (${code}) before completing`)));
   });
@@ -135,6 +144,63 @@ test('a consumer killed after relaybusComplete inside its transaction is charged
   assert.ok(d, 'the delivery still exists');
   assert.equal(d.status, 'dead', 'the delivery is dead');
   assert.equal(d.attempts, 3, 'with 3 attempts');
+});
+
+/** Kills a hanging consumer and waits for its exit. */
+async function kill(child) {
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  child.kill('SIGKILL');
+  await exited;
+}
+
+/** Polls the delivery of `eventId` for `handler` until `pred` holds or `ms` passed; returns the last one read. */
+async function deliveryUntil(s, eventId, handler, pred, ms) {
+  let d;
+  for (const until = Date.now() + ms; Date.now() < until; await H.sleep(50)) {
+    d = await C.deliveryOf(s, eventId, handler);
+    if (pred(d)) break;
+  }
+  return d;
+}
+
+test('a killed consumer\'s other claims are due again at once, not after its dead transaction ends', async () => {
+  // The dead transaction lives 30 s: the claim it holds is owed until then, but the killed
+  // consumer's other claim, charged in the same close, must not wait for it.
+  const s = await stack(['--txn-lifetime', '30'], '[handler slice]\nevents = slice.*\nkind = pull\n');
+  const ids = [C.newId('slice'), C.newId('slice')];
+  await C.publish(s.client, ids.map((id) => ({ type: 'slice.v1', id, payload: { n: 1 } })));
+  const { child, completed } = hangingConsumer(s, 'slice', 2);
+  const got = await H.within(completed, 30000);
+  assert.ok(got, 'both deliveries were claimed, one completed inside the transaction');
+  assert.equal(got.holding.length, 1, 'the consumer holds the other claim');
+  const t0 = Date.now();
+  await kill(child);
+  const other = await deliveryUntil(s, got.holding[0], 'slice', (d) => d && d.attempts === 1, 5000);
+  assert.equal(other && other.attempts, 1, `the other claim was charged one attempt (after ${Date.now() - t0} ms)`);
+  assert.ok(Date.now() - t0 < 5000, 'within 5 s of the kill');
+  assert.equal(other.status, 'pending', 'and is due again');
+  const held = await C.deliveryOf(s, got.eventId, 'slice');
+  assert.equal(held.attempts, 0, 'the claim the dead transaction holds waits for it (owed)');
+});
+
+test('a proxy stopped while a killed consumer\'s charge is owed charges it before it exits', async () => {
+  // The dead transaction is reaped 3 to 4 s after it began; the proxy is stopped at once, with the
+  // charge owed, and retries it while it stops (for up to 5 s) instead of handing the lane back.
+  const s = await stack(['--txn-lifetime', '3'], '[handler owed]\nevents = owed.*\nkind = pull\n');
+  const id = C.newId('owed');
+  await C.publish(s.client, [{ type: 'owed.v1', id, payload: { n: 1 } }]);
+  const { child, completed } = hangingConsumer(s, 'owed');
+  const got = await H.within(completed, 30000);
+  assert.deepEqual(got, { eventId: id, attempt: 1 }, 'claimed and completed inside the transaction');
+  await kill(child);
+  const failed = await s.proxy.waitForLog(/closed: charging 1 claims failed \(retried later\)/, { timeoutMs: 5000 });
+  assert.ok(failed, 'the charge on the close failed: the dead transaction holds the delivery');
+  await s.client.close(); // the direct client stays: it reads the outbox after the stop
+  await s.proxy.stop();
+  const d = await C.deliveryOf(s, id, 'owed');
+  assert.equal(d.attempts, 1, 'the stopped proxy charged the attempt');
+  assert.equal(d.status, 'pending', 'the delivery is due again');
+  assert.ok(s.proxy.logLines('stopping: owed charges landed').length > 0, 'the stop charged it');
 });
 
 H.registerFinalChecks(test, [() => Promise.all(stacks.map((s) => s.upstream.stop()))], {

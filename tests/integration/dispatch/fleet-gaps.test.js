@@ -13,7 +13,10 @@
 // 2. A handler added while a transaction is open: the transaction's event, committed after the
 //    old backfill window (three heartbeats, 0.9 s) and within transaction_lifetime, gets the new
 //    handler's delivery, and the handler's deliveries wait for the backfill.
-// 3. A proxy whose dispatcher has not read the fleet's set yet refuses publishes with a
+// 3. The same with the server's transaction lifetime (7 s) longer than transaction_lifetime (1 s):
+//    the backfill covers the server's, so an event committed 3.5 s after the declaration, past
+//    the key's window, still gets its delivery.
+// 4. A proxy whose dispatcher has not read the fleet's set yet refuses publishes with a
 //    transient error (they would miss the other proxies' handlers), and /readyz says why; once
 //    the set is read, a publish gets the other proxy's handler's delivery.
 //
@@ -202,7 +205,10 @@ test('the same with the publishing proxy\'s clock ahead of the server\'s', { tim
 
 test('an event of a transaction open across a handler\'s first declaration gets its delivery', { timeout: 90000 },
   async (t) => {
-    const up = await startUpstream();
+    const skip = H.doubleOnlySkipReason('a server whose transactions live 4 s (the backfill window covers the server\'s limit)');
+    if (skip) return t.skip(skip);
+    // The server's limit is the key's (4 s): the window covers the larger of the two.
+    const up = await startUpstream({ requireDouble: true, args: ['--txn-lifetime', '4'] });
     t.after(() => up.stop());
     const got = { '/base': [], '/late': [] };
     const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
@@ -240,6 +246,49 @@ test('an event of a transaction open across a handler\'s first declaration gets 
       'both events at late');
     assert.deepEqual(got['/late'].filter((id) => id === 'long-0' || id === 'after-0').length, 2, 'each once');
     assert.match(a.log(), /handler late is new to the fleet/);
+    await viaP.close();
+    assert.equal((await a.stop()).code, 0);
+    assert.equal((await d.stop()).code, 0);
+  });
+
+test('the backfill window covers the server\'s transaction lifetime when it is longer than the key\'s', { timeout: 90000 },
+  async (t) => {
+    const skip = H.doubleOnlySkipReason('a server started with a transaction lifetime of 7 s');
+    if (skip) return t.skip(skip);
+    // The server aborts transactions after 7 s; [outbox] transaction_lifetime says 1 s, so the
+    // key's window reaches 1.9 s (three 300 ms heartbeats and 1 s) past the declaration.
+    const up = await startUpstream({ requireDouble: true, args: ['--txn-lifetime', '7'] });
+    t.after(() => up.stop());
+    const got = { '/base': [], '/late': [] };
+    const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
+    t.after(() => sink.close());
+    const db = uniqueDbName('fleet_limit');
+    const outbox = { database: db, handler_heartbeat: '300ms', transaction_lifetime: '1s' };
+    const dispatch = { poll_interval_ms: 100 };
+    const d = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
+      handlers: [{ name: 'base', kind: 'webhook', events: 'order.*', url: sink.url('/base') }] });
+    t.after(() => d.kill());
+    const p = await startPublisher(up, db, undefined, undefined, outbox);
+    const viaP = await connect(p);
+    t.after(() => viaP.close());
+    await waitFor(async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === 'base')), 20000,
+      'P to read base');
+    await publishThroughProxy(viaP, 'app', [{ id: 'before-0', type: 'order.placed', key: 'k-before', payload: {} }]);
+    // Opened before `late` exists, committed 3.5 s after its first declaration: past the key's
+    // window, within the server's limit (the server would have aborted it after 7 s).
+    const session = viaP.startSession();
+    session.startTransaction();
+    await viaP.db('app').collection('items').insertOne({ _id: 'long-1' },
+      { session, comment: { relaybus: { type: 'order.placed', id: 'long-1', key: 'k-long', payload: {} } } });
+    const a = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
+      handlers: [{ name: 'late', kind: 'webhook', events: 'order.placed', url: sink.url('/late') }] });
+    t.after(() => a.kill());
+    await sleep(3500);
+    await session.commitTransaction();
+    await session.endSession();
+    await waitFor(async () => got['/late'].includes('long-1'), 30000, 'the long transaction\'s event at late');
+    assert.equal(got['/late'].filter((id) => id === 'long-1').length, 1, 'once');
+    assert.match(a.log(), /the server's transactionLifetimeLimitSeconds is 7000 ms, \[outbox\] transaction_lifetime 1000 ms: using 7000 ms/);
     await viaP.close();
     assert.equal((await a.stop()).code, 0);
     assert.equal((await d.stop()).code, 0);

@@ -100,6 +100,14 @@ test('hello: a mongos says isdbgrid and names no set; each shard member is a rep
   assert.equal(num(r.code), 59);
 });
 
+test('getParameter transactionLifetimeLimitSeconds: a shard member answers it, a mongos has no such option', async () => {
+  const m = await raw(d.port, { getParameter: 1, transactionLifetimeLimitSeconds: 1, $db: 'admin' });
+  assert.equal(num(m.ok), 0);
+  assert.equal(num(m.code), 72);
+  const s = await raw(d.shards[0].port, { getParameter: 1, transactionLifetimeLimitSeconds: 1, $db: 'admin' });
+  assert.equal(num(s.transactionLifetimeLimitSeconds), 60);
+});
+
 test('shardCollection hashed: chunks spread evenly over the shards from the start, config.collections and config.chunks list them, documents land on both shards', async () => {
   const admin = client.db('admin');
   await admin.command({ enableSharding: 'hs' });

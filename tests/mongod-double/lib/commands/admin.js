@@ -133,7 +133,8 @@ async function getParameter(ctx) {
   const { cmd, server } = ctx;
   const all = {
     featureCompatibilityVersion: { version: '7.0' },
-    transactionLifetimeLimitSeconds: server.opts.txnLifetime,
+    // A mongod parameter only: a mongos answers "no option found to get" (each shard has its own).
+    ...(server.opts.isMongos ? {} : { transactionLifetimeLimitSeconds: server.opts.txnLifetime }),
     maxTransactionLockRequestTimeoutMillis: 5,
     authenticationMechanisms: ['SCRAM-SHA-1', 'SCRAM-SHA-256'],
     requireApiVersion: false,
