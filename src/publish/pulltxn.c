@@ -425,74 +425,64 @@ pulltxn_command (const pulltxn_t *t, uint32_t i)
 
 /* --- replies ---------------------------------------------------------------- */
 
-/* Positions `batch` on the firstBatch array of a find reply. */
+/* Calls take (t, doc) for each document of the firstBatch array of a
+ * find reply (doc static, valid while the reply is); false when the reply
+ * is not a find's or its batch holds something other than documents. */
 static bool
-first_batch (const bson_t *reply, bson_iter_t *batch)
+each_in_batch (pulltxn_t *t, const bson_t *reply, void (*take) (pulltxn_t *t, const bson_t *doc))
 {
-   bson_iter_t it, cursor;
+   bson_iter_t it, cursor, batch;
 
-   return bson_iter_init_find (&it, reply, "cursor") && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &cursor) &&
-          bson_iter_find (&cursor, "firstBatch") && BSON_ITER_HOLDS_ARRAY (&cursor) && bson_iter_recurse (&cursor, batch);
-}
-
-/* The next document of a reply's batch into *doc (static, valid while the
- * reply is): 1, 0 at the end, -1 when the batch holds something else. */
-static int
-batch_next (bson_iter_t *batch, bson_t *doc)
-{
-   const uint8_t *data;
-   uint32_t len;
-
-   if (!bson_iter_next (batch))
-      return 0;
-   if (!BSON_ITER_HOLDS_DOCUMENT (batch))
-      return -1;
-   bson_iter_document (batch, &len, &data);
-   return bson_init_static (doc, data, len) ? 1 : -1;
-}
-
-static bool
-take_deliveries (pulltxn_t *t, const bson_t *reply)
-{
-   bson_iter_t batch;
-   bson_t doc;
-   int more;
-
-   if (!first_batch (reply, &batch))
+   if (!bson_iter_init_find (&it, reply, "cursor") || !BSON_ITER_HOLDS_DOCUMENT (&it) || !bson_iter_recurse (&it, &cursor) ||
+       !bson_iter_find (&cursor, "firstBatch") || !BSON_ITER_HOLDS_ARRAY (&cursor) || !bson_iter_recurse (&cursor, &batch))
       return false;
-   while ((more = batch_next (&batch, &doc)) > 0) {
-      bson_iter_t id;
+   while (bson_iter_next (&batch)) {
+      const uint8_t *data;
+      uint32_t len;
+      bson_t doc;
 
-      if (!bson_iter_init_find (&id, &doc, "_id") || !BSON_ITER_HOLDS_OID (&id))
-         continue;
-      for (uint32_t i = 0; i < t->n; i++)
-         if (!t->docs[i] && bson_oid_equal (bson_iter_oid (&id), &t->leases[i].id))
-            t->docs[i] = bson_copy (&doc);
+      if (!BSON_ITER_HOLDS_DOCUMENT (&batch))
+         return false;
+      bson_iter_document (&batch, &len, &data);
+      if (!bson_init_static (&doc, data, len))
+         return false;
+      take (t, &doc);
    }
-   return more == 0;
+   return true;
+}
+
+/* A delivery read by the fence's find: kept for the lease it is. */
+static void
+take_delivery (pulltxn_t *t, const bson_t *doc)
+{
+   bson_iter_t id;
+
+   if (!bson_iter_init_find (&id, doc, "_id") || !BSON_ITER_HOLDS_OID (&id))
+      return;
+   for (uint32_t i = 0; i < t->n; i++)
+      if (!t->docs[i] && bson_oid_equal (bson_iter_oid (&id), &t->leases[i].id))
+         t->docs[i] = bson_copy (doc);
+}
+
+/* A lane document of the pull lane space read by the fence's find. */
+static void
+take_lane (pulltxn_t *t, const bson_t *doc)
+{
+   bson_iter_t id;
+   int64_t lane;
+
+   if (!bson_iter_init_find (&id, doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&id))
+      return;
+   lane = bson_iter_as_int64 (&id) - outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, 0);
+   if (lane < 0 || lane >= OUTBOX_LANES || t->lanes_read[lane])
+      return;
+   t->lanes_read[lane] = bson_copy (doc);
 }
 
 static bool
 take_lanes (pulltxn_t *t, const bson_t *reply)
 {
-   bson_iter_t batch;
-   bson_t doc;
-   int more;
-
-   if (!first_batch (reply, &batch))
-      return false;
-   while ((more = batch_next (&batch, &doc)) > 0) {
-      bson_iter_t id;
-      int64_t lane;
-
-      if (!bson_iter_init_find (&id, &doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&id))
-         continue;
-      lane = bson_iter_as_int64 (&id) - outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, 0);
-      if (lane < 0 || lane >= OUTBOX_LANES || t->lanes_read[lane])
-         continue;
-      t->lanes_read[lane] = bson_copy (&doc);
-   }
-   if (more < 0)
+   if (!each_in_batch (t, reply, take_lane))
       return false;
    for (uint32_t i = 0; i < t->n; i++)
       t->lane_docs[i] = t->lanes_read[t->tokens[i].lane_id];
@@ -554,7 +544,7 @@ pulltxn_reply (pulltxn_t *t, uint32_t i, const bson_t *reply)
    }
    switch (t->phase) {
    case PULLTXN_PHASE_FENCE:
-      if (!(i == FENCE_DELIVERIES ? take_deliveries (t, reply) : take_lanes (t, reply)))
+      if (!(i == FENCE_DELIVERIES ? each_in_batch (t, reply, take_delivery) : take_lanes (t, reply)))
          fail_made (t, false, INJECT_CODE_INTERNAL_ERROR, "InternalError", "relaybus: relaybusComplete: unexpected reply to %s",
                     command_desc (t, i, desc, sizeof desc));
       return;
