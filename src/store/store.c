@@ -22,6 +22,12 @@
 #include "base/counters.h"
 #include "base/log.h"
 
+/* Transaction options: snapshot read concern, majority, primary. */
+static mongoc_transaction_opt_t *store_txn_opts (void);
+
+/* Appends `$or: [a, b]`. */
+static void store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b);
+
 void
 store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
 {
@@ -371,7 +377,7 @@ store_write (store_t *s,
    return ok;
 }
 
-mongoc_transaction_opt_t *
+static mongoc_transaction_opt_t *
 store_txn_opts (void)
 {
    mongoc_transaction_opt_t *t = mongoc_transaction_opts_new ();
@@ -773,7 +779,7 @@ store_append_lane_docs_in (const store_t *s, bson_t *query, const bool lanes[OUT
    return k;
 }
 
-void
+static void
 store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b)
 {
    bson_t or;
