@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <bson/bson.h>
+
 #define OUTBOX_LANES 256
 #define OUTBOX_NAME_MAX 160 /* prefix (64) + longest suffix, with room */
 
@@ -80,5 +82,19 @@ void outbox_lease_format (const outbox_lease_t *lease, char out[OUTBOX_LEASE_TOK
 /* Strict: decimal fields, lane < 256, epoch >= 1, claims >= 0, nothing else.
  * A token that could not have been issued is refused without a database call. */
 bool outbox_lease_parse (const char *token, outbox_lease_t *out) __attribute__ ((warn_unused_result));
+
+/* The completion fence, the one rule by which a completion may end the
+ * claim of delivery `id` under `lease`: the store's (store/complete) and
+ * the one a pull consumer's transaction applies (publish/pulltxn), each to
+ * the documents its own reads returned.  It holds when the delivery
+ * document is still pending, in the lease's lane (laneId) at the lease's
+ * claim generation (claims; a missing one reads as 0), for `handler`
+ * (NULL: not compared), and the lane document is at the lease's epoch and
+ * lists the delivery in inFlight.  A missing document never holds. */
+bool outbox_lease_holds (const outbox_lease_t *lease,
+                         const bson_oid_t *id,
+                         const char *handler,
+                         const bson_t *delivery,
+                         const bson_t *lane);
 
 #endif /* RELAYBUS_OUTBOX_H */

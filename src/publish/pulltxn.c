@@ -343,32 +343,7 @@ static void
 check_fence (pulltxn_t *t)
 {
    for (uint32_t i = 0; i < t->n; i++) {
-      const bson_t *d = t->docs[i], *l = t->lane_docs[i];
-      bson_iter_t it, arr;
-      bool held = d != NULL && l != NULL, listed = false;
-      int64_t claims = 0;
-
-      if (held) {
-         if (bson_iter_init_find (&it, d, "claims") && BSON_ITER_HOLDS_NUMBER (&it))
-            claims = bson_iter_as_int64 (&it);
-         held = claims == t->tokens[i].claims;
-      }
-      if (held)
-         held = bson_iter_init_find (&it, d, "laneId") && BSON_ITER_HOLDS_NUMBER (&it) &&
-                bson_iter_as_int64 (&it) == (int64_t) t->tokens[i].lane_id;
-      if (held)
-         held = bson_iter_init_find (&it, d, "status") && BSON_ITER_HOLDS_UTF8 (&it) &&
-                strcmp (bson_iter_utf8 (&it, NULL), "pending") == 0;
-      if (held)
-         held = bson_iter_init_find (&it, d, "handler") && BSON_ITER_HOLDS_UTF8 (&it) &&
-                strcmp (bson_iter_utf8 (&it, NULL), t->handler) == 0;
-      if (held)
-         held = bson_iter_init_find (&it, l, "epoch") && BSON_ITER_HOLDS_NUMBER (&it) &&
-                bson_iter_as_int64 (&it) == t->tokens[i].epoch;
-      if (held && bson_iter_init_find (&it, l, "inFlight") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr))
-         while (!listed && bson_iter_next (&arr))
-            listed = BSON_ITER_HOLDS_OID (&arr) && bson_oid_equal (bson_iter_oid (&arr), &t->leases[i].id);
-      if (!(held && listed)) {
+      if (!outbox_lease_holds (&t->tokens[i], &t->leases[i].id, t->handler, t->docs[i], t->lane_docs[i])) {
          fail_made (t, false, PULL_CODE_LEASE_LOST, pull_code_name (PULL_CODE_LEASE_LOST),
                     "relaybus: relaybusComplete: lease '%s' no longer holds (it expired and the delivery was taken "
                     "back, or its claim ended otherwise): nothing of the completion was written; abort the "

@@ -45,6 +45,7 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
    bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, lq = BSON_INITIALIZER;
    store_oids_t ids = {0};
    bson_t *lane_docs[OUTBOX_LANES] = {0};
+   bson_t **found = bson_malloc0 ((c->n ? c->n : 1) * sizeof *found);
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
@@ -69,14 +70,8 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
       if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
          continue;
       for (size_t i = 0; i < c->n; i++)
-         if (c->parsed[i] && bson_oid_equal (&c->refs[i].id, bson_iter_oid (&it)) &&
-             store_iter_int64 (doc, "claims") == c->leases[i].claims &&
-             store_iter_int64 (doc, "laneId") == c->leases[i].lane_id &&
-             !strcmp (store_iter_utf8 (doc, "status") ? store_iter_utf8 (doc, "status") : "", "pending")) {
-            c->valid[i] = true;
-            if (docs && !docs[i])
-               docs[i] = bson_copy (doc);
-         }
+         if (c->parsed[i] && !found[i] && bson_oid_equal (&c->refs[i].id, bson_iter_oid (&it)))
+            found[i] = bson_copy (doc);
    }
    if (mongoc_cursor_error (cur, &err)) {
       *error = err;
@@ -98,15 +93,23 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
       ok = false;
    }
    mongoc_cursor_destroy (cur);
+   /* The fence (base/outbox.h), the same rule a pull consumer's
+    * transaction applies (publish/pulltxn). */
    for (size_t i = 0; ok && i < c->n; i++) {
-      bson_t *ld = c->valid[i] ? lane_docs[c->leases[i].lane_id] : NULL;
-      if (c->valid[i] && !(ld && store_iter_int64 (ld, "epoch") == c->leases[i].epoch &&
-                           store_array_has_oid (ld, "inFlight", &c->refs[i].id)))
-         c->valid[i] = false;
+      c->valid[i] = c->parsed[i] &&
+                    outbox_lease_holds (&c->leases[i], &c->refs[i].id, NULL, found[i], lane_docs[c->leases[i].lane_id]);
+      if (c->valid[i] && docs && !docs[i]) {
+         docs[i] = found[i];
+         found[i] = NULL;
+      }
       c->n_valid += c->valid[i];
    }
 
 done:
+   for (size_t i = 0; i < c->n; i++)
+      if (found[i])
+         bson_destroy (found[i]);
+   bson_free (found);
    for (int i = 0; i < OUTBOX_LANES; i++)
       bson_destroy (lane_docs[i]);
    store_oids_free (&ids);
@@ -862,13 +865,12 @@ many_fence (store_txn_t *txn, many_t *e, bson_error_t *error)
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, &txn->opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       bson_iter_t it;
-      const char *status = store_iter_utf8 (doc, "status");
-      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it) || !status || strcmp (status, "pending") != 0)
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
          continue;
+      /* The whole fence (base/outbox.h) on the delivery and its lane. */
       for (size_t i = 0; i < e->n; i++)
          if (fenced[i] && !e->applied[i] && bson_oid_equal (bson_iter_oid (&it), &e->refs[i].id) &&
-             store_iter_int64 (doc, "laneId") == e->leases[i].lane_id &&
-             store_iter_int64 (doc, "claims") == e->leases[i].claims)
+             outbox_lease_holds (&e->leases[i], &e->refs[i].id, NULL, doc, lanes[e->leases[i].lane_id]))
             e->applied[i] = true;
    }
    if (mongoc_cursor_error (cur, error))
