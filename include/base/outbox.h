@@ -22,6 +22,32 @@
 #define OUTBOX_LANES 256
 #define OUTBOX_NAME_MAX 160 /* prefix (64) + longest suffix, with room */
 
+/* The field names of the outbox documents (docs/outbox-schema.md), written
+ * once: every writer and reader of a field uses its name here. */
+#define OUTBOX_F_LANE_ID             "laneId"
+#define OUTBOX_F_IN_FLIGHT           "inFlight"
+#define OUTBOX_F_EPOCH               "epoch"
+#define OUTBOX_F_CLAIMS              "claims"
+#define OUTBOX_F_DUE_AT              "dueAt"
+#define OUTBOX_F_LOST_AT             "lostAt"
+#define OUTBOX_F_LOST_EPOCHS         "lostEpochs"
+#define OUTBOX_F_LEASE_EXPIRES_AT    "leaseExpiresAt"
+#define OUTBOX_F_LAST_ERROR          "lastError"
+#define OUTBOX_F_EVENT_ID            "eventId"
+#define OUTBOX_F_EVENT_TYPE          "eventType"
+#define OUTBOX_F_ATTEMPTS            "attempts"
+#define OUTBOX_F_COMPLETED_AT        "completedAt"
+#define OUTBOX_F_CREATED_AT          "createdAt"
+#define OUTBOX_F_UPDATED_AT          "updatedAt"
+#define OUTBOX_F_HEARTBEAT_AT        "heartbeatAt"
+#define OUTBOX_F_NOT_BEFORE          "notBefore"
+#define OUTBOX_F_CORRELATION_ID      "correlationId"
+#define OUTBOX_F_CAUSATION_ID        "causationId"
+#define OUTBOX_F_STARTED_AT          "startedAt"
+#define OUTBOX_F_STOPPED_AT          "stoppedAt"
+#define OUTBOX_F_DISABLED_AT         "disabledAt"
+#define OUTBOX_F_OPERATOR_WRITES     "operatorWrites"
+
 typedef enum {
    OUTBOX_EVENTS,
    OUTBOX_DELIVERIES,

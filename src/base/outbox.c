@@ -40,13 +40,13 @@ outbox_lease_holds (
 
    if (!delivery || !lane)
       return false;
-   if (bson_iter_init_find (&it, delivery, "claims") && BSON_ITER_HOLDS_NUMBER (&it))
+   if (bson_iter_init_find (&it, delivery, OUTBOX_F_CLAIMS) && BSON_ITER_HOLDS_NUMBER (&it))
       claims = bson_iter_as_int64 (&it);
-   if (claims != lease->claims || !number_is (delivery, "laneId", (int64_t) lease->lane_id) ||
+   if (claims != lease->claims || !number_is (delivery, OUTBOX_F_LANE_ID, (int64_t) lease->lane_id) ||
        !utf8_is (delivery, "status", "pending") || (handler && !utf8_is (delivery, "handler", handler)) ||
-       !number_is (lane, "epoch", lease->epoch))
+       !number_is (lane, OUTBOX_F_EPOCH, lease->epoch))
       return false;
-   if (!bson_iter_init_find (&it, lane, "inFlight") || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
+   if (!bson_iter_init_find (&it, lane, OUTBOX_F_IN_FLIGHT) || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
       return false;
    while (bson_iter_next (&arr))
       if (BSON_ITER_HOLDS_OID (&arr) && bson_oid_equal (bson_iter_oid (&arr), id))

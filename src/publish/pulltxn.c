@@ -217,8 +217,8 @@ plan_fence (pulltxn_t *t)
    {
       bson_t proj;
       BSON_APPEND_DOCUMENT_BEGIN (c, "projection", &proj);
-      BSON_APPEND_INT32 (&proj, "epoch", 1);
-      BSON_APPEND_INT32 (&proj, "inFlight", 1);
+      BSON_APPEND_INT32 (&proj, OUTBOX_F_EPOCH, 1);
+      BSON_APPEND_INT32 (&proj, OUTBOX_F_IN_FLIGHT, 1);
       bson_append_document_end (c, &proj);
    }
    BSON_APPEND_INT32 (c, "batchSize", (int32_t) n_lanes);
@@ -246,16 +246,16 @@ plan_write (pulltxn_t *t)
       if (t->tokens[i].claims == 0) {
          /* Documents written before claim generations existed have none. */
          bson_t cl, cin;
-         BSON_APPEND_DOCUMENT_BEGIN (&one, "claims", &cl);
+         BSON_APPEND_DOCUMENT_BEGIN (&one, OUTBOX_F_CLAIMS, &cl);
          BSON_APPEND_ARRAY_BEGIN (&cl, "$in", &cin);
          BSON_APPEND_INT32 (&cin, "0", 0);
          BSON_APPEND_NULL (&cin, "1");
          bson_append_array_end (&cl, &cin);
          bson_append_document_end (&one, &cl);
       } else {
-         BSON_APPEND_INT32 (&one, "claims", t->tokens[i].claims);
+         BSON_APPEND_INT32 (&one, OUTBOX_F_CLAIMS, t->tokens[i].claims);
       }
-      BSON_APPEND_INT32 (&one, "laneId", (int32_t) t->tokens[i].lane_id);
+      BSON_APPEND_INT32 (&one, OUTBOX_F_LANE_ID, (int32_t) t->tokens[i].lane_id);
       BSON_APPEND_UTF8 (&one, "status", "pending");
       bson_append_document_end (&or_arr, &one);
    }
@@ -277,7 +277,7 @@ plan_write (pulltxn_t *t)
    for (uint32_t i = 0; i < t->n; i++) {
       const char *ev = NULL;
       bson_iter_t it;
-      if (t->docs[i] && bson_iter_init_find (&it, t->docs[i], "eventId") && BSON_ITER_HOLDS_UTF8 (&it))
+      if (t->docs[i] && bson_iter_init_find (&it, t->docs[i], OUTBOX_F_EVENT_ID) && BSON_ITER_HOLDS_UTF8 (&it))
          ev = bson_iter_utf8 (&it, NULL);
       BSON_APPEND_UTF8 (&in, idx_key (i, buf), ev ? ev : "");
    }
@@ -286,7 +286,7 @@ plan_write (pulltxn_t *t)
    bson_append_document_end (&st, &q);
    BSON_APPEND_DOCUMENT_BEGIN (&st, "u", &u);
    BSON_APPEND_DOCUMENT_BEGIN (&u, "$max", &sub);
-   BSON_APPEND_DATE_TIME (&sub, "completedAt", t->now_ms);
+   BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_COMPLETED_AT, t->now_ms);
    bson_append_document_end (&u, &sub);
    bson_append_document_end (&st, &u);
    BSON_APPEND_BOOL (&st, "multi", true);
@@ -300,17 +300,17 @@ plan_write (pulltxn_t *t)
    c = cmd_begin (t, "insert", t->coll_completed, t->n);
    BSON_APPEND_ARRAY_BEGIN (c, "documents", &arr);
    for (uint32_t i = 0; i < t->n; i++) {
-      static const char *const copy[] = {"eventId", "handler", "eventType", "key", "sequence", "createdAt"};
+      static const char *const copy[] = {OUTBOX_F_EVENT_ID, "handler", OUTBOX_F_EVENT_TYPE, "key", "sequence", OUTBOX_F_CREATED_AT};
       bson_iter_t it;
       int64_t attempts = 0;
 
       BSON_APPEND_DOCUMENT_BEGIN (&arr, idx_key (i, buf), &one);
       BSON_APPEND_OID (&one, "_id", &t->leases[i].id);
       inject_copy_fields (t->docs[i], copy, sizeof copy / sizeof copy[0], &one);
-      if (bson_iter_init_find (&it, t->docs[i], "attempts") && BSON_ITER_HOLDS_NUMBER (&it))
+      if (bson_iter_init_find (&it, t->docs[i], OUTBOX_F_ATTEMPTS) && BSON_ITER_HOLDS_NUMBER (&it))
          attempts = bson_iter_as_int64 (&it);
-      BSON_APPEND_INT32 (&one, "attempts", (int32_t) attempts + 1);
-      BSON_APPEND_DATE_TIME (&one, "completedAt", t->now_ms);
+      BSON_APPEND_INT32 (&one, OUTBOX_F_ATTEMPTS, (int32_t) attempts + 1);
+      BSON_APPEND_DATE_TIME (&one, OUTBOX_F_COMPLETED_AT, t->now_ms);
       bson_append_document_end (&arr, &one);
    }
    bson_append_array_end (c, &arr);
