@@ -144,9 +144,6 @@ void admin_api_handler_enable (admin_t *a, struct evhttp_request *req);
 const char *admin_handler_route (const char *path);
 /* After a change: the next store view is read afresh. */
 void admin_view_invalidate (admin_t *a);
-/* Posts what proxy/operator.h could not post yet, and while something
- * still does not fit, again from a timer. */
-void admin_operator_kick (admin_t *a);
 
 /* Frees the cached outbox view (admin_free). */
 void admin_api_clear_cache (admin_t *a);

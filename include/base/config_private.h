@@ -1,6 +1,7 @@
 /*
- * base/config_private.h - what the two files of the configuration module
- * share: base/config.c (parsing, validation, snapshots) and
+ * base/config_private.h - what the files of the configuration module
+ * share: base/config.c (the key table, parsing, validation, snapshots),
+ * base/config_handler.c (a [handler NAME] section's pairs and checks) and
  * base/config_mask.c (the secrets a snapshot holds, and masking).
  *
  * Thread: the thread that parses a configuration (the main thread, at
@@ -17,5 +18,34 @@
 /* Fills cfg->secrets from the validated snapshot: what config_mask masks
  * in free text while that snapshot is the current one. */
 void config_collect_secrets (config_t *cfg);
+
+/* The checks of the higher layers config_set_checks installed (each NULL
+ * when not installed). */
+const config_checks_t *config_checks_installed (void);
+
+/* Fills `error` with "origin:line: message" (line 0: "origin: message"). */
+void config_error (bson_error_t *error, const char *origin, int line, const char *fmt, ...)
+   __attribute__ ((format (printf, 4, 5)));
+
+/* A duration: digits and one unit, "7d", "10m", "2s", "500ms"; on failure
+ * `*why` says what is wrong. */
+bool config_parse_duration (const char *v, int64_t *out, char *why, size_t why_len);
+
+/* 1 to `max` letters and digits, or characters of `extra`. */
+bool config_valid_name (const char *s, size_t max, const char *extra);
+
+/* The items of a list value, which the list setter left without blanks
+ * or empty items: how many there are, and the next one (false after the
+ * last; `*p` moves past it). */
+size_t config_list_count (const char *p);
+bool config_list_next (const char **p, const char **item, size_t *len);
+
+/* base/config_handler.c: a handler's kafka.<name> and header.<name> lines
+ * (false with `*why` on a bad name, a name set twice or one too many),
+ * and the checks of its whole section, which also fill what follows from
+ * its keys (kind_id, format_id, json_id, retry delays, event patterns). */
+bool config_add_kafka_prop (config_handler_t *h, const char *name, const char *value, char *why, size_t why_len);
+bool config_add_header (config_handler_t *h, const char *name, const char *value, char *why, size_t why_len);
+bool config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error);
 
 #endif /* RELAYBUS_BASE_CONFIG_PRIVATE_H */

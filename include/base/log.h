@@ -1,7 +1,7 @@
 /*
  * base/log.h - the one way the proxy writes log lines.
  *
- * Thread: any.  log_start, log_stop, log_close and log_set_file: the main
+ * Thread: any.  log_start, log_close and log_set_file: the main
  * thread (start-up, reload, exit); log_reopen: the forwarding loop
  * (SIGUSR1).
  *
@@ -41,8 +41,6 @@ typedef enum {
    LOG_LEVEL_DEBUG,
 } log_level_t;
 
-/* "error", "warn", "info", "debug". */
-const char *log_level_name (log_level_t level);
 bool log_level_parse (const char *name, log_level_t *out);
 
 void log_set_level (log_level_t level);
@@ -70,9 +68,8 @@ void log_reopen (void);
 /* Starts the writer thread; until then (and after log_stop) lines are
  * written at once by their caller. */
 bool log_start (void) __attribute__ ((warn_unused_result));
-/* Writes what is queued, then stops the writer. */
-void log_stop (void);
-/* log_stop, and closes log_file: lines go to stderr again. */
+/* Writes what is queued, stops the writer thread and closes log_file:
+ * lines go to stderr again. */
 void log_close (void);
 
 /* Writes one line.  The formatted message is escaped with log_escape, so

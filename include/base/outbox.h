@@ -17,8 +17,36 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <bson/bson.h>
+
 #define OUTBOX_LANES 256
 #define OUTBOX_NAME_MAX 160 /* prefix (64) + longest suffix, with room */
+
+/* The field names of the outbox documents (docs/outbox-schema.md), written
+ * once: every writer and reader of a field uses its name here. */
+#define OUTBOX_F_LANE_ID             "laneId"
+#define OUTBOX_F_IN_FLIGHT           "inFlight"
+#define OUTBOX_F_EPOCH               "epoch"
+#define OUTBOX_F_CLAIMS              "claims"
+#define OUTBOX_F_DUE_AT              "dueAt"
+#define OUTBOX_F_LOST_AT             "lostAt"
+#define OUTBOX_F_LOST_EPOCHS         "lostEpochs"
+#define OUTBOX_F_LEASE_EXPIRES_AT    "leaseExpiresAt"
+#define OUTBOX_F_LAST_ERROR          "lastError"
+#define OUTBOX_F_EVENT_ID            "eventId"
+#define OUTBOX_F_EVENT_TYPE          "eventType"
+#define OUTBOX_F_ATTEMPTS            "attempts"
+#define OUTBOX_F_COMPLETED_AT        "completedAt"
+#define OUTBOX_F_CREATED_AT          "createdAt"
+#define OUTBOX_F_UPDATED_AT          "updatedAt"
+#define OUTBOX_F_HEARTBEAT_AT        "heartbeatAt"
+#define OUTBOX_F_NOT_BEFORE          "notBefore"
+#define OUTBOX_F_CORRELATION_ID      "correlationId"
+#define OUTBOX_F_CAUSATION_ID        "causationId"
+#define OUTBOX_F_STARTED_AT          "startedAt"
+#define OUTBOX_F_STOPPED_AT          "stoppedAt"
+#define OUTBOX_F_DISABLED_AT         "disabledAt"
+#define OUTBOX_F_OPERATOR_WRITES     "operatorWrites"
 
 typedef enum {
    OUTBOX_EVENTS,
@@ -80,5 +108,19 @@ void outbox_lease_format (const outbox_lease_t *lease, char out[OUTBOX_LEASE_TOK
 /* Strict: decimal fields, lane < 256, epoch >= 1, claims >= 0, nothing else.
  * A token that could not have been issued is refused without a database call. */
 bool outbox_lease_parse (const char *token, outbox_lease_t *out) __attribute__ ((warn_unused_result));
+
+/* The completion fence, the one rule by which a completion may end the
+ * claim of delivery `id` under `lease`: the store's (store/complete) and
+ * the one a pull consumer's transaction applies (publish/pulltxn), each to
+ * the documents its own reads returned.  It holds when the delivery
+ * document is still pending, in the lease's lane (laneId) at the lease's
+ * claim generation (claims; a missing one reads as 0), for `handler`
+ * (NULL: not compared), and the lane document is at the lease's epoch and
+ * lists the delivery in inFlight.  A missing document never holds. */
+bool outbox_lease_holds (const outbox_lease_t *lease,
+                         const bson_oid_t *id,
+                         const char *handler,
+                         const bson_t *delivery,
+                         const bson_t *lane);
 
 #endif /* RELAYBUS_OUTBOX_H */

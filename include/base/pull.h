@@ -64,9 +64,6 @@ typedef enum {
 
 /* The command name of each operation ("relaybusClaim", ...). */
 const char *pull_op_name (pull_op_t op);
-/* The operation of a command name; false: not a pull command (relaybusStatus
- * counts only with a handler name: see pull_is_command). */
-bool pull_op_of (const char *cmd, pull_op_t *op);
 /* True when the command is one of the pull commands: relaybusClaim and the
  * settling ones, and relaybusStatus whose value is a string (the
  * per-handler form; relaybusStatus: 1 is publish's own answer). */

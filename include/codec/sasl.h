@@ -65,7 +65,7 @@ bool sasl_payload (const bson_t *doc, const char *name, const uint8_t **data, ui
 bool sasl_client_first_user (const uint8_t *msg, size_t len, char *user, size_t user_len, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
-/* The states of a watch; sasl_watch_state_name names each for logs. */
+/* The states of a watch. */
 typedef enum {
    SASL_WATCH_IDLE = 0,     /* no conversation, or between its steps */
    SASL_WATCH_STARTED,      /* a saslStart (or hello's speculativeAuthenticate) waits for its reply */
@@ -75,8 +75,6 @@ typedef enum {
    SASL_WATCH_LOST,         /* a SASL command was pipelined: nothing is recorded any more */
    SASL_WATCH_N_STATES,
 } sasl_watch_state_t;
-
-const char *sasl_watch_state_name (sasl_watch_state_t state);
 
 /* One connection's watch.  Zero-initialised it is IDLE with no user. */
 typedef struct {

@@ -94,11 +94,6 @@ void format_msg_fini (format_msg_t *m);
 /* The value of header `name` (ASCII case-insensitive), or NULL. */
 const char *format_msg_header (const format_msg_t *m, const char *name);
 
-/* The payload value `it` points at as JSON in mode `json`; NULL when
- * libbson cannot write it (a string that is not UTF-8, which the
- * publishing path refuses).  Caller frees with bson_free. */
-char *format_json_value (const bson_iter_t *it, handler_json_t json, size_t *len);
-
 /* ms since the epoch as RFC 3339 in UTC with milliseconds
  * ("2024-01-02T03:04:05.678Z"); false (out untouched) for a year outside
  * 0000-9999, which RFC 3339 cannot write. */

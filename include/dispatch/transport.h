@@ -216,6 +216,7 @@ typedef struct transport_base {
    char last_error[TRANSPORT_DETAIL_MAX];
    pthread_t threads[TRANSPORT_THREADS_MAX];
    size_t n_threads;
+   void (*free_fn) (struct tqueue_item *); /* frees a kind's send */
 } transport_base_t;
 
 /* Sets up `b` for handler `h` (its name, `url` and `tmpl` copied):
@@ -248,6 +249,15 @@ void transport_base_set_error (transport_base_t *b, const char *error);
 transport_state_t transport_base_get (transport_base_t *b);
 /* Any thread: a copy of the last error ("" when none). */
 void transport_base_last_error (transport_base_t *b, char *out, size_t out_len);
+
+/* The end of every kind's send, on the dispatcher's thread: `it` is the
+ * kind's request, its message built when `built` (otherwise `error` says
+ * why it could not be).  Sets its callback and queues it for the
+ * publishing threads, and returns it; or frees it with the kind's free
+ * function and returns NULL with `error` set (not built, or the queue
+ * full). */
+void *transport_base_push (
+   transport_base_t *b, struct tqueue_item *it, transport_done_cb_t cb, void *arg, bool built, bson_error_t *error);
 
 /* transport_ops_t.cancel and .state for a kind whose object begins with
  * its transport_base_t (and whose requests with their tqueue_item_t). */

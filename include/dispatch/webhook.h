@@ -142,11 +142,6 @@ void webhook_error_text (int status, const char *body, size_t body_len, char *ou
 
 /* ------------------------------------------------------------ the client */
 
-/* False, with a message for the operator, when the linked libcurl cannot
- * serve webhooks without blocking: it lacks AsynchDNS (a synchronous
- * resolver would stop the dispatcher's loop) or TLS.  Checked at start. */
-bool webhook_curl_check (bson_error_t *error) __attribute__ ((warn_unused_result));
-
 /* A header.<name> = value the proxy may send: the name an HTTP token
  * (RFC 9110: letters, digits and !#$%&'*+-.^_`|~; no colon, no space) of at
  * most 64 bytes and not one the proxy sets itself (Host, Content-Type,
@@ -178,30 +173,5 @@ typedef struct {
 } webhook_result_t;
 
 typedef void (*webhook_done_cb_t) (const webhook_result_t *result, void *arg);
-
-/* A client for one handler; `base` is borrowed, the handler's strings are
- * copied.  NULL with `error` for a URL that is not http(s), a bad secret,
- * unusable TLS files or a libcurl webhook_curl_check refuses. */
-webhook_t *webhook_new (struct event_base *base, const config_handler_t *handler, bson_error_t *error)
-   __attribute__ ((warn_unused_result));
-/* NULL ok.  Requests still in flight are abandoned without a callback.
- * May be called from a request's callback. */
-void webhook_destroy (webhook_t *w);
-
-/* POSTs msg's body, with its content type and headers (dispatch/format.h,
- * the HTTP binding; copied) and the Standard Webhooks headers, whose
- * signature signs that body.  cb runs exactly once on the base's thread,
- * unless the request is cancelled first.  Returns NULL (and calls
- * nothing) if the request cannot be started; `error` says why. */
-webhook_req_t *webhook_send (webhook_t *w,
-                             const char *msg_id,
-                             int64_t timestamp_s,
-                             const format_msg_t *msg,
-                             webhook_done_cb_t cb,
-                             void *arg,
-                             bson_error_t *error);
-/* Abandons a request in flight: cb will not run; its connection is
- * closed unless curl can keep it. */
-void webhook_cancel (webhook_req_t *req);
 
 #endif /* RELAYBUS_WEBHOOK_H */

@@ -88,9 +88,6 @@ typedef enum {
 typedef struct client_loop client_loop_t;
 typedef struct client_conn client_conn_t;
 
-/* "await_upstream", "handshake", ... */
-const char *client_state_name (client_state_t state);
-
 /* Room for a peer's address as text: "[IPv6]:port" at the longest. */
 #define CLIENT_PEER_MAX (INET6_ADDRSTRLEN + 8)
 /* Writes `sa` as "ip:port" (IPv4), "[ip]:port" (IPv6) or "unix" (any

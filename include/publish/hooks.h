@@ -17,7 +17,4 @@ typedef void (*publish_wake_fn) (void);
 /* Registers the hook (NULL: none).  Any thread, at any time. */
 void publish_set_wake_hook (publish_wake_fn fn);
 
-/* Calls the hook, if one is registered. */
-void publish_wake (void);
-
 #endif /* RELAYBUS_PUBLISH_HOOKS_H */

@@ -181,9 +181,6 @@ bool store_bounded_write (store_t *store,
  * `at` (see store_retry_deferred). */
 void store_defer_events (store_t *store, const char *const *ids, size_t n, int64_t at);
 
-/* Transaction options: snapshot read concern, majority, primary. */
-mongoc_transaction_opt_t *store_txn_opts (void);
-
 /* Sets a STORE_ERROR with a message. */
 void store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
    __attribute__ ((format (printf, 3, 4)));
@@ -275,8 +272,6 @@ bool store_lane_of_doc (const store_t *store, const bson_t *doc, uint32_t *lane)
  * write, which does not know which kind of claimer runs a delivery);
  * returns how many it listed. */
 uint32_t store_append_lane_docs_in (const store_t *store, bson_t *query, const bool lanes[OUTBOX_LANES], bool every_space);
-/* Appends `$or: [a, b]`. */
-void store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b);
 /* Keyset pagination in (field, _id) order, field a date: appends the $or
  * that keeps the documents after (at, id); id is an ObjectId or a
  * string. */

@@ -34,6 +34,7 @@
 #include "base/log.h"
 #include "admin/render.h"
 #include "base/counters.h"
+#include "base/outbox.h"
 #include "publish/txns.h"
 
 #define ADMIN_MAX_PARAM_LEN 256
@@ -923,7 +924,7 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
          if (bson_iter_init_find (&id, &d, "_id") && BSON_ITER_HOLDS_OID (&id)) {
             char hex[25];
             bson_oid_to_string (bson_iter_oid (&id), hex);
-            snprintf (last_cursor, sizeof last_cursor, "%" PRId64 ".%s", doc_date (&d, "createdAt"), hex);
+            snprintf (last_cursor, sizeof last_cursor, "%" PRId64 ".%s", doc_date (&d, OUTBOX_F_CREATED_AT), hex);
          }
       }
    bson_append_array_end (&doc, &arr);
@@ -1263,15 +1264,15 @@ admin_api_lanes (admin_t *a, struct evhttp_request *req)
          if (bson_iter_init (&f, &d))
             while (bson_iter_next (&f)) {
                const char *k2 = bson_iter_key (&f);
-               if (!strcmp (k2, "leaseExpiresAt")) {
+               if (!strcmp (k2, OUTBOX_F_LEASE_EXPIRES_AT)) {
                   exp = bson_iter_as_int64 (&f);
-                  append_date (&item, "leaseExpiresAt", exp);
+                  append_date (&item, OUTBOX_F_LEASE_EXPIRES_AT, exp);
                } else {
                   bson_append_iter (&item, k2, -1, &f);
                }
                if (!strcmp (k2, "owner"))
                   owner = bson_iter_utf8 (&f, NULL);
-               else if (!strcmp (k2, "inFlight"))
+               else if (!strcmp (k2, OUTBOX_F_IN_FLIGHT))
                   in_flight = bson_iter_as_int64 (&f);
                else if (!strcmp (k2, "live"))
                   live = bson_iter_as_bool (&f);

@@ -38,6 +38,10 @@
 #include "proxy/operator.h"
 #include "store/fleet.h"
 
+/* Posts what proxy/operator.h could not post yet, and while something
+ * still does not fit, again from a timer. */
+static void admin_operator_kick (admin_t *a);
+
 #define OPERATOR_KICK_RETRY_MS 10
 #define OPERATOR_CLIENTS_PREFIX "/api/clients/"
 #define OPERATOR_CLOSE_SUFFIX "/close"
@@ -89,7 +93,7 @@ kick_cb (evutil_socket_t fd, short what, void *arg)
    admin_operator_kick (a);
 }
 
-void
+static void
 admin_operator_kick (admin_t *a)
 {
    struct timeval tv = clock_timeval_ms (OPERATOR_KICK_RETRY_MS);

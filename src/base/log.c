@@ -39,6 +39,12 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Writes what is queued, then stops the writer. */
+static void log_stop (void);
+
+/* "error", "warn", "info", "debug". */
+static const char *log_level_name (log_level_t level);
+
 #define LOG_LINE_MAX 2048
 /* "2026-11-30T11:05:18.123Z error [thread] ": 24 + 7 + 15 + 3, rounded up. */
 #define LOG_PREFIX_MAX 64
@@ -53,7 +59,7 @@ static const char *const log_level_names[] = {
    [LOG_LEVEL_DEBUG] = "debug",
 };
 
-const char *
+static const char *
 log_level_name (log_level_t level)
 {
    if ((unsigned) level >= sizeof log_level_names / sizeof log_level_names[0])
@@ -381,7 +387,7 @@ log_start (void)
    return ok;
 }
 
-void
+static void
 log_stop (void)
 {
    pthread_mutex_lock (&lq.mu);

@@ -14,6 +14,46 @@
 
 #include "base/assert.h"
 
+/* A number field, exactly: false when it is missing or not a number. */
+static bool
+number_is (const bson_t *doc, const char *field, int64_t want)
+{
+   bson_iter_t it;
+
+   return bson_iter_init_find (&it, doc, field) && BSON_ITER_HOLDS_NUMBER (&it) && bson_iter_as_int64 (&it) == want;
+}
+
+static bool
+utf8_is (const bson_t *doc, const char *field, const char *want)
+{
+   bson_iter_t it;
+
+   return bson_iter_init_find (&it, doc, field) && BSON_ITER_HOLDS_UTF8 (&it) && strcmp (bson_iter_utf8 (&it, NULL), want) == 0;
+}
+
+bool
+outbox_lease_holds (
+   const outbox_lease_t *lease, const bson_oid_t *id, const char *handler, const bson_t *delivery, const bson_t *lane)
+{
+   bson_iter_t it, arr;
+   int64_t claims = 0;
+
+   if (!delivery || !lane)
+      return false;
+   if (bson_iter_init_find (&it, delivery, OUTBOX_F_CLAIMS) && BSON_ITER_HOLDS_NUMBER (&it))
+      claims = bson_iter_as_int64 (&it);
+   if (claims != lease->claims || !number_is (delivery, OUTBOX_F_LANE_ID, (int64_t) lease->lane_id) ||
+       !utf8_is (delivery, "status", "pending") || (handler && !utf8_is (delivery, "handler", handler)) ||
+       !number_is (lane, OUTBOX_F_EPOCH, lease->epoch))
+      return false;
+   if (!bson_iter_init_find (&it, lane, OUTBOX_F_IN_FLIGHT) || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &arr))
+      return false;
+   while (bson_iter_next (&arr))
+      if (BSON_ITER_HOLDS_OID (&arr) && bson_oid_equal (bson_iter_oid (&arr), id))
+         return true;
+   return false;
+}
+
 static const char *const outbox_suffixes[OUTBOX_N_COLLECTIONS] = {
    [OUTBOX_EVENTS] = "events",
    [OUTBOX_DELIVERIES] = "deliveries",

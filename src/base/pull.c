@@ -13,6 +13,10 @@
 #include <math.h>
 #include <string.h>
 
+/* The operation of a command name; false: not a pull command (relaybusStatus
+ * counts only with a handler name: see pull_is_command). */
+static bool pull_op_of (const char *cmd, pull_op_t *op);
+
 static const char *const op_names[PULL_OP_COUNT_] = {
    [PULL_CLAIM] = "relaybusClaim",
    [PULL_COMPLETE] = "relaybusComplete",
@@ -29,7 +33,7 @@ pull_op_name (pull_op_t op)
    return (unsigned) op < PULL_OP_COUNT_ ? op_names[op] : "relaybus";
 }
 
-bool
+static bool
 pull_op_of (const char *cmd, pull_op_t *op)
 {
    for (int i = 0; cmd && i < PULL_OP_COUNT_; i++)

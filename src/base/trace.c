@@ -444,6 +444,21 @@ trace_parse_sample (const char *v, uint64_t *threshold)
    return true;
 }
 
+/* Frees an exporter whose thread is not running (never started, or
+ * joined); NULL ok. */
+static void
+exporter_free (trace_exporter_t *x)
+{
+   if (!x)
+      return;
+   pthread_mutex_destroy (&x->mu);
+   pthread_cond_destroy (&x->cv);
+   bson_free (x->ring);
+   bson_free (x->service_name);
+   bson_free (x->resource_attributes);
+   bson_free (x);
+}
+
 bool
 trace_start (const config_t *cfg, bson_error_t *error)
 {
@@ -490,14 +505,7 @@ trace_start (const config_t *cfg, bson_error_t *error)
 done:
    if (ok)
       atomic_store (&sample_threshold, threshold);
-   if (x) {
-      pthread_mutex_destroy (&x->mu);
-      pthread_cond_destroy (&x->cv);
-      bson_free (x->ring);
-      bson_free (x->service_name);
-      bson_free (x->resource_attributes);
-      bson_free (x);
-   }
+   exporter_free (x);
    return ok;
 }
 
@@ -515,12 +523,7 @@ trace_stop (void)
    pthread_join (x->thread, NULL);
    atomic_store (&enabled, false);
    exporter = NULL;
-   pthread_mutex_destroy (&x->mu);
-   pthread_cond_destroy (&x->cv);
-   bson_free (x->ring);
-   bson_free (x->service_name);
-   bson_free (x->resource_attributes);
-   bson_free (x);
+   exporter_free (x);
 }
 
 bool

@@ -16,21 +16,6 @@
 
 #include "base/assert.h"
 
-static const char *const state_names[SASL_WATCH_N_STATES] = {
-   [SASL_WATCH_IDLE] = "idle",
-   [SASL_WATCH_STARTED] = "started",
-   [SASL_WATCH_CONVERSING] = "conversing",
-   [SASL_WATCH_CONTINUED] = "continued",
-   [SASL_WATCH_AUTHENTICATE] = "authenticate",
-   [SASL_WATCH_LOST] = "lost",
-};
-
-const char *
-sasl_watch_state_name (sasl_watch_state_t state)
-{
-   return state < SASL_WATCH_N_STATES ? state_names[state] : "?";
-}
-
 /* Which moves are allowed: from a state where no reply waits to one that
  * waits, from one that waits back to IDLE or CONVERSING, and to LOST from
  * anywhere. */

@@ -737,6 +737,29 @@ append_str (bson_t *arr, uint32_t *n, const char *s)
 static const char *const lost_reason =
    "the lease no longer holds: it expired and the delivery was taken back, or its claim ended otherwise";
 
+/* The answer of a command that settled r's leases in one store call:
+ * ok, the leases settled (`applied`) under `yes_name`, the others, whose
+ * lease no longer held, under `no_name`.  Returns how many settled. */
+static uint32_t
+append_settled (bson_t *doc, const pull_req_t *r, const bool *applied, const char *yes_name, const char *no_name)
+{
+   bson_t yes, no;
+   uint32_t ny = 0, nn = 0;
+
+   BSON_APPEND_DOUBLE (doc, "ok", 1.0);
+   BSON_APPEND_ARRAY_BEGIN (doc, yes_name, &yes);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (applied[i])
+         append_str (&yes, &ny, r->leases[i].text);
+   bson_append_array_end (doc, &yes);
+   BSON_APPEND_ARRAY_BEGIN (doc, no_name, &no);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (!applied[i])
+         append_not (&no, &nn, r->leases[i].text, lost_reason);
+   bson_append_array_end (doc, &no);
+   return ny;
+}
+
 /* Removes the held entries of r's leases (found[] of leases_held), from
  * the last, as held_remove moves entries. */
 static void
@@ -755,8 +778,8 @@ run_complete (consumer_t *c, pull_req_t *r)
    held_t **found = bson_malloc0 (r->n_leases * sizeof *found);
    store_ref_t *refs = bson_malloc0 (r->n_leases * sizeof *refs);
    bool *done = bson_malloc0 (r->n_leases * sizeof *done);
-   bson_t doc = BSON_INITIALIZER, yes, no;
-   uint32_t ny = 0, nn = 0;
+   bson_t doc = BSON_INITIALIZER;
+   uint32_t ny;
    size_t slot;
    bson_error_t err;
 
@@ -777,20 +800,10 @@ run_complete (consumer_t *c, pull_req_t *r)
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusComplete: the store failed: %s", err.message);
       goto done;
    }
-   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
-   BSON_APPEND_ARRAY_BEGIN (&doc, "completed", &yes);
-   for (size_t i = 0; i < r->n_leases; i++)
-      if (done[i])
-         append_str (&yes, &ny, r->leases[i].text);
+   ny = append_settled (&doc, r, done, "completed", "notCompleted");
    slot = counters_handler_slot (r->handler, true);
    if (slot != SIZE_MAX)
       counters_add_at (COUNTER_CONSUMER_COMPLETED, slot, ny);
-   bson_append_array_end (&doc, &yes);
-   BSON_APPEND_ARRAY_BEGIN (&doc, "notCompleted", &no);
-   for (size_t i = 0; i < r->n_leases; i++)
-      if (!done[i])
-         append_not (&no, &nn, r->leases[i].text, lost_reason);
-   bson_append_array_end (&doc, &no);
    forget (c, r);
    answer (r, &doc);
 done:
@@ -905,8 +918,7 @@ run_release (consumer_t *c, pull_req_t *r)
    bool *applied = bson_malloc0 (r->n_leases * sizeof *applied);
    store_ref_t *refs = NULL;
    int64_t now = clock_now_ms ();
-   bson_t doc = BSON_INITIALIZER, yes, no;
-   uint32_t ny = 0, nn = 0;
+   bson_t doc = BSON_INITIALIZER;
    bson_error_t err;
 
    if (!leases_held (c, r, found))
@@ -921,17 +933,7 @@ run_release (consumer_t *c, pull_req_t *r)
                     err.message);
       goto done;
    }
-   BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
-   BSON_APPEND_ARRAY_BEGIN (&doc, "released", &yes);
-   for (size_t i = 0; i < r->n_leases; i++)
-      if (applied[i])
-         append_str (&yes, &ny, r->leases[i].text);
-   bson_append_array_end (&doc, &yes);
-   BSON_APPEND_ARRAY_BEGIN (&doc, "notReleased", &no);
-   for (size_t i = 0; i < r->n_leases; i++)
-      if (!applied[i])
-         append_not (&no, &nn, r->leases[i].text, lost_reason);
-   bson_append_array_end (&doc, &no);
+   append_settled (&doc, r, applied, "released", "notReleased");
    forget (c, r);
    answer (r, &doc);
 done:

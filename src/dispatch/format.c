@@ -28,6 +28,11 @@
 #include "base/assert.h"
 #include "base/errors.h"
 
+/* The payload value `it` points at as JSON in mode `json`; NULL when
+ * libbson cannot write it (a string that is not UTF-8, which the
+ * publishing path refuses).  Caller frees with bson_free. */
+static char *format_json_value (const bson_iter_t *it, handler_json_t json, size_t *len);
+
 /* Headers one message carries, at most: the event's own (the annotation
  * allows 64, codec/annotate.h) and ours (at most 13). */
 #define FORMAT_HEADERS_MAX 96
@@ -195,7 +200,7 @@ plain_append (bson_t *dst, const char *key, const bson_iter_t *it, int depth)
    }
 }
 
-char *
+static char *
 format_json_value (const bson_iter_t *it, handler_json_t json, size_t *len)
 {
    /* libbson writes a document only: the value is written as the one

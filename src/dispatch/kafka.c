@@ -427,8 +427,6 @@ kafka_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transp
    char id[25];
    bool ok = true;
 
-   r->item.cb = cb;
-   r->item.arg = arg;
    bson_oid_to_string (&d->id, id);
    r->topic = transport_expand (k->base.tmpl, d, "");
    r->key = bson_strdup (d->key ? d->key : (d->event_id ? d->event_id : id));
@@ -439,17 +437,9 @@ kafka_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transp
     * ones, and the ce_* ones in the cloudevents format. */
    for (size_t i = 0; i < m->n_headers && ok; i++)
       ok = add_header (r->headers, m->headers[i].name, m->headers[i].value);
-   if (!ok) {
+   if (!ok)
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "kafka: cannot set the headers of a message to '%s'", r->topic);
-      goto fail;
-   }
-   if (!tqueue_push (k->base.q, &r->item, error))
-      goto fail;
-   return r;
-
-fail:
-   req_free (&r->item);
-   return NULL;
+   return transport_base_push (&k->base, &r->item, cb, arg, ok, error);
 }
 
 /* Stops taking sends, gives librdkafka KAFKA_FLUSH_MS to deliver what it

@@ -332,8 +332,6 @@ nats_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transpo
    bool ok = true;
 
    r = bson_malloc0 (sizeof *r);
-   r->item.cb = cb;
-   r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
    r->subject = transport_expand (n->base.tmpl, d, NATS_SUBJECT_BAD);
    if (natsMsg_Create (&r->msg, r->subject, NULL, m->body, (int) m->body_len) != NATS_OK) {
@@ -344,24 +342,16 @@ nats_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transpo
                       "nats: a message to '%s': %s",
                       r->subject,
                       text && *text ? text : "cannot be made");
-      goto fail;
+      return transport_base_push (&n->base, &r->item, cb, arg, false, error);
    }
    /* The binding's headers as rendered (names libnats carries, none of
     * them Nats-*), then Nats-Msg-Id. */
    for (size_t i = 0; i < m->n_headers && ok; i++)
       ok = natsMsgHeader_Add (r->msg, m->headers[i].name, m->headers[i].value) == NATS_OK;
    ok = ok && natsMsgHeader_Set (r->msg, "Nats-Msg-Id", r->id) == NATS_OK;
-   if (!ok) {
+   if (!ok)
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "nats: cannot set the headers of a message to '%s'", r->subject);
-      goto fail;
-   }
-   if (!tqueue_push (n->base.q, &r->item, error))
-      goto fail;
-   return r;
-
-fail:
-   req_free (&r->item);
-   return NULL;
+   return transport_base_push (&n->base, &r->item, cb, arg, ok, error);
 }
 
 /* Joins the threads (each finishes the publish it is in, at most

@@ -559,8 +559,6 @@ rabbit_send (void *impl, const store_delivery_t *d, const format_msg_t *m, trans
    rabbit_req_t *r;
 
    r = bson_malloc0 (sizeof *r);
-   r->item.cb = cb;
-   r->item.arg = arg;
    bson_oid_to_string (&d->id, r->id);
    r->event_id = bson_strdup (d->event_id ? d->event_id : "");
    r->content_type = m->content_type;
@@ -579,11 +577,7 @@ rabbit_send (void *impl, const store_delivery_t *d, const format_msg_t *m, trans
       r->number[r->n_headers] = m->headers[i].number;
       r->n_headers++;
    }
-   if (!tqueue_push (n->base.q, &r->item, error)) {
-      req_free (&r->item);
-      return NULL;
-   }
-   return r;
+   return transport_base_push (&n->base, &r->item, cb, arg, true, error);
 }
 
 /* Joins the thread (it finishes the publish it is in, at most

@@ -249,6 +249,7 @@ transport_base_init (transport_base_t *b,
    b->name = bson_strdup (h->name);
    b->url = bson_strdup (url);
    b->tmpl = bson_strdup (tmpl);
+   b->free_fn = free_fn;
    pthread_mutex_init (&b->mu, NULL);
    atomic_store (&b->state, TRANSPORT_STATE_CONNECTING);
    /* The dispatcher never has more than `concurrency` sends of a handler
@@ -300,6 +301,18 @@ transport_base_last_error (transport_base_t *b, char *out, size_t out_len)
    pthread_mutex_lock (&b->mu);
    bson_strncpy (out, b->last_error, out_len);
    pthread_mutex_unlock (&b->mu);
+}
+
+void *
+transport_base_push (
+   transport_base_t *b, struct tqueue_item *it, transport_done_cb_t cb, void *arg, bool built, bson_error_t *error)
+{
+   it->cb = cb;
+   it->arg = arg;
+   if (built && tqueue_push (b->q, it, error))
+      return it;
+   b->free_fn (it);
+   return NULL;
 }
 
 void

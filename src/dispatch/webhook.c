@@ -36,6 +36,38 @@
 #include "dispatch/delivery.h"
 #include "dispatch/transport.h"
 
+/* POSTs msg's body, with its content type and headers (dispatch/format.h,
+ * the HTTP binding; copied) and the Standard Webhooks headers, whose
+ * signature signs that body.  cb runs exactly once on the base's thread,
+ * unless the request is cancelled first.  Returns NULL (and calls
+ * nothing) if the request cannot be started; `error` says why. */
+static webhook_req_t *webhook_send (webhook_t *w,
+                             const char *msg_id,
+                             int64_t timestamp_s,
+                             const format_msg_t *msg,
+                             webhook_done_cb_t cb,
+                             void *arg,
+                             bson_error_t *error);
+
+/* A client for one handler; `base` is borrowed, the handler's strings are
+ * copied.  NULL with `error` for a URL that is not http(s), a bad secret,
+ * unusable TLS files or a libcurl webhook_curl_check refuses. */
+static webhook_t *webhook_new (struct event_base *base, const config_handler_t *handler, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+
+/* NULL ok.  Requests still in flight are abandoned without a callback.
+ * May be called from a request's callback. */
+static void webhook_destroy (webhook_t *w);
+
+/* False, with a message for the operator, when the linked libcurl cannot
+ * serve webhooks without blocking: it lacks AsynchDNS (a synchronous
+ * resolver would stop the dispatcher's loop) or TLS.  Checked at start. */
+static bool webhook_curl_check (bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* Abandons a request in flight: cb will not run; its connection is
+ * closed unless curl can keep it. */
+static void webhook_cancel (webhook_req_t *req);
+
 /* ----------------------------------------------------------- signatures */
 
 /* Why a secret is refused; SECRET_OK when it is not. */
@@ -459,7 +491,7 @@ webhook_proxy_valid (const char *url, bson_error_t *error)
    return ok;
 }
 
-bool
+static bool
 webhook_curl_check (bson_error_t *error)
 {
    const curl_version_info_data *v = curl_version_info (CURLVERSION_NOW);
@@ -810,7 +842,7 @@ transfers_reap (webhook_t *w)
       webhook_destroy (w);
 }
 
-webhook_t *
+static webhook_t *
 webhook_new (struct event_base *base, const config_handler_t *h, bson_error_t *error)
 {
    webhook_t *w = NULL;
@@ -899,7 +931,7 @@ done:
    return w;
 }
 
-void
+static void
 webhook_destroy (webhook_t *w)
 {
    if (!w)
@@ -1028,7 +1060,7 @@ req_easy_setup (webhook_t *w, webhook_req_t *r)
    return ok;
 }
 
-webhook_req_t *
+static webhook_req_t *
 webhook_send (webhook_t *w,
               const char *msg_id,
               int64_t timestamp_s,
@@ -1102,7 +1134,7 @@ fail:
    return NULL;
 }
 
-void
+static void
 webhook_cancel (webhook_req_t *r)
 {
    if (!r)

@@ -53,6 +53,9 @@
 #include "proxy/pool.h"
 #include "proxy/side.h"
 
+/* "await_upstream", "handshake", ... */
+static const char *client_state_name (client_state_t state);
+
 static const char *const client_state_names[CLIENT_STATE_COUNT_] = {
    [CLIENT_STATE_AWAIT_UPSTREAM] = "await_upstream",
    [CLIENT_STATE_HANDSHAKE] = "handshake",
@@ -61,7 +64,7 @@ static const char *const client_state_names[CLIENT_STATE_COUNT_] = {
    [CLIENT_STATE_CLOSING] = "closing",
 };
 
-const char *
+static const char *
 client_state_name (client_state_t state)
 {
    return (unsigned) state < CLIENT_STATE_COUNT_ ? client_state_names[state] : "invalid";

@@ -432,7 +432,7 @@ plan_read (inject_job_t *job)
    BSON_APPEND_INT32 (&proj, "type", 1);
    BSON_APPEND_INT32 (&proj, "key", 1);
    BSON_APPEND_INT32 (&proj, "sequence", 1);
-   BSON_APPEND_INT32 (&proj, "notBefore", 1);
+   BSON_APPEND_INT32 (&proj, OUTBOX_F_NOT_BEFORE, 1);
    BSON_APPEND_INT32 (&proj, "handlers", 1);
    bson_append_document_end (c, &proj);
    /* At most ANNOTATE_MAX_EVENTS small documents: all in the first batch. */
@@ -587,12 +587,12 @@ append_event_fields (const inject_job_t *job, uint32_t i, bson_t *doc)
       bson_append_iter (doc, "headers", 7, &ev->headers);
    }
    if (ev->correlation_id)
-      BSON_APPEND_UTF8 (doc, "correlationId", ev->correlation_id);
+      BSON_APPEND_UTF8 (doc, OUTBOX_F_CORRELATION_ID, ev->correlation_id);
    if (ev->causation_id)
-      BSON_APPEND_UTF8 (doc, "causationId", ev->causation_id);
+      BSON_APPEND_UTF8 (doc, OUTBOX_F_CAUSATION_ID, ev->causation_id);
    if (ev->has_not_before)
-      append_date (doc, "notBefore", ev->not_before_ms);
-   append_date (doc, "createdAt", job->now_ms);
+      append_date (doc, OUTBOX_F_NOT_BEFORE, ev->not_before_ms);
+   append_date (doc, OUTBOX_F_CREATED_AT, job->now_ms);
 }
 
 static void
@@ -622,21 +622,21 @@ append_delivery (inject_job_t *job, uint32_t i, const char *handler, bson_t *doc
    BSON_APPEND_DOCUMENT_BEGIN (docs, k, &d);
    bson_oid_init (&oid, NULL);
    BSON_APPEND_OID (&d, "_id", &oid);
-   BSON_APPEND_UTF8 (&d, "eventId", id);
+   BSON_APPEND_UTF8 (&d, OUTBOX_F_EVENT_ID, id);
    BSON_APPEND_UTF8 (&d, "handler", handler);
-   BSON_APPEND_UTF8 (&d, "eventType", type);
+   BSON_APPEND_UTF8 (&d, OUTBOX_F_EVENT_TYPE, type);
    if (key) {
       BSON_APPEND_UTF8 (&d, "key", key);
       if (has_seq)
          BSON_APPEND_INT64 (&d, "sequence", seq);
    }
-   BSON_APPEND_INT32 (&d, "laneId", (int32_t) outbox_lane_id (key, id));
+   BSON_APPEND_INT32 (&d, OUTBOX_F_LANE_ID, (int32_t) outbox_lane_id (key, id));
    BSON_APPEND_UTF8 (&d, "lane", "ready");
    BSON_APPEND_UTF8 (&d, "status", "pending");
-   BSON_APPEND_INT32 (&d, "attempts", 0);
-   BSON_APPEND_INT32 (&d, "claims", 0);
-   append_date (&d, "dueAt", has_nb ? nb : job->now_ms);
-   append_date (&d, "createdAt", job->now_ms);
+   BSON_APPEND_INT32 (&d, OUTBOX_F_ATTEMPTS, 0);
+   BSON_APPEND_INT32 (&d, OUTBOX_F_CLAIMS, 0);
+   append_date (&d, OUTBOX_F_DUE_AT, has_nb ? nb : job->now_ms);
+   append_date (&d, OUTBOX_F_CREATED_AT, job->now_ms);
    bson_append_document_end (docs, &d);
 }
 
@@ -921,7 +921,7 @@ take_read_reply (inject_job_t *job, const bson_t *reply)
          } else if (strcmp (k, "sequence") == 0 && BSON_ITER_HOLDS_NUMBER (&f)) {
             st->stored_has_sequence = true;
             st->stored_sequence = bson_iter_as_int64 (&f);
-         } else if (strcmp (k, "notBefore") == 0 && BSON_ITER_HOLDS_DATE_TIME (&f)) {
+         } else if (strcmp (k, OUTBOX_F_NOT_BEFORE) == 0 && BSON_ITER_HOLDS_DATE_TIME (&f)) {
             st->stored_has_not_before = true;
             st->stored_not_before = bson_iter_date_time (&f);
          } else if (strcmp (k, "handlers") == 0 && BSON_ITER_HOLDS_ARRAY (&f)) {

@@ -77,6 +77,9 @@
 #include "publish/pull.h"
 #include "publish/txns.h"
 
+/* Calls the hook, if one is registered. */
+static void publish_wake (void);
+
 /* What the routing of one request decided (the hook maps it to
  * client_route_t). */
 typedef enum {
@@ -95,7 +98,7 @@ publish_set_wake_hook (publish_wake_fn fn)
    atomic_store (&wake_hook, fn);
 }
 
-void
+static void
 publish_wake (void)
 {
    publish_wake_fn fn = atomic_load (&wake_hook);

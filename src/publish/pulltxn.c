@@ -217,8 +217,8 @@ plan_fence (pulltxn_t *t)
    {
       bson_t proj;
       BSON_APPEND_DOCUMENT_BEGIN (c, "projection", &proj);
-      BSON_APPEND_INT32 (&proj, "epoch", 1);
-      BSON_APPEND_INT32 (&proj, "inFlight", 1);
+      BSON_APPEND_INT32 (&proj, OUTBOX_F_EPOCH, 1);
+      BSON_APPEND_INT32 (&proj, OUTBOX_F_IN_FLIGHT, 1);
       bson_append_document_end (c, &proj);
    }
    BSON_APPEND_INT32 (c, "batchSize", (int32_t) n_lanes);
@@ -246,16 +246,16 @@ plan_write (pulltxn_t *t)
       if (t->tokens[i].claims == 0) {
          /* Documents written before claim generations existed have none. */
          bson_t cl, cin;
-         BSON_APPEND_DOCUMENT_BEGIN (&one, "claims", &cl);
+         BSON_APPEND_DOCUMENT_BEGIN (&one, OUTBOX_F_CLAIMS, &cl);
          BSON_APPEND_ARRAY_BEGIN (&cl, "$in", &cin);
          BSON_APPEND_INT32 (&cin, "0", 0);
          BSON_APPEND_NULL (&cin, "1");
          bson_append_array_end (&cl, &cin);
          bson_append_document_end (&one, &cl);
       } else {
-         BSON_APPEND_INT32 (&one, "claims", t->tokens[i].claims);
+         BSON_APPEND_INT32 (&one, OUTBOX_F_CLAIMS, t->tokens[i].claims);
       }
-      BSON_APPEND_INT32 (&one, "laneId", (int32_t) t->tokens[i].lane_id);
+      BSON_APPEND_INT32 (&one, OUTBOX_F_LANE_ID, (int32_t) t->tokens[i].lane_id);
       BSON_APPEND_UTF8 (&one, "status", "pending");
       bson_append_document_end (&or_arr, &one);
    }
@@ -277,7 +277,7 @@ plan_write (pulltxn_t *t)
    for (uint32_t i = 0; i < t->n; i++) {
       const char *ev = NULL;
       bson_iter_t it;
-      if (t->docs[i] && bson_iter_init_find (&it, t->docs[i], "eventId") && BSON_ITER_HOLDS_UTF8 (&it))
+      if (t->docs[i] && bson_iter_init_find (&it, t->docs[i], OUTBOX_F_EVENT_ID) && BSON_ITER_HOLDS_UTF8 (&it))
          ev = bson_iter_utf8 (&it, NULL);
       BSON_APPEND_UTF8 (&in, idx_key (i, buf), ev ? ev : "");
    }
@@ -286,7 +286,7 @@ plan_write (pulltxn_t *t)
    bson_append_document_end (&st, &q);
    BSON_APPEND_DOCUMENT_BEGIN (&st, "u", &u);
    BSON_APPEND_DOCUMENT_BEGIN (&u, "$max", &sub);
-   BSON_APPEND_DATE_TIME (&sub, "completedAt", t->now_ms);
+   BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_COMPLETED_AT, t->now_ms);
    bson_append_document_end (&u, &sub);
    bson_append_document_end (&st, &u);
    BSON_APPEND_BOOL (&st, "multi", true);
@@ -300,17 +300,17 @@ plan_write (pulltxn_t *t)
    c = cmd_begin (t, "insert", t->coll_completed, t->n);
    BSON_APPEND_ARRAY_BEGIN (c, "documents", &arr);
    for (uint32_t i = 0; i < t->n; i++) {
-      static const char *const copy[] = {"eventId", "handler", "eventType", "key", "sequence", "createdAt"};
+      static const char *const copy[] = {OUTBOX_F_EVENT_ID, "handler", OUTBOX_F_EVENT_TYPE, "key", "sequence", OUTBOX_F_CREATED_AT};
       bson_iter_t it;
       int64_t attempts = 0;
 
       BSON_APPEND_DOCUMENT_BEGIN (&arr, idx_key (i, buf), &one);
       BSON_APPEND_OID (&one, "_id", &t->leases[i].id);
       inject_copy_fields (t->docs[i], copy, sizeof copy / sizeof copy[0], &one);
-      if (bson_iter_init_find (&it, t->docs[i], "attempts") && BSON_ITER_HOLDS_NUMBER (&it))
+      if (bson_iter_init_find (&it, t->docs[i], OUTBOX_F_ATTEMPTS) && BSON_ITER_HOLDS_NUMBER (&it))
          attempts = bson_iter_as_int64 (&it);
-      BSON_APPEND_INT32 (&one, "attempts", (int32_t) attempts + 1);
-      BSON_APPEND_DATE_TIME (&one, "completedAt", t->now_ms);
+      BSON_APPEND_INT32 (&one, OUTBOX_F_ATTEMPTS, (int32_t) attempts + 1);
+      BSON_APPEND_DATE_TIME (&one, OUTBOX_F_COMPLETED_AT, t->now_ms);
       bson_append_document_end (&arr, &one);
    }
    bson_append_array_end (c, &arr);
@@ -343,32 +343,7 @@ static void
 check_fence (pulltxn_t *t)
 {
    for (uint32_t i = 0; i < t->n; i++) {
-      const bson_t *d = t->docs[i], *l = t->lane_docs[i];
-      bson_iter_t it, arr;
-      bool held = d != NULL && l != NULL, listed = false;
-      int64_t claims = 0;
-
-      if (held) {
-         if (bson_iter_init_find (&it, d, "claims") && BSON_ITER_HOLDS_NUMBER (&it))
-            claims = bson_iter_as_int64 (&it);
-         held = claims == t->tokens[i].claims;
-      }
-      if (held)
-         held = bson_iter_init_find (&it, d, "laneId") && BSON_ITER_HOLDS_NUMBER (&it) &&
-                bson_iter_as_int64 (&it) == (int64_t) t->tokens[i].lane_id;
-      if (held)
-         held = bson_iter_init_find (&it, d, "status") && BSON_ITER_HOLDS_UTF8 (&it) &&
-                strcmp (bson_iter_utf8 (&it, NULL), "pending") == 0;
-      if (held)
-         held = bson_iter_init_find (&it, d, "handler") && BSON_ITER_HOLDS_UTF8 (&it) &&
-                strcmp (bson_iter_utf8 (&it, NULL), t->handler) == 0;
-      if (held)
-         held = bson_iter_init_find (&it, l, "epoch") && BSON_ITER_HOLDS_NUMBER (&it) &&
-                bson_iter_as_int64 (&it) == t->tokens[i].epoch;
-      if (held && bson_iter_init_find (&it, l, "inFlight") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr))
-         while (!listed && bson_iter_next (&arr))
-            listed = BSON_ITER_HOLDS_OID (&arr) && bson_oid_equal (bson_iter_oid (&arr), &t->leases[i].id);
-      if (!(held && listed)) {
+      if (!outbox_lease_holds (&t->tokens[i], &t->leases[i].id, t->handler, t->docs[i], t->lane_docs[i])) {
          fail_made (t, false, PULL_CODE_LEASE_LOST, pull_code_name (PULL_CODE_LEASE_LOST),
                     "relaybus: relaybusComplete: lease '%s' no longer holds (it expired and the delivery was taken "
                     "back, or its claim ended otherwise): nothing of the completion was written; abort the "
@@ -425,74 +400,64 @@ pulltxn_command (const pulltxn_t *t, uint32_t i)
 
 /* --- replies ---------------------------------------------------------------- */
 
-/* Positions `batch` on the firstBatch array of a find reply. */
+/* Calls take (t, doc) for each document of the firstBatch array of a
+ * find reply (doc static, valid while the reply is); false when the reply
+ * is not a find's or its batch holds something other than documents. */
 static bool
-first_batch (const bson_t *reply, bson_iter_t *batch)
+each_in_batch (pulltxn_t *t, const bson_t *reply, void (*take) (pulltxn_t *t, const bson_t *doc))
 {
-   bson_iter_t it, cursor;
+   bson_iter_t it, cursor, batch;
 
-   return bson_iter_init_find (&it, reply, "cursor") && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &cursor) &&
-          bson_iter_find (&cursor, "firstBatch") && BSON_ITER_HOLDS_ARRAY (&cursor) && bson_iter_recurse (&cursor, batch);
-}
-
-/* The next document of a reply's batch into *doc (static, valid while the
- * reply is): 1, 0 at the end, -1 when the batch holds something else. */
-static int
-batch_next (bson_iter_t *batch, bson_t *doc)
-{
-   const uint8_t *data;
-   uint32_t len;
-
-   if (!bson_iter_next (batch))
-      return 0;
-   if (!BSON_ITER_HOLDS_DOCUMENT (batch))
-      return -1;
-   bson_iter_document (batch, &len, &data);
-   return bson_init_static (doc, data, len) ? 1 : -1;
-}
-
-static bool
-take_deliveries (pulltxn_t *t, const bson_t *reply)
-{
-   bson_iter_t batch;
-   bson_t doc;
-   int more;
-
-   if (!first_batch (reply, &batch))
+   if (!bson_iter_init_find (&it, reply, "cursor") || !BSON_ITER_HOLDS_DOCUMENT (&it) || !bson_iter_recurse (&it, &cursor) ||
+       !bson_iter_find (&cursor, "firstBatch") || !BSON_ITER_HOLDS_ARRAY (&cursor) || !bson_iter_recurse (&cursor, &batch))
       return false;
-   while ((more = batch_next (&batch, &doc)) > 0) {
-      bson_iter_t id;
+   while (bson_iter_next (&batch)) {
+      const uint8_t *data;
+      uint32_t len;
+      bson_t doc;
 
-      if (!bson_iter_init_find (&id, &doc, "_id") || !BSON_ITER_HOLDS_OID (&id))
-         continue;
-      for (uint32_t i = 0; i < t->n; i++)
-         if (!t->docs[i] && bson_oid_equal (bson_iter_oid (&id), &t->leases[i].id))
-            t->docs[i] = bson_copy (&doc);
+      if (!BSON_ITER_HOLDS_DOCUMENT (&batch))
+         return false;
+      bson_iter_document (&batch, &len, &data);
+      if (!bson_init_static (&doc, data, len))
+         return false;
+      take (t, &doc);
    }
-   return more == 0;
+   return true;
+}
+
+/* A delivery read by the fence's find: kept for the lease it is. */
+static void
+take_delivery (pulltxn_t *t, const bson_t *doc)
+{
+   bson_iter_t id;
+
+   if (!bson_iter_init_find (&id, doc, "_id") || !BSON_ITER_HOLDS_OID (&id))
+      return;
+   for (uint32_t i = 0; i < t->n; i++)
+      if (!t->docs[i] && bson_oid_equal (bson_iter_oid (&id), &t->leases[i].id))
+         t->docs[i] = bson_copy (doc);
+}
+
+/* A lane document of the pull lane space read by the fence's find. */
+static void
+take_lane (pulltxn_t *t, const bson_t *doc)
+{
+   bson_iter_t id;
+   int64_t lane;
+
+   if (!bson_iter_init_find (&id, doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&id))
+      return;
+   lane = bson_iter_as_int64 (&id) - outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, 0);
+   if (lane < 0 || lane >= OUTBOX_LANES || t->lanes_read[lane])
+      return;
+   t->lanes_read[lane] = bson_copy (doc);
 }
 
 static bool
 take_lanes (pulltxn_t *t, const bson_t *reply)
 {
-   bson_iter_t batch;
-   bson_t doc;
-   int more;
-
-   if (!first_batch (reply, &batch))
-      return false;
-   while ((more = batch_next (&batch, &doc)) > 0) {
-      bson_iter_t id;
-      int64_t lane;
-
-      if (!bson_iter_init_find (&id, &doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&id))
-         continue;
-      lane = bson_iter_as_int64 (&id) - outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, 0);
-      if (lane < 0 || lane >= OUTBOX_LANES || t->lanes_read[lane])
-         continue;
-      t->lanes_read[lane] = bson_copy (&doc);
-   }
-   if (more < 0)
+   if (!each_in_batch (t, reply, take_lane))
       return false;
    for (uint32_t i = 0; i < t->n; i++)
       t->lane_docs[i] = t->lanes_read[t->tokens[i].lane_id];
@@ -554,7 +519,7 @@ pulltxn_reply (pulltxn_t *t, uint32_t i, const bson_t *reply)
    }
    switch (t->phase) {
    case PULLTXN_PHASE_FENCE:
-      if (!(i == FENCE_DELIVERIES ? take_deliveries (t, reply) : take_lanes (t, reply)))
+      if (!(i == FENCE_DELIVERIES ? each_in_batch (t, reply, take_delivery) : take_lanes (t, reply)))
          fail_made (t, false, INJECT_CODE_INTERNAL_ERROR, "InternalError", "relaybus: relaybusComplete: unexpected reply to %s",
                     command_desc (t, i, desc, sizeof desc));
       return;

@@ -20,6 +20,7 @@
 
 #include "base/assert.h"
 #include "base/log.h"
+#include "base/outbox.h"
 
 /* ---------------------------------------------------------- completeMany */
 
@@ -45,6 +46,7 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
    bson_t q = BSON_INITIALIZER, opts = BSON_INITIALIZER, lq = BSON_INITIALIZER;
    store_oids_t ids = {0};
    bson_t *lane_docs[OUTBOX_LANES] = {0};
+   bson_t **found = bson_malloc0 ((c->n ? c->n : 1) * sizeof *found);
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
@@ -69,14 +71,8 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
       if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
          continue;
       for (size_t i = 0; i < c->n; i++)
-         if (c->parsed[i] && bson_oid_equal (&c->refs[i].id, bson_iter_oid (&it)) &&
-             store_iter_int64 (doc, "claims") == c->leases[i].claims &&
-             store_iter_int64 (doc, "laneId") == c->leases[i].lane_id &&
-             !strcmp (store_iter_utf8 (doc, "status") ? store_iter_utf8 (doc, "status") : "", "pending")) {
-            c->valid[i] = true;
-            if (docs && !docs[i])
-               docs[i] = bson_copy (doc);
-         }
+         if (c->parsed[i] && !found[i] && bson_oid_equal (&c->refs[i].id, bson_iter_oid (&it)))
+            found[i] = bson_copy (doc);
    }
    if (mongoc_cursor_error (cur, &err)) {
       *error = err;
@@ -98,15 +94,23 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
       ok = false;
    }
    mongoc_cursor_destroy (cur);
+   /* The fence (base/outbox.h), the same rule a pull consumer's
+    * transaction applies (publish/pulltxn). */
    for (size_t i = 0; ok && i < c->n; i++) {
-      bson_t *ld = c->valid[i] ? lane_docs[c->leases[i].lane_id] : NULL;
-      if (c->valid[i] && !(ld && store_iter_int64 (ld, "epoch") == c->leases[i].epoch &&
-                           store_array_has_oid (ld, "inFlight", &c->refs[i].id)))
-         c->valid[i] = false;
+      c->valid[i] = c->parsed[i] &&
+                    outbox_lease_holds (&c->leases[i], &c->refs[i].id, NULL, found[i], lane_docs[c->leases[i].lane_id]);
+      if (c->valid[i] && docs && !docs[i]) {
+         docs[i] = found[i];
+         found[i] = NULL;
+      }
       c->n_valid += c->valid[i];
    }
 
 done:
+   for (size_t i = 0; i < c->n; i++)
+      if (found[i])
+         bson_destroy (found[i]);
+   bson_free (found);
    for (int i = 0; i < OUTBOX_LANES; i++)
       bson_destroy (lane_docs[i]);
    store_oids_free (&ids);
@@ -143,7 +147,7 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
       if (!c->valid[i])
          continue;
       if (!id && docs && docs[i])
-         id = store_iter_utf8 (docs[i], "eventId") ? store_iter_utf8 (docs[i], "eventId") : "";
+         id = store_iter_utf8 (docs[i], OUTBOX_F_EVENT_ID) ? store_iter_utf8 (docs[i], OUTBOX_F_EVENT_ID) : "";
       if (!id)
          continue;
       ids[k] = id;
@@ -153,7 +157,7 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
    bson_append_array_end (&sub, &arr);
    bson_append_document_end (&eq, &sub);
    if (k > 0) {
-      bson_t *eu = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (c->now), "}");
+      bson_t *eu = BCON_NEW ("$max", "{", OUTBOX_F_COMPLETED_AT, BCON_DATE_TIME (c->now), "}");
       bson_error_t err;
       if (session) {
          store_session_opts (session, &opts);
@@ -224,7 +228,7 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
       for (size_t i = 0; i < c->n; i++) {
          bson_t *rec;
          bson_iter_t it;
-         static const char *const copy[] = {"eventId", "handler", "eventType", "key", "sequence", "createdAt"};
+         static const char *const copy[] = {OUTBOX_F_EVENT_ID, "handler", OUTBOX_F_EVENT_TYPE, "key", "sequence", OUTBOX_F_CREATED_AT};
          if (!c->valid[i] || !docs[i])
             continue;
          rec = bson_new ();
@@ -232,8 +236,8 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
          for (size_t f = 0; f < sizeof copy / sizeof copy[0]; f++)
             if (bson_iter_init_find (&it, docs[i], copy[f]))
                bson_append_iter (rec, copy[f], -1, &it);
-         BSON_APPEND_INT32 (rec, "attempts", (int32_t) store_iter_int64 (docs[i], "attempts") + 1);
-         BSON_APPEND_DATE_TIME (rec, "completedAt", c->now);
+         BSON_APPEND_INT32 (rec, OUTBOX_F_ATTEMPTS, (int32_t) store_iter_int64 (docs[i], OUTBOX_F_ATTEMPTS) + 1);
+         BSON_APPEND_DATE_TIME (rec, OUTBOX_F_COMPLETED_AT, c->now);
          recs[n_recs++] = rec;
       }
       /* One insert command for the batch's records. */
@@ -288,7 +292,7 @@ complete_unread (complete_t *c, bson_error_t *error)
       BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
       BSON_APPEND_OID (&one, "_id", &c->refs[i].id);
       store_append_claims_match (&one, c->leases[i].claims);
-      BSON_APPEND_INT32 (&one, "laneId", (int32_t) c->leases[i].lane_id);
+      BSON_APPEND_INT32 (&one, OUTBOX_F_LANE_ID, (int32_t) c->leases[i].lane_id);
       BSON_APPEND_UTF8 (&one, "status", "pending");
       bson_append_document_end (&or_arr, &one);
    }
@@ -458,8 +462,8 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    settle_t *t = ctx;
    bson_t dq = BSON_INITIALIZER, du = BSON_INITIALIZER, sub, reply;
-   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (t->s, t->lease.lane_id)), "epoch", BCON_INT64 (t->lease.epoch),
-                          "inFlight", BCON_OID (&t->ref->id));
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (t->s, t->lease.lane_id)), OUTBOX_F_EPOCH, BCON_INT64 (t->lease.epoch),
+                          OUTBOX_F_IN_FLIGHT, BCON_OID (&t->ref->id));
    bson_t *lu = NULL;
    bool ok = true, found;
 
@@ -469,7 +473,7 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       goto done;
 
    BSON_APPEND_OID (&dq, "_id", &t->ref->id);
-   BSON_APPEND_INT32 (&dq, "laneId", (int32_t) t->lease.lane_id);
+   BSON_APPEND_INT32 (&dq, OUTBOX_F_LANE_ID, (int32_t) t->lease.lane_id);
    BSON_APPEND_UTF8 (&dq, "status", "pending");
    store_append_claims_match (&dq, t->lease.claims);
    if (t->kind == SETTLE_EXTEND) {
@@ -478,7 +482,7 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       ok = find_any (txn->coll[OUTBOX_DELIVERIES], &dq, &txn->opts, &found, error);
       if (!ok || !found)
          goto done;
-      lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (t->now + t->lease_ms), "}");
+      lu = BCON_NEW ("$max", "{", OUTBOX_F_LEASE_EXPIRES_AT, BCON_DATE_TIME (t->now + t->lease_ms), "}");
       ok = mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error);
       t->applied = ok;
       goto done;
@@ -486,13 +490,13 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 
    BSON_APPEND_DOCUMENT_BEGIN (&du, "$inc", &sub);
    if (t->kind != SETTLE_RELEASE)
-      BSON_APPEND_INT32 (&sub, "attempts", 1);
-   BSON_APPEND_INT32 (&sub, "claims", 1);
+      BSON_APPEND_INT32 (&sub, OUTBOX_F_ATTEMPTS, 1);
+   BSON_APPEND_INT32 (&sub, OUTBOX_F_CLAIMS, 1);
    bson_append_document_end (&du, &sub);
    BSON_APPEND_DOCUMENT_BEGIN (&du, "$set", &sub);
-   BSON_APPEND_DATE_TIME (&sub, "updatedAt", t->now);
+   BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_UPDATED_AT, t->now);
    if (t->kind == SETTLE_RESCHEDULE)
-      BSON_APPEND_DATE_TIME (&sub, "dueAt", t->due_at);
+      BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_DUE_AT, t->due_at);
    if (t->kind == SETTLE_BURY)
       BSON_APPEND_UTF8 (&sub, "status", "dead");
    if (t->last_error && t->kind != SETTLE_RELEASE) {
@@ -500,7 +504,7 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
        * who may read it (the admin API, the dashboard, the database's
        * users) would see a broker's password that a library quoted. */
       char *masked = config_mask (NULL, t->last_error);
-      BSON_APPEND_UTF8 (&sub, "lastError", masked);
+      BSON_APPEND_UTF8 (&sub, OUTBOX_F_LAST_ERROR, masked);
       bson_free (masked);
    }
    bson_append_document_end (&du, &sub);
@@ -518,7 +522,7 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    bson_destroy (&reply);
    if (!found)
       goto done;
-   lu = BCON_NEW ("$pull", "{", "inFlight", BCON_OID (&t->ref->id), "}");
+   lu = BCON_NEW ("$pull", "{", OUTBOX_F_IN_FLIGHT, BCON_OID (&t->ref->id), "}");
    ok = mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error);
    t->applied = ok;
 
@@ -630,7 +634,7 @@ renew_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    renew_t *r = ctx;
    bson_t dq = BSON_INITIALIZER, or_arr;
-   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (r->s, r->lane)), "epoch", BCON_INT64 (r->epoch));
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (r->s, r->lane)), OUTBOX_F_EPOCH, BCON_INT64 (r->epoch));
    bson_t *lane_doc = NULL, *lu = NULL;
    mongoc_cursor_t *cur;
    const bson_t *doc;
@@ -658,7 +662,7 @@ renew_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
       BSON_APPEND_DOCUMENT_BEGIN (&or_arr, key, &one);
       BSON_APPEND_OID (&one, "_id", &r->refs[r->idx[i]].id);
-      BSON_APPEND_INT32 (&one, "laneId", (int32_t) r->lane);
+      BSON_APPEND_INT32 (&one, OUTBOX_F_LANE_ID, (int32_t) r->lane);
       BSON_APPEND_UTF8 (&one, "status", "pending");
       store_append_claims_match (&one, r->leases[r->idx[i]].claims);
       bson_append_document_end (&or_arr, &one);
@@ -671,8 +675,8 @@ renew_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
          continue;
       for (size_t i = 0; i < r->n; i++)
          if (bson_oid_equal (bson_iter_oid (&it), &r->refs[r->idx[i]].id) &&
-             store_iter_int64 (doc, "claims") == r->leases[r->idx[i]].claims &&
-             store_array_has_oid (lane_doc, "inFlight", &r->refs[r->idx[i]].id) && !r->applied[r->idx[i]]) {
+             store_iter_int64 (doc, OUTBOX_F_CLAIMS) == r->leases[r->idx[i]].claims &&
+             store_array_has_oid (lane_doc, OUTBOX_F_IN_FLIGHT, &r->refs[r->idx[i]].id) && !r->applied[r->idx[i]]) {
             r->applied[r->idx[i]] = true;
             n_applied++;
          }
@@ -681,7 +685,7 @@ renew_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       ok = false;
    mongoc_cursor_destroy (cur);
    if (ok && n_applied > 0) {
-      lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (r->now + r->lease_ms), "}");
+      lu = BCON_NEW ("$max", "{", OUTBOX_F_LEASE_EXPIRES_AT, BCON_DATE_TIME (r->now + r->lease_ms), "}");
       ok = mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error);
    }
    if (!ok)
@@ -852,8 +856,8 @@ many_fence (store_txn_t *txn, many_t *e, bson_error_t *error)
       goto done;
    for (size_t i = 0; i < e->n; i++) {
       const bson_t *lane = e->valid[i] ? lanes[e->leases[i].lane_id] : NULL;
-      fenced[i] = lane && store_iter_int64 (lane, "epoch") == e->leases[i].epoch &&
-                  store_array_has_oid (lane, "inFlight", &e->refs[i].id);
+      fenced[i] = lane && store_iter_int64 (lane, OUTBOX_F_EPOCH) == e->leases[i].epoch &&
+                  store_array_has_oid (lane, OUTBOX_F_IN_FLIGHT, &e->refs[i].id);
       k += fenced[i];
    }
    if (k == 0)
@@ -862,13 +866,12 @@ many_fence (store_txn_t *txn, many_t *e, bson_error_t *error)
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, &txn->opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       bson_iter_t it;
-      const char *status = store_iter_utf8 (doc, "status");
-      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it) || !status || strcmp (status, "pending") != 0)
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
          continue;
+      /* The whole fence (base/outbox.h) on the delivery and its lane. */
       for (size_t i = 0; i < e->n; i++)
          if (fenced[i] && !e->applied[i] && bson_oid_equal (bson_iter_oid (&it), &e->refs[i].id) &&
-             store_iter_int64 (doc, "laneId") == e->leases[i].lane_id &&
-             store_iter_int64 (doc, "claims") == e->leases[i].claims)
+             outbox_lease_holds (&e->leases[i], &e->refs[i].id, NULL, doc, lanes[e->leases[i].lane_id]))
             e->applied[i] = true;
    }
    if (mongoc_cursor_error (cur, error))
@@ -896,17 +899,17 @@ many_settle_writes (store_txn_t *txn, many_t *e, bson_error_t *error)
    append_ref_ids (&dq, e, e->applied);
    BSON_APPEND_DOCUMENT_BEGIN (&du, "$inc", &sub);
    if (e->kind != STORE_MANY_RELEASE)
-      BSON_APPEND_INT32 (&sub, "attempts", 1);
-   BSON_APPEND_INT32 (&sub, "claims", 1);
+      BSON_APPEND_INT32 (&sub, OUTBOX_F_ATTEMPTS, 1);
+   BSON_APPEND_INT32 (&sub, OUTBOX_F_CLAIMS, 1);
    bson_append_document_end (&du, &sub);
    BSON_APPEND_DOCUMENT_BEGIN (&du, "$set", &sub);
-   BSON_APPEND_DATE_TIME (&sub, "updatedAt", e->now);
+   BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_UPDATED_AT, e->now);
    if (e->kind == STORE_MANY_RESCHEDULE)
-      BSON_APPEND_DATE_TIME (&sub, "dueAt", e->due_at);
+      BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_DUE_AT, e->due_at);
    if (e->kind == STORE_MANY_BURY)
       BSON_APPEND_UTF8 (&sub, "status", "dead");
    if (e->last_error && e->kind != STORE_MANY_RELEASE)
-      BSON_APPEND_UTF8 (&sub, "lastError", e->last_error);
+      BSON_APPEND_UTF8 (&sub, OUTBOX_F_LAST_ERROR, e->last_error);
    bson_append_document_end (&du, &sub);
    if (e->kind == STORE_MANY_BURY) {
       BSON_APPEND_DOCUMENT_BEGIN (&du, "$unset", &sub);
@@ -917,7 +920,7 @@ many_settle_writes (store_txn_t *txn, many_t *e, bson_error_t *error)
    if (ok) {
       append_lane_ids (&lq, e, e->applied);
       BSON_APPEND_DOCUMENT_BEGIN (&lu, "$pull", &pull);
-      BSON_APPEND_DOCUMENT_BEGIN (&pull, "inFlight", &sub);
+      BSON_APPEND_DOCUMENT_BEGIN (&pull, OUTBOX_F_IN_FLIGHT, &sub);
       {
          bson_t in;
          uint32_t k = 0;
@@ -957,7 +960,7 @@ many_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       if (e->kind == STORE_MANY_EXTEND) {
          /* Every lane with a lease that holds, in one update. */
          bson_t uq = BSON_INITIALIZER;
-         bson_t *lu = BCON_NEW ("$max", "{", "leaseExpiresAt", BCON_DATE_TIME (e->now + e->lease_ms), "}");
+         bson_t *lu = BCON_NEW ("$max", "{", OUTBOX_F_LEASE_EXPIRES_AT, BCON_DATE_TIME (e->now + e->lease_ms), "}");
          append_lane_ids (&uq, e, e->applied);
          ok = mongoc_collection_update_many (txn->coll[OUTBOX_LANES_COLL], &uq, lu, &txn->opts, NULL, error);
          bson_destroy (&uq);
@@ -1098,7 +1101,7 @@ store_relinquish_except (store_t *s, int64_t now, const bool *keep, bson_error_t
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &one);
       BSON_APPEND_INT32 (&one, "_id", store_lane_doc (s, i));
-      BSON_APPEND_INT64 (&one, "epoch", held[i].epoch);
+      BSON_APPEND_INT64 (&one, OUTBOX_F_EPOCH, held[i].epoch);
       BSON_APPEND_UTF8 (&one, "owner", s->owner);
       bson_append_document_end (&arr, &one);
    }
@@ -1118,7 +1121,7 @@ store_relinquish_except (store_t *s, int64_t now, const bool *keep, bson_error_t
    dels = store_coll (s, client, OUTBOX_DELIVERIES);
    cur = mongoc_collection_find_with_opts (lanes, &lq, &wopts, NULL);
    while (mongoc_cursor_next (cur, &doc))
-      store_oids_from_array (&ids, doc, "inFlight");
+      store_oids_from_array (&ids, doc, OUTBOX_F_IN_FLIGHT);
    if (mongoc_cursor_error (cur, &err)) {
       store_set_error (error, STORE_ERROR_SERVER, "handing back the lanes: %s", err.message);
       ok = false;
@@ -1126,7 +1129,7 @@ store_relinquish_except (store_t *s, int64_t now, const bool *keep, bson_error_t
    mongoc_cursor_destroy (cur);
    if (ok && ids.n > 0) {
       bson_t dq = BSON_INITIALIZER;
-      bson_t *du = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
+      bson_t *du = BCON_NEW ("$inc", "{", OUTBOX_F_CLAIMS, BCON_INT32 (1), "}");
       store_append_oids_op (&dq, "_id", "$in", ids.v, ids.n);
       if (!store_bounded_write (s, dels, STORE_WRITE_UPDATE_MANY, &dq, du, 0, NULL, &err)) {
          store_set_error (error, STORE_ERROR_SERVER, "releasing the lanes' deliveries: %s", err.message);
@@ -1136,7 +1139,7 @@ store_relinquish_except (store_t *s, int64_t now, const bool *keep, bson_error_t
       bson_destroy (du);
    }
    if (ok) {
-      u = BCON_NEW ("$set", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]", "}");
+      u = BCON_NEW ("$set", "{", "owner", BCON_NULL, OUTBOX_F_LEASE_EXPIRES_AT, BCON_NULL, OUTBOX_F_IN_FLIGHT, "[", "]", "}");
       int64_t matched = 0;
       if (!store_bounded_write (s, lanes, STORE_WRITE_UPDATE_MANY, &lq, u, 0, &matched, &err)) {
          store_set_error (error, STORE_ERROR_SERVER, "handing back the lanes: %s", err.message);

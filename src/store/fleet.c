@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/outbox.h"
 
 /* Events read per backfill page and written per transaction. */
 #define FLEET_BACKFILL_PAGE 500
@@ -43,7 +44,7 @@ store_fleet_announce (store_t *s, const bson_t *fields, bson_error_t *error)
     * dispatcher thread that stalled between reading its clock and
     * writing) makes a live instance look dead. */
    BSON_APPEND_DOCUMENT_BEGIN (&u, "$currentDate", &cur);
-   BSON_APPEND_BOOL (&cur, "heartbeatAt", true);
+   BSON_APPEND_BOOL (&cur, OUTBOX_F_HEARTBEAT_AT, true);
    bson_append_document_end (&u, &cur);
    ok = store_write (s, OUTBOX_HANDLERS, STORE_WRITE_UPDATE_ONE, &q, &u, opts, NULL, "announcing the handlers", error);
    bson_destroy (opts);
@@ -88,7 +89,7 @@ store_fleet_read (store_t *s, bson_t **docs, size_t max_full, size_t max, size_t
    bson_t q = BSON_INITIALIZER;
    /* Newest heartbeat first: however many documents dead instances left,
     * the live ones come before them. */
-   bson_t *opts = BCON_NEW ("sort", "{", "heartbeatAt", BCON_INT32 (-1), "_id", BCON_INT32 (1), "}");
+   bson_t *opts = BCON_NEW ("sort", "{", OUTBOX_F_HEARTBEAT_AT, BCON_INT32 (-1), "_id", BCON_INT32 (1), "}");
    mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
    char **names = bson_malloc0 ((max ? max : 1) * sizeof *names);
    size_t n_names = 0;
@@ -128,7 +129,7 @@ store_fleet_read (store_t *s, bson_t **docs, size_t max_full, size_t max, size_t
 bool
 store_fleet_forget (store_t *s, int64_t before, bson_error_t *error)
 {
-   bson_t *q = BCON_NEW ("heartbeatAt", "{", "$lt", BCON_DATE_TIME (before), "}",
+   bson_t *q = BCON_NEW (OUTBOX_F_HEARTBEAT_AT, "{", "$lt", BCON_DATE_TIME (before), "}",
                          "_id", "{", "$ne", BCON_UTF8 (s->owner), "}");
    bool ok = store_write (
       s, OUTBOX_HANDLERS, STORE_WRITE_DELETE_MANY, q, NULL, NULL, NULL, "forgetting silent instances", error);
@@ -300,7 +301,7 @@ backfill_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    BSON_APPEND_DOCUMENT_BEGIN (&q, "handlers", &ne);
    BSON_APPEND_UTF8 (&ne, "$ne", b->handler);
    bson_append_document_end (&q, &ne);
-   fopts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "notBefore", BCON_INT32 (1), "}");
+   fopts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), OUTBOX_F_NOT_BEFORE, BCON_INT32 (1), "}");
    bson_concat (fopts, &txn->opts);
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_EVENTS], &q, fopts, NULL);
    BSON_APPEND_DOCUMENT_BEGIN (&uq, "_id", &in);
@@ -322,24 +323,24 @@ backfill_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       d = bson_new ();
       bson_oid_init (&oid, NULL);
       BSON_APPEND_OID (d, "_id", &oid);
-      BSON_APPEND_UTF8 (d, "eventId", id);
+      BSON_APPEND_UTF8 (d, OUTBOX_F_EVENT_ID, id);
       BSON_APPEND_UTF8 (d, "handler", b->handler);
-      BSON_APPEND_UTF8 (d, "eventType", type);
+      BSON_APPEND_UTF8 (d, OUTBOX_F_EVENT_TYPE, type);
       if (key) {
          BSON_APPEND_UTF8 (d, "key", key);
          if (bson_iter_init_find (&it, doc, "sequence") && BSON_ITER_HOLDS_NUMBER (&it))
             BSON_APPEND_INT64 (d, "sequence", bson_iter_as_int64 (&it));
       }
-      BSON_APPEND_INT32 (d, "laneId", (int32_t) outbox_lane_id (key, id));
+      BSON_APPEND_INT32 (d, OUTBOX_F_LANE_ID, (int32_t) outbox_lane_id (key, id));
       BSON_APPEND_UTF8 (d, "lane", "ready");
       BSON_APPEND_UTF8 (d, "status", "pending");
-      BSON_APPEND_INT32 (d, "attempts", 0);
-      BSON_APPEND_INT32 (d, "claims", 0);
-      if (bson_iter_init_find (&it, doc, "notBefore") && BSON_ITER_HOLDS_DATE_TIME (&it))
-         BSON_APPEND_DATE_TIME (d, "dueAt", bson_iter_date_time (&it));
+      BSON_APPEND_INT32 (d, OUTBOX_F_ATTEMPTS, 0);
+      BSON_APPEND_INT32 (d, OUTBOX_F_CLAIMS, 0);
+      if (bson_iter_init_find (&it, doc, OUTBOX_F_NOT_BEFORE) && BSON_ITER_HOLDS_DATE_TIME (&it))
+         BSON_APPEND_DATE_TIME (d, OUTBOX_F_DUE_AT, bson_iter_date_time (&it));
       else
-         BSON_APPEND_DATE_TIME (d, "dueAt", b->now);
-      BSON_APPEND_DATE_TIME (d, "createdAt", b->now);
+         BSON_APPEND_DATE_TIME (d, OUTBOX_F_DUE_AT, b->now);
+      BSON_APPEND_DATE_TIME (d, OUTBOX_F_CREATED_AT, b->now);
       docs[n_docs++] = d;
    }
    bson_append_array_end (&in, &uin);
@@ -389,22 +390,22 @@ store_fleet_backfill (store_t *s,
    *n_added = 0;
    for (int page = 0; ok && page < FLEET_BACKFILL_MAX_PAGES; page++) {
       bson_t q = BSON_INITIALIZER, sub;
-      bson_t *opts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "createdAt", BCON_INT32 (1), "}", "sort",
-                               "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
+      bson_t *opts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), OUTBOX_F_CREATED_AT, BCON_INT32 (1), "}", "sort",
+                               "{", OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
                                BCON_INT64 (FLEET_BACKFILL_PAGE));
       mongoc_cursor_t *cur;
       const bson_t *doc;
       size_t seen = 0, n_ids = 0;
       bson_error_t err;
 
-      BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
+      BSON_APPEND_DOCUMENT_BEGIN (&q, OUTBOX_F_CREATED_AT, &sub);
       BSON_APPEND_DATE_TIME (&sub, "$gte", since);
       bson_append_document_end (&q, &sub);
       BSON_APPEND_DOCUMENT_BEGIN (&q, "handlers", &sub);
       BSON_APPEND_UTF8 (&sub, "$ne", handler);
       bson_append_document_end (&q, &sub);
       if (have_after)
-         store_append_after_key (&q, "createdAt", after_created, &after_id);
+         store_append_after_key (&q, OUTBOX_F_CREATED_AT, after_created, &after_id);
       cur = mongoc_collection_find_with_opts (events, &q, opts, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          const char *id = store_iter_utf8 (doc, "_id");
@@ -416,7 +417,7 @@ store_fleet_backfill (store_t *s,
             if (have_after)
                bson_value_destroy (&after_id);
             bson_value_copy (bson_iter_value (&it), &after_id);
-            after_created = store_iter_date (doc, "createdAt");
+            after_created = store_iter_date (doc, OUTBOX_F_CREATED_AT);
             have_after = true;
          }
          if (id && type && config_patterns_match (patterns, n_patterns, type))
@@ -471,7 +472,7 @@ store_fleet_disable (store_t *s, const char *handler, const char *reason, bool *
     * the server's, as every time of the fleet's documents. */
    bson_t *u = BCON_NEW ("$setOnInsert", "{", "state", BCON_UTF8 ("disabled"), "reason", BCON_UTF8 (reason),
                          "by", BCON_UTF8 (s->owner), "}",
-                         "$currentDate", "{", "disabledAt", BCON_BOOL (true), "}");
+                         "$currentDate", "{", OUTBOX_F_DISABLED_AT, BCON_BOOL (true), "}");
    bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
    bson_t reply;
    bson_error_t err;
@@ -528,7 +529,7 @@ store_fleet_disabled (store_t *s, store_handler_state_t **states, size_t *n, siz
       st->reason = bson_strdup (bson_iter_init_find (&it, doc, "reason") && BSON_ITER_HOLDS_UTF8 (&it)
                                    ? bson_iter_utf8 (&it, NULL)
                                    : "operator");
-      st->at = bson_iter_init_find (&it, doc, "disabledAt") && BSON_ITER_HOLDS_DATE_TIME (&it) ? bson_iter_date_time (&it) : 0;
+      st->at = bson_iter_init_find (&it, doc, OUTBOX_F_DISABLED_AT) && BSON_ITER_HOLDS_DATE_TIME (&it) ? bson_iter_date_time (&it) : 0;
       (*n)++;
    }
    if (mongoc_cursor_error (cur, &err)) {

@@ -20,6 +20,7 @@
 
 #include "base/assert.h"
 #include "base/log.h"
+#include "base/outbox.h"
 
 /* --------------------------------------------------------------- requeue */
 
@@ -41,9 +42,9 @@ store_requeue (store_t *s, const char *const *ids, size_t n, int64_t now, size_t
    /* Attempts start over; the generation moves on so no earlier lease of it
     * can match.  Pending again with a lower sequence, it blocks the later
     * deliveries of its key that have not been claimed yet. */
-   u = BCON_NEW ("$set", "{", "status", BCON_UTF8 ("pending"), "lane", BCON_UTF8 ("ready"), "dueAt",
-                 BCON_DATE_TIME (now), "updatedAt", BCON_DATE_TIME (now), "attempts", BCON_INT32 (0), "}", "$inc",
-                 "{", "claims", BCON_INT32 (1), "}");
+   u = BCON_NEW ("$set", "{", "status", BCON_UTF8 ("pending"), "lane", BCON_UTF8 ("ready"), OUTBOX_F_DUE_AT,
+                 BCON_DATE_TIME (now), OUTBOX_F_UPDATED_AT, BCON_DATE_TIME (now), OUTBOX_F_ATTEMPTS, BCON_INT32 (0), "}", "$inc",
+                 "{", OUTBOX_F_CLAIMS, BCON_INT32 (1), "}");
    ok = store_write (s, OUTBOX_DELIVERIES, STORE_WRITE_UPDATE_MANY, &q, u, NULL, &modified, "requeue", error);
    *n_requeued = (size_t) modified;
    bson_destroy (u);
@@ -85,12 +86,12 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    t->n_buried = 0;
    store_append_oids_op (&dq, "_id", "$in", t->oids->v, t->oids->n);
    BSON_APPEND_UTF8 (&dq, "status", "pending");
-   fopts = BCON_NEW ("projection", "{", "laneId", BCON_INT32 (1), "}");
+   fopts = BCON_NEW ("projection", "{", OUTBOX_F_LANE_ID, BCON_INT32 (1), "}");
    bson_concat (fopts, &txn->opts);
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, fopts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       bson_iter_t it;
-      int64_t lane = store_iter_int64 (doc, "laneId");
+      int64_t lane = store_iter_int64 (doc, OUTBOX_F_LANE_ID);
       if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
          continue;
       store_oids_push (&pending, bson_iter_oid (&it));
@@ -112,7 +113,7 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    {
       store_oids_t running = {0};
       while (mongoc_cursor_next (cur, &doc))
-         store_oids_from_array (&running, doc, "inFlight");
+         store_oids_from_array (&running, doc, OUTBOX_F_IN_FLIGHT);
       if (mongoc_cursor_error (cur, error))
          ok = false;
       for (size_t i = 0; ok && i < pending.n; i++)
@@ -124,7 +125,7 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    if (!ok || keep.n == 0)
       goto done;
 
-   lu = BCON_NEW ("$inc", "{", "operatorWrites", BCON_INT64 (1), "}");
+   lu = BCON_NEW ("$inc", "{", OUTBOX_F_OPERATOR_WRITES, BCON_INT64 (1), "}");
    if (!mongoc_collection_update_many (txn->coll[OUTBOX_LANES_COLL], &lq, lu, &txn->opts, NULL, error)) {
       ok = false;
       goto done;
@@ -134,8 +135,8 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    /* Masked as every lastError (store/complete.c): a reason may quote a
     * broker's error. */
    reason = config_mask (NULL, t->reason);
-   u = BCON_NEW ("$set", "{", "status", BCON_UTF8 ("dead"), "updatedAt", BCON_DATE_TIME (t->now), "lastError",
-                 BCON_UTF8 (reason), "}", "$unset", "{", "lane", BCON_UTF8 (""), "}", "$inc", "{", "claims",
+   u = BCON_NEW ("$set", "{", "status", BCON_UTF8 ("dead"), OUTBOX_F_UPDATED_AT, BCON_DATE_TIME (t->now), OUTBOX_F_LAST_ERROR,
+                 BCON_UTF8 (reason), "}", "$unset", "{", "lane", BCON_UTF8 (""), "}", "$inc", "{", OUTBOX_F_CLAIMS,
                  BCON_INT32 (1), "}");
    if (!mongoc_collection_update_many (txn->coll[OUTBOX_DELIVERIES], &q, u, &txn->opts, &reply, error))
       ok = false;
@@ -255,9 +256,9 @@ replay_read (replay_t *r, mongoc_client_t *client, bson_error_t *error)
    size_t cap = 0, seen = 0;
    bool ok = true;
 
-   q = BCON_NEW ("createdAt", "{", "$gte", BCON_DATE_TIME (r->o->since), "$lt", BCON_DATE_TIME (r->o->until), "}");
+   q = BCON_NEW (OUTBOX_F_CREATED_AT, "{", "$gte", BCON_DATE_TIME (r->o->since), "$lt", BCON_DATE_TIME (r->o->until), "}");
    opts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "}",
-                    "sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}");
+                    "sort", "{", OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}");
    cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       const char *id = store_iter_utf8 (doc, "_id"), *type = store_iter_utf8 (doc, "type");
@@ -310,7 +311,7 @@ replay_mark_existing (replay_t *r, store_txn_t *txn, bson_error_t *error)
    const char *k;
    bool ok = true;
 
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "eventId", &in);
+   BSON_APPEND_DOCUMENT_BEGIN (&q, OUTBOX_F_EVENT_ID, &in);
    {
       bson_t arr;
       bson_append_array_begin (&in, "$in", -1, &arr);
@@ -322,11 +323,11 @@ replay_mark_existing (replay_t *r, store_txn_t *txn, bson_error_t *error)
    }
    bson_append_document_end (&q, &in);
    BSON_APPEND_UTF8 (&q, "handler", r->o->handler);
-   opts = BCON_NEW ("projection", "{", "eventId", BCON_INT32 (1), "}");
+   opts = BCON_NEW ("projection", "{", OUTBOX_F_EVENT_ID, BCON_INT32 (1), "}");
    bson_concat (opts, &txn->opts);
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &q, opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
-      const char *id = store_iter_utf8 (doc, "eventId");
+      const char *id = store_iter_utf8 (doc, OUTBOX_F_EVENT_ID);
       for (size_t i = r->from; id && i < r->to; i++)
          if (strcmp (r->v[i].id, id) == 0)
             r->v[i].new_seq = -1;
@@ -382,20 +383,20 @@ replay_append_delivery (const replay_t *r, const replay_event_t *e, bson_t *docs
    BSON_APPEND_DOCUMENT_BEGIN (docs, k, &d);
    bson_oid_init (&oid, NULL);
    BSON_APPEND_OID (&d, "_id", &oid);
-   BSON_APPEND_UTF8 (&d, "eventId", e->id);
+   BSON_APPEND_UTF8 (&d, OUTBOX_F_EVENT_ID, e->id);
    BSON_APPEND_UTF8 (&d, "handler", r->o->handler);
-   BSON_APPEND_UTF8 (&d, "eventType", e->type);
+   BSON_APPEND_UTF8 (&d, OUTBOX_F_EVENT_TYPE, e->type);
    if (e->key) {
       BSON_APPEND_UTF8 (&d, "key", e->key);
       BSON_APPEND_INT64 (&d, "sequence", e->new_seq);
    }
-   BSON_APPEND_INT32 (&d, "laneId", (int32_t) outbox_lane_id (e->key, e->id));
+   BSON_APPEND_INT32 (&d, OUTBOX_F_LANE_ID, (int32_t) outbox_lane_id (e->key, e->id));
    BSON_APPEND_UTF8 (&d, "lane", "ready");
    BSON_APPEND_UTF8 (&d, "status", "pending");
-   BSON_APPEND_INT32 (&d, "attempts", 0);
-   BSON_APPEND_INT32 (&d, "claims", 0);
-   BSON_APPEND_DATE_TIME (&d, "dueAt", r->o->now);
-   BSON_APPEND_DATE_TIME (&d, "createdAt", r->o->now);
+   BSON_APPEND_INT32 (&d, OUTBOX_F_ATTEMPTS, 0);
+   BSON_APPEND_INT32 (&d, OUTBOX_F_CLAIMS, 0);
+   BSON_APPEND_DATE_TIME (&d, OUTBOX_F_DUE_AT, r->o->now);
+   BSON_APPEND_DATE_TIME (&d, OUTBOX_F_CREATED_AT, r->o->now);
    bson_append_document_end (docs, &d);
 }
 
@@ -618,10 +619,10 @@ purge_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    if (!ok || p->event_ids.n == 0)
       goto done;
    {
-      bson_t *proj = BCON_NEW ("projection", "{", "eventId", BCON_INT32 (1), "}");
+      bson_t *proj = BCON_NEW ("projection", "{", OUTBOX_F_EVENT_ID, BCON_INT32 (1), "}");
       bson_concat (proj, &txn->opts);
-      ok = referenced (p, txn->coll[OUTBOX_DELIVERIES], proj, "eventId", &refs, error) &&
-           (!hist || referenced (p, hist, proj, "eventId", &refs, error));
+      ok = referenced (p, txn->coll[OUTBOX_DELIVERIES], proj, OUTBOX_F_EVENT_ID, &refs, error) &&
+           (!hist || referenced (p, hist, proj, OUTBOX_F_EVENT_ID, &refs, error));
       bson_destroy (proj);
    }
    if (!ok)
@@ -630,14 +631,14 @@ purge_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_EVENTS], &eq, &txn->opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       const char *id = store_iter_utf8 (doc, "_id");
-      int64_t completed = store_iter_date (doc, "completedAt");
+      int64_t completed = store_iter_date (doc, OUTBOX_F_COMPLETED_AT);
       bool del;
       if (!id || strs_has (&refs, id))
          continue;
       if (completed)
          del = p->o->completed_before > 0 && completed < p->o->completed_before;
       else
-         del = store_iter_date (doc, "createdAt") < p->min_cutoff;
+         del = store_iter_date (doc, OUTBOX_F_CREATED_AT) < p->min_cutoff;
       if (del)
          strs_push (&gone, id);
    }
@@ -707,8 +708,8 @@ static bool
 purge_events_batch (purge_t *p, int64_t cutoff, int64_t *after_created, char **after_id, bool *full, bson_error_t *error)
 {
    mongoc_collection_t *coll = store_coll (p->s, p->client, OUTBOX_EVENTS);
-   bson_t *opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "projection", "{",
-                            "_id", BCON_INT32 (1), "createdAt", BCON_INT32 (1), "}", "limit",
+   bson_t *opts = BCON_NEW ("sort", "{", OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "projection", "{",
+                            "_id", BCON_INT32 (1), OUTBOX_F_CREATED_AT, BCON_INT32 (1), "}", "limit",
                             BCON_INT64 (p->s->purge_batch));
    bson_t q = BSON_INITIALIZER, sub;
    mongoc_cursor_t *cur;
@@ -717,14 +718,14 @@ purge_events_batch (purge_t *p, int64_t cutoff, int64_t *after_created, char **a
 
    *full = false;
    p->events_deleted = 0;
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "createdAt", &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&q, OUTBOX_F_CREATED_AT, &sub);
    BSON_APPEND_DATE_TIME (&sub, "$lt", cutoff);
    bson_append_document_end (&q, &sub);
    if (*after_id) {
       bson_value_t id = {.value_type = BSON_TYPE_UTF8};
       id.value.v_utf8.str = *after_id;
       id.value.v_utf8.len = (uint32_t) strlen (*after_id);
-      store_append_after_key (&q, "createdAt", *after_created, &id);
+      store_append_after_key (&q, OUTBOX_F_CREATED_AT, *after_created, &id);
    }
    strs_free (&p->event_ids);
    store_oids_free (&p->ids);
@@ -762,7 +763,7 @@ purge_records_batch (purge_t *p, outbox_collection_t from, const bson_t *q, bool
    *full = false;
    p->from = from;
    p->deleted = p->events_deleted = 0;
-   ok = next_batch (p, coll, q, "eventId", error);
+   ok = next_batch (p, coll, q, OUTBOX_F_EVENT_ID, error);
    if (ok && p->ids.n > 0) {
       ok = store_with_txn (p->s, p->client, purge_cb, p, error);
       *full = ok && p->deleted > 0 && p->ids.n >= (size_t) p->s->purge_batch;
@@ -797,9 +798,9 @@ purge_phase_batch (purge_t *p,
       return ok;
    }
    if (phase == PURGE_PHASE_DEAD && o->dead_before > 0)
-      q = BCON_NEW ("status", BCON_UTF8 ("dead"), "updatedAt", "{", "$lt", BCON_DATE_TIME (o->dead_before), "}");
+      q = BCON_NEW ("status", BCON_UTF8 ("dead"), OUTBOX_F_UPDATED_AT, "{", "$lt", BCON_DATE_TIME (o->dead_before), "}");
    else if (phase == PURGE_PHASE_HISTORY && o->completed_before > 0 && p->s->completion_history)
-      q = BCON_NEW ("completedAt", "{", "$lt", BCON_DATE_TIME (o->completed_before), "}");
+      q = BCON_NEW (OUTBOX_F_COMPLETED_AT, "{", "$lt", BCON_DATE_TIME (o->completed_before), "}");
    if (!q)
       return true;
    ok = purge_records_batch (p, phase == PURGE_PHASE_DEAD ? OUTBOX_DELIVERIES : OUTBOX_COMPLETED, q, full, error);
@@ -931,7 +932,7 @@ store_statistics (store_t *s, int64_t now, store_stats_t *st, bson_error_t *erro
    bson_t *pipeline = BCON_NEW ("pipeline", "[", "{", "$group", "{", "_id", "{", "s", BCON_UTF8 ("$status"), "l",
                                 BCON_UTF8 ("$lane"), "}", "n", "{", "$sum", BCON_INT32 (1), "}", "}", "}", "]");
    bson_t *oq = BCON_NEW ("status", BCON_UTF8 ("pending"));
-   bson_t *oopts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "}", "limit", BCON_INT64 (1));
+   bson_t *oopts = BCON_NEW ("sort", "{", OUTBOX_F_DUE_AT, BCON_INT32 (1), "}", "limit", BCON_INT64 (1));
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_error_t err;
@@ -965,16 +966,16 @@ store_statistics (store_t *s, int64_t now, store_stats_t *st, bson_error_t *erro
 
    cur = mongoc_collection_find_with_opts (dels, oq, oopts, NULL);
    if (ok && mongoc_cursor_next (cur, &doc))
-      st->oldest_due_at = store_iter_date (doc, "dueAt");
+      st->oldest_due_at = store_iter_date (doc, OUTBOX_F_DUE_AT);
    mongoc_cursor_destroy (cur);
 
    cur = mongoc_collection_find_with_opts (lanes, &(bson_t) BSON_INITIALIZER, NULL, NULL);
    while (ok && mongoc_cursor_next (cur, &doc)) {
       bson_iter_t it, child;
-      if (!store_iter_utf8 (doc, "owner") || store_iter_date (doc, "leaseExpiresAt") <= now)
+      if (!store_iter_utf8 (doc, "owner") || store_iter_date (doc, OUTBOX_F_LEASE_EXPIRES_AT) <= now)
          continue;
       st->lanes_owned++;
-      if (bson_iter_init_find (&it, doc, "inFlight") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &child))
+      if (bson_iter_init_find (&it, doc, OUTBOX_F_IN_FLIGHT) && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &child))
          while (bson_iter_next (&child))
             st->running++;
    }
@@ -1117,7 +1118,7 @@ store_list_lanes (store_t *s,
    cur = mongoc_collection_find_with_opts (lanes, q, opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       const char *owner = store_iter_utf8 (doc, "owner");
-      int64_t expires = store_iter_date (doc, "leaseExpiresAt");
+      int64_t expires = store_iter_date (doc, OUTBOX_F_LEASE_EXPIRES_AT);
       bool live = owner && expires > now;
       int64_t in_flight = 0;
       bson_iter_t it, child;
@@ -1127,7 +1128,7 @@ store_list_lanes (store_t *s,
 
       if (!owner)
          continue;
-      if (bson_iter_init_find (&it, doc, "inFlight") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &child))
+      if (bson_iter_init_find (&it, doc, OUTBOX_F_IN_FLIGHT) && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &child))
          while (bson_iter_next (&child))
             in_flight++;
       if (live) {
@@ -1143,10 +1144,10 @@ store_list_lanes (store_t *s,
       BSON_APPEND_UTF8 (&lane, "space",
                         outbox_lane_space_name ((outbox_lane_space_t) (store_iter_int64 (doc, "_id") / OUTBOX_LANES)));
       BSON_APPEND_UTF8 (&lane, "owner", owner);
-      BSON_APPEND_INT64 (&lane, "leaseExpiresAt", expires);
+      BSON_APPEND_INT64 (&lane, OUTBOX_F_LEASE_EXPIRES_AT, expires);
       BSON_APPEND_BOOL (&lane, "live", live);
-      BSON_APPEND_INT64 (&lane, "epoch", store_iter_int64 (doc, "epoch"));
-      BSON_APPEND_INT64 (&lane, "inFlight", in_flight);
+      BSON_APPEND_INT64 (&lane, OUTBOX_F_EPOCH, store_iter_int64 (doc, OUTBOX_F_EPOCH));
+      BSON_APPEND_INT64 (&lane, OUTBOX_F_IN_FLIGHT, in_flight);
       bson_append_document_end (out, &lane);
    }
    if (!store_cursor_end (cur, error, "lanes"))
@@ -1199,8 +1200,8 @@ list_filter_query (const store_t *s, const store_list_filter_t *f, bool *complet
       } eq[] = {
          {"status", *completed ? NULL : f->status},
          {"handler", f->handler},
-         {"eventType", f->event_type},
-         {"eventId", f->event_id},
+         {OUTBOX_F_EVENT_TYPE, f->event_type},
+         {OUTBOX_F_EVENT_ID, f->event_id},
          {"key", f->key},
       };
       for (size_t i = 0; i < sizeof eq / sizeof eq[0]; i++)
@@ -1239,10 +1240,10 @@ store_list_page (store_t *s,
    if (after_id) {
       bson_value_t id = {.value_type = BSON_TYPE_OID};
       bson_oid_copy (after_id, &id.value.v_oid);
-      store_append_after_key (&q, "createdAt", after_created, &id);
+      store_append_after_key (&q, OUTBOX_F_CREATED_AT, after_created, &id);
    }
    /* One more than asked: tells whether another page follows. */
-   opts = BCON_NEW ("sort", "{", "createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (limit + 1));
+   opts = BCON_NEW ("sort", "{", OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (limit + 1));
    client = mongoc_client_pool_pop (s->pool);
    coll = store_coll (s, client, completed ? OUTBOX_COMPLETED : OUTBOX_DELIVERIES);
    cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/outbox.h"
 
 static bool
 create_collection (store_t *s, mongoc_database_t *db, const char *name, bson_error_t *error)
@@ -95,10 +96,10 @@ store_setup (store_t *s, bson_error_t *error)
    bson_error_t err;
    bool ok = false;
    index_spec_t specs[] = {
-      {OUTBOX_DELIVERIES, "event_handler", BCON_NEW ("eventId", BCON_INT32 (1), "handler", BCON_INT32 (1)), NULL, true},
+      {OUTBOX_DELIVERIES, "event_handler", BCON_NEW (OUTBOX_F_EVENT_ID, BCON_INT32 (1), "handler", BCON_INT32 (1)), NULL, true},
       {OUTBOX_DELIVERIES,
        "claim",
-       BCON_NEW ("laneId", BCON_INT32 (1), "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "handler", BCON_INT32 (1)),
+       BCON_NEW (OUTBOX_F_LANE_ID, BCON_INT32 (1), OUTBOX_F_DUE_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "handler", BCON_INT32 (1)),
        BCON_NEW ("lane", BCON_UTF8 ("ready")),
        false},
       {OUTBOX_DELIVERIES,
@@ -111,15 +112,15 @@ store_setup (store_t *s, bson_error_t *error)
        BCON_NEW ("handler", BCON_INT32 (1), "key", BCON_INT32 (1), "sequence", BCON_INT32 (1), "lane", BCON_INT32 (1)),
        BCON_NEW ("lane", BCON_UTF8 ("parked")),
        false},
-      {OUTBOX_DELIVERIES, "due", BCON_NEW ("dueAt", BCON_INT32 (1)), BCON_NEW ("status", BCON_UTF8 ("pending")), false},
-      {OUTBOX_DELIVERIES, "status_created", BCON_NEW ("status", BCON_INT32 (1), "createdAt", BCON_INT32 (1)), NULL, false},
-      {OUTBOX_DELIVERIES, "status_updated", BCON_NEW ("status", BCON_INT32 (1), "updatedAt", BCON_INT32 (1)), NULL, false},
-      {OUTBOX_DELIVERIES, "handler_created", BCON_NEW ("handler", BCON_INT32 (1), "createdAt", BCON_INT32 (1)), NULL, false},
-      {OUTBOX_DELIVERIES, "type_created", BCON_NEW ("eventType", BCON_INT32 (1), "createdAt", BCON_INT32 (1)), NULL, false},
-      {OUTBOX_EVENTS, "created", BCON_NEW ("createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
-      {OUTBOX_COMPLETED, "completed", BCON_NEW ("completedAt", BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
-      {OUTBOX_COMPLETED, "event", BCON_NEW ("eventId", BCON_INT32 (1)), NULL, false},
-      {OUTBOX_COMPLETED, "created", BCON_NEW ("createdAt", BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_DELIVERIES, "due", BCON_NEW (OUTBOX_F_DUE_AT, BCON_INT32 (1)), BCON_NEW ("status", BCON_UTF8 ("pending")), false},
+      {OUTBOX_DELIVERIES, "status_created", BCON_NEW ("status", BCON_INT32 (1), OUTBOX_F_CREATED_AT, BCON_INT32 (1)), NULL, false},
+      {OUTBOX_DELIVERIES, "status_updated", BCON_NEW ("status", BCON_INT32 (1), OUTBOX_F_UPDATED_AT, BCON_INT32 (1)), NULL, false},
+      {OUTBOX_DELIVERIES, "handler_created", BCON_NEW ("handler", BCON_INT32 (1), OUTBOX_F_CREATED_AT, BCON_INT32 (1)), NULL, false},
+      {OUTBOX_DELIVERIES, "type_created", BCON_NEW (OUTBOX_F_EVENT_TYPE, BCON_INT32 (1), OUTBOX_F_CREATED_AT, BCON_INT32 (1)), NULL, false},
+      {OUTBOX_EVENTS, "created", BCON_NEW (OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_COMPLETED, "completed", BCON_NEW (OUTBOX_F_COMPLETED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
+      {OUTBOX_COMPLETED, "event", BCON_NEW (OUTBOX_F_EVENT_ID, BCON_INT32 (1)), NULL, false},
+      {OUTBOX_COMPLETED, "created", BCON_NEW (OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
    };
    const size_t n_specs = sizeof specs / sizeof specs[0];
 
@@ -143,8 +144,8 @@ store_setup (store_t *s, bson_error_t *error)
    bulk = mongoc_collection_create_bulk_operation_with_opts (lanes, NULL);
    for (int32_t i = 0; i < OUTBOX_LANE_DOCS; i++) {
       bson_t *sel = BCON_NEW ("_id", BCON_INT32 (i));
-      bson_t *upd = BCON_NEW ("$setOnInsert", "{", "owner", BCON_NULL, "leaseExpiresAt", BCON_NULL, "epoch",
-                              BCON_INT64 (0), "inFlight", "[", "]", "lost", "[", "]", "}");
+      bson_t *upd = BCON_NEW ("$setOnInsert", "{", "owner", BCON_NULL, OUTBOX_F_LEASE_EXPIRES_AT, BCON_NULL, OUTBOX_F_EPOCH,
+                              BCON_INT64 (0), OUTBOX_F_IN_FLIGHT, "[", "]", "lost", "[", "]", "}");
       bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
       ok = mongoc_bulk_operation_update_one_with_opts (bulk, sel, upd, opts, &err);
       bson_destroy (sel);

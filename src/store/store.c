@@ -21,6 +21,13 @@
 #include "base/assert.h"
 #include "base/counters.h"
 #include "base/log.h"
+#include "base/outbox.h"
+
+/* Transaction options: snapshot read concern, majority, primary. */
+static mongoc_transaction_opt_t *store_txn_opts (void);
+
+/* Appends `$or: [a, b]`. */
+static void store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b);
 
 void
 store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
@@ -277,7 +284,7 @@ store_retry_deferred (store_t *s, size_t *left, bson_error_t *error)
       int64_t at = v[done_upto].at;
       size_t end = done_upto;
       bson_t q = BSON_INITIALIZER, in, arr;
-      bson_t *u = BCON_NEW ("$max", "{", "completedAt", BCON_DATE_TIME (at), "}");
+      bson_t *u = BCON_NEW ("$max", "{", OUTBOX_F_COMPLETED_AT, BCON_DATE_TIME (at), "}");
       uint32_t k = 0;
 
       BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &in);
@@ -371,7 +378,7 @@ store_write (store_t *s,
    return ok;
 }
 
-mongoc_transaction_opt_t *
+static mongoc_transaction_opt_t *
 store_txn_opts (void)
 {
    mongoc_transaction_opt_t *t = mongoc_transaction_opts_new ();
@@ -396,14 +403,14 @@ store_append_claims_match (bson_t *query, int32_t claims)
    if (claims == 0) {
       /* Documents written before claim generations existed have none. */
       bson_t c, in;
-      BSON_APPEND_DOCUMENT_BEGIN (query, "claims", &c);
+      BSON_APPEND_DOCUMENT_BEGIN (query, OUTBOX_F_CLAIMS, &c);
       BSON_APPEND_ARRAY_BEGIN (&c, "$in", &in);
       BSON_APPEND_INT32 (&in, "0", 0);
       BSON_APPEND_NULL (&in, "1");
       bson_append_array_end (&c, &in);
       bson_append_document_end (query, &c);
    } else {
-      BSON_APPEND_INT32 (query, "claims", claims);
+      BSON_APPEND_INT32 (query, OUTBOX_F_CLAIMS, claims);
    }
 }
 
@@ -773,7 +780,7 @@ store_append_lane_docs_in (const store_t *s, bson_t *query, const bool lanes[OUT
    return k;
 }
 
-void
+static void
 store_append_or2 (bson_t *query, const bson_t *a, const bson_t *b)
 {
    bson_t or;

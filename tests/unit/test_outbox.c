@@ -10,7 +10,33 @@
 
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "base/outbox.h"
+
+/* `s` with every `from` replaced by `to`; caller frees. */
+static char *
+replace_all (const char *s, const char *from, const char *to)
+{
+   size_t n = 0, fl = strlen (from), tl = strlen (to);
+   char *out, *o;
+
+   for (const char *p = strstr (s, from); p; p = strstr (p + fl, from))
+      n++;
+   out = o = malloc (strlen (s) + n * tl + 1);
+   while (*s) {
+      if (strncmp (s, from, fl) == 0) {
+         memcpy (o, to, tl);
+         o += tl;
+         s += fl;
+      } else {
+         *o++ = *s++;
+      }
+   }
+   *o = '\0';
+   return out;
+}
 
 static void
 test_names (void **state)
@@ -67,6 +93,68 @@ test_lease_tokens (void **state)
    assert_false (outbox_lease_parse (NULL, &back));
 }
 
+/* The completion fence on one delivery and its lane document, as the
+ * store and a pull consumer's transaction both read them: each row a
+ * delivery and a lane document (JSON; "" for none) and whether the lease
+ * 7:3:2 of delivery 5f..01 for handler "h" holds. */
+static void
+test_lease_holds (void **state)
+{
+   static const struct {
+      const char *delivery, *lane;
+      bool holds;
+   } rows[] = {
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 3, \"inFlight\": [ID]}", true},
+      /* numbers of any BSON type: the store writes int32 or int64 */
+      {"{\"laneId\": {\"$numberLong\": \"7\"}, \"claims\": {\"$numberLong\": \"2\"}, \"status\": \"pending\", \"handler\": \"h\"}",
+       "{\"epoch\": {\"$numberLong\": \"3\"}, \"inFlight\": [OTHER, ID]}", true},
+      {"{\"laneId\": 7, \"claims\": 3, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 3, \"inFlight\": [ID]}", false},
+      {"{\"laneId\": 7, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 3, \"inFlight\": [ID]}", false},
+      {"{\"laneId\": 8, \"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 3, \"inFlight\": [ID]}", false},
+      {"{\"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 3, \"inFlight\": [ID]}", false},
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"dead\", \"handler\": \"h\"}", "{\"epoch\": 3, \"inFlight\": [ID]}", false},
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"pending\", \"handler\": \"g\"}", "{\"epoch\": 3, \"inFlight\": [ID]}", false},
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 4, \"inFlight\": [ID]}", false},
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "{\"inFlight\": [ID]}", false},
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 3, \"inFlight\": [OTHER]}", false},
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "{\"epoch\": 3}", false},
+      {"{\"laneId\": 7, \"claims\": 2, \"status\": \"pending\", \"handler\": \"h\"}", "", false},
+      {"", "{\"epoch\": 3, \"inFlight\": [ID]}", false},
+   };
+   const outbox_lease_t lease = {.lane_id = 7, .epoch = 3, .claims = 2};
+   bson_oid_t id;
+
+   (void) state;
+   bson_oid_init_from_string (&id, "5f0000000000000000000001");
+   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+      bson_t *d = NULL, *l = NULL;
+      char json[512];
+      bson_error_t error;
+
+      if (*rows[i].delivery) {
+         d = bson_new_from_json ((const uint8_t *) rows[i].delivery, -1, &error);
+         assert_non_null (d);
+      }
+      if (*rows[i].lane) {
+         /* ID and OTHER stand for the delivery's _id and another one. */
+         char *a = replace_all (rows[i].lane, "ID", "{\"$oid\": \"5f0000000000000000000001\"}");
+         char *b = replace_all (a, "OTHER", "{\"$oid\": \"5f0000000000000000000002\"}");
+         snprintf (json, sizeof json, "%s", b);
+         free (a);
+         free (b);
+         l = bson_new_from_json ((const uint8_t *) json, -1, &error);
+         assert_non_null (l);
+      }
+      if (outbox_lease_holds (&lease, &id, "h", d, l) != rows[i].holds)
+         fail_msg ("row %zu: %s / %s: expected %s", i, rows[i].delivery, rows[i].lane, rows[i].holds ? "holds" : "does not hold");
+      /* Without a handler to compare, only the handler row changes. */
+      if (outbox_lease_holds (&lease, &id, NULL, d, l) != (rows[i].holds || i == 7))
+         fail_msg ("row %zu without a handler", i);
+      bson_destroy (d);
+      bson_destroy (l);
+   }
+}
+
 int
 main (void)
 {
@@ -74,6 +162,7 @@ main (void)
       cmocka_unit_test (test_names),
       cmocka_unit_test (test_fnv1a),
       cmocka_unit_test (test_lease_tokens),
+      cmocka_unit_test (test_lease_holds),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);
