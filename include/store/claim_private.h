@@ -124,17 +124,6 @@ void claim_lost_free (claim_lost_t *l);
 void claim_lost_from_lane (claim_lost_t *l, const bson_t *doc, int64_t legacy_epoch);
 /* Appends `lost: [...]` and `lostEpochs: [...]` to doc. */
 void claim_lost_append (bson_t *doc, const claim_lost_t *l);
-/* Charges one attempt to each pending delivery q selects whose claim was
- * made under lane epoch `epoch` and was lost, once: q matches each one's
- * claim generation (by_generation), or lostAt must be below epoch; lostAt
- * rises to epoch (see claim_held.c).  Appends to q. */
-bool claim_charge_at (claim_t *c,
-                      uint32_t lane,
-                      int64_t epoch,
-                      bson_t *q,
-                      bool by_generation,
-                      int64_t *charged,
-                      bson_error_t *error) __attribute__ ((warn_unused_result));
 /* Charges the lost claims of a lane this claim holds under `epoch`, then
  * clears its list (see claim_held.c). */
 bool claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t *lost, bson_error_t *error)

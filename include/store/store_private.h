@@ -240,11 +240,6 @@ bool store_doc_lease (store_t *store,
 /* Parses and checks a reference's lease; false: refused without a call. */
 bool store_ref_lease (const store_ref_t *ref, outbox_lease_t *lease, bson_error_t *error);
 
-/* After a failed claim: the owner's lanes on this instance keep only the
- * claims this instance handed out and has not seen settled (one
- * transaction). */
-bool store_reconcile (store_t *store, mongoc_client_t *client, bson_error_t *error);
-
 void store_oids_push (store_oids_t *o, const bson_oid_t *id);
 bool store_oids_has (const store_oids_t *o, const bson_oid_t *id);
 void store_oids_free (store_oids_t *o);

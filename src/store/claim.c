@@ -25,6 +25,11 @@
 #include "base/assert.h"
 #include "base/log.h"
 
+/* After a failed claim: the owner's lanes on this instance keep only the
+ * claims this instance handed out and has not seen settled (one
+ * transaction). */
+static bool store_reconcile (store_t *s, mongoc_client_t *client, bson_error_t *error);
+
 /* Frees what a claimed delivery owns (not the delivery itself). */
 static void
 delivery_free (store_delivery_t *d)
@@ -181,7 +186,7 @@ lane_sel (claim_t *c, claim_lane_t *l, bson_t *sel)
 {
    bson_init (sel);
    BSON_APPEND_INT32 (sel, "_id", store_lane_doc (c->s, l->lane));
-   BSON_APPEND_INT64 (sel, "epoch", l->epoch);
+   BSON_APPEND_INT64 (sel, OUTBOX_F_EPOCH, l->epoch);
    BSON_APPEND_UTF8 (sel, "owner", c->s->owner);
    return true;
 }
@@ -208,12 +213,12 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
       lane_sel (c, l, &sel);
       if (l->picks.n > 0) {
          BSON_APPEND_DOCUMENT_BEGIN (&upd, "$addToSet", &sub);
-         BSON_APPEND_DOCUMENT_BEGIN (&sub, "inFlight", &each);
+         BSON_APPEND_DOCUMENT_BEGIN (&sub, OUTBOX_F_IN_FLIGHT, &each);
          store_append_oids_array (&each, "$each", l->picks.v, l->picks.n);
          bson_append_document_end (&sub, &each);
          bson_append_document_end (&upd, &sub);
          BSON_APPEND_DOCUMENT_BEGIN (&upd, "$max", &sub);
-         BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->lease_from + c->o->lease_ms);
+         BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_LEASE_EXPIRES_AT, c->lease_from + c->o->lease_ms);
          bson_append_document_end (&upd, &sub);
          ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &upd, NULL, &err);
          expected++;
@@ -221,8 +226,8 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
          hand_back[i] = true;
          BSON_APPEND_DOCUMENT_BEGIN (&upd, "$set", &sub);
          BSON_APPEND_NULL (&sub, "owner");
-         BSON_APPEND_NULL (&sub, "leaseExpiresAt");
-         store_append_oids_array (&sub, "inFlight", NULL, 0);
+         BSON_APPEND_NULL (&sub, OUTBOX_F_LEASE_EXPIRES_AT);
+         store_append_oids_array (&sub, OUTBOX_F_IN_FLIGHT, NULL, 0);
          bson_append_document_end (&upd, &sub);
          ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &upd, NULL, &err);
          expected++;
@@ -236,7 +241,7 @@ record (claim_t *c, bool *hand_back, bson_error_t *error)
          if (pull_ids.n > 0) {
             bson_t pull = BSON_INITIALIZER;
             BSON_APPEND_DOCUMENT_BEGIN (&pull, "$pullAll", &sub);
-            store_append_oids_array (&sub, "inFlight", pull_ids.v, pull_ids.n);
+            store_append_oids_array (&sub, OUTBOX_F_IN_FLIGHT, pull_ids.v, pull_ids.n);
             bson_append_document_end (&pull, &sub);
             ok = mongoc_bulk_operation_update_one_with_opts (bulk, &sel, &pull, NULL, &err);
             bson_destroy (&pull);
@@ -562,11 +567,11 @@ reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
             ok = false;
          }
          r->drop[i] = true;
-      } else if (store_iter_int64 (doc, "epoch") != r->epochs[i] || !store_iter_utf8 (doc, "owner") ||
+      } else if (store_iter_int64 (doc, OUTBOX_F_EPOCH) != r->epochs[i] || !store_iter_utf8 (doc, "owner") ||
                  strcmp (store_iter_utf8 (doc, "owner"), s->owner) != 0) {
          r->drop[i] = true; /* taken over meanwhile: its claims are not ours */
       } else {
-         store_oids_from_array (&inflight, doc, "inFlight");
+         store_oids_from_array (&inflight, doc, OUTBOX_F_IN_FLIGHT);
       }
       mongoc_cursor_destroy (cur);
       bson_destroy (q);
@@ -579,7 +584,7 @@ reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
          const bson_t *ddoc;
          bool exists = mongoc_cursor_next (dc, &ddoc);
          if (exists)
-            claims = (int32_t) store_iter_int64 (ddoc, "claims");
+            claims = (int32_t) store_iter_int64 (ddoc, OUTBOX_F_CLAIMS);
          if (mongoc_cursor_error (dc, &err)) {
             *error = err;
             ok = false;
@@ -592,7 +597,7 @@ reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
          if (ok && !keep) {
             store_oids_push (&bad, &inflight.v[j]);
             if (exists) {
-               bson_t *u = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}");
+               bson_t *u = BCON_NEW ("$inc", "{", OUTBOX_F_CLAIMS, BCON_INT32 (1), "}");
                if (!mongoc_collection_update_one (txn->coll[OUTBOX_DELIVERIES], dq, u, &txn->opts, NULL, error))
                   ok = false;
                bson_destroy (u);
@@ -601,10 +606,10 @@ reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
          bson_destroy (dq);
       }
       if (ok && bad.n > 0) {
-         bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (s, r->lanes[i])), "epoch", BCON_INT64 (r->epochs[i]));
+         bson_t *lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (s, r->lanes[i])), OUTBOX_F_EPOCH, BCON_INT64 (r->epochs[i]));
          bson_t lu = BSON_INITIALIZER, sub;
          BSON_APPEND_DOCUMENT_BEGIN (&lu, "$pullAll", &sub);
-         store_append_oids_array (&sub, "inFlight", bad.v, bad.n);
+         store_append_oids_array (&sub, OUTBOX_F_IN_FLIGHT, bad.v, bad.n);
          bson_append_document_end (&lu, &sub);
          if (!mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, &lu, &txn->opts, NULL, error))
             ok = false;
@@ -619,7 +624,7 @@ reconcile_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    return ok;
 }
 
-bool
+static bool
 store_reconcile (store_t *s, mongoc_client_t *client, bson_error_t *error)
 {
    reconcile_t *r = bson_malloc0 (sizeof *r);

@@ -48,7 +48,7 @@ claim_lost_from_lane (claim_lost_t *l, const bson_t *doc, int64_t legacy_epoch)
    bson_iter_t it, child;
 
    store_oids_from_array (&ids, doc, "lost");
-   if (ids.n > 0 && bson_iter_init_find (&it, doc, "lostEpochs") && BSON_ITER_HOLDS_ARRAY (&it) &&
+   if (ids.n > 0 && bson_iter_init_find (&it, doc, OUTBOX_F_LOST_EPOCHS) && BSON_ITER_HOLDS_ARRAY (&it) &&
        bson_iter_recurse (&it, &child)) {
       epochs = bson_malloc0 (ids.n * sizeof *epochs);
       while (bson_iter_next (&child) && n_epochs < ids.n)
@@ -70,7 +70,7 @@ claim_lost_append (bson_t *doc, const claim_lost_t *l)
    const char *key;
 
    store_append_oids_array (doc, "lost", l->ids.v, l->ids.n);
-   BSON_APPEND_ARRAY_BEGIN (doc, "lostEpochs", &arr);
+   BSON_APPEND_ARRAY_BEGIN (doc, OUTBOX_F_LOST_EPOCHS, &arr);
    for (size_t i = 0; i < l->ids.n; i++) {
       bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
       BSON_APPEND_INT64 (&arr, key, l->epochs[i]);
@@ -94,7 +94,7 @@ claim_lost_append (bson_t *doc, const claim_lost_t *l)
  * by STORE_TAKE_MAX_TIME_MS (or the instance's shorter bound): a delivery
  * a dead worker's open transaction holds fails the charge, which a later
  * claim makes again.  *charged (may be NULL) gets how many were. */
-bool
+static bool
 claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_generation, int64_t *charged,
                  bson_error_t *error)
 {
@@ -108,14 +108,14 @@ claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_ge
    if (!by_generation) {
       /* lostAt missing or below epoch, as one condition ({$not: {$gte}}
        * matches a missing field). */
-      BSON_APPEND_DOCUMENT_BEGIN (q, "lostAt", &lost_at);
+      BSON_APPEND_DOCUMENT_BEGIN (q, OUTBOX_F_LOST_AT, &lost_at);
       BSON_APPEND_DOCUMENT_BEGIN (&lost_at, "$not", &not);
       BSON_APPEND_INT64 (&not, "$gte", epoch);
       bson_append_document_end (&lost_at, &not);
       bson_append_document_end (q, &lost_at);
    }
-   upd = BCON_NEW ("$inc", "{", "attempts", BCON_INT32 (1), "claims", BCON_INT32 (1), "}", "$max", "{", "lostAt",
-                   BCON_INT64 (epoch), "}", "$set", "{", "updatedAt", BCON_DATE_TIME (c->o->now), "}");
+   upd = BCON_NEW ("$inc", "{", OUTBOX_F_ATTEMPTS, BCON_INT32 (1), OUTBOX_F_CLAIMS, BCON_INT32 (1), "}", "$max", "{", OUTBOX_F_LOST_AT,
+                   BCON_INT64 (epoch), "}", "$set", "{", OUTBOX_F_UPDATED_AT, BCON_DATE_TIME (c->o->now), "}");
    ok = store_bounded_write (c->s, c->deliveries, STORE_WRITE_UPDATE_MANY, q, upd, STORE_TAKE_MAX_TIME_MS, &n, &err);
    if (ok) {
       if (n > 0)
@@ -164,9 +164,9 @@ claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t 
       if (!ok)
          return false;
    }
-   lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (c->s, lane)), "epoch", BCON_INT64 (epoch));
+   lq = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (c->s, lane)), OUTBOX_F_EPOCH, BCON_INT64 (epoch));
    store_append_oids_array (lq, "lost", lost->ids.v, lost->ids.n);
-   lu = BCON_NEW ("$set", "{", "lost", "[", "]", "lostEpochs", "[", "]", "}");
+   lu = BCON_NEW ("$set", "{", "lost", "[", "]", OUTBOX_F_LOST_EPOCHS, "[", "]", "}");
    ok = store_bounded_write (c->s, c->lanes_coll, STORE_WRITE_UPDATE_ONE, lq, lu, STORE_TAKE_MAX_TIME_MS, NULL, &err);
    bson_destroy (lq);
    bson_destroy (lu);
@@ -245,7 +245,7 @@ held_check (claim_t *c, uint32_t lane, int64_t held_epoch)
       held_drop (s, lane);
       return NULL;
    }
-   epoch = store_iter_int64 (ld, "epoch");
+   epoch = store_iter_int64 (ld, OUTBOX_F_EPOCH);
    owner = store_iter_utf8 (ld, "owner");
    if (!owner || strcmp (owner, s->owner) != 0 || epoch != held_epoch) {
       held_drop (s, lane);
@@ -253,7 +253,7 @@ held_check (claim_t *c, uint32_t lane, int64_t held_epoch)
       return NULL;
    }
    l = claim_add_lane (c, lane, epoch);
-   store_oids_from_array (&l->inflight, ld, "inFlight");
+   store_oids_from_array (&l->inflight, ld, OUTBOX_F_IN_FLIGHT);
    claim_lost_from_lane (&lost, ld, epoch - 1);
    if (lost.ids.n > 0 && !claim_charge_lost (c, lane, epoch, &lost, &err)) {
       /* Typically a dead worker's open transaction still locks one of
@@ -371,8 +371,8 @@ static bool
 listed_read (claim_t *c, const store_oids_t *all, listed_set_t *set, bson_error_t *error)
 {
    bson_t fq = BSON_INITIALIZER;
-   bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "laneId",
-                            BCON_INT32 (1), "claims", BCON_INT32 (1), "}");
+   bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "key", BCON_INT32 (1), OUTBOX_F_LANE_ID,
+                            BCON_INT32 (1), OUTBOX_F_CLAIMS, BCON_INT32 (1), "}");
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bool ok = true;
@@ -391,7 +391,7 @@ listed_read (claim_t *c, const store_oids_t *all, listed_set_t *set, bson_error_
       }
       x = &set->v[set->n++];
       bson_oid_copy (bson_iter_oid (&it), &x->id);
-      x->claims = (int32_t) store_iter_int64 (doc, "claims");
+      x->claims = (int32_t) store_iter_int64 (doc, OUTBOX_F_CLAIMS);
       x->handler = h && key ? bson_strdup (h) : NULL;
       x->key = h && key ? bson_strdup (key) : NULL;
    }
@@ -493,7 +493,7 @@ take_back (claim_t *c, const claim_lane_t *l, abandoned_t *a, bson_error_t *erro
    if (a->n_lost > 0)
       ok = claim_charge_at (c, l->lane, l->epoch, &a->lost, true, &charged, error);
    if (ok && a->n_unknown > 0) {
-      bson_t *u = BCON_NEW ("$inc", "{", "claims", BCON_INT32 (1), "}", "$set", "{", "updatedAt",
+      bson_t *u = BCON_NEW ("$inc", "{", OUTBOX_F_CLAIMS, BCON_INT32 (1), "}", "$set", "{", OUTBOX_F_UPDATED_AT,
                             BCON_DATE_TIME (c->o->now), "}");
       bson_error_t err;
       BSON_APPEND_UTF8 (&a->unknown, "status", "pending");

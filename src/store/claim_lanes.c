@@ -58,7 +58,7 @@ probe_lanes (claim_t *c, const free_lane_t *out, size_t n_out, probe_t *p)
          mine = out[i].lane == (uint32_t) lane;
       if (mine)
          continue;
-      if (store_iter_utf8 (ld, "owner") && store_iter_date (ld, "leaseExpiresAt") > c->o->now)
+      if (store_iter_utf8 (ld, "owner") && store_iter_date (ld, OUTBOX_F_LEASE_EXPIRES_AT) > c->o->now)
          continue;
       p->doc[lane] = bson_copy (ld);
       p->oldest[lane] = INT64_MAX;
@@ -80,25 +80,25 @@ probe_group (claim_t *c, const bool want[OUTBOX_LANES], probe_t *p, bool *full, 
    int64_t n_read = 0;
    bool ok = true;
 
-   store_append_lanes_in (&q, "laneId", want);
+   store_append_lanes_in (&q, OUTBOX_F_LANE_ID, want);
    BSON_APPEND_UTF8 (&q, "lane", "ready");
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "dueAt", &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&q, OUTBOX_F_DUE_AT, &sub);
    BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
    bson_append_document_end (&q, &sub);
    claim_append_handlers_in (c, &q, true);
-   opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (FREE_PROBE),
-                    "batchSize", BCON_INT32 (FREE_PROBE), "projection", "{", "laneId", BCON_INT32 (1), "dueAt",
+   opts = BCON_NEW ("sort", "{", OUTBOX_F_DUE_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit", BCON_INT64 (FREE_PROBE),
+                    "batchSize", BCON_INT32 (FREE_PROBE), "projection", "{", OUTBOX_F_LANE_ID, BCON_INT32 (1), OUTBOX_F_DUE_AT,
                     BCON_INT32 (1), "handler", BCON_INT32 (1), "key", BCON_INT32 (1), "}");
    cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
-      int64_t lane = store_iter_int64 (doc, "laneId");
+      int64_t lane = store_iter_int64 (doc, OUTBOX_F_LANE_ID);
       const char *h = store_iter_utf8 (doc, "handler"), *key = store_iter_utf8 (doc, "key");
       n_read++;
       if (lane < 0 || lane >= OUTBOX_LANES || !p->doc[lane])
          continue;
       if (!p->candidate[lane]) {
          p->candidate[lane] = true;
-         p->oldest[lane] = store_iter_date (doc, "dueAt");
+         p->oldest[lane] = store_iter_date (doc, OUTBOX_F_DUE_AT);
       }
       /* A key gives one delivery per claim, however many it has due. */
       if (h && key) {
@@ -132,7 +132,7 @@ probe_order (probe_t *p, free_lane_t *out, size_t *n_out)
          break;
       p->candidate[best] = false;
       out[*n_out].lane = (uint32_t) best;
-      out[*n_out].epoch = store_iter_int64 (p->doc[best], "epoch");
+      out[*n_out].epoch = store_iter_int64 (p->doc[best], OUTBOX_F_EPOCH);
       out[*n_out].doc = p->doc[best];
       out[*n_out].worth = p->worth[best];
       p->doc[best] = NULL;
@@ -197,7 +197,7 @@ append_lane_free (bson_t *q, int64_t now)
    BSON_APPEND_NULL (&a, "owner");
    bson_append_document_end (&or_arr, &a);
    BSON_APPEND_DOCUMENT_BEGIN (&or_arr, "1", &b);
-   BSON_APPEND_DOCUMENT_BEGIN (&b, "leaseExpiresAt", &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (&b, OUTBOX_F_LEASE_EXPIRES_AT, &sub);
    BSON_APPEND_DATE_TIME (&sub, "$lte", now);
    bson_append_document_end (&b, &sub);
    bson_append_document_end (&or_arr, &b);
@@ -215,14 +215,14 @@ free_lanes_cached (claim_t *c, free_lane_t *out, size_t *n_out)
       uint32_t lane = s->probe_lane[i];
       const bson_t *ld = lane < OUTBOX_LANES ? c->lane_docs[lane] : NULL;
       bool mine = false;
-      if (!ld || (store_iter_utf8 (ld, "owner") && store_iter_date (ld, "leaseExpiresAt") > c->o->now))
+      if (!ld || (store_iter_utf8 (ld, "owner") && store_iter_date (ld, OUTBOX_F_LEASE_EXPIRES_AT) > c->o->now))
          continue;
       for (size_t j = 0; j < c->n_lanes && !mine; j++)
          mine = c->lanes[j].lane == lane;
       if (mine)
          continue;
       out[*n_out].lane = lane;
-      out[*n_out].epoch = store_iter_int64 (ld, "epoch");
+      out[*n_out].epoch = store_iter_int64 (ld, OUTBOX_F_EPOCH);
       out[*n_out].doc = bson_copy (ld);
       out[*n_out].worth = s->probe_worth[i];
       (*n_out)++;
@@ -238,13 +238,13 @@ append_take (claim_t *c, bson_t *upd, const claim_lost_t *lost)
    bson_t sub;
 
    BSON_APPEND_DOCUMENT_BEGIN (upd, "$inc", &sub);
-   BSON_APPEND_INT64 (&sub, "epoch", 1);
+   BSON_APPEND_INT64 (&sub, OUTBOX_F_EPOCH, 1);
    bson_append_document_end (upd, &sub);
    BSON_APPEND_DOCUMENT_BEGIN (upd, "$set", &sub);
    BSON_APPEND_UTF8 (&sub, "owner", c->s->owner);
-   BSON_APPEND_DATE_TIME (&sub, "leaseExpiresAt", c->o->now + c->o->lease_ms);
+   BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_LEASE_EXPIRES_AT, c->o->now + c->o->lease_ms);
    if (lost) {
-      store_append_oids_array (&sub, "inFlight", NULL, 0);
+      store_append_oids_array (&sub, OUTBOX_F_IN_FLIGHT, NULL, 0);
       claim_lost_append (&sub, lost);
    }
    bson_append_document_end (upd, &sub);
@@ -276,7 +276,7 @@ lane_taken (claim_t *c, uint32_t lane, int64_t epoch)
 static bool
 take_read_back_one (claim_t *c, const free_lane_t *f, bson_t *reply, bson_error_t *error)
 {
-   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) f->lane), "owner", BCON_UTF8 (c->s->owner), "epoch",
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) f->lane), "owner", BCON_UTF8 (c->s->owner), OUTBOX_F_EPOCH,
                          BCON_INT64 (f->epoch + 1));
    bson_t *opts = BCON_NEW ("limit", BCON_INT64 (1));
    mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, opts, NULL);
@@ -309,7 +309,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
    bool ok;
 
    *taken = false;
-   store_oids_from_array (&inflight, f->doc, "inFlight");
+   store_oids_from_array (&inflight, f->doc, OUTBOX_F_IN_FLIGHT);
    store_oids_from_array (&lost, f->doc, "lost");
    /* The lost list keeps the epoch of each lost claim: what a previous
     * taker left uncleared keeps its own epoch (it may have been charged
@@ -320,8 +320,8 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
       claim_lost_push (&all_lost, &inflight.v[i], f->epoch);
 
    BSON_APPEND_INT32 (&q, "_id", store_lane_doc (c->s, f->lane));
-   BSON_APPEND_INT64 (&q, "epoch", f->epoch);
-   store_append_oids_array (&q, "inFlight", inflight.v, inflight.n);
+   BSON_APPEND_INT64 (&q, OUTBOX_F_EPOCH, f->epoch);
+   store_append_oids_array (&q, OUTBOX_F_IN_FLIGHT, inflight.v, inflight.n);
    store_append_oids_array (&q, "lost", lost.v, lost.n);
    append_lane_free (&q, c->o->now);
 
@@ -348,7 +348,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
       ok = true;
    }
    if (bson_iter_init_find (&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT (&it) &&
-              bson_iter_recurse (&it, &val) && bson_iter_find (&val, "epoch")) {
+              bson_iter_recurse (&it, &val) && bson_iter_find (&val, OUTBOX_F_EPOCH)) {
       int64_t epoch = bson_iter_as_int64 (&val);
       /* The take matched the epoch as read and moved it on by one. */
       RELAYBUS_ASSERT (epoch == f->epoch + 1);
@@ -381,7 +381,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
 static bool
 lane_runs_nothing (const bson_t *doc)
 {
-   static const char *const lists[] = {"inFlight", "lost"};
+   static const char *const lists[] = {OUTBOX_F_IN_FLIGHT, "lost"};
    bson_iter_t it, arr;
 
    for (size_t j = 0; j < 2; j++)
@@ -403,8 +403,8 @@ append_clean (claim_t *c, bson_t *or_arr, uint32_t *n_clean, const free_lane_t *
    bson_uint32_to_string ((*n_clean)++, &key, buf, sizeof buf);
    BSON_APPEND_DOCUMENT_BEGIN (or_arr, key, &one);
    BSON_APPEND_INT32 (&one, "_id", store_lane_doc (c->s, f->lane));
-   BSON_APPEND_INT64 (&one, "epoch", f->epoch);
-   store_append_oids_array (&one, "inFlight", NULL, 0);
+   BSON_APPEND_INT64 (&one, OUTBOX_F_EPOCH, f->epoch);
+   store_append_oids_array (&one, OUTBOX_F_IN_FLIGHT, NULL, 0);
    append_lane_free (&one, c->o->now);
    bson_append_document_end (or_arr, &one);
 }
@@ -426,7 +426,7 @@ taken_read_back (claim_t *c, const bool *clean, bool *got, int64_t *epoch_of, bs
    cur = mongoc_collection_find_with_opts (c->lanes_coll, &rq, ropts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       uint32_t l;
-      if (store_lane_of_doc (c->s, doc, &l) && clean[l] && store_iter_int64 (doc, "epoch") == epoch_of[l] + 1) {
+      if (store_lane_of_doc (c->s, doc, &l) && clean[l] && store_iter_int64 (doc, OUTBOX_F_EPOCH) == epoch_of[l] + 1) {
          got[l] = true;
          epoch_of[l]++;
       }

@@ -190,17 +190,17 @@ pick (claim_t *c, claim_lane_t *l, size_t lane_index, int h, const bson_t *doc, 
    d = &b->items[b->n++];
    memset (d, 0, sizeof *d);
    bson_oid_copy (id, &d->id);
-   d->event_id = bson_strdup (store_iter_utf8 (doc, "eventId"));
+   d->event_id = bson_strdup (store_iter_utf8 (doc, OUTBOX_F_EVENT_ID));
    d->handler = bson_strdup (c->o->handlers[h].handler);
-   d->event_type = bson_strdup (store_iter_utf8 (doc, "eventType"));
+   d->event_type = bson_strdup (store_iter_utf8 (doc, OUTBOX_F_EVENT_TYPE));
    d->key = store_iter_utf8 (doc, "key") ? bson_strdup (store_iter_utf8 (doc, "key")) : NULL;
    d->sequence = store_iter_int64 (doc, "sequence");
-   d->attempt = (int32_t) store_iter_int64 (doc, "attempts") + 1;
-   d->due_at = store_iter_date (doc, "dueAt");
-   d->created_at = store_iter_date (doc, "createdAt");
+   d->attempt = (int32_t) store_iter_int64 (doc, OUTBOX_F_ATTEMPTS) + 1;
+   d->due_at = store_iter_date (doc, OUTBOX_F_DUE_AT);
+   d->created_at = store_iter_date (doc, OUTBOX_F_CREATED_AT);
    lease.lane_id = l->lane;
    lease.epoch = l->epoch;
-   lease.claims = (int32_t) store_iter_int64 (doc, "claims");
+   lease.claims = (int32_t) store_iter_int64 (doc, OUTBOX_F_CLAIMS);
    outbox_lease_format (&lease, d->lease);
    store_oids_push (&l->picks, id);
    c->handler_taken[h]++;
@@ -245,7 +245,7 @@ scan_query (const scan_src_t *src, bson_t *q)
    bson_t sub, arr;
    uint32_t k = 0;
 
-   BSON_APPEND_DOCUMENT_BEGIN (q, "laneId", &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (q, OUTBOX_F_LANE_ID, &sub);
    BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
    for (size_t i = src->from; i < c->n_lanes; i++) {
       char buf[16];
@@ -258,7 +258,7 @@ scan_query (const scan_src_t *src, bson_t *q)
    bson_append_array_end (&sub, &arr);
    bson_append_document_end (q, &sub);
    BSON_APPEND_UTF8 (q, "lane", "ready");
-   BSON_APPEND_DOCUMENT_BEGIN (q, "dueAt", &sub);
+   BSON_APPEND_DOCUMENT_BEGIN (q, OUTBOX_F_DUE_AT, &sub);
    if (src->read > 0)
       BSON_APPEND_DATE_TIME (&sub, "$gte", src->last_due); /* the index bound; the $or below is exact */
    BSON_APPEND_DATE_TIME (&sub, "$lte", c->o->now);
@@ -269,7 +269,7 @@ scan_query (const scan_src_t *src, bson_t *q)
    if (src->read > 0) {
       bson_value_t last = {.value_type = BSON_TYPE_OID};
       bson_oid_copy (&src->last_id, &last.value.v_oid);
-      store_append_after_key (q, "dueAt", src->last_due, &last);
+      store_append_after_key (q, OUTBOX_F_DUE_AT, src->last_due, &last);
    }
 }
 
@@ -287,7 +287,7 @@ scan_next (scan_src_t *src, const bson_t **doc, bool open_next, bson_error_t *er
             bson_iter_t it;
             src->read++;
             src->got++;
-            src->last_due = store_iter_date (*doc, "dueAt");
+            src->last_due = store_iter_date (*doc, OUTBOX_F_DUE_AT);
             if (bson_iter_init_find (&it, *doc, "_id") && BSON_ITER_HOLDS_OID (&it))
                bson_oid_copy (bson_iter_oid (&it), &src->last_id);
             return true;
@@ -322,7 +322,7 @@ scan_next (scan_src_t *src, const bson_t **doc, bool open_next, bson_error_t *er
          }
          src->got = 0;
          scan_query (src, &q);
-         opts = BCON_NEW ("sort", "{", "dueAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
+         opts = BCON_NEW ("sort", "{", OUTBOX_F_DUE_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
                           BCON_INT64 (src->asked), "batchSize", BCON_INT32 ((int32_t) src->asked), "singleBatch",
                           BCON_BOOL (true));
          src->cur = mongoc_collection_find_with_opts (c->deliveries, &q, opts, NULL);
@@ -428,7 +428,7 @@ take_one (claim_t *c, size_t from, const bson_t *pd, size_t pass)
    bson_iter_t it;
    const bson_oid_t *id;
    const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
-   uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
+   uint32_t lane = (uint32_t) store_iter_int64 (pd, OUTBOX_F_LANE_ID);
    size_t li;
    int h;
 
@@ -480,7 +480,7 @@ page_note_blocked (claim_t *c, size_t from, const scan_page_t *p, size_t examine
       bson_iter_t it;
       const bson_t *pd = p->doc[pi];
       const char *handler = store_iter_utf8 (pd, "handler"), *key = store_iter_utf8 (pd, "key");
-      uint32_t lane = (uint32_t) store_iter_int64 (pd, "laneId");
+      uint32_t lane = (uint32_t) store_iter_int64 (pd, OUTBOX_F_LANE_ID);
       claim_key_t *ks;
       size_t li;
       bool waits;
