@@ -1470,6 +1470,32 @@ take_request (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
 
 /* ------------------------------------------------------------ replies */
 
+/* A parsed upstream reply written anew into c->tmp with `body`, the
+ * client's responseTo and no checksum (the proxy does not compute one);
+ * its document sequences are kept. */
+static bool
+rewrite_reply (client_conn_t *c,
+               const wire_msg_t *reply,
+               const bson_t *body,
+               int32_t response_to,
+               uint32_t flags,
+               bson_error_t *error)
+{
+   if (!client_tmp (c, error))
+      return false;
+   if (!wire_append_msg (c->tmp,
+                         reply->header.request_id,
+                         response_to,
+                         flags & ~WIRE_MSG_CHECKSUM_PRESENT,
+                         body,
+                         reply->sequences,
+                         reply->nsequences)) {
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
+      return false;
+   }
+   return true;
+}
+
 /* The reply without its top-level topologyVersion (see
  * copy_without_topology_version), into c->tmp with the client's responseTo
  * (and no checksum).  The rest of the reply is relayed unchanged. */
@@ -1483,19 +1509,7 @@ relay_strip_topology_version (client_conn_t *c, const uint8_t *buf, size_t len, 
 
    if (!wire_parse_msg (buf, len, &reply, error) || !copy_without_topology_version (&reply.body, &body, error))
       goto done;
-   if (!client_tmp (c, error))
-      goto done;
-   if (!wire_append_msg (c->tmp,
-                         reply.header.request_id,
-                         response_to,
-                         flags & ~WIRE_MSG_CHECKSUM_PRESENT,
-                         &body,
-                         reply.sequences,
-                         reply.nsequences)) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
-      goto done;
-   }
-   ok = true;
+   ok = rewrite_reply (c, &reply, &body, response_to, flags, error);
 done:
    bson_destroy (&body);
    return ok;
@@ -1650,17 +1664,9 @@ reply_relay (client_conn_t *c,
          *protocol = true;
          return false;
       }
-      if (!client_tmp (c, error))
-         return false;
-      if (!wire_append_msg (c->tmp,
-                            reply.header.request_id,
-                            response_to,
-                            flags & ~WIRE_MSG_CHECKSUM_PRESENT,
-                            &reply.body,
-                            reply.sequences,
-                            reply.nsequences)) {
-         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_REPLY_TOO_LARGE, "reply too large");
-         *protocol = true;
+      if (!rewrite_reply (c, &reply, &reply.body, response_to, flags, error)) {
+         if (error->code == CLIENT_ERR_REPLY_TOO_LARGE)
+            *protocol = true;
          return false;
       }
       evbuffer_drain (in, len);
