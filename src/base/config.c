@@ -176,7 +176,7 @@ static const config_key_t config_key_table[] = {
    O ("handler_retire_after", DU, "1h", 1000, 3650 * MS_DAY, true, handler_retire_after_ms,
       "A handler no proxy has declared for this long leaves the fleet's handler set and is retired: its pending deliveries become dead letters."),
    O ("transaction_lifetime", DU, "60s", 1000, MS_DAY, true, transaction_lifetime_ms,
-      "The upstream's transactionLifetimeLimitSeconds: a handler new to the fleet is backfilled from this long before its first declaration until this long after every proxy has read it."),
+      "The upstream's transactionLifetimeLimitSeconds, or more: a handler new to the fleet is backfilled from this long before its first declaration until this long after every proxy has read it; the server's own limit counts when it is larger and can be read (not through a mongos: set the shards' largest)."),
    O ("unrouted", S, "accept", 0, 0, true, unrouted,
       "An event no handler of the fleet subscribes to: accept (counted), warn (counted and logged) or refuse (the statement fails)."),
 
