@@ -111,6 +111,7 @@ typedef enum {
    WIRE_ERR_CHECKSUM,       /* CRC-32C mismatch */
    WIRE_ERR_COMPRESSION,    /* unknown compressor or corrupt compressed data */
    WIRE_ERR_NO_BODY,        /* OP_MSG without exactly one kind-0 section */
+   WIRE_ERR_RESPONSE_TO,    /* a reply whose responseTo is not the request's id */
 } wire_error_code_t;
 
 typedef struct {

@@ -151,16 +151,16 @@ reply_text (amqp_rpc_reply_t r, char *out, size_t len)
 
 /* On the thread: drops the connection (after a failure or at stop). */
 static void
-disconnect (rabbit_handler_t *n, bool polite)
+disconnect (rabbit_handler_t *rh, bool polite)
 {
-   if (!n->conn)
+   if (!rh->conn)
       return;
    if (polite) {
-      amqp_channel_close (n->conn, RABBITMQ_CHANNEL, AMQP_REPLY_SUCCESS);
-      amqp_connection_close (n->conn, AMQP_REPLY_SUCCESS);
+      amqp_channel_close (rh->conn, RABBITMQ_CHANNEL, AMQP_REPLY_SUCCESS);
+      amqp_connection_close (rh->conn, AMQP_REPLY_SUCCESS);
    }
-   amqp_destroy_connection (n->conn);
-   n->conn = NULL;
+   amqp_destroy_connection (rh->conn);
+   rh->conn = NULL;
 }
 
 /* The first certificate the handshake on this thread refused, as
@@ -181,13 +181,13 @@ tls_verify_cb (int ok, X509_STORE_CTX *store)
    return ok;
 }
 
-/* On the thread: a TLS socket for n's amqps URL, verifying the peer and
+/* On the thread: a TLS socket for rh's amqps URL, verifying the peer and
  * its host name, with the CA and client certificate files.  NULL with
  * why filled. */
 static amqp_socket_t *
-tls_socket (rabbit_handler_t *n, char *why, size_t why_len)
+tls_socket (rabbit_handler_t *rh, char *why, size_t why_len)
 {
-   amqp_socket_t *sock = amqp_ssl_socket_new (n->conn);
+   amqp_socket_t *sock = amqp_ssl_socket_new (rh->conn);
    SSL_CTX *ctx;
    int rc;
 
@@ -201,19 +201,19 @@ tls_socket (rabbit_handler_t *n, char *why, size_t why_len)
    /* rabbitmq-c sets the mode on each SSL without a callback, which keeps
     * this one (OpenSSL replaces a callback only with another). */
    SSL_CTX_set_verify (ctx, SSL_VERIFY_PEER, tls_verify_cb);
-   if (*n->ca_file)
-      rc = amqp_ssl_socket_set_cacert (sock, n->ca_file);
+   if (*rh->ca_file)
+      rc = amqp_ssl_socket_set_cacert (sock, rh->ca_file);
    else
       rc = SSL_CTX_set_default_verify_paths (ctx) == 1 ? AMQP_STATUS_OK : AMQP_STATUS_SSL_ERROR;
    if (rc != AMQP_STATUS_OK) {
       unsigned long e = ERR_get_error ();
-      transport_text (why, why_len, "tls_ca_file '%s': %s", *n->ca_file ? n->ca_file : "(the system's store)",
+      transport_text (why, why_len, "tls_ca_file '%s': %s", *rh->ca_file ? rh->ca_file : "(the system's store)",
                       e ? ERR_reason_error_string (e) : amqp_error_string2 (rc));
       return NULL;
    }
-   if (*n->cert_file && (rc = amqp_ssl_socket_set_key (sock, n->cert_file, n->key_file)) != AMQP_STATUS_OK) {
+   if (*rh->cert_file && (rc = amqp_ssl_socket_set_key (sock, rh->cert_file, rh->key_file)) != AMQP_STATUS_OK) {
       unsigned long e = ERR_get_error ();
-      transport_text (why, why_len, "tls_cert_file '%s' / tls_key_file '%s': %s", n->cert_file, n->key_file,
+      transport_text (why, why_len, "tls_cert_file '%s' / tls_key_file '%s': %s", rh->cert_file, rh->key_file,
                       e ? ERR_reason_error_string (e) : amqp_error_string2 (rc));
       return NULL;
    }
@@ -223,89 +223,89 @@ tls_socket (rabbit_handler_t *n, char *why, size_t why_len)
 /* After a failed open of a TLS socket: rabbitmq-c's status, with
  * OpenSSL's reason when there is one. */
 static void
-tls_open_error (rabbit_handler_t *n, int rc, char *why, size_t why_len)
+tls_open_error (rabbit_handler_t *rh, int rc, char *why, size_t why_len)
 {
    unsigned long e = ERR_peek_last_error ();
    const char *reason = e ? ERR_reason_error_string (e) : NULL;
 
    if (tls_verify_error[0])
-      transport_text (why, why_len, "TLS handshake with %s:%d: %s: %s", n->info.host, n->info.port, amqp_error_string2 (rc),
+      transport_text (why, why_len, "TLS handshake with %s:%d: %s: %s", rh->info.host, rh->info.port, amqp_error_string2 (rc),
                       tls_verify_error);
    else if (reason)
-      transport_text (why, why_len, "TLS handshake with %s:%d: %s: %s", n->info.host, n->info.port, amqp_error_string2 (rc), reason);
+      transport_text (why, why_len, "TLS handshake with %s:%d: %s: %s", rh->info.host, rh->info.port, amqp_error_string2 (rc), reason);
    else if (rc == AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED || rc == AMQP_STATUS_SSL_PEER_VERIFY_FAILED ||
             rc == AMQP_STATUS_SSL_CONNECTION_FAILED || rc == AMQP_STATUS_SSL_ERROR)
       /* Checked by rabbitmq-c after OpenSSL's handshake: no reason queued. */
-      transport_text (why, why_len, "TLS handshake with %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
+      transport_text (why, why_len, "TLS handshake with %s:%d: %s", rh->info.host, rh->info.port, amqp_error_string2 (rc));
    else
-      transport_text (why, why_len, "connecting to %s:%d (TLS): %s", n->info.host, n->info.port, amqp_error_string2 (rc));
+      transport_text (why, why_len, "connecting to %s:%d (TLS): %s", rh->info.host, rh->info.port, amqp_error_string2 (rc));
    ERR_clear_error ();
 }
 
 /* On the thread: connects, logs in, opens the channel in confirm mode.
  * False with last_error set. */
 static bool
-connect_broker (rabbit_handler_t *n)
+connect_broker (rabbit_handler_t *rh)
 {
    amqp_socket_t *sock;
-   struct timeval tv = clock_timeval_ms (n->timeout_ms < 5000 ? n->timeout_ms : 5000);
+   struct timeval tv = clock_timeval_ms (rh->timeout_ms < 5000 ? rh->timeout_ms : 5000);
    amqp_rpc_reply_t r;
    char why[TRANSPORT_DETAIL_MAX], buf[TRANSPORT_DETAIL_MAX];
    int rc;
 
-   n->conn = amqp_new_connection ();
-   if (!n->conn) {
+   rh->conn = amqp_new_connection ();
+   if (!rh->conn) {
       transport_text (why, sizeof why, "cannot create a connection");
       goto fail;
    }
-   if (n->info.ssl)
-      sock = tls_socket (n, why, sizeof why);
-   else if (!(sock = amqp_tcp_socket_new (n->conn)))
+   if (rh->info.ssl)
+      sock = tls_socket (rh, why, sizeof why);
+   else if (!(sock = amqp_tcp_socket_new (rh->conn)))
       transport_text (why, sizeof why, "cannot create a connection");
    if (!sock)
       goto fail;
-   amqp_set_handshake_timeout (n->conn, &tv);
-   amqp_set_rpc_timeout (n->conn, &tv);
+   amqp_set_handshake_timeout (rh->conn, &tv);
+   amqp_set_rpc_timeout (rh->conn, &tv);
    tls_verify_error[0] = '\0';
    ERR_clear_error ();
-   if ((rc = amqp_socket_open_noblock (sock, n->info.host, n->info.port, &tv)) != AMQP_STATUS_OK) {
-      if (n->info.ssl)
-         tls_open_error (n, rc, why, sizeof why);
+   if ((rc = amqp_socket_open_noblock (sock, rh->info.host, rh->info.port, &tv)) != AMQP_STATUS_OK) {
+      if (rh->info.ssl)
+         tls_open_error (rh, rc, why, sizeof why);
       else
-         transport_text (why, sizeof why, "connecting to %s:%d: %s", n->info.host, n->info.port, amqp_error_string2 (rc));
+         transport_text (why, sizeof why, "connecting to %s:%d: %s", rh->info.host, rh->info.port, amqp_error_string2 (rc));
       goto fail;
    }
-   r = amqp_login (n->conn, n->info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, n->info.user, n->info.password);
+   r = amqp_login (rh->conn, rh->info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, rh->info.user, rh->info.password);
    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
       reply_text (r, buf, sizeof buf);
-      transport_text (why, sizeof why, "login to %s:%d: %s", n->info.host, n->info.port, buf);
+      transport_text (why, sizeof why, "login to %s:%d: %s", rh->info.host, rh->info.port, buf);
       goto fail;
    }
-   amqp_channel_open (n->conn, RABBITMQ_CHANNEL);
-   r = amqp_get_rpc_reply (n->conn);
+   amqp_channel_open (rh->conn, RABBITMQ_CHANNEL);
+   r = amqp_get_rpc_reply (rh->conn);
    if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-      amqp_confirm_select (n->conn, RABBITMQ_CHANNEL);
-      r = amqp_get_rpc_reply (n->conn);
+      amqp_confirm_select (rh->conn, RABBITMQ_CHANNEL);
+      r = amqp_get_rpc_reply (rh->conn);
    }
    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
       reply_text (r, buf, sizeof buf);
       transport_text (why, sizeof why, "opening a channel: %s", buf);
       goto fail;
    }
-   n->next_tag = 1;
-   if (transport_base_set (&n->base, TRANSPORT_STATE_CONNECTED, "") != TRANSPORT_STATE_CONNECTED)
-      log_info ("dispatch: handler %s: connected to RabbitMQ at %s:%d%s", n->base.name, n->info.host, n->info.port,
-                n->info.ssl ? " (amqps)" : "");
+   rh->next_tag = 1;
+   if (transport_base_set (&rh->base, TRANSPORT_STATE_CONNECTED, "") != TRANSPORT_STATE_CONNECTED)
+      log_info ("dispatch: handler %s: connected to RabbitMQ at %s:%d%s", rh->base.name, rh->info.host, rh->info.port,
+                rh->info.ssl ? " (amqps)" : "");
    return true;
 
 fail:
-   disconnect (n, false);
+   disconnect (rh, false);
    {
-      transport_state_t was = transport_base_set (&n->base, TRANSPORT_STATE_DISCONNECTED, why);
+      transport_state_t was = transport_base_set (&rh->base, TRANSPORT_STATE_DISCONNECTED, why);
       if (was == TRANSPORT_STATE_CONNECTED)
-         log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->base.name, why);
+         log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", rh->base.name, why);
       else if (was == TRANSPORT_STATE_CONNECTING)
-         log_warn ("dispatch: handler %s: cannot connect to RabbitMQ yet (%s); retrying in the background", n->base.name, why);
+         log_warn ("dispatch: handler %s: cannot connect to RabbitMQ yet (%s); retrying in the background", rh->base.name, why);
    }
    return false;
 }
@@ -313,11 +313,11 @@ fail:
 /* On the thread: a connection that failed mid-publish is dropped; the
  * next send reconnects. */
 static void
-broken (rabbit_handler_t *n, const char *why)
+broken (rabbit_handler_t *rh, const char *why)
 {
-   disconnect (n, false);
-   if (transport_base_set (&n->base, TRANSPORT_STATE_DISCONNECTED, why) == TRANSPORT_STATE_CONNECTED)
-      log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", n->base.name, why);
+   disconnect (rh, false);
+   if (transport_base_set (&rh->base, TRANSPORT_STATE_DISCONNECTED, why) == TRANSPORT_STATE_CONNECTED)
+      log_warn ("dispatch: handler %s: lost RabbitMQ (%s); reconnecting (sends are retried meanwhile)", rh->base.name, why);
 }
 
 static amqp_bytes_t
@@ -328,7 +328,7 @@ bytes (const char *s)
 
 /* On the thread: publishes r and waits for its confirm. */
 static void
-publish_one (rabbit_handler_t *n, rabbit_req_t *r)
+publish_one (rabbit_handler_t *rh, rabbit_req_t *r)
 {
    transport_result_t *res = &r->item.res;
    amqp_basic_properties_t props;
@@ -341,8 +341,8 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
 
    res->outcome = TRANSPORT_OUTCOME_RETRY;
    res->retry_after_ms = -1;
-   if (!n->conn && !connect_broker (n)) {
-      transport_base_last_error (&n->base, why, sizeof why);
+   if (!rh->conn && !connect_broker (rh)) {
+      transport_base_last_error (&rh->base, why, sizeof why);
       transport_text (res->error, sizeof res->error, "rabbitmq: not connected: %s", why);
       return;
    }
@@ -361,42 +361,42 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
    props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
                   AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
    props.content_type = bytes (r->content_type);
-   props.delivery_mode = n->persistent ? 2 : 1;
+   props.delivery_mode = rh->persistent ? 2 : 1;
    props.message_id = bytes (r->event_id);
    props.timestamp = (uint64_t) (clock_now_ms () / 1000);
    props.headers.num_entries = (int) ne;
    props.headers.entries = entries;
    {
       amqp_bytes_t body = {.len = r->body_len, .bytes = r->body};
-      int rc = amqp_basic_publish (n->conn, RABBITMQ_CHANNEL, bytes (n->exchange), bytes (r->routing_key), 1, 0, &props, body);
+      int rc = amqp_basic_publish (rh->conn, RABBITMQ_CHANNEL, bytes (rh->exchange), bytes (r->routing_key), 1, 0, &props, body);
       if (rc != AMQP_STATUS_OK) {
          transport_text (why, sizeof why, "publishing: %s", amqp_error_string2 (rc));
          transport_text (res->error, sizeof res->error, "rabbitmq: %s", why);
-         broken (n, why);
+         broken (rh, why);
          return;
       }
    }
-   tag = n->next_tag++;
-   deadline = clock_now_ms () + n->timeout_ms;
+   tag = rh->next_tag++;
+   deadline = clock_now_ms () + rh->timeout_ms;
    for (;;) {
       amqp_frame_t frame;
       int64_t left = deadline - clock_now_ms ();
       struct timeval tv = clock_timeval_ms (left > 0 ? left : 0);
       int rc;
 
-      amqp_maybe_release_buffers (n->conn);
-      rc = left > 0 ? amqp_simple_wait_frame_noblock (n->conn, &frame, &tv) : AMQP_STATUS_TIMEOUT;
+      amqp_maybe_release_buffers (rh->conn);
+      rc = left > 0 ? amqp_simple_wait_frame_noblock (rh->conn, &frame, &tv) : AMQP_STATUS_TIMEOUT;
       if (rc == AMQP_STATUS_TIMEOUT) {
          /* Its confirm may still come: the connection's state is unknown,
           * so it is dropped, and the retry goes on a new one. */
-         transport_text (res->error, sizeof res->error, "rabbitmq: no publisher confirm within %" PRId64 " ms", n->timeout_ms);
-         broken (n, "no publisher confirm in time");
+         transport_text (res->error, sizeof res->error, "rabbitmq: no publisher confirm within %" PRId64 " ms", rh->timeout_ms);
+         broken (rh, "no publisher confirm in time");
          return;
       }
       if (rc != AMQP_STATUS_OK) {
          transport_text (why, sizeof why, "waiting for the confirm: %s", amqp_error_string2 (rc));
          transport_text (res->error, sizeof res->error, "rabbitmq: %s", why);
-         broken (n, why);
+         broken (rh, why);
          return;
       }
       if (frame.frame_type != AMQP_FRAME_METHOD)
@@ -409,16 +409,16 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
          transport_text (returned,
                          sizeof returned,
                          "rabbitmq: unroutable: exchange '%s' routed '%s' nowhere (%u %.*s)",
-                         n->exchange,
+                         rh->exchange,
                          r->routing_key,
                          m->reply_code,
                          (int) m->reply_text.len,
                          (const char *) m->reply_text.bytes);
          /* The returned message's header and body follow. */
-         rr = amqp_read_message (n->conn, frame.channel, &msg, 0);
+         rr = amqp_read_message (rh->conn, frame.channel, &msg, 0);
          if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
             bson_strncpy (res->error, returned, sizeof res->error);
-            broken (n, "reading a returned message");
+            broken (rh, "reading a returned message");
             return;
          }
          amqp_destroy_message (&msg);
@@ -450,16 +450,16 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
                          m->reply_code,
                          (int) m->reply_text.len,
                          (const char *) m->reply_text.bytes);
-         amqp_send_method (n->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+         amqp_send_method (rh->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
          /* Reopened with the connection on the next send. */
-         disconnect (n, false);
+         disconnect (rh, false);
          return;
       }
       case AMQP_CONNECTION_CLOSE_METHOD: {
          const amqp_connection_close_t *m = frame.payload.method.decoded;
          transport_text (why, sizeof why, "connection closed by the broker: %u %.*s", m->reply_code, (int) m->reply_text.len, (const char *) m->reply_text.bytes);
          transport_text (res->error, sizeof res->error, "rabbitmq: %s", why);
-         broken (n, why);
+         broken (rh, why);
          return;
       }
       default:
@@ -472,24 +472,24 @@ publish_one (rabbit_handler_t *n, rabbit_req_t *r)
  * connection.close when it stops, or the socket's end) drops the
  * connection; a late confirm is ignored. */
 static void
-idle_check (rabbit_handler_t *n)
+idle_check (rabbit_handler_t *rh)
 {
    for (;;) {
       amqp_frame_t frame;
       struct timeval tv = {0, 0};
       int rc;
 
-      amqp_maybe_release_buffers (n->conn);
-      rc = amqp_simple_wait_frame_noblock (n->conn, &frame, &tv);
+      amqp_maybe_release_buffers (rh->conn);
+      rc = amqp_simple_wait_frame_noblock (rh->conn, &frame, &tv);
       if (rc == AMQP_STATUS_TIMEOUT)
          return;
       if (rc != AMQP_STATUS_OK) {
-         broken (n, amqp_error_string2 (rc));
+         broken (rh, amqp_error_string2 (rc));
          return;
       }
       if (frame.frame_type == AMQP_FRAME_METHOD &&
           (frame.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD || frame.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD)) {
-         broken (n, "closed by the broker");
+         broken (rh, "closed by the broker");
          return;
       }
    }
@@ -498,24 +498,24 @@ idle_check (rabbit_handler_t *n)
 static void *
 publisher_main (void *arg)
 {
-   rabbit_handler_t *n = arg;
+   rabbit_handler_t *rh = arg;
 
-   connect_broker (n);
+   connect_broker (rh);
    for (;;) {
       /* While idle: reconnect, or look for a close from the broker. */
-      tqueue_item_t *it = tqueue_take (n->base.q, n->conn ? RABBITMQ_IDLE_CHECK_MS : RABBITMQ_RECONNECT_MS);
+      tqueue_item_t *it = tqueue_take (rh->base.q, rh->conn ? RABBITMQ_IDLE_CHECK_MS : RABBITMQ_RECONNECT_MS);
 
       if (it) {
-         publish_one (n, (rabbit_req_t *) it);
-         tqueue_done (n->base.q, it);
-      } else if (tqueue_stopped (n->base.q))
+         publish_one (rh, (rabbit_req_t *) it);
+         tqueue_done (rh->base.q, it);
+      } else if (tqueue_stopped (rh->base.q))
          break;
-      else if (n->conn)
-         idle_check (n);
+      else if (rh->conn)
+         idle_check (rh);
       else
-         connect_broker (n);
+         connect_broker (rh);
    }
-   disconnect (n, true);
+   disconnect (rh, true);
    return NULL;
 }
 
@@ -526,43 +526,43 @@ static void rabbit_destroy (void *impl);
 static void *
 rabbit_start (const transport_env_t *env, const config_handler_t *h, bson_error_t *error)
 {
-   rabbit_handler_t *n = bson_malloc0 (sizeof *n);
-   bool queued = transport_base_init (&n->base, env, h, h->url, h->routing_key, req_free);
+   rabbit_handler_t *rh = bson_malloc0 (sizeof *rh);
+   bool queued = transport_base_init (&rh->base, env, h, h->url, h->routing_key, req_free);
 
-   n->exchange = bson_strdup (h->exchange);
-   n->persistent = h->persistent;
-   n->ca_file = bson_strdup (h->tls_ca_file);
-   n->cert_file = bson_strdup (h->tls_cert_file);
-   n->key_file = bson_strdup (h->tls_key_file);
-   n->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
-   n->url_copy = bson_strdup (h->url);
-   amqp_default_connection_info (&n->info);
-   if (amqp_parse_url (n->url_copy, &n->info) != AMQP_STATUS_OK) {
+   rh->exchange = bson_strdup (h->exchange);
+   rh->persistent = h->persistent;
+   rh->ca_file = bson_strdup (h->tls_ca_file);
+   rh->cert_file = bson_strdup (h->tls_cert_file);
+   rh->key_file = bson_strdup (h->tls_key_file);
+   rh->timeout_ms = h->timeout_ms > 0 ? h->timeout_ms : 10000;
+   rh->url_copy = bson_strdup (h->url);
+   amqp_default_connection_info (&rh->info);
+   if (amqp_parse_url (rh->url_copy, &rh->info) != AMQP_STATUS_OK) {
       char *masked = config_mask ("url", h->url);
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: url \"%s\" is not amqp[s]://[user:password@]host[:port][/vhost]", h->name, masked);
       bson_free (masked);
       goto fail;
    }
-   if (queued && transport_base_start_threads (&n->base, 1, publisher_main, n))
-      return n;
+   if (queued && transport_base_start_threads (&rh->base, 1, publisher_main, rh))
+      return rh;
    bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_START, "handler %s: cannot start the publishing thread", h->name);
 
 fail:
-   rabbit_destroy (n);
+   rabbit_destroy (rh);
    return NULL;
 }
 
 static void *
 rabbit_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transport_done_cb_t cb, void *arg, bson_error_t *error)
 {
-   rabbit_handler_t *n = impl;
+   rabbit_handler_t *rh = impl;
    rabbit_req_t *r;
 
    r = bson_malloc0 (sizeof *r);
    bson_oid_to_string (&d->id, r->id);
    r->event_id = bson_strdup (d->event_id ? d->event_id : "");
    r->content_type = m->content_type;
-   r->routing_key = transport_expand (n->base.tmpl, d, "");
+   r->routing_key = transport_expand (rh->base.tmpl, d, "");
    if (strlen (r->routing_key) > 255)
       r->routing_key[255] = '\0'; /* AMQP's limit; a cut key still routes the same every time */
    r->body = bson_strndup (m->body, m->body_len);
@@ -577,7 +577,7 @@ rabbit_send (void *impl, const store_delivery_t *d, const format_msg_t *m, trans
       r->number[r->n_headers] = m->headers[i].number;
       r->n_headers++;
    }
-   return transport_base_push (&n->base, &r->item, cb, arg, true, error);
+   return transport_base_push (&rh->base, &r->item, cb, arg, true, error);
 }
 
 /* Joins the thread (it finishes the publish it is in, at most
@@ -585,16 +585,16 @@ rabbit_send (void *impl, const store_delivery_t *d, const format_msg_t *m, trans
 static void
 rabbit_destroy (void *impl)
 {
-   rabbit_handler_t *n = impl;
+   rabbit_handler_t *rh = impl;
 
-   transport_base_stop (&n->base);
-   bson_free (n->url_copy);
-   bson_free (n->exchange);
-   bson_free (n->ca_file);
-   bson_free (n->cert_file);
-   bson_free (n->key_file);
-   transport_base_fini (&n->base);
-   bson_free (n);
+   transport_base_stop (&rh->base);
+   bson_free (rh->url_copy);
+   bson_free (rh->exchange);
+   bson_free (rh->ca_file);
+   bson_free (rh->cert_file);
+   bson_free (rh->key_file);
+   transport_base_fini (&rh->base);
+   bson_free (rh);
 }
 
 /* What rabbit_start copies. */

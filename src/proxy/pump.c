@@ -300,7 +300,7 @@ copy_without_topology_version (const bson_t *src, bson_t *dst, bson_error_t *err
    bson_iter_t it;
 
    if (!bson_iter_init (&it, src)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "reply body is not a valid document");
+      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "reply body is not a valid document");
       return false;
    }
    while (bson_iter_next (&it))
@@ -1709,7 +1709,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    if (h->response_to != u->expect_response_to) {
       bson_set_error (&error,
                       WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_SHORT,
+                      WIRE_ERR_RESPONSE_TO,
                       "reply responds to %d, expected %d",
                       h->response_to,
                       u->expect_response_to);
