@@ -190,6 +190,14 @@ typedef enum {
    CONFIG_UNROUTED_REFUSE,     /* the statement is refused with an error */
 } config_unrouted_t;
 
+/* [outbox] shard_collections: whether set-up shards the outbox collections
+ * (store/setup.c; their keys are in docs/outbox-schema.md). */
+typedef enum {
+   CONFIG_SHARD_AUTO = 0, /* when the upstream is a mongos */
+   CONFIG_SHARD_ON,       /* the same, and a warning when it is not one */
+   CONFIG_SHARD_OFF,      /* never: they stay unsharded on the database's primary shard */
+} config_shard_t;
+
 /* [proxy] threads: at most this many forwarding loops; 0 asks for one per
  * core, at most CONFIG_THREADS_DEFAULT_MAX. */
 #define CONFIG_THREADS_MAX 64
@@ -242,6 +250,8 @@ typedef struct config {
    int64_t handler_heartbeat_ms;       /* fleet handler set: announce and refresh interval */
    int64_t handler_retire_after_ms;    /* fleet handler set: how long a declaration stays in the set; then it retires */
    int64_t transaction_lifetime_ms;    /* the upstream's transactionLifetimeLimitSeconds (the backfill's reach) */
+   char *shard_collections;            /* auto | on | off */
+   config_shard_t shard_mode;          /* shard_collections, parsed */
    char *unrouted;                     /* accept | warn | refuse */
    config_unrouted_t unrouted_mode;    /* unrouted, parsed */
 

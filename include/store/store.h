@@ -65,6 +65,7 @@ typedef struct {
    bool completion_history; /* [outbox] completion_history */
    const char *owner;       /* lease owner, unique per process instance */
    int32_t purge_batch_size; /* 0: 500 */
+   config_shard_t shard;      /* [outbox] shard_collections: store_setup on a mongos */
 } store_opts_t;
 
 /* A new store instance on `pool` (borrowed: the caller keeps it alive
@@ -77,7 +78,7 @@ void store_destroy (store_t *store);
 /* The set-up of the dispatcher and the admin port: a worker (base/worker.h,
  * not started) and a store on its pool, with its owner name and the
  * [outbox] keys of `cfg` (database, collection_prefix,
- * completion_history).  Both or neither: NULL on failure.  The caller
+ * completion_history, shard_collections).  Both or neither: NULL on failure.  The caller
  * destroys the store before the worker, whose pool it uses. */
 worker_t *store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **store, bson_error_t *error)
    __attribute__ ((warn_unused_result));

@@ -88,6 +88,7 @@ struct store {
    char *owner;
    char names[OUTBOX_N_COLLECTIONS][OUTBOX_NAME_MAX];
    bool completion_history;
+   config_shard_t shard; /* [outbox] shard_collections */
    int32_t purge_batch;
    /* maxTimeMS of every write this instance makes outside a transaction
     * that another client's open transaction can hold up (0: none);

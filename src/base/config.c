@@ -161,6 +161,9 @@ static const config_key_t config_key_table[] = {
       "Prefix of the outbox collection names."),
    O ("completion_history", B, "false", 0, 0, false, completion_history,
       "Keep a record of completed deliveries (same value in every proxy instance)."),
+   O ("shard_collections", S, "auto", 0, 0, false, shard_collections,
+      "On a sharded cluster: auto (shard the outbox collections when the upstream is a mongos), on (the same, and a warning "
+      "when it is not one) or off (they stay unsharded, on the database's primary shard)."),
    O ("allow_client_writes", B, "false", 0, 0, true, allow_client_writes,
       "Let client commands through the proxy write the outbox collections (insert, drop, $out, ...)."),
    O ("max_poisoned_transactions", I, "4096", 1, 1000000, false, max_poisoned_transactions,
@@ -1027,6 +1030,16 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
             return false;
          }
       }
+   }
+   if (strcmp (cfg->shard_collections, "auto") == 0) {
+      cfg->shard_mode = CONFIG_SHARD_AUTO;
+   } else if (strcmp (cfg->shard_collections, "on") == 0) {
+      cfg->shard_mode = CONFIG_SHARD_ON;
+   } else if (strcmp (cfg->shard_collections, "off") == 0) {
+      cfg->shard_mode = CONFIG_SHARD_OFF;
+   } else {
+      config_error (error, origin, 0, "[outbox] shard_collections: '%s' is not auto, on or off", cfg->shard_collections);
+      return false;
    }
    if (strcmp (cfg->unrouted, "accept") == 0) {
       cfg->unrouted_mode = CONFIG_UNROUTED_ACCEPT;

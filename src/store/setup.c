@@ -8,6 +8,12 @@
  * implicitly inside concurrent transactions conflict with each other.  It
  * does not upgrade databases of the Node.js package's 0.1.0 layout: this
  * project never wrote one.
+ *
+ * On a sharded cluster (the upstream is a mongos, [outbox]
+ * shard_collections) it shards the collections that grow with the traffic,
+ * on the keys of shard_keys below; the small ones stay on the database's
+ * primary shard.  It does not move data: an outbox that already holds
+ * documents unsharded stays so (a warning says how to shard it by hand).
  */
 #include "store/store.h"
 #include "store/store_private.h"
@@ -16,6 +22,27 @@
 
 #include "base/log.h"
 #include "base/outbox.h"
+
+/* The shard key of each collection that grows with the traffic: one hashed
+ * field, the event's id, so that an event and its deliveries (and their
+ * completion records) hash alike and a publish adds one outbox shard to
+ * its transaction.  Every unique index starts with it (deliveries'
+ * event_handler is {eventId, handler}), every upsert and findAndModify of
+ * these collections names it by equality (events and key_sequences by
+ * _id), and every updateOne of a delivery names its _id, which mongos
+ * routes to the shard holding it.  The lanes, the fleet's handlers and the
+ * disabled handlers stay unsharded: a few hundred documents that every
+ * claim and heartbeat reads, which one shard keeps in one place.
+ * docs/outbox-schema.md gives the cost of a claim per shard. */
+static const struct {
+   outbox_collection_t coll;
+   const char *field;
+} shard_keys[] = {
+   {OUTBOX_EVENTS, "_id"},
+   {OUTBOX_DELIVERIES, "eventId"},
+   {OUTBOX_KEY_SEQUENCES, "_id"},
+   {OUTBOX_COMPLETED, "eventId"},
+};
 
 static bool
 create_collection (store_t *s, mongoc_database_t *db, const char *name, bson_error_t *error)
@@ -85,6 +112,86 @@ create_indexes (store_t *s, mongoc_database_t *db, outbox_collection_t which, in
    return ok;
 }
 
+/* Whether the upstream is a mongos: its hello says "isdbgrid". */
+static bool
+setup_is_mongos (mongoc_client_t *client, bool *mongos, bson_error_t *error)
+{
+   bson_t *cmd = BCON_NEW ("hello", BCON_INT32 (1));
+   bson_t reply;
+   bson_error_t err;
+   bson_iter_t it;
+   bool ok;
+
+   *mongos = false;
+   ok = mongoc_client_command_simple (client, "admin", cmd, NULL, &reply, &err);
+   if (ok)
+      *mongos = bson_iter_init_find (&it, &reply, "msg") && BSON_ITER_HOLDS_UTF8 (&it) &&
+                strcmp (bson_iter_utf8 (&it, NULL), "isdbgrid") == 0;
+   else
+      store_set_error (error, STORE_ERROR_SERVER, "hello: %s", err.message);
+   bson_destroy (&reply);
+   bson_destroy (cmd);
+   return ok;
+}
+
+/* One admin command whose failure is reported, not returned: sharding is
+ * an optimisation, and an outbox left unsharded still works. */
+static bool
+setup_admin_command (mongoc_client_t *client, bson_t *cmd, bson_error_t *err)
+{
+   bson_t reply;
+   bool ok = mongoc_client_command_simple (client, "admin", cmd, NULL, &reply, err);
+
+   bson_destroy (&reply);
+   bson_destroy (cmd);
+   return ok;
+}
+
+/* Shards the collections of shard_keys when the upstream is a mongos
+ * (and [outbox] shard_collections allows it).  Fails only when the
+ * upstream cannot say what it is. */
+static bool
+setup_shard (store_t *s, mongoc_client_t *client, bson_error_t *error)
+{
+   bson_error_t err;
+   bool mongos;
+
+   if (s->shard == CONFIG_SHARD_OFF)
+      return true;
+   if (!setup_is_mongos (client, &mongos, error))
+      return false;
+   if (!mongos) {
+      if (s->shard == CONFIG_SHARD_ON)
+         log_warn ("store: [outbox] shard_collections = on, but the upstream is not a mongos: nothing to shard");
+      return true;
+   }
+   if (!setup_admin_command (client, BCON_NEW ("enableSharding", BCON_UTF8 (s->database)), &err)) {
+      log_warn ("store: enableSharding %s: %s; the outbox collections stay unsharded", s->database, err.message);
+      return true;
+   }
+   for (size_t i = 0; i < sizeof shard_keys / sizeof shard_keys[0]; i++) {
+      char ns[OUTBOX_NAME_MAX + 128];
+
+      if (shard_keys[i].coll == OUTBOX_COMPLETED && !s->completion_history)
+         continue;
+      bson_snprintf (ns, sizeof ns, "%s.%s", s->database, s->names[shard_keys[i].coll]);
+      /* Sharding a collection again on the same key is a no-op; on another
+       * key, or one that has documents but no index on the key, it fails. */
+      if (setup_admin_command (client,
+                               BCON_NEW ("shardCollection", BCON_UTF8 (ns), "key", "{", shard_keys[i].field,
+                                         BCON_UTF8 ("hashed"), "}"),
+                               &err))
+         log_info ("store: %s is sharded on {%s: \"hashed\"}", ns, shard_keys[i].field);
+      else
+         log_warn ("store: %s stays unsharded: shardCollection on {%s: \"hashed\"}: %s (docs/outbox-schema.md: "
+                   "sharding an outbox that has documents)",
+                   ns,
+                   shard_keys[i].field,
+                   err.message);
+   }
+   return true;
+}
+
 bool
 store_setup (store_t *s, bson_error_t *error)
 {
@@ -134,6 +241,8 @@ store_setup (store_t *s, bson_error_t *error)
        !create_indexes (s, db, OUTBOX_EVENTS, specs, n_specs, error))
       goto done;
    if (s->completion_history && !create_indexes (s, db, OUTBOX_COMPLETED, specs, n_specs, error))
+      goto done;
+   if (!setup_shard (s, client, error))
       goto done;
 
    /* The lanes of every space: upserts that only insert, so a second

@@ -70,6 +70,7 @@ store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **stor
       .database = cfg->outbox_database,
       .prefix = cfg->collection_prefix,
       .completion_history = cfg->completion_history,
+      .shard = cfg->shard_mode,
    };
 
    if (!w)
@@ -97,6 +98,7 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
    s->database = bson_strdup (opts->database);
    s->owner = bson_strdup (opts->owner);
    s->completion_history = opts->completion_history;
+   s->shard = opts->shard;
    s->purge_batch = opts->purge_batch_size > 0 ? opts->purge_batch_size : 500;
    for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
       if (!outbox_collection_name (opts->prefix, (outbox_collection_t) c, s->names[c], sizeof s->names[c])) {

@@ -18,6 +18,11 @@
 //
 //   RELAYBUS_PROXY_BIN=build/relaybus-proxy node tests/integration/dispatch/bench.js [N]
 //
+// BENCH_SHARDED=1: the throughput part against the double's two-shard cluster (two mongos,
+// the outbox sharded by the proxy's set-up), with the commands each shard's primary ran for
+// the dispatcher, per 1,000 deliveries (doubleStats on each shard counts what the mongos sent
+// it, by the client's appName), beside the commands the mongos routers received.
+//
 // Prints one JSON object per measurement.
 
 const fs = require('fs');
@@ -51,6 +56,23 @@ async function dispatcherCommands(client, reset) {
     }
   }
   return { total, byCommand: out, byApp };
+}
+
+const SHARDED = process.env.BENCH_SHARDED === '1';
+
+/** The dispatcher's commands on each of `ports` (mongos or shard primaries) since the last
+ * reset, monitoring left out: one total per port. */
+async function commandsAt(ports, reset) {
+  const out = [];
+  for (const port of ports) {
+    const c = await new MongoClient(`mongodb://127.0.0.1:${port}/?directConnection=true`).connect();
+    try {
+      out.push((await dispatcherCommands(c, reset)).total);
+    } finally {
+      await c.close();
+    }
+  }
+  return out;
 }
 
 /** utime + stime of a process, in ms. */
@@ -124,19 +146,36 @@ async function idleDispatcher(d, sink, adminPort, logLevel) {
 }
 
 async function throughput(keyed) {
-  const d = await startDouble();
+  const d = await startDouble(SHARDED ? { sharded: { shards: 2, mongos: 2 } } : {});
   const sink = await startSink({});
   const st = sink.stats();
   const client = await new MongoClient(d.uri).connect();
   const adminPort = await freePort();
   const p = await idleDispatcher(d, sink, adminPort);
+  const shardPorts = SHARDED ? d.shards.map((x) => x.port) : [];
   try {
     await dispatcherCommands(client, true);
+    if (SHARDED) {
+      await commandsAt(d.mongos, true);
+      await commandsAt(shardPorts, true);
+    }
     const cpu0 = cpuMs(p.child.pid);
     await insertDue(client, N, keyed, 'b');
     await waitFor(() => st.ok.size === N, 600000, 'all deliveries');
     const cpu1 = cpuMs(p.child.pid);
     const s = await dispatcherCommands(client, false);
+    if (SHARDED) {
+      // Through mongos: what the routers received, and what each shard ran for them.
+      const routers = await commandsAt(d.mongos, false);
+      const shards = await commandsAt(shardPorts, false);
+      s.total = routers.reduce((a, v) => a + v, 0);
+      console.log(JSON.stringify({
+        measure: `${keyed ? 'keyed (50 keys)' : 'unkeyed'} deliveries, batch 100, one proxy, two shards behind two mongos`,
+        deliveries: N,
+        mongosCommandsPer1000: Math.round((s.total * 1000) / N),
+        shardCommandsPer1000: Object.fromEntries(d.shards.map((x, i) => [x.name, Math.round((shards[i] * 1000) / N)])),
+      }));
+    }
     const times = [...st.firstAt.values()].sort((a, b) => a - b);
     const ms = Math.max(1, times[times.length - 1] - times[0]);
     console.log(JSON.stringify({

@@ -56,6 +56,9 @@ class Tail {
  * @param {boolean} [o.standalone] run as a standalone (no replica set)
  * @param {number} [o.txnLifetime] --txn-lifetime seconds
  * @param {string[]} [o.args] extra command-line arguments
+ * @param {{shards?:number, mongos?:number}} [o.sharded] run a sharded cluster (--sharded): the
+ *   result's `mongos` lists the routers' ports, `shards` each shard's {name, port,
+ *   secondaryPort}, and `uri` is the seed list of every mongos
  * @param {string} [o.host] host name for the URI (default 127.0.0.1)
  * @param {number} [o.startTimeoutMS] how long to wait for the port line (default 20000)
  * @returns {Promise<{port:number, uri:string, pid:number, external:false, stop:Function, stderr:Function, stdout:Function}>}
@@ -70,6 +73,9 @@ function startDouble(o = {}) {
   if (o.standalone) args.push('--standalone');
   if (o.txnLifetime !== undefined) args.push('--txn-lifetime', String(o.txnLifetime));
   if (o.args) args.push(...o.args);
+  const nMongos = o.sharded ? o.sharded.mongos || 2 : 1;
+  const nShards = o.sharded ? o.sharded.shards || 2 : 0;
+  if (o.sharded) args.push('--sharded', '--shards', String(nShards), '--mongos', String(nMongos));
   const host = o.host || '127.0.0.1';
   const startTimeoutMS = o.startTimeoutMS || 20000;
 
@@ -118,6 +124,9 @@ function startDouble(o = {}) {
       pending += chunk.toString('utf8');
       const nl = pending.indexOf('\n');
       if (nl < 0) return;
+      // A cluster prints a line per mongos, then one per shard: wait for all of them.
+      const lines = pending.split('\n').slice(0, -1);
+      if (lines.length < nMongos + nShards) return;
       const line = pending.slice(0, nl).trim();
       const m = /(\d{2,5})\s*$/.exec(line);
       const port = m ? parseInt(m[1], 10) : NaN;
@@ -134,11 +143,19 @@ function startDouble(o = {}) {
         cred = `${encodeURIComponent(o.auth.slice(0, i))}:${encodeURIComponent(o.auth.slice(i + 1))}@`;
         query = '?authSource=admin';
       }
+      const mongos = lines.slice(0, nMongos).map((l) => Number(l.trim()));
+      const shards = lines.slice(nMongos, nMongos + nShards).map((l) => {
+        const [name, p, sp] = l.trim().split(' ');
+        return { name, port: Number(p), secondaryPort: Number(sp) };
+      });
+      const hosts = mongos.map((p) => `${host}:${p}`).join(',');
       resolve({
         port,
         host,
         pid: child.pid,
-        uri: `mongodb://${cred}${host}:${port}/${query}`,
+        mongos,
+        shards,
+        uri: `mongodb://${cred}${hosts}/${query}`,
         baseUri: `mongodb://${host}:${port}/`,
         external: false,
         stop,

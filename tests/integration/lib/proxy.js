@@ -130,21 +130,26 @@ function waitExit(child, ms) {
  * Starts tests/mongod-double/mongod-double on a free port, through the shared helper
  * tests/integration/lib/double.js; only when the fd limit must be raised (`ulimit`) it is
  * spawned here, through `bash -c 'ulimit -n N; exec ...'`.
- * opts: { args: [...extra flags], standalone, auth: 'USER:PASSWORD', ulimit }
+ * opts: { args: [...extra flags], standalone, auth: 'USER:PASSWORD', ulimit,
+ *         sharded: {shards, mongos} (a cluster: `mongos` and `shards` list its ports) }
  * Returns { port, uri (for the proxy's upstream, with replicaSet=rs0 unless standalone),
  *           directUri (straight to the double, with credentials), pid, log(), stop() }.
  */
 async function startDouble(opts = {}) {
-  const rs = opts.standalone ? '' : '?replicaSet=rs0';
+  const rs = opts.standalone || opts.sharded ? '' : '?replicaSet=rs0';
   if (!opts.ulimit) {
     const shared = require('./double.js');
-    const d = await shared.startDouble({ auth: opts.auth, standalone: opts.standalone, args: opts.args });
+    const d = await shared.startDouble({ auth: opts.auth, standalone: opts.standalone, args: opts.args, sharded: opts.sharded });
+    // A cluster's URI is the seed list of its mongos routers (no replicaSet).
+    const hosts = opts.sharded ? d.mongos.map((p) => `127.0.0.1:${p}`).join(',') : `127.0.0.1:${d.port}`;
     return {
       kind: 'double',
       real: false,
       port: d.port,
       pid: d.pid,
-      uri: `mongodb://127.0.0.1:${d.port}/${rs}`,
+      mongos: d.mongos,
+      shards: d.shards,
+      uri: `mongodb://${hosts}/${rs}`,
       directUri: d.uri,
       log: () => d.stderr(),
       stop: () => d.stop(),

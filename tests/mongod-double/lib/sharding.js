@@ -250,6 +250,7 @@ class Mongos extends Server {
   }
 
   async runCommand(conn, body, db, name) {
+    if (name === 'shutdown') return this.shutdown(conn, db);
     if (LOCAL.has(name)) return super.runCommand(conn, body, db, name);
     if (!this.commands.has(name) && !ROUTED[name]) return err(59, `no such command: '${name}'`).toReply();
     const has = (f) => Object.prototype.hasOwnProperty.call(body, f);
@@ -311,6 +312,18 @@ class Mongos extends Server {
       if (rctx.txn && rctx.txn.coordinator) reply.recoveryToken = { recoveryShardId: rctx.txn.coordinator };
     }
     return reply;
+  }
+
+  // {shutdown: 1} on admin stops this router alone, as it stops a mongos process: it stops
+  // listening and drops every connection, the asking one without a reply (the shell and the
+  // drivers read that as success). The shards and the other routers go on, so a test can take
+  // one mongos of a seed list away; the cluster's routing state of open transactions stays.
+  shutdown(conn, db) {
+    if (db !== 'admin') return err(13, 'shutdown may only be run against the admin database.').toReply();
+    if (this.auth && !conn.user) return err(13, 'command shutdown requires authentication').toReply();
+    this.log('shutdown: this mongos stops; the cluster goes on');
+    setImmediate(() => this.stop());
+    return NO_REPLY;
   }
 
   // The cluster's routing state of the session's transaction (mongos's TransactionRouter).

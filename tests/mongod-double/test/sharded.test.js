@@ -727,3 +727,25 @@ test('a tailable find on an unsharded capped collection goes through the mongos:
     await one.close();
   }
 });
+
+test('shutdown on one mongos stops that router alone (no reply, no new connections); the shards and the other mongos go on, and the driver on the seed list goes on through it', async () => {
+  const own = await startSharded();
+  const seed = new MongoClient(own.uri(), { serverSelectionTimeoutMS: 5000 });
+  try {
+    await seed.connect();
+    await seed.db('sd').collection('c').insertOne({ _id: 1 });
+    const m = await rawConnect(own.mongos[1]);
+    assert.equal(num((await m.command({ shutdown: 1, $db: 'sd' })).code), 13);
+    const { msg } = require('./helpers').opMsg({ shutdown: 1, $db: 'admin' });
+    m.send(msg);
+    assert.equal(await m.next(), null, 'the connection closes without a reply');
+    await assert.rejects(rawConnect(own.mongos[1]), /ECONNREFUSED/);
+    for (let i = 2; i <= 5; i++) await seed.db('sd').collection('c').insertOne({ _id: i });
+    assert.equal(await seed.db('sd').collection('c').countDocuments(), 5);
+    const r = await raw(own.mongos[0], { count: 'c', $db: 'sd' });
+    assert.equal(num(r.n), 5);
+  } finally {
+    await seed.close();
+    assert.equal(await own.stop(), 0);
+  }
+});
