@@ -339,7 +339,7 @@ loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstrea
        !client_loop_enable_pool (t->clients, pool_share (cfg->pool_size, t->index, nloops), error))
       return false;
    /* Before the thread starts: the admin thread may post at once. */
-   operator_attach (t->index, t->clients, t->wake);
+   operator_attach (t->index, t->clients, t->wake, client_loop_operator);
    if (t->index > 0) {
       if (pthread_create (&t->thread, NULL, loop_thread_main, t) != 0) {
          bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_THREAD, "loop %u: cannot start its thread", t->index);
