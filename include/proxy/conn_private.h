@@ -29,7 +29,7 @@
 #include "codec/handshake.h"
 #include "codec/sasl.h"
 #include "proxy/conn.h"
-#include "proxy/pool.h"
+#include "proxy/pool_client.h"
 #include "proxy/side.h"
 
 struct event;
