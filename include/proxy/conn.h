@@ -117,10 +117,39 @@ client_loop_t *client_loop_new (struct event_base *base,
  * memory waiters resume only on room its own connections give back. */
 bool client_loop_set_wake (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
    __attribute__ ((warn_unused_result));
+/* Pooled mode's modules as the connection calls them.  Pool and login
+ * (proxy/pool.h, proxy/login.h) are built on the connection, so it cannot
+ * include them: proxy/loops.c, above both, fills one static table with
+ * their functions, each entry the function of its name, and gives it to
+ * client_loop_enable_pool.  Called only in pooled mode, so session mode's
+ * path makes no indirect call. */
+struct login;
+struct pool;
+struct pool_server;
+typedef struct {
+   struct pool *(*pool_new) (client_loop_t *loop, unsigned size, bson_error_t *error);
+   void (*pool_destroy) (struct pool *pool);
+   void (*pool_topology_changed) (struct pool *pool);
+   void (*pool_reconnect) (struct pool *pool);
+   const bson_t *(*pool_hello) (const struct pool *pool);
+   void (*pool_want_hello) (struct pool *pool);
+   const char *(*pool_last_error) (const struct pool *pool);
+   bool (*pool_wants_flush) (const client_conn_t *c);
+   void (*pool_settle) (client_conn_t *c);
+   void (*pool_client_closed) (client_conn_t *c);
+   void (*pool_server_lost) (client_conn_t *c, const char *detail);
+   const char *(*pool_server_name) (const struct pool_server *s);
+   bool (*login_deadline_start) (client_conn_t *c);
+   void (*login_deadline_stop) (client_conn_t *c);
+   void (*login_destroy) (struct login *login);
+   const char *(*login_user) (const client_conn_t *c);
+} client_pooled_ops_t;
+
 /* Pooled mode ([proxy] pool_mode = pooled): the loop's clients share a pool
- * of `size` upstream connections (proxy/pool.h) instead of each pairing
- * with its own.  Once, before the first client. */
-bool client_loop_enable_pool (client_loop_t *loop, unsigned size, bson_error_t *error)
+ * of `size` upstream connections (ops->pool_new, proxy/pool.h) instead of
+ * each pairing with its own.  Once, before the first client; `ops`
+ * (every entry set) is borrowed for the loop's life. */
+bool client_loop_enable_pool (client_loop_t *loop, const client_pooled_ops_t *ops, unsigned size, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 /* Swaps the snapshot used for new connections (reload). Retains `cfg`. */
 void client_loop_set_config (client_loop_t *loop, config_t *cfg);

@@ -15,6 +15,12 @@
  * proxy/login.c (the login at the proxy) and proxy/owners.c (whose
  * cursors and sessions they are).  Every other module uses proxy/conn.h
  * only.
+ *
+ * The connection is the bottom of the proxy's modules that act on it:
+ * login, owners and pool are built on it and pump on all of them, so this
+ * header includes none of theirs (the pooled part of a connection is the
+ * plain data of proxy/pool_client.h) and proxy/conn.c reaches pool and
+ * login only through the table they install (client_pooled_ops_t).
  */
 #ifndef RELAYBUS_CLIENT_PRIVATE_H
 #define RELAYBUS_CLIENT_PRIVATE_H
@@ -29,7 +35,7 @@
 #include "codec/handshake.h"
 #include "codec/sasl.h"
 #include "proxy/conn.h"
-#include "proxy/pool.h"
+#include "proxy/pool_client.h"
 #include "proxy/side.h"
 
 struct event;
@@ -220,6 +226,7 @@ struct client_loop {
    int64_t mem_last_log_ms;
    uint64_t mem_episode_pauses;
    struct pool *pool; /* pooled mode: this loop's upstream connections; NULL in session mode */
+   const client_pooled_ops_t *pooled; /* pooled mode: how to reach pool and login; NULL in session mode */
 };
 
 /* ------------------------------------------------------------ buffers */

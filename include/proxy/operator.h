@@ -39,9 +39,14 @@
 #include <bson/bson.h>
 
 #include "base/errors.h"
-#include "proxy/conn.h"
-
+struct client_loop;
 struct loopwake;
+
+/* What a loop does with the operator's commands posted to it, on that loop
+ * (proxy/conn.h's client_loop_operator, installed by proxy/loops.c): this
+ * module sits below the connections, so it carries their commands without
+ * calling into them. */
+typedef void (*operator_apply_fn) (struct client_loop *loop, const uint64_t *ids, unsigned n_ids, bool reconnect, bool resume);
 
 /* Errors of operator_close_client (OPERATOR_ERROR_DOMAIN). */
 typedef enum {
@@ -72,9 +77,10 @@ operator_generation (void)
    return atomic_load_explicit (&operator_reconnect_gen, memory_order_acquire);
 }
 
-/* Main thread: loop `index` takes the operator's posts through `wake`
- * (borrowed) onto `loop` (borrowed) until operator_detach. */
-void operator_attach (unsigned index, client_loop_t *loop, struct loopwake *wake);
+/* Main thread: loop `index` (below CONFIG_THREADS_MAX) takes the
+ * operator's posts through `wake` (borrowed) onto `loop` (borrowed), each
+ * handed to `apply` there, until operator_detach. */
+void operator_attach (unsigned index, struct client_loop *loop, struct loopwake *wake, operator_apply_fn apply);
 /* Main thread, once the loop stopped turning: posts still queued to it
  * find nothing to do. */
 void operator_detach (unsigned index);

@@ -64,54 +64,10 @@
 
 #include "codec/wire.h"
 #include "proxy/conn.h"
+#include "proxy/pool_client.h"
 
 typedef struct pool pool_t;
 typedef struct pool_server pool_server_t;
-
-/* A client connection's part in pooled mode (client_conn_t.pool).  Only
- * proxy/pool.c writes it; proxy/conn.c and proxy/pump.c read it through
- * the inline functions below.  Its state moves IDLE -> WAITING (in the
- * pool's FIFO, its request unread) -> IDLE (given a connection, or its
- * wait ran out) -> HANDED (listed for a pump on the pool's hand-off
- * event) -> IDLE, each move checked (pool.c's client_pool_set_state).
- * `refusal` says how the request at the front is answered without a
- * connection, until it is. */
-typedef enum {
-   POOL_CLIENT_IDLE = 0,
-   POOL_CLIENT_WAITING,
-   POOL_CLIENT_HANDED,
-} pool_client_state_t;
-
-typedef enum {
-   POOL_REFUSAL_NONE = 0,
-   POOL_REFUSAL_TIMED_OUT, /* its wait ran out: a retryable ExceededTimeLimit */
-   POOL_REFUSAL_OVER_PINS, /* its user pins pool_max_pins_per_user: answered as a wait that ran out */
-} pool_refusal_t;
-
-typedef struct pool_client {
-   pool_client_state_t state;
-   pool_refusal_t refusal;
-   bool txn_ending; /* a commit or abort was routed: the pin ends once it is answered */
-   int64_t wait_since_ms;
-   client_conn_t *wait_prev, *wait_next; /* the pool's FIFO, while WAITING */
-   client_conn_t *handed_next;           /* the hand-off list, while HANDED */
-} pool_client_t;
-
-/* Neither waiting for a connection nor about to be pumped for one: the
- * client may be read (proxy/conn.c). */
-static inline bool
-pool_client_idle (const pool_client_t *pc)
-{
-   return pc->state == POOL_CLIENT_IDLE;
-}
-
-/* Its wait ran out: the request at the front is answered with a
- * retryable error, not admitted again (proxy/pump.c). */
-static inline bool
-pool_client_timed_out (const pool_client_t *pc)
-{
-   return pc->refusal == POOL_REFUSAL_TIMED_OUT;
-}
 
 /* How long a transaction's pin may hold an idle connection: mongod's
  * default transactionLifetimeLimitSeconds, after which the server has

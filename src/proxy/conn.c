@@ -48,9 +48,7 @@
 #include "base/loopwake.h"
 #include "proxy/clients.h"
 #include "proxy/conn_private.h"
-#include "proxy/login.h"
 #include "proxy/operator.h"
-#include "proxy/pool.h"
 #include "proxy/side.h"
 
 /* "await_upstream", "handshake", ... */
@@ -196,7 +194,7 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
     * client leaves the pool's wait list.  Before CLOSING: detaching
     * counts its buffers out of this connection's memory. */
    if (c->loop->pool)
-      pool_client_closed (c);
+      c->loop->pooled->pool_client_closed (c);
    client_set_state (c, CLIENT_STATE_CLOSING);
    mem_release_all (c);
 
@@ -207,7 +205,8 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
    side_close (&c->client);
    proxy_event_free (c->timer);
    c->timer = NULL;
-   login_deadline_stop (c);
+   if (c->login) /* made by proxy/login.c: pooled mode only */
+      c->loop->pooled->login_deadline_stop (c);
 
    /* Internal requests learn that no reply will come (their owners free
     * their context).  They may not send anything: the state is CLOSING. */
@@ -247,7 +246,8 @@ client_free (client_conn_t *c)
 {
    if (c->data_destroy)
       c->data_destroy (c->data);
-   login_destroy (c->login);
+   if (c->login)
+      c->loop->pooled->login_destroy (c->login);
    bson_free (c->sasl);
    proxy_evbuffer_free (c->scratch);
    proxy_evbuffer_free (c->tmp);
@@ -352,7 +352,7 @@ client_update_flow (client_conn_t *c)
       side_set_reading (c->up, !client_full && mem_may_read (c, c->up));
       /* Pooled: a connection that holds only moreToCome requests goes back
        * once they are written, so its drain is wanted then too. */
-      side_want_drained (c->up, up_full || (c->server && pool_wants_flush (c)));
+      side_want_drained (c->up, up_full || (c->server && c->loop->pooled->pool_wants_flush (c)));
    }
    /* Pooled mode reads requests without a connection (hellos, logins and
     * whatever waits for one in the input), but not while it waits. */
@@ -375,7 +375,7 @@ pump_end (client_conn_t *c)
       /* Pooled: a lent connection with nothing in flight and no pin goes
        * back to the pool. */
       if (c->server)
-         pool_settle (c);
+         c->loop->pooled->pool_settle (c);
       client_settle (c);
    }
 }
@@ -564,7 +564,7 @@ const char *
 client_upstream_name (const client_conn_t *c)
 {
    if (c->server)
-      return pool_server_name (c->server);
+      return c->loop->pooled->pool_server_name (c->server);
    return c->upstream_name ? c->upstream_name : "(no upstream)";
 }
 
@@ -638,7 +638,7 @@ conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
    if (c->server) {
       /* A pooled connection lent to this client failed: the pool closes it.
        * The client closes only if it waits for something on it. */
-      pool_server_lost (c, ev == SIDE_EVENT_EOF ? "upstream closed the connection" : detail);
+      c->loop->pooled->pool_server_lost (c, ev == SIDE_EVENT_EOF ? "upstream closed the connection" : detail);
       return;
    }
    switch (ev) {
@@ -733,7 +733,7 @@ client_timer_cb (evutil_socket_t fd, short what, void *arg)
                             "no pooled upstream connection could open within upstream_connect_timeout_ms=%" PRId64
                             " (%s)",
                             c->cfg->upstream_connect_timeout_ms,
-                            pool_last_error (c->loop->pool));
+                            c->loop->pooled->pool_last_error (c->loop->pool));
       } else if (!side_is_open (&c->upstream)) {
          topology_primary_t p;
          topology_get_primary (c->loop->topo, &p);
@@ -868,14 +868,14 @@ client_accept (client_loop_t *loop,
       /* Pooled: no connection of its own.  Its hello is answered from what
        * the pool learned of the upstream; until the pool has learned it,
        * the client waits (pool_hello_learned moves it on). */
-      if (!login_deadline_start (c)) {
+      if (!loop->pooled->login_deadline_start (c)) {
          client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory for the login deadline");
          return true;
       }
-      if (pool_hello (loop->pool))
+      if (loop->pooled->pool_hello (loop->pool))
          client_set_state (c, CLIENT_STATE_HANDSHAKE);
       else
-         pool_want_hello (loop->pool);
+         loop->pooled->pool_want_hello (loop->pool);
       return true;
    }
    c->up = &c->upstream;
@@ -961,7 +961,7 @@ client_loop_operator (client_loop_t *loop, const uint64_t *ids, unsigned n_ids, 
    }
    if (reconnect) {
       if (loop->pool) {
-         pool_reconnect (loop->pool);
+         loop->pooled->pool_reconnect (loop->pool);
       } else {
          for (c = loop->clients; c; c = next) {
             next = c->next;
@@ -1028,10 +1028,13 @@ client_loop_set_wake (client_loop_t *loop, loopwake_t *wake, bson_error_t *error
 }
 
 bool
-client_loop_enable_pool (client_loop_t *loop, unsigned size, bson_error_t *error)
+client_loop_enable_pool (client_loop_t *loop, const client_pooled_ops_t *ops, unsigned size, bson_error_t *error)
 {
    RELAYBUS_ASSERT (!loop->pool && !loop->clients);
-   loop->pool = pool_new (loop, size, error);
+   loop->pooled = ops;
+   loop->pool = ops->pool_new (loop, size, error);
+   if (!loop->pool)
+      loop->pooled = NULL;
    return loop->pool != NULL;
 }
 
@@ -1051,7 +1054,7 @@ client_loop_topology_changed (client_loop_t *loop)
    client_conn_t *c, *next;
 
    if (loop->pool) {
-      pool_topology_changed (loop->pool);
+      loop->pooled->pool_topology_changed (loop->pool);
       return;
    }
    for (c = loop->clients; c; c = next) {
@@ -1069,7 +1072,8 @@ client_loop_destroy (client_loop_t *loop)
    loop->on_empty = NULL;
    while (loop->clients)
       client_disconnect (loop->clients, COUNTERS_CLOSE_SHUTDOWN, "proxy stopping");
-   pool_destroy (loop->pool);
+   if (loop->pool)
+      loop->pooled->pool_destroy (loop->pool);
    loop->pool = NULL;
    /* No other loop posts to this one from here on; a resume already
     * queued finds the slot empty. */
@@ -1119,7 +1123,7 @@ client_user (const client_conn_t *c, const char **db)
 {
    *db = NULL;
    if (c->loop->pool)
-      return login_user (c);
+      return c->loop->pooled->login_user (c);
    if (!c->sasl || !c->sasl->user[0])
       return NULL;
    *db = c->sasl->db;

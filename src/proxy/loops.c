@@ -31,6 +31,7 @@
 #include "base/heartbeat.h"
 #include "base/log.h"
 #include "base/loopwake.h"
+#include "proxy/login.h"
 #include "proxy/operator.h"
 #include "proxy/pool.h"
 #include "proxy/side.h"
@@ -291,6 +292,29 @@ loops_heartbeat_cb (evutil_socket_t fd, short what, void *arg)
    }
 }
 
+/* ------------------------------------------------------------ pooled mode */
+
+/* What a pooled loop's connections call of pool and login (proxy/conn.h):
+ * the modules built on the connection, installed from here, above them. */
+static const client_pooled_ops_t loops_pooled_ops = {
+   .pool_new = pool_new,
+   .pool_destroy = pool_destroy,
+   .pool_topology_changed = pool_topology_changed,
+   .pool_reconnect = pool_reconnect,
+   .pool_hello = pool_hello,
+   .pool_want_hello = pool_want_hello,
+   .pool_last_error = pool_last_error,
+   .pool_wants_flush = pool_wants_flush,
+   .pool_settle = pool_settle,
+   .pool_client_closed = pool_client_closed,
+   .pool_server_lost = pool_server_lost,
+   .pool_server_name = pool_server_name,
+   .login_deadline_start = login_deadline_start,
+   .login_deadline_stop = login_deadline_stop,
+   .login_destroy = login_destroy,
+   .login_user = login_user,
+};
+
 /* ------------------------------------------------------------ threads */
 
 static void *
@@ -336,10 +360,10 @@ loop_init (loops_t *l, loop_t *t, unsigned nloops, topology_t *topo, tls_upstrea
    /* Pooled mode: each loop lends connections of its own, with a share of
     * pool_size it keeps under contention and the rest shared (proxy/pool.h). */
    if (cfg->pool_mode_id == CONFIG_POOL_POOLED &&
-       !client_loop_enable_pool (t->clients, pool_share (cfg->pool_size, t->index, nloops), error))
+       !client_loop_enable_pool (t->clients, &loops_pooled_ops, pool_share (cfg->pool_size, t->index, nloops), error))
       return false;
    /* Before the thread starts: the admin thread may post at once. */
-   operator_attach (t->index, t->clients, t->wake);
+   operator_attach (t->index, t->clients, t->wake, client_loop_operator);
    if (t->index > 0) {
       if (pthread_create (&t->thread, NULL, loop_thread_main, t) != 0) {
          bson_set_error (error, LOOPS_ERROR_DOMAIN, LOOPS_ERR_THREAD, "loop %u: cannot start its thread", t->index);

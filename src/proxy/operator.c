@@ -6,12 +6,14 @@
  * its loop goes finds the slot detached and does nothing.  The admin
  * thread fills a slot under its mutex and posts operator_loop_cb once
  * until the loop ran it; the loop takes everything under the mutex and
- * acts without it (proxy/conn.c, client_loop_operator).
+ * acts without it, through the `apply` its loop was attached with
+ * (proxy/conn.c's client_loop_operator).
  */
 #include "proxy/operator.h"
 
 #include <pthread.h>
 
+#include "base/config.h"
 #include "base/counters.h"
 #include "base/loopwake.h"
 
@@ -21,7 +23,8 @@
 
 typedef struct {
    pthread_mutex_t mu;
-   client_loop_t *loop; /* NULL: detached */
+   struct client_loop *loop; /* NULL: detached */
+   operator_apply_fn apply;
    loopwake_t *wake;
    unsigned pending; /* OPERATOR_* bits */
    uint64_t close_ids[OPERATOR_CLOSE_MAX];
@@ -32,13 +35,13 @@ typedef struct {
 atomic_bool operator_pause_flag;
 atomic_uint_fast64_t operator_reconnect_gen;
 
-static operator_slot_t slots[CLIENT_LOOPS_MAX];
+static operator_slot_t slots[CONFIG_THREADS_MAX];
 static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
 
 static void
 slots_init (void)
 {
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++)
+   for (unsigned i = 0; i < CONFIG_THREADS_MAX; i++)
       pthread_mutex_init (&slots[i].mu, NULL);
 }
 
@@ -49,11 +52,13 @@ operator_loop_cb (void *arg)
    operator_slot_t *slot = arg;
    uint64_t ids[OPERATOR_CLOSE_MAX];
    unsigned n, pending;
-   client_loop_t *loop;
+   struct client_loop *loop;
+   operator_apply_fn apply;
 
    pthread_mutex_lock (&slot->mu);
    slot->posted = false;
    loop = slot->loop;
+   apply = slot->apply;
    pending = slot->pending;
    n = slot->n_close;
    for (unsigned i = 0; i < n; i++)
@@ -64,7 +69,7 @@ operator_loop_cb (void *arg)
    /* Detached: the loop is gone; its connections were closed with it. */
    if (!loop)
       return;
-   client_loop_operator (loop, ids, n, (pending & OPERATOR_RECONNECT) != 0, (pending & OPERATOR_RESUME) != 0);
+   apply (loop, ids, n, (pending & OPERATOR_RECONNECT) != 0, (pending & OPERATOR_RESUME) != 0);
 }
 
 /* With slot->mu held: makes sure an operator_loop_cb is queued; false
@@ -83,7 +88,7 @@ static void
 notify_all (unsigned bits)
 {
    pthread_once (&slots_once, slots_init);
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+   for (unsigned i = 0; i < CONFIG_THREADS_MAX; i++) {
       operator_slot_t *slot = &slots[i];
       pthread_mutex_lock (&slot->mu);
       if (slot->loop) {
@@ -95,12 +100,13 @@ notify_all (unsigned bits)
 }
 
 void
-operator_attach (unsigned index, client_loop_t *loop, loopwake_t *wake)
+operator_attach (unsigned index, struct client_loop *loop, loopwake_t *wake, operator_apply_fn apply)
 {
-   RELAYBUS_ASSERT (index < CLIENT_LOOPS_MAX);
+   RELAYBUS_ASSERT (index < CONFIG_THREADS_MAX);
    pthread_once (&slots_once, slots_init);
    pthread_mutex_lock (&slots[index].mu);
    slots[index].loop = loop;
+   slots[index].apply = apply;
    slots[index].wake = wake;
    slots[index].pending = 0;
    slots[index].n_close = 0;
@@ -111,7 +117,7 @@ operator_attach (unsigned index, client_loop_t *loop, loopwake_t *wake)
 void
 operator_detach (unsigned index)
 {
-   RELAYBUS_ASSERT (index < CLIENT_LOOPS_MAX);
+   RELAYBUS_ASSERT (index < CONFIG_THREADS_MAX);
    pthread_once (&slots_once, slots_init);
    pthread_mutex_lock (&slots[index].mu);
    slots[index].loop = NULL;
@@ -156,7 +162,7 @@ operator_close_client (uint64_t id, unsigned loop, bson_error_t *error)
    bool ok = false;
 
    pthread_once (&slots_once, slots_init);
-   if (loop >= CLIENT_LOOPS_MAX) {
+   if (loop >= CONFIG_THREADS_MAX) {
       bson_set_error (error, OPERATOR_ERROR_DOMAIN, OPERATOR_ERR_NO_LOOP, "no forwarding loop %u", loop);
       return false;
    }
@@ -205,7 +211,7 @@ operator_kick (void)
    bool all = true;
 
    pthread_once (&slots_once, slots_init);
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
+   for (unsigned i = 0; i < CONFIG_THREADS_MAX; i++) {
       operator_slot_t *slot = &slots[i];
       pthread_mutex_lock (&slot->mu);
       if (slot->loop && (slot->pending || slot->n_close > 0) && !slot_post_locked (slot))
