@@ -232,7 +232,8 @@ typedef enum {
    X (HELLOS_REWRITTEN, "relaybus_hellos_total", COUNTER, NONE, "Handshake hellos answered (rewritten) by the proxy.") \
    X (NOT_PRIMARY_ERRORS, "relaybus_not_primary_errors_total", COUNTER, NONE, "Not-primary class errors relayed.")    \
    X (UPSTREAM_REPAIRS, "relaybus_upstream_repairs_total", COUNTER, NONE,                                              \
-      "Client connections paired again with the primary after a not-primary error, without closing them.")           \
+      "Client connections paired again without closing them: after a not-primary error, or after their mongos went "  \
+      "away while they were idle.")                                                                                   \
    X (PRIMARY_CHANGES, "relaybus_primary_changes_total", COUNTER, NONE, "Times the primary changed.")                 \
    X (INTERNAL_REQUESTS, "relaybus_internal_requests_total", COUNTER, NONE,                                            \
       "Requests the proxy sent upstream on its own.")                                                                 \

@@ -337,6 +337,10 @@ void client_set_state (client_conn_t *c, client_state_t next);
 /* proxy/conn.c: in DRAINING, closes the connection once nothing is in flight
  * and its output is written. */
 void client_check_drained (client_conn_t *c);
+/* proxy/conn.c: the paired member stepped down or went away (upstream_name
+ * is "host:port"): no new pairing goes there until the topology publishes
+ * a member again (topology_suspect). */
+void client_suspect_upstream (client_conn_t *c);
 /* proxy/conn.c: something was queued on an output.  Inside a pump (the request
  * hook, an internal reply's callback) the pump's end writes it with the
  * rest; outside one (a call from any other loop callback) it is written

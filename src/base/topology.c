@@ -39,6 +39,9 @@
 #define TOPOLOGY_RETRY_MIN_MS 250
 #define TOPOLOGY_RETRY_MAX_MS 5000
 #define TOPOLOGY_HEARTBEAT_MS 1000
+/* Quick looks (at the retry backoff: 250, 500, 1000, 2000 ms) after an
+ * asked-for look that changed nothing (topology_t.rechecks). */
+#define TOPOLOGY_RECHECKS 4
 
 /* Owned by the loop thread that created it; the monitor only touches the
  * fields under `mutex` and the pool (monitor-only after start). */
@@ -56,6 +59,14 @@ struct topology {
    pthread_cond_t cond;     /* monitor waits on it; start-up waits on it too */
    bool stop;               /* under mutex */
    bool refresh;            /* under mutex: the loop asked for a fresh look */
+   /* Monitor thread only: quick looks left after an asked-for look that
+    * found the same member.  A loop asks when a connection to the member
+    * was lost, often in the same instant as mongoc's own monitor learns
+    * it: a mongos that went away is still listed as one (and kept, see
+    * topology_keep_mongos) until that monitor's next check, and the
+    * connections waiting for another one would wait out
+    * TOPOLOGY_PERIOD_MS. */
+   int rechecks;
    bool first_done;         /* under mutex: first attempt finished */
    bool suspect;            /* under mutex: a primary is published only once its hello says writable */
    topology_primary_t snap; /* under mutex */
@@ -316,6 +327,8 @@ topology_thread (void *arg)
       topology_primary_t next;
       bool changed, confirm, confirmed = false;
 
+      if (topo->refresh)
+         topo->rechecks = TOPOLOGY_RECHECKS;
       topo->refresh = false;
       next = topo->snap;
       confirm = topo->suspect;
@@ -360,7 +373,11 @@ topology_thread (void *arg)
       if (!topo->stop && !topo->refresh) {
          struct timespec ts;
          int64_t wait_ms = TOPOLOGY_PERIOD_MS;
-         if (next.state != TOPOLOGY_STATE_PRIMARY) {
+         if (changed)
+            topo->rechecks = 0;
+         if (next.state != TOPOLOGY_STATE_PRIMARY || topo->rechecks > 0) {
+            if (topo->rechecks > 0)
+               topo->rechecks--;
             wait_ms = retry_ms;
             retry_ms = retry_ms * 2 > TOPOLOGY_RETRY_MAX_MS ? TOPOLOGY_RETRY_MAX_MS : retry_ms * 2;
          } else {

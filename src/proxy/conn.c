@@ -36,6 +36,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
@@ -408,19 +409,68 @@ client_pump (client_conn_t *c)
  * it is writable), then goes on where it was, READY, its next requests
  * unread meanwhile.  The driver sees no close: the request it retries
  * after the error, and every later one, reaches the new primary. */
-static void
-client_repair (client_conn_t *c, bool reconnect)
+/* Whether the topology's published primary is still the member this
+ * connection was paired with (upstream_name, "host:port"). */
+static bool
+client_topology_names_upstream (const client_conn_t *c)
 {
-   if (reconnect) {
+   topology_primary_t p;
+   char name[TOPOLOGY_HOST_MAX + 8];
+
+   topology_get_primary (c->loop->topo, &p);
+   if (p.state != TOPOLOGY_STATE_PRIMARY || !c->upstream_name)
+      return false;
+   bson_snprintf (name, sizeof name, "%s:%u", p.host, (unsigned) p.port);
+   return strcmp (name, c->upstream_name) == 0;
+}
+
+void
+client_suspect_upstream (client_conn_t *c)
+{
+   const char *name = client_upstream_name (c);
+   const char *colon = strrchr (name, ':');
+   char host[TOPOLOGY_HOST_MAX];
+   size_t n;
+
+   if (!colon || (n = (size_t) (colon - name)) >= sizeof host) {
+      topology_request_refresh (c->loop->topo, "not-primary error relayed");
+      return;
+   }
+   memcpy (host, name, n);
+   host[n] = '\0';
+   topology_suspect (c->loop->topo, host, (uint16_t) strtoul (colon + 1, NULL, 10));
+}
+
+typedef enum {
+   CLIENT_REPAIR_NOT_PRIMARY, /* its member answered not primary */
+   CLIENT_REPAIR_RECONNECT,   /* POST /api/reconnect */
+   CLIENT_REPAIR_MONGOS_LOST, /* its mongos went away (client_repair_after_loss) */
+} client_repair_why_t;
+
+static void
+client_repair (client_conn_t *c, client_repair_why_t why)
+{
+   switch (why) {
+   case CLIENT_REPAIR_RECONNECT:
       log_conn (LOG_LEVEL_INFO, c->id, c->peer, "replacing its connection to %s (POST /api/reconnect)", c->upstream_name);
       counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
-   } else {
+      break;
+   case CLIENT_REPAIR_NOT_PRIMARY:
       log_conn (LOG_LEVEL_INFO,
                 c->id,
                 c->peer,
                 "%s answered not primary: pairing this connection again once a primary is known",
                 c->upstream_name);
       counters_add (COUNTER_UPSTREAM_REPAIRS, 1);
+      break;
+   case CLIENT_REPAIR_MONGOS_LOST:
+      log_conn (LOG_LEVEL_INFO,
+                c->id,
+                c->peer,
+                "mongos %s went away while this connection was idle: pairing it with another mongos",
+                c->upstream_name);
+      counters_add (COUNTER_UPSTREAM_REPAIRS, 1);
+      break;
    }
    mem_release_side (c, &c->upstream);
    if (c->upstream.connected)
@@ -429,7 +479,45 @@ client_repair (client_conn_t *c, bool reconnect)
    c->not_primary_seen = false;
    c->repairing = true;
    client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
+   if (why == CLIENT_REPAIR_MONGOS_LOST && client_topology_names_upstream (c)) {
+      /* The monitor has not seen the mongos go yet: pairing now would
+       * go back to it.  The next published one is tried
+       * (client_loop_topology_changed), within upstream_connect_timeout_ms. */
+      c->waiting_primary = true;
+      return;
+   }
    client_try_connect (c);
+}
+
+/* A mongos the connection was paired with went away (EOF or a reset).  A
+ * driver keeps idle connections, its monitor's among them, and may send on
+ * one in the same instant as it learns of the loss from another: the
+ * Node.js driver's monitor, woken by the failed operation, then sends its
+ * hello on the monitoring connection that has just been closed and waits
+ * for that reply until connectTimeoutMS, its pool paused meanwhile, so the
+ * client stalls although another mongos is there.  A connection with
+ * nothing in flight and nothing of its upstream connection's (no login,
+ * exhaust or moreToCome: session_bound) is therefore paired with another
+ * mongos instead of being closed, as after a not-primary error, and the
+ * driver sees nothing.  What a mongos held for the connection's lsids
+ * (an open transaction, cursors) is the cluster's or is gone either way:
+ * the next statement gets the server's answer (NoSuchTransaction,
+ * CursorNotFound) instead of a network error.  Replica sets keep closing:
+ * their next primary may be seconds away, and a driver waiting for a hello
+ * meanwhile would see neither a reply nor an error.  True when repaired. */
+static bool
+client_repair_after_loss (client_conn_t *c)
+{
+   topology_primary_t p;
+
+   if (c->loop->pool || c->state != CLIENT_STATE_READY || c->session_bound || c->not_primary_seen ||
+       creq_count (c) > 0 || c->up_count > 0 || c->job || c->pumping > 0)
+      return false;
+   topology_get_primary (c->loop->topo, &p);
+   if (strcmp (p.server_type, "Mongos") != 0)
+      return false;
+   client_repair (c, CLIENT_REPAIR_MONGOS_LOST);
+   return true;
 }
 
 /* Session mode: whether the connection's upstream is older than the last
@@ -450,7 +538,7 @@ static void
 client_reconnect (client_conn_t *c)
 {
    if (!c->session_bound) {
-      client_repair (c, true);
+      client_repair (c, CLIENT_REPAIR_RECONNECT);
       return;
    }
    counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
@@ -489,7 +577,7 @@ upstream_pump (client_conn_t *c)
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
    if (c->not_primary_seen && c->state == CLIENT_STATE_READY && creq_count (c) == 0 && c->up_count == 0) {
-      client_repair (c, false);
+      client_repair (c, CLIENT_REPAIR_NOT_PRIMARY);
       goto done;
    }
    if (client_reconnect_due (c)) {
@@ -674,6 +762,8 @@ conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
    case SIDE_EVENT_ERROR:
       /* A primary that goes away is often a failover in progress. */
       topology_request_refresh (c->loop->topo, "upstream connection lost");
+      if (client_repair_after_loss (c))
+         break;
       client_disconnect (c,
                          ev == SIDE_EVENT_EOF ? COUNTERS_CLOSE_UPSTREAM_EOF : COUNTERS_CLOSE_UPSTREAM_ERROR,
                          "upstream %s: %s (%u requests in flight)",

@@ -799,26 +799,6 @@ done:
 }
 #endif
 
-/* A not-primary error came from the paired member (upstream_name is
- * "host:port"): no new pairing goes there until a member says it is
- * writable. */
-static void
-suspect_upstream (client_conn_t *c)
-{
-   const char *name = client_upstream_name (c);
-   const char *colon = strrchr (name, ':');
-   char host[TOPOLOGY_HOST_MAX];
-   size_t n;
-
-   if (!colon || (n = (size_t) (colon - name)) >= sizeof host) {
-      topology_request_refresh (c->loop->topo, "not-primary error relayed");
-      return;
-   }
-   memcpy (host, name, n);
-   host[n] = '\0';
-   topology_suspect (c->loop->topo, host, (uint16_t) strtoul (colon + 1, NULL, 10));
-}
-
 /* The routing decision for one parsed OP_MSG.  This is where injection
  * (annotated statements) and virtual commands hook in: either may hold the
  * request (client_hold_request), send its own traffic
@@ -1601,7 +1581,7 @@ reply_not_primary (client_conn_t *c)
 {
    counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
    log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", client_upstream_name (c));
-   suspect_upstream (c);
+   client_suspect_upstream (c);
    if (c->server)
       pool_server_not_primary (c); /* closed once it comes back */
    else
