@@ -203,52 +203,63 @@ test('the same with the publishing proxy\'s clock ahead of the server\'s', { tim
     await scenario(t, { skew: SKEW });
   });
 
+// A handler `late` declared while a transaction is open, which commits `commitAfterMs` after
+// the declaration: its event must reach `late` once. The server's transactions live
+// `serverLifetime` seconds, [outbox] transaction_lifetime is `keyLifetime`. Returns `late`'s
+// proxy (stopped) for its log; afterId, when given, is published once P has read `late`.
+async function lateHandlerScenario(t, { serverLifetime, keyLifetime, commitAfterMs, id, dbPrefix, afterId }) {
+  const up = await startUpstream({ requireDouble: true, args: ['--txn-lifetime', String(serverLifetime)] });
+  t.after(() => up.stop());
+  const got = { '/base': [], '/late': [] };
+  const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
+  t.after(() => sink.close());
+  const db = uniqueDbName(dbPrefix);
+  const outbox = { database: db, handler_heartbeat: '300ms', transaction_lifetime: keyLifetime };
+  const dispatch = { poll_interval_ms: 100 };
+  const d = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
+    handlers: [{ name: 'base', kind: 'webhook', events: 'order.*', url: sink.url('/base') }] });
+  t.after(() => d.kill());
+  const p = await startPublisher(up, db, undefined, undefined, outbox);
+  const viaP = await connect(p);
+  t.after(() => viaP.close());
+  const declares = (name) => async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === name));
+  await waitFor(declares('base'), 20000, 'P to read base');
+  // One publish first: it creates `items`, which a transaction would hold until its commit.
+  await publishThroughProxy(viaP, 'app', [{ id: 'before-0', type: 'order.placed', key: 'k-before', payload: {} }]);
+  // Opened before `late` exists, committed commitAfterMs after its first declaration (the
+  // proxy declares it before it listens), nothing between.
+  const session = viaP.startSession();
+  session.startTransaction();
+  await viaP.db('app').collection('items').insertOne({ _id: id },
+    { session, comment: { relaybus: { type: 'order.placed', id, key: 'k-long', payload: {} } } });
+  const a = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
+    handlers: [{ name: 'late', kind: 'webhook', events: 'order.placed', url: sink.url('/late') }] });
+  t.after(() => a.kill());
+  await sleep(commitAfterMs);
+  await session.commitTransaction();
+  await session.endSession();
+  const want = [id];
+  if (afterId) {
+    await waitFor(declares('late'), 20000, 'P to read late');
+    await publishThroughProxy(viaP, 'app', [{ id: afterId, type: 'order.placed', key: 'k-after', payload: {} }]);
+    want.push(afterId);
+  }
+  await waitFor(async () => want.every((w) => got['/late'].includes(w)), 30000, `${want.join(' and ')} at late`);
+  for (const w of want) assert.equal(got['/late'].filter((x) => x === w).length, 1, `${w} once`);
+  await viaP.close();
+  assert.equal((await a.stop()).code, 0);
+  assert.equal((await d.stop()).code, 0);
+  return a;
+}
+
 test('an event of a transaction open across a handler\'s first declaration gets its delivery', { timeout: 90000 },
   async (t) => {
     const skip = H.doubleOnlySkipReason('a server whose transactions live 4 s (the backfill window covers the server\'s limit)');
     if (skip) return t.skip(skip);
-    // The server's limit is the key's (4 s): the window covers the larger of the two.
-    const up = await startUpstream({ requireDouble: true, args: ['--txn-lifetime', '4'] });
-    t.after(() => up.stop());
-    const got = { '/base': [], '/late': [] };
-    const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
-    t.after(() => sink.close());
-    const db = uniqueDbName('fleet_late');
-    // A liveness bound of 0.9 s, the old backfill window; transactions live up to 4 s here.
-    const outbox = { database: db, handler_heartbeat: '300ms', transaction_lifetime: '4s' };
-    const dispatch = { poll_interval_ms: 100 };
-    const d = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
-      handlers: [{ name: 'base', kind: 'webhook', events: 'order.*', url: sink.url('/base') }] });
-    t.after(() => d.kill());
-    const p = await startPublisher(up, db, undefined, undefined, outbox);
-    const viaP = await connect(p);
-    t.after(() => viaP.close());
-    await waitFor(async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === 'base')), 20000,
-      'P to read base');
-    // One publish first: it creates `items`, which a transaction would hold until its commit.
-    await publishThroughProxy(viaP, 'app', [{ id: 'before-0', type: 'order.placed', key: 'k-before', payload: {} }]);
-    // Opened before `late` exists, committed 2.5 s after its first declaration.
-    const session = viaP.startSession();
-    session.startTransaction();
-    await viaP.db('app').collection('items').insertOne({ _id: 'long-0' },
-      { session, comment: { relaybus: { type: 'order.placed', id: 'long-0', key: 'k-long', payload: {} } } });
-    const a = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
-      handlers: [{ name: 'late', kind: 'webhook', events: 'order.placed', url: sink.url('/late') }] });
-    t.after(() => a.kill());
-    // A declared `late` before it listened: the commit comes 2.5 s after that, nothing between.
-    await sleep(2500);
-    await session.commitTransaction();
-    await session.endSession();
-    await waitFor(async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === 'late')), 20000,
-      'P to read late');
-    await publishThroughProxy(viaP, 'app', [{ id: 'after-0', type: 'order.placed', key: 'k-after', payload: {} }]);
-    await waitFor(async () => ['long-0', 'after-0'].every((id) => got['/late'].includes(id)), 30000,
-      'both events at late');
-    assert.deepEqual(got['/late'].filter((id) => id === 'long-0' || id === 'after-0').length, 2, 'each once');
+    // The server's limit is the key's (4 s); a liveness bound of 0.9 s was the old window.
+    const a = await lateHandlerScenario(t, { serverLifetime: 4, keyLifetime: '4s', commitAfterMs: 2500,
+      id: 'long-0', dbPrefix: 'fleet_late', afterId: 'after-0' });
     assert.match(a.log(), /handler late is new to the fleet/);
-    await viaP.close();
-    assert.equal((await a.stop()).code, 0);
-    assert.equal((await d.stop()).code, 0);
   });
 
 test('the backfill window covers the server\'s transaction lifetime when it is longer than the key\'s', { timeout: 90000 },
@@ -256,42 +267,11 @@ test('the backfill window covers the server\'s transaction lifetime when it is l
     const skip = H.doubleOnlySkipReason('a server started with a transaction lifetime of 7 s');
     if (skip) return t.skip(skip);
     // The server aborts transactions after 7 s; [outbox] transaction_lifetime says 1 s, so the
-    // key's window reaches 1.9 s (three 300 ms heartbeats and 1 s) past the declaration.
-    const up = await startUpstream({ requireDouble: true, args: ['--txn-lifetime', '7'] });
-    t.after(() => up.stop());
-    const got = { '/base': [], '/late': [] };
-    const sink = await startSink({ respond: (ev, req) => { (got[req.url] || (got[req.url] = [])).push(ev.id); return { status: 204 }; } });
-    t.after(() => sink.close());
-    const db = uniqueDbName('fleet_limit');
-    const outbox = { database: db, handler_heartbeat: '300ms', transaction_lifetime: '1s' };
-    const dispatch = { poll_interval_ms: 100 };
-    const d = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
-      handlers: [{ name: 'base', kind: 'webhook', events: 'order.*', url: sink.url('/base') }] });
-    t.after(() => d.kill());
-    const p = await startPublisher(up, db, undefined, undefined, outbox);
-    const viaP = await connect(p);
-    t.after(() => viaP.close());
-    await waitFor(async () => (await fleetView(p)).instances.some((i) => i.handlers.some((h) => h.name === 'base')), 20000,
-      'P to read base');
-    await publishThroughProxy(viaP, 'app', [{ id: 'before-0', type: 'order.placed', key: 'k-before', payload: {} }]);
-    // Opened before `late` exists, committed 3.5 s after its first declaration: past the key's
-    // window, within the server's limit (the server would have aborted it after 7 s).
-    const session = viaP.startSession();
-    session.startTransaction();
-    await viaP.db('app').collection('items').insertOne({ _id: 'long-1' },
-      { session, comment: { relaybus: { type: 'order.placed', id: 'long-1', key: 'k-long', payload: {} } } });
-    const a = await startDispatchProxy({ upstream: up.uri, outbox, dispatch,
-      handlers: [{ name: 'late', kind: 'webhook', events: 'order.placed', url: sink.url('/late') }] });
-    t.after(() => a.kill());
-    await sleep(3500);
-    await session.commitTransaction();
-    await session.endSession();
-    await waitFor(async () => got['/late'].includes('long-1'), 30000, 'the long transaction\'s event at late');
-    assert.equal(got['/late'].filter((id) => id === 'long-1').length, 1, 'once');
+    // key's window reaches 1.9 s (three 300 ms heartbeats and 1 s) past the declaration. The
+    // commit comes 3.5 s after it: past the key's window, within the server's limit.
+    const a = await lateHandlerScenario(t, { serverLifetime: 7, keyLifetime: '1s', commitAfterMs: 3500,
+      id: 'long-1', dbPrefix: 'fleet_limit' });
     assert.match(a.log(), /the server's transactionLifetimeLimitSeconds is 7000 ms, \[outbox\] transaction_lifetime 1000 ms: using 7000 ms/);
-    await viaP.close();
-    assert.equal((await a.stop()).code, 0);
-    assert.equal((await d.stop()).code, 0);
   });
 
 test('before its first read of the fleet\'s set a proxy refuses publishes, and /readyz says why', { timeout: 60000 },
