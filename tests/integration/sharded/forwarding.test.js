@@ -18,38 +18,12 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
 const H = require('../lib/proxy');
+const { commandsPerMongos, countsOf, stopMongos } = require('./helpers');
 
 let cluster;
 const skip = H.doubleOnlySkipReason('a sharded double whose routers can be stopped') || false;
 
-// What each mongos was sent since the last call, by command name (doubleStats with reset).
-async function perMongos(names) {
-  const out = [];
-  for (const port of cluster.mongos) {
-    const c = new MongoClient(`mongodb://127.0.0.1:${port}/?directConnection=true`, { serverSelectionTimeoutMS: 2000 });
-    try {
-      const r = await c.db('admin').command({ doubleStats: 1, reset: true });
-      const n = {};
-      for (const k of names) n[k] = Number((r.commands && r.commands[k]) || 0);
-      out.push(n);
-    } catch {
-      out.push(null); // stopped
-    } finally {
-      await c.close();
-    }
-  }
-  return out;
-}
 
-async function stopMongos(port) {
-  const c = new MongoClient(`mongodb://127.0.0.1:${port}/?directConnection=true`, { serverSelectionTimeoutMS: 2000 });
-  try {
-    // A mongos drops the asking connection without a reply: the driver sees a network error.
-    await c.db('admin').command({ shutdown: 1 }).catch(() => {});
-  } finally {
-    await c.close();
-  }
-}
 
 async function startCluster() {
   const d = await H.startDouble({ sharded: { shards: 2, mongos: 2 } });
@@ -63,22 +37,6 @@ async function startCluster() {
   return d;
 }
 
-// One count per mongos of `d` (null: stopped) since the last call.
-async function countsOf(d, name) {
-  const out = [];
-  for (const port of d.mongos) {
-    const c = new MongoClient(`mongodb://127.0.0.1:${port}/?directConnection=true`, { serverSelectionTimeoutMS: 1000 });
-    try {
-      const r = await c.db('admin').command({ doubleStats: 1, reset: true });
-      out.push(Number((r.commands && r.commands[name]) || 0));
-    } catch {
-      out.push(null);
-    } finally {
-      await c.close();
-    }
-  }
-  return out;
-}
 
 // Documents whose hashed _id lands on each shard, so a transaction writes both.
 const BOTH_SHARDS = Array.from({ length: 8 }, (_, i) => ({ _id: `d${i}` }));
@@ -93,7 +51,7 @@ test('a connection pairs with one mongos: a transaction across both shards and i
   const client = new MongoClient(proxy.uri(), { serverSelectionTimeoutMS: 10000, maxPoolSize: 1 });
   try {
     await client.connect();
-    await perMongos(['insert', 'commitTransaction']);
+    await commandsPerMongos(cluster.mongos, ['insert', 'commitTransaction']);
     const session = client.startSession();
     try {
       await session.withTransaction(async () => {
@@ -102,7 +60,7 @@ test('a connection pairs with one mongos: a transaction across both shards and i
     } finally {
       await session.endSession();
     }
-    const counts = await perMongos(['insert', 'commitTransaction']);
+    const counts = await commandsPerMongos(cluster.mongos, ['insert', 'commitTransaction']);
     const used = counts.filter((n) => n.insert > 0 || n.commitTransaction > 0);
     assert.equal(used.length, 1, `one mongos saw the transaction: ${JSON.stringify(counts)}`);
     assert.equal(used[0].commitTransaction, 1);
@@ -123,7 +81,7 @@ test('the paired mongos stops: the client sees at most a network error, the next
   try {
     await pcoll.insertOne({ _id: 'before' });
     await coll.insertOne({ _id: 'before2' });
-    const first = await countsOf(own, 'insert');
+    const first = await countsOf(own.mongos, 'insert');
     const paired = first.findIndex((n) => n > 0);
     assert.ok(paired >= 0 && first[1 - paired] === 0, `one mongos counted the inserts: ${first}`);
 
@@ -152,7 +110,7 @@ test('the paired mongos stops: the client sees at most a network error, the next
     // The next pairing is with the other mongos, without a failed attempt first.
     await pcoll.insertOne({ _id: 'after-plain' });
     for (let i = 0; i < 5; i++) await coll.insertOne({ _id: `after${i}` });
-    const after = await countsOf(own, 'insert');
+    const after = await countsOf(own.mongos, 'insert');
     assert.equal(after[paired], null, 'the stopped mongos is gone');
     assert.ok(after[1 - paired] >= 6, `the other mongos took the writes: ${after}`);
   } finally {
@@ -170,7 +128,7 @@ test('a commit retried after UnknownTransactionCommitResult carries its recovery
   const coll = client.db('fw').collection('items');
   try {
     await coll.insertOne({ _id: 'warm' });
-    const counts = await countsOf(own, 'insert');
+    const counts = await countsOf(own.mongos, 'insert');
     const paired = counts.findIndex((n) => n > 0);
     assert.ok(paired >= 0);
     // The paired mongos commits, then answers with a write concern error: the driver cannot
@@ -206,7 +164,7 @@ test('pooled mode: a transaction is pinned to one pooled connection of one mongo
   const coll = client.db('fw').collection('pooled');
   try {
     await coll.insertOne({ _id: 'warm' });
-    await perMongos(['insert', 'commitTransaction']);
+    await commandsPerMongos(cluster.mongos, ['insert', 'commitTransaction']);
     // Other clients' reads run beside the transaction on the pool's other connection.
     const session = client.startSession();
     const reads = Array.from({ length: 20 }, (_, i) => coll.findOne({ _id: `r${i}` }));
@@ -215,7 +173,7 @@ test('pooled mode: a transaction is pinned to one pooled connection of one mongo
     });
     await Promise.all(reads);
     await session.endSession();
-    const counts = await perMongos(['insert', 'commitTransaction']);
+    const counts = await commandsPerMongos(cluster.mongos, ['insert', 'commitTransaction']);
     const used = counts.filter((n) => n.insert > 0 || n.commitTransaction > 0);
     assert.equal(used.length, 1, `one mongos saw the transaction: ${JSON.stringify(counts)}`);
     assert.equal(used[0].insert, BOTH_SHARDS.length);

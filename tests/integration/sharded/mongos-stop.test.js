@@ -15,6 +15,7 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
 const H = require('../lib/proxy');
+const { countsOf, stopMongos } = require('./helpers');
 
 const skip = H.doubleOnlySkipReason('a sharded double whose routers can be stopped') || false;
 const ROUNDS = Number(process.env.MONGOS_STOP_ROUNDS || 5);
@@ -33,31 +34,7 @@ async function startCluster(mongos) {
   return d;
 }
 
-// Which mongos of `d` counted inserts since the last call (null: stopped).
-async function insertsPerMongos(d) {
-  const out = [];
-  for (const port of d.mongos) {
-    const c = new MongoClient(`mongodb://127.0.0.1:${port}/?directConnection=true`, { serverSelectionTimeoutMS: 1000 });
-    try {
-      const r = await c.db('admin').command({ doubleStats: 1, reset: true });
-      out.push(Number((r.commands && r.commands.insert) || 0));
-    } catch {
-      out.push(null);
-    } finally {
-      await c.close();
-    }
-  }
-  return out;
-}
 
-async function stopMongos(port) {
-  const c = new MongoClient(`mongodb://127.0.0.1:${port}/?directConnection=true`, { serverSelectionTimeoutMS: 2000 });
-  try {
-    await c.db('admin').command({ shutdown: 1 }).catch(() => {});
-  } finally {
-    await c.close();
-  }
-}
 
 // One round on a cluster of its own: a client with a steady stream of operations, the mongos
 // it is paired with stops, and the time from the stop to the client's first operation that
@@ -96,9 +73,9 @@ async function round(n, mode) {
   let workers = [];
   try {
     await client.connect();
-    await insertsPerMongos(cluster);
+    await countsOf(cluster.mongos, 'insert');
     await coll.insertOne({ _id: 'warm' });
-    const counts = await insertsPerMongos(cluster);
+    const counts = await countsOf(cluster.mongos, 'insert');
     const paired = counts.findIndex((c) => c > 0);
     assert.ok(paired >= 0 && counts[1 - paired] === 0, `one mongos counted the warm-up insert: ${counts}`);
     workers = Array.from({ length: 3 }, (_, w) => worker(w));
