@@ -7,14 +7,17 @@
 //   holds the lane number of its key, and the webhook still gets the key's events one at a time,
 //   in order;
 // - a pull consumer holding a claim for an hour does not hold back the webhook's deliveries of the
-//   same key.
+//   same key;
+// - two proxies whose dispatched handlers differ (a slow webhook on one, a fast one on the other):
+//   each handler claims in lanes of its own, so the fast handler's deliveries of a key arrive
+//   within 1 s of their commit while the slow one holds the key's lane number.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
 const H = require('../lib/proxy');
 const { startSink } = require('./sink');
-const { publishThroughProxy, waitFor } = require('./helpers');
+const { publishThroughProxy, waitFor, startDispatchProxy } = require('./helpers');
 
 const SLOW_MS = 3000;
 const DB = 'rblanes';
@@ -103,5 +106,53 @@ test('a pull claim held for an hour does not hold back the webhook deliveries of
   assert.equal(after.deliveries[0].eventId, next);
   await complete('held', after.deliveries[0].lease);
 });
+
+test('two proxies with different handlers: a slow handler on one does not hold back the other\'s deliveries of its key',
+  { timeout: 90000 }, async (t) => {
+    const skip = H.doubleOnlySkipReason('a server whose transactions live 2 s, so that the new handler\'s backfill is short');
+    if (skip) return t.skip(skip);
+    const up2 = await H.startUpstream({ requireDouble: true, args: ['--txn-lifetime', '2'] });
+    t.after(() => up2.stop());
+    const slow2 = await startSink({ delayMs: SLOW_MS });
+    const fast2 = await startSink({});
+    t.after(() => { slow2.close(); fast2.close(); });
+    const outbox = { database: 'rblanes2', handler_heartbeat: '300ms', transaction_lifetime: '1s' };
+    const dispatch = { poll_interval_ms: 100 };
+    // A dispatches only the slow webhook, B only the fast one; both get every event of the type.
+    const a = await startDispatchProxy({ upstream: up2.uri, outbox, dispatch,
+      handlers: [{ name: 'slow2', kind: 'webhook', events: 'two.*', url: slow2.url('/slow2') }] });
+    t.after(() => a.kill());
+    const b = await startDispatchProxy({ upstream: up2.uri, outbox, dispatch,
+      handlers: [{ name: 'fast2', kind: 'webhook', events: 'two.fast.*', url: fast2.url('/fast2') }] });
+    t.after(() => b.kill());
+    // B's handler is new to the fleet: its deliveries wait for its backfill (2.9 s here).
+    await waitFor(() => /handler fast2: backfill done/.test(b.log()), 20000, 'B to finish the backfill of fast2');
+    const viaA = await new MongoClient(`mongodb://127.0.0.1:${a.port}/?directConnection=true`,
+      { serverSelectionTimeoutMS: 10000 }).connect();
+    t.after(() => viaA.close());
+    // A's handler alone takes the first event: A holds the key's lane number for 3 s.
+    const pid = process.pid;
+    await publishThroughProxy(viaA, 'app', [{ id: `two-0-${pid}`, type: 'two.slow.v1', key: 'k-two', payload: {} }]);
+    await waitFor(() => slow2.stats().pendingNow > 0, 5000, 'the slow webhook to receive the first event');
+    const ids = [1, 2].map((n) => `two-${n}-${pid}`);
+    const took = [];
+    for (const id of ids) {
+      await publishThroughProxy(viaA, 'app', [{ id, type: 'two.fast.v1', key: 'k-two', payload: {} }]);
+      const committed = Date.now();
+      await waitFor(() => fast2.stats().ok.has(id), 10000, `the fast webhook to receive ${id}`);
+      took.push(fast2.stats().firstAt.get(id) - committed);
+    }
+    t.diagnostic(`fast handler's deliveries after their commit, ms: ${took.join(' ')} (the slow one takes ${SLOW_MS} ms a request)`);
+    for (const [i, ms] of took.entries()) assert.ok(ms < 1000, `the fast handler had ${ids[i]} ${ms} ms after its commit`);
+    // Each handler's per-key order holds.
+    await waitFor(() => [`two-0-${pid}`, ...ids].every((id) => slow2.stats().ok.has(id)), 6 * SLOW_MS,
+      'the slow webhook to acknowledge all three');
+    assert.deepEqual(slow2.stats().okOrder, [`two-0-${pid}`, ...ids]);
+    assert.deepEqual(fast2.stats().okOrder, ids);
+    assert.equal(slow2.stats().concurrentKeys, 0);
+    await viaA.close();
+    assert.equal((await a.stop()).code, 0);
+    assert.equal((await b.stop()).code, 0);
+  });
 
 H.registerFinalChecks(test, cleanups, { beforeStop: () => client && client.close() });
