@@ -1803,6 +1803,31 @@ test_lane_exclusivity (void **state)
    store_batch_clear (&bb);
 }
 
+/* Two dispatchers (the dispatch lane space) with different handlers claim
+ * the same lane number at once: A holds it for "slow", and B's claim of
+ * "fast", a delivery of the same key, does not wait for it (lanes per
+ * handler: each handler is fenced only by its own lanes). */
+static void
+test_handlers_claim_the_same_lane_at_once (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t ba = {0}, bb = {0};
+
+   add (fx, "y-1", "slow", "k", 1, T0 - 10);
+   add (fx, "y-1", "fast", "k", 1, T0 - 10);
+   claim (fx->a, "slow", 10, T0, &ba);
+   assert_int_equal (ba.n, 1);
+   assert_string_equal (ba.items[0].handler, "slow");
+   claim (fx->b, "fast", 10, T0 + 1, &bb);
+   assert_int_equal (bb.n, 1);
+   assert_string_equal (bb.items[0].handler, "fast");
+   assert_int_equal (bb.items[0].sequence, 1);
+   assert_true (complete1 (fx->b, &bb.items[0], T0 + 2));
+   assert_true (complete1 (fx->a, &ba.items[0], T0 + 3));
+   store_batch_clear (&ba);
+   store_batch_clear (&bb);
+}
+
 /* Two owners with different handler sets, a dispatcher (dispatch lane
  * space) and a consumer thread (pull lane space), claim the same lane
  * number at once: each in a lane document of its own space, so neither
@@ -2852,6 +2877,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_unparking_keeps_a_place_per_handler, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lane_exclusivity, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lane_spaces_claim_the_same_lane_at_once, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_handlers_claim_the_same_lane_at_once, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_with_history_is_one_transaction, setup_history, teardown),
