@@ -73,27 +73,40 @@ uint32_t outbox_fnv1a (const void *data, size_t len);
  * the event has no key (key NULL), modulo 256. */
 uint32_t outbox_lane_id (const char *key, const char *event_id);
 
-/* The lane spaces.  Each kind of claimer has 256 lane documents of its
- * own: the dispatcher claims the dispatched handlers' deliveries (webhook,
- * kafka, nats, rabbitmq) in the dispatch space, the consumer thread the
- * pull handlers' in the pull space.  A delivery's laneId (0..255) is the
- * same in both; lane n of space S is the lane document with _id
- * S * 256 + n.  One key's deliveries of one handler are always claimed in
- * one space (a handler has one kind), so the per-key order holds, and a
- * lane one kind of claimer holds never keeps the other waiting. */
+/* The lane spaces.  A lane space is 256 lane documents; lane n of space
+ * S is the document with _id S * 256 + n, and a delivery's laneId (0..255)
+ * is its lane number in whichever space fences it.  Each dispatched
+ * handler (webhook, kafka, nats, rabbitmq) is claimed in a space of its
+ * own, derived from its name (outbox_lane_space_of), so a lane one
+ * handler's claimer holds, on any proxy, never keeps another handler's
+ * deliveries waiting.  The consumer thread claims the pull handlers in
+ * the pull space.  One key's deliveries of one handler are always claimed
+ * in one space, so the per-key order holds.  Two handler names that hash
+ * to one space share its lanes (as every handler shared the dispatch
+ * space before): correct, only not independent. */
 typedef enum {
-   OUTBOX_LANE_SPACE_DISPATCH = 0, /* the lane documents of the first version: _id 0..255 */
+   OUTBOX_LANE_SPACE_DISPATCH = 0, /* the lane documents of the first version: _id 0..255 (no claimer since handler spaces) */
    OUTBOX_LANE_SPACE_PULL,         /* _id 256..511 */
-   OUTBOX_LANE_SPACES,
+   OUTBOX_LANE_SPACES,             /* the fixed spaces; handler spaces follow */
 } outbox_lane_space_t;
 
-/* The lane documents of every space. */
+/* The handler spaces: OUTBOX_LANE_SPACES up to OUTBOX_LANE_SPACE_MAX - 1,
+ * so every lane document _id fits an Int32. */
+#define OUTBOX_LANE_SPACE_MAX ((uint32_t) (INT32_MAX / OUTBOX_LANES))
+
+/* The lane documents of the fixed spaces (set-up creates them; a handler
+ * space's are created by the first claimer of that handler). */
 #define OUTBOX_LANE_DOCS (OUTBOX_LANES * OUTBOX_LANE_SPACES)
 
-/* The _id of lane `lane` (< 256) of a space. */
-int32_t outbox_lane_doc_id (outbox_lane_space_t space, uint32_t lane);
-/* "dispatch" or "pull". */
-const char *outbox_lane_space_name (outbox_lane_space_t space);
+/* The _id of lane `lane` (< 256) of a space (< OUTBOX_LANE_SPACE_MAX). */
+int32_t outbox_lane_doc_id (uint32_t space, uint32_t lane);
+/* The space of a lane document _id (negative ids, the leases', give -1). */
+int64_t outbox_lane_space_of_doc (int64_t doc_id);
+/* The lane space of dispatched handler `handler`: 32-bit FNV-1a of the
+ * name into the handler spaces. */
+uint32_t outbox_lane_space_of (const char *handler);
+/* "dispatch", "pull" or "handler". */
+const char *outbox_lane_space_name (uint32_t space);
 
 /* Lease tokens: "<laneId>:<epoch>:<claims>"; laneId is the lane number
  * (0..255), in the space of the claimer that issued the token. */

@@ -101,13 +101,26 @@ bool store_retry_deferred (store_t *store, size_t *left, bson_error_t *error) __
 size_t store_deferred_count (store_t *store);
 
 /* The lane space the instance claims in (base/outbox.h): the dispatch
- * space unless set.  The consumer thread's instance claims pull handlers
- * in the pull space.  Set it before the first claim; it never changes. */
-void store_set_lane_space (store_t *store, outbox_lane_space_t space);
+ * space unless set.  The dispatcher has an instance per handler space
+ * (outbox_lane_space_of), the consumer thread one in the pull space.  Set
+ * it before the first claim; it never changes. */
+void store_set_lane_space (store_t *store, uint32_t space);
+
+/* Another instance on `base`'s pool, with its options and owner name,
+ * claiming in lane space `space` (< OUTBOX_LANE_SPACE_MAX).  Lane
+ * documents of different spaces are disjoint, so instances of one owner
+ * in different spaces never hold one lane.  Destroy it before `base`'s
+ * pool. */
+store_t *store_new_in_space (const store_t *base, uint32_t space) __attribute__ ((warn_unused_result));
 
 /* Creates the collections, the indexes (idempotently) and the lane
  * documents of every space (OUTBOX_LANE_DOCS). */
 bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Creates the lane documents of the instance's space when it is a handler
+ * space (upserts that only insert, one bulk write; `handler` is recorded
+ * in them for the operator's views); nothing for a fixed space, which
+ * store_setup creates.  Call before the instance's first claim. */
+bool store_setup_space (store_t *store, const char *handler, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* ------------------------------------------------------------------ claim */
 

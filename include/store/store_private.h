@@ -97,7 +97,7 @@ struct store {
 
    /* The space of the lanes this instance claims in; lanes[n] is lane n
     * of it (document store_lane_doc (s, n)).  Set before the first claim. */
-   outbox_lane_space_t lane_space;
+   uint32_t lane_space;
 
    pthread_mutex_t mu;
    pthread_mutex_t claim_mu;
@@ -263,11 +263,9 @@ int32_t store_lane_doc (const store_t *store, uint32_t lane);
 /* The lane number of a lane document of the instance's space; false for
  * a lane of another space and for the leases' documents (negative _id). */
 bool store_lane_of_doc (const store_t *store, const bson_t *doc, uint32_t *lane) __attribute__ ((warn_unused_result));
-/* Appends `_id: {$in: [lane documents]}` for the lanes set in `lanes`: in
- * the instance's space, or with `every_space` in each space (an operator's
- * write, which does not know which kind of claimer runs a delivery);
- * returns how many it listed. */
-uint32_t store_append_lane_docs_in (const store_t *store, bson_t *query, const bool lanes[OUTBOX_LANES], bool every_space);
+/* Appends `_id: {$in: [lane documents]}` for the lanes set in `lanes`, in
+ * the instance's space; returns how many it listed. */
+uint32_t store_append_lane_docs_in (const store_t *store, bson_t *query, const bool lanes[OUTBOX_LANES]);
 /* Keyset pagination in (field, _id) order, field a date: appends the $or
  * that keeps the documents after (at, id); id is an ObjectId or a
  * string. */

@@ -106,21 +106,33 @@ outbox_lane_id (const char *key, const char *event_id)
 }
 
 int32_t
-outbox_lane_doc_id (outbox_lane_space_t space, uint32_t lane)
+outbox_lane_doc_id (uint32_t space, uint32_t lane)
 {
-   RELAYBUS_ASSERT ((unsigned) space < OUTBOX_LANE_SPACES && lane < OUTBOX_LANES);
-   return (int32_t) ((uint32_t) space * OUTBOX_LANES + lane);
+   RELAYBUS_ASSERT (space < OUTBOX_LANE_SPACE_MAX && lane < OUTBOX_LANES);
+   return (int32_t) (space * OUTBOX_LANES + lane);
+}
+
+int64_t
+outbox_lane_space_of_doc (int64_t doc_id)
+{
+   return doc_id < 0 ? -1 : doc_id / OUTBOX_LANES;
+}
+
+uint32_t
+outbox_lane_space_of (const char *handler)
+{
+   return OUTBOX_LANE_SPACES + outbox_fnv1a (handler, strlen (handler)) % (OUTBOX_LANE_SPACE_MAX - OUTBOX_LANE_SPACES);
 }
 
 const char *
-outbox_lane_space_name (outbox_lane_space_t space)
+outbox_lane_space_name (uint32_t space)
 {
    static const char *const names[OUTBOX_LANE_SPACES] = {
       [OUTBOX_LANE_SPACE_DISPATCH] = "dispatch",
       [OUTBOX_LANE_SPACE_PULL] = "pull",
    };
 
-   return (unsigned) space < OUTBOX_LANE_SPACES ? names[space] : "?";
+   return space < OUTBOX_LANE_SPACES ? names[space] : "handler";
 }
 
 void

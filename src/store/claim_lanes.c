@@ -421,7 +421,7 @@ taken_read_back (claim_t *c, const bool *clean, bool *got, int64_t *epoch_of, bs
    const bson_t *doc;
    bool ok = true;
 
-   store_append_lane_docs_in (c->s, &rq, clean, false);
+   store_append_lane_docs_in (c->s, &rq, clean);
    BSON_APPEND_UTF8 (&rq, "owner", c->s->owner);
    cur = mongoc_collection_find_with_opts (c->lanes_coll, &rq, ropts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {

@@ -82,7 +82,7 @@ complete_fence (complete_t *c, mongoc_client_session_t *session, bson_t **docs, 
    if (!ok)
       goto done;
 
-   store_append_lane_docs_in (c->s, &lq, want_lane, false);
+   store_append_lane_docs_in (c->s, &lq, want_lane);
    cur = mongoc_collection_find_with_opts (lanes, &lq, &opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       uint32_t lane;

@@ -75,7 +75,8 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    bury_ids_t *t = ctx;
    store_oids_t pending = {0}, keep = {0};
-   bool want[OUTBOX_LANES] = {0};
+   bson_t lane_ids = BSON_INITIALIZER;
+   uint32_t n_lane_ids = 0;
    mongoc_cursor_t *cur;
    const bson_t *doc;
    bson_t dq = BSON_INITIALIZER, lq = BSON_INITIALIZER, q = BSON_INITIALIZER, reply;
@@ -86,17 +87,31 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    t->n_buried = 0;
    store_append_oids_op (&dq, "_id", "$in", t->oids->v, t->oids->n);
    BSON_APPEND_UTF8 (&dq, "status", "pending");
-   fopts = BCON_NEW ("projection", "{", OUTBOX_F_LANE_ID, BCON_INT32 (1), "}");
+   fopts = BCON_NEW ("projection", "{", OUTBOX_F_LANE_ID, BCON_INT32 (1), "handler", BCON_INT32 (1), "}");
    bson_concat (fopts, &txn->opts);
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, fopts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       bson_iter_t it;
       int64_t lane = store_iter_int64 (doc, OUTBOX_F_LANE_ID);
+      const char *handler = store_iter_utf8 (doc, "handler");
       if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
          continue;
       store_oids_push (&pending, bson_iter_oid (&it));
-      if (lane >= 0 && lane < OUTBOX_LANES)
-         want[lane] = true;
+      if (lane >= 0 && lane < OUTBOX_LANES) {
+         /* Its lane in the spaces that may run it: its handler's (a
+          * dispatched handler), the pull space (a pull handler), and the
+          * dispatch space (a proxy from before handler spaces). */
+         uint32_t spaces[3] = {OUTBOX_LANE_SPACE_DISPATCH, OUTBOX_LANE_SPACE_PULL, 0};
+         size_t n_spaces = 2;
+         if (handler)
+            spaces[n_spaces++] = outbox_lane_space_of (handler);
+         for (size_t k = 0; k < n_spaces; k++) {
+            char buf[16];
+            const char *key;
+            bson_uint32_to_string (n_lane_ids++, &key, buf, sizeof buf);
+            BSON_APPEND_INT32 (&lane_ids, key, outbox_lane_doc_id (spaces[k], (uint32_t) lane));
+         }
+      }
    }
    if (mongoc_cursor_error (cur, error))
       ok = false;
@@ -105,10 +120,15 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       goto done;
 
    /* A delivery a lane lists in flight is running: its worker settles it.
-    * The lanes of every space: which kind of claimer runs a delivery is
-    * its handler's kind, which this instance need not know (a handler of
-    * another proxy of the fleet). */
-   store_append_lane_docs_in (t->s, &lq, want, true);
+    * Its lane in every space that may run it: which kind of claimer runs
+    * a delivery is its handler's kind, which this instance need not know
+    * (a handler of another proxy of the fleet). */
+   {
+      bson_t in;
+      BSON_APPEND_DOCUMENT_BEGIN (&lq, "_id", &in);
+      BSON_APPEND_ARRAY (&in, "$in", &lane_ids);
+      bson_append_document_end (&lq, &in);
+   }
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], &lq, &txn->opts, NULL);
    {
       store_oids_t running = {0};
@@ -151,6 +171,7 @@ done:
    bson_destroy (fopts);
    bson_destroy (&dq);
    bson_destroy (&lq);
+   bson_destroy (&lane_ids);
    bson_destroy (&q);
    store_oids_free (&pending);
    store_oids_free (&keep);
@@ -1139,10 +1160,12 @@ store_list_lanes (store_t *s,
       bson_uint32_to_string (i++, &key, buf, sizeof buf);
       BSON_APPEND_DOCUMENT_BEGIN (out, key, &lane);
       BSON_APPEND_INT64 (&lane, "id", store_iter_int64 (doc, "_id"));
-      /* The document's lane number and space (base/outbox.h). */
+      /* The document's lane number and space (base/outbox.h), and the
+       * handler whose space it is. */
       BSON_APPEND_INT64 (&lane, "lane", store_iter_int64 (doc, "_id") % OUTBOX_LANES);
-      BSON_APPEND_UTF8 (&lane, "space",
-                        outbox_lane_space_name ((outbox_lane_space_t) (store_iter_int64 (doc, "_id") / OUTBOX_LANES)));
+      BSON_APPEND_UTF8 (&lane, "space", outbox_lane_space_name ((uint32_t) outbox_lane_space_of_doc (store_iter_int64 (doc, "_id"))));
+      if (store_iter_utf8 (doc, "handler"))
+         BSON_APPEND_UTF8 (&lane, "handler", store_iter_utf8 (doc, "handler"));
       BSON_APPEND_UTF8 (&lane, "owner", owner);
       BSON_APPEND_INT64 (&lane, OUTBOX_F_LEASE_EXPIRES_AT, expires);
       BSON_APPEND_BOOL (&lane, "live", live);

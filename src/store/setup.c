@@ -192,15 +192,66 @@ setup_shard (store_t *s, mongoc_client_t *client, bson_error_t *error)
    return true;
 }
 
+/* Upserts that only insert the lane documents _id first .. first + n - 1
+ * (a free lane at epoch 0; `handler`, when not NULL, names the handler
+ * whose space they are, for the operator's views).  One bulk write. */
+static bool
+seed_lanes (store_t *s, mongoc_client_t *client, int32_t first, int32_t n, const char *handler, bson_error_t *error)
+{
+   mongoc_collection_t *lanes = store_coll (s, client, OUTBOX_LANES_COLL);
+   mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts (lanes, NULL);
+   bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
+   bson_t reply;
+   bson_error_t err;
+   bool ok = true;
+
+   for (int32_t i = first; ok && i < first + n; i++) {
+      bson_t *sel = BCON_NEW ("_id", BCON_INT32 (i));
+      bson_t *upd = bson_new (), set, empty = BSON_INITIALIZER;
+      BSON_APPEND_DOCUMENT_BEGIN (upd, "$setOnInsert", &set);
+      BSON_APPEND_NULL (&set, "owner");
+      BSON_APPEND_NULL (&set, OUTBOX_F_LEASE_EXPIRES_AT);
+      BSON_APPEND_INT64 (&set, OUTBOX_F_EPOCH, 0);
+      BSON_APPEND_ARRAY (&set, OUTBOX_F_IN_FLIGHT, &empty);
+      BSON_APPEND_ARRAY (&set, "lost", &empty);
+      if (handler)
+         BSON_APPEND_UTF8 (&set, "handler", handler);
+      bson_append_document_end (upd, &set);
+      ok = mongoc_bulk_operation_update_one_with_opts (bulk, sel, upd, opts, &err);
+      bson_destroy (sel);
+      bson_destroy (upd);
+   }
+   if (ok) {
+      ok = mongoc_bulk_operation_execute (bulk, &reply, &err) != 0;
+      bson_destroy (&reply);
+   }
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "seeding lanes: %s", err.message);
+   bson_destroy (opts);
+   mongoc_bulk_operation_destroy (bulk);
+   mongoc_collection_destroy (lanes);
+   return ok;
+}
+
+bool
+store_setup_space (store_t *s, const char *handler, bson_error_t *error)
+{
+   mongoc_client_t *client;
+   bool ok;
+
+   if (s->lane_space < OUTBOX_LANE_SPACES)
+      return true; /* store_setup's */
+   client = mongoc_client_pool_pop (s->pool);
+   ok = seed_lanes (s, client, outbox_lane_doc_id (s->lane_space, 0), OUTBOX_LANES, handler, error);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
 bool
 store_setup (store_t *s, bson_error_t *error)
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
    mongoc_database_t *db = mongoc_client_get_database (client, s->database);
-   mongoc_collection_t *lanes = NULL;
-   mongoc_bulk_operation_t *bulk = NULL;
-   bson_t reply;
-   bson_error_t err;
    bool ok = false;
    index_spec_t specs[] = {
       {OUTBOX_DELIVERIES, "event_handler", BCON_NEW (OUTBOX_F_EVENT_ID, BCON_INT32 (1), "handler", BCON_INT32 (1)), NULL, true},
@@ -245,32 +296,13 @@ store_setup (store_t *s, bson_error_t *error)
    if (!setup_shard (s, client, error))
       goto done;
 
-   /* The lanes of every space: upserts that only insert, so a second
+   /* The lanes of the fixed spaces: upserts that only insert, so a second
     * setup (or a running fleet) changes nothing, and an outbox set up
     * before the pull space existed keeps its 256 lanes (the dispatch
     * space's) as they are and gains the pull space's. */
-   lanes = store_coll (s, client, OUTBOX_LANES_COLL);
-   bulk = mongoc_collection_create_bulk_operation_with_opts (lanes, NULL);
-   for (int32_t i = 0; i < OUTBOX_LANE_DOCS; i++) {
-      bson_t *sel = BCON_NEW ("_id", BCON_INT32 (i));
-      bson_t *upd = BCON_NEW ("$setOnInsert", "{", "owner", BCON_NULL, OUTBOX_F_LEASE_EXPIRES_AT, BCON_NULL, OUTBOX_F_EPOCH,
-                              BCON_INT64 (0), OUTBOX_F_IN_FLIGHT, "[", "]", "lost", "[", "]", "}");
-      bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
-      ok = mongoc_bulk_operation_update_one_with_opts (bulk, sel, upd, opts, &err);
-      bson_destroy (sel);
-      bson_destroy (upd);
-      bson_destroy (opts);
-      if (!ok) {
-         store_set_error (error, STORE_ERROR_SERVER, "seeding lanes: %s", err.message);
-         goto done;
-      }
-   }
-   ok = mongoc_bulk_operation_execute (bulk, &reply, &err) != 0;
-   bson_destroy (&reply);
-   if (!ok) {
-      store_set_error (error, STORE_ERROR_SERVER, "seeding lanes: %s", err.message);
+   if (!seed_lanes (s, client, 0, OUTBOX_LANE_DOCS, NULL, error))
       goto done;
-   }
+   ok = true;
    log_info ("store: set up %s.%s, %s, %s, %s (completion history %s)",
              s->database,
              s->names[OUTBOX_EVENTS],
@@ -284,8 +316,6 @@ done:
       bson_destroy (specs[i].keys);
       bson_destroy (specs[i].partial);
    }
-   mongoc_bulk_operation_destroy (bulk);
-   mongoc_collection_destroy (lanes);
    mongoc_database_destroy (db);
    mongoc_client_pool_push (s->pool, client);
    return ok;

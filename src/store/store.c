@@ -114,10 +114,30 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
    return s;
 }
 
-void
-store_set_lane_space (store_t *s, outbox_lane_space_t space)
+store_t *
+store_new_in_space (const store_t *base, uint32_t space)
 {
-   RELAYBUS_ASSERT ((unsigned) space < OUTBOX_LANE_SPACES);
+   store_t *s = bson_malloc0 (sizeof *s);
+
+   RELAYBUS_ASSERT (space < OUTBOX_LANE_SPACE_MAX);
+   s->pool = base->pool;
+   s->database = bson_strdup (base->database);
+   s->owner = bson_strdup (base->owner);
+   memcpy (s->names, base->names, sizeof s->names);
+   s->completion_history = base->completion_history;
+   s->shard = base->shard;
+   s->purge_batch = base->purge_batch;
+   s->max_time_ms = base->max_time_ms;
+   s->lane_space = space;
+   pthread_mutex_init (&s->mu, NULL);
+   pthread_mutex_init (&s->claim_mu, NULL);
+   return s;
+}
+
+void
+store_set_lane_space (store_t *s, uint32_t space)
+{
+   RELAYBUS_ASSERT (space < OUTBOX_LANE_SPACE_MAX);
    s->lane_space = space;
 }
 
@@ -759,24 +779,20 @@ store_lane_of_doc (const store_t *s, const bson_t *doc, uint32_t *lane)
 }
 
 uint32_t
-store_append_lane_docs_in (const store_t *s, bson_t *query, const bool lanes[OUTBOX_LANES], bool every_space)
+store_append_lane_docs_in (const store_t *s, bson_t *query, const bool lanes[OUTBOX_LANES])
 {
    bson_t sub, arr;
    uint32_t k = 0;
 
    BSON_APPEND_DOCUMENT_BEGIN (query, "_id", &sub);
    BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
-   for (int sp = 0; sp < OUTBOX_LANE_SPACES; sp++) {
-      if (!every_space && sp != (int) s->lane_space)
-         continue;
-      for (uint32_t i = 0; i < OUTBOX_LANES; i++)
-         if (lanes[i]) {
-            char buf[16];
-            const char *key;
-            bson_uint32_to_string (k++, &key, buf, sizeof buf);
-            BSON_APPEND_INT32 (&arr, key, outbox_lane_doc_id ((outbox_lane_space_t) sp, i));
-         }
-   }
+   for (uint32_t i = 0; i < OUTBOX_LANES; i++)
+      if (lanes[i]) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string (k++, &key, buf, sizeof buf);
+         BSON_APPEND_INT32 (&arr, key, outbox_lane_doc_id (s->lane_space, i));
+      }
    bson_append_array_end (&sub, &arr);
    bson_append_document_end (query, &sub);
    return k;

@@ -1803,29 +1803,59 @@ test_lane_exclusivity (void **state)
    store_batch_clear (&bb);
 }
 
-/* Two dispatchers (the dispatch lane space) with different handlers claim
- * the same lane number at once: A holds it for "slow", and B's claim of
- * "fast", a delivery of the same key, does not wait for it (lanes per
- * handler: each handler is fenced only by its own lanes). */
+/* Two dispatchers with different handlers claim the same lane number at
+ * once, each in its handler's lane space (an instance per space, as the
+ * dispatcher makes them): A holds the lane for "slow", and B's claim of
+ * "fast", a delivery of the same key, does not wait for it.  The lanes are
+ * documents of their own, recorded with their handler, and an operator's
+ * bury still sees a delivery such a lane lists as running. */
 static void
 test_handlers_claim_the_same_lane_at_once (void **state)
 {
    fx_t *fx = *state;
+   store_t *a = store_new_in_space (fx->a, outbox_lane_space_of ("slow"));
+   store_t *b = store_new_in_space (fx->b, outbox_lane_space_of ("fast"));
    store_batch_t ba = {0}, bb = {0};
+   uint32_t lane = outbox_lane_id ("k", "y-1");
+   char q[200], hex[25];
+   const char *ids[1] = {hex};
+   size_t n_buried = 9;
+   bson_error_t err;
+
+   assert_true (outbox_lane_space_of ("slow") != outbox_lane_space_of ("fast"));
+   assert_true (outbox_lane_space_of ("slow") >= OUTBOX_LANE_SPACES);
+   if (!store_setup_space (a, "slow", &err) || !store_setup_space (b, "fast", &err) || !store_setup_space (b, "fast", &err))
+      fail_msg ("setup space: %s", err.message);
+   snprintf (q, sizeof q, "{\"_id\": {\"$gte\": %d, \"$lt\": %d}, \"handler\": \"fast\", \"epoch\": 0}",
+             outbox_lane_doc_id (outbox_lane_space_of ("fast"), 0), outbox_lane_doc_id (outbox_lane_space_of ("fast"), 0) + OUTBOX_LANES);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), OUTBOX_LANES); /* once, though set up twice */
 
    add (fx, "y-1", "slow", "k", 1, T0 - 10);
    add (fx, "y-1", "fast", "k", 1, T0 - 10);
-   claim (fx->a, "slow", 10, T0, &ba);
+   claim (a, "slow", 10, T0, &ba);
    assert_int_equal (ba.n, 1);
    assert_string_equal (ba.items[0].handler, "slow");
-   claim (fx->b, "fast", 10, T0 + 1, &bb);
+   claim (b, "fast", 10, T0 + 1, &bb);
    assert_int_equal (bb.n, 1);
    assert_string_equal (bb.items[0].handler, "fast");
    assert_int_equal (bb.items[0].sequence, 1);
-   assert_true (complete1 (fx->b, &bb.items[0], T0 + 2));
-   assert_true (complete1 (fx->a, &ba.items[0], T0 + 3));
+   snprintf (q, sizeof q, "{\"_id\": %d, \"owner\": \"host/1/aaaa\"}", outbox_lane_doc_id (outbox_lane_space_of ("slow"), lane));
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+   snprintf (q, sizeof q, "{\"_id\": %d, \"owner\": \"host/2/bbbb\"}", outbox_lane_doc_id (outbox_lane_space_of ("fast"), lane));
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+
+   /* Running in B's handler lane: the operator's bury leaves it. */
+   bson_oid_to_string (&bb.items[0].id, hex);
+   if (!store_bury_ids (fx->a, ids, 1, T0 + 2, "operator", &n_buried, &err))
+      fail_msg ("bury: %s", err.message);
+   assert_int_equal (n_buried, 0);
+
+   assert_true (complete1 (b, &bb.items[0], T0 + 2));
+   assert_true (complete1 (a, &ba.items[0], T0 + 3));
    store_batch_clear (&ba);
    store_batch_clear (&bb);
+   store_destroy (a);
+   store_destroy (b);
 }
 
 /* Two owners with different handler sets, a dispatcher (dispatch lane
