@@ -6,7 +6,11 @@
  * One worker thread (base/worker.h: its event base, its mongoc pool with
  * appName "relaybus-proxy dispatch" and its lease owner name,
  * "<host>/<pid>/<random>", unique per process instance) owns a DNS base,
- * the TLS context and one store instance.  Store calls block this thread
+ * the TLS context, a store instance for the outbox's set-up, the fleet
+ * and the purge, and one store instance per lane space its handlers claim
+ * in: each dispatched handler has lanes of its own (base/outbox.h), so a
+ * handler that holds a lane, on this proxy or another, never keeps
+ * another handler's deliveries of that lane waiting.  Store calls block this thread
  * for a round trip or a few; HTTP I/O of the handlers waits meanwhile, the
  * forwarding loop never does.
  *
@@ -81,6 +85,7 @@
 #include "dispatch/consumer.h"
 #include "dispatch/transport.h"
 #include "dispatch/delivery.h"
+#include "dispatch/renew.h"
 #include "dispatch/webhook.h"
 #include "base/worker.h"
 
@@ -108,8 +113,22 @@
 #define DISPATCH_FLUSH_DELAY_MS 20
 #define DISPATCH_FLUSH_MAX_MS 100
 
+/* A lane space the dispatched handlers claim in, and the store instance
+ * that claims in it (base/outbox.h): one per handler, unless two names
+ * hash to one space (then they share it, as they share its lanes).  Kept
+ * until the dispatcher ends: jobs, and the renewal thread's copy of the
+ * running set, point at its store. */
+typedef struct {
+   uint32_t space;
+   store_t *store;
+   char *handler; /* owned: the handler it was made for, recorded in its lane documents */
+   bool set_up;   /* its lane documents exist (store_setup_space) */
+   bool unused;   /* no handler claims in it since a reload; its lanes were handed back */
+} lane_space_rt_t;
+
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in `snap` */
+   lane_space_rt_t *ls;         /* the dispatcher's: where it claims */
    config_t *snap;              /* our reference to the snapshot cfg points into */
    transport_t *t;    /* its kind's client (dispatch/transport.h) */
    int64_t jobs;      /* jobs that point here (a retired handler is freed at 0) */
@@ -135,6 +154,7 @@ typedef struct job {
    struct job *follower;
    void *disp; /* the dispatcher_t */
    handler_rt_t *h;
+   store_t *store;     /* the instance that claimed it (its handler's lane space) */
    store_delivery_t d; /* owned: moved out of the claim's batch */
    transport_req_t *req;
    int64_t started_ms; /* when its request started, for the latency metric */
@@ -155,14 +175,6 @@ typedef struct job {
    int64_t span_start_ns;
 } job_t;
 
-/* The leases the renewal thread renews: a copy of each running job's id
- * and lease, guarded by mu. */
-typedef struct {
-   pthread_mutex_t mu;
-   store_ref_t *refs; /* lease points into leases[] */
-   char (*leases)[OUTBOX_LEASE_TOKEN_MAX];
-   size_t n, cap;
-} renew_set_t;
 
 /* The dispatcher.  Created by dispatch_start on the main thread, then used
  * only by its worker's thread until dispatch_stop joins it and frees it. */
@@ -170,7 +182,10 @@ typedef struct {
    config_t *cfg; /* our reference */
    worker_t *w;   /* ours: the thread, its event base and pool, the owner name */
    struct event_base *base; /* the worker's */
-   store_t *store;
+   store_t *store;          /* set-up, fleet, purge: it claims nothing */
+   lane_space_rt_t **spaces; /* every lane space a handler claimed in since the start */
+   size_t n_spaces;
+   size_t claim_first; /* the space a tick claims in first (turns round) */
 
    handler_rt_t **handlers; /* the current dispatched handlers (webhook, nats), in config order */
    store_claim_handler_t *claim_handlers;
@@ -257,41 +272,10 @@ job_free (job_t *j)
    bson_free (j);
 }
 
-/* ------------------------------------------------------- renewal set */
-
-static void
-renew_set_add (renew_set_t *rs, const job_t *j)
-{
-   pthread_mutex_lock (&rs->mu);
-   if (rs->n == rs->cap) {
-      rs->cap = rs->cap ? rs->cap * 2 : 64;
-      rs->refs = bson_realloc (rs->refs, rs->cap * sizeof *rs->refs);
-      rs->leases = bson_realloc (rs->leases, rs->cap * sizeof *rs->leases);
-   }
-   rs->refs[rs->n].id = j->d.id;
-   bson_strncpy (rs->leases[rs->n], j->d.lease, sizeof rs->leases[rs->n]);
-   rs->n++;
-   pthread_mutex_unlock (&rs->mu);
-}
-
-static void
-renew_set_remove (renew_set_t *rs, const job_t *j)
-{
-   pthread_mutex_lock (&rs->mu);
-   for (size_t i = 0; i < rs->n; i++)
-      if (bson_oid_equal (&rs->refs[i].id, &j->d.id) && !strcmp (rs->leases[i], j->d.lease)) {
-         rs->n--;
-         rs->refs[i] = rs->refs[rs->n];
-         memcpy (rs->leases[i], rs->leases[rs->n], sizeof rs->leases[i]);
-         break;
-      }
-   pthread_mutex_unlock (&rs->mu);
-}
-
 static void
 running_remove (dispatcher_t *d, job_t *j)
 {
-   renew_set_remove (&d->renew_set, j);
+   renew_set_remove (&d->renew_set, &j->d.id, j->d.lease);
    if (j->prev)
       j->prev->next = j->next;
    else
@@ -325,10 +309,10 @@ followers_release (dispatcher_t *d, job_t *f, bool call)
       store_ref_t r = job_ref (f);
       bson_error_t err;
       bool applied;
-      renew_set_remove (&d->renew_set, f);
+      renew_set_remove (&d->renew_set, &f->d.id, f->d.lease);
       f->h->waiting--;
       f->h->freed++;
-      if (call && !store_release (d->store, &r, clock_now_ms (), &applied, &err))
+      if (call && !store_release (f->store, &r, clock_now_ms (), &applied, &err))
          log_warn ("dispatch: giving back a delivery whose key's previous one did not complete: %s (it runs again "
                    "after its lease)",
                    err.message);
@@ -360,9 +344,9 @@ settle_one (dispatcher_t *d, job_t *j)
 
    bson_oid_to_string (&j->d.id, hex);
    if (j->settle == JOB_SETTLE_BURY)
-      ok = store_bury (d->store, &r, clock_now_ms (), j->why, &applied, &err);
+      ok = store_bury (j->store, &r, clock_now_ms (), j->why, &applied, &err);
    else
-      ok = store_reschedule (d->store, &r, clock_now_ms (), j->due_at, j->why, &applied, &err);
+      ok = store_reschedule (j->store, &r, clock_now_ms (), j->due_at, j->why, &applied, &err);
    if (!ok) {
       log_warn ("dispatch: %s delivery %s: %s failed (tried again): %s",
                 j->h->cfg->name,
@@ -448,9 +432,9 @@ reschedule (dispatcher_t *d, job_t *j, int64_t delay_ms, const char *why)
    settle_or_keep (d, j);
 }
 
-/* Completes the jobs with one completeMany; true when the call succeeded
- * (each job is then freed), false when it failed (the jobs are untouched,
- * to be tried again). */
+/* Completes the jobs, all claimed by one store instance, with one
+ * completeMany; true when the call succeeded (each job is then freed),
+ * false when it failed (the jobs are untouched, to be tried again). */
 static bool
 complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
 {
@@ -463,9 +447,11 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
       return true;
    refs = bson_malloc (n * sizeof *refs);
    ok = bson_malloc0 (n * sizeof *ok);
-   for (size_t i = 0; i < n; i++)
+   for (size_t i = 0; i < n; i++) {
+      RELAYBUS_ASSERT (jobs[i]->store == jobs[0]->store);
       refs[i] = job_ref (jobs[i]);
-   if (!store_complete_many (d->store, refs, n, clock_now_ms (), ok, &err)) {
+   }
+   if (!store_complete_many (jobs[0]->store, refs, n, clock_now_ms (), ok, &err)) {
       log_warn ("dispatch: completing %zu deliveries failed (tried again): %s", n, err.message);
       bson_free (refs);
       bson_free (ok);
@@ -491,7 +477,7 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
       }
       for (size_t i = 0; i < n_starts; i++) {
          starts[i]->h->waiting--;
-         renew_set_remove (&d->renew_set, starts[i]);
+         renew_set_remove (&d->renew_set, &starts[i]->d.id, starts[i]->d.lease);
          job_start (d, starts[i]);
       }
       bson_free (starts);
@@ -506,22 +492,49 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
    return true;
 }
 
-/* Completes everything in the done list with one completeMany; what could
- * not be completed is kept and tried again. */
+/* Moves the jobs of jobs[0]'s store instance to the front of jobs[0..n)
+ * and returns how many there are: the completions one completeMany
+ * takes. */
+static size_t
+jobs_of_one_store (job_t **jobs, size_t n)
+{
+   size_t k = 1;
+
+   for (size_t i = 1; i < n; i++)
+      if (jobs[i]->store == jobs[0]->store) {
+         job_t *t = jobs[k];
+         jobs[k++] = jobs[i];
+         jobs[i] = t;
+      }
+   return k;
+}
+
+/* Completes everything in the done list, one completeMany per lane space
+ * (one in all with a single dispatched handler); what could not be
+ * completed is kept and tried again. */
 static size_t
 flush (dispatcher_t *d)
 {
    size_t n = d->n_done, freed = 0;
+   job_t **jobs;
 
    evtimer_del (d->flush_ev);
    if (n == 0)
       return 0;
+   /* A copy: a follower started by a completion may finish at once and
+    * be added to the done list. */
+   jobs = bson_malloc (n * sizeof *jobs);
+   memcpy (jobs, d->done, n * sizeof *jobs);
    d->n_done = 0;
-   if (!complete_jobs (d, d->done, n, &freed))
-      for (size_t i = 0; i < n; i++) {
-         d->done[i]->settle = JOB_SETTLE_COMPLETE;
-         keep_unsettled (d, d->done[i]);
-      }
+   for (size_t at = 0, k; at < n; at += k) {
+      k = jobs_of_one_store (jobs + at, n - at);
+      if (!complete_jobs (d, jobs + at, k, &freed))
+         for (size_t i = at; i < at + k; i++) {
+            jobs[i]->settle = JOB_SETTLE_COMPLETE;
+            keep_unsettled (d, jobs[i]);
+         }
+   }
+   bson_free (jobs);
    return freed;
 }
 
@@ -565,13 +578,16 @@ settle_retry (dispatcher_t *d, bool all)
       else
          keep_unsettled (d, j);
    }
-   if (!complete_jobs (d, complete, n_complete, NULL))
-      for (size_t i = 0; i < n_complete; i++) {
-         if (all)
-            job_drop (d, complete[i], false);
-         else
-            keep_unsettled (d, complete[i]);
-      }
+   for (size_t at = 0, k; at < n_complete; at += k) {
+      k = jobs_of_one_store (complete + at, n_complete - at);
+      if (!complete_jobs (d, complete + at, k, NULL))
+         for (size_t i = at; i < at + k; i++) {
+            if (all)
+               job_drop (d, complete[i], false);
+            else
+               keep_unsettled (d, complete[i]);
+         }
+   }
    for (size_t i = 0; i < d->n_unsettled; i++)
       if (next == 0 || d->unsettled[i]->retry_at < next)
          next = d->unsettled[i]->retry_at;
@@ -686,7 +702,7 @@ job_gone (dispatcher_t *d, job_t *j, const char *why)
    log_info ("dispatch: %s delivery %s: the endpoint is gone (%s): given back, attempt not charged", h->cfg->name, hex, why);
    (void) dispatch_fleet_disable (d->fleet, h->cfg->name, COUNTERS_STATE_GONE, "410", clock_now_ms ());
    h->freed++;
-   if (!store_release (d->store, &r, clock_now_ms (), &applied, &err))
+   if (!store_release (j->store, &r, clock_now_ms (), &applied, &err))
       log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
    job_drop (d, j, true);
    if (d->stopping && d->n_running == 0)
@@ -775,6 +791,7 @@ job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    j->d = *item;
    memset (item, 0, sizeof *item);
    j->h = h;
+   j->store = h->ls->store;
    h->jobs++;
    j->disp = d;
    return j;
@@ -821,7 +838,7 @@ job_start (dispatcher_t *d, job_t *j)
       store_ref_t r = job_ref (j);
 
       h->freed++;
-      if (!store_release (d->store, &r, clock_now_ms (), &applied, &err))
+      if (!store_release (j->store, &r, clock_now_ms (), &applied, &err))
          log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
       job_drop (d, j, true);
       return;
@@ -843,7 +860,7 @@ job_start (dispatcher_t *d, job_t *j)
        * delivery of the same key.  Given back instead (no attempt
        * charged), with its followers; the next claim takes it again. */
       store_ref_t r = job_ref (j);
-      int64_t left = store_lease_expires (d->store, &r) - clock_now_ms ();
+      int64_t left = store_lease_expires (j->store, &r) - clock_now_ms ();
       if (left < d->cfg->lease_ms / 3) {
          bool applied = false;
          counters_add (COUNTER_DISPATCH_LEASE_SHORT, 1);
@@ -854,7 +871,7 @@ job_start (dispatcher_t *d, job_t *j)
                    left > 0 ? left : 0,
                    d->cfg->lease_ms);
          h->freed++;
-         if (!store_release (d->store, &r, clock_now_ms (), &applied, &err))
+         if (!store_release (j->store, &r, clock_now_ms (), &applied, &err))
             log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
          job_drop (d, j, true);
          /* Claimed again at once: a claim on a lane still held extends
@@ -870,7 +887,7 @@ job_start (dispatcher_t *d, job_t *j)
    d->running = j;
    d->n_running++;
    h->running++;
-   renew_set_add (&d->renew_set, j);
+   renew_set_add (&d->renew_set, &j->d.id, j->d.lease, j->store);
    if (h->cfg->kind_id == HANDLER_KIND_WEBHOOK)
       counters_add (COUNTER_DISPATCH_HTTP_REQUESTS, 1);
    j->started_ms = clock_now_ms ();
@@ -921,59 +938,36 @@ wants_claim (dispatcher_t *d)
    return false;
 }
 
-static void
-tick_cb (evutil_socket_t fd, short what, void *arg)
+/* Claims with `o` in lane space `ls` (its lane documents made first) and
+ * starts what it got; *got how many.  False when the claim failed
+ * (logged). */
+static bool
+claim_space (dispatcher_t *d, lane_space_rt_t *ls, const store_claim_opts_t *o, size_t *got)
 {
-   dispatcher_t *d = arg;
-   store_claim_opts_t o = {0};
    store_batch_t b = {0};
    bson_error_t err;
-   size_t total = 0, limit;
    bool ok;
 
-   (void) fd;
-   (void) what;
-   handlers_collect (d);
-   if (d->stopping || !d->setup_done || !d->dispatching)
-      return;
-   flush (d);
-   for (size_t i = 0; i < d->n_handlers; i++) {
-      handler_rt_t *h = d->handlers[i];
-      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling or disabled: not now */
-      if (dispatch_fleet_disabled (d->fleet, h->cfg->name))
-         h->failing_since_ms = 0; /* enabled again, it gets disable_after anew */
-      int64_t free_slots = h->t && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
-      d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
-      total += d->claim_handlers[i].limit;
+   *got = 0;
+   if (!ls->set_up) {
+      if (!store_setup_space (ls->store, ls->handler, &err)) {
+         log_warn ("dispatch: making the lanes of handler %s failed (retry in %" PRId64 " ms): %s",
+                   ls->handler,
+                   d->cfg->poll_interval_ms,
+                   err.message);
+         return false;
+      }
+      ls->set_up = true;
    }
-   limit = total < (size_t) d->cfg->batch_size ? total : (size_t) d->cfg->batch_size;
-   if (limit == 0)
-      return; /* every slot busy: a finishing request ticks again */
-   if (!wants_claim (d))
-      return; /* a handler's next finishing requests tick again */
-   o.handlers = d->claim_handlers;
-   o.n_handlers = d->n_handlers;
-   o.limit = limit;
-   o.now = clock_now_ms ();
-   o.lease_ms = d->cfg->lease_ms;
-   /* Claims that follow completions may take the free lanes an earlier
-    * probe found; after a commit's wake-up, or a poll, they look anew. */
-   o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
-   o.key_run = DISPATCH_KEY_RUN;
-   d->last_claim_ms = o.now;
-   for (size_t i = 0; i < d->n_handlers; i++)
-      d->handlers[i]->freed = 0;
-   d->woken = false;
    counters_add (COUNTER_DISPATCH_CLAIMS, 1);
-   ok = store_claim (d->store, &o, &b, &err);
-   counters_observe (COUNTER_CLAIM_LATENCY, 0, clock_now_ms () - o.now);
+   ok = store_claim (ls->store, o, &b, &err);
+   counters_observe (COUNTER_CLAIM_LATENCY, 0, clock_now_ms () - o->now);
    if (!ok) {
       log_warn ("dispatch: claim failed (retry in %" PRId64 " ms): %s", d->cfg->poll_interval_ms, err.message);
-      schedule (d->tick_ev, d->cfg->poll_interval_ms);
-      return;
+      return false;
    }
    counters_add (COUNTER_DISPATCH_CLAIMED, b.n);
-   log_debug ("dispatch: claimed %zu of %zu in %" PRId64 " ms", b.n, limit, clock_now_ms () - o.now);
+   log_debug ("dispatch: claimed %zu of %zu in %" PRId64 " ms", b.n, o->limit, clock_now_ms () - o->now);
    {
       /* The deliveries of one key form a chain in sequence order: the
        * first starts, each next one waits for the one before it to be
@@ -983,7 +977,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       for (size_t i = 0; i < b.n; i++) {
          job_t *j = NULL;
          for (size_t k = 0; k < d->n_handlers; k++)
-            if (!strcmp (d->handlers[k]->cfg->name, b.items[i].handler)) {
+            if (d->handlers[k]->ls == ls && !strcmp (d->handlers[k]->cfg->name, b.items[i].handler)) {
                j = job_new (d, d->handlers[k], &b.items[i]);
                break;
             }
@@ -1008,15 +1002,86 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       for (size_t c = 0; c < n_js; c++) {
          for (job_t *f = js[c]->follower; f; f = f->follower) {
             f->h->waiting++;
-            renew_set_add (&d->renew_set, f);
+            renew_set_add (&d->renew_set, &f->d.id, f->d.lease, f->store);
          }
          job_start (d, js[c]);
       }
       bson_free (js);
    }
+   *got = b.n;
    store_batch_clear (&b);
+   return true;
+}
+
+static void
+tick_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   store_claim_opts_t o = {0};
+   store_claim_handler_t *space_claim;
+   size_t total = 0, limit, claimed = 0;
+   bool full = false, failed = false;
+
+   (void) fd;
+   (void) what;
+   handlers_collect (d);
+   if (d->stopping || !d->setup_done || !d->dispatching)
+      return;
+   flush (d);
+   for (size_t i = 0; i < d->n_handlers; i++) {
+      handler_rt_t *h = d->handlers[i];
+      bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling or disabled: not now */
+      if (dispatch_fleet_disabled (d->fleet, h->cfg->name))
+         h->failing_since_ms = 0; /* enabled again, it gets disable_after anew */
+      int64_t free_slots = h->t && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
+      d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
+      total += d->claim_handlers[i].limit;
+   }
+   limit = total < (size_t) d->cfg->batch_size ? total : (size_t) d->cfg->batch_size;
+   if (limit == 0)
+      return; /* every slot busy: a finishing request ticks again */
+   if (!wants_claim (d))
+      return; /* a handler's next finishing requests tick again */
+   space_claim = bson_malloc0 ((d->n_handlers + 1) * sizeof *space_claim);
+   o.limit = limit;
+   o.now = clock_now_ms ();
+   o.lease_ms = d->cfg->lease_ms;
+   /* Claims that follow completions may take the free lanes an earlier
+    * probe found; after a commit's wake-up, or a poll, they look anew. */
+   o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
+   o.key_run = DISPATCH_KEY_RUN;
+   d->last_claim_ms = o.now;
+   for (size_t i = 0; i < d->n_handlers; i++)
+      d->handlers[i]->freed = 0;
+   d->woken = false;
+   /* One claim per lane space with free slots (one in all with a single
+    * dispatched handler), sharing the batch's limit; the space that goes
+    * first turns round, so no handler's claims always come last. */
+   for (size_t n = 0; n < d->n_spaces && claimed < limit; n++) {
+      size_t i = (d->claim_first + n) % d->n_spaces, space_limit = 0, got;
+      o.n_handlers = 0;
+      for (size_t k = 0; k < d->n_handlers; k++)
+         if (d->handlers[k]->ls == d->spaces[i] && d->claim_handlers[k].limit > 0) {
+            space_claim[o.n_handlers++] = d->claim_handlers[k];
+            space_limit += d->claim_handlers[k].limit;
+         }
+      if (o.n_handlers == 0)
+         continue;
+      o.handlers = space_claim;
+      o.limit = space_limit < limit - claimed ? space_limit : limit - claimed;
+      o.now = clock_now_ms ();
+      if (!claim_space (d, d->spaces[i], &o, &got)) {
+         failed = true;
+         continue;
+      }
+      claimed += got;
+      full = full || (got == o.limit && o.limit < space_limit);
+   }
+   bson_free (space_claim);
+   if (d->n_spaces > 0)
+      d->claim_first = (d->claim_first + 1) % d->n_spaces;
    /* A full batch below the free slots: more may be waiting. */
-   schedule (d->tick_ev, (b.n == limit && limit < total) ? 0 : d->cfg->poll_interval_ms);
+   schedule (d->tick_ev, (!failed && (full || (claimed == limit && limit < total))) ? 0 : d->cfg->poll_interval_ms);
 }
 
 static void
@@ -1041,58 +1106,16 @@ renew_arm (dispatcher_t *d)
    schedule (d->renew_tick_ev, ms > 0 ? ms : 1);
 }
 
-/* On the renewal thread: renews every running delivery's lease (a copy of
- * the running set, taken under its lock; the store calls run without it). */
+/* On the renewal thread: renews every running delivery's lease
+ * (dispatch/renew.h). */
 static void
 renew_cb (evutil_socket_t fd, short what, void *arg)
 {
    dispatcher_t *d = arg;
-   renew_set_t *rs = &d->renew_set;
-   store_ref_t *refs = NULL;
-   char (*leases)[OUTBOX_LEASE_TOKEN_MAX] = NULL;
-   bool *applied = NULL;
-   bool lost[OUTBOX_LANES] = {0};
-   bson_error_t err;
-   size_t n;
 
    (void) fd;
    (void) what;
-   pthread_mutex_lock (&rs->mu);
-   n = rs->n;
-   if (n > 0) {
-      refs = bson_malloc (n * sizeof *refs);
-      leases = bson_malloc (n * sizeof *leases);
-      memcpy (leases, rs->leases, n * sizeof *leases);
-      for (size_t i = 0; i < n; i++) {
-         refs[i].id = rs->refs[i].id;
-         refs[i].lease = leases[i];
-      }
-   }
-   pthread_mutex_unlock (&rs->mu);
-   if (n > 0) {
-      applied = bson_malloc0 (n * sizeof *applied);
-      if (!store_extend_leases (d->store, worker_pool (d->renew), refs, n, clock_now_ms (), atomic_load (&d->renew_lease_ms), applied, &err))
-         log_warn ("dispatch: renewing leases: %s", err.message);
-      else
-         for (size_t i = 0; i < n; i++) {
-            outbox_lease_t lease;
-            bool still = false;
-            if (applied[i] || !outbox_lease_parse (refs[i].lease, &lease) || lost[lease.lane_id])
-               continue;
-            /* A request that finished meanwhile was settled, not lost. */
-            pthread_mutex_lock (&rs->mu);
-            for (size_t k = 0; k < rs->n && !still; k++)
-               still = bson_oid_equal (&rs->refs[k].id, &refs[i].id) && !strcmp (rs->leases[k], refs[i].lease);
-            pthread_mutex_unlock (&rs->mu);
-            if (still) {
-               lost[lease.lane_id] = true;
-               log_warn ("dispatch: a claim of lane %u was lost before its renewal; its delivery may run twice", lease.lane_id);
-            }
-         }
-   }
-   bson_free (refs);
-   bson_free (leases);
-   bson_free (applied);
+   renew_set_renew (&d->renew_set, worker_pool (d->renew), atomic_load (&d->renew_lease_ms));
    renew_arm (d);
 }
 
@@ -1241,7 +1264,7 @@ finish (dispatcher_t *d)
       transport_cancel (j->h->t, j->req);
       j->req = NULL;
       running_remove (d, j);
-      if (reachable && !store_release (d->store, &r, now, &applied, &err)) {
+      if (reachable && !store_release (j->store, &r, now, &applied, &err)) {
          log_warn ("dispatch: releasing a delivery at stop: %s", err.message);
          reachable = false;
       }
@@ -1256,8 +1279,9 @@ finish (dispatcher_t *d)
       job_drop (d, d->unsettled[i], false);
    }
    d->n_unsettled = 0;
-   if (reachable && !store_relinquish (d->store, now, &err))
-      log_warn ("dispatch: handing lanes back: %s", err.message);
+   for (size_t i = 0; reachable && i < d->n_spaces; i++)
+      if (!store_relinquish (d->spaces[i]->store, now, &err))
+         log_warn ("dispatch: handing lanes back (handler %s): %s", d->spaces[i]->handler, err.message);
    if (reachable)
       dispatch_fleet_stop (d->fleet, now);
    if (!reachable)
@@ -1318,6 +1342,61 @@ renew_schedule (dispatcher_t *d)
    atomic_store (&d->renew_lease_ms, d->cfg->lease_ms);
 }
 
+/* The lane space handler `name` claims in, made on first use (its lane
+ * documents by its first claim).  The spaces stay until the dispatcher
+ * ends: at most one per handler name configured since the start. */
+static lane_space_rt_t *
+lane_space_for (dispatcher_t *d, const char *name)
+{
+   uint32_t space = outbox_lane_space_of (name);
+   lane_space_rt_t *ls;
+
+   for (size_t i = 0; i < d->n_spaces; i++)
+      if (d->spaces[i]->space == space) {
+         d->spaces[i]->unused = false;
+         return d->spaces[i];
+      }
+   ls = bson_malloc0 (sizeof *ls);
+   ls->space = space;
+   ls->store = store_new_in_space (d->store, space);
+   ls->handler = bson_strdup (name);
+   d->spaces = bson_realloc (d->spaces, (d->n_spaces + 1) * sizeof *d->spaces);
+   d->spaces[d->n_spaces++] = ls;
+   return ls;
+}
+
+static void
+lane_space_free (lane_space_rt_t *ls)
+{
+   store_destroy (ls->store);
+   bson_free (ls->handler);
+   bson_free (ls);
+}
+
+/* A reload removed every handler of a lane space and their last jobs
+ * ended: its lanes are handed back at once, not left to their leases. */
+static void
+lane_spaces_hand_back (dispatcher_t *d)
+{
+   for (size_t i = 0; i < d->n_spaces; i++) {
+      lane_space_rt_t *ls = d->spaces[i];
+      bool used = false;
+      bson_error_t err;
+      for (size_t k = 0; k < d->n_handlers && !used; k++)
+         used = d->handlers[k]->ls == ls;
+      for (size_t k = 0; k < d->n_retired && !used; k++)
+         used = d->retired[k]->ls == ls;
+      if (used || ls->unused || !ls->set_up)
+         continue;
+      if (!store_relinquish (ls->store, clock_now_ms (), &err)) {
+         log_warn ("dispatch: handing back the lanes of removed handler %s: %s (they free up after lease_ms)", ls->handler, err.message);
+         continue;
+      }
+      ls->unused = true;
+      log_info ("dispatch: handed back the lanes of removed handler %s", ls->handler);
+   }
+}
+
 /* A handler's run-time state for `hc`, an entry of `snap` (retained);
  * NULL when its transport cannot be made (error says why). */
 static handler_rt_t *
@@ -1329,6 +1408,7 @@ handler_new (dispatcher_t *d, config_t *snap, const config_handler_t *hc, bson_e
    env.base = d->base;
    h = bson_malloc0 (sizeof *h);
    h->cfg = hc;
+   h->ls = lane_space_for (d, hc->name);
    h->t = transport_new (&env, hc, error);
    if (!h->t) {
       bson_free (h);
@@ -1372,6 +1452,8 @@ handlers_collect (dispatcher_t *d)
    }
    d->n_retired = kept;
    pthread_mutex_unlock (&g_states_mu);
+   if (d->setup_done && !d->stopping)
+      lane_spaces_hand_back (d);
 }
 
 static bool
@@ -1617,9 +1699,7 @@ dispatcher_free (dispatcher_t *d)
    if (d->renew_tick_ev)
       event_free (d->renew_tick_ev);
    worker_destroy (d->renew);
-   bson_free (d->renew_set.refs);
-   bson_free (d->renew_set.leases);
-   pthread_mutex_destroy (&d->renew_set.mu);
+   renew_set_destroy (&d->renew_set);
    for (size_t i = 0; i < d->n_handlers; i++)
       handler_free (d->handlers[i]);
    for (size_t i = 0; i < d->n_retired; i++)
@@ -1643,6 +1723,9 @@ dispatcher_free (dispatcher_t *d)
    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
       if (evs[i])
          event_free (evs[i]);
+   for (size_t i = 0; i < d->n_spaces; i++)
+      lane_space_free (d->spaces[i]);
+   bson_free (d->spaces);
    store_destroy (d->store);
    worker_destroy (d->w); /* after everything on its base and pool */
    config_release (d->cfg);
@@ -1663,7 +1746,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    bson_error_t err;
    size_t n_sent = 0;
 
-   pthread_mutex_init (&d->renew_set.mu, NULL);
+   renew_set_init (&d->renew_set);
    d->cfg = config_retain (cfg);
    d->w = store_worker_new (cfg, &wo, &d->store, error);
    if (!d->w)

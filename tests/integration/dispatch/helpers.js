@@ -14,15 +14,7 @@ const { Webhook } = require('standardwebhooks');
 const { tmpDir, freePort, sleep, within, proxyBin, startUpstream } = require('../lib/proxy');
 const H = require('../lib/proxy');
 
-function fnv1a(str) {
-  let h = 0x811c9dc5;
-  for (const b of Buffer.from(str, 'utf8')) {
-    h ^= b;
-    h = Math.imul(h, 0x01000193) >>> 0;
-  }
-  return h >>> 0;
-}
-
+const { fnv1a, laneDocId } = H;
 const laneId = (key, eventId) => fnv1a(key !== undefined && key !== null ? key : eventId) % 256;
 
 // Handlers of the suites retry fast: the delays double from 0.5 s (nine of
@@ -236,4 +228,4 @@ async function upstreamWithFailPoints(t) {
   return { up, admin, fp };
 }
 
-module.exports = { upstreamWithFailPoints, fnv1a, laneId, startDispatchProxy, publish, publishThroughProxy, waitFor, TEST_RETRY_SCHEDULE, newSecret, startReceiver, verifies };
+module.exports = { upstreamWithFailPoints, fnv1a, laneId, laneDocId, startDispatchProxy, publish, publishThroughProxy, waitFor, TEST_RETRY_SCHEDULE, newSecret, startReceiver, verifies };

@@ -10,7 +10,7 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { uniqueDbName, sleep } = require('../lib/proxy');
 const { startSink } = require('./sink');
-const { upstreamWithFailPoints, startDispatchProxy, publish, laneId, waitFor } = require('./helpers');
+const { upstreamWithFailPoints, startDispatchProxy, publish, laneId, laneDocId, waitFor } = require('./helpers');
 
 const LEASE_MS = 1500;
 
@@ -41,7 +41,7 @@ test('renewal: a slow claim does not let a running delivery\'s lease lapse', { t
 
   // While the request runs, the lane's lease never lapses.
   const lanes = admin.db(db).collection('relaybus_lanes');
-  const lane = laneId('k', 'slow-1');
+  const lane = laneDocId('slow', laneId('k', 'slow-1')); // handler slow's lane of the key
   let lapsed = 0;
   let checks = 0;
   while (sink.stats().pendingNow === 1) {

@@ -952,6 +952,24 @@ function runCdriverClient(bin, uri, db, timeoutMs = 90000) {
 }
 
 /** hello command names, all spellings. */
+/** FNV-1a 32 of a UTF-8 string: how base/outbox.c hashes keys into lanes and handler names into
+ * lane spaces. */
+function fnv1a(str) {
+  let h = 0x811c9dc5;
+  for (const b of Buffer.from(str, 'utf8')) {
+    h ^= b;
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h >>> 0;
+}
+
+/** The _id of the lane document of lane number `lane` (0..255) of handler `handler`'s lane space
+ * (base/outbox.h: the fixed spaces are 0 and 1, the handler spaces follow, 256 lanes each). */
+function laneDocId(handler, lane) {
+  const spaces = Math.floor(0x7fffffff / 256);
+  return (2 + (fnv1a(handler) % (spaces - 2))) * 256 + lane;
+}
+
 function isHelloDoc(doc) {
   return !!doc && ('hello' in doc || 'isMaster' in doc || 'ismaster' in doc);
 }
@@ -993,6 +1011,8 @@ module.exports = {
   WireConn,
   startTap,
   isHelloDoc,
+  fnv1a,
+  laneDocId,
   newRequestId,
   buildCdriverClient,
   runCdriverClient,

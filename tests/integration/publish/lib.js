@@ -42,12 +42,7 @@ function subscribed(handlers, type) {
 
 /** The lane of a delivery: FNV-1a 32 of the UTF-8 key (else of the event id), mod 256. */
 function laneId(key, eventId) {
-  let h = 0x811c9dc5;
-  for (const b of Buffer.from(key ?? eventId, 'utf8')) {
-    h ^= b;
-    h = Math.imul(h, 0x01000193) >>> 0;
-  }
-  return h % 256;
+  return H.fnv1a(key ?? eventId) % 256;
 }
 
 function outboxOf(direct) {
