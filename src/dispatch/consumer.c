@@ -1,7 +1,11 @@
 /*
  * dispatch/consumer.c - the pull consumers' worker (dispatch/consumer.h).
  *
- * One thread, one store instance, three lists (and a retry list, below):
+ * One thread, a store instance per pull handler's lane space (each
+ * handler claims in lanes of its own, base/outbox.h, so a claim one
+ * handler's consumer holds for its lease never keeps another handler's
+ * consumers, on this proxy or another, waiting), three lists (and a retry
+ * list, below):
  *
  *  - the inbox: requests the forwarding loop submitted (bounded), and the
  *    close notices of connections (one per connection that submitted
@@ -133,9 +137,22 @@ typedef struct {
    uint32_t conns, claims, polls;
 } usage_t;
 
+/* A lane space the pull handlers claim in, and its store instance: one
+ * per handler, unless two names hash to one space.  Kept until the
+ * consumer ends (at most one per pull handler configured since the
+ * start). */
 typedef struct {
-   worker_t *w; /* owns the base and the pool */
+   uint32_t space;
    store_t *store;
+   char *handler; /* owned: the handler it was made for, recorded in its lane documents */
+   bool set_up;   /* its lane documents exist (store_setup_space) */
+} pull_space_t;
+
+typedef struct {
+   worker_t *w;    /* owns the base and the pool */
+   store_t *store; /* the handler statistics; it claims nothing */
+   pull_space_t **spaces;
+   size_t n_spaces;
    struct event_base *base;
    pthread_mutex_t mu; /* the inbox */
    pull_req_t *in_head, *in_tail;
@@ -475,6 +492,55 @@ ref_of (const held_t *h)
    return ref;
 }
 
+/* The lane space pull handler `handler` claims in, made on first use. */
+static pull_space_t *
+space_of (consumer_t *c, const char *handler)
+{
+   uint32_t space = outbox_lane_space_of (handler);
+   pull_space_t *ps;
+
+   for (size_t i = 0; i < c->n_spaces; i++)
+      if (c->spaces[i]->space == space)
+         return c->spaces[i];
+   ps = bson_malloc0 (sizeof *ps);
+   ps->space = space;
+   ps->store = store_new_in_space (c->store, space);
+   ps->handler = bson_strdup (handler);
+   c->spaces = bson_realloc (c->spaces, (c->n_spaces + 1) * sizeof *c->spaces);
+   c->spaces[c->n_spaces++] = ps;
+   return ps;
+}
+
+/* The store instance that claims (and settles) `handler`'s deliveries. */
+static store_t *
+store_of (consumer_t *c, const char *handler)
+{
+   return space_of (c, handler)->store;
+}
+
+/* Hands back the lanes of every space (no consumer holds a claim). */
+static void
+relinquish_all (consumer_t *c, const char *when)
+{
+   bson_error_t err;
+
+   for (size_t i = 0; i < c->n_spaces; i++)
+      if (c->spaces[i]->set_up && !store_relinquish (c->spaces[i]->store, clock_now_ms (), &err))
+         log_warn ("consumer: %shanding the lanes of handler %s back failed (they free up when their leases end): %s",
+                   when, c->spaces[i]->handler, err.message);
+}
+
+/* The events' completion times deferred by every instance. */
+static size_t
+deferred_count (consumer_t *c)
+{
+   size_t n = 0;
+
+   for (size_t i = 0; i < c->n_spaces; i++)
+      n += store_deferred_count (c->spaces[i]->store);
+   return n;
+}
+
 /* The handler's current settings (a reload may change them): its
  * max_attempts and the retry delay after attempt `attempt`.  A handler a
  * reload removed keeps one attempt and no delay. */
@@ -509,10 +575,10 @@ charge (consumer_t *c, const held_t *h, int64_t delay_ms, const char *why, bool 
    *dead = h->attempt >= max_attempts;
    if (*dead) {
       *due_at = 0;
-      return store_bury (c->store, &ref, now, why, applied, error);
+      return store_bury (store_of (c, h->handler), &ref, now, why, applied, error);
    }
    *due_at = now + (delay_ms >= 0 ? delay_ms : backoff);
-   return store_reschedule (c->store, &ref, now, *due_at, why, applied, error);
+   return store_reschedule (store_of (c, h->handler), &ref, now, *due_at, why, applied, error);
 }
 
 /* --- the operations ------------------------------------------------------ */
@@ -640,6 +706,7 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    config_t *cfg;
    format_opts_t fo;
    bool shaped;
+   pull_space_t *ps;
 
    room = claim_room (c, r, slot, why, sizeof why);
    if (room == 0) {
@@ -652,7 +719,13 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    h.handler = r->handler;
    h.limit = limit;
    o = (store_claim_opts_t){.handlers = &h, .n_handlers = 1, .limit = limit, .now = now, .lease_ms = r->lease_ms, .key_run = 1};
-   if (!store_claim (c->store, &o, &b, &err)) {
+   ps = space_of (c, r->handler);
+   if (!ps->set_up && !(ps->set_up = store_setup_space (ps->store, r->handler, &err))) {
+      answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusClaim: making the handler's lanes failed: %s", err.message);
+      bson_destroy (&doc);
+      return true;
+   }
+   if (!store_claim (ps->store, &o, &b, &err)) {
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusClaim: the store failed: %s", err.message);
       bson_destroy (&doc);
       return true;
@@ -695,7 +768,7 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    if (n_over > 0) {
       /* Given back in one transaction (they point into b: before its clear). */
       bool *applied = bson_malloc0 (n_over * sizeof *applied);
-      if (!store_settle_many (c->store, STORE_MANY_RELEASE, over, n_over, now, 0, NULL, applied, &err))
+      if (!store_settle_many (ps->store, STORE_MANY_RELEASE, over, n_over, now, 0, NULL, applied, &err))
          log_warn ("consumer: releasing %zu deliveries that did not fit in the answer (their lease runs out instead): %s",
                    n_over, err.message);
       bson_free (applied);
@@ -795,7 +868,7 @@ run_complete (consumer_t *c, pull_req_t *r)
    }
    for (size_t i = 0; i < r->n_leases; i++)
       refs[i] = ref_of (found[i]);
-   if (!store_complete_many (c->store, refs, r->n_leases, clock_now_ms (), done, &err)) {
+   if (!store_complete_many (store_of (c, r->handler), refs, r->n_leases, clock_now_ms (), done, &err)) {
       /* The leases stay held: the consumer may complete them again. */
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusComplete: the store failed: %s", err.message);
       goto done;
@@ -830,7 +903,7 @@ run_fail (consumer_t *c, pull_req_t *r)
    if (r->op == PULL_BURY) {
       store_ref_t ref = ref_of (found[0]);
       dead = true;
-      ok = store_bury (c->store, &ref, clock_now_ms (), why, &applied, &err);
+      ok = store_bury (store_of (c, r->handler), &ref, clock_now_ms (), why, &applied, &err);
    } else {
       ok = charge (c, found[0], r->delay_ms, why, &dead, &applied, &due_at, &err);
    }
@@ -874,7 +947,7 @@ run_extend (consumer_t *c, pull_req_t *r)
     * it, one store round of a few milliseconds, not 1,000 transactions.
     * When it fails, every lease is reported as not extended and stays held
     * (it may still hold). */
-   if (!store_extend_many (c->store, refs, r->n_leases, now, r->lease_ms, applied, &err)) {
+   if (!store_extend_many (store_of (c, r->handler), refs, r->n_leases, now, r->lease_ms, applied, &err)) {
       log_warn ("consumer: c%" PRIu64 " relaybusExtend of %zu leases: %s", r->conn, r->n_leases, err.message);
       for (size_t i = 0; i < r->n_leases; i++) {
          applied[i] = false;
@@ -927,7 +1000,7 @@ run_release (consumer_t *c, pull_req_t *r)
    for (size_t i = 0; i < r->n_leases; i++)
       refs[i] = ref_of (found[i]);
    /* All of them in one transaction (store_settle_many), not one each. */
-   if (!store_settle_many (c->store, STORE_MANY_RELEASE, refs, r->n_leases, now, 0, NULL, applied, &err)) {
+   if (!store_settle_many (store_of (c, r->handler), STORE_MANY_RELEASE, refs, r->n_leases, now, 0, NULL, applied, &err)) {
       /* Nothing was released: the leases stay held. */
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusRelease: the store failed (nothing was released): %s",
                     err.message);
@@ -1035,7 +1108,7 @@ run_settled (consumer_t *c, pull_req_t *r)
       ids[n++] = h->lease.id;
       held_remove (c, h);
    }
-   store_settled_elsewhere (c->store, ids, n);
+   store_settled_elsewhere (store_of (c, r->handler), ids, n);
    if (slot != SIZE_MAX)
       counters_add_at (COUNTER_CONSUMER_COMPLETED_TXN, slot, n);
    bson_free (ids);
@@ -1053,6 +1126,7 @@ run_settled (consumer_t *c, pull_req_t *r)
 static void
 charge_run (consumer_t *c,
             uint64_t conn,
+            const char *handler,
             store_many_kind_t kind,
             const store_ref_t *refs,
             size_t n,
@@ -1067,7 +1141,9 @@ charge_run (consumer_t *c,
    size_t failed = 0;
    bson_error_t err;
 
-   if (store_settle_many (c->store, kind, refs, n, now, due_at, why, applied, &err)) {
+   store_t *store = store_of (c, handler);
+
+   if (store_settle_many (store, kind, refs, n, now, due_at, why, applied, &err)) {
       for (size_t i = 0; i < n; i++)
          ok[i] = true;
       return;
@@ -1077,7 +1153,7 @@ charge_run (consumer_t *c,
       return;
    }
    for (size_t i = 0; i < n; i++) {
-      ok[i] = store_settle_many (c->store, kind, refs + i, 1, now, due_at, why, applied + i, &err);
+      ok[i] = store_settle_many (store, kind, refs + i, 1, now, due_at, why, applied + i, &err);
       failed += !ok[i];
    }
    if (failed > 0)
@@ -1106,9 +1182,18 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
    store_ref_t *refs;
    bool *applied, *is_dead, *ok;
    int64_t now = clock_now_ms ();
+   const char *handler = NULL;
+   char handler_buf[sizeof c->held[0].handler];
 
+   /* One handler's claims per slice: they settle in its lane space. */
    for (size_t i = 0; i < c->n_held; i++)
-      n += c->held[i].conn == conn && c->held[i].owed == owed;
+      if (c->held[i].conn == conn && c->held[i].owed == owed) {
+         if (!handler) {
+            bson_strncpy (handler_buf, c->held[i].handler, sizeof handler_buf);
+            handler = handler_buf;
+         }
+         n += !strcmp (c->held[i].handler, handler);
+      }
    if (n == 0)
       return false;
    if (n > CONSUMER_CLOSE_SLICE)
@@ -1126,7 +1211,7 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
       size_t seen = 0, a = 0, b;
 
       for (size_t i = 0; i < c->n_held && seen < n; i++)
-         if (c->held[i].conn == conn && c->held[i].owed == owed) {
+         if (c->held[i].conn == conn && c->held[i].owed == owed && !strcmp (c->held[i].handler, handler)) {
             int64_t max_attempts, backoff;
             handler_policy (c, c->held[i].handler, c->held[i].attempt, &max_attempts, &backoff);
             last[seen] = c->held[i].attempt >= max_attempts;
@@ -1146,9 +1231,9 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
    n_due = n - n_dead;
    ok = bson_malloc0 (n * sizeof *ok);
    if (n_dead > 0)
-      charge_run (c, conn, STORE_MANY_BURY, refs, n_dead, now, !owed, applied, ok);
+      charge_run (c, conn, handler, STORE_MANY_BURY, refs, n_dead, now, !owed, applied, ok);
    if (n_due > 0)
-      charge_run (c, conn, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, !owed, applied + n_dead, ok + n_dead);
+      charge_run (c, conn, handler, STORE_MANY_RESCHEDULE, refs + n_dead, n_due, now, !owed, applied + n_dead, ok + n_dead);
    for (size_t i = 0; i < n; i++) {
       if (!ok[i]) {
          /* Owed: kept, charged by the retry list. */
@@ -1204,10 +1289,9 @@ run_closed (consumer_t *c, uint64_t conn)
    if (!more && charged + dead + lost > 0 && c->n_held == 0) {
       /* (Owed charges keep their lanes: store_relinquish would release
        * their deliveries with no attempt charged.) */
-      bson_error_t err;
-      if (!store_relinquish (c->store, clock_now_ms (), &err))
-         log_warn ("consumer: c%" PRIu64 " closed: handing the lanes back failed (they free up when their leases end): %s",
-                   conn, err.message);
+      char when[48];
+      bson_snprintf (when, sizeof when, "c%" PRIu64 " closed: ", conn);
+      relinquish_all (c, when);
    }
    if (charged + dead + lost > 0)
       log_info ("consumer: c%" PRIu64 " closed holding claims: %zu due again with one attempt charged, %zu dead, %zu "
@@ -1233,7 +1317,7 @@ retry_arm (consumer_t *c)
 
    for (size_t i = 0; i < c->n_held && !owed; i++)
       owed = c->held[i].owed;
-   if ((owed || store_deferred_count (c->store) > 0) && !evtimer_pending (c->retry_ev, NULL))
+   if ((owed || deferred_count (c) > 0) && !evtimer_pending (c->retry_ev, NULL))
       evtimer_add (c->retry_ev, &tv);
 }
 
@@ -1246,8 +1330,9 @@ retry_cb (evutil_socket_t fd, short what, void *arg)
 
    (void) fd;
    (void) what;
-   if (store_deferred_count (c->store) > 0 && !store_retry_deferred (c->store, &left, &err))
-      log_debug ("consumer: %zu deferred completion time(s) wait on: %s", left, err.message);
+   for (size_t i = 0; i < c->n_spaces; i++)
+      if (store_deferred_count (c->spaces[i]->store) > 0 && !store_retry_deferred (c->spaces[i]->store, &left, &err))
+         log_debug ("consumer: %zu deferred completion time(s) wait on: %s", left, err.message);
    for (size_t i = 0; i < c->n_held; i++)
       if (c->held[i].owed) {
          uint64_t conn = c->held[i].conn;
@@ -1260,8 +1345,7 @@ retry_cb (evutil_socket_t fd, short what, void *arg)
       }
    if (charged + dead + lost > 0 && c->n_held == 0) {
       /* As run_closed: no consumer holds a claim, the lanes go back. */
-      if (!store_relinquish (c->store, clock_now_ms (), &err))
-         log_warn ("consumer: handing the lanes back failed (they free up when their leases end): %s", err.message);
+      relinquish_all (c, "");
    }
    retry_arm (c);
 }
@@ -1701,7 +1785,6 @@ stop_cb (void *arg)
 {
    consumer_t *c = arg;
    pull_req_t *r, *next;
-   bool keep[OUTBOX_LANES] = {false};
    size_t owed, n_keep = 0;
    bson_error_t err;
 
@@ -1719,18 +1802,24 @@ stop_cb (void *arg)
    while (c->n_waiting > 0)
       waiting_remove (c, c->n_waiting - 1);
    owed = stop_charge_owed (c);
-   for (size_t i = 0; i < c->n_held; i++)
-      if (c->held[i].owed && c->held[i].lane < OUTBOX_LANES && !keep[c->held[i].lane]) {
-         keep[c->held[i].lane] = true;
-         n_keep++;
-      }
+   /* Each space's lanes go back, but for the lanes of its owed charges. */
+   for (size_t k = 0; k < c->n_spaces; k++) {
+      pull_space_t *ps = c->spaces[k];
+      bool keep[OUTBOX_LANES] = {false};
+      for (size_t i = 0; i < c->n_held; i++)
+         if (c->held[i].owed && c->held[i].lane < OUTBOX_LANES && !keep[c->held[i].lane] && space_of (c, c->held[i].handler) == ps) {
+            keep[c->held[i].lane] = true;
+            n_keep++;
+         }
+      if (ps->set_up && !store_relinquish_except (ps->store, clock_now_ms (), keep, &err))
+         log_warn ("consumer: handing the lanes of handler %s back failed (they free up when their leases end): %s", ps->handler,
+                   err.message);
+   }
    if (owed > 0)
       log_warn ("consumer: stopping: %zu owed charge(s) did not land within %d ms (an open transaction still holds "
                 "their deliveries): their %zu lane(s) stay held, and whoever takes them over after their lease "
                 "charges those claims",
                 owed, CONSUMER_STOP_CHARGE_MS, n_keep);
-   if (c->n_held > 0 && !store_relinquish_except (c->store, clock_now_ms (), keep, &err))
-      log_warn ("consumer: handing the lanes back failed (they free up when their leases end): %s", err.message);
    event_base_loopexit (c->base, NULL);
 }
 
@@ -1766,6 +1855,12 @@ consumer_free (consumer_t *c)
          usage_publish (c, slot);
       }
    bson_free (c->users);
+   for (size_t i = 0; i < c->n_spaces; i++) {
+      store_destroy (c->spaces[i]->store);
+      bson_free (c->spaces[i]->handler);
+      bson_free (c->spaces[i]);
+   }
+   bson_free (c->spaces);
    store_destroy (c->store);
    worker_destroy (c->w); /* after everything on its base and pool */
    pthread_mutex_destroy (&c->mu);
@@ -1795,9 +1890,6 @@ consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, co
    c->w = store_worker_new (cfg, &wo, &c->store, error);
    if (!c->w)
       goto fail;
-   /* Pull handlers have lanes of their own: a lane the dispatcher holds
-    * for a slow webhook never keeps a consumer waiting, nor the reverse. */
-   store_set_lane_space (c->store, OUTBOX_LANE_SPACE_PULL);
    c->base = worker_base (c->w);
    c->held = bson_malloc0 (CONSUMER_MAX_CLAIMS * sizeof *c->held);
    c->in_ev = event_new (c->base, -1, 0, in_cb, c);

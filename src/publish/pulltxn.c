@@ -10,8 +10,9 @@
  * transaction (complete_fence): the delivery pending in the lease's lane
  * with the lease's claim generation (a missing one counts as 0), the lane
  * at the lease's epoch listing it.  A pull handler's leases are issued by
- * the consumer thread, in the pull lane space (base/outbox.h): lane n of a
- * lease is the lane document of _id outbox_lane_doc_id (pull, n).
+ * the consumer thread, in the handler's lane space (base/outbox.h): lane n
+ * of a lease is the lane document of _id
+ * outbox_lane_doc_id (outbox_lane_space_of (handler), n).
  *
  * No I/O and no global state: publish/pull.c sends the commands and hands
  * back the replies.
@@ -209,7 +210,7 @@ plan_fence (pulltxn_t *t)
       if (!want[t->tokens[i].lane_id]) {
          const char *k = idx_key (n_lanes++, buf);
          want[t->tokens[i].lane_id] = true;
-         BSON_APPEND_INT32 (&in, k, outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, t->tokens[i].lane_id));
+         BSON_APPEND_INT32 (&in, k, outbox_lane_doc_id (outbox_lane_space_of (t->handler), t->tokens[i].lane_id));
       }
    bson_append_array_end (&id, &in);
    bson_append_document_end (&filter, &id);
@@ -439,7 +440,7 @@ take_delivery (pulltxn_t *t, const bson_t *doc)
          t->docs[i] = bson_copy (doc);
 }
 
-/* A lane document of the pull lane space read by the fence's find. */
+/* A lane document of the handler's lane space read by the fence's find. */
 static void
 take_lane (pulltxn_t *t, const bson_t *doc)
 {
@@ -448,7 +449,7 @@ take_lane (pulltxn_t *t, const bson_t *doc)
 
    if (!bson_iter_init_find (&id, doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&id))
       return;
-   lane = bson_iter_as_int64 (&id) - outbox_lane_doc_id (OUTBOX_LANE_SPACE_PULL, 0);
+   lane = bson_iter_as_int64 (&id) - outbox_lane_doc_id (outbox_lane_space_of (t->handler), 0);
    if (lane < 0 || lane >= OUTBOX_LANES || t->lanes_read[lane])
       return;
    t->lanes_read[lane] = bson_copy (doc);

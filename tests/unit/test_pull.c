@@ -17,6 +17,7 @@
 
 #include "base/config.h"
 #include "base/pull.h"
+#include "base/outbox.h"
 #include "publish/pulltxn.h"
 
 static const char *const ini = "[proxy]\n"
@@ -247,8 +248,11 @@ test_lease_roundtrip (void **state)
    "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"relaybus.relaybus_deliveries\", \"firstBatch\": [{\"_id\": " TXN_OID \
    ", \"eventId\": \"e1\", \"handler\": \"" handler "\", \"eventType\": \"order.placed.v1\", \"laneId\": " lane      \
    ", \"status\": \"" status "\", \"attempts\": 0, \"claims\": " claims "}]}}"
+/* Lane 17 of handler "orders"'s lane space (test_txn_fence checks the
+ * number against outbox_lane_doc_id). */
+#define TXN_LANE_DOC 1587026449
 #define TXN_LANE(epoch, inflight)                                                                             \
-   "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"relaybus.relaybus_lanes\", \"firstBatch\": [{\"_id\": 273, "      \
+   "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"relaybus.relaybus_lanes\", \"firstBatch\": [{\"_id\": 1587026449, "      \
    "\"epoch\": " epoch ", \"inFlight\": [" inflight "]}]}}"
 #define TXN_NONE "{\"ok\": 1, \"cursor\": {\"id\": 0, \"ns\": \"x.y\", \"firstBatch\": []}}"
 
@@ -312,6 +316,7 @@ test_txn_fence (void **state)
    config_t *cfg = cfg_new ();
 
    (void) state;
+   assert_int_equal (outbox_lane_doc_id (outbox_lane_space_of ("orders"), 17), TXN_LANE_DOC);
    for (size_t k = 0; k < sizeof fence_cases / sizeof fence_cases[0]; k++) {
       pulltxn_t *t = txn_new (cfg, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS "}");
       const bson_t *fail = NULL;
@@ -329,6 +334,9 @@ test_txn_fence (void **state)
          assert_false (has_path (pulltxn_command (t, i), "startTransaction"));
          assert_false (has_path (pulltxn_command (t, i), "readConcern"));
       }
+      /* The lease's lane in the handler's lane space. */
+      assert_true (bson_iter_init (&it, pulltxn_command (t, 1)) && bson_iter_find_descendant (&it, "filter._id.$in.0", &it));
+      assert_int_equal (bson_iter_as_int64 (&it), TXN_LANE_DOC);
       reply_json (t, 0, fence_cases[k].deliveries);
       reply_json (t, 1, fence_cases[k].lanes);
       n = pulltxn_next_round (t);

@@ -138,8 +138,8 @@ test('relaybusExtend: the lease outlives leaseMs; relaybusRelease gives a delive
   assert.equal(r.ok, 1);
   assert.deepEqual(r.extended, [d.lease]);
   assert.deepEqual(r.notExtended, []);
-  // A pull handler's lane n is the lane document 256 + n (the pull lane space).
-  const laneDoc = await s.outbox.db.collection(`${P.PREFIX}lanes`).findOne({ _id: 256 + lane });
+  // A pull handler's lane n is lane n of the handler's own lane space.
+  const laneDoc = await s.outbox.db.collection(`${P.PREFIX}lanes`).findOne({ _id: H.laneDocId('users', lane) });
   assert.ok(laneDoc.leaseExpiresAt.getTime() >= Date.now() + 6000, 'the lane lease was extended');
   // Past the original leaseMs the claim still holds: nothing else gets the delivery.
   await H.sleep(1300);
@@ -338,7 +338,7 @@ test('a consumer connection closed with claims: its deliveries are runnable agai
   // No other claim was held: the lanes were handed back too, not left to their 600 s lease (a
   // lane's lease never shrinks, so b's 30 s claim alone would have kept it).
   for (const d of got) {
-    const lane = await s.outbox.db.collection(`${P.PREFIX}lanes`).findOne({ _id: 256 + Number(d.lease.split(':')[0]) });
+    const lane = await s.outbox.db.collection(`${P.PREFIX}lanes`).findOne({ _id: H.laneDocId('users', Number(d.lease.split(':')[0])) });
     assert.ok(!lane.owner || lane.leaseExpiresAt.getTime() <= Date.now() + 60000, `lane ${lane._id} handed back`);
   }
   await C.cmd(b, { relaybusComplete: 'users', leases: again.map((d) => d.lease) });

@@ -17,6 +17,7 @@
 #include <time.h>
 
 static const char *handler;
+static int64_t lane_base; /* the lane document of the handler's lane 0 (the plan's laneBase) */
 static const char *app_db;
 static mongoc_collection_t *deliveries, *lanes;
 
@@ -447,6 +448,12 @@ main (int argc, char **argv)
    if (!plan)
       die ("the plan", &error);
    handler = get_utf8 (plan, "handler");
+   {
+      bson_iter_t it;
+      if (!bson_iter_init_find (&it, plan, "laneBase") || !BSON_ITER_HOLDS_NUMBER (&it))
+         die ("the plan's laneBase", NULL);
+      lane_base = bson_iter_as_int64 (&it);
+   }
    app_db = get_utf8 (plan, "appDb");
    for (int i = 0; i < 5; i++) {
       snprintf (path, sizeof path, "ids.%s", keys[i]);
@@ -677,8 +684,8 @@ main (int argc, char **argv)
       bson_t again_doc = BSON_INITIALIZER;
       bool have_again = false;
       claimed_t again = {one, 1, &again_doc, &have_again};
-      /* A pull handler's lane n is the lane document 256 + n (the pull lane space). */
-      bson_t *filter = BCON_NEW ("_id", BCON_INT32 (256 + (int32_t) strtol (tl, NULL, 10)));
+      /* A pull handler's lane n is lane n of the handler's own lane space. */
+      bson_t *filter = BCON_NEW ("_id", BCON_INT32 ((int32_t) (lane_base + strtol (tl, NULL, 10))));
       mongoc_cursor_t *cur;
       const bson_t *lane;
       bson_iter_t it;

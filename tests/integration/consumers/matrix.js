@@ -153,8 +153,8 @@ async function main() {
   // extend, then release
   t = held[ids.ext];
   r = await cmd(a, { relaybusExtend: H, leases: [t.lease], leaseMs: 120000 });
-  // A pull handler's lane n is the lane document 256 + n (the pull lane space).
-  const lane = await lanes.findOne({ _id: 256 + Number(t.lease.split(':')[0]) });
+  // A pull handler's lane n is lane n of the handler's own lane space.
+  const lane = await lanes.findOne({ _id: plan.laneBase + Number(t.lease.split(':')[0]) });
   out('extend', { extended: r.extended, notExtended: r.notExtended, leaseExpiresAtType: typeName(r.leaseExpiresAt),
     laneLeaseLeftMs: lane.leaseExpiresAt.getTime() - nowMs() });
   r = await cmd(a, { relaybusRelease: H, leases: [t.lease] });

@@ -203,8 +203,8 @@ out("bury", applied=r["applied"], status=r["status"], stored=stored(t["eventId"]
 # extend, then release: no attempt charged, another connection claims it as attempt 1.
 t = held[ids["ext"]]
 r = cmd(a, SON([("relaybusExtend", H), ("leases", [t["lease"]]), ("leaseMs", 120000)]))
-# A pull handler's lane n is the lane document 256 + n (the pull lane space).
-lane = lanes.find_one({"_id": 256 + int(t["lease"].split(":")[0])})
+# A pull handler's lane n is lane n of the handler's own lane space.
+lane = lanes.find_one({"_id": plan["laneBase"] + int(t["lease"].split(":")[0])})
 out("extend", extended=r["extended"], notExtended=r["notExtended"], leaseExpiresAtType=type_name(r.get("leaseExpiresAt")),
     laneLeaseLeftMs=plain(lane["leaseExpiresAt"]) - now_ms())
 r = cmd(a, SON([("relaybusRelease", H), ("leases", [t["lease"]])]))

@@ -97,7 +97,9 @@ async function runDriver(argv, tag) {
     headers: { tenant: 't1' }, correlationId: 'corr-1', causationId: 'cause-1',
   };
   await C.publish(s.client, [claimEvent, ...['txn', 'retry', 'bury', 'ext'].map((k) => ({ type: 'user.updated.v1', id: ids[k], key: `k-${ids[k]}` }))]);
-  const plan = { handler: HANDLER, ids, outboxDb: P.OUTBOX_DB, prefix: P.PREFIX, appDb: APP_DB, bad: BAD.map((b) => b[0]) };
+  // laneBase: the lane document of the handler's lane 0 (its lane n is laneBase + n).
+  const plan = { handler: HANDLER, ids, outboxDb: P.OUTBOX_DB, prefix: P.PREFIX, appDb: APP_DB, bad: BAD.map((b) => b[0]),
+    laneBase: H.laneDocId(HANDLER, 0) };
   const child = spawn(argv[0], [...argv.slice(1), s.proxy.uri(), s.upstream.directUri, JSON.stringify(plan)], { stdio: ['ignore', 'pipe', 'pipe'] });
   const lines = {};
   let stderr = '';

@@ -1,8 +1,8 @@
 'use strict';
-// Lanes of one kind of handler never hold back another kind's deliveries of the same key
+// One handler's lanes never hold back another handler's deliveries of the same key
 // (docs/handlers.md, docs/outbox-schema.md "lanes"). One proxy dispatches a slow webhook (3 s per
-// request) and a fast one, and has pull handlers on the same keyed events: the dispatcher and the
-// consumer thread each claim in lanes of their own, so
+// request) and a fast one, and has pull handlers on the same keyed events: each handler claims in
+// lanes of its own, so
 // - a long poll gets the pull delivery of an event within 1 s of its commit while the slow webhook
 //   holds the lane number of its key, and the webhook still gets the key's events one at a time,
 //   in order;
@@ -10,7 +10,9 @@
 //   same key;
 // - two proxies whose dispatched handlers differ (a slow webhook on one, a fast one on the other):
 //   each handler claims in lanes of its own, so the fast handler's deliveries of a key arrive
-//   within 1 s of their commit while the slow one holds the key's lane number.
+//   within 1 s of their commit while the slow one holds the key's lane number;
+// - two proxies whose pull handlers differ: a consumer's claim held for an hour on one does not
+//   keep the other's consumers from their own deliveries of the key.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -151,6 +153,53 @@ test('two proxies with different handlers: a slow handler on one does not hold b
     assert.deepEqual(fast2.stats().okOrder, ids);
     assert.equal(slow2.stats().concurrentKeys, 0);
     await viaA.close();
+    assert.equal((await a.stop()).code, 0);
+    assert.equal((await b.stop()).code, 0);
+  });
+
+test('two proxies with different pull handlers: a claim held for an hour on one does not hold back the other\'s relaybusClaim of its key',
+  { timeout: 90000 }, async (t) => {
+    const skip = H.doubleOnlySkipReason('a server whose transactions live 2 s, so that the new handler\'s backfill is short');
+    if (skip) return t.skip(skip);
+    const up3 = await H.startUpstream({ requireDouble: true, args: ['--txn-lifetime', '2'] });
+    t.after(() => up3.stop());
+    const outbox = { database: 'rblanes3', handler_heartbeat: '300ms', transaction_lifetime: '1s' };
+    const dispatch = { poll_interval_ms: 100 };
+    // A declares only the pull handler pa, B only pb; both take every event of the type.
+    const a = await startDispatchProxy({ upstream: up3.uri, outbox, dispatch, handlers: [{ name: 'pa', kind: 'pull', events: 'three.*' }] });
+    t.after(() => a.kill());
+    const b = await startDispatchProxy({ upstream: up3.uri, outbox, dispatch, handlers: [{ name: 'pb', kind: 'pull', events: 'three.*' }] });
+    t.after(() => b.kill());
+    await waitFor(() => /handler pb: backfill done/.test(b.log()), 20000, 'B to finish the backfill of pb');
+    const uriOf = (p) => `mongodb://127.0.0.1:${p.port}/?directConnection=true`;
+    const viaA = await new MongoClient(uriOf(a), { serverSelectionTimeoutMS: 10000 }).connect();
+    t.after(() => viaA.close());
+    const viaB = await new MongoClient(uriOf(b), { serverSelectionTimeoutMS: 10000 }).connect();
+    t.after(() => viaB.close());
+    const id = `three-0-${process.pid}`;
+    await publishThroughProxy(viaA, 'app', [{ id, type: 'three.v1', key: 'k-three', payload: {} }]);
+    // A's consumer holds pa's delivery of the key for an hour.
+    const held = await viaA.db('admin').command({ relaybusClaim: 'pa', limit: 1, leaseMs: 3600000, maxAwaitTimeMS: 10000 });
+    assert.equal(held.deliveries.length, 1);
+    assert.equal(held.deliveries[0].eventId, id);
+    // B's consumer gets pb's delivery of the same event and key at once.
+    const asked = Date.now();
+    const got = await viaB.db('admin').command({ relaybusClaim: 'pb', limit: 1, maxAwaitTimeMS: 10000 });
+    const took = Date.now() - asked;
+    t.diagnostic(`pb's claim answered in ${took} ms while pa's claim of the key is held for an hour on the other proxy`);
+    assert.equal(got.deliveries.length, 1, 'pb gets its delivery');
+    assert.equal(got.deliveries[0].eventId, id);
+    assert.ok(took < 1000, `pb's claim took ${took} ms`);
+    // Each handler's lanes are its own documents, recorded with the handler.
+    const lanes = viaA.db('rblanes3').collection('relaybus_lanes');
+    for (const [h, lease] of [['pa', held.deliveries[0].lease], ['pb', got.deliveries[0].lease]])
+      assert.equal(await lanes.countDocuments({ handler: h, inFlight: { $size: 1 } }), 1, `${h}'s lane lists its claim (${lease})`);
+    assert.deepEqual((await viaB.db('admin').command({ relaybusComplete: 'pb', leases: [got.deliveries[0].lease] })).completed,
+      [got.deliveries[0].lease]);
+    assert.deepEqual((await viaA.db('admin').command({ relaybusComplete: 'pa', leases: [held.deliveries[0].lease] })).completed,
+      [held.deliveries[0].lease]);
+    await viaA.close();
+    await viaB.close();
     assert.equal((await a.stop()).code, 0);
     assert.equal((await b.stop()).code, 0);
   });
