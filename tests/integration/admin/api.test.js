@@ -188,10 +188,12 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
     assert.equal(typeof lanes.json.leased, 'number');
     for (const l of lanes.json.lanes) {
       assert.equal(typeof l.owner, 'string');
-      // A lane document of the dispatch space (0..255) or the pull space (256..511).
-      assert.ok(l.id >= 0 && l.id < 512);
+      // A lane document of the dispatch space (0..255), the pull space (256..511) or a handler's
+      // space (512 on, with the handler it was made for).
+      assert.ok(l.id >= 0 && l.id < 2 ** 31);
       assert.equal(l.lane, l.id % 256);
-      assert.equal(l.space, l.id < 256 ? 'dispatch' : 'pull');
+      assert.equal(l.space, l.id < 256 ? 'dispatch' : l.id < 512 ? 'pull' : 'handler');
+      if (l.space === 'handler') assert.equal(typeof l.handler, 'string');
     }
     // A client through the proxy shows up with its peer, state and bytes.
     const c = await new MongoClient(proxy.uri()).connect();
