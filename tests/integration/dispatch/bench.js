@@ -18,6 +18,10 @@
 //
 //   RELAYBUS_PROXY_BIN=build/relaybus-proxy node tests/integration/dispatch/bench.js [N]
 //
+// BENCH_HANDLERS=H: the throughput part with H webhook handlers (h, h2, ... hH) on every event,
+// so N events make N × H deliveries, each handler claimed in its own lane space; the counts
+// are per 1,000 deliveries as before (default 1).
+//
 // BENCH_SHARDED=1: the throughput part against the double's two-shard cluster (two mongos,
 // the outbox sharded by the proxy's set-up), with the commands each shard's primary ran for
 // the dispatcher, per 1,000 deliveries (doubleStats on each shard counts what the mongos sent
@@ -31,7 +35,10 @@ const { MongoClient, ObjectId } = require('mongodb');
 const { startDouble } = require('../lib/double');
 const { sleep } = require('../lib/proxy');
 const { startSink } = require('./sink');
-const { startDispatchProxy, publishThroughProxy, waitFor, laneId } = require('./helpers');
+
+const N_HANDLERS = Math.max(1, Number(process.env.BENCH_HANDLERS || 1));
+const HANDLER_NAMES = Array.from({ length: N_HANDLERS }, (_, i) => (i === 0 ? 'h' : `h${i + 1}`));
+const { startDispatchProxy, publishThroughProxy, waitFor, laneId, laneDocId } = require('./helpers');
 
 const N = Number(process.argv[2] || 1000);
 // The dispatching proxy's connections: the dispatcher, its lease renewal and its change stream
@@ -116,12 +123,15 @@ async function insertDue(client, n, keyed, prefix) {
       const id = `${prefix}-${j}`;
       const key = keyed ? `k-${j % 50}` : undefined;
       const seq = keyed ? Math.floor(j / 50) + 1 : undefined;
-      const ev = { _id: id, type: 'bench.v1', payload: { j }, handlers: ['h'], createdAt: now };
-      const d = { _id: new ObjectId(), eventId: id, handler: 'h', eventType: 'bench.v1', laneId: laneId(key, id),
-        lane: 'ready', status: 'pending', attempts: 0, claims: 0, dueAt: now, createdAt: now };
-      if (keyed) { ev.key = key; ev.sequence = seq; d.key = key; d.sequence = seq; }
+      const ev = { _id: id, type: 'bench.v1', payload: { j }, handlers: HANDLER_NAMES, createdAt: now };
+      if (keyed) { ev.key = key; ev.sequence = seq; }
       evs.push(ev);
-      dels.push(d);
+      for (const handler of HANDLER_NAMES) {
+        const d = { _id: new ObjectId(), eventId: id, handler, eventType: 'bench.v1', laneId: laneId(key, id),
+          lane: 'ready', status: 'pending', attempts: 0, claims: 0, dueAt: now, createdAt: now };
+        if (keyed) { d.key = key; d.sequence = seq; }
+        dels.push(d);
+      }
     }
     await db.collection('relaybus_events').insertMany(evs);
     await db.collection('relaybus_deliveries').insertMany(dels);
@@ -139,7 +149,7 @@ async function idleDispatcher(d, sink, adminPort, logLevel) {
     logLevel,
     dispatch: { batch_size: 100, poll_interval_ms: 1000 },
     adminListen: `127.0.0.1:${adminPort}`,
-    handlers: [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h'), concurrency: 100 }],
+    handlers: HANDLER_NAMES.map((name) => ({ name, events: '*', kind: 'webhook', url: sink.url(`/${name}`), concurrency: 100 })),
   });
   await sleep(1500); // set-up, the fleet registration and a first empty poll
   return p;
@@ -162,6 +172,9 @@ async function throughput(keyed) {
     const cpu0 = cpuMs(p.child.pid);
     await insertDue(client, N, keyed, 'b');
     await waitFor(() => st.ok.size === N, 600000, 'all deliveries');
+    const deliveriesLeft = () => client.db('relaybus').collection('relaybus_deliveries').countDocuments({});
+    if (N_HANDLERS > 1) await waitFor(async () => (await deliveriesLeft()) === 0, 600000, 'every handler\'s deliveries');
+    const D = N * N_HANDLERS; // deliveries
     const cpu1 = cpuMs(p.child.pid);
     const s = await dispatcherCommands(client, false);
     if (SHARDED) {
@@ -171,23 +184,23 @@ async function throughput(keyed) {
       s.total = routers.reduce((a, v) => a + v, 0);
       console.log(JSON.stringify({
         measure: `${keyed ? 'keyed (50 keys)' : 'unkeyed'} deliveries, batch 100, one proxy, two shards behind two mongos`,
-        deliveries: N,
-        mongosCommandsPer1000: Math.round((s.total * 1000) / N),
-        shardCommandsPer1000: Object.fromEntries(d.shards.map((x, i) => [x.name, Math.round((shards[i] * 1000) / N)])),
+        deliveries: D,
+        mongosCommandsPer1000: Math.round((s.total * 1000) / D),
+        shardCommandsPer1000: Object.fromEntries(d.shards.map((x, i) => [x.name, Math.round((shards[i] * 1000) / D)])),
       }));
     }
     const times = [...st.firstAt.values()].sort((a, b) => a - b);
     const ms = Math.max(1, times[times.length - 1] - times[0]);
     console.log(JSON.stringify({
-      measure: `${keyed ? 'keyed (50 keys)' : 'unkeyed'} deliveries, batch 100, one proxy`,
-      deliveries: N,
-      commandsPer1000: Math.round((s.total * 1000) / N),
-      byCommandPer1000: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Math.round((v * 1000) / N)])),
+      measure: `${keyed ? 'keyed (50 keys)' : 'unkeyed'} deliveries, batch 100, one proxy${N_HANDLERS > 1 ? `, ${N_HANDLERS} handlers` : ''}`,
+      deliveries: D,
+      commandsPer1000: Math.round((s.total * 1000) / D),
+      byCommandPer1000: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Math.round((v * 1000) / D)])),
       // of which the renewal thread's and the change stream's, which follow the clock
-      backgroundPer1000: Math.round(((s.total - Object.values(s.byApp['relaybus-proxy dispatch']).reduce((a, v) => a + v, 0)) * 1000) / N),
+      backgroundPer1000: Math.round(((s.total - Object.values(s.byApp['relaybus-proxy dispatch']).reduce((a, v) => a + v, 0)) * 1000) / D),
       claims: (await metric(adminPort, 'relaybus_dispatch_claims_total')),
-      deliveriesPerSecond: Math.round((N * 1000) / ms),
-      proxyCpuMsPer1000: Math.round(((cpu1 - cpu0) * 1000) / N),
+      deliveriesPerSecond: Math.round((D * 1000) / ms),
+      proxyCpuMsPer1000: Math.round(((cpu1 - cpu0) * 1000) / D),
     }));
   } finally {
     await p.stop();
@@ -217,8 +230,10 @@ async function claimCost(due, keyed) {
   const p = await idleDispatcher(d, sink, adminPort, 'debug');
   const claimLines = () => [...p.log().matchAll(/dispatch: claimed (\d+) of (\d+) in (\d+) ms/g)];
   const lanes = client.db('relaybus').collection('relaybus_lanes');
-  const lanesOnly = { _id: { $gte: 0, $lt: 256 } };
+  // Handler h's lane space (its first claim made its 256 lane documents).
+  const lanesOnly = { _id: { $gte: laneDocId('h', 0), $lt: laneDocId('h', 0) + 256 } };
   try {
+    await waitFor(async () => (await lanes.countDocuments(lanesOnly)) === 256, 10000, 'the lanes of handler h');
     await lanes.updateMany(lanesOnly, { $set: { owner: 'bench-hold', leaseExpiresAt: new Date(Date.now() + 3600000) } });
     await insertDue(client, due, keyed, 'c');
     await sleep(1500); // the claims the inserts woke have seen nothing free
