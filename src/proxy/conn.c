@@ -547,6 +547,18 @@ client_reconnect (client_conn_t *c)
    client_check_drained (c);
 }
 
+/* Whether client_pump has anything to do beyond client_update_flow: a
+ * request (or part of one, whose timer it keeps) in the client's input, or
+ * a decoded one to finish.  With an empty input, no job and no timer armed
+ * it routes nothing and leaves the timer off, so an answer that empties
+ * the input's last request (the usual case: one request at a time) costs
+ * the flow update alone, not a second pass of the framing loop. */
+static inline bool
+client_may_have_work (client_conn_t *c)
+{
+   return c->job || c->client.timer_armed || evbuffer_get_length (side_input (&c->client)) > 0;
+}
+
 /* Everything that may let replies through ends here, like client_pump. */
 static void
 upstream_pump (client_conn_t *c)
@@ -567,7 +579,7 @@ upstream_pump (client_conn_t *c)
    /* Answers freed FIFO room: requests may be waiting in the input
     * (client_pump updates the flow); else only the flow may change.
     * Either writes the answers out, so a drain check comes after. */
-   if (creq_count (c) < before)
+   if (creq_count (c) < before && client_may_have_work (c))
       client_pump (c);
    else
       client_update_flow (c);
