@@ -1804,13 +1804,15 @@ client_route (client_conn_t *c, side_t *from)
       return false;
    }
    in = side_input (from);
-   while (route_has_room (c, from)) {
+   for (;;) {
       const uint8_t *hb;
       wire_header_t h;
       bson_error_t error;
       size_t avail = evbuffer_get_length (in);
 
-      if (avail < WIRE_HEADER_LEN)
+      /* The input first: the loop usually ends on an empty one, and the
+       * room check costs a length read of the other side's output. */
+      if (avail < WIRE_HEADER_LEN || !route_has_room (c, from))
          break;
       /* No copy when the header is contiguous (the usual case). */
       hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
