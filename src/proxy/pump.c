@@ -96,8 +96,12 @@ move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t re
 
 /* ------------------------------------------------------------ FIFOs */
 
+/* `now_us` (clock_mono_us) is when the request is taken: its caller reads
+ * the clock once for the request and, when it goes upstream at once, for
+ * its upstream_req_t too (the two instants are the same few instructions
+ * apart; a clock read is not free on the request path). */
 static client_req_t *
-creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
+creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor, int64_t now_us)
 {
    client_req_t *r;
 
@@ -108,15 +112,17 @@ creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
    RELAYBUS_ASSERT (!r->held || r->seq < c->creq_head);
    memset (r, 0, sizeof *r);
    r->seq = c->creq_tail++;
-   r->read_us = clock_mono_us ();
+   r->read_us = now_us;
    r->client_id = client_id;
    r->family = family;
    r->compressor = compressor;
    return r;
 }
 
+/* `sent_us`: see creq_push; 0 for UPREQ_INTERNAL, whose reply answers no
+ * client request and is not timed. */
 static upstream_req_t *
-upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
+upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id, int64_t sent_us)
 {
    upstream_req_t *u;
 
@@ -127,7 +133,7 @@ upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
    u->kind = kind;
    u->upstream_id = upstream_id;
    u->expect_response_to = upstream_id;
-   u->sent_us = clock_mono_us ();
+   u->sent_us = sent_us;
    c->up_count++;
    RELAYBUS_ASSERT (c->up_count <= CLIENT_MAX_UPSTREAM_INFLIGHT);
    return u;
@@ -218,7 +224,7 @@ client_hold_request (client_conn_t *c,
                      uint64_t *request_seq,
                      bson_error_t *error)
 {
-   client_req_t *r = creq_push (c, client_request_id, family, compressor);
+   client_req_t *r = creq_push (c, client_request_id, family, compressor, clock_mono_us ());
 
    if (!r) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
@@ -402,7 +408,7 @@ client_send_internal (client_conn_t *c,
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INTERNAL_TOO_LARGE, "request too large");
       return false;
    }
-   u = upreq_push (c, UPREQ_INTERNAL, id);
+   u = upreq_push (c, UPREQ_INTERNAL, id, 0);
    u->cb = cb;
    u->cb_ctx = ctx;
    counters_add (COUNTER_INTERNAL_REQUESTS, 1);
@@ -507,13 +513,14 @@ forward_request (client_conn_t *c,
    if (!more) {
       client_req_t *r;
       upstream_req_t *u;
+      int64_t now_us = clock_mono_us ();
 
       /* Only a compressed request's answer is compressed, so only then can
        * the exempt list (12 names) matter. */
       if (compressor > 0 && compress_command_is_exempt (cmd))
          compressor = -1;
-      r = creq_push (c, msg->header.request_id, WIRE_OP_MSG, compressor);
-      u = upreq_push (c, UPREQ_RELAY, id);
+      r = creq_push (c, msg->header.request_id, WIRE_OP_MSG, compressor, now_us);
+      u = upreq_push (c, UPREQ_RELAY, id, now_us);
       if (!r || !u) {
          /* fifo_has_room was checked before reading this request. */
          bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
@@ -642,6 +649,7 @@ forward_hello (client_conn_t *c,
    client_req_t *r;
    upstream_req_t *u;
    int32_t id;
+   int64_t now_us;
    bool ok = false, track_auth = false;
 
    if (c->loop->pool)
@@ -660,9 +668,10 @@ forward_hello (client_conn_t *c,
                 c->peer);
    if (!handshake_rewrite_request (hello, family == WIRE_OP_QUERY, &body, error))
       goto done;
-   r = creq_push (c, client_id, family, -1 /* hello is never compressed */);
+   now_us = clock_mono_us ();
+   r = creq_push (c, client_id, family, -1 /* hello is never compressed */, now_us);
    id = client_next_id (c);
-   u = upreq_push (c, UPREQ_HELLO, id);
+   u = upreq_push (c, UPREQ_HELLO, id, now_us);
    if (!r || !u) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
       goto done;
