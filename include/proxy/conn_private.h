@@ -384,12 +384,12 @@ bool client_mem_watch (client_conn_t *c, struct evbuffer *buf);
 bool mem_watch_side (client_conn_t *c, side_t *s);
 void mem_unwatch_side (side_t *s);
 void mem_side_went_direct (side_t *s);
-void mem_sync_direct (client_conn_t *c, side_t *s);
+void mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len);
 static inline void
 mem_sync_side (client_conn_t *c, side_t *s)
 {
    if (s->direct && c->state != CLIENT_STATE_CLOSING)
-      mem_sync_direct (c, s);
+      mem_sync_direct (c, s, evbuffer_get_length (side_output (s)));
 }
 /* A side's output length right after mem_sync_side (which read it
  * already, for a direct side that libevent does not write). */

@@ -207,13 +207,16 @@ side_want_drained (side_t *s, bool want)
 }
 
 /* Writes what a direct side's output holds, now (see the top of this
- * file); no-op for TLS, which libevent writes on its write event. */
-void side_write_now (side_t *s);
+ * file), and returns the length it has left (from what the write took:
+ * the caller that counts the output needs no second read of it).  Only
+ * for a direct side; side_flush is a no-op for TLS, which libevent writes
+ * on its write event. */
+size_t side_write_now (side_t *s);
 static inline void
 side_flush (side_t *s)
 {
    if (s->direct)
-      side_write_now (s);
+      (void) side_write_now (s);
 }
 
 /* A partial message in the input may wait at most `timeout_ms` (0: no

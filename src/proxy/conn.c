@@ -317,6 +317,17 @@ client_settle (client_conn_t *c)
 
 /* ------------------------------------------------------------ flow */
 
+/* Writes what a direct side's output holds and counts the side
+ * (mem_sync_side) with the length the write left: one length read of the
+ * output, not three.  A TLS side is written by libevent and counted by
+ * its buffer callbacks. */
+static inline void
+flow_flush (client_conn_t *c, side_t *s)
+{
+   if (s->direct)
+      mem_sync_direct (c, s, side_write_now (s));
+}
+
 /* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
  *  - the client is read only in HANDSHAKE/READY, with the upstream
  *    connected, room in the FIFOs, and the upstream's output below the
@@ -340,12 +351,9 @@ client_update_flow (client_conn_t *c)
       return;
    /* What the pump queued goes out first: the decisions below read the
     * outputs' lengths after it. */
-   side_flush (&c->client);
-   mem_sync_side (c, &c->client);
-   if (up) {
-      side_flush (c->up);
-      mem_sync_side (c, c->up);
-   }
+   flow_flush (c, &c->client);
+   if (up)
+      flow_flush (c, c->up);
    high = high_watermark (c);
    client_full = mem_synced_out_len (&c->client) >= high;
    if (up) {

@@ -248,12 +248,13 @@ mem_side_went_direct (side_t *s)
  * turn into held ones as they arrive, as in mem_input_cb.  Its output
  * shrinks by its own writes (side_flush), which this follows, and while
  * the socket is full by libevent's writes, which run without us: a buffer
- * callback counts the output then. */
+ * callback counts the output then.  `out_len` is the output's length now
+ * (the caller that just wrote it knows it: side_write_now). */
 void
-mem_sync_direct (client_conn_t *c, side_t *s)
+mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len)
 {
    struct evbuffer *out;
-   size_t in_len, out_len;
+   size_t in_len;
 
    RELAYBUS_ASSERT (s->direct && c->state != CLIENT_STATE_CLOSING);
    in_len = evbuffer_get_length (side_input (s));
@@ -270,7 +271,6 @@ mem_sync_direct (client_conn_t *c, side_t *s)
    }
    out = side_output (s);
    if (!s->mem_cb_out) {
-      out_len = evbuffer_get_length (out);
       if (out_len != s->mem_out_seen) {
          mem_account (c, (int64_t) out_len - (int64_t) s->mem_out_seen);
          s->mem_out_seen = out_len;
@@ -281,7 +281,7 @@ mem_sync_direct (client_conn_t *c, side_t *s)
    } else if (!s->libevent_writes) {
       evbuffer_remove_cb_entry (out, s->mem_cb_out);
       s->mem_cb_out = NULL;
-      s->mem_out_seen = evbuffer_get_length (out);
+      s->mem_out_seen = out_len;
    }
 }
 

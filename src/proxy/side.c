@@ -375,28 +375,34 @@ side_want_drained_slow (side_t *s, bool want)
  * The output of a socket bufferevent is frozen at its front (only libevent
  * drains it); its own write callback unfreezes it around the write, and so
  * does this. */
-void
+size_t
 side_write_now (side_t *s)
 {
    struct evbuffer *out = side_output (s);
    bool libevent_writes = (bufferevent_get_enabled (s->bev) & EV_WRITE) != 0;
+   size_t len = evbuffer_get_length (out);
+   int n;
 
-   if (evbuffer_get_length (out) == 0) {
+   if (len == 0) {
       if (libevent_writes)
          bufferevent_disable (s->bev, EV_WRITE);
       s->libevent_writes = false;
-      return;
+      return 0;
    }
    if (libevent_writes) {
       s->libevent_writes = true;
-      return; /* it is writing already: let it, so bytes keep their order */
+      return len; /* it is writing already: let it, so bytes keep their order */
    }
    evbuffer_unfreeze (out, 1);
-   (void) evbuffer_write_atmost (out, s->fd, bufferevent_get_max_single_write (s->bev));
+   /* It drains what it wrote; -1 (an error) wrote nothing. */
+   n = evbuffer_write_atmost (out, s->fd, bufferevent_get_max_single_write (s->bev));
    evbuffer_freeze (out, 1);
-   s->libevent_writes = evbuffer_get_length (out) > 0;
+   if (n > 0)
+      len -= (size_t) n;
+   s->libevent_writes = len > 0;
    if (s->libevent_writes)
       bufferevent_enable (s->bev, EV_WRITE);
+   return len;
 }
 
 void
