@@ -529,12 +529,14 @@ client_repair_after_loss (client_conn_t *c)
 }
 
 /* Session mode: whether the connection's upstream is older than the last
- * POST /api/reconnect and free to go now: READY with nothing in flight. */
-static bool
+ * POST /api/reconnect and free to go now: READY with nothing in flight.
+ * The generation first: every reply's pump asks, and it is nearly always
+ * the current one. */
+static inline bool
 client_reconnect_due (const client_conn_t *c)
 {
-   return !c->loop->pool && c->state == CLIENT_STATE_READY && !c->not_primary_seen && creq_count (c) == 0 &&
-          c->up_count == 0 && !c->job && c->up_generation < operator_generation ();
+   return c->up_generation < operator_generation () && !c->loop->pool && c->state == CLIENT_STATE_READY &&
+          !c->not_primary_seen && creq_count (c) == 0 && c->up_count == 0 && !c->job;
 }
 
 /* Replaces an idle connection's upstream after POST /api/reconnect.  One
