@@ -398,6 +398,13 @@ mem_synced_out_len (side_t *s)
 {
    return s->direct && !s->mem_cb_out ? s->mem_out_seen : evbuffer_get_length (side_output (s));
 }
+/* A side's input length right after mem_sync_side (which read it
+ * already, for a direct side). */
+static inline size_t
+mem_synced_in_len (side_t *s)
+{
+   return s->direct ? s->mem_in_seen : evbuffer_get_length (side_input (s));
+}
 /* Whether a side may read (right after mem_sync_side); false: the
  * connection now waits for memory, on the loop's wait list. */
 bool mem_may_read (client_conn_t *c, side_t *s);

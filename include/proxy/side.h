@@ -224,12 +224,14 @@ side_flush (side_t *s)
  * message was just taken, so what is left began now), and only while the
  * side is read (a stall of our own backpressure is not the peer's fault).
  * The timer is touched only when a message is really partial or it was
- * armed: whole messages, the usual case, cost no event_add/event_del. */
+ * armed: whole messages, the usual case, cost no event_add/event_del.
+ * `in_len` is the input's length now (the owner counted it where its pump
+ * ended: no second read). */
 void side_timer_rearm (side_t *s, int64_t timeout_ms, bool partial);
 static inline void
-side_timer_update (side_t *s, int64_t timeout_ms, bool consumed)
+side_timer_update (side_t *s, int64_t timeout_ms, bool consumed, size_t in_len)
 {
-   bool partial = timeout_ms > 0 && side_is_reading (s) && evbuffer_get_length (side_input (s)) > 0;
+   bool partial = timeout_ms > 0 && in_len > 0 && side_is_reading (s);
 
    if (s->timer_armed ? consumed || !partial : partial)
       side_timer_rearm (s, timeout_ms, partial);

@@ -405,7 +405,7 @@ client_pump (client_conn_t *c)
    consumed = c->not_primary_seen || operator_paused () ? false : client_route (c, &c->client);
    if (c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
-      side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed);
+      side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (&c->client));
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
    pump_end (c);
@@ -608,7 +608,8 @@ upstream_pump (client_conn_t *c)
    }
    if (!client_up_connected (c))
       goto done;
-   side_timer_update (c->up, c->cfg->message_timeout_ms, consumed);
+   /* Nothing since the flow update read the upstream's input. */
+   side_timer_update (c->up, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (c->up));
 done:
    c->pumping--;
    pump_end (c);

@@ -285,14 +285,6 @@ mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len)
    }
 }
 
-/* A side's input length right after mem_sync_side (which read it
- * already, for a direct side). */
-static size_t
-mem_synced_in_len (side_t *s)
-{
-   return s->direct ? s->mem_in_seen : evbuffer_get_length (side_input (s));
-}
-
 static bool
 mem_try_reserve (client_conn_t *c, int64_t n)
 {
