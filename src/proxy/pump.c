@@ -858,8 +858,11 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
       }
       /* The owners' check comes before any use of the pool: pool_admit
        * ran it on the peek and lent nothing to a refused request (one it
-       * could not peek at is refused here, on what it borrowed). */
-      if (owners_enabled (c)) {
+       * could not peek at is refused here, on what it borrowed).  Asked
+       * once: without an auth file no one is checked, and the note below
+       * has nothing to record either. */
+      bool owned = owners_enabled (c);
+      if (owned) {
          owners_refusal_t r;
          if (owners_check (c, &msg->body, cmd, &r) == OWNERS_REFUSE) {
             counters_count_command (cmd);
@@ -883,7 +886,8 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          }
          return pool_answer_timeout (c, msg, cmd, compressor, src, len, error);
       }
-      owners_note_request (c, &msg->body, cmd);
+      if (owned)
+         owners_note_request (c, &msg->body, cmd);
       pool_note_request (c, msg, cmd);
    }
 #ifdef RELAYBUS_TEST_COMMANDS
