@@ -388,7 +388,7 @@ mem_le32 (const uint8_t *p)
  * memory while it holds a message it has received: only while holding at
  * most one read, which is what keeps the waiting deadlock-free. */
 bool
-mem_may_read (client_conn_t *c, side_t *s)
+mem_may_read_partial (client_conn_t *c, side_t *s)
 {
    bool client = s->kind == SIDE_CLIENT;
    struct evbuffer *in = side_input (s);
