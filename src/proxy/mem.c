@@ -253,7 +253,6 @@ mem_side_went_direct (side_t *s)
 void
 mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len)
 {
-   struct evbuffer *out;
    size_t in_len;
 
    RELAYBUS_ASSERT (s->direct && c->state != CLIENT_STATE_CLOSING);
@@ -269,17 +268,18 @@ mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len)
       s->mem_in_seen = in_len;
       mem_input_cb (c, &s->mem_partial, &info);
    }
-   out = side_output (s);
+   /* The output itself is looked up only to add or remove its callback:
+    * the usual sync, neither, makes no call into libevent for it. */
    if (!s->mem_cb_out) {
       if (out_len != s->mem_out_seen) {
          mem_account (c, (int64_t) out_len - (int64_t) s->mem_out_seen);
          s->mem_out_seen = out_len;
       }
       /* Counted up to here; libevent's writes from now on by the callback. */
-      if (s->libevent_writes && !(s->mem_cb_out = evbuffer_add_cb (out, mem_cb, c)))
+      if (s->libevent_writes && !(s->mem_cb_out = evbuffer_add_cb (side_output (s), mem_cb, c)))
          log_conn (LOG_LEVEL_WARN, c->id, c->peer, "out of memory for a buffer callback: the count may lag");
    } else if (!s->libevent_writes) {
-      evbuffer_remove_cb_entry (out, s->mem_cb_out);
+      evbuffer_remove_cb_entry (side_output (s), s->mem_cb_out);
       s->mem_cb_out = NULL;
       s->mem_out_seen = out_len;
    }
