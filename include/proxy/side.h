@@ -89,6 +89,9 @@ struct side {
    bool timer_armed; /* timer is pending (saves event_del calls) */
    evutil_socket_t fd; /* the socket, for reads and writes (bufferevent_getfd is a ctrl call) */
    struct bufferevent *bev;
+   /* bev's input and output, which live as long as it: looked up once, not
+    * by a call into libevent each of the dozen times a request asks. */
+   struct evbuffer *input, *output;
    struct event *rd;    /* direct sides' read event; NULL for TLS */
    struct event *timer; /* the partial-message timer */
    const side_callbacks_t *cb;
@@ -171,13 +174,13 @@ side_is_open (const side_t *s)
 static inline struct evbuffer *
 side_input (const side_t *s)
 {
-   return bufferevent_get_input (s->bev);
+   return s->input;
 }
 
 static inline struct evbuffer *
 side_output (const side_t *s)
 {
-   return bufferevent_get_output (s->bev);
+   return s->output;
 }
 
 static inline bool

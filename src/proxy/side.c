@@ -172,6 +172,14 @@ side_bev_options (bool tls)
    return BEV_OPT_CLOSE_ON_FREE | (tls ? BEV_OPT_DEFER_CALLBACKS : 0);
 }
 
+/* The new bufferevent's buffers (side_input, side_output). */
+static void
+side_take_buffers (side_t *s)
+{
+   s->input = bufferevent_get_input (s->bev);
+   s->output = bufferevent_get_output (s->bev);
+}
+
 /* What both kinds share: the callbacks.  The timer is created when a
  * partial message first arms it (side_timer_rearm): most connections
  * never see one.  (False: out of memory.) */
@@ -221,6 +229,7 @@ side_accept (side_t *s,
    }
    if (!s->bev)
       goto fail;
+   side_take_buffers (s);
    s->fd = fd;
    bufferevent_setcb (s->bev, side_bev_read_cb, NULL, side_bev_event_cb, s);
    if (server_tls) {
@@ -272,6 +281,7 @@ side_connect (side_t *s,
       bson_set_error (error, SIDE_ERROR_DOMAIN, SIDE_ERR_NO_MEMORY, "cannot create a bufferevent");
       goto done;
    }
+   side_take_buffers (s);
    bufferevent_setcb (s->bev, side_bev_read_cb, NULL, side_bev_event_cb, s);
    s->opening = true;
    if (bufferevent_socket_connect (s->bev, (const struct sockaddr *) &primary->addr, (int) primary->addr_len) < 0) {
@@ -332,6 +342,7 @@ side_close (side_t *s)
    proxy_event_free (s->timer);
    s->rd = NULL;
    s->bev = NULL;
+   s->input = s->output = NULL;
    s->timer = NULL;
    s->fd = -1;
    s->direct = s->reading = s->drained_cb = s->timer_armed = s->connected = s->libevent_writes = false;
