@@ -1606,8 +1606,10 @@ reply_not_primary (client_conn_t *c)
  * topologyVersion (a driver would compare it with the proxy's), and
  * re-encoded without its checksum (which the header change breaks).
  * Exhaust: the next reply responds to this one, and the client request
- * stays open until a reply without moreToCome.  False: the connection
- * must close; *protocol tells a malformed reply from an internal error. */
+ * stays open until a reply without moreToCome.  `whole`: the reply made
+ * contiguous by handle_reply when it is small enough to scan, else NULL.
+ * False: the connection must close; *protocol tells a malformed reply from
+ * an internal error. */
 static bool
 reply_relay (client_conn_t *c,
              upstream_req_t *u,
@@ -1615,6 +1617,7 @@ reply_relay (client_conn_t *c,
              struct evbuffer *in,
              const wire_header_t *h,
              uint32_t flags,
+             const uint8_t *whole,
              bool *protocol,
              bson_error_t *error)
 {
@@ -1628,11 +1631,12 @@ reply_relay (client_conn_t *c,
       owners_note_reply (c, in, len);
    if (u->track_auth && first)
       auth_watch_reply (c, in, len);
-   if (len <= CLIENT_SCAN_LIMIT) {
-      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+   if (whole) {
+      /* Still contiguous: the watches above read it through pullups of
+       * the same length, which change nothing then. */
+      const uint8_t *buf = whole;
       reply_scan_t scan = {false, false};
-      if (buf)
-         reply_scan (buf, len, &scan);
+      reply_scan (buf, len, &scan);
       if (scan.not_primary)
          reply_not_primary (c);
       if (scan.topology_version) {
@@ -1712,8 +1716,10 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
       goto failed;
    }
-   /* The header and the flags, without a copy when contiguous. */
-   pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
+   /* The header and the flags, without a copy when contiguous; a reply
+    * small enough for reply_relay's scan is made contiguous whole, once
+    * for every reader after this. */
+   pre = evbuffer_pullup (in, len <= CLIENT_SCAN_LIMIT ? (ssize_t) len : WIRE_HEADER_LEN + 4);
    if (!pre) {
       bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
       protocol = false;
@@ -1743,7 +1749,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       }
       return reply_to_hello (c, u, r, in, len);
    }
-   if (reply_relay (c, u, r, in, h, flags, &protocol, &error))
+   if (reply_relay (c, u, r, in, h, flags, len <= CLIENT_SCAN_LIMIT ? pre : NULL, &protocol, &error))
       return true;
    if (c->state == CLIENT_STATE_CLOSING)
       return false;
