@@ -384,12 +384,12 @@ bool client_mem_watch (client_conn_t *c, struct evbuffer *buf);
 bool mem_watch_side (client_conn_t *c, side_t *s);
 void mem_unwatch_side (side_t *s);
 void mem_side_went_direct (side_t *s);
-void mem_sync_direct (client_conn_t *c, side_t *s);
+void mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len);
 static inline void
 mem_sync_side (client_conn_t *c, side_t *s)
 {
    if (s->direct && c->state != CLIENT_STATE_CLOSING)
-      mem_sync_direct (c, s);
+      mem_sync_direct (c, s, evbuffer_get_length (side_output (s)));
 }
 /* A side's output length right after mem_sync_side (which read it
  * already, for a direct side that libevent does not write). */
@@ -398,9 +398,26 @@ mem_synced_out_len (side_t *s)
 {
    return s->direct && !s->mem_cb_out ? s->mem_out_seen : evbuffer_get_length (side_output (s));
 }
+/* A side's input length right after mem_sync_side (which read it
+ * already, for a direct side). */
+static inline size_t
+mem_synced_in_len (side_t *s)
+{
+   return s->direct ? s->mem_in_seen : evbuffer_get_length (side_input (s));
+}
 /* Whether a side may read (right after mem_sync_side); false: the
- * connection now waits for memory, on the loop's wait list. */
-bool mem_may_read (client_conn_t *c, side_t *s);
+ * connection now waits for memory, on the loop's wait list.  Inline for
+ * the usual answer, a connection that waits for nothing with no header in
+ * the side's input: yes, nothing to reserve (every pump's end asks, for
+ * both sides). */
+bool mem_may_read_partial (client_conn_t *c, side_t *s);
+static inline bool
+mem_may_read (client_conn_t *c, side_t *s)
+{
+   if (!c->mem_wait_sides && mem_synced_in_len (s) < WIRE_HEADER_LEN)
+      return true;
+   return mem_may_read_partial (c, s);
+}
 /* Leaves the wait list. */
 void mem_unwait (client_conn_t *c);
 /* `n` bytes counted or reserved go back; waiters may resume. */

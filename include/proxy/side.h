@@ -89,6 +89,9 @@ struct side {
    bool timer_armed; /* timer is pending (saves event_del calls) */
    evutil_socket_t fd; /* the socket, for reads and writes (bufferevent_getfd is a ctrl call) */
    struct bufferevent *bev;
+   /* bev's input and output, which live as long as it: looked up once, not
+    * by a call into libevent each of the dozen times a request asks. */
+   struct evbuffer *input, *output;
    struct event *rd;    /* direct sides' read event; NULL for TLS */
    struct event *timer; /* the partial-message timer */
    const side_callbacks_t *cb;
@@ -171,13 +174,13 @@ side_is_open (const side_t *s)
 static inline struct evbuffer *
 side_input (const side_t *s)
 {
-   return bufferevent_get_input (s->bev);
+   return s->input;
 }
 
 static inline struct evbuffer *
 side_output (const side_t *s)
 {
-   return bufferevent_get_output (s->bev);
+   return s->output;
 }
 
 static inline bool
@@ -207,13 +210,16 @@ side_want_drained (side_t *s, bool want)
 }
 
 /* Writes what a direct side's output holds, now (see the top of this
- * file); no-op for TLS, which libevent writes on its write event. */
-void side_write_now (side_t *s);
+ * file), and returns the length it has left (from what the write took:
+ * the caller that counts the output needs no second read of it).  Only
+ * for a direct side; side_flush is a no-op for TLS, which libevent writes
+ * on its write event. */
+size_t side_write_now (side_t *s);
 static inline void
 side_flush (side_t *s)
 {
    if (s->direct)
-      side_write_now (s);
+      (void) side_write_now (s);
 }
 
 /* A partial message in the input may wait at most `timeout_ms` (0: no
@@ -221,12 +227,14 @@ side_flush (side_t *s)
  * message was just taken, so what is left began now), and only while the
  * side is read (a stall of our own backpressure is not the peer's fault).
  * The timer is touched only when a message is really partial or it was
- * armed: whole messages, the usual case, cost no event_add/event_del. */
+ * armed: whole messages, the usual case, cost no event_add/event_del.
+ * `in_len` is the input's length now (the owner counted it where its pump
+ * ended: no second read). */
 void side_timer_rearm (side_t *s, int64_t timeout_ms, bool partial);
 static inline void
-side_timer_update (side_t *s, int64_t timeout_ms, bool consumed)
+side_timer_update (side_t *s, int64_t timeout_ms, bool consumed, size_t in_len)
 {
-   bool partial = timeout_ms > 0 && side_is_reading (s) && evbuffer_get_length (side_input (s)) > 0;
+   bool partial = timeout_ms > 0 && in_len > 0 && side_is_reading (s);
 
    if (s->timer_armed ? consumed || !partial : partial)
       side_timer_rearm (s, timeout_ms, partial);

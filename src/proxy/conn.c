@@ -317,6 +317,17 @@ client_settle (client_conn_t *c)
 
 /* ------------------------------------------------------------ flow */
 
+/* Writes what a direct side's output holds and counts the side
+ * (mem_sync_side) with the length the write left: one length read of the
+ * output, not three.  A TLS side is written by libevent and counted by
+ * its buffer callbacks. */
+static inline void
+flow_flush (client_conn_t *c, side_t *s)
+{
+   if (s->direct)
+      mem_sync_direct (c, s, side_write_now (s));
+}
+
 /* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
  *  - the client is read only in HANDSHAKE/READY, with the upstream
  *    connected, room in the FIFOs, and the upstream's output below the
@@ -340,12 +351,9 @@ client_update_flow (client_conn_t *c)
       return;
    /* What the pump queued goes out first: the decisions below read the
     * outputs' lengths after it. */
-   side_flush (&c->client);
-   mem_sync_side (c, &c->client);
-   if (up) {
-      side_flush (c->up);
-      mem_sync_side (c, c->up);
-   }
+   flow_flush (c, &c->client);
+   if (up)
+      flow_flush (c, c->up);
    high = high_watermark (c);
    client_full = mem_synced_out_len (&c->client) >= high;
    if (up) {
@@ -397,7 +405,7 @@ client_pump (client_conn_t *c)
    consumed = c->not_primary_seen || operator_paused () ? false : client_route (c, &c->client);
    if (c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
-      side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed);
+      side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (&c->client));
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
    pump_end (c);
@@ -521,12 +529,14 @@ client_repair_after_loss (client_conn_t *c)
 }
 
 /* Session mode: whether the connection's upstream is older than the last
- * POST /api/reconnect and free to go now: READY with nothing in flight. */
-static bool
+ * POST /api/reconnect and free to go now: READY with nothing in flight.
+ * The generation first: every reply's pump asks, and it is nearly always
+ * the current one. */
+static inline bool
 client_reconnect_due (const client_conn_t *c)
 {
-   return !c->loop->pool && c->state == CLIENT_STATE_READY && !c->not_primary_seen && creq_count (c) == 0 &&
-          c->up_count == 0 && !c->job && c->up_generation < operator_generation ();
+   return c->up_generation < operator_generation () && !c->loop->pool && c->state == CLIENT_STATE_READY &&
+          !c->not_primary_seen && creq_count (c) == 0 && c->up_count == 0 && !c->job;
 }
 
 /* Replaces an idle connection's upstream after POST /api/reconnect.  One
@@ -545,6 +555,18 @@ client_reconnect (client_conn_t *c)
    c->drain_reason = COUNTERS_CLOSE_RECONNECT;
    client_set_state (c, CLIENT_STATE_DRAINING);
    client_check_drained (c);
+}
+
+/* Whether client_pump has anything to do beyond client_update_flow: a
+ * request (or part of one, whose timer it keeps) in the client's input, or
+ * a decoded one to finish.  With an empty input, no job and no timer armed
+ * it routes nothing and leaves the timer off, so an answer that empties
+ * the input's last request (the usual case: one request at a time) costs
+ * the flow update alone, not a second pass of the framing loop. */
+static inline bool
+client_may_have_work (client_conn_t *c)
+{
+   return c->job || c->client.timer_armed || evbuffer_get_length (side_input (&c->client)) > 0;
 }
 
 /* Everything that may let replies through ends here, like client_pump. */
@@ -567,7 +589,7 @@ upstream_pump (client_conn_t *c)
    /* Answers freed FIFO room: requests may be waiting in the input
     * (client_pump updates the flow); else only the flow may change.
     * Either writes the answers out, so a drain check comes after. */
-   if (creq_count (c) < before)
+   if (creq_count (c) < before && client_may_have_work (c))
       client_pump (c);
    else
       client_update_flow (c);
@@ -586,7 +608,8 @@ upstream_pump (client_conn_t *c)
    }
    if (!client_up_connected (c))
       goto done;
-   side_timer_update (c->up, c->cfg->message_timeout_ms, consumed);
+   /* Nothing since the flow update read the upstream's input. */
+   side_timer_update (c->up, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (c->up));
 done:
    c->pumping--;
    pump_end (c);

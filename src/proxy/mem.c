@@ -248,12 +248,12 @@ mem_side_went_direct (side_t *s)
  * turn into held ones as they arrive, as in mem_input_cb.  Its output
  * shrinks by its own writes (side_flush), which this follows, and while
  * the socket is full by libevent's writes, which run without us: a buffer
- * callback counts the output then. */
+ * callback counts the output then.  `out_len` is the output's length now
+ * (the caller that just wrote it knows it: side_write_now). */
 void
-mem_sync_direct (client_conn_t *c, side_t *s)
+mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len)
 {
-   struct evbuffer *out;
-   size_t in_len, out_len;
+   size_t in_len;
 
    RELAYBUS_ASSERT (s->direct && c->state != CLIENT_STATE_CLOSING);
    in_len = evbuffer_get_length (side_input (s));
@@ -268,29 +268,21 @@ mem_sync_direct (client_conn_t *c, side_t *s)
       s->mem_in_seen = in_len;
       mem_input_cb (c, &s->mem_partial, &info);
    }
-   out = side_output (s);
+   /* The output itself is looked up only to add or remove its callback:
+    * the usual sync, neither, makes no call into libevent for it. */
    if (!s->mem_cb_out) {
-      out_len = evbuffer_get_length (out);
       if (out_len != s->mem_out_seen) {
          mem_account (c, (int64_t) out_len - (int64_t) s->mem_out_seen);
          s->mem_out_seen = out_len;
       }
       /* Counted up to here; libevent's writes from now on by the callback. */
-      if (s->libevent_writes && !(s->mem_cb_out = evbuffer_add_cb (out, mem_cb, c)))
+      if (s->libevent_writes && !(s->mem_cb_out = evbuffer_add_cb (side_output (s), mem_cb, c)))
          log_conn (LOG_LEVEL_WARN, c->id, c->peer, "out of memory for a buffer callback: the count may lag");
    } else if (!s->libevent_writes) {
-      evbuffer_remove_cb_entry (out, s->mem_cb_out);
+      evbuffer_remove_cb_entry (side_output (s), s->mem_cb_out);
       s->mem_cb_out = NULL;
-      s->mem_out_seen = evbuffer_get_length (out);
+      s->mem_out_seen = out_len;
    }
-}
-
-/* A side's input length right after mem_sync_side (which read it
- * already, for a direct side). */
-static size_t
-mem_synced_in_len (side_t *s)
-{
-   return s->direct ? s->mem_in_seen : evbuffer_get_length (side_input (s));
 }
 
 static bool
@@ -396,7 +388,7 @@ mem_le32 (const uint8_t *p)
  * memory while it holds a message it has received: only while holding at
  * most one read, which is what keeps the waiting deadlock-free. */
 bool
-mem_may_read (client_conn_t *c, side_t *s)
+mem_may_read_partial (client_conn_t *c, side_t *s)
 {
    bool client = s->kind == SIDE_CLIENT;
    struct evbuffer *in = side_input (s);

@@ -1577,8 +1577,9 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    if (login_answers_locally (c, peeked ? cmd : NULL))
       return true;
    /* A request the owners' check refuses is answered without a connection,
-    * least of all the one another user's transaction pins. */
-   if (peeked && owners_check (c, &body, cmd, &refusal) == OWNERS_REFUSE)
+    * least of all the one another user's transaction pins.  (Without an
+    * auth file nobody is checked: no call per request for that.) */
+   if (peeked && owners_enabled (c) && owners_check (c, &body, cmd, &refusal) == OWNERS_REFUSE)
       return true;
    /* A transaction that starts while its user already pins
     * pool_max_pins_per_user connections: answered as a wait that ran out

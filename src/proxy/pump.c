@@ -96,8 +96,12 @@ move_message (struct evbuffer *src, struct evbuffer *dst, size_t len, int64_t re
 
 /* ------------------------------------------------------------ FIFOs */
 
+/* `now_us` (clock_mono_us) is when the request is taken: its caller reads
+ * the clock once for the request and, when it goes upstream at once, for
+ * its upstream_req_t too (the two instants are the same few instructions
+ * apart; a clock read is not free on the request path). */
 static client_req_t *
-creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
+creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor, int64_t now_us)
 {
    client_req_t *r;
 
@@ -108,15 +112,17 @@ creq_push (client_conn_t *c, int32_t client_id, int32_t family, int compressor)
    RELAYBUS_ASSERT (!r->held || r->seq < c->creq_head);
    memset (r, 0, sizeof *r);
    r->seq = c->creq_tail++;
-   r->read_us = clock_mono_us ();
+   r->read_us = now_us;
    r->client_id = client_id;
    r->family = family;
    r->compressor = compressor;
    return r;
 }
 
+/* `sent_us`: see creq_push; 0 for UPREQ_INTERNAL, whose reply answers no
+ * client request and is not timed. */
 static upstream_req_t *
-upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
+upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id, int64_t sent_us)
 {
    upstream_req_t *u;
 
@@ -127,7 +133,7 @@ upreq_push (client_conn_t *c, upreq_kind_t kind, int32_t upstream_id)
    u->kind = kind;
    u->upstream_id = upstream_id;
    u->expect_response_to = upstream_id;
-   u->sent_us = clock_mono_us ();
+   u->sent_us = sent_us;
    c->up_count++;
    RELAYBUS_ASSERT (c->up_count <= CLIENT_MAX_UPSTREAM_INFLIGHT);
    return u;
@@ -218,7 +224,7 @@ client_hold_request (client_conn_t *c,
                      uint64_t *request_seq,
                      bson_error_t *error)
 {
-   client_req_t *r = creq_push (c, client_request_id, family, compressor);
+   client_req_t *r = creq_push (c, client_request_id, family, compressor, clock_mono_us ());
 
    if (!r) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
@@ -402,7 +408,7 @@ client_send_internal (client_conn_t *c,
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INTERNAL_TOO_LARGE, "request too large");
       return false;
    }
-   u = upreq_push (c, UPREQ_INTERNAL, id);
+   u = upreq_push (c, UPREQ_INTERNAL, id, 0);
    u->cb = cb;
    u->cb_ctx = ctx;
    counters_add (COUNTER_INTERNAL_REQUESTS, 1);
@@ -507,13 +513,14 @@ forward_request (client_conn_t *c,
    if (!more) {
       client_req_t *r;
       upstream_req_t *u;
+      int64_t now_us = clock_mono_us ();
 
       /* Only a compressed request's answer is compressed, so only then can
        * the exempt list (12 names) matter. */
       if (compressor > 0 && compress_command_is_exempt (cmd))
          compressor = -1;
-      r = creq_push (c, msg->header.request_id, WIRE_OP_MSG, compressor);
-      u = upreq_push (c, UPREQ_RELAY, id);
+      r = creq_push (c, msg->header.request_id, WIRE_OP_MSG, compressor, now_us);
+      u = upreq_push (c, UPREQ_RELAY, id, now_us);
       if (!r || !u) {
          /* fifo_has_room was checked before reading this request. */
          bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
@@ -642,6 +649,7 @@ forward_hello (client_conn_t *c,
    client_req_t *r;
    upstream_req_t *u;
    int32_t id;
+   int64_t now_us;
    bool ok = false, track_auth = false;
 
    if (c->loop->pool)
@@ -660,9 +668,10 @@ forward_hello (client_conn_t *c,
                 c->peer);
    if (!handshake_rewrite_request (hello, family == WIRE_OP_QUERY, &body, error))
       goto done;
-   r = creq_push (c, client_id, family, -1 /* hello is never compressed */);
+   now_us = clock_mono_us ();
+   r = creq_push (c, client_id, family, -1 /* hello is never compressed */, now_us);
    id = client_next_id (c);
-   u = upreq_push (c, UPREQ_HELLO, id);
+   u = upreq_push (c, UPREQ_HELLO, id, now_us);
    if (!r || !u) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_INFLIGHT_FULL, "too many requests in flight");
       goto done;
@@ -849,8 +858,11 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
       }
       /* The owners' check comes before any use of the pool: pool_admit
        * ran it on the peek and lent nothing to a refused request (one it
-       * could not peek at is refused here, on what it borrowed). */
-      if (owners_enabled (c)) {
+       * could not peek at is refused here, on what it borrowed).  Asked
+       * once: without an auth file no one is checked, and the note below
+       * has nothing to record either. */
+      bool owned = owners_enabled (c);
+      if (owned) {
          owners_refusal_t r;
          if (owners_check (c, &msg->body, cmd, &r) == OWNERS_REFUSE) {
             counters_count_command (cmd);
@@ -874,7 +886,8 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          }
          return pool_answer_timeout (c, msg, cmd, compressor, src, len, error);
       }
-      owners_note_request (c, &msg->body, cmd);
+      if (owned)
+         owners_note_request (c, &msg->body, cmd);
       pool_note_request (c, msg, cmd);
    }
 #ifdef RELAYBUS_TEST_COMMANDS
@@ -1593,8 +1606,10 @@ reply_not_primary (client_conn_t *c)
  * topologyVersion (a driver would compare it with the proxy's), and
  * re-encoded without its checksum (which the header change breaks).
  * Exhaust: the next reply responds to this one, and the client request
- * stays open until a reply without moreToCome.  False: the connection
- * must close; *protocol tells a malformed reply from an internal error. */
+ * stays open until a reply without moreToCome.  `whole`: the reply made
+ * contiguous by handle_reply when it is small enough to scan, else NULL.
+ * False: the connection must close; *protocol tells a malformed reply from
+ * an internal error. */
 static bool
 reply_relay (client_conn_t *c,
              upstream_req_t *u,
@@ -1602,6 +1617,7 @@ reply_relay (client_conn_t *c,
              struct evbuffer *in,
              const wire_header_t *h,
              uint32_t flags,
+             const uint8_t *whole,
              bool *protocol,
              bson_error_t *error)
 {
@@ -1615,11 +1631,12 @@ reply_relay (client_conn_t *c,
       owners_note_reply (c, in, len);
    if (u->track_auth && first)
       auth_watch_reply (c, in, len);
-   if (len <= CLIENT_SCAN_LIMIT) {
-      const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+   if (whole) {
+      /* Still contiguous: the watches above read it through pullups of
+       * the same length, which change nothing then. */
+      const uint8_t *buf = whole;
       reply_scan_t scan = {false, false};
-      if (buf)
-         reply_scan (buf, len, &scan);
+      reply_scan (buf, len, &scan);
       if (scan.not_primary)
          reply_not_primary (c);
       if (scan.topology_version) {
@@ -1699,8 +1716,10 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
       goto failed;
    }
-   /* The header and the flags, without a copy when contiguous. */
-   pre = evbuffer_pullup (in, WIRE_HEADER_LEN + 4);
+   /* The header and the flags, without a copy when contiguous; a reply
+    * small enough for reply_relay's scan is made contiguous whole, once
+    * for every reader after this. */
+   pre = evbuffer_pullup (in, len <= CLIENT_SCAN_LIMIT ? (ssize_t) len : WIRE_HEADER_LEN + 4);
    if (!pre) {
       bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
       protocol = false;
@@ -1730,7 +1749,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       }
       return reply_to_hello (c, u, r, in, len);
    }
-   if (reply_relay (c, u, r, in, h, flags, &protocol, &error))
+   if (reply_relay (c, u, r, in, h, flags, len <= CLIENT_SCAN_LIMIT ? pre : NULL, &protocol, &error))
       return true;
    if (c->state == CLIENT_STATE_CLOSING)
       return false;
@@ -1804,13 +1823,15 @@ client_route (client_conn_t *c, side_t *from)
       return false;
    }
    in = side_input (from);
-   while (route_has_room (c, from)) {
+   for (;;) {
       const uint8_t *hb;
       wire_header_t h;
       bson_error_t error;
       size_t avail = evbuffer_get_length (in);
 
-      if (avail < WIRE_HEADER_LEN)
+      /* The input first: the loop usually ends on an empty one, and the
+       * room check costs a length read of the other side's output. */
+      if (avail < WIRE_HEADER_LEN || !route_has_room (c, from))
          break;
       /* No copy when the header is contiguous (the usual case). */
       hb = evbuffer_pullup (in, WIRE_HEADER_LEN);

@@ -172,6 +172,14 @@ side_bev_options (bool tls)
    return BEV_OPT_CLOSE_ON_FREE | (tls ? BEV_OPT_DEFER_CALLBACKS : 0);
 }
 
+/* The new bufferevent's buffers (side_input, side_output). */
+static void
+side_take_buffers (side_t *s)
+{
+   s->input = bufferevent_get_input (s->bev);
+   s->output = bufferevent_get_output (s->bev);
+}
+
 /* What both kinds share: the callbacks.  The timer is created when a
  * partial message first arms it (side_timer_rearm): most connections
  * never see one.  (False: out of memory.) */
@@ -221,6 +229,7 @@ side_accept (side_t *s,
    }
    if (!s->bev)
       goto fail;
+   side_take_buffers (s);
    s->fd = fd;
    bufferevent_setcb (s->bev, side_bev_read_cb, NULL, side_bev_event_cb, s);
    if (server_tls) {
@@ -272,6 +281,7 @@ side_connect (side_t *s,
       bson_set_error (error, SIDE_ERROR_DOMAIN, SIDE_ERR_NO_MEMORY, "cannot create a bufferevent");
       goto done;
    }
+   side_take_buffers (s);
    bufferevent_setcb (s->bev, side_bev_read_cb, NULL, side_bev_event_cb, s);
    s->opening = true;
    if (bufferevent_socket_connect (s->bev, (const struct sockaddr *) &primary->addr, (int) primary->addr_len) < 0) {
@@ -332,6 +342,7 @@ side_close (side_t *s)
    proxy_event_free (s->timer);
    s->rd = NULL;
    s->bev = NULL;
+   s->input = s->output = NULL;
    s->timer = NULL;
    s->fd = -1;
    s->direct = s->reading = s->drained_cb = s->timer_armed = s->connected = s->libevent_writes = false;
@@ -375,28 +386,34 @@ side_want_drained_slow (side_t *s, bool want)
  * The output of a socket bufferevent is frozen at its front (only libevent
  * drains it); its own write callback unfreezes it around the write, and so
  * does this. */
-void
+size_t
 side_write_now (side_t *s)
 {
    struct evbuffer *out = side_output (s);
    bool libevent_writes = (bufferevent_get_enabled (s->bev) & EV_WRITE) != 0;
+   size_t len = evbuffer_get_length (out);
+   int n;
 
-   if (evbuffer_get_length (out) == 0) {
+   if (len == 0) {
       if (libevent_writes)
          bufferevent_disable (s->bev, EV_WRITE);
       s->libevent_writes = false;
-      return;
+      return 0;
    }
    if (libevent_writes) {
       s->libevent_writes = true;
-      return; /* it is writing already: let it, so bytes keep their order */
+      return len; /* it is writing already: let it, so bytes keep their order */
    }
    evbuffer_unfreeze (out, 1);
-   (void) evbuffer_write_atmost (out, s->fd, bufferevent_get_max_single_write (s->bev));
+   /* It drains what it wrote; -1 (an error) wrote nothing. */
+   n = evbuffer_write_atmost (out, s->fd, bufferevent_get_max_single_write (s->bev));
    evbuffer_freeze (out, 1);
-   s->libevent_writes = evbuffer_get_length (out) > 0;
+   if (n > 0)
+      len -= (size_t) n;
+   s->libevent_writes = len > 0;
    if (s->libevent_writes)
       bufferevent_enable (s->bev, EV_WRITE);
+   return len;
 }
 
 void
