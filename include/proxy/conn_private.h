@@ -108,6 +108,7 @@ struct client_conn {
    uint64_t id;
    char peer[CLIENT_PEER_MAX];
    client_state_t state;
+   counters_close_reason_t drain_reason; /* DRAINING: why it closes (beside state: no padding) */
    client_loop_t *loop;
    config_t *cfg;
 
@@ -140,14 +141,15 @@ struct client_conn {
     * it closes after the error instead (DRAINING). */
    bool session_bound;
    bool repairing;
+   int32_t next_id; /* requestIDs the proxy sends upstream or to the client (after the flags: no padding) */
    /* Session mode: operator_generation () when its upstream connection
     * was opened; an older one is replaced once the connection is idle
     * (POST /api/reconnect, client_reconnect_due in proxy/conn.c). */
    uint64_t up_generation;
-   counters_close_reason_t drain_reason; /* DRAINING: why it closes */
 
    struct event *timer;          /* per state: no primary / handshake */
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
+   unsigned mem_wait_sides; /* MEM_SIDE_* bits (below); 0: not waiting (beside pumping: no padding) */
 
    struct evbuffer *scratch; /* decompressed requests; NULL until one comes (client_scratch) */
    client_job_t *job; /* a request being decoded off the loop: the
@@ -159,7 +161,6 @@ struct client_conn {
    /* Bit (1 << id) for each compressor the first hello negotiated: the
     * only ones (besides noop) its OP_COMPRESSED requests may use. */
    unsigned compressors_negotiated;
-   int32_t next_id; /* requestIDs the proxy sends upstream or to the client */
 
    /* The two FIFOs' slots, taken from the loop when a request arrives and
     * given back once nothing is in flight (client_flight_settle): an idle
@@ -179,7 +180,6 @@ struct client_conn {
    int64_t mem_held;
    int64_t mem_decode;
    int64_t mem_need;
-   unsigned mem_wait_sides; /* MEM_SIDE_* bits (below); 0: not waiting */
    client_conn_t *mem_wait_prev, *mem_wait_next;
 
    /* Pooled mode: the client's place in the pool's FIFO and hand-off,

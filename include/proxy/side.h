@@ -87,6 +87,7 @@ struct side {
    bool reading;     /* direct: rd is added */
    bool drained_cb;  /* the write callback (on_drained) is installed */
    bool timer_armed; /* timer is pending (saves event_del calls) */
+   bool libevent_writes; /* direct: EV_WRITE is on, libevent drains the output */
    evutil_socket_t fd; /* the socket, for reads and writes (bufferevent_getfd is a ctrl call) */
    struct bufferevent *bev;
    /* bev's input and output, which live as long as it: looked up once, not
@@ -108,7 +109,6 @@ struct side {
    struct evbuffer_cb_entry *mem_cb_in, *mem_cb_out;
    int64_t mem_read;
    size_t mem_in_seen, mem_out_seen;
-   bool libevent_writes; /* direct: EV_WRITE is on, libevent drains the output */
 };
 
 /* Takes over an accepted socket as a SIDE_CLIENT side, TLS when
