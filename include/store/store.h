@@ -19,9 +19,9 @@
  * store/ops.c (the operator's actions and views: store/ops.h) and
  * store/fleet.c (the fleet's handler sets: store/fleet.h).
  *
- * A store_t is one "store instance": it claims in one lane space (the
- * dispatcher's or the consumer thread's, base/outbox.h), remembers the
- * lanes of that space it holds and
+ * A store_t is one "store instance": it claims in one lane space (a
+ * handler's, base/outbox.h; store_spaces_t keeps one per handler of a
+ * claimer), remembers the lanes of that space it holds and
  * the claims it handed out, so a process restarted with the same owner name
  * never adopts its predecessor's lanes.  It is thread-safe; claims of one
  * instance run one after the other.
@@ -101,26 +101,46 @@ bool store_retry_deferred (store_t *store, size_t *left, bson_error_t *error) __
 size_t store_deferred_count (store_t *store);
 
 /* The lane space the instance claims in (base/outbox.h): the dispatch
- * space unless set.  The dispatcher has an instance per handler space
- * (outbox_lane_space_of), the consumer thread one in the pull space.  Set
- * it before the first claim; it never changes. */
+ * space unless set.  The claimers keep an instance per handler space
+ * (store_spaces_t); a fixed space is set this way (the store tests claim
+ * in the two of them).  Set it before the first claim; it never
+ * changes. */
 void store_set_lane_space (store_t *store, uint32_t space);
 
-/* Another instance on `base`'s pool, with its options and owner name,
- * claiming in lane space `space` (< OUTBOX_LANE_SPACE_MAX).  Lane
- * documents of different spaces are disjoint, so instances of one owner
- * in different spaces never hold one lane.  Destroy it before `base`'s
- * pool. */
-store_t *store_new_in_space (const store_t *base, uint32_t space) __attribute__ ((warn_unused_result));
+/* The store instances one claimer keeps, one per handler lane space
+ * (base/outbox.h), made from `base` on first use: the dispatcher's for
+ * its dispatched handlers, the consumer thread's for the pull handlers.
+ * Each is another instance on `base`'s pool with its options and owner
+ * name, claiming in the handler's space: lane documents of different
+ * spaces are disjoint, so instances of one owner never hold one lane.
+ * At most one per handler name asked for; kept until store_spaces_clear
+ * (a caller may hold the pointers until then), before `base`'s pool
+ * goes. */
+typedef struct {
+   const store_t *base; /* borrowed */
+   store_t **v;
+   size_t n;
+} store_spaces_t;
+
+/* The instance of `handler`'s lane space, made now if there is none. */
+store_t *store_spaces_of (store_spaces_t *spaces, const char *handler);
+/* Destroys every instance (not `base`). */
+void store_spaces_clear (store_spaces_t *spaces);
+/* The handler a handler space's instance was made for (the name in its
+ * lane documents and in log lines); "" for any other instance. */
+const char *store_space_handler (const store_t *store);
+/* Whether the instance holds a lane now (as it remembers). */
+bool store_holds_lanes (store_t *store);
 
 /* Creates the collections, the indexes (idempotently) and the lane
  * documents of every space (OUTBOX_LANE_DOCS). */
 bool store_setup (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));
-/* Creates the lane documents of the instance's space when it is a handler
- * space (upserts that only insert, one bulk write; `handler` is recorded
- * in them for the operator's views); nothing for a fixed space, which
- * store_setup creates.  Call before the instance's first claim. */
-bool store_setup_space (store_t *store, const char *handler, bson_error_t *error) __attribute__ ((warn_unused_result));
+/* Creates the lane documents of a handler space's instance
+ * (store_spaces_of), once: upserts that only insert, one bulk write, each
+ * recording the handler for the operator's views.  Nothing for a fixed
+ * space, which store_setup creates, nor after the first success.  Call
+ * before each claim of the instance. */
+bool store_setup_space (store_t *store, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* ------------------------------------------------------------------ claim */
 

@@ -98,6 +98,11 @@ struct store {
    /* The space of the lanes this instance claims in; lanes[n] is lane n
     * of it (document store_lane_doc (s, n)).  Set before the first claim. */
    uint32_t lane_space;
+   /* A handler space's instance (store_spaces_of): the handler it was
+    * made for (owned; NULL otherwise), and whether its lane documents were
+    * made (store_setup_space; guarded by claim_mu). */
+   char *space_handler;
+   bool space_ready;
 
    pthread_mutex_t mu;
    pthread_mutex_t claim_mu;

@@ -137,22 +137,10 @@ typedef struct {
    uint32_t conns, claims, polls;
 } usage_t;
 
-/* A lane space the pull handlers claim in, and its store instance: one
- * per handler, unless two names hash to one space.  Kept until the
- * consumer ends (at most one per pull handler configured since the
- * start). */
-typedef struct {
-   uint32_t space;
-   store_t *store;
-   char *handler; /* owned: the handler it was made for, recorded in its lane documents */
-   bool set_up;   /* its lane documents exist (store_setup_space) */
-} pull_space_t;
-
 typedef struct {
    worker_t *w;    /* owns the base and the pool */
-   store_t *store; /* the handler statistics; it claims nothing */
-   pull_space_t **spaces;
-   size_t n_spaces;
+   store_t *store;        /* the handler statistics; it claims nothing */
+   store_spaces_t spaces; /* an instance per pull handler's lane space (store.h) */
    struct event_base *base;
    pthread_mutex_t mu; /* the inbox */
    pull_req_t *in_head, *in_tail;
@@ -492,30 +480,11 @@ ref_of (const held_t *h)
    return ref;
 }
 
-/* The lane space pull handler `handler` claims in, made on first use. */
-static pull_space_t *
-space_of (consumer_t *c, const char *handler)
-{
-   uint32_t space = outbox_lane_space_of (handler);
-   pull_space_t *ps;
-
-   for (size_t i = 0; i < c->n_spaces; i++)
-      if (c->spaces[i]->space == space)
-         return c->spaces[i];
-   ps = bson_malloc0 (sizeof *ps);
-   ps->space = space;
-   ps->store = store_new_in_space (c->store, space);
-   ps->handler = bson_strdup (handler);
-   c->spaces = bson_realloc (c->spaces, (c->n_spaces + 1) * sizeof *c->spaces);
-   c->spaces[c->n_spaces++] = ps;
-   return ps;
-}
-
 /* The store instance that claims (and settles) `handler`'s deliveries. */
 static store_t *
 store_of (consumer_t *c, const char *handler)
 {
-   return space_of (c, handler)->store;
+   return store_spaces_of (&c->spaces, handler);
 }
 
 /* Hands back the lanes of every space (no consumer holds a claim). */
@@ -524,10 +493,10 @@ relinquish_all (consumer_t *c, const char *when)
 {
    bson_error_t err;
 
-   for (size_t i = 0; i < c->n_spaces; i++)
-      if (c->spaces[i]->set_up && !store_relinquish (c->spaces[i]->store, clock_now_ms (), &err))
+   for (size_t i = 0; i < c->spaces.n; i++)
+      if (!store_relinquish (c->spaces.v[i], clock_now_ms (), &err))
          log_warn ("consumer: %shanding the lanes of handler %s back failed (they free up when their leases end): %s",
-                   when, c->spaces[i]->handler, err.message);
+                   when, store_space_handler (c->spaces.v[i]), err.message);
 }
 
 /* The events' completion times deferred by every instance. */
@@ -536,8 +505,8 @@ deferred_count (consumer_t *c)
 {
    size_t n = 0;
 
-   for (size_t i = 0; i < c->n_spaces; i++)
-      n += store_deferred_count (c->spaces[i]->store);
+   for (size_t i = 0; i < c->spaces.n; i++)
+      n += store_deferred_count (c->spaces.v[i]);
    return n;
 }
 
@@ -706,7 +675,7 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    config_t *cfg;
    format_opts_t fo;
    bool shaped;
-   pull_space_t *ps;
+   store_t *st;
 
    room = claim_room (c, r, slot, why, sizeof why);
    if (room == 0) {
@@ -719,13 +688,13 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    h.handler = r->handler;
    h.limit = limit;
    o = (store_claim_opts_t){.handlers = &h, .n_handlers = 1, .limit = limit, .now = now, .lease_ms = r->lease_ms, .key_run = 1};
-   ps = space_of (c, r->handler);
-   if (!ps->set_up && !(ps->set_up = store_setup_space (ps->store, r->handler, &err))) {
+   st = store_of (c, r->handler);
+   if (!store_setup_space (st, &err)) {
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusClaim: making the handler's lanes failed: %s", err.message);
       bson_destroy (&doc);
       return true;
    }
-   if (!store_claim (ps->store, &o, &b, &err)) {
+   if (!store_claim (st, &o, &b, &err)) {
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusClaim: the store failed: %s", err.message);
       bson_destroy (&doc);
       return true;
@@ -768,7 +737,7 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
    if (n_over > 0) {
       /* Given back in one transaction (they point into b: before its clear). */
       bool *applied = bson_malloc0 (n_over * sizeof *applied);
-      if (!store_settle_many (ps->store, STORE_MANY_RELEASE, over, n_over, now, 0, NULL, applied, &err))
+      if (!store_settle_many (st, STORE_MANY_RELEASE, over, n_over, now, 0, NULL, applied, &err))
          log_warn ("consumer: releasing %zu deliveries that did not fit in the answer (their lease runs out instead): %s",
                    n_over, err.message);
       bson_free (applied);
@@ -1330,8 +1299,8 @@ retry_cb (evutil_socket_t fd, short what, void *arg)
 
    (void) fd;
    (void) what;
-   for (size_t i = 0; i < c->n_spaces; i++)
-      if (store_deferred_count (c->spaces[i]->store) > 0 && !store_retry_deferred (c->spaces[i]->store, &left, &err))
+   for (size_t i = 0; i < c->spaces.n; i++)
+      if (store_deferred_count (c->spaces.v[i]) > 0 && !store_retry_deferred (c->spaces.v[i], &left, &err))
          log_debug ("consumer: %zu deferred completion time(s) wait on: %s", left, err.message);
    for (size_t i = 0; i < c->n_held; i++)
       if (c->held[i].owed) {
@@ -1803,17 +1772,17 @@ stop_cb (void *arg)
       waiting_remove (c, c->n_waiting - 1);
    owed = stop_charge_owed (c);
    /* Each space's lanes go back, but for the lanes of its owed charges. */
-   for (size_t k = 0; k < c->n_spaces; k++) {
-      pull_space_t *ps = c->spaces[k];
+   for (size_t k = 0; k < c->spaces.n; k++) {
+      store_t *st = c->spaces.v[k];
       bool keep[OUTBOX_LANES] = {false};
       for (size_t i = 0; i < c->n_held; i++)
-         if (c->held[i].owed && c->held[i].lane < OUTBOX_LANES && !keep[c->held[i].lane] && space_of (c, c->held[i].handler) == ps) {
+         if (c->held[i].owed && c->held[i].lane < OUTBOX_LANES && !keep[c->held[i].lane] && store_of (c, c->held[i].handler) == st) {
             keep[c->held[i].lane] = true;
             n_keep++;
          }
-      if (ps->set_up && !store_relinquish_except (ps->store, clock_now_ms (), keep, &err))
-         log_warn ("consumer: handing the lanes of handler %s back failed (they free up when their leases end): %s", ps->handler,
-                   err.message);
+      if (!store_relinquish_except (st, clock_now_ms (), keep, &err))
+         log_warn ("consumer: handing the lanes of handler %s back failed (they free up when their leases end): %s",
+                   store_space_handler (st), err.message);
    }
    if (owed > 0)
       log_warn ("consumer: stopping: %zu owed charge(s) did not land within %d ms (an open transaction still holds "
@@ -1855,12 +1824,7 @@ consumer_free (consumer_t *c)
          usage_publish (c, slot);
       }
    bson_free (c->users);
-   for (size_t i = 0; i < c->n_spaces; i++) {
-      store_destroy (c->spaces[i]->store);
-      bson_free (c->spaces[i]->handler);
-      bson_free (c->spaces[i]);
-   }
-   bson_free (c->spaces);
+   store_spaces_clear (&c->spaces);
    store_destroy (c->store);
    worker_destroy (c->w); /* after everything on its base and pool */
    pthread_mutex_destroy (&c->mu);
@@ -1890,6 +1854,7 @@ consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, co
    c->w = store_worker_new (cfg, &wo, &c->store, error);
    if (!c->w)
       goto fail;
+   c->spaces.base = c->store;
    c->base = worker_base (c->w);
    c->held = bson_malloc0 (CONSUMER_MAX_CLAIMS * sizeof *c->held);
    c->in_ev = event_new (c->base, -1, 0, in_cb, c);

@@ -113,22 +113,9 @@
 #define DISPATCH_FLUSH_DELAY_MS 20
 #define DISPATCH_FLUSH_MAX_MS 100
 
-/* A lane space the dispatched handlers claim in, and the store instance
- * that claims in it (base/outbox.h): one per handler, unless two names
- * hash to one space (then they share it, as they share its lanes).  Kept
- * until the dispatcher ends: jobs, and the renewal thread's copy of the
- * running set, point at its store. */
-typedef struct {
-   uint32_t space;
-   store_t *store;
-   char *handler; /* owned: the handler it was made for, recorded in its lane documents */
-   bool set_up;   /* its lane documents exist (store_setup_space) */
-   bool unused;   /* no handler claims in it since a reload; its lanes were handed back */
-} lane_space_rt_t;
-
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in `snap` */
-   lane_space_rt_t *ls;         /* the dispatcher's: where it claims */
+   store_t *store;              /* its lane space's instance (the dispatcher's spaces) */
    config_t *snap;              /* our reference to the snapshot cfg points into */
    transport_t *t;    /* its kind's client (dispatch/transport.h) */
    int64_t jobs;      /* jobs that point here (a retired handler is freed at 0) */
@@ -183,9 +170,8 @@ typedef struct {
    worker_t *w;   /* ours: the thread, its event base and pool, the owner name */
    struct event_base *base; /* the worker's */
    store_t *store;          /* set-up, fleet, purge: it claims nothing */
-   lane_space_rt_t **spaces; /* every lane space a handler claimed in since the start */
-   size_t n_spaces;
-   size_t claim_first; /* the space a tick claims in first (turns round) */
+   store_spaces_t spaces; /* an instance per handler lane space (store.h) */
+   size_t claim_first;    /* the space a tick claims in first (turns round) */
 
    handler_rt_t **handlers; /* the current dispatched handlers (webhook, nats), in config order */
    store_claim_handler_t *claim_handlers;
@@ -791,7 +777,7 @@ job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    j->d = *item;
    memset (item, 0, sizeof *item);
    j->h = h;
-   j->store = h->ls->store;
+   j->store = h->store;
    h->jobs++;
    j->disp = d;
    return j;
@@ -938,29 +924,26 @@ wants_claim (dispatcher_t *d)
    return false;
 }
 
-/* Claims with `o` in lane space `ls` (its lane documents made first) and
- * starts what it got; *got how many.  False when the claim failed
- * (logged). */
+/* Claims with `o` in the lane space of instance `store` (its lane
+ * documents made first) and starts what it got; *got how many.  False
+ * when the claim failed (logged). */
 static bool
-claim_space (dispatcher_t *d, lane_space_rt_t *ls, const store_claim_opts_t *o, size_t *got)
+claim_space (dispatcher_t *d, store_t *store, const store_claim_opts_t *o, size_t *got)
 {
    store_batch_t b = {0};
    bson_error_t err;
    bool ok;
 
    *got = 0;
-   if (!ls->set_up) {
-      if (!store_setup_space (ls->store, ls->handler, &err)) {
-         log_warn ("dispatch: making the lanes of handler %s failed (retry in %" PRId64 " ms): %s",
-                   ls->handler,
-                   d->cfg->poll_interval_ms,
-                   err.message);
-         return false;
-      }
-      ls->set_up = true;
+   if (!store_setup_space (store, &err)) {
+      log_warn ("dispatch: making the lanes of handler %s failed (retry in %" PRId64 " ms): %s",
+                store_space_handler (store),
+                d->cfg->poll_interval_ms,
+                err.message);
+      return false;
    }
    counters_add (COUNTER_DISPATCH_CLAIMS, 1);
-   ok = store_claim (ls->store, o, &b, &err);
+   ok = store_claim (store, o, &b, &err);
    counters_observe (COUNTER_CLAIM_LATENCY, 0, clock_now_ms () - o->now);
    if (!ok) {
       log_warn ("dispatch: claim failed (retry in %" PRId64 " ms): %s", d->cfg->poll_interval_ms, err.message);
@@ -977,7 +960,7 @@ claim_space (dispatcher_t *d, lane_space_rt_t *ls, const store_claim_opts_t *o, 
       for (size_t i = 0; i < b.n; i++) {
          job_t *j = NULL;
          for (size_t k = 0; k < d->n_handlers; k++)
-            if (d->handlers[k]->ls == ls && !strcmp (d->handlers[k]->cfg->name, b.items[i].handler)) {
+            if (d->handlers[k]->store == store && !strcmp (d->handlers[k]->cfg->name, b.items[i].handler)) {
                j = job_new (d, d->handlers[k], &b.items[i]);
                break;
             }
@@ -1057,11 +1040,11 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    /* One claim per lane space with free slots (one in all with a single
     * dispatched handler), sharing the batch's limit; the space that goes
     * first turns round, so no handler's claims always come last. */
-   for (size_t n = 0; n < d->n_spaces && claimed < limit; n++) {
-      size_t i = (d->claim_first + n) % d->n_spaces, space_limit = 0, got;
+   for (size_t n = 0; n < d->spaces.n && claimed < limit; n++) {
+      size_t i = (d->claim_first + n) % d->spaces.n, space_limit = 0, got;
       o.n_handlers = 0;
       for (size_t k = 0; k < d->n_handlers; k++)
-         if (d->handlers[k]->ls == d->spaces[i] && d->claim_handlers[k].limit > 0) {
+         if (d->handlers[k]->store == d->spaces.v[i] && d->claim_handlers[k].limit > 0) {
             space_claim[o.n_handlers++] = d->claim_handlers[k];
             space_limit += d->claim_handlers[k].limit;
          }
@@ -1070,7 +1053,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       o.handlers = space_claim;
       o.limit = space_limit < limit - claimed ? space_limit : limit - claimed;
       o.now = clock_now_ms ();
-      if (!claim_space (d, d->spaces[i], &o, &got)) {
+      if (!claim_space (d, d->spaces.v[i], &o, &got)) {
          failed = true;
          continue;
       }
@@ -1078,8 +1061,8 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       full = full || (got == o.limit && o.limit < space_limit);
    }
    bson_free (space_claim);
-   if (d->n_spaces > 0)
-      d->claim_first = (d->claim_first + 1) % d->n_spaces;
+   if (d->spaces.n > 0)
+      d->claim_first = (d->claim_first + 1) % d->spaces.n;
    /* A full batch below the free slots: more may be waiting. */
    schedule (d->tick_ev, (!failed && (full || (claimed == limit && limit < total))) ? 0 : d->cfg->poll_interval_ms);
 }
@@ -1279,9 +1262,9 @@ finish (dispatcher_t *d)
       job_drop (d, d->unsettled[i], false);
    }
    d->n_unsettled = 0;
-   for (size_t i = 0; reachable && i < d->n_spaces; i++)
-      if (!store_relinquish (d->spaces[i]->store, now, &err))
-         log_warn ("dispatch: handing lanes back (handler %s): %s", d->spaces[i]->handler, err.message);
+   for (size_t i = 0; reachable && i < d->spaces.n; i++)
+      if (!store_relinquish (d->spaces.v[i], now, &err))
+         log_warn ("dispatch: handing lanes back (handler %s): %s", store_space_handler (d->spaces.v[i]), err.message);
    if (reachable)
       dispatch_fleet_stop (d->fleet, now);
    if (!reachable)
@@ -1342,58 +1325,26 @@ renew_schedule (dispatcher_t *d)
    atomic_store (&d->renew_lease_ms, d->cfg->lease_ms);
 }
 
-/* The lane space handler `name` claims in, made on first use (its lane
- * documents by its first claim).  The spaces stay until the dispatcher
- * ends: at most one per handler name configured since the start. */
-static lane_space_rt_t *
-lane_space_for (dispatcher_t *d, const char *name)
-{
-   uint32_t space = outbox_lane_space_of (name);
-   lane_space_rt_t *ls;
-
-   for (size_t i = 0; i < d->n_spaces; i++)
-      if (d->spaces[i]->space == space) {
-         d->spaces[i]->unused = false;
-         return d->spaces[i];
-      }
-   ls = bson_malloc0 (sizeof *ls);
-   ls->space = space;
-   ls->store = store_new_in_space (d->store, space);
-   ls->handler = bson_strdup (name);
-   d->spaces = bson_realloc (d->spaces, (d->n_spaces + 1) * sizeof *d->spaces);
-   d->spaces[d->n_spaces++] = ls;
-   return ls;
-}
-
-static void
-lane_space_free (lane_space_rt_t *ls)
-{
-   store_destroy (ls->store);
-   bson_free (ls->handler);
-   bson_free (ls);
-}
-
 /* A reload removed every handler of a lane space and their last jobs
  * ended: its lanes are handed back at once, not left to their leases. */
 static void
 lane_spaces_hand_back (dispatcher_t *d)
 {
-   for (size_t i = 0; i < d->n_spaces; i++) {
-      lane_space_rt_t *ls = d->spaces[i];
+   for (size_t i = 0; i < d->spaces.n; i++) {
+      store_t *st = d->spaces.v[i];
       bool used = false;
       bson_error_t err;
       for (size_t k = 0; k < d->n_handlers && !used; k++)
-         used = d->handlers[k]->ls == ls;
+         used = d->handlers[k]->store == st;
       for (size_t k = 0; k < d->n_retired && !used; k++)
-         used = d->retired[k]->ls == ls;
-      if (used || ls->unused || !ls->set_up)
+         used = d->retired[k]->store == st;
+      if (used || !store_holds_lanes (st))
          continue;
-      if (!store_relinquish (ls->store, clock_now_ms (), &err)) {
-         log_warn ("dispatch: handing back the lanes of removed handler %s: %s (they free up after lease_ms)", ls->handler, err.message);
-         continue;
-      }
-      ls->unused = true;
-      log_info ("dispatch: handed back the lanes of removed handler %s", ls->handler);
+      if (!store_relinquish (st, clock_now_ms (), &err))
+         log_warn ("dispatch: handing back the lanes of removed handler %s: %s (they free up after lease_ms)",
+                   store_space_handler (st), err.message);
+      else
+         log_info ("dispatch: handed back the lanes of removed handler %s", store_space_handler (st));
    }
 }
 
@@ -1408,7 +1359,7 @@ handler_new (dispatcher_t *d, config_t *snap, const config_handler_t *hc, bson_e
    env.base = d->base;
    h = bson_malloc0 (sizeof *h);
    h->cfg = hc;
-   h->ls = lane_space_for (d, hc->name);
+   h->store = store_spaces_of (&d->spaces, hc->name);
    h->t = transport_new (&env, hc, error);
    if (!h->t) {
       bson_free (h);
@@ -1723,9 +1674,7 @@ dispatcher_free (dispatcher_t *d)
    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
       if (evs[i])
          event_free (evs[i]);
-   for (size_t i = 0; i < d->n_spaces; i++)
-      lane_space_free (d->spaces[i]);
-   bson_free (d->spaces);
+   store_spaces_clear (&d->spaces);
    store_destroy (d->store);
    worker_destroy (d->w); /* after everything on its base and pool */
    config_release (d->cfg);
@@ -1752,6 +1701,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    if (!d->w)
       goto fail;
    d->base = worker_base (d->w);
+   d->spaces.base = d->store;
    d->fleet = dispatch_fleet_new (d->store, worker_owner (d->w));
 
    for (size_t i = 0; i < cfg->n_handlers; i++)

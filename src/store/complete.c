@@ -1109,7 +1109,7 @@ store_relinquish_except (store_t *s, int64_t now, const bool *keep, bson_error_t
    if (k == 0) {
       bson_destroy (&lq);
       pthread_mutex_unlock (&s->claim_mu);
-      log_info ("store: handed back 0 lane(s)");
+      log_debug ("store: handed back 0 lane(s)");
       return true;
    }
    /* Each command bounded (store_set_max_time_ms): a delivery a consumer's

@@ -234,16 +234,19 @@ seed_lanes (store_t *s, mongoc_client_t *client, int32_t first, int32_t n, const
 }
 
 bool
-store_setup_space (store_t *s, const char *handler, bson_error_t *error)
+store_setup_space (store_t *s, bson_error_t *error)
 {
    mongoc_client_t *client;
-   bool ok;
+   bool ok = true;
 
-   if (s->lane_space < OUTBOX_LANE_SPACES)
-      return true; /* store_setup's */
-   client = mongoc_client_pool_pop (s->pool);
-   ok = seed_lanes (s, client, outbox_lane_doc_id (s->lane_space, 0), OUTBOX_LANES, handler, error);
-   mongoc_client_pool_push (s->pool, client);
+   pthread_mutex_lock (&s->claim_mu);
+   if (!s->space_ready && s->space_handler) {
+      client = mongoc_client_pool_pop (s->pool);
+      ok = seed_lanes (s, client, outbox_lane_doc_id (s->lane_space, 0), OUTBOX_LANES, s->space_handler, error);
+      mongoc_client_pool_push (s->pool, client);
+      s->space_ready = ok;
+   }
+   pthread_mutex_unlock (&s->claim_mu);
    return ok;
 }
 

@@ -114,7 +114,8 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
    return s;
 }
 
-store_t *
+/* Another instance of `base`'s owner claiming in `space`. */
+static store_t *
 store_new_in_space (const store_t *base, uint32_t space)
 {
    store_t *s = bson_malloc0 (sizeof *s);
@@ -134,6 +135,50 @@ store_new_in_space (const store_t *base, uint32_t space)
    return s;
 }
 
+store_t *
+store_spaces_of (store_spaces_t *sp, const char *handler)
+{
+   uint32_t space = outbox_lane_space_of (handler);
+   store_t *s;
+
+   for (size_t i = 0; i < sp->n; i++)
+      if (sp->v[i]->lane_space == space)
+         return sp->v[i];
+   s = store_new_in_space (sp->base, space);
+   s->space_handler = bson_strdup (handler);
+   sp->v = bson_realloc (sp->v, (sp->n + 1) * sizeof *sp->v);
+   sp->v[sp->n++] = s;
+   return s;
+}
+
+void
+store_spaces_clear (store_spaces_t *sp)
+{
+   for (size_t i = 0; i < sp->n; i++)
+      store_destroy (sp->v[i]);
+   bson_free (sp->v);
+   sp->v = NULL;
+   sp->n = 0;
+}
+
+const char *
+store_space_handler (const store_t *s)
+{
+   return s->space_handler ? s->space_handler : "";
+}
+
+bool
+store_holds_lanes (store_t *s)
+{
+   bool any = false;
+
+   pthread_mutex_lock (&s->mu);
+   for (uint32_t i = 0; i < OUTBOX_LANES && !any; i++)
+      any = s->lanes[i].held;
+   pthread_mutex_unlock (&s->mu);
+   return any;
+}
+
 void
 store_set_lane_space (store_t *s, uint32_t space)
 {
@@ -148,6 +193,7 @@ store_destroy (store_t *s)
       return;
    pthread_mutex_destroy (&s->mu);
    pthread_mutex_destroy (&s->claim_mu);
+   bson_free (s->space_handler);
    for (size_t i = 0; i < s->n_issued; i++) {
       bson_free (s->issued[i].handler);
       bson_free (s->issued[i].key);

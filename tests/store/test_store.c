@@ -1813,8 +1813,9 @@ static void
 test_handlers_claim_the_same_lane_at_once (void **state)
 {
    fx_t *fx = *state;
-   store_t *a = store_new_in_space (fx->a, outbox_lane_space_of ("slow"));
-   store_t *b = store_new_in_space (fx->b, outbox_lane_space_of ("fast"));
+   store_spaces_t sa = {.base = fx->a}, sb = {.base = fx->b}, sb2 = {.base = fx->a};
+   store_t *a = store_spaces_of (&sa, "slow");
+   store_t *b = store_spaces_of (&sb, "fast");
    store_batch_t ba = {0}, bb = {0};
    uint32_t lane = outbox_lane_id ("k", "y-1");
    char q[200], hex[25];
@@ -1824,7 +1825,10 @@ test_handlers_claim_the_same_lane_at_once (void **state)
 
    assert_true (outbox_lane_space_of ("slow") != outbox_lane_space_of ("fast"));
    assert_true (outbox_lane_space_of ("slow") >= OUTBOX_LANE_SPACES);
-   if (!store_setup_space (a, "slow", &err) || !store_setup_space (b, "fast", &err) || !store_setup_space (b, "fast", &err))
+   assert_ptr_equal (store_spaces_of (&sa, "slow"), a);
+   assert_string_equal (store_space_handler (b), "fast");
+   /* Set up twice, by two instances of the space: its documents once. */
+   if (!store_setup_space (a, &err) || !store_setup_space (b, &err) || !store_setup_space (store_spaces_of (&sb2, "fast"), &err))
       fail_msg ("setup space: %s", err.message);
    snprintf (q, sizeof q, "{\"_id\": {\"$gte\": %d, \"$lt\": %d}, \"handler\": \"fast\", \"epoch\": 0}",
              outbox_lane_doc_id (outbox_lane_space_of ("fast"), 0), outbox_lane_doc_id (outbox_lane_space_of ("fast"), 0) + OUTBOX_LANES);
@@ -1854,8 +1858,9 @@ test_handlers_claim_the_same_lane_at_once (void **state)
    assert_true (complete1 (a, &ba.items[0], T0 + 3));
    store_batch_clear (&ba);
    store_batch_clear (&bb);
-   store_destroy (a);
-   store_destroy (b);
+   store_spaces_clear (&sa);
+   store_spaces_clear (&sb);
+   store_spaces_clear (&sb2);
 }
 
 /* Two owners with different handler sets, a dispatcher (dispatch lane
