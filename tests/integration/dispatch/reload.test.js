@@ -4,7 +4,8 @@
 // events published after it get deliveries for the new set only, the changed handler's requests
 // are signed with the new secret (checked with the npm `standardwebhooks` verifier), and the
 // removed handler gets nothing new. A configuration with an invalid handler is refused whole:
-// the next events still follow the set in force.
+// the next events still follow the set in force. A removed handler's lanes (its own lane space)
+// are handed back when its last request ends, not left to their lease.
 
 const fs = require('node:fs');
 const test = require('node:test');
@@ -12,6 +13,7 @@ const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
 const H = require('../lib/proxy');
 const { startDispatchProxy, publishThroughProxy, waitFor, newSecret, startReceiver, verifies } = require('./helpers');
+const { startSink } = require('./sink');
 
 const ids = (sink) => new Set(sink.requests.map((q) => q.id));
 const signedBy = (secret, q) => verifies(secret, q.body, q.headers);
@@ -104,3 +106,47 @@ test('SIGHUP: handlers are added, removed and re-keyed without a restart', { tim
   const r = await p.stop();
   assert.equal(r.code, 0);
 });
+
+test('SIGHUP: a removed handler\'s lanes are handed back when its last request ends, not left to their lease',
+  { timeout: 90000 }, async (t) => {
+    const up = await H.startUpstream();
+    t.after(() => up.stop());
+    const slow = await startSink({ delayMs: 3000 });
+    const fast = await startSink({});
+    t.after(() => { slow.close(); fast.close(); });
+    const db = H.uniqueDbName('dispatch_reload_lanes');
+    const common = { events: 'order.*', kind: 'webhook' };
+    const p = await startDispatchProxy({
+      upstream: up.uri,
+      outbox: { database: db, handler_heartbeat: '1s' },
+      dispatch: { poll_interval_ms: 100, lease_ms: 30000 },
+      handlers: [
+        { name: 'fast', url: fast.url('/fast'), ...common },
+        { name: 'slow', url: slow.url('/slow'), timeout_ms: 10000, ...common },
+      ],
+    });
+    t.after(() => p.kill());
+    const client = await new MongoClient(`mongodb://127.0.0.1:${p.port}/?directConnection=true`, { serverSelectionTimeoutMS: 10000 }).connect();
+    t.after(() => client.close());
+    const direct = await new MongoClient(up.directUri || up.uri).connect();
+    t.after(() => direct.close());
+    // slow's own lanes (documents that name it), held under a live lease.
+    const lanes = direct.db(db).collection('relaybus_lanes');
+    const slowHeld = () => lanes.countDocuments({ handler: 'slow', owner: { $type: 'string' }, leaseExpiresAt: { $gt: new Date() } });
+
+    const id = `lanes-0-${process.pid}`;
+    await publishThroughProxy(client, db, [{ id, type: 'order.placed.v1', key: 'k', payload: {} }]);
+    await waitFor(() => slow.stats().pendingNow > 0, 10000, 'the slow handler\'s request to start');
+    assert.ok((await slowHeld()) > 0, 'the slow handler holds its lane while its request runs');
+
+    // slow removed while its request runs: the request finishes, then its lanes go back at once.
+    fs.writeFileSync(p.ini, withHandlers(fs.readFileSync(p.ini, 'utf8'), [{ name: 'fast', url: fast.url('/fast'), ...common }]));
+    p.child.kill('SIGHUP');
+    await waitFor(() => /dispatch: handlers: 1 \(0 added, 0 changed, 1 removed\)/.test(p.log()), 10000, `the new handler set:\n${p.log().slice(-2000)}`);
+    await waitFor(() => slow.stats().ok.has(id), 10000, 'the slow request to finish');
+    const finished = Date.now();
+    await waitFor(async () => (await slowHeld()) === 0, 10000, 'the removed handler\'s lanes to be handed back');
+    t.diagnostic(`the removed handler's lanes were handed back ${Date.now() - finished} ms after its last request (lease 30 s)`);
+    assert.match(p.log(), /handed back the lanes of removed handler slow/);
+    assert.equal((await p.stop()).code, 0);
+  });
