@@ -468,9 +468,12 @@ class Server {
       this.sessions.stop();
       this.set.stop();
     }
+    // The listener first, as a stopping mongod: a client that sees its connection dropped and
+    // connects again is refused, never accepted by a listener about to go.
+    const closed = new Promise((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
     for (const c of this.conns) c.socket.destroy();
     this.conns.clear();
-    return new Promise((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
+    return closed;
   }
 
   async runCommand(conn, body, db, name) {
