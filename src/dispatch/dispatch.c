@@ -141,7 +141,6 @@ typedef struct job {
    struct job *follower;
    void *disp; /* the dispatcher_t */
    handler_rt_t *h;
-   store_t *store;     /* the instance that claimed it (its handler's lane space) */
    store_delivery_t d; /* owned: moved out of the claim's batch */
    transport_req_t *req;
    int64_t started_ms; /* when its request started, for the latency metric */
@@ -298,7 +297,7 @@ followers_release (dispatcher_t *d, job_t *f, bool call)
       renew_set_remove (&d->renew_set, &f->d.id, f->d.lease);
       f->h->waiting--;
       f->h->freed++;
-      if (call && !store_release (f->store, &r, clock_now_ms (), &applied, &err))
+      if (call && !store_release (f->h->store, &r, clock_now_ms (), &applied, &err))
          log_warn ("dispatch: giving back a delivery whose key's previous one did not complete: %s (it runs again "
                    "after its lease)",
                    err.message);
@@ -330,9 +329,9 @@ settle_one (dispatcher_t *d, job_t *j)
 
    bson_oid_to_string (&j->d.id, hex);
    if (j->settle == JOB_SETTLE_BURY)
-      ok = store_bury (j->store, &r, clock_now_ms (), j->why, &applied, &err);
+      ok = store_bury (j->h->store, &r, clock_now_ms (), j->why, &applied, &err);
    else
-      ok = store_reschedule (j->store, &r, clock_now_ms (), j->due_at, j->why, &applied, &err);
+      ok = store_reschedule (j->h->store, &r, clock_now_ms (), j->due_at, j->why, &applied, &err);
    if (!ok) {
       log_warn ("dispatch: %s delivery %s: %s failed (tried again): %s",
                 j->h->cfg->name,
@@ -434,10 +433,10 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
    refs = bson_malloc (n * sizeof *refs);
    ok = bson_malloc0 (n * sizeof *ok);
    for (size_t i = 0; i < n; i++) {
-      RELAYBUS_ASSERT (jobs[i]->store == jobs[0]->store);
+      RELAYBUS_ASSERT (jobs[i]->h->store == jobs[0]->h->store);
       refs[i] = job_ref (jobs[i]);
    }
-   if (!store_complete_many (jobs[0]->store, refs, n, clock_now_ms (), ok, &err)) {
+   if (!store_complete_many (jobs[0]->h->store, refs, n, clock_now_ms (), ok, &err)) {
       log_warn ("dispatch: completing %zu deliveries failed (tried again): %s", n, err.message);
       bson_free (refs);
       bson_free (ok);
@@ -487,7 +486,7 @@ jobs_of_one_store (job_t **jobs, size_t n)
    size_t k = 1;
 
    for (size_t i = 1; i < n; i++)
-      if (jobs[i]->store == jobs[0]->store) {
+      if (jobs[i]->h->store == jobs[0]->h->store) {
          job_t *t = jobs[k];
          jobs[k++] = jobs[i];
          jobs[i] = t;
@@ -688,7 +687,7 @@ job_gone (dispatcher_t *d, job_t *j, const char *why)
    log_info ("dispatch: %s delivery %s: the endpoint is gone (%s): given back, attempt not charged", h->cfg->name, hex, why);
    (void) dispatch_fleet_disable (d->fleet, h->cfg->name, COUNTERS_STATE_GONE, "410", clock_now_ms ());
    h->freed++;
-   if (!store_release (j->store, &r, clock_now_ms (), &applied, &err))
+   if (!store_release (j->h->store, &r, clock_now_ms (), &applied, &err))
       log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
    job_drop (d, j, true);
    if (d->stopping && d->n_running == 0)
@@ -777,7 +776,6 @@ job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    j->d = *item;
    memset (item, 0, sizeof *item);
    j->h = h;
-   j->store = h->store;
    h->jobs++;
    j->disp = d;
    return j;
@@ -824,7 +822,7 @@ job_start (dispatcher_t *d, job_t *j)
       store_ref_t r = job_ref (j);
 
       h->freed++;
-      if (!store_release (j->store, &r, clock_now_ms (), &applied, &err))
+      if (!store_release (j->h->store, &r, clock_now_ms (), &applied, &err))
          log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
       job_drop (d, j, true);
       return;
@@ -846,7 +844,7 @@ job_start (dispatcher_t *d, job_t *j)
        * delivery of the same key.  Given back instead (no attempt
        * charged), with its followers; the next claim takes it again. */
       store_ref_t r = job_ref (j);
-      int64_t left = store_lease_expires (j->store, &r) - clock_now_ms ();
+      int64_t left = store_lease_expires (j->h->store, &r) - clock_now_ms ();
       if (left < d->cfg->lease_ms / 3) {
          bool applied = false;
          counters_add (COUNTER_DISPATCH_LEASE_SHORT, 1);
@@ -857,7 +855,7 @@ job_start (dispatcher_t *d, job_t *j)
                    left > 0 ? left : 0,
                    d->cfg->lease_ms);
          h->freed++;
-         if (!store_release (j->store, &r, clock_now_ms (), &applied, &err))
+         if (!store_release (j->h->store, &r, clock_now_ms (), &applied, &err))
             log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
          job_drop (d, j, true);
          /* Claimed again at once: a claim on a lane still held extends
@@ -873,7 +871,7 @@ job_start (dispatcher_t *d, job_t *j)
    d->running = j;
    d->n_running++;
    h->running++;
-   renew_set_add (&d->renew_set, &j->d.id, j->d.lease, j->store);
+   renew_set_add (&d->renew_set, &j->d.id, j->d.lease, j->h->store);
    if (h->cfg->kind_id == HANDLER_KIND_WEBHOOK)
       counters_add (COUNTER_DISPATCH_HTTP_REQUESTS, 1);
    j->started_ms = clock_now_ms ();
@@ -985,7 +983,7 @@ claim_space (dispatcher_t *d, store_t *store, const store_claim_opts_t *o, size_
       for (size_t c = 0; c < n_js; c++) {
          for (job_t *f = js[c]->follower; f; f = f->follower) {
             f->h->waiting++;
-            renew_set_add (&d->renew_set, &f->d.id, f->d.lease, f->store);
+            renew_set_add (&d->renew_set, &f->d.id, f->d.lease, f->h->store);
          }
          job_start (d, js[c]);
       }
@@ -1247,7 +1245,7 @@ finish (dispatcher_t *d)
       transport_cancel (j->h->t, j->req);
       j->req = NULL;
       running_remove (d, j);
-      if (reachable && !store_release (j->store, &r, now, &applied, &err)) {
+      if (reachable && !store_release (j->h->store, &r, now, &applied, &err)) {
          log_warn ("dispatch: releasing a delivery at stop: %s", err.message);
          reachable = false;
       }
