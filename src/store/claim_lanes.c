@@ -448,9 +448,9 @@ taken_read_back (claim_t *c, const bool *clean, bool *got, int64_t *epoch_of, bs
 static bool
 take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
 {
-   bson_t q = BSON_INITIALIZER, or_arr, upd = BSON_INITIALIZER, sub, reply;
+   bson_t q = BSON_INITIALIZER, or_arr, upd = BSON_INITIALIZER, sub;
    bool clean[OUTBOX_LANES] = {0}, got[OUTBOX_LANES] = {0};
-   int64_t epoch_of[OUTBOX_LANES] = {0};
+   int64_t epoch_of[OUTBOX_LANES] = {0}, n_modified = 0;
    uint32_t n_clean = 0;
    bson_error_t err;
    bool ok = true;
@@ -478,11 +478,12 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
    bson_append_array_end (&q, &sub);
 
    append_take (c, &upd, NULL);
-   {
-      bson_t *opts = BCON_NEW ("maxTimeMS", BCON_INT32 (STORE_TAKE_MAX_TIME_MS));
-      ok = mongoc_collection_update_many (c->lanes_coll, &q, &upd, opts, &reply, &err);
-      bson_destroy (opts);
-   }
+   /* Bounded, as every take: a dead worker's open transaction may hold a
+    * lane document.  store_bounded_write builds the command itself, with
+    * maxTimeMS at its top level: mongoc_collection_update_many would put it
+    * into the update statement, which mongod refuses whole (40415). */
+   ok = store_bounded_write (c->s, c->lanes_coll, STORE_WRITE_UPDATE_MANY, &q, &upd, STORE_TAKE_MAX_TIME_MS,
+                             &n_modified, &err);
    if (!ok) {
       /* Unknown which lanes were taken: the server may have applied the
        * take and lost its reply (a network error, a write concern error).
@@ -490,14 +491,12 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
        * used now and not left idle for a lease; if that fails too, the
        * lanes are skipped (taken over by anyone after their lease). */
       log_warn ("store: taking %u lane(s): %s; reading them back", n_clean, err.message);
-      bson_destroy (&reply);
-      bson_init (&reply);
       ok = true;
       if (!taken_read_back (c, clean, got, epoch_of, &err)) {
          log_warn ("store: %s; skipped", err.message);
          memset (got, 0, sizeof got);
       }
-   } else if (store_iter_int64 (&reply, "modifiedCount") == n_clean) {
+   } else if (n_modified == n_clean) {
       for (int l = 0; l < OUTBOX_LANES; l++) {
          got[l] = clean[l];
          if (got[l])
@@ -506,7 +505,6 @@ take_lanes (claim_t *c, free_lane_t *f, size_t n, bson_error_t *error)
    } else {
       ok = taken_read_back (c, clean, got, epoch_of, error);
    }
-   bson_destroy (&reply);
    pthread_mutex_lock (&c->s->mu);
    for (int l = 0; l < OUTBOX_LANES; l++)
       if (got[l])

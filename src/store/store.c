@@ -242,8 +242,9 @@ store_bounded_write (store_t *s,
    bool ok;
 
    /* The command is built here: mongoc's update_many and delete_many put
-    * an unknown option such as maxTimeMS into the statement, where the
-    * server ignores it. */
+    * an unknown option such as maxTimeMS into the statement, where mongod
+    * refuses it, and the whole command with it (40415, "BSON field
+    * 'update.updates.maxTimeMS' is an unknown field."). */
    if (kind == STORE_WRITE_DELETE_MANY) {
       BSON_APPEND_UTF8 (&cmd, "delete", mongoc_collection_get_name (coll));
       BSON_APPEND_ARRAY_BEGIN (&cmd, "deletes", &arr);
