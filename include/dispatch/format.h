@@ -55,6 +55,15 @@ typedef struct {
    int64_t number;
 } format_header_t;
 
+/* A byte no header value carries as it is: an ASCII control character
+ * other than the tab (CR and LF would end the header and start another).
+ * format_render writes each as %XX. */
+#define FORMAT_HEADER_CTL(c) ((((unsigned char) (c)) < 0x20 && (c) != '\t') || ((unsigned char) (c)) == 0x7f)
+
+/* Whether `s` holds no FORMAT_HEADER_CTL byte: what each transport checks
+ * of every header name and value once more where it emits them. */
+bool format_header_safe (const char *s);
+
 /* What a handler's settings ask of the rendering, copied out of its
  * config_handler_t (a snapshot may be released while a message waits). */
 typedef struct {

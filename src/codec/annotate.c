@@ -211,6 +211,23 @@ check_string (const bson_iter_t *it, uint32_t max, const char **out, uint32_t *o
    return true;
 }
 
+/* A field that becomes a message header (type, key and id: ce-type,
+ * ce-subject, ce-id, relaybus-type, relaybus-key, relaybus-event-id, and
+ * the same in NATS, Kafka and AMQP): no ASCII control character, above
+ * all no CR or LF, which would end the header and start one the
+ * publisher chose.  `what` names the field. */
+static bool
+check_no_control (const char *s, uint32_t len, const char *what, bson_error_t *error)
+{
+   for (uint32_t i = 0; i < len; i++) {
+      unsigned char c = (unsigned char) s[i];
+      if (c < 0x20 || c == 0x7f)
+         return invalid (error, "%s holds a control character (0x%02x at byte %u); it becomes a message header, "
+                         "where a line break would start another", what, c, i);
+   }
+   return true;
+}
+
 /* UTF-8 validity of any value: strings anywhere inside it, and the keys of
  * embedded documents.  NULs inside payload strings are legal BSON.  One walk
  * (bson_validate per level would rescan nested documents once per level);
@@ -431,7 +448,8 @@ parse_event (const bson_iter_t *it, uint32_t idx, annotate_event_t *ev, bson_err
 
       switch ((event_field_t) field) {
       case FIELD_TYPE:
-         if (!check_string (&f, ANNOTATE_MAX_TYPE_LEN, &ev->type, &ev->type_len, what, error))
+         if (!check_string (&f, ANNOTATE_MAX_TYPE_LEN, &ev->type, &ev->type_len, what, error) ||
+             !check_no_control (ev->type, ev->type_len, what, error))
             return false;
          break;
       case FIELD_PAYLOAD:
@@ -441,11 +459,13 @@ parse_event (const bson_iter_t *it, uint32_t idx, annotate_event_t *ev, bson_err
          ev->payload = f;
          break;
       case FIELD_KEY:
-         if (!check_string (&f, ANNOTATE_MAX_KEY_LEN, &ev->key, &ev->key_len, what, error))
+         if (!check_string (&f, ANNOTATE_MAX_KEY_LEN, &ev->key, &ev->key_len, what, error) ||
+             !check_no_control (ev->key, ev->key_len, what, error))
             return false;
          break;
       case FIELD_ID:
-         if (!check_string (&f, ANNOTATE_MAX_ID_LEN, &ev->given_id, NULL, what, error))
+         if (!check_string (&f, ANNOTATE_MAX_ID_LEN, &ev->given_id, NULL, what, error) ||
+             !check_no_control (ev->given_id, (uint32_t) strlen (ev->given_id), what, error))
             return false;
          break;
       case FIELD_HEADERS:

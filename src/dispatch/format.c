@@ -241,12 +241,49 @@ payload_json (const store_delivery_t *d, handler_json_t json, size_t *len)
 
 /* ------------------------------------------------------------- headers */
 
+/* A header value as it may be carried: each ASCII control character but
+ * the tab (CR and LF above all, which HTTP and NATS read as the header's
+ * end and the start of another) written as %XX, as CloudEvents' HTTP
+ * binding percent-encodes what a header cannot hold.  The publishing path
+ * refuses such a type, key or id (codec/annotate.c); this holds for
+ * whatever else reaches a header: an event stored before that check, or
+ * written into a shared outbox by another program. */
+static char *
+header_value (const char *value)
+{
+   size_t n = 0;
+   char *out, *o;
+
+   for (const unsigned char *c = (const unsigned char *) value; *c; c++)
+      n += FORMAT_HEADER_CTL (*c) ? 3 : 1;
+   o = out = bson_malloc (n + 1);
+   for (const unsigned char *c = (const unsigned char *) value; *c; c++) {
+      if (FORMAT_HEADER_CTL (*c)) {
+         snprintf (o, 4, "%%%02X", *c);
+         o += 3;
+      } else {
+         *o++ = (char) *c;
+      }
+   }
+   *o = '\0';
+   return out;
+}
+
+bool
+format_header_safe (const char *s)
+{
+   for (; *s; s++)
+      if (FORMAT_HEADER_CTL (*s))
+         return false;
+   return true;
+}
+
 static void
 add_header (format_msg_t *m, const char *name, const char *value)
 {
    RELAYBUS_ASSERT (m->n_headers < FORMAT_HEADERS_MAX);
    m->headers[m->n_headers].name = bson_strdup (name);
-   m->headers[m->n_headers].value = bson_strdup (value);
+   m->headers[m->n_headers].value = header_value (value);
    m->n_headers++;
 }
 
@@ -333,12 +370,17 @@ add_event_headers (format_msg_t *m, format_binding_t b, handler_format_t f, cons
       return;
    while (bson_iter_next (&hit) && m->n_headers < FORMAT_HEADERS_MAX - 16) {
       const char *name = bson_iter_key (&hit);
+      char *value;
       if (!BSON_ITER_HOLDS_UTF8 (&hit) || !event_header_carried (b, f, name))
          continue;
-      add_header (m, name, bson_iter_utf8 (&hit, NULL));
-      for (char *c = m->headers[m->n_headers - 1].value; *c; c++)
+      /* A line break becomes a space (the value reads on); any other
+       * control character is encoded by add_header. */
+      value = bson_strdup (bson_iter_utf8 (&hit, NULL));
+      for (char *c = value; *c; c++)
          if (*c == '\r' || *c == '\n')
             *c = ' ';
+      add_header (m, name, value);
+      bson_free (value);
    }
 }
 

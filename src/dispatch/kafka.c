@@ -436,7 +436,10 @@ kafka_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transp
    /* The binding's headers as rendered: the event's own, the relaybus-*
     * ones, and the ce_* ones in the cloudevents format. */
    for (size_t i = 0; i < m->n_headers && ok; i++)
-      ok = add_header (r->headers, m->headers[i].name, m->headers[i].value);
+      /* Kafka frames each header by length; a consumer that copies one
+       * into HTTP or NATS would not, so none holds a line break either. */
+      ok = format_header_safe (m->headers[i].name) && format_header_safe (m->headers[i].value) &&
+           add_header (r->headers, m->headers[i].name, m->headers[i].value);
    if (!ok)
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "kafka: cannot set the headers of a message to '%s'", r->topic);
    return transport_base_push (&k->base, &r->item, cb, arg, ok, error);

@@ -347,7 +347,10 @@ nats_send (void *impl, const store_delivery_t *d, const format_msg_t *m, transpo
    /* The binding's headers as rendered (names libnats carries, none of
     * them Nats-*), then Nats-Msg-Id. */
    for (size_t i = 0; i < m->n_headers && ok; i++)
-      ok = natsMsgHeader_Add (r->msg, m->headers[i].name, m->headers[i].value) == NATS_OK;
+      /* libnats writes both as they are, each line ended by CRLF: one that
+       * holds a line break (format_render encodes them) is refused. */
+      ok = format_header_safe (m->headers[i].name) && format_header_safe (m->headers[i].value) &&
+           natsMsgHeader_Add (r->msg, m->headers[i].name, m->headers[i].value) == NATS_OK;
    ok = ok && natsMsgHeader_Set (r->msg, "Nats-Msg-Id", r->id) == NATS_OK;
    if (!ok)
       bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND, "nats: cannot set the headers of a message to '%s'", r->subject);

@@ -571,6 +571,14 @@ rabbit_send (void *impl, const store_delivery_t *d, const format_msg_t *m, trans
     * own, cloudEvents_* in CloudEvents' binary mode), as UTF-8 strings
     * but the sequence, a 64-bit integer as it always was. */
    for (size_t i = 0; i < m->n_headers && r->n_headers < RABBITMQ_HEADERS_MAX; i++) {
+      /* AMQP frames each entry by length; a consumer that copies one into
+       * HTTP or NATS would not, so none holds a line break either. */
+      if (!format_header_safe (m->headers[i].name) || !format_header_safe (m->headers[i].value)) {
+         bson_set_error (error, TRANSPORT_ERROR_DOMAIN, TRANSPORT_ERROR_SEND,
+                         "rabbitmq: header %.64s has a control character; the message is not sent",
+                         format_header_safe (m->headers[i].name) ? m->headers[i].name : "(name)");
+         return transport_base_push (&rh->base, &r->item, cb, arg, false, error);
+      }
       r->hk[r->n_headers] = bson_strdup (m->headers[i].name);
       r->hv[r->n_headers] = bson_strdup (m->headers[i].value);
       r->numeric[r->n_headers] = m->headers[i].numeric;

@@ -1069,10 +1069,21 @@ webhook_send (webhook_t *w,
               void *arg,
               bson_error_t *error)
 {
-   webhook_req_t *r = bson_malloc0 (sizeof *r);
+   webhook_req_t *r;
    char ts[32];
    bool ok = true;
 
+   /* format_render encodes what a header cannot hold; a name or value
+    * that still has a line break is refused here rather than sent, where
+    * it would start a header of its own. */
+   for (size_t i = 0; i < msg->n_headers; i++)
+      if (!format_header_safe (msg->headers[i].name) || !format_header_safe (msg->headers[i].value)) {
+         bson_set_error (error, WEBHOOK_ERROR_DOMAIN, WEBHOOK_ERR_HEADER,
+                         "header %.64s: a control character in its name or value; not sent to %s:%d",
+                         format_header_safe (msg->headers[i].name) ? msg->headers[i].name : "(name)", w->host, w->port);
+         return NULL;
+      }
+   r = bson_malloc0 (sizeof *r);
    r->w = w;
    r->cb = cb;
    r->arg = arg;

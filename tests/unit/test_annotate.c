@@ -680,6 +680,49 @@ test_parse_events (void **state)
    bson_destroy (bad);
 }
 
+/* type, key and id become message headers: a control character in any of
+ * them (CR and LF above all, which would start a header of the
+ * publisher's choosing) is refused, naming the field, in both forms. */
+static void
+test_header_fields_no_control (void **state)
+{
+   static const char *const fields[] = {"type", "key", "id"};
+   static const char *const values[] = {"order.placed\\r\\nX-Injected: yes", "a\\nb", "a\\u0000b", "tab\\there",
+                                        "del\\u007f"};
+   char body[512], want[128];
+
+   (void) state;
+   for (size_t f = 0; f < 3; f++)
+      for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+         bool is_type = f == 0;
+         /* A NUL is refused earlier, by the UTF-8 check. */
+         bool nul = strstr (values[v], "u0000") != NULL;
+         snprintf (body, sizeof body,
+                   "{\"insert\": \"o\", \"comment\": {\"relaybus\": {%s\"%s\": \"%s\"}}, \"$db\": \"d\"}",
+                   is_type ? "" : "\"type\": \"t\", ", fields[f], values[v]);
+         snprintf (want, sizeof want, nul ? "relaybus: events[0].%s is not valid UTF-8" : "relaybus: events[0].%s holds a control character",
+                   fields[f]);
+         check_bad (body, want, true);
+      }
+   /* relaybusPublish's events: the same parser. */
+   {
+      bson_t *cmd = json ("{\"relaybusPublish\": 1, \"events\": [{\"type\": \"a\", \"key\": \"k\\r\\nX: 1\"}]}");
+      annotate_t *a = malloc (sizeof *a);
+      bson_iter_t it;
+      bson_error_t error;
+
+      assert_true (bson_iter_init_find (&it, cmd, "events"));
+      assert_false (annotate_parse_events (&it, a, &error));
+      assert_non_null (strstr (error.message, "events[0].key holds a control character (0x0d at byte 1)"));
+      free_annotation (a);
+      bson_destroy (cmd);
+   }
+   /* Printable text beyond ASCII stays accepted. */
+   free_annotation (parse_ok ("{\"insert\": \"o\", \"comment\": {\"relaybus\": {\"type\": \"t.\u00e9\", \"key\": \"k \u00fc\", "
+                              "\"id\": \"i-\u4e2d\"}}, \"$db\": \"d\"}",
+                              NULL));
+}
+
 int
 main (void)
 {
@@ -691,6 +734,7 @@ main (void)
       cmocka_unit_test (test_utf8),
       cmocka_unit_test (test_limits),
       cmocka_unit_test (test_parse_events),
+      cmocka_unit_test (test_header_fields_no_control),
       cmocka_unit_test (test_strip),
    };
 

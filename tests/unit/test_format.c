@@ -338,6 +338,59 @@ test_event_headers_filtered (void **state)
    bson_destroy (d.event);
 }
 
+/* A type, key or id with a line break (an event stored before the
+ * publishing path refused them, or written by another program) never
+ * reaches a header as it is: every binding and format carries it
+ * percent-encoded, and no header holds a control character. */
+static void
+test_header_values_encoded (void **state)
+{
+   static const handler_format_t formats[] = {HANDLER_FORMAT_RELAYBUS, HANDLER_FORMAT_CLOUDEVENTS,
+                                              HANDLER_FORMAT_CLOUDEVENTS_STRUCTURED, HANDLER_FORMAT_PAYLOAD};
+   static const format_binding_t bindings[] = {FORMAT_BINDING_HTTP, FORMAT_BINDING_KAFKA, FORMAT_BINDING_NATS,
+                                               FORMAT_BINDING_AMQP};
+   store_delivery_t d;
+   bson_error_t err;
+   size_t seen = 0;
+
+   (void) state;
+   make_delivery (&d, true);
+   d.event_type = "order.placed\r\nX-Injected-Type: yes";
+   d.key = "k\r\nX-Injected-Key: yes";
+   d.event_id = "i\nX-Injected-Id: yes\x01\x7f";
+   for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
+      for (size_t b = 0; b < sizeof bindings / sizeof bindings[0]; b++) {
+         format_msg_t m;
+         const char *v;
+
+         assert_true (format_render (&(format_opts_t){.format = formats[f], .json = HANDLER_JSON_RELAXED, .source = "/o"},
+                                     bindings[b], &d, &m, &err));
+         for (size_t i = 0; i < m.n_headers; i++) {
+            assert_true (format_header_safe (m.headers[i].name));
+            if (!format_header_safe (m.headers[i].value))
+               fail_msg ("format %d binding %d: header %s holds a control character", (int) formats[f], (int) bindings[b],
+                         m.headers[i].name);
+            assert_null (strstr (m.headers[i].name, "Injected"));
+         }
+         if ((v = format_msg_header (&m, "relaybus-type")) || (v = format_msg_header (&m, "ce-type")) ||
+             (v = format_msg_header (&m, "ce_type")) || (v = format_msg_header (&m, "cloudEvents_type"))) {
+            assert_string_equal (v, "order.placed%0D%0AX-Injected-Type: yes");
+            seen++;
+         }
+         if ((v = format_msg_header (&m, "relaybus-key")) || (v = format_msg_header (&m, "ce-subject")))
+            assert_string_equal (v, "k%0D%0AX-Injected-Key: yes");
+         if ((v = format_msg_header (&m, "relaybus-event-id")) || (v = format_msg_header (&m, "ce-id")))
+            assert_string_equal (v, "i%0AX-Injected-Id: yes%01%7F");
+         format_msg_fini (&m);
+      }
+   /* Every binding of the payload and cloudevents formats, and the broker
+    * bindings of the other two, carry the type as a header. */
+   assert_int_equal (seen, 4 + 4 + 3 + 3);
+   assert_true (format_header_safe ("tab\there"));
+   assert_false (format_header_safe ("a\rb"));
+   bson_destroy (d.event);
+}
+
 /* Each json mode on the same payload. */
 static void
 test_json_modes (void **state)
@@ -462,6 +515,7 @@ main (void)
       cmocka_unit_test (test_cloudevents_structured),
       cmocka_unit_test (test_payload_format),
       cmocka_unit_test (test_event_headers_filtered),
+      cmocka_unit_test (test_header_values_encoded),
       cmocka_unit_test (test_json_modes),
       cmocka_unit_test (test_not_json),
       cmocka_unit_test (test_rfc3339),
