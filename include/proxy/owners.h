@@ -98,7 +98,11 @@ void owners_note_reply (client_conn_t *c, struct evbuffer *in, size_t len);
 
 /* How many pooled connections transactions of `user` pin, process-wide. */
 unsigned owners_pins (uint64_t user);
-/* A pool connection's transaction pin of `user` starts (on) or ends. */
-void owners_pin (uint64_t user, bool on);
+/* A pool connection's pin by transaction (lsid, txn_number) of `user`
+ * starts (on) or ends: counted for the user and for the transaction. */
+void owners_pin (uint64_t user, const uint8_t lsid[16], int64_t txn_number, bool on);
+/* Whether transaction (lsid, txn_number) of `user` pins a pool connection
+ * on any loop. */
+bool owners_txn_pinned (uint64_t user, const uint8_t lsid[16], int64_t txn_number);
 
 #endif /* RELAYBUS_PROXY_OWNERS_H */

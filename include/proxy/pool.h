@@ -128,8 +128,11 @@ void pool_request_answered (client_conn_t *c);
  * request hook, which may send on it): its transaction (lsid, txnNumber,
  * autocommit: false) pins the connection, a request outside it ends the
  * pin, a commit or abort ends it once answered, moreToCome pins it until
- * written. */
-void pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd);
+ * written.  False: the request would pin one more connection than its
+ * user may have pinned (pool_max_pins_per_user; one pool_admit could not
+ * peek at): it is not to be forwarded but answered by
+ * pool_answer_timeout. */
+bool pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd) __attribute__ ((warn_unused_result));
 /* A reply was relayed to c: `more` (moreToCome) holds the connection for
  * the exhaust stream's next reply. */
 void pool_note_reply (client_conn_t *c, bool more);

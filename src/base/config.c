@@ -110,7 +110,7 @@ static const config_key_t config_key_table[] = {
    P ("pool_wait_timeout_ms", I, "10000", 1, MS_HOUR, true, pool_wait_timeout_ms,
       "pooled: how long a request may wait for a free upstream connection before it is answered with a retryable error."),
    P ("pool_max_pins_per_user", I, "0", 0, 100000, true, pool_max_pins_per_user,
-      "pooled, with auth_file: most upstream connections the open transactions of one user may pin at once; 0: half of pool_size (at least 1). A transaction past it is answered with the retryable pool error."),
+      "pooled, with auth_file: most upstream connections the open transactions of one user may pin at once; 0: half of pool_size (at least 1). Any transaction statement that would pin one more is answered with the retryable pool error."),
    P ("login_timeout_ms", I, "10000", 100, MS_HOUR, true, login_timeout_ms,
       "pooled, with auth_file: time a new client has to log in to the proxy before it is closed."),
    P ("auth_file", S, "", 0, 0, true, auth_file,

@@ -46,6 +46,7 @@ typedef enum {
    OWNED_SESSION,
    OWNED_CURSOR,
    OWNED_PINS, /* a user's count of pinned pool connections; key: the user's hash */
+   OWNED_TXN,  /* the pool connections one transaction pins, on any loop; key: txn_key */
 } owned_kind_t;
 
 typedef struct {
@@ -103,6 +104,7 @@ entry_live (const entry_t *e, int64_t now)
    case OWNED_CURSOR:
       return now - e->used_ms < OWNERS_CURSOR_TTL_MS;
    case OWNED_PINS:
+   case OWNED_TXN:
       return e->pins > 0;
    case OWNED_FREE:
    default:
@@ -492,10 +494,78 @@ owners_pins (uint64_t user)
    return pins_op (user, 0);
 }
 
-void
-owners_pin (uint64_t user, bool on)
+/* The key of a user's transaction (lsid, txnNumber): a keyed hash of both
+ * in the first 8 bytes, the user's hash in the last 8. */
+static void
+txn_key (uint64_t user, const uint8_t lsid[16], int64_t txn_number, uint8_t key[16])
 {
+   uint8_t buf[24];
+   uint64_t h;
+
+   memcpy (buf, lsid, 16);
+   memcpy (buf + 16, &txn_number, 8);
+   h = keyhash (buf, sizeof buf);
+   memcpy (key, &h, 8);
+   memcpy (key + 8, &user, 8);
+}
+
+/* The count of pool connections transaction `key` pins, changed by
+ * `delta` (0: read).  An entry lives while its count is not 0; with no
+ * room for it, the pin goes unrecorded here (the user's count still has
+ * it). */
+static unsigned
+txn_op (uint64_t user, const uint8_t key[16], int delta)
+{
+   uint64_t h = key_hash (key);
+   stripe_t *st = &stripes[h % OWNERS_STRIPES];
+   entry_t *hit, *free_slot = NULL, *lru = NULL;
+   int64_t now = clock_mono_ms ();
+   unsigned pins = 0;
+
+   pthread_once (&tables_once, tables_init);
+   pthread_mutex_lock (&st->mu);
+   hit = probe (st, h, OWNED_TXN, key, now, &free_slot, &lru);
+   if (!hit && delta > 0 && (hit = free_slot ? free_slot : lru)) {
+      memcpy (hit->key, key, 16);
+      hit->kind = OWNED_TXN;
+      hit->user = user;
+      hit->pins = 0;
+   }
+   if (hit) {
+      if (delta < 0 && hit->pins < (unsigned) -delta)
+         hit->pins = 0;
+      else
+         hit->pins = (unsigned) ((int64_t) hit->pins + delta);
+      hit->used_ms = now;
+      pins = hit->pins;
+      if (pins == 0)
+         hit->kind = OWNED_FREE;
+   }
+   pthread_mutex_unlock (&st->mu);
+   return pins;
+}
+
+void
+owners_pin (uint64_t user, const uint8_t lsid[16], int64_t txn_number, bool on)
+{
+   uint8_t key[16];
+
+   if (!user)
+      return;
    (void) pins_op (user, on ? 1 : -1);
+   txn_key (user, lsid, txn_number, key);
+   (void) txn_op (user, key, on ? 1 : -1);
+}
+
+bool
+owners_txn_pinned (uint64_t user, const uint8_t lsid[16], int64_t txn_number)
+{
+   uint8_t key[16];
+
+   if (!user)
+      return false;
+   txn_key (user, lsid, txn_number, key);
+   return txn_op (user, key, 0) > 0;
 }
 
 

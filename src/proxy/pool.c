@@ -476,9 +476,9 @@ pin_set (pool_server_t *s, counters_pin_t pin, bool on)
       /* Counted per user for pool_max_pins_per_user (pool_admit). */
       if (on) {
          s->pin_user = s->client ? owners_user (s->client) : 0;
-         owners_pin (s->pin_user, true);
+         owners_pin (s->pin_user, s->txn.lsid, s->txn.txn_number, true);
       } else {
-         owners_pin (s->pin_user, false);
+         owners_pin (s->pin_user, s->txn.lsid, s->txn.txn_number, false);
          s->pin_user = 0;
       }
       if (on)
@@ -1534,11 +1534,9 @@ pool_peek (struct evbuffer *in, const wire_header_t *h, char *cmd, size_t cmd_le
 }
 
 static bool
-starts_transaction (const bson_t *body)
+ends_transaction (const char *cmd)
 {
-   bson_iter_t it;
-
-   return bson_iter_init_find (&it, body, "startTransaction") && bson_iter_as_bool (&it);
+   return cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0);
 }
 
 /* Whether c's user pins as many connections as it may. */
@@ -1554,6 +1552,28 @@ pins_full (const client_conn_t *c)
    if (max == 0)
       max = cfg->pool_size / 2 > 0 ? cfg->pool_size / 2 : 1;
    return (int64_t) owners_pins (user) >= max;
+}
+
+/* Whether a request of transaction `txn` (cmd) would pin one more of this
+ * loop's connections than c's user may have pinned.  Every statement that
+ * carries lsid, txnNumber and autocommit: false pins, whatever the command
+ * and whether or not it says startTransaction (the server may answer it
+ * NoSuchTransaction: the pin is taken all the same), so each is counted.
+ * Two are let through: the commit or abort, which ends the transaction
+ * and its pins; and a statement of a transaction of the user's that a
+ * connection of another loop is pinned to and none of this loop's (a
+ * driver sends a transaction's statements on any connection of its pool,
+ * which may land on any loop), or the transaction could never finish.
+ * So a user pins at most the cap, plus at most one connection per loop
+ * for a transaction that goes on across loops. */
+static bool
+over_pins (client_conn_t *c, const pool_txn_t *txn, const char *cmd)
+{
+   if (!txn->valid || ends_transaction (cmd) || !pins_full (c))
+      return false;
+   if (!pinned_server (c->loop->pool, txn) && owners_txn_pinned (owners_user (c), txn->lsid, txn->txn_number))
+      return false;
+   return true;
 }
 
 bool
@@ -1581,13 +1601,12 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
     * auth file nobody is checked: no call per request for that.) */
    if (peeked && owners_enabled (c) && owners_check (c, &body, cmd, &refusal) == OWNERS_REFUSE)
       return true;
-   /* A transaction that starts while its user already pins
-    * pool_max_pins_per_user connections: answered as a wait that ran out
-    * (retryable), without a connection, so that one user's idle
-    * transactions cannot hold every connection of the pool.  Only the
-    * start: a later statement or the commit of a transaction already open
-    * (on another loop, say) must go on, or its pins would never end. */
-   if (txn.valid && starts_transaction (&body) && !pinned_server (pool, &txn) && pins_full (c)) {
+   /* A transaction statement that would pin a connection while its user
+    * already pins pool_max_pins_per_user: answered as a wait that ran out
+    * (retryable), without a connection, so that one user's transactions
+    * cannot hold every connection of the pool (over_pins).  The statement
+    * of a transaction pinned here takes that connection: no new pin. */
+   if (peeked && !pinned_server (pool, &txn) && over_pins (c, &txn, cmd)) {
       c->pool.refusal = POOL_REFUSAL_OVER_PINS;
       return true;
    }
@@ -1623,14 +1642,14 @@ lent:
    return true;
 }
 
-void
+bool
 pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
 {
    pool_server_t *s = c->server;
    pool_txn_t txn;
 
    if (!s)
-      return;
+      return true;
    if (msg->flags & WIRE_MSG_MORE_TO_COME)
       pin_set (s, COUNTERS_PIN_MORE_TO_COME, true);
    if (s->peek_valid && s->peek_request_id == msg->header.request_id)
@@ -1641,11 +1660,18 @@ pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
    if (txn.valid) {
       if (!txn_equal (&s->txn, &txn)) {
          pin_set (s, COUNTERS_PIN_TRANSACTION, false);
-         pin_set (s, COUNTERS_PIN_TRANSACTION, true);
+         /* What pool_admit could not peek at (compressed, large) is
+          * counted here, before it is forwarded: refused, the connection
+          * goes back once the pump ends (pool_settle). */
+         if (over_pins (c, &txn, cmd)) {
+            c->pool.refusal = POOL_REFUSAL_OVER_PINS;
+            return false;
+         }
          s->txn = txn;
+         pin_set (s, COUNTERS_PIN_TRANSACTION, true);
          pin_timer_arm (s->pool);
       }
-      if (cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0))
+      if (ends_transaction (cmd))
          c->pool.txn_ending = true;
    } else if (s->pins & (1u << COUNTERS_PIN_TRANSACTION)) {
       /* The client left the transaction (its driver runs it, or commits
@@ -1653,6 +1679,7 @@ pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
       pin_set (s, COUNTERS_PIN_TRANSACTION, false);
       c->pool.txn_ending = false;
    }
+   return true;
 }
 
 void

@@ -888,7 +888,17 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
       }
       if (owned)
          owners_note_request (c, &msg->body, cmd);
-      pool_note_request (c, msg, cmd);
+      if (!pool_note_request (c, msg, cmd)) {
+         counters_count_command (cmd);
+         if (more) {
+            client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
+                               "an unacknowledged %s would pin more than pool_max_pins_per_user connections; no "
+                               "reply can carry the error",
+                               cmd ? cmd : "request");
+            return false;
+         }
+         return pool_answer_timeout (c, msg, cmd, compressor, src, len, error);
+      }
    }
 #ifdef RELAYBUS_TEST_COMMANDS
    if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)

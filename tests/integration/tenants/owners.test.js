@@ -261,4 +261,41 @@ test("one user's open transactions pin at most pool_max_pins_per_user connection
   }
 });
 
+test('statements shaped like a transaction pin no more than pool_max_pins_per_user, whatever the command: bob is answered at once', { skip }, async () => {
+  const proxy = await startPooled({ pool_size: 4, pool_max_pins_per_user: 1, pool_wait_timeout_ms: 10000 });
+  // Four connections of alice, each sending a statement with lsid + txnNumber + autocommit: false
+  // and no startTransaction: the server answers NoSuchTransaction, but each would pin the
+  // connection it ran on for 60 s.  Only the first may; the others are refused without one.
+  const alice = await Promise.all([1, 2, 3, 4].map(() => connect(proxy, 'alice')));
+  const bob = await connect(proxy, 'bob');
+  try {
+    const shaped = (cmd) => ({ ...cmd, lsid: newLsid(), txnNumber: Long.fromNumber(7), autocommit: false, $db: DB });
+    const replies = await Promise.all([
+      alice[0].command(shaped({ find: 'pinme', filter: {} })),
+      alice[1].command(shaped({ count: 'pinme' })),
+      alice[2].command(shaped({ insert: 'pinme', documents: [{ x: 1 }] })),
+      alice[3].command(shaped({ aggregate: 'pinme', pipeline: [], cursor: {} })),
+    ]);
+    const refused = replies.filter((r) => r.code === 262);
+    assert.equal(refused.length, 3, JSON.stringify(replies));
+    for (const r of refused) {
+      assert.equal(r.codeName, 'ExceededTimeLimit');
+      assert.match(r.errmsg, /pool_max_pins_per_user/);
+      assert.deepEqual(r.errorLabels, ['TransientTransactionError']);
+    }
+    // Every connection alice does not pin is free for bob.
+    const t0 = Date.now();
+    const found = await bob.command({ find: 'pinme', filter: {}, $db: DB });
+    const ms = Date.now() - t0;
+    assert.equal(found.ok, 1, JSON.stringify(found));
+    assert.ok(ms < 1000, `bob's find answered in ${ms} ms`);
+    // Alice's refused statements, sent again, are refused again; the one that pins holds.
+    const again = await alice[1].command(shaped({ distinct: 'pinme', key: 'x' }));
+    assert.equal(again.code, 262, JSON.stringify(again));
+    assert.equal(await metric(proxy, 'relaybus_pool_pinned_connections{reason="transaction"}'), 1);
+  } finally {
+    for (const c of [...alice, bob]) c.destroy();
+  }
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()]);
