@@ -33,6 +33,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <mongoc/mongoc.h>
 
 #include "base/assert.h"
@@ -197,7 +200,7 @@ static const config_key_t config_key_table[] = {
    A ("listen", S, "127.0.0.1:9187", 0, 0, false, admin_listen,
       "Admin HTTP listener host:port; empty disables the admin port."),
    A ("token", S, "", 0, 0, true, admin_token,
-      "Bearer token required on /api/* and /metrics; empty: no authentication."),
+      "Bearer token required on /api/* and /metrics; empty: no authentication, only allowed when listen is on loopback."),
    A_FILE ("token_file", true, admin_token_file,
       "A file holding the admin token (one trailing newline removed), instead of token; re-read on SIGHUP."),
    A ("tls_cert_file", S, "", 0, 0, false, admin_tls_cert_file,
@@ -961,6 +964,22 @@ config_list_next (const char **p, const char **item, size_t *len)
    return true;
 }
 
+/* Whether a listener's host reaches only this machine: a Unix socket
+ * (port 0), "localhost", 127.0.0.0/8 or ::1.  Any other host, a name
+ * included, may be reached from elsewhere. */
+static bool
+listen_is_loopback (const char *host, uint16_t port)
+{
+   struct in_addr v4;
+   struct in6_addr v6;
+
+   if (port == 0 || !strcasecmp (host, "localhost"))
+      return true;
+   if (inet_pton (AF_INET, host, &v4) == 1)
+      return (ntohl (v4.s_addr) >> 24) == 127;
+   return inet_pton (AF_INET6, host, &v6) == 1 && IN6_IS_ADDR_LOOPBACK (&v6);
+}
+
 /* Cross-key checks once the whole file is read. */
 static bool
 config_validate (config_t *cfg, const char *origin, bson_error_t *error)
@@ -977,6 +996,23 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
    }
    if (*cfg->admin_listen && !config_parse_listen (cfg->admin_listen, host, sizeof host, &port, &sub)) {
       config_error (error, origin, 0, "[admin] listen: %s", sub.message);
+      return false;
+   }
+   /* An empty token turns the admin port's authentication off, which only
+    * a port on loopback may do: an empty token, an empty token_file or a
+    * ${VAR} set to nothing (a container's RELAYBUS_ADMIN_TOKEN= ...) on
+    * any other address is refused, not taken as "no token". */
+   if (*cfg->admin_listen && !*cfg->admin_token && !listen_is_loopback (host, port)) {
+      if (*cfg->admin_token_file)
+         config_error (error, origin, 0,
+                       "[admin] token_file: %s is empty, and the admin port listens on %s, beyond loopback: it "
+                       "needs a non-empty token (an empty one would turn its authentication off)",
+                       cfg->admin_token_file, cfg->admin_listen);
+      else
+         config_error (error, origin, 0,
+                       "[admin] token: empty, and the admin port listens on %s, beyond loopback: set a non-empty "
+                       "token (token, token_file or a ${VAR} that is set to one), or listen on 127.0.0.1",
+                       cfg->admin_listen);
       return false;
    }
    uri = mongoc_uri_new_with_error (cfg->upstream, &sub);

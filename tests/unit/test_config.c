@@ -902,6 +902,49 @@ test_pool_mode (void **state)
    unlink (path);
 }
 
+/* An admin port beyond loopback needs a non-empty token: an empty token,
+ * an empty token_file and a ${VAR} set to nothing are refused naming the
+ * key, where loopback (and a Unix socket) may go without one. */
+static void
+test_admin_token_beyond_loopback (void **state)
+{
+   char dir[] = "/tmp/relaybus-test-admintoken.XXXXXX";
+   char text[512];
+   char *empty, *crlf;
+   config_t *cfg;
+
+   (void) state;
+   assert_non_null (mkdtemp (dir));
+   empty = write_secret (dir, "empty", "", 0600);
+   crlf = write_secret (dir, "newline", "\n", 0600);
+   setenv ("RB_TEST_EMPTY_TOKEN", "", 1);
+   parse_fails ("[admin]\nlisten = 0.0.0.0:9187\ntoken =\n", "[admin] token: empty, and the admin port listens on 0.0.0.0:9187, beyond loopback");
+   parse_fails ("[admin]\nlisten = 0.0.0.0:9187\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = [::]:9187\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = 10.1.2.3:9187\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = admin.example:9187\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = 0.0.0.0:9187\ntoken = ${RB_TEST_EMPTY_TOKEN}\n", "[admin] token: empty");
+   snprintf (text, sizeof text, "[admin]\nlisten = 0.0.0.0:9187\ntoken_file = %s\n", empty);
+   parse_fails (text, "[admin] token_file: ");
+   parse_fails (text, "is empty, and the admin port listens on 0.0.0.0:9187, beyond loopback");
+   snprintf (text, sizeof text, "[admin]\nlisten = 0.0.0.0:9187\ntoken_file = %s\n", crlf);
+   parse_fails (text, "[admin] token_file: ");
+   /* Loopback, a Unix socket, or no admin port: no token needed. */
+   for (const char *const *l = (const char *const[]){"127.0.0.1:9187", "127.8.9.1:9187", "[::1]:9187", "localhost:9187", "", NULL}; *l; l++) {
+      snprintf (text, sizeof text, "[admin]\nlisten = %s\ntoken = ${RB_TEST_EMPTY_TOKEN}\n", *l);
+      config_release (parse_ok (text));
+   }
+   /* Beyond loopback with a token. */
+   cfg = parse_ok ("[admin]\nlisten = 0.0.0.0:9187\ntoken = t0ken\n");
+   assert_string_equal (cfg->admin_token, "t0ken");
+   config_release (cfg);
+   unlink (empty);
+   unlink (crlf);
+   rmdir (dir);
+   free (empty);
+   free (crlf);
+}
+
 int
 main (void)
 {
@@ -924,6 +967,7 @@ main (void)
       cmocka_unit_test (test_mask_free_text_secrets),
       cmocka_unit_test (test_write_masks_uri_secrets),
       cmocka_unit_test (test_secrets_env),
+      cmocka_unit_test (test_admin_token_beyond_loopback),
       cmocka_unit_test (test_secrets_file),
       cmocka_unit_test (test_sample_and_docs_mention_every_key),
       cmocka_unit_test (test_pool_mode),

@@ -82,6 +82,31 @@ test('/api/config, the other answers and the log show no credential from the URI
   assert.ok(!SECRET_RE.test(proxy.log()), `the log shows ${proxy.log().match(SECRET_RE)}`);
 });
 
+test('--check-config refuses an admin port on 0.0.0.0 with an empty token, token_file or ${VAR}, naming the key', { timeout: 30000 }, () => {
+  const dir = tmpDir('relaybus-admintoken-');
+  const emptyFile = path.join(dir, 'token');
+  fs.writeFileSync(emptyFile, '', { mode: 0o600 });
+  const check = (adminLines, env = {}) => {
+    const ini = path.join(dir, 'proxy.ini');
+    fs.writeFileSync(ini, ['[proxy]', 'listen = 127.0.0.1:0', 'upstream = mongodb://127.0.0.1:9/?replicaSet=rs0', '', '[admin]', ...adminLines, ''].join('\n'));
+    return spawnSync(proxyBin(), ['-c', ini, '--check-config'], { encoding: 'utf8', timeout: 20000, env: { ...process.env, ...env } });
+  };
+  for (const [lines, env, want] of [
+    [['listen = 0.0.0.0:9187', 'token ='], {}, /\[admin\] token: empty, and the admin port listens on 0\.0\.0\.0:9187, beyond loopback/],
+    [['listen = 0.0.0.0:9187'], {}, /\[admin\] token: empty/],
+    [['listen = 0.0.0.0:9187', `token_file = ${emptyFile}`], {}, /\[admin\] token_file: .*token is empty, and the admin port listens on 0\.0\.0\.0:9187/],
+    [['listen = 0.0.0.0:9187', 'token = ${RELAYBUS_ADMIN_TOKEN}'], { RELAYBUS_ADMIN_TOKEN: '' }, /\[admin\] token: empty/],
+  ]) {
+    const r = check(lines, env);
+    assert.notEqual(r.status, 0, `${lines.join('; ')}: accepted\n${r.stdout}`);
+    assert.match(r.stderr, want, lines.join('; '));
+  }
+  // On loopback an empty token is allowed (requests must name the port by address), and beyond
+  // it a token is enough.
+  assert.equal(check(['listen = 127.0.0.1:9187', 'token =']).status, 0);
+  assert.equal(check(['listen = 0.0.0.0:9187', 'token = ${RELAYBUS_ADMIN_TOKEN}'], { RELAYBUS_ADMIN_TOKEN: 't0ken' }).status, 0);
+});
+
 test('--check-config shows no credential from the URIs', { timeout: 30000 }, () => {
   const dir = tmpDir('relaybus-exposure-');
   const ini = path.join(dir, 'proxy.ini');
