@@ -9,15 +9,17 @@
  * mutex for a probe of at most AUTHLIMIT_PROBE slots, and only logins
  * call it, never forwarded traffic.
  *
- * A guess is counted when its conversation starts (authlimit_take), before
- * any proof is checked, so conversations run in parallel count as they
- * start; it is given back (authlimit_refund) when its proof was right or
- * it was never checked.  A pair may have at most `limit` counted within
- * any AUTHLIMIT_WINDOW_MS: counts are kept in buckets of
- * AUTHLIMIT_BUCKET_MS and one bucket more than the window is summed, so a
- * guess stops counting 60 to 70 s after it was made, never sooner.
+ * A proof is checked (authlimit_check) only while its (user, address)
+ * pair has fewer than `limit` failures within AUTHLIMIT_WINDOW_MS, and a
+ * wrong one is counted before the table's mutex is let go: the check and
+ * the count are one step, so proofs checked in parallel can never take a
+ * pair past `limit` failures, and a right proof costs nothing, however
+ * many run at once.  Counts are kept in buckets of AUTHLIMIT_BUCKET_MS and
+ * one bucket more than the window is summed, so a failure stops counting
+ * 60 to 70 s after it was made, never sooner.  An IPv6 address counts for
+ * its /64 (authlimit_addr_group): a host is usually given a whole /64.
  *
- * The user's failures (authlimit_user_failed, from any address) make the
+ * The user's failures (from any address) make the
  * delay of authlimit_delay_ms, which slows guesses spread over many
  * addresses without locking the user out.
  *
@@ -52,40 +54,48 @@
 
 typedef struct authlimit authlimit_t;
 
-/* What authlimit_refund needs to give a counted guess back.  Plain data,
- * kept by the conversation; zero-initialised it holds nothing. */
-typedef struct {
-   bool held;      /* counted and not yet refunded or spent */
-   uint64_t tag;   /* the pair's hash */
-   int64_t bucket; /* the bucket it was counted in (now_ms / AUTHLIMIT_BUCKET_MS) */
-} authlimit_ticket_t;
+typedef enum {
+   AUTHLIMIT_REFUSED, /* the pair has `limit` failures: not checked */
+   AUTHLIMIT_PASSED,  /* checked, right */
+   AUTHLIMIT_FAILED,  /* checked, wrong: counted */
+} authlimit_verdict_t;
 
 /* A table keyed by `key` (AUTHLIMIT_KEY_BYTES random bytes).  The caller
  * owns it; free with authlimit_destroy (NULL ok). */
 authlimit_t *authlimit_new (const uint8_t key[AUTHLIMIT_KEY_BYTES]);
 void authlimit_destroy (authlimit_t *al);
 
-/* Counts a guess of `user` from `addr` if fewer than `limit` are counted
- * for the pair: true, *ticket held.  False: refused, nothing counted.
- * *counted is the pair's count (the refused guess not included); *first
- * is true for the first refusal of the pair in a window (one log line). */
-bool authlimit_take (authlimit_t *al,
-                     const char *user,
-                     const char *addr,
-                     uint32_t limit,
-                     int64_t now_ms,
-                     authlimit_ticket_t *ticket,
-                     uint32_t *counted,
-                     bool *first);
+/* Whether a proof of `user` from `addr` would be checked now (the pair has
+ * fewer than `limit` failures); nothing is counted.  *failures is the
+ * pair's count; *first is true for the first refusal of the pair in a
+ * window (one log line). */
+bool authlimit_allowed (
+   authlimit_t *al, const char *user, const char *addr, uint32_t limit, int64_t now_ms, uint32_t *failures, bool *first);
 
-/* Gives a held guess back (its proof was right, or was never checked);
- * nothing if the pair's slot was reused or the bucket left the window.
- * The ticket holds nothing afterwards. */
-void authlimit_refund (authlimit_t *al, authlimit_ticket_t *ticket, int64_t now_ms);
+/* Calls check(arg), the proof's check, under the table's mutex if the
+ * pair has fewer than `limit` failures, and counts a failure of the pair
+ * and of the user when it returns false; REFUSED without calling it
+ * otherwise.  `check` must be quick (a SCRAM proof's HMACs) and must not
+ * call into the table.  *failures and *first as authlimit_allowed's,
+ * before this check. */
+authlimit_verdict_t authlimit_check (authlimit_t *al,
+                                     const char *user,
+                                     const char *addr,
+                                     uint32_t limit,
+                                     int64_t now_ms,
+                                     bool (*check) (void *arg),
+                                     void *arg,
+                                     uint32_t *failures,
+                                     bool *first);
 
-/* The guess's proof was wrong: it stays counted, and the ticket holds
- * nothing.  Counts a failure of `user` for the delay. */
-void authlimit_spend (authlimit_t *al, authlimit_ticket_t *ticket, const char *user, int64_t now_ms);
+/* A failure of `user` from `addr` that no proof check made (a malformed
+ * step of a started conversation): counted like a wrong proof. */
+void authlimit_fail (authlimit_t *al, const char *user, const char *addr, int64_t now_ms);
+
+/* The name a peer address counts under: an IPv6 address ("[2001:db8::1]",
+ * as proxy peers are written) its /64 ("[2001:db8::]/64"), an IPv4-mapped
+ * one its IPv4 address, anything else itself. */
+void authlimit_addr_group (const char *addr, char *out, size_t out_len);
 
 /* The user's failures within the window (any address). */
 uint32_t authlimit_user_failures (authlimit_t *al, const char *user, int64_t now_ms);

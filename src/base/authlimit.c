@@ -15,6 +15,9 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <bson/bson.h>
 
 #include "base/assert.h"
@@ -139,71 +142,118 @@ authlimit_destroy (authlimit_t *al)
    bson_free (al);
 }
 
+/* The pair's slot (created) and the count of its failures, with *first
+ * set for the pair's first refusal in a window.  Under the mutex. */
+static slot_t *
+pair_slot (authlimit_t *al, uint64_t tag, uint32_t limit, int64_t now_ms, uint32_t *failures, bool *first)
+{
+   slot_t *s = slot_find (al->pairs, AUTHLIMIT_PAIRS, tag, true, now_ms);
+
+   *failures = slot_sum (s);
+   *first = false;
+   if (*failures >= limit && (!s->warned_ms || now_ms - s->warned_ms >= AUTHLIMIT_WINDOW_MS)) {
+      s->warned_ms = now_ms;
+      *first = true;
+   }
+   return s;
+}
+
+/* One failure of the pair in `s` and of `user`.  Under the mutex. */
+static void
+count_failure (authlimit_t *al, slot_t *s, const char *user, int64_t now_ms)
+{
+   slot_t *u = slot_find (al->users, AUTHLIMIT_USERS, tag_of (al, 'u', user, NULL), true, now_ms);
+
+   s->n[s->epoch % AUTHLIMIT_BUCKETS]++;
+   u->n[u->epoch % AUTHLIMIT_BUCKETS]++;
+}
+
 bool
-authlimit_take (authlimit_t *al,
-                const char *user,
-                const char *addr,
-                uint32_t limit,
-                int64_t now_ms,
-                authlimit_ticket_t *ticket,
-                uint32_t *counted,
-                bool *first)
+authlimit_allowed (authlimit_t *al, const char *user, const char *addr, uint32_t limit, int64_t now_ms, uint32_t *failures,
+                   bool *first)
 {
    uint64_t tag = tag_of (al, 'p', user, addr);
    bool ok;
 
    RELAYBUS_ASSERT (limit > 0);
-   memset (ticket, 0, sizeof *ticket);
-   *first = false;
    pthread_mutex_lock (&al->mu);
-   {
-      slot_t *s = slot_find (al->pairs, AUTHLIMIT_PAIRS, tag, true, now_ms);
-      *counted = slot_sum (s);
-      ok = *counted < limit;
-      if (ok) {
-         s->n[s->epoch % AUTHLIMIT_BUCKETS]++;
-         ticket->held = true;
-         ticket->tag = tag;
-         ticket->bucket = s->epoch;
-      } else if (!s->warned_ms || now_ms - s->warned_ms >= AUTHLIMIT_WINDOW_MS) {
-         s->warned_ms = now_ms;
-         *first = true;
-      }
-   }
+   (void) pair_slot (al, tag, limit, now_ms, failures, first);
+   ok = *failures < limit;
    pthread_mutex_unlock (&al->mu);
    return ok;
 }
 
-void
-authlimit_refund (authlimit_t *al, authlimit_ticket_t *ticket, int64_t now_ms)
+authlimit_verdict_t
+authlimit_check (authlimit_t *al,
+                 const char *user,
+                 const char *addr,
+                 uint32_t limit,
+                 int64_t now_ms,
+                 bool (*check) (void *arg),
+                 void *arg,
+                 uint32_t *failures,
+                 bool *first)
 {
-   if (!ticket->held)
-      return;
+   uint64_t tag = tag_of (al, 'p', user, addr);
+   authlimit_verdict_t v;
+
+   RELAYBUS_ASSERT (limit > 0);
    pthread_mutex_lock (&al->mu);
    {
-      slot_t *s = slot_find (al->pairs, AUTHLIMIT_PAIRS, ticket->tag, false, now_ms);
-      /* Its bucket may have left the ring (then it counts no more), or
-       * the slot may be another pair's now (then there is nothing to
-       * give back). */
-      if (s && s->epoch - ticket->bucket < AUTHLIMIT_BUCKETS && s->n[ticket->bucket % AUTHLIMIT_BUCKETS] > 0)
-         s->n[ticket->bucket % AUTHLIMIT_BUCKETS]--;
+      slot_t *s = pair_slot (al, tag, limit, now_ms, failures, first);
+      if (*failures >= limit) {
+         v = AUTHLIMIT_REFUSED;
+      } else if (check (arg)) {
+         v = AUTHLIMIT_PASSED;
+      } else {
+         count_failure (al, s, user, now_ms);
+         v = AUTHLIMIT_FAILED;
+      }
    }
    pthread_mutex_unlock (&al->mu);
-   memset (ticket, 0, sizeof *ticket);
+   return v;
 }
 
 void
-authlimit_spend (authlimit_t *al, authlimit_ticket_t *ticket, const char *user, int64_t now_ms)
+authlimit_fail (authlimit_t *al, const char *user, const char *addr, int64_t now_ms)
 {
-   uint64_t tag = tag_of (al, 'u', user, NULL);
+   uint64_t tag = tag_of (al, 'p', user, addr);
 
-   memset (ticket, 0, sizeof *ticket);
    pthread_mutex_lock (&al->mu);
-   {
-      slot_t *s = slot_find (al->users, AUTHLIMIT_USERS, tag, true, now_ms);
-      s->n[s->epoch % AUTHLIMIT_BUCKETS]++;
-   }
+   count_failure (al, slot_find (al->pairs, AUTHLIMIT_PAIRS, tag, true, now_ms), user, now_ms);
    pthread_mutex_unlock (&al->mu);
+}
+
+void
+authlimit_addr_group (const char *addr, char *out, size_t out_len)
+{
+   char buf[INET6_ADDRSTRLEN + 8], text[INET6_ADDRSTRLEN];
+   size_t n = strlen (addr);
+   struct in6_addr v6;
+   const char *inner = addr;
+
+   RELAYBUS_ASSERT (out_len > 0);
+   if (n >= 2 && addr[0] == '[' && addr[n - 1] == ']' && n - 2 < sizeof buf) {
+      memcpy (buf, addr + 1, n - 2);
+      buf[n - 2] = '\0';
+      buf[strcspn (buf, "%")] = '\0'; /* a zone (fe80::1%eth0) names no other host */
+      inner = buf;
+   }
+   if (!strchr (inner, ':') || inet_pton (AF_INET6, inner, &v6) != 1) {
+      bson_strncpy (out, addr, out_len);
+      return;
+   }
+   if (IN6_IS_ADDR_V4MAPPED (&v6)) {
+      /* ::ffff:a.b.c.d is that IPv4 address, counted as itself. */
+      bson_snprintf (out, out_len, "%u.%u.%u.%u", v6.s6_addr[12], v6.s6_addr[13], v6.s6_addr[14], v6.s6_addr[15]);
+      return;
+   }
+   memset (v6.s6_addr + 8, 0, 8);
+   if (!inet_ntop (AF_INET6, &v6, text, sizeof text)) {
+      bson_strncpy (out, addr, out_len);
+      return;
+   }
+   bson_snprintf (out, out_len, "[%s]/64", text);
 }
 
 uint32_t

@@ -119,7 +119,7 @@ static const config_key_t config_key_table[] = {
    P ("auth_file", S, "", 0, 0, true, auth_file,
       "pooled: the users clients authenticate as (SCRAM keys made by --make-user); empty: clients are not authenticated by the proxy. Re-read on SIGHUP."),
    P ("auth_failures_per_minute", I, "10", 1, 1000000, true, auth_failures_per_minute,
-      "pooled: password guesses one user may have checked from one client address in a minute (counted when the login starts, given back when it succeeds); more are refused unchecked. A user with this many failures in a minute, from any address, has its next proofs delayed (auth_failure_delay_max_ms)."),
+      "pooled: wrong passwords one user may have checked from one client address (an IPv6 /64) in a minute (a proof is checked only while the pair is under it; a right one never counts); more are refused unchecked. A user with this many failures in a minute, from any address, has its next proofs delayed (auth_failure_delay_max_ms)."),
    P ("auth_failure_delay_max_ms", I, "5000", 0, 60000, true, auth_failure_delay_max_ms,
       "pooled: the longest delay before a proof of a user under attack is checked: 100 ms once the user has auth_failures_per_minute failures in a minute, doubled with each further failure, up to this; 0: no delay."),
    P ("handshake_timeout_ms", I, "10000", 100, MS_HOUR, true, handshake_timeout_ms,

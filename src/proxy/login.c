@@ -14,10 +14,12 @@
  * The guess table (base/authlimit.h) is one for the process, behind a
  * mutex: an address's connections are spread over the loops, so a table
  * per loop would multiply the limit by the loops.  Only logins take the
- * mutex, never forwarded traffic.  A conversation holds its guess's
- * ticket from its start to its outcome: spent when a proof fails, given
- * back when it succeeds or the conversation ends unchecked (a new
- * saslStart, a logout, the connection's end).
+ * mutex, never forwarded traffic.  A proof is checked under that mutex,
+ * and only while its (user, address) pair has fewer than
+ * auth_failures_per_minute failures; a wrong one is counted before the
+ * mutex is let go.  So parallel wrong proofs never pass the limit, and
+ * right proofs, however many at once (a driver filling a pool of
+ * minPoolSize connections), are never refused for it.
  */
 #include "proxy/login.h"
 
@@ -52,7 +54,6 @@ struct login {
    char *user;           /* logged in as; NULL: not logged in */
    char *db;             /* the database the login named ($db, or the speculative `db`) */
    char *pending_db;
-   authlimit_ticket_t ticket; /* the conversation's guess, counted at its start */
    /* A saslContinue whose proof waits out its user's delay (delay_*):
     * the timer (made on the first delay, on the connection's loop), the
     * held request and a copy of its body; delayed_body NULL: none waits. */
@@ -94,14 +95,16 @@ guesses_table (void)
    return guesses;
 }
 
-/* The address part of a connection's peer ("ip:port", "[v6]:port",
- * "unix"). */
+/* The address a connection's guesses count under: its peer ("ip:port",
+ * "[v6]:port", "unix") without the port, an IPv6 address as its /64
+ * (base/authlimit.h). */
 static void
 peer_addr (const client_conn_t *c, char *out, size_t len)
 {
    const char *p = c->peer;
    const char *colon = strrchr (p, ':');
    size_t n = strlen (p);
+   char host[LOGIN_ADDR_MAX];
 
    if (p[0] == '[') {
       const char *close = strchr (p, ']');
@@ -110,60 +113,66 @@ peer_addr (const client_conn_t *c, char *out, size_t len)
    } else if (colon) {
       n = (size_t) (colon - p);
    }
-   if (n >= len)
-      n = len - 1;
-   memcpy (out, p, n);
-   out[n] = '\0';
+   if (n >= sizeof host)
+      n = sizeof host - 1;
+   memcpy (host, p, n);
+   host[n] = '\0';
+   authlimit_addr_group (host, out, len);
 }
 
-/* Counts the guess of the conversation that just started (its user is
- * known and in the auth file), before any proof of it is checked: false
- * when its (user, address) pair already has auth_failures_per_minute
- * guesses counted, with errmsg naming the limit. */
-static bool
-guess_take (client_conn_t *c, login_t *l, char *errmsg, size_t errmsg_len)
+/* A guess refused unchecked: its (user, address) pair has
+ * auth_failures_per_minute failures.  Counted, logged, and errmsg names
+ * the limit. */
+static void
+guess_refused (client_conn_t *c, const char *user, const char *addr, int64_t limit, uint32_t failures, bool first,
+               char *errmsg, size_t errmsg_len)
 {
-   char addr[LOGIN_ADDR_MAX];
-   const char *user = scram_server_user (l->conv);
-   int64_t limit = l->cfg->auth_failures_per_minute;
-   uint32_t counted;
-   bool first;
-
-   RELAYBUS_ASSERT (user && !l->ticket.held);
-   peer_addr (c, addr, sizeof addr);
-   if (authlimit_take (guesses_table (), user, addr, (uint32_t) limit, clock_mono_ms (), &l->ticket, &counted,
-                       &first))
-      return true;
    counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_THROTTLED, 1);
    if (first)
-      log_warn ("login: user %s from %s has %u guesses within a minute (auth_failures_per_minute = %" PRId64
-                "): its further logins from that address are refused unchecked until the oldest is a minute old",
-                user, addr, counted, limit);
+      log_warn ("login: user %s from %s has %u failed logins within a minute (auth_failures_per_minute = %" PRId64
+                "): its further proofs from that address are refused unchecked until the oldest is a minute old",
+                user, addr, failures, limit);
    log_conn (LOG_LEVEL_INFO, c->id, c->peer, "login refused unchecked: user %s, auth_failures_per_minute = %" PRId64,
              user, limit);
    bson_snprintf (errmsg, errmsg_len,
                   "Authentication failed. (relaybus: too many failed logins for this user from this address: "
                   "auth_failures_per_minute = %" PRId64 "; try again in a minute)",
                   limit);
+}
+
+/* The conversation that just started (its user is known and in the auth
+ * file): false when its (user, address) pair already has
+ * auth_failures_per_minute failures, so that its proof would not be
+ * checked, with errmsg naming the limit.  Nothing is counted: a guess
+ * counts when its proof fails (cmd_sasl_continue). */
+static bool
+guess_allowed (client_conn_t *c, login_t *l, char *errmsg, size_t errmsg_len)
+{
+   char addr[LOGIN_ADDR_MAX];
+   const char *user = scram_server_user (l->conv);
+   int64_t limit = l->cfg->auth_failures_per_minute;
+   uint32_t failures;
+   bool first;
+
+   RELAYBUS_ASSERT (user);
+   peer_addr (c, addr, sizeof addr);
+   if (authlimit_allowed (guesses_table (), user, addr, (uint32_t) limit, clock_mono_ms (), &failures, &first))
+      return true;
+   guess_refused (c, user, addr, limit, failures, first, errmsg, errmsg_len);
    return false;
 }
 
-/* The conversation's proof was wrong: its guess stays counted, and the
- * user's failures grow its delay. */
+/* A started conversation failed without a proof checked (a malformed
+ * step): counted as a wrong proof of its pair and user. */
 static void
-guess_spend (login_t *l)
+guess_failed (client_conn_t *c, login_t *l)
 {
-   if (l->ticket.held)
-      authlimit_spend (guesses_table (), &l->ticket, scram_server_user (l->conv), clock_mono_ms ());
-}
+   char addr[LOGIN_ADDR_MAX];
 
-/* The conversation's proof was right, or it ends without one checked:
- * its guess is given back, so that a correct login costs nothing. */
-static void
-guess_refund (login_t *l)
-{
-   if (l->ticket.held)
-      authlimit_refund (guesses_table (), &l->ticket, clock_mono_ms ());
+   if (!l->conv || !scram_server_user (l->conv))
+      return;
+   peer_addr (c, addr, sizeof addr);
+   authlimit_fail (guesses_table (), scram_server_user (l->conv), addr, clock_mono_ms ());
 }
 
 /* ------------------------------------------------------------ state */
@@ -179,7 +188,6 @@ login_get (client_conn_t *c)
 static void
 conversation_end (login_t *l)
 {
-   guess_refund (l); /* still held: ended before its proof was checked */
    scram_server_destroy (l->conv);
    l->conv = NULL;
    config_release (l->cfg);
@@ -400,7 +408,6 @@ static void
 login_failed (client_conn_t *c, login_t *l, const char *why)
 {
    counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_FAILURE, 1);
-   guess_spend (l);
    log_conn (LOG_LEVEL_INFO, c->id, c->peer, "login refused: %s", why);
    conversation_end (l);
 }
@@ -459,7 +466,7 @@ sasl_start (client_conn_t *c, const bson_t *cmd, const char *db, char **server_f
       login_failed (c, l, why);
       return false;
    }
-   if (!guess_take (c, l, errmsg, errmsg_len)) {
+   if (!guess_allowed (c, l, errmsg, errmsg_len)) {
       bson_free (*server_first);
       *server_first = NULL;
       conversation_end (l);
@@ -496,7 +503,6 @@ login_succeeded (client_conn_t *c, login_t *l)
    l->user = bson_strdup (scram_server_user (l->conv));
    l->db = l->pending_db;
    l->pending_db = NULL;
-   guess_refund (l);
    login_deadline_stop (c);
    counters_add_at (COUNTER_LOGINS, COUNTERS_LOGIN_SUCCESS, 1);
    log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "logged in as %s with %s", l->user,
@@ -523,6 +529,25 @@ cmd_sasl_start (client_conn_t *c, uint64_t seq, const bson_t *body, const char *
    answer_doc (c, seq, &doc);
    bson_destroy (&doc);
    bson_free (sf);
+}
+
+/* The proof's check, run by authlimit_check under the guess table's
+ * mutex: scram_server_final's few HMACs and comparisons. */
+typedef struct {
+   scram_server_t *conv;
+   const uint8_t *payload;
+   uint32_t plen;
+   char *sfinal;
+   size_t sfinal_len;
+   bson_error_t error;
+} proof_check_t;
+
+static bool
+proof_check (void *arg)
+{
+   proof_check_t *p = arg;
+
+   return scram_server_final (p->conv, p->payload, p->plen, &p->sfinal, &p->sfinal_len, &p->error);
 }
 
 static void
@@ -554,17 +579,44 @@ cmd_sasl_continue (client_conn_t *c, uint64_t seq, const bson_t *body)
       goto done;
    }
    if (!sasl_payload (body, "payload", &payload, &plen)) {
+      guess_failed (c, l);
       login_failed (c, l, "saslContinue without a payload");
       answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, "Authentication failed.");
       goto done;
    }
-   if (!scram_server_final (l->conv, payload, plen, &sfinal, &sfinal_len, &error)) {
-      char why[300];
-      bson_snprintf (why, sizeof why, "%s step 2 (user %s): %s", authfile_mech_name (scram_server_mech (l->conv)),
-                     scram_server_user (l->conv) ? scram_server_user (l->conv) : "?", error.message);
-      login_failed (c, l, why);
-      answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, "Authentication failed.");
-      goto done;
+   {
+      proof_check_t p = {.conv = l->conv, .payload = payload, .plen = plen};
+      const char *user = scram_server_user (l->conv);
+      char addr[LOGIN_ADDR_MAX], errmsg[300];
+      uint32_t failures;
+      bool first;
+      authlimit_verdict_t v;
+
+      if (!user) {
+         /* No user: step 1 never succeeded; scram_server_final refuses it. */
+         v = proof_check (&p) ? AUTHLIMIT_PASSED : AUTHLIMIT_FAILED;
+      } else {
+         peer_addr (c, addr, sizeof addr);
+         v = authlimit_check (guesses_table (), user, addr, (uint32_t) l->cfg->auth_failures_per_minute,
+                              clock_mono_ms (), proof_check, &p, &failures, &first);
+      }
+      sfinal = p.sfinal;
+      sfinal_len = p.sfinal_len;
+      error = p.error;
+      if (v == AUTHLIMIT_REFUSED) {
+         guess_refused (c, user, addr, l->cfg->auth_failures_per_minute, failures, first, errmsg, sizeof errmsg);
+         conversation_end (l);
+         answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, errmsg);
+         goto done;
+      }
+      if (v == AUTHLIMIT_FAILED) {
+         char why[300];
+         bson_snprintf (why, sizeof why, "%s step 2 (user %s): %s", authfile_mech_name (scram_server_mech (l->conv)),
+                        user ? user : "?", error.message);
+         login_failed (c, l, why);
+         answer_error (c, seq, SERVER_AUTHENTICATION_FAILED, "Authentication failed.");
+         goto done;
+      }
    }
    login_succeeded (c, l);
    BSON_APPEND_INT32 (&doc, "conversationId", 1);

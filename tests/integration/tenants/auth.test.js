@@ -1,10 +1,12 @@
 'use strict';
 // Hostile tenants at the proxy's login (pooled mode): password guessing. With
-// auth_failures_per_minute = 3, a guess counts when its conversation starts, so twelve
-// conversations opened at once for one user from one address get three proofs checked, not
-// twelve; the others are refused at saslStart with 18 and a message naming the limit. The limit
-// belongs to the (user, address) pair: the same user from 127.0.0.2 and another user from
-// 127.0.0.1 still log in, and a right password gives its guess back. Conversations are driven
+// auth_failures_per_minute = 3, a proof is checked only while its (user, address) pair has fewer
+// than 3 failures, and a wrong one counts before the next is checked, so twelve wrong proofs sent
+// at once for one user from one address get three checked, not twelve; the others are refused
+// unchecked with 18 and a message naming the limit, and so is every later conversation of the
+// pair at its saslStart. Right proofs never count: twelve right logins started at once all log
+// in. The limit belongs to the (user, address) pair: the same user from 127.0.0.2 and another
+// user from 127.0.0.1 still log in. Conversations are driven
 // over raw sockets (H.WireConn, bound to a chosen local address); the right logins use the
 // Node.js driver's own SCRAM provider on such a socket, so its proof and its check of the
 // proxy's signature are the driver's. Proofs checked are read from relaybus_logins_total.
@@ -114,19 +116,30 @@ test.before(async () => {
   });
 });
 
-test('12 parallel guesses for one user from one address: 3 proofs checked, 9 refused at saslStart naming the limit', async () => {
+test('12 right logins of one user from one address, all started before any proof: all 12 log in, none throttled', async () => {
+  const before = await logins();
+  const conns = await Promise.all(Array.from({ length: 12 }, () => connectFrom('127.0.0.9')));
+  await Promise.all(conns.map((c) => driverLogin(c, 'carol', 'c4rol')));
+  const after = await logins();
+  assert.equal(after.success - before.success, 12);
+  assert.equal(after.throttled - before.throttled, 0);
+  assert.equal(after.failure - before.failure, 0);
+});
+
+test('12 parallel guesses for one user from one address: 3 proofs checked, 9 refused unchecked naming the limit', async () => {
   const before = await logins();
   const conns = await Promise.all(Array.from({ length: 12 }, () => connectFrom('127.0.0.1')));
-  // Every conversation is started before any proof is sent.
+  // Every conversation is started before any proof is sent: no failure yet, so each starts.
   const starts = await Promise.all(conns.map((c) => saslStart(c, 'alice')));
-  // Then every conversation that started sends its (wrong) proof, at once.
-  const proofs = await Promise.all(starts.map((r, i) => (r.ok === 1 ? wrongProof(conns[i], r) : null)).filter(Boolean));
+  for (const r of starts) assert.equal(r.ok, 1, JSON.stringify(r));
+  // Then every conversation sends its (wrong) proof, at once.
+  const proofs = await Promise.all(starts.map((r, i) => wrongProof(conns[i], r)));
   for (const p of proofs) assert.equal(p.code, 18, JSON.stringify(p));
   const after = await logins();
   assert.equal(after.failure - before.failure, LIMIT, 'proofs checked (each wrong)');
   assert.equal(after.throttled - before.throttled, 12 - LIMIT, 'refused unchecked');
   assert.equal(after.success - before.success, 0);
-  const refused = starts.filter((r) => r.ok !== 1);
+  const refused = proofs.filter((r) => /too many failed logins/.test(r.errmsg));
   assert.equal(refused.length, 12 - LIMIT);
   for (const r of refused) {
     assert.equal(r.code, 18);
@@ -137,7 +150,7 @@ test('12 parallel guesses for one user from one address: 3 proofs checked, 9 ref
   // Later guesses from the same address for the same user, even a right one, are refused unchecked.
   const again = await connectFrom('127.0.0.1');
   await assert.rejects(driverLogin(again, 'alice', 'wonder land'), (e) => e.code === 18 && /auth_failures_per_minute/.test(e.message));
-  assert.ok(await proxy.waitForLog(/user alice from 127\.0\.0\.1 has 3 guesses within a minute/));
+  assert.ok(await proxy.waitForLog(/user alice from 127\.0\.0\.1 has 3 failed logins within a minute/));
 });
 
 test('in the same minute, alice logs in from 127.0.0.2 and bob from 127.0.0.1', async () => {
@@ -150,7 +163,7 @@ test('in the same minute, alice logs in from 127.0.0.2 and bob from 127.0.0.1', 
   assert.equal(after.throttled - before.throttled, 1);
 });
 
-test('a right password gives its guess back: more right logins than the limit from one address all succeed', async () => {
+test('right passwords never count: more right logins than the limit from one address all succeed', async () => {
   for (let i = 0; i < LIMIT + 3; i++) await driverLogin(await connectFrom('127.0.0.3'), 'bob', 'b0b pass');
   // ... and bob's budget there is still whole: the limit's worth of wrong guesses are checked.
   for (let i = 0; i < LIMIT; i++) {
