@@ -285,7 +285,7 @@ test('failed logins are limited per user and address (auth_failures_per_minute)'
     const c = new MongoClient(at('alice', 'wonder land'));
     await assert.rejects(c.connect(), (e) => e.code === 18 && /too many failed logins/.test(e.message));
     await c.close();
-    assert.ok(await limited.waitForLog(/user alice from 127\.0\.0\.1 has 3 guesses within a minute/));
+    assert.ok(await limited.waitForLog(/user alice from 127\.0\.0\.1 has 3 failed logins within a minute/));
   } finally {
     await limited.stop();
   }
