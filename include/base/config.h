@@ -243,6 +243,7 @@ typedef struct config {
    char *collection_prefix;
    bool completion_history;
    bool allow_client_writes;           /* client commands may write the outbox */
+   char *outbox_readers;               /* [outbox] readers: "a,b,c"; "": none named */
    int64_t max_poisoned_transactions;  /* poison table capacity (restart to change) */
    int64_t retain_completed_ms;        /* scheduled purge: completed events and history */
    int64_t retain_dead_ms;             /* scheduled purge: dead deliveries */

@@ -134,6 +134,11 @@ const config_handler_t *pull_handler_named (const bson_t *body, const config_t *
  * database DB (session mode), as MongoDB names users in system.users. */
 bool pull_consumer_admitted (const config_handler_t *h, const char *user, const char *db);
 
+/* Whether `user` (of `db`, NULL: admin) may read the outbox collections
+ * in pooled mode: named in [outbox] readers or in any handler's
+ * `consumers`; with neither list set, everyone may. */
+bool pull_outbox_reader (const config_t *cfg, const char *user, const char *db);
+
 /* {ok: 0, errmsg, code, codeName} into `doc` (initialised). */
 void pull_error_reply (bson_t *doc, pull_code_t code, const char *errmsg);
 

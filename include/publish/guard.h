@@ -12,7 +12,8 @@
  * namespace of the configuration, it says whether the command would write,
  * create, drop, rename or re-index an outbox collection, or drop the
  * outbox database.  Reads (find, aggregate without $out/$merge, count,
- * distinct, listIndexes, ...) are never refused.
+ * distinct, listIndexes, ...) are not writes: outbox_guard_reads tells
+ * them, for pooled mode's [outbox] readers (publish/publish.c).
  *
  * Commands checked: insert, update, delete, findAndModify, bulkWrite (every
  * nsInfo namespace), aggregate with a $out or $merge stage into the outbox
@@ -57,6 +58,17 @@ bool outbox_guard_writes (const bson_t *body,
                           const outbox_guard_ns_t *ns,
                           char *why,
                           size_t why_len);
+
+/* True when `body` reads documents of an outbox collection of `ns`: a
+ * find, count, distinct, mapReduce or getMore on one; an aggregate on one,
+ * or whose pipeline reads one ($lookup, $graphLookup, $unionWith, also
+ * inside $facet and nested pipelines); a change stream on the outbox
+ * database or on the whole cluster (allChangesForCluster); a view created
+ * or changed to read one; an explain of any of these.  `why` (when
+ * non-NULL) names the command and the collection, e.g. "find on
+ * relaybus.relaybus_events".  Pipelines nested deeper than a few levels
+ * count as a read.  Linear in the command's size; no I/O, no state. */
+bool outbox_guard_reads (const bson_t *body, const outbox_guard_ns_t *ns, char *why, size_t why_len);
 
 /* Is `db`.`coll` (lengths given, not NUL-terminated) an outbox collection:
  * the outbox database and the prefix followed by one of the collection

@@ -169,6 +169,8 @@ static const config_key_t config_key_table[] = {
       "when it is not one) or off (they stay unsharded, on the database's primary shard)."),
    O ("allow_client_writes", B, "false", 0, 0, true, allow_client_writes,
       "Let client commands through the proxy write the outbox collections (insert, drop, $out, ...)."),
+   O ("readers", L, "", 0, 0, true, outbox_readers,
+      "Pooled mode: the users who may read the outbox collections (find, aggregate, getMore, count, distinct, change streams), beside every user a pull handler's consumers list names; anyone else gets 13 Unauthorized. Empty, with no consumers list either: every user (the pool's upstream user decides)."),
    O ("max_poisoned_transactions", I, "4096", 1, 1000000, false, max_poisoned_transactions,
       "Poisoned transactions remembered at once; when full, annotated writes are refused until entries expire."),
    O ("retain_completed", DU, "7d", 1000, 3650 * MS_DAY, true, retain_completed_ms,

@@ -264,16 +264,13 @@ entry_names (const char *e, size_t n, const char *user, const char *db)
    return n == dlen + 1 + ulen && memcmp (e, db, dlen) == 0 && e[dlen] == '.' && memcmp (e + dlen + 1, user, ulen) == 0;
 }
 
-bool
-pull_consumer_admitted (const config_handler_t *h, const char *user, const char *db)
+/* Does the user list `p` (normalised by the config: "a,b,c", no blanks)
+ * name `user` of `db`? */
+static bool
+list_names (const char *p, const char *user, const char *db)
 {
-   const char *p = h->consumers;
-
-   if (!p || !*p)
-      return true;
-   if (!user || !*user)
+   if (!p || !user || !*user)
       return false;
-   /* The list is normalised by the config: "a,b,c", no blanks. */
    while (*p) {
       const char *comma = strchr (p, ',');
       size_t n = comma ? (size_t) (comma - p) : strlen (p);
@@ -283,6 +280,32 @@ pull_consumer_admitted (const config_handler_t *h, const char *user, const char 
       p += n + (comma ? 1 : 0);
    }
    return false;
+}
+
+bool
+pull_consumer_admitted (const config_handler_t *h, const char *user, const char *db)
+{
+   if (!h->consumers || !*h->consumers)
+      return true;
+   return list_names (h->consumers, user, db);
+}
+
+bool
+pull_outbox_reader (const config_t *cfg, const char *user, const char *db)
+{
+   bool restricted = cfg->outbox_readers && *cfg->outbox_readers;
+
+   if (list_names (cfg->outbox_readers, user, db))
+      return true;
+   for (size_t i = 0; i < cfg->n_handlers; i++) {
+      const char *list = cfg->handlers[i].consumers;
+      if (list && *list) {
+         restricted = true;
+         if (list_names (list, user, db))
+            return true;
+      }
+   }
+   return !restricted;
 }
 
 bool

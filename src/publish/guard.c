@@ -1,6 +1,7 @@
 /*
  * publish/guard.c - the pure test of whether a client command writes the
- * outbox namespace (see publish/guard.h for what it covers and why).
+ * outbox namespace, or reads it (see publish/guard.h for what each covers
+ * and why).
  *
  * One table maps each command name that can write a named collection to
  * where that name is in the command.  Each check reads a fixed number of
@@ -405,4 +406,227 @@ outbox_guard_writes (const bson_t *body,
       return false;
    (void) find_str (body, "$db", &db, &db_len);
    return check (&g, body, seqs, nseq, db, db_len, 0);
+}
+
+/* ----------------------------------------------------------------- reads */
+
+/* The commands that read a named collection's documents, and where the
+ * name is. */
+typedef enum {
+   READ_COLL,      /* {<cmd>: "<coll>"}: find, count, distinct, mapReduce's source */
+   READ_AGGREGATE, /* {aggregate: "<coll>" | 1, pipeline}: the collection and every stage that reads another */
+   READ_GETMORE,   /* {getMore: id, collection: "<coll>"} */
+   READ_VIEW,      /* {create|collMod: "<view>", viewOn: "<coll>", pipeline}: a view reads what it is on */
+   READ_EXPLAIN,   /* {explain: {<command>}}: the command it explains (it may execute it) */
+} read_kind_t;
+
+static const struct {
+   const char *name;
+   read_kind_t kind;
+} read_commands[] = {
+   {"find", READ_COLL},          {"count", READ_COLL},       {"distinct", READ_COLL},
+   {"mapReduce", READ_COLL},     {"mapreduce", READ_COLL},   {"aggregate", READ_AGGREGATE},
+   {"getMore", READ_GETMORE},    {"create", READ_VIEW},      {"collMod", READ_VIEW},
+   {"explain", READ_EXPLAIN},
+};
+
+static int
+read_command (const char *cmd)
+{
+   if (!cmd[0] || !strchr ("fcdmage", cmd[0]))
+      return -1;
+   for (size_t i = 0; i < sizeof read_commands / sizeof read_commands[0]; i++)
+      if (strcmp (read_commands[i].name, cmd) == 0)
+         return (int) i;
+   return -1;
+}
+
+static bool pipeline_reads (guard_t *g, const bson_iter_t *pipeline, const char *db, size_t db_len, int depth);
+
+/* Nested further than GUARD_MAX_DEPTH: taken as a read of the outbox
+ * rather than walked. */
+static bool
+too_deep (guard_t *g)
+{
+   if (g->why && g->why_len > 0)
+      bson_snprintf (g->why, g->why_len, "a pipeline nested more than %d deep", GUARD_MAX_DEPTH);
+   return true;
+}
+
+/* A {db, coll} or "<coll>" value naming a collection of `db` (or its own
+ * db). */
+static bool
+named_reads (guard_t *g, const char *what, const bson_iter_t *it, const char *db, size_t db_len)
+{
+   const char *s;
+   size_t len;
+
+   if (iter_str (it, &s, &len))
+      return hit (g, what, db, db_len, s, len);
+   if (BSON_ITER_HOLDS_DOCUMENT (it))
+      return target_doc_hit (g, what, it, db, db_len);
+   return false;
+}
+
+/* One stage: those that read another collection ($lookup, $graphLookup,
+ * $unionWith), those that hold pipelines ($lookup's, $unionWith's,
+ * $facet's), and a change stream over every collection of the outbox
+ * database or of the cluster. */
+static bool
+stage_reads (guard_t *g, const bson_iter_t *stage_it, const char *db, size_t db_len, int depth)
+{
+   bson_iter_t stage, f;
+   const char *name;
+
+   if (!BSON_ITER_HOLDS_DOCUMENT (stage_it) || !bson_iter_recurse (stage_it, &stage) || !bson_iter_next (&stage))
+      return false;
+   name = bson_iter_key (&stage);
+   if (name[0] != '$')
+      return false;
+   if (strcmp (name, "$lookup") == 0 || strcmp (name, "$graphLookup") == 0) {
+      if (!BSON_ITER_HOLDS_DOCUMENT (&stage) || !bson_iter_recurse (&stage, &f))
+         return false;
+      while (bson_iter_next (&f)) {
+         if (strcmp (bson_iter_key (&f), "from") == 0 && named_reads (g, name[1] == 'l' ? "$lookup from" : "$graphLookup from", &f, db, db_len))
+            return true;
+         if (strcmp (bson_iter_key (&f), "pipeline") == 0 && pipeline_reads (g, &f, db, db_len, depth + 1))
+            return true;
+      }
+      return false;
+   }
+   if (strcmp (name, "$unionWith") == 0) {
+      if (BSON_ITER_HOLDS_UTF8 (&stage))
+         return named_reads (g, "$unionWith", &stage, db, db_len);
+      if (!BSON_ITER_HOLDS_DOCUMENT (&stage) || !bson_iter_recurse (&stage, &f))
+         return false;
+      while (bson_iter_next (&f)) {
+         if (strcmp (bson_iter_key (&f), "coll") == 0 && named_reads (g, "$unionWith", &f, db, db_len))
+            return true;
+         if (strcmp (bson_iter_key (&f), "pipeline") == 0 && pipeline_reads (g, &f, db, db_len, depth + 1))
+            return true;
+      }
+      return false;
+   }
+   if (strcmp (name, "$facet") == 0) {
+      if (!BSON_ITER_HOLDS_DOCUMENT (&stage) || !bson_iter_recurse (&stage, &f))
+         return false;
+      while (bson_iter_next (&f))
+         if (pipeline_reads (g, &f, db, db_len, depth + 1))
+            return true;
+      return false;
+   }
+   return false;
+}
+
+static bool
+pipeline_reads (guard_t *g, const bson_iter_t *pipeline, const char *db, size_t db_len, int depth)
+{
+   bson_iter_t stages;
+
+   if (!BSON_ITER_HOLDS_ARRAY (pipeline) || !bson_iter_recurse (pipeline, &stages))
+      return false;
+   if (depth > GUARD_MAX_DEPTH)
+      return too_deep (g);
+   while (bson_iter_next (&stages))
+      if (stage_reads (g, &stages, db, db_len, depth))
+         return true;
+   return false;
+}
+
+/* Whether the first stage of `body`'s pipeline is a $changeStream, and
+ * with allChangesForCluster. */
+static bool
+change_stream (const bson_t *body, bool *cluster)
+{
+   bson_iter_t it, stages, stage, opt;
+
+   *cluster = false;
+   if (!bson_iter_init_find (&it, body, "pipeline") || !BSON_ITER_HOLDS_ARRAY (&it) || !bson_iter_recurse (&it, &stages) ||
+       !bson_iter_next (&stages) || !BSON_ITER_HOLDS_DOCUMENT (&stages) || !bson_iter_recurse (&stages, &stage) ||
+       !bson_iter_next (&stage) || strcmp (bson_iter_key (&stage), "$changeStream") != 0)
+      return false;
+   if (BSON_ITER_HOLDS_DOCUMENT (&stage) && bson_iter_recurse (&stage, &opt) && bson_iter_find (&opt, "allChangesForCluster"))
+      *cluster = bson_iter_as_bool (&opt);
+   return true;
+}
+
+static bool
+reads (guard_t *g, const bson_t *body, const char *db, size_t db_len, int depth)
+{
+   bson_iter_t it, f;
+   const char *cmd, *s;
+   size_t len;
+   int i;
+
+   if (!bson_iter_init (&it, body) || !bson_iter_next (&it))
+      return false;
+   cmd = bson_iter_key (&it);
+   if ((i = read_command (cmd)) < 0)
+      return false;
+   switch (read_commands[i].kind) {
+   case READ_COLL: {
+      char what[48];
+
+      bson_snprintf (what, sizeof what, "%s on", cmd);
+      return iter_str (&it, &s, &len) && hit (g, what, db, db_len, s, len);
+   }
+   case READ_AGGREGATE: {
+      bool cluster;
+
+      if (iter_str (&it, &s, &len) && hit (g, "aggregate on", db, db_len, s, len))
+         return true;
+      if (!iter_str (&it, &s, &len) && change_stream (body, &cluster)) {
+         /* A database's change stream sees every collection of it; a
+          * cluster's, every database. */
+         if (db && strlen (g->ns->database) == db_len && memcmp (g->ns->database, db, db_len) == 0) {
+            if (g->why && g->why_len > 0)
+               bson_snprintf (g->why, g->why_len, "a change stream on database %s", g->ns->database);
+            return true;
+         }
+         if (cluster) {
+            if (g->why && g->why_len > 0)
+               bson_snprintf (g->why, g->why_len, "a change stream on the whole cluster (it shows %s)", g->ns->database);
+            return true;
+         }
+      }
+      return bson_iter_init_find (&f, body, "pipeline") && pipeline_reads (g, &f, db, db_len, depth);
+   }
+   case READ_GETMORE:
+      return find_str (body, "collection", &s, &len) && hit (g, "getMore on", db, db_len, s, len);
+   case READ_VIEW:
+      if (find_str (body, "viewOn", &s, &len) && hit (g, "a view on", db, db_len, s, len))
+         return true;
+      return bson_iter_init_find (&f, body, "viewOn") && bson_iter_init_find (&f, body, "pipeline") &&
+             pipeline_reads (g, &f, db, db_len, depth);
+   case READ_EXPLAIN: {
+      bson_t inner;
+      const uint8_t *data;
+      uint32_t dlen;
+
+      if (!BSON_ITER_HOLDS_DOCUMENT (&it))
+         return false;
+      if (depth >= GUARD_MAX_DEPTH)
+         return too_deep (g);
+      bson_iter_document (&it, &dlen, &data);
+      return bson_init_static (&inner, data, dlen) && reads (g, &inner, db, db_len, depth + 1);
+   }
+   default:
+      return false;
+   }
+}
+
+bool
+outbox_guard_reads (const bson_t *body, const outbox_guard_ns_t *ns, char *why, size_t why_len)
+{
+   guard_t g = {ns, why, why_len};
+   bson_iter_t it;
+   const char *db = NULL;
+   size_t db_len = 0;
+
+   if (why && why_len > 0)
+      why[0] = '\0';
+   if (!bson_iter_init (&it, body) || !bson_iter_next (&it) || read_command (bson_iter_key (&it)) < 0)
+      return false;
+   (void) find_str (body, "$db", &db, &db_len);
+   return reads (&g, body, db, db_len, 0);
 }

@@ -68,6 +68,7 @@
 #include "base/fleet.h"
 #include "base/log.h"
 #include "base/outbox.h"
+#include "base/pull.h"
 #include "codec/annotate.h"
 #include "base/counters.h"
 #include "publish/guard.h"
@@ -1008,6 +1009,7 @@ route_strip (route_t *r)
  * for good.  Copied once per loop thread. */
 static _Thread_local struct {
    bool loaded;
+   bool pooled; /* [proxy] pool_mode = pooled, which a reload cannot change either */
    char database[OUTBOX_NAME_MAX];
    char prefix[OUTBOX_NAME_MAX];
 } guard_ns;
@@ -1016,12 +1018,12 @@ static _Thread_local struct {
  * refused)?  True with the description in `why`.  Reads no configuration
  * but on the first call of a thread and for a command that does write the
  * outbox, which no well-behaved client sends. */
+/* This thread's copy of the outbox namespace; false when no configuration
+ * is published yet. */
 static bool
-outbox_write_refused (const wire_msg_t *msg, char *why, size_t why_len)
+guard_ns_get (outbox_guard_ns_t *ns)
 {
-   outbox_guard_ns_t ns;
    config_t *cfg;
-   bool allowed;
 
    if (!guard_ns.loaded) {
       cfg = config_acquire ();
@@ -1029,11 +1031,24 @@ outbox_write_refused (const wire_msg_t *msg, char *why, size_t why_len)
          return false;
       bson_strncpy (guard_ns.database, cfg->outbox_database, sizeof guard_ns.database);
       bson_strncpy (guard_ns.prefix, cfg->collection_prefix, sizeof guard_ns.prefix);
+      guard_ns.pooled = cfg->pool_mode_id == CONFIG_POOL_POOLED;
       guard_ns.loaded = true;
       config_release (cfg);
    }
-   ns.database = guard_ns.database;
-   ns.prefix = guard_ns.prefix;
+   ns->database = guard_ns.database;
+   ns->prefix = guard_ns.prefix;
+   return true;
+}
+
+static bool
+outbox_write_refused (const wire_msg_t *msg, char *why, size_t why_len)
+{
+   outbox_guard_ns_t ns;
+   config_t *cfg;
+   bool allowed;
+
+   if (!guard_ns_get (&ns))
+      return false;
    if (!outbox_guard_writes (&msg->body, msg->sequences, msg->nsequences, &ns, why, why_len))
       return false;
    cfg = config_acquire ();
@@ -1062,6 +1077,54 @@ route_refuse_outbox_write (route_t *r, const char *why)
                   "relaybus: %s is refused: only the proxy writes the outbox collections "
                   "([outbox] allow_client_writes = false)",
                   why);
+   op_answer_error (r->c, seq, INJECT_CODE_UNAUTHORIZED, errmsg);
+   return ROUTE_TAKEN;
+}
+
+/* Does client command `msg` of c read the outbox while its user may not?
+ * Pooled mode only: there every client shares the pool's upstream user,
+ * so the proxy is the one that can tell its users apart; in session mode
+ * the client's own user is the server's to authorize.  The configuration
+ * is read only for a command that does read the outbox. */
+static bool
+outbox_read_refused (client_conn_t *c, const wire_msg_t *msg, char *why, size_t why_len, char *who, size_t who_len)
+{
+   outbox_guard_ns_t ns;
+   config_t *cfg;
+   const char *user, *db;
+   bool refused;
+
+   if (!guard_ns_get (&ns) || !guard_ns.pooled || !outbox_guard_reads (&msg->body, &ns, why, why_len))
+      return false;
+   cfg = config_acquire ();
+   if (!cfg)
+      return false;
+   user = client_user (c, &db);
+   refused = !pull_outbox_reader (cfg, user, db);
+   bson_strncpy (who, user ? user : "(not logged in)", who_len);
+   config_release (cfg);
+   return refused;
+}
+
+/* Refuses a read of the outbox by a pooled user who is neither among
+ * [outbox] readers nor a pull handler's consumers: Unauthorized, nothing
+ * forwarded (moreToCome: the connection is closed). */
+static route_result_t
+route_refuse_outbox_read (route_t *r, const char *why, const char *who)
+{
+   char errmsg[OUTBOX_GUARD_WHY_MAX + 320];
+   uint64_t seq;
+
+   if (r->more)
+      return route_fail (r, COUNTERS_CLOSE_CLIENT_PROTOCOL, PUBLISH_ERROR_UNACKNOWLEDGED_OUTBOX_WRITE,
+                         "refused an unacknowledged %s: user %.64s may not read the outbox collections", why, who);
+   if (!hold (r, &seq))
+      return ROUTE_FAILED;
+   log_conn (LOG_LEVEL_INFO, client_id (r->c), client_peer (r->c), "refused a read of the outbox by user %s: %s", who, why);
+   bson_snprintf (errmsg, sizeof errmsg,
+                  "relaybus: %s is refused: user %.64s is neither among [outbox] readers nor in a pull handler's "
+                  "consumers, who alone may read the outbox collections",
+                  why, who);
    op_answer_error (r->c, seq, INJECT_CODE_UNAUTHORIZED, errmsg);
    return ROUTE_TAKEN;
 }
@@ -1111,6 +1174,12 @@ publish_route (route_t *r)
     * as well.  The proxy's own writes never pass through here. */
    if (!relaybus_cmd && outbox_write_refused (r->msg, why, sizeof why))
       return route_refuse_outbox_write (r, why);
+   /* And a read of it by a pooled user the configuration does not name. */
+   {
+      char who[80];
+      if (!relaybus_cmd && outbox_read_refused (r->c, r->msg, why, sizeof why, who, sizeof who))
+         return route_refuse_outbox_read (r, why, who);
+   }
    if (r->more && (relaybus_cmd || annotated))
       /* No reply can carry an error, and forwarding would write without
        * the events: refuse loudly. */

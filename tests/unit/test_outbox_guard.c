@@ -126,7 +126,7 @@ static const guard_case_t cases[] = {
 static bson_t *
 doc (const char *json)
 {
-   char buf[1024];
+   char buf[4096];
    bson_error_t error;
    bson_t *b;
    size_t i;
@@ -283,6 +283,93 @@ test_large (void **state)
    bson_destroy (b);
 }
 
+/* Which commands read an outbox collection's documents (outbox_guard_reads):
+ * the collection commands, every stage that reads another collection, change
+ * streams of the outbox database and of the cluster, views, explain. */
+static const guard_case_t read_cases[] = {
+   {"{'find': 'relaybus_deliveries', 'filter': {}, '$db': 'relaybus'}", true, "find on relaybus.relaybus_deliveries"},
+   {"{'count': 'relaybus_events', '$db': 'relaybus'}", true, "count on relaybus.relaybus_events"},
+   {"{'distinct': 'relaybus_events', 'key': 'type', '$db': 'relaybus'}", true, NULL},
+   {"{'mapReduce': 'relaybus_events', 'map': 'f', 'reduce': 'g', 'out': {'inline': 1}, '$db': 'relaybus'}", true, NULL},
+   {"{'aggregate': 'relaybus_events', 'pipeline': [], 'cursor': {}, '$db': 'relaybus'}", true, "aggregate on relaybus.relaybus_events"},
+   {"{'aggregate': 'relaybus_deliveries', 'pipeline': [{'$changeStream': {}}], '$db': 'relaybus'}", true, NULL},
+   {"{'getMore': {'$numberLong': '7'}, 'collection': 'relaybus_events', '$db': 'relaybus'}", true, "getMore on relaybus.relaybus_events"},
+   /* Stages that read another collection, at any depth. */
+   {"{'aggregate': 'orders', 'pipeline': [{'$lookup': {'from': 'relaybus_events', 'localField': 'a', 'foreignField': 'b', 'as': 'x'}}], '$db': 'relaybus'}", true,
+    "$lookup from relaybus.relaybus_events"},
+   {"{'aggregate': 'orders', 'pipeline': [{'$lookup': {'from': {'db': 'relaybus', 'coll': 'relaybus_events'}, 'pipeline': [], 'as': 'x'}}], '$db': 'app'}", true, NULL},
+   {"{'aggregate': 'orders', 'pipeline': [{'$lookup': {'from': 'orders', 'pipeline': [{'$unionWith': 'relaybus_deliveries'}], 'as': 'x'}}], '$db': 'relaybus'}", true,
+    "$unionWith relaybus.relaybus_deliveries"},
+   {"{'aggregate': 'orders', 'pipeline': [{'$unionWith': {'coll': 'relaybus_events', 'pipeline': []}}], '$db': 'relaybus'}", true, NULL},
+   {"{'aggregate': 'orders', 'pipeline': [{'$unionWith': {'coll': 'orders', 'pipeline': [{'$lookup': {'from': 'relaybus_lanes', 'as': 'l', 'pipeline': []}}]}}], '$db': 'relaybus'}", true, NULL},
+   {"{'aggregate': 'orders', 'pipeline': [{'$graphLookup': {'from': 'relaybus_events', 'startWith': 1, 'connectFromField': 'a', 'connectToField': 'b', 'as': 'x'}}], '$db': 'relaybus'}", true,
+    "$graphLookup from relaybus.relaybus_events"},
+   {"{'aggregate': 'orders', 'pipeline': [{'$facet': {'a': [{'$match': {}}], 'b': [{'$unionWith': 'relaybus_events'}]}}], '$db': 'relaybus'}", true, NULL},
+   {"{'aggregate': 1, 'pipeline': [{'$documents': [{}]}, {'$unionWith': 'relaybus_events'}], '$db': 'relaybus'}", true, NULL},
+   /* Change streams over every collection of the outbox database, or of the cluster. */
+   {"{'aggregate': 1, 'pipeline': [{'$changeStream': {}}], 'cursor': {}, '$db': 'relaybus'}", true, "a change stream on database relaybus"},
+   {"{'aggregate': 1, 'pipeline': [{'$changeStream': {'allChangesForCluster': true}}], 'cursor': {}, '$db': 'admin'}", true, NULL},
+   {"{'aggregate': 1, 'pipeline': [{'$changeStream': {}}], 'cursor': {}, '$db': 'app'}", false, NULL},
+   {"{'aggregate': 'orders', 'pipeline': [{'$changeStream': {}}], '$db': 'relaybus'}", false, NULL},
+   /* A view that reads the outbox, and explain of a read. */
+   {"{'create': 'v', 'viewOn': 'relaybus_events', 'pipeline': [], '$db': 'relaybus'}", true, "a view on relaybus.relaybus_events"},
+   {"{'create': 'v', 'viewOn': 'orders', 'pipeline': [{'$unionWith': 'relaybus_events'}], '$db': 'relaybus'}", true, NULL},
+   {"{'collMod': 'v', 'viewOn': 'relaybus_deliveries', 'pipeline': [], '$db': 'relaybus'}", true, NULL},
+   {"{'create': 'plain', '$db': 'relaybus'}", false, NULL},
+   {"{'explain': {'find': 'relaybus_events', 'filter': {}}, 'verbosity': 'executionStats', '$db': 'relaybus'}", true, "find on relaybus.relaybus_events"},
+   {"{'explain': {'aggregate': 'orders', 'pipeline': [{'$lookup': {'from': 'relaybus_events', 'as': 'x', 'pipeline': []}}]}, '$db': 'relaybus'}", true, NULL},
+   /* Not the outbox: other collections and databases, and what reads no documents. */
+   {"{'find': 'orders', 'filter': {}, '$db': 'relaybus'}", false, NULL},
+   {"{'find': 'relaybus_events', 'filter': {}, '$db': 'app'}", false, NULL},
+   {"{'find': 'relaybus_events2', '$db': 'relaybus'}", false, NULL},
+   {"{'aggregate': 'orders', 'pipeline': [{'$lookup': {'from': 'items', 'as': 'x', 'localField': 'a', 'foreignField': 'b'}}], '$db': 'relaybus'}", false, NULL},
+   {"{'getMore': {'$numberLong': '7'}, 'collection': 'orders', '$db': 'relaybus'}", false, NULL},
+   {"{'listIndexes': 'relaybus_deliveries', '$db': 'relaybus'}", false, NULL},
+   {"{'listCollections': 1, '$db': 'relaybus'}", false, NULL},
+   {"{'insert': 'relaybus_events', '$db': 'relaybus'}", false, NULL},
+   {"{'ping': 1, '$db': 'relaybus'}", false, NULL},
+   {"{}", false, NULL},
+};
+
+static void
+test_reads (void **state)
+{
+   (void) state;
+   for (size_t i = 0; i < sizeof read_cases / sizeof read_cases[0]; i++) {
+      bson_t *b = doc (read_cases[i].json);
+      char why[OUTBOX_GUARD_WHY_MAX];
+      bool reads = outbox_guard_reads (b, &NS, why, sizeof why);
+
+      if (reads != read_cases[i].refused)
+         fail_msg ("read case %zu %s: %s", i, read_cases[i].json, reads ? why : "not a read of the outbox");
+      if (reads && read_cases[i].why)
+         assert_string_equal (why, read_cases[i].why);
+      assert_true (outbox_guard_reads (b, &NS, NULL, 0) == read_cases[i].refused);
+      bson_destroy (b);
+   }
+}
+
+/* Pipelines nested past the limit count as a read rather than being walked. */
+static void
+test_reads_nesting (void **state)
+{
+   char json[4096] = "{'aggregate': 'orders', 'pipeline': [";
+   char why[OUTBOX_GUARD_WHY_MAX];
+   bson_t *b;
+
+   (void) state;
+   for (int i = 0; i < 12; i++)
+      strcat (json, "{'$facet': {'a': [");
+   strcat (json, "{'$match': {}}");
+   for (int i = 0; i < 12; i++)
+      strcat (json, "]}}");
+   strcat (json, "], '$db': 'app'}");
+   b = doc (json);
+   assert_true (outbox_guard_reads (b, &NS, why, sizeof why));
+   assert_non_null (strstr (why, "nested more than"));
+   bson_destroy (b);
+}
+
 int
 main (void)
 {
@@ -292,6 +379,8 @@ main (void)
       cmocka_unit_test (test_bulkwrite_sequence),
       cmocka_unit_test (test_nesting),
       cmocka_unit_test (test_large),
+      cmocka_unit_test (test_reads),
+      cmocka_unit_test (test_reads_nesting),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);
