@@ -223,6 +223,7 @@ typedef struct config {
    int64_t pool_size;                  /* pooled: upstream connections of the process */
    int64_t pool_wait_timeout_ms;       /* pooled: longest wait for a free upstream connection */
    int64_t pool_max_pins_per_user;     /* pooled: connections one user's transactions may pin; 0: pool_size / 2 */
+   int64_t pool_max_sessions_per_user; /* pooled: sessions one user may have in the owners' table */
    int64_t login_timeout_ms;           /* pooled, auth_file: time a client has to log in */
    char *auth_file;                    /* pooled: the users clients log in as; "": none */
    struct authfile *users;             /* auth_file loaded (pooled, set); owned by the snapshot */

@@ -38,7 +38,9 @@
  * least recently used cursor (that cursor can then be used by nobody
  * through the proxy, and expires on the server), never a live session: a
  * new session that finds no room is refused with 261
- * TooManyLogicalSessions, as mongod refuses one past its cache's limit.
+ * TooManyLogicalSessions, as mongod refuses one past its cache's limit;
+ * so is a new session of a user who has pool_max_sessions_per_user of
+ * them already (one user's fresh lsids cannot fill the table).
  *
  * The table also counts each user's pooled connections pinned by
  * transactions (owners_pin), for [proxy] pool_max_pins_per_user.
@@ -82,8 +84,11 @@ uint64_t owners_user (const client_conn_t *c);
  * what is its user's.  A session it names for the first time becomes the
  * user's.  REFUSE fills *r. */
 owners_verdict_t owners_check (client_conn_t *c, const bson_t *body, const char *cmd, owners_refusal_t *r);
-/* The same for the user `user` (owners_user; 0: nothing is checked). */
-owners_verdict_t owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_refusal_t *r);
+/* The same for the user `user` (owners_user; 0: nothing is checked), who
+ * may have at most `max_sessions` sessions in the table (0: no quota;
+ * [proxy] pool_max_sessions_per_user): a new one past it is refused with
+ * TooManyLogicalSessions, so that no user can fill the table. */
+owners_verdict_t owners_check_user (uint64_t user, uint32_t max_sessions, const bson_t *body, const char *cmd, owners_refusal_t *r);
 
 /* A request owners_check allowed was forwarded: the cursors it kills and
  * the sessions it ends are forgotten. */

@@ -114,6 +114,8 @@ static const config_key_t config_key_table[] = {
       "pooled: how long a request may wait for a free upstream connection before it is answered with a retryable error."),
    P ("pool_max_pins_per_user", I, "0", 0, 100000, true, pool_max_pins_per_user,
       "pooled, with auth_file: most upstream connections the open transactions of one user may pin at once; 0: half of pool_size (at least 1). Any transaction statement that would pin one more is answered with the retryable pool error."),
+   P ("pool_max_sessions_per_user", I, "10000", 1, 262144 /* OWNERS_ENTRIES */, true, pool_max_sessions_per_user,
+      "pooled, with auth_file: the most server sessions (lsids) one user may have in use through the proxy at once (each is forgotten 30 minutes after its last use, or when ended); a new one past it is refused with TooManyLogicalSessions. The proxy's table holds 262144 sessions and cursors for all users."),
    P ("login_timeout_ms", I, "10000", 100, MS_HOUR, true, login_timeout_ms,
       "pooled, with auth_file: time a new client has to log in to the proxy before it is closed."),
    P ("auth_file", S, "", 0, 0, true, auth_file,

@@ -67,6 +67,33 @@ static stripe_t stripes[OWNERS_STRIPES];
 static const size_t per_stripe = OWNERS_ENTRIES / OWNERS_STRIPES;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
+/* Each user's count of live sessions in the table, for
+ * pool_max_sessions_per_user: a live session never gives up its slot, so
+ * without a quota one user's fresh lsids could fill the table and every
+ * other user's next session would be refused.  Entries expire lazily (a
+ * slot is reused when found expired), so a user's count is kept by when
+ * each session expires: a ring of QUOTA_BUCKETS buckets of QUOTA_BUCKET_MS,
+ * the bucket of a session's expiry counting it; moving the ring forward
+ * clears the buckets passed, so a session stops counting at most one
+ * bucket after it expired, never before.  One record per user (auth-file
+ * users: the operator's, so their number is too), QUOTA_USERS of them,
+ * the least recently used given to a newcomer; the records take their own
+ * mutex, always after a stripe's. */
+#define QUOTA_BUCKET_MS 60000
+#define QUOTA_BUCKETS (OWNERS_SESSION_TTL_MS / QUOTA_BUCKET_MS + 2)
+#define QUOTA_USERS 4096
+#define QUOTA_PROBE 8
+
+typedef struct {
+   uint64_t user; /* 0: free */
+   int64_t epoch; /* the oldest bucket the ring holds (now_ms / QUOTA_BUCKET_MS) */
+   int64_t used_ms;
+   uint32_t n[QUOTA_BUCKETS];
+} quota_t;
+
+static pthread_mutex_t quota_mu = PTHREAD_MUTEX_INITIALIZER;
+static quota_t *quotas;
+
 static void
 tables_init (void)
 {
@@ -74,6 +101,7 @@ tables_init (void)
       pthread_mutex_init (&stripes[i].mu, NULL);
       stripes[i].slots = bson_malloc0 (per_stripe * sizeof (entry_t));
    }
+   quotas = bson_malloc0 (QUOTA_USERS * sizeof (quota_t));
 }
 
 static uint64_t
@@ -112,6 +140,97 @@ entry_live (const entry_t *e, int64_t now)
    }
 }
 
+/* ------------------------------------------------------------ quotas */
+
+/* `user`'s record (under quota_mu), its ring moved to now; with `create`,
+ * a free record or the least recently used of the neighbourhood. */
+static quota_t *
+quota_find (uint64_t user, int64_t now, bool create)
+{
+   quota_t *victim = NULL, *q = NULL;
+   int64_t e = now / QUOTA_BUCKET_MS;
+
+   for (unsigned i = 0; i < QUOTA_PROBE; i++) {
+      quota_t *c = &quotas[(user + i) % QUOTA_USERS];
+      if (c->user == user) {
+         q = c;
+         break;
+      }
+      if (!victim || (victim->user && (!c->user || c->used_ms < victim->used_ms)))
+         victim = c;
+   }
+   if (!q) {
+      if (!create)
+         return NULL;
+      q = victim;
+      memset (q, 0, sizeof *q);
+      q->user = user;
+      q->epoch = e;
+   }
+   if (e > q->epoch) {
+      if (e - q->epoch >= QUOTA_BUCKETS)
+         memset (q->n, 0, sizeof q->n);
+      else
+         for (int64_t b = q->epoch; b < e; b++)
+            q->n[b % QUOTA_BUCKETS] = 0;
+      q->epoch = e;
+   }
+   q->used_ms = now;
+   return q;
+}
+
+static uint32_t
+quota_sum (const quota_t *q)
+{
+   uint32_t sum = 0;
+
+   for (int i = 0; i < QUOTA_BUCKETS; i++)
+      sum += q->n[i];
+   return sum;
+}
+
+/* A session of `user` used at `used_ms` counts in its expiry's bucket. */
+static int64_t
+quota_bucket (int64_t used_ms)
+{
+   return (used_ms + OWNERS_SESSION_TTL_MS) / QUOTA_BUCKET_MS;
+}
+
+/* Moves one of `user`'s sessions from the bucket of `from_ms`'s use to
+ * that of `to_ms`'s (0: none, as for a new or a gone session). */
+static void
+quota_move (uint64_t user, int64_t from_ms, int64_t to_ms, int64_t now)
+{
+   quota_t *q;
+
+   if (!user || (from_ms && to_ms && quota_bucket (from_ms) == quota_bucket (to_ms)))
+      return;
+   pthread_mutex_lock (&quota_mu);
+   q = quota_find (user, now, to_ms != 0);
+   if (q) {
+      if (from_ms && quota_bucket (from_ms) >= q->epoch && q->n[quota_bucket (from_ms) % QUOTA_BUCKETS] > 0)
+         q->n[quota_bucket (from_ms) % QUOTA_BUCKETS]--;
+      if (to_ms)
+         q->n[quota_bucket (to_ms) % QUOTA_BUCKETS]++;
+   }
+   pthread_mutex_unlock (&quota_mu);
+}
+
+/* `user`'s live sessions. */
+static uint32_t
+quota_count (uint64_t user, int64_t now)
+{
+   quota_t *q;
+   uint32_t n = 0;
+
+   pthread_mutex_lock (&quota_mu);
+   q = quota_find (user, now, false);
+   if (q)
+      n = quota_sum (q);
+   pthread_mutex_unlock (&quota_mu);
+   return n;
+}
+
 typedef enum {
    TABLE_GET,    /* look it up */
    TABLE_TOUCH,  /* look it up; an entry of `user` is used now (it expires later) */
@@ -148,9 +267,12 @@ probe (stripe_t *st, uint64_t h, owned_kind_t kind, const uint8_t key[16], int64
  * in a free or expired slot, else takes the least recently used cursor's
  * (that cursor can then be used by nobody through the proxy: refused, it
  * expires on the server); a live session never gives up its slot, since
- * the next user to name it would become its owner.  No room: 0, *full set. */
+ * the next user to name it would become its owner.  No room: 0, *full set.
+ * A new session of a user who has `max_sessions` live ones (0: no quota)
+ * is not entered either: 0, *over set. */
 static uint64_t
-table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op, bool *full)
+table_op_quota (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op, uint32_t max_sessions, bool *full,
+                bool *over)
 {
    uint64_t h = key_hash (key), found = 0;
    stripe_t *st = &stripes[h % OWNERS_STRIPES];
@@ -159,17 +281,30 @@ table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op
 
    if (full)
       *full = false;
+   if (over)
+      *over = false;
    pthread_once (&tables_once, tables_init);
    pthread_mutex_lock (&st->mu);
    hit = probe (st, h, kind, key, now, &free_slot, &lru);
    if (hit) {
       found = hit->user;
-      if (op == TABLE_FORGET)
+      if (op == TABLE_FORGET) {
          hit->kind = OWNED_FREE;
-      else if ((op == TABLE_CLAIM || op == TABLE_TOUCH) && hit->user == user)
+         if (kind == OWNED_SESSION)
+            quota_move (hit->user, hit->used_ms, 0, now);
+      } else if ((op == TABLE_CLAIM || op == TABLE_TOUCH) && hit->user == user) {
+         if (kind == OWNED_SESSION)
+            quota_move (user, hit->used_ms, now, now);
          hit->used_ms = now;
+      }
+   } else if (op == TABLE_CLAIM && user != 0 && kind == OWNED_SESSION && max_sessions > 0 &&
+              quota_count (user, now) >= max_sessions) {
+      if (over)
+         *over = true;
    } else if (op == TABLE_CLAIM && user != 0) {
       entry_t *e = free_slot ? free_slot : lru;
+      if (e && kind == OWNED_SESSION)
+         quota_move (user, 0, now, now);
       if (e) {
          memcpy (e->key, key, 16);
          e->kind = (uint8_t) kind;
@@ -183,6 +318,12 @@ table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op
    }
    pthread_mutex_unlock (&st->mu);
    return found;
+}
+
+static uint64_t
+table_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, table_op_t op, bool *full)
+{
+   return table_op_quota (kind, key, user, op, 0, full, NULL);
 }
 
 static void
@@ -351,29 +492,31 @@ cursor_owned (const bson_iter_t *it, uint64_t user, int64_t *id)
 }
 
 /* Whether the session {id: UUID} at `it` is the user's; with `claim`, a
- * session nobody used becomes the user's (*full: no room for it). */
+ * session nobody used becomes the user's (*full: no room for it; *over:
+ * the user has max_sessions already). */
 static bool
-session_owned (bson_iter_t *it, uint64_t user, bool claim, bool *full)
+session_owned (bson_iter_t *it, uint64_t user, bool claim, uint32_t max_sessions, bool *full, bool *over)
 {
    uint8_t key[16];
 
    *full = false;
+   *over = false;
    if (!lsid_of (it, key))
       return true; /* malformed: the server refuses it */
-   return table_op (OWNED_SESSION, key, user, claim ? TABLE_CLAIM : TABLE_TOUCH, full) == user;
+   return table_op_quota (OWNED_SESSION, key, user, claim ? TABLE_CLAIM : TABLE_TOUCH, max_sessions, full, over) == user;
 }
 
 owners_verdict_t
 owners_check (client_conn_t *c, const bson_t *body, const char *cmd, owners_refusal_t *r)
 {
-   return owners_check_user (owners_user (c), body, cmd, r);
+   return owners_check_user (owners_user (c), (uint32_t) c->loop->cfg->pool_max_sessions_per_user, body, cmd, r);
 }
 
 owners_verdict_t
-owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_refusal_t *r)
+owners_check_user (uint64_t user, uint32_t max_sessions, const bson_t *body, const char *cmd, owners_refusal_t *r)
 {
    bson_iter_t it, arr;
-   bool full;
+   bool full, over;
    int64_t id;
    int n;
 
@@ -404,7 +547,7 @@ owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_re
             return refuse_command (r, body, cmd);
          (void) bson_iter_recurse (&it, &arr);
          while (bson_iter_next (&arr))
-            if (!session_owned (&arr, user, false, &full))
+            if (!session_owned (&arr, user, false, 0, &full, &over))
                return refuse_command (r, body, cmd);
          break;
       case NAMES_OPERATION:
@@ -414,10 +557,16 @@ owners_check_user (uint64_t user, const bson_t *body, const char *cmd, owners_re
          break;
       }
    /* The session the command runs in, and so its transaction. */
-   if (bson_iter_init_find (&it, body, "lsid") && !session_owned (&it, user, true, &full)) {
+   if (bson_iter_init_find (&it, body, "lsid") && !session_owned (&it, user, true, max_sessions, &full, &over)) {
       if (full)
          return refuse (r, SERVER_TOO_MANY_LOGICAL_SESSIONS,
                         "Unable to add session into the cache because the number of active sessions is too high");
+      if (over)
+         return refuse (r, SERVER_TOO_MANY_LOGICAL_SESSIONS,
+                        "Unable to add session into the cache because the number of active sessions is too high "
+                        "(relaybus: this user has pool_max_sessions_per_user = %u sessions in use through the proxy; "
+                        "end some, or wait until they expire after 30 minutes unused)",
+                        max_sessions);
       return refuse_command (r, body, cmd);
    }
    return OWNERS_ALLOW;

@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -101,7 +102,7 @@ test_rows (void **state)
       if (!body)
          fail_msg ("row %zu: %s: %s", i, row->json, error.message);
       assert_true (bson_iter_init (&it, body) && bson_iter_next (&it));
-      v = owners_check_user (row->user, body, bson_iter_key (&it), &r);
+      v = owners_check_user (row->user, 0, body, bson_iter_key (&it), &r);
       if (v != (row->code ? OWNERS_REFUSE : OWNERS_ALLOW))
          fail_msg ("row %zu: %s: verdict %d", i, row->json, (int) v);
       if (row->code) {
@@ -114,11 +115,71 @@ test_rows (void **state)
    }
 }
 
+/* A ping in the session whose 16-byte id is `raw`. */
+static bson_t *
+ping_in (const char *raw)
+{
+   bson_t *b = bson_new ();
+   bson_t lsid;
+
+   BSON_APPEND_INT32 (b, "ping", 1);
+   BSON_APPEND_DOCUMENT_BEGIN (b, "lsid", &lsid);
+   BSON_APPEND_BINARY (&lsid, "id", BSON_SUBTYPE_UUID, (const uint8_t *) raw, 16);
+   bson_append_document_end (b, &lsid);
+   BSON_APPEND_UTF8 (b, "$db", "admin");
+   return b;
+}
+
+/* A user's sessions count against pool_max_sessions_per_user: past it a
+ * new session is refused with TooManyLogicalSessions naming the key,
+ * while the user's own sessions go on and another user's new ones are
+ * entered. */
+static void
+test_sessions_quota (void **state)
+{
+   owners_refusal_t r;
+   char raw[17];
+
+   (void) state;
+   for (int i = 0; i < 7; i++) {
+      bson_t *body;
+
+      snprintf (raw, sizeof raw, "quota-session-%02d", i);
+      body = ping_in (raw);
+      if (i < 5) {
+         assert_int_equal (owners_check_user (3, 5, body, "ping", &r), OWNERS_ALLOW);
+      } else {
+         assert_int_equal (owners_check_user (3, 5, body, "ping", &r), OWNERS_REFUSE);
+         assert_int_equal (r.code, 261);
+         assert_string_equal (r.code_name, "TooManyLogicalSessions");
+         assert_non_null (strstr (r.why, "pool_max_sessions_per_user = 5"));
+      }
+      bson_destroy (body);
+   }
+   /* The user's own sessions go on at the quota. */
+   {
+      bson_t *body = ping_in ("quota-session-00");
+      assert_int_equal (owners_check_user (3, 5, body, "ping", &r), OWNERS_ALLOW);
+      bson_destroy (body);
+   }
+   /* Another user's new session is entered; without a quota, the first
+    * user's too. */
+   {
+      bson_t *other = ping_in ("other-user-sess1");
+      bson_t *more = ping_in ("quota-session-99");
+      assert_int_equal (owners_check_user (4, 5, other, "ping", &r), OWNERS_ALLOW);
+      assert_int_equal (owners_check_user (3, 0, more, "ping", &r), OWNERS_ALLOW);
+      bson_destroy (other);
+      bson_destroy (more);
+   }
+}
+
 int
 main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_rows),
+      cmocka_unit_test (test_sessions_quota),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);

@@ -298,4 +298,32 @@ test('statements shaped like a transaction pin no more than pool_max_pins_per_us
   }
 });
 
+test("one user's fresh sessions stop at pool_max_sessions_per_user: the table keeps room for the others", { skip }, async () => {
+  const proxy = await startPooled({ pool_size: 2, pool_max_sessions_per_user: 20 });
+  const alice = await connect(proxy, 'alice');
+  const bob = await connect(proxy, 'bob');
+  try {
+    const ping = (c, lsid) => c.command({ ping: 1, lsid, $db: 'admin' });
+    const hers = [];
+    for (let i = 0; i < 20; i++) {
+      hers.push(newLsid());
+      assert.equal((await ping(alice, hers[i])).ok, 1, `session ${i + 1}`);
+    }
+    const over = await ping(alice, newLsid());
+    assert.equal(over.ok, 0, JSON.stringify(over));
+    assert.equal(over.code, 261);
+    assert.equal(over.codeName, 'TooManyLogicalSessions');
+    assert.match(over.errmsg, /pool_max_sessions_per_user = 20/);
+    // Her sessions in use go on; bob's new session is taken.
+    assert.equal((await ping(alice, hers[0])).ok, 1);
+    assert.equal((await ping(bob, newLsid())).ok, 1);
+    // An ended session makes room for a new one.
+    assert.equal((await alice.command({ endSessions: [hers[1]], $db: 'admin' })).ok, 1);
+    assert.equal((await ping(alice, newLsid())).ok, 1);
+  } finally {
+    alice.destroy();
+    bob.destroy();
+  }
+});
+
 H.registerFinalChecks(test, [() => upstream && upstream.stop()]);
