@@ -107,7 +107,7 @@ static void
 usage (FILE *out)
 {
    fprintf (out,
-            "Usage: relaybus-proxy -c FILE [--check-config]\n"
+            "Usage: relaybus-proxy -c FILE [--check-config [--quiet]]\n"
             "       relaybus-proxy --make-user NAME <PASSWORD\n"
             "       relaybus-proxy --version | --help\n"
             "\n"
@@ -116,7 +116,10 @@ usage (FILE *out)
             "\n"
             "  -c, --config FILE   the INI configuration (required)\n"
             "      --check-config  load and validate FILE, print the effective\n"
-            "                      configuration, and exit\n"
+            "                      configuration (credentials and header values\n"
+            "                      masked), and exit\n"
+            "      --quiet         with --check-config: print only errors and\n"
+            "                      warnings, not the configuration\n"
             "      --make-user NAME  read NAME's password from standard input (one\n"
             "                      line, not echoed on a terminal), print its\n"
             "                      auth-file entries (SCRAM-SHA-256 and SCRAM-SHA-1\n"
@@ -643,13 +646,14 @@ main (int argc, char **argv)
    static const struct option longopts[] = {
       {"config", required_argument, NULL, 'c'},
       {"check-config", no_argument, NULL, 'C'},
+      {"quiet", no_argument, NULL, 'Q'},
       {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'},
       {"make-user", required_argument, NULL, 'U'},
       {NULL, 0, NULL, 0},
    };
    proxy_t p = {0};
-   bool check_only = false;
+   bool check_only = false, quiet = false;
    const char *make_user_name = NULL;
    bson_error_t error;
    int opt;
@@ -665,6 +669,9 @@ main (int argc, char **argv)
          break;
       case 'C':
          check_only = true;
+         break;
+      case 'Q':
+         quiet = true;
          break;
       case 'U':
          make_user_name = optarg;
@@ -686,6 +693,11 @@ main (int argc, char **argv)
    }
    if (optind < argc) {
       fprintf (stderr, "relaybus-proxy: unexpected argument '%s'\n", argv[optind]);
+      usage (stderr);
+      return EXIT_USAGE;
+   }
+   if (quiet && !check_only) {
+      fprintf (stderr, "relaybus-proxy: --quiet goes with --check-config\n");
       usage (stderr);
       return EXIT_USAGE;
    }
@@ -724,7 +736,8 @@ main (int argc, char **argv)
       /* A warning, not an error: the file is valid, its mode is the
        * operator's call (docs/configuration.md, Secrets). */
       (void) config_warn_exposed_secrets (p.cfg);
-      config_write (p.cfg, stdout);
+      if (!quiet)
+         config_write (p.cfg, stdout);
       config_release (p.cfg);
       return EXIT_OK;
    }

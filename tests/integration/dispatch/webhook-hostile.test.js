@@ -17,13 +17,13 @@ const { startUpstream, uniqueDbName, tmpDir, proxyBin } = require('../lib/proxy'
 const { startSink } = require('./sink');
 const { startDispatchProxy, publish, waitFor } = require('./helpers');
 
-function checkConfig(dir, keys, env = {}) {
+function checkConfig(dir, keys, env = {}, extra = []) {
   const ini = path.join(dir, 'bad.ini');
   const lines = ['[proxy]', 'listen = 127.0.0.1:1', 'upstream = mongodb://127.0.0.1:1/', '', '[handler h]', 'events = *',
     'kind = webhook', 'url = http://127.0.0.1:1/h'];
   for (const [k, v] of keys) lines.push(`${k} = ${v}`);
   fs.writeFileSync(ini, lines.join('\n') + '\n');
-  const r = spawnSync(proxyBin(), ['--check-config', '-c', ini], { encoding: 'utf8', env: { ...process.env, ...env } });
+  const r = spawnSync(proxyBin(), ['--check-config', ...extra, '-c', ini], { encoding: 'utf8', env: { ...process.env, ...env } });
   return { status: r.status, err: r.stderr, out: r.stdout };
 }
 
@@ -41,11 +41,17 @@ test('bad header names and values, too many headers and a proxy that is not a UR
   refused(Array.from({ length: 33 }, (_, i) => [`header.X-${i}`, 'v']), /at most 32 header\.\* keys per handler/);
   refused([['proxy', 'not a url']], /\[handler h\] proxy: 'not a url' is not an http:\/\/ or https:\/\/ URL/);
   refused([['proxy', 'socks5://127.0.0.1:1080']], /\[handler h\] proxy: .* is not an http:\/\/ or https:\/\/ URL/);
-  // The accepted forms, and the proxy's password masked in what --check-config prints.
-  const ok = checkConfig(dir, [['header.X-Tenant', 't 1'], ['proxy', 'http://u:pw-9f3@127.0.0.1:3128']]);
+  // The accepted forms, and the proxy's password and every header value masked in what
+  // --check-config prints, whatever the header's name.
+  const ok = checkConfig(dir, [['header.X-Tenant', 't-pw-tenant'], ['header.X-Api', 'k-pw-api'], ['proxy', 'http://u:pw-9f3@127.0.0.1:3128']]);
   assert.equal(ok.status, 0, ok.err);
-  assert.match(ok.out, /header\.X-Tenant = t 1/);
-  assert.doesNotMatch(ok.out, /pw-9f3/);
+  assert.match(ok.out, /^header\.X-Tenant = \*{8}$/m);
+  assert.match(ok.out, /^header\.X-Api = \*{8}$/m);
+  assert.doesNotMatch(ok.out + ok.err, /pw-9f3|pw-tenant|pw-api/);
+  // --quiet (the unit's ExecStartPre): nothing on standard output, the same exit.
+  const quiet = checkConfig(dir, [['header.X-Tenant', 't-pw-tenant']], {}, ['--quiet']);
+  assert.equal(quiet.status, 0, quiet.err);
+  assert.equal(quiet.out, '');
 });
 
 test('hostile receivers (endless redirect, huge header, no answer) do not stall the dispatcher', { timeout: 90000 }, async (t) => {
