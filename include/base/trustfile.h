@@ -31,6 +31,7 @@
 #define TRUSTFILE_NO_GROUP_WRITE 0x04    /* mode has no g+w */
 #define TRUSTFILE_NO_OTHERS_WRITE 0x08   /* mode has no o+w */
 #define TRUSTFILE_NO_OTHERS_READ 0x10    /* mode has no o+r */
+#define TRUSTFILE_ONE_LINK 0x20          /* no other hard link to it (one made to another file would write there) */
 
 /* Which rule a refused file broke. */
 typedef enum {
@@ -39,6 +40,7 @@ typedef enum {
    TRUSTFILE_ERR_NOT_REGULAR, /* a directory, a device, a FIFO... */
    TRUSTFILE_ERR_OWNER,       /* owned by another user */
    TRUSTFILE_ERR_MODE,        /* a forbidden permission bit is set */
+   TRUSTFILE_ERR_LINKS,       /* TRUSTFILE_ONE_LINK: more than one hard link */
 } trustfile_err_t;
 
 /* Opens `path` with `flags` (O_CLOEXEC added; `mode` for O_CREAT) and

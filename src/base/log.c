@@ -222,19 +222,22 @@ write_all (int fd, const char *buf, size_t n)
    }
 }
 
-/* Every line goes to log_file, so it must be the proxy's own file: not a
- * symbolic link (one planted in a writable directory would send the
- * lines, and the appends, to a file of its maker's choice), owned by the
- * proxy's user or root, and writable by nobody else (who could truncate
- * it, or forge lines).  The same check as the auth file's
- * (base/trustfile.h), at start-up, on reload and on every reopen. */
+/* Every line goes to log_file, so it must be the proxy's own file: a
+ * regular file (a FIFO would hold the open, and start-up, until a reader
+ * came: trustfile_open never waits), not a symbolic link nor a hard link
+ * (one planted in a writable directory would send the lines, and the
+ * appends, to a file of its maker's choice), owned by the proxy's user or
+ * root, and writable by nobody else (who could truncate it, or forge
+ * lines).  The same check as the auth file's (base/trustfile.h), at
+ * start-up, on reload and on every reopen. */
 static int
 open_log_file (const char *path, char *why, size_t why_len)
 {
    return trustfile_open (path,
                           O_WRONLY | O_APPEND | O_CREAT,
                           0640,
-                          TRUSTFILE_NOFOLLOW | TRUSTFILE_OWNER | TRUSTFILE_NO_GROUP_WRITE | TRUSTFILE_NO_OTHERS_WRITE,
+                          TRUSTFILE_NOFOLLOW | TRUSTFILE_ONE_LINK | TRUSTFILE_OWNER | TRUSTFILE_NO_GROUP_WRITE |
+                             TRUSTFILE_NO_OTHERS_WRITE,
                           NULL,
                           why,
                           why_len);

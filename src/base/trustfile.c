@@ -4,8 +4,12 @@
  *
  * The checks run on what was opened (fstat), not on the path (stat then
  * open could check one file and open another).  A symbolic link is
- * refused by O_NOFOLLOW itself, whose ELOOP is reported as such.  No
- * allocation; the message is cut to the caller's buffer.
+ * refused by O_NOFOLLOW itself, whose ELOOP is reported as such.  The open
+ * never blocks: O_NONBLOCK, taken off again once the file is known to be a
+ * regular one, so that a FIFO (whose open for writing waits for a reader,
+ * for ever and through SIGTERM) is refused at once like any other file
+ * that is not a regular one.  No allocation; the message is cut to the
+ * caller's buffer.
  */
 #include "base/trustfile.h"
 
@@ -49,19 +53,43 @@ trustfile_open (const char *path, int flags, mode_t mode, unsigned rules, trustf
    mode_t bad;
    int fd;
 
-   fd = open (path, flags | O_CLOEXEC | ((rules & TRUSTFILE_NOFOLLOW) ? O_NOFOLLOW : 0), mode);
+   fd = open (path, flags | O_CLOEXEC | O_NONBLOCK | ((rules & TRUSTFILE_NOFOLLOW) ? O_NOFOLLOW : 0), mode);
    if (fd < 0) {
       e = TRUSTFILE_ERR_OPEN;
       if (errno == ELOOP && (rules & TRUSTFILE_NOFOLLOW))
          snprintf (why, why_len, "%s is a symbolic link: give the path of the file itself", path);
-      else
+      else if (errno == ENXIO) {
+         /* A FIFO opened for writing without a reader, or a device
+          * without its hardware. */
+         e = TRUSTFILE_ERR_NOT_REGULAR;
+         snprintf (why, why_len, "%s: not a regular file (a FIFO or a device)", path);
+      } else
          snprintf (why, why_len, "%s: cannot open: %s", path, strerror (errno));
       goto done;
    }
-   if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode)) {
-      e = TRUSTFILE_ERR_NOT_REGULAR;
-      snprintf (why, why_len, "%s: not a regular file", path);
+   if (fstat (fd, &st) != 0) {
+      e = TRUSTFILE_ERR_OPEN;
+      snprintf (why, why_len, "%s: cannot stat: %s", path, strerror (errno));
       goto done;
+   }
+   if (!S_ISREG (st.st_mode)) {
+      e = TRUSTFILE_ERR_NOT_REGULAR;
+      snprintf (why, why_len, "%s: not a regular file%s", path, S_ISFIFO (st.st_mode) ? " (a FIFO)" : "");
+      goto done;
+   }
+   if ((rules & TRUSTFILE_ONE_LINK) && st.st_nlink > 1) {
+      e = TRUSTFILE_ERR_LINKS;
+      snprintf (why, why_len, "%s has %u hard links: it may be another file's name too; give a file of its own", path,
+                (unsigned) st.st_nlink);
+      goto done;
+   }
+   {
+      int fl = fcntl (fd, F_GETFL);
+      if (fl < 0 || fcntl (fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+         e = TRUSTFILE_ERR_OPEN;
+         snprintf (why, why_len, "%s: cannot make it blocking: %s", path, strerror (errno));
+         goto done;
+      }
    }
    /* Root may do anything to the file anyway; any other owner is someone
     * the proxy would be trusting besides itself. */

@@ -224,6 +224,38 @@ test_log_file_trust (void **state)
    assert_false (log_set_file (ow, why, sizeof why));
    assert_non_null (strstr (why, "writable by others (mode 646): chmod o-w"));
 
+   /* A FIFO, with no reader and with one: refused at once, never waited on
+    * (an open for writing would wait for a reader for ever). */
+   {
+      char fifo[256];
+      int rfd;
+
+      snprintf (fifo, sizeof fifo, "%s/fifo.log", dir);
+      assert_int_equal (mkfifo (fifo, 0600), 0);
+      assert_false (log_set_file (fifo, why, sizeof why));
+      assert_non_null (strstr (why, "not a regular file"));
+      rfd = open (fifo, O_RDONLY | O_NONBLOCK);
+      assert_true (rfd >= 0);
+      assert_false (log_set_file (fifo, why, sizeof why));
+      assert_non_null (strstr (why, "not a regular file (a FIFO)"));
+      close (rfd);
+      unlink (fifo);
+   }
+
+   /* A second hard link: the file may be another's name too. */
+   {
+      char hard[256];
+
+      snprintf (hard, sizeof hard, "%s/hard.log", dir);
+      assert_int_equal (link (gw, hard), 0);
+      assert_int_equal (chmod (gw, 0600), 0);
+      assert_false (log_set_file (hard, why, sizeof why));
+      assert_non_null (strstr (why, "has 2 hard links"));
+      unlink (hard);
+      assert_true (log_set_file (gw, why, sizeof why));
+      assert_true (log_set_file (good, why, sizeof why));
+   }
+
    /* The file in use goes bad, then SIGUSR1's reopen: refused, and the
     * lines go on to the file already open. */
    assert_int_equal (chmod (good, 0666), 0);

@@ -91,6 +91,32 @@ test('log_file: lines go to the file, and SIGUSR1 reopens it after a rotation', 
   assert.ok(!/SIGUSR1/.test(fs.readFileSync(`${file}.1`, 'utf8')), 'the rotated file got nothing after the rotation');
 });
 
+test('a log_file that is a FIFO is refused within 1 s of start, and --check-config prints no header value', { timeout: 30000 }, async (t) => {
+  const dir = H.tmpDir('relaybus-logfifo-');
+  const fifo = path.join(dir, 'proxy.log');
+  require('node:child_process').execFileSync('mkfifo', [fifo]);
+  const ini = path.join(dir, 'proxy.ini');
+  fs.writeFileSync(ini, `[proxy]\nlisten = 127.0.0.1:0\nupstream = mongodb://127.0.0.1:9/?replicaSet=rs0\nlog_file = ${fifo}\n\n` +
+    '[dispatch]\nenabled = false\n\n[handler h]\nevents = x\nkind = webhook\nurl = http://127.0.0.1:9/\nheader.X-Tenant-Id = tenant-pw-value\n');
+  // An open for writing of a FIFO without a reader waits for one: the proxy must not.
+  const t0 = Date.now();
+  const child = spawn(H.proxyBin(), ['-c', ini], { stdio: ['ignore', 'ignore', 'pipe'] });
+  t.after(() => child.kill('SIGKILL'));
+  let err = '';
+  child.stderr.on('data', (d) => { err += d; });
+  const code = await Promise.race([new Promise((resolve) => child.once('exit', resolve)), H.sleep(3000).then(() => 'still running')]);
+  const ms = Date.now() - t0;
+  assert.notEqual(code, 'still running', `the proxy still waits on the FIFO after ${ms} ms`);
+  assert.equal(code, 1);
+  assert.ok(ms < 1000, `refused after ${ms} ms`);
+  assert.match(err, /log_file.*not a regular file/);
+  // --check-config (which opens no log file) prints no header value.
+  const ok = require('node:child_process').spawnSync(H.proxyBin(), ['-c', ini, '--check-config'], { encoding: 'utf8', timeout: 5000 });
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /^header\.X-Tenant-Id = \*{8}$/m);
+  assert.doesNotMatch(ok.stdout + ok.stderr, /tenant-pw-value/);
+});
+
 test('a stalled log reader does not stop forwarding; dropped lines are counted', { timeout: 120000 }, async (t) => {
   const up = await H.startUpstream();
   t.after(() => up.stop());
