@@ -15,6 +15,7 @@
  */
 #include "base/config.h"
 #include "base/config_private.h"
+#include "base/authfile.h"
 
 #include <ctype.h>
 #include <string.h>
@@ -40,15 +41,38 @@ secrets_add (config_t *cfg, const char *s, size_t len)
 
 static int hex_value (char c);
 
+/* `s[0..len)` percent-decoded into a new string (*n its length); free
+ * with bson_zero_free (len + 1). */
+static char *
+percent_decoded (const char *s, size_t len, size_t *n)
+{
+   char *out = bson_malloc (len + 1);
+
+   *n = 0;
+   for (const char *p = s; p < s + len; p++) {
+      if (*p == '%' && p + 2 < s + len && hex_value (p[1]) >= 0 && hex_value (p[2]) >= 0) {
+         out[(*n)++] = (char) (hex_value (p[1]) * 16 + hex_value (p[2]));
+         p += 2;
+      } else {
+         out[(*n)++] = *p;
+      }
+   }
+   out[*n] = '\0'; /* secrets_add copies with bson_strndup, which reads up to it */
+   return out;
+}
+
 /* The password (or the token: user information without ':') of a URL,
- * as written and percent-decoded: a library's message may quote either. */
+ * as written and percent-decoded: a library's message may quote either.
+ * And the Basic credential curl sends for it, base64 of the decoded
+ * "user:password" (a token alone goes as "token:"): an endpoint that
+ * echoes the request puts it in the answer that lastError keeps. */
 static void
 secrets_add_url (config_t *cfg, const char *url)
 {
    const char *auth = url ? strstr (url, "://") : NULL;
-   const char *end, *at = NULL, *colon;
-   char *decoded;
-   size_t n = 0;
+   const char *end, *at = NULL, *colon, *user;
+   char *decoded, *duser, *basic, *b64;
+   size_t n = 0, nuser = 0, blen, ulen;
 
    if (!auth)
       return;
@@ -58,21 +82,30 @@ secrets_add_url (config_t *cfg, const char *url)
          at = end;
    if (!at)
       return;
+   user = auth;
    colon = memchr (auth, ':', (size_t) (at - auth));
    if (colon)
       auth = colon + 1;
    secrets_add (cfg, auth, (size_t) (at - auth));
-   decoded = bson_malloc ((size_t) (at - auth) + 1);
-   for (const char *p = auth; p < at; p++) {
-      if (*p == '%' && p + 2 < at && hex_value (p[1]) >= 0 && hex_value (p[2]) >= 0) {
-         decoded[n++] = (char) (hex_value (p[1]) * 16 + hex_value (p[2]));
-         p += 2;
-      } else {
-         decoded[n++] = *p;
-      }
-   }
-   decoded[n] = '\0'; /* secrets_add copies with bson_strndup, which reads up to it */
+   decoded = percent_decoded (auth, (size_t) (at - auth), &n);
    secrets_add (cfg, decoded, n);
+   /* Without ':', the user information is the user name, with an empty
+    * password. */
+   ulen = colon ? (size_t) (colon - user) : (size_t) (at - user);
+   duser = percent_decoded (user, ulen, &nuser);
+   blen = nuser + 1 + (colon ? n : 0);
+   basic = bson_malloc (blen + 1);
+   memcpy (basic, duser, nuser);
+   basic[nuser] = ':';
+   if (colon)
+      memcpy (basic + nuser + 1, decoded, n);
+   basic[blen] = '\0';
+   b64 = bson_malloc (4 * ((blen + 2) / 3) + 1);
+   if (authfile_b64_encode ((const uint8_t *) basic, blen, b64, 4 * ((blen + 2) / 3) + 1) > 0)
+      secrets_add (cfg, b64, strlen (b64));
+   bson_zero_free (b64, 4 * ((blen + 2) / 3) + 1);
+   bson_zero_free (basic, blen + 1);
+   bson_zero_free (duser, ulen + 1);
    bson_zero_free (decoded, (size_t) (at - auth) + 1);
 }
 

@@ -569,6 +569,12 @@ test_mask_free_text_secrets (void **state)
       {"url: 'http://x' is not nats://host:port or tls://host:port", "url: 'http://x' is not nats://host:port or tls://host:port"},
       {"nats: not connected to nats://127.0.0.1:4222", "nats: not connected to nats://127.0.0.1:4222"},
       {"at http://[::1]:8080", "at http://[::1]:8080"},
+      /* The Basic credential curl sends for a url's user:password (base64 of
+       * the decoded "relay:pa@ss-w0rd"), as an endpoint that echoes the
+       * request quotes it in lastError; whole, and cut within it. */
+      {"HTTP 400: {\"authorization\": \"Basic cmVsYXk6cGFAc3MtdzByZA==\"}", "HTTP 400: {\"authorization\": \"Basic ********\"}"},
+      {"HTTP 400: echo Authorization: Basic cmVsYXk6cGFAc3Mt", "HTTP 400: echo Authorization: Basic ********"},
+      {"Basic dTphYg==", "Basic ********"},
    };
    config_t *cfg = parse_ok ("[admin]\ntoken = admin-t0ken-xyz\n"
                              "[handler h]\nevents = a\nkind = webhook\nurl = http://relay:pa%40ss-w0rd@x/\n"
