@@ -5,8 +5,10 @@
 // (rabbitmq-server with a user and password in the URL), Kafka (librdkafka's
 // mock cluster, SASL settings with a password) and a webhook (user
 // information in its URL, and a signing secret).  Every broker is taken down
-// and the webhook's endpoint answers 503 quoting the URL it was called by, as
-// a gateway's error page does; every delivery fails and is buried.  Then the
+// and the webhook's endpoint answers 503 echoing the request's Authorization
+// header (the Basic credential, base64 of user:password) and quoting the URL
+// it was called by, as a gateway's error page does; every delivery fails and
+// is buried.  Then the
 // passwords and the secret are searched for in every document of the outbox
 // (read from the upstream directly), in every answer of the admin port
 // (/api/*, /readyz, /metrics, the dashboard page) and in every log line:
@@ -42,12 +44,14 @@ function assertNoSecret(text, where, secrets) {
     assert.ok(!text.includes(s), `the ${name} secret appears in ${where}: ...${text.slice(Math.max(0, text.indexOf(s) - 200), text.indexOf(s) + 60)}...`);
 }
 
-// An endpoint that fails every request with an error page quoting the URL
+// An endpoint that fails every request with an error page echoing the request's Authorization
+// header (the Basic credential curl made of the URL's user and password) and quoting the URL
 // it was called by, credentials included (a gateway's "upstream refused").
 async function startQuotingEndpoint() {
   const server = http.createServer((req, res) => {
     req.resume();
-    req.on('end', () => res.writeHead(503, { 'content-type': 'text/plain' }).end(`upstream ${server.quotedUrl} refused the request`));
+    req.on('end', () => res.writeHead(503, { 'content-type': 'text/plain' })
+      .end(`authorization: ${req.headers.authorization}; upstream ${server.quotedUrl} refused the request`));
   });
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   server.quotedUrl = `http://hook:${PASSWORDS.webhook}@127.0.0.1:${server.address().port}/in`;
@@ -65,7 +69,10 @@ test('a failing delivery keeps no password or secret in the outbox, the admin po
   ]);
   cleanups.push(() => nats.close(), () => rabbit.close(), () => kafka.close(), () => new Promise((r) => endpoint.close(r)));
   const secret = newSecret();
-  const secrets = { ...PASSWORDS, 'webhook signing': secret, 'webhook signing key': secret.slice('whsec_'.length) };
+  const secrets = {
+    ...PASSWORDS, 'webhook signing': secret, 'webhook signing key': secret.slice('whsec_'.length),
+    'webhook Basic credential': Buffer.from(`hook:${PASSWORDS.webhook}`).toString('base64'),
+  };
 
   const db = uniqueDbName('tenants_secrets');
   const adminPort = await freePort();
@@ -104,7 +111,10 @@ test('a failing delivery keeps no password or secret in the outbox, the admin po
   for (const d of await deliveries.find().toArray()) {
     assert.ok(d.lastError, `${d.handler}: a lastError`);
     if (d.handler === 'nats') assert.match(d.lastError, /nats:\/\/relay:\*{8}@127\.0\.0\.1/, 'the NATS URL, masked');
-    if (d.handler === 'webhook') assert.match(d.lastError, /http:\/\/hook:\*{8}@127\.0\.0\.1/, "the endpoint's quoted URL, masked");
+    if (d.handler === 'webhook') {
+      assert.match(d.lastError, /authorization: Basic \*{8}; /, 'the echoed Basic credential, masked');
+      assert.match(d.lastError, /http:\/\/hook:\*{8}@127\.0\.0\.1/, "the endpoint's quoted URL, masked");
+    }
   }
 
   // Every document of every outbox collection.
