@@ -596,30 +596,25 @@ owners_note_request (client_conn_t *c, const bson_t *body, const char *cmd)
 
 /* ------------------------------------------------------------ pins */
 
-/* A user's count of pinned connections, changed by `delta`.  An entry
- * lives while its count is not 0; with no room for it (a neighbourhood of
- * live sessions), that pin goes uncounted. */
+/* The count of entry (`kind`, `key`) of `user`, changed by `delta` (0:
+ * read): a user's pinned connections (OWNED_PINS) or a transaction's
+ * (OWNED_TXN).  An entry lives while its count is not 0; with no room for
+ * it (a neighbourhood of live sessions), the change goes uncounted. */
 static unsigned
-pins_op (uint64_t user, int delta)
+count_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, int delta)
 {
-   uint8_t key[16];
-   uint64_t h;
-   stripe_t *st;
-   entry_t *hit = NULL, *free_slot = NULL, *lru = NULL;
+   uint64_t h = key_hash (key);
+   stripe_t *st = &stripes[h % OWNERS_STRIPES];
+   entry_t *hit, *free_slot = NULL, *lru = NULL;
    int64_t now = clock_mono_ms ();
-   unsigned pins = 0;
+   unsigned n = 0;
 
-   if (!user)
-      return 0;
-   id_key ((int64_t) user, key);
-   h = key_hash (key);
-   st = &stripes[h % OWNERS_STRIPES];
    pthread_once (&tables_once, tables_init);
    pthread_mutex_lock (&st->mu);
-   hit = probe (st, h, OWNED_PINS, key, now, &free_slot, &lru);
+   hit = probe (st, h, kind, key, now, &free_slot, &lru);
    if (!hit && delta > 0 && (hit = free_slot ? free_slot : lru)) {
       memcpy (hit->key, key, 16);
-      hit->kind = OWNED_PINS;
+      hit->kind = (uint8_t) kind;
       hit->user = user;
       hit->pins = 0;
    }
@@ -629,12 +624,24 @@ pins_op (uint64_t user, int delta)
       else
          hit->pins = (unsigned) ((int64_t) hit->pins + delta);
       hit->used_ms = now;
-      pins = hit->pins;
-      if (pins == 0)
+      n = hit->pins;
+      if (n == 0)
          hit->kind = OWNED_FREE;
    }
    pthread_mutex_unlock (&st->mu);
-   return pins;
+   return n;
+}
+
+/* A user's count of pinned connections, changed by `delta`. */
+static unsigned
+pins_op (uint64_t user, int delta)
+{
+   uint8_t key[16];
+
+   if (!user)
+      return 0;
+   id_key ((int64_t) user, key);
+   return count_op (OWNED_PINS, key, user, delta);
 }
 
 unsigned
@@ -658,42 +665,6 @@ txn_key (uint64_t user, const uint8_t lsid[16], int64_t txn_number, uint8_t key[
    memcpy (key + 8, &user, 8);
 }
 
-/* The count of pool connections transaction `key` pins, changed by
- * `delta` (0: read).  An entry lives while its count is not 0; with no
- * room for it, the pin goes unrecorded here (the user's count still has
- * it). */
-static unsigned
-txn_op (uint64_t user, const uint8_t key[16], int delta)
-{
-   uint64_t h = key_hash (key);
-   stripe_t *st = &stripes[h % OWNERS_STRIPES];
-   entry_t *hit, *free_slot = NULL, *lru = NULL;
-   int64_t now = clock_mono_ms ();
-   unsigned pins = 0;
-
-   pthread_once (&tables_once, tables_init);
-   pthread_mutex_lock (&st->mu);
-   hit = probe (st, h, OWNED_TXN, key, now, &free_slot, &lru);
-   if (!hit && delta > 0 && (hit = free_slot ? free_slot : lru)) {
-      memcpy (hit->key, key, 16);
-      hit->kind = OWNED_TXN;
-      hit->user = user;
-      hit->pins = 0;
-   }
-   if (hit) {
-      if (delta < 0 && hit->pins < (unsigned) -delta)
-         hit->pins = 0;
-      else
-         hit->pins = (unsigned) ((int64_t) hit->pins + delta);
-      hit->used_ms = now;
-      pins = hit->pins;
-      if (pins == 0)
-         hit->kind = OWNED_FREE;
-   }
-   pthread_mutex_unlock (&st->mu);
-   return pins;
-}
-
 void
 owners_pin (uint64_t user, const uint8_t lsid[16], int64_t txn_number, bool on)
 {
@@ -703,7 +674,7 @@ owners_pin (uint64_t user, const uint8_t lsid[16], int64_t txn_number, bool on)
       return;
    (void) pins_op (user, on ? 1 : -1);
    txn_key (user, lsid, txn_number, key);
-   (void) txn_op (user, key, on ? 1 : -1);
+   (void) count_op (OWNED_TXN, key, user, on ? 1 : -1);
 }
 
 bool
@@ -714,7 +685,7 @@ owners_txn_pinned (uint64_t user, const uint8_t lsid[16], int64_t txn_number)
    if (!user)
       return false;
    txn_key (user, lsid, txn_number, key);
-   return txn_op (user, key, 0) > 0;
+   return count_op (OWNED_TXN, key, user, 0) > 0;
 }
 
 

@@ -109,6 +109,17 @@ outbox_guard_is_outbox (const outbox_guard_ns_t *ns, const char *db, size_t db_l
    return false;
 }
 
+/* Is `db` the outbox database?  Then say so in `why`, "<what> <db>". */
+static bool
+db_hit (guard_t *g, const char *what, const char *db, size_t db_len)
+{
+   if (!db || strlen (g->ns->database) != db_len || memcmp (g->ns->database, db, db_len) != 0)
+      return false;
+   if (g->why && g->why_len > 0)
+      bson_snprintf (g->why, g->why_len, "%s %s", what, g->ns->database);
+   return true;
+}
+
 /* Is db.coll an outbox collection?  Then say so in `why`: "<what>
  * <db>.<coll>", `what` naming the command and how it touches the
  * collection ("insert on", "aggregate $out into", "renameCollection from"). */
@@ -360,12 +371,7 @@ check (guard_t *g, const bson_t *body, const wire_sequence_t *seqs, uint32_t nse
          return iter_str (&it, &s, &len) && hit (g, what, db, db_len, s, len);
       }
       case GUARD_DATABASE:
-         if (db && strlen (g->ns->database) == db_len && memcmp (g->ns->database, db, db_len) == 0) {
-            if (g->why && g->why_len > 0)
-               bson_snprintf (g->why, g->why_len, "dropDatabase of %s", g->ns->database);
-            return true;
-         }
-         return false;
+         return db_hit (g, "dropDatabase of", db, db_len);
       case GUARD_AGGREGATE:
          return aggregate_hit (g, body, db, db_len);
       case GUARD_MAPREDUCE:
@@ -578,11 +584,8 @@ reads (guard_t *g, const bson_t *body, const char *db, size_t db_len, int depth)
       if (!iter_str (&it, &s, &len) && change_stream (body, &cluster)) {
          /* A database's change stream sees every collection of it; a
           * cluster's, every database. */
-         if (db && strlen (g->ns->database) == db_len && memcmp (g->ns->database, db, db_len) == 0) {
-            if (g->why && g->why_len > 0)
-               bson_snprintf (g->why, g->why_len, "a change stream on database %s", g->ns->database);
+         if (db_hit (g, "a change stream on database", db, db_len))
             return true;
-         }
          if (cluster) {
             if (g->why && g->why_len > 0)
                bson_snprintf (g->why, g->why_len, "a change stream on the whole cluster (it shows %s)", g->ns->database);
