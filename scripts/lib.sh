@@ -68,19 +68,81 @@ boot_links_restore() {
 	fi
 }
 
-# node_ensure: Node.js 20 or newer with npm.  A machine may have Node.js
-# from another source (its nodejs package then bundles npm, and Debian's npm
-# package would conflict with it), so only install when the commands are
-# missing.
-node_ensure() {
-	if command -v node >/dev/null && command -v npm >/dev/null; then
-		local major
-		major=$(node -p 'process.versions.node.split(".")[0]')
-		[ "$major" -ge 20 ] && return 0
-		say "Node.js $major is too old: the test suite needs 20 or newer (mongodb driver 7)"
-		return 1
+# The Node.js the test suite and the server double need: the mongodb driver
+# 7, bson 7 and mongoose 9 of tests/package.json require 20.19 or later.
+RELAYBUS_NODE_MIN=20.19
+# Where node_ensure puts a Node.js of its own when the machine's is older (or
+# missing): Debian 12 ships 18.20.  It comes from the npm registry, as the
+# package node-linux-<arch> (the official build: bin/node and the headers
+# that native modules compile against), at this version and checksum.
+RELAYBUS_NODE_DIR="$RELAYBUS_TOP/build-node"
+RELAYBUS_NODE_VERSION=20.20.2
+declare -A RELAYBUS_NODE_INTEGRITY=(
+	[x64]=sha512-PeHQM8wAdmHtZA1mBocygZxs5LiUWtsJezQTkBd0iY987KpGrD1O2tVEydvMZiuXceRanxt7rjTnDEBwOPujoQ==
+	[arm64]=sha512-LCXJnNTFiyGuYBw2gZSI5OBFMbkjAPt8sqD/NKrWoE2QmDgSubTqFng6GaNJ9EJ8HpxBMGcWWpbbcs4Vo+CnGg==
+)
+
+# node_version_ok [NODE]: whether NODE (default: node on PATH) runs and is
+# RELAYBUS_NODE_MIN or later.
+node_version_ok() {
+	local node=${1:-node}
+	"$node" -e '
+		const [a, b] = process.argv[1].split(".").map(Number);
+		const [x, y] = process.versions.node.split(".").map(Number);
+		process.exit(x > a || (x === a && y >= b) ? 0 : 1);' "$RELAYBUS_NODE_MIN" 2>/dev/null
+}
+
+# node_local_install: puts node-linux-<arch>@RELAYBUS_NODE_VERSION from the
+# npm registry into RELAYBUS_NODE_DIR (its bin/node and include/node), with
+# the npm of Debian's npm package (on the machine's older Node.js), after
+# checking the tarball against the checksum above.
+node_local_install() {
+	local arch tmp tgz got
+	case "$(uname -m)" in
+	x86_64) arch=x64 ;;
+	aarch64) arch=arm64 ;;
+	*) say "no Node.js $RELAYBUS_NODE_MIN or later here, and none to fetch for $(uname -m): install one"; return 1 ;;
+	esac
+	say "Node.js $(node --version 2>/dev/null || echo "(none)") is older than $RELAYBUS_NODE_MIN (the mongodb driver 7 needs it):"
+	say "installing Node.js $RELAYBUS_NODE_VERSION from the npm registry (node-linux-$arch) into ${RELAYBUS_NODE_DIR#$RELAYBUS_TOP/}/"
+	tmp=$(mktemp -d) || return 1
+	if ! (cd "$tmp" && npm pack --silent "node-linux-$arch@$RELAYBUS_NODE_VERSION" >/dev/null); then
+		rm -rf "$tmp"; say "npm pack node-linux-$arch@$RELAYBUS_NODE_VERSION failed"; return 1
 	fi
-	apt_ensure nodejs npm
+	tgz="$tmp/node-linux-$arch-$RELAYBUS_NODE_VERSION.tgz"
+	got="sha512-$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)"
+	if [ "$got" != "${RELAYBUS_NODE_INTEGRITY[$arch]}" ]; then
+		rm -rf "$tmp"; say "node-linux-$arch@$RELAYBUS_NODE_VERSION: checksum $got is not the expected one"; return 1
+	fi
+	rm -rf "$RELAYBUS_NODE_DIR" && mkdir -p "$RELAYBUS_NODE_DIR" \
+		&& tar -C "$RELAYBUS_NODE_DIR" --strip-components=1 -xzf "$tgz" package/bin package/include \
+		|| { rm -rf "$tmp"; return 1; }
+	rm -rf "$tmp"
+	node_version_ok "$RELAYBUS_NODE_DIR/bin/node"
+}
+
+# node_ensure: Node.js RELAYBUS_NODE_MIN or later, and npm, on PATH.  The
+# machine's node when it is recent enough; otherwise the one of
+# RELAYBUS_NODE_DIR (installed the first time), put first on PATH, with
+# npm_config_nodedir naming its headers so that native modules build for it.
+# A machine may have Node.js from another source (its nodejs package then
+# bundles npm, and Debian's npm package would conflict with it), so Debian's
+# nodejs and npm are only installed when the commands are missing.
+node_ensure() {
+	if node_version_ok && command -v npm >/dev/null; then
+		return 0
+	fi
+	if [ -x "$RELAYBUS_NODE_DIR/bin/node" ] && node_version_ok "$RELAYBUS_NODE_DIR/bin/node"; then
+		:
+	else
+		if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+			apt_ensure nodejs npm openssl ca-certificates || return 1
+		fi
+		node_local_install || return 1
+	fi
+	export PATH="$RELAYBUS_NODE_DIR/bin:$PATH"
+	export npm_config_nodedir="$RELAYBUS_NODE_DIR"
+	say "using Node.js $(node --version) of ${RELAYBUS_NODE_DIR#$RELAYBUS_TOP/}/ (put $RELAYBUS_NODE_DIR/bin first on PATH to use it yourself)"
 }
 
 # npm_ensure: the Node.js packages of tests/ (server double, drivers), from
