@@ -183,9 +183,20 @@ run_config() {
 	done <"$sample"
 }
 
+# configured_in_place: whether ./configure ran in the source folder itself
+# (README.md's build by hand).  configure then refuses an out-of-tree build
+# ("source directory already configured"), and make there would mix the
+# folder's objects into it.
+configured_in_place() { [ -f "$RELAYBUS_TOP/config.status" ]; }
+
 # build DIR [CONFIGURE-ARGS...]: configures (once) and builds out of tree.
 build() {
 	local dir=$1; shift
+	if configured_in_place; then
+		say "the source folder is configured in place (./configure ran there): ${dir#$RELAYBUS_TOP/}/ cannot be built beside it"
+		say "run 'make distclean' at the top of the clone first (scripts/run uses the build in place as it is)"
+		return 1
+	fi
 	if [ ! -x "$RELAYBUS_TOP/configure" ] || [ "$RELAYBUS_TOP/configure.ac" -nt "$RELAYBUS_TOP/configure" ] \
 		|| [ "$RELAYBUS_TOP/Makefile.am" -nt "$RELAYBUS_TOP/Makefile.in" ]; then
 		say "autoreconf"
