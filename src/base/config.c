@@ -194,7 +194,7 @@ static const config_key_t config_key_table[] = {
    D ("watch", B, "true", 0, 0, false, dispatch_watch,
       "Watch new deliveries with a change stream, so a commit through any proxy wakes this one at once; false: polling only."),
 
-   A ("listen", S, "127.0.0.1:9187", 0, 0, false, admin_listen,
+   A ("listen", S, "127.0.0.1:27118", 0, 0, false, admin_listen,
       "Admin HTTP listener host:port; empty disables the admin port."),
    A ("token", S, "", 0, 0, true, admin_token,
       "Bearer token required on /api/* and /metrics; empty: no authentication."),

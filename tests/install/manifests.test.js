@@ -141,7 +141,7 @@ test("the ConfigMap's configuration runs: probes answer the kubelet without a to
   const [pport, aport] = [await freePort(), await freePort()];
   const local = ini.split(mount).join(dir)
     .replace(/^listen = 0\.0\.0\.0:27018$/m, `listen = 127.0.0.1:${pport}`)
-    .replace(/^listen = 0\.0\.0\.0:9187$/m, `listen = 127.0.0.1:${aport}`);
+    .replace(/^listen = 0\.0\.0\.0:27118$/m, `listen = 127.0.0.1:${aport}`);
   fs.writeFileSync(path.join(dir, 'relaybus-proxy.ini'), local, { mode: 0o640 });
   const err = path.join(dir, 'proxy.stderr');
   const fd = fs.openSync(err, 'a');

@@ -64,7 +64,7 @@ test_defaults (void **state)
    assert_string_equal (cfg->outbox_database, "relaybus");
    assert_string_equal (cfg->collection_prefix, "relaybus_");
    assert_true (cfg->dispatch_enabled);
-   assert_string_equal (cfg->admin_listen, "127.0.0.1:9187");
+   assert_string_equal (cfg->admin_listen, "127.0.0.1:27118");
    assert_string_equal (cfg->admin_token, "");
    assert_int_equal (cfg->max_clients, 10000);
    assert_string_equal (cfg->compressors, "snappy,zlib,zstd");
@@ -110,7 +110,7 @@ test_design_example (void **state)
       "enabled = true\n"
       "\n"
       "[admin]\n"
-      "listen = 127.0.0.1:9187\n"
+      "listen = 127.0.0.1:27118\n"
       "token =                           ; empty: no authentication (loopback only)\n"
       "\n"
       "[handler send-confirmation]\n"
@@ -525,7 +525,7 @@ test_mask (void **state)
       {"token", "s3cret-token", "********"},
       {"secret", "whsec_c2VjcmV0c2VjcmV0", "********"},
       {"token", "", ""},
-      {"listen", "127.0.0.1:9187", "127.0.0.1:9187"},
+      {"listen", "127.0.0.1:27118", "127.0.0.1:27118"},
       /* A key's value is one URL, spaces included; a message may hold
        * several, each ending at white space or a quote. */
       {"upstream", "mongodb://app:pa ss@db1/", "mongodb://app:********@db1/"},
