@@ -32,6 +32,7 @@
 #include <cmocka.h>
 #include <openssl/evp.h>
 
+#include "autoconf.h"
 #include "base/config.h"
 #include "admin/render.h"
 #include "base/outbox.h"
@@ -863,6 +864,64 @@ test_sample_request_verifies (void **state)
    free (doc);
 }
 
+/* ------------------------------------------------------------ versions */
+
+/* Whether `doc` (read from `file`) holds `needle`; a problem otherwise. */
+static void
+want_text (problems_t *p, const char *file, const char *doc, const char *needle, const char *what)
+{
+   if (!doc)
+      problem (p, "%s: cannot be read", file);
+   else if (!strstr (doc, needle))
+      problem (p, "%s: %s (no \"%s\")", file, what, needle);
+}
+
+/* One version: what configure.ac declares (PACKAGE_VERSION, which
+ * --version, relaybus_build_info and the handshake print) is the first
+ * entry of debian/changelog, the first version section of CHANGELOG.md,
+ * the image the Kubernetes manifest runs and the file names of
+ * docs/deployment.md; and the upgrade text of outbox-schema.md names it. */
+static void
+test_one_version (void **state)
+{
+   problems_t p = {0};
+   char *configure = read_file (RELAYBUS_TOP_SRCDIR "/configure.ac");
+   char *debian = read_file (RELAYBUS_TOP_SRCDIR "/debian/changelog");
+   char *changelog = read_file (RELAYBUS_TOP_SRCDIR "/CHANGELOG.md");
+   char *manifest = read_file (RELAYBUS_TOP_SRCDIR "/deploy/kubernetes/deployment.yaml");
+   char *deployment = read_file (RELAYBUS_TOP_SRCDIR "/docs/deployment.md");
+   char *schema = read_file (RELAYBUS_TOP_SRCDIR "/docs/outbox-schema.md");
+   char buf[256];
+   const char *first;
+
+   (void) state;
+   snprintf (buf, sizeof buf, "AC_INIT([relaybus-proxy], [%s]", PACKAGE_VERSION);
+   want_text (&p, "configure.ac", configure, buf, "does not declare the version the build has");
+   snprintf (buf, sizeof buf, "relaybus-proxy (%s) ", PACKAGE_VERSION);
+   if (!debian || strncmp (debian, buf, strlen (buf)) != 0)
+      problem (&p, "debian/changelog: its first entry is not \"%s\"", buf);
+   first = changelog ? strstr (changelog, "\n## ") : NULL;
+   snprintf (buf, sizeof buf, "\n## %s ", PACKAGE_VERSION);
+   if (!first || strncmp (first, buf, strlen (buf)) != 0)
+      problem (&p, "CHANGELOG.md: its first version section is not \"## %s\"", PACKAGE_VERSION);
+   if (changelog && strstr (changelog, "\n## Unreleased"))
+      problem (&p, "CHANGELOG.md: an \"Unreleased\" section beside the current version's");
+   snprintf (buf, sizeof buf, "image: relaybus-proxy:%s\n", PACKAGE_VERSION);
+   want_text (&p, "deploy/kubernetes/deployment.yaml", manifest, buf, "does not run this version's image");
+   want_text (&p, "docs/deployment.md", deployment, buf, "shows another version's image");
+   snprintf (buf, sizeof buf, "relaybus-proxy_%s_amd64.deb", PACKAGE_VERSION);
+   want_text (&p, "docs/deployment.md", deployment, buf, "names another version's package");
+   snprintf (buf, sizeof buf, "to %s", PACKAGE_VERSION);
+   want_text (&p, "docs/outbox-schema.md", schema, buf, "the upgrade of the lanes does not name the version it leads to");
+   problems_check (&p);
+   free (configure);
+   free (debian);
+   free (changelog);
+   free (manifest);
+   free (deployment);
+   free (schema);
+}
+
 int
 main (void)
 {
@@ -872,6 +931,7 @@ main (void)
       cmocka_unit_test (test_endpoints_documented),
       cmocka_unit_test (test_alerts_documented),
       cmocka_unit_test (test_sample_request_verifies),
+      cmocka_unit_test (test_one_version),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);
