@@ -206,13 +206,13 @@ static const config_key_t config_key_table[] = {
       "PEM private key of [admin] tls_cert_file."),
 
    T ("otlp_endpoint", S, "", 0, 0, false, tracing_otlp_endpoint,
-      "Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (http://host:4318): spans are POSTed as JSON to <otlp_endpoint>/v1/traces. Empty: no spans are exported and trace context passes through unchanged."),
+      "Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (http://host:4318): spans are POSTed as JSON to <otlp_endpoint>/v1/traces. Empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT when set, else no spans are exported and trace context passes through unchanged."),
    T ("sample", S, "never", 0, 0, false, tracing_sample,
       "Whether a publish without a traceparent starts a trace of its own: never, always, or a ratio from 0 to 1 (0.1: one in ten)."),
-   T ("service_name", S, "relaybus-proxy", 0, 0, false, tracing_service_name,
-      "The service.name resource attribute of the exported spans."),
+   T ("service_name", S, "", 0, 0, false, tracing_service_name,
+      "The service.name resource attribute of the exported spans. Empty: OTEL_SERVICE_NAME, else relaybus-proxy."),
    T ("resource_attributes", L, "", 0, 0, false, tracing_resource_attributes,
-      "More resource attributes of the exported spans, as a list of key=value (deployment.environment=prod,service.namespace=shop)."),
+      "More resource attributes of the exported spans, as a list of key=value (deployment.environment=prod,service.namespace=shop); they win over OTEL_RESOURCE_ATTRIBUTES's of the same key."),
 
    H ("events", L, NULL, 0, 0, events,
       "Event types the handler takes: exact names, or a prefix ending in '*'."),

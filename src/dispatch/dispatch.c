@@ -635,6 +635,8 @@ job_emit_span (const job_t *j, const transport_result_t *res)
    trace_span_str (&s, "relaybus.handler.kind", hc->kind);
    trace_span_int (&s, "relaybus.attempt", j->d.attempt);
    trace_span_str (&s, "relaybus.outcome", transport_outcome_name (res->outcome));
+   if (http)
+      trace_span_http_client (&s, "POST", hc->url);
    if (res->http_status > 0)
       trace_span_int (&s, "http.response.status_code", res->http_status);
    if (res->outcome != TRANSPORT_OUTCOME_OK)

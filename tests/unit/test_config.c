@@ -81,7 +81,7 @@ test_tracing (void **state)
    (void) state;
    assert_string_equal (cfg->tracing_otlp_endpoint, "");
    assert_string_equal (cfg->tracing_sample, "never");
-   assert_string_equal (cfg->tracing_service_name, "relaybus-proxy");
+   assert_string_equal (cfg->tracing_service_name, "");
    config_release (cfg);
    cfg = parse_ok ("[tracing]\notlp_endpoint = http://otel:4318\nsample = 0.25\nresource_attributes = a=1, b=2\n");
    assert_string_equal (cfg->tracing_otlp_endpoint, "http://otel:4318");
