@@ -52,6 +52,32 @@ static void log_stop (void);
 /* "error", "warn", "info", "debug". */
 static const char *log_level_name (log_level_t level);
 
+/* log_set_trace's ids as hex; "" when none is set. */
+static _Thread_local char log_trace_id[33], log_span_id[17];
+
+static void
+hex_into (char *out, const uint8_t *in, size_t n)
+{
+   static const char digits[] = "0123456789abcdef";
+
+   for (size_t i = 0; i < n; i++) {
+      out[2 * i] = digits[in[i] >> 4];
+      out[2 * i + 1] = digits[in[i] & 15];
+   }
+   out[2 * n] = '\0';
+}
+
+void
+log_set_trace (const uint8_t *trace_id, const uint8_t *span_id)
+{
+   if (!trace_id || !span_id) {
+      log_trace_id[0] = log_span_id[0] = '\0';
+      return;
+   }
+   hex_into (log_trace_id, trace_id, 16);
+   hex_into (log_span_id, span_id, 8);
+}
+
 #define LOG_LINE_MAX 2048
 /* "2026-11-30T11:05:18.123Z error [thread] ": 24 + 7 + 15 + 3, rounded up. */
 #define LOG_PREFIX_MAX 64
@@ -574,6 +600,13 @@ format_json (char *out, size_t cap, const char *stamp, log_level_t level, const 
       json_lit (out, cap, &o, num);
       json_lit (out, cap, &o, ",\"peer\":\"");
       json_str (out, cap, &o, peer, peer_len);
+      json_lit (out, cap, &o, "\"");
+   }
+   if (log_trace_id[0]) {
+      json_lit (out, cap, &o, ",\"trace_id\":\"");
+      json_lit (out, cap, &o, log_trace_id);
+      json_lit (out, cap, &o, "\",\"span_id\":\"");
+      json_lit (out, cap, &o, log_span_id);
       json_lit (out, cap, &o, "\"");
    }
    json_lit (out, cap, &o, ",\"msg\":\"");

@@ -386,6 +386,37 @@ test_journal_priorities (void **state)
    log_set_level (LOG_LEVEL_INFO);
 }
 
+static void
+log_with_trace (void)
+{
+   static const uint8_t trace_id[16] = {0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6,
+                                        0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36};
+   static const uint8_t span_id[8] = {0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7};
+
+   log_set_trace (trace_id, span_id);
+   log_warn ("dispatch: hook delivery d1 attempt 1 failed");
+   log_set_trace (NULL, NULL);
+   log_info ("dispatch: not about an event");
+}
+
+/* A JSON line about an event carries its trace_id and span_id (OpenTelemetry's
+ * log fields), so a log backend links it to the trace; other lines do not. */
+static void
+test_log_trace_ids (void **state)
+{
+   const char *out, *second;
+
+   (void) state;
+   log_set_format (LOG_FORMAT_JSON);
+   out = capture (log_with_trace);
+   log_set_format (LOG_FORMAT_TEXT);
+   second = strchr (out, '\n');
+   assert_non_null (second);
+   assert_non_null (strstr (out, "\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\",\"span_id\":\"00f067aa0ba902b7\",\"msg\":\"dispatch: hook delivery d1"));
+   assert_true (strstr (out, "trace_id") < second);
+   assert_null (strstr (second, "trace_id"));
+}
+
 int
 main (void)
 {
@@ -397,6 +428,7 @@ main (void)
       cmocka_unit_test (test_log_json),
       cmocka_unit_test (test_log_file_trust),
       cmocka_unit_test (test_journal_priorities),
+      cmocka_unit_test (test_log_trace_ids),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }
