@@ -1242,6 +1242,38 @@ config_set_kafka_line (
    return config_add_kafka_prop (h, name, value, why, why_len);
 }
 
+/* A check made once the whole file is read (a value's meaning, two keys
+ * together) names its key as "[section] key..."; when the file set that
+ * key, the message gets the key's FILE:LINE as every parse error has it
+ * (docs/configuration.md promises FILE:LINE for a value out of limits). */
+static void
+config_error_add_line (bson_error_t *error, const char *origin, const int *key_line)
+{
+   size_t olen = strlen (origin), slen, klen;
+   const char *msg = error->message, *sec, *key;
+   char buf[sizeof error->message];
+
+   if (strncmp (msg, origin, olen) != 0 || strncmp (msg + olen, ": [", 3) != 0)
+      return;
+   sec = msg + olen + 3;
+   slen = strcspn (sec, "]");
+   if (sec[slen] != ']' || sec[slen + 1] != ' ')
+      return;
+   key = sec + slen + 2;
+   klen = strcspn (key, ": ");
+   for (size_t i = 0; i < sizeof config_key_table / sizeof config_key_table[0]; i++) {
+      const config_key_t *k = &config_key_table[i];
+      const char *sname = config_section_names[k->section];
+
+      if (k->section == CONFIG_SECTION_HANDLER || key_line[i] <= 0 || strlen (sname) != slen ||
+          strncmp (sname, sec, slen) != 0 || strlen (k->name) != klen || strncmp (k->name, key, klen) != 0)
+         continue;
+      snprintf (buf, sizeof buf, "%s:%d: %s", origin, key_line[i], msg + olen + 2);
+      bson_strncpy (error->message, buf, sizeof error->message);
+      return;
+   }
+}
+
 config_t *
 config_parse_string (const char *text, const char *origin, bson_error_t *error)
 {
@@ -1251,12 +1283,15 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
    bool in_section = false;
    /* Which keys of the current section were set, to refuse duplicates. */
    bool seen[sizeof config_key_table / sizeof config_key_table[0]];
+   /* The line that set each key outside [handler]s (0: not set). */
+   int key_line[sizeof config_key_table / sizeof config_key_table[0]];
    char *copy = bson_strdup (text);
    char *save = NULL;
    int line = 0;
    bool ok = false;
 
    memset (seen, 0, sizeof seen);
+   memset (key_line, 0, sizeof key_line);
    cfg->path = bson_strdup (origin);
 
    for (char *p = copy; p; p = save) {
@@ -1367,6 +1402,8 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
          goto done;
       }
       seen[k - config_key_table] = true;
+      if (section != CONFIG_SECTION_HANDLER)
+         key_line[k - config_key_table] = line;
       if (k->flags & CONFIG_KEY_FILE_FORM) {
          if (!config_set_from_file (cfg, target, k, value, seen, why, sizeof why)) {
             config_error (error, origin, line, "%s: %s", key, why);
@@ -1382,6 +1419,8 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
          config_note_inline_secret (cfg, k->name, value);
    }
    ok = config_validate (cfg, origin, error);
+   if (!ok)
+      config_error_add_line (error, origin, key_line);
 
 done:
    bson_free (copy);

@@ -158,6 +158,18 @@ test_errors_name_line_and_key (void **state)
                 "cannot read '/nonexistent.pem'");
    parse_fails ("[outbox]\ndatabase = bad name\n", "[outbox] database");
    parse_fails ("[proxy]\n[proxy]\nmax_clients = 3\n[proxy]\n", "appears twice");
+   /* Values checked once the whole file is read name their line too. */
+   parse_fails ("[proxy]\nmax_clients = 5\npool_mode = both\n", "test.ini:3: [proxy] pool_mode: 'both' is not session or pooled");
+   parse_fails ("[proxy]\nlog_level = loud\n", "test.ini:2: [proxy] log_level: 'loud'");
+   parse_fails ("[proxy]\n\nlog_format = xml\n", "test.ini:3: [proxy] log_format: 'xml'");
+   parse_fails ("[proxy]\nlog_file = relative.log\n", "test.ini:2: [proxy] log_file: 'relative.log' is not an absolute path");
+   parse_fails ("[outbox]\nshard_collections = maybe\n", "test.ini:2: [outbox] shard_collections: 'maybe'");
+   parse_fails ("[outbox]\nunrouted = drop\n", "test.ini:2: [outbox] unrouted: 'drop'");
+   parse_fails ("[admin]\n[outbox]\ndatabase = bad name\n", "test.ini:3: [outbox] database: 1-63 characters");
+   parse_fails ("[tracing]\nsample = often\n", "test.ini:2: [tracing] sample: 'often'");
+   parse_fails ("[tracing]\nsample = never\notlp_endpoint = ftp://x\n", "test.ini:3: [tracing] otlp_endpoint: 'ftp://x'");
+   parse_fails ("[tracing]\nresource_attributes = a\n", "test.ini:2: [tracing] resource_attributes: 'a' is not key=value");
+   parse_fails ("[proxy]\ntls_cert_file = /etc/hostname\n", "test.ini:2: [proxy] tls_cert_file and tls_key_file go together");
 }
 
 static void
