@@ -97,6 +97,7 @@ typedef struct {
    listener_t *listener;
    struct event *sig_hup, *sig_term, *sig_int, *sig_usr1;
    struct event *watchdog; /* WATCHDOG=1 to the service manager, from this loop */
+   struct event *extend;   /* EXTEND_TIMEOUT_USEC while the start waits for a primary */
    bool stopping;
    bool closed; /* a second stop signal closed every connection */
    bool ready_sent; /* READY=1 sent: listening, and the primary known */
@@ -324,6 +325,33 @@ proxy_notify_ready (proxy_t *p)
    p->ready_sent = notify_send (state);
 }
 
+/* While the start waits for a primary (MongoDB down at boot), the service
+ * manager's start timeout (TimeoutStartSec, 90 s by default) would kill the
+ * proxy and restart it over and over: each PROXY_EXTEND_MS the loop asks
+ * for PROXY_EXTEND_USEC more (EXTEND_TIMEOUT_USEC, systemd 236 and later),
+ * so the start lasts as long as the proxy is alive and waiting, and a
+ * proxy that hangs still times out.  Stops once READY=1 is sent. */
+#define PROXY_EXTEND_MS 10000
+#define PROXY_EXTEND_USEC "30000000"
+static void
+proxy_extend_cb (evutil_socket_t fd, short what, void *arg)
+{
+   proxy_t *p = arg;
+   topology_primary_t snap;
+   char state[512];
+
+   (void) fd;
+   (void) what;
+   if (p->ready_sent || p->stopping) {
+      event_del (p->extend);
+      return;
+   }
+   topology_get_primary (p->topo, &snap);
+   snprintf (state, sizeof state, "EXTEND_TIMEOUT_USEC=" PROXY_EXTEND_USEC "\nSTATUS=waiting for a primary: %s",
+             snap.last_error[0] ? snap.last_error : "no member answered yet");
+   (void) notify_send (state);
+}
+
 /* Runs on loop 0, and sends only when every other loop answered the
  * previous round's ping (proxy/loops.h): a loop that stopped turning, any
  * of them, stops the pings and the service manager restarts the proxy. */
@@ -481,6 +509,15 @@ proxy_start (proxy_t *p, bson_error_t *error)
       log_info ("service watchdog: WATCHDOG=1 every %" PRId64 " ms", notify_watchdog_ms () / 2);
    }
    proxy_notify_ready (p);
+   if (notify_enabled () && !p->ready_sent) {
+      struct timeval tv = clock_timeval_ms (PROXY_EXTEND_MS);
+      p->extend = event_new (p->base, -1, EV_PERSIST, proxy_extend_cb, p);
+      if (!p->extend || event_add (p->extend, &tv) != 0) {
+         bson_set_error (error, 0, 2, "cannot start the start-timeout extension timer");
+         return false;
+      }
+      proxy_extend_cb (-1, 0, p); /* at once, then every PROXY_EXTEND_MS */
+   }
    /* A stop asked for while starting: drain (nothing to drain yet) and exit. */
    if (early_stop_signal)
       proxy_stop (p, early_stop_signal == SIGINT ? "SIGINT during start-up" : "SIGTERM during start-up");
@@ -517,6 +554,8 @@ proxy_teardown (proxy_t *p)
       event_free (p->sig_usr1);
    if (p->watchdog)
       event_free (p->watchdog);
+   if (p->extend)
+      event_free (p->extend);
    tls_upstream_destroy (p->tls);
    SSL_CTX_free (p->server_tls);
    if (p->base)

@@ -48,6 +48,12 @@ log_level_t log_get_level (void);
 /* A short name for the calling thread's lines ("main", "store", "admin"). */
 void log_set_thread_name (const char *name);
 
+/* The trace context of the event this thread logs about next (a
+ * delivery's trace id and its attempt's span id, 16 and 8 bytes): while
+ * set, JSON lines carry them as "trace_id" and "span_id" (lower-case hex,
+ * as OpenTelemetry's log data model names them).  NULL clears it. */
+void log_set_trace (const uint8_t *trace_id, const uint8_t *span_id);
+
 /* "text" or "json". */
 bool log_format_parse (const char *name, log_format_t *out);
 void log_set_format (log_format_t format);

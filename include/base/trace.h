@@ -4,13 +4,18 @@
  * sent to an OpenTelemetry collector as OTLP/HTTP with JSON encoding
  * (POST <otlp_endpoint>/v1/traces) by a thread of its own.
  *
+ * Where to, and as what service: [tracing], and where a key is empty,
+ * OpenTelemetry's environment (trace_settings_t).
+ *
  * A span is a fixed-size value copied into a bounded queue
  * (TRACE_QUEUE_MAX spans): trace_emit takes a mutex for the copy and
  * never allocates, waits or does I/O, so the forwarding loops and the
  * dispatcher may call it.  When the queue is full (the collector is slow
  * or gone) the span is dropped and counted
  * (relaybus_trace_spans_dropped_total), as are the spans of a batch the
- * collector did not take; spans are never retried.
+ * collector did not take; a batch the collector answers 429, 502, 503 or
+ * 504 is sent again with backoff (or after its Retry-After) while new spans
+ * wait in the queue.  Bodies are gzip-compressed.
  *
  * Also here, pure: W3C traceparent parsing and writing, and the OTLP JSON
  * encoding of a batch (trace_encode_otlp_json).  Not here: which spans
@@ -34,7 +39,7 @@
 
 #define TRACE_QUEUE_MAX 4096 /* spans waiting for the export thread */
 #define TRACE_BATCH_MAX 256  /* spans per POST */
-#define TRACE_ATTRS_MAX 10
+#define TRACE_ATTRS_MAX 14
 #define TRACE_ATTR_KEY_MAX 40
 #define TRACE_ATTR_VALUE_MAX 200
 #define TRACE_NAME_MAX 96
@@ -81,9 +86,43 @@ typedef struct {
    uint8_t flags;
 } trace_context_t;
 
-/* Starts the export thread when [tracing] otlp_endpoint is set; without
- * it, true and nothing runs (trace_enabled stays false).  False (error
- * set) when sample cannot be read or the thread cannot start. */
+#define TRACE_URL_MAX 1024
+
+/* Where spans go and as what, from [tracing] and, where a key is empty,
+ * OpenTelemetry's environment variables (the configuration wins):
+ *   url: [tracing] otlp_endpoint + "/v1/traces", else
+ *        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, else
+ *        OTEL_EXPORTER_OTLP_ENDPOINT + "/v1/traces"; "" when none is set;
+ *   resource attributes: OTEL_RESOURCE_ATTRIBUTES (%-decoded), with
+ *        [tracing] resource_attributes over them, key by key;
+ *   service_name: [tracing] service_name, else OTEL_SERVICE_NAME, else a
+ *        service.name attribute, else "relaybus-proxy";
+ *   headers: OTEL_EXPORTER_OTLP_HEADERS, with
+ *        OTEL_EXPORTER_OTLP_TRACES_HEADERS over them (names compared
+ *        without case), %-decoded; items that are not name=value with a
+ *        token name and a value without control characters are left out.
+ * OTEL_SDK_DISABLED=true, or an OTEL_TRACES_EXPORTER without otlp (none),
+ * makes the environment count for nothing. */
+typedef struct {
+   char url[TRACE_URL_MAX];
+   const char *url_from; /* the setting that named url (static), or NULL */
+   char *service_name;
+   char **attr_keys, **attr_values;
+   size_t n_attrs;
+   char **header_names, **header_values;
+   size_t n_headers;
+} trace_settings_t;
+
+/* Fills `out` (trace_settings_fini frees it); false (error set) when the
+ * configuration's endpoint cannot be used.  A bad environment variable is
+ * logged and left out, never fatal. */
+bool trace_settings_resolve (const config_t *cfg, trace_settings_t *out, bson_error_t *error)
+   __attribute__ ((warn_unused_result));
+void trace_settings_fini (trace_settings_t *s);
+
+/* Starts the export thread when trace_settings_resolve finds an endpoint;
+ * without one, true and nothing runs (trace_enabled stays false).  False
+ * (error set) when sample cannot be read or the thread cannot start. */
 bool trace_start (const config_t *cfg, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* Sends what is queued (one last attempt, bounded by the request
@@ -123,9 +162,15 @@ void trace_format_traceparent (const trace_context_t *c, char out[TRACE_PARENT_L
 void trace_span_str (trace_span_t *s, const char *key, const char *value);
 void trace_span_int (trace_span_t *s, const char *key, int64_t value);
 
+/* The HTTP client attributes of a request's span (OpenTelemetry's HTTP
+ * conventions): http.request.method, url.full with its user, password and
+ * query values replaced by REDACTED, server.address and server.port. */
+void trace_span_http_client (trace_span_t *s, const char *method, const char *url);
+
 /* The OTLP JSON body of `n` spans (ExportTraceServiceRequest): one
- * resourceSpans with service.name and the resource attributes (a
- * "k=v,k=v" list, may be NULL), one scopeSpans.  Caller frees with
+ * resourceSpans with service.name, service.version (this build's, unless
+ * the attributes give one) and the resource attributes (a "k=v,k=v" list,
+ * may be NULL), one scopeSpans.  Caller frees with
  * bson_free. */
 char *trace_encode_otlp_json (const trace_span_t *spans,
                               size_t n,

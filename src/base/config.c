@@ -201,7 +201,7 @@ static const config_key_t config_key_table[] = {
    D ("watch", B, "true", 0, 0, false, dispatch_watch,
       "Watch new deliveries with a change stream, so a commit through any proxy wakes this one at once; false: polling only."),
 
-   A ("listen", S, "127.0.0.1:9187", 0, 0, false, admin_listen,
+   A ("listen", S, "127.0.0.1:27118", 0, 0, false, admin_listen,
       "Admin HTTP listener host:port; empty disables the admin port."),
    A ("token", S, "", 0, 0, true, admin_token,
       "Bearer token required on /api/* and /metrics; empty: no authentication, only allowed when listen is on loopback."),
@@ -213,13 +213,13 @@ static const config_key_t config_key_table[] = {
       "PEM private key of [admin] tls_cert_file."),
 
    T ("otlp_endpoint", S, "", 0, 0, false, tracing_otlp_endpoint,
-      "Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (http://host:4318): spans are POSTed as JSON to <otlp_endpoint>/v1/traces. Empty: no spans are exported and trace context passes through unchanged."),
+      "Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (http://host:4318): spans are POSTed as JSON to <otlp_endpoint>/v1/traces. Empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT when set, else no spans are exported and trace context passes through unchanged."),
    T ("sample", S, "never", 0, 0, false, tracing_sample,
       "Whether a publish without a traceparent starts a trace of its own: never, always, or a ratio from 0 to 1 (0.1: one in ten)."),
-   T ("service_name", S, "relaybus-proxy", 0, 0, false, tracing_service_name,
-      "The service.name resource attribute of the exported spans."),
+   T ("service_name", S, "", 0, 0, false, tracing_service_name,
+      "The service.name resource attribute of the exported spans. Empty: OTEL_SERVICE_NAME, else relaybus-proxy."),
    T ("resource_attributes", L, "", 0, 0, false, tracing_resource_attributes,
-      "More resource attributes of the exported spans, as a list of key=value (deployment.environment=prod,service.namespace=shop)."),
+      "More resource attributes of the exported spans, as a list of key=value (deployment.environment=prod,service.namespace=shop); they win over OTEL_RESOURCE_ATTRIBUTES's of the same key."),
 
    H ("events", L, NULL, 0, 0, events,
       "Event types the handler takes: exact names, or a prefix ending in '*'."),
@@ -1282,6 +1282,38 @@ config_set_kafka_line (
    return config_add_kafka_prop (h, name, value, why, why_len);
 }
 
+/* A check made once the whole file is read (a value's meaning, two keys
+ * together) names its key as "[section] key..."; when the file set that
+ * key, the message gets the key's FILE:LINE as every parse error has it
+ * (docs/configuration.md promises FILE:LINE for a value out of limits). */
+static void
+config_error_add_line (bson_error_t *error, const char *origin, const int *key_line)
+{
+   size_t olen = strlen (origin), slen, klen;
+   const char *msg = error->message, *sec, *key;
+   char buf[sizeof error->message];
+
+   if (strncmp (msg, origin, olen) != 0 || strncmp (msg + olen, ": [", 3) != 0)
+      return;
+   sec = msg + olen + 3;
+   slen = strcspn (sec, "]");
+   if (sec[slen] != ']' || sec[slen + 1] != ' ')
+      return;
+   key = sec + slen + 2;
+   klen = strcspn (key, ": ");
+   for (size_t i = 0; i < sizeof config_key_table / sizeof config_key_table[0]; i++) {
+      const config_key_t *k = &config_key_table[i];
+      const char *sname = config_section_names[k->section];
+
+      if (k->section == CONFIG_SECTION_HANDLER || key_line[i] <= 0 || strlen (sname) != slen ||
+          strncmp (sname, sec, slen) != 0 || strlen (k->name) != klen || strncmp (k->name, key, klen) != 0)
+         continue;
+      snprintf (buf, sizeof buf, "%s:%d: %s", origin, key_line[i], msg + olen + 2);
+      bson_strncpy (error->message, buf, sizeof error->message);
+      return;
+   }
+}
+
 config_t *
 config_parse_string (const char *text, const char *origin, bson_error_t *error)
 {
@@ -1291,12 +1323,15 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
    bool in_section = false;
    /* Which keys of the current section were set, to refuse duplicates. */
    bool seen[sizeof config_key_table / sizeof config_key_table[0]];
+   /* The line that set each key outside [handler]s (0: not set). */
+   int key_line[sizeof config_key_table / sizeof config_key_table[0]];
    char *copy = bson_strdup (text);
    char *save = NULL;
    int line = 0;
    bool ok = false;
 
    memset (seen, 0, sizeof seen);
+   memset (key_line, 0, sizeof key_line);
    cfg->path = bson_strdup (origin);
 
    for (char *p = copy; p; p = save) {
@@ -1407,6 +1442,8 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
          goto done;
       }
       seen[k - config_key_table] = true;
+      if (section != CONFIG_SECTION_HANDLER)
+         key_line[k - config_key_table] = line;
       if (k->flags & CONFIG_KEY_FILE_FORM) {
          if (!config_set_from_file (cfg, target, k, value, seen, why, sizeof why)) {
             config_error (error, origin, line, "%s: %s", key, why);
@@ -1422,6 +1459,8 @@ config_parse_string (const char *text, const char *origin, bson_error_t *error)
          config_note_inline_secret (cfg, k->name, value);
    }
    ok = config_validate (cfg, origin, error);
+   if (!ok)
+      config_error_add_line (error, origin, key_line);
 
 done:
    bson_free (copy);

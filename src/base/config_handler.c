@@ -403,6 +403,45 @@ config_validate_format (config_handler_t *h, const char *origin, bson_error_t *e
    return true;
 }
 
+/* Standard Webhooks secrets are 24 to 64 bytes (the specification's
+ * bounds): a shorter key is guessable from the signatures it makes.  Counted
+ * from each whsec_ secret's base64 length and padding, so that a build
+ * without the dispatcher's decoder (the fuzz targets) refuses the same;
+ * the message names the secret by position, never quotes it. */
+#define CONFIG_SECRET_MIN 24
+#define CONFIG_SECRET_MAX 64
+static bool
+secrets_sized (const config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *p = h->secret;
+   size_t count = 0;
+
+   for (;;) {
+      size_t len, pad, bytes;
+
+      while (*p == ' ' || *p == '\t')
+         p++;
+      if (!*p)
+         return true;
+      for (len = 0; p[len] && p[len] != ' ' && p[len] != '\t'; len++)
+         ;
+      count++;
+      if (len > 6 && !strncmp (p, "whsec_", 6)) {
+         pad = (p[len - 1] == '=') + (len > 7 && p[len - 2] == '=');
+         bytes = (len - 6) / 4 * 3;
+         bytes = bytes > pad ? bytes - pad : 0;
+         if (bytes < CONFIG_SECRET_MIN || bytes > CONFIG_SECRET_MAX) {
+            config_error (error, origin, 0,
+                          "[handler %s] secret: secret %zu of the list is %zu byte%s long; Standard Webhooks secrets are "
+                          "%d to %d bytes: make one with  echo \"whsec_$(openssl rand -base64 32)\"",
+                          h->name, count, bytes, bytes == 1 ? "" : "s", CONFIG_SECRET_MIN, CONFIG_SECRET_MAX);
+            return false;
+         }
+      }
+      p += len;
+   }
+}
+
 bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -484,6 +523,8 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
          return false;
       }
    }
+   if (*h->secret && !secrets_sized (h, origin, error))
+      return false;
    if (!config_split_retry_schedule (h, origin, error))
       return false;
    return config_split_patterns (h, origin, error);

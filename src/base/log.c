@@ -19,6 +19,12 @@
  * or \xNN; printable UTF-8 stays as it is.  Before that, every message
  * goes through config_mask: the user information of each URL and each
  * configured secret quoted verbatim become "********".
+ *
+ * When stderr is the journal (systemd sets JOURNAL_STREAM to its device
+ * and inode), each line written there starts with its sd-daemon(3)
+ * priority, "<3>" for error to "<7>" for debug, which journald takes as
+ * the entry's priority (so `journalctl -p err` finds the errors) and
+ * removes from the text.
  */
 #include "base/log.h"
 #include "base/assert.h"
@@ -35,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +51,32 @@ static void log_stop (void);
 
 /* "error", "warn", "info", "debug". */
 static const char *log_level_name (log_level_t level);
+
+/* log_set_trace's ids as hex; "" when none is set. */
+static _Thread_local char log_trace_id[33], log_span_id[17];
+
+static void
+hex_into (char *out, const uint8_t *in, size_t n)
+{
+   static const char digits[] = "0123456789abcdef";
+
+   for (size_t i = 0; i < n; i++) {
+      out[2 * i] = digits[in[i] >> 4];
+      out[2 * i + 1] = digits[in[i] & 15];
+   }
+   out[2 * n] = '\0';
+}
+
+void
+log_set_trace (const uint8_t *trace_id, const uint8_t *span_id)
+{
+   if (!trace_id || !span_id) {
+      log_trace_id[0] = log_span_id[0] = '\0';
+      return;
+   }
+   hex_into (log_trace_id, trace_id, 16);
+   hex_into (log_span_id, span_id, 8);
+}
 
 #define LOG_LINE_MAX 2048
 /* "2026-11-30T11:05:18.123Z error [thread] ": 24 + 7 + 15 + 3, rounded up. */
@@ -185,6 +218,38 @@ static struct {
    bool reopen;         /* open `path` again before the next write */
    uint64_t dropped_unreported;
 } lq = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false, false, {0}, 0, 0, STDERR_FILENO, "", false, 0};
+
+/* Whether stderr is the journal: JOURNAL_STREAM ("DEVICE:INODE", set by
+ * systemd for a unit whose stderr it connected to journald) names the
+ * file stderr is.  -1: not checked since the destination last changed. */
+static atomic_int journal_stream = -1;
+
+static bool
+stderr_is_journal (void)
+{
+   int v = atomic_load (&journal_stream);
+
+   if (v < 0) {
+      const char *e = getenv ("JOURNAL_STREAM");
+      unsigned long long dev, ino;
+      struct stat st;
+      char end;
+
+      v = e && sscanf (e, "%llu:%llu%c", &dev, &ino, &end) == 2 && fstat (STDERR_FILENO, &st) == 0 &&
+          (unsigned long long) st.st_dev == dev && (unsigned long long) st.st_ino == ino;
+      atomic_store (&journal_stream, v);
+   }
+   return v == 1;
+}
+
+/* sd-daemon(3)'s prefixes: SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG. */
+static const char *const journal_prefix[] = {
+   [LOG_LEVEL_ERROR] = "<3>",
+   [LOG_LEVEL_WARN] = "<4>",
+   [LOG_LEVEL_INFO] = "<6>",
+   [LOG_LEVEL_DEBUG] = "<7>",
+};
+#define JOURNAL_PREFIX_LEN 3
 
 static atomic_int log_format = LOG_FORMAT_TEXT;
 
@@ -417,14 +482,24 @@ log_close (void)
    lq.fd = STDERR_FILENO;
    lq.path[0] = '\0';
    pthread_mutex_unlock (&lq.mu);
+   /* stderr may be another file next time (checked again at the next line). */
+   atomic_store (&journal_stream, -1);
 }
 
 /* Hands one whole line to the destination: queued while the writer runs
- * (dropped and counted when it does not fit), written at once otherwise. */
+ * (dropped and counted when it does not fit), written at once otherwise.
+ * The JOURNAL_PREFIX_LEN bytes before `line` are the caller's: the
+ * priority prefix goes there when the destination is the journal. */
 static void
-emit (const char *line, size_t n)
+emit (log_level_t level, char *line, size_t n)
 {
    pthread_mutex_lock (&lq.mu);
+   if (lq.fd == STDERR_FILENO && (unsigned) level < sizeof journal_prefix / sizeof journal_prefix[0] &&
+       stderr_is_journal ()) {
+      line -= JOURNAL_PREFIX_LEN;
+      memcpy (line, journal_prefix[level], JOURNAL_PREFIX_LEN);
+      n += JOURNAL_PREFIX_LEN;
+   }
    if (!lq.running) {
       write_all (lq.fd, line, n);
    } else if (LOG_QUEUE_BYTES - lq.len < n) {
@@ -530,6 +605,13 @@ format_json (char *out, size_t cap, const char *stamp, log_level_t level, const 
       json_str (out, cap, &o, peer, peer_len);
       json_lit (out, cap, &o, "\"");
    }
+   if (log_trace_id[0]) {
+      json_lit (out, cap, &o, ",\"trace_id\":\"");
+      json_lit (out, cap, &o, log_trace_id);
+      json_lit (out, cap, &o, "\",\"span_id\":\"");
+      json_lit (out, cap, &o, log_span_id);
+      json_lit (out, cap, &o, "\"");
+   }
    json_lit (out, cap, &o, ",\"msg\":\"");
    json_str (out, cap, &o, body, body_len);
    /* Room for the closing characters was kept by the callers' bound. */
@@ -542,7 +624,8 @@ log_msg (log_level_t level, const char *fmt, ...)
 {
    char raw[LOG_LINE_MAX];
    char msg[LOG_LINE_MAX];
-   char line[2 * LOG_LINE_MAX + 256];
+   char buf[JOURNAL_PREFIX_LEN + 2 * LOG_LINE_MAX + 256];
+   char *line = buf + JOURNAL_PREFIX_LEN; /* room for emit's priority prefix */
    char stamp[32];
    char *masked;
    bool cut;
@@ -582,16 +665,16 @@ log_msg (log_level_t level, const char *fmt, ...)
 
    if (atomic_load_explicit (&log_format, memory_order_relaxed) == LOG_FORMAT_JSON) {
       /* Every byte of msg doubles at most: the line always fits. */
-      n = format_json (line, sizeof line - 3, stamp, level, msg, m);
+      n = format_json (line, sizeof buf - JOURNAL_PREFIX_LEN - 3, stamp, level, msg, m);
    } else {
-      r = snprintf (line, sizeof line, "%s %-5s [%s] ", stamp, log_level_name (level), log_thread_name);
+      r = snprintf (line, sizeof buf - JOURNAL_PREFIX_LEN, "%s %-5s [%s] ", stamp, log_level_name (level), log_thread_name);
       n = r > 0 ? (size_t) r : 0;
       memcpy (line + n, msg, m);
       n += m;
       line[n++] = '\n';
    }
-   RELAYBUS_ASSERT (n <= sizeof line);
-   emit (line, n);
+   RELAYBUS_ASSERT (n <= sizeof buf - JOURNAL_PREFIX_LEN);
+   emit (level, line, n);
 }
 
 #ifdef RELAYBUS_DEBUG

@@ -8,29 +8,45 @@
  * (or what came within TRACE_LINGER_MS), encodes them and POSTs them with
  * a blocking libcurl easy handle, outside the lock.  A full ring drops the
  * new span; a batch the collector refuses or cannot take is dropped too:
- * both counted.  What it does not do: retry, persist, or sample (the
- * callers decide which spans exist).
+ * both counted.  A batch the collector asks to send again (429, 502, 503,
+ * 504: OTLP/HTTP's retryable answers) is sent again after a backoff with
+ * jitter, or after its Retry-After, up to TRACE_RETRY_MAX times; meanwhile
+ * new spans wait in the ring (and past it are dropped), so a retry never
+ * holds more than the ring and one batch.  Bodies are gzip-compressed.
+ *
+ * Where to export, and as what service, comes from [tracing], and where a
+ * key is empty, from OpenTelemetry's environment variables
+ * (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+ * OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_EXPORTER_OTLP_HEADERS
+ * and OTEL_EXPORTER_OTLP_TRACES_HEADERS): trace_settings_resolve.  What it
+ * does not do: persist, or sample (the callers decide which spans exist).
  */
 #include "base/trace.h"
 #include "autoconf.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 
 #include <curl/curl.h>
+#include <zlib.h>
 
 #include "base/counters.h"
 #include "base/log.h"
 
 #define TRACE_LINGER_MS 200        /* longest a span waits for its batch to fill */
 #define TRACE_POST_TIMEOUT_MS 5000 /* one POST, connection included */
-#define TRACE_URL_MAX 1024
+#define TRACE_RETRY_MAX 8             /* sends of one batch the collector asks to repeat */
+#define TRACE_BACKOFF_FIRST_MS 500    /* the first wait; doubled each time ... */
+#define TRACE_BACKOFF_MAX_MS 8000     /* ... up to this (then a random half to all of it) */
+#define TRACE_RETRY_AFTER_MAX_MS 30000 /* the longest Retry-After honoured */
 
 /* The exporter: one per process, made by trace_start, freed by trace_stop. */
 typedef struct {
@@ -40,9 +56,9 @@ typedef struct {
    size_t head, n;     /* under mu */
    bool stopping;      /* under mu */
    pthread_t thread;
-   char url[TRACE_URL_MAX];
-   char *service_name;        /* owned */
-   char *resource_attributes; /* owned; may be "" */
+   trace_settings_t set;
+   char *resource_json;         /* the batch's "resource" object, built once */
+   struct curl_slist *headers;  /* Content-Type, Content-Encoding, the configured ones */
 } trace_exporter_t;
 
 static trace_exporter_t *exporter;
@@ -215,6 +231,80 @@ trace_span_int (trace_span_t *s, const char *key, int64_t value)
    a->int_value = value;
 }
 
+/* A query string with each value replaced by REDACTED (signatures and
+ * tokens often travel there). */
+static char *
+redact_query (const char *q)
+{
+   bson_string_t *out = bson_string_new (NULL);
+
+   for (const char *p = q; p && *p;) {
+      const char *amp = strchr (p, '&');
+      size_t len = amp ? (size_t) (amp - p) : strlen (p);
+      const char *eq = memchr (p, '=', len);
+
+      if (out->len)
+         bson_string_append_c (out, '&');
+      if (eq) {
+         char *k = bson_strndup (p, (size_t) (eq - p));
+         bson_string_append_printf (out, "%s=REDACTED", k);
+         bson_free (k);
+      } else {
+         char *k = bson_strndup (p, len);
+         bson_string_append (out, k);
+         bson_free (k);
+      }
+      p = amp ? amp + 1 : NULL;
+   }
+   return bson_string_free (out, false);
+}
+
+void
+trace_span_http_client (trace_span_t *s, const char *method, const char *url)
+{
+   CURLU *u = curl_url ();
+   char *full = NULL, *host = NULL, *port = NULL, *part = NULL;
+
+   trace_span_str (s, "http.request.method", method);
+   if (u && curl_url_set (u, CURLUPART_URL, url, 0) == CURLUE_OK) {
+      if (curl_url_get (u, CURLUPART_USER, &part, 0) == CURLUE_OK)
+         curl_url_set (u, CURLUPART_USER, "REDACTED", 0);
+      curl_free (part);
+      part = NULL;
+      if (curl_url_get (u, CURLUPART_PASSWORD, &part, 0) == CURLUE_OK)
+         curl_url_set (u, CURLUPART_PASSWORD, "REDACTED", 0);
+      curl_free (part);
+      part = NULL;
+      if (curl_url_get (u, CURLUPART_QUERY, &part, 0) == CURLUE_OK) {
+         char *q = redact_query (part);
+         curl_url_set (u, CURLUPART_QUERY, q, 0);
+         bson_free (q);
+      }
+      curl_free (part);
+      (void) curl_url_get (u, CURLUPART_URL, &full, 0);
+      (void) curl_url_get (u, CURLUPART_HOST, &host, 0);
+      (void) curl_url_get (u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT);
+   }
+   /* Unparsable: the URL is not shown at all rather than shown unmasked. */
+   trace_span_str (s, "url.full", full ? full : "");
+   if (host) {
+      size_t n = strlen (host);
+      /* "[::1]": server.address is the address without brackets. */
+      if (n > 2 && host[0] == '[' && host[n - 1] == ']') {
+         host[n - 1] = '\0';
+         trace_span_str (s, "server.address", host + 1);
+      } else {
+         trace_span_str (s, "server.address", host);
+      }
+   }
+   if (port)
+      trace_span_int (s, "server.port", strtol (port, NULL, 10));
+   curl_free (full);
+   curl_free (host);
+   curl_free (port);
+   curl_url_cleanup (u);
+}
+
 /* ------------------------------------------------------------ encoding */
 
 /* A JSON string, quoted; libbson escapes it (invalid UTF-8 is replaced
@@ -238,37 +328,80 @@ append_kv_string (bson_string_t *out, const char *key, const char *value)
    bson_string_append (out, "}}");
 }
 
-/* resource_attributes: "k=v,k=v" (config's normalised list). */
-static void
-append_resource_attributes (bson_string_t *out, const char *list)
+/* The "resource" object of a batch: service.name, service.version (this
+ * build's, unless the attributes give one) and the attributes `keys` and
+ * `values` (service.name among them is left out: `service_name` is it). */
+static char *
+resource_json_build (const char *service_name, char *const *keys, char *const *values, size_t n)
 {
+   bson_string_t *out = bson_string_new ("{\"attributes\":[");
+   bool have_version = false;
+
+   append_kv_string (out, "service.name", service_name && *service_name ? service_name : "relaybus-proxy");
+   for (size_t i = 0; i < n; i++)
+      have_version = have_version || !strcmp (keys[i], "service.version");
+   if (!have_version) {
+      bson_string_append (out, ",");
+      append_kv_string (out, "service.version", PACKAGE_VERSION);
+   }
+   for (size_t i = 0; i < n; i++) {
+      if (!strcmp (keys[i], "service.name"))
+         continue;
+      bson_string_append (out, ",");
+      append_kv_string (out, keys[i], values[i]);
+   }
+   bson_string_append (out, "]}");
+   return bson_string_free (out, false);
+}
+
+/* A "k=v,k=v" list (config's normalised resource_attributes) as keys and
+ * values, split at the first '=' of each item; items without one are
+ * left out.  Returns the count; the caller frees with strv_free. */
+static size_t
+split_pairs (const char *list, char ***keys, char ***values)
+{
+   size_t n = 0, cap = 0;
    const char *p = list;
 
+   *keys = NULL;
+   *values = NULL;
    while (p && *p) {
       const char *comma = strchr (p, ',');
       size_t len = comma ? (size_t) (comma - p) : strlen (p);
-      char *item = bson_strndup (p, len);
-      char *eq = strchr (item, '=');
+      const char *eq = memchr (p, '=', len);
 
       if (eq) {
-         *eq = '\0';
-         bson_string_append (out, ",");
-         append_kv_string (out, item, eq + 1);
+         if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            *keys = bson_realloc (*keys, cap * sizeof **keys);
+            *values = bson_realloc (*values, cap * sizeof **values);
+         }
+         (*keys)[n] = bson_strndup (p, (size_t) (eq - p));
+         (*values)[n] = bson_strndup (eq + 1, len - (size_t) (eq - p) - 1);
+         n++;
       }
-      bson_free (item);
       p = comma ? comma + 1 : NULL;
    }
+   return n;
 }
 
-char *
-trace_encode_otlp_json (const trace_span_t *spans, size_t n, const char *service_name, const char *resource_attributes, size_t *len)
+static void
+strv_free (char **v, size_t n)
 {
-   bson_string_t *out = bson_string_new ("{\"resourceSpans\":[{\"resource\":{\"attributes\":[");
+   for (size_t i = 0; i < n; i++)
+      bson_free (v[i]);
+   bson_free (v);
+}
+
+/* The body around spans: resourceSpans with `resource_json`, one scope. */
+static char *
+encode_batch (const trace_span_t *spans, size_t n, const char *resource_json, size_t *len)
+{
+   bson_string_t *out = bson_string_new ("{\"resourceSpans\":[{\"resource\":");
    char hex[33];
 
-   append_kv_string (out, "service.name", service_name && *service_name ? service_name : "relaybus-proxy");
-   append_resource_attributes (out, resource_attributes);
-   bson_string_append (out, "]},\"scopeSpans\":[{\"scope\":{\"name\":\"relaybus-proxy\",\"version\":\"" PACKAGE_VERSION "\"},\"spans\":[");
+   bson_string_append (out, resource_json);
+   bson_string_append (out, ",\"scopeSpans\":[{\"scope\":{\"name\":\"relaybus-proxy\",\"version\":\"" PACKAGE_VERSION "\"},\"spans\":[");
    for (size_t i = 0; i < n; i++) {
       const trace_span_t *s = &spans[i];
       uint8_t zero[8] = {0};
@@ -313,6 +446,20 @@ trace_encode_otlp_json (const trace_span_t *spans, size_t n, const char *service
    return bson_string_free (out, false);
 }
 
+char *
+trace_encode_otlp_json (const trace_span_t *spans, size_t n, const char *service_name, const char *resource_attributes, size_t *len)
+{
+   char **keys, **values;
+   size_t na = split_pairs (resource_attributes, &keys, &values);
+   char *resource = resource_json_build (service_name, keys, values, na);
+   char *json = encode_batch (spans, n, resource, len);
+
+   strv_free (keys, na);
+   strv_free (values, na);
+   bson_free (resource);
+   return json;
+}
+
 /* ------------------------------------------------------------ exporter */
 
 void
@@ -345,34 +492,119 @@ discard_body (char *ptr, size_t size, size_t nmemb, void *arg)
    return size * nmemb;
 }
 
-/* One POST of `n` spans; counts them exported or dropped. */
+/* `in` gzip-compressed (OTLP/HTTP's Content-Encoding: gzip), or NULL. */
+static char *
+gzip_body (const char *in, size_t len, size_t *out_len)
+{
+   z_stream z;
+   uLong cap;
+   char *out;
+
+   memset (&z, 0, sizeof z);
+   /* 15 + 16: a gzip header and trailer rather than zlib's. */
+   if (deflateInit2 (&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+      return NULL;
+   cap = deflateBound (&z, (uLong) len);
+   out = bson_malloc (cap);
+   z.next_in = (Bytef *) in;
+   z.avail_in = (uInt) len;
+   z.next_out = (Bytef *) out;
+   z.avail_out = (uInt) cap;
+   if (deflate (&z, Z_FINISH) != Z_STREAM_END) {
+      deflateEnd (&z);
+      bson_free (out);
+      return NULL;
+   }
+   *out_len = z.total_out;
+   deflateEnd (&z);
+   return out;
+}
+
+/* Waits `ms` on the exporter's condition (new spans also wake it), or
+ * until it is stopping; true when it is. */
+static bool
+wait_or_stop (trace_exporter_t *x, int64_t ms)
+{
+   struct timespec until;
+   bool stopping;
+
+   clock_gettime (CLOCK_REALTIME, &until);
+   until.tv_sec += ms / 1000;
+   until.tv_nsec += (ms % 1000) * 1000000L;
+   until.tv_sec += until.tv_nsec / 1000000000L;
+   until.tv_nsec %= 1000000000L;
+   pthread_mutex_lock (&x->mu);
+   while (!x->stopping)
+      if (pthread_cond_timedwait (&x->cv, &x->mu, &until) == ETIMEDOUT)
+         break;
+   stopping = x->stopping;
+   pthread_mutex_unlock (&x->mu);
+   return stopping;
+}
+
+/* Whether OTLP/HTTP says to send the batch again (the collector is busy
+ * or behind a gateway that is). */
+static bool
+retryable (long status)
+{
+   return status == 429 || status == 502 || status == 503 || status == 504;
+}
+
+/* Sends `n` spans, again while the collector answers retryable (at most
+ * TRACE_RETRY_MAX sends, waiting its Retry-After or a backoff with jitter
+ * in between), and counts them exported or dropped.  A stop ends the
+ * waiting: the batch is then dropped. */
 static void
 post_batch (trace_exporter_t *x, CURL *curl, const trace_span_t *batch, size_t n)
 {
-   size_t len = 0;
-   char *body = trace_encode_otlp_json (batch, n, x->service_name, x->resource_attributes, &len);
-   struct curl_slist *hdrs = curl_slist_append (NULL, "Content-Type: application/json");
+   size_t len = 0, zlen = 0;
+   char *body = encode_batch (batch, n, x->resource_json, &len);
+   char *zbody = gzip_body (body, len, &zlen);
    long status = 0;
-   CURLcode rc;
+   CURLcode rc = CURLE_OK;
+   int64_t backoff = TRACE_BACKOFF_FIRST_MS;
 
-   curl_easy_setopt (curl, CURLOPT_URL, x->url);
-   curl_easy_setopt (curl, CURLOPT_HTTPHEADER, hdrs);
-   curl_easy_setopt (curl, CURLOPT_POSTFIELDS, body);
-   curl_easy_setopt (curl, CURLOPT_POSTFIELDSIZE, (long) len);
+   curl_easy_setopt (curl, CURLOPT_URL, x->set.url);
+   /* The headers name gzip: without a compressed body, none of them. */
+   curl_easy_setopt (curl, CURLOPT_HTTPHEADER, zbody ? x->headers : x->headers->next);
+   curl_easy_setopt (curl, CURLOPT_POSTFIELDS, zbody ? zbody : body);
+   curl_easy_setopt (curl, CURLOPT_POSTFIELDSIZE, (long) (zbody ? zlen : len));
    curl_easy_setopt (curl, CURLOPT_TIMEOUT_MS, (long) TRACE_POST_TIMEOUT_MS);
    curl_easy_setopt (curl, CURLOPT_NOSIGNAL, 1L);
    curl_easy_setopt (curl, CURLOPT_WRITEFUNCTION, discard_body);
-   rc = curl_easy_perform (curl);
-   if (rc == CURLE_OK)
-      curl_easy_getinfo (curl, CURLINFO_RESPONSE_CODE, &status);
+   for (int attempt = 1;; attempt++) {
+      curl_off_t after = 0;
+      int64_t wait;
+
+      status = 0;
+      rc = curl_easy_perform (curl);
+      if (rc == CURLE_OK)
+         curl_easy_getinfo (curl, CURLINFO_RESPONSE_CODE, &status);
+      if (rc != CURLE_OK || !retryable (status) || attempt >= TRACE_RETRY_MAX)
+         break;
+      counters_add (COUNTER_TRACE_EXPORT_FAILURES, 1);
+      /* Retry-After (seconds or a date, which libcurl reads), bounded;
+       * otherwise a random half to all of the doubling backoff. */
+      if (curl_easy_getinfo (curl, CURLINFO_RETRY_AFTER, &after) == CURLE_OK && after > 0)
+         wait = after * 1000 < TRACE_RETRY_AFTER_MAX_MS ? (int64_t) after * 1000 : TRACE_RETRY_AFTER_MAX_MS;
+      else
+         wait = backoff / 2 + (int64_t) (trace_rand () % (uint64_t) (backoff / 2 + 1));
+      backoff = backoff * 2 < TRACE_BACKOFF_MAX_MS ? backoff * 2 : TRACE_BACKOFF_MAX_MS;
+      log_debug ("trace: the collector answered %ld; sending %zu spans again in %" PRId64 " ms", status, n, wait);
+      if (wait_or_stop (x, wait))
+         break;
+   }
    if (rc == CURLE_OK && status >= 200 && status < 300) {
       counters_add (COUNTER_TRACE_SPANS_EXPORTED, n);
    } else {
       counters_add (COUNTER_TRACE_SPANS_DROPPED, n);
       counters_add (COUNTER_TRACE_EXPORT_FAILURES, 1);
-      log_debug ("trace: %zu spans dropped: %s", n, rc != CURLE_OK ? curl_easy_strerror (rc) : "collector answered non-2xx");
+      if (rc != CURLE_OK)
+         log_debug ("trace: %zu spans dropped: %s", n, curl_easy_strerror (rc));
+      else
+         log_debug ("trace: %zu spans dropped: the collector answered %ld", n, status);
    }
-   curl_slist_free_all (hdrs);
+   bson_free (zbody);
    bson_free (body);
 }
 
@@ -444,6 +676,220 @@ trace_parse_sample (const char *v, uint64_t *threshold)
    return true;
 }
 
+/* ------------------------------------------------------------ settings */
+
+/* Overwrites a string that held a credential before it is freed. */
+static void
+wipe (char *s)
+{
+   if (s)
+      explicit_bzero (s, strlen (s));
+}
+
+/* `s[0..n)` with %XX decoded (W3C Baggage, as OTEL_RESOURCE_ATTRIBUTES and
+ * OTEL_EXPORTER_OTLP_HEADERS write values) and spaces and tabs trimmed
+ * around it; NULL for a bad %-escape. */
+static char *
+pct_decode (const char *s, size_t n)
+{
+   char *out, *o;
+
+   while (n > 0 && (*s == ' ' || *s == '\t'))
+      s++, n--;
+   while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+      n--;
+   out = o = bson_malloc (n + 1);
+   for (size_t i = 0; i < n; i++) {
+      int h, l;
+
+      if (s[i] != '%') {
+         *o++ = s[i];
+         continue;
+      }
+      if (i + 2 >= n) {
+         bson_free (out);
+         return NULL;
+      }
+      h = hexval ((char) tolower ((unsigned char) s[i + 1]));
+      l = hexval ((char) tolower ((unsigned char) s[i + 2]));
+      if (h < 0 || l < 0) {
+         bson_free (out);
+         return NULL;
+      }
+      *o++ = (char) (h << 4 | l);
+      i += 2;
+   }
+   *o = '\0';
+   return out;
+}
+
+/* A pair list of OpenTelemetry's environment ("k1=v1,k2=v2", values
+ * %-encoded) appended to keys/values, a later key replacing an earlier
+ * one (case-insensitively when `fold`, as header names compare).  An item
+ * that is not key=value, or whose key `name_ok` refuses, or whose value
+ * holds a control character, is left out and logged by `var` and
+ * position, never by its value (a header may be a credential). */
+static void
+env_pairs (const char *var, bool fold, bool (*name_ok) (const char *), char ***keys, char ***values, size_t *n)
+{
+   const char *p = getenv (var);
+   size_t item = 0;
+
+   while (p && *p) {
+      const char *comma = strchr (p, ',');
+      size_t len = comma ? (size_t) (comma - p) : strlen (p);
+      const char *eq = memchr (p, '=', len);
+      char *k = eq ? pct_decode (p, (size_t) (eq - p)) : NULL;
+      char *v = eq ? pct_decode (eq + 1, len - (size_t) (eq - p) - 1) : NULL;
+      bool ok = k && v && *k && (!name_ok || name_ok (k));
+      size_t i;
+
+      item++;
+      for (const char *c = v; ok && *c; c++)
+         ok = (unsigned char) *c >= 0x20 && *c != 0x7f;
+      if (!ok) {
+         if (len > 0)
+            log_warn ("trace: %s: item %zu is not key=value with a valid key and %%-encoded value; left out", var, item);
+         bson_free (k);
+         bson_free (v);
+      } else {
+         for (i = 0; i < *n; i++)
+            if (fold ? !strcasecmp ((*keys)[i], k) : !strcmp ((*keys)[i], k))
+               break;
+         if (i < *n) {
+            bson_free ((*keys)[i]);
+            bson_free ((*values)[i]);
+         } else {
+            *keys = bson_realloc (*keys, (*n + 1) * sizeof **keys);
+            *values = bson_realloc (*values, (*n + 1) * sizeof **values);
+            (*n)++;
+         }
+         (*keys)[i] = k;
+         (*values)[i] = v;
+      }
+      p = comma ? comma + 1 : NULL;
+   }
+}
+
+/* An HTTP header name: RFC 9110's token characters. */
+static bool
+header_name_ok (const char *name)
+{
+   for (const char *c = name; *c; c++)
+      if (!isalnum ((unsigned char) *c) && !strchr ("!#$%&'*+-.^_`|~", *c))
+         return false;
+   return true;
+}
+
+/* Whether OpenTelemetry's environment may set anything: not when
+ * OTEL_SDK_DISABLED is true, nor when OTEL_TRACES_EXPORTER names no otlp
+ * exporter (none). */
+static bool
+env_allowed (void)
+{
+   const char *dis = getenv ("OTEL_SDK_DISABLED"), *exp = getenv ("OTEL_TRACES_EXPORTER");
+
+   if (dis && !strcasecmp (dis, "true"))
+      return false;
+   return !exp || !*exp || strstr (exp, "otlp");
+}
+
+/* Writes `base` + `suffix` into url (TRACE_URL_MAX); false when too long. */
+static bool
+url_join (char *url, const char *base, const char *suffix)
+{
+   return (size_t) snprintf (url, TRACE_URL_MAX, "%s%s", base, suffix) < TRACE_URL_MAX;
+}
+
+bool
+trace_settings_resolve (const config_t *cfg, trace_settings_t *out, bson_error_t *error)
+{
+   const char *e, *svc = cfg->tracing_service_name;
+   bool env = env_allowed ();
+   char **ck = NULL, **cv = NULL;
+   size_t cn;
+
+   memset (out, 0, sizeof *out);
+   /* Where: [tracing] otlp_endpoint (a base URL), else the traces
+    * endpoint (as it is), else the base endpoint with v1/traces appended
+    * (the OTLP exporter specification's rules). */
+   e = cfg->tracing_otlp_endpoint;
+   if (e && *e) {
+      size_t l = strlen (e);
+      while (l > 0 && e[l - 1] == '/')
+         l--;
+      if (l + sizeof "/v1/traces" > TRACE_URL_MAX) {
+         bson_set_error (error, TRACE_ERROR_DOMAIN, TRACE_ERR_CONFIG, "[tracing] otlp_endpoint is too long");
+         return false;
+      }
+      snprintf (out->url, TRACE_URL_MAX, "%.*s/v1/traces", (int) l, e);
+      out->url_from = "[tracing] otlp_endpoint";
+   } else if (env && (e = getenv ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) && *e) {
+      out->url_from = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+      if (!url_join (out->url, e, ""))
+         out->url[0] = '\0';
+   } else if (env && (e = getenv ("OTEL_EXPORTER_OTLP_ENDPOINT")) && *e) {
+      out->url_from = "OTEL_EXPORTER_OTLP_ENDPOINT";
+      if (!url_join (out->url, e, e[strlen (e) - 1] == '/' ? "v1/traces" : "/v1/traces"))
+         out->url[0] = '\0';
+   }
+   if (out->url_from && strncmp (out->url, "http://", 7) != 0 && strncmp (out->url, "https://", 8) != 0) {
+      log_warn ("trace: %s is not an http:// or https:// URL (or is too long): no spans are exported", out->url_from);
+      out->url[0] = '\0';
+   }
+   /* Resource attributes: the environment's, then the configuration's
+    * over them. */
+   if (env)
+      env_pairs ("OTEL_RESOURCE_ATTRIBUTES", false, NULL, &out->attr_keys, &out->attr_values, &out->n_attrs);
+   cn = split_pairs (cfg->tracing_resource_attributes, &ck, &cv);
+   for (size_t i = 0; i < cn; i++) {
+      size_t j;
+      for (j = 0; j < out->n_attrs && strcmp (out->attr_keys[j], ck[i]) != 0; j++)
+         ;
+      if (j == out->n_attrs) {
+         out->attr_keys = bson_realloc (out->attr_keys, (j + 1) * sizeof *out->attr_keys);
+         out->attr_values = bson_realloc (out->attr_values, (j + 1) * sizeof *out->attr_values);
+         out->n_attrs++;
+      } else {
+         bson_free (out->attr_keys[j]);
+         bson_free (out->attr_values[j]);
+      }
+      out->attr_keys[j] = ck[i];
+      out->attr_values[j] = cv[i];
+   }
+   bson_free (ck);
+   bson_free (cv);
+   /* service.name: [tracing] service_name, OTEL_SERVICE_NAME, a
+    * service.name among the resource attributes, relaybus-proxy. */
+   if (!svc || !*svc)
+      svc = env ? getenv ("OTEL_SERVICE_NAME") : NULL;
+   for (size_t i = 0; (!svc || !*svc) && i < out->n_attrs; i++)
+      if (!strcmp (out->attr_keys[i], "service.name"))
+         svc = out->attr_values[i];
+   out->service_name = bson_strdup (svc && *svc ? svc : "relaybus-proxy");
+   /* Headers of every export request (a collector's credentials). */
+   if (env) {
+      env_pairs ("OTEL_EXPORTER_OTLP_HEADERS", true, header_name_ok, &out->header_names, &out->header_values, &out->n_headers);
+      env_pairs ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", true, header_name_ok, &out->header_names, &out->header_values,
+                 &out->n_headers);
+   }
+   return true;
+}
+
+void
+trace_settings_fini (trace_settings_t *s)
+{
+   strv_free (s->attr_keys, s->n_attrs);
+   strv_free (s->attr_values, s->n_attrs);
+   strv_free (s->header_names, s->n_headers);
+   if (s->header_values)
+      for (size_t i = 0; i < s->n_headers; i++)
+         wipe (s->header_values[i]);
+   strv_free (s->header_values, s->n_headers);
+   bson_free (s->service_name);
+   memset (s, 0, sizeof *s);
+}
+
 /* Frees an exporter whose thread is not running (never started, or
  * joined); NULL ok. */
 static void
@@ -454,8 +900,9 @@ exporter_free (trace_exporter_t *x)
    pthread_mutex_destroy (&x->mu);
    pthread_cond_destroy (&x->cv);
    bson_free (x->ring);
-   bson_free (x->service_name);
-   bson_free (x->resource_attributes);
+   bson_free (x->resource_json);
+   curl_slist_free_all (x->headers);
+   trace_settings_fini (&x->set);
    bson_free (x);
 }
 
@@ -471,28 +918,27 @@ trace_start (const config_t *cfg, bson_error_t *error)
                       "[tracing] sample = '%.64s': never, always or a ratio from 0 to 1", cfg->tracing_sample);
       goto done;
    }
-   if (!cfg->tracing_otlp_endpoint || !*cfg->tracing_otlp_endpoint) {
-      ok = true;
-      goto done;
-   }
    x = bson_malloc0 (sizeof *x);
    pthread_mutex_init (&x->mu, NULL);
    pthread_cond_init (&x->cv, NULL);
-   x->ring = bson_malloc (TRACE_QUEUE_MAX * sizeof *x->ring);
-   {
-      /* The endpoint is the collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT. */
-      const char *e = cfg->tracing_otlp_endpoint;
-      size_t l = strlen (e);
-      while (l > 0 && e[l - 1] == '/')
-         l--;
-      if (l + sizeof "/v1/traces" > sizeof x->url) {
-         bson_set_error (error, TRACE_ERROR_DOMAIN, TRACE_ERR_CONFIG, "[tracing] otlp_endpoint is too long");
-         goto done;
-      }
-      snprintf (x->url, sizeof x->url, "%.*s/v1/traces", (int) l, e);
+   if (!trace_settings_resolve (cfg, &x->set, error))
+      goto done;
+   if (!x->set.url[0]) {
+      ok = true; /* nowhere to export: nothing runs */
+      goto done;
    }
-   x->service_name = bson_strdup (cfg->tracing_service_name ? cfg->tracing_service_name : "relaybus-proxy");
-   x->resource_attributes = bson_strdup (cfg->tracing_resource_attributes ? cfg->tracing_resource_attributes : "");
+   x->ring = bson_malloc (TRACE_QUEUE_MAX * sizeof *x->ring);
+   x->resource_json = resource_json_build (x->set.service_name, x->set.attr_keys, x->set.attr_values, x->set.n_attrs);
+   /* Content-Encoding first: post_batch leaves it out of a body it could
+    * not compress. */
+   x->headers = curl_slist_append (NULL, "Content-Encoding: gzip");
+   x->headers = curl_slist_append (x->headers, "Content-Type: application/json");
+   for (size_t i = 0; i < x->set.n_headers; i++) {
+      char *h = bson_strdup_printf ("%s: %s", x->set.header_names[i], x->set.header_values[i]);
+      x->headers = curl_slist_append (x->headers, h);
+      wipe (h);
+      bson_free (h);
+   }
    if (pthread_create (&x->thread, NULL, trace_thread, x) != 0) {
       bson_set_error (error, TRACE_ERROR_DOMAIN, TRACE_ERR_START, "trace: cannot start the export thread");
       goto done;
@@ -500,7 +946,8 @@ trace_start (const config_t *cfg, bson_error_t *error)
    exporter = x;
    x = NULL;
    atomic_store (&enabled, true);
-   log_info ("trace: exporting spans to %s", exporter->url);
+   log_info ("trace: exporting spans to %s (from %s) as service %s, gzip, %zu header(s) of the environment", exporter->set.url,
+             exporter->set.url_from, exporter->set.service_name, exporter->set.n_headers);
    ok = true;
 done:
    if (ok)

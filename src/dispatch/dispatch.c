@@ -328,6 +328,9 @@ settle_one (dispatcher_t *d, job_t *j)
    char hex[25];
 
    bson_oid_to_string (&j->d.id, hex);
+   /* The lines below are about this attempt: JSON lines carry its trace. */
+   if (j->traced)
+      log_set_trace (j->trace.trace_id, j->span_id);
    if (j->settle == JOB_SETTLE_BURY)
       ok = store_bury (j->h->store, &r, clock_now_ms (), j->why, &applied, &err);
    else
@@ -338,6 +341,7 @@ settle_one (dispatcher_t *d, job_t *j)
                 hex,
                 j->settle == JOB_SETTLE_BURY ? "bury" : "reschedule",
                 err.message);
+      log_set_trace (NULL, NULL);
       return false;
    }
    if (!applied)
@@ -359,6 +363,7 @@ settle_one (dispatcher_t *d, job_t *j)
                 j->why ? j->why : "",
                 j->due_at - clock_now_ms ());
    }
+   log_set_trace (NULL, NULL);
    return true;
 }
 
@@ -635,6 +640,8 @@ job_emit_span (const job_t *j, const transport_result_t *res)
    trace_span_str (&s, "relaybus.handler.kind", hc->kind);
    trace_span_int (&s, "relaybus.attempt", j->d.attempt);
    trace_span_str (&s, "relaybus.outcome", transport_outcome_name (res->outcome));
+   if (http)
+      trace_span_http_client (&s, "POST", hc->url);
    if (res->http_status > 0)
       trace_span_int (&s, "http.response.status_code", res->http_status);
    if (res->outcome != TRANSPORT_OUTCOME_OK)
@@ -684,7 +691,10 @@ job_gone (dispatcher_t *d, job_t *j, const char *why)
    char hex[25];
 
    bson_oid_to_string (&j->d.id, hex);
+   if (j->traced)
+      log_set_trace (j->trace.trace_id, j->span_id);
    log_info ("dispatch: %s delivery %s: the endpoint is gone (%s): given back, attempt not charged", h->cfg->name, hex, why);
+   log_set_trace (NULL, NULL);
    (void) dispatch_fleet_disable (d->fleet, h->cfg->name, COUNTERS_STATE_GONE, "410", clock_now_ms ());
    h->freed++;
    if (!store_release (j->h->store, &r, clock_now_ms (), &applied, &err))

@@ -28,6 +28,9 @@
 #include "base/assert.h"
 #include "base/errors.h"
 
+/* Digits of a CloudEvents sequence (INT64_MAX has 19). */
+#define CE_SEQUENCE_DIGITS 19
+
 /* The payload value `it` points at as JSON in mode `json`; NULL when
  * libbson cannot write it (a string that is not UTF-8, which the
  * publishing path refuses).  Caller frees with bson_free. */
@@ -441,7 +444,10 @@ ce_attributes (const format_opts_t *o, const store_delivery_t *d, const char *na
    names[n] = "type", values[n++] = d->event_type ? d->event_type : "";
    names[n] = "time", values[n++] = time;
    if (d->key) {
-      snprintf (seq, 32, "%" PRId64, d->sequence);
+      /* The sequence extension wants a lexicographically orderable string:
+       * zero-padded to the 19 digits of INT64_MAX, so "10" does not sort
+       * before "9". */
+      snprintf (seq, 32, "%0*" PRId64, CE_SEQUENCE_DIGITS, d->sequence);
       names[n] = "subject", values[n++] = d->key;
       names[n] = "sequence", values[n++] = seq;
    }

@@ -122,6 +122,26 @@ test('the preStop sleep is shorter than the drain timeout, and both fit in termi
   assert.ok(sleepS + drainMs / 1000 < grace, `sleep + drain (${sleepS + drainMs / 1000} s) < grace ${grace} s`);
 });
 
+// Kubernetes quantities: "512Mi", "1Gi", "500M", "1073741824".
+function bytesOf(q) {
+  const m = /^(\d+)(Ki|Mi|Gi|K|M|G)?$/.exec(String(q));
+  assert.ok(m, `a memory quantity: ${q}`);
+  const unit = { Ki: 1024, Mi: 1024 ** 2, Gi: 1024 ** 3, K: 1e3, M: 1e6, G: 1e9 }[m[2]] || 1;
+  return Number(m[1]) * unit;
+}
+
+test("the memory limit holds the proxy's bound: 12 MiB + 8.6 KiB x max_clients + max_buffered_bytes + 64 MiB", () => {
+  const limit = bytesOf(container.resources.limits.memory);
+  const maxClients = Number(conf.proxy.max_clients ?? tableDefault('P', 'max_clients'));
+  const buffered = Number(conf.proxy.max_buffered_bytes ?? tableDefault('P', 'max_buffered_bytes'));
+  const need = 12 * 1024 ** 2 + 8.6 * 1024 * maxClients + buffered + 64 * 1024 ** 2;
+  assert.ok(need <= limit, `limits.memory ${container.resources.limits.memory} (${limit} bytes) < ${Math.ceil(need)} bytes: `
+    + `the pod would be OOM-killed before max_buffered_bytes (${buffered}) starts the backpressure`);
+  // The formula is in both manifests, where whoever changes one of the numbers reads it.
+  assert.match(ini, /12 MiB \+ 8\.6 KiB x max_clients \+ max_buffered_bytes \+ 64 MiB/);
+  assert.match(fs.readFileSync(path.join(DIR, 'deployment.yaml'), 'utf8'), /limits\.memory >= 12 MiB \+ 8\.6 KiB x max_clients/);
+});
+
 test('docs/deployment.md quotes every manifest verbatim', () => {
   const md = fs.readFileSync(path.join(REPO, 'docs', 'deployment.md'), 'utf8');
   for (const f of files) {
@@ -141,7 +161,7 @@ test("the ConfigMap's configuration runs: probes answer the kubelet without a to
   const [pport, aport] = [await freePort(), await freePort()];
   const local = ini.split(mount).join(dir)
     .replace(/^listen = 0\.0\.0\.0:27018$/m, `listen = 127.0.0.1:${pport}`)
-    .replace(/^listen = 0\.0\.0\.0:9187$/m, `listen = 127.0.0.1:${aport}`);
+    .replace(/^listen = 0\.0\.0\.0:27118$/m, `listen = 127.0.0.1:${aport}`);
   fs.writeFileSync(path.join(dir, 'relaybus-proxy.ini'), local, { mode: 0o640 });
   const err = path.join(dir, 'proxy.stderr');
   const fd = fs.openSync(err, 'a');

@@ -64,7 +64,7 @@ test_defaults (void **state)
    assert_string_equal (cfg->outbox_database, "relaybus");
    assert_string_equal (cfg->collection_prefix, "relaybus_");
    assert_true (cfg->dispatch_enabled);
-   assert_string_equal (cfg->admin_listen, "127.0.0.1:9187");
+   assert_string_equal (cfg->admin_listen, "127.0.0.1:27118");
    assert_string_equal (cfg->admin_token, "");
    assert_int_equal (cfg->max_clients, 10000);
    assert_string_equal (cfg->compressors, "snappy,zlib,zstd");
@@ -81,7 +81,7 @@ test_tracing (void **state)
    (void) state;
    assert_string_equal (cfg->tracing_otlp_endpoint, "");
    assert_string_equal (cfg->tracing_sample, "never");
-   assert_string_equal (cfg->tracing_service_name, "relaybus-proxy");
+   assert_string_equal (cfg->tracing_service_name, "");
    config_release (cfg);
    cfg = parse_ok ("[tracing]\notlp_endpoint = http://otel:4318\nsample = 0.25\nresource_attributes = a=1, b=2\n");
    assert_string_equal (cfg->tracing_otlp_endpoint, "http://otel:4318");
@@ -110,7 +110,7 @@ test_design_example (void **state)
       "enabled = true\n"
       "\n"
       "[admin]\n"
-      "listen = 127.0.0.1:9187\n"
+      "listen = 127.0.0.1:27118\n"
       "token =                           ; empty: no authentication (loopback only)\n"
       "\n"
       "[handler send-confirmation]\n"
@@ -158,6 +158,18 @@ test_errors_name_line_and_key (void **state)
                 "cannot read '/nonexistent.pem'");
    parse_fails ("[outbox]\ndatabase = bad name\n", "[outbox] database");
    parse_fails ("[proxy]\n[proxy]\nmax_clients = 3\n[proxy]\n", "appears twice");
+   /* Values checked once the whole file is read name their line too. */
+   parse_fails ("[proxy]\nmax_clients = 5\npool_mode = both\n", "test.ini:3: [proxy] pool_mode: 'both' is not session or pooled");
+   parse_fails ("[proxy]\nlog_level = loud\n", "test.ini:2: [proxy] log_level: 'loud'");
+   parse_fails ("[proxy]\n\nlog_format = xml\n", "test.ini:3: [proxy] log_format: 'xml'");
+   parse_fails ("[proxy]\nlog_file = relative.log\n", "test.ini:2: [proxy] log_file: 'relative.log' is not an absolute path");
+   parse_fails ("[outbox]\nshard_collections = maybe\n", "test.ini:2: [outbox] shard_collections: 'maybe'");
+   parse_fails ("[outbox]\nunrouted = drop\n", "test.ini:2: [outbox] unrouted: 'drop'");
+   parse_fails ("[admin]\n[outbox]\ndatabase = bad name\n", "test.ini:3: [outbox] database: 1-63 characters");
+   parse_fails ("[tracing]\nsample = often\n", "test.ini:2: [tracing] sample: 'often'");
+   parse_fails ("[tracing]\nsample = never\notlp_endpoint = ftp://x\n", "test.ini:3: [tracing] otlp_endpoint: 'ftp://x'");
+   parse_fails ("[tracing]\nresource_attributes = a\n", "test.ini:2: [tracing] resource_attributes: 'a' is not key=value");
+   parse_fails ("[proxy]\ntls_cert_file = /etc/hostname\n", "test.ini:2: [proxy] tls_cert_file and tls_key_file go together");
 }
 
 static void
@@ -473,7 +485,7 @@ test_write_masks_secrets (void **state)
 {
    config_t *cfg = parse_ok ("[admin]\ntoken = s3cret-token\n"
                              "[handler h]\nevents = a\nkind = webhook\nurl = http://x/\n"
-                             "secret = whsec_c2VjcmV0c2VjcmV0\n");
+                             "secret = whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0\n");
    char *buf = NULL;
    size_t len = 0;
    FILE *f = open_memstream (&buf, &len);
@@ -481,7 +493,7 @@ test_write_masks_secrets (void **state)
    config_write (cfg, f);
    fclose (f);
    assert_null (strstr (buf, "s3cret-token"));
-   assert_null (strstr (buf, "whsec_c2VjcmV0c2VjcmV0"));
+   assert_null (strstr (buf, "whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"));
    assert_non_null (strstr (buf, "[handler h]\n"));
    assert_non_null (strstr (buf, "max_clients = 10000\n"));
 
@@ -523,9 +535,9 @@ test_mask (void **state)
       {"url", "http://127.0.0.1:9/x", "http://127.0.0.1:9/x"},
       /* Whole secrets. */
       {"token", "s3cret-token", "********"},
-      {"secret", "whsec_c2VjcmV0c2VjcmV0", "********"},
+      {"secret", "whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0", "********"},
       {"token", "", ""},
-      {"listen", "127.0.0.1:9187", "127.0.0.1:9187"},
+      {"listen", "127.0.0.1:27118", "127.0.0.1:27118"},
       /* A key's value is one URL, spaces included; a message may hold
        * several, each ending at white space or a quote. */
       {"upstream", "mongodb://app:pa ss@db1/", "mongodb://app:********@db1/"},
@@ -924,24 +936,24 @@ test_admin_token_beyond_loopback (void **state)
    empty = write_secret (dir, "empty", "", 0600);
    crlf = write_secret (dir, "newline", "\n", 0600);
    setenv ("RB_TEST_EMPTY_TOKEN", "", 1);
-   parse_fails ("[admin]\nlisten = 0.0.0.0:9187\ntoken =\n", "[admin] token: empty, and the admin port listens on 0.0.0.0:9187, beyond loopback");
-   parse_fails ("[admin]\nlisten = 0.0.0.0:9187\n", "[admin] token: empty");
-   parse_fails ("[admin]\nlisten = [::]:9187\n", "[admin] token: empty");
-   parse_fails ("[admin]\nlisten = 10.1.2.3:9187\n", "[admin] token: empty");
-   parse_fails ("[admin]\nlisten = admin.example:9187\n", "[admin] token: empty");
-   parse_fails ("[admin]\nlisten = 0.0.0.0:9187\ntoken = ${RB_TEST_EMPTY_TOKEN}\n", "[admin] token: empty");
-   snprintf (text, sizeof text, "[admin]\nlisten = 0.0.0.0:9187\ntoken_file = %s\n", empty);
+   parse_fails ("[admin]\nlisten = 0.0.0.0:27118\ntoken =\n", "[admin] token: empty, and the admin port listens on 0.0.0.0:27118, beyond loopback");
+   parse_fails ("[admin]\nlisten = 0.0.0.0:27118\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = [::]:27118\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = 10.1.2.3:27118\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = admin.example:27118\n", "[admin] token: empty");
+   parse_fails ("[admin]\nlisten = 0.0.0.0:27118\ntoken = ${RB_TEST_EMPTY_TOKEN}\n", "[admin] token: empty");
+   snprintf (text, sizeof text, "[admin]\nlisten = 0.0.0.0:27118\ntoken_file = %s\n", empty);
    parse_fails (text, "[admin] token_file: ");
-   parse_fails (text, "is empty, and the admin port listens on 0.0.0.0:9187, beyond loopback");
-   snprintf (text, sizeof text, "[admin]\nlisten = 0.0.0.0:9187\ntoken_file = %s\n", crlf);
+   parse_fails (text, "is empty, and the admin port listens on 0.0.0.0:27118, beyond loopback");
+   snprintf (text, sizeof text, "[admin]\nlisten = 0.0.0.0:27118\ntoken_file = %s\n", crlf);
    parse_fails (text, "[admin] token_file: ");
    /* Loopback, a Unix socket, or no admin port: no token needed. */
-   for (const char *const *l = (const char *const[]){"127.0.0.1:9187", "127.8.9.1:9187", "[::1]:9187", "localhost:9187", "", NULL}; *l; l++) {
+   for (const char *const *l = (const char *const[]){"127.0.0.1:27118", "127.8.9.1:27118", "[::1]:27118", "localhost:27118", "", NULL}; *l; l++) {
       snprintf (text, sizeof text, "[admin]\nlisten = %s\ntoken = ${RB_TEST_EMPTY_TOKEN}\n", *l);
       config_release (parse_ok (text));
    }
    /* Beyond loopback with a token. */
-   cfg = parse_ok ("[admin]\nlisten = 0.0.0.0:9187\ntoken = t0ken\n");
+   cfg = parse_ok ("[admin]\nlisten = 0.0.0.0:27118\ntoken = t0ken\n");
    assert_string_equal (cfg->admin_token, "t0ken");
    config_release (cfg);
    unlink (empty);

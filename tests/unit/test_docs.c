@@ -32,10 +32,12 @@
 #include <cmocka.h>
 #include <openssl/evp.h>
 
+#include "autoconf.h"
 #include "base/config.h"
 #include "admin/render.h"
 #include "base/outbox.h"
 #include "base/pull.h"
+#include "dispatch/webhook.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."
@@ -863,6 +865,382 @@ test_sample_request_verifies (void **state)
    free (doc);
 }
 
+/* ------------------------------------------------------------ versions */
+
+/* Whether `doc` (read from `file`) holds `needle`; a problem otherwise. */
+static void
+want_text (problems_t *p, const char *file, const char *doc, const char *needle, const char *what)
+{
+   if (!doc)
+      problem (p, "%s: cannot be read", file);
+   else if (!strstr (doc, needle))
+      problem (p, "%s: %s (no \"%s\")", file, what, needle);
+}
+
+/* One version: what configure.ac declares (PACKAGE_VERSION, which
+ * --version, relaybus_build_info and the handshake print) is the first
+ * entry of debian/changelog, the first version section of CHANGELOG.md,
+ * the image the Kubernetes manifest runs and the file names of
+ * docs/deployment.md; and the upgrade text of outbox-schema.md names it. */
+static void
+test_one_version (void **state)
+{
+   problems_t p = {0};
+   char *configure = read_file (RELAYBUS_TOP_SRCDIR "/configure.ac");
+   char *debian = read_file (RELAYBUS_TOP_SRCDIR "/debian/changelog");
+   char *changelog = read_file (RELAYBUS_TOP_SRCDIR "/CHANGELOG.md");
+   char *manifest = read_file (RELAYBUS_TOP_SRCDIR "/deploy/kubernetes/deployment.yaml");
+   char *deployment = read_file (RELAYBUS_TOP_SRCDIR "/docs/deployment.md");
+   char *schema = read_file (RELAYBUS_TOP_SRCDIR "/docs/outbox-schema.md");
+   char buf[256];
+   const char *first;
+
+   (void) state;
+   snprintf (buf, sizeof buf, "AC_INIT([relaybus-proxy], [%s]", PACKAGE_VERSION);
+   want_text (&p, "configure.ac", configure, buf, "does not declare the version the build has");
+   snprintf (buf, sizeof buf, "relaybus-proxy (%s) ", PACKAGE_VERSION);
+   if (!debian || strncmp (debian, buf, strlen (buf)) != 0)
+      problem (&p, "debian/changelog: its first entry is not \"%s\"", buf);
+   first = changelog ? strstr (changelog, "\n## ") : NULL;
+   snprintf (buf, sizeof buf, "\n## %s ", PACKAGE_VERSION);
+   if (!first || strncmp (first, buf, strlen (buf)) != 0)
+      problem (&p, "CHANGELOG.md: its first version section is not \"## %s\"", PACKAGE_VERSION);
+   if (changelog && strstr (changelog, "\n## Unreleased"))
+      problem (&p, "CHANGELOG.md: an \"Unreleased\" section beside the current version's");
+   snprintf (buf, sizeof buf, "image: relaybus-proxy:%s\n", PACKAGE_VERSION);
+   want_text (&p, "deploy/kubernetes/deployment.yaml", manifest, buf, "does not run this version's image");
+   want_text (&p, "docs/deployment.md", deployment, buf, "shows another version's image");
+   snprintf (buf, sizeof buf, "relaybus-proxy_%s_amd64.deb", PACKAGE_VERSION);
+   want_text (&p, "docs/deployment.md", deployment, buf, "names another version's package");
+   snprintf (buf, sizeof buf, "to %s", PACKAGE_VERSION);
+   want_text (&p, "docs/outbox-schema.md", schema, buf, "the upgrade of the lanes does not name the version it leads to");
+   problems_check (&p);
+   free (configure);
+   free (debian);
+   free (changelog);
+   free (manifest);
+   free (deployment);
+   free (schema);
+}
+
+/* ------------------------------------------------------------ the prose */
+
+/* The text of `doc` from `start` (a heading or a marker) to the next
+ * line starting with `end_prefix` after it (or the end); NULL when
+ * `start` is missing.  Caller frees. */
+static char *
+section_text (const char *doc, const char *start, const char *end_prefix)
+{
+   const char *a = doc ? strstr (doc, start) : NULL, *b;
+   char *needle;
+
+   if (!a)
+      return NULL;
+   needle = bson_strdup_printf ("\n%s", end_prefix);
+   b = strstr (a + strlen (start), needle);
+   bson_free (needle);
+   return bson_strndup (a, b ? (size_t) (b - a) : strlen (a));
+}
+
+/* README.md's sample request is what the webhook sender sends: libcurl
+ * keeps the connection alive (no "connection: close") and sends an accept
+ * header.  packaging/test-fresh compares the whole header list with a
+ * real delivery. */
+static void
+test_readme_sample_request (void **state)
+{
+   char *readme = read_file (RELAYBUS_TOP_SRCDIR "/README.md");
+   char *sample = section_text (readme, "\nPOST /hooks {", "}");
+   problems_t p = {0};
+
+   (void) state;
+   if (!sample)
+      problem (&p, "README.md: no sample request (POST /hooks {)");
+   else {
+      if (strstr (sample, "connection:"))
+         problem (&p, "README.md: the sample request shows a connection header; the webhook sender keeps connections alive");
+      if (!strstr (sample, "\n  accept: '*/*',"))
+         problem (&p, "README.md: the sample request lacks the accept header the sender sends");
+      for (const char *h = "content-type\0user-agent\0webhook-id\0webhook-timestamp\0webhook-signature\0"; *h; h += strlen (h) + 1) {
+         char *want = bson_strdup_printf ("'%s':", h);
+         if (!strstr (sample, want))
+            problem (&p, "README.md: the sample request lacks %s", h);
+         bson_free (want);
+      }
+   }
+   problems_check (&p);
+   bson_free (sample);
+   free (readme);
+}
+
+/* configuration.md's syntax names every section of the key table. */
+static void
+test_sections_listed (void **state)
+{
+   char *doc = read_file (RELAYBUS_TOP_SRCDIR "/docs/configuration.md");
+   char *line = section_text (doc, "- `[section]` headers:", "- ");
+   problems_t p = {0};
+
+   (void) state;
+   if (!line)
+      problem (&p, "docs/configuration.md: no \"[section] headers\" line in Syntax");
+   for (int sec = CONFIG_SECTION_PROXY; line && sec < CONFIG_SECTION_HANDLER; sec++) {
+      char *want = bson_strdup_printf ("`[%s]`", config_section_name ((config_section_t) sec));
+      if (!strstr (line, want))
+         problem (&p, "docs/configuration.md: the list of sections lacks %s", want);
+      bson_free (want);
+   }
+   if (line && !strstr (line, "`[handler NAME]`"))
+      problem (&p, "docs/configuration.md: the list of sections lacks [handler NAME]");
+   problems_check (&p);
+   bson_free (line);
+   free (doc);
+}
+
+/* The job number of the first line of `block` ending in " &" that holds
+ * `what` (jobs count from 1 in the order they are started); 0 if none. */
+static int
+job_of (const char *block, const char *what)
+{
+   int job = 0;
+
+   for (const char *l = block; l && *l;) {
+      const char *eol = strchr (l, '\n');
+      size_t len = eol ? (size_t) (eol - l) : strlen (l);
+
+      if (len >= 2 && !strncmp (l + len - 2, " &", 2)) {
+         char *line = bson_strndup (l, len);
+         job++;
+         if (strstr (line, what)) {
+            bson_free (line);
+            return job;
+         }
+         bson_free (line);
+      }
+      l = eol ? eol + 1 : NULL;
+   }
+   return 0;
+}
+
+/* The README's "Try it" stops its three jobs with one kill; operations.md
+ * says in which order they get the signal and names each job rightly. */
+static void
+test_stop_order (void **state)
+{
+   char *readme = read_file (RELAYBUS_TOP_SRCDIR "/README.md");
+   char *ops = read_file (RELAYBUS_TOP_SRCDIR "/docs/operations.md");
+   char *block = section_text (readme, "## Try it", "## ");
+   const char *kill = block ? strstr (block, "Stop everything with `kill ") : NULL;
+   int proxy = block ? job_of (block, "relaybus-proxy -c") : 0, dbl = block ? job_of (block, "mongod-double") : 0,
+       recv = block ? job_of (block, "createServer") : 0;
+   char cmd[64], want[128];
+   problems_t p = {0};
+
+   (void) state;
+   if (!kill || !proxy || !dbl || !recv) {
+      problem (&p, "README.md: \"Try it\" has no receiver, double and proxy job, or no \"Stop everything with `kill ...`\"");
+   } else {
+      kill += strlen ("Stop everything with `");
+      snprintf (cmd, sizeof cmd, "%.*s", (int) strcspn (kill, "`"), kill);
+      snprintf (want, sizeof want, "`%s` signals the proxy (`%%%d`) first", cmd, proxy);
+      if (!ops || !strstr (ops, want))
+         problem (&p, "docs/operations.md: does not say \"%s\" (the README's jobs: receiver %%%d, double %%%d, proxy %%%d)",
+                  want, recv, dbl, proxy);
+      snprintf (want, sizeof want, "the server double (`%%%d`) and the receiver\n(`%%%d`)", dbl, recv);
+      if (ops && !strstr (ops, want))
+         problem (&p, "docs/operations.md: does not name the double as %%%d and the receiver as %%%d", dbl, recv);
+   }
+   problems_check (&p);
+   bson_free (block);
+   free (readme);
+   free (ops);
+}
+
+/* The man page's ENVIRONMENT names every variable the proxy reads
+ * (getenv in src/), and those it hands to libraries; its DESCRIPTION names
+ * every kind of handler. */
+static void
+test_man_page (void **state)
+{
+   static const char *const sources[] = {"main.c",         "base/notify.c", "base/log.c",      "base/trace.c",
+                                         "base/config.c",  "dispatch/webhook.c"};
+   static const char *const more[] = {"CREDENTIALS_DIRECTORY", "https_proxy", "no_proxy", "${ NAME }",
+                                      "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_HEADERS",
+                                      "OTEL_EXPORTER_OTLP_TRACES_HEADERS"};
+   static const char *const kinds[] = {"webhooks", "pull consumers", "Kafka", "RabbitMQ", "NATS"};
+   char *man = read_file (RELAYBUS_TOP_SRCDIR "/docs/man/relaybus-proxy.1.in");
+   char *env = section_text (man, ".SH ENVIRONMENT", ".SH ");
+   char *desc = section_text (man, ".SH DESCRIPTION", ".SH ");
+   problems_t p = {0};
+
+   (void) state;
+   if (!env || !desc) {
+      problem (&p, "docs/man/relaybus-proxy.1.in: no ENVIRONMENT or DESCRIPTION section");
+      goto done;
+   }
+   for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
+      char *path = bson_strdup_printf (RELAYBUS_TOP_SRCDIR "/src/%s", sources[i]);
+      char *src = read_file (path);
+
+      for (const char *g = src ? strstr (src, "getenv (\"") : NULL; g; g = strstr (g + 1, "getenv (\"")) {
+         const char *name = g + strlen ("getenv (\"");
+         char *var = bson_strndup (name, strcspn (name, "\""));
+         if (!strstr (env, var))
+            problem (&p, "relaybus-proxy(1) ENVIRONMENT: %s (read in src/%s) is missing", var, sources[i]);
+         bson_free (var);
+      }
+      free (src);
+      bson_free (path);
+   }
+   for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+      if (!strstr (env, more[i]))
+         problem (&p, "relaybus-proxy(1) ENVIRONMENT: %s is missing", more[i]);
+   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+      if (!strstr (desc, kinds[i]))
+         problem (&p, "relaybus-proxy(1) DESCRIPTION: the handlers do not include %s", kinds[i]);
+done:
+   problems_check (&p);
+   bson_free (env);
+   bson_free (desc);
+   free (man);
+}
+
+/* Whether `word` occurs in `text` as a whole word (not followed or
+ * preceded by a letter, a digit or '-'). */
+static bool
+names_word (const char *text, const char *word)
+{
+   size_t n = strlen (word);
+
+   for (const char *w = strstr (text, word); w; w = strstr (w + 1, word)) {
+      char before = w > text ? w[-1] : ' ', after = w[n];
+      if (!isalnum ((unsigned char) before) && before != '-' && !isalnum ((unsigned char) after) && after != '-')
+         return true;
+   }
+   return false;
+}
+
+/* etc/relaybus-proxy.ini: [outbox]'s comment names every collection; the
+ * header.NAME comment names every header the sender refuses to take from
+ * the configuration (and configuration.md the same); the package's
+ * configuration path in deployment.md is the one debian/ installs. */
+static void
+test_sample_ini_and_paths (void **state)
+{
+   static const char *const candidates[] = {"Host",   "Content-Type", "Content-Length", "Transfer-Encoding", "Connection",
+                                            "Expect", "Accept",       "User-Agent",     "Authorization",     "X-Tenant"};
+   char *ini = read_file (RELAYBUS_TOP_SRCDIR "/etc/relaybus-proxy.ini");
+   char *conf = read_file (RELAYBUS_TOP_SRCDIR "/docs/configuration.md");
+   char *deploy = read_file (RELAYBUS_TOP_SRCDIR "/docs/deployment.md");
+   char *install = read_file (RELAYBUS_TOP_SRCDIR "/debian/relaybus-proxy.install");
+   char *outbox = section_text (ini, "\n[outbox]", "database =");
+   char *hdr = section_text (ini, "; webhook: header.NAME = VALUE", "; header.X-Tenant");
+   problems_t p = {0};
+
+   (void) state;
+   if (!outbox || !hdr) {
+      problem (&p, "etc/relaybus-proxy.ini: no [outbox] comment or header.NAME comment");
+      goto done;
+   }
+   for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
+      const char *name = outbox_collection_suffix ((outbox_collection_t) c);
+      if (!strstr (outbox, name))
+         problem (&p, "etc/relaybus-proxy.ini: [outbox]'s comment does not name the collection %s", name);
+   }
+   for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
+      bson_error_t err;
+      bool refused = !webhook_header_valid (candidates[i], "x", &err);
+      char *want;
+
+      if (refused && !names_word (hdr, candidates[i]))
+         problem (&p, "etc/relaybus-proxy.ini: the header.NAME comment does not name %s, which is refused", candidates[i]);
+      if (!refused && names_word (hdr, candidates[i]))
+         problem (&p, "etc/relaybus-proxy.ini: the header.NAME comment names %s, which is accepted", candidates[i]);
+      want = bson_strdup_printf ("`%s`", candidates[i]);
+      if (refused && (!conf || !strstr (conf, want)))
+         problem (&p, "docs/configuration.md: header.NAME does not name %s, which is refused", candidates[i]);
+      bson_free (want);
+   }
+   if (!strstr (hdr, "signature"))
+      problem (&p, "etc/relaybus-proxy.ini: the header.NAME comment does not say values of *signature* names are masked");
+   if (!install || !strstr (install, "etc/relaybus-proxy/relaybus-proxy.ini"))
+      problem (&p, "debian/relaybus-proxy.install: no etc/relaybus-proxy/relaybus-proxy.ini");
+   if (deploy && strstr (deploy, "/etc/relaybus-proxy.ini"))
+      problem (&p, "docs/deployment.md: names /etc/relaybus-proxy.ini; the package's is /etc/relaybus-proxy/relaybus-proxy.ini");
+done:
+   problems_check (&p);
+   bson_free (outbox);
+   bson_free (hdr);
+   free (ini);
+   free (conf);
+   free (deploy);
+   free (install);
+}
+
+/* scripts/lib.sh asks for the Node.js that the locked mongodb driver needs
+ * (its engines field), and CONTRIBUTING.md and README.md link only to files
+ * of the repository. */
+static void
+test_node_and_links (void **state)
+{
+   char *lib = read_file (RELAYBUS_TOP_SRCDIR "/scripts/lib.sh");
+   char *lock = read_file (RELAYBUS_TOP_SRCDIR "/tests/package-lock.json");
+   const char *m = lock ? strstr (lock, "\"node_modules/mongodb\": {") : NULL;
+   const char *eng = m ? strstr (m, "\"node\": \">=") : NULL;
+   problems_t p = {0};
+
+   (void) state;
+   if (!eng)
+      problem (&p, "tests/package-lock.json: no engines of node_modules/mongodb");
+   else {
+      /* ">=20.19.0" -> "20.19" */
+      const char *v = eng + strlen ("\"node\": \">=");
+      size_t n = strcspn (v, "\"");
+      char *ver = bson_strndup (v, n), *want;
+      char *last = strrchr (ver, '.');
+
+      if (last && last != strchr (ver, '.') && !strcmp (last, ".0"))
+         *last = '\0';
+      want = bson_strdup_printf ("RELAYBUS_NODE_MIN=%s\n", ver);
+      if (!lib || !strstr (lib, want))
+         problem (&p, "scripts/lib.sh: does not set %s (the mongodb driver's engines: >=%.*s)", want, (int) n, v);
+      bson_free (want);
+      bson_free (ver);
+   }
+   for (const char *f = "CONTRIBUTING.md\0README.md\0docs/conventions.md\0"; *f; f += strlen (f) + 1) {
+      char *path = bson_strdup_printf (RELAYBUS_TOP_SRCDIR "/%s", f);
+      char *doc = read_file (path);
+      const char *dir = strchr (f, '/') ? "docs/" : "";
+
+      if (!doc)
+         problem (&p, "%s: cannot be read", f);
+      for (const char *l = doc ? strstr (doc, "](") : NULL; l; l = strstr (l + 2, "](")) {
+         const char *t = l + 2;
+         size_t n = strcspn (t, ")#");
+         char *target, *full;
+         FILE *fh;
+
+         if (n == 0 || !strncmp (t, "http://", 7) || !strncmp (t, "https://", 8))
+            continue;
+         target = bson_strndup (t, n);
+         full = bson_strdup_printf (RELAYBUS_TOP_SRCDIR "/%s%s", dir, target);
+         if (!(fh = fopen (full, "r")))
+            problem (&p, "%s: links to %s, which is not in the repository", f, target);
+         else
+            fclose (fh);
+         bson_free (target);
+         bson_free (full);
+      }
+      if (doc && strstr (doc, "STYLE.md"))
+         problem (&p, "%s: cites STYLE.md, which is not in the repository (the conventions are docs/conventions.md)", f);
+      free (doc);
+      bson_free (path);
+   }
+   problems_check (&p);
+   free (lib);
+   free (lock);
+}
+
 int
 main (void)
 {
@@ -872,6 +1250,13 @@ main (void)
       cmocka_unit_test (test_endpoints_documented),
       cmocka_unit_test (test_alerts_documented),
       cmocka_unit_test (test_sample_request_verifies),
+      cmocka_unit_test (test_one_version),
+      cmocka_unit_test (test_readme_sample_request),
+      cmocka_unit_test (test_sections_listed),
+      cmocka_unit_test (test_stop_order),
+      cmocka_unit_test (test_man_page),
+      cmocka_unit_test (test_sample_ini_and_paths),
+      cmocka_unit_test (test_node_and_links),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);

@@ -317,7 +317,7 @@ test_hash_keeps_no_secret (void **state)
 {
    static const char *const texts[] = {
       "[handler w]\nevents = a\nkind = webhook\nurl = http://127.0.0.1:1/x\nsecret = whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
-      "[handler w]\nevents = a\nkind = webhook\nurl = http://127.0.0.1:1/x\nsecret = whsec_AAECAwQFBgcICQoLDA0ODw==\n",
+      "[handler w]\nevents = a\nkind = webhook\nurl = http://127.0.0.1:1/x\nsecret = whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX\n",
       "[handler w]\nevents = a\nkind = webhook\nurl = http://user:pw-one@127.0.0.1:1/x\n",
       "[handler w]\nevents = a\nkind = webhook\nurl = http://user:pw-two@127.0.0.1:1/x\n",
       "[handler w]\nevents = a\nkind = webhook\nurl = http://other:pw-one@127.0.0.1:1/x\n",

@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -198,7 +199,7 @@ test_cloudevents_binary (void **state)
          {"type", "order.placed.v1"},
          {"time", "2023-11-14T22:13:20.123Z"},
          {"subject", "order-1"},
-         {"sequence", "7"},
+         {"sequence", "0000000000000000007"},
       };
 
       assert_true (format_render (&o, bindings[i].b, &d, &m, &err));
@@ -260,7 +261,7 @@ test_cloudevents_structured (void **state)
    assert_utf8 (parsed, "type", "order.placed.v1");
    assert_utf8 (parsed, "time", "2023-11-14T22:13:20.123Z");
    assert_utf8 (parsed, "subject", "order-1");
-   assert_utf8 (parsed, "sequence", "7");
+   assert_utf8 (parsed, "sequence", "0000000000000000007");
    assert_utf8 (parsed, "datacontenttype", "application/json");
    assert_utf8 (parsed, "traceparent", TRACEPARENT);
    assert_utf8 (parsed, "tracestate", "vendor=x");
@@ -506,6 +507,37 @@ test_type_prefix (void **state)
    bson_free (s);
 }
 
+/* The sequence extension: sequences of one key compare as strings in their
+ * order (9 before 10, 99 before 100, up to INT64_MAX), in every binding. */
+static void
+test_cloudevents_sequence_order (void **state)
+{
+   static const int64_t seqs[] = {1, 9, 10, 99, 100, 4294967296LL, INT64_MAX};
+   format_opts_t o = opts (HANDLER_FORMAT_CLOUDEVENTS, HANDLER_JSON_RELAXED);
+   store_delivery_t d;
+   bson_error_t err;
+   char prev[32] = "";
+
+   (void) state;
+   make_delivery (&d, true);
+   for (size_t i = 0; i < sizeof seqs / sizeof seqs[0]; i++) {
+      format_msg_t m;
+      const char *v;
+
+      d.sequence = seqs[i];
+      assert_true (format_render (&o, FORMAT_BINDING_HTTP, &d, &m, &err));
+      v = format_msg_header (&m, "ce-sequence");
+      assert_non_null (v);
+      assert_int_equal (strlen (v), 19);
+      assert_int_equal (strtoll (v, NULL, 10), seqs[i]);
+      if (i > 0 && strcmp (prev, v) >= 0)
+         fail_msg ("sequence %s sorts before %s as a string", v, prev);
+      bson_strncpy (prev, v, sizeof prev);
+      format_msg_fini (&m);
+   }
+   bson_destroy (d.event);
+}
+
 int
 main (void)
 {
@@ -520,6 +552,7 @@ main (void)
       cmocka_unit_test (test_not_json),
       cmocka_unit_test (test_rfc3339),
       cmocka_unit_test (test_type_prefix),
+      cmocka_unit_test (test_cloudevents_sequence_order),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }

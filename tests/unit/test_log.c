@@ -349,6 +349,106 @@ test_assert (void **state)
 #endif
 }
 
+/* Logs one line per level with JOURNAL_STREAM naming the file stderr is
+ * (as systemd does when stderr is the journal), then with it naming
+ * another file.  log_close around each makes log.c check stderr again. */
+static void
+log_levels_as_journal (void)
+{
+   struct stat st;
+   char v[64];
+
+   log_close ();
+   assert_int_equal (fstat (STDERR_FILENO, &st), 0);
+   snprintf (v, sizeof v, "%llu:%llu", (unsigned long long) st.st_dev, (unsigned long long) st.st_ino);
+   setenv ("JOURNAL_STREAM", v, 1);
+   log_error ("journal: an error");
+   log_warn ("journal: a warning");
+   log_info ("journal: information");
+   log_debug ("journal: a detail");
+   log_close ();
+   unsetenv ("JOURNAL_STREAM");
+}
+
+static void
+log_levels_other_stream (void)
+{
+   struct stat st;
+   char v[64];
+
+   log_close ();
+   assert_int_equal (fstat (STDERR_FILENO, &st), 0);
+   snprintf (v, sizeof v, "%llu:%llu", (unsigned long long) st.st_dev, (unsigned long long) st.st_ino + 1);
+   setenv ("JOURNAL_STREAM", v, 1);
+   log_error ("journal: an error");
+   log_close ();
+   unsetenv ("JOURNAL_STREAM");
+}
+
+/* sd-daemon(3): under JOURNAL_STREAM each line starts with its priority,
+ * in both formats, so that journalctl -p err finds the errors; a
+ * JOURNAL_STREAM of another file (stderr redirected after systemd started
+ * the process) leaves lines as they are. */
+static void
+test_journal_priorities (void **state)
+{
+   const char *out;
+
+   (void) state;
+   log_set_level (LOG_LEVEL_DEBUG);
+   out = capture (log_levels_as_journal);
+   assert_non_null (strstr (out, "<3>"));
+   assert_int_equal (strncmp (out, "<3>", 3), 0);
+   assert_non_null (strstr (out, "error [main] journal: an error\n<4>"));
+   assert_non_null (strstr (out, "warn  [main] journal: a warning\n<6>"));
+   assert_non_null (strstr (out, "info  [main] journal: information\n<7>"));
+   assert_non_null (strstr (out, "debug [main] journal: a detail\n"));
+   assert_int_equal (count_char (out, '<'), 4);
+
+   log_set_format (LOG_FORMAT_JSON);
+   out = capture (log_levels_as_journal);
+   assert_int_equal (strncmp (out, "<3>{\"time\":", 11), 0);
+   assert_non_null (strstr (out, "\n<4>{\"time\":"));
+   assert_non_null (strstr (out, "\n<7>{\"time\":"));
+   log_set_format (LOG_FORMAT_TEXT);
+
+   out = capture (log_levels_other_stream);
+   assert_null (strchr (out, '<'));
+   assert_non_null (strstr (out, "error [main] journal: an error\n"));
+   log_set_level (LOG_LEVEL_INFO);
+}
+
+static void
+log_with_trace (void)
+{
+   static const uint8_t trace_id[16] = {0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6,
+                                        0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36};
+   static const uint8_t span_id[8] = {0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7};
+
+   log_set_trace (trace_id, span_id);
+   log_warn ("dispatch: hook delivery d1 attempt 1 failed");
+   log_set_trace (NULL, NULL);
+   log_info ("dispatch: not about an event");
+}
+
+/* A JSON line about an event carries its trace_id and span_id (OpenTelemetry's
+ * log fields), so a log backend links it to the trace; other lines do not. */
+static void
+test_log_trace_ids (void **state)
+{
+   const char *out, *second;
+
+   (void) state;
+   log_set_format (LOG_FORMAT_JSON);
+   out = capture (log_with_trace);
+   log_set_format (LOG_FORMAT_TEXT);
+   second = strchr (out, '\n');
+   assert_non_null (second);
+   assert_non_null (strstr (out, "\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\",\"span_id\":\"00f067aa0ba902b7\",\"msg\":\"dispatch: hook delivery d1"));
+   assert_true (strstr (out, "trace_id") < second);
+   assert_null (strstr (second, "trace_id"));
+}
+
 int
 main (void)
 {
@@ -359,6 +459,8 @@ main (void)
       cmocka_unit_test (test_assert),
       cmocka_unit_test (test_log_json),
       cmocka_unit_test (test_log_file_trust),
+      cmocka_unit_test (test_journal_priorities),
+      cmocka_unit_test (test_log_trace_ids),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }

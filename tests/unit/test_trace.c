@@ -9,10 +9,13 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cmocka.h>
 
+#include "autoconf.h"
 #include "base/config.h"
 #include "base/trace.h"
 
@@ -121,9 +124,11 @@ test_otlp_json (void **state)
    b = parse_json (json);
    assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.0.key"), "service.name");
    assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.0.value.stringValue"), "shop");
-   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.1.key"), "deployment.environment");
-   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.1.value.stringValue"), "prod");
-   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.2.value.stringValue"), "a=b");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.1.key"), "service.version");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.1.value.stringValue"), PACKAGE_VERSION);
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.2.key"), "deployment.environment");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.2.value.stringValue"), "prod");
+   assert_string_equal (utf8_at (b, "resourceSpans.0.resource.attributes.3.value.stringValue"), "a=b");
    assert_string_equal (utf8_at (b, "resourceSpans.0.scopeSpans.0.scope.name"), "relaybus-proxy");
 #define SPAN0 "resourceSpans.0.scopeSpans.0.spans.0."
 #define SPAN1 "resourceSpans.0.scopeSpans.0.spans.1."
@@ -209,6 +214,172 @@ test_sample_values (void **state)
    }
 }
 
+static const char *const otel_vars[] = {
+   "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+   "OTEL_EXPORTER_OTLP_HEADERS",  "OTEL_EXPORTER_OTLP_TRACES_HEADERS",  "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER",
+};
+
+static void
+otel_clear (void)
+{
+   for (size_t i = 0; i < sizeof otel_vars / sizeof otel_vars[0]; i++)
+      unsetenv (otel_vars[i]);
+}
+
+/* The url the settings resolve to with `endpoint` in [tracing] (may be "")
+ * and the environment as set. */
+static const char *
+url_of (const char *endpoint)
+{
+   static char url[TRACE_URL_MAX];
+   config_t cfg = {0};
+   trace_settings_t t;
+   bson_error_t err;
+
+   cfg.tracing_otlp_endpoint = (char *) endpoint;
+   cfg.tracing_service_name = (char *) "";
+   cfg.tracing_resource_attributes = (char *) "";
+   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   bson_strncpy (url, t.url, sizeof url);
+   trace_settings_fini (&t);
+   return url;
+}
+
+static const char *
+attr (const trace_settings_t *t, const char *key)
+{
+   for (size_t i = 0; i < t->n_attrs; i++)
+      if (!strcmp (t->attr_keys[i], key))
+         return t->attr_values[i];
+   return NULL;
+}
+
+static const char *
+header (const trace_settings_t *t, const char *name)
+{
+   for (size_t i = 0; i < t->n_headers; i++)
+      if (!strcasecmp (t->header_names[i], name))
+         return t->header_values[i];
+   return NULL;
+}
+
+/* OpenTelemetry's environment where [tracing] leaves a key empty, and the
+ * configuration over it: the OTLP exporter specification's endpoint rules
+ * (the base endpoint gets v1/traces, the traces endpoint is used as it
+ * is), %-decoded resource attributes and headers, bad items left out. */
+static void
+test_settings_environment (void **state)
+{
+   config_t cfg = {0};
+   trace_settings_t t;
+   bson_error_t err;
+
+   (void) state;
+   otel_clear ();
+   assert_string_equal (url_of (""), "");
+   setenv ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318", 1);
+   assert_string_equal (url_of (""), "http://collector:4318/v1/traces");
+   setenv ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318/", 1);
+   assert_string_equal (url_of (""), "https://collector:4318/v1/traces");
+   setenv ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://gw/otel", 1);
+   assert_string_equal (url_of (""), "http://gw/otel/v1/traces");
+   setenv ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4318/custom/path", 1);
+   assert_string_equal (url_of (""), "http://traces:4318/custom/path");
+   /* The configuration wins. */
+   assert_string_equal (url_of ("http://mine:4318/"), "http://mine:4318/v1/traces");
+   /* Not a URL of HTTP: nothing. */
+   setenv ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4317", 1);
+   assert_string_equal (url_of (""), "");
+   /* Disabled, or another exporter: the environment counts for nothing. */
+   setenv ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4318/v1/traces", 1);
+   setenv ("OTEL_SDK_DISABLED", "true", 1);
+   assert_string_equal (url_of (""), "");
+   assert_string_equal (url_of ("http://mine:4318"), "http://mine:4318/v1/traces");
+   unsetenv ("OTEL_SDK_DISABLED");
+   setenv ("OTEL_TRACES_EXPORTER", "none", 1);
+   assert_string_equal (url_of (""), "");
+   unsetenv ("OTEL_TRACES_EXPORTER");
+
+   setenv ("OTEL_SERVICE_NAME", "orders-relay", 1);
+   setenv ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging, team = a%2Cb%3Dc ,broken,service.name=ignored,zone=%zz", 1);
+   setenv ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20s3cret,x-tenant=t1,bad name=1,x-crlf=a%0D%0Ab", 1);
+   setenv ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-Tenant=t2", 1);
+   cfg.tracing_otlp_endpoint = (char *) "";
+   cfg.tracing_service_name = (char *) "";
+   cfg.tracing_resource_attributes = (char *) "deployment.environment=prod,region=eu";
+   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   assert_string_equal (t.url, "http://traces:4318/v1/traces");
+   assert_string_equal (t.service_name, "orders-relay");
+   assert_string_equal (attr (&t, "deployment.environment"), "prod"); /* the configuration's */
+   assert_string_equal (attr (&t, "team"), "a,b=c");                  /* trimmed, %-decoded */
+   assert_string_equal (attr (&t, "region"), "eu");
+   assert_null (attr (&t, "broken"));
+   assert_null (attr (&t, "zone")); /* a bad %-escape */
+   assert_string_equal (header (&t, "authorization"), "Bearer s3cret");
+   assert_string_equal (header (&t, "x-tenant"), "t2"); /* the traces variable over the general one */
+   assert_int_equal (t.n_headers, 2);                  /* a bad name and a line break left out */
+   trace_settings_fini (&t);
+
+   /* service.name: the configuration's, else OTEL_SERVICE_NAME, else the
+    * attribute, else relaybus-proxy. */
+   cfg.tracing_service_name = (char *) "from-config";
+   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   assert_string_equal (t.service_name, "from-config");
+   trace_settings_fini (&t);
+   cfg.tracing_service_name = (char *) "";
+   unsetenv ("OTEL_SERVICE_NAME");
+   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   assert_string_equal (t.service_name, "ignored");
+   trace_settings_fini (&t);
+   otel_clear ();
+   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   assert_string_equal (t.service_name, "relaybus-proxy");
+   assert_int_equal (t.n_headers, 0);
+   trace_settings_fini (&t);
+}
+
+static const char *
+span_attr (const trace_span_t *s, const char *key)
+{
+   for (size_t i = 0; i < s->n_attrs; i++)
+      if (!strcmp (s->attrs[i].key, key))
+         return s->attrs[i].is_int ? NULL : s->attrs[i].str_value;
+   return NULL;
+}
+
+static int64_t
+span_int (const trace_span_t *s, const char *key)
+{
+   for (size_t i = 0; i < s->n_attrs; i++)
+      if (!strcmp (s->attrs[i].key, key) && s->attrs[i].is_int)
+         return s->attrs[i].int_value;
+   return -1;
+}
+
+/* A webhook send span's HTTP client attributes: the URL without its
+ * credentials and query values, the server's address and port. */
+static void
+test_http_client_attributes (void **state)
+{
+   trace_span_t s = {0};
+
+   (void) state;
+   trace_span_http_client (&s, "POST", "https://user:pw@hooks.example:8443/in/h?sig=abc&v=2");
+   assert_string_equal (span_attr (&s, "http.request.method"), "POST");
+   assert_string_equal (span_attr (&s, "url.full"), "https://REDACTED:REDACTED@hooks.example:8443/in/h?sig=REDACTED&v=REDACTED");
+   assert_string_equal (span_attr (&s, "server.address"), "hooks.example");
+   assert_int_equal (span_int (&s, "server.port"), 8443);
+   memset (&s, 0, sizeof s);
+   trace_span_http_client (&s, "POST", "http://[::1]/hook");
+   assert_string_equal (span_attr (&s, "url.full"), "http://[::1]/hook");
+   assert_string_equal (span_attr (&s, "server.address"), "::1");
+   assert_int_equal (span_int (&s, "server.port"), 80);
+   memset (&s, 0, sizeof s);
+   trace_span_http_client (&s, "POST", "not a url");
+   assert_string_equal (span_attr (&s, "url.full"), "");
+   assert_null (span_attr (&s, "server.address"));
+}
+
 int
 main (void)
 {
@@ -218,6 +389,8 @@ main (void)
       cmocka_unit_test (test_otlp_json),
       cmocka_unit_test (test_attribute_bounds),
       cmocka_unit_test (test_sample_values),
+      cmocka_unit_test (test_settings_environment),
+      cmocka_unit_test (test_http_client_attributes),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }

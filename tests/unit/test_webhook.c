@@ -366,7 +366,13 @@ test_config_secrets (void **state)
       const char *needle;
    } cases[] = {
       {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", true, NULL},
-      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_AAEC", true, NULL},
+      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+Pw==", true, NULL},
+      /* Standard Webhooks: 24 to 64 bytes, and the message says how to make one. */
+      {"whsec_AA==", false, "[handler hooks] secret: secret 1 of the list is 1 byte long; Standard Webhooks secrets are 24 to 64 bytes: make one with  echo \"whsec_$(openssl rand -base64 32)\""},
+      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw whsec_AAEC", false, "secret 2 of the list is 3 bytes long; Standard Webhooks secrets are 24 to 64 bytes"},
+      {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLa==", false, "secret 1 of the list is 22 bytes long"},
+      {"whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0A=", false, "secret 1 of the list is 65 bytes long"},
+      {"whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYX", true, NULL},
       {"plain-secret-bytes", false, "[handler hooks] secret: secret 1 of the list does not start with whsec_"},
       {"whsec_AAEC whsec_Zm9v!", false, "[handler hooks] secret: secret 2 of the list is not whsec_ followed by valid base64"},
       {"whsec_AAEC whsec_", false, "[handler hooks] secret: secret 2 of the list decodes to an empty key"},

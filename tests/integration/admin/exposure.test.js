@@ -92,10 +92,10 @@ test('--check-config refuses an admin port on 0.0.0.0 with an empty token, token
     return spawnSync(proxyBin(), ['-c', ini, '--check-config'], { encoding: 'utf8', timeout: 20000, env: { ...process.env, ...env } });
   };
   for (const [lines, env, want] of [
-    [['listen = 0.0.0.0:9187', 'token ='], {}, /\[admin\] token: empty, and the admin port listens on 0\.0\.0\.0:9187, beyond loopback/],
-    [['listen = 0.0.0.0:9187'], {}, /\[admin\] token: empty/],
-    [['listen = 0.0.0.0:9187', `token_file = ${emptyFile}`], {}, /\[admin\] token_file: .*token is empty, and the admin port listens on 0\.0\.0\.0:9187/],
-    [['listen = 0.0.0.0:9187', 'token = ${RELAYBUS_ADMIN_TOKEN}'], { RELAYBUS_ADMIN_TOKEN: '' }, /\[admin\] token: empty/],
+    [['listen = 0.0.0.0:27118', 'token ='], {}, /\[admin\] token: empty, and the admin port listens on 0\.0\.0\.0:27118, beyond loopback/],
+    [['listen = 0.0.0.0:27118'], {}, /\[admin\] token: empty/],
+    [['listen = 0.0.0.0:27118', `token_file = ${emptyFile}`], {}, /\[admin\] token_file: .*token is empty, and the admin port listens on 0\.0\.0\.0:27118/],
+    [['listen = 0.0.0.0:27118', 'token = ${RELAYBUS_ADMIN_TOKEN}'], { RELAYBUS_ADMIN_TOKEN: '' }, /\[admin\] token: empty/],
   ]) {
     const r = check(lines, env);
     assert.notEqual(r.status, 0, `${lines.join('; ')}: accepted\n${r.stdout}`);
@@ -103,8 +103,8 @@ test('--check-config refuses an admin port on 0.0.0.0 with an empty token, token
   }
   // On loopback an empty token is allowed (requests must name the port by address), and beyond
   // it a token is enough.
-  assert.equal(check(['listen = 127.0.0.1:9187', 'token =']).status, 0);
-  assert.equal(check(['listen = 0.0.0.0:9187', 'token = ${RELAYBUS_ADMIN_TOKEN}'], { RELAYBUS_ADMIN_TOKEN: 't0ken' }).status, 0);
+  assert.equal(check(['listen = 127.0.0.1:27118', 'token =']).status, 0);
+  assert.equal(check(['listen = 0.0.0.0:27118', 'token = ${RELAYBUS_ADMIN_TOKEN}'], { RELAYBUS_ADMIN_TOKEN: 't0ken' }).status, 0);
 });
 
 test('--check-config shows no credential from the URIs', { timeout: 30000 }, () => {

@@ -196,7 +196,7 @@ test('without a token, actions must name the port by address (DNS rebinding)', {
     const r = await request(proxy.base, '/api/deliveries/requeue', { method: 'POST', body, headers: { ...ct, host } });
     assert.equal(r.status, 403, `Host ${JSON.stringify(host)}: ${r.status} ${r.text}`);
   }
-  for (const host of [`127.0.0.1:${proxy.adminPort}`, `localhost:${proxy.adminPort}`, 'LOCALHOST', '[::1]:9187']) {
+  for (const host of [`127.0.0.1:${proxy.adminPort}`, `localhost:${proxy.adminPort}`, 'LOCALHOST', '[::1]:27118']) {
     const r = await request(proxy.base, '/api/deliveries/requeue', { method: 'POST', body, headers: { ...ct, host } });
     assert.equal(r.status, 200, `Host ${host}: ${r.status} ${r.text}`);
     assert.deepEqual(r.json, { requested: 1, requeued: 0, ids: [] });

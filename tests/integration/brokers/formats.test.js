@@ -63,7 +63,7 @@ function checkBinary(h, prefix, source) {
   assert.match(h[`${prefix}time`], /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
   assert.ok(Math.abs(Date.parse(h[`${prefix}time`]) - Date.now()) < 120000, 'time is the event createdAt');
   assert.equal(h[`${prefix}subject`], 'order-1');
-  assert.equal(String(h[`${prefix}sequence`]), '1');
+  assert.equal(String(h[`${prefix}sequence`]), '0000000000000000001');
   assert.equal(h.traceparent, TRACEPARENT);
   assert.equal(h.tenant, 't1');
 }
@@ -75,7 +75,7 @@ function checkStructured(body, source) {
   assert.equal(body.type, 'order.placed.v1');
   assert.match(body.time, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
   assert.equal(body.subject, 'order-1');
-  assert.equal(body.sequence, '1');
+  assert.equal(body.sequence, '0000000000000000001');
   assert.equal(body.datacontenttype, 'application/json');
   assert.equal(body.traceparent, TRACEPARENT);
   assert.deepEqual(body.data, PAYLOAD_RELAXED);

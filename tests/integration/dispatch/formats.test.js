@@ -98,7 +98,7 @@ test('each format reaches a webhook as documented, signed over the body sent, wi
   assert.match(ce['ce-time'], /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
   assert.ok(Math.abs(Date.parse(ce['ce-time']) - Date.now()) < 60000, 'time is the event createdAt');
   assert.equal(ce['ce-subject'], 'order-1');
-  assert.equal(ce['ce-sequence'], '1');
+  assert.equal(ce['ce-sequence'], '0000000000000000001');
   assert.deepEqual(JSON.parse(by.ce.body), { orderId: 'order-1', at: { $date: '2026-11-30T11:00:00Z' } });
 
   // cloudevents-structured: one object, the default source.
@@ -110,7 +110,7 @@ test('each format reaches a webhook as documented, signed over the body sent, wi
   assert.equal(st.type, 'order.placed.v1');
   assert.equal(st.time, ce['ce-time']);
   assert.equal(st.subject, 'order-1');
-  assert.equal(st.sequence, '1');
+  assert.equal(st.sequence, '0000000000000000001');
   assert.equal(st.datacontenttype, 'application/json');
   assert.equal(st.traceparent, TRACEPARENT);
   assert.deepEqual(st.data, { orderId: 'order-1', at: { $date: '2026-11-30T11:00:00Z' } });
@@ -181,7 +181,7 @@ test('pull: relaybusClaim hands out the rendered body, the CloudEvents attribute
   assert.equal(d.attributes.source, 'urn:shop:orders');
   assert.equal(d.attributes.id, d.eventId);
   assert.equal(d.attributes.subject, 'order-1');
-  assert.equal(d.attributes.sequence, '1');
+  assert.equal(d.attributes.sequence, '0000000000000000001');
   await client.db('admin').command({ relaybusComplete: 'pulled', leases: [d.lease] });
   assert.equal((await p.stop()).code, 0);
 });

@@ -7,11 +7,16 @@
 // carries the same trace id and names the attempt's span as its parent.
 // With the collector gone, the spans are dropped and counted and every
 // delivery goes on as before.  With sample = always, a publish without a
-// traceparent starts a trace of its own.
+// traceparent starts a trace of its own.  OpenTelemetry's environment
+// (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
+// OTEL_EXPORTER_OTLP_HEADERS) alone exports spans; bodies are gzip; a
+// collector that answers 503 for 3 s loses no span (the batches are sent
+// again with backoff).
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const http = require('node:http');
+const zlib = require('node:zlib');
 const { MongoClient } = require('mongodb');
 const H = require('../lib/proxy');
 const { waitFor, newSecret } = require('./helpers');
@@ -23,12 +28,17 @@ const APP_TRACE = '4bf92f3577b34da6a3ce929d0e0e4736';
 const APP_SPAN = '00f067aa0ba902b7';
 const APP_TRACEPARENT = `00-${APP_TRACE}-${APP_SPAN}-01`;
 
-// One HTTP server on loopback; `handle(req, body, res)` answers.
+// One HTTP server on loopback; `handle(req, body, res)` answers (a gzip
+// body is given uncompressed).
 async function startServer(handle) {
   const server = http.createServer((req, res) => {
     const chunks = [];
     req.on('data', (c) => chunks.push(c));
-    req.on('end', () => handle(req, Buffer.concat(chunks).toString('utf8'), res));
+    req.on('end', () => {
+      let body = Buffer.concat(chunks);
+      if (req.headers['content-encoding'] === 'gzip') body = zlib.gunzipSync(body);
+      handle(req, body.toString('utf8'), res);
+    });
   });
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
@@ -38,12 +48,20 @@ async function startServer(handle) {
 }
 
 // A fake OpenTelemetry collector: keeps every span of every POST to
-// /v1/traces, with its resource's attributes.
-async function startCollector() {
+// /v1/traces, with its resource's attributes.  `busyUntil` (a time in ms):
+// before it, every POST is answered 503 and its spans are not kept.
+async function startCollector(busyUntil = 0) {
   const spans = [];
   const posts = [];
+  const refused = [];
   const s = await startServer((req, body, res) => {
-    posts.push({ path: req.url, contentType: req.headers['content-type'] });
+    if (Date.now() < busyUntil) {
+      refused.push(Date.now());
+      res.writeHead(503).end('busy');
+      return;
+    }
+    posts.push({ path: req.url, contentType: req.headers['content-type'], encoding: req.headers['content-encoding'],
+      authorization: req.headers.authorization });
     const doc = JSON.parse(body);
     for (const rs of doc.resourceSpans) {
       const resource = attrs(rs.resource.attributes);
@@ -51,7 +69,7 @@ async function startCollector() {
     }
     res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
   });
-  return { ...s, spans, posts };
+  return { ...s, spans, posts, refused };
 }
 
 // OTLP JSON attributes as a plain object (intValue is a string in OTLP JSON).
@@ -74,16 +92,19 @@ async function startReceiver() {
   return { ...s, requests };
 }
 
-async function startTracedProxy(up, db, receiver, endpoint, sample = 'never') {
+// `endpoint` null: no [tracing] keys but sample, so that `env` (OTEL_*) decides.
+async function startTracedProxy(up, db, receiver, endpoint, sample = 'never', env = {}) {
   const adminPort = await freePort();
+  const tracing = endpoint === null ? [`sample = ${sample}`]
+    : [`otlp_endpoint = ${endpoint}`, 'service_name = shop-relay', `sample = ${sample}`, 'resource_attributes = deployment.environment=test'];
   const p = await startProxy({
     upstream: up.uri,
     dispatch: true,
+    env,
     extraIni: [
       '[outbox]', `database = ${db}`, '',
       '[admin]', `listen = 127.0.0.1:${adminPort}`, '',
-      '[tracing]', `otlp_endpoint = ${endpoint}`, 'service_name = shop-relay', `sample = ${sample}`,
-      'resource_attributes = deployment.environment=test', '',
+      '[tracing]', ...tracing, '',
       '[handler hook]', 'events = order.*', 'kind = webhook', `url = ${receiver.url('/hook')}`,
       `secret = ${newSecret()}`, 'retry_schedule = 100ms', '',
     ].join('\n'),
@@ -138,6 +159,7 @@ test('a publish span child of the application span, one send span per attempt ch
   for (const post of collector.posts) {
     assert.equal(post.path, '/v1/traces');
     assert.match(post.contentType, /^application\/json/);
+    assert.equal(post.encoding, 'gzip', 'OTLP/HTTP bodies are gzip-compressed');
   }
   const publishes = collector.spans.filter((s) => s.name === 'publish order.placed.v1');
   assert.equal(publishes.length, 2, 'one publish span per event');
@@ -148,6 +170,7 @@ test('a publish span child of the application span, one send span per attempt ch
     assert.match(s.startTimeUnixNano, /^\d+$/);
     assert.ok(BigInt(s.endTimeUnixNano) >= BigInt(s.startTimeUnixNano));
     assert.equal(s.resource['service.name'], 'shop-relay');
+    assert.match(s.resource['service.version'], /^\d+\.\d+\.\d+$/);
     assert.equal(s.resource['deployment.environment'], 'test');
   }
   const pubOf = {};
@@ -170,6 +193,11 @@ test('a publish span child of the application span, one send span per attempt ch
       assert.equal(s.attrs['relaybus.handler.kind'], 'webhook');
       assert.equal(s.attrs['messaging.destination.name'], 'hook');
       assert.equal(s.attrs['relaybus.attempt'], i + 1);
+      // OpenTelemetry's HTTP client attributes.
+      assert.equal(s.attrs['http.request.method'], 'POST');
+      assert.equal(s.attrs['url.full'], receiver.url('/hook'));
+      assert.equal(s.attrs['server.address'], '127.0.0.1');
+      assert.equal(s.attrs['server.port'], Number(new URL(receiver.url('/hook')).port));
       const failed = id === 'retry-1' && i === 0;
       assert.equal(s.attrs['http.response.status_code'], failed ? 500 : 204);
       assert.equal(s.attrs['relaybus.outcome'], failed ? 'retry' : 'ok');
@@ -235,6 +263,67 @@ test('sample = always: a publish without a traceparent starts a trace of its own
   assert.equal(traceId, pub.traceId, 'the receiver gets the new trace id');
   assert.equal(parent, send.spanId);
   assert.equal(flags, '01', 'sampled');
+});
+
+test('OTEL_* variables alone: spans exported where they say, with their service name, attributes and headers', { timeout: 45000 }, async () => {
+  const up = await startUpstream();
+  cleanups.push(up);
+  const collector = await startCollector();
+  const receiver = await startReceiver();
+  cleanups.push(() => collector.close(), () => receiver.close());
+  const db = uniqueDbName('dispatch_tracing_env');
+  const p = await startTracedProxy(up, db, receiver, null, 'never', {
+    OTEL_EXPORTER_OTLP_ENDPOINT: collector.url('/'),
+    OTEL_SERVICE_NAME: 'orders-relay',
+    OTEL_RESOURCE_ATTRIBUTES: 'deployment.environment=staging,team=a%2Cb',
+    OTEL_EXPORTER_OTLP_HEADERS: 'Authorization=Bearer%20collector-token',
+  });
+
+  await publishTraced(p, db, [{ id: 'ok-5' }]);
+  await waitFor(async () => receiver.requests.length >= 1, 20000, 'ok-5 delivered');
+  await waitFor(async () => collector.spans.length >= 2, 10000, 'a publish span and a send span');
+  for (const post of collector.posts) {
+    assert.equal(post.path, '/v1/traces', 'v1/traces appended to OTEL_EXPORTER_OTLP_ENDPOINT');
+    assert.equal(post.authorization, 'Bearer collector-token', 'OTEL_EXPORTER_OTLP_HEADERS, decoded');
+  }
+  for (const s of collector.spans) {
+    assert.equal(s.resource['service.name'], 'orders-relay');
+    assert.equal(s.resource['deployment.environment'], 'staging');
+    assert.equal(s.resource.team, 'a,b');
+    assert.equal(s.traceId, APP_TRACE);
+  }
+  assert.ok(collector.spans.some((s) => s.name === 'send hook'));
+  // The header's value is a credential: never in the log.
+  assert.doesNotMatch(p.log(), /collector-token/);
+});
+
+test('a collector that answers 503 for 3 s loses no span', { timeout: 60000 }, async () => {
+  const up = await startUpstream();
+  cleanups.push(up);
+  const receiver = await startReceiver();
+  const collector = await startCollector(Date.now() + 3000);
+  cleanups.push(() => collector.close(), () => receiver.close());
+  const db = uniqueDbName('dispatch_tracing_busy');
+  const p = await startTracedProxy(up, db, receiver, collector.url(''));
+
+  // Events published through the outage, in four transactions 0.6 s apart.
+  const ids = [];
+  for (let t = 0; t < 4; t++) {
+    const batch = [0, 1, 2].map((i) => ({ id: `ok-busy-${t}-${i}` }));
+    ids.push(...batch.map((e) => e.id));
+    await publishTraced(p, db, batch);
+    await new Promise((r) => setTimeout(r, 600));
+  }
+  await waitFor(async () => receiver.requests.length >= ids.length, 20000, 'every event delivered');
+  // One publish span and one send span per event, all of them, after the 503s.
+  await waitFor(async () => collector.spans.length >= 2 * ids.length, 30000, `${2 * ids.length} spans at the collector`);
+  assert.ok(collector.refused.length >= 1, 'the collector refused batches while it was busy');
+  const published = new Set(collector.spans.filter((s) => s.name === 'publish order.placed.v1').map((s) => s.attrs['messaging.message.id']));
+  const sent = new Set(collector.spans.filter((s) => s.name === 'send hook').map((s) => s.attrs['messaging.message.id']));
+  assert.deepEqual([...published].sort(), [...ids].sort(), 'a publish span of every event');
+  assert.deepEqual([...sent].sort(), [...ids].sort(), 'a send span of every event');
+  assert.equal(await metric(p, 'relaybus_trace_spans_dropped_total'), 0, 'none dropped');
+  assert.ok((await metric(p, 'relaybus_trace_export_failures_total')) >= 1, 'the refused sends are counted');
 });
 
 registerFinalChecks(test, cleanups);
