@@ -2,6 +2,8 @@
 // Other clients through HAProxy in front of two proxies (mode tcp, round robin):
 //   - mongosh with loadBalanced=true: an annotated transaction (its event in the outbox) and a
 //     cursor read in batches of 2;
+//   - a pull consumer with the Node.js driver, loadBalanced=true and maxPoolSize=1: its claim and
+//     its completion, inside its own transaction, on its one connection (docs/consumers.md);
 //   - mongo-c-driver (libmongoc 1.23) with loadBalanced=true: tests/integration/cdriver/
 //     cdriver-client.c (the balancer seen as a LoadBalancer server, CRUD, a cursor over several
 //     getMores, a transaction with mongoc_client_session_with_transaction);
@@ -80,6 +82,44 @@ test('mongosh with loadBalanced=true: an annotated transaction and a cursor in b
   if (out.type !== 'unknown') assert.equal(out.type, 'LoadBalanced', 'mongosh\'s driver runs in load-balanced mode');
   await P.checkEvent(P.outboxOf(direct), 'lb-sh-ev-1', { type: 'order.placed.v1', key: 'sh', sequence: 1, payload: { n: 1 }, handlers: P.subscribed(P.HANDLERS, 'order.placed.v1') });
   assert.ok(await direct.db(DB).collection('orders').findOne({ _id: 'sh-1' }));
+});
+
+test('a pull consumer through the balancer (loadBalanced=true, maxPoolSize=1) claims and completes in its transaction', { skip }, async () => {
+  // The event, published through the balancer by another client.
+  const pub = new MongoClient(lb.uri('tier'), { serverSelectionTimeoutMS: 10000 });
+  const consumer = new MongoClient(lb.uri('tier', { maxPoolSize: '1' }), { serverSelectionTimeoutMS: 10000 });
+  try {
+    const session = pub.startSession();
+    await session.withTransaction(async () => {
+      await pub.db(DB).collection('orders').insertOne({ _id: 'pull-1' }, {
+        session, comment: { relaybus: { type: 'order.placed.v1', id: 'lb-pull-ev-1', key: 'pull', payload: { n: 3 } } },
+      });
+    });
+    await session.endSession();
+    // One connection: the lease is settled on the connection, and so the proxy, that claimed it.
+    const admin = consumer.db('admin');
+    let d = null;
+    for (let i = 0; i < 20 && !d; i++) {
+      const r = await admin.command({ relaybusClaim: 'orders', limit: 10, leaseMs: 30000, maxAwaitTimeMS: 1000 });
+      d = r.deliveries.find((x) => x.eventId === 'lb-pull-ev-1') || null;
+    }
+    assert.ok(d, 'the delivery is claimed');
+    const cs = consumer.startSession();
+    try {
+      await cs.withTransaction(async () => {
+        await consumer.db(DB).collection('projections').insertOne({ _id: d.eventId }, { session: cs });
+        await admin.command({ relaybusComplete: 'orders', leases: [d.lease] }, { session: cs });
+      });
+    } finally {
+      await cs.endSession();
+    }
+    assert.ok(await direct.db(DB).collection('projections').findOne({ _id: 'lb-pull-ev-1' }));
+    const left = await P.outboxOf(direct).deliveries.findOne({ eventId: 'lb-pull-ev-1', handler: 'orders' });
+    assert.ok(!left || left.status === 'completed', `the delivery is completed (${JSON.stringify(left && left.status)})`);
+  } finally {
+    await pub.close();
+    await consumer.close();
+  }
 });
 
 test('mongo-c-driver with loadBalanced=true: CRUD, a cursor over getMores, a transaction', { skip, timeout: 180000 }, async () => {
