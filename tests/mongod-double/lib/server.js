@@ -19,6 +19,7 @@ const { FailPoints } = require('./failpoints');
 const { Auth } = require('./auth');
 const { isChangeStreamPipeline } = require('./changestreams');
 const { ReplSet } = require('./replset');
+const { parseCommand } = require('./parse');
 
 const NO_COMPRESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'createUser', 'updateUser']);
 // As mongod (Command::requiresAuth() false): connectionStatus and whatsmyuri too.
@@ -537,6 +538,8 @@ class Server {
     try {
       if (!handler) throw err(59, `no such command: '${name}'`);
       if (this.auth && !conn.user && !NO_AUTH_NEEDED.has(name)) throw err(13, `command ${name} requires authentication`);
+      // As mongod: parsed whole (IDL structs, generic arguments) before anything of it runs.
+      parseCommand(body, name);
       checkApiParameters(body, name);
       if (this.role === 'secondary') this.checkSecondary(body, name);
       else if (this.role === 'primary' && (has('autocommit') || (!SECONDARY_ALWAYS.has(name) && !SECONDARY_OPT_IN.has(name)))) {
