@@ -298,6 +298,38 @@ const OperationSessionInfoFromClient = struct('OperationSessionInfoFromClient', 
   startTransaction: 'bool', coordinator: 'bool',
 });
 
+// write_ops.idl
+const WRITE_COMMAND_BASE = {
+  bypassDocumentValidation: 'safeBool', ordered: 'bool', stmtId: 'int', stmtIds: { arrayOf: 'int' },
+  isTimeseriesNamespace: { custom: optionalBool }, collectionUUID: 'uuid', encryptionInformation: 'object',
+  $_originalQuery: 'object', $_originalCollation: 'object',
+};
+const UpdateOpEntry = struct('UpdateOpEntry', true, {
+  q: req('object'), u: req({ custom: updateModification }), c: 'object', arrayFilters: { arrayOf: 'object' },
+  hint: { custom: indexHint }, multi: 'bool', upsert: 'bool', upsertSupplied: { custom: optionalBool },
+  collation: 'object', sampleId: 'uuid', $_allowShardKeyUpdatesWithoutFullShardKeyInQuery: { custom: optionalBool },
+});
+const DeleteOpEntry = struct('DeleteOpEntry', true, {
+  q: req('object'), limit: req({ custom: multiDeleteBool }), hint: { custom: indexHint }, collation: 'object',
+  sampleId: 'uuid',
+});
+const InsertCommandRequest = struct('InsertCommandRequest', true, Object.assign({
+  documents: req({ arrayOf: 'object' }),
+}, WRITE_COMMAND_BASE));
+const UpdateCommandRequest = struct('UpdateCommandRequest', true, Object.assign({
+  updates: req({ arrayOf: UpdateOpEntry }), let: 'object', runtimeConstants: 'object',
+}, WRITE_COMMAND_BASE));
+const DeleteCommandRequest = struct('DeleteCommandRequest', true, Object.assign({
+  deletes: req({ arrayOf: DeleteOpEntry }), let: 'object', runtimeConstants: 'object',
+}, WRITE_COMMAND_BASE));
+const FindAndModifyCommandRequest = struct('FindAndModifyCommandRequest', true, {
+  query: 'object', fields: 'object', sort: 'object', batchSize: 'int', singleBatch: 'bool', hint: { custom: indexHint },
+  collation: 'object', arrayFilters: { arrayOf: 'object' }, remove: 'safeBool', update: { custom: updateModification },
+  upsert: 'safeBool', new: 'safeBool', stmtId: 'int', bypassDocumentValidation: 'safeBool', let: 'object',
+  runtimeConstants: 'object', encryptionInformation: 'object', sampleId: 'uuid', $_originalQuery: 'object',
+  $_originalCollation: 'object', $_allowShardKeyUpdatesWithoutFullShardKeyInQuery: { custom: optionalBool },
+});
+
 // ---- the commands ----
 
 // name -> {ctx: the IDLParserContext name its parser uses, struct, first: check of the
@@ -307,6 +339,11 @@ const COMMANDS = {};
 function command(names, ctx, S, idl, extra = {}) {
   for (const n of names) COMMANDS[n] = Object.assign({ ctx, struct: S, idl }, extra);
 }
+command(['insert'], 'insert', InsertCommandRequest, 'db/query/write_ops/write_ops.idl InsertCommandRequest');
+command(['update'], 'update', UpdateCommandRequest, 'db/query/write_ops/write_ops.idl UpdateCommandRequest, UpdateOpEntry');
+command(['delete'], 'delete', DeleteCommandRequest, 'db/query/write_ops/write_ops.idl DeleteCommandRequest, DeleteOpEntry');
+command(['findAndModify', 'findandmodify'], 'findAndModify', FindAndModifyCommandRequest,
+  'db/query/write_ops/write_ops.idl FindAndModifyCommandRequest');
 
 // ---- the generic arguments' own parsers ----
 

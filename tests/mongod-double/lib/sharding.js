@@ -13,7 +13,7 @@
 // sharded. It does not implement the shards' commands: the shards are plain members.
 
 const crypto = require('crypto');
-const { Long, ObjectId, Timestamp, UUID, MinKey, MaxKey, Double, Binary } = require('bson');
+const { Long, ObjectId, Timestamp, UUID, MinKey, MaxKey, Double, Binary, Int32 } = require('bson');
 const V = require('./values');
 const { MongoError, err } = require('./errors');
 const { Server, NO_REPLY, labelsFor, checkApiParameters, changeStreamLabels } = require('./server');
@@ -714,7 +714,7 @@ ROUTED.insert = async (rctx) => {
   for (const run of runs) {
     const body = passOn(cmd);
     body.documents = run.idx.map((i) => docs[i]);
-    if (retryableWrite(cmd)) body.stmtIds = run.idx;
+    if (retryableWrite(cmd)) body.stmtIds = run.idx.map((i) => new Int32(i));
     const r = await send(rctx, run.shard, body);
     addWriteReply(total, r, (i) => run.idx[i]);
     if (ordered && r.writeErrors && r.writeErrors.length) break;
@@ -751,7 +751,7 @@ ROUTED.update = async (rctx) => {
     const st = sts[i];
     const body = passOn(cmd);
     body.updates = [st];
-    if (retryableWrite(cmd)) body.stmtIds = [i];
+    if (retryableWrite(cmd)) body.stmtIds = [new Int32(i)];
     let r;
     try {
       r = await updateOne(rctx, meta, st, body, retryable);
@@ -855,7 +855,7 @@ ROUTED.delete = async (rctx) => {
     const st = sts[i];
     const body = passOn(cmd);
     body.deletes = [st];
-    if (retryableWrite(cmd)) body.stmtIds = [i];
+    if (retryableWrite(cmd)) body.stmtIds = [new Int32(i)];
     let r;
     try {
       r = await deleteOne(rctx, meta, st, body);

@@ -91,8 +91,7 @@ function statementFailed(ctx, e) {
 async function insert(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'insert');
-  const docs = cmd.documents;
-  if (!Array.isArray(docs)) throw err(40414, "BSON field 'insert.documents' is missing but a required field");
+  const docs = present(cmd.documents);
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
   const coll = notAView(await ctx.retryOnWait(() => ctx.access.coll(db, name, true)));
   let n = 0;
@@ -128,7 +127,6 @@ async function updateStatement(ctx, collIn, st, db, name) {
   const u = st.u;
   const multi = V.truthy(st.multi);
   const upsert = V.truthy(st.upsert);
-  if (u === undefined) throw err(40414, "BSON field 'update.updates.u' is missing but a required field");
   const kind = kindOfUpdate(u);
   if (multi && kind === 'replacement') throw err(9, 'multi update is not supported for replacement-style update');
   const queryView = V.toView(q);
@@ -187,13 +185,8 @@ async function updateStatement(ctx, collIn, st, db, name) {
 async function update(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'update');
-  const updates = cmd.updates;
-  if (!Array.isArray(updates)) throw err(40414, "BSON field 'update.updates' is missing but a required field");
+  const updates = present(cmd.updates);
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
-  // 7.0 parses the whole command first: an 8.0-only field fails it before any statement runs.
-  for (const st of updates) {
-    if (isPlainObject(st) && st.sort !== undefined) throw err(40415, "BSON field 'update.updates.sort' is an unknown field.");
-  }
   ctx.vars = evalLet(cmd.let);
   let coll = notAView(ctx.access.coll(db, name, false));
   let n = 0;
@@ -225,8 +218,7 @@ async function update(ctx) {
 async function del(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'delete');
-  const deletes = cmd.deletes;
-  if (!Array.isArray(deletes)) throw err(40414, "BSON field 'delete.deletes' is missing but a required field");
+  const deletes = present(cmd.deletes);
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
   const coll = notAView(ctx.access.coll(db, name, false));
   const vars = evalLet(cmd.let);
@@ -240,9 +232,8 @@ async function del(ctx) {
     }
     const nBefore = n;
     try {
-      if (st.limit === undefined) throw err(40414, "BSON field 'delete.deletes.limit' is missing but a required field");
-      const limit = V.toNumber(st.limit);
-      if (limit !== 0 && limit !== 1) throw err(9, `The limit field in delete objects must be 0 or 1. Got ${limit}`);
+      // 0 or 1 (parse.js); any other type reads as 0, as mongod reads it.
+      const limit = V.isNumeric(st.limit) ? V.toNumber(st.limit) : 0;
       if (!coll) continue;
       const sel = { filter: st.q, limit, variables: vars, collation: st.collation };
       const q1 = compileFilter(st.q, sel);
@@ -344,7 +335,10 @@ async function findAndModify(ctx, attempt) {
   return { lastErrorObject: leo, value: null, ok: 1 };
 }
 
-function num(v, def) { return v === undefined || v === null ? def : V.toNumber(v); }
+function isNull(v) { return v === undefined || v === null; }
+// The statements of a write command: mongod's parser leaves out null elements of the array.
+function present(list) { return list.some(isNull) ? list.filter((x) => !isNull(x)) : list; }
+function num(v, def) { return isNull(v) ? def : V.toNumber(v); }
 
 async function find(ctx) {
   const { cmd, db } = ctx;
