@@ -330,6 +330,71 @@ const FindAndModifyCommandRequest = struct('FindAndModifyCommandRequest', true, 
   $_originalCollation: 'object', $_allowShardKeyUpdatesWithoutFullShardKeyInQuery: { custom: optionalBool },
 });
 
+// find_command.idl
+const FindCommandRequest = struct('FindCommandRequest', true, {
+  filter: { custom: ownedObject }, projection: { custom: ownedObject }, sort: { custom: ownedObject },
+  hint: { custom: indexHint }, collation: { custom: ownedObject }, skip: { t: 'safeInt64', min: 0 },
+  limit: { t: 'safeInt64', min: 0 }, batchSize: { t: 'safeInt64', min: 0 }, ntoreturn: { t: 'safeInt64', min: 0 },
+  singleBatch: { custom: optionalBool }, allowDiskUse: { custom: optionalBool }, min: { custom: ownedObject },
+  max: { custom: ownedObject }, returnKey: { custom: optionalBool }, showRecordId: { custom: optionalBool },
+  $queryOptions: { custom: ownedObject }, tailable: { custom: optionalBool }, oplogReplay: { custom: parseBoolean },
+  noCursorTimeout: { custom: optionalBool }, awaitData: { custom: optionalBool },
+  allowPartialResults: { custom: optionalBool }, let: 'object', options: 'object', term: 'safeInt64',
+  readOnce: { custom: optionalBool }, allowSpeculativeMajorityRead: { custom: optionalBool },
+  $_requestResumeToken: { custom: optionalBool }, $_resumeAfter: { custom: ownedObject },
+  maxTimeMS: { custom: maxTimeMS }, readConcern: 'object', runtimeConstants: 'object', collectionUUID: 'uuid',
+});
+
+// getmore_command.idl
+const GetMoreCommandRequest = struct('GetMoreCommandRequest', true, {
+  collection: req('string'), batchSize: 'safeInt64', maxTimeMS: 'safeInt64', term: 'long',
+  lastKnownCommittedOpTime: 'object',
+});
+
+// aggregate_command.idl
+function aggregateCursor(v, path, name, ctx) {
+  if (!isObject(v)) throw err(14, 'cursor field must be missing or an object');
+  parseStruct(SimpleCursorOptions, v, [name]);
+}
+const AggregateCommandRequest = struct('AggregateCommandRequest', true, {
+  pipeline: req({ custom: pipeline }), explain: { custom: explainFlag }, allowDiskUse: { custom: optionalBool },
+  cursor: { custom: aggregateCursor }, maxTimeMS: { t: 'safeInt64', min: 0 }, bypassDocumentValidation: 'safeBool',
+  readConcern: 'object', collation: 'object', hint: { custom: indexHint }, writeConcern: 'object', let: 'object',
+  needsMerge: { custom: optionalBool }, fromMongos: { custom: optionalBool }, $queryOptions: 'object',
+  $_requestReshardingResumeToken: { custom: optionalBool }, exchange: 'object', runtimeConstants: 'object',
+  isMapReduceCommand: { custom: optionalBool }, collectionUUID: 'uuid', $_passthroughToShard: 'object',
+  encryptionInformation: 'object', $_externalDataSources: 'array', sampleId: 'uuid', stmtId: 'int',
+  $_isClusterQueryWithoutShardKeyCmd: { custom: optionalBool },
+});
+
+// count_command.idl
+const CountCommandRequest = struct('CountCommandRequest', true, {
+  query: 'object', limit: { custom: countLimit }, skip: { custom: countSkip }, hint: { custom: indexHint },
+  collation: 'object', fields: { ignore: true }, readConcern: 'object', maxTimeMS: { custom: maxTimeMS },
+  $queryOptions: 'object', encryptionInformation: 'object',
+});
+
+// distinct_command.idl
+const DistinctCommandRequest = struct('DistinctCommandRequest', true, {
+  key: req('string'), query: 'object', collation: 'object', sampleId: 'uuid',
+});
+
+// kill_cursors.idl
+const KillCursorsCommandRequest = struct('KillCursorsCommandRequest', true, { cursors: req({ arrayOf: 'long' }) });
+
+// commands/query_cmd/explain.idl
+const ExplainCommandRequest = struct('ExplainCommandRequest', true, {
+  verbosity: { t: 'string', enum: ['queryPlanner', 'executionStats', 'allPlansExecution'] }, collectionUUID: 'uuid',
+});
+
+// commands/map_reduce.idl: out is `any` there (mapreduce.js reads it).
+const MapReduceCommandRequest = struct('MapReduceCommandRequest', true, {
+  map: req('mapReduceCode'), reduce: req('mapReduceCode'), out: req({ custom: anything }),
+  query: 'object', sort: 'object', collation: 'object', limit: 'safeInt64', finalize: 'mapReduceCode',
+  scope: 'object', jsMode: 'safeBool', verbose: 'safeBool', bypassDocumentValidation: 'safeBool',
+  readConcern: 'object', $queryOptions: 'object',
+});
+
 // ---- the commands ----
 
 // name -> {ctx: the IDLParserContext name its parser uses, struct, first: check of the
@@ -344,6 +409,18 @@ command(['update'], 'update', UpdateCommandRequest, 'db/query/write_ops/write_op
 command(['delete'], 'delete', DeleteCommandRequest, 'db/query/write_ops/write_ops.idl DeleteCommandRequest, DeleteOpEntry');
 command(['findAndModify', 'findandmodify'], 'findAndModify', FindAndModifyCommandRequest,
   'db/query/write_ops/write_ops.idl FindAndModifyCommandRequest');
+command(['find'], 'FindCommandRequest', FindCommandRequest, 'db/query/find_command.idl FindCommandRequest');
+command(['getMore'], 'getMore', GetMoreCommandRequest, 'db/query/getmore_command.idl GetMoreCommandRequest', {
+  // namespace: type, type: long (checked after the fields, as the generated parser does).
+  first: (v) => { if (!isNull(v)) checkType(v, ['long'], 'getMore.getMore'); },
+});
+command(['aggregate'], 'aggregate', AggregateCommandRequest, 'db/pipeline/aggregate_command.idl AggregateCommandRequest');
+command(['count'], 'count', CountCommandRequest, 'db/query/count_command.idl CountCommandRequest');
+command(['distinct'], 'distinct', DistinctCommandRequest, 'db/query/distinct_command.idl DistinctCommandRequest');
+command(['killCursors'], 'killCursors', KillCursorsCommandRequest, 'db/query/kill_cursors.idl KillCursorsCommandRequest');
+command(['explain'], 'explain', ExplainCommandRequest, 'db/commands/query_cmd/explain.idl ExplainCommandRequest');
+command(['mapReduce', 'mapreduce'], 'MapReduceCommandRequest', MapReduceCommandRequest,
+  'db/commands/map_reduce.idl MapReduceCommandRequest');
 
 // ---- the generic arguments' own parsers ----
 

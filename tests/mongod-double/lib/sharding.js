@@ -543,7 +543,6 @@ async function tailGetMore(rctx, c) {
 
 ROUTED.getMore = async (rctx) => {
   const { cmd, db } = rctx;
-  if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
   const c = rctx.mongos.mcursors.cursors.get(V.toBigIntExact(cmd.getMore).toString());
   if (c && c.stream) {
     if (c.ns !== `${db}.${cmd.collection}` && !c.ns.startsWith(`${db}.$cmd`)) {
@@ -580,7 +579,6 @@ ROUTED.killCursors = async (rctx) => {
 ROUTED.aggregate = async (rctx) => {
   const { cmd, db } = rctx;
   const pipeline = cmd.pipeline;
-  if (!Array.isArray(pipeline)) throw err(14, "'pipeline' option must be specified as an array");
   if (changeStreams.isChangeStreamPipeline(pipeline)) {
     // A change stream merges every shard's events in cluster-time order (changestreams.js).
     const sctx = {

@@ -344,17 +344,11 @@ async function find(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'find');
   const coll = ctx.access.coll(db, name, false);
-  let limit = num(cmd.limit, 0);
-  let singleBatch = V.truthy(cmd.singleBatch);
-  if (limit < 0) {
-    limit = -limit;
-    singleBatch = true;
-  }
+  // skip, limit and batchSize are >= 0 and filter an object (parse.js).
+  const limit = num(cmd.limit, 0);
+  const singleBatch = V.truthy(cmd.singleBatch);
   const skip = num(cmd.skip, 0);
-  if (skip < 0) throw err(51024, `BSON field 'skip' value must be >= 0, actual value '${skip}'`);
-  const batchSize = cmd.batchSize === undefined ? undefined : num(cmd.batchSize, 101);
-  if (batchSize !== undefined && batchSize < 0) throw err(51024, `BSON field 'batchSize' value must be >= 0, actual value '${batchSize}'`);
-  if (cmd.filter !== undefined && !isPlainObject(cmd.filter)) throw err(14, "BSON field 'FindCommandRequest.filter' is the wrong type, expected type 'object'");
+  const batchSize = isNull(cmd.batchSize) ? undefined : num(cmd.batchSize, 101);
   const tailable = V.truthy(cmd.tailable);
   if (tailable) checkTailable(cmd, db, name, coll);
   const records = select(ctx.access, coll, { filter: cmd.filter, sort: cmd.sort, skip, limit, variables: evalLet(cmd.let), collation: cmd.collation });
@@ -390,7 +384,6 @@ function tailMore(ctx, c, db, collName) {
 async function getMore(ctx) {
   const { cmd, db } = ctx;
   const id = V.toBigIntExact(cmd.getMore);
-  if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
   const c = ctx.cursors.cursors.get(id.toString());
   if (c) {
     if (c.ns !== `${db}.${cmd.collection}` && !c.ns.startsWith(`${db}.$cmd`)) {
@@ -440,7 +433,6 @@ async function count(ctx) {
 async function distinct(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'distinct');
-  if (typeof cmd.key !== 'string') throw err(14, "BSON field 'distinct.key' is the wrong type, expected type 'string'");
   const coll = ctx.access.coll(db, name, false);
   const values = [];
   const seen = new Set();
@@ -541,7 +533,6 @@ async function writeStage(ctx, stage, docs, db) {
 async function aggregateCmd(ctx) {
   const { cmd, db } = ctx;
   const pipeline = cmd.pipeline;
-  if (!Array.isArray(pipeline)) throw err(14, "'pipeline' option must be specified as an array");
   if (changeStreams.isChangeStreamPipeline(pipeline)) {
     ctx.vars = evalLet(cmd.let);
     return changeStreams.open(ctx);
