@@ -382,6 +382,97 @@ const DistinctCommandRequest = struct('DistinctCommandRequest', true, {
 // kill_cursors.idl
 const KillCursorsCommandRequest = struct('KillCursorsCommandRequest', true, { cursors: req({ arrayOf: 'long' }) });
 
+// commands/create.idl and the structs it imports
+const ClusteredIndexSpec = struct('ClusteredIndexSpec', true, {
+  v: 'safeInt', key: req('object'), name: 'string', unique: req('safeBool'),
+});
+const TimeseriesOptions = struct('TimeseriesOptions', true, {
+  timeField: req('string'), metaField: 'string', granularity: { t: 'string', enum: ['seconds', 'minutes', 'hours'] },
+  bucketMaxSpanSeconds: 'safeInt', bucketRoundingSeconds: 'safeInt',
+});
+const ChangeStreamPreAndPostImagesOptions = struct('ChangeStreamPreAndPostImagesOptions', true, { enabled: req('bool') });
+const VALIDATION_LEVEL = { t: 'string', enum: ['off', 'strict', 'moderate'] };
+const VALIDATION_ACTION = { t: 'string', enum: ['warn', 'error'] };
+const CreateCommand = struct('CreateCommand', true, {
+  capped: 'safeBool', autoIndexId: 'safeBool', idIndex: 'object', size: 'safeInt64', max: 'safeInt64',
+  storageEngine: 'object', validator: 'object', validationLevel: VALIDATION_LEVEL,
+  validationAction: VALIDATION_ACTION, indexOptionDefaults: 'object', viewOn: 'string', pipeline: { arrayOf: 'object' },
+  collation: 'object', recordPreImages: 'safeBool', changeStreamPreAndPostImages: { struct: ChangeStreamPreAndPostImagesOptions },
+  timeseries: { struct: TimeseriesOptions }, clusteredIndex: { custom: clusteredIndex }, expireAfterSeconds: 'safeInt64',
+  encryptedFields: 'object', temp: 'safeBool', flags: 'safeInt64',
+});
+
+// create_indexes.idl: the index specifications are array<object> there, checked afterwards by
+// index_key_validate::validateIndexSpec against NewIndexSpec's fields (indexSpecs below).
+const NEW_INDEX_SPEC_FIELDS = new Set(['v', 'key', 'name', 'ns', 'background', 'unique', 'hidden',
+  'partialFilterExpression', 'sparse', 'expireAfterSeconds', 'storageEngine', 'weights', 'default_language',
+  'language_override', 'textIndexVersion', '2dsphereIndexVersion', 'bits', 'min', 'max', 'bucketSize', 'collation',
+  'wildcardProjection', 'columnstoreProjection', 'columnstoreCompressor', 'coarsestIndexedLevel', 'finestIndexedLevel',
+  'dropDups', 'originalSpec', 'clustered', 'prepareUnique']);
+const CreateIndexesCommand = struct('CreateIndexesCommand', true, {
+  v: 'safeInt', indexes: req({ arrayOf: 'object' }), ignoreUnknownIndexOptions: 'safeBool',
+  commitQuorum: { custom: commitQuorum }, returnOnStart: { custom: optionalBool }, isTimeseriesNamespace: 'bool',
+  collectionUUID: 'uuid',
+});
+
+// The index specifications of a createIndexes (validateIndexSpec), each error prefixed with
+// the specification as createIndexes reports it.
+function indexSpecs(body) {
+  const ignoreUnknown = V.truthy(body.ignoreUnknownIndexOptions);
+  for (const s of body.indexes) {
+    if (!isObject(s)) continue;
+    const fail = (code, msg) => err(code, `Error in specification ${V.showBson(s)} :: caused by :: ${msg}`);
+    for (const k of V.keys(s)) {
+      if (!NEW_INDEX_SPEC_FIELDS.has(k) && !ignoreUnknown) {
+        throw fail(197, `The field '${k}' is not valid for an index specification. Specification: ${V.showBson(s)}`);
+      }
+    }
+    if (s.key === undefined) throw fail(9, "The 'key' field is a required property of an index specification");
+    if (!isObject(s.key)) throw fail(14, `The field 'key' must be an object, but got ${typeName(s.key)}`);
+    if (s.name === undefined) throw fail(9, "The 'name' field is a required property of an index specification");
+    if (typeof s.name !== 'string') throw fail(14, `The field 'name' must be a string, but got ${typeName(s.name)}`);
+  }
+}
+
+// list_indexes.idl, list_collections.idl, commands/list_databases.idl
+const ListIndexes = struct('listIndexes', true, {
+  cursor: { struct: SimpleCursorOptions }, includeBuildUUIDs: 'safeBool', includeIndexBuildInfo: 'safeBool',
+  isTimeseriesNamespace: 'bool',
+});
+const ListCollections = struct('listCollections', true, {
+  cursor: { struct: SimpleCursorOptions }, filter: 'object', nameOnly: 'bool', authorizedCollections: 'bool',
+  includePendingDrops: 'safeBool',
+});
+const ListDatabasesCommand = struct('ListDatabasesCommand', true, {
+  nameOnly: 'safeBool', authorizedDatabases: 'bool', filter: 'object',
+});
+
+// drop_indexes.idl, drop.idl, drop_database.idl
+const DropIndexes = struct('DropIndexes', true, {
+  index: req({ custom: indexNames }), collectionUUID: 'uuid', isTimeseriesNamespace: 'bool',
+});
+const Drop = struct('Drop', true, { collectionUUID: 'uuid' });
+const DropDatabase = struct('DropDatabase', true, {});
+
+// coll_mod.idl
+const CollModIndex = struct('CollModIndex', true, {
+  name: 'string', keyPattern: 'object', expireAfterSeconds: 'safeInt', hidden: 'safeBool', unique: 'safeBool',
+  prepareUnique: 'safeBool', forceNonUnique: 'safeBool',
+});
+const CollModRequest = struct('CollModRequest', true, {
+  index: { struct: CollModIndex }, validator: 'object', validationLevel: VALIDATION_LEVEL,
+  validationAction: VALIDATION_ACTION, viewOn: 'string', pipeline: { arrayOf: 'object' }, recordPreImages: 'safeBool',
+  changeStreamPreAndPostImages: { struct: ChangeStreamPreAndPostImagesOptions },
+  expireAfterSeconds: { custom: stringOrNumber }, timeseries: 'object', isTimeseriesNamespace: 'bool',
+  dryRun: 'safeBool', cappedSize: 'safeInt64', cappedMax: 'safeInt64', collectionUUID: 'uuid',
+});
+
+// commands/rename_collection.idl
+const RenameCollectionCommand = struct('RenameCollectionCommand', true, {
+  to: req('string'), dropTarget: { custom: boolOrUuid }, stayTemp: 'bool', collectionUUID: 'uuid',
+  expectedSourceUUID: 'uuid', expectedTargetUUID: 'uuid',
+});
+
 // commands/query_cmd/explain.idl
 const ExplainCommandRequest = struct('ExplainCommandRequest', true, {
   verbosity: { t: 'string', enum: ['queryPlanner', 'executionStats', 'allPlansExecution'] }, collectionUUID: 'uuid',
@@ -418,6 +509,18 @@ command(['aggregate'], 'aggregate', AggregateCommandRequest, 'db/pipeline/aggreg
 command(['count'], 'count', CountCommandRequest, 'db/query/count_command.idl CountCommandRequest');
 command(['distinct'], 'distinct', DistinctCommandRequest, 'db/query/distinct_command.idl DistinctCommandRequest');
 command(['killCursors'], 'killCursors', KillCursorsCommandRequest, 'db/query/kill_cursors.idl KillCursorsCommandRequest');
+command(['create'], 'create', CreateCommand, 'db/commands/create.idl CreateCommand (timeseries.idl, clustered_collection_options.idl)');
+command(['createIndexes'], 'createIndexes', CreateIndexesCommand, 'db/create_indexes.idl CreateIndexesCommand, NewIndexSpec', {
+  then: indexSpecs,
+});
+command(['listIndexes'], 'listIndexes', ListIndexes, 'db/list_indexes.idl listIndexes');
+command(['listCollections'], 'listCollections', ListCollections, 'db/list_collections.idl listCollections');
+command(['listDatabases'], 'listDatabases', ListDatabasesCommand, 'db/commands/list_databases.idl ListDatabasesCommand');
+command(['dropIndexes', 'deleteIndexes'], 'dropIndexes', DropIndexes, 'db/drop_indexes.idl DropIndexes');
+command(['drop'], 'drop', Drop, 'db/drop.idl Drop');
+command(['dropDatabase'], 'dropDatabase', DropDatabase, 'db/drop_database.idl DropDatabase');
+command(['collMod'], 'collMod', CollModRequest, 'db/coll_mod.idl collMod, CollModRequest, CollModIndex');
+command(['renameCollection'], 'renameCollection', RenameCollectionCommand, 'db/commands/rename_collection.idl RenameCollectionCommand');
 command(['explain'], 'explain', ExplainCommandRequest, 'db/commands/query_cmd/explain.idl ExplainCommandRequest');
 command(['mapReduce', 'mapreduce'], 'MapReduceCommandRequest', MapReduceCommandRequest,
   'db/commands/map_reduce.idl MapReduceCommandRequest');

@@ -39,22 +39,7 @@ const INT64_MIN = -(2n ** 63n);
 const INT64_SPAN = 2n ** 64n;
 
 // BSONObj::toString as the server prints shard keys and requests in its messages.
-function showBson(v) {
-  if (v === null) return 'null';
-  if (v === undefined) return 'undefined';
-  if (typeof v === 'string') return JSON.stringify(v);
-  if (typeof v === 'number') return String(v);
-  if (typeof v === 'boolean') return String(v);
-  if (v instanceof Double) return Number.isInteger(v.value) ? `${v.value}.0` : String(v.value);
-  if (Array.isArray(v)) return `[ ${v.map(showBson).join(', ')} ]`;
-  if (isPlainObject(v)) {
-    const ks = V.keys(v);
-    return ks.length ? `{ ${ks.map((k) => `${k}: ${showBson(v[k])}`).join(', ')} }` : '{}';
-  }
-  if (v instanceof ObjectId) return `ObjectId('${v.toHexString()}')`;
-  if (v instanceof Long) return `${v.toString()}`;
-  return String(v);
-}
+const { showBson } = V;
 
 // The shard key pattern of a collection: its fields in order, and the hashed one (at most one).
 class ShardKey {

@@ -635,6 +635,24 @@ function makeSortComparator(sortSpec) {
   };
 }
 
+// BSONObj::toString as the server prints shard keys and requests in its messages.
+function showBson(v) {
+  if (v === null) return 'null';
+  if (v === undefined) return 'undefined';
+  if (typeof v === 'string') return JSON.stringify(v);
+  if (typeof v === 'number') return String(v);
+  if (typeof v === 'boolean') return String(v);
+  if (v instanceof Double) return Number.isInteger(v.value) ? `${v.value}.0` : String(v.value);
+  if (Array.isArray(v)) return `[ ${v.map(showBson).join(', ')} ]`;
+  if (isPlainDoc(v)) {
+    const ks = keys(v);
+    return ks.length ? `{ ${ks.map((k) => `${k}: ${showBson(v[k])}`).join(', ')} }` : '{}';
+  }
+  if (v instanceof ObjectId) return `ObjectId('${v.toHexString()}')`;
+  if (v instanceof Long) return `${v.toString()}`;
+  return String(v);
+}
+
 function truthy(v) {
   if (v === undefined || v === null || v === false) return false;
   if (isNumeric(v)) return toNumber(v) !== 0;
@@ -645,6 +663,6 @@ module.exports = {
   ORDER, DUPS, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
   compareNumbers, viewIsInexact,
   bsonTag, isNumeric, toNumber, toBigIntExact, compareValues, valuesEqual, canonicalKey, toView,
-  fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, TYPE_ORDER,
+  fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, showBson, TYPE_ORDER,
   INT32_MIN, INT32_MAX, Int32, Long, Double, Decimal128, ObjectId, Binary, Timestamp, MinKey, MaxKey, Code, BSONSymbol, DBRef,
 };
