@@ -473,6 +473,46 @@ const RenameCollectionCommand = struct('RenameCollectionCommand', true, {
   expectedSourceUUID: 'uuid', expectedTargetUUID: 'uuid',
 });
 
+// commands/txn_cmds.idl
+const CommitTransaction = struct('CommitTransaction', true, { commitTimestamp: 'timestamp', recoveryToken: 'object' });
+const AbortTransaction = struct('AbortTransaction', true, { recoveryToken: 'object' });
+
+// commands/end_sessions.idl, sessions_commands.idl, kill_sessions.idl: the command's own
+// field is the list of sessions.
+const EndSessionsCmdFromClient = Object.assign(struct('EndSessionsCmdFromClient', false, {
+  endSessions: req({ arrayOf: LogicalSessionFromClient }),
+}), { firstIsField: true });
+const RefreshSessionsCmdFromClient = Object.assign(struct('RefreshSessionsCmdFromClient', false, {
+  refreshSessions: req({ arrayOf: LogicalSessionFromClient }),
+}), { firstIsField: true });
+const KillSessionsCmdFromClient = Object.assign(struct('KillSessionsCmdFromClient', false, {
+  killSessions: req({ arrayOf: LogicalSessionFromClient }),
+}), { firstIsField: true });
+
+// repl/hello.idl, rpc/topology_version.idl
+const TopologyVersion = struct('TopologyVersion', true, { processId: req('objectid'), counter: req('long') });
+const HelloInternalClientField = struct('HelloInternalClientField', true, {
+  minWireVersion: 'safeInt', maxWireVersion: req('safeInt'),
+});
+// hello is the one API version 1 command that is not strict (unknown fields are ignored):
+// drivers add handshake fields (the Node.js driver's `backpressure`) that older servers
+// must accept.
+const HelloCommand = struct('HelloCommand', false, {
+  forShell: 'safeBool', hostInfo: 'string', hangUpOnStepDown: 'safeBool',
+  internalClient: { struct: HelloInternalClientField }, client: 'object', topologyVersion: { struct: TopologyVersion },
+  maxAwaitTimeMS: { t: 'safeInt64', min: 0 }, helloOk: 'safeBool', compression: { arrayOf: 'string' },
+  saslSupportedMechs: { custom: stringOrObject }, speculativeAuthenticate: 'object', loadBalanced: 'bool',
+});
+
+// auth/sasl_commands.idl, commands/authentication_commands.idl
+const SaslStartCommand = struct('SaslStartCommand', true, {
+  mechanism: req('string'), autoAuthorize: 'safeBool', options: 'object', payload: req({ custom: saslPayload }),
+});
+const SaslContinueCommand = struct('SaslContinueCommand', true, {
+  conversationId: req('int'), payload: req({ custom: saslPayload }),
+});
+const AuthenticateCommand = struct('AuthenticateCommand', true, { mechanism: req('string'), user: 'string' });
+
 // commands/query_cmd/explain.idl
 const ExplainCommandRequest = struct('ExplainCommandRequest', true, {
   verbosity: { t: 'string', enum: ['queryPlanner', 'executionStats', 'allPlansExecution'] }, collectionUUID: 'uuid',
@@ -521,6 +561,17 @@ command(['drop'], 'drop', Drop, 'db/drop.idl Drop');
 command(['dropDatabase'], 'dropDatabase', DropDatabase, 'db/drop_database.idl DropDatabase');
 command(['collMod'], 'collMod', CollModRequest, 'db/coll_mod.idl collMod, CollModRequest, CollModIndex');
 command(['renameCollection'], 'renameCollection', RenameCollectionCommand, 'db/commands/rename_collection.idl RenameCollectionCommand');
+command(['commitTransaction'], 'commitTransaction', CommitTransaction, 'db/commands/txn_cmds.idl commitTransaction');
+command(['abortTransaction'], 'abortTransaction', AbortTransaction, 'db/commands/txn_cmds.idl abortTransaction');
+command(['endSessions'], 'EndSessionsCmdFromClient', EndSessionsCmdFromClient,
+  'db/commands/end_sessions.idl EndSessionsCmdFromClient, LogicalSessionFromClient');
+command(['refreshSessions'], 'RefreshSessionsCmdFromClient', RefreshSessionsCmdFromClient,
+  'db/commands/sessions_commands.idl RefreshSessionsCmdFromClient');
+command(['killSessions'], 'KillSessionsCmdFromClient', KillSessionsCmdFromClient, 'db/kill_sessions.idl KillSessionsCmdFromClient');
+command(['hello', 'isMaster', 'ismaster'], 'hello', HelloCommand, 'db/repl/hello.idl HelloCommand (TopologyVersion)');
+command(['saslStart'], 'saslStart', SaslStartCommand, 'db/auth/sasl_commands.idl SaslStartCommand');
+command(['saslContinue'], 'saslContinue', SaslContinueCommand, 'db/auth/sasl_commands.idl SaslContinueCommand');
+command(['authenticate'], 'authenticate', AuthenticateCommand, 'db/commands/authentication_commands.idl AuthenticateCommand');
 command(['explain'], 'explain', ExplainCommandRequest, 'db/commands/query_cmd/explain.idl ExplainCommandRequest');
 command(['mapReduce', 'mapreduce'], 'MapReduceCommandRequest', MapReduceCommandRequest,
   'db/commands/map_reduce.idl MapReduceCommandRequest');
