@@ -526,6 +526,16 @@ const MapReduceCommandRequest = struct('MapReduceCommandRequest', true, {
   readConcern: 'object', $queryOptions: 'object',
 });
 
+// pipeline/document_source_change_stream.idl: the $changeStream stage's argument, parsed with
+// the pipeline (changestreams.js calls parseStruct with it).
+const DocumentSourceChangeStreamSpec = struct('DocumentSourceChangeStreamSpec', true, {
+  resumeAfter: 'object', startAfter: 'object', startAtOperationTime: 'timestamp',
+  fullDocument: { t: 'string', enum: ['default', 'updateLookup', 'whenAvailable', 'required'] },
+  fullDocumentBeforeChange: { t: 'string', enum: ['off', 'whenAvailable', 'required'] },
+  allChangesForCluster: 'bool', showMigrationEvents: 'bool', showSystemEvents: 'bool', allowToRunOnConfigDB: 'bool',
+  allowToRunOnSystemNS: 'bool', showExpandedEvents: 'bool', showRawUpdateDescription: 'bool',
+});
+
 // ---- the commands ----
 
 // name -> {ctx: the IDLParserContext name its parser uses, struct, first: check of the
@@ -659,4 +669,4 @@ function parseCommand(body, name) {
   if (!NO_SESSION_PARSE.has(name)) parseStruct(OperationSessionInfoFromClient, body, ['OperationSessionInfo']);
 }
 
-module.exports = { parseCommand, parseStruct, COMMANDS, GENERIC, typeName };
+module.exports = { parseCommand, parseStruct, COMMANDS, GENERIC, DocumentSourceChangeStreamSpec, typeName };
