@@ -156,6 +156,7 @@ class Connection {
         } else {
           reply = await server.runCommand(this, msg.body, msg.ns.slice(0, -5), name);
         }
+        server.countReply(this.appName, reply);
         if (reply === NO_REPLY || this.closed) return;
         server.finishReply(reply);
         this.write(W.buildOpReply(reply, server.nextRequestId(), msg.requestID));
@@ -173,6 +174,7 @@ class Connection {
       server.log(`conn${this.id}: internal error in ${name}: ${e && e.stack}`);
       reply = err(1, `internal error: ${e && e.message}`).toReply();
     }
+    server.countReply(this.appName, reply);
     if (reply === NO_REPLY || this.closed) return;
     if (msg.moreToCome) {
       // mongod (4.2+): a fire-and-forget write that failed because this member is not (or no
@@ -201,6 +203,7 @@ class Connection {
         server.log(`conn${this.id}: internal error in exhaust ${name}: ${e && e.stack}`);
         reply = err(1, `internal error: ${e && e.message}`).toReply();
       }
+      server.countReply(this.appName, reply);
       if (reply === NO_REPLY || this.closed) return;
     }
   }
@@ -365,6 +368,19 @@ class Server {
       // DOUBLE_TRACE=FILE: one line per command (diagnostics only).
       require('fs').appendFileSync(process.env.DOUBLE_TRACE,
         `${Date.now()} ${appName || '-'} ${name} ${typeof body[name] === 'string' ? body[name] : ''}\n`);
+    }
+  }
+
+  // Error replies by code, in total and by the connection's appName (doubleStats), so a test
+  // harness finds the commands of a client that the server refused.
+  countReply(appName, reply) {
+    if (!reply || reply === NO_REPLY || V.truthy(reply.ok) || reply.code === undefined) return;
+    const code = String(V.toNumber(reply.code));
+    const e = this.errorStats || (this.errorStats = { byCode: {}, byApp: {} });
+    e.byCode[code] = (e.byCode[code] || 0) + 1;
+    if (typeof appName === 'string') {
+      const a = e.byApp[appName] || (e.byApp[appName] = {});
+      a[code] = (a[code] || 0) + 1;
     }
   }
 

@@ -371,6 +371,7 @@ async function send(rctx, shard, body, opts = {}) {
   const name = V.keys(cmd)[0];
   member.count(name, rctx.conn.appName, cmd);
   const reply = await member.runCommand(internalConn(rctx.conn, member), cmd, cmd.$db || rctx.db, name);
+  member.countReply(rctx.conn.appName, reply);
   if (reply === NO_REPLY) throw err(6, `connection to ${shard.name} closed`);
   if (!V.truthy(reply.ok) && !opts.raw) {
     // The shard's error as it is: code, message, and its other fields (keyPattern, keyValue,

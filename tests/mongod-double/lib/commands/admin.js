@@ -177,12 +177,14 @@ async function doubleStats(ctx) {
   const byApp = JSON.parse(JSON.stringify(ctx.server.statsByApp || {}));
   const ex = ctx.store.examined || { keys: 0, docs: 0 };
   const examined = { keys: ex.keys, docs: ex.docs };
+  const errors = JSON.parse(JSON.stringify(ctx.server.errorStats || { byCode: {}, byApp: {} }));
   if (ctx.cmd.reset !== undefined && V.truthy(ctx.cmd.reset)) {
     for (const k of Object.keys(ctx.server.stats)) delete ctx.server.stats[k];
     ctx.server.statsByApp = {};
+    ctx.server.errorStats = null;
     ctx.store.examined = { keys: 0, docs: 0 };
   }
-  return { commands, byApp, examined, ok: 1 };
+  return { commands, byApp, examined, errors, ok: 1 };
 }
 
 // The session catalogue is the primary's (transactions live there); a secondary's own state
