@@ -371,6 +371,19 @@ class Server {
     }
   }
 
+  // parseCommand, with a log line for each refusal (the integration harness shows those of
+  // the proxy's own connections when it fails a test file for them).
+  parse(conn, body, name) {
+    try {
+      parseCommand(body, name);
+    } catch (e) {
+      if (e instanceof MongoError) {
+        this.log(`conn${conn.id}${typeof conn.appName === 'string' ? ` (${conn.appName})` : ''}: refused ${name}: ${e.code} ${e.errmsg}`);
+      }
+      throw e;
+    }
+  }
+
   // Error replies by code, in total and by the connection's appName (doubleStats), so a test
   // harness finds the commands of a client that the server refused.
   countReply(appName, reply) {
@@ -555,7 +568,7 @@ class Server {
       if (!handler) throw err(59, `no such command: '${name}'`);
       if (this.auth && !conn.user && !NO_AUTH_NEEDED.has(name)) throw err(13, `command ${name} requires authentication`);
       // As mongod: parsed whole (IDL structs, generic arguments) before anything of it runs.
-      parseCommand(body, name);
+      this.parse(conn, body, name);
       checkApiParameters(body, name);
       if (this.role === 'secondary') this.checkSecondary(body, name);
       else if (this.role === 'primary' && (has('autocommit') || (!SECONDARY_ALWAYS.has(name) && !SECONDARY_OPT_IN.has(name)))) {

@@ -23,7 +23,6 @@ const { aggregate: runPipeline, equalityValue } = require('./query');
 const { applyUpdate, kindOfUpdate, isPlainObject } = require('./update');
 const changeStreams = require('./changestreams');
 const { recordDdl } = require('./changes');
-const { parseCommand } = require('./parse');
 
 const ZERO_HASH = new Binary(Buffer.alloc(20), 0);
 // What a mongos answers itself, through the Server's own command table (hello, auth, fail
@@ -244,7 +243,7 @@ class Mongos extends Server {
     let reply;
     try {
       if (this.auth && !conn.user) throw err(13, `command ${name} requires authentication`);
-      parseCommand(body, name);
+      this.parse(conn, body, name);
       checkApiParameters(body, name);
       if (NOT_ON_MONGOS.has(name)) throw err(59, `no such command: '${name}'`);
       const fp = this.failpoints.failCommand(name, conn.appName);
