@@ -20,6 +20,7 @@ const { Auth } = require('./auth');
 const { isChangeStreamPipeline } = require('./changestreams');
 const { ReplSet } = require('./replset');
 const { parseCommand } = require('./parse');
+const { record } = require('./record');
 
 const NO_COMPRESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'createUser', 'updateUser']);
 // As mongod (Command::requiresAuth() false): connectionStatus and whatsmyuri too.
@@ -157,6 +158,7 @@ class Connection {
           reply = await server.runCommand(this, msg.body, msg.ns.slice(0, -5), name);
         }
         server.countReply(this.appName, reply);
+        record(this.appName, msg.ns.split('.')[0], name, msg.body, reply, server.log);
         if (reply === NO_REPLY || this.closed) return;
         server.finishReply(reply);
         this.write(W.buildOpReply(reply, server.nextRequestId(), msg.requestID));
@@ -175,6 +177,7 @@ class Connection {
       reply = err(1, `internal error: ${e && e.message}`).toReply();
     }
     server.countReply(this.appName, reply);
+    record(this.appName, msg.body && msg.body.$db, name, msg.body, reply, server.log);
     if (reply === NO_REPLY || this.closed) return;
     if (msg.moreToCome) {
       // mongod (4.2+): a fire-and-forget write that failed because this member is not (or no
