@@ -18,7 +18,7 @@ const V = require('./values');
 const { err } = require('./errors');
 const { aggregate } = require('./query');
 const { updateDescription } = require('./changes');
-const { parseStruct, DocumentSourceChangeStreamSpec } = require('./parse');
+const { parseStruct, rawAt, DocumentSourceChangeStreamSpec } = require('./parse');
 
 const isNull = (v) => v === undefined || v === null;
 
@@ -95,11 +95,12 @@ function startPosition(server, spec) {
   return log.lastSeq;
 }
 
-function checkSpec(spec) {
+// raw: the stage's BSON as received (parse.js's rawAt), to refuse an option given twice.
+function checkSpec(spec, raw) {
   if (!spec || typeof spec !== 'object' || Array.isArray(spec)) {
     throw err(50808, '$changeStream stage expects a document as argument');
   }
-  parseStruct(DocumentSourceChangeStreamSpec, spec, ['$changeStream']);
+  parseStruct(DocumentSourceChangeStreamSpec, spec, ['$changeStream'], {}, raw);
   const fd = isNull(spec.fullDocument) ? 'default' : spec.fullDocument;
   const fb = isNull(spec.fullDocumentBeforeChange) ? 'off' : spec.fullDocumentBeforeChange;
   const resumes = ['resumeAfter', 'startAfter', 'startAtOperationTime'].filter((k) => !isNull(spec[k]));
@@ -149,7 +150,7 @@ async function open(ctx) {
     throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");
   }
   const spec = cmd.pipeline[0].$changeStream;
-  const { fd, fb } = checkSpec(spec);
+  const { fd, fb } = checkSpec(spec, rawAt(cmd, ['pipeline', 0, '$changeStream']));
   const scope = scopeOf(ctx, spec);
   const stages = cmd.pipeline.slice(1);
   checkStages(stages);
@@ -423,7 +424,7 @@ function openMerged(ctx, servers) {
     throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");
   }
   const spec = cmd.pipeline[0].$changeStream;
-  const { fd, fb } = checkSpec(spec);
+  const { fd, fb } = checkSpec(spec, rawAt(cmd, ['pipeline', 0, '$changeStream']));
   const scope = scopeOf(ctx, spec);
   const stages = cmd.pipeline.slice(1);
   checkStages(stages);

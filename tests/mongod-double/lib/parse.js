@@ -28,6 +28,7 @@
 // says which); the double's own test commands (doubleStats, doubleElectionTime) and
 // configureFailPoint read their own fields.
 
+const { BSON } = require('bson');
 const V = require('./values');
 const { err } = require('./errors');
 
@@ -148,10 +149,10 @@ function commitQuorum(v) {
 }
 
 // create's clusteredIndex: variant [safeBool, ClusteredIndexSpec].
-function clusteredIndex(v, path, name, ctx) {
+function clusteredIndex(v, path, name, ctx, raw) {
   if (V.isNumeric(v) || typeof v === 'boolean') return;
   if (!isObject(v)) throw wrongType(path, v, ['bool', ...NUMBERS, 'object']);
-  parseStruct(ClusteredIndexSpec, v, ctx.concat(name));
+  parseStruct(ClusteredIndexSpec, v, ctx.concat(name), {}, raw);
 }
 
 // dropIndexes' index: a name, names, or a key pattern.
@@ -206,26 +207,29 @@ function checkType(v, types, path, t) {
   }
 }
 
-// Checks one declared field; returns true when it counts as given.
-function checkField(s, v, ctx, name) {
+// Checks one declared field (raw: its value's BSON, when known); returns true when it counts
+// as given.
+function checkField(s, v, ctx, name, raw) {
   const path = ctx.concat(name).join('.');
   if (s.ignore) return true;
   if (s.custom) {
-    s.custom(v, path, name, ctx);
+    s.custom(v, path, name, ctx, raw);
     return true;
   }
   if (isNull(v)) return false;
   checkType(v, typesOf(s), path, s.t);
-  if (s.struct) parseStruct(s.struct, v, ctx.concat(name));
+  if (s.struct) parseStruct(s.struct, v, ctx.concat(name), {}, raw);
   if (s.arrayOf) {
     const el = typeof s.arrayOf === 'string' ? { t: s.arrayOf } : null;
+    const elements = el ? null : rawView(raw);
     v.forEach((x, i) => {
       if (isNull(x)) return;
       if (el) {
         checkType(x, typesOf(el), `${path}.${i}`, el.t);
       } else {
         checkType(x, ['object'], `${path}.${i}`);
-        parseStruct(s.arrayOf, x, ctx.concat(name));
+        // An element from a document sequence (OP_MSG kind 1) was received on its own.
+        parseStruct(s.arrayOf, x, ctx.concat(name), {}, x[V.RAW] || (elements && elements.child(i)));
       }
     });
   }
@@ -248,10 +252,47 @@ const GENERIC = new Set(['apiVersion', 'apiStrict', 'apiDeprecationErrors', '$db
 // Fields meant for mongocryptd (isMongocryptdArgument): their own message.
 const MONGOCRYPTD = new Set(['jsonSchema', 'isRemoteSchema']);
 
+// The names of a received document as its BSON gives them (bson keeps one property of a name
+// given twice): the repeated ones, and the BSON of a field's value, for the parts of a command
+// the parser walks. Nothing is read for the documents it does not walk (a statement's filter,
+// an inserted document).
+function rawView(raw) {
+  if (!raw) return null;
+  const els = BSON.onDemand.parseToElements(raw.bytes, raw.off);
+  const seen = new Set();
+  const dups = [];
+  const last = new Map();
+  for (const e of els) {
+    const n = raw.bytes.toString('utf8', e[1], e[1] + e[2]);
+    if (seen.has(n) && !dups.includes(n)) dups.push(n);
+    seen.add(n);
+    last.set(n, e); // bson keeps the last value of a name given twice
+  }
+  return {
+    dups,
+    child(n) {
+      const e = last.get(String(n));
+      return e && (e[0] === 3 || e[0] === 4) ? { bytes: raw.bytes, off: e[3] } : null;
+    },
+  };
+}
+
+// The BSON of obj[path[0]][path[1]]..., when obj was received (a command body).
+function rawAt(obj, path) {
+  let raw = obj && obj[V.RAW];
+  for (const k of path) {
+    const view = rawView(raw);
+    raw = view && view.child(k);
+  }
+  return raw || null;
+}
+
 // Applies struct S to object obj under context ctx (an array of names). opts.command: obj is
-// a command (its first element is the command itself, generic arguments are accepted).
-function parseStruct(S, obj, ctx, opts = {}) {
-  const dups = obj[V.DUPS];
+// a command (its first element is the command itself, generic arguments are accepted). raw:
+// obj's BSON when it was received, to refuse a name given twice (40413).
+function parseStruct(S, obj, ctx, opts = {}, raw = obj[V.RAW]) {
+  const view = rawView(raw);
+  const dups = view && view.dups.length ? view.dups : null;
   const given = new Set();
   const names = V.keys(obj);
   for (let i = 0; i < names.length; i++) {
@@ -262,7 +303,7 @@ function parseStruct(S, obj, ctx, opts = {}) {
     if (!S.strict && dups && dups.includes(name)) throw err(40413, `BSON field '${path}' is a duplicate field`);
     const s = Object.prototype.hasOwnProperty.call(S.fields, name) ? spec(S.fields[name]) : null;
     if (s) {
-      if (checkField(s, obj[name], ctx, name)) {
+      if (checkField(s, obj[name], ctx, name, view && view.child(name))) {
         if (S.strict && dups && dups.includes(name)) throw err(40413, `BSON field '${path}' is a duplicate field`);
         given.add(name);
       }
@@ -352,9 +393,9 @@ const GetMoreCommandRequest = struct('GetMoreCommandRequest', true, {
 });
 
 // aggregate_command.idl
-function aggregateCursor(v, path, name, ctx) {
+function aggregateCursor(v, path, name, ctx, raw) {
   if (!isObject(v)) throw err(14, 'cursor field must be missing or an object');
-  parseStruct(SimpleCursorOptions, v, [name]);
+  parseStruct(SimpleCursorOptions, v, [name], {}, raw);
 }
 const AggregateCommandRequest = struct('AggregateCommandRequest', true, {
   pipeline: req({ custom: pipeline }), explain: { custom: explainFlag }, allowDiskUse: { custom: optionalBool },
@@ -669,4 +710,4 @@ function parseCommand(body, name) {
   if (!NO_SESSION_PARSE.has(name)) parseStruct(OperationSessionInfoFromClient, body, ['OperationSessionInfo']);
 }
 
-module.exports = { parseCommand, parseStruct, COMMANDS, GENERIC, DocumentSourceChangeStreamSpec, typeName };
+module.exports = { parseCommand, parseStruct, rawAt, COMMANDS, GENERIC, DocumentSourceChangeStreamSpec, typeName };

@@ -54,8 +54,9 @@ function bsonTag(v) {
 // ORDER; keys() reads it (tolerating keys added or deleted behind its back: new ones are
 // appended, deleted ones dropped), setKey() appends, forWire() hands bson a Map where needed.
 const ORDER = Symbol('fieldOrder');
-// The names a document as received gave more than once (annotateOrder), for the parser.
-const DUPS = Symbol('duplicateFields');
+// The BSON a document was received as ({bytes, off}, wire.js), for the parser to see a name
+// given twice (bson keeps one of them) in the parts of a command it walks (parse.js).
+const RAW = Symbol('receivedBson');
 const INDEX_LIKE = /^(?:0|[1-9]\d{0,9})$/;
 const isIndexLike = (k) => INDEX_LIKE.test(k) && Number(k) < 4294967295;
 
@@ -170,24 +171,10 @@ function annotateOrder(obj, bytes, start) {
       }
     }
   }
-  // A name given twice leaves one property (bson keeps the last value): fewer properties than
-  // elements. The repeated names are recorded under DUPS for the command parser (parse.js),
-  // which refuses a duplicate field as mongod does (40413).
-  const dup = !isArr && els.length !== Object.keys(obj).length;
-  if (!isArr && (needsOrder || dup)) {
-    const all = els.map((e) => Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8'));
+  if (!isArr && needsOrder) {
     // A repeated name keeps its first place (the value is the last one, as bson decodes it).
-    names = [...new Set(all)];
-    if (needsOrder) setOrder(obj, names);
-    if (dup) {
-      const seen = new Set();
-      const dups = [];
-      for (const n of all) {
-        if (seen.has(n) && !dups.includes(n)) dups.push(n);
-        seen.add(n);
-      }
-      Object.defineProperty(obj, DUPS, { value: dups, enumerable: false, configurable: true, writable: true });
-    }
+    names = [...new Set(els.map((e) => Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8')))];
+    setOrder(obj, names);
   }
 }
 
@@ -660,7 +647,7 @@ function truthy(v) {
 }
 
 module.exports = {
-  ORDER, DUPS, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
+  ORDER, RAW, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
   compareNumbers, viewIsInexact,
   bsonTag, isNumeric, toNumber, toBigIntExact, compareValues, valuesEqual, canonicalKey, toView,
   fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, showBson, TYPE_ORDER,

@@ -115,41 +115,43 @@ test('null counts as absent: an optional field is taken as not given, a required
   await refused({ update: 'c', updates: [{ q: {}, u: null }] }, 9, 'Update argument must be either an object or an array');
 });
 
-// A command whose BSON gives `field` twice (the second time with `value`), as no driver writes
-// it but the wire allows.
+// The BSON of `doc` in which the document at `path` (names and indexes) gives its last name
+// twice, the second time with `value`: as no driver writes it, but the wire allows.
 function withDuplicate(doc, path, value) {
   const element = (name, v) => {
     const b = BSON.serialize({ [name]: v });
     return b.subarray(4, b.length - 1);
   };
-  const add = (bytes, name, v) => {
-    const el = element(name, v);
-    const out = Buffer.concat([bytes.subarray(0, bytes.length - 1), el, Buffer.from([0])]);
+  const documentOf = (elements) => {
+    const out = Buffer.concat([Buffer.alloc(4), ...elements, Buffer.from([0])]);
     out.writeInt32LE(out.length, 0);
     return out;
   };
-  if (path.length === 1) return add(BSON.serialize(doc), path[0], value);
-  // updates.0.q: rebuild the statement with the duplicate, then the command around it.
-  const [arr, index, name] = path;
-  const st = add(BSON.serialize(doc[arr][index]), name, value);
-  const rest = Object.assign({}, doc);
-  delete rest[arr];
-  const arrBytes = Buffer.concat([
-    Buffer.alloc(4), ...doc[arr].map((x, i) => {
-      const body = i === index ? st : BSON.serialize(x);
-      return Buffer.concat([Buffer.from([3]), Buffer.from(`${i}\0`), body]);
-    }), Buffer.from([0]),
-  ]);
-  arrBytes.writeInt32LE(arrBytes.length, 0);
-  const head = BSON.serialize(rest);
-  const out = Buffer.concat([head.subarray(0, head.length - 1), Buffer.from([4]), Buffer.from(`${arr}\0`), arrBytes, Buffer.from([0])]);
-  out.writeInt32LE(out.length, 0);
-  return out;
+  const build = (v, rest) => {
+    const names = Array.isArray(v) ? v.map((_, i) => String(i)) : Object.keys(v);
+    const elements = names.map((n) => {
+      if (rest.length > 1 && n === String(rest[0])) {
+        const child = v[rest[0]];
+        return Buffer.concat([Buffer.from([Array.isArray(child) ? 4 : 3]), Buffer.from(`${n}\0`), build(child, rest.slice(1))]);
+      }
+      return element(n, v[n]);
+    });
+    if (rest.length === 1) elements.push(element(rest[0], value));
+    return documentOf(elements);
+  };
+  return build(doc, path);
 }
 
-async function rawCommand(body) {
+// An OP_MSG of a body and document sequences ([{id, docs: [Buffer]}]) written as given.
+async function rawCommand(body, sequences = []) {
   const h = Buffer.alloc(16);
-  const msg = Buffer.concat([h, Buffer.alloc(4), Buffer.from([0]), body]);
+  const parts = sequences.map((s) => {
+    const id = Buffer.from(`${s.id}\0`);
+    const size = Buffer.alloc(4);
+    size.writeInt32LE(4 + id.length + s.docs.reduce((n, d) => n + d.length, 0));
+    return Buffer.concat([Buffer.from([1]), size, id, ...s.docs]);
+  });
+  const msg = Buffer.concat([h, Buffer.alloc(4), Buffer.from([0]), body, ...parts]);
   msg.writeInt32LE(msg.length, 0);
   msg.writeInt32LE(777, 4);
   msg.writeInt32LE(2013, 12);
@@ -164,7 +166,17 @@ test('a field given twice is 40413, in the command and in a statement', async ()
   r = await rawCommand(withDuplicate({ update: 'c', $db: DB, updates: [{ q: { _id: 1 }, u: { $set: { a: 3 } } }] }, ['updates', 0, 'q'], { _id: 2 }));
   assert.equal(num(r.code), 40413, r.errmsg);
   assert.equal(r.errmsg, "BSON field 'update.updates.q' is a duplicate field");
-  assert.deepEqual((await docs('c')).filter((x) => x._id === 5 || num(x.a) === 3), [], 'a refused command wrote');
+  // A statement sent as a document sequence (how drivers send them) is read as received too.
+  const st = withDuplicate({ q: { _id: 1 }, u: { $set: { a: 3 } } }, ['u'], { $set: { a: 4 } });
+  r = await rawCommand(BSON.serialize({ update: 'c', $db: DB }), [{ id: 'updates', docs: [BSON.serialize({ q: { _id: 2 }, u: { $set: { a: 3 } } }), st] }]);
+  assert.equal(num(r.code), 40413, r.errmsg);
+  assert.equal(r.errmsg, "BSON field 'update.updates.u' is a duplicate field");
+  // And an option of the $changeStream stage, parsed with the pipeline.
+  r = await rawCommand(withDuplicate({ aggregate: 'c', $db: DB, pipeline: [{ $changeStream: { fullDocument: 'default' } }], cursor: {} },
+    ['pipeline', 0, '$changeStream', 'fullDocument'], 'updateLookup'));
+  assert.equal(num(r.code), 40413, r.errmsg);
+  assert.equal(r.errmsg, "BSON field '$changeStream.fullDocument' is a duplicate field");
+  assert.deepEqual((await docs('c')).filter((x) => x._id === 5 || num(x.a) === 3 || num(x.a) === 4), [], 'a refused command wrote');
 });
 
 // The generic arguments of generic_argument.idl that a client sends (the session fields, the
