@@ -41,7 +41,7 @@ async function startDispatchProxy(o) {
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${o.upstream}`, 'drain_timeout_ms = 2000',
     `threads = ${o.threads ?? H.proxyThreads()}`,
     `log_level = ${o.logLevel || 'info'}`, '', '[outbox]'];
-  for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
+  for (const [k, v] of Object.entries(H.outboxKeys(o.outbox))) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', `enabled = ${o.enabled === false ? 'false' : 'true'}`);
   for (const [k, v] of Object.entries(o.dispatch || {})) lines.push(`${k} = ${v}`);
   // The admin port: off unless asked for (several proxies run at once).
@@ -208,7 +208,7 @@ const verifies = (secret, body, headers) => {
 };
 
 /**
- * An upstream (the double, or MONGODB_URI) and a failCommand switch on it:
+ * An upstream (the double, or scripts/test --upstream's deployment) and a failCommand switch on it:
  * `fp(mode, data)` configures the fail point.  Null when the upstream has no
  * fail points (a real server without enableTestCommands): the test is
  * skipped with the reason.  Everything is stopped after the test.
