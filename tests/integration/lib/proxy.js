@@ -189,7 +189,9 @@ function waitExit(child, ms) {
  * tests/integration/lib/double.js; only when the fd limit must be raised (`ulimit`) it is
  * spawned here, through `bash -c 'ulimit -n N; exec ...'`.
  * opts: { args: [...extra flags], standalone, auth: 'USER:PASSWORD', ulimit,
- *         sharded: {shards, mongos} (a cluster: `mongos` and `shards` list its ports) }
+ *         sharded: {shards, mongos} (a cluster: `mongos` and `shards` list its ports),
+ *         allowProxyErrors: {appName: [codes]} (parse errors the test makes the proxy's own
+ *         connections get on purpose; stop() fails on any other: double.js) }
  * Returns { port, uri (for the proxy's upstream, with replicaSet=rs0 unless standalone),
  *           directUri (straight to the double, with credentials), pid, log(), stop() }.
  */
@@ -197,7 +199,9 @@ async function startDouble(opts = {}) {
   const rs = opts.standalone || opts.sharded ? '' : '?replicaSet=rs0';
   if (!opts.ulimit) {
     const shared = require('./double.js');
-    const d = await shared.startDouble({ auth: opts.auth, standalone: opts.standalone, args: opts.args, sharded: opts.sharded });
+    const d = await shared.startDouble({
+      auth: opts.auth, standalone: opts.standalone, args: opts.args, sharded: opts.sharded, allowProxyErrors: opts.allowProxyErrors,
+    });
     // A cluster's URI is the seed list of its mongos routers (no replicaSet).
     const hosts = opts.sharded ? d.mongos.map((p) => `127.0.0.1:${p}`).join(',') : `127.0.0.1:${d.port}`;
     return {
@@ -233,6 +237,7 @@ async function startDouble(opts = {}) {
       /* gone */
     }
   });
+  let stdout = '';
   const port = await new Promise((resolve, reject) => {
     let buf = '';
     let settled = false;
@@ -246,6 +251,7 @@ async function startDouble(opts = {}) {
     }
     child.stdout.setEncoding('utf8');
     child.stdout.on('data', (chunk) => {
+      stdout += chunk;
       if (settled) return;
       buf += chunk;
       const nl = buf.indexOf('\n');
@@ -275,12 +281,19 @@ async function startDouble(opts = {}) {
     log: () => safeRead(logPath),
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
+      // As double.js's stop: the proxy's own commands that the double refused fail the test.
+      const { checkProxyParseErrors, commandPorts } = require('./double.js');
+      let refused = null;
+      await checkProxyParseErrors({
+        ports: commandPorts(stdout), auth: opts.auth, args: opts.args || [], allow: opts.allowProxyErrors, log: safeRead(logPath),
+      }).catch((e) => { refused = e; });
       child.kill('SIGTERM');
       const r = await waitExit(child, 5000);
       if (r.timedOut) {
         child.kill('SIGKILL');
         await waitExit(child, 5000);
       }
+      if (refused) throw refused;
     },
   };
 }
@@ -601,7 +614,15 @@ function registerFinalChecks(testApi, cleanups = [], { beforeStop } = {}) {
   });
   testApi.after(async () => {
     for (const p of startedProxies) await p.kill().catch(() => {});
-    for (const c of cleanups) await Promise.resolve(typeof c === 'function' ? c() : c && c.stop()).catch(() => {});
+    // A double's stop fails when the proxy's own connections got a parse error from it
+    // (double.js): that fails this hook, and so the file; other cleanup errors do not.
+    let refused = null;
+    for (const c of cleanups) {
+      await Promise.resolve(typeof c === 'function' ? c() : c && c.stop()).catch((e) => {
+        if (e && e.proxyRefused && !refused) refused = e;
+      });
+    }
+    if (refused) throw refused;
   });
 }
 

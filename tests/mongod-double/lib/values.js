@@ -54,6 +54,8 @@ function bsonTag(v) {
 // ORDER; keys() reads it (tolerating keys added or deleted behind its back: new ones are
 // appended, deleted ones dropped), setKey() appends, forWire() hands bson a Map where needed.
 const ORDER = Symbol('fieldOrder');
+// The names a document as received gave more than once (annotateOrder), for the parser.
+const DUPS = Symbol('duplicateFields');
 const INDEX_LIKE = /^(?:0|[1-9]\d{0,9})$/;
 const isIndexLike = (k) => INDEX_LIKE.test(k) && Number(k) < 4294967295;
 
@@ -168,10 +170,24 @@ function annotateOrder(obj, bytes, start) {
       }
     }
   }
-  if (!isArr && needsOrder) {
+  // A name given twice leaves one property (bson keeps the last value): fewer properties than
+  // elements. The repeated names are recorded under DUPS for the command parser (parse.js),
+  // which refuses a duplicate field as mongod does (40413).
+  const dup = !isArr && els.length !== Object.keys(obj).length;
+  if (!isArr && (needsOrder || dup)) {
+    const all = els.map((e) => Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8'));
     // A repeated name keeps its first place (the value is the last one, as bson decodes it).
-    names = [...new Set(els.map((e) => Buffer.from(bytes.buffer, bytes.byteOffset + e[1], e[2]).toString('utf8')))];
-    setOrder(obj, names);
+    names = [...new Set(all)];
+    if (needsOrder) setOrder(obj, names);
+    if (dup) {
+      const seen = new Set();
+      const dups = [];
+      for (const n of all) {
+        if (seen.has(n) && !dups.includes(n)) dups.push(n);
+        seen.add(n);
+      }
+      Object.defineProperty(obj, DUPS, { value: dups, enumerable: false, configurable: true, writable: true });
+    }
   }
 }
 
@@ -619,6 +635,24 @@ function makeSortComparator(sortSpec) {
   };
 }
 
+// BSONObj::toString as the server prints shard keys and requests in its messages.
+function showBson(v) {
+  if (v === null) return 'null';
+  if (v === undefined) return 'undefined';
+  if (typeof v === 'string') return JSON.stringify(v);
+  if (typeof v === 'number') return String(v);
+  if (typeof v === 'boolean') return String(v);
+  if (v instanceof Double) return Number.isInteger(v.value) ? `${v.value}.0` : String(v.value);
+  if (Array.isArray(v)) return `[ ${v.map(showBson).join(', ')} ]`;
+  if (isPlainDoc(v)) {
+    const ks = keys(v);
+    return ks.length ? `{ ${ks.map((k) => `${k}: ${showBson(v[k])}`).join(', ')} }` : '{}';
+  }
+  if (v instanceof ObjectId) return `ObjectId('${v.toHexString()}')`;
+  if (v instanceof Long) return `${v.toString()}`;
+  return String(v);
+}
+
 function truthy(v) {
   if (v === undefined || v === null || v === false) return false;
   if (isNumeric(v)) return toNumber(v) !== 0;
@@ -626,9 +660,9 @@ function truthy(v) {
 }
 
 module.exports = {
-  ORDER, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
+  ORDER, DUPS, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
   compareNumbers, viewIsInexact,
   bsonTag, isNumeric, toNumber, toBigIntExact, compareValues, valuesEqual, canonicalKey, toView,
-  fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, TYPE_ORDER,
+  fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, showBson, TYPE_ORDER,
   INT32_MIN, INT32_MAX, Int32, Long, Double, Decimal128, ObjectId, Binary, Timestamp, MinKey, MaxKey, Code, BSONSymbol, DBRef,
 };
