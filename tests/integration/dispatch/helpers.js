@@ -44,7 +44,7 @@ async function startDispatchProxy(o) {
     `log_level = ${o.logLevel || 'info'}`];
   for (const [k, v] of Object.entries(o.proxy || {})) lines.push(`${k} = ${v}`);
   lines.push('', '[outbox]');
-  for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
+  for (const [k, v] of Object.entries(H.outboxKeys(o.outbox))) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', `enabled = ${o.enabled === false ? 'false' : 'true'}`);
   for (const [k, v] of Object.entries(o.dispatch || {})) lines.push(`${k} = ${v}`);
   // The admin port: off unless asked for (several proxies run at once).
@@ -211,7 +211,7 @@ const verifies = (secret, body, headers) => {
 };
 
 /**
- * An upstream (the double, or MONGODB_URI) and a failCommand switch on it:
+ * An upstream (the double, or scripts/test --upstream's deployment) and a failCommand switch on it:
  * `fp(mode, data)` configures the fail point.  Null when the upstream has no
  * fail points (a real server without enableTestCommands): the test is
  * skipped with the reason.  Everything is stopped after the test.

@@ -1,10 +1,11 @@
 'use strict';
 // Starts the project's MongoDB server double (tests/mongod-double/mongod-double)
-// for a test suite, or hands back a real deployment when MONGODB_URI is set.
+// for a test suite, or hands back the real deployment of `scripts/test --upstream`
+// (RELAYBUS_TEST_UPSTREAM; never MONGODB_URI).
 //
 //   const { startDouble, serverForTests } = require('../lib/double');
 //   const d = await startDouble({ auth: 'user:pw' });   // always the double
-//   const s = await serverForTests();                    // MONGODB_URI or a double
+//   const s = await serverForTests();                    // --upstream's deployment or a double
 //   ... s.uri, s.port, s.external ...
 //   await s.stop();
 //
@@ -254,13 +255,13 @@ function startDouble(o = {}) {
 }
 
 /**
- * A deployment for driver-level tests: the replica set named by MONGODB_URI
- * when that is set, otherwise a fresh double.
+ * A deployment for driver-level tests: the one `scripts/test --upstream URI`
+ * names (RELAYBUS_TEST_UPSTREAM) when that is set, otherwise a fresh double.
  */
 async function serverForTests(o = {}) {
-  if (process.env.MONGODB_URI) {
+  if (process.env.RELAYBUS_TEST_UPSTREAM) {
     return {
-      uri: process.env.MONGODB_URI,
+      uri: process.env.RELAYBUS_TEST_UPSTREAM,
       port: null,
       external: true,
       stop: async () => {},
