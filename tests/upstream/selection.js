@@ -42,7 +42,7 @@ const NOT_RUN = {
     'consumers/auth.test.js', 'consumers/independence.test.js', 'dispatch/fleet.test.js', 'dispatch/lanes.test.js',
     'proxy/auth.test.js', 'proxy/handshake.test.js', 'proxy/pooled-auth.test.js', 'proxy/strict-parse.test.js',
     'proxy/tls.test.js', 'proxy/x509.test.js',
-    'publish/auth.test.js', 'admin/exposure.test.js', 'tenants/', 'sharded/',
+    'publish/auth.test.js', 'admin/exposure.test.js', 'tenants/', 'sharded/', 'lb/',
   ],
   'checks the server double itself, not the proxy': ['double/'],
   'broker handlers: needs brokers of its own (nats-server, rabbitmq-server, a Kafka mock); dispatch to a webhook stands for them': ['brokers/'],
@@ -52,7 +52,8 @@ const NOT_RUN = {
   ],
   'the proxy\'s own behaviour, the same whatever the server (configuration, TLS, signals, logs, hostile input, webhook receivers, the admin port\'s pages): runs on the double': [
     'admin/buffered.test.js', 'admin/dashboard.test.js', 'admin/dead-letters-utf8.test.js', 'admin/hostile.test.js',
-    'admin/metrics.test.js', 'admin/monitoring-files.test.js', 'admin/tls.test.js',
+    'admin/metrics.test.js', 'admin/monitoring-files.test.js', 'admin/tls.test.js', 'proxy/load-balanced.test.js',
+    'dispatch/header-injection.test.js',
     'consumers/drain.test.js', 'consumers/no-pull-handler.test.js',
     'dispatch/deadline.test.js', 'dispatch/formats.test.js', 'dispatch/outage.test.js', 'dispatch/reload.test.js',
     'dispatch/retry.test.js', 'dispatch/rotation.test.js', 'dispatch/secrets.test.js', 'dispatch/tls.test.js',
