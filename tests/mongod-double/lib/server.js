@@ -592,6 +592,13 @@ class Server {
       }
       // Errors injected by failCommand leave an open transaction alone (a real 7.0 primary
       // evaluates the fail point before the command runs in the transaction).
+      // mongod 4.4.7 and later (SERVER-49336) take a connection's client metadata from its first
+      // hello before the failCommand fail point is evaluated: a fail point filtered by appName
+      // fires on the very hello that names the application.
+      if (HELLO_NAMES.has(name) && !conn.handshakeDone && conn.appName === null) {
+        const app = body.client && body.client.application && body.client.application.name;
+        if (typeof app === 'string') conn.appName = app;
+      }
       const fp = name === 'configureFailPoint' ? null : this.failpoints.failCommand(name, conn.appName);
       if (fp) {
         if (V.truthy(fp.blockConnection)) {
