@@ -66,6 +66,10 @@ typedef struct {
    const char *owner;       /* lease owner, unique per process instance */
    int32_t purge_batch_size; /* 0: 500 */
    config_shard_t shard;      /* [outbox] shard_collections: store_setup on a mongos */
+   /* [outbox] attempt_history (ms): the settling calls write a record of
+    * each attempt they end into <prefix>attempts, which store_setup makes
+    * with a TTL index of this window; 0: no records. */
+   int64_t attempt_history_ms;
 } store_opts_t;
 
 /* A new store instance on `pool` (borrowed: the caller keeps it alive
@@ -208,13 +212,35 @@ size_t store_lanes_held (store_t *store, int64_t now);
 
 /* ----------------------------------------------------- settling a claim */
 
+/* The attempt a settling call ends, for its record in <prefix>attempts
+ * (docs/outbox-schema.md, "attempts"): written in the same command batch
+ * as the settling (in its transaction when it has one), only by an
+ * instance with attempt history, and only for a lease that still holds
+ * (a completion outside a transaction: for each delivery it was asked to
+ * complete, see store_complete_many).  Strings are borrowed. */
+typedef struct {
+   /* The record's _id: one per attempt, so a settling call tried again
+    * (a completion that failed, kept and retried) writes it once. */
+   bson_oid_t id;
+   const char *handler;
+   outbox_attempt_outcome_t outcome;
+   int32_t attempt;      /* its number: attempts that ended before it + 1 */
+   int64_t started_at;   /* ms since the epoch; 0: unknown */
+   int64_t duration_ms;  /* < 0: unknown */
+   int32_t status;       /* a webhook's HTTP status; 0: none */
+   const char *error;    /* the failure (NULL: none); masked as lastError when written */
+   const char *response; /* a webhook's answer, UTF-8, at most OUTBOX_ATTEMPT_RESPONSE_MAX bytes (NULL: none); masked */
+} store_attempt_t;
+
 /* A claimed delivery as the settling calls see it: its id and lease, and
  * optionally the id of its event (as claimed), which lets a completion
- * skip reading the delivery. */
+ * skip reading the delivery, and the attempt the call ends (NULL: no
+ * record). */
 typedef struct {
    bson_oid_t id;
    const char *lease;
    const char *event_id;
+   const store_attempt_t *attempt;
 } store_ref_t;
 
 /* Completes the deliveries; done[i] tells whether ref i is proven

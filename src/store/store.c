@@ -71,6 +71,7 @@ store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **stor
       .prefix = cfg->collection_prefix,
       .completion_history = cfg->completion_history,
       .shard = cfg->shard_mode,
+      .attempt_history_ms = cfg->attempt_history_ms,
    };
 
    if (!w)
@@ -98,6 +99,8 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
    s->database = bson_strdup (opts->database);
    s->owner = bson_strdup (opts->owner);
    s->completion_history = opts->completion_history;
+   /* Whole seconds, rounded up: a TTL index counts seconds. */
+   s->attempt_history_s = opts->attempt_history_ms > 0 ? (opts->attempt_history_ms + 999) / 1000 : 0;
    s->shard = opts->shard;
    s->purge_batch = opts->purge_batch_size > 0 ? opts->purge_batch_size : 500;
    for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
@@ -126,6 +129,7 @@ store_new_in_space (const store_t *base, uint32_t space)
    s->owner = bson_strdup (base->owner);
    memcpy (s->names, base->names, sizeof s->names);
    s->completion_history = base->completion_history;
+   s->attempt_history_s = base->attempt_history_s;
    s->shard = base->shard;
    s->purge_batch = base->purge_batch;
    s->max_time_ms = base->max_time_ms;
