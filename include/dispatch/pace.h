@@ -24,13 +24,15 @@
 
 typedef struct {
    delivery_rate_t rate;
-   void **q; /* a ring of the waiting jobs */
+   bool started; /* a delivery was admitted since start-up: the bucket runs */
+   void **q;     /* a ring of the waiting jobs */
    size_t head, n, cap;
    size_t slot; /* the handler's counters slot (SIZE_MAX: none) */
 } pace_t;
 
-/* The pace of handler `hc`: an empty bucket (nothing starts in a burst at
- * start-up or when a reload adds the handler), nothing waiting. */
+/* The pace of handler `hc`: its bucket is empty when its first delivery
+ * comes, however long after start-up (or after a reload added it): no
+ * burst on top of what a previous process sent; nothing waiting. */
 void pace_init (pace_t *p, const config_handler_t *hc, int64_t now);
 /* A reload kept the handler: its new rate_limit, keeping the tokens it
  * has up to the new limit, and the jobs that wait. */

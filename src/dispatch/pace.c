@@ -45,6 +45,13 @@ pace_fini (pace_t *p)
 bool
 pace_admit (pace_t *p, void *job, int64_t now)
 {
+   if (p->rate.n > 0 && !p->started) {
+      /* The first delivery since start-up (or since a reload added the
+       * handler) finds the bucket empty, however long the proxy idled
+       * before it: no burst on top of what a previous process sent. */
+      delivery_rate_init (&p->rate, p->rate.n, p->rate.period_ms, now);
+      p->started = true;
+   }
    if (p->rate.n == 0 || (p->n == 0 && delivery_rate_take (&p->rate, now)))
       return true;
    if (p->n == p->cap) {
@@ -106,6 +113,8 @@ pace_claim_room (pace_t *p, int64_t now, int64_t horizon_ms, int64_t *wait_ms)
    *wait_ms = -1;
    if (p->rate.n == 0)
       return INT64_MAX;
+   if (!p->started)
+      return delivery_rate_room (&p->rate, p->rate.at, horizon_ms); /* from empty: what comes within the horizon */
    room = delivery_rate_room (&p->rate, now, horizon_ms) - (int64_t) p->n;
    if (room <= 0) {
       room = 0;
