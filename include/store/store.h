@@ -103,6 +103,22 @@ void store_set_max_time_ms (store_t *store, int32_t ms);
 bool store_retry_deferred (store_t *store, size_t *left, bson_error_t *error) __attribute__ ((warn_unused_result));
 /* How many events' completion times are deferred now. */
 size_t store_deferred_count (store_t *store);
+/* With attempt history, and once this is set (the dispatcher's
+ * instances; instances made by store_spaces_of follow their base), a
+ * completion outside a transaction whose every delivery gets its attempt
+ * record does not write its events' completion times at once: each
+ * record holds its time, so the events of the completions of one second
+ * are written together, with $max and the second's end, once that second
+ * is over (one update instead of one per completion; the purge reads the
+ * records for an event whose time a crash left unwritten).  They wait on
+ * the deferred list; the caller writes what is due (store_completion_
+ * times_due, store_retry_deferred) at its next completion or poll, and
+ * all of them before it stops.  Set before the instance is
+ * shared. */
+void store_set_completion_times_by_second (store_t *store, bool on);
+/* Whether completion times wait that are due at `now` (of a second that
+ * has ended, or the list half full). */
+bool store_completion_times_due (store_t *store, int64_t now);
 
 /* The lane space the instance claims in (base/outbox.h): the dispatch
  * space unless set.  The claimers keep an instance per handler space
@@ -121,7 +137,7 @@ void store_set_lane_space (store_t *store, uint32_t space);
  * (a caller may hold the pointers until then), before `base`'s pool
  * goes. */
 typedef struct {
-   const store_t *base; /* borrowed */
+   store_t *base; /* borrowed */
    store_t **v;
    size_t n;
 } store_spaces_t;
@@ -130,6 +146,10 @@ typedef struct {
 store_t *store_spaces_of (store_spaces_t *spaces, const char *handler);
 /* Destroys every instance (not `base`). */
 void store_spaces_clear (store_spaces_t *spaces);
+/* store_retry_deferred for every instance of `spaces`, and its base, that
+ * has completion times due at `now` (store_completion_times_due; all of
+ * them when `all`: a stop); failures are logged. */
+void store_spaces_write_completion_times (store_spaces_t *spaces, int64_t now, bool all);
 /* The handler a handler space's instance was made for (the name in its
  * lane documents and in log lines); "" for any other instance. */
 const char *store_space_handler (const store_t *store);

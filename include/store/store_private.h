@@ -91,6 +91,13 @@ struct store {
    /* [outbox] attempt_history, in whole seconds (the TTL index's
     * expireAfterSeconds); 0: the settling calls write no attempt records. */
    int64_t attempt_history_s;
+   /* store_set_completion_times_by_second: a second's completions write
+    * their events' completion times together, on this instance's
+    * deferred list, or on its base's (`times_to`, borrowed: a space's
+    * instance of store_spaces_of), so the completions of every handler
+    * space of a second make one update. */
+   bool times_by_second;
+   store_t *times_to;
    config_shard_t shard; /* [outbox] shard_collections */
    int32_t purge_batch;
    /* maxTimeMS of every write this instance makes outside a transaction
@@ -187,8 +194,10 @@ bool store_bounded_write (store_t *store,
                           int64_t *n,
                           bson_error_t *error) __attribute__ ((warn_unused_result));
 /* Puts the events of ids[0..n) on the deferred list with completion time
- * `at` (see store_retry_deferred). */
-void store_defer_events (store_t *store, const char *const *ids, size_t n, int64_t at);
+ * `at` (see store_retry_deferred); `held`: because an open transaction
+ * held them (counted in relaybus_store_deferred_completion_times_total),
+ * not a second's completions written together (store_completion_times_due). */
+void store_defer_events (store_t *store, const char *const *ids, size_t n, int64_t at, bool held);
 
 /* Sets a STORE_ERROR with a message. */
 void store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)

@@ -818,8 +818,7 @@ rate_arm (dispatcher_t *d)
       evtimer_del (d->rate_ev);
 }
 
-/* Whether j may start now (its handler's rate_limit); otherwise it waits,
- * claimed and renewed, for rate_cb. */
+/* Whether j may start now; otherwise it waits, renewed, for rate_cb. */
 static bool
 rate_admit (dispatcher_t *d, job_t *j)
 {
@@ -856,8 +855,7 @@ rate_cb (evutil_socket_t fd, short what, void *arg)
          renew_set_remove (&d->renew_set, &j->d.id, j->d.lease);
          go[n++] = j;
       }
-      /* All of them started: a claim for what its next tokens start. */
-      d->rate_drained = d->rate_drained || (had && pace_waiting (&h->pace) == 0 && !h->retired);
+      d->rate_drained = d->rate_drained || (had && pace_waiting (&h->pace) == 0 && !h->retired); /* claim for it */
    }
    for (size_t i = 0; i < n; i++)
       if (!job_give_back_if_disabled (d, go[i]))
@@ -881,9 +879,8 @@ rate_drop_all (dispatcher_t *d, handler_rt_t *h)
    }
 }
 
-/* A job of a handler disabled since it was claimed (a follower of its
- * key, a claim that raced the 410, a job that waited for a token) is
- * given back uncharged, and waits: true when it was. */
+/* A job of a handler disabled since it was claimed (a follower, a claim
+ * that raced the 410, a wait for a token) is given back uncharged. */
 static bool
 job_give_back_if_disabled (dispatcher_t *d, job_t *j)
 {
@@ -1108,6 +1105,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    if (d->stopping || !d->setup_done || !d->dispatching)
       return;
    flush (d);
+   store_spaces_write_completion_times (&d->spaces, clock_now_ms (), false); /* a second's completions' events */
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = d->handlers[i];
       bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling or disabled: not now */
@@ -1328,6 +1326,8 @@ finish (dispatcher_t *d)
       job_drop (d, d->unsettled[i], false);
    }
    d->n_unsettled = 0;
+   if (reachable)
+      store_spaces_write_completion_times (&d->spaces, now, true);
    for (size_t i = 0; reachable && i < d->spaces.n; i++)
       if (!store_relinquish (d->spaces.v[i], now, &err))
          log_warn ("dispatch: handing lanes back (handler %s): %s", store_space_handler (d->spaces.v[i]), err.message);
@@ -1775,6 +1775,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    if (!d->w)
       goto fail;
    d->base = worker_base (d->w);
+   store_set_completion_times_by_second (d->store, true); /* its spaces' completions: store.h */
    d->spaces.base = d->store;
    d->fleet = dispatch_fleet_new (d->store, worker_owner (d->w));
 

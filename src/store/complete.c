@@ -137,7 +137,7 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
    bson_t eq = BSON_INITIALIZER, sub, arr, opts = BSON_INITIALIZER;
    const char **ids = bson_malloc0 ((c->n ? c->n : 1) * sizeof *ids);
    uint32_t k = 0;
-   bool ok = true;
+   bool ok = true, recorded = store_attempts_on (c->s) && c->s->times_by_second;
 
    BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);
    BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
@@ -150,12 +150,24 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
          id = store_iter_utf8 (docs[i], OUTBOX_F_EVENT_ID) ? store_iter_utf8 (docs[i], OUTBOX_F_EVENT_ID) : "";
       if (!id)
          continue;
+      recorded = recorded && c->refs[i].attempt;
       ids[k] = id;
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_UTF8 (&arr, key, id);
    }
    bson_append_array_end (&sub, &arr);
    bson_append_document_end (&eq, &sub);
+   if (k > 0 && !session && recorded) {
+      /* The attempts' records hold each completion's time: the events'
+       * times of one second go together once it is over
+       * (store_completion_times_due), with that second's end. */
+      bson_error_t err;
+      store_t *to = c->s->times_to ? c->s->times_to : c->s;
+      store_defer_events (to, ids, k, (c->now / 1000 + 1) * 1000, false);
+      if (store_completion_times_due (to, c->now) && !store_retry_deferred (to, NULL, &err))
+         log_info ("store: %s (tried again later)", err.message);
+      k = 0;
+   }
    if (k > 0) {
       bson_t *eu = BCON_NEW ("$max", "{", OUTBOX_F_COMPLETED_AT, BCON_DATE_TIME (c->now), "}");
       bson_error_t err;
@@ -167,7 +179,7 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
       }
       if (!ok && !session && c->s->max_time_ms > 0) {
          log_info ("store: %u event completion time(s) deferred (%s)", k, err.message);
-         store_defer_events (c->s, ids, k, c->now);
+         store_defer_events (c->s, ids, k, c->now, true);
          ok = true;
       } else if (!ok && error) {
          *error = err;

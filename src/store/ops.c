@@ -645,6 +645,48 @@ referenced (purge_t *p,
    return ok;
 }
 
+/* With attempt history an event's completion time may still wait to be
+ * written (a second's completions go together), or a crash lost it: the
+ * events of `gone` that have a record of a succeeded attempt are judged by
+ * its latest end instead, as if it were their completedAt, and stay
+ * unless completed_before passed it. */
+static bool
+purge_keep_recorded (purge_t *p, store_txn_t *txn, strs_t *gone, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER;
+   bson_t *opts = BCON_NEW ("projection", "{", OUTBOX_F_EVENT_ID, BCON_INT32 (1), OUTBOX_F_ENDED_AT, BCON_INT32 (1), "}");
+   strs_t keep = {0};
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   size_t k = 0;
+   bool ok = true;
+
+   bson_concat (opts, &txn->opts);
+   append_strs_in (&q, OUTBOX_F_EVENT_ID, gone);
+   BSON_APPEND_UTF8 (&q, OUTBOX_F_OUTCOME, outbox_attempt_outcome_name (OUTBOX_ATTEMPT_SUCCEEDED));
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_ATTEMPTS], &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, OUTBOX_F_EVENT_ID);
+      if (id && !(p->o->completed_before > 0 && store_iter_date (doc, OUTBOX_F_ENDED_AT) < p->o->completed_before))
+         strs_push (&keep, id);
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   for (size_t i = 0; ok && i < gone->n; i++) {
+      if (strs_has (&keep, gone->v[i]))
+         bson_free (gone->v[i]);
+      else
+         gone->v[k++] = gone->v[i];
+   }
+   if (ok)
+      gone->n = k;
+   strs_free (&keep);
+   bson_destroy (opts);
+   bson_destroy (&q);
+   return ok;
+}
+
 /* Deletes the batch (deliveries or history records), then the events of
  * p->event_ids that nothing references any more: an event that had a
  * completion is kept until completed_before passes its completedAt; one
@@ -699,6 +741,8 @@ purge_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    if (mongoc_cursor_error (cur, error))
       ok = false;
    mongoc_cursor_destroy (cur);
+   if (ok && gone.n > 0 && store_attempts_on (p->s))
+      ok = purge_keep_recorded (p, txn, &gone, error);
    if (ok && gone.n > 0) {
       bson_t dq = BSON_INITIALIZER;
       append_strs_in (&dq, "_id", &gone);

@@ -119,7 +119,7 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
 
 /* Another instance of `base`'s owner claiming in `space`. */
 static store_t *
-store_new_in_space (const store_t *base, uint32_t space)
+store_new_in_space (store_t *base, uint32_t space)
 {
    store_t *s = bson_malloc0 (sizeof *s);
 
@@ -130,6 +130,10 @@ store_new_in_space (const store_t *base, uint32_t space)
    memcpy (s->names, base->names, sizeof s->names);
    s->completion_history = base->completion_history;
    s->attempt_history_s = base->attempt_history_s;
+   s->times_by_second = base->times_by_second;
+   /* A second's completions of every space write their events' times
+    * together: they wait on the base's list. */
+   s->times_to = base->times_by_second ? base : NULL;
    s->shard = base->shard;
    s->purge_batch = base->purge_batch;
    s->max_time_ms = base->max_time_ms;
@@ -291,7 +295,7 @@ store_bounded_write (store_t *s,
 }
 
 void
-store_defer_events (store_t *s, const char *const *ids, size_t n, int64_t at)
+store_defer_events (store_t *s, const char *const *ids, size_t n, int64_t at, bool held)
 {
    size_t dropped = 0;
 
@@ -309,10 +313,39 @@ store_defer_events (store_t *s, const char *const *ids, size_t n, int64_t at)
       s->deferred[s->n_deferred++] = (store_deferred_t) {.event_id = bson_strdup (ids[i]), .at = at};
    }
    pthread_mutex_unlock (&s->mu);
-   counters_add (COUNTER_STORE_DEFERRED, n);
+   if (held)
+      counters_add (COUNTER_STORE_DEFERRED, n);
    if (dropped > 0) {
       counters_add (COUNTER_STORE_DEFERRED_DROPPED, dropped);
       log_warn ("store: %zu deferred completion time(s) dropped (the list holds %d)", dropped, STORE_DEFERRED_MAX);
+   }
+}
+
+void
+store_set_completion_times_by_second (store_t *s, bool on)
+{
+   s->times_by_second = on;
+}
+
+bool
+store_completion_times_due (store_t *s, int64_t now)
+{
+   bool due;
+
+   pthread_mutex_lock (&s->mu);
+   due = s->n_deferred > 0 && (s->deferred[0].at <= now || s->n_deferred >= STORE_DEFERRED_MAX / 2);
+   pthread_mutex_unlock (&s->mu);
+   return due;
+}
+
+void
+store_spaces_write_completion_times (store_spaces_t *sp, int64_t now, bool all)
+{
+   for (size_t i = 0; i <= sp->n; i++) {
+      store_t *s = i < sp->n ? sp->v[i] : sp->base; /* the base holds every space's (times_to) */
+      bson_error_t err;
+      if (s && (all ? store_deferred_count (s) > 0 : store_completion_times_due (s, now)) && !store_retry_deferred (s, NULL, &err))
+         log_warn ("store: %s (tried again later)", err.message);
    }
 }
 

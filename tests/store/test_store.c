@@ -90,6 +90,10 @@ setup_with_attempts (void **state, bool history, int64_t attempts_ms)
    fx->attempts_ms = attempts_ms;
    fx->a = new_store (fx, "host/1/aaaa");
    fx->b = new_store (fx, "host/2/bbbb");
+   /* As the dispatcher's instances: a second's completions write their
+    * events' completion times together (with attempt history). */
+   store_set_completion_times_by_second (fx->a, true);
+   store_set_completion_times_by_second (fx->b, true);
    if (!store_setup (fx->a, &err)) {
       fprintf (stderr, "store_setup: %s\n", err.message);
       return -1;
@@ -2430,9 +2434,11 @@ test_every_settling_call_records_its_attempt (void **state)
 }
 
 /* A completion records its batch's attempts with one insert beside its
- * two commands (three in all, whatever the batch's size), and a
- * completion tried again with the same attempts (its first try failed
- * after the insert) records each once. */
+ * delete, whatever the batch's size; the events' completion times of a
+ * second's completions are written together once that second is over
+ * (the records hold each one's time).  A completion tried again with the
+ * same attempts (its first try failed after the insert) records each
+ * once. */
 static void
 test_complete_many_records_with_one_insert (void **state)
 {
@@ -2469,11 +2475,21 @@ test_complete_many_records_with_one_insert (void **state)
    assert_true (store_complete_many (fx->a, refs, b.n, T0 + 6, done, &err));
    for (size_t i = 0; i < b.n; i++)
       assert_true (done[i]);
-   assert_int_equal (commands_since (fx, &by_name), 3);
+   assert_int_equal (commands_since (fx, &by_name), 2);
    assert_true (bson_iter_init_find (&it, &by_name, "insert") && bson_iter_as_int64 (&it) == 1);
    assert_true (bson_iter_init_find (&it, &by_name, "delete") && bson_iter_as_int64 (&it) == 1);
-   assert_true (bson_iter_init_find (&it, &by_name, "update") && bson_iter_as_int64 (&it) == 1);
+   assert_false (bson_iter_init_find (&it, &by_name, "update"));
    assert_int_equal (count (fx, OUTBOX_ATTEMPTS, "{}"), 10);
+   /* The events' completion times wait for the end of their second. */
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"completedAt\": {\"$exists\": true}}"), 0);
+   assert_false (store_completion_times_due (fx->a, T0 + 999));
+   assert_true (store_completion_times_due (fx->a, T0 + 1000));
+   bson_reinit (&by_name);
+   commands_since (fx, NULL);
+   assert_true (store_retry_deferred (fx->a, NULL, &err));
+   assert_int_equal (commands_since (fx, &by_name), 1);
+   assert_true (bson_iter_init_find (&it, &by_name, "update") && bson_iter_as_int64 (&it) == 1);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"completedAt\": {\"$date\": 1700000001000}}"), 10);
    assert_int_equal (count (fx, OUTBOX_ATTEMPTS, "{\"outcome\": \"succeeded\", \"status\": 200}"), 10);
    bson_destroy (&by_name);
    store_batch_clear (&b);
@@ -2567,6 +2583,42 @@ test_lost_and_operator_buried_attempts_are_recorded (void **state)
    bson_destroy (recs);
    store_batch_clear (&ba);
    store_batch_clear (&bb);
+}
+
+/* With attempt history the purge judges an event whose completion time is
+ * not written yet (it waits for the end of its second, or a crash lost
+ * it) by its records: a succeeded attempt keeps it until completed_before
+ * passes that attempt's end. */
+static void
+test_purge_reads_the_records_for_a_completion_time_not_written (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_attempt_t a = an_attempt (OUTBOX_ATTEMPT_SUCCEEDED, 1, T0 + 40, 5, 204, NULL);
+   store_ref_t r;
+   bool done;
+   bson_error_t err;
+   store_purge_opts_t po = {0};
+   store_purge_result_t pr;
+
+   add (fx, "old-1", "h", NULL, 0, T0 - 100000);
+   claim (fx->a, "h", 1, T0 + 40, &b);
+   r = ref (&b.items[0]);
+   r.attempt = &a;
+   assert_true (store_complete_many (fx->a, &r, 1, T0 + 45, &done, &err) && done);
+   store_batch_clear (&b);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"old-1\", \"completedAt\": {\"$exists\": true}}"), 0);
+   /* Created long before both cutoffs, its completion after them: kept. */
+   po.dead_before = T0 + 10;
+   po.completed_before = T0 + 10;
+   assert_true (store_purge (fx->a, &po, &pr, &err));
+   assert_int_equal (pr.events, 0);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"old-1\"}"), 1);
+   /* Once completed_before passes the attempt's end: gone. */
+   po.completed_before = T0 + 100;
+   assert_true (store_purge (fx->a, &po, &pr, &err));
+   assert_int_equal (pr.events, 1);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"old-1\"}"), 0);
 }
 
 /* The admin views' reads: a delivery's attempts in order and its state
@@ -3437,6 +3489,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_a_record_in_an_aborted_transaction_is_written_once, setup_attempts_history, teardown),
       cmocka_unit_test_setup_teardown (test_lost_and_operator_buried_attempts_are_recorded, setup_attempts, teardown),
       cmocka_unit_test_setup_teardown (test_attempt_history_reads, setup_attempts, teardown),
+      cmocka_unit_test_setup_teardown (test_purge_reads_the_records_for_a_completion_time_not_written, setup_attempts, teardown),
       cmocka_unit_test_setup_teardown (test_h1_failed_flush_runnable_within_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_h1_failed_reschedule_runnable_within_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_m1_relinquish_no_gap, setup, teardown),
