@@ -209,7 +209,9 @@ async function main() {
   const outDir = path.join(REPO, 'tests', 'out', 'soak');
   fs.mkdirSync(outDir, { recursive: true });
 
-  const up = (started.up = await H.startUpstream());
+  // A bench run by hand, like scripts/run: MONGODB_URI names its deployment (the test suite's
+  // harness reads only scripts/test --upstream's variable).
+  const up = (started.up = process.env.MONGODB_URI ? H.externalUpstream(process.env.MONGODB_URI) : await H.startDouble());
   const outboxDb = up.real ? H.uniqueDbName('soak_outbox') : 'relaybus';
   const appDb = up.real ? H.uniqueDbName('soak_app') : 'soak';
   const secret = newSecret();

@@ -11,7 +11,7 @@ RELAYBUS_BUILD_PACKAGES="build-essential autoconf automake libtool pkg-config
 # and check (debhelper, lintian), the clean Debian root its test installs it
 # into (debootstrap), and the OCI image's build and unpacking (umoci, skopeo).
 RELAYBUS_PACKAGING_PACKAGES="debhelper lintian debootstrap umoci skopeo"
-RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat prometheus chromium python3-pymongo man-db systemd nats-server rabbitmq-server faketime"
+RELAYBUS_TEST_PACKAGES="clang libclang-rt-14-dev valgrind socat prometheus chromium python3-pymongo man-db systemd nats-server rabbitmq-server faketime haproxy"
 
 say() { printf '==> %s\n' "$*" >&2; }
 

@@ -50,6 +50,7 @@
 #include "base/authfile.h"
 #include "base/config.h"
 #include "base/fleet.h"
+#include "base/instance.h"
 #include "codec/compress.h"
 #include "codec/scram.h"
 #ifdef RELAYBUS_HAVE_KAFKA
@@ -487,11 +488,19 @@ proxy_start (proxy_t *p, bson_error_t *error)
       bson_set_error (error, 0, 2, "cannot install signal handlers");
       return false;
    }
-   log_info ("relaybus-proxy %s listening on %s%s, upstream %s",
-             PACKAGE_VERSION,
-             listener_address (p->listener),
-             p->server_tls ? " (TLS)" : "",
-             p->tls ? "with TLS" : "without TLS");
+   {
+      char sid[25];
+
+      /* The serviceId names this process to drivers in load-balanced mode
+       * (their events and errors show it): the line to find it by. */
+      bson_oid_to_string (instance_service_id (), sid);
+      log_info ("relaybus-proxy %s listening on %s%s, upstream %s, serviceId %s",
+                PACKAGE_VERSION,
+                listener_address (p->listener),
+                p->server_tls ? " (TLS)" : "",
+                p->tls ? "with TLS" : "without TLS",
+                sid);
+   }
    if (tls_upstream_withholds_cert (p->tls))
       log_info ("upstream tlsCertificateKeyFile: presented only on the proxy's own connections (topology, outbox "
                 "store, dispatch, admin); client connections present no certificate and MONGODB-X509 from "

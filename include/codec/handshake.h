@@ -11,8 +11,11 @@
  * certificate); a legacy OP_QUERY hello gets `$db: "admin"` so it can
  * travel as OP_MSG.  Down: the replica-set identity
  * is removed, `msg: "isdbgrid"` added, and `compression` becomes the proxy's
- * own choice.  Everything else (limits, wire versions, session timeout,
- * connectionId, auth fields, $clusterTime) is kept in its order.
+ * own choice; for a driver in load-balanced mode (its hello says
+ * `loadBalanced: true`), `serviceId` is the proxy's (base/instance.h), and an
+ * upstream's own serviceId never reaches a client.  Everything else (limits,
+ * wire versions, session timeout, connectionId, auth fields, $clusterTime)
+ * is kept in its order.
  *
  * Pure functions over bson_t: no connection state, no I/O, unit tested.
  */
@@ -54,6 +57,11 @@ bool handshake_unwrap_query (const bson_t *query, bson_t *out);
  * client's order and dropping names the proxy does not implement. */
 void handshake_negotiate (const bson_t *hello, const char *offered, handshake_compression_t *out);
 
+/* True when the hello asks for the persona of a service behind a load
+ * balancer: `loadBalanced: true` (the drivers' load-balancer
+ * specification; a non-zero number counts as true). */
+bool handshake_wants_load_balanced (const bson_t *hello);
+
 /* True when `cmd` (an authenticate command or a speculativeAuthenticate
  * document) asks for mechanism MONGODB-X509. */
 bool handshake_is_x509_auth (const bson_t *cmd);
@@ -73,9 +81,12 @@ bool handshake_rewrite_request (const bson_t *hello, bool add_db, bson_t *out, b
 
 /* Builds the hello reply the client sees (see the file comment).  A reply
  * with ok other than 1 is copied unchanged.  `compression` may have n == 0:
- * then no `compression` field is written.  `out` is initialised here. */
+ * then no `compression` field is written.  `service_id` (NULL: none) is
+ * written as `serviceId`, after `msg`; a successful reply loses any
+ * `serviceId` of the upstream's.  `out` is initialised here. */
 bool handshake_rewrite_reply (const bson_t *reply,
                               const handshake_compression_t *compression,
+                              const bson_oid_t *service_id,
                               bson_t *out,
                               bson_error_t *error) __attribute__ ((warn_unused_result));
 

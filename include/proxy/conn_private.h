@@ -86,6 +86,7 @@ typedef struct {
    void *cb_ctx;
    bool track_cursor; /* RELAY, pooled: the cursor its reply opens is the client's user's (proxy/owners.h) */
    bool track_auth;   /* RELAY, HELLO, session mode: its reply is a SASL verdict for c->sasl (codec/sasl.h) */
+   bool load_balanced; /* HELLO: the connection's first, with loadBalanced: true (its reply gets the serviceId) */
    int64_t sent_us;   /* clock_mono_us when queued upstream */
 } upstream_req_t;
 

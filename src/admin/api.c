@@ -31,6 +31,7 @@
 #include "base/clock.h"
 #include "base/fleet.h"
 #include "base/heartbeat.h"
+#include "base/instance.h"
 #include "base/log.h"
 #include "admin/render.h"
 #include "base/counters.h"
@@ -661,6 +662,11 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
    BSON_APPEND_INT64 (&doc, "timeMs", now);
    BSON_APPEND_UTF8 (&doc, "version", PACKAGE_VERSION);
    BSON_APPEND_INT64 (&doc, "uptimeMs", now - a->start_ms);
+   {
+      char sid[25];
+      bson_oid_to_string (instance_service_id (), sid);
+      BSON_APPEND_UTF8 (&doc, "serviceId", sid); /* hex: as drivers' logs print it */
+   }
 
    BSON_APPEND_DOCUMENT_BEGIN (&doc, "upstream", &sub);
    BSON_APPEND_UTF8 (&sub, "state", topology_state_name (snap.state));

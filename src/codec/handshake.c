@@ -6,7 +6,9 @@
  * bypassing the proxy.  A mongos is a single endpoint that supports
  * sessions, transactions and retryable writes, which is exactly what the
  * proxy is.  Without `topologyVersion` drivers poll hello instead of
- * streaming it, so no awaitable hello is ever needed.
+ * streaming it, so no awaitable hello is ever needed.  Behind a load
+ * balancer, a mongos also names itself with a `serviceId` to drivers that
+ * ask (`loadBalanced: true`); so does the proxy, with its own.
  *
  * Documents are copied key by key, so field order and every value type are
  * preserved exactly (no decode/encode round trip).
@@ -25,8 +27,9 @@ static const char *const removed_reply_fields[] = {
    /* Only present on non-primary members, which the proxy never pairs with,
     * but a mongos would never say them either. */
    "arbiterOnly", "passive", "hidden", "buildIndexes",
-   /* Replaced by the proxy's own values. */
-   "compression", "msg",
+   /* Replaced by the proxy's own values.  A serviceId names the service a
+    * load balancer reached: the proxy, never what is behind it. */
+   "compression", "msg", "serviceId",
 };
 
 bool
@@ -111,6 +114,20 @@ handshake_negotiate (const bson_t *hello, const char *offered, handshake_compres
       if (!dup)
          out->ids[out->n++] = id;
    }
+}
+
+bool
+handshake_wants_load_balanced (const bson_t *hello)
+{
+   bson_iter_t it;
+
+   /* A boolean in the drivers' handshake; a number is taken as mongos
+    * takes it (any non-zero value is true). */
+   if (!bson_iter_init_find (&it, hello, "loadBalanced"))
+      return false;
+   if (BSON_ITER_HOLDS_BOOL (&it))
+      return bson_iter_bool (&it);
+   return BSON_ITER_HOLDS_NUMBER (&it) && bson_iter_as_double (&it) != 0.0;
 }
 
 bool
@@ -206,13 +223,15 @@ reply_ok (const bson_t *reply)
 }
 
 static bool
-append_persona (bson_t *out, const handshake_compression_t *compression)
+append_persona (bson_t *out, const handshake_compression_t *compression, const bson_oid_t *service_id)
 {
    bson_t arr;
    char idx[16];
    const char *key;
 
    if (!BSON_APPEND_UTF8 (out, "msg", "isdbgrid"))
+      return false;
+   if (service_id && !BSON_APPEND_OID (out, "serviceId", service_id))
       return false;
    if (!compression || compression->n == 0)
       return true;
@@ -229,6 +248,7 @@ append_persona (bson_t *out, const handshake_compression_t *compression)
 bool
 handshake_rewrite_reply (const bson_t *reply,
                          const handshake_compression_t *compression,
+                         const bson_oid_t *service_id,
                          bson_t *out,
                          bson_error_t *error)
 {
@@ -252,7 +272,7 @@ handshake_rewrite_reply (const bson_t *reply,
             continue;
          /* mongos places msg and compression before ok; so do we. */
          if (!added && strcmp (key, "ok") == 0) {
-            if (!append_persona (out, compression))
+            if (!append_persona (out, compression, service_id))
                goto too_large;
             added = true;
          }
@@ -260,7 +280,7 @@ handshake_rewrite_reply (const bson_t *reply,
       if (!bson_append_iter (out, key, -1, &it))
          goto too_large;
    }
-   if (rewrite && !added && !append_persona (out, compression))
+   if (rewrite && !added && !append_persona (out, compression, service_id))
       goto too_large;
    ok = true;
    goto done;

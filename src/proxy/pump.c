@@ -39,6 +39,7 @@
 #include "autoconf.h"
 #include "base/assert.h"
 #include "base/clock.h"
+#include "base/instance.h"
 #include "base/log.h"
 #include "base/loopwake.h"
 #include "base/servercodes.h"
@@ -587,7 +588,7 @@ answer_hello_pooled (client_conn_t *c,
    bson_t base, reply = BSON_INITIALIZER;
    bson_iter_t it;
    uint64_t seq;
-   bool ok = false, base_init = false;
+   bool ok = false, base_init = false, lb;
 
    if (!learned) {
       /* Only after a topology change emptied what was learned: the
@@ -596,7 +597,8 @@ answer_hello_pooled (client_conn_t *c,
       goto done;
    }
    negotiate_compression (c, hello, &offer);
-   if (!handshake_rewrite_reply (learned, &offer, &base, error))
+   lb = c->state == CLIENT_STATE_HANDSHAKE && handshake_wants_load_balanced (hello);
+   if (!handshake_rewrite_reply (learned, &offer, lb ? instance_service_id () : NULL, &base, error))
       goto done;
    base_init = true;
    if (bson_iter_init (&it, &base))
@@ -620,8 +622,8 @@ answer_hello_pooled (client_conn_t *c,
    if (!client_answer (c, seq, &reply, error))
       goto done;
    if (c->state == CLIENT_STATE_HANDSHAKE) {
-      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done (pooled), compressor %s",
-                c->compressor > 0 ? compress_name (c->compressor) : "none");
+      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done (pooled), compressor %s%s",
+                c->compressor > 0 ? compress_name (c->compressor) : "none", lb ? ", load-balanced" : "");
       client_set_state (c, CLIENT_STATE_READY);
    }
    ok = true;
@@ -678,6 +680,9 @@ forward_hello (client_conn_t *c,
    }
    u->creq_seq = r->seq;
    u->track_auth = track_auth;
+   /* As a mongos behind a load balancer: the connection's first hello
+    * names the service, later ones are answered as without. */
+   u->load_balanced = c->state == CLIENT_STATE_HANDSHAKE && handshake_wants_load_balanced (hello);
    negotiate_compression (c, hello, &u->offer);
    if (!wire_append_msg (upstream_output (c), id, 0, 0, &body, NULL, 0)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_HELLO_TOO_LARGE, "hello too large");
@@ -1531,7 +1536,7 @@ reply_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evbuff
    if (u->track_auth)
       sasl_watch_hello_reply (c->sasl, &reply.body);
    bson_destroy (&body);
-   if (!handshake_rewrite_reply (&reply.body, &u->offer, &body, error))
+   if (!handshake_rewrite_reply (&reply.body, &u->offer, u->load_balanced ? instance_service_id () : NULL, &body, error))
       goto done;
    if (!client_tmp (c, error))
       goto done;
@@ -1591,8 +1596,8 @@ reply_to_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evb
       return false;
    }
    if (c->state == CLIENT_STATE_HANDSHAKE) {
-      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", client_upstream_name (c),
-                c->compressor > 0 ? compress_name (c->compressor) : "none");
+      log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s%s", client_upstream_name (c),
+                c->compressor > 0 ? compress_name (c->compressor) : "none", cur.load_balanced ? ", load-balanced" : "");
       client_set_state (c, CLIENT_STATE_READY);
    }
    return true;

@@ -268,13 +268,18 @@ check_request (const bson_t *hello, bool add_db)
 /* Checks the persona elements at out_it (msg, then compression if any),
  * advancing past them. */
 static void
-check_persona (bson_iter_t *out_it, bool *more, const handshake_compression_t *c)
+check_persona (bson_iter_t *out_it, bool *more, const handshake_compression_t *c, const bson_oid_t *sid)
 {
    bson_iter_t arr;
 
    CHECK (*more && strcmp (bson_iter_key (out_it), "msg") == 0 && BSON_ITER_HOLDS_UTF8 (out_it));
    CHECK (strcmp (bson_iter_utf8 (out_it, NULL), "isdbgrid") == 0);
    *more = bson_iter_next (out_it);
+   if (sid) {
+      CHECK (*more && strcmp (bson_iter_key (out_it), "serviceId") == 0 && BSON_ITER_HOLDS_OID (out_it));
+      CHECK (bson_oid_equal (bson_iter_oid (out_it), sid));
+      *more = bson_iter_next (out_it);
+   }
    if (c->n == 0)
       return;
    CHECK (*more && strcmp (bson_iter_key (out_it), "compression") == 0 && BSON_ITER_HOLDS_ARRAY (out_it));
@@ -288,7 +293,7 @@ check_persona (bson_iter_t *out_it, bool *more, const handshake_compression_t *c
 }
 
 static void
-check_reply (const bson_t *reply, const handshake_compression_t *c)
+check_reply (const bson_t *reply, const handshake_compression_t *c, const bson_oid_t *sid)
 {
    bson_t out;
    bson_error_t err;
@@ -297,7 +302,7 @@ check_reply (const bson_t *reply, const handshake_compression_t *c)
 
    ok1 = bson_iter_init_find (&in_it, reply, "ok") && bson_iter_as_double (&in_it) == 1.0;
    memset (&err, 0, sizeof err);
-   if (!handshake_rewrite_reply (reply, c, &out, &err)) {
+   if (!handshake_rewrite_reply (reply, c, sid, &out, &err)) {
       CHECK (err.domain == HANDSHAKE_ERROR_DOMAIN && err.message[0] != '\0');
       bson_destroy (&out);
       return;
@@ -319,10 +324,13 @@ check_reply (const bson_t *reply, const handshake_compression_t *c)
    while (bson_iter_next (&in_it)) {
       const char *key = bson_iter_key (&in_it);
 
-      if (is_identity (key) || strcmp (key, "compression") == 0 || strcmp (key, "msg") == 0)
+      /* An upstream's serviceId never passes: the proxy's own, if any, is
+       * part of the persona. */
+      if (is_identity (key) || strcmp (key, "compression") == 0 || strcmp (key, "msg") == 0 ||
+          strcmp (key, "serviceId") == 0)
          continue;
       if (!placed && strcmp (key, "ok") == 0) {
-         check_persona (&out_it, &more, c);
+         check_persona (&out_it, &more, c, sid);
          placed = true;
       }
       CHECK (more);
@@ -366,9 +374,21 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    handshake_negotiate (&hello, offered, &c);
    check_negotiate (&hello, offered, &c);
    check_request (&hello, add_db);
-   check_reply (&reply, &c);
-   /* A reply without compression, as when the client asked for none. */
+   check_reply (&reply, &c, NULL);
+   /* A reply without compression, as when the client asked for none; and
+    * with the serviceId of a client that asked for load-balanced mode. */
    c.n = 0;
-   check_reply (&reply, &c);
+   check_reply (&reply, &c, NULL);
+   {
+      bson_oid_t sid;
+      bson_iter_t it;
+      bool asked = bson_iter_init_find (&it, &hello, "loadBalanced") &&
+                   (BSON_ITER_HOLDS_BOOL (&it) ? bson_iter_bool (&it)
+                                               : BSON_ITER_HOLDS_NUMBER (&it) && bson_iter_as_double (&it) != 0.0);
+
+      CHECK (handshake_wants_load_balanced (&hello) == asked);
+      bson_oid_init_from_string (&sid, "65a0000000000000000000aa");
+      check_reply (&reply, &c, &sid);
+   }
    return 0;
 }

@@ -9,20 +9,22 @@
  * op % 4:
  *   0: a conversation starts: the bytes are client-first, parsed by
  *      scram_server_first against sixteen users (user0 .. user15); for a
- *      user it knows, the guess is taken (authlimit_take) as saslStart
- *      takes it;
- *   1: a proof of an open conversation (op / 4 picks it) is wrong: its
- *      guess is spent (authlimit_spend);
- *   2: one is right, or ends unchecked: its guess is given back
- *      (authlimit_refund);
+ *      user it knows, saslStart asks whether its proof would be checked
+ *      (authlimit_allowed), which counts nothing;
+ *   1: a proof of an open conversation (op / 8 picks it) is wrong, checked
+ *      under the limit (authlimit_check with a check that fails), or, for
+ *      op / 4 odd, its step is malformed (authlimit_fail);
+ *   2: one is right (authlimit_check with a check that passes);
  *   3: the delay of an open conversation's user (authlimit_delay_ms).
- * Oracles, against a model that keeps every counted guess and failure
- * with its time: a guess is taken exactly when fewer than the limit of
- * its (user, address) pair count (counted in the last 7 buckets of 10 s),
- * so never more than the limit in any minute however they interleave; a
- * refused guess holds nothing; the delay is exactly 0 below the limit
- * and min(cap, 100 ms * 2^(failures - limit)) from it.  Sixteen users on
- * sixteen addresses fit the table without reuse, so the model is exact.
+ * Oracles, against a model that keeps every failure with its time: a
+ * proof is checked (its check called) exactly when fewer than the limit of
+ * its (user, address) pair's failures count (in the last 7 buckets of
+ * 10 s), so never more than the limit fail in any minute however they
+ * interleave; a right proof counts nothing; authlimit_allowed says the
+ * same without counting; the delay is exactly 0 below the limit and
+ * min(cap, 100 ms * 2^(failures - limit)) from it, over the user's
+ * failures from every address.  Sixteen users on sixteen addresses fit
+ * the table without reuse, so the model is exact.
  */
 #include <string.h>
 
@@ -39,15 +41,22 @@
 
 typedef struct {
    int user, addr;
-   int64_t bucket;
-   bool alive;
-} guess_t;
+} open_t;
 
+/* The model: each failure's pair and bucket. */
 typedef struct {
    int user, addr;
-   int guess; /* its entry in the model */
-   authlimit_ticket_t ticket;
-} open_t;
+   int64_t bucket;
+} failure_t;
+
+static int check_calls;
+
+static bool
+proof_right (void *arg)
+{
+   check_calls++;
+   return *(const bool *) arg;
+}
 
 static authfile_t *
 users_table (void)
@@ -76,15 +85,23 @@ in_ring (int64_t bucket, int64_t now)
    return now / AUTHLIMIT_BUCKET_MS - bucket < AUTHLIMIT_BUCKETS;
 }
 
+static uint32_t
+pair_failures (const failure_t *f, int n, int user, int addr, int64_t now)
+{
+   uint32_t c = 0;
+
+   for (int i = 0; i < n; i++)
+      c += f[i].user == user && f[i].addr == addr && in_ring (f[i].bucket, now);
+   return c;
+}
+
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
    static const uint8_t key[AUTHLIMIT_KEY_BYTES] = "fuzz-login-key!";
-   static guess_t guesses[MAX_RECORDS];
-   static int64_t failures[N_USERS][MAX_RECORDS];
-   int n_failures[N_USERS] = {0};
+   static failure_t failures[MAX_RECORDS];
    open_t open[MAX_OPEN];
-   int n_open = 0, n_guesses = 0, records = 0;
+   int n_open = 0, n_failures = 0, records = 0;
    authlimit_t *al;
    uint32_t limit;
    int64_t now = 1000000000;
@@ -123,38 +140,47 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
          scram_server_destroy (conv);
          if (user < 0 || n_open == MAX_OPEN)
             continue;
-         uint32_t model = 0, counted;
+         uint32_t model = pair_failures (failures, n_failures, user, addr, now), counted;
          bool first;
-         authlimit_ticket_t t;
-         for (int g = 0; g < n_guesses; g++)
-            model += guesses[g].alive && guesses[g].user == user && guesses[g].addr == addr &&
-                     in_ring (guesses[g].bucket, now);
-         bool taken = authlimit_take (al, name, addrs[addr], limit, now, &t,
-                                      &counted, &first);
-         CHECK (taken == (model < limit));
+         CHECK (authlimit_allowed (al, name, addrs[addr], limit, now, &counted, &first) == (model < limit));
          CHECK (counted == model);
-         CHECK (t.held == taken);
-         if (!taken)
-            continue;
-         guesses[n_guesses] = (guess_t) {user, addr, now / AUTHLIMIT_BUCKET_MS, true};
-         open[n_open++] = (open_t) {user, addr, n_guesses++, t};
+         CHECK (pair_failures (failures, n_failures, user, addr, now) == model);
+         open[n_open++] = (open_t) {user, addr};
       } else if (n_open > 0) {
-         int i = (op / 4) % n_open;
+         int i = (op / 8) % n_open;
          open_t *o = &open[i];
          char name[16];
+         uint32_t model = pair_failures (failures, n_failures, o->user, o->addr, now), counted;
+         bool first;
 
          snprintf (name, sizeof name, "user%d", o->user);
-         if (op % 4 == 1) {
-            authlimit_spend (al, &o->ticket, name, now);
-            failures[o->user][n_failures[o->user]++] = now / AUTHLIMIT_BUCKET_MS;
-         } else if (op % 4 == 2) {
-            authlimit_refund (al, &o->ticket, now);
-            guesses[o->guess].alive = false;
+         if (op % 4 == 1 && (op / 4) % 2 == 1) {
+            /* A malformed step: counted whatever the pair's count. */
+            authlimit_fail (al, name, addrs[o->addr], now);
+            if (n_failures < MAX_RECORDS)
+               failures[n_failures++] = (failure_t) {o->user, o->addr, now / AUTHLIMIT_BUCKET_MS};
+         } else if (op % 4 == 1 || op % 4 == 2) {
+            bool right = op % 4 == 2;
+            int calls = check_calls;
+            authlimit_verdict_t v =
+               authlimit_check (al, name, addrs[o->addr], limit, now, proof_right, &right, &counted, &first);
+            CHECK (counted == model);
+            if (model >= limit) {
+               /* Refused: the proof is not even checked. */
+               CHECK (v == AUTHLIMIT_REFUSED);
+               CHECK (check_calls == calls);
+            } else {
+               CHECK (check_calls == calls + 1);
+               CHECK (v == (right ? AUTHLIMIT_PASSED : AUTHLIMIT_FAILED));
+               if (!right && n_failures < MAX_RECORDS)
+                  failures[n_failures++] = (failure_t) {o->user, o->addr, now / AUTHLIMIT_BUCKET_MS};
+            }
          } else {
             int64_t want = 0;
             uint32_t f = 0;
-            for (int k = 0; k < n_failures[o->user]; k++)
-               f += in_ring (failures[o->user][k], now);
+            for (int k = 0; k < n_failures; k++)
+               f += failures[k].user == o->user && in_ring (failures[k].bucket, now);
+            CHECK (authlimit_user_failures (al, name, now) == f);
             if (f >= limit)
                want = f - limit >= 6 ? CAP_MS : 100LL << (f - limit);
             if (want > CAP_MS)
@@ -163,7 +189,6 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
             CHECK (authlimit_delay_ms (al, name, limit, 0, now) == 0);
             continue;
          }
-         CHECK (!o->ticket.held);
          open[i] = open[--n_open];
       }
    }

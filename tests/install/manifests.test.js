@@ -59,8 +59,8 @@ const conf = parseIni(ini);
 const containerPort = (name) => container.ports.find((p) => p.name === name).containerPort;
 const probePort = (probe) => (typeof probe.httpGet.port === 'number' ? probe.httpGet.port : containerPort(probe.httpGet.port));
 
-test('the manifests parse: a Deployment, a ConfigMap, a Secret and a PodDisruptionBudget', () => {
-  for (const kind of ['Deployment', 'ConfigMap', 'Secret', 'PodDisruptionBudget']) assert.ok(docs[kind], `${kind} in ${DIR}`);
+test('the manifests parse: a Deployment, a ConfigMap, a Secret, a PodDisruptionBudget and a Service', () => {
+  for (const kind of ['Deployment', 'ConfigMap', 'Secret', 'PodDisruptionBudget', 'Service']) assert.ok(docs[kind], `${kind} in ${DIR}`);
   assert.equal(pod.securityContext.runAsNonRoot, true);
   assert.deepEqual(docs.PodDisruptionBudget.spec.selector.matchLabels, deployment.spec.selector.matchLabels);
   for (const [k, v] of Object.entries(deployment.spec.selector.matchLabels)) assert.equal(deployment.spec.template.metadata.labels[k], v);
@@ -87,6 +87,19 @@ test('the container ports are the config table defaults and the ConfigMap listen
   assert.equal(conf.admin.listen, `0.0.0.0:${adminPort}`);
   // Off loopback, the admin port needs a token (docs/admin.md): from the Secret.
   assert.ok(conf.admin.token_file, '[admin] token_file is set');
+});
+
+test('the Service sends the tier\'s MongoDB port to the pods, and its connection string asks for load-balanced mode', () => {
+  const svc = docs.Service;
+  assert.deepEqual(svc.spec.selector, deployment.spec.selector.matchLabels, 'it selects the Deployment\'s pods');
+  const port = svc.spec.ports.find((p) => p.name === 'mongodb');
+  assert.equal(port.targetPort, 'mongodb', 'to the container\'s mongodb port, by name');
+  assert.equal(port.port, containerPort('mongodb'));
+  assert.equal(port.protocol, 'TCP');
+  const text = fs.readFileSync(path.join(DIR, 'service.yaml'), 'utf8');
+  const uri = `mongodb://${svc.metadata.name}.NAMESPACE.svc.cluster.local:${port.port}/shop?loadBalanced=true`;
+  assert.ok(text.includes(uri), `service.yaml gives the connection string ${uri}`);
+  assert.ok(fs.readFileSync(path.join(REPO, 'docs', 'deployment.md'), 'utf8').includes(uri), 'docs/deployment.md gives it too');
 });
 
 test("the Secret's keys are the files mounted and read by the configuration's _file keys", () => {

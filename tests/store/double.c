@@ -22,15 +22,10 @@ sleep_ms (int ms)
 bool
 double_start (test_double_t *d, const char *top)
 {
-   const char *env = getenv ("MONGODB_URI");
    char bin[1024];
    int out_fd, err_fd;
 
    memset (d, 0, sizeof *d);
-   if (env && *env) {
-      snprintf (d->uri, sizeof d->uri, "%s", env);
-      return true;
-   }
    snprintf (bin, sizeof bin, "%s/tests/mongod-double/mongod-double", top);
    snprintf (d->out_path, sizeof d->out_path, "/tmp/relaybus-double-%d-XXXXXX", (int) getpid ());
    out_fd = mkstemp (d->out_path);

@@ -1,10 +1,11 @@
 /*
- * double.h - starts the server double for a C test (or uses MONGODB_URI).
+ * double.h - starts the server double for a C test.
  *
  * double_start runs tests/mongod-double/mongod-double --port 0 with its
  * standard output in a temporary file, waits for the port line (the first
- * line), and builds a URI.  With MONGODB_URI set it starts nothing and
- * hands that URI back: the test then uses its own database.
+ * line), and builds a URI.  Always the double: the store tests set fail
+ * points and read the double's counters, which no deployment may be put
+ * through (scripts/test --upstream does not run them).
  */
 #ifndef RELAYBUS_TESTS_DOUBLE_H
 #define RELAYBUS_TESTS_DOUBLE_H
@@ -13,7 +14,7 @@
 #include <sys/types.h>
 
 typedef struct {
-   pid_t pid; /* 0 when MONGODB_URI was used */
+   pid_t pid;
    int port;
    char uri[512];
    char out_path[256];

@@ -1,5 +1,5 @@
 /*
- * test_store.c - the store against the server double (or MONGODB_URI), one
+ * test_store.c - the store against the server double, one
  * test per rule of the store (docs/outbox-schema.md, and the semantics of
  * the @relaybus/mongodb package it follows), named after it.
  *
@@ -555,8 +555,6 @@ test_claim_reads_what_its_batch_needs (void **state)
    bson_iter_t it;
    char (*ids)[32] = bson_malloc (600 * sizeof *ids);
 
-   if (fx->dbl.pid == 0)
-      skip (); /* MONGODB_URI: no doubleStats */
    ids_in_lane (7, "rb", 600, ids);
    for (int i = 0; i < 600; i++)
       add (fx, ids[i], "h", NULL, 0, T0 - 1000 + i);
@@ -611,22 +609,19 @@ test_claim_reads_on_past_what_waits (void **state)
       }
    for (int i = 0; i < 5; i++)
       add (fx, ids[i], "h", NULL, 0, T0 - 500);
-   if (fx->dbl.pid != 0)
-      commands_since (fx, NULL);
+   commands_since (fx, NULL);
    claim (fx->a, "h", 5, T0 + 1, &b);
    assert_int_equal (b.n, 5);
    for (size_t i = 0; i < b.n; i++)
       assert_string_equal (b.items[i].event_id, ids[i]);
    store_batch_clear (&b);
-   if (fx->dbl.pid != 0) {
-      /* The lanes, two reads of the scan, the events. */
-      bson_t by_name = BSON_INITIALIZER;
-      bson_iter_t it;
-      commands_since (fx, &by_name);
-      assert_true (bson_iter_init_find (&it, &by_name, "find") && bson_iter_as_int64 (&it) == 4);
-      assert_false (bson_iter_init_find (&it, &by_name, "getMore"));
-      bson_destroy (&by_name);
-   }
+   /* The lanes, two reads of the scan, the events. */
+   bson_t by_name = BSON_INITIALIZER;
+   bson_iter_t it;
+   commands_since (fx, &by_name);
+   assert_true (bson_iter_init_find (&it, &by_name, "find") && bson_iter_as_int64 (&it) == 4);
+   assert_false (bson_iter_init_find (&it, &by_name, "getMore"));
+   bson_destroy (&by_name);
    assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"lane\": \"parked\"}"), 0); /* one waits per key */
 }
 
@@ -2092,8 +2087,6 @@ test_complete_many_costs_two_commands (void **state)
    char ev[32];
    bson_iter_t it;
 
-   if (fx->dbl.pid == 0)
-      skip (); /* MONGODB_URI: no doubleStats */
    for (int i = 0; i < 12; i++) {
       snprintf (ev, sizeof ev, "cm-%d", i);
       add (fx, ev, "h", i % 2 ? NULL : ev, 1, T0 - 100 + i);
@@ -2144,8 +2137,6 @@ test_complete_many_with_history_is_one_transaction (void **state)
    char ev[32];
    bson_iter_t it;
 
-   if (fx->dbl.pid == 0)
-      skip ();
    for (int i = 0; i < 8; i++) {
       snprintf (ev, sizeof ev, "ch-%d", i);
       add (fx, ev, "h", NULL, 0, T0 - 100 + i);
@@ -2167,9 +2158,7 @@ test_complete_many_with_history_is_one_transaction (void **state)
 
 /* ------------------------------------------------- faults of the reference */
 
-/* Configures failCommand from JSON (mode and data).  A real server
- * (MONGODB_URI) without test commands has no fail points: the test is
- * skipped there. */
+/* Configures failCommand from JSON (mode and data). */
 static void
 failpoint (fx_t *fx, const char *json)
 {
@@ -2183,10 +2172,6 @@ failpoint (fx_t *fx, const char *json)
    ok = mongoc_client_command_simple (fx->client, "admin", cmd, NULL, &reply, &err);
    bson_destroy (&reply);
    bson_destroy (cmd);
-   if (!ok && fx->dbl.pid == 0) {
-      fprintf (stderr, "skipped: the server has no failCommand fail point (%s)\n", err.message);
-      skip ();
-   }
    if (!ok)
       fail_msg ("configureFailPoint: %s", err.message);
 }
@@ -3070,8 +3055,6 @@ test_l2_bury_running_refused (void **state)
    bson_oid_t id;
    bson_t *doc;
 
-   if (fx->dbl.pid == 0)
-      skip (); /* MONGODB_URI: blocking fail points need the double */
    mongoc_uri_set_appname (uri, "relaybus-test-operator");
    pool = mongoc_client_pool_new (uri);
    mongoc_client_pool_set_error_api (pool, MONGOC_ERROR_API_VERSION_2);

@@ -68,7 +68,7 @@ test_reply_rewrite_rs_primary (void **state)
    char keys[1024];
    bson_iter_t it, child;
 
-   assert_true (handshake_rewrite_reply (in, &comp, &out, &error));
+   assert_true (handshake_rewrite_reply (in, &comp, NULL, &out, &error));
    keys_of (&out, keys, sizeof keys);
    /* Identity gone, persona added before ok, everything else kept in order. */
    assert_string_equal (keys,
@@ -107,7 +107,7 @@ test_reply_without_compression (void **state)
    bson_error_t error;
    char keys[256];
 
-   assert_true (handshake_rewrite_reply (in, &none, &out, &error));
+   assert_true (handshake_rewrite_reply (in, &none, NULL, &out, &error));
    keys_of (&out, keys, sizeof keys);
    assert_string_equal (keys, "ismaster,maxWireVersion,msg,ok");
    bson_destroy (&out);
@@ -124,7 +124,7 @@ test_reply_from_mongos_not_duplicated (void **state)
    bson_error_t error;
    char keys[256];
 
-   assert_true (handshake_rewrite_reply (in, &none, &out, &error));
+   assert_true (handshake_rewrite_reply (in, &none, NULL, &out, &error));
    keys_of (&out, keys, sizeof keys);
    assert_string_equal (keys, "isWritablePrimary,msg,ok");
    bson_destroy (&out);
@@ -140,7 +140,7 @@ test_reply_error_unchanged (void **state)
    bson_t out;
    bson_error_t error;
 
-   assert_true (handshake_rewrite_reply (in, &comp, &out, &error));
+   assert_true (handshake_rewrite_reply (in, &comp, NULL, &out, &error));
    assert_int_equal (out.len, in->len);
    assert_memory_equal (bson_get_data (&out), bson_get_data (in), in->len);
    bson_destroy (&out);
@@ -157,11 +157,77 @@ test_reply_without_ok_unchanged (void **state)
    char keys[256];
 
    /* No ok: not a success, so copied unchanged. */
-   assert_true (handshake_rewrite_reply (in, &none, &out, &error));
+   assert_true (handshake_rewrite_reply (in, &none, NULL, &out, &error));
    keys_of (&out, keys, sizeof keys);
    assert_string_equal (keys, "isWritablePrimary,hosts");
    bson_destroy (&out);
    bson_destroy (in);
+}
+
+/* A driver in load-balanced mode: the proxy's serviceId after msg, an
+ * upstream's own serviceId (a mongos reached through its load-balancer
+ * port) removed; without a service id, the reply a driver that did not ask
+ * gets, with no serviceId at all. */
+static void
+test_reply_service_id (void **state)
+{
+   bson_t *in = json ("{\"isWritablePrimary\": true, \"setName\": \"rs0\", \"maxWireVersion\": 21,"
+                      " \"serviceId\": {\"$oid\": \"65a0000000000000000000ff\"}, \"connectionId\": 7, \"ok\": 1}");
+   handshake_compression_t comp = {.ids = {COMPRESS_ZSTD}, .n = 1, .requested = true};
+   bson_oid_t sid;
+   bson_t out;
+   bson_error_t error;
+   char keys[256];
+   bson_iter_t it;
+
+   (void) state;
+   bson_oid_init_from_string (&sid, "65a000000000000000000001");
+   assert_true (handshake_rewrite_reply (in, &comp, &sid, &out, &error));
+   keys_of (&out, keys, sizeof keys);
+   assert_string_equal (keys, "isWritablePrimary,maxWireVersion,connectionId,msg,serviceId,compression,ok");
+   assert_true (bson_iter_init_find (&it, &out, "serviceId"));
+   assert_true (BSON_ITER_HOLDS_OID (&it));
+   assert_true (bson_oid_equal (bson_iter_oid (&it), &sid));
+   bson_destroy (&out);
+   assert_true (handshake_rewrite_reply (in, &comp, NULL, &out, &error));
+   keys_of (&out, keys, sizeof keys);
+   assert_string_equal (keys, "isWritablePrimary,maxWireVersion,connectionId,msg,compression,ok");
+   bson_destroy (&out);
+   bson_destroy (in);
+   /* A refused hello stays as the server wrote it, serviceId or not. */
+   in = json ("{\"ok\": 0, \"errmsg\": \"x\", \"code\": 11600}");
+   assert_true (handshake_rewrite_reply (in, &comp, &sid, &out, &error));
+   assert_int_equal (out.len, in->len);
+   assert_memory_equal (bson_get_data (&out), bson_get_data (in), in->len);
+   bson_destroy (&out);
+   bson_destroy (in);
+}
+
+static void
+test_wants_load_balanced (void **state)
+{
+   static const struct {
+      const char *hello;
+      bool wants;
+   } table[] = {
+      {"{\"hello\": 1, \"loadBalanced\": true}", true},
+      {"{\"hello\": 1, \"loadBalanced\": false}", false},
+      {"{\"hello\": 1}", false},
+      {"{\"isMaster\": 1, \"loadBalanced\": 1}", true},
+      {"{\"hello\": 1, \"loadBalanced\": 0}", false},
+      {"{\"hello\": 1, \"loadBalanced\": 0.5}", true},
+      {"{\"hello\": 1, \"loadBalanced\": \"true\"}", false},
+      {"{\"hello\": 1, \"loadBalanced\": null}", false},
+      {"{\"hello\": 1, \"loadbalanced\": true}", false},
+   };
+
+   (void) state;
+   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+      bson_t *hello = json (table[i].hello);
+      if (handshake_wants_load_balanced (hello) != table[i].wants)
+         fail_msg ("case %zu (%s): expected %d", i, table[i].hello, table[i].wants);
+      bson_destroy (hello);
+   }
 }
 
 /* Compression negotiation: the client's list in its order, intersected with
@@ -204,8 +270,10 @@ test_negotiate_table (void **state)
 static void
 test_request_rewrite (void **state)
 {
+   /* loadBalanced goes up as the client sent it: a server ignores it off
+    * a load-balancer port, and the reply's serviceId is the proxy's. */
    bson_t *in = json ("{\"hello\": 1, \"helloOk\": true, \"client\": {\"driver\": {\"name\": \"x\"}},"
-                      " \"compression\": [\"zlib\"], \"saslSupportedMechs\": \"admin.u\","
+                      " \"compression\": [\"zlib\"], \"saslSupportedMechs\": \"admin.u\", \"loadBalanced\": true,"
                       " \"speculativeAuthenticate\": {\"saslStart\": 1}, \"$db\": \"admin\"}");
    bson_t out;
    bson_error_t error;
@@ -213,7 +281,7 @@ test_request_rewrite (void **state)
 
    assert_true (handshake_rewrite_request (in, false, &out, &error));
    keys_of (&out, keys, sizeof keys);
-   assert_string_equal (keys, "hello,helloOk,client,saslSupportedMechs,speculativeAuthenticate,$db");
+   assert_string_equal (keys, "hello,helloOk,client,saslSupportedMechs,loadBalanced,speculativeAuthenticate,$db");
    bson_destroy (&out);
    bson_destroy (in);
 }
@@ -340,6 +408,8 @@ main (void)
       cmocka_unit_test (test_reply_from_mongos_not_duplicated),
       cmocka_unit_test (test_reply_error_unchanged),
       cmocka_unit_test (test_reply_without_ok_unchanged),
+      cmocka_unit_test (test_reply_service_id),
+      cmocka_unit_test (test_wants_load_balanced),
       cmocka_unit_test (test_negotiate_table),
       cmocka_unit_test (test_request_rewrite),
       cmocka_unit_test (test_request_rewrite_awaitable),

@@ -5,6 +5,7 @@
 //   node compare-proxy.js FOLDER DIRECT.json AS_RS.json AS_MONGOS.json DIFFERENCES.json [DIRECT_AS_MONGOS.json]
 //                         [--pooled POOLED_DIFFERENCES.json]
 //   node compare-proxy.js --newly-failed DIRECT.json AS_MONGOS.json   (prints their files, one a line)
+//   node compare-proxy.js --load-balanced FOLDER BEHIND_LB.json DIFFERENCES.json [--pooled POOLED_DIFFERENCES.json]
 //
 // DIRECT: the double directly. AS_RS: through the proxy with --topology
 // replicaset (the same tests as DIRECT). AS_MONGOS: through the proxy as the
@@ -27,6 +28,11 @@
 // pool").  Every entry must name its files and its test.  A sharded-only
 // test newly run through the proxy may be explained by either file, and
 // must still fail directly against the upstream (DIRECT_AS_MONGOS).
+//
+// --load-balanced: one run behind load balancers (check-proxy's load-balancers stage), with
+// nothing to compare it with (no server here is load-balanced without the proxy): a test
+// that fails counts as the proxy's failure unless an entry of DIFFERENCES (or, with
+// --pooled, of POOLED_DIFFERENCES) names its file, its test and its reason, all three.
 
 const fs = require('fs');
 
@@ -49,6 +55,36 @@ let pooledPath = null;
     pooledPath = argv[i + 1];
     argv.splice(i, 2);
   }
+}
+
+if (argv[0] === '--load-balanced') {
+  const [, folder, runPath, diffPath] = argv;
+  const run = load(runPath);
+  // Through the pool its own rules come first: they say why a test fails there even when
+  // DIFFERENCES has an entry for the same test in session mode.
+  const entries = [...(pooledPath ? load(pooledPath).differences : []), ...load(diffPath).differences];
+  // Every entry that may explain a failure here names its file, test and reason.
+  const explainLb = (r) => entries.find((e) => Array.isArray(e.files) && e.files.includes(r.file) && e.test === r.test &&
+    e.reason && new RegExp(e.reason).test(r.reason || '')) || null;
+  const n = (st) => run.results.filter((r) => r.status === st).length;
+  const out = [`${folder}: pass/fail/skip`];
+  const row = (label, v) => out.push(`  ${label.padEnd(64)} ${v}`);
+  const explained = [];
+  const fault = [];
+  for (const r of run.results) {
+    if (r.status !== 'fail') continue;
+    const e = explainLb(r);
+    if (e) explained.push([r, e]); else fault.push(r);
+  }
+  row('behind HAProxy, two proxies, loadBalanced=true', `${n('pass')}/${n('fail')}/${n('skip')}`);
+  row(pooledPath ? 'failed, explained (proxy- or pooled-differences)' : 'failed, explained (proxy-differences.json)', explained.length);
+  row('failed, the proxy\'s fault', fault.length);
+  for (const r of fault) out.push(`  FAIL ${r.file}: ${r.test}: ${r.reason || ''}`);
+  for (const [r, e] of explained) out.push(`  DIFF ${r.file}: ${r.test}: ${r.reason || ''}\n      explained [${e.id}]: ${e.explanation}`);
+  for (const r of run.results.filter((x) => x.status === 'skip')) out.push(`  SKIP ${r.file}: ${r.test}: ${r.reason}`);
+  console.log(out.join('\n'));
+  console.log(`counts ${n('pass')} ${fault.length}`);
+  process.exit(0);
 }
 const [folder, directPath, rsPath, mongosPath, diffPath, directMongosPath] = argv;
 const direct = load(directPath);

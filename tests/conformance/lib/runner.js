@@ -58,6 +58,10 @@ class Runner {
     this.baseline = opts.baseline !== false;
     this.testTimeoutMS = opts.testTimeoutMS || 60000;
     this.topology = opts.topology || null;
+    // Behind load balancers (the load-balancer tests' set-up): `uri` is the one in front of a
+    // single service (SINGLE_MONGOS_LB_URI), `multiUri` the one in front of two
+    // (MULTI_MONGOS_LB_URI), for the client entities with useMultipleMongoses: true.
+    this.multiUri = opts.multiUri || null;
     this.knownDifferences = opts.knownDifferences === false ? []
       : loadKnownDifferences(opts.knownDifferencesFile || KNOWN_DIFFERENCES_FILE);
     this.out = opts.out || ((s) => process.stdout.write(s + '\n'));
@@ -97,8 +101,10 @@ class Runner {
     await this.killAllSessions();
   }
 
-  // The URI a client entity uses: the first mongos alone unless useMultipleMongoses.
+  // The URI a client entity uses: the first mongos alone unless useMultipleMongoses; behind
+  // load balancers, the multi-service one for useMultipleMongoses, else the single-service one.
   clientUri(spec) {
+    if (this.multiUri) return spec.useMultipleMongoses === true ? this.multiUri : this.uri;
     if (this.mongosHosts.length > 1 && spec.useMultipleMongoses !== true) return singleHostUri(this.uri, this.mongosHosts[0]);
     return this.uri;
   }

@@ -118,3 +118,38 @@ test('--pooled: an entry without its test or reason is refused', () => {
   const bad = { differences: [{ id: 'loose', files: ['t/a.json'], reason: '.', explanation: 'any test' }] };
   assert.throws(() => compare([r('p', 'pass')], [r('p', 'pass')], [r('p', 'pass')], null, bad), /must have id, files, test, reason/);
 });
+
+// --load-balanced: one run behind the load balancers, nothing to compare it with.
+function compareLb(results, diffs, pooled) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'compare-lb-'));
+  const w = (name, doc) => { const p = path.join(dir, name); fs.writeFileSync(p, JSON.stringify(doc)); return p; };
+  const args = [SCRIPT, '--load-balanced', 'load-balancers', w('lb.json', { results }), w('d.json', diffs)];
+  if (pooled) args.push('--pooled', w('p.json', pooled));
+  const out = execFileSync(process.execPath, args, { encoding: 'utf8' });
+  const [, p, f] = out.trim().split('\n').pop().split(' ').map(Number);
+  return { out, passed: p, failed: f };
+}
+
+test('behind load balancers: a failure counts unless an entry names its file, test and reason', () => {
+  const lbDiffs = { differences: [
+    { id: 'double', files: ['t/a.json'], test: 'h', reason: '^no error$', explanation: 'the double' },
+    // An entry without a test never explains a failure here.
+    { id: 'broad', files: ['t/a.json'], reason: 'anything', explanation: 'too broad' },
+  ] };
+  const c = compareLb([r('x', 'pass'), r('h', 'fail', 'no error'), r('y', 'fail', 'anything'), r('z', 'skip', 'auth')], lbDiffs);
+  assert.deepStrictEqual([c.passed, c.failed], [1, 1]);
+  assert.match(c.out, /1\/2\/1/);
+  assert.match(c.out, /DIFF t\/a\.json: h: no error\n\s+explained \[double\]/);
+  assert.match(c.out, /FAIL t\/a\.json: y: anything/);
+  // A reason that does not match is the proxy's failure.
+  const d = compareLb([r('h', 'fail', 'no error, but later')], lbDiffs);
+  assert.deepStrictEqual([d.passed, d.failed], [0, 1]);
+});
+
+test('behind load balancers in pooled mode: the pooled entry explains first', () => {
+  const lbDiffs = { differences: [{ id: 'double', files: ['t/a.json'], test: 'h', reason: 'no error', explanation: 'the double' }] };
+  const pooled = { differences: [{ id: 'app', files: ['t/a.json'], test: 'h', reason: 'no error', explanation: 'appName' }] };
+  const c = compareLb([r('h', 'fail', 'no error')], lbDiffs, pooled);
+  assert.deepStrictEqual([c.passed, c.failed], [0, 0]);
+  assert.match(c.out, /explained \[app\]/);
+});

@@ -31,7 +31,7 @@ async function startAdminProxy(o) {
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${o.upstream}`, 'drain_timeout_ms = 2000',
     `threads = ${H.proxyThreads()}`,
     `log_level = ${o.logLevel || 'info'}`, '', '[outbox]'];
-  for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
+  for (const [k, v] of Object.entries(H.outboxKeys(o.outbox))) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', `enabled = ${o.dispatch ?? handlers.length > 0}`);
   for (const [k, v] of Object.entries(o.dispatchKeys || { poll_interval_ms: 100 })) lines.push(`${k} = ${v}`);
   lines.push('', '[admin]', `listen = ${o.adminListen || '127.0.0.1:0'}`, `token = ${o.token || ''}`);

@@ -240,7 +240,7 @@ test('bad input: a clear error naming the field, and nothing changed', async () 
   const session = a.startSession();
   try {
     session.startTransaction();
-    await P.expectCode(a.db('rbconsumers').command({ relaybusRelease: 'audit', leases: [d.lease] }, { session }), 263, /inside a transaction/);
+    await P.expectCode(a.db(H.dbName('rbconsumers')).command({ relaybusRelease: 'audit', leases: [d.lease] }, { session }), 263, /inside a transaction/);
     await session.abortTransaction().catch(() => {});
   } finally {
     await session.endSession();

@@ -1,5 +1,6 @@
 'use strict';
-// Shared set-up of the pull consumer tests: a server double (or MONGODB_URI), a proxy with pull
+// Shared set-up of the pull consumer tests: a server double (or scripts/test --upstream's
+// deployment), a proxy with pull
 // handlers and one webhook handler (never dispatched: [dispatch] enabled = false), a client
 // through the proxy, a direct client that reads the outbox as an operator would, and helpers to
 // publish through the proxy and to run the consumer commands.
@@ -35,7 +36,7 @@ async function publish(client, events) {
   const session = client.startSession();
   try {
     await session.withTransaction(async () => {
-      await client.db('rbconsumers').command({ relaybusPublish: 1, events }, { session });
+      await client.db(H.dbName('rbconsumers')).command({ relaybusPublish: 1, events }, { session });
     });
   } finally {
     await session.endSession();

@@ -18,7 +18,7 @@ const C = require('./lib');
 
 const { H, P } = C;
 const PYTHON = '/usr/bin/python3';
-const APP_DB = 'rbtxnapp';
+const APP_DB = H.dbName('rbtxnapp');
 let s;
 const consumers = [];
 

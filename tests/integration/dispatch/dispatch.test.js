@@ -10,7 +10,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
-const { uniqueDbName, sleep, freePort } = require('../lib/proxy');
+const { uniqueDbName, dbName, clientUri, sleep, freePort } = require('../lib/proxy');
 const { startSink } = require('./sink');
 const { startDispatchProxy, publish, publishThroughProxy, waitFor } = require('./helpers');
 const { N_EVENTS, N_KEYS, TIMEOUT_MS, SECRET, makeEvents, report, upstreamFor } = require('./events');
@@ -93,7 +93,7 @@ test('events published through the proxy: every handler gets them in key order, 
     const p = await startDispatchProxy({ upstream: up.uri, dispatch: { poll_interval_ms: 20000 }, handlers,
       adminListen: `127.0.0.1:${adminPort}` });
     t.after(() => p.kill());
-    const client = await new MongoClient(`mongodb://127.0.0.1:${p.port}/`).connect();
+    const client = await new MongoClient(clientUri({ host: '127.0.0.1', port: p.port })).connect();
     t.after(() => client.close());
     await sleep(1000); // the start-up claim is over; the next poll is 20 s away
 
@@ -101,7 +101,7 @@ test('events published through the proxy: every handler gets them in key order, 
     for (let i = 0; i < 5; i++) {
       const id = `wake-${i}`;
       const t0 = Date.now();
-      await publishThroughProxy(client, 'shop', [{ id, type: 'order.placed.v1', key: 'w', payload: { i } }]);
+      await publishThroughProxy(client, dbName('shop'), [{ id, type: 'order.placed.v1', key: 'w', payload: { i } }]);
       await waitFor(() => sink.stats().ok.has(id), 10000, `${id} through the wake-up`);
       lat.push(sink.stats().firstAt.get(id) - t0);
     }
@@ -110,7 +110,7 @@ test('events published through the proxy: every handler gets them in key order, 
 
     const n = Math.min(N_EVENTS, 200);
     const events = makeEvents(n, 10, 'px').map((e) => ({ ...e, payload: { i: e.payload.i } }));
-    await publishThroughProxy(client, 'shop', events, 10);
+    await publishThroughProxy(client, dbName('shop'), events, 10);
     await waitFor(() => events.every((e) => sink.stats().ok.has(e.id)), TIMEOUT_MS, 'every event through the proxy');
     report(t, 'a', sink);
     assert.deepEqual(sink.stats().seqViolations.slice(0, 10), []);
@@ -118,7 +118,7 @@ test('events published through the proxy: every handler gets them in key order, 
     // The pull handler's deliveries were created and are not dispatched.
     const direct = await new MongoClient(up.uri).connect();
     t.after(() => direct.close());
-    const dels = direct.db('relaybus').collection('relaybus_deliveries');
+    const dels = direct.db(dbName('relaybus')).collection('relaybus_deliveries');
     assert.equal(await dels.countDocuments({ handler: 'p', status: 'pending' }), n + 5);
     assert.equal(await dels.countDocuments({ handler: 'a' }), 0);
     // The dispatcher reports what it settled to the admin port's metrics.

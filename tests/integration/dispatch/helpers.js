@@ -32,6 +32,7 @@ const TEST_RETRY_SCHEDULE = '500ms, 1s, 2s, 4s, 8s, 16s, 32s, 64s, 128s';
  * @param {object} [o.env]       extra environment (SSL_CERT_FILE...)
  * @param {string} [o.adminListen] [admin] listen (default: empty, no admin port)
  * @param {number} [o.threads] [proxy] threads (default: RELAYBUS_PROXY_THREADS, else 1)
+ * @param {object} [o.proxy]   extra [proxy] keys (pool_mode, pool_size, ...)
  * @param {Array<object>} o.handlers  {name, events, kind, url, secret, retry_schedule, max_attempts, timeout_ms, concurrency, retry_4xx}
  *        (retry_schedule: TEST_RETRY_SCHEDULE unless given; undefined leaves the proxy's default)
  */
@@ -40,8 +41,10 @@ async function startDispatchProxy(o) {
   const port = await freePort();
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${o.upstream}`, 'drain_timeout_ms = 2000',
     `threads = ${o.threads ?? H.proxyThreads()}`,
-    `log_level = ${o.logLevel || 'info'}`, '', '[outbox]'];
-  for (const [k, v] of Object.entries(o.outbox || {})) lines.push(`${k} = ${v}`);
+    `log_level = ${o.logLevel || 'info'}`];
+  for (const [k, v] of Object.entries(o.proxy || {})) lines.push(`${k} = ${v}`);
+  lines.push('', '[outbox]');
+  for (const [k, v] of Object.entries(H.outboxKeys(o.outbox))) lines.push(`${k} = ${v}`);
   lines.push('', '[dispatch]', `enabled = ${o.enabled === false ? 'false' : 'true'}`);
   for (const [k, v] of Object.entries(o.dispatch || {})) lines.push(`${k} = ${v}`);
   // The admin port: off unless asked for (several proxies run at once).
@@ -208,7 +211,7 @@ const verifies = (secret, body, headers) => {
 };
 
 /**
- * An upstream (the double, or MONGODB_URI) and a failCommand switch on it:
+ * An upstream (the double, or scripts/test --upstream's deployment) and a failCommand switch on it:
  * `fp(mode, data)` configures the fail point.  Null when the upstream has no
  * fail points (a real server without enableTestCommands): the test is
  * skipped with the reason.  Everything is stopped after the test.

@@ -7,7 +7,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
-const { startUpstream, sleep } = require('../lib/proxy');
+const { startUpstream, uniqueDbName, clientUri, sleep } = require('../lib/proxy');
 const { startSink } = require('./sink');
 const { startDispatchProxy, publishThroughProxy, waitFor } = require('./helpers');
 
@@ -19,14 +19,14 @@ async function run(t, watch, samples) {
   const sink = await startSink({});
   t.after(() => sink.close());
   const st = sink.stats();
-  const db = `rbit_wake_${process.pid}_${watch}`;
+  const db = uniqueDbName(`wake_${watch}`);
   const handlers = [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h') }];
   const dispatch = { poll_interval_ms: POLL_MS };
   if (!watch) dispatch.watch = 'false';
   const dispatcher = await startDispatchProxy({ upstream: up.uri, outbox: { database: db }, dispatch, handlers });
   const publisher = await startDispatchProxy({ upstream: up.uri, outbox: { database: db }, enabled: false, handlers });
   t.after(() => Promise.all([dispatcher.kill(), publisher.kill()]));
-  const client = await new MongoClient(`mongodb://127.0.0.1:${publisher.port}/`).connect();
+  const client = await new MongoClient(clientUri({ host: '127.0.0.1', port: publisher.port })).connect();
   t.after(() => client.close());
   if (watch) await waitFor(() => /watching \S+ for new deliveries/.test(dispatcher.log()), 20000, 'the change stream to open');
   else await sleep(1500);

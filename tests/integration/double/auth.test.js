@@ -4,8 +4,9 @@
 // default) and rejects a wrong one with an authentication error; without
 // credentials, commands are refused. Official driver and Mongoose.
 //
-// With MONGODB_URI set, runs against that deployment only if its URI carries
-// credentials (a wrong password is derived from them); otherwise skipped.
+// With RELAYBUS_TEST_UPSTREAM set (scripts/test --upstream), runs against that
+// deployment only if its URI carries credentials (a wrong password is derived
+// from them); otherwise skipped.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -27,10 +28,10 @@ function withPassword(uri, password) {
 }
 
 test.before(async () => {
-  if (process.env.MONGODB_URI) {
-    const uri = process.env.MONGODB_URI;
+  if (process.env.RELAYBUS_TEST_UPSTREAM) {
+    const uri = process.env.RELAYBUS_TEST_UPSTREAM;
     if (!/^mongodb(\+srv)?:\/\/[^/@]+:[^/@]*@/.test(uri)) {
-      skip = 'MONGODB_URI has no credentials';
+      skip = 'the upstream URI has no credentials';
       return;
     }
     server = { uri, stop: async () => {} };

@@ -1,10 +1,11 @@
 'use strict';
 // Starts the project's MongoDB server double (tests/mongod-double/mongod-double)
-// for a test suite, or hands back a real deployment when MONGODB_URI is set.
+// for a test suite, or hands back the real deployment of `scripts/test --upstream`
+// (RELAYBUS_TEST_UPSTREAM; never MONGODB_URI).
 //
 //   const { startDouble, serverForTests } = require('../lib/double');
 //   const d = await startDouble({ auth: 'user:pw' });   // always the double
-//   const s = await serverForTests();                    // MONGODB_URI or a double
+//   const s = await serverForTests();                    // --upstream's deployment or a double
 //   ... s.uri, s.port, s.external ...
 //   await s.stop();
 //
@@ -12,6 +13,14 @@
 // port first), keeps draining stdout/stderr so the child never blocks on a
 // full pipe, kills the child when this process exits, and puts the tail of
 // the child's stderr into any error it reports (failed start, early exit).
+//
+// stop() first reads each member's (or mongos's) doubleStats and throws, after
+// stopping the double, when a connection of the proxy's own (an appName
+// starting with "relaybus-proxy", except "relaybus-proxy pool", whose
+// connections carry the clients' commands) got one of the parse errors of
+// mongod (checkProxyParseErrors): a command of the proxy that the double
+// refuses is one a real mongod refuses. A test that makes the proxy's own
+// connection get one on purpose says so with allowProxyErrors.
 
 const { spawn } = require('child_process');
 const path = require('path');
@@ -19,6 +28,75 @@ const fs = require('fs');
 
 const DOUBLE = path.resolve(__dirname, '..', '..', 'mongod-double', 'mongod-double');
 const TAIL_BYTES = 16384;
+
+// mongod's parse errors (IDL: 40413 duplicate field, 40414 missing field, 40415 unknown field,
+// 14 wrong type; 9 FailedToParse and 2 BadValue of the hand-written parsers).
+const PARSE_CODES = ['40413', '40414', '40415', '14', '9', '2'];
+const isProxyOwnApp = (app) => app.startsWith('relaybus-proxy') && app !== 'relaybus-proxy pool';
+
+// The ports a double's stdout names that take client commands: the members of a replica set,
+// or the mongos routers of a cluster (whose shard lines are `shardNN P S`).
+function commandPorts(stdout) {
+  return stdout.split('\n').map((l) => l.trim()).filter((l) => /^\d{2,5}$/.test(l)).map(Number);
+}
+
+// doubleStats' error counts of one member, through the Node.js driver (it authenticates and
+// speaks TLS as the double asks); null when the member cannot be asked.
+async function errorStats(port, { auth, args = [] }) {
+  const { MongoClient } = require('mongodb');
+  const opts = { directConnection: true, serverSelectionTimeoutMS: 5000, connectTimeoutMS: 5000, socketTimeoutMS: 10000 };
+  if (auth) {
+    const i = auth.indexOf(':');
+    opts.auth = { username: auth.slice(0, i), password: auth.slice(i + 1) };
+    opts.authSource = 'admin';
+  }
+  if (args.includes('--tls-cert-file')) {
+    // A double that requires client certificates cannot be asked without one.
+    if (args.includes('--tls-ca-file') && !args.includes('--tls-allow-connections-without-certificates')) return null;
+    Object.assign(opts, { tls: true, tlsInsecure: true });
+  }
+  const client = new MongoClient(`mongodb://127.0.0.1:${port}/`, opts);
+  try {
+    const r = await client.db('admin').command({ doubleStats: 1 });
+    return r.errors || { byCode: {}, byApp: {} };
+  } catch (e) {
+    process.stderr.write(`[harness] cannot read doubleStats of the double on port ${port}: ${e.message}\n`);
+    return null;
+  } finally {
+    await client.close().catch(() => {});
+  }
+}
+
+/**
+ * Throws when a connection of the proxy's own got one of mongod's parse errors from the double
+ * on one of `ports` (the codes of `allow[appName]` excepted), naming the appName, the code, the
+ * count and the double's log lines of those refusals.
+ * @param {{ports: number[], auth?: string, args?: string[], allow?: Object<string, number[]>, log?: string}} o
+ */
+async function checkProxyParseErrors({ ports, auth, args, allow = {}, log = '' }) {
+  const found = [];
+  const apps = new Set();
+  for (const port of ports) {
+    const stats = await errorStats(port, { auth, args });
+    if (!stats) continue;
+    for (const [app, codes] of Object.entries(stats.byApp || {})) {
+      if (!isProxyOwnApp(app)) continue;
+      const allowed = (allow[app] || []).map(String);
+      for (const code of PARSE_CODES) {
+        if (codes[code] && !allowed.includes(code)) {
+          found.push(`appName "${app}" got ${code} ${codes[code]} time(s) from the double on port ${port}`);
+          apps.add(app);
+        }
+      }
+    }
+  }
+  if (!found.length) return;
+  const lines = log.split('\n').filter((l) => l.includes(': refused ') && [...apps].some((a) => l.includes(`(${a}):`))).slice(-20);
+  const e = new Error(`the double refused commands of the proxy's own connections as a real mongod refuses them: ${found.join('; ')}` +
+    (lines.length ? `\n--- the double's log of them ---\n${lines.join('\n')}` : ''));
+  e.proxyRefused = true;
+  throw e;
+}
 
 const live = new Set();
 let hooksInstalled = false;
@@ -60,6 +138,8 @@ class Tail {
  *   result's `mongos` lists the routers' ports, `shards` each shard's {name, port,
  *   secondaryPort}, and `uri` is the seed list of every mongos
  * @param {string} [o.host] host name for the URI (default 127.0.0.1)
+ * @param {Object<string, number[]>} [o.allowProxyErrors] parse errors a test makes the proxy's
+ *   own connections get on purpose, by appName: stop() does not fail on those
  * @param {number} [o.startTimeoutMS] how long to wait for the port line (default 20000)
  * @returns {Promise<{port:number, uri:string, pid:number, external:false, stop:Function, stderr:Function, stdout:Function}>}
  */
@@ -96,10 +176,17 @@ function startDouble(o = {}) {
 
   const stop = async () => {
     if (exited) return exited;
+    let refused = null;
+    try {
+      await checkProxyParseErrors({ ports: commandPorts(out.toString()), auth: o.auth, args, allow: o.allowProxyErrors, log: err.toString() });
+    } catch (e) {
+      refused = e;
+    }
     try { child.kill('SIGTERM'); } catch (_) { /* gone */ }
     const t = setTimeout(() => { try { child.kill('SIGKILL'); } catch (_) { /* gone */ } }, 5000);
     const r = await exitPromise;
     clearTimeout(t);
+    if (refused) throw refused;
     return r;
   };
 
@@ -168,13 +255,13 @@ function startDouble(o = {}) {
 }
 
 /**
- * A deployment for driver-level tests: the replica set named by MONGODB_URI
- * when that is set, otherwise a fresh double.
+ * A deployment for driver-level tests: the one `scripts/test --upstream URI`
+ * names (RELAYBUS_TEST_UPSTREAM) when that is set, otherwise a fresh double.
  */
 async function serverForTests(o = {}) {
-  if (process.env.MONGODB_URI) {
+  if (process.env.RELAYBUS_TEST_UPSTREAM) {
     return {
-      uri: process.env.MONGODB_URI,
+      uri: process.env.RELAYBUS_TEST_UPSTREAM,
       port: null,
       external: true,
       stop: async () => {},
@@ -191,4 +278,4 @@ function uniqueDbName(prefix) {
   return `${prefix}_${process.pid}_${rnd}`.slice(0, 60);
 }
 
-module.exports = { startDouble, serverForTests, uniqueDbName, DOUBLE_PATH: DOUBLE };
+module.exports = { startDouble, serverForTests, uniqueDbName, checkProxyParseErrors, commandPorts, DOUBLE_PATH: DOUBLE };

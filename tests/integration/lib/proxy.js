@@ -1,6 +1,7 @@
 'use strict';
 // Integration-test harness for relaybus-proxy: starts the MongoDB server double (or uses the
-// real replica set named by MONGODB_URI), starts the proxy in front of it on a free port with a
+// deployment `scripts/test --upstream URI` names, RELAYBUS_TEST_UPSTREAM), starts the proxy in
+// front of it on a free port with a
 // temporary INI file, speaks the raw wire protocol for tests that need byte-level control, and
 // offers a transparent TCP tap that records which opcodes and compressors crossed a connection.
 //
@@ -32,8 +33,60 @@ function proxyBin() {
   return process.env.RELAYBUS_PROXY_BIN || path.join(REPO, 'relaybus-proxy');
 }
 
+/**
+ * The real deployment a run of `scripts/test --upstream URI` tests against (tests/upstream/run
+ * sets RELAYBUS_TEST_UPSTREAM, and RELAYBUS_TEST_DB, the one database the run may work in), or
+ * null: the tests start the server double. Never MONGODB_URI: that is scripts/run's upstream and
+ * an application's, and an exported one must not turn a test run against a real server.
+ */
 function realUpstreamUri() {
-  return process.env.MONGODB_URI || null;
+  return process.env.RELAYBUS_TEST_UPSTREAM || null;
+}
+
+/** The run's database against a real upstream (tests/upstream/run creates and drops it), or null. */
+function upstreamTestDb() {
+  if (!realUpstreamUri()) return null;
+  const db = process.env.RELAYBUS_TEST_DB || '';
+  assert.match(db, /^relaybus_test_[A-Za-z0-9_]+$/,
+    'RELAYBUS_TEST_UPSTREAM without RELAYBUS_TEST_DB: run the tests against a real deployment with scripts/test --upstream URI');
+  return db;
+}
+
+/**
+ * The database a test names `name`: that name against the double, the run's database against a
+ * real upstream, where everything a test writes (its data and the outbox) lives in it.
+ */
+function dbName(name) {
+  return upstreamTestDb() || name;
+}
+
+/**
+ * [outbox] keys for a proxy: `keys`, with `database` the run's database against a real upstream
+ * (the proxies' set-up creates the outbox collections there, not in the default `relaybus`).
+ */
+function outboxKeys(keys = {}) {
+  const db = upstreamTestDb();
+  if (!db) return keys;
+  assert.equal(keys.database ?? db, db, 'against a real upstream the outbox lives in the run\'s database');
+  return { ...keys, database: db };
+}
+
+/** INI text with `[outbox] database` set as outboxKeys() sets it (added to its [outbox] section, or as one). */
+function withOutboxDb(ini = '') {
+  const db = upstreamTestDb();
+  if (!db) return ini;
+  const lines = ini.split('\n');
+  const at = lines.findIndex((l) => /^\s*\[outbox\]\s*$/.test(l));
+  if (at < 0) return `${ini}\n[outbox]\ndatabase = ${db}\n`;
+  let end = lines.findIndex((l, i) => i > at && /^\s*\[/.test(l));
+  if (end < 0) end = lines.length;
+  const set = lines.slice(at + 1, end).find((l) => /^\s*database\s*=/.test(l));
+  if (set) {
+    assert.equal(set.split('=')[1].trim(), db, 'against a real upstream the outbox lives in the run\'s database');
+    return ini;
+  }
+  lines.splice(at + 1, 0, `database = ${db}`);
+  return lines.join('\n');
 }
 
 function sleep(ms) {
@@ -59,8 +112,13 @@ function tmpDir(prefix = 'relaybus-it-') {
   return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
 }
 
-/** A database name unique to this test run, so tests are safe on a shared real server. */
+/**
+ * A database name unique to this test run; against a real upstream, the run's one database (each
+ * test file finds it empty: tests/upstream/run empties it between files).
+ */
 function uniqueDbName(tag) {
+  const db = upstreamTestDb();
+  if (db) return db;
   const rnd = Math.random().toString(36).slice(2, 8);
   return `rbit_${tag}_${process.pid}_${rnd}`.replace(/[^A-Za-z0-9_]/g, '_').slice(0, 60);
 }
@@ -131,7 +189,9 @@ function waitExit(child, ms) {
  * tests/integration/lib/double.js; only when the fd limit must be raised (`ulimit`) it is
  * spawned here, through `bash -c 'ulimit -n N; exec ...'`.
  * opts: { args: [...extra flags], standalone, auth: 'USER:PASSWORD', ulimit,
- *         sharded: {shards, mongos} (a cluster: `mongos` and `shards` list its ports) }
+ *         sharded: {shards, mongos} (a cluster: `mongos` and `shards` list its ports),
+ *         allowProxyErrors: {appName: [codes]} (parse errors the test makes the proxy's own
+ *         connections get on purpose; stop() fails on any other: double.js) }
  * Returns { port, uri (for the proxy's upstream, with replicaSet=rs0 unless standalone),
  *           directUri (straight to the double, with credentials), pid, log(), stop() }.
  */
@@ -139,7 +199,9 @@ async function startDouble(opts = {}) {
   const rs = opts.standalone || opts.sharded ? '' : '?replicaSet=rs0';
   if (!opts.ulimit) {
     const shared = require('./double.js');
-    const d = await shared.startDouble({ auth: opts.auth, standalone: opts.standalone, args: opts.args, sharded: opts.sharded });
+    const d = await shared.startDouble({
+      auth: opts.auth, standalone: opts.standalone, args: opts.args, sharded: opts.sharded, allowProxyErrors: opts.allowProxyErrors,
+    });
     // A cluster's URI is the seed list of its mongos routers (no replicaSet).
     const hosts = opts.sharded ? d.mongos.map((p) => `127.0.0.1:${p}`).join(',') : `127.0.0.1:${d.port}`;
     return {
@@ -175,6 +237,7 @@ async function startDouble(opts = {}) {
       /* gone */
     }
   });
+  let stdout = '';
   const port = await new Promise((resolve, reject) => {
     let buf = '';
     let settled = false;
@@ -188,6 +251,7 @@ async function startDouble(opts = {}) {
     }
     child.stdout.setEncoding('utf8');
     child.stdout.on('data', (chunk) => {
+      stdout += chunk;
       if (settled) return;
       buf += chunk;
       const nl = buf.indexOf('\n');
@@ -217,43 +281,61 @@ async function startDouble(opts = {}) {
     log: () => safeRead(logPath),
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
+      // As double.js's stop: the proxy's own commands that the double refused fail the test.
+      const { checkProxyParseErrors, commandPorts } = require('./double.js');
+      let refused = null;
+      await checkProxyParseErrors({
+        ports: commandPorts(stdout), auth: opts.auth, args: opts.args || [], allow: opts.allowProxyErrors, log: safeRead(logPath),
+      }).catch((e) => { refused = e; });
       child.kill('SIGTERM');
       const r = await waitExit(child, 5000);
       if (r.timedOut) {
         child.kill('SIGKILL');
         await waitExit(child, 5000);
       }
+      if (refused) throw refused;
     },
   };
 }
 
+/** An upstream that is a deployment the tests did not start (its URI), as startUpstream returns it. */
+function externalUpstream(uri) {
+  return { kind: 'real', real: true, uri, directUri: uri, port: null, async stop() {}, log: () => '' };
+}
+
 /**
- * The upstream for a test: the real replica set from MONGODB_URI when set, else a fresh double.
- * Tests that need a double-only feature pass { requireDouble: true } and call skipUnlessDouble.
+ * The upstream for a test: the real deployment of `scripts/test --upstream` (RELAYBUS_TEST_UPSTREAM),
+ * its run's database emptied, when set, else a fresh double. Tests that need a double-only feature pass { requireDouble: true }
+ * and call skipUnlessDouble.
  */
 async function startUpstream(opts = {}) {
   const real = realUpstreamUri();
   if (real && !opts.requireDouble) {
-    return { kind: 'real', real: true, uri: real, directUri: real, port: null, async stop() {}, log: () => '' };
+    // Fresh, as a double started now would be: the run's database emptied.
+    await require('../../upstream/db').emptyRunDb(real, upstreamTestDb());
+    return externalUpstream(real);
   }
   return startDouble(opts);
 }
 
-/** For a test needing a double-only feature: returns a skip message, or null when a double is used. */
+/**
+ * For a test needing a double-only feature (a fail point, a step-down, a server parameter, a
+ * double's own command): returns a skip message, or null when a double is used.
+ */
 function doubleOnlySkipReason(feature) {
-  if (realUpstreamUri()) return `needs the server double (${feature}); MONGODB_URI names a real server`;
+  if (realUpstreamUri()) return `needs the server double (${feature}); scripts/test --upstream names a real deployment`;
   return null;
 }
 
 /**
  * Raw-socket tests speak the wire protocol without authenticating; against a real server whose
- * MONGODB_URI carries credentials their data commands would be refused. Returns a skip message
+ * URI carries credentials their data commands would be refused. Returns a skip message
  * then, or false.
  */
 function rawDataSkipReason() {
   const real = realUpstreamUri();
   if (real && /^mongodb(\+srv)?:\/\/[^/@]+@/.test(real)) {
-    return 'raw-socket data commands do not authenticate; MONGODB_URI has credentials';
+    return 'raw-socket data commands do not authenticate; the upstream URI has credentials';
   }
   return false;
 }
@@ -311,7 +393,8 @@ async function startProxy(opts) {
   }
   // The dispatcher is off unless asked for: most tests look at the outbox the publishing path writes.
   lines.push('', '[dispatch]', `enabled = ${opts.dispatch ? 'true' : 'false'}`, '');
-  if (opts.extraIni) lines.push(opts.extraIni, '');
+  const extraIni = withOutboxDb(opts.extraIni || '');
+  if (extraIni) lines.push(extraIni, '');
   const iniPath = path.join(dir, 'proxy.ini');
   fs.writeFileSync(iniPath, lines.join('\n'));
   const logPath = path.join(dir, 'proxy.stderr');
@@ -362,7 +445,7 @@ async function startProxy(opts) {
     stopped: false,
     log: () => safeRead(logPath),
     exitInfo: () => exitInfo,
-    /** Client connection string naming the proxy (no replicaSet=); creds copied from MONGODB_URI. */
+    /** Client connection string naming the proxy (no replicaSet=); creds copied from a real upstream's URI. */
     uri(params = {}, { db = '', credentials = true } = {}) {
       return clientUri(proxy, params, { db, credentials });
     },
@@ -464,7 +547,7 @@ async function runProxyExpectingExit({ upstream, settings = {}, timeoutMs = 2000
   const port = await freePort();
   const lines = ['[proxy]', `listen = 127.0.0.1:${port}`, `upstream = ${upstream}`];
   for (const [k, v] of Object.entries({ threads: proxyThreads(), ...settings })) lines.push(`${k} = ${v}`);
-  lines.push('', '[dispatch]', 'enabled = false', '');
+  lines.push('', '[dispatch]', 'enabled = false', '', withOutboxDb());
   const iniPath = path.join(dir, 'proxy.ini');
   fs.writeFileSync(iniPath, lines.join('\n'));
   const logPath = path.join(dir, 'proxy.stderr');
@@ -531,7 +614,15 @@ function registerFinalChecks(testApi, cleanups = [], { beforeStop } = {}) {
   });
   testApi.after(async () => {
     for (const p of startedProxies) await p.kill().catch(() => {});
-    for (const c of cleanups) await Promise.resolve(typeof c === 'function' ? c() : c && c.stop()).catch(() => {});
+    // A double's stop fails when the proxy's own connections got a parse error from it
+    // (double.js): that fails this hook, and so the file; other cleanup errors do not.
+    let refused = null;
+    for (const c of cleanups) {
+      await Promise.resolve(typeof c === 'function' ? c() : c && c.stop()).catch((e) => {
+        if (e && e.proxyRefused && !refused) refused = e;
+      });
+    }
+    if (refused) throw refused;
   });
 }
 
@@ -987,6 +1078,11 @@ module.exports = {
   COMPRESSOR_IDS,
   proxyBin,
   realUpstreamUri,
+  upstreamTestDb,
+  dbName,
+  outboxKeys,
+  withOutboxDb,
+  externalUpstream,
   doubleOnlySkipReason,
   rawDataSkipReason,
   sleep,

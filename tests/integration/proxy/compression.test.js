@@ -132,7 +132,7 @@ test('the proxy accepts compressed requests on a raw connection and answers them
   }
 });
 
-// With MONGODB_URI, authentication passes through: copy credentials to the tapped URI.
+// Against a real upstream (scripts/test --upstream), authentication passes through: copy credentials to the tapped URI.
 function credsQuery() {
   const u = proxy.uri();
   const q = u.split('?')[1];

@@ -9,7 +9,7 @@
 // hello says it is writable, so the retry (and every later request) waits for the election and
 // reaches the new primary.
 //
-// A connection that authenticated (a MONGODB_URI with credentials) cannot be paired again (the
+// A connection that authenticated (a real upstream's URI with credentials) cannot be paired again (the
 // new upstream connection would not be logged in): the proxy closes it after the error instead,
 // and an operation in flight at the step-down can then fail. With credentials the test holds
 // what holds then: every operation begun 2 s after the step-down (libmongoc's single-threaded
@@ -140,7 +140,7 @@ const PAIRED_AGAIN = /answered not primary: pairing this connection again/;
 const CLOSED_AFTER = /answered after a not-primary error from/;
 
 test('the connection a not-primary error came on is paired again, not closed', { timeout: 60000 }, async (t) => {
-  if (AUTHENTICATED) return t.skip('MONGODB_URI has credentials: every connection authenticates and is closed instead (next test)');
+  if (AUTHENTICATED) return t.skip('the upstream URI has credentials: every connection authenticates and is closed instead (next test)');
   const { proxy, direct } = await startPair(t);
   const client = await new MongoClient(proxy.uri({ appName: 'rbit-fo-repair' }), { maxPoolSize: 1 }).connect();
   t.after(() => client.close());
@@ -158,7 +158,7 @@ test('the connection a not-primary error came on is paired again, not closed', {
 });
 
 test('an authenticated connection is closed after a not-primary error, not paired again (it would lose its login)', { timeout: 60000 }, async (t) => {
-  if (REAL && !AUTHENTICATED) return t.skip('MONGODB_URI has no credentials: no connection authenticates');
+  if (REAL && !AUTHENTICATED) return t.skip('the upstream URI has no credentials: no connection authenticates');
   const { proxy, direct } = await startPair(t, { auth: 'app:pw-failover' });
   const uri = REAL ? proxy.uri({ appName: 'rbit-fo-auth' }) : `mongodb://app:pw-failover@127.0.0.1:${proxy.port}/?authSource=admin&appName=rbit-fo-auth`;
   const client = await new MongoClient(uri, { maxPoolSize: 1 }).connect();

@@ -101,7 +101,7 @@ test(`${CLIENTS} clients sending one 40 MB request each at once: RSS stays under
     }, 50);
     // The same pings straight to the server, side by side: what the test process itself (it
     // writes 8 GB) and the server make a ping wait is not the proxy's. Without a port of the
-    // server's (a real MONGODB_URI), none is made and the proxy's pings carry the whole bound.
+    // server's (a real upstream), none is made and the proxy's pings carry the whole bound.
     direct = upstream.port ? await H.WireConn.connect({ port: upstream.port }) : null;
     const pingLoop = (conn, out, what) => (async () => {
       while (!done) {

@@ -105,7 +105,9 @@ test('a cursor closed early sends killCursors and the proxy relays its reply', a
   assert.ok(kc.some((e) => e.ev === 'commandSucceeded'), 'killCursors succeeded');
 });
 
-test('withTransaction is retried after a forced write conflict; data committed once', async () => {
+test('withTransaction is retried after a forced write conflict; data committed once', async (t) => {
+  const skip = H.doubleOnlySkipReason('failCommand');
+  if (skip) return t.skip(skip);
   const coll = client.db(DB).collection('txn');
   await coll.insertOne({ _id: 'seed' }); // create the collection outside the transaction
   await failPoint({ times: 1 }, { failCommands: ['insert'], errorCode: 112, errorLabels: ['TransientTransactionError'] });
@@ -157,7 +159,9 @@ test('a real write conflict between two transactions surfaces as TransientTransa
   assert.deepEqual(await coll.findOne({ _id: 1 }), { _id: 1, v: 1 });
 });
 
-test('a retryable write is retried after the upstream closes the connection; it lands once', async () => {
+test('a retryable write is retried after the upstream closes the connection; it lands once', async (t) => {
+  const skip = H.doubleOnlySkipReason('failCommand');
+  if (skip) return t.skip(skip);
   const coll = client.db(DB).collection('retry');
   await coll.insertOne({ _id: 'warm' });
   await failPoint({ times: 1 }, { failCommands: ['insert'], closeConnection: true });

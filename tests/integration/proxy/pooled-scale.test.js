@@ -21,7 +21,7 @@ const POOL = 16;
 const BUSY_SECONDS = 4;
 const BATCH = 250;
 const DB = H.uniqueDbName('poolscale');
-// No skip with MONGODB_URI: the pool logs in with its credentials, so raw clients need none
+// No skip against a real upstream: the pool logs in with its credentials, so raw clients need none
 // (no auth_file); the count assumes nothing else connects to that server meanwhile.
 const skip = false;
 

@@ -13,7 +13,8 @@
 //    (it is closed in doubt), and the next client gets its own reply;
 //  - the pool's metrics say what it does.
 // Clients are not authenticated by the proxy here (no auth_file): pooled-auth.test.js covers
-// logins. With MONGODB_URI the proxy's pool logs in with its credentials.
+// logins. Against a real upstream (scripts/test --upstream) the proxy's pool logs in with the
+// credentials of its URI.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');

@@ -7,7 +7,7 @@
 // mongo-c-driver's) log in through a minimal wire endpoint that hands each conversation to the
 // same tool. The drivers check the server's signature themselves, so a login that succeeds
 // means both sides derived the same keys. Users come from `relaybus-proxy --make-user` and
-// from RFC 7677. Nothing here talks to MongoDB, so the test is the same with MONGODB_URI.
+// from RFC 7677. Nothing here talks to MongoDB, so the test is the same against any upstream.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');

@@ -10,7 +10,7 @@
 // removed (and logged), so a driver falls back to the explicit authenticate and gets that error;
 // the upstream connection paired with a client presented no certificate, while the proxy's own
 // mongoc connections (topology monitoring) still present it; SCRAM, speculative or not, still
-// works. The refusal itself needs no double and also runs against MONGODB_URI.
+// works. The refusal itself needs no double and also runs against a real upstream.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');

@@ -1,5 +1,6 @@
 'use strict';
-// Shared set-up of the publishing tests: a server double (or MONGODB_URI), a proxy in front of it
+// Shared set-up of the publishing tests: a server double (or scripts/test --upstream's
+// deployment), a proxy in front of it
 // with handlers, a client through the proxy and a direct client that reads the outbox as an
 // operator would (never through the proxy, so reads cannot be confused with what is tested).
 //
@@ -12,7 +13,8 @@ const assert = require('node:assert/strict');
 const { MongoClient } = require('mongodb');
 const H = require('../lib/proxy');
 
-const OUTBOX_DB = 'relaybus';
+// The proxy's default outbox database (the run's database against a real upstream).
+const OUTBOX_DB = H.dbName('relaybus');
 const PREFIX = 'relaybus_';
 
 // The handlers most tests use: which one takes which type is what the tests check.

@@ -111,7 +111,8 @@ test("bob cannot use alice's cursor, session, transaction or operations; alice's
     assert.equal((await alice.command({ insert: coll, documents: Array.from({ length: 6 }, (_, i) => ({ _id: i })), $db: DB })).ok, 1);
     const found = await alice.command({ find: coll, sort: { _id: 1 }, batchSize: 2, $db: DB });
     assert.deepEqual(found.cursor.firstBatch, [{ _id: 0 }, { _id: 1 }]);
-    const cursor = found.cursor.id;
+    // Sent back as a long, as mongod wants a cursor id (the reply's was promoted to a number).
+    const cursor = Long.fromValue(found.cursor.id);
     assert.notEqual(cursor.toString(), '0', 'the find left a cursor open');
 
     // Alice's transaction: one write, not committed, her connection pinned to it.

@@ -18,12 +18,10 @@ const V = require('./values');
 const { err } = require('./errors');
 const { aggregate } = require('./query');
 const { updateDescription } = require('./changes');
+const { parseStruct, rawAt, DocumentSourceChangeStreamSpec } = require('./parse');
 
-const SPEC_FIELDS = new Set(['resumeAfter', 'startAfter', 'startAtOperationTime', 'fullDocument', 'fullDocumentBeforeChange',
-  'allChangesForCluster', 'showExpandedEvents', 'allowToRunOnConfigDB', 'allowToRunOnSystemNS', 'showSystemEvents',
-  'showRawUpdateDescription']);
-const FULL_DOCUMENT = ['default', 'updateLookup', 'whenAvailable', 'required'];
-const BEFORE_CHANGE = ['off', 'whenAvailable', 'required'];
+const isNull = (v) => v === undefined || v === null;
+
 // Stages allowed after $changeStream (mongod's change stream pipeline restrictions).
 const ALLOWED_STAGES = new Set(['$match', '$project', '$addFields', '$set', '$unset', '$replaceRoot', '$replaceWith', '$redact']);
 const KNOWN_STAGES = new Set(['$group', '$sort', '$limit', '$skip', '$lookup', '$unwind', '$count', '$facet', '$bucket',
@@ -71,7 +69,7 @@ function historyLost() {
 // The stream's starting position in the log: it reads the entries after `pos`.
 function startPosition(server, spec) {
   const log = server.store.changes;
-  const resume = spec.resumeAfter !== undefined ? 'resumeAfter' : spec.startAfter !== undefined ? 'startAfter' : null;
+  const resume = !isNull(spec.resumeAfter) ? 'resumeAfter' : !isNull(spec.startAfter) ? 'startAfter' : null;
   if (resume) {
     const t = decodeToken(spec[resume], resume);
     if (t.flag === FLAG_INVALIDATE && resume === 'resumeAfter') {
@@ -83,9 +81,8 @@ function startPosition(server, spec) {
     if (t.seq < log.firstSeq - 1) throw historyLost();
     return t.seq;
   }
-  if (spec.startAtOperationTime !== undefined) {
+  if (!isNull(spec.startAtOperationTime)) {
     const ts = spec.startAtOperationTime;
-    if (V.bsonTag(ts) !== 'timestamp') throw err(14, "BSON field '$changeStream.startAtOperationTime' is the wrong type, expected type 'timestamp'");
     const at = (inc) => (server.bootSecs > ts.t || (server.bootSecs === ts.t && inc >= ts.i));
     if (log.lastEvictedTs !== null && at(log.lastEvictedTs + 1)) throw historyLost();
     let pos = log.firstSeq - 1;
@@ -98,23 +95,16 @@ function startPosition(server, spec) {
   return log.lastSeq;
 }
 
-function checkSpec(spec) {
+// raw: the stage's BSON as received (parse.js's rawAt), to refuse an option given twice.
+function checkSpec(spec, raw) {
   if (!spec || typeof spec !== 'object' || Array.isArray(spec)) {
     throw err(50808, '$changeStream stage expects a document as argument');
   }
-  for (const k of V.keys(spec)) {
-    if (!SPEC_FIELDS.has(k)) throw err(40415, `BSON field '$changeStream.${k}' is an unknown field.`);
-  }
-  const fd = spec.fullDocument === undefined ? 'default' : spec.fullDocument;
-  if (!FULL_DOCUMENT.includes(fd)) {
-    throw err(2, `Enumeration value '${fd}' for field '$changeStream.fullDocument' is not a valid value.`);
-  }
-  const fb = spec.fullDocumentBeforeChange === undefined ? 'off' : spec.fullDocumentBeforeChange;
-  if (!BEFORE_CHANGE.includes(fb)) {
-    throw err(2, `Enumeration value '${fb}' for field '$changeStream.fullDocumentBeforeChange' is not a valid value.`);
-  }
-  const resumes = ['resumeAfter', 'startAfter', 'startAtOperationTime'].filter((k) => spec[k] !== undefined);
-  if (spec.resumeAfter !== undefined && spec.startAfter !== undefined) {
+  parseStruct(DocumentSourceChangeStreamSpec, spec, ['$changeStream'], {}, raw);
+  const fd = isNull(spec.fullDocument) ? 'default' : spec.fullDocument;
+  const fb = isNull(spec.fullDocumentBeforeChange) ? 'off' : spec.fullDocumentBeforeChange;
+  const resumes = ['resumeAfter', 'startAfter', 'startAtOperationTime'].filter((k) => !isNull(spec[k]));
+  if (!isNull(spec.resumeAfter) && !isNull(spec.startAfter)) {
     throw err(50865, "Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream stage");
   }
   if (resumes.length > 1) throw err(40674, 'Only one type of resume option is allowed, but multiple were found.');
@@ -160,7 +150,7 @@ async function open(ctx) {
     throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");
   }
   const spec = cmd.pipeline[0].$changeStream;
-  const { fd, fb } = checkSpec(spec);
+  const { fd, fb } = checkSpec(spec, rawAt(cmd, ['pipeline', 0, '$changeStream']));
   const scope = scopeOf(ctx, spec);
   const stages = cmd.pipeline.slice(1);
   checkStages(stages);
@@ -399,7 +389,7 @@ function positionAt(log, inc, opIndex) {
 
 function mergedStart(sources, spec) {
   const boot = sources[0].server.bootSecs;
-  const resume = spec.resumeAfter !== undefined ? 'resumeAfter' : spec.startAfter !== undefined ? 'startAfter' : null;
+  const resume = !isNull(spec.resumeAfter) ? 'resumeAfter' : !isNull(spec.startAfter) ? 'startAfter' : null;
   let inc;
   let op;
   if (resume) {
@@ -414,9 +404,8 @@ function mergedStart(sources, spec) {
       const log = src.server.store.changes;
       if (log.lastEvictedTs !== null && log.lastEvictedTs + 1 > inc) throw historyLost();
     }
-  } else if (spec.startAtOperationTime !== undefined) {
+  } else if (!isNull(spec.startAtOperationTime)) {
     const ts = spec.startAtOperationTime;
-    if (V.bsonTag(ts) !== 'timestamp') throw err(14, "BSON field '$changeStream.startAtOperationTime' is the wrong type, expected type 'timestamp'");
     if (ts.t < boot) throw historyLost();
     inc = ts.t > boot ? 0xffffffff : ts.i - 1;
     op = MAX_OP;
@@ -435,7 +424,7 @@ function openMerged(ctx, servers) {
     throw err(9, "The 'cursor' option is required, except for aggregate with the explain argument");
   }
   const spec = cmd.pipeline[0].$changeStream;
-  const { fd, fb } = checkSpec(spec);
+  const { fd, fb } = checkSpec(spec, rawAt(cmd, ['pipeline', 0, '$changeStream']));
   const scope = scopeOf(ctx, spec);
   const stages = cmd.pipeline.slice(1);
   checkStages(stages);

@@ -23,7 +23,7 @@ const CODE_NAMES = {
   76: 'NoReplicationEnabled', 95: 'NotSecondary', 31368: 'Location31368', 31373: 'Location31373', 31382: 'Location31382',
   47: 'NoMatchingDocument', 216: 'ElectionInProgress', 237: 'CursorKilled', 260: 'InvalidResumeToken', 280: 'ChangeStreamFatalError',
   286: 'ChangeStreamHistoryLost', 40324: 'Location40324', 40415: 'Location40415', 40573: 'Location40573',
-  40647: 'Location40647', 359: 'CannotConvertIndexToUnique', 40414: 'Location40414', 5979700: 'Location5979700',
+  40647: 'Location40647', 359: 'CannotConvertIndexToUnique', 40413: 'Location40413', 40414: 'Location40414', 51024: 'Location51024', 4662500: 'Location4662500', 5979700: 'Location5979700',
   5979701: 'Location5979701', 322: 'APIVersionError', 323: 'APIStrictError', 324: 'APIDeprecationError',
   4886600: 'Location4886600', 139: 'JSInterpreterFailure', 13606: 'Location13606', 15881: 'Location15881', 40674: 'Location40674', 50808: 'Location50808', 50865: 'Location50865',
 };

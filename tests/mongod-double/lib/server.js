@@ -19,6 +19,8 @@ const { FailPoints } = require('./failpoints');
 const { Auth } = require('./auth');
 const { isChangeStreamPipeline } = require('./changestreams');
 const { ReplSet } = require('./replset');
+const { parseCommand } = require('./parse');
+const { record } = require('./record');
 
 const NO_COMPRESS = new Set(['hello', 'isMaster', 'ismaster', 'saslStart', 'saslContinue', 'authenticate', 'getnonce', 'createUser', 'updateUser']);
 // As mongod (Command::requiresAuth() false): connectionStatus and whatsmyuri too.
@@ -155,6 +157,8 @@ class Connection {
         } else {
           reply = await server.runCommand(this, msg.body, msg.ns.slice(0, -5), name);
         }
+        server.countReply(this.appName, reply);
+        record(this.appName, msg.ns.split('.')[0], name, msg.body, reply, server.log);
         if (reply === NO_REPLY || this.closed) return;
         server.finishReply(reply);
         this.write(W.buildOpReply(reply, server.nextRequestId(), msg.requestID));
@@ -172,6 +176,8 @@ class Connection {
       server.log(`conn${this.id}: internal error in ${name}: ${e && e.stack}`);
       reply = err(1, `internal error: ${e && e.message}`).toReply();
     }
+    server.countReply(this.appName, reply);
+    record(this.appName, msg.body && msg.body.$db, name, msg.body, reply, server.log);
     if (reply === NO_REPLY || this.closed) return;
     if (msg.moreToCome) {
       // mongod (4.2+): a fire-and-forget write that failed because this member is not (or no
@@ -200,6 +206,7 @@ class Connection {
         server.log(`conn${this.id}: internal error in exhaust ${name}: ${e && e.stack}`);
         reply = err(1, `internal error: ${e && e.message}`).toReply();
       }
+      server.countReply(this.appName, reply);
       if (reply === NO_REPLY || this.closed) return;
     }
   }
@@ -364,6 +371,32 @@ class Server {
       // DOUBLE_TRACE=FILE: one line per command (diagnostics only).
       require('fs').appendFileSync(process.env.DOUBLE_TRACE,
         `${Date.now()} ${appName || '-'} ${name} ${typeof body[name] === 'string' ? body[name] : ''}\n`);
+    }
+  }
+
+  // parseCommand, with a log line for each refusal (the integration harness shows those of
+  // the proxy's own connections when it fails a test file for them).
+  parse(conn, body, name) {
+    try {
+      parseCommand(body, name);
+    } catch (e) {
+      if (e instanceof MongoError) {
+        this.log(`conn${conn.id}${typeof conn.appName === 'string' ? ` (${conn.appName})` : ''}: refused ${name}: ${e.code} ${e.errmsg}`);
+      }
+      throw e;
+    }
+  }
+
+  // Error replies by code, in total and by the connection's appName (doubleStats), so a test
+  // harness finds the commands of a client that the server refused.
+  countReply(appName, reply) {
+    if (!reply || reply === NO_REPLY || V.truthy(reply.ok) || reply.code === undefined) return;
+    const code = String(V.toNumber(reply.code));
+    const e = this.errorStats || (this.errorStats = { byCode: {}, byApp: {} });
+    e.byCode[code] = (e.byCode[code] || 0) + 1;
+    if (typeof appName === 'string') {
+      const a = e.byApp[appName] || (e.byApp[appName] = {});
+      a[code] = (a[code] || 0) + 1;
     }
   }
 
@@ -537,6 +570,8 @@ class Server {
     try {
       if (!handler) throw err(59, `no such command: '${name}'`);
       if (this.auth && !conn.user && !NO_AUTH_NEEDED.has(name)) throw err(13, `command ${name} requires authentication`);
+      // As mongod: parsed whole (IDL structs, generic arguments) before anything of it runs.
+      this.parse(conn, body, name);
       checkApiParameters(body, name);
       if (this.role === 'secondary') this.checkSecondary(body, name);
       else if (this.role === 'primary' && (has('autocommit') || (!SECONDARY_ALWAYS.has(name) && !SECONDARY_OPT_IN.has(name)))) {
@@ -557,6 +592,13 @@ class Server {
       }
       // Errors injected by failCommand leave an open transaction alone (a real 7.0 primary
       // evaluates the fail point before the command runs in the transaction).
+      // mongod 4.4.7 and later (SERVER-49336) take a connection's client metadata from its first
+      // hello before the failCommand fail point is evaluated: a fail point filtered by appName
+      // fires on the very hello that names the application.
+      if (HELLO_NAMES.has(name) && !conn.handshakeDone && conn.appName === null) {
+        const app = body.client && body.client.application && body.client.application.name;
+        if (typeof app === 'string') conn.appName = app;
+      }
       const fp = name === 'configureFailPoint' ? null : this.failpoints.failCommand(name, conn.appName);
       if (fp) {
         if (V.truthy(fp.blockConnection)) {

@@ -99,7 +99,8 @@ class Sessions {
   begin(cmd, name, db) {
     const has = (f) => Object.prototype.hasOwnProperty.call(cmd, f);
     const ctx = { session: null, txn: null, retryable: false, replay: null, inTxn: false, txnNumber: null, commitAgain: false };
-    if (!has('lsid')) {
+    // A null lsid is no lsid, as mongod's parser reads it (parse.js checked the rest).
+    if (!has('lsid') || cmd.lsid === null) {
       if (has('txnNumber')) {
         if (this.standalone) throw err(20, 'Transaction numbers are only allowed on a replica set member or mongos');
         throw err(72, 'Transaction number requires a session ID to also be specified');
@@ -109,7 +110,6 @@ class Sessions {
       return ctx;
     }
     const session = this.get(cmd.lsid, true);
-    if (!session) throw err(40414, 'BSON field \'lsid.id\' is missing but a required field');
     ctx.session = session;
     if (!has('txnNumber')) {
       if (has('autocommit')) throw err(72, "'autocommit' field requires a transaction number to also be specified");

@@ -13,7 +13,7 @@
 // sharded. It does not implement the shards' commands: the shards are plain members.
 
 const crypto = require('crypto');
-const { Long, ObjectId, Timestamp, UUID, MinKey, MaxKey, Double, Binary } = require('bson');
+const { Long, ObjectId, Timestamp, UUID, MinKey, MaxKey, Double, Binary, Int32 } = require('bson');
 const V = require('./values');
 const { MongoError, err } = require('./errors');
 const { Server, NO_REPLY, labelsFor, checkApiParameters, changeStreamLabels } = require('./server');
@@ -38,22 +38,7 @@ const INT64_MIN = -(2n ** 63n);
 const INT64_SPAN = 2n ** 64n;
 
 // BSONObj::toString as the server prints shard keys and requests in its messages.
-function showBson(v) {
-  if (v === null) return 'null';
-  if (v === undefined) return 'undefined';
-  if (typeof v === 'string') return JSON.stringify(v);
-  if (typeof v === 'number') return String(v);
-  if (typeof v === 'boolean') return String(v);
-  if (v instanceof Double) return Number.isInteger(v.value) ? `${v.value}.0` : String(v.value);
-  if (Array.isArray(v)) return `[ ${v.map(showBson).join(', ')} ]`;
-  if (isPlainObject(v)) {
-    const ks = V.keys(v);
-    return ks.length ? `{ ${ks.map((k) => `${k}: ${showBson(v[k])}`).join(', ')} }` : '{}';
-  }
-  if (v instanceof ObjectId) return `ObjectId('${v.toHexString()}')`;
-  if (v instanceof Long) return `${v.toString()}`;
-  return String(v);
-}
+const { showBson } = V;
 
 // The shard key pattern of a collection: its fields in order, and the hashed one (at most one).
 class ShardKey {
@@ -258,6 +243,7 @@ class Mongos extends Server {
     let reply;
     try {
       if (this.auth && !conn.user) throw err(13, `command ${name} requires authentication`);
+      this.parse(conn, body, name);
       checkApiParameters(body, name);
       if (NOT_ON_MONGOS.has(name)) throw err(59, `no such command: '${name}'`);
       const fp = this.failpoints.failCommand(name, conn.appName);
@@ -384,6 +370,7 @@ async function send(rctx, shard, body, opts = {}) {
   const name = V.keys(cmd)[0];
   member.count(name, rctx.conn.appName, cmd);
   const reply = await member.runCommand(internalConn(rctx.conn, member), cmd, cmd.$db || rctx.db, name);
+  member.countReply(rctx.conn.appName, reply);
   if (reply === NO_REPLY) throw err(6, `connection to ${shard.name} closed`);
   if (!V.truthy(reply.ok) && !opts.raw) {
     // The shard's error as it is: code, message, and its other fields (keyPattern, keyValue,
@@ -541,7 +528,6 @@ async function tailGetMore(rctx, c) {
 
 ROUTED.getMore = async (rctx) => {
   const { cmd, db } = rctx;
-  if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
   const c = rctx.mongos.mcursors.cursors.get(V.toBigIntExact(cmd.getMore).toString());
   if (c && c.stream) {
     if (c.ns !== `${db}.${cmd.collection}` && !c.ns.startsWith(`${db}.$cmd`)) {
@@ -578,7 +564,6 @@ ROUTED.killCursors = async (rctx) => {
 ROUTED.aggregate = async (rctx) => {
   const { cmd, db } = rctx;
   const pipeline = cmd.pipeline;
-  if (!Array.isArray(pipeline)) throw err(14, "'pipeline' option must be specified as an array");
   if (changeStreams.isChangeStreamPipeline(pipeline)) {
     // A change stream merges every shard's events in cluster-time order (changestreams.js).
     const sctx = {
@@ -712,7 +697,7 @@ ROUTED.insert = async (rctx) => {
   for (const run of runs) {
     const body = passOn(cmd);
     body.documents = run.idx.map((i) => docs[i]);
-    if (retryableWrite(cmd)) body.stmtIds = run.idx;
+    if (retryableWrite(cmd)) body.stmtIds = run.idx.map((i) => new Int32(i));
     const r = await send(rctx, run.shard, body);
     addWriteReply(total, r, (i) => run.idx[i]);
     if (ordered && r.writeErrors && r.writeErrors.length) break;
@@ -749,7 +734,7 @@ ROUTED.update = async (rctx) => {
     const st = sts[i];
     const body = passOn(cmd);
     body.updates = [st];
-    if (retryableWrite(cmd)) body.stmtIds = [i];
+    if (retryableWrite(cmd)) body.stmtIds = [new Int32(i)];
     let r;
     try {
       r = await updateOne(rctx, meta, st, body, retryable);
@@ -853,7 +838,7 @@ ROUTED.delete = async (rctx) => {
     const st = sts[i];
     const body = passOn(cmd);
     body.deletes = [st];
-    if (retryableWrite(cmd)) body.stmtIds = [i];
+    if (retryableWrite(cmd)) body.stmtIds = [new Int32(i)];
     let r;
     try {
       r = await deleteOne(rctx, meta, st, body);

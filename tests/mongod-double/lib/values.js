@@ -54,6 +54,9 @@ function bsonTag(v) {
 // ORDER; keys() reads it (tolerating keys added or deleted behind its back: new ones are
 // appended, deleted ones dropped), setKey() appends, forWire() hands bson a Map where needed.
 const ORDER = Symbol('fieldOrder');
+// The BSON a document was received as ({bytes, off}, wire.js), for the parser to see a name
+// given twice (bson keeps one of them) in the parts of a command it walks (parse.js).
+const RAW = Symbol('receivedBson');
 const INDEX_LIKE = /^(?:0|[1-9]\d{0,9})$/;
 const isIndexLike = (k) => INDEX_LIKE.test(k) && Number(k) < 4294967295;
 
@@ -619,6 +622,24 @@ function makeSortComparator(sortSpec) {
   };
 }
 
+// BSONObj::toString as the server prints shard keys and requests in its messages.
+function showBson(v) {
+  if (v === null) return 'null';
+  if (v === undefined) return 'undefined';
+  if (typeof v === 'string') return JSON.stringify(v);
+  if (typeof v === 'number') return String(v);
+  if (typeof v === 'boolean') return String(v);
+  if (v instanceof Double) return Number.isInteger(v.value) ? `${v.value}.0` : String(v.value);
+  if (Array.isArray(v)) return `[ ${v.map(showBson).join(', ')} ]`;
+  if (isPlainDoc(v)) {
+    const ks = keys(v);
+    return ks.length ? `{ ${ks.map((k) => `${k}: ${showBson(v[k])}`).join(', ')} }` : '{}';
+  }
+  if (v instanceof ObjectId) return `ObjectId('${v.toHexString()}')`;
+  if (v instanceof Long) return `${v.toString()}`;
+  return String(v);
+}
+
 function truthy(v) {
   if (v === undefined || v === null || v === false) return false;
   if (isNumeric(v)) return toNumber(v) !== 0;
@@ -626,9 +647,9 @@ function truthy(v) {
 }
 
 module.exports = {
-  ORDER, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
+  ORDER, RAW, INEXACT, keys, setKey, deleteKey, setOrder, fromEntries, forWire, annotateOrder, isIndexLike,
   compareNumbers, viewIsInexact,
   bsonTag, isNumeric, toNumber, toBigIntExact, compareValues, valuesEqual, canonicalKey, toView,
-  fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, TYPE_ORDER,
+  fromView, cloneValue, pathValues, getPath, sortKey, makeSortComparator, truthy, showBson, TYPE_ORDER,
   INT32_MIN, INT32_MAX, Int32, Long, Double, Decimal128, ObjectId, Binary, Timestamp, MinKey, MaxKey, Code, BSONSymbol, DBRef,
 };

@@ -6,7 +6,7 @@
 
 const zlib = require('zlib');
 const { BSON } = require('bson');
-const { annotateOrder, forWire } = require('./values');
+const { annotateOrder, forWire, RAW } = require('./values');
 
 const OP_REPLY = 1;
 const OP_QUERY = 2004;
@@ -55,6 +55,8 @@ function readDoc(buf, off, limit) {
     const bytes = buf.subarray(off, off + size);
     doc = BSON.deserialize(bytes, DESERIALIZE_OPTIONS);
     annotateOrder(doc, bytes, 0); // keep "1", "2", ... where the client put them
+    // Not enumerable: a copy of the object (Object.assign) is not the document received.
+    Object.defineProperty(doc, RAW, { value: { bytes, off: 0 } });
   } catch (e) {
     throw new WireError(`invalid BSON: ${e.message}`);
   }

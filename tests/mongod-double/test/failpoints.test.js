@@ -131,3 +131,25 @@ test('doubleStats counts commands by name and resets', async () => {
   assert.equal(s.commands.doubleStats.valueOf(), 1);
   assert.equal(s.commands.find, undefined);
 });
+
+test('a fail point filtered by appName fires on the first hello that names the application (as mongod 4.4.7+)', async () => {
+  await fail({ times: 1 }, { failCommands: ['hello', 'isMaster'], appName: 'firstHelloApp', errorCode: 11600 });
+  const c = await rawConnect(d.port);
+  try {
+    const r = await c.command({ hello: 1, client: { application: { name: 'firstHelloApp' } }, $db: 'admin' });
+    assert.equal(r.ok.valueOf(), 0, 'the handshake hello itself fails');
+    assert.equal(r.code.valueOf(), 11600);
+    const again = await c.command({ hello: 1, $db: 'admin' });
+    assert.equal(again.ok.valueOf(), 1, 'times: 1');
+  } finally {
+    c.close();
+  }
+  const other = await rawConnect(d.port);
+  try {
+    await fail({ times: 1 }, { failCommands: ['hello'], appName: 'firstHelloApp', errorCode: 11600 });
+    const r = await other.command({ hello: 1, client: { application: { name: 'anotherApp' } }, $db: 'admin' });
+    assert.equal(r.ok.valueOf(), 1, 'another application is not failed');
+  } finally {
+    other.close();
+  }
+});

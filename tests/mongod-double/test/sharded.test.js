@@ -12,7 +12,7 @@ const { execFile } = require('child_process');
 const os = require('os');
 const fs = require('fs');
 const path = require('path');
-const { MongoClient } = require('mongodb');
+const { MongoClient, Long } = require('mongodb');
 const { startSharded, rawConnect } = require('./helpers');
 
 const num = (v) => (v === undefined || v === null ? v : Number(v.valueOf()));
@@ -711,14 +711,16 @@ test('a tailable find on an unsharded capped collection goes through the mongos:
     await db.collection('capped').insertMany([{ _id: 1 }, { _id: 2 }]);
     const first = await db.command({ find: 'capped', tailable: true, batchSize: 1 });
     assert.deepEqual(first.cursor.firstBatch, [{ _id: 1 }]);
-    const more = () => db.command({ getMore: first.cursor.id, collection: 'capped' });
+    // The cursor id back as mongod wants it (type long), not as the driver promoted it.
+    const id = Long.fromValue(first.cursor.id);
+    const more = () => db.command({ getMore: id, collection: 'capped' });
     assert.deepEqual((await more()).cursor.nextBatch, [{ _id: 2 }]);
     const empty = await more();
     assert.deepEqual(empty.cursor.nextBatch, []);
     assert.notEqual(String(empty.cursor.id), '0');
     await db.collection('capped').insertOne({ _id: 3 });
     assert.deepEqual((await more()).cursor.nextBatch, [{ _id: 3 }]);
-    const killed = await db.command({ killCursors: 'capped', cursors: [first.cursor.id] });
+    const killed = await db.command({ killCursors: 'capped', cursors: [id] });
     assert.equal(killed.cursorsKilled.length, 1);
     const check = await db.command({ checkMetadataConsistency: 1 });
     assert.deepEqual(check.cursor.firstBatch, []);

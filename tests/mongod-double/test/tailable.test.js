@@ -27,6 +27,8 @@ after(async () => {
 });
 
 const idOf = (r) => Long.fromValue(r.cursor.id).toString();
+// A cursor id as mongod wants it back (type long), whatever the driver promoted it to.
+const cursorId = (r) => Long.fromValue(r.cursor.id);
 
 test('a tailable cursor survives an empty getMore and returns the documents inserted since', async () => {
   const capped = db.collection('capped');
@@ -34,7 +36,7 @@ test('a tailable cursor survives an empty getMore and returns the documents inse
   const first = await db.command({ find: 'capped', tailable: true });
   assert.deepEqual(first.cursor.firstBatch, [{ _id: 1 }, { _id: 2 }]);
   assert.notEqual(idOf(first), '0');
-  const more = (batchSize) => db.command({ getMore: first.cursor.id, collection: 'capped', ...(batchSize ? { batchSize } : {}) });
+  const more = (batchSize) => db.command({ getMore: cursorId(first), collection: 'capped', ...(batchSize ? { batchSize } : {}) });
   const empty = await more();
   assert.deepEqual(empty.cursor.nextBatch, []);
   assert.equal(idOf(empty), idOf(first));
@@ -42,14 +44,14 @@ test('a tailable cursor survives an empty getMore and returns the documents inse
   const next = await more(1);
   assert.deepEqual(next.cursor.nextBatch, [{ _id: 3 }]);
   assert.deepEqual((await more()).cursor.nextBatch, [{ _id: 4, skip: true }]);
-  await db.command({ killCursors: 'capped', cursors: [first.cursor.id] });
+  await db.command({ killCursors: 'capped', cursors: [cursorId(first)] });
 });
 
 test('refused on a collection that is not capped, and with a sort other than natural order', async () => {
   await assert.rejects(db.command({ find: 'plain', tailable: true }), (e) => e.code === 2 && /non capped collection/.test(e.message));
   await assert.rejects(db.command({ find: 'capped', tailable: true, sort: { _id: 1 } }), (e) => e.code === 2);
   const natural = await db.command({ find: 'capped', tailable: true, sort: { $natural: 1 } });
-  await db.command({ killCursors: 'capped', cursors: [natural.cursor.id] });
+  await db.command({ killCursors: 'capped', cursors: [cursorId(natural)] });
 });
 
 test('a tailable query that matches nothing gives a dead cursor', async () => {

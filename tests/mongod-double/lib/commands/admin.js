@@ -26,13 +26,9 @@ async function awaitTopology(ctx) {
   if (!hasTv && !hasWait) return;
   if (!hasWait) throw err(31368, "A request with a 'topologyVersion' must include 'maxAwaitTimeMS'");
   if (!hasTv) throw err(31368, "A request with 'maxAwaitTimeMS' must include a 'topologyVersion'");
+  // parse.js checked both (TopologyVersion, a number >= 0).
   const tv = cmd.topologyVersion;
-  if (!tv || typeof tv !== 'object' || !(tv.processId instanceof ObjectId) || !V.isNumeric(tv.counter)) {
-    throw err(40414, "BSON field 'TopologyVersion.processId' is missing but a required field");
-  }
-  if (!V.isNumeric(cmd.maxAwaitTimeMS)) throw err(14, `maxAwaitTimeMS must be a number`);
   const ms = V.toNumber(cmd.maxAwaitTimeMS);
-  if (!(ms >= 0)) throw err(31373, 'maxAwaitTimeMS must be a non-negative integer');
   if (!tv.processId.equals(server.processId)) return;
   const counter = V.toBigIntExact(tv.counter);
   if (counter !== null && counter > server.tvCounter) {
@@ -181,12 +177,14 @@ async function doubleStats(ctx) {
   const byApp = JSON.parse(JSON.stringify(ctx.server.statsByApp || {}));
   const ex = ctx.store.examined || { keys: 0, docs: 0 };
   const examined = { keys: ex.keys, docs: ex.docs };
+  const errors = JSON.parse(JSON.stringify(ctx.server.errorStats || { byCode: {}, byApp: {} }));
   if (ctx.cmd.reset !== undefined && V.truthy(ctx.cmd.reset)) {
     for (const k of Object.keys(ctx.server.stats)) delete ctx.server.stats[k];
     ctx.server.statsByApp = {};
+    ctx.server.errorStats = null;
     ctx.store.examined = { keys: 0, docs: 0 };
   }
-  return { commands, byApp, examined, ok: 1 };
+  return { commands, byApp, examined, errors, ok: 1 };
 }
 
 // The session catalogue is the primary's (transactions live there); a secondary's own state

@@ -91,8 +91,7 @@ function statementFailed(ctx, e) {
 async function insert(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'insert');
-  const docs = cmd.documents;
-  if (!Array.isArray(docs)) throw err(40414, "BSON field 'insert.documents' is missing but a required field");
+  const docs = present(cmd.documents);
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
   const coll = notAView(await ctx.retryOnWait(() => ctx.access.coll(db, name, true)));
   let n = 0;
@@ -128,7 +127,6 @@ async function updateStatement(ctx, collIn, st, db, name) {
   const u = st.u;
   const multi = V.truthy(st.multi);
   const upsert = V.truthy(st.upsert);
-  if (u === undefined) throw err(40414, "BSON field 'update.updates.u' is missing but a required field");
   const kind = kindOfUpdate(u);
   if (multi && kind === 'replacement') throw err(9, 'multi update is not supported for replacement-style update');
   const queryView = V.toView(q);
@@ -187,13 +185,8 @@ async function updateStatement(ctx, collIn, st, db, name) {
 async function update(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'update');
-  const updates = cmd.updates;
-  if (!Array.isArray(updates)) throw err(40414, "BSON field 'update.updates' is missing but a required field");
+  const updates = present(cmd.updates);
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
-  // 7.0 parses the whole command first: an 8.0-only field fails it before any statement runs.
-  for (const st of updates) {
-    if (isPlainObject(st) && st.sort !== undefined) throw err(40415, "BSON field 'update.updates.sort' is an unknown field.");
-  }
   ctx.vars = evalLet(cmd.let);
   let coll = notAView(ctx.access.coll(db, name, false));
   let n = 0;
@@ -225,8 +218,7 @@ async function update(ctx) {
 async function del(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'delete');
-  const deletes = cmd.deletes;
-  if (!Array.isArray(deletes)) throw err(40414, "BSON field 'delete.deletes' is missing but a required field");
+  const deletes = present(cmd.deletes);
   const ordered = cmd.ordered === undefined ? true : V.truthy(cmd.ordered);
   const coll = notAView(ctx.access.coll(db, name, false));
   const vars = evalLet(cmd.let);
@@ -240,9 +232,8 @@ async function del(ctx) {
     }
     const nBefore = n;
     try {
-      if (st.limit === undefined) throw err(40414, "BSON field 'delete.deletes.limit' is missing but a required field");
-      const limit = V.toNumber(st.limit);
-      if (limit !== 0 && limit !== 1) throw err(9, `The limit field in delete objects must be 0 or 1. Got ${limit}`);
+      // 0 or 1 (parse.js); any other type reads as 0, as mongod reads it.
+      const limit = V.isNumeric(st.limit) ? V.toNumber(st.limit) : 0;
       if (!coll) continue;
       const sel = { filter: st.q, limit, variables: vars, collation: st.collation };
       const q1 = compileFilter(st.q, sel);
@@ -344,23 +335,20 @@ async function findAndModify(ctx, attempt) {
   return { lastErrorObject: leo, value: null, ok: 1 };
 }
 
-function num(v, def) { return v === undefined || v === null ? def : V.toNumber(v); }
+function isNull(v) { return v === undefined || v === null; }
+// The statements of a write command: mongod's parser leaves out null elements of the array.
+function present(list) { return list.some(isNull) ? list.filter((x) => !isNull(x)) : list; }
+function num(v, def) { return isNull(v) ? def : V.toNumber(v); }
 
 async function find(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'find');
   const coll = ctx.access.coll(db, name, false);
-  let limit = num(cmd.limit, 0);
-  let singleBatch = V.truthy(cmd.singleBatch);
-  if (limit < 0) {
-    limit = -limit;
-    singleBatch = true;
-  }
+  // skip, limit and batchSize are >= 0 and filter an object (parse.js).
+  const limit = num(cmd.limit, 0);
+  const singleBatch = V.truthy(cmd.singleBatch);
   const skip = num(cmd.skip, 0);
-  if (skip < 0) throw err(51024, `BSON field 'skip' value must be >= 0, actual value '${skip}'`);
-  const batchSize = cmd.batchSize === undefined ? undefined : num(cmd.batchSize, 101);
-  if (batchSize !== undefined && batchSize < 0) throw err(51024, `BSON field 'batchSize' value must be >= 0, actual value '${batchSize}'`);
-  if (cmd.filter !== undefined && !isPlainObject(cmd.filter)) throw err(14, "BSON field 'FindCommandRequest.filter' is the wrong type, expected type 'object'");
+  const batchSize = isNull(cmd.batchSize) ? undefined : num(cmd.batchSize, 101);
   const tailable = V.truthy(cmd.tailable);
   if (tailable) checkTailable(cmd, db, name, coll);
   const records = select(ctx.access, coll, { filter: cmd.filter, sort: cmd.sort, skip, limit, variables: evalLet(cmd.let), collation: cmd.collation });
@@ -396,7 +384,6 @@ function tailMore(ctx, c, db, collName) {
 async function getMore(ctx) {
   const { cmd, db } = ctx;
   const id = V.toBigIntExact(cmd.getMore);
-  if (typeof cmd.collection !== 'string') throw err(40414, "BSON field 'getMore.collection' is missing but a required field");
   const c = ctx.cursors.cursors.get(id.toString());
   if (c) {
     if (c.ns !== `${db}.${cmd.collection}` && !c.ns.startsWith(`${db}.$cmd`)) {
@@ -446,7 +433,6 @@ async function count(ctx) {
 async function distinct(ctx) {
   const { cmd, db } = ctx;
   const name = collName(cmd, 'distinct');
-  if (typeof cmd.key !== 'string') throw err(14, "BSON field 'distinct.key' is the wrong type, expected type 'string'");
   const coll = ctx.access.coll(db, name, false);
   const values = [];
   const seen = new Set();
@@ -547,7 +533,6 @@ async function writeStage(ctx, stage, docs, db) {
 async function aggregateCmd(ctx) {
   const { cmd, db } = ctx;
   const pipeline = cmd.pipeline;
-  if (!Array.isArray(pipeline)) throw err(14, "'pipeline' option must be specified as an array");
   if (changeStreams.isChangeStreamPipeline(pipeline)) {
     ctx.vars = evalLet(cmd.let);
     return changeStreams.open(ctx);

@@ -11,6 +11,7 @@ const { Index } = require('../storage');
 const Ordered = require('../ordered');
 const { isPlainObject } = require('../update');
 const { recordDdl } = require('../changes');
+const { GENERIC } = require('../parse');
 
 function nameOf(cmd, field) {
   const n = cmd[field];
@@ -22,13 +23,14 @@ async function create(ctx) {
   const { cmd, db } = ctx;
   const name = nameOf(cmd, 'create');
   if (ctx.access.coll(db, name, false)) throw err(48, `Collection ${db}.${name} already exists.`);
+  // The collection's options: the command's own fields (parse.js refused any other).
   const options = {};
   for (const k of Object.keys(cmd)) {
-    if (['create', '$db', 'lsid', 'txnNumber', 'autocommit', 'startTransaction', 'writeConcern', 'readConcern', '$clusterTime',
-      'comment', 'maxTimeMS', '$readPreference', 'apiVersion', 'apiStrict', 'apiDeprecationErrors'].includes(k)) continue;
+    if (k === 'create' || GENERIC.has(k)) continue;
     options[k] = cmd[k];
   }
   if (options.clusteredIndex !== undefined) options.clusteredIndex = clusteredIndexSpec(options.clusteredIndex);
+  if (options.clusteredIndex === undefined) delete options.clusteredIndex;
   const c = await ctx.retryOnWait(() => ctx.access.coll(db, name, true, options));
   c.options = options;
   // A clustered collection's _id index is the clustered index, under its name.
@@ -36,19 +38,14 @@ async function create(ctx) {
   return { ok: 1 };
 }
 
-// create's clusteredIndex option as mongod 7.0 stores it: {v: 2, key: {_id: 1}, name, unique: true}.
+// create's clusteredIndex option as mongod 7.0 stores it: {v: 2, key: {_id: 1}, name, unique: true}
+// (parse.js checked its fields; the legacy `clusteredIndex: true` clusters by _id).
 function clusteredIndexSpec(ci) {
-  if (!isPlainObject(ci)) throw err(14, "BSON field 'create.clusteredIndex' is the wrong type, expected type 'object'");
-  for (const k of Object.keys(ci)) {
-    if (!['key', 'unique', 'name', 'v'].includes(k)) throw err(40415, `BSON field 'create.clusteredIndex.${k}' is an unknown field.`);
-  }
-  if (!isPlainObject(ci.key)) throw err(40414, "BSON field 'create.clusteredIndex.key' is missing but a required field");
-  if (ci.unique === undefined) throw err(40414, "BSON field 'create.clusteredIndex.unique' is missing but a required field");
+  if (!isPlainObject(ci)) return V.truthy(ci) ? { v: 2, key: { _id: 1 }, name: '_id_', unique: true } : undefined;
   if (!V.truthy(ci.unique)) throw err(5979700, "The 'clusteredIndex' option requires 'unique: true'");
   if (V.keys(ci.key).length !== 1 || V.keys(ci.key)[0] !== '_id' || V.toNumber(ci.key._id) !== 1) {
     throw err(5979701, "The clusteredIndex option is only supported for key: {_id: 1}");
   }
-  if (ci.name !== undefined && typeof ci.name !== 'string') throw err(14, "BSON field 'create.clusteredIndex.name' is the wrong type, expected type 'string'");
   return { v: 2, key: { _id: 1 }, name: ci.name !== undefined ? ci.name : '_id_', unique: true };
 }
 
@@ -187,7 +184,7 @@ async function dropIndexes(ctx) {
     const ix = [...coll.indexes.values()].find((i) => sameKey(i.key, which));
     if (!ix) throw err(27, `can't find index with key: ${JSON.stringify(V.toView(which))}`);
     names.push(ix.name);
-  } else throw err(14, "BSON field 'dropIndexes.index' is the wrong type");
+  }
   for (const n of names) {
     if (n === '_id_') throw err(72, 'cannot drop _id index');
     if (!coll.indexes.has(n)) throw err(27, `index not found with name [${n}]`);

@@ -49,23 +49,19 @@ function fromJs(v) {
   return out;
 }
 
-// The source of a function argument: Code (with or without scope) or a string, as mongod takes.
-function functionSource(cmd, field, required) {
+// The source of a function argument: Code (with or without scope) or a string, as mongod takes
+// (parse.js checked the type, and that map and reduce are there).
+function functionSource(cmd, field) {
   const v = cmd[field];
-  if (v === undefined || v === null) {
-    if (required) throw err(40414, `BSON field 'MapReduceCommandRequest.${field}' is missing but a required field`);
-    return null;
-  }
+  if (v === undefined || v === null) return null;
   if (typeof v === 'string') return { code: v, scope: null };
-  if (v._bsontype === 'Code') return { code: v.code, scope: v.scope || null };
-  throw err(14, `BSON field 'MapReduceCommandRequest.${field}' is the wrong type '${V.bsonTag(v)}', expected types '[string, javascript]'`);
+  return { code: v.code, scope: v.scope || null };
 }
 
 // The out argument: {inline: 1}, a collection name (replace), or {replace|merge|reduce: name,
 // db?}. Returns null for inline.
 function outputOf(cmd, db) {
   const out = cmd.out;
-  if (out === undefined) throw err(40414, "BSON field 'MapReduceCommandRequest.out' is missing but a required field");
   if (typeof out === 'string') return { mode: 'replace', db, coll: out, named: false };
   if (!out || typeof out !== 'object' || out._bsontype) throw err(13606, "'out' has to be a string or an object");
   if (out.inline !== undefined) {
@@ -96,9 +92,9 @@ async function mapReduce(ctx) {
   const { cmd, db } = ctx;
   const name = cmd.mapReduce !== undefined ? cmd.mapReduce : cmd.mapreduce;
   if (typeof name !== 'string' || !name.length) throw err(73, `collection name has invalid type ${V.bsonTag(name)}`);
-  const map = functionSource(cmd, 'map', true);
-  const reduce = functionSource(cmd, 'reduce', true);
-  const finalize = functionSource(cmd, 'finalize', false);
+  const map = functionSource(cmd, 'map');
+  const reduce = functionSource(cmd, 'reduce');
+  const finalize = functionSource(cmd, 'finalize');
   const output = outputOf(cmd, db);
   const limit = cmd.limit === undefined ? 0 : V.toNumber(cmd.limit);
   if (limit < 0) throw err(15881, "'limit' must be a non-negative number");
