@@ -14,6 +14,13 @@ const { startAdminProxy, request, publish, waitFor } = require('./helpers');
 
 const TOKEN = 'attempts-token-0123456789';
 const HOOK_PASSWORD = 'hook-pass-8a7b6c';
+// Ids and handler names of this run: with scripts/test --upstream every file shares one
+// database, so nothing here counts what another file wrote.
+const RUN = `${process.pid}${Date.now().toString(36)}`;
+const EV1 = `att-${RUN}-1`;
+const EV2 = `att-${RUN}-2`;
+const MAILER = `mailer-${RUN}`;
+const LEDGER = `ledger-${RUN}`;
 
 test('every attempt on record: a delivery, an event, the latest failures, through the admin API', { timeout: 120000 }, async (t) => {
   const up = await startUpstream();
@@ -26,7 +33,7 @@ test('every attempt on record: a delivery, an event, the latest failures, throug
     respond: (ev) => {
       const n = (seen.get(ev.id) || 0) + 1;
       seen.set(ev.id, n);
-      if (ev.id !== 'ev-1' || n > 2) return { status: 204 };
+      if (ev.id !== EV1 || n > 2) return { status: 204 };
       // The second answer quotes the handler's URL, password and all: it is masked.
       return n === 1 ? { status: 500, body: 'database is down' }
         : { status: 503, body: `overloaded, see http://hookuser:${HOOK_PASSWORD}@127.0.0.1/status ${'x'.repeat(700)}` };
@@ -41,9 +48,9 @@ test('every attempt on record: a delivery, an event, the latest failures, throug
     token: TOKEN,
     outbox: { database: db },
     handlers: [
-      { name: 'mailer', events: 'order.*', kind: 'webhook', url: mailer.url('/mail').replace('http://', `http://hookuser:${HOOK_PASSWORD}@`),
+      { name: MAILER, events: 'order.*', kind: 'webhook', url: mailer.url('/mail').replace('http://', `http://hookuser:${HOOK_PASSWORD}@`),
         retry_schedule: '200ms, 200ms, 200ms' },
-      { name: 'ledger', events: 'order.*', kind: 'webhook', url: ledger.url('/ledger'), retry_schedule: '200ms', max_attempts: 2 },
+      { name: LEDGER, events: 'order.*', kind: 'webhook', url: ledger.url('/ledger'), retry_schedule: '200ms', max_attempts: 2 },
     ],
   });
   t.after(() => proxy.kill());
@@ -53,13 +60,13 @@ test('every attempt on record: a delivery, an event, the latest failures, throug
   const dels = client.db(db).collection('relaybus_deliveries');
   const attempts = client.db(db).collection('relaybus_attempts');
 
-  await publish(client, db, [{ id: 'ev-1', type: 'order.placed.v1', key: 'c-1', payload: { n: 1 } },
-    { id: 'ev-2', type: 'order.placed.v1', key: 'c-2', payload: { n: 2 } }], ['mailer', 'ledger']);
-  const mailerDelivery = (await dels.findOne({ eventId: 'ev-1', handler: 'mailer' }))._id.toHexString();
-  await waitFor(async () => (await dels.countDocuments({ handler: 'mailer' })) === 0, 30000, "mailer's deliveries to complete");
-  await waitFor(async () => (await dels.countDocuments({ handler: 'ledger', status: 'dead' })) === 2, 30000, "ledger's to die");
+  await publish(client, db, [{ id: EV1, type: 'order.placed.v1', key: `c-${RUN}-1`, payload: { n: 1 } },
+    { id: EV2, type: 'order.placed.v1', key: `c-${RUN}-2`, payload: { n: 2 } }], [MAILER, LEDGER]);
+  const mailerDelivery = (await dels.findOne({ eventId: EV1, handler: MAILER }))._id.toHexString();
+  await waitFor(async () => (await dels.countDocuments({ handler: MAILER })) === 0, 30000, "mailer's deliveries to complete");
+  await waitFor(async () => (await dels.countDocuments({ handler: LEDGER, status: 'dead' })) === 2, 30000, "ledger's to die");
   // The completions' records go in the batch of the completion: wait for the last flush.
-  await waitFor(async () => (await attempts.countDocuments({ handler: 'mailer' })) === 4, 10000, "mailer's 4 records");
+  await waitFor(async () => (await attempts.countDocuments({ handler: MAILER })) === 4, 10000, "mailer's 4 records");
 
   await t.test('500, then 503, then 204: three attempts in order, after the delivery completed', async () => {
     const r = await get(`/api/deliveries/${mailerDelivery}/attempts`);
@@ -75,8 +82,8 @@ test('every attempt on record: a delivery, an event, the latest failures, throug
     assert.deepEqual(r.json.attempts.map((a) => a.attempt), [1, 2, 3]);
     for (const a of r.json.attempts) {
       assert.equal(a.deliveryId, mailerDelivery);
-      assert.equal(a.eventId, 'ev-1');
-      assert.equal(a.handler, 'mailer');
+      assert.equal(a.eventId, EV1);
+      assert.equal(a.handler, MAILER);
       assert.match(a.instance, /^[^/]+\/\d+\/[0-9a-f]{12}$/);
       assert.ok(a.durationMs >= 25 && a.durationMs < 10000, `duration ${a.durationMs} ms of a 30 ms answer`);
       assert.equal(Date.parse(a.endedAt) - Date.parse(a.startedAt), a.durationMs);
@@ -97,37 +104,37 @@ test('every attempt on record: a delivery, an event, the latest failures, throug
   });
 
   await t.test('one event, two handlers: one completed, one dead after max_attempts, both with their attempts', async () => {
-    const r = await get('/api/events/ev-1');
+    const r = await get(`/api/events/${EV1}`);
     assert.equal(r.status, 200, r.text);
-    assert.equal(r.json.event.id, 'ev-1');
+    assert.equal(r.json.event.id, EV1);
     assert.equal(r.json.event.type, 'order.placed.v1');
     assert.deepEqual(r.json.event.payload, { n: 1 });
     const by = Object.fromEntries(r.json.handlers.map((h) => [h.handler, h]));
-    assert.deepEqual(Object.keys(by).sort(), ['ledger', 'mailer']);
-    assert.equal(by.mailer.state, 'completed');
-    assert.equal(by.mailer.subscribed, true);
-    assert.deepEqual(by.mailer.attempts.map((a) => a.status), [500, 503, 204]);
-    assert.equal(by.ledger.state, 'dead');
-    assert.equal(by.ledger.delivery.status, 'dead');
-    assert.equal(by.ledger.delivery.attempts, 2);
-    assert.match(by.ledger.lastError, /^HTTP 500: ledger is broken/);
-    assert.deepEqual(by.ledger.attempts.map((a) => [a.attempt, a.outcome, a.status]), [[1, 'failed', 500], [2, 'failed', 500]]);
+    assert.deepEqual(Object.keys(by).sort(), [LEDGER, MAILER]);
+    assert.equal(by[MAILER].state, 'completed');
+    assert.equal(by[MAILER].subscribed, true);
+    assert.deepEqual(by[MAILER].attempts.map((a) => a.status), [500, 503, 204]);
+    assert.equal(by[LEDGER].state, 'dead');
+    assert.equal(by[LEDGER].delivery.status, 'dead');
+    assert.equal(by[LEDGER].delivery.attempts, 2);
+    assert.match(by[LEDGER].lastError, /^HTTP 500: ledger is broken/);
+    assert.deepEqual(by[LEDGER].attempts.map((a) => [a.attempt, a.outcome, a.status]), [[1, 'failed', 500], [2, 'failed', 500]]);
     assert.equal(r.json.more, false);
   });
 
   await t.test('the latest failures of a handler, filtered and bounded', async () => {
-    const r = await get('/api/attempts?handler=ledger&outcome=failed&since=1h&limit=3');
+    const r = await get(`/api/attempts?handler=${LEDGER}&outcome=failed&since=1h&limit=3`);
     assert.equal(r.status, 200, r.text);
     assert.equal(r.json.count, 3);
     assert.ok(r.json.next, 'a cursor: a fourth record follows');
     const ends = r.json.attempts.map((a) => Date.parse(a.endedAt));
     assert.deepEqual([...ends].sort((x, y) => y - x), ends, 'latest first');
-    const rest = await get(`/api/attempts?handler=ledger&outcome=failed&limit=3&before=${r.json.next}`);
+    const rest = await get(`/api/attempts?handler=${LEDGER}&outcome=failed&limit=3&before=${r.json.next}`);
     assert.equal(rest.json.count, 1);
     assert.equal(rest.json.next, null);
     const ids = new Set([...r.json.attempts, ...rest.json.attempts].map((a) => a.id));
     assert.equal(ids.size, 4);
-    assert.equal((await get('/api/attempts?outcome=succeeded')).json.count, 2);
+    assert.equal((await get(`/api/attempts?handler=${MAILER}&outcome=succeeded`)).json.count, 2);
     assert.equal((await get(`/api/attempts?since=${new Date(Date.now() + 60000).toISOString()}`)).json.count, 0);
     // A filter is a string, never an operator.
     assert.equal((await get('/api/attempts?handler=%7B%22%24ne%22%3Anull%7D')).json.count, 0);
@@ -140,17 +147,17 @@ test('every attempt on record: a delivery, an event, the latest failures, throug
       '/api/deliveries//attempts', `/api/events/${'e'.repeat(257)}`, '/api/events/a%00b', '/api/events/a%0Ab', '/api/events/%FF',
       '/api/attempts?limit=0', '/api/attempts?limit=1001', '/api/attempts?outcome=lost', '/api/attempts?since=yesterday',
       '/api/attempts?before=x', '/api/attempts?handler=a&handler=b', '/api/attempts?status=dead',
-      `/api/deliveries/${mailerDelivery}/attempts?limit=0`, '/api/events/ev-1?x=1']) {
+      `/api/deliveries/${mailerDelivery}/attempts?limit=0`, `/api/events/${EV1}?x=1`]) {
       const r = await get(p);
       assert.equal(r.status, 400, `${p}: ${r.text}`);
       assert.ok(r.json.error, p);
     }
     // The token guards them as every /api path.
-    assert.equal((await get('/api/events/ev-1', 'wrong')).status, 401);
+    assert.equal((await get(`/api/events/${EV1}`, 'wrong')).status, 401);
     assert.equal((await get('/api/attempts', '')).status, 401);
     // An event id with a slash, percent-encoded.
-    await publish(client, db, [{ id: 'order/3', type: 'order.placed.v1', payload: {} }], ['mailer']);
-    await waitFor(async () => (await get('/api/events/order%2F3')).json?.handlers?.[0]?.state === 'completed', 20000, 'order/3');
+    await publish(client, db, [{ id: `order/${RUN}`, type: 'order.placed.v1', payload: {} }], [MAILER]);
+    await waitFor(async () => (await get(`/api/events/order%2F${RUN}`)).json?.handlers?.[0]?.state === 'completed', 20000, 'order/RUN');
   });
   assert.equal((await proxy.stop()).code, 0);
 });
@@ -163,7 +170,7 @@ test('the TTL index of the attempt records follows [outbox] attempt_history; 0 w
   const db = uniqueDbName('admin_attempts_ttl');
   const client = await new MongoClient(up.uri, { serverSelectionTimeoutMS: 3000 }).connect();
   t.after(() => client.close());
-  const handlers = [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h') }];
+  const handlers = [{ name: `ttl-${RUN}`, events: `ttl-${RUN}.*`, kind: 'webhook', url: sink.url('/h') }];
   const ttl = async () => (await client.db(db).collection('relaybus_attempts').listIndexes().toArray()).find((i) => i.name === 'expires');
 
   const two = await startAdminProxy({ upstream: up.uri, outbox: { database: db, attempt_history: '2h' }, handlers });
@@ -177,10 +184,10 @@ test('the TTL index of the attempt records follows [outbox] attempt_history; 0 w
   assert.equal((await one.stop()).code, 0);
   // 0: the collection and its window stay; nothing is written.
   const off = await startAdminProxy({ upstream: up.uri, outbox: { database: db, attempt_history: '0' }, handlers });
-  await publish(client, db, [{ id: 'off-1', type: 'x.v1', payload: {} }], ['h']);
-  await waitFor(() => sink.stats().ok.has('off-1'), 20000, 'the delivery');
+  await publish(client, db, [{ id: `off-${RUN}`, type: `ttl-${RUN}.v1`, payload: {} }], [`ttl-${RUN}`]);
+  await waitFor(() => sink.stats().ok.has(`off-${RUN}`), 20000, 'the delivery');
   await new Promise((r) => setTimeout(r, 500));
-  assert.equal(await client.db(db).collection('relaybus_attempts').countDocuments({}), 0);
+  assert.equal(await client.db(db).collection('relaybus_attempts').countDocuments({ eventId: `off-${RUN}` }), 0);
   assert.equal((await ttl()).expireAfterSeconds, 5400);
   assert.equal((await off.stop()).code, 0);
 });
