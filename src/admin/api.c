@@ -163,6 +163,24 @@ parse_int (const char *s, int64_t min, int64_t max, int64_t *out)
    return true;
 }
 
+/* Our own page cursors: "<ms>.<24 hex>" (a time in ms since the epoch
+ * and the last row's ObjectId). */
+static bool
+parse_cursor (const char *s, int64_t *ms, bson_oid_t *oid)
+{
+   const char *dot = strchr (s, '.');
+   char num[24];
+
+   if (!dot || (size_t) (dot - s) >= sizeof num || strlen (dot + 1) != 24 || !bson_oid_is_valid (dot + 1, 24))
+      return false;
+   memcpy (num, s, (size_t) (dot - s));
+   num[dot - s] = '\0';
+   if (!parse_int (num, 0, INT64_MAX, ms))
+      return false;
+   bson_oid_init_from_string (oid, dot + 1);
+   return true;
+}
+
 /* ------------------------------------------------------------ JSON body */
 
 /* Reads a JSON object body.  Refuses a wrong Content-Type (415: this also
@@ -893,20 +911,11 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
       goto done;
    }
    if (p[P_AFTER].value) {
-      /* Our own cursor: "<createdAt ms>.<24 hex>". */
-      const char *dot = strchr (p[P_AFTER].value, '.');
-      char num[24];
-      if (!dot || (size_t) (dot - p[P_AFTER].value) >= sizeof num || strlen (dot + 1) != 24 || !bson_oid_is_valid (dot + 1, 24)) {
+      /* "<createdAt ms>.<_id>" */
+      if (!parse_cursor (p[P_AFTER].value, &after_created, &after_oid)) {
          admin_send_error (a, req, 400, "after must be a cursor from a previous page");
          goto done;
       }
-      memcpy (num, p[P_AFTER].value, (size_t) (dot - p[P_AFTER].value));
-      num[dot - p[P_AFTER].value] = '\0';
-      if (!parse_int (num, 0, INT64_MAX, &after_created)) {
-         admin_send_error (a, req, 400, "after must be a cursor from a previous page");
-         goto done;
-      }
-      bson_oid_init_from_string (&after_oid, dot + 1);
       has_after = true;
    }
    f.status = p[P_STATUS].value;
@@ -1908,20 +1917,11 @@ admin_api_attempts (admin_t *a, struct evhttp_request *req)
       goto done;
    }
    if (p[P_BEFORE].value) {
-      /* Our own cursor: "<endedAt ms>.<24 hex>". */
-      const char *dot = strchr (p[P_BEFORE].value, '.');
-      char num[24];
-      if (!dot || (size_t) (dot - p[P_BEFORE].value) >= sizeof num || strlen (dot + 1) != 24 || !bson_oid_is_valid (dot + 1, 24)) {
+      /* "<endedAt ms>.<_id>" */
+      if (!parse_cursor (p[P_BEFORE].value, &f.before_ended, &before)) {
          admin_send_error (a, req, 400, "before must be a cursor from a previous page");
          goto done;
       }
-      memcpy (num, p[P_BEFORE].value, (size_t) (dot - p[P_BEFORE].value));
-      num[dot - p[P_BEFORE].value] = '\0';
-      if (!parse_int (num, 0, INT64_MAX, &f.before_ended)) {
-         admin_send_error (a, req, 400, "before must be a cursor from a previous page");
-         goto done;
-      }
-      bson_oid_init_from_string (&before, dot + 1);
       f.before_id = &before;
    }
    f.handler = p[P_HANDLER].value;
