@@ -129,6 +129,14 @@ void admin_api_lanes (admin_t *a, struct evhttp_request *req);
 void admin_api_clients (admin_t *a, struct evhttp_request *req);
 void admin_api_config (admin_t *a, struct evhttp_request *req);
 void admin_api_dashboard (admin_t *a, struct evhttp_request *req);
+/* What happened to a delivery and to an event (the attempt records):
+ * GET /api/deliveries/ID/attempts, GET /api/events/ID and GET
+ * /api/attempts.  admin_history_route maps the paths with an id to the
+ * route table's patterns (NULL: not one of them). */
+void admin_api_delivery_attempts (admin_t *a, struct evhttp_request *req);
+void admin_api_event (admin_t *a, struct evhttp_request *req);
+void admin_api_attempts (admin_t *a, struct evhttp_request *req);
+const char *admin_history_route (const char *path);
 
 /* The operator's commands (admin/operator.c), a block of their own. */
 void admin_api_pause (admin_t *a, struct evhttp_request *req);

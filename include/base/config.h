@@ -37,6 +37,8 @@
 #define CONFIG_KAFKA_PROPS_MAX 64
 /* header.<name> = value lines of a webhook handler. */
 #define CONFIG_HEADERS_MAX 32
+/* rate_limit = N/s or N/min: N at most. */
+#define CONFIG_RATE_LIMIT_MAX 1000000
 
 /* Codes of CONFIG_ERROR_DOMAIN. */
 typedef enum {
@@ -140,6 +142,11 @@ typedef struct {
    int64_t max_attempts;     /* 1 + n_retry_delays unless set */
    int64_t timeout_ms;
    int64_t concurrency;
+   /* rate_limit: "" (none), "N/s" or "N/min"; parsed into at most
+    * rate_limit_n starts per rate_limit_period_ms (0: no limit). */
+   char *rate_limit;
+   int64_t rate_limit_n;
+   int64_t rate_limit_period_ms;
    int64_t disable_after_ms; /* webhook: disabled after failing this long without a success */
    bool retry_4xx;
    /* pull: who may run the relaybus* commands on it, comma-separated user
@@ -243,6 +250,7 @@ typedef struct config {
    char *outbox_database;
    char *collection_prefix;
    bool completion_history;
+   int64_t attempt_history_ms;         /* <prefix>attempts' TTL window; 0: no attempt records */
    bool allow_client_writes;           /* client commands may write the outbox */
    char *outbox_readers;               /* [outbox] readers: "a,b,c"; "": none named */
    int64_t max_poisoned_transactions;  /* poison table capacity (restart to change) */

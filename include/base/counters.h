@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "base/assert.h"
+#include "base/outbox.h"
 
 /* ------------------------------------------------------------ labels */
 
@@ -121,6 +122,7 @@ typedef enum {
    L (LOGIN, "result", COUNTERS_LOGIN_COUNT)                \
    L (STATE, "reason", COUNTERS_STATE_COUNT)                \
    L (HANDLER, "handler", COUNTERS_MAX_HANDLERS)            \
+   L (HANDLER_OUTCOME, "handler", COUNTERS_MAX_HANDLERS * OUTBOX_ATTEMPT_OUTCOMES) \
    L (TYPE, "type", COUNTERS_MAX_EVENT_TYPES + 1)          \
    L (LOOP, "loop", COUNTERS_LOOPS_MAX)
 
@@ -316,6 +318,11 @@ typedef enum {
       "Deliveries that became dead letters, by handler.")                                                             \
    X (HANDLER_LATENCY, "relaybus_handler_latency_seconds", HISTOGRAM, HANDLER,                                         \
       "Time from a send's start (a webhook request, a broker publish) to its answer, by handler.")                                               \
+   X (ATTEMPT_DURATION, "relaybus_attempt_duration_seconds", HISTOGRAM, HANDLER_OUTCOME,                               \
+      "How long each delivery attempt this process ran took, from its start (a send, a pull claim) to its end, by "    \
+      "handler and outcome (succeeded, failed, timed_out, lease_lost, refused, released).")                           \
+   X (RATE_LIMITED, "relaybus_handler_rate_limited", GAUGE, HANDLER,                                                   \
+      "Deliveries this process claimed that wait for a token of their handler's rate_limit now.")                      \
    X (CLAIM_LATENCY, "relaybus_claim_latency_seconds", HISTOGRAM, NONE, "Duration of one claim call.")                \
    /* pull consumers */                                                                                                \
    X (CONSUMER_CLAIMED, "relaybus_consumer_claimed_total", COUNTER, HANDLER,                                           \
@@ -452,6 +459,10 @@ size_t counters_handler_slot (const char *name, bool add);
  * the handler: counts it and observes the handler's latency. */
 void counters_delivery (const char *handler, counter_id_t outcome, int64_t latency_ms);
 
+/* One attempt of a delivery of `handler` that this process ran ended as
+ * `outcome` after `ms`: observed in relaybus_attempt_duration_seconds. */
+void counters_attempt (const char *handler, outbox_attempt_outcome_t outcome, int64_t ms);
+
 /* An annotated event of `type` that no handler subscribes to: the first
  * COUNTERS_MAX_EVENT_TYPES distinct types get their own series, the rest
  * count under COUNTERS_EVENT_TYPE_OTHER.  Lock-free once the type has its
@@ -476,6 +487,10 @@ counters_get_at (counter_id_t id, size_t slot)
 
 /* The key of `label` ("reason", ...; NULL for NONE). */
 const char *counters_label_key (counters_label_t label);
+/* A second label of each sample of `label` (HANDLER_OUTCOME: "outcome"),
+ * with its value for the i-th sample; NULL when `label` has one. */
+const char *counters_label_key2 (counters_label_t label);
+const char *counters_label_value2 (counters_label_t label, size_t i);
 
 /* The i-th value of `label` to render now, counting i from 0 until it
  * returns NULL, with the slot that holds its sample.  *omit_if_zero is set

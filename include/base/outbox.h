@@ -47,6 +47,16 @@
 #define OUTBOX_F_STOPPED_AT          "stoppedAt"
 #define OUTBOX_F_DISABLED_AT         "disabledAt"
 #define OUTBOX_F_OPERATOR_WRITES     "operatorWrites"
+/* <prefix>attempts (docs/outbox-schema.md, "attempts") */
+#define OUTBOX_F_DELIVERY_ID         "deliveryId"
+#define OUTBOX_F_ATTEMPT             "attempt"
+#define OUTBOX_F_INSTANCE            "instance"
+#define OUTBOX_F_ENDED_AT            "endedAt"
+#define OUTBOX_F_DURATION_MS         "durationMs"
+#define OUTBOX_F_OUTCOME             "outcome"
+#define OUTBOX_F_STATUS_CODE         "status"
+#define OUTBOX_F_ERROR               "error"
+#define OUTBOX_F_RESPONSE            "response"
 
 typedef enum {
    OUTBOX_EVENTS,
@@ -56,8 +66,33 @@ typedef enum {
    OUTBOX_COMPLETED,
    OUTBOX_HANDLERS, /* the fleet's handler sets: one document per proxy instance */
    OUTBOX_HANDLER_STATES, /* disabled handlers: one document per disabled handler */
+   OUTBOX_ATTEMPTS,       /* every attempt of every delivery, with a TTL ([outbox] attempt_history) */
    OUTBOX_N_COLLECTIONS,
 } outbox_collection_t;
+
+/* How an attempt of a delivery ended: the `outcome` of its record in
+ * <prefix>attempts, and the outcome label of the attempt-duration
+ * histogram. */
+typedef enum {
+   OUTBOX_ATTEMPT_SUCCEEDED = 0, /* completed: a 2xx, the broker's confirmation, a consumer's relaybusComplete */
+   OUTBOX_ATTEMPT_FAILED,        /* an answer that is not a 2xx, a connection error, a consumer's retry or bury */
+   OUTBOX_ATTEMPT_TIMED_OUT,     /* no answer or confirmation within timeout_ms */
+   OUTBOX_ATTEMPT_LEASE_LOST,    /* its claim was lost: taken over, abandoned, or the consumer's connection closed */
+   OUTBOX_ATTEMPT_REFUSED,       /* the broker refused the message (a nack, unroutable, no stream, a broker error) */
+   OUTBOX_ATTEMPT_RELEASED,      /* given back uncharged (410 Gone, a stop, a consumer's relaybusRelease) */
+   OUTBOX_ATTEMPT_BURIED,        /* buried by an operator (POST /api/deliveries/bury) */
+   OUTBOX_ATTEMPT_OUTCOMES,
+} outbox_attempt_outcome_t;
+
+/* "succeeded", "failed", "timed_out", "lease_lost", "refused",
+ * "released", "buried"; NULL out of range. */
+const char *outbox_attempt_outcome_name (outbox_attempt_outcome_t o);
+/* The outcome named `name`; false when none is. */
+bool outbox_attempt_outcome_parse (const char *name, outbox_attempt_outcome_t *out);
+
+/* A webhook attempt's record keeps at most this many bytes of the
+ * answer's body (cut at a character). */
+#define OUTBOX_ATTEMPT_RESPONSE_MAX 512
 
 /* The suffix of a collection ("events", "deliveries", ...). */
 const char *outbox_collection_suffix (outbox_collection_t c);

@@ -1,8 +1,9 @@
 /*
  * dispatch/delivery.h - how long every kind of handler waits between
  * attempts: the retry schedule with full jitter (the dispatcher's, for
- * every dispatched kind, and the pull consumers'), and the one generator
- * of the jitter's random numbers.
+ * every dispatched kind, and the pull consumers'), the one generator
+ * of the jitter's random numbers, and the token bucket that paces a
+ * handler's starts ([handler] rate_limit).
  *
  * Pure functions: no I/O, no store, no loop.  Not here: what a delivery
  * looks like (dispatch/format.h), how a kind sends it
@@ -15,6 +16,7 @@
 #ifndef RELAYBUS_DELIVERY_H
 #define RELAYBUS_DELIVERY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,5 +37,30 @@ typedef struct {
 
 void delivery_rng_seed (delivery_rng_t *rng);
 uint64_t delivery_rng_next (delivery_rng_t *rng);
+
+/* A handler's rate_limit: a token bucket of `n` tokens refilled evenly,
+ * n per `period_ms`, so at most n starts a period on average and a burst
+ * of at most n after a quiet spell.  Kept in token-milliseconds (a token
+ * is period_ms of them), so the refill is exact integer arithmetic.  Time
+ * is the caller's monotonic clock (ms).  n 0: no limit (every start
+ * allowed). */
+typedef struct {
+   int64_t n, period_ms;
+   int64_t level; /* token-ms: level / period_ms tokens */
+   int64_t at;    /* when level was last brought up to date */
+} delivery_rate_t;
+
+/* An empty bucket (a proxy that starts, or a handler a reload added,
+ * sends nothing in a burst). */
+void delivery_rate_init (delivery_rate_t *r, int64_t n, int64_t period_ms, int64_t now);
+/* A reload's new rate for a kept handler: the tokens it has stay, up to
+ * the new n. */
+void delivery_rate_set (delivery_rate_t *r, int64_t n, int64_t period_ms, int64_t now);
+/* Takes a token if one is there: true, the start may go. */
+bool delivery_rate_take (delivery_rate_t *r, int64_t now);
+/* Milliseconds until a token is there (0: now). */
+int64_t delivery_rate_wait_ms (delivery_rate_t *r, int64_t now);
+/* Whole tokens there now and coming within `horizon_ms`. */
+int64_t delivery_rate_room (delivery_rate_t *r, int64_t now, int64_t horizon_ms);
 
 #endif /* RELAYBUS_DELIVERY_H */

@@ -65,12 +65,35 @@ typedef enum {
 
 const char *transport_outcome_name (transport_outcome_t o);
 
+/* What kind of failure a send that did not succeed was, for its attempt's
+ * record (outbox_attempt_outcome_t): NONE is a plain failure (an answer
+ * that is not a 2xx, no connection). */
+typedef enum {
+   TRANSPORT_FAULT_NONE = 0,
+   TRANSPORT_FAULT_TIMEOUT, /* no answer, PubAck, confirm or delivery report within timeout_ms */
+   TRANSPORT_FAULT_REFUSED, /* the broker refused the message: a nack, unroutable, no stream, a broker's error */
+} transport_fault_t;
+
+/* The bytes of a webhook's answer a result keeps: twice what an attempt's
+ * record shows, so that a secret the answer quotes across the record's
+ * cut is still found whole when it is masked (store/attempts.c). */
+#define TRANSPORT_RESPONSE_MAX (2 * OUTBOX_ATTEMPT_RESPONSE_MAX)
+
 typedef struct {
    transport_outcome_t outcome;
    int64_t retry_after_ms;          /* RETRY: the delay asked for; -1: the handler's backoff */
    int http_status;                 /* a webhook's answer; 0: none (no answer, or another kind) */
+   transport_fault_t fault;         /* not OK: a timeout, a broker's refusal, or neither */
    char error[TRANSPORT_ERROR_MAX]; /* lastError when not OK */
+   /* A webhook's answer: the start of its body, valid UTF-8 (unmasked: the
+    * attempt's record masks it); "" without one. */
+   char response[TRANSPORT_RESPONSE_MAX + 1];
 } transport_result_t;
+
+/* The outcome of the attempt whose send reported `res`, for its record:
+ * succeeded, released (a 410: given back uncharged), timed_out, refused,
+ * or failed. */
+outbox_attempt_outcome_t transport_attempt_outcome (const transport_result_t *res);
 
 typedef void (*transport_done_cb_t) (const transport_result_t *result, void *arg);
 

@@ -165,11 +165,17 @@ bool webhook_tls_files_valid (const char *ca_file, const char *cert_file, const 
 typedef struct webhook webhook_t;
 typedef struct webhook_req webhook_req_t;
 
+/* Bytes of an answer's body a result keeps (the attempt's record;
+ * transport.h's TRANSPORT_RESPONSE_MAX). */
+#define WEBHOOK_RESPONSE_MAX 1024
+
 typedef struct {
    webhook_outcome_t outcome;
    int status;                /* 0: no answer */
    int64_t retry_after_ms;    /* -1: none given */
+   bool timed_out;            /* no complete answer within timeout_ms */
    char error[WEBHOOK_ERROR_MAX]; /* for lastError when not complete */
+   char response[WEBHOOK_RESPONSE_MAX + 1]; /* the start of the answer's body, valid UTF-8; "": none */
 } webhook_result_t;
 
 typedef void (*webhook_done_cb_t) (const webhook_result_t *result, void *arg);

@@ -52,8 +52,9 @@ typedef enum {
    PULLTXN_ERROR_BAD_LEASE,       /* a lease the store cannot have issued */
 } pulltxn_error_t;
 
-/* The most commands of one round (WRITE: delete, events, history). */
-#define PULLTXN_MAX_ROUND_COMMANDS 3
+/* The most commands of one round (WRITE: delete, events, history,
+ * attempt records). */
+#define PULLTXN_MAX_ROUND_COMMANDS 4
 
 typedef enum {
    PULLTXN_PHASE_FENCE = 0,
@@ -71,6 +72,13 @@ typedef struct pulltxn pulltxn_t;
  * a transaction statement or a lease does not parse. */
 pulltxn_t *pulltxn_new (const pull_req_t *r, const bson_t *cmd, config_t *cfg, int64_t now_ms, bson_error_t *error)
    __attribute__ ((warn_unused_result));
+
+/* What the consumer thread answered when it checked the leases (its
+ * `claimedAt`, one date per lease, and `instance`): the attempts'
+ * records the WRITE round inserts, with [outbox] attempt_history, start
+ * when each lease was handed out and name that instance.  Without it (or
+ * with fewer dates) a record has no start.  Call before the WRITE round. */
+void pulltxn_set_claims (pulltxn_t *t, const bson_t *checked);
 
 /* Plans the next round; returns its number of commands (0: finished or
  * failed).  Call only after every reply of the round before was given. */

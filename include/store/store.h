@@ -66,6 +66,10 @@ typedef struct {
    const char *owner;       /* lease owner, unique per process instance */
    int32_t purge_batch_size; /* 0: 500 */
    config_shard_t shard;      /* [outbox] shard_collections: store_setup on a mongos */
+   /* [outbox] attempt_history (ms): the settling calls write a record of
+    * each attempt they end into <prefix>attempts, which store_setup makes
+    * with a TTL index of this window; 0: no records. */
+   int64_t attempt_history_ms;
 } store_opts_t;
 
 /* A new store instance on `pool` (borrowed: the caller keeps it alive
@@ -99,6 +103,22 @@ void store_set_max_time_ms (store_t *store, int32_t ms);
 bool store_retry_deferred (store_t *store, size_t *left, bson_error_t *error) __attribute__ ((warn_unused_result));
 /* How many events' completion times are deferred now. */
 size_t store_deferred_count (store_t *store);
+/* With attempt history, and once this is set (the dispatcher's
+ * instances; instances made by store_spaces_of follow their base), a
+ * completion outside a transaction whose every delivery gets its attempt
+ * record does not write its events' completion times at once: each
+ * record holds its time, so the events of the completions of one second
+ * are written together, with $max and the second's end, once that second
+ * is over (one update instead of one per completion; the purge reads the
+ * records for an event whose time a crash left unwritten).  They wait on
+ * the deferred list; the caller writes what is due (store_completion_
+ * times_due, store_retry_deferred) at its next completion or poll, and
+ * all of them before it stops.  Set before the instance is
+ * shared. */
+void store_set_completion_times_by_second (store_t *store, bool on);
+/* Whether completion times wait that are due at `now` (of a second that
+ * has ended, or the list half full). */
+bool store_completion_times_due (store_t *store, int64_t now);
 
 /* The lane space the instance claims in (base/outbox.h): the dispatch
  * space unless set.  The claimers keep an instance per handler space
@@ -117,7 +137,7 @@ void store_set_lane_space (store_t *store, uint32_t space);
  * (a caller may hold the pointers until then), before `base`'s pool
  * goes. */
 typedef struct {
-   const store_t *base; /* borrowed */
+   store_t *base; /* borrowed */
    store_t **v;
    size_t n;
 } store_spaces_t;
@@ -126,6 +146,10 @@ typedef struct {
 store_t *store_spaces_of (store_spaces_t *spaces, const char *handler);
 /* Destroys every instance (not `base`). */
 void store_spaces_clear (store_spaces_t *spaces);
+/* store_retry_deferred for every instance of `spaces`, and its base, that
+ * has completion times due at `now` (store_completion_times_due; all of
+ * them when `all`: a stop); failures are logged. */
+void store_spaces_write_completion_times (store_spaces_t *spaces, int64_t now, bool all);
 /* The handler a handler space's instance was made for (the name in its
  * lane documents and in log lines); "" for any other instance. */
 const char *store_space_handler (const store_t *store);
@@ -208,13 +232,35 @@ size_t store_lanes_held (store_t *store, int64_t now);
 
 /* ----------------------------------------------------- settling a claim */
 
+/* The attempt a settling call ends, for its record in <prefix>attempts
+ * (docs/outbox-schema.md, "attempts"): written in the same command batch
+ * as the settling (in its transaction when it has one), only by an
+ * instance with attempt history, and only for a lease that still holds
+ * (a completion outside a transaction: for each delivery it was asked to
+ * complete, see store_complete_many).  Strings are borrowed. */
+typedef struct {
+   /* The record's _id: one per attempt, so a settling call tried again
+    * (a completion that failed, kept and retried) writes it once. */
+   bson_oid_t id;
+   const char *handler;
+   outbox_attempt_outcome_t outcome;
+   int32_t attempt;      /* its number: attempts that ended before it + 1 */
+   int64_t started_at;   /* ms since the epoch; 0: unknown */
+   int64_t duration_ms;  /* < 0: unknown */
+   int32_t status;       /* a webhook's HTTP status; 0: none */
+   const char *error;    /* the failure (NULL: none); masked as lastError when written */
+   const char *response; /* a webhook's answer, UTF-8, at most OUTBOX_ATTEMPT_RESPONSE_MAX bytes (NULL: none); masked */
+} store_attempt_t;
+
 /* A claimed delivery as the settling calls see it: its id and lease, and
  * optionally the id of its event (as claimed), which lets a completion
- * skip reading the delivery. */
+ * skip reading the delivery, and the attempt the call ends (NULL: no
+ * record). */
 typedef struct {
    bson_oid_t id;
    const char *lease;
    const char *event_id;
+   const store_attempt_t *attempt;
 } store_ref_t;
 
 /* Completes the deliveries; done[i] tells whether ref i is proven

@@ -88,6 +88,16 @@ struct store {
    char *owner;
    char names[OUTBOX_N_COLLECTIONS][OUTBOX_NAME_MAX];
    bool completion_history;
+   /* [outbox] attempt_history, in whole seconds (the TTL index's
+    * expireAfterSeconds); 0: the settling calls write no attempt records. */
+   int64_t attempt_history_s;
+   /* store_set_completion_times_by_second: a second's completions write
+    * their events' completion times together, on this instance's
+    * deferred list, or on its base's (`times_to`, borrowed: a space's
+    * instance of store_spaces_of), so the completions of every handler
+    * space of a second make one update. */
+   bool times_by_second;
+   store_t *times_to;
    config_shard_t shard; /* [outbox] shard_collections */
    int32_t purge_batch;
    /* maxTimeMS of every write this instance makes outside a transaction
@@ -184,8 +194,10 @@ bool store_bounded_write (store_t *store,
                           int64_t *n,
                           bson_error_t *error) __attribute__ ((warn_unused_result));
 /* Puts the events of ids[0..n) on the deferred list with completion time
- * `at` (see store_retry_deferred). */
-void store_defer_events (store_t *store, const char *const *ids, size_t n, int64_t at);
+ * `at` (see store_retry_deferred); `held`: because an open transaction
+ * held them (counted in relaybus_store_deferred_completion_times_total),
+ * not a second's completions written together (store_completion_times_due). */
+void store_defer_events (store_t *store, const char *const *ids, size_t n, int64_t at, bool held);
 
 /* Sets a STORE_ERROR with a message. */
 void store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, ...)
@@ -293,5 +305,38 @@ typedef bool (*store_txn_cb_t) (store_txn_t *txn, void *ctx, bson_error_t *error
 bool store_with_txn (store_t *store, mongoc_client_t *client, store_txn_cb_t cb, void *ctx, bson_error_t *error);
 /* Options {"session": ...} for a command in a transaction (or empty). */
 void store_session_opts (mongoc_client_session_t *session, bson_t *opts);
+
+/* ------------------------------------------------- attempt records */
+
+/* Whether this instance writes attempt records ([outbox] attempt_history). */
+bool store_attempts_on (const store_t *store);
+
+/* The records of attempts to write with one settling call (store/
+ * attempts.c): each a new document, inserted with one command. */
+typedef struct {
+   bson_t **v;
+   size_t n, cap;
+} store_attempt_docs_t;
+
+/* Adds the record of attempt `a` of delivery `delivery` (of event
+ * `event_id`; NULL: unknown) ending at `now`, by this instance: its error
+ * and response masked (config_mask) and made UTF-8. */
+void store_attempt_docs_add (store_t *store,
+                             store_attempt_docs_t *docs,
+                             const bson_oid_t *delivery,
+                             const char *event_id,
+                             const store_attempt_t *a,
+                             int64_t now);
+void store_attempt_docs_free (store_attempt_docs_t *docs);
+/* Inserts the records with one insert on `coll` (<prefix>attempts) with
+ * `opts` (a transaction's {"session"}; NULL outside one).  Outside a
+ * transaction the insert is unordered and a record that is there already
+ * (the same _id: a settling call tried again) is not an error.  Nothing is
+ * sent for none. */
+bool store_attempt_docs_insert (store_t *store,
+                                mongoc_collection_t *coll,
+                                const store_attempt_docs_t *docs,
+                                const bson_t *opts,
+                                bson_error_t *error);
 
 #endif /* RELAYBUS_STORE_PRIVATE_H */

@@ -340,6 +340,12 @@ static const route_t routes[] = {
    {"/api/lanes", EVHTTP_REQ_GET, true, admin_api_lanes},
    {"/api/clients", EVHTTP_REQ_GET, true, admin_api_clients},
    {"/api/config", EVHTTP_REQ_GET, true, admin_api_config},
+   /* What happened to a delivery and to an event.  "/api/deliveries/ID/
+    * attempts" and "/api/events/ID" stand for every such path:
+    * admin_history_route matches them. */
+   {"/api/deliveries/ID/attempts", EVHTTP_REQ_GET, true, admin_api_delivery_attempts},
+   {"/api/events/ID", EVHTTP_REQ_GET, true, admin_api_event},
+   {"/api/attempts", EVHTTP_REQ_GET, true, admin_api_attempts},
    /* The operator's commands (admin/operator.c).  "/api/clients/ID/close"
     * stands for every such path: admin_operator_route matches them. */
    {"/api/pause", EVHTTP_REQ_POST, true, admin_api_pause},
@@ -396,6 +402,8 @@ admin_request_cb (struct evhttp_request *req, void *arg)
       path = "/api/clients/ID/close";
    else if (admin_handler_route (path))
       path = admin_handler_route (path);
+   else if (admin_history_route (path))
+      path = admin_history_route (path);
    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
       if (!strcmp (routes[i].path, path)) {
          path_known = true;

@@ -84,15 +84,28 @@ scalar (bson_string_t *out, const char *name, const char *type, const char *help
 /* One histogram sample: cumulative buckets, sum and count, each with the
  * sample's label (if any) before le. */
 static void
-render_histogram (bson_string_t *out, const char *name, const char *label, const char *value, const counters_histogram_t *h)
+render_histogram2 (bson_string_t *out,
+                   const char *name,
+                   const char *label,
+                   const char *value,
+                   const char *label2,
+                   const char *value2,
+                   const counters_histogram_t *h)
 {
    uint64_t cum = 0;
-   char lv[600] = ""; /* label="value", (a name of at most 127 bytes, escaped) */
+   char lv[700] = ""; /* label="value", (a name of at most 127 bytes, escaped), and the second pair */
 
    if (label) {
       bson_string_t *tmp = bson_string_new (NULL);
+      bson_string_append_printf (tmp, "%s=\"", label);
       append_label_value (tmp, value);
-      bson_snprintf (lv, sizeof lv, "%s=\"%s\",", label, tmp->str);
+      bson_string_append (tmp, "\",");
+      if (label2) {
+         bson_string_append_printf (tmp, "%s=\"", label2);
+         append_label_value (tmp, value2);
+         bson_string_append (tmp, "\",");
+      }
+      bson_snprintf (lv, sizeof lv, "%s", tmp->str);
       bson_string_free (tmp, true);
    }
    for (size_t b = 0; b <= COUNTERS_N_BUCKETS; b++) {
@@ -111,6 +124,12 @@ render_histogram (bson_string_t *out, const char *name, const char *label, const
       bson_string_append_printf (out, "%s_sum %.3f\n", name, (double) h->sum_ms / 1000.0);
       bson_string_append_printf (out, "%s_count %" PRIu64 "\n", name, cum);
    }
+}
+
+static void
+render_histogram (bson_string_t *out, const char *name, const char *label, const char *value, const counters_histogram_t *h)
+{
+   render_histogram2 (out, name, label, value, NULL, NULL, h);
 }
 
 /* A LOOP_HISTOGRAM: every loop's sample merged, without a label. */
@@ -163,7 +182,8 @@ render_def (bson_string_t *out, const counters_def_t *d)
          counters_histogram_t h;
 
          counters_histogram (d->id, slot, &h);
-         render_histogram (out, d->name, key, value, &h);
+         if (!omit_if_zero || h.count > 0)
+            render_histogram2 (out, d->name, key, value, counters_label_key2 (d->label), counters_label_value2 (d->label, i), &h);
       } else {
          uint64_t v = counters_get_at (d->id, slot);
 

@@ -166,6 +166,8 @@ static const config_key_t config_key_table[] = {
       "Prefix of the outbox collection names."),
    O ("completion_history", B, "false", 0, 0, false, completion_history,
       "Keep a record of completed deliveries (same value in every proxy instance)."),
+   O ("attempt_history", DU, "7d", 0, 3650 * MS_DAY, false, attempt_history_ms,
+      "How long every delivery attempt is kept on record (<prefix>attempts, a TTL index); 0 keeps none."),
    O ("shard_collections", S, "auto", 0, 0, false, shard_collections,
       "On a sharded cluster: auto (shard the outbox collections when the upstream is a mongos), on (the same, and a warning "
       "when it is not one) or off (they stay unsharded, on the database's primary shard)."),
@@ -258,6 +260,8 @@ static const config_key_t config_key_table[] = {
    H ("timeout_ms", I, "10000", 100, 600000, timeout_ms,
       "webhook: time allowed for the whole request, connect to last byte; nats: time allowed for the PubAck; kafka: librdkafka's message.timeout.ms (queued, sent and acknowledged); then it is retried."),
    H ("concurrency", I, "8", 1, 1024, concurrency, "Deliveries of this handler run at once."),
+   H ("rate_limit", S, "", 0, 0, rate_limit,
+      "webhook and brokers: at most N deliveries started a second (N/s) or a minute (N/min) by this proxy, bursts up to N; empty: no limit."),
    H ("disable_after", DU, "5d", 1000, 3650 * MS_DAY, disable_after_ms,
       "webhook: a handler whose every delivery failed for this long is disabled (its deliveries wait as pending until POST /api/handlers/NAME/enable), as is one answered 410 Gone."),
    H ("retry_4xx", B, "true", 0, 0, retry_4xx,
@@ -428,6 +432,11 @@ config_parse_duration (const char *v, int64_t *out, char *why, size_t why_len)
    }
    if (p == v)
       goto bad;
+   if (*p == '\0' && n == 0) {
+      /* Zero needs no unit: "0" turns a window off. */
+      *out = 0;
+      return true;
+   }
    for (size_t i = 0; i < sizeof duration_units / sizeof duration_units[0]; i++) {
       if (strcmp (p, duration_units[i].unit) != 0)
          continue;
@@ -1154,6 +1163,11 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
    if (*cfg->collection_prefix && !config_valid_name (cfg->collection_prefix, 64, "_-.")) {
       config_error (error, origin, 0,
                     "[outbox] collection_prefix: up to 64 letters, digits, '_', '-' and '.'");
+      return false;
+   }
+   if (cfg->attempt_history_ms > 0 && cfg->attempt_history_ms < 1000) {
+      /* The TTL index counts whole seconds. */
+      config_error (error, origin, 0, "[outbox] attempt_history: at least 1s, or 0 to keep no attempt records");
       return false;
    }
    for (size_t i = 0; i < cfg->n_handlers; i++) {

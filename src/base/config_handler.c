@@ -442,6 +442,36 @@ secrets_sized (const config_handler_t *h, const char *origin, bson_error_t *erro
    }
 }
 
+/* rate_limit: "" (no limit), or "N/s" or "N/min" with N from 1 to
+ * CONFIG_RATE_LIMIT_MAX: N starts per second or per minute. */
+static bool
+config_split_rate_limit (config_handler_t *h, const char *origin, bson_error_t *error)
+{
+   const char *p = h->rate_limit;
+   int64_t n = 0;
+
+   h->rate_limit_n = 0;
+   h->rate_limit_period_ms = 0;
+   if (!*p)
+      return true;
+   while (*p >= '0' && *p <= '9' && n <= CONFIG_RATE_LIMIT_MAX)
+      n = n * 10 + (*p++ - '0');
+   if (p == h->rate_limit || n < 1 || n > CONFIG_RATE_LIMIT_MAX || (strcmp (p, "/s") != 0 && strcmp (p, "/min") != 0)) {
+      config_error (error, origin, 0,
+                    "[handler %s] rate_limit: '%.64s' is not N/s or N/min with N from 1 to %d (such as 20/s or 600/min)",
+                    h->name, h->rate_limit, CONFIG_RATE_LIMIT_MAX);
+      return false;
+   }
+   if (h->kind_id == HANDLER_KIND_PULL) {
+      /* Consumers claim at their own pace: the proxy starts nothing. */
+      config_error (error, origin, 0, "[handler %s] rate_limit: for kind = webhook, kafka, rabbitmq or nats", h->name);
+      return false;
+   }
+   h->rate_limit_n = n;
+   h->rate_limit_period_ms = strcmp (p, "/s") == 0 ? 1000 : 60000;
+   return true;
+}
+
 bool
 config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *error)
 {
@@ -525,7 +555,7 @@ config_validate_handler (config_handler_t *h, const char *origin, bson_error_t *
    }
    if (*h->secret && !secrets_sized (h, origin, error))
       return false;
-   if (!config_split_retry_schedule (h, origin, error))
+   if (!config_split_retry_schedule (h, origin, error) || !config_split_rate_limit (h, origin, error))
       return false;
    return config_split_patterns (h, origin, error);
 }

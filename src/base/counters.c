@@ -273,6 +273,16 @@ counters_delivery (const char *handler, counter_id_t outcome, int64_t latency_ms
 }
 
 void
+counters_attempt (const char *handler, outbox_attempt_outcome_t outcome, int64_t ms)
+{
+   size_t slot = counters_handler_slot (handler, true);
+
+   if (slot == SIZE_MAX || (unsigned) outcome >= OUTBOX_ATTEMPT_OUTCOMES)
+      return;
+   counters_observe (COUNTER_ATTEMPT_DURATION, slot * OUTBOX_ATTEMPT_OUTCOMES + (size_t) outcome, ms);
+}
+
+void
 counters_unrouted (const char *type)
 {
    size_t slot = COUNTERS_MAX_EVENT_TYPES; /* COUNTERS_EVENT_TYPE_OTHER */
@@ -292,6 +302,19 @@ const char *
 counters_label_key (counters_label_t label)
 {
    return (unsigned) label < COUNTERS_LABEL_COUNT ? label_keys[label] : NULL;
+}
+
+const char *
+counters_label_key2 (counters_label_t label)
+{
+   return label == COUNTERS_LABEL_HANDLER_OUTCOME ? "outcome" : NULL;
+}
+
+const char *
+counters_label_value2 (counters_label_t label, size_t i)
+{
+   return label == COUNTERS_LABEL_HANDLER_OUTCOME ? outbox_attempt_outcome_name ((outbox_attempt_outcome_t) (i % OUTBOX_ATTEMPT_OUTCOMES))
+                                                  : NULL;
 }
 
 const char *
@@ -323,6 +346,12 @@ counters_label_value (counters_label_t label, size_t i, size_t *slot, bool *omit
    case COUNTERS_LABEL_HANDLER:
       n = atomic_load_explicit (&handlers.n, memory_order_acquire);
       return i < n ? handlers.names[i] : NULL;
+   case COUNTERS_LABEL_HANDLER_OUTCOME:
+      /* Each handler's outcomes in turn; only the samples that have
+       * observations are rendered. */
+      n = atomic_load_explicit (&handlers.n, memory_order_acquire);
+      *omit_if_zero = true;
+      return i / OUTBOX_ATTEMPT_OUTCOMES < n ? handlers.names[i / OUTBOX_ATTEMPT_OUTCOMES] : NULL;
    case COUNTERS_LABEL_TYPE:
       n = atomic_load_explicit (&event_types.n, memory_order_acquire);
       if (i < n)

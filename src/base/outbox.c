@@ -62,7 +62,35 @@ static const char *const outbox_suffixes[OUTBOX_N_COLLECTIONS] = {
    [OUTBOX_COMPLETED] = "completed_deliveries",
    [OUTBOX_HANDLERS] = "handlers",
    [OUTBOX_HANDLER_STATES] = "handler_states",
+   [OUTBOX_ATTEMPTS] = "attempts",
 };
+
+static const char *const attempt_outcomes[OUTBOX_ATTEMPT_OUTCOMES] = {
+   [OUTBOX_ATTEMPT_SUCCEEDED] = "succeeded",
+   [OUTBOX_ATTEMPT_FAILED] = "failed",
+   [OUTBOX_ATTEMPT_TIMED_OUT] = "timed_out",
+   [OUTBOX_ATTEMPT_LEASE_LOST] = "lease_lost",
+   [OUTBOX_ATTEMPT_REFUSED] = "refused",
+   [OUTBOX_ATTEMPT_RELEASED] = "released",
+   [OUTBOX_ATTEMPT_BURIED] = "buried",
+};
+
+const char *
+outbox_attempt_outcome_name (outbox_attempt_outcome_t o)
+{
+   return (unsigned) o < OUTBOX_ATTEMPT_OUTCOMES ? attempt_outcomes[o] : NULL;
+}
+
+bool
+outbox_attempt_outcome_parse (const char *name, outbox_attempt_outcome_t *out)
+{
+   for (int i = 0; name && i < OUTBOX_ATTEMPT_OUTCOMES; i++)
+      if (strcmp (name, attempt_outcomes[i]) == 0) {
+         *out = (outbox_attempt_outcome_t) i;
+         return true;
+      }
+   return false;
+}
 
 const char *
 outbox_collection_suffix (outbox_collection_t c)

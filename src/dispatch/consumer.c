@@ -104,6 +104,7 @@ typedef struct {
    char *event_id;
    uint32_t lane;
    int32_t attempt;
+   int64_t claimed_at; /* ms: when it was handed out (its attempt's start) */
    int64_t expires; /* ms: the lease's end as claimed or last extended */
    size_t slot;     /* the handler's counters slot (SIZE_MAX: none) */
    /* The connection closed and the charge of this claim failed (an open
@@ -480,6 +481,24 @@ ref_of (const held_t *h)
    return ref;
 }
 
+/* The record of claim h's attempt, ending now as `outcome` (error:
+ * borrowed), and its duration in relaybus_attempt_duration_seconds. */
+static store_attempt_t
+attempt_of (const held_t *h, outbox_attempt_outcome_t outcome, const char *error, int64_t now)
+{
+   store_attempt_t a = {
+      .handler = h->handler, .outcome = outcome, .attempt = h->attempt, .started_at = h->claimed_at, .duration_ms = now - h->claimed_at, .error = error};
+
+   bson_oid_init (&a.id, NULL);
+   return a;
+}
+
+static void
+attempt_observe (const held_t *h, outbox_attempt_outcome_t outcome, int64_t now)
+{
+   counters_attempt (h->handler, outcome, now - h->claimed_at);
+}
+
 /* The store instance that claims (and settles) `handler`'s deliveries. */
 static store_t *
 store_of (consumer_t *c, const char *handler)
@@ -539,7 +558,9 @@ charge (consumer_t *c, const held_t *h, int64_t delay_ms, const char *why, bool 
 {
    store_ref_t ref = ref_of (h);
    int64_t now = clock_now_ms (), max_attempts, backoff;
+   store_attempt_t a = attempt_of (h, OUTBOX_ATTEMPT_FAILED, why, now);
 
+   ref.attempt = &a;
    handler_policy (c, h->handler, h->attempt, &max_attempts, &backoff);
    *dead = h->attempt >= max_attempts;
    if (*dead) {
@@ -728,6 +749,7 @@ run_claim (consumer_t *c, pull_req_t *r, bool may_wait)
       hd->event_id = bson_strdup (d->event_id ? d->event_id : "");
       hd->lane = outbox_lane_id (d->key, d->event_id);
       hd->attempt = d->attempt;
+      hd->claimed_at = now;
       hd->expires = now + r->lease_ms;
       hd->slot = slot;
       append_delivery (&arr, n++, d, hd->lease.text, shaped ? &fo : NULL);
@@ -820,9 +842,11 @@ run_complete (consumer_t *c, pull_req_t *r)
    held_t **found = bson_malloc0 (r->n_leases * sizeof *found);
    store_ref_t *refs = bson_malloc0 (r->n_leases * sizeof *refs);
    bool *done = bson_malloc0 (r->n_leases * sizeof *done);
+   store_attempt_t *atts = NULL;
    bson_t doc = BSON_INITIALIZER;
    uint32_t ny;
    size_t slot;
+   int64_t now;
    bson_error_t err;
 
    if (!leases_held (c, r, found))
@@ -830,14 +854,30 @@ run_complete (consumer_t *c, pull_req_t *r)
    if (r->in_txn) {
       /* In the consumer's transaction: the loop writes the completion
        * there; the claims stay held until the commit is known
-       * (run_settled). */
+       * (run_settled).  When each was handed out, and by whom, go with
+       * the answer, for the attempts' records the loop writes. */
+      bson_t arr;
       BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
+      BSON_APPEND_ARRAY_BEGIN (&doc, "claimedAt", &arr);
+      for (size_t i = 0; i < r->n_leases; i++) {
+         char buf[16];
+         const char *key;
+         bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
+         BSON_APPEND_DATE_TIME (&arr, key, found[i]->claimed_at);
+      }
+      bson_append_array_end (&doc, &arr);
+      BSON_APPEND_UTF8 (&doc, "instance", worker_owner (c->w));
       answer (r, &doc);
       goto done;
    }
-   for (size_t i = 0; i < r->n_leases; i++)
+   now = clock_now_ms ();
+   atts = bson_malloc0 (r->n_leases * sizeof *atts);
+   for (size_t i = 0; i < r->n_leases; i++) {
       refs[i] = ref_of (found[i]);
-   if (!store_complete_many (store_of (c, r->handler), refs, r->n_leases, clock_now_ms (), done, &err)) {
+      atts[i] = attempt_of (found[i], OUTBOX_ATTEMPT_SUCCEEDED, NULL, now);
+      refs[i].attempt = &atts[i];
+   }
+   if (!store_complete_many (store_of (c, r->handler), refs, r->n_leases, now, done, &err)) {
       /* The leases stay held: the consumer may complete them again. */
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: relaybusComplete: the store failed: %s", err.message);
       goto done;
@@ -846,12 +886,16 @@ run_complete (consumer_t *c, pull_req_t *r)
    slot = counters_handler_slot (r->handler, true);
    if (slot != SIZE_MAX)
       counters_add_at (COUNTER_CONSUMER_COMPLETED, slot, ny);
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (done[i])
+         attempt_observe (found[i], OUTBOX_ATTEMPT_SUCCEEDED, now);
    forget (c, r);
    answer (r, &doc);
 done:
    bson_destroy (&doc);
    bson_free (found);
    bson_free (refs);
+   bson_free (atts);
    bson_free (done);
 }
 
@@ -871,11 +915,16 @@ run_fail (consumer_t *c, pull_req_t *r)
       goto done;
    if (r->op == PULL_BURY) {
       store_ref_t ref = ref_of (found[0]);
+      int64_t now = clock_now_ms ();
+      store_attempt_t a = attempt_of (found[0], OUTBOX_ATTEMPT_FAILED, why, now);
+      ref.attempt = &a;
       dead = true;
-      ok = store_bury (store_of (c, r->handler), &ref, clock_now_ms (), why, &applied, &err);
+      ok = store_bury (store_of (c, r->handler), &ref, now, why, &applied, &err);
    } else {
       ok = charge (c, found[0], r->delay_ms, why, &dead, &applied, &due_at, &err);
    }
+   if (ok && applied)
+      attempt_observe (found[0], OUTBOX_ATTEMPT_FAILED, clock_now_ms ());
    if (!ok) {
       answer_error (r, PULL_CODE_INTERNAL, "relaybus: %s: the store failed: %s", pull_op_name (r->op), err.message);
       goto done;
@@ -959,6 +1008,7 @@ run_release (consumer_t *c, pull_req_t *r)
    held_t **found = bson_malloc0 (r->n_leases * sizeof *found);
    bool *applied = bson_malloc0 (r->n_leases * sizeof *applied);
    store_ref_t *refs = NULL;
+   store_attempt_t *atts = NULL;
    int64_t now = clock_now_ms ();
    bson_t doc = BSON_INITIALIZER;
    bson_error_t err;
@@ -966,8 +1016,12 @@ run_release (consumer_t *c, pull_req_t *r)
    if (!leases_held (c, r, found))
       goto done;
    refs = bson_malloc0 (r->n_leases * sizeof *refs);
-   for (size_t i = 0; i < r->n_leases; i++)
+   atts = bson_malloc0 (r->n_leases * sizeof *atts);
+   for (size_t i = 0; i < r->n_leases; i++) {
       refs[i] = ref_of (found[i]);
+      atts[i] = attempt_of (found[i], OUTBOX_ATTEMPT_RELEASED, NULL, now);
+      refs[i].attempt = &atts[i];
+   }
    /* All of them in one transaction (store_settle_many), not one each. */
    if (!store_settle_many (store_of (c, r->handler), STORE_MANY_RELEASE, refs, r->n_leases, now, 0, NULL, applied, &err)) {
       /* Nothing was released: the leases stay held. */
@@ -976,6 +1030,9 @@ run_release (consumer_t *c, pull_req_t *r)
       goto done;
    }
    append_settled (&doc, r, applied, "released", "notReleased");
+   for (size_t i = 0; i < r->n_leases; i++)
+      if (applied[i])
+         attempt_observe (found[i], OUTBOX_ATTEMPT_RELEASED, now);
    forget (c, r);
    answer (r, &doc);
 done:
@@ -983,6 +1040,7 @@ done:
    bson_free (found);
    bson_free (applied);
    bson_free (refs);
+   bson_free (atts);
 }
 
 static void
@@ -1075,6 +1133,7 @@ run_settled (consumer_t *c, pull_req_t *r)
       if (!h || strcmp (h->handler, r->handler) != 0)
          continue;
       ids[n++] = h->lease.id;
+      attempt_observe (h, OUTBOX_ATTEMPT_SUCCEEDED, clock_now_ms ());
       held_remove (c, h);
    }
    store_settled_elsewhere (store_of (c, r->handler), ids, n);
@@ -1092,6 +1151,10 @@ run_settled (consumer_t *c, pull_req_t *r)
  * again at once, not after the dead transaction's lifetime.  Only on the
  * first charge of a close: the owed ones are retried as one run (they wait
  * on dead transactions, all of them). */
+/* The lastError and the attempt's error of a claim a closed connection
+ * held. */
+static const char *const closed_why = "the consumer's connection closed with the delivery claimed";
+
 static void
 charge_run (consumer_t *c,
             uint64_t conn,
@@ -1104,7 +1167,7 @@ charge_run (consumer_t *c,
             bool *applied,
             bool *ok)
 {
-   static const char *const why = "the consumer's connection closed with the delivery claimed";
+   const char *const why = closed_why;
    const char *what = kind == STORE_MANY_BURY ? "burying" : "charging";
    int64_t due_at = kind == STORE_MANY_BURY ? 0 : now;
    size_t failed = 0;
@@ -1149,6 +1212,7 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
    size_t n = 0, n_dead = 0, n_due = 0;
    held_t **mine;
    store_ref_t *refs;
+   store_attempt_t *atts;
    bool *applied, *is_dead, *ok;
    int64_t now = clock_now_ms ();
    const char *handler = NULL;
@@ -1169,6 +1233,7 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
       n = CONSUMER_CLOSE_SLICE;
    mine = bson_malloc0 (n * sizeof *mine);
    refs = bson_malloc0 (n * sizeof *refs);
+   atts = bson_malloc0 (n * sizeof *atts);
    applied = bson_malloc0 (n * sizeof *applied);
    is_dead = bson_malloc0 (n * sizeof *is_dead);
    /* The slice: the first n claims of the connection, in two runs of
@@ -1193,6 +1258,8 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
          mine[at] = found[i];
          is_dead[at] = last[i];
          refs[at] = ref_of (found[i]);
+         atts[at] = attempt_of (found[i], OUTBOX_ATTEMPT_LEASE_LOST, closed_why, now);
+         refs[at].attempt = &atts[at];
       }
       bson_free (found);
       bson_free (last);
@@ -1219,6 +1286,8 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
          (*charged)++;
       if (applied[i] && mine[i]->slot != SIZE_MAX)
          counters_add_at (COUNTER_CONSUMER_CLOSED_CHARGED, mine[i]->slot, 1);
+      if (applied[i])
+         attempt_observe (mine[i], OUTBOX_ATTEMPT_LEASE_LOST, now);
       mine[i]->conn = CONSUMER_CONN_CHARGED;
    }
    /* Forgotten last (refs[] points into the entries, and held_remove
@@ -1230,6 +1299,7 @@ charge_closed (consumer_t *c, uint64_t conn, bool owed, size_t *charged, size_t 
       }
    bson_free (mine);
    bson_free (refs);
+   bson_free (atts);
    bson_free (applied);
    bson_free (is_dead);
    bson_free (ok);

@@ -49,15 +49,22 @@
  *           handlers no instance declared for handler_retire_after leave
  *           the set and are retired under a lease (dispatch/fleet.c).  It
  *           runs in every process, dispatching or not.
+ *   rate    a handler with a rate_limit starts a job only with a token
+ *           (dispatch/pace.h); the others wait, claimed and renewed, and
+ *           start as the tokens come.  Claims take for it only what its
+ *           bucket starts within DISPATCH_RATE_HORIZON_MS.
  *   stop    stops claiming, waits for requests in flight (bounded), fences
  *           the transports (transport_fence: a Kafka producer flushes),
  *           releases what still runs, flushes, relinquishes the lanes,
  *           exits.
  *
- * Every job is in exactly one place: the running list (request in flight),
- * the done list (waiting for the flush) or the unsettled list (a settling
- * call failed; retried); it is freed when it leaves all three.  Unsettled
- * jobs count against their handler's concurrency, so the list is bounded.
+ * Every started job is in exactly one place: the running list (request
+ * in flight), the done list (waiting for the flush) or the unsettled list
+ * (a settling call failed; retried); it is freed when it leaves all
+ * three.  Before it starts a job waits as a follower of its key's
+ * previous one or for a token.  Unsettled and waiting jobs count against
+ * their handler's concurrency, so every list is bounded.  The settling
+ * call that ends an attempt records it (job_attempt_end).
  */
 #include "dispatch/dispatch.h"
 
@@ -85,7 +92,10 @@
 #include "dispatch/consumer.h"
 #include "dispatch/transport.h"
 #include "dispatch/delivery.h"
+#include "dispatch/pace.h"
+#include "dispatch/purge.h"
 #include "dispatch/renew.h"
+#include "dispatch/span.h"
 #include "dispatch/webhook.h"
 #include "base/worker.h"
 
@@ -101,9 +111,6 @@
  * last. */
 #define DISPATCH_SETTLE_RETRY_MIN_MS 100
 #define DISPATCH_SETTLE_RETRY_MAX_MS 5000
-/* Pause between two steps of a purge run: claims, flushes and settling
- * that became due meanwhile run first. */
-#define DISPATCH_PURGE_STEP_PAUSE_MS 20
 /* Completion batching: finished deliveries are completed together (one
  * completeMany) once none has finished for DISPATCH_FLUSH_DELAY_MS, and at
  * the latest DISPATCH_FLUSH_MAX_MS after the first of them; at once when
@@ -112,6 +119,10 @@
  * one completion and one claim, not several. */
 #define DISPATCH_FLUSH_DELAY_MS 20
 #define DISPATCH_FLUSH_MAX_MS 100
+/* A rate-limited handler is claimed for what its bucket can start within
+ * this long (at most a third of the lease): its deliveries wait in the
+ * outbox, not in claims held for minutes. */
+#define DISPATCH_RATE_HORIZON_MS 1000
 
 typedef struct handler_rt {
    const config_handler_t *cfg; /* in `snap` */
@@ -125,6 +136,7 @@ typedef struct handler_rt {
    int64_t waiting;   /* claimed, waiting for the one before them of their key */
    int64_t freed;     /* jobs that left for good since the last claim */
    int64_t failing_since_ms; /* webhook: the first failure since the last success; 0: none */
+   pace_t pace;       /* rate_limit: its bucket and the jobs waiting for a token */
 } handler_rt_t;
 
 /* How a finished job is to be settled. */
@@ -144,6 +156,13 @@ typedef struct job {
    store_delivery_t d; /* owned: moved out of the claim's batch */
    transport_req_t *req;
    int64_t started_ms; /* when its request started, for the latency metric */
+   /* Its attempt's record (store_attempt_t), made when the attempt ended
+    * (job_attempt_end): the settling call that ends it writes it, its
+    * _id fixed so that a settling call tried again writes it once.  The
+    * texts are owned here. */
+   store_attempt_t attempt;
+   bool attempted;
+   char *attempt_error, *attempt_response;
    /* Settling, once its request ended. */
    job_settle_t settle;
    char *why;        /* owned: last error of a bury or reschedule */
@@ -151,14 +170,7 @@ typedef struct job {
    int64_t retry_at; /* unsettled: next try */
    int64_t retry_ms; /* unsettled: current backoff */
    int64_t give_up;  /* unsettled: after this the store takes the claim back */
-   /* This attempt's send span (spans exported and the event has a trace
-    * context): the trace, the parent (the publish span the stored
-    * traceparent names) and the attempt's own span id, which the
-    * outgoing traceparent carries. */
-   bool traced;
-   trace_context_t trace;
-   uint8_t span_id[8];
-   int64_t span_start_ns;
+   dispatch_span_t span; /* this attempt's send span (dispatch/span.h) */
 } job_t;
 
 
@@ -184,6 +196,7 @@ typedef struct {
    bool purging;     /* enabled: runs the scheduled purge */
 
    struct event *setup_ev, *tick_ev, *wake_ev, *flush_ev, *deadline_ev, *reload_ev;
+   struct event *rate_ev; /* the next token of a rate-limited handler with jobs waiting (rate_cb) */
    int64_t flush_first_ms; /* when the first delivery waiting in `done` finished (mono) */
    struct event *watch_ev; /* the watch saw new deliveries (watch_cb) */
    config_t *pending_cfg; /* a reload waiting for the thread; guarded by g_mu */
@@ -197,10 +210,7 @@ typedef struct {
 
    /* The scheduled purge: the run in progress and what it removed. */
    struct event *purge_ev;
-   store_purge_run_t purge_run;
-   int64_t purge_started_ms;
-   int64_t purge_cutoff_completed, purge_cutoff_dead; /* of the run, ms since the epoch */
-   int64_t purged_events, purged_dead, purged_history;
+   dispatch_purge_t purge;
 
    /* The fleet's handler set (see "fleet" above). */
    struct event *fleet_ev;
@@ -219,6 +229,7 @@ typedef struct {
    atomic_bool wake_pending;
    atomic_bool watch_pending;
    bool woken; /* a commit woke the dispatcher since the last claim */
+   bool rate_drained; /* a rate-limited handler started the last job it had waiting: claim for it */
    int64_t last_claim_ms;
    delivery_rng_t rng; /* the retries' jitter */
 } dispatcher_t;
@@ -248,6 +259,8 @@ job_free (job_t *j)
    RELAYBUS_ASSERT (j->h->jobs > 0);
    j->h->jobs--;
    bson_free (j->why);
+   bson_free (j->attempt_error);
+   bson_free (j->attempt_response);
    bson_free (j->d.event_id);
    bson_free (j->d.handler);
    bson_free (j->d.event_type);
@@ -275,9 +288,38 @@ running_remove (dispatcher_t *d, job_t *j)
 static store_ref_t
 job_ref (const job_t *j)
 {
-   store_ref_t r = {j->d.id, j->d.lease, j->d.event_id};
+   store_ref_t r = {j->d.id, j->d.lease, j->d.event_id, j->attempted ? &j->attempt : NULL};
    return r;
 }
+
+/* The attempt of j ended as `outcome` (its send's result `res`, NULL when
+ * it had none): its record for the settling call that ends it, and its
+ * duration in relaybus_attempt_duration_seconds.  Once per job. */
+static void
+job_attempt_end (job_t *j, outbox_attempt_outcome_t outcome, const transport_result_t *res, const char *error)
+{
+   int64_t now = clock_now_ms ();
+
+   if (j->attempted)
+      return;
+   j->attempted = true;
+   bson_oid_init (&j->attempt.id, NULL);
+   j->attempt.handler = j->h->cfg->name;
+   j->attempt.outcome = outcome;
+   j->attempt.attempt = j->d.attempt;
+   j->attempt.started_at = j->started_ms;
+   j->attempt.duration_ms = j->started_ms > 0 ? now - j->started_ms : -1;
+   j->attempt.status = res ? res->http_status : 0;
+   if (error && *error)
+      j->attempt_error = bson_strdup (error);
+   if (res && res->response[0])
+      j->attempt_response = bson_strdup (res->response);
+   j->attempt.error = j->attempt_error;
+   j->attempt.response = j->attempt_response;
+   if (j->started_ms > 0)
+      counters_attempt (j->h->cfg->name, outcome, now - j->started_ms);
+}
+
 
 static void finish (dispatcher_t *d);
 static void job_start (dispatcher_t *d, job_t *j);
@@ -329,8 +371,7 @@ settle_one (dispatcher_t *d, job_t *j)
 
    bson_oid_to_string (&j->d.id, hex);
    /* The lines below are about this attempt: JSON lines carry its trace. */
-   if (j->traced)
-      log_set_trace (j->trace.trace_id, j->span_id);
+   dispatch_span_log (&j->span);
    if (j->settle == JOB_SETTLE_BURY)
       ok = store_bury (j->h->store, &r, clock_now_ms (), j->why, &applied, &err);
    else
@@ -614,41 +655,6 @@ flush_cb (evutil_socket_t fd, short what, void *arg)
       schedule (d->tick_ev, 0); /* a key's next delivery may be claimable */
 }
 
-/* The attempt's send span: a child of the publish span, kind CLIENT for
- * a webhook (an HTTP request) and PRODUCER for a broker, as
- * OpenTelemetry's messaging and HTTP conventions have them. */
-static void
-job_emit_span (const job_t *j, const transport_result_t *res)
-{
-   const config_handler_t *hc = j->h->cfg;
-   bool http = hc->kind_id == HANDLER_KIND_WEBHOOK;
-   trace_span_t s = {0};
-
-   memcpy (s.trace_id, j->trace.trace_id, sizeof s.trace_id);
-   memcpy (s.parent_id, j->trace.span_id, sizeof s.parent_id);
-   memcpy (s.span_id, j->span_id, sizeof s.span_id);
-   s.kind = http ? TRACE_KIND_CLIENT : TRACE_KIND_PRODUCER;
-   snprintf (s.name, sizeof s.name, "send %s", hc->name);
-   s.start_ns = j->span_start_ns;
-   s.end_ns = trace_now_ns ();
-   s.error = res->outcome != TRANSPORT_OUTCOME_OK;
-   trace_span_str (&s, "messaging.system", http ? "relaybus" : hc->kind);
-   trace_span_str (&s, "messaging.operation.name", "send");
-   trace_span_str (&s, "messaging.operation.type", "send");
-   trace_span_str (&s, "messaging.destination.name", hc->name);
-   trace_span_str (&s, "messaging.message.id", j->d.event_id);
-   trace_span_str (&s, "relaybus.handler.kind", hc->kind);
-   trace_span_int (&s, "relaybus.attempt", j->d.attempt);
-   trace_span_str (&s, "relaybus.outcome", transport_outcome_name (res->outcome));
-   if (http)
-      trace_span_http_client (&s, "POST", hc->url);
-   if (res->http_status > 0)
-      trace_span_int (&s, "http.response.status_code", res->http_status);
-   if (res->outcome != TRANSPORT_OUTCOME_OK)
-      trace_span_str (&s, "error.type", res->error[0] ? res->error : "error");
-   trace_emit (&s);
-}
-
 /* disable_after: a webhook handler none of whose deliveries succeeded
  * since its first failure, disable_after ago, is disabled (Svix's rule).
  * This proxy's answers only: a proxy that saw a success restarts its
@@ -691,8 +697,7 @@ job_gone (dispatcher_t *d, job_t *j, const char *why)
    char hex[25];
 
    bson_oid_to_string (&j->d.id, hex);
-   if (j->traced)
-      log_set_trace (j->trace.trace_id, j->span_id);
+   dispatch_span_log (&j->span);
    log_info ("dispatch: %s delivery %s: the endpoint is gone (%s): given back, attempt not charged", h->cfg->name, hex, why);
    log_set_trace (NULL, NULL);
    (void) dispatch_fleet_disable (d->fleet, h->cfg->name, COUNTERS_STATE_GONE, "410", clock_now_ms ());
@@ -713,8 +718,8 @@ job_done_cb (const transport_result_t *res, void *arg)
 
    j->req = NULL;
    running_remove (d, j);
-   if (j->traced)
-      job_emit_span (j, res);
+   dispatch_span_end (&j->span, j->h->cfg, &j->d, res);
+   job_attempt_end (j, transport_attempt_outcome (res), res, res->outcome == TRANSPORT_OUTCOME_OK ? NULL : res->error);
    if (res->outcome == TRANSPORT_OUTCOME_GONE) {
       job_gone (d, j, res->error);
       return;
@@ -791,52 +796,117 @@ job_new (dispatcher_t *d, handler_rt_t *h, store_delivery_t *item)
    return j;
 }
 
-/* When spans are exported and the event has a trace context: the
- * attempt gets a span id of its own, written into the message's
- * traceparent header in place (same length), so the receiver's span is a
- * child of the attempt's.  Otherwise the header passes through as stored. */
-static void
-job_trace (job_t *j, format_msg_t *msg)
-{
-   j->traced = false;
-   if (!trace_enabled ())
-      return;
-   for (size_t i = 0; i < msg->n_headers; i++) {
-      char *v = msg->headers[i].value;
-      trace_context_t out;
+/* ----------------------------------------------------------- rate_limit */
 
-      if (strcasecmp (msg->headers[i].name, "traceparent") != 0 || !trace_parse_traceparent (v, &j->trace))
-         continue;
-      trace_new_id (j->span_id, sizeof j->span_id);
-      out = j->trace;
-      memcpy (out.span_id, j->span_id, sizeof out.span_id);
-      trace_format_traceparent (&out, v); /* TRACE_PARENT_LEN, as parsed */
-      j->span_start_ns = trace_now_ns ();
-      j->traced = true;
-      return;
+static void job_send (dispatcher_t *d, job_t *j);
+static bool job_give_back_if_disabled (dispatcher_t *d, job_t *j);
+
+/* rate_ev for the next token a waiting job needs (dispatch/pace.h). */
+static void
+rate_arm (dispatcher_t *d)
+{
+   int64_t now = clock_mono_ms (), next = -1;
+
+   for (size_t k = 0; k < d->n_handlers + d->n_retired; k++) {
+      int64_t w = pace_wait_ms (&(k < d->n_handlers ? d->handlers[k] : d->retired[k - d->n_handlers])->pace, now);
+      if (w >= 0 && (next < 0 || w < next))
+         next = w;
    }
+   if (next >= 0)
+      schedule (d->rate_ev, next);
+   else
+      evtimer_del (d->rate_ev);
+}
+
+/* Whether j may start now; otherwise it waits, renewed, for rate_cb. */
+static bool
+rate_admit (dispatcher_t *d, job_t *j)
+{
+   if (pace_admit (&j->h->pace, j, clock_mono_ms ()))
+      return true;
+   renew_set_add (&d->renew_set, &j->d.id, j->d.lease, j->h->store);
+   rate_arm (d);
+   return false;
+}
+
+/* Tokens came: the waiting jobs start, in order, one per token. */
+static void
+rate_cb (evutil_socket_t fd, short what, void *arg)
+{
+   dispatcher_t *d = arg;
+   int64_t now = clock_mono_ms ();
+   job_t **go = NULL;
+   size_t n = 0, cap = 0;
+
+   (void) fd;
+   (void) what;
+   if (d->stopping)
+      return;
+   /* Collected first: a start may end at once and change the lists. */
+   for (size_t k = 0; k < d->n_handlers + d->n_retired; k++) {
+      handler_rt_t *h = k < d->n_handlers ? d->handlers[k] : d->retired[k - d->n_handlers];
+      bool had = pace_waiting (&h->pace) > 0;
+      job_t *j;
+      while ((j = pace_next (&h->pace, now))) {
+         if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            go = bson_realloc (go, cap * sizeof *go);
+         }
+         renew_set_remove (&d->renew_set, &j->d.id, j->d.lease);
+         go[n++] = j;
+      }
+      d->rate_drained = d->rate_drained || (had && pace_waiting (&h->pace) == 0 && !h->retired); /* claim for it */
+   }
+   for (size_t i = 0; i < n; i++)
+      if (!job_give_back_if_disabled (d, go[i]))
+         job_send (d, go[i]);
+   bson_free (go);
+   rate_arm (d);
+   if (d->rate_drained && d->setup_done)
+      schedule (d->tick_ev, 0);
+}
+
+/* Forgets h's jobs waiting for a token (a stop: the lanes are handed
+ * back, which releases what they list). */
+static void
+rate_drop_all (dispatcher_t *d, handler_rt_t *h)
+{
+   job_t *j;
+
+   while ((j = pace_pop (&h->pace))) {
+      renew_set_remove (&d->renew_set, &j->d.id, j->d.lease);
+      job_drop (d, j, false);
+   }
+}
+
+/* A job of a handler disabled since it was claimed (a follower, a claim
+ * that raced the 410, a wait for a token) is given back uncharged. */
+static bool
+job_give_back_if_disabled (dispatcher_t *d, job_t *j)
+{
+   bool applied = false;
+   store_ref_t r;
+   bson_error_t err;
+   char hex[25];
+
+   if (!dispatch_fleet_disabled (d->fleet, j->h->cfg->name))
+      return false;
+   bson_oid_to_string (&j->d.id, hex);
+   r = job_ref (j);
+   j->h->freed++;
+   if (!store_release (j->h->store, &r, clock_now_ms (), &applied, &err))
+      log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
+   job_drop (d, j, true);
+   return true;
 }
 
 static void
 job_start (dispatcher_t *d, job_t *j)
 {
    handler_rt_t *h = j->h;
-   bson_error_t err;
-   char hex[25];
 
-   bson_oid_to_string (&j->d.id, hex);
-   if (dispatch_fleet_disabled (d->fleet, h->cfg->name)) {
-      /* Claimed before the handler was disabled (a follower of its key, or
-       * a claim that raced the 410): given back uncharged, it waits. */
-      bool applied = false;
-      store_ref_t r = job_ref (j);
-
-      h->freed++;
-      if (!store_release (j->h->store, &r, clock_now_ms (), &applied, &err))
-         log_warn ("dispatch: giving back delivery %s: %s (it runs again after its lease)", hex, err.message);
-      job_drop (d, j, true);
+   if (job_give_back_if_disabled (d, j))
       return;
-   }
    if (j->d.attempt > h->cfg->max_attempts) {
       /* Its workers kept losing their leases (crashing): the charged
        * attempts ran out before this one started. */
@@ -846,6 +916,20 @@ job_start (dispatcher_t *d, job_t *j)
       bury (d, j, "attempts exhausted: lost its lease on every attempt");
       return;
    }
+   if (!rate_admit (d, j))
+      return; /* waits for a token: rate_cb starts it */
+   job_send (d, j);
+}
+
+/* Starts j's send, if enough of its lease is left. */
+static void
+job_send (dispatcher_t *d, job_t *j)
+{
+   handler_rt_t *h = j->h;
+   bson_error_t err;
+   char hex[25];
+
+   bson_oid_to_string (&j->d.id, hex);
    {
       /* A request starts only while a third of the lease is left (one
        * renewal period): when renewals fall behind (the database answers
@@ -893,7 +977,7 @@ job_start (dispatcher_t *d, job_t *j)
 
       format_opts_from_handler (&fo, h->cfg);
       j->req = format_render (&fo, format_binding_of (h->cfg->kind_id), &j->d, &msg, &err)
-                  ? (job_trace (j, &msg), transport_send (h->t, &j->d, &msg, job_done_cb, j, &err))
+                  ? (dispatch_span_begin (&j->span, &msg), transport_send (h->t, &j->d, &msg, job_done_cb, j, &err))
                   : NULL;
       format_msg_fini (&msg);
    }
@@ -918,7 +1002,8 @@ wants_claim (dispatcher_t *d)
 
    for (size_t i = 0; i < d->n_handlers; i++)
       waiting += (size_t) d->handlers[i]->waiting;
-   if (d->woken || (d->n_running == 0 && waiting == 0) || clock_now_ms () - d->last_claim_ms >= d->cfg->poll_interval_ms)
+   if (d->woken || d->rate_drained || (d->n_running == 0 && waiting == 0) ||
+       clock_now_ms () - d->last_claim_ms >= d->cfg->poll_interval_ms)
       return true;
    for (size_t i = 0; i < d->n_handlers; i++) {
       const handler_rt_t *h = d->handlers[i];
@@ -1012,6 +1097,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    store_claim_handler_t *space_claim;
    size_t total = 0, limit, claimed = 0;
    bool full = false, failed = false;
+   int64_t rate_wait = -1; /* a rate-limited handler's next token, when its bucket alone held it back */
 
    (void) fd;
    (void) what;
@@ -1019,18 +1105,33 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    if (d->stopping || !d->setup_done || !d->dispatching)
       return;
    flush (d);
+   store_spaces_write_completion_times (&d->spaces, clock_now_ms (), false); /* a second's completions' events */
    for (size_t i = 0; i < d->n_handlers; i++) {
       handler_rt_t *h = d->handlers[i];
       bool held = dispatch_fleet_holds (d->fleet, h->cfg->name); /* backfilling or disabled: not now */
       if (dispatch_fleet_disabled (d->fleet, h->cfg->name))
          h->failing_since_ms = 0; /* enabled again, it gets disable_after anew */
-      int64_t free_slots = h->t && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting : 0;
+      int64_t free_slots = h->t && !held ? h->cfg->concurrency - h->running - h->unsettled - h->waiting -
+                                              (int64_t) pace_waiting (&h->pace)
+                                         : 0;
+      if (free_slots > 0) {
+         /* No more than its rate_limit starts soon. */
+         int64_t w, room = pace_claim_room (&h->pace, clock_mono_ms (),
+                                            d->cfg->lease_ms / 3 < DISPATCH_RATE_HORIZON_MS ? d->cfg->lease_ms / 3 : DISPATCH_RATE_HORIZON_MS, &w);
+         free_slots = room < free_slots ? room : free_slots;
+         rate_wait = w >= 0 && (rate_wait < 0 || w < rate_wait) ? w : rate_wait;
+      }
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;
    }
    limit = total < (size_t) d->cfg->batch_size ? total : (size_t) d->cfg->batch_size;
-   if (limit == 0)
-      return; /* every slot busy: a finishing request ticks again */
+   if (limit == 0) {
+      /* Every slot busy (a finishing request ticks again), or a bucket
+       * empty: a tick when its next token comes. */
+      if (rate_wait >= 0)
+         schedule (d->tick_ev, rate_wait > 0 ? rate_wait : 1);
+      return;
+   }
    if (!wants_claim (d))
       return; /* a handler's next finishing requests tick again */
    space_claim = bson_malloc0 ((d->n_handlers + 1) * sizeof *space_claim);
@@ -1045,6 +1146,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    for (size_t i = 0; i < d->n_handlers; i++)
       d->handlers[i]->freed = 0;
    d->woken = false;
+   d->rate_drained = false;
    /* One claim per lane space with free slots (one in all with a single
     * dispatched handler), sharing the batch's limit; the space that goes
     * first turns round, so no handler's claims always come last. */
@@ -1112,71 +1214,17 @@ renew_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ---------------------------------------------------------------- purge */
 
-/* The one log line of a run that removed something, however it ended. */
-static void
-purge_report (dispatcher_t *d, const char *how)
-{
-   if (d->purged_events + d->purged_dead + d->purged_history == 0)
-      return;
-   log_info ("dispatch: scheduled purge removed %" PRId64 " events, %" PRId64 " dead deliveries, %" PRId64
-             " completion records in %" PRId64 " ms (%s; cutoffs: completed before %" PRId64 ", dead before %" PRId64 ")",
-             d->purged_events,
-             d->purged_dead,
-             d->purged_history,
-             clock_now_ms () - d->purge_started_ms,
-             how,
-             d->purge_cutoff_completed,
-             d->purge_cutoff_dead);
-   d->purged_events = d->purged_dead = d->purged_history = 0;
-}
-
+/* A step of the scheduled purge run (dispatch/purge.h). */
 static void
 purge_cb (evutil_socket_t fd, short what, void *arg)
 {
    dispatcher_t *d = arg;
-   store_purge_step_result_t r;
-   bson_error_t err;
-   int64_t now = clock_now_ms ();
 
    (void) fd;
    (void) what;
    if (d->stopping || !d->setup_done)
       return;
-   if (!d->purge_run.active) {
-      d->purge_run.active = true;
-      d->purge_run.completed_before = now - d->cfg->retain_completed_ms;
-      d->purge_run.dead_before = now - d->cfg->retain_dead_ms;
-      d->purge_started_ms = now;
-      d->purge_cutoff_completed = d->purge_run.completed_before;
-      d->purge_cutoff_dead = d->purge_run.dead_before;
-      d->purged_events = d->purged_dead = d->purged_history = 0;
-   }
-   if (!store_purge_step (d->store, &d->purge_run, now, d->cfg->lease_ms, &r, &err)) {
-      counters_add (COUNTER_PURGE_ERRORS, 1);
-      purge_report (d, "then failed");
-      log_warn ("dispatch: scheduled purge failed (next run in %" PRId64 " ms): %s", d->cfg->purge_interval_ms, err.message);
-      schedule (d->purge_ev, d->cfg->purge_interval_ms);
-      return;
-   }
-   if (!r.leased) {
-      purge_report (d, "then the purge lease went to another instance");
-      log_debug ("dispatch: scheduled purge skipped: another instance holds the purge lease");
-      schedule (d->purge_ev, d->cfg->purge_interval_ms);
-      return;
-   }
-   counters_add (COUNTER_PURGED_EVENTS, r.events > 0 ? (uint64_t) r.events : 0);
-   counters_add (COUNTER_PURGED_DEAD, r.dead > 0 ? (uint64_t) r.dead : 0);
-   counters_add (COUNTER_PURGED_HISTORY, r.completed > 0 ? (uint64_t) r.completed : 0);
-   d->purged_events += r.events;
-   d->purged_dead += r.dead;
-   d->purged_history += r.completed;
-   if (!r.done) {
-      schedule (d->purge_ev, DISPATCH_PURGE_STEP_PAUSE_MS);
-      return;
-   }
-   counters_add (COUNTER_PURGE_RUNS, 1);
-   purge_report (d, "done");
-   schedule (d->purge_ev, d->cfg->purge_interval_ms);
+   schedule (d->purge_ev, dispatch_purge_step (&d->purge, d->store, d->cfg, clock_now_ms ()));
 }
 
 /* ---------------------------------------------------------------- fleet */
@@ -1245,6 +1293,12 @@ finish (dispatcher_t *d)
       transport_fence (d->handlers[i]->t);
    for (size_t i = 0; i < d->n_retired; i++)
       transport_fence (d->retired[i]->t);
+   /* What waits for a token never started: handed back with the lanes. */
+   evtimer_del (d->rate_ev);
+   for (size_t i = 0; i < d->n_handlers; i++)
+      rate_drop_all (d, d->handlers[i]);
+   for (size_t i = 0; i < d->n_retired; i++)
+      rate_drop_all (d, d->retired[i]);
    /* After the first failed store call (the upstream is gone), skip the
     * rest: every call would wait for server selection, and the leases run
     * out on their own. */
@@ -1255,6 +1309,8 @@ finish (dispatcher_t *d)
       transport_cancel (j->h->t, j->req);
       j->req = NULL;
       running_remove (d, j);
+      job_attempt_end (j, OUTBOX_ATTEMPT_RELEASED, NULL, "the proxy stopped with the request in flight: cancelled, given back");
+      r = job_ref (j);
       if (reachable && !store_release (j->h->store, &r, now, &applied, &err)) {
          log_warn ("dispatch: releasing a delivery at stop: %s", err.message);
          reachable = false;
@@ -1270,6 +1326,8 @@ finish (dispatcher_t *d)
       job_drop (d, d->unsettled[i], false);
    }
    d->n_unsettled = 0;
+   if (reachable)
+      store_spaces_write_completion_times (&d->spaces, now, true);
    for (size_t i = 0; reachable && i < d->spaces.n; i++)
       if (!store_relinquish (d->spaces.v[i], now, &err))
          log_warn ("dispatch: handing lanes back (handler %s): %s", store_space_handler (d->spaces.v[i]), err.message);
@@ -1374,6 +1432,7 @@ handler_new (dispatcher_t *d, config_t *snap, const config_handler_t *hc, bson_e
       return NULL;
    }
    h->snap = config_retain (snap);
+   pace_init (&h->pace, hc, clock_mono_ms ());
    if (hc->timeout_ms > snap->lease_ms / 3)
       log_warn ("dispatch: handler %s: timeout_ms %" PRId64 " is longer than lease_ms / 3 (%" PRId64
                 " ms): when lease renewals fall behind, a request may outlive its lease and run beside "
@@ -1390,6 +1449,7 @@ handler_free (handler_rt_t *h)
    if (!h)
       return;
    RELAYBUS_ASSERT (h->jobs == 0);
+   pace_fini (&h->pace);
    transport_destroy (h->t);
    config_release (h->snap);
    bson_free (h);
@@ -1481,6 +1541,7 @@ handlers_apply (dispatcher_t *d, config_t *next)
          for (size_t k = 0; k < next->n_handlers; k++)
             if (!strcmp (next->handlers[k].name, list[i]->cfg->name))
                list[i]->cfg = &next->handlers[k];
+         pace_update (&list[i]->pace, list[i]->cfg, clock_mono_ms ());
          config_release (list[i]->snap);
          list[i]->snap = config_retain (next);
       } else if (cur) {
@@ -1570,7 +1631,7 @@ reload_cb (evutil_socket_t fd, short what, void *arg)
       schedule (d->fleet_ev, 0);
    /* Between runs the next one follows the new interval; a run in
     * progress keeps its cutoffs, the next run takes the new retention. */
-   if (d->purging && d->setup_done && !d->stopping && !d->purge_run.active)
+   if (d->purging && d->setup_done && !d->stopping && !dispatch_purge_running (&d->purge))
       schedule (d->purge_ev, d->cfg->purge_interval_ms);
    log_info ("dispatch: reloaded (batch %" PRId64 ", lease %" PRId64 " ms, poll %" PRId64 " ms, purge every %" PRId64
              " ms)",
@@ -1651,6 +1712,10 @@ dispatcher_free (dispatcher_t *d)
       running_remove (d, j);
       job_drop (d, j, false);
    }
+   for (size_t i = 0; i < d->n_handlers; i++)
+      rate_drop_all (d, d->handlers[i]);
+   for (size_t i = 0; i < d->n_retired; i++)
+      rate_drop_all (d, d->retired[i]);
    bson_free (d->done);
    bson_free (d->unsettled);
    /* Both threads were joined (dispatch_stop) or never started. */
@@ -1667,7 +1732,7 @@ dispatcher_free (dispatcher_t *d)
    bson_free (d->handlers);
    bson_free (d->claim_handlers);
    config_release (d->pending_cfg);
-   store_purge_run_clear (&d->purge_run);
+   dispatch_purge_clear (&d->purge);
    dispatch_fleet_destroy (d->fleet);
    struct event *evs[] = {d->setup_ev,
                           d->tick_ev,
@@ -1678,7 +1743,8 @@ dispatcher_free (dispatcher_t *d)
                           d->deadline_ev,
                           d->reload_ev,
                           d->purge_ev,
-                          d->fleet_ev};
+                          d->fleet_ev,
+                          d->rate_ev};
    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
       if (evs[i])
          event_free (evs[i]);
@@ -1709,6 +1775,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    if (!d->w)
       goto fail;
    d->base = worker_base (d->w);
+   store_set_completion_times_by_second (d->store, true); /* its spaces' completions: store.h */
    d->spaces.base = d->store;
    d->fleet = dispatch_fleet_new (d->store, worker_owner (d->w));
 
@@ -1747,6 +1814,7 @@ dispatch_start (config_t *cfg, bson_error_t *error)
    d->reload_ev = event_new (d->base, -1, 0, reload_cb, d);
    d->purge_ev = evtimer_new (d->base, purge_cb, d);
    d->fleet_ev = evtimer_new (d->base, fleet_cb, d);
+   d->rate_ev = evtimer_new (d->base, rate_cb, d);
    atomic_store (&d->renew_lease_ms, cfg->lease_ms);
    if (d->enabled) {
       /* Its own pool (one connection, appName "relaybus-proxy renew"):

@@ -120,11 +120,28 @@ error_permanent (rd_kafka_resp_err_t err)
    }
 }
 
+/* The attempt's kind of failure: no acknowledgement within
+ * message.timeout.ms (or a request's timeout), or an error the brokers
+ * answered with (their codes are positive; librdkafka's own negative,
+ * but for a topic it learnt does not exist); the rest (no connection,
+ * all brokers down) is a plain failure. */
+static transport_fault_t
+error_fault (rd_kafka_resp_err_t err)
+{
+   if (err == RD_KAFKA_RESP_ERR__MSG_TIMED_OUT || err == RD_KAFKA_RESP_ERR__TIMED_OUT ||
+       err == RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE || err == RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT)
+      return TRANSPORT_FAULT_TIMEOUT;
+   if (err > 0 || err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC || err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION)
+      return TRANSPORT_FAULT_REFUSED;
+   return TRANSPORT_FAULT_NONE;
+}
+
 static void
 fill_failure (transport_result_t *res, const char *topic, rd_kafka_resp_err_t err, const char *text)
 {
    res->retry_after_ms = -1;
    res->outcome = error_permanent (err) ? TRANSPORT_OUTCOME_DEAD : TRANSPORT_OUTCOME_RETRY;
+   res->fault = error_fault (err);
    transport_text (res->error,
                    sizeof res->error,
                    "kafka: produce to '%s': %s (%s)%s",

@@ -175,6 +175,9 @@ publish_one (nats_handler_t *n, nats_req_t *r)
       jsPubAck_Destroy (pa);
       return;
    }
+   /* No stream captures the subject, or JetStream answered an error: the
+    * server refused it; no PubAck in time: a timeout. */
+   res->fault = s == NATS_TIMEOUT ? TRANSPORT_FAULT_TIMEOUT : s == NATS_NO_RESPONDERS || jerr ? TRANSPORT_FAULT_REFUSED : TRANSPORT_FAULT_NONE;
    if (s == NATS_NO_RESPONDERS)
       transport_text (res->error,
                       sizeof res->error,

@@ -390,6 +390,7 @@ publish_one (rabbit_handler_t *rh, rabbit_req_t *r)
          /* Its confirm may still come: the connection's state is unknown,
           * so it is dropped, and the retry goes on a new one. */
          transport_text (res->error, sizeof res->error, "rabbitmq: no publisher confirm within %" PRId64 " ms", rh->timeout_ms);
+         res->fault = TRANSPORT_FAULT_TIMEOUT;
          broken (rh, "no publisher confirm in time");
          return;
       }
@@ -418,6 +419,7 @@ publish_one (rabbit_handler_t *rh, rabbit_req_t *r)
          rr = amqp_read_message (rh->conn, frame.channel, &msg, 0);
          if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
             bson_strncpy (res->error, returned, sizeof res->error);
+            res->fault = TRANSPORT_FAULT_REFUSED;
             broken (rh, "reading a returned message");
             return;
          }
@@ -428,10 +430,12 @@ publish_one (rabbit_handler_t *rh, rabbit_req_t *r)
          const amqp_basic_ack_t *m = frame.payload.method.decoded;
          if (m->delivery_tag < tag && !m->multiple)
             break; /* an earlier publish's late confirm */
-         if (returned[0])
+         if (returned[0]) {
             bson_strncpy (res->error, returned, sizeof res->error);
-         else
+            res->fault = TRANSPORT_FAULT_REFUSED; /* unroutable */
+         } else {
             res->outcome = TRANSPORT_OUTCOME_OK;
+         }
          return;
       }
       case AMQP_BASIC_NACK_METHOD: {
@@ -439,6 +443,7 @@ publish_one (rabbit_handler_t *rh, rabbit_req_t *r)
          if (m->delivery_tag < tag && !m->multiple)
             break;
          transport_text (res->error, sizeof res->error, "rabbitmq: the broker refused the message (basic.nack)");
+         res->fault = TRANSPORT_FAULT_REFUSED;
          return;
       }
       case AMQP_CHANNEL_CLOSE_METHOD: {
@@ -450,6 +455,7 @@ publish_one (rabbit_handler_t *rh, rabbit_req_t *r)
                          m->reply_code,
                          (int) m->reply_text.len,
                          (const char *) m->reply_text.bytes);
+         res->fault = TRANSPORT_FAULT_REFUSED; /* the publish's channel error: no such exchange, access refused */
          amqp_send_method (rh->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
          /* Reopened with the connection on the next send. */
          disconnect (rh, false);

@@ -40,6 +40,21 @@ static const char *const state_names[] = {
    [TRANSPORT_STATE_CLOSED] = "closed",
 };
 
+outbox_attempt_outcome_t
+transport_attempt_outcome (const transport_result_t *res)
+{
+   switch (res->outcome) {
+   case TRANSPORT_OUTCOME_OK:
+      return OUTBOX_ATTEMPT_SUCCEEDED;
+   case TRANSPORT_OUTCOME_GONE:
+      return OUTBOX_ATTEMPT_RELEASED; /* given back uncharged, the handler disabled */
+   default:
+      return res->fault == TRANSPORT_FAULT_TIMEOUT   ? OUTBOX_ATTEMPT_TIMED_OUT
+             : res->fault == TRANSPORT_FAULT_REFUSED ? OUTBOX_ATTEMPT_REFUSED
+                                                     : OUTBOX_ATTEMPT_FAILED;
+   }
+}
+
 const char *
 transport_outcome_name (transport_outcome_t o)
 {

@@ -397,9 +397,9 @@ struct webhook_req {
    size_t body_len;
    webhook_done_cb_t cb;
    void *arg;
-   /* The answer: the start of its body (lastError), its Retry-After, and
-    * the sizes the caps are checked against. */
-   char answer[WEBHOOK_ERROR_BODY_MAX + 3];
+   /* The answer: the start of its body (lastError, the attempt's record),
+    * its Retry-After, and the sizes the caps are checked against. */
+   char answer[WEBHOOK_RESPONSE_MAX + 3];
    size_t answer_len;
    size_t body_seen, header_seen;
    char retry_after[64];
@@ -727,8 +727,8 @@ header_cb (char *line, size_t size, size_t n, void *arg)
 }
 
 /* CURLOPT_WRITEFUNCTION: the answer's body.  Only its start is kept (for
- * lastError); a body longer than WEBHOOK_MAX_BODY_SIZE ends the
- * transfer. */
+ * lastError and the attempt's record); a body longer than
+ * WEBHOOK_MAX_BODY_SIZE ends the transfer. */
 static size_t
 body_cb (char *data, size_t size, size_t n, void *arg)
 {
@@ -777,6 +777,10 @@ req_result (webhook_req_t *r, CURLcode code, webhook_result_t *res)
    res->status = (int) status;
    res->outcome = webhook_classify (res->status, w->retry_4xx);
    if (code == CURLE_OK) {
+      /* What the endpoint answered, for the attempt's record, whatever
+       * its status: receivers debug their endpoints from it. */
+      if (r->answer_len > 0)
+         utf8_sanitize (r->answer, r->answer_len, res->response, sizeof res->response, 0);
       if (res->outcome == WEBHOOK_OUTCOME_COMPLETE)
          return;
       webhook_error_text (res->status, r->answer, r->answer_len, res->error, sizeof res->error);
@@ -786,6 +790,7 @@ req_result (webhook_req_t *r, CURLcode code, webhook_result_t *res)
       return;
    }
    /* No complete answer: retried as a connection error. */
+   res->timed_out = code == CURLE_OPERATION_TIMEDOUT;
    if (code == CURLE_OPERATION_TIMEDOUT)
       snprintf (res->error, sizeof res->error, "timeout: no complete answer within %" PRId64 " ms (%s:%d)",
                 w->timeout_ms, w->host, w->port);
@@ -1199,7 +1204,9 @@ webhook_t_done (const webhook_result_t *res, void *arg)
       break;
    }
    out.http_status = res->status;
+   out.fault = res->timed_out ? TRANSPORT_FAULT_TIMEOUT : TRANSPORT_FAULT_NONE;
    bson_strncpy (out.error, res->error, sizeof out.error);
+   bson_strncpy (out.response, res->response, sizeof out.response);
    t->req = NULL;
    t->cb (&out, t->arg);
    bson_free (t);

@@ -437,6 +437,7 @@ txn_checked (pull_conn_t *p, const bson_t *reply)
       return;
    }
    op->checked = true;
+   pulltxn_set_claims (op->job, reply);
    txn_round (p->c, p);
 }
 

@@ -6,7 +6,10 @@
  * deliveries are deleted, their events get $max completedAt, and with
  * completion history each delivery leaves a record with the delivery's id,
  * eventId, handler, eventType, key, sequence, createdAt, attempts + 1 and
- * completedAt.  The fence is the one the store applies in its own
+ * completedAt; with attempt history each delivery's attempt gets its
+ * record in <prefix>attempts (store/attempts.c's fields, outcome
+ * succeeded), so it commits or aborts with the consumer's transaction.
+ * The fence is the one the store applies in its own
  * transaction (complete_fence): the delivery pending in the lease's lane
  * with the lease's claim generation (a missing one counts as 0), the lane
  * at the lease's epoch listing it.  A pull handler's leases are issued by
@@ -38,7 +41,10 @@ struct pulltxn {
    char coll_events[OUTBOX_NAME_MAX];
    char coll_lanes[OUTBOX_NAME_MAX];
    char coll_completed[OUTBOX_NAME_MAX];
+   char coll_attempts[OUTBOX_NAME_MAX];
    char handler[128];
+   int64_t *claimed_at; /* per lease: when the consumer thread handed it out (0: unknown) */
+   char instance[128];  /* that thread's instance name ("": unknown) */
    pull_lease_t *leases;
    outbox_lease_t *tokens;
    bson_t **docs;      /* per lease: its delivery as the FENCE round read it, or NULL */
@@ -93,7 +99,9 @@ pulltxn_new (const pull_req_t *r, const bson_t *cmd, config_t *cfg, int64_t now_
    t->tokens = bson_malloc0 ((t->n ? t->n : 1) * sizeof *t->tokens);
    t->docs = bson_malloc0 ((t->n ? t->n : 1) * sizeof *t->docs);
    t->lane_docs = bson_malloc0 ((t->n ? t->n : 1) * sizeof *t->lane_docs);
+   t->claimed_at = bson_malloc0 ((t->n ? t->n : 1) * sizeof *t->claimed_at);
    if (!outbox_collection_name (cfg->collection_prefix, OUTBOX_DELIVERIES, t->coll_deliveries, sizeof t->coll_deliveries) ||
+       !outbox_collection_name (cfg->collection_prefix, OUTBOX_ATTEMPTS, t->coll_attempts, sizeof t->coll_attempts) ||
        !outbox_collection_name (cfg->collection_prefix, OUTBOX_EVENTS, t->coll_events, sizeof t->coll_events) ||
        !outbox_collection_name (cfg->collection_prefix, OUTBOX_LANES_COLL, t->coll_lanes, sizeof t->coll_lanes) ||
        !outbox_collection_name (cfg->collection_prefix, OUTBOX_COMPLETED, t->coll_completed, sizeof t->coll_completed)) {
@@ -132,6 +140,7 @@ pulltxn_destroy (pulltxn_t *t)
       bson_destroy (t->lanes_read[i]);
    bson_free (t->docs);
    bson_free (t->lane_docs);
+   bson_free (t->claimed_at);
    bson_free (t->leases);
    bson_free (t->tokens);
    bson_destroy (&t->txn);
@@ -227,6 +236,66 @@ plan_fence (pulltxn_t *t)
    cmd_end (t, c);
 }
 
+void
+pulltxn_set_claims (pulltxn_t *t, const bson_t *checked)
+{
+   bson_iter_t it, arr;
+   uint32_t i = 0;
+
+   if (bson_iter_init_find (&it, checked, "claimedAt") && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &arr))
+      while (bson_iter_next (&arr) && i < t->n) {
+         t->claimed_at[i++] = BSON_ITER_HOLDS_DATE_TIME (&arr) ? bson_iter_date_time (&arr) : 0;
+      }
+   if (bson_iter_init_find (&it, checked, "instance") && BSON_ITER_HOLDS_UTF8 (&it))
+      bson_strncpy (t->instance, bson_iter_utf8 (&it, NULL), sizeof t->instance);
+}
+
+/* With attempt history: one insert of each delivery's attempt record, as
+ * store/attempts.c writes one (its event and attempt number from the
+ * delivery the fence read). */
+static void
+plan_attempts (pulltxn_t *t)
+{
+   bson_t *c;
+   bson_t arr, one;
+   char buf[16];
+
+   if (t->cfg->attempt_history_ms <= 0)
+      return;
+   c = cmd_begin (t, "insert", t->coll_attempts, t->n);
+   BSON_APPEND_ARRAY_BEGIN (c, "documents", &arr);
+   for (uint32_t i = 0; i < t->n; i++) {
+      bson_oid_t id;
+      bson_iter_t it;
+      int64_t attempts = 0;
+
+      bson_oid_init (&id, NULL);
+      BSON_APPEND_DOCUMENT_BEGIN (&arr, idx_key (i, buf), &one);
+      BSON_APPEND_OID (&one, "_id", &id);
+      BSON_APPEND_OID (&one, OUTBOX_F_DELIVERY_ID, &t->leases[i].id);
+      if (bson_iter_init_find (&it, t->docs[i], OUTBOX_F_EVENT_ID) && BSON_ITER_HOLDS_UTF8 (&it))
+         BSON_APPEND_UTF8 (&one, OUTBOX_F_EVENT_ID, bson_iter_utf8 (&it, NULL));
+      BSON_APPEND_UTF8 (&one, "handler", t->handler);
+      if (bson_iter_init_find (&it, t->docs[i], OUTBOX_F_ATTEMPTS) && BSON_ITER_HOLDS_NUMBER (&it))
+         attempts = bson_iter_as_int64 (&it);
+      BSON_APPEND_INT32 (&one, OUTBOX_F_ATTEMPT, (int32_t) attempts + 1);
+      if (t->instance[0])
+         BSON_APPEND_UTF8 (&one, OUTBOX_F_INSTANCE, t->instance);
+      if (t->claimed_at[i] > 0 && t->claimed_at[i] <= t->now_ms) {
+         BSON_APPEND_DATE_TIME (&one, OUTBOX_F_STARTED_AT, t->claimed_at[i]);
+         BSON_APPEND_DATE_TIME (&one, OUTBOX_F_ENDED_AT, t->now_ms);
+         BSON_APPEND_INT64 (&one, OUTBOX_F_DURATION_MS, t->now_ms - t->claimed_at[i]);
+      } else {
+         BSON_APPEND_DATE_TIME (&one, OUTBOX_F_ENDED_AT, t->now_ms);
+      }
+      BSON_APPEND_UTF8 (&one, OUTBOX_F_OUTCOME, outbox_attempt_outcome_name (OUTBOX_ATTEMPT_SUCCEEDED));
+      bson_append_document_end (&arr, &one);
+   }
+   bson_append_array_end (c, &arr);
+   BSON_APPEND_BOOL (c, "ordered", true);
+   cmd_end (t, c);
+}
+
 static void
 plan_write (pulltxn_t *t)
 {
@@ -296,6 +365,7 @@ plan_write (pulltxn_t *t)
    BSON_APPEND_BOOL (c, "ordered", true);
    cmd_end (t, c);
 
+   plan_attempts (t);
    if (!t->cfg->completion_history)
       return;
    c = cmd_begin (t, "insert", t->coll_completed, t->n);

@@ -94,6 +94,59 @@ claim_lost_append (bson_t *doc, const claim_lost_t *l)
  * by STORE_TAKE_MAX_TIME_MS (or the instance's shorter bound): a delivery
  * a dead worker's open transaction holds fails the charge, which a later
  * claim makes again.  *charged (may be NULL) gets how many were. */
+/* With attempt history: the deliveries a charge's filter `q` selects,
+ * read before the charge (it reads nothing itself), as the records of
+ * their lost attempts (their handler, event and attempt number). */
+static bool
+charge_read (claim_t *c, const bson_t *q, store_attempt_docs_t *recs, bson_error_t *error)
+{
+   bson_t *opts = BCON_NEW ("projection", "{", OUTBOX_F_EVENT_ID, BCON_INT32 (1), "handler", BCON_INT32 (1), OUTBOX_F_ATTEMPTS,
+                            BCON_INT32 (1), "}");
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+
+   store_append_max_time (c->s, opts, STORE_TAKE_MAX_TIME_MS);
+   cur = mongoc_collection_find_with_opts (c->deliveries, q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      store_attempt_t a = {.handler = store_iter_utf8 (doc, "handler"),
+                           .outcome = OUTBOX_ATTEMPT_LEASE_LOST,
+                           .attempt = (int32_t) store_iter_int64 (doc, OUTBOX_F_ATTEMPTS) + 1,
+                           .duration_ms = -1,
+                           .error = "the claim was lost: its worker stopped renewing its lease"};
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      bson_oid_init (&a.id, NULL);
+      store_attempt_docs_add (c->s, recs, bson_iter_oid (&it), store_iter_utf8 (doc, OUTBOX_F_EVENT_ID), &a, c->o->now);
+   }
+   bson_destroy (opts);
+   return store_cursor_end (cur, error, "reading lost claims");
+}
+
+/* The records of a charge's lost attempts, when it charged exactly the
+ * deliveries read before it (`n`); otherwise one of them changed in
+ * between (completed, charged by another), and no record is written
+ * rather than a wrong one.  A record that cannot be written is logged:
+ * the charge stands. */
+static void
+charge_record (claim_t *c, uint32_t lane, const store_attempt_docs_t *recs, int64_t n)
+{
+   mongoc_collection_t *coll;
+   bson_error_t err;
+
+   if (recs->n == 0)
+      return;
+   if ((int64_t) recs->n != n) {
+      log_info ("store: lane %u: %" PRId64 " of %zu lost claims read were charged: their attempts are not recorded", lane, n,
+                recs->n);
+      return;
+   }
+   coll = store_coll (c->s, c->client, OUTBOX_ATTEMPTS);
+   if (!store_attempt_docs_insert (c->s, coll, recs, NULL, &err))
+      log_warn ("store: lane %u: %s", lane, err.message);
+   mongoc_collection_destroy (coll);
+}
+
 static bool
 claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_generation, int64_t *charged,
                  bson_error_t *error)
@@ -101,6 +154,7 @@ claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_ge
    bson_t lost_at, not;
    bson_t *upd;
    bson_error_t err;
+   store_attempt_docs_t recs = {0};
    int64_t n = 0;
    bool ok;
 
@@ -116,15 +170,22 @@ claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_ge
    }
    upd = BCON_NEW ("$inc", "{", OUTBOX_F_ATTEMPTS, BCON_INT32 (1), OUTBOX_F_CLAIMS, BCON_INT32 (1), "}", "$max", "{", OUTBOX_F_LOST_AT,
                    BCON_INT64 (epoch), "}", "$set", "{", OUTBOX_F_UPDATED_AT, BCON_DATE_TIME (c->o->now), "}");
+   if (store_attempts_on (c->s) && !charge_read (c, q, &recs, &err)) {
+      store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+      bson_destroy (upd);
+      return false;
+   }
    ok = store_bounded_write (c->s, c->deliveries, STORE_WRITE_UPDATE_MANY, q, upd, STORE_TAKE_MAX_TIME_MS, &n, &err);
    if (ok) {
       if (n > 0)
          log_info ("store: lane %u: charged %" PRId64 " lost attempt(s) of epoch %" PRId64, lane, n, epoch);
       if (charged)
          *charged = n;
+      charge_record (c, lane, &recs, n);
    } else {
       store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
    }
+   store_attempt_docs_free (&recs);
    bson_destroy (upd);
    return ok;
 }

@@ -137,7 +137,7 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
    bson_t eq = BSON_INITIALIZER, sub, arr, opts = BSON_INITIALIZER;
    const char **ids = bson_malloc0 ((c->n ? c->n : 1) * sizeof *ids);
    uint32_t k = 0;
-   bool ok = true;
+   bool ok = true, recorded = store_attempts_on (c->s) && c->s->times_by_second;
 
    BSON_APPEND_DOCUMENT_BEGIN (&eq, "_id", &sub);
    BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &arr);
@@ -150,12 +150,24 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
          id = store_iter_utf8 (docs[i], OUTBOX_F_EVENT_ID) ? store_iter_utf8 (docs[i], OUTBOX_F_EVENT_ID) : "";
       if (!id)
          continue;
+      recorded = recorded && c->refs[i].attempt;
       ids[k] = id;
       bson_uint32_to_string (k++, &key, buf, sizeof buf);
       BSON_APPEND_UTF8 (&arr, key, id);
    }
    bson_append_array_end (&sub, &arr);
    bson_append_document_end (&eq, &sub);
+   if (k > 0 && !session && recorded) {
+      /* The attempts' records hold each completion's time: the events'
+       * times of one second go together once it is over
+       * (store_completion_times_due), with that second's end. */
+      bson_error_t err;
+      store_t *to = c->s->times_to ? c->s->times_to : c->s;
+      store_defer_events (to, ids, k, (c->now / 1000 + 1) * 1000, false);
+      if (store_completion_times_due (to, c->now) && !store_retry_deferred (to, NULL, &err))
+         log_info ("store: %s (tried again later)", err.message);
+      k = 0;
+   }
    if (k > 0) {
       bson_t *eu = BCON_NEW ("$max", "{", OUTBOX_F_COMPLETED_AT, BCON_DATE_TIME (c->now), "}");
       bson_error_t err;
@@ -167,7 +179,7 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
       }
       if (!ok && !session && c->s->max_time_ms > 0) {
          log_info ("store: %u event completion time(s) deferred (%s)", k, err.message);
-         store_defer_events (c->s, ids, k, c->now);
+         store_defer_events (c->s, ids, k, c->now, true);
          ok = true;
       } else if (!ok && error) {
          *error = err;
@@ -177,6 +189,52 @@ events_completed (complete_t *c, mongoc_collection_t *events, bson_t **docs, mon
    bson_destroy (&eq);
    bson_destroy (&opts);
    bson_free (ids);
+   return ok;
+}
+
+/* The attempt records of the completion's valid refs (those that carry
+ * one), each with its event id from its ref or else from the delivery
+ * read (docs may be NULL): one insert, in the transaction when there is
+ * one (`session`).  Outside one the insert goes before the delete, with
+ * the _id each attempt was given, so a completion tried again after a
+ * failure records its attempts once; an insert that fails there is
+ * logged and the completion goes on (the record is lost, the delivery
+ * is not held up).  Nothing without attempt history. */
+static bool
+complete_record (complete_t *c, bson_t **docs, mongoc_client_session_t *session, bson_error_t *error)
+{
+   store_attempt_docs_t recs = {0};
+   mongoc_collection_t *coll;
+   bson_t opts = BSON_INITIALIZER;
+   bson_error_t err;
+   bool ok = true;
+
+   if (!store_attempts_on (c->s))
+      return true;
+   for (size_t i = 0; i < c->n; i++) {
+      const char *ev = c->refs[i].event_id;
+      if (!c->valid[i] || !c->refs[i].attempt)
+         continue;
+      if (!ev && docs && docs[i])
+         ev = store_iter_utf8 (docs[i], OUTBOX_F_EVENT_ID);
+      store_attempt_docs_add (c->s, &recs, &c->refs[i].id, ev, c->refs[i].attempt, c->now);
+   }
+   if (recs.n == 0)
+      goto done;
+   coll = store_coll (c->s, c->client, OUTBOX_ATTEMPTS);
+   store_session_opts (session, &opts);
+   ok = store_attempt_docs_insert (c->s, coll, &recs, session ? &opts : NULL, &err);
+   mongoc_collection_destroy (coll);
+   if (!ok && session) {
+      if (error)
+         *error = err;
+   } else if (!ok) {
+      log_warn ("store: %s; the completion goes on without them", err.message);
+      ok = true;
+   }
+done:
+   store_attempt_docs_free (&recs);
+   bson_destroy (&opts);
    return ok;
 }
 
@@ -210,6 +268,10 @@ complete_delete (complete_t *c, mongoc_client_session_t *session, bson_t **docs,
       bson_append_document_end (&or_arr, &one);
    }
    bson_append_array_end (&q, &or_arr);
+   if (!complete_record (c, docs, session, error)) {
+      ok = false;
+      goto done;
+   }
    if (session) {
       ok = mongoc_collection_delete_many (dels, &q, &opts, &reply, error);
       c->n_deleted = ok ? store_iter_int64 (&reply, "deletedCount") : 0;
@@ -299,6 +361,7 @@ complete_unread (complete_t *c, bson_error_t *error)
    bson_append_array_end (&q, &or_arr);
    if (c->n_valid == 0)
       goto done;
+   (void) complete_record (c, NULL, NULL, NULL); /* outside a transaction it does not fail */
    /* Bounded (store_set_max_time_ms), as the events' write after it. */
    if (!store_bounded_write (c->s, dels, STORE_WRITE_DELETE_MANY, &q, NULL, 0, &c->n_deleted, error)) {
       ok = false;
@@ -522,6 +585,15 @@ settle_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    bson_destroy (&reply);
    if (!found)
       goto done;
+   if (t->ref->attempt && store_attempts_on (t->s)) {
+      /* The attempt's record, in the same transaction. */
+      store_attempt_docs_t recs = {0};
+      store_attempt_docs_add (t->s, &recs, &t->ref->id, t->ref->event_id, t->ref->attempt, t->now);
+      ok = store_attempt_docs_insert (t->s, txn->coll[OUTBOX_ATTEMPTS], &recs, &txn->opts, error);
+      store_attempt_docs_free (&recs);
+      if (!ok)
+         goto done;
+   }
    lu = BCON_NEW ("$pull", "{", OUTBOX_F_IN_FLIGHT, BCON_OID (&t->ref->id), "}");
    ok = mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error);
    t->applied = ok;
@@ -767,7 +839,7 @@ store_extend_leases (store_t *s,
 /* Many leases, of any lanes, settled or extended in one transaction of a
  * few commands (store_settle_many, store_extend_many). */
 typedef struct {
-   const store_t *s;
+   store_t *s;
    store_many_kind_t kind;
    const store_ref_t *refs;
    const outbox_lease_t *leases;
@@ -937,6 +1009,15 @@ many_settle_writes (store_txn_t *txn, many_t *e, bson_error_t *error)
       bson_append_document_end (&pull, &sub);
       bson_append_document_end (&lu, &pull);
       ok = mongoc_collection_update_many (txn->coll[OUTBOX_LANES_COLL], &lq, &lu, &txn->opts, NULL, error);
+   }
+   if (ok && store_attempts_on (e->s)) {
+      /* The records of the attempts these settle, in the same transaction. */
+      store_attempt_docs_t recs = {0};
+      for (size_t i = 0; i < e->n; i++)
+         if (e->applied[i] && e->refs[i].attempt)
+            store_attempt_docs_add (e->s, &recs, &e->refs[i].id, e->refs[i].event_id, e->refs[i].attempt, e->now);
+      ok = store_attempt_docs_insert (e->s, txn->coll[OUTBOX_ATTEMPTS], &recs, &txn->opts, error);
+      store_attempt_docs_free (&recs);
    }
    bson_destroy (&dq);
    bson_destroy (&du);

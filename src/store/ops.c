@@ -68,6 +68,7 @@ typedef struct {
    int64_t now;
    const char *reason;
    size_t n_buried;
+   store_attempt_docs_t recs; /* a record per pending delivery read (attempt history) */
 } bury_ids_t;
 
 static bool
@@ -85,9 +86,11 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    bool ok = true;
 
    t->n_buried = 0;
+   store_attempt_docs_free (&t->recs);
    store_append_oids_op (&dq, "_id", "$in", t->oids->v, t->oids->n);
    BSON_APPEND_UTF8 (&dq, "status", "pending");
-   fopts = BCON_NEW ("projection", "{", OUTBOX_F_LANE_ID, BCON_INT32 (1), "handler", BCON_INT32 (1), "}");
+   fopts = BCON_NEW ("projection", "{", OUTBOX_F_LANE_ID, BCON_INT32 (1), "handler", BCON_INT32 (1), OUTBOX_F_EVENT_ID, BCON_INT32 (1),
+                     OUTBOX_F_ATTEMPTS, BCON_INT32 (1), "}");
    bson_concat (fopts, &txn->opts);
    cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, fopts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
@@ -97,6 +100,17 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
          continue;
       store_oids_push (&pending, bson_iter_oid (&it));
+      if (store_attempts_on (t->s)) {
+         /* Its record, written if it is buried: the attempt it would have
+          * had next, ended by the operator. */
+         store_attempt_t a = {.handler = handler,
+                              .outcome = OUTBOX_ATTEMPT_BURIED,
+                              .attempt = (int32_t) store_iter_int64 (doc, OUTBOX_F_ATTEMPTS) + 1,
+                              .duration_ms = -1,
+                              .error = t->reason};
+         bson_oid_init (&a.id, NULL);
+         store_attempt_docs_add (t->s, &t->recs, bson_iter_oid (&it), store_iter_utf8 (doc, OUTBOX_F_EVENT_ID), &a, t->now);
+      }
       if (lane >= 0 && lane < OUTBOX_LANES) {
          /* Its lane in the spaces that may run it: its handler's (a
           * dispatched handler), the pull space (a pull handler), and the
@@ -163,6 +177,24 @@ bury_ids_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    else
       t->n_buried = (size_t) store_iter_int64 (&reply, "modifiedCount");
    bson_destroy (&reply);
+   if (ok && t->recs.n > 0) {
+      /* The records of the ones buried (those no lane lists), in the
+       * same transaction. */
+      store_attempt_docs_t buried = {0};
+      for (size_t i = 0; i < t->recs.n; i++) {
+         bson_iter_t d;
+         if (bson_iter_init_find (&d, t->recs.v[i], OUTBOX_F_DELIVERY_ID) && BSON_ITER_HOLDS_OID (&d) &&
+             store_oids_has (&keep, bson_iter_oid (&d))) {
+            if (buried.n == buried.cap) {
+               buried.cap = buried.cap ? buried.cap * 2 : 8;
+               buried.v = bson_realloc (buried.v, buried.cap * sizeof *buried.v);
+            }
+            buried.v[buried.n++] = t->recs.v[i];
+         }
+      }
+      ok = store_attempt_docs_insert (t->s, txn->coll[OUTBOX_ATTEMPTS], &buried, &txn->opts, error);
+      bson_free (buried.v); /* the documents are t->recs' */
+   }
 
 done:
    bson_free (reason);
@@ -202,6 +234,7 @@ store_bury_ids (store_t *s,
    t.now = now;
    t.reason = reason ? reason : "";
    ok = store_with_txn (s, t.client, bury_ids_cb, &t, &err);
+   store_attempt_docs_free (&t.recs);
    if (ok)
       *n_buried = t.n_buried;
    else
@@ -612,6 +645,48 @@ referenced (purge_t *p,
    return ok;
 }
 
+/* With attempt history an event's completion time may still wait to be
+ * written (a second's completions go together), or a crash lost it: the
+ * events of `gone` that have a record of a succeeded attempt are judged by
+ * its latest end instead, as if it were their completedAt, and stay
+ * unless completed_before passed it. */
+static bool
+purge_keep_recorded (purge_t *p, store_txn_t *txn, strs_t *gone, bson_error_t *error)
+{
+   bson_t q = BSON_INITIALIZER;
+   bson_t *opts = BCON_NEW ("projection", "{", OUTBOX_F_EVENT_ID, BCON_INT32 (1), OUTBOX_F_ENDED_AT, BCON_INT32 (1), "}");
+   strs_t keep = {0};
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   size_t k = 0;
+   bool ok = true;
+
+   bson_concat (opts, &txn->opts);
+   append_strs_in (&q, OUTBOX_F_EVENT_ID, gone);
+   BSON_APPEND_UTF8 (&q, OUTBOX_F_OUTCOME, outbox_attempt_outcome_name (OUTBOX_ATTEMPT_SUCCEEDED));
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_ATTEMPTS], &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *id = store_iter_utf8 (doc, OUTBOX_F_EVENT_ID);
+      if (id && !(p->o->completed_before > 0 && store_iter_date (doc, OUTBOX_F_ENDED_AT) < p->o->completed_before))
+         strs_push (&keep, id);
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   for (size_t i = 0; ok && i < gone->n; i++) {
+      if (strs_has (&keep, gone->v[i]))
+         bson_free (gone->v[i]);
+      else
+         gone->v[k++] = gone->v[i];
+   }
+   if (ok)
+      gone->n = k;
+   strs_free (&keep);
+   bson_destroy (opts);
+   bson_destroy (&q);
+   return ok;
+}
+
 /* Deletes the batch (deliveries or history records), then the events of
  * p->event_ids that nothing references any more: an event that had a
  * completion is kept until completed_before passes its completedAt; one
@@ -666,6 +741,8 @@ purge_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    if (mongoc_cursor_error (cur, error))
       ok = false;
    mongoc_cursor_destroy (cur);
+   if (ok && gone.n > 0 && store_attempts_on (p->s))
+      ok = purge_keep_recorded (p, txn, &gone, error);
    if (ok && gone.n > 0) {
       bson_t dq = BSON_INITIALIZER;
       append_strs_in (&dq, "_id", &gone);

@@ -18,6 +18,7 @@
 #include "store/store.h"
 #include "store/store_private.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -42,6 +43,7 @@ static const struct {
    {OUTBOX_DELIVERIES, "eventId"},
    {OUTBOX_KEY_SEQUENCES, "_id"},
    {OUTBOX_COMPLETED, "eventId"},
+   {OUTBOX_ATTEMPTS, "eventId"},
 };
 
 static bool
@@ -61,17 +63,22 @@ create_collection (store_t *s, mongoc_database_t *db, const char *name, bson_err
    return false;
 }
 
-/* One index: name, keys, optional partial filter. */
+/* One index: name, keys, optional partial filter, TTL (expireAfterSeconds;
+ * 0: none). */
 typedef struct {
    outbox_collection_t coll;
    const char *name;
    bson_t *keys;
    bson_t *partial;
    bool unique;
+   int64_t ttl_s;
 } index_spec_t;
 
+/* Creates the indexes of `which` among specs[0..n), but the one named
+ * `skip` (NULL: none). */
 static bool
-create_indexes (store_t *s, mongoc_database_t *db, outbox_collection_t which, index_spec_t *specs, size_t n, bson_error_t *error)
+create_indexes_but (store_t *s, mongoc_database_t *db, outbox_collection_t which, index_spec_t *specs, size_t n, const char *skip,
+                    bson_error_t *error)
 {
    bson_t cmd = BSON_INITIALIZER, arr, doc, reply;
    bson_error_t err;
@@ -83,7 +90,7 @@ create_indexes (store_t *s, mongoc_database_t *db, outbox_collection_t which, in
    for (size_t i = 0; i < n; i++) {
       char idx[16];
       const char *key;
-      if (specs[i].coll != which)
+      if (specs[i].coll != which || (skip && strcmp (specs[i].name, skip) == 0))
          continue;
       bson_uint32_to_string ((uint32_t) k++, &key, idx, sizeof idx);
       BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &doc);
@@ -93,6 +100,8 @@ create_indexes (store_t *s, mongoc_database_t *db, outbox_collection_t which, in
          BSON_APPEND_BOOL (&doc, "unique", true);
       if (specs[i].partial)
          BSON_APPEND_DOCUMENT (&doc, "partialFilterExpression", specs[i].partial);
+      if (specs[i].ttl_s > 0)
+         BSON_APPEND_INT64 (&doc, "expireAfterSeconds", specs[i].ttl_s);
       bson_append_document_end (&arr, &doc);
    }
    bson_append_array_end (&cmd, &arr);
@@ -110,6 +119,64 @@ create_indexes (store_t *s, mongoc_database_t *db, outbox_collection_t which, in
    bson_destroy (&reply);
    bson_destroy (&cmd);
    return ok;
+}
+
+static bool
+create_indexes (store_t *s, mongoc_database_t *db, outbox_collection_t which, index_spec_t *specs, size_t n, bson_error_t *error)
+{
+   return create_indexes_but (s, db, which, specs, n, NULL, error);
+}
+
+/* The attempt records' indexes, and the window of their TTL index
+ * ([outbox] attempt_history): created when it is missing; a window that
+ * differs (another value at this start, or another proxy's) is changed
+ * with collMod, which keeps the index (createIndexes would refuse an
+ * index of the same name with another expireAfterSeconds, 85
+ * IndexOptionsConflict).  The proxy started last sets the window. */
+static bool
+setup_attempts (store_t *s, mongoc_database_t *db, index_spec_t *specs, size_t n, bson_error_t *error)
+{
+   mongoc_collection_t *coll = mongoc_database_get_collection (db, s->names[OUTBOX_ATTEMPTS]);
+   mongoc_cursor_t *cur = mongoc_collection_find_indexes_with_opts (coll, NULL);
+   const bson_t *doc;
+   const char *ttl_name = NULL;
+   int64_t want = 0, have = -1;
+   bson_error_t err;
+   bool ok;
+
+   for (size_t i = 0; i < n; i++)
+      if (specs[i].coll == OUTBOX_ATTEMPTS && specs[i].ttl_s > 0) {
+         ttl_name = specs[i].name;
+         want = specs[i].ttl_s;
+      }
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *name = store_iter_utf8 (doc, "name");
+      bson_iter_t it;
+      if (name && ttl_name && strcmp (name, ttl_name) == 0)
+         have = bson_iter_init_find (&it, doc, "expireAfterSeconds") && BSON_ITER_HOLDS_NUMBER (&it) ? bson_iter_as_int64 (&it) : 0;
+   }
+   ok = store_cursor_end (cur, error, "listIndexes on %s", s->names[OUTBOX_ATTEMPTS]);
+   mongoc_collection_destroy (coll);
+   if (!ok)
+      return false;
+   if (!create_indexes_but (s, db, OUTBOX_ATTEMPTS, specs, n, have >= 0 ? ttl_name : NULL, error))
+      return false;
+   if (have >= 0 && have != want) {
+      bson_t *cmd = BCON_NEW ("collMod", BCON_UTF8 (s->names[OUTBOX_ATTEMPTS]), "index", "{", "name", BCON_UTF8 (ttl_name),
+                              "expireAfterSeconds", BCON_INT64 (want), "}");
+      bson_t reply;
+
+      ok = mongoc_database_command_simple (db, cmd, NULL, &reply, &err);
+      bson_destroy (&reply);
+      bson_destroy (cmd);
+      if (!ok) {
+         store_set_error (error, STORE_ERROR_SERVER, "collMod on %s (the TTL of attempt records): %s", s->names[OUTBOX_ATTEMPTS],
+                          err.message);
+         return false;
+      }
+      log_info ("store: attempt records are now kept %" PRId64 " s ([outbox] attempt_history), not %" PRId64 " s", want, have);
+   }
+   return true;
 }
 
 /* Whether the upstream is a mongos: its hello says "isdbgrid". */
@@ -172,7 +239,8 @@ setup_shard (store_t *s, mongoc_client_t *client, bson_error_t *error)
    for (size_t i = 0; i < sizeof shard_keys / sizeof shard_keys[0]; i++) {
       char ns[OUTBOX_NAME_MAX + 128];
 
-      if (shard_keys[i].coll == OUTBOX_COMPLETED && !s->completion_history)
+      if ((shard_keys[i].coll == OUTBOX_COMPLETED && !s->completion_history) ||
+          (shard_keys[i].coll == OUTBOX_ATTEMPTS && !store_attempts_on (s)))
          continue;
       bson_snprintf (ns, sizeof ns, "%s.%s", s->database, s->names[shard_keys[i].coll]);
       /* Sharding a collection again on the same key is a no-op; on another
@@ -282,11 +350,18 @@ store_setup (store_t *s, bson_error_t *error)
       {OUTBOX_COMPLETED, "completed", BCON_NEW (OUTBOX_F_COMPLETED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
       {OUTBOX_COMPLETED, "event", BCON_NEW (OUTBOX_F_EVENT_ID, BCON_INT32 (1)), NULL, false},
       {OUTBOX_COMPLETED, "created", BCON_NEW (OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1)), NULL, false},
+      /* The attempt records: the TTL index (also the latest attempts of
+       * every handler), a delivery's in order, an event's, a handler's
+       * latest. */
+      {OUTBOX_ATTEMPTS, "expires", BCON_NEW (OUTBOX_F_ENDED_AT, BCON_INT32 (1)), NULL, false, s->attempt_history_s},
+      {OUTBOX_ATTEMPTS, "delivery", BCON_NEW (OUTBOX_F_DELIVERY_ID, BCON_INT32 (1), OUTBOX_F_ENDED_AT, BCON_INT32 (1)), NULL, false},
+      {OUTBOX_ATTEMPTS, "event", BCON_NEW (OUTBOX_F_EVENT_ID, BCON_INT32 (1)), NULL, false},
+      {OUTBOX_ATTEMPTS, "handler", BCON_NEW ("handler", BCON_INT32 (1), OUTBOX_F_ENDED_AT, BCON_INT32 (1)), NULL, false},
    };
    const size_t n_specs = sizeof specs / sizeof specs[0];
 
    for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
-      if (c == OUTBOX_COMPLETED && !s->completion_history)
+      if ((c == OUTBOX_COMPLETED && !s->completion_history) || (c == OUTBOX_ATTEMPTS && !store_attempts_on (s)))
          continue;
       if (!create_collection (s, db, s->names[c], error))
          goto done;
@@ -295,6 +370,8 @@ store_setup (store_t *s, bson_error_t *error)
        !create_indexes (s, db, OUTBOX_EVENTS, specs, n_specs, error))
       goto done;
    if (s->completion_history && !create_indexes (s, db, OUTBOX_COMPLETED, specs, n_specs, error))
+      goto done;
+   if (store_attempts_on (s) && !setup_attempts (s, db, specs, n_specs, error))
       goto done;
    if (!setup_shard (s, client, error))
       goto done;
@@ -306,13 +383,14 @@ store_setup (store_t *s, bson_error_t *error)
    if (!seed_lanes (s, client, 0, OUTBOX_LANE_DOCS, NULL, error))
       goto done;
    ok = true;
-   log_info ("store: set up %s.%s, %s, %s, %s (completion history %s)",
+   log_info ("store: set up %s.%s, %s, %s, %s (completion history %s, attempt history %s)",
              s->database,
              s->names[OUTBOX_EVENTS],
              s->names[OUTBOX_DELIVERIES],
              s->names[OUTBOX_KEY_SEQUENCES],
              s->names[OUTBOX_LANES_COLL],
-             s->completion_history ? "on" : "off");
+             s->completion_history ? "on" : "off",
+             store_attempts_on (s) ? "on" : "off");
 
 done:
    for (size_t i = 0; i < n_specs; i++) {

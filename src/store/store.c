@@ -71,6 +71,7 @@ store_worker_new (const config_t *cfg, const worker_opts_t *opts, store_t **stor
       .prefix = cfg->collection_prefix,
       .completion_history = cfg->completion_history,
       .shard = cfg->shard_mode,
+      .attempt_history_ms = cfg->attempt_history_ms,
    };
 
    if (!w)
@@ -98,6 +99,8 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
    s->database = bson_strdup (opts->database);
    s->owner = bson_strdup (opts->owner);
    s->completion_history = opts->completion_history;
+   /* Whole seconds, rounded up: a TTL index counts seconds. */
+   s->attempt_history_s = opts->attempt_history_ms > 0 ? (opts->attempt_history_ms + 999) / 1000 : 0;
    s->shard = opts->shard;
    s->purge_batch = opts->purge_batch_size > 0 ? opts->purge_batch_size : 500;
    for (int c = 0; c < OUTBOX_N_COLLECTIONS; c++) {
@@ -116,7 +119,7 @@ store_new (mongoc_client_pool_t *pool, const store_opts_t *opts, bson_error_t *e
 
 /* Another instance of `base`'s owner claiming in `space`. */
 static store_t *
-store_new_in_space (const store_t *base, uint32_t space)
+store_new_in_space (store_t *base, uint32_t space)
 {
    store_t *s = bson_malloc0 (sizeof *s);
 
@@ -126,6 +129,11 @@ store_new_in_space (const store_t *base, uint32_t space)
    s->owner = bson_strdup (base->owner);
    memcpy (s->names, base->names, sizeof s->names);
    s->completion_history = base->completion_history;
+   s->attempt_history_s = base->attempt_history_s;
+   s->times_by_second = base->times_by_second;
+   /* A second's completions of every space write their events' times
+    * together: they wait on the base's list. */
+   s->times_to = base->times_by_second ? base : NULL;
    s->shard = base->shard;
    s->purge_batch = base->purge_batch;
    s->max_time_ms = base->max_time_ms;
@@ -287,7 +295,7 @@ store_bounded_write (store_t *s,
 }
 
 void
-store_defer_events (store_t *s, const char *const *ids, size_t n, int64_t at)
+store_defer_events (store_t *s, const char *const *ids, size_t n, int64_t at, bool held)
 {
    size_t dropped = 0;
 
@@ -305,10 +313,39 @@ store_defer_events (store_t *s, const char *const *ids, size_t n, int64_t at)
       s->deferred[s->n_deferred++] = (store_deferred_t) {.event_id = bson_strdup (ids[i]), .at = at};
    }
    pthread_mutex_unlock (&s->mu);
-   counters_add (COUNTER_STORE_DEFERRED, n);
+   if (held)
+      counters_add (COUNTER_STORE_DEFERRED, n);
    if (dropped > 0) {
       counters_add (COUNTER_STORE_DEFERRED_DROPPED, dropped);
       log_warn ("store: %zu deferred completion time(s) dropped (the list holds %d)", dropped, STORE_DEFERRED_MAX);
+   }
+}
+
+void
+store_set_completion_times_by_second (store_t *s, bool on)
+{
+   s->times_by_second = on;
+}
+
+bool
+store_completion_times_due (store_t *s, int64_t now)
+{
+   bool due;
+
+   pthread_mutex_lock (&s->mu);
+   due = s->n_deferred > 0 && (s->deferred[0].at <= now || s->n_deferred >= STORE_DEFERRED_MAX / 2);
+   pthread_mutex_unlock (&s->mu);
+   return due;
+}
+
+void
+store_spaces_write_completion_times (store_spaces_t *sp, int64_t now, bool all)
+{
+   for (size_t i = 0; i <= sp->n; i++) {
+      store_t *s = i < sp->n ? sp->v[i] : sp->base; /* the base holds every space's (times_to) */
+      bson_error_t err;
+      if (s && (all ? store_deferred_count (s) > 0 : store_completion_times_due (s, now)) && !store_retry_deferred (s, NULL, &err))
+         log_warn ("store: %s (tried again later)", err.message);
    }
 }
 

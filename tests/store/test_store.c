@@ -7,6 +7,7 @@
  * deliveries itself with mongoc (documents as docs/outbox-schema.md), and
  * drives one or two store instances with an explicit clock.
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +29,7 @@
 #include "store/store.h"
 #include "store/fleet.h"
 #include "store/ops.h"
+#include "store/attempts.h"
 
 #ifndef RELAYBUS_TOP_SRCDIR
 #define RELAYBUS_TOP_SRCDIR "."
@@ -44,6 +46,7 @@ typedef struct {
    char db[64];
    store_t *a, *b;
    bool history;
+   int64_t attempts_ms; /* [outbox] attempt_history of the instances; 0: none */
 } fx_t;
 
 static int test_no;
@@ -51,7 +54,11 @@ static int test_no;
 static store_t *
 new_store (fx_t *fx, const char *owner)
 {
-   store_opts_t o = {.database = fx->db, .prefix = "relaybus_", .completion_history = fx->history, .owner = owner};
+   store_opts_t o = {.database = fx->db,
+                     .prefix = "relaybus_",
+                     .completion_history = fx->history,
+                     .owner = owner,
+                     .attempt_history_ms = fx->attempts_ms};
    bson_error_t err;
    store_t *s = store_new (fx->pool, &o, &err);
    if (!s)
@@ -60,7 +67,7 @@ new_store (fx_t *fx, const char *owner)
 }
 
 static int
-setup_with (void **state, bool history)
+setup_with_attempts (void **state, bool history, int64_t attempts_ms)
 {
    fx_t *fx = calloc (1, sizeof *fx);
    bson_error_t err;
@@ -80,8 +87,13 @@ setup_with (void **state, bool history)
    mongoc_client_set_error_api (fx->client, MONGOC_ERROR_API_VERSION_2);
    snprintf (fx->db, sizeof fx->db, "store_test_%d_%d", (int) getpid (), ++test_no);
    fx->history = history;
+   fx->attempts_ms = attempts_ms;
    fx->a = new_store (fx, "host/1/aaaa");
    fx->b = new_store (fx, "host/2/bbbb");
+   /* As the dispatcher's instances: a second's completions write their
+    * events' completion times together (with attempt history). */
+   store_set_completion_times_by_second (fx->a, true);
+   store_set_completion_times_by_second (fx->b, true);
    if (!store_setup (fx->a, &err)) {
       fprintf (stderr, "store_setup: %s\n", err.message);
       return -1;
@@ -91,9 +103,28 @@ setup_with (void **state, bool history)
 }
 
 static int
+setup_with (void **state, bool history)
+{
+   return setup_with_attempts (state, history, 0);
+}
+
+static int
 setup (void **state)
 {
    return setup_with (state, false);
+}
+
+/* Attempt history on, for an hour. */
+static int
+setup_attempts (void **state)
+{
+   return setup_with_attempts (state, false, 3600000);
+}
+
+static int
+setup_attempts_history (void **state)
+{
+   return setup_with_attempts (state, true, 3600000);
 }
 
 static int
@@ -2124,6 +2155,7 @@ test_complete_many_with_history_is_one_transaction (void **state)
    store_batch_clear (&b);
 }
 
+
 /* ------------------------------------------------- faults of the reference */
 
 /* Configures failCommand from JSON (mode and data). */
@@ -2149,6 +2181,540 @@ failpoint_off (fx_t *fx)
 {
    failpoint (fx, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
 }
+
+/* ------------------------------------------------------ attempt records */
+
+/* The expireAfterSeconds of <prefix>attempts' index `name`: -1 when the
+ * index has none, -2 when there is no such index. */
+static int64_t
+ttl_of (fx_t *fx, const char *name)
+{
+   mongoc_collection_t *c = coll (fx, OUTBOX_ATTEMPTS);
+   mongoc_cursor_t *cur = mongoc_collection_find_indexes_with_opts (c, NULL);
+   const bson_t *doc;
+   int64_t ttl = -2;
+
+   while (mongoc_cursor_next (cur, &doc))
+      if (sfield (doc, "name") && !strcmp (sfield (doc, "name"), name))
+         ttl = field (doc, "expireAfterSeconds");
+   mongoc_cursor_destroy (cur);
+   mongoc_collection_destroy (c);
+   return ttl;
+}
+
+/* The records of delivery `id` in the order they ended. */
+static bson_t *
+records_of (fx_t *fx, const bson_oid_t *id, int64_t *n)
+{
+   mongoc_collection_t *c = coll (fx, OUTBOX_ATTEMPTS);
+   bson_t *q = BCON_NEW ("deliveryId", BCON_OID (id));
+   bson_t *opts = BCON_NEW ("sort", "{", "endedAt", BCON_INT32 (1), "_id", BCON_INT32 (1), "}");
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c, q, opts, NULL);
+   const bson_t *doc;
+   bson_t *out = bson_new ();
+   char key[16];
+
+   *n = 0;
+   while (mongoc_cursor_next (cur, &doc)) {
+      snprintf (key, sizeof key, "%" PRId64, (*n)++);
+      BSON_APPEND_DOCUMENT (out, key, doc);
+   }
+   mongoc_cursor_destroy (cur);
+   bson_destroy (q);
+   bson_destroy (opts);
+   mongoc_collection_destroy (c);
+   return out;
+}
+
+/* Record i of records_of's array into *out, borrowed from it (a static
+ * bson_t points into itself: never copied by value). */
+static void
+record_at (const bson_t *recs, int i, bson_t *out)
+{
+   char key[16];
+   bson_iter_t it;
+   const uint8_t *data;
+   uint32_t len;
+
+   snprintf (key, sizeof key, "%d", i);
+   if (!bson_iter_init_find (&it, recs, key) || !BSON_ITER_HOLDS_DOCUMENT (&it))
+      fail_msg ("no record %d", i);
+   bson_iter_document (&it, &len, &data);
+   assert_true (bson_init_static (out, data, len));
+}
+
+static store_attempt_t
+an_attempt (outbox_attempt_outcome_t outcome, int32_t n, int64_t started, int64_t ms, int32_t status, const char *error)
+{
+   store_attempt_t a = {.handler = "h",
+                        .outcome = outcome,
+                        .attempt = n,
+                        .started_at = started,
+                        .duration_ms = ms,
+                        .status = status,
+                        .error = error};
+   bson_oid_init (&a.id, NULL);
+   return a;
+}
+
+/* Set-up makes <prefix>attempts with its indexes and a TTL index of the
+ * configured window ([outbox] attempt_history); a set-up with another
+ * window changes it (collMod), without recreating the index; an instance
+ * without attempt history leaves the collection as it is. */
+static void
+test_attempt_records_ttl_index_follows_the_window (void **state)
+{
+   fx_t *fx = *state;
+   store_opts_t o = {.database = fx->db, .prefix = "relaybus_", .owner = "host/3/cccc", .attempt_history_ms = 90500};
+   bson_error_t err;
+   store_t *other;
+
+   assert_int_equal (ttl_of (fx, "expires"), 3600);
+   assert_int_equal (ttl_of (fx, "delivery"), -1);
+   assert_int_equal (ttl_of (fx, "event"), -1);
+   assert_int_equal (ttl_of (fx, "handler"), -1);
+   /* Again with the same window: nothing changes. */
+   assert_true (store_setup (fx->b, &err));
+   assert_int_equal (ttl_of (fx, "expires"), 3600);
+   /* Another window (rounded up to whole seconds). */
+   other = store_new (fx->pool, &o, &err);
+   assert_non_null (other);
+   assert_true (store_setup (other, &err));
+   assert_int_equal (ttl_of (fx, "expires"), 91);
+   store_destroy (other);
+   /* attempt_history = 0: the collection and its window stay. */
+   o.attempt_history_ms = 0;
+   other = store_new (fx->pool, &o, &err);
+   assert_true (store_setup (other, &err));
+   assert_int_equal (ttl_of (fx, "expires"), 91);
+   store_destroy (other);
+}
+
+/* Without attempt history set-up makes no attempts collection. */
+static void
+test_no_attempt_records_without_attempt_history (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_attempt_t a = an_attempt (OUTBOX_ATTEMPT_SUCCEEDED, 1, T0, 5, 204, NULL);
+   store_ref_t r;
+   bool done;
+   bson_error_t err;
+   mongoc_database_t *db = mongoc_client_get_database (fx->client, fx->db);
+   char name[OUTBOX_NAME_MAX];
+
+   add (fx, "e1", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   r = ref (&b.items[0]);
+   r.attempt = &a;
+   assert_true (store_complete_many (fx->a, &r, 1, T0 + 1, &done, &err) && done);
+   assert_true (outbox_collection_name ("relaybus_", OUTBOX_ATTEMPTS, name, sizeof name));
+   assert_false (mongoc_database_has_collection (db, name, &err));
+   mongoc_database_destroy (db);
+   store_batch_clear (&b);
+}
+
+/* Every settling call records the attempt it ends, with the fields of
+ * store_attempt_t: a completion (without a read), a retry with its HTTP
+ * status and masked error, a release, a bury, a release of many; a stale
+ * lease records nothing. */
+static void
+test_every_settling_call_records_its_attempt (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_ref_t r;
+   bool applied, done;
+   bson_error_t err;
+   bson_t *recs, rec;
+   int64_t n;
+   bson_oid_t id;
+   store_attempt_t a;
+
+   add (fx, "e1", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   id = b.items[0].id;
+   r = ref (&b.items[0]);
+   a = an_attempt (OUTBOX_ATTEMPT_FAILED, 1, T0, 120, 503, "HTTP 503: see http://u:hunter2@example.com/x");
+   a.response = "down for maintenance";
+   r.attempt = &a;
+   assert_true (store_reschedule (fx->a, &r, T0 + 200, T0 + 200, "HTTP 503", &applied, &err) && applied);
+   /* The stale lease of that claim: nothing is recorded. */
+   a = an_attempt (OUTBOX_ATTEMPT_FAILED, 1, T0, 1, 500, "late");
+   assert_true (store_reschedule (fx->a, &r, T0 + 300, T0 + 300, "late", &applied, &err) && !applied);
+   store_batch_clear (&b);
+
+   claim (fx->a, "h", 1, T0 + 400, &b);
+   r = ref (&b.items[0]);
+   a = an_attempt (OUTBOX_ATTEMPT_RELEASED, 2, T0 + 400, 10, 410, "HTTP 410");
+   r.attempt = &a;
+   assert_true (store_release (fx->a, &r, T0 + 410, &applied, &err) && applied);
+   store_batch_clear (&b);
+
+   claim (fx->a, "h", 1, T0 + 500, &b);
+   r = ref (&b.items[0]);
+   a = an_attempt (OUTBOX_ATTEMPT_SUCCEEDED, 2, T0 + 500, 7, 204, NULL);
+   a.response = "ok";
+   r.attempt = &a;
+   assert_true (store_complete_many (fx->a, &r, 1, T0 + 507, &done, &err) && done);
+   store_batch_clear (&b);
+
+   recs = records_of (fx, &id, &n);
+   assert_int_equal (n, 3);
+   record_at (recs, 0, &rec);
+   assert_string_equal (sfield (&rec, "outcome"), "failed");
+   assert_string_equal (sfield (&rec, "eventId"), "e1");
+   assert_string_equal (sfield (&rec, "handler"), "h");
+   assert_string_equal (sfield (&rec, "instance"), "host/1/aaaa");
+   assert_int_equal (field (&rec, "attempt"), 1);
+   assert_int_equal (field (&rec, "status"), 503);
+   assert_int_equal (field (&rec, "startedAt"), T0);
+   assert_int_equal (field (&rec, "endedAt"), T0 + 200);
+   assert_int_equal (field (&rec, "durationMs"), 120);
+   assert_non_null (strstr (sfield (&rec, "error"), "HTTP 503: see http://u:********@example.com/x"));
+   assert_null (strstr (sfield (&rec, "error"), "hunter2"));
+   assert_string_equal (sfield (&rec, "response"), "down for maintenance");
+   record_at (recs, 1, &rec);
+   assert_string_equal (sfield (&rec, "outcome"), "released");
+   assert_int_equal (field (&rec, "attempt"), 2);
+   assert_int_equal (field (&rec, "status"), 410);
+   record_at (recs, 2, &rec);
+   assert_string_equal (sfield (&rec, "outcome"), "succeeded");
+   assert_int_equal (field (&rec, "status"), 204);
+   assert_int_equal (field (&rec, "durationMs"), 7);
+   assert_string_equal (sfield (&rec, "response"), "ok");
+   bson_destroy (recs);
+
+   /* A bury, and a release of many in one transaction. */
+   add (fx, "e2", "h", NULL, 0, T0 - 10);
+   add (fx, "e3", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 2, T0 + 1000, &b);
+   assert_int_equal (b.n, 2);
+   {
+      store_attempt_t a0 = an_attempt (OUTBOX_ATTEMPT_REFUSED, 1, T0 + 1000, 3, 0, "rabbitmq: the broker refused the message (basic.nack)");
+      store_attempt_t a1 = an_attempt (OUTBOX_ATTEMPT_RELEASED, 1, T0 + 1000, 4, 0, NULL);
+      store_ref_t rs[1];
+      bool ap[1];
+
+      r = ref (&b.items[0]);
+      r.attempt = &a0;
+      assert_true (store_bury (fx->a, &r, T0 + 1003, "nack", &applied, &err) && applied);
+      rs[0] = ref (&b.items[1]);
+      rs[0].attempt = &a1;
+      assert_true (store_settle_many (fx->a, STORE_MANY_RELEASE, rs, 1, T0 + 1004, 0, NULL, ap, &err) && ap[0]);
+      recs = records_of (fx, &b.items[0].id, &n);
+      assert_int_equal (n, 1);
+      record_at (recs, 0, &rec);
+      assert_string_equal (sfield (&rec, "outcome"), "refused");
+      assert_string_equal (sfield (&rec, "error"), "rabbitmq: the broker refused the message (basic.nack)");
+      assert_int_equal (field (&rec, "status"), -1);
+      bson_destroy (recs);
+      recs = records_of (fx, &b.items[1].id, &n);
+      assert_int_equal (n, 1);
+      record_at (recs, 0, &rec);
+      assert_string_equal (sfield (&rec, "outcome"), "released");
+      bson_destroy (recs);
+   }
+   store_batch_clear (&b);
+}
+
+/* A completion records its batch's attempts with one insert beside its
+ * delete, whatever the batch's size; the events' completion times of a
+ * second's completions are written together once that second is over
+ * (the records hold each one's time).  A completion tried again with the
+ * same attempts (its first try failed after the insert) records each
+ * once. */
+static void
+test_complete_many_records_with_one_insert (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_ref_t refs[10];
+   store_attempt_t at[10];
+   bool done[10];
+   bson_t by_name = BSON_INITIALIZER;
+   bson_error_t err;
+   bson_iter_t it;
+   char ev[32];
+
+   if (fx->dbl.pid == 0)
+      skip (); /* doubleStats */
+   for (int i = 0; i < 10; i++) {
+      snprintf (ev, sizeof ev, "ca-%d", i);
+      add (fx, ev, "h", NULL, 0, T0 - 100 + i);
+   }
+   claim (fx->a, "h", 10, T0, &b);
+   assert_int_equal (b.n, 10);
+   for (size_t i = 0; i < b.n; i++) {
+      refs[i] = ref (&b.items[i]);
+      at[i] = an_attempt (OUTBOX_ATTEMPT_SUCCEEDED, 1, T0, 3, 200, NULL);
+      refs[i].attempt = &at[i];
+   }
+   /* The first try fails at the delete, after the insert. */
+   failpoint (fx, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"delete\"], "
+                  "\"errorCode\": 91}}");
+   assert_false (store_complete_many (fx->a, refs, b.n, T0 + 5, done, &err));
+   failpoint_off (fx);
+   assert_int_equal (count (fx, OUTBOX_ATTEMPTS, "{}"), 10);
+   commands_since (fx, NULL);
+   assert_true (store_complete_many (fx->a, refs, b.n, T0 + 6, done, &err));
+   for (size_t i = 0; i < b.n; i++)
+      assert_true (done[i]);
+   assert_int_equal (commands_since (fx, &by_name), 2);
+   assert_true (bson_iter_init_find (&it, &by_name, "insert") && bson_iter_as_int64 (&it) == 1);
+   assert_true (bson_iter_init_find (&it, &by_name, "delete") && bson_iter_as_int64 (&it) == 1);
+   assert_false (bson_iter_init_find (&it, &by_name, "update"));
+   assert_int_equal (count (fx, OUTBOX_ATTEMPTS, "{}"), 10);
+   /* The events' completion times wait for the end of their second. */
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"completedAt\": {\"$exists\": true}}"), 0);
+   assert_false (store_completion_times_due (fx->a, T0 + 999));
+   assert_true (store_completion_times_due (fx->a, T0 + 1000));
+   bson_reinit (&by_name);
+   commands_since (fx, NULL);
+   assert_true (store_retry_deferred (fx->a, NULL, &err));
+   assert_int_equal (commands_since (fx, &by_name), 1);
+   assert_true (bson_iter_init_find (&it, &by_name, "update") && bson_iter_as_int64 (&it) == 1);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"completedAt\": {\"$date\": 1700000001000}}"), 10);
+   assert_int_equal (count (fx, OUTBOX_ATTEMPTS, "{\"outcome\": \"succeeded\", \"status\": 200}"), 10);
+   bson_destroy (&by_name);
+   store_batch_clear (&b);
+}
+
+/* In a transaction, a record goes with it: a settling transaction that
+ * aborts (a transient error on its insert) and runs again writes its
+ * record once; with completion history the completion's records are in
+ * its one transaction. */
+static void
+test_a_record_in_an_aborted_transaction_is_written_once (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_attempt_t a = an_attempt (OUTBOX_ATTEMPT_FAILED, 1, T0, 9, 500, "HTTP 500");
+   store_attempt_t c = an_attempt (OUTBOX_ATTEMPT_SUCCEEDED, 1, T0, 9, 200, NULL);
+   store_ref_t r;
+   bool applied, done;
+   bson_error_t err;
+   int64_t n;
+   bson_t *recs;
+
+   add (fx, "e1", "h", NULL, 0, T0 - 10);
+   add (fx, "e2", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 2, T0, &b);
+   assert_int_equal (b.n, 2);
+   r = ref (&b.items[0]);
+   r.attempt = &a;
+   failpoint (fx, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"insert\"], "
+                  "\"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}");
+   assert_true (store_reschedule (fx->a, &r, T0 + 20, T0 + 5000, "HTTP 500", &applied, &err) && applied);
+   failpoint_off (fx);
+   recs = records_of (fx, &b.items[0].id, &n);
+   assert_int_equal (n, 1);
+   bson_destroy (recs);
+   r = ref (&b.items[1]);
+   r.attempt = &c;
+   failpoint (fx, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"insert\"], "
+                  "\"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}");
+   assert_true (store_complete_many (fx->a, &r, 1, T0 + 30, &done, &err) && done);
+   failpoint_off (fx);
+   recs = records_of (fx, &b.items[1].id, &n);
+   assert_int_equal (n, 1);
+   bson_destroy (recs);
+   assert_int_equal (count (fx, OUTBOX_COMPLETED, "{}"), 1);
+   store_batch_clear (&b);
+}
+
+/* A takeover's charge of a lost claim records it as lease_lost, with its
+ * event, handler and attempt number, in the charge's command batch; an
+ * operator's bury records "buried" with its reason. */
+static void
+test_lost_and_operator_buried_attempts_are_recorded (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t ba = {0}, bb = {0};
+   int64_t later = T0 + LEASE + 1, n;
+   bson_t *recs, rec;
+   bson_error_t err;
+   size_t buried;
+   bson_oid_t e2;
+   char hex[25];
+   const char *ids[1];
+
+   add (fx, "e1", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &ba);
+   claim (fx->b, "h", 1, later, &bb);
+   assert_int_equal (bb.n, 1);
+   recs = records_of (fx, &ba.items[0].id, &n);
+   assert_int_equal (n, 1);
+   record_at (recs, 0, &rec);
+   assert_string_equal (sfield (&rec, "outcome"), "lease_lost");
+   assert_string_equal (sfield (&rec, "eventId"), "e1");
+   assert_string_equal (sfield (&rec, "handler"), "h");
+   assert_string_equal (sfield (&rec, "instance"), "host/2/bbbb"); /* the taker */
+   assert_int_equal (field (&rec, "attempt"), 1);
+   assert_int_equal (field (&rec, "endedAt"), later);
+   bson_destroy (recs);
+
+   e2 = add (fx, "e2", "h", NULL, 0, T0 - 10);
+   bson_oid_to_string (&e2, hex);
+   ids[0] = hex;
+   assert_true (store_bury_ids (fx->a, ids, 1, later + 5, "buried by an operator: broken payload", &buried, &err));
+   assert_int_equal (buried, 1);
+   recs = records_of (fx, &e2, &n);
+   assert_int_equal (n, 1);
+   record_at (recs, 0, &rec);
+   assert_string_equal (sfield (&rec, "outcome"), "buried");
+   assert_string_equal (sfield (&rec, "error"), "buried by an operator: broken payload");
+   assert_int_equal (field (&rec, "attempt"), 1);
+   bson_destroy (recs);
+   store_batch_clear (&ba);
+   store_batch_clear (&bb);
+}
+
+/* With attempt history the purge judges an event whose completion time is
+ * not written yet (it waits for the end of its second, or a crash lost
+ * it) by its records: a succeeded attempt keeps it until completed_before
+ * passes that attempt's end. */
+static void
+test_purge_reads_the_records_for_a_completion_time_not_written (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_attempt_t a = an_attempt (OUTBOX_ATTEMPT_SUCCEEDED, 1, T0 + 40, 5, 204, NULL);
+   store_ref_t r;
+   bool done;
+   bson_error_t err;
+   store_purge_opts_t po = {0};
+   store_purge_result_t pr;
+
+   add (fx, "old-1", "h", NULL, 0, T0 - 100000);
+   claim (fx->a, "h", 1, T0 + 40, &b);
+   r = ref (&b.items[0]);
+   r.attempt = &a;
+   assert_true (store_complete_many (fx->a, &r, 1, T0 + 45, &done, &err) && done);
+   store_batch_clear (&b);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"old-1\", \"completedAt\": {\"$exists\": true}}"), 0);
+   /* Created long before both cutoffs, its completion after them: kept. */
+   po.dead_before = T0 + 10;
+   po.completed_before = T0 + 10;
+   assert_true (store_purge (fx->a, &po, &pr, &err));
+   assert_int_equal (pr.events, 0);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"old-1\"}"), 1);
+   /* Once completed_before passes the attempt's end: gone. */
+   po.completed_before = T0 + 100;
+   assert_true (store_purge (fx->a, &po, &pr, &err));
+   assert_int_equal (pr.events, 1);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": \"old-1\"}"), 0);
+}
+
+/* The admin views' reads: a delivery's attempts in order and its state
+ * (running while a lane lists it, completed once deleted with a record of
+ * success), an event's deliveries with their states and attempts, the
+ * latest attempts by handler and outcome, paged. */
+static void
+test_attempt_history_reads (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b = {0};
+   store_attempt_t a;
+   store_ref_t r;
+   bool applied, done, more;
+   bson_error_t err;
+   store_delivery_history_t h;
+   store_event_history_t ev;
+   bson_oid_t id, unknown;
+   bson_t page = BSON_INITIALIZER;
+   store_attempts_filter_t f = {0};
+
+   id = add (fx, "e1", "h", NULL, 0, T0 - 10);
+   add (fx, "e1", "g", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b);
+   assert_true (store_delivery_history (fx->a, &id, 100, &h, &err));
+   assert_true (h.found);
+   assert_string_equal (h.state, "running");
+   assert_int_equal (bson_count_keys (&h.attempts), 0);
+   store_delivery_history_clear (&h);
+   r = ref (&b.items[0]);
+   a = an_attempt (OUTBOX_ATTEMPT_FAILED, 1, T0, 10, 500, "HTTP 500");
+   r.attempt = &a;
+   assert_true (store_reschedule (fx->a, &r, T0 + 10, T0 + 11, "HTTP 500", &applied, &err) && applied);
+   store_batch_clear (&b);
+   assert_true (store_delivery_history (fx->a, &id, 100, &h, &err));
+   assert_string_equal (h.state, "pending");
+   assert_int_equal (bson_count_keys (&h.attempts), 1);
+   store_delivery_history_clear (&h);
+   claim (fx->a, "h", 1, T0 + 20, &b);
+   r = ref (&b.items[0]);
+   a = an_attempt (OUTBOX_ATTEMPT_SUCCEEDED, 2, T0 + 20, 4, 204, NULL);
+   r.attempt = &a;
+   assert_true (store_complete_many (fx->a, &r, 1, T0 + 24, &done, &err) && done);
+   store_batch_clear (&b);
+   assert_true (store_delivery_history (fx->a, &id, 100, &h, &err));
+   assert_true (h.found);
+   assert_string_equal (h.state, "completed");
+   assert_int_equal (bson_count_keys (&h.attempts), 2);
+   assert_false (h.more);
+   store_delivery_history_clear (&h);
+   assert_true (store_delivery_history (fx->a, &id, 1, &h, &err));
+   assert_int_equal (bson_count_keys (&h.attempts), 1);
+   assert_true (h.more);
+   store_delivery_history_clear (&h);
+   bson_oid_init (&unknown, NULL);
+   assert_true (store_delivery_history (fx->a, &unknown, 100, &h, &err));
+   assert_false (h.found);
+   store_delivery_history_clear (&h);
+
+   assert_true (store_event_history (fx->a, "e1", &ev, &err));
+   assert_true (ev.found);
+   assert_string_equal (sfield (&ev.event, "_id"), "e1");
+   assert_int_equal (bson_count_keys (&ev.deliveries), 1); /* g's; h's completed without history */
+   assert_string_equal (page_str (&ev.deliveries, 0, "handler"), "g");
+   assert_string_equal (page_str (&ev.deliveries, 0, "state"), "pending");
+   assert_int_equal (bson_count_keys (&ev.attempts), 2);
+   store_event_history_clear (&ev);
+   assert_true (store_event_history (fx->a, "no-such-event", &ev, &err));
+   assert_false (ev.found);
+   store_event_history_clear (&ev);
+
+   f.handler = "h";
+   f.outcome = "failed";
+   assert_true (store_attempts_list (fx->a, &f, &page, &more, &err));
+   assert_int_equal (bson_count_keys (&page), 1);
+   assert_false (more);
+   bson_reinit (&page);
+   f.outcome = NULL;
+   f.limit = 1;
+   assert_true (store_attempts_list (fx->a, &f, &page, &more, &err));
+   assert_int_equal (bson_count_keys (&page), 1);
+   assert_true (more);
+   assert_string_equal (page_str (&page, 0, "outcome"), "succeeded"); /* latest first */
+   {
+      int64_t ended;
+      bson_oid_t last = page_id (&page, 0, NULL);
+      bson_t rec;
+      record_at (&page, 0, &rec);
+      ended = field (&rec, "endedAt");
+      bson_reinit (&page);
+      f.before_ended = ended;
+      f.before_id = &last;
+      assert_true (store_attempts_list (fx->a, &f, &page, &more, &err));
+      assert_int_equal (bson_count_keys (&page), 1);
+      assert_string_equal (page_str (&page, 0, "outcome"), "failed");
+      assert_false (more);
+   }
+   bson_reinit (&page);
+   f.before_id = NULL;
+   f.since = T0 + 24;
+   f.limit = 100;
+   assert_true (store_attempts_list (fx->a, &f, &page, &more, &err));
+   assert_int_equal (bson_count_keys (&page), 1);
+   bson_reinit (&page);
+   f.handler = "{\"$ne\": null}";
+   f.since = 0;
+   assert_true (store_attempts_list (fx->a, &f, &page, &more, &err));
+   assert_int_equal (bson_count_keys (&page), 0);
+   bson_destroy (&page);
+}
+
 
 /* An event id of `prefix` whose unkeyed delivery falls in `lane`. */
 static void
@@ -2899,6 +3465,14 @@ main (void)
       cmocka_unit_test_setup_teardown (test_a_lane_handed_back_parks_its_waiting_deliveries, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claims_write_no_delivery_and_completions_no_lane, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_with_history_is_one_transaction, setup_history, teardown),
+      cmocka_unit_test_setup_teardown (test_attempt_records_ttl_index_follows_the_window, setup_attempts, teardown),
+      cmocka_unit_test_setup_teardown (test_no_attempt_records_without_attempt_history, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_every_settling_call_records_its_attempt, setup_attempts, teardown),
+      cmocka_unit_test_setup_teardown (test_complete_many_records_with_one_insert, setup_attempts, teardown),
+      cmocka_unit_test_setup_teardown (test_a_record_in_an_aborted_transaction_is_written_once, setup_attempts_history, teardown),
+      cmocka_unit_test_setup_teardown (test_lost_and_operator_buried_attempts_are_recorded, setup_attempts, teardown),
+      cmocka_unit_test_setup_teardown (test_attempt_history_reads, setup_attempts, teardown),
+      cmocka_unit_test_setup_teardown (test_purge_reads_the_records_for_a_completion_time_not_written, setup_attempts, teardown),
       cmocka_unit_test_setup_teardown (test_h1_failed_flush_runnable_within_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_h1_failed_reschedule_runnable_within_lease, setup, teardown),
       cmocka_unit_test_setup_teardown (test_m1_relinquish_no_gap, setup, teardown),

@@ -431,6 +431,47 @@ test_parse_listen (void **state)
    assert_false (config_parse_listen ("h:-1", host, sizeof host, &port, &error));
 }
 
+/* [outbox] attempt_history: 7d by default, a bare 0 turns it off, whole
+ * seconds (the TTL index's); [handler] rate_limit: N/s or N/min, not for
+ * pull handlers. */
+static void
+test_attempt_history_and_rate_limit (void **state)
+{
+   config_t *def = parse_ok ("[outbox]\n");
+   config_t *off = parse_ok ("[outbox]\nattempt_history = 0\n");
+   config_t *hour = parse_ok ("[outbox]\nattempt_history = 1h\n");
+   config_t *rl = parse_ok ("[handler a]\nevents = *\nkind = webhook\nurl = http://127.0.0.1:1/\nrate_limit = 20/s\n"
+                            "[handler b]\nevents = *\nkind = webhook\nurl = http://127.0.0.1:1/\nrate_limit = 600/min\n"
+                            "[handler c]\nevents = *\nkind = webhook\nurl = http://127.0.0.1:1/\n");
+
+   (void) state;
+   assert_int_equal (def->attempt_history_ms, INT64_C (7) * 86400000);
+   assert_int_equal (off->attempt_history_ms, 0);
+   assert_int_equal (hour->attempt_history_ms, 3600000);
+   assert_int_equal (rl->handlers[0].rate_limit_n, 20);
+   assert_int_equal (rl->handlers[0].rate_limit_period_ms, 1000);
+   assert_int_equal (rl->handlers[1].rate_limit_n, 600);
+   assert_int_equal (rl->handlers[1].rate_limit_period_ms, 60000);
+   assert_int_equal (rl->handlers[2].rate_limit_n, 0);
+   assert_int_equal (rl->handlers[2].rate_limit_period_ms, 0);
+   parse_fails ("[outbox]\nattempt_history = 500ms\n", "test.ini:2: [outbox] attempt_history: at least 1s, or 0");
+   parse_fails ("[outbox]\nattempt_history = 00x\n", "attempt_history: '00x' is not a duration");
+   parse_fails ("[handler a]\nevents = *\nkind = webhook\nurl = http://127.0.0.1:1/\nrate_limit = 20\n",
+                "[handler a] rate_limit: '20' is not N/s or N/min");
+   parse_fails ("[handler a]\nevents = *\nkind = webhook\nurl = http://127.0.0.1:1/\nrate_limit = 0/s\n",
+                "[handler a] rate_limit: '0/s' is not N/s or N/min");
+   parse_fails ("[handler a]\nevents = *\nkind = webhook\nurl = http://127.0.0.1:1/\nrate_limit = 99999999999/s\n",
+                "[handler a] rate_limit: '99999999999/s'");
+   parse_fails ("[handler a]\nevents = *\nkind = webhook\nurl = http://127.0.0.1:1/\nrate_limit = 5/h\n",
+                "[handler a] rate_limit: '5/h'");
+   parse_fails ("[handler p]\nevents = *\nkind = pull\nrate_limit = 5/s\n",
+                "[handler p] rate_limit: for kind = webhook, kafka, rabbitmq or nats");
+   config_release (def);
+   config_release (off);
+   config_release (hour);
+   config_release (rl);
+}
+
 /* Durations: a number and a unit; defaults; a plain number, an unknown
  * unit or a value outside the limits is refused naming the key; written
  * back in the largest exact unit; reloadable. */
@@ -979,6 +1020,7 @@ main (void)
       cmocka_unit_test (test_docs_retry_table),
       cmocka_unit_test (test_reload_rules),
       cmocka_unit_test (test_durations),
+      cmocka_unit_test (test_attempt_history_and_rate_limit),
       cmocka_unit_test (test_parse_listen),
       cmocka_unit_test (test_write_masks_secrets),
       cmocka_unit_test (test_mask),

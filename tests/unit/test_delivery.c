@@ -1,7 +1,8 @@
 /*
  * test_delivery.c - dispatch/delivery.c: the retry schedule's full-jitter
- * bounds, and the one generator of the jitter (never stuck at 0, spread
- * over a schedule's whole range, two seeds two sequences).
+ * bounds, the one generator of the jitter (never stuck at 0, spread
+ * over a schedule's whole range, two seeds two sequences), and the token
+ * bucket of rate_limit.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -66,12 +67,61 @@ test_rng (void **state)
    assert_true (zero.s != 0);
 }
 
+/* rate_limit's bucket: empty at start, a token every period / n, never
+ * more than n (the burst after a quiet spell), exact over any number of
+ * steps; a reload keeps the tokens up to the new n; n 0 limits nothing. */
+static void
+test_rate_limit_bucket (void **state)
+{
+   delivery_rate_t r;
+   int64_t started = 0;
+
+   (void) state;
+   delivery_rate_init (&r, 20, 1000, 0);
+   assert_false (delivery_rate_take (&r, 0));
+   assert_int_equal (delivery_rate_wait_ms (&r, 0), 50);
+   assert_int_equal (delivery_rate_wait_ms (&r, 30), 20);
+   assert_false (delivery_rate_take (&r, 49));
+   assert_true (delivery_rate_take (&r, 50));
+   assert_false (delivery_rate_take (&r, 50));
+   assert_int_equal (delivery_rate_room (&r, 50, 1000), 20);
+   /* 100 starts as fast as the bucket allows, 1 ms steps: the last at 5 s. */
+   delivery_rate_init (&r, 20, 1000, 0);
+   for (int64_t t = 0; started < 100; t++)
+      if (delivery_rate_take (&r, t) && ++started == 100)
+         assert_int_equal (t, 5000);
+   /* A quiet hour: a burst of 20, no more. */
+   for (int i = 0; i < 20; i++)
+      assert_true (delivery_rate_take (&r, 3600000));
+   assert_false (delivery_rate_take (&r, 3600000));
+   /* Per minute: a token every 6 s of 10/min. */
+   delivery_rate_init (&r, 10, 60000, 0);
+   assert_int_equal (delivery_rate_wait_ms (&r, 0), 6000);
+   assert_int_equal (delivery_rate_room (&r, 0, 1000), 0);
+   assert_int_equal (delivery_rate_room (&r, 5500, 1000), 1);
+   assert_true (delivery_rate_take (&r, 6000));
+   /* A reload to 2/min keeps at most 2 of the tokens it had. */
+   delivery_rate_init (&r, 10, 60000, 0);
+   delivery_rate_set (&r, 2, 60000, 3600000);
+   assert_true (delivery_rate_take (&r, 3600000));
+   assert_true (delivery_rate_take (&r, 3600000));
+   assert_false (delivery_rate_take (&r, 3600000));
+   /* A clock that goes back adds nothing. */
+   assert_false (delivery_rate_take (&r, 0));
+   /* No limit. */
+   delivery_rate_init (&r, 0, 0, 0);
+   for (int i = 0; i < 1000; i++)
+      assert_true (delivery_rate_take (&r, 0));
+   assert_int_equal (delivery_rate_wait_ms (&r, 0), 0);
+}
+
 int
 main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_backoff_full_jitter),
       cmocka_unit_test (test_rng),
+      cmocka_unit_test (test_rate_limit_bucket),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -351,7 +351,7 @@ test_txn_fence (void **state)
          pulltxn_destroy (t);
          continue;
       }
-      if (n != 2)
+      if (n != 3)
          fail_msg ("%s: %u commands in the write round", fence_cases[k].what, n);
       assert_string_equal (first_key (pulltxn_command (t, 0)), "delete");
       assert_true (has_path (pulltxn_command (t, 0), "deletes.0.q.$or.0.claims"));
@@ -361,8 +361,10 @@ test_txn_fence (void **state)
                    bson_iter_find_descendant (&it, "updates.0.q._id.$in.0", &it) && BSON_ITER_HOLDS_UTF8 (&it));
       assert_string_equal (bson_iter_utf8 (&it, NULL), "e1");
       assert_true (has_path (pulltxn_command (t, 1), "updates.0.u.$max.completedAt"));
+      assert_string_equal (first_key (pulltxn_command (t, 2)), "insert");
       reply_json (t, 0, "{\"ok\": 1, \"n\": 1}");
       reply_json (t, 1, "{\"ok\": 1, \"n\": 1, \"nModified\": 1}");
+      reply_json (t, 2, "{\"ok\": 1, \"n\": 1}");
       assert_int_equal (pulltxn_next_round (t), 0);
       assert_false (pulltxn_failed (t, NULL));
       {
@@ -395,7 +397,7 @@ test_txn_failures (void **state)
    assert_int_equal (pulltxn_next_round (t), 2);
    reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
    reply_json (t, 1, TXN_LANE ("3", TXN_OID));
-   assert_int_equal (pulltxn_next_round (t), 2);
+   assert_int_equal (pulltxn_next_round (t), 3);
    reply_json (t, 0, "{\"ok\": 0, \"code\": 112, \"codeName\": \"WriteConflict\", \"errmsg\": \"conflict\", "
                      "\"errorLabels\": [\"TransientTransactionError\"]}");
    reply_json (t, 1, "{\"ok\": 0, \"code\": 251, \"codeName\": \"NoSuchTransaction\", \"errmsg\": \"x\"}");
@@ -411,7 +413,7 @@ test_txn_failures (void **state)
    assert_int_equal (pulltxn_next_round (t), 2);
    reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
    reply_json (t, 1, TXN_LANE ("3", TXN_OID));
-   assert_int_equal (pulltxn_next_round (t), 2);
+   assert_int_equal (pulltxn_next_round (t), 3);
    reply_json (t, 0, "{\"ok\": 1, \"n\": 0}");
    reply_json (t, 1, "{\"ok\": 1, \"n\": 1}");
    assert_int_equal (pulltxn_next_round (t), 0);
@@ -460,15 +462,75 @@ test_txn_history (void **state)
    assert_int_equal (pulltxn_next_round (t), 2);
    reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
    reply_json (t, 1, TXN_LANE ("3", TXN_OID));
-   assert_int_equal (pulltxn_next_round (t), 3);
-   assert_string_equal (first_key (pulltxn_command (t, 2)), "insert");
-   assert_true (bson_iter_init (&it, pulltxn_command (t, 2)) &&
+   assert_int_equal (pulltxn_next_round (t), 4);
+   assert_string_equal (first_key (pulltxn_command (t, 3)), "insert");
+   assert_true (bson_iter_init (&it, pulltxn_command (t, 3)) &&
                 bson_iter_find_descendant (&it, "documents.0.attempts", &it));
    assert_int_equal (bson_iter_int32 (&it), 1);
-   assert_true (has_path (pulltxn_command (t, 2), "documents.0.eventId"));
-   assert_true (has_path (pulltxn_command (t, 2), "documents.0.completedAt"));
+   assert_true (has_path (pulltxn_command (t, 3), "documents.0.eventId"));
+   assert_true (has_path (pulltxn_command (t, 3), "documents.0.completedAt"));
    pulltxn_destroy (t);
    config_release (cfg);
+   bson_free (text);
+}
+
+/* With [outbox] attempt_history (the default) the write round records
+ * each delivery's attempt in <prefix>attempts, succeeded, in the
+ * transaction: its event, handler, number (attempts + 1), and its start,
+ * duration and instance as the consumer thread answered the lease check;
+ * with attempt_history = 0 nothing. */
+static void
+test_txn_attempt_records (void **state)
+{
+   bson_error_t error;
+   char *text = bson_strdup_printf ("%s[outbox]\nattempt_history = 0\n", ini);
+   config_t *off = config_parse_string (text, "test.ini", &error), *cfg = cfg_new ();
+   pulltxn_t *t;
+   bson_iter_t it;
+   bson_t *checked = doc ("{\"ok\": 1, \"claimedAt\": [{\"$date\": {\"$numberLong\": \"1699999999000\"}}], \"instance\": \"host/1/abc\"}");
+   const bson_t *c;
+
+   (void) state;
+   if (!off)
+      fail_msg ("config: %s", error.message);
+   t = txn_new (cfg, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS "}");
+   pulltxn_set_claims (t, checked);
+   assert_int_equal (pulltxn_next_round (t), 2);
+   reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
+   reply_json (t, 1, TXN_LANE ("3", TXN_OID));
+   assert_int_equal (pulltxn_next_round (t), 3);
+   c = pulltxn_command (t, 2);
+   assert_string_equal (first_key (c), "insert");
+   assert_true (bson_iter_init_find (&it, c, "insert"));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "relaybus_attempts");
+   assert_true (has_path (c, "txnNumber"));
+   assert_true (bson_iter_init (&it, c) && bson_iter_find_descendant (&it, "documents.0.outcome", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "succeeded");
+   assert_true (bson_iter_init (&it, c) && bson_iter_find_descendant (&it, "documents.0.attempt", &it));
+   assert_int_equal (bson_iter_int32 (&it), 1);
+   assert_true (bson_iter_init (&it, c) && bson_iter_find_descendant (&it, "documents.0.handler", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "orders");
+   assert_true (bson_iter_init (&it, c) && bson_iter_find_descendant (&it, "documents.0.eventId", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "e1");
+   assert_true (bson_iter_init (&it, c) && bson_iter_find_descendant (&it, "documents.0.instance", &it));
+   assert_string_equal (bson_iter_utf8 (&it, NULL), "host/1/abc");
+   assert_true (bson_iter_init (&it, c) && bson_iter_find_descendant (&it, "documents.0.startedAt", &it));
+   assert_int_equal (bson_iter_date_time (&it), 1699999999000);
+   assert_true (bson_iter_init (&it, c) && bson_iter_find_descendant (&it, "documents.0.durationMs", &it));
+   assert_int_equal (bson_iter_int64 (&it), 1000); /* txn_new: now is 1700000000000 */
+   assert_true (has_path (c, "documents.0.deliveryId"));
+   assert_true (has_path (c, "documents.0.endedAt"));
+   pulltxn_destroy (t);
+
+   t = txn_new (off, "{\"relaybusComplete\": \"orders\", " TXN_FIELDS "}");
+   assert_int_equal (pulltxn_next_round (t), 2);
+   reply_json (t, 0, TXN_DELIVERY ("2", "17", "pending", "orders"));
+   reply_json (t, 1, TXN_LANE ("3", TXN_OID));
+   assert_int_equal (pulltxn_next_round (t), 2);
+   pulltxn_destroy (t);
+   bson_destroy (checked);
+   config_release (cfg);
+   config_release (off);
    bson_free (text);
 }
 
@@ -541,6 +603,7 @@ main (void)
       cmocka_unit_test (test_error_text_cut),  cmocka_unit_test (test_is_command),
       cmocka_unit_test (test_lease_roundtrip), cmocka_unit_test (test_txn_fence),
       cmocka_unit_test (test_txn_failures),    cmocka_unit_test (test_txn_history),
+      cmocka_unit_test (test_txn_attempt_records),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);

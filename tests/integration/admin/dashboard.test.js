@@ -2,7 +2,10 @@
 // The dashboard in headless Chromium (Debian's /usr/bin/chromium driven by playwright-core): it
 // loads from the proxy itself, takes the token once, shows a handler's backlog and a dead letter
 // with its last error; its Requeue button makes the dead delivery pending and the dispatcher then
-// delivers it to the webhook sink. Screenshots go to tests/out/. No request leaves the admin port.
+// delivers it to the webhook sink. Its event search then shows what happened to that event (per
+// handler: state and attempts, the failed one and the one after the requeue) and to that
+// delivery by its id, and the last hour's failed attempts link to their event. Screenshots go to
+// tests/out/. No request leaves the admin port.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -79,7 +82,10 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   const requests = [];
   page.on('request', (r) => requests.push(r.url()));
   const consoleErrors = [];
-  page.on('console', (m) => { if (m.type() === 'error' && !/401/.test(m.text())) consoleErrors.push(m.text()); });
+  // The search's expected 404s (an id that is no event) are checked by their URL below.
+  const notFound = [];
+  page.on('response', (r) => { if (r.status() === 404) notFound.push(r.url()); });
+  page.on('console', (m) => { if (m.type() === 'error' && !/401|404/.test(m.text())) consoleErrors.push(m.text()); });
   page.on('pageerror', (e) => consoleErrors.push(String(e)));
 
   await page.goto(proxy.base + '/');
@@ -122,6 +128,42 @@ test('dashboard: backlog, dead letters, requeue to delivery', { timeout: 180000 
   await logShows(proxy, new RegExp(`admin: 127\\.0\\.0\\.1:\\d+ requeued 1 of 1 requested deliveries.*${deadId}`));
   await page.waitForTimeout(2500);
   await page.screenshot({ path: path.join(OUT, 'admin-dashboard-after-requeue.png'), fullPage: true });
+
+  // Where is order-1004? The search shows each handler of the event with its attempts: the
+  // webhook's 400 (dead at once) and, after the requeue, its 204; the pull handler's delivery
+  // pending without an attempt; the slow handler, subscribed to the type, without a delivery.
+  const failureRow = await page.waitForSelector('#failures tr[data-handler="orders-webhook"]', { timeout: 15000 });
+  assert.match(await failureRow.textContent(), /order-1004.*400/s);
+  await waitFor(async () => {
+    const r = await request(proxy.base, '/api/events/order-1004', { token: TOKEN });
+    return r.json && r.json.handlers.find((h) => h.handler === 'orders-webhook').state === 'completed';
+  }, 15000, 'the requeued delivery on record as completed');
+  await failureRow.$eval('button.event-link', (b) => b.click()); // the failure links to its event
+  await page.waitForSelector('#search-result .hist[data-handler="orders-webhook"]', { timeout: 10000 });
+  assert.equal(await page.inputValue('#search-input'), 'order-1004');
+  assert.match(await page.textContent('#search-event'), /order\.placed\.v1 · key customer-9/);
+  const hook = '#search-result .hist[data-handler="orders-webhook"]';
+  assert.equal(await page.getAttribute(hook, 'data-state'), 'completed');
+  assert.deepEqual(await page.$$eval(`${hook} tr.attempt`, (rows) => rows.map((r) => [r.dataset.outcome, r.querySelector('.status').textContent])),
+    [['failed', '400'], ['succeeded', '204']]);
+  assert.match(await page.textContent(`${hook} tr.attempt[data-outcome="failed"] td.err`), /HTTP 400: rejected order-1004/);
+  assert.match(await page.textContent(`${hook} tr.attempt[data-outcome="failed"] td.took`), /^\d+ ms$/);
+  assert.equal(await page.getAttribute('#search-result .hist[data-handler="audit"]', 'data-state'), 'pending');
+  assert.equal(await page.getAttribute('#search-result .hist[data-handler="slow-hook"]', 'data-state'), 'none');
+  await page.screenshot({ path: path.join(OUT, 'admin-dashboard-event-search.png'), fullPage: true });
+  // By the delivery id a receiver saw (its webhook-id), typed in.
+  await page.fill('#search-input', deadId);
+  await page.click('#search-go');
+  await page.waitForSelector(`#search-result .hist[data-delivery="${deadId}"]`, { timeout: 10000 });
+  assert.equal(await page.getAttribute(`#search-result .hist[data-delivery="${deadId}"]`, 'data-state'), 'completed');
+  assert.equal(await page.$$eval('#search-result tr.attempt', (rows) => rows.length), 2);
+  // An id nothing is known of.
+  await page.fill('#search-input', 'no-such-order');
+  await page.click('#search-go');
+  await page.waitForSelector('#search-missing', { timeout: 10000 });
+  assert.match(await page.textContent('#search-missing'), /no event no-such-order/);
+  assert.deepEqual(notFound, [`${proxy.base}/api/events/${deadId}`, `${proxy.base}/api/events/no-such-order`],
+    'the only 404s: a delivery id tried as an event id first, and the unknown id');
 
   const foreign = requests.filter((u) => !u.startsWith(proxy.base + '/'));
   assert.deepEqual(foreign, [], 'the page fetches nothing from elsewhere');

@@ -272,6 +272,11 @@ test("a topic that does not exist: a dead letter with librdkafka's error after m
   for (const d of await deliveries.find({ status: 'dead' }).toArray()) {
     assert.equal(d.attempts, 3);
     assert.match(d.lastError, new RegExp(`^kafka: produce to 'rbt${process.pid}\\.notopic\\.order\\.placed\\.v1': (Local: Unknown topic \\(_UNKNOWN_TOPIC\\)|Broker: Unknown topic or partition \\(UNKNOWN_TOPIC_OR_PART\\)): the topic does not exist on the brokers$`));
+    // Every attempt on record: the topic refused, or librdkafka's timeout waiting for it.
+    const recs = await direct.db(db).collection('relaybus_attempts').find({ deliveryId: d._id }).sort({ endedAt: 1 }).toArray();
+    assert.deepEqual(recs.map((r) => r.attempt), [1, 2, 3]);
+    for (const r of recs) assert.ok(['refused', 'timed_out'].includes(r.outcome), `${r.outcome}: ${r.error}`);
+    assert.equal(recs[2].error, d.lastError);
   }
   assert.equal((await p.stop()).code, 0);
 });

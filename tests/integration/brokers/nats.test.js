@@ -193,6 +193,9 @@ test(`${N_EVENTS} events on ${N_KEYS} keys through the proxy reach the stream, e
   assert.equal(await direct.db(db).collection('relaybus_deliveries').countDocuments({ status: 'dead' }), 0, 'no dead letter');
   check(t, events, await readStream(nats.url, stream), `${prefix}.order.placed.v1`);
   assert.match(p.log(), /handler bus: connected to NATS/);
+  // Every attempt on record, each with the PubAck it waited for.
+  await waitFor(async () => (await direct.db(db).collection('relaybus_attempts').countDocuments({ handler: 'bus', outcome: 'succeeded' })) === events.length,
+    10000, 'a succeeded attempt per delivery');
   assert.equal((await p.stop()).code, 0);
 });
 
@@ -309,6 +312,10 @@ test("no stream captures the subject: a dead letter with the server's error afte
   for (const d of await deliveries.find({ status: 'dead' }).toArray()) {
     assert.equal(d.attempts, 3);
     assert.equal(d.lastError, `nats: publish to 'rbt${process.pid}.nostream.order.placed.v1': no stream captures the subject (No responders available for request)`);
+    // Every attempt on record, each refused by the server, in order.
+    const recs = await direct.db(db).collection('relaybus_attempts').find({ deliveryId: d._id }).sort({ endedAt: 1 }).toArray();
+    assert.deepEqual(recs.map((r) => [r.attempt, r.outcome, r.handler, r.eventId]), [1, 2, 3].map((n) => [n, 'refused', 'lost', d.eventId]));
+    for (const r of recs) assert.equal(r.error, d.lastError);
   }
   assert.equal((await p.stop()).code, 0);
 });

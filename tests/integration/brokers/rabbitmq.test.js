@@ -282,6 +282,12 @@ test("an unroutable message and a missing exchange: dead letters with the broker
   const x = await deliveries.findOne({ handler: 'noexchange' });
   assert.equal(x.attempts, 3);
   assert.equal(x.lastError, `rabbitmq: channel closed by the broker: 404 NOT_FOUND - no exchange '${exchange}.missing' in vhost '/'`);
+  // Every attempt on record, each refused by the broker.
+  const attempts = direct.db(db).collection('relaybus_attempts');
+  for (const d of [u, x]) {
+    const recs = await attempts.find({ deliveryId: d._id }).sort({ endedAt: 1 }).toArray();
+    assert.deepEqual(recs.map((r) => [r.attempt, r.outcome, r.error]), [1, 2, 3].map((n) => [n, 'refused', d.lastError]));
+  }
   assert.equal((await p.stop()).code, 0);
 });
 

@@ -344,6 +344,48 @@ test('a consumer connection closed with claims: its deliveries are runnable agai
   await C.cmd(b, { relaybusComplete: 'users', leases: again.map((d) => d.lease) });
 });
 
+// Every pull attempt on record (docs/outbox-schema.md, "attempts"): from relaybusClaim to what
+// ended it, in order, with the consumer's error, by this proxy's consumer thread.
+test('every pull attempt on record: retried, released, lost with its connection, completed', async () => {
+  const id = C.newId('rec');
+  await C.publish(s.client, [{ type: 'user.created.v1', id, key: `k-${id}` }]);
+  const one = async (client, extra = {}) => {
+    for (const until = Date.now() + 10000; Date.now() < until; await H.sleep(50)) {
+      const r = await C.cmd(client, { relaybusClaim: 'users', limit: 100, ...extra });
+      const mine = r.deliveries.find((d) => d.eventId === id);
+      const others = r.deliveries.filter((d) => d.eventId !== id).map((d) => d.lease);
+      if (others.length) await C.cmd(client, { relaybusRelease: 'users', leases: others });
+      if (mine) return mine;
+    }
+    throw new Error(`the delivery of ${id} was never claimed`);
+  };
+  const a = await consumer();
+  let d = await one(a);
+  await H.sleep(20);
+  await C.cmd(a, { relaybusRetry: 'users', lease: d.lease, error: 'projection failed: http://u:pw-secret-1@db/x', delayMs: 0 });
+  d = await one(a);
+  await C.cmd(a, { relaybusRelease: 'users', leases: [d.lease] });
+  const b = await consumer();
+  d = await one(b);
+  await b.close(true);
+  const c = await consumer();
+  d = await one(c);
+  const r = await C.cmd(c, { relaybusComplete: 'users', leases: [d.lease] });
+  assert.deepEqual(r.completed, [d.lease]);
+  const recs = await s.outbox.db.collection(`${P.PREFIX}attempts`).find({ eventId: id }).sort({ endedAt: 1, _id: 1 }).toArray();
+  assert.deepEqual(recs.map((x) => [x.attempt, x.outcome]), [[1, 'failed'], [2, 'released'], [2, 'lease_lost'], [3, 'succeeded']]);
+  for (const x of recs) {
+    assert.equal(x.handler, 'users');
+    assert.equal(x.deliveryId.toHexString(), d.deliveryId);
+    assert.ok(x.startedAt instanceof Date && x.endedAt >= x.startedAt, 'from its claim to its end');
+    assert.equal(Number(x.durationMs), x.endedAt - x.startedAt);
+    assert.match(x.instance, /^[^/]+\/\d+\/[0-9a-f]{12}$/);
+  }
+  assert.ok(recs[0].durationMs >= 20, 'the retry came 20 ms after the claim');
+  assert.equal(recs[0].error, 'projection failed: http://u:********@db/x', 'masked as lastError');
+  assert.match(recs[2].error, /connection closed/);
+});
+
 test('/metrics counts the claims, completions, charged closes and waiting long polls of each handler', async () => {
   const a = await consumer();
   const claimed = await metric('relaybus_consumer_claimed_total');

@@ -97,6 +97,14 @@ test('committed: the projection, the delivery deleted, completedAt and the histo
   assert.equal(hist.eventType, 'order.placed.v1');
   assert.equal(hist.attempts, 1);
   assert.ok(hist.completedAt instanceof Date);
+  // The attempt on record, written in the transaction: from the claim to the completion.
+  const recs = await s.outbox.db.collection(`${P.PREFIX}attempts`).find({ eventId: d.eventId, handler: 'orders' }).toArray();
+  assert.equal(recs.length, 1);
+  assert.equal(recs[0].outcome, 'succeeded');
+  assert.equal(recs[0].attempt, 1);
+  assert.equal(recs[0].deliveryId.toHexString(), d.deliveryId);
+  assert.ok(recs[0].startedAt instanceof Date && recs[0].startedAt <= recs[0].endedAt);
+  assert.match(recs[0].instance, /^[^/]+\/\d+\/[0-9a-f]{12}$/);
   // The delivery of the other handler of the event is untouched.
   assert.ok(await C.deliveryOf(s, d.eventId, 'audit'), 'audit still has its delivery');
   // The proxy forgot the claim after the commit: it is no longer running, and settling it again
@@ -123,10 +131,13 @@ test('aborted: no projection, the delivery still claimed; it completes later out
   assert.deepEqual(await C.deliveryOf(s, d.eventId, 'orders'), before, 'the delivery is unchanged');
   assert.equal((await s.outbox.events.findOne({ _id: d.eventId })).completedAt, undefined, 'no completedAt');
   assert.equal(await s.outbox.db.collection(`${P.PREFIX}completed_deliveries`).countDocuments({ eventId: d.eventId }), 0);
+  assert.equal(await s.outbox.db.collection(`${P.PREFIX}attempts`).countDocuments({ eventId: d.eventId }), 0, 'no attempt record: it aborted');
   // The claim is still held by this connection: it completes outside a transaction.
   const r = await C.cmd(a, { relaybusComplete: 'orders', leases: [d.lease] });
   assert.deepEqual(r.completed, [d.lease]);
   assert.equal(await C.deliveryOf(s, d.eventId, 'orders'), null);
+  assert.deepEqual((await s.outbox.db.collection(`${P.PREFIX}attempts`).find({ eventId: d.eventId }).toArray()).map((x) => x.outcome),
+    ['succeeded'], 'one record: the completion that committed');
 });
 
 test('a lease taken over: RelaybusLeaseLost without TransientTransactionError, and nothing of the transaction commits', async () => {

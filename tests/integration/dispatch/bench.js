@@ -22,6 +22,9 @@
 // so N events make N × H deliveries, each handler claimed in its own lane space; the counts
 // are per 1,000 deliveries as before (default 1).
 //
+// BENCH_ATTEMPT_HISTORY=D: the proxy's [outbox] attempt_history (default: the proxy's, 7d; 0: no
+// attempt records), to measure what the records cost side by side.
+//
 // BENCH_SHARDED=1: the throughput part against the double's two-shard cluster (two mongos,
 // the outbox sharded by the proxy's set-up), with the commands each shard's primary ran for
 // the dispatcher, per 1,000 deliveries (doubleStats on each shard counts what the mongos sent
@@ -148,6 +151,7 @@ async function idleDispatcher(d, sink, adminPort, logLevel) {
     upstream: d.uri,
     logLevel,
     dispatch: { batch_size: 100, poll_interval_ms: 1000 },
+    outbox: process.env.BENCH_ATTEMPT_HISTORY !== undefined ? { attempt_history: process.env.BENCH_ATTEMPT_HISTORY } : {},
     adminListen: `127.0.0.1:${adminPort}`,
     handlers: HANDLER_NAMES.map((name) => ({ name, events: '*', kind: 'webhook', url: sink.url(`/${name}`), concurrency: 100 })),
   });
@@ -192,7 +196,8 @@ async function throughput(keyed) {
     const times = [...st.firstAt.values()].sort((a, b) => a - b);
     const ms = Math.max(1, times[times.length - 1] - times[0]);
     console.log(JSON.stringify({
-      measure: `${keyed ? 'keyed (50 keys)' : 'unkeyed'} deliveries, batch 100, one proxy${N_HANDLERS > 1 ? `, ${N_HANDLERS} handlers` : ''}`,
+      measure: `${keyed ? 'keyed (50 keys)' : 'unkeyed'} deliveries, batch 100, one proxy${N_HANDLERS > 1 ? `, ${N_HANDLERS} handlers` : ''}` +
+        (process.env.BENCH_ATTEMPT_HISTORY !== undefined ? `, attempt_history = ${process.env.BENCH_ATTEMPT_HISTORY}` : ''),
       deliveries: D,
       commandsPer1000: Math.round((s.total * 1000) / D),
       byCommandPer1000: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Math.round((v * 1000) / D)])),

@@ -56,6 +56,7 @@ test('set-up shards the outbox collections that grow with the traffic, each on i
       relaybus_deliveries: { eventId: 'hashed' },
       relaybus_key_sequences: { _id: 'hashed' },
       relaybus_completed_deliveries: { eventId: 'hashed' },
+      relaybus_attempts: { eventId: 'hashed' },
     });
     // Each sharded collection has chunks on both shards from the start.
     for (const ns of Object.keys(keys)) {

@@ -1,7 +1,7 @@
 'use strict';
 // Catalogue behaviour the specification suites check: clustered collections, collMod's
-// prepareUnique / unique conversion, and the Atlas Search index commands on a 7.0 replica set
-// without Atlas.
+// prepareUnique / unique conversion and a TTL index's window, and the Atlas Search index commands
+// on a 7.0 replica set without Atlas.
 
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
@@ -57,6 +57,22 @@ test('prepareUnique refuses new duplicates; unique conversion reports the existi
   const spec = (await c.listIndexes().toArray()).find((i) => i.name === 'x_1');
   assert.equal(spec.unique, true);
   await assert.rejects(c.insertOne({ _id: 6, x: 3 }), (e) => e.code === 11000);
+});
+
+test('a TTL index keeps its window: createIndexes with another one conflicts, collMod changes it', async () => {
+  const c = db.collection('ttl');
+  await c.createIndex({ at: 1 }, { name: 'expires', expireAfterSeconds: 60 });
+  await c.createIndex({ at: 1 }, { name: 'expires', expireAfterSeconds: 60 }); // the same: nothing to do
+  await assert.rejects(c.createIndex({ at: 1 }, { name: 'expires', expireAfterSeconds: 90 }), (e) => e.code === 85);
+  const r = await db.command({ collMod: 'ttl', index: { name: 'expires', expireAfterSeconds: 90 } });
+  assert.equal(r.expireAfterSeconds_old, 60);
+  assert.equal(r.expireAfterSeconds_new, 90);
+  const spec = (await c.listIndexes().toArray()).find((i) => i.name === 'expires');
+  assert.equal(spec.expireAfterSeconds, 90);
+  const again = await db.command({ collMod: 'ttl', index: { name: 'expires', expireAfterSeconds: 90 } });
+  assert.equal(again.expireAfterSeconds_new, undefined);
+  await assert.rejects(db.command({ collMod: 'ttl', index: { name: 'expires', expireAfterSeconds: -1 } }), (e) => e.code === 2);
+  await assert.rejects(db.command({ collMod: 'ttl', index: { name: 'nope', expireAfterSeconds: 5 } }), (e) => e.code === 27);
 });
 
 test('search index commands and $listSearchIndexes answer as a 7.0 mongod outside Atlas', async () => {

@@ -114,6 +114,11 @@ async function createIndexes(ctx) {
       if (!!byName.unique !== !!spec.unique) {
         throw err(85, `An existing index has the same name as the requested index. Requested index: ${JSON.stringify(V.toView(spec))}, existing index: ${JSON.stringify(V.toView(byName.spec))}`);
       }
+      // A TTL index's window is one of its options: another one is a conflict, which collMod resolves.
+      const ttl = (x) => (x.expireAfterSeconds === undefined ? undefined : V.toNumber(x.expireAfterSeconds));
+      if (ttl(byName.spec) !== ttl(spec)) {
+        throw err(85, `An equivalent index already exists with the same name but different options. Requested index: ${JSON.stringify(V.toView(spec))}, existing index: ${JSON.stringify(V.toView(byName.spec))}`);
+      }
       continue;
     }
     for (const ix of coll.indexes.values()) {
@@ -306,11 +311,30 @@ async function collMod(ctx) {
   return r;
 }
 
-// collMod's index options prepareUnique and unique (mongod 6.0+): prepareUnique makes the index
-// refuse new duplicate keys; unique: true then converts it, unless documents already share a
+// collMod's index options expireAfterSeconds (a TTL index's window: the reply names the old and
+// the new one when it changed), prepareUnique and unique (mongod 6.0+): prepareUnique makes the
+// index refuse new duplicate keys; unique: true then converts it, unless documents already share a
 // key (359 CannotConvertIndexToUnique, with the conflicting _ids in `violations`).
 function modifyIndex(c, ix, opts) {
   const r = {};
+  if (opts.expireAfterSeconds !== undefined) {
+    const v = opts.expireAfterSeconds;
+    if (!V.isNumeric(v)) throw err(14, "BSON field 'collMod.index.expireAfterSeconds' is the wrong type, expected a number");
+    const n = V.toNumber(v);
+    if (!Number.isInteger(n) || n < 0 || n > 2147483647) {
+      throw err(2, `TTL index 'expireAfterSeconds' option must be within an acceptable range, try a lower number; found: ${n}`);
+    }
+    if (ix.spec.expireAfterSeconds === undefined && V.keys(ix.key).length !== 1) {
+      throw err(72, 'TTL indexes are single-field indexes, compound indexes do not support TTL');
+    }
+    const was = ix.spec.expireAfterSeconds === undefined ? undefined : V.toNumber(ix.spec.expireAfterSeconds);
+    if (was !== n) {
+      replaceIndex(c, ix, Object.assign({}, ix.spec, { expireAfterSeconds: n }));
+      if (was !== undefined) r.expireAfterSeconds_old = was;
+      r.expireAfterSeconds_new = n;
+    }
+    ix = c.indexes.get(ix.name);
+  }
   if (opts.prepareUnique !== undefined) {
     const was = !!ix.spec.prepareUnique;
     const now = V.truthy(opts.prepareUnique);
