@@ -1,8 +1,8 @@
 /*
  * proxy/conn_private.h - what the two halves of a client connection share.
  *
- * Thread: forwarding loop (the decoding thread of proxy/pump.c touches only
- * its jobs).
+ * Thread: forwarding loop (the decoding thread of proxy/decode.c touches
+ * only its jobs).
  *
  * proxy/conn.c is a connection's lifecycle: its states, the flow decisions
  * (who may read), the callbacks of its two sides, pairing with an
@@ -45,13 +45,13 @@ struct pool;
 struct pool_server;
 
 /* A request decoded off the loop, and the thread that does it
- * (proxy/pump.c). */
+ * (proxy/decode.c). */
 typedef struct client_job client_job_t;
 typedef struct client_decoder client_decoder_t;
 
 /* Requests whose decoding touches at least this many bytes (their length,
  * or for OP_COMPRESSED the announced uncompressed size) are decoded by the
- * loop's decoding thread (proxy/pump.c). */
+ * loop's decoding thread (proxy/decode.c). */
 #define CLIENT_OFFLOAD_MIN (1024 * 1024)
 
 /* What the upstream's reply to one request is for. */
@@ -154,7 +154,7 @@ struct client_conn {
    struct evbuffer *scratch; /* decompressed requests; NULL until one comes (client_scratch) */
    client_job_t *job; /* a request being decoded off the loop: the
                        * connection neither reads nor routes until it is
-                       * back (proxy/pump.c owns it) */
+                       * back (proxy/decode.c owns it) */
    struct evbuffer *tmp;     /* re-encoded replies; NULL while unused (client_tmp) */
 
    int compressor; /* negotiated on the first hello, for logs; -1 none */
@@ -462,13 +462,13 @@ void client_detach_upstream (client_conn_t *c);
 /* The name of the upstream the connection talks to, for logs. */
 const char *client_upstream_name (const client_conn_t *c);
 
-/* proxy/pump.c: the decoding thread of a loop.  Start posts its results
+/* proxy/decode.c: the decoding thread of a loop.  Start posts its results
  * through `wake`; stop joins it and frees what it still holds (call it
  * after every connection is closed). */
 bool client_decoder_start (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 void client_decoder_stop (client_loop_t *loop);
-/* proxy/pump.c: the connection closes: its job, if any, is dropped. */
+/* proxy/decode.c: the connection closes: its job, if any, is dropped. */
 void client_job_cancel (client_conn_t *c);
 
 /* proxy/pump.c: handles every complete message in the input of `from`
