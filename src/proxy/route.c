@@ -150,23 +150,181 @@ route_done (client_conn_t *c, bool ok)
    return ok ? ROUTE_TAKEN : ROUTE_FAILED;
 }
 
-/* The routing decision for one parsed OP_MSG.  This is where injection
- * (annotated statements) and virtual commands hook in: either may hold the
- * request (client_hold_request), send its own traffic
- * (client_send_internal) and answer later (client_answer). */
+/* ------------------------------------------------------------ classes */
+
+/* The commands the policy tells apart by name; every other is OTHER. */
+typedef enum {
+   ROUTE_CLASS_OTHER = 0,
+   ROUTE_CLASS_HELLO,        /* hello, isMaster, ismaster (codec/handshake.h) */
+   ROUTE_CLASS_SASL,         /* saslStart, saslContinue */
+   ROUTE_CLASS_AUTHENTICATE, /* authenticate */
+   ROUTE_CLASS_LOGOUT,       /* logout */
+   ROUTE_CLASS_RELAYBUS,     /* relaybus*: the pull consumers' (publish/pull.h), through the hook */
+#ifdef RELAYBUS_TEST_COMMANDS
+   ROUTE_CLASS_DEBUG_INTERNAL, /* relaybusDebugInternal, test builds only (debug_internal) */
+#endif
+   ROUTE_CLASS_COUNT_
+} route_class_t;
+
+/* What route_msg does with a class, in its order: a hello is the pump's;
+ * a command that binds the session leaves state on the upstream connection
+ * that a new one would not have (a login), so the connection is never
+ * paired again (CLIENT_EVENT_BINDS_SESSION); an X.509 login is refused;
+ * the test command runs here; what is never forwarded and the hook did
+ * not take is answered CommandNotFound; a watched command is forwarded
+ * with the SASL conversation read (session mode, codec/sasl.h). */
+typedef struct {
+   bool hello;           /* ROUTE_HELLO, unless sent with moreToCome */
+   bool binds_session;   /* as moreToCome and exhaustAllowed do, whatever the command */
+   bool x509_refused;    /* with mechanism MONGODB-X509 */
+   bool debug_internal;  /* test builds: debug_internal, unless sent with moreToCome */
+   bool never_forwarded; /* relaybus*: no such command, unless the hook took it */
+   bool watched;         /* session mode: ROUTE_FORWARD_SASL */
+} route_class_info_t;
+
+static const route_class_info_t route_classes[ROUTE_CLASS_COUNT_] = {
+   [ROUTE_CLASS_OTHER] = {0},
+   [ROUTE_CLASS_HELLO] = {.hello = true},
+   [ROUTE_CLASS_SASL] = {.binds_session = true, .watched = true},
+   [ROUTE_CLASS_AUTHENTICATE] = {.binds_session = true, .x509_refused = true, .watched = true},
+   [ROUTE_CLASS_LOGOUT] = {.watched = true},
+   [ROUTE_CLASS_RELAYBUS] = {.never_forwarded = true},
+#ifdef RELAYBUS_TEST_COMMANDS
+   [ROUTE_CLASS_DEBUG_INTERNAL] = {.debug_internal = true, .never_forwarded = true},
+#endif
+};
+
+/* A command's class, by its first letter and then the codec's own tests of
+ * the names (handshake_is_hello; sasl_watch_wants, whose commands are
+ * told apart by their first letters), so that no name list is kept twice.
+ * Asked of every request: nearly every command is OTHER at the switch. */
+static route_class_t
+route_classify (const char *cmd)
+{
+   if (!cmd)
+      return ROUTE_CLASS_OTHER;
+   switch (cmd[0]) {
+   case 'h':
+   case 'i':
+      return handshake_is_hello (cmd) ? ROUTE_CLASS_HELLO : ROUTE_CLASS_OTHER;
+   case 's':
+      return sasl_watch_wants (cmd) ? ROUTE_CLASS_SASL : ROUTE_CLASS_OTHER;
+   case 'a':
+      return sasl_watch_wants (cmd) ? ROUTE_CLASS_AUTHENTICATE : ROUTE_CLASS_OTHER;
+   case 'l':
+      return sasl_watch_wants (cmd) ? ROUTE_CLASS_LOGOUT : ROUTE_CLASS_OTHER;
+   case 'r':
+      if (strncmp (cmd, "relaybus", 8) != 0)
+         return ROUTE_CLASS_OTHER;
+#ifdef RELAYBUS_TEST_COMMANDS
+      if (strcmp (cmd, "relaybusDebugInternal") == 0)
+         return ROUTE_CLASS_DEBUG_INTERNAL;
+#endif
+      return ROUTE_CLASS_RELAYBUS;
+   default:
+      return ROUTE_CLASS_OTHER;
+   }
+}
+
+/* ------------------------------------------------------------ policy */
+
+/* A request refused or dropped without an answer: one sent with
+ * moreToCome waits for none, so its bytes just go. */
+static route_action_t
+route_drop (struct evbuffer *src, size_t len)
+{
+   evbuffer_drain (src, len);
+   return ROUTE_TAKEN;
+}
+
+/* Pooled mode's steps, before any use of the pool: logins and everything
+ * before a login are the proxy's own; what needs the upstream got a
+ * connection before it was read (pool_admit), unless its wait ran out.
+ * True when they decided (*action); false: the request goes on. */
+static bool
+route_pooled (client_conn_t *c,
+              struct evbuffer *src,
+              size_t len,
+              const wire_msg_t *msg,
+              int compressor,
+              route_action_t *action,
+              bson_error_t *error)
+{
+   const char *cmd = msg->command;
+   bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
+   bool owned;
+
+   if (login_answers_locally (c, cmd)) {
+      counters_count_command (cmd);
+      *action = more ? route_drop (src, len) : route_done (c, login_command (c, msg, cmd, compressor, src, len, error));
+      return true;
+   }
+   /* The owners' check comes before any use of the pool: pool_admit
+    * ran it on the peek and lent nothing to a refused request (one it
+    * could not peek at is refused here, on what it borrowed).  Asked
+    * once: without an auth file no one is checked, and the note below
+    * has nothing to record either. */
+   owned = owners_enabled (c);
+   if (owned) {
+      owners_refusal_t r;
+      if (owners_check (c, &msg->body, cmd, &r) == OWNERS_REFUSE) {
+         counters_count_command (cmd);
+         log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s refused: %s", cmd, r.why);
+         *action = more ? route_drop (src, len)
+                        : route_done (c, answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, r.code,
+                                                         r.why, src, len, error));
+         return true;
+      }
+   }
+   if (!c->server) {
+      counters_count_command (cmd);
+      if (more) {
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
+                            "an unacknowledged %s waited pool_wait_timeout_ms=%" PRId64
+                            " for an upstream connection; no reply can carry the error",
+                            cmd ? cmd : "request", c->cfg->pool_wait_timeout_ms);
+         *action = ROUTE_CLOSED;
+      } else {
+         *action = route_done (c, pool_answer_timeout (c, msg, cmd, compressor, src, len, error));
+      }
+      return true;
+   }
+   if (owned)
+      owners_note_request (c, &msg->body, cmd);
+   if (!pool_note_request (c, msg, cmd)) {
+      counters_count_command (cmd);
+      if (more) {
+         client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
+                            "an unacknowledged %s would pin more than pool_max_pins_per_user connections; no "
+                            "reply can carry the error",
+                            cmd ? cmd : "request");
+         *action = ROUTE_CLOSED;
+      } else {
+         *action = route_done (c, pool_answer_timeout (c, msg, cmd, compressor, src, len, error));
+      }
+      return true;
+   }
+   return false;
+}
+
+/* The routing decision for one parsed OP_MSG, by its command's class
+ * (route_classes).  This is where injection (annotated statements) and
+ * virtual commands hook in: either may hold the request
+ * (client_hold_request), send its own traffic (client_send_internal) and
+ * answer later (client_answer). */
 route_action_t
 route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
 {
    const char *cmd = msg->command; /* from the validation pass */
    bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
+   const route_class_info_t *k = &route_classes[route_classify (cmd)];
+   route_action_t action;
 
-   if (!more && handshake_is_hello (cmd))
+   if (k->hello && !more)
       return ROUTE_HELLO;
    /* State of the upstream connection a new one would not have: never
     * paired again (client_repair), closed after a not-primary error. */
-   if (more || (msg->flags & WIRE_MSG_EXHAUST_ALLOWED) ||
-       (cmd && ((cmd[0] == 's' && (strcmp (cmd, "saslStart") == 0 || strcmp (cmd, "saslContinue") == 0)) ||
-                (cmd[0] == 'a' && strcmp (cmd, "authenticate") == 0))))
+   if (k->binds_session || more || (msg->flags & WIRE_MSG_EXHAUST_ALLOWED))
       c->session_bound = true;
    /* Client connections present no certificate upstream (proxy/tls.c), so an
     * X.509 login could only fail there, or succeed as someone else's
@@ -174,76 +332,20 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
     * (AuthenticationFailed) is mongod's own answer to an X.509 login it
     * cannot accept; drivers report it as an authentication error and do
     * not retry.  authenticate is never compressed (-1). */
-   if (cmd && cmd[0] == 'a' && strcmp (cmd, "authenticate") == 0 && handshake_is_x509_auth (&msg->body)) {
-      log_warn ("c%" PRIu64 " %s: MONGODB-X509 authenticate refused", c->id, c->peer);
-      if (more) {
-         evbuffer_drain (src, len);
-         return ROUTE_TAKEN;
-      }
+   if (k->x509_refused && handshake_is_x509_auth (&msg->body)) {
+      log_warn ("c%" PRIu64 " %s: MONGODB-X509 %s refused", c->id, c->peer, cmd);
+      if (more)
+         return route_drop (src, len);
       return route_done (c, answer_locally (c, msg->header.request_id, WIRE_OP_MSG, -1, SERVER_AUTHENTICATION_FAILED,
                                             "relaybus: MONGODB-X509 authentication is not available through the proxy "
                                             "(client connections present no certificate to the server); use SCRAM, or "
                                             "connect to the server directly for X.509",
                                             src, len, error));
    }
-   if (c->loop->pool) {
-      /* Pooled: logins and everything before a login are the
-       * proxy's own; what needs the upstream got a connection before it
-       * was read (pool_admit), unless its wait ran out. */
-      if (login_answers_locally (c, cmd)) {
-         counters_count_command (cmd);
-         if (more) {
-            evbuffer_drain (src, len);
-            return ROUTE_TAKEN;
-         }
-         return route_done (c, login_command (c, msg, cmd, compressor, src, len, error));
-      }
-      /* The owners' check comes before any use of the pool: pool_admit
-       * ran it on the peek and lent nothing to a refused request (one it
-       * could not peek at is refused here, on what it borrowed).  Asked
-       * once: without an auth file no one is checked, and the note below
-       * has nothing to record either. */
-      bool owned = owners_enabled (c);
-      if (owned) {
-         owners_refusal_t r;
-         if (owners_check (c, &msg->body, cmd, &r) == OWNERS_REFUSE) {
-            counters_count_command (cmd);
-            log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s refused: %s", cmd, r.why);
-            if (more) {
-               evbuffer_drain (src, len);
-               return ROUTE_TAKEN;
-            }
-            return route_done (c, answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, r.code,
-                                                  r.why, src, len, error));
-         }
-      }
-      if (!c->server) {
-         counters_count_command (cmd);
-         if (more) {
-            client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
-                               "an unacknowledged %s waited pool_wait_timeout_ms=%" PRId64
-                               " for an upstream connection; no reply can carry the error",
-                               cmd ? cmd : "request", c->cfg->pool_wait_timeout_ms);
-            return ROUTE_CLOSED;
-         }
-         return route_done (c, pool_answer_timeout (c, msg, cmd, compressor, src, len, error));
-      }
-      if (owned)
-         owners_note_request (c, &msg->body, cmd);
-      if (!pool_note_request (c, msg, cmd)) {
-         counters_count_command (cmd);
-         if (more) {
-            client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
-                               "an unacknowledged %s would pin more than pool_max_pins_per_user connections; no "
-                               "reply can carry the error",
-                               cmd ? cmd : "request");
-            return ROUTE_CLOSED;
-         }
-         return route_done (c, pool_answer_timeout (c, msg, cmd, compressor, src, len, error));
-      }
-   }
+   if (c->loop->pool && route_pooled (c, src, len, msg, compressor, &action, error))
+      return action;
 #ifdef RELAYBUS_TEST_COMMANDS
-   if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
+   if (k->debug_internal && !more)
       return route_done (c, debug_internal (c, src, len, msg, compressor, error));
 #endif
    /* Hellos and refused X.509 logins are not counted by name. */
@@ -261,19 +363,17 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
          return route_done (c, false);
       }
    }
-   if (cmd && cmd[0] == 'r' && strncmp (cmd, "relaybus", 8) == 0) {
+   if (k->never_forwarded) {
       char errmsg[160];
       /* Commands named relaybus* are never forwarded: one the hook did
        * not take does not exist. */
-      if (more) {
-         evbuffer_drain (src, len);
-         return ROUTE_TAKEN;
-      }
+      if (more)
+         return route_drop (src, len);
       bson_snprintf (errmsg, sizeof errmsg, "no such command: '%s'", cmd);
       return route_done (c, answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor,
                                             SERVER_COMMAND_NOT_FOUND, errmsg, src, len, error));
    }
-   return !c->loop->pool && sasl_watch_wants (cmd) ? ROUTE_FORWARD_SASL : ROUTE_FORWARD;
+   return k->watched && !c->loop->pool ? ROUTE_FORWARD_SASL : ROUTE_FORWARD;
 }
 
 /* OP_QUERY: only the legacy hello is accepted; anything else gets the
