@@ -139,6 +139,7 @@ typedef struct {
    void (*pool_client_closed) (client_conn_t *c);
    void (*pool_server_lost) (client_conn_t *c, const char *detail);
    const char *(*pool_server_name) (const struct pool_server *s);
+   void (*pool_server_not_primary) (client_conn_t *c);
    bool (*login_deadline_start) (client_conn_t *c);
    void (*login_deadline_stop) (client_conn_t *c);
    void (*login_destroy) (struct login *login);

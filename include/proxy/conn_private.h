@@ -89,6 +89,47 @@ typedef struct {
    int64_t sent_us;   /* clock_mono_us when queued upstream */
 } upstream_req_t;
 
+/* Session mode: where a connection is with its own upstream connection,
+ * beside its state (client_conn_t.pairing).  proxy/conn.c alone changes it,
+ * through one function whose moves are checked (client_set_pairing); the
+ * pump and the routing policy report what they see with client_event.
+ * Pooled mode: NONE throughout (its part is the pool's, pool_client_t).
+ *
+ * In AWAIT_UPSTREAM it waits for a primary, then connects to it; a
+ * connection paired again (REPAIR_*) is READY again once connected,
+ * without a hello, its requests unread meanwhile.  From the connect on it
+ * is PAIRED, or BOUND once it carries state of its upstream connection
+ * that a new one would not have (a login: saslStart, authenticate or a
+ * speculativeAuthenticate hello; an exhaust cursor; moreToCome writes).
+ * A not-primary error relayed (NOT_PRIMARY) means the member stepped down:
+ * no request read after it goes to the old member.  Left paired with it,
+ * the driver, which keeps a connection a state-change error came on, would
+ * get the same error on every later request.  So once what is in flight
+ * is answered, a PAIRED connection is paired again (client_repair, the
+ * driver sees no close) and a BOUND one is drained and closed
+ * (BOUND_NOT_PRIMARY, DRAINING with drain_reason not_primary).  The four
+ * connected sub-states come last (client_event asserts it). */
+typedef enum {
+   CLIENT_PAIRING_NONE = 0,            /* pooled mode, or not yet accepted */
+   CLIENT_PAIRING_WAIT_PRIMARY,        /* AWAIT_UPSTREAM: no primary known */
+   CLIENT_PAIRING_CONNECTING,          /* AWAIT_UPSTREAM: connecting; HANDSHAKE once connected */
+   CLIENT_PAIRING_REPAIR_WAIT_PRIMARY, /* paired again: no primary known */
+   CLIENT_PAIRING_REPAIR_CONNECTING,   /* paired again: connecting; READY once connected */
+   CLIENT_PAIRING_PAIRED,              /* connected; may be paired again */
+   CLIENT_PAIRING_BOUND,               /* connected, with state of its upstream connection: never paired again */
+   CLIENT_PAIRING_NOT_PRIMARY,         /* PAIRED, and its member answered not primary */
+   CLIENT_PAIRING_BOUND_NOT_PRIMARY,   /* BOUND, and its member answered not primary */
+   CLIENT_PAIRING_COUNT_
+} client_pairing_t;
+
+/* What the pump and the routing policy saw that the connection's state
+ * depends on (client_event). */
+typedef enum {
+   CLIENT_EVENT_HELLO_ANSWERED, /* a hello's answer is on its way: HANDSHAKE is over */
+   CLIENT_EVENT_BINDS_SESSION,  /* a request that leaves state on the upstream connection was routed */
+   CLIENT_EVENT_NOT_PRIMARY,    /* a not-primary error of the upstream is being relayed */
+} client_event_t;
+
 /* Owned by its loop (listed in loop->clients until disconnected, then in
  * loop->free_list until freed).  Owns its two sides, its timer, its held
  * answers and a reference on its config snapshot. */
@@ -122,26 +163,8 @@ struct client_conn {
    side_t *up;
    struct pool_server *server; /* pooled: the connection lent (proxy/pool.c), or NULL */
    char *upstream_name; /* session mode: host:port, for logs; set when it connects */
-   bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
-   /* A not-primary error was relayed (proxy/pump.c): the paired member
-    * stepped down, so the connection goes to DRAINING at the end of the
-    * pump and closes once answered, with drain_reason.  Left open, it
-    * would stay paired with the old member: the driver keeps a connection
-    * a state-change error came on, and every later request on it would
-    * get the same error. */
-   bool not_primary_seen;
-   /* Unless session_bound, a connection is not closed for it but paired
-    * again (client_repair): once what was in flight is answered its
-    * upstream closes, it goes back to AWAIT_UPSTREAM with `repairing`, and
-    * from the new upstream's connect on it is READY again, without a
-    * hello; requests sent meanwhile wait unread.  session_bound: the
-    * connection carries state of its upstream connection that a new one
-    * would not have (it authenticated: saslStart, authenticate or a
-    * speculativeAuthenticate hello; or it used exhaust or moreToCome), so
-    * it closes after the error instead (DRAINING). */
-   bool session_bound;
-   bool repairing;
-   int32_t next_id; /* requestIDs the proxy sends upstream or to the client (after the flags: no padding) */
+   client_pairing_t pairing; /* session mode: where it is with its upstream connection (proxy/conn.c alone writes it) */
+   int32_t next_id; /* requestIDs the proxy sends upstream or to the client (after pairing: no padding) */
    /* Session mode: operator_generation () when its upstream connection
     * was opened; an older one is replaced once the connection is idle
     * (POST /api/reconnect, client_reconnect_due in proxy/conn.c). */
@@ -332,15 +355,16 @@ fifo_has_room (const client_conn_t *c)
 
 /* ------------------------------------------------------------ across */
 
-/* proxy/conn.c: the one function that changes state (timers, flow, registry). */
-void client_set_state (client_conn_t *c, client_state_t next);
+/* proxy/conn.c: what the pump or the routing policy saw; the connection
+ * changes its state or sub-state at once (its one transition function
+ * each), and acts on the rest where the pump returns to it. */
+void client_event (client_conn_t *c, client_event_t ev);
+/* proxy/conn.c, pooled mode: the pool learned the upstream's hello: the
+ * clients that waited for it (AWAIT_UPSTREAM) shake hands now. */
+void client_loop_hello_learned (client_loop_t *loop);
 /* proxy/conn.c: in DRAINING, closes the connection once nothing is in flight
  * and its output is written. */
 void client_check_drained (client_conn_t *c);
-/* proxy/conn.c: the paired member stepped down or went away (upstream_name
- * is "host:port"): no new pairing goes there until the topology publishes
- * a member again (topology_suspect). */
-void client_suspect_upstream (client_conn_t *c);
 /* proxy/conn.c: something was queued on an output.  Inside a pump (the request
  * hook, an internal reply's callback) the pump's end writes it with the
  * rest; outside one (a call from any other loop callback) it is written

@@ -69,11 +69,29 @@ client_state_name (client_state_t state)
    return (unsigned) state < CLIENT_STATE_COUNT_ ? client_state_names[state] : "invalid";
 }
 
+static const char *const client_pairing_names[CLIENT_PAIRING_COUNT_] = {
+   [CLIENT_PAIRING_NONE] = "none",
+   [CLIENT_PAIRING_WAIT_PRIMARY] = "wait_primary",
+   [CLIENT_PAIRING_CONNECTING] = "connecting",
+   [CLIENT_PAIRING_REPAIR_WAIT_PRIMARY] = "repair_wait_primary",
+   [CLIENT_PAIRING_REPAIR_CONNECTING] = "repair_connecting",
+   [CLIENT_PAIRING_PAIRED] = "paired",
+   [CLIENT_PAIRING_BOUND] = "bound",
+   [CLIENT_PAIRING_NOT_PRIMARY] = "not_primary",
+   [CLIENT_PAIRING_BOUND_NOT_PRIMARY] = "bound_not_primary",
+};
+
+static const char *
+client_pairing_name (client_pairing_t p)
+{
+   return (unsigned) p < CLIENT_PAIRING_COUNT_ ? client_pairing_names[p] : "invalid";
+}
+
 static void client_pump (client_conn_t *c);
 static void upstream_pump (client_conn_t *c);
 static void client_update_flow (client_conn_t *c);
 static void client_timer_cb (evutil_socket_t fd, short what, void *arg);
-static void client_try_connect (client_conn_t *c);
+static void client_try_connect (client_conn_t *c, bool repair);
 static const side_callbacks_t conn_side_callbacks;
 
 /* ------------------------------------------------------------ state */
@@ -100,7 +118,7 @@ client_transition_ok (client_state_t from, client_state_t to)
    }
 }
 
-void
+static void
 client_set_state (client_conn_t *c, client_state_t next)
 {
    struct timeval tv;
@@ -149,6 +167,59 @@ client_set_state (client_conn_t *c, client_state_t next)
       c->timer = NULL;
    }
    client_update_flow (c);
+}
+
+/* The moves of a session-mode connection's pairing (conn_private.h): it
+ * waits for a primary and connects (again, for a repair), is paired from
+ * the connect on, bound by a request, and told not primary by a reply; a
+ * repair starts over from PAIRED or NOT_PRIMARY.  NONE is only the start
+ * (and pooled mode's, which never moves). */
+static bool __attribute__ ((unused)) /* only RELAYBUS_ASSERT calls it (gone with NDEBUG) */
+client_pairing_ok (client_pairing_t from, client_pairing_t to)
+{
+   switch (to) {
+   case CLIENT_PAIRING_WAIT_PRIMARY:
+      return from == CLIENT_PAIRING_NONE;
+   case CLIENT_PAIRING_CONNECTING:
+      return from == CLIENT_PAIRING_NONE || from == CLIENT_PAIRING_WAIT_PRIMARY;
+   case CLIENT_PAIRING_REPAIR_WAIT_PRIMARY:
+      return from == CLIENT_PAIRING_PAIRED || from == CLIENT_PAIRING_NOT_PRIMARY;
+   case CLIENT_PAIRING_REPAIR_CONNECTING:
+      return from == CLIENT_PAIRING_PAIRED || from == CLIENT_PAIRING_NOT_PRIMARY ||
+             from == CLIENT_PAIRING_REPAIR_WAIT_PRIMARY;
+   case CLIENT_PAIRING_PAIRED:
+      return from == CLIENT_PAIRING_CONNECTING || from == CLIENT_PAIRING_REPAIR_CONNECTING;
+   case CLIENT_PAIRING_BOUND:
+   case CLIENT_PAIRING_NOT_PRIMARY:
+      return from == CLIENT_PAIRING_PAIRED;
+   case CLIENT_PAIRING_BOUND_NOT_PRIMARY:
+      return from == CLIENT_PAIRING_BOUND || from == CLIENT_PAIRING_NOT_PRIMARY;
+   default:
+      return false;
+   }
+}
+
+/* The one function that changes a connection's pairing. */
+static void
+client_set_pairing (client_conn_t *c, client_pairing_t next)
+{
+   if (c->pairing == next)
+      return;
+   RELAYBUS_ASSERT (client_pairing_ok (c->pairing, next));
+   log_debug ("c%" PRIu64 " %s: pairing %s -> %s",
+              c->id,
+              c->peer,
+              client_pairing_name (c->pairing),
+              client_pairing_name (next));
+   c->pairing = next;
+}
+
+/* A not-primary error was relayed, and what was read since waits: no
+ * request goes to the old member. */
+static inline bool
+client_not_primary (const client_conn_t *c)
+{
+   return c->pairing == CLIENT_PAIRING_NOT_PRIMARY || c->pairing == CLIENT_PAIRING_BOUND_NOT_PRIMARY;
 }
 
 /* Whether a close for `reason` is logged as a warning: all but the
@@ -366,7 +437,7 @@ client_update_flow (client_conn_t *c)
    /* Pooled mode reads requests without a connection (hellos, logins and
     * whatever waits for one in the input), but not while it waits. */
    side_set_reading (&c->client,
-                     (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !c->not_primary_seen)) &&
+                     (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !client_not_primary (c))) &&
                         (up || (c->loop->pool && !c->server)) && pool_client_idle (&c->pool) &&
                         fifo_has_room (c) && !up_full && !c->job && !operator_paused () &&
                         mem_may_read (c, &c->client));
@@ -402,7 +473,7 @@ client_pump (client_conn_t *c)
     * operator paused the proxy, what is buffered waits for the resume
     * (client_loop_operator pumps every connection then): what is in
     * flight was routed already and is answered meanwhile. */
-   consumed = c->not_primary_seen || operator_paused () ? false : client_route (c, &c->client);
+   consumed = client_not_primary (c) || operator_paused () ? false : client_route (c, &c->client);
    if (c->state != CLIENT_STATE_CLOSING) {
       client_update_flow (c);
       side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (&c->client));
@@ -432,7 +503,10 @@ client_topology_names_upstream (const client_conn_t *c)
    return strcmp (name, c->upstream_name) == 0;
 }
 
-void
+/* The paired member stepped down or went away (upstream_name is
+ * "host:port"): no new pairing goes there until the topology publishes a
+ * member again (topology_suspect). */
+static void
 client_suspect_upstream (client_conn_t *c)
 {
    const char *name = client_upstream_name (c);
@@ -447,6 +521,41 @@ client_suspect_upstream (client_conn_t *c)
    memcpy (host, name, n);
    host[n] = '\0';
    topology_suspect (c->loop->topo, host, (uint16_t) strtoul (colon + 1, NULL, 10));
+}
+
+void
+client_event (client_conn_t *c, client_event_t ev)
+{
+   switch (ev) {
+   case CLIENT_EVENT_HELLO_ANSWERED:
+      if (c->state == CLIENT_STATE_HANDSHAKE)
+         client_set_state (c, CLIENT_STATE_READY);
+      break;
+   case CLIENT_EVENT_BINDS_SESSION:
+      /* Only a connection that reads requests routes them: never while
+       * it pairs (AWAIT_UPSTREAM). */
+      RELAYBUS_ASSERT (c->pairing == CLIENT_PAIRING_NONE || c->pairing >= CLIENT_PAIRING_PAIRED);
+      if (c->pairing == CLIENT_PAIRING_PAIRED)
+         client_set_pairing (c, CLIENT_PAIRING_BOUND);
+      else if (c->pairing == CLIENT_PAIRING_NOT_PRIMARY)
+         client_set_pairing (c, CLIENT_PAIRING_BOUND_NOT_PRIMARY);
+      break;
+   case CLIENT_EVENT_NOT_PRIMARY:
+      counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
+      log_conn (LOG_LEVEL_INFO,
+                c->id,
+                c->peer,
+                "relaying a not-primary error from %s; re-learning the primary",
+                client_upstream_name (c));
+      client_suspect_upstream (c);
+      if (c->server)
+         c->loop->pooled->pool_server_not_primary (c); /* closed once it comes back */
+      else if (c->pairing == CLIENT_PAIRING_PAIRED)
+         client_set_pairing (c, CLIENT_PAIRING_NOT_PRIMARY);
+      else if (c->pairing == CLIENT_PAIRING_BOUND)
+         client_set_pairing (c, CLIENT_PAIRING_BOUND_NOT_PRIMARY);
+      break;
+   }
 }
 
 typedef enum {
@@ -484,17 +593,15 @@ client_repair (client_conn_t *c, client_repair_why_t why)
    if (c->upstream.connected)
       counters_sub (COUNTER_UPSTREAMS_OPEN, 1);
    side_close (&c->upstream);
-   c->not_primary_seen = false;
-   c->repairing = true;
    client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
    if (why == CLIENT_REPAIR_MONGOS_LOST && client_topology_names_upstream (c)) {
       /* The monitor has not seen the mongos go yet: pairing now would
        * go back to it.  The next published one is tried
        * (client_loop_topology_changed), within upstream_connect_timeout_ms. */
-      c->waiting_primary = true;
+      client_set_pairing (c, CLIENT_PAIRING_REPAIR_WAIT_PRIMARY);
       return;
    }
-   client_try_connect (c);
+   client_try_connect (c, true);
 }
 
 /* A mongos the connection was paired with went away (EOF or a reset).  A
@@ -505,7 +612,7 @@ client_repair (client_conn_t *c, client_repair_why_t why)
  * for that reply until connectTimeoutMS, its pool paused meanwhile, so the
  * client stalls although another mongos is there.  A connection with
  * nothing in flight and nothing of its upstream connection's (no login,
- * exhaust or moreToCome: session_bound) is therefore paired with another
+ * exhaust or moreToCome: BOUND) is therefore paired with another
  * mongos instead of being closed, as after a not-primary error, and the
  * driver sees nothing.  What a mongos held for the connection's lsids
  * (an open transaction, cursors) is the cluster's or is gone either way:
@@ -518,8 +625,9 @@ client_repair_after_loss (client_conn_t *c)
 {
    topology_primary_t p;
 
-   if (c->loop->pool || c->state != CLIENT_STATE_READY || c->session_bound || c->not_primary_seen ||
-       creq_count (c) > 0 || c->up_count > 0 || c->job || c->pumping > 0)
+   /* PAIRED: session mode, neither bound nor told not primary. */
+   if (c->pairing != CLIENT_PAIRING_PAIRED || c->state != CLIENT_STATE_READY || creq_count (c) > 0 ||
+       c->up_count > 0 || c->job || c->pumping > 0)
       return false;
    topology_get_primary (c->loop->topo, &p);
    if (strcmp (p.server_type, "Mongos") != 0)
@@ -535,19 +643,20 @@ client_repair_after_loss (client_conn_t *c)
 static inline bool
 client_reconnect_due (const client_conn_t *c)
 {
-   return c->up_generation < operator_generation () && !c->loop->pool && c->state == CLIENT_STATE_READY &&
-          !c->not_primary_seen && creq_count (c) == 0 && c->up_count == 0 && !c->job;
+   return c->up_generation < operator_generation () &&
+          (c->pairing == CLIENT_PAIRING_PAIRED || c->pairing == CLIENT_PAIRING_BOUND) &&
+          c->state == CLIENT_STATE_READY && creq_count (c) == 0 && c->up_count == 0 && !c->job;
 }
 
 /* Replaces an idle connection's upstream after POST /api/reconnect.  One
  * that never authenticated on it is paired again, unseen by the client, as
- * after a not-primary error; one that did (session_bound) would lose its
+ * after a not-primary error; one that did (BOUND) would lose its
  * login, so it closes once its output is written and the driver opens a
  * new one and logs in again, with whatever credentials it has now. */
 static void
 client_reconnect (client_conn_t *c)
 {
-   if (!c->session_bound) {
+   if (c->pairing == CLIENT_PAIRING_PAIRED) {
       client_repair (c, CLIENT_REPAIR_RECONNECT);
       return;
    }
@@ -580,9 +689,9 @@ upstream_pump (client_conn_t *c)
    consumed = c->up ? client_route (c, c->up) : false;
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
-   if (c->not_primary_seen && c->state == CLIENT_STATE_READY && c->session_bound) {
-      /* c->not_primary_seen: no request read after the error goes to the
-       * old member; what is in flight is answered, then it closes. */
+   if (c->pairing == CLIENT_PAIRING_BOUND_NOT_PRIMARY && c->state == CLIENT_STATE_READY) {
+      /* No request read after the error goes to the old member; what is
+       * in flight is answered, then it closes. */
       c->drain_reason = COUNTERS_CLOSE_NOT_PRIMARY;
       client_set_state (c, CLIENT_STATE_DRAINING);
    }
@@ -598,7 +707,8 @@ upstream_pump (client_conn_t *c)
    client_check_drained (c);
    if (c->state == CLIENT_STATE_CLOSING)
       goto done;
-   if (c->not_primary_seen && c->state == CLIENT_STATE_READY && creq_count (c) == 0 && c->up_count == 0) {
+   if (c->pairing == CLIENT_PAIRING_NOT_PRIMARY && c->state == CLIENT_STATE_READY && creq_count (c) == 0 &&
+       c->up_count == 0) {
       client_repair (c, CLIENT_REPAIR_NOT_PRIMARY);
       goto done;
    }
@@ -764,14 +874,15 @@ conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
       }
       if (c->upstream.direct)
          mem_side_went_direct (&c->upstream);
-      if (c->repairing) {
+      if (c->pairing == CLIENT_PAIRING_REPAIR_CONNECTING) {
          /* Paired again after a not-primary error: the client's handshake
           * was done; the server needs none on this connection (the proxy
           * speaks to it uncompressed, and the client never authenticated). */
-         c->repairing = false;
+         client_set_pairing (c, CLIENT_PAIRING_PAIRED);
          log_conn (LOG_LEVEL_INFO, c->id, c->peer, "paired again, with %s", c->upstream_name);
          client_set_state (c, CLIENT_STATE_READY);
       } else {
+         client_set_pairing (c, CLIENT_PAIRING_PAIRED);
          client_set_state (c, CLIENT_STATE_HANDSHAKE);
       }
       client_pump (c);
@@ -877,21 +988,23 @@ client_timer_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ pairing */
 
-/* In AWAIT_UPSTREAM: connect to the current primary, or wait for one. */
+/* In AWAIT_UPSTREAM: connect to the current primary, or wait for one;
+ * `repair`: paired again (client_repair), READY once connected. */
 static void
-client_try_connect (client_conn_t *c)
+client_try_connect (client_conn_t *c, bool repair)
 {
+   client_pairing_t wait = repair ? CLIENT_PAIRING_REPAIR_WAIT_PRIMARY : CLIENT_PAIRING_WAIT_PRIMARY;
    topology_primary_t p;
    bson_error_t error;
 
    topology_get_primary (c->loop->topo, &p);
    if (p.state != TOPOLOGY_STATE_PRIMARY) {
-      if (!c->waiting_primary)
+      if (c->pairing != wait)
          log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "waiting for a primary");
-      c->waiting_primary = true;
+      client_set_pairing (c, wait);
       return;
    }
-   c->waiting_primary = false;
+   client_set_pairing (c, repair ? CLIENT_PAIRING_REPAIR_CONNECTING : CLIENT_PAIRING_CONNECTING);
    bson_free (c->upstream_name);
    c->upstream_name = bson_strdup_printf ("%s:%u", p.host, (unsigned) p.port);
    c->up_generation = operator_generation ();
@@ -992,7 +1105,7 @@ client_accept (client_loop_t *loop,
       return true;
    }
    c->up = &c->upstream;
-   client_try_connect (c);
+   client_try_connect (c, false);
    return true;
 }
 
@@ -1172,8 +1285,24 @@ client_loop_topology_changed (client_loop_t *loop)
    }
    for (c = loop->clients; c; c = next) {
       next = c->next;
-      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->waiting_primary)
-         client_try_connect (c);
+      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->pairing == CLIENT_PAIRING_WAIT_PRIMARY)
+         client_try_connect (c, false);
+      else if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->pairing == CLIENT_PAIRING_REPAIR_WAIT_PRIMARY)
+         client_try_connect (c, true);
+   }
+}
+
+void
+client_loop_hello_learned (client_loop_t *loop)
+{
+   client_conn_t *c, *next;
+
+   for (c = loop->clients; c; c = next) {
+      next = c->next;
+      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM) {
+         client_set_state (c, CLIENT_STATE_HANDSHAKE);
+         client_resume (c);
+      }
    }
 }
 

@@ -942,15 +942,8 @@ learn_hello (pool_server_t *s)
    pool->hello = s->hello;
    s->hello = NULL;
    if (pool->want_hello) {
-      client_conn_t *c, *next;
       pool->want_hello = false;
-      for (c = pool->loop->clients; c; c = next) {
-         next = c->next;
-         if (c->state == CLIENT_STATE_AWAIT_UPSTREAM) {
-            client_set_state (c, CLIENT_STATE_HANDSHAKE);
-            client_resume (c);
-         }
-      }
+      client_loop_hello_learned (pool->loop);
    }
 }
 

@@ -625,7 +625,7 @@ answer_hello_pooled (client_conn_t *c,
    if (c->state == CLIENT_STATE_HANDSHAKE) {
       log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done (pooled), compressor %s",
                 c->compressor > 0 ? compress_name (c->compressor) : "none");
-      client_set_state (c, CLIENT_STATE_READY);
+      client_event (c, CLIENT_EVENT_HELLO_ANSWERED);
    }
    ok = true;
 done:
@@ -660,7 +660,7 @@ forward_hello (client_conn_t *c,
    {
       bson_iter_t it;
       if (bson_iter_init_find (&it, hello, "speculativeAuthenticate")) {
-         c->session_bound = true; /* authenticated on this upstream connection (client_repair) */
+         client_event (c, CLIENT_EVENT_BINDS_SESSION); /* authenticated on this upstream connection */
          track_auth = auth_watch_hello (c, &it);
       }
    }
@@ -1034,22 +1034,9 @@ reply_to_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evb
    if (c->state == CLIENT_STATE_HANDSHAKE) {
       log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s", client_upstream_name (c),
                 c->compressor > 0 ? compress_name (c->compressor) : "none");
-      client_set_state (c, CLIENT_STATE_READY);
+      client_event (c, CLIENT_EVENT_HELLO_ANSWERED);
    }
    return true;
-}
-
-/* A not-primary error is being relayed: the paired member stepped down. */
-static void
-reply_not_primary (client_conn_t *c)
-{
-   counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
-   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", client_upstream_name (c));
-   client_suspect_upstream (c);
-   if (c->server)
-      pool_server_not_primary (c); /* closed once it comes back */
-   else
-      c->not_primary_seen = true;
 }
 
 /* Relays the reply to a client's request: unchanged but for its
@@ -1089,7 +1076,7 @@ reply_relay (client_conn_t *c,
       reply_scan_t scan = {false, false};
       reply_scan (buf, len, &scan);
       if (scan.not_primary)
-         reply_not_primary (c);
+         client_event (c, CLIENT_EVENT_NOT_PRIMARY); /* the paired member stepped down */
       if (scan.topology_version) {
          if (!relay_strip_topology_version (c, buf, len, response_to, flags, error)) {
             *protocol = true;

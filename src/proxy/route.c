@@ -323,9 +323,9 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
    if (k->hello && !more)
       return ROUTE_HELLO;
    /* State of the upstream connection a new one would not have: never
-    * paired again (client_repair), closed after a not-primary error. */
+    * paired again, closed after a not-primary error (proxy/conn.c). */
    if (k->binds_session || more || (msg->flags & WIRE_MSG_EXHAUST_ALLOWED))
-      c->session_bound = true;
+      client_event (c, CLIENT_EVENT_BINDS_SESSION);
    /* Client connections present no certificate upstream (proxy/tls.c), so an
     * X.509 login could only fail there, or succeed as someone else's
     * certificate: refuse it here, before any hook can forward it.  18
