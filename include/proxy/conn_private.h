@@ -43,6 +43,7 @@ struct loopwake;
 struct login;
 struct pool;
 struct pool_server;
+struct clients_entry;
 
 /* A request decoded off the loop, and the thread that does it
  * (proxy/decode.c). */
@@ -122,6 +123,23 @@ typedef enum {
    CLIENT_PAIRING_COUNT_
 } client_pairing_t;
 
+/* Why a connection's client side is not read (CLIENT_HOLD_NONE: it is):
+ * the one answer of proxy/conn.c's read gate (client_read_hold), kept in
+ * client_conn_t.read_hold and shown by /api/clients (readHold). */
+typedef enum {
+   CLIENT_HOLD_NONE = 0,
+   CLIENT_HOLD_UPSTREAM,        /* no upstream connection yet (AWAIT_UPSTREAM), or it is not connected */
+   CLIENT_HOLD_DRAINING,        /* DRAINING: no new requests */
+   CLIENT_HOLD_NOT_PRIMARY,     /* its member answered not primary: waits to be paired again, or closes */
+   CLIENT_HOLD_POOL,            /* pooled: waits for an upstream connection of the pool */
+   CLIENT_HOLD_INFLIGHT,        /* CLIENT_MAX_INFLIGHT requests (or _UPSTREAM_) wait for answers */
+   CLIENT_HOLD_UPSTREAM_OUTPUT, /* the upstream's output is at buffer_high_watermark */
+   CLIENT_HOLD_DECODING,        /* a request of it is being decoded off the loop */
+   CLIENT_HOLD_PAUSED,          /* the operator paused the proxy (POST /api/pause) */
+   CLIENT_HOLD_MEMORY,          /* waits for room under max_buffered_bytes */
+   CLIENT_HOLD_COUNT_
+} client_hold_t;
+
 /* What the pump and the routing policy saw that the connection's state
  * depends on (client_event). */
 typedef enum {
@@ -173,6 +191,8 @@ struct client_conn {
    struct event *timer;          /* per state: no primary / handshake */
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
    unsigned mem_wait_sides; /* MEM_SIDE_* bits (below); 0: not waiting (beside pumping: no padding) */
+   client_hold_t read_hold; /* the read gate's last answer (client_update_flow) */
+   struct clients_entry *registry; /* its /api/clients entry (proxy/clients.h) until CLOSING */
 
    struct evbuffer *scratch; /* decompressed requests; NULL until one comes (client_scratch) */
    client_job_t *job; /* a request being decoded off the loop: the

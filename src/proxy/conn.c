@@ -69,6 +69,19 @@ client_state_name (client_state_t state)
    return (unsigned) state < CLIENT_STATE_COUNT_ ? client_state_names[state] : "invalid";
 }
 
+static const char *const client_hold_names[CLIENT_HOLD_COUNT_] = {
+   [CLIENT_HOLD_NONE] = "none",
+   [CLIENT_HOLD_UPSTREAM] = "upstream",
+   [CLIENT_HOLD_DRAINING] = "draining",
+   [CLIENT_HOLD_NOT_PRIMARY] = "not_primary",
+   [CLIENT_HOLD_POOL] = "pool",
+   [CLIENT_HOLD_INFLIGHT] = "inflight",
+   [CLIENT_HOLD_UPSTREAM_OUTPUT] = "upstream_output",
+   [CLIENT_HOLD_DECODING] = "decoding",
+   [CLIENT_HOLD_PAUSED] = "paused",
+   [CLIENT_HOLD_MEMORY] = "memory",
+};
+
 static const char *const client_pairing_names[CLIENT_PAIRING_COUNT_] = {
    [CLIENT_PAIRING_NONE] = "none",
    [CLIENT_PAIRING_WAIT_PRIMARY] = "wait_primary",
@@ -135,11 +148,14 @@ client_set_state (client_conn_t *c, client_state_t next)
               client_state_name (next));
    c->state = next;
    /* /api/clients: before CLOSING frees the socket the registry reads. */
-   clients_registry_note (
+   c->registry = clients_registry_note (
       c->id, c->loop->index, c->peer, side_is_open (&c->client) ? c->client.fd : -1, client_state_name (next),
       next != CLIENT_STATE_CLOSING);
    if (next == CLIENT_STATE_CLOSING)
       return;
+   /* A new entry has neither: the sub-state and the read gate's last answer. */
+   clients_entry_set_pairing (c->registry, c->pairing != CLIENT_PAIRING_NONE ? client_pairing_name (c->pairing) : NULL);
+   clients_entry_set_read_hold (c->registry, client_hold_names[c->read_hold]);
    /* The per-state timer: each state has at most one deadline; a state
     * without one (READY, the long one) holds no timer. */
    if (c->timer)
@@ -212,6 +228,7 @@ client_set_pairing (client_conn_t *c, client_pairing_t next)
               client_pairing_name (c->pairing),
               client_pairing_name (next));
    c->pairing = next;
+   clients_entry_set_pairing (c->registry, client_pairing_name (next));
 }
 
 /* A not-primary error was relayed, and what was read since waits: no
@@ -399,10 +416,45 @@ flow_flush (client_conn_t *c, side_t *s)
       mem_sync_direct (c, s, side_write_now (s));
 }
 
+/* Why the client is not read now, or CLIENT_HOLD_NONE: the one answer to
+ * it (the read gate), asked by client_update_flow, which has read `up` (the
+ * upstream side is connected) and `up_full` (its output is at the high
+ * watermark) already.  A state that reads requests (HANDSHAKE, or READY
+ * unless a not-primary error came), an upstream to send them to (pooled
+ * mode reads hellos, logins and whatever waits for a connection without
+ * one, but not while it waits), room in both FIFOs and in the upstream's
+ * output, no request being decoded, no operator pause, and memory: asked
+ * last, as a "no" puts the connection on the memory wait list. */
+static client_hold_t
+client_read_hold (client_conn_t *c, bool up, bool up_full)
+{
+   if (c->state == CLIENT_STATE_AWAIT_UPSTREAM)
+      return CLIENT_HOLD_UPSTREAM;
+   if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
+      return CLIENT_HOLD_DRAINING;
+   if (c->state == CLIENT_STATE_READY && client_not_primary (c))
+      return CLIENT_HOLD_NOT_PRIMARY;
+   if (!up && !(c->loop->pool && !c->server))
+      return CLIENT_HOLD_UPSTREAM;
+   if (!pool_client_idle (&c->pool))
+      return CLIENT_HOLD_POOL;
+   if (!fifo_has_room (c))
+      return CLIENT_HOLD_INFLIGHT;
+   if (up_full)
+      return CLIENT_HOLD_UPSTREAM_OUTPUT;
+   if (c->job)
+      return CLIENT_HOLD_DECODING;
+   if (operator_paused ())
+      return CLIENT_HOLD_PAUSED;
+   if (!mem_may_read (c, &c->client))
+      return CLIENT_HOLD_MEMORY;
+   return CLIENT_HOLD_NONE;
+}
+
 /* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
- *  - the client is read only in HANDSHAKE/READY, with the upstream
- *    connected, room in the FIFOs, and the upstream's output below the
- *    high watermark;
+ *  - the client is read when nothing holds it (client_read_hold: among
+ *    others a state that reads requests, the upstream connected, room in
+ *    the FIFOs, and the upstream's output below the high watermark);
  *  - the upstream is read while the client's output is below it.
  * Write low watermarks are high/2, so the drain callbacks resume reading
  * with hysteresis.  A drain callback is installed only while its side's
@@ -416,6 +468,7 @@ client_update_flow (client_conn_t *c)
 {
    bool up = client_up_connected (c);
    bool up_full = false, client_full;
+   client_hold_t hold;
    size_t high;
 
    if (c->state == CLIENT_STATE_CLOSING)
@@ -434,13 +487,12 @@ client_update_flow (client_conn_t *c)
        * once they are written, so its drain is wanted then too. */
       side_want_drained (c->up, up_full || (c->server && c->loop->pooled->pool_wants_flush (c)));
    }
-   /* Pooled mode reads requests without a connection (hellos, logins and
-    * whatever waits for one in the input), but not while it waits. */
-   side_set_reading (&c->client,
-                     (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !client_not_primary (c))) &&
-                        (up || (c->loop->pool && !c->server)) && pool_client_idle (&c->pool) &&
-                        fifo_has_room (c) && !up_full && !c->job && !operator_paused () &&
-                        mem_may_read (c, &c->client));
+   hold = client_read_hold (c, up, up_full);
+   side_set_reading (&c->client, hold == CLIENT_HOLD_NONE);
+   if (hold != c->read_hold) {
+      c->read_hold = hold;
+      clients_entry_set_read_hold (c->registry, client_hold_names[hold]);
+   }
    side_want_drained (&c->client, client_full || c->state == CLIENT_STATE_DRAINING);
 }
 
