@@ -236,7 +236,7 @@ client_set_pairing (client_conn_t *c, client_pairing_t next)
 static inline bool
 client_not_primary (const client_conn_t *c)
 {
-   return c->pairing == CLIENT_PAIRING_NOT_PRIMARY || c->pairing == CLIENT_PAIRING_BOUND_NOT_PRIMARY;
+   return c->pairing >= CLIENT_PAIRING_NOT_PRIMARY; /* the last two */
 }
 
 /* Whether a close for `reason` is logged as a warning: all but the
@@ -425,15 +425,16 @@ flow_flush (client_conn_t *c, side_t *s)
  * one, but not while it waits), room in both FIFOs and in the upstream's
  * output, no request being decoded, no operator pause, and memory: asked
  * last, as a "no" puts the connection on the memory wait list. */
-static client_hold_t
+static inline client_hold_t
 client_read_hold (client_conn_t *c, bool up, bool up_full)
 {
-   if (c->state == CLIENT_STATE_AWAIT_UPSTREAM)
-      return CLIENT_HOLD_UPSTREAM;
-   if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
-      return CLIENT_HOLD_DRAINING;
-   if (c->state == CLIENT_STATE_READY && client_not_primary (c))
-      return CLIENT_HOLD_NOT_PRIMARY;
+   /* READY first: it is asked at every pump's end. */
+   if (c->state == CLIENT_STATE_READY) {
+      if (client_not_primary (c))
+         return CLIENT_HOLD_NOT_PRIMARY;
+   } else if (c->state != CLIENT_STATE_HANDSHAKE) {
+      return c->state == CLIENT_STATE_AWAIT_UPSTREAM ? CLIENT_HOLD_UPSTREAM : CLIENT_HOLD_DRAINING;
+   }
    if (!up && !(c->loop->pool && !c->server))
       return CLIENT_HOLD_UPSTREAM;
    if (!pool_client_idle (&c->pool))
