@@ -109,7 +109,8 @@ typedef struct {
  * is answered, a PAIRED connection is paired again (client_repair, the
  * driver sees no close) and a BOUND one is drained and closed
  * (BOUND_NOT_PRIMARY, DRAINING with drain_reason not_primary).  The four
- * connected sub-states come last (client_event asserts it). */
+ * connected sub-states come last (client_event asserts it), the two not
+ * primary last of all (one comparison tells them, at every pump's end). */
 typedef enum {
    CLIENT_PAIRING_NONE = 0,            /* pooled mode, or not yet accepted */
    CLIENT_PAIRING_WAIT_PRIMARY,        /* AWAIT_UPSTREAM: no primary known */

@@ -103,13 +103,6 @@ typedef enum {
    STEP_X509,
 } open_step_t;
 
-/* A transaction: the session's id and its txnNumber. */
-typedef struct {
-   bool valid;
-   uint8_t lsid[16];
-   int64_t txn_number;
-} pool_txn_t;
-
 struct pool_server {
    side_t side;
    pool_t *pool;
@@ -133,12 +126,6 @@ struct pool_server {
    scram_client_t *scram;
    int32_t conversation_id;
    bson_t *hello; /* its hello reply, taught to the pool once it is logged in */
-   /* What pool_admit's peek read of the request it was lent for, so that
-    * pool_note_request does not walk the body again (that request only:
-    * its requestID). */
-   bool peek_valid;
-   int32_t peek_request_id;
-   pool_txn_t peek_txn;
    struct event *deadline;
    pool_server_t *prev, *next;           /* pool->servers */
    pool_server_t *idle_prev, *idle_next; /* pool->idle, a stack */
@@ -618,7 +605,6 @@ unlend (client_conn_t *c)
    client_detach_upstream (c);
    c->server = NULL;
    s->client = NULL;
-   s->peek_valid = false;
    server_set_state (s, SERVER_BACK);
    s->side.owner = s;
    s->side.cb = &pool_side_cb;
@@ -669,6 +655,7 @@ void
 pool_request_answered (client_conn_t *c)
 {
    c->pool.refusal = POOL_REFUSAL_NONE;
+   c->pool.peek_valid = false;
 }
 
 static void
@@ -1584,6 +1571,10 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    if (h->opcode == WIRE_OP_QUERY)
       return true; /* the legacy hello, or refused: the proxy answers */
    peeked = peek_request (in, h, cmd, sizeof cmd, &txn, &body);
+   /* Kept for pool_note_request, lent now or after a wait. */
+   c->pool.peek_valid = peeked;
+   c->pool.peek_request_id = h->request_id;
+   c->pool.peek_txn = txn;
    /* Before a required login, whatever the peek cannot read (compressed,
     * large, the body not first) is the proxy's to answer too: read whole,
     * it is a hello, a login, or refused (proxy/login.h). */
@@ -1609,30 +1600,23 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       client_conn_t *holder = s->client;
       if (s->state == SERVER_IDLE) {
          lend (s, c);
-         goto lent;
+         return true;
       }
       if (s->state == SERVER_LENT && holder != c && holder->up_count == 0 && !holder->job &&
           evbuffer_get_length (side_output (&s->side)) == 0) {
          (void) unlend (holder);
          lend (s, c);
-         goto lent;
+         return true;
       }
    }
    if (!pool->wait_head && pool->idle) {
       s = pool->idle;
       lend (s, c);
-      goto lent;
+      return true;
    }
    wait_add (c);
    pool_fill (pool);
    return false;
-lent:
-   if (peeked) {
-      s->peek_valid = true;
-      s->peek_request_id = h->request_id;
-      s->peek_txn = txn;
-   }
-   return true;
 }
 
 bool
@@ -1645,11 +1629,11 @@ pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
       return true;
    if (msg->flags & WIRE_MSG_MORE_TO_COME)
       pin_set (s, COUNTERS_PIN_MORE_TO_COME, true);
-   if (s->peek_valid && s->peek_request_id == msg->header.request_id)
-      txn = s->peek_txn;
+   if (c->pool.peek_valid && c->pool.peek_request_id == msg->header.request_id)
+      txn = c->pool.peek_txn;
    else
       txn_of_body (&msg->body, &txn, NULL);
-   s->peek_valid = false;
+   c->pool.peek_valid = false;
    if (txn.valid) {
       if (!txn_equal (&s->txn, &txn)) {
          pin_set (s, COUNTERS_PIN_TRANSACTION, false);
