@@ -384,8 +384,8 @@ void client_event (client_conn_t *c, client_event_t ev);
  * clients that waited for it (AWAIT_UPSTREAM) shake hands now. */
 void client_loop_hello_learned (client_loop_t *loop);
 /* proxy/conn.c: in DRAINING, closes the connection once nothing is in flight
- * and its output is written. */
-void client_check_drained (client_conn_t *c);
+ * and its output is written.  Returns false when it closed it. */
+bool client_check_drained (client_conn_t *c);
 /* proxy/conn.c: something was queued on an output.  Inside a pump (the request
  * hook, an internal reply's callback) the pump's end writes it with the
  * rest; outside one (a call from any other loop callback) it is written
@@ -433,7 +433,7 @@ void mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len);
 static inline void
 mem_sync_side (client_conn_t *c, side_t *s)
 {
-   if (s->direct && c->state != CLIENT_STATE_CLOSING)
+   if (s->direct)
       mem_sync_direct (c, s, evbuffer_get_length (side_output (s)));
 }
 /* A side's output length right after mem_sync_side (which read it
@@ -516,11 +516,16 @@ void client_decoder_stop (client_loop_t *loop);
 /* proxy/decode.c: the connection closes: its job, if any, is dropped. */
 void client_job_cancel (client_conn_t *c);
 
+/* What client_route did with the complete messages of a side's input. */
+typedef enum {
+   CLIENT_ROUTED_NONE = 0, /* took none */
+   CLIENT_ROUTED_SOME,     /* took at least one */
+   CLIENT_ROUTED_CLOSED,   /* the connection closed (CLOSING): touch nothing of it */
+} client_routed_t;
+
 /* proxy/pump.c: handles every complete message in the input of `from`
  * (c->client: requests, while the FIFOs and the upstream's output have
- * room; c->upstream: replies, while the client's output has room);
- * returns whether it took any.  Returns false after disconnecting too
- * (check the state). */
-bool client_route (client_conn_t *c, side_t *from);
+ * room; c->upstream: replies, while the client's output has room). */
+client_routed_t client_route (client_conn_t *c, side_t *from);
 
 #endif /* RELAYBUS_CLIENT_PRIVATE_H */

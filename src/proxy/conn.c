@@ -24,10 +24,16 @@
  * by room given back on another.
  *
  * Lifetime.  client_disconnect frees the sockets and timers at once (so no
- * callback of ours can fire again) and puts the struct on the loop's free
- * list; it is freed from an event on the next loop turn.  Any code that
- * calls something able to disconnect checks for CLIENT_STATE_CLOSING before
- * touching buffers again.
+ * callback of ours can fire again), passes every request it held, and puts
+ * the struct on the loop's free list; it is freed from an event on the
+ * next loop turn.  A function that may close the connection says so in
+ * what it returns (client_route's CLIENT_ROUTED_CLOSED, a pump's false,
+ * route_msg's ROUTE_CLOSED), so its caller knows without asking the state
+ * again; the state is read only at the end of a pump and where code of
+ * another module ran (a hook, an internal request's callback, a post from
+ * another thread) that may have closed it.  On a closed connection
+ * client_answer and client_send_internal fail, and client_disconnect does
+ * nothing.
  */
 #include "proxy/conn.h"
 
@@ -100,7 +106,7 @@ client_pairing_name (client_pairing_t p)
    return (unsigned) p < CLIENT_PAIRING_COUNT_ ? client_pairing_names[p] : "invalid";
 }
 
-static void client_pump (client_conn_t *c);
+static bool client_pump (client_conn_t *c);
 static void upstream_pump (client_conn_t *c);
 static void client_update_flow (client_conn_t *c);
 static void client_timer_cb (evutil_socket_t fd, short what, void *arg);
@@ -295,10 +301,18 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
    proxy_event_free (c->timer);
    c->timer = NULL;
    if (c->login) /* made by proxy/login.c: pooled mode only */
-      c->loop->pooled->login_deadline_stop (c);
+      c->loop->pooled->login_stop (c);
 
+   /* No request waits for an answer any more: client_answer finds none. */
+   for (uint64_t s = c->creq_head; s < c->creq_tail; s++) {
+      client_req_t *r = creq_find (c, s);
+      proxy_evbuffer_free (r->held);
+      r->held = NULL;
+   }
+   c->creq_head = c->creq_tail;
    /* Internal requests learn that no reply will come (their owners free
-    * their context).  They may not send anything: the state is CLOSING. */
+    * their context).  They cannot send or answer anything: the upstream
+    * is closed and no request waits. */
    bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_CLOSED, "connection closed: %s", detail);
    while (c->up_count > 0) {
       upstream_req_t u = c->flight->upreqs[c->up_head];
@@ -306,12 +320,6 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
       if (u.kind == UPREQ_INTERNAL && u.cb)
          u.cb (c, NULL, &error, u.cb_ctx);
    }
-   for (uint64_t s = c->creq_head; s < c->creq_tail; s++) {
-      client_req_t *r = creq_find (c, s);
-      proxy_evbuffer_free (r->held);
-      r->held = NULL;
-   }
-   c->creq_head = c->creq_tail;
    client_job_cancel (c);
 
    /* Off the live list, onto the free list. */
@@ -472,8 +480,7 @@ client_update_flow (client_conn_t *c)
    client_hold_t hold;
    size_t high;
 
-   if (c->state == CLIENT_STATE_CLOSING)
-      return;
+   RELAYBUS_ASSERT (c->state != CLIENT_STATE_CLOSING); /* every caller knows it is open */
    /* What the pump queued goes out first: the decisions below read the
     * outputs' lengths after it. */
    flow_flush (c, &c->client);
@@ -514,11 +521,12 @@ pump_end (client_conn_t *c)
 }
 
 /* Everything that may let requests through ends here: process what is
- * complete, then decide what to read next. */
-static void
+ * complete, then decide what to read next.  Returns false when the
+ * connection closed. */
+static bool
 client_pump (client_conn_t *c)
 {
-   bool consumed;
+   client_routed_t routed = CLIENT_ROUTED_NONE;
 
    c->pumping++;
    /* After a not-primary error no request goes to the old member: what
@@ -526,13 +534,16 @@ client_pump (client_conn_t *c)
     * operator paused the proxy, what is buffered waits for the resume
     * (client_loop_operator pumps every connection then): what is in
     * flight was routed already and is answered meanwhile. */
-   consumed = client_not_primary (c) || operator_paused () ? false : client_route (c, &c->client);
-   if (c->state != CLIENT_STATE_CLOSING) {
+   if (!client_not_primary (c) && !operator_paused ())
+      routed = client_route (c, &c->client);
+   if (routed != CLIENT_ROUTED_CLOSED) {
       client_update_flow (c);
-      side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (&c->client));
+      side_timer_update (&c->client, c->cfg->message_timeout_ms, routed == CLIENT_ROUTED_SOME,
+                         mem_synced_in_len (&c->client));
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
    pump_end (c);
+   return routed != CLIENT_ROUTED_CLOSED;
 }
 
 /* A not-primary error was relayed and everything in flight is answered:
@@ -716,7 +727,7 @@ client_reconnect (client_conn_t *c)
    counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
    c->drain_reason = COUNTERS_CLOSE_RECONNECT;
    client_set_state (c, CLIENT_STATE_DRAINING);
-   client_check_drained (c);
+   (void) client_check_drained (c);
 }
 
 /* Whether client_pump has anything to do beyond client_update_flow: a
@@ -736,11 +747,12 @@ static void
 upstream_pump (client_conn_t *c)
 {
    uint32_t before = creq_count (c);
-   bool consumed;
+   client_routed_t routed = CLIENT_ROUTED_NONE;
 
    c->pumping++;
-   consumed = c->up ? client_route (c, c->up) : false;
-   if (c->state == CLIENT_STATE_CLOSING)
+   if (c->up)
+      routed = client_route (c, c->up);
+   if (routed == CLIENT_ROUTED_CLOSED)
       goto done;
    if (c->pairing == CLIENT_PAIRING_BOUND_NOT_PRIMARY && c->state == CLIENT_STATE_READY) {
       /* No request read after the error goes to the old member; what is
@@ -751,14 +763,13 @@ upstream_pump (client_conn_t *c)
    /* Answers freed FIFO room: requests may be waiting in the input
     * (client_pump updates the flow); else only the flow may change.
     * Either writes the answers out, so a drain check comes after. */
-   if (creq_count (c) < before && client_may_have_work (c))
-      client_pump (c);
-   else
+   if (creq_count (c) < before && client_may_have_work (c)) {
+      if (!client_pump (c))
+         goto done;
+   } else {
       client_update_flow (c);
-   if (c->state == CLIENT_STATE_CLOSING)
-      goto done;
-   client_check_drained (c);
-   if (c->state == CLIENT_STATE_CLOSING)
+   }
+   if (!client_check_drained (c))
       goto done;
    if (c->pairing == CLIENT_PAIRING_NOT_PRIMARY && c->state == CLIENT_STATE_READY && creq_count (c) == 0 &&
        c->up_count == 0) {
@@ -772,7 +783,7 @@ upstream_pump (client_conn_t *c)
    if (!client_up_connected (c))
       goto done;
    /* Nothing since the flow update read the upstream's input. */
-   side_timer_update (c->up, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (c->up));
+   side_timer_update (c->up, c->cfg->message_timeout_ms, routed == CLIENT_ROUTED_SOME, mem_synced_in_len (c->up));
 done:
    c->pumping--;
    pump_end (c);
@@ -781,14 +792,17 @@ done:
 void
 client_resume (client_conn_t *c)
 {
-   if (c->state != CLIENT_STATE_CLOSING)
-      client_pump (c);
+   /* Whoever resumes it found it on a list the close takes it off (the
+    * decoder's jobs, the pool's hand-off, the memory waiters, the loop's
+    * connections). */
+   (void) client_pump (c);
 }
 
 void
 client_output_queued (client_conn_t *c)
 {
-   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING) {
+   /* Its callers queued something: the connection is open. */
+   if (c->pumping == 0) {
       client_update_flow (c);
       pump_end (c);
    }
@@ -822,8 +836,7 @@ client_detach_upstream (client_conn_t *c)
     * flight they are empty, so this connection holds none of their bytes
     * once they are counted; what an in-doubt side (closed next) still
     * holds stays in mem_held, all of which goes back at the close. */
-   if (c->state != CLIENT_STATE_CLOSING)
-      mem_sync_side (c, s);
+   mem_sync_side (c, s); /* open: the pool detaches before the close */
    if (c->mem_wait_sides & MEM_SIDE_UP)
       mem_unwait (c);
    mem_unwatch_side (s);
@@ -856,8 +869,7 @@ side_conn (const side_t *s)
 void
 client_pump_both (client_conn_t *c)
 {
-   client_pump (c);
-   if (c->state != CLIENT_STATE_CLOSING)
+   if (client_pump (c))
       upstream_pump (c);
 }
 
@@ -866,7 +878,7 @@ static void
 conn_pump_from (client_conn_t *c, side_kind_t from)
 {
    if (from == SIDE_CLIENT)
-      client_pump (c);
+      (void) client_pump (c);
    else
       upstream_pump (c);
 }
@@ -938,7 +950,7 @@ conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
          client_set_pairing (c, CLIENT_PAIRING_PAIRED);
          client_set_state (c, CLIENT_STATE_HANDSHAKE);
       }
-      client_pump (c);
+      (void) client_pump (c);
       break;
    case SIDE_EVENT_CONNECT_FAILED:
       counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
@@ -1164,12 +1176,12 @@ client_accept (client_loop_t *loop,
 
 /* ------------------------------------------------------------ drain */
 
-void
+bool
 client_check_drained (client_conn_t *c)
 {
    if (c->state != CLIENT_STATE_DRAINING)
-      return;
-   if (creq_count (c) == 0 && c->up_count == 0 && evbuffer_get_length (client_output (c)) == 0)
+      return true;
+   if (creq_count (c) == 0 && c->up_count == 0 && evbuffer_get_length (client_output (c)) == 0) {
       if (c->drain_reason == COUNTERS_CLOSE_NOT_PRIMARY)
          client_disconnect (c,
                             COUNTERS_CLOSE_NOT_PRIMARY,
@@ -1177,9 +1189,12 @@ client_check_drained (client_conn_t *c)
                             c->upstream_name);
       else
          client_disconnect (c, COUNTERS_CLOSE_SHUTDOWN, "drained");
-   else if (creq_count (c) == 0 && c->up_count == 0)
+      return false;
+   }
+   if (creq_count (c) == 0 && c->up_count == 0)
       /* Output still flushing: ask for the write callback at empty. */
       side_set_write_low (&c->client, 0);
+   return true;
 }
 
 static void
@@ -1211,7 +1226,7 @@ client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (vo
       }
       c->drain_reason = COUNTERS_CLOSE_SHUTDOWN;
       client_set_state (c, CLIENT_STATE_DRAINING);
-      client_check_drained (c);
+      (void) client_check_drained (c);
    }
    if (loop->nclients == 0) {
       if (loop->on_empty) {

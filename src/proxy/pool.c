@@ -1729,7 +1729,8 @@ pool_settle (client_conn_t *c)
 {
    pool_server_t *s = c->server;
 
-   if (!s || c->up_count > 0 || c->job || c->state == CLIENT_STATE_CLOSING)
+   /* Open: pump_end asks; a closed client gave its connection back. */
+   if (!s || c->up_count > 0 || c->job)
       return;
    pin_set (s, COUNTERS_PIN_EXHAUST, false);
    if (s->pins & (1u << COUNTERS_PIN_MORE_TO_COME)) {

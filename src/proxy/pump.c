@@ -328,7 +328,8 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
    bson_t stripped = BSON_INITIALIZER;
    bool ok = false;
 
-   if (c->state == CLIENT_STATE_CLOSING || !r || r->done) {
+   /* A closed connection has none: client_disconnect passed them all. */
+   if (!r || r->done) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_SUCH_REQUEST, "no such request waiting for an answer");
       goto done;
    }
@@ -354,8 +355,7 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
    ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
    if (ok) {
       client_output_queued (c);
-      if (c->state != CLIENT_STATE_CLOSING)
-         client_check_drained (c);
+      (void) client_check_drained (c);
    }
 done:
    bson_destroy (&stripped);
@@ -397,7 +397,8 @@ client_send_internal (client_conn_t *c,
    int32_t id;
    size_t before;
 
-   if (c->state == CLIENT_STATE_CLOSING || !client_up_connected (c)) {
+   /* A closed connection's upstream side is closed (or given back). */
+   if (!client_up_connected (c)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NOT_CONNECTED, "upstream not connected");
       return false;
    }
@@ -787,12 +788,15 @@ route_decoded (client_conn_t *c, const wire_header_t *h, decoded_t *d)
       ok = true;
       break;
    case ROUTE_FAILED:
-   case ROUTE_CLOSED:
       break;
+   case ROUTE_CLOSED:
+      return false;
    }
-   if (!ok && c->state != CLIENT_STATE_CLOSING)
+   /* Forwarding and the hello never close the connection: a failure is
+    * an error to close it for. */
+   if (!ok)
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "request %d: %s", h->request_id, error.message);
-   return ok && c->state != CLIENT_STATE_CLOSING;
+   return ok;
 }
 
 static void
@@ -992,25 +996,48 @@ done:
    return ok;
 }
 
+/* Closes the connection for reply `h` it could not take: a malformed one
+ * (`protocol`) or an internal error. */
+static void
+reply_failed (client_conn_t *c, const wire_header_t *h, bool protocol, const bson_error_t *error)
+{
+   if (protocol)
+      client_disconnect (c,
+                         COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
+                         "bad reply %d from %s: %s",
+                         h->request_id,
+                         client_upstream_name (c),
+                         error->message);
+   else
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error->message);
+}
+
 /* The reply to a request of the proxy's own (UPREQ_INTERNAL): its
  * callback gets it parsed; it never reaches the client.  Internal
- * requests never allow exhaust: one reply ends them.  False: closing or
- * a malformed reply (error set when the connection is still open). */
+ * requests never allow exhaust: one reply ends them.  False: the
+ * connection closed, in the callback or here for a malformed reply. */
 static bool
-reply_internal (client_conn_t *c, upstream_req_t *u, struct evbuffer *in, size_t len, bson_error_t *error)
+reply_internal (client_conn_t *c, upstream_req_t *u, struct evbuffer *in, const wire_header_t *h)
 {
+   size_t len = (size_t) h->length;
    wire_msg_t reply;
    upstream_req_t done = *u;
    const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+   bson_error_t error;
 
    if (!buf) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
+      reply_failed (c, h, true, &error);
       return false;
    }
-   if (!wire_parse_msg (buf, len, &reply, error))
+   if (!wire_parse_msg (buf, len, &reply, &error)) {
+      reply_failed (c, h, true, &error);
       return false;
+   }
    upreq_pop (c);
    done.cb (c, &reply, NULL, done.cb_ctx);
+   /* The callback is another module's: it may have closed the connection,
+    * and its input with it. */
    if (c->state == CLIENT_STATE_CLOSING)
       return false;
    evbuffer_drain (in, len);
@@ -1027,8 +1054,7 @@ reply_to_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evb
 
    upreq_pop (c);
    if (!reply_hello (c, &cur, r, in, len, &error)) {
-      if (c->state != CLIENT_STATE_CLOSING)
-         client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
+      client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
       return false;
    }
    if (c->state == CLIENT_STATE_HANDSHAKE) {
@@ -1165,13 +1191,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    }
    flags = wire_get_u32 (pre + WIRE_HEADER_LEN);
 
-   if (u->kind == UPREQ_INTERNAL) {
-      if (reply_internal (c, u, in, len, &error))
-         return true;
-      if (c->state == CLIENT_STATE_CLOSING)
-         return false;
-      goto failed;
-   }
+   if (u->kind == UPREQ_INTERNAL)
+      return reply_internal (c, u, in, h);
    r = creq_find (c, u->creq_seq);
    if (!r) {
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
@@ -1187,21 +1208,13 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       }
       return reply_to_hello (c, u, r, in, len);
    }
+   /* The relay never closes the connection: a failure is an error to
+    * close it for. */
    if (reply_relay (c, u, r, in, h, flags, len <= CLIENT_SCAN_LIMIT ? pre : NULL, &protocol, &error))
       return true;
-   if (c->state == CLIENT_STATE_CLOSING)
-      return false;
 
 failed:
-   if (protocol)
-      client_disconnect (c,
-                         COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
-                         "bad reply %d from %s: %s",
-                         h->request_id,
-                         client_upstream_name (c),
-                         error.message);
-   else
-      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
+   reply_failed (c, h, protocol, &error);
    return false;
 }
 
@@ -1239,26 +1252,26 @@ route_has_room (client_conn_t *c, const side_t *from)
 
 /* The one framing loop, for both sides (proxy/conn_private.h): header by
  * header, each message taken once it is complete in the input. */
-bool
+client_routed_t
 client_route (client_conn_t *c, side_t *from)
 {
    bool client = from->kind == SIDE_CLIENT;
    struct evbuffer *in;
-   bool consumed = false;
+   client_routed_t routed = CLIENT_ROUTED_NONE;
 
    if (client) {
       if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
-         return false;
+         return CLIENT_ROUTED_NONE;
       if (c->job) {
          /* One request at a time: the next waits for the decoded one. */
          if (!client_job_finished (c->job))
-            return false;
+            return CLIENT_ROUTED_NONE;
          if (!client_job_finish (c))
-            return false;
-         consumed = true;
+            return CLIENT_ROUTED_CLOSED;
+         routed = CLIENT_ROUTED_SOME;
       }
-   } else if (c->state == CLIENT_STATE_CLOSING || !from->connected) {
-      return false;
+   } else if (!from->connected) {
+      return CLIENT_ROUTED_NONE;
    }
    in = side_input (from);
    for (;;) {
@@ -1275,7 +1288,7 @@ client_route (client_conn_t *c, side_t *from)
       hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
       if (!hb) {
          client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory");
-         return false;
+         return CLIENT_ROUTED_CLOSED;
       }
       (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
       if (!wire_check_header (&h, 0, &error)) {
@@ -1284,25 +1297,25 @@ client_route (client_conn_t *c, side_t *from)
          else
             client_disconnect (
                c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", client_upstream_name (c), error.message);
-         return false;
+         return CLIENT_ROUTED_CLOSED;
       }
       if (avail < (size_t) h.length)
          break;
       /* Pooled: a request that needs the upstream gets a connection first,
        * or waits for one, unread. */
       if (client && c->loop->pool && !c->server && !pool_client_timed_out (&c->pool) && !pool_admit (c, in, &h))
-         return consumed;
+         return routed;
       switch (client ? take_request (c, in, &h) : take_reply (c, in, &h)) {
       case 0:
-         return consumed; /* waits for memory */
+         return routed; /* waits for memory */
       case 1:
          break;
       default:
-         return false;
+         return CLIENT_ROUTED_CLOSED;
       }
       if (client)
          pool_request_answered (c); /* that request had its answer */
-      consumed = true;
+      routed = CLIENT_ROUTED_SOME;
    }
-   return consumed;
+   return routed;
 }

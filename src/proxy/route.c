@@ -382,9 +382,12 @@ route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t 
       case CLIENT_ROUTE_FORWARD:
          break;
       case CLIENT_ROUTE_HELD:
-         if (c->state != CLIENT_STATE_CLOSING)
+         /* The hook took it; unless it closed the connection (and the
+          * input with it), the request's bytes go. */
+         action = route_done (c, true);
+         if (action == ROUTE_TAKEN)
             evbuffer_drain (src, len);
-         return route_done (c, true);
+         return action;
       case CLIENT_ROUTE_ERROR:
       default:
          return route_done (c, false);

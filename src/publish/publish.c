@@ -243,7 +243,9 @@ op_answer (client_conn_t *c, publish_op_t *op, const bson_t *reply)
 {
    char what[32];
 
-   if (!op->answer || client_state (c) == CLIENT_STATE_CLOSING)
+   /* On a closed connection client_answer finds no request, and the
+    * close that follows is none. */
+   if (!op->answer)
       return;
    bson_snprintf (what, sizeof what, "a %s", op_state_names[op->state]);
    answer (c, op->request_seq, reply, what);
@@ -627,7 +629,7 @@ typedef struct {
 static void
 refusal_answer (client_conn_t *c, refusal_t *r, const bson_t *abort_reply)
 {
-   if (!r->answer || client_state (c) == CLIENT_STATE_CLOSING)
+   if (!r->answer)
       return;
    answer_transient (c, r->seq, INJECT_CODE_NO_SUCH_TRANSACTION, r->errmsg, abort_reply, "a refused commit");
 }
