@@ -42,37 +42,15 @@
 
 #include "base/config.h"
 #include "dispatch/format.h"
+#include "dispatch/transport_result.h"
 #include "store/store.h"
 #include "base/errors.h"
 
-/* transport_result_t.error is at most this long (lastError). */
-#define TRANSPORT_ERROR_MAX 256
 /* A connection state's detail (its last error) is at most this long. */
 #define TRANSPORT_DETAIL_MAX 256
 
-typedef enum {
-   TRANSPORT_ERROR_KIND = 1,  /* a kind this build has no transport for */
-   TRANSPORT_ERROR_START,     /* the kind's client could not be made */
-   TRANSPORT_ERROR_SEND,      /* a send could not be started */
-} transport_error_code_t;
-
-typedef enum {
-   TRANSPORT_OUTCOME_OK,    /* confirmed: complete the delivery */
-   TRANSPORT_OUTCOME_RETRY, /* failed: retry (retry_after_ms, or the handler's backoff) */
-   TRANSPORT_OUTCOME_DEAD,  /* failed for good: bury now, whatever attempts are left */
-   TRANSPORT_OUTCOME_GONE,  /* the endpoint is gone (a webhook's 410): disable the handler, give the delivery back uncharged */
-} transport_outcome_t;
-
+/* The outcome's name, for logs and spans. */
 const char *transport_outcome_name (transport_outcome_t o);
-
-typedef struct {
-   transport_outcome_t outcome;
-   int64_t retry_after_ms;          /* RETRY: the delay asked for; -1: the handler's backoff */
-   int http_status;                 /* a webhook's answer; 0: none (no answer, or another kind) */
-   char error[TRANSPORT_ERROR_MAX]; /* lastError when not OK */
-} transport_result_t;
-
-typedef void (*transport_done_cb_t) (const transport_result_t *result, void *arg);
 
 /* A transport's connection to its broker, for /readyz.  A webhook's
  * connections come and go with its requests: NONE. */
