@@ -65,6 +65,8 @@ typedef enum {
    CLIENT_ERR_REPLY_TOO_LARGE,      /* a checksummed reply, re-encoded, does not fit */
    CLIENT_ERR_NOT_CONNECTED,        /* client_send_internal before the upstream is connected */
    CLIENT_ERR_DECODER,               /* the request decoding thread cannot start, or runs already */
+   CLIENT_ERR_BAD_REQUEST,           /* a request refused whole: an opcode, a compressor or a size it may not have */
+   CLIENT_ERR_BAD_REPLY,             /* a reply that answers nothing asked: its opcode, responseTo, length, flags or body */
 } client_error_t;
 /* Client requests awaiting an answer.  Drivers do not pipeline (one request
  * per connection at a time, plus moreToCome writes which need no answer),

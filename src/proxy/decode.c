@@ -58,7 +58,7 @@ decode_request (
       d->len = evbuffer_get_length (plain);
       if (evbuffer_copyout (plain, hb, sizeof hb) != (ssize_t) sizeof hb || !wire_peek_header (hb, sizeof hb, &d->h) ||
           (size_t) d->h.length != d->len) {
-         bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "decompressed message has a bad header");
+         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "decompressed message has a bad header");
          return false;
       }
    }
@@ -80,7 +80,7 @@ decode_request (
       return wire_parse_msg (buf, d->len, &d->msg, error);
    if (d->h.opcode == WIRE_OP_QUERY)
       return wire_parse_query (buf, d->len, &d->q, error);
-   bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "clients may not send %s", wire_opcode_name (d->h.opcode));
+   bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "clients may not send %s", wire_opcode_name (d->h.opcode));
    return false;
 }
 

@@ -309,7 +309,7 @@ copy_without_topology_version (const bson_t *src, bson_t *dst, bson_error_t *err
    bson_iter_t it;
 
    if (!bson_iter_init (&it, src)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "reply body is not a valid document");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "reply body is not a valid document");
       return false;
    }
    while (bson_iter_next (&it))
@@ -725,13 +725,13 @@ compressor_allowed (const client_conn_t *c, uint8_t id, bson_error_t *error)
    if (id == COMPRESS_NOOP)
       return true;
    if (!compress_name (id)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "unknown compressor id %u", id);
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "unknown compressor id %u", id);
       return false;
    }
    if (id >= 8 * sizeof c->compressors_negotiated || !(c->compressors_negotiated & (1u << id))) {
       bson_set_error (error,
-                      WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_COMPRESSION,
+                      CLIENT_ERROR_DOMAIN,
+                      CLIENT_ERR_BAD_REQUEST,
                       "compressor %s (id %u) was not negotiated in this connection's hello",
                       compress_name (id),
                       id);
@@ -739,8 +739,8 @@ compressor_allowed (const client_conn_t *c, uint8_t id, bson_error_t *error)
    }
    if (!compressor_listed (c->loop->cfg->compressors, id)) {
       bson_set_error (error,
-                      WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_COMPRESSION,
+                      CLIENT_ERROR_DOMAIN,
+                      CLIENT_ERR_BAD_REQUEST,
                       "compressor %s (id %u) is not in the compressors setting",
                       compress_name (id),
                       id);
@@ -855,21 +855,21 @@ handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
       int32_t original, usize;
 
       if (h.length < (int32_t) sizeof pre || evbuffer_copyout (in, pre, sizeof pre) != (ssize_t) sizeof pre) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_COMPRESSED fields run past the end of the message");
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "OP_COMPRESSED fields run past the end of the message");
          goto protocol;
       }
       original = wire_get_i32 (pre + WIRE_HEADER_LEN);
       usize = wire_get_i32 (pre + WIRE_HEADER_LEN + 4);
       if (original != WIRE_OP_MSG && original != WIRE_OP_QUERY) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "OP_COMPRESSED wraps opcode %d", original);
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "OP_COMPRESSED wraps opcode %d", original);
          goto protocol;
       }
       if (!compressor_allowed (c, pre[WIRE_HEADER_LEN + 8], &error))
          goto protocol;
       if (usize < 0 || (uint64_t) usize + WIRE_HEADER_LEN > WIRE_MAX_MESSAGE_LEN) {
          bson_set_error (&error,
-                         WIRE_ERROR_DOMAIN,
-                         WIRE_ERR_TOO_LARGE,
+                         CLIENT_ERROR_DOMAIN,
+                         CLIENT_ERR_BAD_REQUEST,
                          "OP_COMPRESSED uncompressedSize %d is outside [0, %d]",
                          usize,
                          WIRE_MAX_MESSAGE_LEN - WIRE_HEADER_LEN);
@@ -1164,20 +1164,20 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    u = &c->flight->upreqs[c->up_head];
 
    if (h->opcode != WIRE_OP_MSG) {
-      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "unexpected %s", wire_opcode_name (h->opcode));
       goto failed;
    }
    if (h->response_to != u->expect_response_to) {
       bson_set_error (&error,
-                      WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_RESPONSE_TO,
+                      CLIENT_ERROR_DOMAIN,
+                      CLIENT_ERR_BAD_REPLY,
                       "reply responds to %d, expected %d",
                       h->response_to,
                       u->expect_response_to);
       goto failed;
    }
    if (len < WIRE_HEADER_LEN + 4) {
-      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "OP_MSG reply of %zu bytes", len);
       goto failed;
    }
    /* The header and the flags, without a copy when contiguous; a reply
@@ -1203,7 +1203,7 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    r->upstream_us = clock_mono_us () - u->sent_us;
    if (u->kind == UPREQ_HELLO) {
       if (flags & WIRE_MSG_MORE_TO_COME) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_FLAGS, "hello reply with moreToCome");
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "hello reply with moreToCome");
          goto failed;
       }
       return reply_to_hello (c, u, r, in, len);
