@@ -4,11 +4,15 @@
  * Thread: forwarding loop (the decoding thread of proxy/decode.c touches
  * only its jobs).
  *
- * proxy/conn.c is a connection's lifecycle: its states, the flow decisions
- * (who may read), the callbacks of its two sides, pairing with an
- * upstream, draining and the one way to close.  proxy/pump.c is what flows
- * through it: framing, the two in-flight FIFOs, forwarding, reply
- * matching, the proxy's own answers and internal requests.  proxy/side.c is
+ * proxy/conn.c is a connection's lifecycle, and the one owner of its
+ * state: its states and session mode's pairing (each changed by one
+ * function, on the events the others report through client_event), the
+ * flow decisions (the read gate: who may read, and why not), the callbacks
+ * of its two sides, pairing with an upstream, draining and the one way to
+ * close.  proxy/pump.c is what flows through it: framing, the two
+ * in-flight FIFOs, forwarding, reply matching, the proxy's own answers and
+ * internal requests; proxy/decode.c decodes a request (off the loop for a
+ * big one), and proxy/route.c says what becomes of it.  proxy/side.c is
  * one socket of it, the client's or the upstream's.  Each includes this
  * header, and so do the pooled mode's modules that act on a client
  * connection's fields: proxy/pool.c (lending an upstream connection),
@@ -17,10 +21,11 @@
  * only.
  *
  * The connection is the bottom of the proxy's modules that act on it:
- * login, owners and pool are built on it and pump on all of them, so this
- * header includes none of theirs (the pooled part of a connection is the
- * plain data of proxy/pool_client.h) and proxy/conn.c reaches pool and
- * login only through the table they install (client_pooled_ops_t).
+ * login, owners and pool are built on it, route on those and pump on all
+ * of them, so this header includes none of theirs (the pooled part of a
+ * connection is the plain data of proxy/pool_client.h) and proxy/conn.c
+ * reaches pool and login only through the table they install
+ * (client_pooled_ops_t).
  */
 #ifndef RELAYBUS_CLIENT_PRIVATE_H
 #define RELAYBUS_CLIENT_PRIVATE_H
