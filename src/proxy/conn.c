@@ -567,6 +567,8 @@ client_topology_names_upstream (const client_conn_t *c)
    return strcmp (name, c->upstream_name) == 0;
 }
 
+/* ------------------------------------------------------------ events */
+
 /* The paired member stepped down or went away (upstream_name is
  * "host:port"): no new pairing goes there until the topology publishes a
  * member again (topology_suspect). */
