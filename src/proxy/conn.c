@@ -771,7 +771,8 @@ upstream_pump (client_conn_t *c)
    } else {
       client_update_flow (c);
    }
-   if (!client_check_drained (c))
+   /* A state read spares the call on the usual path (READY). */
+   if (c->state == CLIENT_STATE_DRAINING && !client_check_drained (c))
       goto done;
    if (c->pairing == CLIENT_PAIRING_NOT_PRIMARY && c->state == CLIENT_STATE_READY && creq_count (c) == 0 &&
        c->up_count == 0) {

@@ -186,9 +186,6 @@ mem_input_cb (client_conn_t *c, int64_t *partial, const struct evbuffer_cb_info 
    int64_t added = (int64_t) info->n_added;
    int64_t take = added < *partial ? added : *partial;
 
-   /* Open: the close unwatches the sides (mem_release_all), and a direct
-    * side is synced only while open. */
-   RELAYBUS_ASSERT (c->state != CLIENT_STATE_CLOSING);
    RELAYBUS_ASSERT (*partial >= 0);
    if (take > 0) {
       *partial -= take;
@@ -201,6 +198,10 @@ static void
 mem_side_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
    side_t *s = arg;
+
+   /* Open: the close unwatches the sides (mem_release_all); a direct side
+    * is synced (mem_sync_direct) only while open, which it asserts. */
+   RELAYBUS_ASSERT (((client_conn_t *) s->owner)->state != CLIENT_STATE_CLOSING);
    mem_input_cb (s->owner, &s->mem_partial, info);
 }
 
