@@ -2,8 +2,9 @@
  * base/config_private.h - what the files of the configuration module
  * share: base/config.c (the key table, parsing, validation, snapshots),
  * base/config_handler.c (a [handler NAME] section's pairs and checks),
- * base/config_mask.c (the secrets a snapshot holds, and masking) and
- * base/config_secret.c (secrets outside the file).
+ * base/config_mask.c (the secrets a snapshot holds, and masking),
+ * base/config_secret.c (secrets outside the file) and
+ * base/config_upstream.c (what the upstream URI says).
  *
  * Thread: the thread that parses a configuration (the main thread, at
  * start and at reload); nothing else includes it.
@@ -43,6 +44,12 @@ bool config_list_next (const char **p, const char **item, size_t *len);
 
 /* base/config.c: the key of `section` named `name`, or NULL. */
 const config_key_t *config_find_key (config_section_t section, const char *name);
+
+/* base/config_upstream.c: reads [proxy] upstream (a URI) into the
+ * snapshot's upstream_tls and upstream_auth, and checks pool_mode against
+ * them (and loads the auth file of pooled mode); false with `error` naming
+ * the key. */
+bool config_read_upstream (config_t *cfg, const char *origin, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* base/config_secret.c: expands the ${NAME} references of `in` into `out`
  * (false with `*why`: an unset variable, a bad name, too long). */
