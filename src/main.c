@@ -74,6 +74,16 @@
 #include "publish/publish.h"
 #include "publish/pull.h"
 
+/* The errors of this file's own steps (MAIN_ERROR_DOMAIN): the keys only
+ * main.c applies, and the start-up's.  Nothing outside this file reads
+ * them, so they are named here rather than in a header. */
+typedef enum {
+   MAIN_ERR_LOGGING = 1, /* log_level, log_format or log_file cannot be applied */
+   MAIN_ERR_EVENT_LOOP,  /* the event loop cannot be made */
+   MAIN_ERR_STANDALONE,  /* the upstream is a standalone mongod: refused */
+   MAIN_ERR_EVENTS,      /* a signal handler or a timer cannot be installed */
+} main_error_t;
+
 /* Exit codes, as --help documents them. */
 enum {
    EXIT_OK = 0,
@@ -158,16 +168,16 @@ apply_logging (const config_t *cfg, bool open_file, bson_error_t *error)
    char why[256];
 
    if (!log_level_parse (cfg->log_level, &level)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "unknown log_level '%s'", cfg->log_level);
+      bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_LOGGING, "unknown log_level '%s'", cfg->log_level);
       return false;
    }
    if (!log_format_parse (cfg->log_format, &format)) {
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "unknown log_format '%s'", cfg->log_format);
+      bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_LOGGING, "unknown log_format '%s'", cfg->log_format);
       return false;
    }
    if (open_file && !log_set_file (cfg->log_file, why, sizeof why)) {
       /* `why` names the path. */
-      bson_set_error (error, CONFIG_ERROR_DOMAIN, CONFIG_ERR_INVALID, "[proxy] log_file: %s", why);
+      bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_LOGGING, "[proxy] log_file: %s", why);
       return false;
    }
    log_set_level (level);
@@ -413,7 +423,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
     * (other threads post through p->wake). */
    p->base = loops_base_new ();
    if (!p->base) {
-      bson_set_error (error, 0, 1, "cannot create the event loop");
+      bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_EVENT_LOOP, "cannot create the event loop");
       return false;
    }
    p->wake = loopwake_new (p->base, error);
@@ -431,7 +441,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
    state = topology_wait_first (p->topo, p->cfg->upstream_connect_timeout_ms + 1000);
    topology_get_primary (p->topo, &snap);
    if (state == TOPOLOGY_STATE_STANDALONE) {
-      bson_set_error (error, TOPOLOGY_ERROR_DOMAIN, TOPOLOGY_ERROR_STANDALONE, "%s", snap.last_error);
+      bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_STANDALONE, "%s", snap.last_error);
       return false;
    }
    if (state != TOPOLOGY_STATE_PRIMARY)
@@ -485,7 +495,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
    if (!p->sig_hup || !p->sig_term || !p->sig_int || !p->sig_usr1 || evsignal_add (p->sig_hup, NULL) != 0 ||
        evsignal_add (p->sig_term, NULL) != 0 || evsignal_add (p->sig_int, NULL) != 0 ||
        evsignal_add (p->sig_usr1, NULL) != 0) {
-      bson_set_error (error, 0, 2, "cannot install signal handlers");
+      bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_EVENTS, "cannot install signal handlers");
       return false;
    }
    {
@@ -512,7 +522,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
       struct timeval tv = clock_timeval_ms (notify_watchdog_ms () / 2 > 0 ? notify_watchdog_ms () / 2 : 1);
       p->watchdog = event_new (p->base, -1, EV_PERSIST, proxy_watchdog_cb, p);
       if (!p->watchdog || event_add (p->watchdog, &tv) != 0) {
-         bson_set_error (error, 0, 2, "cannot start the service watchdog timer");
+         bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_EVENTS, "cannot start the service watchdog timer");
          return false;
       }
       log_info ("service watchdog: WATCHDOG=1 every %" PRId64 " ms", notify_watchdog_ms () / 2);
@@ -522,7 +532,7 @@ proxy_start (proxy_t *p, bson_error_t *error)
       struct timeval tv = clock_timeval_ms (PROXY_EXTEND_MS);
       p->extend = event_new (p->base, -1, EV_PERSIST, proxy_extend_cb, p);
       if (!p->extend || event_add (p->extend, &tv) != 0) {
-         bson_set_error (error, 0, 2, "cannot start the start-timeout extension timer");
+         bson_set_error (error, MAIN_ERROR_DOMAIN, MAIN_ERR_EVENTS, "cannot start the start-timeout extension timer");
          return false;
       }
       proxy_extend_cb (-1, 0, p); /* at once, then every PROXY_EXTEND_MS */

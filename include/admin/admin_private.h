@@ -1,7 +1,9 @@
 /*
  * admin/admin_private.h - what admin/http.c (the HTTP server: limits, auth, routing,
- * connections, lifecycle) and admin/api.c (the endpoints) share, and
- * nobody else uses: the admin port's structure and the response helpers.
+ * connections, lifecycle), admin/api.c (the endpoints) and admin/history.c
+ * (the endpoints of the attempt records) share, and nobody else uses: the
+ * admin port's structure, the response helpers, and the query and document
+ * helpers of the endpoints.
  *
  * Thread: the admin thread.
  */
@@ -129,7 +131,33 @@ void admin_api_lanes (admin_t *a, struct evhttp_request *req);
 void admin_api_clients (admin_t *a, struct evhttp_request *req);
 void admin_api_config (admin_t *a, struct evhttp_request *req);
 void admin_api_dashboard (admin_t *a, struct evhttp_request *req);
-/* What happened to a delivery and to an event (the attempt records):
+/* The endpoints' helpers (admin/api.c), for admin/history.c too. */
+typedef struct {
+   const char *name;
+   const char *value; /* NULL: absent */
+} api_param_t;
+struct evkeyvalq;
+/* Parses the query string into `params` (names listed by the caller).
+ * Unknown names (`status[$ne]`), repeated names, over-long or non-UTF-8
+ * values are refused with a message in `why`. */
+bool api_parse_params (
+   struct evhttp_request *req, api_param_t *params, size_t n, struct evkeyvalq *store, char *why, size_t why_len);
+/* A decimal integer in [min, max], nothing else. */
+bool api_parse_int (const char *s, int64_t min, int64_t max, int64_t *out);
+/* Our own page cursors: "<ms>.<24 hex>". */
+bool api_parse_cursor (const char *s, int64_t *ms, bson_oid_t *oid);
+/* "YYYY-MM-DDTHH:MM:SS[.fff]Z" into ms since the epoch. */
+bool api_parse_iso8601 (const char *s, int64_t *ms);
+/* A date field of `doc` in ms (0: none); a string field (NULL: none). */
+int64_t api_doc_date (const bson_t *doc, const char *field);
+const char *api_doc_utf8 (const bson_t *doc, const char *field);
+/* `ms` as an ISO-8601 string named `name` (nothing for 0). */
+void api_append_date (bson_t *out, const char *name, int64_t ms);
+/* A delivery (or a record) as the API shows it: ids as strings, dates as
+ * ISO-8601 strings, internals left out. */
+void api_delivery_json (bson_t *out, const bson_t *doc);
+
+/* What happened to a delivery and to an event (the attempt records, admin/history.c):
  * GET /api/deliveries/ID/attempts, GET /api/events/ID and GET
  * /api/attempts.  admin_history_route maps the paths with an id to the
  * route table's patterns (NULL: not one of them). */

@@ -1,8 +1,10 @@
 /*
  * base/config_private.h - what the files of the configuration module
  * share: base/config.c (the key table, parsing, validation, snapshots),
- * base/config_handler.c (a [handler NAME] section's pairs and checks) and
- * base/config_mask.c (the secrets a snapshot holds, and masking).
+ * base/config_handler.c (a [handler NAME] section's pairs and checks),
+ * base/config_mask.c (the secrets a snapshot holds, and masking),
+ * base/config_secret.c (secrets outside the file) and
+ * base/config_upstream.c (what the upstream URI says).
  *
  * Thread: the thread that parses a configuration (the main thread, at
  * start and at reload); nothing else includes it.
@@ -39,6 +41,30 @@ bool config_valid_name (const char *s, size_t max, const char *extra);
  * last; `*p` moves past it). */
 size_t config_list_count (const char *p);
 bool config_list_next (const char **p, const char **item, size_t *len);
+
+/* base/config.c: the key of `section` named `name`, or NULL. */
+const config_key_t *config_find_key (config_section_t section, const char *name);
+
+/* base/config_upstream.c: reads [proxy] upstream (a URI) into the
+ * snapshot's upstream_tls and upstream_auth, and checks pool_mode against
+ * them (and loads the auth file of pooled mode); false with `error` naming
+ * the key. */
+bool config_read_upstream (config_t *cfg, const char *origin, bson_error_t *error) __attribute__ ((warn_unused_result));
+
+/* base/config_secret.c: expands the ${NAME} references of `in` into `out`
+ * (false with `*why`: an unset variable, a bad name, too long). */
+bool config_expand (const char *in, char *out, size_t out_len, char *why, size_t why_len);
+/* base/config_secret.c: reads the secret a _file key names (`path`, taken
+ * from the folder of `origin` when relative): the whole file, one trailing
+ * newline removed; it must hold one line. */
+bool config_read_secret_file (const char *origin, const char *path, char *out, size_t out_len, char *why, size_t why_len);
+/* base/config_secret.c: the key a file-form key is the file of ("upstream"
+ * for "upstream_file"); the file form of `key`, or NULL when it has none. */
+const config_key_t *config_file_base (const config_key_t *file_key);
+const config_key_t *config_file_form (const config_key_t *key);
+/* base/config_secret.c: marks the snapshot as holding a credential written
+ * in the file when `value` of the secret-bearing key `name` has one. */
+void config_note_inline_secret (config_t *cfg, const char *name, const char *value);
 
 /* base/config_handler.c: a handler's kafka.<name> and header.<name> lines
  * (false with `*why` on a bad name, a name set twice or one too many),

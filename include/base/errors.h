@@ -54,6 +54,8 @@ typedef enum {
    WEBHOOK_ERROR_DOMAIN,
    /* admin/ */
    ADMIN_ERROR_DOMAIN,
+   /* src/main.c */
+   MAIN_ERROR_DOMAIN,
 } error_domain_t;
 
 #endif /* RELAYBUS_BASE_ERRORS_H */

@@ -37,7 +37,6 @@
 typedef enum {
    TOPOLOGY_ERROR_RESOLVE = 1, /* the primary's host name does not resolve */
    TOPOLOGY_ERROR_THREAD,      /* the monitor thread cannot start */
-   TOPOLOGY_ERROR_STANDALONE,  /* the upstream is a standalone mongod (main.c refuses it) */
 } topology_error_code_t;
 #define TOPOLOGY_HOST_MAX 256
 

@@ -26,7 +26,7 @@
 #include <bson/bson.h>
 #include <event2/event.h>
 
-#include "dispatch/transport.h"
+#include "dispatch/transport_result.h"
 
 typedef struct tqueue_item {
    struct tqueue_item *next;

@@ -65,6 +65,8 @@ typedef enum {
    CLIENT_ERR_REPLY_TOO_LARGE,      /* a checksummed reply, re-encoded, does not fit */
    CLIENT_ERR_NOT_CONNECTED,        /* client_send_internal before the upstream is connected */
    CLIENT_ERR_DECODER,               /* the request decoding thread cannot start, or runs already */
+   CLIENT_ERR_BAD_REQUEST,           /* a request refused whole: an opcode, a compressor or a size it may not have */
+   CLIENT_ERR_BAD_REPLY,             /* a reply that answers nothing asked: its opcode, responseTo, length, flags or body */
 } client_error_t;
 /* Client requests awaiting an answer.  Drivers do not pipeline (one request
  * per connection at a time, plus moreToCome writes which need no answer),
@@ -139,8 +141,9 @@ typedef struct {
    void (*pool_client_closed) (client_conn_t *c);
    void (*pool_server_lost) (client_conn_t *c, const char *detail);
    const char *(*pool_server_name) (const struct pool_server *s);
+   void (*pool_server_not_primary) (client_conn_t *c);
    bool (*login_deadline_start) (client_conn_t *c);
-   void (*login_deadline_stop) (client_conn_t *c);
+   void (*login_stop) (client_conn_t *c);
    void (*login_destroy) (struct login *login);
    const char *(*login_user) (const client_conn_t *c);
 } client_pooled_ops_t;
@@ -228,7 +231,8 @@ void *client_get_data (const client_conn_t *c);
 
 /* The one way a connection ends: logs "c<id> <peer>: closing (<reason>):
  * <detail>", counts the reason, fails pending internal requests, frees the
- * sockets now and the struct on the next loop turn.  Idempotent. */
+ * sockets now and the struct on the next loop turn.  Idempotent: on a
+ * closed connection it does nothing. */
 void client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char *fmt, ...)
    __attribute__ ((format (printf, 3, 4)));
 
@@ -248,7 +252,7 @@ typedef void (*client_internal_cb_t) (client_conn_t *c,
  * everything already queued there (so it runs inside whatever transaction
  * the client's previous statements opened, given the same lsid/txnNumber).
  * The reply goes to `cb`, never to the client.  Fails if the upstream is not
- * connected or the in-flight FIFO is full. */
+ * connected (as on a closed connection) or the in-flight FIFO is full. */
 bool client_send_internal (client_conn_t *c,
                            const bson_t *body,
                            const wire_sequence_t *sequences,
@@ -271,7 +275,8 @@ bool client_hold_request (client_conn_t *c,
 
 /* Answers client request `request_seq` (a value returned by
  * client_hold_request) with `reply`, encoded in the request's opcode family,
- * compressed as the request was, delivered in request order. */
+ * compressed as the request was, delivered in request order.  Fails
+ * (CLIENT_ERR_NO_SUCH_REQUEST) on a closed connection: none waits there. */
 bool client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 

@@ -1,14 +1,18 @@
 /*
  * proxy/conn_private.h - what the two halves of a client connection share.
  *
- * Thread: forwarding loop (the decoding thread of proxy/pump.c touches only
- * its jobs).
+ * Thread: forwarding loop (the decoding thread of proxy/decode.c touches
+ * only its jobs).
  *
- * proxy/conn.c is a connection's lifecycle: its states, the flow decisions
- * (who may read), the callbacks of its two sides, pairing with an
- * upstream, draining and the one way to close.  proxy/pump.c is what flows
- * through it: framing, the two in-flight FIFOs, forwarding, reply
- * matching, the proxy's own answers and internal requests.  proxy/side.c is
+ * proxy/conn.c is a connection's lifecycle, and the one owner of its
+ * state: its states and session mode's pairing (each changed by one
+ * function, on the events the others report through client_event), the
+ * flow decisions (the read gate: who may read, and why not), the callbacks
+ * of its two sides, pairing with an upstream, draining and the one way to
+ * close.  proxy/pump.c is what flows through it: framing, the two
+ * in-flight FIFOs, forwarding, reply matching, the proxy's own answers and
+ * internal requests; proxy/decode.c decodes a request (off the loop for a
+ * big one), and proxy/route.c says what becomes of it.  proxy/side.c is
  * one socket of it, the client's or the upstream's.  Each includes this
  * header, and so do the pooled mode's modules that act on a client
  * connection's fields: proxy/pool.c (lending an upstream connection),
@@ -17,10 +21,11 @@
  * only.
  *
  * The connection is the bottom of the proxy's modules that act on it:
- * login, owners and pool are built on it and pump on all of them, so this
- * header includes none of theirs (the pooled part of a connection is the
- * plain data of proxy/pool_client.h) and proxy/conn.c reaches pool and
- * login only through the table they install (client_pooled_ops_t).
+ * login, owners and pool are built on it, route on those and pump on all
+ * of them, so this header includes none of theirs (the pooled part of a
+ * connection is the plain data of proxy/pool_client.h) and proxy/conn.c
+ * reaches pool and login only through the table they install
+ * (client_pooled_ops_t).
  */
 #ifndef RELAYBUS_CLIENT_PRIVATE_H
 #define RELAYBUS_CLIENT_PRIVATE_H
@@ -43,15 +48,16 @@ struct loopwake;
 struct login;
 struct pool;
 struct pool_server;
+struct clients_entry;
 
 /* A request decoded off the loop, and the thread that does it
- * (proxy/pump.c). */
+ * (proxy/decode.c). */
 typedef struct client_job client_job_t;
 typedef struct client_decoder client_decoder_t;
 
 /* Requests whose decoding touches at least this many bytes (their length,
  * or for OP_COMPRESSED the announced uncompressed size) are decoded by the
- * loop's decoding thread (proxy/pump.c). */
+ * loop's decoding thread (proxy/decode.c). */
 #define CLIENT_OFFLOAD_MIN (1024 * 1024)
 
 /* What the upstream's reply to one request is for. */
@@ -90,6 +96,65 @@ typedef struct {
    int64_t sent_us;   /* clock_mono_us when queued upstream */
 } upstream_req_t;
 
+/* Session mode: where a connection is with its own upstream connection,
+ * beside its state (client_conn_t.pairing).  proxy/conn.c alone changes it,
+ * through one function whose moves are checked (client_set_pairing); the
+ * pump and the routing policy report what they see with client_event.
+ * Pooled mode: NONE throughout (its part is the pool's, pool_client_t).
+ *
+ * In AWAIT_UPSTREAM it waits for a primary, then connects to it; a
+ * connection paired again (REPAIR_*) is READY again once connected,
+ * without a hello, its requests unread meanwhile.  From the connect on it
+ * is PAIRED, or BOUND once it carries state of its upstream connection
+ * that a new one would not have (a login: saslStart, authenticate or a
+ * speculativeAuthenticate hello; an exhaust cursor; moreToCome writes).
+ * A not-primary error relayed (NOT_PRIMARY) means the member stepped down:
+ * no request read after it goes to the old member.  Left paired with it,
+ * the driver, which keeps a connection a state-change error came on, would
+ * get the same error on every later request.  So once what is in flight
+ * is answered, a PAIRED connection is paired again (client_repair, the
+ * driver sees no close) and a BOUND one is drained and closed
+ * (BOUND_NOT_PRIMARY, DRAINING with drain_reason not_primary).  The four
+ * connected sub-states come last (client_event asserts it), the two not
+ * primary last of all (one comparison tells them, at every pump's end). */
+typedef enum {
+   CLIENT_PAIRING_NONE = 0,            /* pooled mode, or not yet accepted */
+   CLIENT_PAIRING_WAIT_PRIMARY,        /* AWAIT_UPSTREAM: no primary known */
+   CLIENT_PAIRING_CONNECTING,          /* AWAIT_UPSTREAM: connecting; HANDSHAKE once connected */
+   CLIENT_PAIRING_REPAIR_WAIT_PRIMARY, /* paired again: no primary known */
+   CLIENT_PAIRING_REPAIR_CONNECTING,   /* paired again: connecting; READY once connected */
+   CLIENT_PAIRING_PAIRED,              /* connected; may be paired again */
+   CLIENT_PAIRING_BOUND,               /* connected, with state of its upstream connection: never paired again */
+   CLIENT_PAIRING_NOT_PRIMARY,         /* PAIRED, and its member answered not primary */
+   CLIENT_PAIRING_BOUND_NOT_PRIMARY,   /* BOUND, and its member answered not primary */
+   CLIENT_PAIRING_COUNT_
+} client_pairing_t;
+
+/* Why a connection's client side is not read (CLIENT_HOLD_NONE: it is):
+ * the one answer of proxy/conn.c's read gate (client_read_hold), kept in
+ * client_conn_t.read_hold and shown by /api/clients (readHold). */
+typedef enum {
+   CLIENT_HOLD_NONE = 0,
+   CLIENT_HOLD_UPSTREAM,        /* no upstream connection yet (AWAIT_UPSTREAM), or it is not connected */
+   CLIENT_HOLD_DRAINING,        /* DRAINING: no new requests */
+   CLIENT_HOLD_NOT_PRIMARY,     /* its member answered not primary: waits to be paired again, or closes */
+   CLIENT_HOLD_POOL,            /* pooled: waits for an upstream connection of the pool */
+   CLIENT_HOLD_INFLIGHT,        /* CLIENT_MAX_INFLIGHT requests (or _UPSTREAM_) wait for answers */
+   CLIENT_HOLD_UPSTREAM_OUTPUT, /* the upstream's output is at buffer_high_watermark */
+   CLIENT_HOLD_DECODING,        /* a request of it is being decoded off the loop */
+   CLIENT_HOLD_PAUSED,          /* the operator paused the proxy (POST /api/pause) */
+   CLIENT_HOLD_MEMORY,          /* waits for room under max_buffered_bytes */
+   CLIENT_HOLD_COUNT_
+} client_hold_t;
+
+/* What the pump and the routing policy saw that the connection's state
+ * depends on (client_event). */
+typedef enum {
+   CLIENT_EVENT_HELLO_ANSWERED, /* a hello's answer is on its way: HANDSHAKE is over */
+   CLIENT_EVENT_BINDS_SESSION,  /* a request that leaves state on the upstream connection was routed */
+   CLIENT_EVENT_NOT_PRIMARY,    /* a not-primary error of the upstream is being relayed */
+} client_event_t;
+
 /* Owned by its loop (listed in loop->clients until disconnected, then in
  * loop->free_list until freed).  Owns its two sides, its timer, its held
  * answers and a reference on its config snapshot. */
@@ -123,26 +188,8 @@ struct client_conn {
    side_t *up;
    struct pool_server *server; /* pooled: the connection lent (proxy/pool.c), or NULL */
    char *upstream_name; /* session mode: host:port, for logs; set when it connects */
-   bool waiting_primary;  /* in AWAIT_UPSTREAM with no primary known */
-   /* A not-primary error was relayed (proxy/pump.c): the paired member
-    * stepped down, so the connection goes to DRAINING at the end of the
-    * pump and closes once answered, with drain_reason.  Left open, it
-    * would stay paired with the old member: the driver keeps a connection
-    * a state-change error came on, and every later request on it would
-    * get the same error. */
-   bool not_primary_seen;
-   /* Unless session_bound, a connection is not closed for it but paired
-    * again (client_repair): once what was in flight is answered its
-    * upstream closes, it goes back to AWAIT_UPSTREAM with `repairing`, and
-    * from the new upstream's connect on it is READY again, without a
-    * hello; requests sent meanwhile wait unread.  session_bound: the
-    * connection carries state of its upstream connection that a new one
-    * would not have (it authenticated: saslStart, authenticate or a
-    * speculativeAuthenticate hello; or it used exhaust or moreToCome), so
-    * it closes after the error instead (DRAINING). */
-   bool session_bound;
-   bool repairing;
-   int32_t next_id; /* requestIDs the proxy sends upstream or to the client (after the flags: no padding) */
+   client_pairing_t pairing; /* session mode: where it is with its upstream connection (proxy/conn.c alone writes it) */
+   int32_t next_id; /* requestIDs the proxy sends upstream or to the client (after pairing: no padding) */
    /* Session mode: operator_generation () when its upstream connection
     * was opened; an older one is replaced once the connection is idle
     * (POST /api/reconnect, client_reconnect_due in proxy/conn.c). */
@@ -151,11 +198,13 @@ struct client_conn {
    struct event *timer;          /* per state: no primary / handshake */
    unsigned pumping; /* pumps on the stack: the outer one's end writes */
    unsigned mem_wait_sides; /* MEM_SIDE_* bits (below); 0: not waiting (beside pumping: no padding) */
+   client_hold_t read_hold; /* the read gate's last answer (client_update_flow) */
+   struct clients_entry *registry; /* its /api/clients entry (proxy/clients.h) until CLOSING */
 
    struct evbuffer *scratch; /* decompressed requests; NULL until one comes (client_scratch) */
    client_job_t *job; /* a request being decoded off the loop: the
                        * connection neither reads nor routes until it is
-                       * back (proxy/pump.c owns it) */
+                       * back (proxy/decode.c owns it) */
    struct evbuffer *tmp;     /* re-encoded replies; NULL while unused (client_tmp) */
 
    int compressor; /* negotiated on the first hello, for logs; -1 none */
@@ -333,15 +382,16 @@ fifo_has_room (const client_conn_t *c)
 
 /* ------------------------------------------------------------ across */
 
-/* proxy/conn.c: the one function that changes state (timers, flow, registry). */
-void client_set_state (client_conn_t *c, client_state_t next);
+/* proxy/conn.c: what the pump or the routing policy saw; the connection
+ * changes its state or sub-state at once (its one transition function
+ * each), and acts on the rest where the pump returns to it. */
+void client_event (client_conn_t *c, client_event_t ev);
+/* proxy/conn.c, pooled mode: the pool learned the upstream's hello: the
+ * clients that waited for it (AWAIT_UPSTREAM) shake hands now. */
+void client_loop_hello_learned (client_loop_t *loop);
 /* proxy/conn.c: in DRAINING, closes the connection once nothing is in flight
- * and its output is written. */
-void client_check_drained (client_conn_t *c);
-/* proxy/conn.c: the paired member stepped down or went away (upstream_name
- * is "host:port"): no new pairing goes there until the topology publishes
- * a member again (topology_suspect). */
-void client_suspect_upstream (client_conn_t *c);
+ * and its output is written.  Returns false when it closed it. */
+bool client_check_drained (client_conn_t *c);
 /* proxy/conn.c: something was queued on an output.  Inside a pump (the request
  * hook, an internal reply's callback) the pump's end writes it with the
  * rest; outside one (a call from any other loop callback) it is written
@@ -389,7 +439,7 @@ void mem_sync_direct (client_conn_t *c, side_t *s, size_t out_len);
 static inline void
 mem_sync_side (client_conn_t *c, side_t *s)
 {
-   if (s->direct && c->state != CLIENT_STATE_CLOSING)
+   if (s->direct)
       mem_sync_direct (c, s, evbuffer_get_length (side_output (s)));
 }
 /* A side's output length right after mem_sync_side (which read it
@@ -463,20 +513,25 @@ void client_detach_upstream (client_conn_t *c);
 /* The name of the upstream the connection talks to, for logs. */
 const char *client_upstream_name (const client_conn_t *c);
 
-/* proxy/pump.c: the decoding thread of a loop.  Start posts its results
+/* proxy/decode.c: the decoding thread of a loop.  Start posts its results
  * through `wake`; stop joins it and frees what it still holds (call it
  * after every connection is closed). */
 bool client_decoder_start (client_loop_t *loop, struct loopwake *wake, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 void client_decoder_stop (client_loop_t *loop);
-/* proxy/pump.c: the connection closes: its job, if any, is dropped. */
+/* proxy/decode.c: the connection closes: its job, if any, is dropped. */
 void client_job_cancel (client_conn_t *c);
+
+/* What client_route did with the complete messages of a side's input. */
+typedef enum {
+   CLIENT_ROUTED_NONE = 0, /* took none */
+   CLIENT_ROUTED_SOME,     /* took at least one */
+   CLIENT_ROUTED_CLOSED,   /* the connection closed (CLOSING): touch nothing of it */
+} client_routed_t;
 
 /* proxy/pump.c: handles every complete message in the input of `from`
  * (c->client: requests, while the FIFOs and the upstream's output have
- * room; c->upstream: replies, while the client's output has room);
- * returns whether it took any.  Returns false after disconnecting too
- * (check the state). */
-bool client_route (client_conn_t *c, side_t *from);
+ * room; c->upstream: replies, while the client's output has room). */
+client_routed_t client_route (client_conn_t *c, side_t *from);
 
 #endif /* RELAYBUS_CLIENT_PRIVATE_H */

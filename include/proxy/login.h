@@ -56,8 +56,9 @@ typedef struct login login_t;
  * closed (COUNTERS_CLOSE_LOGIN_TIMEOUT) unless it logs in by then.  False:
  * out of memory. */
 bool login_deadline_start (client_conn_t *c) __attribute__ ((warn_unused_result));
-/* Disarms it (logged in, or c is closing). */
-void login_deadline_stop (client_conn_t *c);
+/* c closes: the deadline and a delayed proof's timer stop, so that nothing
+ * of its login fires after the close. */
+void login_stop (client_conn_t *c);
 
 /* Frees a connection's login state (NULL ok). */
 void login_destroy (login_t *login);

@@ -32,6 +32,13 @@ typedef enum {
    POOL_CLIENT_HANDED,
 } pool_client_state_t;
 
+/* A transaction: the session's id and its txnNumber. */
+typedef struct {
+   bool valid;
+   uint8_t lsid[16];
+   int64_t txn_number;
+} pool_txn_t;
+
 typedef enum {
    POOL_REFUSAL_NONE = 0,
    POOL_REFUSAL_TIMED_OUT, /* its wait ran out: a retryable ExceededTimeLimit */
@@ -42,6 +49,13 @@ typedef struct pool_client {
    pool_client_state_t state;
    pool_refusal_t refusal;
    bool txn_ending; /* a commit or abort was routed: the pin ends once it is answered */
+   /* What pool_admit's peek read of the request at the front (that
+    * request only: its requestID), so that pool_note_request does not
+    * walk the body again, whether the request got a connection at once or
+    * waited for one; cleared once the request is taken. */
+   bool peek_valid;
+   int32_t peek_request_id;
+   pool_txn_t peek_txn;
    int64_t wait_since_ms;
    struct client_conn *wait_prev, *wait_next; /* the pool's FIFO, while WAITING */
    struct client_conn *handed_next;          /* the hand-off list, while HANDED */

@@ -65,8 +65,8 @@ iso8601 (int64_t ms, char out[64])
 }
 
 /* Parses "YYYY-MM-DDTHH:MM:SS[.fff]Z" into ms since the epoch. */
-static bool
-parse_iso8601 (const char *s, int64_t *ms)
+bool
+api_parse_iso8601 (const char *s, int64_t *ms)
 {
    struct tm tm = {0};
    int frac = 0, n = 0, consumed = 0;
@@ -99,16 +99,11 @@ parse_iso8601 (const char *s, int64_t *ms)
 
 /* ------------------------------------------------------- query parameters */
 
-typedef struct {
-   const char *name;
-   const char *value; /* NULL: absent */
-} param_t;
-
 /* Parses the query string into `params` (names listed by the caller).
  * Unknown names (`status[$ne]`), repeated names, over-long or non-UTF-8
  * values are refused with a message in `why`. */
-static bool
-parse_params (struct evhttp_request *req, param_t *params, size_t n, struct evkeyvalq *store, char *why, size_t why_len)
+bool
+api_parse_params (struct evhttp_request *req, api_param_t *params, size_t n, struct evkeyvalq *store, char *why, size_t why_len)
 {
    const char *query = evhttp_uri_get_query (evhttp_request_get_evhttp_uri (req));
    struct evkeyval *kv;
@@ -147,8 +142,8 @@ parse_params (struct evhttp_request *req, param_t *params, size_t n, struct evke
    return true;
 }
 
-static bool
-parse_int (const char *s, int64_t min, int64_t max, int64_t *out)
+bool
+api_parse_int (const char *s, int64_t min, int64_t max, int64_t *out)
 {
    char *end;
    long long v;
@@ -165,8 +160,8 @@ parse_int (const char *s, int64_t min, int64_t max, int64_t *out)
 
 /* Our own page cursors: "<ms>.<24 hex>" (a time in ms since the epoch
  * and the last row's ObjectId). */
-static bool
-parse_cursor (const char *s, int64_t *ms, bson_oid_t *oid)
+bool
+api_parse_cursor (const char *s, int64_t *ms, bson_oid_t *oid)
 {
    const char *dot = strchr (s, '.');
    char num[24];
@@ -175,7 +170,7 @@ parse_cursor (const char *s, int64_t *ms, bson_oid_t *oid)
       return false;
    memcpy (num, s, (size_t) (dot - s));
    num[dot - s] = '\0';
-   if (!parse_int (num, 0, INT64_MAX, ms))
+   if (!api_parse_int (num, 0, INT64_MAX, ms))
       return false;
    bson_oid_init_from_string (oid, dot + 1);
    return true;
@@ -314,16 +309,16 @@ ids_for_log (const char *const *ids, size_t n, char *out, size_t len)
 
 /* ---------------------------------------------------- delivery documents */
 
-static int64_t
-doc_date (const bson_t *doc, const char *field)
+int64_t
+api_doc_date (const bson_t *doc, const char *field)
 {
    bson_iter_t it;
 
    return bson_iter_init_find (&it, doc, field) && BSON_ITER_HOLDS_DATE_TIME (&it) ? bson_iter_date_time (&it) : 0;
 }
 
-static void
-append_date (bson_t *out, const char *name, int64_t ms)
+void
+api_append_date (bson_t *out, const char *name, int64_t ms)
 {
    char iso[64];
 
@@ -335,8 +330,8 @@ append_date (bson_t *out, const char *name, int64_t ms)
 
 /* A delivery (or completion record) as the API shows it: ids as strings,
  * dates as ISO-8601 strings. */
-static void
-delivery_json (bson_t *out, const bson_t *doc)
+void
+api_delivery_json (bson_t *out, const bson_t *doc)
 {
    bson_iter_t it;
 
@@ -349,7 +344,7 @@ delivery_json (bson_t *out, const bson_t *doc)
          bson_oid_to_string (bson_iter_oid (&it), hex);
          BSON_APPEND_UTF8 (out, "id", hex);
       } else if (BSON_ITER_HOLDS_DATE_TIME (&it)) {
-         append_date (out, k, bson_iter_date_time (&it));
+         api_append_date (out, k, bson_iter_date_time (&it));
       } else if (BSON_ITER_HOLDS_UTF8 (&it) || BSON_ITER_HOLDS_INT32 (&it) || BSON_ITER_HOLDS_INT64 (&it) ||
                  BSON_ITER_HOLDS_DOUBLE (&it) || BSON_ITER_HOLDS_BOOL (&it)) {
          bson_append_iter (out, k, -1, &it);
@@ -359,8 +354,8 @@ delivery_json (bson_t *out, const bson_t *doc)
 }
 
 /* A string field of `doc`, or NULL. */
-static const char *
-doc_utf8 (const bson_t *doc, const char *field)
+const char *
+api_doc_utf8 (const bson_t *doc, const char *field)
 {
    bson_iter_t it;
 
@@ -637,13 +632,13 @@ append_handler (admin_t *a, bson_t *arr, uint32_t i, const store_handler_stats_t
       BSON_APPEND_UTF8 (&doc, "state", st ? "disabled" : "enabled");
       if (st) {
          BSON_APPEND_UTF8 (&doc, "disabledReason", st->reason);
-         append_date (&doc, "disabledAt", st->at);
+         api_append_date (&doc, "disabledAt", st->at);
       }
    }
    BSON_APPEND_INT64 (&doc, "pending", h->pending);
    BSON_APPEND_INT64 (&doc, "parked", h->parked);
    BSON_APPEND_INT64 (&doc, "dead", h->dead);
-   append_date (&doc, "oldestDueAt", h->oldest_due_at);
+   api_append_date (&doc, "oldestDueAt", h->oldest_due_at);
    BSON_APPEND_INT64 (&doc, "oldestDueAgeMs", h->oldest_due_at > 0 && now > h->oldest_due_at ? now - h->oldest_due_at : 0);
    BSON_APPEND_INT64 (&doc, "completedTotal", (int64_t) completed);
    BSON_APPEND_INT64 (&doc, "retriedTotal", (int64_t) retried);
@@ -676,7 +671,7 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
 
    topology_get_primary (a->topo, &snap);
    sv = store_view (a, now);
-   append_date (&doc, "time", now);
+   api_append_date (&doc, "time", now);
    BSON_APPEND_INT64 (&doc, "timeMs", now);
    BSON_APPEND_UTF8 (&doc, "version", PACKAGE_VERSION);
    BSON_APPEND_INT64 (&doc, "uptimeMs", now - a->start_ms);
@@ -761,7 +756,7 @@ admin_api_stats (admin_t *a, struct evhttp_request *req)
       BSON_APPEND_INT64 (&sub, "completedRecords", sv->totals.completed);
       BSON_APPEND_INT64 (&sub, "lanesLeased", sv->leased);
       BSON_APPEND_INT64 (&sub, "lanesHeldHere", sv->held);
-      append_date (&sub, "oldestDueAt", sv->totals.oldest_due_at);
+      api_append_date (&sub, "oldestDueAt", sv->totals.oldest_due_at);
       BSON_APPEND_INT64 (&sub,
                          "oldestDueAgeMs",
                          sv->totals.oldest_due_at > 0 && now > sv->totals.oldest_due_at ? now - sv->totals.oldest_due_at : 0);
@@ -815,7 +810,7 @@ append_fleet (bson_t *parent)
 
    BSON_APPEND_DOCUMENT_BEGIN (parent, "fleet", &doc);
    if (fs)
-      append_date (&doc, "readAt", fs->read_at);
+      api_append_date (&doc, "readAt", fs->read_at);
    BSON_APPEND_ARRAY_BEGIN (&doc, "instances", &arr);
    for (size_t i = 0; fs && i < fs->n_instances; i++) {
       const fleet_instance_t *in = &fs->instances[i];
@@ -826,8 +821,8 @@ append_fleet (bson_t *parent)
       BSON_APPEND_BOOL (&inst, "live", in->live);
       BSON_APPEND_BOOL (&inst, "kept", in->kept);
       BSON_APPEND_BOOL (&inst, "stopped", in->stopped);
-      append_date (&inst, "startedAt", in->started_at);
-      append_date (&inst, "heartbeatAt", in->heartbeat_at);
+      api_append_date (&inst, "startedAt", in->started_at);
+      api_append_date (&inst, "heartbeatAt", in->heartbeat_at);
       BSON_APPEND_ARRAY_BEGIN (&inst, "handlers", &hs);
       for (size_t h = 0; h < in->n_handlers; h++)
          append_fleet_handler (&hs, (uint32_t) h, &in->handlers[h]);
@@ -878,7 +873,7 @@ void
 admin_api_deliveries (admin_t *a, struct evhttp_request *req)
 {
    enum { P_STATUS, P_HANDLER, P_TYPE, P_EVENT, P_KEY, P_LIMIT, P_AFTER, P_N };
-   param_t p[P_N] = {{"status", NULL},
+   api_param_t p[P_N] = {{"status", NULL},
                      {"handler", NULL},
                      {"eventType", NULL},
                      {"eventId", NULL},
@@ -897,7 +892,7 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
    char last_cursor[64] = "";
    uint32_t i = 0;
 
-   if (!parse_params (req, p, P_N, &q, why, sizeof why)) {
+   if (!api_parse_params (req, p, P_N, &q, why, sizeof why)) {
       admin_send_error (a, req, 400, "%s", why);
       goto done;
    }
@@ -906,13 +901,13 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
       admin_send_error (a, req, 400, "status must be pending, dead or completed");
       goto done;
    }
-   if (p[P_LIMIT].value && !parse_int (p[P_LIMIT].value, 1, 1000, &limit)) {
+   if (p[P_LIMIT].value && !api_parse_int (p[P_LIMIT].value, 1, 1000, &limit)) {
       admin_send_error (a, req, 400, "limit must be an integer from 1 to 1000");
       goto done;
    }
    if (p[P_AFTER].value) {
       /* "<createdAt ms>.<_id>" */
-      if (!parse_cursor (p[P_AFTER].value, &after_created, &after_oid)) {
+      if (!api_parse_cursor (p[P_AFTER].value, &after_created, &after_oid)) {
          admin_send_error (a, req, 400, "after must be a cursor from a previous page");
          goto done;
       }
@@ -945,12 +940,12 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
             continue;
          bson_uint32_to_string (i++, &key, buf, sizeof buf);
          BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &item);
-         delivery_json (&item, &d);
+         api_delivery_json (&item, &d);
          bson_append_document_end (&arr, &item);
          if (bson_iter_init_find (&id, &d, "_id") && BSON_ITER_HOLDS_OID (&id)) {
             char hex[25];
             bson_oid_to_string (bson_iter_oid (&id), hex);
-            snprintf (last_cursor, sizeof last_cursor, "%" PRId64 ".%s", doc_date (&d, OUTBOX_F_CREATED_AT), hex);
+            snprintf (last_cursor, sizeof last_cursor, "%" PRId64 ".%s", api_doc_date (&d, OUTBOX_F_CREATED_AT), hex);
          }
       }
    bson_append_array_end (&doc, &arr);
@@ -1081,7 +1076,7 @@ read_cutoff (admin_t *a, struct evhttp_request *req, const bson_t *body, const c
    *ms = 0;
    if (!bson_iter_init_find (&it, body, name))
       return true;
-   if (BSON_ITER_HOLDS_UTF8 (&it) && parse_iso8601 (bson_iter_utf8 (&it, NULL), ms) && *ms > 0)
+   if (BSON_ITER_HOLDS_UTF8 (&it) && api_parse_iso8601 (bson_iter_utf8 (&it, NULL), ms) && *ms > 0)
       return true;
    if ((BSON_ITER_HOLDS_INT32 (&it) || BSON_ITER_HOLDS_INT64 (&it)) && bson_iter_as_int64 (&it) > 0) {
       *ms = bson_iter_as_int64 (&it);
@@ -1163,7 +1158,7 @@ read_window_time (admin_t *a, struct evhttp_request *req, const bson_t *body, co
       admin_send_error (a, req, 400, "\"%s\" is required: an ISO-8601 UTC time (\"2026-11-30T00:00:00Z\")", name);
       return false;
    }
-   if (BSON_ITER_HOLDS_UTF8 (&it) && parse_iso8601 (bson_iter_utf8 (&it, NULL), ms) && *ms > 0)
+   if (BSON_ITER_HOLDS_UTF8 (&it) && api_parse_iso8601 (bson_iter_utf8 (&it, NULL), ms) && *ms > 0)
       return true;
    admin_send_error (a, req, 400, "\"%s\" must be an ISO-8601 UTC time (\"2026-11-30T00:00:00Z\")", name);
    return false;
@@ -1292,7 +1287,7 @@ admin_api_lanes (admin_t *a, struct evhttp_request *req)
                const char *k2 = bson_iter_key (&f);
                if (!strcmp (k2, OUTBOX_F_LEASE_EXPIRES_AT)) {
                   exp = bson_iter_as_int64 (&f);
-                  append_date (&item, OUTBOX_F_LEASE_EXPIRES_AT, exp);
+                  api_append_date (&item, OUTBOX_F_LEASE_EXPIRES_AT, exp);
                } else {
                   bson_append_iter (&item, k2, -1, &f);
                }
@@ -1344,18 +1339,18 @@ done:
 void
 admin_api_clients (admin_t *a, struct evhttp_request *req)
 {
-   param_t p[1] = {{"limit", NULL}};
+   api_param_t p[1] = {{"limit", NULL}};
    struct evkeyvalq q;
    char why[160];
    int64_t limit = ADMIN_CLIENTS_DEFAULT;
    bson_t doc = BSON_INITIALIZER, arr;
    uint64_t total;
 
-   if (!parse_params (req, p, 1, &q, why, sizeof why)) {
+   if (!api_parse_params (req, p, 1, &q, why, sizeof why)) {
       admin_send_error (a, req, 400, "%s", why);
       goto done;
    }
-   if (p[0].value && !parse_int (p[0].value, 1, ADMIN_CLIENTS_MAX, &limit)) {
+   if (p[0].value && !api_parse_int (p[0].value, 1, ADMIN_CLIENTS_MAX, &limit)) {
       admin_send_error (a, req, 400, "limit must be an integer from 1 to %d", ADMIN_CLIENTS_MAX);
       goto done;
    }
@@ -1459,503 +1454,4 @@ admin_api_clear_cache (admin_t *a)
    if (a->view_at > 0)
       store_view_clear (&a->view);
    a->view_at = 0;
-}
-
-/* ------------------------------------------- what happened to an event */
-
-#define HISTORY_DELIVERIES_PREFIX "/api/deliveries/"
-#define HISTORY_ATTEMPTS_SUFFIX "/attempts"
-#define HISTORY_EVENTS_PREFIX "/api/events/"
-/* The handlers an event view lists at most (its deliveries, the handlers
- * its event names, those of the fleet that subscribe to its type). */
-#define HISTORY_HANDLERS_MAX 512
-
-const char *
-admin_history_route (const char *path)
-{
-   size_t n = strlen (path), np = strlen (HISTORY_DELIVERIES_PREFIX), ns = strlen (HISTORY_ATTEMPTS_SUFFIX);
-   size_t ne = strlen (HISTORY_EVENTS_PREFIX);
-
-   if (n >= np + ns && !strncmp (path, HISTORY_DELIVERIES_PREFIX, np) && !strcmp (path + n - ns, HISTORY_ATTEMPTS_SUFFIX) &&
-       !memchr (path + np, '/', n - np - ns))
-      return "/api/deliveries/ID/attempts";
-   if (n > ne && !strncmp (path, HISTORY_EVENTS_PREFIX, ne) && !strchr (path + ne, '/'))
-      return "/api/events/ID";
-   return NULL;
-}
-
-/* An attempt record as the API shows it: ids as strings, dates as
- * ISO-8601 strings (durationMs, status and attempt as numbers). */
-static void
-attempt_json (bson_t *out, const bson_t *rec)
-{
-   bson_iter_t it;
-
-   if (!bson_iter_init (&it, rec))
-      return;
-   while (bson_iter_next (&it)) {
-      const char *k = bson_iter_key (&it);
-      if (BSON_ITER_HOLDS_OID (&it)) {
-         char hex[25];
-         bson_oid_to_string (bson_iter_oid (&it), hex);
-         BSON_APPEND_UTF8 (out, !strcmp (k, "_id") ? "id" : k, hex);
-      } else if (BSON_ITER_HOLDS_DATE_TIME (&it)) {
-         append_date (out, k, bson_iter_date_time (&it));
-      } else if (BSON_ITER_HOLDS_UTF8 (&it) || BSON_ITER_HOLDS_INT32 (&it) || BSON_ITER_HOLDS_INT64 (&it) ||
-                 BSON_ITER_HOLDS_DOUBLE (&it)) {
-         bson_append_iter (out, k, -1, &it);
-      }
-   }
-}
-
-/* Appends each record of `raw` (an array), through attempt_json, to the
- * array `arr` (from index *i), only those of `handler` when it is not
- * NULL; the last one's error (of a record that did not succeed) in
- * *last_error, its outcome in *last_outcome. */
-static void
-attempts_json (bson_t *arr, uint32_t *i, const bson_t *raw, const char *handler, const char **last_error, const char **last_outcome)
-{
-   bson_iter_t it;
-
-   if (!bson_iter_init (&it, raw))
-      return;
-   while (bson_iter_next (&it)) {
-      bson_t d, item;
-      const uint8_t *data;
-      uint32_t len;
-      char buf[16];
-      const char *key, *h, *o;
-      bson_iter_t f;
-
-      if (!BSON_ITER_HOLDS_DOCUMENT (&it))
-         continue;
-      bson_iter_document (&it, &len, &data);
-      if (!bson_init_static (&d, data, len))
-         continue;
-      h = bson_iter_init_find (&f, &d, "handler") && BSON_ITER_HOLDS_UTF8 (&f) ? bson_iter_utf8 (&f, NULL) : "";
-      if (handler && strcmp (h, handler) != 0)
-         continue;
-      bson_uint32_to_string ((*i)++, &key, buf, sizeof buf);
-      BSON_APPEND_DOCUMENT_BEGIN (arr, key, &item);
-      attempt_json (&item, &d);
-      bson_append_document_end (arr, &item);
-      o = bson_iter_init_find (&f, &d, OUTBOX_F_OUTCOME) && BSON_ITER_HOLDS_UTF8 (&f) ? bson_iter_utf8 (&f, NULL) : NULL;
-      if (last_outcome)
-         *last_outcome = o;
-      if (last_error && o && strcmp (o, "succeeded") != 0 && bson_iter_init_find (&f, &d, OUTBOX_F_ERROR) && BSON_ITER_HOLDS_UTF8 (&f))
-         *last_error = bson_iter_utf8 (&f, NULL);
-   }
-}
-
-/* The id segment of `path` after `prefix` and before `suffix` ("": none). */
-static const char *
-path_segment (struct evhttp_request *req, const char *prefix, const char *suffix, char *out, size_t out_len)
-{
-   const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri (req);
-   const char *path = uri ? evhttp_uri_get_path (uri) : NULL;
-   size_t n, np = strlen (prefix), ns = strlen (suffix);
-
-   out[0] = '\0';
-   if (!path || (n = strlen (path)) < np + ns || n - np - ns >= out_len)
-      return out;
-   memcpy (out, path + np, n - np - ns);
-   out[n - np - ns] = '\0';
-   return out;
-}
-
-/* GET /api/deliveries/ID/attempts?limit= */
-void
-admin_api_delivery_attempts (admin_t *a, struct evhttp_request *req)
-{
-   enum { P_LIMIT, P_N };
-   param_t p[P_N] = {{"limit", NULL}};
-   struct evkeyvalq q;
-   char why[160], id[64];
-   int64_t limit = 100;
-   bson_oid_t oid;
-   store_delivery_history_t h;
-   bson_t doc = BSON_INITIALIZER, arr;
-   bson_error_t err;
-   uint32_t i = 0;
-
-   if (!parse_params (req, p, P_N, &q, why, sizeof why)) {
-      admin_send_error (a, req, 400, "%s", why);
-      goto done;
-   }
-   path_segment (req, HISTORY_DELIVERIES_PREFIX, HISTORY_ATTEMPTS_SUFFIX, id, sizeof id);
-   if (strlen (id) != 24 || !bson_oid_is_valid (id, 24)) {
-      admin_send_error (a, req, 400, "the id must be a delivery id (24 hex characters, the webhook-id a receiver saw)");
-      goto done;
-   }
-   if (p[P_LIMIT].value && !parse_int (p[P_LIMIT].value, 1, STORE_ATTEMPTS_LIMIT_MAX, &limit)) {
-      admin_send_error (a, req, 400, "limit must be an integer from 1 to %d", STORE_ATTEMPTS_LIMIT_MAX);
-      goto done;
-   }
-   bson_oid_init_from_string (&oid, id);
-   if (!store_delivery_history (a->store, &oid, limit, &h, &err)) {
-      admin_send_error (a, req, 502, "reading the attempts failed: %s", err.message);
-      store_delivery_history_clear (&h);
-      goto done;
-   }
-   if (!h.found) {
-      admin_send_error (a, req, 404, "no delivery %s, and no attempt of it on record", id);
-      store_delivery_history_clear (&h);
-      goto done;
-   }
-   BSON_APPEND_UTF8 (&doc, "id", id);
-   BSON_APPEND_UTF8 (&doc, "state", h.state);
-   if (bson_empty (&h.delivery)) {
-      BSON_APPEND_NULL (&doc, "delivery");
-   } else {
-      bson_t d;
-      BSON_APPEND_DOCUMENT_BEGIN (&doc, "delivery", &d);
-      delivery_json (&d, &h.delivery);
-      bson_append_document_end (&doc, &d);
-   }
-   BSON_APPEND_ARRAY_BEGIN (&doc, "attempts", &arr);
-   attempts_json (&arr, &i, &h.attempts, NULL, NULL, NULL);
-   bson_append_array_end (&doc, &arr);
-   BSON_APPEND_INT32 (&doc, "count", (int32_t) i);
-   BSON_APPEND_BOOL (&doc, "more", h.more);
-   store_delivery_history_clear (&h);
-   admin_send_json (req, 200, "OK", &doc);
-done:
-   evhttp_clear_headers (&q);
-   bson_destroy (&doc);
-}
-
-/* An event id from the path: percent-decoded, 1 to 256 bytes of UTF-8
- * without control characters (the annotation's rule); false otherwise. */
-static bool
-event_id_of (struct evhttp_request *req, char *out, size_t out_len)
-{
-   char raw[3 * ANNOTATE_MAX_ID_LEN + 8];
-   size_t len = 0;
-   char *dec;
-   bool ok;
-
-   path_segment (req, HISTORY_EVENTS_PREFIX, "", raw, sizeof raw);
-   if (!raw[0])
-      return false;
-   dec = evhttp_uridecode (raw, 0, &len);
-   ok = dec && len > 0 && len <= ANNOTATE_MAX_ID_LEN && len < out_len && strlen (dec) == len && bson_utf8_validate (dec, len, false);
-   for (size_t k = 0; ok && k < len; k++)
-      ok = (unsigned char) dec[k] >= 0x20 && dec[k] != 0x7f;
-   if (ok)
-      memcpy (out, dec, len + 1);
-   free (dec);
-   return ok;
-}
-
-/* A name in the list, added when new (at most HISTORY_HANDLERS_MAX). */
-static void
-names_add (const char **names, size_t *n, const char *name)
-{
-   if (!name || !*name)
-      return;
-   for (size_t i = 0; i < *n; i++)
-      if (!strcmp (names[i], name))
-         return;
-   if (*n < HISTORY_HANDLERS_MAX)
-      names[(*n)++] = name;
-}
-
-/* The document of `arr` (an array of documents) whose string `field` is
- * `value`, into *out (static); false when none is. */
-static bool
-find_by (const bson_t *arr, const char *field, const char *value, bson_t *out)
-{
-   bson_iter_t it, f;
-
-   if (!bson_iter_init (&it, arr))
-      return false;
-   while (bson_iter_next (&it)) {
-      const uint8_t *data;
-      uint32_t len;
-      if (!BSON_ITER_HOLDS_DOCUMENT (&it))
-         continue;
-      bson_iter_document (&it, &len, &data);
-      if (bson_init_static (out, data, len) && bson_iter_init_find (&f, out, field) && BSON_ITER_HOLDS_UTF8 (&f) &&
-          !strcmp (bson_iter_utf8 (&f, NULL), value))
-         return true;
-   }
-   return false;
-}
-
-/* Whether the fleet (or this proxy's configuration) subscribes `handler`
- * to `type`. */
-static bool
-subscribes (const config_t *cfg, const fleet_set_t *fs, const char *handler, const char *type)
-{
-   for (size_t i = 0; type && fs && i < fs->n_set; i++)
-      if (!strcmp (fs->set[i]->name, handler) && fleet_handler_matches (fs->set[i], type))
-         return true;
-   for (size_t i = 0; type && cfg && i < cfg->n_handlers; i++)
-      if (!strcmp (cfg->handlers[i].name, handler) && config_handler_matches (&cfg->handlers[i], type))
-         return true;
-   return false;
-}
-
-/* One handler of an event view: its delivery's state, attempts and last
- * error. */
-static void
-event_handler_json (bson_t *out, const char *name, const store_event_history_t *h, const bson_t *listed, const char *type,
-                    const config_t *cfg, const fleet_set_t *fs)
-{
-   bson_t d, arr;
-   uint32_t i = 0;
-   const char *last_error = NULL, *last_outcome = NULL, *state;
-   bool has_delivery = find_by (&h->deliveries, "handler", name, &d);
-   bool was_listed = false;
-   bson_iter_t it;
-
-   if (bson_iter_init (&it, listed))
-      while (bson_iter_next (&it))
-         was_listed = was_listed || (BSON_ITER_HOLDS_UTF8 (&it) && !strcmp (bson_iter_utf8 (&it, NULL), name));
-   BSON_APPEND_UTF8 (out, "handler", name);
-   BSON_APPEND_BOOL (out, "subscribed", subscribes (cfg, fs, name, type));
-   BSON_APPEND_ARRAY_BEGIN (out, "attempts", &arr);
-   attempts_json (&arr, &i, &h->attempts, name, &last_error, &last_outcome);
-   bson_append_array_end (out, &arr);
-   if (has_delivery) {
-      bson_t dj;
-      state = doc_utf8 (&d, "state");
-      if (doc_utf8 (&d, OUTBOX_F_LAST_ERROR))
-         last_error = doc_utf8 (&d, OUTBOX_F_LAST_ERROR);
-      BSON_APPEND_DOCUMENT_BEGIN (out, "delivery", &dj);
-      delivery_json (&dj, &d);
-      bson_append_document_end (out, &dj);
-   } else {
-      /* Deleted by its completion (without completion history), or never
-       * written for this event (a handler that came after it). */
-      state = last_outcome && !strcmp (last_outcome, "succeeded") ? "completed"
-              : was_listed && i == 0                               ? "completed"
-              : was_listed                                         ? "unknown"
-                                                                   : "none";
-      BSON_APPEND_NULL (out, "delivery");
-   }
-   BSON_APPEND_UTF8 (out, "state", state ? state : "unknown");
-   if (last_error && bson_utf8_validate (last_error, strlen (last_error), false))
-      BSON_APPEND_UTF8 (out, "lastError", last_error);
-   else
-      BSON_APPEND_NULL (out, "lastError");
-}
-
-/* GET /api/events/ID */
-void
-admin_api_event (admin_t *a, struct evhttp_request *req)
-{
-   struct evkeyvalq q;
-   char why[160], id[ANNOTATE_MAX_ID_LEN + 1];
-   store_event_history_t h;
-   bson_t doc = BSON_INITIALIZER, arr, listed = BSON_INITIALIZER, d;
-   bson_error_t err;
-   const char **names = NULL;
-   const char *type = NULL;
-   size_t n = 0;
-   config_t *cfg = NULL;
-   fleet_set_t *fs = NULL;
-   bson_iter_t it;
-
-   if (!parse_params (req, NULL, 0, &q, why, sizeof why)) { /* it takes none */
-      admin_send_error (a, req, 400, "%s", why);
-      goto done;
-   }
-   if (!event_id_of (req, id, sizeof id)) {
-      admin_send_error (a, req, 400,
-                        "the id must be an event id: 1 to %d bytes of UTF-8 without control characters, percent-encoded in the path",
-                        ANNOTATE_MAX_ID_LEN);
-      goto done;
-   }
-   if (!store_event_history (a->store, id, &h, &err)) {
-      admin_send_error (a, req, 502, "reading the event failed: %s", err.message);
-      store_event_history_clear (&h);
-      goto done;
-   }
-   if (!h.found) {
-      admin_send_error (a, req, 404, "no event %s, and no delivery or attempt of it on record", id);
-      store_event_history_clear (&h);
-      goto done;
-   }
-   cfg = config_acquire ();
-   fs = fleet_acquire ();
-   names = bson_malloc0 (HISTORY_HANDLERS_MAX * sizeof *names);
-   type = doc_utf8 (&h.event, "type");
-   if (bson_iter_init_find (&it, &h.event, "handlers") && BSON_ITER_HOLDS_ARRAY (&it)) {
-      const uint8_t *data;
-      uint32_t len;
-      bson_iter_array (&it, &len, &data);
-      bson_destroy (&listed);
-      if (!bson_init_static (&listed, data, len))
-         bson_init (&listed);
-   }
-   /* Its handlers: those it had a delivery for, those with a delivery or an
-    * attempt on record, and those of the fleet that subscribe to its type. */
-   if (bson_iter_init (&it, &listed))
-      while (bson_iter_next (&it))
-         if (BSON_ITER_HOLDS_UTF8 (&it))
-            names_add (names, &n, bson_iter_utf8 (&it, NULL));
-   for (int pass = 0; pass < 2; pass++)
-      if (bson_iter_init (&it, pass ? &h.attempts : &h.deliveries))
-         while (bson_iter_next (&it)) {
-            bson_iter_t f;
-            if (BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &f) && bson_iter_find (&f, "handler") && BSON_ITER_HOLDS_UTF8 (&f))
-               names_add (names, &n, bson_iter_utf8 (&f, NULL));
-            if (!type && !pass && BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &f) && bson_iter_find (&f, OUTBOX_F_EVENT_TYPE) &&
-                BSON_ITER_HOLDS_UTF8 (&f))
-               type = bson_iter_utf8 (&f, NULL);
-         }
-   for (size_t i = 0; type && fs && i < fs->n_set; i++)
-      if (fleet_handler_matches (fs->set[i], type))
-         names_add (names, &n, fs->set[i]->name);
-   for (size_t i = 0; type && cfg && i < cfg->n_handlers; i++)
-      if (config_handler_matches (&cfg->handlers[i], type))
-         names_add (names, &n, cfg->handlers[i].name);
-
-   if (bson_empty (&h.event)) {
-      BSON_APPEND_NULL (&doc, "event");
-   } else {
-      BSON_APPEND_DOCUMENT_BEGIN (&doc, "event", &d);
-      if (bson_iter_init (&it, &h.event))
-         while (bson_iter_next (&it)) {
-            const char *k = bson_iter_key (&it);
-            if (!strcmp (k, "_id"))
-               bson_append_iter (&d, "id", -1, &it);
-            else if (BSON_ITER_HOLDS_DATE_TIME (&it))
-               append_date (&d, k, bson_iter_date_time (&it));
-            else
-               bson_append_iter (&d, k, -1, &it); /* the payload and headers as stored */
-         }
-      bson_append_document_end (&doc, &d);
-   }
-   BSON_APPEND_UTF8 (&doc, "id", id);
-   BSON_APPEND_ARRAY_BEGIN (&doc, "handlers", &arr);
-   for (size_t i = 0; i < n; i++) {
-      char buf[16];
-      const char *key;
-      bson_t one;
-      bson_uint32_to_string ((uint32_t) i, &key, buf, sizeof buf);
-      BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &one);
-      event_handler_json (&one, names[i], &h, &listed, type, cfg, fs);
-      bson_append_document_end (&arr, &one);
-   }
-   bson_append_array_end (&doc, &arr);
-   BSON_APPEND_BOOL (&doc, "more", h.more);
-   admin_send_json (req, 200, "OK", &doc);
-   store_event_history_clear (&h);
-done:
-   bson_free ((void *) names);
-   fleet_release (fs);
-   config_release (cfg);
-   evhttp_clear_headers (&q);
-   bson_destroy (&listed);
-   bson_destroy (&doc);
-}
-
-/* `since`: an ISO-8601 UTC time, ms since the epoch, or a duration ago
- * (N followed by s, m, h or d: "1h" is the last hour). */
-static bool
-parse_since (const char *s, int64_t now, int64_t *ms)
-{
-   static const struct {
-      char unit;
-      int64_t ms;
-   } units[] = {{'s', 1000}, {'m', 60000}, {'h', 3600000}, {'d', 86400000}};
-   size_t len = strlen (s);
-   int64_t n;
-
-   if (parse_iso8601 (s, ms))
-      return true;
-   if (parse_int (s, 0, INT64_MAX, ms))
-      return true;
-   for (size_t i = 0; len > 1 && i < sizeof units / sizeof units[0]; i++)
-      if (s[len - 1] == units[i].unit) {
-         char num[24];
-         if (len - 1 >= sizeof num)
-            return false;
-         memcpy (num, s, len - 1);
-         num[len - 1] = '\0';
-         if (!parse_int (num, 0, 3650LL * 86400000 / units[i].ms, &n))
-            return false;
-         *ms = now - n * units[i].ms;
-         return true;
-      }
-   return false;
-}
-
-/* GET /api/attempts?handler=&outcome=&since=&limit=&before= */
-void
-admin_api_attempts (admin_t *a, struct evhttp_request *req)
-{
-   enum { P_HANDLER, P_OUTCOME, P_SINCE, P_LIMIT, P_BEFORE, P_N };
-   param_t p[P_N] = {{"handler", NULL}, {"outcome", NULL}, {"since", NULL}, {"limit", NULL}, {"before", NULL}};
-   struct evkeyvalq q;
-   char why[160], cursor[64] = "";
-   store_attempts_filter_t f = {.limit = 100};
-   outbox_attempt_outcome_t outcome;
-   bson_oid_t before;
-   bson_t raw = BSON_INITIALIZER, doc = BSON_INITIALIZER, arr;
-   bson_error_t err;
-   bool more = false;
-   uint32_t i = 0;
-   bson_iter_t it;
-
-   if (!parse_params (req, p, P_N, &q, why, sizeof why)) {
-      admin_send_error (a, req, 400, "%s", why);
-      goto done;
-   }
-   if (p[P_OUTCOME].value && !outbox_attempt_outcome_parse (p[P_OUTCOME].value, &outcome)) {
-      admin_send_error (a, req, 400, "outcome must be succeeded, failed, timed_out, lease_lost, refused, released or buried");
-      goto done;
-   }
-   if (p[P_SINCE].value && !parse_since (p[P_SINCE].value, clock_now_ms (), &f.since)) {
-      admin_send_error (a, req, 400, "since must be an ISO-8601 UTC time, ms since the epoch, or a duration ago (30m, 1h, 7d)");
-      goto done;
-   }
-   if (p[P_LIMIT].value && !parse_int (p[P_LIMIT].value, 1, STORE_ATTEMPTS_LIMIT_MAX, &f.limit)) {
-      admin_send_error (a, req, 400, "limit must be an integer from 1 to %d", STORE_ATTEMPTS_LIMIT_MAX);
-      goto done;
-   }
-   if (p[P_BEFORE].value) {
-      /* "<endedAt ms>.<_id>" */
-      if (!parse_cursor (p[P_BEFORE].value, &f.before_ended, &before)) {
-         admin_send_error (a, req, 400, "before must be a cursor from a previous page");
-         goto done;
-      }
-      f.before_id = &before;
-   }
-   f.handler = p[P_HANDLER].value;
-   f.outcome = p[P_OUTCOME].value;
-   if (!store_attempts_list (a->store, &f, &raw, &more, &err)) {
-      admin_send_error (a, req, 502, "listing attempts failed: %s", err.message);
-      goto done;
-   }
-   BSON_APPEND_ARRAY_BEGIN (&doc, "attempts", &arr);
-   attempts_json (&arr, &i, &raw, NULL, NULL, NULL);
-   bson_append_array_end (&doc, &arr);
-   /* The cursor after the last record of the page. */
-   if (bson_iter_init (&it, &raw))
-      while (bson_iter_next (&it)) {
-         bson_iter_t id;
-         if (BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &id) && bson_iter_find (&id, "_id") && BSON_ITER_HOLDS_OID (&id)) {
-            char hex[25];
-            bson_t d;
-            const uint8_t *data;
-            uint32_t len;
-            bson_oid_to_string (bson_iter_oid (&id), hex);
-            bson_iter_document (&it, &len, &data);
-            if (bson_init_static (&d, data, len))
-               snprintf (cursor, sizeof cursor, "%" PRId64 ".%s", doc_date (&d, OUTBOX_F_ENDED_AT), hex);
-         }
-      }
-   BSON_APPEND_INT32 (&doc, "count", (int32_t) i);
-   if (more && cursor[0])
-      BSON_APPEND_UTF8 (&doc, "next", cursor);
-   else
-      BSON_APPEND_NULL (&doc, "next");
-   admin_send_json (req, 200, "OK", &doc);
-done:
-   evhttp_clear_headers (&q);
-   bson_destroy (&raw);
-   bson_destroy (&doc);
 }

@@ -12,7 +12,7 @@
  * with whitespace followed by ';' or '#'.  Unknown sections and keys are
  * errors: a typo must never be silently ignored.  A value's ${NAME} is the
  * environment variable NAME, and a secret-bearing key's NAME_file reads the
- * value from a file ("Secrets outside the file" below).
+ * value from a file (base/config_secret.c).
  *
  * This module does not act on the configuration: subsystems read their
  * keys from the snapshot they acquired.
@@ -35,8 +35,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-
-#include <mongoc/mongoc.h>
 
 #include "base/assert.h"
 #include "base/authfile.h"
@@ -525,7 +523,7 @@ config_set (void *base, const config_key_t *key, const char *value, char *why, s
    return false;
 }
 
-static const config_key_t *
+const config_key_t *
 config_find_key (config_section_t section, const char *name)
 {
    for (size_t i = 0; i < N_KEYS; i++) {
@@ -533,162 +531,6 @@ config_find_key (config_section_t section, const char *name)
          return &config_key_table[i];
    }
    return NULL;
-}
-
-/* ------------------------------------------ secrets outside the file
- *
- * A secret need not be written in the file.  Any value may name
- * environment variables as ${NAME} (all of it or inside it; "$${" is a
- * literal "${", any other '$' is itself), and each secret-bearing key NAME
- * has a file form NAME_file (CONFIG_KEY_FILE_FORM in the table) whose
- * value is a path: NAME takes the file's content, one trailing newline
- * removed.  Both happen whenever the file is parsed, so at start and at
- * each reload.  An unset variable, an unreadable file and both forms of one
- * key are errors that name the variable, the file or the key: a secret that
- * silently became empty would start a proxy without authentication. */
-
-#define CONFIG_ENV_NAME_MAX 128
-
-/* An environment variable's name: letters, digits and '_', not starting
- * with a digit. */
-static bool
-valid_name_span (const char *s, size_t n)
-{
-   if (isdigit ((unsigned char) s[0]))
-      return false;
-   for (size_t i = 0; i < n; i++) {
-      if (!isalnum ((unsigned char) s[i]) && s[i] != '_')
-         return false;
-   }
-   return true;
-}
-
-/* Expands the ${NAME} references of `in` into `out`. */
-static bool
-config_expand (const char *in, char *out, size_t out_len, char *why, size_t why_len)
-{
-   size_t n = 0;
-
-   for (const char *p = in; *p;) {
-      const char *piece = p;
-      size_t piece_len = 1;
-
-      if (p[0] == '$' && p[1] == '$' && p[2] == '{') {
-         piece = "${";
-         piece_len = 2;
-         p += 3;
-      } else if (p[0] == '$' && p[1] == '{') {
-         const char *name = p + 2, *end = strchr (name, '}');
-         char var[CONFIG_ENV_NAME_MAX];
-
-         if (!end) {
-            snprintf (why, why_len, "'${' without its '}' (write $${ for a literal ${)");
-            return false;
-         }
-         if (end == name || (size_t) (end - name) >= sizeof var || !valid_name_span (name, (size_t) (end - name))) {
-            snprintf (why, why_len, "'${%.*s}' is not a variable name (letters, digits and '_')",
-                      (int) (end - name > 64 ? 64 : end - name), name);
-            return false;
-         }
-         memcpy (var, name, (size_t) (end - name));
-         var[end - name] = '\0';
-         piece = getenv (var);
-         if (!piece) {
-            snprintf (why, why_len, "the environment variable %.100s is not set", var);
-            return false;
-         }
-         piece_len = strlen (piece);
-         p = end + 1;
-      } else {
-         p++;
-      }
-      if (n + piece_len >= out_len) {
-         snprintf (why, why_len, "value longer than %zu bytes once its variables are expanded", out_len - 1);
-         return false;
-      }
-      memcpy (out + n, piece, piece_len);
-      n += piece_len;
-   }
-   out[n] = '\0';
-   return true;
-}
-
-/* The path a _file key names: a relative one is taken from the folder of
- * the configuration file, not from the working directory (a service's is
- * "/").  Caller frees. */
-static char *
-config_resolve_path (const char *origin, const char *path)
-{
-   const char *slash = origin ? strrchr (origin, '/') : NULL;
-
-   if (path[0] == '/' || !slash)
-      return bson_strdup (path);
-   return bson_strdup_printf ("%.*s/%s", (int) (slash - origin), origin, path);
-}
-
-/* Reads the secret of a _file key into `out`: the whole file, one trailing
- * newline (LF or CRLF) removed; it must hold one line. */
-static bool
-config_read_secret_file (const char *origin, const char *path, char *out, size_t out_len, char *why, size_t why_len)
-{
-   char *full = config_resolve_path (origin, path);
-   FILE *f = fopen (full, "rb");
-   size_t n = 0;
-   bool ok = false;
-
-   if (!f) {
-      snprintf (why, why_len, "%s: %s", full, strerror (errno));
-      goto done;
-   }
-   n = fread (out, 1, out_len, f);
-   if (ferror (f)) {
-      snprintf (why, why_len, "%s: read error", full);
-      goto done;
-   }
-   if (n == out_len) {
-      snprintf (why, why_len, "%s: longer than %zu bytes", full, out_len - 1);
-      goto done;
-   }
-   if (n > 0 && out[n - 1] == '\n')
-      n--;
-   if (n > 0 && out[n - 1] == '\r')
-      n--;
-   out[n] = '\0';
-   if (memchr (out, '\0', n) || memchr (out, '\n', n) || memchr (out, '\r', n)) {
-      snprintf (why, why_len, "%s: holds more than one line (or a NUL byte)", full);
-      goto done;
-   }
-   ok = true;
-done:
-   if (f)
-      fclose (f);
-   bson_free (full);
-   return ok;
-}
-
-/* The key a file-form key is the file of ("upstream" for "upstream_file"). */
-static const config_key_t *
-config_file_base (const config_key_t *file_key)
-{
-   char name[64];
-   size_t len = strlen (file_key->name) - strlen ("_file");
-
-   RELAYBUS_ASSERT (len < sizeof name);
-   memcpy (name, file_key->name, len);
-   name[len] = '\0';
-   return config_find_key (file_key->section, name);
-}
-
-/* The file form of `key`, or NULL when it has none. */
-static const config_key_t *
-config_file_form (const config_key_t *key)
-{
-   char name[80];
-   const config_key_t *f;
-
-   snprintf (name, sizeof name, "%s_file", key->name);
-   f = config_find_key (key->section, name);
-   return f && (f->flags & CONFIG_KEY_FILE_FORM) ? f : NULL;
 }
 
 /* Gives every key of `section` its default; required keys stay NULL. */
@@ -762,99 +604,6 @@ config_free (config_t *cfg)
    bson_free (cfg->secrets);
    bson_free (cfg->path);
    bson_free (cfg);
-}
-
-/* The URI's TLS options (config_upstream_tls_t), read the way
- * mongo-c-driver reads them. */
-static void
-config_read_upstream_tls (const mongoc_uri_t *uri, config_upstream_tls_t *out)
-{
-   const char *ca, *keyfile, *pw;
-   bool insecure;
-
-   out->enabled = mongoc_uri_get_tls (uri);
-   if (!out->enabled)
-      return;
-   ca = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCAFILE, NULL);
-   keyfile = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILE, NULL);
-   pw = mongoc_uri_get_option_as_utf8 (uri, MONGOC_URI_TLSCERTIFICATEKEYFILEPASSWORD, NULL);
-   insecure = mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSINSECURE, false);
-   out->ca_file = ca ? bson_strdup (ca) : NULL;
-   out->cert_key_file = keyfile ? bson_strdup (keyfile) : NULL;
-   out->cert_key_password = pw ? bson_strdup (pw) : NULL;
-   out->allow_invalid_certificates =
-      insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDCERTIFICATES, false);
-   out->allow_invalid_hostnames =
-      insecure || mongoc_uri_get_option_as_bool (uri, MONGOC_URI_TLSALLOWINVALIDHOSTNAMES, false);
-}
-
-/* The URI's credentials (config_upstream_auth_t), read the way
- * mongo-c-driver reads them. */
-static void
-config_read_upstream_auth (const mongoc_uri_t *uri, config_upstream_auth_t *out)
-{
-   const char *user = mongoc_uri_get_username (uri);
-   const char *password = mongoc_uri_get_password (uri);
-   const char *mech = mongoc_uri_get_auth_mechanism (uri);
-
-   if (!user && !mech)
-      return;
-   out->user = user ? bson_strdup (user) : NULL;
-   out->password = password ? bson_strdup (password) : NULL;
-   out->source = bson_strdup (mongoc_uri_get_auth_source (uri));
-   out->mechanism = mech ? bson_strdup (mech) : NULL;
-}
-
-/* pool_mode and what pooled mode needs: an upstream login it can do
- * itself, and the auth file's users. */
-static bool
-config_validate_pool (config_t *cfg, const char *origin, bson_error_t *error)
-{
-   const config_upstream_auth_t *a = &cfg->upstream_auth;
-   bson_error_t sub;
-
-   if (strcmp (cfg->pool_mode, "session") == 0) {
-      cfg->pool_mode_id = CONFIG_POOL_SESSION;
-      if (cfg->auth_file[0]) {
-         config_error (error, origin, 0,
-                       "[proxy] auth_file: is read in pooled mode only (pool_mode = session passes each client's "
-                       "own login to the server); remove it or set pool_mode = pooled");
-         return false;
-      }
-      return true;
-   }
-   if (strcmp (cfg->pool_mode, "pooled") != 0) {
-      config_error (error, origin, 0, "[proxy] pool_mode: '%s' is not session or pooled", cfg->pool_mode);
-      return false;
-   }
-   cfg->pool_mode_id = CONFIG_POOL_POOLED;
-   if (a->mechanism && strcmp (a->mechanism, "SCRAM-SHA-256") != 0 && strcmp (a->mechanism, "SCRAM-SHA-1") != 0 &&
-       strcmp (a->mechanism, "MONGODB-X509") != 0) {
-      config_error (error, origin, 0,
-                    "[proxy] upstream: authMechanism=%s is not supported in pooled mode (the pool logs in with "
-                    "SCRAM-SHA-256, SCRAM-SHA-1 or MONGODB-X509)",
-                    a->mechanism);
-      return false;
-   }
-   if (a->mechanism && strcmp (a->mechanism, "MONGODB-X509") == 0 && !cfg->upstream_tls.cert_key_file) {
-      config_error (error, origin, 0,
-                    "[proxy] upstream: authMechanism=MONGODB-X509 needs tlsCertificateKeyFile, the certificate the "
-                    "pool's connections log in with");
-      return false;
-   }
-   if (a->user && (!a->mechanism || strcmp (a->mechanism, "MONGODB-X509") != 0) && !a->password) {
-      config_error (error, origin, 0, "[proxy] upstream: user '%s' has no password (pooled mode logs in with SCRAM)",
-                    a->user);
-      return false;
-   }
-   if (cfg->auth_file[0]) {
-      cfg->users = authfile_load (cfg->auth_file, &sub);
-      if (!cfg->users) {
-         config_error (error, origin, 0, "[proxy] auth_file: %s", sub.message);
-         return false;
-      }
-   }
-   return true;
 }
 
 static config_t *
@@ -1001,7 +750,6 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
    uint16_t port;
    log_level_t level;
    bson_error_t sub;
-   mongoc_uri_t *uri;
 
    if (!config_parse_listen (cfg->listen, host, sizeof host, &port, &sub)) {
       config_error (error, origin, 0, "[proxy] listen: %s", sub.message);
@@ -1028,18 +776,7 @@ config_validate (config_t *cfg, const char *origin, bson_error_t *error)
                        cfg->admin_listen);
       return false;
    }
-   uri = mongoc_uri_new_with_error (cfg->upstream, &sub);
-   if (!uri) {
-      /* The driver's message may quote the URI, password included. */
-      char *masked = config_mask (NULL, sub.message);
-      config_error (error, origin, 0, "[proxy] upstream: %s", masked);
-      bson_free (masked);
-      return false;
-   }
-   config_read_upstream_tls (uri, &cfg->upstream_tls);
-   config_read_upstream_auth (uri, &cfg->upstream_auth);
-   mongoc_uri_destroy (uri);
-   if (!config_validate_pool (cfg, origin, error))
+   if (!config_read_upstream (cfg, origin, error))
       return false;
    if (!log_level_parse (cfg->log_level, &level)) {
       config_error (error, origin, 0, "[proxy] log_level: '%s' is not error, warn, info or debug",
@@ -1229,19 +966,6 @@ config_parse_section (config_t *cfg,
                  "unknown section [%s] (expected proxy, outbox, dispatch, admin, tracing or handler NAME)",
                  name);
    return false;
-}
-
-/* Marks the snapshot as holding a credential written in the file when
- * `value` of the secret-bearing key `name` has one (what config_mask would
- * hide). */
-static void
-config_note_inline_secret (config_t *cfg, const char *name, const char *value)
-{
-   char *masked = config_mask (name, value);
-
-   if (strcmp (masked, value) != 0)
-      cfg->secret_inline = true;
-   bson_free (masked);
 }
 
 /* The line `NAME_file = PATH` of a file-form key: PATH goes into its own
@@ -1615,53 +1339,6 @@ config_write (const config_t *cfg, FILE *out)
           * ExecStartPre runs --check-config at every start. */
          fprintf (out, "header.%s = %s\n", cfg->handlers[h].headers[2 * i], CONFIG_MASK);
    }
-}
-
-/* Warns when `path` (resolved against the config file's folder) may be read
- * by others; `what` says what it holds. */
-static int
-config_warn_exposed (const char *origin, const char *path, const char *what)
-{
-   char *full = config_resolve_path (origin, path);
-   struct stat st;
-   int warned = 0;
-
-   if (stat (full, &st) == 0 && (st.st_mode & S_IROTH)) {
-      log_warn ("%s is readable by every user (mode %03o) and holds %s: chmod o-r %s", full,
-                (unsigned) (st.st_mode & 0777), what, full);
-      warned = 1;
-   }
-   bson_free (full);
-   return warned;
-}
-
-int
-config_warn_exposed_secrets (const config_t *cfg)
-{
-   int n = 0;
-
-   if (cfg->secret_inline && cfg->path)
-      n += config_warn_exposed (NULL, cfg->path, "a credential written in the configuration");
-   for (size_t i = 0; i < N_KEYS; i++) {
-      const config_key_t *key = &config_key_table[i];
-
-      if (!(key->flags & CONFIG_KEY_FILE_FORM))
-         continue;
-      if (key->section != CONFIG_SECTION_HANDLER) {
-         const char *path = *(char *const *) ((const char *) cfg + key->offset);
-
-         if (path && *path)
-            n += config_warn_exposed (cfg->path, path, "a secret (a _file key names it)");
-         continue;
-      }
-      for (size_t h = 0; h < cfg->n_handlers; h++) {
-         const char *path = *(char *const *) ((const char *) &cfg->handlers[h] + key->offset);
-
-         if (path && *path)
-            n += config_warn_exposed (cfg->path, path, "a secret (a _file key names it)");
-      }
-   }
-   return n;
 }
 
 config_t *

@@ -454,12 +454,11 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
    }
    ok = fleet_append_handlers (cfg, until, &fields, "handlers");
    bson_free (until);
-   if (!ok)
-      bson_set_error (&err, STORE_ERROR_DOMAIN, STORE_ERROR_INVALID, "the handlers do not fit in one document");
    if (!ok || !store_fleet_announce (f->store, &fields, &err) ||
        !store_fleet_read (f->store, docs, FLEET_MAX_INSTANCES, FLEET_MAX_DOCS, &n, &err)) {
       if (!f->failing)
-         log_warn ("dispatch: recording or reading the fleet's handlers failed (retried every heartbeat): %s", err.message);
+         log_warn ("dispatch: recording or reading the fleet's handlers failed (retried every heartbeat): %s",
+                   ok ? err.message : "the handlers do not fit in one document");
       f->failing = true;
       fleet_note_failed ();
       goto done;

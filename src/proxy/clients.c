@@ -12,6 +12,7 @@
 #include "base/clock.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +25,16 @@
 
 #define CR_BUCKETS 1024
 
-typedef struct cr_entry {
-   struct cr_entry *next;
+typedef struct clients_entry {
+   struct clients_entry *next;
    uint64_t id;
    unsigned loop;
    char peer[128];
    int fd;
    const char *state; /* static storage */
+   /* Static storage; the loop stores them without the mutex. */
+   _Atomic (const char *) pairing;
+   _Atomic (const char *) read_hold;
    int64_t since, state_since;
 } cr_entry_t;
 
@@ -38,7 +42,7 @@ static pthread_mutex_t cr_mu = PTHREAD_MUTEX_INITIALIZER;
 static cr_entry_t *cr_buckets[CR_BUCKETS];
 static uint64_t cr_count;
 
-void
+clients_entry_t *
 clients_registry_note (uint64_t id, unsigned loop, const char *peer, int fd, const char *state, bool open)
 {
    cr_entry_t **pp, *e, *gone = NULL;
@@ -53,6 +57,7 @@ clients_registry_note (uint64_t id, unsigned loop, const char *peer, int fd, con
          *pp = e->next;
          cr_count--;
          gone = e;
+         e = NULL;
       }
    } else if (e) {
       e->state = state;
@@ -65,6 +70,8 @@ clients_registry_note (uint64_t id, unsigned loop, const char *peer, int fd, con
       bson_strncpy (e->peer, peer ? peer : "", sizeof e->peer);
       e->fd = fd;
       e->state = state;
+      atomic_init (&e->pairing, NULL);
+      atomic_init (&e->read_hold, NULL);
       e->since = e->state_since = now;
       e->next = cr_buckets[id % CR_BUCKETS];
       cr_buckets[id % CR_BUCKETS] = e;
@@ -72,6 +79,21 @@ clients_registry_note (uint64_t id, unsigned loop, const char *peer, int fd, con
    }
    pthread_mutex_unlock (&cr_mu);
    free (gone);
+   return e;
+}
+
+void
+clients_entry_set_pairing (clients_entry_t *e, const char *pairing)
+{
+   if (e)
+      atomic_store_explicit (&e->pairing, pairing, memory_order_relaxed);
+}
+
+void
+clients_entry_set_read_hold (clients_entry_t *e, const char *read_hold)
+{
+   if (e)
+      atomic_store_explicit (&e->read_hold, read_hold, memory_order_relaxed);
 }
 
 static int
@@ -109,6 +131,13 @@ clients_registry_snapshot (bson_t *out, uint32_t limit)
       BSON_APPEND_INT32 (&doc, "loop", (int32_t) e->loop);
       BSON_APPEND_UTF8 (&doc, "peer", e->peer);
       BSON_APPEND_UTF8 (&doc, "state", e->state ? e->state : "unknown");
+      {
+         const char *pairing = atomic_load_explicit (&e->pairing, memory_order_relaxed);
+         const char *hold = atomic_load_explicit (&e->read_hold, memory_order_relaxed);
+         if (pairing)
+            BSON_APPEND_UTF8 (&doc, "pairing", pairing);
+         BSON_APPEND_UTF8 (&doc, "readHold", hold ? hold : "unknown");
+      }
       BSON_APPEND_INT64 (&doc, "since", e->since);
       BSON_APPEND_INT64 (&doc, "stateSince", e->state_since);
 #if defined(__linux__) && defined(TCP_INFO)

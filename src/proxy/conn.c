@@ -24,10 +24,16 @@
  * by room given back on another.
  *
  * Lifetime.  client_disconnect frees the sockets and timers at once (so no
- * callback of ours can fire again) and puts the struct on the loop's free
- * list; it is freed from an event on the next loop turn.  Any code that
- * calls something able to disconnect checks for CLIENT_STATE_CLOSING before
- * touching buffers again.
+ * callback of ours can fire again), passes every request it held, and puts
+ * the struct on the loop's free list; it is freed from an event on the
+ * next loop turn.  A function that may close the connection says so in
+ * what it returns (client_route's CLIENT_ROUTED_CLOSED, a pump's false,
+ * route_msg's ROUTE_CLOSED), so its caller knows without asking the state
+ * again; the state is read only at the end of a pump and where code of
+ * another module ran (a hook, an internal request's callback, a post from
+ * another thread) that may have closed it.  On a closed connection
+ * client_answer and client_send_internal fail, and client_disconnect does
+ * nothing.
  */
 #include "proxy/conn.h"
 
@@ -69,11 +75,42 @@ client_state_name (client_state_t state)
    return (unsigned) state < CLIENT_STATE_COUNT_ ? client_state_names[state] : "invalid";
 }
 
-static void client_pump (client_conn_t *c);
+static const char *const client_hold_names[CLIENT_HOLD_COUNT_] = {
+   [CLIENT_HOLD_NONE] = "none",
+   [CLIENT_HOLD_UPSTREAM] = "upstream",
+   [CLIENT_HOLD_DRAINING] = "draining",
+   [CLIENT_HOLD_NOT_PRIMARY] = "not_primary",
+   [CLIENT_HOLD_POOL] = "pool",
+   [CLIENT_HOLD_INFLIGHT] = "inflight",
+   [CLIENT_HOLD_UPSTREAM_OUTPUT] = "upstream_output",
+   [CLIENT_HOLD_DECODING] = "decoding",
+   [CLIENT_HOLD_PAUSED] = "paused",
+   [CLIENT_HOLD_MEMORY] = "memory",
+};
+
+static const char *const client_pairing_names[CLIENT_PAIRING_COUNT_] = {
+   [CLIENT_PAIRING_NONE] = "none",
+   [CLIENT_PAIRING_WAIT_PRIMARY] = "wait_primary",
+   [CLIENT_PAIRING_CONNECTING] = "connecting",
+   [CLIENT_PAIRING_REPAIR_WAIT_PRIMARY] = "repair_wait_primary",
+   [CLIENT_PAIRING_REPAIR_CONNECTING] = "repair_connecting",
+   [CLIENT_PAIRING_PAIRED] = "paired",
+   [CLIENT_PAIRING_BOUND] = "bound",
+   [CLIENT_PAIRING_NOT_PRIMARY] = "not_primary",
+   [CLIENT_PAIRING_BOUND_NOT_PRIMARY] = "bound_not_primary",
+};
+
+static const char *
+client_pairing_name (client_pairing_t p)
+{
+   return (unsigned) p < CLIENT_PAIRING_COUNT_ ? client_pairing_names[p] : "invalid";
+}
+
+static bool client_pump (client_conn_t *c);
 static void upstream_pump (client_conn_t *c);
 static void client_update_flow (client_conn_t *c);
 static void client_timer_cb (evutil_socket_t fd, short what, void *arg);
-static void client_try_connect (client_conn_t *c);
+static void client_try_connect (client_conn_t *c, bool repair);
 static const side_callbacks_t conn_side_callbacks;
 
 /* ------------------------------------------------------------ state */
@@ -100,7 +137,7 @@ client_transition_ok (client_state_t from, client_state_t to)
    }
 }
 
-void
+static void
 client_set_state (client_conn_t *c, client_state_t next)
 {
    struct timeval tv;
@@ -117,11 +154,14 @@ client_set_state (client_conn_t *c, client_state_t next)
               client_state_name (next));
    c->state = next;
    /* /api/clients: before CLOSING frees the socket the registry reads. */
-   clients_registry_note (
+   c->registry = clients_registry_note (
       c->id, c->loop->index, c->peer, side_is_open (&c->client) ? c->client.fd : -1, client_state_name (next),
       next != CLIENT_STATE_CLOSING);
    if (next == CLIENT_STATE_CLOSING)
       return;
+   /* A new entry has neither: the sub-state and the read gate's last answer. */
+   clients_entry_set_pairing (c->registry, c->pairing != CLIENT_PAIRING_NONE ? client_pairing_name (c->pairing) : NULL);
+   clients_entry_set_read_hold (c->registry, client_hold_names[c->read_hold]);
    /* The per-state timer: each state has at most one deadline; a state
     * without one (READY, the long one) holds no timer. */
    if (c->timer)
@@ -149,6 +189,60 @@ client_set_state (client_conn_t *c, client_state_t next)
       c->timer = NULL;
    }
    client_update_flow (c);
+}
+
+/* The moves of a session-mode connection's pairing (conn_private.h): it
+ * waits for a primary and connects (again, for a repair), is paired from
+ * the connect on, bound by a request, and told not primary by a reply; a
+ * repair starts over from PAIRED or NOT_PRIMARY.  NONE is only the start
+ * (and pooled mode's, which never moves). */
+static bool __attribute__ ((unused)) /* only RELAYBUS_ASSERT calls it (gone with NDEBUG) */
+client_pairing_ok (client_pairing_t from, client_pairing_t to)
+{
+   switch (to) {
+   case CLIENT_PAIRING_WAIT_PRIMARY:
+      return from == CLIENT_PAIRING_NONE;
+   case CLIENT_PAIRING_CONNECTING:
+      return from == CLIENT_PAIRING_NONE || from == CLIENT_PAIRING_WAIT_PRIMARY;
+   case CLIENT_PAIRING_REPAIR_WAIT_PRIMARY:
+      return from == CLIENT_PAIRING_PAIRED || from == CLIENT_PAIRING_NOT_PRIMARY;
+   case CLIENT_PAIRING_REPAIR_CONNECTING:
+      return from == CLIENT_PAIRING_PAIRED || from == CLIENT_PAIRING_NOT_PRIMARY ||
+             from == CLIENT_PAIRING_REPAIR_WAIT_PRIMARY;
+   case CLIENT_PAIRING_PAIRED:
+      return from == CLIENT_PAIRING_CONNECTING || from == CLIENT_PAIRING_REPAIR_CONNECTING;
+   case CLIENT_PAIRING_BOUND:
+   case CLIENT_PAIRING_NOT_PRIMARY:
+      return from == CLIENT_PAIRING_PAIRED;
+   case CLIENT_PAIRING_BOUND_NOT_PRIMARY:
+      return from == CLIENT_PAIRING_BOUND || from == CLIENT_PAIRING_NOT_PRIMARY;
+   default:
+      return false;
+   }
+}
+
+/* The one function that changes a connection's pairing. */
+static void
+client_set_pairing (client_conn_t *c, client_pairing_t next)
+{
+   if (c->pairing == next)
+      return;
+   RELAYBUS_ASSERT (client_pairing_ok (c->pairing, next));
+   log_debug ("c%" PRIu64 " %s: pairing %s -> %s",
+              c->id,
+              c->peer,
+              client_pairing_name (c->pairing),
+              client_pairing_name (next));
+   c->pairing = next;
+   clients_entry_set_pairing (c->registry, client_pairing_name (next));
+}
+
+/* A not-primary error was relayed, and what was read since waits: no
+ * request goes to the old member. */
+static inline bool
+client_not_primary (const client_conn_t *c)
+{
+   return c->pairing >= CLIENT_PAIRING_NOT_PRIMARY; /* the last two */
 }
 
 /* Whether a close for `reason` is logged as a warning: all but the
@@ -207,10 +301,18 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
    proxy_event_free (c->timer);
    c->timer = NULL;
    if (c->login) /* made by proxy/login.c: pooled mode only */
-      c->loop->pooled->login_deadline_stop (c);
+      c->loop->pooled->login_stop (c);
 
+   /* No request waits for an answer any more: client_answer finds none. */
+   for (uint64_t s = c->creq_head; s < c->creq_tail; s++) {
+      client_req_t *r = creq_find (c, s);
+      proxy_evbuffer_free (r->held);
+      r->held = NULL;
+   }
+   c->creq_head = c->creq_tail;
    /* Internal requests learn that no reply will come (their owners free
-    * their context).  They may not send anything: the state is CLOSING. */
+    * their context).  They cannot send or answer anything: the upstream
+    * is closed and no request waits. */
    bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_CLOSED, "connection closed: %s", detail);
    while (c->up_count > 0) {
       upstream_req_t u = c->flight->upreqs[c->up_head];
@@ -218,12 +320,6 @@ client_disconnect (client_conn_t *c, counters_close_reason_t reason, const char 
       if (u.kind == UPREQ_INTERNAL && u.cb)
          u.cb (c, NULL, &error, u.cb_ctx);
    }
-   for (uint64_t s = c->creq_head; s < c->creq_tail; s++) {
-      client_req_t *r = creq_find (c, s);
-      proxy_evbuffer_free (r->held);
-      r->held = NULL;
-   }
-   c->creq_head = c->creq_tail;
    client_job_cancel (c);
 
    /* Off the live list, onto the free list. */
@@ -328,10 +424,46 @@ flow_flush (client_conn_t *c, side_t *s)
       mem_sync_direct (c, s, side_write_now (s));
 }
 
+/* Why the client is not read now, or CLIENT_HOLD_NONE: the one answer to
+ * it (the read gate), asked by client_update_flow, which has read `up` (the
+ * upstream side is connected) and `up_full` (its output is at the high
+ * watermark) already.  A state that reads requests (HANDSHAKE, or READY
+ * unless a not-primary error came), an upstream to send them to (pooled
+ * mode reads hellos, logins and whatever waits for a connection without
+ * one, but not while it waits), room in both FIFOs and in the upstream's
+ * output, no request being decoded, no operator pause, and memory: asked
+ * last, as a "no" puts the connection on the memory wait list. */
+static inline client_hold_t
+client_read_hold (client_conn_t *c, bool up, bool up_full)
+{
+   /* READY first: it is asked at every pump's end. */
+   if (c->state == CLIENT_STATE_READY) {
+      if (client_not_primary (c))
+         return CLIENT_HOLD_NOT_PRIMARY;
+   } else if (c->state != CLIENT_STATE_HANDSHAKE) {
+      return c->state == CLIENT_STATE_AWAIT_UPSTREAM ? CLIENT_HOLD_UPSTREAM : CLIENT_HOLD_DRAINING;
+   }
+   if (!up && !(c->loop->pool && !c->server))
+      return CLIENT_HOLD_UPSTREAM;
+   if (!pool_client_idle (&c->pool))
+      return CLIENT_HOLD_POOL;
+   if (!fifo_has_room (c))
+      return CLIENT_HOLD_INFLIGHT;
+   if (up_full)
+      return CLIENT_HOLD_UPSTREAM_OUTPUT;
+   if (c->job)
+      return CLIENT_HOLD_DECODING;
+   if (operator_paused ())
+      return CLIENT_HOLD_PAUSED;
+   if (!mem_may_read (c, &c->client))
+      return CLIENT_HOLD_MEMORY;
+   return CLIENT_HOLD_NONE;
+}
+
 /* Recomputes which sides may read.  Rules (le-proxy's, plus the FIFOs):
- *  - the client is read only in HANDSHAKE/READY, with the upstream
- *    connected, room in the FIFOs, and the upstream's output below the
- *    high watermark;
+ *  - the client is read when nothing holds it (client_read_hold: among
+ *    others a state that reads requests, the upstream connected, room in
+ *    the FIFOs, and the upstream's output below the high watermark);
  *  - the upstream is read while the client's output is below it.
  * Write low watermarks are high/2, so the drain callbacks resume reading
  * with hysteresis.  A drain callback is installed only while its side's
@@ -345,10 +477,10 @@ client_update_flow (client_conn_t *c)
 {
    bool up = client_up_connected (c);
    bool up_full = false, client_full;
+   client_hold_t hold;
    size_t high;
 
-   if (c->state == CLIENT_STATE_CLOSING)
-      return;
+   RELAYBUS_ASSERT (c->state != CLIENT_STATE_CLOSING); /* every caller knows it is open */
    /* What the pump queued goes out first: the decisions below read the
     * outputs' lengths after it. */
    flow_flush (c, &c->client);
@@ -363,13 +495,12 @@ client_update_flow (client_conn_t *c)
        * once they are written, so its drain is wanted then too. */
       side_want_drained (c->up, up_full || (c->server && c->loop->pooled->pool_wants_flush (c)));
    }
-   /* Pooled mode reads requests without a connection (hellos, logins and
-    * whatever waits for one in the input), but not while it waits. */
-   side_set_reading (&c->client,
-                     (c->state == CLIENT_STATE_HANDSHAKE || (c->state == CLIENT_STATE_READY && !c->not_primary_seen)) &&
-                        (up || (c->loop->pool && !c->server)) && pool_client_idle (&c->pool) &&
-                        fifo_has_room (c) && !up_full && !c->job && !operator_paused () &&
-                        mem_may_read (c, &c->client));
+   hold = client_read_hold (c, up, up_full);
+   side_set_reading (&c->client, hold == CLIENT_HOLD_NONE);
+   if (hold != c->read_hold) {
+      c->read_hold = hold;
+      clients_entry_set_read_hold (c->registry, client_hold_names[hold]);
+   }
    side_want_drained (&c->client, client_full || c->state == CLIENT_STATE_DRAINING);
 }
 
@@ -390,11 +521,12 @@ pump_end (client_conn_t *c)
 }
 
 /* Everything that may let requests through ends here: process what is
- * complete, then decide what to read next. */
-static void
+ * complete, then decide what to read next.  Returns false when the
+ * connection closed. */
+static bool
 client_pump (client_conn_t *c)
 {
-   bool consumed;
+   client_routed_t routed = CLIENT_ROUTED_NONE;
 
    c->pumping++;
    /* After a not-primary error no request goes to the old member: what
@@ -402,13 +534,16 @@ client_pump (client_conn_t *c)
     * operator paused the proxy, what is buffered waits for the resume
     * (client_loop_operator pumps every connection then): what is in
     * flight was routed already and is answered meanwhile. */
-   consumed = c->not_primary_seen || operator_paused () ? false : client_route (c, &c->client);
-   if (c->state != CLIENT_STATE_CLOSING) {
+   if (!client_not_primary (c) && !operator_paused ())
+      routed = client_route (c, &c->client);
+   if (routed != CLIENT_ROUTED_CLOSED) {
       client_update_flow (c);
-      side_timer_update (&c->client, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (&c->client));
+      side_timer_update (&c->client, c->cfg->message_timeout_ms, routed == CLIENT_ROUTED_SOME,
+                         mem_synced_in_len (&c->client));
    }
    c->pumping--; /* the struct outlives a disconnect until the next loop turn */
    pump_end (c);
+   return routed != CLIENT_ROUTED_CLOSED;
 }
 
 /* A not-primary error was relayed and everything in flight is answered:
@@ -432,7 +567,12 @@ client_topology_names_upstream (const client_conn_t *c)
    return strcmp (name, c->upstream_name) == 0;
 }
 
-void
+/* ------------------------------------------------------------ events */
+
+/* The paired member stepped down or went away (upstream_name is
+ * "host:port"): no new pairing goes there until the topology publishes a
+ * member again (topology_suspect). */
+static void
 client_suspect_upstream (client_conn_t *c)
 {
    const char *name = client_upstream_name (c);
@@ -447,6 +587,41 @@ client_suspect_upstream (client_conn_t *c)
    memcpy (host, name, n);
    host[n] = '\0';
    topology_suspect (c->loop->topo, host, (uint16_t) strtoul (colon + 1, NULL, 10));
+}
+
+void
+client_event (client_conn_t *c, client_event_t ev)
+{
+   switch (ev) {
+   case CLIENT_EVENT_HELLO_ANSWERED:
+      if (c->state == CLIENT_STATE_HANDSHAKE)
+         client_set_state (c, CLIENT_STATE_READY);
+      break;
+   case CLIENT_EVENT_BINDS_SESSION:
+      /* Only a connection that reads requests routes them: never while
+       * it pairs (AWAIT_UPSTREAM). */
+      RELAYBUS_ASSERT (c->pairing == CLIENT_PAIRING_NONE || c->pairing >= CLIENT_PAIRING_PAIRED);
+      if (c->pairing == CLIENT_PAIRING_PAIRED)
+         client_set_pairing (c, CLIENT_PAIRING_BOUND);
+      else if (c->pairing == CLIENT_PAIRING_NOT_PRIMARY)
+         client_set_pairing (c, CLIENT_PAIRING_BOUND_NOT_PRIMARY);
+      break;
+   case CLIENT_EVENT_NOT_PRIMARY:
+      counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
+      log_conn (LOG_LEVEL_INFO,
+                c->id,
+                c->peer,
+                "relaying a not-primary error from %s; re-learning the primary",
+                client_upstream_name (c));
+      client_suspect_upstream (c);
+      if (c->server)
+         c->loop->pooled->pool_server_not_primary (c); /* closed once it comes back */
+      else if (c->pairing == CLIENT_PAIRING_PAIRED)
+         client_set_pairing (c, CLIENT_PAIRING_NOT_PRIMARY);
+      else if (c->pairing == CLIENT_PAIRING_BOUND)
+         client_set_pairing (c, CLIENT_PAIRING_BOUND_NOT_PRIMARY);
+      break;
+   }
 }
 
 typedef enum {
@@ -484,17 +659,15 @@ client_repair (client_conn_t *c, client_repair_why_t why)
    if (c->upstream.connected)
       counters_sub (COUNTER_UPSTREAMS_OPEN, 1);
    side_close (&c->upstream);
-   c->not_primary_seen = false;
-   c->repairing = true;
    client_set_state (c, CLIENT_STATE_AWAIT_UPSTREAM);
    if (why == CLIENT_REPAIR_MONGOS_LOST && client_topology_names_upstream (c)) {
       /* The monitor has not seen the mongos go yet: pairing now would
        * go back to it.  The next published one is tried
        * (client_loop_topology_changed), within upstream_connect_timeout_ms. */
-      c->waiting_primary = true;
+      client_set_pairing (c, CLIENT_PAIRING_REPAIR_WAIT_PRIMARY);
       return;
    }
-   client_try_connect (c);
+   client_try_connect (c, true);
 }
 
 /* A mongos the connection was paired with went away (EOF or a reset).  A
@@ -505,7 +678,7 @@ client_repair (client_conn_t *c, client_repair_why_t why)
  * for that reply until connectTimeoutMS, its pool paused meanwhile, so the
  * client stalls although another mongos is there.  A connection with
  * nothing in flight and nothing of its upstream connection's (no login,
- * exhaust or moreToCome: session_bound) is therefore paired with another
+ * exhaust or moreToCome: BOUND) is therefore paired with another
  * mongos instead of being closed, as after a not-primary error, and the
  * driver sees nothing.  What a mongos held for the connection's lsids
  * (an open transaction, cursors) is the cluster's or is gone either way:
@@ -518,8 +691,9 @@ client_repair_after_loss (client_conn_t *c)
 {
    topology_primary_t p;
 
-   if (c->loop->pool || c->state != CLIENT_STATE_READY || c->session_bound || c->not_primary_seen ||
-       creq_count (c) > 0 || c->up_count > 0 || c->job || c->pumping > 0)
+   /* PAIRED: session mode, neither bound nor told not primary. */
+   if (c->pairing != CLIENT_PAIRING_PAIRED || c->state != CLIENT_STATE_READY || creq_count (c) > 0 ||
+       c->up_count > 0 || c->job || c->pumping > 0)
       return false;
    topology_get_primary (c->loop->topo, &p);
    if (strcmp (p.server_type, "Mongos") != 0)
@@ -535,26 +709,27 @@ client_repair_after_loss (client_conn_t *c)
 static inline bool
 client_reconnect_due (const client_conn_t *c)
 {
-   return c->up_generation < operator_generation () && !c->loop->pool && c->state == CLIENT_STATE_READY &&
-          !c->not_primary_seen && creq_count (c) == 0 && c->up_count == 0 && !c->job;
+   return c->up_generation < operator_generation () &&
+          (c->pairing == CLIENT_PAIRING_PAIRED || c->pairing == CLIENT_PAIRING_BOUND) &&
+          c->state == CLIENT_STATE_READY && creq_count (c) == 0 && c->up_count == 0 && !c->job;
 }
 
 /* Replaces an idle connection's upstream after POST /api/reconnect.  One
  * that never authenticated on it is paired again, unseen by the client, as
- * after a not-primary error; one that did (session_bound) would lose its
+ * after a not-primary error; one that did (BOUND) would lose its
  * login, so it closes once its output is written and the driver opens a
  * new one and logs in again, with whatever credentials it has now. */
 static void
 client_reconnect (client_conn_t *c)
 {
-   if (!c->session_bound) {
+   if (c->pairing == CLIENT_PAIRING_PAIRED) {
       client_repair (c, CLIENT_REPAIR_RECONNECT);
       return;
    }
    counters_add (COUNTER_RECONNECTED_UPSTREAMS, 1);
    c->drain_reason = COUNTERS_CLOSE_RECONNECT;
    client_set_state (c, CLIENT_STATE_DRAINING);
-   client_check_drained (c);
+   (void) client_check_drained (c);
 }
 
 /* Whether client_pump has anything to do beyond client_update_flow: a
@@ -574,31 +749,33 @@ static void
 upstream_pump (client_conn_t *c)
 {
    uint32_t before = creq_count (c);
-   bool consumed;
+   client_routed_t routed = CLIENT_ROUTED_NONE;
 
    c->pumping++;
-   consumed = c->up ? client_route (c, c->up) : false;
-   if (c->state == CLIENT_STATE_CLOSING)
+   if (c->up)
+      routed = client_route (c, c->up);
+   if (routed == CLIENT_ROUTED_CLOSED)
       goto done;
-   if (c->not_primary_seen && c->state == CLIENT_STATE_READY && c->session_bound) {
-      /* c->not_primary_seen: no request read after the error goes to the
-       * old member; what is in flight is answered, then it closes. */
+   if (c->pairing == CLIENT_PAIRING_BOUND_NOT_PRIMARY && c->state == CLIENT_STATE_READY) {
+      /* No request read after the error goes to the old member; what is
+       * in flight is answered, then it closes. */
       c->drain_reason = COUNTERS_CLOSE_NOT_PRIMARY;
       client_set_state (c, CLIENT_STATE_DRAINING);
    }
    /* Answers freed FIFO room: requests may be waiting in the input
     * (client_pump updates the flow); else only the flow may change.
     * Either writes the answers out, so a drain check comes after. */
-   if (creq_count (c) < before && client_may_have_work (c))
-      client_pump (c);
-   else
+   if (creq_count (c) < before && client_may_have_work (c)) {
+      if (!client_pump (c))
+         goto done;
+   } else {
       client_update_flow (c);
-   if (c->state == CLIENT_STATE_CLOSING)
+   }
+   /* A state read spares the call on the usual path (READY). */
+   if (c->state == CLIENT_STATE_DRAINING && !client_check_drained (c))
       goto done;
-   client_check_drained (c);
-   if (c->state == CLIENT_STATE_CLOSING)
-      goto done;
-   if (c->not_primary_seen && c->state == CLIENT_STATE_READY && creq_count (c) == 0 && c->up_count == 0) {
+   if (c->pairing == CLIENT_PAIRING_NOT_PRIMARY && c->state == CLIENT_STATE_READY && creq_count (c) == 0 &&
+       c->up_count == 0) {
       client_repair (c, CLIENT_REPAIR_NOT_PRIMARY);
       goto done;
    }
@@ -609,7 +786,7 @@ upstream_pump (client_conn_t *c)
    if (!client_up_connected (c))
       goto done;
    /* Nothing since the flow update read the upstream's input. */
-   side_timer_update (c->up, c->cfg->message_timeout_ms, consumed, mem_synced_in_len (c->up));
+   side_timer_update (c->up, c->cfg->message_timeout_ms, routed == CLIENT_ROUTED_SOME, mem_synced_in_len (c->up));
 done:
    c->pumping--;
    pump_end (c);
@@ -618,14 +795,17 @@ done:
 void
 client_resume (client_conn_t *c)
 {
-   if (c->state != CLIENT_STATE_CLOSING)
-      client_pump (c);
+   /* Whoever resumes it found it on a list the close takes it off (the
+    * decoder's jobs, the pool's hand-off, the memory waiters, the loop's
+    * connections). */
+   (void) client_pump (c);
 }
 
 void
 client_output_queued (client_conn_t *c)
 {
-   if (c->pumping == 0 && c->state != CLIENT_STATE_CLOSING) {
+   /* Its callers queued something: the connection is open. */
+   if (c->pumping == 0) {
       client_update_flow (c);
       pump_end (c);
    }
@@ -659,8 +839,7 @@ client_detach_upstream (client_conn_t *c)
     * flight they are empty, so this connection holds none of their bytes
     * once they are counted; what an in-doubt side (closed next) still
     * holds stays in mem_held, all of which goes back at the close. */
-   if (c->state != CLIENT_STATE_CLOSING)
-      mem_sync_side (c, s);
+   mem_sync_side (c, s); /* open: the pool detaches before the close */
    if (c->mem_wait_sides & MEM_SIDE_UP)
       mem_unwait (c);
    mem_unwatch_side (s);
@@ -693,8 +872,7 @@ side_conn (const side_t *s)
 void
 client_pump_both (client_conn_t *c)
 {
-   client_pump (c);
-   if (c->state != CLIENT_STATE_CLOSING)
+   if (client_pump (c))
       upstream_pump (c);
 }
 
@@ -703,7 +881,7 @@ static void
 conn_pump_from (client_conn_t *c, side_kind_t from)
 {
    if (from == SIDE_CLIENT)
-      client_pump (c);
+      (void) client_pump (c);
    else
       upstream_pump (c);
 }
@@ -764,17 +942,18 @@ conn_upstream_event (client_conn_t *c, side_event_t ev, const char *detail)
       }
       if (c->upstream.direct)
          mem_side_went_direct (&c->upstream);
-      if (c->repairing) {
+      if (c->pairing == CLIENT_PAIRING_REPAIR_CONNECTING) {
          /* Paired again after a not-primary error: the client's handshake
           * was done; the server needs none on this connection (the proxy
           * speaks to it uncompressed, and the client never authenticated). */
-         c->repairing = false;
+         client_set_pairing (c, CLIENT_PAIRING_PAIRED);
          log_conn (LOG_LEVEL_INFO, c->id, c->peer, "paired again, with %s", c->upstream_name);
          client_set_state (c, CLIENT_STATE_READY);
       } else {
+         client_set_pairing (c, CLIENT_PAIRING_PAIRED);
          client_set_state (c, CLIENT_STATE_HANDSHAKE);
       }
-      client_pump (c);
+      (void) client_pump (c);
       break;
    case SIDE_EVENT_CONNECT_FAILED:
       counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
@@ -877,21 +1056,23 @@ client_timer_cb (evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ pairing */
 
-/* In AWAIT_UPSTREAM: connect to the current primary, or wait for one. */
+/* In AWAIT_UPSTREAM: connect to the current primary, or wait for one;
+ * `repair`: paired again (client_repair), READY once connected. */
 static void
-client_try_connect (client_conn_t *c)
+client_try_connect (client_conn_t *c, bool repair)
 {
+   client_pairing_t wait = repair ? CLIENT_PAIRING_REPAIR_WAIT_PRIMARY : CLIENT_PAIRING_WAIT_PRIMARY;
    topology_primary_t p;
    bson_error_t error;
 
    topology_get_primary (c->loop->topo, &p);
    if (p.state != TOPOLOGY_STATE_PRIMARY) {
-      if (!c->waiting_primary)
+      if (c->pairing != wait)
          log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "waiting for a primary");
-      c->waiting_primary = true;
+      client_set_pairing (c, wait);
       return;
    }
-   c->waiting_primary = false;
+   client_set_pairing (c, repair ? CLIENT_PAIRING_REPAIR_CONNECTING : CLIENT_PAIRING_CONNECTING);
    bson_free (c->upstream_name);
    c->upstream_name = bson_strdup_printf ("%s:%u", p.host, (unsigned) p.port);
    c->up_generation = operator_generation ();
@@ -992,18 +1173,18 @@ client_accept (client_loop_t *loop,
       return true;
    }
    c->up = &c->upstream;
-   client_try_connect (c);
+   client_try_connect (c, false);
    return true;
 }
 
 /* ------------------------------------------------------------ drain */
 
-void
+bool
 client_check_drained (client_conn_t *c)
 {
    if (c->state != CLIENT_STATE_DRAINING)
-      return;
-   if (creq_count (c) == 0 && c->up_count == 0 && evbuffer_get_length (client_output (c)) == 0)
+      return true;
+   if (creq_count (c) == 0 && c->up_count == 0 && evbuffer_get_length (client_output (c)) == 0) {
       if (c->drain_reason == COUNTERS_CLOSE_NOT_PRIMARY)
          client_disconnect (c,
                             COUNTERS_CLOSE_NOT_PRIMARY,
@@ -1011,9 +1192,12 @@ client_check_drained (client_conn_t *c)
                             c->upstream_name);
       else
          client_disconnect (c, COUNTERS_CLOSE_SHUTDOWN, "drained");
-   else if (creq_count (c) == 0 && c->up_count == 0)
+      return false;
+   }
+   if (creq_count (c) == 0 && c->up_count == 0)
       /* Output still flushing: ask for the write callback at empty. */
       side_set_write_low (&c->client, 0);
+   return true;
 }
 
 static void
@@ -1045,7 +1229,7 @@ client_loop_drain (client_loop_t *loop, int64_t timeout_ms, void (*on_empty) (vo
       }
       c->drain_reason = COUNTERS_CLOSE_SHUTDOWN;
       client_set_state (c, CLIENT_STATE_DRAINING);
-      client_check_drained (c);
+      (void) client_check_drained (c);
    }
    if (loop->nclients == 0) {
       if (loop->on_empty) {
@@ -1172,8 +1356,24 @@ client_loop_topology_changed (client_loop_t *loop)
    }
    for (c = loop->clients; c; c = next) {
       next = c->next;
-      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->waiting_primary)
-         client_try_connect (c);
+      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->pairing == CLIENT_PAIRING_WAIT_PRIMARY)
+         client_try_connect (c, false);
+      else if (c->state == CLIENT_STATE_AWAIT_UPSTREAM && c->pairing == CLIENT_PAIRING_REPAIR_WAIT_PRIMARY)
+         client_try_connect (c, true);
+   }
+}
+
+void
+client_loop_hello_learned (client_loop_t *loop)
+{
+   client_conn_t *c, *next;
+
+   for (c = loop->clients; c; c = next) {
+      next = c->next;
+      if (c->state == CLIENT_STATE_AWAIT_UPSTREAM) {
+         client_set_state (c, CLIENT_STATE_HANDSHAKE);
+         client_resume (c);
+      }
    }
 }
 

@@ -248,12 +248,28 @@ login_deadline_start (client_conn_t *c)
    return evtimer_add (l->deadline, &tv) == 0;
 }
 
-void
+/* Disarms the login deadline (logged in, or closing). */
+static void
 login_deadline_stop (client_conn_t *c)
 {
    if (c->login && c->login->deadline) {
       event_free (c->login->deadline);
       c->login->deadline = NULL;
+   }
+}
+
+void
+login_stop (client_conn_t *c)
+{
+   login_t *l = c->login;
+
+   login_deadline_stop (c);
+   if (l) {
+      proxy_event_free (l->delay_ev);
+      l->delay_ev = NULL;
+      if (l->delayed_body)
+         bson_destroy (l->delayed_body);
+      l->delayed_body = NULL;
    }
 }
 
@@ -329,8 +345,8 @@ delay_fire (evutil_socket_t fd, short what, void *arg)
    l->delayed_body = NULL;
    if (!body)
       return;
-   if (c->state != CLIENT_STATE_CLOSING)
-      cmd_sasl_continue (c, l->delayed_seq, body);
+   /* Open: the close stops this timer (login_stop). */
+   cmd_sasl_continue (c, l->delayed_seq, body);
    bson_destroy (body);
 }
 

@@ -309,8 +309,9 @@ static const client_pooled_ops_t loops_pooled_ops = {
    .pool_client_closed = pool_client_closed,
    .pool_server_lost = pool_server_lost,
    .pool_server_name = pool_server_name,
+   .pool_server_not_primary = pool_server_not_primary,
    .login_deadline_start = login_deadline_start,
-   .login_deadline_stop = login_deadline_stop,
+   .login_stop = login_stop,
    .login_destroy = login_destroy,
    .login_user = login_user,
 };

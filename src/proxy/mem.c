@@ -172,8 +172,10 @@ mem_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
    client_conn_t *c = arg;
 
-   if (c->state != CLIENT_STATE_CLOSING)
-      mem_account (c, (int64_t) info->n_added - (int64_t) info->n_deleted);
+   /* Open: the close unwatches every buffer it does not free at once
+    * (mem_release_all). */
+   RELAYBUS_ASSERT (c->state != CLIENT_STATE_CLOSING);
+   mem_account (c, (int64_t) info->n_added - (int64_t) info->n_deleted);
 }
 
 /* An input: bytes that arrive for a partial message were reserved, so
@@ -184,8 +186,6 @@ mem_input_cb (client_conn_t *c, int64_t *partial, const struct evbuffer_cb_info 
    int64_t added = (int64_t) info->n_added;
    int64_t take = added < *partial ? added : *partial;
 
-   if (c->state == CLIENT_STATE_CLOSING)
-      return;
    RELAYBUS_ASSERT (*partial >= 0);
    if (take > 0) {
       *partial -= take;
@@ -198,6 +198,10 @@ static void
 mem_side_in_cb (struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
    side_t *s = arg;
+
+   /* Open: the close unwatches the sides (mem_release_all); a direct side
+    * is synced (mem_sync_direct) only while open, which it asserts. */
+   RELAYBUS_ASSERT (((client_conn_t *) s->owner)->state != CLIENT_STATE_CLOSING);
    mem_input_cb (s->owner, &s->mem_partial, info);
 }
 
@@ -490,6 +494,12 @@ mem_release_all (client_conn_t *c)
    mem_unwait (c);
    mem_unwatch_side (&c->client);
    mem_unwatch_side (&c->upstream);
+   /* The work buffers live until the struct is freed: no count after this
+    * (the held answers are freed at the close). */
+   if (c->tmp)
+      evbuffer_remove_cb (c->tmp, mem_cb, c);
+   if (c->scratch)
+      evbuffer_remove_cb (c->scratch, mem_cb, c);
    mem_give_back (c->loop, c->mem_held + c->client.mem_partial + c->upstream.mem_partial + c->mem_decode);
    c->mem_held = c->client.mem_partial = c->upstream.mem_partial = c->mem_decode = 0;
 }

@@ -24,6 +24,7 @@
  * client's pump.
  */
 #include "proxy/pool.h"
+#include "proxy/pool_private.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -51,27 +52,15 @@
 #include "proxy/owners.h"
 #include "proxy/side.h"
 
-/* The longest a pooled connection's login may wait for a reply it is
- * reading: the handshake's replies are small. */
-#define POOL_HANDSHAKE_MAX_REPLY (16 * 1024 * 1024)
 /* Bytes of a request looked at before it is read (its command name and
  * transaction); a request whose body is longer is routed on any
  * connection. */
 #define POOL_PEEK_MAX (64 * 1024)
-/* Retrying a failed connection attempt: from this, doubled up to the max. */
-#define POOL_BACKOFF_MIN_MS 100
-#define POOL_BACKOFF_MAX_MS 5000
 /* Idle transaction pins are looked at this often. */
 #define POOL_PIN_CHECK_MS 1000
 /* At most one "requests wait for a connection" warning per loop this often. */
 #define POOL_WARN_INTERVAL_MS 10000
 
-typedef enum {
-   SERVER_OPENING = 0, /* connecting, hello, login */
-   SERVER_IDLE,        /* in the idle stack */
-   SERVER_LENT,        /* a client holds it */
-   SERVER_BACK,        /* back from a client, not placed yet (server_return) */
-} server_state_t;
 
 /* The moves a pooled connection makes: opened (BACK), placed (IDLE) or
  * given to a waiter (LENT), lent from the idle stack, given back (BACK);
@@ -93,94 +82,9 @@ server_transition_ok (server_state_t from, server_state_t to)
    return false;
 }
 
-/* Where the opening is. */
-typedef enum {
-   STEP_CONNECT = 0,
-   STEP_HELLO,
-   STEP_SASL_START,
-   STEP_SASL_CONTINUE,
-   STEP_SASL_EMPTY, /* the empty saslContinue of a server without skipEmptyExchange */
-   STEP_X509,
-} open_step_t;
 
-/* A transaction: the session's id and its txnNumber. */
-typedef struct {
-   bool valid;
-   uint8_t lsid[16];
-   int64_t txn_number;
-} pool_txn_t;
 
-struct pool_server {
-   side_t side;
-   pool_t *pool;
-   uint64_t id; /* "p<id>" in logs */
-   server_state_t state;
-   open_step_t step;
-   char name[TOPOLOGY_HOST_MAX + 8]; /* host:port */
-   uint64_t generation;              /* the topology's, when it connected */
-   uint64_t op_generation;           /* operator_generation () when it was opened */
-   bool stale;                       /* close it when it comes back */
-   bool counted_open;                /* in the open gauges */
-   client_conn_t *client;            /* LENT: who holds it */
-   unsigned pins;                    /* bits (1 << counters_pin_t) */
-   pool_txn_t txn;                   /* the transaction pinning it */
-   uint64_t pin_user;                /* whose transaction pins it (owners_user; 0: unchecked) */
-   int64_t idle_since_ms;            /* a pinned transaction's last answer */
-   /* The opening. */
-   int32_t next_id;
-   int32_t expect;          /* the requestID the next reply answers */
-   authfile_mech_t mech;
-   scram_client_t *scram;
-   int32_t conversation_id;
-   bson_t *hello; /* its hello reply, taught to the pool once it is logged in */
-   /* What pool_admit's peek read of the request it was lent for, so that
-    * pool_note_request does not walk the body again (that request only:
-    * its requestID). */
-   bool peek_valid;
-   int32_t peek_request_id;
-   pool_txn_t peek_txn;
-   struct event *deadline;
-   pool_server_t *prev, *next;           /* pool->servers */
-   pool_server_t *idle_prev, *idle_next; /* pool->idle, a stack */
-};
 
-struct pool {
-   client_loop_t *loop;
-   unsigned size;      /* this loop's share of pool_size (pool_share) */
-   unsigned limit;     /* the budget: pool_size shared with the other loops, or `size` alone */
-   bool shared;        /* in a slot: its budget is the process's (pool_total) */
-   bool starving;      /* what its slot says (starve_update) */
-   bool stopping;      /* pool_destroy: its closes wake nobody */
-   unsigned n_open;    /* in pool->servers */
-   unsigned n_opening; /* of them, OPENING */
-   pool_server_t *servers;
-   pool_server_t *idle; /* the top of the stack: the most recently used */
-   unsigned n_idle;
-   unsigned n_pinned_txn;
-   client_conn_t *wait_head, *wait_tail;
-   unsigned n_waiting;
-   client_conn_t *handed; /* waiting for handoff_ev */
-   struct event *handoff_ev;
-   struct event *wait_timer;
-   bool wait_timer_armed;
-   /* The topology as this loop was last told of it (pool_topology_changed):
-    * a connection that comes back is checked against it without the
-    * topology's mutex. */
-   bool primary_known;
-   uint64_t generation;
-   struct event *retry_timer;
-   struct event *pin_timer;
-   bool retry_armed;
-   bool pin_timer_armed;
-   int64_t backoff_ms;
-   bson_t *hello;   /* the upstream's hello reply, as received */
-   bool want_hello; /* clients wait for it */
-   int64_t last_warn_ms;
-   char last_error[256];
-   scram_salt_cache_t salt; /* the upstream user's salted password */
-};
-
-static atomic_uint_fast64_t next_server_id;
 
 /*
  * The ends of transactions, told to the other loops.  A driver may send a
@@ -254,12 +158,9 @@ pool_slots_init (void)
       pthread_mutex_init (&pool_slots[i].mu, NULL);
 }
 
-static void server_close (pool_server_t *s, const char *why);
 static void server_return (pool_server_t *s);
-static void pool_fill (pool_t *pool);
 static void give_away_idle (pool_t *pool);
 static void wake_starving (pool_t *pool);
-static const side_callbacks_t pool_side_cb;
 
 unsigned
 pool_share (int64_t pool_size, unsigned index, unsigned nloops)
@@ -287,11 +188,6 @@ pool_last_error (const pool_t *pool)
    return pool->last_error[0] ? pool->last_error : "no primary known yet";
 }
 
-static config_t *
-pool_cfg (const pool_t *pool)
-{
-   return pool->loop->cfg;
-}
 
 /* ------------------------------------------------------------ the budget */
 
@@ -403,6 +299,20 @@ wake_starving (pool_t *pool)
 }
 
 /* A closed connection's budget goes back. */
+void
+budget_untake (pool_t *pool)
+{
+   if (pool->shared)
+      atomic_fetch_sub (&pool_total, 1);
+}
+
+void
+budget_note_open (pool_t *pool)
+{
+   if (pool->shared)
+      atomic_store (&slot_of (pool)->open, pool->n_open);
+}
+
 static void
 budget_give (pool_t *pool)
 {
@@ -427,7 +337,7 @@ ask_reclaim (pool_t *pool)
 
 /* Publishes whether clients wait that nothing this loop opens will serve
  * (or it has no connection yet to learn the hello from). */
-static void
+void
 starve_update (pool_t *pool)
 {
    bool starving = pool->n_waiting > pool->n_opening || (!pool->hello && pool->n_open == 0);
@@ -554,7 +464,7 @@ pinned_server (pool_t *pool, const pool_txn_t *txn)
 
 /* ------------------------------------------------------------ lending */
 
-static void
+void
 server_set_state (pool_server_t *s, server_state_t next)
 {
    RELAYBUS_ASSERT (server_transition_ok (s->state, next));
@@ -618,7 +528,6 @@ unlend (client_conn_t *c)
    client_detach_upstream (c);
    c->server = NULL;
    s->client = NULL;
-   s->peek_valid = false;
    server_set_state (s, SERVER_BACK);
    s->side.owner = s;
    s->side.cb = &pool_side_cb;
@@ -669,6 +578,7 @@ void
 pool_request_answered (client_conn_t *c)
 {
    c->pool.refusal = POOL_REFUSAL_NONE;
+   c->pool.peek_valid = false;
 }
 
 static void
@@ -792,7 +702,7 @@ wait_timer_cb (evutil_socket_t fd, short what, void *arg)
 
 /* A connection is free: the oldest waiter gets it, else the idle stack;
  * or it closes, when the budget is better spent on another loop. */
-static void
+void
 server_free_for_use (pool_server_t *s)
 {
    pool_t *pool = s->pool;
@@ -834,7 +744,7 @@ server_free (pool_server_t *s)
    bson_free (s);
 }
 
-static void
+void
 server_close (pool_server_t *s, const char *why)
 {
    pool_t *pool = s->pool;
@@ -886,479 +796,10 @@ server_return (pool_server_t *s)
    server_free_for_use (s);
 }
 
-/* An opening failed: counted, logged, retried after a backoff while
- * somebody waits for a connection. */
-static void
-open_failed (pool_server_t *s, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
-
-static void
-open_failed (pool_server_t *s, const char *fmt, ...)
-{
-   pool_t *pool = s->pool;
-   va_list ap;
-
-   va_start (ap, fmt);
-   vsnprintf (pool->last_error, sizeof pool->last_error, fmt, ap);
-   va_end (ap);
-   counters_add (COUNTER_POOL_CONNECT_FAILURES, 1);
-   log_warn ("pool: cannot open a connection to %s: %s (next attempt in %" PRId64 " ms)", s->name, pool->last_error,
-             pool->backoff_ms ? pool->backoff_ms : POOL_BACKOFF_MIN_MS);
-   topology_request_refresh (pool->loop->topo, "pooled upstream connection failed");
-   server_close (s, pool->last_error);
-   pool->backoff_ms = pool->backoff_ms ? pool->backoff_ms * 2 : POOL_BACKOFF_MIN_MS;
-   if (pool->backoff_ms > POOL_BACKOFF_MAX_MS)
-      pool->backoff_ms = POOL_BACKOFF_MAX_MS;
-   if (!pool->retry_armed) {
-      struct timeval tv = clock_timeval_ms (pool->backoff_ms);
-      pool->retry_armed = true;
-      evtimer_add (pool->retry_timer, &tv);
-   }
-}
-
-/* ------------------------------------------------------------ opening */
-
-static bool
-send_cmd (pool_server_t *s, const bson_t *cmd)
-{
-   int32_t id = s->next_id++;
-
-   if (!wire_append_msg (side_output (&s->side), id, 0, 0, cmd, NULL, 0))
-      return false;
-   s->expect = id;
-   side_flush (&s->side);
-   return true;
-}
-
-/* What the pool's clients are told of the upstream: the hello of its
- * newest logged-in connection.  Clients accepted before the first one
- * was ready may shake hands now. */
-static void
-learn_hello (pool_server_t *s)
-{
-   pool_t *pool = s->pool;
-
-   if (pool->hello)
-      bson_destroy (pool->hello);
-   pool->hello = s->hello;
-   s->hello = NULL;
-   if (pool->want_hello) {
-      client_conn_t *c, *next;
-      pool->want_hello = false;
-      for (c = pool->loop->clients; c; c = next) {
-         next = c->next;
-         if (c->state == CLIENT_STATE_AWAIT_UPSTREAM) {
-            client_set_state (c, CLIENT_STATE_HANDSHAKE);
-            client_resume (c);
-         }
-      }
-   }
-}
-
-static void
-server_ready (pool_server_t *s)
-{
-   pool_t *pool = s->pool;
-
-   pool->n_opening--;
-   evtimer_del (s->deadline);
-   scram_client_destroy (s->scram);
-   s->scram = NULL;
-   pool->backoff_ms = 0;
-   pool->last_error[0] = '\0';
-   counters_add (COUNTER_POOL_CONNECTS, 1);
-   log_debug ("pool: p%" PRIu64 " %s ready (%u open on this loop)", s->id, s->name, pool->n_open);
-   server_set_state (s, SERVER_BACK);
-   learn_hello (s);
-   starve_update (pool);
-   server_free_for_use (s);
-}
-
-/* The hello reply: what the pool's clients will be told, and how to log in. */
-static void
-on_hello (pool_server_t *s, const bson_t *reply)
-{
-   pool_t *pool = s->pool;
-   const config_upstream_auth_t *auth = &pool_cfg (pool)->upstream_auth;
-   bson_iter_t it;
-   bool writable = false;
-
-   if (bson_iter_init_find (&it, reply, "isWritablePrimary") || bson_iter_init_find (&it, reply, "ismaster"))
-      writable = bson_iter_as_bool (&it);
-   if (bson_iter_init_find (&it, reply, "msg") && BSON_ITER_HOLDS_UTF8 (&it) &&
-       strcmp (bson_iter_utf8 (&it, NULL), "isdbgrid") == 0)
-      writable = true;
-   if (!writable) {
-      s->stale = true;
-      open_failed (s, "it is not the primary any more");
-      return;
-   }
-   s->hello = bson_copy (reply);
-   if (!auth->user && !(auth->mechanism && strcmp (auth->mechanism, "MONGODB-X509") == 0)) {
-      server_ready (s);
-      return;
-   }
-   if (auth->mechanism && strcmp (auth->mechanism, "MONGODB-X509") == 0) {
-      bson_t cmd = BSON_INITIALIZER;
-      BSON_APPEND_INT32 (&cmd, "authenticate", 1);
-      BSON_APPEND_UTF8 (&cmd, "mechanism", "MONGODB-X509");
-      if (auth->user)
-         BSON_APPEND_UTF8 (&cmd, "user", auth->user);
-      BSON_APPEND_UTF8 (&cmd, "$db", "$external");
-      s->step = STEP_X509;
-      if (!send_cmd (s, &cmd))
-         open_failed (s, "cannot send authenticate");
-      bson_destroy (&cmd);
-      return;
-   }
-   /* SCRAM: the URI's mechanism, else SCRAM-SHA-256 when the server lists
-    * it for the user, else SCRAM-SHA-1 (the authentication spec's rule). */
-   s->mech = AUTHFILE_SCRAM_SHA_1;
-   if (auth->mechanism) {
-      (void) authfile_mech_from_name (auth->mechanism, strlen (auth->mechanism), &s->mech);
-   } else if (bson_iter_init_find (&it, reply, "saslSupportedMechs") && BSON_ITER_HOLDS_ARRAY (&it)) {
-      bson_iter_t m;
-      if (bson_iter_recurse (&it, &m))
-         while (bson_iter_next (&m))
-            if (BSON_ITER_HOLDS_UTF8 (&m) && strcmp (bson_iter_utf8 (&m, NULL), "SCRAM-SHA-256") == 0)
-               s->mech = AUTHFILE_SCRAM_SHA_256;
-   }
-   {
-      bson_error_t error;
-      char *first = NULL;
-      size_t first_len = 0;
-      bson_t cmd = BSON_INITIALIZER, opts;
-      bool ok;
-
-      s->scram = scram_client_new (s->mech, auth->user, auth->password ? auth->password : "", &error);
-      if (!s->scram || !scram_client_first (s->scram, &first, &first_len, &error)) {
-         open_failed (s, "SCRAM as %s: %s", auth->user, error.message);
-         return;
-      }
-      BSON_APPEND_INT32 (&cmd, "saslStart", 1);
-      BSON_APPEND_UTF8 (&cmd, "mechanism", authfile_mech_name (s->mech));
-      BSON_APPEND_BINARY (&cmd, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) first, (uint32_t) first_len);
-      BSON_APPEND_INT32 (&cmd, "autoAuthorize", 1);
-      BSON_APPEND_DOCUMENT_BEGIN (&cmd, "options", &opts);
-      BSON_APPEND_BOOL (&opts, "skipEmptyExchange", true);
-      bson_append_document_end (&cmd, &opts);
-      BSON_APPEND_UTF8 (&cmd, "$db", auth->source);
-      s->step = STEP_SASL_START;
-      ok = send_cmd (s, &cmd);
-      bson_destroy (&cmd);
-      bson_free (first);
-      if (!ok)
-         open_failed (s, "cannot send saslStart");
-   }
-}
-
-static bool
-reply_done (const bson_t *reply)
-{
-   bson_iter_t it;
-
-   return bson_iter_init_find (&it, reply, "done") && bson_iter_as_bool (&it);
-}
-
-static void
-send_sasl_continue (pool_server_t *s, const char *payload, size_t len, open_step_t step)
-{
-   const config_upstream_auth_t *auth = &pool_cfg (s->pool)->upstream_auth;
-   bson_t cmd = BSON_INITIALIZER;
-   bool ok;
-
-   BSON_APPEND_INT32 (&cmd, "saslContinue", 1);
-   BSON_APPEND_INT32 (&cmd, "conversationId", s->conversation_id);
-   BSON_APPEND_BINARY (&cmd, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *) payload, (uint32_t) len);
-   BSON_APPEND_UTF8 (&cmd, "$db", auth->source);
-   s->step = step;
-   ok = send_cmd (s, &cmd);
-   bson_destroy (&cmd);
-   if (!ok)
-      open_failed (s, "cannot send saslContinue");
-}
-
-/* One reply of the opening.  Errors close the connection. */
-static void
-on_open_reply (pool_server_t *s, const bson_t *reply)
-{
-   const config_upstream_auth_t *auth = &pool_cfg (s->pool)->upstream_auth;
-   bson_iter_t it;
-   bson_error_t error;
-   const uint8_t *payload;
-   uint32_t plen;
-
-   if (!bson_iter_init_find (&it, reply, "ok") || bson_iter_as_double (&it) != 1.0) {
-      const char *msg = "no errmsg";
-      if (bson_iter_init_find (&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8 (&it))
-         msg = bson_iter_utf8 (&it, NULL);
-      if (s->step == STEP_HELLO)
-         open_failed (s, "hello refused: %s", msg);
-      else
-         open_failed (s, "login as %s refused: %s", auth->user ? auth->user : "(certificate)", msg);
-      return;
-   }
-   switch (s->step) {
-   case STEP_HELLO:
-      on_hello (s, reply);
-      return;
-   case STEP_X509:
-      server_ready (s);
-      return;
-   case STEP_SASL_START: {
-      char *final = NULL;
-      size_t final_len = 0;
-      if (bson_iter_init_find (&it, reply, "conversationId") && BSON_ITER_HOLDS_NUMBER (&it))
-         s->conversation_id = (int32_t) bson_iter_as_int64 (&it);
-      if (!sasl_payload (reply, "payload", &payload, &plen)) {
-         open_failed (s, "saslStart reply has no payload");
-         return;
-      }
-      if (!scram_client_final (s->scram, payload, plen, &s->pool->salt, &final, &final_len, &error)) {
-         open_failed (s, "SCRAM as %s: %s", auth->user, error.message);
-         return;
-      }
-      send_sasl_continue (s, final, final_len, STEP_SASL_CONTINUE);
-      bson_free (final);
-      return;
-   }
-   case STEP_SASL_CONTINUE:
-      if (!sasl_payload (reply, "payload", &payload, &plen) || !scram_client_verify (s->scram, payload, plen, &error)) {
-         open_failed (s, "SCRAM as %s: the server's signature does not verify", auth->user);
-         return;
-      }
-      if (reply_done (reply))
-         server_ready (s);
-      else
-         send_sasl_continue (s, "", 0, STEP_SASL_EMPTY);
-      return;
-   case STEP_SASL_EMPTY:
-      if (reply_done (reply))
-         server_ready (s);
-      else
-         open_failed (s, "SCRAM as %s: the conversation did not end", auth->user);
-      return;
-   case STEP_CONNECT:
-   default:
-      open_failed (s, "a reply before the hello");
-      return;
-   }
-}
-
-static void
-send_hello (pool_server_t *s)
-{
-   const config_upstream_auth_t *auth = &pool_cfg (s->pool)->upstream_auth;
-   bson_t cmd = BSON_INITIALIZER, client, sub;
-   bool ok;
-
-   BSON_APPEND_INT32 (&cmd, "hello", 1);
-   BSON_APPEND_BOOL (&cmd, "helloOk", true);
-   BSON_APPEND_DOCUMENT_BEGIN (&cmd, "client", &client);
-   BSON_APPEND_DOCUMENT_BEGIN (&client, "application", &sub);
-   BSON_APPEND_UTF8 (&sub, "name", "relaybus-proxy pool");
-   bson_append_document_end (&client, &sub);
-   BSON_APPEND_DOCUMENT_BEGIN (&client, "driver", &sub);
-   BSON_APPEND_UTF8 (&sub, "name", "relaybus-proxy");
-   BSON_APPEND_UTF8 (&sub, "version", PACKAGE_VERSION);
-   bson_append_document_end (&client, &sub);
-   BSON_APPEND_DOCUMENT_BEGIN (&client, "os", &sub);
-   BSON_APPEND_UTF8 (&sub, "type", "Linux");
-   bson_append_document_end (&client, &sub);
-   bson_append_document_end (&cmd, &client);
-   if (auth->user && !auth->mechanism) {
-      char *ns = bson_strdup_printf ("%s.%s", auth->source, auth->user);
-      BSON_APPEND_UTF8 (&cmd, "saslSupportedMechs", ns);
-      bson_free (ns);
-   }
-   BSON_APPEND_UTF8 (&cmd, "$db", "admin");
-   s->step = STEP_HELLO;
-   ok = send_cmd (s, &cmd);
-   bson_destroy (&cmd);
-   if (!ok)
-      open_failed (s, "cannot send hello");
-}
-
-/* ------------------------------------------------------------ callbacks */
-
-/* Bytes from a connection the pool holds: replies of the opening, or, from
- * an idle one, something nobody asked for. */
-static void
-pool_side_read (side_t *side)
-{
-   pool_server_t *s = side->owner;
-   struct evbuffer *in = side_input (side);
-
-   while (evbuffer_get_length (in) >= WIRE_HEADER_LEN) {
-      wire_header_t h;
-      wire_msg_t reply;
-      bson_error_t error;
-      const uint8_t *buf = evbuffer_pullup (in, WIRE_HEADER_LEN);
-
-      if (s->state != SERVER_OPENING) {
-         server_close (s, "the server sent bytes nobody asked for");
-         return;
-      }
-      if (!buf || !wire_peek_header (buf, WIRE_HEADER_LEN, &h) || !wire_check_header (&h, POOL_HANDSHAKE_MAX_REPLY, &error)) {
-         open_failed (s, "bad reply header");
-         return;
-      }
-      if (evbuffer_get_length (in) < (size_t) h.length)
-         break;
-      buf = evbuffer_pullup (in, h.length);
-      if (h.opcode != WIRE_OP_MSG || h.response_to != s->expect || !buf ||
-          !wire_parse_msg (buf, (size_t) h.length, &reply, &error)) {
-         open_failed (s, "bad reply to the proxy's own request");
-         return;
-      }
-      {
-         /* A copy: the reply may close (and free) the connection. */
-         bson_t *body = bson_copy (&reply.body);
-         evbuffer_drain (in, (size_t) h.length);
-         on_open_reply (s, body);
-         bson_destroy (body);
-      }
-      /* The connection may be closed (freed), lent or idle now. */
-      return;
-   }
-   if (s->state == SERVER_IDLE && evbuffer_get_length (in) > 0)
-      server_close (s, "the server sent bytes nobody asked for");
-}
-
-static void
-pool_side_drained (side_t *side)
-{
-   (void) side;
-}
-
-static void
-pool_side_event (side_t *side, side_event_t ev, const char *detail)
-{
-   pool_server_t *s = side->owner;
-
-   switch (ev) {
-   case SIDE_EVENT_CONNECTED:
-      s->counted_open = true;
-      counters_add (COUNTER_POOL_CONNECTIONS, 1);
-      counters_add (COUNTER_UPSTREAMS_OPEN, 1);
-      counters_add (COUNTER_UPSTREAM_CONNECTS, 1);
-      if (!side_go_direct (&s->side, s->pool->loop->base)) {
-         open_failed (s, "out of memory");
-         return;
-      }
-      side_set_reading (&s->side, true);
-      send_hello (s);
-      return;
-   case SIDE_EVENT_CONNECT_FAILED:
-      counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
-      open_failed (s, "%s", detail ? detail : "connect failed");
-      return;
-   case SIDE_EVENT_EOF:
-   case SIDE_EVENT_ERROR:
-   default:
-      if (s->state == SERVER_OPENING) {
-         open_failed (s, "%s", ev == SIDE_EVENT_EOF ? "the server closed the connection" : detail);
-         return;
-      }
-      topology_request_refresh (s->pool->loop->topo, "pooled upstream connection lost");
-      {
-         pool_t *pool = s->pool;
-         server_close (s, ev == SIDE_EVENT_EOF ? "the server closed the connection" : detail); /* frees s */
-         pool_fill (pool);
-      }
-      return;
-   }
-}
-
-static void
-pool_side_timeout (side_t *side)
-{
-   pool_server_t *s = side->owner;
-
-   open_failed (s, "a partial reply stalled");
-}
-
-static const side_callbacks_t pool_side_cb = {
-   .on_read = pool_side_read,
-   .on_drained = pool_side_drained,
-   .on_event = pool_side_event,
-   .on_timeout = pool_side_timeout,
-};
-
-static void
-deadline_cb (evutil_socket_t fd, short what, void *arg)
-{
-   pool_server_t *s = arg;
-
-   (void) fd;
-   (void) what;
-   open_failed (s, "not logged in within upstream_connect_timeout_ms=%" PRId64,
-                pool_cfg (s->pool)->upstream_connect_timeout_ms);
-}
-
-/* Opens one more connection to the primary, with the budget the caller
- * took (budget_take; a connection gives it back when it closes); false
- * when none is known (the budget goes back) or the attempt failed at once
- * (it is retried). */
-static bool
-server_open (pool_t *pool)
-{
-   topology_primary_t p;
-   pool_server_t *s;
-   bson_error_t error;
-   struct timeval tv;
-
-   topology_get_primary (pool->loop->topo, &p);
-   if (p.state != TOPOLOGY_STATE_PRIMARY) {
-      bson_snprintf (pool->last_error, sizeof pool->last_error, "no primary known (%s)",
-                     p.last_error[0] ? p.last_error : topology_state_name (p.state));
-      /* Quietly: waking the starving loops would only have them find no
-       * primary either, and wake this one again.  They fill when the
-       * topology names one (pool_topology_changed). */
-      if (pool->shared)
-         atomic_fetch_sub (&pool_total, 1);
-      return false;
-   }
-   s = bson_malloc0 (sizeof *s);
-   s->pool = pool;
-   s->id = atomic_fetch_add_explicit (&next_server_id, 1, memory_order_relaxed) + 1;
-   s->generation = p.generation;
-   s->op_generation = operator_generation ();
-   /* What the loop was told may lag what the snapshot says now. */
-   pool->primary_known = true;
-   pool->generation = p.generation;
-   s->next_id = 1;
-   server_set_state (s, SERVER_OPENING);
-   s->step = STEP_CONNECT;
-   bson_snprintf (s->name, sizeof s->name, "%s:%u", p.host, (unsigned) p.port);
-   s->deadline = evtimer_new (pool->loop->base, deadline_cb, s);
-   s->next = pool->servers;
-   if (pool->servers)
-      pool->servers->prev = s;
-   pool->servers = s;
-   pool->n_open++;
-   pool->n_opening++;
-   if (pool->shared)
-      atomic_store (&slot_of (pool)->open, pool->n_open);
-   if (!s->deadline) {
-      open_failed (s, "out of memory");
-      return false;
-   }
-   tv = clock_timeval_ms (pool_cfg (pool)->upstream_connect_timeout_ms);
-   evtimer_add (s->deadline, &tv);
-   if (!side_connect (&s->side, pool->loop->base, &p, pool->loop->tls, &pool_side_cb, s, &error)) {
-      if (error.domain == SIDE_ERROR_DOMAIN && error.code == SIDE_ERR_CONNECT)
-         counters_add (COUNTER_UPSTREAM_CONNECT_FAILURES, 1);
-      open_failed (s, "%s", error.message);
-      return false;
-   }
-   log_debug ("pool: p%" PRIu64 " connecting to %s (%u open on this loop)", s->id, s->name, pool->n_open);
-   return true;
-}
-
 /* Opens what the waiters (and a client waiting for the first hello) need,
  * while the budget lasts, unless a failed attempt's backoff runs.  Without
  * budget, the loops with idle connections are asked to close them. */
-static void
+void
 pool_fill (pool_t *pool)
 {
    bool spent = false;
@@ -1591,6 +1032,10 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    if (h->opcode == WIRE_OP_QUERY)
       return true; /* the legacy hello, or refused: the proxy answers */
    peeked = peek_request (in, h, cmd, sizeof cmd, &txn, &body);
+   /* Kept for pool_note_request, lent now or after a wait. */
+   c->pool.peek_valid = peeked;
+   c->pool.peek_request_id = h->request_id;
+   c->pool.peek_txn = txn;
    /* Before a required login, whatever the peek cannot read (compressed,
     * large, the body not first) is the proxy's to answer too: read whole,
     * it is a hello, a login, or refused (proxy/login.h). */
@@ -1616,30 +1061,23 @@ pool_admit (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
       client_conn_t *holder = s->client;
       if (s->state == SERVER_IDLE) {
          lend (s, c);
-         goto lent;
+         return true;
       }
       if (s->state == SERVER_LENT && holder != c && holder->up_count == 0 && !holder->job &&
           evbuffer_get_length (side_output (&s->side)) == 0) {
          (void) unlend (holder);
          lend (s, c);
-         goto lent;
+         return true;
       }
    }
    if (!pool->wait_head && pool->idle) {
       s = pool->idle;
       lend (s, c);
-      goto lent;
+      return true;
    }
    wait_add (c);
    pool_fill (pool);
    return false;
-lent:
-   if (peeked) {
-      s->peek_valid = true;
-      s->peek_request_id = h->request_id;
-      s->peek_txn = txn;
-   }
-   return true;
 }
 
 bool
@@ -1652,11 +1090,11 @@ pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
       return true;
    if (msg->flags & WIRE_MSG_MORE_TO_COME)
       pin_set (s, COUNTERS_PIN_MORE_TO_COME, true);
-   if (s->peek_valid && s->peek_request_id == msg->header.request_id)
-      txn = s->peek_txn;
+   if (c->pool.peek_valid && c->pool.peek_request_id == msg->header.request_id)
+      txn = c->pool.peek_txn;
    else
       txn_of_body (&msg->body, &txn, NULL);
-   s->peek_valid = false;
+   c->pool.peek_valid = false;
    if (txn.valid) {
       if (!txn_equal (&s->txn, &txn)) {
          pin_set (s, COUNTERS_PIN_TRANSACTION, false);
@@ -1752,7 +1190,8 @@ pool_settle (client_conn_t *c)
 {
    pool_server_t *s = c->server;
 
-   if (!s || c->up_count > 0 || c->job || c->state == CLIENT_STATE_CLOSING)
+   /* Open: pump_end asks; a closed client gave its connection back. */
+   if (!s || c->up_count > 0 || c->job)
       return;
    pin_set (s, COUNTERS_PIN_EXHAUST, false);
    if (s->pins & (1u << COUNTERS_PIN_MORE_TO_COME)) {

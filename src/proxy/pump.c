@@ -16,10 +16,11 @@
  * top-level `comment` is, so routing reads no body twice.
  *
  * Decoding.  A request of CLIENT_OFFLOAD_MIN bytes or more (decompressed)
- * is decompressed and validated by the loop's decoding thread ("offload"),
- * so the loop never spends long on one message; the connection waits for
- * it, the others go on.  Smaller ones are decoded on the loop.  Compressed
- * requests must use a compressor the connection negotiated.
+ * is decompressed and validated by the loop's decoding thread ("offload",
+ * proxy/decode.c), so the loop never spends long on one message; the
+ * connection waits for it, the others go on.  Smaller ones are decoded on
+ * the loop.  Compressed requests must use a compressor the connection
+ * negotiated.
  *
  * Compression.  The upstream is never asked to compress (codec/handshake.c strips
  * `compression` from the hello it forwards), so everything upstream is
@@ -46,9 +47,11 @@
 #include "codec/compress.h"
 #include "codec/handshake.h"
 #include "proxy/conn_private.h"
+#include "proxy/decode.h"
 #include "proxy/login.h"
 #include "proxy/owners.h"
 #include "proxy/pool.h"
+#include "proxy/route.h"
 #include "proxy/side.h"
 
 /* Replies larger than this are not scanned for "not primary" errors: such
@@ -307,7 +310,7 @@ copy_without_topology_version (const bson_t *src, bson_t *dst, bson_error_t *err
    bson_iter_t it;
 
    if (!bson_iter_init (&it, src)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_BSON, "reply body is not a valid document");
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "reply body is not a valid document");
       return false;
    }
    while (bson_iter_next (&it))
@@ -326,7 +329,8 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
    bson_t stripped = BSON_INITIALIZER;
    bool ok = false;
 
-   if (c->state == CLIENT_STATE_CLOSING || !r || r->done) {
+   /* A closed connection has none: client_disconnect passed them all. */
+   if (!r || r->done) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_SUCH_REQUEST, "no such request waiting for an answer");
       goto done;
    }
@@ -352,8 +356,7 @@ client_answer (client_conn_t *c, uint64_t request_seq, const bson_t *reply, bson
    ok = client_deliver (c, r, c->tmp, evbuffer_get_length (c->tmp), KEEP_ID, true, error);
    if (ok) {
       client_output_queued (c);
-      if (c->state != CLIENT_STATE_CLOSING)
-         client_check_drained (c);
+      (void) client_check_drained (c);
    }
 done:
    bson_destroy (&stripped);
@@ -395,7 +398,8 @@ client_send_internal (client_conn_t *c,
    int32_t id;
    size_t before;
 
-   if (c->state == CLIENT_STATE_CLOSING || !client_up_connected (c)) {
+   /* A closed connection's upstream side is closed (or given back). */
+   if (!client_up_connected (c)) {
       bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NOT_CONNECTED, "upstream not connected");
       return false;
    }
@@ -624,7 +628,7 @@ answer_hello_pooled (client_conn_t *c,
    if (c->state == CLIENT_STATE_HANDSHAKE) {
       log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done (pooled), compressor %s%s",
                 c->compressor > 0 ? compress_name (c->compressor) : "none", lb ? ", load-balanced" : "");
-      client_set_state (c, CLIENT_STATE_READY);
+      client_event (c, CLIENT_EVENT_HELLO_ANSWERED);
    }
    ok = true;
 done:
@@ -659,7 +663,7 @@ forward_hello (client_conn_t *c,
    {
       bson_iter_t it;
       if (bson_iter_init_find (&it, hello, "speculativeAuthenticate")) {
-         c->session_bound = true; /* authenticated on this upstream connection (client_repair) */
+         client_event (c, CLIENT_EVENT_BINDS_SESSION); /* authenticated on this upstream connection */
          track_auth = auth_watch_hello (c, &it);
       }
    }
@@ -696,270 +700,6 @@ done:
    return ok;
 }
 
-/* Answers a request the proxy handles itself with an error document: the
- * server's `code` (base/servercodes.h) with its codeName. */
-static bool
-answer_locally (client_conn_t *c,
-                int32_t client_id,
-                int32_t family,
-                int compressor,
-                server_code_t code,
-                const char *errmsg,
-                struct evbuffer *src,
-                size_t len,
-                bson_error_t *error)
-{
-   uint64_t seq;
-
-   RELAYBUS_ASSERT (server_code_name (code) != NULL);
-   evbuffer_drain (src, len);
-   if (!client_hold_request (c, client_id, family, compressor, &seq, error))
-      return false;
-   return client_answer_error (c, seq, code, server_code_name (code), errmsg, error);
-}
-
-#ifdef RELAYBUS_TEST_COMMANDS
-/* Test builds only (configure --enable-test-commands, which `make install`
- * refuses; never implied by --enable-debug): it sends a client's command
- * upstream past the publishing hook, so an installed proxy must not have it.
- * {relaybusDebugInternal: {<command with $db>}, times: N}
- * holds the client's request, sends the inner command N times on the
- * upstream connection as the proxy's own requests (pipelined), and answers
- * {ok: 1, replies: [...]} once all replies are in.  It exercises exactly
- * the mechanism injection uses (hold, send internal, answer) and serves as
- * its worked example. */
-typedef struct {
-   uint64_t seq;      /* the held client request */
-   int pending;       /* internal replies still to come */
-   bson_t replies;    /* array being built */
-   uint32_t nreplies;
-   bool failed;
-} debug_internal_t;
-
-static void
-debug_internal_cb (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *error, void *ctx)
-{
-   debug_internal_t *d = ctx;
-   bson_error_t answer_error;
-   char idx[16];
-   const char *key;
-
-   d->pending--;
-   if (!reply) {
-      /* Connection closed: nothing to answer, just release. */
-      d->failed = true;
-   } else {
-      bson_uint32_to_string (d->nreplies++, &key, idx, sizeof idx);
-      BSON_APPEND_DOCUMENT (&d->replies, key, &reply->body);
-   }
-   if (d->pending > 0)
-      return;
-   if (!d->failed) {
-      bson_t doc = BSON_INITIALIZER;
-      BSON_APPEND_DOUBLE (&doc, "ok", 1.0);
-      BSON_APPEND_ARRAY (&doc, "replies", &d->replies);
-      if (!client_answer (c, d->seq, &doc, &answer_error))
-         client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "debug internal answer: %s", answer_error.message);
-      bson_destroy (&doc);
-   }
-   bson_destroy (&d->replies);
-   bson_free (d);
-}
-
-static bool
-debug_internal (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
-{
-   bson_iter_t it;
-   bson_t inner;
-   const uint8_t *data;
-   uint32_t dlen;
-   int times = 1;
-   debug_internal_t *d;
-   bool ok = false;
-
-   if (bson_iter_init_find (&it, &msg->body, "times") && BSON_ITER_HOLDS_NUMBER (&it))
-      times = (int) bson_iter_as_int64 (&it);
-   if (!bson_iter_init_find (&it, &msg->body, "relaybusDebugInternal") || !BSON_ITER_HOLDS_DOCUMENT (&it) || times < 1 ||
-       times > 8)
-      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, SERVER_BAD_VALUE,
-                             "relaybusDebugInternal wants a command document and times in [1, 8]", src, len, error);
-   bson_iter_document (&it, &dlen, &data);
-   if (!bson_init_static (&inner, data, dlen))
-      return false;
-   d = bson_malloc0 (sizeof *d);
-   bson_init (&d->replies);
-   if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &d->seq, error))
-      goto done;
-   for (int i = 0; i < times; i++) {
-      if (!client_send_internal (c, &inner, NULL, 0, debug_internal_cb, d, error)) {
-         /* Requests already sent will still call back; let them free d. */
-         if (d->pending > 0) {
-            d->failed = true;
-            d = NULL;
-         }
-         goto done;
-      }
-      d->pending++;
-   }
-   d = NULL; /* owned by the callbacks now */
-   ok = true;
-done:
-   evbuffer_drain (src, len);
-   if (d) {
-      bson_destroy (&d->replies);
-      bson_free (d);
-   }
-   return ok;
-}
-#endif
-
-/* The routing decision for one parsed OP_MSG.  This is where injection
- * (annotated statements) and virtual commands hook in: either may hold the
- * request (client_hold_request), send its own traffic
- * (client_send_internal) and answer later (client_answer). */
-static bool
-route_msg (client_conn_t *c, struct evbuffer *src, size_t len, const wire_msg_t *msg, int compressor, bson_error_t *error)
-{
-   const char *cmd = msg->command; /* from the validation pass */
-   bool more = (msg->flags & WIRE_MSG_MORE_TO_COME) != 0;
-
-   if (!more && handshake_is_hello (cmd))
-      return forward_hello (c, src, len, msg->header.request_id, WIRE_OP_MSG, &msg->body, error);
-   /* State of the upstream connection a new one would not have: never
-    * paired again (client_repair), closed after a not-primary error. */
-   if (more || (msg->flags & WIRE_MSG_EXHAUST_ALLOWED) ||
-       (cmd && ((cmd[0] == 's' && (strcmp (cmd, "saslStart") == 0 || strcmp (cmd, "saslContinue") == 0)) ||
-                (cmd[0] == 'a' && strcmp (cmd, "authenticate") == 0))))
-      c->session_bound = true;
-   /* Client connections present no certificate upstream (proxy/tls.c), so an
-    * X.509 login could only fail there, or succeed as someone else's
-    * certificate: refuse it here, before any hook can forward it.  18
-    * (AuthenticationFailed) is mongod's own answer to an X.509 login it
-    * cannot accept; drivers report it as an authentication error and do
-    * not retry.  authenticate is never compressed (-1). */
-   if (cmd && cmd[0] == 'a' && strcmp (cmd, "authenticate") == 0 && handshake_is_x509_auth (&msg->body)) {
-      log_warn ("c%" PRIu64 " %s: MONGODB-X509 authenticate refused", c->id, c->peer);
-      if (more) {
-         evbuffer_drain (src, len);
-         return true;
-      }
-      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, -1, SERVER_AUTHENTICATION_FAILED,
-                             "relaybus: MONGODB-X509 authentication is not available through the proxy (client "
-                             "connections present no certificate to the server); use SCRAM, or connect to the "
-                             "server directly for X.509",
-                             src, len, error);
-   }
-   if (c->loop->pool) {
-      /* Pooled: logins and everything before a login are the
-       * proxy's own; what needs the upstream got a connection before it
-       * was read (pool_admit), unless its wait ran out. */
-      if (login_answers_locally (c, cmd)) {
-         counters_count_command (cmd);
-         if (more) {
-            evbuffer_drain (src, len);
-            return true;
-         }
-         return login_command (c, msg, cmd, compressor, src, len, error);
-      }
-      /* The owners' check comes before any use of the pool: pool_admit
-       * ran it on the peek and lent nothing to a refused request (one it
-       * could not peek at is refused here, on what it borrowed).  Asked
-       * once: without an auth file no one is checked, and the note below
-       * has nothing to record either. */
-      bool owned = owners_enabled (c);
-      if (owned) {
-         owners_refusal_t r;
-         if (owners_check (c, &msg->body, cmd, &r) == OWNERS_REFUSE) {
-            counters_count_command (cmd);
-            log_conn (LOG_LEVEL_INFO, c->id, c->peer, "%s refused: %s", cmd, r.why);
-            if (more) {
-               evbuffer_drain (src, len);
-               return true;
-            }
-            return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, r.code, r.why, src,
-                                   len, error);
-         }
-      }
-      if (!c->server) {
-         counters_count_command (cmd);
-         if (more) {
-            client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
-                               "an unacknowledged %s waited pool_wait_timeout_ms=%" PRId64
-                               " for an upstream connection; no reply can carry the error",
-                               cmd ? cmd : "request", c->cfg->pool_wait_timeout_ms);
-            return false;
-         }
-         return pool_answer_timeout (c, msg, cmd, compressor, src, len, error);
-      }
-      if (owned)
-         owners_note_request (c, &msg->body, cmd);
-      if (!pool_note_request (c, msg, cmd)) {
-         counters_count_command (cmd);
-         if (more) {
-            client_disconnect (c, COUNTERS_CLOSE_INTERNAL,
-                               "an unacknowledged %s would pin more than pool_max_pins_per_user connections; no "
-                               "reply can carry the error",
-                               cmd ? cmd : "request");
-            return false;
-         }
-         return pool_answer_timeout (c, msg, cmd, compressor, src, len, error);
-      }
-   }
-#ifdef RELAYBUS_TEST_COMMANDS
-   if (!more && cmd && strcmp (cmd, "relaybusDebugInternal") == 0)
-      return debug_internal (c, src, len, msg, compressor, error);
-#endif
-   /* Hellos and refused X.509 logins are not counted by name. */
-   counters_count_command (cmd);
-   if (c->loop->hook) {
-      switch (c->loop->hook (c, msg, cmd, compressor, c->loop->hook_ctx, error)) {
-      case CLIENT_ROUTE_FORWARD:
-         break;
-      case CLIENT_ROUTE_HELD:
-         if (c->state != CLIENT_STATE_CLOSING)
-            evbuffer_drain (src, len);
-         return c->state != CLIENT_STATE_CLOSING;
-      case CLIENT_ROUTE_ERROR:
-      default:
-         return false;
-      }
-   }
-   if (cmd && cmd[0] == 'r' && strncmp (cmd, "relaybus", 8) == 0) {
-      char errmsg[160];
-      /* Commands named relaybus* are never forwarded: one the hook did
-       * not take does not exist. */
-      if (more) {
-         evbuffer_drain (src, len);
-         return true;
-      }
-      bson_snprintf (errmsg, sizeof errmsg, "no such command: '%s'", cmd);
-      return answer_locally (c, msg->header.request_id, WIRE_OP_MSG, compressor, SERVER_COMMAND_NOT_FOUND, errmsg, src, len, error);
-   }
-   return forward_request (c, src, len, msg, cmd, compressor,
-                           !c->loop->pool && sasl_watch_wants (cmd) && auth_watch_request (c, msg, cmd, more), error);
-}
-
-/* OP_QUERY: only the legacy hello is accepted; anything else gets the
- * error mongod 5.1+ gives, as an OP_REPLY. */
-static bool
-route_query (client_conn_t *c, struct evbuffer *src, size_t len, const wire_query_t *q, int compressor, bson_error_t *error)
-{
-   bson_t cmd_doc;
-   const char *cmd = NULL;
-   const char *dot = strchr (q->full_collection_name, '.');
-   char errmsg[200];
-
-   if (handshake_unwrap_query (&q->query, &cmd_doc))
-      cmd = wire_command_name (&cmd_doc);
-   if (dot && strcmp (dot, ".$cmd") == 0 && handshake_is_hello (cmd))
-      return forward_hello (c, src, len, q->header.request_id, WIRE_OP_QUERY, &cmd_doc, error);
-   bson_snprintf (errmsg,
-                  sizeof errmsg,
-                  "Unsupported OP_QUERY command: %s. The client driver may require an upgrade.",
-                  cmd ? cmd : "(none)");
-   return answer_locally (c, q->header.request_id, WIRE_OP_QUERY, compressor, SERVER_UNSUPPORTED_OP_QUERY_COMMAND, errmsg, src, len, error);
-}
-
 /* Whether `list` (the compressors key: names separated by commas or
  * spaces) names `id`. */
 static bool
@@ -990,13 +730,13 @@ compressor_allowed (const client_conn_t *c, uint8_t id, bson_error_t *error)
    if (id == COMPRESS_NOOP)
       return true;
    if (!compress_name (id)) {
-      bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "unknown compressor id %u", id);
+      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "unknown compressor id %u", id);
       return false;
    }
    if (id >= 8 * sizeof c->compressors_negotiated || !(c->compressors_negotiated & (1u << id))) {
       bson_set_error (error,
-                      WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_COMPRESSION,
+                      CLIENT_ERROR_DOMAIN,
+                      CLIENT_ERR_BAD_REQUEST,
                       "compressor %s (id %u) was not negotiated in this connection's hello",
                       compress_name (id),
                       id);
@@ -1004,8 +744,8 @@ compressor_allowed (const client_conn_t *c, uint8_t id, bson_error_t *error)
    }
    if (!compressor_listed (c->loop->cfg->compressors, id)) {
       bson_set_error (error,
-                      WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_COMPRESSION,
+                      CLIENT_ERROR_DOMAIN,
+                      CLIENT_ERR_BAD_REQUEST,
                       "compressor %s (id %u) is not in the compressors setting",
                       compress_name (id),
                       id);
@@ -1016,97 +756,52 @@ compressor_allowed (const client_conn_t *c, uint8_t id, bson_error_t *error)
 
 /* ------------------------------------------------------------ decoding */
 
-/* One request, decompressed when it was compressed, and parsed.  `src`
- * holds exactly the parsed message at its front (the message as received,
- * or its decompressed form); the parsed structs point into it. */
-typedef struct {
-   struct evbuffer *src;
-   size_t len;
-   wire_header_t h; /* of the parsed (decompressed) message */
-   int compressor;  /* what the request was compressed with; -1: plain */
-   wire_msg_t msg;  /* h.opcode == WIRE_OP_MSG */
-   wire_query_t q;  /* h.opcode == WIRE_OP_QUERY */
-} decoded_t;
-
-/* Decompresses (into `plain`, when the request is OP_COMPRESSED) and parses
- * one complete request of h.length bytes at the front of `in`.  Pure: it
- * reads no connection state and logs nothing, so the decoding thread runs
- * it as well as the loop.  Each step is linear in the message's size (the
- * compressor's output is capped by the announced size, checked first).
- * On failure `error` says why; every failure is the client's.
- *
- * With `copy`, a plain request is parsed from a copy (*copy, to free with
- * bson_free once the parsed structs are no longer used) rather than made
- * contiguous in place: its bytes then travel on in the chains they were
- * read into, each freed as soon as it is written, instead of as one block
- * that stays resident until its last byte is out. */
-static bool
-decode_request (
-   struct evbuffer *in, wire_header_t h, struct evbuffer *plain, uint8_t **copy, decoded_t *d, bson_error_t *error)
-{
-   const uint8_t *buf;
-
-   d->src = in;
-   d->len = (size_t) h.length;
-   d->h = h;
-   d->compressor = -1;
-   if (h.opcode == WIRE_OP_COMPRESSED) {
-      wire_compressed_t cm;
-      uint8_t hb[WIRE_HEADER_LEN];
-
-      buf = evbuffer_pullup (in, (ssize_t) d->len);
-      if (!buf || !wire_parse_compressed (buf, d->len, &cm, error))
-         return false;
-      evbuffer_drain (plain, evbuffer_get_length (plain));
-      if (!wire_decompress (&cm, WIRE_MAX_MESSAGE_LEN, plain, error))
-         return false;
-      d->compressor = cm.compressor_id > 0 ? cm.compressor_id : -1;
-      evbuffer_drain (in, d->len);
-      d->src = plain;
-      d->len = evbuffer_get_length (plain);
-      if (evbuffer_copyout (plain, hb, sizeof hb) != (ssize_t) sizeof hb || !wire_peek_header (hb, sizeof hb, &d->h) ||
-          (size_t) d->h.length != d->len) {
-         bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_COMPRESSION, "decompressed message has a bad header");
-         return false;
-      }
-   }
-   if (copy && d->src == in) {
-      *copy = bson_malloc (d->len);
-      if (evbuffer_copyout (in, *copy, d->len) != (ssize_t) d->len) {
-         bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "cannot copy a %zu-byte request", d->len);
-         return false;
-      }
-      buf = *copy;
-   } else {
-      buf = evbuffer_pullup (d->src, (ssize_t) d->len);
-   }
-   if (!buf) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory for a %zu-byte request", d->len);
-      return false;
-   }
-   if (d->h.opcode == WIRE_OP_MSG)
-      return wire_parse_msg (buf, d->len, &d->msg, error);
-   if (d->h.opcode == WIRE_OP_QUERY)
-      return wire_parse_query (buf, d->len, &d->q, error);
-   bson_set_error (error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "clients may not send %s", wire_opcode_name (d->h.opcode));
-   return false;
-}
-
 /* Routes a decoded request.  `h` is the header as received, for logs.
  * Returns false after disconnecting. */
 static bool
 route_decoded (client_conn_t *c, const wire_header_t *h, decoded_t *d)
 {
    bson_error_t error;
-   bool ok;
+   bson_t hello;
+   route_action_t action;
+   bool ok = false;
 
    if (d->h.opcode == WIRE_OP_MSG)
-      ok = route_msg (c, d->src, d->len, &d->msg, d->compressor, &error);
+      action = route_msg (c, d->src, d->len, &d->msg, d->compressor, &error);
    else
-      ok = route_query (c, d->src, d->len, &d->q, d->compressor, &error);
-   if (!ok && c->state != CLIENT_STATE_CLOSING)
+      action = route_query (c, d->src, d->len, &d->q, d->compressor, &hello, &error);
+   switch (action) {
+   case ROUTE_FORWARD:
+   case ROUTE_FORWARD_SASL:
+      ok = forward_request (c,
+                            d->src,
+                            d->len,
+                            &d->msg,
+                            d->msg.command,
+                            d->compressor,
+                            action == ROUTE_FORWARD_SASL &&
+                               auth_watch_request (c, &d->msg, d->msg.command, (d->msg.flags & WIRE_MSG_MORE_TO_COME) != 0),
+                            &error);
+      break;
+   case ROUTE_HELLO:
+      if (d->h.opcode == WIRE_OP_MSG)
+         ok = forward_hello (c, d->src, d->len, d->msg.header.request_id, WIRE_OP_MSG, &d->msg.body, &error);
+      else
+         ok = forward_hello (c, d->src, d->len, d->q.header.request_id, WIRE_OP_QUERY, &hello, &error);
+      break;
+   case ROUTE_TAKEN:
+      ok = true;
+      break;
+   case ROUTE_FAILED:
+      break;
+   case ROUTE_CLOSED:
+      return false;
+   }
+   /* Forwarding and the hello never close the connection: a failure is
+    * an error to close it for. */
+   if (!ok)
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "request %d: %s", h->request_id, error.message);
-   return ok && c->state != CLIENT_STATE_CLOSING;
+   return ok;
 }
 
 static void
@@ -1121,258 +816,6 @@ refuse_request (client_conn_t *c, const wire_header_t *h, const bson_error_t *er
                       error->message);
 }
 
-/* ------------------------------------------------------------ offload */
-
-/*
- * Requests whose decoding touches at least CLIENT_OFFLOAD_MIN bytes (their
- * length, or for OP_COMPRESSED the announced uncompressed size) are
- * decompressed and validated by the loop's decoding thread, so that one big
- * or hostile message (16 MiB of tiny elements decompressed from a few KB)
- * never holds up the other connections: the loop only moves the message's
- * chains into the job and back.  Meanwhile the connection neither reads nor
- * routes (its requests keep their order); everything else flows.
- *
- * Ownership: a job is owned by the decoding thread from client_job_submit until it
- * is on the done list, then by the loop.  `c` is read and written on the
- * loop only: client_job_cancel clears it when the connection closes first,
- * and the finished job is then just freed.  The evbuffers are touched by
- * one thread at a time, the mutex ordering the hand-overs.
- */
-struct client_job {
-   client_job_t *next;
-   client_conn_t *c;      /* loop only; NULL once the connection closed */
-   bool finished;         /* loop only: back from the decoding thread */
-   wire_header_t h;       /* as received */
-   struct evbuffer *raw;  /* the message as received */
-   struct evbuffer *plain; /* its decompressed form */
-   uint8_t *copy;         /* what a plain request was parsed from */
-   bool ok;               /* the decoding thread's result */
-   bson_error_t error;
-   decoded_t d;
-};
-
-struct client_decoder {
-   pthread_t thread;
-   pthread_mutex_t mu;
-   pthread_cond_t cv;
-   client_job_t *pending, **pending_tail; /* under mu */
-   client_job_t *done, **done_tail; /* under mu */
-   bool running;                    /* under mu: started and not stopped */
-   bool stop;                       /* under mu */
-   bool wake_pending;               /* under mu: a post to the loop is waiting */
-   loopwake_t *wake;                /* borrowed */
-};
-
-/* Static, never freed: a post to the loop may still be queued when the
- * loop is destroyed (a second SIGTERM destroys it from inside the loop),
- * and its callback must find a valid, stopped decoder.  One per loop,
- * by the loop's index; each mutex is initialised once (decoders_once). */
-static client_decoder_t decoders[CLIENT_LOOPS_MAX];
-static pthread_once_t decoders_once = PTHREAD_ONCE_INIT;
-
-static void
-decoders_init (void)
-{
-   for (unsigned i = 0; i < CLIENT_LOOPS_MAX; i++) {
-      pthread_mutex_init (&decoders[i].mu, NULL);
-      pthread_cond_init (&decoders[i].cv, NULL);
-   }
-}
-
-static void
-client_job_free (client_job_t *j)
-{
-   if (!j)
-      return;
-   proxy_evbuffer_free (j->raw);
-   proxy_evbuffer_free (j->plain);
-   bson_free (j->copy);
-   bson_free (j);
-}
-
-/* On the loop: takes every finished job and lets its connection go on. */
-static void
-client_decoder_done_cb (void *arg)
-{
-   client_decoder_t *w = arg;
-   client_job_t *list;
-
-   pthread_mutex_lock (&w->mu);
-   if (!w->running) {
-      pthread_mutex_unlock (&w->mu);
-      return; /* stopped since the post: nothing is left */
-   }
-   list = w->done;
-   w->done = NULL;
-   w->done_tail = &w->done;
-   w->wake_pending = false;
-   pthread_mutex_unlock (&w->mu);
-   while (list) {
-      client_job_t *j = list;
-      list = j->next;
-      j->next = NULL;
-      if (!j->c) {
-         client_job_free (j);
-         continue;
-      }
-      j->finished = true;
-      client_resume (j->c); /* routes it from client_route */
-   }
-}
-
-/* How much lower the decoding thread's priority is than the loop's: on a
- * busy machine the forwarding loop gets the CPU first, and a hostile
- * message waits instead of the other connections. */
-#define CLIENT_DECODER_NICE 10
-
-static void *
-client_decoder_main (void *arg)
-{
-   client_decoder_t *w = arg;
-
-   /* Linux: nice is per thread (a failure only costs the preference). */
-   (void) setpriority (PRIO_PROCESS, (id_t) gettid (), CLIENT_DECODER_NICE);
-   pthread_mutex_lock (&w->mu);
-   for (;;) {
-      client_job_t *j;
-
-      while (!w->pending && !w->stop)
-         pthread_cond_wait (&w->cv, &w->mu);
-      if (w->stop)
-         break;
-      j = w->pending;
-      w->pending = j->next;
-      if (!w->pending)
-         w->pending_tail = &w->pending;
-      j->next = NULL;
-      pthread_mutex_unlock (&w->mu);
-
-      j->ok = decode_request (j->raw, j->h, j->plain, &j->copy, &j->d, &j->error);
-
-      pthread_mutex_lock (&w->mu);
-      *w->done_tail = j;
-      w->done_tail = &j->next;
-      /* One post covers every job done until the loop runs it.  A full
-       * queue (LOOPWAKE_CAPACITY posts waiting) is retried shortly. */
-      while (!w->wake_pending && !w->stop) {
-         if (loopwake_post (w->wake, client_decoder_done_cb, w)) {
-            w->wake_pending = true;
-            break;
-         }
-         pthread_mutex_unlock (&w->mu);
-         usleep (1000);
-         pthread_mutex_lock (&w->mu);
-      }
-   }
-   pthread_mutex_unlock (&w->mu);
-   return NULL;
-}
-
-bool
-client_decoder_start (client_loop_t *loop, loopwake_t *wake, bson_error_t *error)
-{
-   client_decoder_t *w;
-
-   pthread_once (&decoders_once, decoders_init);
-   w = &decoders[loop->index];
-
-   pthread_mutex_lock (&w->mu);
-   if (w->running) {
-      pthread_mutex_unlock (&w->mu);
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_DECODER, "the request decoding thread is already running");
-      return false;
-   }
-   w->wake = wake;
-   w->pending = w->done = NULL;
-   w->pending_tail = &w->pending;
-   w->done_tail = &w->done;
-   w->stop = w->wake_pending = false;
-   if (pthread_create (&w->thread, NULL, client_decoder_main, w) != 0) {
-      pthread_mutex_unlock (&w->mu);
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_DECODER, "cannot start the request decoding thread");
-      return false;
-   }
-   w->running = true;
-   pthread_mutex_unlock (&w->mu);
-   loop->decoder = w;
-   return true;
-}
-
-void
-client_decoder_stop (client_loop_t *loop)
-{
-   client_decoder_t *w = loop->decoder;
-
-   if (!w)
-      return;
-   pthread_mutex_lock (&w->mu);
-   w->stop = true;
-   pthread_cond_signal (&w->cv);
-   pthread_mutex_unlock (&w->mu);
-   pthread_join (w->thread, NULL);
-   pthread_mutex_lock (&w->mu);
-   w->running = false;
-   /* Every connection is closed by now, so no job has an owner. */
-   while (w->pending) {
-      client_job_t *j = w->pending;
-      w->pending = j->next;
-      client_job_free (j);
-   }
-   while (w->done) {
-      client_job_t *j = w->done;
-      w->done = j->next;
-      client_job_free (j);
-   }
-   w->pending_tail = &w->pending;
-   w->done_tail = &w->done;
-   pthread_mutex_unlock (&w->mu);
-   loop->decoder = NULL;
-}
-
-void
-client_job_cancel (client_conn_t *c)
-{
-   client_job_t *j = c->job;
-
-   if (!j)
-      return;
-   c->job = NULL;
-   if (j->finished)
-      client_job_free (j); /* back on the loop, not routed yet */
-   else
-      j->c = NULL; /* the decoding thread has it; client_decoder_done_cb frees it */
-}
-
-/* Hands the request at the front of `in` to the decoding thread.  Returns false
- * after disconnecting. */
-static bool
-client_job_submit (client_conn_t *c, struct evbuffer *in, wire_header_t h)
-{
-   client_decoder_t *w = c->loop->decoder;
-   client_job_t *j = bson_malloc0 (sizeof *j);
-
-   RELAYBUS_ASSERT (!c->job); /* one request at a time */
-   j->c = c;
-   j->h = h;
-   j->raw = evbuffer_new ();
-   j->plain = evbuffer_new ();
-   if (!j->raw || !j->plain || evbuffer_remove_buffer (in, j->raw, (size_t) h.length) != (int) h.length) {
-      client_job_free (j);
-      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory handing request %d to the decoder", h.request_id);
-      return false;
-   }
-   c->job = j;
-   /* Out of the counted input and into the job: still the connection's. */
-   counters_add (COUNTER_BUFFERED_BYTES, h.length);
-   c->mem_decode += h.length;
-   counters_add (COUNTER_REQUESTS_OFFLOADED, 1);
-   pthread_mutex_lock (&w->mu);
-   *w->pending_tail = j;
-   w->pending_tail = &j->next;
-   pthread_cond_signal (&w->cv);
-   pthread_mutex_unlock (&w->mu);
-   return true;
-}
 
 /* The connection's finished job: refused, or routed like any request.
  * Returns false after disconnecting. */
@@ -1380,15 +823,17 @@ static bool
 client_job_finish (client_conn_t *c)
 {
    client_job_t *j = c->job;
+   const bson_error_t *error;
+   decoded_t *d = client_job_decoded (j, &error);
    bool ok;
 
    c->job = NULL;
-   if (!j->ok) {
-      refuse_request (c, &j->h, &j->error);
+   if (!d) {
+      refuse_request (c, client_job_header (j), error);
       client_job_free (j);
       return false;
    }
-   ok = route_decoded (c, &j->h, &j->d);
+   ok = route_decoded (c, client_job_header (j), d);
    client_job_free (j);
    /* Routed into the counted buffers (or answered, or dropped). */
    if (ok)
@@ -1415,21 +860,21 @@ handle_request (client_conn_t *c, struct evbuffer *in, wire_header_t h)
       int32_t original, usize;
 
       if (h.length < (int32_t) sizeof pre || evbuffer_copyout (in, pre, sizeof pre) != (ssize_t) sizeof pre) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_COMPRESSED fields run past the end of the message");
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "OP_COMPRESSED fields run past the end of the message");
          goto protocol;
       }
       original = wire_get_i32 (pre + WIRE_HEADER_LEN);
       usize = wire_get_i32 (pre + WIRE_HEADER_LEN + 4);
       if (original != WIRE_OP_MSG && original != WIRE_OP_QUERY) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "OP_COMPRESSED wraps opcode %d", original);
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REQUEST, "OP_COMPRESSED wraps opcode %d", original);
          goto protocol;
       }
       if (!compressor_allowed (c, pre[WIRE_HEADER_LEN + 8], &error))
          goto protocol;
       if (usize < 0 || (uint64_t) usize + WIRE_HEADER_LEN > WIRE_MAX_MESSAGE_LEN) {
          bson_set_error (&error,
-                         WIRE_ERROR_DOMAIN,
-                         WIRE_ERR_TOO_LARGE,
+                         CLIENT_ERROR_DOMAIN,
+                         CLIENT_ERR_BAD_REQUEST,
                          "OP_COMPRESSED uncompressedSize %d is outside [0, %d]",
                          usize,
                          WIRE_MAX_MESSAGE_LEN - WIRE_HEADER_LEN);
@@ -1556,25 +1001,48 @@ done:
    return ok;
 }
 
+/* Closes the connection for reply `h` it could not take: a malformed one
+ * (`protocol`) or an internal error. */
+static void
+reply_failed (client_conn_t *c, const wire_header_t *h, bool protocol, const bson_error_t *error)
+{
+   if (protocol)
+      client_disconnect (c,
+                         COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
+                         "bad reply %d from %s: %s",
+                         h->request_id,
+                         client_upstream_name (c),
+                         error->message);
+   else
+      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error->message);
+}
+
 /* The reply to a request of the proxy's own (UPREQ_INTERNAL): its
  * callback gets it parsed; it never reaches the client.  Internal
- * requests never allow exhaust: one reply ends them.  False: closing or
- * a malformed reply (error set when the connection is still open). */
+ * requests never allow exhaust: one reply ends them.  False: the
+ * connection closed, in the callback or here for a malformed reply. */
 static bool
-reply_internal (client_conn_t *c, upstream_req_t *u, struct evbuffer *in, size_t len, bson_error_t *error)
+reply_internal (client_conn_t *c, upstream_req_t *u, struct evbuffer *in, const wire_header_t *h)
 {
+   size_t len = (size_t) h->length;
    wire_msg_t reply;
    upstream_req_t done = *u;
    const uint8_t *buf = evbuffer_pullup (in, (ssize_t) len);
+   bson_error_t error;
 
    if (!buf) {
-      bson_set_error (error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_NO_MEMORY, "out of memory reading a reply");
+      reply_failed (c, h, true, &error);
       return false;
    }
-   if (!wire_parse_msg (buf, len, &reply, error))
+   if (!wire_parse_msg (buf, len, &reply, &error)) {
+      reply_failed (c, h, true, &error);
       return false;
+   }
    upreq_pop (c);
    done.cb (c, &reply, NULL, done.cb_ctx);
+   /* The callback is another module's: it may have closed the connection,
+    * and its input with it. */
    if (c->state == CLIENT_STATE_CLOSING)
       return false;
    evbuffer_drain (in, len);
@@ -1591,29 +1059,15 @@ reply_to_hello (client_conn_t *c, upstream_req_t *u, client_req_t *r, struct evb
 
    upreq_pop (c);
    if (!reply_hello (c, &cur, r, in, len, &error)) {
-      if (c->state != CLIENT_STATE_CLOSING)
-         client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
+      client_disconnect (c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "hello reply: %s", error.message);
       return false;
    }
    if (c->state == CLIENT_STATE_HANDSHAKE) {
       log_conn (LOG_LEVEL_DEBUG, c->id, c->peer, "handshake done via %s, compressor %s%s", client_upstream_name (c),
                 c->compressor > 0 ? compress_name (c->compressor) : "none", cur.load_balanced ? ", load-balanced" : "");
-      client_set_state (c, CLIENT_STATE_READY);
+      client_event (c, CLIENT_EVENT_HELLO_ANSWERED);
    }
    return true;
-}
-
-/* A not-primary error is being relayed: the paired member stepped down. */
-static void
-reply_not_primary (client_conn_t *c)
-{
-   counters_add (COUNTER_NOT_PRIMARY_ERRORS, 1);
-   log_conn (LOG_LEVEL_INFO, c->id, c->peer, "relaying a not-primary error from %s; re-learning the primary", client_upstream_name (c));
-   client_suspect_upstream (c);
-   if (c->server)
-      pool_server_not_primary (c); /* closed once it comes back */
-   else
-      c->not_primary_seen = true;
 }
 
 /* Relays the reply to a client's request: unchanged but for its
@@ -1653,7 +1107,7 @@ reply_relay (client_conn_t *c,
       reply_scan_t scan = {false, false};
       reply_scan (buf, len, &scan);
       if (scan.not_primary)
-         reply_not_primary (c);
+         client_event (c, CLIENT_EVENT_NOT_PRIMARY); /* the paired member stepped down */
       if (scan.topology_version) {
          if (!relay_strip_topology_version (c, buf, len, response_to, flags, error)) {
             *protocol = true;
@@ -1715,20 +1169,20 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    u = &c->flight->upreqs[c->up_head];
 
    if (h->opcode != WIRE_OP_MSG) {
-      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_OPCODE, "unexpected %s", wire_opcode_name (h->opcode));
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "unexpected %s", wire_opcode_name (h->opcode));
       goto failed;
    }
    if (h->response_to != u->expect_response_to) {
       bson_set_error (&error,
-                      WIRE_ERROR_DOMAIN,
-                      WIRE_ERR_RESPONSE_TO,
+                      CLIENT_ERROR_DOMAIN,
+                      CLIENT_ERR_BAD_REPLY,
                       "reply responds to %d, expected %d",
                       h->response_to,
                       u->expect_response_to);
       goto failed;
    }
    if (len < WIRE_HEADER_LEN + 4) {
-      bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_SHORT, "OP_MSG reply of %zu bytes", len);
+      bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "OP_MSG reply of %zu bytes", len);
       goto failed;
    }
    /* The header and the flags, without a copy when contiguous; a reply
@@ -1742,13 +1196,8 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    }
    flags = wire_get_u32 (pre + WIRE_HEADER_LEN);
 
-   if (u->kind == UPREQ_INTERNAL) {
-      if (reply_internal (c, u, in, len, &error))
-         return true;
-      if (c->state == CLIENT_STATE_CLOSING)
-         return false;
-      goto failed;
-   }
+   if (u->kind == UPREQ_INTERNAL)
+      return reply_internal (c, u, in, h);
    r = creq_find (c, u->creq_seq);
    if (!r) {
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "reply %d matches no client request", h->request_id);
@@ -1759,26 +1208,18 @@ handle_reply (client_conn_t *c, struct evbuffer *in, const wire_header_t *h)
    r->upstream_us = clock_mono_us () - u->sent_us;
    if (u->kind == UPREQ_HELLO) {
       if (flags & WIRE_MSG_MORE_TO_COME) {
-         bson_set_error (&error, WIRE_ERROR_DOMAIN, WIRE_ERR_FLAGS, "hello reply with moreToCome");
+         bson_set_error (&error, CLIENT_ERROR_DOMAIN, CLIENT_ERR_BAD_REPLY, "hello reply with moreToCome");
          goto failed;
       }
       return reply_to_hello (c, u, r, in, len);
    }
+   /* The relay never closes the connection: a failure is an error to
+    * close it for. */
    if (reply_relay (c, u, r, in, h, flags, len <= CLIENT_SCAN_LIMIT ? pre : NULL, &protocol, &error))
       return true;
-   if (c->state == CLIENT_STATE_CLOSING)
-      return false;
 
 failed:
-   if (protocol)
-      client_disconnect (c,
-                         COUNTERS_CLOSE_UPSTREAM_PROTOCOL,
-                         "bad reply %d from %s: %s",
-                         h->request_id,
-                         client_upstream_name (c),
-                         error.message);
-   else
-      client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "relaying reply %d: %s", h->request_id, error.message);
+   reply_failed (c, h, protocol, &error);
    return false;
 }
 
@@ -1816,26 +1257,26 @@ route_has_room (client_conn_t *c, const side_t *from)
 
 /* The one framing loop, for both sides (proxy/conn_private.h): header by
  * header, each message taken once it is complete in the input. */
-bool
+client_routed_t
 client_route (client_conn_t *c, side_t *from)
 {
    bool client = from->kind == SIDE_CLIENT;
    struct evbuffer *in;
-   bool consumed = false;
+   client_routed_t routed = CLIENT_ROUTED_NONE;
 
    if (client) {
       if (c->state != CLIENT_STATE_HANDSHAKE && c->state != CLIENT_STATE_READY)
-         return false;
+         return CLIENT_ROUTED_NONE;
       if (c->job) {
          /* One request at a time: the next waits for the decoded one. */
-         if (!c->job->finished)
-            return false;
+         if (!client_job_finished (c->job))
+            return CLIENT_ROUTED_NONE;
          if (!client_job_finish (c))
-            return false;
-         consumed = true;
+            return CLIENT_ROUTED_CLOSED;
+         routed = CLIENT_ROUTED_SOME;
       }
-   } else if (c->state == CLIENT_STATE_CLOSING || !from->connected) {
-      return false;
+   } else if (!from->connected) {
+      return CLIENT_ROUTED_NONE;
    }
    in = side_input (from);
    for (;;) {
@@ -1852,7 +1293,7 @@ client_route (client_conn_t *c, side_t *from)
       hb = evbuffer_pullup (in, WIRE_HEADER_LEN);
       if (!hb) {
          client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "out of memory");
-         return false;
+         return CLIENT_ROUTED_CLOSED;
       }
       (void) wire_peek_header (hb, WIRE_HEADER_LEN, &h);
       if (!wire_check_header (&h, 0, &error)) {
@@ -1861,25 +1302,25 @@ client_route (client_conn_t *c, side_t *from)
          else
             client_disconnect (
                c, COUNTERS_CLOSE_UPSTREAM_PROTOCOL, "bad reply header from %s: %s", client_upstream_name (c), error.message);
-         return false;
+         return CLIENT_ROUTED_CLOSED;
       }
       if (avail < (size_t) h.length)
          break;
       /* Pooled: a request that needs the upstream gets a connection first,
        * or waits for one, unread. */
       if (client && c->loop->pool && !c->server && !pool_client_timed_out (&c->pool) && !pool_admit (c, in, &h))
-         return consumed;
+         return routed;
       switch (client ? take_request (c, in, &h) : take_reply (c, in, &h)) {
       case 0:
-         return consumed; /* waits for memory */
+         return routed; /* waits for memory */
       case 1:
          break;
       default:
-         return false;
+         return CLIENT_ROUTED_CLOSED;
       }
       if (client)
          pool_request_answered (c); /* that request had its answer */
-      consumed = true;
+      routed = CLIENT_ROUTED_SOME;
    }
-   return consumed;
+   return routed;
 }

@@ -243,7 +243,9 @@ op_answer (client_conn_t *c, publish_op_t *op, const bson_t *reply)
 {
    char what[32];
 
-   if (!op->answer || client_state (c) == CLIENT_STATE_CLOSING)
+   /* On a closed connection client_answer finds no request, and the
+    * close that follows is none. */
+   if (!op->answer)
       return;
    bson_snprintf (what, sizeof what, "a %s", op_state_names[op->state]);
    answer (c, op->request_seq, reply, what);
@@ -627,7 +629,7 @@ typedef struct {
 static void
 refusal_answer (client_conn_t *c, refusal_t *r, const bson_t *abort_reply)
 {
-   if (!r->answer || client_state (c) == CLIENT_STATE_CLOSING)
+   if (!r->answer)
       return;
    answer_transient (c, r->seq, INJECT_CODE_NO_SUCH_TRANSACTION, r->errmsg, abort_reply, "a refused commit");
 }
@@ -1018,23 +1020,31 @@ static _Thread_local struct {
  * refused)?  True with the description in `why`.  Reads no configuration
  * but on the first call of a thread and for a command that does write the
  * outbox, which no well-behaved client sends. */
+/* The copy, made on a thread's first request (cold: out of guard_ns_get's
+ * line, whose every call would otherwise pay this path's registers);
+ * false when no configuration is published yet. */
+static bool __attribute__ ((cold, noinline))
+guard_ns_load (void)
+{
+   config_t *cfg = config_acquire ();
+
+   if (!cfg)
+      return false;
+   bson_strncpy (guard_ns.database, cfg->outbox_database, sizeof guard_ns.database);
+   bson_strncpy (guard_ns.prefix, cfg->collection_prefix, sizeof guard_ns.prefix);
+   guard_ns.pooled = cfg->pool_mode_id == CONFIG_POOL_POOLED;
+   guard_ns.loaded = true;
+   config_release (cfg);
+   return true;
+}
+
 /* This thread's copy of the outbox namespace; false when no configuration
- * is published yet. */
-static bool
+ * is published yet.  Asked twice per request. */
+static inline bool
 guard_ns_get (outbox_guard_ns_t *ns)
 {
-   config_t *cfg;
-
-   if (!guard_ns.loaded) {
-      cfg = config_acquire ();
-      if (!cfg)
-         return false;
-      bson_strncpy (guard_ns.database, cfg->outbox_database, sizeof guard_ns.database);
-      bson_strncpy (guard_ns.prefix, cfg->collection_prefix, sizeof guard_ns.prefix);
-      guard_ns.pooled = cfg->pool_mode_id == CONFIG_POOL_POOLED;
-      guard_ns.loaded = true;
-      config_release (cfg);
-   }
+   if (!guard_ns.loaded && !guard_ns_load ())
+      return false;
    ns->database = guard_ns.database;
    ns->prefix = guard_ns.prefix;
    return true;

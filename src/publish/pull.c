@@ -121,8 +121,7 @@ answer_doc (client_conn_t *c, uint64_t seq, const bson_t *doc)
 {
    bson_error_t error;
 
-   if (client_state (c) == CLIENT_STATE_CLOSING)
-      return;
+   /* On a closed connection no request waits, and the close is done. */
    if (!client_answer (c, seq, doc, &error))
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering a pull command: %s", error.message);
 }
@@ -416,7 +415,7 @@ on_txn_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *err
    txn_op_t *op = p->txn;
 
    (void) error;
-   if (!op || !reply || client_state (c) == CLIENT_STATE_CLOSING)
+   if (!op || !reply)
       return; /* the connection closes: conn_destroy frees the operation */
    pulltxn_reply (op->job, op->answered++, &reply->body);
    if (op->answered == op->round_n)
@@ -534,7 +533,7 @@ on_probe_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *e
    int32_t code = 0;
    const char *errmsg = "no reply";
 
-   if (error || !p || client_state (c) == CLIENT_STATE_CLOSING)
+   if (error || !p) /* error: the connection closed */
       goto done;
    if (bson_iter_init_find (&it, &reply->body, "ok"))
       ok = bson_iter_as_double (&it) == 1.0;

@@ -8,7 +8,7 @@
  * every metric it emits has its row in docs/admin.md; every endpoint and
  * query parameter the docs name ("GET /api/...", "$A/api/...?name=") is in
  * the admin port's route table (src/admin/http.c) and takes that
- * parameter (src/admin/api.c), and every route has its heading in
+ * parameter (src/admin/api.c, history.c), and every route has its heading in
  * docs/admin.md; every alert the docs name is a rule of
  * etc/prometheus/relaybus-rules.yml (or one the docs' own example
  * defines), and every rule has its row in docs/admin.md.  And the sample
@@ -408,8 +408,8 @@ test_metrics_documented (void **state)
 #define MAX_PARAMS 16
 
 /* The admin port's routes, read from src/admin/http.c's table, with the
- * query parameters their handler's param_t table in src/admin/api.c
- * takes. */
+ * query parameters their handler's param_t table in src/admin/api.c (or
+ * history.c) takes. */
 typedef struct {
    char method[8];
    char path[96];
@@ -450,11 +450,18 @@ static void
 read_routes (routes_t *rs)
 {
    char *http = read_file (RELAYBUS_TOP_SRCDIR "/src/admin/http.c");
-   char *api = read_file (RELAYBUS_TOP_SRCDIR "/src/admin/api.c");
+   /* The endpoints are in api.c and, for the attempt records, history.c. */
+   char *api_c = read_file (RELAYBUS_TOP_SRCDIR "/src/admin/api.c");
+   char *history_c = read_file (RELAYBUS_TOP_SRCDIR "/src/admin/history.c");
+   char *api;
    const char *table;
 
    assert_non_null (http);
-   assert_non_null (api);
+   assert_non_null (api_c);
+   assert_non_null (history_c);
+   api = bson_strdup_printf ("%s\n%s", api_c, history_c);
+   free (api_c);
+   free (history_c);
    table = strstr (http, "static const route_t routes[] = {");
    assert_non_null (table);
    for (const char *s = strstr (table, "\n   {\"/"); s && rs->n < MAX_ROUTES; s = strstr (s + 1, "\n   {\"/")) {
@@ -469,7 +476,7 @@ read_routes (routes_t *rs)
       rs->n++;
    }
    free (http);
-   free (api);
+   bson_free (api);
 }
 
 /* The route for `method` (NULL: any) and path[0..len): numeric segments

@@ -195,7 +195,8 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
       assert.equal(l.space, l.id < 256 ? 'dispatch' : l.id < 512 ? 'pull' : 'handler');
       if (l.space === 'handler') assert.equal(typeof l.handler, 'string');
     }
-    // A client through the proxy shows up with its peer, state and bytes.
+    // A client through the proxy shows up with its peer, state, pairing (session mode), what holds
+    // its reading (nothing, idle) and bytes.
     const c = await new MongoClient(proxy.uri()).connect();
     try {
       await c.db('admin').command({ ping: 1 });
@@ -207,6 +208,8 @@ test('admin API: every endpoint, token checks, actions logged', { timeout: 12000
       for (const x of ready) {
         assert.match(x.peer, /^127\.0\.0\.1:\d+$/);
         assert.ok(x.since > 0 && x.stateSince >= x.since);
+        assert.equal(x.pairing, 'paired', JSON.stringify(x));
+        assert.equal(x.readHold, 'none', JSON.stringify(x));
         assert.ok(x.bytesIn > 0 && x.bytesOut > 0, JSON.stringify(x));
       }
     } finally {

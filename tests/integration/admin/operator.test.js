@@ -99,6 +99,12 @@ for (const mode of ['session', 'pooled']) {
       assert.equal(pong.responseTo, ping.requestID);
       assert.equal(pong.doc.ok, 1, JSON.stringify(pong.doc));
 
+      // /api/clients says why b is not read: the pause.
+      const entryOf = async (c) =>
+        (await ops.get('/api/clients')).json.clients.find((e) => e.peer === `127.0.0.1:${c.localPort}`);
+      await waitFor(async () => (await entryOf(b)).readHold === 'paused', 5000, 'b held by the pause in /api/clients');
+      assert.equal((await entryOf(b)).pairing, mode === 'session' ? 'paired' : undefined);
+
       // The find is held for as long as the pause lasts: here more than a second.
       const left = tPause + 1200 - Date.now();
       if (left > 0) await H.sleep(left);
@@ -115,6 +121,7 @@ for (const mode of ['session', 'pooled']) {
       assert.equal(r.doc.ok, 1, JSON.stringify(r.doc));
       assert.deepEqual(r.doc.cursor.firstBatch, [{ _id: 1 }]);
       assert.ok(answeredAt >= tResume, 'answered after the resume');
+      assert.equal((await entryOf(b)).readHold, 'none', 'b is read again');
       assert.ok(answeredAt - tPause > 1000, `held ${answeredAt - tPause} ms`);
       assert.equal(await ops.metric('relaybus_paused'), 0);
       assert.equal(await ops.metric('relaybus_operator_pauses_total'), 1);
