@@ -99,7 +99,7 @@ typedef enum {
 /* Commands counted by name: this many fixed names, plus "other". */
 #define COUNTERS_N_COMMANDS 44
 /* Handlers with their own series: at least the configuration's bound
- * (CONFIG_MAX_HANDLERS, checked in counters.c); a name past it is not
+ * (CONFIG_MAX_HANDLERS, checked in config.c); a name past it is not
  * counted. */
 #define COUNTERS_MAX_HANDLERS 256
 /* Event types with their own relaybus_events_unrouted_total series; later

@@ -38,8 +38,12 @@
 
 #include "base/assert.h"
 #include "base/authfile.h"
+#include "base/counters.h"
 #include "base/log.h"
 #include "base/trace.h"
+
+/* Every configured handler has its series (base/counters.h). */
+_Static_assert (COUNTERS_MAX_HANDLERS >= CONFIG_MAX_HANDLERS, "COUNTERS_MAX_HANDLERS");
 
 #define CONFIG_FILE_MAX (1024 * 1024)
 #define CONFIG_VALUE_MAX 4096

@@ -14,10 +14,6 @@
 #include <string.h>
 
 #include "autoconf.h"
-#include "base/config.h"
-
-/* Every configured handler has its series. */
-_Static_assert (COUNTERS_MAX_HANDLERS >= CONFIG_MAX_HANDLERS, "COUNTERS_MAX_HANDLERS");
 
 _Atomic uint64_t counters_slots[COUNTERS_N_SLOTS] = {[COUNTER_BUILD_INFO] = 1};
 
