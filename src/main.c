@@ -185,6 +185,14 @@ apply_logging (const config_t *cfg, bool open_file, bson_error_t *error)
    return true;
 }
 
+/* Every log line's masking of credentials (base/log.h): the
+ * configuration's, of free text. */
+static char *
+mask_log_text (const char *text)
+{
+   return config_mask (NULL, text);
+}
+
 /* mongo-c-driver logs through its own handler to stderr by default; route
  * it through ours so every line has one format and obeys log_level.  Its
  * DEBUG lines (monitoring retries every half second while the upstream is
@@ -716,6 +724,7 @@ main (int argc, char **argv)
    bson_error_t error;
    int opt;
 
+   log_set_mask (mask_log_text);
    log_set_thread_name ("main");
    /* The key of the tables that hash client-chosen keys: drawn now, before
     * any thread, so that a missing entropy source stops the start. */

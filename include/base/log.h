@@ -1,9 +1,9 @@
 /*
  * base/log.h - the one way the proxy writes log lines.
  *
- * Thread: any.  log_start, log_close and log_set_file: the main
- * thread (start-up, reload, exit); log_reopen: the forwarding loop
- * (SIGUSR1).
+ * Thread: any.  log_set_mask: the main thread, before any other thread
+ * starts; log_start, log_close and log_set_file: the main thread
+ * (start-up, reload, exit); log_reopen: the forwarding loop (SIGUSR1).
  *
  * Lines go to stderr or to log_file, whole, so threads never interleave
  * within a line: "2026-11-30T11:05:18.123Z LEVEL [thread] message", or with
@@ -53,6 +53,13 @@ void log_set_thread_name (const char *name);
  * set, JSON lines carry them as "trace_id" and "span_id" (lower-case hex,
  * as OpenTelemetry's log data model names them).  NULL clears it. */
 void log_set_trace (const uint8_t *trace_id, const uint8_t *span_id);
+
+/* The masking of credentials every message goes through before it is
+ * escaped: returns a copy of `text` the caller frees with bson_free.  The
+ * configuration's (base/config.h, config_mask of free text), which main.c
+ * installs before anything logs; without one nothing is masked. */
+typedef char *(*log_mask_t) (const char *text);
+void log_set_mask (log_mask_t mask);
 
 /* "text" or "json". */
 bool log_format_parse (const char *name, log_format_t *out);

@@ -17,8 +17,9 @@
  * goes through log_escape here, so that no caller can forget it and no
  * client can start a forged line.  Control characters become \n, \r, \t
  * or \xNN; printable UTF-8 stays as it is.  Before that, every message
- * goes through config_mask: the user information of each URL and each
- * configured secret quoted verbatim become "********".
+ * goes through the masking main.c installs (log_set_mask: the
+ * configuration's config_mask), so the user information of each URL and
+ * each configured secret quoted verbatim become "********".
  *
  * When stderr is the journal (systemd sets JOURNAL_STREAM to its device
  * and inode), each line written there starts with its sd-daemon(3)
@@ -28,7 +29,6 @@
  */
 #include "base/log.h"
 #include "base/assert.h"
-#include "base/config.h"
 #include "base/counters.h"
 #include "base/trustfile.h"
 #include "base/utf8.h"
@@ -45,6 +45,8 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <bson/bson.h>
 
 /* Writes what is queued, then stops the writer. */
 static void log_stop (void);
@@ -84,6 +86,8 @@ log_set_trace (const uint8_t *trace_id, const uint8_t *span_id)
 
 static atomic_int log_level = LOG_LEVEL_INFO;
 static _Thread_local char log_thread_name[16] = "main";
+/* Set once, before any other thread starts (log_set_mask). */
+static log_mask_t log_mask;
 
 static const char *const log_level_names[] = {
    [LOG_LEVEL_ERROR] = "error",
@@ -254,6 +258,12 @@ static const char *const journal_prefix[] = {
 static atomic_int log_format = LOG_FORMAT_TEXT;
 
 static const char *const log_format_names[] = {[LOG_FORMAT_TEXT] = "text", [LOG_FORMAT_JSON] = "json"};
+
+void
+log_set_mask (log_mask_t mask)
+{
+   log_mask = mask;
+}
 
 bool
 log_format_parse (const char *name, log_format_t *out)
@@ -627,7 +637,8 @@ log_msg (log_level_t level, const char *fmt, ...)
    char buf[JOURNAL_PREFIX_LEN + 2 * LOG_LINE_MAX + 256];
    char *line = buf + JOURNAL_PREFIX_LEN; /* room for emit's priority prefix */
    char stamp[32];
-   char *masked;
+   char *masked = NULL;
+   const char *text = raw;
    bool cut;
    struct timeval tv;
    struct tm tm;
@@ -652,10 +663,11 @@ log_msg (log_level_t level, const char *fmt, ...)
     * caller can log a broker's URL or a library's message quoting a
     * password in clear.  It allocates (bson_malloc aborts rather than
     * fail); a line cut by vsnprintf is masked as cut. */
-   masked = config_mask (NULL, raw);
+   if (log_mask && (masked = log_mask (raw)))
+      text = masked;
    /* Room is kept for "..." and for the text format's prefix (at most
     * LOG_PREFIX_MAX bytes), so that a text line never exceeds LOG_LINE_MAX. */
-   m = log_escape (masked, strlen (masked), msg, sizeof msg - 4 - LOG_PREFIX_MAX, &cut);
+   m = log_escape (text, strlen (text), msg, sizeof msg - 4 - LOG_PREFIX_MAX, &cut);
    bson_free (masked);
    if (cut || (size_t) r >= sizeof raw) {
       /* Truncated: mark it. */

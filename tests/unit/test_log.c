@@ -19,6 +19,7 @@
 
 #include "base/log.h"
 #include "base/assert.h"
+#include "base/config.h"
 
 #include <pwd.h>
 #include <signal.h>
@@ -449,6 +450,36 @@ test_log_trace_ids (void **state)
    assert_null (strstr (second, "trace_id"));
 }
 
+static char *
+mask_as_main (const char *text)
+{
+   return config_mask (NULL, text);
+}
+
+static void
+log_credentials (void)
+{
+   log_warn ("handler h: lost amqp://relay:s3cr%%3At@mq:5672/ (\n)");
+}
+
+/* Every line goes through the masking installed (main.c installs the
+ * configuration's, before anything logs), then through the escaping. */
+static void
+test_log_mask (void **state)
+{
+   const char *out;
+
+   (void) state;
+   log_set_level (LOG_LEVEL_INFO);
+   log_set_mask (mask_as_main);
+   out = capture (log_credentials);
+   log_set_mask (NULL);
+   assert_non_null (strstr (out, "handler h: lost amqp://relay:********@mq:5672/ (\\n)\n"));
+   assert_null (strstr (out, "s3cr"));
+   out = capture (log_credentials);
+   assert_non_null (strstr (out, "amqp://relay:s3cr%3At@mq:5672/"));
+}
+
 int
 main (void)
 {
@@ -461,6 +492,7 @@ main (void)
       cmocka_unit_test (test_log_file_trust),
       cmocka_unit_test (test_journal_priorities),
       cmocka_unit_test (test_log_trace_ids),
+      cmocka_unit_test (test_log_mask),
    };
    return cmocka_run_group_tests (tests, NULL, NULL);
 }
