@@ -458,7 +458,11 @@ proxy_start (proxy_t *p, bson_error_t *error)
                 p->cfg->upstream_connect_timeout_ms);
    /* The span exporter before the first span: the dispatcher's and the
     * loops' (a thread of its own, when [tracing] otlp_endpoint is set). */
-   if (!trace_start (p->cfg, error))
+   if (!trace_start (&(trace_options_t){.otlp_endpoint = p->cfg->tracing_otlp_endpoint,
+                                        .sample = p->cfg->tracing_sample,
+                                        .service_name = p->cfg->tracing_service_name,
+                                        .resource_attributes = p->cfg->tracing_resource_attributes},
+                     error))
       return false;
    /* The outbox setup, and the dispatcher on its own thread when enabled. */
    if (!dispatch_start (p->cfg, error))

@@ -4,7 +4,8 @@
  * sent to an OpenTelemetry collector as OTLP/HTTP with JSON encoding
  * (POST <otlp_endpoint>/v1/traces) by a thread of its own.
  *
- * Where to, and as what service: [tracing], and where a key is empty,
+ * Where to, and as what service: [tracing] (trace_options_t, which main.c
+ * fills from the configuration), and where a key is empty,
  * OpenTelemetry's environment (trace_settings_t).
  *
  * A span is a fixed-size value copied into a bounded queue
@@ -34,7 +35,6 @@
 
 #include <bson/bson.h>
 
-#include "base/config.h"
 #include "base/errors.h"
 
 #define TRACE_QUEUE_MAX 4096 /* spans waiting for the export thread */
@@ -88,8 +88,18 @@ typedef struct {
 
 #define TRACE_URL_MAX 1024
 
-/* Where spans go and as what, from [tracing] and, where a key is empty,
- * OpenTelemetry's environment variables (the configuration wins):
+/* [tracing] as the configuration gives it (main.c fills it from the
+ * snapshot); NULL or "" where a key is empty. */
+typedef struct {
+   const char *otlp_endpoint;       /* a base URL: "/v1/traces" is appended */
+   const char *sample;              /* never, always or a ratio (trace_parse_sample) */
+   const char *service_name;
+   const char *resource_attributes; /* "k=v,k=v" */
+} trace_options_t;
+
+/* Where spans go and as what, from [tracing] (trace_options_t) and, where
+ * a key is empty, OpenTelemetry's environment variables (the
+ * configuration wins):
  *   url: [tracing] otlp_endpoint + "/v1/traces", else
  *        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, else
  *        OTEL_EXPORTER_OTLP_ENDPOINT + "/v1/traces"; "" when none is set;
@@ -116,14 +126,14 @@ typedef struct {
 /* Fills `out` (trace_settings_fini frees it); false (error set) when the
  * configuration's endpoint cannot be used.  A bad environment variable is
  * logged and left out, never fatal. */
-bool trace_settings_resolve (const config_t *cfg, trace_settings_t *out, bson_error_t *error)
+bool trace_settings_resolve (const trace_options_t *opts, trace_settings_t *out, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 void trace_settings_fini (trace_settings_t *s);
 
 /* Starts the export thread when trace_settings_resolve finds an endpoint;
  * without one, true and nothing runs (trace_enabled stays false).  False
  * (error set) when sample cannot be read or the thread cannot start. */
-bool trace_start (const config_t *cfg, bson_error_t *error) __attribute__ ((warn_unused_result));
+bool trace_start (const trace_options_t *opts, bson_error_t *error) __attribute__ ((warn_unused_result));
 
 /* Sends what is queued (one last attempt, bounded by the request
  * timeout), stops the thread and frees everything; NULL-safe to repeat. */

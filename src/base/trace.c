@@ -802,9 +802,9 @@ url_join (char *url, const char *base, const char *suffix)
 }
 
 bool
-trace_settings_resolve (const config_t *cfg, trace_settings_t *out, bson_error_t *error)
+trace_settings_resolve (const trace_options_t *opts, trace_settings_t *out, bson_error_t *error)
 {
-   const char *e, *svc = cfg->tracing_service_name;
+   const char *e, *svc = opts->service_name;
    bool env = env_allowed ();
    char **ck = NULL, **cv = NULL;
    size_t cn;
@@ -813,7 +813,7 @@ trace_settings_resolve (const config_t *cfg, trace_settings_t *out, bson_error_t
    /* Where: [tracing] otlp_endpoint (a base URL), else the traces
     * endpoint (as it is), else the base endpoint with v1/traces appended
     * (the OTLP exporter specification's rules). */
-   e = cfg->tracing_otlp_endpoint;
+   e = opts->otlp_endpoint;
    if (e && *e) {
       size_t l = strlen (e);
       while (l > 0 && e[l - 1] == '/')
@@ -841,7 +841,7 @@ trace_settings_resolve (const config_t *cfg, trace_settings_t *out, bson_error_t
     * over them. */
    if (env)
       env_pairs ("OTEL_RESOURCE_ATTRIBUTES", false, NULL, &out->attr_keys, &out->attr_values, &out->n_attrs);
-   cn = split_pairs (cfg->tracing_resource_attributes, &ck, &cv);
+   cn = split_pairs (opts->resource_attributes, &ck, &cv);
    for (size_t i = 0; i < cn; i++) {
       size_t j;
       for (j = 0; j < out->n_attrs && strcmp (out->attr_keys[j], ck[i]) != 0; j++)
@@ -907,21 +907,21 @@ exporter_free (trace_exporter_t *x)
 }
 
 bool
-trace_start (const config_t *cfg, bson_error_t *error)
+trace_start (const trace_options_t *opts, bson_error_t *error)
 {
    trace_exporter_t *x = NULL;
    uint64_t threshold;
    bool ok = false;
 
-   if (!trace_parse_sample (cfg->tracing_sample, &threshold)) {
+   if (!trace_parse_sample (opts->sample, &threshold)) {
       bson_set_error (error, TRACE_ERROR_DOMAIN, TRACE_ERR_CONFIG,
-                      "[tracing] sample = '%.64s': never, always or a ratio from 0 to 1", cfg->tracing_sample);
+                      "[tracing] sample = '%.64s': never, always or a ratio from 0 to 1", opts->sample);
       goto done;
    }
    x = bson_malloc0 (sizeof *x);
    pthread_mutex_init (&x->mu, NULL);
    pthread_cond_init (&x->cv, NULL);
-   if (!trace_settings_resolve (cfg, &x->set, error))
+   if (!trace_settings_resolve (opts, &x->set, error))
       goto done;
    if (!x->set.url[0]) {
       ok = true; /* nowhere to export: nothing runs */

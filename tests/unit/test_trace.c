@@ -16,7 +16,6 @@
 #include <cmocka.h>
 
 #include "autoconf.h"
-#include "base/config.h"
 #include "base/trace.h"
 
 static void
@@ -191,25 +190,21 @@ test_sample_values (void **state)
    (void) state;
 
    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
-      config_t cfg = {0};
+      trace_options_t opts = {.otlp_endpoint = "", .sample = table[i].v};
       bson_error_t err;
-      cfg.tracing_sample = (char *) table[i].v;
-      cfg.tracing_otlp_endpoint = (char *) "";
-      if (trace_start (&cfg, &err) != table[i].ok)
+      if (trace_start (&opts, &err) != table[i].ok)
          fail_msg ("sample = %s: expected %s", table[i].v, table[i].ok ? "accepted" : "refused");
       /* No endpoint: nothing exported, emitting is a no-op. */
       assert_false (trace_enabled ());
       trace_stop ();
    }
    {
-      config_t cfg = {0};
+      trace_options_t opts = {.otlp_endpoint = "", .sample = "always"};
       bson_error_t err;
-      cfg.tracing_sample = (char *) "always";
-      cfg.tracing_otlp_endpoint = (char *) "";
-      assert_true (trace_start (&cfg, &err));
+      assert_true (trace_start (&opts, &err));
       assert_true (trace_sample ());
-      cfg.tracing_sample = (char *) "never";
-      assert_true (trace_start (&cfg, &err));
+      opts.sample = "never";
+      assert_true (trace_start (&opts, &err));
       assert_false (trace_sample ());
    }
 }
@@ -232,14 +227,11 @@ static const char *
 url_of (const char *endpoint)
 {
    static char url[TRACE_URL_MAX];
-   config_t cfg = {0};
+   trace_options_t opts = {.otlp_endpoint = endpoint, .service_name = "", .resource_attributes = ""};
    trace_settings_t t;
    bson_error_t err;
 
-   cfg.tracing_otlp_endpoint = (char *) endpoint;
-   cfg.tracing_service_name = (char *) "";
-   cfg.tracing_resource_attributes = (char *) "";
-   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   assert_true (trace_settings_resolve (&opts, &t, &err));
    bson_strncpy (url, t.url, sizeof url);
    trace_settings_fini (&t);
    return url;
@@ -270,7 +262,7 @@ header (const trace_settings_t *t, const char *name)
 static void
 test_settings_environment (void **state)
 {
-   config_t cfg = {0};
+   trace_options_t opts = {0};
    trace_settings_t t;
    bson_error_t err;
 
@@ -304,10 +296,10 @@ test_settings_environment (void **state)
    setenv ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging, team = a%2Cb%3Dc ,broken,service.name=ignored,zone=%zz", 1);
    setenv ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20s3cret,x-tenant=t1,bad name=1,x-crlf=a%0D%0Ab", 1);
    setenv ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-Tenant=t2", 1);
-   cfg.tracing_otlp_endpoint = (char *) "";
-   cfg.tracing_service_name = (char *) "";
-   cfg.tracing_resource_attributes = (char *) "deployment.environment=prod,region=eu";
-   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   opts.otlp_endpoint = "";
+   opts.service_name = "";
+   opts.resource_attributes = "deployment.environment=prod,region=eu";
+   assert_true (trace_settings_resolve (&opts, &t, &err));
    assert_string_equal (t.url, "http://traces:4318/v1/traces");
    assert_string_equal (t.service_name, "orders-relay");
    assert_string_equal (attr (&t, "deployment.environment"), "prod"); /* the configuration's */
@@ -322,17 +314,17 @@ test_settings_environment (void **state)
 
    /* service.name: the configuration's, else OTEL_SERVICE_NAME, else the
     * attribute, else relaybus-proxy. */
-   cfg.tracing_service_name = (char *) "from-config";
-   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   opts.service_name = "from-config";
+   assert_true (trace_settings_resolve (&opts, &t, &err));
    assert_string_equal (t.service_name, "from-config");
    trace_settings_fini (&t);
-   cfg.tracing_service_name = (char *) "";
+   opts.service_name = "";
    unsetenv ("OTEL_SERVICE_NAME");
-   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   assert_true (trace_settings_resolve (&opts, &t, &err));
    assert_string_equal (t.service_name, "ignored");
    trace_settings_fini (&t);
    otel_clear ();
-   assert_true (trace_settings_resolve (&cfg, &t, &err));
+   assert_true (trace_settings_resolve (&opts, &t, &err));
    assert_string_equal (t.service_name, "relaybus-proxy");
    assert_int_equal (t.n_headers, 0);
    trace_settings_fini (&t);
