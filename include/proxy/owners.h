@@ -106,6 +106,14 @@ unsigned owners_pins (uint64_t user);
 /* A pool connection's pin by transaction (lsid, txn_number) of `user`
  * starts (on) or ends: counted for the user and for the transaction. */
 void owners_pin (uint64_t user, const uint8_t lsid[16], int64_t txn_number, bool on);
+/* Transaction (lsid, txn_number) of `user` ended (its commit or abort is
+ * answered): every connection it pins, on any loop, stops counting for
+ * the user at once, and the owners_pin (off) of each, whenever its loop
+ * gets to it, counts nothing again.  (A pin of the same transaction taken
+ * after this, by a statement sent again, may then go uncounted while the
+ * older pins of other loops end: the count errs low by at most that, never
+ * high.) */
+void owners_txn_ended (uint64_t user, const uint8_t lsid[16], int64_t txn_number);
 /* Whether transaction (lsid, txn_number) of `user` pins a pool connection
  * on any loop. */
 bool owners_txn_pinned (uint64_t user, const uint8_t lsid[16], int64_t txn_number);

@@ -20,6 +20,7 @@
 #include "proxy/owners.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <string.h>
@@ -599,15 +600,18 @@ owners_note_request (client_conn_t *c, const bson_t *body, const char *cmd)
 /* The count of entry (`kind`, `key`) of `user`, changed by `delta` (0:
  * read): a user's pinned connections (OWNED_PINS) or a transaction's
  * (OWNED_TXN).  An entry lives while its count is not 0; with no room for
- * it (a neighbourhood of live sessions), the change goes uncounted. */
+ * it (a neighbourhood of live sessions), the change goes uncounted.  The
+ * change made goes to *changed (may be NULL): delta, less when the count
+ * stops at 0, or 0 when uncounted. */
 static unsigned
-count_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, int delta)
+count_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, int delta, int *changed)
 {
    uint64_t h = key_hash (key);
    stripe_t *st = &stripes[h % OWNERS_STRIPES];
    entry_t *hit, *free_slot = NULL, *lru = NULL;
    int64_t now = clock_mono_ms ();
    unsigned n = 0;
+   int done = 0;
 
    pthread_once (&tables_once, tables_init);
    pthread_mutex_lock (&st->mu);
@@ -619,16 +623,16 @@ count_op (owned_kind_t kind, const uint8_t key[16], uint64_t user, int delta)
       hit->pins = 0;
    }
    if (hit) {
-      if (delta < 0 && hit->pins < (unsigned) -delta)
-         hit->pins = 0;
-      else
-         hit->pins = (unsigned) ((int64_t) hit->pins + delta);
+      done = delta < 0 && hit->pins < (unsigned) -delta ? -(int) hit->pins : delta;
+      hit->pins = (unsigned) ((int64_t) hit->pins + done);
       hit->used_ms = now;
       n = hit->pins;
       if (n == 0)
          hit->kind = OWNED_FREE;
    }
    pthread_mutex_unlock (&st->mu);
+   if (changed)
+      *changed = done;
    return n;
 }
 
@@ -641,7 +645,7 @@ pins_op (uint64_t user, int delta)
    if (!user)
       return 0;
    id_key ((int64_t) user, key);
-   return count_op (OWNED_PINS, key, user, delta);
+   return count_op (OWNED_PINS, key, user, delta, NULL);
 }
 
 unsigned
@@ -665,16 +669,35 @@ txn_key (uint64_t user, const uint8_t lsid[16], int64_t txn_number, uint8_t key[
    memcpy (key + 8, &user, 8);
 }
 
+/* The transaction's count is the one the user's follows: a pin the
+ * transaction's entry did not count (no room), or one owners_txn_ended
+ * took off already, changes the user's count neither. */
 void
 owners_pin (uint64_t user, const uint8_t lsid[16], int64_t txn_number, bool on)
 {
    uint8_t key[16];
+   int changed;
 
    if (!user)
       return;
-   (void) pins_op (user, on ? 1 : -1);
    txn_key (user, lsid, txn_number, key);
-   (void) count_op (OWNED_TXN, key, user, on ? 1 : -1);
+   (void) count_op (OWNED_TXN, key, user, on ? 1 : -1, &changed);
+   if (changed)
+      (void) pins_op (user, changed);
+}
+
+void
+owners_txn_ended (uint64_t user, const uint8_t lsid[16], int64_t txn_number)
+{
+   uint8_t key[16];
+   int changed;
+
+   if (!user)
+      return;
+   txn_key (user, lsid, txn_number, key);
+   (void) count_op (OWNED_TXN, key, user, -INT_MAX, &changed);
+   if (changed)
+      (void) pins_op (user, changed);
 }
 
 bool
@@ -685,7 +708,7 @@ owners_txn_pinned (uint64_t user, const uint8_t lsid[16], int64_t txn_number)
    if (!user)
       return false;
    txn_key (user, lsid, txn_number, key);
-   return count_op (OWNED_TXN, key, user, 0) > 0;
+   return count_op (OWNED_TXN, key, user, 0, NULL) > 0;
 }
 
 
