@@ -133,8 +133,10 @@ void pool_request_answered (client_conn_t *c);
  * peek at): it is not to be forwarded but answered by
  * pool_answer_timeout. */
 bool pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd) __attribute__ ((warn_unused_result));
-/* A reply was relayed to c: `more` (moreToCome) holds the connection for
- * the exhaust stream's next reply. */
+/* A reply is relayed to c, called before it is queued for the client:
+ * `more` (moreToCome) holds the connection for the exhaust stream's next
+ * reply; the answer to a commit or an abort ends the transaction's pins
+ * there and then, before the client can have it. */
 void pool_note_reply (client_conn_t *c, bool more);
 /* Whether c's connection waits only for moreToCome requests to be
  * written (then c wants the side's drain callback). */

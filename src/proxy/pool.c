@@ -1120,11 +1120,37 @@ pool_note_request (client_conn_t *c, const wire_msg_t *msg, const char *cmd)
    return true;
 }
 
+static void txn_ended_tell_others (pool_t *pool, const pool_txn_t *txn);
+
+/* The transaction c's connection is pinned to ended (its commit or abort
+ * was answered): its pins go, this one, and those of other loops for the
+ * user's count at once (owners_txn_ended) and on their loops once told. */
+static void
+txn_end (client_conn_t *c)
+{
+   pool_server_t *s = c->server;
+
+   c->pool.txn_ending = false;
+   if (!s->txn.valid)
+      return;
+   owners_txn_ended (s->pin_user, s->txn.lsid, s->txn.txn_number);
+   if (atomic_load_explicit (&pooled_loops, memory_order_relaxed) > 1)
+      txn_ended_tell_others (s->pool, &s->txn);
+   pin_set (s, COUNTERS_PIN_TRANSACTION, false);
+}
+
 void
 pool_note_reply (client_conn_t *c, bool more)
 {
-   if (c->server)
-      pin_set (c->server, COUNTERS_PIN_EXHAUST, more);
+   if (!c->server)
+      return;
+   pin_set (c->server, COUNTERS_PIN_EXHAUST, more);
+   /* The answer to a commit or an abort, the last in flight: the pins end
+    * before it is queued for the client (which may write it at once), so
+    * that no request the client sends once it has the answer, on any
+    * loop, finds them counted (over_pins). */
+   if (c->pool.txn_ending && !more && c->up_count == 1)
+      txn_end (c);
 }
 
 bool
@@ -1199,12 +1225,8 @@ pool_settle (client_conn_t *c)
          return; /* the drain callback comes back here */
       pin_set (s, COUNTERS_PIN_MORE_TO_COME, false);
    }
-   if (c->pool.txn_ending) {
-      c->pool.txn_ending = false;
-      if (s->txn.valid && atomic_load_explicit (&pooled_loops, memory_order_relaxed) > 1)
-         txn_ended_tell_others (s->pool, &s->txn);
-      pin_set (s, COUNTERS_PIN_TRANSACTION, false);
-   }
+   if (c->pool.txn_ending)
+      txn_end (c); /* answered otherwise than by a relayed reply last */
    if (s->pins & (1u << COUNTERS_PIN_TRANSACTION)) {
       s->idle_since_ms = clock_mono_ms ();
       return;

@@ -1096,6 +1096,8 @@ reply_relay (client_conn_t *c,
    int32_t response_to = first ? r->client_id : h->response_to;
 
    *protocol = false;
+   if (c->server)
+      pool_note_reply (c, more); /* before the client can have the reply */
    if (u->track_cursor && first)
       owners_note_reply (c, in, len);
    if (u->track_auth && first)
@@ -1146,8 +1148,6 @@ relayed:
       u->expect_response_to = h->request_id;
    else
       upreq_pop (c);
-   if (c->server)
-      pool_note_reply (c, more);
    return true;
 }
 

@@ -8,7 +8,8 @@
 //  - before a login nothing but hello, the login and ping reaches the pool: a request the pool's
 //    peek cannot read (over 64 KiB, compressed, body not first) is refused without a connection,
 //    and a client that never logs in is closed after login_timeout_ms;
-//  - one user's open transactions pin at most pool_max_pins_per_user connections.
+//  - one user's open transactions pin at most pool_max_pins_per_user connections, and a
+//    transaction whose commit is answered pins none: on any loop, the next start is not refused.
 // The clients speak the wire protocol themselves (with a SCRAM-SHA-256 login), so that bob can
 // send exactly what a driver of his would never send.
 
@@ -259,6 +260,41 @@ test("one user's open transactions pin at most pool_max_pins_per_user connection
     assert.equal((await commit(bob[2], again)).ok, 1);
   } finally {
     for (const c of [...bob, alice]) c.destroy();
+  }
+});
+
+test('a transaction whose commit is answered pins nothing: the next start, on any loop, is never refused for it', { skip, timeout: 120000 }, async () => {
+  // Four loops, and bob's connections on three of them (the loops take accepted connections in
+  // turn).  With one pin allowed, each round's start may only succeed once the transaction
+  // before it has let go of every pin it held: the one of the loop that relayed its commit, and
+  // that of another loop that ran one of its statements.
+  const proxy = await startPooled({ pool_size: 4, threads: 4, pool_max_pins_per_user: 1 });
+  const bob = [await connect(proxy, 'bob'), await connect(proxy, 'bob'), await connect(proxy, 'bob')];
+  let n = 0;
+  let round = 0;
+  const txnOf = () => ({ lsid: newLsid(), txnNumber: Long.fromNumber(1), autocommit: false });
+  const ok = (what, reply) => assert.equal(reply.ok, 1, `round ${round}: ${what}: ${JSON.stringify(reply)}`);
+  const start = (conn, txn) => conn.command({ insert: 'pinrace', documents: [{ _id: ++n }], ...txn, startTransaction: true, $db: DB });
+  const commit = (conn, txn) => conn.command({ commitTransaction: 1, ...txn, $db: 'admin' });
+  try {
+    for (; round < 150; round++) {
+      // Commit on one loop, start on the next.
+      const a = txnOf(), b = txnOf();
+      ok('start', await start(bob[0], a));
+      ok('commit', await commit(bob[0], a));
+      ok('start after a commit on another loop', await start(bob[1], b));
+      ok('commit', await commit(bob[1], b));
+      // A transaction pinned on two loops (a statement of it on the second), committed on the
+      // first: a start on the third.
+      const c = txnOf(), d = txnOf();
+      ok('start', await start(bob[0], c));
+      ok('statement on another loop', await bob[1].command({ find: 'pinrace', filter: { _id: n }, ...c, $db: DB }));
+      ok('commit', await commit(bob[0], c));
+      ok('start after a commit of a transaction two loops pinned', await start(bob[2], d));
+      ok('commit', await commit(bob[2], d));
+    }
+  } finally {
+    for (const c of bob) c.destroy();
   }
 });
 
