@@ -151,6 +151,11 @@ bool api_parse_iso8601 (const char *s, int64_t *ms);
 /* A date field of `doc` in ms (0: none); a string field (NULL: none). */
 int64_t api_doc_date (const bson_t *doc, const char *field);
 const char *api_doc_utf8 (const bson_t *doc, const char *field);
+/* A page's end: "count", and "next", the cursor of the last document of
+ * `page` (the store's array of them) with an ObjectId _id, from its date
+ * field `date_field` and its _id (what api_parse_cursor reads), or null
+ * when there is no `more` or no such document. */
+void api_append_page_end (bson_t *out, const bson_t *page, uint32_t count, const char *date_field, bool more);
 /* `ms` as an ISO-8601 string named `name` (nothing for 0). */
 void api_append_date (bson_t *out, const char *name, int64_t ms);
 /* A delivery (or a record) as the API shows it: ids as strings, dates as

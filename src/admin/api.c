@@ -318,6 +318,35 @@ api_doc_date (const bson_t *doc, const char *field)
 }
 
 void
+api_append_page_end (bson_t *out, const bson_t *page, uint32_t count, const char *date_field, bool more)
+{
+   char cursor[64] = "";
+   bson_iter_t it;
+
+   if (more && bson_iter_init (&it, page))
+      while (bson_iter_next (&it)) {
+         bson_iter_t id;
+         bson_t d;
+         const uint8_t *data;
+         uint32_t len;
+         char hex[25];
+
+         if (!BSON_ITER_HOLDS_DOCUMENT (&it))
+            continue;
+         bson_iter_document (&it, &len, &data);
+         if (!bson_init_static (&d, data, len) || !bson_iter_init_find (&id, &d, "_id") || !BSON_ITER_HOLDS_OID (&id))
+            continue;
+         bson_oid_to_string (bson_iter_oid (&id), hex);
+         snprintf (cursor, sizeof cursor, "%" PRId64 ".%s", api_doc_date (&d, date_field), hex);
+      }
+   BSON_APPEND_INT32 (out, "count", (int32_t) count);
+   if (cursor[0])
+      BSON_APPEND_UTF8 (out, "next", cursor);
+   else
+      BSON_APPEND_NULL (out, "next");
+}
+
+void
 api_append_date (bson_t *out, const char *name, int64_t ms)
 {
    char iso[64];
@@ -889,7 +918,6 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
    bson_t raw = BSON_INITIALIZER, doc = BSON_INITIALIZER, arr;
    bson_iter_t it;
    bson_error_t err;
-   char last_cursor[64] = "";
    uint32_t i = 0;
 
    if (!api_parse_params (req, p, P_N, &q, why, sizeof why)) {
@@ -931,7 +959,6 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
          uint32_t len;
          char buf[16];
          const char *key;
-         bson_iter_t id;
 
          if (!BSON_ITER_HOLDS_DOCUMENT (&it))
             continue;
@@ -942,18 +969,9 @@ admin_api_deliveries (admin_t *a, struct evhttp_request *req)
          BSON_APPEND_DOCUMENT_BEGIN (&arr, key, &item);
          api_delivery_json (&item, &d);
          bson_append_document_end (&arr, &item);
-         if (bson_iter_init_find (&id, &d, "_id") && BSON_ITER_HOLDS_OID (&id)) {
-            char hex[25];
-            bson_oid_to_string (bson_iter_oid (&id), hex);
-            snprintf (last_cursor, sizeof last_cursor, "%" PRId64 ".%s", api_doc_date (&d, OUTBOX_F_CREATED_AT), hex);
-         }
       }
    bson_append_array_end (&doc, &arr);
-   BSON_APPEND_INT32 (&doc, "count", (int32_t) i);
-   if (more && last_cursor[0])
-      BSON_APPEND_UTF8 (&doc, "next", last_cursor);
-   else
-      BSON_APPEND_NULL (&doc, "next");
+   api_append_page_end (&doc, &raw, i, OUTBOX_F_CREATED_AT, more);
    admin_send_json (req, 200, "OK", &doc);
 done:
    evhttp_clear_headers (&q);

@@ -453,7 +453,7 @@ admin_api_attempts (admin_t *a, struct evhttp_request *req)
    enum { P_HANDLER, P_OUTCOME, P_SINCE, P_LIMIT, P_BEFORE, P_N };
    api_param_t p[P_N] = {{"handler", NULL}, {"outcome", NULL}, {"since", NULL}, {"limit", NULL}, {"before", NULL}};
    struct evkeyvalq q;
-   char why[160], cursor[64] = "";
+   char why[160];
    store_attempts_filter_t f = {.limit = 100};
    outbox_attempt_outcome_t outcome;
    bson_oid_t before;
@@ -461,7 +461,6 @@ admin_api_attempts (admin_t *a, struct evhttp_request *req)
    bson_error_t err;
    bool more = false;
    uint32_t i = 0;
-   bson_iter_t it;
 
    if (!api_parse_params (req, p, P_N, &q, why, sizeof why)) {
       admin_send_error (a, req, 400, "%s", why);
@@ -496,26 +495,7 @@ admin_api_attempts (admin_t *a, struct evhttp_request *req)
    BSON_APPEND_ARRAY_BEGIN (&doc, "attempts", &arr);
    attempts_json (&arr, &i, &raw, NULL, NULL, NULL);
    bson_append_array_end (&doc, &arr);
-   /* The cursor after the last record of the page. */
-   if (bson_iter_init (&it, &raw))
-      while (bson_iter_next (&it)) {
-         bson_iter_t id;
-         if (BSON_ITER_HOLDS_DOCUMENT (&it) && bson_iter_recurse (&it, &id) && bson_iter_find (&id, "_id") && BSON_ITER_HOLDS_OID (&id)) {
-            char hex[25];
-            bson_t d;
-            const uint8_t *data;
-            uint32_t len;
-            bson_oid_to_string (bson_iter_oid (&id), hex);
-            bson_iter_document (&it, &len, &data);
-            if (bson_init_static (&d, data, len))
-               snprintf (cursor, sizeof cursor, "%" PRId64 ".%s", api_doc_date (&d, OUTBOX_F_ENDED_AT), hex);
-         }
-      }
-   BSON_APPEND_INT32 (&doc, "count", (int32_t) i);
-   if (more && cursor[0])
-      BSON_APPEND_UTF8 (&doc, "next", cursor);
-   else
-      BSON_APPEND_NULL (&doc, "next");
+   api_append_page_end (&doc, &raw, i, OUTBOX_F_ENDED_AT, more);
    admin_send_json (req, 200, "OK", &doc);
 done:
    evhttp_clear_headers (&q);
