@@ -166,6 +166,39 @@ find_str (const bson_t *doc, const char *key, const char **s, size_t *len)
    return bson_iter_init_find (&it, doc, key) && iter_str (&it, s, len);
 }
 
+/* The command `body` names first (its first key, `it` left at it): its
+ * index in the table `command` looks in (guard_command, read_command), or
+ * -1. */
+static int
+command_of (const bson_t *body, bson_iter_t *it, int (*command) (const char *))
+{
+   if (!bson_iter_init (it, body) || !bson_iter_next (it))
+      return -1;
+   return command (bson_iter_key (it));
+}
+
+/* {<cmd>: "<coll>", ...}: "<cmd> on <db>.<coll>" (`it` at the first key). */
+static bool
+coll_hit (guard_t *g, const bson_iter_t *it, const char *db, size_t db_len)
+{
+   char what[48];
+   const char *s;
+   size_t len;
+
+   bson_snprintf (what, sizeof what, "%s on", bson_iter_key (it));
+   return iter_str (it, &s, &len) && hit (g, what, db, db_len, s, len);
+}
+
+/* Nested further than GUARD_MAX_DEPTH (`what`: applyOps, a pipeline):
+ * taken as a hit rather than walked. */
+static bool
+too_deep (guard_t *g, const char *what)
+{
+   if (g->why && g->why_len > 0)
+      bson_snprintf (g->why, g->why_len, "%s nested more than %d deep", what, GUARD_MAX_DEPTH);
+   return true;
+}
+
 /* A target given as {db: "<db>", coll: "<coll>"} ($out, $merge's into),
  * the database defaulting to the command's. */
 static bool
@@ -349,27 +382,16 @@ static bool
 check (guard_t *g, const bson_t *body, const wire_sequence_t *seqs, uint32_t nseq, const char *db, size_t db_len, int depth)
 {
    bson_iter_t it;
-   const char *cmd, *s;
+   const char *s;
    size_t len;
-   int i;
+   int i = command_of (body, &it, guard_command);
 
-   if (!bson_iter_init (&it, body) || !bson_iter_next (&it))
-      return false;
-   cmd = bson_iter_key (&it);
-   i = guard_command (cmd);
    if (i >= 0) {
-      if (guard_commands[i].kind == GUARD_APPLYOPS && depth >= GUARD_MAX_DEPTH) {
-         if (g->why && g->why_len > 0)
-            bson_snprintf (g->why, g->why_len, "applyOps nested more than %d deep", GUARD_MAX_DEPTH);
-         return true;
-      }
+      if (guard_commands[i].kind == GUARD_APPLYOPS && depth >= GUARD_MAX_DEPTH)
+         return too_deep (g, "applyOps");
       switch (guard_commands[i].kind) {
-      case GUARD_COLL: {
-         char what[48];
-
-         bson_snprintf (what, sizeof what, "%s on", cmd);
-         return iter_str (&it, &s, &len) && hit (g, what, db, db_len, s, len);
-      }
+      case GUARD_COLL:
+         return coll_hit (g, &it, db, db_len);
       case GUARD_DATABASE:
          return db_hit (g, "dropDatabase of", db, db_len);
       case GUARD_AGGREGATE:
@@ -393,6 +415,26 @@ check (guard_t *g, const bson_t *body, const wire_sequence_t *seqs, uint32_t nse
    return false;
 }
 
+/* A check's start: `why` emptied, and whether the first key of `body` is
+ * a command of the table `command` looks in (guard_command, read_command);
+ * then its database ($db, NULL when none) is read, else nothing more of
+ * `body` is: this runs for every request. */
+static bool
+guard_start (guard_t *g, const bson_t *body, int (*command) (const char *), const char **db, size_t *db_len)
+{
+   bson_iter_t it;
+
+   if (g->why && g->why_len > 0)
+      g->why[0] = '\0';
+   /* command_of's test, inline: one call less per request. */
+   if (!bson_iter_init (&it, body) || !bson_iter_next (&it) || command (bson_iter_key (&it)) < 0)
+      return false;
+   *db = NULL;
+   *db_len = 0;
+   (void) find_str (body, "$db", db, db_len);
+   return true;
+}
+
 bool
 outbox_guard_writes (const bson_t *body,
                      const wire_sequence_t *seqs,
@@ -402,16 +444,10 @@ outbox_guard_writes (const bson_t *body,
                      size_t why_len)
 {
    guard_t g = {ns, why, why_len};
-   bson_iter_t it;
-   const char *db = NULL;
-   size_t db_len = 0;
+   const char *db;
+   size_t db_len;
 
-   if (why && why_len > 0)
-      why[0] = '\0';
-   if (!bson_iter_init (&it, body) || !bson_iter_next (&it) || guard_command (bson_iter_key (&it)) < 0)
-      return false;
-   (void) find_str (body, "$db", &db, &db_len);
-   return check (&g, body, seqs, nseq, db, db_len, 0);
+   return guard_start (&g, body, guard_command, &db, &db_len) && check (&g, body, seqs, nseq, db, db_len, 0);
 }
 
 /* ----------------------------------------------------------------- reads */
@@ -448,16 +484,6 @@ read_command (const char *cmd)
 }
 
 static bool pipeline_reads (guard_t *g, const bson_iter_t *pipeline, const char *db, size_t db_len, int depth);
-
-/* Nested further than GUARD_MAX_DEPTH: taken as a read of the outbox
- * rather than walked. */
-static bool
-too_deep (guard_t *g)
-{
-   if (g->why && g->why_len > 0)
-      bson_snprintf (g->why, g->why_len, "a pipeline nested more than %d deep", GUARD_MAX_DEPTH);
-   return true;
-}
 
 /* A {db, coll} or "<coll>" value naming a collection of `db` (or its own
  * db). */
@@ -532,7 +558,7 @@ pipeline_reads (guard_t *g, const bson_iter_t *pipeline, const char *db, size_t 
    if (!BSON_ITER_HOLDS_ARRAY (pipeline) || !bson_iter_recurse (pipeline, &stages))
       return false;
    if (depth > GUARD_MAX_DEPTH)
-      return too_deep (g);
+      return too_deep (g, "a pipeline");
    while (bson_iter_next (&stages))
       if (stage_reads (g, &stages, db, db_len, depth))
          return true;
@@ -560,22 +586,15 @@ static bool
 reads (guard_t *g, const bson_t *body, const char *db, size_t db_len, int depth)
 {
    bson_iter_t it, f;
-   const char *cmd, *s;
+   const char *s;
    size_t len;
-   int i;
+   int i = command_of (body, &it, read_command);
 
-   if (!bson_iter_init (&it, body) || !bson_iter_next (&it))
-      return false;
-   cmd = bson_iter_key (&it);
-   if ((i = read_command (cmd)) < 0)
+   if (i < 0)
       return false;
    switch (read_commands[i].kind) {
-   case READ_COLL: {
-      char what[48];
-
-      bson_snprintf (what, sizeof what, "%s on", cmd);
-      return iter_str (&it, &s, &len) && hit (g, what, db, db_len, s, len);
-   }
+   case READ_COLL:
+      return coll_hit (g, &it, db, db_len);
    case READ_AGGREGATE: {
       bool cluster;
 
@@ -609,7 +628,7 @@ reads (guard_t *g, const bson_t *body, const char *db, size_t db_len, int depth)
       if (!BSON_ITER_HOLDS_DOCUMENT (&it))
          return false;
       if (depth >= GUARD_MAX_DEPTH)
-         return too_deep (g);
+         return too_deep (g, "a pipeline");
       bson_iter_document (&it, &dlen, &data);
       return bson_init_static (&inner, data, dlen) && reads (g, &inner, db, db_len, depth + 1);
    }
@@ -622,14 +641,8 @@ bool
 outbox_guard_reads (const bson_t *body, const outbox_guard_ns_t *ns, char *why, size_t why_len)
 {
    guard_t g = {ns, why, why_len};
-   bson_iter_t it;
-   const char *db = NULL;
-   size_t db_len = 0;
+   const char *db;
+   size_t db_len;
 
-   if (why && why_len > 0)
-      why[0] = '\0';
-   if (!bson_iter_init (&it, body) || !bson_iter_next (&it) || read_command (bson_iter_key (&it)) < 0)
-      return false;
-   (void) find_str (body, "$db", &db, &db_len);
-   return reads (&g, body, db, db_len, 0);
+   return guard_start (&g, body, read_command, &db, &db_len) && reads (&g, body, db, db_len, 0);
 }
