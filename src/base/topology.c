@@ -19,6 +19,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -246,6 +247,18 @@ topology_confirm (mongoc_client_t *client, mongoc_server_description_t **sd)
    return true;
 }
 
+/* No primary to pair with (`state`), and why: `next`'s last_error. */
+static void __attribute__ ((format (printf, 3, 4)))
+no_primary (topology_primary_t *next, topology_state_t state, const char *fmt, ...)
+{
+   va_list ap;
+
+   next->state = state;
+   va_start (ap, fmt);
+   vsnprintf (next->last_error, sizeof next->last_error, fmt, ap);
+   va_end (ap);
+}
+
 /* One attempt; fills `next` without touching the shared snapshot.
  * `confirm`: a not-primary error came from the last primary (see
  * topology_suspect); true is left in *confirmed once a member's own hello
@@ -262,19 +275,15 @@ topology_learn (topology_t *topo, topology_primary_t *next, bool confirm, bool *
    client = mongoc_client_pool_pop (topo->pool);
    sd = mongoc_client_select_server (client, true, NULL, &error);
    if (!sd) {
-      next->state = TOPOLOGY_STATE_UNKNOWN;
-      bson_strncpy (next->last_error, error.message, sizeof next->last_error);
+      no_primary (next, TOPOLOGY_STATE_UNKNOWN, "%s", error.message);
       goto done;
    }
    /* A mongos has nothing to confirm: its shards' primaries are its own. */
    if (confirm && strcmp (mongoc_server_description_type (sd), "RSPrimary") == 0 && !topology_confirm (client, &sd)) {
       h = mongoc_server_description_host (sd);
-      next->state = TOPOLOGY_STATE_UNKNOWN;
-      bson_snprintf (next->last_error,
-                     sizeof next->last_error,
-                     "%s:%u answered not primary and no member says it is writable yet (an election)",
-                     h->host,
-                     (unsigned) h->port);
+      no_primary (next, TOPOLOGY_STATE_UNKNOWN,
+                  "%s:%u answered not primary and no member says it is writable yet (an election)", h->host,
+                  (unsigned) h->port);
       goto done;
    }
    *confirmed = confirm;
@@ -287,17 +296,13 @@ topology_learn (topology_t *topo, topology_primary_t *next, bool confirm, bool *
    bson_strncpy (next->host, h->host, sizeof next->host);
    next->port = h->port;
    if (strcmp (type, "Standalone") == 0) {
-      next->state = TOPOLOGY_STATE_STANDALONE;
-      bson_snprintf (next->last_error,
-                     sizeof next->last_error,
-                     "%s:%u is a standalone mongod: transactions need a replica set or a sharded cluster",
-                     h->host,
-                     (unsigned) h->port);
+      no_primary (next, TOPOLOGY_STATE_STANDALONE,
+                  "%s:%u is a standalone mongod: transactions need a replica set or a sharded cluster", h->host,
+                  (unsigned) h->port);
       goto done;
    }
    if (!topology_resolve (h->host, h->port, next, &error)) {
-      next->state = TOPOLOGY_STATE_UNKNOWN;
-      bson_strncpy (next->last_error, error.message, sizeof next->last_error);
+      no_primary (next, TOPOLOGY_STATE_UNKNOWN, "%s", error.message);
       goto done;
    }
    next->state = TOPOLOGY_STATE_PRIMARY;
