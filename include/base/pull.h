@@ -24,6 +24,7 @@
 #ifndef RELAYBUS_BASE_PULL_H
 #define RELAYBUS_BASE_PULL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -141,5 +142,8 @@ bool pull_outbox_reader (const config_t *cfg, const char *user, const char *db);
 
 /* {ok: 0, errmsg, code, codeName} into `doc` (initialised). */
 void pull_error_reply (bson_t *doc, pull_code_t code, const char *errmsg);
+/* The same with the message formatted (cut at 511 bytes), for the
+ * printf-like answers of the two sides of a pull request. */
+void pull_error_replyv (bson_t *doc, pull_code_t code, const char *fmt, va_list ap) __attribute__ ((format (printf, 3, 0)));
 
 #endif /* RELAYBUS_BASE_PULL_H */

@@ -82,6 +82,15 @@ pull_error_reply (bson_t *doc, pull_code_t code, const char *errmsg)
    BSON_APPEND_UTF8 (doc, "codeName", pull_code_name (code));
 }
 
+void
+pull_error_replyv (bson_t *doc, pull_code_t code, const char *fmt, va_list ap)
+{
+   char errmsg[512];
+
+   bson_vsnprintf (errmsg, sizeof errmsg, fmt, ap);
+   pull_error_reply (doc, code, errmsg);
+}
+
 /* --- leases ------------------------------------------------------------- */
 
 void
