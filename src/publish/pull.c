@@ -126,12 +126,16 @@ answer_doc (client_conn_t *c, uint64_t seq, const bson_t *doc)
       client_disconnect (c, COUNTERS_CLOSE_INTERNAL, "answering a pull command: %s", error.message);
 }
 
-static void
-answer_error (client_conn_t *c, uint64_t seq, pull_code_t code, const char *errmsg)
+/* An error answer, its message formatted (cut at 511 bytes). */
+static void __attribute__ ((format (printf, 4, 5)))
+answer_error (client_conn_t *c, uint64_t seq, pull_code_t code, const char *fmt, ...)
 {
    bson_t doc = BSON_INITIALIZER;
+   va_list ap;
 
-   pull_error_reply (&doc, code, errmsg);
+   va_start (ap, fmt);
+   pull_error_replyv (&doc, code, fmt, ap);
+   va_end (ap);
    answer_doc (c, seq, &doc);
    bson_destroy (&doc);
 }
@@ -465,7 +469,7 @@ submit (client_conn_t *c, pull_conn_t *p, uint64_t seq, const char *cmd, const b
    bson_error_t error;
 
    if (!pull_parse (cmd, body, cfg, &r, &error)) {
-      answer_error (c, seq, (pull_code_t) error.code, error.message);
+      answer_error (c, seq, (pull_code_t) error.code, "%s", error.message);
       goto done;
    }
    r->conn = p->id;
@@ -478,7 +482,8 @@ submit (client_conn_t *c, pull_conn_t *p, uint64_t seq, const char *cmd, const b
       op->seq = seq;
       op->job = pulltxn_new (r, body, cfg, clock_now_ms (), &error);
       if (!op->job || !poison_key_of (body, &op->key)) {
-         answer_error (c, seq, PULL_CODE_INTERNAL, op->job ? "relaybus: relaybusComplete: the transaction's session id is not understood" : error.message);
+         answer_error (c, seq, PULL_CODE_INTERNAL, "%s",
+                       op->job ? "relaybus: relaybusComplete: the transaction's session id is not understood" : error.message);
          txn_op_free (op);
          goto done;
       }
@@ -491,20 +496,18 @@ submit (client_conn_t *c, pull_conn_t *p, uint64_t seq, const char *cmd, const b
       p->txn = op;
    }
    if (!g_submit) {
-      char msg[256];
       txn_op_free (p->txn);
       p->txn = NULL;
-      bson_snprintf (msg, sizeof msg,
-                     "relaybus: %s: no consumer thread runs (the proxy started without a kind = pull handler; "
-                     "restart it to consume one a reload added)",
-                     cmd);
-      answer_error (c, seq, PULL_CODE_INTERNAL, msg);
+      answer_error (c, seq, PULL_CODE_INTERNAL,
+                    "relaybus: %s: no consumer thread runs (the proxy started without a kind = pull handler; "
+                    "restart it to consume one a reload added)",
+                    cmd);
       goto done;
    }
    if (!g_submit (r, &error)) {
       txn_op_free (p->txn);
       p->txn = NULL;
-      answer_error (c, seq, error.domain == PULL_ERROR_DOMAIN ? (pull_code_t) error.code : PULL_CODE_INTERNAL,
+      answer_error (c, seq, error.domain == PULL_ERROR_DOMAIN ? (pull_code_t) error.code : PULL_CODE_INTERNAL, "%s",
                     error.message);
       goto done;
    }
@@ -545,13 +548,13 @@ on_probe_reply (client_conn_t *c, const wire_msg_t *reply, const bson_error_t *e
       p->authorized = true;
       submit (c, p, pr->seq, pr->cmd, pr->body);
    } else {
-      char msg[512];
       /* 13 Unauthorized, 18 AuthenticationFailed: the connection may not
        * read the outbox; anything else is refused with its reason too. */
-      bson_snprintf (msg, sizeof msg,
-                     "relaybus: %s needs a connection allowed to read the outbox: the deployment answered: %.300s", pr->cmd,
-                     errmsg);
-      answer_error (c, pr->seq, code == SERVER_UNAUTHORIZED || code == SERVER_AUTHENTICATION_FAILED || code == 0 ? PULL_CODE_UNAUTHORIZED : PULL_CODE_INTERNAL, msg);
+      answer_error (c, pr->seq,
+                    code == SERVER_UNAUTHORIZED || code == SERVER_AUTHENTICATION_FAILED || code == 0 ? PULL_CODE_UNAUTHORIZED
+                                                                                                     : PULL_CODE_INTERNAL,
+                    "relaybus: %s needs a connection allowed to read the outbox: the deployment answered: %.300s", pr->cmd,
+                    errmsg);
       log_info ("c%" PRIu64 " %s: %s refused: %s (code %d)", client_id (c), client_peer (c), pr->cmd, errmsg, code);
    }
 done:
@@ -601,7 +604,6 @@ admitted (client_conn_t *c, uint64_t seq, const char *cmd, const bson_t *body)
    config_t *cfg = config_acquire ();
    const config_handler_t *h = pull_handler_named (body, cfg);
    const char *user, *db;
-   char errmsg[512];
    bool ok;
 
    user = client_user (c, &db);
@@ -614,13 +616,11 @@ admitted (client_conn_t *c, uint64_t seq, const char *cmd, const bson_t *body)
          bson_snprintf (who, sizeof who, "is authenticated as '%.200s' of database '%.100s'", user, db);
       else
          bson_snprintf (who, sizeof who, "is logged in as '%.200s'", user);
-      bson_snprintf (errmsg, sizeof errmsg,
-                     "relaybus: %s: handler '%.100s' admits only the users its `consumers` list names; this "
-                     "connection %s",
-                     cmd, h->name, who);
       log_info ("c%" PRIu64 " %s: %s on handler %s refused: user %s%s%s is not one of its consumers", client_id (c),
                 client_peer (c), cmd, h->name, user ? user : "(none)", db ? " of " : "", db ? db : "");
-      answer_error (c, seq, PULL_CODE_UNAUTHORIZED, errmsg);
+      answer_error (c, seq, PULL_CODE_UNAUTHORIZED,
+                    "relaybus: %s: handler '%.100s' admits only the users its `consumers` list names; this connection %s",
+                    cmd, h->name, who);
    }
    config_release (cfg);
    return ok;
@@ -631,17 +631,15 @@ pull_route (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compre
 {
    pull_conn_t *p;
    uint64_t seq;
-   char errmsg[256];
 
    if (!client_hold_request (c, msg->header.request_id, WIRE_OP_MSG, compressor, &seq, error))
       return false;
    if ((bson_has_field (&msg->body, "txnNumber") || bson_has_field (&msg->body, "startTransaction")) &&
        !(strcmp (cmd, "relaybusComplete") == 0 && inject_txn_of (&msg->body) != INJECT_TXN_NO)) {
-      bson_snprintf (errmsg, sizeof errmsg,
-                     "relaybus: %s inside a transaction is not supported: of the pull commands only "
-                     "relaybusComplete runs in the consumer's transaction; send it outside the transaction",
-                     cmd);
-      answer_error (c, seq, PULL_CODE_IN_TRANSACTION, errmsg);
+      answer_error (c, seq, PULL_CODE_IN_TRANSACTION,
+                    "relaybus: %s inside a transaction is not supported: of the pull commands only "
+                    "relaybusComplete runs in the consumer's transaction; send it outside the transaction",
+                    cmd);
       return true;
    }
    if (!admitted (c, seq, cmd, &msg->body))
@@ -651,10 +649,8 @@ pull_route (client_conn_t *c, const wire_msg_t *msg, const char *cmd, int compre
       submit (c, p, seq, cmd, &msg->body);
       return true;
    }
-   if (!probe (c, seq, cmd, &msg->body)) {
-      bson_snprintf (errmsg, sizeof errmsg, "relaybus: %s: cannot check this connection's authorization now; try again",
-                     cmd);
-      answer_error (c, seq, PULL_CODE_TEMPORARILY_UNAVAILABLE, errmsg);
-   }
+   if (!probe (c, seq, cmd, &msg->body))
+      answer_error (c, seq, PULL_CODE_TEMPORARILY_UNAVAILABLE,
+                    "relaybus: %s: cannot check this connection's authorization now; try again", cmd);
    return true;
 }
