@@ -1303,8 +1303,7 @@ pool_answer_timeout (client_conn_t *c,
    bool retryable_write, ok;
    uint64_t seq;
    char errmsg[256];
-
-   bool ends = cmd && (strcmp (cmd, "commitTransaction") == 0 || strcmp (cmd, "abortTransaction") == 0);
+   bool ends = ends_transaction (cmd);
 
    txn_of_body (&msg->body, &txn, &retryable_write);
    if (c->pool.refusal == POOL_REFUSAL_OVER_PINS) {
