@@ -248,11 +248,13 @@ void transport_base_cancel (void *impl, void *req);
 transport_state_t transport_base_state (void *impl, char *detail, size_t detail_len);
 
 /* The ops table of a kind built on the base: its own <prefix>_start,
- * _send, _destroy and _settings_equal, and the base's cancel and state. */
-#define TRANSPORT_BASE_OPS(kind_, prefix_)                                                                   \
+ * _send, _destroy and _settings_equal, its fence (NULL: none), and the
+ * base's cancel and state. */
+#define TRANSPORT_BASE_OPS(kind_, prefix_, fence_)                                                           \
    {                                                                                                         \
       .kind = (kind_), .start = prefix_##_start, .send = prefix_##_send, .cancel = transport_base_cancel,   \
-      .state = transport_base_state, .destroy = prefix_##_destroy, .settings_equal = prefix_##_settings_equal, \
+      .state = transport_base_state, .fence = (fence_), .destroy = prefix_##_destroy,                        \
+      .settings_equal = prefix_##_settings_equal,                                                            \
    }
 
 /* Stops the queue (tqueue_take returns NULL in every thread) and joins

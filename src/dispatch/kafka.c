@@ -522,13 +522,4 @@ kafka_settings_equal (const config_handler_t *a, const config_handler_t *b)
 }
 
 /* The base's ops, and a fence. */
-const transport_ops_t transport_kafka_ops = {
-   .kind = "kafka",
-   .start = kafka_start,
-   .send = kafka_send,
-   .cancel = transport_base_cancel,
-   .state = transport_base_state,
-   .fence = kafka_fence,
-   .destroy = kafka_destroy,
-   .settings_equal = kafka_settings_equal,
-};
+const transport_ops_t transport_kafka_ops = TRANSPORT_BASE_OPS ("kafka", kafka, kafka_fence);

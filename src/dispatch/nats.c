@@ -402,4 +402,4 @@ nats_settings_equal (const config_handler_t *a, const config_handler_t *b)
           a->concurrency == b->concurrency;
 }
 
-const transport_ops_t transport_nats_ops = TRANSPORT_BASE_OPS ("nats", nats);
+const transport_ops_t transport_nats_ops = TRANSPORT_BASE_OPS ("nats", nats, NULL);

@@ -620,4 +620,4 @@ rabbit_settings_equal (const config_handler_t *a, const config_handler_t *b)
           !strcmp (a->tls_key_file, b->tls_key_file) && a->persistent == b->persistent && a->timeout_ms == b->timeout_ms && a->concurrency == b->concurrency;
 }
 
-const transport_ops_t transport_rabbitmq_ops = TRANSPORT_BASE_OPS ("rabbitmq", rabbit);
+const transport_ops_t transport_rabbitmq_ops = TRANSPORT_BASE_OPS ("rabbitmq", rabbit, NULL);
