@@ -148,8 +148,7 @@ bool api_parse_int (const char *s, int64_t min, int64_t max, int64_t *out);
 bool api_parse_cursor (const char *s, int64_t *ms, bson_oid_t *oid);
 /* "YYYY-MM-DDTHH:MM:SS[.fff]Z" into ms since the epoch. */
 bool api_parse_iso8601 (const char *s, int64_t *ms);
-/* A date field of `doc` in ms (0: none); a string field (NULL: none). */
-int64_t api_doc_date (const bson_t *doc, const char *field);
+/* A string field of `doc` (NULL: none). */
 const char *api_doc_utf8 (const bson_t *doc, const char *field);
 /* A page's end: "count", and "next", the cursor of the last document of
  * `page` (the store's array of them) with an ObjectId _id, from its date

@@ -309,7 +309,8 @@ ids_for_log (const char *const *ids, size_t n, char *out, size_t len)
 
 /* ---------------------------------------------------- delivery documents */
 
-int64_t
+/* A date field of `doc` in ms (0: none). */
+static int64_t
 api_doc_date (const bson_t *doc, const char *field)
 {
    bson_iter_t it;
