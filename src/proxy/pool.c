@@ -1131,11 +1131,11 @@ txn_end (client_conn_t *c)
    pool_server_t *s = c->server;
 
    c->pool.txn_ending = false;
-   if (!s->txn.valid)
-      return;
-   owners_txn_ended (s->pin_user, s->txn.lsid, s->txn.txn_number);
-   if (atomic_load_explicit (&pooled_loops, memory_order_relaxed) > 1)
-      txn_ended_tell_others (s->pool, &s->txn);
+   if (s->txn.valid) {
+      owners_txn_ended (s->pin_user, s->txn.lsid, s->txn.txn_number);
+      if (atomic_load_explicit (&pooled_loops, memory_order_relaxed) > 1)
+         txn_ended_tell_others (s->pool, &s->txn);
+   }
    pin_set (s, COUNTERS_PIN_TRANSACTION, false);
 }
 
