@@ -141,6 +141,8 @@ class Tail {
  * @param {Object<string, number[]>} [o.allowProxyErrors] parse errors a test makes the proxy's
  *   own connections get on purpose, by appName: stop() does not fail on those
  * @param {number} [o.startTimeoutMS] how long to wait for the port line (default 20000)
+ * @param {boolean} [o.record] false: this double leaves DOUBLE_RECORD's record alone (a test
+ *   that sends commands under the proxy's appNames itself, which the proxy never sends)
  * @returns {Promise<{port:number, uri:string, pid:number, external:false, stop:Function, stderr:Function, stdout:Function}>}
  */
 function startDouble(o = {}) {
@@ -159,7 +161,9 @@ function startDouble(o = {}) {
   const host = o.host || '127.0.0.1';
   const startTimeoutMS = o.startTimeoutMS || 20000;
 
-  const child = spawn(DOUBLE, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const env = { ...process.env };
+  if (o.record === false) delete env.DOUBLE_RECORD;
+  const child = spawn(DOUBLE, args, { stdio: ['ignore', 'pipe', 'pipe'], env });
   live.add(child);
   const err = new Tail();
   const out = new Tail();

@@ -201,6 +201,7 @@ async function startDouble(opts = {}) {
     const shared = require('./double.js');
     const d = await shared.startDouble({
       auth: opts.auth, standalone: opts.standalone, args: opts.args, sharded: opts.sharded, allowProxyErrors: opts.allowProxyErrors,
+      record: opts.record,
     });
     // A cluster's URI is the seed list of its mongos routers (no replicaSet).
     const hosts = opts.sharded ? d.mongos.map((p) => `127.0.0.1:${p}`).join(',') : `127.0.0.1:${d.port}`;
