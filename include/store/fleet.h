@@ -68,16 +68,41 @@ bool store_fleet_retire (store_t *store,
                          bool *more,
                          bson_error_t *error) __attribute__ ((warn_unused_result));
 
-/* Backfill of a newly declared handler: every event created at or after
- * `since` whose type matches one of `patterns` (exact, or a prefix ending
- * in '*') and whose `handlers` list lacks `handler` gets the handler added
- * and a pending delivery (copying key, sequence, notBefore), in
- * transactions of at most 500 events.  *n_added how many. */
+/* The progress of one handler's backfill over its window (createdAt in
+ * [since, until]): a cursor over the window kept between calls, so each
+ * call goes on where the last one stopped.  `reach`: how long before it
+ * becomes visible an event can have been created (the window's liveness
+ * bound plus transaction lifetime). */
+typedef struct {
+   int64_t since, until, reach;
+   bool in_sweep;              /* a sweep is under way: from its cursor on */
+   int64_t from;               /* the lower bound of the current sweep */
+   int64_t sweep_started;      /* when it started (the caller's now) */
+   int64_t last_sweep_started; /* when the last complete sweep started */
+   size_t sweeps;              /* complete sweeps */
+   bool have_after;
+   int64_t after_created; /* the cursor: the last event read */
+   bson_value_t after_id;
+   size_t read;   /* candidates read in all */
+   bool done;     /* a sweep that started at or after `until` is complete */
+} store_backfill_t;
+
+void store_backfill_init (store_backfill_t *b, int64_t since, int64_t until, int64_t reach);
+/* Frees the cursor (the state stays usable: the sweep starts again). */
+void store_backfill_clear (store_backfill_t *b);
+
+/* Backfill of a newly declared handler: every event created in the
+ * window whose type matches one of `patterns` (exact, or a prefix ending
+ * in '*'; the query reads only those) and whose `handlers` list lacks
+ * `handler` gets the handler added and a pending delivery (copying key,
+ * sequence, notBefore), in transactions of at most 500 events.  Reads at
+ * most 200 pages of 500 per call, from the cursor of `b` on; `b->done`
+ * once complete.  *n_added how many. */
 bool store_fleet_backfill (store_t *store,
                            const char *handler,
                            const char *const *patterns,
                            size_t n_patterns,
-                           int64_t since,
+                           store_backfill_t *b,
                            int64_t now,
                            size_t *n_added,
                            bson_error_t *error) __attribute__ ((warn_unused_result));

@@ -20,17 +20,20 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "autoconf.h"
 #include "base/fleet.h"
 #include "base/log.h"
 #include "base/counters.h"
 #include "store/fleet.h"
 
-/* A handler this instance declares first: backfilled from `since` until a
- * pass that starts at or after `until`.  With `hold_only`, another kept
- * instance is backfilling it: only its claims wait until `until`. */
+/* A handler this instance backfills: it declared it first, or carries on
+ * the backfill of a declarer that is gone (`bf`, the window and the
+ * cursor).  With `hold_only`, a live instance is backfilling it: only its
+ * claims wait, until that instance's record (`until`) ends. */
 typedef struct {
    char *name; /* owned: a reload may free the configuration it came from */
-   int64_t since, until;
+   store_backfill_t bf;
+   int64_t until;
    size_t added;
    bool hold_only;
 } fleet_backfill_t;
@@ -69,8 +72,10 @@ dispatch_fleet_destroy (dispatch_fleet_t *f)
 {
    if (!f)
       return;
-   for (size_t i = 0; i < f->n_backfills; i++)
+   for (size_t i = 0; i < f->n_backfills; i++) {
       bson_free (f->backfills[i].name);
+      store_backfill_clear (&f->backfills[i].bf);
+   }
    bson_free (f->backfills);
    for (size_t i = 0; i < f->n_known; i++)
       bson_free (f->known[i]);
@@ -215,6 +220,7 @@ static void
 backfill_remove (dispatch_fleet_t *f, size_t i)
 {
    bson_free (f->backfills[i].name);
+   store_backfill_clear (&f->backfills[i].bf);
    f->backfills[i] = f->backfills[--f->n_backfills];
 }
 
@@ -281,9 +287,12 @@ fleet_txn_lifetime (dispatch_fleet_t *f, const config_t *cfg)
  * that no later delivery of a key runs before a backfilled earlier one.
  * With no other instance in the fleet (kept and not stopped) there is
  * nobody to backfill for: an instance that starts later reads our document
- * before it listens, so it writes with ours.  A handler another instance
+ * before it listens, so it writes with ours.  A handler a live instance
  * is still backfilling (its document dates the end) is not claimed here
- * either before then. */
+ * either before then; one whose backfill a declarer that is gone (killed,
+ * stopped, restarted: a new instance) recorded is carried on here
+ * (fleet_carry_on), since nobody else would backfill what became visible
+ * after that declarer's last pass. */
 static void
 fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now, bool only_new)
 {
@@ -292,38 +301,81 @@ fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set
 
    for (size_t i = 0; i < fs->n_instances; i++)
       others += fs->instances[i].kept && !fs->instances[i].stopped && strcmp (fs->instances[i].instance, f->owner) != 0;
-   if (others == 0)
-      return;
    f->backfills = bson_realloc (f->backfills, (f->n_backfills + cfg->n_handlers + 1) * sizeof *f->backfills);
    for (size_t i = 0; i < cfg->n_handlers; i++) {
       const config_handler_t *h = &cfg->handlers[i];
+      fleet_backfill_t *b = &f->backfills[f->n_backfills];
 
       if ((only_new && fleet_known (f, h->name)) || fleet_backfilling (f, h->name))
          continue;
-      memset (&f->backfills[f->n_backfills], 0, sizeof *f->backfills);
+      memset (b, 0, sizeof *b);
 
       if (fleet_declared_elsewhere (fs, f->owner, h->name)) {
-         int64_t until = fleet_backfill_until (fs, f->owner, h->name);
+         int64_t since, live_until = fleet_backfill_record (fs, f->owner, h->name, true, &since);
+         int64_t gone_until = fleet_backfill_record (fs, f->owner, h->name, false, &since);
 
-         if (until <= now)
+         if (live_until == 0 && gone_until == 0)
             continue;
-         f->backfills[f->n_backfills].name = bson_strdup (h->name);
-         f->backfills[f->n_backfills].until = until;
-         f->backfills[f->n_backfills].hold_only = true;
+         b->name = bson_strdup (h->name);
+         b->until = live_until > 0 ? live_until : gone_until;
+         b->hold_only = true;
          f->n_backfills++;
-         log_info ("dispatch: handler %s is being backfilled by another proxy: its deliveries wait %" PRId64 " ms",
-                   h->name,
-                   until - now);
+         if (live_until > 0)
+            log_info ("dispatch: handler %s is being backfilled by another proxy: its deliveries wait %" PRId64 " ms",
+                      h->name,
+                      live_until > now ? live_until - now : 0);
+         /* A record of a declarer that is gone: carried on at the first
+          * pass (fleet_run_backfills). */
          continue;
       }
+      if (others == 0)
+         continue;
       if (reach < 0)
          reach = fleet_live_ms (cfg) + fleet_txn_lifetime (f, cfg);
-      f->backfills[f->n_backfills].name = bson_strdup (h->name);
-      f->backfills[f->n_backfills].since = now - reach;
-      f->backfills[f->n_backfills].until = now + reach;
+      b->name = bson_strdup (h->name);
+      store_backfill_init (&b->bf, now - reach, now + reach, reach);
+      b->until = now + reach;
       f->n_backfills++;
       log_info ("dispatch: handler %s is new to the fleet: backfilling its events for %" PRId64 " ms", h->name, 2 * reach);
    }
+}
+
+/* A held handler's backfill: whether it is still someone else's.  A live
+ * declarer that records it keeps it (until its record's end plus a
+ * liveness bound: its last pass runs at or after the end, and its next
+ * heartbeat drops the record).  A record that remains past that, or one
+ * only declarers that are gone left, is carried on here: this instance
+ * backfills the recorded window itself, from its start (whatever the
+ * predecessor's last pass reached), and records it as its own.  True
+ * while it stays held only; *release when nobody records it any more. */
+static bool
+fleet_carry_on (dispatch_fleet_t *f, const config_t *cfg, fleet_backfill_t *b, int64_t now, bool *release)
+{
+   int64_t live_since, gone_since, since, until, reach;
+   int64_t live_until = fleet_backfill_record (f->fleet, f->owner, b->name, true, &live_since);
+   int64_t gone_until = fleet_backfill_record (f->fleet, f->owner, b->name, false, &gone_since);
+
+   *release = false;
+   if (live_until > 0 && now < live_until + fleet_live_ms (cfg)) {
+      b->until = live_until;
+      return true;
+   }
+   if (live_until == 0 && gone_until == 0) {
+      *release = true;
+      return false;
+   }
+   until = live_until > gone_until ? live_until : gone_until;
+   since = live_until > gone_until ? live_since : gone_since;
+   reach = fleet_live_ms (cfg) + fleet_txn_lifetime (f, cfg);
+   if (since <= 0 || since > until)
+      since = until - 2 * reach; /* a record without its start: the window as this instance would make it */
+   store_backfill_init (&b->bf, since, until, reach);
+   b->until = until;
+   b->hold_only = false;
+   log_info ("dispatch: handler %s: the backfill a proxy that is gone recorded (until %" PRId64 " ms from now) is carried on here",
+             b->name,
+             until - now);
+   return false;
 }
 
 /* One pass of every backfill in progress; true when one ended (its
@@ -336,9 +388,9 @@ fleet_run_backfills (dispatch_fleet_t *f, const config_t *cfg, int64_t now)
    for (size_t i = 0; i < f->n_backfills;) {
       fleet_backfill_t *b = &f->backfills[i];
       const config_handler_t *h = NULL;
-      bool last = now >= b->until;
       bson_error_t err;
       size_t added = 0;
+      bool release = false;
 
       for (size_t k = 0; k < cfg->n_handlers; k++)
          if (!strcmp (cfg->handlers[k].name, b->name))
@@ -347,22 +399,30 @@ fleet_run_backfills (dispatch_fleet_t *f, const config_t *cfg, int64_t now)
          backfill_remove (f, i);
          continue;
       }
-      if (b->hold_only && !last) {
+      if (b->hold_only && fleet_carry_on (f, cfg, b, now, &release)) {
          i++;
          continue;
       }
-      if (!b->hold_only && !store_fleet_backfill (f->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, b->since, now, &added, &err)) {
+      if (release) {
+         released = true;
+         backfill_remove (f, i);
+         continue;
+      }
+      if (!store_fleet_backfill (f->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, &b->bf, now, &added, &err)) {
          log_warn ("dispatch: backfilling handler %s (retried at the next heartbeat): %s", h->name, err.message);
          i++;
          continue;
       }
       b->added += added;
-      if (!last) {
+      if (!b->bf.done) {
          i++;
          continue;
       }
-      if (!b->hold_only)
-         log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it", h->name, b->added);
+      log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it (%zu sweeps, %zu events read)",
+                h->name,
+                b->added,
+                b->bf.sweeps,
+                b->bf.read);
       released = true;
       backfill_remove (f, i);
    }
@@ -439,21 +499,29 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
    bson_error_t err;
    fleet_set_t *fs;
    int64_t retire_every, local_now = now;
-   int64_t *until = NULL;
+   int64_t *until = NULL, *since = NULL;
    bool ok, again = false;
 
    *released = false;
    BSON_APPEND_DATE_TIME (&fields, "startedAt", f->announced ? f->started_ms : now);
+   /* Which version runs here: the fleet's 0.1.0 instances (documents
+    * without it) still claim in the fixed lane spaces. */
+   BSON_APPEND_UTF8 (&fields, "version", PACKAGE_VERSION);
    if (f->n_backfills > 0) {
-      /* Other instances starting meanwhile hold their claims of these. */
+      /* Other instances starting meanwhile hold their claims of these, and
+       * carry the backfill on should this instance go. */
       until = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *until);
+      since = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *since);
       for (size_t i = 0; i < cfg->n_handlers; i++)
          for (size_t b = 0; b < f->n_backfills; b++)
-            if (!f->backfills[b].hold_only && !strcmp (f->backfills[b].name, cfg->handlers[i].name))
-               until[i] = f->backfills[b].until;
+            if (!f->backfills[b].hold_only && !strcmp (f->backfills[b].name, cfg->handlers[i].name)) {
+               until[i] = f->backfills[b].bf.until;
+               since[i] = f->backfills[b].bf.since;
+            }
    }
-   ok = fleet_append_handlers (cfg, until, &fields, "handlers");
+   ok = fleet_append_handlers (cfg, since, until, &fields, "handlers");
    bson_free (until);
+   bson_free (since);
    if (!ok || !store_fleet_announce (f->store, &fields, &err) ||
        !store_fleet_read (f->store, docs, FLEET_MAX_INSTANCES, FLEET_MAX_DOCS, &n, &err)) {
       if (!f->failing)

@@ -370,26 +370,115 @@ done:
    return ok;
 }
 
+/* Appends the condition on `type` that matches `patterns` (exact, or a
+ * prefix ending in '*': an anchored regular expression, its
+ * metacharacters escaped); nothing when a pattern is "*" alone. */
+static void
+backfill_append_types (bson_t *and, const char *key, const char *const *patterns, size_t n)
+{
+   bson_t cond, or, in, alt, sub;
+   uint32_t n_in = 0, n_or = 0;
+   char buf[16];
+   const char *k;
+
+   for (size_t i = 0; i < n; i++)
+      if (!strcmp (patterns[i], "*"))
+         return;
+   BSON_APPEND_DOCUMENT_BEGIN (and, key, &cond);
+   BSON_APPEND_ARRAY_BEGIN (&cond, "$or", &or);
+   bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (&or, k, &alt);
+   BSON_APPEND_DOCUMENT_BEGIN (&alt, "type", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &in);
+   for (size_t i = 0; i < n; i++) {
+      size_t len = strlen (patterns[i]);
+      if (len > 0 && patterns[i][len - 1] == '*')
+         continue;
+      bson_uint32_to_string (n_in++, &k, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&in, k, patterns[i]);
+   }
+   bson_append_array_end (&sub, &in);
+   bson_append_document_end (&alt, &sub);
+   bson_append_document_end (&or, &alt);
+   for (size_t i = 0; i < n; i++) {
+      size_t len = strlen (patterns[i]);
+      bson_string_t *re;
+
+      if (len == 0 || patterns[i][len - 1] != '*')
+         continue;
+      re = bson_string_new ("^");
+      for (size_t c = 0; c + 1 < len; c++) {
+         if (strchr ("\\^$.|?*+()[]{}/-", patterns[i][c]))
+            bson_string_append_c (re, '\\');
+         bson_string_append_c (re, patterns[i][c]);
+      }
+      bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or, k, &alt);
+      BSON_APPEND_DOCUMENT_BEGIN (&alt, "type", &sub);
+      BSON_APPEND_UTF8 (&sub, "$regex", re->str);
+      bson_append_document_end (&alt, &sub);
+      bson_append_document_end (&or, &alt);
+      bson_string_free (re, true);
+   }
+   bson_append_array_end (&cond, &or);
+   bson_append_document_end (and, &cond);
+}
+
+void
+store_backfill_init (store_backfill_t *b, int64_t since, int64_t until, int64_t reach)
+{
+   memset (b, 0, sizeof *b);
+   b->since = since;
+   b->until = until;
+   b->reach = reach;
+}
+
+void
+store_backfill_clear (store_backfill_t *b)
+{
+   if (b && b->have_after)
+      bson_value_destroy (&b->after_id);
+   if (b)
+      b->have_after = false;
+}
+
+/* A sweep reads the window's candidates in (createdAt, _id) order from
+ * `from` up to `until`, its cursor kept between calls.  An event that
+ * becomes visible while a sweep runs may lie behind its cursor, but it
+ * was created at most `reach` before it became visible (the window's own
+ * argument: docs/outbox-schema.md), so the next sweep starts `reach`
+ * before the start of the one before it.  The backfill is done when a
+ * sweep that started at or after `until` reached the end. */
 bool
 store_fleet_backfill (store_t *s,
                       const char *handler,
                       const char *const *patterns,
                       size_t n_patterns,
-                      int64_t since,
+                      store_backfill_t *bf,
                       int64_t now,
                       size_t *n_added,
                       bson_error_t *error)
 {
-   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
-   mongoc_collection_t *events = store_coll (s, client, OUTBOX_EVENTS);
+   mongoc_client_t *client;
+   mongoc_collection_t *events;
    char *ids[FLEET_BACKFILL_PAGE];
-   bson_value_t after_id = {0};
-   int64_t after_created = 0;
-   bool have_after = false, ok = true;
+   bool ok = true;
 
    *n_added = 0;
+   if (bf->done)
+      return true;
+   if (!bf->in_sweep) {
+      int64_t from = bf->sweeps > 0 ? bf->last_sweep_started - bf->reach : bf->since;
+
+      bf->from = from > bf->since ? from : bf->since;
+      bf->sweep_started = now;
+      bf->in_sweep = true;
+      store_backfill_clear (bf);
+   }
+   client = mongoc_client_pool_pop (s->pool);
+   events = store_coll (s, client, OUTBOX_EVENTS);
    for (int page = 0; ok && page < FLEET_BACKFILL_MAX_PAGES; page++) {
-      bson_t q = BSON_INITIALIZER, sub;
+      bson_t q = BSON_INITIALIZER, and, c;
       bson_t *opts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), OUTBOX_F_CREATED_AT, BCON_INT32 (1), "}", "sort",
                                "{", OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
                                BCON_INT64 (FLEET_BACKFILL_PAGE));
@@ -398,14 +487,32 @@ store_fleet_backfill (store_t *s,
       size_t seen = 0, n_ids = 0;
       bson_error_t err;
 
-      BSON_APPEND_DOCUMENT_BEGIN (&q, OUTBOX_F_CREATED_AT, &sub);
-      BSON_APPEND_DATE_TIME (&sub, "$gte", since);
-      bson_append_document_end (&q, &sub);
-      BSON_APPEND_DOCUMENT_BEGIN (&q, "handlers", &sub);
-      BSON_APPEND_UTF8 (&sub, "$ne", handler);
-      bson_append_document_end (&q, &sub);
-      if (have_after)
-         store_append_after_key (&q, OUTBOX_F_CREATED_AT, after_created, &after_id);
+      /* Bounded on both sides, only the handler's types, past the cursor. */
+      BSON_APPEND_ARRAY_BEGIN (&q, "$and", &and);
+      BSON_APPEND_DOCUMENT_BEGIN (&and, "0", &c);
+      {
+         bson_t range;
+         BSON_APPEND_DOCUMENT_BEGIN (&c, OUTBOX_F_CREATED_AT, &range);
+         BSON_APPEND_DATE_TIME (&range, "$gte", bf->from);
+         BSON_APPEND_DATE_TIME (&range, "$lte", bf->until);
+         bson_append_document_end (&c, &range);
+      }
+      bson_append_document_end (&and, &c);
+      BSON_APPEND_DOCUMENT_BEGIN (&and, "1", &c);
+      {
+         bson_t ne;
+         BSON_APPEND_DOCUMENT_BEGIN (&c, "handlers", &ne);
+         BSON_APPEND_UTF8 (&ne, "$ne", handler);
+         bson_append_document_end (&c, &ne);
+      }
+      bson_append_document_end (&and, &c);
+      if (bf->have_after) {
+         BSON_APPEND_DOCUMENT_BEGIN (&and, "2", &c);
+         store_append_after_key (&c, OUTBOX_F_CREATED_AT, bf->after_created, &bf->after_id);
+         bson_append_document_end (&and, &c);
+      }
+      backfill_append_types (&and, bf->have_after ? "3" : "2", patterns, n_patterns);
+      bson_append_array_end (&q, &and);
       cur = mongoc_collection_find_with_opts (events, &q, opts, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          const char *id = store_iter_utf8 (doc, "_id");
@@ -414,12 +521,12 @@ store_fleet_backfill (store_t *s,
 
          seen++;
          if (bson_iter_init_find (&it, doc, "_id")) {
-            if (have_after)
-               bson_value_destroy (&after_id);
-            bson_value_copy (bson_iter_value (&it), &after_id);
-            after_created = store_iter_date (doc, OUTBOX_F_CREATED_AT);
-            have_after = true;
+            store_backfill_clear (bf);
+            bson_value_copy (bson_iter_value (&it), &bf->after_id);
+            bf->after_created = store_iter_date (doc, OUTBOX_F_CREATED_AT);
+            bf->have_after = true;
          }
+         /* The query's type condition, checked again by the rule itself. */
          if (id && type && config_patterns_match (patterns, n_patterns, type))
             ids[n_ids++] = bson_strdup (id);
       }
@@ -439,11 +546,23 @@ store_fleet_backfill (store_t *s,
       }
       for (size_t i = 0; i < n_ids; i++)
          bson_free (ids[i]);
-      if (seen < FLEET_BACKFILL_PAGE)
+      bf->read += seen;
+      if (ok && seen < FLEET_BACKFILL_PAGE) {
+         /* The end of the window: this sweep is complete. */
+         bf->in_sweep = false;
+         bf->sweeps++;
+         bf->last_sweep_started = bf->sweep_started;
+         store_backfill_clear (bf);
+         bf->done = bf->sweep_started >= bf->until;
          break;
+      }
    }
-   if (have_after)
-      bson_value_destroy (&after_id);
+   /* A failed transaction leaves the cursor past events not written:
+    * their sweep starts again (the next call), from where it started. */
+   if (!ok) {
+      bf->in_sweep = false;
+      store_backfill_clear (bf);
+   }
    mongoc_collection_destroy (events);
    mongoc_client_pool_push (s->pool, client);
    return ok;

@@ -168,7 +168,7 @@ test_backfill_until (void **state)
    assert_int_equal (fleet_backfill_until (fs, "b", "n"), NOW + 3000); /* its own does not count */
    assert_int_equal (fleet_backfill_until (fs, "c", "other"), 0);
    assert_non_null (cfg);
-   assert_true (fleet_append_handlers (cfg, until, &doc, "handlers"));
+   assert_true (fleet_append_handlers (cfg, NULL, until, &doc, "handlers"));
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.backfillUntil", &it));
    assert_int_equal (bson_iter_date_time (&it), NOW + 42);
    bson_destroy (&doc);
@@ -248,7 +248,7 @@ test_hash (void **state)
    assert_string_not_equal (h1, h2);
    assert_string_equal (h1, h3);
    /* The instance document's handlers array. */
-   assert_true (fleet_append_handlers (a, NULL, &doc, "handlers"));
+   assert_true (fleet_append_handlers (a, NULL, NULL, &doc, "handlers"));
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.name", &it));
    assert_string_equal (bson_iter_utf8 (&it, NULL), "w");
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.events.1", &it));
