@@ -52,6 +52,8 @@ struct dispatch_fleet {
    size_t n_backfills;
    char **known; /* the local handlers of the last heartbeat (owned names) */
    size_t n_known;
+   char **recorded; /* names this process recorded as declared by the fleet (owned) */
+   size_t n_recorded;
    store_handler_state_t *disabled; /* the outbox's disabled handlers, as last read (owned) */
    size_t n_disabled;
    bool disabled_read; /* read at least once (changes are logged from then on) */
@@ -80,6 +82,9 @@ dispatch_fleet_destroy (dispatch_fleet_t *f)
    for (size_t i = 0; i < f->n_known; i++)
       bson_free (f->known[i]);
    bson_free (f->known);
+   for (size_t i = 0; i < f->n_recorded; i++)
+      bson_free (f->recorded[i]);
+   bson_free (f->recorded);
    store_handler_states_free (f->disabled, f->n_disabled);
    fleet_release (f->fleet);
    bson_free (f->owner);
@@ -429,6 +434,45 @@ fleet_run_backfills (dispatch_fleet_t *f, const config_t *cfg, int64_t now)
    return released;
 }
 
+static bool
+fleet_recorded (const dispatch_fleet_t *f, const char *name)
+{
+   for (size_t i = 0; i < f->n_recorded; i++)
+      if (!strcmp (f->recorded[i], name))
+         return true;
+   return false;
+}
+
+/* Records, once per process and name, that this fleet declares the local
+ * handlers and those of its set (the kept instances', older versions'
+ * included): the records retirement goes by, which outlive the instance
+ * documents.  One bulk write when there is a name new to this process. */
+static void
+fleet_record_declared (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs)
+{
+   const char **names = bson_malloc0 ((cfg->n_handlers + fs->n_set + 1) * sizeof *names);
+   size_t n = 0;
+   bson_error_t err;
+
+   for (size_t i = 0; i < cfg->n_handlers + fs->n_set; i++) {
+      const char *name = i < cfg->n_handlers ? cfg->handlers[i].name : fs->set[i - cfg->n_handlers]->name;
+      bool dup = fleet_recorded (f, name);
+
+      for (size_t k = 0; !dup && k < n; k++)
+         dup = !strcmp (names[k], name);
+      if (!dup)
+         names[n++] = name;
+   }
+   if (n > 0 && store_fleet_record_declared (f->store, names, n, &err)) {
+      f->recorded = bson_realloc (f->recorded, (f->n_recorded + n) * sizeof *f->recorded);
+      for (size_t i = 0; i < n; i++)
+         f->recorded[f->n_recorded++] = bson_strdup (names[i]);
+   } else if (n > 0) {
+      log_warn ("dispatch: recording the fleet's declared handlers (retried every heartbeat): %s", err.message);
+   }
+   bson_free (names);
+}
+
 /* Retirement, under the retirement lease: the pending deliveries of every
  * handler that has left the fleet's set (no instance declared it for
  * handler_retire_after, counted from this instance's start when no
@@ -437,7 +481,8 @@ static void
 fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now)
 {
    char **names = NULL;
-   size_t n = 0;
+   bool *declared = NULL;
+   size_t n = 0, n_checked = 0;
    bool leased = false;
    bson_error_t err;
    int64_t after = cfg->handler_retire_after_ms;
@@ -448,11 +493,32 @@ fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, i
    }
    if (!leased)
       return;
+   if (!fleet_old_version_live (fs)) {
+      size_t lanes = 0, charged = 0;
+
+      /* What a proxy before 0.2.0 left in the fixed spaces, once none runs
+       * (one find while there is nothing; rare writes otherwise). */
+      if (!store_fleet_release_old_lanes (f->store, now, &lanes, &charged, &err))
+         log_warn ("dispatch: releasing the lanes a proxy before 0.2.0 left: %s", err.message);
+      else if (lanes > 0)
+         log_warn ("dispatch: %zu lane(s) a proxy before 0.2.0 left listing deliveries released, %zu lost attempt(s) charged",
+                   lanes,
+                   charged);
+   }
    if (!store_fleet_pending_handlers (f->store, &names, &n, CONFIG_MAX_HANDLERS * 4, &err)) {
       log_warn ("dispatch: handler retirement: %s", err.message);
       return;
    }
-   for (size_t i = 0; i < n; i++) {
+   /* Only what a proxy of this fleet declared: a handler another program
+    * names in the same outbox is not this fleet's to bury. */
+   declared = bson_malloc0 ((n ? n : 1) * sizeof *declared);
+   if (!store_fleet_declared (f->store, names, n, declared, &err)) {
+      log_warn ("dispatch: handler retirement: %s", err.message);
+      n_checked = 0;
+   } else {
+      n_checked = n;
+   }
+   for (size_t i = 0; i < n_checked; i++) {
       int64_t last = fleet_last_declared (fs, names[i]);
       int64_t since = last > 0 ? last : f->started_ms;
       char reason[300];
@@ -460,6 +526,10 @@ fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, i
       bool more = true;
 
       log_debug ("dispatch: retirement: %s has pending deliveries, last declared %" PRId64 " ms ago", names[i], now - since);
+      if (!declared[i]) {
+         log_debug ("dispatch: retirement: no proxy of this fleet ever declared %s: its deliveries are not this fleet's", names[i]);
+         continue;
+      }
       if (local_handler (cfg, names[i]) || fleet_declared_elsewhere (fs, f->owner, names[i]) || now - since < after)
          continue;
       bson_snprintf (reason, sizeof reason, "handler %.200s retired: no live proxy declares it", names[i]);
@@ -484,6 +554,7 @@ fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, i
    for (size_t i = 0; i < n; i++)
       bson_free (names[i]);
    bson_free (names);
+   bson_free (declared);
    /* Documents of instances silent for longer than the grace period have
     * said all they can. */
    if (!store_fleet_forget (f->store, now - after - fleet_live_ms (cfg), &err))
@@ -559,6 +630,7 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
    /* An enabled handler is claimable now, not at the next poll. */
    if (fleet_read_disabled (f))
       *released = true;
+   fleet_record_declared (f, cfg, fs);
    fleet_publish (fleet_retain (fs));
    fleet_release (f->fleet);
    f->fleet = fs;
