@@ -158,10 +158,6 @@ bool fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const ch
  * 0 when none does. */
 int64_t fleet_last_declared (const fleet_set_t *fs, const char *name);
 
-/* The latest backfillUntil a kept instance other than `self` records for
- * `name` (0: none). */
-int64_t fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name);
-
 /* The latest backfillUntil recorded for `name` by a kept instance other
  * than `self` that is live (`live`) or that is not (stopped or silent:
  * its backfill is nobody's until another declarer carries it on); 0:

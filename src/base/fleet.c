@@ -429,23 +429,6 @@ fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const char *n
 }
 
 int64_t
-fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name)
-{
-   int64_t until = 0;
-
-   for (size_t i = 0; fs && i < fs->n_instances; i++) {
-      const fleet_instance_t *in = &fs->instances[i];
-
-      if (!in->kept || (self && !strcmp (in->instance, self)))
-         continue;
-      for (size_t h = 0; h < in->n_handlers; h++)
-         if (!strcmp (in->handlers[h].name, name) && in->handlers[h].backfill_until > until)
-            until = in->handlers[h].backfill_until;
-   }
-   return until;
-}
-
-int64_t
 fleet_backfill_record (const fleet_set_t *fs, const char *self, const char *name, bool live, int64_t *since)
 {
    int64_t until = 0;

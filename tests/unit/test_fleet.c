@@ -164,9 +164,12 @@ test_backfill_until (void **state)
    bson_t doc = BSON_INITIALIZER;
    bson_iter_t it;
 
-   assert_int_equal (fleet_backfill_until (fs, "c", "n"), NOW + 9000); /* b is not live, but kept */
-   assert_int_equal (fleet_backfill_until (fs, "b", "n"), NOW + 3000); /* its own does not count */
-   assert_int_equal (fleet_backfill_until (fs, "c", "other"), 0);
+   int64_t since = -1;
+
+   assert_int_equal (fleet_backfill_record (fs, "c", "n", false, &since), NOW + 9000); /* b is not live, but kept */
+   assert_int_equal (fleet_backfill_record (fs, "b", "n", true, &since), NOW + 3000); /* its own does not count */
+   assert_int_equal (fleet_backfill_record (fs, "c", "other", true, &since), 0);
+   assert_int_equal (fleet_backfill_record (fs, "c", "other", false, &since), 0);
    assert_non_null (cfg);
    assert_true (fleet_append_handlers (cfg, NULL, until, &doc, "handlers"));
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.backfillUntil", &it));
