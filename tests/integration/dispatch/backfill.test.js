@@ -21,7 +21,7 @@ const { startSink } = require('./sink');
 const { startDispatchProxy, publish, waitFor } = require('./helpers');
 
 const NOISE = Number(process.env.RELAYBUS_BACKFILL_NOISE || 5000);
-const TXN_S = Number(process.env.RELAYBUS_BACKFILL_TXN_S || 10);
+const TXN_S = Number(process.env.RELAYBUS_BACKFILL_TXN_S || 20);
 const TIMEOUT_MS = Number(process.env.RELAYBUS_BACKFILL_TIMEOUT_MS || 120000);
 
 async function setUp(t, txnSeconds) {
