@@ -3638,6 +3638,65 @@ test_lanes_a_version_before_0_2_left_are_released (void **state)
    store_destroy (base);
 }
 
+/* An event as a publisher without `handler` writes it (no delivery). */
+static void
+bare_event (fx_t *fx, const char *id, const char *type, int64_t created)
+{
+   mongoc_collection_t *ev = coll (fx, OUTBOX_EVENTS);
+   bson_t *d = BCON_NEW ("_id", BCON_UTF8 (id), "type", BCON_UTF8 (type), "payload", "{", "}", "handlers", "[", BCON_UTF8 ("other"),
+                         "]", "createdAt", BCON_DATE_TIME (created));
+   bson_error_t err;
+
+   if (!mongoc_collection_insert_one (ev, d, NULL, NULL, &err))
+      fail_msg ("event: %s", err.message);
+   bson_destroy (d);
+   mongoc_collection_destroy (ev);
+}
+
+/* The backfill reads its window only (createdAt bounded on both sides),
+ * the handler's types only (exact, or a prefix whose '.' is a dot, not
+ * any character), and its sweeps: an event that becomes visible behind
+ * a sweep's cursor, created at most `reach` before, is found by the next
+ * one; the backfill ends with a sweep that started at or after the end. */
+static void
+test_backfill_sweeps_its_window_and_types (void **state)
+{
+   fx_t *fx = *state;
+   const char *patterns[] = {"order.*", "invoice.sent"};
+   store_backfill_t bf;
+   size_t added = 0;
+   bson_error_t err;
+
+   bare_event (fx, "in-order", "order.placed", T0);
+   bare_event (fx, "in-invoice", "invoice.sent", T0 + 10);
+   bare_event (fx, "in-lookalike", "orderXplaced", T0);
+   bare_event (fx, "in-other", "stock.ticked", T0);
+   bare_event (fx, "in-invoice-other", "invoice.sent.v2", T0);
+   bare_event (fx, "before", "order.placed", T0 - 5000);
+   bare_event (fx, "after", "order.placed", T0 + 5000);
+   store_backfill_init (&bf, T0 - 1000, T0 + 1000, 500);
+   if (!store_fleet_backfill (fx->a, "new", patterns, 2, &bf, T0, &added, &err))
+      fail_msg ("backfill: %s", err.message);
+   assert_int_equal (added, 2);
+   assert_int_equal (bf.read, 2);
+   assert_false (bf.done);
+   /* Visible now, created behind the first sweep (within its reach). */
+   bare_event (fx, "late", "order.paid", T0 - 300);
+   if (!store_fleet_backfill (fx->a, "new", patterns, 2, &bf, T0 + 2000, &added, &err))
+      fail_msg ("backfill: %s", err.message);
+   assert_int_equal (added, 1);
+   assert_true (bf.done);
+   assert_int_equal (bf.sweeps, 2);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"handler\": \"new\"}"), 3);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"handlers\": \"new\"}"), 3);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": {\"$in\": [\"in-order\", \"in-invoice\", \"late\"]}, \"handlers\": \"new\"}"), 3);
+   /* Done: nothing more is read. */
+   if (!store_fleet_backfill (fx->a, "new", patterns, 2, &bf, T0 + 3000, &added, &err))
+      fail_msg ("backfill: %s", err.message);
+   assert_int_equal (added, 0);
+   store_backfill_clear (&bf);
+}
+
 int
 main (void)
 {
@@ -3702,6 +3761,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_l8_fleet_read_past_256_dead_instances, setup, teardown),
       cmocka_unit_test_setup_teardown (test_retirement_goes_by_the_declaration_records, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lanes_a_version_before_0_2_left_are_released, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_backfill_sweeps_its_window_and_types, setup, teardown),
    };
    int rc;
 
