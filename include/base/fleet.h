@@ -58,6 +58,7 @@ typedef struct {
    size_t n_patterns;
    char *hash;
    int64_t backfill_until; /* 0, or: its declarer backfills it and holds its deliveries until then */
+   int64_t backfill_since; /* with backfill_until: the window's start (0 when the document has none) */
 } fleet_handler_t;
 
 typedef struct {
@@ -66,6 +67,7 @@ typedef struct {
    bool live;
    bool kept;    /* its declarations are in the fleet's set (heartbeat within the retention) */
    bool stopped; /* it recorded a clean stop */
+   char *version; /* the version it runs (NULL: its document has none, a version before 0.2.0) */
    fleet_handler_t *handlers;
    size_t n_handlers;
 } fleet_instance_t;
@@ -102,11 +104,15 @@ bool fleet_handler_matches (const fleet_handler_t *h, const char *type);
 void fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1]);
 
 /* Appends, as array `key`, the handlers of `cfg` as the instance document
- * records them: {name, kind, events: [...], hash, backfillUntil?}.
- * `backfill_until` (NULL, or one per handler of cfg; 0 for none) dates the
- * end of a backfill in progress. */
-bool fleet_append_handlers (const config_t *cfg, const int64_t *backfill_until, bson_t *doc, const char *key)
-   __attribute__ ((warn_unused_result));
+ * records them: {name, kind, events: [...], hash, backfillSince?,
+ * backfillUntil?}.  `backfill_until` (NULL, or one per handler of cfg; 0
+ * for none) dates the end of a backfill in progress, `backfill_since`
+ * (NULL, or one per handler) the start of its window. */
+bool fleet_append_handlers (const config_t *cfg,
+                            const int64_t *backfill_since,
+                            const int64_t *backfill_until,
+                            bson_t *doc,
+                            const char *key) __attribute__ ((warn_unused_result));
 
 /* A snapshot from instance documents ({_id, heartbeatAt, startedAt,
  * handlers}), newest heartbeat first; `now` on the server's clock;
@@ -152,8 +158,15 @@ bool fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const ch
  * 0 when none does. */
 int64_t fleet_last_declared (const fleet_set_t *fs, const char *name);
 
-/* The latest backfillUntil a kept instance other than `self` records for
- * `name` (0: none). */
-int64_t fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name);
+/* The latest backfillUntil recorded for `name` by a kept instance other
+ * than `self` that is live (`live`) or that is not (stopped or silent:
+ * its backfill is nobody's until another declarer carries it on); 0:
+ * none.  *since: that record's backfillSince (0 when it has none). */
+int64_t fleet_backfill_record (const fleet_set_t *fs, const char *self, const char *name, bool live, int64_t *since);
+
+/* Whether a live instance runs a version before 0.2.0 (its document has
+ * no `version`, or one starting "0.1."): such a proxy claims in the
+ * fixed lane spaces. */
+bool fleet_old_version_live (const fleet_set_t *fs);
 
 #endif /* RELAYBUS_FLEET_H */

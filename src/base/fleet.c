@@ -78,7 +78,11 @@ fleet_handler_hash (const config_handler_t *h, char out[FLEET_HASH_LEN + 1])
 }
 
 bool
-fleet_append_handlers (const config_t *cfg, const int64_t *backfill_until, bson_t *doc, const char *key)
+fleet_append_handlers (const config_t *cfg,
+                       const int64_t *backfill_since,
+                       const int64_t *backfill_until,
+                       bson_t *doc,
+                       const char *key)
 {
    bson_t arr;
 
@@ -105,6 +109,8 @@ fleet_append_handlers (const config_t *cfg, const int64_t *backfill_until, bson_
       }
       bson_append_array_end (&hd, &ev);
       BSON_APPEND_UTF8 (&hd, "hash", hash);
+      if (backfill_since && backfill_until && backfill_until[i] > 0)
+         BSON_APPEND_DATE_TIME (&hd, "backfillSince", backfill_since[i]);
       if (backfill_until && backfill_until[i] > 0)
          BSON_APPEND_DATE_TIME (&hd, "backfillUntil", backfill_until[i]);
       bson_append_document_end (&arr, &hd);
@@ -135,6 +141,7 @@ fleet_free (fleet_set_t *fs)
          handler_clear (&in->handlers[h]);
       bson_free (in->handlers);
       bson_free (in->instance);
+      bson_free (in->version);
    }
    for (size_t i = 0; i < fs->n_disagreeing; i++)
       bson_free (fs->disagreeing[i]);
@@ -163,6 +170,8 @@ handler_read (bson_iter_t *doc, fleet_handler_t *h)
          h->kind = bson_strdup (bson_iter_utf8 (&f, NULL));
       } else if (!strcmp (k, "backfillUntil") && BSON_ITER_HOLDS_DATE_TIME (&f)) {
          h->backfill_until = bson_iter_date_time (&f);
+      } else if (!strcmp (k, "backfillSince") && BSON_ITER_HOLDS_DATE_TIME (&f)) {
+         h->backfill_since = bson_iter_date_time (&f);
       } else if (!strcmp (k, "hash") && BSON_ITER_HOLDS_UTF8 (&f) && !h->hash) {
          h->hash = bson_strdup (bson_iter_utf8 (&f, NULL));
       } else if (!strcmp (k, "events") && BSON_ITER_HOLDS_ARRAY (&f) && !h->patterns && bson_iter_recurse (&f, &ev)) {
@@ -237,6 +246,8 @@ fleet_set_from_docs (const bson_t *const *docs, size_t n, int64_t now, int64_t l
       /* A proxy that stopped cleanly says so: not live from then on, but
        * its last heartbeat still dates its declarations. */
       in->stopped = bson_iter_init_find (&it, docs[i], "stoppedAt");
+      if (bson_iter_init_find (&it, docs[i], "version") && BSON_ITER_HOLDS_UTF8 (&it))
+         in->version = bson_strdup (bson_iter_utf8 (&it, NULL));
       in->live = !in->stopped && in->heartbeat_at > now - live_ms;
       /* Stopped or silent, its declarations stand until the retention
        * ends: a stalled or restarting declarer keeps its handlers' deliveries. */
@@ -418,20 +429,32 @@ fleet_declared_elsewhere (const fleet_set_t *fs, const char *self, const char *n
 }
 
 int64_t
-fleet_backfill_until (const fleet_set_t *fs, const char *self, const char *name)
+fleet_backfill_record (const fleet_set_t *fs, const char *self, const char *name, bool live, int64_t *since)
 {
    int64_t until = 0;
 
+   *since = 0;
    for (size_t i = 0; fs && i < fs->n_instances; i++) {
       const fleet_instance_t *in = &fs->instances[i];
 
-      if (!in->kept || (self && !strcmp (in->instance, self)))
+      if (!in->kept || in->live != live || (self && !strcmp (in->instance, self)))
          continue;
       for (size_t h = 0; h < in->n_handlers; h++)
-         if (!strcmp (in->handlers[h].name, name) && in->handlers[h].backfill_until > until)
+         if (!strcmp (in->handlers[h].name, name) && in->handlers[h].backfill_until > until) {
             until = in->handlers[h].backfill_until;
+            *since = in->handlers[h].backfill_since;
+         }
    }
    return until;
+}
+
+bool
+fleet_old_version_live (const fleet_set_t *fs)
+{
+   for (size_t i = 0; fs && i < fs->n_instances; i++)
+      if (fs->instances[i].live && (!fs->instances[i].version || !strncmp (fs->instances[i].version, "0.1.", 4)))
+         return true;
+   return false;
 }
 
 int64_t

@@ -20,17 +20,20 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "autoconf.h"
 #include "base/fleet.h"
 #include "base/log.h"
 #include "base/counters.h"
 #include "store/fleet.h"
 
-/* A handler this instance declares first: backfilled from `since` until a
- * pass that starts at or after `until`.  With `hold_only`, another kept
- * instance is backfilling it: only its claims wait until `until`. */
+/* A handler this instance backfills: it declared it first, or carries on
+ * the backfill of a declarer that is gone (`bf`, the window and the
+ * cursor).  With `hold_only`, a live instance is backfilling it: only its
+ * claims wait, until that instance's record (`until`) ends. */
 typedef struct {
    char *name; /* owned: a reload may free the configuration it came from */
-   int64_t since, until;
+   store_backfill_t bf;
+   int64_t until;
    size_t added;
    bool hold_only;
 } fleet_backfill_t;
@@ -49,6 +52,8 @@ struct dispatch_fleet {
    size_t n_backfills;
    char **known; /* the local handlers of the last heartbeat (owned names) */
    size_t n_known;
+   char **recorded; /* names this process recorded as declared by the fleet (owned) */
+   size_t n_recorded;
    store_handler_state_t *disabled; /* the outbox's disabled handlers, as last read (owned) */
    size_t n_disabled;
    bool disabled_read; /* read at least once (changes are logged from then on) */
@@ -69,12 +74,17 @@ dispatch_fleet_destroy (dispatch_fleet_t *f)
 {
    if (!f)
       return;
-   for (size_t i = 0; i < f->n_backfills; i++)
+   for (size_t i = 0; i < f->n_backfills; i++) {
       bson_free (f->backfills[i].name);
+      store_backfill_clear (&f->backfills[i].bf);
+   }
    bson_free (f->backfills);
    for (size_t i = 0; i < f->n_known; i++)
       bson_free (f->known[i]);
    bson_free (f->known);
+   for (size_t i = 0; i < f->n_recorded; i++)
+      bson_free (f->recorded[i]);
+   bson_free (f->recorded);
    store_handler_states_free (f->disabled, f->n_disabled);
    fleet_release (f->fleet);
    bson_free (f->owner);
@@ -215,6 +225,7 @@ static void
 backfill_remove (dispatch_fleet_t *f, size_t i)
 {
    bson_free (f->backfills[i].name);
+   store_backfill_clear (&f->backfills[i].bf);
    f->backfills[i] = f->backfills[--f->n_backfills];
 }
 
@@ -281,9 +292,12 @@ fleet_txn_lifetime (dispatch_fleet_t *f, const config_t *cfg)
  * that no later delivery of a key runs before a backfilled earlier one.
  * With no other instance in the fleet (kept and not stopped) there is
  * nobody to backfill for: an instance that starts later reads our document
- * before it listens, so it writes with ours.  A handler another instance
+ * before it listens, so it writes with ours.  A handler a live instance
  * is still backfilling (its document dates the end) is not claimed here
- * either before then. */
+ * either before then; one whose backfill a declarer that is gone (killed,
+ * stopped, restarted: a new instance) recorded is carried on here
+ * (fleet_carry_on), since nobody else would backfill what became visible
+ * after that declarer's last pass. */
 static void
 fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now, bool only_new)
 {
@@ -292,38 +306,81 @@ fleet_start_backfills (dispatch_fleet_t *f, const config_t *cfg, const fleet_set
 
    for (size_t i = 0; i < fs->n_instances; i++)
       others += fs->instances[i].kept && !fs->instances[i].stopped && strcmp (fs->instances[i].instance, f->owner) != 0;
-   if (others == 0)
-      return;
    f->backfills = bson_realloc (f->backfills, (f->n_backfills + cfg->n_handlers + 1) * sizeof *f->backfills);
    for (size_t i = 0; i < cfg->n_handlers; i++) {
       const config_handler_t *h = &cfg->handlers[i];
+      fleet_backfill_t *b = &f->backfills[f->n_backfills];
 
       if ((only_new && fleet_known (f, h->name)) || fleet_backfilling (f, h->name))
          continue;
-      memset (&f->backfills[f->n_backfills], 0, sizeof *f->backfills);
+      memset (b, 0, sizeof *b);
 
       if (fleet_declared_elsewhere (fs, f->owner, h->name)) {
-         int64_t until = fleet_backfill_until (fs, f->owner, h->name);
+         int64_t since, live_until = fleet_backfill_record (fs, f->owner, h->name, true, &since);
+         int64_t gone_until = fleet_backfill_record (fs, f->owner, h->name, false, &since);
 
-         if (until <= now)
+         if (live_until == 0 && gone_until == 0)
             continue;
-         f->backfills[f->n_backfills].name = bson_strdup (h->name);
-         f->backfills[f->n_backfills].until = until;
-         f->backfills[f->n_backfills].hold_only = true;
+         b->name = bson_strdup (h->name);
+         b->until = live_until > 0 ? live_until : gone_until;
+         b->hold_only = true;
          f->n_backfills++;
-         log_info ("dispatch: handler %s is being backfilled by another proxy: its deliveries wait %" PRId64 " ms",
-                   h->name,
-                   until - now);
+         if (live_until > 0)
+            log_info ("dispatch: handler %s is being backfilled by another proxy: its deliveries wait %" PRId64 " ms",
+                      h->name,
+                      live_until > now ? live_until - now : 0);
+         /* A record of a declarer that is gone: carried on at the first
+          * pass (fleet_run_backfills). */
          continue;
       }
+      if (others == 0)
+         continue;
       if (reach < 0)
          reach = fleet_live_ms (cfg) + fleet_txn_lifetime (f, cfg);
-      f->backfills[f->n_backfills].name = bson_strdup (h->name);
-      f->backfills[f->n_backfills].since = now - reach;
-      f->backfills[f->n_backfills].until = now + reach;
+      b->name = bson_strdup (h->name);
+      store_backfill_init (&b->bf, now - reach, now + reach, reach);
+      b->until = now + reach;
       f->n_backfills++;
       log_info ("dispatch: handler %s is new to the fleet: backfilling its events for %" PRId64 " ms", h->name, 2 * reach);
    }
+}
+
+/* A held handler's backfill: whether it is still someone else's.  A live
+ * declarer that records it keeps it (until its record's end plus a
+ * liveness bound: its last pass runs at or after the end, and its next
+ * heartbeat drops the record).  A record that remains past that, or one
+ * only declarers that are gone left, is carried on here: this instance
+ * backfills the recorded window itself, from its start (whatever the
+ * predecessor's last pass reached), and records it as its own.  True
+ * while it stays held only; *release when nobody records it any more. */
+static bool
+fleet_carry_on (dispatch_fleet_t *f, const config_t *cfg, fleet_backfill_t *b, int64_t now, bool *release)
+{
+   int64_t live_since, gone_since, since, until, reach;
+   int64_t live_until = fleet_backfill_record (f->fleet, f->owner, b->name, true, &live_since);
+   int64_t gone_until = fleet_backfill_record (f->fleet, f->owner, b->name, false, &gone_since);
+
+   *release = false;
+   if (live_until > 0 && now < live_until + fleet_live_ms (cfg)) {
+      b->until = live_until;
+      return true;
+   }
+   if (live_until == 0 && gone_until == 0) {
+      *release = true;
+      return false;
+   }
+   until = live_until > gone_until ? live_until : gone_until;
+   since = live_until > gone_until ? live_since : gone_since;
+   reach = fleet_live_ms (cfg) + fleet_txn_lifetime (f, cfg);
+   if (since <= 0 || since > until)
+      since = until - 2 * reach; /* a record without its start: the window as this instance would make it */
+   store_backfill_init (&b->bf, since, until, reach);
+   b->until = until;
+   b->hold_only = false;
+   log_info ("dispatch: handler %s: the backfill a proxy that is gone recorded (until %" PRId64 " ms from now) is carried on here",
+             b->name,
+             until - now);
+   return false;
 }
 
 /* One pass of every backfill in progress; true when one ended (its
@@ -336,9 +393,9 @@ fleet_run_backfills (dispatch_fleet_t *f, const config_t *cfg, int64_t now)
    for (size_t i = 0; i < f->n_backfills;) {
       fleet_backfill_t *b = &f->backfills[i];
       const config_handler_t *h = NULL;
-      bool last = now >= b->until;
       bson_error_t err;
       size_t added = 0;
+      bool release = false;
 
       for (size_t k = 0; k < cfg->n_handlers; k++)
          if (!strcmp (cfg->handlers[k].name, b->name))
@@ -347,26 +404,73 @@ fleet_run_backfills (dispatch_fleet_t *f, const config_t *cfg, int64_t now)
          backfill_remove (f, i);
          continue;
       }
-      if (b->hold_only && !last) {
+      if (b->hold_only && fleet_carry_on (f, cfg, b, now, &release)) {
          i++;
          continue;
       }
-      if (!b->hold_only && !store_fleet_backfill (f->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, b->since, now, &added, &err)) {
+      if (release) {
+         released = true;
+         backfill_remove (f, i);
+         continue;
+      }
+      if (!store_fleet_backfill (f->store, h->name, (const char *const *) h->event_patterns, h->n_event_patterns, &b->bf, now, &added, &err)) {
          log_warn ("dispatch: backfilling handler %s (retried at the next heartbeat): %s", h->name, err.message);
          i++;
          continue;
       }
       b->added += added;
-      if (!last) {
+      if (!b->bf.done) {
          i++;
          continue;
       }
-      if (!b->hold_only)
-         log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it", h->name, b->added);
+      log_info ("dispatch: handler %s: backfill done, %zu deliveries added for events published without it (%zu sweeps, %zu events read)",
+                h->name,
+                b->added,
+                b->bf.sweeps,
+                b->bf.read);
       released = true;
       backfill_remove (f, i);
    }
    return released;
+}
+
+static bool
+fleet_recorded (const dispatch_fleet_t *f, const char *name)
+{
+   for (size_t i = 0; i < f->n_recorded; i++)
+      if (!strcmp (f->recorded[i], name))
+         return true;
+   return false;
+}
+
+/* Records, once per process and name, that this fleet declares the local
+ * handlers and those of its set (the kept instances', older versions'
+ * included): the records retirement goes by, which outlive the instance
+ * documents.  One bulk write when there is a name new to this process. */
+static void
+fleet_record_declared (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs)
+{
+   const char **names = bson_malloc0 ((cfg->n_handlers + fs->n_set + 1) * sizeof *names);
+   size_t n = 0;
+   bson_error_t err;
+
+   for (size_t i = 0; i < cfg->n_handlers + fs->n_set; i++) {
+      const char *name = i < cfg->n_handlers ? cfg->handlers[i].name : fs->set[i - cfg->n_handlers]->name;
+      bool dup = fleet_recorded (f, name);
+
+      for (size_t k = 0; !dup && k < n; k++)
+         dup = !strcmp (names[k], name);
+      if (!dup)
+         names[n++] = name;
+   }
+   if (n > 0 && store_fleet_record_declared (f->store, names, n, &err)) {
+      f->recorded = bson_realloc (f->recorded, (f->n_recorded + n) * sizeof *f->recorded);
+      for (size_t i = 0; i < n; i++)
+         f->recorded[f->n_recorded++] = bson_strdup (names[i]);
+   } else if (n > 0) {
+      log_warn ("dispatch: recording the fleet's declared handlers (retried every heartbeat): %s", err.message);
+   }
+   bson_free (names);
 }
 
 /* Retirement, under the retirement lease: the pending deliveries of every
@@ -377,7 +481,8 @@ static void
 fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, int64_t now)
 {
    char **names = NULL;
-   size_t n = 0;
+   bool *declared = NULL;
+   size_t n = 0, n_checked = 0;
    bool leased = false;
    bson_error_t err;
    int64_t after = cfg->handler_retire_after_ms;
@@ -388,11 +493,32 @@ fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, i
    }
    if (!leased)
       return;
+   if (!fleet_old_version_live (fs)) {
+      size_t lanes = 0, charged = 0;
+
+      /* What a proxy before 0.2.0 left in the fixed spaces, once none runs
+       * (one find while there is nothing; rare writes otherwise). */
+      if (!store_fleet_release_old_lanes (f->store, now, &lanes, &charged, &err))
+         log_warn ("dispatch: releasing the lanes a proxy before 0.2.0 left: %s", err.message);
+      else if (lanes > 0)
+         log_warn ("dispatch: %zu lane(s) a proxy before 0.2.0 left listing deliveries released, %zu lost attempt(s) charged",
+                   lanes,
+                   charged);
+   }
    if (!store_fleet_pending_handlers (f->store, &names, &n, CONFIG_MAX_HANDLERS * 4, &err)) {
       log_warn ("dispatch: handler retirement: %s", err.message);
       return;
    }
-   for (size_t i = 0; i < n; i++) {
+   /* Only what a proxy of this fleet declared: a handler another program
+    * names in the same outbox is not this fleet's to bury. */
+   declared = bson_malloc0 ((n ? n : 1) * sizeof *declared);
+   if (!store_fleet_declared (f->store, names, n, declared, &err)) {
+      log_warn ("dispatch: handler retirement: %s", err.message);
+      n_checked = 0;
+   } else {
+      n_checked = n;
+   }
+   for (size_t i = 0; i < n_checked; i++) {
       int64_t last = fleet_last_declared (fs, names[i]);
       int64_t since = last > 0 ? last : f->started_ms;
       char reason[300];
@@ -400,6 +526,10 @@ fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, i
       bool more = true;
 
       log_debug ("dispatch: retirement: %s has pending deliveries, last declared %" PRId64 " ms ago", names[i], now - since);
+      if (!declared[i]) {
+         log_debug ("dispatch: retirement: no proxy of this fleet ever declared %s: its deliveries are not this fleet's", names[i]);
+         continue;
+      }
       if (local_handler (cfg, names[i]) || fleet_declared_elsewhere (fs, f->owner, names[i]) || now - since < after)
          continue;
       bson_snprintf (reason, sizeof reason, "handler %.200s retired: no live proxy declares it", names[i]);
@@ -424,6 +554,7 @@ fleet_retire (dispatch_fleet_t *f, const config_t *cfg, const fleet_set_t *fs, i
    for (size_t i = 0; i < n; i++)
       bson_free (names[i]);
    bson_free (names);
+   bson_free (declared);
    /* Documents of instances silent for longer than the grace period have
     * said all they can. */
    if (!store_fleet_forget (f->store, now - after - fleet_live_ms (cfg), &err))
@@ -439,21 +570,29 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
    bson_error_t err;
    fleet_set_t *fs;
    int64_t retire_every, local_now = now;
-   int64_t *until = NULL;
+   int64_t *until = NULL, *since = NULL;
    bool ok, again = false;
 
    *released = false;
    BSON_APPEND_DATE_TIME (&fields, "startedAt", f->announced ? f->started_ms : now);
+   /* Which version runs here: the fleet's 0.1.0 instances (documents
+    * without it) still claim in the fixed lane spaces. */
+   BSON_APPEND_UTF8 (&fields, "version", PACKAGE_VERSION);
    if (f->n_backfills > 0) {
-      /* Other instances starting meanwhile hold their claims of these. */
+      /* Other instances starting meanwhile hold their claims of these, and
+       * carry the backfill on should this instance go. */
       until = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *until);
+      since = bson_malloc0 ((cfg->n_handlers ? cfg->n_handlers : 1) * sizeof *since);
       for (size_t i = 0; i < cfg->n_handlers; i++)
          for (size_t b = 0; b < f->n_backfills; b++)
-            if (!f->backfills[b].hold_only && !strcmp (f->backfills[b].name, cfg->handlers[i].name))
-               until[i] = f->backfills[b].until;
+            if (!f->backfills[b].hold_only && !strcmp (f->backfills[b].name, cfg->handlers[i].name)) {
+               until[i] = f->backfills[b].bf.until;
+               since[i] = f->backfills[b].bf.since;
+            }
    }
-   ok = fleet_append_handlers (cfg, until, &fields, "handlers");
+   ok = fleet_append_handlers (cfg, since, until, &fields, "handlers");
    bson_free (until);
+   bson_free (since);
    if (!ok || !store_fleet_announce (f->store, &fields, &err) ||
        !store_fleet_read (f->store, docs, FLEET_MAX_INSTANCES, FLEET_MAX_DOCS, &n, &err)) {
       if (!f->failing)
@@ -491,6 +630,7 @@ dispatch_fleet_beat (dispatch_fleet_t *f, const config_t *cfg, int64_t now, bool
    /* An enabled handler is claimable now, not at the next poll. */
    if (fleet_read_disabled (f))
       *released = true;
+   fleet_record_declared (f, cfg, fs);
    fleet_publish (fleet_retain (fs));
    fleet_release (f->fleet);
    f->fleet = fs;

@@ -86,11 +86,13 @@ store_fleet_read (store_t *s, bson_t **docs, size_t max_full, size_t max, size_t
 {
    mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
    mongoc_collection_t *coll = store_coll (s, client, OUTBOX_HANDLERS);
-   bson_t q = BSON_INITIALIZER;
+   /* Instance documents only (a string _id): not the declaration records
+    * (store_fleet_record_declared). */
+   bson_t *q = BCON_NEW ("_id", "{", "$type", BCON_UTF8 ("string"), "}");
    /* Newest heartbeat first: however many documents dead instances left,
     * the live ones come before them. */
    bson_t *opts = BCON_NEW ("sort", "{", OUTBOX_F_HEARTBEAT_AT, BCON_INT32 (-1), "_id", BCON_INT32 (1), "}");
-   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
    char **names = bson_malloc0 ((max ? max : 1) * sizeof *names);
    size_t n_names = 0;
    const bson_t *doc;
@@ -119,6 +121,106 @@ store_fleet_read (store_t *s, bson_t **docs, size_t max_full, size_t max, size_t
       bson_free (names[i]);
    bson_free (names);
    mongoc_cursor_destroy (cur);
+   bson_destroy (opts);
+   bson_destroy (q);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+/* The declaration record of `name`: {_id: {handler: name}} (a document
+ * _id, which no instance document has). */
+static void
+declared_id (bson_t *doc, const char *key, const char *name)
+{
+   bson_t id;
+
+   BSON_APPEND_DOCUMENT_BEGIN (doc, key, &id);
+   BSON_APPEND_UTF8 (&id, "handler", name);
+   bson_append_document_end (doc, &id);
+}
+
+bool
+store_fleet_record_declared (store_t *s, const char *const *names, size_t n, bson_error_t *error)
+{
+   mongoc_client_t *client;
+   mongoc_collection_t *coll;
+   mongoc_bulk_operation_t *bulk;
+   bson_t *opts = BCON_NEW ("upsert", BCON_BOOL (true));
+   bson_t reply;
+   bson_error_t err;
+   bool ok = true;
+
+   if (n == 0) {
+      bson_destroy (opts);
+      return true;
+   }
+   client = mongoc_client_pool_pop (s->pool);
+   coll = store_coll (s, client, OUTBOX_HANDLERS);
+   bulk = mongoc_collection_create_bulk_operation_with_opts (coll, NULL);
+   for (size_t i = 0; ok && i < n; i++) {
+      bson_t q = BSON_INITIALIZER;
+      /* The name, and the server's time of the last record (a proxy
+       * records each name once per process). */
+      bson_t *u = BCON_NEW ("$set", "{", "handler", BCON_UTF8 (names[i]), "}", "$currentDate", "{", "declaredAt", BCON_BOOL (true), "}");
+
+      declared_id (&q, "_id", names[i]);
+      ok = mongoc_bulk_operation_update_one_with_opts (bulk, &q, u, opts, &err);
+      bson_destroy (u);
+      bson_destroy (&q);
+   }
+   if (ok) {
+      ok = mongoc_bulk_operation_execute (bulk, &reply, &err) != 0;
+      bson_destroy (&reply);
+   }
+   if (!ok)
+      store_set_error (error, STORE_ERROR_SERVER, "recording the declared handlers: %s", err.message);
+   mongoc_bulk_operation_destroy (bulk);
+   bson_destroy (opts);
+   mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+bool
+store_fleet_declared (store_t *s, char *const *names, size_t n, bool *declared, bson_error_t *error)
+{
+   mongoc_client_t *client;
+   mongoc_collection_t *coll;
+   bson_t q = BSON_INITIALIZER, id, in;
+   bson_t *opts = BCON_NEW ("projection", "{", "handler", BCON_INT32 (1), "}");
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bool ok;
+
+   for (size_t i = 0; i < n; i++)
+      declared[i] = false;
+   if (n == 0) {
+      bson_destroy (opts);
+      return true;
+   }
+   client = mongoc_client_pool_pop (s->pool);
+   coll = store_coll (s, client, OUTBOX_HANDLERS);
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &id);
+   BSON_APPEND_ARRAY_BEGIN (&id, "$in", &in);
+   for (size_t i = 0; i < n; i++) {
+      char buf[16];
+      const char *k;
+
+      bson_uint32_to_string ((uint32_t) i, &k, buf, sizeof buf);
+      declared_id (&in, k, names[i]);
+   }
+   bson_append_array_end (&id, &in);
+   bson_append_document_end (&q, &id);
+   cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      const char *name = store_iter_utf8 (doc, "handler");
+
+      for (size_t i = 0; name && i < n; i++)
+         if (!strcmp (names[i], name))
+            declared[i] = true;
+   }
+   ok = store_cursor_end (cur, error, "reading the declared handlers");
    bson_destroy (opts);
    bson_destroy (&q);
    mongoc_collection_destroy (coll);
@@ -370,26 +472,115 @@ done:
    return ok;
 }
 
+/* Appends the condition on `type` that matches `patterns` (exact, or a
+ * prefix ending in '*': an anchored regular expression, its
+ * metacharacters escaped); nothing when a pattern is "*" alone. */
+static void
+backfill_append_types (bson_t *and, const char *key, const char *const *patterns, size_t n)
+{
+   bson_t cond, or, in, alt, sub;
+   uint32_t n_in = 0, n_or = 0;
+   char buf[16];
+   const char *k;
+
+   for (size_t i = 0; i < n; i++)
+      if (!strcmp (patterns[i], "*"))
+         return;
+   BSON_APPEND_DOCUMENT_BEGIN (and, key, &cond);
+   BSON_APPEND_ARRAY_BEGIN (&cond, "$or", &or);
+   bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
+   BSON_APPEND_DOCUMENT_BEGIN (&or, k, &alt);
+   BSON_APPEND_DOCUMENT_BEGIN (&alt, "type", &sub);
+   BSON_APPEND_ARRAY_BEGIN (&sub, "$in", &in);
+   for (size_t i = 0; i < n; i++) {
+      size_t len = strlen (patterns[i]);
+      if (len > 0 && patterns[i][len - 1] == '*')
+         continue;
+      bson_uint32_to_string (n_in++, &k, buf, sizeof buf);
+      BSON_APPEND_UTF8 (&in, k, patterns[i]);
+   }
+   bson_append_array_end (&sub, &in);
+   bson_append_document_end (&alt, &sub);
+   bson_append_document_end (&or, &alt);
+   for (size_t i = 0; i < n; i++) {
+      size_t len = strlen (patterns[i]);
+      bson_string_t *re;
+
+      if (len == 0 || patterns[i][len - 1] != '*')
+         continue;
+      re = bson_string_new ("^");
+      for (size_t c = 0; c + 1 < len; c++) {
+         if (strchr ("\\^$.|?*+()[]{}/-", patterns[i][c]))
+            bson_string_append_c (re, '\\');
+         bson_string_append_c (re, patterns[i][c]);
+      }
+      bson_uint32_to_string (n_or++, &k, buf, sizeof buf);
+      BSON_APPEND_DOCUMENT_BEGIN (&or, k, &alt);
+      BSON_APPEND_DOCUMENT_BEGIN (&alt, "type", &sub);
+      BSON_APPEND_UTF8 (&sub, "$regex", re->str);
+      bson_append_document_end (&alt, &sub);
+      bson_append_document_end (&or, &alt);
+      bson_string_free (re, true);
+   }
+   bson_append_array_end (&cond, &or);
+   bson_append_document_end (and, &cond);
+}
+
+void
+store_backfill_init (store_backfill_t *b, int64_t since, int64_t until, int64_t reach)
+{
+   memset (b, 0, sizeof *b);
+   b->since = since;
+   b->until = until;
+   b->reach = reach;
+}
+
+void
+store_backfill_clear (store_backfill_t *b)
+{
+   if (b && b->have_after)
+      bson_value_destroy (&b->after_id);
+   if (b)
+      b->have_after = false;
+}
+
+/* A sweep reads the window's candidates in (createdAt, _id) order from
+ * `from` up to `until`, its cursor kept between calls.  An event that
+ * becomes visible while a sweep runs may lie behind its cursor, but it
+ * was created at most `reach` before it became visible (the window's own
+ * argument: docs/outbox-schema.md), so the next sweep starts `reach`
+ * before the start of the one before it.  The backfill is done when a
+ * sweep that started at or after `until` reached the end. */
 bool
 store_fleet_backfill (store_t *s,
                       const char *handler,
                       const char *const *patterns,
                       size_t n_patterns,
-                      int64_t since,
+                      store_backfill_t *bf,
                       int64_t now,
                       size_t *n_added,
                       bson_error_t *error)
 {
-   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
-   mongoc_collection_t *events = store_coll (s, client, OUTBOX_EVENTS);
+   mongoc_client_t *client;
+   mongoc_collection_t *events;
    char *ids[FLEET_BACKFILL_PAGE];
-   bson_value_t after_id = {0};
-   int64_t after_created = 0;
-   bool have_after = false, ok = true;
+   bool ok = true;
 
    *n_added = 0;
+   if (bf->done)
+      return true;
+   if (!bf->in_sweep) {
+      int64_t from = bf->sweeps > 0 ? bf->last_sweep_started - bf->reach : bf->since;
+
+      bf->from = from > bf->since ? from : bf->since;
+      bf->sweep_started = now;
+      bf->in_sweep = true;
+      store_backfill_clear (bf);
+   }
+   client = mongoc_client_pool_pop (s->pool);
+   events = store_coll (s, client, OUTBOX_EVENTS);
    for (int page = 0; ok && page < FLEET_BACKFILL_MAX_PAGES; page++) {
-      bson_t q = BSON_INITIALIZER, sub;
+      bson_t q = BSON_INITIALIZER, and, c;
       bson_t *opts = BCON_NEW ("projection", "{", "type", BCON_INT32 (1), OUTBOX_F_CREATED_AT, BCON_INT32 (1), "}", "sort",
                                "{", OUTBOX_F_CREATED_AT, BCON_INT32 (1), "_id", BCON_INT32 (1), "}", "limit",
                                BCON_INT64 (FLEET_BACKFILL_PAGE));
@@ -398,14 +589,32 @@ store_fleet_backfill (store_t *s,
       size_t seen = 0, n_ids = 0;
       bson_error_t err;
 
-      BSON_APPEND_DOCUMENT_BEGIN (&q, OUTBOX_F_CREATED_AT, &sub);
-      BSON_APPEND_DATE_TIME (&sub, "$gte", since);
-      bson_append_document_end (&q, &sub);
-      BSON_APPEND_DOCUMENT_BEGIN (&q, "handlers", &sub);
-      BSON_APPEND_UTF8 (&sub, "$ne", handler);
-      bson_append_document_end (&q, &sub);
-      if (have_after)
-         store_append_after_key (&q, OUTBOX_F_CREATED_AT, after_created, &after_id);
+      /* Bounded on both sides, only the handler's types, past the cursor. */
+      BSON_APPEND_ARRAY_BEGIN (&q, "$and", &and);
+      BSON_APPEND_DOCUMENT_BEGIN (&and, "0", &c);
+      {
+         bson_t range;
+         BSON_APPEND_DOCUMENT_BEGIN (&c, OUTBOX_F_CREATED_AT, &range);
+         BSON_APPEND_DATE_TIME (&range, "$gte", bf->from);
+         BSON_APPEND_DATE_TIME (&range, "$lte", bf->until);
+         bson_append_document_end (&c, &range);
+      }
+      bson_append_document_end (&and, &c);
+      BSON_APPEND_DOCUMENT_BEGIN (&and, "1", &c);
+      {
+         bson_t ne;
+         BSON_APPEND_DOCUMENT_BEGIN (&c, "handlers", &ne);
+         BSON_APPEND_UTF8 (&ne, "$ne", handler);
+         bson_append_document_end (&c, &ne);
+      }
+      bson_append_document_end (&and, &c);
+      if (bf->have_after) {
+         BSON_APPEND_DOCUMENT_BEGIN (&and, "2", &c);
+         store_append_after_key (&c, OUTBOX_F_CREATED_AT, bf->after_created, &bf->after_id);
+         bson_append_document_end (&and, &c);
+      }
+      backfill_append_types (&and, bf->have_after ? "3" : "2", patterns, n_patterns);
+      bson_append_array_end (&q, &and);
       cur = mongoc_collection_find_with_opts (events, &q, opts, NULL);
       while (mongoc_cursor_next (cur, &doc)) {
          const char *id = store_iter_utf8 (doc, "_id");
@@ -414,12 +623,12 @@ store_fleet_backfill (store_t *s,
 
          seen++;
          if (bson_iter_init_find (&it, doc, "_id")) {
-            if (have_after)
-               bson_value_destroy (&after_id);
-            bson_value_copy (bson_iter_value (&it), &after_id);
-            after_created = store_iter_date (doc, OUTBOX_F_CREATED_AT);
-            have_after = true;
+            store_backfill_clear (bf);
+            bson_value_copy (bson_iter_value (&it), &bf->after_id);
+            bf->after_created = store_iter_date (doc, OUTBOX_F_CREATED_AT);
+            bf->have_after = true;
          }
+         /* The query's type condition, checked again by the rule itself. */
          if (id && type && config_patterns_match (patterns, n_patterns, type))
             ids[n_ids++] = bson_strdup (id);
       }
@@ -439,11 +648,23 @@ store_fleet_backfill (store_t *s,
       }
       for (size_t i = 0; i < n_ids; i++)
          bson_free (ids[i]);
-      if (seen < FLEET_BACKFILL_PAGE)
+      bf->read += seen;
+      if (ok && seen < FLEET_BACKFILL_PAGE) {
+         /* The end of the window: this sweep is complete. */
+         bf->in_sweep = false;
+         bf->sweeps++;
+         bf->last_sweep_started = bf->sweep_started;
+         store_backfill_clear (bf);
+         bf->done = bf->sweep_started >= bf->until;
          break;
+      }
    }
-   if (have_after)
-      bson_value_destroy (&after_id);
+   /* A failed transaction leaves the cursor past events not written:
+    * their sweep starts again (the next call), from where it started. */
+   if (!ok) {
+      bf->in_sweep = false;
+      store_backfill_clear (bf);
+   }
    mongoc_collection_destroy (events);
    mongoc_client_pool_push (s->pool, client);
    return ok;
@@ -543,6 +764,254 @@ store_fleet_disabled (store_t *s, store_handler_state_t **states, size_t *n, siz
    bson_destroy (opts);
    bson_destroy (&q);
    mongoc_collection_destroy (coll);
+   mongoc_client_pool_push (s->pool, client);
+   return ok;
+}
+
+/* ------------------------------------------- lanes an old version left */
+
+typedef struct {
+   store_t *s;
+   int32_t lane_doc;
+   int64_t epoch, now;
+   size_t charged;
+   bool released;
+   store_attempt_docs_t recs;
+} old_lane_t;
+
+/* In one transaction: the lane document still at the epoch read; its
+ * listed deliveries (inFlight, and lost ones not charged for their epoch
+ * yet) that are pending and that no lane of their handler's space lists
+ * in flight (a claimer of this version runs those) are charged one
+ * attempt and their claim generation moves on; the lane is emptied and
+ * handed back with a new epoch.  The handler-space lanes read are
+ * written (operatorWrites), so a claim recording one of the deliveries
+ * meanwhile conflicts with the transaction, as with an operator bury. */
+static bool
+old_lane_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
+{
+   old_lane_t *o = ctx;
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (o->lane_doc), OUTBOX_F_EPOCH, BCON_INT64 (o->epoch));
+   bson_t dq = BSON_INITIALIZER, hq = BSON_INITIALIZER, cq = BSON_INITIALIZER, hin, hid;
+   bson_t *fopts = NULL, *u = NULL, *hu = NULL, *lu = NULL, reply;
+   store_oids_t listed = {0}, lost = {0}, charge = {0}, running = {0};
+   int64_t *lost_epochs = NULL;
+   uint32_t n_h = 0;
+   mongoc_cursor_t *cur;
+   const bson_t *doc;
+   bson_t *lane = NULL;
+   bool ok = true;
+
+   o->charged = 0;
+   o->released = false;
+   store_attempt_docs_free (&o->recs);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], lq, &txn->opts, NULL);
+   if (mongoc_cursor_next (cur, &doc))
+      lane = bson_copy (doc);
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   if (!ok || !lane)
+      goto done; /* taken or changed since: not ours to release */
+   store_oids_from_array (&listed, lane, OUTBOX_F_IN_FLIGHT);
+   store_oids_from_array (&lost, lane, "lost");
+   if (lost.n > 0) {
+      bson_iter_t it, child;
+      size_t k = 0;
+
+      lost_epochs = bson_malloc0 (lost.n * sizeof *lost_epochs);
+      for (size_t i = 0; i < lost.n; i++)
+         lost_epochs[i] = o->epoch - 1; /* a lane without lostEpochs: lost under the epoch before */
+      if (bson_iter_init_find (&it, lane, OUTBOX_F_LOST_EPOCHS) && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &child))
+         while (bson_iter_next (&child) && k < lost.n)
+            if (BSON_ITER_HOLDS_NUMBER (&child))
+               lost_epochs[k++] = bson_iter_as_int64 (&child);
+   }
+   {
+      store_oids_t all = {0};
+      for (size_t i = 0; i < listed.n; i++)
+         store_oids_push (&all, &listed.v[i]);
+      for (size_t i = 0; i < lost.n; i++)
+         if (!store_oids_has (&all, &lost.v[i]))
+            store_oids_push (&all, &lost.v[i]);
+      store_append_oids_op (&dq, "_id", "$in", all.v, all.n);
+      store_oids_free (&all);
+   }
+   BSON_APPEND_UTF8 (&dq, "status", "pending");
+   fopts = BCON_NEW ("projection", "{", OUTBOX_F_LANE_ID, BCON_INT32 (1), "handler", BCON_INT32 (1), OUTBOX_F_EVENT_ID, BCON_INT32 (1),
+                     OUTBOX_F_ATTEMPTS, BCON_INT32 (1), OUTBOX_F_LOST_AT, BCON_INT32 (1), "}");
+   bson_concat (fopts, &txn->opts);
+   BSON_APPEND_DOCUMENT_BEGIN (&hq, "_id", &hid);
+   BSON_APPEND_ARRAY_BEGIN (&hid, "$in", &hin);
+   cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_DELIVERIES], &dq, fopts, NULL);
+   while (mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      const char *handler = store_iter_utf8 (doc, "handler");
+      int64_t lane_id = store_iter_int64 (doc, OUTBOX_F_LANE_ID);
+      bool take = false;
+
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_OID (&it))
+         continue;
+      if (store_oids_has (&listed, bson_iter_oid (&it)))
+         take = true;
+      for (size_t i = 0; !take && i < lost.n; i++)
+         if (bson_oid_equal (&lost.v[i], bson_iter_oid (&it))) {
+            bson_iter_t la;
+            /* A lost claim is charged once for its epoch (lostAt). */
+            take = !bson_iter_init_find (&la, doc, OUTBOX_F_LOST_AT) || !BSON_ITER_HOLDS_NUMBER (&la) ||
+                   bson_iter_as_int64 (&la) < lost_epochs[i];
+         }
+      if (!take)
+         continue;
+      store_oids_push (&charge, bson_iter_oid (&it));
+      if (handler && lane_id >= 0 && lane_id < OUTBOX_LANES) {
+         char buf[16];
+         const char *k;
+
+         bson_uint32_to_string (n_h++, &k, buf, sizeof buf);
+         BSON_APPEND_INT32 (&hin, k, outbox_lane_doc_id (outbox_lane_space_of (handler), (uint32_t) lane_id));
+      }
+      if (store_attempts_on (o->s)) {
+         store_attempt_t a = {.handler = handler,
+                              .outcome = OUTBOX_ATTEMPT_LEASE_LOST,
+                              .attempt = (int32_t) store_iter_int64 (doc, OUTBOX_F_ATTEMPTS) + 1,
+                              .duration_ms = -1,
+                              .error = "the claim was lost: a proxy before 0.2.0 stopped renewing its lease"};
+         bson_oid_init (&a.id, NULL);
+         store_attempt_docs_add (o->s, &o->recs, bson_iter_oid (&it), store_iter_utf8 (doc, OUTBOX_F_EVENT_ID), &a, o->now);
+      }
+   }
+   if (mongoc_cursor_error (cur, error))
+      ok = false;
+   mongoc_cursor_destroy (cur);
+   bson_append_array_end (&hid, &hin);
+   bson_append_document_end (&hq, &hid);
+   if (!ok)
+      goto done;
+   if (n_h > 0) {
+      /* What a claimer of this version runs now is its own. */
+      cur = mongoc_collection_find_with_opts (txn->coll[OUTBOX_LANES_COLL], &hq, &txn->opts, NULL);
+      while (mongoc_cursor_next (cur, &doc))
+         store_oids_from_array (&running, doc, OUTBOX_F_IN_FLIGHT);
+      if (mongoc_cursor_error (cur, error))
+         ok = false;
+      mongoc_cursor_destroy (cur);
+      hu = BCON_NEW ("$inc", "{", OUTBOX_F_OPERATOR_WRITES, BCON_INT64 (1), "}");
+      if (ok && !mongoc_collection_update_many (txn->coll[OUTBOX_LANES_COLL], &hq, hu, &txn->opts, NULL, error))
+         ok = false;
+      if (!ok)
+         goto done;
+   }
+   {
+      store_oids_t keep = {0};
+      for (size_t i = 0; i < charge.n; i++)
+         if (!store_oids_has (&running, &charge.v[i]))
+            store_oids_push (&keep, &charge.v[i]);
+      store_oids_free (&charge);
+      charge = keep;
+   }
+   if (charge.n > 0) {
+      store_append_oids_op (&cq, "_id", "$in", charge.v, charge.n);
+      BSON_APPEND_UTF8 (&cq, "status", "pending");
+      u = BCON_NEW ("$inc", "{", OUTBOX_F_ATTEMPTS, BCON_INT32 (1), OUTBOX_F_CLAIMS, BCON_INT32 (1), "}", "$set", "{",
+                    OUTBOX_F_UPDATED_AT, BCON_DATE_TIME (o->now), "}");
+      if (!mongoc_collection_update_many (txn->coll[OUTBOX_DELIVERIES], &cq, u, &txn->opts, &reply, error)) {
+         ok = false;
+         goto done;
+      }
+      o->charged = (size_t) store_iter_int64 (&reply, "modifiedCount");
+      bson_destroy (&reply);
+   }
+   if (o->recs.n > 0) {
+      /* The records of those charged only. */
+      store_attempt_docs_t mine = {0};
+      for (size_t i = 0; i < o->recs.n; i++) {
+         bson_iter_t d;
+         if (bson_iter_init_find (&d, o->recs.v[i], OUTBOX_F_DELIVERY_ID) && BSON_ITER_HOLDS_OID (&d) &&
+             store_oids_has (&charge, bson_iter_oid (&d))) {
+            if (mine.n == mine.cap) {
+               mine.cap = mine.cap ? mine.cap * 2 : 8;
+               mine.v = bson_realloc (mine.v, mine.cap * sizeof *mine.v);
+            }
+            mine.v[mine.n++] = o->recs.v[i];
+         }
+      }
+      ok = store_attempt_docs_insert (o->s, txn->coll[OUTBOX_ATTEMPTS], &mine, &txn->opts, error);
+      bson_free (mine.v); /* the documents are o->recs' */
+      if (!ok)
+         goto done;
+   }
+   lu = BCON_NEW ("$set", "{", "owner", BCON_NULL, OUTBOX_F_LEASE_EXPIRES_AT, BCON_NULL, OUTBOX_F_IN_FLIGHT, "[", "]", "lost", "[", "]",
+                  OUTBOX_F_LOST_EPOCHS, "[", "]", "}", "$inc", "{", OUTBOX_F_EPOCH, BCON_INT64 (1), "}");
+   if (!mongoc_collection_update_one (txn->coll[OUTBOX_LANES_COLL], lq, lu, &txn->opts, NULL, error))
+      ok = false;
+   o->released = ok;
+
+done:
+   bson_free (lost_epochs);
+   bson_destroy (lane);
+   bson_destroy (lq);
+   bson_destroy (fopts);
+   bson_destroy (u);
+   bson_destroy (hu);
+   bson_destroy (lu);
+   bson_destroy (&dq);
+   bson_destroy (&hq);
+   bson_destroy (&cq);
+   store_oids_free (&listed);
+   store_oids_free (&lost);
+   store_oids_free (&charge);
+   store_oids_free (&running);
+   return ok;
+}
+
+bool
+store_fleet_release_old_lanes (store_t *s, int64_t now, size_t *n_lanes, size_t *n_charged, bson_error_t *error)
+{
+   mongoc_client_t *client = mongoc_client_pool_pop (s->pool);
+   mongoc_collection_t *coll = store_coll (s, client, OUTBOX_LANES_COLL);
+   /* The fixed spaces' documents that list anything (no claimer of this
+    * version writes them). */
+   bson_t *q = BCON_NEW ("_id", "{", "$gte", BCON_INT32 (0), "$lt", BCON_INT32 (OUTBOX_LANE_DOCS), "}", "$or", "[", "{",
+                         OUTBOX_F_IN_FLIGHT ".0", "{", "$exists", BCON_BOOL (true), "}", "}", "{", "lost.0", "{", "$exists",
+                         BCON_BOOL (true), "}", "}", "]");
+   bson_t *opts = BCON_NEW ("projection", "{", OUTBOX_F_EPOCH, BCON_INT32 (1), OUTBOX_F_LEASE_EXPIRES_AT, BCON_INT32 (1), "}");
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (coll, q, opts, NULL);
+   int32_t ids[OUTBOX_LANE_DOCS];
+   int64_t epochs[OUTBOX_LANE_DOCS];
+   size_t n = 0;
+   const bson_t *doc;
+   bool ok;
+
+   *n_lanes = 0;
+   *n_charged = 0;
+   while (n < OUTBOX_LANE_DOCS && mongoc_cursor_next (cur, &doc)) {
+      bson_iter_t it;
+      int64_t expires = store_iter_date (doc, OUTBOX_F_LEASE_EXPIRES_AT);
+
+      /* A lease still running (on its owner's clock) is left to expire. */
+      if (!bson_iter_init_find (&it, doc, "_id") || !BSON_ITER_HOLDS_NUMBER (&it) || expires > now)
+         continue;
+      ids[n] = (int32_t) bson_iter_as_int64 (&it);
+      epochs[n++] = store_iter_int64 (doc, OUTBOX_F_EPOCH);
+   }
+   ok = store_cursor_end (cur, error, "reading the lanes of the fixed spaces");
+   bson_destroy (opts);
+   bson_destroy (q);
+   mongoc_collection_destroy (coll);
+   for (size_t i = 0; ok && i < n; i++) {
+      old_lane_t o = {.s = s, .lane_doc = ids[i], .epoch = epochs[i], .now = now};
+      bson_error_t err;
+
+      ok = store_with_txn (s, client, old_lane_cb, &o, &err);
+      store_attempt_docs_free (&o.recs);
+      if (!ok) {
+         store_set_error (error, STORE_ERROR_SERVER, "releasing lane document %d: %s", (int) ids[i], err.message);
+         break;
+      }
+      *n_lanes += o.released;
+      *n_charged += o.charged;
+   }
    mongoc_client_pool_push (s->pool, client);
    return ok;
 }

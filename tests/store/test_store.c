@@ -3425,6 +3425,278 @@ test_l8_fleet_read_past_256_dead_instances (void **state)
    mongoc_collection_destroy (h);
 }
 
+/* Retirement buries only what this fleet declared: the declaration
+ * records (store_fleet_record_declared) name the handlers proxies of the
+ * fleet declared once, and outlive the instance documents; a handler
+ * another program names in the same outbox has pending deliveries but
+ * no record.  The fleet's read takes the instance documents only. */
+static void
+test_retirement_goes_by_the_declaration_records (void **state)
+{
+   fx_t *fx = *state;
+   const char *ours[] = {"ours", "ours"};
+   char *names[] = {"ours", "foreign", "never"};
+   bool declared[3];
+   bson_t **docs = calloc (FLEET_MAX_DOCS, sizeof *docs);
+   bson_t *fields = BCON_NEW ("handlers", "[", "{", "name", BCON_UTF8 ("ours"), "events", "[", BCON_UTF8 ("x"), "]", "}", "]");
+   char **pending = NULL;
+   size_t n = 0;
+   bson_error_t err;
+
+   (void) add (fx, "rt-0", "ours", NULL, 0, T0);
+   (void) add (fx, "rt-1", "foreign", NULL, 0, T0);
+   if (!store_fleet_announce (fx->a, fields, &err) || !store_fleet_record_declared (fx->a, ours, 2, &err) ||
+       !store_fleet_record_declared (fx->b, ours, 1, &err))
+      fail_msg ("record: %s", err.message);
+   /* One record per name, however often recorded. */
+   assert_int_equal (count (fx, OUTBOX_HANDLERS, "{\"_id\": {\"$type\": \"object\"}}"), 1);
+   if (!store_fleet_pending_handlers (fx->a, &pending, &n, 16, &err))
+      fail_msg ("pending: %s", err.message);
+   assert_int_equal (n, 2);
+   for (size_t i = 0; i < n; i++)
+      free (pending[i]);
+   free (pending);
+   if (!store_fleet_declared (fx->a, names, 3, declared, &err))
+      fail_msg ("declared: %s", err.message);
+   assert_true (declared[0]);
+   assert_false (declared[1]);
+   assert_false (declared[2]);
+   /* The instance documents are forgotten; the record stays. */
+   if (!store_fleet_forget (fx->b, T0 * 2, &err))
+      fail_msg ("forget: %s", err.message);
+   assert_int_equal (count (fx, OUTBOX_HANDLERS, "{\"_id\": {\"$type\": \"string\"}}"), 0);
+   if (!store_fleet_declared (fx->a, names, 1, declared, &err))
+      fail_msg ("declared: %s", err.message);
+   assert_true (declared[0]);
+   /* The fleet's read skips the records. */
+   if (!store_fleet_announce (fx->a, fields, &err) || !store_fleet_read (fx->a, docs, FLEET_MAX_INSTANCES, FLEET_MAX_DOCS, &n, &err))
+      fail_msg ("read: %s", err.message);
+   assert_int_equal (n, 1);
+   bson_destroy (docs[0]);
+   free (docs);
+   bson_destroy (fields);
+}
+
+/* Sets fields of a lane document by hand (a version before 0.2.0 left it). */
+static void
+old_lane_set (fx_t *fx, int32_t id, bson_t *set)
+{
+   mongoc_collection_t *c = coll (fx, OUTBOX_LANES_COLL);
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 (id));
+   bson_t u = BSON_INITIALIZER;
+   bson_error_t err;
+
+   BSON_APPEND_DOCUMENT (&u, "$set", set);
+   if (!mongoc_collection_update_one (c, q, &u, NULL, NULL, &err))
+      fail_msg ("lane: %s", err.message);
+   bson_destroy (&u);
+   bson_destroy (q);
+   bson_destroy (set);
+   mongoc_collection_destroy (c);
+}
+
+static bson_t *
+lane_get (fx_t *fx, int32_t id)
+{
+   mongoc_collection_t *c = coll (fx, OUTBOX_LANES_COLL);
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 (id));
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c, q, NULL, NULL);
+   const bson_t *doc;
+   bson_t *out = NULL;
+
+   if (mongoc_cursor_next (cur, &doc))
+      out = bson_copy (doc);
+   mongoc_cursor_destroy (cur);
+   bson_destroy (q);
+   mongoc_collection_destroy (c);
+   return out;
+}
+
+static size_t
+array_len (const bson_t *doc, const char *name)
+{
+   bson_iter_t it, child;
+   size_t n = 0;
+
+   if (doc && bson_iter_init_find (&it, doc, name) && BSON_ITER_HOLDS_ARRAY (&it) && bson_iter_recurse (&it, &child))
+      while (bson_iter_next (&child))
+         n++;
+   return n;
+}
+
+/* The 0.1.0 leftovers: a proxy of the first version (one shared lane
+ * space, _id 0..255) killed with claims in flight, and one killed
+ * between a takeover and its charge, left lanes listing deliveries that
+ * nobody of 0.2.0 takes over: they counted as running for ever and an
+ * operator could not bury them.  Released once their lease expired:
+ * every listed pending delivery is charged its lost attempt once (a lost
+ * list's by lostAt), except one that a claimer of this version runs in
+ * its handler's space; the lanes are emptied, and the deliveries can be
+ * buried. */
+static void
+test_lanes_a_version_before_0_2_left_are_released (void **state)
+{
+   fx_t *fx = *state;
+   store_t *base = new_store (fx, "host/3/cccc");
+   store_spaces_t spaces = {.base = base};
+   store_t *c = store_spaces_of (&spaces, "h3");
+   store_batch_t b1 = {0}, b3 = {0}, bc = {0};
+   bson_oid_t d1, d2, d3, d4;
+   char hex[25];
+   const char *ids[1] = {hex};
+   int32_t lane1, lane_lost = -1;
+   size_t lanes = 0, charged = 0, buried = 0;
+   bson_error_t err;
+   bson_t *doc;
+
+   d1 = add (fx, "old-1", "h1", NULL, 0, T0 - 10);
+   d3 = add (fx, "old-3", "h3", NULL, 0, T0 - 10);
+   d2 = add (fx, "old-2", "h1", NULL, 0, T0 - 5);
+   d4 = add (fx, "old-4", "h1", NULL, 0, T0 - 5);
+   /* The old proxy (fx->a claims in the shared space, _id 0..255) takes d1
+    * and d3, and dies. */
+   claim (fx->a, "h1", 1, T0, &b1);
+   claim (fx->a, "h3", 1, T0, &b3);
+   assert_int_equal (b1.n, 1);
+   assert_true (bson_oid_equal (&b1.items[0].id, &d1));
+   assert_int_equal (b3.n, 1);
+   lane1 = (int32_t) outbox_lane_id (NULL, "old-1");
+   /* A proxy of this version runs d3 in h3's own space. */
+   if (!store_setup_space (c, &err))
+      fail_msg ("space: %s", err.message);
+   claim (c, "h3", 1, T0 + 1, &bc);
+   assert_int_equal (bc.n, 1);
+   /* Another old lane holds a takeover's lost list: d2 not charged yet,
+    * d4 charged already (lostAt at the list's epoch). */
+   for (int32_t l = 0; l < OUTBOX_LANES && lane_lost < 0; l++)
+      if (l != lane1 && l != (int32_t) outbox_lane_id (NULL, "old-3"))
+         lane_lost = l;
+   old_lane_set (fx, lane_lost, BCON_NEW ("owner", BCON_UTF8 ("old/2/dead"), "leaseExpiresAt", BCON_DATE_TIME (T0), "epoch",
+                                      BCON_INT64 (5), "lost", "[", BCON_OID (&d2), BCON_OID (&d4), "]", "lostEpochs", "[",
+                                      BCON_INT64 (4), BCON_INT64 (4), "]"));
+   {
+      mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
+      bson_t *q = BCON_NEW ("_id", BCON_OID (&d4));
+      bson_t *u = BCON_NEW ("$set", "{", "lostAt", BCON_INT64 (4), "attempts", BCON_INT32 (1), "}");
+      if (!mongoc_collection_update_one (del, q, u, NULL, NULL, &err))
+         fail_msg ("d4: %s", err.message);
+      bson_destroy (q);
+      bson_destroy (u);
+      mongoc_collection_destroy (del);
+   }
+
+   /* Before its lease ends, the old proxy's lane stays; the other goes. */
+   if (!store_fleet_release_old_lanes (fx->b, T0 + 2, &lanes, &charged, &err))
+      fail_msg ("release: %s", err.message);
+   assert_int_equal (lanes, 1);
+   assert_int_equal (charged, 1);
+   doc = get (fx, &d2);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   doc = get (fx, &d4);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   doc = lane_get (fx, lane_lost);
+   assert_int_equal (array_len (doc, "lost"), 0);
+   assert_int_equal (field (doc, "epoch"), 6);
+   bson_destroy (doc);
+
+   /* d1 counts as running while the dead lane lists it: no bury. */
+   bson_oid_to_string (&d1, hex);
+   if (!store_bury_ids (fx->b, ids, 1, T0 + 3, "operator", &buried, &err))
+      fail_msg ("bury: %s", err.message);
+   assert_int_equal (buried, 0);
+
+   /* Past the lease: released, d1 charged, d3 left to its runner. */
+   if (!store_fleet_release_old_lanes (fx->b, T0 + LEASE + 1, &lanes, &charged, &err))
+      fail_msg ("release: %s", err.message);
+   assert_true (lanes >= 1);
+   assert_int_equal (charged, 1);
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, "{\"_id\": {\"$gte\": 0, \"$lt\": 512}, \"inFlight.0\": {\"$exists\": true}}"), 0);
+   doc = get (fx, &d1);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   doc = get (fx, &d3);
+   assert_int_equal (field (doc, "attempts"), 0);
+   bson_destroy (doc);
+   doc = lane_get (fx, lane1);
+   assert_null (sfield (doc, "owner"));
+   bson_destroy (doc);
+   /* Nothing left to release: one read. */
+   if (!store_fleet_release_old_lanes (fx->b, T0 + LEASE + 2, &lanes, &charged, &err))
+      fail_msg ("release: %s", err.message);
+   assert_int_equal (lanes, 0);
+   /* d1 can be buried now; d3's runner completes it. */
+   if (!store_bury_ids (fx->b, ids, 1, T0 + LEASE + 3, "operator", &buried, &err))
+      fail_msg ("bury: %s", err.message);
+   assert_int_equal (buried, 1);
+   assert_true (complete1 (c, &bc.items[0], T0 + LEASE + 4));
+   store_batch_clear (&b1);
+   store_batch_clear (&b3);
+   store_batch_clear (&bc);
+   store_spaces_clear (&spaces);
+   store_destroy (base);
+}
+
+/* An event as a publisher without `handler` writes it (no delivery). */
+static void
+bare_event (fx_t *fx, const char *id, const char *type, int64_t created)
+{
+   mongoc_collection_t *ev = coll (fx, OUTBOX_EVENTS);
+   bson_t *d = BCON_NEW ("_id", BCON_UTF8 (id), "type", BCON_UTF8 (type), "payload", "{", "}", "handlers", "[", BCON_UTF8 ("other"),
+                         "]", "createdAt", BCON_DATE_TIME (created));
+   bson_error_t err;
+
+   if (!mongoc_collection_insert_one (ev, d, NULL, NULL, &err))
+      fail_msg ("event: %s", err.message);
+   bson_destroy (d);
+   mongoc_collection_destroy (ev);
+}
+
+/* The backfill reads its window only (createdAt bounded on both sides),
+ * the handler's types only (exact, or a prefix whose '.' is a dot, not
+ * any character), and its sweeps: an event that becomes visible behind
+ * a sweep's cursor, created at most `reach` before, is found by the next
+ * one; the backfill ends with a sweep that started at or after the end. */
+static void
+test_backfill_sweeps_its_window_and_types (void **state)
+{
+   fx_t *fx = *state;
+   const char *patterns[] = {"order.*", "invoice.sent"};
+   store_backfill_t bf;
+   size_t added = 0;
+   bson_error_t err;
+
+   bare_event (fx, "in-order", "order.placed", T0);
+   bare_event (fx, "in-invoice", "invoice.sent", T0 + 10);
+   bare_event (fx, "in-lookalike", "orderXplaced", T0);
+   bare_event (fx, "in-other", "stock.ticked", T0);
+   bare_event (fx, "in-invoice-other", "invoice.sent.v2", T0);
+   bare_event (fx, "before", "order.placed", T0 - 5000);
+   bare_event (fx, "after", "order.placed", T0 + 5000);
+   store_backfill_init (&bf, T0 - 1000, T0 + 1000, 500);
+   if (!store_fleet_backfill (fx->a, "new", patterns, 2, &bf, T0, &added, &err))
+      fail_msg ("backfill: %s", err.message);
+   assert_int_equal (added, 2);
+   assert_int_equal (bf.read, 2);
+   assert_false (bf.done);
+   /* Visible now, created behind the first sweep (within its reach). */
+   bare_event (fx, "late", "order.paid", T0 - 300);
+   if (!store_fleet_backfill (fx->a, "new", patterns, 2, &bf, T0 + 2000, &added, &err))
+      fail_msg ("backfill: %s", err.message);
+   assert_int_equal (added, 1);
+   assert_true (bf.done);
+   assert_int_equal (bf.sweeps, 2);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"handler\": \"new\"}"), 3);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"handlers\": \"new\"}"), 3);
+   assert_int_equal (count (fx, OUTBOX_EVENTS, "{\"_id\": {\"$in\": [\"in-order\", \"in-invoice\", \"late\"]}, \"handlers\": \"new\"}"), 3);
+   /* Done: nothing more is read. */
+   if (!store_fleet_backfill (fx->a, "new", patterns, 2, &bf, T0 + 3000, &added, &err))
+      fail_msg ("backfill: %s", err.message);
+   assert_int_equal (added, 0);
+   store_backfill_clear (&bf);
+}
+
 int
 main (void)
 {
@@ -3487,6 +3759,9 @@ main (void)
       cmocka_unit_test_setup_teardown (test_l7_a_take_applied_without_its_reply_is_read_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l7_a_takeover_applied_without_its_reply_is_read_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_l8_fleet_read_past_256_dead_instances, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_retirement_goes_by_the_declaration_records, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_lanes_a_version_before_0_2_left_are_released, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_backfill_sweeps_its_window_and_types, setup, teardown),
    };
    int rc;
 

@@ -164,16 +164,75 @@ test_backfill_until (void **state)
    bson_t doc = BSON_INITIALIZER;
    bson_iter_t it;
 
-   assert_int_equal (fleet_backfill_until (fs, "c", "n"), NOW + 9000); /* b is not live, but kept */
-   assert_int_equal (fleet_backfill_until (fs, "b", "n"), NOW + 3000); /* its own does not count */
-   assert_int_equal (fleet_backfill_until (fs, "c", "other"), 0);
+   int64_t since = -1;
+
+   assert_int_equal (fleet_backfill_record (fs, "c", "n", false, &since), NOW + 9000); /* b is not live, but kept */
+   assert_int_equal (fleet_backfill_record (fs, "b", "n", true, &since), NOW + 3000); /* its own does not count */
+   assert_int_equal (fleet_backfill_record (fs, "c", "other", true, &since), 0);
+   assert_int_equal (fleet_backfill_record (fs, "c", "other", false, &since), 0);
    assert_non_null (cfg);
-   assert_true (fleet_append_handlers (cfg, until, &doc, "handlers"));
+   assert_true (fleet_append_handlers (cfg, NULL, until, &doc, "handlers"));
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.backfillUntil", &it));
    assert_int_equal (bson_iter_date_time (&it), NOW + 42);
    bson_destroy (&doc);
    config_release (cfg);
    fleet_release (fs);
+}
+
+/* The backfill records by liveness: a live declarer's is its own to
+ * finish; a gone declarer's (not live) is carried on by another, from
+ * the window it records (backfillSince).  A document without a version
+ * is a proxy before 0.2.0. */
+static void
+test_backfill_records_and_versions (void **state)
+{
+   bson_t *docs[] = {
+      instance ("live", 0, false,
+                "[{\"name\": \"n\", \"kind\": \"webhook\", \"events\": [\"x\"], \"hash\": \"h\","
+                " \"backfillSince\": {\"$date\": {\"$numberLong\": \"1767225590000\"}},"
+                " \"backfillUntil\": {\"$date\": {\"$numberLong\": \"1767225603000\"}}}]"),
+      instance ("gone", LIVE_MS + 5, false,
+                "[{\"name\": \"m\", \"kind\": \"webhook\", \"events\": [\"x\"], \"hash\": \"h\","
+                " \"backfillSince\": {\"$date\": {\"$numberLong\": \"1767225580000\"}},"
+                " \"backfillUntil\": {\"$date\": {\"$numberLong\": \"1767225609000\"}}}]"),
+      instance ("stopped", 0, true,
+                "[{\"name\": \"k\", \"kind\": \"webhook\", \"events\": [\"x\"], \"hash\": \"h\","
+                " \"backfillUntil\": {\"$date\": {\"$numberLong\": \"1767225601000\"}}}]"),
+   };
+   bson_t *v2[] = {json ("{\"_id\": \"new\", \"version\": \"0.2.0\", \"heartbeatAt\": {\"$date\": {\"$numberLong\": \"1767225600000\"}}, \"handlers\": []}"),
+                   json ("{\"_id\": \"old\", \"version\": \"0.1.0\", \"heartbeatAt\": {\"$date\": {\"$numberLong\": \"1767225500000\"}}, \"handlers\": []}")};
+   bson_t *v1[] = {json ("{\"_id\": \"old\", \"heartbeatAt\": {\"$date\": {\"$numberLong\": \"1767225600000\"}}, \"handlers\": []}")};
+   fleet_set_t *fs = set_of (docs, 3), *f2 = set_of (v2, 2), *f1 = set_of (v1, 1);
+   bson_error_t error;
+   config_t *cfg = config_parse_string ("[handler n]\nevents = x\nkind = pull\n", "t.ini", &error);
+   int64_t since[1] = {NOW - 7}, until[1] = {NOW + 42}, s = -1;
+   bson_t doc = BSON_INITIALIZER;
+   bson_iter_t it;
+
+   assert_int_equal (fleet_backfill_record (fs, "self", "n", true, &s), NOW + 3000);
+   assert_int_equal (s, NOW - 10000);
+   assert_int_equal (fleet_backfill_record (fs, "self", "n", false, &s), 0);
+   assert_int_equal (fleet_backfill_record (fs, "self", "m", false, &s), NOW + 9000);
+   assert_int_equal (s, NOW - 20000);
+   assert_int_equal (fleet_backfill_record (fs, "self", "m", true, &s), 0);
+   /* A stopped declarer is gone; a record without its start says 0. */
+   assert_int_equal (fleet_backfill_record (fs, "self", "k", false, &s), NOW + 1000);
+   assert_int_equal (s, 0);
+   assert_int_equal (fleet_backfill_record (fs, "gone", "m", false, &s), 0); /* its own does not count */
+   /* Versions: a live 0.1.0 (or one without a version) holds the old lanes. */
+   assert_false (fleet_old_version_live (f2)); /* the 0.1.0 one is not live */
+   assert_true (fleet_old_version_live (f1));
+   assert_string_equal (f2->instances[0].version, "0.2.0");
+   assert_null (f1->instances[0].version);
+   assert_non_null (cfg);
+   assert_true (fleet_append_handlers (cfg, since, until, &doc, "handlers"));
+   assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.backfillSince", &it));
+   assert_int_equal (bson_iter_date_time (&it), NOW - 7);
+   bson_destroy (&doc);
+   config_release (cfg);
+   fleet_release (fs);
+   fleet_release (f2);
+   fleet_release (f1);
 }
 
 static void
@@ -248,7 +307,7 @@ test_hash (void **state)
    assert_string_not_equal (h1, h2);
    assert_string_equal (h1, h3);
    /* The instance document's handlers array. */
-   assert_true (fleet_append_handlers (a, NULL, &doc, "handlers"));
+   assert_true (fleet_append_handlers (a, NULL, NULL, &doc, "handlers"));
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.name", &it));
    assert_string_equal (bson_iter_utf8 (&it, NULL), "w");
    assert_true (bson_iter_init (&it, &doc) && bson_iter_find_descendant (&it, "handlers.0.events.1", &it));
@@ -400,6 +459,7 @@ main (void)
       cmocka_unit_test (test_snapshot),
       cmocka_unit_test (test_docs_heartbeat),
       cmocka_unit_test (test_backfill_until),
+      cmocka_unit_test (test_backfill_records_and_versions),
       cmocka_unit_test (test_same_declarations_agree),
       cmocka_unit_test (test_matching_and_routing),
       cmocka_unit_test (test_hash),

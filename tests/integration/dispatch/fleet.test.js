@@ -11,7 +11,9 @@
 //    the old set's deliveries, as B does until its next refresh) are backfilled by A. A third
 //    proxy C that starts with the new handler while A backfills holds its claims meanwhile.
 // 2. A handler removed from every proxy is retired after handler_retire_after: its pending
-//    deliveries become dead letters that say why, and never before the grace period.
+//    deliveries become dead letters that say why, and never before the grace period. A
+//    handler that another program names in the same outbox (no proxy of this fleet ever
+//    declared it) is left alone.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -184,10 +186,13 @@ test('a handler no live proxy declares is retired after handler_retire_after', {
   const rec = await direct.db(db).collection('relaybus_handlers').findOne({ 'handlers.name': 'gone' });
   assert.ok(rec && rec.heartbeatAt, 'the old instance recorded its handlers');
   const declaredAt = rec.heartbeatAt.getTime();
+  // Another program's handler in the same outbox: a pending delivery no proxy declares.
+  await publish(direct, db, [{ id: 'foreign-0', type: 'thing.done', payload: {} }], ['foreign']);
 
   // The new configuration drops `gone`; the grace period is 4 s (long enough for the check
   // below to fall inside it: the old proxy's stop and the new one's start take about 2 s).
   const adminPort = await freePort();
+  const curStarted = Date.now();
   const cur = await startDispatchProxy({
     upstream: up.uri, outbox: { database: db, handler_heartbeat: '200ms', handler_retire_after: '4s' },
     dispatch: { poll_interval_ms: 100 }, adminListen: `127.0.0.1:${adminPort}`, handlers: [keep]
@@ -212,6 +217,12 @@ test('a handler no live proxy declares is retired after handler_retire_after', {
     assert.equal(d.lastError, 'handler gone retired: no live proxy declares it');
     assert.ok(d.updatedAt.getTime() >= declaredAt + 4000, `retired ${d.updatedAt.getTime() - declaredAt} ms after gone was last declared (${d.updatedAt.getTime() - stoppedAt} ms after the stop)`);
   }
+  // Past the grace period counted from this proxy's start too, and a few retirement checks
+  // later (every 400 ms here), the other program's delivery is still pending.
+  const startedFor = Date.now() - curStarted;
+  if (startedFor < 6000) await sleep(6000 - startedFor);
+  const foreign = await deliveries.findOne({ handler: 'foreign' });
+  assert.equal(foreign.status, 'pending', `the other program's delivery is left alone: ${JSON.stringify(foreign)}`);
   assert.equal(await metric(adminPort, 'relaybus_handler_retired_deliveries_total'), evs.length);
   assert.match(cur.log(), /handler gone retired \(no live proxy declared it for \d+ ms\): 4 pending deliveries moved to the dead letters/);
   // The dead letters are the operator's as any other: visible in /api/deliveries.
