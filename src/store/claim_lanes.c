@@ -272,11 +272,12 @@ lane_taken (claim_t *c, uint32_t lane, int64_t epoch)
 
 /* After a take of lane f that failed (its reply lost, or a write concern
  * error after the write): *reply is {value: the lane} when the server
- * applied it (this owner, the epoch read plus one), {} when not. */
+ * applied it (this owner, the epoch read plus one), {} when not.  The
+ * lane document is the instance's space's, as the take's. */
 static bool
 take_read_back_one (claim_t *c, const free_lane_t *f, bson_t *reply, bson_error_t *error)
 {
-   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) f->lane), "owner", BCON_UTF8 (c->s->owner), OUTBOX_F_EPOCH,
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (c->s, f->lane)), "owner", BCON_UTF8 (c->s->owner), OUTBOX_F_EPOCH,
                          BCON_INT64 (f->epoch + 1));
    bson_t *opts = BCON_NEW ("limit", BCON_INT64 (1));
    mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, opts, NULL);
