@@ -279,8 +279,9 @@ take_read_back_one (claim_t *c, const free_lane_t *f, bson_t *reply, bson_error_
 {
    bson_t *q = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (c->s, f->lane)), "owner", BCON_UTF8 (c->s->owner), OUTBOX_F_EPOCH,
                          BCON_INT64 (f->epoch + 1));
-   bson_t *opts = BCON_NEW ("limit", BCON_INT64 (1));
-   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, opts, NULL);
+   /* By _id: one document at most, no limit needed (the shape of the
+    * claim's other reads of lanes, docs/upstream-commands.md). */
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, NULL, NULL);
    const bson_t *doc;
    bool ok;
 
@@ -288,7 +289,6 @@ take_read_back_one (claim_t *c, const free_lane_t *f, bson_t *reply, bson_error_
    if (mongoc_cursor_next (cur, &doc))
       BSON_APPEND_DOCUMENT (reply, "value", doc);
    ok = store_cursor_end (cur, error, "reading back lane %u", f->lane);
-   bson_destroy (opts);
    bson_destroy (q);
    return ok;
 }
