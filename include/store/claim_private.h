@@ -128,21 +128,12 @@ void claim_lost_append (bson_t *doc, const claim_lost_t *l);
  * clears its list (see claim_held.c). */
 bool claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t *lost, bson_error_t *error)
    __attribute__ ((warn_unused_result));
-/* Sets *error to "<what> of lane <lane>: <server_err's message>", a
- * STORE_ERROR_HELD when the server's code says another client's open
- * transaction held the write up (server_code_is_held), a
- * STORE_ERROR_SERVER otherwise. */
-void claim_charge_error (bson_error_t *error, uint32_t lane, const char *what, const bson_error_t *server_err);
-/* Whether lane `lane` waits out its backoff after its charge was held up
- * (store_lane_held_t): the claim leaves it alone without trying. */
-bool claim_lane_held_up (claim_t *c, uint32_t lane);
 /* After the charge of a lane this claim works with failed (`error`): a
- * charge another open transaction held up (STORE_ERROR_HELD) makes the
- * lane wait (`skip` in this claim, and a backoff for the next ones),
- * logged once per lane a minute; true.  False for any other error. */
+ * charge another client's open transaction held up (STORE_ERROR_HELD)
+ * makes the lane wait (`skip` in this claim, and a backoff for the next
+ * ones: store_lane_held_t), logged once per lane a minute; true.  False
+ * for any other error. */
 bool claim_lane_hold (claim_t *c, claim_lane_t *l, const bson_error_t *error);
-/* The lane's charges landed: it waits no more. */
-void claim_lane_released (claim_t *c, uint32_t lane);
 /* The next of c->lanes, for a lane this claim works with under `epoch`. */
 claim_lane_t *claim_add_lane (claim_t *c, uint32_t lane, int64_t epoch);
 /* Reads the 256 lane documents of the instance's space into c->lane_docs

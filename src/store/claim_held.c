@@ -8,7 +8,9 @@
  * runnable).
  *
  * The charging of lost claims (claim_charge_lost) serves a takeover too
- * (claim_lanes.c).  This file takes no free lane and scans no delivery.
+ * (claim_lanes.c), and so does the rule for a charge another client's
+ * open transaction holds up: the lane waits (claim_lane_hold), the claim
+ * goes on.  This file takes no free lane and scans no delivery.
  */
 #include "store/claim_private.h"
 
@@ -148,7 +150,11 @@ charge_record (claim_t *c, uint32_t lane, const store_attempt_docs_t *recs, int6
    mongoc_collection_destroy (coll);
 }
 
-void
+/* Sets *error to "<what> of lane <lane>: <server_err's message>", a
+ * STORE_ERROR_HELD when the server's code says another client's open
+ * transaction held the write up (server_code_is_held), a
+ * STORE_ERROR_SERVER otherwise. */
+static void
 claim_charge_error (bson_error_t *error, uint32_t lane, const char *what, const bson_error_t *server_err)
 {
    bool held = (server_err->domain == MONGOC_ERROR_SERVER || server_err->domain == MONGOC_ERROR_QUERY) &&
@@ -160,7 +166,9 @@ claim_charge_error (bson_error_t *error, uint32_t lane, const char *what, const 
 
 /* ------------------------------------------------------ lanes held up */
 
-bool
+/* Whether lane `lane` waits out its backoff after its charge was held up
+ * (store_lane_held_t): the claim leaves it alone without trying. */
+static bool
 claim_lane_held_up (claim_t *c, uint32_t lane)
 {
    const store_lane_held_t *h = &c->s->held_up[lane];
@@ -193,7 +201,8 @@ claim_lane_hold (claim_t *c, claim_lane_t *l, const bson_error_t *error)
    return true;
 }
 
-void
+/* The lane's charges landed: it waits no more. */
+static void
 claim_lane_released (claim_t *c, uint32_t lane)
 {
    store_lane_held_t *h = &c->s->held_up[lane];

@@ -3476,9 +3476,8 @@ event_not_in_lane (uint32_t lane, const char *prefix, char *out, size_t size)
  * trying, until its backoff passed; once the transaction is gone, D1 is
  * charged its attempt and claimed again. */
 static void
-test_a_blocked_charge_skips_its_lane (void **state)
+blocked_charge_run (fx_t *fx, store_t *s)
 {
-   fx_t *fx = *state;
    store_batch_t b = {0}, mid = {0}, again = {0}, after = {0};
    mongoc_client_session_t *session;
    mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
@@ -3489,9 +3488,8 @@ test_a_blocked_charge_skips_its_lane (void **state)
    bson_oid_t d1, d2;
    bson_t *doc;
 
-   store_set_max_time_ms (fx->a, 200); /* as the consumers' instances */
    d1 = add (fx, "blk-1", "h", NULL, 0, T0 - 10);
-   claim (fx->a, "h", 1, T0, &b);
+   claim (s, "h", 1, T0, &b);
    assert_int_equal (b.n, 1);
    /* A transaction that wrote D1 and stays open. */
    session = mongoc_client_start_session (fx->client, NULL, &err);
@@ -3506,10 +3504,10 @@ test_a_blocked_charge_skips_its_lane (void **state)
    d2 = add (fx, ev2, "h", NULL, 0, T0 - 5);
 
    /* D1's claim is abandoned: its charge waits for the transaction */
-   claim (fx->a, "h", 10, T0 + LEASE + 1, &mid);
+   claim (s, "h", 10, T0 + LEASE + 1, &mid);
    assert_int_equal (mid.n, 1);
    assert_true (bson_oid_equal (&mid.items[0].id, &d2));
-   claim (fx->a, "h", 10, T0 + LEASE + 2, &again);
+   claim (s, "h", 10, T0 + LEASE + 2, &again);
    assert_int_equal (again.n, 0);
    doc = get (fx, &d1);
    assert_int_equal (field (doc, "attempts"), 0);
@@ -3518,15 +3516,15 @@ test_a_blocked_charge_skips_its_lane (void **state)
    if (!mongoc_client_session_abort_transaction (session, &err))
       fail_msg ("abort: %s", err.message);
    /* past the lane's backoff: charged, and claimed again */
-   claim (fx->a, "h", 10, T0 + LEASE + 20000, &after);
+   claim (s, "h", 10, T0 + LEASE + 20000, &after);
    assert_int_equal (after.n, 1);
    assert_true (bson_oid_equal (&after.items[0].id, &d1));
    assert_int_equal (after.items[0].attempt, 2);
    doc = get (fx, &d1);
    assert_int_equal (field (doc, "attempts"), 1);
    bson_destroy (doc);
-   assert_true (complete1 (fx->a, &after.items[0], T0 + LEASE + 20001));
-   assert_true (complete1 (fx->a, &mid.items[0], T0 + LEASE + 20002));
+   assert_true (complete1 (s, &after.items[0], T0 + LEASE + 20001));
+   assert_true (complete1 (s, &mid.items[0], T0 + LEASE + 20002));
    bson_destroy (q);
    bson_destroy (u);
    bson_destroy (&opts);
@@ -3536,6 +3534,32 @@ test_a_blocked_charge_skips_its_lane (void **state)
    store_batch_clear (&mid);
    store_batch_clear (&again);
    store_batch_clear (&after);
+}
+
+/* The consumer thread's instance: its writes bounded at 200 ms. */
+static void
+test_a_blocked_charge_skips_its_lane (void **state)
+{
+   fx_t *fx = *state;
+
+   store_set_max_time_ms (fx->a, 200);
+   blocked_charge_run (fx, fx->a);
+}
+
+/* The dispatcher's: an instance of the handler's lane space, its charges
+ * bounded by the take's own bound (1 s). */
+static void
+test_a_blocked_charge_skips_its_lane_when_dispatching (void **state)
+{
+   fx_t *fx = *state;
+   store_spaces_t sp = {.base = fx->b};
+   store_t *s = store_spaces_of (&sp, "h");
+   bson_error_t err;
+
+   if (!store_setup_space (s, &err))
+      fail_msg ("setup space: %s", err.message);
+   blocked_charge_run (fx, s);
+   store_spaces_clear (&sp);
 }
 
 /* L8: the fleet's read takes the documents newest heartbeat first, and of
@@ -3649,6 +3673,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_l7_a_takeover_in_a_handler_space_is_read_back, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_stale_completion_after_a_takeover_deletes_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_blocked_charge_skips_its_lane, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_blocked_charge_skips_its_lane_when_dispatching, setup, teardown),
    };
    int rc;
 
