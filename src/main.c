@@ -194,10 +194,6 @@ mask_log_text (const char *text)
    return config_mask (NULL, text);
 }
 
-/* mongo-c-driver logs through its own handler to stderr by default; route
- * it through ours so every line has one format and obeys log_level.  Its
- * DEBUG lines (monitoring retries every half second while the upstream is
- * down) would drown everything else, so they only show at debug. */
 /* mongoc warns "Error in abortTransaction: ..." whenever the abort that
  * ends a failed transaction fails: typically NoSuchTransaction, the
  * server having aborted the transaction itself at the write conflict that
@@ -224,6 +220,10 @@ abort_warning_due (uint64_t *left_out)
    return true;
 }
 
+/* mongo-c-driver logs through its own handler to stderr by default; route
+ * it through ours so every line has one format and obeys log_level.  Its
+ * DEBUG lines (monitoring retries every half second while the upstream is
+ * down) would drown everything else, so they only show at debug. */
 static void
 proxy_mongoc_log (mongoc_log_level_t level, const char *domain, const char *message, void *user_data)
 {
@@ -231,7 +231,7 @@ proxy_mongoc_log (mongoc_log_level_t level, const char *domain, const char *mess
 
    if (level == MONGOC_LOG_LEVEL_WARNING && !strncmp (message, MONGOC_ABORT_WARNING, strlen (MONGOC_ABORT_WARNING))) {
       if (abort_warning_due (&left_out))
-         log_warn ("mongoc %s: %s (%" PRIu64 " more left out in the last minute; at most one a minute is logged)", domain,
+         log_warn ("mongoc %s: %s (%" PRIu64 " like it left out since the last one logged; at most one a minute is)", domain,
                    message, left_out);
       else
          log_debug ("mongoc %s: %s", domain, message);
