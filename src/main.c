@@ -31,6 +31,7 @@
 #include <pthread.h>
 #endif
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,6 +194,32 @@ mask_log_text (const char *text)
    return config_mask (NULL, text);
 }
 
+/* mongoc warns "Error in abortTransaction: ..." whenever the abort that
+ * ends a failed transaction fails: typically NoSuchTransaction, the
+ * server having aborted the transaction itself at the write conflict that
+ * failed it.  The store reports that failure on its own; a transaction
+ * that keeps meeting another client's open transaction (a consumer killed
+ * inside its own, until the server ends it) would repeat the warning
+ * several times a second.  One a minute is logged, saying how many were
+ * left out since; the others at debug. */
+#define MONGOC_ABORT_WARNING "Error in abortTransaction"
+#define MONGOC_ABORT_LOG_MS 60000
+
+static bool
+abort_warning_due (uint64_t *left_out)
+{
+   static atomic_int_fast64_t last; /* clock_mono_ms of the last one logged; 0: none yet */
+   static atomic_uint_fast64_t skipped;
+   int_fast64_t now = clock_mono_ms (), prev = atomic_load (&last);
+
+   if ((prev != 0 && now - prev < MONGOC_ABORT_LOG_MS) || !atomic_compare_exchange_strong (&last, &prev, now ? now : 1)) {
+      atomic_fetch_add (&skipped, 1);
+      return false;
+   }
+   *left_out = atomic_exchange (&skipped, 0);
+   return true;
+}
+
 /* mongo-c-driver logs through its own handler to stderr by default; route
  * it through ours so every line has one format and obeys log_level.  Its
  * DEBUG lines (monitoring retries every half second while the upstream is
@@ -200,6 +227,16 @@ mask_log_text (const char *text)
 static void
 proxy_mongoc_log (mongoc_log_level_t level, const char *domain, const char *message, void *user_data)
 {
+   uint64_t left_out = 0;
+
+   if (level == MONGOC_LOG_LEVEL_WARNING && !strncmp (message, MONGOC_ABORT_WARNING, strlen (MONGOC_ABORT_WARNING))) {
+      if (abort_warning_due (&left_out))
+         log_warn ("mongoc %s: %s (%" PRIu64 " like it left out since the last one logged; at most one a minute is)", domain,
+                   message, left_out);
+      else
+         log_debug ("mongoc %s: %s", domain, message);
+      return;
+   }
    switch (level) {
    case MONGOC_LOG_LEVEL_ERROR:
    case MONGOC_LOG_LEVEL_CRITICAL:

@@ -25,7 +25,9 @@ typedef enum {
    SERVER_UNAUTHORIZED = 13,
    SERVER_PROTOCOL_ERROR = 17,
    SERVER_AUTHENTICATION_FAILED = 18,
+   SERVER_LOCK_TIMEOUT = 24,
    SERVER_NAMESPACE_EXISTS = 48,
+   SERVER_MAX_TIME_MS_EXPIRED = 50,
    SERVER_COMMAND_NOT_FOUND = 59,
    SERVER_INVALID_OPTIONS = 72,
    SERVER_SHUTDOWN_IN_PROGRESS = 91,
@@ -57,5 +59,12 @@ const char *server_code_name (int32_t code);
  * errors after which a driver selects a server again (the SDAM spec's
  * "not writable primary" and "node is recovering" codes). */
 bool server_code_is_not_primary (int32_t code);
+
+/* Whether `code` says a write met a document another client's open
+ * transaction holds: it waited past its maxTimeMS (MaxTimeMSExpired,
+ * ExceededTimeLimit) or for a lock (LockTimeout), or it conflicted with
+ * the transaction's write (WriteConflict).  The same write passes once
+ * that transaction ends. */
+bool server_code_is_held (int32_t code);
 
 #endif /* RELAYBUS_BASE_SERVERCODES_H */

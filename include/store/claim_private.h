@@ -128,6 +128,12 @@ void claim_lost_append (bson_t *doc, const claim_lost_t *l);
  * clears its list (see claim_held.c). */
 bool claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t *lost, bson_error_t *error)
    __attribute__ ((warn_unused_result));
+/* After the charge of a lane this claim works with failed (`error`): a
+ * charge another client's open transaction held up (STORE_ERROR_HELD)
+ * makes the lane wait (`skip` in this claim, and a backoff for the next
+ * ones: store_lane_held_t), logged once per lane a minute; true.  False
+ * for any other error. */
+bool claim_lane_hold (claim_t *c, claim_lane_t *l, const bson_error_t *error);
 /* The next of c->lanes, for a lane this claim works with under `epoch`. */
 claim_lane_t *claim_add_lane (claim_t *c, uint32_t lane, int64_t epoch);
 /* Reads the 256 lane documents of the instance's space into c->lane_docs

@@ -48,6 +48,8 @@ typedef enum {
    STORE_ERROR_INVALID = 1, /* a bad argument: nothing was sent */
    STORE_ERROR_SERVER,      /* a command, a cursor or a transaction failed */
    STORE_ERROR_LOST,        /* a claim's record did not reach every lane */
+   STORE_ERROR_HELD,        /* a write met a document another client's open transaction holds
+                             * (server_code_is_held): it passes once that transaction ends */
 } store_error_code_t;
 
 /* Deliveries waiting behind one unfinished predecessor that get parked. */

@@ -65,6 +65,22 @@ typedef struct {
    int64_t expires; /* ms; the latest expiry this instance wrote */
 } store_lane_state_t;
 
+/* A lane whose lost or abandoned claims could not be charged: another
+ * client's open transaction holds one of its deliveries (a consumer
+ * killed after its completion inside it).  Claims leave it alone until
+ * `until` (claim time, ms), then try again, `backoff_ms` (from
+ * STORE_HELD_BACKOFF_MS) doubling up to STORE_HELD_BACKOFF_MAX_MS while it
+ * stays held; `logged` is when that was last logged (once every
+ * STORE_HELD_LOG_MS).  All zero: not held. */
+#define STORE_HELD_BACKOFF_MS 1000
+#define STORE_HELD_BACKOFF_MAX_MS 16000
+#define STORE_HELD_LOG_MS 60000
+typedef struct {
+   int64_t until;
+   int64_t backoff_ms;
+   int64_t logged;
+} store_lane_held_t;
+
 /* A claim this instance handed out and has not seen settled.  `expires`
  * is the claim's own lease (ms): set when it is handed out, moved on by
  * every renewal of it.  A claim of this instance that finds the delivery
@@ -150,6 +166,9 @@ struct store {
    size_t n_probe;
    int64_t probe_at;
    bool probe_more;
+   /* Lanes held up by another client's open transaction (claim_held.c).
+    * Guarded by claim_mu. */
+   store_lane_held_t held_up[OUTBOX_LANES];
 };
 
 /* A collection of the outbox on `client`, with write concern majority and

@@ -1,6 +1,7 @@
 /*
  * base/servercodes.c - the server's codeNames of the codes in
- * base/servercodes.h, and which of them mean "not the primary".
+ * base/servercodes.h, which of them mean "not the primary", and which
+ * that another client's open transaction held a write up.
  *
  * A table sorted by code, searched by bsearch: the names are only looked
  * up when an answer is built or an error is logged.
@@ -22,7 +23,9 @@ static const code_name_t names[] = {
    {SERVER_UNAUTHORIZED, "Unauthorized"},
    {SERVER_PROTOCOL_ERROR, "ProtocolError"},
    {SERVER_AUTHENTICATION_FAILED, "AuthenticationFailed"},
+   {SERVER_LOCK_TIMEOUT, "LockTimeout"},
    {SERVER_NAMESPACE_EXISTS, "NamespaceExists"},
+   {SERVER_MAX_TIME_MS_EXPIRED, "MaxTimeMSExpired"},
    {SERVER_COMMAND_NOT_FOUND, "CommandNotFound"},
    {SERVER_INVALID_OPTIONS, "InvalidOptions"},
    {SERVER_SHUTDOWN_IN_PROGRESS, "ShutdownInProgress"},
@@ -73,6 +76,20 @@ server_code_is_not_primary (int32_t code)
    case SERVER_INTERRUPTED_DUE_TO_REPL_STATE_CHANGE:
    case SERVER_PRIMARY_STEPPED_DOWN:
    case SERVER_SHUTDOWN_IN_PROGRESS:
+      return true;
+   default:
+      return false;
+   }
+}
+
+bool
+server_code_is_held (int32_t code)
+{
+   switch (code) {
+   case SERVER_LOCK_TIMEOUT:
+   case SERVER_MAX_TIME_MS_EXPIRED:
+   case SERVER_WRITE_CONFLICT:
+   case SERVER_EXCEEDED_TIME_LIMIT:
       return true;
    default:
       return false;

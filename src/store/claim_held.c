@@ -8,7 +8,9 @@
  * runnable).
  *
  * The charging of lost claims (claim_charge_lost) serves a takeover too
- * (claim_lanes.c).  This file takes no free lane and scans no delivery.
+ * (claim_lanes.c), and so does the rule for a charge another client's
+ * open transaction holds up: the lane waits (claim_lane_hold), the claim
+ * goes on.  This file takes no free lane and scans no delivery.
  */
 #include "store/claim_private.h"
 
@@ -17,6 +19,7 @@
 
 #include "base/assert.h"
 #include "base/log.h"
+#include "base/servercodes.h"
 
 
 void
@@ -147,6 +150,98 @@ charge_record (claim_t *c, uint32_t lane, const store_attempt_docs_t *recs, int6
    mongoc_collection_destroy (coll);
 }
 
+/* Sets *error to "<what> of lane <lane>: <server_err's message>", a
+ * STORE_ERROR_HELD when the server's code says another client's open
+ * transaction held the write up (server_code_is_held), a
+ * STORE_ERROR_SERVER otherwise. */
+static void
+claim_charge_error (bson_error_t *error, uint32_t lane, const char *what, const bson_error_t *server_err)
+{
+   bool held = (server_err->domain == MONGOC_ERROR_SERVER || server_err->domain == MONGOC_ERROR_QUERY) &&
+               server_code_is_held ((int32_t) server_err->code);
+
+   store_set_error (error, held ? STORE_ERROR_HELD : STORE_ERROR_SERVER, "%s of lane %u: %s", what, lane,
+                    server_err->message);
+}
+
+/* ------------------------------------------------------ lanes held up */
+
+/* Whether lane `lane` waits out its backoff after its charge was held up
+ * (store_lane_held_t): the claim leaves it alone without trying. */
+static bool
+claim_lane_held_up (claim_t *c, uint32_t lane)
+{
+   const store_lane_held_t *h = &c->s->held_up[lane];
+
+   /* A clock set back by more than a backoff does not keep the lane. */
+   return h->until > c->o->now && h->until - c->o->now <= h->backoff_ms;
+}
+
+bool
+claim_lane_hold (claim_t *c, claim_lane_t *l, const bson_error_t *error)
+{
+   store_lane_held_t *h = &c->s->held_up[l->lane];
+   const char *handler = store_space_handler (c->s);
+
+   if (error->domain != STORE_ERROR_DOMAIN || error->code != STORE_ERROR_HELD)
+      return false;
+   l->skip = true;
+   h->backoff_ms = h->backoff_ms == 0 ? STORE_HELD_BACKOFF_MS : h->backoff_ms * 2;
+   if (h->backoff_ms > STORE_HELD_BACKOFF_MAX_MS)
+      h->backoff_ms = STORE_HELD_BACKOFF_MAX_MS;
+   h->until = c->o->now + h->backoff_ms;
+   if (h->logged == 0 || c->o->now - h->logged >= STORE_HELD_LOG_MS || c->o->now < h->logged) {
+      h->logged = c->o->now;
+      log_warn ("store: %s; another client's open transaction holds a delivery of the lane%s%s: claims leave the "
+                "lane alone and try it again (every %d s at most) until that transaction ends (logged once a minute)",
+                error->message, *handler ? ", handler " : "", handler, STORE_HELD_BACKOFF_MAX_MS / 1000);
+   } else {
+      log_debug ("store: %s; the lane waits %" PRId64 " ms", error->message, h->backoff_ms);
+   }
+   return true;
+}
+
+/* The lane's charges landed: it waits no more. */
+static void
+claim_lane_released (claim_t *c, uint32_t lane)
+{
+   store_lane_held_t *h = &c->s->held_up[lane];
+
+   if (h->backoff_ms > 0)
+      log_info ("store: lane %u: its charges landed; claims take from it again", lane);
+   memset (h, 0, sizeof *h);
+}
+
+/* The deliveries of a `lost` list (`q`, with status pending) whose lost
+ * attempt of `epoch` was charged already (lostAt at or above it: this
+ * instance charged an abandoned claim of that epoch, or an earlier taker
+ * charged the list) are charged nothing again, but their claim generation
+ * moves on all the same: the lost claim may be a later one of the same
+ * epoch (an abandoned claim charged, then claimed again before the
+ * takeover), and its lease must not match the claim the new owner makes
+ * (a stale completion would delete the delivery it runs).  Before the
+ * charge, so that the two never write the same delivery. */
+static bool
+claim_fence_charged (claim_t *c, uint32_t lane, int64_t epoch, const bson_t *q, bson_error_t *error)
+{
+   bson_t fq, sub;
+   bson_t *upd = BCON_NEW ("$inc", "{", OUTBOX_F_CLAIMS, BCON_INT32 (1), "}", "$set", "{", OUTBOX_F_UPDATED_AT,
+                           BCON_DATE_TIME (c->o->now), "}");
+   bson_error_t err;
+   bool ok;
+
+   bson_copy_to (q, &fq);
+   BSON_APPEND_DOCUMENT_BEGIN (&fq, OUTBOX_F_LOST_AT, &sub);
+   BSON_APPEND_INT64 (&sub, "$gte", epoch);
+   bson_append_document_end (&fq, &sub);
+   ok = store_bounded_write (c->s, c->deliveries, STORE_WRITE_UPDATE_MANY, &fq, upd, STORE_TAKE_MAX_TIME_MS, NULL, &err);
+   if (!ok)
+      claim_charge_error (error, lane, "fencing lost claims", &err);
+   bson_destroy (&fq);
+   bson_destroy (upd);
+   return ok;
+}
+
 static bool
 claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_generation, int64_t *charged,
                  bson_error_t *error)
@@ -159,6 +254,8 @@ claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_ge
    bool ok;
 
    BSON_APPEND_UTF8 (q, "status", "pending");
+   if (!by_generation && !claim_fence_charged (c, lane, epoch, q, error))
+      return false;
    if (!by_generation) {
       /* lostAt missing or below epoch, as one condition ({$not: {$gte}}
        * matches a missing field). */
@@ -171,7 +268,7 @@ claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_ge
    upd = BCON_NEW ("$inc", "{", OUTBOX_F_ATTEMPTS, BCON_INT32 (1), OUTBOX_F_CLAIMS, BCON_INT32 (1), "}", "$max", "{", OUTBOX_F_LOST_AT,
                    BCON_INT64 (epoch), "}", "$set", "{", OUTBOX_F_UPDATED_AT, BCON_DATE_TIME (c->o->now), "}");
    if (store_attempts_on (c->s) && !charge_read (c, q, &recs, &err)) {
-      store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+      claim_charge_error (error, lane, "charging lost claims", &err);
       bson_destroy (upd);
       return false;
    }
@@ -183,7 +280,7 @@ claim_charge_at (claim_t *c, uint32_t lane, int64_t epoch, bson_t *q, bool by_ge
          *charged = n;
       charge_record (c, lane, &recs, n);
    } else {
-      store_set_error (error, STORE_ERROR_SERVER, "charging lost claims of lane %u: %s", lane, err.message);
+      claim_charge_error (error, lane, "charging lost claims", &err);
    }
    store_attempt_docs_free (&recs);
    bson_destroy (upd);
@@ -232,7 +329,7 @@ claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lost_t 
    bson_destroy (lq);
    bson_destroy (lu);
    if (!ok)
-      store_set_error (error, STORE_ERROR_SERVER, "clearing lost claims of lane %u: %s", lane, err.message);
+      claim_charge_error (error, lane, "clearing lost claims", &err);
    return ok;
 }
 
@@ -315,10 +412,14 @@ held_check (claim_t *c, uint32_t lane, int64_t held_epoch)
    }
    l = claim_add_lane (c, lane, epoch);
    store_oids_from_array (&l->inflight, ld, OUTBOX_F_IN_FLIGHT);
+   if (claim_lane_held_up (c, lane)) {
+      /* Its charge was held up a moment ago: not tried again yet. */
+      l->skip = true;
+      return l;
+   }
    claim_lost_from_lane (&lost, ld, epoch - 1);
-   if (lost.ids.n > 0 && !claim_charge_lost (c, lane, epoch, &lost, &err)) {
-      /* Typically a dead worker's open transaction still locks one of
-       * the deliveries: leave the lane alone until a later claim. */
+   if (lost.ids.n > 0 && !claim_charge_lost (c, lane, epoch, &lost, &err) && !claim_lane_hold (c, l, &err)) {
+      /* Leave the lane alone until a later claim. */
       log_warn ("store: %s; the lane waits for a later claim", err.message);
       l->skip = true;
    }
@@ -560,7 +661,7 @@ take_back (claim_t *c, const claim_lane_t *l, abandoned_t *a, bson_error_t *erro
       BSON_APPEND_UTF8 (&a->unknown, "status", "pending");
       if (!store_bounded_write (s, c->deliveries, STORE_WRITE_UPDATE_MANY, &a->unknown, u, STORE_TAKE_MAX_TIME_MS,
                                 NULL, &err)) {
-         store_set_error (error, STORE_ERROR_SERVER, "taking back claims of lane %u: %s", l->lane, err.message);
+         claim_charge_error (error, l->lane, "taking back claims", &err);
          ok = false;
       }
       bson_destroy (u);
@@ -576,6 +677,21 @@ take_back (claim_t *c, const claim_lane_t *l, abandoned_t *a, bson_error_t *erro
       pthread_mutex_unlock (&s->mu);
    }
    return ok;
+}
+
+/* A lane whose take-back was held up (claim_lane_hold): what it was to
+ * take back stays listed, as running, and the lane is not written. */
+static void
+held_keep_listed (claim_lane_t *l, const store_oids_t *ids)
+{
+   for (size_t j = 0; j < ids->n; j++) {
+      for (size_t k = 0; k < l->gone.n; k++)
+         if (bson_oid_equal (&l->gone.v[k], &ids->v[j])) {
+            l->gone.v[k] = l->gone.v[--l->gone.n];
+            break;
+         }
+      store_oids_push (&l->inflight, &ids->v[j]);
+   }
 }
 
 /* Phase 3: the ids the lanes list, as read.  A listed delivery this
@@ -600,9 +716,12 @@ held_settle_listed (claim_t *c, const listed_set_t *set, bson_error_t *error)
       held_settle_lane (c, l, set, &a);
       pthread_mutex_unlock (&c->s->mu);
       RELAYBUS_ASSERT (a.n_lost + a.n_unknown == a.ids.n);
-      if (a.ids.n > 0 && !take_back (c, l, &a, error))
-         ok = false;
-      else if (a.ids.n == 0) {
+      if (a.ids.n > 0 && !take_back (c, l, &a, error)) {
+         if (claim_lane_hold (c, l, error))
+            held_keep_listed (l, &a.ids);
+         else
+            ok = false;
+      } else if (a.ids.n == 0) {
          bson_append_array_end (&a.lost, &a.lost_arr);
          bson_append_array_end (&a.unknown, &a.unknown_arr);
       }
@@ -632,6 +751,8 @@ claim_load_held (claim_t *c, bson_error_t *error)
       claim_lane_t *l = &c->lanes[i];
       for (size_t j = 0; j < l->known.n; j++)
          store_oids_push (&l->inflight, &l->known.v[j]);
+      if (ok && !l->skip)
+         claim_lane_released (c, l->lane);
    }
    listed_free (&listed);
    store_oids_free (&all);

@@ -272,14 +272,16 @@ lane_taken (claim_t *c, uint32_t lane, int64_t epoch)
 
 /* After a take of lane f that failed (its reply lost, or a write concern
  * error after the write): *reply is {value: the lane} when the server
- * applied it (this owner, the epoch read plus one), {} when not. */
+ * applied it (this owner, the epoch read plus one), {} when not.  The
+ * lane document is the instance's space's, as the take's. */
 static bool
 take_read_back_one (claim_t *c, const free_lane_t *f, bson_t *reply, bson_error_t *error)
 {
-   bson_t *q = BCON_NEW ("_id", BCON_INT32 ((int32_t) f->lane), "owner", BCON_UTF8 (c->s->owner), OUTBOX_F_EPOCH,
+   bson_t *q = BCON_NEW ("_id", BCON_INT32 (store_lane_doc (c->s, f->lane)), "owner", BCON_UTF8 (c->s->owner), OUTBOX_F_EPOCH,
                          BCON_INT64 (f->epoch + 1));
-   bson_t *opts = BCON_NEW ("limit", BCON_INT64 (1));
-   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, opts, NULL);
+   /* By _id: one document at most, no limit needed (the shape of the
+    * claim's other reads of lanes, docs/upstream-commands.md). */
+   mongoc_cursor_t *cur = mongoc_collection_find_with_opts (c->lanes_coll, q, NULL, NULL);
    const bson_t *doc;
    bool ok;
 
@@ -287,7 +289,6 @@ take_read_back_one (claim_t *c, const free_lane_t *f, bson_t *reply, bson_error_
    if (mongoc_cursor_next (cur, &doc))
       BSON_APPEND_DOCUMENT (reply, "value", doc);
    ok = store_cursor_end (cur, error, "reading back lane %u", f->lane);
-   bson_destroy (opts);
    bson_destroy (q);
    return ok;
 }
@@ -362,7 +363,7 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
                    f->lane,
                    epoch,
                    inflight.n);
-      if (!claim_charge_lost (c, f->lane, epoch, &all_lost, &err)) {
+      if (!claim_charge_lost (c, f->lane, epoch, &all_lost, &err) && !claim_lane_hold (c, l, &err)) {
          log_warn ("store: %s; the lane waits for a later claim", err.message);
          l->skip = true;
       }

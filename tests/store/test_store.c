@@ -2902,10 +2902,11 @@ test_m2_lost_charged_once (void **state)
    id = add (fx, "m2-0", "h", NULL, 0, T0 - 10);
    claim (fx->a, "h", 1, T0, &b);
    assert_int_equal (b.n, 1);
-   /* B takes the lane over after A's lease: the charge passes, clearing
-    * the lost list fails (B dies there). */
+   /* B takes the lane over after A's lease: the charge passes (the
+    * update that fences what was charged already, then the charge),
+    * clearing the lost list fails (B dies there). */
    failpoint (fx,
-              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"skip\": 1}, "
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"skip\": 2}, "
               "\"data\": {\"failCommands\": [\"update\"], \"errorCode\": 91, \"errorLabels\": []}}");
    if (store_claim (fx->b, &o, &bb, &err))
       store_batch_clear (&bb);
@@ -3379,6 +3380,188 @@ test_l7_a_takeover_applied_without_its_reply_is_read_back (void **state)
    store_batch_clear (&bb);
 }
 
+/* L7 in a handler's lane space (every claimer's instances claim in one):
+ * a takeover the server applied without its reply is read back from the
+ * handler's own lane document, not from the lane of that number in the
+ * dispatch space: the claim works with the lane at once, instead of
+ * owning it unknowingly for a lease. */
+static void
+test_l7_a_takeover_in_a_handler_space_is_read_back (void **state)
+{
+   fx_t *fx = *state;
+   store_spaces_t sa = {.base = fx->a}, sb = {.base = fx->b};
+   store_t *a = store_spaces_of (&sa, "h"), *b = store_spaces_of (&sb, "h");
+   store_batch_t ba = {0}, bb = {0};
+   bson_error_t err;
+   char q[160];
+
+   if (!store_setup_space (a, &err))
+      fail_msg ("setup space: %s", err.message);
+   add (fx, "l7s-0", "h", NULL, 0, T0 - 10);
+   claim (a, "h", 1, T0, &ba);
+   assert_int_equal (ba.n, 1);
+   failpoint (fx,
+              "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": [\"findAndModify\"], "
+              "\"writeConcernError\": {\"code\": 64, \"errmsg\": \"waiting for replication timed out\"}}}");
+   claim (b, "h", 1, T0 + LEASE + 1, &bb);
+   failpoint_off (fx);
+   snprintf (q, sizeof q, "{\"_id\": %d, \"owner\": \"host/2/bbbb\", \"epoch\": 2}",
+             outbox_lane_doc_id (outbox_lane_space_of ("h"), outbox_lane_id (NULL, "l7s-0")));
+   assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 1);
+   assert_int_equal (bb.n, 1);
+   assert_int_equal (bb.items[0].attempt, 2);
+   assert_true (complete1 (b, &bb.items[0], T0 + LEASE + 2));
+   store_batch_clear (&ba);
+   store_batch_clear (&bb);
+   store_spaces_clear (&sa);
+   store_spaces_clear (&sb);
+}
+
+/* A stale completion after a takeover deletes nothing.  A's claim of a
+ * delivery is abandoned (charged, its claim generation moved on) and
+ * claimed again by A in the same lane epoch; then B takes the lane over.
+ * The delivery's lost attempt of that epoch was charged already (lostAt),
+ * so B charges nothing, but the takeover still moves the claim generation
+ * on: A's second lease, completed late, matches nothing, and B's claim,
+ * running, is completed by B. */
+static void
+test_a_stale_completion_after_a_takeover_deletes_nothing (void **state)
+{
+   fx_t *fx = *state;
+   store_batch_t b1 = {0}, b2 = {0}, bb = {0};
+   bson_t *doc;
+
+   add (fx, "stale-0", "h", NULL, 0, T0 - 10);
+   claim (fx->a, "h", 1, T0, &b1);
+   assert_int_equal (b1.n, 1);
+   /* abandoned: charged and claimed again, in the same epoch */
+   claim (fx->a, "h", 1, T0 + LEASE, &b2);
+   assert_int_equal (b2.n, 1);
+   assert_int_equal (b2.items[0].attempt, 2);
+   assert_true (bson_oid_equal (&b1.items[0].id, &b2.items[0].id));
+   /* A goes quiet; B takes the lane over once its lease ran out */
+   claim (fx->b, "h", 1, T0 + 2 * LEASE + 1, &bb);
+   assert_int_equal (bb.n, 1);
+   assert_true (bson_oid_equal (&bb.items[0].id, &b1.items[0].id));
+   /* A's worker completes its second claim late: nothing is deleted */
+   assert_false (complete1 (fx->a, &b2.items[0], T0 + 2 * LEASE + 2));
+   doc = get (fx, &b1.items[0].id);
+   assert_non_null (doc);
+   assert_int_equal (field (doc, "attempts"), 1); /* the epoch's lost attempt, charged once */
+   assert_true (field (doc, "claims") > 1);       /* but no lease of that epoch holds */
+   bson_destroy (doc);
+   assert_true (complete1 (fx->b, &bb.items[0], T0 + 2 * LEASE + 3));
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{}"), 0);
+   store_batch_clear (&b1);
+   store_batch_clear (&b2);
+   store_batch_clear (&bb);
+}
+
+/* An event id whose unkeyed delivery lies in another lane than `lane`. */
+static void
+event_not_in_lane (uint32_t lane, const char *prefix, char *out, size_t size)
+{
+   for (int i = 0;; i++) {
+      snprintf (out, size, "%s-%d", prefix, i);
+      if (outbox_lane_id (NULL, out) != lane)
+         return;
+   }
+}
+
+/* A lane whose charge cannot land yet does not fail the claim.  A's
+ * claim of D1 is abandoned while an open transaction (a consumer killed
+ * after its completion inside it) holds D1: the charge of the abandoned
+ * claim runs out of time.  The claim leaves that lane alone and claims D2
+ * from another lane; the next claims leave the lane alone too, without
+ * trying, until its backoff passed; once the transaction is gone, D1 is
+ * charged its attempt and claimed again. */
+static void
+blocked_charge_run (fx_t *fx, store_t *s)
+{
+   store_batch_t b = {0}, mid = {0}, again = {0}, after = {0};
+   mongoc_client_session_t *session;
+   mongoc_collection_t *del = coll (fx, OUTBOX_DELIVERIES);
+   bson_t opts = BSON_INITIALIZER;
+   bson_t *q, *u;
+   bson_error_t err;
+   char ev2[32];
+   bson_oid_t d1, d2;
+   bson_t *doc;
+
+   d1 = add (fx, "blk-1", "h", NULL, 0, T0 - 10);
+   claim (s, "h", 1, T0, &b);
+   assert_int_equal (b.n, 1);
+   /* A transaction that wrote D1 and stays open. */
+   session = mongoc_client_start_session (fx->client, NULL, &err);
+   if (!session || !mongoc_client_session_start_transaction (session, NULL, &err) ||
+       !mongoc_client_session_append (session, &opts, &err))
+      fail_msg ("transaction: %s", err.message);
+   q = BCON_NEW ("_id", BCON_OID (&d1));
+   u = BCON_NEW ("$set", "{", "touched", BCON_BOOL (true), "}");
+   if (!mongoc_collection_update_one (del, q, u, &opts, NULL, &err))
+      fail_msg ("update in the transaction: %s", err.message);
+   event_not_in_lane (outbox_lane_id (NULL, "blk-1"), "blk-2", ev2, sizeof ev2);
+   d2 = add (fx, ev2, "h", NULL, 0, T0 - 5);
+
+   /* D1's claim is abandoned: its charge waits for the transaction */
+   claim (s, "h", 10, T0 + LEASE + 1, &mid);
+   assert_int_equal (mid.n, 1);
+   assert_true (bson_oid_equal (&mid.items[0].id, &d2));
+   claim (s, "h", 10, T0 + LEASE + 2, &again);
+   assert_int_equal (again.n, 0);
+   doc = get (fx, &d1);
+   assert_int_equal (field (doc, "attempts"), 0);
+   bson_destroy (doc);
+
+   if (!mongoc_client_session_abort_transaction (session, &err))
+      fail_msg ("abort: %s", err.message);
+   /* past the lane's backoff: charged, and claimed again */
+   claim (s, "h", 10, T0 + LEASE + 20000, &after);
+   assert_int_equal (after.n, 1);
+   assert_true (bson_oid_equal (&after.items[0].id, &d1));
+   assert_int_equal (after.items[0].attempt, 2);
+   doc = get (fx, &d1);
+   assert_int_equal (field (doc, "attempts"), 1);
+   bson_destroy (doc);
+   assert_true (complete1 (s, &after.items[0], T0 + LEASE + 20001));
+   assert_true (complete1 (s, &mid.items[0], T0 + LEASE + 20002));
+   bson_destroy (q);
+   bson_destroy (u);
+   bson_destroy (&opts);
+   mongoc_client_session_destroy (session);
+   mongoc_collection_destroy (del);
+   store_batch_clear (&b);
+   store_batch_clear (&mid);
+   store_batch_clear (&again);
+   store_batch_clear (&after);
+}
+
+/* The consumer thread's instance: its writes bounded at 200 ms. */
+static void
+test_a_blocked_charge_skips_its_lane (void **state)
+{
+   fx_t *fx = *state;
+
+   store_set_max_time_ms (fx->a, 200);
+   blocked_charge_run (fx, fx->a);
+}
+
+/* The dispatcher's: an instance of the handler's lane space, its charges
+ * bounded by the take's own bound (1 s). */
+static void
+test_a_blocked_charge_skips_its_lane_when_dispatching (void **state)
+{
+   fx_t *fx = *state;
+   store_spaces_t sp = {.base = fx->b};
+   store_t *s = store_spaces_of (&sp, "h");
+   bson_error_t err;
+
+   if (!store_setup_space (s, &err))
+      fail_msg ("setup space: %s", err.message);
+   blocked_charge_run (fx, s);
+   store_spaces_clear (&sp);
+}
+
 /* L8: the fleet's read takes the documents newest heartbeat first, and of
  * the ones past the first FLEET_MAX_INSTANCES only those that declare a name
  * the newer ones lack: 300 documents a crash-looping fleet left behind
@@ -3762,6 +3945,10 @@ main (void)
       cmocka_unit_test_setup_teardown (test_retirement_goes_by_the_declaration_records, setup, teardown),
       cmocka_unit_test_setup_teardown (test_lanes_a_version_before_0_2_left_are_released, setup, teardown),
       cmocka_unit_test_setup_teardown (test_backfill_sweeps_its_window_and_types, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_l7_a_takeover_in_a_handler_space_is_read_back, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_stale_completion_after_a_takeover_deletes_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_blocked_charge_skips_its_lane, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_blocked_charge_skips_its_lane_when_dispatching, setup, teardown),
    };
    int rc;
 

@@ -1,8 +1,9 @@
 /*
  * test_servercodes.c - src/base/servercodes.c: every code of the enum has
  * the server's codeName (the table is searched by bsearch, so a code out
- * of order would not be found), a code not listed has none, and the
- * not-primary class is the SDAM spec's list.
+ * of order would not be found), a code not listed has none, the
+ * not-primary class is the SDAM spec's list, and the held class the codes
+ * of a write another open transaction held up.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,7 +27,9 @@ static const struct {
    {SERVER_UNAUTHORIZED, "Unauthorized", false},
    {SERVER_PROTOCOL_ERROR, "ProtocolError", false},
    {SERVER_AUTHENTICATION_FAILED, "AuthenticationFailed", false},
+   {SERVER_LOCK_TIMEOUT, "LockTimeout", false},
    {SERVER_NAMESPACE_EXISTS, "NamespaceExists", false},
+   {SERVER_MAX_TIME_MS_EXPIRED, "MaxTimeMSExpired", false},
    {SERVER_COMMAND_NOT_FOUND, "CommandNotFound", false},
    {SERVER_INVALID_OPTIONS, "InvalidOptions", false},
    {SERVER_SHUTDOWN_IN_PROGRESS, "ShutdownInProgress", true},
@@ -67,11 +70,28 @@ test_names (void **state)
    assert_false (server_code_is_not_primary (0));
 }
 
+/* The codes of a write another client's open transaction held up. */
+static void
+test_held (void **state)
+{
+   static const int32_t held[] = {SERVER_LOCK_TIMEOUT, SERVER_MAX_TIME_MS_EXPIRED, SERVER_WRITE_CONFLICT,
+                                  SERVER_EXCEEDED_TIME_LIMIT};
+
+   (void) state;
+   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      bool want = false;
+      for (size_t j = 0; j < sizeof held / sizeof held[0]; j++)
+         want = want || held[j] == cases[i].code;
+      assert_int_equal (server_code_is_held (cases[i].code), want);
+   }
+}
+
 int
 main (void)
 {
    const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_names),
+      cmocka_unit_test (test_held),
    };
 
    return cmocka_run_group_tests (tests, NULL, NULL);

@@ -37,7 +37,7 @@ const NOT_RUN = {
   'sets fail points (configureFailPoint) on the upstream': [
     'admin/operator.test.js', 'consumers/examples.test.js', 'dispatch/faults.test.js', 'dispatch/fleet-gaps.test.js',
     'dispatch/renewal.test.js', 'proxy/limits.test.js', 'proxy/signals.test.js', 'publish/injection-faults.test.js',
-    'publish/poisoned-commit.test.js',
+    'publish/poisoned-commit.test.js', 'consumers/lanes.test.js', 'dispatch/take-read-back.test.js',
   ],
   'starts servers of its own (doubles with --auth users, TLS or X.509, stopped and restarted) or needs the double\'s clock and counters': [
     'consumers/auth.test.js', 'consumers/independence.test.js', 'dispatch/backfill.test.js', 'dispatch/fleet.test.js', 'dispatch/lanes.test.js',
