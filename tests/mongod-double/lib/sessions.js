@@ -56,6 +56,23 @@ class Sessions {
 
   stop() { clearInterval(this.reaper); }
 
+  // The writes above ts were rolled back: a retryable write or a commit made there is
+  // forgotten, as its session record went with it (a retry runs the write again; a retried
+  // commit finds no transaction).
+  rolledBack(ts) {
+    for (const s of this.sessions.values()) {
+      if (s.retryTs !== undefined && s.retryTs > ts) {
+        s.retryReply = null;
+        s.retryStmts = new Map();
+        s.retryTs = undefined;
+      }
+      if (s.txn && s.txn.state === 'committed' && s.txn.commitTs > ts) {
+        s.txn.state = 'aborted';
+        s.txn.abortReason = 'rollback';
+      }
+    }
+  }
+
   get(lsid, create) {
     const key = sessionKey(lsid);
     if (!key) return null;
