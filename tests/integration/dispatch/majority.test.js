@@ -15,6 +15,11 @@
 // documents there are majority-committed). Read at local, the claim had the event and hands it
 // to the webhook; read at majority, it never saw it. An event published after that, with the
 // default write concern (majority), arrives.
+//
+// Then, with a secondary that applies each write 300 ms late (--majority-lag-ms), an event
+// committed with w: 1 is delivered no sooner than a majority holds it, and without waiting for
+// the poll: the change stream on the deliveries returns majority-committed changes only, and
+// wakes the dispatcher then (docs/handlers.md, "Majority reads").
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -102,5 +107,36 @@ test('an event committed with w: 1 and rolled back at a failover is never delive
   await sleep(2000);
   assert.equal(st.ok.has(lost), false, `the rolled-back event ${lost} was delivered`);
   assert.deepEqual(st.okOrder, ['kept']);
+  assert.equal((await dispatcher.stop()).code, 0);
+});
+
+test('with a lagging secondary, an event committed with w: 1 is delivered once a majority holds it, woken by the change stream and not by the poll', {
+  timeout: 120000, skip: H.doubleOnlySkipReason('the double\'s --majority-lag-ms') || false,
+}, async (t) => {
+  const LAG_MS = 300;
+  const POLL_MS = 20000;
+  const up = await startUpstream({ requireDouble: true, args: ['--majority-lag-ms', String(LAG_MS)] });
+  t.after(() => up.stop());
+  const sink = await startSink({});
+  t.after(() => sink.close());
+  const st = sink.stats();
+  const db = uniqueDbName('majority_lag');
+  const dispatcher = await startDispatchProxy({
+    upstream: up.uri, outbox: { database: db }, dispatch: { poll_interval_ms: POLL_MS },
+    handlers: [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h') }],
+  });
+  t.after(() => dispatcher.kill());
+  const client = await new MongoClient(clientUri({ host: '127.0.0.1', port: dispatcher.port })).connect();
+  t.after(() => client.close());
+  await waitFor(() => /watching \S+ for new deliveries/.test(dispatcher.log()), TIMEOUT_MS, 'the change stream to open');
+  await sleep(1000); // past the first poll
+  const t0 = Date.now();
+  await publishW1(client, db, { id: 'lagged', type: 'majority.v1', payload: {} });
+  await waitFor(() => st.ok.has('lagged'), POLL_MS * 2, 'the event at the sink');
+  const ms = st.firstAt.get('lagged') - t0;
+  t.diagnostic(`commit (w: 1) to webhook: ${ms} ms with a ${LAG_MS} ms replication lag, poll_interval_ms ${POLL_MS}`);
+  // Never before a majority holds it; woken when it does (the poll is 20 s away).
+  assert.ok(ms >= LAG_MS, `delivered ${ms} ms after the commit, before the ${LAG_MS} ms lag`);
+  assert.ok(ms < POLL_MS / 2, `delivered ${ms} ms after the commit: not woken by the change stream`);
   assert.equal((await dispatcher.stop()).code, 0);
 });
