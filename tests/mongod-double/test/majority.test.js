@@ -171,6 +171,33 @@ test('--majority-lag-ms: the commit point follows each write after the lag; chan
   }
 });
 
+test('a transaction takes readConcern local, majority or snapshot on its first statement only', async () => {
+  const d = await startDouble();
+  try {
+    const c = await rawConnect(d.port);
+    const id = lsid();
+    let n = 0;
+    for (const level of ['local', 'majority', 'snapshot']) {
+      n++;
+      const r = await c.command({ find: 't', filter: {}, readConcern: { level }, lsid: id, txnNumber: L(n), startTransaction: true, autocommit: false, $db: 'db' });
+      assert.equal(num(r.ok), 1, `${level}: ${JSON.stringify(r)}`);
+      const again = await c.command({ find: 't', filter: {}, readConcern: { level }, lsid: id, txnNumber: L(n), autocommit: false, $db: 'db' });
+      assert.equal(num(again.code), 72, JSON.stringify(again));
+      assert.match(again.errmsg, /Only the first command in a transaction may specify a readConcern/);
+      await c.command({ abortTransaction: 1, lsid: id, txnNumber: L(n), autocommit: false, $db: 'admin' });
+    }
+    for (const level of ['linearizable', 'available']) {
+      n++;
+      const r = await c.command({ find: 't', filter: {}, readConcern: { level }, lsid: id, txnNumber: L(n), startTransaction: true, autocommit: false, $db: 'db' });
+      assert.equal(num(r.code), 72, `${level}: ${JSON.stringify(r)}`);
+      assert.match(r.errmsg, /must be either 'local' \(default\), 'majority' or 'snapshot' in order to run in a transaction/);
+    }
+    c.close();
+  } finally {
+    await d.stop();
+  }
+});
+
 test('--majority-lag-ms goes with the two-member set only', async () => {
   const { spawnSync } = require('child_process');
   const path = require('path');
