@@ -174,6 +174,10 @@ struct store {
 /* A collection of the outbox on `client`, with write concern majority and
  * primary reads.  The caller destroys it. */
 mongoc_collection_t *store_coll (store_t *store, mongoc_client_t *client, outbox_collection_t which);
+/* Makes the reads through `coll` (find, aggregate, count; not inside a
+ * transaction, whose read concern goes on its first command) read concern
+ * "majority": what they see cannot be rolled back at a failover. */
+void store_coll_read_majority (mongoc_collection_t *coll);
 
 /* The writes store_write runs. */
 typedef enum {

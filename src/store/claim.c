@@ -391,6 +391,15 @@ claim_begin (store_t *s, const store_claim_opts_t *o, store_batch_t *out)
    c->deliveries = store_coll (s, c->client, OUTBOX_DELIVERIES);
    c->events = store_coll (s, c->client, OUTBOX_EVENTS);
    c->lanes_coll = store_coll (s, c->client, OUTBOX_LANES_COLL);
+   /* What a claim hands out, unparks or attaches (deliveries, events) is
+    * majority-committed: a client's commit may carry w: 1, and its wake-up
+    * comes before a majority has it, so a local read could deliver an event
+    * a failover then rolls back (the record's w: majority write is no
+    * barrier when it lands on the new primary).  Lane documents stay local:
+    * every lane write is majority and conditional on its epoch, and a
+    * read-back after a failed take must see that take's own write. */
+   store_coll_read_majority (c->deliveries);
+   store_coll_read_majority (c->events);
    return c;
 }
 

@@ -451,6 +451,16 @@ store_coll (store_t *s, mongoc_client_t *client, outbox_collection_t which)
    return coll;
 }
 
+void
+store_coll_read_majority (mongoc_collection_t *coll)
+{
+   mongoc_read_concern_t *rc = mongoc_read_concern_new ();
+
+   mongoc_read_concern_set_level (rc, MONGOC_READ_CONCERN_LEVEL_MAJORITY);
+   mongoc_collection_set_read_concern (coll, rc);
+   mongoc_read_concern_destroy (rc);
+}
+
 bool
 store_write (store_t *s,
              outbox_collection_t which,

@@ -34,6 +34,9 @@ const NOT_RUN = {
   'steps a primary down (replSetStepDown)': [
     'proxy/failover.test.js', 'proxy/failover-drivers.test.js', 'publish/fault.test.js', 'publish/fault-pooled.test.js',
   ],
+  'holds the majority commit point back (the double\'s stopReplProducer fail point), blocks the dispatcher\'s writes (failCommand) and steps the primary down with force so that w: 1 writes are rolled back': [
+    'dispatch/majority.test.js',
+  ],
   'sets fail points (configureFailPoint) on the upstream': [
     'admin/operator.test.js', 'consumers/examples.test.js', 'dispatch/faults.test.js', 'dispatch/fleet-gaps.test.js',
     'dispatch/renewal.test.js', 'proxy/limits.test.js', 'proxy/signals.test.js', 'publish/injection-faults.test.js',

@@ -25,9 +25,35 @@ class ChangeLog {
     this.nextSeq = 1;
     this.lastEvictedTs = null; // store timestamp of the newest entry that fell out of the ring
     this.waiters = [];
+    this.visibleTs = null; // () => the newest timestamp change streams may return (majority)
   }
 
   get lastSeq() { return this.nextSeq - 1; }
+
+  // The last entry a change stream may return: at or below the majority commit point.
+  get visibleSeq() {
+    let s = this.lastSeq;
+    if (!this.visibleTs) return s;
+    const ts = this.visibleTs();
+    while (s >= this.firstSeq && this.at(s).ts > ts) s--;
+    return s;
+  }
+
+  // Wakes the streams waiting for entries (the commit point moved).
+  wakeAll() {
+    if (!this.waiters.length) return;
+    const w = this.waiters;
+    this.waiters = [];
+    for (const f of w) f();
+  }
+
+  // Drops the entries above ts (a rollback); their sequence numbers are given again.
+  truncateAfter(ts) {
+    while (this.lastSeq >= this.firstSeq && this.at(this.lastSeq).ts > ts) {
+      this.buf.pop();
+      this.nextSeq--;
+    }
+  }
 
   append(entry) {
     entry.seq = this.nextSeq++;

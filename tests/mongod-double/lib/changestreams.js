@@ -92,7 +92,7 @@ function startPosition(server, spec) {
     }
     return pos;
   }
-  return log.lastSeq;
+  return log.visibleSeq;
 }
 
 // raw: the stage's BSON as received (parse.js's rawAt), to refuse an option given twice.
@@ -303,13 +303,15 @@ function collect(server, stream, limit) {
   const docs = [];
   let bytes = 0;
   let lastToken = null;
-  while (docs.length < limit && !stream.done && stream.pos < log.lastSeq) {
+  // Only majority-committed changes (all of them, unless the secondary lags: majority.js).
+  const last = log.visibleSeq;
+  while (docs.length < limit && !stream.done && stream.pos < last) {
     // A chunk of raw events (each with the sequence number it came from), then the pipeline.
     const raw = [];
     const seqOf = new Map();
     let endPos = stream.pos;
     let invalidated = false;
-    while (raw.length < Math.max(16, limit - docs.length) && endPos < log.lastSeq) {
+    while (raw.length < Math.max(16, limit - docs.length) && endPos < last) {
       const e = log.at(endPos + 1);
       endPos++;
       if (!watches(stream.scope, e)) continue;
@@ -358,7 +360,7 @@ function collect(server, stream, limit) {
   // present, after everything this stream has read.
   const token = docs.length && (docs.length >= limit || stream.done) && lastToken
     ? lastToken
-    : encodeToken(server.bootSecs, server.store.clock + 1, 0xffffffff, FLAG_HWM, stream.pos);
+    : encodeToken(server.bootSecs, server.store.majorityTs() + 1, 0xffffffff, FLAG_HWM, stream.pos);
   return { docs, token };
 }
 

@@ -4,7 +4,8 @@
 // `failGetMoreAfterCursorCheckout` (errorCode, for a getMore whose cursor exists), and
 // `onPrimaryTransactionalWrite` (per write statement of a retryable write: closes the
 // connection after the write, or fails it with failBeforeCommitExceptionCode before it is
-// applied). This file only keeps state and decides whether a point fires; the server applies
+// applied), and `stopReplProducer` (set on the secondary: it stops applying the primary's
+// writes, so the majority commit point stops; majority.js). This file only keeps state and decides whether a point fires; the server applies
 // the effect. Other fail point names are accepted and ignored, with a log line.
 
 const V = require('./values');
@@ -62,7 +63,8 @@ class FailPoints {
   configure(cmd) {
     const name = cmd.configureFailPoint;
     if (typeof name !== 'string') throw err(9, 'configureFailPoint requires a fail point name');
-    if (name !== 'failCommand' && name !== 'onPrimaryTransactionalWrite' && name !== 'failGetMoreAfterCursorCheckout') {
+    if (name !== 'failCommand' && name !== 'onPrimaryTransactionalWrite' && name !== 'failGetMoreAfterCursorCheckout' &&
+        name !== 'stopReplProducer') {
       this.log(`configureFailPoint: fail point '${name}' is not implemented; ignored`);
     }
     const fp = new FailPoint(cmd.mode, cmd.data);

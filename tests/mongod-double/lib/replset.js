@@ -56,6 +56,17 @@ class ReplSet {
     m.log(`stepping down (${why}); not electable for ${Math.max(0, Math.round((m.stepDownUntil - Date.now()) / 1000))} s`);
     m.interruptInProgress();
     for (const t of [...m.store.activeTxns]) if (t.state === 'inProgress') t.abort('stepdown');
+    // The writes the secondary lacks (majority.js) are rolled back: the next primary never
+    // had them. Waiters for write concern get 189 first.
+    const cp = m.store.commit;
+    if (cp) {
+      const at = cp.ts;
+      const rolled = cp.failover();
+      if (rolled) {
+        m.sessions.rolledBack(at);
+        m.log(`rolled back ${rolled} write(s) above the majority commit point ${at}`);
+      }
+    }
     this.changed();
   }
 

@@ -19,6 +19,7 @@ const { FailPoints } = require('./failpoints');
 const { Auth } = require('./auth');
 const { isChangeStreamPipeline } = require('./changestreams');
 const { ReplSet } = require('./replset');
+const { CommitPoint } = require('./majority');
 const { parseCommand } = require('./parse');
 const { record } = require('./record');
 
@@ -41,6 +42,12 @@ const SECONDARY_ALWAYS = new Set(['hello', 'isMaster', 'ismaster', 'ping', 'buil
   'getFreeMonitoringStatus', 'listCommands', 'getDefaultRWConcern', 'getMore', 'killCursors', 'fsync', 'getClusterTime',
   'replSetStepDown', 'replSetFreeze', 'replSetStepUp', 'doubleElectionTime']);
 const SNAPSHOT_READS = new Set(['find', 'aggregate', 'distinct']);
+// Reads served at the majority commit point with readConcern majority (or on a secondary).
+const MAJORITY_READS = new Set(['find', 'aggregate', 'count', 'distinct']);
+// Commands whose acknowledgement waits for their write concern (outside a transaction's
+// statements): mongod waits for the client's last optime to be replicated as asked.
+const WC_COMMANDS = new Set(['insert', 'update', 'delete', 'findAndModify', 'findandmodify', 'commitTransaction',
+  'abortTransaction', 'create', 'drop', 'dropDatabase', 'createIndexes', 'dropIndexes', 'collMod', 'renameCollection']);
 const SECONDARY_OPT_IN = new Set(['find', 'aggregate', 'count', 'distinct', 'listCollections', 'listIndexes',
   'listDatabases', 'dbStats', 'collStats', 'dataSize', 'explain']);
 // WriteConflict, LockTimeout, PreparedTransactionInProgress, snapshot and stale-routing errors.
@@ -329,6 +336,13 @@ class Server {
       else this.members.push(this);
       this.store = new Store();
       if (this.opts.oplogEntries) this.store.changes.capacity = this.opts.oplogEntries;
+      if (!this.opts.standalone) {
+        // The majority commit point (majority.js): where the secondary is.
+        const cp = new CommitPoint(this.store, this.opts.majorityLagMs || 0);
+        cp.stopped = () => this.members.some((m) => m.role === 'secondary' && m.failpoints.points.has('stopReplProducer'));
+        this.store.commit = cp;
+        this.store.changes.visibleTs = () => this.store.majorityTs();
+      }
       this.sessions = new Sessions(this.store, this.opts);
       this.sessions.onReap = (now) => { for (const m of this.members) m.cursors.reap(now); };
       this.auth = this.opts.auth ? new Auth(this.opts.auth) : null;
@@ -650,7 +664,8 @@ class Server {
         // batch (stmtIds, as mongos sends them), so a retried batch split again the same way
         // finds what already ran here.
         ctx.stmtId = (i) => (Array.isArray(body.stmtIds) && body.stmtIds[i] !== undefined ? V.toNumber(body.stmtIds[i]) : i);
-        ctx.access = new Access(this.store, txn || this.snapshotView(body, name, ctx));
+        if (!txn) await this.majorityWaitAfter(body, ctx);
+        ctx.access = new Access(this.store, txn || this.snapshotView(body, name, ctx) || this.majorityView(body, name));
         reply = await handler(ctx);
         if (ctx.atClusterTime && reply && V.truthy(reply.ok)) {
           // The driver's snapshot session reads its next statements at this time (find and
@@ -662,9 +677,13 @@ class Server {
         // Only a fully successful result is remembered: failed statements run again on retry.
         if (ctx.sctx && ctx.sctx.retryable && ctx.sctx.session.txnNumber === ctx.sctx.txnNumber && !reply.writeErrors) {
           ctx.sctx.session.retryReply = Object.assign({}, reply);
+          ctx.sctx.session.retryTs = this.store.clock; // a rollback below it forgets the reply
         }
       }
       if (!wce && wc && !this.opts.standalone && reply.ok) wce = writeConcernProblem(wc, this.members.length);
+      if (!wce && reply.ok && WC_COMMANDS.has(name) && !(ctx.sctx && ctx.sctx.inTxn && !isEnd)) {
+        wce = await this.awaitReplication(wc, ctx);
+      }
       if (wce) {
         reply.writeConcernError = wce;
         const labels = explicitLabels || labelsFor(null, body, name, wce);
@@ -718,6 +737,54 @@ class Server {
       snapshotTs: at, writes: new Map(), newColls: new Map(), state: 'inProgress', readOnly: true,
       ownWrite: () => undefined, checkAlive: () => {},
     };
+  }
+
+  // A read at the majority commit point, while it is behind the clock (majority.js): with
+  // readConcern majority, or any read on the secondary (which holds no more than that).
+  // Otherwise null: the read sees the latest committed data.
+  majorityView(body, name) {
+    const cp = this.store.commit;
+    if (!cp || !cp.lagging() || !MAJORITY_READS.has(name)) return null;
+    const rc = body.readConcern;
+    const majority = rc && typeof rc === 'object' && rc.level === 'majority';
+    if (!majority && this.role !== 'secondary') return null;
+    if (name === 'aggregate' && Array.isArray(body.pipeline) &&
+        body.pipeline.some((st) => st && typeof st === 'object' && (st.$out !== undefined || st.$merge !== undefined))) return null;
+    return {
+      snapshotTs: cp.point, writes: new Map(), newColls: new Map(), state: 'inProgress', readOnly: true,
+      ownWrite: () => undefined, checkAlive: () => {},
+    };
+  }
+
+  // readConcern {level: "majority", afterClusterTime: T}: waits until the commit point
+  // reaches T (mongod's waitForReadConcern), within maxTimeMS (50 MaxTimeMSExpired).
+  async majorityWaitAfter(body, ctx) {
+    const cp = this.store.commit;
+    const rc = body.readConcern;
+    if (!cp || !cp.lagging() || !rc || typeof rc !== 'object' || rc.level !== 'majority') return;
+    const t = rc.afterClusterTime;
+    if (!t || V.bsonTag(t) !== 'timestamp' || t.t !== this.bootSecs) return;
+    const ms = V.toNumber(body.maxTimeMS) > 0 ? V.toNumber(body.maxTimeMS) : null;
+    if ((await cp.waitFor(t.i - 1, ms, null)) === 'timeout') throw err(50, 'operation exceeded time limit');
+  }
+
+  // The wait of a write's acknowledgement for its write concern: w "majority" (also the
+  // implicit default of 7.0, when the command names no w) or a number above 1 waits until the
+  // commit point reaches the newest write; with wtimeout, 64 WriteConcernFailed when it does
+  // not in time; a step-down meanwhile, 189 PrimarySteppedDown. Returns the writeConcernError
+  // or null. Nothing waits while the commit point follows the clock.
+  async awaitReplication(wc, ctx) {
+    const cp = this.store.commit;
+    if (!cp || cp.ts >= this.store.clock) return null;
+    const w = wc ? wc.w : undefined;
+    if (w !== undefined && w !== 'majority' && !(V.isNumeric(w) && V.toNumber(w) > 1)) return null;
+    const wt = wc && V.isNumeric(wc.wtimeout) && V.toNumber(wc.wtimeout) > 0 ? V.toNumber(wc.wtimeout) : null;
+    const r = await cp.waitFor(this.store.clock, wt, ctx.interruptWait || null);
+    if (r === 'timeout') {
+      return { code: 64, codeName: 'WriteConcernFailed', errmsg: 'waiting for replication timed out', errInfo: { wtimeout: true } };
+    }
+    if (r !== 'ok') return { code: 189, codeName: 'PrimarySteppedDown', errmsg: 'Primary stepped down while waiting for replication' };
+    return null;
   }
 
   // mongod's dispatch check on a secondary (commandCanRunHere): transactions run on the

@@ -56,6 +56,23 @@ class Sessions {
 
   stop() { clearInterval(this.reaper); }
 
+  // The writes above ts were rolled back: a retryable write or a commit made there is
+  // forgotten, as its session record went with it (a retry runs the write again; a retried
+  // commit finds no transaction).
+  rolledBack(ts) {
+    for (const s of this.sessions.values()) {
+      if (s.retryTs !== undefined && s.retryTs > ts) {
+        s.retryReply = null;
+        s.retryStmts = new Map();
+        s.retryTs = undefined;
+      }
+      if (s.txn && s.txn.state === 'committed' && s.txn.commitTs > ts) {
+        s.txn.state = 'aborted';
+        s.txn.abortReason = 'rollback';
+      }
+    }
+  }
+
   get(lsid, create) {
     const key = sessionKey(lsid);
     if (!key) return null;
@@ -155,6 +172,11 @@ class Sessions {
     if (n < session.txnNumber) throw tooOld(n, session);
     if (has('startTransaction')) {
       if (isEnd || name === 'killCursors') throw err(263, `Cannot start a transaction with a ${name} command`);
+      // mongod's isReadConcernLevelAllowedInTransaction: local, majority and snapshot only.
+      const rcl = cmd.readConcern && typeof cmd.readConcern === 'object' ? cmd.readConcern.level : undefined;
+      if (rcl !== undefined && rcl !== 'local' && rcl !== 'majority' && rcl !== 'snapshot') {
+        throw err(72, "The readConcern level must be either 'local' (default), 'majority' or 'snapshot' in order to run in a transaction");
+      }
       if (n === session.txnNumber) {
         throw err(117, `Cannot start transaction ${n} on session ${session.key} because a transaction with the same number is in progress.`);
       }

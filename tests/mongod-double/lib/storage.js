@@ -245,9 +245,17 @@ class Store {
     this.pendingColls = new Map(); // ns -> txn that created it implicitly, not yet committed
     this.tombstones = [];
     this.changes = new ChangeLog(); // committed changes, for change streams
+    this.commit = null; // the majority commit point (majority.js), when the set can lag
   }
 
-  nextTs() { return ++this.clock; }
+  nextTs() {
+    const ts = ++this.clock;
+    if (this.commit) this.commit.written(ts);
+    return ts;
+  }
+
+  // The newest timestamp a majority holds: the clock unless the secondary lags.
+  majorityTs() { return this.commit ? this.commit.ts : this.clock; }
 
   getColl(db, name) {
     const d = this.dbs.get(db);
@@ -289,13 +297,15 @@ class Store {
   dropDb(db) { this.dbs.delete(db); }
 
   minActiveSnapshot() {
-    let m = Infinity;
+    let m = this.commit && this.commit.lagging() ? this.commit.point : Infinity;
     for (const t of this.activeTxns) if (t.snapshotTs < m) m = t.snapshotTs;
     for (const ts of this.snapshotPins.keys()) if (ts < m) m = ts;
     return m;
   }
 
-  holdsSnapshots() { return this.activeTxns.size > 0 || this.snapshotPins.size > 0; }
+  // Open transactions, pinned snapshot reads, and a commit point behind the clock (majority
+  // reads and a rollback need the versions at it).
+  holdsSnapshots() { return this.activeTxns.size > 0 || this.snapshotPins.size > 0 || !!(this.commit && this.commit.lagging()); }
 
   // A snapshot read at `ts` (null: now): keeps its history for the window and returns it. A
   // snapshot older than every kept one may have lost versions: 239 SnapshotTooOld.
@@ -307,7 +317,8 @@ class Store {
       swept = true;
     }
     if (swept) this.sweep();
-    const at = ts === null ? this.clock : ts;
+    // Without atClusterTime, mongod reads a snapshot of majority-committed data.
+    const at = ts === null ? this.majorityTs() : ts;
     if (ts !== null && at !== this.clock && !this.snapshotPins.has(at)) {
       let floor = Infinity;
       for (const t of this.snapshotPins.keys()) if (t < floor) floor = t;
@@ -350,5 +361,39 @@ class Store {
     this.tombstones = keep;
   }
 }
+
+// Rolls back every write above `ts` (a failover to a member that holds nothing newer): each
+// record goes back to its version at ts (or away), with its index entries; the change log
+// loses the entries above ts. Catalogue changes (collections and indexes created above ts)
+// stay. Returns the number of versions rolled back.
+Store.prototype.rollbackTo = function rollbackTo(ts) {
+  let n = 0;
+  for (const d of this.dbs.values()) {
+    for (const coll of d.values()) {
+      for (const [idKey, head] of [...coll.records]) {
+        if (head.ts <= ts) continue;
+        const now = Collection.visible(head, Infinity);
+        let v = head;
+        while (v && v.ts > ts) {
+          Ordered.removeVersion(coll, v);
+          v = v.prev;
+          n++;
+        }
+        const back = v && !v.deleted ? v : null;
+        for (const ix of coll.uniqueIndexes()) {
+          if (now) for (const k of ix.keysOf(now.doc, now.view)) if (ix.entries.get(k) === idKey) ix.entries.delete(k);
+          if (back) for (const k of ix.keysOf(back.doc, back.view)) ix.entries.set(k, idKey);
+        }
+        if (now && !back) coll.liveCount--;
+        if (!now && back) coll.liveCount++;
+        if (v) coll.records.set(idKey, v);
+        else coll.records.delete(idKey);
+      }
+    }
+  }
+  this.tombstones = this.tombstones.filter((t) => t.ts <= ts);
+  this.changes.truncateAfter(ts);
+  return n;
+};
 
 module.exports = { Store, Collection, Index, WaitFor, writeConflict, showValue };

@@ -8,7 +8,7 @@
 // abortTransaction), configureFailPoint and the double's own doubleStats. Anything a driver
 // only uses for diagnostics answers with a plausible minimal shape.
 
-const { Long, Int32, ObjectId, UUID } = require('bson');
+const { Long, Int32, ObjectId, UUID, Timestamp } = require('bson');
 const V = require('../values');
 const { err } = require('../errors');
 const { sessionKey } = require('../sessions');
@@ -75,7 +75,9 @@ async function hello(ctx) {
     const ot = server.clusterTime();
     const now = new Date();
     const t = Long.fromNumber(set.term);
-    r.lastWrite = { opTime: { ts: ot, t }, lastWriteDate: now, majorityOpTime: { ts: ot, t }, majorityWriteDate: now };
+    // The majority optime is the commit point (majority.js): the clock unless the secondary lags.
+    const mt = new Timestamp({ t: server.bootSecs, i: server.store.majorityTs() + 1 });
+    r.lastWrite = { opTime: { ts: ot, t }, lastWriteDate: now, majorityOpTime: { ts: mt, t }, majorityWriteDate: now };
   }
   r.maxBsonObjectSize = 16777216;
   r.maxMessageSizeBytes = 48000000;
@@ -235,7 +237,9 @@ async function abortTransaction(ctx) {
 }
 
 async function configureFailPoint(ctx) {
-  return ctx.server.failpoints.configure(ctx.cmd);
+  const r = ctx.server.failpoints.configure(ctx.cmd);
+  if (ctx.cmd.configureFailPoint === 'stopReplProducer' && ctx.server.store.commit) ctx.server.store.commit.replicationChanged();
+  return r;
 }
 
 async function whatsmyuri(ctx) { return { you: ctx.conn.remote, ok: 1 }; }
@@ -303,7 +307,23 @@ async function replSetStepDown(ctx) {
   if (set.primary !== server) throw err(10107, "not primary so can't step down");
   if (server.steppingDown) throw err(117, 'This node is already in the process of stepping down');
   const others = set.members.filter((m) => m !== server);
-  if (!others.length) {
+  const cp = server.store.commit;
+  if (others.length && cp && cp.ts < server.store.clock) {
+    // The secondary lags (majority.js): wait up to the catch-up period for it to hold every
+    // write; unless forced, a step-down without it fails. Forced, the writes it lacks are
+    // rolled back when it takes over.
+    server.steppingDown = true;
+    let caught;
+    try {
+      caught = (await cp.waitFor(server.store.clock, catchUp * 1000, null)) === 'ok';
+    } finally {
+      server.steppingDown = false;
+    }
+    if (!caught && !force) {
+      throw err(262, `No electable secondaries caught up as of ${new Date().toISOString()}. Please use the replSetStepDown command with the argument {force: true} to force node to step down.`);
+    }
+    if (set.primary !== server) throw err(10107, "not primary so can't step down");
+  } else if (!others.length) {
     server.steppingDown = true;
     try {
       await sleep(catchUp * 1000);
