@@ -50,7 +50,8 @@ test('a proxy killed with SIGKILL: its lanes are taken over after the lease, los
     const inFlight = lost.length;
     t.diagnostic(`killed the victim holding ${held.length} lane(s) with ${inFlight} delivery(ies) in flight`);
     const killedAt = Date.now();
-    const survivor = await startDispatchProxy(opts);
+    const survivorAdmin = await freePort();
+    const survivor = await startDispatchProxy({ ...opts, adminListen: `127.0.0.1:${survivorAdmin}` });
     t.after(() => survivor.kill());
 
     const deliveries = client.db(db).collection('relaybus_deliveries');
@@ -75,6 +76,11 @@ test('a proxy killed with SIGKILL: its lanes are taken over after the lease, los
     }
     t.diagnostic(`everything delivered ${Date.now() - killedAt} ms after the kill`);
     assert.equal(await client.db(db).collection('relaybus_completed_deliveries').countDocuments({}), n);
+    // The admin API lists them from the completion history, oldest first, a page at a time.
+    const page = await (await fetch(`http://127.0.0.1:${survivorAdmin}/api/deliveries?status=completed&handler=h&limit=10`)).json();
+    assert.equal(page.count, Math.min(n, 10));
+    assert.ok(page.deliveries.every((d) => d.handler === 'h' && d.status === 'completed'), JSON.stringify(page.deliveries[0]));
+    assert.equal(page.next === null, n <= 10, 'a next cursor while more follow');
     assert.equal((await survivor.stop()).code, 0);
     await sleep(0);
   });
