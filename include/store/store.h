@@ -278,8 +278,14 @@ bool store_complete_many (store_t *store,
 /* The claims of these deliveries, which this instance handed out, were
  * completed elsewhere (a consumer's own transaction committed their
  * completion): forgets them as store_complete_many does when it completed
- * them itself.  No database call (store/settled.c). */
-void store_settled_elsewhere (store_t *store, const bson_oid_t *ids, size_t n);
+ * them itself.  With attempt history that transaction wrote the attempts'
+ * records and not the events (publish/pulltxn.c), so that completions of
+ * one event by other handlers never conflict with it: the events of
+ * events[0..n) (NULL: none) wait, as the dispatcher's own completions'
+ * do, to be written with the completions of their second once it is over
+ * (store_set_completion_times_by_second, store_completion_times_due; at
+ * `now`'s second's end).  No database call (store/settled.c). */
+void store_settled_elsewhere (store_t *store, const bson_oid_t *ids, const char *const *events, size_t n, int64_t now);
 bool store_complete (store_t *store, const store_ref_t *ref, int64_t now, bool *done, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 
