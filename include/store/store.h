@@ -193,6 +193,15 @@ typedef struct {
    size_t key_run;
 } store_claim_opts_t;
 
+/* The poll's probe for due work across the lane spaces of `spaces`
+ * (store/probe.c): one find on the deliveries for the handlers of
+ * hs[0..n) with room (limit > 0) whose space instance holds no lane and
+ * no claim, and the limit of each that has no pending delivery due at
+ * `now` becomes 0, so that only the spaces with due work claim.  A space
+ * found idle stays so without a probe for reuse_ms / 2 (0: probe).  When
+ * the probe fails or comes back full, the limits stay (logged). */
+void store_probe_due (store_spaces_t *spaces, store_claim_handler_t *hs, size_t n, int64_t now, int64_t reuse_ms);
+
 /* One claimed delivery.  Everything is owned by the batch. */
 typedef struct {
    bson_oid_t id;

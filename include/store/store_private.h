@@ -150,6 +150,10 @@ struct store {
    size_t n_probe;
    int64_t probe_at;
    bool probe_more;
+   /* When store_probe_due last found nothing due for this space's
+    * handlers (ms; 0: not since it claimed).  The dispatcher's thread
+    * only. */
+   int64_t probe_idle_at;
 };
 
 /* A collection of the outbox on `client`, with write concern majority and
