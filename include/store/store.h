@@ -270,12 +270,20 @@ typedef struct {
    const char *lease;
    const char *event_id;
    const store_attempt_t *attempt;
+   /* The instance that handed the claim out when it is not the one called
+    * (NULL: that one): store_complete_many completes the refs of several
+    * lane spaces of one owner together, in one delete (and one insert of
+    * their attempts' records) when it reads no lane, and tells each
+    * instance what it settled. */
+   store_t *space;
 } store_ref_t;
 
 /* Completes the deliveries; done[i] tells whether ref i is proven
  * completed.  Without completion history: two commands when every ref
  * names its event (the delete, fenced by the claim generation, and the
  * events' completion time), four otherwise; one transaction with history.
+ * Refs of other spaces (store_ref_t.space) go in the same two commands;
+ * on the other paths each space's make a call of their own.
  * When fewer deliveries were deleted than leases were fenced, no lease is
  * reported completed. */
 bool store_complete_many (store_t *store,
