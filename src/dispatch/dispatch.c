@@ -1133,7 +1133,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    o.limit = limit;
    o.now = clock_now_ms ();
    o.lease_ms = d->cfg->lease_ms;
-   /* Free lanes an earlier probe found are reused but after a wake-up. */
+   /* Free lanes an earlier probe found are reused, not after a wake-up. */
    o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
    store_probe_due (&d->spaces, d->claim_handlers, d->n_handlers, o.now, o.probe_reuse_ms); /* only spaces with due work claim */
    o.key_run = DISPATCH_KEY_RUN;
