@@ -734,11 +734,11 @@ job_done_cb (const transport_result_t *res, void *arg)
          d->done = bson_realloc (d->done, d->cap_done * sizeof *d->done);
       }
       d->done[d->n_done++] = j;
-      /* The batch is full, or nothing else will finish to join it: now.
+      /* Every space's batch is full (one flush), or nothing else will finish: now.
        * Otherwise the others of the batch, finishing within a few
        * milliseconds, join it (a claim follows each flush, so this also
        * keeps claims from taking one delivery at a time). */
-      if ((int64_t) d->n_done >= d->cfg->batch_size || d->n_running == 0) {
+      if ((int64_t) d->n_done >= d->cfg->batch_size * (int64_t) (d->spaces.n ? d->spaces.n : 1) || d->n_running == 0) {
          if (flush (d) > 0 && !d->stopping)
             schedule (d->tick_ev, 0);
       } else {
