@@ -114,7 +114,7 @@
 /* Completion batching: finished deliveries are completed together (one
  * completeMany) once none has finished for DISPATCH_FLUSH_DELAY_MS, and at
  * the latest DISPATCH_FLUSH_MAX_MS after the first of them; at once when
- * the batch is full or nothing else runs.  A batch whose sends finish
+ * every space's batch could be in it, or nothing else runs.  A batch whose sends finish
  * spread over tens of milliseconds (a loaded sink, a busy host) is then
  * one completion and one claim, not several. */
 #define DISPATCH_FLUSH_DELAY_MS 20
