@@ -195,6 +195,15 @@ typedef struct {
    size_t key_run;
 } store_claim_opts_t;
 
+/* The poll's probe for due work across the lane spaces of `spaces`
+ * (store/probe.c): one find on the deliveries for the handlers of
+ * hs[0..n) with room (limit > 0) whose space instance holds no lane and
+ * no claim, and the limit of each that has no pending delivery due at
+ * `now` becomes 0, so that only the spaces with due work claim.  A space
+ * found idle stays so without a probe for reuse_ms / 2 (0: probe).  When
+ * the probe fails or comes back full, the limits stay (logged). */
+void store_probe_due (store_spaces_t *spaces, store_claim_handler_t *hs, size_t n, int64_t now, int64_t reuse_ms);
+
 /* One claimed delivery.  Everything is owned by the batch. */
 typedef struct {
    bson_oid_t id;
@@ -263,12 +272,20 @@ typedef struct {
    const char *lease;
    const char *event_id;
    const store_attempt_t *attempt;
+   /* The instance that handed the claim out when it is not the one called
+    * (NULL: that one): store_complete_many completes the refs of several
+    * lane spaces of one owner together, in one delete (and one insert of
+    * their attempts' records) when it reads no lane, and tells each
+    * instance what it settled. */
+   store_t *space;
 } store_ref_t;
 
 /* Completes the deliveries; done[i] tells whether ref i is proven
  * completed.  Without completion history: two commands when every ref
  * names its event (the delete, fenced by the claim generation, and the
  * events' completion time), four otherwise; one transaction with history.
+ * Refs of other spaces (store_ref_t.space) go in the same two commands;
+ * on the other paths each space's make a call of their own.
  * When fewer deliveries were deleted than leases were fenced, no lease is
  * reported completed. */
 bool store_complete_many (store_t *store,
@@ -280,8 +297,14 @@ bool store_complete_many (store_t *store,
 /* The claims of these deliveries, which this instance handed out, were
  * completed elsewhere (a consumer's own transaction committed their
  * completion): forgets them as store_complete_many does when it completed
- * them itself.  No database call (store/settled.c). */
-void store_settled_elsewhere (store_t *store, const bson_oid_t *ids, size_t n);
+ * them itself.  With attempt history that transaction wrote the attempts'
+ * records and not the events (publish/pulltxn.c), so that completions of
+ * one event by other handlers never conflict with it: the events of
+ * events[0..n) (NULL: none) wait, as the dispatcher's own completions'
+ * do, to be written with the completions of their second once it is over
+ * (store_set_completion_times_by_second, store_completion_times_due; at
+ * `now`'s second's end).  No database call (store/settled.c). */
+void store_settled_elsewhere (store_t *store, const bson_oid_t *ids, const char *const *events, size_t n, int64_t now);
 bool store_complete (store_t *store, const store_ref_t *ref, int64_t now, bool *done, bson_error_t *error)
    __attribute__ ((warn_unused_result));
 

@@ -169,6 +169,10 @@ struct store {
    /* Lanes held up by another client's open transaction (claim_held.c).
     * Guarded by claim_mu. */
    store_lane_held_t held_up[OUTBOX_LANES];
+   /* When store_probe_due last found nothing due for this space's
+    * handlers (ms; 0: not since it claimed).  The dispatcher's thread
+    * only. */
+   int64_t probe_idle_at;
 };
 
 /* A collection of the outbox on `client`, with write concern majority and

@@ -524,8 +524,8 @@ deferred_count (consumer_t *c)
 {
    size_t n = 0;
 
-   for (size_t i = 0; i < c->spaces.n; i++)
-      n += store_deferred_count (c->spaces.v[i]);
+   for (size_t i = 0; i <= c->spaces.n; i++) /* and the base's: its spaces' completions of a second (store.h) */
+      n += store_deferred_count (i < c->spaces.n ? c->spaces.v[i] : c->store);
    return n;
 }
 
@@ -1125,21 +1125,19 @@ done:
 static void
 run_settled (consumer_t *c, pull_req_t *r)
 {
-   bson_oid_t *ids = bson_malloc0 ((r->n_leases ? r->n_leases : 1) * sizeof *ids);
    size_t n = 0, slot = counters_handler_slot (r->handler, true);
 
    for (size_t i = 0; i < r->n_leases; i++) {
       held_t *h = held_find (c, r->conn, r->leases[i].text);
       if (!h || strcmp (h->handler, r->handler) != 0)
          continue;
-      ids[n++] = h->lease.id;
+      n++; /* its event's completion time waits for its second's (store.h) */
+      store_settled_elsewhere (store_of (c, r->handler), &h->lease.id, (const char *const *) &h->event_id, 1, clock_now_ms ());
       attempt_observe (h, OUTBOX_ATTEMPT_SUCCEEDED, clock_now_ms ());
       held_remove (c, h);
    }
-   store_settled_elsewhere (store_of (c, r->handler), ids, n);
    if (slot != SIZE_MAX)
       counters_add_at (COUNTER_CONSUMER_COMPLETED_TXN, slot, n);
-   bson_free (ids);
 }
 
 /* Charges one run of a closed connection's claims (`kind`: buried or due
@@ -1364,14 +1362,11 @@ static void
 retry_cb (evutil_socket_t fd, short what, void *arg)
 {
    consumer_t *c = arg;
-   size_t charged = 0, dead = 0, lost = 0, left = 0;
-   bson_error_t err;
+   size_t charged = 0, dead = 0, lost = 0;
 
    (void) fd;
    (void) what;
-   for (size_t i = 0; i < c->spaces.n; i++)
-      if (store_deferred_count (c->spaces.v[i]) > 0 && !store_retry_deferred (c->spaces.v[i], &left, &err))
-         log_debug ("consumer: %zu deferred completion time(s) wait on: %s", left, err.message);
+   store_spaces_write_completion_times (&c->spaces, clock_now_ms (), false); /* held ones, and a second's once over */
    for (size_t i = 0; i < c->n_held; i++)
       if (c->held[i].owed) {
          uint64_t conn = c->held[i].conn;
@@ -1841,6 +1836,7 @@ stop_cb (void *arg)
    while (c->n_waiting > 0)
       waiting_remove (c, c->n_waiting - 1);
    owed = stop_charge_owed (c);
+   store_spaces_write_completion_times (&c->spaces, clock_now_ms (), true); /* all that wait */
    /* Each space's lanes go back, but for the lanes of its owed charges. */
    for (size_t k = 0; k < c->spaces.n; k++) {
       store_t *st = c->spaces.v[k];
@@ -1924,6 +1920,7 @@ consumer_start (config_t *cfg, struct loopwake *const *wakes, size_t n_wakes, co
    c->w = store_worker_new (cfg, &wo, &c->store, error);
    if (!c->w)
       goto fail;
+   store_set_completion_times_by_second (c->store, true); /* its spaces' completions: store.h */
    c->spaces.base = c->store;
    c->base = worker_base (c->w);
    c->held = bson_malloc0 (CONSUMER_MAX_CLAIMS * sizeof *c->held);

@@ -114,7 +114,7 @@
 /* Completion batching: finished deliveries are completed together (one
  * completeMany) once none has finished for DISPATCH_FLUSH_DELAY_MS, and at
  * the latest DISPATCH_FLUSH_MAX_MS after the first of them; at once when
- * the batch is full or nothing else runs.  A batch whose sends finish
+ * every space's batch could be in it, or nothing else runs.  A batch whose sends finish
  * spread over tens of milliseconds (a loaded sink, a busy host) is then
  * one completion and one claim, not several. */
 #define DISPATCH_FLUSH_DELAY_MS 20
@@ -288,7 +288,7 @@ running_remove (dispatcher_t *d, job_t *j)
 static store_ref_t
 job_ref (const job_t *j)
 {
-   store_ref_t r = {j->d.id, j->d.lease, j->d.event_id, j->attempted ? &j->attempt : NULL};
+   store_ref_t r = {j->d.id, j->d.lease, j->d.event_id, j->attempted ? &j->attempt : NULL, j->h->store};
    return r;
 }
 
@@ -478,10 +478,8 @@ complete_jobs (dispatcher_t *d, job_t **jobs, size_t n, size_t *freed)
       return true;
    refs = bson_malloc (n * sizeof *refs);
    ok = bson_malloc0 (n * sizeof *ok);
-   for (size_t i = 0; i < n; i++) {
-      RELAYBUS_ASSERT (jobs[i]->h->store == jobs[0]->h->store);
-      refs[i] = job_ref (jobs[i]);
-   }
+   for (size_t i = 0; i < n; i++)
+      refs[i] = job_ref (jobs[i]); /* of any spaces: store_complete_many */
    if (!store_complete_many (jobs[0]->h->store, refs, n, clock_now_ms (), ok, &err)) {
       log_warn ("dispatch: completing %zu deliveries failed (tried again): %s", n, err.message);
       bson_free (refs);
@@ -540,9 +538,9 @@ jobs_of_one_store (job_t **jobs, size_t n)
    return k;
 }
 
-/* Completes everything in the done list, one completeMany per lane space
- * (one in all with a single dispatched handler); what could not be
- * completed is kept and tried again. */
+/* Completes everything in the done list, one completeMany for every lane
+ * space (store_ref_t.space); what could not be completed is kept and
+ * tried again. */
 static size_t
 flush (dispatcher_t *d)
 {
@@ -557,14 +555,11 @@ flush (dispatcher_t *d)
    jobs = bson_malloc (n * sizeof *jobs);
    memcpy (jobs, d->done, n * sizeof *jobs);
    d->n_done = 0;
-   for (size_t at = 0, k; at < n; at += k) {
-      k = jobs_of_one_store (jobs + at, n - at);
-      if (!complete_jobs (d, jobs + at, k, &freed))
-         for (size_t i = at; i < at + k; i++) {
-            jobs[i]->settle = JOB_SETTLE_COMPLETE;
-            keep_unsettled (d, jobs[i]);
-         }
-   }
+   if (!complete_jobs (d, jobs, n, &freed))
+      for (size_t i = 0; i < n; i++) {
+         jobs[i]->settle = JOB_SETTLE_COMPLETE;
+         keep_unsettled (d, jobs[i]);
+      }
    bson_free (jobs);
    return freed;
 }
@@ -739,11 +734,11 @@ job_done_cb (const transport_result_t *res, void *arg)
          d->done = bson_realloc (d->done, d->cap_done * sizeof *d->done);
       }
       d->done[d->n_done++] = j;
-      /* The batch is full, or nothing else will finish to join it: now.
+      /* Every space's batch is full (one flush), or nothing else will finish: now.
        * Otherwise the others of the batch, finishing within a few
        * milliseconds, join it (a claim follows each flush, so this also
        * keeps claims from taking one delivery at a time). */
-      if ((int64_t) d->n_done >= d->cfg->batch_size || d->n_running == 0) {
+      if ((int64_t) d->n_done >= d->cfg->batch_size * (int64_t) (d->spaces.n ? d->spaces.n : 1) || d->n_running == 0) {
          if (flush (d) > 0 && !d->stopping)
             schedule (d->tick_ev, 0);
       } else {
@@ -1124,7 +1119,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       d->claim_handlers[i].limit = free_slots > 0 ? (size_t) free_slots : 0;
       total += d->claim_handlers[i].limit;
    }
-   limit = total < (size_t) d->cfg->batch_size ? total : (size_t) d->cfg->batch_size;
+   limit = total; /* each space's claim takes at most batch_size: one claim each */
    if (limit == 0) {
       /* Every slot busy (a finishing request ticks again), or a bucket
        * empty: a tick when its next token comes. */
@@ -1138,18 +1133,18 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    o.limit = limit;
    o.now = clock_now_ms ();
    o.lease_ms = d->cfg->lease_ms;
-   /* Claims that follow completions may take the free lanes an earlier
-    * probe found; after a commit's wake-up, or a poll, they look anew. */
+   /* Free lanes an earlier probe found are reused, not after a wake-up. */
    o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
+   store_probe_due (&d->spaces, d->claim_handlers, d->n_handlers, o.now, o.probe_reuse_ms); /* only spaces with due work claim */
    o.key_run = DISPATCH_KEY_RUN;
    d->last_claim_ms = o.now;
    for (size_t i = 0; i < d->n_handlers; i++)
       d->handlers[i]->freed = 0;
    d->woken = false;
    d->rate_drained = false;
-   /* One claim per lane space with free slots (one in all with a single
-    * dispatched handler), sharing the batch's limit; the space that goes
-    * first turns round, so no handler's claims always come last. */
+   /* One claim per lane space with free slots and due work, each of at
+    * most batch_size, so that the spaces' batches run and complete
+    * together (one completeMany); the space that goes first turns round. */
    for (size_t n = 0; n < d->spaces.n && claimed < limit; n++) {
       size_t i = (d->claim_first + n) % d->spaces.n, space_limit = 0, got;
       o.n_handlers = 0;
@@ -1161,7 +1156,7 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
       if (o.n_handlers == 0)
          continue;
       o.handlers = space_claim;
-      o.limit = space_limit < limit - claimed ? space_limit : limit - claimed;
+      o.limit = space_limit < (size_t) d->cfg->batch_size ? space_limit : (size_t) d->cfg->batch_size;
       o.now = clock_now_ms ();
       if (!claim_space (d, d->spaces.v[i], &o, &got)) {
          failed = true;

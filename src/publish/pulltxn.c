@@ -3,7 +3,8 @@
  * consumer's transaction and read their replies (publish/pulltxn.h).
  *
  * The documents and fields are the store's (store/complete.c): the
- * deliveries are deleted, their events get $max completedAt, and with
+ * deliveries are deleted, their events get $max completedAt (with attempt
+ * history after the commit instead: store_settled_elsewhere), and with
  * completion history each delivery leaves a record with the delivery's id,
  * eventId, handler, eventType, key, sequence, createdAt, attempts + 1 and
  * completedAt; with attempt history each delivery's attempt gets its
@@ -296,11 +297,47 @@ plan_attempts (pulltxn_t *t)
    cmd_end (t, c);
 }
 
+/* The events' completion time: $max, as both of the store's paths. */
+static void
+plan_events (pulltxn_t *t)
+{
+   bson_t *c;
+   bson_t arr, st, q, u, sub, id, in;
+   char buf[16];
+
+   c = cmd_begin (t, "update", t->coll_events, -1);
+   BSON_APPEND_ARRAY_BEGIN (c, "updates", &arr);
+   BSON_APPEND_DOCUMENT_BEGIN (&arr, "0", &st);
+   BSON_APPEND_DOCUMENT_BEGIN (&st, "q", &q);
+   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &id);
+   BSON_APPEND_ARRAY_BEGIN (&id, "$in", &in);
+   for (uint32_t i = 0; i < t->n; i++) {
+      const char *ev = NULL;
+      bson_iter_t it;
+      if (t->docs[i] && bson_iter_init_find (&it, t->docs[i], OUTBOX_F_EVENT_ID) && BSON_ITER_HOLDS_UTF8 (&it))
+         ev = bson_iter_utf8 (&it, NULL);
+      BSON_APPEND_UTF8 (&in, idx_key (i, buf), ev ? ev : "");
+   }
+   bson_append_array_end (&id, &in);
+   bson_append_document_end (&q, &id);
+   bson_append_document_end (&st, &q);
+   BSON_APPEND_DOCUMENT_BEGIN (&st, "u", &u);
+   BSON_APPEND_DOCUMENT_BEGIN (&u, "$max", &sub);
+   BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_COMPLETED_AT, t->now_ms);
+   bson_append_document_end (&u, &sub);
+   bson_append_document_end (&st, &u);
+   BSON_APPEND_BOOL (&st, "multi", true);
+   bson_append_document_end (&arr, &st);
+   bson_append_array_end (c, &arr);
+   BSON_APPEND_BOOL (c, "ordered", true);
+   cmd_end (t, c);
+}
+
 static void
 plan_write (pulltxn_t *t)
 {
    bson_t *c;
-   bson_t arr, st, q, or_arr, one, u, sub, id, in;
+   bson_t arr, st, q, or_arr, one;
    char buf[16];
 
    /* The delete: each delivery only with the lease's claim generation, in
@@ -337,34 +374,14 @@ plan_write (pulltxn_t *t)
    BSON_APPEND_BOOL (c, "ordered", true);
    cmd_end (t, c);
 
-   /* The events' completion time: $max, as both of the store's paths. */
-   c = cmd_begin (t, "update", t->coll_events, -1);
-   BSON_APPEND_ARRAY_BEGIN (c, "updates", &arr);
-   BSON_APPEND_DOCUMENT_BEGIN (&arr, "0", &st);
-   BSON_APPEND_DOCUMENT_BEGIN (&st, "q", &q);
-   BSON_APPEND_DOCUMENT_BEGIN (&q, "_id", &id);
-   BSON_APPEND_ARRAY_BEGIN (&id, "$in", &in);
-   for (uint32_t i = 0; i < t->n; i++) {
-      const char *ev = NULL;
-      bson_iter_t it;
-      if (t->docs[i] && bson_iter_init_find (&it, t->docs[i], OUTBOX_F_EVENT_ID) && BSON_ITER_HOLDS_UTF8 (&it))
-         ev = bson_iter_utf8 (&it, NULL);
-      BSON_APPEND_UTF8 (&in, idx_key (i, buf), ev ? ev : "");
-   }
-   bson_append_array_end (&id, &in);
-   bson_append_document_end (&q, &id);
-   bson_append_document_end (&st, &q);
-   BSON_APPEND_DOCUMENT_BEGIN (&st, "u", &u);
-   BSON_APPEND_DOCUMENT_BEGIN (&u, "$max", &sub);
-   BSON_APPEND_DATE_TIME (&sub, OUTBOX_F_COMPLETED_AT, t->now_ms);
-   bson_append_document_end (&u, &sub);
-   bson_append_document_end (&st, &u);
-   BSON_APPEND_BOOL (&st, "multi", true);
-   bson_append_document_end (&arr, &st);
-   bson_append_array_end (c, &arr);
-   BSON_APPEND_BOOL (c, "ordered", true);
-   cmd_end (t, c);
-
+   /* The events' completion time, without attempt history: with it not
+    * here but once the transaction committed (store_settled_elsewhere). A
+    * write on the event in this transaction would make every other
+    * handler's completion of it conflict for as long as the transaction
+    * stays open, and the attempt records written here hold the time until
+    * then (the purge reads them). */
+   if (t->cfg->attempt_history_ms <= 0)
+      plan_events (t);
    plan_attempts (t);
    if (!t->cfg->completion_history)
       return;

@@ -395,17 +395,66 @@ complete_txn_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
    return complete_fence (t->c, txn->session, t->docs, error) && complete_delete (t->c, txn->session, t->docs, error);
 }
 
+/* The instance that handed ref's claim out. */
+static store_t *
+ref_space (store_t *s, const store_ref_t *ref)
+{
+   return ref->space ? ref->space : s;
+}
+
+/* store_complete_many of refs of several spaces on a path that reads
+ * their lanes (completion history, or a ref without its event): one call
+ * per space, in the order of their first refs. */
+static bool
+complete_by_space (store_t *s, const store_ref_t *refs, size_t n, int64_t now, bool *done, bson_error_t *error)
+{
+   store_ref_t *group = bson_malloc0 (n * sizeof *group);
+   size_t *at = bson_malloc0 (n * sizeof *at);
+   bool *taken = bson_malloc0 (n * sizeof *taken), *got = bson_malloc0 (n * sizeof *got);
+   bool ok = true;
+
+   for (size_t i = 0; i < n; i++) {
+      store_t *sp = ref_space (s, &refs[i]);
+      size_t k = 0;
+      if (taken[i])
+         continue;
+      for (size_t j = i; j < n; j++)
+         if (!taken[j] && ref_space (s, &refs[j]) == sp) {
+            taken[j] = true;
+            at[k] = j;
+            group[k] = refs[j];
+            group[k++].space = NULL;
+         }
+      if (!store_complete_many (sp, group, k, now, got, error)) {
+         ok = false;
+         continue;
+      }
+      for (size_t j = 0; j < k; j++)
+         done[at[j]] = got[j];
+   }
+   bson_free (group);
+   bson_free (at);
+   bson_free (taken);
+   bson_free (got);
+   return ok;
+}
+
 bool
 store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now, bool *done, bson_error_t *error)
 {
    complete_t c = {0};
    bson_t **docs;
-   bool ok;
+   bool ok, mixed = false, named = true;
 
-   for (size_t i = 0; i < n; i++)
+   for (size_t i = 0; i < n; i++) {
       done[i] = false;
+      mixed = mixed || ref_space (s, &refs[i]) != s;
+      named = named && refs[i].event_id != NULL;
+   }
    if (n == 0)
       return true;
+   if (mixed && (s->completion_history || !named))
+      return complete_by_space (s, refs, n, now, done, error);
    c.s = s;
    c.refs = refs;
    c.n = n;
@@ -421,9 +470,9 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
       complete_txn_t t = {&c, docs};
       ok = store_with_txn (s, c.client, complete_txn_cb, &t, error);
    } else {
-      bool named = true;
-      for (size_t i = 0; i < n && named; i++)
-         named = refs[i].event_id != NULL;
+      /* Without a read the refs of every space go in the same commands:
+       * the delete's match is the whole fence, and the instances differ
+       * only in their lanes, which it does not read (mixed). */
       if (named)
          ok = complete_unread (&c, error);
       else
@@ -446,23 +495,25 @@ store_complete_many (store_t *s, const store_ref_t *refs, size_t n, int64_t now,
                 c.n_deleted,
                 c.n_valid);
    }
-   pthread_mutex_lock (&s->mu);
    for (size_t i = 0; ok && i < n; i++) {
-      const store_issued_t *is = store_issued_find (s, &refs[i].id);
+      store_t *o = ref_space (s, &refs[i]); /* what the instance that handed it out remembers */
+      const store_issued_t *is;
+      pthread_mutex_lock (&o->mu);
+      is = store_issued_find (o, &refs[i].id);
       /* A stale lease (an earlier claim's) does not end the claim this
        * instance handed out since: the next claim must still know that
        * one as its own (charged if it is abandoned, see claim_held.c). */
       if (is && (done[i] || (c.parsed[i] && is->lane == c.leases[i].lane_id && is->epoch == c.leases[i].epoch &&
                              is->claims == c.leases[i].claims)))
-         store_issued_remove (s, &refs[i].id);
+         store_issued_remove (o, &refs[i].id);
       if (done[i]) {
-         if (s->settled.n >= STORE_SETTLED_MAX)
-            s->settled.n = 0; /* forgotten: the next claim reads what its lanes list */
-         store_oids_push (&s->settled, &refs[i].id);
-         RELAYBUS_ASSERT (s->settled.n <= STORE_SETTLED_MAX);
+         if (o->settled.n >= STORE_SETTLED_MAX)
+            o->settled.n = 0; /* forgotten: the next claim reads what its lanes list */
+         store_oids_push (&o->settled, &refs[i].id);
+         RELAYBUS_ASSERT (o->settled.n <= STORE_SETTLED_MAX);
       }
+      pthread_mutex_unlock (&o->mu);
    }
-   pthread_mutex_unlock (&s->mu);
    for (size_t i = 0; i < n; i++)
       bson_destroy (docs[i]);
    bson_free (docs);

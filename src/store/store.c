@@ -345,7 +345,7 @@ store_spaces_write_completion_times (store_spaces_t *sp, int64_t now, bool all)
       store_t *s = i < sp->n ? sp->v[i] : sp->base; /* the base holds every space's (times_to) */
       bson_error_t err;
       if (s && (all ? store_deferred_count (s) > 0 : store_completion_times_due (s, now)) && !store_retry_deferred (s, NULL, &err))
-         log_warn ("store: %s (tried again later)", err.message);
+         log_info ("store: %s (tried again later)", err.message);
    }
 }
 

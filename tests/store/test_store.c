@@ -2123,6 +2123,69 @@ test_complete_many_costs_two_commands (void **state)
    store_batch_clear (&b);
 }
 
+/* One completeMany for the claims of two lane spaces of one owner
+ * (store_ref_t.space, the dispatcher's flush of several handlers): the
+ * same two commands as for one space, every delivery proven completed,
+ * and each instance told what it settled: its next claim hands its lanes
+ * back without reading the completed deliveries again. */
+static void
+test_complete_many_across_spaces_costs_two_commands (void **state)
+{
+   fx_t *fx = *state;
+   store_spaces_t sp = {.base = fx->a};
+   store_t *x = store_spaces_of (&sp, "sx"), *y = store_spaces_of (&sp, "sy");
+   store_batch_t bx = {0}, by = {0}, again = {0};
+   store_ref_t refs[8];
+   bool done[8];
+   bson_t by_name = BSON_INITIALIZER;
+   bson_error_t err;
+   char ev[32], q[200];
+   size_t n = 0;
+
+   assert_true (x != y);
+   if (!store_setup_space (x, &err) || !store_setup_space (y, &err))
+      fail_msg ("setup space: %s", err.message);
+   for (int i = 0; i < 4; i++) {
+      snprintf (ev, sizeof ev, "xs-%d", i);
+      add (fx, ev, "sx", i % 2 ? NULL : ev, 1, T0 - 100 + i);
+      add (fx, ev, "sy", i % 2 ? NULL : ev, 1, T0 - 100 + i);
+   }
+   claim (x, "sx", 4, T0, &bx);
+   claim (y, "sy", 4, T0, &by);
+   assert_int_equal (bx.n, 4);
+   assert_int_equal (by.n, 4);
+   for (size_t i = 0; i < 4; i++) {
+      refs[n] = ref (&bx.items[i]);
+      refs[n++].space = x;
+      refs[n] = ref (&by.items[i]);
+      refs[n++].space = y;
+   }
+   commands_since (fx, NULL);
+   assert_true (store_complete_many (x, refs, n, T0 + 1, done, &err));
+   for (size_t i = 0; i < n; i++)
+      assert_true (done[i]);
+   assert_int_equal (commands_since (fx, &by_name), 2);
+   assert_int_equal (count (fx, OUTBOX_DELIVERIES, "{\"handler\": {\"$in\": [\"sx\", \"sy\"]}}"), 0);
+   /* Each space's next claim finds nothing and hands its lanes back: it
+    * knew its claims settled. */
+   claim (x, "sx", 4, T0 + 2, &again);
+   assert_int_equal (again.n, 0);
+   store_batch_clear (&again);
+   claim (y, "sy", 4, T0 + 2, &again);
+   assert_int_equal (again.n, 0);
+   for (int k = 0; k < 2; k++) {
+      uint32_t space = outbox_lane_space_of (k ? "sy" : "sx");
+      snprintf (q, sizeof q, "{\"_id\": {\"$gte\": %d, \"$lt\": %d}, \"owner\": {\"$ne\": null}}", outbox_lane_doc_id (space, 0),
+                outbox_lane_doc_id (space, 0) + OUTBOX_LANES);
+      assert_int_equal (count (fx, OUTBOX_LANES_COLL, q), 0);
+   }
+   bson_destroy (&by_name);
+   store_batch_clear (&again);
+   store_batch_clear (&bx);
+   store_batch_clear (&by);
+   store_spaces_clear (&sp);
+}
+
 /* With completion history, a batch is one transaction: the same reads and
  * writes plus one insert of the records and the commit. */
 static void
@@ -3908,6 +3971,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_settle_and_extend_many, setup, teardown),
       cmocka_unit_test_setup_teardown (test_a_failed_claim_reconciles_the_lanes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_complete_many_costs_two_commands, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_complete_many_across_spaces_costs_two_commands, setup, teardown),
       cmocka_unit_test_setup_teardown (test_key_runs_take_consecutive_sequences_only, setup, teardown),
       cmocka_unit_test_setup_teardown (test_key_runs_stop_at_a_gap, setup, teardown),
       cmocka_unit_test_setup_teardown (test_claim_reads_what_its_batch_needs, setup, teardown),

@@ -44,6 +44,7 @@ const NOT_RUN = {
   ],
   'starts servers of its own (doubles with --auth users, TLS or X.509, stopped and restarted) or needs the double\'s clock and counters': [
     'consumers/auth.test.js', 'consumers/independence.test.js', 'dispatch/backfill.test.js', 'dispatch/fleet.test.js', 'dispatch/lanes.test.js',
+    'dispatch/idle.test.js',
     'proxy/auth.test.js', 'proxy/handshake.test.js', 'proxy/pooled-auth.test.js', 'proxy/strict-parse.test.js',
     'proxy/tls.test.js', 'proxy/x509.test.js',
     'publish/auth.test.js', 'admin/exposure.test.js', 'tenants/', 'sharded/', 'lb/',

@@ -95,7 +95,46 @@ test('an open consumer transaction holds up neither another handler\'s completio
   }
   assert.equal(await C.deliveryOf(s, id, 'orders'), null, 'A\'s completion committed');
   assert.equal(await C.deliveryOf(s, id, 'audit'), null, 'B\'s completion stands');
-  assert.ok((await s.outbox.events.findOne({ _id: id })).completedAt instanceof Date, 'the event has its completedAt');
+  assert.ok((await C.completedAtOf(s, id)) instanceof Date, 'the event has its completedAt');
+});
+
+test('completions of one event by two handlers, each inside its consumer\'s transaction, do not conflict', async () => {
+  // A's transaction completes its delivery and stays open; B's completion of the same event for
+  // another handler, inside B's own transaction, must not hit A's writes: a completion writes no
+  // event in the consumer's transaction (with attempt_history, the default, the record holds the
+  // time and the event's completedAt follows the commit). Before, both wrote $max completedAt on
+  // the event and B's answer was a WriteConflict for as long as A's transaction lived.
+  const s = await stack(['--txn-lifetime', '60']);
+  const [a, b] = [await consumer(s), await consumer(s)];
+  const id = C.newId('indep-txn');
+  await C.publish(s.client, [{ type: 'order.placed.v1', id, key: `k-${id}`, payload: { n: 1 } }]);
+  const da = await claimOf(a, 'orders', id);
+  const db = await claimOf(b, 'audit', id);
+
+  const sa = a.startSession();
+  const sb = b.startSession();
+  try {
+    sa.startTransaction();
+    const ra = await a.db('admin').command({ relaybusComplete: 'orders', leases: [da.lease] }, { session: sa });
+    assert.deepEqual(ra.completed, [da.lease]);
+    sb.startTransaction();
+    const rb = await timed(b.db('admin').command({ relaybusComplete: 'audit', leases: [db.lease] }, { session: sb }));
+    assert.deepEqual(rb.value.completed, [db.lease], 'B completed inside its transaction while A\'s is open');
+    assert.ok(rb.ms < 10000, `B's relaybusComplete was answered in ${rb.ms} ms`);
+    await sb.commitTransaction();
+    assert.equal(await C.deliveryOf(s, id, 'audit'), null, 'B\'s completion committed while A\'s transaction is open');
+    assert.ok(await C.deliveryOf(s, id, 'orders'), 'A\'s is not committed yet');
+    // B's commit writes the event's time (a second's completions together), A's open transaction
+    // notwithstanding.
+    assert.ok((await C.completedAtOf(s, id)) instanceof Date, 'the event has its completedAt after B\'s commit');
+    await sa.commitTransaction();
+  } finally {
+    await sa.endSession();
+    await sb.endSession();
+  }
+  assert.equal(await C.deliveryOf(s, id, 'orders'), null, 'A\'s completion committed');
+  const recs = await s.outbox.db.collection(`${C.P.PREFIX}attempts`).find({ eventId: id, outcome: 'succeeded' }).toArray();
+  assert.deepEqual(recs.map((r) => r.handler).sort(), ['audit', 'orders'], 'each completion\'s attempt is on record');
 });
 
 /**

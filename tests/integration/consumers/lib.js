@@ -67,4 +67,16 @@ function deliveryOf(s, eventId, handler) {
   return s.outbox.deliveries.findOne({ eventId, handler });
 }
 
-module.exports = { P, H, PULL_HANDLERS, startConsumers, newId, publish, cmd, claimN, deliveryOf };
+/**
+ * The event's completedAt once written, or undefined after `ms`: with [outbox] attempt_history
+ * (the default) a pull completion's event gets it with the completions of its second, once that
+ * second is over (docs/outbox-schema.md, "events"), not in the completion itself.
+ */
+async function completedAtOf(s, eventId, ms = 10000) {
+  for (const until = Date.now() + ms; ; await H.sleep(100)) {
+    const ev = await s.outbox.events.findOne({ _id: eventId });
+    if ((ev && ev.completedAt) || Date.now() > until) return ev ? ev.completedAt : undefined;
+  }
+}
+
+module.exports = { P, H, PULL_HANDLERS, startConsumers, newId, publish, cmd, claimN, deliveryOf, completedAtOf };

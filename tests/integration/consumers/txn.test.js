@@ -1,9 +1,9 @@
 'use strict';
 // relaybusComplete inside the consumer's own transaction (docs/consumers.md, "Completing inside
 // your transaction"): the completion's writes (the fencing read, the delete of the delivery, the
-// event's completedAt and, with [outbox] completion_history, the history record) run in the
+// attempt's record and, with [outbox] completion_history, the history record) run in the
 // consumer's transaction, so the handler's writes and the completion commit together or not at
-// all. A commit makes the proxy forget the claim; an abort leaves it held. A lease that was taken
+// all; the event's completedAt follows the commit (the record holds the time until then). A commit makes the proxy forget the claim; an abort leaves it held. A lease that was taken
 // over fails the completion with RelaybusLeaseLost (9011) and no TransientTransactionError label,
 // so withTransaction gives up instead of retrying, and nothing of the transaction commits.
 // pymongo (Debian's python3-pymongo) does the same with `with session.start_transaction()`.
@@ -88,8 +88,7 @@ test('committed: the projection, the delivery deleted, completedAt and the histo
   assert.equal(calls, 1);
   assert.deepEqual(await projections(s.direct).findOne({ _id: d.eventId }), { _id: d.eventId, n: 1 });
   assert.equal(await C.deliveryOf(s, d.eventId, 'orders'), null, 'the delivery is deleted');
-  const ev = await s.outbox.events.findOne({ _id: d.eventId });
-  assert.ok(ev.completedAt instanceof Date, 'the event records completedAt');
+  assert.ok((await C.completedAtOf(s, d.eventId)) instanceof Date, 'the event records completedAt (after the commit)');
   const hist = await s.outbox.db.collection(`${P.PREFIX}completed_deliveries`).findOne({ _id: new (require('bson').ObjectId)(d.deliveryId) });
   assert.ok(hist, 'the history record is written');
   assert.equal(hist.eventId, d.eventId);
@@ -310,7 +309,7 @@ test('pymongo: handler write and relaybusComplete in one start_transaction() com
   assert.deepEqual(out.notCompleted, []);
   assert.deepEqual(await projections(s.direct).findOne({ _id: id }), { _id: id, n: 1 });
   assert.equal(await C.deliveryOf(s, id, 'orders'), null, 'the delivery is deleted');
-  assert.ok((await s.outbox.events.findOne({ _id: id })).completedAt instanceof Date);
+  assert.ok((await C.completedAtOf(s, id)) instanceof Date);
 });
 
 H.registerFinalChecks(test, [() => s && s.upstream.stop()], { beforeStop: closeAll });

@@ -30,6 +30,10 @@
 // the dispatcher, per 1,000 deliveries (doubleStats on each shard counts what the mongos sent
 // it, by the client's appName), beside the commands the mongos routers received.
 //
+// BENCH_ONLY=idle: the idle cost: the dispatching proxy's upstream commands a second with nothing
+// due, over BENCH_IDLE_SECONDS (default 20) after its start-up, with each handler count of
+// BENCH_IDLE_HANDLERS (default 1,30; webhook handlers on every event, each in its own lane space).
+//
 // Prints one JSON object per measurement.
 
 const fs = require('fs');
@@ -146,17 +150,46 @@ async function insertDue(client, n, keyed, prefix) {
 }
 
 /** A dispatching proxy, started on an empty outbox and left to settle. */
-async function idleDispatcher(d, sink, adminPort, logLevel) {
+async function idleDispatcher(d, sink, adminPort, logLevel, names = HANDLER_NAMES) {
   const p = await startDispatchProxy({
     upstream: d.uri,
     logLevel,
     dispatch: { batch_size: 100, poll_interval_ms: 1000 },
     outbox: process.env.BENCH_ATTEMPT_HISTORY !== undefined ? { attempt_history: process.env.BENCH_ATTEMPT_HISTORY } : {},
     adminListen: `127.0.0.1:${adminPort}`,
-    handlers: HANDLER_NAMES.map((name) => ({ name, events: '*', kind: 'webhook', url: sink.url(`/${name}`), concurrency: 100 })),
+    handlers: names.map((name) => ({ name, events: '*', kind: 'webhook', url: sink.url(`/${name}`), concurrency: 100 })),
   });
   await sleep(1500); // set-up, the fleet registration and a first empty poll
   return p;
+}
+
+/** The idle cost: the dispatcher's commands a second over `seconds` with nothing due and
+ * `handlers` handlers (poll_interval_ms 1000, as the other parts). */
+async function idle(handlers, seconds) {
+  const d = await startDouble();
+  const sink = await startSink({});
+  const client = await new MongoClient(d.uri).connect();
+  const names = Array.from({ length: handlers }, (_, i) => (i === 0 ? 'h' : `h${i + 1}`));
+  const p = await idleDispatcher(d, sink, await freePort(), undefined, names);
+  try {
+    await sleep(3000); // every handler's lanes made, the first polls over
+    await dispatcherCommands(client, true);
+    await sleep(seconds * 1000);
+    const s = await dispatcherCommands(client, false);
+    console.log(JSON.stringify({
+      measure: `idle: nothing due, ${handlers} handler${handlers > 1 ? 's' : ''}, poll_interval_ms 1000, one proxy`,
+      seconds,
+      commandsPerSecond: Math.round((s.total * 10) / seconds) / 10,
+      byCommandPerSecond: Object.fromEntries(Object.entries(s.byCommand).map(([k, v]) => [k, Math.round((v * 10) / seconds) / 10])),
+      byApp: Object.fromEntries(Object.entries(s.byApp).map(([a, c]) => [a, Object.values(c).reduce((x, v) => x + v, 0)])),
+    }));
+    return s.total / seconds;
+  } finally {
+    await p.stop();
+    await client.close();
+    await sink.close();
+    await d.stop();
+  }
 }
 
 async function throughput(keyed) {
@@ -327,7 +360,13 @@ async function latency(mode, pollMs, samples, watch = true) {
 }
 
 (async () => {
-  const only = process.env.BENCH_ONLY; // throughput, claim or latency: one part only
+  const only = process.env.BENCH_ONLY; // throughput, claim, latency or idle: one part only
+  if (only === 'idle') {
+    for (const h of (process.env.BENCH_IDLE_HANDLERS || '1,30').split(',').filter(Boolean).map(Number)) {
+      await idle(h, Number(process.env.BENCH_IDLE_SECONDS || 20));
+    }
+    return;
+  }
   if (!only || only === 'throughput') {
     await throughput(false);
     await throughput(true);
