@@ -101,6 +101,9 @@ store_probe_due (store_spaces_t *sp, store_claim_handler_t *hs, size_t n, int64_
                     BCON_INT32 (0), "handler", BCON_INT32 (1), "}");
    client = mongoc_client_pool_pop (sp->base->pool);
    coll = store_coll (sp->base, client, OUTBOX_DELIVERIES);
+   /* As the claims read (claim_begin): work a failover could roll back is
+    * not due yet; its commit point's change event wakes the poll. */
+   store_coll_read_majority (coll);
    cur = mongoc_collection_find_with_opts (coll, &q, opts, NULL);
    while (mongoc_cursor_next (cur, &doc)) {
       const char *h = store_iter_utf8 (doc, "handler");
