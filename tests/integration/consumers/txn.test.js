@@ -312,4 +312,44 @@ test('pymongo: handler write and relaybusComplete in one start_transaction() com
   assert.ok((await C.completedAtOf(s, id)) instanceof Date);
 });
 
+test('pooled mode: the completion and its attempt record commit in the transaction the pool pinned', async () => {
+  // The same upstream and outbox, through a proxy that pools its upstream connections: the
+  // completion's statements go on the pool's connection that holds the consumer's transaction.
+  const pooled = await C.startConsumers({ upstream: s.upstream, settings: { pool_mode: 'pooled', pool_size: 4 } });
+  const c = new MongoClient(pooled.proxy.uri(), { maxPoolSize: 1, serverSelectionTimeoutMS: 10000 });
+  try {
+    await c.connect();
+    const id = C.newId('txpool');
+    await C.publish(s.client, [{ type: 'order.placed.v1', id, key: `k-${id}` }]);
+    let d = null;
+    for (const until = Date.now() + 10000; !d && Date.now() < until; await H.sleep(50)) {
+      const r = await C.cmd(c, { relaybusClaim: 'orders', limit: 1000 });
+      d = r.deliveries.find((x) => x.eventId === id) || null;
+      const others = r.deliveries.filter((x) => x.eventId !== id).map((x) => x.lease);
+      if (others.length) await C.cmd(c, { relaybusRelease: 'orders', leases: others });
+    }
+    assert.ok(d, `the delivery of ${id} was claimed through the pooled proxy`);
+    const session = c.startSession();
+    try {
+      await session.withTransaction(async () => {
+        await projections(c).updateOne({ _id: id }, { $inc: { n: 1 } }, { upsert: true, session });
+        const r = await c.db('admin').command({ relaybusComplete: 'orders', leases: [d.lease] }, { session });
+        assert.deepEqual(r.completed, [d.lease]);
+        assert.equal(await s.outbox.db.collection(`${P.PREFIX}attempts`).countDocuments({ eventId: id, handler: 'orders' }), 0,
+          'the attempt record is not visible before the commit');
+      });
+    } finally {
+      await session.endSession();
+    }
+    assert.deepEqual(await projections(s.direct).findOne({ _id: id }), { _id: id, n: 1 });
+    assert.equal(await C.deliveryOf(s, id, 'orders'), null, 'the delivery is deleted');
+    const recs = await s.outbox.db.collection(`${P.PREFIX}attempts`).find({ eventId: id, handler: 'orders' }).toArray();
+    assert.deepEqual(recs.map((r) => r.outcome), ['succeeded'], 'one attempt on record, written with the commit');
+  } finally {
+    await c.close().catch(() => {});
+    await pooled.closeClients();
+    await pooled.proxy.stop();
+  }
+});
+
 H.registerFinalChecks(test, [() => s && s.upstream.stop()], { beforeStop: closeAll });
