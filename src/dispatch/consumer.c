@@ -88,8 +88,10 @@
  * consumer of the proxy. */
 #define CONSUMER_STORE_MAX_TIME_MS 200
 /* How soon the retry list (the charges a closed connection owes, the
- * deferred events' completion times) is worked through again. */
+ * deferred events' completion times) is worked through again; owed charges
+ * that did not land wait longer each turn, up to CONSUMER_OWED_MAX_MS. */
 #define CONSUMER_RETRY_MS 250
+#define CONSUMER_OWED_MAX_MS 8000
 /* How long a stop retries the charges closed connections owe before it
  * hands the lanes back (stop_charge_owed; docs/consumers.md). */
 #define CONSUMER_STOP_CHARGE_MS 5000
@@ -153,6 +155,7 @@ typedef struct {
    struct event *tidy_ev; /* persistent: also what keeps the base's loop running */
    struct event *drain_ev;
    struct event *retry_ev; /* the retry list's timer (retry_arm) */
+   int64_t owed_wait_ms, owed_at; /* the owed charges' backoff (retry_cb; clock_mono_ms) */
    atomic_bool draining; /* the proxy drains: claims wait no more */
    atomic_bool wake_pending;
    /* This thread's. */
@@ -1339,13 +1342,10 @@ run_closed (consumer_t *c, uint64_t conn)
 
 /* --- the retry list ------------------------------------------------------ */
 
-/* Store work that waited on somebody else's open transaction and was put
- * off so that no consumer waits for it: the charges closed connections
- * owe (held_t.owed) and the events' completion times the store deferred
- * (store_retry_deferred).  Bounded: the owed claims are held entries
- * (CONSUMER_MAX_CLAIMS), the deferred times the store's list.  Worked
- * through every CONSUMER_RETRY_MS between commands, one slice of one
- * connection's owed charges per turn. */
+/* Store work put off so that no consumer waits on another's open
+ * transaction: the charges closed connections owe (held_t.owed; bounded by
+ * CONSUMER_MAX_CLAIMS) and the events' completion times the store deferred
+ * (its bounded list); one connection's owed charges per turn. */
 static void
 retry_arm (consumer_t *c)
 {
@@ -1363,11 +1363,12 @@ retry_cb (evutil_socket_t fd, short what, void *arg)
 {
    consumer_t *c = arg;
    size_t charged = 0, dead = 0, lost = 0;
+   int64_t now = clock_mono_ms ();
 
    (void) fd;
    (void) what;
    store_spaces_write_completion_times (&c->spaces, clock_now_ms (), false); /* held ones, and a second's once over */
-   for (size_t i = 0; i < c->n_held; i++)
+   for (size_t i = 0; i < c->n_held && now >= c->owed_at; i++)
       if (c->held[i].owed) {
          uint64_t conn = c->held[i].conn;
          (void) charge_closed (c, conn, true, &charged, &dead, &lost);
@@ -1375,6 +1376,10 @@ retry_cb (evutil_socket_t fd, short what, void *arg)
             log_info ("consumer: c%" PRIu64 " (closed): owed charges landed: %zu due again with one attempt charged, "
                       "%zu dead, %zu no longer held",
                       conn, charged, dead, lost);
+         /* None landed: the transaction that holds them lives on (up to its
+          * lifetime); 250 ms, 750 ms, 1.75 s ... 8 s until one does. */
+         c->owed_wait_ms = charged + dead + lost > 0 ? 0 : BSON_MIN (2 * c->owed_wait_ms + CONSUMER_RETRY_MS, CONSUMER_OWED_MAX_MS);
+         c->owed_at = now + c->owed_wait_ms;
          break;
       }
    if (charged + dead + lost > 0 && c->n_held == 0) {
