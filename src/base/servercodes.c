@@ -30,6 +30,7 @@ static const code_name_t names[] = {
    {SERVER_INVALID_OPTIONS, "InvalidOptions"},
    {SERVER_SHUTDOWN_IN_PROGRESS, "ShutdownInProgress"},
    {SERVER_WRITE_CONFLICT, "WriteConflict"},
+   {SERVER_READ_CONCERN_MAJORITY_NOT_ENABLED, "ReadConcernMajorityNotEnabled"},
    {SERVER_PRIMARY_STEPPED_DOWN, "PrimarySteppedDown"},
    {SERVER_NO_SUCH_TRANSACTION, "NoSuchTransaction"},
    {SERVER_TOO_MANY_LOGICAL_SESSIONS, "TooManyLogicalSessions"},

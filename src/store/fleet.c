@@ -791,7 +791,11 @@ static bool
 old_lane_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
 {
    old_lane_t *o = ctx;
-   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (o->lane_doc), OUTBOX_F_EPOCH, BCON_INT64 (o->epoch));
+   /* Its lease run out, read again in the transaction: an old proxy that
+    * renewed it since (a renewal keeps the epoch) keeps it. */
+   bson_t *lq = BCON_NEW ("_id", BCON_INT32 (o->lane_doc), OUTBOX_F_EPOCH, BCON_INT64 (o->epoch), "$or", "[", "{",
+                          OUTBOX_F_LEASE_EXPIRES_AT, "{", "$lte", BCON_DATE_TIME (o->now), "}", "}", "{",
+                          OUTBOX_F_LEASE_EXPIRES_AT, BCON_NULL, "}", "]");
    bson_t dq = BSON_INITIALIZER, hq = BSON_INITIALIZER, cq = BSON_INITIALIZER, hin, hid;
    bson_t *fopts = NULL, *u = NULL, *hu = NULL, *lu = NULL, reply;
    store_oids_t listed = {0}, lost = {0}, charge = {0}, running = {0};
@@ -916,6 +920,7 @@ old_lane_cb (store_txn_t *txn, void *ctx, bson_error_t *error)
       u = BCON_NEW ("$inc", "{", OUTBOX_F_ATTEMPTS, BCON_INT32 (1), OUTBOX_F_CLAIMS, BCON_INT32 (1), "}", "$set", "{",
                     OUTBOX_F_UPDATED_AT, BCON_DATE_TIME (o->now), "}");
       if (!mongoc_collection_update_many (txn->coll[OUTBOX_DELIVERIES], &cq, u, &txn->opts, &reply, error)) {
+         bson_destroy (&reply); /* initialised on failure too */
          ok = false;
          goto done;
       }

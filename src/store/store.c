@@ -11,6 +11,7 @@
 #include "store/store_private.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,11 +44,30 @@ store_set_error (bson_error_t *error, store_error_code_t code, const char *fmt, 
    va_end (ap);
 }
 
+/* Set once the server refused a read at majority (ReadConcernMajorityNotEnabled,
+ * 148: MongoDB 4.0 to 4.4 started with enableMajorityReadConcern=false, as
+ * primary-secondary-arbiter sets were advised to): the claims read at local
+ * from then on, as before 0.2.0, rather than dispatch nothing. */
+static atomic_bool majority_refused;
+
+static void
+note_read_error (const bson_error_t *err)
+{
+   if (err->code == SERVER_READ_CONCERN_MAJORITY_NOT_ENABLED && !atomic_exchange (&majority_refused, true))
+      log_warn ("store: the server refused read concern majority (%s): claims read at local from now on, so an "
+                "event committed with w: 1 that a failover rolls back may be delivered; enable majority read "
+                "concern (always on from MongoDB 5.0)",
+                err->message);
+}
+
 bool
 store_cursor_end (mongoc_cursor_t *cur, bson_error_t *error, const char *fmt, ...)
 {
    bson_error_t err;
    bool ok = !mongoc_cursor_error (cur, &err);
+
+   if (!ok)
+      note_read_error (&err);
 
    if (!ok && error) {
       char what[256];
@@ -454,8 +474,11 @@ store_coll (store_t *s, mongoc_client_t *client, outbox_collection_t which)
 void
 store_coll_read_majority (mongoc_collection_t *coll)
 {
-   mongoc_read_concern_t *rc = mongoc_read_concern_new ();
+   mongoc_read_concern_t *rc;
 
+   if (atomic_load (&majority_refused))
+      return; /* the server's default, local (note_read_error) */
+   rc = mongoc_read_concern_new ();
    mongoc_read_concern_set_level (rc, MONGOC_READ_CONCERN_LEVEL_MAJORITY);
    mongoc_collection_set_read_concern (coll, rc);
    mongoc_read_concern_destroy (rc);

@@ -34,6 +34,7 @@ static const struct {
    {SERVER_INVALID_OPTIONS, "InvalidOptions", false},
    {SERVER_SHUTDOWN_IN_PROGRESS, "ShutdownInProgress", true},
    {SERVER_WRITE_CONFLICT, "WriteConflict", false},
+   {SERVER_READ_CONCERN_MAJORITY_NOT_ENABLED, "ReadConcernMajorityNotEnabled", false},
    {SERVER_PRIMARY_STEPPED_DOWN, "PrimarySteppedDown", true},
    {SERVER_NO_SUCH_TRANSACTION, "NoSuchTransaction", false},
    {SERVER_TOO_MANY_LOGICAL_SESSIONS, "TooManyLogicalSessions", false},

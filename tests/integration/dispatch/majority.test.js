@@ -140,3 +140,40 @@ test('with a lagging secondary, an event committed with w: 1 is delivered once a
   assert.ok(ms < POLL_MS / 2, `delivered ${ms} ms after the commit: not woken by the change stream`);
   assert.equal((await dispatcher.stop()).code, 0);
 });
+
+// MongoDB 4.0 to 4.4 started with enableMajorityReadConcern=false (as primary-secondary-arbiter
+// sets were advised to be) refuse a read at majority with 148, ReadConcernMajorityNotEnabled.
+// The dispatcher then says so once and reads at local, rather than dispatch nothing. The
+// double behaves as 7.0, where majority reads are always on: a failCommand fail point gives the
+// dispatcher's next three reads that refusal.
+test('a server that refuses read concern majority (148): one warning, then claims at local deliver', {
+  timeout: 120000, skip: H.doubleOnlySkipReason('the failCommand fail point') || false,
+}, async (t) => {
+  const up = await startUpstream({ requireDouble: true });
+  t.after(() => up.stop());
+  const sink = await startSink({});
+  t.after(() => sink.close());
+  const db = uniqueDbName('majority_off');
+  const dispatcher = await startDispatchProxy({
+    upstream: up.uri, outbox: { database: db }, dispatch: { poll_interval_ms: 200 },
+    handlers: [{ name: 'h', events: '*', kind: 'webhook', url: sink.url('/h') }],
+  });
+  t.after(() => dispatcher.kill());
+  const client = await new MongoClient(clientUri({ host: '127.0.0.1', port: dispatcher.port })).connect();
+  t.after(() => client.close());
+  await waitFor(() => /watching \S+ for new deliveries/.test(dispatcher.log()), TIMEOUT_MS, 'the change stream to open');
+  // The poll's probe and the claim's reads of the deliveries (finds, at majority) get it first:
+  // the dispatcher polls every 200 ms, its fleet reads once a heartbeat.
+  const direct = await new MongoClient(up.uri).connect();
+  t.after(() => direct.close());
+  await direct.db('admin').command({
+    configureFailPoint: 'failCommand', mode: { times: 3 },
+    data: { failCommands: ['find'], appName: 'relaybus-proxy dispatch', errorCode: 148 },
+  });
+  await publishThroughProxy(client, db, [{ id: 'mo-1', type: 'majority.v1', payload: {} }]);
+  await waitFor(() => sink.stats().ok.has('mo-1'), TIMEOUT_MS, 'the event at the sink');
+  const warned = dispatcher.log().split('\n').filter((l) => /refused read concern majority/.test(l));
+  assert.equal(warned.length, 1, `one warning:\n${warned.join('\n')}`);
+  assert.match(warned[0], /claims read at local from now on/);
+  assert.equal((await dispatcher.stop()).code, 0);
+});
