@@ -229,6 +229,7 @@ typedef struct {
    atomic_bool wake_pending;
    atomic_bool watch_pending;
    bool woken; /* a commit woke the dispatcher since the last claim */
+   bool probe_stale; /* a wake-up came while busy: the next probe asks every space again */
    bool rate_drained; /* a rate-limited handler started the last job it had waiting: claim for it */
    int64_t last_claim_ms;
    delivery_rng_t rng; /* the retries' jitter */
@@ -1134,7 +1135,8 @@ tick_cb (evutil_socket_t fd, short what, void *arg)
    o.now = clock_now_ms ();
    o.lease_ms = d->cfg->lease_ms;
    /* Free lanes an earlier probe found are reused, not after a wake-up. */
-   o.probe_reuse_ms = d->woken ? 0 : d->cfg->poll_interval_ms;
+   o.probe_reuse_ms = d->woken || d->probe_stale ? 0 : d->cfg->poll_interval_ms;
+   d->probe_stale = false;
    store_probe_due (&d->spaces, d->claim_handlers, d->n_handlers, o.now, o.probe_reuse_ms); /* only spaces with due work claim */
    o.key_run = DISPATCH_KEY_RUN;
    d->last_claim_ms = o.now;
@@ -1665,6 +1667,7 @@ watch_wake_cb (evutil_socket_t fd, short what, void *arg)
    atomic_store (&d->watch_pending, false);
    for (size_t i = 0; i < d->n_handlers; i++)
       waiting += (size_t) d->handlers[i]->waiting;
+   d->probe_stale = !d->stopping; /* handled now, or by the claim after the busy spell */
    if (d->stopping || !d->setup_done || d->n_running > 0 || waiting > 0 || d->n_unsettled > 0)
       return;
    d->woken = true;

@@ -8,7 +8,8 @@
 // loose (the wanted figure is at most 8): the test must not flake on a loaded machine.
 // Then work that becomes due is still found: a delivery for one of the 30 handlers, written
 // straight into the outbox (the change stream wakes the proxy), and one due a few seconds later
-// (only a poll finds it), both reach the sink.
+// (only a poll finds it), both reach the sink. And a delivery written while another handler is
+// busy goes out once the busy spell ends, not a poll later.
 
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -73,5 +74,40 @@ test('30 idle handlers: few upstream commands a second, and work that becomes du
   await due(client, 'h23', 'idle-later', new Date(later));
   await waitFor(() => st.ok.has('idle-later'), 30000, 'the delivery due later at the sink');
   assert.ok(st.firstAt.get('idle-later') >= later, 'not before its dueAt');
+  assert.equal((await p.stop()).code, 0);
+});
+
+// A wake-up that comes while the dispatcher is busy is not acted on then (each dispatching
+// proxy sees every insert, and would claim on each); the claim after the busy spell must still
+// ask about every handler, not trust a probe that found one idle a moment before the insert.
+test('a delivery written while another handler is busy goes out after the busy spell, not a poll later', { timeout: 120000 }, async (t) => {
+  const POLL_MS = 20000;
+  const d = await startDouble();
+  t.after(() => d.stop());
+  const slow = await startSink({ delayMs: 2500 });
+  t.after(() => slow.close());
+  const fast = await startSink({});
+  t.after(() => fast.close());
+  const client = await new MongoClient(d.uri).connect();
+  t.after(() => client.close());
+  const p = await startDispatchProxy({
+    upstream: d.uri,
+    dispatch: { poll_interval_ms: POLL_MS },
+    handlers: [
+      { name: 'busy', events: '*', kind: 'webhook', url: slow.url('/busy') },
+      { name: 'other', events: '*', kind: 'webhook', url: fast.url('/other') },
+    ],
+  });
+  t.after(() => p.kill());
+  await waitFor(() => /watching \S+ for new deliveries/.test(p.log()), 30000, 'the change stream to open');
+  await sleep(1000); // past the first poll: the next one is 20 s away
+  await due(client, 'busy', 'busy-1', new Date());
+  await waitFor(() => slow.stats().pendingNow >= 1, 20000, 'the busy handler\'s request in flight');
+  const t0 = Date.now();
+  await due(client, 'other', 'other-1', new Date());
+  await waitFor(() => fast.stats().ok.has('other-1'), POLL_MS * 2, 'the other handler\'s delivery at its sink');
+  const ms = fast.stats().firstAt.get('other-1') - t0;
+  t.diagnostic(`written while busy: delivered ${ms} ms later (the busy request took 2,500 ms; poll_interval_ms ${POLL_MS})`);
+  assert.ok(ms < POLL_MS / 2, `delivered ${ms} ms after it was written: it waited for the poll`);
   assert.equal((await p.stop()).code, 0);
 });
