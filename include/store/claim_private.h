@@ -134,6 +134,8 @@ bool claim_charge_lost (claim_t *c, uint32_t lane, int64_t epoch, const claim_lo
  * ones: store_lane_held_t), logged once per lane a minute; true.  False
  * for any other error. */
 bool claim_lane_hold (claim_t *c, claim_lane_t *l, const bson_error_t *error);
+/* The lane's charges landed (held_up cleared): claims take from it at once. */
+void claim_lane_released (claim_t *c, uint32_t lane);
 /* The next of c->lanes, for a lane this claim works with under `epoch`. */
 claim_lane_t *claim_add_lane (claim_t *c, uint32_t lane, int64_t epoch);
 /* Reads the 256 lane documents of the instance's space into c->lane_docs

@@ -202,7 +202,7 @@ claim_lane_hold (claim_t *c, claim_lane_t *l, const bson_error_t *error)
 }
 
 /* The lane's charges landed: it waits no more. */
-static void
+void
 claim_lane_released (claim_t *c, uint32_t lane)
 {
    store_lane_held_t *h = &c->s->held_up[lane];
@@ -378,6 +378,7 @@ claim_read_lanes (claim_t *c, bson_error_t *error)
 static void
 held_drop (store_t *s, uint32_t lane)
 {
+   memset (&s->held_up[lane], 0, sizeof s->held_up[lane]); /* a hold was this instance's (claim_mu) */
    pthread_mutex_lock (&s->mu);
    s->lanes[lane].held = false;
    store_issued_remove_lane (s, lane);

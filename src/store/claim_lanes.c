@@ -363,7 +363,9 @@ take_lane (claim_t *c, free_lane_t *f, bool *taken, bson_error_t *error)
                    f->lane,
                    epoch,
                    inflight.n);
-      if (!claim_charge_lost (c, f->lane, epoch, &all_lost, &err) && !claim_lane_hold (c, l, &err)) {
+      if (claim_charge_lost (c, f->lane, epoch, &all_lost, &err)) {
+         claim_lane_released (c, f->lane);
+      } else if (!claim_lane_hold (c, l, &err)) {
          log_warn ("store: %s; the lane waits for a later claim", err.message);
          l->skip = true;
       }
