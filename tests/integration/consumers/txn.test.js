@@ -312,7 +312,11 @@ test('pymongo: handler write and relaybusComplete in one start_transaction() com
   assert.ok((await C.completedAtOf(s, id)) instanceof Date);
 });
 
-test('pooled mode: the completion and its attempt record commit in the transaction the pool pinned', async () => {
+test('pooled mode: the completion and its attempt record commit in the transaction the pool pinned', {
+  // Against a deployment with credentials the pooled proxy's clients would need an auth file of
+  // the proxy's own; the double of the suite has none.
+  skip: C.H.doubleOnlySkipReason('a pooled proxy whose clients log in without credentials') || false,
+}, async () => {
   // The same upstream and outbox, through a proxy that pools its upstream connections: the
   // completion's statements go on the pool's connection that holds the consumer's transaction.
   const pooled = await C.startConsumers({ upstream: s.upstream, settings: { pool_mode: 'pooled', pool_size: 4 } });
